@@ -1,0 +1,69 @@
+"""A cell is one AutoTP check: model × variant × dtype × tp size. This module expands selections
+into cells and parses the selection the user typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pathlib import Path
+
+from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
+
+DEFAULT_TP_SIZES = (2, 3, 4)
+DEFAULT_VARIANTS = ("eager",)
+DEFAULT_DTYPES = ("fp32",)
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: ModelEntry
+    variant: Variant
+    dtype: str
+    tp: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.model.name}-{self.variant.name}-{self.dtype}-tp{self.tp}"
+
+    def coordinates(self) -> dict[str, str]:
+        return {"id": self.id, "model": self.model.name, "variant": self.variant.name, "dtype": self.dtype, "tp": str(self.tp)}
+
+
+def parse_tp_sizes(text: str) -> tuple[int, ...]:
+    """`"2,3"` -> (2, 3); anything that is not a positive integer is refused with the value named."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            size = int(part)
+        except ValueError:
+            raise RegistryError(f"tp size {part!r} is not an integer; use e.g. --tp 2,3,4") from None
+        if size < 1:
+            raise RegistryError(f"tp size {size} must be >= 1; use e.g. --tp 2,3,4")
+        sizes.append(size)
+    return tuple(dict.fromkeys(sizes))
+
+
+def parse_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    dtypes = tuple(parse_names(text))
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise RegistryError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return dtypes
+
+
+def expand(models: str = "all", variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
+           tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE) -> list[Cell]:
+    """All cells of the selection, grouped by tp size so one rank group serves a run of cells."""
+    model_entries = pick(load_models(models_file), parse_names(models), "model")
+    variant_entries = pick(load_variants(), parse_names(variants), "variant")
+    dtype_names = parse_dtypes(dtypes)
+    return [Cell(model, variant, dtype, size)
+            for size in parse_tp_sizes(tp)
+            for model in model_entries
+            for variant in variant_entries
+            for dtype in dtype_names]

@@ -1,0 +1,210 @@
+"""The model and variant registries: data in `matrix/models.toml` and `matrix/variants.toml`.
+
+Each entry becomes one frozen dataclass; every field is documented on the class. A malformed
+entry raises `RegistryError` naming the file, the entry and the field, so adding a model never
+needs code and a typo never turns into a silent skip.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+MATRIX_DIR = Path(__file__).resolve().parent
+MODELS_FILE = MATRIX_DIR / "models.toml"
+VARIANTS_FILE = MATRIX_DIR / "variants.toml"
+
+DTYPES = ("fp32", "bf16", "fp16")
+LOAD_MODES = ("eager", "meta")
+
+
+class RegistryError(ValueError):
+    """A registry file or a name given on the command line is wrong; the message says how."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far the sharded model may drift from the unsharded one, per dtype."""
+
+    atol: float
+    """Absolute slack on logits, added to `rtol` times the largest reference logit."""
+    rtol: float
+    """Slack relative to the largest reference logit magnitude."""
+    ppl_rel: float
+    """Largest allowed |ppl_tp - ppl_ref| / ppl_ref."""
+
+
+# Why these numbers: on tiny fp32 models the sharded sum order changes logits by ~1e-7 (measured,
+# see README); a broken all-reduce or shard moves them by >1e-2. bf16 keeps 8 mantissa bits, so a
+# reordered reduction moves a logit by a few 1e-3 of its scale.
+DEFAULT_TOLERANCES = {
+    "fp32": Tolerance(atol=1e-4, rtol=1e-4, ppl_rel=1e-4),
+    "bf16": Tolerance(atol=2e-2, rtol=3e-2, ppl_rel=2e-2),
+    "fp16": Tolerance(atol=1e-2, rtol=1e-2, ppl_rel=1e-2),
+}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One architecture the matrix tests."""
+
+    name: str
+    """Short name used on the command line and in cell ids (the TOML table key)."""
+    model_type: str
+    """transformers `model_type`, used with `AutoConfig.for_model` to build the tiny checkpoint."""
+    tiny: dict[str, Any]
+    """Config overrides for the tiny random checkpoint (every value valid for the architecture)."""
+    tiny_why: str = ""
+    """Why the tiny dims are what they are (which sharding case they exercise)."""
+    hub_ids: tuple[str, ...] = ()
+    """Real checkpoints for GPU runners, loaded through the normal HF cache (`HF_HOME`)."""
+    min_transformers: str | None = None
+    """Oldest transformers that has this architecture; older versions skip with a reason."""
+    max_transformers: str | None = None
+    """Newest transformers this entry applies to (inclusive); newer versions skip with a reason."""
+    trust_remote_code: bool = False
+    """The architecture needs remote code; refused unless the run passes --allow-remote-code."""
+    known_issues: tuple[str, ...] = ()
+    """Links to known AutoTP issues for this model, shown next to failing cells."""
+    tolerance: dict[str, Tolerance] = field(default_factory=dict)
+    """Per-dtype tolerance overrides; dtypes not named here use DEFAULT_TOLERANCES."""
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+    def version_skip_reason(self, transformers_version: str) -> str | None:
+        installed = Version(transformers_version)
+        if self.min_transformers and installed < Version(self.min_transformers):
+            return f"{self.name} needs transformers >= {self.min_transformers} (installed {installed})"
+        if self.max_transformers and installed > Version(self.max_transformers):
+            return f"{self.name} is registered up to transformers {self.max_transformers} (installed {installed})"
+        return None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running a model under AutoTP (how it is loaded, quantized, ...)."""
+
+    name: str
+    """Short name used in cell ids (the TOML table key)."""
+    load: str = "eager"
+    """`eager`: full model on every rank, then sharded; `meta`: built on the meta device and
+    filled from the checkpoint files by `init_inference(checkpoint=...)`."""
+    description: str = ""
+    """One line for people reading the report."""
+
+
+_MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
+_VARIANT_FIELDS = {f.name for f in fields(Variant)} - {"name"}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise RegistryError(f"{path}: not valid TOML: {error}") from None
+
+
+def _expect(path: Path, entry: str, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be {names}, got {value!r}")
+    return value
+
+
+def _parse_tolerances(path: Path, entry: str, raw: Any) -> dict[str, Tolerance]:
+    parsed = {}
+    for dtype, values in _expect(path, entry, "tolerance", raw, dict).items():
+        if dtype not in DTYPES:
+            raise RegistryError(f"{path}: entry [{entry}] field 'tolerance' has unknown dtype {dtype!r}; use one of {DTYPES}")
+        merged = {**DEFAULT_TOLERANCES[dtype].__dict__, **_expect(path, entry, f"tolerance.{dtype}", values, dict)}
+        unknown = set(merged) - set(DEFAULT_TOLERANCES[dtype].__dict__)
+        if unknown:
+            raise RegistryError(f"{path}: entry [{entry}] field 'tolerance.{dtype}' has unknown keys {sorted(unknown)}")
+        parsed[dtype] = Tolerance(**{k: float(_expect(path, entry, f"tolerance.{dtype}.{k}", v, (int, float))) for k, v in merged.items()})
+    return parsed
+
+
+def _parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
+    _expect(path, name, "(table)", raw, dict)
+    unknown = set(raw) - _MODEL_FIELDS
+    if unknown:
+        raise RegistryError(f"{path}: entry [models.{name}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_MODEL_FIELDS)}")
+    for required in ("model_type", "tiny"):
+        if required not in raw:
+            raise RegistryError(f"{path}: entry [models.{name}] is missing required field '{required}'")
+    entry = f"models.{name}"
+    for key in ("min_transformers", "max_transformers"):
+        if key in raw:
+            try:
+                Version(_expect(path, entry, key, raw[key], str))
+            except InvalidVersion:
+                raise RegistryError(f"{path}: entry [{entry}] field '{key}' is not a version: {raw[key]!r}") from None
+    return ModelEntry(
+        name=name,
+        model_type=_expect(path, entry, "model_type", raw["model_type"], str),
+        tiny=dict(_expect(path, entry, "tiny", raw["tiny"], dict)),
+        tiny_why=_expect(path, entry, "tiny_why", raw.get("tiny_why", ""), str),
+        hub_ids=tuple(_expect(path, entry, "hub_ids", raw.get("hub_ids", []), list)),
+        min_transformers=raw.get("min_transformers"),
+        max_transformers=raw.get("max_transformers"),
+        trust_remote_code=_expect(path, entry, "trust_remote_code", raw.get("trust_remote_code", False), bool),
+        known_issues=tuple(_expect(path, entry, "known_issues", raw.get("known_issues", []), list)),
+        tolerance=_parse_tolerances(path, entry, raw.get("tolerance", {})),
+    )
+
+
+def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
+    entry = f"variants.{name}"
+    _expect(path, entry, "(table)", raw, dict)
+    unknown = set(raw) - _VARIANT_FIELDS
+    if unknown:
+        raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_VARIANT_FIELDS)}")
+    load = _expect(path, entry, "load", raw.get("load", "eager"), str)
+    if load not in LOAD_MODES:
+        raise RegistryError(f"{path}: entry [{entry}] field 'load' must be one of {LOAD_MODES}, got {load!r}")
+    return Variant(name=name, load=load, description=_expect(path, entry, "description", raw.get("description", ""), str))
+
+
+def _check_name(path: Path, kind: str, name: str) -> None:
+    if not name.replace("_", "").isalnum() or not name.islower():
+        raise RegistryError(f"{path}: entry [{kind}.{name}] name must be lowercase letters, digits and '_' (it is used in cell ids)")
+
+
+def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
+    tables = _read_toml(path).get("models")
+    if not isinstance(tables, dict) or not tables:
+        raise RegistryError(f"{path}: no [models.<name>] tables found")
+    for name in tables:
+        _check_name(path, "models", name)
+    return {name: _parse_model(path, name, raw) for name, raw in tables.items()}
+
+
+def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
+    tables = _read_toml(path).get("variants")
+    if not isinstance(tables, dict) or not tables:
+        raise RegistryError(f"{path}: no [variants.<name>] tables found")
+    for name in tables:
+        _check_name(path, "variants", name)
+    return {name: _parse_variant(path, name, raw) for name, raw in tables.items()}
+
+
+def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
+    """The entries named, in the order given; `all` means every entry. Unknown names list close ones."""
+    if names == ["all"]:
+        return list(registry.values())
+    picked = []
+    for name in names:
+        if name not in registry:
+            close = difflib.get_close_matches(name, registry, n=5, cutoff=0.5)
+            hint = f"did you mean: {', '.join(close)}?" if close else f"known {kind}s: {', '.join(sorted(registry))}"
+            raise RegistryError(f"unknown {kind} {name!r}; {hint}")
+        picked.append(registry[name])
+    return picked

@@ -1,0 +1,101 @@
+"""Command line: `python -m reports {merge,render,gate} ...` (see --help of each)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reports import ReportsError
+from reports.attribution import DeepSpeedRepo
+from reports.docs import check_drift, model_support
+from reports.gate import compare, format_table, select
+from reports.history import analyse
+from reports.junit import find_junit_files, read_junit
+from reports.render import write_outputs
+from reports.store import DEFAULT_STORE, HistoryStore
+
+
+def merge(args: argparse.Namespace) -> int:
+    files = find_junit_files(args.inputs)
+    runs = results = imported = 0
+    skipped = []
+    with HistoryStore(args.store, create=True) as store:
+        for path in files:
+            try:
+                counts = store.import_runs(read_junit(path), source=path)
+            except ReportsError as exc:  # one bad file must not stop the others
+                skipped.append(str(exc))
+                continue
+            imported += 1
+            runs += counts.new_runs
+            results += counts.new_results
+    for reason in skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
+    return 0
+
+
+def render(args: argparse.Namespace) -> int:
+    repo = DeepSpeedRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    with HistoryStore(args.store, create=False) as store:
+        history = analyse(store.observations(), repo)
+    drift = check_drift(model_support(history), args.docs) if args.docs else None
+    for path in write_outputs(history, drift, args.out):
+        print(f"wrote {path}")
+    if drift:
+        print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
+              f"{len(drift.passing_but_unlisted)} passing but unlisted")
+    return 0
+
+
+def gate(args: argparse.Namespace) -> int:
+    with HistoryStore(args.store, create=False) as store:
+        observations = store.observations()
+    rows = compare(
+        select(observations, args.baseline, "--baseline"),
+        select(observations, args.candidate, "--candidate"),
+        args.confirmations,
+    )
+    print(format_table(rows, args.confirmations))
+    return 1 if any(row.verdict == "regression" for row in rows) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+
+    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store")
+    merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
+    merge_parser.add_argument("--store", **store_option)
+    merge_parser.set_defaults(handler=merge)
+
+    render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
+    render_parser.add_argument("--store", **store_option)
+    render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
+    render_parser.add_argument("--docs", type=Path, help="DeepSpeed's automatic-tensor-parallelism.md to check drift")
+    render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
+    render_parser.set_defaults(handler=render)
+
+    gate_parser = commands.add_parser("gate", help="exit 1 if cells passing in the baseline fail in the candidate")
+    gate_parser.add_argument("--baseline", required=True, help="run id, or version set like deepspeed=0.19.7")
+    gate_parser.add_argument("--candidate", required=True, help="run id, or version set like deepspeed=0.19.8")
+    gate_parser.add_argument("--confirmations", type=int, default=1,
+                             help="a cell blocks only if it failed in this many candidate runs (default 1)")
+    gate_parser.add_argument("--store", **store_option)
+    gate_parser.set_defaults(handler=gate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ReportsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Per-cell status at each version set, and transitions along each version axis."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+
+from packaging.version import Version
+
+from reports import ReportsError
+from reports.attribution import Commit, DeepSpeedRepo
+from reports.model import AXES, CellKey, Observation, Versions
+
+
+@dataclass(frozen=True)
+class CellStatus:
+    """All observations of one cell at one exact version set."""
+
+    status: str  # pass | fail | flaky (mixed pass and fail) | skip (nothing but skips)
+    passes: int
+    fails: int
+    skips: int
+    failure_class: str = ""  # most common class among the failures
+    signature: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # from the most recent run that produced any
+
+
+@dataclass(frozen=True)
+class Transition:
+    kind: str  # broke | fixed | class-change
+    cell: CellKey
+    axis: str
+    before: Versions  # last good (broke), last bad (fixed) or last with the old class
+    after: Versions
+    before_status: CellStatus
+    after_status: CellStatus
+    commits: tuple[Commit, ...] = ()  # only for DeepSpeed transitions, when a clone is given
+
+    @property
+    def held_fixed(self) -> str:
+        return self.after.describe(tuple(axis for axis in AXES if axis != self.axis))
+
+
+@dataclass(frozen=True)
+class History:
+    version_sets: list[Versions]  # oldest to newest
+    cells: list[CellKey]
+    statuses: dict[tuple[CellKey, Versions], CellStatus]
+    transitions: list[Transition]
+
+    @property
+    def latest(self) -> Versions:
+        return self.version_sets[-1]
+
+    @property
+    def flaky(self) -> list[tuple[CellKey, Versions, CellStatus]]:
+        return [
+            (cell, versions, self.statuses[cell, versions])
+            for versions in self.version_sets
+            for cell in self.cells
+            if (cell, versions) in self.statuses and self.statuses[cell, versions].status == "flaky"
+        ]
+
+
+class VersionOrder:
+    """Orders values on each axis: releases by PEP 440, DeepSpeed commits topologically when a clone is given."""
+
+    def __init__(self, observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None):
+        self._repo = deepspeed_repo
+        # Without a clone, builds of the same version from different commits are ordered by when first seen.
+        self._first_seen: dict[tuple[str, str], str] = {}
+        for obs in sorted(observations, key=lambda o: o.run.started):
+            self._first_seen.setdefault((obs.versions.deepspeed, obs.versions.deepspeed_git), obs.run.started)
+
+    def key(self, axis: str, versions: Versions) -> tuple:
+        if axis != "deepspeed":
+            return (Version(getattr(versions, axis)),)
+        if self._repo is not None:
+            return (self._repo.topological_index(versions),)
+        return (Version(versions.deepspeed), self._first_seen[versions.deepspeed, versions.deepspeed_git])
+
+    def set_key(self, versions: Versions) -> tuple:
+        return tuple(self.key(axis, versions) for axis in AXES)
+
+
+def summarise(observations: list[Observation]) -> CellStatus:
+    outcomes = Counter(obs.result.outcome for obs in observations)
+    passes, fails, skips = outcomes["pass"], outcomes["fail"], outcomes["skip"]
+    status = "flaky" if passes and fails else "pass" if passes else "fail" if fails else "skip"
+    failures = [obs.result for obs in observations if obs.result.outcome == "fail"]
+    failure_class = signature = ""
+    if failures:
+        failure_class = Counter(r.failure_class for r in failures).most_common(1)[0][0]
+        signature = next(r.signature for r in failures if r.failure_class == failure_class)
+    measured = [obs for obs in observations if obs.result.metrics]
+    metrics = max(measured, key=lambda o: o.run.started).result.metrics if measured else {}
+    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics)
+
+
+def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None = None) -> History:
+    if not observations:
+        raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
+    order = VersionOrder(observations, deepspeed_repo)
+    grouped: dict[tuple[CellKey, Versions], list[Observation]] = defaultdict(list)
+    for obs in observations:
+        grouped[obs.cell, obs.versions].append(obs)
+    statuses = {key: summarise(group) for key, group in grouped.items()}
+    version_sets = sorted({versions for _, versions in statuses}, key=order.set_key)
+    cells = sorted({cell for cell, _ in statuses})
+    # Skips carry no verdict and flaky points no deterministic one; transitions step over both.
+    verdicts_by_cell: dict[CellKey, dict[Versions, CellStatus]] = defaultdict(dict)
+    for (cell, versions), status in statuses.items():
+        if status.status in ("pass", "fail"):
+            verdicts_by_cell[cell][versions] = status
+    transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], order)]
+    if deepspeed_repo is not None:
+        transitions = [_attribute(t, deepspeed_repo) for t in transitions]
+    return History(version_sets, cells, statuses, transitions)
+
+
+def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder) -> list[Transition]:
+    found = []
+    for axis in AXES:
+        lines: dict[tuple, list[Versions]] = defaultdict(list)
+        for versions in points:
+            held_fixed = tuple(getattr(versions, f) for f in Versions.__dataclass_fields__ if not _on_axis(f, axis))
+            lines[held_fixed].append(versions)
+        for line in lines.values():
+            line.sort(key=lambda v: order.key(axis, v))
+            for before, after in pairwise(line):
+                kind = _kind(points[before], points[after])
+                if kind:
+                    found.append(Transition(kind, cell, axis, before, after, points[before], points[after]))
+    return found
+
+
+def _on_axis(field_name: str, axis: str) -> bool:
+    return field_name == axis or (axis == "deepspeed" and field_name == "deepspeed_git")
+
+
+def _kind(before: CellStatus, after: CellStatus) -> str:
+    if before.status == "pass" and after.status == "fail":
+        return "broke"
+    if before.status == "fail" and after.status == "pass":
+        return "fixed"
+    if before.status == after.status == "fail" and before.failure_class != after.failure_class:
+        return "class-change"
+    return ""
+
+
+def _attribute(transition: Transition, repo: DeepSpeedRepo) -> Transition:
+    if transition.axis != "deepspeed":
+        return transition
+    return replace(transition, commits=tuple(repo.commits_between(transition.before, transition.after)))

@@ -1,0 +1,132 @@
+"""Read session JUnit files (docs-results-format.md) into runs and cell results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from junitparser import Error, Failure, JUnitXmlError, Skipped
+from junitparser.xunit2 import JUnitXml
+from packaging.version import InvalidVersion, Version
+
+from reports import ReportsError
+from reports.model import AXES, CellKey, CellResult, Run, Versions
+
+
+class MalformedJUnit(ReportsError):
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def find_junit_files(inputs: list[Path]) -> list[Path]:
+    """Expand files, session folders and downloaded artifact folders into JUnit paths."""
+    files: list[Path] = []
+    for path in inputs:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*.xml") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ReportsError(f"{path}: no such file or folder; pass JUnit files or folders containing them")
+    return files
+
+
+def read_junit(path: Path) -> list[tuple[Run, list[CellResult]]]:
+    """Return each run in the file with its cell results; raise MalformedJUnit if unusable."""
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except JUnitXmlError:
+        raise MalformedJUnit(path, "not a JUnit file (root element is not <testsuites> or <testsuite>)") from None
+    except Exception as exc:  # the XML parser (lxml or ElementTree) raises its own types
+        raise MalformedJUnit(path, f"unreadable XML ({exc}); the session was probably interrupted") from None
+
+    runs: dict[str, Run] = {}
+    results: dict[str, list[CellResult]] = {}
+    for suite in xml:
+        for case in suite:
+            props = {p.name: p.value or "" for p in case.properties()}
+            if "cell.id" not in props:
+                continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
+            where = f"testcase {case.name!r}"
+            run = _run_from(props, path, where)
+            known = runs.setdefault(run.run_id, run)
+            if known != run:
+                raise MalformedJUnit(
+                    path, f"{where}: run {run.run_id!r} has different provenance than earlier testcases"
+                )
+            results.setdefault(run.run_id, []).append(_result_from(case, props, run.run_id, path, where))
+    if not runs:
+        raise MalformedJUnit(path, "contains no autotp cells (no testcase has a 'cell.id' property)")
+    return [(runs[run_id], results[run_id]) for run_id in runs]
+
+
+def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
+    value = props.get(name, "").strip()
+    if not value:
+        raise MalformedJUnit(path, f"{where}: property {name!r} is missing or empty")
+    return value
+
+
+def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
+    versions = {axis: _require(props, f"version.{axis}", path, where) for axis in AXES}
+    for axis, value in versions.items():
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise MalformedJUnit(
+                path, f"{where}: version.{axis}={value!r} is not a PEP 440 version, so it cannot be ordered"
+            ) from None
+    return Run(
+        run_id=_require(props, "run.id", path, where),
+        session=props.get("run.session", ""),
+        host=props.get("run.host", ""),
+        started=_require(props, "run.started", path, where),
+        accelerator=props.get("run.accelerator", ""),
+        backend=props.get("run.backend", ""),
+        versions=Versions(**versions, deepspeed_git=props.get("version.deepspeed_git", "").strip()),
+    )
+
+
+def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: str) -> CellResult:
+    try:
+        cell = CellKey(
+            model=_require(props, "cell.model", path, where),
+            variant=_require(props, "cell.variant", path, where),
+            dtype=_require(props, "cell.dtype", path, where),
+            tp=int(_require(props, "cell.tp", path, where)),
+        )
+    except ValueError:
+        raise MalformedJUnit(path, f"{where}: cell.tp={props['cell.tp']!r} is not an integer") from None
+    if cell.id != props["cell.id"]:
+        raise MalformedJUnit(path, f"{where}: cell.id={props['cell.id']!r} does not match its parts ({cell.id!r})")
+
+    # The JUnit result element is the authoritative outcome; properties add the detail.
+    problems = [r for r in case.result if isinstance(r, (Failure, Error))]
+    if problems:
+        message = problems[0].message or ""
+        prefix, _, rest = message.partition(": ")
+        return CellResult(
+            run_id=run_id,
+            cell=cell,
+            outcome="fail",
+            failure_class=props.get("failure_class") or (prefix if rest else "") or "unknown",
+            signature=props.get("signature") or rest or message,
+            message=problems[0].text or message,
+            metrics=_metrics_from(props, path, where),
+        )
+    skipped = [r for r in case.result if isinstance(r, Skipped)]
+    if skipped:
+        return CellResult(run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "")
+    return CellResult(run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where))
+
+
+def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, float]:
+    metrics = {}
+    for name, value in props.items():
+        if name.startswith("metric.") and value.strip():
+            try:
+                metrics[name.removeprefix("metric.")] = float(value)
+            except ValueError:
+                raise MalformedJUnit(path, f"{where}: {name}={value!r} is not a number") from None
+    return metrics

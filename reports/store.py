@@ -1,0 +1,202 @@
+"""Append-only SQLite history of runs and cell results.
+
+Every write happens in a `BEGIN IMMEDIATE` transaction, so concurrent importers into the
+same file serialise on SQLite's lock instead of interleaving half-written runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reports import ReportsError
+from reports.model import CellKey, CellResult, Observation, Run, Versions
+
+SCHEMA_VERSION = 1
+# Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
+APPLICATION_ID = 0x41545058  # "ATPX"
+DEFAULT_STORE = Path("results/history.sqlite")
+LOCK_TIMEOUT_S = 120
+
+_SCHEMA = (
+    """
+CREATE TABLE runs (
+    run_id        TEXT PRIMARY KEY,
+    session       TEXT NOT NULL,
+    host          TEXT NOT NULL,
+    started       TEXT NOT NULL,
+    accelerator   TEXT NOT NULL,
+    backend       TEXT NOT NULL,
+    deepspeed     TEXT NOT NULL,
+    deepspeed_git TEXT NOT NULL,
+    transformers  TEXT NOT NULL,
+    torch         TEXT NOT NULL,
+    python        TEXT NOT NULL,
+    imported_from TEXT NOT NULL,
+    imported_at   TEXT NOT NULL
+)""",
+    """
+CREATE TABLE results (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id),
+    model         TEXT NOT NULL,
+    variant       TEXT NOT NULL,
+    dtype         TEXT NOT NULL,
+    tp            INTEGER NOT NULL,
+    outcome       TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'skip')),
+    failure_class TEXT NOT NULL,
+    signature     TEXT NOT NULL,
+    message       TEXT NOT NULL,
+    metrics       TEXT NOT NULL,  -- JSON object name -> float
+    PRIMARY KEY (run_id, model, variant, dtype, tp)
+)""",
+)
+
+_RUN_FIELDS = ("session", "host", "started", "accelerator", "backend")
+_VERSION_FIELDS = ("deepspeed", "deepspeed_git", "transformers", "torch", "python")
+
+
+@dataclass(frozen=True)
+class ImportCounts:
+    new_runs: int
+    new_results: int
+
+
+class HistoryStore:
+    def __init__(self, path: Path, *, create: bool):
+        self.path = Path(path)
+        if not self.path.exists():
+            if not create:
+                raise ReportsError(
+                    f"{self.path}: no history store here; import results first with "
+                    f"`python -m reports merge <junit files> --store {self.path}`"
+                )
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+            self._check_or_create_schema()
+        except sqlite3.DatabaseError as exc:
+            raise ReportsError(f"{self.path}: not a readable SQLite history store ({exc})") from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "HistoryStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_or_create_schema(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")  # two processes creating a new store must not both create tables
+        try:
+            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+            if not has_tables and application_id == 0:
+                for statement in _SCHEMA:  # not executescript(): it would commit our open transaction
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif application_id != APPLICATION_ID:
+                raise ReportsError(
+                    f"{self.path}: this SQLite file is not an autotp-matrix history store; "
+                    "pass a different --store path"
+                )
+            elif version > SCHEMA_VERSION:
+                raise ReportsError(
+                    f"{self.path}: store schema version {version} is newer than this tool understands "
+                    f"({SCHEMA_VERSION}); update the reports package before reading it"
+                )
+            elif version < SCHEMA_VERSION:
+                # Schema 1 is the first released schema, so there is no migration path from older ones.
+                raise ReportsError(
+                    f"{self.path}: store schema version {version} predates version {SCHEMA_VERSION} and cannot "
+                    "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
+        """Add runs and results not yet stored, all or nothing; known ones are left untouched."""
+        conn = self._conn
+        new_runs = new_results = 0
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for run, results in runs:
+                stored = conn.execute(
+                    f"SELECT {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)
+                ).fetchone()
+                if stored is None:
+                    conn.execute(
+                        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
+                    )
+                    new_runs += 1
+                elif tuple(stored) != _run_row(run):
+                    raise ReportsError(
+                        f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
+                        "run ids must be unique per session — check how the file was produced"
+                    )
+                for result in results:
+                    cursor = conn.execute(
+                        "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            run.run_id, result.cell.model, result.cell.variant, result.cell.dtype, result.cell.tp,
+                            result.outcome, result.failure_class, result.signature, result.message,
+                            json.dumps(result.metrics, sort_keys=True),
+                        ),
+                    )
+                    new_results += cursor.rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return ImportCounts(new_runs, new_results)
+
+    def runs(self) -> list[Run]:
+        rows = self._conn.execute(
+            f"SELECT run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs ORDER BY started, run_id"
+        )
+        return [_run_from_row(row) for row in rows]
+
+    def observations(self) -> list[Observation]:
+        runs = {run.run_id: run for run in self.runs()}
+        rows = self._conn.execute(
+            "SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics "
+            "FROM results ORDER BY run_id, model, variant, dtype, tp"
+        )
+        return [
+            Observation(
+                result=CellResult(
+                    run_id=run_id,
+                    cell=CellKey(model, variant, dtype, tp),
+                    outcome=outcome,
+                    failure_class=failure_class,
+                    signature=signature,
+                    message=message,
+                    metrics=json.loads(metrics),
+                ),
+                run=runs[run_id],
+            )
+            for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows
+        ]
+
+
+def _run_row(run: Run) -> tuple:
+    return (*(getattr(run, f) for f in _RUN_FIELDS), *(getattr(run.versions, f) for f in _VERSION_FIELDS))
+
+
+def _run_from_row(row) -> Run:
+    run_id, *values = row
+    fields = dict(zip(_RUN_FIELDS + _VERSION_FIELDS, values))
+    return Run(
+        run_id=run_id,
+        **{f: fields[f] for f in _RUN_FIELDS},
+        versions=Versions(**{f: fields[f] for f in _VERSION_FIELDS}),
+    )

@@ -1,0 +1,33 @@
+"""Prefill logits: the sharded model must reproduce the reference logits within tolerance, and
+every rank must hold the same logits (the all-reduce joins the shards on all ranks)."""
+
+from __future__ import annotations
+
+import torch
+
+from matrix.registry import Tolerance
+from suites.checks import CheckResult, logits_allowance
+
+
+def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
+    pairs = [(reference.logits_masked, sharded.logits_masked), (reference.logits_plain, sharded.logits_plain)]
+    max_abs = max((tp - ref).abs().max().item() for ref, tp in pairs)
+    scale = max(ref.abs().max().item() for ref, _ in pairs)
+    finite = all(torch.isfinite(tp).all().item() for _, tp in pairs)
+    allowed = logits_allowance(tolerance, scale)
+    passed = finite and max_abs <= allowed
+    reason = "" if passed else (
+        "sharded logits contain NaN/inf" if not finite
+        else f"prefill logits differ by {max_abs:.3g} (allowed {allowed:.3g} at logit scale {scale:.3g})")
+    return CheckResult("logits", passed, "numerics",
+                       {"logits_max_abs": max_abs, "logits_max_rel": max_abs / scale if scale else 0.0}, reason)
+
+
+def check_ranks_agree(rank_last_logits: list[torch.Tensor], tolerance: Tolerance) -> CheckResult:
+    """Each rank's last-position logits of the unmasked prompt must equal rank 0's."""
+    first = rank_last_logits[0]
+    spread = max((other - first).abs().max().item() for other in rank_last_logits)
+    allowed = logits_allowance(tolerance, first.abs().max().item())
+    passed = spread <= allowed
+    reason = "" if passed else f"ranks disagree: logits differ across ranks by {spread:.3g} (allowed {allowed:.3g})"
+    return CheckResult("ranks_agree", passed, "numerics", {"rank_logits_spread": spread}, reason)

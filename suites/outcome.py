@@ -1,0 +1,70 @@
+"""A cell's outcome: pass, fail (with exactly one failure class) or skip, plus a normalised error
+signature so identical failures group across models and runs."""
+
+from __future__ import annotations
+
+import re
+import traceback
+from dataclasses import dataclass, field
+
+FAILURE_CLASSES = {
+    "setup": "the harness could not build or load the model or its reference (a harness bug for tiny checkpoints)",
+    "shard": "deepspeed.init_inference raised",
+    "forward": "the sharded model raised during forward, generate or the loss",
+    "numerics": "logits, perplexity or rank agreement beyond tolerance",
+    "generation": "greedy tokens or decode-step logits differ from the reference",
+    "memory": "a rank holds about as many parameter bytes as the unsharded model",
+    "timeout": "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)",
+    "crash": "a rank process died (signal, os._exit, segfault, OOM kill)",
+    "install": "the session's environment could not be installed",
+}
+
+_NUMBER = re.compile(r"(?<![A-Za-z_])(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)")
+_INTERESTING_FRAMES = ("deepspeed", "transformers")
+
+
+@dataclass
+class CellOutcome:
+    outcome: str
+    """`pass`, `fail` or `skip`."""
+    failure_class: str = ""
+    signature: str = ""
+    message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.outcome not in ("pass", "fail", "skip"):
+            raise ValueError(f"outcome must be pass, fail or skip, got {self.outcome!r}")
+        if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
+            raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def mask_numbers(text: str) -> str:
+    return _NUMBER.sub("N", text)
+
+
+def exception_signature(error: BaseException) -> str:
+    """`Type: message-with-numbers-masked @ package/file.py:function` of the deepest frame inside
+    deepspeed or transformers (the code that raised), or the deepest frame when none is."""
+    frames = traceback.extract_tb(error.__traceback__)
+    interesting = [f for f in frames if any(f"/{pkg}/" in f.filename for pkg in _INTERESTING_FRAMES)]
+    where = ""
+    frame = (interesting or frames or [None])[-1]
+    if frame is not None:
+        path = frame.filename
+        for pkg in _INTERESTING_FRAMES:
+            if f"/{pkg}/" in path:
+                path = pkg + "/" + path.split(f"/{pkg}/", 1)[1]
+                break
+        else:
+            path = path.rsplit("/", 1)[-1]
+        where = f" @ {path}:{frame.name}"
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    return f"{type(error).__name__}: {mask_numbers(first_line)}{where}"
+
+
+def failed(failure_class: str, signature: str, message: str, metrics: dict | None = None) -> CellOutcome:
+    return CellOutcome("fail", failure_class, signature, message, metrics or {})

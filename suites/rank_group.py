@@ -1,0 +1,204 @@
+"""Driver side of a rank group: N worker processes started once by the real launcher and fed many
+cells through files in a work folder.
+
+The driver owns every timeout and the group's life: a hung collective or a dead rank ends the
+group (the whole process group is killed, so no orphan ranks), the cell gets `timeout` or
+`crash`, and the next cell starts a fresh group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from suites.outcome import CellOutcome, failed
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "worker.py"
+ERROR_GRACE_SECONDS = 10.0
+"""How long other ranks get to finish a cell after one rank reported an error."""
+LOG_TAIL_LINES = 25
+
+
+class GroupStartError(RuntimeError):
+    """The rank group did not come up; the message holds the launcher's and ranks' last lines."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def clear_stale_build_locks(max_age_seconds: float = 300, log=print) -> None:
+    """An interrupted JIT build of DeepSpeed's comm op leaves a `lock` file under the torch
+    extensions folder and every later launch waits on it forever."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    for lock in root.glob("*/*/lock"):
+        if time.time() - lock.stat().st_mtime > max_age_seconds:
+            log(f"removing stale torch extension build lock {lock}")
+            lock.unlink(missing_ok=True)
+
+
+def launch_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if "DS_ACCELERATOR" not in env and not _cuda_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    env.update(extra or {})
+    return env
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+class RankGroup:
+    def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None):
+        self.tp = tp
+        self.start_timeout = start_timeout
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"autotp-tp{tp}-"))
+        self.env = launch_environment(env)
+        self.process: subprocess.Popen | None = None
+        self.seq = 0
+        self.info: dict = {}
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        clear_stale_build_locks()
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
+                   "--master_port", str(free_port()), str(WORKER), "--workdir", str(self.workdir)]
+        with open(self.workdir / "launcher.log", "ab") as log:
+            self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout
+        while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
+            if not self.alive or time.monotonic() > deadline:
+                reason = "exited" if not self.alive else f"was not ready after {self.start_timeout:.0f} s"
+                logs = self.logs_tail()
+                self.kill()
+                raise GroupStartError(f"rank group tp={self.tp} {reason}; logs under {self.workdir}\n{logs}")
+            time.sleep(0.1)
+        self.info = json.loads((self.workdir / "ready.0").read_text())
+
+    def logs_tail(self) -> str:
+        parts = [f"[launcher]\n{_tail(self.workdir / 'launcher.log')}"]
+        parts += [f"[rank {r}]\n{_tail(self.workdir / f'rank{r}.log')}" for r in range(self.tp)]
+        return "\n".join(parts)
+
+    def run(self, job: dict, timeout: float) -> CellOutcome:
+        """Runs one cell; never raises for what the cell does (that is its outcome)."""
+        seq, self.seq = self.seq, self.seq + 1
+        job = {**job, "seq": seq}
+        staging = self.workdir / f".job-{seq}.tmp"
+        staging.write_text(json.dumps(job))
+        staging.replace(self.workdir / f"job-{seq}.json")
+        result_file = self.workdir / f"result-{seq}.json"
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        while True:
+            if result_file.exists():
+                return CellOutcome(**json.loads(result_file.read_text()))
+            if not self.alive:
+                return self._crashed(seq)
+            errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
+            if errors and first_error_at is None:
+                first_error_at = time.monotonic()
+            if first_error_at is not None and time.monotonic() - first_error_at > ERROR_GRACE_SECONDS:
+                # One rank failed and the others are stuck in a collective waiting for it.
+                error = json.loads(errors[0].read_text())
+                self.kill()
+                return failed(error["failure_class"], error["signature"],
+                              error["message"] + "\n(the other ranks hung waiting for it; rank group restarted)")
+            if time.monotonic() > deadline:
+                logs = self.logs_tail()
+                self.kill()
+                return failed("timeout", f"no answer within {timeout:.0f} s",
+                              f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}")
+            time.sleep(0.02)
+
+    def _crashed(self, seq: int) -> CellOutcome:
+        code = self.process.returncode
+        logs = self.logs_tail()
+        self.kill()
+        dead = [line for line in logs.splitlines() if "exits with return code" in line or "Fatal Python error" in line]
+        detail = dead[0].strip() if dead else f"launcher exit code {code}"
+        signal_name = next((s.name for s in signal.Signals if f"code = -{s.value}" in detail), "")
+        signature = f"rank died: {signal_name or detail.split('] ')[-1]}"
+        return failed("crash", signature, f"{detail}\n{logs}")
+
+    def kill(self) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+    def close(self) -> None:
+        if self.alive:
+            (self.workdir / "stop").write_text("")
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+class RankGroupPool:
+    """At most one live group at a time (groups of different tp sizes would fight for the cores);
+    a group is reused across cells until it dies or another tp size is needed."""
+
+    def __init__(self, start_timeout: float = 900):
+        self.start_timeout = start_timeout
+        self.group: RankGroup | None = None
+        self.launches = 0
+        atexit.register(self.close)
+
+    def get(self, tp: int) -> RankGroup:
+        if self.group is not None and (self.group.tp != tp or not self.group.alive):
+            self.group.close()
+            self.group = None
+        if self.group is None:
+            group = RankGroup(tp, self.start_timeout)
+            self.launches += 1
+            group.start()
+            self.group = group
+        return self.group
+
+    def run(self, tp: int, job: dict, timeout: float) -> CellOutcome:
+        try:
+            group = self.get(tp)
+        except GroupStartError as error:
+            return failed("crash", "rank group failed to start", str(error))
+        return group.run(job, timeout)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None

@@ -1,0 +1,109 @@
+"""What a run writes: `results/cells.jsonl` (one record per cell, on disk before the next cell
+starts) and the same fields as JUnit properties. The format is documented in README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from matrix.cells import Cell
+from suites.outcome import CellOutcome
+
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY", re.IGNORECASE)
+REDACTED = "***"
+
+
+def secret_values() -> list[str]:
+    """Values of environment variables that look like credentials (HF_TOKEN, GITHUB_TOKEN, ...)."""
+    return sorted({v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    for value in secret_values():
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def installed_versions() -> dict[str, str]:
+    import deepspeed
+    import torch
+    import transformers
+
+    try:
+        from deepspeed.git_version_info import git_hash
+    except ImportError:
+        git_hash = "unknown"
+    return {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "deepspeed_git": "" if git_hash in (None, "unknown") else git_hash}
+
+
+@dataclass
+class RunInfo:
+    session: str
+    started: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    host: str = field(default_factory=socket.gethostname)
+    accelerator: str = ""
+    backend: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.session}@{self.started}@{self.host}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"id": self.id, "session": self.session, "host": self.host, "started": self.started,
+                "accelerator": self.accelerator, "backend": self.backend}
+
+
+class CellRecorder:
+    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str]):
+        self.path = results_dir / "cells.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self.versions = versions
+        self.records: list[dict] = []
+
+    def record(self, cell: Cell, outcome: CellOutcome, record_property=None) -> dict:
+        record = {"cell": cell.coordinates(), "outcome": outcome.outcome, "failure_class": outcome.failure_class,
+                  "signature": redact(outcome.signature), "message": redact(outcome.message),
+                  "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
+        with self.path.open("a") as stream:
+            stream.write(json.dumps(record) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        self.records.append(record)
+        if record_property is not None:
+            for key, value in junit_properties(record).items():
+                record_property(key, value)
+        return record
+
+
+def junit_properties(record: dict) -> dict[str, str]:
+    properties = {f"cell.{k}": v for k, v in record["cell"].items()}
+    properties.update(outcome=record["outcome"], failure_class=record["failure_class"], signature=record["signature"])
+    properties.update({f"version.{k}": v for k, v in record["versions"].items()})
+    properties.update({f"run.{k}": v for k, v in record["run"].items()})
+    properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
+    return properties
+
+
+def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
+    """What a bug report needs besides the repro script (no secrets: only versions and hardware)."""
+    lines = [f"{name}: {value}" for name, value in versions.items() if value]
+    lines += [f"accelerator: {run.accelerator}", f"backend: {run.backend}", f"os: {platform.platform()}",
+              f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}", f"python executable: {sys.executable}"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            lines.append("gpus: " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
+    except ImportError:
+        pass
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""The unsharded reference a cell is compared against, computed where AutoTP cannot reach it.
+
+AutoTP leaves state behind in a process (module globals in `tp_shard` in older releases, helpers
+patched onto model classes), so a reference computed after any injection can differ from the true
+unsharded model. References are therefore computed only in processes that never shard (the pytest
+driver), guarded by `mark_process_sharded`, and cached on disk per checkpoint, dtype, probes and
+library versions so every rank group and every later run reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from matrix.checkpoints import cache_root
+from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.loading import load_model
+from suites.probes import Observations, observe
+
+_process_sharded = False
+REFERENCE_FORMAT = 2
+"""Bump when `Observations` changes, so stale cached references are not read."""
+
+
+class ContaminatedProcessError(RuntimeError):
+    pass
+
+
+def mark_process_sharded() -> None:
+    """Called before the first `init_inference` of a process: no reference may come from it after."""
+    global _process_sharded
+    _process_sharded = True
+
+
+def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec) -> Path:
+    import transformers
+
+    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype, "spec": spec.as_dict(),
+                           "torch": torch.__version__, "transformers": transformers.__version__}, sort_keys=True)
+    return cache_root() / "references" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+
+
+def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
+                      trust_remote_code: bool = False) -> Observations:
+    if _process_sharded:
+        raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
+                                       "deepspeed.init_inference: AutoTP state could leak into it")
+    torch.manual_seed(0)
+    model = load_model(checkpoint, dtype, trust_remote_code)
+    return observe(model, build_inputs(load_tokenizer(tokenizer, trust_remote_code), spec), spec, "cpu")
+
+
+def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
+                     trust_remote_code: bool = False) -> Path:
+    """Path of the reference observations on disk, computed in this process on a cache miss."""
+    path = reference_path(checkpoint, tokenizer, dtype, spec)
+    if not path.exists():
+        observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".tmp{id(observations)}")
+        torch.save(observations.to_dict(), staging)
+        staging.replace(path)
+    return path
+
+
+def load_reference(path: str | Path) -> Observations:
+    return Observations.from_dict(torch.load(path, weights_only=False))

@@ -1,0 +1,50 @@
+"""The table printed at the end of a session: model × tp, outcome or failure class, key metric."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+STYLE = {"pass": "green", "fail": "red", "skip": "yellow"}
+
+
+def _cell_text(record: dict) -> str:
+    if record["outcome"] == "pass":
+        return f"[green]pass[/] {record['metrics'].get('logits_max_abs', 0):.1e}"
+    if record["outcome"] == "skip":
+        return "[yellow]skip[/]"
+    return f"[red]{record['failure_class']}[/]"
+
+
+def summary_table(records: list[dict]) -> Table:
+    tps = sorted({int(r["cell"]["tp"]) for r in records})
+    table = Table(title="AutoTP cells (pass: max |Δlogit| vs unsharded)", show_lines=False)
+    table.add_column("model")
+    table.add_column("variant")
+    table.add_column("dtype")
+    for tp in tps:
+        table.add_column(f"tp{tp}")
+    rows: dict[tuple, dict[int, str]] = {}
+    for record in records:
+        cell = record["cell"]
+        rows.setdefault((cell["model"], cell["variant"], cell["dtype"]), {})[int(cell["tp"])] = _cell_text(record)
+    for key, by_tp in rows.items():
+        table.add_row(*key, *(by_tp.get(tp, "") for tp in tps))
+    return table
+
+
+def counts_line(records: list[dict]) -> str:
+    counts = Counter(r["failure_class"] if r["outcome"] == "fail" else r["outcome"] for r in records)
+    return ", ".join(f"{name}: {count}" for name, count in counts.most_common())
+
+
+def print_summary(records: list[dict], terminalreporter) -> None:
+    console = Console(file=terminalreporter._tw._file, width=max(terminalreporter._tw.fullwidth, 100))
+    console.print(summary_table(records))
+    console.print(f"{len(records)} cells — {counts_line(records)}")
+    failures = [r for r in records if r["outcome"] == "fail"]
+    for record in failures:
+        console.print(f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}", markup=True,
+                      highlight=False, soft_wrap=True)

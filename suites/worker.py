@@ -1,0 +1,88 @@
+"""A long-lived rank of a rank group, started by the real launcher (`deepspeed --num_gpus N`).
+
+It serves many cells: it polls its work folder for `job-<seq>.json`, runs the cell, and goes on to
+the next sequence number until `stop` appears. Every rank reads the same job file, so no
+collective is needed to hand out work and an idle group holds no collective open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+POLL_SECONDS = 0.02
+
+
+def _redirect_output(log_path: Path):
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    faulthandler.enable(file=log)
+    return log
+
+
+def _snapshot_module_state(modules) -> list[tuple[object, dict]]:
+    """Module-level values DeepSpeed keeps between injections (tp_shard globals in older releases)."""
+    return [(module, {k: v for k, v in vars(module).items() if not k.startswith("__") and isinstance(v, (int, float, str, type(None), list, tuple))})
+            for module in modules]
+
+
+def _restore_module_state(snapshot) -> None:
+    for module, values in snapshot:
+        for key, value in values.items():
+            setattr(module, key, list(value) if isinstance(value, list) else value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    args = parser.parse_args()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _redirect_output(args.workdir / f"rank{rank}.log")
+    launcher_pid = os.getppid()
+
+    import deepspeed
+    import deepspeed.comm as dist
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.module_inject import tp_shard
+
+    from suites.cell_runner import run_cell
+
+    deepspeed.init_distributed()
+    accelerator = get_accelerator()
+    device = accelerator.device_name(int(os.environ.get("LOCAL_RANK", 0)))
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    # The first all-reduce JIT-builds DeepSpeed's CPU comm op (~60 s once); pay it at group start,
+    # not inside the first cell's timeout.
+    warmup = torch.ones(4, device=device)
+    dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
+    (args.workdir / f"ready.{rank}").write_text(json.dumps({
+        "backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}))
+    module_state = _snapshot_module_state([tp_shard])
+
+    seq = 0
+    while True:
+        job_file = args.workdir / f"job-{seq}.json"
+        while not job_file.exists():
+            if (args.workdir / "stop").exists() or os.getppid() != launcher_pid:
+                return  # stopped, or the launcher is gone: never linger as an orphan
+            time.sleep(POLL_SECONDS)
+        job = json.loads(job_file.read_text())
+        print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)
+        run_cell(job, args.workdir, rank, world_size, device)
+        _restore_module_state(module_state)
+        seq += 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    main()

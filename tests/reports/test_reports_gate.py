@@ -1,0 +1,60 @@
+import pytest
+
+from reports.__main__ import main
+
+
+@pytest.fixture
+def store(scenario, tmp_path):
+    path = tmp_path / "history.sqlite"
+    assert main(["merge", str(scenario), "--store", str(path)]) == 0
+    return path
+
+
+def gate(store, capsys, *args):
+    code = main(["gate", "--store", str(store), *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_regression_blocks_and_known_failures_do_not(store, capsys):
+    code, out, _ = gate(store, capsys, "--baseline", "deepspeed=0.10.0", "--candidate", "deepspeed=0.10.1")
+    assert code == 1
+    assert out.splitlines() == [
+        "cell                  baseline  candidate        verdict",
+        "--------------------  --------  ---------------  ----------",
+        "llama-eager-fp32-tp2  pass      1/1 runs failed  regression",
+        "opt-eager-fp32-tp2    fail      1/1 runs failed  known",
+        "",
+        "1 regression, 1 known, 4 pass",
+        "FAIL: 1 cell(s) pass in the baseline and failed in ≥1 candidate run(s)",
+    ]
+
+
+def test_only_known_failures_pass_the_gate(store, capsys):
+    code, out, _ = gate(store, capsys, "--baseline", "deepspeed=0.10.1,transformers=4.44.0",
+                        "--candidate", "deepspeed=0.11.0,transformers=4.44.0")
+    assert code == 0
+    assert "llama-eager-fp32-tp2  fail      1/1 runs failed  known" in out
+    assert out.rstrip().endswith("OK: no cell that passes in the baseline fails in the candidate")
+
+
+def test_confirmations_require_repeated_failures(store, capsys):
+    # llama passes at 0.10.0 and fails in both 0.11.0 runs (transformers 4.44.0 and 4.45.0).
+    args = ("--baseline", "deepspeed=0.10.0", "--candidate", "deepspeed=0.11.0")
+    assert gate(store, capsys, *args, "--confirmations", "2")[0] == 1
+    code, out, _ = gate(store, capsys, *args, "--confirmations", "3")
+    assert code == 0
+    assert "llama-eager-fp32-tp2  pass      2/2 runs failed  unconfirmed" in out
+
+
+def test_run_ids_and_bad_selectors(store, capsys):
+    run_id = "session1@2025-01-01T00:00:00Z@runner-1"
+    code, out, _ = gate(store, capsys, "--baseline", run_id, "--candidate", run_id)
+    assert code == 0 and "gpt-neox-eager-fp32-tp2  fail      1/1 runs failed  known" in out
+    code, _, err = gate(store, capsys, "--baseline", "no-such-run", "--candidate", run_id)
+    assert code == 2
+    assert "--baseline 'no-such-run': no stored run has this id, and it is not a version set" in err
+    code, _, err = gate(store, capsys, "--baseline", "deepspeed=9.9.9", "--candidate", run_id)
+    assert code == 2 and "--baseline 'deepspeed=9.9.9' matches no stored run; stored version sets:" in err
+    code, _, err = gate(store, capsys, "--baseline", "cuda=12.1", "--candidate", run_id)
+    assert code == 2 and "'cuda=12.1' must be KEY=VALUE with KEY one of deepspeed, transformers" in err

@@ -1,0 +1,77 @@
+import json
+
+from reports_testkit import CONTEXT, Cell, fail, render, section
+
+
+def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    out = render(scenario, tmp_path)
+    report = (out / "report.md").read_text()
+
+    assert "Latest versions: deepspeed 0.11.0, transformers 4.45.0, torch 2.4.0, python 3.11.7." in report
+    assert "| llama | ❌ shard 0.5 |" in report and "| bloom | ✅ |" in report and "| qwen2 | ❌ setup |" in report
+    assert section(report, "Regressions") == [
+        "- llama-eager-fp32-tp2: deepspeed 0.10.0 → 0.10.1 (last good → first bad) at "
+        f"{CONTEXT} — shard: AssertionError: heads % tp != 0",
+        "- qwen2-eager-fp32-tp2: transformers 4.44.0 → 4.45.0 (last good → first bad) at "
+        "deepspeed 0.11.0, torch 2.4.0, python 3.11.7 — setup: ImportError: cannot import name X",
+    ]
+    assert section(report, "Fixes") == [
+        f"- gpt-neox-eager-fp32-tp2: deepspeed 0.9.5 → 0.10.0 (last bad → first good) at {CONTEXT} "
+        "— was forward: ForwardError: broken",
+    ]
+    assert section(report, "Failure-class changes") == [
+        f"- opt-eager-fp32-tp2: deepspeed 0.10.0 → 0.10.1 at {CONTEXT} — failure class shard → numerics: "
+        "logits_max_rel 0.3 > 0.01",
+    ]
+    # bloom is flaky at 0.10.0 (pass on one runner, fail on another) and passes either side: no transition.
+    # falcon is skipped at 0.10.0: skips are not failures.
+    assert section(report, "Flaky cells") == [
+        "- bloom-eager-fp32-tp2 at deepspeed 0.10.0, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
+        "1 pass / 1 fail (forward: RuntimeError: NCCL timeout)",
+    ]
+
+    data = json.loads((out / "report.json").read_text())
+    assert [t["cell"] for t in data["regressions"]] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
+    assert data["supported_models"] == {"supported": ["bloom", "falcon", "gpt-neox"],
+                                        "unsupported": ["llama", "opt", "qwen2"]}
+    assert data["timeline"]["cells"][3]["statuses"] == ["pass", "pass", "fail", "fail", "fail"]
+    assert data["timeline"]["cells"][3]["key_metric"] == [1e-6, 2e-6, 0.5, 0.5, 0.5]
+
+    summary = (out / "step-summary.md").read_text()
+    assert summary.startswith("## AutoTP matrix — ✅ 3 pass, ❌ 3 fail\n")
+    assert section(summary, "Regressions") == section(report, "Regressions")
+
+
+def test_step_summary_goes_to_github_when_set(session, tmp_path, monkeypatch):
+    github_summary = tmp_path / "github-summary.md"
+    github_summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(github_summary))
+    session([Cell("llama")])
+    out = render(tmp_path / "junit", tmp_path)
+    assert github_summary.read_text().startswith("earlier step\n## AutoTP matrix — ✅ 1 pass")
+    assert not (out / "step-summary.md").exists()
+
+
+def test_versions_are_ordered_as_releases_not_strings(session, tmp_path):
+    # Imported out of order, and "0.10.0" < "0.9.0" as strings: the break must still be 0.9.0 → 0.10.0.
+    session([fail("llama", "shard")], deepspeed="0.10.0")
+    session([Cell("llama")], deepspeed="0.9.0")
+    session([Cell("llama")], deepspeed="0.8.1")
+    out = render(tmp_path / "junit", tmp_path)
+    assert section((out / "report.md").read_text(), "Regressions") == [
+        f"- llama-eager-fp32-tp2: deepspeed 0.9.0 → 0.10.0 (last good → first bad) at {CONTEXT} "
+        "— shard: ShardError: broken",
+    ]
+
+
+def test_mixed_outcomes_at_different_versions_are_not_flaky(session, tmp_path):
+    session([Cell("llama"), Cell("opt", tp=4)], torch="2.3.1")
+    session([fail("llama", "memory"), Cell("opt", "skip", tp=4)], torch="2.4.0")
+    report = (render(tmp_path / "junit", tmp_path) / "report.md").read_text()
+    assert section(report, "Flaky cells") == ["None."]
+    assert section(report, "Regressions") == [
+        "- llama-eager-fp32-tp2: torch 2.3.1 → 2.4.0 (last good → first bad) at deepspeed 0.14.2, "
+        "transformers 4.44.0, python 3.11.7 — memory: MemoryError: broken",
+    ]
+    assert "| llama | ❌ memory | — |" in report and "| opt | — | ⏭️ |" in report

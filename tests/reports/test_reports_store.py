@@ -1,0 +1,122 @@
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from reports_testkit import Cell, fail, write_junit
+
+from reports import ReportsError
+from reports.__main__ import main
+from reports.store import HistoryStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def count(store: Path, table: str) -> int:
+    with sqlite3.connect(store) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
+    store = tmp_path / "history.sqlite"
+    first = session([Cell("llama", metrics={"logits_max_abs": 1e-6}), fail("opt", "shard")],
+                    deepspeed="0.14.3.dev0", deepspeed_git="a" * 40, host="gpu-7")
+    session([Cell("llama")], transformers="4.45.0")
+
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    assert capsys.readouterr().out.strip() == f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped"
+    assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
+    assert capsys.readouterr().out.strip() == f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped"
+
+    with HistoryStore(store, create=False) as history:
+        run = history.runs()[0]
+        observations = history.observations()
+    assert (run.run_id, run.host) == ("session1@2025-01-01T00:00:00Z@runner-1", "gpu-7")
+    assert run.started == "2025-01-01T00:00:00Z"
+    assert run.versions.label("deepspeed") == "0.14.3.dev0@aaaaaaaaaa"
+    assert (run.versions.transformers, run.versions.torch, run.versions.python) == ("4.44.0", "2.4.0", "3.11.7")
+    failed = next(o.result for o in observations if o.cell.model == "opt")
+    assert (failed.outcome, failed.failure_class, failed.signature) == ("fail", "shard", "ShardError: broken")
+    assert next(o.result.metrics for o in observations if o.run.run_id == run.run_id and o.cell.model == "llama") == {
+        "logits_max_abs": 1e-6
+    }
+
+
+def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
+    good = session([Cell("llama")])
+    truncated = tmp_path / "junit" / "truncated.xml"
+    truncated.write_text(session([Cell("opt")]).read_text()[:300])
+    (tmp_path / "junit" / "session2.xml").unlink()
+    (tmp_path / "junit" / "page.xml").write_text("<html><body>not junit</body></html>")
+    (tmp_path / "junit" / "other-tests.xml").write_text(
+        '<testsuites><testsuite name="x"><testcase classname="a" name="b"/></testsuite></testsuites>'
+    )
+    (tmp_path / "junit" / "binary.xml").write_bytes(b"\x00\x01garbage")
+    store = tmp_path / "history.sqlite"
+
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
+    skipped = err.splitlines()
+    assert len(skipped) == 4 and str(good) not in err
+    assert f"skipped {truncated}: unreadable XML" in err
+    assert f"skipped {tmp_path / 'junit' / 'page.xml'}: not a JUnit file" in err
+    assert f"skipped {tmp_path / 'junit' / 'other-tests.xml'}: contains no autotp cells" in err
+    assert f"skipped {tmp_path / 'junit' / 'binary.xml'}: unreadable XML" in err
+
+
+def test_missing_property_and_bad_version_name_the_value(session, tmp_path, capsys):
+    session([Cell("llama")], torch="nightly")
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 0
+    assert "version.torch='nightly' is not a PEP 440 version" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "nowhere"), "--store", str(tmp_path / "s.sqlite")]) == 2
+    assert "nowhere: no such file or folder" in capsys.readouterr().err
+
+
+def test_two_processes_import_concurrently(tmp_path):
+    for n in range(40):
+        folder = tmp_path / ("a" if n % 2 else "b")
+        cells = [Cell(f"model{m}", tp=tp) for m in range(5) for tp in (1, 2)]
+        write_junit(folder / f"s{n}.xml", cells, run_id=f"run{n}", started=f"2025-02-01T00:{n:02d}:00Z")
+    shared = write_junit(tmp_path / "shared" / "s.xml", [Cell("llama")], run_id="shared", started="2025-02-02T00:00Z")
+    store = tmp_path / "history.sqlite"
+
+    importers = [
+        subprocess.Popen([sys.executable, "-m", "reports", "merge", str(tmp_path / folder), str(shared),
+                          "--store", str(store)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for folder in ("a", "b")
+    ]
+    for importer in importers:
+        out, err = importer.communicate(timeout=60)
+        assert importer.returncode == 0, err.decode()
+    assert count(store, "runs") == 41
+    assert count(store, "results") == 40 * 10 + 1
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_store_from_another_schema_version_is_rejected(session, tmp_path, capsys):
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(session([Cell("llama")])), "--store", str(store)]) == 0
+    with sqlite3.connect(store) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(ReportsError, match="schema version 99 is newer than this tool understands"):
+        HistoryStore(store, create=False)
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 2
+    assert f"error: {store}: store schema version 99 is newer" in capsys.readouterr().err
+
+    with sqlite3.connect(store) as conn:
+        conn.execute("PRAGMA user_version = 0")
+    with pytest.raises(ReportsError, match="schema version 0 predates version 1 and cannot be migrated"):
+        HistoryStore(store, create=True)
+
+
+def test_unrelated_sqlite_file_and_missing_store_are_rejected(tmp_path):
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    with pytest.raises(ReportsError, match="not an autotp-matrix history store"):
+        HistoryStore(other, create=True)
+    with pytest.raises(ReportsError, match="no history store here; import results first"):
+        HistoryStore(tmp_path / "absent.sqlite", create=False)
