@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,6 +169,7 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class RankGroupPool:

@@ -107,3 +107,9 @@ def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
     except ImportError:
         pass
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # `python -m suites.records --versions`: what a nox session really installed.
+    for name, value in installed_versions().items():
+        print(f"{name:>14}: {value or '-'}")

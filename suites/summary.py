@@ -44,7 +44,10 @@ def print_summary(records: list[dict], terminalreporter) -> None:
     console = Console(file=terminalreporter._tw._file, width=max(terminalreporter._tw.fullwidth, 100))
     console.print(summary_table(records))
     console.print(f"{len(records)} cells — {counts_line(records)}")
-    failures = [r for r in records if r["outcome"] == "fail"]
-    for record in failures:
-        console.print(f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}", markup=True,
-                      highlight=False, soft_wrap=True)
+    for record in records:
+        if record["outcome"] == "fail":
+            console.print(f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}",
+                          highlight=False, soft_wrap=True)
+        if "repro" in record:
+            console.print(f"repro for {record['cell']['id']}: deepspeed --num_gpus {record['cell']['tp']} {record['repro']}",
+                          highlight=False, soft_wrap=True)

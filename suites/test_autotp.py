@@ -3,17 +3,24 @@
 Select cells with --models/--variants/--dtypes/--tp (see `pytest --help`, section "autotp").
 """
 
+from pathlib import Path
+
 import pytest
 
 from suites.driver import run_cell
+from suites.repro import write_repro
 
 
-def test_cell(cell, rank_pool, run_options, recorder, record_property):
+def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestconfig):
     outcome = run_cell(cell, rank_pool, run_options)
     if rank_pool.group is not None:
         recorder.run.accelerator = rank_pool.group.info.get("accelerator", "")
         recorder.run.backend = rank_pool.group.info.get("backend", "")
     record = recorder.record(cell, outcome, record_property)
+    if pytestconfig.getoption("--repro"):
+        verdict = f"{outcome.outcome} {outcome.failure_class} {outcome.signature}".strip()
+        record["repro"] = str(write_repro(cell, run_options.checkpoints, Path(pytestconfig.getoption("--results")) / "repro",
+                                          recorder.run, recorder.versions, verdict))
     if outcome.outcome == "skip":
         pytest.skip(record["message"])
     if outcome.outcome == "fail":

@@ -1,0 +1,62 @@
+"""AutoTP matrix sessions. `nox -s matrix` runs the default matrix; `nox -s tests` the harness's own
+tests; `nox -l` lists everything. The shared work lives in matrix/sessions.py."""
+
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
+from matrix.sessions import PROJECT_DEPENDENCIES, install_harness, run_matrix, session_combos
+
+nox.options.sessions = ["matrix"]
+nox.options.reuse_venv = "yes"  # a session's name carries its pins, so its environment can be reused
+
+LATEST = session_combos("latest")
+
+
+@nox.session
+def matrix(session):
+    """The default matrix: every registered model at the latest releases, tp 2,3,4 (pytest args after --)."""
+    run_matrix(session, LATEST[0], session.posargs)
+
+
+@nox.session
+@nox.parametrize("combo", [nox.param(c, id=c.id, tags=list(c.tags)) for c in session_combos()])
+def autotp(session, combo):
+    """One version combination of the matrix; select with `nox -t nightly|latest|min|release-gate|prerelease`."""
+    run_matrix(session, combo, session.posargs)
+
+
+@nox.session
+def repro(session):
+    """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`."""
+    run_matrix(session, LATEST[0], ["--repro", "-v", *session.posargs])
+
+
+@nox.session
+def tests(session):
+    """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
+    install_harness(session, LATEST[0], *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "tests"))
+    session.run("python", "-m", "pytest", "tests", *session.posargs)
+
+
+@nox.session
+def report(session):
+    """Merge JUnit files into the history store and render the reports: `nox -s report -- DIRS...`."""
+    session.install(*PROJECT_DEPENDENCIES)
+    session.run("python", "-m", "reports", "merge", *(session.posargs or ["results/junit"]))
+    session.run("python", "-m", "reports", "render")
+
+
+@nox.session
+def gate(session):
+    """Release gate: `nox -s gate -- --baseline deepspeed=0.19.7 --candidate deepspeed=0.19.8`."""
+    session.install(*PROJECT_DEPENDENCIES)
+    session.run("python", "-m", "reports", "gate", *session.posargs)
+
+
+@nox.session(name="ci-matrix", python=False)
+def ci_matrix(session):
+    """The version combinations as a JSON job matrix for GitHub Actions."""
+    session.run("python", "-m", "matrix.versions", *session.posargs)

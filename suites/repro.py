@@ -1,0 +1,38 @@
+"""Writes `repro_<cell>.py` (standalone, from repro_template.py) and `env_<cell>.txt` for a cell,
+so a bug report carries one command to run and the environment it failed in."""
+
+from __future__ import annotations
+
+import pprint
+from pathlib import Path
+
+from matrix.cells import Cell
+from matrix.checkpoints import SEED
+from suites.records import RunInfo, environment_report, redact
+
+TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
+PLACEHOLDER = "CELL = {}  # written by autotp-matrix"
+
+
+def launcher_command(cell: Cell, script: str) -> str:
+    return f"deepspeed --num_gpus {cell.tp} {script}"
+
+
+def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versions: dict[str, str],
+                outcome_line: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / f"repro_{cell.id}.py"
+    tolerance = cell.model.tolerance_for(cell.dtype)
+    spec = {"id": cell.id, "model": cell.model.name, "model_type": cell.model.model_type, "tiny": cell.model.tiny,
+            "seed": SEED, "hub_id": cell.model.hub_ids[0] if checkpoints == "hub" else None, "dtype": cell.dtype,
+            "tp": cell.tp, "atol": tolerance.atol, "rtol": tolerance.rtol,
+            "command": launcher_command(cell, script.name)}
+    source = TEMPLATE.read_text()
+    if PLACEHOLDER not in source:
+        raise RuntimeError(f"{TEMPLATE} lost its placeholder line {PLACEHOLDER!r}")
+    header = (f"# autotp-matrix verdict: {outcome_line}\n# versions: "
+              + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + f"\n# run: {launcher_command(cell, script.name)}\n")
+    cell_line = f"CELL = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
+    script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
+    (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))
+    return script

@@ -1,0 +1,77 @@
+"""Standalone AutoTP repro written by autotp-matrix; attach it to a DeepSpeed issue.
+
+Run it with the launcher line in CELL["command"] (e.g. `deepspeed --num_gpus 3 repro_llama-eager-fp32-tp3.py`).
+It needs only torch, deepspeed and transformers. It builds the model (the same seeded tiny random
+checkpoint the harness used, or the real hub checkpoint), computes the unsharded logits and greedy
+tokens before any sharding, shards with AutoTP, and compares. Exit code 0 = match, 1 = mismatch.
+"""
+
+import os
+import sys
+
+import torch
+
+CELL = {}  # written by autotp-matrix
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PROMPT = ("Tensor parallelism splits each large matrix of a model across several devices. Every device keeps "
+          "a slice of the weights, computes its share of each product, and the slices are joined again.")
+
+
+def load_model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = DTYPES[CELL["dtype"]]
+    if CELL["hub_id"]:
+        return AutoModelForCausalLM.from_pretrained(CELL["hub_id"], dtype=dtype).eval()
+    folder = f"repro_checkpoint_{CELL['model']}"
+    if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
+        torch.manual_seed(CELL["seed"])
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"])).save_pretrained(folder)
+    torch.distributed.barrier()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+
+def prompt_ids():
+    if CELL["hub_id"]:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(CELL["hub_id"])(PROMPT, return_tensors="pt").input_ids[:, :24]
+    return torch.tensor([list(PROMPT.encode())[:24]])
+
+
+@torch.no_grad()
+def observe(model, ids, device):
+    ids = ids.to(device)
+    logits = model(ids).logits.float().cpu()
+    tokens = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    return logits, tokens[0, ids.shape[1]:].cpu()
+
+
+def main():
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.init_distributed()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0")))
+    model = load_model()
+    ids = prompt_ids()
+    # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
+    ref_logits, ref_tokens = observe(model.to(device), ids, device)
+    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=DTYPES[CELL["dtype"]],
+                                      replace_with_kernel_inject=False)
+    tp_logits, tp_tokens = observe(engine.module, ids, device)
+    max_abs = (tp_logits - ref_logits).abs().max().item()
+    allowed = CELL["atol"] + CELL["rtol"] * ref_logits.abs().max().item()
+    tokens_equal = bool((tp_tokens == ref_tokens).all())
+    if rank == 0:
+        print(f"cell {CELL['id']}: max |logit difference| {max_abs:.3g} (allowed {allowed:.3g}); "
+              f"greedy tokens {'equal' if tokens_equal else 'DIFFER'}: reference {ref_tokens.tolist()} "
+              f"vs sharded {tp_tokens.tolist()}")
+        print("RESULT:", "MATCH" if max_abs <= allowed and tokens_equal else "MISMATCH")
+    sys.exit(0 if max_abs <= allowed and tokens_equal else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Real faults injected into rank processes by the harness's self-tests.
+
+Each hook is called on every rank at each stage (`loaded`, `sharded`) with the model, and may
+return a replacement model. Hooks change only the model instance they are given, so a reused rank
+group serves the next cell unharmed (except the hooks whose point is to kill or hang the group).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+
+
+def _row_parallel_layers(model):
+    """The decoder's row-parallel layers (LmHeadLinearAllreduce splits differently and is left alone)."""
+    return [m for m in model.modules() if type(m).__name__ == "LinearAllreduce"]
+
+
+def _column_parallel_layers(model):
+    return [m for m in model.modules() if type(m).__name__ == "LinearLayer"]
+
+
+def _wrap_logits(model, change):
+    """Replace `model.forward` so `change(output, args, kwargs)` can alter its logits."""
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        output = original(*args, **kwargs)
+        change(output, args, kwargs)
+        return output
+
+    model.forward = forward
+    return model
+
+
+def noop_allreduce(stage, model, rank):
+    """Row-parallel layers skip their all-reduce: each rank keeps only its partial sum."""
+    assert stage != "sharded" or _row_parallel_layers(model), "no LinearAllreduce layer to break"
+    if stage == "sharded":
+        for layer in _row_parallel_layers(model):
+            layer.forward = types.MethodType(lambda self, x: F.linear(x, self.weight, self.bias), layer)
+
+
+def wrong_shard(stage, model, rank):
+    """Rank 1 holds its column-parallel shard with the output rows rotated (a misplaced slice)."""
+    if stage == "sharded" and rank == 1:
+        with torch.no_grad():
+            for layer in _column_parallel_layers(model):
+                layer.weight.copy_(torch.roll(layer.weight, shifts=1, dims=0))
+
+
+def perturb_rank_logits(stage, model, rank):
+    """Rank 1's logits drift from rank 0's after the all-reduce."""
+    if stage == "sharded" and rank == 1:
+        return _wrap_logits(model, lambda output, args, kwargs: output.logits.add_(0.05))
+
+
+def corrupt_decode_steps(stage, model, rank):
+    """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
+    def change(output, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] == 1:
+            output.logits.add_(torch.linspace(0, 5, output.logits.shape[-1]))
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
+def corrupt_loss(stage, model, rank):
+    """Only the `labels=` loss path is wrong (perplexity), logits are untouched."""
+    def change(output, args, kwargs):
+        if kwargs.get("labels") is not None:
+            output.loss = output.loss * 1.01
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
+def skip_sharding(stage, model, rank):
+    """AutoTP leaves the model whole: the sharded module is swapped for the full model."""
+    if stage == "sharded":
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model.config._name_or_path, dtype=model.dtype).eval()
+
+
+def break_before_shard(stage, model, rank):
+    """A weight of impossible shape makes init_inference raise on every rank."""
+    if stage == "loaded":
+        target = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        target.weight = torch.nn.Parameter(torch.zeros(7))
+
+
+def raise_in_forward(stage, model, rank):
+    """Every rank raises in the forward of the sharded model."""
+    if stage == "sharded":
+        def forward(*args, **kwargs):
+            raise RuntimeError("injected forward failure at layer 3")
+        model.forward = forward
+
+
+def rank1_raises_in_forward(stage, model, rank):
+    """Only rank 1 raises; rank 0 waits for it in a collective."""
+    if stage == "sharded" and rank == 1:
+        raise_in_forward(stage, model, rank)
+
+
+def rank1_hangs(stage, model, rank):
+    """Rank 1 never reaches the collective: a deadlock."""
+    if stage == "sharded" and rank == 1:
+        def forward(*args, **kwargs):
+            time.sleep(3600)
+        model.forward = forward
+
+
+def rank1_sigkill(stage, model, rank):
+    """Rank 1 is killed by SIGKILL mid-forward (what the OOM killer does)."""
+    if stage == "sharded" and rank == 1:
+        def forward(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        model.forward = forward
+
+
+def rank1_segfault(stage, model, rank):
+    """Rank 1 dereferences a null pointer mid-forward."""
+    if stage == "sharded" and rank == 1:
+        def forward(*args, **kwargs):
+            ctypes.string_at(0)
+        model.forward = forward

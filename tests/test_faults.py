@@ -1,0 +1,80 @@
+"""Every check can fail: real faults injected into real rank processes must be reported with the
+right failure class, and a killed or hung group must not lose the next cell.
+
+One rank group serves the faults that leave it healthy; the ones that kill or hang it come last
+and each costs a relaunch (~20 s here).
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from matrix.cells import expand
+from suites.driver import RunOptions, run_cell
+from suites.rank_group import RankGroupPool
+
+pytestmark = pytest.mark.autotp
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = RankGroupPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def llama_tp2():
+    return expand("llama", tp="2")[0]
+
+
+def run_with(cell, pool, fault=None, timeout=120.0):
+    options = RunOptions(cell_timeout=timeout, faults=(f"tests.faults:{fault}",) if fault else ())
+    return run_cell(cell, pool, options)
+
+
+def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
+    first = run_with(llama_tp2, pool)
+    assert first.outcome == "pass", first.message
+    assert first.metrics["logits_max_abs"] < 1e-5
+    # Run the faults that keep the group alive, then the same cell again: a harness whose state
+    # leaked between cells (or whose reference came from a sharded process) would not repeat itself.
+    for fault in ("noop_allreduce", "wrong_shard", "break_before_shard", "raise_in_forward"):
+        run_with(llama_tp2, pool, fault)
+    again = run_with(llama_tp2, pool)
+    assert pool.launches == 1
+    assert again.outcome == "pass"
+    for metric in ("logits_max_abs", "gen_logits_max_abs", "ppl_tp", "rank_param_bytes_max"):
+        assert again.metrics[metric] == first.metrics[metric], metric
+
+
+@pytest.mark.parametrize("fault, failure_class, signature_start", [
+    ("noop_allreduce", "numerics", "logits:"),
+    ("wrong_shard", "numerics", "logits:"),
+    ("perturb_rank_logits", "numerics", "ranks_agree:"),
+    ("corrupt_decode_steps", "generation", "generation:"),
+    ("corrupt_loss", "numerics", "perplexity:"),
+    ("skip_sharding", "memory", "memory:"),
+    ("break_before_shard", "shard", ""),
+    ("raise_in_forward", "forward", "RuntimeError: injected forward failure at layer N"),
+])
+def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class, signature_start):
+    outcome = run_with(llama_tp2, pool, fault)
+    assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
+    assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+@pytest.mark.parametrize("fault, failure_class, signature_part", [
+    ("rank1_raises_in_forward", "forward", "injected forward failure"),
+    ("rank1_hangs", "timeout", "no answer within"),
+    ("rank1_sigkill", "crash", "SIGKILL"),
+    ("rank1_segfault", "crash", ""),
+])
+def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2, fault, failure_class, signature_part):
+    launches = pool.launches
+    outcome = run_with(llama_tp2, pool, fault, timeout=30.0)
+    assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
+    assert signature_part in outcome.signature
+    after = run_with(llama_tp2, pool)
+    assert after.outcome == "pass", after.message
+    assert pool.launches == launches + 1
