@@ -27,15 +27,25 @@ def pytest_addoption(parser):
     group.addoption("--cell-timeout", type=float, default=180.0, help="seconds a cell may take before its rank group is killed")
     group.addoption("--results", default="results", help="folder for cells.jsonl, junit/ and repro scripts")
     group.addoption("--session-name", default=os.environ.get("NOX_SESSION_NAME", "local"), help="name recorded with every cell")
+    group.addoption("--no-resume", action="store_true",
+                    help="start afresh even when the results folder holds an interrupted run of this session")
     group.addoption("--repro", action="store_true", help="also write a standalone repro_<cell>.py per cell into the results folder")
     group.addoption("--inject-fault", action="append", default=[], metavar="MODULE:FUNCTION",
                     help="harness self-test only: call this fault hook on every rank at each stage")
 
 
+CELLS = pytest.StashKey[list]()
+
+
 def pytest_configure(config):
-    results = Path(config.getoption("--results"))
+    option = config.getoption
+    try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
+        config.stash[CELLS] = expand(option("--models"), option("--variants"), option("--dtypes"), option("--tp"),
+                                     Path(option("--models-file")))
+    except RegistryError as error:
+        raise pytest.UsageError(str(error)) from None
     if getattr(config.option, "xmlpath", None) is None and _runs_suites(config):
-        config.option.xmlpath = str(results / "junit" / f"{config.getoption('--session-name')}.xml")
+        config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
 
 
 def _runs_suites(config) -> bool:
@@ -45,12 +55,7 @@ def _runs_suites(config) -> bool:
 def pytest_generate_tests(metafunc):
     if "cell" not in metafunc.fixturenames:
         return
-    option = metafunc.config.getoption
-    try:
-        cells = expand(option("--models"), option("--variants"), option("--dtypes"), option("--tp"),
-                       Path(option("--models-file")))
-    except RegistryError as error:
-        raise pytest.UsageError(str(error)) from None
+    cells = metafunc.config.stash[CELLS]
     metafunc.parametrize("cell", cells, ids=[cell.id for cell in cells])
 
 
@@ -76,8 +81,11 @@ def rank_pool():
 def recorder(pytestconfig):
     from suites.records import CellRecorder, RunInfo, installed_versions
 
-    recorder = CellRecorder(Path(pytestconfig.getoption("--results")), RunInfo(pytestconfig.getoption("--session-name")),
-                            installed_versions())
+    option = pytestconfig.getoption
+    selection = {name: option(f"--{name}") for name in ("models", "variants", "dtypes", "tp", "checkpoints")}
+    recorder = CellRecorder(Path(option("--results")), RunInfo(option("--session-name")), installed_versions(),
+                            selection, expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
+                            resume=not option("--no-resume"))
     pytestconfig.stash[RECORDS] = recorder.records
     return recorder
 

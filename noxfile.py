@@ -7,7 +7,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from matrix.sessions import PROJECT_DEPENDENCIES, install_harness, run_matrix, session_combos
+from matrix.sessions import PROJECT_DEPENDENCIES, TESTS_PINS, install_harness, run_matrix, session_combos
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"  # a session's name carries its pins, so its environment can be reused
@@ -37,8 +37,8 @@ def repro(session):
 @nox.session
 def tests(session):
     """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
-    install_harness(session, LATEST[0], *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "tests"))
-    session.run("python", "-m", "pytest", "tests", *session.posargs)
+    install_harness(session, session_combos("latest", TESTS_PINS)[0], *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "tests"))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
 
 
 @nox.session
@@ -54,6 +54,27 @@ def gate(session):
     """Release gate: `nox -s gate -- --baseline deepspeed=0.19.7 --candidate deepspeed=0.19.8`."""
     session.install(*PROJECT_DEPENDENCIES)
     session.run("python", "-m", "reports", "gate", *session.posargs)
+
+
+@nox.session
+def publish(session):
+    """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/: `nox -s publish -- --pr N`."""
+    session.install(*PROJECT_DEPENDENCIES, *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "publish"))
+    session.run("python", "-m", "reports", "publish", *session.posargs)
+
+
+@nox.session
+def bisect(session):
+    """Which release/commit broke a cell: `nox -s bisect -- --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0`."""
+    session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/bisect/
+    session.run("python", "-m", "reports.bisect", *session.posargs)
+
+
+@nox.session
+def prefetch(session):
+    """Download the registry's hub checkpoints into HF_HOME once: `nox -s prefetch -- --models llama`."""
+    session.install(*nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "prefetch"))
+    session.run("python", "-m", "matrix.prefetch", *session.posargs)
 
 
 @nox.session(name="ci-matrix", python=False)

@@ -17,6 +17,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
 """Extra pip options for torch only, e.g. `--index-url https://download.pytorch.org/whl/cu124` on GPU runners."""
+TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
+"""The harness's own tests run on fixed releases: their known-answer cells (which architectures pass or
+fail, and how) are facts about these versions, and a new upstream release must not turn CI red."""
 PINS_ENV = "AUTOTP_PINS"
 """Axis overrides for `nox -s matrix`, e.g. `deepspeed=deepspeed@pr/1234,transformers=4.57.6`."""
 
@@ -30,11 +33,11 @@ def pin_overrides() -> dict[str, str]:
     return {axis.strip(): value.strip() for axis, value in pairs}
 
 
-def session_combos(tag: str | None = None) -> list[Combo]:
+def session_combos(tag: str | None = None, overrides: dict[str, str] | None = None) -> list[Combo]:
     """The combinations for session parametrization; none (with a warning) when there is no release
     data at all, so `nox -l` and the other sessions still work offline."""
     try:
-        return combinations(tag, overrides=pin_overrides())
+        return combinations(tag, overrides=pin_overrides() if overrides is None else overrides)
     except ReleaseDataUnavailable as error:
         print(f"nox: no release data, version-matrix sessions unavailable: {error}")
         return []
@@ -43,10 +46,23 @@ def session_combos(tag: str | None = None) -> list[Combo]:
 def install_harness(session: nox.Session, combo: Combo, *extra: str) -> None:
     # torch first, on its own: on CPU machines the pinned version comes from a local wheel, and
     # nothing installed later may pull another (multi-GB) torch build.
-    session.install(combo.torch.requirement, *shlex.split(os.environ.get(TORCH_INDEX_ENV, "")))
-    session.install(combo.deepspeed.requirement, combo.transformers.requirement, combo.torch.requirement,
-                    *PROJECT_DEPENDENCIES, *extra)
+    _pip_install(session, combo.torch.requirement, *shlex.split(os.environ.get(TORCH_INDEX_ENV, "")))
+    _pip_install(session, combo.deepspeed.requirement, combo.transformers.requirement, combo.torch.requirement,
+                 *PROJECT_DEPENDENCIES, *extra)
     session.run("python", "-m", "suites.records", "--versions")
+
+
+def _pip_install(session: nox.Session, *args: str) -> None:
+    """session.install that keeps pip's output: nox's own CommandFailed says only "Returned code 1",
+    and a recorded install failure must carry the resolver's message."""
+    with (Path(session.create_tmp()) / "pip-install.log").open("w+") as log:
+        try:
+            session.install(*args, silent=False, stdout=log)  # a custom stdout needs silent=False
+        except nox.command.CommandFailed as error:
+            log.seek(0)
+            output = log.read()
+            session.log(output)
+            raise nox.command.CommandFailed(f"{error}\n{output}", return_code=error.return_code) from error
 
 
 def _selection(pytest_args: list[str]) -> argparse.Namespace:

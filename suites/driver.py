@@ -9,6 +9,7 @@ import transformers
 
 from matrix.cells import Cell
 from matrix.checkpoints import tiny_checkpoint
+from suites import variant_setup
 from suites.inputs import ProbeSpec
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.rank_group import RankGroupPool
@@ -48,13 +49,17 @@ def prepare_job(cell: Cell, options: RunOptions) -> dict | CellOutcome:
         return CellOutcome("skip", message=reason)
     try:
         checkpoint, tokenizer = checkpoint_source(cell, options)
-        reference = cached_reference(checkpoint, tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
+        variant_fields = variant_setup.prepare(cell, checkpoint, tokenizer, options.spec)
+        if isinstance(variant_fields, CellOutcome):
+            return variant_fields
+        reference = variant_fields.pop("reference", None) or cached_reference(
+            checkpoint, tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
     except Exception as error:  # the cell's setup failed; the run goes on
         return failed("setup", exception_signature(error), f"building the checkpoint or unsharded reference failed: {error!r}")
     return {"cell": cell.coordinates(), "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": cell.dtype,
             "load": cell.variant.load, "trust_remote_code": cell.model.trust_remote_code, "reference": str(reference),
             "tolerance": cell.model.tolerance_for(cell.dtype).__dict__, "spec": options.spec.as_dict(),
-            "faults": list(options.faults)}
+            "faults": list(options.faults), **variant_fields}
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:

@@ -92,7 +92,8 @@ class RankGroup:
     def start(self) -> None:
         clear_stale_build_locks()
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
-                   "--master_port", str(free_port()), str(WORKER), "--workdir", str(self.workdir)]
+                   "--master_port", str(free_port()), str(WORKER), "--workdir", str(self.workdir),
+                   "--driver-pid", str(os.getpid())]
         with open(self.workdir / "launcher.log", "ab") as log:
             self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)

@@ -63,12 +63,52 @@ class RunInfo:
 
 
 class CellRecorder:
-    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str]):
+    """Appends one record per cell to cells.jsonl. With `resume`, a partial earlier run of the same
+    session, selection and versions (results/run-state.json says it did not finish) is continued:
+    its run id is kept and its finished cells are replayed instead of run again."""
+
+    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], selection: dict | None = None,
+                 expected_cells: set[str] = frozenset(), resume: bool = False):
         self.path = results_dir / "cells.jsonl"
+        self.state_path = results_dir / "run-state.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
         self.versions = versions
         self.records: list[dict] = []
+        self.finished: dict[str, dict] = {}
+        state = {"session": run.session, "selection": selection or {}, "versions": versions}
+        previous = self._read_state()
+        if resume and previous and not previous.get("complete") and {k: previous.get(k) for k in state} == state:
+            self.run.started = previous["started"]
+            self.finished = {r["cell"]["id"]: r for r in self._read_records() if r["run"]["id"] == self.run.id}
+        self._state = state
+        self.expected_cells = set(expected_cells)
+        self._write_state(complete=False)
+
+    def _read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write_state(self, complete: bool) -> None:
+        self.state_path.write_text(json.dumps({**self._state, "started": self.run.started, "complete": complete}, indent=1))
+
+    def _read_records(self) -> list[dict]:
+        records = []
+        for line in self.path.read_text().splitlines() if self.path.exists() else []:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a kill mid-write: that cell runs again
+        return records
+
+    def replay(self, cell_id: str, record_property=None) -> dict | None:
+        """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
+        record = self.finished.get(cell_id)
+        if record is not None:
+            self._emit(record, record_property)
+        return record
 
     def record(self, cell: Cell, outcome: CellOutcome, record_property=None) -> dict:
         record = {"cell": cell.coordinates(), "outcome": outcome.outcome, "failure_class": outcome.failure_class,
@@ -78,11 +118,16 @@ class CellRecorder:
             stream.write(json.dumps(record) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
+        self._emit(record, record_property)
+        return record
+
+    def _emit(self, record: dict, record_property) -> None:
         self.records.append(record)
+        if self.expected_cells and self.expected_cells <= {r["cell"]["id"] for r in self.records}:
+            self._write_state(complete=True)
         if record_property is not None:
             for key, value in junit_properties(record).items():
                 record_property(key, value)
-        return record
 
 
 def junit_properties(record: dict) -> dict[str, str]:

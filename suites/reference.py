@@ -18,6 +18,8 @@ import torch
 from matrix.checkpoints import cache_root
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.loading import load_model
+from suites.outcome import exception_signature
+from suites.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 from suites.probes import Observations, observe
 
 _process_sharded = False
@@ -35,30 +37,59 @@ def mark_process_sharded() -> None:
     _process_sharded = True
 
 
-def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec) -> Path:
+def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
+                   quant_group_size: int = 0) -> Path:
+    import deepspeed
     import transformers
 
+    # The quantized reference depends on the quantizer's code too, so its versions join the key.
+    quant = {"quantization": quantization, "group_size": quant_group_size, "deepspeed": deepspeed.__version__,
+             "torchao": _torchao_version()} if quantization else {}
     identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype, "spec": spec.as_dict(),
-                           "torch": torch.__version__, "transformers": transformers.__version__}, sort_keys=True)
+                           "torch": torch.__version__, "transformers": transformers.__version__, **quant}, sort_keys=True)
     return cache_root() / "references" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 
-def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
-                      trust_remote_code: bool = False) -> Observations:
+def _torchao_version() -> str:
+    try:
+        import torchao
+
+        return torchao.__version__
+    except ImportError:
+        return ""
+
+
+def refuse_if_sharded() -> None:
     if _process_sharded:
         raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
                                        "deepspeed.init_inference: AutoTP state could leak into it")
+
+
+def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
+                      trust_remote_code: bool = False, quantization: str = "", quant_group_size: int = 0) -> Observations:
+    """The unsharded model's observations; with `quantization`, of the unsharded model quantized the
+    way the variant quantizes the sharded one (QuantizationUnavailable when that fails)."""
+    refuse_if_sharded()
     torch.manual_seed(0)
-    model = load_model(checkpoint, dtype, trust_remote_code)
+    try:
+        model = load_model(checkpoint, dtype, trust_remote_code, hf_quantization_config(quantization))
+        model = apply_post_init(model, quantization, quant_group_size)
+    except QuantizationUnavailable:
+        raise
+    except Exception as error:
+        if not quantization:
+            raise
+        raise QuantizationUnavailable(f"{quantization} cannot quantize the unsharded {dtype} model: "
+                                      f"{exception_signature(error)}") from error
     return observe(model, build_inputs(load_tokenizer(tokenizer, trust_remote_code), spec), spec, "cpu")
 
 
 def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
-                     trust_remote_code: bool = False) -> Path:
+                     trust_remote_code: bool = False, quantization: str = "", quant_group_size: int = 0) -> Path:
     """Path of the reference observations on disk, computed in this process on a cache miss."""
-    path = reference_path(checkpoint, tokenizer, dtype, spec)
+    path = reference_path(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size)
     if not path.exists():
-        observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code)
+        observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code, quantization, quant_group_size)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_suffix(f".tmp{id(observations)}")
         torch.save(observations.to_dict(), staging)

@@ -12,16 +12,18 @@ from suites.repro import write_repro
 
 
 def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestconfig):
-    outcome = run_cell(cell, rank_pool, run_options)
-    if rank_pool.group is not None:
-        recorder.run.accelerator = rank_pool.group.info.get("accelerator", "")
-        recorder.run.backend = rank_pool.group.info.get("backend", "")
-    record = recorder.record(cell, outcome, record_property)
+    record = recorder.replay(cell.id, record_property)  # finished before this run was interrupted
+    if record is None:
+        outcome = run_cell(cell, rank_pool, run_options)
+        if rank_pool.group is not None:
+            recorder.run.accelerator = rank_pool.group.info.get("accelerator", "")
+            recorder.run.backend = rank_pool.group.info.get("backend", "")
+        record = recorder.record(cell, outcome, record_property)
     if pytestconfig.getoption("--repro"):
-        verdict = f"{outcome.outcome} {outcome.failure_class} {outcome.signature}".strip()
+        verdict = f"{record['outcome']} {record['failure_class']} {record['signature']}".strip()
         record["repro"] = str(write_repro(cell, run_options.checkpoints, Path(pytestconfig.getoption("--results")) / "repro",
                                           recorder.run, recorder.versions, verdict))
-    if outcome.outcome == "skip":
+    if record["outcome"] == "skip":
         pytest.skip(record["message"])
-    if outcome.outcome == "fail":
+    if record["outcome"] == "fail":
         pytest.fail(f"{record['failure_class']}: {record['signature']}\n{record['message']}", pytrace=False)

@@ -12,6 +12,7 @@ import faulthandler
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,14 +40,31 @@ def _restore_module_state(snapshot) -> None:
             setattr(module, key, list(value) if isinstance(value, list) else value)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
+    """If the driver or the launcher dies (killed, Ctrl-C), end this rank even when it is stuck in a
+    collective: a rank must never linger as an orphan holding cores and memory."""
+    while _alive(driver_pid) and os.getppid() == launcher_pid:
+        time.sleep(1)
+    os._exit(3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     args = parser.parse_args()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _redirect_output(args.workdir / f"rank{rank}.log")
-    launcher_pid = os.getppid()
+    threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
 
     import deepspeed
     import deepspeed.comm as dist
@@ -73,8 +91,8 @@ def main() -> None:
     while True:
         job_file = args.workdir / f"job-{seq}.json"
         while not job_file.exists():
-            if (args.workdir / "stop").exists() or os.getppid() != launcher_pid:
-                return  # stopped, or the launcher is gone: never linger as an orphan
+            if (args.workdir / "stop").exists():
+                return
             time.sleep(POLL_SECONDS)
         job = json.loads(job_file.read_text())
         print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)

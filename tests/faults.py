@@ -131,3 +131,14 @@ def rank1_segfault(stage, model, rank):
         def forward(*args, **kwargs):
             ctypes.string_at(0)
         model.forward = forward
+
+
+def rank1_exceeds_memory_limit(stage, model, rank):
+    """Rank 1 runs into its address-space limit mid-forward (an allocation the machine cannot give)."""
+    if stage == "sharded" and rank == 1:
+        import resource
+
+        def forward(*args, **kwargs):
+            resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+            return torch.empty(16 << 30, dtype=torch.uint8)
+        model.forward = forward

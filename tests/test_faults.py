@@ -68,7 +68,8 @@ def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class,
     ("rank1_raises_in_forward", "forward", "injected forward failure"),
     ("rank1_hangs", "timeout", "no answer within"),
     ("rank1_sigkill", "crash", "SIGKILL"),
-    ("rank1_segfault", "crash", ""),
+    ("rank1_segfault", "crash", "SIGSEGV"),
+    ("rank1_exceeds_memory_limit", "forward", "can't allocate memory"),
 ])
 def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2, fault, failure_class, signature_part):
     launches = pool.launches

@@ -1,0 +1,24 @@
+"""Quantized variants, relaxed check: the sharded quantized model against the fp32 baseline
+(the unquantized, unsharded model). Quantization moves logits by far more than any tolerance,
+so this asks only what a user would: are the greedy tokens mostly the same and is perplexity
+close? Thresholds are per model and dtype (`quant_token_match`, `quant_ppl_rel` in Tolerance).
+The strict check (the usual checks against the *unsharded quantized* reference) runs as well."""
+
+from __future__ import annotations
+
+from matrix.registry import Tolerance
+from suites.checks import CheckResult
+
+
+def check(baseline, sharded, tolerance: Tolerance) -> list[CheckResult]:
+    match = (baseline.gen_tokens == sharded.gen_tokens).float().mean().item()
+    ppl_delta = abs(sharded.perplexity - baseline.perplexity) / baseline.perplexity
+    tokens_ok = match >= tolerance.quant_token_match
+    ppl_ok = ppl_delta <= tolerance.quant_ppl_rel
+    return [
+        CheckResult("quant_tokens", tokens_ok, "numerics", {"quant_token_match": match},
+                    "" if tokens_ok else f"only {match:.0%} of greedy tokens match the fp32 baseline (need {tolerance.quant_token_match:.0%})"),
+        CheckResult("quant_perplexity", ppl_ok, "numerics", {"ppl_fp32": baseline.perplexity, "quant_ppl_rel_delta": ppl_delta},
+                    "" if ppl_ok else f"perplexity {sharded.perplexity:.6g} vs fp32 baseline {baseline.perplexity:.6g} "
+                                      f"(relative delta {ppl_delta:.3g} > {tolerance.quant_ppl_rel:g})"),
+    ]

@@ -1,0 +1,54 @@
+"""Weight-only quantization variants, applied the same way to the unsharded reference (in the
+driver) and to the sharded model (on the ranks), so the strict checks compare like with like.
+
+- `deepspeed_int8` / `deepspeed_int4`: DeepSpeed's group-wise post-init quantization
+  (`deepspeed.inference.quantization`), asymmetric, groups along the input dimension; on the
+  ranks it runs on each rank's shard after `init_inference`.
+- `torchao_int8`: HF `TorchAoConfig(Int8WeightOnlyConfig())` at `from_pretrained`, before AutoTP.
+"""
+
+from __future__ import annotations
+
+DEEPSPEED_BITS = {"deepspeed_int8": 8, "deepspeed_int4": 4}
+
+
+class QuantizationUnavailable(RuntimeError):
+    """The backend cannot quantize even the unsharded model here, so there is no AutoTP question to ask."""
+
+
+def hf_quantization_config(quantization: str):
+    """The `quantization_config` for `from_pretrained`, or None when the backend is not HF-side."""
+    if quantization != "torchao_int8":
+        return None
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig
+        from transformers import TorchAoConfig
+    except ImportError as error:
+        raise QuantizationUnavailable(f"torchao_int8 needs the torchao package ({error}); pip install torchao") from error
+    return TorchAoConfig(Int8WeightOnlyConfig())
+
+
+def deepspeed_config(quantization: str, group_size: int) -> dict:
+    """DeepSpeed's ds_config for post-init quantization of every Linear/Embedding (the empty key
+    matches every module name)."""
+    return {"weight_quantization": {"post_init_quant": {"": {
+        "num_bits": DEEPSPEED_BITS[quantization], "group_size": group_size, "group_dim": 1, "symmetric": False}}}}
+
+
+def apply_post_init(model, quantization: str, group_size: int):
+    """DeepSpeed post-init quantization; a no-op for the other backends."""
+    if quantization not in DEEPSPEED_BITS:
+        return model
+    from deepspeed.inference.quantization.quantization import _init_group_wise_weight_quantization
+
+    return _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))
+
+
+def quantized_module_count(model) -> int:
+    """Modules whose weights a backend replaced by a quantized form (DeepSpeed layers or torchao tensors)."""
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if type(module).__name__.startswith("Quantized") or (weight is not None and "torchao" in type(weight).__module__):
+            count += 1
+    return count

@@ -1,0 +1,162 @@
+"""The AutoTP training variant: one training step with `tensor_parallel.autotp_size` against the
+same step on the unsharded model.
+
+The unsharded step (loss, every parameter's gradient and weight) is computed in the driver, never
+in a rank (see suites/reference.py), and cached on disk. Each rank then runs one step through
+`deepspeed.initialize` and compares the gradient of each parameter it holds with the matching
+slice of the unsharded gradient. The slice is found from the weights themselves (each shard row
+is an exact row of the unsharded weight), so the comparison does not trust DeepSpeed's own
+shard arithmetic. Dropout is off (eval mode) so both steps compute the same function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from matrix.checkpoints import cache_root
+from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.loading import TORCH_DTYPES, load_model
+
+TRAINING_FORMAT = 1
+MIN_DEEPSPEED = "0.16.4"
+"""First DeepSpeed release with the `tensor_parallel.autotp_size` training config."""
+
+
+def version_skip_reason() -> str | None:
+    import deepspeed
+    from packaging.version import Version
+
+    if Version(deepspeed.__version__) < Version(MIN_DEEPSPEED):
+        return f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= {MIN_DEEPSPEED} (installed {deepspeed.__version__})"
+    return None
+
+
+def batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code: bool) -> torch.Tensor:
+    """One sequence of `ppl_window` corpus tokens; the step trains on it with labels = inputs."""
+    return build_inputs(load_tokenizer(tokenizer_source, trust_remote_code), spec).corpus_ids[:, : spec.ppl_window]
+
+
+def step_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec) -> Path:
+    import transformers
+
+    identity = json.dumps({"format": TRAINING_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
+                           "spec": spec.as_dict(), "torch": torch.__version__, "transformers": transformers.__version__}, sort_keys=True)
+    return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+
+
+def compute_unsharded_step(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool) -> dict:
+    from suites.reference import refuse_if_sharded
+
+    refuse_if_sharded()
+    torch.manual_seed(0)
+    model = load_model(checkpoint, dtype, trust_remote_code)
+    ids = batch(tokenizer, spec, trust_remote_code)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return {"loss": loss.float().item(),
+            "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None},
+            "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def cached_unsharded_step(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool) -> Path:
+    path = step_path(checkpoint, tokenizer, dtype, spec)
+    if not path.exists():
+        step = compute_unsharded_step(checkpoint, tokenizer, dtype, spec, trust_remote_code)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".tmp{id(step)}")
+        torch.save(step, staging)
+        staging.replace(path)
+    return path
+
+
+@dataclass
+class GradientReport:
+    """One rank's comparison of its gradient shards with the unsharded gradients."""
+
+    loss: float
+    max_rel_error: float
+    """Largest max|g_tp - g_ref| / max|g_ref| over this rank's parameters."""
+    worst_parameter: str
+    compared: int
+    sharded: int
+    """Parameters this rank holds only a slice of."""
+    problems: list[str]
+    """Parameters whose shard could not be matched to the unsharded weight, or that have no gradient."""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]] | None:
+    """(split dim, indices into `full` along it) such that full[indices] == shard, or None."""
+    split = [d for d in range(full.dim()) if shard.shape[d] != full.shape[d]]
+    if len(split) != 1:
+        return None
+    dim = split[0]
+    full_rows = full.movedim(dim, 0).reshape(full.shape[dim], -1)
+    where = {}
+    for index, row in enumerate(full_rows):
+        where.setdefault(row.numpy().tobytes(), index)
+    indices = [where.get(row.numpy().tobytes()) for row in shard.movedim(dim, 0).reshape(shard.shape[dim], -1)]
+    return None if None in indices else (dim, indices)
+
+
+def compare_gradients(model, unsharded: dict, loss: float) -> GradientReport:
+    worst, worst_name, compared, sharded, problems, layouts = 0.0, "", 0, 0, [], {}
+    named = dict(model.named_parameters())
+    for name in sorted(named, key=lambda n: n.endswith(".bias")):  # weights first: a bias reuses its weight's rows
+        param = named[name]
+        ref_grad, ref_weight = unsharded["grads"].get(name), unsharded["weights"].get(name)
+        if ref_weight is None:
+            problems.append(f"{name}: not a parameter of the unsharded model")
+            continue
+        if param.grad is None or ref_grad is None:
+            if (param.grad is None) != (ref_grad is None):
+                problems.append(f"{name}: gradient {'missing' if param.grad is None else 'unexpected'} on the sharded model")
+            continue
+        grad, weight = param.grad.detach().float().cpu(), param.detach().cpu()
+        if grad.shape != ref_grad.shape:
+            sibling = layouts.get(name[: -len(".bias")] + ".weight") if name.endswith(".bias") else None
+            layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, ref_weight)
+            if layout is None:
+                problems.append(f"{name}: shard {tuple(weight.shape)} is not a slice of the unsharded {tuple(ref_weight.shape)}")
+                continue
+            layouts[name] = layout
+            dim, indices = layout
+            ref_grad = ref_grad.movedim(dim, 0)[indices].movedim(0, dim)
+            sharded += 1
+        ref_grad = ref_grad.float()
+        scale = ref_grad.abs().max().item()
+        error = (grad - ref_grad).abs().max().item() / scale if scale else (grad.abs().max().item())
+        compared += 1
+        if error > worst:
+            worst, worst_name = error, name
+    return GradientReport(loss, worst, worst_name, compared, sharded, problems)
+
+
+def run_step(job: dict, world_size: int, fault_hook) -> GradientReport:
+    """One AutoTP training step on this rank; `fault_hook(stage, model)` is the test-only hook."""
+    import deepspeed
+    from deepspeed.module_inject.layers import set_autotp_mode
+
+    dtype = job["dtype"]
+    unsharded = torch.load(job["training_step"], weights_only=False)
+    model = load_model(job["checkpoint"], dtype, job["trust_remote_code"])
+    config = {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": world_size},
+              "zero_optimization": {"stage": 0}, "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"}}
+    set_autotp_mode(training=True)
+    try:
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine.eval()
+        ids = batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"]).to(engine.device)
+        loss = engine(ids, labels=ids).loss
+        engine.backward(loss)
+        fault_hook("trained", engine.module)
+        return compare_gradients(engine.module, unsharded, loss.float().item())
+    finally:
+        set_autotp_mode(training=False)  # the rank serves inference cells next

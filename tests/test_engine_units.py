@@ -1,0 +1,107 @@
+"""Units of the cell engine that need no rank group: signatures, redaction, the reference guard,
+the checkpoint cache's corruption detection, and the checks on hand-made observations."""
+
+import json
+
+import pytest
+import torch
+
+from matrix.cells import expand
+from matrix.registry import DEFAULT_TOLERANCES
+from suites.outcome import exception_signature, mask_numbers
+
+
+def test_signature_masks_numbers_and_names_the_deepest_library_frame():
+    namespace = {}
+    code = compile("def shard(n):\n    raise RuntimeError(f'shape [{n}, 16] is invalid for input of size {n*16}')\n",
+                   "/site-packages/deepspeed/module_inject/tp_shard.py", "exec")
+    exec(code, namespace)
+    signatures = set()
+    for size in (3, 5):
+        try:
+            namespace["shard"](size)
+        except RuntimeError as error:
+            signatures.add(exception_signature(error))
+    assert signatures == {"RuntimeError: shape [N, N] is invalid for input of size N @ deepspeed/module_inject/tp_shard.py:shard"}
+    assert mask_numbers("0x7f3a at 1.5e-3") == "N at N"
+
+
+def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
+    from suites.outcome import failed
+    from suites.records import CellRecorder, RunInfo
+    from suites.repro import write_repro
+
+    token = "hf_plantedSecretValue123"
+    monkeypatch.setenv("HF_TOKEN", token)
+    cell = expand("llama", tp="2")[0]
+    recorder = CellRecorder(tmp_path, RunInfo("unit"), {"deepspeed": "0.19.8"})
+    properties = {}
+    recorder.record(cell, failed("forward", f"OSError: 401 for token {token}", f"Authorization: Bearer {token}"),
+                    lambda key, value: properties.__setitem__(key, value))
+    write_repro(cell, "tiny", tmp_path / "repro", recorder.run, {"deepspeed": "0.19.8"}, f"fail forward {token}")
+    written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file()) + json.dumps(properties)
+    assert token not in written
+    assert "***" in written
+
+
+def test_reference_is_refused_in_a_process_that_sharded(monkeypatch):
+    from suites import reference
+
+    monkeypatch.setattr(reference, "_process_sharded", False)
+    reference.mark_process_sharded()
+    with pytest.raises(reference.ContaminatedProcessError):
+        reference.compute_reference("unused", None, "fp32", reference.ProbeSpec())
+
+
+def test_corrupt_tiny_checkpoint_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    from matrix.checkpoints import tiny_checkpoint
+
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
+    entry = expand("llama", tp="2")[0].model
+    folder = tiny_checkpoint(entry)
+    weights = folder / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[: len(original) // 2])
+    messages = []
+    assert tiny_checkpoint(entry, log=messages.append) == folder
+    assert "model.safetensors has" in messages[0] and "truncated" in messages[0]
+    assert weights.read_bytes() == original  # seeded: the rebuild is bit-identical
+
+
+def _observations(**changes):
+    from suites.probes import Observations
+
+    torch.manual_seed(0)
+    base = dict(logits_masked=torch.randn(44, 16), logits_plain=torch.randn(1, 24, 16),
+                gen_tokens=torch.tensor([1, 2, 3, 4]), gen_logits=torch.randn(4, 16), nll_sum=100.0, nll_tokens=50,
+                forward_seconds=0.1, param_bytes=1000, linear_bytes=800)
+    base["gen_tokens"] = base["gen_logits"].argmax(-1)
+    base.update(changes)
+    return Observations(**base)
+
+
+def test_generation_divergence_passes_only_on_a_genuine_near_tie():
+    from suites.checks import generation
+
+    reference = _observations()
+    tolerance = DEFAULT_TOLERANCES["fp32"]
+    step_logits = reference.gen_logits.clone()
+    runner_up = step_logits[2].topk(2).indices[1]
+    tied = step_logits.clone()
+    tied[2, runner_up] = tied[2].max()  # an exact tie: the sharded side may pick either token
+    near_tie = generation.check(_observations(gen_logits=tied), _observations(
+        gen_tokens=torch.cat([reference.gen_tokens[:2], runner_up.view(1), reference.gen_tokens[3:]]),
+        gen_logits=tied), tolerance)
+    assert near_tie.passed and "near-tie at token 2" in near_tie.reason
+    wrong = generation.check(reference, _observations(
+        gen_tokens=torch.cat([reference.gen_tokens[:2], runner_up.view(1), reference.gen_tokens[3:]])), tolerance)
+    assert not wrong.passed and wrong.metrics["gen_first_divergence"] == 2
+
+
+def test_memory_check_fails_when_a_rank_keeps_every_linear_weight():
+    from suites.checks import memory
+
+    reference = _observations()
+    assert memory.check(reference, [600, 600]).passed  # 200 unsplit + 400/800 linear = 50%
+    result = memory.check(reference, [1000, 1000])
+    assert not result.passed and result.metrics["linear_shard_ratio"] == 1.0

@@ -1,0 +1,78 @@
+"""An interrupted run keeps every finished cell, leaves no rank process behind, and resumes where it
+stopped. Real pytest drivers and rank groups, killed with real signals."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CELLS = ["llama-eager-fp32-tp2", "opt-eager-fp32-tp2", "gpt_neox-eager-fp32-tp2"]
+
+pytestmark = pytest.mark.autotp
+
+
+def start_driver(results: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--tp", "2",
+               "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider"]
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def records(results: Path) -> list[dict]:
+    path = results / "cells.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_records(results: Path, count: int, driver: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(records(results)) < count:
+        assert driver.poll() is None, driver.stdout.read()
+        assert time.monotonic() < deadline, "no cell finished in time"
+        time.sleep(0.2)
+
+
+def rank_processes_of(driver_pid: int) -> str:
+    found = subprocess.run(["pgrep", "-af", f"--driver-pid {driver_pid}"], capture_output=True, text=True).stdout
+    return found.strip()
+
+
+def wait_until_no_ranks(driver_pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while rank_processes_of(driver_pid):
+        assert time.monotonic() < deadline, f"orphan ranks left behind:\n{rank_processes_of(driver_pid)}"
+        time.sleep(0.5)
+
+
+def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path):
+    driver = start_driver(tmp_path)
+    wait_for_records(tmp_path, 1, driver)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    wait_until_no_ranks(driver.pid)
+    before = records(tmp_path)
+    assert json.loads((tmp_path / "run-state.json").read_text())["complete"] is False
+
+    rerun = start_driver(tmp_path)
+    output, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, output
+    after = records(tmp_path)
+    assert after[: len(before)] == before  # nothing finished earlier was lost or rewritten
+    assert sorted(r["cell"]["id"] for r in after) == sorted(CELLS)  # each cell exactly once
+    assert {r["run"]["id"] for r in after} == {before[0]["run"]["id"]}  # one run, continued
+    junit = (tmp_path / "junit" / "reliability.xml").read_text()
+    assert all(cell in junit for cell in CELLS)
+    assert json.loads((tmp_path / "run-state.json").read_text())["complete"] is True
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
+    driver = start_driver(tmp_path)
+    wait_for_records(tmp_path, 1, driver)
+    driver.send_signal(signal.SIGINT)
+    output, _ = driver.communicate(timeout=60)
+    assert driver.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert not rank_processes_of(driver.pid), "Ctrl-C left rank processes behind"
+    assert records(tmp_path) and records(tmp_path)[0]["outcome"] == "pass"
