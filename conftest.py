@@ -44,8 +44,40 @@ def pytest_configure(config):
                                      Path(option("--models-file")))
     except RegistryError as error:
         raise pytest.UsageError(str(error)) from None
-    if getattr(config.option, "xmlpath", None) is None and _runs_suites(config):
-        config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
+    if _runs_suites(config):
+        if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+            config.option.dist = "loadgroup"  # keep each worker on its chunk of cells (see _xdist_group)
+        if getattr(config.option, "xmlpath", None) is None:
+            config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
+        config.stash[RUN] = _start_run(config)
+
+
+RUN = pytest.StashKey[tuple]()
+
+
+def _start_run(config):
+    """The run this session records into: decided once by the controller (or the only process) and
+    handed to pytest-xdist workers, so all of them share one run id; an interrupted run with the same
+    session, selection and versions is continued unless --no-resume."""
+    from suites.records import RunInfo, RunState, installed_versions
+
+    option = config.getoption
+    versions = installed_versions()
+    selection = {name: option(f"--{name}") for name in ("models", "variants", "dtypes", "tp", "checkpoints")}
+    state = RunState(Path(option("--results")), option("--session-name"), selection, versions)
+    if hasattr(config, "workerinput"):
+        return RunInfo(option("--session-name"), started=config.workerinput["autotp_run_started"]), state, versions
+    run = RunInfo(option("--session-name"))
+    resumed = None if option("--no-resume") else state.resumable_start()
+    run.started = resumed or run.started
+    state.write(run.started, complete=False)
+    return run, state, versions
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: every worker records under the controller's run id."""
+    node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
 
 
 def _runs_suites(config) -> bool:
@@ -56,7 +88,17 @@ def pytest_generate_tests(metafunc):
     if "cell" not in metafunc.fixturenames:
         return
     cells = metafunc.config.stash[CELLS]
-    metafunc.parametrize("cell", cells, ids=[cell.id for cell in cells])
+    workers = getattr(metafunc.config, "workerinput", {}).get("workercount", 1)
+    params = [pytest.param(cell, id=cell.id, marks=pytest.mark.xdist_group(_xdist_group(cell, cells, workers)))
+              for cell in cells]
+    metafunc.parametrize("cell", params)
+
+
+def _xdist_group(cell, cells, workers: int) -> str:
+    """Under pytest-xdist each worker runs its own rank group: give each worker a contiguous chunk of
+    one tp size, so groups are rarely relaunched for another tp."""
+    same_tp = [c.id for c in cells if c.tp == cell.tp]
+    return f"tp{cell.tp}-{same_tp.index(cell.id) * workers // len(same_tp)}"
 
 
 @pytest.fixture(scope="session")
@@ -79,23 +121,20 @@ def rank_pool():
 
 @pytest.fixture(scope="session")
 def recorder(pytestconfig):
-    from suites.records import CellRecorder, RunInfo, installed_versions
+    from suites.records import CellRecorder
 
-    option = pytestconfig.getoption
-    selection = {name: option(f"--{name}") for name in ("models", "variants", "dtypes", "tp", "checkpoints")}
-    recorder = CellRecorder(Path(option("--results")), RunInfo(option("--session-name")), installed_versions(),
-                            selection, expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
-                            resume=not option("--no-resume"))
-    pytestconfig.stash[RECORDS] = recorder.records
-    return recorder
-
-
-RECORDS = pytest.StashKey[list]()
+    run, state, versions = pytestconfig.stash[RUN]
+    return CellRecorder(Path(pytestconfig.getoption("--results")), run, versions, state,
+                        expected_cells={cell.id for cell in pytestconfig.stash[CELLS]})
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    records = config.stash.get(RECORDS, None)
-    if records:
-        from suites.summary import print_summary
+    if RUN not in config.stash or hasattr(config, "workerinput"):
+        return
+    from suites.records import read_records
+    from suites.summary import print_summary
 
+    run_id = config.stash[RUN][0].id
+    records = [r for r in read_records(Path(config.getoption("--results"))) if r["run"]["id"] == run_id]
+    if records:
         print_summary(records, terminalreporter)

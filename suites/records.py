@@ -3,6 +3,7 @@ starts) and the same fields as JUnit properties. The format is documented in REA
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -62,46 +63,56 @@ class RunInfo:
                 "accelerator": self.accelerator, "backend": self.backend}
 
 
-class CellRecorder:
-    """Appends one record per cell to cells.jsonl. With `resume`, a partial earlier run of the same
-    session, selection and versions (results/run-state.json says it did not finish) is continued:
-    its run id is kept and its finished cells are replayed instead of run again."""
+def read_records(results_dir: Path) -> list[dict]:
+    path = results_dir / "cells.jsonl"
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill mid-write: that cell runs again
+    return records
 
-    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], selection: dict | None = None,
-                 expected_cells: set[str] = frozenset(), resume: bool = False):
+
+class RunState:
+    """`results/run-state.json`: which run the folder holds and whether all its cells finished, so an
+    interrupted run of the same session, selection and versions is continued instead of restarted."""
+
+    def __init__(self, results_dir: Path, session: str, selection: dict, versions: dict[str, str]):
+        self.path = results_dir / "run-state.json"
+        self.identity = {"session": session, "selection": selection, "versions": versions}
+
+    def resumable_start(self) -> str | None:
+        """The start time (run id part) of an unfinished earlier run with the same identity."""
+        try:
+            previous = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        same = {key: previous.get(key) for key in self.identity} == self.identity
+        return previous.get("started") if same and not previous.get("complete") else None
+
+    def write(self, started: str, complete: bool) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        staging.write_text(json.dumps({**self.identity, "started": started, "complete": complete}, indent=1))
+        staging.replace(self.path)
+
+
+class CellRecorder:
+    """Appends one record per cell to cells.jsonl (several pytest-xdist workers may share the file).
+    Cells the same run id already finished (before an interruption) are replayed, not run again."""
+
+    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
+                 expected_cells: set[str] = frozenset()):
+        self.results_dir = results_dir
         self.path = results_dir / "cells.jsonl"
-        self.state_path = results_dir / "run-state.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
         self.versions = versions
-        self.records: list[dict] = []
-        self.finished: dict[str, dict] = {}
-        state = {"session": run.session, "selection": selection or {}, "versions": versions}
-        previous = self._read_state()
-        if resume and previous and not previous.get("complete") and {k: previous.get(k) for k in state} == state:
-            self.run.started = previous["started"]
-            self.finished = {r["cell"]["id"]: r for r in self._read_records() if r["run"]["id"] == self.run.id}
-        self._state = state
+        self.state = state
         self.expected_cells = set(expected_cells)
-        self._write_state(complete=False)
-
-    def _read_state(self) -> dict | None:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return None
-
-    def _write_state(self, complete: bool) -> None:
-        self.state_path.write_text(json.dumps({**self._state, "started": self.run.started, "complete": complete}, indent=1))
-
-    def _read_records(self) -> list[dict]:
-        records = []
-        for line in self.path.read_text().splitlines() if self.path.exists() else []:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by a kill mid-write: that cell runs again
-        return records
+        self.records: list[dict] = []
+        self.finished = {r["cell"]["id"]: r for r in read_records(results_dir) if r["run"]["id"] == run.id}
 
     def replay(self, cell_id: str, record_property=None) -> dict | None:
         """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
@@ -115,6 +126,7 @@ class CellRecorder:
                   "signature": redact(outcome.signature), "message": redact(outcome.message),
                   "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
         with self.path.open("a") as stream:
+            fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
             stream.write(json.dumps(record) + "\n")
             stream.flush()
             os.fsync(stream.fileno())
@@ -123,8 +135,9 @@ class CellRecorder:
 
     def _emit(self, record: dict, record_property) -> None:
         self.records.append(record)
-        if self.expected_cells and self.expected_cells <= {r["cell"]["id"] for r in self.records}:
-            self._write_state(complete=True)
+        if self.state and self.expected_cells <= {r["cell"]["id"] for r in read_records(self.results_dir)
+                                                  if r["run"]["id"] == self.run.id}:
+            self.state.write(self.run.started, complete=True)
         if record_property is not None:
             for key, value in junit_properties(record).items():
                 record_property(key, value)
