@@ -16,7 +16,8 @@ SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
 def pytest_addoption(parser):
     group = parser.getgroup("autotp", "AutoTP matrix cells")
-    group.addoption("--models", default="all", help="comma-separated model names from matrix/models.toml, or 'all'")
+    group.addoption("--models", default="all", help="comma-separated model names, or 'all' (registry), 'derived' (architectures derived "
+                     "from transformers' causal-LM mapping), 'every' (both)")
     group.addoption("--models-file", default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")
     group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, or 'all'")
     group.addoption("--dtypes", default="fp32", help="comma-separated dtypes: fp32, bf16, fp16")

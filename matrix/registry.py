@@ -21,6 +21,8 @@ VARIANTS_FILE = MATRIX_DIR / "variants.toml"
 
 DTYPES = ("fp32", "bf16", "fp16")
 LOAD_MODES = ("eager", "meta")
+CHECKPOINT_FORMATS = ("safetensors", "bin")
+QUANTIZATIONS = ("", "deepspeed_int8", "deepspeed_int4", "torchao_int8")
 
 
 class RegistryError(ValueError):
@@ -37,6 +39,12 @@ class Tolerance:
     """Slack relative to the largest reference logit magnitude."""
     ppl_rel: float
     """Largest allowed |ppl_tp - ppl_ref| / ppl_ref."""
+    quant_token_match: float = 0.75
+    """Quantized variants, relaxed check: least share of greedy tokens equal to the fp32 baseline's."""
+    quant_ppl_rel: float = 0.02
+    """Quantized variants, relaxed check: largest |ppl_quantized_tp - ppl_fp32| / ppl_fp32. Measured
+    (torchao int8 weight-only, unsharded, tiny llama/qwen2/mistral): 2e-4..1.3e-3; tiny random models
+    sit near ppl = vocab, so a wrong scale there moves it only ~1e-2 and the token check catches it."""
 
 
 # Why these numbers: on tiny fp32 models the sharded sum order changes logits by ~1e-7 (measured,
@@ -73,6 +81,8 @@ class ModelEntry:
     """Links to known AutoTP issues for this model, shown next to failing cells."""
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     """Per-dtype tolerance overrides; dtypes not named here use DEFAULT_TOLERANCES."""
+    skip_reason: str | None = None
+    """Why this architecture cannot be tested at all (e.g. it cannot be built tiny); its cells skip with it."""
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
@@ -88,15 +98,34 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running a model under AutoTP (how it is loaded, quantized, ...)."""
+    """One way of running a model under AutoTP (how it is loaded, quantized, trained)."""
 
     name: str
     """Short name used in cell ids (the TOML table key)."""
     load: str = "eager"
-    """`eager`: full model on every rank, then sharded; `meta`: built on the meta device and
-    filled from the checkpoint files by `init_inference(checkpoint=...)`."""
+    """`eager`: full model loaded on every rank with `from_pretrained`, then sharded; `meta`: built
+    with `from_config` under `deepspeed.OnDevice(device="meta")` and filled shard by shard from the
+    checkpoint files by `init_inference(checkpoint=<checkpoints json>)`."""
+    checkpoint_format: str = "safetensors"
+    """Files the `meta` loader reads: `safetensors` (as saved) or `bin` (a torch.save copy)."""
+    keep_module_on_host: bool = False
+    """Pass `keep_module_on_host=True` to `init_inference` (weights stay in host memory); releases
+    whose inference config lacks the field skip the cell with a reason."""
+    quantization: str = ""
+    """Weight-only quantization: `deepspeed_int8`/`deepspeed_int4` (DeepSpeed's group-wise post-init
+    quantization, applied to each rank's shard after init_inference), `torchao_int8` (HF
+    `TorchAoConfig` int8 weight-only, applied by `from_pretrained` before AutoTP), or empty."""
+    quant_group_size: int = 32
+    """Group size of DeepSpeed's group-wise quantization (along the input dimension)."""
+    training: bool = False
+    """One AutoTP training step (`tensor_parallel.autotp_size`) instead of inference: loss and each
+    rank's gradient shard against an unsharded step."""
     description: str = ""
     """One line for people reading the report."""
+
+    def as_job(self) -> dict[str, Any]:
+        """What a rank needs to know about the variant (the job file is JSON)."""
+        return {k: v for k, v in self.__dict__.items() if k != "description"}
 
 
 _MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
@@ -158,6 +187,7 @@ def _parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
         trust_remote_code=_expect(path, entry, "trust_remote_code", raw.get("trust_remote_code", False), bool),
         known_issues=tuple(_expect(path, entry, "known_issues", raw.get("known_issues", []), list)),
         tolerance=_parse_tolerances(path, entry, raw.get("tolerance", {})),
+        skip_reason=_expect(path, entry, "skip_reason", raw["skip_reason"], str) if "skip_reason" in raw else None,
     )
 
 
@@ -167,10 +197,20 @@ def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
     unknown = set(raw) - _VARIANT_FIELDS
     if unknown:
         raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_VARIANT_FIELDS)}")
-    load = _expect(path, entry, "load", raw.get("load", "eager"), str)
-    if load not in LOAD_MODES:
-        raise RegistryError(f"{path}: entry [{entry}] field 'load' must be one of {LOAD_MODES}, got {load!r}")
-    return Variant(name=name, load=load, description=_expect(path, entry, "description", raw.get("description", ""), str))
+    defaults = Variant(name=name)
+    values = {key: _expect(path, entry, key, raw.get(key, getattr(defaults, key)), type(getattr(defaults, key)))
+              for key in _VARIANT_FIELDS}
+    for key, allowed in (("load", LOAD_MODES), ("checkpoint_format", CHECKPOINT_FORMATS), ("quantization", QUANTIZATIONS)):
+        if values[key] not in allowed:
+            raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be one of {allowed}, got {values[key]!r}")
+    if values["quant_group_size"] < 2 or values["quant_group_size"] % 2:
+        raise RegistryError(f"{path}: entry [{entry}] field 'quant_group_size' must be an even number >= 2 (int4 packs two values a byte)")
+    if values["training"] and (values["load"] != "eager" or values["quantization"]):
+        raise RegistryError(f"{path}: entry [{entry}] combines training with load={values['load']!r}/quantization="
+                            f"{values['quantization']!r}; training variants load eagerly and unquantized")
+    if values["load"] != "meta" and values["checkpoint_format"] != "safetensors":
+        raise RegistryError(f"{path}: entry [{entry}] field 'checkpoint_format' only applies to load = \"meta\"")
+    return Variant(name=name, **values)
 
 
 def _check_name(path: Path, kind: str, name: str) -> None:
@@ -178,22 +218,21 @@ def _check_name(path: Path, kind: str, name: str) -> None:
         raise RegistryError(f"{path}: entry [{kind}.{name}] name must be lowercase letters, digits and '_' (it is used in cell ids)")
 
 
-def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
-    tables = _read_toml(path).get("models")
+def _load_tables(path: Path, kind: str, parse) -> dict[str, Any]:
+    tables = _read_toml(path).get(kind)
     if not isinstance(tables, dict) or not tables:
-        raise RegistryError(f"{path}: no [models.<name>] tables found")
+        raise RegistryError(f"{path}: no [{kind}.<name>] tables found")
     for name in tables:
-        _check_name(path, "models", name)
-    return {name: _parse_model(path, name, raw) for name, raw in tables.items()}
+        _check_name(path, kind, name)
+    return {name: parse(path, name, raw) for name, raw in tables.items()}
+
+
+def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
+    return _load_tables(path, "models", _parse_model)
 
 
 def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
-    tables = _read_toml(path).get("variants")
-    if not isinstance(tables, dict) or not tables:
-        raise RegistryError(f"{path}: no [variants.<name>] tables found")
-    for name in tables:
-        _check_name(path, "variants", name)
-    return {name: _parse_variant(path, name, raw) for name, raw in tables.items()}
+    return _load_tables(path, "variants", _parse_variant)
 
 
 def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from matrix.checkpoints import cache_root
 from suites.outcome import CellOutcome, failed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +47,21 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
-def clear_stale_build_locks(max_age_seconds: float = 300, log=print) -> None:
+def torch_extensions_dir() -> Path:
+    """Where DeepSpeed JIT-builds its ops. One folder per DeepSpeed version: builds of different
+    releases share module names, and a stale one from another release fails at import (seen here:
+    `module 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'`)."""
+    if "TORCH_EXTENSIONS_DIR" in os.environ:
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    from importlib.metadata import version
+
+    return cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}"
+
+
+def clear_stale_build_locks(root: Path, max_age_seconds: float = 300, log=print) -> None:
     """An interrupted JIT build of DeepSpeed's comm op leaves a `lock` file under the torch
     extensions folder and every later launch waits on it forever."""
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    for lock in root.glob("*/*/lock"):
+    for lock in root.glob("**/lock"):
         if time.time() - lock.stat().st_mtime > max_age_seconds:
             log(f"removing stale torch extension build lock {lock}")
             lock.unlink(missing_ok=True)
@@ -60,6 +71,7 @@ def launch_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     if "DS_ACCELERATOR" not in env and not _cuda_available():
         env["DS_ACCELERATOR"] = "cpu"
     env.update(extra or {})
@@ -90,7 +102,7 @@ class RankGroup:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        clear_stale_build_locks()
+        clear_stale_build_locks(Path(self.env["TORCH_EXTENSIONS_DIR"]))
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
                    "--master_port", str(free_port()), str(WORKER), "--workdir", str(self.workdir),
                    "--driver-pid", str(os.getpid())]

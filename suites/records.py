@@ -46,13 +46,28 @@ def installed_versions() -> dict[str, str]:
             "deepspeed_git": "" if git_hash in (None, "unknown") else git_hash}
 
 
+def platform_of_run() -> tuple[str, str]:
+    """(accelerator, communication backend) the rank groups of this machine use. On CPU, DeepSpeed
+    uses oneCCL when its bindings import and falls back to gloo otherwise."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return accelerator.device_name(), accelerator.communication_backend_name()
+    try:
+        import oneccl_bindings_for_pytorch  # noqa: F401
+    except ImportError:
+        return "cpu", "gloo"
+    return "cpu", "ccl"
+
+
 @dataclass
 class RunInfo:
     session: str
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     host: str = field(default_factory=socket.gethostname)
-    accelerator: str = ""
-    backend: str = ""
+    accelerator: str = field(default_factory=lambda: platform_of_run()[0])
+    backend: str = field(default_factory=lambda: platform_of_run()[1])
 
     @property
     def id(self) -> str:

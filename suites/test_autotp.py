@@ -15,9 +15,6 @@ def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestcon
     record = recorder.replay(cell.id, record_property)  # finished before this run was interrupted
     if record is None:
         outcome = run_cell(cell, rank_pool, run_options)
-        if rank_pool.group is not None:
-            recorder.run.accelerator = rank_pool.group.info.get("accelerator", "")
-            recorder.run.backend = rank_pool.group.info.get("backend", "")
         record = recorder.record(cell, outcome, record_property)
     if pytestconfig.getoption("--repro"):
         verdict = f"{record['outcome']} {record['failure_class']} {record['signature']}".strip()

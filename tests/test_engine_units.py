@@ -105,3 +105,20 @@ def test_memory_check_fails_when_a_rank_keeps_every_linear_weight():
     assert memory.check(reference, [600, 600]).passed  # 200 unsplit + 400/800 linear = 50%
     result = memory.check(reference, [1000, 1000])
     assert not result.passed and result.metrics["linear_shard_ratio"] == 1.0
+
+
+def test_stale_extension_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
+    import os
+    import time
+
+    from suites.rank_group import clear_stale_build_locks
+
+    stale, fresh = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock", tmp_path / "py311_cpu" / "other" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    messages = []
+    clear_stale_build_locks(tmp_path, log=messages.append)
+    assert not stale.exists() and fresh.exists()
+    assert str(stale) in messages[0]
