@@ -28,6 +28,19 @@ def autotp(session, combo):
     run_matrix(session, combo, session.posargs)
 
 
+@nox.session(tags=["coverage"])
+def coverage(session):
+    """Every causal-LM architecture of the installed transformers: registry + derived tiny configs (`--models every`)."""
+    run_matrix(session, LATEST[0], ["--models", "every", *session.posargs])
+
+
+@nox.session(name="add-model")
+def add_model(session):
+    """Add a model: `nox -s add-model -- <hub id | local checkpoint dir | model_type> [--name NAME]`."""
+    install_harness(session, LATEST[0])
+    session.run("python", "-m", "matrix.add_model", *session.posargs)
+
+
 @nox.session
 def repro(session):
     """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`."""
@@ -66,7 +79,7 @@ def publish(session):
 @nox.session
 def bisect(session):
     """Which release/commit broke a cell: `nox -s bisect -- --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0`."""
-    session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/bisect/
+    session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/bisect-steps/
     session.run("python", "-m", "reports.bisect", *session.posargs)
 
 

@@ -49,10 +49,14 @@ class Tolerance:
 
 # Why these numbers: on tiny fp32 models the sharded sum order changes logits by ~1e-7 (measured,
 # see README); a broken all-reduce or shard moves them by >1e-2. bf16 keeps 8 mantissa bits, so a
-# reordered reduction moves a logit by a few 1e-3 of its scale.
+# reordered reduction moves a logit by about 1e-2 of its scale. Measured bf16, CPU, deepspeed 0.19.8,
+# tiny llama/mistral/qwen2/qwen3/phi/gemma at tp2 and tp3: max|dlogit| / logit scale 0.0064-0.0102
+# (0.006-0.016 absolute), decode steps <= 0.0098 absolute, perplexity delta <= 2.4e-4, ranks agree
+# exactly. rtol 3e-2 keeps ~3x margin; ppl_rel 2e-3 ~8x. Training gradients use rtol as well
+# (fp32 measured: 8.8e-7 of the gradient scale, tiny llama/qwen2 tp2).
 DEFAULT_TOLERANCES = {
     "fp32": Tolerance(atol=1e-4, rtol=1e-4, ppl_rel=1e-4),
-    "bf16": Tolerance(atol=2e-2, rtol=3e-2, ppl_rel=2e-2),
+    "bf16": Tolerance(atol=2e-2, rtol=3e-2, ppl_rel=2e-3),
     "fp16": Tolerance(atol=1e-2, rtol=1e-2, ppl_rel=1e-2),
 }
 
@@ -108,6 +112,9 @@ class Variant:
     checkpoint files by `init_inference(checkpoint=<checkpoints json>)`."""
     checkpoint_format: str = "safetensors"
     """Files the `meta` loader reads: `safetensors` (as saved) or `bin` (a torch.save copy)."""
+    checkpoint_files: int = 1
+    """`meta` only: split the checkpoint into this many weight files. DeepSpeed reads each file whole
+    on every rank, so only a multi-file checkpoint (like real ones) can load in less than a full copy."""
     keep_module_on_host: bool = False
     """Pass `keep_module_on_host=True` to `init_inference` (weights stay in host memory); releases
     whose inference config lacks the field skip the cell with a reason."""
@@ -208,8 +215,10 @@ def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
     if values["training"] and (values["load"] != "eager" or values["quantization"]):
         raise RegistryError(f"{path}: entry [{entry}] combines training with load={values['load']!r}/quantization="
                             f"{values['quantization']!r}; training variants load eagerly and unquantized")
-    if values["load"] != "meta" and values["checkpoint_format"] != "safetensors":
-        raise RegistryError(f"{path}: entry [{entry}] field 'checkpoint_format' only applies to load = \"meta\"")
+    if values["load"] != "meta" and (values["checkpoint_format"] != "safetensors" or values["checkpoint_files"] != 1):
+        raise RegistryError(f"{path}: entry [{entry}] fields 'checkpoint_format'/'checkpoint_files' only apply to load = \"meta\"")
+    if values["checkpoint_files"] < 1:
+        raise RegistryError(f"{path}: entry [{entry}] field 'checkpoint_files' must be >= 1, got {values['checkpoint_files']}")
     return Variant(name=name, **values)
 
 

@@ -2,7 +2,8 @@
 
 The versions are computed from PyPI release data with the rules in versions.toml (in the spirit of
 sentry-python's populate_tox), so a new release enters the matrix without anyone typing it in.
-Release data is cached on disk; once cached, everything here works offline.
+Release data is cached on disk and re-fetched once it is older than AUTOTP_RELEASES_MAX_AGE_HOURS
+(default 12); offline, the cache is used with a warning, so once cached everything works offline.
 
     python -m matrix.versions --tag latest          # CI job matrix as JSON
 """
@@ -16,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import tomllib
 import urllib.request
 import warnings
@@ -33,6 +35,8 @@ CONFIG_PATH = Path(__file__).with_name("versions.toml")
 PYPI_JSON_URL = "https://pypi.org/pypi/{package}/json"
 CACHE_DIR_ENV = "AUTOTP_MATRIX_CACHE_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/autotp-matrix/releases"
+MAX_AGE_ENV = "AUTOTP_RELEASES_MAX_AGE_HOURS"
+DEFAULT_MAX_AGE_HOURS = 12.0  # a nightly run sees the previous day's releases without asking PyPI per session
 
 
 class ConfigError(ValueError):
@@ -112,20 +116,37 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR).expanduser()
 
 
-def load_releases(package: str, *, cache_dir: Path | None = None, refresh: bool = False) -> list[Release]:
-    """Releases of package from the disk cache; fetched from PyPI when not cached yet or on refresh.
+def max_age_hours() -> float:
+    """How old cached release data may get before it is re-fetched (env AUTOTP_RELEASES_MAX_AGE_HOURS)."""
+    text = os.environ.get(MAX_AGE_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_AGE_HOURS
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = -1.0
+    if not hours >= 0:  # also rejects nan
+        raise ValueError(f"{MAX_AGE_ENV}={text!r}: give the maximum age of cached release data in hours, e.g. 12")
+    return hours
 
-    A failed refresh falls back to the cache with a warning, so a PyPI hiccup does not stop a run.
+
+def load_releases(package: str, *, cache_dir: Path | None = None, refresh: bool = False) -> list[Release]:
+    """Releases of package from the disk cache; fetched from PyPI when not cached yet, when the cache
+    is older than max_age_hours(), or on refresh.
+
+    A failed refresh falls back to the cache with a warning, so a PyPI hiccup or an offline machine
+    does not stop a run.
     """
     cache_file = (cache_dir or default_cache_dir()) / f"{package}.json"
-    if cache_file.exists() and not refresh:
+    if cache_file.exists() and not refresh and _age_hours(cache_file) <= max_age_hours():
         return parse_releases(json.loads(cache_file.read_text()))
     url = PYPI_JSON_URL.format(package=package)
     try:
         trimmed = trim_pypi_json(fetch_pypi_json(package))
     except (OSError, ValueError, KeyError) as error:  # URLError/timeouts are OSErrors, bad JSON ValueErrors
         if cache_file.exists():
-            warnings.warn(f"refreshing {package} from {url} failed ({error}); using the cached {cache_file}")
+            warnings.warn(f"refreshing {package} from {url} failed ({error}); using the cached {cache_file} "
+                          f"({_age_hours(cache_file):.1f} h old)")
             return parse_releases(json.loads(cache_file.read_text()))
         raise ReleaseDataUnavailable(
             f"no release data for {package}: fetching {url} failed ({error}) and there is no cache at "
@@ -138,6 +159,10 @@ def load_releases(package: str, *, cache_dir: Path | None = None, refresh: bool 
         json.dump(trimmed, stream, indent=1)
     os.replace(temporary, cache_file)
     return parse_releases(trimmed)
+
+
+def _age_hours(path: Path) -> float:
+    return (time.time() - path.stat().st_mtime) / 3600
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Command line: `python -m reports {merge,render,gate} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,render,gate,publish} ...` (see --help of each)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from reports.docs import check_drift, model_support
 from reports.gate import compare, format_table, select
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
+from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
 from reports.store import DEFAULT_STORE, HistoryStore
 
@@ -39,7 +41,7 @@ def merge(args: argparse.Namespace) -> int:
 def render(args: argparse.Namespace) -> int:
     repo = DeepSpeedRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
-        history = analyse(store.observations(), repo)
+        history = analyse(store.observations(), repo, store.bisections())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
     for path in write_outputs(history, drift, args.out):
         print(f"wrote {path}")
@@ -59,6 +61,15 @@ def gate(args: argparse.Namespace) -> int:
     )
     print(format_table(rows, args.confirmations))
     return 1 if any(row.verdict == "regression" for row in rows) else 0
+
+
+def publish(args: argparse.Namespace) -> int:
+    repo = DeepSpeedRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    with HistoryStore(args.store, create=False) as store:
+        observations, bisections = store.observations(), store.bisections()
+    for path in publish_deltas(observations, bisections, args.session, args.out, repo=args.repo, pr=args.pr, deepspeed_repo=repo):
+        print(f"wrote {path}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
                              help="a cell blocks only if it failed in this many candidate runs (default 1)")
     gate_parser.add_argument("--store", **store_option)
     gate_parser.set_defaults(handler=gate)
+
+    publish_parser = commands.add_parser(
+        "publish", help="PR comment and regression issues from the newest run vs the last nightly ($GITHUB_TOKEN)")
+    publish_parser.add_argument("--store", **store_option)
+    publish_parser.add_argument("--out", type=Path, default=Path("results"),
+                                help="output folder; texts go to OUT/publish/ (default results/)")
+    publish_parser.add_argument("--session", action="append",
+                                help="session to compare with its previous run (repeatable; default all stored)")
+    publish_parser.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY"),
+                                help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)")
+    publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
+    publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
+    publish_parser.set_defaults(handler=publish)
     return parser
 
 

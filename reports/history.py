@@ -6,11 +6,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from reports import ReportsError
 from reports.attribution import Commit, DeepSpeedRepo
-from reports.model import AXES, CellKey, Observation, Versions
+from reports.model import AXES, Bisection, CellKey, Observation, Versions
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Transition:
     before_status: CellStatus
     after_status: CellStatus
     commits: tuple[Commit, ...] = ()  # only for DeepSpeed transitions, when a clone is given
+    bisection: Bisection | None = None  # the newest `reports.bisect` answer inside this transition's range
 
     @property
     def held_fixed(self) -> str:
@@ -48,6 +49,7 @@ class History:
     cells: list[CellKey]
     statuses: dict[tuple[CellKey, Versions], CellStatus]
     transitions: list[Transition]
+    bisections: list[Bisection] = field(default_factory=list)
 
     @property
     def latest(self) -> Versions:
@@ -98,7 +100,8 @@ def summarise(observations: list[Observation]) -> CellStatus:
     return CellStatus(status, passes, fails, skips, failure_class, signature, metrics)
 
 
-def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None = None) -> History:
+def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None = None,
+            bisections: list[Bisection] = ()) -> History:
     if not observations:
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
     order = VersionOrder(observations, deepspeed_repo)
@@ -116,7 +119,8 @@ def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | Non
     transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], order)]
     if deepspeed_repo is not None:
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
-    return History(version_sets, cells, statuses, transitions)
+    transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
+    return History(version_sets, cells, statuses, transitions, list(bisections))
 
 
 def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder) -> list[Transition]:
@@ -153,3 +157,27 @@ def _attribute(transition: Transition, repo: DeepSpeedRepo) -> Transition:
     if transition.axis != "deepspeed":
         return transition
     return replace(transition, commits=tuple(repo.commits_between(transition.before, transition.after)))
+
+
+_BISECTION_MODE = {"broke": "broken", "fixed": "fixed"}
+
+
+def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
+    """The newest bisection of this cell, axis and direction whose answer lies inside the transition's range.
+
+    An answer that is not a release (a commit sha from a commit-only bisection) cannot be placed on the
+    release line, so it is taken as inside."""
+    matching = [
+        b for b in bisections
+        if (b.cell, b.axis, b.mode) == (transition.cell, transition.axis, _BISECTION_MODE.get(transition.kind))
+        and _within(getattr(transition.before, transition.axis), b.before, b.after,
+                    getattr(transition.after, transition.axis))
+    ]
+    return max(matching, key=lambda b: b.recorded_at, default=None)
+
+
+def _within(low: str, before: str, after: str, high: str) -> bool:
+    try:
+        return Version(low) <= Version(before.removeprefix("v")) < Version(after.removeprefix("v")) <= Version(high)
+    except InvalidVersion:
+        return True

@@ -76,3 +76,23 @@ class Observation:
     @property
     def versions(self) -> Versions:
         return self.run.versions
+
+
+@dataclass(frozen=True)
+class Bisection:
+    """The answer of `python -m reports.bisect` for one cell along one axis."""
+
+    cell: CellKey
+    mode: str  # broken (before = last good, after = first bad) | fixed (before = last bad, after = first good)
+    axis: str
+    before: str  # a release, or a commit sha when only commits were bisected
+    after: str
+    held_fixed: str  # the other axes, e.g. "transformers 5.24.0, torch 2.13.0"
+    failure_class: str
+    signature: str
+    commit: str = ""  # the first bad (first good) commit when DeepSpeed commits were bisected
+    subject: str = ""
+    pr: int | None = None
+    files: tuple[str, ...] = ()
+    untestable: tuple[str, ...] = ()  # skipped candidates between before and after
+    recorded_at: str = ""  # ISO 8601 UTC

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.history import CellStatus, History, Transition
-from reports.model import AXES, KEY_METRIC, CellKey, Versions
+from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Versions
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_COMMITS_IN_MARKDOWN = 20  # report.json always has the full list
@@ -38,6 +38,7 @@ def build_report(history: History, drift: Drift | None) -> dict:
             for cell, versions, status in history.flaky
         ],
         "timeline": _timeline(history),
+        "bisections": [_bisection(b) for b in history.bisections],
         "supported_models": {
             "supported": [m for m, ok in support.items() if ok],
             "unsupported": [m for m, ok in support.items() if not ok],
@@ -111,7 +112,12 @@ def _transition(transition: Transition) -> dict:
         "before_status": _status(transition.before_status),
         "after_status": _status(transition.after_status),
         "commits": [asdict(commit) for commit in transition.commits],
+        "bisection": _bisection(transition.bisection) if transition.bisection else None,
     }
+
+
+def _bisection(bisection: Bisection) -> dict:
+    return {**asdict(bisection), "cell": bisection.cell.id}
 
 
 def _timeline(history: History) -> dict:
@@ -172,7 +178,25 @@ def transition_text(t: dict) -> str:
     else:
         detail = (f"at {held_fixed} — failure class {before['failure_class']} → {after['failure_class']}: "
                   f"{_one_line(after['signature'])}")
-    return f"{t['cell']}: {where} {detail}"
+    bisected = f" — {bisection_verdict(t['bisection'])}" if t["bisection"] else ""
+    return f"{t['cell']}: {where} {detail}{bisected}"
+
+
+def bisection_verdict(b: dict) -> str:
+    """"broken by #1234 (subject, `sha`)", or the release answer when no commit was bisected."""
+    verb = "broken by" if b["mode"] == "broken" else "fixed by"
+    if b["commit"]:
+        subject = _one_line(b["subject"]).replace(f" (#{b['pr']})", "")
+        who = f"#{b['pr']} {subject}" if b["pr"] else subject
+        return f"{verb} {who} (`{b['commit'][:10]}`)"
+    words = ("last good", "first bad") if b["mode"] == "broken" else ("last bad", "first good")
+    return f"{verb} {b['axis']} {b['after']} ({words[0]} {b['before']})"
+
+
+def bisection_text(b: dict) -> str:
+    untestable = f"; untestable in between: {', '.join(b['untestable'])}" if b["untestable"] else ""
+    failure = f" — {b['failure_class']}: {_one_line(b['signature'])}" if b["failure_class"] else ""
+    return f"{b['cell']}: {bisection_verdict(b)} at {b['held_fixed']}{failure}{untestable}"
 
 
 def commit_text(commit: dict) -> str:
@@ -198,6 +222,12 @@ def _transition_section(title: str, transitions: list[dict]) -> list[str]:
         lines.append(f"- {transition_text(t)}")
         lines.extend(commit_lines(t))
     return [*lines, ""]
+
+
+def _bisection_section(bisections: list[dict]) -> list[str]:
+    if not bisections:
+        return []  # the section only appears once `python -m reports.bisect` has recorded something
+    return ["## Bisections", "", *[f"- {bisection_text(b)}" for b in bisections], ""]
 
 
 def flaky_text(entry: dict) -> str:
@@ -232,6 +262,7 @@ def report_markdown(report: dict) -> str:
         "",
         *([f"- {flaky_text(entry)}" for entry in report["flaky"]] or ["None."]),
         "",
+        *_bisection_section(report["bisections"]),
         *drift_lines(report["docs_drift"]),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -299,4 +330,5 @@ def report_html(report: dict) -> str:
         transition_text=transition_text,
         commit_text=commit_text,
         flaky_text=flaky_text,
+        bisection_text=bisection_text,
     )

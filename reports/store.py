@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reports import ReportsError
-from reports.model import CellKey, CellResult, Observation, Run, Versions
+from reports.model import Bisection, CellKey, CellResult, Observation, Run, Versions
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added the bisections table (migrated in place from 1)
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -53,6 +53,28 @@ CREATE TABLE results (
     PRIMARY KEY (run_id, model, variant, dtype, tp)
 )""",
 )
+# Schema 2: answers of `python -m reports.bisect`, one row per bisection (re-running one adds a row).
+_BISECTIONS = """
+CREATE TABLE bisections (
+    model         TEXT NOT NULL,
+    variant       TEXT NOT NULL,
+    dtype         TEXT NOT NULL,
+    tp            INTEGER NOT NULL,
+    mode          TEXT NOT NULL CHECK (mode IN ('broken', 'fixed')),
+    axis          TEXT NOT NULL,
+    before        TEXT NOT NULL,
+    after         TEXT NOT NULL,
+    held_fixed    TEXT NOT NULL,
+    failure_class TEXT NOT NULL,
+    signature     TEXT NOT NULL,
+    commit_sha    TEXT NOT NULL,
+    subject       TEXT NOT NULL,
+    pr            INTEGER,
+    files         TEXT NOT NULL,  -- JSON list
+    untestable    TEXT NOT NULL,  -- JSON list
+    recorded_at   TEXT NOT NULL
+)"""
+_MIGRATIONS = {1: (_BISECTIONS,)}  # from version -> statements that bring it to version + 1
 
 _RUN_FIELDS = ("session", "host", "started", "accelerator", "backend")
 _VERSION_FIELDS = ("deepspeed", "deepspeed_git", "transformers", "torch", "python")
@@ -97,7 +119,7 @@ class HistoryStore:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
             if not has_tables and application_id == 0:
-                for statement in _SCHEMA:  # not executescript(): it would commit our open transaction
+                for statement in (*_SCHEMA, _BISECTIONS):  # not executescript(): it would commit our transaction
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -111,12 +133,17 @@ class HistoryStore:
                     f"{self.path}: store schema version {version} is newer than this tool understands "
                     f"({SCHEMA_VERSION}); update the reports package before reading it"
                 )
-            elif version < SCHEMA_VERSION:
+            elif version < 1:
                 # Schema 1 is the first released schema, so there is no migration path from older ones.
                 raise ReportsError(
-                    f"{self.path}: store schema version {version} predates version {SCHEMA_VERSION} and cannot "
+                    f"{self.path}: store schema version {version} predates version 1 and cannot "
                     "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
                 )
+            else:
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[step]:
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -185,6 +212,35 @@ class HistoryStore:
                 run=runs[run_id],
             )
             for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows
+        ]
+
+
+    def add_bisection(self, bisection: Bisection) -> None:
+        cell = bisection.cell
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
+                 bisection.after, bisection.held_fixed, bisection.failure_class, bisection.signature,
+                 bisection.commit, bisection.subject, bisection.pr, json.dumps(list(bisection.files)),
+                 json.dumps(list(bisection.untestable)), bisection.recorded_at),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def bisections(self) -> list[Bisection]:
+        """Every recorded bisection, oldest first."""
+        rows = self._conn.execute("SELECT * FROM bisections ORDER BY recorded_at, rowid")
+        return [
+            Bisection(CellKey(model, variant, dtype, tp), mode, axis, before, after, held_fixed, failure_class,
+                      signature, commit, subject, pr, tuple(json.loads(files)), tuple(json.loads(untestable)),
+                      recorded_at)
+            for (model, variant, dtype, tp, mode, axis, before, after, held_fixed, failure_class, signature, commit,
+                 subject, pr, files, untestable, recorded_at) in rows
         ]
 
 

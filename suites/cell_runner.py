@@ -6,6 +6,7 @@ so the driver can name the failure even when the other ranks are left waiting in
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import json
@@ -18,6 +19,7 @@ import torch
 
 from matrix.registry import Tolerance
 from suites import checks
+from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
@@ -58,7 +60,14 @@ def _stage_error(stage: str, error: BaseException, rank: int) -> dict:
 
 
 def _reset_peak_rss() -> None:
-    """Linux: writing 5 to clear_refs resets VmHWM, so a long-lived rank can measure one cell's peak."""
+    """Linux: writing 5 to clear_refs resets VmHWM, so a long-lived rank can measure one cell's peak.
+    Memory freed by earlier cells goes back to the OS first (malloc_trim), or a new cell would reuse
+    it without its RSS growing and look cheaper than it is."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -81,30 +90,29 @@ def _dtype_skip_reason(dtype: str) -> str | None:
     return None
 
 
-def _load_and_shard(job: dict, world_size: int, rank: int, timings: dict):
-    """The variant's way to a sharded model: load (eager or meta), init_inference, post-init quantization."""
+def _load(job: dict):
+    """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
+    variant = job["variant"]
+    if variant["load"] == "meta":
+        return load_meta_model(job["checkpoint"], job["dtype"], job["trust_remote_code"])
+    return load_model(job["checkpoint"], job["dtype"], job["trust_remote_code"], hf_quantization_config(variant["quantization"]))
+
+
+def _shard(job: dict, model, world_size: int):
+    """init_inference (meta: it reads the weights from the checkpoint files), then DeepSpeed's
+    post-init quantization of this rank's shard."""
     import deepspeed
 
     variant = job["variant"]
-    started = time.perf_counter()
-    if variant["load"] == "meta":
-        model = load_meta_model(job["checkpoint"], job["dtype"], job["trust_remote_code"])
-    else:
-        model = load_model(job["checkpoint"], job["dtype"], job["trust_remote_code"], hf_quantization_config(variant["quantization"]))
-    timings["time_load_s"] = time.perf_counter() - started
-    model = _run_fault_hooks(job, "loaded", model, rank)
     options = {}
     if variant["load"] == "meta":
         options["checkpoint"] = str(checkpoints_json(job["checkpoint"], variant["checkpoint_format"]))
     if variant["keep_module_on_host"]:
         options["keep_module_on_host"] = True
     mark_process_sharded()
-    started = time.perf_counter()
     engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=TORCH_DTYPES[job["dtype"]],
                                       replace_with_kernel_inject=False, **options)
-    model = apply_post_init(engine.module, variant["quantization"], variant["quant_group_size"])
-    timings["time_shard_s"] = time.perf_counter() - started
-    return engine, model
+    return engine, apply_post_init(engine.module, variant["quantization"], variant["quant_group_size"])
 
 
 def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
@@ -112,6 +120,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
 
     spec = ProbeSpec(**job["spec"])
     timings, stage, model, engine, observed, error, training = {}, "setup", None, None, None, None, None
+    rss_peak_loaded = 0
     skip = _dtype_skip_reason(job["dtype"])
     _reset_peak_rss()
     rss_before_load = _rss_bytes()
@@ -122,10 +131,17 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
             stage = "shard"
             mark_process_sharded()
             training = run_step(job, world_size, lambda stage, model: _run_fault_hooks(job, stage, model, rank)).to_dict()
+            rss_peak_loaded = _peak_rss_bytes()
         else:
             inputs = build_inputs(load_tokenizer(job["tokenizer"], job["trust_remote_code"]), spec)
+            started = time.perf_counter()
+            model = _run_fault_hooks(job, "loaded", _load(job), rank)
+            timings["time_load_s"] = time.perf_counter() - started
             stage = "shard"
-            engine, model = _load_and_shard(job, world_size, rank, timings)
+            started = time.perf_counter()
+            engine, model = _shard(job, model, world_size)
+            timings["time_shard_s"] = time.perf_counter() - started
+            rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
             stage = "forward"
             observed = observe(model, inputs, spec, device)
@@ -135,7 +151,8 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
         write_json_atomically(workdir / f"error-{job['seq']}.{rank}.json", error)
 
     summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
-               "rss_before_load_bytes": rss_before_load, "training": training,
+               "rss_before_load_bytes": rss_before_load,
+               "rss_peak_loaded_bytes": rss_peak_loaded, "training": training,
                "param_bytes": observed.param_bytes if observed else None,
                "last_logits": observed.logits_plain[0, -1] if observed else None}
     summaries = [None] * world_size
@@ -154,7 +171,8 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
 def _judge(job: dict, observed, summaries: list[dict], timings: dict) -> CellOutcome:
     metrics = {**timings, "rss_max_bytes": float(max(s["rss_bytes"] for s in summaries)),
                "rss_peak_max_bytes": float(max(s["rss_peak_bytes"] for s in summaries)),
-               "rss_load_growth_max_bytes": float(max(s["rss_peak_bytes"] - s["rss_before_load_bytes"] for s in summaries))}
+               # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
+               "rss_load_peak_growth_max_bytes": float(max(s["rss_peak_loaded_bytes"] - s["rss_before_load_bytes"] for s in summaries))}
     errors = [s["error"] for s in summaries if s["error"]]
     if errors:
         first = min(errors, key=lambda e: list(STAGE_CLASS).index(e["stage"]))
@@ -169,6 +187,8 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict) -> CellOut
                                  [s["param_bytes"] for s in summaries], tolerance)
         if job.get("baseline"):
             results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)
+        if job["variant"]["load"] == "meta":
+            results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]

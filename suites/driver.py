@@ -29,6 +29,8 @@ class RunOptions:
 
 def skip_reason(cell: Cell, options: RunOptions) -> str | None:
     entry = cell.model
+    if entry.skip_reason:
+        return entry.skip_reason
     if entry.trust_remote_code and not options.allow_remote_code:
         return f"{entry.name} needs trust_remote_code; refused unless you pass --allow-remote-code"
     if options.checkpoints == "hub" and not entry.hub_ids:

@@ -9,6 +9,8 @@ json is DeepSpeed's `{"type": "ds_model", "checkpoints": [files], "version": 1.0
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -44,6 +46,12 @@ def load_meta_model(source: str, dtype: str, trust_remote_code: bool):
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # OnDevice patches torch.Tensor.__new__; on torch 2.13 the first import of torch._dynamo (which
+    # transformers triggers lazily inside from_config) then fails with "Signature mismatch between
+    # OnDevice...new_tensor and tensor_pynew". Importing it first makes a cell's verdict independent
+    # of which cell a long-lived rank ran before (a fresh user process does hit it: see README).
+    import torch._dynamo  # noqa: F401
+
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     with deepspeed.OnDevice(dtype=TORCH_DTYPES[dtype], device="meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype))
@@ -65,23 +73,42 @@ def checkpoints_json(folder: str | Path, checkpoint_format: str) -> Path:
     return path
 
 
-def bin_copy(folder: str | Path) -> Path:
-    """A sibling folder holding the same checkpoint as `pytorch_model.bin` (torch.save), built once."""
-    from safetensors.torch import load_file
+def checkpoint_copy(folder: str | Path, checkpoint_format: str, files: int) -> Path:
+    """The checkpoint re-written as `files` weight files of about equal size in `checkpoint_format`
+    (a sibling folder, built once); the folder itself when it already is one safetensors file.
+    DeepSpeed's meta loader reads each listed file whole, so a rank's peak memory is one file plus
+    its shard: real checkpoints come in many files, and this lets a tiny one do the same."""
+    from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
-    target = folder.with_name(folder.name + "-bin")
-    if (target / "pytorch_model.bin").exists():
+    if checkpoint_format == "safetensors" and files == 1:
+        return folder
+    target = folder.with_name(f"{folder.name}-{checkpoint_format}-{files}files")
+    if (target / "config.json").exists():
         return target
-    staging = folder.with_name(f".{target.name}.tmp")
-    staging.mkdir(parents=True, exist_ok=True)
     state = {}
     for weights in sorted(folder.glob("*.safetensors")):
         state.update(load_file(weights))
-    torch.save(state, staging / "pytorch_model.bin")
+    budget = sum(t.numel() * t.element_size() for t in state.values()) / files
+    groups, size = [[]], 0
+    for name, tensor in state.items():
+        if size >= budget and len(groups) < files:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += tensor.numel() * tensor.element_size()
+    staging = folder.with_name(f".{target.name}.tmp{os.getpid()}")
+    staging.mkdir(parents=True, exist_ok=True)
+    for index, names in enumerate(groups):
+        part = {name: state[name].contiguous() for name in names}
+        stem = f"model-{index + 1:05d}-of-{len(groups):05d}"
+        if checkpoint_format == "safetensors":
+            save_file(part, staging / f"{stem}.safetensors", metadata={"format": "pt"})
+        else:
+            torch.save(part, staging / f"{stem}.bin")
     (staging / "config.json").write_text((folder / "config.json").read_text())
     try:
         staging.rename(target)
     except OSError:
-        pass  # another process finished the same copy first
+        shutil.rmtree(staging, ignore_errors=True)  # another process finished the same copy first
     return target

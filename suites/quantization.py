@@ -43,12 +43,3 @@ def apply_post_init(model, quantization: str, group_size: int):
 
     return _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))
 
-
-def quantized_module_count(model) -> int:
-    """Modules whose weights a backend replaced by a quantized form (DeepSpeed layers or torchao tensors)."""
-    count = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if type(module).__name__.startswith("Quantized") or (weight is not None and "torchao" in type(weight).__module__):
-            count += 1
-    return count

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -87,6 +88,13 @@ def _cuda_available() -> bool:
         return False
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class RankGroup:
     def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None):
         self.tp = tp
@@ -156,14 +164,13 @@ class RankGroup:
             time.sleep(0.02)
 
     def _crashed(self, seq: int) -> CellOutcome:
-        code = self.process.returncode
         logs = self.logs_tail()
         self.kill()
-        dead = [line for line in logs.splitlines() if "exits with return code" in line or "Fatal Python error" in line]
-        detail = dead[0].strip() if dead else f"launcher exit code {code}"
-        signal_name = next((s.name for s in signal.Signals if f"code = -{s.value}" in detail), "")
-        signature = f"rank died: {signal_name or detail.split('] ')[-1]}"
-        return failed("crash", signature, f"{detail}\n{logs}")
+        # The launcher names the first rank that died: "... exits with return code = -11".
+        died = re.search(r"exits with return code = (-?\d+)", logs)
+        code = int(died.group(1)) if died else self.process.returncode
+        cause = _signal_name(-code) if code < 0 else f"exit code {code}"
+        return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
 
     def kill(self) -> None:
         if self.process is None:

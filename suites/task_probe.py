@@ -84,16 +84,20 @@ def _split(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
 
 @torch.no_grad()
 def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
-    scores = []
-    for choice in item.choices:
-        context_ids, continuation = _split(tokenizer, item.context, choice)
+    """One forward per item: the choices are right-padded into one batch. Padding sits after every
+    scored position, so a causal model's scores do not depend on it and no attention mask is needed."""
+    pairs = [_split(tokenizer, item.context, choice) for choice in item.choices]
+    for choice, (context_ids, continuation) in zip(item.choices, pairs):
         if not context_ids or not continuation:
             raise TaskError(f"{item.context!r} + {choice!r}: the tokenizer leaves no context or no choice tokens")
-        ids = torch.tensor([context_ids + continuation], device=device)
-        logits = model(input_ids=ids).logits[0, len(context_ids) - 1:-1].float()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        targets = torch.tensor(continuation, device=log_probs.device)
-        scores.append(log_probs.gather(1, targets[:, None]).sum().item())
+    width = max(len(c) + len(k) for c, k in pairs)
+    ids = torch.tensor([c + k + [0] * (width - len(c) - len(k)) for c, k in pairs], device=device)
+    log_probs = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+    scores = []
+    for row, (context_ids, continuation) in enumerate(pairs):
+        positions = torch.arange(len(context_ids) - 1, len(context_ids) + len(continuation) - 1)
+        targets = torch.tensor(continuation)
+        scores.append(log_probs[row, positions.to(log_probs.device), targets.to(log_probs.device)].sum().item())
     return scores
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from matrix.cells import Cell
 from suites.inputs import ProbeSpec
-from suites.loading import bin_copy
+from suites.loading import checkpoint_copy
 from suites.outcome import CellOutcome
 from suites.quantization import QuantizationUnavailable
 from suites.reference import cached_reference
@@ -17,7 +17,8 @@ def skip_reason(cell: Cell) -> str | None:
     if variant.keep_module_on_host:
         from deepspeed.inference.config import DeepSpeedInferenceConfig
 
-        if "keep_module_on_host" not in DeepSpeedInferenceConfig.model_fields:
+        known = getattr(DeepSpeedInferenceConfig, "model_fields", None) or DeepSpeedInferenceConfig.__fields__  # pydantic 2 / 1
+        if "keep_module_on_host" not in known:
             return "this deepspeed's init_inference has no keep_module_on_host option"
     if variant.training:
         from suites.training import version_skip_reason
@@ -33,8 +34,8 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
     if reason:
         return CellOutcome("skip", message=reason)
     fields = {"variant": variant.as_job()}
-    if variant.load == "meta" and variant.checkpoint_format == "bin":
-        fields["checkpoint"] = str(bin_copy(checkpoint))
+    if variant.load == "meta":
+        fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
     if variant.training:
         from suites.training import cached_unsharded_step
 

@@ -142,3 +142,14 @@ def rank1_exceeds_memory_limit(stage, model, rank):
             resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
             return torch.empty(16 << 30, dtype=torch.uint8)
         model.forward = forward
+
+
+# --- variant faults (tests/test_variants.py) ---
+
+def wrong_gradient(stage, model, rank):
+    """After backward, rank 1's gradient of its first sharded weight is off by 1 %."""
+    if stage == "trained" and rank == 1:
+        from deepspeed.module_inject.layers import LinearLayer
+
+        layer = next(m for m in model.modules() if isinstance(m, LinearLayer))
+        layer.weight.grad.mul_(1.01)

@@ -27,3 +27,20 @@ def check(reference, rank_param_bytes: list[int]) -> CheckResult:
     reason = "" if passed else (f"a rank holds {linear_ratio:.0%} of the unsharded linear-layer bytes on tp {tp} "
                                 f"(at most {bound:.0%} expected): the model was not sharded")
     return CheckResult("memory", passed, "memory", metrics, reason)
+
+
+META_LOAD_MIN_MODEL_BYTES = 100 << 20
+"""Below this model size, import and allocator noise in a rank's RSS (tens of MB) hides the model."""
+
+
+def check_meta_load(reference, rank_peak_growth: float) -> CheckResult:
+    """`meta` load: no rank may materialise the full model. Its peak RSS growth from before loading
+    to the end of sharding must stay below the unsharded model's bytes (eager grows by more than them)."""
+    full = reference.param_bytes
+    metrics = {"meta_load_growth_ratio": rank_peak_growth / full}
+    if full < META_LOAD_MIN_MODEL_BYTES:
+        return CheckResult("meta_memory", True, "memory", metrics)
+    passed = rank_peak_growth < full
+    reason = "" if passed else (f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device "
+                                f"(full model {full / 2**20:.0f} MiB): the full model was materialised")
+    return CheckResult("meta_memory", passed, "memory", metrics, reason)

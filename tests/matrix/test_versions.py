@@ -5,7 +5,9 @@ recorded from PyPI, synthetic.json is hand-made to hold every kind of awkward re
 """
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -415,6 +417,64 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch, no_network):
     shutil.copy(FIXTURES / "torch.json", tmp_path / "torch.json")
     monkeypatch.setenv(versions.CACHE_DIR_ENV, str(tmp_path))
     assert load_releases("torch")[-1].version == Version("2.15.0")
+
+
+def age_cache_file(path, hours):
+    stamp = time.time() - hours * 3600
+    os.utime(path, (stamp, stamp))
+
+
+def with_new_release(pypi_json):
+    newer = json.loads(json.dumps(pypi_json))
+    newer["releases"]["0.20.0"] = [
+        {"upload_time_iso_8601": "2027-01-01T00:00:00+00:00", "yanked": False, "requires_python": None}
+    ]
+    return newer
+
+
+def test_cache_older_than_max_age_is_refreshed(cache_dir, monkeypatch):
+    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: with_new_release(fixture_json(package)))
+    age_cache_file(cache_dir / "deepspeed.json", versions.DEFAULT_MAX_AGE_HOURS + 1)
+    assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.20.0")
+    # the rewritten cache is fresh again: the next load must not fetch
+    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
+    assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.20.0")
+
+
+def test_cache_younger_than_max_age_is_not_fetched(cache_dir, monkeypatch):
+    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
+    age_cache_file(cache_dir / "deepspeed.json", versions.DEFAULT_MAX_AGE_HOURS - 1)
+    assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.19.8")
+
+
+def test_max_age_from_environment(cache_dir, monkeypatch):
+    fetched = []
+    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: fetched.append(package) or fixture_json(package))
+    age_cache_file(cache_dir / "deepspeed.json", 2)
+    monkeypatch.setenv(versions.MAX_AGE_ENV, "3")
+    load_releases("deepspeed", cache_dir=cache_dir)
+    assert fetched == []
+    monkeypatch.setenv(versions.MAX_AGE_ENV, "1.5")
+    load_releases("deepspeed", cache_dir=cache_dir)
+    assert fetched == ["deepspeed"]
+    monkeypatch.setenv(versions.MAX_AGE_ENV, "inf")  # CI cell jobs: exactly the release data of the plan job
+    age_cache_file(cache_dir / "deepspeed.json", 10_000)
+    load_releases("deepspeed", cache_dir=cache_dir)
+    assert fetched == ["deepspeed"]
+
+
+def test_stale_cache_offline_falls_back_with_a_warning_naming_its_age(cache_dir, no_network):
+    age_cache_file(cache_dir / "deepspeed.json", 30)
+    with pytest.warns(UserWarning, match=r"using the cached .*deepspeed.json \(30.0 h old\)"):
+        releases = load_releases("deepspeed", cache_dir=cache_dir)
+    assert releases[-1].version == Version("0.19.8")
+
+
+@pytest.mark.parametrize("text", ["twelve", "-1", "nan"])
+def test_bad_max_age_names_the_variable(cache_dir, monkeypatch, no_network, text):
+    monkeypatch.setenv(versions.MAX_AGE_ENV, text)
+    with pytest.raises(ValueError, match=f"{versions.MAX_AGE_ENV}=.*in hours"):
+        load_releases("deepspeed", cache_dir=cache_dir)
 
 
 # --- combinations ----------------------------------------------------------------------------

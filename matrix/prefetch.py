@@ -1,0 +1,139 @@
+"""Download the registry's real checkpoints into the HuggingFace cache once, before a GPU run.
+
+`--checkpoints hub` cells load `hub_ids[0]` of their model through the normal HF cache (HF_HOME).
+Without a persistent HF_HOME every run downloads every checkpoint again; this step fills the cache
+up front and says what it already held (hit), what it had to fetch (miss) and how many bytes each.
+
+    python -m matrix.prefetch [--models llama,qwen2] [--all-hub-ids]      (or: nox -s prefetch -- ...)
+
+huggingface_hub reads HF_HOME, HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE itself; the token is only
+ever reported as set or not set, and every message printed here passes through the secret redaction
+the results use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from matrix.cells import parse_names
+from matrix.registry import RegistryError, load_models, pick
+from suites.records import redact
+
+# Files from_pretrained never reads when safetensors weights exist (original/ holds Meta's own
+# consolidated.pth copy of llama 3: without this the download doubles).
+NEVER_LOADED = ("*.pth", "*.pt", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.gguf", "original/*")
+LEGACY_WEIGHTS = "*.bin"  # loaded only when the repository has no safetensors
+
+Downloader = Callable[..., object]
+"""huggingface_hub.snapshot_download, or a stand-in with its signature (tests)."""
+
+
+@dataclass(frozen=True)
+class PrefetchResult:
+    hub_id: str
+    status: str  # "hit": everything was cached; "miss": files were downloaded; "error": see message
+    files: int = 0
+    cached_bytes: int = 0  # already in the cache before this run
+    downloaded_bytes: int = 0
+    path: str = ""
+    message: str = ""
+
+
+def hub_ids(models: str = "all", all_hub_ids: bool = False) -> list[str]:
+    """The checkpoints `--checkpoints hub` loads (each model's first hub id), or every listed one."""
+    entries = pick(load_models(), parse_names(models), "model")
+    ids = [hub_id for entry in entries for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
+    return list(dict.fromkeys(ids))
+
+
+def prefetch_one(hub_id: str, download: Downloader) -> PrefetchResult:
+    try:
+        plan = download(hub_id, ignore_patterns=list(NEVER_LOADED), dry_run=True)
+    except Exception as error:  # offline or hub unreachable: the cache alone must hold the snapshot
+        return _cached_only(hub_id, download, error)
+    ignore = list(NEVER_LOADED)
+    if any(info.filename.endswith(".safetensors") for info in plan):
+        ignore.append(LEGACY_WEIGHTS)
+        plan = [info for info in plan if not fnmatch.fnmatch(info.filename, LEGACY_WEIGHTS)]
+    try:
+        path = download(hub_id, ignore_patterns=ignore)
+    except Exception as error:
+        return PrefetchResult(hub_id, "error", message=f"download failed: {type(error).__name__}: {error}")
+    fetched = [info for info in plan if info.will_download]
+    return PrefetchResult(
+        hub_id,
+        "miss" if fetched else "hit",
+        files=len(plan),
+        cached_bytes=sum(info.file_size or 0 for info in plan if not info.will_download),
+        downloaded_bytes=sum(info.file_size or 0 for info in fetched),
+        path=str(path),
+    )
+
+
+def _cached_only(hub_id: str, download: Downloader, hub_error: Exception) -> PrefetchResult:
+    try:
+        path = download(hub_id, local_files_only=True)
+    except Exception:
+        return PrefetchResult(hub_id, "error", message=f"not in the cache, and the hub refused or could not be reached: "
+                                                       f"{type(hub_error).__name__}: {hub_error}")
+    files = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+    return PrefetchResult(hub_id, "hit", files=len(files), cached_bytes=sum(os.path.getsize(f) for f in files),
+                          path=str(path), message="hub unreachable; cached snapshot used as is")
+
+
+def prefetch(ids: Iterable[str], download: Downloader) -> list[PrefetchResult]:
+    return [prefetch_one(hub_id, download) for hub_id in ids]
+
+
+def report(results: list[PrefetchResult]) -> str:
+    token = "set (HF_TOKEN)" if os.environ.get("HF_TOKEN") else "not set (gated models will fail)"
+    lines = [f"HF cache: {_hub_cache()}   token: {token}",
+             f"{'status':<6} {'files':>5} {'cached':>10} {'downloaded':>10}  checkpoint"]
+    for result in results:
+        lines.append(f"{result.status:<6} {result.files:>5} {_size(result.cached_bytes):>10} "
+                     f"{_size(result.downloaded_bytes):>10}  {result.hub_id}"
+                     + (f"  ({result.message})" if result.message else ""))
+    counts = {status: sum(r.status == status for r in results) for status in ("hit", "miss", "error")}
+    lines.append(f"{counts['hit']} hit, {counts['miss']} miss, {counts['error']} error; "
+                 f"{_size(sum(r.cached_bytes for r in results))} cached, "
+                 f"{_size(sum(r.downloaded_bytes for r in results))} downloaded")
+    return redact("\n".join(lines))
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} B"
+    exponent = min(3, (count.bit_length() - 1) // 10)  # 1: KiB, 2: MiB, 3: GiB and above
+    return f"{count / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+
+
+def main(argv: list[str] | None = None, download: Downloader | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Download the registry's real checkpoints into the HF cache.")
+    parser.add_argument("--models", default="all", help="comma-separated model names from matrix/models.toml, or 'all'")
+    parser.add_argument("--all-hub-ids", action="store_true",
+                        help="every hub id listed per model, not only the first (the one hub cells load)")
+    args = parser.parse_args(argv)
+    if download is None:
+        from huggingface_hub import snapshot_download as download
+    try:
+        ids = hub_ids(args.models, args.all_hub_ids)
+    except RegistryError as error:
+        parser.error(str(error))
+    results = prefetch(ids, download)
+    print(report(results))
+    return 1 if any(result.status == "error" for result in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,580 @@
+"""Bisect one cell along one version axis: which release, and with a DeepSpeed clone which commit
+(and PR), broke it (--mode broken) or fixed it (--mode fixed).
+
+    python -m reports.bisect --cell llama-eager-fp32-tp3 --axis deepspeed --good 0.16.4 --bad 0.17.0
+    python -m reports.bisect --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0 \
+        --deepspeed-repo ~/DeepSpeed --refine
+    python -m reports.bisect --cell llama-eager-fp32-tp3 --good v0.16.4 --bad 3f1c2a9 --deepspeed-repo ~/DeepSpeed
+
+"good" always means the cell passes and "bad" that it fails, so --mode broken takes --good older than
+--bad and --mode fixed takes --bad older than --good. Each step runs only that cell, in an environment
+of its own under .nox/bisect-steps/<key> that later bisections reuse. "Bad" means the failure seen at the
+failing end (same failure class and signature) unless --any-failure; a step that cannot be tested
+(install failure, a different failure, a skipped cell) is skipped like `git bisect skip` and the
+search continues on its neighbours. The answer goes into the history store, so the report can say
+"broken by #NNNN" next to the transition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from matrix.registry import DTYPES, MODELS_FILE, RegistryError, load_models, load_variants
+from matrix.versions import (AXES, ReleaseDataUnavailable, _supports, combinations, load_config, load_releases,
+                             skip_reason)
+from reports import ReportsError
+from reports.attribution import _PR_NUMBER
+from reports.model import Bisection, CellKey
+from reports.store import DEFAULT_STORE, HistoryStore
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Not .nox/bisect: that is the `nox -s bisect` session's own venv, which nox deletes when it recreates it.
+ENV_ROOT = PROJECT_ROOT / ".nox" / "bisect-steps"
+TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"  # same meaning as in matrix/sessions.py: extra pip options for torch only
+GOOD, BAD, SKIP = "good", "bad", "skip"
+READY_MARKER = ".bisect-ready"  # written last: an environment without it is half-built and gets rebuilt
+
+
+class BisectError(ReportsError):
+    """The bisection cannot start or cannot conclude; the message says what to change."""
+
+
+class Untestable(Exception):
+    """This candidate cannot be tested (install failure, no result): the search skips it."""
+
+
+# ---- The search --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # good | bad | skip
+    detail: str = ""  # failure class and signature, or why the step could not be tested
+
+
+@dataclass(frozen=True)
+class Step:
+    candidate: str
+    verdict: str
+    detail: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    before: str  # last good (broken) / last bad (fixed)
+    after: str  # first bad (broken) / first good (fixed)
+    untestable: tuple[str, ...]  # skipped candidates between the two: the change may be in any of them too
+    steps: tuple[Step, ...]
+
+
+def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start: str = GOOD,
+           on_step: Callable[[Step], None] = lambda step: None) -> Answer:
+    """Binary search over candidates (oldest first) for the change from `start` (the verdict at
+    candidates[0]) to the other verdict (at candidates[-1]).
+
+    Both ends are probed first, the failing end first so its failure becomes the reference; then at
+    most ceil(log2(N - 1)) steps when nothing is skipped. A skipped candidate is replaced by the
+    untested one nearest the middle, like `git bisect skip`.
+    """
+    if len(candidates) < 2:
+        raise BisectError(f"need at least two candidates to bisect, got {list(candidates)}")
+    end = BAD if start == GOOD else GOOD
+    steps: list[Step] = []
+
+    def run(index: int) -> str:
+        began = time.monotonic()
+        verdict = probe(candidates[index])
+        step = Step(candidates[index], verdict.kind, verdict.detail, time.monotonic() - began)
+        steps.append(step)
+        on_step(step)
+        return verdict.kind
+
+    ends = [(0, start), (len(candidates) - 1, end)]
+    for index, expected in ends if start == BAD else ends[::-1]:
+        if (kind := run(index)) != expected:
+            detail = f" ({steps[-1].detail})" if steps[-1].detail else ""
+            raise BisectError(f"{candidates[index]} should be {expected} but is {kind}{detail}: "
+                              f"the ends of the range must differ; check the versions and --mode")
+    low, high, skipped = 0, len(candidates) - 1, set()
+    while untested := [i for i in range(low + 1, high) if i not in skipped]:
+        middle = (low + high) / 2
+        index = min(untested, key=lambda i: (abs(i - middle), i))
+        kind = run(index)
+        if kind == SKIP:
+            skipped.add(index)
+        elif kind == start:
+            low = index
+        else:
+            high = index
+    return Answer(candidates[low], candidates[high], tuple(candidates[low + 1 : high]), tuple(steps))
+
+
+# ---- The cell ----------------------------------------------------------------------------------------------------
+
+
+def parse_cell_id(text: str) -> CellKey:
+    """`{model}-{variant}-{dtype}-tp{tp}`, checked against the registries (names may contain `_` and `-`)."""
+    match = re.fullmatch(r"(?P<rest>.+)-(?P<dtype>[a-z0-9]+)-tp(?P<tp>\d+)", text)
+    if not match or match["dtype"] not in DTYPES:
+        raise BisectError(f"--cell {text!r} is not a cell id; cell ids look like llama-eager-fp32-tp3 "
+                          f"({{model}}-{{variant}}-{{dtype}}-tp{{tp}}, dtype one of {', '.join(DTYPES)})")
+    try:
+        models, variants = load_models(), load_variants()
+    except RegistryError as error:
+        raise BisectError(str(error)) from None
+    for variant in sorted(variants, key=len, reverse=True):  # the longest variant name that fits wins
+        model = match["rest"].removesuffix(f"-{variant}")
+        if model != match["rest"] and model in models:
+            return CellKey(model, variant, match["dtype"], int(match["tp"]))
+    raise BisectError(f"--cell {text!r}: no model of {MODELS_FILE} with a variant of matrix/variants.toml makes "
+                      f"{match['rest']!r}; models: {', '.join(sorted(models))}; "
+                      f"variants: {', '.join(sorted(variants))}")
+
+
+@dataclass(frozen=True)
+class CellRun:
+    outcome: str
+    failure_class: str
+    signature: str
+    message: str
+
+
+def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool) -> Verdict:
+    """good = pass; bad = the reference failure (any failure with any_failure); anything else is untestable."""
+    if run.outcome == "pass":
+        return Verdict(GOOD, "pass")
+    if run.outcome == "skip":
+        return Verdict(SKIP, f"the cell was skipped: {run.message}")
+    failure = f"{run.failure_class}: {run.signature}"
+    if run.failure_class == "install":
+        return Verdict(SKIP, failure)
+    if any_failure or reference is None or (run.failure_class, run.signature) == reference:
+        return Verdict(BAD, failure)
+    return Verdict(SKIP, f"a different failure ({failure}); pass --any-failure to count it as bad")
+
+
+def suite_command(python: Path, cell: CellKey, results: Path, cell_timeout: float) -> list[str]:
+    return [str(python), "-m", "pytest", "suites", "--models", cell.model, "--variants", cell.variant,
+            "--dtypes", cell.dtype, "--tp", str(cell.tp), "--results", str(results), "--session-name", "bisect",
+            "--cell-timeout", str(cell_timeout), "-q", "-p", "no:cacheprovider"]
+
+
+def run_cell(python: Path, cell: CellKey, cell_timeout: float,
+             command: Callable[[Path, CellKey, Path, float], list[str]] = suite_command) -> CellRun:
+    """Run only this cell with the environment's python and read its record from cells.jsonl."""
+    with tempfile.TemporaryDirectory(prefix="autotp-bisect-") as results:
+        argv = command(python, cell, Path(results), cell_timeout)
+        try:
+            completed = subprocess.run(argv, cwd=PROJECT_ROOT, env=_environment_variables(python), text=True,
+                                       capture_output=True, timeout=cell_timeout + 600)  # + launch and imports
+        except subprocess.TimeoutExpired:
+            raise Untestable(f"`{shlex.join(argv)}` did not finish") from None
+        records = Path(results) / "cells.jsonl"
+        lines = records.read_text().splitlines() if records.exists() else []
+    for record in map(json.loads, lines):
+        if record["cell"]["id"] == cell.id:
+            return CellRun(record["outcome"], record["failure_class"], record["signature"], record["message"])
+    raise Untestable(f"no result for {cell.id} (exit code {completed.returncode}): {_tail(completed)}")
+
+
+# ---- Environments ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    key: str  # folder name under the environment root
+    installs: tuple[tuple[str, ...], ...]  # `pip install` argument lists, in order
+    source: tuple[Path, str] | None = None  # (clone, sha) checked out into <env>/src before installing
+
+
+def _project_dependencies() -> list[str]:
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def _torch_options() -> list[str]:
+    return shlex.split(os.environ.get(TORCH_INDEX_ENV, ""))
+
+
+def release_environment(pins: dict[str, str]) -> EnvironmentSpec:
+    """Released deepspeed, transformers and torch; torch first and alone, as the nox sessions do (a later
+    install must never pull another multi-GB torch build)."""
+    requirements = [f"{axis}=={pins[axis]}" for axis in AXES]
+    return EnvironmentSpec(
+        key=f"ds{pins['deepspeed']}-tf{pins['transformers']}-pt{pins['torch']}",
+        installs=((f"torch=={pins['torch']}", *_torch_options()), (*requirements, *_project_dependencies())),
+    )
+
+
+def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str]) -> EnvironmentSpec:
+    """DeepSpeed from one commit of a local clone (no prebuilt ops), the other axes released."""
+    key = f"ds@{sha[:12]}-tf{pins['transformers']}-pt{pins['torch']}"
+    others = [f"transformers=={pins['transformers']}", f"torch=={pins['torch']}"]
+    return EnvironmentSpec(
+        key=key,
+        installs=(
+            (f"torch=={pins['torch']}", *_torch_options()),
+            # setup.py imports torch, so the build runs without isolation on what is installed here
+            (*others, *_project_dependencies(), "setuptools", "wheel"),
+            ("--no-build-isolation", str(root / key / "src"), f"torch=={pins['torch']}"),
+        ),
+        source=(clone, sha),
+    )
+
+
+def ensure_environment(root: Path, spec: EnvironmentSpec) -> Path:
+    """The python of spec's environment under root, built now unless a complete one is already there."""
+    folder = root / spec.key
+    python = folder / "bin" / "python"
+    if (folder / READY_MARKER).exists():
+        return python
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _check([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
+    if spec.source is not None:
+        clone, sha = spec.source
+        # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
+        # setup.py still finds the right commit with `git rev-parse` for its recorded git hash.
+        _check(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone")
+        _check(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+    for arguments in spec.installs:
+        _check([str(python), "-m", "pip", "install", "--quiet", *arguments], "install",
+               env={**_environment_variables(python), "DS_BUILD_OPS": "0"})
+    (folder / READY_MARKER).write_text(json.dumps(spec.installs) + "\n")
+    return python
+
+
+def _environment_variables(python: Path) -> dict[str, str]:
+    folder = python.parent.parent
+    # JIT-built DeepSpeed ops (the CPU shared-memory all-reduce) live with the environment: releases share
+    # the op's name, so one shared cache would be rebuilt at every step instead of once per environment.
+    return {**os.environ, "VIRTUAL_ENV": str(folder), "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+            "TORCH_EXTENSIONS_DIR": str(folder / "torch_extensions")}
+
+
+def _check(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if completed.returncode != 0:
+        raise Untestable(f"could not {what}: `{shlex.join(argv)}` failed: {_tail(completed)}")
+
+
+def _tail(completed: subprocess.CompletedProcess, lines: int = 8) -> str:
+    text = f"{completed.stdout}\n{completed.stderr}"
+    return " | ".join([line for line in text.splitlines() if line.strip() and "is ignored" not in line][-lines:])
+
+
+# ---- Candidates --------------------------------------------------------------------------------------------------
+
+
+def release_candidates(package: str, older: str, newer: str, python: Version) -> list[str]:
+    """Installable releases from older to newer, both included; pre-releases only when an end is one."""
+    releases = load_releases(package)
+    known = {str(release.version): release for release in releases}
+    for text in (older, newer):
+        try:
+            Version(text)
+        except InvalidVersion:
+            raise BisectError(f"{text!r} is not a {package} version; release bisection takes versions like "
+                              "0.16.4 (commits need --deepspeed-repo)") from None
+        if text not in known:
+            raise BisectError(f"{package} {text} is not a release on PyPI (cached release data, refresh with "
+                              "`python -m matrix.versions --refresh`)")
+    low, high = Version(older), Version(newer)
+    prereleases = low.is_prerelease or high.is_prerelease
+    # The ends are what the user named; between them only what the matrix itself would install.
+    return [str(r.version) for r in releases
+            if r.version in (low, high)
+            or (low < r.version < high and not r.yanked and not r.version.is_devrelease
+                and (prereleases or not r.version.is_prerelease) and _supports(r.requires_python, python))]
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    sha: str
+    subject: str
+    pr: int | None  # from a squash-merge title "Subject (#1234)"
+    files: tuple[str, ...]
+
+
+class Clone:
+    """A local git clone: the commits of a range, and what one commit touched."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not (self.path / ".git").exists() and self._git_status("rev-parse", "--git-dir") != 0:
+            raise BisectError(f"--deepspeed-repo {self.path}: not a git clone; "
+                              "pass the path of a local DeepSpeed clone")
+
+    def _git(self, *args: str) -> str:
+        completed = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True)
+        if completed.returncode != 0:
+            raise BisectError(f"git {' '.join(args)} failed in {self.path}: {completed.stderr.strip()}")
+        return completed.stdout
+
+    def _git_status(self, *args: str) -> int:
+        return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True).returncode
+
+    def resolve(self, ref: str) -> str:
+        for candidate in (ref, f"v{ref}"):  # DeepSpeed tags releases as v0.16.4
+            if self._git_status("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}") == 0:
+                return self._git("rev-parse", f"{candidate}^{{commit}}").strip()
+        raise BisectError(f"--deepspeed-repo {self.path}: no commit or tag {ref!r}; "
+                          f"`git -C {self.path} fetch --tags origin` may bring it")
+
+    def commits(self, older: str, newer: str) -> list[str]:
+        """older, then the first-parent line from older to newer (oldest first), shas in full."""
+        low, high = self.resolve(older), self.resolve(newer)
+        if low == high:
+            raise BisectError(f"{older} and {newer} are the same commit {low[:12]}; nothing to bisect")
+        if self._git_status("merge-base", "--is-ancestor", low, high) != 0:
+            raise BisectError(f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older end "
+                              "must come first in history (swap them, or check --mode)")
+        line = self._git("rev-list", "--reverse", "--first-parent", "--ancestry-path", f"{low}..{high}").split()
+        return [low, *line]
+
+    def info(self, sha: str) -> CommitInfo:
+        subject = self._git("log", "-1", "--format=%s", sha).strip()
+        files = self._git("diff-tree", "--root", "--no-commit-id", "--name-only", "-r", sha).split()
+        pr = _PR_NUMBER.findall(subject)
+        return CommitInfo(sha, subject, int(pr[-1]) if pr else None, tuple(files))
+
+
+# ---- Putting it together -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class CellProbe:
+    """probe(candidate): build or reuse its environment, run the cell there, and judge the outcome."""
+
+    cell: CellKey
+    env_root: Path
+    environment: Callable[[str], EnvironmentSpec] | None = None  # candidate -> its environment
+    any_failure: bool = False
+    cell_timeout: float = 180.0
+    command: Callable[[Path, CellKey, Path, float], list[str]] = suite_command
+    reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
+
+    def __call__(self, candidate: str) -> Verdict:
+        try:
+            python = ensure_environment(self.env_root, self.environment(candidate))
+            run = run_cell(python, self.cell, self.cell_timeout, self.command)
+        except Untestable as error:
+            return Verdict(SKIP, str(error))
+        verdict = classify(run, self.reference, self.any_failure)
+        if verdict.kind == BAD and self.reference is None:
+            self.reference = (run.failure_class, run.signature)
+        return verdict
+
+
+def print_step(label: str) -> Callable[[Step], None]:
+    def show(step: Step) -> None:
+        print(f"  {label} {step.candidate:<14} {step.verdict:<5} {step.seconds:7.1f} s  {step.detail}", flush=True)
+    return show
+
+
+def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pins: dict[str, str],
+                    probe: CellProbe, python: Version) -> Answer:
+    """pins hold the other axes; probe.environment gives the environment of a candidate release."""
+    older, newer = (good, bad) if mode == "broken" else (bad, good)
+    _check_order(axis, older, newer, mode)
+    candidates = release_candidates(axis, older, newer, python)
+    # Releases declared incompatible in versions.toml are not worth an install: skip them up front.
+    incompatible = {c: reason for c in candidates[1:-1] if (reason := skip_reason({**pins, axis: c}))}
+    print(f"bisecting {cell.id} over {len(candidates)} {axis} releases {older} .. {newer} "
+          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates))} cell runs")
+
+    def judge(candidate: str) -> Verdict:
+        if candidate in incompatible:
+            return Verdict(SKIP, f"declared incompatible in versions.toml: {incompatible[candidate]}")
+        return probe(candidate)
+
+    return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis))
+
+
+def bisect_commits(cell: CellKey, clone: Clone, good: str, bad: str, mode: str,
+                   probe: CellProbe) -> tuple[Answer, CommitInfo]:
+    """probe.environment gives the environment of a candidate commit (a full sha)."""
+    older, newer = (good, bad) if mode == "broken" else (bad, good)
+    candidates = clone.commits(older, newer)
+    print(f"bisecting {cell.id} over {len(candidates)} commits of {clone.path} {older} .. {newer}, "
+          f"at most {_budget(len(candidates))} cell runs")
+    answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"))
+    return answer, clone.info(answer.after)
+
+
+def _budget(candidates: int) -> int:
+    return (candidates - 1).bit_length() + 2 if candidates > 1 else 2  # ceil(log2 N) + 2
+
+
+def _check_order(axis: str, older: str, newer: str, mode: str) -> None:
+    names = ("--good", "--bad") if mode == "broken" else ("--bad", "--good")
+    try:
+        ordered = Version(older) < Version(newer)
+    except InvalidVersion as error:
+        raise BisectError(f"{axis}: {error}; release bisection takes versions like 0.16.4") from None
+    if older == newer or Version(older) == Version(newer):
+        raise BisectError(f"--good and --bad are both {older}; give two different {axis} versions")
+    if not ordered:
+        raise BisectError(f"in --mode {mode}, {names[0]} {older} must be older than {names[1]} {newer}"
+                          + (" (to find a fix, use --mode fixed)" if mode == "broken" else ""))
+
+
+def _held_fixed(pins: dict[str, str], axis: str) -> str:
+    return ", ".join(f"{other} {pins[other]}" for other in AXES if other != axis)
+
+
+def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str, str], store: Path) -> dict[str, str]:
+    """The other axes as in the cell's failing run at `failing` in the store, else at the latest
+    combination of versions.toml; --pin overrides either."""
+    pins: dict[str, str] = {}
+    if store.exists():
+        with HistoryStore(store, create=False) as history:
+            runs = [o for o in history.observations()
+                    if o.cell == cell and o.result.outcome == "fail" and getattr(o.versions, axis) == failing]
+        if runs:
+            latest = max(runs, key=lambda o: o.run.started).versions
+            pins = {other: getattr(latest, other) for other in AXES}
+    if not pins:
+        try:
+            combo = combinations("latest")[0]
+        except ReleaseDataUnavailable as error:
+            raise BisectError(f"cannot pick the other axes: {error}; pass them with --pin AXIS=VERSION") from None
+        pins = {pin.package: str(pin.version) for pin in combo.pins if pin.version is not None}
+    pins.update(overrides)
+    if missing := [other for other in AXES if other != axis and other not in pins]:
+        raise BisectError(f"no release for {', '.join(missing)} to hold fixed; pass --pin AXIS=VERSION")
+    return pins
+
+
+def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str) -> Bisection | None:
+    """The newest release-level answer already recorded for this cell inside --good .. --bad: --refine
+    then goes straight to the commits."""
+    if not store.exists():
+        return None
+    with HistoryStore(store, create=False) as history:
+        answers = [b for b in history.bisections()
+                   if (b.cell, b.axis, b.mode, b.commit) == (cell, axis, mode, "") and b.failure_class]
+    try:
+        ends = sorted((Version(good), Version(bad)))
+    except InvalidVersion:
+        return None  # bisect_releases explains what a version looks like
+    inside = [b for b in answers if ends[0] <= Version(b.before) and Version(b.after) <= ends[1]]
+    return max(inside, key=lambda b: b.recorded_at, default=None)
+
+
+def record(store: Path, bisection: Bisection) -> None:
+    with HistoryStore(store, create=True) as history:
+        history.add_bisection(bisection)
+    print(f"recorded in {store}; `python -m reports render --store {store}` shows it in the report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m reports.bisect", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cell", required=True, help="cell id, e.g. llama-eager-fp32-tp3")
+    parser.add_argument("--axis", choices=AXES, default="deepspeed", help="the axis to bisect (default deepspeed)")
+    parser.add_argument("--good", required=True, help="a version (or, with --deepspeed-repo, a tag or sha) that passes")
+    parser.add_argument("--bad", required=True, help="a version (or tag or sha) that fails")
+    parser.add_argument("--mode", choices=("broken", "fixed"), default="broken",
+                        help="broken: first bad after --good (default); fixed: first good after --bad")
+    parser.add_argument("--any-failure", action="store_true",
+                        help="count every failure as bad, not only the failing end's class and signature")
+    parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: bisect its commits")
+    parser.add_argument("--refine", action="store_true",
+                        help="with --deepspeed-repo: bisect releases first, then the commits between the answer")
+    parser.add_argument("--pin", action="append", default=[], metavar="AXIS=VERSION",
+                        help="hold another axis at this release (default: as in the stored failing run, else latest)")
+    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
+    parser.add_argument("--env-root", type=Path, default=ENV_ROOT, help="where step environments live (reused)")
+    parser.add_argument("--cell-timeout", type=float, default=180.0, help="seconds the cell may take per step")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _bisect(args)
+    except (ReportsError, ReleaseDataUnavailable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    cell = parse_cell_id(args.cell)
+    if args.good == args.bad:
+        raise BisectError(f"--good and --bad are both {args.good}; give the two ends of the range")
+    if (args.deepspeed_repo or args.refine) and args.axis != "deepspeed":
+        raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
+    if args.refine and not args.deepspeed_repo:
+        raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
+    if any("=" not in pin or pin.split("=", 1)[0] not in AXES for pin in args.pin):
+        raise BisectError(f"--pin takes AXIS=VERSION with AXIS one of {', '.join(AXES)}, e.g. transformers=5.24.0")
+    overrides = dict(pin.split("=", 1) for pin in args.pin)
+    clone = Clone(args.deepspeed_repo) if args.deepspeed_repo else None
+    commits_only = clone is not None and not args.refine
+    failing = args.bad
+    pins = held_fixed_pins(cell, args.axis, failing.removeprefix("v") if commits_only else failing, overrides,
+                           args.store)
+    # One probe for both levels: the failure it matches stays the one seen at the release level.
+    probe = CellProbe(cell, env_root=args.env_root, any_failure=args.any_failure, cell_timeout=args.cell_timeout)
+    before_word, after_word = ("last good", "first bad") if args.mode == "broken" else ("last bad", "first good")
+    good, bad = args.good, args.bad
+    commit = None
+    stored = stored_release_answer(args.store, cell, args.axis, args.mode, good, bad) if args.refine else None
+    if stored is not None:
+        print(f"using the stored release-level answer: {before_word} {stored.before}, {after_word} {stored.after}")
+        answer = Answer(stored.before, stored.after, stored.untestable, ())
+        probe.reference = (stored.failure_class, stored.signature)
+    elif not commits_only:
+        probe.environment = lambda version: release_environment({**pins, args.axis: version})
+        answer = bisect_releases(cell, args.axis, good, bad, args.mode, pins, probe, load_config().python)
+        print(_answer_text(args.axis, answer, before_word, after_word, len(answer.steps)))
+    if not commits_only:
+        good, bad = (answer.before, answer.after) if args.mode == "broken" else (answer.after, answer.before)
+        release_answer = answer
+    if clone is not None:
+        # Commit builds of the two ends are run again: a source build is not the release wheel.
+        probe.environment = lambda sha: commit_environment(args.env_root, clone.path, sha, pins)
+        answer, commit = bisect_commits(cell, clone, good, bad, args.mode, probe)
+        print(_answer_text("commit", answer, before_word, after_word, len(answer.steps)))
+        print(f"  {after_word} commit {commit.sha}\n  subject: {commit.subject}\n"
+              f"  PR: {'#' + str(commit.pr) if commit.pr else 'unknown'}\n  files: {', '.join(commit.files)}")
+        if not commits_only:
+            answer = replace(answer, before=release_answer.before, after=release_answer.after,
+                             untestable=release_answer.untestable + answer.untestable)
+    failure_class, signature = probe.reference or ("", "")
+    record(args.store, Bisection(
+        cell=cell, mode=args.mode, axis=args.axis, before=answer.before, after=answer.after,
+        held_fixed=_held_fixed(pins, args.axis), failure_class=failure_class, signature=signature,
+        commit=commit.sha if commit else "", subject=commit.subject if commit else "",
+        pr=commit.pr if commit else None, files=commit.files if commit else (), untestable=answer.untestable,
+        recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    ))
+    return 0
+
+
+def _answer_text(level: str, answer: Answer, before_word: str, after_word: str, runs: int) -> str:
+    text = f"answer ({runs} steps): {before_word} {level} {answer.before}, {after_word} {level} {answer.after}"
+    if answer.untestable:
+        text += f"; untestable in between, so the change may be in any of: {', '.join(answer.untestable)}"
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""`python -m reports publish` against a fake GitHub API on loopback: one comment, one issue per
+regression, reruns edit instead of duplicating, and a planted token never shows up anywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from reports_testkit import Cell, fail, write_junit
+
+from reports import publish as publish_module
+from reports.__main__ import main
+from reports.model import Bisection, CellKey
+from reports.store import HistoryStore
+
+TOKEN = "ghp_PlantedTokenValue0123456789abcdef"
+REPO = "octo/autotp"
+PR = 7
+MAX_REQUESTS = 60  # a publish makes about 7; more means a loop, which the server then refuses
+
+
+class FakeGitHub(ThreadingHTTPServer):
+    """The few REST endpoints publish uses, with issues and comments in memory and every request recorded."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.requests: list[tuple[str, str]] = []
+        self.authorizations: set[str] = set()
+        self.issues = {PR: {"number": PR, "title": "a PR", "body": "PR text", "labels": []}}
+        self.comments = {1: {"id": 1, "issue": PR, "body": "a reviewer's comment"}}
+        self.labels: set[str] = set()
+        self.reflect_token_on: str | None = None  # "METHOD path prefix" answered 500 with the Authorization header
+
+    def issue_json(self, issue: dict) -> dict:
+        return {**issue, "state": "open", "labels": [{"name": n} for n in issue["labels"]],
+                "url": f"{self.url}/repos/{REPO}/issues/{issue['number']}",
+                "html_url": f"https://github.test/{REPO}/issues/{issue['number']}"}
+
+    def comment_json(self, comment: dict) -> dict:
+        return {"id": comment["id"], "body": comment["body"],
+                "url": f"{self.url}/repos/{REPO}/issues/comments/{comment['id']}",
+                "html_url": f"https://github.test/{REPO}/issues/{comment['issue']}#comment-{comment['id']}"}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeGitHub
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _answer(self, status: int, payload) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self) -> None:
+        fake = self.server
+        url = urlparse(self.path)
+        fake.requests.append((self.command, url.path))
+        fake.authorizations.add(self.headers.get("Authorization", ""))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        if len(fake.requests) > MAX_REQUESTS:
+            return self._answer(429, {"message": "too many requests in one test"})
+        if self.headers.get("Authorization") != f"token {TOKEN}":
+            return self._answer(401, {"message": "Bad credentials"})
+        if fake.reflect_token_on and f"{self.command} {url.path}".startswith(fake.reflect_token_on):
+            return self._answer(500, {"message": f"boom, you sent {self.headers['Authorization']}"})
+        prefix = f"/repos/{REPO}"
+        if not url.path.startswith(prefix):
+            return self._answer(404, {"message": "Not Found"})
+        parts = url.path[len(prefix):].strip("/").split("/")
+        route = (self.command, *["N" if p.isdigit() else p for p in parts if p])
+        if route == ("GET",):
+            return self._answer(200, {"full_name": REPO, "url": f"{fake.url}{prefix}"})
+        if route == ("GET", "issues", "N"):
+            return self._answer(200, fake.issue_json(fake.issues[int(parts[1])]))
+        if route == ("GET", "issues", "N", "comments"):
+            mine = [c for c in fake.comments.values() if c["issue"] == int(parts[1])]
+            return self._answer(200, [fake.comment_json(c) for c in mine])
+        if route == ("POST", "issues", "N", "comments"):
+            comment = {"id": max(fake.comments) + 1, "issue": int(parts[1]), "body": body["body"]}
+            fake.comments[comment["id"]] = comment
+            return self._answer(201, fake.comment_json(comment))
+        if route == ("PATCH", "issues", "comments", "N"):
+            comment = fake.comments[int(parts[2])]
+            comment["body"] = body["body"]
+            return self._answer(200, fake.comment_json(comment))
+        if route[:2] == ("GET", "labels"):
+            name = parts[1]
+            return self._answer(200, {"name": name}) if name in fake.labels else self._answer(404, {"message": "Not Found"})
+        if route == ("POST", "labels"):
+            fake.labels.add(body["name"])
+            return self._answer(201, {"name": body["name"], "color": body["color"]})
+        if route == ("GET", "issues"):
+            wanted = set(parse_qs(url.query).get("labels", [""])[0].split(",")) - {""}
+            listed = [i for i in fake.issues.values() if wanted <= set(i["labels"])]
+            return self._answer(200, [fake.issue_json(i) for i in listed])
+        if route == ("POST", "issues"):
+            number = max(fake.issues) + 1
+            fake.issues[number] = {"number": number, "title": body["title"], "body": body["body"],
+                                   "labels": [label for label in body.get("labels", []) if label in fake.labels]}
+            return self._answer(201, fake.issue_json(fake.issues[number]))
+        if route == ("PATCH", "issues", "N"):
+            fake.issues[int(parts[1])].update({k: body[k] for k in ("title", "body") if k in body})
+            return self._answer(200, fake.issue_json(fake.issues[int(parts[1])]))
+        return self._answer(404, {"message": f"not implemented: {route}"})
+
+    do_GET = do_POST = do_PATCH = _handle
+
+
+@pytest.fixture
+def github(monkeypatch):
+    server = FakeGitHub()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("GITHUB_API_URL", server.url)
+    monkeypatch.setattr(publish_module, "WRITE_SPACING_S", None)
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GITHUB_API_URL", "http://127.0.0.1:9")  # nothing listens: a stray request fails fast
+
+
+def nightly(session, n: int, cells: list[Cell], name: str = "nightly", **versions):
+    return session(cells, run_id=f"{name}@2025-01-{n:02d}T00:00:00Z@runner-1", started=f"2025-01-{n:02d}T00:00:00Z",
+                   **versions)
+
+
+@pytest.fixture
+def store(session, tmp_path):
+    """Two nightlies: llama regresses, bloom is fixed, falcon is flaky, qwen2 still fails (its signature
+    quotes the planted token), mistral fails on its first run; plus a rerun that makes falcon flaky."""
+    nightly(session, 1, [Cell("llama"), Cell("bloom", "fail", "forward", "RuntimeError: shape"), Cell("falcon"),
+                         fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj")], deepspeed="0.19.7")
+    nightly(session, 2, [fail("llama", "shard", "AssertionError: heads % tp != 0"), Cell("bloom"),
+                         fail("falcon", "forward", "RuntimeError: NCCL timeout"),
+                         fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj"),
+                         fail("mistral", "forward")], deepspeed="0.19.8")
+    nightly(session, 3, [Cell("falcon")], name="rerun", deepspeed="0.19.8")
+    path = tmp_path / "history.sqlite"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(path)]) == 0
+    return path
+
+
+def publish(store, tmp_path, *extra):
+    return main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "nightly", *extra])
+
+
+def everything_written(tmp_path, capsys, caplog) -> str:
+    """All output, logs and files publish wrote (the JUnit input quotes the token on purpose)."""
+    captured = capsys.readouterr()
+    files = [p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    return "\n".join([captured.out, captured.err, caplog.text, *files])
+
+
+def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, capsys):
+    assert publish(store, tmp_path, "--pr", str(PR)) == 0
+    out = capsys.readouterr().out
+    assert "GITHUB_TOKEN is not set: wrote the comment and 1 regression issue(s)" in out
+    comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert comment.startswith("<!-- autotp-matrix:publish -->\n")
+    assert "new failure: 2, fixed: 1, flaky: 1, still failing: 1" in comment
+    assert "- deepspeed 0.19.7 → 0.19.8 (https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)" in comment
+    new_failures = comment.split("**New failure**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert new_failures == [
+        "- `llama-eager-fp32-tp2` — shard: AssertionError: heads % tp != 0",
+        "- `mistral-eager-fp32-tp2` — forward: ForwardError: broken (no verdict in the last nightly)",
+    ]
+    assert "**Fixed**\n\n- `bloom-eager-fp32-tp2` — passes now" in comment
+    assert "**Flaky**\n\n- `falcon-eager-fp32-tp2` — 1 pass / 1 fail at these versions" in comment
+    assert "**Still failing**\n\n- `qwen2-eager-fp32-tp2` — setup: ImportError: token=" in comment
+    assert "gptj" not in comment  # passing before and now: nothing to say
+    issues = sorted((tmp_path / "out" / "publish" / "issues").iterdir())
+    assert [p.name for p in issues] == ["nightly--llama-eager-fp32-tp2.md"]
+    issue = issues[0].read_text()
+    assert issue.startswith("# AutoTP regression: llama-eager-fp32-tp2 (shard) in nightly\n")
+    assert "<!-- autotp-matrix:regression session=nightly cell=llama-eager-fp32-tp2 -->" in issue
+    assert "- Last pass: run `nightly@2025-01-01T00:00:00Z@runner-1` at deepspeed 0.19.7," in issue
+    assert "nox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2\n" in issue
+    assert comment in (tmp_path / "out" / "step-summary.md").read_text()
+
+
+def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeypatch, capsys, caplog):
+    caplog.set_level(logging.DEBUG)  # PyGithub and urllib3 log requests at DEBUG: they must not log the token
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
+    assert publish(store, tmp_path, "--pr", str(PR)) == 0
+    assert github.requests == [
+        ("GET", f"/repos/{REPO}"), ("GET", f"/repos/{REPO}/issues/{PR}"), ("GET", f"/repos/{REPO}/issues/{PR}/comments"),
+        ("POST", f"/repos/{REPO}/issues/{PR}/comments"), ("GET", f"/repos/{REPO}/labels/autotp-regression"),
+        ("POST", f"/repos/{REPO}/labels"), ("GET", f"/repos/{REPO}/issues"), ("POST", f"/repos/{REPO}/issues"),
+    ]
+    posted = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert github.comments[2]["body"] == posted
+    assert github.issues[PR + 1]["labels"] == ["autotp-regression"]
+
+    github.requests.clear()
+    assert publish(store, tmp_path, "--pr", str(PR)) == 0
+    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH", "GET", "GET", "PATCH"]
+    assert len(github.comments) == 2 and github.comments[1]["body"] == "a reviewer's comment"
+    assert sorted(github.issues) == [PR, PR + 1]
+    assert github.authorizations == {f"token {TOKEN}"}
+
+    # The next nightly: llama still fails, so its issue is left alone and no new one is opened.
+    nightly_session_file = tmp_path / "junit" / "next.xml"
+    write_junit(nightly_session_file, [fail("llama", "shard", "AssertionError: heads % tp != 0")],
+                run_id="nightly@2025-01-09T00:00:00Z@runner-1", started="2025-01-09T00:00:00Z", deepspeed="0.19.8")
+    assert main(["merge", str(nightly_session_file), "--store", str(store)]) == 0
+    github.requests.clear()
+    assert publish(store, tmp_path, "--pr", str(PR)) == 0
+    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH"]
+    assert "**Still failing**\n\n- `llama-eager-fp32-tp2`" in github.comments[2]["body"]
+    assert TOKEN not in everything_written(tmp_path, capsys, caplog)
+
+
+def test_token_never_leaks_when_the_api_echoes_it(store, tmp_path, github, monkeypatch, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    github.reflect_token_on = f"POST /repos/{REPO}/issues/{PR}/comments"
+    assert publish(store, tmp_path, "--repo", REPO, "--pr", str(PR)) == 2
+    captured = capsys.readouterr()
+    assert f"GitHub API {github.url} answered 500" in captured.err and "boom, you sent token ***" in captured.err
+    assert "nothing further was posted" in captured.err
+    assert len(github.issues) == 1  # stopped before opening issues
+    written = everything_written(tmp_path, capsys, caplog) + captured.out + captured.err
+    assert TOKEN not in written
+
+
+def test_token_without_repository_and_unknown_session(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    assert publish(store, tmp_path) == 2
+    assert "GITHUB_TOKEN is set but no repository: pass --repo OWNER/NAME" in capsys.readouterr().err
+    code = main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "weekly"])
+    assert code == 2
+    assert "--session 'weekly': no stored run of this session; stored sessions: nightly, rerun" in capsys.readouterr().err
+
+
+def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
+    assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "rerun"]) == 0
+    comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert "No previous run of this session is stored, so nothing is compared." in comment
+    assert "new failure: 0, fixed: 0, flaky: 1, still failing: 0" in comment  # falcon failed at these versions elsewhere
+    assert not (tmp_path / "out" / "publish" / "issues").exists()
+
+
+def test_issue_carries_the_bisection_answer(store, tmp_path):
+    llama = CellKey("llama", "eager", "fp32", 2)
+    with HistoryStore(store, create=False) as history:
+        history.add_bisection(Bisection(
+            cell=llama, mode="broken", axis="deepspeed", before="0.19.7", after="0.19.8",
+            held_fixed="transformers 4.44.0, torch 2.4.0, python 3.11.7", failure_class="shard",
+            signature="AssertionError: heads % tp != 0", commit="0123456789abcdef", subject="Shard heads (#7777)",
+            pr=7777, recorded_at="2025-01-03T00:00:00Z"))
+    assert publish(store, tmp_path) == 0
+    issue = (tmp_path / "out" / "publish" / "issues" / "nightly--llama-eager-fp32-tp2.md").read_text()
+    assert ("- llama-eager-fp32-tp2: deepspeed 0.19.7 → 0.19.8 (last good → first bad) at transformers 4.44.0, "
+            "torch 2.4.0, python 3.11.7 — shard: AssertionError: heads % tp != 0 — broken by #7777 Shard heads "
+            "(`0123456789`)") in issue
