@@ -1,6 +1,6 @@
 """History, attribution and reports for autotp-matrix results.
 
-Consumes the JUnit files described in docs-results-format.md, keeps every run in an
+Consumes the JUnit files described in README.md "Results", keeps every run in an
 append-only SQLite history store and renders support matrices, regressions and gates.
 """
 

@@ -1,4 +1,4 @@
-"""Read session JUnit files (docs-results-format.md) into runs and cell results."""
+"""Read session JUnit files (README.md "Results") into runs and cell results."""
 
 from __future__ import annotations
 

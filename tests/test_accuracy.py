@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -116,9 +117,10 @@ def test_probe_on_a_rank_group_reports_a_skipped_lm_head_allreduce(tmp_path, tin
                                  for i in task.items))
     out = tmp_path / "predictions.json"
     log = tmp_path / "ranks.log"
+    port = free_port()
     with log.open("w") as sink:  # its own session, so a timeout ends the ranks too, not just the launcher
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
              str(PROJECT_ROOT / "tests" / "accuracy_ranks.py"), checkpoint, str(task_file), str(out)],
             env=launch_environment(), cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -127,6 +129,8 @@ def test_probe_on_a_rank_group_reports_a_skipped_lm_head_allreduce(tmp_path, tin
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
             code = "timeout"
+    for buffer in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):  # DeepSpeed never unlinks its all-reduce buffers
+        buffer.unlink()
     assert code == 0, f"rank group exit {code}:\n{log.read_text()[-4000:]}"
     predictions = json.loads(out.read_text())
     reference_correct = correctness(task, reference)

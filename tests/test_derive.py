@@ -157,15 +157,8 @@ SAMPLE = "axk1,cwm,ministral3"
 
 @pytest.mark.autotp
 @pytest.mark.parametrize("tp", ["2", "3"])
-def test_sample_of_derived_architectures_runs_under_autotp(tp):
-    from suites.rank_group import RankGroupPool
-
-    pool = RankGroupPool()
-    try:
-        outcomes = {cell.model.name: run_cell(cell, pool, RunOptions(cell_timeout=60.0)) for cell in expand(SAMPLE, tp=tp)}
-    finally:
-        pool.close()
-    assert pool.launches == 1
+def test_sample_of_derived_architectures_runs_under_autotp(tp, rank_pool):
+    outcomes = {cell.model.name: run_cell(cell, rank_pool, RunOptions(cell_timeout=60.0)) for cell in expand(SAMPLE, tp=tp)}
     for name, outcome in outcomes.items():
         assert outcome.outcome in ("pass", "fail"), f"{name}: {outcome.message}"
         assert outcome.failure_class != "setup", f"{name} tp{tp}: {outcome.signature}"

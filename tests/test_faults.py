@@ -5,7 +5,7 @@ One rank group serves the faults that leave it healthy; the ones that kill or ha
 and each costs a relaunch (~20 s here).
 """
 
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +74,7 @@ def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2,
     outcome = run_with(llama_tp2, pool, fault, timeout=30.0)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert signature_part in outcome.signature
+    assert not list(Path("/dev/shm").glob(f"deepspeed_*_{pool.group.port}_*")), "killed group leaked /dev/shm buffers"
     after = run_with(llama_tp2, pool)
     assert after.outcome == "pass", after.message
     assert pool.launches == launches + 1

@@ -16,6 +16,11 @@ CELLS = ["llama-eager-fp32-tp2", "opt-eager-fp32-tp2", "gpt_neox-eager-fp32-tp2"
 pytestmark = pytest.mark.autotp
 
 
+@pytest.fixture(autouse=True)
+def free_cores(rank_pool):
+    rank_pool.close()  # these tests start pytest drivers with rank groups of their own
+
+
 def start_driver(results: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--tp", "2",
                "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider"]

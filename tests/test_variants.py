@@ -18,7 +18,6 @@ from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites import checks
 from suites.driver import RunOptions, prepare_job, run_cell
-from suites.rank_group import RankGroupPool
 
 ARCHITECTURES = "llama,qwen2,mistral"
 BIG_MODEL_TOML = """
@@ -29,11 +28,9 @@ tiny_why = "~81 M parameters (~325 MB fp32): big enough that a full copy per ran
 """
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = RankGroupPool()
-    yield pool
-    pool.close()
+@pytest.fixture
+def pool(rank_pool):
+    return rank_pool  # the session's shared pool (conftest.py): one live rank group at a time
 
 
 def test_variants_registry_parses_and_refuses_bad_values(tmp_path):

@@ -1,4 +1,4 @@
-"""Test helpers: the one JUnit writer (exactly docs-results-format.md) and CLI shortcuts."""
+"""Test helpers: the one JUnit writer (exactly README.md "Results") and CLI shortcuts."""
 
 from __future__ import annotations
 
