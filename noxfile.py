@@ -2,6 +2,7 @@
 tests; `nox -l` lists everything. The shared work lives in matrix/sessions.py."""
 
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -51,7 +52,8 @@ def repro(session):
 def tests(session):
     """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
     install_harness(session, session_combos("latest", TESTS_PINS)[0], *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "tests"))
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
+    # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), env={"TMPDIR": tempfile.gettempdir()})
 
 
 @nox.session

@@ -95,6 +95,21 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> None:
+    """DeepSpeed all-reduce buffers in /dev/shm that no live process maps any more: left by groups
+    whose driver was killed before it could release them (see RankGroup.release_shared_memory)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+        except OSError:
+            continue  # the process ended while we looked
+    for buffer in Path("/dev/shm").glob("deepspeed_*buffer*"):
+        if str(buffer) not in mapped and time.time() - buffer.stat().st_mtime > min_age_seconds:
+            log(f"removing orphaned DeepSpeed shared-memory buffer {buffer}")
+            buffer.unlink(missing_ok=True)
+
+
 class RankGroup:
     def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None):
         self.tp = tp
@@ -115,6 +130,7 @@ class RankGroup:
 
     def start(self) -> None:
         clear_stale_build_locks(Path(self.env["TORCH_EXTENSIONS_DIR"]))
+        release_orphaned_shared_memory()
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
                    "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
                    "--driver-pid", str(os.getpid())]

@@ -153,3 +153,12 @@ def wrong_gradient(stage, model, rank):
 
         layer = next(m for m in model.modules() if isinstance(m, LinearLayer))
         layer.weight.grad.mul_(1.01)
+
+
+def rank1_hangs_on_opt_while_flagged(stage, model, rank):
+    """Rank 1 hangs on the opt cell while the file named by AUTOTP_TEST_HANG_FLAG exists: a driver
+    interrupted there is interrupted mid-run for sure, and a rerun without the flag completes."""
+    flag = os.environ.get("AUTOTP_TEST_HANG_FLAG", "")
+    if stage == "sharded" and rank == 1 and model.config.model_type == "opt" and os.path.exists(flag):
+        while os.path.exists(flag):
+            time.sleep(0.2)

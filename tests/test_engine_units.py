@@ -122,3 +122,21 @@ def test_stale_extension_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
     clear_stale_build_locks(tmp_path, log=messages.append)
     assert not stale.exists() and fresh.exists()
     assert str(stale) in messages[0]
+
+
+def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path):
+    import mmap
+    import os
+    import time
+    from pathlib import Path
+
+    from suites.rank_group import release_orphaned_shared_memory
+
+    orphan, live = Path("/dev/shm/deepspeed_allreduce_buffer_0_test_1_0"), Path("/dev/shm/deepspeed_allreduce_buffer_0_test_2_0")
+    for buffer in (orphan, live):
+        buffer.write_bytes(b"\0" * 4096)
+        os.utime(buffer, (time.time() - 3600, time.time() - 3600))
+    with live.open("r+b") as stream, mmap.mmap(stream.fileno(), 4096):  # a live rank still maps it
+        release_orphaned_shared_memory(log=lambda message: None)
+        assert not orphan.exists() and live.exists()
+    live.unlink()

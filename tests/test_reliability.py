@@ -2,6 +2,7 @@
 stopped. Real pytest drivers and rank groups, killed with real signals."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,10 +22,14 @@ def free_cores(rank_pool):
     rank_pool.close()  # these tests start pytest drivers with rank groups of their own
 
 
-def start_driver(results: Path) -> subprocess.Popen:
+def start_driver(results: Path, hang_flag: Path) -> subprocess.Popen:
+    """Cells llama, opt, gpt_neox; the opt cell hangs while `hang_flag` exists, so the driver is
+    stopped after llama finished and before the run could complete."""
     command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--tp", "2",
-               "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider"]
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider",
+               "--inject-fault", "tests.faults:rank1_hangs_on_opt_while_flagged"]
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "AUTOTP_TEST_HANG_FLAG": str(hang_flag)})
 
 
 def records(results: Path) -> list[dict]:
@@ -53,15 +58,19 @@ def wait_until_no_ranks(driver_pid: int, timeout: float = 20) -> None:
 
 
 def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path):
-    driver = start_driver(tmp_path)
+    hang_flag = tmp_path / "hang"
+    hang_flag.write_text("")
+    driver = start_driver(tmp_path, hang_flag)
     wait_for_records(tmp_path, 1, driver)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     wait_until_no_ranks(driver.pid)
+    hang_flag.unlink()
     before = records(tmp_path)
+    assert [r["cell"]["id"] for r in before] == CELLS[:1]
     assert json.loads((tmp_path / "run-state.json").read_text())["complete"] is False
 
-    rerun = start_driver(tmp_path)
+    rerun = start_driver(tmp_path, hang_flag)
     output, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, output
     after = records(tmp_path)
@@ -74,7 +83,9 @@ def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path):
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
-    driver = start_driver(tmp_path)
+    hang_flag = tmp_path / "hang"
+    hang_flag.write_text("")
+    driver = start_driver(tmp_path, hang_flag)
     wait_for_records(tmp_path, 1, driver)
     driver.send_signal(signal.SIGINT)
     output, _ = driver.communicate(timeout=60)
