@@ -23,7 +23,7 @@ import urllib.request
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -179,6 +179,8 @@ class AxisRule:
     latest: bool = False
     prerelease: bool = False
     extra: tuple[str, ...] = ()
+    settle_days: int = 0
+    """Releases younger than this are not picked by rule: their dependencies may not be on the index yet."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ _AXIS_KEY_TYPES = {
     "latest": bool,
     "prerelease": bool,
     "extra": list,
+    "settle_days": int,
 }
 
 
@@ -251,6 +254,7 @@ def _axis_rule(package: str, table: dict, path: Path) -> AxisRule:
         latest=table.get("latest", False),
         prerelease=table.get("prerelease", False),
         extra=tuple(table.get("extra", [])),
+        settle_days=table.get("settle_days", 0),
     )
 
 
@@ -364,7 +368,8 @@ class AxisSelection:
 
 def select_versions(rule: AxisRule, releases: Iterable[Release], python: Version) -> AxisSelection:
     """Apply rule to a release list: yanked, dev and Python-incompatible releases are never selected."""
-    releases = list(releases)
+    settled_before = datetime.now(timezone.utc) - timedelta(days=rule.settle_days)
+    releases = [release for release in releases if release.uploaded <= settled_before]
     newest_per_line = _installable_lines(releases, python)
     stable = sorted(version for version in newest_per_line.values() if not version.is_prerelease)
     if not stable:

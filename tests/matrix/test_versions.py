@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -549,7 +551,19 @@ def test_bad_tag_and_bad_override_axis(config, cache_dir, no_network):
 
 def test_shipped_config_has_one_latest_combo(cache_dir, no_network):
     (latest,) = combinations("latest", cache_dir=cache_dir)
-    assert latest.id.startswith("ds0.19.8-tf5.25.0-")
+    settled = datetime.now(timezone.utc) - timedelta(days=load_config().axes["transformers"].settle_days)
+    newest_settled = max(r.version for r in load_releases("transformers", cache_dir=cache_dir)
+                         if r.uploaded <= settled and not r.version.is_prerelease and not r.yanked)
+    assert latest.id.startswith("ds0.19.8-") and latest.transformers.version == newest_settled
+
+
+def test_a_release_younger_than_settle_days_is_not_picked(cache_dir, no_network):
+    releases = load_releases("transformers", cache_dir=cache_dir)
+    newest = max(releases, key=lambda r: r.version)
+    rule = replace(load_config().axes["transformers"], min=None, minors_window=0, extra=(), prerelease=False)
+    age_days = (datetime.now(timezone.utc) - newest.uploaded).days
+    assert select_versions(replace(rule, settle_days=0), releases, Version("3.11")).latest.version == newest.version
+    assert select_versions(replace(rule, settle_days=age_days + 1), releases, Version("3.11")).latest.version < newest.version
 
 
 # --- CI export -------------------------------------------------------------------------------
@@ -569,4 +583,5 @@ def test_ci_matrix_rows(config, cache_dir, no_network):
 def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     versions.main(["--tag", "latest", "--cache-dir", str(cache_dir), "--session", "cpu"])
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["session"].startswith("cpu(ds0.19.8-tf5.25.0-")
+    (latest,) = combinations("latest", cache_dir=cache_dir)
+    assert row["session"] == f"cpu({latest.id})" and "latest" in row["tags"]
