@@ -26,8 +26,9 @@ from suites.outcome import CellOutcome, failed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
-ERROR_GRACE_SECONDS = 10.0
-"""How long other ranks get to finish a cell after one rank reported an error."""
+ERROR_GRACE_SECONDS = 3.0
+"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
+together finish in milliseconds; a too-short grace only costs a relaunch, never a wrong verdict."""
 LOG_TAIL_LINES = 25
 
 
