@@ -28,8 +28,11 @@ def start_driver(results: Path, hang_flag: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--tp", "2",
                "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider",
                "--inject-fault", "tests.faults:rank1_hangs_on_opt_while_flagged"]
+    # A shell runs background jobs with SIGINT ignored and children inherit that: give the driver
+    # the default disposition so Ctrl-C reaches it however the test suite itself was started.
     return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "AUTOTP_TEST_HANG_FLAG": str(hang_flag)})
+                            env={**os.environ, "AUTOTP_TEST_HANG_FLAG": str(hang_flag)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def records(results: Path) -> list[dict]:
@@ -57,11 +60,23 @@ def wait_until_no_ranks(driver_pid: int, timeout: float = 20) -> None:
         time.sleep(0.5)
 
 
-def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path):
-    hang_flag = tmp_path / "hang"
-    hang_flag.write_text("")
+@pytest.fixture
+def hang_flag(tmp_path) -> Path:
+    flag = tmp_path / "hang"
+    flag.write_text("")
+    return flag
+
+
+@pytest.fixture
+def driver_in_the_middle(tmp_path, hang_flag) -> subprocess.Popen:
+    """A driver that finished the first cell and hangs on the second until `hang_flag` is removed."""
     driver = start_driver(tmp_path, hang_flag)
     wait_for_records(tmp_path, 1, driver)
+    return driver
+
+
+def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path, hang_flag, driver_in_the_middle):
+    driver = driver_in_the_middle
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     wait_until_no_ranks(driver.pid)
@@ -82,11 +97,8 @@ def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path):
     assert json.loads((tmp_path / "run-state.json").read_text())["complete"] is True
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path):
-    hang_flag = tmp_path / "hang"
-    hang_flag.write_text("")
-    driver = start_driver(tmp_path, hang_flag)
-    wait_for_records(tmp_path, 1, driver)
+def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path, driver_in_the_middle):
+    driver = driver_in_the_middle
     driver.send_signal(signal.SIGINT)
     output, _ = driver.communicate(timeout=60)
     assert driver.returncode == pytest.ExitCode.INTERRUPTED, output
