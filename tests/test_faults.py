@@ -2,7 +2,7 @@
 right failure class, and a killed or hung group must not lose the next cell.
 
 One rank group serves the faults that leave it healthy; the ones that kill or hang it come last
-and each costs a relaunch (~20 s here).
+and each costs a relaunch (~11 s warm here, ~30 s for the first launch after idle).
 """
 
 from pathlib import Path
