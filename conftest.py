@@ -10,6 +10,7 @@ import pytest
 
 from matrix.cells import expand
 from matrix.registry import MODELS_FILE, RegistryError
+from suites.task_probe import TaskError, resolve_task
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
@@ -31,11 +32,15 @@ def pytest_addoption(parser):
     group.addoption("--no-resume", action="store_true",
                     help="start afresh even when the results folder holds an interrupted run of this session")
     group.addoption("--repro", action="store_true", help="also write a standalone repro_<cell>.py per cell into the results folder")
+    group.addoption("--accuracy-task", default=None, metavar="TASK",
+                    help="also gate each cell on task accuracy vs the unsharded model (exact McNemar): a shipped task "
+                         "(world-facts, small-sums), a task .jsonl file, or lm_eval:<task name or YAML> (needs the accuracy extra)")
     group.addoption("--inject-fault", action="append", default=[], metavar="MODULE:FUNCTION",
                     help="harness self-test only: call this fault hook on every rank at each stage")
 
 
 CELLS = pytest.StashKey[list]()
+ACCURACY_TASK = pytest.StashKey[object]()
 
 
 def pytest_configure(config):
@@ -43,7 +48,8 @@ def pytest_configure(config):
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
         config.stash[CELLS] = expand(option("--models"), option("--variants"), option("--dtypes"), option("--tp"),
                                      Path(option("--models-file")))
-    except RegistryError as error:
+        config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
+    except (RegistryError, TaskError) as error:
         raise pytest.UsageError(str(error)) from None
     if _runs_suites(config):
         if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
@@ -64,7 +70,7 @@ def _start_run(config):
 
     option = config.getoption
     versions = installed_versions()
-    selection = {name: option(f"--{name}") for name in ("models", "variants", "dtypes", "tp", "checkpoints")}
+    selection = {name: option(f"--{name.replace('_', '-')}") for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task")}
     state = RunState(Path(option("--results")), option("--session-name"), selection, versions)
     if hasattr(config, "workerinput"):
         return RunInfo(option("--session-name"), started=config.workerinput["autotp_run_started"]), state, versions
@@ -108,7 +114,8 @@ def run_options(pytestconfig):
 
     option = pytestconfig.getoption
     return RunOptions(checkpoints=option("--checkpoints"), allow_remote_code=option("--allow-remote-code"),
-                      cell_timeout=option("--cell-timeout"), faults=tuple(option("--inject-fault")))
+                      cell_timeout=option("--cell-timeout"), faults=tuple(option("--inject-fault")),
+                      accuracy_task=pytestconfig.stash[ACCURACY_TASK])
 
 
 @pytest.fixture(scope="session")

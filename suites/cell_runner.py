@@ -19,6 +19,7 @@ import torch
 
 from matrix.registry import Tolerance
 from suites import checks
+from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
@@ -28,6 +29,7 @@ from suites.quantization import apply_post_init, hf_quantization_config
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.probes import observe
 from suites.reference import load_reference, mark_process_sharded
+from suites.task_probe import answer_correctness, resolve_task
 from suites.training import run_step
 
 STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
@@ -119,7 +121,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     import deepspeed.comm as dist
 
     spec = ProbeSpec(**job["spec"])
-    timings, stage, model, engine, observed, error, training = {}, "setup", None, None, None, None, None
+    timings, stage, model, engine, observed, error, training, task_correct = {}, "setup", None, None, None, None, None, None
     rss_peak_loaded = 0
     skip = _dtype_skip_reason(job["dtype"])
     _reset_peak_rss()
@@ -133,7 +135,8 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
             training = run_step(job, world_size, lambda stage, model: _run_fault_hooks(job, stage, model, rank)).to_dict()
             rss_peak_loaded = _peak_rss_bytes()
         else:
-            inputs = build_inputs(load_tokenizer(job["tokenizer"], job["trust_remote_code"]), spec)
+            tokenizer = load_tokenizer(job["tokenizer"], job["trust_remote_code"])
+            inputs = build_inputs(tokenizer, spec)
             started = time.perf_counter()
             model = _run_fault_hooks(job, "loaded", _load(job), rank)
             timings["time_load_s"] = time.perf_counter() - started
@@ -146,6 +149,10 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
             stage = "forward"
             observed = observe(model, inputs, spec, device)
             timings["time_forward_s"] = observed.forward_seconds
+            if job.get("accuracy_task"):
+                started = time.perf_counter()
+                task_correct = answer_correctness(resolve_task(job["accuracy_task"]), model, tokenizer, device)
+                timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         error = _stage_error(stage, raised, rank)
         write_json_atomically(workdir / f"error-{job['seq']}.{rank}.json", error)
@@ -159,7 +166,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         try:
-            outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings)
+            outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
                              + "".join(traceback.format_exception(raised))[-4000:])
@@ -168,7 +175,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     gc.collect()
 
 
-def _judge(job: dict, observed, summaries: list[dict], timings: dict) -> CellOutcome:
+def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:
     metrics = {**timings, "rss_max_bytes": float(max(s["rss_bytes"] for s in summaries)),
                "rss_peak_max_bytes": float(max(s["rss_peak_bytes"] for s in summaries)),
                # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
@@ -189,6 +196,8 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict) -> CellOut
             results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)
         if job["variant"]["load"] == "meta":
             results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
+        if job.get("accuracy_reference"):
+            results.append(accuracy_checks.check(json.loads(Path(job["accuracy_reference"]).read_text()), task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]

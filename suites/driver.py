@@ -13,7 +13,8 @@ from suites import variant_setup
 from suites.inputs import ProbeSpec
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.rank_group import RankGroupPool
-from suites.reference import cached_reference
+from suites.reference import cached_reference, cached_task_reference
+from suites.task_probe import AccuracyTask
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class RunOptions:
     faults: tuple[str, ...] = ()
     """Test-only fault hooks (`module:function`), see suites/cell_runner.py."""
     spec: ProbeSpec = ProbeSpec()
+    accuracy_task: AccuracyTask | None = None
+    """Also score this task on the sharded model against the unsharded one (checks/accuracy.py)."""
 
 
 def skip_reason(cell: Cell, options: RunOptions) -> str | None:
@@ -56,6 +59,12 @@ def prepare_job(cell: Cell, options: RunOptions) -> dict | CellOutcome:
             return variant_fields
         reference = variant_fields.pop("reference", None) or cached_reference(
             checkpoint, tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
+        # Quantized and training variants have references of their own; a task score is compared with
+        # the unsharded model of the same weights only.
+        if options.accuracy_task and not (cell.variant.training or cell.variant.quantization):
+            variant_fields["accuracy_task"] = options.accuracy_task.spec
+            variant_fields["accuracy_reference"] = str(cached_task_reference(
+                checkpoint, tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
     except Exception as error:  # the cell's setup failed; the run goes on
         return failed("setup", exception_signature(error), f"building the checkpoint or unsharded reference failed: {error!r}")
     return {"cell": cell.coordinates(), "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": cell.dtype,

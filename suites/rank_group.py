@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from matrix.checkpoints import cache_root
+from suites.fork_server import ForkedGroup, ForkServer
 from suites.outcome import CellOutcome, failed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ ERROR_GRACE_SECONDS = 3.0
 """How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
 together finish in milliseconds; a too-short grace only costs a relaunch, never a wrong verdict."""
 LOG_TAIL_LINES = 25
+LAUNCHERS = ("auto", "fork", "deepspeed")
 
 
 class GroupStartError(RuntimeError):
@@ -111,16 +113,42 @@ def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> No
             buffer.unlink(missing_ok=True)
 
 
+class LauncherProcess:
+    """A group started by DeepSpeed's launcher, as users start one; the launcher leads a session of
+    its own, so one killpg ends it and its ranks."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path):
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    def poll(self):
+        return self.process.poll()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
 class RankGroup:
-    def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None):
+    def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None,
+                 fork_server: ForkServer | None = None):
         self.tp = tp
+        self.fork_server = fork_server
         self.start_timeout = start_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix=f"autotp-tp{tp}-"))
         self.env = launch_environment(env)
         # One intra-op thread pool per rank sized to its share of the cores: N ranks each spinning
         # up all cores would oversubscribe the machine N times.
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tp)))
-        self.process: subprocess.Popen | None = None
+        self.process: LauncherProcess | ForkedGroup | None = None
         self.seq = 0
         self.info: dict = {}
         self.port = free_port()
@@ -132,13 +160,17 @@ class RankGroup:
     def start(self) -> None:
         clear_stale_build_locks(Path(self.env["TORCH_EXTENSIONS_DIR"]))
         release_orphaned_shared_memory()
-        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
-                   "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
-                   "--driver-pid", str(os.getpid())]
-        with open(self.workdir / "launcher.log", "ab") as log:
-            self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + self.start_timeout
+        if self.fork_server is not None:
+            try:
+                self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(), self.start_timeout)
+            except RuntimeError as error:
+                raise GroupStartError(f"rank group tp={self.tp}: {error}") from None
+        else:
+            command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
+                       "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
+                       "--driver-pid", str(os.getpid())]
+            self.process = LauncherProcess(command, self.env, self.workdir / "launcher.log")
         while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
             if not self.alive or time.monotonic() > deadline:
                 reason = "exited" if not self.alive else f"was not ready after {self.start_timeout:.0f} s"
@@ -190,17 +222,13 @@ class RankGroup:
         # The launcher names the first rank that died: "... exits with return code = -11".
         died = re.search(r"exits with return code = (-?\d+)", logs)
         code = int(died.group(1)) if died else self.process.returncode
-        cause = _signal_name(-code) if code < 0 else f"exit code {code}"
+        cause = "unknown cause" if code is None else _signal_name(-code) if code < 0 else f"exit code {code}"
         return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
 
     def kill(self) -> None:
         if self.process is None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        self.process.kill()
         self.release_shared_memory()
 
     def release_shared_memory(self) -> None:
@@ -211,24 +239,30 @@ class RankGroup:
             buffer.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self.alive:
-            (self.workdir / "stop").write_text("")
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
+        # Idle ranks hold no collective and no file open for writing: killing them loses nothing and
+        # a graceful exit took ~5 s (process-group teardown) for every tp switch.
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class RankGroupPool:
     """At most one live group at a time (groups of different tp sizes would fight for the cores);
-    a group is reused across cells until it dies or another tp size is needed."""
+    a group is reused across cells until it dies or another tp size is needed.
 
-    def __init__(self, start_timeout: float = 900):
+    `launcher`: `fork` forks CPU groups from a pre-imported server (see suites/fork_server.py);
+    `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only."""
+
+    def __init__(self, start_timeout: float = 900, launcher: str = "auto"):
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.start_timeout = start_timeout
         self.group: RankGroup | None = None
         self.launches = 0
+        env = launch_environment()
+        self.fork_server = None
+        if launcher == "fork" or (launcher == "auto" and env.get("DS_ACCELERATOR") == "cpu"):
+            self.log_dir = Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
+            self.fork_server = ForkServer(env, self.log_dir)
         atexit.register(self.close)
 
     def get(self, tp: int) -> RankGroup:
@@ -236,7 +270,7 @@ class RankGroupPool:
             self.group.close()
             self.group = None
         if self.group is None:
-            group = RankGroup(tp, self.start_timeout)
+            group = RankGroup(tp, self.start_timeout, fork_server=self.fork_server)
             self.launches += 1
             group.start()
             self.group = group
@@ -253,3 +287,6 @@ class RankGroupPool:
         if self.group is not None:
             self.group.close()
             self.group = None
+        if self.fork_server is not None:
+            self.fork_server.close()
+            shutil.rmtree(self.log_dir, ignore_errors=True)

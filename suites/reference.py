@@ -21,6 +21,7 @@ from suites.loading import load_model
 from suites.outcome import exception_signature
 from suites.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 from suites.probes import Observations, observe
+from suites.task_probe import AccuracyTask, answer_correctness
 
 _process_sharded = False
 REFERENCE_FORMAT = 2
@@ -93,6 +94,26 @@ def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: P
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_suffix(f".tmp{id(observations)}")
         torch.save(observations.to_dict(), staging)
+        staging.replace(path)
+    return path
+
+
+def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, task: AccuracyTask,
+                          trust_remote_code: bool = False) -> Path:
+    """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
+    import transformers
+
+    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
+                           "task": task.fingerprint, "torch": torch.__version__, "transformers": transformers.__version__},
+                          sort_keys=True)
+    path = cache_root() / "references" / f"task-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
+    if not path.exists():
+        refuse_if_sharded()
+        model = load_model(checkpoint, dtype, trust_remote_code)
+        correct = answer_correctness(task, model, load_tokenizer(tokenizer, trust_remote_code), "cpu")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".tmp{id(correct)}")
+        staging.write_text(json.dumps(correct))
         staging.replace(path)
     return path
 

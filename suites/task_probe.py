@@ -9,6 +9,7 @@ reference process gets the same token ids.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +37,50 @@ class Task:
     items: tuple[Item, ...]
 
 
+LM_EVAL_PREFIX = "lm_eval:"
+
+
 def task_path(name: str) -> Path:
     return TASKS_DIR / f"{name}.jsonl"
+
+
+@dataclass(frozen=True)
+class AccuracyTask:
+    """What `--accuracy-task` names: a shipped task (`world-facts`), a task file (`path/to/task.jsonl`),
+    both scored by this probe, or an lm-evaluation-harness task (`lm_eval:<name or YAML file>`, needs
+    the `accuracy` extra)."""
+
+    spec: str
+    fingerprint: str
+    """Identifies the task's content (file hash, or lm-eval's version and config): part of the reference's cache key."""
+
+    @property
+    def uses_lm_eval(self) -> bool:
+        return self.spec.startswith(LM_EVAL_PREFIX)
+
+
+def resolve_task(spec: str) -> AccuracyTask:
+    """Checks the task exists and is well-formed (TaskError naming file and line otherwise)."""
+    if spec.startswith(LM_EVAL_PREFIX):
+        try:
+            from suites import lm_eval_tasks
+        except ImportError:
+            raise TaskError(f"{spec}: lm-eval tasks need lm-evaluation-harness: pip install -e '.[accuracy]'") from None
+        return AccuracyTask(spec, lm_eval_tasks.fingerprint(spec.removeprefix(LM_EVAL_PREFIX)))
+    path = Path(spec) if spec.endswith(".jsonl") else task_path(spec)
+    load_task(path)
+    return AccuracyTask(str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def answer_correctness(task: AccuracyTask, model, tokenizer, device) -> list[bool]:
+    """Whether the model answers each item right, in the task's item order. Every rank of a TP group
+    calls this with the same task, so their forwards line up."""
+    if task.uses_lm_eval:
+        from suites import lm_eval_tasks
+
+        return lm_eval_tasks.correctness(task.spec.removeprefix(LM_EVAL_PREFIX), model, tokenizer, device)
+    loaded = load_task(Path(task.spec))
+    return correctness(loaded, predict(model, tokenizer, loaded, device))
 
 
 def load_task(path: Path) -> Task:
@@ -83,22 +126,29 @@ def _split(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
-    """One forward per item: the choices are right-padded into one batch. Padding sits after every
-    scored position, so a causal model's scores do not depend on it and no attention mask is needed."""
-    pairs = [_split(tokenizer, item.context, choice) for choice in item.choices]
-    for choice, (context_ids, continuation) in zip(item.choices, pairs):
-        if not context_ids or not continuation:
-            raise TaskError(f"{item.context!r} + {choice!r}: the tokenizer leaves no context or no choice tokens")
-    width = max(len(c) + len(k) for c, k in pairs)
-    ids = torch.tensor([c + k + [0] * (width - len(c) - len(k)) for c, k in pairs], device=device)
+def continuation_loglikelihoods(model, tokenizer, pairs: list[tuple[str, str]], device) -> list[tuple[float, bool]]:
+    """(summed log-likelihood, whether greedy decoding would produce it) of each continuation after its
+    context, all pairs in one forward: right-padded, the padding sits after every scored position, so a
+    causal model's scores do not depend on it and no attention mask is needed."""
+    split = [_split(tokenizer, context, continuation) for context, continuation in pairs]
+    for (context, continuation), (context_ids, continuation_ids) in zip(pairs, split):
+        if not context_ids or not continuation_ids:
+            raise TaskError(f"{context!r} + {continuation!r}: the tokenizer leaves no context or no continuation tokens")
+    width = max(len(c) + len(k) for c, k in split)
+    ids = torch.tensor([c + k + [0] * (width - len(c) - len(k)) for c, k in split], device=device)
     log_probs = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
     scores = []
-    for row, (context_ids, continuation) in enumerate(pairs):
-        positions = torch.arange(len(context_ids) - 1, len(context_ids) + len(continuation) - 1)
-        targets = torch.tensor(continuation)
-        scores.append(log_probs[row, positions.to(log_probs.device), targets.to(log_probs.device)].sum().item())
+    for row, (context_ids, continuation_ids) in enumerate(split):
+        positions = torch.arange(len(context_ids) - 1, len(context_ids) + len(continuation_ids) - 1, device=log_probs.device)
+        targets = torch.tensor(continuation_ids, device=log_probs.device)
+        rows = log_probs[row, positions]
+        scores.append((rows[torch.arange(len(targets)), targets].sum().item(), bool((rows.argmax(-1) == targets).all())))
     return scores
+
+
+def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
+    """One forward per item, its choices batched."""
+    return [score for score, _ in continuation_loglikelihoods(model, tokenizer, [(item.context, c) for c in item.choices], device)]
 
 
 def predict(model, tokenizer, task: Task, device) -> list[int]:

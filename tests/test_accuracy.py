@@ -1,26 +1,20 @@
-"""The accuracy gate (exact McNemar + Wilson on known numbers), task files, and the task probe run on
-a real AutoTP rank group: a healthy shard passes, a shard whose all-reduce is skipped is reported."""
+"""The accuracy gate (exact McNemar + Wilson on known numbers), task files, and the gate inside a real
+cell (`--accuracy-task`): a healthy shard passes, a shard whose lm_head all-reduce is skipped in the
+task's forwards only is reported by the accuracy check."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-from dataclasses import replace
 
 import pytest
 import torch
 
+from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
 from suites.checks.accuracy import check, mcnemar_exact, paired_accuracy, wilson_interval
+from suites.driver import RunOptions, run_cell
 from suites.inputs import load_tokenizer
 from suites.loading import load_model
-from suites.rank_group import PROJECT_ROOT, free_port, launch_environment
-from suites.task_probe import Item, Task, TaskError, choice_loglikelihoods, correctness, load_task, predict, task_path
-
-RANKS_TIMEOUT_S = 900  # 2 x 40 forwards per rank take ~1 min on 2 idle cores; shared machines are far slower
+from suites.task_probe import Item, Task, TaskError, choice_loglikelihoods, load_task, predict, resolve_task, task_path
 
 
 @pytest.mark.parametrize(("successes", "trials", "low", "high"), [
@@ -101,41 +95,38 @@ def test_malformed_task_lines_are_named(tmp_path, line, error):
 
 
 @pytest.mark.autotp
-def test_probe_on_a_rank_group_reports_a_skipped_lm_head_allreduce(tmp_path, tiny_llama):
+def test_accuracy_gate_in_a_cell_reports_a_fault_only_the_task_sees(tmp_path, rank_pool):
     """Tiny random models answer at chance and score a choice mostly by its length (about -log(vocab) a
     byte), so the test asks equally long choices (" a" .. " d") after the shipped contexts, with the
     reference's own picks as the answers: the reference then scores 100 % and any damage the shard does
-    to the logits shows as lost items."""
-    checkpoint = tiny_llama
+    to the task's logits shows as lost items."""
+    cell = expand("llama", tp="2")[0]
+    checkpoint = str(tiny_checkpoint(cell.model))
     letters = Task("letters", task_path("world-facts"), tuple(
         Item(item.context, (" a", " b", " c", " d"), 0) for item in load_task(task_path("world-facts")).items))
-    reference = predict(load_model(checkpoint, "fp32", False), load_tokenizer(None), letters, "cpu")
-    assert len(set(reference)) > 1, "the reference picks one letter everywhere: the test would have no power"
-    task = replace(letters, items=tuple(replace(item, answer=pick) for item, pick in zip(letters.items, reference)))
+    picks = predict(load_model(checkpoint, "fp32", False), load_tokenizer(None), letters, "cpu")
+    assert len(set(picks)) > 1, "the reference picks one letter everywhere: the test would have no power"
     task_file = tmp_path / "answers.jsonl"
-    task_file.write_text("".join(json.dumps({"context": i.context, "choices": list(i.choices), "answer": i.answer}) + "\n"
-                                 for i in task.items))
-    out = tmp_path / "predictions.json"
-    log = tmp_path / "ranks.log"
-    port = free_port()
-    with log.open("w") as sink:  # its own session, so a timeout ends the ranks too, not just the launcher
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
-             str(PROJECT_ROOT / "tests" / "accuracy_ranks.py"), checkpoint, str(task_file), str(out)],
-            env=launch_environment(), cwd=PROJECT_ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = launcher.wait(timeout=RANKS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-            code = "timeout"
-    for buffer in Path("/dev/shm").glob(f"deepspeed_*_{port}_*"):  # DeepSpeed never unlinks its all-reduce buffers
-        buffer.unlink()
-    assert code == 0, f"rank group exit {code}:\n{log.read_text()[-4000:]}"
-    predictions = json.loads(out.read_text())
-    reference_correct = correctness(task, reference)
-    healthy = check(reference_correct, correctness(task, predictions["healthy"]))
-    assert healthy.passed and healthy.metrics["acc_tp"] == 1.0, healthy.metrics
-    faulty = check(reference_correct, correctness(task, predictions["faulty"]))
-    assert not faulty.passed, faulty.metrics
+    task_file.write_text("".join(json.dumps({"context": i.context, "choices": list(i.choices), "answer": pick}) + "\n"
+                                 for i, pick in zip(letters.items, picks)))
+    task = resolve_task(str(task_file))
+
+    healthy = run_cell(cell, rank_pool, RunOptions(accuracy_task=task))
+    assert healthy.outcome == "pass", healthy.message
+    assert healthy.metrics["acc_ref"] == healthy.metrics["acc_tp"] == 1.0 and healthy.metrics["acc_items"] == 40
+
+    faulty = run_cell(cell, rank_pool, RunOptions(accuracy_task=task, faults=("tests.faults:skip_lm_head_allreduce_on_task_items",)))
+    assert (faulty.outcome, faulty.failure_class) == ("fail", "numerics"), faulty.message
+    assert faulty.signature.startswith("accuracy:"), faulty.signature
     assert faulty.metrics["acc_mcnemar_p"] < 0.01 and faulty.metrics["acc_tp_only"] == 0
+    assert faulty.metrics["logits_max_abs"] == healthy.metrics["logits_max_abs"]  # the standard probes saw nothing
+
+
+def test_accuracy_task_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"context": "ok", "choices": [" x", " y"], "answer": 5}\n')
+    with pytest.raises(TaskError, match=f"{bad}:1: answer must be an index"):
+        resolve_task(str(bad))
+    with pytest.raises(TaskError, match="no such task file; shipped tasks: small-sums, world-facts"):
+        resolve_task("world-fact")
+    assert resolve_task("world-facts").fingerprint != resolve_task("small-sums").fingerprint

@@ -1,0 +1,159 @@
+"""CPU rank groups forked from one process that has already imported torch, DeepSpeed and
+transformers.
+
+A launch through `deepspeed --num_gpus N` costs ~8 s of imports on two cores, and a cell that kills its
+group (one rank raised, the others hang in a collective) pays it again. Forking ranks from a
+pre-imported server costs well under a second and runs the same worker code; the ranks still meet
+through `deepspeed.init_distributed()` with the environment DeepSpeed's launcher gives them (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT).
+
+CPU only: a process that has touched CUDA cannot be forked into CUDA ranks, so accelerator runs use
+the real launcher, where a launch is small next to loading a real checkpoint.
+
+Protocol: the driver writes one JSON line per group to the server's stdin. The server forks a group
+leader, which starts a session of its own (the driver ends the group with one killpg), forks the
+ranks and watches them like DeepSpeed's launcher: the first rank to exit non-zero ends the group and
+is logged as "... exits with return code = C". The server writes the leader's pid to
+`<workdir>/leader.pid`, and exits when its stdin closes (the driver ended).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class ForkedGroup:
+    """The driver's handle on one forked group: its leader process."""
+
+    def __init__(self, leader_pid: int):
+        self.leader_pid = leader_pid
+        self.returncode = None  # the server reaps the leader; a rank's code is in launcher.log
+
+    def poll(self):
+        return None if _pid_alive(self.leader_pid) else 0
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.leader_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while _pid_alive(self.leader_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+class ForkServer:
+    """Driver side: starts the server lazily and asks it for groups."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env, self.log_dir = env, log_dir
+        self.process: subprocess.Popen | None = None
+
+    def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, timeout: float) -> ForkedGroup:
+        if self.process is None or self.process.poll() is not None:
+            with open(self.log_dir / "fork-server.log", "ab") as log:
+                self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server"], cwd=PROJECT_ROOT, env=self.env,
+                                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid,
+                   "omp_threads": self.env.get("OMP_NUM_THREADS", "1")}
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        self.process.stdin.flush()
+        pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
+        while not pid_file.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fork server did not start the group; see {self.log_dir / 'fork-server.log'}")
+            time.sleep(0.01)
+        return ForkedGroup(int(pid_file.read_text()))
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+            self.process = None
+
+
+def _rank_environment(request: dict, rank: int) -> dict[str, str]:
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(request["tp"]), "LOCAL_SIZE": str(request["tp"]),
+            "CROSS_RANK": "0", "CROSS_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(request["port"]),
+            "OMP_NUM_THREADS": request["omp_threads"]}
+
+
+def _run_rank(request: dict, rank: int) -> None:
+    from suites import worker
+
+    code = 1
+    try:
+        os.environ.update(_rank_environment(request, rank))
+        sys.argv = ["worker", "--workdir", request["workdir"], "--driver-pid", str(request["driver_pid"])]
+        worker.main()
+        code = 0
+    except SystemExit as ended:
+        code = ended.code if isinstance(ended.code, int) else 1
+    except BaseException:  # noqa: BLE001 - whatever ends a rank is logged, then the group ends
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _lead_group(request: dict) -> None:
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    ranks = {}
+    for rank in range(request["tp"]):
+        pid = os.fork()
+        if pid == 0:
+            _run_rank(request, rank)
+        ranks[pid] = rank
+    with open(Path(request["workdir"]) / "launcher.log", "a", buffering=1) as log:
+        while ranks:
+            pid, status = os.wait()
+            code = os.waitstatus_to_exitcode(status)
+            rank = ranks.pop(pid)
+            if code != 0:
+                log.write(f"rank {rank} (pid {pid}) exits with return code = {code}\n")
+                os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
+def serve() -> None:
+    import gc
+
+    from suites import worker
+
+    worker.import_cell_machinery()
+    gc.collect()
+    gc.freeze()  # forked ranks then share these pages instead of copying them on the first collection
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps leaders: no zombies to mistake for live groups
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _lead_group(request)
+        pid_file = Path(request["workdir"]) / "leader.pid"
+        staging = pid_file.with_suffix(".tmp")
+        staging.write_text(str(pid))
+        staging.replace(pid_file)
+
+
+if __name__ == "__main__":
+    serve()
