@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from matrix.sessions import PROJECT_DEPENDENCIES, TESTS_PINS, install_harness, run_matrix, session_combos
+from matrix.sessions import PROJECT_DEPENDENCIES, TESTS_PINS, dependency_group, install_harness, run_matrix, session_combos
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"  # a session's name carries its pins, so its environment can be reused
@@ -51,7 +51,7 @@ def repro(session):
 @nox.session
 def tests(session):
     """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
-    install_harness(session, session_combos("latest", TESTS_PINS)[0], *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "tests"))
+    install_harness(session, session_combos("latest", TESTS_PINS)[0], *dependency_group("tests"))
     # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
     session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), env={"TMPDIR": tempfile.gettempdir()})
 
@@ -74,7 +74,7 @@ def gate(session):
 @nox.session
 def publish(session):
     """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/: `nox -s publish -- --pr N`."""
-    session.install(*PROJECT_DEPENDENCIES, *nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "publish"))
+    session.install(*PROJECT_DEPENDENCIES, *dependency_group("publish"))
     session.run("python", "-m", "reports", "publish", *session.posargs)
 
 
@@ -88,7 +88,7 @@ def bisect(session):
 @nox.session
 def prefetch(session):
     """Download the registry's hub checkpoints into HF_HOME once: `nox -s prefetch -- --models llama`."""
-    session.install(*nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "prefetch"))
+    session.install(*dependency_group("prefetch"))
     session.run("python", "-m", "matrix.prefetch", *session.posargs)
 
 

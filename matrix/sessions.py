@@ -43,6 +43,10 @@ def session_combos(tag: str | None = None, overrides: dict[str, str] | None = No
         return []
 
 
+def dependency_group(name: str) -> list[str]:
+    return nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name)
+
+
 def install_harness(session: nox.Session, combo: Combo, *extra: str) -> None:
     # torch first, on its own: on CPU machines the pinned version comes from a local wheel, and
     # nothing installed later may pull another (multi-GB) torch build.
@@ -68,7 +72,7 @@ def _pip_install(session: nox.Session, *args: str) -> None:
 def _selection(pytest_args: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(add_help=False)
     for name, default in (("--models", "all"), ("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"),
-                          ("--results", "results")):
+                          ("--results", "results"), ("--accuracy-task", "")):
         parser.add_argument(name, default=default)
     return parser.parse_known_args(pytest_args)[0]
 
@@ -78,8 +82,10 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
     if combo.skip_reason:
         session.skip(f"{combo.id}: {combo.skip_reason}")
     selection = _selection(pytest_args)
+    # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
+    extra = dependency_group("accuracy") if selection.accuracy_task.startswith("lm_eval:") else []
     try:
-        install_harness(session, combo)
+        install_harness(session, combo, *extra)
     except nox.command.CommandFailed as error:
         from suites.install_failure import record_install_failure
 

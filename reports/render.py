@@ -98,7 +98,24 @@ def _matrix(history: History) -> dict:
             if status is not None:
                 cells[_column(cell)] = {"cell": cell.id, **_status(status)}
         rows.append({"model": model, "cells": cells})
-    return {"columns": [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns], "rows": rows}
+    names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
+    return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
+
+
+def outcome_class(entry: dict) -> str:
+    """pass, skip, flaky, or the failure class of a failing cell."""
+    return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
+
+
+def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
+    """{outcome class: {column: cells, ..., "all": cells}}, pass first, then the most common classes."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        for column, entry in row["cells"].items():
+            per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
+            per_column[column] += 1
+            per_column["all"] += 1
+    return dict(sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0])))
 
 
 def _transition(transition: Transition) -> dict:
@@ -153,6 +170,15 @@ def _matrix_cell(entry: dict | None) -> str:
     if entry is None:
         return "—"  # not run at the latest versions
     return f"{STATUS_ICONS[entry['status']]} {cell_text(entry)}".rstrip()
+
+
+def counts_markdown(report: dict) -> list[str]:
+    columns, counts = report["matrix"]["columns"], report["matrix"]["counts"]
+    lines = ["| outcome | " + " | ".join(columns) + " | all |", "|---|" + "---:|" * (len(columns) + 1)]
+    lines += [f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()]
+    models = len(report["matrix"]["rows"])
+    cells = sum(per["all"] for per in counts.values())
+    return [f"{models} architectures, {cells} cells at these versions:", "", *lines]
 
 
 def matrix_markdown(report: dict) -> list[str]:
@@ -252,6 +278,8 @@ def report_markdown(report: dict) -> str:
         "",
         f"Latest versions: {report['latest_label']}. Cells show the outcome, the failure class and "
         f"`{report['key_metric']}`; — means not run at these versions.",
+        "",
+        *counts_markdown(report),
         "",
         *matrix_markdown(report),
         "",

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -62,12 +64,14 @@ class ForkedGroup:
 class ForkServer:
     """Driver side: starts the server lazily and asks it for groups."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path):
-        self.env, self.log_dir = env, log_dir
+    def __init__(self, env: dict[str, str]):
+        self.env = env
         self.process: subprocess.Popen | None = None
+        self.log_dir: Path | None = None
 
     def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, timeout: float) -> ForkedGroup:
         if self.process is None or self.process.poll() is not None:
+            self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
             with open(self.log_dir / "fork-server.log", "ab") as log:
                 self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server"], cwd=PROJECT_ROOT, env=self.env,
                                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,6 +94,9 @@ class ForkServer:
                 pass
             self.process.wait()
             self.process = None
+        if self.log_dir is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir = None
 
 
 def _rank_environment(request: dict, rank: int) -> dict[str, str]:

@@ -67,7 +67,7 @@ def fingerprint(spec: str) -> str:
     """lm-eval's version, the task config and its local data files; checks the task loads and is scored
     by log-likelihood (the only request type the adapter answers)."""
     config = task_config(spec)
-    task = _load(config)
+    (task,) = _load(config)["tasks"].values()
     if task.OUTPUT_TYPE not in SCORED_OUTPUT_TYPES:
         raise TaskError(f"lm_eval:{spec} is a {task.OUTPUT_TYPE} task; only {', '.join(SCORED_OUTPUT_TYPES)} tasks can be gated")
     identity = hashlib.sha256(json.dumps({"lm_eval": lm_eval.__version__, "config": config}, sort_keys=True).encode())
@@ -76,22 +76,21 @@ def fingerprint(spec: str) -> str:
     return identity.hexdigest()
 
 
-def _load(config: str | dict):
+def _load(config: str | dict) -> dict:
+    """lm-eval's task dict for exactly one task."""
     try:
-        tasks = lm_eval.tasks.get_task_dict([config], lm_eval.tasks.TaskManager())
+        loaded = lm_eval.tasks.TaskManager().load([config])
     except Exception as error:  # lm-eval raises many kinds for an unknown or broken task
         name = config if isinstance(config, str) else config["task"]
         raise TaskError(f"lm_eval:{name}: lm-eval could not load the task: {error}") from None
-    if len(tasks) != 1:
-        raise TaskError(f"lm_eval:{config}: a group of {len(tasks)} tasks; name one task")
-    return next(iter(tasks.values()))
+    if len(loaded["tasks"]) != 1:
+        raise TaskError(f"lm_eval:{config}: a group of {len(loaded['tasks'])} tasks; name one task")
+    return loaded
 
 
 def correctness(spec: str, model, tokenizer, device) -> list[bool]:
     """Per document, in document order: lm-eval's `acc` for this model."""
-    config = task_config(spec)
-    tasks = lm_eval.tasks.get_task_dict([config], lm_eval.tasks.TaskManager())
-    results = lm_eval.evaluator.evaluate(lm=ShardedModelLM(model, tokenizer, device), task_dict=tasks,
+    results = lm_eval.evaluator.evaluate(lm=ShardedModelLM(model, tokenizer, device), task_dict=_load(task_config(spec)),
                                          log_samples=True, bootstrap_iters=0)
     (samples,) = results["samples"].values()
     return [bool(sample["acc"]) for sample in sorted(samples, key=lambda sample: sample["doc_id"])]
@@ -100,13 +99,13 @@ def correctness(spec: str, model, tokenizer, device) -> list[bool]:
 class ShardedModelLM(LM):
     def __init__(self, model, tokenizer, device):
         super().__init__()
-        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.model, self.tokenizer, self.model_device = model, tokenizer, device
 
     def loglikelihood(self, requests, disable_tqdm: bool = True):
         pairs = [request.args for request in requests]
         answers = []
         for start in range(0, len(pairs), BATCH):
-            answers += continuation_loglikelihoods(self.model, self.tokenizer, pairs[start:start + BATCH], self.device)
+            answers += continuation_loglikelihoods(self.model, self.tokenizer, pairs[start:start + BATCH], self.model_device)
         return answers
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = True):

@@ -261,8 +261,7 @@ class RankGroupPool:
         env = launch_environment()
         self.fork_server = None
         if launcher == "fork" or (launcher == "auto" and env.get("DS_ACCELERATOR") == "cpu"):
-            self.log_dir = Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
-            self.fork_server = ForkServer(env, self.log_dir)
+            self.fork_server = ForkServer(env)
         atexit.register(self.close)
 
     def get(self, tp: int) -> RankGroup:
@@ -289,4 +288,3 @@ class RankGroupPool:
             self.group = None
         if self.fork_server is not None:
             self.fork_server.close()
-            shutil.rmtree(self.log_dir, ignore_errors=True)

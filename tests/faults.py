@@ -82,8 +82,9 @@ def corrupt_loss(stage, model, rank):
 
 def skip_lm_head_allreduce_on_task_items(stage, model, rank):
     """The sharded lm_head skips its all-reduce (each rank scores with a partial sum over its slice of
-    the hidden features), only in forwards of four sequences: the task probe's batches (four choices an
-    item). The standard probes run one or two sequences, so only the accuracy check can see it."""
+    the hidden features), only in forwards of four or more sequences: the task probes' batches (four
+    choices an item; lm-eval requests eight at a time). The standard probes run one or two sequences, so
+    only the accuracy check can see it."""
     if stage != "sharded":
         return
     from deepspeed.module_inject import layers
@@ -92,7 +93,7 @@ def skip_lm_head_allreduce_on_task_items(stage, model, rank):
     assert heads, "no sharded lm_head to break"
     for head in heads:
         def forward(input, original=head.forward):
-            if input.shape[0] != 4:
+            if input.shape[0] < 4:
                 return original(input)
             real = layers.dist.inference_all_reduce
             layers.dist.inference_all_reduce = lambda tensor, *args, **kwargs: tensor

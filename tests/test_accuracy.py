@@ -14,7 +14,9 @@ from suites.checks.accuracy import check, mcnemar_exact, paired_accuracy, wilson
 from suites.driver import RunOptions, run_cell
 from suites.inputs import load_tokenizer
 from suites.loading import load_model
-from suites.task_probe import Item, Task, TaskError, choice_loglikelihoods, load_task, predict, resolve_task, task_path
+from suites.lm_eval_tasks import LM_EVAL_TASKS_DIR
+from suites.task_probe import (Item, Task, TaskError, answer_correctness, choice_loglikelihoods, load_task, predict,
+                               resolve_task, task_path)
 
 
 @pytest.mark.parametrize(("successes", "trials", "low", "high"), [
@@ -94,22 +96,32 @@ def test_malformed_task_lines_are_named(tmp_path, line, error):
         load_task(tmp_path / "missing.jsonl")
 
 
-@pytest.mark.autotp
-def test_accuracy_gate_in_a_cell_reports_a_fault_only_the_task_sees(tmp_path, rank_pool):
+def _letters_task(tmp_path, checkpoint: str, kind: str) -> str:
     """Tiny random models answer at chance and score a choice mostly by its length (about -log(vocab) a
-    byte), so the test asks equally long choices (" a" .. " d") after the shipped contexts, with the
+    byte), so the task asks equally long choices (" a" .. " d") after the shipped contexts, with the
     reference's own picks as the answers: the reference then scores 100 % and any damage the shard does
-    to the task's logits shows as lost items."""
-    cell = expand("llama", tp="2")[0]
-    checkpoint = str(tiny_checkpoint(cell.model))
+    to the task's logits shows as lost items. `kind`: a task file for the built-in probe, or an lm-eval
+    YAML over the same file."""
     letters = Task("letters", task_path("world-facts"), tuple(
         Item(item.context, (" a", " b", " c", " d"), 0) for item in load_task(task_path("world-facts")).items))
     picks = predict(load_model(checkpoint, "fp32", False), load_tokenizer(None), letters, "cpu")
     assert len(set(picks)) > 1, "the reference picks one letter everywhere: the test would have no power"
-    task_file = tmp_path / "answers.jsonl"
+    task_file = tmp_path / "letters.jsonl"
     task_file.write_text("".join(json.dumps({"context": i.context, "choices": list(i.choices), "answer": pick}) + "\n"
                                  for i, pick in zip(letters.items, picks)))
-    task = resolve_task(str(task_file))
+    if kind == "builtin":
+        return str(task_file)
+    config = (LM_EVAL_TASKS_DIR / "autotp_world_facts.yaml").read_text()
+    config = config.replace("autotp_world_facts", "autotp_letters").replace("../world-facts.jsonl", str(task_file))
+    (tmp_path / "letters.yaml").write_text(config)
+    return f"lm_eval:{tmp_path / 'letters.yaml'}"
+
+
+@pytest.mark.autotp
+@pytest.mark.parametrize("kind", ["builtin", "lm_eval"])
+def test_accuracy_gate_in_a_cell_reports_a_fault_only_the_task_sees(tmp_path, rank_pool, kind):
+    cell = expand("llama", tp="2")[0]
+    task = resolve_task(_letters_task(tmp_path, str(tiny_checkpoint(cell.model)), kind))
 
     healthy = run_cell(cell, rank_pool, RunOptions(accuracy_task=task))
     assert healthy.outcome == "pass", healthy.message
@@ -120,6 +132,13 @@ def test_accuracy_gate_in_a_cell_reports_a_fault_only_the_task_sees(tmp_path, ra
     assert faulty.signature.startswith("accuracy:"), faulty.signature
     assert faulty.metrics["acc_mcnemar_p"] < 0.01 and faulty.metrics["acc_tp_only"] == 0
     assert faulty.metrics["logits_max_abs"] == healthy.metrics["logits_max_abs"]  # the standard probes saw nothing
+
+
+def test_lm_eval_scores_the_shipped_task_like_the_builtin_probe(tiny_llama):
+    model, tokenizer = load_model(tiny_llama, "fp32", False), load_tokenizer(None)
+    through_lm_eval = answer_correctness(resolve_task("lm_eval:autotp_world_facts.yaml"), model, tokenizer, "cpu")
+    assert through_lm_eval == answer_correctness(resolve_task("world-facts"), model, tokenizer, "cpu")
+    assert len(through_lm_eval) == 40
 
 
 def test_accuracy_task_errors_name_the_file_and_line(tmp_path):

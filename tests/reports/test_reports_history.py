@@ -10,6 +10,8 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
 
     assert "Latest versions: deepspeed 0.11.0, transformers 4.45.0, torch 2.4.0, python 3.11.7." in report
     assert "| llama | ❌ shard 0.5 |" in report and "| bloom | ✅ |" in report and "| qwen2 | ❌ setup |" in report
+    assert "6 architectures, 6 cells at these versions:" in report  # counts per outcome class, pass first
+    assert "| pass | 3 | 3 |\n| numerics | 1 | 1 |\n| setup | 1 | 1 |\n| shard | 1 | 1 |" in report
     assert section(report, "Regressions") == [
         "- llama-eager-fp32-tp2: deepspeed 0.10.0 → 0.10.1 (last good → first bad) at "
         f"{CONTEXT} — shard: AssertionError: heads % tp != 0",
