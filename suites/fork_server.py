@@ -34,11 +34,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie (a leader whose server died, left to an init that does not
+    reap) counts as ended."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    return True
+    return state != "Z"
 
 
 class ForkedGroup:
@@ -70,21 +72,31 @@ class ForkServer:
         self.log_dir: Path | None = None
 
     def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, timeout: float) -> ForkedGroup:
-        if self.process is None or self.process.poll() is not None:
-            self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
-            with open(self.log_dir / "fork-server.log", "ab") as log:
-                self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server"], cwd=PROJECT_ROOT, env=self.env,
-                                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        """The new group's handle; a server that died (even between two requests) is started again once."""
         request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid,
                    "omp_threads": self.env.get("OMP_NUM_THREADS", "1")}
-        self.process.stdin.write((json.dumps(request) + "\n").encode())
-        self.process.stdin.flush()
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
-        while not pid_file.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the fork server did not start the group; see {self.log_dir / 'fork-server.log'}")
-            time.sleep(0.01)
-        return ForkedGroup(int(pid_file.read_text()))
+        for _ in range(2):
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+            try:
+                self.process.stdin.write((json.dumps(request) + "\n").encode())
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                continue
+            while not pid_file.exists() and self.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if pid_file.exists():
+                return ForkedGroup(int(pid_file.read_text()))
+        raise RuntimeError(f"the fork server did not start the group; see {self.log_dir / 'fork-server.log'}")
+
+    def _start(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+        self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
+        with open(self.log_dir / "fork-server.log", "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server"], cwd=PROJECT_ROOT, env=self.env,
+                                            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def close(self) -> None:
         if self.process is not None:

@@ -2,15 +2,18 @@
 right failure class, and a killed or hung group must not lose the next cell.
 
 One rank group serves the faults that leave it healthy; the ones that kill or hang it come last
-and each costs a relaunch (~11 s warm here, ~30 s for the first launch after idle).
+and each costs a relaunch (~1 s forked from the server here, ~8 s through DeepSpeed's launcher).
 """
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from matrix.cells import expand
 from suites.driver import RunOptions, run_cell
+from suites.rank_group import RankGroupPool
 
 pytestmark = pytest.mark.autotp
 
@@ -78,3 +81,26 @@ def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2,
     after = run_with(llama_tp2, pool)
     assert after.outcome == "pass", after.message
     assert pool.launches == launches + 1
+
+
+def test_a_dead_fork_server_is_started_again(pool, llama_tp2):
+    assert run_with(llama_tp2, pool).outcome == "pass"
+    assert pool.fork_server is not None, "CPU groups are forked from the server (suites/fork_server.py)"
+    os.killpg(pool.fork_server.process.pid, signal.SIGKILL)
+    pool.group.kill()
+    after = run_with(llama_tp2, pool)
+    assert after.outcome == "pass", after.message
+
+
+def test_groups_started_by_deepspeeds_launcher_report_the_same_verdicts(llama_tp2):
+    """The launcher path accelerators use (a CUDA process cannot be forked into CUDA ranks)."""
+    launcher_pool = RankGroupPool(launcher="deepspeed")
+    try:
+        assert launcher_pool.fork_server is None
+        assert run_with(llama_tp2, launcher_pool).outcome == "pass"
+        crashed = run_with(llama_tp2, launcher_pool, "rank1_segfault", timeout=60.0)
+        assert (crashed.failure_class, crashed.signature) == ("crash", "rank died: SIGSEGV"), crashed.message
+        assert run_with(llama_tp2, launcher_pool).outcome == "pass"
+        assert launcher_pool.launches == 2
+    finally:
+        launcher_pool.close()
