@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cells import expand
+from matrix.cells import MODEL_SELECTIONS, expand
 from matrix.registry import MODELS_FILE, RegistryError
 from suites.task_probe import TaskError, resolve_task
 
@@ -17,8 +17,8 @@ SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
 def pytest_addoption(parser):
     group = parser.getgroup("autotp", "AutoTP matrix cells")
-    group.addoption("--models", default="all", help="comma-separated model names, or 'all' (registry), 'derived' (architectures derived "
-                     "from transformers' causal-LM mapping), 'every' (both)")
+    group.addoption("--models", default="registry", help="comma-separated model names, or one of: " + "; ".join(
+        f"'{name}': {meaning}" for name, meaning in MODEL_SELECTIONS.items()))
     group.addoption("--models-file", default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")
     group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, or 'all'")
     group.addoption("--dtypes", default="fp32", help="comma-separated dtypes: fp32, bf16, fp16")
@@ -83,8 +83,9 @@ def _start_run(config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """pytest-xdist: every worker records under the controller's run id."""
-    node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
+    """pytest-xdist: every worker records under the controller's run id (runs of the suites only)."""
+    if RUN in node.config.stash:
+        node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
 
 
 def _runs_suites(config) -> bool:

@@ -31,8 +31,8 @@ def autotp(session, combo):
 
 @nox.session(tags=["coverage"])
 def coverage(session):
-    """Every causal-LM architecture of the installed transformers: registry + derived tiny configs (`--models every`)."""
-    run_matrix(session, LATEST[0], ["--models", "every", *session.posargs])
+    """Every causal-LM architecture of the installed transformers: registry + derived tiny configs (`--models all`)."""
+    run_matrix(session, LATEST[0], ["--models", "all", *session.posargs])
 
 
 @nox.session(name="add-model")

@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=20, help="how many cells (registry order) to run each way")
     parser.add_argument("--tp", default="2")
     args = parser.parse_args()
-    cells = expand("all", tp=args.tp)[: args.cells]
+    cells = expand("registry", tp=args.tp)[: args.cells]
     print(f"{len(cells)} cells at tp {args.tp}; preparing checkpoints and references ...", flush=True)
     for cell in cells:
         prepare_job(cell, RunOptions())

@@ -56,23 +56,29 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
     return dtypes
 
 
+MODEL_SELECTIONS = {"registry": "every entry of matrix/models.toml (the default matrix)",
+                    "derived": "the architectures of transformers' causal-LM mapping the registry lacks, with derived tiny configs",
+                    "all": "registry + derived: every causal-LM architecture of the installed transformers"}
+
+
 def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[ModelEntry]:
-    """Registry entries by name (`all` = the registry); `derived`/`every` and derived names pull in the
-    entries derived from transformers' causal-LM mapping, computed only when asked for."""
+    """Entries by name or by one of MODEL_SELECTIONS; derived entries are computed only when asked for."""
     registry = load_models(models_file)
-    if names == ["all"] or all(name in registry for name in names):
+    if names == ["registry"]:
+        return list(registry.values())
+    if all(name in registry for name in names):
         return pick(registry, names, "model")
     from matrix.derive import derived_entries
 
     derived = derived_entries(registry)
     if names == ["derived"]:
         return list(derived.values())
-    if names == ["every"]:
+    if names == ["all"]:
         return [*registry.values(), *derived.values()]
     return pick({**registry, **derived}, names, "model")
 
 
-def expand(models: str = "all", variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
+def expand(models: str = "registry", variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
            tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE) -> list[Cell]:
     """All cells of the selection, grouped by tp size so one rank group serves a run of cells."""
     model_entries = pick_models(parse_names(models), models_file)

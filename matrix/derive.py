@@ -418,21 +418,29 @@ def derive_for_model_type(model_type: str, data: DerivedData) -> Derivation:
 def derived_entries(registry: dict[str, ModelEntry], data: DerivedData | None = None) -> dict[str, ModelEntry]:
     """An entry per causal-LM architecture the registry does not cover; unbuildable ones carry a skip_reason.
     Names are the model_type ('-' -> '_'), suffixed `_derived` where a registry entry has that name."""
+    from transformers.utils import logging as hf_logging
+
     data = data or load_derived_data()
     covered = {entry.model_type for entry in registry.values()}
-    entries = {}
-    for model_type in causal_lm_model_types():
-        if model_type in covered:
-            continue
-        name = entry_name(model_type)
-        if name in registry:
-            name += "_derived"
-        try:
-            derivation = derive_for_model_type(model_type, data)
-            entries[name] = ModelEntry(name=name, model_type=model_type, tiny=derivation.tiny, tiny_why=derivation.why)
-        except NotDerivable as reason:
-            entries[name] = ModelEntry(name=name, model_type=model_type, tiny={}, skip_reason=f"{model_type}: {reason}")
-    return entries
+    # Shrinking a config builds intermediate ones whose ids are not fixed yet (bos/eos >= the new vocab):
+    # transformers warns about each, a hundred lines of noise before the first cell.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        entries = [_derived_entry(model_type, registry, data) for model_type in causal_lm_model_types() if model_type not in covered]
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return {entry.name: entry for entry in entries}
+
+
+def _derived_entry(model_type: str, registry: dict[str, ModelEntry], data: DerivedData) -> ModelEntry:
+    name = entry_name(model_type)
+    name = f"{name}_derived" if name in registry else name
+    try:
+        derivation = derive_for_model_type(model_type, data)
+    except NotDerivable as reason:
+        return ModelEntry(name=name, model_type=model_type, tiny={}, skip_reason=f"{model_type}: {reason}")
+    return ModelEntry(name=name, model_type=model_type, tiny=derivation.tiny, tiny_why=derivation.why)
 
 
 # ---------------------------------------------------------------- building check (python -m matrix.derive --check)

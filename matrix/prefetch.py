@@ -44,9 +44,11 @@ class PrefetchResult:
     message: str = ""
 
 
-def hub_ids(models: str = "all", all_hub_ids: bool = False) -> list[str]:
-    """The checkpoints `--checkpoints hub` loads (each model's first hub id), or every listed one."""
-    entries = pick(load_models(), parse_names(models), "model")
+def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[str]:
+    """The checkpoints `--checkpoints hub` loads (each model's first hub id), or every listed one. Only
+    registry entries have hub ids, so `registry` and `all` select the same checkpoints."""
+    names = parse_names(models)
+    entries = pick(load_models(), ["all"] if names in (["registry"], ["all"]) else names, "model")
     ids = [hub_id for entry in entries for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
     return list(dict.fromkeys(ids))
 
@@ -120,7 +122,7 @@ def _size(count: int) -> str:
 
 def main(argv: list[str] | None = None, download: Downloader | None = None) -> int:
     parser = argparse.ArgumentParser(description="Download the registry's real checkpoints into the HF cache.")
-    parser.add_argument("--models", default="all", help="comma-separated model names from matrix/models.toml, or 'all'")
+    parser.add_argument("--models", default="registry", help="comma-separated model names from matrix/models.toml, or 'registry'")
     parser.add_argument("--all-hub-ids", action="store_true",
                         help="every hub id listed per model, not only the first (the one hub cells load)")
     args = parser.parse_args(argv)

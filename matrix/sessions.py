@@ -71,7 +71,7 @@ def _pip_install(session: nox.Session, *args: str) -> None:
 
 def _selection(pytest_args: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(add_help=False)
-    for name, default in (("--models", "all"), ("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"),
+    for name, default in (("--models", "registry"), ("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"),
                           ("--results", "results"), ("--accuracy-task", "")):
         parser.add_argument(name, default=default)
     return parser.parse_known_args(pytest_args)[0]

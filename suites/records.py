@@ -41,8 +41,9 @@ def installed_versions() -> dict[str, str]:
         from deepspeed.git_version_info import git_hash
     except ImportError:
         git_hash = "unknown"
+    # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
     return {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-            "torch": torch.__version__, "python": platform.python_version(),
+            "torch": str(torch.__version__), "python": platform.python_version(),
             "deepspeed_git": "" if git_hash in (None, "unknown") else git_hash}
 
 
@@ -164,7 +165,7 @@ def junit_properties(record: dict) -> dict[str, str]:
     properties.update({f"version.{k}": v for k, v in record["versions"].items()})
     properties.update({f"run.{k}": v for k, v in record["run"].items()})
     properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
-    return properties
+    return {name: str(value) for name, value in properties.items()}
 
 
 def environment_report(run: RunInfo, versions: dict[str, str]) -> str:

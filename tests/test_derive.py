@@ -139,9 +139,9 @@ def test_bad_derived_data_is_refused_with_the_file_named(tmp_path, text, message
 
 def test_selection_syntax():
     registry = load_models()
-    assert len(expand("all", tp="2")) == len(registry)
+    assert len(expand("registry", tp="2")) == len(registry)
     derived = expand("derived", tp="2")
-    every = expand("every", tp="2")
+    every = expand("all", tp="2")
     assert len(every) == len(registry) + len(derived)
     assert {c.model.model_type for c in every} == set(causal_lm_model_types())
     assert [c.model.name for c in expand("llama,afmoe", tp="2")] == ["llama", "afmoe"]

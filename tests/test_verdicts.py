@@ -1,5 +1,6 @@
 """End to end, as a user runs it: real AutoTP on tiny architectures at tp 2 and 3 through the pytest
-suite, then the records, the JUnit file and the rendered report.
+suite, in two rank groups in parallel (pytest-xdist, as on a many-core runner), then the records, the
+JUnit file and the rendered report.
 
 The expected verdicts are facts about the pinned test versions (deepspeed 0.19.8, transformers
 5.24.0, see matrix/sessions.py TESTS_PINS), measured when this test was written: llama and gpt_neox
@@ -33,7 +34,7 @@ def run(tmp_path_factory, rank_pool):
     results = tmp_path_factory.mktemp("results")
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "suites", "--models", ",".join(EXPECTED), "--tp", "2,3", "--results",
-         str(results), "--session-name", "verdicts", "-q", "-p", "no:cacheprovider"],
+         str(results), "--session-name", "verdicts", "-n", "2", "-q", "-p", "no:cacheprovider"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     return results, completed
 
@@ -43,6 +44,7 @@ def test_verdicts_at_tp2_and_tp3(run):
     assert completed.returncode == 1, completed.stdout[-3000:]  # failing cells fail their tests
     records = {r["cell"]["id"]: r for r in map(json.loads, (results / "cells.jsonl").read_text().splitlines())}
     assert len(records) == 2 * len(EXPECTED)
+    assert len({r["run"]["id"] for r in records.values()}) == 1, "both xdist workers record under one run"
     for model, (outcome, failure_class) in EXPECTED.items():
         for tp in (2, 3):
             record = records[f"{model}-eager-fp32-tp{tp}"]
@@ -57,6 +59,7 @@ def test_junit_carries_the_record_and_the_report_renders(run, tmp_path):
     results, _ = run
     cases = ElementTree.parse(results / "junit" / "verdicts.xml").getroot().iter("testcase")
     by_id = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
+    assert len(by_id) == 2 * len(EXPECTED)
     gpt2 = by_id["test_cell[gpt2-eager-fp32-tp3]"]
     assert gpt2["failure_class"] == "shard" and gpt2["cell.tp"] == "3"
     assert gpt2["signature"].startswith("AssertionError: AutoTP not supported") and gpt2["version.torch"]
