@@ -9,6 +9,7 @@ a numeric comparison catches); gpt2 is refused by init_inference; bloom's ALiBi 
 """
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -53,6 +54,8 @@ def test_verdicts_at_tp2_and_tp3(run):
     assert records["llama-eager-fp32-tp3"]["metrics"]["logits_max_abs"] < 1e-5
     assert records["persimmon-eager-fp32-tp2"]["metrics"]["logits_max_abs"] > 0.1
     assert "AutoTP cells" in completed.stdout and "persimmon" in completed.stdout  # the summary table
+    if (os.cpu_count() or 1) < 2 * 3:  # two groups of up to 3 ranks
+        assert f"-n 2 runs up to 6 ranks on {os.cpu_count()} cores" in completed.stdout
 
 
 def test_junit_carries_the_record_and_the_report_renders(run, tmp_path):
