@@ -26,13 +26,11 @@ from suites.checks import training as training_checks
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.loading import TORCH_DTYPES, checkpoints_json, load_meta_model, load_model
 from suites.quantization import apply_post_init, hf_quantization_config
-from suites.outcome import CellOutcome, exception_signature, failed
+from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
 from suites.probes import observe
 from suites.reference import load_reference, mark_process_sharded
 from suites.task_probe import answer_correctness, resolve_task
 from suites.training import run_step
-
-STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
 
 
 def write_json_atomically(path: Path, data: dict) -> None:
@@ -182,7 +180,7 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_corre
                "rss_load_peak_growth_max_bytes": float(max(s["rss_peak_loaded_bytes"] - s["rss_before_load_bytes"] for s in summaries))}
     errors = [s["error"] for s in summaries if s["error"]]
     if errors:
-        first = min(errors, key=lambda e: list(STAGE_CLASS).index(e["stage"]))
+        first = first_error(errors)
         return failed(first["failure_class"], first["signature"], first["message"], metrics)
     tolerance = Tolerance(**job["tolerance"])
     if job["variant"]["training"]:

@@ -19,6 +19,15 @@ FAILURE_CLASSES = {
     "install": "the session's environment could not be installed",
 }
 
+STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
+"""A rank's stages in order, and the class of a failure raised in each."""
+
+
+def first_error(errors: list[dict]) -> dict:
+    """The error that decides a cell's verdict when ranks raise: the earliest stage, then the lowest rank."""
+    return min(errors, key=lambda e: (list(STAGE_CLASS).index(e["stage"]), e["rank"]))
+
+
 _NUMBER = re.compile(r"(?<![A-Za-z_])(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)")
 _INTERESTING_FRAMES = ("deepspeed", "transformers")
 

@@ -23,13 +23,14 @@ from pathlib import Path
 
 from matrix.checkpoints import cache_root
 from suites.fork_server import ForkedGroup, ForkServer
-from suites.outcome import CellOutcome, failed
+from suites.outcome import CellOutcome, failed, first_error
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
-ERROR_GRACE_SECONDS = 3.0
+ERROR_GRACE_SECONDS = 1.0
 """How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
-together finish in milliseconds; a too-short grace only costs a relaunch, never a wrong verdict."""
+together finish in milliseconds; a too-short grace only costs a relaunch (~1 s forked), never a
+wrong verdict: both ways the verdict is `first_error` of the errors written."""
 LOG_TAIL_LINES = 25
 LAUNCHERS = ("auto", "fork", "deepspeed")
 
@@ -205,7 +206,7 @@ class RankGroup:
                 first_error_at = time.monotonic()
             if first_error_at is not None and time.monotonic() - first_error_at > ERROR_GRACE_SECONDS:
                 # One rank failed and the others are stuck in a collective waiting for it.
-                error = json.loads(errors[0].read_text())
+                error = first_error([json.loads(path.read_text()) for path in errors])
                 self.kill()
                 return failed(error["failure_class"], error["signature"],
                               error["message"] + "\n(the other ranks hung waiting for it; rank group restarted)")
