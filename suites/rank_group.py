@@ -1,5 +1,5 @@
-"""Driver side of a rank group: N worker processes started once by the real launcher and fed many
-cells through files in a work folder.
+"""Driver side of a rank group: N worker processes started once (forked from the fork server on CPU,
+by DeepSpeed's launcher on accelerators) and fed many cells through files in a work folder.
 
 The driver owns every timeout and the group's life: a hung collective or a dead rank ends the
 group (the whole process group is killed, so no orphan ranks), the cell gets `timeout` or

@@ -1,4 +1,6 @@
-"""A long-lived rank of a rank group, started by the real launcher (`deepspeed --num_gpus N`).
+"""A long-lived rank of a rank group: forked by suites/fork_server.py on CPU, started by DeepSpeed's
+launcher (`deepspeed --num_gpus N`) on accelerators; either way it meets the others through
+`deepspeed.init_distributed()`.
 
 It serves many cells: it polls its work folder for `job-<seq>.json`, runs the cell, and goes on to
 the next sequence number until the driver kills the group. Every rank reads the same job file, so no
