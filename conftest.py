@@ -17,7 +17,7 @@ SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
 def pytest_addoption(parser):
     group = parser.getgroup("autotp", "AutoTP matrix cells")
-    group.addoption("--models", default="registry", help="comma-separated model names, or one of: " + "; ".join(
+    group.addoption("--models", "--model", default="registry", help="comma-separated model names, or one of: " + "; ".join(
         f"'{name}': {meaning}" for name, meaning in MODEL_SELECTIONS.items()))
     group.addoption("--models-file", default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")
     group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, or 'all'")

@@ -70,9 +70,11 @@ def _pip_install(session: nox.Session, *args: str) -> None:
 
 
 def _selection(pytest_args: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(add_help=False)
-    for name, default in (("--models", "registry"), ("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"),
-                          ("--results", "results"), ("--accuracy-task", "")):
+    """The options of conftest.py this module needs, before pytest runs."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--models", "--model", default="registry")
+    for name, default in (("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"), ("--results", "results"),
+                          ("--accuracy-task", "")):
         parser.add_argument(name, default=default)
     return parser.parse_known_args(pytest_args)[0]
 

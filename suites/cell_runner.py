@@ -24,12 +24,12 @@ from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
-from suites.loading import TORCH_DTYPES, checkpoints_json, load_meta_model, load_model
+from suites.loading import TORCH_DTYPES, load_meta_model, load_model
 from suites.quantization import apply_post_init, hf_quantization_config
 from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
 from suites.probes import observe
 from suites.reference import load_reference, mark_process_sharded
-from suites.task_probe import answer_correctness, resolve_task
+from suites.task_probe import AccuracyTask, answer_correctness
 from suites.training import run_step
 
 
@@ -106,7 +106,7 @@ def _shard(job: dict, model, world_size: int):
     variant = job["variant"]
     options = {}
     if variant["load"] == "meta":
-        options["checkpoint"] = str(checkpoints_json(job["checkpoint"], variant["checkpoint_format"]))
+        options["checkpoint"] = job["checkpoints_json"]
     if variant["keep_module_on_host"]:
         options["keep_module_on_host"] = True
     mark_process_sharded()
@@ -149,7 +149,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
             timings["time_forward_s"] = observed.forward_seconds
             if job.get("accuracy_task"):
                 started = time.perf_counter()
-                task_correct = answer_correctness(resolve_task(job["accuracy_task"]), model, tokenizer, device)
+                task_correct = answer_correctness(AccuracyTask(**job["accuracy_task"]), model, tokenizer, device)
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         error = _stage_error(stage, raised, rank)

@@ -3,7 +3,7 @@ to a rank group and return its outcome. Nothing here raises for a cell's own fai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import transformers
 
@@ -62,7 +62,7 @@ def prepare_job(cell: Cell, options: RunOptions) -> dict | CellOutcome:
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
         if options.accuracy_task and not (cell.variant.training or cell.variant.quantization):
-            variant_fields["accuracy_task"] = options.accuracy_task.spec
+            variant_fields["accuracy_task"] = asdict(options.accuracy_task)
             variant_fields["accuracy_reference"] = str(cached_task_reference(
                 checkpoint, tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
     except Exception as error:  # the cell's setup failed; the run goes on

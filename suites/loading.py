@@ -67,7 +67,7 @@ def checkpoints_json(folder: str | Path, checkpoint_format: str) -> Path:
     path = folder / f"ds_checkpoints_{checkpoint_format}.json"
     content = json.dumps({"type": "ds_model", "checkpoints": [str(folder / name) for name in files], "version": 1.0})
     if not path.exists() or path.read_text() != content:
-        staging = path.with_name(f".{path.name}.tmp")
+        staging = path.with_name(f".{path.name}.tmp{os.getpid()}")
         staging.write_text(content)
         staging.replace(path)
     return path

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from matrix.cells import Cell
 from suites.inputs import ProbeSpec
-from suites.loading import checkpoint_copy
+from suites.loading import checkpoint_copy, checkpoints_json
 from suites.outcome import CellOutcome
 from suites.quantization import QuantizationUnavailable
 from suites.reference import cached_reference
@@ -35,7 +35,9 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
         return CellOutcome("skip", message=reason)
     fields = {"variant": variant.as_job()}
     if variant.load == "meta":
+        # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
         fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
+        fields["checkpoints_json"] = str(checkpoints_json(fields["checkpoint"], variant.checkpoint_format))
     if variant.training:
         from suites.training import cached_unsharded_step
 

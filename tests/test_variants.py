@@ -18,6 +18,7 @@ from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites import checks
 from suites.driver import RunOptions, prepare_job, run_cell
+from suites.loading import checkpoints_json
 
 ARCHITECTURES = "llama,qwen2,mistral"
 BIG_MODEL_TOML = """
@@ -116,7 +117,8 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
     save_file(state, weights, metadata={"format": "pt"})
     for listing in damaged.glob("ds_checkpoints_*.json"):
         listing.unlink()  # the meta loader lists the damaged folder's own files
-    outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged)}, 600)
+    listing = checkpoints_json(damaged, cell.variant.checkpoint_format)
+    outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged), "checkpoints_json": str(listing)}, 600)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
 
 
