@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -92,7 +93,7 @@ def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: P
     if not path.exists():
         observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code, quantization, quant_group_size)
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp{id(observations)}")
+        staging = path.with_suffix(f".tmp{os.getpid()}")
         torch.save(observations.to_dict(), staging)
         staging.replace(path)
     return path
@@ -112,7 +113,7 @@ def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, ta
         model = load_model(checkpoint, dtype, trust_remote_code)
         correct = answer_correctness(task, model, load_tokenizer(tokenizer, trust_remote_code), "cpu")
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp{id(correct)}")
+        staging = path.with_suffix(f".tmp{os.getpid()}")
         staging.write_text(json.dumps(correct))
         staging.replace(path)
     return path
