@@ -4,7 +4,7 @@ import pytest
 
 from reports import ReportsError
 from reports.docs import normalise_model_name, read_docs_supported
-from reports_testkit import render
+from reports_testkit import Cell, fail, render, write_junit
 
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
 
@@ -40,3 +40,13 @@ def test_docs_without_supported_section_is_rejected(tmp_path):
     other.write_text("# DeepSpeed\n\n- bloom\n")
     with pytest.raises(ReportsError, match="no '# Supported Models' heading found"):
         read_docs_supported(other)
+
+
+def test_models_skipped_everywhere_are_listed_as_not_tested(tmp_path):
+    cells = [Cell("llama"), fail("gpt2", "shard"), Cell("remote_only", "skip"), Cell("remote_only", "skip", tp=3)]
+    write_junit(tmp_path / "junit" / "run.xml", cells, run_id="matrix@2026-12-02T10:00:00Z@runner-1",
+                started="2026-12-02T10:00:00Z")
+    supported = (render(tmp_path / "junit", tmp_path) / "supported-models.md").read_text()
+    assert ": 1 supported, 1 unsupported, 1 not tested (report.md has every cell) -->" in supported.splitlines()[0]
+    assert supported.endswith("# Not Tested\n\nEvery cell of these models was skipped here; each cell's reason "
+                              "(e.g. remote code only) is in results/cells.jsonl.\n\n- remote_only\n")
