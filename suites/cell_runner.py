@@ -19,6 +19,7 @@ import torch
 
 from matrix.registry import Tolerance
 from suites import checks
+from suites.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
@@ -31,12 +32,6 @@ from suites.probes import observe
 from suites.reference import load_reference, mark_process_sharded
 from suites.task_probe import AccuracyTask, answer_correctness
 from suites.training import run_step
-
-
-def write_json_atomically(path: Path, data: dict) -> None:
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(data))
-    staging.replace(path)
 
 
 def _run_fault_hooks(job: dict, stage: str, model, rank: int):
@@ -153,7 +148,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         error = _stage_error(stage, raised, rank)
-        write_json_atomically(workdir / f"error-{job['seq']}.{rank}.json", error)
+        write_text_atomically(workdir / f"error-{job['seq']}.{rank}.json", json.dumps(error))
 
     summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
                "rss_before_load_bytes": rss_before_load,
@@ -168,7 +163,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
                              + "".join(traceback.format_exception(raised))[-4000:])
-        write_json_atomically(workdir / f"result-{job['seq']}.json", outcome.to_dict())
+        write_text_atomically(workdir / f"result-{job['seq']}.json", json.dumps(outcome.to_dict()))
     del model, engine, observed
     gc.collect()
 

@@ -30,16 +30,24 @@ import time
 import traceback
 from pathlib import Path
 
+from suites.atomic import write_text_atomically
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True for a running process; a zombie (a leader whose server died, left to an init that does not
     reap) counts as ended."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux) or it just ended: the signal check is all there is
     return state != "Z"
 
 
@@ -51,7 +59,7 @@ class ForkedGroup:
         self.returncode = None  # the server reaps the leader; a rank's code is in launcher.log
 
     def poll(self):
-        return None if _pid_alive(self.leader_pid) else 0
+        return None if pid_alive(self.leader_pid) else 0
 
     def kill(self) -> None:
         try:
@@ -59,7 +67,7 @@ class ForkedGroup:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + 10
-        while _pid_alive(self.leader_pid) and time.monotonic() < deadline:
+        while pid_alive(self.leader_pid) and time.monotonic() < deadline:
             time.sleep(0.01)
 
 
@@ -71,10 +79,9 @@ class ForkServer:
         self.process: subprocess.Popen | None = None
         self.log_dir: Path | None = None
 
-    def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, timeout: float) -> ForkedGroup:
+    def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
-        request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid,
-                   "omp_threads": self.env.get("OMP_NUM_THREADS", "1")}
+        request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid, "omp_threads": omp_threads}
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
         for _ in range(2):
             if self.process is None or self.process.poll() is not None:
@@ -168,10 +175,7 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _lead_group(request)
-        pid_file = Path(request["workdir"]) / "leader.pid"
-        staging = pid_file.with_suffix(".tmp")
-        staging.write_text(str(pid))
-        staging.replace(pid_file)
+        write_text_atomically(Path(request["workdir"]) / "leader.pid", str(pid))
 
 
 if __name__ == "__main__":

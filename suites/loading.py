@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from suites.atomic import write_text_atomically
+
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHT_SUFFIXES = {"safetensors": ".safetensors", "bin": ".bin"}
 
@@ -67,9 +69,7 @@ def checkpoints_json(folder: str | Path, checkpoint_format: str) -> Path:
     path = folder / f"ds_checkpoints_{checkpoint_format}.json"
     content = json.dumps({"type": "ds_model", "checkpoints": [str(folder / name) for name in files], "version": 1.0})
     if not path.exists() or path.read_text() != content:
-        staging = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        staging.write_text(content)
-        staging.replace(path)
+        write_text_atomically(path, content)
     return path
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from matrix.checkpoints import cache_root
+from suites.atomic import write_text_atomically
 from suites.fork_server import ForkedGroup, ForkServer
 from suites.outcome import CellOutcome, failed, first_error
 
@@ -72,14 +73,13 @@ def clear_stale_build_locks(root: Path, max_age_seconds: float = 300, log=print)
             lock.unlink(missing_ok=True)
 
 
-def launch_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+def launch_environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
     if "DS_ACCELERATOR" not in env and not _cuda_available():
         env["DS_ACCELERATOR"] = "cpu"
-    env.update(extra or {})
     return env
 
 
@@ -139,13 +139,12 @@ class LauncherProcess:
 
 
 class RankGroup:
-    def __init__(self, tp: int, start_timeout: float = 900, env: dict[str, str] | None = None,
-                 fork_server: ForkServer | None = None):
+    def __init__(self, tp: int, start_timeout: float = 900, fork_server: ForkServer | None = None):
         self.tp = tp
         self.fork_server = fork_server
         self.start_timeout = start_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix=f"autotp-tp{tp}-"))
-        self.env = launch_environment(env)
+        self.env = launch_environment()
         # One intra-op thread pool per rank sized to its share of the cores: N ranks each spinning
         # up all cores would oversubscribe the machine N times.
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tp)))
@@ -164,7 +163,8 @@ class RankGroup:
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:
             try:
-                self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(), self.start_timeout)
+                self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(),
+                                                           self.env["OMP_NUM_THREADS"], self.start_timeout)
             except RuntimeError as error:
                 raise GroupStartError(f"rank group tp={self.tp}: {error}") from None
         else:
@@ -190,9 +190,7 @@ class RankGroup:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
         job = {**job, "seq": seq}
-        staging = self.workdir / f".job-{seq}.tmp"
-        staging.write_text(json.dumps(job))
-        staging.replace(self.workdir / f"job-{seq}.json")
+        write_text_atomically(self.workdir / f"job-{seq}.json", json.dumps(job))
         result_file = self.workdir / f"result-{seq}.json"
         deadline = time.monotonic() + timeout
         first_error_at = None

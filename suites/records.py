@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from matrix.cells import Cell
+from suites.atomic import write_text_atomically
 from suites.outcome import CellOutcome
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY", re.IGNORECASE)
@@ -109,9 +110,7 @@ class RunState:
 
     def write(self, started: str, complete: bool) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        staging.write_text(json.dumps({**self.identity, "started": started, "complete": complete}, indent=1))
-        staging.replace(self.path)
+        write_text_atomically(self.path, json.dumps({**self.identity, "started": started, "complete": complete}, indent=1))
 
 
 class CellRecorder:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from matrix.checkpoints import cache_root
+from suites.atomic import write_atomically, write_text_atomically
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.loading import load_model
 from suites.outcome import exception_signature
@@ -93,9 +93,7 @@ def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: P
     if not path.exists():
         observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code, quantization, quant_group_size)
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(observations.to_dict(), staging)
-        staging.replace(path)
+        write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
     return path
 
 
@@ -113,9 +111,7 @@ def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, ta
         model = load_model(checkpoint, dtype, trust_remote_code)
         correct = answer_correctness(task, model, load_tokenizer(tokenizer, trust_remote_code), "cpu")
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp{os.getpid()}")
-        staging.write_text(json.dumps(correct))
-        staging.replace(path)
+        write_text_atomically(path, json.dumps(correct))
     return path
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +68,7 @@ def cached_unsharded_step(checkpoint: str, tokenizer: str | None, dtype: str, sp
     if not path.exists():
         step = compute_unsharded_step(checkpoint, tokenizer, dtype, spec, trust_remote_code)
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(step, staging)
-        staging.replace(path)
+        write_atomically(path, lambda staging: torch.save(step, staging))
     return path
 
 

@@ -58,18 +58,12 @@ def import_cell_machinery() -> None:
     gc.freeze()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
     """If the driver or the launcher dies (killed, Ctrl-C), end this rank even when it is stuck in a
     collective: a rank must never linger as an orphan holding cores and memory."""
-    while _alive(driver_pid) and os.getppid() == launcher_pid:
+    from suites.fork_server import pid_alive
+
+    while pid_alive(driver_pid) and os.getppid() == launcher_pid:
         time.sleep(1)
     os._exit(3)
 
@@ -90,6 +84,7 @@ def main() -> None:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.module_inject import tp_shard
 
+    from suites.atomic import write_text_atomically
     from suites.cell_runner import run_cell
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
@@ -104,7 +99,7 @@ def main() -> None:
     warmup = torch.ones(4, device=device)
     dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
     import_cell_machinery()
-    (args.workdir / f"ready.{rank}").write_text(json.dumps({
+    write_text_atomically(args.workdir / f"ready.{rank}", json.dumps({
         "backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}))
     module_state = _snapshot_module_state([tp_shard])
 
