@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def compare_gradients(model, unsharded: dict, loss: float) -> GradientReport:
         ref_grad = ref_grad.float()
         scale = ref_grad.abs().max().item()
         error = (grad - ref_grad).abs().max().item() / scale if scale else (grad.abs().max().item())
-        if error > worst:
+        if not math.isnan(worst) and (math.isnan(error) or error > worst):  # a NaN gradient is the worst
             worst, worst_name = error, name
     return GradientReport(loss, worst, worst_name, compared, sharded, problems)
 

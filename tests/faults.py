@@ -61,6 +61,12 @@ def perturb_rank_logits(stage, model, rank):
         return _wrap_logits(model, lambda output, args, kwargs: output.logits.add_(0.05))
 
 
+def rank1_nan_logits(stage, model, rank):
+    """Rank 1's logits turn NaN after the all-reduce; rank 0's, which the other checks read, stay right."""
+    if stage == "sharded" and rank == 1:
+        return _wrap_logits(model, lambda output, args, kwargs: output.logits.fill_(float("nan")))
+
+
 def corrupt_decode_steps(stage, model, rank):
     """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
     def change(output, args, kwargs):
@@ -177,6 +183,15 @@ def wrong_gradient(stage, model, rank):
 
         layer = next(m for m in model.modules() if isinstance(m, LinearLayer))
         layer.weight.grad.mul_(1.01)
+
+
+def rank1_nan_gradient(stage, model, rank):
+    """After backward, rank 1's gradient of its first sharded weight is NaN in one element."""
+    if stage == "trained" and rank == 1:
+        from deepspeed.module_inject.layers import LinearLayer
+
+        layer = next(m for m in model.modules() if isinstance(m, LinearLayer))
+        layer.weight.grad.view(-1)[0] = float("nan")
 
 
 def rank1_hangs_on_opt_while_flagged(stage, model, rank):

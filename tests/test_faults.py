@@ -53,6 +53,7 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     ("noop_allreduce", "numerics", "logits:"),
     ("wrong_shard", "numerics", "logits:"),
     ("perturb_rank_logits", "numerics", "ranks_agree:"),
+    ("rank1_nan_logits", "numerics", "ranks_agree:"),
     ("corrupt_decode_steps", "generation", "generation:"),
     ("corrupt_loss", "numerics", "perplexity:"),
     ("skip_sharding", "memory", "memory:"),

@@ -120,12 +120,14 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
     listing = checkpoints_json(damaged, cell.variant.checkpoint_format)
     outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged), "checkpoints_json": str(listing)}, 600)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
+    assert outcome.signature.startswith("logits:"), outcome.signature
 
 
 @pytest.mark.autotp
-def test_wrong_gradient_is_reported(pool):
+@pytest.mark.parametrize("fault", ["wrong_gradient", "rank1_nan_gradient"])
+def test_wrong_gradient_is_reported(pool, fault):
     cell = expand("llama", "train", "fp32", "2")[0]
-    outcome = run_cell(cell, pool, RunOptions(faults=("tests.faults:wrong_gradient",)))
+    outcome = run_cell(cell, pool, RunOptions(faults=(f"tests.faults:{fault}",)))
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
     assert outcome.signature.startswith("train_grads:"), outcome.signature
 

@@ -26,7 +26,8 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
 def check_ranks_agree(rank_last_logits: list[torch.Tensor], tolerance: Tolerance) -> CheckResult:
     """Each rank's last-position logits of the unmasked prompt must equal rank 0's."""
     first = rank_last_logits[0]
-    spread = max((other - first).abs().max().item() for other in rank_last_logits)
+    # torch's max keeps NaN (Python's max would drop a NaN rank and pass it).
+    spread = torch.stack([(other - first).abs().max() for other in rank_last_logits]).max().item()
     allowed = logits_allowance(tolerance, first.abs().max().item())
     passed = spread <= allowed
     reason = "" if passed else f"ranks disagree: logits differ across ranks by {spread:.3g} (allowed {allowed:.3g})"
