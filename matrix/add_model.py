@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from matrix.derive import build_problem, derive_tiny, entry_name
+from matrix.derive import NotDerivable, build_problem, derive_for_model_type, derive_tiny, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, _parse_model, load_models
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config, hub_id, real = load_source_config(args.source)
-        derivation = derive_tiny(config, real=real)
+        # A bare model_type starts from class defaults: the same derivation as `--models derived`, with
+        # its fixes and named skips from derived.toml.
+        derivation = derive_tiny(config, real=True) if real else derive_for_model_type(config.model_type, load_derived_data())
         name = args.name or default_name(args.source, config.model_type, hub_id)
         entry = ModelEntry(name=name, model_type=config.model_type, tiny=derivation.tiny, tiny_why=derivation.why,
                            hub_ids=(hub_id,) if hub_id else ())
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RegistryError(f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "
                                 f"Derived overrides: {derivation.tiny}")
         entry = append_entry(entry, args.models_file)
-    except RegistryError as error:
+    except (RegistryError, NotDerivable) as error:
         print(f"add-model: {error}", file=sys.stderr)
         return 2
     print(f"added [models.{entry.name}] to {args.models_file}:\n{entry_table(entry)}")

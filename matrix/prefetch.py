@@ -46,8 +46,11 @@ class PrefetchResult:
 
 def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[str]:
     """The checkpoints `--checkpoints hub` loads (each model's first hub id), or every listed one. Only
-    registry entries have hub ids, so `registry` and `all` select the same checkpoints."""
+    registry entries have hub ids: `registry` and `all` select the same checkpoints, `derived` none
+    (deriving needs transformers, which this session does not install)."""
     names = parse_names(models)
+    if names == ["derived"]:
+        return []
     entries = pick(load_models(), ["all"] if names in (["registry"], ["all"]) else names, "model")
     ids = [hub_id for entry in entries for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
     return list(dict.fromkeys(ids))

@@ -105,6 +105,12 @@ def test_model_type_source_uses_class_defaults(models_file):
     assert load_models(models_file)["cwm"].model_type == "cwm"
 
 
+def test_model_type_source_gets_the_derived_toml_fix(models_file):
+    """dbrx's class defaults do not build (no rope_theta in the attention sub-config); derived.toml's fix does."""
+    assert add_model.main(["dbrx", "--name", "dbrx_added", "--models-file", str(models_file), "--no-run"]) == 0
+    assert load_models(models_file)["dbrx_added"].tiny["attn_config"]["rope_theta"] == 10000.0
+
+
 def test_toml_values_round_trip():
     import tomllib
 
@@ -126,13 +132,13 @@ def test_added_model_runs_at_tp_2_and_3_and_the_checklist_reports_it(tmp_path, m
 def test_a_tiny_config_that_does_not_build_is_refused_and_nothing_written(tmp_path, models_file, monkeypatch, capsys):
     from matrix.derive import Derivation
 
-    derive = add_model.derive_tiny
+    derive = add_model.derive_for_model_type
 
-    def broken(config, real=False):  # inject a real inconsistency: rotary dims beyond head_dim
-        derivation = derive(config, real=real)
+    def broken(model_type, data):  # inject a real inconsistency: rotary dims beyond head_dim
+        derivation = derive(model_type, data)
         return Derivation({**derivation.tiny, "rotary_dim": 64}, derivation.why)
 
-    monkeypatch.setattr(add_model, "derive_tiny", broken)
+    monkeypatch.setattr(add_model, "derive_for_model_type", broken)
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
     text = models_file.read_text()
     assert add_model.main(["gptj", "--name", "gptj_broken", "--models-file", str(models_file), "--no-run"]) == 2

@@ -115,6 +115,9 @@ def test_hub_ids_are_what_hub_cells_load_unless_all_requested():
     assert hub_ids("llama") == ["meta-llama/Llama-2-7b-hf"]
     assert hub_ids("llama,qwen3", all_hub_ids=True) == [
         "meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-8B", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"]
+    # The workflow passes its --models input here too: every selection keyword must work.
+    assert hub_ids("registry") == hub_ids("all") and "meta-llama/Llama-2-7b-hf" in hub_ids("all")
+    assert hub_ids("derived") == []
 
 
 def test_unknown_model_is_a_usage_error(hub, capsys):
