@@ -11,7 +11,6 @@ Keep workers × tp ≤ cores for real runs: the table marks ways that oversubscr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from matrix.cells import expand  # noqa: E402
 from suites.driver import RunOptions, prepare_job  # noqa: E402
+from suites.records import read_records  # noqa: E402
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:
@@ -35,8 +35,7 @@ def run_suite(models: str, tp: str, workers: int, results: Path) -> float:
 
 
 def verdicts(results: Path) -> dict[str, str]:
-    records = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
-    return {r["cell"]["id"]: f"{r['outcome']} {r['failure_class']}".strip() for r in records}
+    return {r["cell"]["id"]: f"{r['outcome']} {r['failure_class']}".strip() for r in read_records(results)}
 
 
 def main() -> None:

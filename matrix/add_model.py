@@ -106,9 +106,9 @@ def run_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict
     subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", name, "--tp", tp, "--models-file",
                     str(models_file), "--results", str(results), "--session-name", f"add-model-{name}", "-q",
                     "-p", "no:cacheprovider"], cwd=PROJECT_ROOT, check=False)
-    cells = results / "cells.jsonl"
-    records = [json.loads(line) for line in cells.read_text().splitlines() if line.strip()] if cells.exists() else []
-    return [r for r in records if r["cell"]["model"] == name]
+    from suites.records import read_records
+
+    return [r for r in read_records(results) if r["cell"]["model"] == name]
 
 
 def checklist(entry: ModelEntry, records: list[dict], models_file: Path) -> str:
