@@ -163,13 +163,17 @@ _BISECTION_MODE = {"broke": "broken", "fixed": "fixed"}
 
 
 def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
-    """The newest bisection of this cell, axis and direction whose answer lies inside the transition's range.
+    """The newest bisection of this cell, axis and direction, run with the transition's other axes held
+    at the same versions, whose answer lies inside the transition's range.
 
     An answer that is not a release (a commit sha from a commit-only bisection) cannot be placed on the
     release line, so it is taken as inside."""
     matching = [
         b for b in bisections
         if (b.cell, b.axis, b.mode) == (transition.cell, transition.axis, _BISECTION_MODE.get(transition.kind))
+        # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); the transition
+        # also names python: each pin must be the transition's.
+        and set(b.held_fixed.split(", ")) <= set(transition.held_fixed.split(", "))
         and _within(getattr(transition.before, transition.axis), b.before, b.after,
                     getattr(transition.after, transition.axis))
     ]
