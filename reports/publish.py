@@ -21,6 +21,7 @@ from reports.gate import compare
 from reports.history import CellStatus, History, analyse
 from reports.model import AXES, Bisection, CellKey, CellResult, Observation, Run, Versions
 from reports.render import _one_line, _transition, commit_lines, transition_text
+from suites.records import redact
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -227,10 +228,6 @@ def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, lis
 # ---- Writing and posting -----------------------------------------------------------------------------------------
 
 
-def _redact(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
 def publish(observations: list[Observation], bisections: list[Bisection], sessions: list[str] | None, out_dir: Path,
             *, repo: str | None, pr: int | None, deepspeed_repo: DeepSpeedRepo | None, log=print) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
@@ -239,9 +236,9 @@ def publish(observations: list[Observation], bisections: list[Bisection], sessio
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
-    # A failure message can quote the environment; the token must not leave this process either way.
-    comment = replace(comment, body=_redact(comment.body, token))
-    issues = [replace(post, title=_redact(post.title, token), body=_redact(post.body, token)) for post in issues]
+    # A failure message can quote the environment; no credential may leave this process either way.
+    comment = replace(comment, body=redact(comment.body))
+    issues = [replace(post, title=redact(post.title), body=redact(post.body)) for post in issues]
 
     written = []
     for post in [comment, *issues]:
@@ -263,7 +260,7 @@ def publish(observations: list[Observation], bisections: list[Bisection], sessio
     try:
         _post(token, api_url, repo, pr, comment, issues, log)
     except ReportsError as exc:
-        raise ReportsError(_redact(str(exc), token)) from None
+        raise ReportsError(redact(str(exc))) from None
     return written
 
 
