@@ -157,6 +157,7 @@ def run_step(job: dict, world_size: int, fault_hook) -> GradientReport:
     try:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         engine.eval()
+        fault_hook("sharded", engine.module)
         ids = batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"]).to(engine.device)
         loss = engine(ids, labels=ids).loss
         engine.backward(loss)

@@ -78,7 +78,7 @@ def corrupt_decode_steps(stage, model, rank):
 
 
 def corrupt_loss(stage, model, rank):
-    """Only the `labels=` loss path is wrong (perplexity), logits are untouched."""
+    """Only the `labels=` loss path is wrong (perplexity, the training loss), logits are untouched."""
     def change(output, args, kwargs):
         if kwargs.get("labels") is not None:
             output.loss = output.loss * 1.01

@@ -124,12 +124,13 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
 
 
 @pytest.mark.autotp
-@pytest.mark.parametrize("fault", ["wrong_gradient", "rank1_nan_gradient"])
-def test_wrong_gradient_is_reported(pool, fault):
+@pytest.mark.parametrize("fault, check", [("wrong_gradient", "train_grads"), ("rank1_nan_gradient", "train_grads"),
+                                          ("corrupt_loss", "train_loss")])
+def test_wrong_training_step_is_reported(pool, fault, check):
     cell = expand("llama", "train", "fp32", "2")[0]
     outcome = run_cell(cell, pool, RunOptions(faults=(f"tests.faults:{fault}",)))
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
-    assert outcome.signature.startswith("train_grads:"), outcome.signature
+    assert outcome.signature.startswith(f"{check}:"), outcome.signature
 
 
 def test_wrong_quantization_scale_is_reported():
