@@ -51,7 +51,11 @@ def repro(session):
 @nox.session
 def tests(session):
     """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
-    install_harness(session, session_combos("latest", TESTS_PINS)[0], *dependency_group("tests"))
+    combos = session_combos("latest", TESTS_PINS)
+    if not combos:
+        session.error("no PyPI release data to check the test pins against (see the line above); run once with "
+                      "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases")
+    install_harness(session, combos[0], *dependency_group("tests"))
     # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
     session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), env={"TMPDIR": tempfile.gettempdir()})
 
