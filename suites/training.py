@@ -21,7 +21,8 @@ import torch
 
 from matrix.checkpoints import cache_root
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
-from suites.loading import TORCH_DTYPES, load_model
+from suites.atomic import write_atomically
+from suites.loading import load_model
 
 TRAINING_FORMAT = 1
 MIN_DEEPSPEED = "0.16.4"
