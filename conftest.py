@@ -80,12 +80,16 @@ def _start_run(config):
     """The run this session records into: decided once by the controller (or the only process) and
     handed to pytest-xdist workers, so all of them share one run id; an interrupted run with the same
     session, selection and versions is continued unless --no-resume."""
-    from suites.records import RunInfo, RunState, installed_versions
+    from suites.records import RunInfo, RunState, harness_commit, installed_versions
 
     option = config.getoption
     versions = installed_versions()
-    selection = {name: option(f"--{name.replace('_', '-')}") for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task")}
-    state = RunState(Path(option("--results")), option("--session-name"), selection, versions)
+    # Injected faults and the harness commit are part of what a run is: records made under a fault, or by
+    # other harness code, are never replayed into this run.
+    selection = {name: option(f"--{name.replace('_', '-')}")
+                 for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task", "inject_fault")}
+    state = RunState(Path(option("--results")), option("--session-name"), selection,
+                     {**versions, "harness_git": harness_commit()})
     if hasattr(config, "workerinput"):
         return RunInfo(option("--session-name"), started=config.workerinput["autotp_run_started"]), state, versions
     run = RunInfo(option("--session-name"))
@@ -134,10 +138,10 @@ def run_options(pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def rank_pool():
+def rank_pool(pytestconfig):
     from suites.rank_group import RankGroupPool
 
-    pool = RankGroupPool()
+    pool = RankGroupPool(logs_root=Path(pytestconfig.getoption("--results")).resolve() / "logs")
     yield pool
     pool.close()
 

@@ -166,6 +166,10 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
         write_text_atomically(workdir / f"result-{job['seq']}.json", json.dumps(outcome.to_dict()))
     del model, engine, observed
     gc.collect()
+    _run_fault_hooks(job, "finished", None, rank)
+    # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
+    # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
+    write_text_atomically(workdir / f"done-{job['seq']}.{rank}", "")
 
 
 def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:

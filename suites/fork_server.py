@@ -31,8 +31,18 @@ import traceback
 from pathlib import Path
 
 from suites.atomic import write_text_atomically
+from suites.outcome import death_record, read_death_records
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SERVER_DIED = "server-died.json"
+
+
+class GroupStartFailure(RuntimeError):
+    """A rank group did not come up; `failure_class` says whose fault (see outcome.death_record)."""
+
+    def __init__(self, failure_class: str, signature: str, message: str):
+        super().__init__(message)
+        self.failure_class, self.signature = failure_class, signature
 
 
 def pid_alive(pid: int) -> bool:
@@ -78,9 +88,12 @@ class ForkServer:
         self.env = env
         self.process: subprocess.Popen | None = None
         self.log_dir: Path | None = None
+        self.start_failure: GroupStartFailure | None = None
 
     def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
+        if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
+            raise self.start_failure
         request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid, "omp_threads": omp_threads}
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
         for _ in range(2):
@@ -95,14 +108,21 @@ class ForkServer:
                 time.sleep(0.01)
             if pid_file.exists():
                 return ForkedGroup(int(pid_file.read_text()))
-        raise RuntimeError(f"the fork server did not start the group; see {self.log_dir / 'fork-server.log'}")
+        died = read_death_records(self.log_dir, SERVER_DIED)
+        if died:
+            self.start_failure = GroupStartFailure(died[0]["failure_class"], died[0]["signature"],
+                                                   "the fork server could not start: " + died[0]["message"])
+            raise self.start_failure
+        raise GroupStartFailure("setup", "the fork server did not start the group",
+                                "the fork server did not start the group (no error recorded; see fork-server.log)")
 
     def _start(self) -> None:
         if self.process is not None:
             self.process.stdin.close()
         self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
+        (self.log_dir / SERVER_DIED).unlink(missing_ok=True)
         with open(self.log_dir / "fork-server.log", "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server"], cwd=PROJECT_ROOT, env=self.env,
+            self.process = subprocess.Popen([sys.executable, "-m", "suites.fork_server", str(self.log_dir)], cwd=PROJECT_ROOT, env=self.env,
                                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def close(self) -> None:
@@ -161,12 +181,17 @@ def _lead_group(request: dict) -> None:
     os._exit(0)
 
 
-def serve() -> None:
+def serve(log_dir: Path) -> None:
     import gc
 
-    from suites import worker
+    try:
+        from suites import worker
 
-    worker.import_cell_machinery()
+        worker.run_startup_fault_hook("server")
+        worker.import_cell_machinery()
+    except Exception as error:
+        write_text_atomically(log_dir / SERVER_DIED, json.dumps(death_record(error, "the fork server's imports")))
+        raise
     gc.collect()
     gc.freeze()  # forked ranks then share these pages instead of copying them on the first collection
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps leaders: no zombies to mistake for live groups
@@ -179,4 +204,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(Path(sys.argv[1]))

@@ -3,9 +3,11 @@ signature so identical failures group across models and runs."""
 
 from __future__ import annotations
 
+import json
 import re
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 FAILURE_CLASSES = {
     "setup": "the harness could not build or load the model or its reference (a harness bug for tiny checkpoints)",
@@ -40,6 +42,8 @@ class CellOutcome:
     signature: str = ""
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    logs: str = ""
+    """Folder with the launcher, fork-server and rank logs, kept when the cell ended its rank group."""
 
     def __post_init__(self):
         if self.outcome not in ("pass", "fail", "skip"):
@@ -73,6 +77,36 @@ def exception_signature(error: BaseException) -> str:
         where = f" @ {path}:{frame.name}"
     first_line = (str(error).strip().splitlines() or [""])[0][:300]
     return f"{type(error).__name__}: {mask_numbers(first_line)}{where}"
+
+
+_LIBRARY_FRAMES = ("/deepspeed/", "/torch/")
+
+
+def raised_in_library(error: BaseException) -> bool:
+    """Whether the frame that raised is DeepSpeed's or torch's own Python code."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and any(part in frames[-1].filename for part in _LIBRARY_FRAMES)
+
+
+def death_record(error: BaseException, where: str) -> dict:
+    """What a process of a rank group writes before an exception ends it (outside any cell's stages:
+    while the fork server or a rank starts, or between cells). Whose fault decides the class: raised
+    in DeepSpeed's or torch's code, the rank died there (`crash`); raised anywhere else (the harness's
+    imports, rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's."""
+    owner = "crash" if raised_in_library(error) else "setup"
+    return {"failure_class": owner, "signature": exception_signature(error),
+            "message": f"{where} raised ({'DeepSpeed/torch code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
+                       + "".join(traceback.format_exception(error))[-4000:]}
+
+
+def read_death_records(folder: Path, pattern: str) -> list[dict]:
+    records = []
+    for path in sorted(folder.glob(pattern)):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # written atomically, so only a vanished folder gets here
+    return records
 
 
 def failed(failure_class: str, signature: str, message: str, metrics: dict | None = None) -> CellOutcome:

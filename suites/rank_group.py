@@ -19,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from matrix.checkpoints import cache_root
 from suites.atomic import write_text_atomically
-from suites.fork_server import ForkedGroup, ForkServer
-from suites.outcome import CellOutcome, failed, first_error
+from suites.fork_server import ForkedGroup, ForkServer, GroupStartFailure
+from suites.outcome import CellOutcome, failed, first_error, read_death_records
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -34,10 +35,6 @@ together finish in milliseconds; a too-short grace only costs a relaunch (~1 s f
 wrong verdict: both ways the verdict is `first_error` of the errors written."""
 LOG_TAIL_LINES = 25
 LAUNCHERS = ("auto", "fork", "deepspeed")
-
-
-class GroupStartError(RuntimeError):
-    """The rank group did not come up; the message holds the launcher's and ranks' last lines."""
 
 
 def free_port() -> int:
@@ -162,22 +159,24 @@ class RankGroup:
         release_orphaned_shared_memory()
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:
-            try:
-                self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(),
-                                                           self.env["OMP_NUM_THREADS"], self.start_timeout)
-            except RuntimeError as error:
-                raise GroupStartError(f"rank group tp={self.tp}: {error}") from None
+            self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(),
+                                                       self.env["OMP_NUM_THREADS"], self.start_timeout)
         else:
             command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
                        "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
                        "--driver-pid", str(os.getpid())]
             self.process = LauncherProcess(command, self.env, self.workdir / "launcher.log")
         while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
-            if not self.alive or time.monotonic() > deadline:
-                reason = "exited" if not self.alive else f"was not ready after {self.start_timeout:.0f} s"
+            if not self.alive:
+                died = self._died()
+                raise GroupStartFailure(died.failure_class, f"rank group failed to start: {died.signature}",
+                                        f"rank group tp={self.tp} failed to start: {died.message}")
+            if time.monotonic() > deadline:
                 logs = self.logs_tail()
                 self.kill()
-                raise GroupStartError(f"rank group tp={self.tp} {reason}; logs under {self.workdir}\n{logs}")
+                raise GroupStartFailure("timeout", f"rank group not ready within {self.start_timeout:.0f} s",
+                                        f"rank group tp={self.tp} was not ready after {self.start_timeout:.0f} s "
+                                        f"(a stuck JIT build or rendezvous?); group killed.\n{logs}")
             time.sleep(0.1)
         self.info = json.loads((self.workdir / "ready.0").read_text())
 
@@ -195,10 +194,10 @@ class RankGroup:
         deadline = time.monotonic() + timeout
         first_error_at = None
         while True:
-            if result_file.exists():
+            if result_file.exists() and all((self.workdir / f"done-{seq}.{r}").exists() for r in range(self.tp)):
                 return CellOutcome(**json.loads(result_file.read_text()))
             if not self.alive:
-                return self._crashed(seq)
+                return self._died()
             errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
             if errors and first_error_at is None:
                 first_error_at = time.monotonic()
@@ -215,12 +214,19 @@ class RankGroup:
                               f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}")
             time.sleep(0.02)
 
-    def _crashed(self, seq: int) -> CellOutcome:
+    def _died(self) -> CellOutcome:
+        """The group ended outside a cell's stages. A rank that raised wrote whose fault it was
+        (outcome.death_record); one that wrote nothing died of a signal or an exit of DeepSpeed's/torch's
+        native code: `crash`."""
         logs = self.logs_tail()
         self.kill()
+        recorded = read_death_records(self.workdir, "died.*.json")
+        if recorded:
+            died = recorded[0]
+            return failed(died["failure_class"], died["signature"], f"{died['message']}\nrank group restarted.\n{logs}")
         # The launcher names the first rank that died: "... exits with return code = -11".
-        died = re.search(r"exits with return code = (-?\d+)", logs)
-        code = int(died.group(1)) if died else self.process.returncode
+        exit_line = re.search(r"exits with return code = (-?\d+)", logs)
+        code = int(exit_line.group(1)) if exit_line else self.process.returncode
         cause = "unknown cause" if code is None else _signal_name(-code) if code < 0 else f"exit code {code}"
         return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
 
@@ -249,12 +255,15 @@ class RankGroupPool:
     a group is reused across cells until it dies or another tp size is needed.
 
     `launcher`: `fork` forks CPU groups from a pre-imported server (see suites/fork_server.py);
-    `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only."""
+    `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only.
+    `logs_root`: where the logs of a group that failed to start or that a cell ended are kept
+    (`<logs_root>/<cell id>/`); the group's own folder is temporary."""
 
-    def __init__(self, start_timeout: float = 900, launcher: str = "auto"):
+    def __init__(self, start_timeout: float = 900, launcher: str = "auto", logs_root: Path | None = None):
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.start_timeout = start_timeout
+        self.logs_root = logs_root
         self.group: RankGroup | None = None
         self.launches = 0
         env = launch_environment()
@@ -270,16 +279,38 @@ class RankGroupPool:
         if self.group is None:
             group = RankGroup(tp, self.start_timeout, fork_server=self.fork_server)
             self.launches += 1
-            group.start()
+            try:
+                group.start()
+            except GroupStartFailure:
+                self.group = group  # closed (and its logs kept) by run()
+                raise
             self.group = group
         return self.group
 
     def run(self, tp: int, job: dict, timeout: float) -> CellOutcome:
         try:
-            group = self.get(tp)
-        except GroupStartError as error:
-            return failed("crash", "rank group failed to start", str(error))
-        return group.run(job, timeout)
+            outcome = self.get(tp).run(job, timeout)
+        except GroupStartFailure as error:
+            outcome = failed(error.failure_class, error.signature, str(error))
+        if self.group is not None and not self.group.alive:
+            outcome = self._keep_logs(job["cell"]["id"], outcome)
+        return outcome
+
+    def _keep_logs(self, cell_id: str, outcome: CellOutcome) -> CellOutcome:
+        """Copy the logs of a group that is gone (failed to start, crashed, killed) next to the results,
+        so the path in the message still exists when someone reads it."""
+        if self.logs_root is None:
+            return outcome
+        kept = self.logs_root / cell_id
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        sources = list(self.group.workdir.glob("*.log"))
+        if self.fork_server is not None and self.fork_server.log_dir is not None:
+            sources.append(self.fork_server.log_dir / "fork-server.log")
+        for source in sources:
+            if source.is_file():
+                shutil.copyfile(source, kept / source.name)
+        return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
 
     def close(self) -> None:
         if self.group is not None:

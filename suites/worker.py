@@ -48,11 +48,16 @@ def import_cell_machinery() -> None:
     alive into the permanent generation. A long-lived rank holds millions of module-level objects,
     and without the freeze every cell's gc.collect() walks them all (~0.3 s a call at tp 3 here)."""
     import gc
+    import importlib
+    import importlib.util
 
     import torch._dynamo  # noqa: F401
     import transformers.generation.utils  # noqa: F401
-    import transformers.masking_utils  # noqa: F401
     import transformers.modeling_utils  # noqa: F401
+
+    # transformers.masking_utils exists from 4.53 on; older releases build masks inside each model.
+    if importlib.util.find_spec("transformers.masking_utils") is not None:
+        importlib.import_module("transformers.masking_utils")
 
     gc.collect()
     gc.freeze()
@@ -68,6 +73,19 @@ def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
     os._exit(3)
 
 
+STARTUP_FAULT_ENV = "AUTOTP_STARTUP_FAULT"
+"""Harness self-test only: `module:function` called as function(stage=..., rank=...) while the fork
+server (`server`) and each rank (`rank`) start, to prove whose fault a failed start is reported as."""
+
+
+def run_startup_fault_hook(stage: str, rank: int | None = None) -> None:
+    if hook := os.environ.get(STARTUP_FAULT_ENV):
+        import importlib
+
+        module_name, function_name = hook.split(":")
+        getattr(importlib.import_module(module_name), function_name)(stage=stage, rank=rank)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", type=Path, required=True)
@@ -77,7 +95,19 @@ def main() -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _redirect_output(args.workdir / f"rank{rank}.log")
     threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
+    from suites.atomic import write_text_atomically
+    from suites.outcome import death_record
 
+    try:
+        _serve_cells(args.workdir, rank, world_size)
+    except Exception as error:
+        # Outside a cell's stages (those end as the cell's verdict): the driver reads whose fault it was.
+        write_text_atomically(args.workdir / f"died.{rank}.json", json.dumps(death_record(error, f"rank {rank}")))
+        raise
+
+
+def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
+    run_startup_fault_hook("rank", rank)
     import deepspeed
     import deepspeed.comm as dist
     import torch
@@ -99,18 +129,18 @@ def main() -> None:
     warmup = torch.ones(4, device=device)
     dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
     import_cell_machinery()
-    write_text_atomically(args.workdir / f"ready.{rank}", json.dumps({
+    write_text_atomically(workdir / f"ready.{rank}", json.dumps({
         "backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}))
     module_state = _snapshot_module_state([tp_shard])
 
     seq = 0
     while True:
-        job_file = args.workdir / f"job-{seq}.json"
+        job_file = workdir / f"job-{seq}.json"
         while not job_file.exists():
             time.sleep(POLL_SECONDS)
         job = json.loads(job_file.read_text())
         print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)
-        run_cell(job, args.workdir, rank, world_size, device)
+        run_cell(job, workdir, rank, world_size, device)
         _restore_module_state(module_state)
         seq += 1
 

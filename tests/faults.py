@@ -1,6 +1,7 @@
 """Real faults injected into rank processes by the harness's self-tests.
 
-Each hook is called on every rank at each stage (`loaded`, `sharded`) with the model, and may
+Each hook is called on every rank at each stage (`loaded`, `sharded`, `trained`; `finished` with no model,
+after rank 0 wrote the verdict) with the model, and may
 return a replacement model. Hooks change only the model instance they are given, so a reused rank
 group serves the next cell unharmed (except the hooks whose point is to kill or hang the group).
 """
@@ -174,6 +175,13 @@ def rank1_exceeds_memory_limit(stage, model, rank):
         model.forward = forward
 
 
+def rank1_dies_after_the_verdict(stage, model, rank):
+    """Rank 1 is killed right after rank 0 wrote the cell's verdict."""
+    if stage == "finished" and rank == 1:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 # --- variant faults (tests/test_variants.py) ---
 
 def wrong_gradient(stage, model, rank):
@@ -201,3 +209,31 @@ def rank1_hangs_on_opt_while_flagged(stage, model, rank):
     if stage == "sharded" and rank == 1 and model.config.model_type == "opt" and os.path.exists(flag):
         while os.path.exists(flag):
             time.sleep(0.2)
+
+
+# --- start-up faults (tests/test_faults.py): called through AUTOTP_STARTUP_FAULT as the fork server
+# (`server`) and each rank (`rank`) start, before any cell ---
+
+def server_import_fails(stage, rank):
+    """The fork server's pre-imports fail the way a harness import of a module an older transformers
+    lacks does (transformers.masking_utils before 4.53)."""
+    if stage == "server":
+        import transformers.no_such_module_autotp_test  # noqa: F401
+
+
+def rank1_harness_raises_at_start(stage, rank):
+    """Harness code on rank 1 raises while the rank sets itself up."""
+    if stage == "rank" and rank == 1:
+        raise RuntimeError("injected harness failure in rank setup")
+
+
+def rank1_torch_raises_at_start(stage, rank):
+    """torch's own code raises on rank 1 while it starts (a collective before the process group exists)."""
+    if stage == "rank" and rank == 1:
+        torch.distributed.barrier()
+
+
+def rank1_sigkill_at_start(stage, rank):
+    """Rank 1 is killed by a signal while it starts."""
+    if stage == "rank" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -70,6 +70,7 @@ def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class,
     ("rank1_raises_in_forward", "forward", "injected forward failure"),
     ("rank1_hangs", "timeout", "no answer within"),
     ("rank1_sigkill", "crash", "SIGKILL"),
+    ("rank1_dies_after_the_verdict", "crash", "SIGKILL"),
     ("rank1_segfault", "crash", "SIGSEGV"),
     ("rank1_exceeds_memory_limit", "forward", "can't allocate memory"),
 ])
@@ -91,6 +92,31 @@ def test_a_dead_fork_server_is_started_again(pool, llama_tp2):
     pool.group.kill()
     after = run_with(llama_tp2, pool)
     assert after.outcome == "pass", after.message
+
+
+@pytest.mark.parametrize("fault, failure_class, signature_part, log_name, logged", [
+    ("server_import_fails", "setup", "ModuleNotFoundError: No module named 'transformers.no_such_module_autotp_test'",
+     "fork-server.log", "no_such_module_autotp_test"),
+    ("rank1_harness_raises_at_start", "setup", "RuntimeError: injected harness failure in rank setup", "rank1.log",
+     "injected harness failure"),
+    ("rank1_torch_raises_at_start", "crash", "ValueError: Default process group has not been initialized", "rank1.log",
+     "Default process group has not been initialized"),
+    ("rank1_sigkill_at_start", "crash", "rank died: SIGKILL", "launcher.log", "exits with return code = -9"),
+])
+def test_a_group_that_cannot_start_is_reported_as_whose_fault_it_is_with_its_logs_kept(
+        rank_pool, llama_tp2, monkeypatch, tmp_path, fault, failure_class, signature_part, log_name, logged):
+    rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
+    monkeypatch.setenv("AUTOTP_STARTUP_FAULT", f"tests.faults:{fault}")
+    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    try:
+        outcome = run_with(llama_tp2, pool, timeout=60.0)
+    finally:
+        pool.close()  # deletes the fork server's and the group's temporary folders
+    assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
+    assert signature_part in outcome.signature
+    kept = tmp_path / "logs" / llama_tp2.id
+    assert outcome.logs == str(kept) and f"logs: {kept}" in outcome.message
+    assert logged in (kept / log_name).read_text(), f"{log_name} was not kept"
 
 
 def test_groups_started_by_deepspeeds_launcher_report_the_same_verdicts(llama_tp2):
