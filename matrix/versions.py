@@ -295,6 +295,13 @@ class Pin:
     requirement: str  # pip requirement string, or a local path
     id: str  # readable and filename-safe: ds0.19.8, ds@master, ds@pr1234, ds@local-DeepSpeed
     version: Version | None = None  # None for git refs and local checkouts: unknown before building
+    # How the value reads where a version is recorded before one exists (an install failure): the release
+    # version; a git ref as written (pr/1234, master; a sha cut to 10 characters); local-<folder>.
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", str(self.version) if self.version is not None else self.id)
 
 
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
@@ -325,22 +332,26 @@ def parse_axis_value(text: str, rule: AxisRule) -> Pin:
         path = Path(ref).expanduser().resolve()
         if not path.is_dir():
             raise _axis_value_error(text, rule, f"there is no directory at {path}")
-        return Pin(rule.package, requirement=str(path), id=f"{rule.short}@local-{_slug(path.name)}")
+        return Pin(rule.package, requirement=str(path), id=f"{rule.short}@local-{_slug(path.name)}",
+                   label=f"local-{_slug(path.name)}")
     if rule.repo is None:
         raise _axis_value_error(text, rule, f"{rule.package} has no repo in versions.toml, so only versions work")
     if match := re.fullmatch(r"pr/(\d+)", ref):
-        git_ref, readable = f"refs/pull/{match[1]}/head", f"pr{match[1]}"
+        git_ref, readable, label = f"refs/pull/{match[1]}/head", f"pr{match[1]}", ref
     elif ref.startswith("pr/"):
         raise _axis_value_error(text, rule, "a PR is given by its number, e.g. pr/1234")
     elif _GIT_REF.fullmatch(ref) and ".." not in ref:
         git_ref, readable = ref, ref[:10] if _GIT_SHA.fullmatch(ref) else _slug(ref)
+        label = ref[:10] if _GIT_SHA.fullmatch(ref) else ref
     else:
         raise _axis_value_error(text, rule, "it is not a branch, tag or commit name")
-    return Pin(rule.package, requirement=f"{rule.package} @ git+{rule.repo}@{git_ref}", id=f"{rule.short}@{readable}")
+    return Pin(rule.package, requirement=f"{rule.package} @ git+{rule.repo}@{git_ref}", id=f"{rule.short}@{readable}",
+               label=label)
 
 
 def _release_pin(rule: AxisRule, version: Version) -> Pin:
-    return Pin(rule.package, requirement=f"{rule.package}=={version}", id=f"{rule.short}{version}", version=version)
+    return Pin(rule.package, requirement=f"{rule.package}=={version}", id=f"{rule.short}{version}", version=version,
+               label=str(version))
 
 
 def _slug(text: str) -> str:

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -35,20 +32,18 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+                                 env_root, environment_variables, release_environment)
 from matrix.registry import DTYPES, MODELS_FILE, RegistryError, load_models, load_variants
 from matrix.versions import (AXES, ReleaseDataUnavailable, _supports, combinations, load_config, load_releases,
                              skip_reason)
 from reports import ReportsError
 from reports.attribution import _PR_NUMBER
-from reports.model import Bisection, CellKey
+from reports.model import Bisection, CellKey, release
 from reports.store import DEFAULT_STORE, HistoryStore
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# Not .nox/bisect: that is the `nox -s bisect` session's own venv, which nox deletes when it recreates it.
-ENV_ROOT = PROJECT_ROOT / ".nox" / "bisect-steps"
-TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"  # same meaning as in matrix/sessions.py: extra pip options for torch only
 GOOD, BAD, SKIP = "good", "bad", "skip"
-READY_MARKER = ".bisect-ready"  # written last: an environment without it is half-built and gets rebuilt
 
 
 class BisectError(ReportsError):
@@ -182,7 +177,7 @@ def run_cell(python: Path, cell: CellKey, cell_timeout: float,
     with tempfile.TemporaryDirectory(prefix="autotp-bisect-") as results:
         argv = command(python, cell, Path(results), cell_timeout)
         try:
-            completed = subprocess.run(argv, cwd=PROJECT_ROOT, env=_environment_variables(python), text=True,
+            completed = subprocess.run(argv, cwd=PROJECT_ROOT, env=environment_variables(python), text=True,
                                        capture_output=True, timeout=cell_timeout + 600)  # + launch and imports
         except subprocess.TimeoutExpired:
             raise Untestable(f"`{shlex.join(argv)}` did not finish") from None
@@ -194,89 +189,9 @@ def run_cell(python: Path, cell: CellKey, cell_timeout: float,
     raise Untestable(f"no result for {cell.id} (exit code {completed.returncode}): {_tail(completed)}")
 
 
-# ---- Environments ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    key: str  # folder name under the environment root
-    installs: tuple[tuple[str, ...], ...]  # `pip install` argument lists, in order
-    source: tuple[Path, str] | None = None  # (clone, sha) checked out into <env>/src before installing
-
-
-def _project_dependencies() -> list[str]:
-    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-
-
-def _torch_options() -> list[str]:
-    return shlex.split(os.environ.get(TORCH_INDEX_ENV, ""))
-
-
-def release_environment(pins: dict[str, str]) -> EnvironmentSpec:
-    """Released deepspeed, transformers and torch; torch first and alone, as the nox sessions do (a later
-    install must never pull another multi-GB torch build)."""
-    requirements = [f"{axis}=={pins[axis]}" for axis in AXES]
-    return EnvironmentSpec(
-        key=f"ds{pins['deepspeed']}-tf{pins['transformers']}-pt{pins['torch']}",
-        installs=((f"torch=={pins['torch']}", *_torch_options()), (*requirements, *_project_dependencies())),
-    )
-
-
-def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str]) -> EnvironmentSpec:
-    """DeepSpeed from one commit of a local clone (no prebuilt ops), the other axes released."""
-    key = f"ds@{sha[:12]}-tf{pins['transformers']}-pt{pins['torch']}"
-    others = [f"transformers=={pins['transformers']}", f"torch=={pins['torch']}"]
-    return EnvironmentSpec(
-        key=key,
-        installs=(
-            (f"torch=={pins['torch']}", *_torch_options()),
-            # setup.py imports torch, so the build runs without isolation on what is installed here
-            (*others, *_project_dependencies(), "setuptools", "wheel"),
-            ("--no-build-isolation", str(root / key / "src"), f"torch=={pins['torch']}"),
-        ),
-        source=(clone, sha),
-    )
-
-
-def ensure_environment(root: Path, spec: EnvironmentSpec) -> Path:
-    """The python of spec's environment under root, built now unless a complete one is already there."""
-    folder = root / spec.key
-    python = folder / "bin" / "python"
-    if (folder / READY_MARKER).exists():
-        return python
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    _check([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
-    if spec.source is not None:
-        clone, sha = spec.source
-        # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
-        # setup.py still finds the right commit with `git rev-parse` for its recorded git hash.
-        _check(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone")
-        _check(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
-    for arguments in spec.installs:
-        _check([str(python), "-m", "pip", "install", "--quiet", *arguments], "install",
-               env={**_environment_variables(python), "DS_BUILD_OPS": "0"})
-    (folder / READY_MARKER).write_text(json.dumps(spec.installs) + "\n")
-    return python
-
-
-def _environment_variables(python: Path) -> dict[str, str]:
-    folder = python.parent.parent
-    # JIT-built DeepSpeed ops (the CPU shared-memory all-reduce) live with the environment: releases share
-    # the op's name, so one shared cache would be rebuilt at every step instead of once per environment.
-    return {**os.environ, "VIRTUAL_ENV": str(folder), "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
-            "TORCH_EXTENSIONS_DIR": str(folder / "torch_extensions")}
-
-
-def _check(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if completed.returncode != 0:
-        raise Untestable(f"could not {what}: `{shlex.join(argv)}` failed: {_tail(completed)}")
-
-
 def _tail(completed: subprocess.CompletedProcess, lines: int = 8) -> str:
     text = f"{completed.stdout}\n{completed.stderr}"
-    return " | ".join([line for line in text.splitlines() if line.strip() and "is ignored" not in line][-lines:])
+    return " | ".join([line for line in text.splitlines() if line.strip()][-lines:])
 
 
 # ---- Candidates --------------------------------------------------------------------------------------------------
@@ -372,10 +287,10 @@ class CellProbe:
 
     def __call__(self, candidate: str) -> Verdict:
         try:
-            python = ensure_environment(self.env_root, self.environment(candidate))
+            python = ensure_environment(self.env_root, self.environment(candidate), log=lambda line: None)
             run = run_cell(python, self.cell, self.cell_timeout, self.command)
-        except Untestable as error:
-            return Verdict(SKIP, str(error))
+        except (Untestable, EnvironmentBuildError) as error:
+            return Verdict(SKIP, str(error).replace("\n", " | "))
         verdict = classify(run, self.reference, self.any_failure)
         if verdict.kind == BAD and self.reference is None:
             self.reference = (run.failure_class, run.signature)
@@ -474,7 +389,8 @@ def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good
         ends = sorted((Version(good), Version(bad)))
     except InvalidVersion:
         return None  # bisect_releases explains what a version looks like
-    inside = [b for b in answers if ends[0] <= Version(b.before) and Version(b.after) <= ends[1]]
+    inside = [b for b in answers if None not in (release(b.before), release(b.after))
+              and ends[0] <= release(b.before) and release(b.after) <= ends[1]]
     return max(inside, key=lambda b: b.recorded_at, default=None)
 
 
@@ -501,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pin", action="append", default=[], metavar="AXIS=VERSION",
                         help="hold another axis at this release (default: as in the stored failing run, else latest)")
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
-    parser.add_argument("--env-root", type=Path, default=ENV_ROOT, help="where step environments live (reused)")
+    parser.add_argument("--env-root", type=Path, default=env_root(),
+                        help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
     parser.add_argument("--cell-timeout", type=float, default=180.0, help="seconds the cell may take per step")
     return parser
 

@@ -10,7 +10,7 @@ from packaging.version import InvalidVersion, Version
 
 from reports import ReportsError
 from reports.attribution import Commit, DeepSpeedRepo
-from reports.model import AXES, Bisection, CellKey, Observation, Versions
+from reports.model import AXES, Bisection, CellKey, Observation, Versions, release
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class History:
     statuses: dict[tuple[CellKey, Versions], CellStatus]
     transitions: list[Transition]
     bisections: list[Bisection] = field(default_factory=list)
+    # The harness commits that recorded runs at each version set, first seen first (none in old files).
+    harness: dict[Versions, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def latest(self) -> Versions:
@@ -66,21 +68,32 @@ class History:
 
 
 class VersionOrder:
-    """Orders values on each axis: releases by PEP 440, DeepSpeed commits topologically when a clone is given."""
+    """Orders values on each axis: releases by PEP 440, DeepSpeed commits topologically when a clone is given;
+    labels that are not releases (an install failure at pr/1234, master, local-DeepSpeed) come after all
+    releases of their axis, by when first seen."""
 
     def __init__(self, observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None):
         self._repo = deepspeed_repo
         # Without a clone, builds of the same version from different commits are ordered by when first seen.
-        self._first_seen: dict[tuple[str, str], str] = {}
+        self._first_seen: dict[tuple[str, str, str], str] = {}
         for obs in sorted(observations, key=lambda o: o.run.started):
-            self._first_seen.setdefault((obs.versions.deepspeed, obs.versions.deepspeed_git), obs.run.started)
+            for axis in AXES:
+                self._first_seen.setdefault(self._seen_key(axis, obs.versions), obs.run.started)
+
+    @staticmethod
+    def _seen_key(axis: str, versions: Versions) -> tuple[str, str, str]:
+        return axis, getattr(versions, axis), versions.deepspeed_git if axis == "deepspeed" else ""
 
     def key(self, axis: str, versions: Versions) -> tuple:
+        value = getattr(versions, axis)
+        version = release(value)
+        if version is None:
+            return (1, self._first_seen[self._seen_key(axis, versions)], value)
         if axis != "deepspeed":
-            return (Version(getattr(versions, axis)),)
+            return (0, version)
         if self._repo is not None:
-            return (self._repo.topological_index(versions),)
-        return (Version(versions.deepspeed), self._first_seen[versions.deepspeed, versions.deepspeed_git])
+            return (0, self._repo.topological_index(versions))
+        return (0, version, self._first_seen[self._seen_key(axis, versions)])
 
     def set_key(self, versions: Versions) -> tuple:
         return tuple(self.key(axis, versions) for axis in AXES)
@@ -120,7 +133,12 @@ def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | Non
     if deepspeed_repo is not None:
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
     transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
-    return History(version_sets, cells, statuses, transitions, list(bisections))
+    harness: dict[Versions, dict[str, None]] = defaultdict(dict)
+    for obs in sorted(observations, key=lambda o: o.run.started):
+        if obs.run.harness_git:
+            harness[obs.versions].setdefault(obs.run.harness_git)
+    return History(version_sets, cells, statuses, transitions, list(bisections),
+                   {versions: tuple(commits) for versions, commits in harness.items()})
 
 
 def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder) -> list[Transition]:
@@ -156,6 +174,8 @@ def _kind(before: CellStatus, after: CellStatus) -> str:
 def _attribute(transition: Transition, repo: DeepSpeedRepo) -> Transition:
     if transition.axis != "deepspeed":
         return transition
+    if any(release(v.deepspeed) is None and not v.deepspeed_git for v in (transition.before, transition.after)):
+        return transition  # a label such as pr/1234 names no commit the clone could place
     return replace(transition, commits=tuple(repo.commits_between(transition.before, transition.after)))
 
 
@@ -173,11 +193,22 @@ def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisec
         if (b.cell, b.axis, b.mode) == (transition.cell, transition.axis, _BISECTION_MODE.get(transition.kind))
         # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); the transition
         # also names python: each pin must be the transition's.
-        and set(b.held_fixed.split(", ")) <= set(transition.held_fixed.split(", "))
+        and _pins(b.held_fixed) <= _pins(transition.held_fixed)
         and _within(getattr(transition.before, transition.axis), b.before, b.after,
                     getattr(transition.after, transition.axis))
     ]
     return max(matching, key=lambda b: b.recorded_at, default=None)
+
+
+def _pins(held_fixed: str) -> set[str]:
+    """"transformers 5.24.0, torch 2.13.0+cpu" as pins; torch's local build label (+cpu, +cu124), which an
+    installed torch reports and a pin leaves out, names the same torch release."""
+    pins = set()
+    for pin in held_fixed.split(", "):
+        axis, _, value = pin.partition(" ")
+        version = release(value) if axis == "torch" else None
+        pins.add(f"{axis} {version.public}" if version else pin)
+    return pins
 
 
 def _within(low: str, before: str, after: str, high: str) -> bool:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml
-from packaging.version import InvalidVersion, Version
-
 from reports import ReportsError
-from reports.model import AXES, CellKey, CellResult, Run, Versions
+from reports.model import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
+
+# What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as
+# written (pr/1234, master, a sha) or local-<folder>.
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 
 
 class MalformedJUnit(ReportsError):
@@ -71,12 +74,13 @@ def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
 def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
     versions = {axis: _require(props, f"version.{axis}", path, where) for axis in AXES}
     for axis, value in versions.items():
-        try:
-            Version(value)
-        except InvalidVersion:
+        if release(value) is None and not _LABEL.fullmatch(value):
             raise MalformedJUnit(
-                path, f"{where}: version.{axis}={value!r} is not a PEP 440 version, so it cannot be ordered"
-            ) from None
+                path, f"{where}: version.{axis}={value!r} is not a PEP 440 version, nor a git ref or local-<folder> "
+                "label, so it cannot be ordered"
+            )
+    harness_git = props["run.harness_git"].strip() if "run.harness_git" in props else None  # None: an old file
+    deepspeed_git = deepspeed_git_of(versions["deepspeed"], props.get("version.deepspeed_git", "").strip(), harness_git)
     return Run(
         run_id=_require(props, "run.id", path, where),
         session=props.get("run.session", ""),
@@ -84,7 +88,8 @@ def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
         started=_require(props, "run.started", path, where),
         accelerator=props.get("run.accelerator", ""),
         backend=props.get("run.backend", ""),
-        versions=Versions(**versions, deepspeed_git=props.get("version.deepspeed_git", "").strip()),
+        versions=Versions(**versions, deepspeed_git=deepspeed_git),
+        harness_git=harness_git or "",
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from packaging.version import InvalidVersion, Version
+
 # Version axes along which transitions are detected, in the order used to sort version sets.
 AXES = ("deepspeed", "transformers", "torch", "python")
 OUTCOMES = ("pass", "fail", "skip")
@@ -29,7 +31,7 @@ class Versions:
     transformers: str
     torch: str
     python: str
-    deepspeed_git: str = ""  # sha when DeepSpeed was installed from git, else ""
+    deepspeed_git: str = ""  # DeepSpeed's own commit when it was installed from git, else ""
 
     def label(self, axis: str) -> str:
         if axis == "deepspeed" and self.deepspeed_git:
@@ -49,6 +51,7 @@ class Run:
     accelerator: str
     backend: str
     versions: Versions
+    harness_git: str = ""  # the harness's own commit that recorded the run ("" in files from before it was kept)
 
 
 @dataclass(frozen=True)
@@ -96,3 +99,38 @@ class Bisection:
     files: tuple[str, ...] = ()
     untestable: tuple[str, ...] = ()  # skipped candidates between before and after
     recorded_at: str = ""  # ISO 8601 UTC
+
+
+def release(value: str) -> Version | None:
+    """The PEP 440 version of an axis value, or None for a label that stands where no version exists
+    (an install failure at a git ref or local clone: pr/1234, master, local-DeepSpeed)."""
+    try:
+        return Version(value)
+    except InvalidVersion:
+        return None
+
+
+def deepspeed_git_of(deepspeed: str, deepspeed_git: str, harness_git: str | None) -> str:
+    """A run's deepspeed_git with the harness's own commit removed.
+
+    Runs recorded before the fix stamped the harness's HEAD as deepspeed_git (DeepSpeed's setup.py
+    takes `git rev-parse HEAD` of the repository its build folder sits in, and nox builds under .nox/
+    inside this one). A value equal to the run's harness_git is never DeepSpeed's. harness_git None
+    means the run was recorded before harness_git was kept (a JUnit file without run.harness_git, a
+    store from before schema 3), so it cannot be checked that way; there a DeepSpeed version without a
+    PEP 440 local segment is a release install, which never carries a real commit (a source build from
+    git is versioned like 0.18.1+abc1234), so its deepspeed_git is dropped."""
+    if not deepspeed_git:
+        return ""
+    if harness_git is None:
+        version = release(deepspeed)
+        return "" if version is not None and version.local is None else deepspeed_git
+    harness = harness_git.removesuffix("-dirty")
+    same = harness and (harness.startswith(deepspeed_git) or deepspeed_git.startswith(harness))
+    return "" if same else deepspeed_git
+
+
+def short_commit(sha: str) -> str:
+    """abc1234567 or abc1234567-dirty: a commit as reports print it."""
+    commit, dash, suffix = sha.partition("-")
+    return commit[:10] + dash + suffix

@@ -19,7 +19,7 @@ from reports import ReportsError
 from reports.attribution import DeepSpeedRepo
 from reports.gate import compare
 from reports.history import CellStatus, History, analyse
-from reports.model import AXES, Bisection, CellKey, CellResult, Observation, Run, Versions
+from reports.model import AXES, Bisection, CellKey, CellResult, Observation, Run, Versions, release
 from reports.render import _one_line, _transition, commit_lines, transition_text
 from suites.records import redact
 
@@ -121,7 +121,8 @@ def _suspects(previous: Run, newest: Run) -> tuple[str, ...]:
 def _git_ref(versions: Versions, axis: str) -> str:
     if axis == "deepspeed" and versions.deepspeed_git:
         return versions.deepspeed_git
-    return f"v{getattr(versions, axis)}"
+    value = getattr(versions, axis)
+    return f"v{value}" if release(value) is not None else value  # a label (master, a sha) is a ref already
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.history import CellStatus, History, Transition
-from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Versions
+from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Versions, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_COMMITS_IN_MARKDOWN = 20  # report.json always has the full list
@@ -28,6 +28,7 @@ def build_report(history: History, drift: Drift | None) -> dict:
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "latest_versions": _versions(history.latest),
         "latest_label": history.latest.describe(),
+        "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
         "key_metric": KEY_METRIC,
         "matrix": _matrix(history),
         "regressions": [_transition(t) for t in history.transitions if t.kind == "broke"],
@@ -146,10 +147,16 @@ def _timeline(history: History) -> dict:
             "statuses": [p.status if p else None for p in points],
             "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
         })
-    return {"version_sets": [v.describe() for v in history.version_sets], "cells": cells}
+    return {"version_sets": [v.describe() for v in history.version_sets], "cells": cells,
+            "harness": [list(history.harness.get(v, ())) for v in history.version_sets]}
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
+
+
+def harness_text(commits: list[str]) -> str:
+    """"harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
+    return f"harness {', '.join(short_commit(c) for c in commits)}" if commits else ""
 
 
 def _one_line(text: str) -> str:
@@ -272,12 +279,16 @@ def drift_lines(drift: dict | None) -> list[str]:
     return [*lines, ""]
 
 
+def _recorded_by(report: dict) -> str:
+    return f" ({harness_text(report['latest_harness'])})" if report["latest_harness"] else ""
+
+
 def report_markdown(report: dict) -> str:
     lines = [
         "# AutoTP support matrix",
         "",
-        f"Latest versions: {report['latest_label']}. Cells show the outcome, the failure class and "
-        f"`{report['key_metric']}`; — means not run at these versions.",
+        f"Latest versions: {report['latest_label']}{_recorded_by(report)}. Cells show the outcome, the failure "
+        f"class and `{report['key_metric']}`; — means not run at these versions.",
         "",
         *counts_markdown(report),
         "",
@@ -305,7 +316,7 @@ def step_summary_markdown(report: dict) -> str:
     lines = [
         f"## AutoTP matrix — {tally}",
         "",
-        f"At {report['latest_label']}.",
+        f"At {report['latest_label']}{_recorded_by(report)}.",
         "",
         *_transition_section("Regressions", report["regressions"]),
         *_transition_section("Fixes", report["fixes"]),
@@ -359,4 +370,5 @@ def report_html(report: dict) -> str:
         commit_text=commit_text,
         flaky_text=flaky_text,
         bisection_text=bisection_text,
+        harness_text=harness_text,
     )

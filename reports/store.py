@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reports import ReportsError
-from reports.model import Bisection, CellKey, CellResult, Observation, Run, Versions
+from reports.model import Bisection, CellKey, CellResult, Observation, Run, Versions, deepspeed_git_of
 
-SCHEMA_VERSION = 2  # 2 added the bisections table (migrated in place from 1)
+# 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git (both migrated in place)
+SCHEMA_VERSION = 3
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -36,7 +37,8 @@ CREATE TABLE runs (
     torch         TEXT NOT NULL,
     python        TEXT NOT NULL,
     imported_from TEXT NOT NULL,
-    imported_at   TEXT NOT NULL
+    imported_at   TEXT NOT NULL,
+    harness_git   TEXT NOT NULL DEFAULT ''  -- last: where schema 3's ALTER TABLE puts it in migrated stores
 )""",
     """
 CREATE TABLE results (
@@ -74,9 +76,26 @@ CREATE TABLE bisections (
     untestable    TEXT NOT NULL,  -- JSON list
     recorded_at   TEXT NOT NULL
 )"""
-_MIGRATIONS = {1: (_BISECTIONS,)}  # from version -> statements that bring it to version + 1
+# Schema 3: the commit of the harness that recorded each run. Same column definition as in _SCHEMA.
+_HARNESS_GIT = "ALTER TABLE runs ADD COLUMN harness_git TEXT NOT NULL DEFAULT ''"
 
-_RUN_FIELDS = ("session", "host", "started", "accelerator", "backend")
+
+def _clean_deepspeed_git(conn: sqlite3.Connection) -> None:
+    """Schema 3: drop the harness's own commit from deepspeed_git, by the rule import applies to incoming
+    old JUnit files (model.deepspeed_git_of): runs stored before schema 3 have no harness_git, so a
+    deepspeed_git is kept only where the DeepSpeed version has a PEP 440 local segment (a source build
+    from git, e.g. 0.18.1+abc1234); a release install never carried a real commit."""
+    rows = conn.execute("SELECT run_id, deepspeed, deepspeed_git FROM runs WHERE deepspeed_git != ''")
+    for run_id, deepspeed, deepspeed_git in rows.fetchall():
+        cleaned = deepspeed_git_of(deepspeed, deepspeed_git, harness_git=None)
+        if cleaned != deepspeed_git:
+            conn.execute("UPDATE runs SET deepspeed_git = ? WHERE run_id = ?", (cleaned, run_id))
+
+
+# from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
+_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git)}
+
+_RUN_FIELDS = ("session", "host", "started", "accelerator", "backend", "harness_git")
 _VERSION_FIELDS = ("deepspeed", "deepspeed_git", "transformers", "torch", "python")
 
 
@@ -142,7 +161,10 @@ class HistoryStore:
             else:
                 for step in range(version, SCHEMA_VERSION):
                     for statement in _MIGRATIONS[step]:
-                        conn.execute(statement)
+                        if callable(statement):
+                            statement(conn)
+                        else:
+                            conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -160,8 +182,9 @@ class HistoryStore:
                     f"SELECT {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)
                 ).fetchone()
                 if stored is None:
+                    columns = ("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at")
                     conn.execute(
-                        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                         (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
                     )
                     new_runs += 1

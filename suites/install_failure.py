@@ -11,18 +11,23 @@ from pathlib import Path
 
 from matrix.cells import expand
 from suites.outcome import failed
-from suites.records import CellRecorder, RunInfo, junit_properties, redact
+from suites.records import CellRecorder, RunInfo, junit_properties, platform_of_run, redact
 
 
 def record_install_failure(session: str, combo, message: str, selection) -> int:
     """`combo` is a matrix.versions.Combo; its pins stand in for the versions never installed (a git
-    ref has no version before it is built, so its requirement string stands there)."""
+    ref or local clone has no version before it is built, so its label stands there: pr/1234,
+    master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)
     cells = expand(selection.models, selection.variants, selection.dtypes, selection.tp)
     requirements = combo.requirements
-    versions = {pin.package: str(pin.version or pin.requirement) for pin in combo.pins}
+    try:
+        accelerator, backend = platform_of_run()
+    except Exception:  # nox's own Python need not have DeepSpeed (or torch) installed, or a working one
+        accelerator, backend = "", ""
+    versions = {pin.package: pin.label for pin in combo.pins}
     versions.update(python=platform.python_version(), deepspeed_git="")
-    recorder = CellRecorder(results, RunInfo(session), versions)
+    recorder = CellRecorder(results, RunInfo(session, accelerator=accelerator, backend=backend), versions)
     suite = ElementTree.Element("testsuite", name="pytest", tests=str(len(cells)), failures=str(len(cells)))
     outcome = failed("install", f"environment could not be installed: {' '.join(requirements)}", message[-4000:])
     for cell in cells:

@@ -9,15 +9,21 @@ import os
 import platform
 import re
 import socket
+import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cache
+from importlib import metadata
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from matrix.cells import Cell
 from suites.atomic import write_text_atomically
 from suites.outcome import CellOutcome
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY", re.IGNORECASE)
 REDACTED = "***"
 
@@ -33,6 +39,67 @@ def redact(text: str) -> str:
     return text
 
 
+def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None
+
+
+@cache
+def harness_commit(root: Path = PROJECT_ROOT) -> str:
+    """This harness's own commit: git HEAD of the project, with `-dirty` when tracked files differ from it;
+    "" when the project is not a git checkout of its own (e.g. a copy inside some other repository)."""
+    head = _git(root, "rev-parse", "--show-toplevel", "HEAD")
+    if head is None or head.returncode != 0 or len(head.stdout.split()) != 2:
+        return ""
+    toplevel, sha = head.stdout.split()
+    if Path(toplevel).resolve() != Path(root).resolve():
+        return ""
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return f"{sha}-dirty" if status is not None and status.stdout.strip() else sha
+
+
+def git_has_commit(folder: Path, sha: str) -> bool:
+    """Whether commit `sha` exists in the git repository at `folder`."""
+    found = _git(folder, "cat-file", "-e", f"{sha}^{{commit}}")
+    return found is not None and found.returncode == 0
+
+
+def direct_url(package: str) -> dict | None:
+    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed)."""
+    try:
+        text = metadata.distribution(package).read_text("direct_url.json")
+        return json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def deepspeed_commit(origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool],
+                     harness: str = "") -> str:
+    """DeepSpeed's own commit, or "" when it was not installed from git.
+
+    `origin` is DeepSpeed's PEP 610 direct_url.json; `stamped` is deepspeed.git_version_info.git_hash,
+    which DeepSpeed's setup.py takes from `git rev-parse HEAD` of whatever repository its build folder
+    sits in (e.g. this harness, when nox builds an sdist under .nox/), so it is trusted only for a build
+    from a local folder whose own repository holds that commit. `harness` is this harness's commit,
+    never DeepSpeed's."""
+    if not origin or "archive_info" in origin:
+        return ""  # a release from an index, or an archive: no commit to speak of
+    vcs = origin.get("vcs_info")
+    if vcs is not None:
+        return vcs.get("commit_id", "") if vcs.get("vcs") == "git" else ""
+    if "dir_info" not in origin:
+        return ""
+    stamped = (stamped or "").strip()
+    url = urlparse(origin.get("url", ""))
+    if not stamped or stamped == "unknown" or url.scheme != "file":
+        return ""
+    if harness and harness.removesuffix("-dirty").startswith(stamped):
+        return ""
+    return stamped if has_commit(Path(unquote(url.path)), stamped) else ""
+
+
 def installed_versions() -> dict[str, str]:
     import deepspeed
     import torch
@@ -41,11 +108,12 @@ def installed_versions() -> dict[str, str]:
     try:
         from deepspeed.git_version_info import git_hash
     except ImportError:
-        git_hash = "unknown"
+        git_hash = ""
     # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
     return {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
             "torch": str(torch.__version__), "python": platform.python_version(),
-            "deepspeed_git": "" if git_hash in (None, "unknown") else git_hash}
+            "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit,
+                                              harness_commit())}
 
 
 def platform_of_run() -> tuple[str, str]:
@@ -70,6 +138,7 @@ class RunInfo:
     host: str = field(default_factory=socket.gethostname)
     accelerator: str = field(default_factory=lambda: platform_of_run()[0])
     backend: str = field(default_factory=lambda: platform_of_run()[1])
+    harness_git: str = field(default_factory=harness_commit)  # this harness's commit, not DeepSpeed's
 
     @property
     def id(self) -> str:
@@ -77,7 +146,7 @@ class RunInfo:
 
     def as_dict(self) -> dict[str, str]:
         return {"id": self.id, "session": self.session, "host": self.host, "started": self.started,
-                "accelerator": self.accelerator, "backend": self.backend}
+                "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git}
 
 
 def read_records(results_dir: Path) -> list[dict]:
@@ -140,6 +209,8 @@ class CellRecorder:
         record = {"cell": cell.coordinates(), "outcome": outcome.outcome, "failure_class": outcome.failure_class,
                   "signature": redact(outcome.signature), "message": redact(outcome.message),
                   "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
+        if outcome.logs:
+            record["logs"] = outcome.logs
         with self.path.open("a") as stream:
             fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
             stream.write(json.dumps(record) + "\n")
@@ -164,12 +235,15 @@ def junit_properties(record: dict) -> dict[str, str]:
     properties.update({f"version.{k}": v for k, v in record["versions"].items()})
     properties.update({f"run.{k}": v for k, v in record["run"].items()})
     properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
+    if record.get("logs"):
+        properties["logs"] = record["logs"]
     return {name: str(value) for name, value in properties.items()}
 
 
 def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
     """What a bug report needs besides the repro script (no secrets: only versions and hardware)."""
     lines = [f"{name}: {value}" for name, value in versions.items() if value]
+    lines += [f"autotp-matrix harness: {run.harness_git}"] if run.harness_git else []
     lines += [f"accelerator: {run.accelerator}", f"backend: {run.backend}", f"os: {platform.platform()}",
               f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}", f"python executable: {sys.executable}"]
     try:

@@ -33,7 +33,8 @@ def fail(model: str, failure_class: str, signature: str = "", **kwargs) -> Cell:
 
 def write_junit(path: Path, cells: list[Cell], *, run_id: str, started: str, host: str = "runner-1",
                 deepspeed: str = "0.14.2", deepspeed_git: str = "", transformers: str = "4.44.0",
-                torch: str = "2.4.0", python: str = "3.11.7") -> Path:
+                torch: str = "2.4.0", python: str = "3.11.7", harness_git: str | None = "") -> Path:
+    """harness_git None: a file from before run.harness_git was recorded (the property is absent)."""
     suite = TestSuite("pytest")
     for cell in cells:
         case = TestCase(f"test_cell[{cell.id}]", classname="suites.test_autotp")
@@ -44,6 +45,7 @@ def write_junit(path: Path, cells: list[Cell], *, run_id: str, started: str, hos
             "version.torch": torch, "version.python": python, "version.deepspeed_git": deepspeed_git,
             "run.id": run_id, "run.session": run_id.split("@")[0], "run.host": host, "run.started": started,
             "run.accelerator": "cpu", "run.backend": "gloo",
+            **({"run.harness_git": harness_git} if harness_git is not None else {}),
             **{f"metric.{name}": repr(value) for name, value in cell.metrics.items()},
         }
         for name, value in properties.items():

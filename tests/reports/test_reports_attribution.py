@@ -77,3 +77,14 @@ def test_unknown_version_in_repo_is_a_clear_error(deepspeed_repo, session, tmp_p
             in capsys.readouterr().err)
     assert main(["render", "--store", str(store), "--deepspeed-repo", str(tmp_path / "junit")]) == 2
     assert "not a git clone" in capsys.readouterr().err
+
+
+def test_a_label_that_is_not_a_release_is_ordered_without_the_clone(deepspeed_repo, session, tmp_path):
+    # An install failure at a PR records its label (pr/1234), which names no commit of the clone.
+    repo, _ = deepspeed_repo
+    session([Cell("llama")], deepspeed="0.14.3")
+    session([fail("llama", "install", "pip failed")], deepspeed="pr/1234")
+    report = (render(tmp_path / "junit", tmp_path, "--deepspeed-repo", str(repo)) / "report.md").read_text()
+    assert section(report, "Regressions") == [
+        f"- llama-eager-fp32-tp2: deepspeed 0.14.3 → pr/1234 (last good → first bad) at {CONTEXT} — install: pip failed",
+    ]

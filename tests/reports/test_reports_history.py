@@ -77,3 +77,44 @@ def test_mixed_outcomes_at_different_versions_are_not_flaky(session, tmp_path):
         "transformers 4.44.0, python 3.11.7 — memory: MemoryError: broken",
     ]
     assert "| llama | ❌ memory | — |" in report and "| opt | — | ⏭️ |" in report
+
+
+def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(session, tmp_path):
+    # Old files stamped the harness's HEAD as deepspeed_git; new ones keep it apart as run.harness_git.
+    session([Cell("llama")], deepspeed="0.19.8", deepspeed_git="b9b025f", harness_git=None)
+    session([fail("llama", "shard")], deepspeed="0.19.8", deepspeed_git="c0ffee1", harness_git="c0ffee1" + "0" * 33)
+    session([Cell("llama")], deepspeed="0.19.8", harness_git="d" * 40 + "-dirty")
+    out = render(tmp_path / "junit", tmp_path)
+    report, data = (out / "report.md").read_text(), json.loads((out / "report.json").read_text())
+    assert data["timeline"]["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
+    assert data["latest_versions"]["deepspeed_git"] == ""
+    assert data["regressions"] == data["fixes"] == data["class_changes"] == []
+    assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
+        "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
+        "2 pass / 1 fail (shard: ShardError: broken)"]
+    assert ("Latest versions: deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7 "
+            "(harness c0ffee1000, dddddddddd-dirty).") in report
+    assert data["latest_harness"] == ["c0ffee1" + "0" * 33, "d" * 40 + "-dirty"]
+    assert "harness c0ffee1000, dddddddddd-dirty" in (out / "report.html").read_text()
+
+
+def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path):
+    # Install failures at git refs record the ref (matrix.versions.Pin.label) where no version exists.
+    session([fail("llama", "install", "pip failed")], deepspeed="pr/1234", started="2025-01-01T00:00:00Z")
+    session([Cell("llama")], deepspeed="0.19.8", started="2025-01-02T00:00:00Z")
+    session([fail("llama", "install", "pip failed")], deepspeed="master", started="2025-01-03T00:00:00Z")
+    session([Cell("llama")], deepspeed="0.19.7", started="2025-01-04T00:00:00Z")
+    session([Cell("llama")], transformers="main", started="2025-01-05T00:00:00Z")
+    out = render(tmp_path / "junit", tmp_path)
+    data = json.loads((out / "report.json").read_text())
+    assert [label.split(",")[:2] for label in data["timeline"]["version_sets"]] == [
+        ["deepspeed 0.14.2", " transformers main"],
+        ["deepspeed 0.19.7", " transformers 4.44.0"],
+        ["deepspeed 0.19.8", " transformers 4.44.0"],
+        ["deepspeed pr/1234", " transformers 4.44.0"],  # first seen first, after every release
+        ["deepspeed master", " transformers 4.44.0"],
+    ]
+    assert section((out / "report.md").read_text(), "Regressions") == [
+        f"- llama-eager-fp32-tp2: deepspeed 0.19.8 → pr/1234 (last good → first bad) at {CONTEXT} "
+        "— install: pip failed",
+    ]

@@ -67,9 +67,12 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 
 
 def test_missing_property_and_bad_version_name_the_value(session, tmp_path, capsys):
-    session([Cell("llama")], torch="nightly")
+    session([Cell("llama")], torch="2.4.0 nightly")
     assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 0
-    assert "version.torch='nightly' is not a PEP 440 version" in capsys.readouterr().err
+    assert "version.torch='2.4.0 nightly' is not a PEP 440 version, nor a git ref" in capsys.readouterr().err
+    session([Cell("llama")], deepspeed="")
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 0
+    assert "property 'version.deepspeed' is missing or empty" in capsys.readouterr().err
     assert main(["merge", str(tmp_path / "nowhere"), "--store", str(tmp_path / "s.sqlite")]) == 2
     assert "nowhere: no such file or folder" in capsys.readouterr().err
 
@@ -120,3 +123,83 @@ def test_unrelated_sqlite_file_and_missing_store_are_rejected(tmp_path):
         HistoryStore(other, create=True)
     with pytest.raises(ReportsError, match="no history store here; import results first"):
         HistoryStore(tmp_path / "absent.sqlite", create=False)
+
+
+HARNESS = "c0ffee1234" + "0" * 30
+HASH_DIRTY = HARNESS + "-dirty"
+
+
+def test_merge_keeps_harness_git_apart_from_deepspeed_git(session, tmp_path):
+    """deepspeed_git is DeepSpeed's own commit; the harness's commit (which old runs stamped there) is dropped."""
+    store = tmp_path / "history.sqlite"
+    session([Cell("llama")], deepspeed="0.19.8", deepspeed_git="c0ffee1", harness_git=HASH_DIRTY)  # stamped harness
+    session([Cell("llama")], deepspeed="0.19.8", deepspeed_git="b9b025f", harness_git=None)  # old file, release
+    session([Cell("llama")], deepspeed="0.18.1+abc1234", deepspeed_git="abc1234", harness_git=None)  # old, git build
+    session([Cell("llama")], deepspeed="0.19.9.dev0", deepspeed_git="d" * 40, harness_git=HARNESS)  # new, from git
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    with HistoryStore(store, create=False) as history:
+        runs = history.runs()
+    assert [(r.versions.deepspeed_git, r.harness_git) for r in runs] == [
+        ("", HASH_DIRTY), ("", ""), ("abc1234", ""), ("d" * 40, HARNESS)]
+
+
+_SCHEMA_1_RUNS = """CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, session TEXT NOT NULL, host TEXT NOT NULL, started TEXT NOT NULL,
+    accelerator TEXT NOT NULL, backend TEXT NOT NULL, deepspeed TEXT NOT NULL, deepspeed_git TEXT NOT NULL,
+    transformers TEXT NOT NULL, torch TEXT NOT NULL, python TEXT NOT NULL, imported_from TEXT NOT NULL,
+    imported_at TEXT NOT NULL)"""
+_SCHEMA_1_RESULTS = """CREATE TABLE results (
+    run_id TEXT NOT NULL REFERENCES runs(run_id), model TEXT NOT NULL, variant TEXT NOT NULL, dtype TEXT NOT NULL,
+    tp INTEGER NOT NULL, outcome TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'skip')),
+    failure_class TEXT NOT NULL, signature TEXT NOT NULL, message TEXT NOT NULL, metrics TEXT NOT NULL,
+    PRIMARY KEY (run_id, model, variant, dtype, tp))"""
+
+
+def _old_store(path: Path, version: int, runs: list[tuple[str, str, str]]) -> Path:
+    """A store as schema `version` (1 or 2) wrote it, holding (run_id, deepspeed, deepspeed_git) runs."""
+    from reports.store import _BISECTIONS, APPLICATION_ID
+
+    with sqlite3.connect(path) as conn:
+        for statement in (_SCHEMA_1_RUNS, _SCHEMA_1_RESULTS, *((_BISECTIONS,) if version >= 2 else ())):
+            conn.execute(statement)
+        for n, (run_id, deepspeed, deepspeed_git) in enumerate(runs, 1):
+            conn.execute("INSERT INTO runs VALUES (?, ?, 'runner-1', ?, 'cpu', 'gloo', ?, ?, '4.44.0', "
+                         "'2.4.0', '3.11.7', 'old.xml', '2025-01-01')",
+                         (run_id, run_id.split("@")[0], f"2025-01-{n:02d}T00:00:00Z", deepspeed, deepspeed_git))
+            conn.execute("INSERT INTO results VALUES (?, 'llama', 'eager', 'fp32', 2, 'pass', '', '', '', '{}')",
+                         (run_id,))
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {version}")
+    return path
+
+
+def _columns(store: Path, table: str) -> list[tuple]:
+    with sqlite3.connect(store) as conn:
+        return conn.execute(f"PRAGMA table_info({table})").fetchall()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_stores_are_migrated_to_schema_3(version, tmp_path, capsys):
+    old = _old_store(tmp_path / "old.sqlite", version, [
+        ("release@2025-01-01T00:00:00Z@runner-1", "0.19.8", "b9b025f"),  # the harness's HEAD, stamped by setup.py
+        ("git@2025-01-02T00:00:00Z@runner-1", "0.18.1+abc1234", "abc1234"),  # a source build from git: kept
+        ("plain@2025-01-03T00:00:00Z@runner-1", "0.19.7", ""),
+    ])
+    with HistoryStore(old, create=False) as history:
+        runs = history.runs()
+        assert history.bisections() == []
+    assert [(r.versions.deepspeed_git, r.harness_git) for r in runs] == [("", ""), ("abc1234", ""), ("", "")]
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    # The migrated tables are the ones a new store gets.
+    with HistoryStore(tmp_path / "new.sqlite", create=True):
+        pass
+    for table in ("runs", "results", "bisections"):
+        assert _columns(old, table) == _columns(tmp_path / "new.sqlite", table)
+
+    # The old JUnit file of a migrated run imports as the same run (import applies the same rule).
+    old_file = write_junit(tmp_path / "old.xml", [Cell("llama")], run_id="release@2025-01-01T00:00:00Z@runner-1",
+                           started="2025-01-01T00:00:00Z", deepspeed="0.19.8", deepspeed_git="b9b025f",
+                           harness_git=None)
+    assert main(["merge", str(old_file), "--store", str(old)]) == 0
+    assert "0 new run(s), 0 new result(s) from 1 file(s); 0 skipped" in capsys.readouterr().out
