@@ -1,6 +1,7 @@
 """AutoTP matrix sessions. `nox -s matrix` runs the default matrix; `nox -s tests` the harness's own
 tests; `nox -l` lists everything. The shared work lives in matrix/sessions.py."""
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -8,56 +9,67 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
+from matrix.environments import environment_variables
 from matrix.sessions import PROJECT_DEPENDENCIES, TESTS_PINS, dependency_group, install_harness, run_matrix, session_combos
 
 nox.options.sessions = ["matrix"]
-nox.options.reuse_venv = "yes"  # a session's name carries its pins, so its environment can be reused
+nox.options.reuse_venv = "yes"
+# Sessions that run cells use the environment of their version combination (matrix/environments.py,
+# under .nox/envs/: one per combination, shared with bisection steps), so nox creates none for them.
 
 LATEST = session_combos("latest")
 
 
-@nox.session
+@nox.session(python=False)
 def matrix(session):
     """The default matrix: every registered model at the latest releases, tp 2,3,4 (pytest args after --)."""
     run_matrix(session, LATEST[0], session.posargs)
 
 
-@nox.session
+@nox.session(python=False)
 @nox.parametrize("combo", [nox.param(c, id=c.id, tags=list(c.tags)) for c in session_combos()])
 def autotp(session, combo):
     """One version combination of the matrix; select with `nox -t nightly|latest|min|release-gate|prerelease`."""
     run_matrix(session, combo, session.posargs)
 
 
-@nox.session(tags=["coverage"])
+@nox.session(python=False, tags=["coverage"])
 def coverage(session):
     """Every causal-LM architecture of the installed transformers: registry + derived tiny configs (`--models all`)."""
     run_matrix(session, LATEST[0], ["--models", "all", *session.posargs])
 
 
-@nox.session(name="add-model")
+@nox.session(name="add-model", python=False)
 def add_model(session):
     """Add a model: `nox -s add-model -- <hub id | local checkpoint dir | model_type> [--name NAME]`."""
-    install_harness(session, LATEST[0])
-    session.run("python", "-m", "matrix.add_model", *session.posargs)
+    python = install_harness(session, LATEST[0])
+    session.run(str(python), "-m", "matrix.add_model", *session.posargs, env=environment_variables(python), external=True)
 
 
-@nox.session
+@nox.session(python=False)
 def repro(session):
     """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`."""
     run_matrix(session, LATEST[0], ["--repro", "-v", *session.posargs])
 
 
-@nox.session
+@nox.session(python=False)
 def tests(session):
-    """The harness's own tests (real AutoTP runs on tiny models, injected faults, reports)."""
+    """Lint (ruff), then the harness's own tests (real AutoTP runs on tiny models, injected faults, reports),
+    on an empty harness cache of their own: the cold path every new user takes."""
     combos = session_combos("latest", TESTS_PINS)
     if not combos:
         session.error("no PyPI release data to check the test pins against (see the line above); run once with "
                       "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases")
-    install_harness(session, combos[0], *dependency_group("tests"))
-    # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), env={"TMPDIR": tempfile.gettempdir()})
+    python = install_harness(session, combos[0], "tests")
+    env = environment_variables(python)
+    session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)
+    cache = tempfile.mkdtemp(prefix="autotp-tests-cache-")
+    try:
+        # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
+        session.run(str(python), "-m", "pytest", *(session.posargs or ["tests"]), external=True,
+                    env={**env, "TMPDIR": tempfile.gettempdir(), "AUTOTP_CACHE": cache})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @nox.session

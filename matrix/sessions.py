@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 from pathlib import Path
 
 import nox
 
+from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
+                                 env_root, environment_variables)
 from matrix.versions import Combo, ReleaseDataUnavailable, combinations
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
-TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
-"""Extra pip options for torch only, e.g. `--index-url https://download.pytorch.org/whl/cu124` on GPU runners."""
 TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
 """The harness's own tests run on fixed releases: their known-answer cells (which architectures pass or
 fail, and how) are facts about these versions, and a new upstream release must not turn CI red."""
@@ -47,26 +46,19 @@ def dependency_group(name: str) -> list[str]:
     return nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name)
 
 
-def install_harness(session: nox.Session, combo: Combo, *extra: str) -> None:
-    # torch first, on its own: on CPU machines the pinned version comes from a local wheel, and
-    # nothing installed later may pull another (multi-GB) torch build.
-    _pip_install(session, combo.torch.requirement, *shlex.split(os.environ.get(TORCH_INDEX_ENV, "")))
-    _pip_install(session, combo.deepspeed.requirement, combo.transformers.requirement, combo.torch.requirement,
-                 *PROJECT_DEPENDENCIES, *extra)
-    session.run("python", "-m", "suites.records", "--versions")
+def combo_environment(combo: Combo, extras_name: str = "") -> EnvironmentSpec:
+    extras = tuple(dependency_group(extras_name)) if extras_name else ()
+    return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, combo.transformers.id,
+                                   combo.transformers.requirement, str(combo.torch.version or combo.torch.requirement),
+                                   extras, extras_name)
 
 
-def _pip_install(session: nox.Session, *args: str) -> None:
-    """session.install that keeps pip's output: nox's own CommandFailed says only "Returned code 1",
-    and a recorded install failure must carry the resolver's message."""
-    with (Path(session.create_tmp()) / "pip-install.log").open("w+") as log:
-        try:
-            session.install(*args, silent=False, stdout=log)  # a custom stdout needs silent=False
-        except nox.command.CommandFailed as error:
-            log.seek(0)
-            output = log.read()
-            session.log(output)
-            raise nox.command.CommandFailed(f"{error}\n{output}", return_code=error.return_code) from error
+def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -> Path:
+    """The python of the combination's environment (matrix/environments.py: shared by every session and
+    bisection step of the same combination), built now if needed; prints what is really installed."""
+    python = ensure_environment(env_root(), combo_environment(combo, extras_name), log=session.log)
+    session.run(str(python), "-m", "suites.records", "--versions", external=True, env=environment_variables(python))
+    return python
 
 
 def _selection(pytest_args: list[str]) -> argparse.Namespace:
@@ -85,17 +77,20 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
         session.skip(f"{combo.id}: {combo.skip_reason}")
     selection = _selection(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
-    extra = dependency_group("accuracy") if selection.accuracy_task.startswith("lm_eval:") else []
+    extras_name = "accuracy" if selection.accuracy_task.startswith("lm_eval:") else ""
     try:
-        install_harness(session, combo, *extra)
-    except nox.command.CommandFailed as error:
+        python = install_harness(session, combo, extras_name)
+    except EnvironmentBuildError as error:
         from suites.install_failure import record_install_failure
 
+        session.log(str(error))
         written = record_install_failure(session.name, combo, str(error), selection)
         session.error(f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
                       f"failures in {selection.results}")
-    results = selection.results
-    session.run("python", "-m", "pytest", "suites", "--session-name", session.name, *pytest_args,
-                success_codes=[0, 1], env={"NOX_SESSION_NAME": session.name})
-    session.run("python", "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite")
-    session.run("python", "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results)
+    results, env = selection.results, environment_variables(python)
+    session.run(str(python), "-m", "pytest", "suites", "--session-name", session.name, *pytest_args,
+                success_codes=[0, 1], env={**env, "NOX_SESSION_NAME": session.name}, external=True)
+    session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
+                env=env, external=True)
+    session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
+                env=env, external=True)

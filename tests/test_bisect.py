@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from matrix.environments import READY_MARKER, EnvironmentSpec
 from reports.__main__ import main as reports_main
-from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Clone, EnvironmentSpec, Verdict,
+from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Clone, Verdict,
                             bisect_commits, classify, held_fixed_pins, main, parse_cell_id, release_candidates, search,
                             stored_release_answer)
 from reports.model import Bisection, CellKey, CellResult, Run, Versions
@@ -252,7 +253,7 @@ def test_first_bad_commit_with_an_untestable_commit_skipped(fake_deepspeed, fake
     assert steps[shas[3]].verdict == SKIP and "could not install" in steps[shas[3]].detail
     assert (steps[shas[7]].verdict, steps[shas[7]].detail) == (BAD, "shard: AssertionError: heads N not divisible by N")
     assert probe.reference == ("shard", "AssertionError: heads N not divisible by N")
-    assert (root / shas[0][:12] / ".bisect-ready").exists() and not (root / shas[3][:12] / ".bisect-ready").exists()
+    assert (root / shas[0][:12] / READY_MARKER).exists() and not (root / shas[3][:12] / READY_MARKER).exists()
     printed = capsys.readouterr().out
     assert f"commit {shas[3]} skip" in printed and f"commit {shas[5]} bad" in printed
 
@@ -261,11 +262,11 @@ def test_mode_fixed_finds_the_fix_and_reuses_environments(fake_deepspeed, fake_p
     repo, shas = fake_deepspeed
     make, root = fake_probe
     probe = make()
-    ready_before = (root / shas[7][:12] / ".bisect-ready").stat().st_mtime
+    ready_before = (root / shas[7][:12] / READY_MARKER).stat().st_mtime
     answer, commit = bisect_commits(probe.cell, Clone(repo), shas[9], shas[5], "fixed", probe)  # --good new, --bad old
     assert (answer.before, answer.after) == (shas[7], shas[8])
     assert (commit.subject, commit.pr, commit.files) == ("Allow uneven heads again (#4400)", 4400, ("fakeds/shard.py",))
-    assert (root / shas[7][:12] / ".bisect-ready").stat().st_mtime == ready_before  # reused, not rebuilt
+    assert (root / shas[7][:12] / READY_MARKER).stat().st_mtime == ready_before  # reused, not rebuilt
 
 
 def test_commit_ranges_are_checked(fake_deepspeed, tmp_path):
@@ -285,7 +286,9 @@ def test_commit_ranges_are_checked(fake_deepspeed, tmp_path):
 
 
 def _run(run_id: str, started: str, deepspeed: str) -> Run:
-    return Run(run_id, "nightly", "runner-1", started, "cpu", "gloo", Versions(deepspeed, "5.24.0", "2.13.0", "3.11.7"))
+    # torch as an installed CPU build reports itself; a bisection pins "torch 2.13.0": the same release.
+    return Run(run_id, "nightly", "runner-1", started, "cpu", "gloo",
+               Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7"))
 
 
 def test_report_says_broken_by_the_pr(tmp_path):
@@ -331,21 +334,6 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0").after == "0.16.6"
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0") is None  # outside
     assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4") is None
-
-
-def test_schema_1_stores_are_migrated_in_place(tmp_path):
-    import sqlite3
-
-    store = tmp_path / "old.sqlite"
-    with HistoryStore(store, create=True):
-        pass
-    with sqlite3.connect(store) as conn:  # make it look like a store written before bisections existed
-        conn.execute("DROP TABLE bisections")
-        conn.execute("PRAGMA user_version = 1")
-    with HistoryStore(store, create=False) as history:
-        assert history.bisections() == []
-    with sqlite3.connect(store) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 # ---- a real DeepSpeed range ----------------------------------------------------------------------------------------

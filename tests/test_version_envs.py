@@ -1,9 +1,10 @@
 """Version combinations really built as nox environments, the way CI runs them.
 
-- Two DeepSpeed releases (0.19.7 and 0.19.8, transformers 5.24.0, torch 2.13.0) each get their own
-  `autotp(<id>)` environment and run one cell; the versions recorded in cells.jsonl must be the
-  pinned ones. Slow: two environments (cold ~1-3 min each, reused afterwards in .nox/) and two rank
-  group launches (~25 s each).
+- The oldest combination the axes pick (`min`: DeepSpeed 0.14.4, transformers 4.41.2) and the latest
+  (0.19.8, 5.24.0), torch 2.13.0, each get their own `autotp(<id>)` environment and run one cell,
+  which must pass: the harness itself works at both ends of every axis, and the versions recorded in
+  cells.jsonl are the pinned ones, with no commit as DeepSpeed's (they are releases). Slow: two
+  environments (cold ~1-3 min each, reused afterwards in .nox/envs/) and two rank group launches.
 - An environment that cannot be installed (unreachable package index) must record every selected
   cell as an `install` failure with pip's own message, in cells.jsonl and JUnit, and the history
   store must import that JUnit. Fast: pip fails at once.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.environments import ENV_ROOT_ENV, env_root
 from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, combinations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +51,9 @@ def records(results: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.autotp
-@pytest.mark.parametrize("deepspeed", ["0.19.7", "0.19.8"])
-def test_each_deepspeed_pin_gets_its_own_environment_and_is_recorded(tmp_path, deepspeed):
-    pins = f"deepspeed={deepspeed},transformers=5.24.0"
+@pytest.mark.parametrize("deepspeed, transformers", [("0.14.4", "4.41.2"), ("0.19.8", "5.24.0")], ids=["min", "latest"])
+def test_oldest_and_latest_combination_each_get_an_environment_and_a_true_verdict(tmp_path, deepspeed, transformers):
+    pins = f"deepspeed={deepspeed},transformers={transformers}"
     session = autotp_session(pins)
     start = time.perf_counter()
     run = run_nox(session, pins, "--", "--models", "llama", "--tp", "2", "--results", str(tmp_path))
@@ -59,11 +61,13 @@ def test_each_deepspeed_pin_gets_its_own_environment_and_is_recorded(tmp_path, d
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (record,) = records(tmp_path)
     assert record["versions"]["deepspeed"] == deepspeed
-    assert record["versions"]["transformers"] == "5.24.0"
+    assert record["versions"]["transformers"] == transformers
+    assert record["versions"]["deepspeed_git"] == "", "a release install must not carry any repository's commit"
     assert record["run"]["session"] == session
     assert record["outcome"] == "pass", record["message"]
-    # the session really ran in its own environment, not in the one running these tests
-    assert (ROOT / ".nox" / session.replace("(", "-").replace(")", "").replace(".", "-")).is_dir()
+    # the session really ran in its combination's environment, not in the one running these tests
+    combo_id = session.removeprefix("autotp(").removesuffix(")")
+    assert (env_root() / combo_id).is_dir()
 
 
 UNREACHABLE_INDEX = {
@@ -79,8 +83,8 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
     pins = "deepspeed=0.19.8,transformers=5.24.0"
     session = autotp_session(pins)
     results = tmp_path / "results"
-    run = run_nox(session, pins, "--envdir", str(tmp_path / "envs"), "--", "--models", "llama,opt",
-                  "--tp", "2,3", "--results", str(results), env=UNREACHABLE_INDEX)
+    run = run_nox(session, pins, "--", "--models", "llama,opt", "--tp", "2,3", "--results", str(results),
+                  env={**UNREACHABLE_INDEX, ENV_ROOT_ENV: str(tmp_path / "envs")})
     assert run.returncode != 0
     assert "4 cells recorded as 'install' failures" in run.stderr
 
