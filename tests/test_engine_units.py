@@ -98,6 +98,17 @@ def test_generation_divergence_passes_only_on_a_genuine_near_tie():
     assert not wrong.passed and wrong.metrics["gen_first_divergence"] == 2
 
 
+def test_generation_fails_on_nan_decode_logits_even_when_the_tokens_match():
+    from suites.checks import generation
+
+    reference = _observations()
+    nan_step = reference.gen_logits.clone()
+    nan_step[1, 0] = float("nan")
+    result = generation.check(reference, _observations(gen_logits=nan_step, gen_tokens=reference.gen_tokens),
+                              DEFAULT_TOLERANCES["fp32"])
+    assert not result.passed and result.failure_class == "generation", result.reason
+
+
 def test_memory_check_fails_when_a_rank_keeps_every_linear_weight():
     from suites.checks import memory
 
