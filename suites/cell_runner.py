@@ -111,7 +111,9 @@ def _shard(job: dict, model, world_size: int):
 
 
 def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
-    import deepspeed.comm as dist
+    # torch's own: deepspeed.comm has no all_gather_object before 0.14.5, and init_distributed() set up
+    # torch's default process group either way.
+    import torch.distributed as dist
 
     spec = ProbeSpec(**job["spec"])
     timings, stage, model, engine, observed, error, training, task_correct = {}, "setup", None, None, None, None, None, None
