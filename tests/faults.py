@@ -68,6 +68,14 @@ def rank1_nan_logits(stage, model, rank):
         return _wrap_logits(model, lambda output, args, kwargs: output.logits.fill_(float("nan")))
 
 
+def half_vocabulary_logits(stage, model, rank):
+    """The sharded model returns logits for half the vocabulary (an lm_head slice never gathered)."""
+    def change(output, args, kwargs):
+        output.logits = output.logits[..., : output.logits.shape[-1] // 2]
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
 def corrupt_decode_steps(stage, model, rank):
     """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
     def change(output, args, kwargs):

@@ -30,6 +30,9 @@ def run_all(reference, sharded, rank_last_logits, rank_param_bytes, tolerance: T
     """`sharded` is rank 0's observations; the `rank_*` lists hold one entry per rank."""
     from suites.checks import generation, logits, memory, perplexity
 
+    shapes = logits.check_shapes(reference, sharded, rank_last_logits)
+    if not shapes.passed:
+        return [shapes]  # nothing else can be compared
     return [
         logits.check(reference, sharded, tolerance),
         logits.check_ranks_agree(rank_last_logits, tolerance),

@@ -9,6 +9,19 @@ from matrix.registry import Tolerance
 from suites.checks import CheckResult, logits_allowance
 
 
+def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> CheckResult:
+    """The sharded model's outputs have the reference's shapes on every rank (e.g. a vocab-sharded lm_head
+    whose slices were never gathered gives a fraction of the vocabulary). Wrong outputs of the model,
+    not a harness failure: the other checks could not even compare them."""
+    problems = [f"{name} {tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}"
+                for name in ("logits_masked", "logits_plain", "gen_tokens", "gen_logits")
+                if getattr(sharded, name).shape != getattr(reference, name).shape]
+    problems += [f"rank {rank} last logits {tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}"
+                 for rank, last in enumerate(rank_last_logits) if last.shape != rank_last_logits[0].shape]
+    return CheckResult("shapes", not problems, "numerics", {},
+                       "" if not problems else "sharded outputs have the wrong shape: " + "; ".join(problems))
+
+
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     pairs = [(reference.logits_masked, sharded.logits_masked), (reference.logits_plain, sharded.logits_plain)]
     max_abs = max((tp - ref).abs().max().item() for ref, tp in pairs)
