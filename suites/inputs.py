@@ -6,12 +6,24 @@ process derive the same token ids without exchanging them.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 CORPUS_FILE = Path(__file__).resolve().parent / "data" / "corpus.txt"
+PROBE_CODE = (Path(__file__).resolve(), Path(__file__).resolve().with_name("probes.py"))
+
+
+def probe_fingerprint() -> str:
+    """What decides a cached reference besides the model, the spec and the library versions: the corpus
+    the prompts and perplexity windows come from, and the code that builds the inputs and runs the
+    probes. Part of every cache key, so editing either can never leave a stale reference behind."""
+    digest = hashlib.sha256()
+    for path in (CORPUS_FILE, *PROBE_CODE):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 
 from matrix.checkpoints import cache_root
 from suites.atomic import write_atomically, write_text_atomically
-from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.loading import load_model
 from suites.outcome import exception_signature
 from suites.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
@@ -47,8 +47,9 @@ def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: Pro
     # The quantized reference depends on the quantizer's code too, so its versions join the key.
     quant = {"quantization": quantization, "group_size": quant_group_size, "deepspeed": deepspeed.__version__,
              "torchao": _torchao_version()} if quantization else {}
-    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype, "spec": spec.as_dict(),
-                           "torch": torch.__version__, "transformers": transformers.__version__, **quant}, sort_keys=True)
+    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
+                           "spec": spec.as_dict(), "probes": probe_fingerprint(), "torch": torch.__version__,
+                           "transformers": transformers.__version__, **quant}, sort_keys=True)
     return cache_root() / "references" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 

@@ -151,3 +151,24 @@ def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path
         release_orphaned_shared_memory(log=lambda message: None)
         assert not orphan.exists() and live.exists()
     live.unlink()
+
+
+def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
+    """A cached reference keyed without the probe inputs would be read back after the corpus changed and
+    turn every cell into a false `numerics`; the key holds the corpus and the probe code."""
+    from matrix.checkpoints import tiny_checkpoint
+    from suites import inputs
+    from suites.reference import cached_reference, reference_path
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(inputs.CORPUS_FILE.read_text())
+    monkeypatch.setattr(inputs, "CORPUS_FILE", corpus)
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
+    checkpoint = str(tiny_checkpoint(expand("llama", tp="2")[0].model))
+    spec = inputs.ProbeSpec()
+    before = cached_reference(checkpoint, None, "fp32", spec)
+    corpus.write_text("Another opening sentence. " + corpus.read_text())
+    after = reference_path(checkpoint, None, "fp32", spec)
+    assert after != before and not after.exists()
+    assert not torch.equal(torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"],
+                           torch.load(before)["logits_plain"])
