@@ -10,7 +10,7 @@ from pathlib import Path
 from reports import ReportsError
 from reports.attribution import DeepSpeedRepo
 from reports.docs import check_drift, model_support
-from reports.gate import compare, format_table, select
+from reports.gate import blocking, compare, format_table, select
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
@@ -59,8 +59,8 @@ def gate(args: argparse.Namespace) -> int:
         select(observations, args.candidate, "--candidate"),
         args.confirmations,
     )
-    print(format_table(rows, args.confirmations))
-    return 1 if any(row.verdict == "regression" for row in rows) else 0
+    print(format_table(rows, args.confirmations, args.block_changed))
+    return 1 if blocking(rows, args.block_changed) else 0
 
 
 def publish(args: argparse.Namespace) -> int:
@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate_parser.add_argument("--candidate", required=True, help="run id, or version set like deepspeed=0.19.8")
     gate_parser.add_argument("--confirmations", type=int, default=1,
                              help="a cell blocks only if it failed in this many candidate runs (default 1)")
+    gate_parser.add_argument("--block-changed", action="store_true",
+                             help="also exit 1 when a cell failing in both fails in another class or signature "
+                                  "(default: listed as 'changed failure', not blocking)")
     gate_parser.add_argument("--store", **store_option)
     gate_parser.set_defaults(handler=gate)
 

@@ -10,8 +10,9 @@ from reports.history import summarise
 from reports.model import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
-# Printed in this order; only "regression" blocks.
-VERDICTS = ("regression", "unconfirmed", "baseline flaky", "new failure", "known", "fixed", "not run", "pass")
+# Printed in this order; only "regression" blocks, and "changed failure" with --block-changed.
+VERDICTS = ("regression", "changed failure", "unconfirmed", "baseline flaky", "new failure", "known", "fixed",
+            "not run", "pass")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class GateRow:
     candidate_fails: int
     candidate_runs: int  # runs that produced a verdict (skips excluded)
     verdict: str
+    baseline_failure: str = ""  # "class: signature" where the baseline fails
+    candidate_failure: str = ""
 
 
 def select(observations: list[Observation], selector: str, option: str) -> list[Observation]:
@@ -64,12 +67,25 @@ def compare(baseline: list[Observation], candidate: list[Observation], confirmat
         candidate_by_cell[obs.cell].append(obs)
     rows = []
     for cell in sorted(baseline_by_cell.keys() | candidate_by_cell.keys()):
-        before = summarise(baseline_by_cell[cell]).status if cell in baseline_by_cell else "not run"
+        baseline_status = summarise(baseline_by_cell[cell]) if cell in baseline_by_cell else None
+        before = baseline_status.status if baseline_status else "not run"
         after = summarise(candidate_by_cell[cell]) if cell in candidate_by_cell else None
         fails = after.fails if after else 0
         runs = after.passes + after.fails if after else 0
-        rows.append(GateRow(cell, before, fails, runs, _verdict(before, fails, runs, confirmations)))
+        was, now = _failure(baseline_status), _failure(after)
+        verdict = _verdict(before, fails, runs, confirmations)
+        if verdict == "known" and was != now:
+            verdict = "changed failure"  # fails both ways, but another way: a new bug may hide behind the old one
+        rows.append(GateRow(cell, before, fails, runs, verdict, was, now))
     return sorted(rows, key=lambda row: (VERDICTS.index(row.verdict), row.cell))
+
+
+def _failure(status) -> str:
+    return f"{status.failure_class}: {status.signature}" if status and status.fails else ""
+
+
+def blocking(rows: list[GateRow], block_changed: bool) -> list[GateRow]:
+    return [row for row in rows if row.verdict == "regression" or (block_changed and row.verdict == "changed failure")]
 
 
 def _verdict(baseline: str, fails: int, runs: int, confirmations: int) -> str:
@@ -86,7 +102,7 @@ def _verdict(baseline: str, fails: int, runs: int, confirmations: int) -> str:
     return "new failure"  # no verdict in the baseline (not run or only skipped)
 
 
-def format_table(rows: list[GateRow], confirmations: int) -> str:
+def format_table(rows: list[GateRow], confirmations: int, block_changed: bool = False) -> str:
     shown = [row for row in rows if row.verdict != "pass"]
     header = ("cell", "baseline", "candidate", "verdict")
     body = [
@@ -96,11 +112,20 @@ def format_table(rows: list[GateRow], confirmations: int) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in [header, *body]]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    changes = [f"  {row.cell.id}: {row.baseline_failure} -> {row.candidate_failure}"
+               for row in shown if row.verdict == "changed failure"]
+    if changes:
+        lines += ["", "changed failures (baseline -> candidate):", *changes]
     counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in VERDICTS}
     summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count)
-    blocking = counts["regression"]
-    decision = (
-        f"FAIL: {blocking} cell(s) pass in the baseline and failed in ≥{confirmations} candidate run(s)"
-        if blocking else "OK: no cell that passes in the baseline fails in the candidate"
-    )
+    regressions, changed = counts["regression"], counts["changed failure"]
+    if regressions or (block_changed and changed):
+        reasons = [f"{regressions} cell(s) pass in the baseline and failed in ≥{confirmations} candidate run(s)"] \
+            if regressions else []
+        reasons += [f"{changed} cell(s) fail in another class or signature (--block-changed)"] \
+            if block_changed and changed else []
+        decision = "FAIL: " + "; ".join(reasons)
+    else:
+        decision = "OK: no cell that passes in the baseline fails in the candidate" + (
+            f" ({changed} failure(s) changed; --block-changed makes that block)" if changed else "")
     return "\n".join([*(lines if shown else []), "", summary, decision])

@@ -1,6 +1,7 @@
 import pytest
 
 from reports.__main__ import main
+from reports_testkit import fail
 
 
 @pytest.fixture
@@ -21,13 +22,30 @@ def test_regression_blocks_and_known_failures_do_not(store, capsys):
     assert code == 1
     assert out.splitlines() == [
         "cell                  baseline  candidate        verdict",
-        "--------------------  --------  ---------------  ----------",
+        "--------------------  --------  ---------------  ---------------",
         "llama-eager-fp32-tp2  pass      1/1 runs failed  regression",
-        "opt-eager-fp32-tp2    fail      1/1 runs failed  known",
+        "opt-eager-fp32-tp2    fail      1/1 runs failed  changed failure",
         "",
-        "1 regression, 1 known, 4 pass",
+        "changed failures (baseline -> candidate):",
+        "  opt-eager-fp32-tp2: shard: ShardError: broken -> numerics: logits_max_rel 0.3 > 0.01",
+        "",
+        "1 regression, 1 changed failure, 4 pass",
         "FAIL: 1 cell(s) pass in the baseline and failed in ≥1 candidate run(s)",
     ]
+
+
+def test_a_failure_that_changed_class_is_reported_and_blocks_only_when_asked(tmp_path, session, capsys):
+    # opt fails in both, first in shard, then with wrong numbers: not the same known failure.
+    session([fail("opt", "shard")], deepspeed="0.10.0")
+    session([fail("opt", "numerics", "logits_max_rel 0.3 > 0.01")], deepspeed="0.10.1")
+    store = tmp_path / "changed.sqlite"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    args = ("--baseline", "deepspeed=0.10.0", "--candidate", "deepspeed=0.10.1")
+    code, out, _ = gate(store, capsys, *args)
+    assert code == 0 and "opt-eager-fp32-tp2  fail      1/1 runs failed  changed failure" in out
+    assert out.rstrip().endswith("(1 failure(s) changed; --block-changed makes that block)")
+    code, out, _ = gate(store, capsys, *args, "--block-changed")
+    assert code == 1 and "FAIL: 1 cell(s) fail in another class or signature (--block-changed)" in out
 
 
 def test_only_known_failures_pass_the_gate(store, capsys):
