@@ -152,7 +152,8 @@ def recorder(pytestconfig):
 
     run, state, versions = pytestconfig.stash[RUN]
     return CellRecorder(Path(pytestconfig.getoption("--results")), run, versions, state,
-                        expected_cells={cell.id for cell in pytestconfig.stash[CELLS]})
+                        expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
+                        faults=tuple(pytestconfig.getoption("--inject-fault")))
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -187,8 +187,10 @@ class CellRecorder:
     Cells the same run id already finished (before an interruption) are replayed, not run again."""
 
     def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
-                 expected_cells: set[str] = frozenset()):
+                 expected_cells: set[str] = frozenset(), faults: tuple[str, ...] = ()):
         self.results_dir = results_dir
+        self.faults = tuple(faults)
+        """Injected fault hooks (harness self-tests): every record says so, and none is replayed without them."""
         self.path = results_dir / "cells.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
@@ -196,7 +198,8 @@ class CellRecorder:
         self.state = state
         self.expected_cells = set(expected_cells)
         self.records: list[dict] = []
-        self.finished = {r["cell"]["id"]: r for r in read_records(results_dir) if r["run"]["id"] == run.id}
+        self.finished = {r["cell"]["id"]: r for r in read_records(results_dir)
+                         if r["run"]["id"] == run.id and tuple(r.get("faults", ())) == self.faults}
 
     def replay(self, cell_id: str, record_property=None) -> dict | None:
         """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
@@ -211,6 +214,8 @@ class CellRecorder:
                   "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
         if outcome.logs:
             record["logs"] = outcome.logs
+        if self.faults:
+            record["faults"] = list(self.faults)
         with self.path.open("a") as stream:
             fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
             stream.write(json.dumps(record) + "\n")
@@ -237,6 +242,8 @@ def junit_properties(record: dict) -> dict[str, str]:
     properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
     if record.get("logs"):
         properties["logs"] = record["logs"]
+    if record.get("faults"):
+        properties["faults"] = ",".join(record["faults"])
     return {name: str(value) for name, value in properties.items()}
 
 

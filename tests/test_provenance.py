@@ -140,3 +140,34 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     assert "Latest versions: deepspeed pr/1234, transformers 5.24.0, torch 2.13.0" in report
     assert "| llama | ❌ install |" in report
 
+
+
+def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_never_merged(tmp_path):
+    import xml.etree.ElementTree as ElementTree
+
+    from matrix.cells import expand
+    from reports.junit import read_junit
+    from suites.outcome import CellOutcome
+    from suites.records import CellRecorder
+
+    fault = ("tests.faults:noop_allreduce",)
+    versions = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7",
+                "deepspeed_git": ""}
+    llama, opt = expand("llama,opt", tp="2")
+    run = RunInfo("local", started="2026-01-01T00:00:00Z", accelerator="cpu", backend="gloo", harness_git=SHA)
+    faulty = CellRecorder(tmp_path, run, versions, faults=fault).record(llama, CellOutcome("fail", "numerics", "logits: x"))
+    assert faulty["faults"] == list(fault) and junit_properties(faulty)["faults"] == fault[0]
+    assert CellRecorder(tmp_path, run, versions).replay(llama.id) is None  # a normal run never reuses it
+    assert CellRecorder(tmp_path, run, versions, faults=fault).replay(llama.id) == faulty
+
+    healthy = CellRecorder(tmp_path, run, versions).record(opt, CellOutcome("pass"))
+    suite = ElementTree.Element("testsuite", name="pytest")
+    for record in (faulty, healthy):
+        case = ElementTree.SubElement(suite, "testcase", classname="suites.test_autotp", name=f"test_cell[{record['cell']['id']}]")
+        properties = ElementTree.SubElement(case, "properties")
+        for key, value in junit_properties(record).items():
+            ElementTree.SubElement(properties, "property", name=key, value=value)
+    junit = tmp_path / "session.xml"
+    ElementTree.ElementTree(suite).write(junit, encoding="utf-8", xml_declaration=True)
+    ((_, results),) = read_junit(junit)
+    assert [result.cell.model for result in results] == ["opt"]
