@@ -92,12 +92,25 @@ class ModelEntry:
         return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
 
     def version_skip_reason(self, transformers_version: str) -> str | None:
+        """Why this entry cannot run at the installed transformers (`transformers_version`): a declared
+        version gate, or an architecture that release does not have (asked of the installed package,
+        so a new architecture needs no gate of its own)."""
         installed = Version(transformers_version)
         if self.min_transformers and installed < Version(self.min_transformers):
             return f"{self.name} needs transformers >= {self.min_transformers} (installed {installed})"
         if self.max_transformers and installed > Version(self.max_transformers):
             return f"{self.name} is registered up to transformers {self.max_transformers} (installed {installed})"
+        if not self.trust_remote_code and not has_causal_lm(self.model_type):
+            return f"{self.name}: transformers {installed} has no causal-LM model of type {self.model_type!r}"
         return None
+
+
+def has_causal_lm(model_type: str) -> bool:
+    """Whether the installed transformers has an `AutoModelForCausalLM` class for `model_type`
+    (architectures are added release by release: gemma2 in 4.42, qwen3 in 4.51, ...)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 @dataclass(frozen=True)

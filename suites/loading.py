@@ -22,11 +22,14 @@ WEIGHT_SUFFIXES = {"safetensors": ".safetensors", "bin": ".bin"}
 
 
 def dtype_kwargs(dtype: str) -> dict:
-    """transformers renamed `torch_dtype` to `dtype` in 4.56; older releases only know the old name."""
-    import transformers
-    from packaging.version import Version
+    """The dtype keyword of `from_pretrained`/`from_config`. transformers 4.56 renamed `torch_dtype`
+    to `dtype` (the config's `__init__` names the field from then on); older releases ignore `dtype`
+    without a word and load fp32."""
+    import inspect
 
-    name = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    from transformers import PretrainedConfig
+
+    name = "dtype" if "dtype" in inspect.signature(PretrainedConfig.__init__).parameters else "torch_dtype"
     return {name: TORCH_DTYPES[dtype]}
 
 

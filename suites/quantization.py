@@ -20,12 +20,19 @@ def hf_quantization_config(quantization: str):
     """The `quantization_config` for `from_pretrained`, or None when the backend is not HF-side."""
     if quantization != "torchao_int8":
         return None
+    import transformers
+
     try:
         from torchao.quantization import Int8WeightOnlyConfig
-        from transformers import TorchAoConfig
     except ImportError as error:
         raise QuantizationUnavailable(f"torchao_int8 needs the torchao package ({error}); pip install torchao") from error
-    return TorchAoConfig(Int8WeightOnlyConfig())
+    if not hasattr(transformers, "TorchAoConfig"):  # absent in 4.41, there in 4.46
+        raise QuantizationUnavailable(f"transformers {transformers.__version__} has no TorchAoConfig")
+    try:
+        return transformers.TorchAoConfig(Int8WeightOnlyConfig())
+    except (ValueError, ImportError) as error:  # 4.46 takes only quant_type names, which torchao 0.18 no longer has (4.52 takes objects)
+        raise QuantizationUnavailable(f"transformers {transformers.__version__}'s TorchAoConfig takes no torchao "
+                                      f"config object: {error}") from error
 
 
 def deepspeed_config(quantization: str, group_size: int) -> dict:

@@ -6,6 +6,7 @@ checkpoint the harness used, or the real hub checkpoint), computes the unsharded
 tokens before any sharding, shards with AutoTP, and compares. Exit code 0 = match, 1 = mismatch.
 """
 
+import inspect
 import os
 import sys
 
@@ -18,18 +19,26 @@ PROMPT = ("Tensor parallelism splits each large matrix of a model across several
           "a slice of the weights, computes its share of each product, and the slices are joined again.")
 
 
+def dtype_kwargs():
+    """transformers 4.56 renamed from_pretrained's `torch_dtype` to `dtype` (the config's __init__ names
+    the field from then on); older releases ignore `dtype` without a word and load fp32."""
+    from transformers import PretrainedConfig
+
+    name = "dtype" if "dtype" in inspect.signature(PretrainedConfig.__init__).parameters else "torch_dtype"
+    return {name: DTYPES[CELL["dtype"]]}
+
+
 def load_model():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = DTYPES[CELL["dtype"]]
     if CELL["hub_id"]:
-        return AutoModelForCausalLM.from_pretrained(CELL["hub_id"], dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(CELL["hub_id"], **dtype_kwargs()).eval()
     folder = f"repro_checkpoint_{CELL['model']}"
     if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
         AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"])).save_pretrained(folder)
     torch.distributed.barrier()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs()).eval()
 
 
 def prompt_ids():

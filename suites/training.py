@@ -24,18 +24,29 @@ from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.atomic import write_atomically
 from suites.loading import load_model
 
-TRAINING_FORMAT = 1
-MIN_DEEPSPEED = "0.16.4"
-"""First DeepSpeed release with the `tensor_parallel.autotp_size` training config."""
+TRAINING_FORMAT = 2
+"""Bump when the unsharded step changes, so stale cached steps are not read (2: no KV cache)."""
 
 
 def version_skip_reason() -> str | None:
+    """AutoTP training (`tensor_parallel.autotp_size`) and its `set_autotp_mode` switch arrived
+    together, in DeepSpeed 0.16.4."""
     import deepspeed
-    from packaging.version import Version
+    from deepspeed.module_inject import layers
 
-    if Version(deepspeed.__version__) < Version(MIN_DEEPSPEED):
-        return f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= {MIN_DEEPSPEED} (installed {deepspeed.__version__})"
+    if not hasattr(layers, "set_autotp_mode"):
+        return (f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= 0.16.4 (installed "
+                f"{deepspeed.__version__} has no deepspeed.module_inject.layers.set_autotp_mode)")
     return None
+
+
+def load_for_training(checkpoint: str, dtype: str, trust_remote_code: bool):
+    """The model a training step runs: eval mode (no dropout) and no KV cache, as in real training.
+    In eval mode some releases build a cache sized from the config's kv-head count inside forward
+    (gemma2's HybridCache in transformers 4.4x), which AutoTP's per-rank heads do not fit."""
+    model = load_model(checkpoint, dtype, trust_remote_code)
+    model.config.use_cache = False
+    return model
 
 
 def batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code: bool) -> torch.Tensor:
@@ -56,7 +67,7 @@ def compute_unsharded_step(checkpoint: str, tokenizer: str | None, dtype: str, s
 
     refuse_if_sharded()
     torch.manual_seed(0)
-    model = load_model(checkpoint, dtype, trust_remote_code)
+    model = load_for_training(checkpoint, dtype, trust_remote_code)
     ids = batch(tokenizer, spec, trust_remote_code)
     loss = model(ids, labels=ids).loss
     loss.backward()
@@ -149,7 +160,7 @@ def run_step(job: dict, world_size: int, fault_hook) -> GradientReport:
 
     dtype = job["dtype"]
     unsharded = torch.load(job["training_step"], weights_only=False)
-    model = load_model(job["checkpoint"], dtype, job["trust_remote_code"])
+    model = load_for_training(job["checkpoint"], dtype, job["trust_remote_code"])
     config = {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": world_size},
               "zero_optimization": {"stage": 0},
               # backward() needs an optimizer; torch's Adam needs no JIT-built op, and no step is taken.
