@@ -21,6 +21,10 @@ from matrix.registry import ModelEntry
 
 MANIFEST = "autotp-manifest.json"
 SEED = 1234
+INIT = 2
+"""How tiny weights are made; part of the cache key. 2: constant parameters (transformers' init leaves
+biases at 0 and norm weights at 1) get seeded random values, see randomise_constant_parameters."""
+SPREAD = 0.1
 
 
 def cache_root() -> Path:
@@ -55,7 +59,7 @@ def _manifest_problem(folder: Path) -> str | None:
 def tiny_key(entry: ModelEntry) -> str:
     import transformers
 
-    identity = json.dumps({"model_type": entry.model_type, "tiny": entry.tiny, "seed": SEED,
+    identity = json.dumps({"model_type": entry.model_type, "tiny": entry.tiny, "seed": SEED, "init": INIT,
                            "transformers": transformers.__version__}, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
@@ -64,6 +68,32 @@ def tiny_config(entry: ModelEntry):
     from transformers import AutoConfig
 
     return AutoConfig.for_model(entry.model_type, **entry.tiny)
+
+
+def randomise_constant_parameters(model) -> list[str]:
+    """Give every parameter that transformers' init leaves constant seeded random values: biases at 0,
+    norm weights at 1 (Gemma's at 0, used as 1 + w), layer scales, expert biases. With them constant, a
+    bias added on every rank after a row-parallel all-reduce, a column-parallel bias not sliced with its
+    weight, or a norm weight sliced or permuted computes exactly the right numbers, and no check can see
+    it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get N(0, SPREAD), others c * (1 + N(0, SPREAD))), so the
+    model still computes a sensible function. Returns the names changed."""
+    import torch
+
+    generator = torch.Generator().manual_seed(SEED + INIT)
+    changed = []
+    with torch.no_grad():
+        # What save_pretrained writes: parameters and persistent buffers (e.g. deepseek_v3's zero
+        # e_score_correction_bias); a tied parameter comes twice and is no longer constant the second time.
+        for name, parameter in model.state_dict(keep_vars=True).items():
+            if not parameter.is_floating_point() or parameter.numel() == 0:
+                continue
+            first = parameter.reshape(-1)[0]
+            if not bool((parameter == first).all()):
+                continue
+            noise = torch.randn(parameter.shape, generator=generator).to(parameter.dtype) * SPREAD
+            parameter.copy_(noise if first == 0 else first * (1 + noise))
+            changed.append(name)
+    return changed
 
 
 def tiny_checkpoint(entry: ModelEntry, log=print) -> Path:
@@ -88,6 +118,7 @@ def _write_tiny(entry: ModelEntry, folder: Path) -> None:
     try:
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(tiny_config(entry), trust_remote_code=entry.trust_remote_code)
+        randomise_constant_parameters(model)
         model.save_pretrained(staging, safe_serialization=True)
         files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir()) if p.is_file()}
         (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1))

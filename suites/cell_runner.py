@@ -155,7 +155,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
                "rss_before_load_bytes": rss_before_load,
                "rss_peak_loaded_bytes": rss_peak_loaded, "training": training,
-               "param_bytes": observed.param_bytes if observed else None,
+               "bytes_by_name": observed.bytes_by_name if observed else None,
                "last_logits": observed.logits_plain[0, -1] if observed else None}
     summaries = [None] * world_size
     dist.all_gather_object(summaries, summary)
@@ -190,7 +190,7 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_corre
     else:
         reference = load_reference(job["reference"])
         results = checks.run_all(reference, observed, [s["last_logits"] for s in summaries],
-                                 [s["param_bytes"] for s in summaries], tolerance)
+                                 [s["bytes_by_name"] for s in summaries], tolerance)
         if job.get("baseline"):
             results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)
         if job["variant"]["load"] == "meta":

@@ -28,14 +28,21 @@ class Observations:
     """[K] greedy tokens generated after the first prompt."""
     gen_logits: torch.Tensor
     """[K, V] float32 logits of each decoding step."""
+    gen_padded_tokens: torch.Tensor
+    """[2, K] greedy tokens generated for the padded batch at once (row 1 is left-padded): batched decoding."""
+    gen_padded_logits: torch.Tensor
+    """[2, K, V] float32 logits of each of its decoding steps."""
     nll_sum: float
     """Summed negative log-likelihood over the scored corpus tokens."""
     nll_tokens: int
     forward_seconds: float
     param_bytes: int
     """Bytes of parameters and buffers this process holds for the model."""
-    linear_bytes: int
-    """Bytes of the `nn.Linear` weights and biases: what AutoTP is expected to split."""
+    bytes_by_name: dict[str, int]
+    """The same bytes per parameter/buffer name (AutoTP keeps the names of the layers it replaces)."""
+    kinds: dict[str, str]
+    """Kind of each name (see `tensor_kinds`); meaningful on the unsharded model, whose module types
+    AutoTP has not replaced yet."""
 
     @property
     def perplexity(self) -> float:
@@ -76,20 +83,49 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations
     batch_ids, batch_mask = inputs.batch_ids.to(device), inputs.batch_mask.to(device)
     logits_masked = model(batch_ids, attention_mask=batch_mask).logits[batch_mask.bool()].float().cpu()
     logits_plain = model(batch_ids[:1]).logits.float().cpu()
-    generated = model.generate(
-        batch_ids[:1], attention_mask=batch_mask[:1], max_new_tokens=spec.new_tokens, min_new_tokens=spec.new_tokens,
-        do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-    )
-    gen_tokens = generated.sequences[0, batch_ids.shape[1]:].cpu()
-    gen_logits = torch.stack([step[0] for step in generated.logits]).float().cpu()
+    gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
+    gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
     nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
-    return Observations(logits_masked, logits_plain, gen_tokens, gen_logits, nll_sum, nll_tokens,
-                        time.perf_counter() - started, _bytes(model), _linear_bytes(model))
+    by_name = bytes_by_name(model)
+    return Observations(logits_masked, logits_plain, gen_tokens[0], gen_logits[0], gen_padded_tokens, gen_padded_logits,
+                        nll_sum, nll_tokens,
+                        time.perf_counter() - started, sum(by_name.values()), by_name, tensor_kinds(model))
 
 
-def _bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, K] greedy tokens, [B, K, V] logits of each decode step) with the KV cache."""
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=spec.new_tokens, min_new_tokens=spec.new_tokens,
+                               do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True,
+                               pad_token_id=0)
+    return generated.sequences[:, ids.shape[1]:].cpu(), torch.stack(generated.logits, dim=1).float().cpu()
 
 
-def _linear_bytes(model) -> int:
-    return sum(_bytes(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+KINDS = ("linears", "experts", "embeddings", "rest")
+"""What a rank holds, by kind: attention/MLP linear layers and MoE experts are what AutoTP must split;
+embeddings + lm_head and the rest (norms, routers' buffers, rotary tables) may stay whole."""
+
+
+def bytes_by_name(model) -> dict[str, int]:
+    named = [*model.named_parameters(), *model.named_buffers()]  # a tied parameter comes once
+    return {name: tensor.numel() * tensor.element_size() for name, tensor in named}
+
+
+def tensor_kinds(model) -> dict[str, str]:
+    """Kind of every parameter and buffer, from the module that holds it. transformers >= 5 stores MoE
+    experts as fused 3-D parameters, not nn.Linear modules: counting only nn.Linear would miss them."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    kinds = {}
+    for module_name, module in model.named_modules():
+        tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for local, tensor in tensors:
+            name = f"{module_name}.{local}" if module_name else local
+            if tensor.dim() >= 3 or "experts" in module_name.split("."):
+                kind = "experts"
+            elif isinstance(module, torch.nn.Embedding) or (output is not None and module is output):
+                kind = "embeddings"
+            elif isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+                kind = "linears"
+            else:
+                kind = "rest"
+            kinds.setdefault(name, kind)
+    return kinds

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from matrix.checkpoints import cache_root
-from suites.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.atomic import write_atomically
 from suites.loading import load_model
 
@@ -58,7 +58,8 @@ def step_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpe
     import transformers
 
     identity = json.dumps({"format": TRAINING_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
-                           "spec": spec.as_dict(), "torch": torch.__version__, "transformers": transformers.__version__}, sort_keys=True)
+                           "spec": spec.as_dict(), "probes": probe_fingerprint(), "torch": torch.__version__,
+                           "transformers": transformers.__version__}, sort_keys=True)
     return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 

@@ -76,6 +76,46 @@ def half_vocabulary_logits(stage, model, rank):
         return _wrap_logits(model, change)
 
 
+def row_parallel_bias_on_every_rank(stage, model, rank):
+    """Row-parallel layers add their bias on every rank before the all-reduce: the bias counts tp times."""
+    if stage == "sharded":
+        layers = [m for m in _row_parallel_layers(model) if getattr(m, "bias", None) is not None]
+        assert layers, "no row-parallel layer with a bias"
+        for layer in layers:
+            def forward(x, original=layer.forward, layer=layer):
+                return original(x) + layer.bias * (torch.distributed.get_world_size() - 1)
+            layer.forward = forward
+
+
+def column_parallel_bias_of_rank0_everywhere(stage, model, rank):
+    """Column-parallel biases are sliced at rank 0's offset on every rank (the weight is sliced right)."""
+    if stage == "sharded":
+        layers = [m for m in _column_parallel_layers(model) if getattr(m, "bias", None) is not None]
+        assert layers, "no column-parallel layer with a bias"
+        for layer in layers:
+            torch.distributed.broadcast(layer.bias.data, src=0)
+
+
+def rank1_permuted_norm_weights(stage, model, rank):
+    """Rank 1 holds its norm weights rotated by one position (a norm sliced or permuted by mistake)."""
+    if stage == "sharded" and rank == 1:
+        norms = [m for m in model.modules() if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None]
+        assert norms, "no norm layer"
+        with torch.no_grad():
+            for norm in norms:
+                norm.weight.copy_(torch.roll(norm.weight, shifts=1, dims=0))
+
+
+def nan_decode_logits(stage, model, rank):
+    """One-token decode steps return NaN logits (prefill is untouched)."""
+    def change(output, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] == 1:
+            output.logits[..., :1] = float("nan")
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
 def corrupt_decode_steps(stage, model, rank):
     """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
     def change(output, args, kwargs):

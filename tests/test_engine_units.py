@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from matrix.cells import expand
 from matrix.registry import DEFAULT_TOLERANCES
@@ -74,8 +75,10 @@ def _observations(**changes):
     torch.manual_seed(0)
     base = dict(logits_masked=torch.randn(44, 16), logits_plain=torch.randn(1, 24, 16),
                 gen_tokens=torch.tensor([1, 2, 3, 4]), gen_logits=torch.randn(4, 16), nll_sum=100.0, nll_tokens=50,
-                forward_seconds=0.1, param_bytes=1000, linear_bytes=800)
+                forward_seconds=0.1, param_bytes=1000, bytes_by_name={"w": 800, "n": 200}, kinds={"w": "linears", "n": "rest"})
     base["gen_tokens"] = base["gen_logits"].argmax(-1)
+    base["gen_padded_logits"] = torch.randn(2, 4, 16)
+    base["gen_padded_tokens"] = base["gen_padded_logits"].argmax(-1)
     base.update(changes)
     return Observations(**base)
 
@@ -98,6 +101,17 @@ def test_generation_divergence_passes_only_on_a_genuine_near_tie():
     assert not wrong.passed and wrong.metrics["gen_first_divergence"] == 2
 
 
+def test_generation_of_the_left_padded_row_is_judged_too():
+    from suites.checks import generation
+
+    reference = _observations()
+    drifted = reference.gen_padded_logits.clone()
+    drifted[1, 2] += 1.0  # only the left-padded row's third decode step is off
+    result = generation.check(reference, _observations(gen_padded_logits=drifted), DEFAULT_TOLERANCES["fp32"])
+    assert not result.passed and result.reason.startswith("batched decoding row 1, left-padded: decode-step logits")
+    assert result.metrics["gen_padded0_logits_max_abs"] == 0.0
+
+
 def test_generation_fails_on_nan_decode_logits_even_when_the_tokens_match():
     from suites.checks import generation
 
@@ -109,13 +123,20 @@ def test_generation_fails_on_nan_decode_logits_even_when_the_tokens_match():
     assert not result.passed and result.failure_class == "generation", result.reason
 
 
-def test_memory_check_fails_when_a_rank_keeps_every_linear_weight():
+def test_memory_is_judged_by_kind_and_names_the_kind_left_whole():
     from suites.checks import memory
 
-    reference = _observations()
-    assert memory.check(reference, [600, 600]).passed  # 200 unsplit + 400/800 linear = 50%
-    result = memory.check(reference, [1000, 1000])
-    assert not result.passed and result.metrics["linear_shard_ratio"] == 1.0
+    kinds = {"embed.weight": "embeddings", "q.weight": "linears", "moe.experts.up": "experts", "norm.weight": "rest"}
+    full = {"embed.weight": 200 << 10, "q.weight": 400 << 10, "moe.experts.up": 32 << 20, "norm.weight": 8 << 10}
+    reference = _observations(param_bytes=sum(full.values()), bytes_by_name=full, kinds=kinds)
+    split = {**full, "q.weight": 200 << 10, "moe.experts.up": 16 << 20}
+    assert memory.check(reference, [split, split]).passed
+    linears_whole = memory.check(reference, [{**split, "q.weight": 400 << 10}, split])
+    assert not linears_whole.passed and linears_whole.metrics["linear_shard_ratio"] == 1.0
+    assert linears_whole.reason.startswith("linears not sharded: rank 0 holds")
+    experts_whole = memory.check(reference, [split, {**split, "moe.experts.up": (32 << 20) - (512 << 10)}])
+    assert not experts_whole.passed
+    assert experts_whole.reason.startswith("experts not sharded: rank 1 holds 31.5 of 32 MiB (98%")
 
 
 def test_stale_extension_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
@@ -172,3 +193,24 @@ def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
     assert after != before and not after.exists()
     assert not torch.equal(torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"],
                            torch.load(before)["logits_plain"])
+
+
+def test_no_saved_floating_tensor_of_any_registry_architecture_is_constant(tmp_path, monkeypatch):
+    """A constant bias or norm weight hides every bug in how AutoTP shards it (see checkpoints.py)."""
+    from safetensors import safe_open
+
+    from matrix.checkpoints import tiny_checkpoint
+    from matrix.registry import load_models
+
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
+    constant = []
+    for entry in load_models().values():
+        if entry.skip_reason or entry.trust_remote_code or entry.version_skip_reason(transformers.__version__):
+            continue
+        for weights in tiny_checkpoint(entry, log=lambda line: None).glob("*.safetensors"):
+            with safe_open(weights, "pt") as tensors:
+                for name in tensors.keys():
+                    tensor = tensors.get_tensor(name)
+                    if tensor.is_floating_point() and tensor.numel() > 1 and bool((tensor == tensor.view(-1)[0]).all()):
+                        constant.append(f"{entry.name}: {name}")
+    assert constant == []

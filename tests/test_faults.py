@@ -67,6 +67,31 @@ def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class,
     assert outcome.signature.startswith(signature_start), outcome.signature
 
 
+@pytest.mark.parametrize("model, fault, failure_class, signature_start", [
+    ("gpt_neox", "row_parallel_bias_on_every_rank", "numerics", "logits:"),
+    ("qwen2", "column_parallel_bias_of_rank0_everywhere", "numerics", "logits:"),
+    ("llama", "rank1_permuted_norm_weights", "numerics", "logits:"),
+    ("llama", "nan_decode_logits", "generation", "generation:"),
+])
+def test_bug_classes_hidden_by_constant_weights_are_reported(pool, model, fault, failure_class, signature_start):
+    """Biases at 0 and norm weights at 1 (transformers' init) made these bugs compute the right numbers;
+    tiny checkpoints now randomise every constant parameter (matrix/checkpoints.py)."""
+    cell = expand(model, tp="2")[0]
+    assert run_with(cell, pool).outcome == "pass"
+    outcome = run_with(cell, pool, fault)
+    assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
+    assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+def test_moe_experts_left_whole_fail_memory_with_the_kind_named(pool):
+    """transformers >= 5 stores experts as fused 3-D parameters, which AutoTP (0.19.8) leaves whole on every
+    rank: counting nn.Linear bytes only, mixtral passed at ~98 % of the model per rank."""
+    outcome = run_with(expand("mixtral", tp="2")[0], pool)
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
+    assert outcome.signature.startswith("memory: experts not sharded: rank"), outcome.signature
+    assert outcome.metrics["expert_shard_ratio"] == 1.0
+
+
 @pytest.mark.parametrize("fault, failure_class, signature_part", [
     ("rank1_raises_in_forward", "forward", "injected forward failure"),
     ("rank1_hangs", "timeout", "no answer within"),

@@ -156,7 +156,7 @@ def test_wrong_quantization_scale_is_reported():
 
     def judged():
         observed = observe(model, inputs, spec, "cpu")
-        strict = checks.run_all(reference, observed, [observed.logits_plain[0, -1]], [observed.param_bytes], tolerance)
+        strict = checks.run_all(reference, observed, [observed.logits_plain[0, -1]], [observed.bytes_by_name], tolerance)
         return strict[0], quantization_checks.check(baseline, observed, tolerance)
 
     strict, relaxed = judged()

@@ -26,7 +26,7 @@ def logits_allowance(tolerance: Tolerance, scale: float) -> float:
     return tolerance.atol + tolerance.rtol * scale
 
 
-def run_all(reference, sharded, rank_last_logits, rank_param_bytes, tolerance: Tolerance) -> list[CheckResult]:
+def run_all(reference, sharded, rank_last_logits, rank_bytes_by_name, tolerance: Tolerance) -> list[CheckResult]:
     """`sharded` is rank 0's observations; the `rank_*` lists hold one entry per rank."""
     from suites.checks import generation, logits, memory, perplexity
 
@@ -38,5 +38,5 @@ def run_all(reference, sharded, rank_last_logits, rank_param_bytes, tolerance: T
         logits.check_ranks_agree(rank_last_logits, tolerance),
         generation.check(reference, sharded, tolerance),
         perplexity.check(reference, sharded, tolerance),
-        memory.check(reference, rank_param_bytes),
+        memory.check(reference, rank_bytes_by_name),
     ]

@@ -15,11 +15,28 @@ TOP_K = 5
 
 
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
-    ref_tokens, tp_tokens = reference.gen_tokens, sharded.gen_tokens
+    """The single prompt, then each row of the padded batch decoded together (row 1 left-padded: the
+    attention-mask and position paths of batched decoding)."""
+    single = _sequence(reference.gen_tokens, sharded.gen_tokens, reference.gen_logits, sharded.gen_logits, tolerance, "")
+    if not single.passed:
+        return single
+    metrics = dict(single.metrics)
+    for row in range(reference.gen_padded_tokens.shape[0]):
+        padded = _sequence(reference.gen_padded_tokens[row], sharded.gen_padded_tokens[row],
+                           reference.gen_padded_logits[row], sharded.gen_padded_logits[row], tolerance,
+                           f"batched decoding row {row}{', left-padded' if row else ''}: ")
+        metrics[f"gen_padded{row}_tokens_equal"] = padded.metrics["gen_tokens_equal"]
+        metrics[f"gen_padded{row}_logits_max_abs"] = padded.metrics["gen_logits_max_abs"]
+        if not padded.passed:
+            return CheckResult("generation", False, "generation", metrics, padded.reason)
+    return CheckResult("generation", True, "generation", metrics, single.reason)
+
+
+def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance, label: str) -> CheckResult:
     differs = (ref_tokens != tp_tokens).nonzero()
     divergence = int(differs[0]) if len(differs) else -1
     compared_steps = len(ref_tokens) if divergence < 0 else divergence + 1
-    ref_steps, tp_steps = reference.gen_logits[:compared_steps], sharded.gen_logits[:compared_steps]
+    ref_steps, tp_steps = ref_logits[:compared_steps], tp_logits[:compared_steps]
     step_max_abs = (tp_steps - ref_steps).abs().max().item()
     allowed = logits_allowance(tolerance, ref_steps.abs().max().item())
     metrics = {"gen_tokens_equal": float(divergence < 0), "gen_first_divergence": float(divergence),
@@ -27,10 +44,10 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     if not step_max_abs <= allowed:  # also NaN decode logits, which compare false both ways
         where = "up to the first divergent token" if divergence >= 0 else "over all steps"
         return CheckResult("generation", False, "generation", metrics,
-                           f"decode-step logits differ by {step_max_abs:.3g} {where} (allowed {allowed:.3g})")
+                           f"{label}decode-step logits differ by {step_max_abs:.3g} {where} (allowed {allowed:.3g})")
     if divergence < 0:
         return CheckResult("generation", True, "generation", metrics)
-    step_ref, step_tp = reference.gen_logits[divergence], sharded.gen_logits[divergence]
+    step_ref, step_tp = ref_logits[divergence], tp_logits[divergence]
     ref_token, tp_token = int(ref_tokens[divergence]), int(tp_tokens[divergence])
     metrics["gen_tp_token_in_ref_topk"] = float(tp_token in step_ref.topk(TOP_K).indices.tolist())
     metrics["gen_ref_token_in_tp_topk"] = float(ref_token in step_tp.topk(TOP_K).indices.tolist())
@@ -38,7 +55,7 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     metrics["gen_tie_gap"] = gap
     if gap <= allowed:
         return CheckResult("generation", True, "generation", metrics,
-                           f"near-tie at token {divergence}: reference prefers {ref_token} over {tp_token} by {gap:.3g}")
+                           f"{label}near-tie at token {divergence}: reference prefers {ref_token} over {tp_token} by {gap:.3g}")
     return CheckResult("generation", False, "generation", metrics,
-                       f"greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token} "
+                       f"{label}greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token} "
                        f"(reference margin {gap:.3g} > allowed {allowed:.3g})")

@@ -14,7 +14,8 @@ def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> Ch
     whose slices were never gathered gives a fraction of the vocabulary). Wrong outputs of the model,
     not a harness failure: the other checks could not even compare them."""
     problems = [f"{name} {tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}"
-                for name in ("logits_masked", "logits_plain", "gen_tokens", "gen_logits")
+                for name in ("logits_masked", "logits_plain", "gen_tokens", "gen_logits", "gen_padded_tokens",
+                             "gen_padded_logits")
                 if getattr(sharded, name).shape != getattr(reference, name).shape]
     problems += [f"rank {rank} last logits {tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}"
                  for rank, last in enumerate(rank_last_logits) if last.shape != rank_last_logits[0].shape]

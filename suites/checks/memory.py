@@ -1,32 +1,51 @@
 """Memory per rank: a sharded model must actually be smaller on each rank.
 
-A model AutoTP leaves whole still computes the right numbers, so only this check notices it. It
-looks at the linear layers, the part AutoTP splits: embeddings and norms may stay whole, and they
-dominate tiny models. The bound is loose on purpose (uneven head splits, replicated kv heads).
+A model AutoTP leaves whole still computes the right numbers, so only this check notices it. Every
+parameter and buffer counts, by kind (suites/probes.py `tensor_kinds`): attention/MLP linears and MoE
+experts must be split; embeddings + lm_head and the rest (norms, rotary tables) may stay whole and are
+only recorded. Kinds come from the unsharded model's modules and are joined to each rank's tensors by
+name (AutoTP keeps the names of the layers it replaces). The bound is loose on purpose (uneven head
+splits, replicated kv heads, routers left whole).
 """
 
 from __future__ import annotations
 
 from suites.checks import CheckResult
+from suites.probes import KINDS
+
+SPLIT_KINDS = ("linears", "experts")
+MIN_KIND_BYTES = 1 << 10
+"""A kind smaller than this (e.g. one router's bias) is too small to judge."""
 
 
-def allowed_linear_ratio(tp: int) -> float:
-    """Largest per-rank share of the unsharded linear bytes: halfway between a perfect split and none."""
+def allowed_ratio(tp: int) -> float:
+    """Largest per-rank share of an unsharded kind's bytes: halfway between a perfect split and none."""
     return (1 + 1 / tp) / 2
 
 
-def check(reference, rank_param_bytes: list[int]) -> CheckResult:
-    tp = len(rank_param_bytes)
-    largest = max(rank_param_bytes)
-    unsplit_rest = reference.param_bytes - reference.linear_bytes
-    linear_ratio = max(largest - unsplit_rest, 0) / reference.linear_bytes
-    metrics = {"shard_ratio": largest / reference.param_bytes, "linear_shard_ratio": linear_ratio,
-               "rank_param_bytes_max": float(largest)}
-    bound = allowed_linear_ratio(tp)
-    passed = linear_ratio <= bound
-    reason = "" if passed else (f"a rank holds {linear_ratio:.0%} of the unsharded linear-layer bytes on tp {tp} "
-                                f"(at most {bound:.0%} expected): the model was not sharded")
-    return CheckResult("memory", passed, "memory", metrics, reason)
+def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, str]) -> dict[str, int]:
+    totals = dict.fromkeys(KINDS, 0)
+    for name, size in bytes_by_name.items():
+        totals[kinds.get(name, "rest")] += size
+    return totals
+
+
+def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
+    tp = len(rank_bytes_by_name)
+    unsharded = kind_totals(reference.bytes_by_name, reference.kinds)
+    ranks = [kind_totals(by_name, reference.kinds) for by_name in rank_bytes_by_name]
+    largest = max(sum(totals.values()) for totals in ranks)
+    metrics = {"shard_ratio": largest / reference.param_bytes, "rank_param_bytes_max": float(largest)}
+    bound, problems = allowed_ratio(tp), []
+    for kind in KINDS:
+        if not unsharded[kind]:
+            continue
+        rank, held = max(enumerate(totals[kind] for totals in ranks), key=lambda pair: pair[1])
+        metrics[f"{kind.removesuffix('s')}_shard_ratio"] = held / unsharded[kind]
+        if kind in SPLIT_KINDS and unsharded[kind] >= MIN_KIND_BYTES and held / unsharded[kind] > bound:
+            problems.append(f"{kind} not sharded: rank {rank} holds {held / 2**20:.3g} of {unsharded[kind] / 2**20:.3g} MiB "
+                            f"({held / unsharded[kind]:.0%}; at most {bound:.0%} expected on tp {tp})")
+    return CheckResult("memory", not problems, "memory", metrics, "; ".join(problems))
 
 
 META_LOAD_MIN_MODEL_BYTES = 100 << 20
