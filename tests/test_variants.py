@@ -21,14 +21,6 @@ from suites.driver import RunOptions, prepare_job, run_cell
 from suites.loading import checkpoints_json
 
 ARCHITECTURES = "llama,qwen2,mistral"
-BIG_MODEL_TOML = """
-[models.big_llama]
-model_type = "llama"
-tiny = { hidden_size = 768, num_attention_heads = 12, num_key_value_heads = 4, intermediate_size = 3072, num_hidden_layers = 6, vocab_size = 16000, max_position_embeddings = 512, pad_token_id = 0, bos_token_id = 1, eos_token_id = 2 }
-tiny_why = "~81 M parameters (~325 MB fp32): big enough that a full copy per rank shows in peak RSS"
-"""
-
-
 @pytest.fixture
 def pool(rank_pool):
     return rank_pool  # the session's shared pool (conftest.py): one live rank group at a time
@@ -77,15 +69,13 @@ def test_fp16_skips_with_reason_where_the_accelerator_lacks_it(pool):
 
 
 @pytest.mark.autotp
-def test_meta_load_memory_is_measured_and_judged(pool, tmp_path):
+def test_meta_load_memory_is_measured_and_judged(pool):
     """Peak RSS per rank of both load modes in one run, on a model big enough to tell. The meta cell
     must pass when it stays well below eager and fail with class `memory` when it does not: on
     deepspeed 0.19.8 it does not (measured: eager ~376 MB, meta ~518 MB per rank for 325 MB of weights)."""
-    models_file = tmp_path / "models.toml"
-    models_file.write_text(BIG_MODEL_TOML)
     growth, outcomes = {}, {}
     # Twice over: the first cells of a rank also pay one-off imports (torch._dynamo, model modules).
-    for cell in 2 * expand("big_llama", "eager,meta", "fp32", "2", models_file):
+    for cell in 2 * expand("llama_large", "eager,meta", "fp32", "2"):
         outcome = run_cell(cell, pool, RunOptions(cell_timeout=600))
         growth[cell.variant.name] = outcome.metrics["rss_load_peak_growth_max_bytes"]
         outcomes[cell.variant.name] = outcome
