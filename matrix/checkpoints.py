@@ -70,16 +70,17 @@ def tiny_config(entry: ModelEntry):
     return AutoConfig.for_model(entry.model_type, **entry.tiny)
 
 
-def randomise_constant_parameters(model) -> list[str]:
+def randomise_constant_parameters(model, seed: int, spread: float) -> list[str]:
     """Give every parameter that transformers' init leaves constant seeded random values: biases at 0,
     norm weights at 1 (Gemma's at 0, used as 1 + w), layer scales, expert biases. With them constant, a
     bias added on every rank after a row-parallel all-reduce, a column-parallel bias not sliced with its
     weight, or a norm weight sliced or permuted computes exactly the right numbers, and no check can see
-    it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get N(0, SPREAD), others c * (1 + N(0, SPREAD))), so the
-    model still computes a sensible function. Returns the names changed."""
+    it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get
+    N(0, spread), others c * (1 + N(0, spread))), so the model still computes a sensible function. Returns the names changed. Standalone (its source is copied
+    into repro scripts, see suites/repro.py), so its only import is its own."""
     import torch
 
-    generator = torch.Generator().manual_seed(SEED + INIT)
+    generator = torch.Generator().manual_seed(seed)
     changed = []
     with torch.no_grad():
         # What save_pretrained writes: parameters and persistent buffers (e.g. deepseek_v3's zero
@@ -90,7 +91,7 @@ def randomise_constant_parameters(model) -> list[str]:
             first = parameter.reshape(-1)[0]
             if not bool((parameter == first).all()):
                 continue
-            noise = torch.randn(parameter.shape, generator=generator).to(parameter.dtype) * SPREAD
+            noise = torch.randn(parameter.shape, generator=generator).to(parameter.dtype) * spread
             parameter.copy_(noise if first == 0 else first * (1 + noise))
             changed.append(name)
     return changed
@@ -118,7 +119,7 @@ def _write_tiny(entry: ModelEntry, folder: Path) -> None:
     try:
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(tiny_config(entry), trust_remote_code=entry.trust_remote_code)
-        randomise_constant_parameters(model)
+        randomise_constant_parameters(model, SEED + INIT, SPREAD)
         model.save_pretrained(staging, safe_serialization=True)
         files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir()) if p.is_file()}
         (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1))

@@ -3,15 +3,17 @@ so a bug report carries one command to run and the environment it failed in."""
 
 from __future__ import annotations
 
+import inspect
 import pprint
 from pathlib import Path
 
 from matrix.cells import Cell
-from matrix.checkpoints import SEED
+from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from suites.records import RunInfo, environment_report, redact
 
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
 PLACEHOLDER = "CELL = {}  # written by autotp-matrix"
+FUNCTIONS_PLACEHOLDER = "# harness functions, written by autotp-matrix\n"
 
 
 def launcher_command(cell: Cell, script: str) -> str:
@@ -24,12 +26,15 @@ def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versio
     script = folder / f"repro_{cell.id}.py"
     tolerance = cell.model.tolerance_for(cell.dtype)
     spec = {"id": cell.id, "model": cell.model.name, "model_type": cell.model.model_type, "tiny": cell.model.tiny,
-            "seed": SEED, "hub_id": cell.model.hub_ids[0] if checkpoints == "hub" else None, "dtype": cell.dtype,
+            "seed": SEED, "init_seed": SEED + INIT, "spread": SPREAD, "hub_id": cell.model.hub_ids[0] if checkpoints == "hub" else None, "dtype": cell.dtype,
             "tp": cell.tp, "atol": tolerance.atol, "rtol": tolerance.rtol,
             "command": launcher_command(cell, script.name)}
     source = TEMPLATE.read_text()
-    if PLACEHOLDER not in source:
-        raise RuntimeError(f"{TEMPLATE} lost its placeholder line {PLACEHOLDER!r}")
+    for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
+        if placeholder not in source:
+            raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
+    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's.
+    source = source.replace(FUNCTIONS_PLACEHOLDER, inspect.getsource(randomise_constant_parameters), 1)
     header = (f"# autotp-matrix verdict: {outcome_line}\n# versions: "
               + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + f"\n# run: {launcher_command(cell, script.name)}\n")
     cell_line = f"CELL = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"

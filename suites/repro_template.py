@@ -28,6 +28,9 @@ def dtype_kwargs():
     return {name: DTYPES[CELL["dtype"]]}
 
 
+# harness functions, written by autotp-matrix
+
+
 def load_model():
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -36,7 +39,9 @@ def load_model():
     folder = f"repro_checkpoint_{CELL['model']}"
     if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
-        AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"])).save_pretrained(folder)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"]))
+        randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])  # noqa: F821 (copied in above)
+        model.save_pretrained(folder)
     torch.distributed.barrier()
     return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs()).eval()
 
