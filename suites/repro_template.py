@@ -3,7 +3,8 @@
 Run it with the launcher line in CELL["command"] (e.g. `deepspeed --num_gpus 3 repro_llama-eager-fp32-tp3.py`).
 It needs only torch, deepspeed and transformers. It builds the model (the same seeded tiny random
 checkpoint the harness used, or the real hub checkpoint), computes the unsharded logits and greedy
-tokens before any sharding, shards with AutoTP, and compares. Exit code 0 = match, 1 = mismatch.
+tokens before any sharding, loads the model the way the cell's variant does (eager, or on the meta
+device with init_inference reading the checkpoint files), shards with AutoTP, and compares. Exit code 0 = match, 1 = mismatch.
 """
 
 import inspect
@@ -31,19 +32,54 @@ def dtype_kwargs():
 # harness functions, written by autotp-matrix
 
 
-def load_model():
+def checkpoint_folder():
+    """The checkpoint's local folder: the harness's seeded tiny checkpoint, written by rank 0 in the cell's
+    checkpoint format and about its number of weight files, or the hub checkpoint's snapshot."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if CELL["hub_id"]:
-        return AutoModelForCausalLM.from_pretrained(CELL["hub_id"], **dtype_kwargs()).eval()
-    folder = f"repro_checkpoint_{CELL['model']}"
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(CELL["hub_id"])
+    folder = f"repro_checkpoint_{CELL['model']}_{CELL['checkpoint_format']}_{CELL['checkpoint_files']}"
     if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"]))
         randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])  # noqa: F821 (copied in above)
-        model.save_pretrained(folder)
+        size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        model.save_pretrained(folder, safe_serialization=CELL["checkpoint_format"] == "safetensors",
+                              max_shard_size=max(1, size // CELL["checkpoint_files"]) if CELL["checkpoint_files"] > 1 else "50GB")
     torch.distributed.barrier()
+    return folder
+
+
+def load_model(folder):
+    from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs()).eval()
+
+
+def meta_model(folder):
+    """meta load: the architecture on the meta device (no weights anywhere) and DeepSpeed's checkpoints
+    json listing the weight files, which init_inference reads shard by shard."""
+    import json
+
+    import deepspeed
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with deepspeed.OnDevice(dtype=DTYPES[CELL["dtype"]], device="meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), **dtype_kwargs()).eval()
+    suffix = ".safetensors" if CELL["checkpoint_format"] == "safetensors" else ".bin"
+    files = sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(suffix))
+    listing = os.path.join(folder, f"ds_checkpoints_{CELL['checkpoint_format']}.json")
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(listing, "w") as stream:
+            json.dump({"type": "ds_model", "checkpoints": files, "version": 1.0}, stream)
+    torch.distributed.barrier()
+    options = {"checkpoint": listing}
+    if CELL["keep_module_on_host"]:
+        options["keep_module_on_host"] = True
+    return model, options
 
 
 def prompt_ids():
@@ -69,12 +105,17 @@ def main():
     deepspeed.init_distributed()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0")))
-    model = load_model()
+    folder = checkpoint_folder()
+    model = load_model(folder)
     ids = prompt_ids()
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
     ref_logits, ref_tokens = observe(model.to(device), ids, device)
+    options = {}
+    if CELL["load"] == "meta":
+        del model
+        model, options = meta_model(folder)
     engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=DTYPES[CELL["dtype"]],
-                                      replace_with_kernel_inject=False)
+                                      replace_with_kernel_inject=False, **options)
     tp_logits, tp_tokens = observe(engine.module, ids, device)
     max_abs = (tp_logits - ref_logits).abs().max().item()
     allowed = CELL["atol"] + CELL["rtol"] * ref_logits.abs().max().item()

@@ -45,31 +45,47 @@ def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
     assert "***" in written
 
 
-def test_repro_script_builds_the_weights_of_the_cell_it_reproduces(tmp_path, monkeypatch):
-    """The repro makes its tiny checkpoint itself; with other weights than the harness's (e.g. biases left
-    at 0) it would say MATCH for a bias bug the harness reported."""
+def _repro_module(cell, tmp_path, monkeypatch):
+    """The repro script written for `cell`, imported in this process (one rank, no process group)."""
     import importlib.util
 
-    from safetensors.torch import load_file
-
-    from matrix.checkpoints import tiny_checkpoint
     from suites.records import RunInfo
     from suites.repro import write_repro
 
-    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
-    cell = expand("qwen2", tp="2")[0]  # q/k/v biases
     script = write_repro(cell, "tiny", tmp_path / "repro", RunInfo("unit", accelerator="cpu", backend="gloo"),
                          {"deepspeed": "0.19.8"}, "fail numerics")
-    spec = importlib.util.spec_from_file_location("repro_under_test", script)
+    spec = importlib.util.spec_from_file_location(f"repro_{cell.variant.name}_under_test", script)
     repro = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(repro)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)  # one process, no group
-    repro.load_model()
-    built = load_file(tmp_path / "repro_checkpoint_qwen2" / "model.safetensors")
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    return repro
+
+
+def test_repro_script_builds_the_weights_of_the_cell_it_reproduces(tmp_path, monkeypatch):
+    """The repro makes its tiny checkpoint itself; with other weights than the harness's (e.g. biases left
+    at 0) it would say MATCH for a bias bug the harness reported."""
+    from safetensors.torch import load_file
+
+    from matrix.checkpoints import tiny_checkpoint
+
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
+    cell = expand("qwen2", tp="2")[0]  # q/k/v biases
+    folder = tmp_path / _repro_module(cell, tmp_path, monkeypatch).checkpoint_folder()
+    built = load_file(folder / "model.safetensors")
     harness = load_file(tiny_checkpoint(cell.model) / "model.safetensors")
     assert built.keys() == harness.keys()
     assert all(torch.equal(built[name], harness[name]) for name in harness)
+
+
+def test_meta_repro_loads_through_the_meta_path(tmp_path, monkeypatch):
+    cell = expand("llama", "meta", tp="2")[0]
+    repro = _repro_module(cell, tmp_path, monkeypatch)
+    folder = repro.checkpoint_folder()
+    model, options = repro.meta_model(folder)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    listed = json.loads((tmp_path / options["checkpoint"]).read_text())["checkpoints"]
+    assert len(listed) >= 2 and all(name.endswith(".safetensors") for name in listed)  # split like the cell's
 
 
 def test_reference_is_refused_in_a_process_that_sharded(monkeypatch):
