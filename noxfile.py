@@ -74,8 +74,14 @@ def tests(session):
 
 @nox.session
 def report(session):
-    """Merge JUnit files into the history store and render the reports: `nox -s report -- DIRS...`."""
+    """Merge JUnit files into the history store and render the reports: `nox -s report -- DIRS...`, or
+    `-- --results DIR` for one results folder (DIR/junit into DIR/history.sqlite, reports into DIR)."""
     session.install(*PROJECT_DEPENDENCIES)
+    if session.posargs[:1] == ["--results"] and len(session.posargs) == 2:
+        store = ["--store", f"{session.posargs[1]}/history.sqlite"]
+        session.run("python", "-m", "reports", "merge", f"{session.posargs[1]}/junit", *store)
+        session.run("python", "-m", "reports", "render", *store, "--out", session.posargs[1])
+        return
     session.run("python", "-m", "reports", "merge", *(session.posargs or ["results/junit"]))
     session.run("python", "-m", "reports", "render")
 

@@ -85,6 +85,8 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
 
         session.log(str(error))
         written = record_install_failure(session.name, combo, str(error), selection)
+        # This environment has no python to merge with; the report session brings its own, after this one.
+        session.notify("report", ["--results", selection.results])
         session.error(f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
                       f"failures in {selection.results}")
     results, env = selection.results, environment_variables(python)
