@@ -10,7 +10,9 @@ code; `matrix/derived.toml` holds the few per-architecture fixes and the named s
 
 `derived_entries(registry)` gives a ModelEntry for every architecture in the installed transformers'
 causal-LM mapping that the registry does not cover; one that cannot be built tiny carries a
-`skip_reason`, so it is reported as a skip instead of silently missing.
+`skip_reason`, so it is reported as a skip instead of silently missing. A skip may hold at some
+transformers releases only (`[[skip_at.<model_type>]]`: a transformers bug fixed later, a class that
+lost generate()); it is then asked of the installed release.
 
 `python -m matrix.derive --check` runs the cell setup (tiny checkpoint + unsharded reference) of
 every derived architecture on CPU and lists the failures: the way to keep the skip list honest.
@@ -19,9 +21,12 @@ every derived architecture on CPU and lists the failures: the way to keep the sk
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError
 
@@ -355,11 +360,71 @@ def derive_tiny(config, real: bool = False) -> Derivation:
 # ---------------------------------------------------------------- the derived part of the matrix
 
 @dataclass(frozen=True)
+class VersionSkip:
+    """A skip that holds only at the transformers releases `transformers` (a PEP 440 specifier) names."""
+
+    transformers: str
+    reason: str
+
+    def applies(self, transformers_version: str) -> bool:
+        return SpecifierSet(self.transformers).contains(Version(transformers_version), prereleases=True)
+
+
+@dataclass(frozen=True)
 class DerivedData:
     """matrix/derived.toml: per-architecture fixes the rules cannot know, and named skips."""
 
     fixes: dict[str, dict[str, Any]]
     skips: dict[str, str]
+    version_skips: dict[str, tuple[VersionSkip, ...]] = field(default_factory=dict)
+    """[[skip_at.<model_type>]]: skips that hold at some transformers releases only."""
+
+    def skip_reason(self, model_type: str, transformers_version: str) -> str | None:
+        """Why `model_type` is not derived at `transformers_version`, or None."""
+        if model_type in self.skips:
+            return self.skips[model_type]
+        for skip in self.version_skips.get(model_type, ()):
+            if skip.applies(transformers_version):
+                return f"{skip.reason} (transformers {transformers_version}; skipped at {skip.transformers})"
+        return None
+
+
+SKIP_AT_KEYS = {"transformers", "reason"}
+
+
+def _parse_version_skips(path: Path, raw: Any, skips: dict[str, str]) -> dict[str, tuple[VersionSkip, ...]]:
+    """[[skip_at.<model_type>]] tables (one per range of releases; a single [skip_at.<model_type>] table works too)."""
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: skip_at must be tables [[skip_at.<model_type>]], got {raw!r}")
+    parsed = {}
+    for model_type, tables in raw.items():
+        entry = f"[[skip_at.{model_type}]]"
+        if model_type in skips:
+            raise RegistryError(f"{path}: {entry}: {model_type!r} is already skipped at every release by [skip]")
+        tables = [tables] if isinstance(tables, dict) else tables
+        if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+            raise RegistryError(f"{path}: {entry} must be tables with 'transformers' and 'reason', got {raw[model_type]!r}")
+        skips_of_type = []
+        for table in tables:
+            unknown = set(table) - SKIP_AT_KEYS
+            if unknown:
+                raise RegistryError(f"{path}: {entry} has unknown field(s) {sorted(unknown)}; known fields: {sorted(SKIP_AT_KEYS)}")
+            missing = SKIP_AT_KEYS - set(table)
+            if missing:
+                raise RegistryError(f"{path}: {entry} is missing required field(s) {sorted(missing)}")
+            releases, reason = table["transformers"], table["reason"]
+            if not isinstance(reason, str) or not reason.strip():
+                raise RegistryError(f"{path}: {entry} field 'reason' needs a non-empty string, got {reason!r}")
+            try:
+                specifier = SpecifierSet(releases) if isinstance(releases, str) else None
+            except InvalidSpecifier:
+                specifier = None
+            if not specifier:  # not a string, not a specifier, or empty (it would hold at every release)
+                raise RegistryError(f"{path}: {entry} field 'transformers' must be a version range such as "
+                                    f"'>=4.46, <4.54' (use [skip] for every release), got {releases!r}")
+            skips_of_type.append(VersionSkip(transformers=str(releases), reason=reason))
+        parsed[model_type] = tuple(skips_of_type)
+    return parsed
 
 
 def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
@@ -369,14 +434,16 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
         raise RegistryError(f"{path}: file not found") from None
     except tomllib.TOMLDecodeError as error:
         raise RegistryError(f"{path}: not valid TOML: {error}") from None
-    unknown = set(raw) - {"fix", "skip"}
+    unknown = set(raw) - {"fix", "skip", "skip_at"}
     if unknown:
-        raise RegistryError(f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>] and [skip]")
+        raise RegistryError(f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip] and "
+                            "[[skip_at.<model_type>]]")
     skips = raw.get("skip", {})
     for model_type, reason in skips.items():
         if not isinstance(reason, str) or not reason.strip():
             raise RegistryError(f"{path}: [skip] {model_type!r} needs a non-empty reason string")
-    return DerivedData(fixes=raw.get("fix", {}), skips=skips)
+    return DerivedData(fixes=raw.get("fix", {}), skips=skips,
+                       version_skips=_parse_version_skips(path, raw.get("skip_at", {}), skips))
 
 
 def causal_lm_model_types() -> list[str]:
@@ -397,11 +464,15 @@ def _merge(base: dict, fix: dict) -> dict:
     return merged
 
 
-def derive_for_model_type(model_type: str, data: DerivedData) -> Derivation:
-    """Class defaults of `model_type` -> tiny overrides (plus its fix from derived.toml)."""
-    if model_type in data.skips:
-        raise NotDerivable(data.skips[model_type])
+def derive_for_model_type(model_type: str, data: DerivedData, transformers_version: str | None = None) -> Derivation:
+    """Class defaults of `model_type` -> tiny overrides (plus its fix from derived.toml); its skips from
+    derived.toml are asked at `transformers_version` (default: the installed release)."""
+    import transformers
     from transformers import AutoConfig
+
+    reason = data.skip_reason(model_type, transformers_version or transformers.__version__)
+    if reason:
+        raise NotDerivable(reason)
 
     try:
         config = AutoConfig.for_model(model_type)

@@ -10,8 +10,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from matrix.cells import expand
 from matrix.checkpoints import tiny_config
-from matrix.derive import (MAX_PARAMS, DerivedData, NotDerivable, build_problem, causal_lm_model_types, derive_for_model_type,
-                           derive_tiny, derived_entries, load_derived_data)
+from matrix.derive import (MAX_PARAMS, DerivedData, NotDerivable, VersionSkip, build_problem, causal_lm_model_types,
+                           derive_for_model_type, derive_tiny, derived_entries, load_derived_data)
 from matrix.registry import ModelEntry, RegistryError, load_models
 from suites.driver import RunOptions, run_cell, skip_reason
 
@@ -135,6 +135,81 @@ def test_bad_derived_data_is_refused_with_the_file_named(tmp_path, text, message
     with pytest.raises(RegistryError, match=message) as error:
         load_derived_data(path)
     assert str(path) in str(error.value)
+
+
+SKIP_AT = """
+[[skip_at.llama]]
+transformers = ">=4.46, <4.54"
+reason = "a generate() bug"
+
+[[skip_at.llama]]
+transformers = "==5.0.*"
+reason = "another bug"
+
+[skip_at.gpt2]
+transformers = "<4.53"
+reason = "one range"
+"""
+
+
+def test_version_bounded_skips_are_parsed(tmp_path):
+    path = tmp_path / "derived.toml"
+    path.write_text(SKIP_AT)
+    data = load_derived_data(path)
+    assert data.version_skips == {"llama": (VersionSkip(">=4.46, <4.54", "a generate() bug"), VersionSkip("==5.0.*", "another bug")),
+                                  "gpt2": (VersionSkip("<4.53", "one range"),)}
+    assert data.skips == {} and data.fixes == {}
+
+
+@pytest.mark.parametrize("version, skipped", [("4.52.4", True), ("4.53.0", False), ("4.53.1", False), ("5.24.0", False)])
+def test_version_bounded_skip_applies_below_its_bound_only(tmp_path, version, skipped):
+    path = tmp_path / "derived.toml"
+    path.write_text(SKIP_AT)
+    data = load_derived_data(path)
+    if skipped:
+        with pytest.raises(NotDerivable, match=rf"one range \(transformers {version}; skipped at <4.53\)"):
+            derive_for_model_type("gpt2", data, version)
+    else:
+        assert derive_for_model_type("gpt2", data, version).tiny["n_head"] == 8
+
+
+@pytest.mark.parametrize("version, reason", [("4.45.2", None), ("4.46.0", "a generate() bug"), ("4.53.3", "a generate() bug"),
+                                             ("4.54.0", None), ("5.0.0", "another bug"), ("5.1.0", None)])
+def test_version_bounded_skip_ranges(tmp_path, version, reason):
+    path = tmp_path / "derived.toml"
+    path.write_text(SKIP_AT)
+    found = load_derived_data(path).skip_reason("llama", version)
+    assert (found and found.split(" (transformers")[0]) == reason
+
+
+def test_version_bounded_skip_reaches_the_derived_entry():
+    """At the installed release: a range that holds there skips the entry with its reason, one that ends there does not."""
+    import transformers
+
+    version, registry = transformers.__version__, load_models()
+    name, entry = next((n, e) for n, e in derived_entries(registry).items() if not e.skip_reason)
+    data = DerivedData(fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<={version}", "injected bug"),)})
+    assert derived_entries(registry, data)[name].skip_reason == f"{entry.model_type}: injected bug (transformers {version}; skipped at <={version})"
+    data = DerivedData(fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<{version}", "injected bug"),)})
+    assert derived_entries(registry, data)[name].skip_reason is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[skip_at.llama]]\ntransformers = "4.46"\nreason = "r"\n', "field 'transformers' must be a version range"),
+    ('[[skip_at.llama]]\ntransformers = ""\nreason = "r"\n', "field 'transformers' must be a version range"),
+    ('[[skip_at.llama]]\ntransformers = 4.46\nreason = "r"\n', "field 'transformers' must be a version range"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = " "\n', "field 'reason' needs a non-empty string"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\n', r"missing required field\(s\) \['reason'\]"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\nwhy = "w"\n', r"unknown field\(s\) \['why'\]"),
+    ('[skip]\nllama = "every release"\n[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\n', "already skipped at every release"),
+    ('[skip_at]\nllama = "r"\n', "must be tables"),
+])
+def test_bad_version_bounded_skip_is_refused_naming_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "derived.toml"
+    path.write_text(text)
+    with pytest.raises(RegistryError, match=message) as error:
+        load_derived_data(path)
+    assert str(path) in str(error.value) and "[[skip_at.llama]]" in str(error.value)
 
 
 def test_selection_syntax():
