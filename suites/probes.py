@@ -116,8 +116,10 @@ def tensor_kinds(model) -> dict[str, str]:
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kinds = {}
     for module_name, module in model.named_modules():
-        tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-        for local, tensor in tensors:
+        for local, _ in module.named_buffers(recurse=False):
+            # Buffers (causal masks, rotary tables) are never what AutoTP splits, whatever their rank.
+            kinds.setdefault(f"{module_name}.{local}" if module_name else local, "rest")
+        for local, tensor in module.named_parameters(recurse=False):
             name = f"{module_name}.{local}" if module_name else local
             if tensor.dim() >= 3 or "experts" in module_name.split("."):
                 kind = "experts"

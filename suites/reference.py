@@ -25,7 +25,7 @@ from suites.probes import Observations, observe
 from suites.task_probe import AccuracyTask, answer_correctness
 
 _process_sharded = False
-REFERENCE_FORMAT = 3
+REFERENCE_FORMAT = 4
 """Bump when `Observations` changes, so stale cached references are not read."""
 
 

@@ -166,6 +166,23 @@ def test_generation_fails_on_nan_decode_logits_even_when_the_tokens_match():
     assert not result.passed and result.failure_class == "generation", result.reason
 
 
+def test_tensor_kinds_come_from_the_modules_and_buffers_are_never_split_kinds():
+    from suites.probes import tensor_kinds
+
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.q, self.norm = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+            self.fused_experts = torch.nn.Parameter(torch.zeros(2, 4, 4))  # transformers >= 5 layout
+            self.register_buffer("causal_mask", torch.ones(1, 1, 4, 4))  # 4-D, but not a weight (gpt_neo)
+
+    assert tensor_kinds(Toy()) == {
+        "causal_mask": "rest", "fused_experts": "experts", "embed.weight": "embeddings", "q.weight": "linears",
+        "q.bias": "linears", "norm.weight": "rest", "norm.bias": "rest", "experts.0.weight": "experts",
+        "experts.0.bias": "experts"}
+
+
 def test_memory_is_judged_by_kind_and_names_the_kind_left_whole():
     from suites.checks import memory
 
