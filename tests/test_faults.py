@@ -73,10 +73,12 @@ def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class,
     ("llama", "rank1_permuted_norm_weights", "numerics", "logits:"),
     ("llama", "nan_decode_logits", "generation", "generation:"),
 ])
-def test_bug_classes_hidden_by_constant_weights_are_reported(pool, model, fault, failure_class, signature_start):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_bug_classes_hidden_by_constant_weights_are_reported(pool, model, fault, failure_class, signature_start, dtype):
     """Biases at 0 and norm weights at 1 (transformers' init) made these bugs compute the right numbers;
-    tiny checkpoints now randomise every constant parameter (matrix/checkpoints.py)."""
-    cell = expand(model, tp="2")[0]
+    tiny checkpoints now randomise every constant parameter (matrix/checkpoints.py). In bf16 too: its
+    tolerance (matrix/registry.py) must stay below the size of a real bug."""
+    cell = expand(model, dtypes=dtype, tp="2")[0]
     assert run_with(cell, pool).outcome == "pass"
     outcome = run_with(cell, pool, fault)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
