@@ -98,12 +98,15 @@ def test_malformed_task_lines_are_named(tmp_path, line, error):
 
 def _letters_task(tmp_path, checkpoint: str, kind: str) -> str:
     """Tiny random models answer at chance and score a choice mostly by its length (about -log(vocab) a
-    byte), so the task asks equally long choices (" a" .. " d") after the shipped contexts, with the
+    byte), so the task asks equally long choices (" a" .. " h") after the shipped contexts, with the
     reference's own picks as the answers: the reference then scores 100 % and any damage the shard does
     to the task's logits shows as lost items. `kind`: a task file for the built-in probe, or an lm-eval
     YAML over the same file."""
-    letters = Task("letters", task_path("world-facts"), tuple(
-        Item(item.context, (" a", " b", " c", " d"), 0) for item in load_task(task_path("world-facts")).items))
+    # Every shipped context, eight choices each: enough discordant items for the test to have power on any
+    # seeded weights (measured: with 40 contexts and four choices, one seed lost only 2 items to the fault).
+    contexts = [item.context for name in ("world-facts", "small-sums") for item in load_task(task_path(name)).items]
+    letters = Task("letters", task_path("world-facts"),
+                   tuple(Item(context, tuple(f" {letter}" for letter in "abcdefgh"), 0) for context in contexts))
     picks = predict(load_model(checkpoint, "fp32", False), load_tokenizer(None), letters, "cpu")
     assert len(set(picks)) > 1, "the reference picks one letter everywhere: the test would have no power"
     task_file = tmp_path / "letters.jsonl"
@@ -125,10 +128,10 @@ def test_accuracy_gate_in_a_cell_reports_a_fault_only_the_task_sees(tmp_path, ra
 
     healthy = run_cell(cell, rank_pool, RunOptions(accuracy_task=task))
     assert healthy.outcome == "pass", healthy.message
-    assert healthy.metrics["acc_ref"] == healthy.metrics["acc_tp"] == 1.0 and healthy.metrics["acc_items"] == 40
+    assert healthy.metrics["acc_ref"] == healthy.metrics["acc_tp"] == 1.0 and healthy.metrics["acc_items"] == 121
 
     faulty = run_cell(cell, rank_pool, RunOptions(accuracy_task=task, faults=("tests.faults:skip_lm_head_allreduce_on_task_items",)))
-    assert (faulty.outcome, faulty.failure_class) == ("fail", "numerics"), faulty.message
+    assert (faulty.outcome, faulty.failure_class) == ("fail", "numerics"), {k: v for k, v in faulty.metrics.items() if k.startswith("acc")}
     assert faulty.signature.startswith("accuracy:"), faulty.signature
     assert faulty.metrics["acc_mcnemar_p"] < 0.01 and faulty.metrics["acc_tp_only"] == 0
     assert faulty.metrics["logits_max_abs"] == healthy.metrics["logits_max_abs"]  # the standard probes saw nothing
