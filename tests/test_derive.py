@@ -124,17 +124,25 @@ def test_fix_merges_into_sub_config_tables():
     assert tiny["ffn_config"]["moe_top_k"] == 1 and tiny["ffn_config"]["moe_num_experts"] == 4
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[skip]\nllama = ''\n", "non-empty reason"),
-    ("[skips]\n", "unknown table"),
-    ("[skip\n", "not valid TOML"),
+@pytest.mark.parametrize("text, message, entry", [
+    ("[skip]\nllama = ''\n", "non-empty reason", ""),
+    ("[skips]\n", "unknown table", ""),
+    ("[skip\n", "not valid TOML", ""),
+    ('[[skip_at.llama]]\ntransformers = "4.46"\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
+    ('[[skip_at.llama]]\ntransformers = ""\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
+    ('[[skip_at.llama]]\ntransformers = 4.46\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = " "\n', "field 'reason' needs a non-empty string", "[[skip_at.llama]]"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\n', r"missing required field\(s\) \['reason'\]", "[[skip_at.llama]]"),
+    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\nwhy = "w"\n', r"unknown field\(s\) \['why'\]", "[[skip_at.llama]]"),
+    ('[skip]\nllama = "every release"\n[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\n', "already skipped at every release", "[[skip_at.llama]]"),
+    ('[skip_at]\nllama = "r"\n', "must be tables", "[[skip_at.llama]]"),
 ])
-def test_bad_derived_data_is_refused_with_the_file_named(tmp_path, text, message):
+def test_bad_derived_data_is_refused_naming_the_file_and_entry(tmp_path, text, message, entry):
     path = tmp_path / "derived.toml"
     path.write_text(text)
     with pytest.raises(RegistryError, match=message) as error:
         load_derived_data(path)
-    assert str(path) in str(error.value)
+    assert str(path) in str(error.value) and entry in str(error.value)
 
 
 SKIP_AT = """
@@ -192,24 +200,6 @@ def test_version_bounded_skip_reaches_the_derived_entry():
     assert derived_entries(registry, data)[name].skip_reason == f"{entry.model_type}: injected bug (transformers {version}; skipped at <={version})"
     data = DerivedData(fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<{version}", "injected bug"),)})
     assert derived_entries(registry, data)[name].skip_reason is None
-
-
-@pytest.mark.parametrize("text, message", [
-    ('[[skip_at.llama]]\ntransformers = "4.46"\nreason = "r"\n', "field 'transformers' must be a version range"),
-    ('[[skip_at.llama]]\ntransformers = ""\nreason = "r"\n', "field 'transformers' must be a version range"),
-    ('[[skip_at.llama]]\ntransformers = 4.46\nreason = "r"\n', "field 'transformers' must be a version range"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = " "\n', "field 'reason' needs a non-empty string"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\n', r"missing required field\(s\) \['reason'\]"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\nwhy = "w"\n', r"unknown field\(s\) \['why'\]"),
-    ('[skip]\nllama = "every release"\n[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\n', "already skipped at every release"),
-    ('[skip_at]\nllama = "r"\n', "must be tables"),
-])
-def test_bad_version_bounded_skip_is_refused_naming_file_and_entry(tmp_path, text, message):
-    path = tmp_path / "derived.toml"
-    path.write_text(text)
-    with pytest.raises(RegistryError, match=message) as error:
-        load_derived_data(path)
-    assert str(path) in str(error.value) and "[[skip_at.llama]]" in str(error.value)
 
 
 def test_selection_syntax():
