@@ -116,6 +116,16 @@ def nan_decode_logits(stage, model, rank):
         return _wrap_logits(model, change)
 
 
+def corrupt_batched_decode_steps(stage, model, rank):
+    """Only decode steps of a batch (two or more sequences decoded together) are wrong."""
+    def change(output, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] == 1 and ids.shape[0] > 1:
+            output.logits.add_(torch.linspace(0, 5, output.logits.shape[-1]))
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
 def corrupt_decode_steps(stage, model, rank):
     """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
     def change(output, args, kwargs):

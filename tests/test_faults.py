@@ -55,6 +55,7 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     ("perturb_rank_logits", "numerics", "ranks_agree:"),
     ("rank1_nan_logits", "numerics", "ranks_agree:"),
     ("corrupt_decode_steps", "generation", "generation:"),
+    ("corrupt_batched_decode_steps", "generation", "generation: batched decoding row"),
     ("half_vocabulary_logits", "numerics", "shapes: sharded outputs have the wrong shape"),
     ("corrupt_loss", "numerics", "perplexity:"),
     ("skip_sharding", "memory", "memory:"),
