@@ -106,16 +106,24 @@ def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extr
                                    pins["torch"], extras, extras_name)
 
 
-def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str]) -> EnvironmentSpec:
-    """DeepSpeed from one commit of a local clone (no prebuilt ops), the other axes released."""
-    torch_pin = f"torch=={torch_spelling(pins['torch'])}"
-    base_key = f"base-ds@{sha[:12]}-pt{torch_spelling(pins['torch'])}"
+def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed") -> EnvironmentSpec:
+    """`axis` (deepspeed or transformers) built from one commit of a local clone, the other axes released.
+    DeepSpeed from source gets no prebuilt ops, in a base of its own; transformers from source sits over
+    the released DeepSpeed's base like a release would."""
+    torch = torch_spelling(pins["torch"])
+    torch_pin = f"torch=={torch}"
+    if axis == "transformers":
+        key = f"ds{pins['deepspeed']}-tf@{sha[:12]}-pt{torch}"
+        base = _deepspeed_base(f"ds{pins['deepspeed']}", ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
+        return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *project_dependencies(), torch_pin),),
+                               source=(clone, sha), base=base)
+    base_key = f"base-ds@{sha[:12]}-pt{torch}"
     base = _deepspeed_base(f"ds@{sha[:12]}", (
         # setup.py imports torch, so the build runs without isolation on what is installed here
         ("setuptools", "wheel", torch_pin),
         ("--no-build-isolation", str(root / base_key / "src"), torch_pin),
     ), pins["torch"], source=(clone, sha))
-    return EnvironmentSpec(key=f"ds@{sha[:12]}-tf{pins['transformers']}-pt{torch_spelling(pins['torch'])}",
+    return EnvironmentSpec(key=f"ds@{sha[:12]}-tf{pins['transformers']}-pt{torch}",
                            installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
                            base=base)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from reports import ReportsError
-from reports.attribution import DeepSpeedRepo
+from reports.git import GitRepo
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
 from reports.history import analyse
@@ -39,9 +39,9 @@ def merge(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    repo = DeepSpeedRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
-        history = analyse(store.observations(), repo, store.bisections())
+        history = analyse(store.observations(), repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
     for path in write_outputs(history, drift, args.out):
         print(f"wrote {path}")
@@ -64,7 +64,7 @@ def gate(args: argparse.Namespace) -> int:
 
 
 def publish(args: argparse.Namespace) -> int:
-    repo = DeepSpeedRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
         observations, bisections = store.observations(), store.bisections()
     for path in publish_deltas(observations, bisections, args.session, args.out, repo=args.repo, pr=args.pr, deepspeed_repo=repo):

@@ -38,8 +38,9 @@ from matrix.registry import DTYPES, MODELS_FILE, RegistryError, load_models, loa
 from matrix.versions import (AXES, ReleaseDataUnavailable, _supports, combinations, load_config, load_releases,
                              skip_reason)
 from reports import ReportsError
-from reports.attribution import _PR_NUMBER
-from reports.model import Bisection, CellKey, release
+from reports.git import GitRepo
+from reports.history import answer_for
+from reports.model import Bisection, CellKey, Commit, release
 from reports.store import DEFAULT_STORE, HistoryStore
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -165,28 +166,39 @@ def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool)
     return Verdict(SKIP, f"a different failure ({failure}); pass --any-failure to count it as bad")
 
 
-def suite_command(python: Path, cell: CellKey, results: Path, cell_timeout: float) -> list[str]:
-    return [str(python), "-m", "pytest", "suites", "--models", cell.model, "--variants", cell.variant,
-            "--dtypes", cell.dtype, "--tp", str(cell.tp), "--results", str(results), "--session-name", "bisect",
+def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeout: float) -> list[str]:
+    """`pytest suites` selecting every given cell (and, when they differ in more than one field, the other
+    cells of their cross product too: tiny cells cost less than a second run each)."""
+    def joined(values) -> str:
+        return ",".join(sorted({str(v) for v in values}))
+    return [str(python), "-m", "pytest", "suites", "--models", joined(c.model for c in cells),
+            "--variants", joined(c.variant for c in cells), "--dtypes", joined(c.dtype for c in cells),
+            "--tp", joined(c.tp for c in cells), "--results", str(results), "--session-name", "bisect",
             "--cell-timeout", str(cell_timeout), "-q", "-p", "no:cacheprovider"]
 
 
-def run_cell(python: Path, cell: CellKey, cell_timeout: float,
-             command: Callable[[Path, CellKey, Path, float], list[str]] = suite_command) -> CellRun:
-    """Run only this cell with the environment's python and read its record from cells.jsonl."""
+CellCommand = Callable[[Path, list[CellKey], Path, float], list[str]]
+
+
+def run_cells(python: Path, cells: list[CellKey], cell_timeout: float,
+              command: CellCommand = suite_command) -> dict[CellKey, CellRun]:
+    """Run these cells in one session with the environment's python and read their records from cells.jsonl;
+    a cell without a record is missing from the answer (Untestable when none has one)."""
     with tempfile.TemporaryDirectory(prefix="autotp-bisect-") as results:
-        argv = command(python, cell, Path(results), cell_timeout)
+        argv = command(python, cells, Path(results), cell_timeout)
         try:
             completed = subprocess.run(argv, cwd=PROJECT_ROOT, env=environment_variables(python), text=True,
-                                       capture_output=True, timeout=cell_timeout + 600)  # + launch and imports
+                                       capture_output=True, timeout=cell_timeout * len(cells) + 600)  # + imports
         except subprocess.TimeoutExpired:
             raise Untestable(f"`{shlex.join(argv)}` did not finish") from None
         records = Path(results) / "cells.jsonl"
         lines = records.read_text().splitlines() if records.exists() else []
-    for record in map(json.loads, lines):
-        if record["cell"]["id"] == cell.id:
-            return CellRun(record["outcome"], record["failure_class"], record["signature"], record["message"])
-    raise Untestable(f"no result for {cell.id} (exit code {completed.returncode}): {_tail(completed)}")
+    wanted = {cell.id: cell for cell in cells}
+    found = {wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], r["signature"], r["message"])
+             for r in map(json.loads, lines) if r["cell"]["id"] in wanted}
+    if not found:
+        raise Untestable(f"no result for {', '.join(wanted)} (exit code {completed.returncode}): {_tail(completed)}")
+    return found
 
 
 def _tail(completed: subprocess.CompletedProcess, lines: int = 8) -> str:
@@ -219,57 +231,6 @@ def release_candidates(package: str, older: str, newer: str, python: Version) ->
                 and (prereleases or not r.version.is_prerelease) and _supports(r.requires_python, python))]
 
 
-@dataclass(frozen=True)
-class CommitInfo:
-    sha: str
-    subject: str
-    pr: int | None  # from a squash-merge title "Subject (#1234)"
-    files: tuple[str, ...]
-
-
-class Clone:
-    """A local git clone: the commits of a range, and what one commit touched."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        if not (self.path / ".git").exists() and self._git_status("rev-parse", "--git-dir") != 0:
-            raise BisectError(f"--deepspeed-repo {self.path}: not a git clone; "
-                              "pass the path of a local DeepSpeed clone")
-
-    def _git(self, *args: str) -> str:
-        completed = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True)
-        if completed.returncode != 0:
-            raise BisectError(f"git {' '.join(args)} failed in {self.path}: {completed.stderr.strip()}")
-        return completed.stdout
-
-    def _git_status(self, *args: str) -> int:
-        return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True).returncode
-
-    def resolve(self, ref: str) -> str:
-        for candidate in (ref, f"v{ref}"):  # DeepSpeed tags releases as v0.16.4
-            if self._git_status("rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}") == 0:
-                return self._git("rev-parse", f"{candidate}^{{commit}}").strip()
-        raise BisectError(f"--deepspeed-repo {self.path}: no commit or tag {ref!r}; "
-                          f"`git -C {self.path} fetch --tags origin` may bring it")
-
-    def commits(self, older: str, newer: str) -> list[str]:
-        """older, then the first-parent line from older to newer (oldest first), shas in full."""
-        low, high = self.resolve(older), self.resolve(newer)
-        if low == high:
-            raise BisectError(f"{older} and {newer} are the same commit {low[:12]}; nothing to bisect")
-        if self._git_status("merge-base", "--is-ancestor", low, high) != 0:
-            raise BisectError(f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older end "
-                              "must come first in history (swap them, or check --mode)")
-        line = self._git("rev-list", "--reverse", "--first-parent", "--ancestry-path", f"{low}..{high}").split()
-        return [low, *line]
-
-    def info(self, sha: str) -> CommitInfo:
-        subject = self._git("log", "-1", "--format=%s", sha).strip()
-        files = self._git("diff-tree", "--root", "--no-commit-id", "--name-only", "-r", sha).split()
-        pr = _PR_NUMBER.findall(subject)
-        return CommitInfo(sha, subject, int(pr[-1]) if pr else None, tuple(files))
-
-
 # ---- Putting it together -----------------------------------------------------------------------------------------
 
 
@@ -282,13 +243,13 @@ class CellProbe:
     environment: Callable[[str], EnvironmentSpec] | None = None  # candidate -> its environment
     any_failure: bool = False
     cell_timeout: float = 180.0
-    command: Callable[[Path, CellKey, Path, float], list[str]] = suite_command
+    command: CellCommand = suite_command
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
 
     def __call__(self, candidate: str) -> Verdict:
         try:
             python = ensure_environment(self.env_root, self.environment(candidate), log=lambda line: None)
-            run = run_cell(python, self.cell, self.cell_timeout, self.command)
+            run = run_cells(python, [self.cell], self.cell_timeout, self.command)[self.cell]
         except (Untestable, EnvironmentBuildError) as error:
             return Verdict(SKIP, str(error).replace("\n", " | "))
         verdict = classify(run, self.reference, self.any_failure)
@@ -322,11 +283,11 @@ def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pi
     return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis))
 
 
-def bisect_commits(cell: CellKey, clone: Clone, good: str, bad: str, mode: str,
-                   probe: CellProbe) -> tuple[Answer, CommitInfo]:
+def bisect_commits(cell: CellKey, clone: GitRepo, good: str, bad: str, mode: str,
+                   probe: CellProbe) -> tuple[Answer, Commit]:
     """probe.environment gives the environment of a candidate commit (a full sha)."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
-    candidates = clone.commits(older, newer)
+    candidates = clone.line(older, newer)
     print(f"bisecting {cell.id} over {len(candidates)} commits of {clone.path} {older} .. {newer}, "
           f"at most {_budget(len(candidates))} cell runs")
     answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"))
@@ -377,21 +338,20 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
     return pins
 
 
-def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str) -> Bisection | None:
-    """The newest release-level answer already recorded for this cell inside --good .. --bad: --refine
-    then goes straight to the commits."""
+def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str,
+                          held_fixed: str) -> Bisection | None:
+    """The newest release-level answer already recorded for this cell inside --good .. --bad, at the same
+    held-fixed versions: --refine then goes straight to the commits."""
     if not store.exists():
         return None
-    with HistoryStore(store, create=False) as history:
-        answers = [b for b in history.bisections()
-                   if (b.cell, b.axis, b.mode, b.commit) == (cell, axis, mode, "") and b.failure_class]
     try:
-        ends = sorted((Version(good), Version(bad)))
+        low, high = sorted((good, bad), key=Version)
     except InvalidVersion:
         return None  # bisect_releases explains what a version looks like
-    inside = [b for b in answers if None not in (release(b.before), release(b.after))
-              and ends[0] <= release(b.before) and release(b.after) <= ends[1]]
-    return max(inside, key=lambda b: b.recorded_at, default=None)
+    with HistoryStore(store, create=False) as history:
+        answers = [b for b in history.bisections() if not b.commit and b.failure_class
+                   and None not in (release(b.before), release(b.after))]
+    return answer_for(answers, cell, axis, mode, low, high, held_fixed)
 
 
 def record(store: Path, bisection: Bisection) -> None:
@@ -443,7 +403,7 @@ def _bisect(args: argparse.Namespace) -> int:
     if any("=" not in pin or pin.split("=", 1)[0] not in AXES for pin in args.pin):
         raise BisectError(f"--pin takes AXIS=VERSION with AXIS one of {', '.join(AXES)}, e.g. transformers=5.24.0")
     overrides = dict(pin.split("=", 1) for pin in args.pin)
-    clone = Clone(args.deepspeed_repo) if args.deepspeed_repo else None
+    clone = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     commits_only = clone is not None and not args.refine
     failing = args.bad
     pins = held_fixed_pins(cell, args.axis, failing.removeprefix("v") if commits_only else failing, overrides,
@@ -453,7 +413,8 @@ def _bisect(args: argparse.Namespace) -> int:
     before_word, after_word = ("last good", "first bad") if args.mode == "broken" else ("last bad", "first good")
     good, bad = args.good, args.bad
     commit = None
-    stored = stored_release_answer(args.store, cell, args.axis, args.mode, good, bad) if args.refine else None
+    stored = (stored_release_answer(args.store, cell, args.axis, args.mode, good, bad, _held_fixed(pins, args.axis))
+              if args.refine else None)
     if stored is not None:
         print(f"using the stored release-level answer: {before_word} {stored.before}, {after_word} {stored.after}")
         answer = Answer(stored.before, stored.after, stored.untestable, ())

@@ -9,8 +9,9 @@ from itertools import pairwise
 from packaging.version import InvalidVersion, Version
 
 from reports import ReportsError
-from reports.attribution import Commit, DeepSpeedRepo
-from reports.model import AXES, Bisection, CellKey, Observation, Versions, release
+from reports.attribution import commits_between, deepspeed_order
+from reports.git import GitRepo
+from reports.model import AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,12 @@ class Transition:
     after_status: CellStatus
     commits: tuple[Commit, ...] = ()  # only for DeepSpeed transitions, when a clone is given
     bisection: Bisection | None = None  # the newest `reports.bisect` answer inside this transition's range
+    attempt: TriageAttempt | None = None  # without an answer: why triage could not find one, if it tried
+
+    @property
+    def mode(self) -> str:
+        """The bisection that answers this transition: broken (broke) or fixed (fixed); "" for a class change."""
+        return _BISECTION_MODE.get(self.kind, "")
 
     @property
     def held_fixed(self) -> str:
@@ -72,7 +79,7 @@ class VersionOrder:
     labels that are not releases (an install failure at pr/1234, master, local-DeepSpeed) come after all
     releases of their axis, by when first seen."""
 
-    def __init__(self, observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None):
+    def __init__(self, observations: list[Observation], deepspeed_repo: GitRepo | None):
         self._repo = deepspeed_repo
         # Without a clone, builds of the same version from different commits are ordered by when first seen.
         self._first_seen: dict[tuple[str, str, str], str] = {}
@@ -92,7 +99,7 @@ class VersionOrder:
         if axis != "deepspeed":
             return (0, version)
         if self._repo is not None:
-            return (0, self._repo.topological_index(versions))
+            return (0, deepspeed_order(self._repo, versions))
         return (0, version, self._first_seen[self._seen_key(axis, versions)])
 
     def set_key(self, versions: Versions) -> tuple:
@@ -113,8 +120,8 @@ def summarise(observations: list[Observation]) -> CellStatus:
     return CellStatus(status, passes, fails, skips, failure_class, signature, metrics)
 
 
-def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | None = None,
-            bisections: list[Bisection] = ()) -> History:
+def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = None,
+            bisections: list[Bisection] = (), attempts: list[TriageAttempt] = ()) -> History:
     if not observations:
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
     order = VersionOrder(observations, deepspeed_repo)
@@ -133,6 +140,7 @@ def analyse(observations: list[Observation], deepspeed_repo: DeepSpeedRepo | Non
     if deepspeed_repo is not None:
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
     transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
+    transitions = [t if t.bisection else replace(t, attempt=_attempt_for(t, attempts)) for t in transitions]
     harness: dict[Versions, dict[str, None]] = defaultdict(dict)
     for obs in sorted(observations, key=lambda o: o.run.started):
         if obs.run.harness_git:
@@ -171,31 +179,38 @@ def _kind(before: CellStatus, after: CellStatus) -> str:
     return ""
 
 
-def _attribute(transition: Transition, repo: DeepSpeedRepo) -> Transition:
+def _attribute(transition: Transition, repo: GitRepo) -> Transition:
     if transition.axis != "deepspeed":
         return transition
     if any(release(v.deepspeed) is None and not v.deepspeed_git for v in (transition.before, transition.after)):
         return transition  # a label such as pr/1234 names no commit the clone could place
-    return replace(transition, commits=tuple(repo.commits_between(transition.before, transition.after)))
+    return replace(transition, commits=commits_between(repo, transition.before, transition.after))
 
 
 _BISECTION_MODE = {"broke": "broken", "fixed": "fixed"}
 
 
 def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
-    """The newest bisection of this cell, axis and direction, run with the transition's other axes held
-    at the same versions, whose answer lies inside the transition's range.
+    return answer_for(bisections, transition.cell, transition.axis, transition.mode,
+                      getattr(transition.before, transition.axis), getattr(transition.after, transition.axis),
+                      transition.held_fixed)
+
+
+def answer_for(bisections: list[Bisection], cell: CellKey, axis: str, mode: str, low: str, high: str,
+               held_fixed: str) -> Bisection | None:
+    """The one rule for "does this bisection answer this question": the newest bisection of this cell, axis
+    and mode, run with every other axis it pinned at the version held_fixed names, whose answer lies inside
+    low .. high (the older and newer value on the axis).
 
     An answer that is not a release (a commit sha from a commit-only bisection) cannot be placed on the
     release line, so it is taken as inside."""
     matching = [
         b for b in bisections
-        if (b.cell, b.axis, b.mode) == (transition.cell, transition.axis, _BISECTION_MODE.get(transition.kind))
-        # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); the transition
-        # also names python: each pin must be the transition's.
-        and _pins(b.held_fixed) <= _pins(transition.held_fixed)
-        and _within(getattr(transition.before, transition.axis), b.before, b.after,
-                    getattr(transition.after, transition.axis))
+        if (b.cell, b.axis, b.mode) == (cell, axis, mode)
+        # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); a transition
+        # also names python: each pin must be the question's.
+        and _pins(b.held_fixed) <= _pins(held_fixed)
+        and _within(low, b.before, b.after, high)
     ]
     return max(matching, key=lambda b: b.recorded_at, default=None)
 
@@ -204,7 +219,7 @@ def _pins(held_fixed: str) -> set[str]:
     """"transformers 5.24.0, torch 2.13.0+cpu" as pins; torch's local build label (+cpu, +cu124), which an
     installed torch reports and a pin leaves out, names the same torch release."""
     pins = set()
-    for pin in held_fixed.split(", "):
+    for pin in filter(None, held_fixed.split(", ")):
         axis, _, value = pin.partition(" ")
         version = release(value) if axis == "torch" else None
         pins.add(f"{axis} {version.public}" if version else pin)
@@ -216,3 +231,13 @@ def _within(low: str, before: str, after: str, high: str) -> bool:
         return Version(low) <= Version(before.removeprefix("v")) < Version(after.removeprefix("v")) <= Version(high)
     except InvalidVersion:
         return True
+
+
+def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> TriageAttempt | None:
+    """The newest unanswered triage question about exactly this transition."""
+    matching = [a for a in attempts
+                if (a.cell, a.axis, a.mode, a.before, a.after) == (
+                    transition.cell, transition.axis, transition.mode, getattr(transition.before, transition.axis),
+                    getattr(transition.after, transition.axis))
+                and _pins(a.held_fixed) <= _pins(transition.held_fixed)]
+    return max(matching, key=lambda a: a.recorded_at, default=None)

@@ -11,6 +11,9 @@ AXES = ("deepspeed", "transformers", "torch", "python")
 OUTCOMES = ("pass", "fail", "skip")
 # The metric shown next to each cell in the matrix and plotted in the trend chart.
 KEY_METRIC = "logits_max_abs"
+# Where each axis's commits and PRs live, for links in reports.
+GITHUB_REPOSITORY = {"deepspeed": "deepspeedai/DeepSpeed", "transformers": "huggingface/transformers",
+                     "torch": "pytorch/pytorch"}
 
 
 @dataclass(frozen=True, order=True)
@@ -82,8 +85,17 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+    pr: int | None  # from a "Subject (#1234)" squash-merge title
+    files: tuple[str, ...] = ()  # what it touched, where asked for
+    relevant: bool = False  # touches the paths the question is about (AutoTP's code, the failure's files)
+
+
+@dataclass(frozen=True)
 class Bisection:
-    """The answer of `python -m reports.bisect` for one cell along one axis."""
+    """The answer of `python -m reports.bisect` or `python -m reports.triage` for one cell along one axis."""
 
     cell: CellKey
     mode: str  # broken (before = last good, after = first bad) | fixed (before = last bad, after = first good)
@@ -99,6 +111,27 @@ class Bisection:
     files: tuple[str, ...] = ()
     untestable: tuple[str, ...] = ()  # skipped candidates between before and after
     recorded_at: str = ""  # ISO 8601 UTC
+    # Commits of the range that touched the failure's files or the model's folder, most likely first: the
+    # answer on a side whose commits were listed, not bisected (transformers without a buildable clone).
+    suspects: tuple[Commit, ...] = ()
+    # The cell whose bisection this answer repeats, after this cell was run at both ends of it ("" when
+    # this cell was bisected itself).
+    confirmed_from: str = ""
+
+
+@dataclass(frozen=True)
+class TriageAttempt:
+    """A triage question that got no answer, and why (its ends no longer differ, every step untestable,
+    an axis triage cannot install): shown in the report instead of "not yet triaged"."""
+
+    cell: CellKey
+    axis: str
+    mode: str  # broken | fixed
+    before: str
+    after: str
+    held_fixed: str
+    reason: str
+    recorded_at: str = ""
 
 
 def release(value: str) -> Version | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reports import ReportsError
-from reports.attribution import DeepSpeedRepo
+from reports.git import GitRepo
 from reports.gate import compare
 from reports.history import CellStatus, History, analyse
 from reports.model import AXES, Bisection, CellKey, CellResult, Observation, Run, Versions, release
@@ -230,7 +230,7 @@ def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, lis
 
 
 def publish(observations: list[Observation], bisections: list[Bisection], sessions: list[str] | None, out_dir: Path,
-            *, repo: str | None, pr: int | None, deepspeed_repo: DeepSpeedRepo | None, log=print) -> list[Path]:
+            *, repo: str | None, pr: int | None, deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
     token = os.environ.get(TOKEN_ENV) or None
     history = analyse(observations, deepspeed_repo, bisections)

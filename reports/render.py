@@ -122,6 +122,7 @@ def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, i
 def _transition(transition: Transition) -> dict:
     return {
         "cell": transition.cell.id,
+        **asdict(transition.cell),
         "kind": transition.kind,
         "axis": transition.axis,
         "before": transition.before.label(transition.axis),
@@ -131,6 +132,7 @@ def _transition(transition: Transition) -> dict:
         "after_status": _status(transition.after_status),
         "commits": [asdict(commit) for commit in transition.commits],
         "bisection": _bisection(transition.bisection) if transition.bisection else None,
+        "attempt": {**asdict(transition.attempt), "cell": transition.attempt.cell.id} if transition.attempt else None,
     }
 
 
@@ -236,7 +238,7 @@ def commit_text(commit: dict) -> str:
     subject, pr = _one_line(commit["subject"]), commit["pr"]
     if pr:  # lead with the PR number instead of repeating it at the end of the subject
         subject = f"#{pr} {subject.replace(f' (#{pr})', '')}"
-    where = " — touches AutoTP paths" if commit["touches_autotp"] else ""
+    where = " — touches AutoTP paths" if commit["relevant"] else ""
     return f"{subject} (`{commit['sha'][:10]}`){where}"
 
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from reports import ReportsError
-from reports.model import Bisection, CellKey, CellResult, Observation, Run, Versions, deepspeed_git_of
+from reports.model import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
+                           deepspeed_git_of)
 
-# 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git (both migrated in place)
-SCHEMA_VERSION = 3
+# 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
+# confirmations in bisections, and the triage_attempts table. A new store is schema 1 brought up by the same
+# migrations an old one takes, so the two can never differ.
+SCHEMA_VERSION = 4
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -37,8 +40,7 @@ CREATE TABLE runs (
     torch         TEXT NOT NULL,
     python        TEXT NOT NULL,
     imported_from TEXT NOT NULL,
-    imported_at   TEXT NOT NULL,
-    harness_git   TEXT NOT NULL DEFAULT ''  -- last: where schema 3's ALTER TABLE puts it in migrated stores
+    imported_at   TEXT NOT NULL
 )""",
     """
 CREATE TABLE results (
@@ -76,7 +78,7 @@ CREATE TABLE bisections (
     untestable    TEXT NOT NULL,  -- JSON list
     recorded_at   TEXT NOT NULL
 )"""
-# Schema 3: the commit of the harness that recorded each run. Same column definition as in _SCHEMA.
+# Schema 3: the commit of the harness that recorded each run.
 _HARNESS_GIT = "ALTER TABLE runs ADD COLUMN harness_git TEXT NOT NULL DEFAULT ''"
 
 
@@ -92,8 +94,38 @@ def _clean_deepspeed_git(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE runs SET deepspeed_git = ? WHERE run_id = ?", (cleaned, run_id))
 
 
+# Schema 4: what triage adds to an answer, and the questions it could not answer.
+_TRIAGE = (
+    "ALTER TABLE bisections ADD COLUMN suspects TEXT NOT NULL DEFAULT '[]'",  # JSON list of commits
+    "ALTER TABLE bisections ADD COLUMN confirmed_from TEXT NOT NULL DEFAULT ''",
+    """
+CREATE TABLE triage_attempts (
+    model         TEXT NOT NULL,
+    variant       TEXT NOT NULL,
+    dtype         TEXT NOT NULL,
+    tp            INTEGER NOT NULL,
+    axis          TEXT NOT NULL,
+    mode          TEXT NOT NULL CHECK (mode IN ('broken', 'fixed')),
+    before        TEXT NOT NULL,
+    after         TEXT NOT NULL,
+    held_fixed    TEXT NOT NULL,
+    reason        TEXT NOT NULL,
+    recorded_at   TEXT NOT NULL
+)""",
+)
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
-_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git)}
+_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE}
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    for step in range(version, SCHEMA_VERSION):
+        for statement in _MIGRATIONS[step]:
+            if callable(statement):
+                statement(conn)
+            else:
+                conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
 
 _RUN_FIELDS = ("session", "host", "started", "accelerator", "backend", "harness_git")
 _VERSION_FIELDS = ("deepspeed", "deepspeed_git", "transformers", "torch", "python")
@@ -138,10 +170,10 @@ class HistoryStore:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
             if not has_tables and application_id == 0:
-                for statement in (*_SCHEMA, _BISECTIONS):  # not executescript(): it would commit our transaction
+                for statement in _SCHEMA:  # not executescript(): it would commit our transaction
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                _migrate(conn, 1)
             elif application_id != APPLICATION_ID:
                 raise ReportsError(
                     f"{self.path}: this SQLite file is not an autotp-matrix history store; "
@@ -159,13 +191,7 @@ class HistoryStore:
                     "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
                 )
             else:
-                for step in range(version, SCHEMA_VERSION):
-                    for statement in _MIGRATIONS[step]:
-                        if callable(statement):
-                            statement(conn)
-                        else:
-                            conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                _migrate(conn, version)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -244,11 +270,12 @@ class HistoryStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
-                "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
                  bisection.after, bisection.held_fixed, bisection.failure_class, bisection.signature,
                  bisection.commit, bisection.subject, bisection.pr, json.dumps(list(bisection.files)),
-                 json.dumps(list(bisection.untestable)), bisection.recorded_at),
+                 json.dumps(list(bisection.untestable)), bisection.recorded_at,
+                 json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from),
             )
             conn.execute("COMMIT")
         except BaseException:
@@ -261,10 +288,34 @@ class HistoryStore:
         return [
             Bisection(CellKey(model, variant, dtype, tp), mode, axis, before, after, held_fixed, failure_class,
                       signature, commit, subject, pr, tuple(json.loads(files)), tuple(json.loads(untestable)),
-                      recorded_at)
+                      recorded_at, tuple(_commit(c) for c in json.loads(suspects)), confirmed_from)
             for (model, variant, dtype, tp, mode, axis, before, after, held_fixed, failure_class, signature, commit,
-                 subject, pr, files, untestable, recorded_at) in rows
+                 subject, pr, files, untestable, recorded_at, suspects, confirmed_from) in rows
         ]
+
+    def add_triage_attempt(self, attempt: TriageAttempt) -> None:
+        cell = attempt.cell
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("INSERT INTO triage_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (cell.model, cell.variant, cell.dtype, cell.tp, attempt.axis, attempt.mode, attempt.before,
+                          attempt.after, attempt.held_fixed, attempt.reason, attempt.recorded_at))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def triage_attempts(self) -> list[TriageAttempt]:
+        """Every unanswered triage question, oldest first."""
+        rows = self._conn.execute("SELECT * FROM triage_attempts ORDER BY recorded_at, rowid")
+        return [TriageAttempt(CellKey(model, variant, dtype, tp), axis, mode, before, after, held_fixed, reason,
+                              recorded_at)
+                for model, variant, dtype, tp, axis, mode, before, after, held_fixed, reason, recorded_at in rows]
+
+
+def _commit(fields: dict) -> Commit:
+    return Commit(**{**fields, "files": tuple(fields.get("files", ()))})
 
 
 def _run_row(run: Run) -> tuple:

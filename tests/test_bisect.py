@@ -15,9 +15,11 @@ import pytest
 
 from matrix.environments import READY_MARKER, EnvironmentSpec
 from reports.__main__ import main as reports_main
-from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Clone, Verdict,
+from reports import ReportsError
+from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict,
                             bisect_commits, classify, held_fixed_pins, main, parse_cell_id, release_candidates, search,
                             stored_release_answer)
+from reports.git import GitRepo
 from reports.model import Bisection, CellKey, CellResult, Run, Versions
 from reports.store import HistoryStore
 
@@ -179,16 +181,19 @@ FAKE_CELL = textwrap.dedent("""\
     # Stands in for `pytest suites`: runs one "cell" against the installed fakeds, writes cells.jsonl.
     import json, sys
     from pathlib import Path
-    cell_id, results = sys.argv[1], Path(sys.argv[2])
-    record = {"cell": {"id": cell_id}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
-    try:
-        from fakeds.shard import shard
-        shard(6, 4)
-    except AssertionError as error:
-        record.update(outcome="fail", failure_class="shard", signature="AssertionError: heads N not divisible by N",
-                      message=str(error))
+    cell_ids, results = sys.argv[1].split(","), Path(sys.argv[2])
+    records = []
+    for cell_id in cell_ids:
+        record = {"cell": {"id": cell_id}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
+        try:
+            from fakeds.shard import shard
+            shard(6, 4)
+        except AssertionError as error:
+            record.update(outcome="fail", failure_class="shard",
+                          signature="AssertionError: heads N not divisible by N", message=str(error))
+        records.append(json.dumps(record) + "\\n")
     results.mkdir(parents=True, exist_ok=True)
-    (results / "cells.jsonl").write_text(json.dumps(record) + "\\n")
+    (results / "cells.jsonl").write_text("".join(records))
 """)
 
 
@@ -235,7 +240,8 @@ def fake_probe(tmp_path_factory, fake_deepspeed):
 
     def make() -> CellProbe:
         return CellProbe(CellKey("llama", "eager", "fp32", 2), env_root=root, environment=environment,
-                         command=lambda python, cell, results, _: [str(python), str(script), cell.id, str(results)])
+                         command=lambda python, cells, results, _: [str(python), str(script),
+                                                                  ",".join(c.id for c in cells), str(results)])
     return make, root
 
 
@@ -243,7 +249,7 @@ def test_first_bad_commit_with_an_untestable_commit_skipped(fake_deepspeed, fake
     repo, shas = fake_deepspeed
     make, root = fake_probe
     probe = make()
-    answer, commit = bisect_commits(probe.cell, Clone(repo), "v0.1.0", shas[7], "broken", probe)
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe)
 
     assert (answer.before, answer.after, answer.untestable) == (shas[4], shas[5], ())
     assert (commit.sha, commit.subject, commit.pr) == (shas[5], "Shard heads strictly (#4321)", 4321)
@@ -263,7 +269,7 @@ def test_mode_fixed_finds_the_fix_and_reuses_environments(fake_deepspeed, fake_p
     make, root = fake_probe
     probe = make()
     ready_before = (root / shas[7][:12] / READY_MARKER).stat().st_mtime
-    answer, commit = bisect_commits(probe.cell, Clone(repo), shas[9], shas[5], "fixed", probe)  # --good new, --bad old
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), shas[9], shas[5], "fixed", probe)  # --good new, --bad old
     assert (answer.before, answer.after) == (shas[7], shas[8])
     assert (commit.subject, commit.pr, commit.files) == ("Allow uneven heads again (#4400)", 4400, ("fakeds/shard.py",))
     assert (root / shas[7][:12] / READY_MARKER).stat().st_mtime == ready_before  # reused, not rebuilt
@@ -271,15 +277,15 @@ def test_mode_fixed_finds_the_fix_and_reuses_environments(fake_deepspeed, fake_p
 
 def test_commit_ranges_are_checked(fake_deepspeed, tmp_path):
     repo, shas = fake_deepspeed
-    clone = Clone(repo)
-    with pytest.raises(BisectError, match="is not an ancestor of"):
-        clone.commits(shas[5], shas[2])
-    with pytest.raises(BisectError, match="same commit"):
-        clone.commits("v0.1.0", shas[0])
-    with pytest.raises(BisectError, match="no commit or tag 'v9.9'"):
-        clone.commits("v9.9", shas[2])
-    with pytest.raises(BisectError, match="not a git clone"):
-        Clone(tmp_path)
+    clone = GitRepo(repo)
+    with pytest.raises(ReportsError, match="is not an ancestor of"):
+        clone.line(shas[5], shas[2])
+    with pytest.raises(ReportsError, match="same commit"):
+        clone.line("v0.1.0", shas[0])
+    with pytest.raises(ReportsError, match="no commit or tag 'v9.9'"):
+        clone.line("v9.9", shas[2])
+    with pytest.raises(ReportsError, match="not a git clone"):
+        GitRepo(tmp_path)
 
 
 # ---- the answer in the store and the report ----------------------------------------------------------------------
@@ -326,14 +332,24 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
         run = Run("r1", "nightly", "runner-1", "2026-01-01T00:00:00Z", "cpu", "gloo",
                   Versions("0.17.0", "4.57.6", "2.13.0", "3.11.7"))
         history.import_runs([(run, [CellResult("r1", cell, "fail", "shard", "X")])], source=tmp_path)
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.5", "0.16.6", "", "shard", "X",
+        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.5", "0.16.6",
+                                        "transformers 4.57.6, torch 2.13.0", "shard", "X",
                                         recorded_at="2026-01-02T00:00:00+00:00"))
+        # Newer, inside the range too, but run at another transformers: an answer about other versions.
+        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.7", "0.16.8",
+                                        "transformers 5.24.0, torch 2.13.0", "shard", "X",
+                                        recorded_at="2026-01-03T00:00:00+00:00"))
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {}, store) == {
         "deepspeed": "0.17.0", "transformers": "4.57.6", "torch": "2.13.0"}
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {"torch": "2.12.0"}, store)["torch"] == "2.12.0"
-    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0").after == "0.16.6"
-    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0") is None  # outside
-    assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4") is None
+    held = "transformers 4.57.6, torch 2.13.0"
+    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", held).after == "0.16.6"
+    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0", held) is None  # outside
+    assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4", held) is None
+    # The same rule as the report's (reports.history.answer_for): the other transformers' answer is the one
+    # for those versions only.
+    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0",
+                                 "transformers 5.24.0, torch 2.13.0").after == "0.16.8"
 
 
 # ---- a real DeepSpeed range ----------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports import ReportsError
 from reports.__main__ import main
-from reports.store import HistoryStore
+from reports.store import SCHEMA_VERSION, HistoryStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,7 +179,7 @@ def _columns(store: Path, table: str) -> list[tuple]:
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_old_stores_are_migrated_to_schema_3(version, tmp_path, capsys):
+def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys):
     old = _old_store(tmp_path / "old.sqlite", version, [
         ("release@2025-01-01T00:00:00Z@runner-1", "0.19.8", "b9b025f"),  # the harness's HEAD, stamped by setup.py
         ("git@2025-01-02T00:00:00Z@runner-1", "0.18.1+abc1234", "abc1234"),  # a source build from git: kept
@@ -190,11 +190,11 @@ def test_old_stores_are_migrated_to_schema_3(version, tmp_path, capsys):
         assert history.bisections() == []
     assert [(r.versions.deepspeed_git, r.harness_git) for r in runs] == [("", ""), ("abc1234", ""), ("", "")]
     with sqlite3.connect(old) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     # The migrated tables are the ones a new store gets.
     with HistoryStore(tmp_path / "new.sqlite", create=True):
         pass
-    for table in ("runs", "results", "bisections"):
+    for table in ("runs", "results", "bisections", "triage_attempts"):
         assert _columns(old, table) == _columns(tmp_path / "new.sqlite", table)
 
     # The old JUnit file of a migrated run imports as the same run (import applies the same rule).

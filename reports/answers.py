@@ -1,0 +1,84 @@
+"""The one line that answers a transition — which release, commit and PR broke (or fixed) a cell — as
+every output says it: report.md, report.html, the GitHub step summary, publish's PR comment and issues.
+
+    bloom tp2 eager fp32: broke at transformers 5.20.2 → 5.21.0, first bad commit abc1234567 (#41234
+    "Refactor attention"), forward: RuntimeError: … @ transformers/models/bloom/modeling_bloom.py:forward
+
+Works on render's JSON form of a transition (report.json "regressions"/"fixes"/"class_changes" entries).
+`link(text, url)` decides the markup: markdown_link, an HTML one, or plain_link for a terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reports.model import GITHUB_REPOSITORY
+
+Link = Callable[[str, str], str]
+MAX_SUSPECTS = 3  # in the line; report.json keeps them all
+
+
+def markdown_link(text: str, url: str) -> str:
+    return f"[{text}]({url})"
+
+
+def plain_link(text: str, url: str) -> str:
+    return text
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def cell_label(t: dict) -> str:
+    return f"{t['model']} tp{t['tp']} {t['variant']} {t['dtype']}"
+
+
+def commit_url(axis: str, sha: str) -> str:
+    return f"https://github.com/{GITHUB_REPOSITORY[axis]}/commit/{sha}"
+
+
+def pr_url(axis: str, pr: int) -> str:
+    return f"https://github.com/{GITHUB_REPOSITORY[axis]}/pull/{pr}"
+
+
+def commit_words(axis: str, commit: dict, link: Link) -> str:
+    """`abc1234567 (#1234 "subject")`, each part linked to GitHub."""
+    sha = link(commit["sha"][:10], commit_url(axis, commit["sha"])) if axis in GITHUB_REPOSITORY else commit["sha"][:10]
+    subject = one_line(commit["subject"])
+    if commit["pr"]:
+        subject = subject.replace(f" (#{commit['pr']})", "")
+        number = link(f"#{commit['pr']}", pr_url(axis, commit["pr"])) if axis in GITHUB_REPOSITORY else f"#{commit['pr']}"
+        return f'{sha} ({number} "{subject}")'
+    return f'{sha} ("{subject}")'
+
+
+def _failure(status: dict) -> str:
+    return f"{status['failure_class']}: {one_line(status['signature'])}"
+
+
+def answer_text(t: dict, link: Link = markdown_link) -> str:
+    """One line per transition: where it changed, the narrowest answer known, and the failure."""
+    if t["kind"] == "class-change":
+        return (f"{cell_label(t)}: failure class changed at {t['axis']} {t['before']} → {t['after']}: "
+                f"{t['before_status']['failure_class']} → {_failure(t['after_status'])} "
+                "(not triaged: a change between two failures has no passing end to bisect from)")
+    broke = t["kind"] == "broke"
+    verb, which = ("broke", "first bad") if broke else ("fixed", "first good")
+    failure = _failure(t["after_status"]) if broke else f"was {_failure(t['before_status'])}"
+    b = t["bisection"]
+    if b is None:
+        why = f"triage could not answer: {one_line(t['attempt']['reason'])}" if t["attempt"] else "not yet triaged"
+        return f"{cell_label(t)}: {verb} at {t['axis']} {t['before']} → {t['after']} ({why}), {failure}"
+    parts = [f"{cell_label(t)}: {verb} at {b['axis']} {b['before']} → {b['after']}"]
+    if b["commit"]:
+        commit = {"sha": b["commit"], "subject": b["subject"], "pr": b["pr"]}
+        parts.append(f"{which} commit {commit_words(b['axis'], commit, link)}")
+    elif b["suspects"]:
+        shown = [commit_words(b["axis"], s, link) for s in b["suspects"][:MAX_SUSPECTS]]
+        more = f" and {len(b['suspects']) - MAX_SUSPECTS} more" if len(b["suspects"]) > MAX_SUSPECTS else ""
+        parts.append(f"suspect commits {'; '.join(shown)}{more}")
+    if b["untestable"]:
+        parts.append(f"untestable in between: {', '.join(c[:10] for c in b['untestable'])}")
+    parts.append(failure)
+    line = ", ".join(parts)
+    return f"{line} (confirmed here; bisected on {b['confirmed_from']})" if b["confirmed_from"] else line

@@ -1,0 +1,392 @@
+"""Answer every open transition of the history store by itself: which release, commit and PR broke (or
+fixed) each red (or newly green) cell, on the DeepSpeed and the transformers side.
+
+    python -m reports.triage --store results/history.sqlite [--deepspeed-repo PATH] [--transformers-repo PATH]
+                             [--max-cells 200] [--max-minutes 60]
+
+Transitions that changed along the same axis, over the same release range, at the same other versions,
+with the same failure class and cause (the signature with tp-dependent detail masked) are one question:
+one representative cell (the smallest tp) is bisected — releases first, then commits when a clone is
+given — and every other cell of the question is run once at each end of the answer, which confirms it
+for that cell. A cell that does not confirm becomes a question of its own. On the transformers side a
+clone also lists the commits of the range that touched the failure's files and the model's folder. The
+budget stops the work between cell runs; what is left stays "not yet triaged" in the report, and a
+question that cannot be answered is recorded with its reason. Answers go into the store like those of
+`python -m reports.bisect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+                                 env_root, release_environment)
+from matrix.registry import RegistryError, load_models
+from matrix.versions import ReleaseDataUnavailable, load_config
+from reports import ReportsError
+from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
+                            print_step, release_candidates, run_cells, search, suite_command)
+from reports.git import GitRepo
+from reports.history import Transition, analyse
+from reports.model import Bisection, Commit, TriageAttempt, release
+from reports.signatures import cause, frame_files
+from reports.store import DEFAULT_STORE, HistoryStore
+
+TRIAGED_AXES = ("deepspeed", "transformers")  # the axes whose releases and commits triage can install
+DEEPSPEED_REPO_ENV = "AUTOTP_DEEPSPEED_REPO"
+TRANSFORMERS_REPO_ENV = "AUTOTP_TRANSFORMERS_REPO"
+# Where transformers keeps a file that an installed transformers names transformers/…
+TRANSFORMERS_SOURCE_ROOT = "src/"
+MAX_REASON = 400  # characters of an unanswered question's reason kept in the store (an installer's log is long)
+
+
+class BudgetSpent(Exception):
+    """The budget allows no more cell runs: what is left stays not yet triaged."""
+
+
+@dataclass
+class Budget:
+    max_cells: int
+    max_minutes: float
+    spent_cells: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def spend(self, cells: int) -> None:
+        minutes = (time.monotonic() - self.started) / 60
+        if minutes >= self.max_minutes:
+            raise BudgetSpent(f"--max-minutes {self.max_minutes:g} reached")
+        if self.spent_cells + cells > self.max_cells:
+            raise BudgetSpent(f"--max-cells {self.max_cells} reached ({self.spent_cells} cell runs spent, "
+                              f"the next step needs {cells})")
+        self.spent_cells += cells
+
+
+@dataclass(frozen=True)
+class Question:
+    """Transitions that one bisection answers."""
+
+    axis: str
+    mode: str  # broken | fixed
+    older: str  # the axis value at the older end (last good when broken, last bad when fixed)
+    newer: str
+    held_fixed: str  # the other axes, as the transitions name them
+    pins: tuple[tuple[str, str], ...]  # the other installable axes' versions
+    failure_class: str
+    cause: str
+    transitions: tuple[Transition, ...]
+
+    @property
+    def representative(self) -> Transition:
+        """The cheapest cell to run many times: the smallest tp, then the first by name."""
+        return min(self.transitions, key=lambda t: (t.cell.tp, t.cell))
+
+    @property
+    def failing(self) -> str:
+        return self.newer if self.mode == "broken" else self.older
+
+    def failing_status(self, transition: Transition):
+        return transition.after_status if self.mode == "broken" else transition.before_status
+
+    def describe(self) -> str:
+        verb = "broke" if self.mode == "broken" else "fixed"
+        return (f"{len(self.transitions)} cell(s) {verb} at {self.axis} {self.older} → {self.newer} "
+                f"({self.held_fixed}), {self.failure_class}: {self.cause}")
+
+
+def open_transitions(transitions: list[Transition]) -> list[Transition]:
+    """Broke/fixed transitions that no bisection answers yet (a class change has no passing end)."""
+    return [t for t in transitions if t.kind in ("broke", "fixed") and t.bisection is None]
+
+
+def unanswerable(transition: Transition) -> str:
+    """Why triage cannot bisect this transition, or ""."""
+    axis = transition.axis
+    if axis not in TRIAGED_AXES:
+        return (f"triage installs {' and '.join(TRIAGED_AXES)} releases; a {axis} change is shown with its "
+                "range only")
+    ends = (getattr(transition.before, axis), getattr(transition.after, axis))
+    if labels := [value for value in ends if release(value) is None]:
+        return f"{axis} {labels[0]} is not a release (an install failure at a git ref or a local clone)"
+    if transition.after.deepspeed_git or transition.before.deepspeed_git:
+        return "DeepSpeed was built from git here; triage installs releases (bisect commits with reports.bisect)"
+    return ""
+
+
+def questions(transitions: list[Transition]) -> list[Question]:
+    """Group transitions into questions, the one answering the most cells first."""
+    grouped: dict[tuple, list[Transition]] = defaultdict(list)
+    for t in transitions:
+        failing = t.after_status if t.kind == "broke" else t.before_status
+        key = (t.axis, t.mode, getattr(t.before, t.axis), getattr(t.after, t.axis), t.held_fixed,
+               failing.failure_class, cause(failing.signature))
+        grouped[key].append(t)
+    found = []
+    for (axis, mode, older, newer, held_fixed, failure_class, signature_cause), members in grouped.items():
+        versions = members[0].after
+        pins = tuple((other, getattr(versions, other)) for other in ("deepspeed", "transformers", "torch")
+                     if other != axis)
+        found.append(Question(axis, mode, older, newer, held_fixed, pins, failure_class, signature_cause,
+                              tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell)))))
+    return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))
+
+
+@dataclass(frozen=True)
+class Installer:
+    """How a candidate becomes an environment; tests replace it with fake packages."""
+
+    releases: Callable[[str, str, str], list[str]]  # (axis, older, newer) -> releases from older to newer
+    release: Callable[[dict[str, str]], EnvironmentSpec]  # all three axes' releases
+    commit: Callable[[str, GitRepo, str, dict[str, str]], EnvironmentSpec]  # (axis, clone, sha, other pins)
+
+
+def real_installer(root: Path) -> Installer:
+    python = load_config().python
+    return Installer(
+        releases=lambda axis, older, newer: release_candidates(axis, older, newer, python),
+        release=release_environment,
+        commit=lambda axis, clone, sha, pins: commit_environment(root, clone.path, sha, pins, axis),
+    )
+
+
+@dataclass
+class Triage:
+    store: Path
+    env_root: Path
+    installer: Installer
+    budget: Budget
+    repos: dict[str, GitRepo] = field(default_factory=dict)  # axis -> clone
+    command: CellCommand = suite_command
+    cell_timeout: float = 180.0
+    model_types: dict[str, str] = field(default_factory=dict)  # registry name -> transformers model_type
+    log: Callable[[str], None] = print
+    answered: int = 0
+    confirmed: int = 0
+    steps: int = 0
+
+    # ---- one question -------------------------------------------------------------------------------------------
+
+    def answer(self, question: Question) -> list[Question]:
+        """Bisect the question's representative, record the answers, confirm the others; returns the
+        questions of cells that did not confirm (each of its own)."""
+        rep = question.representative
+        pins = dict(question.pins)
+        start = GOOD if question.mode == "broken" else BAD
+        failing = question.failing_status(rep)
+        probe = CellProbe(rep.cell, env_root=self.env_root, cell_timeout=self.cell_timeout, command=self.command,
+                          reference=(failing.failure_class, failing.signature))
+        probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
+        self.log(f"question: {question.describe()}; representative {rep.cell.id}")
+        candidates = self.installer.releases(question.axis, question.older, question.newer)
+        if len(candidates) > 2:
+            answer = search(candidates, self._counted(probe), start=start, on_step=print_step(question.axis))
+        else:  # adjacent releases: the history already ran both ends
+            answer = Answer(question.older, question.newer, (), ())
+        self.log(f"  release answer: {question.axis} {answer.before} → {answer.after}")
+        commit, suspects, ends = None, (), ("release", answer.before, answer.after)
+        repo = self.repos.get(question.axis)
+        if repo is not None:
+            if question.axis == "transformers":
+                suspects = tuple(self._suspects(repo, answer, question, rep))
+                self.log(f"  {len(suspects)} suspect commit(s) touched the failure's files or the model's folder")
+            commit_answer, commit = self._bisect_commits(repo, answer, question, probe, start)
+            if commit_answer is not None:
+                ends = ("commit", commit_answer.before, commit_answer.after)
+                answer = Answer(answer.before, answer.after, answer.untestable + commit_answer.untestable, ())
+        now = _now()
+        common = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
+                      held_fixed=question.held_fixed, commit=commit.sha if commit else "",
+                      subject=commit.subject if commit else "", pr=commit.pr if commit else None,
+                      files=commit.files if commit else (), untestable=answer.untestable, suspects=suspects,
+                      recorded_at=now)
+        self._record(Bisection(cell=rep.cell, failure_class=failing.failure_class, signature=failing.signature,
+                               **common))
+        self.answered += 1
+        others = [t for t in question.transitions if t is not rep]
+        confirmed, unconfirmed = self._confirm(question, others, ends, pins) if others else ([], [])
+        for t in confirmed:
+            status = question.failing_status(t)
+            self._record(Bisection(cell=t.cell, failure_class=status.failure_class, signature=status.signature,
+                                   confirmed_from=rep.cell.id, **common))
+        self.confirmed += len(confirmed)
+        self.log(f"  answered {rep.cell.id}, confirmed {len(confirmed)} of {len(others)} other cell(s)")
+        return [_alone(question, t) for t in unconfirmed]
+
+    def _counted(self, probe: CellProbe) -> Callable[[str], Verdict]:
+        def run(candidate: str) -> Verdict:
+            self.budget.spend(1)
+            self.steps += 1
+            return probe(candidate)
+        return run
+
+    def _bisect_commits(self, repo: GitRepo, answer: Answer, question: Question, probe: CellProbe,
+                        start: str) -> tuple[Answer | None, Commit | None]:
+        """The commit-level answer between the release answer's ends, or (None, None) when the commits
+        cannot be bisected (the ends built from source do not reproduce, every build fails)."""
+        pins = dict(question.pins)
+        transformers = question.axis == "transformers"
+        try:
+            # transformers tags patch releases on release branches: the line starts at the merge base.
+            line = repo.line(answer.before, answer.after, from_merge_base=transformers)
+        except ReportsError as error:
+            self.log(f"  commits not bisected: {error}")
+            return None, None
+        probe.environment = lambda sha: self.installer.commit(question.axis, repo, sha, pins)
+        self.log(f"  bisecting {len(line)} {question.axis} commits {answer.before} .. {answer.after}")
+        try:
+            commit_answer = search(line, self._counted(probe), start=start, on_step=print_step("commit"))
+        except BisectError as error:
+            self.log(f"  commits not bisected: {error}")
+            return None, None
+        return commit_answer, repo.info(commit_answer.after)
+
+    def _suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
+        """The range's commits that touched the failure's files (most specific first), then the model's folder."""
+        status = question.failing_status(rep)
+        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(rep))
+                 if path.startswith("transformers/")]
+        model_type = self.model_types.get(rep.cell.model, rep.cell.model)
+        paths = [*files, f"{TRANSFORMERS_SOURCE_ROOT}transformers/models/{model_type}/"]
+        return [Commit(c.sha, c.subject, c.pr, c.files, relevant=True)
+                for c in repo.touching(answer.before, answer.after, paths)]
+
+    def _message(self, transition: Transition) -> str:
+        """The failing run's message (it holds the traceback), from the store."""
+        with HistoryStore(self.store, create=False) as history:
+            failing = transition.after if transition.kind == "broke" else transition.before
+            messages = [o.result.message for o in history.observations()
+                        if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
+        return messages[-1] if messages else ""
+
+    def _confirm(self, question: Question, others: list[Transition], ends: tuple[str, str, str],
+                 pins: dict[str, str]) -> tuple[list[Transition], list[Transition]]:
+        """Run the other cells once at each end of the answer: confirmed where they pass at the good end and
+        fail with the question's cause at the bad end."""
+        level, before, after = ends
+        good_end, bad_end = (before, after) if question.mode == "broken" else (after, before)
+        repo = self.repos.get(question.axis)
+
+        def environment(value: str) -> EnvironmentSpec:
+            if level == "commit":
+                return self.installer.commit(question.axis, repo, value, pins)
+            return self.installer.release({**pins, question.axis: value})
+
+        cells = [t.cell for t in others]
+        outcomes = {}
+        for end in (good_end, bad_end):
+            self.budget.spend(len(cells))
+            try:
+                python = ensure_environment(self.env_root, environment(end), log=lambda line: None)
+                outcomes[end] = run_cells(python, cells, self.cell_timeout, self.command)
+            except (Untestable, EnvironmentBuildError) as error:
+                self.log(f"  could not confirm at {end}: {str(error).splitlines()[0]}")
+                outcomes[end] = {}
+        confirmed, unconfirmed = [], []
+        for t in others:
+            good, bad = outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell)
+            same = (bad is not None and bad.outcome == "fail" and bad.failure_class == question.failure_class
+                    and cause(bad.signature) == question.cause)
+            (confirmed if good is not None and good.outcome == "pass" and same else unconfirmed).append(t)
+        return confirmed, unconfirmed
+
+    def _record(self, bisection: Bisection) -> None:
+        with HistoryStore(self.store, create=True) as history:
+            history.add_bisection(bisection)
+
+    def attempt(self, question: Question, reason: str) -> None:
+        """Record why nothing answers this question (once per reason), so the report says it."""
+        reason = " ".join(reason.split())[:MAX_REASON]
+        with HistoryStore(self.store, create=True) as history:
+            known = {(a.cell, a.axis, a.mode, a.before, a.after, a.reason) for a in history.triage_attempts()}
+            for t in question.transitions:
+                attempt = TriageAttempt(t.cell, question.axis, question.mode, question.older, question.newer,
+                                        question.held_fixed, reason, _now())
+                if (t.cell, attempt.axis, attempt.mode, attempt.before, attempt.after, reason) not in known:
+                    history.add_triage_attempt(attempt)
+
+    # ---- every question -----------------------------------------------------------------------------------------
+
+    def run(self, transitions: list[Transition]) -> list[Question]:
+        """Answer what the budget allows; returns the questions left untriaged."""
+        todo = open_transitions(transitions)
+        blocked = [t for t in todo if unanswerable(t)]
+        for t in blocked:
+            self.attempt(_alone(questions([t])[0], t), unanswerable(t))
+        queue = questions([t for t in todo if not unanswerable(t)])
+        self.log(f"triage: {len(todo)} open transition(s) in {len(queue)} question(s)"
+                 + (f"; {len(blocked)} cannot be bisected (reasons recorded)" if blocked else ""))
+        while queue:
+            question = queue.pop(0)
+            try:
+                queue.extend(self.answer(question))
+            except BudgetSpent as spent:
+                self.log(f"budget spent ({spent}): {len(queue) + 1} question(s) left not yet triaged")
+                return [question, *queue]
+            except (BisectError, ReleaseDataUnavailable) as error:
+                self.log(f"  no answer: {error}")
+                self.attempt(question, str(error))
+        return []
+
+
+def _alone(question: Question, transition: Transition) -> Question:
+    return Question(question.axis, question.mode, question.older, question.newer, question.held_fixed,
+                    question.pins, question.failure_class, question.cause, (transition,))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m reports.triage", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
+    parser.add_argument("--deepspeed-repo", type=Path, default=os.environ.get(DEEPSPEED_REPO_ENV) or None,
+                        help=f"local DeepSpeed clone: bisect commits after releases (default ${DEEPSPEED_REPO_ENV})")
+    parser.add_argument("--transformers-repo", type=Path, default=os.environ.get(TRANSFORMERS_REPO_ENV) or None,
+                        help="local transformers clone: list the commits that touched the failure's files, and "
+                             f"bisect commits (default ${TRANSFORMERS_REPO_ENV})")
+    parser.add_argument("--max-cells", type=int, default=200, help="most cell runs to spend (default 200)")
+    parser.add_argument("--max-minutes", type=float, default=60.0, help="most minutes to spend (default 60)")
+    parser.add_argument("--env-root", type=Path, default=env_root(),
+                        help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
+    parser.add_argument("--cell-timeout", type=float, default=180.0, help="seconds a cell may take per run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        repos = {axis: GitRepo(path, f"--{axis}-repo")
+                 for axis, path in (("deepspeed", args.deepspeed_repo), ("transformers", args.transformers_repo))
+                 if path is not None}
+        with HistoryStore(args.store, create=False) as store:
+            history = analyse(store.observations(), None, store.bisections(), store.triage_attempts())
+        try:
+            model_types = {name: entry.model_type for name, entry in load_models().items()}
+        except RegistryError:
+            model_types = {}
+        triage = Triage(args.store, args.env_root, real_installer(args.env_root), Budget(args.max_cells, args.max_minutes),
+                        repos, cell_timeout=args.cell_timeout, model_types=model_types)
+        left = triage.run(history.transitions)
+    except (ReportsError, ReleaseDataUnavailable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    cells_left = sum(len(q.transitions) for q in left)
+    print(f"triage: {triage.answered} question(s) answered by bisection, {triage.confirmed} cell(s) confirmed, "
+          f"{triage.steps} bisection step(s), {triage.budget.spent_cells} cell run(s); {cells_left} cell(s) in "
+          f"{len(left)} question(s) not yet triaged")
+    print(f"`python -m reports render --store {args.store}` shows the answers")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
