@@ -10,7 +10,8 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
 from matrix.environments import environment_variables
-from matrix.sessions import PROJECT_DEPENDENCIES, TESTS_PINS, dependency_group, install_harness, run_matrix, session_combos
+from matrix.sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness, run_matrix,
+                             session_combos)
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
@@ -103,8 +104,23 @@ def publish(session):
 @nox.session
 def bisect(session):
     """Which release/commit broke a cell: `nox -s bisect -- --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0`."""
-    session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/bisect-steps/
+    session.install(*PROJECT_DEPENDENCIES)  # steps build (and keep) environments in .nox/envs/
     session.run("python", "-m", "reports.bisect", *session.posargs)
+
+
+@nox.session
+def triage(session):
+    """Which release/commit/PR broke or fixed every open transition of the store, by itself:
+    `nox -s triage -- [--deepspeed-repo PATH] [--transformers-repo PATH] [--max-cells N] [--max-minutes M]`."""
+    session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/envs/
+    session.run("python", "-m", "reports.triage", *session.posargs)
+
+
+@nox.session(name="backfill", python=False)
+def backfill_session(session):
+    """History on day one: `nox -s backfill -- --axis deepspeed --since 0.16.0 --models llama --tp 2,3`
+    runs the newest patch of each minor, merges into results/history.sqlite, triages and renders."""
+    backfill(session, session.posargs)
 
 
 @nox.session

@@ -12,7 +12,7 @@ import nox
 
 from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
                                  env_root, environment_variables)
-from matrix.versions import Combo, ReleaseDataUnavailable, combinations
+from matrix.versions import AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -75,6 +75,13 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
     """Install `combo`, run the AutoTP suites on the selected cells, and render the report."""
     if combo.skip_reason:
         session.skip(f"{combo.id}: {combo.skip_reason}")
+    if failure := run_combination(session, combo, pytest_args):
+        session.error(failure)
+
+
+def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
+    """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
+    (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
     selection = _selection(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
     extras_name = "accuracy" if selection.accuracy_task.startswith("lm_eval:") else ""
@@ -87,12 +94,52 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
         written = record_install_failure(session.name, combo, str(error), selection)
         # This environment has no python to merge with; the report session brings its own, after this one.
         session.notify("report", ["--results", selection.results])
-        session.error(f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
-                      f"failures in {selection.results}")
+        return (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
+                f"failures in {selection.results}")
     results, env = selection.results, environment_variables(python)
     session.run(str(python), "-m", "pytest", "suites", "--session-name", session.name, *pytest_args,
                 success_codes=[0, 1], env={**env, "NOX_SESSION_NAME": session.name}, external=True)
     session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
                 env=env, external=True)
     session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
+                env=env, external=True)
+    return ""
+
+
+def backfill(session: nox.Session, argv: list[str]) -> None:
+    """Run the newest patch of every minor of one axis from --since (the other axes at their latest
+    releases) for the selected cells, merge all of it into the history store, then triage it."""
+    parser = argparse.ArgumentParser(prog="nox -s backfill --", allow_abbrev=False)
+    parser.add_argument("--axis", choices=AXES, required=True)
+    parser.add_argument("--since", required=True, help="oldest release, e.g. 0.16.0 (its minor's newest patch runs)")
+    parser.add_argument("--until", help="newest release (default: the newest stable)")
+    parser.add_argument("--store", default="results/history.sqlite")
+    parser.add_argument("--results", default="results/backfill", help="one folder per combination under it")
+    parser.add_argument("--no-triage", action="store_true", help="only run and merge")
+    args, rest = parser.parse_known_args(argv)
+    triage_options = [f"--{name}" for name in ("max-cells", "max-minutes", "deepspeed-repo", "transformers-repo")]
+    triage_args = [arg for i, arg in enumerate(rest) if arg.split("=")[0] in triage_options
+                   or (i and rest[i - 1] in triage_options)]
+    pytest_args = [arg for arg in rest if arg not in triage_args]
+    try:
+        versions = backfill_versions(args.axis, args.since, args.until)
+    except (ReleaseDataUnavailable, AxisValueError) as error:
+        session.error(str(error))
+    session.log(f"backfill: {args.axis} {', '.join(versions)}")
+    combos = [combinations("latest", overrides={**pin_overrides(), args.axis: version})[0] for version in versions]
+    folders = []
+    for combo in combos:
+        if combo.skip_reason:
+            session.log(f"{combo.id}: skipped, {combo.skip_reason}")
+            continue
+        folder = f"{args.results}/{combo.id}"
+        if failure := run_combination(session, combo, [*pytest_args, "--results", folder]):
+            session.warn(failure)
+        folders.append(f"{folder}/junit")
+    python = install_harness(session, session_combos("latest")[0])
+    env = environment_variables(python)
+    session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)
+    if not args.no_triage:
+        session.run(str(python), "-m", "reports.triage", "--store", args.store, *triage_args, env=env, external=True)
+    session.run(str(python), "-m", "reports", "render", "--store", args.store, "--out", str(Path(args.store).parent),
                 env=env, external=True)

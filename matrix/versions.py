@@ -455,6 +455,25 @@ def _resolve_release(version: Version, rule: AxisRule, releases: list[Release], 
     raise _axis_value_error(str(version), rule, problem)
 
 
+def backfill_versions(package: str, since: str, until: str | None = None, *, python: Version | None = None,
+                      cache_dir: Path | None = None) -> list[str]:
+    """The newest installable stable patch of every minor from `since` to `until` (default: the newest
+    stable), oldest first: the releases a new deployment runs to get its history."""
+    python = python or load_config().python
+    try:
+        low, high = Version(since), Version(until) if until else None
+    except InvalidVersion as error:
+        raise AxisValueError(f"{package}: {error}; --since and --until take releases like 0.16.0") from None
+    stable = sorted(v for v in _installable_lines(load_releases(package, cache_dir=cache_dir), python).values()
+                    if not v.is_prerelease)
+    newest_per_minor = {(v.release + (0,))[:2]: v for v in stable
+                        if (v.release + (0,))[:2] >= (low.release + (0,))[:2] and (high is None or v <= high)}
+    if not newest_per_minor:
+        raise AxisValueError(f"{package}: no installable stable release from {since} to {until or 'the newest'} "
+                             f"for Python {python}")
+    return [str(version) for version in newest_per_minor.values()]
+
+
 def _supports(requires_python: str | None, python: Version) -> bool:
     try:
         return requires_python is None or SpecifierSet(requires_python).contains(python, prereleases=True)

@@ -8,7 +8,7 @@
 
 "good" always means the cell passes and "bad" that it fails, so --mode broken takes --good older than
 --bad and --mode fixed takes --bad older than --good. Each step runs only that cell, in an environment
-of its own under .nox/bisect-steps/<key> that later bisections reuse. "Bad" means the failure seen at the
+of its own under .nox/envs/<key> that later bisections and matrix sessions reuse. "Bad" means the failure seen at the
 failing end (same failure class and signature) unless --any-failure; a step that cannot be tested
 (install failure, a different failure, a skipped cell) is skipped like `git bisect skip` and the
 search continues on its neighbours. The answer goes into the history store, so the report can say

@@ -102,9 +102,11 @@ class Question:
                 f"({self.held_fixed}), {self.failure_class}: {self.cause}")
 
 
-def open_transitions(transitions: list[Transition]) -> list[Transition]:
-    """Broke/fixed transitions that no bisection answers yet (a class change has no passing end)."""
-    return [t for t in transitions if t.kind in ("broke", "fixed") and t.bisection is None]
+def open_transitions(transitions: list[Transition], refine: tuple[str, ...] = ()) -> list[Transition]:
+    """Broke/fixed transitions that no bisection answers yet (a class change has no passing end), and with
+    refine, those of these axes answered at release level only."""
+    return [t for t in transitions if t.kind in ("broke", "fixed")
+            and (t.bisection is None or (t.axis in refine and not t.bisection.commit))]
 
 
 def unanswerable(transition: Transition) -> str:
@@ -186,7 +188,9 @@ class Triage:
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
         self.log(f"question: {question.describe()}; representative {rep.cell.id}")
         candidates = self.installer.releases(question.axis, question.older, question.newer)
-        if len(candidates) > 2:
+        if (known := rep.bisection) is not None:  # refining a release-level answer
+            answer = Answer(known.before, known.after, known.untestable, ())
+        elif len(candidates) > 2:
             answer = search(candidates, self._counted(probe), start=start, on_step=print_step(question.axis))
         else:  # adjacent releases: the history already ran both ends
             answer = Answer(question.older, question.newer, (), ())
@@ -314,9 +318,10 @@ class Triage:
 
     # ---- every question -----------------------------------------------------------------------------------------
 
-    def run(self, transitions: list[Transition]) -> list[Question]:
-        """Answer what the budget allows; returns the questions left untriaged."""
-        todo = open_transitions(transitions)
+    def run(self, transitions: list[Transition], refine: bool = False) -> list[Question]:
+        """Answer what the budget allows (with refine, also bisect the commits of release-level answers on
+        the axes with a clone); returns the questions left untriaged."""
+        todo = open_transitions(transitions, tuple(self.repos) if refine else ())
         blocked = [t for t in todo if unanswerable(t)]
         for t in blocked:
             self.attempt(_alone(questions([t])[0], t), unanswerable(t))
@@ -354,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transformers-repo", type=Path, default=os.environ.get(TRANSFORMERS_REPO_ENV) or None,
                         help="local transformers clone: list the commits that touched the failure's files, and "
                              f"bisect commits (default ${TRANSFORMERS_REPO_ENV})")
+    parser.add_argument("--refine", action="store_true",
+                        help="also bisect the commits behind answers found at release level (needs a clone)")
     parser.add_argument("--max-cells", type=int, default=200, help="most cell runs to spend (default 200)")
     parser.add_argument("--max-minutes", type=float, default=60.0, help="most minutes to spend (default 60)")
     parser.add_argument("--env-root", type=Path, default=env_root(),
@@ -376,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             model_types = {}
         triage = Triage(args.store, args.env_root, real_installer(args.env_root), Budget(args.max_cells, args.max_minutes),
                         repos, cell_timeout=args.cell_timeout, model_types=model_types)
-        left = triage.run(history.transitions)
+        left = triage.run(history.transitions, refine=args.refine)
     except (ReportsError, ReleaseDataUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

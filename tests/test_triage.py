@@ -313,3 +313,40 @@ def test_transformers_side_lists_the_frame_file_commit_first_and_bisects_commits
     ((_, line),) = answers(store)
     assert line.startswith(f'llama tp2 eager fp32: broke at transformers 5.0.0 → 5.1.0, first bad commit {shas[2][:10]} '
                            '(#40102 "Refactor llama attention"), forward: TypeError')
+
+
+def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side, tmp_path):
+    _, shas, _, _ = deepspeed_side
+    store = tmp_path / "history.sqlite"
+    red_cells_store(store)
+    with HistoryStore(store, create=False) as history:
+        found = analyse(history.observations(), None)
+    repo, _, envs, script = deepspeed_side
+    release_only = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(100, 30),
+                          command=cells_command(script))  # no clone: releases only
+    assert release_only.run(found.transitions) == [] and release_only.steps == 6
+    assert all("first bad commit" not in line and "0.1.1 → 0.2.0" in line for _, line in answers(store))
+
+    with HistoryStore(store, create=False) as history:
+        found = analyse(history.observations(), None, history.bisections())
+    refined = make_triage(store, deepspeed_side, Budget(100, 30))
+    assert refined.run(found.transitions) == []  # without --refine, every transition is answered already
+    assert refined.steps == 0
+    assert refined.run(found.transitions, refine=True) == []
+    assert refined.steps == 8  # the stored release answer is reused: commit steps only
+    assert all(f"first bad commit {shas[3][:10]}" in line for _, line in answers(store))
+
+
+def test_frame_files_and_causes_read_real_signatures():
+    from reports.signatures import cause, frame_files
+
+    tp2 = ("RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at dimension "
+           "N), but got split_sizes=[N, N] @ deepspeed/module_inject/layers.py:uneven_partition")
+    tp3 = tp2.replace("[N, N]", "[N, N, N]")
+    assert cause(tp2) == cause(tp3) != cause(tp2.replace("RuntimeError", "ValueError"))
+    message = ('Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bloom/modeling_bloom.py",'
+               ' line 10, in forward\n  File "/x/site-packages/transformers/modeling_utils.py", line 5, in f\n')
+    signature = "TypeError: boom @ transformers/integrations/tensor_parallel.py:shard"
+    assert frame_files(signature, message) == ["transformers/integrations/tensor_parallel.py",
+                                               "transformers/modeling_utils.py",
+                                               "transformers/models/bloom/modeling_bloom.py"]
