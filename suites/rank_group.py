@@ -9,6 +9,7 @@ group (the whole process group is killed, so no orphan ranks), the cell gets `ti
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,13 +63,24 @@ def torch_extensions_dir() -> Path:
     return cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}"
 
 
-def clear_stale_build_locks(root: Path, max_age_seconds: float = 300, log=print) -> None:
-    """An interrupted JIT build of DeepSpeed's comm op leaves a `lock` file under the torch
-    extensions folder and every later launch waits on it forever."""
-    for lock in root.glob("**/lock"):
-        if time.time() - lock.stat().st_mtime > max_age_seconds:
-            log(f"removing stale torch extension build lock {lock}")
+BUILD_GUARD = ".autotp-build.flock"
+
+
+@contextmanager
+def jit_build_guard(root: Path, log=print):
+    """Held while a rank group starts, which is when its ranks JIT-build (or load) DeepSpeed's ops.
+
+    torch marks a build in progress with a `lock` file under the extensions folder; a build that was
+    interrupted (Ctrl-C, a killed runner) leaves it behind and every later start waits on it forever.
+    Every harness start holds this flock (which the kernel releases when its holder dies), so a `lock`
+    found while holding it belongs to no running harness build: it is removed at once."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / BUILD_GUARD, "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        for lock in root.glob("**/lock"):
+            log(f"removing torch extension build lock left by an interrupted build: {lock}")
             lock.unlink(missing_ok=True)
+        yield
 
 
 def launch_environment() -> dict[str, str]:
@@ -155,7 +168,10 @@ class RankGroup:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        clear_stale_build_locks(Path(self.env["TORCH_EXTENSIONS_DIR"]))
+        with jit_build_guard(Path(self.env["TORCH_EXTENSIONS_DIR"])):
+            self._start()
+
+    def _start(self) -> None:
         release_orphaned_shared_memory()
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:

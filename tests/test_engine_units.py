@@ -199,21 +199,25 @@ def test_memory_is_judged_by_kind_and_names_the_kind_left_whole():
     assert experts_whole.reason.startswith("experts not sharded: rank 1 holds 31.5 of 32 MiB (98%")
 
 
-def test_stale_extension_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
-    import os
-    import time
+def test_a_build_lock_left_by_an_interrupted_build_is_removed_at_once_and_starts_take_turns(tmp_path):
+    import subprocess
+    import sys
 
-    from suites.rank_group import clear_stale_build_locks
+    from suites.rank_group import BUILD_GUARD, jit_build_guard
 
-    stale, fresh = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock", tmp_path / "py311_cpu" / "other" / "lock"
-    for lock in (stale, fresh):
-        lock.parent.mkdir(parents=True)
-        lock.write_text("")
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    left = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    left.parent.mkdir(parents=True)
+    left.write_text("")  # as torch leaves it when its build is killed: fresh, but nobody builds
     messages = []
-    clear_stale_build_locks(tmp_path, log=messages.append)
-    assert not stale.exists() and fresh.exists()
-    assert str(stale) in messages[0]
+    with jit_build_guard(tmp_path, log=messages.append):
+        assert not left.exists() and str(left) in messages[0]
+        # Another start (another process) waits while this one holds the guard...
+        other = subprocess.Popen([sys.executable, "-c", f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
+                                  "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"], stderr=subprocess.PIPE, text=True)
+        assert other.wait(timeout=30) != 0 and "BlockingIOError" in other.stderr.read()
+    # ...and gets it once this one is done.
+    assert subprocess.run([sys.executable, "-c", f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
+                           "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"], timeout=30).returncode == 0
 
 
 def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path):
