@@ -26,7 +26,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from matrix.environments import ENV_ROOT_ENV  # noqa: E402  (needs the project root on sys.path)
-from matrix.versions import combinations  # noqa: E402
+from matrix.versions import combinations, parse_pins  # noqa: E402
 
 WARM_TARGET_S = 15.0
 
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--tp", default="2")
     args = parser.parse_args()
 
-    overrides = dict(pin.split("=", 1) for pin in args.pins.split(","))
+    overrides = parse_pins([args.pins], "--pins")
     sibling_overrides = {**overrides, "transformers": args.sibling_transformers}
     sibling_pins = ",".join(f"{axis}={value}" for axis, value in sibling_overrides.items())
     (combo,) = combinations("latest", overrides=overrides)

@@ -12,7 +12,8 @@ import nox
 
 from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
                                  env_root, environment_variables)
-from matrix.versions import AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations
+from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
+                             parse_pins)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -24,12 +25,10 @@ PINS_ENV = "AUTOTP_PINS"
 
 
 def pin_overrides() -> dict[str, str]:
-    text = os.environ.get(PINS_ENV, "")
-    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-    for pair in pairs:
-        if len(pair) != 2:
-            raise SystemExit(f"{PINS_ENV}={text!r}: each entry must be AXIS=VALUE, e.g. deepspeed=0.19.7")
-    return {axis.strip(): value.strip() for axis, value in pairs}
+    try:
+        return parse_pins([os.environ.get(PINS_ENV, "")], PINS_ENV)
+    except AxisValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def session_combos(tag: str | None = None, overrides: dict[str, str] | None = None) -> list[Combo]:

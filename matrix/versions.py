@@ -434,7 +434,7 @@ def _installable_lines(releases: list[Release], python: Version) -> dict[tuple, 
     installable = sorted(
         release.version
         for release in releases
-        if not release.yanked and not release.version.is_devrelease and _supports(release.requires_python, python)
+        if not release.yanked and not release.version.is_devrelease and supports_python(release.requires_python, python)
     )
     return {_line_key(version): version for version in installable}  # ascending: newest wins
 
@@ -474,7 +474,25 @@ def backfill_versions(package: str, since: str, until: str | None = None, *, pyt
     return [str(version) for version in newest_per_minor.values()]
 
 
-def _supports(requires_python: str | None, python: Version) -> bool:
+def parse_pins(entries: Iterable[str], where: str, axes: Iterable[str] = AXES) -> dict[str, str]:
+    """The one reading of `AXIS=VALUE` pins, as every command takes them: repeated options and/or
+    comma-separated lists (`deepspeed=0.19.7,transformers=5.24.0`), spaces ignored, each axis once."""
+    axes = tuple(axes)
+    pins: dict[str, str] = {}
+    for entry in (part.strip() for text in entries for part in text.split(",")):
+        if not entry:
+            continue
+        axis, equals, value = (part.strip() for part in entry.partition("="))
+        if not equals or axis not in axes or not value:
+            raise AxisValueError(f"{where}: {entry!r} must be AXIS=VALUE with AXIS one of {', '.join(axes)}, "
+                                 f"e.g. {axes[0]}=0.19.7")
+        if pins.get(axis, value) != value:
+            raise AxisValueError(f"{where}: {axis} is pinned twice ({pins[axis]} and {value}); keep one")
+        pins[axis] = value
+    return pins
+
+
+def supports_python(requires_python: str | None, python: Version) -> bool:
     try:
         return requires_python is None or SpecifierSet(requires_python).contains(python, prereleases=True)
     except InvalidSpecifier:  # old releases carry free-form metadata: treat as unconstrained
@@ -623,9 +641,10 @@ def main(argv: list[str] | None = None) -> None:
         "--cache-dir", type=Path, help=f"release data cache (default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR})"
     )
     args = parser.parse_args(argv)
-    if any("=" not in pin for pin in args.pin):
-        parser.error("--pin takes AXIS=VALUE, e.g. deepspeed=deepspeed@pr/1234")
-    overrides = dict(pin.split("=", 1) for pin in args.pin)
+    try:
+        overrides = parse_pins(args.pin, "--pin")
+    except AxisValueError as error:
+        parser.error(str(error))
     combos = combinations(args.tag, overrides=overrides, cache_dir=args.cache_dir, refresh=args.refresh)
     json.dump(ci_matrix(combos, args.session), sys.stdout, indent=1)
     print()

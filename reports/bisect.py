@@ -35,8 +35,8 @@ from packaging.version import InvalidVersion, Version
 from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                  env_root, environment_variables, release_environment)
 from matrix.registry import DTYPES, MODELS_FILE, RegistryError, load_models, load_variants
-from matrix.versions import (AXES, ReleaseDataUnavailable, _supports, combinations, load_config, load_releases,
-                             skip_reason)
+from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combinations, load_config, load_releases,
+                             parse_pins, skip_reason, supports_python)
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import answer_for
@@ -228,7 +228,7 @@ def release_candidates(package: str, older: str, newer: str, python: Version) ->
     return [str(r.version) for r in releases
             if r.version in (low, high)
             or (low < r.version < high and not r.yanked and not r.version.is_devrelease
-                and (prereleases or not r.version.is_prerelease) and _supports(r.requires_python, python))]
+                and (prereleases or not r.version.is_prerelease) and supports_python(r.requires_python, python))]
 
 
 # ---- Putting it together -----------------------------------------------------------------------------------------
@@ -400,9 +400,10 @@ def _bisect(args: argparse.Namespace) -> int:
         raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
     if args.refine and not args.deepspeed_repo:
         raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
-    if any("=" not in pin or pin.split("=", 1)[0] not in AXES for pin in args.pin):
-        raise BisectError(f"--pin takes AXIS=VERSION with AXIS one of {', '.join(AXES)}, e.g. transformers=5.24.0")
-    overrides = dict(pin.split("=", 1) for pin in args.pin)
+    try:
+        overrides = parse_pins(args.pin, "--pin")
+    except AxisValueError as error:
+        raise BisectError(str(error)) from None
     clone = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     commits_only = clone is not None and not args.refine
     failing = args.bad

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from reports import ReportsError
 from reports.history import summarise
+from matrix.versions import AxisValueError, parse_pins
 from reports.model import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
@@ -35,15 +36,10 @@ def select(observations: list[Observation], selector: str, option: str) -> list[
         raise ReportsError(
             f"{option} {selector!r}: no stored run has this id, and it is not a version set like deepspeed=0.19.7"
         )
-    wanted = {}
-    for pair in selector.split(","):
-        key, _, value = pair.partition("=")
-        key = key.strip()
-        if key not in SELECTOR_KEYS or not value.strip():
-            raise ReportsError(
-                f"{option} {selector!r}: {pair!r} must be KEY=VALUE with KEY one of {', '.join(SELECTOR_KEYS)}"
-            )
-        wanted[key] = value.strip()
+    try:
+        wanted = parse_pins([selector], option, SELECTOR_KEYS)
+    except AxisValueError as error:
+        raise ReportsError(str(error)) from None
     chosen = [obs for obs in observations if all(_matches(obs, key, value) for key, value in wanted.items())]
     if not chosen:
         known = sorted({obs.versions.describe() for obs in observations})

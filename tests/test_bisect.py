@@ -130,7 +130,7 @@ def test_release_ranges_come_from_release_data(monkeypatch, tmp_path):
     (["--cell", "llama-eager-fp32-tp2", "--axis", "transformers", "--good", "1", "--bad", "2", "--refine"],
      "use --axis deepspeed"),
     (["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--refine"], "needs --deepspeed-repo"),
-    (["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--pin", "numpy=2"], "--pin takes"),
+    (["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--pin", "numpy=2"], "'numpy=2' must be AXIS=VALUE"),
 ])
 def test_command_line_errors_say_what_to_change(argv, message, capsys, tmp_path):
     assert main([*argv, "--store", str(tmp_path / "store.sqlite")]) == 2

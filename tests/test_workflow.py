@@ -69,7 +69,7 @@ def help_options(module: str) -> set[str]:
 def session_options(pytest_options) -> dict[str, set[str]]:
     """Options each session takes after `--`; the matrix sessions (autotp, matrix, repro) take pytest's."""
     return {"ci-matrix": help_options("matrix.versions"), "prefetch": help_options("matrix.prefetch"),
-            "report": set(), "pytest": pytest_options}
+            "triage": help_options("reports.triage"), "report": set(), "pytest": pytest_options}
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ recorded from PyPI, synthetic.json is hand-made to hold every kind of awkward re
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import replace
@@ -16,6 +17,7 @@ import pytest
 from packaging.version import Version
 
 from matrix import versions
+from reports import ReportsError
 from matrix.versions import (
     AxisRule,
     AxisValueError,
@@ -585,3 +587,63 @@ def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     (row,) = json.loads(capsys.readouterr().out)
     (latest,) = combinations("latest", cache_dir=cache_dir)
     assert row["session"] == f"cpu({latest.id})" and "latest" in row["tags"]
+
+
+@pytest.mark.parametrize("entries, expected", [
+    (["deepspeed=0.19.7,transformers=5.24.0"], {"deepspeed": "0.19.7", "transformers": "5.24.0"}),
+    ([" deepspeed = 0.19.7 , ", "torch=2.13.0"], {"deepspeed": "0.19.7", "torch": "2.13.0"}),
+    (["deepspeed=deepspeed@pr/1234"], {"deepspeed": "deepspeed@pr/1234"}),
+    ([""], {}),
+])
+def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
+    from matrix.sessions import pin_overrides
+    from matrix.versions import parse_pins
+
+    assert parse_pins(entries, "--pin") == expected
+    monkeypatch.setenv("AUTOTP_PINS", ",".join(entries))
+    assert pin_overrides() == expected
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("deepspeed", "'deepspeed' must be AXIS=VALUE"),
+    ("numpy=2", "'numpy=2' must be AXIS=VALUE"),
+    ("deepspeed=", "'deepspeed=' must be AXIS=VALUE"),
+    ("deepspeed=0.19.7,deepspeed=0.19.8", "deepspeed is pinned twice (0.19.7 and 0.19.8)"),
+])
+def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
+    from matrix.sessions import pin_overrides
+    from matrix.versions import AxisValueError, parse_pins
+    from reports.bisect import main as bisect_main
+    from reports.gate import select
+
+    with pytest.raises(AxisValueError, match=re.escape(problem)):
+        parse_pins([text], "--pin")
+    monkeypatch.setenv("AUTOTP_PINS", text)
+    with pytest.raises(SystemExit, match=re.escape(problem)):
+        pin_overrides()
+    if "=" in text:  # without one, the gate reads a run id
+        with pytest.raises(ReportsError, match=re.escape(problem)):
+            select([], text, "--baseline")
+    assert bisect_main(["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0",
+                        *[arg for pin in text.split(",") for arg in ("--pin", pin)],
+                        "--store", str(tmp_path / "s.sqlite")]) == 2
+    assert problem.split(" must")[0].split(" (")[0] in capsys.readouterr().err
+
+
+def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, no_network):
+    from matrix.versions import AxisValueError, backfill_versions
+
+    releases = [r.version for r in load_releases("deepspeed", cache_dir=cache_dir)
+                if not r.yanked and not r.version.is_prerelease and not r.version.is_devrelease]
+    minors = {}
+    for version in sorted(releases):
+        if version >= Version("0.16.0"):
+            minors[version.release[:2]] = version
+    chosen = backfill_versions("deepspeed", "0.16.0", python=Version("3.11"), cache_dir=cache_dir)
+    assert chosen == [str(v) for v in minors.values()] and len(chosen) >= 2
+    assert backfill_versions("deepspeed", "0.16.0", str(minors[(0, 16)]), python=Version("3.11"),
+                             cache_dir=cache_dir) == [str(minors[(0, 16)])]
+    with pytest.raises(AxisValueError, match="no installable stable release from 9.0 to the newest"):
+        backfill_versions("deepspeed", "9.0", python=Version("3.11"), cache_dir=cache_dir)
+    with pytest.raises(AxisValueError, match="--since and --until take releases like 0.16.0"):
+        backfill_versions("deepspeed", "latest", python=Version("3.11"), cache_dir=cache_dir)

@@ -75,4 +75,4 @@ def test_run_ids_and_bad_selectors(store, capsys):
     code, _, err = gate(store, capsys, "--baseline", "deepspeed=9.9.9", "--candidate", run_id)
     assert code == 2 and "--baseline 'deepspeed=9.9.9' matches no stored run; stored version sets:" in err
     code, _, err = gate(store, capsys, "--baseline", "cuda=12.1", "--candidate", run_id)
-    assert code == 2 and "'cuda=12.1' must be KEY=VALUE with KEY one of deepspeed, transformers" in err
+    assert code == 2 and "'cuda=12.1' must be AXIS=VALUE with AXIS one of deepspeed, transformers" in err
