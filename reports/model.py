@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-# Version axes along which transitions are detected, in the order used to sort version sets.
-AXES = ("deepspeed", "transformers", "torch", "python")
+from matrix.versions import AXES as INSTALLED_AXES
+
+# Version axes along which transitions are detected, in the order used to sort version sets: the axes the
+# matrix installs, and the python that ran them.
+AXES = (*INSTALLED_AXES, "python")
 OUTCOMES = ("pass", "fail", "skip")
 # The metric shown next to each cell in the matrix and plotted in the trend chart.
 KEY_METRIC = "logits_max_abs"

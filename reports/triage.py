@@ -37,7 +37,7 @@ from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellPro
                             print_step, release_candidates, run_cells, search, suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
-from reports.model import Bisection, Commit, TriageAttempt, release
+from reports.model import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
 from reports.signatures import cause, frame_files
 from reports.store import DEFAULT_STORE, HistoryStore
 
@@ -134,8 +134,7 @@ def questions(transitions: list[Transition]) -> list[Question]:
     found = []
     for (axis, mode, older, newer, held_fixed, failure_class, signature_cause), members in grouped.items():
         versions = members[0].after
-        pins = tuple((other, getattr(versions, other)) for other in ("deepspeed", "transformers", "torch")
-                     if other != axis)
+        pins = tuple((other, getattr(versions, other)) for other in INSTALLED_AXES if other != axis)
         found.append(Question(axis, mode, older, newer, held_fixed, pins, failure_class, signature_cause,
                               tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell)))))
     return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))
