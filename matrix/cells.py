@@ -3,11 +3,33 @@ into cells and parses the selection the user typed."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-
 from pathlib import Path
 
 from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
+
+def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
+    """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3)."""
+    return f"{model}-{variant}-{dtype}-tp{tp}"
+
+
+def parse_cell_id(text: str, models: Iterable[str], variants: Iterable[str]) -> tuple[str, str, str, int]:
+    """cell_id read back against the known names (model and variant names may contain `-` and `_`); a
+    RegistryError names what is wrong and what exists."""
+    match = re.fullmatch(r"(?P<rest>.+)-(?P<dtype>[a-z0-9]+)-tp(?P<tp>\d+)", text)
+    if not match or match["dtype"] not in DTYPES:
+        raise RegistryError(f"{text!r} is not a cell id; cell ids look like llama-eager-fp32-tp3 "
+                            f"({{model}}-{{variant}}-{{dtype}}-tp{{tp}}, dtype one of {', '.join(DTYPES)})")
+    models = set(models)
+    for variant in sorted(variants, key=len, reverse=True):  # the longest variant name that fits wins
+        model = match["rest"].removesuffix(f"-{variant}")
+        if model != match["rest"] and model in models:
+            return model, variant, match["dtype"], int(match["tp"])
+    raise RegistryError(f"{text!r}: no model with a variant makes {match['rest']!r}; models: "
+                        f"{', '.join(sorted(models))}; variants: {', '.join(sorted(variants))}")
+
 
 DEFAULT_TP_SIZES = (2, 3, 4)
 DEFAULT_VARIANTS = ("eager",)
@@ -23,7 +45,7 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{self.model.name}-{self.variant.name}-{self.dtype}-tp{self.tp}"
+        return cell_id(self.model.name, self.variant.name, self.dtype, self.tp)
 
     def coordinates(self) -> dict[str, str]:
         return {"id": self.id, "model": self.model.name, "variant": self.variant.name, "dtype": self.dtype, "tp": str(self.tp)}

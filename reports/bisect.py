@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -34,7 +33,8 @@ from packaging.version import InvalidVersion, Version
 
 from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                  env_root, environment_variables, release_environment)
-from matrix.registry import DTYPES, MODELS_FILE, RegistryError, load_models, load_variants
+from matrix.cells import parse_cell_id
+from matrix.registry import RegistryError, load_models, load_variants
 from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combinations, load_config, load_releases,
                              parse_pins, skip_reason, supports_python)
 from reports import ReportsError
@@ -125,23 +125,12 @@ def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start:
 # ---- The cell ----------------------------------------------------------------------------------------------------
 
 
-def parse_cell_id(text: str) -> CellKey:
-    """`{model}-{variant}-{dtype}-tp{tp}`, checked against the registries (names may contain `_` and `-`)."""
-    match = re.fullmatch(r"(?P<rest>.+)-(?P<dtype>[a-z0-9]+)-tp(?P<tp>\d+)", text)
-    if not match or match["dtype"] not in DTYPES:
-        raise BisectError(f"--cell {text!r} is not a cell id; cell ids look like llama-eager-fp32-tp3 "
-                          f"({{model}}-{{variant}}-{{dtype}}-tp{{tp}}, dtype one of {', '.join(DTYPES)})")
+def parse_cell(text: str) -> CellKey:
+    """--cell, checked against the registries."""
     try:
-        models, variants = load_models(), load_variants()
+        return CellKey(*parse_cell_id(text, load_models(), load_variants()))
     except RegistryError as error:
-        raise BisectError(str(error)) from None
-    for variant in sorted(variants, key=len, reverse=True):  # the longest variant name that fits wins
-        model = match["rest"].removesuffix(f"-{variant}")
-        if model != match["rest"] and model in models:
-            return CellKey(model, variant, match["dtype"], int(match["tp"]))
-    raise BisectError(f"--cell {text!r}: no model of {MODELS_FILE} with a variant of matrix/variants.toml makes "
-                      f"{match['rest']!r}; models: {', '.join(sorted(models))}; "
-                      f"variants: {', '.join(sorted(variants))}")
+        raise BisectError(f"--cell {error}") from None
 
 
 @dataclass(frozen=True)
@@ -393,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bisect(args: argparse.Namespace) -> int:
-    cell = parse_cell_id(args.cell)
+    cell = parse_cell(args.cell)
     if args.good == args.bad:
         raise BisectError(f"--good and --bad are both {args.good}; give the two ends of the range")
     if (args.deepspeed_repo or args.refine) and args.axis != "deepspeed":

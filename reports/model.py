@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
+from matrix.cells import cell_id
 from matrix.versions import AXES as INSTALLED_AXES
 
 # Version axes along which transitions are detected, in the order used to sort version sets: the axes the
@@ -28,7 +29,7 @@ class CellKey:
 
     @property
     def id(self) -> str:
-        return f"{self.model}-{self.variant}-{self.dtype}-tp{self.tp}"
+        return cell_id(self.model, self.variant, self.dtype, self.tp)
 
 
 @dataclass(frozen=True)

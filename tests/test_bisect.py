@@ -17,7 +17,7 @@ from matrix.environments import READY_MARKER, EnvironmentSpec
 from reports.__main__ import main as reports_main
 from reports import ReportsError
 from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict,
-                            bisect_commits, classify, held_fixed_pins, main, parse_cell_id, release_candidates, search,
+                            bisect_commits, classify, held_fixed_pins, main, parse_cell, release_candidates, search,
                             stored_release_answer)
 from reports.git import GitRepo
 from reports.model import Bisection, CellKey, CellResult, Run, Versions
@@ -85,14 +85,16 @@ def test_ends_that_do_not_differ_are_refused():
 
 
 def test_cell_ids_parse_against_the_registries():
-    assert parse_cell_id("llama-eager-fp32-tp3") == CellKey("llama", "eager", "fp32", 3)
-    assert parse_cell_id("qwen2_moe-eager-bf16-tp2") == CellKey("qwen2_moe", "eager", "bf16", 2)
+    assert parse_cell("llama-eager-fp32-tp3") == CellKey("llama", "eager", "fp32", 3)
+    assert parse_cell("qwen2_moe-eager-bf16-tp2") == CellKey("qwen2_moe", "eager", "bf16", 2)
+    assert parse_cell("llama-meta_host-bf16-tp2") == CellKey("llama", "meta_host", "bf16", 2)
+    assert parse_cell(CellKey("qwen2_moe", "meta_bin", "fp16", 4).id).variant == "meta_bin"  # id and parse agree
     with pytest.raises(BisectError, match="makes 'nosuchmodel-eager'; models: .*llama"):
-        parse_cell_id("nosuchmodel-eager-fp32-tp2")
+        parse_cell("nosuchmodel-eager-fp32-tp2")
     with pytest.raises(BisectError, match="is not a cell id"):
-        parse_cell_id("llama-eager-fp8-tp2")
+        parse_cell("llama-eager-fp8-tp2")
     with pytest.raises(BisectError, match="is not a cell id"):
-        parse_cell_id("llama")
+        parse_cell("llama")
 
 
 def test_only_the_reference_failure_is_bad():
@@ -125,7 +127,7 @@ def test_release_ranges_come_from_release_data(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cell", "nosuch-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0"], "no model of"),
+    (["--cell", "nosuch-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0"], "no model with a variant makes"),
     (["--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.17.0"], "--good and --bad are both 0.17.0"),
     (["--cell", "llama-eager-fp32-tp2", "--axis", "transformers", "--good", "1", "--bad", "2", "--refine"],
      "use --axis deepspeed"),
