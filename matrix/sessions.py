@@ -10,8 +10,10 @@ from pathlib import Path
 
 import nox
 
+from matrix.cells import DEFAULT_DTYPES, DEFAULT_TP_SIZES, DEFAULT_VARIANTS
 from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
                                  env_root, environment_variables)
+from matrix.registry import MODELS_FILE
 from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
                              parse_pins)
 
@@ -60,12 +62,13 @@ def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -
     return python
 
 
-def _selection(pytest_args: list[str]) -> argparse.Namespace:
+def selection_options(pytest_args: list[str]) -> argparse.Namespace:
     """The options of conftest.py this module needs, before pytest runs."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--models", "--model", default="registry")
-    for name, default in (("--variants", "eager"), ("--dtypes", "fp32"), ("--tp", "2,3,4"), ("--results", "results"),
-                          ("--accuracy-task", "")):
+    for name, default in (("--models-file", str(MODELS_FILE)), ("--variants", ",".join(DEFAULT_VARIANTS)),
+                          ("--dtypes", ",".join(DEFAULT_DTYPES)), ("--tp", ",".join(map(str, DEFAULT_TP_SIZES))),
+                          ("--results", "results"), ("--accuracy-task", "")):
         parser.add_argument(name, default=default)
     return parser.parse_known_args(pytest_args)[0]
 
@@ -81,7 +84,7 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
 def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
     """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
     (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
-    selection = _selection(pytest_args)
+    selection = selection_options(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
     extras_name = "accuracy" if selection.accuracy_task.startswith("lm_eval:") else ""
     try:

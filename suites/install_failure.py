@@ -19,7 +19,7 @@ def record_install_failure(session: str, combo, message: str, selection) -> int:
     ref or local clone has no version before it is built, so its label stands there: pr/1234,
     master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)
-    cells = expand(selection.models, selection.variants, selection.dtypes, selection.tp)
+    cells = expand(selection.models, selection.variants, selection.dtypes, selection.tp, Path(selection.models_file))
     requirements = combo.requirements
     try:
         accelerator, backend = platform_of_run()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from matrix.sessions import selection_options
 from matrix.versions import AxisRule, Combo, parse_axis_value
 from reports.__main__ import main
 from suites import install_failure
@@ -124,10 +124,16 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     combo = Combo(parse_axis_value("deepspeed@pr/1234", DEEPSPEED),
                   *(parse_axis_value(version, rules[name]) for name, version in release.items()), (), None)
     results = tmp_path / "results"
-    selection = SimpleNamespace(results=str(results), models="llama", variants="eager", dtypes="fp32", tp="2")
+    # The cells are read from the session's own options, --models-file included (a registry of its own).
+    models_file = tmp_path / "models.toml"
+    models_file.write_text('[models.my_llama]\nmodel_type = "llama"\ntiny = { hidden_size = 64, '
+                           'num_attention_heads = 4, num_hidden_layers = 1, vocab_size = 128 }\n')
+    selection = selection_options(["--models", "my_llama", "--models-file", str(models_file), "--tp", "2",
+                            "--results", str(results), "-q"])
     assert install_failure.record_install_failure("autotp(ds@pr1234)", combo, "pip: no such ref", selection) == 1
 
     (record,) = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
+    assert record["cell"]["id"] == "my_llama-eager-fp32-tp2"
     assert record["versions"]["deepspeed"] == "pr/1234" and record["versions"]["deepspeed_git"] == ""
     assert record["run"]["harness_git"] == harness_commit()
 
@@ -137,8 +143,8 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     assert merged.strip().endswith("1 new run(s), 1 new result(s) from 1 file(s); 0 skipped") and not skipped
     assert main(["render", "--store", str(store), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
-    assert "Latest versions: deepspeed pr/1234, transformers 5.24.0, torch 2.13.0" in report
-    assert "| llama | ❌ install |" in report
+    assert "deepspeed pr/1234, transformers 5.24.0, torch 2.13.0" in report
+    assert "| my_llama | ❌ install |" in report
 
 
 
