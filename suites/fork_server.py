@@ -32,6 +32,7 @@ from pathlib import Path
 
 from suites.atomic import write_text_atomically
 from suites.outcome import death_record, read_death_records
+from suites.processes import pid_alive
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVER_DIED = "server-died.json"
@@ -43,22 +44,6 @@ class GroupStartFailure(RuntimeError):
     def __init__(self, failure_class: str, signature: str, message: str):
         super().__init__(message)
         self.failure_class, self.signature = failure_class, signature
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a running process; a zombie (a leader whose server died, left to an init that does not
-    reap) counts as ended."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux) or it just ended: the signal check is all there is
-    return state != "Z"
 
 
 class ForkedGroup:

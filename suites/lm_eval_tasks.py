@@ -23,7 +23,7 @@ import lm_eval.tasks
 import yaml
 from lm_eval.api.model import LM
 
-from suites.task_probe import TaskError, continuation_loglikelihoods
+from suites.task_scoring import TaskError, continuation_loglikelihoods
 
 LM_EVAL_TASKS_DIR = Path(__file__).resolve().parent / "data" / "tasks" / "lm_eval"
 BATCH = 8

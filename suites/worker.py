@@ -66,7 +66,7 @@ def import_cell_machinery() -> None:
 def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
     """If the driver or the launcher dies (killed, Ctrl-C), end this rank even when it is stuck in a
     collective: a rank must never linger as an orphan holding cores and memory."""
-    from suites.fork_server import pid_alive
+    from suites.processes import pid_alive
 
     while pid_alive(driver_pid) and os.getppid() == launcher_pid:
         time.sleep(1)
