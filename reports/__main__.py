@@ -41,9 +41,10 @@ def merge(args: argparse.Namespace) -> int:
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
-        history = analyse(store.observations(), repo, store.bisections(), store.triage_attempts())
+        observations = store.observations()
+        history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
-    for path in write_outputs(history, drift, args.out):
+    for path in write_outputs(history, observations, drift, args.out):
         print(f"wrote {path}")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
@@ -66,8 +67,9 @@ def gate(args: argparse.Namespace) -> int:
 def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
-        observations, bisections = store.observations(), store.bisections()
-    for path in publish_deltas(observations, bisections, args.session, args.out, repo=args.repo, pr=args.pr, deepspeed_repo=repo):
+        observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
+    for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
+                               deepspeed_repo=repo):
         print(f"wrote {path}")
     return 0
 

@@ -4,8 +4,9 @@ every output says it: report.md, report.html, the GitHub step summary, publish's
     bloom tp2 eager fp32: broke at transformers 5.20.2 → 5.21.0, first bad commit abc1234567 (#41234
     "Refactor attention"), forward: RuntimeError: … @ transformers/models/bloom/modeling_bloom.py:forward
 
-Works on render's JSON form of a transition (report.json "regressions"/"fixes"/"class_changes" entries).
-`link(text, url)` decides the markup: markdown_link, an HTML one, or plain_link for a terminal."""
+Works on the JSON form of a transition (render.transition_json: report.json "regressions"/"fixes"/
+"class_changes" entries). answer_words is the answer alone, which a root cause's cells share (reports.causes).
+`link(text, url)` decides the markup: markdown_link, an HTML one (render.linked_html), or plain_link for a terminal."""
 
 from __future__ import annotations
 
@@ -52,24 +53,20 @@ def commit_words(axis: str, commit: dict, link: Link) -> str:
     return f'{sha} ("{subject}")'
 
 
-def _failure(status: dict) -> str:
+def failure_text(status: dict) -> str:
     return f"{status['failure_class']}: {one_line(status['signature'])}"
 
 
-def answer_text(t: dict, link: Link = markdown_link) -> str:
-    """One line per transition: where it changed, the narrowest answer known, and the failure."""
+def answer_words(t: dict, link: Link = markdown_link) -> str:
+    """The answer alone, without the cell and its failure — what every cell of a root cause shares: the
+    narrowest range and the commit (or suspects) found, or why there is none yet."""
     if t["kind"] == "class-change":
-        return (f"{cell_label(t)}: failure class changed at {t['axis']} {t['before']} → {t['after']}: "
-                f"{t['before_status']['failure_class']} → {_failure(t['after_status'])} "
-                "(not triaged: a change between two failures has no passing end to bisect from)")
-    broke = t["kind"] == "broke"
-    verb, which = ("broke", "first bad") if broke else ("fixed", "first good")
-    failure = _failure(t["after_status"]) if broke else f"was {_failure(t['before_status'])}"
+        return "not triaged: a change between two failures has no passing end to bisect from"
     b = t["bisection"]
     if b is None:
-        why = f"triage could not answer: {one_line(t['attempt']['reason'])}" if t["attempt"] else "not yet triaged"
-        return f"{cell_label(t)}: {verb} at {t['axis']} {t['before']} → {t['after']} ({why}), {failure}"
-    parts = [f"{cell_label(t)}: {verb} at {b['axis']} {b['before']} → {b['after']}"]
+        return f"triage could not answer: {one_line(t['attempt']['reason'])}" if t["attempt"] else "not yet triaged"
+    verb, which = ("broke", "first bad") if t["kind"] == "broke" else ("fixed", "first good")
+    parts = [f"{verb} at {b['axis']} {b['before']} → {b['after']}"]
     if b["commit"]:
         commit = {"sha": b["commit"], "subject": b["subject"], "pr": b["pr"]}
         parts.append(f"{which} commit {commit_words(b['axis'], commit, link)}")
@@ -79,6 +76,20 @@ def answer_text(t: dict, link: Link = markdown_link) -> str:
         parts.append(f"suspect commits {'; '.join(shown)}{more}")
     if b["untestable"]:
         parts.append(f"untestable in between: {', '.join(c[:10] for c in b['untestable'])}")
-    parts.append(failure)
-    line = ", ".join(parts)
+    return ", ".join(parts)
+
+
+def answer_text(t: dict, link: Link = markdown_link) -> str:
+    """One line per transition: where it changed, the narrowest answer known, and the failure."""
+    answer = answer_words(t, link)
+    if t["kind"] == "class-change":
+        return (f"{cell_label(t)}: failure class changed at {t['axis']} {t['before']} → {t['after']}: "
+                f"{t['before_status']['failure_class']} → {failure_text(t['after_status'])} ({answer})")
+    broke = t["kind"] == "broke"
+    failure = failure_text(t["after_status"]) if broke else f"was {failure_text(t['before_status'])}"
+    b = t["bisection"]
+    if b is None:
+        verb = "broke" if broke else "fixed"
+        return f"{cell_label(t)}: {verb} at {t['axis']} {t['before']} → {t['after']} ({answer}), {failure}"
+    line = f"{cell_label(t)}: {answer}, {failure}"
     return f"{line} (confirmed here; bisected on {b['confirmed_from']})" if b["confirmed_from"] else line

@@ -1,26 +1,27 @@
-"""Post what changed since the last nightly: one PR comment, one issue per new regression.
+"""Post what changed since the last nightly: one PR comment, one issue per root cause of new regressions.
 
-"Last nightly" is the previous run of the same session in the history store; the newest run is
-compared with it cell by cell (reports.gate.compare), and flakiness comes from the whole history
-(reports.history.analyse). Everything is written to files first (results/publish/ and the step
-summary); with $GITHUB_TOKEN the same text is also posted, and reruns edit what they posted before,
-found by a hidden HTML marker, instead of adding duplicates.
+"Last nightly" is the previous run of the same session in the history store (reports.causes.session_deltas);
+new failures, fixes and cells still failing are grouped by failure class and cause (reports.causes), so
+45 cells fixed by one change are one line and a regression of 10 cells is one issue. Everything is written
+to files first (results/publish/ and the step summary); with $GITHUB_TOKEN the same text is also posted,
+and reruns edit what they posted before, found by a hidden HTML marker, instead of adding duplicates.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reports import ReportsError
+from reports.answers import markdown_link, one_line
+from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
+                            session_deltas)
 from reports.git import GitRepo
-from reports.gate import compare
-from reports.history import CellStatus, History, analyse
-from reports.model import AXES, Bisection, CellKey, CellResult, Observation, Run, Versions, release
-from reports.render import _one_line, _transition, commit_lines, transition_text
+from reports.history import analyse
+from reports.model import Bisection, CellKey, Observation, TriageAttempt, Versions, release
+from reports.render import answer_lines, code, transition_json
 from suites.records import redact
 
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -30,28 +31,8 @@ COMMENT_MARKER = "<!-- autotp-matrix:publish -->"
 REGRESSION_LABEL = "autotp-regression"
 HTTP_TIMEOUT_S = 30
 WRITE_SPACING_S: float | None = 1.0  # GitHub asks integrations to space writes; tests set None
-# Order of the comment's sections; a cell is in exactly one.
-DELTA_KINDS = ("new failure", "fixed", "flaky", "still failing")
-
-
-@dataclass(frozen=True)
-class Delta:
-    kind: str  # one of DELTA_KINDS
-    cell: CellKey
-    result: CellResult  # the cell's result in the newest run
-    regression: bool  # new failure that passed in the last nightly: gets an issue
-    flaky: CellStatus | None  # the tally at the newest versions, for flaky cells
-    transitions: tuple[dict, ...] = ()  # for regressions: the history's "broke" transitions into the newest
-    # versions (render's JSON form), with commits when a DeepSpeed clone is given and any bisection answer
-
-
-@dataclass(frozen=True)
-class SessionDeltas:
-    session: str
-    newest: Run
-    previous: Run | None  # None: the first run of this session, nothing to compare with
-    deltas: tuple[Delta, ...]
-    suspects: tuple[str, ...]  # one line per version axis that changed between the two runs, with a compare link
+DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
+MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
 
 
 @dataclass(frozen=True)
@@ -64,58 +45,15 @@ class Post:
     file: Path
 
 
-def session_deltas(observations: list[Observation], history: History, session: str) -> SessionDeltas:
-    runs = sorted({obs.run for obs in observations if obs.run.session == session}, key=lambda r: (r.started, r.run_id))
-    if not runs:
-        known = sorted({obs.run.session for obs in observations})
-        raise ReportsError(f"--session {session!r}: no stored run of this session; stored sessions: {', '.join(known)}")
-    newest, previous = runs[-1], (runs[-2] if len(runs) > 1 else None)
-    newest_results = {obs.cell: obs.result for obs in observations if obs.run == newest}
-    rows = compare(
-        [obs for obs in observations if obs.run == previous],
-        [obs for obs in observations if obs.run == newest],
-        confirmations=1,
-    )
-    deltas = []
-    for row in rows:
-        if row.cell not in newest_results:
-            continue  # not run tonight: nothing new to say about it
-        status = history.statuses[row.cell, newest.versions]
-        kind = _kind(row.verdict, status.status == "flaky")
-        if not kind:
-            continue
-        regression = kind == "new failure" and row.verdict == "regression"
-        transitions = tuple(
-            _transition(t) for t in history.transitions
-            if regression and t.kind == "broke" and t.cell == row.cell and t.after == newest.versions
-        )
-        deltas.append(Delta(kind, row.cell, newest_results[row.cell], regression,
-                            status if kind == "flaky" else None, transitions))
-    suspects = _suspects(previous, newest) if previous else ()
-    if not suspects and any(delta.regression for delta in deltas):
-        suspects = ("no version changed since the last nightly: suspect the runner or a nondeterministic failure",)
-    return SessionDeltas(session, newest, previous, tuple(deltas), suspects)
-
-
-def _kind(verdict: str, flaky_at_newest: bool) -> str:
-    """Map a gate verdict (newest run vs last nightly) to a comment section; "" for cells not mentioned."""
-    if flaky_at_newest:
-        return "flaky"  # passed and failed at these exact versions: neither a regression nor a fix
-    return {"regression": "new failure", "new failure": "new failure", "baseline flaky": "flaky",
-            "fixed": "fixed", "known": "still failing"}.get(verdict, "")
-
-
-def _suspects(previous: Run, newest: Run) -> tuple[str, ...]:
+def _compare_links(session: SessionDeltas) -> list[str]:
+    """Each version axis that changed between the session's two runs, with a link comparing the two refs."""
     from matrix.versions import load_config  # the axis repositories live with the version axes
 
     repos = {axis: rule.repo for axis, rule in load_config().axes.items()}
-    lines = []
-    for axis in AXES:
-        before, after = previous.versions.label(axis), newest.versions.label(axis)
-        if before != after:
-            link = f" ({repos[axis]}/compare/{_git_ref(previous.versions, axis)}...{_git_ref(newest.versions, axis)})"
-            lines.append(f"{axis} {before} → {after}{link if repos.get(axis) else ''}")
-    return tuple(lines)
+    previous, newest = session.previous.versions, session.newest.versions
+    return [session.change_text(axis) + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})"
+                                         if repos.get(axis) else "")
+            for axis in session.changed]
 
 
 def _git_ref(versions: Versions, axis: str) -> str:
@@ -132,82 +70,116 @@ def repro_command(cell: CellKey) -> str:
     return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
 
 
-def _delta_line(delta: Delta) -> str:
-    result = delta.result
-    if delta.kind == "flaky":
-        tally = delta.flaky
-        detail = f"{tally.passes} pass / {tally.fails} fail at these versions" if tally else "flaky in the last nightly"
-    elif delta.kind == "fixed":
-        detail = "passes now"
+def placements(delta_cause: DeltaCause) -> list[list[dict]]:
+    """The history's transitions that place the cause's change (last good → first bad on one axis, others held
+    fixed), one list per root cause they belong to; [] when nothing places it."""
+    by_root: dict[tuple[str, ...], list[dict]] = {}
+    for _, delta in delta_cause.deltas:
+        for transition in map(transition_json, delta.transitions):
+            by_root.setdefault(root_cause_key(transition), []).append(transition)
+    return list(by_root.values())
+
+
+def placement_lines(delta_cause: DeltaCause) -> list[str]:
+    """Where each placement lies and the answer its cells share (bisection, triage or candidate commits)."""
+    lines = []
+    for transitions in placements(delta_cause):
+        t, cells = transitions[0], len({t["cell"] for t in transitions})
+        lines.append(f"- {t['axis']} {t['before']} → {t['after']} at {t['held_fixed']} ({count_text(cells, 'cell')})")
+        lines += [f"  - {line}" for line in answer_lines(transitions, markdown_link)]
+    return lines
+
+
+def _delta_cause_lines(delta_cause: DeltaCause) -> list[str]:
+    """The cause, its cells, and for a regression or a fix the answer its cells share, one line per range."""
+    cells = ", ".join(f"`{cell.id}`" for cell in delta_cause.cells)
+    if delta_cause.kind == "fixed":
+        detail = f"passes now; was {delta_cause.failure_class}: {code(delta_cause.cause)}"
     else:
-        detail = f"{result.failure_class}: {_one_line(result.signature)}"
-        if delta.kind == "new failure" and not delta.regression:
-            detail += " (no verdict in the last nightly)"
-    return f"- `{delta.cell.id}` — {detail}"
+        detail = f"{delta_cause.failure_class}: {code(delta_cause.cause)}"
+    unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
+    if unseen:
+        detail += f" ({len(unseen)} without a verdict in the last nightly)"
+    answers = [f"  - {t[0]['axis']} {t[0]['before']} → {t[0]['after']}: {line}"
+               for t in placements(delta_cause)
+               for line in answer_lines(t, markdown_link)]
+    return [f"- {count_text(len(delta_cause.cells), 'cell')} — {detail} — {cells}", *answers]
+
+
+def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
+    tally = next(d.flaky for d in session.deltas if d.cell == cell and d.kind == "flaky")
+    detail = f"{tally.passes} pass / {tally.fails} fail at these versions" if tally else "flaky in the last nightly"
+    return f"- `{cell.id}` — {detail}"
 
 
 def comment_markdown(sessions: list[SessionDeltas]) -> str:
-    lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", ""]
+    causes = delta_causes(sessions)
+    flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
+    counts = []
+    for kind in DELTA_KINDS:
+        of_kind = [c for c in causes if c.kind == kind]
+        cells = sum(len(c.cells) for c in of_kind)
+        counts.append(f"{kind}: {count_text(len(flaky), 'cell')}" if kind == "flaky"
+                      else f"{kind}: {count_text(cells, 'cell')} in {count_text(len(of_kind), 'cause')}")
+    lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", "", "; ".join(counts), ""]
     for session in sessions:
         newest = session.newest
-        lines += [f"### `{session.session}`", "", f"Newest run `{newest.run_id}` at {newest.versions.describe()}."]
+        lines.append(f"- `{session.session}`: newest run `{newest.run_id}` at {newest.versions.describe()}")
         if session.previous is None:
-            lines += ["No previous run of this session is stored, so nothing is compared.", ""]
-        else:
-            lines += [f"Last nightly `{session.previous.run_id}` at {session.previous.versions.describe()}.", ""]
-        if session.suspects:
-            lines += ["Changed since the last nightly:", "", *[f"- {line}" for line in session.suspects], ""]
-        by_kind = defaultdict(list)
-        for delta in session.deltas:
-            by_kind[delta.kind].append(delta)
-        counts = ", ".join(f"{kind}: {len(by_kind[kind])}" for kind in DELTA_KINDS)
-        lines += [counts, ""]
-        for kind in DELTA_KINDS:
-            if by_kind[kind]:
-                lines += [f"**{kind.capitalize()}**", "", *map(_delta_line, by_kind[kind]), ""]
+            lines.append("  - no previous run of this session is stored, so nothing is compared")
+            continue
+        lines.append(f"  - last nightly `{session.previous.run_id}` at {session.previous.versions.describe()}")
+        changed = _compare_links(session)
+        if changed:
+            lines += [f"  - changed: {line}" for line in changed]
+        elif any(delta.regression for delta in session.deltas):
+            lines.append("  - no version changed since the last nightly: suspect the runner or a nondeterministic failure")
+    lines.append("")
+    for kind in DELTA_KINDS:
+        entries = ([_flaky_line(s, cell) for s, cell in flaky] if kind == "flaky"
+                   else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c)])
+        if entries:
+            lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def issue_marker(session: str, cell: CellKey) -> str:
-    return f"<!-- autotp-matrix:regression session={session} cell={cell.id} -->"
+def issue_marker(delta_cause: DeltaCause) -> str:
+    return f"<!-- autotp-matrix:regression cause={delta_cause.id} -->"
 
 
-def issue_markdown(session: SessionDeltas, delta: Delta) -> tuple[str, str]:
-    cell, result = delta.cell, delta.result
-    title = f"AutoTP regression: {cell.id} ({result.failure_class}) in {session.session}"
+def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
+    """The causes of new failures that passed in the last nightly: one issue each."""
+    regressions = [replace(session, deltas=tuple(d for d in session.deltas if d.regression)) for session in sessions]
+    return [c for c in delta_causes(regressions) if c.kind == "new failure"]
+
+
+def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
+    cells = delta_cause.cells
+    cause_text = one_line(delta_cause.cause)
+    short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[:MAX_TITLE_CAUSE - 1] + "…"
+    title = f"AutoTP regression: {delta_cause.failure_class}: {short} ({count_text(len(cells), 'cell')})"
     lines = [
-        issue_marker(session.session, cell),
-        f"`{cell.id}` (model {cell.model}, variant {cell.variant}, dtype {cell.dtype}, tp {cell.tp}) passed in the "
-        f"last nightly and fails now.",
+        issue_marker(delta_cause),
+        f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
         "",
-        f"- Session: `{session.session}`",
-        f"- Last pass: run `{session.previous.run_id}` at {session.previous.versions.describe()}",
-        f"- First failure: run `{session.newest.run_id}` at {session.newest.versions.describe()}",
-        f"- Failure: {result.failure_class}: {_one_line(result.signature)}",
+        f"- Failure: {delta_cause.failure_class}: {code(delta_cause.cause)}",
+        f"- Cells: {', '.join(f'`{cell.id}`' for cell in cells)}",
         "",
-        "Changed since the last nightly:",
+        "Sessions (last pass → first failure):",
         "",
-        *[f"- {line}" for line in session.suspects],
-        "",
-        *_placement(delta),
-        "Reproduce:",
-        "",
-        "```bash",
-        repro_command(cell),
-        "```",
     ]
+    for session in delta_cause.sessions:
+        ran = ", ".join(f"`{d.cell.id}`" for s, d in delta_cause.deltas if s is session)
+        lines += [f"- `{session.session}`: run `{session.previous.run_id}` at {session.previous.versions.describe()} → "
+                  f"run `{session.newest.run_id}` at {session.newest.versions.describe()}: {ran}",
+                  *[f"  - changed: {line}" for line in _compare_links(session)]]
+    placement = placement_lines(delta_cause)
+    lines += ["", *(["Where the history places it:", "", *placement] if placement else [
+        "The history has no earlier pass on any single axis into these versions; `nox -s triage` or "
+        "`python -m reports.bisect` finds the change."]), ""]
+    lines += [f"Reproduce ({'one cell of the cause' if len(cells) > 1 else 'the cell'}):", "", "```bash",
+              repro_command(cells[0]), "```"]
     return title, "\n".join(lines) + "\n"
-
-
-def _placement(delta: Delta) -> list[str]:
-    """Where the whole history places the break: last good → first bad per axis, commits, bisection answer."""
-    if not delta.transitions:
-        return ["The history has no earlier pass on any single axis into these versions; bisect with "
-                "`python -m reports.bisect` to find the change.", ""]
-    lines = ["Where the history places it (last good → first bad on one axis, others held fixed):", ""]
-    for transition in delta.transitions:
-        lines += [f"- {transition_text(transition)}", *commit_lines(transition)]
-    return [*lines, ""]
 
 
 def _slug(text: str) -> str:
@@ -217,23 +189,23 @@ def _slug(text: str) -> str:
 def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, list[Post]]:
     comment = Post(COMMENT_MARKER, "", comment_markdown(sessions), out_dir / "publish" / "comment.md")
     issues = []
-    for session in sessions:
-        for delta in session.deltas:
-            if delta.regression:
-                title, body = issue_markdown(session, delta)
-                file = out_dir / "publish" / "issues" / f"{_slug(session.session)}--{delta.cell.id}.md"
-                issues.append(Post(issue_marker(session.session, delta.cell), title, body, file))
+    for delta_cause in regression_causes(sessions):
+        title, body = issue_markdown(delta_cause)
+        file = out_dir / "publish" / "issues" / f"{_slug(delta_cause.failure_class)}-{delta_cause.id}.md"
+        issues.append(Post(issue_marker(delta_cause), title, body, file))
     return comment, issues
 
 
 # ---- Writing and posting -----------------------------------------------------------------------------------------
 
 
-def publish(observations: list[Observation], bisections: list[Bisection], sessions: list[str] | None, out_dir: Path,
-            *, repo: str | None, pr: int | None, deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
+def publish(observations: list[Observation], bisections: list[Bisection], attempts: list[TriageAttempt],
+            sessions: list[str] | None, out_dir: Path, *, repo: str | None, pr: int | None,
+            deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
     token = os.environ.get(TOKEN_ENV) or None
-    history = analyse(observations, deepspeed_repo, bisections)
+    observations = _redacted(observations)
+    history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
@@ -252,7 +224,7 @@ def publish(observations: list[Observation], bisections: list[Bisection], sessio
     written.append(summary)
 
     if token is None:
-        log(f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) to "
+        log(f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
             f"{out_dir / 'publish'} and the step summary instead of posting them")
         return written
     if not repo:
@@ -263,6 +235,13 @@ def publish(observations: list[Observation], bisections: list[Bisection], sessio
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
     return written
+
+
+def _redacted(observations: list[Observation]) -> list[Observation]:
+    """The results with credentials replaced before any text is derived from them: a cause masks numbers, and a
+    token with digits masked would no longer be the value that redaction of the finished texts looks for."""
+    return [replace(obs, result=replace(obs.result, signature=redact(obs.result.signature),
+                                        message=redact(obs.result.message))) for obs in observations]
 
 
 def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Post, issues: list[Post], log) -> None:
@@ -303,7 +282,7 @@ def _post_issues(repo, repo_name: str, issues: list[Post], log) -> None:
     except GithubException as exc:
         if exc.status != 404:
             raise
-        repo.create_label(REGRESSION_LABEL, "d73a4a", "A cell of the AutoTP matrix that passed in the last nightly fails")
+        repo.create_label(REGRESSION_LABEL, "d73a4a", "Cells of the AutoTP matrix that passed in the last nightly fail")
     open_issues = list(repo.get_issues(state="open", labels=[REGRESSION_LABEL]))
     for post in issues:
         existing = next((issue for issue in open_issues if post.marker in (issue.body or "")), None)

@@ -1,6 +1,8 @@
 """Turn a History into report.md, report.json, report.html, supported-models.md and a step summary.
 
-Everything is rendered from one JSON-ready dict (build_report), so all outputs say the same thing.
+Everything is rendered from one JSON-ready dict (build_report), so all outputs say the same thing. A reader
+gets one screen first — what changed since the previous run of each session, and the root causes of every
+transition (reports.causes) with their answers — then the support matrix, then the details.
 """
 
 from __future__ import annotations
@@ -8,37 +10,51 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timezone
+from itertools import groupby
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
 
+from reports.answers import Link, answer_text, commit_words, markdown_link, one_line
+from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text,
+                            count_text, delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.history import CellStatus, History, Transition
-from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Versions, short_commit
+from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
-MAX_COMMITS_IN_MARKDOWN = 20  # report.json always has the full list
+MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def build_report(history: History, drift: Drift | None) -> dict:
+def build_report(history: History, observations: list[Observation], drift: Drift | None) -> dict:
     support = model_support(history)
-    return {
+    runs = _runs_by_point(observations)
+    report = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "latest_versions": _versions(history.latest),
         "latest_label": history.latest.describe(),
         "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
         "key_metric": KEY_METRIC,
-        "matrix": _matrix(history),
-        "regressions": [_transition(t) for t in history.transitions if t.kind == "broke"],
-        "fixes": [_transition(t) for t in history.transitions if t.kind == "fixed"],
-        "class_changes": [_transition(t) for t in history.transitions if t.kind == "class-change"],
+        "since_previous_run": _since_previous_run(all_session_deltas(observations, history)),
+        "matrix": _matrix(history, history.latest),
+        "matrices": [
+            {"versions": _versions(versions), "label": versions.describe(),
+             "harness": list(history.harness.get(versions, ())), **_matrix(history, versions)}
+            for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
+        ],
+        "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
+        "fixes": [transition_json(t) for t in history.transitions if t.kind == "fixed"],
+        "class_changes": [transition_json(t) for t in history.transitions if t.kind == "class-change"],
         "flaky": [
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
-        "timeline": _timeline(history),
+        "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "supported_models": {
             "supported": [m for m, ok in support.items() if ok],
@@ -46,10 +62,12 @@ def build_report(history: History, drift: Drift | None) -> dict:
         },
         "docs_drift": asdict(drift) if drift else None,
     }
+    report["root_causes"] = root_causes(report)
+    return report
 
 
-def write_outputs(history: History, drift: Drift | None, out_dir: Path) -> list[Path]:
-    report = build_report(history, drift)
+def write_outputs(history: History, observations: list[Observation], drift: Drift | None, out_dir: Path) -> list[Path]:
+    report = build_report(history, observations, drift)
     out_dir.mkdir(parents=True, exist_ok=True)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     outputs = {
@@ -72,6 +90,11 @@ def _versions(versions: Versions) -> dict[str, str]:
     return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
 
 
+def _labels(versions: Versions) -> dict[str, str]:
+    """Each axis as reports print it (a DeepSpeed git build as 0.19.8@abc1234567)."""
+    return {axis: versions.label(axis) for axis in AXES}
+
+
 def _status(status: CellStatus) -> dict:
     return {
         "status": status.status,
@@ -88,14 +111,16 @@ def _column(cell: CellKey) -> str:
     return f"tp{cell.tp} {cell.variant}/{cell.dtype}"
 
 
-def _matrix(history: History) -> dict:
-    columns = sorted({(c.tp, c.variant, c.dtype) for c in history.cells})
+def _matrix(history: History, versions: Versions) -> dict:
+    """The support matrix at one version combination: a row per model run there, a column per tp × variant × dtype."""
+    here = [cell for cell in history.cells if (cell, versions) in history.statuses]
+    columns = sorted({(c.tp, c.variant, c.dtype) for c in here})
     rows = []
-    for model in sorted({c.model for c in history.cells}):
+    for model in sorted({c.model for c in here}):
         cells = {}
         for tp, variant, dtype in columns:
             cell = CellKey(model, variant, dtype, tp)
-            status = history.statuses.get((cell, history.latest))
+            status = history.statuses.get((cell, versions))
             if status is not None:
                 cells[_column(cell)] = {"cell": cell.id, **_status(status)}
         rows.append({"model": model, "cells": cells})
@@ -119,7 +144,7 @@ def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, i
     return dict(sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0])))
 
 
-def _transition(transition: Transition) -> dict:
+def transition_json(transition: Transition) -> dict:
     return {
         "cell": transition.cell.id,
         **asdict(transition.cell),
@@ -140,17 +165,88 @@ def _bisection(bisection: Bisection) -> dict:
     return {**asdict(bisection), "cell": bisection.cell.id}
 
 
-def _timeline(history: History) -> dict:
+def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+    causes = delta_causes(sessions)
+    flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
+    return {
+        "sessions": [{
+            "session": s.session, "newest_run": s.newest.run_id, "newest_versions": s.newest.versions.describe(),
+            "previous_run": s.previous.run_id if s.previous else None,
+            "previous_versions": s.previous.versions.describe() if s.previous else None,
+            "changed": [s.change_text(axis) for axis in s.changed],
+        } for s in sessions],
+        "counts": {kind: {"cells": sum(len(c.cells) for c in causes if c.kind == kind),
+                          "causes": sum(1 for c in causes if c.kind == kind)}
+                   for kind in DELTA_KINDS if kind != "flaky"} | {"flaky": {"cells": len(flaky)}},
+        "causes": [{
+            "id": c.id, "kind": c.kind, "failure_class": c.failure_class, "cause": c.cause, "count": len(c.cells),
+            "cells": [cell.id for cell in c.cells], "cells_text": cells_text(c.cells),
+            "sessions": [s.session for s in c.sessions],
+            "no_previous_verdict": sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}),
+            "root_causes": sorted({cause_id(*root_cause_key(transition_json(t))) for _, d in c.deltas
+                                   for t in d.transitions}),
+        } for c in causes],
+        "flaky": flaky,
+    }
+
+
+def _runs_by_point(observations: list[Observation]) -> dict[tuple[CellKey, Versions], list[str]]:
+    """The runs that recorded each cell at each version set, newest first."""
+    runs: dict[tuple[CellKey, Versions], list[str]] = {}
+    for obs in sorted(observations, key=lambda o: o.run.started, reverse=True):
+        runs.setdefault((obs.cell, obs.versions), []).append(obs.run.run_id)
+    return runs
+
+
+def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
+    """A sort key per label of an axis: releases by PEP 440, then the history's order (which places DeepSpeed
+    git builds topologically when a clone was given, and labels such as pr/1234 after the releases)."""
+    first_seen: dict[str, int] = {}
+    for index, versions in enumerate(version_sets):
+        first_seen.setdefault(versions.label(axis), index)
+    keys = {}
+    for versions in version_sets:
+        version = release(getattr(versions, axis))
+        label = versions.label(axis)
+        keys[label] = (0, version, first_seen[label]) if version is not None else (1, first_seen[label])
+    return keys
+
+
+def _timeline(history: History, runs: dict[tuple[CellKey, Versions], list[str]]) -> dict:
+    """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
+    changes most (the primary axis), then ordered by version along the primary axis; axes that never change
+    are stated once."""
+    sets = history.version_sets
+    labels = [_labels(v) for v in sets]
+    varying = [axis for axis in AXES if len({label[axis] for label in labels}) > 1]
+    primary = max(varying, key=lambda axis: len({label[axis] for label in labels}), default=AXES[0])
+    grouping = [axis for axis in varying if axis != primary]
+    order = {axis: _axis_order(axis, sets) for axis in varying}
+    shown = sorted(range(len(sets)), key=lambda i: (tuple(order[a][labels[i][a]] for a in grouping),
+                                                    order[primary][labels[i][primary]] if varying else 0))
     cells = []
     for cell in history.cells:
-        points = [history.statuses.get((cell, versions)) for versions in history.version_sets]
+        points = [history.statuses.get((cell, versions)) for versions in sets]
+        verdicts = {outcome_class(_status(p)) for p in points if p is not None and p.status != "skip"}
         cells.append({
-            "cell": cell.id,
+            "cell": cell.id, **asdict(cell),
             "statuses": [p.status if p else None for p in points],
+            "failure_classes": [p.failure_class if p else "" for p in points],
+            "signatures": [p.signature if p else "" for p in points],
             "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
+            "runs": [runs.get((cell, versions), []) for versions in sets],
+            "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
         })
-    return {"version_sets": [v.describe() for v in history.version_sets], "cells": cells,
-            "harness": [list(history.harness.get(v, ())) for v in history.version_sets]}
+    return {
+        "version_sets": [v.describe() for v in sets], "labels": labels,
+        "harness": [list(history.harness.get(v, ())) for v in sets],
+        "varying_axes": varying, "primary_axis": primary,
+        "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
+        "columns": [{"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping),
+                     "label": labels[i][primary]} for i in shown],
+        "cells": cells,
+    }
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
@@ -159,10 +255,6 @@ def _timeline(history: History) -> dict:
 def harness_text(commits: list[str]) -> str:
     """"harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
     return f"harness {', '.join(short_commit(c) for c in commits)}" if commits else ""
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def cell_text(entry: dict) -> str:
@@ -177,96 +269,138 @@ def cell_text(entry: dict) -> str:
 
 def _matrix_cell(entry: dict | None) -> str:
     if entry is None:
-        return "—"  # not run at the latest versions
+        return "—"  # not run at these versions
     return f"{STATUS_ICONS[entry['status']]} {cell_text(entry)}".rstrip()
 
 
-def counts_markdown(report: dict) -> list[str]:
-    columns, counts = report["matrix"]["columns"], report["matrix"]["counts"]
+def counts_markdown(matrix: dict) -> list[str]:
+    columns, counts = matrix["columns"], matrix["counts"]
     lines = ["| outcome | " + " | ".join(columns) + " | all |", "|---|" + "---:|" * (len(columns) + 1)]
     lines += [f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()]
-    models = len(report["matrix"]["rows"])
     cells = sum(per["all"] for per in counts.values())
-    return [f"{models} architectures, {cells} cells at these versions:", "", *lines]
+    return [f"{len(matrix['rows'])} architectures, {cells} cells at these versions:", "", *lines]
 
 
-def matrix_markdown(report: dict) -> list[str]:
-    columns = report["matrix"]["columns"]
+def counts_text(matrix: dict) -> str:
+    """"120 pass, 80 shard, 4 skip": the outcome classes of one combination in a few words."""
+    return ", ".join(f"{per['all']} {name}" for name, per in matrix["counts"].items())
+
+
+def matrix_markdown(matrix: dict) -> list[str]:
+    columns = matrix["columns"]
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for row in report["matrix"]["rows"]:
+    for row in matrix["rows"]:
         lines.append(f"| {row['model']} | " + " | ".join(_matrix_cell(row["cells"].get(c)) for c in columns) + " |")
     return lines
 
 
-def _failure(status: dict) -> str:
-    return f"{status['failure_class']}: {_one_line(status['signature'])}"
+def code(text: str) -> str:
+    """Inline code that survives any signature (Markdown has no escape inside backticks)."""
+    return "`" + one_line(text).replace("`", "'") + "`"
 
 
-def transition_text(t: dict) -> str:
-    before, after = t["before_status"], t["after_status"]
-    where = f"{t['axis']} {t['before']} → {t['after']}"
-    held_fixed = t["held_fixed"]
-    if t["kind"] == "broke":
-        detail = f"(last good → first bad) at {held_fixed} — {_failure(after)}"
-    elif t["kind"] == "fixed":
-        detail = f"(last bad → first good) at {held_fixed} — was {_failure(before)}"
-    else:
-        detail = (f"at {held_fixed} — failure class {before['failure_class']} → {after['failure_class']}: "
-                  f"{_one_line(after['signature'])}")
-    bisected = f" — {bisection_verdict(t['bisection'])}" if t["bisection"] else ""
-    return f"{t['cell']}: {where} {detail}{bisected}"
+def seen_at(root_cause: dict, report: dict) -> str:
+    """" at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
+    latest = Versions(**report["latest_versions"])
+    elsewhere = [pins for pins in (other_pins(h, latest) for h in root_cause["held_fixed"]) if pins]
+    return f" at {'; '.join(elsewhere)}" if elsewhere else ""
 
 
-def bisection_verdict(b: dict) -> str:
-    """"broken by #1234 (subject, `sha`)", or the release answer when no commit was bisected."""
-    verb = "broken by" if b["mode"] == "broken" else "fixed by"
-    if b["commit"]:
-        subject = _one_line(b["subject"]).replace(f" (#{b['pr']})", "")
-        who = f"#{b['pr']} {subject}" if b["pr"] else subject
-        return f"{verb} {who} (`{b['commit'][:10]}`)"
-    words = ("last good", "first bad") if b["mode"] == "broken" else ("last bad", "first good")
-    return f"{verb} {b['axis']} {b['after']} ({words[0]} {b['before']})"
+def root_cause_title(root_cause: dict, report: dict) -> str:
+    """"shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
+    return (f"{root_cause['failure_class']} {code(root_cause['cause'])} — {root_cause['axis']} {root_cause['before']} → "
+            f"{root_cause['after']}{seen_at(root_cause, report)} — {count_text(root_cause['count'], 'cell')}: "
+            f"{root_cause['cells_text']}")
 
 
-def bisection_text(b: dict) -> str:
-    untestable = f"; untestable in between: {', '.join(b['untestable'])}" if b["untestable"] else ""
-    failure = f" — {b['failure_class']}: {_one_line(b['signature'])}" if b["failure_class"] else ""
-    return f"{b['cell']}: {bisection_verdict(b)} at {b['held_fixed']}{failure}{untestable}"
-
-
-def commit_text(commit: dict) -> str:
-    subject, pr = _one_line(commit["subject"]), commit["pr"]
-    if pr:  # lead with the PR number instead of repeating it at the end of the subject
-        subject = f"#{pr} {subject.replace(f' (#{pr})', '')}"
-    where = " — touches AutoTP paths" if commit["relevant"] else ""
-    return f"{subject} (`{commit['sha'][:10]}`){where}"
-
-
-def commit_lines(t: dict) -> list[str]:
-    lines = [f"  - {commit_text(commit)}" for commit in t["commits"][:MAX_COMMITS_IN_MARKDOWN]]
-    if len(t["commits"]) > MAX_COMMITS_IN_MARKDOWN:
-        lines.append(f"  - … and {len(t['commits']) - MAX_COMMITS_IN_MARKDOWN} more commits (see report.json)")
+def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[str]:
+    """The answers shared by the transitions of a cause: the most common one with the number of cells it covers
+    when not all, each other one with its cells; then the candidate commits while no answer names one."""
+    cells = {t["cell"]: cell_of(t) for t in transitions}
+    lines = []
+    for rank, (text, answered) in enumerate(shared_answers(transitions, link)):
+        if len(answered) == len(cells):
+            covers = ""
+        elif rank == 0:
+            covers = f" ({count_text(len(answered), 'cell')})"
+        else:
+            covers = f" ({count_text(len(answered), 'cell')}: {cells_text([cells[c] for c in answered])})"
+        lines.append(f"answer{covers}: {text}")
+    if not any(t["bisection"] for t in transitions) and transitions[0]["commits"]:
+        commits = transitions[0]["commits"]  # one range, so every member lists the same commits
+        shown = "; ".join(commit_words(transitions[0]["axis"], c, link) for c in commits[:MAX_CANDIDATES])
+        more = f" and {len(commits) - MAX_CANDIDATES} more (report.json)" if len(commits) > MAX_CANDIDATES else ""
+        relevant = sum(1 for c in commits if c["relevant"])
+        lines.append(f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}")
     return lines
 
 
-def _transition_section(title: str, transitions: list[dict]) -> list[str]:
-    lines = [f"## {title}", ""]
-    if not transitions:
-        return [*lines, "None.", ""]
-    for t in transitions:
-        lines.append(f"- {transition_text(t)}")
-        lines.extend(commit_lines(t))
-    return [*lines, ""]
+ROOT_CAUSE_SECTIONS = (("broke", "Regressions"), ("fixed", "Fixes"), ("class-change", "Failure-class changes"))
 
 
-def _bisection_section(bisections: list[dict]) -> list[str]:
-    if not bisections:
-        return []  # the section only appears once `python -m reports.bisect` has recorded something
-    return ["## Bisections", "", *[f"- {bisection_text(b)}" for b in bisections], ""]
+def root_causes_markdown(report: dict) -> list[str]:
+    found = report["root_causes"]
+    transitions = sum(len(c["members"]) for c in found)
+    lines = ["## Root causes", ""]
+    if not found:
+        return [*lines, "No transition in the history: every cell kept its outcome across the versions run.", ""]
+    lines += [f"{count_text(len(found), 'root cause')} over {count_text(transitions, 'transition')}. A range is last "
+              "good → first bad (regressions) or last bad → first good (fixes) along one axis; the other axes are held "
+              f"at the latest versions ({report['latest_label']}) unless a cause says \"at …\".", ""]
+    for kind, title in ROOT_CAUSE_SECTIONS:
+        of_kind = [c for c in found if c["kind"] == kind]
+        if of_kind:
+            cells = sum(c["count"] for c in of_kind)
+            lines += [f"### {title}: {count_text(len(of_kind), 'cause')}, {count_text(cells, 'cell')}", ""]
+            for number, root_cause in enumerate(of_kind, start=1):
+                lines.append(f"{number}. {root_cause_title(root_cause, report)}")
+                lines += [f"   - {line}" for line in answer_lines(members(report, root_cause))]
+            lines.append("")
+    return lines
+
+
+def delta_cause_line(delta_cause: dict, report: dict) -> str:
+    """One cause of what changed since the previous runs, with the answer of the root cause it belongs to."""
+    by_id = {c["id"]: c for c in report["root_causes"]}
+    placed = [by_id[i] for i in delta_cause["root_causes"]]
+    where = "; ".join(f"{c['axis']} {c['before']} → {c['after']}" for c in placed)
+    answers = [line for c in placed for line in answer_lines(members(report, c))]
+    unseen = (f" ({len(delta_cause['no_previous_verdict'])} without a verdict in the previous run)"
+              if delta_cause["no_previous_verdict"] else "")
+    return (f"**{delta_cause['kind']}** {delta_cause['failure_class']} {code(delta_cause['cause'])} — "
+            f"{count_text(delta_cause['count'], 'cell')}{unseen}: {delta_cause['cells_text']}"
+            + (f" — {where}: " + "; ".join(answers) if placed else ""))
+
+
+def since_previous_run_summary(since: dict) -> str:
+    """"3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
+    counts = since["counts"]
+    parts = [f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
+             for kind, noun, plural in (("new failure", "new failure", ""), ("fixed", "fix", "fixes"),
+                                        ("still failing", "cell still failing", "cells still failing"))
+             if counts[kind]["cells"]]
+    if counts["flaky"]["cells"]:
+        parts.insert(2, count_text(counts["flaky"]["cells"], "flaky cell"))
+    return ", ".join(parts) or "nothing changed"
+
+
+def since_previous_run_markdown(report: dict) -> list[str]:
+    since = report["since_previous_run"]
+    compared = [s for s in since["sessions"] if s["previous_run"]]
+    lines = ["## Since the previous run of each session", ""]
+    if not compared:
+        return [*lines, f"No session has run twice yet ({count_text(len(since['sessions']), 'session')}): nothing to "
+                        "compare. The root causes below come from the whole history.", ""]
+    lines += [f"{since_previous_run_summary(since)}.", ""]
+    for s in compared:
+        changed = ", ".join(s["changed"]) or "no version changed"
+        lines.append(f"- `{s['session']}`: run `{s['previous_run']}` → `{s['newest_run']}`: {changed}")
+    news = [f"- {delta_cause_line(c, report)}" for c in since["causes"] if c["kind"] != "still failing"]
+    return [*lines, "", *news, ""] if news else [*lines, ""]
 
 
 def flaky_text(entry: dict) -> str:
-    failed = f" ({entry['failure_class']}: {_one_line(entry['signature'])})" if entry["failure_class"] else ""
+    failed = f" ({entry['failure_class']}: {one_line(entry['signature'])})" if entry["failure_class"] else ""
     return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
 
 
@@ -281,29 +415,54 @@ def drift_lines(drift: dict | None) -> list[str]:
     return [*lines, ""]
 
 
-def _recorded_by(report: dict) -> str:
-    return f" ({harness_text(report['latest_harness'])})" if report["latest_harness"] else ""
+def _recorded_by(harness: list[str]) -> str:
+    return f" ({harness_text(harness)})" if harness else ""
+
+
+def other_matrices_markdown(report: dict) -> list[str]:
+    """Every other version combination's matrix, collapsed (GitHub renders <details>)."""
+    others = report["matrices"][1:]
+    if not others:
+        return []
+    lines = ["## Support matrix at the other version combinations", ""]
+    for matrix in others:
+        lines += [f"<details><summary>{matrix['label']}{_recorded_by(matrix['harness'])}: {counts_text(matrix)}</summary>",
+                  "", *matrix_markdown(matrix), "", "</details>", ""]
+    return lines
+
+
+def details_markdown(report: dict) -> list[str]:
+    """One answer line per transition (answers.answer_text), collapsed, root cause by root cause."""
+    lines = [answer_text(t) for c in report["root_causes"] for t in members(report, c)]
+    if not lines:
+        return []
+    return ["## Details: every transition", "",
+            f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>", "",
+            *[f"- {line}" for line in lines], "", "</details>", ""]
 
 
 def report_markdown(report: dict) -> str:
     lines = [
         "# AutoTP support matrix",
         "",
-        f"Latest versions: {report['latest_label']}{_recorded_by(report)}. Cells show the outcome, the failure "
-        f"class and `{report['key_metric']}`; — means not run at these versions.",
+        f"Latest versions: {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
-        *counts_markdown(report),
+        *since_previous_run_markdown(report),
+        *root_causes_markdown(report),
+        "## Support matrix at the latest versions",
         "",
-        *matrix_markdown(report),
+        f"Cells show the outcome, the failure class and `{report['key_metric']}`; — means not run at these versions.",
         "",
-        *_transition_section("Regressions", report["regressions"]),
-        *_transition_section("Fixes", report["fixes"]),
-        *_transition_section("Failure-class changes", report["class_changes"]),
+        *counts_markdown(report["matrix"]),
+        "",
+        *matrix_markdown(report["matrix"]),
+        "",
+        *other_matrices_markdown(report),
         "## Flaky cells",
         "",
         *([f"- {flaky_text(entry)}" for entry in report["flaky"]] or ["None."]),
         "",
-        *_bisection_section(report["bisections"]),
+        *details_markdown(report),
         *drift_lines(report["docs_drift"]),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -318,10 +477,10 @@ def step_summary_markdown(report: dict) -> str:
     lines = [
         f"## AutoTP matrix — {tally}",
         "",
-        f"At {report['latest_label']}{_recorded_by(report)}.",
+        f"At {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
-        *_transition_section("Regressions", report["regressions"]),
-        *_transition_section("Fixes", report["fixes"]),
+        *since_previous_run_markdown(report),
+        *root_causes_markdown(report),
         *drift_lines(report["docs_drift"]),
     ]
     return "\n".join(lines).rstrip("\n") + "\n\n"
@@ -334,29 +493,81 @@ SERIES_COLOURS = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#9a6700", "#cf222
 
 
 def _trend_plot(timeline: dict) -> dict:
-    """SVG coordinates for the key metric of each cell across version sets, on a log scale."""
-    columns = len(timeline["version_sets"])
+    """SVG coordinates for the key metric of each cell across the timeline's columns, on a log scale."""
+    columns = timeline["columns"]
     values = [v for cell in timeline["cells"] for v in cell["key_metric"] if v is not None and v > 0]
     if not values:
         return {"series": [], "ticks": []}
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
 
-    def x(index: int) -> float:
-        return PLOT_MARGIN + (index + 0.5) * (PLOT_WIDTH - 2 * PLOT_MARGIN) / columns
+    def x(position: int) -> float:
+        return PLOT_MARGIN + (position + 0.5) * (PLOT_WIDTH - 2 * PLOT_MARGIN) / len(columns)
 
     def y(value: float) -> float:
         return PLOT_HEIGHT - PLOT_MARGIN / 2 - (math.log10(value) - low) / (high - low) * (PLOT_HEIGHT - PLOT_MARGIN)
 
     series = []
     for cell in timeline["cells"]:
-        points = [(x(i), y(v), v) for i, v in enumerate(cell["key_metric"]) if v is not None and v > 0]
+        shown = [(position, cell["key_metric"][column["index"]]) for position, column in enumerate(columns)]
+        points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]
         if points:
             colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
             series.append({"cell": cell["cell"], "colour": colour, "points": points,
                            "path": " ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points)})
     ticks = [{"y": y(10.0**e), "label": f"1e{e}"} for e in range(low, high + 1)]
-    return {"series": series, "ticks": ticks, "x": [x(i) for i in range(columns)]}
+    return {"series": series, "ticks": ticks,
+            "x": [(x(position), column["label"]) for position, column in enumerate(columns)]}
+
+
+def _point_title(timeline: dict, cell: dict, index: int) -> str:
+    """What hovering a timeline point shows: the cell, the versions, the outcome, the failure and the run."""
+    status = cell["statuses"][index]
+    where = f"{cell['cell']} at {timeline['version_sets'][index]}"
+    if status is None:
+        return f"{where}: not run"
+    failure = f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}" if cell["signatures"][index] else ""
+    runs = cell["runs"][index]
+    more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
+    return f"{where}: {status}{failure} — run {runs[0]}{more}" if runs else f"{where}: {status}{failure}"
+
+
+def _timeline_view(timeline: dict) -> dict:
+    """The timeline as the HTML table draws it: header groups, and rows grouped by model with a sub-row per
+    tp × variant × dtype; rows whose outcome never changed are marked steady (hidden until asked for)."""
+    columns = timeline["columns"]
+    models = []
+    for model, cells in groupby(timeline["cells"], key=lambda cell: cell["model"]):
+        rows = [{
+            "label": f"tp{cell['tp']} {cell['variant']} {cell['dtype']}", "changed": cell["changed"],
+            "points": [{"status": cell["statuses"][c["index"]] or "none",
+                        "text": _point_text(cell, c["index"]), "title": _point_title(timeline, cell, c["index"])}
+                       for c in columns],
+        } for cell in cells]
+        models.append({"model": model, "changed": any(row["changed"] for row in rows), "rows": rows})
+    groups = [(group, len(list(members))) for group, members in groupby(c["group"] for c in columns)]
+    changed = sum(cell["changed"] for cell in timeline["cells"])
+    return {"groups": groups if any(group for group, _ in groups) else [], "models": models,
+            "rows": len(timeline["cells"]), "changed": changed}
+
+
+def _point_text(cell: dict, index: int) -> str:
+    status = cell["statuses"][index]
+    return cell["failure_classes"][index] if status == "fail" else "" if status in (None, "pass") else status
+
+
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
+
+
+def linked_html(make_lines: Callable[[Link], list[str]]) -> list[Markup]:
+    """Lines built by a Link-taking function (answers, commits) as HTML: the text escaped, the links real anchors."""
+    anchors: list[Markup] = []
+
+    def link(text: str, url: str) -> str:
+        anchors.append(Markup('<a href="{}">{}</a>').format(url, text))
+        return f"\x00{len(anchors) - 1}\x00"  # survives escaping; replaced by its anchor afterwards
+
+    return [Markup(_PLACEHOLDER.sub(lambda m: anchors[int(m[1])], str(escape(line)))) for line in make_lines(link)]
 
 
 def report_html(report: dict) -> str:
@@ -364,13 +575,18 @@ def report_html(report: dict) -> str:
     template = environment.get_template("report.html.j2")
     return template.render(
         report=report,
-        icons=STATUS_ICONS,
+        sections=ROOT_CAUSE_SECTIONS,
         cell_text=cell_text,
+        counts_text=counts_text,
+        count_text=count_text,
         trend=_trend_plot(report["timeline"]),
+        timeline=_timeline_view(report["timeline"]),
         plot={"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "margin": PLOT_MARGIN},
-        transition_text=transition_text,
-        commit_text=commit_text,
+        summary=since_previous_run_summary(report["since_previous_run"]),
+        seen_at=lambda c: seen_at(c, report),
+        answers=lambda c: linked_html(lambda link: answer_lines(members(report, c), link)),
+        root_cause_by_id={c["id"]: c for c in report["root_causes"]},
+        details=linked_html(lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]),
         flaky_text=flaky_text,
-        bisection_text=bisection_text,
         harness_text=harness_text,
     )

@@ -2,7 +2,8 @@
 source files its frames name.
 
 Signatures are recorded with numbers already masked (`suites/outcome.py`: "split_sizes=[N, N]"), but the
-length of a shape or size list still follows the tp size ([N, N] at tp 2, [N, N, N] at tp 3): the same
+length of a shape or size list still follows the tp size ([N, N] at tp 2, [N, N, N] at tp 3), and so do
+factors of a shape product the recording left half masked (Nx4N at tp 2, Nx3N at tp 3): the same
 cause must read the same at every tp, so triage bisects it once and the report shows it once."""
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ import re
 
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
-# Numbers that escaped masking (a signature recorded by an older harness, or written by hand).
-_NUMBER = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?")
+# A shape written as a product ("24x384"): the recorded signature masks only the first factor, as the others
+# follow a letter, and leaves mixes like "Nx3N" (tp3) next to "Nx4N" (tp2) for one cause (torch's "mat1 and
+# mat2 shapes cannot be multiplied (24x384 and 24x384)").
+_PRODUCT = re.compile(r"(?<![A-Za-z_])[\dN]+(?:x[\dN]+)+(?![A-Za-z_])")
+# Numbers that escaped masking (a signature recorded by an older harness, or written by hand), with any masked
+# part they stick to ("3N").
+_NUMBER = re.compile(r"(?<![A-Za-z_])[\dN]*\d[\dN]*(?:\.\d+)?")
 # "File ".../site-packages/transformers/models/bloom/modeling_bloom.py", line 12" in a traceback, and
 # "@ transformers/models/bloom/modeling_bloom.py:forward" at the end of a signature.
 _TRACEBACK_FILE = re.compile(r'File "[^"]*?/((?:deepspeed|transformers)/[^"]+?\.py)"')
@@ -21,7 +27,7 @@ _SIGNATURE_FILE = re.compile(r"@ ((?:deepspeed|transformers)/\S+?\.py):")
 
 def cause(signature: str) -> str:
     """The signature with numbers and the length of number lists masked: one text per cause, whatever the tp."""
-    return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", signature))
+    return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))
 
 
 def frame_files(signature: str, message: str = "") -> list[str]:

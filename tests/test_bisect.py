@@ -320,9 +320,12 @@ def test_report_says_broken_by_the_pr(tmp_path):
         assert history.bisections()[0].files == ("a.py",)
     assert reports_main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "report.md").read_text()
-    regression = next(line for line in markdown.splitlines() if line.startswith("- llama-eager-fp32-tp2: deepspeed"))
-    assert regression.endswith(f"— broken by #4321 Shard heads strictly (`{'ab' * 5}`)")
-    assert "## Bisections" in markdown and "broken by #4321" in (tmp_path / "out" / "report.html").read_text()
+    url = "https://github.com/deepspeedai/DeepSpeed"
+    answer = (f"broke at deepspeed 0.16.5 → 0.16.6, first bad commit [{'ab' * 5}]({url}/commit/{'ab' * 20}) "
+              f'([#4321]({url}/pull/4321) "Shard heads strictly")')
+    assert f"   - answer: {answer}" in markdown.splitlines()  # the root cause's answer
+    assert f"- llama tp2 eager fp32: {answer}, shard: AssertionError: heads N" in markdown.splitlines()  # details
+    assert f'<a href="{url}/pull/4321">#4321</a>' in (tmp_path / "out" / "report.html").read_text()
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["regressions"][0]["bisection"]["pr"] == 4321
 

@@ -9,6 +9,8 @@ from junitparser import Failure, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from reports.__main__ import main
+from reports.model import Bisection, CellKey
+from reports.store import HistoryStore
 
 
 @dataclass
@@ -80,3 +82,57 @@ def section(markdown: str, title: str) -> list[str]:
     """The lines of one '## title' section, without the heading and blank lines."""
     lines = markdown.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].splitlines()
     return [line for line in lines if line]
+
+
+# ---- The multi-version scenario of issue #18 ---------------------------------------------------------------------
+
+# Real signatures (recorded at DeepSpeed 0.18.9 and 0.19.8 on this machine): the uneven-sharding failure that
+# 0.19.6 fixed reads [N, N] at tp 2 and [N, N, N] at tp 3; bloom's generate failure is the same at tp 2, 3 and 4.
+UNEVEN = ("RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at dimension "
+          "N), but got split_sizes={sizes} @ deepspeed/module_inject/layers.py:uneven_partition")
+BLOOM = ("RuntimeError: The expanded size of the tensor (N) must match the existing size (N) at non-singleton "
+         "dimension N.  Target sizes: [N, N, N].  Tensor sizes: [N, N, N] @ "
+         "transformers/models/bloom/modeling_bloom.py:forward")
+UNEVEN_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3", "gpt_neox",
+                 "gptj", "gpt_neo", "opt", "codegen", "gpt_bigcode", "starcoder2", "mpt", "gemma", "gemma2", "gemma3",
+                 "stablelm", "olmo", "cohere")  # 23 models × tp 2, 3, less gemma3 tp3 (passes throughout): 45 cells
+FIXED_BY = {"commit": "8185" * 10, "subject": "Fix uneven sharding of split sizes (#8185)", "pr": 8185}
+
+
+def _uneven(model: str, tp: int) -> Cell:
+    if (model, tp) == ("gemma3", 3):
+        return Cell(model, tp=tp)
+    return fail(model, "shard", UNEVEN.format(sizes="[" + ", ".join(["N"] * tp) + "]"), tp=tp)
+
+
+def issue_18_store(tmp_path: Path) -> Path:
+    """Three sessions merged as issue #18 found them: DeepSpeed 0.17.6 and 0.18.9 at tp 2, 3 (45 cells fail with
+    the uneven-sharding cause) and two nightlies of the default matrix at 0.19.8 (transformers 5.23.0, then
+    5.24.0, where bloom breaks at tp 2, 3, 4). Triage answered the fix on llama tp2 and confirmed it on 43 cells;
+    one cell is not yet triaged."""
+    junit = tmp_path / "issue18"
+    pins = dict(torch="2.13.0+cpu", python="3.11.7")
+    for n, deepspeed in enumerate(("0.17.6", "0.18.9"), start=1):
+        write_junit(junit / f"tp23-{deepspeed}.xml", [_uneven(m, tp) for m in UNEVEN_MODELS for tp in (2, 3)],
+                    run_id=f"autotp(ds{deepspeed}-tf5.24.0-pt2.13.0)@2026-12-0{n}T00:00:00Z@vm",
+                    started=f"2026-12-0{n}T00:00:00Z", deepspeed=deepspeed, transformers="5.24.0", **pins)
+    for n, transformers in enumerate(("5.23.0", "5.24.0"), start=3):
+        bloom = [fail("bloom", "forward", BLOOM, tp=tp) if transformers == "5.24.0" else Cell("bloom", tp=tp)
+                 for tp in (2, 3, 4)]
+        write_junit(junit / f"nightly-{transformers}.xml",
+                    [*[Cell(m, tp=tp) for m in UNEVEN_MODELS for tp in (2, 3, 4)], *bloom],
+                    run_id=f"nightly@2026-12-0{n}T00:00:00Z@vm", started=f"2026-12-0{n}T00:00:00Z",
+                    deepspeed="0.19.8", transformers=transformers, **pins)
+    store = tmp_path / "issue18.sqlite"
+    assert main(["merge", str(junit), "--store", str(store)]) == 0
+    representative = CellKey("llama", "eager", "fp32", 2)
+    answered = [CellKey(m, "eager", "fp32", tp) for m in UNEVEN_MODELS for tp in (2, 3)
+                if (m, tp) not in (("gemma3", 3), ("cohere", 3))]  # cohere tp3: left for the next triage
+    with HistoryStore(store, create=False) as history:
+        for cell in answered:
+            history.add_bisection(Bisection(
+                cell, "fixed", "deepspeed", "0.19.5", "0.19.6", "transformers 5.24.0, torch 2.13.0", "shard",
+                UNEVEN.format(sizes="[" + ", ".join(["N"] * cell.tp) + "]"), **FIXED_BY,
+                recorded_at="2026-12-05T00:00:00+00:00",
+                confirmed_from="" if cell == representative else representative.id))
+    return store

@@ -1,7 +1,7 @@
 import subprocess
 
 import pytest
-from reports_testkit import CONTEXT, Cell, fail, render, section
+from reports_testkit import Cell, fail, render, section
 
 from reports.__main__ import main
 
@@ -42,13 +42,19 @@ def test_release_range_lists_autotp_commits_first(deepspeed_repo, session, tmp_p
     session([Cell("llama")], deepspeed="0.14.2")
     session([fail("llama", "shard")], deepspeed="0.14.3")
     report = (render(tmp_path / "junit", tmp_path, "--deepspeed-repo", str(repo)) / "report.md").read_text()
-    assert section(report, "Regressions") == [
-        f"- llama-eager-fp32-tp2: deepspeed 0.14.2 → 0.14.3 (last good → first bad) at {CONTEXT} "
-        "— shard: ShardError: broken",
-        f"  - #5440 Accelerator tweak (`{shas['accelerator'][:10]}`) — touches AutoTP paths",
-        f"  - #5436 Fix AutoTP for llama (`{shas['autotp'][:10]}`) — touches AutoTP paths",
-        f"  - Direct push without a PR number (`{shas['readme'][:10]}`)",
-        f"  - #5437 Update docs (`{shas['docs'][:10]}`)",
+    url = "https://github.com/deepspeedai/DeepSpeed"
+
+    def commit(name: str, pr: int | None, subject: str) -> str:
+        sha = shas[name]
+        number = f"[#{pr}]({url}/pull/{pr}) " if pr else ""
+        return f'[{sha[:10]}]({url}/commit/{sha}) ({number}"{subject}")'
+
+    assert section(report, "Root causes")[2:] == [
+        "1. shard `ShardError: broken` — deepspeed 0.14.2 → 0.14.3 — 1 cell: eager fp32: llama tp2",
+        "   - answer: not yet triaged",
+        "   - candidate commits (2 of 4 touch AutoTP paths, listed first): " + "; ".join([
+            commit("accelerator", 5440, "Accelerator tweak"), commit("autotp", 5436, "Fix AutoTP for llama"),
+            commit("readme", None, "Direct push without a PR number"), commit("docs", 5437, "Update docs")]),
     ]
 
 
@@ -59,11 +65,14 @@ def test_git_builds_are_ordered_topologically_not_by_date(deepspeed_repo, sessio
     session([Cell("llama")], deepspeed="0.14.3.dev0", deepspeed_git=shas["docs"])
     session([Cell("llama")], deepspeed="0.14.3.dev0", deepspeed_git=shas["autotp"])
     report = (render(tmp_path / "junit", tmp_path, "--deepspeed-repo", str(repo)) / "report.md").read_text()
-    docs, accelerator = shas["docs"][:10], shas["accelerator"][:10]
-    assert section(report, "Regressions") == [
-        f"- llama-eager-fp32-tp2: deepspeed 0.14.3.dev0@{docs} → 0.14.3.dev0@{accelerator} (last good → first bad) "
-        f"at {CONTEXT} — numerics: NumericsError: broken",
-        f"  - #5440 Accelerator tweak (`{accelerator}`) — touches AutoTP paths",
+    docs, accelerator = shas["docs"], shas["accelerator"]
+    url = "https://github.com/deepspeedai/DeepSpeed"
+    assert section(report, "Root causes")[2:] == [
+        f"1. numerics `NumericsError: broken` — deepspeed 0.14.3.dev0@{docs[:10]} → 0.14.3.dev0@{accelerator[:10]} — "
+        "1 cell: eager fp32: llama tp2",
+        "   - answer: not yet triaged",
+        f"   - candidate commits (1 of 1 touch AutoTP paths, listed first): [{accelerator[:10]}]({url}/commit/{accelerator}) "
+        f'([#5440]({url}/pull/5440) "Accelerator tweak")',
     ]
 
 
@@ -85,6 +94,7 @@ def test_a_label_that_is_not_a_release_is_ordered_without_the_clone(deepspeed_re
     session([Cell("llama")], deepspeed="0.14.3")
     session([fail("llama", "install", "pip failed")], deepspeed="pr/1234")
     report = (render(tmp_path / "junit", tmp_path, "--deepspeed-repo", str(repo)) / "report.md").read_text()
-    assert section(report, "Regressions") == [
-        f"- llama-eager-fp32-tp2: deepspeed 0.14.3 → pr/1234 (last good → first bad) at {CONTEXT} — install: pip failed",
+    assert section(report, "Root causes")[2:] == [
+        "1. install `pip failed` — deepspeed 0.14.3 → pr/1234 — 1 cell: eager fp32: llama tp2",
+        "   - answer: not yet triaged",
     ]

@@ -1,39 +1,100 @@
+import html
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from reports_testkit import render
+from reports.__main__ import main
+from reports_testkit import issue_18_store, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
 
 
 def test_html_is_self_contained(scenario, tmp_path):
-    html = (render(scenario, tmp_path) / "report.html").read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "report.html must not load anything"
-    assert "@import" not in html and "url(" not in html
+    html_text = (render(scenario, tmp_path) / "report.html").read_text()
+    # Links to GitHub are fine (a click), anything the page would fetch by itself is not.
+    assert not re.search(r"""\bsrc\s*=\s*["']?(https?:)?//""", html_text), "report.html must not load anything"
+    assert "<link" not in html_text and "<script" not in html_text
+    assert "@import" not in html_text and "url(" not in html_text
     for part in ("support matrix heatmap", "per-cell timeline", "metric trend", "<polyline"):
-        assert part in html
+        assert part in html_text
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+def chromium(page: Path, profile: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", *options, page.as_uri()],
+        check=True, capture_output=True, text=True, timeout=60,
+    )
+
+
+def artifacts(tmp_path: Path) -> Path:
+    """Where screenshots are kept for a person to look at: $AUTOTP_TEST_ARTIFACTS (CI uploads it), else tmp_path."""
+    folder = Path(os.environ.get("AUTOTP_TEST_ARTIFACTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@needs_chromium
 def test_html_renders_in_headless_chromium(scenario, tmp_path):
     from PIL import Image  # only needed here, to look at the screenshot
 
     page = render(scenario, tmp_path) / "report.html"
     screenshot = tmp_path / "report.png"
-    subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         f"--screenshot={screenshot}", "--window-size=1200,900", page.as_uri()],
-        check=True, capture_output=True, timeout=60,
-    )
-    assert screenshot.exists()
+    chromium(page, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1200,900")
     image = Image.open(screenshot).convert("RGB")
     assert image.size == (1200, 900)
-    colours = image.getcolors(maxcolors=1 << 20)
-    assert len(colours) > 20, "screenshot looks blank"
-    # The heatmap's pass/fail colours must actually be on screen.
-    present = {colour for _, colour in colours}
-    assert (0x2D, 0xA4, 0x4E) in present and (0xCF, 0x22, 0x2E) in present
+    assert len(image.getcolors(maxcolors=1 << 20)) > 20, "screenshot looks blank"
+
+
+def text_of(dom: str, element_id: str) -> str:
+    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</', dom, re.S)
+    assert match, f"no element #{element_id} in the DOM"
+    return html.unescape(match[1]).strip()
+
+
+@needs_chromium
+def test_multi_version_report_as_a_person_sees_it(tmp_path):
+    """Issue #18's history in a real browser: version labels on the timeline's columns, the root-cause count, the
+    first screen; the screenshot is kept as an artifact."""
+    from PIL import Image
+
+    store = issue_18_store(tmp_path)
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+    page = tmp_path / "out" / "report.html"
+    dom = chromium(page, tmp_path / "profile", "--dump-dom").stdout
+
+    assert text_of(dom, "root-cause-count") == "2 root causes"  # 45 fixes and 3 regressions
+    assert text_of(dom, "since-previous-run") == "3 new failures in 1 cause"
+    timeline = dom.split('aria-label="per-cell timeline"', 1)[1].split("</thead>", 1)[0]
+    groups = re.findall(r'<th colspan="(\d+)">([^<]*)</th>', timeline)
+    assert groups == [("1", "transformers 5.23.0"), ("3", "transformers 5.24.0")]
+    columns = re.findall(r'<th class="version" title="([^"]*)">([^<]*)</th>', timeline)
+    assert [label for _, label in columns] == ["0.19.8", "0.17.6", "0.18.9", "0.19.8"]  # by version within a group
+    assert columns[1][0] == "deepspeed 0.17.6, transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7"
+    hover = html.unescape(re.search(r'<td class="fail" title="(llama-eager-fp32-tp3 at deepspeed 0.18.9[^"]*)"', dom)[1])
+    assert hover == ("llama-eager-fp32-tp3 at deepspeed 0.18.9, transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7: "
+                     "fail — shard: RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input "
+                     "tensor's size at dimension N), but got split_sizes=[N, N, N] @ "
+                     "deepspeed/module_inject/layers.py:uneven_partition — run "
+                     "autotp(ds0.18.9-tf5.24.0-pt2.13.0)@2026-12-02T00:00:00Z@vm")
+    assert len(re.findall(r"<details class=\"matrix\"", dom)) == 4  # a matrix per version combination
+
+    screenshot = artifacts(tmp_path) / "report-issue-18.png"
+    chromium(page, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,2000")
+    image = Image.open(screenshot).convert("RGB")
+    present = {colour for _, colour in image.getcolors(maxcolors=1 << 20)}
+    assert (0x2D, 0xA4, 0x4E) in present and (0xCF, 0x22, 0x2E) in present  # pass and fail on screen
+
+
+def test_answer_links_are_anchors_and_everything_else_is_escaped():
+    from markupsafe import Markup
+
+    from reports.render import linked_html
+
+    lines = linked_html(lambda link: [f"<b>{link('#1 <x>', 'https://github.com/o/r/pull/1?a=1&b=2')}</b>"])
+    assert lines == [Markup('&lt;b&gt;<a href="https://github.com/o/r/pull/1?a=1&amp;b=2">#1 &lt;x&gt;</a>&lt;/b&gt;')]

@@ -13,6 +13,7 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports import publish as publish_module
+from reports.causes import cause_id
 from reports.__main__ import main
 from reports.model import Bisection, CellKey
 from reports.store import HistoryStore
@@ -142,20 +143,29 @@ def nightly(session, n: int, cells: list[Cell], name: str = "nightly", **version
                    **versions)
 
 
+SPLIT = "AssertionError: split_sizes={} must sum to N @ deepspeed/module_inject/layers.py:uneven_partition"
+
+
 @pytest.fixture
 def store(session, tmp_path):
-    """Two nightlies: llama regresses, bloom is fixed, falcon is flaky, qwen2 still fails (its signature
-    quotes the planted token), mistral fails on its first run; plus a rerun that makes falcon flaky."""
-    nightly(session, 1, [Cell("llama"), Cell("bloom", "fail", "forward", "RuntimeError: shape"), Cell("falcon"),
-                         fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj")], deepspeed="0.19.7")
-    nightly(session, 2, [fail("llama", "shard", "AssertionError: heads % tp != 0"), Cell("bloom"),
-                         fail("falcon", "forward", "RuntimeError: NCCL timeout"),
+    """Two nightlies: llama regresses at tp 2 and 3 with one cause (the split sizes' length follows tp), bloom is
+    fixed, falcon is flaky, qwen2 still fails (its signature quotes the planted token), mistral fails on its
+    first run; plus a rerun that makes falcon flaky."""
+    nightly(session, 1, [Cell("llama"), Cell("llama", tp=3), Cell("bloom", "fail", "forward", "RuntimeError: shape"),
+                         Cell("falcon"), fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj")],
+            deepspeed="0.19.7")
+    nightly(session, 2, [fail("llama", "shard", SPLIT.format("[N, N]")), fail("llama", "shard", SPLIT.format("[N, N, N]"), tp=3),
+                         Cell("bloom"), fail("falcon", "forward", "RuntimeError: NCCL timeout"),
                          fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj"),
                          fail("mistral", "forward")], deepspeed="0.19.8")
     nightly(session, 3, [Cell("falcon")], name="rerun", deepspeed="0.19.8")
     path = tmp_path / "history.sqlite"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(path)]) == 0
     return path
+
+
+LLAMA_CAUSE = SPLIT.format("[N…]")
+ISSUE = f"shard-{cause_id('shard', LLAMA_CAUSE)}.md"
 
 
 def publish(store, tmp_path, *extra):
@@ -172,27 +182,34 @@ def everything_written(tmp_path, capsys, caplog) -> str:
 def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, capsys):
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     out = capsys.readouterr().out
-    assert "GITHUB_TOKEN is not set: wrote the comment and 1 regression issue(s)" in out
+    assert "GITHUB_TOKEN is not set: wrote the comment and 1 regression issue(s) (one per cause)" in out
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert comment.startswith("<!-- autotp-matrix:publish -->\n")
-    assert "new failure: 2, fixed: 1, flaky: 1, still failing: 1" in comment
-    assert "- deepspeed 0.19.7 → 0.19.8 (https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)" in comment
-    new_failures = comment.split("**New failure**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert new_failures == [
-        "- `llama-eager-fp32-tp2` — shard: AssertionError: heads % tp != 0",
-        "- `mistral-eager-fp32-tp2` — forward: ForwardError: broken (no verdict in the last nightly)",
+    assert ("new failure: 3 cells in 2 causes; fixed: 1 cell in 1 cause; flaky: 1 cell; "
+            "still failing: 1 cell in 1 cause") in comment
+    assert ("  - changed: deepspeed 0.19.7 → 0.19.8 "
+            "(https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)") in comment
+    new_failures = comment.split("**New failures**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
+        f"- 2 cells — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`",
+        "  - deepspeed 0.19.7 → 0.19.8: answer: not yet triaged",
+        "- 1 cell — forward: `ForwardError: broken` (1 without a verdict in the last nightly) — `mistral-eager-fp32-tp2`",
     ]
-    assert "**Fixed**\n\n- `bloom-eager-fp32-tp2` — passes now" in comment
+    assert "**Fixed**\n\n- 1 cell — passes now; was forward: `RuntimeError: shape` — `bloom-eager-fp32-tp2`" in comment
     assert "**Flaky**\n\n- `falcon-eager-fp32-tp2` — 1 pass / 1 fail at these versions" in comment
-    assert "**Still failing**\n\n- `qwen2-eager-fp32-tp2` — setup: ImportError: token=" in comment
+    assert "**Still failing**\n\n- 1 cell — setup: `ImportError: token=" in comment
     assert "gptj" not in comment  # passing before and now: nothing to say
     issues = sorted((tmp_path / "out" / "publish" / "issues").iterdir())
-    assert [p.name for p in issues] == ["nightly--llama-eager-fp32-tp2.md"]
+    assert [p.name for p in issues] == [ISSUE]  # one issue for the cause, not one per cell
     issue = issues[0].read_text()
-    assert issue.startswith("# AutoTP regression: llama-eager-fp32-tp2 (shard) in nightly\n")
-    assert "<!-- autotp-matrix:regression session=nightly cell=llama-eager-fp32-tp2 -->" in issue
-    assert "- Last pass: run `nightly@2025-01-01T00:00:00Z@runner-1` at deepspeed 0.19.7," in issue
-    assert "nox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2\n" in issue
+    assert issue.startswith(f"# AutoTP regression: shard: {LLAMA_CAUSE[:79]}… (2 cells)\n")
+    assert f"<!-- autotp-matrix:regression cause={cause_id('shard', LLAMA_CAUSE)} -->" in issue
+    assert "- Cells: `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`" in issue
+    assert ("- `nightly`: run `nightly@2025-01-01T00:00:00Z@runner-1` at deepspeed 0.19.7, transformers 4.44.0, torch "
+            "2.4.0, python 3.11.7 → run `nightly@2025-01-02T00:00:00Z@runner-1` at deepspeed 0.19.8,") in issue
+    assert ("- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
+            "  - answer: not yet triaged\n") in issue
+    assert "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2\n" in issue
     assert comment in (tmp_path / "out" / "step-summary.md").read_text()
 
 
@@ -219,13 +236,13 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
 
     # The next nightly: llama still fails, so its issue is left alone and no new one is opened.
     nightly_session_file = tmp_path / "junit" / "next.xml"
-    write_junit(nightly_session_file, [fail("llama", "shard", "AssertionError: heads % tp != 0")],
+    write_junit(nightly_session_file, [fail("llama", "shard", SPLIT.format("[N, N]"))],
                 run_id="nightly@2025-01-09T00:00:00Z@runner-1", started="2025-01-09T00:00:00Z", deepspeed="0.19.8")
     assert main(["merge", str(nightly_session_file), "--store", str(store)]) == 0
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH"]
-    assert "**Still failing**\n\n- `llama-eager-fp32-tp2`" in github.comments[2]["body"]
+    assert f"**Still failing**\n\n- 1 cell — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`" in github.comments[2]["body"]
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
 
@@ -254,21 +271,26 @@ def test_token_without_repository_and_unknown_session(store, tmp_path, monkeypat
 def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
     assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "rerun"]) == 0
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
-    assert "No previous run of this session is stored, so nothing is compared." in comment
-    assert "new failure: 0, fixed: 0, flaky: 1, still failing: 0" in comment  # falcon failed at these versions elsewhere
+    assert "  - no previous run of this session is stored, so nothing is compared" in comment
+    assert "new failure: 0 cells in 0 causes; fixed: 0 cells in 0 causes; flaky: 0 cells;" in comment
     assert not (tmp_path / "out" / "publish" / "issues").exists()
 
 
-def test_issue_carries_the_bisection_answer(store, tmp_path):
-    llama = CellKey("llama", "eager", "fp32", 2)
+def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
     with HistoryStore(store, create=False) as history:
-        history.add_bisection(Bisection(
-            cell=llama, mode="broken", axis="deepspeed", before="0.19.7", after="0.19.8",
-            held_fixed="transformers 4.44.0, torch 2.4.0, python 3.11.7", failure_class="shard",
-            signature="AssertionError: heads % tp != 0", commit="0123456789abcdef", subject="Shard heads (#7777)",
-            pr=7777, recorded_at="2025-01-03T00:00:00Z"))
+        for tp in (2, 3):  # triage: bisected on tp2, confirmed on tp3
+            history.add_bisection(Bisection(
+                cell=CellKey("llama", "eager", "fp32", tp), mode="broken", axis="deepspeed", before="0.19.7",
+                after="0.19.8", held_fixed="transformers 4.44.0, torch 2.4.0", failure_class="shard",
+                signature=SPLIT.format("[N, N]" if tp == 2 else "[N, N, N]"), commit="0123456789abcdef",
+                subject="Shard heads (#7777)", pr=7777, recorded_at="2025-01-03T00:00:00Z",
+                confirmed_from="" if tp == 2 else "llama-eager-fp32-tp2"))
     assert publish(store, tmp_path) == 0
-    issue = (tmp_path / "out" / "publish" / "issues" / "nightly--llama-eager-fp32-tp2.md").read_text()
-    assert ("- llama-eager-fp32-tp2: deepspeed 0.19.7 → 0.19.8 (last good → first bad) at transformers 4.44.0, "
-            "torch 2.4.0, python 3.11.7 — shard: AssertionError: heads % tp != 0 — broken by #7777 Shard heads "
-            "(`0123456789`)") in issue
+    issue = (tmp_path / "out" / "publish" / "issues" / ISSUE).read_text()
+    url = "https://github.com/deepspeedai/DeepSpeed"
+    answer = (f"answer: broke at deepspeed 0.19.7 → 0.19.8, first bad commit [0123456789]({url}/commit/0123456789abcdef) "
+              f'([#7777]({url}/pull/7777) "Shard heads")')
+    assert ("- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
+            f"  - {answer}\n") in issue
+    comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert f"`llama-eager-fp32-tp3`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment  # the same answer, once

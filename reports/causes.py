@@ -1,0 +1,243 @@
+"""Root causes: what a maintainer reads as one thing, instead of one line per cell.
+
+Transitions of the same kind along the same axis over the same range (before → after), with the same
+failure class and the same cause (reports.signatures.cause: the signature with numbers and the length of
+number lists masked, so tp2's `[N, N]` and tp3's `[N, N, N]` read the same), are one root cause: one entry
+in report.md/.html, the step summary and the PR comment. The versions held fixed are not part of the key:
+the same fix seen at two transformers releases is one cause.
+
+What changed since the previous run of each session (new failures, fixes, flaky cells) is grouped the same
+way, by failure class and cause: publish opens one regression issue per such cause, not per cell.
+
+Root causes work on report.json's form of a transition (reports.render), so every output says the same."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+from reports import ReportsError
+from reports.answers import Link, answer_words, plain_link
+from reports.gate import compare
+from reports.history import CellStatus, History, Transition
+from reports.model import AXES, CellKey, CellResult, Observation, Run, Versions
+from reports.signatures import cause
+
+# Where report.json keeps the transitions of each kind; a root cause's members index into that list.
+TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}
+
+
+def cause_id(*key: object) -> str:
+    """A short name that stays the same for the same cause across renders: HTML anchors, issue markers."""
+    return hashlib.sha1("\n".join(map(str, key)).encode()).hexdigest()[:12]
+
+
+# ---- Compact cell lists ------------------------------------------------------------------------------------------
+
+
+def cells_text(cells: list[CellKey]) -> str:
+    """`eager fp32: llama tp2/3, qwen2 tp2` — models with their tp sizes, per variant and dtype."""
+    tps: dict[tuple[str, str], dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for cell in cells:
+        tps[cell.variant, cell.dtype][cell.model].add(cell.tp)
+    return "; ".join(
+        f"{variant} {dtype}: " + ", ".join(f"{model} tp{'/'.join(map(str, sorted(sizes)))}"
+                                           for model, sizes in sorted(models.items()))
+        for (variant, dtype), models in sorted(tps.items())
+    )
+
+
+def cell_of(entry: dict) -> CellKey:
+    return CellKey(entry["model"], entry["variant"], entry["dtype"], entry["tp"])
+
+
+def count_text(count: int, noun: str, plural: str = "") -> str:
+    """"1 cell", "2 cells" ("1 fix", "2 fixes" with plural given)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+# ---- Root causes of transitions ----------------------------------------------------------------------------------
+
+
+def failing_status(t: dict) -> dict:
+    """The status that carries the failure a transition is about: the failing end (before, for a fix)."""
+    return t["before_status"] if t["kind"] == "fixed" else t["after_status"]
+
+
+def failure_class_text(t: dict) -> str:
+    failing = failing_status(t)["failure_class"]
+    return f"{t['before_status']['failure_class']} → {failing}" if t["kind"] == "class-change" else failing
+
+
+def root_cause_key(t: dict) -> tuple[str, ...]:
+    return (t["kind"], t["axis"], t["before"], t["after"], failure_class_text(t), cause(failing_status(t)["signature"]))
+
+
+def root_causes(report: dict) -> list[dict]:
+    """The root causes of report["regressions"], ["fixes"] and ["class_changes"]: regressions first, then fixes,
+    then class changes, the most cells first. `members` index into the kind's list."""
+    grouped: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for kind, name in TRANSITION_LISTS.items():
+        for index, t in enumerate(report[name]):
+            grouped[root_cause_key(t)].append(index)
+    found = []
+    for key, members in grouped.items():
+        kind, axis, before, after, failure_class, signature_cause = key
+        transitions = [report[TRANSITION_LISTS[kind]][i] for i in members]
+        cells = sorted({cell_of(t) for t in transitions})
+        found.append({
+            "id": cause_id(*key), "kind": kind, "axis": axis, "before": before, "after": after,
+            "failure_class": failure_class, "cause": signature_cause, "count": len(cells),
+            "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
+            "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in transitions)),
+            "members": members,
+            "answers": [{"answer": text, "cells": answered} for text, answered in shared_answers(transitions, plain_link)],
+        })
+    kinds = list(TRANSITION_LISTS)
+    return sorted(found, key=lambda c: (kinds.index(c["kind"]), -c["count"], c["axis"], c["failure_class"], c["cause"]))
+
+
+def members(report: dict, root_cause: dict) -> list[dict]:
+    return [report[TRANSITION_LISTS[root_cause["kind"]]][i] for i in root_cause["members"]]
+
+
+def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[str]]]:
+    """Each distinct answer among the transitions (answers.answer_words) with the cells it answers, the most
+    cells first: one line for a cause that one bisection answered and the others confirmed."""
+    by_answer: dict[str, list[dict]] = defaultdict(list)
+    for t in transitions:
+        by_answer[answer_words(t, plain_link)].append(t)  # compared as plain text: a link may number its targets
+    found = [(answer_words(answered[0], link), list(dict.fromkeys(t["cell"] for t in answered)))
+             for answered in by_answer.values()]
+    return sorted(found, key=lambda item: -len(item[1]))
+
+
+def other_pins(held_fixed: str, latest: Versions) -> str:
+    """The pins of held_fixed ("transformers 5.23.0, torch 2.13.0") that differ from the latest versions, which a
+    report states once: a cause mentions only what it was seen at besides them."""
+    latest_pins = {f"{axis} {latest.label(axis)}" for axis in AXES}
+    return ", ".join(pin for pin in held_fixed.split(", ") if pin and pin not in latest_pins)
+
+
+# ---- Since the previous run of each session ----------------------------------------------------------------------
+
+# Order of the sections of the PR comment and the first screen; a cell is in exactly one.
+DELTA_KINDS = ("new failure", "fixed", "flaky", "still failing")
+
+
+@dataclass(frozen=True)
+class Delta:
+    kind: str  # one of DELTA_KINDS
+    cell: CellKey
+    result: CellResult  # the cell's result in the newest run
+    previous: CellResult | None  # its result in the previous run, if it ran there
+    regression: bool  # new failure that passed in the previous run: gets an issue
+    flaky: CellStatus | None  # the tally at the newest versions, for flaky cells
+    # The history's transitions of this cell into the newest versions that place the change: "broke" ones for a
+    # regression, "fixed" ones for a fix (with commits and any bisection answer).
+    transitions: tuple[Transition, ...] = ()
+
+    @property
+    def failure(self) -> CellResult:
+        """The result whose failure this delta is about: the previous one for a fix, else the newest."""
+        return self.previous if self.kind == "fixed" and self.previous else self.result
+
+
+@dataclass(frozen=True)
+class SessionDeltas:
+    session: str
+    newest: Run
+    previous: Run | None  # None: the first run of this session, nothing to compare with
+    deltas: tuple[Delta, ...]
+    changed: tuple[str, ...]  # the version axes whose values differ between the two runs
+
+    def change_text(self, axis: str) -> str:
+        """"deepspeed 0.19.7 → 0.19.8": an axis that changed between the previous and the newest run."""
+        return f"{axis} {self.previous.versions.label(axis)} → {self.newest.versions.label(axis)}"
+
+
+def session_deltas(observations: list[Observation], history: History, session: str) -> SessionDeltas:
+    """The newest run of a session compared with its previous run, cell by cell (reports.gate.compare);
+    flakiness comes from the whole history."""
+    runs = sorted({obs.run for obs in observations if obs.run.session == session}, key=lambda r: (r.started, r.run_id))
+    if not runs:
+        known = sorted({obs.run.session for obs in observations})
+        raise ReportsError(f"--session {session!r}: no stored run of this session; stored sessions: {', '.join(known)}")
+    newest = runs[-1]
+    if len(runs) == 1:
+        return SessionDeltas(session, newest, None, (), ())  # its first run: nothing to compare with
+    previous = runs[-2]
+    newest_results = {obs.cell: obs.result for obs in observations if obs.run == newest}
+    previous_results = {obs.cell: obs.result for obs in observations if obs.run == previous}
+    rows = compare(
+        [obs for obs in observations if obs.run == previous],
+        [obs for obs in observations if obs.run == newest],
+        confirmations=1,
+    )
+    deltas = []
+    for row in rows:
+        if row.cell not in newest_results:
+            continue  # not run this time: nothing new to say about it
+        status = history.statuses[row.cell, newest.versions]
+        kind = _delta_kind(row.verdict, status.status == "flaky")
+        if not kind:
+            continue
+        regression = kind == "new failure" and row.verdict == "regression"
+        placing = {"new failure": "broke", "fixed": "fixed"}.get(kind) if regression or kind == "fixed" else None
+        transitions = tuple(t for t in history.transitions
+                            if t.kind == placing and t.cell == row.cell and t.after == newest.versions)
+        deltas.append(Delta(kind, row.cell, newest_results[row.cell], previous_results.get(row.cell), regression,
+                            status if kind == "flaky" else None, transitions))
+    changed = tuple(axis for axis in AXES if previous.versions.label(axis) != newest.versions.label(axis))
+    return SessionDeltas(session, newest, previous, tuple(deltas), changed)
+
+
+def all_session_deltas(observations: list[Observation], history: History) -> list[SessionDeltas]:
+    by_session: dict[str, list[Observation]] = defaultdict(list)
+    for obs in observations:
+        by_session[obs.run.session].append(obs)  # one pass: a store holds many sessions' runs
+    return [session_deltas(by_session[name], history, name) for name in sorted(by_session)]
+
+
+def _delta_kind(verdict: str, flaky_at_newest: bool) -> str:
+    """Map a gate verdict (newest run vs the previous one) to a delta kind; "" for cells not mentioned."""
+    if flaky_at_newest:
+        return "flaky"  # passed and failed at these exact versions: neither a regression nor a fix
+    return {"regression": "new failure", "new failure": "new failure", "baseline flaky": "flaky",
+            "fixed": "fixed", "known": "still failing"}.get(verdict, "")
+
+
+@dataclass(frozen=True)
+class DeltaCause:
+    """The cells of one delta kind that fail (or failed, for fixes) with one failure class and cause."""
+
+    kind: str
+    failure_class: str
+    cause: str
+    deltas: tuple[tuple[SessionDeltas, Delta], ...]
+
+    @property
+    def id(self) -> str:
+        return cause_id(self.failure_class, self.cause)
+
+    @property
+    def cells(self) -> list[CellKey]:
+        return sorted({delta.cell for _, delta in self.deltas})
+
+    @property
+    def sessions(self) -> list[SessionDeltas]:
+        return list({session.session: session for session, _ in self.deltas}.values())
+
+
+def delta_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
+    """New failures, fixes and cells still failing, grouped by kind, failure class and cause (flaky cells are
+    counted, not grouped: their failure is not a cause); per kind, the most cells first."""
+    grouped: dict[tuple[str, str, str], list[tuple[SessionDeltas, Delta]]] = defaultdict(list)
+    for session in sessions:
+        for delta in session.deltas:
+            if delta.kind != "flaky":
+                failure = delta.failure
+                grouped[delta.kind, failure.failure_class, cause(failure.signature)].append((session, delta))
+    found = [DeltaCause(*key, tuple(deltas)) for key, deltas in grouped.items()]
+    return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.cause))
