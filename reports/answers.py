@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reports.model import GITHUB_REPOSITORY
+from reports.records import GITHUB_REPOSITORY
 
 Link = Callable[[str, str], str]
 MAX_SUSPECTS = 3  # in the line; report.json keeps them all

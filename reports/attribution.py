@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from reports import ReportsError
 from reports.git import GitRepo
-from reports.model import Commit, Versions
+from reports.records import Commit, Versions
 
 # Commits under these paths most often change AutoTP behaviour, so they are listed first.
 AUTOTP_PATHS = ("deepspeed/module_inject/", "deepspeed/inference/", "deepspeed/accelerator/")

@@ -40,7 +40,7 @@ from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combi
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import answer_for
-from reports.model import Bisection, CellKey, Commit, release
+from reports.records import Bisection, CellKey, Commit, release
 from reports.store import DEFAULT_STORE, HistoryStore
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from reports import ReportsError
 from reports.answers import Link, answer_words, plain_link
 from reports.gate import compare
 from reports.history import CellStatus, History, Transition
-from reports.model import AXES, CellKey, CellResult, Observation, Run, Versions
+from reports.records import AXES, CellKey, CellResult, Observation, Run, Versions
 from reports.signatures import cause
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.

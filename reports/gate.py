@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from reports import ReportsError
 from reports.history import summarise
 from matrix.versions import AxisValueError, parse_pins
-from reports.model import AXES, CellKey, Observation
+from reports.records import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
 # Printed in this order; only "regression" blocks, and "changed failure" with --block-changed.

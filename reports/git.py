@@ -13,7 +13,7 @@ from functools import cache, cached_property
 from pathlib import Path
 
 from reports import ReportsError
-from reports.model import Commit
+from reports.records import Commit
 
 # GitHub squash merges title a commit "Subject (#1234)"; the last such number is the PR.
 PR_NUMBER = re.compile(r"\(#(\d+)\)")

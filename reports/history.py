@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 from reports import ReportsError
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
-from reports.model import AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release
+from reports.records import AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml
 from reports import ReportsError
-from reports.model import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
+from reports.records import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
 
 # What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as
 # written (pr/1234, master, a sha) or local-<folder>.

@@ -20,7 +20,7 @@ from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, 
                             session_deltas)
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.model import Bisection, CellKey, Observation, TriageAttempt, Versions, release
+from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
 from reports.render import answer_lines, code, transition_json
 from suites.records import redact
 

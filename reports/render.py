@@ -25,7 +25,7 @@ from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, caus
                             count_text, delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.history import CellStatus, History, Transition
-from reports.model import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
+from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all

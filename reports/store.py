@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reports import ReportsError
-from reports.model import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
+from reports.records import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
                            deepspeed_git_of)
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and

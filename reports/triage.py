@@ -37,7 +37,7 @@ from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellPro
                             print_step, release_candidates, run_cells, search, suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
-from reports.model import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
+from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
 from reports.signatures import cause, frame_files
 from reports.store import DEFAULT_STORE, HistoryStore
 

@@ -20,7 +20,7 @@ from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Ve
                             bisect_commits, classify, held_fixed_pins, main, parse_cell, release_candidates, search,
                             stored_release_answer)
 from reports.git import GitRepo
-from reports.model import Bisection, CellKey, CellResult, Run, Versions
+from reports.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store import HistoryStore
 
 FIXTURES = Path(__file__).parent / "matrix" / "fixtures"

@@ -14,7 +14,7 @@ from matrix.environments import EnvironmentSpec
 from reports.answers import answer_text, plain_link
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.model import CellKey, CellResult, Run, Versions
+from reports.records import CellKey, CellResult, Run, Versions
 from reports.render import transition_json
 from reports.store import HistoryStore
 from reports.triage import Budget, Installer, Triage, questions

@@ -9,7 +9,7 @@ from junitparser import Failure, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from reports.__main__ import main
-from reports.model import Bisection, CellKey
+from reports.records import Bisection, CellKey
 from reports.store import HistoryStore
 
 

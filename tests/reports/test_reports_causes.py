@@ -8,7 +8,7 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from reports.__main__ import main
 from reports.causes import cells_text
-from reports.model import CellKey
+from reports.records import CellKey
 from reports.signatures import cause
 
 # Recorded by `nox -s matrix` (DeepSpeed 0.19.8, transformers 5.24.0, torch 2.13.0 CPU) at tp 2, 3 and 4, as the

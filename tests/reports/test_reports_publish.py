@@ -15,7 +15,7 @@ from reports_testkit import Cell, fail, write_junit
 from reports import publish as publish_module
 from reports.causes import cause_id
 from reports.__main__ import main
-from reports.model import Bisection, CellKey
+from reports.records import Bisection, CellKey
 from reports.store import HistoryStore
 
 TOKEN = "ghp_PlantedTokenValue0123456789abcdef"

@@ -1,4 +1,5 @@
-"""Plain records shared by the store, the analysis and the renderers."""
+"""The records of the history: cells, versions, runs, results, bisections and triage attempts, shared by the
+store, the analysis and the renderers."""
 
 from __future__ import annotations
 
