@@ -67,8 +67,10 @@ def tests(session):
     cache = tempfile.mkdtemp(prefix="autotp-tests-cache-")
     try:
         # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
+        # What a person would look at (the report's screenshot) is kept under results/test-artifacts/.
         session.run(str(python), "-m", "pytest", *(session.posargs or ["tests"]), external=True,
-                    env={**env, "TMPDIR": tempfile.gettempdir(), "AUTOTP_CACHE": cache})
+                    env={**env, "TMPDIR": tempfile.gettempdir(), "AUTOTP_CACHE": cache,
+                         "AUTOTP_TEST_ARTIFACTS": str(Path("results/test-artifacts").resolve())})
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
