@@ -60,12 +60,12 @@ def failure_text(status: dict) -> str:
 def answer_words(t: dict, link: Link = markdown_link) -> str:
     """The answer alone, without the cell and its failure — what every cell of a root cause shares: the
     narrowest range and the commit (or suspects) found, or why there is none yet."""
-    if t["kind"] == "class-change":
-        return "not triaged: a change between two failures has no passing end to bisect from"
     b = t["bisection"]
     if b is None:
         return f"triage could not answer: {one_line(t['attempt']['reason'])}" if t["attempt"] else "not yet triaged"
-    verb, which = ("broke", "first bad") if t["kind"] == "broke" else ("fixed", "first good")
+    # A class change is bisected like a regression, its old failure standing for "good".
+    verb, which = {"broke": ("broke", "first bad"), "fixed": ("fixed", "first good"),
+                   "class-change": ("changed", "first changed")}[t["kind"]]
     parts = [f"{verb} at {b['axis']} {b['before']} → {b['after']}"]
     if b["commit"]:
         commit = {"sha": b["commit"], "subject": b["subject"], "pr": b["pr"]}

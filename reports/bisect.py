@@ -141,13 +141,20 @@ class CellRun:
     message: str
 
 
-def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool) -> Verdict:
-    """good = pass; bad = the reference failure (any failure with any_failure); anything else is untestable."""
+def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool,
+             good_failure: tuple[str, str] | None = None) -> Verdict:
+    """good = pass (or, where a failure changed into another, the old failure good_failure); bad = the
+    reference failure (any failure with any_failure); anything else is untestable."""
+    failure = f"{run.failure_class}: {run.signature}"
+    if good_failure is not None:
+        if run.outcome == "fail" and (run.failure_class, run.signature) == good_failure:
+            return Verdict(GOOD, failure)
+        if run.outcome == "pass":
+            return Verdict(SKIP, "pass (neither the old failure nor the new one)")
     if run.outcome == "pass":
         return Verdict(GOOD, "pass")
     if run.outcome == "skip":
         return Verdict(SKIP, f"the cell was skipped: {run.message}")
-    failure = f"{run.failure_class}: {run.signature}"
     if run.failure_class == "install":
         return Verdict(SKIP, failure)
     if any_failure or reference is None or (run.failure_class, run.signature) == reference:
@@ -234,6 +241,7 @@ class CellProbe:
     cell_timeout: float = 180.0
     command: CellCommand = suite_command
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
+    good_failure: tuple[str, str] | None = None  # the old failure, when bisecting a change between failures
 
     def __call__(self, candidate: str) -> Verdict:
         try:
@@ -241,7 +249,7 @@ class CellProbe:
             run = run_cells(python, [self.cell], self.cell_timeout, self.command)[self.cell]
         except (Untestable, EnvironmentBuildError) as error:
             return Verdict(SKIP, str(error).replace("\n", " | "))
-        verdict = classify(run, self.reference, self.any_failure)
+        verdict = classify(run, self.reference, self.any_failure, self.good_failure)
         if verdict.kind == BAD and self.reference is None:
             self.reference = (run.failure_class, run.signature)
         return verdict

@@ -42,8 +42,9 @@ class Transition:
 
     @property
     def mode(self) -> str:
-        """The bisection that answers this transition: broken (broke) or fixed (fixed); "" for a class change."""
-        return _BISECTION_MODE.get(self.kind, "")
+        """The bisection that answers this transition: broken (broke, and a class change: where the new
+        failure broke in, the old one standing for "good") or fixed (fixed)."""
+        return _BISECTION_MODE[self.kind]
 
     @property
     def held_fixed(self) -> str:
@@ -187,7 +188,7 @@ def _attribute(transition: Transition, repo: GitRepo) -> Transition:
     return replace(transition, commits=commits_between(repo, transition.before, transition.after))
 
 
-_BISECTION_MODE = {"broke": "broken", "fixed": "fixed"}
+_BISECTION_MODE = {"broke": "broken", "fixed": "fixed", "class-change": "broken"}
 
 
 def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:

@@ -23,7 +23,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -74,6 +74,7 @@ class Budget:
 class Question:
     """Transitions that one bisection answers."""
 
+    kind: str  # broke | fixed | class-change (bisected as broken: the old failure stands for "good")
     axis: str
     mode: str  # broken | fixed
     older: str  # the axis value at the older end (last good when broken, last bad when fixed)
@@ -83,6 +84,7 @@ class Question:
     failure_class: str
     cause: str
     transitions: tuple[Transition, ...]
+    old_failure: tuple[str, str] = ()  # a class change's failure before it changed: (class, cause)
 
     @property
     def representative(self) -> Transition:
@@ -96,17 +98,22 @@ class Question:
     def failing_status(self, transition: Transition):
         return transition.after_status if self.mode == "broken" else transition.before_status
 
+    def good_failure(self, transition: Transition) -> tuple[str, str] | None:
+        """What "good" looks like for this cell when it is not a pass: a class change's old failure."""
+        status = transition.before_status
+        return (status.failure_class, status.signature) if self.kind == "class-change" else None
+
     def describe(self) -> str:
-        verb = "broke" if self.mode == "broken" else "fixed"
+        verb = {"broke": "broke", "fixed": "fixed", "class-change": "changed failure"}[self.kind]
+        old = f"{self.old_failure[0]}: {self.old_failure[1]} → " if self.old_failure else ""
         return (f"{len(self.transitions)} cell(s) {verb} at {self.axis} {self.older} → {self.newer} "
-                f"({self.held_fixed}), {self.failure_class}: {self.cause}")
+                f"({self.held_fixed}), {old}{self.failure_class}: {self.cause}")
 
 
 def open_transitions(transitions: list[Transition], refine: tuple[str, ...] = ()) -> list[Transition]:
-    """Broke/fixed transitions that no bisection answers yet (a class change has no passing end), and with
-    refine, those of these axes answered at release level only."""
-    return [t for t in transitions if t.kind in ("broke", "fixed")
-            and (t.bisection is None or (t.axis in refine and not t.bisection.commit))]
+    """Transitions that no bisection answers yet, and with refine, those of these axes answered at release
+    level only."""
+    return [t for t in transitions if t.bisection is None or (t.axis in refine and not t.bisection.commit)]
 
 
 def unanswerable(transition: Transition) -> str:
@@ -127,16 +134,17 @@ def questions(transitions: list[Transition]) -> list[Question]:
     """Group transitions into questions, the one answering the most cells first."""
     grouped: dict[tuple, list[Transition]] = defaultdict(list)
     for t in transitions:
-        failing = t.after_status if t.kind == "broke" else t.before_status
-        key = (t.axis, t.mode, getattr(t.before, t.axis), getattr(t.after, t.axis), t.held_fixed,
-               failing.failure_class, cause(failing.signature))
+        failing = t.before_status if t.kind == "fixed" else t.after_status
+        old = (t.before_status.failure_class, cause(t.before_status.signature)) if t.kind == "class-change" else ()
+        key = (t.kind, t.axis, t.mode, getattr(t.before, t.axis), getattr(t.after, t.axis), t.held_fixed,
+               failing.failure_class, cause(failing.signature), old)
         grouped[key].append(t)
     found = []
-    for (axis, mode, older, newer, held_fixed, failure_class, signature_cause), members in grouped.items():
+    for (kind, axis, mode, older, newer, held_fixed, failure_class, signature_cause, old), members in grouped.items():
         versions = members[0].after
         pins = tuple((other, getattr(versions, other)) for other in INSTALLED_AXES if other != axis)
-        found.append(Question(axis, mode, older, newer, held_fixed, pins, failure_class, signature_cause,
-                              tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell)))))
+        found.append(Question(kind, axis, mode, older, newer, held_fixed, pins, failure_class, signature_cause,
+                              tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))), old))
     return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))
 
 
@@ -183,7 +191,7 @@ class Triage:
         start = GOOD if question.mode == "broken" else BAD
         failing = question.failing_status(rep)
         probe = CellProbe(rep.cell, env_root=self.env_root, cell_timeout=self.cell_timeout, command=self.command,
-                          reference=(failing.failure_class, failing.signature))
+                          reference=(failing.failure_class, failing.signature), good_failure=question.good_failure(rep))
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
         self.log(f"question: {question.describe()}; representative {rep.cell.id}")
         candidates = self.installer.releases(question.axis, question.older, question.newer)
@@ -271,8 +279,8 @@ class Triage:
 
     def _confirm(self, question: Question, others: list[Transition], ends: tuple[str, str, str],
                  pins: dict[str, str]) -> tuple[list[Transition], list[Transition]]:
-        """Run the other cells once at each end of the answer: confirmed where they pass at the good end and
-        fail with the question's cause at the bad end."""
+        """Run the other cells once at each end of the answer: confirmed where they pass (or, after a class
+        change, fail the old way) at the good end and fail with the question's cause at the bad end."""
         level, before, after = ends
         good_end, bad_end = (before, after) if question.mode == "broken" else (after, before)
         repo = self.repos.get(question.axis)
@@ -293,11 +301,15 @@ class Triage:
                 self.log(f"  could not confirm at {end}: {str(error).splitlines()[0]}")
                 outcomes[end] = {}
         confirmed, unconfirmed = [], []
+        def fails_with(run, failure: tuple[str, str]) -> bool:
+            return run is not None and run.outcome == "fail" and (run.failure_class, cause(run.signature)) == failure
+
         for t in others:
             good, bad = outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell)
-            same = (bad is not None and bad.outcome == "fail" and bad.failure_class == question.failure_class
-                    and cause(bad.signature) == question.cause)
-            (confirmed if good is not None and good.outcome == "pass" and same else unconfirmed).append(t)
+            good_as_expected = fails_with(good, question.old_failure) if question.old_failure else (
+                good is not None and good.outcome == "pass")
+            ok = good_as_expected and fails_with(bad, (question.failure_class, question.cause))
+            (confirmed if ok else unconfirmed).append(t)
         return confirmed, unconfirmed
 
     def _record(self, bisection: Bisection) -> None:
@@ -341,8 +353,7 @@ class Triage:
 
 
 def _alone(question: Question, transition: Transition) -> Question:
-    return Question(question.axis, question.mode, question.older, question.newer, question.held_fixed,
-                    question.pins, question.failure_class, question.cause, (transition,))
+    return replace(question, transitions=(transition,))
 
 
 def _now() -> str:

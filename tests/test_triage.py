@@ -91,11 +91,13 @@ FAKE_CELLS = textwrap.dedent("""\
         try:
             from MODULE import run
             run(tp)
+            if cell_id.startswith("masked-"):  # a model that fails later on when the change is absent
+                raise ArithmeticError("logits differ by 3")
         except Exception as error:
             frame = traceback.extract_tb(error.__traceback__)[-1]
             where = frame.filename.split("site-packages/")[-1] if "site-packages/" in frame.filename else ""
             text = re.sub(r"\\d+", "N", str(error))
-            record.update(outcome="fail", failure_class="FAILURE_CLASS",
+            record.update(outcome="fail", failure_class="numerics" if isinstance(error, ArithmeticError) else "FAILURE_CLASS",
                           signature=f"{type(error).__name__}: {text} @ {where}:{frame.name}",
                           message="".join(traceback.format_exception(error)))
         lines.append(json.dumps(record) + "\\n")
@@ -265,6 +267,29 @@ def test_a_cell_that_does_not_confirm_gets_its_own_question_and_unanswerable_one
     make_triage(store, deepspeed_side, Budget(max_cells=100, max_minutes=30)).run(found.transitions)
     with HistoryStore(store, create=False) as history:
         assert len(history.triage_attempts()) == attempts
+
+
+def test_a_class_change_is_bisected_from_its_old_failure_to_its_new_one(deepspeed_side, tmp_path):
+    _, shas, _, _ = deepspeed_side
+    store = tmp_path / "history.sqlite"
+    masked = [CellKey("masked", "eager", "fp32", tp) for tp in (2, 3)]
+    old = "ArithmeticError: logits differ by N @ :<module>"  # what the fake records for the old failure
+    fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
+    write_store(store, masked, [(Versions("0.1.0", **fixed), {c: ("numerics", old) for c in masked}),
+                                (Versions("0.2.0", **fixed), {masked[0]: ("shard", TP2_CAUSE),
+                                                              masked[1]: ("shard", TP2_CAUSE.replace("[N, N]", "[N, N, N]"))})])
+    with HistoryStore(store, create=False) as history:
+        found = analyse(history.observations(), None)
+    assert [t.kind for t in found.transitions] == ["class-change", "class-change"]
+    # masked tp3 fails with tp3's ValueError in the fake, not the recorded cause: it confirms nothing.
+    triage = make_triage(store, deepspeed_side, Budget(100, 30))
+    assert triage.run(found.transitions) == []
+    lines = dict(answers(store))
+    assert lines["masked-eager-fp32-tp2"].startswith(
+        "masked tp2 eager fp32: failure class changed at deepspeed 0.1.0 → 0.2.0: numerics → shard: AssertionError: "
+        f'split_sizes=[N, N] must sum to N @ fakeds/shard.py:run (changed at deepspeed 0.1.1 → 0.2.0, first changed '
+        f'commit {shas[3][:10]} (#4321 "Shard heads strictly"))')
+    assert "triage could not answer" in lines["masked-eager-fp32-tp3"]
 
 
 # ---- transformers side: the commit that touched the failing frame's file comes first ------------------------------
