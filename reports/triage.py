@@ -33,7 +33,7 @@ from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config
 from reports import ReportsError
-from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
+from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Step, Untestable, Verdict,
                             print_step, release_candidates, run_cells, search, suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
@@ -180,6 +180,8 @@ class Triage:
     answered: int = 0
     confirmed: int = 0
     steps: int = 0
+    # Answers found in this run, by (axis, held-fixed versions, release | commit): tried first by later questions.
+    found: dict[tuple[str, str, str], list[Answer]] = field(default_factory=dict)
 
     # ---- one question -------------------------------------------------------------------------------------------
 
@@ -198,7 +200,7 @@ class Triage:
         if (known := rep.bisection) is not None:  # refining a release-level answer
             answer = Answer(known.before, known.after, known.untestable, ())
         elif len(candidates) > 2:
-            answer = search(candidates, self._counted(probe), start=start, on_step=print_step(question.axis))
+            answer = self._search(question, "release", candidates, probe, start)
         else:  # adjacent releases: the history already ran both ends
             answer = Answer(question.older, question.newer, (), ())
         self.log(f"  release answer: {question.axis} {answer.before} → {answer.after}")
@@ -231,6 +233,31 @@ class Triage:
         self.log(f"  answered {rep.cell.id}, confirmed {len(confirmed)} of {len(others)} other cell(s)")
         return [_alone(question, t) for t in unconfirmed]
 
+    def _search(self, question: Question, level: str, line: list[str], probe: CellProbe, start: str) -> Answer:
+        """The change along line (releases or commits, oldest first). An earlier question of this run with the
+        same axis and other versions is often the same change seen through another failure (a fix that lets
+        cells get further and fail later): its answer, where it lies on this line, is tried first — two runs
+        instead of a search — and the search runs only when the cell does not change there."""
+        end = BAD if start == GOOD else GOOD
+        run = self._counted(probe)
+        for earlier in self.found.get((question.axis, question.held_fixed, level), []):
+            if earlier.before in line and earlier.after in line:
+                low, high = line.index(earlier.before), line.index(earlier.after)
+                if low < high and tuple(line[low + 1:high]) == earlier.untestable:
+                    self.log(f"  trying {earlier.before} → {earlier.after} first (an earlier question's answer)")
+                    show = print_step(question.axis if level == "release" else "commit")
+                    verdicts = []
+                    for candidate in (earlier.before, earlier.after):
+                        began = time.monotonic()
+                        verdicts.append(run(candidate))
+                        show(Step(candidate, verdicts[-1].kind, verdicts[-1].detail, time.monotonic() - began))
+                    if [v.kind for v in verdicts] == [start, end]:
+                        return Answer(earlier.before, earlier.after, earlier.untestable, ())
+                    break
+        answer = search(line, run, start=start, on_step=print_step(question.axis if level == "release" else "commit"))
+        self.found.setdefault((question.axis, question.held_fixed, level), []).append(answer)
+        return answer
+
     def _counted(self, probe: CellProbe) -> Callable[[str], Verdict]:
         def run(candidate: str) -> Verdict:
             self.budget.spend(1)
@@ -253,7 +280,7 @@ class Triage:
         probe.environment = lambda sha: self.installer.commit(question.axis, repo, sha, pins)
         self.log(f"  bisecting {len(line)} {question.axis} commits {answer.before} .. {answer.after}")
         try:
-            commit_answer = search(line, self._counted(probe), start=start, on_step=print_step("commit"))
+            commit_answer = self._search(question, "commit", line, probe, start)
         except BisectError as error:
             self.log(f"  commits not bisected: {error}")
             return None, None

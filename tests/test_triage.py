@@ -191,9 +191,10 @@ def test_one_bad_commit_behind_eleven_cells_is_two_bisections(deepspeed_side, tm
     triage = make_triage(store, deepspeed_side, Budget(max_cells=100, max_minutes=30))
     assert triage.run(found.transitions) == []
     assert (triage.answered, triage.confirmed) == (2, 9)
-    # Per question: 3 release steps (0.1.1 lies between 0.1.0 and 0.2.0), then 4 commit steps (v0.1.1, two
-    # commits and v0.2.0: both ends again, as source builds are not the release's build, then two between).
-    assert triage.steps == 14
+    # The first question: 3 release steps (0.1.1 lies between 0.1.0 and 0.2.0), then 4 commit steps (v0.1.1,
+    # two commits and v0.2.0: both ends again, as source builds are not the release's build, then two between).
+    # The second tries the first one's answers first: 2 runs at each level.
+    assert triage.steps == 7 + 4
     with HistoryStore(store, create=False) as history:
         bisections = history.bisections()
     assert {b.cell for b in bisections} == set(cells)
@@ -349,7 +350,7 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
     repo, _, envs, script = deepspeed_side
     release_only = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(100, 30),
                           command=cells_command(script))  # no clone: releases only
-    assert release_only.run(found.transitions) == [] and release_only.steps == 6
+    assert release_only.run(found.transitions) == [] and release_only.steps == 3 + 2
     assert all("first bad commit" not in line and "0.1.1 → 0.2.0" in line for _, line in answers(store))
 
     with HistoryStore(store, create=False) as history:
@@ -358,7 +359,7 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
     assert refined.run(found.transitions) == []  # without --refine, every transition is answered already
     assert refined.steps == 0
     assert refined.run(found.transitions, refine=True) == []
-    assert refined.steps == 8  # the stored release answer is reused: commit steps only
+    assert refined.steps == 4 + 2  # the stored release answer is reused: commit steps only
     assert all(f"first bad commit {shas[3][:10]}" in line for _, line in answers(store))
 
 
