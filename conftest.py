@@ -20,7 +20,7 @@ def pytest_addoption(parser):
     group.addoption("--models", "--model", default="registry", help="comma-separated model names, or one of: " + "; ".join(
         f"'{name}': {meaning}" for name, meaning in MODEL_SELECTIONS.items()))
     group.addoption("--models-file", default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")
-    group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, or 'all'")
+    group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, tags of them ('train-all': every training row), or 'all'")
     group.addoption("--dtypes", default="fp32", help="comma-separated dtypes: fp32, bf16, fp16")
     group.addoption("--tp", default="2,3,4", help="comma-separated tensor-parallel sizes")
     group.addoption("--checkpoints", default="tiny", choices=("tiny", "hub"),
@@ -104,6 +104,19 @@ def pytest_configure_node(node):
     """pytest-xdist: every worker records under the controller's run id (runs of the suites only)."""
     if RUN in node.config.stash:
         node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
+
+
+def pytest_sessionstart(session):
+    """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only."""
+    config = session.config
+    if RUN not in config.stash or hasattr(config, "workerinput"):
+        return
+    from suites.driver import RunOptions, memory_plan_lines
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in memory_plan_lines(config.stash[CELLS], RunOptions(checkpoints=config.getoption("--checkpoints"),
+                                                                  allow_remote_code=config.getoption("--allow-remote-code"))):
+        reporter.write_line(line)
 
 
 def _runs_suites(config) -> bool:

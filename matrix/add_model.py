@@ -1,7 +1,7 @@
 """Add a model to the matrix: `python -m matrix.add_model <hub id | local checkpoint dir | model_type>`.
 
 Reads the real config (a local folder's config.json, or a hub id from the HF cache: offline when it
-is cached), derives a tiny config that keeps what matters for sharding (matrix/derive.py), checks
+is cached; the entry pins the commit that config came from in `revisions`), derives a tiny config that keeps what matters for sharding (matrix/derive.py), checks
 that the tiny model builds and runs, appends a `[models.<name>]` table to matrix/models.toml
 (refusing a name or hub id that is already there), runs its cells at tp 2 and 3 on the tiny
 checkpoint, and prints a checklist for the DeepSpeed PR.
@@ -54,6 +54,17 @@ def load_source_config(source: str):
     raise RegistryError(f"{source!r} is neither a folder, a hub id (owner/name) nor a model_type of the installed transformers")
 
 
+def hub_revision(hub_id: str) -> str:
+    """The commit of the cached snapshot whose config.json was read: huggingface_hub keeps each commit's
+    files under `snapshots/<commit>/`."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(hub_id, "config.json")
+    if not isinstance(cached, str):
+        raise RegistryError(f"{hub_id}: config.json is not in the HF cache, so its revision is unknown")
+    return Path(cached).parent.name
+
+
 def default_name(source: str, model_type: str, hub_id: str | None) -> str:
     base = hub_id.split("/")[-1] if hub_id else (Path(source).name if Path(source).is_dir() else model_type)
     return re.sub(r"_+", "_", re.sub(r"[^a-z0-9]", "_", base.lower())).strip("_") or entry_name(model_type)
@@ -80,6 +91,8 @@ def entry_table(entry: ModelEntry) -> str:
     lines = [f"[models.{entry.name}]", f"model_type = {toml_value(entry.model_type)}"]
     if entry.hub_ids:
         lines.append(f"hub_ids = {toml_value(list(entry.hub_ids))}")
+    if entry.revisions:
+        lines.append(f"revisions = {toml_value(entry.revisions)}")
     lines.append(f"tiny = {toml_value({k: v for k, v in entry.tiny.items() if v is not None})}")
     lines.append(f"tiny_why = {toml_value(entry.tiny_why)}")
     return "\n".join(lines) + "\n"
@@ -150,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         derivation = derive_tiny(config, real=True) if real else derive_for_model_type(config.model_type, load_derived_data())
         name = args.name or default_name(args.source, config.model_type, hub_id)
         entry = ModelEntry(name=name, model_type=config.model_type, tiny=derivation.tiny, tiny_why=derivation.why,
-                           hub_ids=(hub_id,) if hub_id else ())
+                           hub_ids=(hub_id,) if hub_id else (), revisions={hub_id: hub_revision(hub_id)} if hub_id else {})
         problem = build_problem(entry)
         if problem:
             raise RegistryError(f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "

@@ -5,7 +5,11 @@ checkpoint folder (config.json + safetensors) into a persistent cache keyed by t
 and config hash, and loaded by every process through `from_pretrained`, exactly like a real one.
 A manifest of file sizes and hashes catches a truncated or corrupted cache entry, which is rebuilt.
 
-Real checkpoints: the registry's hub id, loaded through the normal HF cache (`HF_HOME`).
+Real checkpoints: the registry's hub id at its pinned revision, fetched into the normal HF cache
+(`HF_HOME`) and loaded from that snapshot folder.
+
+Either way a cell records which weights it loaded (`Checkpoint.revision`): the hub commit, or for a
+tiny checkpoint the hash of its manifest (the sha256 of every file it holds).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.registry import ModelEntry
@@ -25,6 +30,20 @@ INIT = 2
 """How tiny weights are made; part of the cache key. 2: constant parameters (transformers' init leaves
 biases at 0 and norm weights at 1) get seeded random values, see randomise_constant_parameters."""
 SPREAD = 0.1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The weights a cell loads: a checkpoint folder on disk and what identifies its content."""
+
+    folder: str
+    """What `from_pretrained`, the meta loader and the memory plan read (a hub snapshot folder for hub ids)."""
+    tokenizer: str | None
+    """Tokenizer source; None: the byte tokenizer of tiny checkpoints."""
+    source: str
+    """`tiny` or the hub id."""
+    revision: str
+    """The hub commit sha loaded, or `sha256:<16 hex>` of a tiny checkpoint's manifest."""
 
 
 def cache_root() -> Path:
@@ -95,6 +114,45 @@ def randomise_constant_parameters(model, seed: int, spread: float) -> list[str]:
             parameter.copy_(noise if first == 0 else first * (1 + noise))
             changed.append(name)
     return changed
+
+
+def tiny_revision(folder: Path) -> str:
+    """Content hash of a tiny checkpoint: its manifest lists the sha256 of every file it holds."""
+    return "sha256:" + _sha256(Path(folder) / MANIFEST)[:16]
+
+
+def checkpoint_identity(folder: str | Path) -> tuple[str, str]:
+    """(source, revision) of a checkpoint folder: `tiny` and its content hash, a hub id and the commit
+    of its HF-cache snapshot (`models--org--name/snapshots/<commit>`), or for any other folder its path
+    and a hash of its files' names, sizes and modification times."""
+    folder = Path(folder)
+    if (folder / MANIFEST).is_file():
+        return "tiny", tiny_revision(folder)
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/"), folder.name
+    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
+    return str(folder.resolve()), "files:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+
+
+def resolve_checkpoint(entry: ModelEntry, kind: str, download=None) -> Checkpoint:
+    """The checkpoint a cell of `entry` loads: `tiny` (built on first use) or `hub` (`hub_ids[0]` at its
+    pinned revision, fetched into the HF cache like `nox -s prefetch` does; `download` stands in for
+    huggingface_hub.snapshot_download in tests)."""
+    if kind == "tiny":
+        folder = tiny_checkpoint(entry)
+        return Checkpoint(str(folder), None, "tiny", tiny_revision(folder))
+    from matrix.prefetch import fetch_snapshot
+
+    if download is None:
+        from huggingface_hub import snapshot_download as download
+    hub_id = entry.hub_ids[0]
+    pinned = entry.revisions.get(hub_id)
+    snapshot = fetch_snapshot(hub_id, pinned, download)
+    if snapshot.status == "error":
+        raise OSError(f"could not fetch {hub_id}" + (f" at revision {pinned}" if pinned else "") + f": {snapshot.message}")
+    if pinned and snapshot.revision != pinned:
+        raise OSError(f"{hub_id}: asked for revision {pinned}, the HF cache gave {snapshot.revision}")
+    return Checkpoint(snapshot.path, snapshot.path, hub_id, snapshot.revision)
 
 
 def tiny_checkpoint(entry: ModelEntry, log=print) -> Path:

@@ -1,8 +1,10 @@
 """Download the registry's real checkpoints into the HuggingFace cache once, before a GPU run.
 
-`--checkpoints hub` cells load `hub_ids[0]` of their model through the normal HF cache (HF_HOME).
-Without a persistent HF_HOME every run downloads every checkpoint again; this step fills the cache
-up front and says what it already held (hit), what it had to fetch (miss) and how many bytes each.
+`--checkpoints hub` cells load `hub_ids[0]` of their model through the normal HF cache (HF_HOME), at
+the commit `revisions` pins in matrix/models.toml (else the repository's current `main`). Without a
+persistent HF_HOME every run downloads every checkpoint again; this step fills the cache up front and
+says what it already held (hit), what it had to fetch (miss), how many bytes each and which commit.
+The cells fetch through the same `fetch_snapshot`, so a run without this step loads the same files.
 
     python -m matrix.prefetch [--models llama,qwen2] [--all-hub-ids]      (or: nox -s prefetch -- ...)
 
@@ -19,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from matrix.cells import parse_names
 from matrix.registry import RegistryError, load_models, pick
@@ -42,33 +45,43 @@ class PrefetchResult:
     downloaded_bytes: int = 0
     path: str = ""
     message: str = ""
+    pinned: str | None = None  # the revision asked for (models.toml `revisions`); None: the current main
+
+    @property
+    def revision(self) -> str:
+        """The commit the snapshot holds: huggingface_hub names a snapshot folder by its commit sha."""
+        return Path(self.path).name if self.path else ""
 
 
-def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[str]:
-    """The checkpoints `--checkpoints hub` loads (each model's first hub id), or every listed one. Only
-    registry entries have hub ids: `registry` and `all` select the same checkpoints, `derived` none
-    (deriving needs transformers, which this session does not install)."""
+def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[tuple[str, str | None]]:
+    """(hub id, pinned revision or None) of the checkpoints `--checkpoints hub` loads (each model's
+    first hub id), or of every listed one. Only registry entries have hub ids: `registry` and `all`
+    select the same checkpoints, `derived` none (deriving needs transformers, which this session does
+    not install)."""
     names = parse_names(models)
     if names == ["derived"]:
         return []
     entries = pick(load_models(), ["all"] if names in (["registry"], ["all"]) else names, "model")
-    ids = [hub_id for entry in entries for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
+    ids = [(hub_id, entry.revisions.get(hub_id)) for entry in entries
+           for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
     return list(dict.fromkeys(ids))
 
 
-def prefetch_one(hub_id: str, download: Downloader) -> PrefetchResult:
+def fetch_snapshot(hub_id: str, revision: str | None, download: Downloader) -> PrefetchResult:
+    """The snapshot of `hub_id` at `revision` (None: the current main) in the HF cache, downloading
+    what it lacks; offline, the cached snapshot of exactly that revision, or an error."""
     try:
-        plan = download(hub_id, ignore_patterns=list(NEVER_LOADED), dry_run=True)
+        plan = download(hub_id, revision=revision, ignore_patterns=list(NEVER_LOADED), dry_run=True)
     except Exception as error:  # offline or hub unreachable: the cache alone must hold the snapshot
-        return _cached_only(hub_id, download, error)
+        return _cached_only(hub_id, revision, download, error)
     ignore = list(NEVER_LOADED)
     if any(info.filename.endswith(".safetensors") for info in plan):
         ignore.append(LEGACY_WEIGHTS)
         plan = [info for info in plan if not fnmatch.fnmatch(info.filename, LEGACY_WEIGHTS)]
     try:
-        path = download(hub_id, ignore_patterns=ignore)
+        path = download(hub_id, revision=revision, ignore_patterns=ignore)
     except Exception as error:
-        return PrefetchResult(hub_id, "error", message=f"download failed: {type(error).__name__}: {error}")
+        return PrefetchResult(hub_id, "error", message=f"download failed: {type(error).__name__}: {error}", pinned=revision)
     fetched = [info for info in plan if info.will_download]
     return PrefetchResult(
         hub_id,
@@ -77,31 +90,35 @@ def prefetch_one(hub_id: str, download: Downloader) -> PrefetchResult:
         cached_bytes=sum(info.file_size or 0 for info in plan if not info.will_download),
         downloaded_bytes=sum(info.file_size or 0 for info in fetched),
         path=str(path),
+        pinned=revision,
     )
 
 
-def _cached_only(hub_id: str, download: Downloader, hub_error: Exception) -> PrefetchResult:
+def _cached_only(hub_id: str, revision: str | None, download: Downloader, hub_error: Exception) -> PrefetchResult:
     try:
-        path = download(hub_id, local_files_only=True)
+        path = download(hub_id, revision=revision, local_files_only=True)
     except Exception:
-        return PrefetchResult(hub_id, "error", message=f"not in the cache, and the hub refused or could not be reached: "
-                                                       f"{type(hub_error).__name__}: {hub_error}")
+        at = f" at revision {revision}" if revision else ""
+        return PrefetchResult(hub_id, "error", pinned=revision,
+                              message=f"not in the cache{at}, and the hub refused or could not be reached: "
+                                      f"{type(hub_error).__name__}: {hub_error}")
     files = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
     return PrefetchResult(hub_id, "hit", files=len(files), cached_bytes=sum(os.path.getsize(f) for f in files),
-                          path=str(path), message="hub unreachable; cached snapshot used as is")
+                          path=str(path), message="hub unreachable; cached snapshot used as is", pinned=revision)
 
 
-def prefetch(ids: Iterable[str], download: Downloader) -> list[PrefetchResult]:
-    return [prefetch_one(hub_id, download) for hub_id in ids]
+def prefetch(ids: Iterable[tuple[str, str | None]], download: Downloader) -> list[PrefetchResult]:
+    return [fetch_snapshot(hub_id, revision, download) for hub_id, revision in ids]
 
 
 def report(results: list[PrefetchResult]) -> str:
     token = "set (HF_TOKEN)" if os.environ.get("HF_TOKEN") else "not set (gated models will fail)"
     lines = [f"HF cache: {_hub_cache()}   token: {token}",
-             f"{'status':<6} {'files':>5} {'cached':>10} {'downloaded':>10}  checkpoint"]
+             f"{'status':<6} {'files':>5} {'cached':>10} {'downloaded':>10}  {'revision':<12}  checkpoint"]
     for result in results:
+        revision = result.revision[:10] + (" (pinned)" if result.pinned else " (main)") if result.revision else "-"
         lines.append(f"{result.status:<6} {result.files:>5} {_size(result.cached_bytes):>10} "
-                     f"{_size(result.downloaded_bytes):>10}  {result.hub_id}"
+                     f"{_size(result.downloaded_bytes):>10}  {revision:<17}  {result.hub_id}"
                      + (f"  ({result.message})" if result.message else ""))
     counts = {status: sum(r.status == status for r in results) for status in ("hit", "miss", "error")}
     lines.append(f"{counts['hit']} hit, {counts['miss']} miss, {counts['error']} error; "

@@ -8,6 +8,7 @@ needs code and a typo never turns into a silent skip.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -79,6 +80,10 @@ class ModelEntry:
     """Why the tiny dims are what they are (which sharding case they exercise)."""
     hub_ids: tuple[str, ...] = ()
     """Real checkpoints for GPU runners, loaded through the normal HF cache (`HF_HOME`)."""
+    revisions: dict[str, str] = field(default_factory=dict, hash=False)
+    """Pinned commit (40 hex digits) per hub id: `--checkpoints hub` and `nox -s prefetch` load exactly
+    that snapshot, so a later run tests the same weights. A hub id without one loads the repository's
+    current `main`; either way a cell's record names the commit it loaded (`checkpoint.revision`)."""
     min_transformers: str | None = None
     """Oldest transformers that has this architecture; older versions skip with a reason."""
     max_transformers: str | None = None
@@ -142,14 +147,77 @@ class Variant:
     quant_group_size: int = 32
     """Group size of DeepSpeed's group-wise quantization (along the input dimension)."""
     training: bool = False
-    """One AutoTP training step (`tensor_parallel.autotp_size`) instead of inference: loss and each
-    rank's gradient shard against an unsharded step."""
+    """AutoTP training (`deepspeed.initialize` with `tensor_parallel.autotp_size`) instead of inference:
+    loss, each rank's gradient shard and weight update against the same steps on the unsharded model."""
+    training_steps: int = 1
+    """Training only: optimizer steps before the model is judged; from 2 on, a step runs on weights and
+    optimizer state the sharded engine updated itself."""
+    optimizer: str = "sgd"
+    """Training only: `sgd` (with momentum) or `adam` (AdamW; universal checkpoint conversion reads
+    Adam's exp_avg/exp_avg_sq and refuses other optimizer states)."""
+    partitioning: str = "auto"
+    """Training only: what decides the sharding. `auto`: whatever DeepSpeed picks for the model as
+    shipped (partition_config > the model's HF tp_plan > name heuristics); `heuristics`: the model's
+    tp_plan hidden, so AutoTP's name heuristics decide; `tp_plan`: the model's HF tp_plan (models
+    without one skip); `preset`: `tensor_parallel.preset_model` = the model's model_type (types without
+    a DeepSpeed preset skip); `custom`: `tensor_parallel.partition_config` = this row's `partition_config`."""
+    partition_config: dict[str, Any] = field(default_factory=dict, hash=False)
+    """`partitioning = "custom"` only: DeepSpeed's `partition_config` (layer_specs with regex patterns)."""
+    zero_stage: int = 0
+    """Training only: ZeRO stage 0-3 alongside AutoTP."""
+    tp_overlap_comm: bool = False
+    """Training only: `tensor_parallel.tp_overlap_comm` (overlap the row-parallel all-reduce)."""
+    checkpoint_round_trip: bool = False
+    """Training only: after the steps, `save_checkpoint` + `save_16bit_model`, gather the full weights
+    with `GatherReplacedLayerParams`, load the checkpoint into a fresh engine and take one more step."""
+    resume_tp: int = 0
+    """Round trip only: load at this tensor-parallel size instead of the cell's, through DeepSpeed's
+    universal checkpoint (`ds_to_universal`, then `checkpoint.load_universal`); the rest of the rank
+    group's ranks are data-parallel (1: no AutoTP, plain data parallel). Needs ZeRO stage >= 1, whose
+    optimizer fragments the conversion reads. 0: the cell's tp, the checkpoint loaded as saved."""
+    second_model: str = ""
+    """Training only: a registry model (of another shape) sharded and trained in the same process,
+    initialised after the cell's model; both are judged."""
+    needs: tuple[str, ...] = ()
+    """DeepSpeed features the row uses (names in TRAINING_FEATURES); a release without one skips the
+    cell naming it. Every feature the row's fields imply must be listed."""
+    tags: tuple[str, ...] = ()
+    """Selection names: `--variants <tag>` picks every variant carrying it (e.g. `train-all`)."""
     description: str = ""
     """One line for people reading the report."""
 
     def as_job(self) -> dict[str, Any]:
         """What a rank needs to know about the variant (the job file is JSON)."""
-        return {k: v for k, v in self.__dict__.items() if k != "description"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("description", "tags")}
+
+    def implied_features(self) -> set[str]:
+        """The DeepSpeed features this row's fields use (see TRAINING_FEATURES)."""
+        if not self.training:
+            return set()
+        implied = {"autotp_training"}
+        implied |= {PARTITIONING_FEATURES[self.partitioning]} - {""}
+        if self.tp_overlap_comm:
+            implied.add("tp_overlap_comm")
+        if self.checkpoint_round_trip:
+            implied.add("gather_replaced_params")
+        if self.resume_tp:
+            implied.add("universal_checkpoint")
+        return implied
+
+
+PARTITIONINGS = ("auto", "heuristics", "tp_plan", "preset", "custom")
+PARTITIONING_FEATURES = {"auto": "", "heuristics": "", "tp_plan": "hf_tp_plan", "preset": "preset_model", "custom": "partition_config"}
+TRAINING_FEATURES = {
+    "autotp_training": "AutoTP training (tensor_parallel.autotp_size, deepspeed.module_inject.layers.set_autotp_mode)",
+    "hf_tp_plan": "sharding by the model's HF tp_plan (deepspeed.module_inject.tp_plan_converter)",
+    "preset_model": "tensor_parallel.preset_model (AutoTP training config field)",
+    "partition_config": "tensor_parallel.partition_config (AutoTP training config field)",
+    "tp_overlap_comm": "tensor_parallel.tp_overlap_comm (AutoTP training config field)",
+    "gather_replaced_params": "deepspeed.module_inject.layers.GatherReplacedLayerParams",
+    "universal_checkpoint": "universal checkpoints of AutoTP models (deepspeed.checkpoint.ds_to_universal, "
+                            "deepspeed.module_inject.layers.collect_autotp_universal_checkpoint_info)",
+}
+"""Features a training row may need; suites/training.py detects each in the installed DeepSpeed."""
 
 
 _MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
@@ -185,6 +253,20 @@ def _parse_tolerances(path: Path, entry: str, raw: Any) -> dict[str, Tolerance]:
     return parsed
 
 
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def _parse_revisions(path: Path, entry: str, raw: Any, hub_ids: list[str]) -> dict[str, str]:
+    revisions = _expect(path, entry, "revisions", raw, dict)
+    for hub_id, revision in revisions.items():
+        if hub_id not in hub_ids:
+            raise RegistryError(f"{path}: entry [{entry}] field 'revisions' pins {hub_id!r}, which is not in hub_ids {hub_ids}")
+        if not isinstance(revision, str) or not COMMIT_SHA.fullmatch(revision):
+            raise RegistryError(f"{path}: entry [{entry}] field 'revisions.\"{hub_id}\"' must be a full commit sha "
+                                f"(40 lowercase hex digits; a branch or tag moves), got {revision!r}")
+    return dict(revisions)
+
+
 def _parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
     _expect(path, name, "(table)", raw, dict)
     unknown = set(raw) - _MODEL_FIELDS
@@ -206,6 +288,7 @@ def _parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
         tiny=dict(_expect(path, entry, "tiny", raw["tiny"], dict)),
         tiny_why=_expect(path, entry, "tiny_why", raw.get("tiny_why", ""), str),
         hub_ids=tuple(_expect(path, entry, "hub_ids", raw.get("hub_ids", []), list)),
+        revisions=_parse_revisions(path, entry, raw.get("revisions", {}), raw.get("hub_ids", [])),
         min_transformers=raw.get("min_transformers"),
         max_transformers=raw.get("max_transformers"),
         trust_remote_code=_expect(path, entry, "trust_remote_code", raw.get("trust_remote_code", False), bool),
@@ -223,7 +306,11 @@ def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
         raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_VARIANT_FIELDS)}")
     defaults = Variant(name=name)
     values = {key: _expect(path, entry, key, raw.get(key, getattr(defaults, key)), type(getattr(defaults, key)))
-              for key in _VARIANT_FIELDS}
+              for key in _VARIANT_FIELDS - {"needs", "tags"}}
+    for key in ("needs", "tags"):
+        values[key] = tuple(_expect(path, entry, key, raw.get(key, []), list))
+        if not all(isinstance(item, str) for item in values[key]):
+            raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {values[key]!r}")
     for key, allowed in (("load", LOAD_MODES), ("checkpoint_format", CHECKPOINT_FORMATS), ("quantization", QUANTIZATIONS)):
         if values[key] not in allowed:
             raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be one of {allowed}, got {values[key]!r}")
@@ -236,7 +323,38 @@ def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
         raise RegistryError(f"{path}: entry [{entry}] fields 'checkpoint_format'/'checkpoint_files' only apply to load = \"meta\"")
     if values["checkpoint_files"] < 1:
         raise RegistryError(f"{path}: entry [{entry}] field 'checkpoint_files' must be >= 1, got {values['checkpoint_files']}")
+    _check_training_fields(path, entry, values)
     return Variant(name=name, **values)
+
+
+def _check_training_fields(path: Path, entry: str, values: dict[str, Any]) -> None:
+    defaults = Variant(name="defaults")
+    training_only = ("training_steps", "optimizer", "partitioning", "partition_config", "zero_stage", "tp_overlap_comm",
+                     "checkpoint_round_trip", "resume_tp", "second_model")
+    if not values["training"]:
+        used = [key for key in training_only if values[key] != getattr(defaults, key)]
+        if used:
+            raise RegistryError(f"{path}: entry [{entry}] sets {used} without training = true")
+        return
+    if values["optimizer"] not in ("sgd", "adam"):
+        raise RegistryError(f"{path}: entry [{entry}] field 'optimizer' must be 'sgd' or 'adam', got {values['optimizer']!r}")
+    if values["partitioning"] not in PARTITIONINGS:
+        raise RegistryError(f"{path}: entry [{entry}] field 'partitioning' must be one of {PARTITIONINGS}, got {values['partitioning']!r}")
+    if (values["partitioning"] == "custom") != bool(values["partition_config"]):
+        raise RegistryError(f"{path}: entry [{entry}] field 'partition_config' is needed with partitioning = \"custom\" and only there")
+    if values["zero_stage"] not in (0, 1, 2, 3):
+        raise RegistryError(f"{path}: entry [{entry}] field 'zero_stage' must be 0, 1, 2 or 3, got {values['zero_stage']}")
+    if values["resume_tp"] and (not values["checkpoint_round_trip"] or values["zero_stage"] < 1 or values["resume_tp"] < 0):
+        raise RegistryError(f"{path}: entry [{entry}] field 'resume_tp' needs checkpoint_round_trip = true and zero_stage >= 1 "
+                            "(the universal conversion reads ZeRO's optimizer fragments)")
+    if values["training_steps"] < 1:
+        raise RegistryError(f"{path}: entry [{entry}] field 'training_steps' must be >= 1, got {values['training_steps']}")
+    unknown = set(values["needs"]) - set(TRAINING_FEATURES)
+    if unknown:
+        raise RegistryError(f"{path}: entry [{entry}] field 'needs' has unknown feature(s) {sorted(unknown)}; known: {sorted(TRAINING_FEATURES)}")
+    missing = Variant(name="row", **{**values, "needs": ()}).implied_features() - set(values["needs"])
+    if missing:
+        raise RegistryError(f"{path}: entry [{entry}] field 'needs' must list {sorted(missing)} (the row's fields use them)")
 
 
 def _check_name(path: Path, kind: str, name: str) -> None:
@@ -262,14 +380,18 @@ def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
 
 
 def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
-    """The entries named, in the order given; `all` means every entry. Unknown names list close ones."""
+    """The entries named, in the order given; `all` means every entry, a tag (Variant.tags) every entry
+    carrying it. Unknown names list close ones."""
     if names == ["all"]:
         return list(registry.values())
-    picked = []
+    tags = {tag: [entry for entry in registry.values() if tag in entry.tags]
+            for entry in registry.values() for tag in getattr(entry, "tags", ())}
+    picked = {}
     for name in names:
-        if name not in registry:
-            close = difflib.get_close_matches(name, registry, n=5, cutoff=0.5)
-            hint = f"did you mean: {', '.join(close)}?" if close else f"known {kind}s: {', '.join(sorted(registry))}"
+        if name not in registry and name not in tags:
+            close = difflib.get_close_matches(name, [*registry, *tags], n=5, cutoff=0.5)
+            hint = f"did you mean: {', '.join(close)}?" if close else f"known {kind}s: {', '.join(sorted([*registry, *tags]))}"
             raise RegistryError(f"unknown {kind} {name!r}; {hint}")
-        picked.append(registry[name])
-    return picked
+        for entry in [registry[name]] if name in registry else tags[name]:
+            picked.setdefault(entry.name, entry)
+    return list(picked.values())

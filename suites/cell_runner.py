@@ -11,6 +11,7 @@ import gc
 import importlib
 import json
 import os
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -31,7 +32,7 @@ from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed
 from suites.probes import observe
 from suites.reference import load_reference, mark_process_sharded
 from suites.task_probe import AccuracyTask, answer_correctness
-from suites.training import run_step
+from suites.training import Progress, run_training
 
 
 def _run_fault_hooks(job: dict, stage: str, model, rank: int):
@@ -49,9 +50,11 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _stage_error(stage: str, error: BaseException, rank: int) -> dict:
-    return {"rank": rank, "stage": stage, "failure_class": STAGE_CLASS[stage], "signature": exception_signature(error),
-            "message": f"rank {rank} raised in {stage}:\n" + "".join(traceback.format_exception(error))[-4000:]}
+def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> dict:
+    """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
+    where = f"{label}: " if label else ""
+    return {"rank": rank, "stage": stage, "failure_class": STAGE_CLASS[stage], "signature": where + exception_signature(error),
+            "message": f"rank {rank} raised in {stage} ({label or stage}):\n" + "".join(traceback.format_exception(error))[-4000:]}
 
 
 def _reset_peak_rss() -> None:
@@ -117,6 +120,8 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
 
     spec = ProbeSpec(**job["spec"])
     timings, stage, model, engine, observed, error, training, task_correct = {}, "setup", None, None, None, None, None, None
+    progress = Progress() if job["variant"]["training"] else None
+    scratch = workdir / f"training-{job['seq']}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
     skip = _dtype_skip_reason(job["dtype"])
     _reset_peak_rss()
@@ -124,10 +129,11 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     try:
         if skip:
             pass
-        elif job["variant"]["training"]:
-            stage = "shard"
+        elif progress:
             mark_process_sharded()
-            training = run_step(job, world_size, lambda stage, model: _run_fault_hooks(job, stage, model, rank)).to_dict()
+            started = time.perf_counter()
+            training = run_training(job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress)
+            timings["time_training_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
         else:
             tokenizer = load_tokenizer(job["tokenizer"], job["trust_remote_code"])
@@ -149,7 +155,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
                 task_correct = answer_correctness(AccuracyTask(**job["accuracy_task"]), model, tokenizer, device)
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
-        error = _stage_error(stage, raised, rank)
+        error = _stage_error(progress.stage, raised, rank, progress.label) if progress else _stage_error(stage, raised, rank)
         write_text_atomically(workdir / f"error-{job['seq']}.{rank}.json", json.dumps(error))
 
     summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
@@ -160,6 +166,7 @@ def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> No
     summaries = [None] * world_size
     dist.all_gather_object(summaries, summary)
     if rank == 0:
+        shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
             outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
         except Exception as raised:  # a harness bug must still end as this cell's verdict
@@ -185,8 +192,8 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_corre
         return failed(first["failure_class"], first["signature"], first["message"], metrics)
     tolerance = Tolerance(**job["tolerance"])
     if job["variant"]["training"]:
-        unsharded = torch.load(job["training_step"], weights_only=False)
-        results = training_checks.check(unsharded["loss"], [s["training"] for s in summaries], tolerance)
+        unsharded = [torch.load(model["unsharded_steps"], weights_only=False) for model in [job, *job["second_models"]]]
+        results = training_checks.check(unsharded, [s["training"] for s in summaries], tolerance)
     else:
         reference = load_reference(job["reference"])
         results = checks.run_all(reference, observed, [s["last_logits"] for s in summaries],

@@ -1,5 +1,6 @@
-"""Driver side of one cell: decide skips, prepare the checkpoint and the reference, hand the cell
-to a rank group and return its outcome. Nothing here raises for a cell's own failure."""
+"""Driver side of one cell: decide skips, prepare the checkpoint, plan its memory (a cell that cannot
+fit is a skip naming what would), prepare the reference, hand the cell to a rank group and return its
+outcome with the plan and the checkpoint revision it loaded. Nothing here raises for a cell's own failure."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ from dataclasses import asdict, dataclass
 import transformers
 
 from matrix.cells import Cell
-from matrix.checkpoints import tiny_checkpoint
+from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from suites import variant_setup
 from suites.inputs import ProbeSpec
+from suites.memory_plan import GiB, MemoryPlan, Runner, anonymous_bytes, checkpoint_size, gib, plan_cell, session_pids
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.rank_group import RankGroupPool
-from suites.reference import cached_reference, cached_task_reference
+from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
 from suites.task_probe import AccuracyTask
 
 
 @dataclass(frozen=True)
 class RunOptions:
     checkpoints: str = "tiny"
-    """`tiny`: the registry's tiny random checkpoint; `hub`: the entry's first real hub id."""
+    """`tiny`: the registry's tiny random checkpoint; `hub`: the entry's first real hub id (at its pinned revision)."""
     allow_remote_code: bool = False
     cell_timeout: float = 180.0
     faults: tuple[str, ...] = ()
@@ -41,40 +43,103 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
     return entry.version_skip_reason(transformers.__version__)
 
 
-def checkpoint_source(cell: Cell, options: RunOptions) -> tuple[str, str | None]:
-    """(checkpoint to load, tokenizer source); tiny checkpoints use the byte tokenizer (None)."""
-    if options.checkpoints == "hub":
-        return cell.model.hub_ids[0], cell.model.hub_ids[0]
-    return str(tiny_checkpoint(cell.model)), None
+def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None) -> MemoryPlan:
+    size = checkpoint_size(checkpoint.folder)
+    return plan_cell(size, cell.dtype, cell.tp, cell.variant.load, runner or Runner.detect(), cell.variant.checkpoint_files)
 
 
-def prepare_job(cell: Cell, options: RunOptions) -> dict | CellOutcome:
+def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> dict | CellOutcome:
+    """The job for the rank group, or the cell's outcome when it cannot run (skip, or `setup` failure).
+    Either way `checkpoint` and the plan's metrics are on it once the checkpoint is known. `runner`:
+    what the plan may use (default: detected, as if this run held nothing)."""
     reason = skip_reason(cell, options)
     if reason:
         return CellOutcome("skip", message=reason)
+    checkpoint = None
     try:
-        checkpoint, tokenizer = checkpoint_source(cell, options)
-        variant_fields = variant_setup.prepare(cell, checkpoint, tokenizer, options.spec)
+        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)
+        plan = memory_plan(cell, checkpoint, runner)
+        if plan.problem:
+            return _stamped(CellOutcome("skip", message=f"memory plan: {plan.problem}"), _provenance(checkpoint, plan))
+        variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec)
         if isinstance(variant_fields, CellOutcome):
-            return variant_fields
+            return _stamped(variant_fields, _provenance(checkpoint, plan))
         reference = variant_fields.pop("reference", None) or cached_reference(
-            checkpoint, tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
+            checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
         if options.accuracy_task and not (cell.variant.training or cell.variant.quantization):
             variant_fields["accuracy_task"] = asdict(options.accuracy_task)
             variant_fields["accuracy_reference"] = str(cached_task_reference(
-                checkpoint, tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
+                checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
     except Exception as error:  # the cell's setup failed; the run goes on
-        return failed("setup", exception_signature(error), f"building the checkpoint or unsharded reference failed: {error!r}")
-    return {"cell": cell.coordinates(), "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": cell.dtype,
+        signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
+        outcome = failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
+        return _stamped(outcome, _provenance(checkpoint)) if checkpoint else outcome
+    return {"cell": cell.coordinates(), "checkpoint": checkpoint.folder, "tokenizer": checkpoint.tokenizer, "dtype": cell.dtype,
             "load": cell.variant.load, "trust_remote_code": cell.model.trust_remote_code, "reference": str(reference),
             "tolerance": cell.model.tolerance_for(cell.dtype).__dict__, "spec": options.spec.as_dict(),
-            "faults": list(options.faults), **variant_fields}
+            "faults": list(options.faults), **variant_fields, "provenance": _provenance(checkpoint, plan, reference)}
+
+
+def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, reference=None) -> dict:
+    """What the cell's record says about its weights and memory: the checkpoint revision, the plan's
+    numbers and, for a reference the reference process measured, its peak RSS."""
+    metrics = plan.metrics() if plan else {}
+    measured = reference_record(reference) if reference else {}
+    if "peak_rss_bytes" in measured:  # none for a training step's reference
+        metrics["reference_peak_rss_bytes"] = float(measured["peak_rss_bytes"])
+    return {"checkpoint": {"source": checkpoint.source, "revision": checkpoint.revision}, "metrics": metrics}
+
+
+def _stamped(outcome: CellOutcome, provenance: dict) -> CellOutcome:
+    outcome.checkpoint = provenance["checkpoint"]
+    outcome.metrics.update(provenance["metrics"])
+    return outcome
+
+
+def held_by_run(pool: RankGroupPool | None) -> int:
+    """Private memory of this run's live rank group and reference process (see Runner.detect)."""
+    group = pool.group if pool is not None else None
+    pids = session_pids(group.session) if group is not None and group.alive else []
+    return anonymous_bytes(pids + reference_process_pids())
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
-    job = prepare_job(cell, options)
+    job = prepare_job(cell, options, Runner.detect(held_by_run(pool)))
     if isinstance(job, CellOutcome):
         return job
-    return pool.run(cell.tp, job, options.cell_timeout)
+    provenance = job.pop("provenance")  # the driver's, not the ranks'
+    return _stamped(pool.run(cell.tp, job, options.cell_timeout), provenance)
+
+
+LARGE_PROCESS_BYTES = 1 * GiB
+"""Models whose processes all stay below this share one summary line in the plan printed at the start."""
+
+
+def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
+    """The memory plan of every model of the run, printed before the first cell: one line per model
+    that needs a large process or has a cell that does not fit, one line for all the small ones."""
+    runner = Runner.detect()
+    devices = f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}" if runner.device_bytes else ""
+    lines = [f"memory plan: host RAM {gib(runner.host_bytes)} ({runner.host_source}){devices}"]
+    small, by_model = [], {}
+    for cell in cells:
+        if skip_reason(cell, options) is None:
+            by_model.setdefault(cell.model.name, []).append(cell)
+    for name, model_cells in by_model.items():
+        try:
+            checkpoint = resolve_checkpoint(model_cells[0].model, options.checkpoints)
+            plans = [(cell, memory_plan(cell, checkpoint, runner)) for cell in model_cells]
+        except Exception as error:  # the cell itself reports it as its setup failure
+            lines.append(f"  {name}: no plan ({exception_signature(error)})")
+            continue
+        largest = max(max(plan.reference.host_bytes, plan.rank_host_bytes, plan.rank_device_bytes) for _, plan in plans)
+        if largest < LARGE_PROCESS_BYTES and not any(plan.problem for _, plan in plans):
+            small.append(name)
+            continue
+        lines.append(f"  {name} ({checkpoint.source}@{checkpoint.revision}):")
+        lines += [f"    {cell.variant.name} {cell.dtype} tp{cell.tp}: {plan.summary()}" for cell, plan in plans]
+    if small:
+        lines.append(f"  {len(small)} models need < {gib(LARGE_PROCESS_BYTES)} per process and fit: {', '.join(small)}")
+    return lines

@@ -33,10 +33,13 @@ def dtype_kwargs(dtype: str) -> dict:
     return {name: TORCH_DTYPES[dtype]}
 
 
-def load_model(source: str, dtype: str, trust_remote_code: bool, quantization_config=None):
+def load_model(source: str, dtype: str, trust_remote_code: bool, quantization_config=None, big_model: dict | None = None):
+    """`big_model`: accelerate's keywords (`device_map`, `max_memory`, `offload_folder`) for a model
+    loaded over devices, host RAM and disk (the reference of a model larger than memory)."""
     from transformers import AutoModelForCausalLM
 
     extra = {"quantization_config": quantization_config} if quantization_config is not None else {}
+    extra.update(big_model or {})
     try:
         model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype), **extra)
     except OSError as error:

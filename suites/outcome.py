@@ -44,6 +44,9 @@ class CellOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     logs: str = ""
     """Folder with the launcher, fork-server and rank logs, kept when the cell ended its rank group."""
+    checkpoint: dict[str, str] = field(default_factory=dict)
+    """The weights the cell loaded: `source` (`tiny` or the hub id) and `revision` (hub commit, or the
+    tiny checkpoint's content hash); empty when the cell skipped before choosing a checkpoint."""
 
     def __post_init__(self):
         if self.outcome not in ("pass", "fail", "skip"):

@@ -167,6 +167,11 @@ class RankGroup:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def session(self) -> int:
+        """The session the group's processes share: its leader (launcher or forked leader) started it."""
+        return self.process.leader_pid if isinstance(self.process, ForkedGroup) else self.process.process.pid
+
     def start(self) -> None:
         with jit_build_guard(Path(self.env["TORCH_EXTENSIONS_DIR"])):
             self._start()

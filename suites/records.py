@@ -214,6 +214,8 @@ class CellRecorder:
                   "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
         if outcome.logs:
             record["logs"] = outcome.logs
+        if outcome.checkpoint:
+            record["checkpoint"] = outcome.checkpoint
         if self.faults:
             record["faults"] = list(self.faults)
         with self.path.open("a") as stream:
@@ -242,6 +244,7 @@ def junit_properties(record: dict) -> dict[str, str]:
     properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
     if record.get("logs"):
         properties["logs"] = record["logs"]
+    properties.update({f"checkpoint.{k}": v for k, v in record.get("checkpoint", {}).items()})
     if record.get("faults"):
         properties["faults"] = ",".join(record["faults"])
     return {name: str(value) for name, value in properties.items()}

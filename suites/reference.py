@@ -1,21 +1,47 @@
-"""The unsharded reference a cell is compared against, computed where AutoTP cannot reach it.
+"""The unsharded reference a cell is compared against, computed where AutoTP cannot reach it and
+where its memory cannot meet the rank group's.
 
 AutoTP leaves state behind in a process (module globals in `tp_shard` in older releases, helpers
 patched onto model classes), so a reference computed after any injection can differ from the true
-unsharded model. References are therefore computed only in processes that never shard (the pytest
-driver), guarded by `mark_process_sharded`, and cached on disk per checkpoint, dtype, probes and
-library versions so every rank group and every later run reuses them.
+unsharded model. References are therefore computed only in a reference process of their own
+(`python -m suites.reference serve`, started by the driver), which never shards (`refuse_if_sharded`).
+The process serves many small references; after one whose model is at least
+`REFERENCE_PROCESS_REUSE_BELOW`, it exits, so a large model's memory is back with the OS before the rank
+group loads it.
+
+Any size: the memory plan (suites/memory_plan.py) gives the reference accelerate's `max_memory`
+(`device_map="auto"`: accelerators, then host RAM, then disk), so a model larger than host RAM still
+gets the exact unsharded numbers, computed layer by layer.
+
+Cached content-addressed: the key is the checkpoint's identity (hub commit, or a tiny checkpoint's
+content hash, never a path), dtype, probe inputs and code, library versions. `export` writes every
+cached reference of a model into one file and `import` puts them into another machine's cache, so the
+matrix's runners compute each reference once:
+
+    python -m suites.reference export --models llama,qwen2 [--checkpoints hub] --out references/
+    python -m suites.reference import references/*.autotp-references.pt
 """
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from matrix.checkpoints import cache_root
+from matrix.checkpoints import cache_root, checkpoint_identity
+from suites import inputs
 from suites.atomic import write_atomically, write_text_atomically
 from suites.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.loading import load_model
@@ -24,13 +50,28 @@ from suites.quantization import QuantizationUnavailable, apply_post_init, hf_qua
 from suites.probes import Observations, observe
 from suites.task_probe import AccuracyTask, answer_correctness
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _process_sharded = False
-REFERENCE_FORMAT = 4
-"""Bump when `Observations` changes, so stale cached references are not read."""
+REFERENCE_FORMAT = 5
+"""Bump when `Observations` or the cache key changes, so stale cached references are not read.
+5: keyed by checkpoint identity (content), not path."""
+REFERENCE_PROCESS_REUSE_BELOW = 256 << 20
+"""Models at least this large (bytes in the cell's dtype) end the reference process after their
+reference: below it, the ~5 s start of a new process would cost more than the memory it returns."""
+EXPORT_SUFFIX = ".autotp-references.pt"
 
 
 class ContaminatedProcessError(RuntimeError):
     pass
+
+
+class ReferenceFailed(RuntimeError):
+    """The reference process could not compute a reference; `signature` is its exception's, as if it
+    had been raised here (the cell's `setup` failure groups with the same failure anywhere)."""
+
+    def __init__(self, signature: str, message: str):
+        super().__init__(message)
+        self.signature = signature
 
 
 def mark_process_sharded() -> None:
@@ -39,18 +80,10 @@ def mark_process_sharded() -> None:
     _process_sharded = True
 
 
-def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
-                   quant_group_size: int = 0) -> Path:
-    import deepspeed
-    import transformers
-
-    # The quantized reference depends on the quantizer's code too, so its versions join the key.
-    quant = {"quantization": quantization, "group_size": quant_group_size, "deepspeed": deepspeed.__version__,
-             "torchao": _torchao_version()} if quantization else {}
-    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
-                           "spec": spec.as_dict(), "probes": probe_fingerprint(), "torch": torch.__version__,
-                           "transformers": transformers.__version__, **quant}, sort_keys=True)
-    return cache_root() / "references" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+def refuse_if_sharded() -> None:
+    if _process_sharded:
+        raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
+                                       "deepspeed.init_inference: AutoTP state could leak into it")
 
 
 def _torchao_version() -> str:
@@ -62,40 +95,107 @@ def _torchao_version() -> str:
         return ""
 
 
-def refuse_if_sharded() -> None:
-    if _process_sharded:
-        raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
-                                       "deepspeed.init_inference: AutoTP state could leak into it")
+def _source_identity(source: str | None) -> dict[str, str] | str | None:
+    """A checkpoint or tokenizer folder by what it holds; a hub id or None (byte tokenizer) as is."""
+    if source is None or not Path(source).is_dir():
+        return source
+    name, revision = checkpoint_identity(source)
+    return {"source": name, "revision": revision}
 
 
-def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
-                      trust_remote_code: bool = False, quantization: str = "", quant_group_size: int = 0) -> Observations:
+def reference_identity(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
+                       quant_group_size: int = 0) -> dict:
+    """Everything the reference's numbers depend on, and nothing that depends on this machine."""
+    import deepspeed
+    import transformers
+
+    # The quantized reference depends on the quantizer's code too, so its versions join the key.
+    quant = {"quantization": quantization, "group_size": quant_group_size, "deepspeed": deepspeed.__version__,
+             "torchao": _torchao_version()} if quantization else {}
+    return {"format": REFERENCE_FORMAT, "checkpoint": _source_identity(checkpoint), "tokenizer": _source_identity(tokenizer),
+            "dtype": dtype, "spec": spec.as_dict(), "probes": probe_fingerprint(), "torch": str(torch.__version__),
+            "transformers": transformers.__version__, **quant}
+
+
+def _path_for(identity: dict, prefix: str = "", suffix: str = ".pt") -> Path:
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "references" / f"{prefix}{key}{suffix}"
+
+
+def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
+                   quant_group_size: int = 0) -> Path:
+    return _path_for(reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size))
+
+
+def _sidecar(path: Path) -> Path:
+    """`<key>.json` next to a cached reference: its identity and how it was computed (peak RSS, offload)."""
+    return path.with_suffix(".json")
+
+
+def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool = False,
+                      quantization: str = "", quant_group_size: int = 0, max_memory: dict | None = None) -> Observations:
     """The unsharded model's observations; with `quantization`, of the unsharded model quantized the
-    way the variant quantizes the sharded one (QuantizationUnavailable when that fails)."""
+    way the variant quantizes the sharded one (QuantizationUnavailable when that fails); with
+    `max_memory`, loaded by accelerate over the devices it names with the rest offloaded to disk."""
     refuse_if_sharded()
     torch.manual_seed(0)
-    try:
-        model = load_model(checkpoint, dtype, trust_remote_code, hf_quantization_config(quantization))
-        model = apply_post_init(model, quantization, quant_group_size)
-    except QuantizationUnavailable:
-        raise
-    except Exception as error:
-        if not quantization:
+    with big_model_loading(max_memory) as big_model:
+        try:
+            model = load_model(checkpoint, dtype, trust_remote_code, hf_quantization_config(quantization), big_model)
+            model = apply_post_init(model, quantization, quant_group_size)
+        except QuantizationUnavailable:
             raise
-        raise QuantizationUnavailable(f"{quantization} cannot quantize the unsharded {dtype} model: "
-                                      f"{exception_signature(error)}") from error
-    return observe(model, build_inputs(load_tokenizer(tokenizer, trust_remote_code), spec), spec, "cpu")
+        except Exception as error:
+            if not quantization:
+                raise
+            raise QuantizationUnavailable(f"{quantization} cannot quantize the unsharded {dtype} model: "
+                                          f"{exception_signature(error)}") from error
+        return observe(model, build_inputs(load_tokenizer(tokenizer, trust_remote_code), spec), spec, "cpu")
+
+
+@contextmanager
+def big_model_loading(max_memory: dict | None):
+    """accelerate's big-model keywords for `from_pretrained` (None without a cap), with a scratch folder
+    for weights it must write out (safetensors checkpoints are read in place; .bin ones are copied)."""
+    if max_memory is None:
+        yield None
+        return
+    cache_root().mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="offload-", dir=cache_root())
+    try:
+        # JSON turned device indices into strings; accelerate wants ints for accelerators.
+        yield {"device_map": "auto", "max_memory": {int(key) if key.isdigit() else key: value for key, value in max_memory.items()},
+               "offload_folder": folder}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
                      trust_remote_code: bool = False, quantization: str = "", quant_group_size: int = 0) -> Path:
-    """Path of the reference observations on disk, computed in this process on a cache miss."""
-    path = reference_path(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size)
+    """Path of the reference observations on disk, computed by the reference process on a cache miss
+    (offloaded as the memory plan says)."""
+    from suites.memory_plan import Runner, checkpoint_size, plan_reference
+
+    identity = reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size)
+    path = _path_for(identity)
     if not path.exists():
-        observations = compute_reference(checkpoint, tokenizer, dtype, spec, trust_remote_code, quantization, quant_group_size)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
+        size = checkpoint_size(checkpoint)
+        plan = plan_reference(size, dtype, Runner.detect())
+        _reference_process.compute({
+            "kind": "observations", "path": str(path), "identity": identity, "checkpoint": checkpoint, "tokenizer": tokenizer,
+            "dtype": dtype, "spec": spec.as_dict(), "trust_remote_code": trust_remote_code, "quantization": quantization,
+            "quant_group_size": quant_group_size, "max_memory": plan.max_memory(), "offload": plan.offload,
+            "corpus_file": str(inputs.CORPUS_FILE),
+            "planned_peak_bytes": plan.host_bytes}, exit_after=size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW)
     return path
+
+
+def reference_record(path: str | Path) -> dict:
+    """What the reference process wrote about a cached reference (identity, offload, measured peak)."""
+    try:
+        return json.loads(_sidecar(Path(path)).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, task: AccuracyTask,
@@ -103,18 +203,193 @@ def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, ta
     """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
     import transformers
 
-    identity = json.dumps({"format": REFERENCE_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
-                           "task": task.fingerprint, "torch": torch.__version__, "transformers": transformers.__version__},
-                          sort_keys=True)
-    path = cache_root() / "references" / f"task-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
+    identity = {"format": REFERENCE_FORMAT, "checkpoint": _source_identity(checkpoint), "tokenizer": _source_identity(tokenizer),
+                "dtype": dtype, "task": task.fingerprint, "torch": str(torch.__version__), "transformers": transformers.__version__}
+    path = _path_for(identity, prefix="task-", suffix=".json")
     if not path.exists():
-        refuse_if_sharded()
-        model = load_model(checkpoint, dtype, trust_remote_code)
-        correct = answer_correctness(task, model, load_tokenizer(tokenizer, trust_remote_code), "cpu")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps(correct))
+        _reference_process.compute({"kind": "task", "path": str(path), "checkpoint": checkpoint, "tokenizer": tokenizer,
+                                    "dtype": dtype, "task": {"spec": task.spec, "fingerprint": task.fingerprint},
+                                    "trust_remote_code": trust_remote_code}, exit_after=False)
     return path
 
 
 def load_reference(path: str | Path) -> Observations:
     return Observations.from_dict(torch.load(path, weights_only=False))
+
+
+class ReferenceProcess:
+    """The driver's handle on the reference process: one JSON request a line on its stdin, one JSON
+    answer a line back; its own output goes to a log whose tail is quoted when it fails."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self.log_path = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
+
+    def compute(self, request: dict, exit_after: bool) -> dict:
+        if self.process is None or self.process.poll() is not None:
+            with self.log_path.open("a") as log:
+                self.process = subprocess.Popen([sys.executable, "-m", "suites.reference", "serve"], cwd=PROJECT_ROOT,
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:  # killed (e.g. by the OOM killer) or crashed
+            code, self.process = self.process.wait(), None
+            raise ReferenceFailed("ReferenceProcessDied: the reference process exited without an answer",
+                                  f"the reference process died (exit code {code}); log {self.log_path}:\n{self._log_tail()}")
+        if exit_after:
+            self.close()
+        answer = json.loads(line)
+        if "error" in answer:
+            error = answer["error"]
+            if error["quantization_unavailable"]:
+                raise QuantizationUnavailable(error["message"])
+            raise ReferenceFailed(error["signature"], error["message"])
+        return answer
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.stdin.close()  # the process ends when its stdin closes
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+_reference_process = ReferenceProcess()
+atexit.register(_reference_process.close)
+
+
+def reference_process_pids() -> list[int]:
+    """The reference process of this driver, while it runs (idle between references)."""
+    process = _reference_process.process
+    return [process.pid] if process is not None and process.poll() is None else []
+
+
+def _reset_peak_rss() -> int:
+    """Start a new VmHWM measurement (Linux clear_refs) and return the current RSS."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _serve_one(request: dict) -> dict:
+    if request["kind"] == "task":
+        model = load_model(request["checkpoint"], request["dtype"], request["trust_remote_code"])
+        task = AccuracyTask(**request["task"])
+        correct = answer_correctness(task, model, load_tokenizer(request["tokenizer"], request["trust_remote_code"]), "cpu")
+        write_text_atomically(Path(request["path"]), json.dumps(correct))
+        return {"path": request["path"]}
+    inputs.CORPUS_FILE = Path(request["corpus_file"])  # the one the key's probe fingerprint was taken from
+    started, rss_before = time.perf_counter(), _reset_peak_rss()
+    observations = compute_reference(request["checkpoint"], request["tokenizer"], request["dtype"], ProbeSpec(**request["spec"]),
+                                     request["trust_remote_code"], request["quantization"], request["quant_group_size"],
+                                     request["max_memory"])
+    path = Path(request["path"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
+    measured = {"identity": request["identity"], "offload": request["offload"], "max_memory": request["max_memory"],
+                "planned_peak_bytes": request["planned_peak_bytes"], "peak_rss_bytes": _status_bytes("VmHWM"),
+                "rss_before_bytes": rss_before, "seconds": time.perf_counter() - started}
+    write_text_atomically(_sidecar(path), json.dumps(measured))
+    return {"path": str(path), **measured}
+
+
+def serve() -> None:
+    """The reference process: answer requests from stdin until it closes. Only the protocol writes to
+    the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer = _serve_one(request)
+        except Exception as error:  # the request's failure, never the process's end
+            answer = {"error": {"signature": exception_signature(error), "quantization_unavailable": isinstance(error, QuantizationUnavailable),
+                                "message": "computing the unsharded reference failed:\n" + "".join(traceback.format_exception(error))[-4000:]}}
+        protocol.write(json.dumps(answer) + "\n")
+
+
+def export_references(checkpoint: str, tokenizer: str | None, destination: Path) -> tuple[Path, int]:
+    """Every cached reference of one checkpoint, written as one file; returns (file, references)."""
+    wanted = (_source_identity(checkpoint), _source_identity(tokenizer))
+    bundle = []
+    for sidecar in sorted((cache_root() / "references").glob("*.json")):
+        record = reference_record(sidecar.with_suffix(".pt"))
+        identity = record.get("identity")
+        if identity and (identity["checkpoint"], identity["tokenizer"]) == wanted and sidecar.with_suffix(".pt").exists():
+            bundle.append({"record": record, "observations": torch.load(sidecar.with_suffix(".pt"), weights_only=False)})
+    write_atomically(destination, lambda staging: torch.save({"format": REFERENCE_FORMAT, "references": bundle}, staging))
+    return destination, len(bundle)
+
+
+def import_references(bundle_path: Path) -> int:
+    """Put an exported file's references into this machine's cache under their content keys."""
+    bundle = torch.load(bundle_path, weights_only=False)
+    if bundle.get("format") != REFERENCE_FORMAT:
+        raise ValueError(f"{bundle_path}: reference format {bundle.get('format')}, this harness reads {REFERENCE_FORMAT}")
+    for item in bundle["references"]:
+        path = _path_for(item["record"]["identity"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda staging, data=item["observations"]: torch.save(data, staging))
+        write_text_atomically(_sidecar(path), json.dumps(item["record"]))
+    return len(bundle["references"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The unsharded reference process, and reference export/import.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="answer reference requests on stdin (started by the driver)")
+    export = commands.add_parser("export", help="one file per model with every cached reference of its checkpoint")
+    export.add_argument("--models", required=True, help="comma-separated registry names")
+    export.add_argument("--checkpoints", default="tiny", choices=("tiny", "hub"))
+    export.add_argument("--out", type=Path, required=True, help="folder for <model>" + EXPORT_SUFFIX)
+    imported = commands.add_parser("import", help="put exported references into this machine's cache")
+    imported.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve()
+        return 0
+    if args.command == "import":
+        for path in args.files:
+            print(f"{path}: {import_references(path)} references imported into {cache_root() / 'references'}")
+        return 0
+    from matrix.cells import parse_names
+    from matrix.checkpoints import resolve_checkpoint
+    from matrix.registry import load_models, pick
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for entry in pick(load_models(), parse_names(args.models), "model"):
+        checkpoint = resolve_checkpoint(entry, args.checkpoints)
+        path, count = export_references(checkpoint.folder, checkpoint.tokenizer, args.out / f"{entry.name}{EXPORT_SUFFIX}")
+        print(f"{entry.name} ({checkpoint.source}@{checkpoint.revision}): {count} references -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,7 +23,7 @@ def skip_reason(cell: Cell) -> str | None:
     if variant.training:
         from suites.training import version_skip_reason
 
-        return version_skip_reason()
+        return version_skip_reason(variant.needs)
     return None
 
 
@@ -39,9 +39,10 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
         fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
         fields["checkpoints_json"] = str(checkpoints_json(fields["checkpoint"], variant.checkpoint_format))
     if variant.training:
-        from suites.training import cached_unsharded_step
-
-        fields["training_step"] = str(cached_unsharded_step(checkpoint, tokenizer, cell.dtype, spec, trust))
+        training = _training_fields(cell, checkpoint, tokenizer, spec)
+        if isinstance(training, CellOutcome):
+            return training
+        fields.update(training)
     if variant.quantization:
         try:
             fields["reference"] = str(cached_reference(checkpoint, tokenizer, cell.dtype, spec, trust,
@@ -50,3 +51,28 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
             return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
         fields["baseline"] = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
     return fields
+
+
+def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> dict | CellOutcome:
+    """The unsharded steps of the cell's model (and of the row's second model), or the skip when the
+    row's partitioning source does not exist for the model."""
+    from matrix.checkpoints import tiny_checkpoint
+    from matrix.registry import load_models
+    from suites.training import cached_unsharded_steps, model_skip_reason, reference_steps
+
+    variant = cell.variant
+    reason = model_skip_reason(variant, checkpoint, cell.model.model_type)
+    if reason:
+        return CellOutcome("skip", message=reason)
+    if variant.second_model and tokenizer is not None:
+        return CellOutcome("skip", message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
+                                           "vocabulary; the cell's tokenizer does not fit it")
+    steps = reference_steps(variant)
+
+    def trained(entry, entry_checkpoint):
+        return {"checkpoint": entry_checkpoint, "model_type": entry.model_type,
+                "unsharded_steps": str(cached_unsharded_steps(entry_checkpoint, tokenizer, cell.dtype, spec,
+                                                              entry.trust_remote_code, steps, variant.optimizer))}
+
+    second = [load_models()[variant.second_model]] if variant.second_model else []
+    return {**trained(cell.model, checkpoint), "second_models": [trained(entry, str(tiny_checkpoint(entry))) for entry in second]}

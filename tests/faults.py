@@ -295,3 +295,80 @@ def rank1_sigkill_at_start(stage, rank):
     """Rank 1 is killed by a signal while it starts."""
     if stage == "rank" and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- training faults (tests/test_training.py): stages `sharded` (after deepspeed.initialize), `trained`
+# (after each backward), `saved` (after save_checkpoint + save_16bit_model), `restoring` / `restored` (a
+# fresh engine before / after load_checkpoint) ---
+
+def _count_calls(model, stage_name: str) -> int:
+    """How often this hook ran at this stage on this model instance (1 on the first call)."""
+    counts = model.__dict__.setdefault("_autotp_test_calls", {})
+    counts[stage_name] = counts.get(stage_name, 0) + 1
+    return counts[stage_name]
+
+
+def rank1_weight_drifts_after_backward(stage, model, rank):
+    """After backward (gradients right), rank 1's first column-parallel weight moves by 1e-3 of its scale:
+    the weight the optimizer leaves is not the one the gradients call for."""
+    if stage == "trained" and rank == 1:
+        layer = _column_parallel_layers(model)[0]
+        with torch.no_grad():
+            layer.weight.add_(1e-3 * layer.weight.abs().max())
+
+
+def wrong_gradient_of_second_model(stage, model, rank):
+    """After backward, rank 1's gradient of the second model's (mistral's) first sharded weight is off by 1 %."""
+    if stage == "trained" and rank == 1 and model.config.model_type == "mistral":
+        _column_parallel_layers(model)[0].weight.grad.mul_(1.01)
+
+
+def raise_in_second_backward(stage, model, rank):
+    """Every rank raises after the second backward (training step 2)."""
+    if stage == "trained" and _count_calls(model, stage) == 2:
+        raise RuntimeError("injected failure in training step 2")
+
+
+def raise_before_load_checkpoint(stage, model, rank):
+    """Every rank raises while the fresh engine is about to load the checkpoint."""
+    if stage == "restoring":
+        raise RuntimeError("injected failure loading the checkpoint")
+
+
+def gather_drops_biases(stage, model, rank):
+    """GatherReplacedLayerParams gathers column-parallel weights but leaves their biases as this rank's
+    shard (the 1-D bias case of DeepSpeed #7249)."""
+    if stage == "saved":
+        layers = [m for m in _column_parallel_layers(model) if getattr(m, "bias", None) is not None]
+        assert layers, "no column-parallel layer with a bias"
+        for layer in layers:
+            weight, bias = layer.weight, layer.bias
+            for method in ("gather_params", "_tp_partition"):
+                real = getattr(weight, method)
+                setattr(weight, method, lambda params, real=real, bias=bias: real([p for p in params if p is not bias]))
+
+
+def rank1_load_skips_a_shard(stage, model, rank):
+    """load_checkpoint restores everything but rank 1's first column-parallel weight, which keeps the value
+    the fresh model was built with (under ZeRO-3 read and written through GatheredParameters)."""
+    if rank != 1 or stage not in ("restoring", "restored"):
+        return
+    import deepspeed
+
+    layer = _column_parallel_layers(model)[0]
+    with deepspeed.zero.GatheredParameters([layer.weight], modifier_rank=0, enabled=hasattr(layer.weight, "ds_id")):
+        if stage == "restoring":
+            layer.autotp_test_fresh_weight = layer.weight.detach().clone()
+        else:
+            with torch.no_grad():
+                layer.weight.copy_(layer.autotp_test_fresh_weight)
+
+
+def load_drops_optimizer_state(stage, model, rank):
+    """load_checkpoint restores the weights but not the optimizer state (SGD's momentum): the next step's
+    loss and gradients are right, its update is not. Under ZeRO-3 the optimizer is reachable from a parameter."""
+    if stage == "restored":
+        optimizer = next(model.parameters())._z3_optimizer.optimizer
+        assert optimizer.state, "no optimizer state was loaded"
+        for state in optimizer.state.values():
+            state.clear()

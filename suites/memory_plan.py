@@ -1,0 +1,376 @@
+"""A cell's memory plan, made before anything loads: will the reference process and the rank group
+fit this runner, and what would fit if not.
+
+Sizes come from the checkpoint's metadata only: safetensors headers (tensor names, dtypes, shapes),
+else a `*.index.json`'s total size with config.json's dtype (a hub snapshot whose weights are not
+downloaded yet), else the weight files' sizes. Peaks per process are the measured shape of each load
+path (benchmarks/memory_plan.py measures them; the constants below say where each term comes from):
+
+- reference process (its own, before the rank group starts): runtime + the whole model, or, when that
+  does not fit, runtime + what accelerate keeps in memory (`max_memory`) + the layer being computed,
+  the rest offloaded to disk;
+- eager rank: `from_pretrained` on every rank, so each holds the whole model before AutoTP shards it;
+- meta rank: ideally its shard plus the checkpoint file DeepSpeed's loader has open (it reads files
+  whole); measured on CPU (DeepSpeed 0.19.8), 1.7 times the whole model, which is what is planned.
+
+Capacity: host RAM is MemAvailable, bounded by the cgroup's limit minus its usage (a container's
+limit, not the machine's); accelerator memory per device from DeepSpeed's accelerator. Both can be
+overridden (`AUTOTP_HOST_MEMORY`, `AUTOTP_DEVICE_MEMORY`, e.g. `64GiB`) to plan for another runner
+or to test what a small one does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+GiB = 1 << 30
+MiB = 1 << 20
+HOST_MEMORY_ENV = "AUTOTP_HOST_MEMORY"
+DEVICE_MEMORY_ENV = "AUTOTP_DEVICE_MEMORY"
+
+PROCESS_RUNTIME_BYTES = 384 * MiB
+"""RSS of a process that imported torch, transformers and DeepSpeed, before it loads a model: the
+intercepts of the benchmark's fits on CPU were 0.33-0.45 GiB (reference process, ranks)."""
+EAGER_LOAD_FACTOR = 1.25
+"""An eager rank's peak growth over its runtime, in model sizes: from_pretrained's full copy plus the
+shards AutoTP allocates while layers are being replaced (benchmark slopes on CPU, tp 2: 1.17-1.21)."""
+META_LOAD_FACTOR = 1.8
+"""A meta rank's peak growth on CPU, in model sizes (benchmark slopes, DeepSpeed 0.19.8, tp 2, 4 files:
+1.71-1.73): more than eager, which is what the meta variants' `meta_memory` check fails on."""
+SAFETY = 0.9
+"""Share of the capacity a plan may use: the driver, page cache and allocator slack need the rest."""
+ELEMENT_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                 "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CONFIG_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+LAYER_NAME = re.compile(r"\.(?:layers|layer|h|blocks|block|decoder_layers)\.(\d+)\.")
+"""Where a transformer block's index sits in a parameter name (llama `model.layers.3.`, gpt2 `h.3.`)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    """What a checkpoint holds, read from its metadata (no weights loaded)."""
+
+    parameters: int
+    """Elements of all stored tensors (the model's parameters and persistent buffers)."""
+    largest_layer_parameters: int
+    """Elements of the largest transformer block (or the embeddings, when they are larger)."""
+    largest_file_bytes: int
+    """The largest weight file on disk: what DeepSpeed's meta loader holds at once."""
+    stored_bytes: int
+    """Bytes of the weight files (their own dtype): what a re-split copy of the checkpoint divides."""
+    vocab_size: int
+    hidden_size: int
+
+    def model_bytes(self, dtype: str) -> int:
+        return self.parameters * DTYPE_BYTES[dtype]
+
+    def layer_bytes(self, dtype: str) -> int:
+        return self.largest_layer_parameters * DTYPE_BYTES[dtype]
+
+
+def _safetensors_header(path: Path) -> dict:
+    with path.open("rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        return json.loads(stream.read(length))
+
+
+def checkpoint_size(folder: str | Path) -> CheckpointSize:
+    """The checkpoint's size from safetensors headers, an index json, or `.bin` file sizes."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    text_config = config.get("text_config", config)
+    layers = int(text_config.get("num_hidden_layers") or text_config.get("n_layer") or 1)
+    common = {"vocab_size": int(text_config.get("vocab_size") or 0),
+              "hidden_size": int(text_config.get("hidden_size") or text_config.get("n_embd") or 0)}
+    safetensors = sorted(folder.glob("*.safetensors"))
+    if safetensors:
+        per_layer: dict[str, int] = {}
+        total = 0
+        for path in safetensors:
+            for name, info in _safetensors_header(path).items():
+                if name == "__metadata__":
+                    continue
+                elements = 1
+                for dim in info["shape"]:
+                    elements *= dim
+                total += elements
+                match = LAYER_NAME.search(name)
+                key = match.group(1) if match else name  # a tensor outside the blocks is its own unit
+                per_layer[key] = per_layer.get(key, 0) + elements
+        sizes = [p.stat().st_size for p in safetensors]
+        return CheckpointSize(total, max(per_layer.values()), max(sizes), sum(sizes), **common)
+    stored_bytes = CONFIG_DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 4)
+    indexes = sorted(folder.glob("*.safetensors.index.json")) or sorted(folder.glob("*.bin.index.json"))
+    weights = sorted(folder.glob("*.bin"))
+    if indexes:  # weights not downloaded (yet): the index knows the total, the files' sizes are unknown
+        total_bytes = int(json.loads(indexes[0].read_text())["metadata"]["total_size"])
+        files = len(set(json.loads(indexes[0].read_text())["weight_map"].values()))
+        largest_file = max([p.stat().st_size for p in weights] or [total_bytes // files])
+    elif weights:
+        total_bytes, largest_file = sum(p.stat().st_size for p in weights), max(p.stat().st_size for p in weights)
+    else:
+        raise FileNotFoundError(f"{folder}: no safetensors, .bin or index files to size the checkpoint from")
+    parameters = total_bytes // stored_bytes
+    # Without tensor shapes: the blocks share the parameters evenly, or the embeddings are larger.
+    largest_layer = max(parameters // (layers + 1), common["vocab_size"] * common["hidden_size"])
+    return CheckpointSize(parameters, largest_layer, largest_file, total_bytes, **common)
+
+
+def activation_bytes(size: CheckpointSize, dtype: str) -> int:
+    """Working memory of the probes beyond the weights: the longest forward is a perplexity window of 64
+    tokens, whose fp32 logits exist ~4 times (logits, upcast, log-softmax, loss), plus hidden states."""
+    tokens = 64
+    return tokens * size.vocab_size * 4 * 4 + tokens * size.hidden_size * DTYPE_BYTES[dtype] * 64
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """`64GiB`, `512MiB`, `1.5GB` or a byte count."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B?)\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{name}={text!r} is not a size; write e.g. 64GiB, 512MiB or a byte count")
+    unit = match.group(2).upper().rstrip("B").rstrip("I")
+    return int(float(match.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
+
+def _cgroup_headroom(root: Path, membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes this process's cgroup may still allocate (v2 memory.max, v1 memory.limit_in_bytes), or
+    None without a limit. The process's own group is the path /proc/self/cgroup names under `root`
+    (under `root/memory` for v1); in a container with a cgroup namespace that path is `/`."""
+    candidates = []
+    try:
+        for line in membership.read_text().splitlines():
+            _, controllers, folder = line.split(":", 2)
+            if controllers == "":
+                candidates.append((root / folder.lstrip("/"), "memory.max", "memory.current"))
+            elif "memory" in controllers.split(","):
+                candidates.append((root / "memory" / folder.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    except (OSError, ValueError):
+        pass
+    candidates += [(root, "memory.max", "memory.current"), (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+    for folder, limit_file, usage_file in candidates:
+        try:
+            limit = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:  # v1 writes "no limit" as a huge number
+            continue
+        return int(limit) - usage
+    return None
+
+
+def host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
+    """(bytes the run may still use in host RAM, where that number comes from)."""
+    if os.environ.get(HOST_MEMORY_ENV):
+        return parse_bytes(os.environ[HOST_MEMORY_ENV], HOST_MEMORY_ENV), HOST_MEMORY_ENV
+    available = 0
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    headroom = _cgroup_headroom(cgroup)
+    if headroom is not None and headroom < available:
+        return headroom, "cgroup limit"
+    return available, "MemAvailable"
+
+
+def anonymous_bytes(pids: list[int]) -> int:
+    """Private memory (RssAnon) of these processes: what they give back when they end, or what a
+    process reusing them (a rank serving its next cell) already holds."""
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        total += sum(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
+    return total
+
+
+def session_pids(session: int) -> list[int]:
+    """Every process of a session (a rank group's leader and its ranks)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # state, ppid, pgrp, session, ...
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def device_memory() -> tuple[str, list[int]]:
+    """(accelerator name, free bytes per device); `cpu` and [] when the ranks run on host memory."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    name = accelerator.device_name()
+    if name == "cpu":
+        return name, []
+    count = accelerator.device_count()
+    if os.environ.get(DEVICE_MEMORY_ENV):
+        return name, [parse_bytes(os.environ[DEVICE_MEMORY_ENV], DEVICE_MEMORY_ENV)] * count
+    return name, [int(accelerator.available_memory(index)) for index in range(count)]
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What this machine can give a run: host RAM and free memory per accelerator (none on CPU)."""
+
+    host_bytes: int
+    host_source: str
+    accelerator: str
+    device_bytes: tuple[int, ...]
+
+    @classmethod
+    def detect(cls, held_bytes: int = 0) -> "Runner":
+        """`held_bytes`: memory this run's own processes hold now (the live rank group, the idle reference
+        process): the next cell reuses it or it is freed before the next group starts, so it counts as
+        available (the plan's peaks include each process's runtime)."""
+        host, source = host_memory()
+        if held_bytes and source != HOST_MEMORY_ENV:
+            host, source = host + held_bytes, f"{source} + {gib(held_bytes)} held by this run"
+        accelerator, devices = device_memory()
+        return cls(host, source, accelerator, tuple(devices))
+
+
+@dataclass(frozen=True)
+class ReferencePlan:
+    """How the unsharded reference process loads the model, and its planned host peak."""
+
+    host_bytes: int
+    offload: str
+    """`none`: the whole model in memory (accelerators first, when there are any); `disk`: accelerate
+    keeps `cpu_bytes` of weights in host RAM and reads the rest from disk layer by layer."""
+    cpu_bytes: int
+    runner: Runner
+
+    def max_memory(self) -> dict | None:
+        """accelerate's `max_memory` (device_map="auto"), or None: a plain load into host RAM."""
+        if self.offload == "none" and not self.runner.device_bytes:
+            return None
+        devices = {index: int(free * SAFETY) for index, free in enumerate(self.runner.device_bytes)}
+        return {**devices, "cpu": self.cpu_bytes}
+
+
+def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> ReferencePlan:
+    model, layer, working = size.model_bytes(dtype), size.layer_bytes(dtype), activation_bytes(size, dtype)
+    whole = PROCESS_RUNTIME_BYTES + model + working
+    if whole <= runner.host_bytes * SAFETY and not runner.device_bytes:
+        return ReferencePlan(whole, "none", model, runner)
+    # accelerate fills the accelerators, then host RAM up to its share, then disk; the layer being
+    # computed is materialised on top of what stays resident (benchmark: the offloaded reference's peak
+    # is flat in model size, runtime + one layer).
+    off_host = model - sum(int(free * SAFETY) for free in runner.device_bytes)
+    resident_budget = int(runner.host_bytes * SAFETY) - PROCESS_RUNTIME_BYTES - working - layer
+    cpu_bytes = max(0, min(off_host, resident_budget))
+    if cpu_bytes >= off_host:
+        return ReferencePlan(PROCESS_RUNTIME_BYTES + max(off_host, 0) + working, "none", cpu_bytes, runner)
+    return ReferencePlan(PROCESS_RUNTIME_BYTES + cpu_bytes + working + layer, "disk", cpu_bytes, runner)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Planned peaks of one cell's processes against one runner, in bytes."""
+
+    load: str
+    dtype: str
+    tp: int
+    model_bytes: int
+    layer_bytes: int
+    reference: ReferencePlan
+    rank_host_bytes: int
+    rank_device_bytes: int
+    runner: Runner
+    problem: str = ""
+    """Empty when the cell fits; else which resource is short, by how much, and what would fit."""
+
+    @property
+    def group_host_bytes(self) -> int:
+        return self.tp * self.rank_host_bytes
+
+    def metrics(self) -> dict[str, float]:
+        values = {"plan_model_bytes": self.model_bytes, "plan_reference_host_bytes": self.reference.host_bytes,
+                  "plan_rank_host_bytes": self.rank_host_bytes, "plan_group_host_bytes": self.group_host_bytes,
+                  "plan_host_available_bytes": self.runner.host_bytes}
+        if self.runner.device_bytes:
+            values.update(plan_rank_device_bytes=self.rank_device_bytes, plan_device_available_bytes=min(self.runner.device_bytes))
+        return {key: float(value) for key, value in values.items()}
+
+    def summary(self) -> str:
+        reference = f"reference {gib(self.reference.host_bytes)}" + (
+            f" (offloaded to disk, {gib(self.reference.cpu_bytes)} of weights in RAM)" if self.reference.offload == "disk" else "")
+        ranks = f"{self.load} ranks {self.tp} x {gib(self.rank_host_bytes)} host"
+        if self.runner.device_bytes:
+            ranks += f" + {gib(self.rank_device_bytes)} {self.runner.accelerator}"
+        verdict = f"does not fit: {self.problem}" if self.problem else "fits"
+        return f"model {gib(self.model_bytes)} {self.dtype}; {reference}; {ranks}; {verdict}"
+
+
+def gib(count: float) -> str:
+    return f"{count / GiB:.2f} GiB" if count >= GiB / 10 else f"{count / MiB:.0f} MiB"
+
+
+def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int, runner: Runner) -> MemoryPlan:
+    model, working = size.model_bytes(dtype), activation_bytes(size, dtype)
+    shard = -(-model // tp)
+    # The meta loader holds one checkpoint file at a time; a meta variant with `checkpoint_files` > 1
+    # reads a copy re-split into that many files (suites/loading.py checkpoint_copy).
+    open_file = size.largest_file_bytes if meta_files == 1 else -(-size.stored_bytes // meta_files)
+    if runner.device_bytes:
+        # Weights end on the device; eager still builds the whole model in host RAM first. Not measured
+        # yet on accelerators: the meta rank's host side is its ideal (one open file).
+        rank_host = PROCESS_RUNTIME_BYTES + (model if load == "eager" else open_file)
+        rank_device = shard + working
+    else:
+        grown = model * (EAGER_LOAD_FACTOR if load == "eager" else META_LOAD_FACTOR)
+        rank_host, rank_device = int(PROCESS_RUNTIME_BYTES + grown + working), 0
+    return MemoryPlan(load, dtype, tp, model, size.layer_bytes(dtype), plan_reference(size, dtype, runner),
+                      rank_host, rank_device, runner)
+
+
+def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, meta_files: int = 1) -> MemoryPlan:
+    """The cell's plan; `problem` names the first resource that is short, by how much, and what fits."""
+    plan = _peaks(size, dtype, tp, load, meta_files, runner)
+    host_budget = int(runner.host_bytes * SAFETY)
+    have = f"runner has {gib(runner.host_bytes)} ({runner.host_source}; a plan uses at most {SAFETY:.0%})"
+    if plan.reference.host_bytes > host_budget:
+        return replace(plan, problem=f"needs {gib(plan.reference.host_bytes)} host RAM for the reference even with disk "
+                                     f"offload (runtime + the largest layer, {gib(plan.layer_bytes)}), {have}")
+    if plan.group_host_bytes > host_budget:
+        problem = (f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
+                   f"{have}")
+        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner)}")
+    if runner.device_bytes and plan.rank_device_bytes > min(runner.device_bytes) * SAFETY:
+        problem = (f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
+                   f"{gib(min(runner.device_bytes))} free")
+        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner)}")
+    return plan
+
+
+def _fits(plan: MemoryPlan) -> bool:
+    budget = plan.runner.host_bytes * SAFETY
+    devices_fit = not plan.runner.device_bytes or plan.rank_device_bytes <= min(plan.runner.device_bytes) * SAFETY
+    return plan.reference.host_bytes <= budget and plan.group_host_bytes <= budget and devices_fit
+
+
+def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner) -> str:
+    """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
+    (up to the accelerators there are)."""
+    from matrix.registry import load_variants
+
+    meta_files = load_variants()["meta"].checkpoint_files
+    largest_tp = max(len(runner.device_bytes) or 8, tp)
+    options = [("meta", tp)] if load == "eager" else []
+    options += [(mode, other) for other in (2, 4, 8) if other != tp and other <= largest_tp for mode in ("eager", "meta")]
+    fitting = [f"--variants {mode}" + ("" if other == tp else f" --tp {other}") for mode, other in options
+               if _fits(_peaks(size, dtype, other, mode, meta_files, runner))]
+    if not fitting:
+        return f"no load mode fits at tp 2-{largest_tp}: use a runner with more memory"
+    return "use " + " or ".join(fitting[:3])
