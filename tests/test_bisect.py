@@ -7,11 +7,12 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from fake_packages import make_repo
 
 from matrix.environments import READY_MARKER, EnvironmentSpec
 from reports.__main__ import main as reports_main
@@ -199,31 +200,14 @@ FAKE_CELL = textwrap.dedent("""\
 """)
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def fake_deepspeed(tmp_path_factory):
     """A git repository of a fake package with one known bad commit (#4321), one untestable commit
     (#4003) and a fix (#4400); shas in history order."""
     repo = tmp_path_factory.mktemp("fakeds")
-    git(repo, "init", "--quiet", "--initial-branch", "master")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "t")
-    (repo / "pyproject.toml").write_text(PYPROJECT)
-    (repo / "fakeds").mkdir()
-    (repo / "fakeds" / "__init__.py").write_text("")
-    shas = []
-    for subject, files in HISTORY:
-        for name, text in files.items():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            (repo / name).write_text(PYPROJECT if text is None else text)
-        git(repo, "add", "--all")
-        git(repo, "commit", "--quiet", "-m", subject)
-        shas.append(git(repo, "rev-parse", "HEAD"))
-    git(repo, "tag", "v0.1.0", shas[0])
-    return repo, shas
+    history = [(subject, files, "v0.1.0" if n == 0 else "") for n, (subject, files) in enumerate(HISTORY)]
+    history[0][1]["fakeds/__init__.py"] = ""
+    return repo, make_repo(repo, PYPROJECT, history)
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,12 @@ transformers side's suspect commits, and the answer lines the report prints."""
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from fake_packages import git, make_repo
 
 from matrix.environments import EnvironmentSpec
 from reports.answers import answer_text, plain_link
@@ -31,29 +32,6 @@ PYPROJECT = textwrap.dedent("""\
     [tool.setuptools.packages.find]
     where = ["{where}"]
 """)
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def make_repo(path: Path, name: str, where: str, history: list[tuple[str, dict[str, str], str]]) -> list[str]:
-    """history: (subject, {file: text}, tag or ""); returns the shas in order."""
-    git(path, "init", "--quiet", "--initial-branch", "main")
-    git(path, "config", "user.email", "t@example.com")
-    git(path, "config", "user.name", "t")
-    (path / "pyproject.toml").write_text(PYPROJECT.format(name=name, where=where))
-    shas = []
-    for subject, files, tag in history:
-        for file, text in files.items():
-            (path / file).parent.mkdir(parents=True, exist_ok=True)
-            (path / file).write_text(text)
-        git(path, "add", "--all")
-        git(path, "commit", "--quiet", "-m", subject)
-        shas.append(git(path, "rev-parse", "HEAD"))
-        if tag:
-            git(path, "tag", tag)
-    return shas
 
 
 def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
@@ -157,7 +135,7 @@ def deepspeed_side(tmp_path_factory):
     root = tmp_path_factory.mktemp("triage-ds")
     repo = root / "fakeds-repo"
     repo.mkdir()
-    shas = make_repo(repo, "fakeds", ".", DEEPSPEED_HISTORY)
+    shas = make_repo(repo, PYPROJECT.format(name="fakeds", where="."), DEEPSPEED_HISTORY)
     script = root / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "fakeds.shard").replace("FAILURE_CLASS", "shard"))
     return repo, shas, root / "envs", script
@@ -313,7 +291,7 @@ TRANSFORMERS_HISTORY = [
 def test_transformers_side_lists_the_frame_file_commit_first_and_bisects_commits(tmp_path):
     repo = tmp_path / "transformers-repo"
     repo.mkdir()
-    shas = make_repo(repo, "transformers", "src", TRANSFORMERS_HISTORY)
+    shas = make_repo(repo, PYPROJECT.format(name="transformers", where="src"), TRANSFORMERS_HISTORY)
     script = tmp_path / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "transformers.models.llama.modeling_llama").replace(
         "FAILURE_CLASS", "forward"))
