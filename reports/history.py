@@ -213,7 +213,7 @@ def answer_for(bisections: list[Bisection], cell: CellKey, axis: str, mode: str,
         and _pins(b.held_fixed) <= _pins(held_fixed)
         and _within(low, b.before, b.after, high)
     ]
-    return max(matching, key=lambda b: b.recorded_at, default=None)
+    return _newest(matching)
 
 
 def _pins(held_fixed: str) -> set[str]:
@@ -241,4 +241,10 @@ def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> Triag
                     transition.cell, transition.axis, transition.mode, getattr(transition.before, transition.axis),
                     getattr(transition.after, transition.axis))
                 and _pins(a.held_fixed) <= _pins(transition.held_fixed)]
-    return max(matching, key=lambda a: a.recorded_at, default=None)
+    return _newest(matching)
+
+
+def _newest(records: list):
+    """The most recently recorded of records in store order: recorded_at has one-second resolution, so of
+    two answers recorded in the same second the one stored later wins (a refinement over its release answer)."""
+    return sorted(records, key=lambda record: record.recorded_at)[-1] if records else None

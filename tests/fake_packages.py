@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 import subprocess
+import textwrap
 from pathlib import Path
+
+
+def pyproject(name: str, where: str = ".") -> str:
+    """A setuptools project of the packages found under `where`."""
+    return textwrap.dedent(f"""\
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "{name}"
+        version = "0.1.0"
+        [tool.setuptools.packages.find]
+        where = ["{where}"]
+    """)
 
 
 def git(repo: Path, *args: str) -> str:

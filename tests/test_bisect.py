@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_packages import make_repo
+from fake_packages import make_repo, pyproject
 
 from matrix.environments import READY_MARKER, EnvironmentSpec
 from reports.__main__ import main as reports_main
@@ -170,16 +170,6 @@ HISTORY = [
     ("Allow uneven heads again (#4400)", {"fakeds/shard.py": GOOD_SHARD}),
     ("Release (#4401)", {"README.md": "fake 3\n"}),
 ]
-PYPROJECT = textwrap.dedent("""\
-    [build-system]
-    requires = ["setuptools"]
-    build-backend = "setuptools.build_meta"
-    [project]
-    name = "fakeds"
-    version = "0.1.0"
-    [tool.setuptools]
-    packages = ["fakeds"]
-""")
 FAKE_CELL = textwrap.dedent("""\
     # Stands in for `pytest suites`: runs one "cell" against the installed fakeds, writes cells.jsonl.
     import json, sys
@@ -207,7 +197,7 @@ def fake_deepspeed(tmp_path_factory):
     repo = tmp_path_factory.mktemp("fakeds")
     history = [(subject, files, "v0.1.0" if n == 0 else "") for n, (subject, files) in enumerate(HISTORY)]
     history[0][1]["fakeds/__init__.py"] = ""
-    return repo, make_repo(repo, PYPROJECT, history)
+    return repo, make_repo(repo, pyproject("fakeds"), history)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_packages import git, make_repo
+from fake_packages import git, make_repo, pyproject
 
 from matrix.environments import EnvironmentSpec
 from reports.answers import answer_text, plain_link
@@ -22,16 +22,6 @@ from reports.triage import Budget, Installer, Triage, questions
 
 # ---- fake packages in git ----------------------------------------------------------------------------------------
 
-PYPROJECT = textwrap.dedent("""\
-    [build-system]
-    requires = ["setuptools"]
-    build-backend = "setuptools.build_meta"
-    [project]
-    name = "{name}"
-    version = "0.1.0"
-    [tool.setuptools.packages.find]
-    where = ["{where}"]
-""")
 
 
 def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
@@ -135,7 +125,7 @@ def deepspeed_side(tmp_path_factory):
     root = tmp_path_factory.mktemp("triage-ds")
     repo = root / "fakeds-repo"
     repo.mkdir()
-    shas = make_repo(repo, PYPROJECT.format(name="fakeds", where="."), DEEPSPEED_HISTORY)
+    shas = make_repo(repo, pyproject("fakeds"), DEEPSPEED_HISTORY)
     script = root / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "fakeds.shard").replace("FAILURE_CLASS", "shard"))
     return repo, shas, root / "envs", script
@@ -291,7 +281,7 @@ TRANSFORMERS_HISTORY = [
 def test_transformers_side_lists_the_frame_file_commit_first_and_bisects_commits(tmp_path):
     repo = tmp_path / "transformers-repo"
     repo.mkdir()
-    shas = make_repo(repo, PYPROJECT.format(name="transformers", where="src"), TRANSFORMERS_HISTORY)
+    shas = make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)
     script = tmp_path / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "transformers.models.llama.modeling_llama").replace(
         "FAILURE_CLASS", "forward"))
@@ -329,7 +319,8 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
     release_only = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(100, 30),
                           command=cells_command(script))  # no clone: releases only
     assert release_only.run(found.transitions) == [] and release_only.steps == 3 + 2
-    assert all("first bad commit" not in line and "0.1.1 → 0.2.0" in line for _, line in answers(store))
+    lines = [line for _, line in answers(store)]
+    assert all("first bad commit" not in line and "0.1.1 → 0.2.0" in line for line in lines), lines
 
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None, history.bisections())
