@@ -29,8 +29,9 @@ def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeyp
     measured = reference_record(path)
     assert measured["offload"] == "disk" and measured["max_memory"] == {"cpu": plan.cpu_bytes}
     # The reference process never held the whole model: its peak grew by less than the model's bytes.
+    # (How close the plan comes to the measured peak is benchmarks/memory_plan.py's job: a process's absolute
+    # peak depends on what the test session already holds.)
     assert measured["peak_rss_bytes"] - measured["rss_before_bytes"] < model_bytes
-    assert measured["peak_rss_bytes"] <= 1.15 * measured["planned_peak_bytes"]
 
     capped, uncapped = load_reference(path).to_dict(), compute_reference(folder, None, "fp32", spec).to_dict()
     for name, value in uncapped.items():
