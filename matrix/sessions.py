@@ -108,9 +108,12 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
     return ""
 
 
-def backfill(session: nox.Session, argv: list[str]) -> None:
-    """Run the newest patch of every minor of one axis from --since (the other axes at their latest
-    releases) for the selected cells, merge all of it into the history store, then triage it."""
+TRIAGE_OPTIONS = ("--max-cells", "--max-minutes", "--deepspeed-repo", "--transformers-repo")
+"""Options of `python -m reports.triage` that `nox -s backfill` passes on."""
+
+
+def backfill_options(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """backfill's own options, the triage options it passes on, and the rest: pytest's."""
     parser = argparse.ArgumentParser(prog="nox -s backfill --", allow_abbrev=False)
     parser.add_argument("--axis", choices=AXES, required=True)
     parser.add_argument("--since", required=True, help="oldest release, e.g. 0.16.0 (its minor's newest patch runs)")
@@ -118,11 +121,19 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
     parser.add_argument("--store", default="results/history.sqlite")
     parser.add_argument("--results", default="results/backfill", help="one folder per combination under it")
     parser.add_argument("--no-triage", action="store_true", help="only run and merge")
-    args, rest = parser.parse_known_args(argv)
-    triage_options = [f"--{name}" for name in ("max-cells", "max-minutes", "deepspeed-repo", "transformers-repo")]
-    triage_args = [arg for i, arg in enumerate(rest) if arg.split("=")[0] in triage_options
-                   or (i and rest[i - 1] in triage_options)]
-    pytest_args = [arg for arg in rest if arg not in triage_args]
+    for option in TRIAGE_OPTIONS:
+        parser.add_argument(option)
+    args, pytest_args = parser.parse_known_args(argv)
+    triage_args = [part for option in TRIAGE_OPTIONS
+                   if (value := getattr(args, option.lstrip("-").replace("-", "_"))) is not None
+                   for part in (option, value)]
+    return args, triage_args, pytest_args
+
+
+def backfill(session: nox.Session, argv: list[str]) -> None:
+    """Run the newest patch of every minor of one axis from --since (the other axes at their latest
+    releases) for the selected cells, merge all of it into the history store, then triage it."""
+    args, triage_args, pytest_args = backfill_options(argv)
     try:
         versions = backfill_versions(args.axis, args.since, args.until)
     except (ReleaseDataUnavailable, AxisValueError) as error:

@@ -647,3 +647,13 @@ def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, 
         backfill_versions("deepspeed", "9.0", python=Version("3.11"), cache_dir=cache_dir)
     with pytest.raises(AxisValueError, match="--since and --until take releases like 0.16.0"):
         backfill_versions("deepspeed", "latest", python=Version("3.11"), cache_dir=cache_dir)
+
+
+def test_backfill_passes_triage_options_on_and_the_rest_to_pytest():
+    from matrix.sessions import backfill_options
+
+    args, triage, pytest_args = backfill_options(["--axis", "deepspeed", "--since", "0.16.0", "--tp", "2",
+                                                  "--max-cells", "2", "--models", "llama", "--max-minutes=30"])
+    assert (args.axis, args.since, args.until) == ("deepspeed", "0.16.0", None)
+    assert triage == ["--max-cells", "2", "--max-minutes", "30"]
+    assert pytest_args == ["--tp", "2", "--models", "llama"]  # the "2" of --tp stays, whatever --max-cells says
