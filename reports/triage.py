@@ -196,10 +196,9 @@ class Triage:
                           reference=(failing.failure_class, failing.signature), good_failure=question.good_failure(rep))
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
         self.log(f"question: {question.describe()}; representative {rep.cell.id}")
-        candidates = self.installer.releases(question.axis, question.older, question.newer)
         if (known := rep.bisection) is not None:  # refining a release-level answer
             answer = Answer(known.before, known.after, known.untestable, ())
-        elif len(candidates) > 2:
+        elif len(candidates := self.installer.releases(question.axis, question.older, question.newer)) > 2:
             answer = self._search(question, "release", candidates, probe, start)
         else:  # adjacent releases: the history already ran both ends
             answer = Answer(question.older, question.newer, (), ())
