@@ -10,7 +10,7 @@ import pytest
 
 from matrix.cells import MODEL_SELECTIONS, expand
 from matrix.registry import MODELS_FILE, RegistryError
-from suites.task_probe import TaskError, resolve_task
+from suites.checks.task_probe import TaskError, resolve_task
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
@@ -80,7 +80,7 @@ def _start_run(config):
     """The run this session records into: decided once by the controller (or the only process) and
     handed to pytest-xdist workers, so all of them share one run id; an interrupted run with the same
     session, selection and versions is continued unless --no-resume."""
-    from suites.records import RunInfo, RunState, harness_commit, installed_versions
+    from suites.records.run_records import RunInfo, RunState, harness_commit, installed_versions
 
     option = config.getoption
     versions = installed_versions()
@@ -152,7 +152,7 @@ def run_options(pytestconfig):
 
 @pytest.fixture(scope="session")
 def rank_pool(pytestconfig):
-    from suites.rank_group import RankGroupPool
+    from suites.engine.rank_group import RankGroupPool
 
     pool = RankGroupPool(logs_root=Path(pytestconfig.getoption("--results")).resolve() / "logs")
     yield pool
@@ -161,7 +161,7 @@ def rank_pool(pytestconfig):
 
 @pytest.fixture(scope="session")
 def recorder(pytestconfig):
-    from suites.records import CellRecorder
+    from suites.records.run_records import CellRecorder
 
     run, state, versions = pytestconfig.stash[RUN]
     return CellRecorder(Path(pytestconfig.getoption("--results")), run, versions, state,
@@ -172,8 +172,8 @@ def recorder(pytestconfig):
 def pytest_terminal_summary(terminalreporter, config):
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.records import read_records
-    from suites.summary import print_summary
+    from suites.records.run_records import read_records
+    from suites.records.summary import print_summary
 
     run_id = config.stash[RUN][0].id
     records = [r for r in read_records(Path(config.getoption("--results"))) if r["run"]["id"] == run_id]

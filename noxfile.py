@@ -1,5 +1,5 @@
 """AutoTP matrix sessions. `nox -s matrix` runs the default matrix; `nox -s tests` the harness's own
-tests; `nox -l` lists everything. The shared work lives in matrix/sessions.py."""
+tests; `nox -l` lists everything. The shared work lives in sessions/nox_sessions.py."""
 
 import shutil
 import sys
@@ -9,13 +9,13 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from matrix.environments import environment_variables
-from matrix.sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness, run_matrix,
+from sessions.environments import environment_variables
+from sessions.nox_sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness, run_matrix,
                              session_combos)
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
-# Sessions that run cells use the environment of their version combination (matrix/environments.py,
+# Sessions that run cells use the environment of their version combination (sessions/environments.py,
 # under .nox/envs/: one per combination, shared with bisection steps), so nox creates none for them.
 
 LATEST = session_combos("latest")
@@ -44,7 +44,7 @@ def coverage(session):
 def add_model(session):
     """Add a model: `nox -s add-model -- <hub id | local checkpoint dir | model_type> [--name NAME]`."""
     python = install_harness(session, LATEST[0])
-    session.run(str(python), "-m", "matrix.add_model", *session.posargs, env=environment_variables(python), external=True)
+    session.run(str(python), "-m", "sessions.add_model", *session.posargs, env=environment_variables(python), external=True)
 
 
 @nox.session(python=False)

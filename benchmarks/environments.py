@@ -7,7 +7,7 @@ Cold: a fresh environment root (AUTOTP_ENV_ROOT: venvs + torch from its wheel + 
 download cache stays warm, as on a CI runner with a cached pip folder). Warm: the same session again
 (the ready marker matches: nothing is installed). The first `nox -s matrix` in a new base pays DeepSpeed's
 comm-op JIT build; the sibling combination (other transformers, same DeepSpeed and torch) shares the base,
-its install and that build (matrix/environments.py). Target: warm reuse <= 15 s.
+its install and that build (sessions/environments.py). Target: warm reuse <= 15 s.
 Runs one rank group at a time: nice it on a shared machine.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.environments import ENV_ROOT_ENV  # noqa: E402  (needs the project root on sys.path)
+from sessions.environments import ENV_ROOT_ENV  # noqa: E402  (needs the project root on sys.path)
 from matrix.versions import combinations, parse_pins  # noqa: E402
 
 WARM_TARGET_S = 15.0

@@ -35,7 +35,7 @@ SHAPE = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 
 
 
 def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
-    from matrix.add_model import toml_value
+    from sessions.add_model import toml_value
 
     names, tables = [], []
     for count in layers:
@@ -50,7 +50,7 @@ def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
 
 def forget_reference(folder: str) -> None:
     """Drop the cached reference, so the next run measures its computation."""
-    from suites.inputs import ProbeSpec
+    from suites.checks.inputs import ProbeSpec
     from suites.reference import reference_path
 
     reference_path(folder, None, "fp32", ProbeSpec()).unlink(missing_ok=True)
@@ -58,7 +58,7 @@ def forget_reference(folder: str) -> None:
 
 def offloaded_reference(folder: str) -> dict:
     """The reference computed again with host RAM capped so that no layer stays resident."""
-    from suites.inputs import ProbeSpec
+    from suites.checks.inputs import ProbeSpec
     from suites.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, activation_bytes, checkpoint_size
     from suites.reference import cached_reference, reference_path, reference_record
 
@@ -95,7 +95,7 @@ def main() -> None:
     from matrix.checkpoints import tiny_checkpoint
     from matrix.registry import load_models
     from suites.memory_plan import checkpoint_size, gib
-    from suites.records import read_records
+    from suites.records.run_records import read_records
 
     registry, names = models_file(args.work, [int(n) for n in args.layers.split(",")])
     models = load_models(registry)

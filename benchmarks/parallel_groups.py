@@ -23,7 +23,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from matrix.cells import expand  # noqa: E402
 from suites.driver import RunOptions, prepare_job  # noqa: E402
-from suites.records import read_records  # noqa: E402
+from suites.records.run_records import read_records  # noqa: E402
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:

@@ -96,7 +96,7 @@ def randomise_constant_parameters(model, seed: int, spread: float) -> list[str]:
     weight, or a norm weight sliced or permuted computes exactly the right numbers, and no check can see
     it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get
     N(0, spread), others c * (1 + N(0, spread))), so the model still computes a sensible function. Returns the names changed. Standalone (its source is copied
-    into repro scripts, see suites/repro.py), so its only import is its own."""
+    into repro scripts, see suites/records/repro.py), so its only import is its own."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)

@@ -14,8 +14,9 @@ causal-LM mapping that the registry does not cover; one that cannot be built tin
 transformers releases only (`[[skip_at.<model_type>]]`: a transformers bug fixed later, a class that
 lost generate()); it is then asked of the installed release.
 
-`python -m matrix.derive --check` runs the cell setup (tiny checkpoint + unsharded reference) of
-every derived architecture on CPU and lists the failures: the way to keep the skip list honest.
+`python -m matrix.derive` lists what is derived and what is skipped; `python -m sessions.build_check`
+runs the cell setup (tiny checkpoint + unsharded reference) of every derived architecture on CPU and
+lists the failures: the way to keep the skip list honest.
 """
 
 from __future__ import annotations
@@ -514,65 +515,32 @@ def _derived_entry(model_type: str, registry: dict[str, ModelEntry], data: Deriv
     return ModelEntry(name=name, model_type=model_type, tiny=derivation.tiny, tiny_why=derivation.why)
 
 
-# ---------------------------------------------------------------- building check (python -m matrix.derive --check)
-
-def build_problem(entry: ModelEntry) -> str | None:
-    """None when the tiny config stays under MAX_PARAMS and passes the harness's own cell setup:
-    the tiny checkpoint is written and reloaded, and the unsharded reference (forward with mask,
-    greedy generation, labels= perplexity) is computed, both into the caches the cells reuse."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from matrix.checkpoints import tiny_checkpoint, tiny_config
-    from suites.inputs import ProbeSpec
-    from suites.reference import cached_reference
-
-    try:
-        with torch.device("meta"):
-            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(entry)).parameters())
-        if params > MAX_PARAMS:
-            return f"too large: {params} parameters > {MAX_PARAMS} after shrinking"
-        cached_reference(str(tiny_checkpoint(entry, log=lambda *_: None)), None, "fp32", ProbeSpec(), entry.trust_remote_code)
-    except Exception as error:
-        return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import warnings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="build every derived architecture and report problems")
-    parser.add_argument("--only", default="", help="comma-separated model_types to check")
     parser.add_argument("--registry", action="store_true",
                         help="also derive the registry's architectures from their class defaults (a wider test of the rules)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    from matrix.registry import load_models
-
-    entries = derived_entries({} if args.registry else load_models())
-    only = {t for t in args.only.split(",") if t}
+    entries = listed_entries(args.registry)
     skipped = {n: e.skip_reason for n, e in entries.items() if e.skip_reason}
     print(f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} {'in all' if args.registry else 'not in the registry'}: "
           f"{len(entries) - len(skipped)} derived, {len(skipped)} skipped")
     for name, reason in sorted(skipped.items()):
         print(f"  skip {name}: {reason}")
-    if not args.check:
-        return 0
-    problems = {}
-    for name, entry in entries.items():
-        if entry.skip_reason or (only and entry.model_type not in only):
-            continue
-        problem = build_problem(entry)
-        print(f"  {'ok  ' if problem is None else 'FAIL'} {name}" + (f": {problem}" if problem else ""), flush=True)
-        if problem:
-            problems[name] = problem
-    print(f"{len(problems)} derived architecture(s) fail to build")
-    return 1 if problems else 0
+    return 0
+
+
+def listed_entries(whole_registry: bool) -> dict[str, ModelEntry]:
+    """The derived entries, quietly: every architecture when `whole_registry`, else those the registry lacks."""
+    from transformers.utils import logging as hf_logging
+
+    from matrix.registry import load_models
+
+    hf_logging.set_verbosity_error()
+    return derived_entries({} if whole_registry else load_models())
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from matrix.cells import parse_names
 from matrix.registry import RegistryError, load_models, pick
-from suites.records import redact
+from matrix.redaction import redact
 
 # Files from_pretrained never reads when safetensors weights exist (original/ holds Meta's own
 # consolidated.pth copy of llama 3: without this the download doubles).

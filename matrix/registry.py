@@ -55,7 +55,7 @@ class Tolerance:
 # checkpoints with randomised biases and norms: 131 cells): max|dlogit| / logit scale <= 0.0216
 # (exaone4 tp2), at most 40 % of the allowance atol + rtol * scale; decode steps <= 0.039 absolute
 # (llama_large); perplexity delta <= 4.6e-4 (23 % of ppl_rel); ranks agree exactly. The bug classes of
-# tests/test_faults.py (bias on every rank, bias at the wrong offset, a permuted norm, NaN decode
+# tests/suites/checks/test_faults.py (bias on every rank, bias at the wrong offset, a permuted norm, NaN decode
 # logits) still fail in bf16 with these numbers. MoE models whose routing flips on a bf16 rounding
 # difference carry their own override in models.toml. Training gradients use rtol as well
 # (fp32 measured: 8.8e-7 of the gradient scale, tiny llama/qwen2 tp2).
@@ -217,7 +217,7 @@ TRAINING_FEATURES = {
     "universal_checkpoint": "universal checkpoints of AutoTP models (deepspeed.checkpoint.ds_to_universal, "
                             "deepspeed.module_inject.layers.collect_autotp_universal_checkpoint_info)",
 }
-"""Features a training row may need; suites/training.py detects each in the installed DeepSpeed."""
+"""Features a training row may need; suites/variants/training.py detects each in the installed DeepSpeed."""
 
 
 _MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
@@ -267,7 +267,7 @@ def _parse_revisions(path: Path, entry: str, raw: Any, hub_ids: list[str]) -> di
     return dict(revisions)
 
 
-def _parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
+def parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
     _expect(path, name, "(table)", raw, dict)
     unknown = set(raw) - _MODEL_FIELDS
     if unknown:
@@ -372,7 +372,7 @@ def _load_tables(path: Path, kind: str, parse) -> dict[str, Any]:
 
 
 def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
-    return _load_tables(path, "models", _parse_model)
+    return _load_tables(path, "models", parse_model)
 
 
 def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+from matrix import PROJECT_ROOT
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                  env_root, environment_variables, release_environment)
 from matrix.cells import parse_cell_id
 from matrix.registry import RegistryError, load_models, load_variants
@@ -43,7 +44,6 @@ from reports.history import answer_for
 from reports.records import Bisection, CellKey, Commit, release
 from reports.store import DEFAULT_STORE, HistoryStore
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 GOOD, BAD, SKIP = "good", "bad", "skip"
 
 

@@ -22,7 +22,7 @@ from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
 from reports.render import answer_lines, code, transition_json
-from suites.records import redact
+from matrix.redaction import redact
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-from matrix.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                  env_root, release_environment)
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config

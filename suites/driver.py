@@ -10,13 +10,13 @@ import transformers
 
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, resolve_checkpoint
-from suites import variant_setup
-from suites.inputs import ProbeSpec
+from suites.variants import variant_setup
+from suites.checks.inputs import ProbeSpec
 from suites.memory_plan import GiB, MemoryPlan, Runner, anonymous_bytes, checkpoint_size, gib, plan_cell, session_pids
 from suites.outcome import CellOutcome, exception_signature, failed
-from suites.rank_group import RankGroupPool
+from suites.engine.rank_group import RankGroupPool
 from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
-from suites.task_probe import AccuracyTask
+from suites.checks.task_probe import AccuracyTask
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RunOptions:
     allow_remote_code: bool = False
     cell_timeout: float = 180.0
     faults: tuple[str, ...] = ()
-    """Test-only fault hooks (`module:function`), see suites/cell_runner.py."""
+    """Test-only fault hooks (`module:function`), see suites/engine/cell_runner.py."""
     spec: ProbeSpec = ProbeSpec()
     accuracy_task: AccuracyTask | None = None
     """Also score this task on the sharded model against the unsharded one (checks/accuracy.py)."""

@@ -321,7 +321,7 @@ def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int
     model, working = size.model_bytes(dtype), activation_bytes(size, dtype)
     shard = -(-model // tp)
     # The meta loader holds one checkpoint file at a time; a meta variant with `checkpoint_files` > 1
-    # reads a copy re-split into that many files (suites/loading.py checkpoint_copy).
+    # reads a copy re-split into that many files (suites/variants/loading.py checkpoint_copy).
     open_file = size.largest_file_bytes if meta_files == 1 else -(-size.stored_bytes // meta_files)
     if runner.device_bytes:
         # Weights end on the device; eager still builds the whole model in host RAM first. Not measured

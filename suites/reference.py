@@ -40,18 +40,17 @@ from pathlib import Path
 
 import torch
 
+from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root, checkpoint_identity
-from suites import inputs
+from suites.checks import inputs
 from suites.atomic import write_atomically, write_text_atomically
-from suites.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.loading import load_model
+from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
+from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import exception_signature
-from suites.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
-from suites.probes import Observations, observe
-from suites.task_probe import AccuracyTask, answer_correctness
+from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
+from suites.checks.probes import Observations, observe
+from suites.checks.task_probe import AccuracyTask, answer_correctness
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_process_sharded = False
 REFERENCE_FORMAT = 5
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
 5: keyed by checkpoint identity (content), not path."""
@@ -61,10 +60,6 @@ reference: below it, the ~5 s start of a new process would cost more than the me
 EXPORT_SUFFIX = ".autotp-references.pt"
 
 
-class ContaminatedProcessError(RuntimeError):
-    pass
-
-
 class ReferenceFailed(RuntimeError):
     """The reference process could not compute a reference; `signature` is its exception's, as if it
     had been raised here (the cell's `setup` failure groups with the same failure anywhere)."""
@@ -72,18 +67,6 @@ class ReferenceFailed(RuntimeError):
     def __init__(self, signature: str, message: str):
         super().__init__(message)
         self.signature = signature
-
-
-def mark_process_sharded() -> None:
-    """Called before the first `init_inference` of a process: no reference may come from it after."""
-    global _process_sharded
-    _process_sharded = True
-
-
-def refuse_if_sharded() -> None:
-    if _process_sharded:
-        raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
-                                       "deepspeed.init_inference: AutoTP state could leak into it")
 
 
 def _torchao_version() -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from suites.driver import run_cell
-from suites.repro import write_repro
+from suites.records.repro import write_repro
 
 
 def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestconfig):

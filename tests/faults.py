@@ -240,7 +240,7 @@ def rank1_dies_after_the_verdict(stage, model, rank):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-# --- variant faults (tests/test_variants.py) ---
+# --- variant faults (tests/suites/variants/test_variants.py) ---
 
 def wrong_gradient(stage, model, rank):
     """After backward, rank 1's gradient of its first sharded weight is off by 1 %."""
@@ -269,7 +269,7 @@ def rank1_hangs_on_opt_while_flagged(stage, model, rank):
             time.sleep(0.2)
 
 
-# --- start-up faults (tests/test_faults.py): called through AUTOTP_STARTUP_FAULT as the fork server
+# --- start-up faults (tests/suites/checks/test_faults.py): called through AUTOTP_STARTUP_FAULT as the fork server
 # (`server`) and each rank (`rank`) start, before any cell ---
 
 def server_import_fails(stage, rank):
@@ -297,7 +297,7 @@ def rank1_sigkill_at_start(stage, rank):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-# --- training faults (tests/test_training.py): stages `sharded` (after deepspeed.initialize), `trained`
+# --- training faults (tests/suites/variants/test_training.py): stages `sharded` (after deepspeed.initialize), `trained`
 # (after each backward), `saved` (after save_checkpoint + save_16bit_model), `restoring` / `restored` (a
 # fresh engine before / after load_checkpoint) ---
 

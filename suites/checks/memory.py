@@ -1,7 +1,7 @@
 """Memory per rank: a sharded model must actually be smaller on each rank.
 
 A model AutoTP leaves whole still computes the right numbers, so only this check notices it. Every
-parameter and buffer counts, by kind (suites/probes.py `tensor_kinds`): attention/MLP linears and MoE
+parameter and buffer counts, by kind (suites/checks/probes.py `tensor_kinds`): attention/MLP linears and MoE
 experts must be split; embeddings + lm_head and the rest (norms, rotary tables) may stay whole and are
 only recorded. Kinds come from the unsharded model's modules and are joined to each rank's tensors by
 name (AutoTP keeps the names of the layers it replaces). The bound is loose on purpose (uneven head
@@ -11,7 +11,7 @@ splits, replicated kv heads, routers left whole).
 from __future__ import annotations
 
 from suites.checks import CheckResult
-from suites.probes import KINDS
+from suites.checks.probes import KINDS
 
 SPLIT_KINDS = ("linears", "experts")
 MIN_KIND_BYTES = 1 << 10

@@ -39,7 +39,7 @@ class UnshardedFootprint:
 
 
 def _comparison_result(comparisons: list[dict], tolerance: Tolerance, stage: str, what: str) -> tuple[bool, str]:
-    """(passed, reason) over one Comparison per rank (suites/training.py)."""
+    """(passed, reason) over one Comparison per rank (suites/variants/training.py)."""
     problems = [f"rank {rank}: {p}" for rank, c in enumerate(comparisons) for p in c["problems"]]
     if problems:
         return False, f"{stage}: " + "; ".join(problems[:3])
@@ -56,7 +56,7 @@ def _loss_delta(loss: float, reference: float) -> float:
 
 
 def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, prefix: str = "") -> list[CheckResult]:
-    """`unsharded`: the driver's steps (suites/training.py compute_unsharded_steps); `reports`: one per
+    """`unsharded`: the driver's steps (suites/variants/training.py compute_unsharded_steps); `reports`: one per
     rank for this model. `prefix` names a second model in reasons and metrics."""
     label = f"second model {reports[0]['label']}: " if prefix else ""
     steps = len(reports[0]["losses"])

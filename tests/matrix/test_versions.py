@@ -596,7 +596,7 @@ def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     ([""], {}),
 ])
 def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
-    from matrix.sessions import pin_overrides
+    from sessions.nox_sessions import pin_overrides
     from matrix.versions import parse_pins
 
     assert parse_pins(entries, "--pin") == expected
@@ -611,7 +611,7 @@ def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
     ("deepspeed=0.19.7,deepspeed=0.19.8", "deepspeed is pinned twice (0.19.7 and 0.19.8)"),
 ])
 def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
-    from matrix.sessions import pin_overrides
+    from sessions.nox_sessions import pin_overrides
     from matrix.versions import AxisValueError, parse_pins
     from reports.bisect import main as bisect_main
     from reports.gate import select
@@ -650,7 +650,7 @@ def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, 
 
 
 def test_backfill_passes_triage_options_on_and_the_rest_to_pytest():
-    from matrix.sessions import backfill_options
+    from sessions.nox_sessions import backfill_options
 
     args, triage, pytest_args = backfill_options(["--axis", "deepspeed", "--since", "0.16.0", "--tp", "2",
                                                   "--max-cells", "2", "--models", "llama", "--max-minutes=30"])

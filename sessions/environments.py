@@ -1,0 +1,206 @@
+"""One environment per version combination, shared by every nox session that runs cells (`matrix`,
+`autotp(<combo>)`, `tests`) and by bisection steps, with one JIT build of DeepSpeed's CPU comm op
+per (DeepSpeed, torch) pair.
+
+    <root>/base-ds0.19.8-pt2.13.0/   torch + DeepSpeed only; the comm op is JIT-built once, in its torch_extensions/
+    <root>/ds0.19.8-tf5.24.0-pt2.13.0/   transformers + the harness's dependencies; sees the base's
+                                          packages through a .pth file
+
+Why two layers: torch's JIT build is keyed on the absolute paths of DeepSpeed's sources, so the same
+DeepSpeed release installed in two environments builds its op twice (~60 s each here). With DeepSpeed
+in one base per (DeepSpeed, torch), every combination over it — every step of a bisection over
+transformers releases — loads the same build. Names follow the combination ids of matrix/versions.py,
+torch spelled as its public version (`2.13.0`, never `2.13.0+cpu`).
+
+torch is always installed first and alone (from `AUTOTP_TORCH_INDEX` pip options on GPU runners; on CPU
+machines the pinned version comes from a local wheel), and every later install repeats the torch pin, so
+nothing can pull another multi-GB torch build. An environment is complete once its marker is written;
+one without it (an interrupted build) is built again. Builds of the same folder are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from matrix import PROJECT_ROOT
+
+ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
+TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
+"""Extra pip options for torch only, e.g. `--index-url https://download.pytorch.org/whl/cu124` on GPU runners."""
+READY_MARKER = ".autotp-env-ready"  # written last: its content is the spec the environment was built from
+BASE_LINK = "autotp-base.pth"
+
+
+class EnvironmentBuildError(RuntimeError):
+    """An environment could not be built; the message ends with the installer's own output."""
+
+
+def env_root() -> Path:
+    return Path(os.environ.get(ENV_ROOT_ENV) or PROJECT_ROOT / ".nox" / "envs")
+
+
+def torch_spelling(version: str) -> str:
+    """torch reports `2.13.0+cpu` once installed, pins say `2.13.0`: one spelling in every name."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    key: str
+    """Folder name under the environment root."""
+    installs: tuple[tuple[str, ...], ...]
+    """`pip install` argument lists, in order."""
+    source: tuple[Path, str] | None = None
+    """(clone, sha) checked out into <env>/src before installing (DeepSpeed built from a commit)."""
+    base: EnvironmentSpec | None = None
+    """An environment whose packages this one sees, and whose JIT builds it uses."""
+
+
+def project_dependencies() -> list[str]:
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def torch_options() -> list[str]:
+    return shlex.split(os.environ.get(TORCH_INDEX_ENV, ""))
+
+
+def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...], ...], torch: str,
+                    source: tuple[Path, str] | None = None) -> EnvironmentSpec:
+    torch_pin = f"torch=={torch_spelling(torch)}"
+    return EnvironmentSpec(key=f"base-{deepspeed_id}-pt{torch_spelling(torch)}",
+                           installs=((torch_pin, *torch_options()), *deepspeed_installs), source=source)
+
+
+def combination_environment(deepspeed_id: str, deepspeed_requirement: str, transformers_id: str,
+                            transformers_requirement: str, torch: str, extras: tuple[str, ...] = (),
+                            extras_name: str = "") -> EnvironmentSpec:
+    """The environment of one combination; `*_id` are the axis ids of matrix/versions.py (`ds0.19.8`,
+    `ds@pr1234`, `tf5.24.0`), `extras` more requirements (a dependency group) in a sibling environment
+    named `<combination>+<extras_name>` over the same base."""
+    torch_pin = f"torch=={torch_spelling(torch)}"
+    base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
+    key = f"{deepspeed_id}-{transformers_id}-pt{torch_spelling(torch)}" + (f"+{extras_name}" if extras_name else "")
+    return EnvironmentSpec(key=key, installs=((transformers_requirement, *project_dependencies(), *extras, torch_pin),),
+                           base=base)
+
+
+def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
+    """Released deepspeed, transformers and torch (`{"deepspeed": "0.19.8", ...}`)."""
+    return combination_environment(f"ds{pins['deepspeed']}", f"deepspeed=={pins['deepspeed']}",
+                                   f"tf{pins['transformers']}", f"transformers=={pins['transformers']}",
+                                   pins["torch"], extras, extras_name)
+
+
+def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed") -> EnvironmentSpec:
+    """`axis` (deepspeed or transformers) built from one commit of a local clone, the other axes released.
+    DeepSpeed from source gets no prebuilt ops, in a base of its own; transformers from source sits over
+    the released DeepSpeed's base like a release would."""
+    torch = torch_spelling(pins["torch"])
+    torch_pin = f"torch=={torch}"
+    if axis == "transformers":
+        key = f"ds{pins['deepspeed']}-tf@{sha[:12]}-pt{torch}"
+        base = _deepspeed_base(f"ds{pins['deepspeed']}", ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
+        return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *project_dependencies(), torch_pin),),
+                               source=(clone, sha), base=base)
+    base_key = f"base-ds@{sha[:12]}-pt{torch}"
+    base = _deepspeed_base(f"ds@{sha[:12]}", (
+        # setup.py imports torch, so the build runs without isolation on what is installed here
+        ("setuptools", "wheel", torch_pin),
+        ("--no-build-isolation", str(root / base_key / "src"), torch_pin),
+    ), pins["torch"], source=(clone, sha))
+    return EnvironmentSpec(key=f"ds@{sha[:12]}-tf{pins['transformers']}-pt{torch}",
+                           installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
+                           base=base)
+
+
+def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print) -> Path:
+    """The python of spec's environment under root, built now unless a complete one from the same spec
+    is already there."""
+    if spec.base is not None:
+        ensure_environment(root, spec.base, log)
+    folder = root / spec.key
+    python = folder / "bin" / "python"
+    wanted = json.dumps(_describe(spec))
+    marker = folder / READY_MARKER
+    if marker.exists() and marker.read_text() == wanted:
+        return python
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{spec.key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel session may be building the same folder
+        if marker.exists() and marker.read_text() == wanted:
+            return python
+        log(f"building environment {folder}")
+        shutil.rmtree(folder, ignore_errors=True)
+        _check([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
+        if spec.base is not None:
+            (Path(_site_packages(folder)) / BASE_LINK).write_text(_site_packages(root / spec.base.key) + "\n")
+        if spec.source is not None:
+            clone, sha = spec.source
+            # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
+            # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
+            _check(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone")
+            _check(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+        for arguments in spec.installs:
+            log(f"pip install {shlex.join(arguments)}")
+            _check([str(python), "-m", "pip", "install", "--quiet", *arguments], "install",
+                   env={**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()})
+        (folder / "torch_extensions").mkdir(exist_ok=True)
+        marker.write_text(wanted)
+    return python
+
+
+def _describe(spec: EnvironmentSpec) -> dict:
+    return {"installs": spec.installs, "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,
+            "base": spec.base.key if spec.base else None}
+
+
+def _site_packages(folder: Path) -> str:
+    relative = Path(sysconfig.get_path("purelib")).relative_to(sysconfig.get_path("data"))
+    return str(folder / relative)
+
+
+def _build_outside_any_clone() -> dict[str, str]:
+    """DeepSpeed's setup.py stamps `git rev-parse HEAD` of whatever repository its build folder sits in;
+    a temporary folder inside this project would stamp the harness's own commit as DeepSpeed's. Builds
+    from a DeepSpeed clone (`src/`) still find their own repository."""
+    return {"TMPDIR": os.environ.get("AUTOTP_BUILD_TMPDIR", "/tmp")}
+
+
+def torch_extensions_of(python: Path) -> Path:
+    """Where DeepSpeed JIT-builds its ops for this environment: its base's folder when it has one."""
+    folder = python.parent.parent
+    link = Path(_site_packages(folder)) / BASE_LINK
+    if link.exists():
+        return Path(link.read_text().strip()).parents[2] / "torch_extensions"
+    return folder / "torch_extensions"
+
+
+def environment_variables(python: Path) -> dict[str, str]:
+    """The variables a command run with this environment's python needs: the venv on PATH and DeepSpeed's
+    JIT builds in the (base) environment's own folder."""
+    return {**os.environ, "VIRTUAL_ENV": str(python.parent.parent),
+            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python))}
+
+
+def _check(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if completed.returncode != 0:
+        output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
+                           if line.strip() and "is ignored" not in line)
+        raise EnvironmentBuildError(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}")

@@ -1,0 +1,158 @@
+"""The work every nox session shares: pick the combination, install its pins, print what was
+really installed, run the suites, and record an environment that cannot be installed as an
+`install` failure of every cell instead of losing them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import nox
+
+from matrix import PROJECT_ROOT
+from matrix.cells import DEFAULT_DTYPES, DEFAULT_TP_SIZES, DEFAULT_VARIANTS
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
+                                 env_root, environment_variables)
+from matrix.registry import MODELS_FILE
+from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
+                             parse_pins)
+
+PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
+TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
+"""The harness's own tests run on fixed releases: their known-answer cells (which architectures pass or
+fail, and how) are facts about these versions, and a new upstream release must not turn CI red."""
+PINS_ENV = "AUTOTP_PINS"
+"""Axis overrides for `nox -s matrix`, e.g. `deepspeed=deepspeed@pr/1234,transformers=4.57.6`."""
+
+
+def pin_overrides() -> dict[str, str]:
+    try:
+        return parse_pins([os.environ.get(PINS_ENV, "")], PINS_ENV)
+    except AxisValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def session_combos(tag: str | None = None, overrides: dict[str, str] | None = None) -> list[Combo]:
+    """The combinations for session parametrization; none (with a warning) when there is no release
+    data at all, so `nox -l` and the other sessions still work offline."""
+    try:
+        return combinations(tag, overrides=pin_overrides() if overrides is None else overrides)
+    except ReleaseDataUnavailable as error:
+        print(f"nox: no release data, version-matrix sessions unavailable: {error}")
+        return []
+
+
+def dependency_group(name: str) -> list[str]:
+    return nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name)
+
+
+def combo_environment(combo: Combo, extras_name: str = "") -> EnvironmentSpec:
+    extras = tuple(dependency_group(extras_name)) if extras_name else ()
+    return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, combo.transformers.id,
+                                   combo.transformers.requirement, str(combo.torch.version or combo.torch.requirement),
+                                   extras, extras_name)
+
+
+def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -> Path:
+    """The python of the combination's environment (sessions/environments.py: shared by every session and
+    bisection step of the same combination), built now if needed; prints what is really installed."""
+    python = ensure_environment(env_root(), combo_environment(combo, extras_name), log=session.log)
+    session.run(str(python), "-m", "suites.records.run_records", "--versions", external=True, env=environment_variables(python))
+    return python
+
+
+def selection_options(pytest_args: list[str]) -> argparse.Namespace:
+    """The options of conftest.py this module needs, before pytest runs."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--models", "--model", default="registry")
+    for name, default in (("--models-file", str(MODELS_FILE)), ("--variants", ",".join(DEFAULT_VARIANTS)),
+                          ("--dtypes", ",".join(DEFAULT_DTYPES)), ("--tp", ",".join(map(str, DEFAULT_TP_SIZES))),
+                          ("--results", "results"), ("--accuracy-task", "")):
+        parser.add_argument(name, default=default)
+    return parser.parse_known_args(pytest_args)[0]
+
+
+def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> None:
+    """Install `combo`, run the AutoTP suites on the selected cells, and render the report."""
+    if combo.skip_reason:
+        session.skip(f"{combo.id}: {combo.skip_reason}")
+    if failure := run_combination(session, combo, pytest_args):
+        session.error(failure)
+
+
+def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
+    """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
+    (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
+    selection = selection_options(pytest_args)
+    # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
+    extras_name = "accuracy" if selection.accuracy_task.startswith("lm_eval:") else ""
+    try:
+        python = install_harness(session, combo, extras_name)
+    except EnvironmentBuildError as error:
+        from sessions.install_failure import record_install_failure
+
+        session.log(str(error))
+        written = record_install_failure(session.name, combo, str(error), selection)
+        # This environment has no python to merge with; the report session brings its own, after this one.
+        session.notify("report", ["--results", selection.results])
+        return (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
+                f"failures in {selection.results}")
+    results, env = selection.results, environment_variables(python)
+    session.run(str(python), "-m", "pytest", "suites", "--session-name", session.name, *pytest_args,
+                success_codes=[0, 1], env={**env, "NOX_SESSION_NAME": session.name}, external=True)
+    session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
+                env=env, external=True)
+    session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
+                env=env, external=True)
+    return ""
+
+
+TRIAGE_OPTIONS = ("--max-cells", "--max-minutes", "--deepspeed-repo", "--transformers-repo")
+"""Options of `python -m reports.triage` that `nox -s backfill` passes on."""
+
+
+def backfill_options(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """backfill's own options, the triage options it passes on, and the rest: pytest's."""
+    parser = argparse.ArgumentParser(prog="nox -s backfill --", allow_abbrev=False)
+    parser.add_argument("--axis", choices=AXES, required=True)
+    parser.add_argument("--since", required=True, help="oldest release, e.g. 0.16.0 (its minor's newest patch runs)")
+    parser.add_argument("--until", help="newest release (default: the newest stable)")
+    parser.add_argument("--store", default="results/history.sqlite")
+    parser.add_argument("--results", default="results/backfill", help="one folder per combination under it")
+    parser.add_argument("--no-triage", action="store_true", help="only run and merge")
+    for option in TRIAGE_OPTIONS:
+        parser.add_argument(option)
+    args, pytest_args = parser.parse_known_args(argv)
+    triage_args = [part for option in TRIAGE_OPTIONS
+                   if (value := getattr(args, option.lstrip("-").replace("-", "_"))) is not None
+                   for part in (option, value)]
+    return args, triage_args, pytest_args
+
+
+def backfill(session: nox.Session, argv: list[str]) -> None:
+    """Run the newest patch of every minor of one axis from --since (the other axes at their latest
+    releases) for the selected cells, merge all of it into the history store, then triage it."""
+    args, triage_args, pytest_args = backfill_options(argv)
+    try:
+        versions = backfill_versions(args.axis, args.since, args.until)
+    except (ReleaseDataUnavailable, AxisValueError) as error:
+        session.error(str(error))
+    session.log(f"backfill: {args.axis} {', '.join(versions)}")
+    combos = [combinations("latest", overrides={**pin_overrides(), args.axis: version})[0] for version in versions]
+    folders = []
+    for combo in combos:
+        if combo.skip_reason:
+            session.log(f"{combo.id}: skipped, {combo.skip_reason}")
+            continue
+        folder = f"{args.results}/{combo.id}"
+        if failure := run_combination(session, combo, [*pytest_args, "--results", folder]):
+            session.warn(failure)
+        folders.append(f"{folder}/junit")
+    python = install_harness(session, session_combos("latest")[0])
+    env = environment_variables(python)
+    session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)
+    if not args.no_triage:
+        session.run(str(python), "-m", "reports.triage", "--store", args.store, *triage_args, env=env, external=True)
+    session.run(str(python), "-m", "reports", "render", "--store", args.store, "--out", str(Path(args.store).parent),
+                env=env, external=True)

@@ -1,0 +1,213 @@
+"""One cell on one rank: load, shard with AutoTP, observe, and (on rank 0) judge.
+
+All ranks run the same stages in lockstep. A rank that raises writes its error to disk at once,
+so the driver can name the failure even when the other ranks are left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import json
+import os
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from matrix.registry import Tolerance
+from suites import checks
+from suites.atomic import write_text_atomically
+from suites.checks import accuracy as accuracy_checks
+from suites.checks import memory as memory_checks
+from suites.checks import quantization as quantization_checks
+from suites.checks import training as training_checks
+from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
+from suites.variants.quantization import apply_post_init, hf_quantization_config
+from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
+from suites.checks.probes import observe
+from suites.reference import load_reference
+from suites.checks.task_probe import AccuracyTask, answer_correctness
+from suites.variants.training import Progress, run_training
+
+
+def _run_fault_hooks(job: dict, stage: str, model, rank: int):
+    """Test-only fault injection: `module:function` names from the job, called at each stage."""
+    for name in job.get("faults", []):
+        module_name, function_name = name.split(":")
+        replacement = getattr(importlib.import_module(module_name), function_name)(stage=stage, model=model, rank=rank)
+        if replacement is not None:
+            model = replacement
+    return model
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> dict:
+    """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
+    where = f"{label}: " if label else ""
+    return {"rank": rank, "stage": stage, "failure_class": STAGE_CLASS[stage], "signature": where + exception_signature(error),
+            "message": f"rank {rank} raised in {stage} ({label or stage}):\n" + "".join(traceback.format_exception(error))[-4000:]}
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM, so a long-lived rank can measure one cell's peak.
+    Memory freed by earlier cells goes back to the OS first (malloc_trim), or a new cell would reuse
+    it without its RSS growing and look cheaper than it is."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _dtype_skip_reason(dtype: str) -> str | None:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if TORCH_DTYPES[dtype] not in accelerator.supported_dtypes():
+        return f"{dtype} is not supported by the {accelerator.device_name()} accelerator (supported_dtypes)"
+    return None
+
+
+def _load(job: dict):
+    """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
+    variant = job["variant"]
+    if variant["load"] == "meta":
+        return load_meta_model(job["checkpoint"], job["dtype"], job["trust_remote_code"])
+    return load_model(job["checkpoint"], job["dtype"], job["trust_remote_code"], hf_quantization_config(variant["quantization"]))
+
+
+def _shard(job: dict, model, world_size: int):
+    """init_inference (meta: it reads the weights from the checkpoint files), then DeepSpeed's
+    post-init quantization of this rank's shard."""
+    import deepspeed
+
+    variant = job["variant"]
+    options = {}
+    if variant["load"] == "meta":
+        options["checkpoint"] = job["checkpoints_json"]
+    if variant["keep_module_on_host"]:
+        options["keep_module_on_host"] = True
+    mark_process_sharded()
+    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=TORCH_DTYPES[job["dtype"]],
+                                      replace_with_kernel_inject=False, **options)
+    return engine, apply_post_init(engine.module, variant["quantization"], variant["quant_group_size"])
+
+
+def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
+    # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
+    # torch's default process group either way.
+    import torch.distributed as dist
+
+    spec = ProbeSpec(**job["spec"])
+    timings, stage, model, engine, observed, error, training, task_correct = {}, "setup", None, None, None, None, None, None
+    progress = Progress() if job["variant"]["training"] else None
+    scratch = workdir / f"training-{job['seq']}"  # the checkpoint round trip's files, shared by the ranks
+    rss_peak_loaded = 0
+    skip = _dtype_skip_reason(job["dtype"])
+    _reset_peak_rss()
+    rss_before_load = _rss_bytes()
+    try:
+        if skip:
+            pass
+        elif progress:
+            mark_process_sharded()
+            started = time.perf_counter()
+            training = run_training(job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress)
+            timings["time_training_s"] = time.perf_counter() - started
+            rss_peak_loaded = _peak_rss_bytes()
+        else:
+            tokenizer = load_tokenizer(job["tokenizer"], job["trust_remote_code"])
+            inputs = build_inputs(tokenizer, spec)
+            started = time.perf_counter()
+            model = _run_fault_hooks(job, "loaded", _load(job), rank)
+            timings["time_load_s"] = time.perf_counter() - started
+            stage = "shard"
+            started = time.perf_counter()
+            engine, model = _shard(job, model, world_size)
+            timings["time_shard_s"] = time.perf_counter() - started
+            rss_peak_loaded = _peak_rss_bytes()
+            model = _run_fault_hooks(job, "sharded", model, rank)
+            stage = "forward"
+            observed = observe(model, inputs, spec, device)
+            timings["time_forward_s"] = observed.forward_seconds
+            if job.get("accuracy_task"):
+                started = time.perf_counter()
+                task_correct = answer_correctness(AccuracyTask(**job["accuracy_task"]), model, tokenizer, device)
+                timings["time_accuracy_s"] = time.perf_counter() - started
+    except Exception as raised:  # any exception is the cell's verdict, never the worker's end
+        error = _stage_error(progress.stage, raised, rank, progress.label) if progress else _stage_error(stage, raised, rank)
+        write_text_atomically(workdir / f"error-{job['seq']}.{rank}.json", json.dumps(error))
+
+    summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
+               "rss_before_load_bytes": rss_before_load,
+               "rss_peak_loaded_bytes": rss_peak_loaded, "training": training,
+               "bytes_by_name": observed.bytes_by_name if observed else None,
+               "last_logits": observed.logits_plain[0, -1] if observed else None}
+    summaries = [None] * world_size
+    dist.all_gather_object(summaries, summary)
+    if rank == 0:
+        shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
+        try:
+            outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
+        except Exception as raised:  # a harness bug must still end as this cell's verdict
+            outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
+                             + "".join(traceback.format_exception(raised))[-4000:])
+        write_text_atomically(workdir / f"result-{job['seq']}.json", json.dumps(outcome.to_dict()))
+    del model, engine, observed
+    gc.collect()
+    _run_fault_hooks(job, "finished", None, rank)
+    # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
+    # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
+    write_text_atomically(workdir / f"done-{job['seq']}.{rank}", "")
+
+
+def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:
+    metrics = {**timings, "rss_max_bytes": float(max(s["rss_bytes"] for s in summaries)),
+               "rss_peak_max_bytes": float(max(s["rss_peak_bytes"] for s in summaries)),
+               # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
+               "rss_load_peak_growth_max_bytes": float(max(s["rss_peak_loaded_bytes"] - s["rss_before_load_bytes"] for s in summaries))}
+    errors = [s["error"] for s in summaries if s["error"]]
+    if errors:
+        first = first_error(errors)
+        return failed(first["failure_class"], first["signature"], first["message"], metrics)
+    tolerance = Tolerance(**job["tolerance"])
+    if job["variant"]["training"]:
+        unsharded = [torch.load(model["unsharded_steps"], weights_only=False) for model in [job, *job["second_models"]]]
+        results = training_checks.check(unsharded, [s["training"] for s in summaries], tolerance)
+    else:
+        reference = load_reference(job["reference"])
+        results = checks.run_all(reference, observed, [s["last_logits"] for s in summaries],
+                                 [s["bytes_by_name"] for s in summaries], tolerance)
+        if job.get("baseline"):
+            results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)
+        if job["variant"]["load"] == "meta":
+            results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
+        if job.get("accuracy_reference"):
+            results.append(accuracy_checks.check(json.loads(Path(job["accuracy_reference"]).read_text()), task_correct))
+    for result in results:
+        metrics.update(result.metrics)
+    failing = [r for r in results if not r.passed]
+    notes = "; ".join(r.reason for r in results if r.reason)
+    if failing:
+        return failed(failing[0].failure_class, f"{failing[0].name}: {failing[0].reason.split(' (')[0]}", notes, metrics)
+    return CellOutcome("pass", message=notes, metrics=metrics)

@@ -1,0 +1,192 @@
+"""CPU rank groups forked from one process that has already imported torch, DeepSpeed and
+transformers.
+
+A launch through `deepspeed --num_gpus N` costs ~8 s of imports on two cores, and a cell that kills its
+group (one rank raised, the others hang in a collective) pays it again. Forking ranks from a
+pre-imported server costs well under a second and runs the same worker code; the ranks still meet
+through `deepspeed.init_distributed()` with the environment DeepSpeed's launcher gives them (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT).
+
+CPU only: a process that has touched CUDA cannot be forked into CUDA ranks, so accelerator runs use
+the real launcher, where a launch is small next to loading a real checkpoint.
+
+Protocol: the driver writes one JSON line per group to the server's stdin. The server forks a group
+leader, which starts a session of its own (the driver ends the group with one killpg), forks the
+ranks and watches them like DeepSpeed's launcher: the first rank to exit non-zero ends the group and
+is logged as "... exits with return code = C". The server writes the leader's pid to
+`<workdir>/leader.pid`, and exits when its stdin closes (the driver ended).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from matrix import PROJECT_ROOT
+from suites.atomic import write_text_atomically
+from suites.outcome import death_record, read_death_records
+from suites.engine.processes import pid_alive
+
+SERVER_DIED = "server-died.json"
+
+
+class GroupStartFailure(RuntimeError):
+    """A rank group did not come up; `failure_class` says whose fault (see outcome.death_record)."""
+
+    def __init__(self, failure_class: str, signature: str, message: str):
+        super().__init__(message)
+        self.failure_class, self.signature = failure_class, signature
+
+
+class ForkedGroup:
+    """The driver's handle on one forked group: its leader process."""
+
+    def __init__(self, leader_pid: int):
+        self.leader_pid = leader_pid
+        self.returncode = None  # the server reaps the leader; a rank's code is in launcher.log
+
+    def poll(self):
+        return None if pid_alive(self.leader_pid) else 0
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.leader_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while pid_alive(self.leader_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+class ForkServer:
+    """Driver side: starts the server lazily and asks it for groups."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.log_dir: Path | None = None
+        self.start_failure: GroupStartFailure | None = None
+
+    def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float) -> ForkedGroup:
+        """The new group's handle; a server that died (even between two requests) is started again once."""
+        if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
+            raise self.start_failure
+        request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid, "omp_threads": omp_threads}
+        pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
+        for _ in range(2):
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+            try:
+                self.process.stdin.write((json.dumps(request) + "\n").encode())
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                continue
+            while not pid_file.exists() and self.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if pid_file.exists():
+                return ForkedGroup(int(pid_file.read_text()))
+        died = read_death_records(self.log_dir, SERVER_DIED)
+        if died:
+            self.start_failure = GroupStartFailure(died[0]["failure_class"], died[0]["signature"],
+                                                   "the fork server could not start: " + died[0]["message"])
+            raise self.start_failure
+        raise GroupStartFailure("setup", "the fork server did not start the group",
+                                "the fork server did not start the group (no error recorded; see fork-server.log)")
+
+    def _start(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+        self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
+        (self.log_dir / SERVER_DIED).unlink(missing_ok=True)
+        with open(self.log_dir / "fork-server.log", "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "suites.engine.fork_server", str(self.log_dir)], cwd=PROJECT_ROOT, env=self.env,
+                                            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+            self.process = None
+        if self.log_dir is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir = None
+
+
+def _rank_environment(request: dict, rank: int) -> dict[str, str]:
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(request["tp"]), "LOCAL_SIZE": str(request["tp"]),
+            "CROSS_RANK": "0", "CROSS_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(request["port"]),
+            "OMP_NUM_THREADS": request["omp_threads"]}
+
+
+def _run_rank(request: dict, rank: int) -> None:
+    from suites.engine import worker
+
+    code = 1
+    try:
+        os.environ.update(_rank_environment(request, rank))
+        sys.argv = ["worker", "--workdir", request["workdir"], "--driver-pid", str(request["driver_pid"])]
+        worker.main()
+        code = 0
+    except SystemExit as ended:
+        code = ended.code if isinstance(ended.code, int) else 1
+    except BaseException:  # noqa: BLE001 - whatever ends a rank is logged, then the group ends
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _lead_group(request: dict) -> None:
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    ranks = {}
+    for rank in range(request["tp"]):
+        pid = os.fork()
+        if pid == 0:
+            _run_rank(request, rank)
+        ranks[pid] = rank
+    with open(Path(request["workdir"]) / "launcher.log", "a", buffering=1) as log:
+        while ranks:
+            pid, status = os.wait()
+            code = os.waitstatus_to_exitcode(status)
+            rank = ranks.pop(pid)
+            if code != 0:
+                log.write(f"rank {rank} (pid {pid}) exits with return code = {code}\n")
+                os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
+def serve(log_dir: Path) -> None:
+    import gc
+
+    try:
+        from suites.engine import worker
+
+        worker.run_startup_fault_hook("server")
+        worker.import_cell_machinery()
+    except Exception as error:
+        write_text_atomically(log_dir / SERVER_DIED, json.dumps(death_record(error, "the fork server's imports")))
+        raise
+    gc.collect()
+    gc.freeze()  # forked ranks then share these pages instead of copying them on the first collection
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps leaders: no zombies to mistake for live groups
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _lead_group(request)
+        write_text_atomically(Path(request["workdir"]) / "leader.pid", str(pid))
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

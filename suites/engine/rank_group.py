@@ -1,0 +1,341 @@
+"""Driver side of a rank group: N worker processes started once (forked from the fork server on CPU,
+by DeepSpeed's launcher on accelerators) and fed many cells through files in a work folder.
+
+The driver owns every timeout and the group's life: a hung collective or a dead rank ends the
+group (the whole process group is killed, so no orphan ranks), the cell gets `timeout` or
+`crash`, and the next cell starts a fresh group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from matrix import PROJECT_ROOT
+from matrix.checkpoints import cache_root
+from suites.atomic import write_text_atomically
+from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
+from suites.outcome import CellOutcome, failed, first_error, read_death_records
+
+WORKER = Path(__file__).resolve().parent / "worker.py"
+ERROR_GRACE_SECONDS = 1.0
+"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
+together finish in milliseconds; a too-short grace only costs a relaunch (~1 s forked), never a
+wrong verdict: both ways the verdict is `first_error` of the errors written."""
+LOG_TAIL_LINES = 25
+LAUNCHERS = ("auto", "fork", "deepspeed")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def torch_extensions_dir() -> Path:
+    """Where DeepSpeed JIT-builds its ops. One folder per DeepSpeed version: builds of different
+    releases share module names, and a stale one from another release fails at import (seen here:
+    `module 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'`)."""
+    if "TORCH_EXTENSIONS_DIR" in os.environ:
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    from importlib.metadata import version
+
+    return cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}"
+
+
+BUILD_GUARD = ".autotp-build.flock"
+
+
+@contextmanager
+def jit_build_guard(root: Path, log=print):
+    """Held while a rank group starts, which is when its ranks JIT-build (or load) DeepSpeed's ops.
+
+    torch marks a build in progress with a `lock` file under the extensions folder; a build that was
+    interrupted (Ctrl-C, a killed runner) leaves it behind and every later start waits on it forever.
+    Every harness start holds this flock (which the kernel releases when its holder dies), so a `lock`
+    found while holding it belongs to no running harness build: it is removed at once."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / BUILD_GUARD, "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        for lock in root.glob("**/lock"):
+            log(f"removing torch extension build lock left by an interrupted build: {lock}")
+            lock.unlink(missing_ok=True)
+        yield
+
+
+def launch_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())
+    if "DS_ACCELERATOR" not in env and not _cuda_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> None:
+    """DeepSpeed all-reduce buffers in /dev/shm that no live process maps any more: left by groups
+    whose driver was killed before it could release them (see RankGroup.release_shared_memory)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+        except OSError:
+            continue  # the process ended while we looked
+    for buffer in Path("/dev/shm").glob("deepspeed_*buffer*"):
+        if str(buffer) not in mapped and time.time() - buffer.stat().st_mtime > min_age_seconds:
+            log(f"removing orphaned DeepSpeed shared-memory buffer {buffer}")
+            buffer.unlink(missing_ok=True)
+
+
+class LauncherProcess:
+    """A group started by DeepSpeed's launcher, as users start one; the launcher leads a session of
+    its own, so one killpg ends it and its ranks."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path):
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def returncode(self):
+        return self.process.returncode
+
+    def poll(self):
+        return self.process.poll()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+class RankGroup:
+    def __init__(self, tp: int, start_timeout: float = 900, fork_server: ForkServer | None = None):
+        self.tp = tp
+        self.fork_server = fork_server
+        self.start_timeout = start_timeout
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"autotp-tp{tp}-"))
+        self.env = launch_environment()
+        # One intra-op thread pool per rank sized to its share of the cores: N ranks each spinning
+        # up all cores would oversubscribe the machine N times.
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tp)))
+        self.process: LauncherProcess | ForkedGroup | None = None
+        self.seq = 0
+        self.info: dict = {}
+        self.port = free_port()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def session(self) -> int:
+        """The session the group's processes share: its leader (launcher or forked leader) started it."""
+        return self.process.leader_pid if isinstance(self.process, ForkedGroup) else self.process.process.pid
+
+    def start(self) -> None:
+        with jit_build_guard(Path(self.env["TORCH_EXTENSIONS_DIR"])):
+            self._start()
+
+    def _start(self) -> None:
+        release_orphaned_shared_memory()
+        deadline = time.monotonic() + self.start_timeout
+        if self.fork_server is not None:
+            self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(),
+                                                       self.env["OMP_NUM_THREADS"], self.start_timeout)
+        else:
+            command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
+                       "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
+                       "--driver-pid", str(os.getpid())]
+            self.process = LauncherProcess(command, self.env, self.workdir / "launcher.log")
+        while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
+            if not self.alive:
+                died = self._died()
+                raise GroupStartFailure(died.failure_class, f"rank group failed to start: {died.signature}",
+                                        f"rank group tp={self.tp} failed to start: {died.message}")
+            if time.monotonic() > deadline:
+                logs = self.logs_tail()
+                self.kill()
+                raise GroupStartFailure("timeout", f"rank group not ready within {self.start_timeout:.0f} s",
+                                        f"rank group tp={self.tp} was not ready after {self.start_timeout:.0f} s "
+                                        f"(a stuck JIT build or rendezvous?); group killed.\n{logs}")
+            time.sleep(0.1)
+        self.info = json.loads((self.workdir / "ready.0").read_text())
+
+    def logs_tail(self) -> str:
+        parts = [f"[launcher]\n{_tail(self.workdir / 'launcher.log')}"]
+        parts += [f"[rank {r}]\n{_tail(self.workdir / f'rank{r}.log')}" for r in range(self.tp)]
+        return "\n".join(parts)
+
+    def run(self, job: dict, timeout: float) -> CellOutcome:
+        """Runs one cell; never raises for what the cell does (that is its outcome)."""
+        seq, self.seq = self.seq, self.seq + 1
+        job = {**job, "seq": seq}
+        write_text_atomically(self.workdir / f"job-{seq}.json", json.dumps(job))
+        result_file = self.workdir / f"result-{seq}.json"
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        while True:
+            if result_file.exists() and all((self.workdir / f"done-{seq}.{r}").exists() for r in range(self.tp)):
+                return CellOutcome(**json.loads(result_file.read_text()))
+            if not self.alive:
+                return self._died()
+            errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
+            if errors and first_error_at is None:
+                first_error_at = time.monotonic()
+            if first_error_at is not None and time.monotonic() - first_error_at > ERROR_GRACE_SECONDS:
+                # One rank failed and the others are stuck in a collective waiting for it.
+                error = first_error([json.loads(path.read_text()) for path in errors])
+                self.kill()
+                return failed(error["failure_class"], error["signature"],
+                              error["message"] + "\n(the other ranks hung waiting for it; rank group restarted)")
+            if time.monotonic() > deadline:
+                logs = self.logs_tail()
+                self.kill()
+                return failed("timeout", f"no answer within {timeout:.0f} s",
+                              f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}")
+            time.sleep(0.02)
+
+    def _died(self) -> CellOutcome:
+        """The group ended outside a cell's stages. A rank that raised wrote whose fault it was
+        (outcome.death_record); one that wrote nothing died of a signal or an exit of DeepSpeed's/torch's
+        native code: `crash`."""
+        logs = self.logs_tail()
+        self.kill()
+        recorded = read_death_records(self.workdir, "died.*.json")
+        if recorded:
+            died = recorded[0]
+            return failed(died["failure_class"], died["signature"], f"{died['message']}\nrank group restarted.\n{logs}")
+        # The launcher names the first rank that died: "... exits with return code = -11".
+        exit_line = re.search(r"exits with return code = (-?\d+)", logs)
+        code = int(exit_line.group(1)) if exit_line else self.process.returncode
+        cause = "unknown cause" if code is None else _signal_name(-code) if code < 0 else f"exit code {code}"
+        return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
+
+    def kill(self) -> None:
+        if self.process is None:
+            return
+        self.process.kill()
+        self.release_shared_memory()
+
+    def release_shared_memory(self) -> None:
+        """DeepSpeed's CPU all-reduce keeps a ~66 MB /dev/shm buffer per rank, named after the master
+        port, and never unlinks it, not even on a clean exit; a nightly of hundreds of launches would
+        fill the machine's memory (seen here: 22 GB after a day of runs, then the OOM killer)."""
+        for buffer in Path("/dev/shm").glob(f"deepspeed_*_{self.port}_*"):
+            buffer.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        # Idle ranks hold no collective and no file open for writing: killing them loses nothing and
+        # a graceful exit took ~5 s (process-group teardown) for every tp switch.
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class RankGroupPool:
+    """At most one live group at a time (groups of different tp sizes would fight for the cores);
+    a group is reused across cells until it dies or another tp size is needed.
+
+    `launcher`: `fork` forks CPU groups from a pre-imported server (see suites/engine/fork_server.py);
+    `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only.
+    `logs_root`: where the logs of a group that failed to start or that a cell ended are kept
+    (`<logs_root>/<cell id>/`); the group's own folder is temporary."""
+
+    def __init__(self, start_timeout: float = 900, launcher: str = "auto", logs_root: Path | None = None):
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        self.start_timeout = start_timeout
+        self.logs_root = logs_root
+        self.group: RankGroup | None = None
+        self.launches = 0
+        env = launch_environment()
+        self.fork_server = None
+        if launcher == "fork" or (launcher == "auto" and env.get("DS_ACCELERATOR") == "cpu"):
+            self.fork_server = ForkServer(env)
+        atexit.register(self.close)
+
+    def get(self, tp: int) -> RankGroup:
+        if self.group is not None and (self.group.tp != tp or not self.group.alive):
+            self.group.close()
+            self.group = None
+        if self.group is None:
+            group = RankGroup(tp, self.start_timeout, fork_server=self.fork_server)
+            self.launches += 1
+            try:
+                group.start()
+            except GroupStartFailure:
+                self.group = group  # closed (and its logs kept) by run()
+                raise
+            self.group = group
+        return self.group
+
+    def run(self, tp: int, job: dict, timeout: float) -> CellOutcome:
+        try:
+            outcome = self.get(tp).run(job, timeout)
+        except GroupStartFailure as error:
+            outcome = failed(error.failure_class, error.signature, str(error))
+        if self.group is not None and not self.group.alive:
+            outcome = self._keep_logs(job["cell"]["id"], outcome)
+        return outcome
+
+    def _keep_logs(self, cell_id: str, outcome: CellOutcome) -> CellOutcome:
+        """Copy the logs of a group that is gone (failed to start, crashed, killed) next to the results,
+        so the path in the message still exists when someone reads it."""
+        if self.logs_root is None:
+            return outcome
+        kept = self.logs_root / cell_id
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        sources = list(self.group.workdir.glob("*.log"))
+        if self.fork_server is not None and self.fork_server.log_dir is not None:
+            sources.append(self.fork_server.log_dir / "fork-server.log")
+        for source in sources:
+            if source.is_file():
+                shutil.copyfile(source, kept / source.name)
+        return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        if self.fork_server is not None:
+            self.fork_server.close()

@@ -1,0 +1,150 @@
+"""A long-lived rank of a rank group: forked by suites/engine/fork_server.py on CPU, started by DeepSpeed's
+launcher (`deepspeed --num_gpus N`) on accelerators; either way it meets the others through
+`deepspeed.init_distributed()`.
+
+It serves many cells: it polls its work folder for `job-<seq>.json`, runs the cell, and goes on to
+the next sequence number until the driver kills the group. Every rank reads the same job file, so no
+collective is needed to hand out work and an idle group holds no collective open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+POLL_SECONDS = 0.02
+
+
+def _redirect_output(log_path: Path):
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    faulthandler.enable(file=log)
+    return log
+
+
+def _snapshot_module_state(modules) -> list[tuple[object, dict]]:
+    """Module-level values DeepSpeed keeps between injections (tp_shard globals in older releases)."""
+    return [(module, {k: v for k, v in vars(module).items() if not k.startswith("__") and isinstance(v, (int, float, str, type(None), list, tuple))})
+            for module in modules]
+
+
+def _restore_module_state(snapshot) -> None:
+    for module, values in snapshot:
+        for key, value in values.items():
+            setattr(module, key, list(value) if isinstance(value, list) else value)
+
+
+def import_cell_machinery() -> None:
+    """Import at group start what the first cell would import lazily (transformers' model loading,
+    generation, masking, quantizers: 2-5 s), so no cell's timings carry it; then move everything
+    alive into the permanent generation. A long-lived rank holds millions of module-level objects,
+    and without the freeze every cell's gc.collect() walks them all (~0.3 s a call at tp 3 here)."""
+    import gc
+    import importlib
+    import importlib.util
+
+    import torch._dynamo  # noqa: F401
+    import transformers.generation.utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
+    # transformers.masking_utils exists from 4.53 on; older releases build masks inside each model.
+    if importlib.util.find_spec("transformers.masking_utils") is not None:
+        importlib.import_module("transformers.masking_utils")
+
+    gc.collect()
+    gc.freeze()
+
+
+def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
+    """If the driver or the launcher dies (killed, Ctrl-C), end this rank even when it is stuck in a
+    collective: a rank must never linger as an orphan holding cores and memory."""
+    from suites.engine.processes import pid_alive
+
+    while pid_alive(driver_pid) and os.getppid() == launcher_pid:
+        time.sleep(1)
+    os._exit(3)
+
+
+STARTUP_FAULT_ENV = "AUTOTP_STARTUP_FAULT"
+"""Harness self-test only: `module:function` called as function(stage=..., rank=...) while the fork
+server (`server`) and each rank (`rank`) start, to prove whose fault a failed start is reported as."""
+
+
+def run_startup_fault_hook(stage: str, rank: int | None = None) -> None:
+    if hook := os.environ.get(STARTUP_FAULT_ENV):
+        import importlib
+
+        module_name, function_name = hook.split(":")
+        getattr(importlib.import_module(module_name), function_name)(stage=stage, rank=rank)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--driver-pid", type=int, required=True)
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    args = parser.parse_args()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _redirect_output(args.workdir / f"rank{rank}.log")
+    threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
+    from suites.atomic import write_text_atomically
+    from suites.outcome import death_record
+
+    try:
+        _serve_cells(args.workdir, rank, world_size)
+    except Exception as error:
+        # Outside a cell's stages (those end as the cell's verdict): the driver reads whose fault it was.
+        write_text_atomically(args.workdir / f"died.{rank}.json", json.dumps(death_record(error, f"rank {rank}")))
+        raise
+
+
+def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
+    run_startup_fault_hook("rank", rank)
+    import deepspeed
+    import deepspeed.comm as dist
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.module_inject import tp_shard
+
+    from suites.atomic import write_text_atomically
+    from suites.engine.cell_runner import run_cell
+
+    # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    deepspeed.init_distributed()
+    accelerator = get_accelerator()
+    device = accelerator.device_name(int(os.environ.get("LOCAL_RANK", 0)))
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    # The first all-reduce JIT-builds DeepSpeed's CPU comm op (~60 s once); pay it at group start,
+    # not inside the first cell's timeout.
+    warmup = torch.ones(4, device=device)
+    dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
+    import_cell_machinery()
+    write_text_atomically(workdir / f"ready.{rank}", json.dumps({
+        "backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}))
+    module_state = _snapshot_module_state([tp_shard])
+
+    seq = 0
+    while True:
+        job_file = workdir / f"job-{seq}.json"
+        while not job_file.exists():
+            time.sleep(POLL_SECONDS)
+        job = json.loads(job_file.read_text())
+        print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)
+        run_cell(job, workdir, rank, world_size, device)
+        _restore_module_state(module_state)
+        seq += 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root
+    main()

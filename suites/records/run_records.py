@@ -1,0 +1,257 @@
+"""What a run writes: `results/cells.jsonl` (one record per cell, on disk before the next cell
+starts) and the same fields as JUnit properties. The format is documented in README.md."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from matrix import PROJECT_ROOT
+from matrix.cells import Cell
+from matrix.redaction import redact
+from suites.atomic import write_text_atomically
+from suites.outcome import CellOutcome
+
+def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None
+
+
+@cache
+def harness_commit(root: Path = PROJECT_ROOT) -> str:
+    """This harness's own commit: git HEAD of the project, with `-dirty` when tracked files differ from it;
+    "" when the project is not a git checkout of its own (e.g. a copy inside some other repository)."""
+    head = _git(root, "rev-parse", "--show-toplevel", "HEAD")
+    if head is None or head.returncode != 0 or len(head.stdout.split()) != 2:
+        return ""
+    toplevel, sha = head.stdout.split()
+    if Path(toplevel).resolve() != Path(root).resolve():
+        return ""
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return f"{sha}-dirty" if status is not None and status.stdout.strip() else sha
+
+
+def git_has_commit(folder: Path, sha: str) -> bool:
+    """Whether commit `sha` exists in the git repository at `folder`."""
+    found = _git(folder, "cat-file", "-e", f"{sha}^{{commit}}")
+    return found is not None and found.returncode == 0
+
+
+def direct_url(package: str) -> dict | None:
+    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed)."""
+    try:
+        text = metadata.distribution(package).read_text("direct_url.json")
+        return json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def deepspeed_commit(origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool],
+                     harness: str = "") -> str:
+    """DeepSpeed's own commit, or "" when it was not installed from git.
+
+    `origin` is DeepSpeed's PEP 610 direct_url.json; `stamped` is deepspeed.git_version_info.git_hash,
+    which DeepSpeed's setup.py takes from `git rev-parse HEAD` of whatever repository its build folder
+    sits in (e.g. this harness, when nox builds an sdist under .nox/), so it is trusted only for a build
+    from a local folder whose own repository holds that commit. `harness` is this harness's commit,
+    never DeepSpeed's."""
+    if not origin or "archive_info" in origin:
+        return ""  # a release from an index, or an archive: no commit to speak of
+    vcs = origin.get("vcs_info")
+    if vcs is not None:
+        return vcs.get("commit_id", "") if vcs.get("vcs") == "git" else ""
+    if "dir_info" not in origin:
+        return ""
+    stamped = (stamped or "").strip()
+    url = urlparse(origin.get("url", ""))
+    if not stamped or stamped == "unknown" or url.scheme != "file":
+        return ""
+    if harness and harness.removesuffix("-dirty").startswith(stamped):
+        return ""
+    return stamped if has_commit(Path(unquote(url.path)), stamped) else ""
+
+
+def installed_versions() -> dict[str, str]:
+    import deepspeed
+    import torch
+    import transformers
+
+    try:
+        from deepspeed.git_version_info import git_hash
+    except ImportError:
+        git_hash = ""
+    # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
+    return {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+            "torch": str(torch.__version__), "python": platform.python_version(),
+            "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit,
+                                              harness_commit())}
+
+
+def platform_of_run() -> tuple[str, str]:
+    """(accelerator, communication backend) the rank groups of this machine use. On CPU, DeepSpeed
+    uses oneCCL when its bindings import and falls back to gloo otherwise."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return accelerator.device_name(), accelerator.communication_backend_name()
+    try:
+        import oneccl_bindings_for_pytorch  # noqa: F401
+    except ImportError:
+        return "cpu", "gloo"
+    return "cpu", "ccl"
+
+
+@dataclass
+class RunInfo:
+    session: str
+    started: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    host: str = field(default_factory=socket.gethostname)
+    accelerator: str = field(default_factory=lambda: platform_of_run()[0])
+    backend: str = field(default_factory=lambda: platform_of_run()[1])
+    harness_git: str = field(default_factory=harness_commit)  # this harness's commit, not DeepSpeed's
+
+    @property
+    def id(self) -> str:
+        return f"{self.session}@{self.started}@{self.host}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"id": self.id, "session": self.session, "host": self.host, "started": self.started,
+                "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git}
+
+
+def read_records(results_dir: Path) -> list[dict]:
+    path = results_dir / "cells.jsonl"
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill mid-write: that cell runs again
+    return records
+
+
+class RunState:
+    """`results/run-state.json`: which run the folder holds and whether all its cells finished, so an
+    interrupted run of the same session, selection and versions is continued instead of restarted."""
+
+    def __init__(self, results_dir: Path, session: str, selection: dict, versions: dict[str, str]):
+        self.path = results_dir / "run-state.json"
+        self.identity = {"session": session, "selection": selection, "versions": versions}
+
+    def resumable_start(self) -> str | None:
+        """The start time (run id part) of an unfinished earlier run with the same identity."""
+        try:
+            previous = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        same = {key: previous.get(key) for key in self.identity} == self.identity
+        return previous.get("started") if same and not previous.get("complete") else None
+
+    def write(self, started: str, complete: bool) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(self.path, json.dumps({**self.identity, "started": started, "complete": complete}, indent=1))
+
+
+class CellRecorder:
+    """Appends one record per cell to cells.jsonl (several pytest-xdist workers may share the file).
+    Cells the same run id already finished (before an interruption) are replayed, not run again."""
+
+    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
+                 expected_cells: set[str] = frozenset(), faults: tuple[str, ...] = ()):
+        self.results_dir = results_dir
+        self.faults = tuple(faults)
+        """Injected fault hooks (harness self-tests): every record says so, and none is replayed without them."""
+        self.path = results_dir / "cells.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self.versions = versions
+        self.state = state
+        self.expected_cells = set(expected_cells)
+        self.records: list[dict] = []
+        self.finished = {r["cell"]["id"]: r for r in read_records(results_dir)
+                         if r["run"]["id"] == run.id and tuple(r.get("faults", ())) == self.faults}
+
+    def replay(self, cell_id: str, record_property=None) -> dict | None:
+        """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
+        record = self.finished.get(cell_id)
+        if record is not None:
+            self._emit(record, record_property)
+        return record
+
+    def record(self, cell: Cell, outcome: CellOutcome, record_property=None) -> dict:
+        record = {"cell": cell.coordinates(), "outcome": outcome.outcome, "failure_class": outcome.failure_class,
+                  "signature": redact(outcome.signature), "message": redact(outcome.message),
+                  "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
+        if outcome.logs:
+            record["logs"] = outcome.logs
+        if outcome.checkpoint:
+            record["checkpoint"] = outcome.checkpoint
+        if self.faults:
+            record["faults"] = list(self.faults)
+        with self.path.open("a") as stream:
+            fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
+            stream.write(json.dumps(record) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        self._emit(record, record_property)
+        return record
+
+    def _emit(self, record: dict, record_property) -> None:
+        self.records.append(record)
+        if self.state and self.expected_cells <= {r["cell"]["id"] for r in read_records(self.results_dir)
+                                                  if r["run"]["id"] == self.run.id}:
+            self.state.write(self.run.started, complete=True)
+        if record_property is not None:
+            for key, value in junit_properties(record).items():
+                record_property(key, value)
+
+
+def junit_properties(record: dict) -> dict[str, str]:
+    properties = {f"cell.{k}": v for k, v in record["cell"].items()}
+    properties.update(outcome=record["outcome"], failure_class=record["failure_class"], signature=record["signature"])
+    properties.update({f"version.{k}": v for k, v in record["versions"].items()})
+    properties.update({f"run.{k}": v for k, v in record["run"].items()})
+    properties.update({f"metric.{k}": f"{v:.6g}" for k, v in record["metrics"].items()})
+    if record.get("logs"):
+        properties["logs"] = record["logs"]
+    properties.update({f"checkpoint.{k}": v for k, v in record.get("checkpoint", {}).items()})
+    if record.get("faults"):
+        properties["faults"] = ",".join(record["faults"])
+    return {name: str(value) for name, value in properties.items()}
+
+
+def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
+    """What a bug report needs besides the repro script (no secrets: only versions and hardware)."""
+    lines = [f"{name}: {value}" for name, value in versions.items() if value]
+    lines += [f"autotp-matrix harness: {run.harness_git}"] if run.harness_git else []
+    lines += [f"accelerator: {run.accelerator}", f"backend: {run.backend}", f"os: {platform.platform()}",
+              f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}", f"python executable: {sys.executable}"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            lines.append("gpus: " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
+    except ImportError:
+        pass
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # `python -m suites.records.run_records --versions`: what a nox session really installed.
+    for name, value in installed_versions().items():
+        print(f"{name:>14}: {value or '-'}")

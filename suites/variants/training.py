@@ -1,0 +1,530 @@
+"""The AutoTP training variants: N optimizer steps with `tensor_parallel.autotp_size` (the row's
+partitioning source, ZeRO stage, tp_overlap_comm) against the same steps on the unsharded model,
+optionally followed by the checkpoint round trip and with a second AutoTP model in the process.
+
+The unsharded steps (each step's loss and gradients, the weights before and after) are computed in
+the driver, never in a rank (see suites/reference.py), and cached on disk. Each rank runs the same
+steps through `deepspeed.initialize` and compares the gradient and the weight update of each
+parameter it holds with the matching slice of the unsharded one. The slice is found from the initial
+weights themselves (each shard row is an exact row of the unsharded weight), so the comparison does
+not trust DeepSpeed's own shard arithmetic. Dropout is off (eval mode) so both sides compute the same
+function. The optimizer (OPTIMIZERS) keeps a step that is right to rounding right to rounding: SGD
+with momentum is linear in the gradient; Adam runs with a large eps, because its g/sqrt(v) turns
+rounding noise in near-zero gradients into full-size updates. Both keep state a resumed run must restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from matrix.checkpoints import cache_root
+from matrix.registry import TRAINING_FEATURES, Variant
+from suites.atomic import write_atomically
+from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
+from suites.variants.loading import load_model, refuse_if_sharded
+from suites.checks.probes import bytes_by_name, tensor_kinds
+
+TRAINING_FORMAT = 4
+"""Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
+    # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
+    "adam": (torch.optim.AdamW, {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}}),
+}
+"""Variant.optimizer -> (the torch class the unsharded side runs, DeepSpeed's optimizer config). DeepSpeed
+builds the same torch class: any torch.optim name, and AdamW with `torch_adam` (see _deepspeed_optimizer)."""
+GRADIENT_CLIPPING = 1.0
+"""Clip-by-global-norm on both sides (DeepSpeed's default): the sharded side must count each shard once
+and each replicated parameter once in the norm, or every update is scaled wrong."""
+CHECKPOINT_TAG = "trained"
+
+
+def _training_config_fields() -> set[str]:
+    try:
+        from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+    except ImportError:
+        return set()
+    return set(getattr(TPTrainingConfig, "model_fields", None) or TPTrainingConfig.__fields__)  # pydantic 2 / 1
+
+
+def _has_feature(feature: str) -> bool:
+    """Whether the installed DeepSpeed has `feature` (matrix/registry.py TRAINING_FEATURES), asked of
+    the package itself so any release or branch gets a real answer."""
+    from deepspeed.module_inject import layers
+
+    if feature == "autotp_training":
+        return hasattr(layers, "set_autotp_mode")
+    if feature == "gather_replaced_params":
+        return hasattr(layers, "GatherReplacedLayerParams")
+    if feature == "hf_tp_plan":
+        return importlib.util.find_spec("deepspeed.module_inject.tp_plan_converter") is not None
+    if feature == "universal_checkpoint":
+        return (hasattr(layers, "collect_autotp_universal_checkpoint_info")
+                and importlib.util.find_spec("deepspeed.checkpoint.ds_to_universal") is not None)
+    return feature in _training_config_fields()  # preset_model, partition_config, tp_overlap_comm
+
+
+def version_skip_reason(needs: tuple[str, ...] = ("autotp_training",)) -> str | None:
+    """Why the installed DeepSpeed cannot run a training row needing `needs`, or None."""
+    import deepspeed
+
+    for feature in needs:
+        if not _has_feature(feature):
+            if feature == "autotp_training":  # it and set_autotp_mode arrived together, in 0.16.4
+                return (f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= 0.16.4 (installed "
+                        f"{deepspeed.__version__} has no deepspeed.module_inject.layers.set_autotp_mode)")
+            return f"installed deepspeed {deepspeed.__version__} lacks {TRAINING_FEATURES[feature]}"
+    return None
+
+
+def model_skip_reason(variant: Variant, checkpoint: str, model_type: str) -> str | None:
+    """Why this row's partitioning source does not exist for this model (asked in the driver)."""
+    if variant.partitioning == "tp_plan":
+        from transformers import AutoConfig
+
+        if not getattr(AutoConfig.from_pretrained(checkpoint), "base_model_tp_plan", None):
+            return f"{model_type}: this transformers ships no tp_plan for it (config.base_model_tp_plan is empty)"
+    if variant.partitioning == "preset":
+        from deepspeed.module_inject.autotp_config import AutoTPPresets
+
+        if AutoTPPresets.get_preset(model_type) is None:
+            return f"{model_type}: deepspeed has no AutoTP preset of that name (AutoTPPresets.get_preset)"
+    return None
+
+
+def load_for_training(checkpoint: str, dtype: str, trust_remote_code: bool):
+    """The model a training step runs: eval mode (no dropout) and no KV cache, as in real training.
+    In eval mode some releases build a cache sized from the config's kv-head count inside forward
+    (gemma2's HybridCache in transformers 4.4x), which AutoTP's per-rank heads do not fit."""
+    model = load_model(checkpoint, dtype, trust_remote_code)
+    model.config.use_cache = False
+    return model
+
+
+def step_batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code: bool, step: int) -> torch.Tensor:
+    """Step `step`'s sequence (labels = inputs): the corpus's windows of `ppl_window` tokens in turn, so
+    consecutive steps see different data."""
+    corpus = build_inputs(load_tokenizer(tokenizer_source, trust_remote_code), spec).corpus_ids
+    windows = corpus.shape[1] // spec.ppl_window
+    begin = (step % windows) * spec.ppl_window
+    return corpus[:, begin: begin + spec.ppl_window]
+
+
+def steps_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, steps: int, optimizer: str) -> Path:
+    import transformers
+
+    identity = json.dumps({"format": TRAINING_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
+                           "spec": spec.as_dict(), "steps": steps, "optimizer": OPTIMIZERS[optimizer][1], "clipping": GRADIENT_CLIPPING,
+                           "probes": probe_fingerprint(), "torch": torch.__version__,
+                           "transformers": transformers.__version__}, sort_keys=True)
+    return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+
+
+def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool,
+                            steps: int, optimizer_name: str) -> dict:
+    """`steps` SGD steps on the unsharded model: each step's loss and gradients, the weights before
+    the first step and after each step, and each tensor's bytes and kind (for the memory check)."""
+    refuse_if_sharded()
+    torch.manual_seed(0)
+    model = load_for_training(checkpoint, dtype, trust_remote_code)
+    optimizer_class, ds_optimizer = OPTIMIZERS[optimizer_name]
+    optimizer = optimizer_class(model.parameters(), **ds_optimizer["params"])
+    weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    losses, grads = [], []
+    for step in range(steps):
+        ids = step_batch(tokenizer, spec, trust_remote_code, step)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.float().item())
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRADIENT_CLIPPING)
+        optimizer.step()
+        optimizer.zero_grad()
+        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    by_name = bytes_by_name(model)
+    return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
+            "param_bytes": sum(by_name.values()), **_lm_head_names(model)}
+
+
+def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool,
+                           steps: int, optimizer: str) -> Path:
+    path = steps_path(checkpoint, tokenizer, dtype, spec, steps, optimizer)
+    if not path.exists():
+        unsharded = compute_unsharded_steps(checkpoint, tokenizer, dtype, spec, trust_remote_code, steps, optimizer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda staging: torch.save(unsharded, staging))
+    return path
+
+
+def reference_steps(variant: Variant) -> int:
+    """Unsharded steps a cell compares with: the row's steps, plus the step a resumed run takes."""
+    return variant.training_steps + variant.checkpoint_round_trip
+
+
+SCALE_FLOOR = 1e-2
+"""A tensor is judged against its own largest magnitude or this share of the largest over the model, whichever
+is larger. A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to
+every key) holds only the rounding noise of sums of large terms, which its own scale would magnify without bound."""
+
+
+@dataclass
+class Comparison:
+    """Sharded tensors against the matching slices of unsharded ones, on one rank."""
+
+    scale_floor: float = 0.0
+    """Smallest scale an error is divided by (SCALE_FLOOR times the largest unsharded magnitude)."""
+    max_rel_error: float = 0.0
+    """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared."""
+    worst_parameter: str = ""
+    compared: int = 0
+    problems: list[str] = field(default_factory=list)
+    """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
+
+    def add(self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0) -> None:
+        """`rounding`: the absolute difference storing the tensors alone can cause (forgiven)."""
+        self.compared += 1
+        if tensor.shape != reference.shape:
+            self.problems.append(f"{name}: shape {tuple(tensor.shape)}, unsharded {tuple(reference.shape)}")
+            return
+        if tensor.numel() == 0:
+            return
+        tensor, reference = tensor.float(), reference.float()
+        scale = max(reference.abs().max().item(), self.scale_floor)
+        difference = ((tensor - reference).abs() - rounding).clamp(min=0).max().item()
+        error = difference / scale if scale else difference
+        if not math.isnan(self.max_rel_error) and (math.isnan(error) or error > self.max_rel_error):  # NaN is the worst
+            self.max_rel_error, self.worst_parameter = error, name
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]] | None:
+    """(split dim, indices into `full` along it) such that full[indices] == shard, or None."""
+    split = [d for d in range(full.dim()) if shard.shape[d] != full.shape[d]]
+    if len(split) != 1:
+        return None
+    dim = split[0]
+    row_size = full.numel() // full.shape[dim]  # explicit: a rank may hold an empty shard (0 rows)
+    full_rows = full.movedim(dim, 0).reshape(full.shape[dim], row_size)
+    where = {}
+    for index, row in enumerate(full_rows):
+        where.setdefault(row.numpy().tobytes(), index)
+    indices = [where.get(row.numpy().tobytes()) for row in shard.movedim(dim, 0).reshape(shard.shape[dim], row_size)]
+    return None if None in indices else (dim, indices)
+
+
+def _lm_head_names(model) -> dict[str, str]:
+    """The output head's module path and the name its weight is listed under (a weight tied to the
+    input embedding is listed once, under the embedding's name); empty when the model has no head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return {"lm_head": "", "lm_head_weight": ""}
+    return {"lm_head": next(name for name, module in model.named_modules() if module is head),
+            "lm_head_weight": next(name for name, param in model.named_parameters() if param is head.weight)}
+
+
+def _held_bytes_by_name(model) -> dict[str, int]:
+    """Bytes per parameter/buffer this rank's model holds; ZeRO-3 moves a parameter's data into its
+    partitions (`ds_numel` keeps the tensor-parallel shard's size), over a data-parallel group of 1 here."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {name: getattr(tensor, "ds_numel", tensor.numel()) * tensor.element_size() for name, tensor in named}
+
+
+def _local_weight(param) -> torch.Tensor:
+    """This rank's tensor-parallel shard of a parameter as the model computes with it; a ZeRO-3
+    parameter holds no data outside GatheredParameters."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
+        return param.detach().float().cpu().clone()
+
+
+def _local_grad(param) -> torch.Tensor | None:
+    from deepspeed.utils import safe_get_full_grad
+
+    grad = safe_get_full_grad(param)
+    return None if grad is None else grad.detach().float().cpu()
+
+
+class ShardedTrainee:
+    """One model trained by a DeepSpeed engine on this rank, compared step by step with its
+    unsharded steps (`unsharded`, see compute_unsharded_steps)."""
+
+    def __init__(self, engine, unsharded: dict, label: str, steps_taken: int = 0):
+        """`steps_taken`: steps the engine's checkpoint holds (a resumed run), 0 for a fresh model."""
+        self.engine, self.unsharded, self.label, self.steps_taken = engine, unsharded, label, steps_taken
+        self.params = dict(engine.module.named_parameters())
+        self.initial = {name: _local_weight(param) for name, param in self.params.items()}
+        self.layouts, self.problems = self._find_layouts()
+        self.losses: list[float] = []
+        self.step_grads: list[dict] = []
+
+    def _find_layouts(self) -> tuple[dict[str, tuple[int, list[int]] | None], list[str]]:
+        """Where each local tensor sits in its unsharded one: None when whole, else (dim, rows)."""
+        layouts, problems = {}, []
+        unsharded = self.unsharded["weights"][0]
+        for name in sorted(self.params, key=lambda n: n.endswith(".bias")):  # weights first: a bias reuses its weight's rows
+            weight, full = self.initial[name], unsharded.get(name)
+            if full is None:
+                problems.append(f"{name}: not a parameter of the unsharded model")
+            elif weight.shape == full.shape:
+                layouts[name] = None
+            else:
+                sibling = layouts.get(name.removesuffix(".bias") + ".weight") if name.endswith(".bias") else None
+                layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, full.float())
+                if layout is None:
+                    problems.append(f"{name}: shard {tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}")
+                else:
+                    layouts[name] = layout
+        return layouts, problems
+
+    def slice(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        layout = self.layouts[name]
+        if layout is None:
+            return full
+        dim, indices = layout
+        return full.movedim(dim, 0)[indices].movedim(0, dim)
+
+    def step(self, ids: torch.Tensor, fault_hook) -> None:
+        """One optimizer step; the gradients are compared before the optimizer consumes them."""
+        engine = self.engine
+        loss = engine(ids.to(engine.device), labels=ids.to(engine.device)).loss
+        engine.backward(loss)
+        fault_hook("trained", engine.module)
+        reference = self.unsharded["grads"][self.steps_taken + len(self.losses)]
+        grads = Comparison(scale_floor=SCALE_FLOOR * max((grad.abs().max().item() for grad in reference.values()), default=0.0))
+        for name in self.layouts:
+            grad = _local_grad(self.params[name])
+            if (grad is None) != (name not in reference):
+                grads.problems.append(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the sharded model")
+            elif grad is not None:
+                grads.add(name, grad, self.slice(name, reference[name]))
+        engine.step()
+        self.losses.append(loss.float().item())
+        self.step_grads.append(grads.to_dict())
+
+    def start_updates_here(self) -> None:
+        """The weights held now (just loaded from a checkpoint) are where update_comparison starts."""
+        self.initial = {name: _local_weight(param) for name, param in self.params.items()}
+
+    def update_comparison(self) -> Comparison:
+        """Each local weight's change over this engine's steps against the unsharded change (the optimizer
+        and its state applied). A change far smaller than its weight is known only to the weight's last bit
+        on either side: one unit in the last place of the trained weight is forgiven."""
+        weights = self.unsharded["weights"]
+        before, after = weights[self.steps_taken], weights[self.steps_taken + len(self.losses)]
+        largest = max(((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0)
+        updates = Comparison(scale_floor=SCALE_FLOOR * largest)
+        for name in self.layouts:
+            trained = self.slice(name, after[name])
+            updates.add(name, _local_weight(self.params[name]) - self.initial[name],
+                        trained.float() - self.slice(name, before[name]).float(),
+                        rounding=torch.finfo(trained.dtype).eps * trained.float().abs())
+        return updates
+
+    def report(self) -> dict:
+        module = self.engine.module
+        head = self.unsharded["lm_head"]
+        head_module = module.get_submodule(head) if head else None
+        return {"label": self.label, "losses": self.losses, "steps": self.step_grads, "problems": self.problems,
+                "update": self.update_comparison().to_dict(), "bytes_by_name": _held_bytes_by_name(module),
+                "sharded": sum(layout is not None for layout in self.layouts.values()),
+                "lm_head_mode": type(head_module).__name__ if head_module is not None else "none"}
+
+
+def deepspeed_config(variant: dict, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
+    """The cell's DeepSpeed config: the row's partitioning source, ZeRO stage and tp_overlap_comm."""
+    tensor_parallel = {"autotp_size": tp_size}
+    if variant["partitioning"] == "preset":
+        tensor_parallel["preset_model"] = model_type
+    if variant["partitioning"] == "custom":
+        tensor_parallel["partition_config"] = variant["partition_config"]
+    if variant["tp_overlap_comm"]:
+        tensor_parallel["tp_overlap_comm"] = True
+    return {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": tensor_parallel,
+            # ZeRO-3 writes save_16bit_model's file only when told to gather the partitions for it.
+            "zero_optimization": {"stage": variant["zero_stage"], "stage3_gather_16bit_weights_on_model_save": True},
+            # SGD is a torch.optim class, which DeepSpeed's ZeRO optimizers call "untested".
+            "zero_allow_untested_optimizer": True,
+            "optimizer": _deepspeed_optimizer(variant["optimizer"]), "gradient_clipping": GRADIENT_CLIPPING,
+            "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
+            "checkpoint": {"load_universal": load_universal}}
+
+
+def _deepspeed_optimizer(name: str) -> dict:
+    optimizer = OPTIMIZERS[name][1]
+    if optimizer["type"] == "AdamW":  # torch's AdamW: no JIT-built op, and the class the unsharded side runs
+        return {**optimizer, "params": {**optimizer["params"], "torch_adam": True}}
+    return optimizer
+
+
+def hide_tp_plan(model) -> None:
+    """Make this model instance look like one that ships no HF tp_plan, so AutoTP's name heuristics
+    shard it. DeepSpeed merges the config's plan, the class's plan and the instance's plan; the class
+    plan is hidden by a subclass made for this instance alone (patching the class itself would leak
+    into every later model of the class in this rank)."""
+    model.config.base_model_tp_plan = None
+    model.__dict__.pop("_tp_plan", None)
+    model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
+
+
+def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, load_universal: bool = False):
+    import deepspeed
+
+    variant = job["variant"]
+    model = load_for_training(checkpoint, job["dtype"], job["trust_remote_code"])
+    if variant["partitioning"] == "heuristics":
+        hide_tp_plan(model)
+    config = deepspeed_config(variant, tp_size, job["dtype"], model_type, load_universal)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.eval()
+    return engine
+
+
+class Progress:
+    """The stage a rank is in, for the verdict when it raises: `label` names it in the signature
+    (`step 2`, `save`, `gather`, `load`, `resume`), `stage` is the cell_runner stage that sets the class."""
+
+    def __init__(self):
+        self.stage, self.label = "shard", "initialize"
+
+    def enter(self, stage: str, label: str) -> None:
+        self.stage, self.label = stage, label
+
+
+def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Every parameter gathered whole with GatherReplacedLayerParams (and ZeRO-3's GatheredParameters),
+    one module at a time as DeepSpeed's own 16-bit export does; plus the parameters the context left
+    at another size than before it (a gather that does not partition again)."""
+    import deepspeed
+    from deepspeed.module_inject.layers import GatherReplacedLayerParams
+
+    gathered, before = {}, _held_bytes_by_name(module)
+    for prefix, child in module.named_modules():
+        params = list(child.parameters(recurse=False))
+        if not params:
+            continue
+        with deepspeed.zero.GatheredParameters(params, enabled=zero_stage == 3):
+            with GatherReplacedLayerParams(params, child, enabled=True):
+                for local, param in child.named_parameters(recurse=False):
+                    gathered[f"{prefix}.{local}" if prefix else local] = param.detach().float().cpu().clone()
+    after = _held_bytes_by_name(module)
+    problems = [f"{name}: {before[name]} bytes on this rank before the gather, {after[name]} after" for name in before
+                if after.get(name) != before[name]]
+    return gathered, problems
+
+
+def compare_whole(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], what: str) -> dict:
+    """Full weights (gathered or saved) against the unsharded model's after the same steps."""
+    comparison = Comparison()
+    for name, full in reference.items():
+        if name not in weights:
+            comparison.problems.append(f"{name}: missing from the {what} weights")
+        else:
+            comparison.add(name, weights[name], full)
+    return comparison.to_dict()
+
+
+def forget_parallel_groups() -> None:
+    """Give an engine at another tp the parallel state of a fresh process, where a user resumes a run.
+    DeepSpeed keeps its groups in module globals (deepspeed.utils.groups): an engine without AutoTP
+    built after one with it reads the old tensor-parallel `mpu` from there and fails. Reloading the
+    module resets them in place, for every module that imported it."""
+    import importlib
+
+    from deepspeed.utils import groups
+
+    importlib.reload(groups)
+
+
+def convert_to_universal(scratch: Path) -> None:
+    """DeepSpeed's ds_to_universal on the saved checkpoint, in this process (one worker: no child processes)."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    ds_to_universal.main(argparse.Namespace(
+        input_folder=str(scratch / CHECKPOINT_TAG), output_folder=str(scratch / f"{CHECKPOINT_TAG}_universal"),
+        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
+
+
+def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+    """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
+    engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
+    takes next."""
+    import torch.distributed as dist
+
+    engine, variant, rank = trainee.engine, job["variant"], dist.get_rank()
+    steps_taken = len(trainee.losses)
+    trained = trainee.unsharded["weights"][steps_taken]
+    progress.enter("forward", "save")
+    engine.save_checkpoint(str(scratch), tag=CHECKPOINT_TAG)
+    engine.save_16bit_model(str(scratch), "model_16bit.bin")
+    dist.barrier()  # every rank's files are written before any rank reads them
+    saved = compare_whole(torch.load(scratch / "model_16bit.bin", weights_only=True), trained, "saved 16-bit") if rank == 0 else None
+    if variant["resume_tp"]:
+        progress.enter("forward", "ds_to_universal")
+        if rank == 0:
+            convert_to_universal(scratch)
+        dist.barrier()
+    progress.enter("forward", "gather")
+    fault_hook("saved", engine.module)
+    gathered, problems = gather_full_weights(engine.module, variant["zero_stage"])
+    gather = compare_whole(gathered, trained, "gathered")
+    gather["problems"] += problems
+    progress.enter("shard", "load")
+    if variant["resume_tp"]:
+        forget_parallel_groups()
+    resumed = ShardedTrainee(build_engine(job["checkpoint"], job["model_type"], job, variant["resume_tp"] or world_size,
+                                          load_universal=bool(variant["resume_tp"])),
+                             trainee.unsharded, trainee.label, steps_taken)
+    fault_hook("restoring", resumed.engine.module)
+    resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant["resume_tp"] else CHECKPOINT_TAG)
+    fault_hook("restored", resumed.engine.module)
+    # The loaded shards against the trained weights directly: on tiny random models a whole projection
+    # left untrained moves the next loss by less than the loss tolerance.
+    resumed.start_updates_here()
+    loaded = Comparison()
+    for name in resumed.layouts:
+        loaded.add(name, resumed.initial[name], resumed.slice(name, trained[name]))
+    progress.enter("forward", "resume")
+    resumed.step(step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken), fault_hook)
+    # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
+    # state (momentum, Adam's moments) the checkpoint must restore.
+    return {"saved": saved, "gathered": gather, "loaded": loaded.to_dict(), "resumed_step": steps_taken + 1,
+            "resumed_tp": variant["resume_tp"] or world_size, "resumed_loss": resumed.losses[0],
+            "resumed_grads": resumed.step_grads[0], "resumed_update": resumed.update_comparison().to_dict()}
+
+
+def run_training(job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+    """The row's training on this rank: the cell's model (and the second model, initialised after it)
+    trained step by step, then the checkpoint round trip. `fault_hook(stage, model)` is the test-only hook."""
+    from deepspeed.module_inject.layers import set_autotp_mode
+
+    variant, spec = job["variant"], ProbeSpec(**job["spec"])
+    set_autotp_mode(training=True)
+    try:
+        trainees = []
+        for model in [job, *job["second_models"]]:
+            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size)
+            fault_hook("sharded", engine.module)
+            trainees.append(ShardedTrainee(engine, torch.load(model["unsharded_steps"], weights_only=False), model["model_type"]))
+        for step in range(variant["training_steps"]):
+            progress.enter("forward", f"step {step + 1}")
+            ids = step_batch(job["tokenizer"], spec, job["trust_remote_code"], step)
+            for trainee in trainees:
+                trainee.step(ids, fault_hook)
+        reports = [trainee.report() for trainee in trainees]
+        if variant["checkpoint_round_trip"]:
+            reports[0]["round_trip"] = round_trip(trainees[0], job, world_size, scratch, fault_hook, progress)
+        return {"models": reports}
+    finally:
+        set_autotp_mode(training=False)  # the rank serves inference cells next

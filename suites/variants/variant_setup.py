@@ -1,0 +1,78 @@
+"""Driver-side preparation a variant needs beyond the plain reference: skip reasons, the `.bin`
+copy for the meta loader, the quantized reference plus the fp32 baseline, the unsharded training
+step. Returns extra job fields, or the cell's outcome when it cannot run."""
+
+from __future__ import annotations
+
+from matrix.cells import Cell
+from suites.checks.inputs import ProbeSpec
+from suites.variants.loading import checkpoint_copy, checkpoints_json
+from suites.outcome import CellOutcome
+from suites.variants.quantization import QuantizationUnavailable
+from suites.reference import cached_reference
+
+
+def skip_reason(cell: Cell) -> str | None:
+    variant = cell.variant
+    if variant.keep_module_on_host:
+        from deepspeed.inference.config import DeepSpeedInferenceConfig
+
+        known = getattr(DeepSpeedInferenceConfig, "model_fields", None) or DeepSpeedInferenceConfig.__fields__  # pydantic 2 / 1
+        if "keep_module_on_host" not in known:
+            return "this deepspeed's init_inference has no keep_module_on_host option"
+    if variant.training:
+        from suites.variants.training import version_skip_reason
+
+        return version_skip_reason(variant.needs)
+    return None
+
+
+def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> dict | CellOutcome:
+    """Extra job fields for the variant, computed in the driver (never in a rank)."""
+    variant, trust = cell.variant, cell.model.trust_remote_code
+    reason = skip_reason(cell)
+    if reason:
+        return CellOutcome("skip", message=reason)
+    fields = {"variant": variant.as_job()}
+    if variant.load == "meta":
+        # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
+        fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
+        fields["checkpoints_json"] = str(checkpoints_json(fields["checkpoint"], variant.checkpoint_format))
+    if variant.training:
+        training = _training_fields(cell, checkpoint, tokenizer, spec)
+        if isinstance(training, CellOutcome):
+            return training
+        fields.update(training)
+    if variant.quantization:
+        try:
+            fields["reference"] = str(cached_reference(checkpoint, tokenizer, cell.dtype, spec, trust,
+                                                       variant.quantization, variant.quant_group_size))
+        except QuantizationUnavailable as error:
+            return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
+        fields["baseline"] = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
+    return fields
+
+
+def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> dict | CellOutcome:
+    """The unsharded steps of the cell's model (and of the row's second model), or the skip when the
+    row's partitioning source does not exist for the model."""
+    from matrix.checkpoints import tiny_checkpoint
+    from matrix.registry import load_models
+    from suites.variants.training import cached_unsharded_steps, model_skip_reason, reference_steps
+
+    variant = cell.variant
+    reason = model_skip_reason(variant, checkpoint, cell.model.model_type)
+    if reason:
+        return CellOutcome("skip", message=reason)
+    if variant.second_model and tokenizer is not None:
+        return CellOutcome("skip", message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
+                                           "vocabulary; the cell's tokenizer does not fit it")
+    steps = reference_steps(variant)
+
+    def trained(entry, entry_checkpoint):
+        return {"checkpoint": entry_checkpoint, "model_type": entry.model_type,
+                "unsharded_steps": str(cached_unsharded_steps(entry_checkpoint, tokenizer, cell.dtype, spec,
+                                                              entry.trust_remote_code, steps, variant.optimizer))}
+
+    second = [load_models()[variant.second_model]] if variant.second_model else []
+    return {**trained(cell.model, checkpoint), "second_models": [trained(entry, str(tiny_checkpoint(entry))) for entry in second]}

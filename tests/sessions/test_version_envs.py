@@ -1,0 +1,114 @@
+"""Version combinations really built as nox environments, the way CI runs them.
+
+- The oldest combination the axes pick (`min`: DeepSpeed 0.14.4, transformers 4.41.2) and the latest
+  (0.19.8, 5.24.0), torch 2.13.0, each get their own `autotp(<id>)` environment and run one cell,
+  which must pass: the harness itself works at both ends of every axis, and the versions recorded in
+  cells.jsonl are the pinned ones, with no commit as DeepSpeed's (they are releases). Slow: two
+  environments (cold ~1-3 min each, reused afterwards in .nox/envs/) and two rank group launches.
+- An environment that cannot be installed (unreachable package index) must record every selected
+  cell as an `install` failure with pip's own message, in cells.jsonl and JUnit, and the history
+  store must import that JUnit. Fast: pip fails at once.
+
+Release data comes from tests/matrix/fixtures (offline; the session names do not depend on the day).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from matrix import PROJECT_ROOT
+from sessions.environments import ENV_ROOT_ENV, env_root
+from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, combinations
+
+ROOT = PROJECT_ROOT
+RELEASE_FIXTURES = ROOT / "tests" / "matrix" / "fixtures"
+OFFLINE_ENV = {**os.environ, CACHE_DIR_ENV: str(RELEASE_FIXTURES), MAX_AGE_ENV: "inf"}
+
+
+def autotp_session(pins: str) -> str:
+    overrides = dict(pin.split("=", 1) for pin in pins.split(","))
+    (combo,) = combinations("latest", overrides=overrides, cache_dir=RELEASE_FIXTURES)
+    return f"autotp({combo.id})"
+
+
+def run_nox(session: str, pins: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nox", "-s", session, *args], cwd=ROOT,
+                          env={**OFFLINE_ENV, "AUTOTP_PINS": pins, **(env or {})},
+                          capture_output=True, text=True, timeout=900)
+
+
+def records(results: Path) -> list[dict]:
+    return [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.autotp
+@pytest.mark.parametrize("deepspeed, transformers", [("0.14.4", "4.41.2"), ("0.19.8", "5.24.0")], ids=["min", "latest"])
+def test_oldest_and_latest_combination_each_get_an_environment_and_a_true_verdict(tmp_path, deepspeed, transformers):
+    pins = f"deepspeed={deepspeed},transformers={transformers}"
+    session = autotp_session(pins)
+    start = time.perf_counter()
+    run = run_nox(session, pins, "--", "--models", "llama", "--tp", "2", "--results", str(tmp_path))
+    print(f"{session}: {time.perf_counter() - start:.1f} s")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (record,) = records(tmp_path)
+    assert record["versions"]["deepspeed"] == deepspeed
+    assert record["versions"]["transformers"] == transformers
+    assert record["versions"]["deepspeed_git"] == "", "a release install must not carry any repository's commit"
+    assert record["run"]["session"] == session
+    assert record["outcome"] == "pass", record["message"]
+    # the session really ran in its combination's environment, not in the one running these tests
+    combo_id = session.removeprefix("autotp(").removesuffix(")")
+    assert (env_root() / combo_id).is_dir()
+
+
+UNREACHABLE_INDEX = {
+    "PIP_CONFIG_FILE": os.devnull,  # no config file: no local wheel folder, no extra index
+    "PIP_FIND_LINKS": "",
+    "PIP_EXTRA_INDEX_URL": "",
+    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",  # the discard port: connection refused
+    "PIP_RETRIES": "0",
+}
+
+
+def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_path):
+    pins = "deepspeed=0.19.8,transformers=5.24.0"
+    session = autotp_session(pins)
+    results = tmp_path / "results"
+    run = run_nox(session, pins, "--", "--models", "llama,opt", "--tp", "2,3", "--results", str(results),
+                  env={**UNREACHABLE_INDEX, ENV_ROOT_ENV: str(tmp_path / "envs")})
+    assert run.returncode != 0
+    assert "4 cells recorded as 'install' failures" in run.stderr
+
+    cells = records(results)
+    assert sorted(record["cell"]["id"] for record in cells) == [
+        "llama-eager-fp32-tp2", "llama-eager-fp32-tp3", "opt-eager-fp32-tp2", "opt-eager-fp32-tp3"]
+    for record in cells:
+        assert (record["outcome"], record["failure_class"]) == ("fail", "install")
+        assert "No matching distribution found for torch==2.13.0" in record["message"]  # pip's own words
+        assert record["versions"]["deepspeed"] == "0.19.8"
+
+    (junit,) = (results / "junit").glob("*.xml")
+    cases = ElementTree.parse(junit).getroot().iter("testcase")
+    for case in cases:
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert properties["failure_class"] == "install"
+        failure = case.find("failure")
+        assert failure.get("message").startswith("install: environment could not be installed")
+        assert "No matching distribution found" in failure.text
+
+    store = tmp_path / "history.sqlite"
+    merge = subprocess.run([sys.executable, "-m", "reports", "merge", str(results / "junit"), "--store", str(store)],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert merge.returncode == 0, merge.stderr
+    imported = sqlite3.connect(store).execute("select failure_class, count(*) from results group by 1").fetchall()
+    assert imported == [("install", 4)]

