@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cells import MODEL_SELECTIONS, expand
-from matrix.registry import MODELS_FILE, RegistryError
+from matrix.cells import expand
+from matrix.registry import RegistryError
+from suites.command import SUITE_OPTIONS
 from suites.checks.task_probe import TaskError, resolve_task
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
@@ -17,27 +18,8 @@ SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
 def pytest_addoption(parser):
     group = parser.getgroup("autotp", "AutoTP matrix cells")
-    group.addoption("--models", "--model", default="registry", help="comma-separated model names, or one of: " + "; ".join(
-        f"'{name}': {meaning}" for name, meaning in MODEL_SELECTIONS.items()))
-    group.addoption("--models-file", default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")
-    group.addoption("--variants", default="eager", help="comma-separated variants from matrix/variants.toml, tags of them ('train-all': every training row), or 'all'")
-    group.addoption("--dtypes", default="fp32", help="comma-separated dtypes: fp32, bf16, fp16")
-    group.addoption("--tp", default="2,3,4", help="comma-separated tensor-parallel sizes")
-    group.addoption("--checkpoints", default="tiny", choices=("tiny", "hub"),
-                    help="tiny random checkpoints (any CPU) or the registry's real hub ids (GPU runners)")
-    group.addoption("--allow-remote-code", action="store_true", help="allow models that need trust_remote_code")
-    group.addoption("--cell-timeout", type=float, default=180.0, help="seconds a cell may take before its rank group is killed")
-    group.addoption("--results", default="results", help="folder for cells.jsonl, junit/ and repro scripts")
-    group.addoption("--session-name", default=os.environ.get("NOX_SESSION_NAME", "local"), help="name recorded with every cell")
-    group.addoption("--no-resume", action="store_true",
-                    help="start afresh even when the results folder holds an interrupted run of this session")
-    group.addoption("--repro", action="store_true", help="also write a standalone repro_<cell>.py per cell into the results folder")
-    group.addoption("--accuracy-task", default=None, metavar="TASK",
-                    help="also gate each cell on task accuracy vs the unsharded model (exact McNemar): a shipped task "
-                         "(world-facts, small-sums), a task .jsonl file, or lm_eval:<task name or YAML> (needs the accuracy extra)")
-    group.addoption("--inject-fault", action="append", default=[], metavar="MODULE:FUNCTION",
-                    help="harness self-test only: call this fault hook on every rank at each stage")
-
+    for names, settings in SUITE_OPTIONS:
+        group.addoption(*names, **settings)
 
 CELLS = pytest.StashKey[list]()
 ACCURACY_TASK = pytest.StashKey[object]()

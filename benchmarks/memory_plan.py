@@ -30,6 +30,8 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from suites.command import suites_command  # noqa: E402
+
 SHAPE = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4, "intermediate_size": 4096,
          "vocab_size": 16000, "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
@@ -107,9 +109,8 @@ def main() -> None:
         results = args.work / f"results-{name}"
         shutil.rmtree(results, ignore_errors=True)  # this run's records only
         forget_reference(folder)  # the cells' run computes it whole, measured
-        subprocess.run([sys.executable, "-m", "pytest", "suites", "--models-file", str(registry), "--models", name,
-                        "--variants", args.variants, "--tp", args.tp, "--results", str(results),
-                        "--cell-timeout", "1800", "-q", "-p", "no:cacheprovider"], cwd=PROJECT_ROOT, check=False)
+        subprocess.run(suites_command(sys.executable, models=name, models_file=registry, variants=args.variants, tp=args.tp,
+                                      results=results, cell_timeout=1800, extra=["-q"]), cwd=PROJECT_ROOT, check=False)
         for record in read_records(results):
             metrics, cell = record["metrics"], record["cell"]
             if "rss_peak_max_bytes" in metrics:

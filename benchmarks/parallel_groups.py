@@ -22,13 +22,14 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from matrix.cells import expand  # noqa: E402
+from suites.command import suites_command  # noqa: E402
 from suites.driver import RunOptions, prepare_job  # noqa: E402
 from suites.records.run_records import read_records  # noqa: E402
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:
-    command = [sys.executable, "-m", "pytest", "suites", "--models", models, "--tp", tp, "--results", str(results),
-               "--no-resume", "-q", "-p", "no:cacheprovider", *(["-n", str(workers)] if workers > 1 else [])]
+    command = suites_command(sys.executable, models=models, tp=tp, results=results,
+                             extra=["--no-resume", "-q", *(["-n", str(workers)] if workers > 1 else [])])
     started = time.perf_counter()
     subprocess.run(command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, check=False)
     return time.perf_counter() - started

@@ -31,6 +31,7 @@ def parse_cell_id(text: str, models: Iterable[str], variants: Iterable[str]) -> 
                         f"{', '.join(sorted(models))}; variants: {', '.join(sorted(variants))}")
 
 
+DEFAULT_MODELS = "registry"
 DEFAULT_TP_SIZES = (2, 3, 4)
 DEFAULT_VARIANTS = ("eager",)
 DEFAULT_DTYPES = ("fp32",)
@@ -100,7 +101,7 @@ def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[Model
     return pick({**registry, **derived}, names, "model")
 
 
-def expand(models: str = "registry", variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
+def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
            tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE) -> list[Cell]:
     """All cells of the selection, grouped by tp size so one rank group serves a run of cells."""
     model_entries = pick_models(parse_names(models), models_file)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.cells import parse_names
-from matrix.registry import RegistryError, load_models, pick
 from matrix.redaction import redact
+from matrix.registry import RegistryError, load_models, pick
 
 # Files from_pretrained never reads when safetensors weights exist (original/ holds Meta's own
 # consolidated.pth copy of llama 3: without this the download doubles).

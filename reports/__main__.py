@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from reports import ReportsError
-from reports.git import GitRepo
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
+from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas

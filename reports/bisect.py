@@ -32,12 +32,13 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
-from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
-                                 env_root, environment_variables, release_environment)
 from matrix.cells import parse_cell_id
 from matrix.registry import RegistryError, load_models, load_variants
 from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combinations, load_config, load_releases,
                              parse_pins, skip_reason, supports_python)
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+                                   env_root, environment_variables, release_environment)
+from suites.command import CELL_TIMEOUT_S, suites_command
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import answer_for
@@ -167,10 +168,9 @@ def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeou
     cells of their cross product too: tiny cells cost less than a second run each)."""
     def joined(values) -> str:
         return ",".join(sorted({str(v) for v in values}))
-    return [str(python), "-m", "pytest", "suites", "--models", joined(c.model for c in cells),
-            "--variants", joined(c.variant for c in cells), "--dtypes", joined(c.dtype for c in cells),
-            "--tp", joined(c.tp for c in cells), "--results", str(results), "--session-name", "bisect",
-            "--cell-timeout", str(cell_timeout), "-q", "-p", "no:cacheprovider"]
+    return suites_command(python, models=joined(c.model for c in cells), variants=joined(c.variant for c in cells),
+                          dtypes=joined(c.dtype for c in cells), tp=joined(c.tp for c in cells), results=results,
+                          session_name="bisect", cell_timeout=cell_timeout, extra=["-q"])
 
 
 CellCommand = Callable[[Path, list[CellKey], Path, float], list[str]]
@@ -238,7 +238,7 @@ class CellProbe:
     env_root: Path
     environment: Callable[[str], EnvironmentSpec] | None = None  # candidate -> its environment
     any_failure: bool = False
-    cell_timeout: float = 180.0
+    cell_timeout: float = CELL_TIMEOUT_S
     command: CellCommand = suite_command
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
     good_failure: tuple[str, str] | None = None  # the old failure, when bisecting a change between failures
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
     parser.add_argument("--env-root", type=Path, default=env_root(),
                         help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
-    parser.add_argument("--cell-timeout", type=float, default=180.0, help="seconds the cell may take per step")
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds the cell may take per step")
     return parser
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from matrix.versions import AxisValueError, parse_pins
 from reports import ReportsError
 from reports.history import summarise
-from matrix.versions import AxisValueError, parse_pins
 from reports.records import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from matrix.redaction import redact
 from reports import ReportsError
 from reports.answers import markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
@@ -22,7 +23,6 @@ from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
 from reports.render import answer_lines, code, transition_json
-from matrix.redaction import redact
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback

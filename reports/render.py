@@ -21,8 +21,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from reports.answers import Link, answer_text, commit_words, markdown_link, one_line
-from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text,
-                            count_text, delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
+from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
+                            delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.history import CellStatus, History, Transition
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from reports import ReportsError
 from reports.records import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
-                           deepspeed_git_of)
+                             deepspeed_git_of)
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
 # confirmations in bisections, and the triage_attempts table. A new store is schema 1 brought up by the same

@@ -28,10 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
-                                 env_root, release_environment)
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
+                                   env_root, release_environment)
+from suites.command import CELL_TIMEOUT_S
 from reports import ReportsError
 from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Step, Untestable, Verdict,
                             print_step, release_candidates, run_cells, search, suite_command)
@@ -174,7 +175,7 @@ class Triage:
     budget: Budget
     repos: dict[str, GitRepo] = field(default_factory=dict)  # axis -> clone
     command: CellCommand = suite_command
-    cell_timeout: float = 180.0
+    cell_timeout: float = CELL_TIMEOUT_S
     model_types: dict[str, str] = field(default_factory=dict)  # registry name -> transformers model_type
     log: Callable[[str], None] = print
     answered: int = 0
@@ -401,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-minutes", type=float, default=60.0, help="most minutes to spend (default 60)")
     parser.add_argument("--env-root", type=Path, default=env_root(),
                         help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
-    parser.add_argument("--cell-timeout", type=float, default=180.0, help="seconds a cell may take per run")
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may take per run")
     return parser
 
 

@@ -23,6 +23,7 @@ from matrix import PROJECT_ROOT
 from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
 from sessions.build_check import build_problem
+from suites.command import suites_command
 
 DOCS_TABLE = "docs/_tutorials/automatic-tensor-parallelism.md"
 
@@ -117,9 +118,8 @@ def append_entry(entry: ModelEntry, models_file: Path) -> ModelEntry:
 
 def run_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict]:
     results.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", name, "--tp", tp, "--models-file",
-                    str(models_file), "--results", str(results), "--session-name", f"add-model-{name}", "-q",
-                    "-p", "no:cacheprovider"], cwd=PROJECT_ROOT, check=False)
+    subprocess.run(suites_command(sys.executable, models=name, tp=tp, models_file=models_file, results=results,
+                                  session_name=f"add-model-{name}", extra=["-q"]), cwd=PROJECT_ROOT, check=False)
     from suites.records.run_records import read_records
 
     return [r for r in read_records(results) if r["cell"]["model"] == name]

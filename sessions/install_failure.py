@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from matrix.cells import expand
-from suites.outcome import failed
 from matrix.redaction import redact
+from suites.outcome import failed
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties, platform_of_run
 
 

@@ -11,12 +11,11 @@ from pathlib import Path
 import nox
 
 from matrix import PROJECT_ROOT
-from matrix.cells import DEFAULT_DTYPES, DEFAULT_TP_SIZES, DEFAULT_VARIANTS
-from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
-                                 env_root, environment_variables)
-from matrix.registry import MODELS_FILE
 from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
                              parse_pins)
+from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
+                                   env_root, environment_variables)
+from suites.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
 TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
@@ -62,17 +61,6 @@ def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -
     return python
 
 
-def selection_options(pytest_args: list[str]) -> argparse.Namespace:
-    """The options of conftest.py this module needs, before pytest runs."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--models", "--model", default="registry")
-    for name, default in (("--models-file", str(MODELS_FILE)), ("--variants", ",".join(DEFAULT_VARIANTS)),
-                          ("--dtypes", ",".join(DEFAULT_DTYPES)), ("--tp", ",".join(map(str, DEFAULT_TP_SIZES))),
-                          ("--results", "results"), ("--accuracy-task", "")):
-        parser.add_argument(name, default=default)
-    return parser.parse_known_args(pytest_args)[0]
-
-
 def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> None:
     """Install `combo`, run the AutoTP suites on the selected cells, and render the report."""
     if combo.skip_reason:
@@ -84,9 +72,9 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
 def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
     """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
     (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
-    selection = selection_options(pytest_args)
+    selection = parse_suite_options(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
-    extras_name = "accuracy" if selection.accuracy_task.startswith("lm_eval:") else ""
+    extras_name = "accuracy" if (selection.accuracy_task or "").startswith("lm_eval:") else ""
     try:
         python = install_harness(session, combo, extras_name)
     except EnvironmentBuildError as error:
@@ -99,8 +87,8 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
         return (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
                 f"failures in {selection.results}")
     results, env = selection.results, environment_variables(python)
-    session.run(str(python), "-m", "pytest", "suites", "--session-name", session.name, *pytest_args,
-                success_codes=[0, 1], env={**env, "NOX_SESSION_NAME": session.name}, external=True)
+    session.run(*suites_command(python, session_name=session.name, extra=pytest_args), success_codes=[0, 1],
+                env={**env, "NOX_SESSION_NAME": session.name}, external=True)
     session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
                 env=env, external=True)
     session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,

@@ -10,13 +10,14 @@ import transformers
 
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, resolve_checkpoint
-from suites.variants import variant_setup
 from suites.checks.inputs import ProbeSpec
+from suites.checks.task_probe import AccuracyTask
+from suites.command import CELL_TIMEOUT_S
+from suites.engine.rank_group import RankGroupPool
 from suites.memory_plan import GiB, MemoryPlan, Runner, anonymous_bytes, checkpoint_size, gib, plan_cell, session_pids
 from suites.outcome import CellOutcome, exception_signature, failed
-from suites.engine.rank_group import RankGroupPool
 from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
-from suites.checks.task_probe import AccuracyTask
+from suites.variants import variant_setup
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class RunOptions:
     checkpoints: str = "tiny"
     """`tiny`: the registry's tiny random checkpoint; `hub`: the entry's first real hub id (at its pinned revision)."""
     allow_remote_code: bool = False
-    cell_timeout: float = 180.0
+    cell_timeout: float = CELL_TIMEOUT_S
     faults: tuple[str, ...] = ()
     """Test-only fault hooks (`module:function`), see suites/engine/cell_runner.py."""
     spec: ProbeSpec = ProbeSpec()

@@ -42,14 +42,14 @@ import torch
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root, checkpoint_identity
-from suites.checks import inputs
 from suites.atomic import write_atomically, write_text_atomically
+from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.variants.loading import load_model, refuse_if_sharded
-from suites.outcome import exception_signature
-from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 from suites.checks.probes import Observations, observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
+from suites.outcome import exception_signature
+from suites.variants.loading import load_model, refuse_if_sharded
+from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 
 REFERENCE_FORMAT = 5
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from suites.checks import CheckResult
+from suites.checks.result import CheckResult
 
 ALPHA = 0.01  # a cell fails when the sharded model is worse with p < ALPHA (two-sided exact McNemar)
 CONFIDENCE = 0.95  # of the recorded Wilson intervals

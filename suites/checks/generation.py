@@ -9,7 +9,7 @@ divergence we also record whether each side's token is in the other's top-k (vLL
 from __future__ import annotations
 
 from matrix.registry import Tolerance
-from suites.checks import CheckResult, logits_allowance
+from suites.checks.result import CheckResult, logits_allowance
 
 TOP_K = 5
 

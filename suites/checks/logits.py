@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from matrix.registry import Tolerance
-from suites.checks import CheckResult, logits_allowance
+from suites.checks.result import CheckResult, logits_allowance
 
 
 def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> CheckResult:

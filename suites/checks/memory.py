@@ -10,7 +10,7 @@ splits, replicated kv heads, routers left whole).
 
 from __future__ import annotations
 
-from suites.checks import CheckResult
+from suites.checks.result import CheckResult
 from suites.checks.probes import KINDS
 
 SPLIT_KINDS = ("linears", "experts")

@@ -4,7 +4,7 @@ reference (window and stride are recorded with the metrics)."""
 from __future__ import annotations
 
 from matrix.registry import Tolerance
-from suites.checks import CheckResult
+from suites.checks.result import CheckResult
 
 
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:

@@ -7,7 +7,7 @@ The strict check (the usual checks against the *unsharded quantized* reference) 
 from __future__ import annotations
 
 from matrix.registry import Tolerance
-from suites.checks import CheckResult
+from suites.checks.result import CheckResult
 
 
 def check(baseline, sharded, tolerance: Tolerance) -> list[CheckResult]:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from matrix.registry import Tolerance
-from suites.checks import CheckResult
+from suites.checks.result import CheckResult
 from suites.checks import memory as memory_checks
 
 

@@ -19,19 +19,19 @@ from pathlib import Path
 import torch
 
 from matrix.registry import Tolerance
-from suites import checks
+from suites.checks import judge
 from suites.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.checks.probes import observe
+from suites.checks.task_probe import AccuracyTask, answer_correctness
+from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
+from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
-from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
-from suites.checks.probes import observe
-from suites.reference import load_reference
-from suites.checks.task_probe import AccuracyTask, answer_correctness
 from suites.variants.training import Progress, run_training
 
 
@@ -196,7 +196,7 @@ def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_corre
         results = training_checks.check(unsharded, [s["training"] for s in summaries], tolerance)
     else:
         reference = load_reference(job["reference"])
-        results = checks.run_all(reference, observed, [s["last_logits"] for s in summaries],
+        results = judge.run_all(reference, observed, [s["last_logits"] for s in summaries],
                                  [s["bytes_by_name"] for s in summaries], tolerance)
         if job.get("baseline"):
             results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)

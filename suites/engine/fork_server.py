@@ -32,8 +32,8 @@ from pathlib import Path
 
 from matrix import PROJECT_ROOT
 from suites.atomic import write_text_atomically
-from suites.outcome import death_record, read_death_records
 from suites.engine.processes import pid_alive
+from suites.outcome import death_record, read_death_records
 
 SERVER_DIED = "server-died.json"
 

@@ -28,8 +28,8 @@ from matrix.checkpoints import cache_root
 from matrix.registry import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.variants.loading import load_model, refuse_if_sharded
 from suites.checks.probes import bytes_by_name, tensor_kinds
+from suites.variants.loading import load_model, refuse_if_sharded
 
 TRAINING_FORMAT = 4
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""

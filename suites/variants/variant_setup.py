@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from matrix.cells import Cell
 from suites.checks.inputs import ProbeSpec
-from suites.variants.loading import checkpoint_copy, checkpoints_json
 from suites.outcome import CellOutcome
-from suites.variants.quantization import QuantizationUnavailable
 from suites.reference import cached_reference
+from suites.variants.loading import checkpoint_copy, checkpoints_json
+from suites.variants.quantization import QuantizationUnavailable
 
 
 def skip_reason(cell: Cell) -> str | None:

@@ -17,22 +17,10 @@ import pytest
 from packaging.version import Version
 
 from matrix import versions
+from matrix.versions import (AxisRule, AxisValueError, ConfigError, ReleaseDataUnavailable, ci_matrix, combinations,
+                             load_config, load_releases, parse_axis_value, parse_releases, select_versions,
+                             skip_reason, trim_pypi_json)
 from reports import ReportsError
-from matrix.versions import (
-    AxisRule,
-    AxisValueError,
-    ConfigError,
-    ReleaseDataUnavailable,
-    ci_matrix,
-    combinations,
-    load_config,
-    load_releases,
-    parse_axis_value,
-    parse_releases,
-    select_versions,
-    skip_reason,
-    trim_pypi_json,
-)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PY311 = Version("3.11")

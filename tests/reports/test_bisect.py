@@ -15,11 +15,10 @@ import pytest
 from tests.fake_packages import make_repo, pyproject
 
 from sessions.environments import READY_MARKER, EnvironmentSpec
-from reports.__main__ import main as reports_main
 from reports import ReportsError
-from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict,
-                            bisect_commits, classify, held_fixed_pins, main, parse_cell, release_candidates, search,
-                            stored_release_answer)
+from reports.__main__ import main as reports_main
+from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict, bisect_commits, classify,
+                            held_fixed_pins, main, parse_cell, release_candidates, search, stored_release_answer)
 from reports.git import GitRepo
 from reports.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store import HistoryStore

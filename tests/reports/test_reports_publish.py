@@ -13,8 +13,8 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports import publish as publish_module
-from reports.causes import cause_id
 from reports.__main__ import main
+from reports.causes import cause_id
 from reports.records import Bisection, CellKey
 from reports.store import HistoryStore
 

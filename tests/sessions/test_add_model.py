@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sessions import add_model
 from matrix.checkpoints import tiny_config
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models
+from sessions import add_model
 
 # Trimmed real configs (the fields that describe the architecture) of well-known checkpoints.
 CONFIGS = {

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from matrix import PROJECT_ROOT
-from sessions.environments import ENV_ROOT_ENV, env_root
 from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, combinations
+from sessions.environments import ENV_ROOT_ENV, env_root
 
 ROOT = PROJECT_ROOT
 RELEASE_FIXTURES = ROOT / "tests" / "matrix" / "fixtures"

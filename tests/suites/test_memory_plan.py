@@ -14,8 +14,8 @@ from safetensors import safe_open
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
-from suites.memory_plan import (GiB, MiB, PROCESS_RUNTIME_BYTES, CheckpointSize, Runner, checkpoint_size, gib, host_memory,
-                                parse_bytes, plan_cell, plan_reference)
+from suites.memory_plan import (GiB, MiB, PROCESS_RUNTIME_BYTES, CheckpointSize, Runner, checkpoint_size, gib,
+                                host_memory, parse_bytes, plan_cell, plan_reference)
 
 PYTHON_ENV = {**os.environ, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
 

@@ -11,12 +11,12 @@ from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
 from suites.checks.accuracy import check, mcnemar_exact, paired_accuracy, wilson_interval
-from suites.driver import RunOptions, run_cell
 from suites.checks.inputs import load_tokenizer
-from suites.variants.loading import load_model
 from suites.checks.lm_eval_tasks import LM_EVAL_TASKS_DIR
-from suites.checks.task_probe import (Item, Task, TaskError, answer_correctness, choice_loglikelihoods, load_task, predict,
-                               resolve_task, task_path)
+from suites.checks.task_probe import (Item, Task, TaskError, answer_correctness, choice_loglikelihoods, load_task,
+                                      predict, resolve_task, task_path)
+from suites.driver import RunOptions, run_cell
+from suites.variants.loading import load_model
 
 
 @pytest.mark.parametrize(("successes", "trials", "low", "high"), [

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sessions.nox_sessions import selection_options
 from matrix.versions import AxisRule, Combo, parse_axis_value
-from reports.__main__ import main
 from sessions import install_failure
+from suites.command import parse_suite_options
 from suites.records.run_records import RunInfo, deepspeed_commit, git_has_commit, harness_commit, junit_properties
+from reports.__main__ import main
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 DEEPSPEED = AxisRule("deepspeed", "ds", repo="https://github.com/deepspeedai/DeepSpeed")
@@ -128,7 +128,7 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     models_file = tmp_path / "models.toml"
     models_file.write_text('[models.my_llama]\nmodel_type = "llama"\ntiny = { hidden_size = 64, '
                            'num_attention_heads = 4, num_hidden_layers = 1, vocab_size = 128 }\n')
-    selection = selection_options(["--models", "my_llama", "--models-file", str(models_file), "--tp", "2",
+    selection = parse_suite_options(["--models", "my_llama", "--models-file", str(models_file), "--tp", "2",
                             "--results", str(results), "-q"])
     assert install_failure.record_install_failure("autotp(ds@pr1234)", combo, "pip: no such ref", selection) == 1
 

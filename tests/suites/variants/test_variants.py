@@ -16,7 +16,7 @@ import torch
 from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
-from suites import checks
+from suites.checks import judge
 from suites.driver import RunOptions, prepare_job, run_cell
 from suites.variants.loading import checkpoints_json
 
@@ -146,7 +146,7 @@ def test_wrong_quantization_scale_is_reported():
 
     def judged():
         observed = observe(model, inputs, spec, "cpu")
-        strict = checks.run_all(reference, observed, [observed.logits_plain[0, -1]], [observed.bytes_by_name], tolerance)
+        strict = judge.run_all(reference, observed, [observed.logits_plain[0, -1]], [observed.bytes_by_name], tolerance)
         return strict[0], quantization_checks.check(baseline, observed, tolerance)
 
     strict, relaxed = judged()

@@ -1,0 +1,22 @@
+"""How rank 0 judges an inference cell: the checks in order; the cell fails with the class of the first
+failing one, and every check's metrics are recorded either way."""
+
+from __future__ import annotations
+
+from matrix.registry import Tolerance
+from suites.checks import generation, logits, memory, perplexity
+from suites.checks.result import CheckResult
+
+
+def run_all(reference, sharded, rank_last_logits, rank_bytes_by_name, tolerance: Tolerance) -> list[CheckResult]:
+    """`sharded` is rank 0's observations; the `rank_*` lists hold one entry per rank."""
+    shapes = logits.check_shapes(reference, sharded, rank_last_logits)
+    if not shapes.passed:
+        return [shapes]  # nothing else can be compared
+    return [
+        logits.check(reference, sharded, tolerance),
+        logits.check_ranks_agree(rank_last_logits, tolerance),
+        generation.check(reference, sharded, tolerance),
+        perplexity.check(reference, sharded, tolerance),
+        memory.check(reference, rank_bytes_by_name),
+    ]

@@ -1,0 +1,69 @@
+"""The layout's rules, read from the code's own imports (lazy ones inside functions included): data flows
+matrix → sessions → suites → records → reports, so each package imports only the layers below it, no
+module takes another module's private name, and no modules import each other in a loop."""
+
+import ast
+from pathlib import Path
+
+from matrix import PROJECT_ROOT
+
+LAYERS = {"matrix": 0, "suites": 1, "sessions": 2, "reports": 3}
+"""A package may import its own layer and those below (sessions runs suites; reports re-runs cells for bisection)."""
+
+
+def harness_imports() -> dict[str, list[tuple[str, list[str]]]]:
+    """module → [(imported module, names taken from it)] for every harness module."""
+    found = {}
+    for package in LAYERS:
+        for path in (PROJECT_ROOT / package).rglob("*.py"):
+            module = ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts).removesuffix(".__init__")
+            imports = []
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    imports.append((node.module, [alias.name for alias in node.names]))
+                elif isinstance(node, ast.Import):
+                    imports.extend((alias.name, []) for alias in node.names)
+            found[module] = [(target, names) for target, names in imports if target.split(".")[0] in LAYERS]
+    return found
+
+
+def test_each_package_imports_only_its_own_layer_and_those_below():
+    upward = [f"{module} imports {target}" for module, imports in harness_imports().items() for target, _ in imports
+              if LAYERS[target.split(".")[0]] > LAYERS[module.split(".")[0]]]
+    assert upward == []
+
+
+def test_no_private_name_crosses_a_module():
+    private = [f"{module} takes {target}.{name}" for module, imports in harness_imports().items()
+               for target, names in imports for name in names if name.startswith("_") and target != module]
+    assert private == []
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    graph = harness_imports()
+    modules = set(graph)
+    # `from package import module` depends on that module; `from module import name` on the module
+    edges = {module: {f"{t}.{n}" if f"{t}.{n}" in modules else t for t, names in imports for n in (names or [""])}
+             & modules - {module} for module, imports in graph.items()}
+    state, loops = {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(edges[module]):
+            if state.get(target) == "open":
+                loops.append(" → ".join(path[path.index(target):] + [module, target]) if target in path else f"{module} → {target}")
+            elif target not in state:
+                visit(target, path + [module])
+        state[module] = "done"
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [])
+    assert loops == []
+
+
+def test_the_layout_test_sees_the_whole_harness():
+    modules = harness_imports()
+    assert {"matrix.cells", "sessions.environments", "suites.engine.rank_group", "reports.triage"} <= set(modules)
+    assert any(target == "suites.engine.cell_runner" for target, _ in modules["suites.engine.worker"])  # a lazy import counts
+    assert Path(PROJECT_ROOT / "tests").is_dir()
