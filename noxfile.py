@@ -10,8 +10,8 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
 from sessions.environments import environment_variables
-from sessions.nox_sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness, run_matrix,
-                             session_combos)
+from sessions.nox_sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness,
+                                   run_matrix, session_combos)
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
