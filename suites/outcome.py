@@ -9,6 +9,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from matrix import PROJECT_ROOT
+
 FAILURE_CLASSES = {
     "setup": "the harness could not build or load the model or its reference (a harness bug for tiny checkpoints)",
     "shard": "deepspeed.init_inference raised",
@@ -83,6 +85,18 @@ def exception_signature(error: BaseException) -> str:
 
 
 _LIBRARY_FRAMES = ("/deepspeed/", "/torch/")
+_HARNESS_FOLDERS = tuple(str(PROJECT_ROOT / package) + "/" for package in ("suites", "matrix"))
+
+
+def harness_frame(error: BaseException) -> str | None:
+    """`suites/<file>.py:<function>` when the harness's own code raised `error` inside a cell's stage: the
+    deepest frame outside torch (which the harness and the libraries both call, so its caller decides)
+    is in suites/ or matrix/. None when DeepSpeed, transformers or any other code raised it (test
+    faults included: they stand for library bugs)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
+    if not frames or not frames[-1].filename.startswith(_HARNESS_FOLDERS):
+        return None
+    return f"{Path(frames[-1].filename).relative_to(PROJECT_ROOT)}:{frames[-1].name}"
 
 
 def raised_in_library(error: BaseException) -> bool:

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from matrix.registry import Tolerance
-from suites.checks import judge
 from suites.atomic import write_text_atomically
+from suites.checks import judge
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
@@ -28,7 +28,7 @@ from suites.checks import training as training_checks
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.checks.probes import observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
-from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error
+from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error, harness_frame
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
@@ -53,8 +53,14 @@ def _rss_bytes() -> int:
 def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> dict:
     """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
     where = f"{label}: " if label else ""
-    return {"rank": rank, "stage": stage, "failure_class": STAGE_CLASS[stage], "signature": where + exception_signature(error),
-            "message": f"rank {rank} raised in {stage} ({label or stage}):\n" + "".join(traceback.format_exception(error))[-4000:]}
+    failure_class, signature, whose = STAGE_CLASS[stage], exception_signature(error), ""
+    if stage != "setup" and (frame := harness_frame(error)):
+        # The harness's own code raised (a harness bug, or a model output it cannot read): never DeepSpeed's fault.
+        failure_class, signature = "setup", f"{signature.split(' @ ')[0]} @ {frame}"
+        whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
+    return {"rank": rank, "stage": stage, "failure_class": failure_class, "signature": where + signature,
+            "message": f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
+                       + "".join(traceback.format_exception(error))[-4000:]}
 
 
 def _reset_peak_rss() -> None:

@@ -40,7 +40,7 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     assert first.metrics["logits_max_abs"] < 1e-5
     # Run the faults that keep the group alive, then the same cell again: a harness whose state
     # leaked between cells (or whose reference came from a sharded process) would not repeat itself.
-    for fault in ("noop_allreduce", "wrong_shard", "break_before_shard", "raise_in_forward"):
+    for fault in ("noop_allreduce", "wrong_shard", "break_before_shard", "raise_in_forward", "harness_bug_in_generation_probe"):
         run_with(llama_tp2, pool, fault)
     again = run_with(llama_tp2, pool)
     assert pool.launches == launches
@@ -61,6 +61,8 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     ("skip_sharding", "memory", "memory:"),
     ("break_before_shard", "shard", ""),
     ("raise_in_forward", "forward", "RuntimeError: injected forward failure at layer N"),
+    # the same stage, but the harness's own code raises: its bug, never DeepSpeed's
+    ("harness_bug_in_generation_probe", "setup", "TypeError: 'NoneType' object is not callable @ suites/checks/probes.py:observe"),
 ])
 def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class, signature_start):
     outcome = run_with(llama_tp2, pool, fault)

@@ -151,6 +151,8 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
      "train_grads: second model mistral: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1"),
     ("llama", "train_heuristics", "raise_in_second_backward", "forward",
      "step 2: RuntimeError: injected failure in training step N"),
+    ("llama", "train_heuristics", "harness_bug_in_training_step", "setup",
+     "step 1: TypeError: 'NoneType' object is not callable @ suites/variants/training.py:run_training"),
     ("qwen2", "train_ckpt_zero3", "raise_before_load_checkpoint", "shard",
      "load: RuntimeError: injected failure loading the checkpoint"),
     ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "numerics",
