@@ -22,15 +22,17 @@ def launcher_command(cell: Cell, script: str) -> str:
 
 
 def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versions: dict[str, str],
-                outcome_line: str) -> Path:
+                outcome_line: str, loaded_revision: str | None = None) -> Path:
     """The repro loads the model the way the cell's variant does (eager, or meta device + checkpoint
     files) in the cell's dtype; quantization and training variants are reproduced as their eager load,
-    which the header says."""
+    which the header says. A hub checkpoint is fetched at the commit the cell loaded (`loaded_revision`,
+    from its record), else at the registry's pinned revision, so a later upload cannot change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"repro_{cell.id}.py"
     tolerance = cell.model.tolerance_for(cell.dtype)
+    hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
     spec = {"id": cell.id, "model": cell.model.name, "model_type": cell.model.model_type, "tiny": cell.model.tiny,
-            "seed": SEED, "init_seed": SEED + INIT, "spread": SPREAD, "hub_id": cell.model.hub_ids[0] if checkpoints == "hub" else None, "dtype": cell.dtype,
+            "seed": SEED, "init_seed": SEED + INIT, "spread": SPREAD, "hub_id": hub_id, "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None, "dtype": cell.dtype,
             "tp": cell.tp, "atol": tolerance.atol, "rtol": tolerance.rtol, "load": cell.variant.load,
             "checkpoint_format": cell.variant.checkpoint_format, "checkpoint_files": cell.variant.checkpoint_files,
             "keep_module_on_host": cell.variant.keep_module_on_host,

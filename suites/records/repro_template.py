@@ -40,7 +40,7 @@ def checkpoint_folder():
     if CELL["hub_id"]:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(CELL["hub_id"])
+        return snapshot_download(CELL["hub_id"], revision=CELL["revision"])  # the commit the cell loaded
     folder = f"repro_checkpoint_{CELL['model']}_{CELL['checkpoint_format']}_{CELL['checkpoint_files']}"
     if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
