@@ -11,6 +11,7 @@ import pytest
 from matrix.cells import expand
 from matrix.registry import RegistryError
 from suites.command import SUITE_OPTIONS
+from suites.memory_plan import default_variants
 from suites.checks.task_probe import TaskError, resolve_task
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
@@ -28,7 +29,8 @@ ACCURACY_TASK = pytest.StashKey[object]()
 def pytest_configure(config):
     option = config.getoption
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
-        config.stash[CELLS] = expand(option("--models"), option("--variants"), option("--dtypes"), option("--tp"),
+        variants = option("--variants") or default_variants(option("--checkpoints"))
+        config.stash[CELLS] = expand(option("--models"), variants, option("--dtypes"), option("--tp"),
                                      Path(option("--models-file")))
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
     except (RegistryError, TaskError) as error:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from matrix.cells import expand
 from matrix.redaction import redact
+from suites.memory_plan import default_variants
 from suites.outcome import failed
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties, platform_of_run
 
@@ -20,7 +21,8 @@ def record_install_failure(session: str, combo, message: str, selection) -> int:
     ref or local clone has no version before it is built, so its label stands there: pr/1234,
     master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)
-    cells = expand(selection.models, selection.variants, selection.dtypes, selection.tp, Path(selection.models_file))
+    variants = selection.variants or default_variants(selection.checkpoints)
+    cells = expand(selection.models, variants, selection.dtypes, selection.tp, Path(selection.models_file))
     requirements = combo.requirements
     try:
         accelerator, backend = platform_of_run()

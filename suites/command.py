@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from matrix.cells import DEFAULT_DTYPES, DEFAULT_MODELS, DEFAULT_TP_SIZES, DEFAULT_VARIANTS, MODEL_SELECTIONS
+from matrix.cells import DEFAULT_DTYPES, DEFAULT_MODELS, DEFAULT_TP_SIZES, MODEL_SELECTIONS
 from matrix.registry import MODELS_FILE
 
 CELL_TIMEOUT_S = 180.0
@@ -20,8 +20,9 @@ SUITE_OPTIONS: list[tuple[tuple[str, ...], dict]] = [
     (("--models", "--model"), dict(default=DEFAULT_MODELS, help="comma-separated model names, or one of: " + "; ".join(
         f"'{name}': {meaning}" for name, meaning in MODEL_SELECTIONS.items()))),
     (("--models-file",), dict(default=str(MODELS_FILE), help="model registry to read (default: matrix/models.toml)")),
-    (("--variants",), dict(default=",".join(DEFAULT_VARIANTS), help="comma-separated variants from matrix/variants.toml, "
-                                                                     "tags of them ('train-all': every training row), or 'all'")),
+    (("--variants",), dict(default=None, help="comma-separated variants from matrix/variants.toml, tags of them ('train-all': "
+                                              "every training row), or 'all' (default: eager; with --checkpoints hub on an "
+                                              "accelerator runner: meta, see suites/memory_plan.py default_variants)")),
     (("--dtypes",), dict(default=",".join(DEFAULT_DTYPES), help="comma-separated dtypes: fp32, bf16, fp16")),
     (("--tp",), dict(default=",".join(map(str, DEFAULT_TP_SIZES)), help="comma-separated tensor-parallel sizes")),
     (("--checkpoints",), dict(default="tiny", choices=("tiny", "hub"),

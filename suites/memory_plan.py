@@ -28,6 +28,8 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from matrix.cells import DEFAULT_VARIANTS
+
 GiB = 1 << 30
 MiB = 1 << 20
 HOST_MEMORY_ENV = "AUTOTP_HOST_MEMORY"
@@ -217,6 +219,23 @@ def device_memory() -> tuple[str, list[int]]:
     if os.environ.get(DEVICE_MEMORY_ENV):
         return name, [parse_bytes(os.environ[DEVICE_MEMORY_ENV], DEVICE_MEMORY_ENV)] * count
     return name, [int(accelerator.available_memory(index)) for index in range(count)]
+
+
+def default_variants(checkpoints: str) -> str:
+    """The variant a run takes when --variants is not given. Tiny checkpoints: `eager`. Hub checkpoints:
+    `meta` on accelerator runners: each rank builds the model on the meta device and DeepSpeed reads its
+    weights from the checkpoint files, so a rank's host RAM holds a checkpoint file instead of the whole
+    model (eager: every rank holds it, 8 x 140 GB for a 70B model in bf16). `eager` on CPU runners: the
+    weights live in host RAM either way, and DeepSpeed 0.19.8's meta loader peaks higher there (1.7 times
+    the model per rank against eager's 1.2, benchmarks/memory_plan.py). Without DeepSpeed to ask (a
+    session whose install failed) the runner counts as CPU."""
+    if checkpoints != "hub":
+        return ",".join(DEFAULT_VARIANTS)
+    try:
+        accelerator = device_memory()[0]
+    except ImportError:
+        accelerator = "cpu"
+    return ",".join(DEFAULT_VARIANTS) if accelerator == "cpu" else "meta"
 
 
 @dataclass(frozen=True)

@@ -154,3 +154,19 @@ def test_memory_this_run_already_holds_counts_as_available(monkeypatch):
     assert held.host_bytes - Runner.detect().host_bytes > GiB / 2  # MemAvailable moves a little between the calls
     monkeypatch.setenv("AUTOTP_HOST_MEMORY", "4GiB")
     assert Runner.detect(held_bytes=GiB).host_bytes == 4 * GiB  # an explicit runner size is the whole budget
+
+
+def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runners(monkeypatch):
+    from suites import memory_plan
+
+    assert memory_plan.default_variants("tiny") == "eager"
+    monkeypatch.setattr(memory_plan, "device_memory", lambda: ("cpu", []))
+    assert memory_plan.default_variants("hub") == "eager"  # CPU: the meta loader peaks higher than eager
+    monkeypatch.setattr(memory_plan, "device_memory", lambda: ("cuda", [80 << 30] * 8))
+    assert memory_plan.default_variants("hub") == "meta"
+    assert memory_plan.default_variants("tiny") == "eager"
+
+    def no_deepspeed():
+        raise ImportError("No module named 'deepspeed'")
+    monkeypatch.setattr(memory_plan, "device_memory", no_deepspeed)
+    assert memory_plan.default_variants("hub") == "eager"  # a session whose install failed records what it selected
