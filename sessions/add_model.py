@@ -116,7 +116,7 @@ def append_entry(entry: ModelEntry, models_file: Path) -> ModelEntry:
     return parsed
 
 
-def run_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict]:
+def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict]:
     results.mkdir(parents=True, exist_ok=True)
     subprocess.run(suites_command(sys.executable, models=name, tp=tp, models_file=models_file, results=results,
                                   session_name=f"add-model-{name}", extra=["-q"]), cwd=PROJECT_ROOT, check=False)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"add-model: {error}", file=sys.stderr)
         return 2
     print(f"added [models.{entry.name}] to {args.models_file}:\n{entry_table(entry)}")
-    records = [] if args.no_run else run_cells(entry.name, args.models_file, args.tp, args.results)
+    records = [] if args.no_run else run_entry_cells(entry.name, args.models_file, args.tp, args.results)
     print(checklist(entry, records, args.models_file))
     return 0
 

@@ -119,7 +119,7 @@ def _shard(job: dict, model, world_size: int):
     return engine, apply_post_init(engine.module, variant["quantization"], variant["quant_group_size"])
 
 
-def run_cell(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
+def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
     # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
     # torch's default process group either way.
     import torch.distributed as dist

@@ -115,7 +115,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     from deepspeed.module_inject import tp_shard
 
     from suites.atomic import write_text_atomically
-    from suites.engine.cell_runner import run_cell
+    from suites.engine.cell_runner import run_on_rank
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
@@ -140,7 +140,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
             time.sleep(POLL_SECONDS)
         job = json.loads(job_file.read_text())
         print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)
-        run_cell(job, workdir, rank, world_size, device)
+        run_on_rank(job, workdir, rank, world_size, device)
         _restore_module_state(module_state)
         seq += 1
 
