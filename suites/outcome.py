@@ -12,7 +12,8 @@ from pathlib import Path
 from matrix import PROJECT_ROOT
 
 FAILURE_CLASSES = {
-    "setup": "the harness could not build or load the model or its reference (a harness bug for tiny checkpoints)",
+    "setup": "the harness failed: building or loading the model or its reference, or its own code raised in a stage "
+             "(a harness bug for tiny checkpoints, or a model output it cannot read)",
     "shard": "deepspeed.init_inference raised",
     "forward": "the sharded model raised during forward, generate or the loss",
     "numerics": "logits, perplexity or rank agreement beyond tolerance",
