@@ -76,6 +76,29 @@ def offloaded_reference(folder: str) -> dict:
     return reference_record(path)
 
 
+UNSHARDED_STEPS_CHILD = """
+import json, sys
+from suites.checks.inputs import ProbeSpec
+from suites.variants.training import compute_unsharded_steps
+
+def vm(field):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field))
+
+folder, steps, optimizer = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+before = vm("VmRSS:")
+compute_unsharded_steps(folder, None, "fp32", ProbeSpec(), False, steps, optimizer)
+print(json.dumps({"growth": vm("VmHWM:") - before}))
+"""
+
+
+def unsharded_training_growth(folder: str, variant) -> int:
+    """Peak RSS growth of the driver's unsharded training steps for `variant`, measured in a child process
+    that imported the same modules first (the driver computes them in its own, long-lived process)."""
+    done = subprocess.run([sys.executable, "-c", UNSHARDED_STEPS_CHILD, folder, str(variant.unsharded_steps), variant.optimizer],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])["growth"]
+
+
 def fitted_slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares (slope, intercept) of measured peak against model bytes."""
     count = len(points)
@@ -95,7 +118,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["AUTOTP_CACHE"] = str(args.work / "cache")
     from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models
+    from matrix.registry import load_models, load_variants
     from suites.memory_plan import checkpoint_size, gib
     from suites.records.run_records import read_records
 
@@ -121,6 +144,9 @@ def main() -> None:
                              f"{record['outcome']}: {record['message'][:120]}"))
             if "reference_peak_rss_bytes" in metrics and cell["variant"] == args.variants.split(",")[0]:
                 rows.append(("reference", model_bytes, metrics["plan_reference_host_bytes"], metrics["reference_peak_rss_bytes"], ""))
+            if "plan_training_host_bytes" in metrics:
+                rows.append((f"{cell['variant']} unsharded steps", model_bytes, metrics["plan_training_host_bytes"],
+                             unsharded_training_growth(folder, load_variants()[cell["variant"]]), "driver side, in a child"))
         offloaded = offloaded_reference(folder)
         rows.append(("reference, offloaded", model_bytes, offloaded["planned_peak_bytes"], offloaded["peak_rss_bytes"],
                      f"max_memory {offloaded['max_memory']}"))

@@ -190,6 +190,12 @@ class Variant:
         """What a rank needs to know about the variant (the job file is JSON)."""
         return {k: v for k, v in self.__dict__.items() if k not in ("description", "tags")}
 
+    @property
+    def unsharded_steps(self) -> int:
+        """Training only: the unsharded model's steps a cell compares with: its own, plus the step a
+        resumed run takes after the checkpoint round trip."""
+        return self.training_steps + self.checkpoint_round_trip
+
     def implied_features(self) -> set[str]:
         """The DeepSpeed features this row's fields use (see TRAINING_FEATURES)."""
         if not self.training:

@@ -14,7 +14,8 @@ from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
 from suites.engine.rank_group import RankGroupPool
-from suites.memory_plan import GiB, MemoryPlan, Runner, anonymous_bytes, checkpoint_size, gib, plan_cell, session_pids
+from suites.memory_plan import (GiB, MemoryPlan, Runner, TrainingShape, anonymous_bytes, checkpoint_size, gib, plan_cell,
+                                session_pids)
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
 from suites.variants import variant_setup
@@ -46,7 +47,8 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
 
 def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None) -> MemoryPlan:
     size = checkpoint_size(checkpoint.folder)
-    return plan_cell(size, cell.dtype, cell.tp, cell.variant.load, runner or Runner.detect(), cell.variant.checkpoint_files)
+    return plan_cell(size, cell.dtype, cell.tp, cell.variant.load, runner or Runner.detect(), cell.variant.checkpoint_files,
+                     TrainingShape.of(cell.variant))
 
 
 def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> dict | CellOutcome:

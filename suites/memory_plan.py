@@ -294,6 +294,54 @@ def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> Referenc
     return ReferencePlan(PROCESS_RUNTIME_BYTES + cpu_bytes + working + layer, "disk", cpu_bytes, runner)
 
 
+OPTIMIZER_STATE_COPIES = {"sgd": 1, "adam": 2}
+"""Copies of the weights each training optimizer keeps (suites/variants/training.py OPTIMIZERS: SGD with
+momentum keeps one buffer, AdamW exp_avg and exp_avg_sq)."""
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """What a training row holds besides the weights, counted in copies of the model."""
+
+    steps: int
+    """Unsharded steps the cell compares with (`Variant.unsharded_steps`)."""
+    optimizer_copies: int
+    round_trip: bool
+    """Save, gather every weight whole on each rank, load into a second engine and take one more step."""
+    resume_tp: int = 0
+    """The second engine's tp (0: the cell's; 1: every rank holds the whole model)."""
+
+    @classmethod
+    def of(cls, variant) -> TrainingShape | None:
+        if not variant.training:
+            return None
+        return cls(variant.unsharded_steps, OPTIMIZER_STATE_COPIES[variant.optimizer], variant.checkpoint_round_trip,
+                   variant.resume_tp)
+
+    @property
+    def unsharded_copies(self) -> int:
+        """The driver's unsharded steps: weights, gradients and optimizer state, plus what it keeps to compare
+        with: the weights before the first step and after each, and each step's gradients."""
+        return 2 + self.optimizer_copies + (self.steps + 1) + self.steps
+
+    @property
+    def compared_copies(self) -> int:
+        """What each rank loads to compare its steps with: the driver's saved weights and gradients."""
+        return 2 * self.steps + 1
+
+    def rank_copies(self, tp: int) -> float:
+        """A rank's peak growth in copies of the model, its phases held at once (nothing is freed before the
+        cell ends): the eager load, the compared steps, its engine's shard (weights, gradients, optimizer
+        state, the weights it started from) and, with the round trip, the saved shard (weights and optimizer
+        state, which saving and the universal conversion hold: the measured remainder), every weight
+        gathered whole, and the second engine at `resume_tp`. benchmarks/memory_plan.py, llama-shaped
+        0.28-0.46 GiB fp32 at tp 2, planned/measured peak: train 0.93-1.01, train_universal 1.01-1.02."""
+        engine = (3 + self.optimizer_copies) / tp
+        saved = (1 + self.optimizer_copies) / tp
+        second = saved + 1 + (3 + self.optimizer_copies) / (self.resume_tp or tp) if self.round_trip else 0
+        return EAGER_LOAD_FACTOR + self.compared_copies + engine + second
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Planned peaks of one cell's processes against one runner, in bytes."""
@@ -307,6 +355,8 @@ class MemoryPlan:
     rank_host_bytes: int
     rank_device_bytes: int
     runner: Runner
+    training_host_bytes: int = 0
+    """Training rows: what the driver's unsharded steps add to its own process (TrainingShape)."""
     problem: str = ""
     """Empty when the cell fits; else which resource is short, by how much, and what would fit."""
 
@@ -318,6 +368,8 @@ class MemoryPlan:
         values = {"plan_model_bytes": self.model_bytes, "plan_reference_host_bytes": self.reference.host_bytes,
                   "plan_rank_host_bytes": self.rank_host_bytes, "plan_group_host_bytes": self.group_host_bytes,
                   "plan_host_available_bytes": self.runner.host_bytes}
+        if self.training_host_bytes:
+            values["plan_training_host_bytes"] = self.training_host_bytes
         if self.runner.device_bytes:
             values.update(plan_rank_device_bytes=self.rank_device_bytes, plan_device_available_bytes=min(self.runner.device_bytes))
         return {key: float(value) for key, value in values.items()}
@@ -325,6 +377,8 @@ class MemoryPlan:
     def summary(self) -> str:
         reference = f"reference {gib(self.reference.host_bytes)}" + (
             f" (offloaded to disk, {gib(self.reference.cpu_bytes)} of weights in RAM)" if self.reference.offload == "disk" else "")
+        if self.training_host_bytes:
+            reference += f"; unsharded training steps {gib(self.training_host_bytes)} in the driver"
         ranks = f"{self.load} ranks {self.tp} x {gib(self.rank_host_bytes)} host"
         if self.runner.device_bytes:
             ranks += f" + {gib(self.rank_device_bytes)} {self.runner.accelerator}"
@@ -336,7 +390,8 @@ def gib(count: float) -> str:
     return f"{count / GiB:.2f} GiB" if count >= GiB / 10 else f"{count / MiB:.0f} MiB"
 
 
-def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int, runner: Runner) -> MemoryPlan:
+def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int, runner: Runner,
+           training: TrainingShape | None = None) -> MemoryPlan:
     model, working = size.model_bytes(dtype), activation_bytes(size, dtype)
     shard = -(-model // tp)
     # The meta loader holds one checkpoint file at a time; a meta variant with `checkpoint_files` > 1
@@ -350,46 +405,61 @@ def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int
     else:
         grown = model * (EAGER_LOAD_FACTOR if load == "eager" else META_LOAD_FACTOR)
         rank_host, rank_device = int(PROCESS_RUNTIME_BYTES + grown + working), 0
+    training_host = 0
+    if training:
+        if runner.device_bytes:  # not measured on accelerators: the compared steps stay on the host, the rest on the device
+            rank_host = max(rank_host, PROCESS_RUNTIME_BYTES + model * training.compared_copies)
+            rank_device = int(model * (training.rank_copies(tp) - training.compared_copies - EAGER_LOAD_FACTOR)) + working
+        else:
+            rank_host = int(PROCESS_RUNTIME_BYTES + model * training.rank_copies(tp) + working)
+        training_host = model * training.unsharded_copies + working
     return MemoryPlan(load, dtype, tp, model, size.layer_bytes(dtype), plan_reference(size, dtype, runner),
-                      rank_host, rank_device, runner)
+                      rank_host, rank_device, runner, training_host)
 
 
-def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, meta_files: int = 1) -> MemoryPlan:
+def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, meta_files: int = 1,
+              training: TrainingShape | None = None) -> MemoryPlan:
     """The cell's plan; `problem` names the first resource that is short, by how much, and what fits."""
-    plan = _peaks(size, dtype, tp, load, meta_files, runner)
+    plan = _peaks(size, dtype, tp, load, meta_files, runner, training)
     host_budget = int(runner.host_bytes * SAFETY)
     have = f"runner has {gib(runner.host_bytes)} ({runner.host_source}; a plan uses at most {SAFETY:.0%})"
+    if plan.training_host_bytes > host_budget:
+        return replace(plan, problem=f"needs {gib(plan.training_host_bytes)} host RAM for the unsharded training steps in the "
+                                     f"driver ({training.unsharded_copies} copies of the model: weights, gradients, optimizer "
+                                     f"state and what the ranks compare with), {have}")
     if plan.reference.host_bytes > host_budget:
         return replace(plan, problem=f"needs {gib(plan.reference.host_bytes)} host RAM for the reference even with disk "
                                      f"offload (runtime + the largest layer, {gib(plan.layer_bytes)}), {have}")
     if plan.group_host_bytes > host_budget:
         problem = (f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
                    f"{have}")
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner)}")
+        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
     if runner.device_bytes and plan.rank_device_bytes > min(runner.device_bytes) * SAFETY:
         problem = (f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
                    f"{gib(min(runner.device_bytes))} free")
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner)}")
+        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
     return plan
 
 
 def _fits(plan: MemoryPlan) -> bool:
     budget = plan.runner.host_bytes * SAFETY
     devices_fit = not plan.runner.device_bytes or plan.rank_device_bytes <= min(plan.runner.device_bytes) * SAFETY
-    return plan.reference.host_bytes <= budget and plan.group_host_bytes <= budget and devices_fit
+    return max(plan.reference.host_bytes, plan.group_host_bytes, plan.training_host_bytes) <= budget and devices_fit
 
 
-def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner) -> str:
+def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner,
+                  training: TrainingShape | None = None) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
-    (up to the accelerators there are)."""
+    (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""
     from matrix.registry import load_variants
 
     meta_files = load_variants()["meta"].checkpoint_files
     largest_tp = max(len(runner.device_bytes) or 8, tp)
-    options = [("meta", tp)] if load == "eager" else []
-    options += [(mode, other) for other in (2, 4, 8) if other != tp and other <= largest_tp for mode in ("eager", "meta")]
-    fitting = [f"--variants {mode}" + ("" if other == tp else f" --tp {other}") for mode, other in options
-               if _fits(_peaks(size, dtype, other, mode, meta_files, runner))]
+    modes = ("eager",) if training else ("eager", "meta")
+    options = [("meta", tp)] if load == "eager" and not training else []
+    options += [(mode, other) for other in (2, 4, 8) if other != tp and other <= largest_tp for mode in modes]
+    fitting = [" ".join(([] if training else [f"--variants {mode}"]) + ([] if other == tp else [f"--tp {other}"]))
+               for mode, other in options if _fits(_peaks(size, dtype, other, mode, meta_files, runner, training))]
     if not fitting:
         return f"no load mode fits at tp 2-{largest_tp}: use a runner with more memory"
     return "use " + " or ".join(fitting[:3])

@@ -163,11 +163,6 @@ def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, s
     return path
 
 
-def reference_steps(variant: Variant) -> int:
-    """Unsharded steps a cell compares with: the row's steps, plus the step a resumed run takes."""
-    return variant.training_steps + variant.checkpoint_round_trip
-
-
 SCALE_FLOOR = 1e-2
 """A tensor is judged against its own largest magnitude or this share of the largest over the model, whichever
 is larger. A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to

@@ -58,7 +58,7 @@ def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: P
     row's partitioning source does not exist for the model."""
     from matrix.checkpoints import tiny_checkpoint
     from matrix.registry import load_models
-    from suites.variants.training import cached_unsharded_steps, model_skip_reason, reference_steps
+    from suites.variants.training import cached_unsharded_steps, model_skip_reason
 
     variant = cell.variant
     reason = model_skip_reason(variant, checkpoint, cell.model.model_type)
@@ -67,7 +67,7 @@ def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: P
     if variant.second_model and tokenizer is not None:
         return CellOutcome("skip", message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
                                            "vocabulary; the cell's tokenizer does not fit it")
-    steps = reference_steps(variant)
+    steps = variant.unsharded_steps
 
     def trained(entry, entry_checkpoint):
         return {"checkpoint": entry_checkpoint, "model_type": entry.model_type,

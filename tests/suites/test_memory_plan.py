@@ -170,3 +170,35 @@ def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runne
         raise ImportError("No module named 'deepspeed'")
     monkeypatch.setattr(memory_plan, "device_memory", no_deepspeed)
     assert memory_plan.default_variants("hub") == "eager"  # a session whose install failed records what it selected
+
+
+def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
+    from matrix.registry import load_variants
+    from suites.memory_plan import TrainingShape
+
+    variants = load_variants()
+    assert TrainingShape.of(variants["eager"]) is None
+    train, universal = TrainingShape.of(variants["train"]), TrainingShape.of(variants["train_universal"])
+    # train: 1 SGD step: weights, gradients, momentum, the weights before and after, the step's gradients
+    assert (train.steps, train.optimizer_copies, train.unsharded_copies, train.compared_copies) == (1, 1, 6, 3)
+    # train_universal: 2 AdamW steps + the resumed one
+    assert (universal.steps, universal.optimizer_copies, universal.unsharded_copies, universal.round_trip) == (3, 2, 11, True)
+    assert (train.rank_copies(2), universal.rank_copies(2)) == (6.25, 18.25)
+    runner = cpu_runner(256 * GiB)
+    inference = plan_cell(SEVEN_B, "bf16", 2, "eager", runner)
+    trained = plan_cell(SEVEN_B, "bf16", 2, "eager", runner, training=train)
+    assert trained.training_host_bytes >= 6 * SEVEN_B.model_bytes("bf16") and inference.training_host_bytes == 0
+    assert trained.rank_host_bytes > inference.rank_host_bytes  # the compared steps and the shard's training state
+    assert "plan_training_host_bytes" in trained.metrics() and "unsharded training steps" in trained.summary()
+
+
+def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
+    from matrix.registry import load_variants
+    from suites.memory_plan import TrainingShape
+
+    train = TrainingShape.of(load_variants()["train"])
+    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(64 * GiB), training=train)
+    assert plan.problem.startswith("needs ") and "for the unsharded training steps in the driver (6 copies of the model" in plan.problem
+    roomy = cpu_runner(int((train.unsharded_copies + 1) * SEVEN_B.model_bytes("bf16") / 0.9))
+    group = plan_cell(SEVEN_B, "bf16", 8, "eager", roomy, training=train)
+    assert "host RAM for 8 eager ranks" in group.problem and "--variants" not in group.problem
