@@ -67,7 +67,8 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec)
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, plan))
-        reference = variant_fields.pop("reference", None) or cached_reference(
+        # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
+        reference = None if cell.variant.training else variant_fields.pop("reference", None) or cached_reference(
             checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
@@ -80,7 +81,7 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         outcome = failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
         return _stamped(outcome, _provenance(checkpoint)) if checkpoint else outcome
     return {"cell": cell.coordinates(), "checkpoint": checkpoint.folder, "tokenizer": checkpoint.tokenizer, "dtype": cell.dtype,
-            "load": cell.variant.load, "trust_remote_code": cell.model.trust_remote_code, "reference": str(reference),
+            "load": cell.variant.load, "trust_remote_code": cell.model.trust_remote_code, "reference": str(reference) if reference else None,
             "tolerance": cell.model.tolerance_for(cell.dtype).__dict__, "spec": options.spec.as_dict(),
             "faults": list(options.faults), **variant_fields, "provenance": _provenance(checkpoint, plan, reference)}
 

@@ -365,11 +365,12 @@ class MemoryPlan:
         return self.tp * self.rank_host_bytes
 
     def metrics(self) -> dict[str, float]:
-        values = {"plan_model_bytes": self.model_bytes, "plan_reference_host_bytes": self.reference.host_bytes,
-                  "plan_rank_host_bytes": self.rank_host_bytes, "plan_group_host_bytes": self.group_host_bytes,
-                  "plan_host_available_bytes": self.runner.host_bytes}
+        values = {"plan_model_bytes": self.model_bytes, "plan_rank_host_bytes": self.rank_host_bytes,
+                  "plan_group_host_bytes": self.group_host_bytes, "plan_host_available_bytes": self.runner.host_bytes}
         if self.training_host_bytes:
             values["plan_training_host_bytes"] = self.training_host_bytes
+        else:
+            values["plan_reference_host_bytes"] = self.reference.host_bytes
         if self.runner.device_bytes:
             values.update(plan_rank_device_bytes=self.rank_device_bytes, plan_device_available_bytes=min(self.runner.device_bytes))
         return {key: float(value) for key, value in values.items()}
@@ -378,7 +379,7 @@ class MemoryPlan:
         reference = f"reference {gib(self.reference.host_bytes)}" + (
             f" (offloaded to disk, {gib(self.reference.cpu_bytes)} of weights in RAM)" if self.reference.offload == "disk" else "")
         if self.training_host_bytes:
-            reference += f"; unsharded training steps {gib(self.training_host_bytes)} in the driver"
+            reference = f"unsharded training steps {gib(self.training_host_bytes)} in the driver"
         ranks = f"{self.load} ranks {self.tp} x {gib(self.rank_host_bytes)} host"
         if self.runner.device_bytes:
             ranks += f" + {gib(self.rank_device_bytes)} {self.runner.accelerator}"
@@ -413,8 +414,10 @@ def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int
         else:
             rank_host = int(PROCESS_RUNTIME_BYTES + model * training.rank_copies(tp) + working)
         training_host = model * training.unsharded_copies + working
-    return MemoryPlan(load, dtype, tp, model, size.layer_bytes(dtype), plan_reference(size, dtype, runner),
-                      rank_host, rank_device, runner, training_host)
+    # A training cell's reference is the driver's unsharded steps; no reference process runs for it.
+    reference = ReferencePlan(0, "none", 0, runner) if training else plan_reference(size, dtype, runner)
+    return MemoryPlan(load, dtype, tp, model, size.layer_bytes(dtype), reference, rank_host, rank_device, runner,
+                      training_host)
 
 
 def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, meta_files: int = 1,

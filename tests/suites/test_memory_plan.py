@@ -202,3 +202,19 @@ def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
     roomy = cpu_runner(int((train.unsharded_copies + 1) * SEVEN_B.model_bytes("bf16") / 0.9))
     group = plan_cell(SEVEN_B, "bf16", 8, "eager", roomy, training=train)
     assert "host RAM for 8 eager ranks" in group.problem and "--variants" not in group.problem
+
+
+def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, monkeypatch):
+    """Its reference is the driver's unsharded steps: a 7B training cell must not be refused (or wait) for a
+    reference process it never starts."""
+    from matrix.cells import expand
+    from matrix.registry import load_variants
+    from suites import driver
+    from suites.memory_plan import TrainingShape
+
+    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(1 << 50), training=TrainingShape.of(load_variants()["train"]))
+    assert plan.reference.host_bytes == 0 and "plan_reference_host_bytes" not in plan.metrics()
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
+    monkeypatch.setattr(driver, "cached_reference", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference"))
+    job = driver.prepare_job(expand("llama", "train", tp="2")[0], driver.RunOptions())
+    assert isinstance(job, dict) and job["reference"] is None and job["unsharded_steps"]
