@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -162,10 +163,20 @@ class HistoryStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @contextmanager
+    def _write(self):
+        """One `BEGIN IMMEDIATE` transaction: committed when the block ends, rolled back when it raises."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
     def _check_or_create_schema(self) -> None:
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")  # two processes creating a new store must not both create tables
-        try:
+        with self._write():  # two processes creating a new store must not both create tables
             application_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
@@ -192,17 +203,12 @@ class HistoryStore:
                 )
             else:
                 _migrate(conn, version)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
         """Add runs and results not yet stored, all or nothing; known ones are left untouched."""
         conn = self._conn
         new_runs = new_results = 0
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write():
             for run, results in runs:
                 stored = conn.execute(
                     f"SELECT {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)
@@ -229,10 +235,6 @@ class HistoryStore:
                         ),
                     )
                     new_results += cursor.rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return ImportCounts(new_runs, new_results)
 
     def runs(self) -> list[Run]:
@@ -267,8 +269,7 @@ class HistoryStore:
     def add_bisection(self, bisection: Bisection) -> None:
         cell = bisection.cell
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write():
             conn.execute(
                 "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
@@ -277,10 +278,6 @@ class HistoryStore:
                  json.dumps(list(bisection.untestable)), bisection.recorded_at,
                  json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from),
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def bisections(self) -> list[Bisection]:
         """Every recorded bisection, oldest first."""
@@ -296,15 +293,10 @@ class HistoryStore:
     def add_triage_attempt(self, attempt: TriageAttempt) -> None:
         cell = attempt.cell
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write():
             conn.execute("INSERT INTO triage_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (cell.model, cell.variant, cell.dtype, cell.tp, attempt.axis, attempt.mode, attempt.before,
                           attempt.after, attempt.held_fixed, attempt.reason, attempt.recorded_at))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def triage_attempts(self) -> list[TriageAttempt]:
         """Every unanswered triage question, oldest first."""
