@@ -373,11 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --deepspeed-repo: bisect releases first, then the commits between the answer")
     parser.add_argument("--pin", action="append", default=[], metavar="AXIS=VERSION",
                         help="hold another axis at this release (default: as in the stored failing run, else latest)")
+    add_cell_run_options(parser)
+    return parser
+
+
+def add_cell_run_options(parser: argparse.ArgumentParser) -> None:
+    """What bisect and triage share: the store they read and answer into, and where and how long cells run."""
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
     parser.add_argument("--env-root", type=Path, default=env_root(),
                         help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
-    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds the cell may take per step")
-    return parser
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may take per run")
 
 
 def main(argv: list[str] | None = None) -> int:

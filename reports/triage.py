@@ -31,16 +31,16 @@ from pathlib import Path
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config
 from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
-                                   env_root, release_environment)
+                                   release_environment)
 from suites.command import CELL_TIMEOUT_S
 from reports import ReportsError
 from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Step, Untestable, Verdict,
-                            print_step, release_candidates, run_cells, search, suite_command)
+                            add_cell_run_options, print_step, release_candidates, run_cells, search, suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
 from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
 from reports.signatures import cause, frame_files
-from reports.store import DEFAULT_STORE, HistoryStore
+from reports.store import HistoryStore
 
 TRIAGED_AXES = ("deepspeed", "transformers")  # the axes whose releases and commits triage can install
 DEEPSPEED_REPO_ENV = "AUTOTP_DEEPSPEED_REPO"
@@ -390,7 +390,6 @@ def _now() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports.triage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"history store (default {DEFAULT_STORE})")
     parser.add_argument("--deepspeed-repo", type=Path, default=os.environ.get(DEEPSPEED_REPO_ENV) or None,
                         help=f"local DeepSpeed clone: bisect commits after releases (default ${DEEPSPEED_REPO_ENV})")
     parser.add_argument("--transformers-repo", type=Path, default=os.environ.get(TRANSFORMERS_REPO_ENV) or None,
@@ -400,9 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also bisect the commits behind answers found at release level (needs a clone)")
     parser.add_argument("--max-cells", type=int, default=200, help="most cell runs to spend (default 200)")
     parser.add_argument("--max-minutes", type=float, default=60.0, help="most minutes to spend (default 60)")
-    parser.add_argument("--env-root", type=Path, default=env_root(),
-                        help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
-    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may take per run")
+    add_cell_run_options(parser)
     return parser
 
 
