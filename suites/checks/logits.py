@@ -3,6 +3,8 @@ every rank must hold the same logits (the all-reduce joins the shards on all ran
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from matrix.registry import Tolerance
@@ -23,9 +25,24 @@ def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> Ch
                        "" if not problems else "sharded outputs have the wrong shape: " + "; ".join(problems))
 
 
+REFERENCE_OUTPUTS = ("logits_masked", "logits_plain", "gen_logits", "gen_padded_logits")
+
+
+def check_reference(reference) -> CheckResult:
+    """The unsharded reference must be finite: NaN there is the model's (or the checkpoint's) own, and
+    comparing with it would blame the sharded model. The cell cannot judge AutoTP: `setup`."""
+    bad = [name for name in REFERENCE_OUTPUTS if not torch.isfinite(getattr(reference, name)).all().item()]
+    if not math.isfinite(reference.nll_sum):
+        bad.append("perplexity loss")
+    return CheckResult("reference", not bad, "setup", {},
+                       "" if not bad else f"the unsharded reference is not finite: {', '.join(bad)} hold NaN/inf (the "
+                                          "model computes them without AutoTP; fix the checkpoint or its dtype)")
+
+
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     pairs = [(reference.logits_masked, sharded.logits_masked), (reference.logits_plain, sharded.logits_plain)]
-    max_abs = max((tp - ref).abs().max().item() for ref, tp in pairs)
+    # torch's max keeps NaN; Python's max over floats would drop a NaN that is not the first.
+    max_abs = torch.stack([(tp - ref).abs().max() for ref, tp in pairs]).max().item()
     scale = max(ref.abs().max().item() for ref, _ in pairs)
     finite = all(torch.isfinite(tp).all().item() for _, tp in pairs)
     allowed = logits_allowance(tolerance, scale)

@@ -28,8 +28,9 @@ from matrix.checkpoints import cache_root
 from matrix.registry import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.checks.probes import bytes_by_name, tensor_kinds
+from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
 from suites.variants.loading import load_model, refuse_if_sharded
+from suites.outcome import LibraryOutputError
 
 TRAINING_FORMAT = 4
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
@@ -150,6 +151,7 @@ def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, 
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
     by_name = bytes_by_name(model)
     return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
+            "shapes_by_name": shapes_by_name(model), "counts": split_counts(model),
             "param_bytes": sum(by_name.values()), **_lm_head_names(model)}
 
 
@@ -451,6 +453,13 @@ def convert_to_universal(scratch: Path) -> None:
         num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
 
 
+def _saved_16bit(path: Path) -> dict:
+    """What save_16bit_model wrote, validated where it enters the harness: a missing file is DeepSpeed's output."""
+    if not path.is_file():
+        raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(path))
+    return torch.load(path, weights_only=True)
+
+
 def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
@@ -464,7 +473,7 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     engine.save_checkpoint(str(scratch), tag=CHECKPOINT_TAG)
     engine.save_16bit_model(str(scratch), "model_16bit.bin")
     dist.barrier()  # every rank's files are written before any rank reads them
-    saved = compare_whole(torch.load(scratch / "model_16bit.bin", weights_only=True), trained, "saved 16-bit") if rank == 0 else None
+    saved = compare_whole(_saved_16bit(scratch / "model_16bit.bin"), trained, "saved 16-bit") if rank == 0 else None
     if variant["resume_tp"]:
         progress.enter("forward", "ds_to_universal")
         if rank == 0:
