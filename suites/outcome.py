@@ -30,15 +30,17 @@ STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
 
 
 class LibraryOutputError(Exception):
-    """A library returned something the harness cannot use (missing, of the wrong shape, not finite), found
-    where it enters the harness: the library's fault, with the class of the check or stage that produced it,
-    never `setup` although the harness is the one that noticed."""
+    """A library's failure the harness found itself: an output it returned that is missing, of the wrong shape or
+    not finite (validated where it enters the harness), or a failure a user's fresh process hits that a
+    long-lived rank cannot (`suites/variants/loading.py` `fresh_process_meta_failure`). The library's fault, with
+    the class of the check or stage that produced it, never `setup` although the harness raised it."""
 
-    def __init__(self, failure_class: str, signature: str, detail: str = ""):
+    def __init__(self, failure_class: str, signature: str, detail: str = "",
+                 explanation: str = "a library's output failed validation where it entered the harness"):
         super().__init__(f"{signature}{': ' + detail if detail else ''}")
         if failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {failure_class!r}")
-        self.failure_class, self.signature = failure_class, signature
+        self.failure_class, self.signature, self.explanation = failure_class, signature, explanation
 
 
 def first_error(errors: list[dict]) -> dict:

@@ -57,7 +57,7 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
     failure_class, signature, whose = STAGE_CLASS[stage], exception_signature(error), ""
     if isinstance(error, LibraryOutputError):
         failure_class, signature = error.failure_class, error.signature
-        whose = f"; a library's output failed validation where it entered the harness, so the class is {failure_class}"
+        whose = f"; {error.explanation}, so the class is {failure_class}"
     elif stage != "setup" and (frame := harness_frame(error)):
         # The harness's own code raised (a harness bug, or a model output it cannot read): never DeepSpeed's fault.
         failure_class, signature = "setup", f"{signature.split(' @ ')[0]} @ {frame}"
@@ -181,6 +181,7 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
             outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
+            outcome = as_a_fresh_process_would(outcome, job.get("fresh_process_failure"))
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
                              + "".join(traceback.format_exception(raised))[-4000:])
@@ -191,6 +192,18 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
     write_text_atomically(workdir / f"done-{job['seq']}.{rank}", "")
+
+
+def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:
+    """The verdict a user's fresh process gets: a failure only a fresh process hits (building the model on the
+    meta device, suites/variants/loading.py `fresh_process_meta_failure`) comes first, as `shard`; what the
+    rank found past it (with torch._dynamo imported first) stays in the message and metrics."""
+    if not fresh_process_failure or outcome.outcome == "skip":
+        return outcome
+    found = "passed every check" if outcome.outcome == "pass" else f"failed {outcome.failure_class}: {outcome.signature}"
+    return failed("shard", fresh_process_failure["signature"],
+                  f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "
+                  f"harness's ranks do) the cell {found}.", {**outcome.metrics, "fresh_process_failed": 1.0})
 
 
 def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:

@@ -213,3 +213,18 @@ def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
     assert (error["failure_class"], error["signature"]) == (
         "numerics", "shapes: generate returned decode-step logits of differing shapes")
     assert "failed validation where it entered the harness" in error["message"]
+
+
+def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findings_kept():
+    from suites.engine.cell_runner import as_a_fresh_process_would
+    from suites.outcome import CellOutcome
+
+    fresh = {"signature": "TypeError: Signature mismatch between <function OnDevice...new_tensor at 0xN> @ torch/x.py:f",
+             "message": "in a fresh process ... raised"}
+    passed = as_a_fresh_process_would(CellOutcome("pass", metrics={"logits_max_abs": 0.0}), fresh)
+    assert (passed.outcome, passed.failure_class, passed.signature) == ("fail", "shard", fresh["signature"])
+    assert passed.message.endswith("the cell passed every check.") and passed.metrics["logits_max_abs"] == 0.0
+    failed = as_a_fresh_process_would(CellOutcome("fail", "memory", "meta_memory: a rank's peak"), fresh)
+    assert failed.signature == fresh["signature"] and "the cell failed memory: meta_memory: a rank's peak" in failed.message
+    assert as_a_fresh_process_would(CellOutcome("skip", message="no"), fresh).outcome == "skip"
+    assert as_a_fresh_process_would(CellOutcome("pass"), None).outcome == "pass"
