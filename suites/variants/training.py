@@ -373,14 +373,19 @@ def hide_tp_plan(model) -> None:
     model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
 
 
-def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, load_universal: bool = False):
+def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, progress: "Progress",
+                 load_universal: bool = False):
+    """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
+    (stage `shard`, under the label the caller was in)."""
     import deepspeed
 
-    variant = job["variant"]
+    variant, label = job["variant"], progress.label
+    progress.enter("setup", f"{label}: load model")
     model = load_for_training(checkpoint, job["dtype"], job["trust_remote_code"])
     if variant["partitioning"] == "heuristics":
         hide_tp_plan(model)
     config = deepspeed_config(variant, tp_size, job["dtype"], model_type, load_universal)
+    progress.enter("shard", label)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     engine.eval()
     return engine
@@ -391,7 +396,7 @@ class Progress:
     (`step 2`, `save`, `gather`, `load`, `resume`), `stage` is the cell_runner stage that sets the class."""
 
     def __init__(self):
-        self.stage, self.label = "shard", "initialize"
+        self.stage, self.label = "setup", "initialize"
 
     def enter(self, stage: str, label: str) -> None:
         self.stage, self.label = stage, label
@@ -488,7 +493,7 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     if variant["resume_tp"]:
         forget_parallel_groups()
     resumed = ShardedTrainee(build_engine(job["checkpoint"], job["model_type"], job, variant["resume_tp"] or world_size,
-                                          load_universal=bool(variant["resume_tp"])),
+                                          progress, load_universal=bool(variant["resume_tp"])),
                              trainee.unsharded, trainee.label, steps_taken)
     fault_hook("restoring", resumed.engine.module)
     resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant["resume_tp"] else CHECKPOINT_TAG)
@@ -518,12 +523,13 @@ def run_training(job: dict, world_size: int, scratch: Path, fault_hook, progress
     try:
         trainees = []
         for model in [job, *job["second_models"]]:
-            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size)
+            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size, progress)
             fault_hook("sharded", engine.module)
             trainees.append(ShardedTrainee(engine, torch.load(model["unsharded_steps"], weights_only=False), model["model_type"]))
-        for step in range(variant["training_steps"]):
+        progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
+        batches = [step_batch(job["tokenizer"], spec, job["trust_remote_code"], step) for step in range(variant["training_steps"])]
+        for step, ids in enumerate(batches):
             progress.enter("forward", f"step {step + 1}")
-            ids = step_batch(job["tokenizer"], spec, job["trust_remote_code"], step)
             for trainee in trainees:
                 trainee.step(ids, fault_hook)
         reports = [trainee.report() for trainee in trainees]
