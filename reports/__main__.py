@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
@@ -16,6 +17,7 @@ from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
 from reports.store import DEFAULT_STORE, HistoryStore
+from suites.outcome import FAILURE_CLASSES
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -44,12 +46,19 @@ def render(args: argparse.Namespace) -> int:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
-    for path in write_outputs(history, observations, drift, args.out):
+    for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
               f"{len(drift.passing_but_unlisted)} passing but unlisted")
     return 0
+
+
+def known_failures(path: Path):
+    try:
+        return load_known_failures(FAILURE_CLASSES, path)
+    except RegistryError as error:
+        raise ReportsError(str(error)) from None
 
 
 def gate(args: argparse.Namespace) -> int:
@@ -89,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
     render_parser.add_argument("--docs", type=Path, help="DeepSpeed's automatic-tensor-parallelism.md to check drift")
     render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
+    render_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                               help="failures known upstream (default matrix/known_failures.toml)")
     render_parser.set_defaults(handler=render)
 
     gate_parser = commands.add_parser("gate", help="exit 1 if cells passing in the baseline fail in the candidate")
