@@ -179,11 +179,11 @@ def _fixed_known(history: History, observations: list[Observation], known: dict[
 
 
 def summary_text(section: dict) -> str:
-    """"94 cells fail in 27 causes: 25 new, 2 known; 1 known failure fixed"."""
+    """"94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
     causes = section["causes"]
     new = sum(1 for c in causes if c["status"] == "new")
-    parts = [f"{count_text(section['cells'], 'cell')} fail in {count_text(len(causes), 'cause')}: {new} new, "
-             f"{len(causes) - new} known"] if causes else ["No cell fails at the latest versions"]
+    parts = [f"{count_text(section['cells'], 'cell')} {'fails' if section['cells'] == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
+             f"versions: {new} new, {len(causes) - new} known"] if causes else ["No cell fails at the latest versions"]
     if section["fixed_known"]:
         parts.append(f"{count_text(len(section['fixed_known']), 'known failure')} fixed: close upstream")
     return "; ".join(parts)
@@ -246,7 +246,7 @@ def failing_now_markdown(report: dict, link: Link) -> list[str]:
     section = report["failing_now"]
     if not section["causes"] and not section["fixed_known"]:
         return []
-    lines = ["## Failing now, by cause", "", f"{summary_text(section)} at the latest versions. {INTRO}", ""]
+    lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
     lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section["causes"], start=1)]
     if section["fixed_known"]:
         lines += ["", "Known failures whose cells pass now:", ""]
@@ -259,7 +259,7 @@ def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]
     section = report["failing_now"]
     causes = section["causes"]
     return {
-        "summary": summary_text(section) + " at the latest versions",
+        "summary": summary_text(section),
         "intro": INTRO,
         "causes": list(zip(causes, linked(lambda link: [status_text(c, link) for c in causes]),
                            linked(lambda link: [answer_text(c, report, link) for c in causes]))),
