@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
+from reports.answers import plain_link
 from reports.docs import check_drift, model_support
+from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
@@ -48,6 +51,9 @@ def render(args: argparse.Namespace) -> int:
     drift = check_drift(model_support(history), args.docs) if args.docs else None
     for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
+    # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
+    report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+    print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
               f"{len(drift.passing_but_unlisted)} passing but unlisted")

@@ -60,12 +60,13 @@ def failing_section(out) -> list[str]:
 # ---- The section ---------------------------------------------------------------------------------------------------
 
 
-def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path):
+def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path, capsys):
     out = render(nightly_94(tmp_path / "junit").parent, tmp_path)
     report = (out / "report.md").read_text()
     assert report.split("\n## ", 2)[1].startswith("Failing now, by cause\n")  # the first section
     block = "## " + report.split("\n## ", 2)[1]
     assert len(block.splitlines()) <= 40, block
+    assert capsys.readouterr().out.endswith(block)  # also printed where `nox -s matrix` ends
 
     data = json.loads((out / "report.json").read_text())["failing_now"]
     assert (data["cells"], len(data["causes"])) == (94, 27)
