@@ -1,4 +1,4 @@
-"""Command line: `python -m reports {merge,render,gate,publish} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,render,gate,publish,draft-issue} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failu
 from reports import ReportsError
 from reports.answers import plain_link
 from reports.docs import check_drift, model_support
+from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
@@ -57,6 +58,18 @@ def render(args: argparse.Namespace) -> int:
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
               f"{len(drift.passing_but_unlisted)} passing but unlisted")
+    return 0
+
+
+def draft_issue(args: argparse.Namespace) -> int:
+    repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    with HistoryStore(args.store, create=False) as store:
+        observations = store.observations()
+        history = analyse(observations, repo, store.bisections(), store.triage_attempts())
+    draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause, cell=args.cell,
+                        out_dir=args.out)
+    print(f"# {draft.title}\n\n{draft.body}")
+    print(f"wrote {draft.file}", file=sys.stderr)
     return 0
 
 
@@ -131,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
     publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
     publish_parser.set_defaults(handler=publish)
+
+    draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "
+                                                           "cause failing at the latest versions")
+    which = draft_parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cause", help="a cause id of report.json failing_now (the report lists them)")
+    which.add_argument("--cell", help="a failing cell id at the latest versions, e.g. bloom-eager-fp32-tp2")
+    draft_parser.add_argument("--store", **store_option)
+    draft_parser.add_argument("--out", type=Path, default=Path("results"),
+                              help="output folder; the report and its repro script go to OUT/draft-issue/")
+    draft_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                              help="failures known upstream (default matrix/known_failures.toml)")
+    draft_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
+    draft_parser.set_defaults(handler=draft_issue)
     return parser
 
 

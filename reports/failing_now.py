@@ -228,7 +228,7 @@ def cause_line(entry: dict, report: dict, link: Link) -> str:
     parts = [f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
              f"{count_text(entry['count'], 'cell')}: {entry['cells_text']}", entry["since"]["text"],
              answer_text(entry, report, link),
-             f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`)"]
+             f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`, cause `{entry['id']}`)"]
     return " — ".join(part for part in parts if part)
 
 

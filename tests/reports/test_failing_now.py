@@ -88,7 +88,7 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
         "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — 21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
         "since the first run — `nox -s repro -- --models falcon --variants eager --dtypes fp32 --tp 2` "
-        "(logs: `results/logs/falcon-eager-fp32-tp2/`)")
+        f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)")
     summary = (out / "step-summary.md").read_text()
     assert summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[1] in summary
 
