@@ -145,9 +145,9 @@ def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, ce
 
 
 def _fixed_known(history: History, observations: list[Observation], known: dict[str, KnownFailure]) -> list[dict]:
-    """Open known failures seen in the history whose cells all pass at the latest versions (none fails there in
-    the known way): fixed at the version where their cells' fix transitions land (the bisected release when
-    triage answered), or at the latest versions when no transition places it."""
+    """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
+    the version where their cells' fix transitions land (the bisected release when triage answered), or at the
+    latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
     latest = history.latest
     fixed = []
     for entry in known.values():
