@@ -9,6 +9,7 @@ its log. Every text passes matrix.redaction.redact. Written to <out>/draft-issue
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,8 @@ EXPECTED = {
     "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",
     "crash": "Every rank process stays alive.",
 }
+# A traceback's file paths up to site-packages say where this runner keeps its environments, nothing upstream needs.
+_SITE_PACKAGES = re.compile(r'(File )"[^"]*/site-packages/')
 METRIC_PREFIXES = {"numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
                    "generation": ("gen_",), "memory": ("linear_", "expert_", "embedding_", "rest_", "shard_ratio",
                                                        "rank_param_bytes")}
@@ -103,8 +106,15 @@ def _title(entry: dict, failure: Observation) -> str:
     text = one_line(entry["cause"])
     short = text if len(text) <= MAX_TITLE_CAUSE else text[:MAX_TITLE_CAUSE - 1] + "…"
     cell = failure.cell
-    more = f" and {entry['count'] - 1} more cells" if entry["count"] > 1 else ""
+    more = f" and {count_text(entry['count'] - 1, 'more cell', 'more cells')}" if entry["count"] > 1 else ""
     return f"[BUG] AutoTP {entry['failure_class']}: {short} ({cell.model} tp{cell.tp}{more})"
+
+
+def _message_line(result) -> list[str]:
+    """The failure as it was raised or judged, with its numbers (the signature masks them), when it says more."""
+    lines = [line.strip() for line in result.message.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if not line.startswith(("logs:", "("))), "")
+    return [f"With its numbers: {code(last)}"] if last and last not in result.signature else []
 
 
 def _metrics_lines(failure: Observation) -> list[str]:
@@ -138,7 +148,8 @@ def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str
                   text.rstrip("\n"), "```", "", "</details>", ""]
     lines += [f"With the autotp-matrix harness: `{repro_command(cell)}`", ""]
     lines += ["**Expected behavior**", "", EXPECTED.get(result.failure_class, "The cell passes."), "",
-              "**Actual behavior**", "", f"{result.failure_class}: {code(result.signature)}", *_metrics_lines(failure), ""]
+              "**Actual behavior**", "", f"{result.failure_class}: {code(result.signature)}", *_message_line(result),
+              *_metrics_lines(failure), ""]
     placed = answer_text(entry, report, markdown_link)
     lines += ["**First bad version**", "",
               f"{entry['since']['text'].capitalize()}" + (f"; {placed}." if placed else
@@ -148,7 +159,7 @@ def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str
               f"- accelerator: {run.accelerator or 'unknown'}, backend: {run.backend or 'unknown'}",
               *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
               f"- run: `{run.run_id}`", ""]
-    log = result.message.rstrip("\n").splitlines()[-LOG_LINES:]
+    log = [_SITE_PACKAGES.sub(r'\1".../site-packages/', line) for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]]
     if log:
         lines += ["**Log excerpt** (the end of the cell's message; secrets redacted)", "", "```text", *log, "```", ""]
     return _title(entry, failure), "\n".join(lines).rstrip("\n") + "\n"
