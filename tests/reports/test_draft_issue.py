@@ -7,7 +7,7 @@ import pytest
 from reports_testkit import BLOOM, Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
-from reports.records import Bisection, CellKey
+from reports.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store import HistoryStore
 
 
@@ -109,3 +109,23 @@ def test_what_cannot_be_drafted_is_refused_in_one_line(tmp_path, capsys, cells, 
     error = capsys.readouterr().err
     assert re.fullmatch("error: " + message + r".*\n", error), error
     assert not (tmp_path / "draft-issue").exists()
+
+
+def test_the_failure_with_its_numbers_and_a_traceback_without_the_runners_folders(tmp_path, capsys):
+    run = Run("nightly@2026-12-01T00:00:00Z@vm", "nightly", "vm", "2026-12-01T00:00:00Z", "cpu", "gloo",
+              Versions("0.19.8", "5.24.0", "2.13.0+cpu", "3.11.7"))
+    frame = '  File "/home/someone/.venvs/x/lib/python3.11/site-packages/transformers/models/bloom/modeling_bloom.py", ' \
+            'line 271, in forward'
+    raised = "RuntimeError: The expanded size of the tensor (4) must match the existing size (8)"
+    result = CellResult(run.run_id, CellKey("bloom", "eager", "fp32", 2), "fail", "forward",
+                        "RuntimeError: The expanded size of the tensor (N) must match the existing size (N) @ "
+                        "transformers/models/bloom/modeling_bloom.py:forward",
+                        f"Traceback (most recent call last):\n{frame}\n    scores = alibi.baddbmm(\n{raised}\n")
+    store = tmp_path / "history.sqlite"
+    with HistoryStore(store, create=True) as history:
+        history.import_runs([(run, [result])], source=tmp_path)
+    assert main(["draft-issue", "--cell", "bloom-eager-fp32-tp2", "--store", str(store), "--out", str(tmp_path)]) == 0
+    body = capsys.readouterr().out
+    assert f"With its numbers: `{raised}`" in body
+    assert '  File ".../site-packages/transformers/models/bloom/modeling_bloom.py", line 271, in forward' in body
+    assert "/home/someone" not in body
