@@ -19,10 +19,10 @@ from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
+from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.failing_now import repro_command
 from reports.render import answer_lines, transition_json
 
 TOKEN_ENV = "GITHUB_TOKEN"

@@ -20,10 +20,10 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
+from matrix.registry import KnownFailure
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
-from matrix.registry import KnownFailure
 from reports.docs import Drift, model_support, supported_models_markdown
 from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
 from reports.history import CellStatus, History, Transition
