@@ -16,13 +16,14 @@ from pathlib import Path
 
 from matrix.redaction import redact
 from reports import ReportsError
-from reports.answers import markdown_link, one_line
+from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
+from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, code, transition_json
+from reports.render import answer_lines, transition_json
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -64,10 +65,6 @@ def _git_ref(versions: Versions, axis: str) -> str:
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
-
-
-def repro_command(cell: CellKey) -> str:
-    return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
 
 
 def placements(delta_cause: DeltaCause) -> list[list[dict]]:

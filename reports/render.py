@@ -20,10 +20,12 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
-from reports.answers import Link, answer_text, commit_words, markdown_link, one_line
+from matrix.registry import KnownFailure
+from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, model_support, supported_models_markdown
+from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
 from reports.history import CellStatus, History, Transition
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
 
@@ -31,7 +33,8 @@ STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def build_report(history: History, observations: list[Observation], drift: Drift | None) -> dict:
+def build_report(history: History, observations: list[Observation], drift: Drift | None,
+                 known_failures: dict[str, KnownFailure]) -> dict:
     support = model_support(history)
     runs = _runs_by_point(observations)
     report = {
@@ -63,11 +66,13 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "docs_drift": asdict(drift) if drift else None,
     }
     report["root_causes"] = root_causes(report)
+    report["failing_now"] = failing_now(report, history, observations, known_failures)
     return report
 
 
-def write_outputs(history: History, observations: list[Observation], drift: Drift | None, out_dir: Path) -> list[Path]:
-    report = build_report(history, observations, drift)
+def write_outputs(history: History, observations: list[Observation], drift: Drift | None,
+                  known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
+    report = build_report(history, observations, drift, known_failures)
     out_dir.mkdir(parents=True, exist_ok=True)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     outputs = {
@@ -294,11 +299,6 @@ def matrix_markdown(matrix: dict) -> list[str]:
     return lines
 
 
-def code(text: str) -> str:
-    """Inline code that survives any signature (Markdown has no escape inside backticks)."""
-    return "`" + one_line(text).replace("`", "'") + "`"
-
-
 def seen_at(root_cause: dict, report: dict) -> str:
     """" at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
     latest = Versions(**report["latest_versions"])
@@ -447,6 +447,7 @@ def report_markdown(report: dict) -> str:
         "",
         f"Latest versions: {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
+        *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
         "## Support matrix at the latest versions",
@@ -479,6 +480,7 @@ def step_summary_markdown(report: dict) -> str:
         "",
         f"At {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
+        *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
         *drift_lines(report["docs_drift"]),
@@ -589,4 +591,5 @@ def report_html(report: dict) -> str:
         details=linked_html(lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]),
         flaky_text=flaky_text,
         harness_text=harness_text,
+        failing_now=failing_now_html(report, linked_html),
     )
