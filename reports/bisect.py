@@ -47,6 +47,7 @@ from reports.signatures import same_failure
 from reports.store import DEFAULT_STORE, HistoryStore
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
+END_REPEATS = 2  # runs of each end before a bisection trusts it (--end-repeats)
 
 
 class BisectError(ReportsError):
@@ -83,16 +84,19 @@ class Answer:
 
 
 def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start: str = GOOD,
-           on_step: Callable[[Step], None] = lambda step: None) -> Answer:
+           on_step: Callable[[Step], None] = lambda step: None, end_repeats: int = 1) -> Answer:
     """Binary search over candidates (oldest first) for the change from `start` (the verdict at
     candidates[0]) to the other verdict (at candidates[-1]).
 
-    Both ends are probed first, the failing end first so its failure becomes the reference; then at
-    most ceil(log2(N - 1)) steps when nothing is skipped. A skipped candidate is replaced by the
-    untested one nearest the middle, like `git bisect skip`.
+    Both ends are probed first, end_repeats times each, the failing end first so its failure becomes the
+    reference; an end whose verdicts differ is flaky and nothing is concluded (transformers' daily CI re-runs
+    a new failure at both ends before it bisects). Then at most ceil(log2(N - 1)) steps when nothing is
+    skipped. A skipped candidate is replaced by the untested one nearest the middle, like `git bisect skip`.
     """
     if len(candidates) < 2:
         raise BisectError(f"need at least two candidates to bisect, got {list(candidates)}")
+    if end_repeats < 1:
+        raise BisectError(f"--end-repeats {end_repeats}: each end must run at least once")
     end = BAD if start == GOOD else GOOD
     steps: list[Step] = []
 
@@ -106,7 +110,13 @@ def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start:
 
     ends = [(0, start), (len(candidates) - 1, end)]
     for index, expected in ends if start == BAD else ends[::-1]:
-        if (kind := run(index)) != expected:
+        kinds = [run(index) for _ in range(end_repeats)]
+        if len(set(kinds)) > 1:
+            details = "; ".join(f"{step.verdict}" + (f" ({step.detail})" if step.detail else "")
+                                for step in steps[-end_repeats:])
+            raise BisectError(f"{candidates[index]} is flaky: {details} in {end_repeats} runs; a bisection needs "
+                              "ends whose verdict repeats")
+        if (kind := kinds[0]) != expected:
             detail = f" ({steps[-1].detail})" if steps[-1].detail else ""
             raise BisectError(f"{candidates[index]} should be {expected} but is {kind}{detail}: "
                               f"the ends of the range must differ; check the versions and --mode")
@@ -264,7 +274,7 @@ def print_step(label: str) -> Callable[[Step], None]:
 
 
 def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pins: dict[str, str],
-                    probe: CellProbe, python: Version) -> Answer:
+                    probe: CellProbe, python: Version, end_repeats: int = 1) -> Answer:
     """pins hold the other axes; probe.environment gives the environment of a candidate release."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
     _check_order(axis, older, newer, mode)
@@ -272,29 +282,32 @@ def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pi
     # Releases declared incompatible in versions.toml are not worth an install: skip them up front.
     incompatible = {c: reason for c in candidates[1:-1] if (reason := skip_reason({**pins, axis: c}))}
     print(f"bisecting {cell.id} over {len(candidates)} {axis} releases {older} .. {newer} "
-          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates))} cell runs")
+          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates), end_repeats)} cell runs")
 
     def judge(candidate: str) -> Verdict:
         if candidate in incompatible:
             return Verdict(SKIP, f"declared incompatible in versions.toml: {incompatible[candidate]}")
         return probe(candidate)
 
-    return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis))
+    return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis),
+                  end_repeats=end_repeats)
 
 
 def bisect_commits(cell: CellKey, clone: GitRepo, good: str, bad: str, mode: str,
-                   probe: CellProbe) -> tuple[Answer, Commit]:
+                   probe: CellProbe, end_repeats: int = 1) -> tuple[Answer, Commit]:
     """probe.environment gives the environment of a candidate commit (a full sha)."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
     candidates = clone.line(older, newer)
     print(f"bisecting {cell.id} over {len(candidates)} commits of {clone.path} {older} .. {newer}, "
-          f"at most {_budget(len(candidates))} cell runs")
-    answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"))
+          f"at most {_budget(len(candidates), end_repeats)} cell runs")
+    answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"),
+                    end_repeats=end_repeats)
     return answer, clone.info(answer.after)
 
 
-def _budget(candidates: int) -> int:
-    return (candidates - 1).bit_length() + 2 if candidates > 1 else 2  # ceil(log2 N) + 2
+def _budget(candidates: int, end_repeats: int) -> int:
+    # ceil(log2 N) + 2, each end repeated
+    return (candidates - 1).bit_length() + 2 * end_repeats if candidates > 1 else 2 * end_repeats
 
 
 def _check_order(axis: str, older: str, newer: str, mode: str) -> None:
@@ -389,6 +402,9 @@ def add_cell_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-root", type=Path, default=env_root(),
                         help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may take per run")
+    parser.add_argument("--end-repeats", type=int, default=END_REPEATS,
+                        help=f"runs of each end of a range before bisecting it; ends whose verdicts differ are "
+                             f"flaky and not bisected (default {END_REPEATS})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,7 +451,8 @@ def _bisect(args: argparse.Namespace) -> int:
         probe.reference = (stored.failure_class, stored.signature)
     elif not commits_only:
         probe.environment = lambda version: release_environment({**pins, args.axis: version})
-        answer = bisect_releases(cell, args.axis, good, bad, args.mode, pins, probe, load_config().python)
+        answer = bisect_releases(cell, args.axis, good, bad, args.mode, pins, probe, load_config().python,
+                                 args.end_repeats)
         print(_answer_text(args.axis, answer, before_word, after_word, len(answer.steps)))
         first_changed = probe.runs.get(answer.after)
     if not commits_only:
@@ -444,7 +461,7 @@ def _bisect(args: argparse.Namespace) -> int:
     if clone is not None:
         # Commit builds of the two ends are run again: a source build is not the release wheel.
         probe.environment = lambda sha: commit_environment(args.env_root, clone.path, sha, pins)
-        answer, commit = bisect_commits(cell, clone, good, bad, args.mode, probe)
+        answer, commit = bisect_commits(cell, clone, good, bad, args.mode, probe, args.end_repeats)
         print(_answer_text("commit", answer, before_word, after_word, len(answer.steps)))
         first_changed = probe.runs.get(answer.after)
         print(f"  {after_word} commit {commit.sha}\n  subject: {commit.subject}\n"

@@ -34,7 +34,7 @@ from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commi
                                    release_environment)
 from suites.command import CELL_TIMEOUT_S
 from reports import ReportsError
-from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Step, Untestable, Verdict,
+from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
                             add_cell_run_options, classify, print_step, release_candidates, run_cells, search,
                             suite_command)
 from reports.git import GitRepo
@@ -178,6 +178,7 @@ class Triage:
     repos: dict[str, GitRepo] = field(default_factory=dict)  # axis -> clone
     command: CellCommand = suite_command
     cell_timeout: float = CELL_TIMEOUT_S
+    end_repeats: int = 1  # runs of each end of a search (the command line passes --end-repeats, default 2)
     model_types: dict[str, str] = field(default_factory=dict)  # registry name -> transformers model_type
     log: Callable[[str], None] = print
     answered: int = 0
@@ -240,24 +241,23 @@ class Triage:
         """The change along line (releases or commits, oldest first). An earlier question of this run with the
         same axis and other versions is often the same change seen through another failure (a fix that lets
         cells get further and fail later): its answer, where it lies on this line, is tried first — two runs
-        instead of a search — and the search runs only when the cell does not change there."""
-        end = BAD if start == GOOD else GOOD
+        instead of a search — and the search runs only when the cell does not change there. Each end of a
+        search runs end_repeats times (reports.bisect.search)."""
         run = self._counted(probe)
+        show = print_step(question.axis if level == "release" else "commit")
         for earlier in self.found.get((question.axis, question.held_fixed, level), []):
             if earlier.before in line and earlier.after in line:
                 low, high = line.index(earlier.before), line.index(earlier.after)
                 if low < high and tuple(line[low + 1:high]) == earlier.untestable:
                     self.log(f"  trying {earlier.before} → {earlier.after} first (an earlier question's answer)")
-                    show = print_step(question.axis if level == "release" else "commit")
-                    verdicts = []
-                    for candidate in (earlier.before, earlier.after):
-                        began = time.monotonic()
-                        verdicts.append(run(candidate))
-                        show(Step(candidate, verdicts[-1].kind, verdicts[-1].detail, time.monotonic() - began))
-                    if [v.kind for v in verdicts] == [start, end]:
+                    try:
+                        search([earlier.before, earlier.after], run, start=start, on_step=show,
+                               end_repeats=self.end_repeats)
                         return Answer(earlier.before, earlier.after, earlier.untestable, ())
-                    break
-        answer = search(line, run, start=start, on_step=print_step(question.axis if level == "release" else "commit"))
+                    except BisectError as error:
+                        self.log(f"  not there: {error}")
+                        break
+        answer = search(line, run, start=start, on_step=show, end_repeats=self.end_repeats)
         self.found.setdefault((question.axis, question.held_fixed, level), []).append(answer)
         return answer
 
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         except RegistryError:
             model_types = {}
         triage = Triage(args.store, args.env_root, real_installer(args.env_root), Budget(args.max_cells, args.max_minutes),
-                        repos, cell_timeout=args.cell_timeout, model_types=model_types)
+                        repos, cell_timeout=args.cell_timeout, end_repeats=args.end_repeats, model_types=model_types)
         left = triage.run(history.transitions, refine=args.refine)
     except (ReportsError, ReleaseDataUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)

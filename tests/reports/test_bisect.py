@@ -459,3 +459,51 @@ def test_the_failure_a_gone_bisection_follows_is_its_class_and_masked_cause():
     assert classify(CellRun("pass", "", "", ""), reference, False, absent_is_good=True).kind == GOOD
     assert classify(CellRun("fail", "install", "pip failed", ""), reference, False, absent_is_good=True).kind == SKIP
     assert classify(CellRun("skip", "", "", "needs 4 ranks"), reference, False, absent_is_good=True).kind == SKIP
+
+
+# ---- repeated ends -----------------------------------------------------------------------------------------------
+
+
+def test_each_end_runs_end_repeats_times_and_a_flaky_end_is_not_bisected():
+    candidates = [str(i) for i in range(9)]
+    calls = []
+    answer = search(candidates, counting_probe(5, calls=calls), end_repeats=2)
+    assert (answer.before, answer.after) == ("4", "5")
+    assert calls[:4] == ["8", "8", "0", "0"] and len(calls) <= math.ceil(math.log2(9)) + 4
+    queued = {"8": [Verdict(BAD, "shard: X")] * 2, "0": [Verdict(GOOD, "pass"), Verdict(BAD, "shard: X")]}
+    with pytest.raises(BisectError, match=r"^0 is flaky: good \(pass\); bad \(shard: X\) in 2 runs"):
+        search(candidates, lambda c: queued[c].pop(0), end_repeats=2)
+    with pytest.raises(BisectError, match="--end-repeats 0: each end must run at least once"):
+        search(candidates, counting_probe(5), end_repeats=0)
+
+
+ALTERNATING_CELL = textwrap.dedent("""\
+    # A cell whose verdict flips on every run, whatever is installed: a counter file beside the script.
+    import json, sys
+    from pathlib import Path
+    counter = Path(__file__).with_suffix(".count")
+    runs = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(runs + 1))
+    record = {"cell": {"id": sys.argv[1]}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
+    if runs % 2 == 0:
+        record.update(outcome="fail", failure_class="numerics", signature="logits differ by N", message="")
+    Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
+    (Path(sys.argv[2]) / "cells.jsonl").write_text(json.dumps(record) + "\\n")
+""")
+
+
+def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed, fake_probe, tmp_path):
+    repo, shas = fake_deepspeed
+    make, _ = fake_probe
+    script = tmp_path / "alternating.py"
+    script.write_text(ALTERNATING_CELL)
+    probe, once = make(), make()
+    probe.command = once.command = lambda python, cells, results, _: [str(python), str(script), cells[0].id,
+                                                                      str(results)]
+    # One run per end: the first run fails at the bad end, the second passes at the good one: a "change" is found.
+    answer, _ = bisect_commits(once.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", once)
+    assert answer.after in shas
+    (tmp_path / "alternating.count").unlink()
+    with pytest.raises(BisectError, match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
+                                          "in 2 runs; a bisection needs ends whose verdict repeats"):
+        bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)
