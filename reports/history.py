@@ -180,7 +180,7 @@ def _as_of(status: CellStatus, newest: int, ranks: dict[str, int]) -> CellStatus
     return status.harness_change
 
 
-def compared(before: CellStatus, after: CellStatus, ranks: dict[str, int]) -> tuple[CellStatus, CellStatus]:
+def _compared(before: CellStatus, after: CellStatus, ranks: dict[str, int]) -> tuple[CellStatus, CellStatus]:
     """Two points' statuses as the same harness saw them, as far as the history tells: each as of the newest
     harness commit that recorded both (the older of their newest), so a verdict that changed with the harness
     at one point is not taken for a change of the libraries between the two."""
@@ -229,7 +229,7 @@ def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: Versi
         for line in lines.values():
             line.sort(key=lambda v: order.key(axis, v))
             for before, after in pairwise(line):
-                statuses = compared(points[before], points[after], ranks)
+                statuses = _compared(points[before], points[after], ranks)
                 if kind := _kind(*statuses):
                     found.append(Transition(kind, cell, axis, before, after, *statuses))
     return found

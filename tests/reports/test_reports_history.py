@@ -246,6 +246,8 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
         "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"]
     assert data["harness_changes"][0]["before_status"]["status"] == "pass"
     assert report.count("| llama | ❌ numerics |") == 2  # 0.19.9 and 0.19.8: the newer harness's verdict there
+    assert ("<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
+            "harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb</li>") in (out / "report.html").read_text()
 
 
 def test_a_library_change_measured_by_another_harness_commit_is_still_a_transition(session, tmp_path):
