@@ -1,4 +1,4 @@
-"""Command line: `python -m reports {merge,render,gate,publish} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,rebuild,render,gate,publish} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 from reports import ReportsError
+from reports.archive import ResultsArchive, default_archive
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.junit import find_junit_files, read_junit
+from reports.junit import MalformedJUnit, find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
 from reports.store import DEFAULT_STORE, HistoryStore
@@ -20,21 +21,45 @@ from reports.store import DEFAULT_STORE, HistoryStore
 
 def merge(args: argparse.Namespace) -> int:
     files = find_junit_files(args.inputs)
-    runs = results = imported = 0
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    runs = results = imported = archived = 0
     skipped = []
     with HistoryStore(args.store, create=True) as store:
         for path in files:
             try:
-                counts = store.import_runs(read_junit(path), source=path)
-            except ReportsError as exc:  # one bad file must not stop the others
+                file_runs = read_junit(path)
+            except MalformedJUnit as exc:  # one bad file must not stop the others
                 skipped.append(str(exc))
                 continue
+            archived += len(archive.add(path, file_runs))  # first: the archive is what the store is rebuilt from
+            counts = store.import_runs(file_runs, source=path)
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
     for reason in skipped:
         print(f"skipped {reason}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
+    print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}")
+    return 0
+
+
+def rebuild(args: argparse.Namespace) -> int:
+    """Import every archive entry the store lacks: a new store gets the whole history, a stale one (an older
+    cache) the runs merged since. A first attempt whose run is stored is skipped unread (all-or-nothing imports)."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    entries = archive.entries()
+    runs = results = read = 0
+    with HistoryStore(args.store, create=True) as store:
+        stored = {run.run_id for run in store.runs()}
+        for entry in entries:
+            if entry.attempt == 1 and entry.run_id in stored:
+                continue
+            counts = store.import_runs([archive.read(entry)], source=entry.path)
+            read += 1
+            runs += counts.new_runs
+            results += counts.new_results
+    print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
+          f"entries in {archive.root}")
     return 0
 
 
@@ -78,11 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+    archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
 
-    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store")
+    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
+    merge_parser.add_argument("--archive", type=Path, help=archive_help)
     merge_parser.set_defaults(handler=merge)
+
+    rebuild_parser = commands.add_parser(
+        "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
+    rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
+    rebuild_parser.add_argument("--store", **store_option)
+    rebuild_parser.set_defaults(handler=rebuild)
 
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)
