@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from reports import ReportsError
-from reports.archive import ResultsArchive, default_archive
+from reports.archive import ResultsArchive, answer_key, default_archive
+from reports.records import Bisection
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
@@ -36,10 +37,11 @@ def merge(args: argparse.Namespace) -> int:
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
+        answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
     for reason in skipped:
         print(f"skipped {reason}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
-    print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}")
+    print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
     return 0
 
 
@@ -58,8 +60,12 @@ def rebuild(args: argparse.Namespace) -> int:
             read += 1
             runs += counts.new_runs
             results += counts.new_results
+        known = {answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]}
+        answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
+        for answer in answers:
+            (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
-          f"entries in {archive.root}")
+          f"entries in {archive.root}, {len(answers)} new answer(s)")
     return 0
 
 

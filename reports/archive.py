@@ -6,26 +6,31 @@ came in, byte for byte, and `cells.jsonl`, that run's lines of the cells.jsonl b
 had none). Attempt 1 is the run as first merged; a later merge of the same run that adds cells (a run continued
 after an interruption) adds attempt 2, and so on. Entries are written once and never changed: merging the same
 run again adds nothing, and a run that comes back with another verdict for a cell it already has is an error.
+
+Answers (what bisect and triage found) are kept as well, one small JSON file each, named by a hash of its
+content: `<archive>/answers/bisection-<hash>.json` and `triage-attempt-<hash>.json`.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
 import re
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from reports import ReportsError
 from reports.junit import MalformedJUnit, read_junit
-from reports.records import CellKey, CellResult, Run
+from reports.records import Bisection, CellKey, CellResult, Commit, Run, TriageAttempt
 from suites.records.run_records import read_records
 
+ANSWERS = "answers"
 JUNIT_MEMBER = "junit.xml"
 CELLS_MEMBER = "cells.jsonl"
 _ENTRY_NAME = re.compile(r"(?P<run>.+)\.(?P<attempt>[1-9][0-9]*)\.tar\.gz")
@@ -102,6 +107,34 @@ class ResultsArchive:
                 # another merge wrote this attempt meanwhile: compare with it too
         return written
 
+    def add_answers(self, answers: list[Bisection | TriageAttempt]) -> int:
+        """Archive the answers not archived yet; return how many were."""
+        written = 0
+        for answer in answers:
+            text = answer_key(answer)
+            kind = "bisection" if isinstance(answer, Bisection) else "triage-attempt"
+            path = self.root / ANSWERS / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+            written += not path.exists() and self._write_new(path, text.encode())
+        return written
+
+    def answers(self) -> list[Bisection | TriageAttempt]:
+        """Every archived answer, oldest first."""
+        found = []
+        for path in (self.root / ANSWERS).glob("*.json"):
+            try:
+                fields = json.loads(path.read_text())
+                cell = CellKey(**fields.pop("cell"))
+                if path.name.startswith("bisection-"):
+                    suspects = tuple(Commit(**{**c, "files": tuple(c["files"])}) for c in fields.pop("suspects"))
+                    found.append(Bisection(cell, **{**fields, "files": tuple(fields["files"]),
+                                                    "untestable": tuple(fields["untestable"])}, suspects=suspects))
+                else:
+                    found.append(TriageAttempt(cell, **fields))
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ReportsError(f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
+                                   "from the data branch's history") from None
+        return sorted(found, key=lambda answer: (answer.recorded_at, answer_key(answer)))
+
     def _entry(self, run: Run, attempt: int) -> ArchiveEntry:
         folder = self.root / quote(run.session or "no-session", safe=_SAFE)
         return ArchiveEntry(folder / f"{quote(run.run_id, safe=_SAFE)}.{attempt}.tar.gz", run.run_id, attempt)
@@ -164,6 +197,11 @@ class ResultsArchive:
                                "history") from None
 
 
+def answer_key(answer: Bisection | TriageAttempt) -> str:
+    """An answer's content as canonical JSON: equal answers, equal keys (what makes archiving them idempotent)."""
+    return json.dumps(asdict(answer), sort_keys=True)
+
+
 def _entry_at(path: Path) -> ArchiveEntry | None:
     name = _ENTRY_NAME.fullmatch(path.name)
     return ArchiveEntry(path, unquote(name["run"]), int(name["attempt"])) if name else None
@@ -182,8 +220,8 @@ def _cells_lines(junit: Path, run_id: str) -> bytes:
     """The run's records of the cells.jsonl in the results folder the JUnit file came from (`<results>/junit/`)."""
     folder = Path(junit).parent
     results_dir = folder.parent if folder.name == "junit" else folder
-    return "".join(json.dumps(record) + "\n" for record in read_records(results_dir)
-                   if record.get("run", {}).get("id") == run_id and not record.get("faults")).encode()
+    return "".join(json.dumps(record) + "\n" for record in read_records(results_dir) if isinstance(record, dict)
+                   and (record.get("run") or {}).get("id") == run_id and not record.get("faults")).encode()
 
 
 def _tar_gz(members: dict[str, bytes]) -> bytes:

@@ -3,13 +3,15 @@ rebuilt from it with the same history."""
 
 import json
 import tarfile
+from dataclasses import replace
 
 import pytest
-from reports_testkit import Cell, fail, write_junit
+from reports_testkit import Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
 from reports.archive import CELLS_MEMBER, JUNIT_MEMBER, ResultsArchive
 from reports.history import analyse
+from reports.records import CellKey, TriageAttempt
 from reports.store import HistoryStore
 
 
@@ -42,7 +44,8 @@ def test_deleted_store_is_rebuilt_from_the_archive_with_the_same_history(scenari
     capsys.readouterr()
     assert main(["rebuild", "--archive", str(archive), "--store", str(store)]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"{store}: 6 new run(s), {len(before[1])} new result(s) from 6 of 6 archive entries in {archive}")
+        f"{store}: 6 new run(s), {len(before[1])} new result(s) from 6 of 6 archive entries in {archive}, "
+        "0 new answer(s)")
     assert history_of(store) == before
 
     # the comparison sees a lost run: without its entry the rebuilt history differs
@@ -50,6 +53,50 @@ def test_deleted_store_is_rebuilt_from_the_archive_with_the_same_history(scenari
     sorted(archive.rglob("*.tar.gz"))[2].unlink()
     assert main(["rebuild", "--archive", str(archive), "--store", str(store)]) == 0
     assert history_of(store) != before
+
+
+def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
+    """issue #18's store: 45 failing cells, 44 answered by one triage bisection and its confirmations; plus a
+    question triage could not answer. The next merge archives them; a rebuilt store answers the same."""
+    store = issue_18_store(tmp_path)
+    with HistoryStore(store, create=False) as history:
+        history.add_triage_attempt(TriageAttempt(CellKey("cohere", "eager", "fp32", 3), "deepspeed", "fixed", "0.18.9",
+                                                 "0.19.8", "transformers 5.24.0", "every step untestable",
+                                                 "2026-12-05T01:00:00+00:00"))
+        bisections, attempts = history.bisections(), history.triage_attempts()
+    archive = tmp_path / "archive"
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "issue18"), "--store", str(store)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 0 new archive entries, 45 new answer(s)"
+    assert len(list((archive / "answers").glob("bisection-*.json"))) == len(bisections) == 44
+    before = history_of(store)
+    assert main(["merge", str(tmp_path / "issue18"), "--store", str(store)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 0 new archive entries, 0 new answer(s)"
+
+    store.unlink()
+    assert main(["rebuild", "--store", str(store)]) == 0
+    assert capsys.readouterr().out.strip().endswith(", 45 new answer(s)")
+    with HistoryStore(store, create=False) as history:
+        assert sorted(history.bisections(), key=repr) == sorted(bisections, key=repr)
+        assert history.triage_attempts() == attempts
+        runs, observations = history.runs(), history.observations()
+        answered = analyse(observations, None, history.bisections(), history.triage_attempts())
+    assert (runs, observations) == before[:2]
+    original = analyse(observations, None, bisections, attempts)  # answers recorded at one time may change order
+    assert replace(answered, bisections=sorted(answered.bisections, key=repr)) == replace(
+        original, bisections=sorted(original.bisections, key=repr))
+    assert sum(t.bisection is not None for t in answered.transitions) >= 44
+    assert main(["rebuild", "--store", str(store)]) == 0  # nothing twice
+    assert capsys.readouterr().out.strip().endswith(", 0 new answer(s)")
+    with HistoryStore(store, create=False) as history:
+        assert len(history.bisections()) == 44 and len(history.triage_attempts()) == 1
+
+    # a damaged answer is a one-line error naming it
+    next((archive / "answers").glob("triage-attempt-*.json")).write_text('{"cell": {"model": "x"}}')
+    store.unlink()
+    assert main(["rebuild", "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "triage-attempt-" in err and "not a readable archived answer" in err and len(err.splitlines()) == 1
 
 
 def test_a_stale_store_is_brought_up_to_date_and_rebuild_is_idempotent(scenario, tmp_path, capsys):
@@ -64,20 +111,20 @@ def test_a_stale_store_is_brought_up_to_date_and_rebuild_is_idempotent(scenario,
     assert history_of(stale) == history_of(store)
     assert main(["rebuild", "--archive", str(archive), "--store", str(stale)]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"{stale}: 0 new run(s), 0 new result(s) from 0 of 6 archive entries in {archive}")
+        f"{stale}: 0 new run(s), 0 new result(s) from 0 of 6 archive entries in {archive}, 0 new answer(s)")
 
 
 def test_merging_again_adds_nothing_and_a_changed_verdict_is_an_error(session, tmp_path, capsys):
     store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
     first = session([Cell("llama"), fail("opt", "shard")])
     assert main(["merge", str(first), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 1 new archive entry"
+    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 1 new archive entry, 0 new answer(s)"
     entry = archive / "session1" / "session1@2025-01-01T00%3A00%3A00Z@runner-1.1.tar.gz"
     assert archive_files(archive) == [str(entry.relative_to(archive))]
     written = entry.read_bytes()
 
     assert main(["merge", str(first), str(tmp_path / "junit"), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 0 new archive entries"
+    assert capsys.readouterr().out.splitlines()[1] == f"{archive}: 0 new archive entries, 0 new answer(s)"
     assert archive_files(archive) == [str(entry.relative_to(archive))] and entry.read_bytes() == written
 
     # the same run id comes back with opt passing: an error naming the cell, and nothing changes

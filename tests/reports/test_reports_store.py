@@ -26,10 +26,10 @@ def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
-                                                    f"{tmp_path / 'archive'}: 2 new archive entries"]
+                                                    f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)"]
     assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
-                                                    f"{tmp_path / 'archive'}: 0 new archive entries"]
+                                                    f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)"]
 
     with HistoryStore(store, create=False) as history:
         run = history.runs()[0]

@@ -189,6 +189,9 @@ def steps(workflow: dict):
             yield job_name, step
 
 
+ARCHIVE_SCRIPT = ".github/scripts/results-archive.sh"
+
+
 def hardening_problems(workflow: dict, text: str) -> list[str]:
     problems = []
     for line in text.splitlines():
@@ -208,15 +211,16 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
         if re.search(r"secrets\.\w+", json.dumps({key: value for key, value in job.items() if key != "steps"})):
             problems.append(f"jobs.{job_name}: a secret in job-level settings (every step would see it)")
     runs = {job_name: [step for name, step in steps(workflow) if name == job_name] for job_name in workflow["jobs"]}
-    report = [step.get("run", "") for step in runs["report"]]
-    archive = next((n for n, run in enumerate(report) if "ARCHIVE_BRANCH" in run and "fetch" in run), None)
-    merge = next((n for n, run in enumerate(report) if "nox -s report" in run), None)
-    push = next((n for n, run in enumerate(report) if "git" in run and " push " in run), None)
-    if archive is None or merge is None or push is None or not archive < merge < push:
-        problems.append("jobs.report: must fetch the results archive, then `nox -s report` (rebuild + merge), "
-                        "then push the archive")
-    elif "pull_request" not in runs["report"][push].get("if", ""):
-        problems.append("jobs.report: the archive push must skip pull requests (their results are not the history)")
+    for job_name in ("report", "triage"):  # the jobs that write to the store: runs, answers
+        commands = [step.get("run", "") for step in runs[job_name]]
+        fetch, merge, push = (next((n for n, run in enumerate(commands) if marker in run), None)
+                              for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report", f"{ARCHIVE_SCRIPT} push"))
+        if fetch is None or merge is None or push is None or not fetch < merge < push:
+            problems.append(f"jobs.{job_name}: must fetch the results archive, then `nox -s report` (rebuild + "
+                            "merge), then push the archive")
+        elif "pull_request" not in runs[job_name][push].get("if", ""):
+            problems.append(f"jobs.{job_name}: the archive push must skip pull requests (their results are not the "
+                            "history)")
     publish = [step for step in runs.get("gate", []) if "nox -s publish" in step.get("run", "")]
     if not publish or "github.event.pull_request.head.repo.full_name == github.repository" not in publish[0].get("if", ""):
         problems.append("jobs.gate: `nox -s publish` must run on pull requests of this repository only")
@@ -255,9 +259,11 @@ def drop_key(job: str, step_text: str, key: str):
      "jobs.cells: a secret in job-level settings"),
     (lambda w: w["jobs"]["cells"]["steps"][-3]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"), None,
      "jobs.cells: secrets.HF_TOKEN outside the prefetch step"),
-    (drop_key("report", "git diff --cached", "if"), None, "the archive push must skip pull requests"),
+    (drop_key("report", "results-archive.sh push", "if"), None, "jobs.report: the archive push must skip pull requests"),
+    (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
     (drop_key("gate", "nox -s publish", "if"), None, "nox -s publish` must run on pull requests of this repository"),
-    (lambda w: w["jobs"]["triage"]["steps"][-3].update(run="nox -s triage"), None, "without --max-minutes"),
+    (lambda w: next(step for step in w["jobs"]["triage"]["steps"] if "nox -s triage" in step.get("run", "")).update(
+        run="nox -s triage"), None, "without --max-minutes"),
 ])
 def test_hardening_checks_report_injected_faults(workflow, edit, text_fault, expected):
     text = WORKFLOW.read_text().replace(*text_fault, 1) if text_fault else WORKFLOW.read_text()
