@@ -1,4 +1,4 @@
-"""Command line: `python -m reports {merge,rebuild,render,gate,publish} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,rebuild,verify,render,gate,publish} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,27 @@ def rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify(args: argparse.Namespace) -> int:
+    """Exit 1 when the store holds a run or an answer the archive lacks: a lost store would lose it."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    archived_runs = {entry.run_id for entry in archive.entries()}
+    archived_answers = {answer_key(answer) for answer in archive.answers()}
+    with HistoryStore(args.store, create=False) as store:
+        runs = [run.run_id for run in store.runs()]
+        answers = [answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]]
+    missing_runs = [run_id for run_id in runs if run_id not in archived_runs]
+    missing_answers = [key for key in answers if key not in archived_answers]
+    if missing_runs or missing_answers:
+        shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
+        print(f"error: {args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
+              f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
+              f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)",
+              file=sys.stderr)
+        return 1
+    print(f"{args.store}: all {len(runs)} run(s) and {len(answers)} answer(s) are in the archive {archive.root}")
+    return 0
+
+
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
@@ -122,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
     rebuild_parser.add_argument("--store", **store_option)
     rebuild_parser.set_defaults(handler=rebuild)
+
+    verify_parser = commands.add_parser(
+        "verify", help="exit 1 when the store holds a run or answer the results archive lacks (it could not be rebuilt)")
+    verify_parser.add_argument("--archive", type=Path, help=archive_help)
+    verify_parser.add_argument("--store", **store_option)
+    verify_parser.set_defaults(handler=verify)
 
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)

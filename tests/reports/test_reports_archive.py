@@ -99,6 +99,24 @@ def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
     assert "triage-attempt-" in err and "not a readable archived answer" in err and len(err.splitlines()) == 1
 
 
+def test_verify_finds_runs_and_answers_a_lost_store_would_lose(session, tmp_path, capsys):
+    store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
+    assert main(["merge", str(session([Cell("llama")])), str(session([Cell("opt")])), "--store", str(store)]) == 0
+    assert main(["verify", "--store", str(store)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{store}: all 2 run(s) and 0 answer(s) are in the archive {archive}"
+
+    next(archive.rglob("session2@*.tar.gz")).unlink()  # a run merged before the archive existed
+    with HistoryStore(store, create=False) as history:  # an answer recorded after the last merge
+        history.add_triage_attempt(TriageAttempt(CellKey("llama", "eager", "fp32", 2), "deepspeed", "broken", "0.1",
+                                                 "0.2", "", "every step untestable", "2026-01-01T00:00:00+00:00"))
+    assert main(["verify", "--store", str(store)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {store}: 1 run(s) (session2@2025-01-02T00:00:00Z@runner-1) and 1 answer(s) are not "
+                          f"in the archive {archive}") and len(err.splitlines()) == 1
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0  # merging again repairs both
+    assert main(["verify", "--store", str(store)]) == 0
+
+
 def test_a_stale_store_is_brought_up_to_date_and_rebuild_is_idempotent(scenario, tmp_path, capsys):
     store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
     files = sorted(scenario.glob("*.xml"))

@@ -74,7 +74,8 @@ def session_options(pytest_options) -> dict[str, set[str]]:
     """Options each session takes after `--`; the matrix sessions (autotp, matrix, repro) take pytest's."""
     return {"ci-matrix": help_options("matrix.versions"), "prefetch": help_options("matrix.prefetch"),
             "triage": help_options("reports.triage"), "gate": help_options("reports", "gate"),
-            "publish": help_options("reports", "publish"), "report": set(), "pytest": pytest_options}
+            "publish": help_options("reports", "publish"), "report": {"--results", "--verify"},
+            "pytest": pytest_options}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +222,8 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
         elif "pull_request" not in runs[job_name][push].get("if", ""):
             problems.append(f"jobs.{job_name}: the archive push must skip pull requests (their results are not the "
                             "history)")
+    if not any("nox -s report -- --verify" in step.get("run", "") for step in runs["report"]):
+        problems.append("jobs.report: `nox -s report` without --verify (the proof that the cache can go)")
     publish = [step for step in runs.get("gate", []) if "nox -s publish" in step.get("run", "")]
     if not publish or "github.event.pull_request.head.repo.full_name == github.repository" not in publish[0].get("if", ""):
         problems.append("jobs.gate: `nox -s publish` must run on pull requests of this repository only")
@@ -261,6 +264,8 @@ def drop_key(job: str, step_text: str, key: str):
      "jobs.cells: secrets.HF_TOKEN outside the prefetch step"),
     (drop_key("report", "results-archive.sh push", "if"), None, "jobs.report: the archive push must skip pull requests"),
     (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
+    (lambda w: next(step for step in w["jobs"]["report"]["steps"] if "nox -s report" in step.get(
+        "run", "")).update(run="nox -s report -- artifacts/*"), None, "jobs.report: `nox -s report` without --verify"),
     (drop_key("gate", "nox -s publish", "if"), None, "nox -s publish` must run on pull requests of this repository"),
     (lambda w: next(step for step in w["jobs"]["triage"]["steps"] if "nox -s triage" in step.get("run", "")).update(
         run="nox -s triage"), None, "without --max-minutes"),
