@@ -26,9 +26,11 @@ def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
     session([Cell("llama")], transformers="4.45.0")
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)"]
     assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)"]
 
     with HistoryStore(store, create=False) as history:
         run = history.runs()[0]
@@ -58,7 +60,7 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
+    assert out.splitlines()[0] == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
     skipped = err.splitlines()
     assert len(skipped) == 4 and str(good) not in err
     assert f"skipped {truncated}: unreadable XML" in err
