@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from matrix.redaction import redact
 from reports import ReportsError
 from reports.docs import check_drift, model_support
 from reports.gate import blocking, compare, format_table, select
@@ -15,32 +16,49 @@ from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
-from reports.store import DEFAULT_STORE, HistoryStore
+from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
 
 
 def merge(args: argparse.Namespace) -> int:
+    """Exit 0 only when something usable was read and nothing contradicts the store: a folder of truncated files
+    must not look like a night whose results were all known already."""
     files = find_junit_files(args.inputs)
+    readable, skipped = [], []
+    for path in files:
+        try:
+            readable.append((path, read_junit(path)))
+        except ReportsError as exc:  # one bad file must not stop the others
+            skipped.append(str(exc))
+    for reason in skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    if not readable:
+        found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
+        raise ReportsError(f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
+                           "unchanged — pass the session's junit/ folder or the downloaded artifacts")
     runs = results = imported = 0
-    skipped = []
+    conflicts = []
     with HistoryStore(args.store, create=True) as store:
-        for path in files:
+        for path, file_runs in readable:
             try:
-                counts = store.import_runs(read_junit(path), source=path)
-            except ReportsError as exc:  # one bad file must not stop the others
-                skipped.append(str(exc))
+                counts = store.import_runs(file_runs, source=path)
+            except StoreConflict as exc:
+                conflicts.append(str(exc))
                 continue
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
-    for reason in skipped:
-        print(f"skipped {reason}", file=sys.stderr)
+    for conflict in conflicts:
+        print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
+    if conflicts:
+        raise ReportsError(f"{len(conflicts)} file(s) contradict runs already in {args.store} (above) and were not "
+                           "imported")
     return 0
 
 
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
@@ -53,20 +71,23 @@ def render(args: argparse.Namespace) -> int:
 
 
 def gate(args: argparse.Namespace) -> int:
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
+    if not observations:
+        raise ReportsError(f"{args.store}: the history store holds no results, so there is nothing to gate on; "
+                           "import the baseline's and the candidate's runs with `python -m reports merge` first")
     rows = compare(
         select(observations, args.baseline, "--baseline"),
         select(observations, args.candidate, "--candidate"),
         args.confirmations,
     )
-    print(format_table(rows, args.confirmations, args.block_changed))
+    print(redact(format_table(rows, args.confirmations, args.block_changed)))
     return 1 if blocking(rows, args.block_changed) else 0
 
 
 def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
                                deepspeed_repo=repo):
@@ -122,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ReportsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 
