@@ -103,6 +103,14 @@ def publish(session):
     session.run("python", "-m", "reports", "publish", *session.posargs)
 
 
+@nox.session(name="draft-issue")
+def draft_issue(session):
+    """A bug report for DeepSpeed's tracker, repro script inlined: `nox -s draft-issue -- --cause <id>` (ids in the
+    report's "Failing now" section and report.json) or `-- --cell bloom-eager-fp32-tp2`."""
+    session.install(*PROJECT_DEPENDENCIES)
+    session.run("python", "-m", "reports", "draft-issue", *session.posargs)
+
+
 @nox.session
 def bisect(session):
     """Which release/commit broke a cell: `nox -s bisect -- --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0`."""

@@ -1,4 +1,5 @@
-"""The model and variant registries: data in `matrix/models.toml` and `matrix/variants.toml`.
+"""The registries: models, variants and failures known upstream, as data in `matrix/models.toml`,
+`matrix/variants.toml` and `matrix/known_failures.toml`.
 
 Each entry becomes one frozen dataclass; every field is documented on the class. A malformed
 entry raises `RegistryError` naming the file, the entry and the field, so adding a model never
@@ -10,15 +11,18 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 MATRIX_DIR = Path(__file__).resolve().parent
 MODELS_FILE = MATRIX_DIR / "models.toml"
 VARIANTS_FILE = MATRIX_DIR / "variants.toml"
+KNOWN_FAILURES_FILE = MATRIX_DIR / "known_failures.toml"
 
 DTYPES = ("fp32", "bf16", "fp16")
 LOAD_MODES = ("eager", "meta")
@@ -401,3 +405,123 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
         for entry in [registry[name]] if name in registry else tags[name]:
             picked.setdefault(entry.name, entry)
     return list(picked.values())
+
+
+# ---- Failures known upstream -------------------------------------------------------------------------------------
+
+KNOWN_FAILURE_STATES = ("open", "fixed")
+VERSION_AXES = ("deepspeed", "transformers", "torch", "python")
+"""The version axes a known failure can name (the reports' axes: the installed ones and python)."""
+UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A failure already reported upstream: the failures it covers, where it is tracked and whether it is fixed."""
+
+    name: str
+    """Short name (the TOML table key)."""
+    failure_class: str
+    """The failure class it covers (setup, shard, forward, numerics, ...)."""
+    signature: str
+    """Regular expression searched in the failure's cause: its signature with every number masked as N
+    (`reports/signatures.py`), so one pattern covers every tp size and every byte count."""
+    upstream: str
+    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>."""
+    state: str = "open"
+    """`open` (not fixed upstream yet) or `fixed` (then `fixed_in` says where)."""
+    fixed_in: str = ""
+    """`fixed` only: the axis and first release with the fix, e.g. "deepspeed 0.19.6"."""
+    note: str = ""
+    """One line for people reading the report."""
+    models: tuple[str, ...] = ()
+    """Only these models' cells (empty: any model)."""
+    variants: tuple[str, ...] = ()
+    """Only these variants' cells (empty: any variant)."""
+    versions: dict[str, str] = field(default_factory=dict, hash=False)
+    """Only at these versions: axis -> PEP 440 specifier set, e.g. { deepspeed = "<0.19.6" } (empty: any)."""
+
+    def covers(self, failure_class: str, cause: str, model: str, variant: str, versions: dict[str, str]) -> bool:
+        """Whether a cell's failure (its class and cause) at `versions` (axis -> version) is this one."""
+        if failure_class != self.failure_class or not re.search(self.signature, cause):
+            return False
+        if (self.models and model not in self.models) or (self.variants and variant not in self.variants):
+            return False
+        return all(_version_in(versions.get(axis, ""), specifiers) for axis, specifiers in self.versions.items())
+
+
+def _version_in(value: str, specifiers: str) -> bool:
+    """A version inside the specifier set; a label that is no release (master, pr/1234) is inside none."""
+    try:
+        return SpecifierSet(specifiers).contains(Version(value), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Collection[str]) -> KnownFailure:
+    entry = f"known_failures.{name}"
+    _expect(path, entry, "(table)", raw, dict)
+    allowed = {f.name for f in fields(KnownFailure)} - {"name"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(allowed)}")
+    for required in ("failure_class", "signature", "upstream"):
+        if required not in raw:
+            raise RegistryError(f"{path}: entry [{entry}] is missing required field '{required}'")
+    failure_class = _expect(path, entry, "failure_class", raw["failure_class"], str)
+    if failure_class not in failure_classes:
+        raise RegistryError(f"{path}: entry [{entry}] field 'failure_class' must be one of {sorted(failure_classes)}, "
+                            f"got {failure_class!r}")
+    signature = _expect(path, entry, "signature", raw["signature"], str)
+    try:
+        re.compile(signature)
+    except re.error as error:
+        raise RegistryError(f"{path}: entry [{entry}] field 'signature' is not a regular expression ({error}): "
+                            f"{signature!r}") from None
+    upstream = _expect(path, entry, "upstream", raw["upstream"], str)
+    if not UPSTREAM_URL.fullmatch(upstream):
+        raise RegistryError(f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
+                            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}")
+    state = _expect(path, entry, "state", raw.get("state", "open"), str)
+    if state not in KNOWN_FAILURE_STATES:
+        raise RegistryError(f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}")
+    fixed_in = _expect(path, entry, "fixed_in", raw.get("fixed_in", ""), str)
+    if (state == "fixed") != bool(fixed_in):
+        raise RegistryError(f"{path}: entry [{entry}] field 'fixed_in' (\"<axis> <release>\", e.g. \"deepspeed 0.19.6\") "
+                            "is needed with state = \"fixed\" and only there")
+    if fixed_in:
+        axis, _, version = fixed_in.partition(" ")
+        if axis not in VERSION_AXES or not _is_version(version):
+            raise RegistryError(f"{path}: entry [{entry}] field 'fixed_in' must be \"<axis> <release>\" with an axis of "
+                                f"{VERSION_AXES}, e.g. \"deepspeed 0.19.6\", got {fixed_in!r}")
+    versions = _expect(path, entry, "versions", raw.get("versions", {}), dict)
+    for axis, specifiers in versions.items():
+        if axis not in VERSION_AXES:
+            raise RegistryError(f"{path}: entry [{entry}] field 'versions' has unknown axis {axis!r}; use {VERSION_AXES}")
+        try:
+            SpecifierSet(_expect(path, entry, f"versions.{axis}", specifiers, str))
+        except InvalidSpecifier:
+            raise RegistryError(f"{path}: entry [{entry}] field 'versions.{axis}' is not a PEP 440 specifier set "
+                                f"(e.g. \"<0.19.6\", \">=4.57,<5\"), got {specifiers!r}") from None
+    lists = {}
+    for key in ("models", "variants"):
+        lists[key] = tuple(_expect(path, entry, key, raw.get(key, []), list))
+        if not all(isinstance(item, str) for item in lists[key]):
+            raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {list(lists[key])!r}")
+    return KnownFailure(name=name, failure_class=failure_class, signature=signature, upstream=upstream, state=state,
+                        fixed_in=fixed_in, note=_expect(path, entry, "note", raw.get("note", ""), str),
+                        versions=dict(versions), **lists)
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
+    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/outcome.py, a layer
+    above this one)."""
+    return _load_tables(path, "known_failures", lambda p, name, raw: _parse_known_failure(p, name, raw, failure_classes))

@@ -1,22 +1,28 @@
-"""Command line: `python -m reports {merge,render,gate,publish} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,render,gate,publish,draft-issue} ...` (see --help of each)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from matrix.redaction import redact
+from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
+from reports.answers import plain_link
 from reports.docs import check_drift, model_support
+from reports.draft_issue import draft_issue as write_draft
+from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
-from reports.render import write_outputs
+from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
+from suites.outcome import FAILURE_CLASSES
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -62,12 +68,35 @@ def render(args: argparse.Namespace) -> int:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
-    for path in write_outputs(history, observations, drift, args.out):
+    for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
+    # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
+    report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+    print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
               f"{len(drift.passing_but_unlisted)} passing but unlisted")
     return 0
+
+
+def draft_issue(args: argparse.Namespace) -> int:
+    repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    with HistoryStore(args.store, create=False, read_only=True) as store:
+        observations = store.observations()
+        history = analyse(observations, repo, store.bisections(), store.triage_attempts())
+    with writing_to(args.out):
+        draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause,
+                            cell=args.cell, out_dir=args.out)
+    print(f"# {draft.title}\n\n{draft.body}")
+    print(f"wrote {draft.file}", file=sys.stderr)
+    return 0
+
+
+def known_failures(path: Path):
+    try:
+        return load_known_failures(FAILURE_CLASSES, path)
+    except RegistryError as error:
+        raise ReportsError(str(error)) from None
 
 
 def gate(args: argparse.Namespace) -> int:
@@ -110,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
     render_parser.add_argument("--docs", type=Path, help="DeepSpeed's automatic-tensor-parallelism.md to check drift")
     render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
+    render_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                               help="failures known upstream (default matrix/known_failures.toml)")
     render_parser.set_defaults(handler=render)
 
     gate_parser = commands.add_parser("gate", help="exit 1 if cells passing in the baseline fail in the candidate")
@@ -135,6 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
     publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
     publish_parser.set_defaults(handler=publish)
+
+    draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "
+                                                           "cause failing at the latest versions")
+    which = draft_parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cause", help="a cause id of report.json failing_now (the report lists them)")
+    which.add_argument("--cell", help="a failing cell id at the latest versions, e.g. bloom-eager-fp32-tp2")
+    draft_parser.add_argument("--store", **store_option)
+    draft_parser.add_argument("--out", type=Path, default=Path("results"),
+                              help="output folder; the report and its repro script go to OUT/draft-issue/")
+    draft_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                              help="failures known upstream (default matrix/known_failures.toml)")
+    draft_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
+    draft_parser.set_defaults(handler=draft_issue)
     return parser
 
 

@@ -30,6 +30,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def code(text: str) -> str:
+    """Inline code that survives any signature (Markdown has no escape inside backticks)."""
+    return "`" + one_line(text).replace("`", "'") + "`"
+
+
 def cell_label(t: dict) -> str:
     return f"{t['model']} tp{t['tp']} {t['variant']} {t['dtype']}"
 

@@ -16,14 +16,15 @@ from pathlib import Path
 
 from matrix.redaction import redact
 from reports import ReportsError
-from reports.answers import markdown_link, one_line
+from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
+from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, code, transition_json, writing_to
+from reports.render import answer_lines, transition_json, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -86,10 +87,6 @@ def inert(markdown: str, *, title: bool = False) -> str:
 def failure_class_text(failure_class: str) -> str:
     """A failure class as it is known (merge validates them); one from an older store as inert code."""
     return failure_class if failure_class in KNOWN_FAILURE_CLASSES else code(failure_class)
-
-
-def repro_command(cell: CellKey) -> str:
-    return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
 
 
 def placements(delta_cause: DeltaCause) -> list[list[dict]]:

@@ -22,19 +22,22 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from matrix.redaction import Redactor
+from matrix.registry import KnownFailure
 from reports import ReportsError
-from reports.answers import Link, answer_text, commit_words, markdown_link, one_line
+from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, model_support, supported_models_markdown
-from reports.history import CellStatus, History, Transition
+from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
+from reports.history import CellStatus, History, Transition, harness_change_text
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def build_report(history: History, observations: list[Observation], drift: Drift | None) -> dict:
+def build_report(history: History, observations: list[Observation], drift: Drift | None,
+                 known_failures: dict[str, KnownFailure]) -> dict:
     support = model_support(history)
     runs = _runs_by_point(observations)
     report = {
@@ -57,6 +60,11 @@ def build_report(history: History, observations: list[Observation], drift: Drift
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
+        "harness_changes": [
+            {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
+             "before_status": _status(status.harness_change), "after_status": _status(status)}
+            for cell, versions, status in history.harness_changes
+        ],
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "supported_models": {
@@ -66,11 +74,13 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "docs_drift": asdict(drift) if drift else None,
     }
     report["root_causes"] = root_causes(report)
+    report["failing_now"] = failing_now(report, history, observations, known_failures)
     return report
 
 
-def write_outputs(history: History, observations: list[Observation], drift: Drift | None, out_dir: Path) -> list[Path]:
-    report = build_report(history, observations, drift)
+def write_outputs(history: History, observations: list[Observation], drift: Drift | None,
+                  known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
+    report = build_report(history, observations, drift, known_failures)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     outputs = {
         out_dir / "report.md": report_markdown(report),
@@ -309,11 +319,6 @@ def matrix_markdown(matrix: dict) -> list[str]:
     return lines
 
 
-def code(text: str) -> str:
-    """Inline code that survives any signature (Markdown has no escape inside backticks)."""
-    return "`" + one_line(text).replace("`", "'") + "`"
-
-
 def seen_at(root_cause: dict, report: dict) -> str:
     """" at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
     latest = Versions(**report["latest_versions"])
@@ -419,6 +424,14 @@ def flaky_text(entry: dict) -> str:
     return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
 
 
+def harness_changes_markdown(report: dict) -> list[str]:
+    """Verdicts that changed at the same versions when the harness commit did: not flaky, no library change."""
+    if not report["harness_changes"]:
+        return []
+    return ["## Harness changes", "", "Verdicts that changed with the harness commit at the same versions:", "",
+            *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report["harness_changes"]], ""]
+
+
 def drift_lines(drift: dict | None) -> list[str]:
     if drift is None:
         return []
@@ -462,6 +475,7 @@ def report_markdown(report: dict) -> str:
         "",
         f"Latest versions: {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
+        *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
         "## Support matrix at the latest versions",
@@ -477,6 +491,7 @@ def report_markdown(report: dict) -> str:
         "",
         *([f"- {flaky_text(entry)}" for entry in report["flaky"]] or ["None."]),
         "",
+        *harness_changes_markdown(report),
         *details_markdown(report),
         *drift_lines(report["docs_drift"]),
     ]
@@ -494,6 +509,7 @@ def step_summary_markdown(report: dict) -> str:
         "",
         f"At {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
         "",
+        *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
         *drift_lines(report["docs_drift"]),
@@ -604,4 +620,5 @@ def report_html(report: dict) -> str:
         details=linked_html(lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]),
         flaky_text=flaky_text,
         harness_text=harness_text,
+        failing_now=failing_now_html(report, linked_html),
     )

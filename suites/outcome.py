@@ -18,7 +18,8 @@ FAILURE_CLASSES = {
     "forward": "the sharded model raised during forward, generate or the loss",
     "numerics": "logits, perplexity or rank agreement beyond tolerance",
     "generation": "greedy tokens or decode-step logits differ from the reference",
-    "memory": "a rank holds about as many parameter bytes as the unsharded model",
+    "memory": "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads or grains "
+              "force, or a rank holds a tensor the unsharded model does not have",
     "timeout": "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)",
     "crash": "a rank process died (signal, os._exit, segfault, OOM kill)",
     "install": "the session's environment could not be installed",
@@ -26,6 +27,20 @@ FAILURE_CLASSES = {
 
 STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
 """A rank's stages in order, and the class of a failure raised in each."""
+
+
+class LibraryOutputError(Exception):
+    """A library's failure the harness found itself: an output it returned that is missing, of the wrong shape or
+    not finite (validated where it enters the harness), or a failure a user's fresh process hits that a
+    long-lived rank cannot (`suites/variants/loading.py` `fresh_process_meta_failure`). The library's fault, with
+    the class of the check or stage that produced it, never `setup` although the harness raised it."""
+
+    def __init__(self, failure_class: str, signature: str, detail: str = "",
+                 explanation: str = "a library's output failed validation where it entered the harness"):
+        super().__init__(f"{signature}{': ' + detail if detail else ''}")
+        if failure_class not in FAILURE_CLASSES:
+            raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {failure_class!r}")
+        self.failure_class, self.signature, self.explanation = failure_class, signature, explanation
 
 
 def first_error(errors: list[dict]) -> dict:
@@ -85,35 +100,68 @@ def exception_signature(error: BaseException) -> str:
     return f"{type(error).__name__}: {mask_numbers(first_line)}{where}"
 
 
-_LIBRARY_FRAMES = ("/deepspeed/", "/torch/")
-_HARNESS_FOLDERS = tuple(str(PROJECT_ROOT / package) + "/" for package in ("suites", "matrix"))
+LIBRARIES_UNDER_TEST = ("deepspeed", "transformers", "accelerate")
+"""Their code raising is their fault. torch, the standard library and every other package (pydantic, numpy,
+tokenizers) are tools: whoever called them owns what they raise."""
+HARNESS_PACKAGES = ("suites", "matrix", "sessions", "reports")
+"""The harness's own code, by module file under the project root (never a path substring: a checkout under a
+folder named `torch` or `deepspeed` must not flip the rule). tests/ is not the harness: its fault hooks stand
+for library bugs."""
+
+
+def _package_roots(names: tuple[str, ...]) -> list[Path]:
+    import sys
+
+    return [Path(module.__file__).resolve().parent for name in names
+            if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)]
+
+
+def _frame_owner(filename: str, libraries: list[Path]) -> str:
+    """`harness`, `library` or `tool` (a frame whose caller decides)."""
+    if not filename.startswith("/"):
+        return "tool"  # <frozen importlib._bootstrap>, <string>
+    path = Path(filename).resolve()
+    if any(path.is_relative_to(PROJECT_ROOT / package) for package in HARNESS_PACKAGES):
+        return "harness"
+    if any(path.is_relative_to(root) for root in libraries) or path.is_relative_to(PROJECT_ROOT / "tests"):
+        return "library"
+    return "tool"
+
+
+def raising_owner(error: BaseException) -> tuple[str, traceback.FrameSummary | None]:
+    """Whose fault an exception is, the one rule for a stage's error (`harness_frame`) and a process's death
+    (`death_record`): the deepest frame that is the harness's or a library's under test decides (tools in
+    between belong to their caller). A config the harness built that DeepSpeed's pydantic models refuse is
+    the harness's. `("tool", None)` when neither appears."""
+    if type(error).__name__ == "ValidationError" and type(error).__module__.startswith("pydantic"):
+        return "harness", None
+    libraries = _package_roots(LIBRARIES_UNDER_TEST)
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        owner = _frame_owner(frame.filename, libraries)
+        if owner != "tool":
+            return owner, frame
+    return "tool", None
 
 
 def harness_frame(error: BaseException) -> str | None:
-    """`suites/<file>.py:<function>` when the harness's own code raised `error` inside a cell's stage: the
-    deepest frame outside torch (which the harness and the libraries both call, so its caller decides)
-    is in suites/ or matrix/. None when DeepSpeed, transformers or any other code raised it (test
-    faults included: they stand for library bugs)."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
-    if not frames or not frames[-1].filename.startswith(_HARNESS_FOLDERS):
+    """`suites/<file>.py:<function>` when the harness owns `error` raised inside a cell's stage (see
+    `raising_owner`); None when DeepSpeed, transformers or a test fault (standing for a library bug) does."""
+    owner, frame = raising_owner(error)
+    if owner != "harness":
         return None
-    return f"{Path(frames[-1].filename).relative_to(PROJECT_ROOT)}:{frames[-1].name}"
-
-
-def raised_in_library(error: BaseException) -> bool:
-    """Whether the frame that raised is DeepSpeed's or torch's own Python code."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and any(part in frames[-1].filename for part in _LIBRARY_FRAMES)
+    if frame is None:
+        return "a config the harness built (pydantic refused it)"
+    return f"{Path(frame.filename).resolve().relative_to(PROJECT_ROOT)}:{frame.name}"
 
 
 def death_record(error: BaseException, where: str) -> dict:
     """What a process of a rank group writes before an exception ends it (outside any cell's stages:
-    while the fork server or a rank starts, or between cells). Whose fault decides the class: raised
-    in DeepSpeed's or torch's code, the rank died there (`crash`); raised anywhere else (the harness's
-    imports, rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's."""
-    owner = "crash" if raised_in_library(error) else "setup"
+    while the fork server or a rank starts, or between cells). Whose fault decides the class (`raising_owner`):
+    a library's, the rank died there (`crash`); the harness's or nobody's (imports, rank setup, bookkeeping),
+    the harness failed (`setup`), never reported as DeepSpeed's."""
+    owner = "crash" if raising_owner(error)[0] == "library" else "setup"
     return {"failure_class": owner, "signature": exception_signature(error),
-            "message": f"{where} raised ({'DeepSpeed/torch code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
+            "message": f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
                        + "".join(traceback.format_exception(error))[-4000:]}
 
 

@@ -146,6 +146,39 @@ def corrupt_loss(stage, model, rank):
         return _wrap_logits(model, change)
 
 
+def decode_lm_head_not_gathered(stage, model, rank):
+    """Inside generate, the lm_head's slices are gathered for the first step only: every decode step after it
+    returns this rank's half of the vocabulary (a decode-only path that skips the gather)."""
+    if stage != "sharded":
+        return None
+    head, generate = model.get_output_embeddings(), model.generate
+    calls = {"in_generate": False, "count": 0}
+
+    def head_forward(hidden, original=head.forward):
+        logits = original(hidden)
+        calls["count"] += calls["in_generate"]
+        return logits[..., : logits.shape[-1] // 2] if calls["count"] > 1 else logits
+
+    def counted_generate(*args, **kwargs):
+        calls.update(in_generate=True, count=0)
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            calls["in_generate"] = False
+
+    head.forward, model.generate = head_forward, counted_generate
+    return model
+
+
+def overflowing_loss(stage, model, rank):
+    """The sharded labels= path returns a huge finite loss: exp(loss) overflows a float."""
+    def change(output, args, kwargs):
+        if "labels" in kwargs:
+            output.loss = output.loss * 0 + 1e6
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
 def skip_lm_head_allreduce_on_task_items(stage, model, rank):
     """The sharded lm_head skips its all-reduce (each rank scores with a partial sum over its slice of
     the hidden features), only in forwards of four or more sequences: the task probes' batches (four
@@ -176,6 +209,33 @@ def skip_sharding(stage, model, rank):
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(model.config._name_or_path, dtype=model.dtype).eval()
+
+
+def attention_left_whole(stage, model, rank):
+    """AutoTP leaves every attention projection whole, the MLP still split and all-reduced: every rank computes
+    the full attention, so the numbers stay exact (the planted DeepSpeed bug of issue #24)."""
+    if stage == "sharded":
+        from transformers import AutoModelForCausalLM
+
+        whole = AutoModelForCausalLM.from_pretrained(model.config._name_or_path, dtype=model.dtype).eval()
+        for sharded_layer, whole_layer in zip(model.model.layers, whole.model.layers):
+            sharded_layer.self_attn = whole_layer.self_attn
+        return model
+
+
+def rewrapped_mlp(stage, model, rank):
+    """A layer comes back under another name (wrapped in a container): numbers unchanged, name unknown."""
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    if stage == "sharded":
+        model.model.layers[0].mlp = Wrapped(model.model.layers[0].mlp)
+        return model
 
 
 def break_before_shard(stage, model, rank):
@@ -274,16 +334,20 @@ def rank1_hangs_on_opt_while_flagged(stage, model, rank):
 # (`server`) and each rank (`rank`) start, before any cell ---
 
 def server_import_fails(stage, rank):
-    """The fork server's pre-imports fail the way a harness import of a module an older transformers
-    lacks does (transformers.masking_utils before 4.53)."""
+    """The fork server's own pre-imports fail the way a harness import of a module an older transformers
+    lacks does (transformers.masking_utils before 4.53): the harness's import statement raises."""
     if stage == "server":
-        import transformers.no_such_module_autotp_test  # noqa: F401
+        import sys
+
+        sys.modules["transformers.generation.utils"] = None
 
 
 def rank1_harness_raises_at_start(stage, rank):
-    """Harness code on rank 1 raises while the rank sets itself up."""
+    """Harness code on rank 1 raises while the rank sets itself up (the harness's own function is given bad input)."""
     if stage == "rank" and rank == 1:
-        raise RuntimeError("injected harness failure in rank setup")
+        from matrix.cells import parse_cell_id
+
+        parse_cell_id("injected harness failure in rank setup", (), ())
 
 
 def rank1_logs_secrets_at_start(stage, rank):
@@ -372,6 +436,19 @@ def rank1_load_skips_a_shard(stage, model, rank):
         else:
             with torch.no_grad():
                 layer.weight.copy_(layer.autotp_test_fresh_weight)
+
+
+def save_16bit_writes_nothing(stage, model, rank):
+    """engine.save_16bit_model returns without writing its file (patched on the engine class from `sharded` until
+    the cell is `finished`, then restored for the next cell)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    if stage == "sharded" and not hasattr(DeepSpeedEngine, "_autotp_saved_save_16bit_model"):
+        DeepSpeedEngine._autotp_saved_save_16bit_model = DeepSpeedEngine.save_16bit_model
+        DeepSpeedEngine.save_16bit_model = lambda self, *args, **kwargs: False
+    elif stage == "finished" and hasattr(DeepSpeedEngine, "_autotp_saved_save_16bit_model"):
+        DeepSpeedEngine.save_16bit_model = DeepSpeedEngine._autotp_saved_save_16bit_model
+        del DeepSpeedEngine._autotp_saved_save_16bit_model
 
 
 def load_drops_optimizer_state(stage, model, rank):

@@ -10,12 +10,12 @@ from suites.checks.result import CheckResult
 
 def run_all(reference, sharded, rank_last_logits, rank_bytes_by_name, tolerance: Tolerance) -> list[CheckResult]:
     """`sharded` is rank 0's observations; the `rank_*` lists hold one entry per rank."""
-    shapes = logits.check_shapes(reference, sharded, rank_last_logits)
-    if not shapes.passed:
-        return [shapes]  # nothing else can be compared
+    for first in (logits.check_reference(reference), logits.check_shapes(reference, sharded, rank_last_logits)):
+        if not first.passed:
+            return [first]  # nothing else can be compared
     return [
         logits.check(reference, sharded, tolerance),
-        logits.check_ranks_agree(rank_last_logits, tolerance),
+        logits.check_ranks_agree(rank_last_logits),
         generation.check(reference, sharded, tolerance),
         perplexity.check(reference, sharded, tolerance),
         memory.check(reference, rank_bytes_by_name),

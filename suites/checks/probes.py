@@ -15,6 +15,20 @@ from dataclasses import dataclass
 import torch
 
 from suites.checks.inputs import ProbeInputs, ProbeSpec
+from suites.outcome import LibraryOutputError
+
+
+MAX_EXP_ARGUMENT = 709.0
+"""math.exp overflows above this."""
+
+
+def _logits(output, what: str, expected_dims: int) -> torch.Tensor:
+    """A model output's logits as they enter the harness: present, a tensor, of the expected rank."""
+    logits = getattr(output, "logits", None)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != expected_dims:
+        found = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise LibraryOutputError("numerics", f"shapes: {what} returned no {expected_dims}-D logits", f"got {found}")
+    return logits
 
 
 @dataclass
@@ -42,11 +56,16 @@ class Observations:
     """The same bytes per parameter/buffer name (AutoTP keeps the names of the layers it replaces)."""
     kinds: dict[str, str]
     """Kind of each name (see `tensor_kinds`); meaningful on the unsharded model, whose module types
-    AutoTP has not replaced yet."""
+    AutoTP has not replaced yet. Tied parameters appear under every name they have."""
+    shapes_by_name: dict[str, tuple[int, ...]]
+    """Shape of each parameter/buffer: the memory check judges every weight of a split kind on its own."""
+    counts: "SplitCounts"
+    """The model's head and expert counts: what decides how finely a weight can be split."""
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll_sum / self.nll_tokens)
+        mean = self.nll_sum / self.nll_tokens
+        return math.inf if mean > MAX_EXP_ARGUMENT else math.exp(mean)  # a huge finite loss is a verdict, not an error
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -67,6 +86,9 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
         labels = window.clone()
         labels[:, :-new_tokens] = -100
         loss = model(window, labels=labels).loss
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise LibraryOutputError("numerics", "perplexity: the labels= forward returned no scalar loss",
+                                     f"got {type(loss).__name__}")
         # The loss is a mean over the shifted labels: the first token of a window is never predicted.
         predicted = (labels[:, 1:] != -100).sum().item()
         nll_sum += loss.float().item() * predicted
@@ -81,15 +103,19 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
 def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations:
     started = time.perf_counter()
     batch_ids, batch_mask = inputs.batch_ids.to(device), inputs.batch_mask.to(device)
-    logits_masked = model(batch_ids, attention_mask=batch_mask).logits[batch_mask.bool()].float().cpu()
-    logits_plain = model(batch_ids[:1]).logits.float().cpu()
+    masked = _logits(model(batch_ids, attention_mask=batch_mask), "the padded-batch forward", 3)
+    if masked.shape[:2] != batch_ids.shape:
+        raise LibraryOutputError("numerics", "shapes: the padded-batch forward returned logits for other positions",
+                                 f"{tuple(masked.shape)} for input ids {tuple(batch_ids.shape)}")
+    logits_masked = masked[batch_mask.bool()].float().cpu()
+    logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
     nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
     by_name = bytes_by_name(model)
     return Observations(logits_masked, logits_plain, gen_tokens[0], gen_logits[0], gen_padded_tokens, gen_padded_logits,
-                        nll_sum, nll_tokens,
-                        time.perf_counter() - started, sum(by_name.values()), by_name, tensor_kinds(model))
+                        nll_sum, nll_tokens, time.perf_counter() - started, sum(by_name.values()), by_name,
+                        tensor_kinds(model), shapes_by_name(model), split_counts(model))
 
 
 def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,12 +123,54 @@ def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tu
     generated = model.generate(ids, attention_mask=mask, max_new_tokens=spec.new_tokens, min_new_tokens=spec.new_tokens,
                                do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True,
                                pad_token_id=0)
+    steps = [tuple(step.shape) for step in generated.logits]
+    if len(set(steps)) != 1 or len(steps) != spec.new_tokens or len(steps[0]) != 2:
+        raise LibraryOutputError("numerics", "shapes: generate returned decode-step logits of differing shapes",
+                                 f"{steps} for {spec.new_tokens} new tokens")
     return generated.sequences[:, ids.shape[1]:].cpu(), torch.stack(generated.logits, dim=1).float().cpu()
 
 
-KINDS = ("linears", "experts", "embeddings", "rest")
+KINDS = ("linears", "experts", "convs", "embeddings", "rest")
 """What a rank holds, by kind: attention/MLP linear layers and MoE experts are what AutoTP must split;
-embeddings + lm_head and the rest (norms, routers' buffers, rotary tables) may stay whole."""
+convolution kernels (vision patch embeddings, audio front ends, mamba), embeddings + lm_head and the rest
+(norms, routers' buffers, rotary tables) may stay whole."""
+SPLIT_KINDS = ("linears", "experts")
+CONV_MODULES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    """How finely AutoTP can split the model's weights, from its (text) config; 0 where the config has none."""
+
+    heads: int
+    kv_heads: int
+    """Key/value heads: AutoTP gives each rank whole kv heads, so fewer kv heads than ranks cannot all split."""
+    head_dim: int
+    experts: int
+    """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
+
+
+def _first_count(config, *names: str) -> int:
+    return next((int(value) for name in names if isinstance(value := getattr(config, name, None), int)), 0)
+
+
+def split_counts(model) -> SplitCounts:
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = _first_count(config, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    kv_heads = (1 if getattr(config, "multi_query", False) is True
+                else _first_count(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+                or heads)
+    hidden = _first_count(config, "hidden_size", "n_embd", "d_model")
+    head_dim = _first_count(config, "head_dim") or (hidden // heads if heads else 0)
+    experts = _first_count(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    return SplitCounts(heads, kv_heads, head_dim, experts)
+
+
+def shapes_by_name(model) -> dict[str, tuple[int, ...]]:
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {name: tuple(tensor.shape) for name, tensor in named}
 
 
 def bytes_by_name(model) -> dict[str, int]:
@@ -121,7 +189,9 @@ def tensor_kinds(model) -> dict[str, str]:
             kinds.setdefault(f"{module_name}.{local}" if module_name else local, "rest")
         for local, tensor in module.named_parameters(recurse=False):
             name = f"{module_name}.{local}" if module_name else local
-            if tensor.dim() >= 3 or "experts" in module_name.split("."):
+            if isinstance(module, CONV_MODULES):
+                kind = "convs"
+            elif tensor.dim() >= 3 or "experts" in module_name.split("."):
                 kind = "experts"
             elif isinstance(module, torch.nn.Embedding) or (output is not None and module is output):
                 kind = "embeddings"

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from matrix.registry import Tolerance
+from suites.checks.probes import SplitCounts
 from suites.checks.result import CheckResult
 from suites.checks import memory as memory_checks
 
@@ -36,6 +37,8 @@ class UnshardedFootprint:
     bytes_by_name: dict[str, int]
     kinds: dict[str, str]
     param_bytes: int
+    shapes_by_name: dict[str, tuple[int, ...]]
+    counts: SplitCounts
 
 
 def _comparison_result(comparisons: list[dict], tolerance: Tolerance, stage: str, what: str) -> tuple[bool, str]:
@@ -92,7 +95,8 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
                                {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first)},
                                label + update_reason if update_reason else ""))
 
-    footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"])
+    footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],
+                                   unsharded["shapes_by_name"], unsharded["counts"])
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     results.append(CheckResult(memory.name, memory.passed, memory.failure_class,
                                {f"{prefix}{k}": v for k, v in memory.metrics.items()},

@@ -28,7 +28,8 @@ from suites.checks import training as training_checks
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.checks.probes import observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
-from suites.outcome import STAGE_CLASS, CellOutcome, exception_signature, failed, first_error, harness_frame
+from suites.outcome import (STAGE_CLASS, CellOutcome, LibraryOutputError, exception_signature, failed, first_error,
+                            harness_frame)
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
@@ -54,7 +55,10 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
     """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
     where = f"{label}: " if label else ""
     failure_class, signature, whose = STAGE_CLASS[stage], exception_signature(error), ""
-    if stage != "setup" and (frame := harness_frame(error)):
+    if isinstance(error, LibraryOutputError):
+        failure_class, signature = error.failure_class, error.signature
+        whose = f"; {error.explanation}, so the class is {failure_class}"
+    elif stage != "setup" and (frame := harness_frame(error)):
         # The harness's own code raised (a harness bug, or a model output it cannot read): never DeepSpeed's fault.
         failure_class, signature = "setup", f"{signature.split(' @ ')[0]} @ {frame}"
         whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
@@ -145,6 +149,8 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
             tokenizer = load_tokenizer(job["tokenizer"], job["trust_remote_code"])
             inputs = build_inputs(tokenizer, spec)
             started = time.perf_counter()
+            if job["variant"]["load"] == "meta":
+                stage = "shard"  # construction under deepspeed.OnDevice(device="meta") is DeepSpeed's, like the load
             model = _run_fault_hooks(job, "loaded", _load(job), rank)
             timings["time_load_s"] = time.perf_counter() - started
             stage = "shard"
@@ -175,6 +181,7 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
             outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
+            outcome = as_a_fresh_process_would(outcome, job.get("fresh_process_failure"))
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
                              + "".join(traceback.format_exception(raised))[-4000:])
@@ -185,6 +192,18 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
     write_text_atomically(workdir / f"done-{job['seq']}.{rank}", "")
+
+
+def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:
+    """The verdict a user's fresh process gets: a failure only a fresh process hits (building the model on the
+    meta device, suites/variants/loading.py `fresh_process_meta_failure`) comes first, as `shard`; what the
+    rank found past it (with torch._dynamo imported first) stays in the message and metrics."""
+    if not fresh_process_failure or outcome.outcome == "skip":
+        return outcome
+    found = "passed every check" if outcome.outcome == "pass" else f"failed {outcome.failure_class}: {outcome.signature}"
+    return failed("shard", fresh_process_failure["signature"],
+                  f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "
+                  f"harness's ranks do) the cell {found}.", {**outcome.metrics, "fresh_process_failed": 1.0})
 
 
 def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:

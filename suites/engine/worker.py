@@ -51,6 +51,9 @@ def import_cell_machinery() -> None:
     import importlib
     import importlib.util
 
+    # Before any cell, so no verdict depends on which cell ran first (a first import of torch._dynamo inside
+    # deepspeed.OnDevice fails on torch 2.13; what a fresh user process hits there is probed on its own:
+    # suites/variants/loading.py fresh_process_meta_failure).
     import torch._dynamo  # noqa: F401
     import transformers.generation.utils  # noqa: F401
     import transformers.modeling_utils  # noqa: F401

@@ -8,9 +8,12 @@ json is DeepSpeed's `{"type": "ds_model", "checkpoints": [files], "version": 1.0
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -72,16 +75,65 @@ def load_meta_model(source: str, dtype: str, trust_remote_code: bool):
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    # OnDevice patches torch.Tensor.__new__; on torch 2.13 the first import of torch._dynamo (which
-    # transformers triggers lazily inside from_config) then fails with "Signature mismatch between
-    # OnDevice...new_tensor and tensor_pynew". Importing it first makes a cell's verdict independent
-    # of which cell a long-lived rank ran before (a fresh user process does hit it: see README).
-    import torch._dynamo  # noqa: F401
-
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     with deepspeed.OnDevice(dtype=TORCH_DTYPES[dtype], device="meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype))
     return model.eval()
+
+
+FRESH_PROCESS_TIMEOUT_S = 600
+
+
+def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool) -> dict | None:
+    """What a user's fresh process hits building this checkpoint's architecture under
+    `deepspeed.OnDevice(device="meta")`, as {"signature", "message"}, or None when it builds.
+
+    Ranks are long-lived and import torch._dynamo before any cell (suites/engine/worker.py), so a cell's verdict
+    does not depend on which cell ran before. But on torch 2.13 OnDevice's patched `torch.Tensor.__new__` makes
+    the *first* import of torch._dynamo fail ("Signature mismatch between OnDevice...new_tensor and
+    tensor_pynew"), and transformers' from_config does that import lazily: a user's script fails where a rank
+    would not. This asks a fresh interpreter, once per architecture, dtype and library versions (cached); the
+    cell's verdict is then that failure, with what the rank's run found in its message (cell_runner)."""
+    import deepspeed
+    import transformers
+
+    from matrix.checkpoints import cache_root
+
+    config = json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
+    key = json.dumps({"config": config, "dtype": dtype, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                      "transformers": transformers.__version__, "probe": 1}, sort_keys=True)
+    cached = cache_root() / "fresh-process" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())["failure"]
+    command = [sys.executable, "-m", "suites.variants.loading", source, dtype, "--trust-remote-code" if trust_remote_code else ""]
+    from matrix import PROJECT_ROOT
+
+    done = subprocess.run([part for part in command if part], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=FRESH_PROCESS_TIMEOUT_S)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the fresh-process meta probe itself failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    failure = json.loads(lines[-1])["failure"]
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(cached, json.dumps({"failure": failure}))
+    return failure
+
+
+def _fresh_process_main(argv: list[str]) -> None:
+    """Build the model on the meta device as a user's script would, in this fresh interpreter; print the result."""
+    import traceback
+
+    from suites.outcome import exception_signature
+
+    source, dtype, trust = argv[0], argv[1], "--trust-remote-code" in argv
+    try:
+        load_meta_model(source, dtype, trust)
+        failure = None
+    except Exception as error:  # the verdict of the probe, printed for the driver
+        failure = {"signature": exception_signature(error),
+                   "message": "in a fresh process (as a user's script runs it), building the model under "
+                              "deepspeed.OnDevice(device='meta') raised:\n" + "".join(traceback.format_exception(error))[-3000:]}
+    print(json.dumps({"failure": failure}))
 
 
 def checkpoints_json(folder: str | Path, checkpoint_format: str) -> Path:
@@ -136,3 +188,7 @@ def checkpoint_copy(folder: str | Path, checkpoint_format: str, files: int) -> P
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # another process finished the same copy first
     return target
+
+
+if __name__ == "__main__":
+    _fresh_process_main(sys.argv[1:])

@@ -28,8 +28,9 @@ from matrix.checkpoints import cache_root
 from matrix.registry import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.checks.probes import bytes_by_name, tensor_kinds
+from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
 from suites.variants.loading import load_model, refuse_if_sharded
+from suites.outcome import LibraryOutputError
 
 TRAINING_FORMAT = 4
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
@@ -150,6 +151,7 @@ def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, 
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
     by_name = bytes_by_name(model)
     return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
+            "shapes_by_name": shapes_by_name(model), "counts": split_counts(model),
             "param_bytes": sum(by_name.values()), **_lm_head_names(model)}
 
 
@@ -371,14 +373,19 @@ def hide_tp_plan(model) -> None:
     model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
 
 
-def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, load_universal: bool = False):
+def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, progress: "Progress",
+                 load_universal: bool = False):
+    """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
+    (stage `shard`, under the label the caller was in)."""
     import deepspeed
 
-    variant = job["variant"]
+    variant, label = job["variant"], progress.label
+    progress.enter("setup", f"{label}: load model")
     model = load_for_training(checkpoint, job["dtype"], job["trust_remote_code"])
     if variant["partitioning"] == "heuristics":
         hide_tp_plan(model)
     config = deepspeed_config(variant, tp_size, job["dtype"], model_type, load_universal)
+    progress.enter("shard", label)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     engine.eval()
     return engine
@@ -389,7 +396,7 @@ class Progress:
     (`step 2`, `save`, `gather`, `load`, `resume`), `stage` is the cell_runner stage that sets the class."""
 
     def __init__(self):
-        self.stage, self.label = "shard", "initialize"
+        self.stage, self.label = "setup", "initialize"
 
     def enter(self, stage: str, label: str) -> None:
         self.stage, self.label = stage, label
@@ -451,6 +458,13 @@ def convert_to_universal(scratch: Path) -> None:
         num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
 
 
+def _saved_16bit(path: Path) -> dict:
+    """What save_16bit_model wrote, validated where it enters the harness: a missing file is DeepSpeed's output."""
+    if not path.is_file():
+        raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(path))
+    return torch.load(path, weights_only=True)
+
+
 def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
@@ -464,7 +478,7 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     engine.save_checkpoint(str(scratch), tag=CHECKPOINT_TAG)
     engine.save_16bit_model(str(scratch), "model_16bit.bin")
     dist.barrier()  # every rank's files are written before any rank reads them
-    saved = compare_whole(torch.load(scratch / "model_16bit.bin", weights_only=True), trained, "saved 16-bit") if rank == 0 else None
+    saved = compare_whole(_saved_16bit(scratch / "model_16bit.bin"), trained, "saved 16-bit") if rank == 0 else None
     if variant["resume_tp"]:
         progress.enter("forward", "ds_to_universal")
         if rank == 0:
@@ -479,7 +493,7 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     if variant["resume_tp"]:
         forget_parallel_groups()
     resumed = ShardedTrainee(build_engine(job["checkpoint"], job["model_type"], job, variant["resume_tp"] or world_size,
-                                          load_universal=bool(variant["resume_tp"])),
+                                          progress, load_universal=bool(variant["resume_tp"])),
                              trainee.unsharded, trainee.label, steps_taken)
     fault_hook("restoring", resumed.engine.module)
     resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant["resume_tp"] else CHECKPOINT_TAG)
@@ -487,11 +501,13 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     # The loaded shards against the trained weights directly: on tiny random models a whole projection
     # left untrained moves the next loss by less than the loss tolerance.
     resumed.start_updates_here()
-    loaded = Comparison()
+    loaded = Comparison(problems=list(resumed.problems))  # a resumed engine that holds no slice of a weight
     for name in resumed.layouts:
         loaded.add(name, resumed.initial[name], resumed.slice(name, trained[name]))
+    progress.enter("setup", "resume: step batch")
+    batch = step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken)
     progress.enter("forward", "resume")
-    resumed.step(step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken), fault_hook)
+    resumed.step(batch, fault_hook)
     # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
     # state (momentum, Adam's moments) the checkpoint must restore.
     return {"saved": saved, "gathered": gather, "loaded": loaded.to_dict(), "resumed_step": steps_taken + 1,
@@ -509,12 +525,13 @@ def run_training(job: dict, world_size: int, scratch: Path, fault_hook, progress
     try:
         trainees = []
         for model in [job, *job["second_models"]]:
-            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size)
+            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size, progress)
             fault_hook("sharded", engine.module)
             trainees.append(ShardedTrainee(engine, torch.load(model["unsharded_steps"], weights_only=False), model["model_type"]))
-        for step in range(variant["training_steps"]):
+        progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
+        batches = [step_batch(job["tokenizer"], spec, job["trust_remote_code"], step) for step in range(variant["training_steps"])]
+        for step, ids in enumerate(batches):
             progress.enter("forward", f"step {step + 1}")
-            ids = step_batch(job["tokenizer"], spec, job["trust_remote_code"], step)
             for trainee in trainees:
                 trainee.step(ids, fault_hook)
         reports = [trainee.report() for trainee in trainees]

@@ -8,7 +8,7 @@ from matrix.cells import Cell
 from suites.checks.inputs import ProbeSpec
 from suites.outcome import CellOutcome
 from suites.reference import cached_reference
-from suites.variants.loading import checkpoint_copy, checkpoints_json
+from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
 
 
@@ -38,6 +38,7 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
         # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
         fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
         fields["checkpoints_json"] = str(checkpoints_json(fields["checkpoint"], variant.checkpoint_format))
+        fields["fresh_process_failure"] = fresh_process_meta_failure(checkpoint, cell.dtype, trust)
     if variant.training:
         training = _training_fields(cell, checkpoint, tokenizer, spec)
         if isinstance(training, CellOutcome):

@@ -136,3 +136,48 @@ def issue_18_store(tmp_path: Path) -> Path:
                 recorded_at="2026-12-05T00:00:00+00:00",
                 confirmed_from="" if cell == representative else representative.id))
     return store
+
+
+# ---- A nightly at the latest versions like issue #26 found it: 94 failures, 27 causes --------------------------
+
+def _tps(model: str, failure_class: str, signature_at, tps=(2, 3, 4)) -> list[Cell]:
+    return [fail(model, failure_class, signature_at(tp), tp=tp) for tp in tps]
+
+
+def _nightly_failures() -> list[Cell]:
+    """94 failing cells with the shapes of real signatures: numbers the recording leaves in (memory's MiB, shape
+    products, tolerances) differ per model and tp, so there are 53 distinct signatures but 27 causes."""
+    cells = []
+    size = ("RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton dimension N "
+            "@ transformers/integrations/sdpa_attention.py:sdpa_attention_forward")
+    for model in ("falcon", "falcon_40b", "gpt_neo", "opt", "mpt", "stablelm", "xglm"):  # 21 forward cells
+        cells += _tps(model, "forward", lambda tp: size)
+    for model in ("gpt2", "openai_gpt"):  # 6 forward cells, the shape product differs per tp
+        cells += _tps(model, "forward", lambda tp: "RuntimeError: mat1 and mat2 shapes cannot be multiplied "
+                      f"(Nx{12 // tp}N and Nx4) @ deepspeed/module_inject/layers.py:forward")
+    cells += [fail("biogpt", "forward", "ValueError: Unsupported activation function: silu @ "
+                   "deepspeed/module_inject/containers/opt.py:__init__", tp=tp) for tp in (2, 3, 4)]
+    for n, model in enumerate(("mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "granitemoe", "jamba", "olmoe")):
+        cells += _tps(model, "memory", lambda tp: f"memory: experts not sharded: rank 0 holds {6.75 - n * 0.75:.3g} "
+                      f"of {6.75 - n * 0.75:.3g} MiB (100%; at most {(1 + 1 / tp) / 2:.0%} expected on tp {tp})")
+    for model in ("cohere2", "glm", "glm4", "persimmon", "nemotron", "helium", "exaone4", "arcee"):  # 24 cells
+        cells += _tps(model, "forward", lambda tp: f"IndexError: index out of range in self @ "
+                      f"transformers/models/{model}/modeling_{model}.py:forward")
+    for n, model in enumerate(("deepseek_v2", "deepseek_v3", "qwen3_next", "dbrx", "gpt_oss", "minimax", "bitnet",
+                               "jetmoe", "falcon_h1", "flex_olmo")):  # 14 shard cells in 10 causes
+        cells += _tps(model, "shard", lambda tp: f"AssertionError: the {model} policy splits N heads over {tp} ranks "
+                      "@ deepspeed/module_inject/auto_tp.py:_replace", tps=(2, 3) if n < 4 else (2,))
+    for n, model in enumerate(("gemma", "gemma2", "gemma3", "exaone", "vaultgemma")):  # 5 numerics cells
+        cells.append(fail(model, "numerics", f"logits_{n}: max |dlogit| {0.3 + n / 10} > 0.0001"))
+    return cells
+
+
+NIGHTLY_PASSING = ("llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "bloom", "gptj", "codegen")
+
+
+def nightly_94(folder: Path, **versions) -> Path:
+    """One nightly of the default matrix at the latest versions with issue #26's 94 failures (and some passes)."""
+    passing = [Cell(model, tp=tp) for model in NIGHTLY_PASSING for tp in (2, 3, 4)]
+    return write_junit(folder / "nightly.xml", [*_nightly_failures(), *passing],
+                       run_id="nightly@2026-12-03T00:00:00Z@vm", started="2026-12-03T00:00:00Z",
+                       **{"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0+cpu", **versions})

@@ -98,3 +98,43 @@ def test_answer_links_are_anchors_and_everything_else_is_escaped():
 
     lines = linked_html(lambda link: [f"<b>{link('#1 <x>', 'https://github.com/o/r/pull/1?a=1&b=2')}</b>"])
     assert lines == [Markup('&lt;b&gt;<a href="https://github.com/o/r/pull/1?a=1&amp;b=2">#1 &lt;x&gt;</a>&lt;/b&gt;')]
+
+
+@needs_chromium
+def test_failing_now_is_the_first_section_a_person_sees(tmp_path):
+    """Issue #26's nightly (94 failures, 27 causes) after a release where llama failed a known way: in a real
+    browser the page opens on "Failing now, by cause", one item per cause, new and known marked, the fixed known
+    failure with its close link; the screenshot is kept as an artifact."""
+    from PIL import Image
+    from reports_testkit import fail, nightly_94, write_junit
+
+    upstream = "https://github.com/example/upstream/issues/7"  # a stand-in, as in test_failing_now.py
+    split = "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ deepspeed/module_inject/layers.py:f"
+    junit = nightly_94(tmp_path / "junit").parent
+    write_junit(junit / "older.xml", [fail("llama", "shard", split, tp=tp) for tp in (2, 3, 4)],
+                run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z", deepspeed="0.19.7",
+                transformers="5.24.0", torch="2.13.0+cpu")
+    registry = tmp_path / "known_failures.toml"
+    registry.write_text(f'[known_failures.split]\nfailure_class = "shard"\nsignature = "split_with_sizes"\n'
+                        f'upstream = "{upstream}"\n\n[known_failures.experts]\nfailure_class = "memory"\n'
+                        f'signature = "experts not sharded"\nupstream = "{upstream.replace("7", "8")}"\n')
+    page = render(junit, tmp_path, "--known-failures", str(registry)) / "report.html"
+    dom = chromium(page, tmp_path / "profile", "--dump-dom").stdout
+
+    assert text_of(dom, "failing-now-summary") == ("94 cells fail in 27 causes at the latest versions: 26 new, 1 known; "
+                                                   "1 known failure fixed: close upstream")
+    headings = re.findall(r"<h2[^>]*>([^<]*)</h2>", dom)
+    assert headings[:2] == ["Failing now, by cause", "Since the previous run of each session"]
+    items = re.findall(r'<li id="failing-[0-9a-f]{12}"><strong class="status-(\w+)">', dom)
+    assert len(items) == 27 and items.count("known") == 1 and items[-1] == "known"  # new ones first
+    assert '<code class="repro">nox -s repro -- --models falcon --variants eager --dtypes fp32 --tp 2</code>' in dom
+    fixed = re.search(r'<ul id="fixed-known"><li>(.*?)</li>', dom, re.S)[1]
+    assert fixed.startswith(f'fixed at deepspeed 0.19.8: close <a href="{upstream}">example/upstream#7</a>')
+
+    screenshot = artifacts(tmp_path) / "report-failing-now.png"
+    chromium(page, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
+    image = Image.open(screenshot).convert("RGB")
+    present = {colour for _, colour in image.getcolors(maxcolors=1 << 20)}
+    assert (0xCF, 0x22, 0x2E) in present  # "new" in red on the first screen
+    top = image.crop((0, 0, 1400, 120))  # the heading and the summary are on screen, not below it
+    assert len(top.getcolors(maxcolors=1 << 20)) > 10

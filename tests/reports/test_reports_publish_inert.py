@@ -45,7 +45,8 @@ def active_parts(markdown: str) -> list[str]:
 
 
 def nightlies(tmp_path, signature: str):
-    for n, cells in enumerate(([Cell("llama"), Cell("opt")], [fail("llama", "forward", signature), Cell("opt")]), 1):
+    for n, cells in enumerate(([Cell("llama"), Cell("opt")], [fail("llama", "forward", signature), fail("opt", "shard")]),
+                              1):
         write_junit(tmp_path / "junit" / f"nightly{n}.xml", cells, run_id=f"nightly@2025-01-0{n}T00:00:00Z@runner-1",
                     started=f"2025-01-0{n}T00:00:00Z", deepspeed=f"0.19.{n}")
 
@@ -56,21 +57,22 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     with HistoryStore(store, create=False) as history:  # an answer whose commit subject mentions people
         history.add_bisection(Bisection(CellKey("llama", "eager", "fp32", 2), "broken", "deepspeed", "0.19.1",
-                                        "0.19.2", "transformers 4.44.0, torch 2.4.0, python 3.11.7", "forward",
+                                        "0.19.2", "transformers 4.44.0, torch 2.4.0", "forward",
                                         f"RuntimeError: {HOSTILE}", "a" * 40, f"Refactor attention {HOSTILE} (#77)",
-                                        77, recorded_at="2025-01-03T00:00:00+00:00"))
+                                        77, recorded_at="2025-01-03T00:00:00+00:00", kind="broke"))
     with sqlite3.connect(store) as conn:  # a class stored before merge validated them
-        conn.execute("UPDATE results SET failure_class = ? WHERE outcome = 'fail'", (f"forward {HOSTILE}",))
+        conn.execute("UPDATE results SET failure_class = ? WHERE model = 'opt'", (f"shard {HOSTILE}",))
     assert main(["publish", "--store", str(store), "--out", str(out)]) == 0
 
     comment = (out / "publish" / "comment.md").read_text()
-    [issue_file] = (out / "publish" / "issues").iterdir()
-    title, body = issue_file.read_text().removeprefix("# ").split("\n\n", 1)
-    assert "Refactor attention" in body and "tracker.example" in comment  # the hostile text is there, inert
+    issues = [path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "issues").iterdir()]
+    assert len(issues) == 2 and "tracker.example" in comment  # the hostile text is there, inert
     assert active_parts(comment) == []
-    assert active_parts(body) == []
-    assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []  # titles render code spans, nothing else
-    assert "`@deepspeedai/maintainers`" in body  # the subject's mention, put in a code span
+    for title, body in issues:
+        assert active_parts(body) == []
+        assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []  # titles render code spans, nothing else
+    llama = next(body for _, body in issues if "llama-eager-fp32-tp2" in body)
+    assert "Refactor attention `@deepspeedai/maintainers`" in llama  # the subject's mention, put in a code span
 
 
 @pytest.mark.parametrize("field, value, error", [

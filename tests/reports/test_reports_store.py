@@ -1,6 +1,7 @@
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,19 @@ def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys
                            harness_git=None)
     assert main(["merge", str(old_file), "--store", str(old)]) == 0
     assert "0 new run(s), 0 new result(s) from 1 file(s); 0 skipped" in capsys.readouterr().out
+
+
+def test_answers_stored_before_their_scope_was_kept_read_back_and_attach_as_their_mode_says(tmp_path):
+    old = _old_store(tmp_path / "old.sqlite", 2, [("r@2025-01-01T00:00:00Z@runner-1", "0.19.8", "")])
+    with sqlite3.connect(old) as conn:  # a schema-2 row: no suspects, confirmation, kind or searched range
+        conn.execute("INSERT INTO bisections VALUES ('llama', 'eager', 'fp32', 2, 'broken', 'deepspeed', '0.19.7', "
+                     "'0.19.8', 'transformers 4.44.0, torch 2.4.0', 'shard', 'X', '', '', NULL, '[]', '[]', "
+                     "'2025-01-02T00:00:00+00:00')")
+    with HistoryStore(old, create=False) as history:
+        (stored,) = history.bisections()
+    assert (stored.kind, stored.searched_older, stored.searched_newer, stored.confirmed_from) == ("", "", "", "")
+    assert (stored.mode, stored.before, stored.after, stored.failure_class) == ("broken", "0.19.7", "0.19.8", "shard")
+    with HistoryStore(old, create=False) as history:  # written and read back with the new fields
+        history.add_bisection(replace(stored, kind="class-change", searched_older="0.19.0", searched_newer="0.19.8"))
+        assert history.bisections()[1] == replace(stored, kind="class-change", searched_older="0.19.0",
+                                                  searched_newer="0.19.8")

@@ -6,12 +6,13 @@ from matrix.registry import DEFAULT_TOLERANCES
 
 
 def _observations(**changes):
-    from suites.checks.probes import Observations
+    from suites.checks.probes import Observations, SplitCounts
 
     torch.manual_seed(0)
     base = dict(logits_masked=torch.randn(44, 16), logits_plain=torch.randn(1, 24, 16),
                 gen_tokens=torch.tensor([1, 2, 3, 4]), gen_logits=torch.randn(4, 16), nll_sum=100.0, nll_tokens=50,
-                forward_seconds=0.1, param_bytes=1000, bytes_by_name={"w": 800, "n": 200}, kinds={"w": "linears", "n": "rest"})
+                forward_seconds=0.1, param_bytes=1000, bytes_by_name={"w": 800, "n": 200}, kinds={"w": "linears", "n": "rest"},
+                shapes_by_name={"w": (20, 10), "n": (50,)}, counts=SplitCounts(2, 2, 5, 0))
     base["gen_tokens"] = base["gen_logits"].argmax(-1)
     base["gen_padded_logits"] = torch.randn(2, 4, 16)
     base["gen_padded_tokens"] = base["gen_padded_logits"].argmax(-1)
@@ -68,25 +69,162 @@ def test_tensor_kinds_come_from_the_modules_and_buffers_are_never_split_kinds():
             self.embed, self.q, self.norm = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
             self.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
             self.fused_experts = torch.nn.Parameter(torch.zeros(2, 4, 4))  # transformers >= 5 layout
+            self.patch_embed = torch.nn.Conv2d(3, 4, 2)  # a vision tower's kernel is 4-D but no expert
             self.register_buffer("causal_mask", torch.ones(1, 1, 4, 4))  # 4-D, but not a weight (gpt_neo)
 
     assert tensor_kinds(Toy()) == {
         "causal_mask": "rest", "fused_experts": "experts", "embed.weight": "embeddings", "q.weight": "linears",
         "q.bias": "linears", "norm.weight": "rest", "norm.bias": "rest", "experts.0.weight": "experts",
-        "experts.0.bias": "experts"}
+        "experts.0.bias": "experts", "patch_embed.weight": "convs", "patch_embed.bias": "convs"}
 
 
-def test_memory_is_judged_by_kind_and_names_the_kind_left_whole():
+def _layered(heads=8, kv_heads=8, experts=0):
+    """A two-layer model's unsharded footprint: q/k/v/o, an MLP, optional fused experts and a router."""
+    from suites.checks.probes import SplitCounts
+
+    head_dim, hidden = 16, 128
+    shapes = {}
+    for layer in range(2):
+        prefix = f"model.layers.{layer}."
+        shapes |= {prefix + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                   prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                   prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                   prefix + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                   prefix + "mlp.up_proj.weight": (384, hidden), prefix + "mlp.down_proj.weight": (hidden, 384),
+                   prefix + "input_layernorm.weight": (hidden,)}
+        if experts:
+            shapes |= {prefix + "mlp.experts.gate_up_proj": (experts, 2 * 384, hidden),
+                       prefix + "mlp.gate.weight": (experts, hidden)}
+    kinds = {name: "rest" if "norm" in name else "experts" if "experts" in name else "linears" for name in shapes}
+    full = {name: 4 * torch.Size(shape).numel() for name, shape in shapes.items()}
+    return _observations(param_bytes=sum(full.values()), bytes_by_name=full, kinds=kinds, shapes_by_name=shapes,
+                         counts=SplitCounts(heads, kv_heads, head_dim, experts))
+
+
+def _split(reference, tp, whole=(), rows=None):
+    """Each rank's bytes when every linear/expert weight is split in `tp` (or as `rows` gives rank 0's share)."""
+    ranks = []
+    for rank in range(tp):
+        held = {}
+        for name, size in reference.bytes_by_name.items():
+            split = reference.kinds[name] != "rest" and not any(part in name for part in whole)
+            held[name] = size if not split else (rows(name, size, rank) if rows else size // tp)
+        ranks.append(held)
+    return ranks
+
+
+def test_memory_judges_every_weight_and_names_the_layers_left_whole():
+    """AutoTP leaving attention whole while the MLP splits stays inside a bound on all linears together (a
+    fraction f left whole gives f + (1 - f)/tp): judged per weight, it fails at tp 2 and 3 with the layers named."""
     from suites.checks import memory
 
-    kinds = {"embed.weight": "embeddings", "q.weight": "linears", "moe.experts.up": "experts", "norm.weight": "rest"}
-    full = {"embed.weight": 200 << 10, "q.weight": 400 << 10, "moe.experts.up": 32 << 20, "norm.weight": 8 << 10}
-    reference = _observations(param_bytes=sum(full.values()), bytes_by_name=full, kinds=kinds)
-    split = {**full, "q.weight": 200 << 10, "moe.experts.up": 16 << 20}
-    assert memory.check(reference, [split, split]).passed
-    linears_whole = memory.check(reference, [{**split, "q.weight": 400 << 10}, split])
-    assert not linears_whole.passed and linears_whole.metrics["linear_shard_ratio"] == 1.0
-    assert linears_whole.reason.startswith("linears not sharded: rank 0 holds")
-    experts_whole = memory.check(reference, [split, {**split, "moe.experts.up": (32 << 20) - (512 << 10)}])
+    reference = _layered()
+    for tp in (2, 3, 4):
+        def rows(name, size, rank, tp=tp):
+            return size // 128 * (128 // tp + (rank < 128 % tp))
+        assert memory.check(reference, _split(reference, tp, rows=rows)).passed
+        half_whole = memory.check(reference, _split(reference, tp, whole=("self_attn",), rows=rows))
+        assert not half_whole.passed and half_whole.failure_class == "memory"
+        assert half_whole.reason.startswith(
+            f"linears left whole: model.layers.*.self_attn.{{q_proj,k_proj,v_proj,o_proj}} (4 of 12 linears split on tp {tp})")
+        assert half_whole.metrics["linear_shard_ratio"] < memory.SHARE_EPSILON + (1 + 1 / tp) / 2  # the old bound passed it
+
+
+def test_memory_allows_a_split_exactly_as_uneven_as_the_heads_force_and_no_more():
+    from suites.checks import memory
+
+    reference = _layered(heads=6, kv_heads=6)  # 6 heads on 4 ranks: 2/2/1/1, rank 0 holds 2 of 6
+    def by_heads(name, size, rank):
+        return size // 6 * (2 if rank < 2 else 1)
+    assert memory.check(reference, _split(reference, 4, rows=lambda n, s, r: (
+        by_heads(n, s, r) if "self_attn" in n else s // 4))).passed
+    def lopsided(name, size, rank):
+        return size // 6 * (3 if rank == 0 else 1)  # 3/1/1/1: more than the heads force
+    result = memory.check(reference, _split(reference, 4, rows=lambda n, s, r: lopsided(n, s, r) if "q_proj" in n else s // 4))
+    assert not result.passed and result.reason.startswith("linears split unevenly: model.layers.*.self_attn.q_proj")
+    assert "rank 0 holds 50% of model.layers.0.self_attn.q_proj.weight; at most 33%" in result.reason
+
+
+def test_memory_names_the_rules_that_keep_weights_whole_by_design():
+    from suites.checks import memory
+
+    reference = _layered(heads=8, kv_heads=1, experts=4)  # one kv head, routers of 4 experts
+    kept = memory.check(reference, _split(reference, 2, whole=("k_proj", "v_proj", "mlp.gate.")))
+    assert kept.passed, kept.reason
+    assert "linears kept whole by design: model.layers.*.self_attn.{k_proj,v_proj} (1 kv heads < tp 2" in kept.reason
+    assert "model.layers.*.mlp.gate (MoE router (4 experts)" in kept.reason
+    experts_whole = memory.check(reference, _split(reference, 2, whole=("experts", "mlp.gate.", "k_proj", "v_proj")))
     assert not experts_whole.passed
-    assert experts_whole.reason.startswith("experts not sharded: rank 1 holds 31.5 of 32 MiB (98%")
+    assert experts_whole.reason.startswith("experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 2")
+
+
+def test_memory_fails_a_rank_tensor_the_unsharded_model_does_not_have():
+    """A renamed or re-wrapped layer would otherwise never be judged."""
+    from suites.checks import memory
+
+    reference = _layered()
+    ranks = _split(reference, 2)
+    for held in ranks:
+        held["model.layers.0.mlp.inner.up_proj.weight"] = held.pop("model.layers.0.mlp.up_proj.weight")
+    result = memory.check(reference, ranks)
+    assert not result.passed
+    assert result.reason.startswith("tensors the unsharded model does not have: model.layers.*.mlp.inner.up_proj (rank 0")
+
+
+def test_a_non_finite_reference_is_setup_and_stops_the_comparison():
+    from suites.checks import judge
+
+    reference = _observations()
+    broken = reference.logits_plain.clone()
+    broken[0, 3, 1] = float("nan")
+    results = judge.run_all(_observations(logits_plain=broken), reference, [reference.logits_plain[0, -1]] * 2,
+                            [reference.bytes_by_name] * 2, DEFAULT_TOLERANCES["fp32"])
+    assert [(r.name, r.passed, r.failure_class) for r in results] == [("reference", False, "setup")]
+    assert results[0].reason.startswith("the unsharded reference is not finite: logits_plain hold NaN/inf")
+
+
+def test_nan_in_the_second_compared_logits_is_never_dropped():
+    """Python's max over [finite, nan] keeps the finite value: the plain forward's NaN passed."""
+    from suites.checks import logits
+
+    reference = _observations()
+    plain = reference.logits_plain.clone()
+    plain[0, 0, 0] = float("nan")
+    result = logits.check(reference, _observations(logits_plain=plain), DEFAULT_TOLERANCES["fp32"])
+    assert not result.passed and result.reason == "sharded logits contain NaN/inf"
+
+
+def test_a_huge_finite_loss_is_a_perplexity_verdict_not_an_overflow():
+    from suites.checks import perplexity
+
+    result = perplexity.check(_observations(), _observations(nll_sum=1e6), DEFAULT_TOLERANCES["fp32"])
+    assert not result.passed and result.failure_class == "numerics"
+    assert result.reason.startswith("perplexity inf vs reference")
+
+
+def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
+    from suites.engine.cell_runner import _stage_error
+    from suites.outcome import LibraryOutputError
+
+    try:
+        raise LibraryOutputError("numerics", "shapes: generate returned decode-step logits of differing shapes", "[(1, 8)]")
+    except LibraryOutputError as raised:  # raised in the harness's own file, still the library's class
+        error = _stage_error("forward", raised, 0)
+    assert (error["failure_class"], error["signature"]) == (
+        "numerics", "shapes: generate returned decode-step logits of differing shapes")
+    assert "failed validation where it entered the harness" in error["message"]
+
+
+def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findings_kept():
+    from suites.engine.cell_runner import as_a_fresh_process_would
+    from suites.outcome import CellOutcome
+
+    fresh = {"signature": "TypeError: Signature mismatch between <function OnDevice...new_tensor at 0xN> @ torch/x.py:f",
+             "message": "in a fresh process ... raised"}
+    passed = as_a_fresh_process_would(CellOutcome("pass", metrics={"logits_max_abs": 0.0}), fresh)
+    assert (passed.outcome, passed.failure_class, passed.signature) == ("fail", "shard", fresh["signature"])
+    assert passed.message.endswith("the cell passed every check.") and passed.metrics["logits_max_abs"] == 0.0
+    failed = as_a_fresh_process_would(CellOutcome("fail", "memory", "meta_memory: a rank's peak"), fresh)
+    assert failed.signature == fresh["signature"] and "the cell failed memory: meta_memory: a rank's peak" in failed.message
+    assert as_a_fresh_process_would(CellOutcome("skip", message="no"), fresh).outcome == "skip"
+    assert as_a_fresh_process_would(CellOutcome("pass"), None).outcome == "pass"

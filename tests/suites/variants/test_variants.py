@@ -18,7 +18,7 @@ from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites.checks import judge
 from suites.driver import RunOptions, prepare_job, run_cell
-from suites.variants.loading import checkpoints_json
+from suites.variants.loading import checkpoints_json, fresh_process_meta_failure
 
 ARCHITECTURES = "llama,qwen2,mistral"
 @pytest.fixture
@@ -43,13 +43,24 @@ def test_variants_run_on_three_architectures(pool, tp):
                 # Findings on deepspeed 0.19.8 / transformers 5.24 CPU, reported, not harness bugs:
                 "torchao_int8": "fail", "ds_int8": "skip"}
     cells = expand(ARCHITECTURES, ",".join(expected), "fp32", str(tp))
-    seen = {}
+    seen, seen_messages = {}, {}
     for cell in cells:
         outcome = run_cell(cell, pool, RunOptions(cell_timeout=600))  # the machine may be shared and slow
         seen[cell.id] = (outcome.outcome, outcome.failure_class, outcome.signature or outcome.message)
+        seen_messages[cell.id] = outcome.message
+    # torch 2.13: a fresh process fails building the model under deepspeed.OnDevice (a first import of torch._dynamo
+    # there): the meta cells fail with that, as a user's script would, and say that the rest of the cell passed.
+    fresh_fails = {cell.model.name: fresh_process_meta_failure(str(tiny_checkpoint(cell.model)), "fp32", False)
+                   for cell in cells if cell.variant.load == "meta"}
+    for cid in seen:
+        if cid.split("-")[1].startswith("meta") and fresh_fails[cid.split("-")[0]]:
+            expected[cid.split("-")[1]] = "fail"
     wrong = {cid: got for cid, got in seen.items() if got[0] != expected[cid.split("-")[1]]}
     assert not wrong, wrong
     for cid, (outcome, failure_class, signature) in seen.items():
+        if outcome == "fail" and cid.split("-")[1].startswith("meta"):
+            assert failure_class == "shard" and "Signature mismatch" in signature, signature
+            assert "the cell passed every check" in seen_messages[cid]
         if "torchao" in cid:
             assert failure_class == "shard" and "is not supported for quantized model" in signature, signature
         if "ds_int8" in cid:
@@ -84,8 +95,13 @@ def test_meta_load_memory_is_measured_and_judged(pool):
     assert outcomes["eager"].outcome == "pass", outcomes["eager"].message
     assert growth["eager"] > 0.8 * full_model_bytes, growth
     meta = outcomes["meta"]
+    # Where a fresh process cannot build the model on the meta device, that is the verdict and the rank's own
+    # (past it, with the workaround) is in the message.
+    fresh = meta.metrics.get("fresh_process_failed") == 1.0
     if growth["meta"] < full_model_bytes:
-        assert meta.outcome == "pass", meta.message
+        assert "the cell passed every check" in meta.message if fresh else meta.outcome == "pass", meta.message
+    elif fresh:
+        assert "the cell failed memory: meta_memory:" in meta.message, meta.message
     else:
         assert (meta.outcome, meta.failure_class) == ("fail", "memory"), meta.message
         assert meta.signature.startswith("meta_memory:"), meta.signature
@@ -108,7 +124,9 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
     for listing in damaged.glob("ds_checkpoints_*.json"):
         listing.unlink()  # the meta loader lists the damaged folder's own files
     listing = checkpoints_json(damaged, cell.variant.checkpoint_format)
-    outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged), "checkpoints_json": str(listing)}, 600)
+    # The damage is what this judges, past a fresh process's own failure to build the model (if any).
+    outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged), "checkpoints_json": str(listing),
+                                 "fresh_process_failure": None}, 600)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
     assert outcome.signature.startswith("logits:"), outcome.signature
 

@@ -1,0 +1,269 @@
+"""Failing now, by cause: the first section of every report when cells fail at the latest versions.
+
+The failing cells at the latest versions are grouped by failure class and cause (reports.signatures.cause: the
+signature with every number masked, so "rank 0 holds 6.75 of 6.75 MiB" and "4.5 of 4.5 MiB" are one cause).
+Each cause says since when it fails (the oldest version set in the history where the same cause appears, or
+"since the first run"), the answer triage found for the transitions that brought it into the latest versions,
+whether it is known upstream (matrix/known_failures.toml: "known" with the link, else "new"), and the one
+command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
+is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
+
+Works on report.json's form (reports.render.build_report), so report.md, report.html and the step summary say
+the same; `cause_id` is the one publish's issues carry for the same class and cause."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from matrix.registry import KnownFailure
+from reports.answers import Link, code
+from reports.causes import cause_id, cell_of, cells_text, count_text, failing_status, members, shared_answers
+from reports.history import History
+from reports.records import AXES, CellKey, Observation, Versions, release
+from reports.signatures import cause
+
+LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
+INTRO = ("Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
+         "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
+         "rank group).")
+_UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
+
+
+def repro_command(cell: CellKey) -> str:
+    """The one command that runs this cell alone, with its verdict and a standalone repro script."""
+    return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
+
+
+def upstream_label(url: str) -> str:
+    """"deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
+    match = _UPSTREAM.fullmatch(url)
+    return f"{match[1]}#{match[2]}" if match else url
+
+
+# ---- JSON-ready --------------------------------------------------------------------------------------------------
+
+
+def failing_now(report: dict, history: History, observations: list[Observation],
+                known: dict[str, KnownFailure]) -> dict:
+    """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
+    the most cells first) and the open known failures whose cells pass there now."""
+    latest = history.latest
+    failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
+    for (cell, versions), status in history.statuses.items():
+        if versions == latest and status.status == "fail":
+            failing[status.failure_class, cause(status.signature)].append(cell)
+    first_seen = _first_seen(observations, history)
+    first_run = min(observations, key=lambda o: (o.run.started, o.run.run_id)).run.run_id
+    at_latest = _versions(latest)
+    causes = []
+    for (failure_class, text), cells in failing.items():
+        cells = sorted(cells)
+        representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
+        match = _known_for(known, failure_class, text, cells, at_latest)
+        causes.append({
+            "id": cause_id(failure_class, text), "failure_class": failure_class, "cause": text, "count": len(cells),
+            "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
+            "since": _since(first_seen[failure_class, text], first_run, latest),
+            "root_causes": _root_causes(report, failure_class, text, cells, latest),
+            "status": "known" if match else "new",
+            "known": match,
+            "repro": {"cell": representative.id, "command": repro_command(representative),
+                      "logs": f"{LOGS_ROOT}/{representative.id}/"},
+        })
+    causes.sort(key=lambda c: (c["status"] != "new", -c["count"], c["failure_class"], c["cause"]))
+    return {"cells": sum(c["count"] for c in causes), "causes": causes,
+            "fixed_known": _fixed_known(history, observations, known)}
+
+
+def _versions(versions: Versions) -> dict[str, str]:
+    return {axis: getattr(versions, axis) for axis in AXES}
+
+
+def _first_seen(observations: list[Observation], history: History) -> dict[tuple[str, str], Observation]:
+    """Per failure class and cause, its failure at the oldest version set of the history (in the history's version
+    order), the earliest run there."""
+    order = {versions: index for index, versions in enumerate(history.version_sets)}
+    first: dict[tuple[str, str], Observation] = {}
+    for obs in observations:
+        if obs.result.outcome != "fail":
+            continue
+        key = obs.result.failure_class, cause(obs.result.signature)
+        known = first.get(key)
+        if known is None or (order[obs.versions], obs.run.started) < (order[known.versions], known.run.started):
+            first[key] = obs
+    return first
+
+
+def _since(first: Observation, first_run: str, latest: Versions) -> dict:
+    """Since when a cause fails: "the first run", the versions where it first appears where they differ from the
+    latest ones, or the day it first appeared at the latest versions."""
+    run = first.run
+    if run.run_id == first_run:
+        text = "since the first run"
+    elif first.versions != latest:
+        changed = [f"{axis} {first.versions.label(axis)}" for axis in AXES
+                   if first.versions.label(axis) != latest.label(axis)]
+        text = f"since {', '.join(changed)} (first seen {run.started[:10]})"
+    else:
+        text = f"since {run.started[:10]} (session {run.session})"
+    return {"text": text, "run": run.run_id, "started": run.started, "versions": first.versions.describe()}
+
+
+def _root_causes(report: dict, failure_class: str, text: str, cells: list[CellKey], latest: Versions) -> list[str]:
+    """The root causes (reports.causes) whose transitions brought these cells into the latest versions failing this
+    way: broke, or changed failure class, on one axis with the others at the latest versions."""
+    ids = []
+    for root in report["root_causes"]:
+        if root["kind"] == "fixed":
+            continue
+        for t in members(report, root):
+            failing = failing_status(t)
+            if (cell_of(t) in cells and failing["failure_class"] == failure_class and cause(failing["signature"]) == text
+                    and t["after"] == latest.label(t["axis"])
+                    and t["held_fixed"] == latest.describe(tuple(a for a in AXES if a != t["axis"]))):
+                ids.append(root["id"])
+                break
+    return ids
+
+
+def _known_json(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> dict:
+    axis, _, fixed_version = entry.fixed_in.partition(" ")
+    here = release(latest.get(axis, "")) if entry.fixed_in else None
+    return {"name": entry.name, "upstream": entry.upstream, "label": upstream_label(entry.upstream), "state": entry.state,
+            "fixed_in": entry.fixed_in, "note": entry.note, "cells": [cell.id for cell in cells],
+            # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
+            "fails_after_fix": bool(here is not None and here >= release(fixed_version))}
+
+
+def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey],
+               latest: dict[str, str]) -> dict | None:
+    """The known failure that covers the most of these cells at the latest versions, or None: a new cause."""
+    covered = {entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
+               for entry in known.values()}
+    best = max(covered, key=lambda name: len(covered[name]), default=None)
+    return _known_json(known[best], covered[best], latest) if best and covered[best] else None
+
+
+def _fixed_known(history: History, observations: list[Observation], known: dict[str, KnownFailure]) -> list[dict]:
+    """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
+    the version where their cells' fix transitions land (the bisected release when triage answered), or at the
+    latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
+    latest = history.latest
+    fixed = []
+    for entry in known.values():
+        if entry.state != "open":
+            continue
+        seen = sorted({obs.cell for obs in observations if obs.result.outcome == "fail" and entry.covers(
+            obs.result.failure_class, cause(obs.result.signature), obs.cell.model, obs.cell.variant,
+            _versions(obs.versions))})
+        now = [history.statuses.get((cell, latest)) for cell in seen]
+        if not seen or any(s is not None and s.status in ("fail", "flaky") for s in now):
+            continue
+        passing = [cell for cell, s in zip(seen, now) if s is not None and s.status == "pass"]
+        if not passing:
+            continue  # not run at the latest versions: nothing says it is fixed
+        places = Counter()
+        for t in history.transitions:
+            if t.kind == "fixed" and t.cell in passing and t.after == latest:
+                b = t.bisection
+                places[(f"{b.axis} {b.after}", f"{b.axis} {b.before}", True) if b else
+                       (f"{t.axis} {t.after.label(t.axis)}", f"{t.axis} {t.before.label(t.axis)}", False)] += 1
+        (fixed_at, last_failing, bisected), _ = places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
+        fixed.append({**_known_json(entry, passing, _versions(latest)), "cells_text": cells_text(passing),
+                      "failure_class": entry.failure_class, "fixed_at": fixed_at, "last_failing": last_failing,
+                      "bisected": bisected})
+    return fixed
+
+
+# ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
+
+
+def summary_text(section: dict) -> str:
+    """"94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
+    causes = section["causes"]
+    new = sum(1 for c in causes if c["status"] == "new")
+    parts = [f"{count_text(section['cells'], 'cell')} {'fails' if section['cells'] == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
+             f"versions: {new} new, {len(causes) - new} known"] if causes else ["No cell fails at the latest versions"]
+    if section["fixed_known"]:
+        parts.append(f"{count_text(len(section['fixed_known']), 'known failure')} fixed: close upstream")
+    return "; ".join(parts)
+
+
+def status_text(entry: dict, link: Link) -> str:
+    """"new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
+    known = entry["known"]
+    if known is None:
+        return "new"
+    share = f", {len(known['cells'])} of {entry['count']} cells" if len(known["cells"]) < entry["count"] else ""
+    upstream = link(known["label"], known["upstream"])
+    if known["fails_after_fix"]:
+        return f"known {upstream} (fixed in {known['fixed_in']} upstream, yet fails here: reopen{share})"
+    state = f"fixed in {known['fixed_in']}" if known["state"] == "fixed" else "open"
+    return f"known {upstream} ({state}{share})"
+
+
+def answer_text(entry: dict, report: dict, link: Link) -> str:
+    """Where the transitions into the latest versions place the cause and the answer most of its cells share
+    (reports.answers.answer_words), or "" when it failed everywhere the history ran it."""
+    transitions = [t for root_id in entry["root_causes"] for t in members(report, _root(report, root_id))
+                   if t["cell"] in entry["cells"]]
+    if not transitions:
+        return ""
+    answer, answered = shared_answers(transitions, link)[0]
+    first = next(t for t in transitions if t["cell"] in answered)
+    cells = {t["cell"] for t in transitions}
+    share = f" ({len(answered)} of {len(cells)} cells)" if len(answered) < len(cells) else ""
+    if first["bisection"]:
+        return answer + share  # "broke at deepspeed 0.19.7 → 0.19.8, first bad commit …"
+    verb = "broke" if first["kind"] == "broke" else "changed class"
+    return f"{verb} at {first['axis']} {first['before']} → {first['after']} ({answer}){share}"
+
+
+def _root(report: dict, root_id: str) -> dict:
+    return next(root for root in report["root_causes"] if root["id"] == root_id)
+
+
+def cause_line(entry: dict, report: dict, link: Link) -> str:
+    """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
+    parts = [f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
+             f"{count_text(entry['count'], 'cell')}: {entry['cells_text']}", entry["since"]["text"],
+             answer_text(entry, report, link),
+             f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`, cause `{entry['id']}`)"]
+    return " — ".join(part for part in parts if part)
+
+
+def fixed_known_text(fixed: dict, link: Link) -> str:
+    """"fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
+    how = (f" (last failing at {fixed['last_failing']}{'' if fixed['bisected'] else '; not bisected'})"
+           if fixed["last_failing"] else "")
+    return (f"fixed at {fixed['fixed_at']}: close {link(fixed['label'], fixed['upstream'])}{how} — "
+            f"`{fixed['name']}`, {fixed['failure_class']}, {count_text(len(fixed['cells']), 'cell')} pass now: "
+            f"{fixed['cells_text']}")
+
+
+def failing_now_markdown(report: dict, link: Link) -> list[str]:
+    """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
+    section = report["failing_now"]
+    if not section["causes"] and not section["fixed_known"]:
+        return []
+    lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
+    lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section["causes"], start=1)]
+    if section["fixed_known"]:
+        lines += ["", "Known failures whose cells pass now:", ""]
+        lines += [f"- {fixed_known_text(fixed, link)}" for fixed in section["fixed_known"]]
+    return [*lines, ""]
+
+
+def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+    """What the HTML template draws, each text with its links made by `linked` (reports.render.linked_html)."""
+    section = report["failing_now"]
+    causes = section["causes"]
+    return {
+        "summary": summary_text(section),
+        "intro": INTRO,
+        "causes": list(zip(causes, linked(lambda link: [status_text(c, link) for c in causes]),
+                           linked(lambda link: [answer_text(c, report, link) for c in causes]))),
+        "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section["fixed_known"]]),
+    }
