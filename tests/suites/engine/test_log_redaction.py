@@ -19,7 +19,7 @@ def test_kept_rank_logs_are_redacted(rank_pool, monkeypatch, tmp_path):
         outcome = pool.run(2, {"cell": {"id": "llama-eager-fp32-tp2"}}, timeout=60.0)
     finally:
         pool.close()
-    assert (outcome.outcome, outcome.failure_class) == ("fail", "setup"), outcome.message
+    assert outcome.outcome == "fail", outcome.message  # its class is test_faults.py's business
     kept = tmp_path / "logs" / "llama-eager-fp32-tp2"
     rank_log = (kept / "rank1.log").read_bytes()
     assert b"injected harness failure after logging secrets" in rank_log  # the log that held them was kept
