@@ -8,10 +8,11 @@ import os
 import sys
 from pathlib import Path
 
+from matrix.redaction import redact
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.answers import plain_link
-from reports.archive import ResultsArchive, answer_key, default_archive
+from reports.archive import ArchiveConflict, ResultsArchive, answer_key, default_archive
 from reports.records import Bisection
 from reports.docs import check_drift, model_support
 from reports.draft_issue import draft_issue as write_draft
@@ -21,33 +22,49 @@ from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import MalformedJUnit, find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
-from reports.render import write_outputs
-from reports.store import DEFAULT_STORE, HistoryStore
+from reports.render import write_outputs, writing_to
+from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
 
 
 def merge(args: argparse.Namespace) -> int:
+    """Exit 0 only when something usable was read and nothing contradicts the archive or the store: a folder of
+    truncated files must not look like a night whose results were all known already."""
     files = find_junit_files(args.inputs)
     archive = ResultsArchive(args.archive or default_archive(args.store))
+    readable, skipped = [], []
+    for path in files:
+        try:
+            readable.append((path, read_junit(path)))
+        except ReportsError as exc:  # one bad file must not stop the others
+            skipped.append(str(exc))
+    for reason in skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    if not readable:
+        found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
+        raise ReportsError(f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
+                           "unchanged — pass the session's junit/ folder or the downloaded artifacts")
     runs = results = imported = archived = 0
-    skipped = []
+    conflicts = []
     with HistoryStore(args.store, create=True) as store:
-        for path in files:
+        for path, file_runs in readable:
             try:
-                file_runs = read_junit(path)
-            except MalformedJUnit as exc:  # one bad file must not stop the others
-                skipped.append(str(exc))
+                archived += len(archive.add(path, file_runs))  # first: the archive is what the store is rebuilt from
+                counts = store.import_runs(file_runs, source=path)
+            except (ArchiveConflict, StoreConflict) as exc:
+                conflicts.append(str(exc))
                 continue
-            archived += len(archive.add(path, file_runs))  # first: the archive is what the store is rebuilt from
-            counts = store.import_runs(file_runs, source=path)
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
         answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
-    for reason in skipped:
-        print(f"skipped {reason}", file=sys.stderr)
+    for conflict in conflicts:
+        print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
     print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
+    if conflicts:
+        raise ReportsError(f"{len(conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
+                           "and were not imported")
     return 0
 
 
@@ -80,7 +97,7 @@ def verify(args: argparse.Namespace) -> int:
     archive = ResultsArchive(args.archive or default_archive(args.store))
     archived_runs = {entry.run_id for entry in archive.entries()}
     archived_answers = {answer_key(answer) for answer in archive.answers()}
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         runs = [run.run_id for run in store.runs()]
         answers = [answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]]
     missing_runs = [run_id for run_id in runs if run_id not in archived_runs]
@@ -98,7 +115,7 @@ def verify(args: argparse.Namespace) -> int:
 
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
@@ -115,11 +132,12 @@ def render(args: argparse.Namespace) -> int:
 
 def draft_issue(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
-    draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause, cell=args.cell,
-                        out_dir=args.out)
+    with writing_to(args.out):
+        draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause,
+                            cell=args.cell, out_dir=args.out)
     print(f"# {draft.title}\n\n{draft.body}")
     print(f"wrote {draft.file}", file=sys.stderr)
     return 0
@@ -133,20 +151,23 @@ def known_failures(path: Path):
 
 
 def gate(args: argparse.Namespace) -> int:
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
+    if not observations:
+        raise ReportsError(f"{args.store}: the history store holds no results, so there is nothing to gate on; "
+                           "import the baseline's and the candidate's runs with `python -m reports merge` first")
     rows = compare(
         select(observations, args.baseline, "--baseline"),
         select(observations, args.candidate, "--candidate"),
         args.confirmations,
     )
-    print(format_table(rows, args.confirmations, args.block_changed))
+    print(redact(format_table(rows, args.confirmations, args.block_changed)))
     return 1 if blocking(rows, args.block_changed) else 0
 
 
 def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
                                deepspeed_repo=repo):
@@ -231,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ReportsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 
