@@ -20,7 +20,7 @@ from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.junit import MalformedJUnit, find_junit_files, read_junit
+from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict

@@ -151,9 +151,9 @@ def test_merging_again_adds_nothing_and_a_changed_verdict_is_an_error(session, t
     before = history_of(store)
     assert main(["merge", str(changed), "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {changed}: run 'session1@2025-01-01T00:00:00Z@runner-1' cell opt-eager-fp32-tp2 "
+    assert err.startswith(f"conflict {changed}: run 'session1@2025-01-01T00:00:00Z@runner-1' cell opt-eager-fp32-tp2 "
                           "is pass here but fail (shard: ShardError: broken) in the archive")
-    assert len(err.splitlines()) == 1
+    assert err.splitlines()[-1].startswith("error: 1 file(s) contradict runs already in")
     assert archive_files(archive) == [str(entry.relative_to(archive))] and entry.read_bytes() == written
     assert history_of(store) == before
 

@@ -50,8 +50,10 @@ def test_a_run_id_merged_again_with_other_verdicts_fails(tmp_path, capsys):
     assert main(["merge", str(tmp_path / "again"), "--store", str(store)]) == 2
     out, err = capsys.readouterr()
     assert "1 new run(s), 1 new result(s) from 1 file(s)" in out  # the other file still went in
-    assert "already stored with other verdicts for 1 cell(s) (llama-eager-fp32-tp2 stored pass, now fail/forward)" in err
-    assert err.splitlines()[-1] == f"error: 1 file(s) contradict runs already in {store} (above) and were not imported"
+    # the archive (what the store is rebuilt from) is asked first and names the cell
+    assert "cell llama-eager-fp32-tp2 is fail (forward: ForwardError: broken) here but pass in the archive" in err, err
+    assert err.splitlines()[-1] == (f"error: 1 file(s) contradict runs already in {store} or its archive (above) and "
+                                    "were not imported")
     with sqlite3.connect(store) as conn:
         assert conn.execute("SELECT outcome FROM results WHERE model = 'llama'").fetchall() == [("pass",)]
 
