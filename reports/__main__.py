@@ -11,7 +11,7 @@ from pathlib import Path
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.answers import plain_link
-from reports.docs import check_drift, model_support
+from reports.docs import check_drift, model_families, model_support
 from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
@@ -49,7 +49,7 @@ def render(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
-    drift = check_drift(model_support(history), args.docs) if args.docs else None
+    drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
     for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)
     render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
-    render_parser.add_argument("--docs", type=Path, help="DeepSpeed's automatic-tensor-parallelism.md to check drift")
+    render_parser.add_argument("--docs", type=Path, help="a copy of DeepSpeed's automatic-tensor-parallelism.md: report drift, "
+                                                              "write supported-models.diff against it")
     render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
     render_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
                                help="failures known upstream (default matrix/known_failures.toml)")
