@@ -18,6 +18,7 @@ from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
+from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
 from reports.store import DEFAULT_STORE, HistoryStore
@@ -83,11 +84,11 @@ def known_failures(path: Path):
 def gate(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False) as store:
         observations = store.observations()
-    rows = compare(
-        select(observations, args.baseline, "--baseline"),
-        select(observations, args.candidate, "--candidate"),
-        args.confirmations,
-    )
+    baseline, candidate = select(observations, args.baseline, "--baseline"), select(observations, args.candidate, "--candidate")
+    rows = compare(baseline, candidate, args.confirmations)
+    # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first.
+    failures = classify(baseline, candidate, analyse(observations), known_failures(args.known_failures))
+    print("\n".join([summary_line(failures), *cause_lines(failures, plain_link), ""]))
     print(format_table(rows, args.confirmations, args.block_changed))
     return 1 if blocking(rows, args.block_changed) else 0
 
@@ -96,8 +97,9 @@ def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
+    known = known_failures(args.known_failures) if args.base else {}
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
-                               deepspeed_repo=repo):
+                               deepspeed_repo=repo, base=args.base, known=known):
         print(f"wrote {path}")
     return 0
 
@@ -130,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate_parser.add_argument("--block-changed", action="store_true",
                              help="also exit 1 when a cell failing in both fails in another class or signature "
                                   "(default: listed as 'changed failure', not blocking)")
+    gate_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                             help="failures known upstream (default matrix/known_failures.toml)")
     gate_parser.add_argument("--store", **store_option)
     gate_parser.set_defaults(handler=gate)
 
@@ -144,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)")
     publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
     publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
+    publish_parser.add_argument("--base", help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
+                                               "comment starts with the newest runs' failures classified against it")
+    publish_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                                help="with --base: failures known upstream (default matrix/known_failures.toml)")
     publish_parser.set_defaults(handler=publish)
 
     draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "

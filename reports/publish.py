@@ -15,13 +15,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matrix.redaction import redact
+from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
 from reports.failing_now import repro_command
 from reports.git import GitRepo
+from reports.gate import select
 from reports.history import analyse
+from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
 from reports.render import answer_lines, transition_json
 
@@ -198,14 +201,22 @@ def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, lis
 
 def publish(observations: list[Observation], bisections: list[Bisection], attempts: list[TriageAttempt],
             sessions: list[str] | None, out_dir: Path, *, repo: str | None, pr: int | None,
-            deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
-    """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
+            deepspeed_repo: GitRepo | None, base: str | None = None, known: dict[str, KnownFailure] | None = None,
+            log=print) -> list[Path]:
+    """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
+    With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
+    classified against it (reports.pr_failures)."""
     token = os.environ.get(TOKEN_ENV) or None
     observations = _redacted(observations)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
+    if base is not None:
+        newest = {session.newest for session in deltas}
+        failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
+                            history, known or {})
+        comment = replace(comment, body=pr_comment_head(failures, base) + comment.body)
     # A failure message can quote the environment; no credential may leave this process either way.
     comment = replace(comment, body=redact(comment.body))
     issues = [replace(post, title=redact(post.title), body=redact(post.body)) for post in issues]
