@@ -30,7 +30,10 @@ UNSUPPORTED_INTRO = (
     "The following models are not currently supported with automatic tensor parallelism. "
     "They may still be compatible with other DeepSpeed features (e.g., kernel injection for Bloom):"
 )
-UNTESTED_INTRO = "Every cell of these models was skipped here; each cell's reason (e.g. remote code only) is in results/cells.jsonl."
+UNTESTED_INTRO = ("No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
+                  "each cell's reason (e.g. remote code only) is in results/cells.jsonl.")
+# Failures that say nothing about AutoTP: the harness or the environment failed before AutoTP was judged.
+NO_VERDICT_CLASSES = ("setup", "install")
 DOCS_PAGE = "docs/_tutorials/automatic-tensor-parallelism.md"  # the page's path in DeepSpeed's repository
 SECTIONS = ("supported models", "unsupported models")  # the page's two lists, as their headings read (any case)
 MAX_REASON = 80  # characters of a failure's message on the page; the location after " @ " is always kept
@@ -63,17 +66,20 @@ def model_families(models_file: Path = MODELS_FILE) -> dict[str, str]:
 
 
 def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tuple[CellKey, CellStatus]]]:
-    """Per family, its cells with a verdict (pass, fail, flaky) at the latest versions."""
+    """Per family, its cells with a verdict on AutoTP (pass, fail, flaky) at the latest versions: neither skipped nor
+    failed by the harness or its environment (NO_VERDICT_CLASSES)."""
     found: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for cell in history.cells:
         status = history.statuses.get((cell, history.latest))
-        if status is not None and status.status != "skip":
+        if status is not None and status.status != "skip" and not (
+                status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES):
             found[families.get(cell.model, cell.model)].append((cell, status))
     return dict(sorted(found.items()))
 
 
 def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
-    """Per family at the latest versions: True when every tested cell passes, False when any fails or is flaky."""
+    """Per family at the latest versions: True when every cell with a verdict passes, False when any fails or is
+    flaky."""
     return {family: all(s.status == "pass" for _, s in cells) for family, cells in _verdicts(history, families).items()}
 
 
@@ -95,35 +101,35 @@ def tp_text(cells: list[CellKey], family: str) -> str:
 def supported_models(history: History, failing_now: dict, families: dict[str, str]) -> dict:
     """report.json "supported_models": the supported and unsupported families and, per family, the entries tested
     under it, what passes and each failure (grouped by the cause of report.json "failing_now")."""
-    cause_of = {cell: cause for cause in failing_now["causes"] for cell in cause["cells"]}
+    causes = {cell: cause for cause in failing_now["causes"] for cell in cause["cells"]}
     verdicts = _verdicts(history, families)
     entries = []
     for family, cells in verdicts.items():
         passing = [cell for cell, s in cells if s.status == "pass"]
         flaky = [cell for cell, s in cells if s.status == "flaky"]
-        failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
+        failing: dict[tuple[str, bool], list[CellKey]] = defaultdict(list)  # by cause and the known failure covering
         for cell, status in cells:
             if status.status == "fail":
-                cause = cause_of[cell.id]
-                known = cause["known"] if cause["known"] and cell.id in cause["known"]["cells"] else None
-                failing[cause["id"], known["name"] if known else ""].append(cell)
+                cause = causes[cell.id]
+                covered = cause["known"] is not None and cell.id in cause["known"]["cells"]
+                failing[cause["id"], covered].append(cell)
         failures = []
-        for (cause_id, _), failed in failing.items():
-            cause = next(c for c in failing_now["causes"] if c["id"] == cause_id)
-            known = cause["known"] if cause["known"] and failed[0].id in cause["known"]["cells"] else None
+        for (cause_id, covered), failed in failing.items():
+            cause = causes[failed[0].id]
+            known = {"label": cause["known"]["label"], "upstream": cause["known"]["upstream"]} if covered else None
             failures.append({"id": cause_id, "failure_class": cause["failure_class"], "cause": cause["cause"],
                              "cells": [cell.id for cell in failed], "cells_text": tp_text(failed, family),
-                             "known": {"label": known["label"], "upstream": known["upstream"]} if known else None})
+                             "known": known})
         entries.append({"family": family, "models": sorted({cell.model for cell, _ in cells}),
                         "supported": len(passing) == len(cells),
                         "passing": [cell.id for cell in passing], "passing_text": tp_text(passing, family),
                         "flaky": [cell.id for cell in flaky], "flaky_text": tp_text(flaky, family),
                         "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"]))})
-    # Run at the latest versions, yet without a verdict: every cell was skipped.
-    skipped = {families.get(cell.model, cell.model) for cell in history.cells if (cell, history.latest) in history.statuses}
+    # Run at the latest versions, yet without a verdict: every cell was skipped or failed in setup/install.
+    ran = {families.get(cell.model, cell.model) for cell in history.cells if (cell, history.latest) in history.statuses}
     return {"supported": [e["family"] for e in entries if e["supported"]],
             "unsupported": [e["family"] for e in entries if not e["supported"]],
-            "not_tested": sorted(skipped - set(verdicts)),
+            "not_tested": sorted(ran - set(verdicts)),
             "families": entries}
 
 
