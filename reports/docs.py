@@ -87,15 +87,19 @@ def model_support(history: History, families: dict[str, str]) -> dict[str, bool]
 
 
 def tp_text(cells: list[CellKey], family: str) -> str:
-    """"tp 2, 3, 4 (eager fp32)"; an entry other than the family itself is named: "llama_large tp 3 (eager fp32)"."""
+    """"tp 2, 3, 4 (eager fp32)" for the family's cells; when its registry entries differ, each entry other than the
+    family itself is named: "tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"."""
     tps: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     for cell in cells:
         tps[cell.model, cell.variant, cell.dtype].add(cell.tp)
-    grouped: dict[tuple[str, tuple[int, ...]], list[str]] = defaultdict(list)
+    grouped: dict[str, dict[tuple[int, ...], list[str]]] = defaultdict(lambda: defaultdict(list))
     for (model, variant, dtype), sizes in sorted(tps.items(), key=lambda item: (item[0][0] != family, item[0])):
-        grouped[model, tuple(sorted(sizes))].append(f"{variant} {dtype}")
-    return "; ".join(f"{'' if model == family else model + ' '}tp {', '.join(map(str, sizes))} ({', '.join(kinds)})"
-                     for (model, sizes), kinds in grouped.items())
+        grouped[model][tuple(sorted(sizes))].append(f"{variant} {dtype}")
+    texts = {model: ", ".join(f"tp {', '.join(map(str, sizes))} ({', '.join(kinds)})" for sizes, kinds in by_tps.items())
+             for model, by_tps in grouped.items()}
+    if list(texts) == [family] or (len(texts) > 1 and len(set(texts.values())) == 1):
+        return next(iter(texts.values()))  # the family itself, or every entry alike: the family's result
+    return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
 
 
 def supported_models(history: History, failing_now: dict, families: dict[str, str]) -> dict:

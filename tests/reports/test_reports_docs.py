@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from reports import ReportsError
-from reports.docs import check_drift, docs_page, normalise_model_name, read_docs_supported
+from reports.docs import check_drift, docs_page, normalise_model_name, read_docs_supported, tp_text
+from reports.records import CellKey
 from reports_testkit import Cell, fail, render, write_junit
 
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
@@ -97,7 +98,7 @@ def test_families_with_passing_tp_sizes_and_a_reason_per_failure(tmp_path):
         # The message is cut, its location kept; the registry entry llama_large is named, the family is llama.
         "- llama — fails llama_large tp 3 (eager fp32): forward `RuntimeError: The size of tensor a (N) must match the "
         "size of tensor b (N) at n… @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward`; "
-        "passes tp 2, 3 (eager fp32); llama_large tp 2 (eager fp32)",
+        "passes tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)",
     ]
     families = json.loads((out / "report.json").read_text())["supported_models"]
     assert (families["supported"], families["unsupported"]) == (["gpt2"], ["bloom", "falcon", "llama"])
@@ -116,7 +117,7 @@ def test_the_diff_turns_deepspeeds_page_into_the_generated_one(tmp_path):
               "[deepspeedai/DeepSpeed#4242](https://github.com/deepspeedai/DeepSpeed/issues/4242)); passes tp 2 (eager fp32)")
     llama = ("llama — fails llama_large tp 3 (eager fp32): forward `RuntimeError: The size of tensor a (N) must match the "
              "size of tensor b (N) at n… @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward`; "
-             "passes tp 2, 3 (eager fp32); llama_large tp 2 (eager fp32)")
+             "passes tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)")
     assert changed == ["-- bloom", "-- falcon", "+- gpt2 — passes tp 2 (eager fp32)", "-- llama",
                        "+- bloom — flaky tp 2 (eager fp32)", f"+- {falcon}", "-- gpt2", f"+- {llama}"]
     # A docs PR is one command: the diff applies to DeepSpeed's file, and the page it gives agrees with the matrix.
@@ -136,3 +137,13 @@ def test_a_docs_copy_without_the_two_lists_is_refused(tmp_path):
     table.write_text("# Supported Models\n\n| Model |\n|---|\n| llama |\n\n# Unsupported Models\n\n- gpt2\n")
     with pytest.raises(ReportsError, match=r"docs\.md:1: '# Supported Models' has no bullet list under it"):
         docs_page({"supported_models": {"families": []}}, table)
+
+
+def test_tp_sizes_name_an_entry_only_where_the_entries_differ():
+    falcon, falcon_40b = (CellKey(m, "eager", "fp32", tp) for m, tp in (("falcon", 2), ("falcon_40b", 2)))
+    assert tp_text([falcon, falcon_40b, CellKey("falcon", "meta", "fp32", 2)], "falcon") == \
+        "tp 2 (eager fp32, meta fp32) and falcon_40b tp 2 (eager fp32)"
+    assert tp_text([falcon, CellKey("falcon", "meta", "fp32", 3)], "falcon") == "tp 2 (eager fp32), tp 3 (meta fp32)"
+    assert tp_text([falcon, falcon_40b], "falcon") == "tp 2 (eager fp32)"  # alike: the family's result
+    assert tp_text([falcon_40b], "falcon") == "falcon_40b tp 2 (eager fp32)"
+    assert tp_text([falcon, CellKey("falcon", "eager", "fp32", 4)], "falcon") == "tp 2, 4 (eager fp32)"
