@@ -108,6 +108,12 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
 
 
 def pr_comment_head(failures: list[PrFailure], base: str) -> str:
-    """What a PR comment starts with: the count, then the causes, new ones first."""
-    lines = [f"**{summary_line(failures)}** (base: `{base}`)", ""]
-    return "\n".join([*lines, *cause_lines(failures), ""]) + "\n" if failures else "\n".join(lines) + "\n"
+    """What a PR comment starts with: the count, the new failures' causes, then the others' collapsed (GitHub renders
+    <details>), as Dr.CI folds broken trunk and flaky away."""
+    new = [f for f in failures if f.kind == "new"]
+    others = [f for f in failures if f.kind != "new"]
+    lines = [f"**{summary_line(failures)}** (base: `{base}`)", "", *cause_lines(new)]
+    if others:
+        lines += ["", f"<details><summary>{count_text(len(others), 'other failing cell')}: already failing on the base, "
+                      "flaky or known</summary>", "", *cause_lines(others), "", "</details>"]
+    return "\n".join(lines).rstrip("\n") + "\n\n"

@@ -80,8 +80,10 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
                  "--known-failures", str(tmp_path / "known.toml")]) == 0
     comment = (out / "publish" / "comment.md").read_text().splitlines()
     link = "[deepspeedai/DeepSpeed#8185](https://github.com/deepspeedai/DeepSpeed/pull/8185)"
-    assert comment[:10] == [f"**{COUNT}** (base: `deepspeed=0.19.8`)", "",
-                           *[line.format(link=link) for line in CAUSES], "", "<!-- autotp-matrix:publish -->"]
+    causes = [line.format(link=link) for line in CAUSES]
+    assert comment[:15] == [f"**{COUNT}** (base: `deepspeed=0.19.8`)", "", *causes[:3], "",
+                            "<details><summary>4 other failing cells: already failing on the base, flaky or known"
+                            "</summary>", "", *causes[3:], "", "</details>", "", "<!-- autotp-matrix:publish -->"]
     # Without a base the comment is what it was: changes since the session's previous run.
     assert main(["publish", "--store", str(pair), "--out", str(out), "--session", "pr"]) == 0
     assert (out / "publish" / "comment.md").read_text().startswith("<!-- autotp-matrix:publish -->\n")
