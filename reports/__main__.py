@@ -1,4 +1,4 @@
-"""Command line: `python -m reports {merge,render,gate,publish,draft-issue} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,rebuild,verify,render,gate,publish,draft-issue} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from pathlib import Path
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.answers import plain_link
+from reports.archive import ResultsArchive, answer_key, default_archive
+from reports.records import Bisection
 from reports.docs import check_drift, model_families, model_support
 from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.junit import find_junit_files, read_junit
+from reports.junit import MalformedJUnit, find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs
@@ -27,21 +29,71 @@ from suites.outcome import FAILURE_CLASSES
 
 def merge(args: argparse.Namespace) -> int:
     files = find_junit_files(args.inputs)
-    runs = results = imported = 0
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    runs = results = imported = archived = 0
     skipped = []
     with HistoryStore(args.store, create=True) as store:
         for path in files:
             try:
-                counts = store.import_runs(read_junit(path), source=path)
-            except ReportsError as exc:  # one bad file must not stop the others
+                file_runs = read_junit(path)
+            except MalformedJUnit as exc:  # one bad file must not stop the others
                 skipped.append(str(exc))
                 continue
+            archived += len(archive.add(path, file_runs))  # first: the archive is what the store is rebuilt from
+            counts = store.import_runs(file_runs, source=path)
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
+        answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
     for reason in skipped:
         print(f"skipped {reason}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
+    print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
+    return 0
+
+
+def rebuild(args: argparse.Namespace) -> int:
+    """Import every archive entry the store lacks: a new store gets the whole history, a stale one (an older
+    cache) the runs merged since. A first attempt whose run is stored is skipped unread (all-or-nothing imports)."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    entries = archive.entries()
+    runs = results = read = 0
+    with HistoryStore(args.store, create=True) as store:
+        stored = {run.run_id for run in store.runs()}
+        for entry in entries:
+            if entry.attempt == 1 and entry.run_id in stored:
+                continue
+            counts = store.import_runs([archive.read(entry)], source=entry.path)
+            read += 1
+            runs += counts.new_runs
+            results += counts.new_results
+        known = {answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]}
+        answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
+        for answer in answers:
+            (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+    print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
+          f"entries in {archive.root}, {len(answers)} new answer(s)")
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """Exit 1 when the store holds a run or an answer the archive lacks: a lost store would lose it."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    archived_runs = {entry.run_id for entry in archive.entries()}
+    archived_answers = {answer_key(answer) for answer in archive.answers()}
+    with HistoryStore(args.store, create=False) as store:
+        runs = [run.run_id for run in store.runs()]
+        answers = [answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]]
+    missing_runs = [run_id for run_id in runs if run_id not in archived_runs]
+    missing_answers = [key for key in answers if key not in archived_answers]
+    if missing_runs or missing_answers:
+        shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
+        print(f"error: {args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
+              f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
+              f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)",
+              file=sys.stderr)
+        return 1
+    print(f"{args.store}: all {len(runs)} run(s) and {len(answers)} answer(s) are in the archive {archive.root}")
     return 0
 
 
@@ -108,11 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+    archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
 
-    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store")
+    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
+    merge_parser.add_argument("--archive", type=Path, help=archive_help)
     merge_parser.set_defaults(handler=merge)
+
+    rebuild_parser = commands.add_parser(
+        "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
+    rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
+    rebuild_parser.add_argument("--store", **store_option)
+    rebuild_parser.set_defaults(handler=rebuild)
+
+    verify_parser = commands.add_parser(
+        "verify", help="exit 1 when the store holds a run or answer the results archive lacks (it could not be rebuilt)")
+    verify_parser.add_argument("--archive", type=Path, help=archive_help)
+    verify_parser.add_argument("--store", **store_option)
+    verify_parser.set_defaults(handler=verify)
 
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)

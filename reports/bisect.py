@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,11 +41,13 @@ from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commi
 from suites.command import CELL_TIMEOUT_S, suites_command
 from reports import ReportsError
 from reports.git import GitRepo
-from reports.history import answer_for
+from reports.history import AxisRange, answer_for
 from reports.records import Bisection, CellKey, Commit, release
+from reports.signatures import same_failure
 from reports.store import DEFAULT_STORE, HistoryStore
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
+END_REPEATS = 2  # runs of each end before a bisection trusts it (--end-repeats)
 
 
 class BisectError(ReportsError):
@@ -82,16 +84,19 @@ class Answer:
 
 
 def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start: str = GOOD,
-           on_step: Callable[[Step], None] = lambda step: None) -> Answer:
+           on_step: Callable[[Step], None] = lambda step: None, end_repeats: int = 1) -> Answer:
     """Binary search over candidates (oldest first) for the change from `start` (the verdict at
     candidates[0]) to the other verdict (at candidates[-1]).
 
-    Both ends are probed first, the failing end first so its failure becomes the reference; then at
-    most ceil(log2(N - 1)) steps when nothing is skipped. A skipped candidate is replaced by the
-    untested one nearest the middle, like `git bisect skip`.
+    Both ends are probed first, end_repeats times each, the failing end first so its failure becomes the
+    reference; an end whose verdicts differ is flaky and nothing is concluded (transformers' daily CI re-runs
+    a new failure at both ends before it bisects). Then at most ceil(log2(N - 1)) steps when nothing is
+    skipped. A skipped candidate is replaced by the untested one nearest the middle, like `git bisect skip`.
     """
     if len(candidates) < 2:
         raise BisectError(f"need at least two candidates to bisect, got {list(candidates)}")
+    if end_repeats < 1:
+        raise BisectError(f"--end-repeats {end_repeats}: each end must run at least once")
     end = BAD if start == GOOD else GOOD
     steps: list[Step] = []
 
@@ -105,7 +110,13 @@ def search(candidates: Sequence[str], probe: Callable[[str], Verdict], *, start:
 
     ends = [(0, start), (len(candidates) - 1, end)]
     for index, expected in ends if start == BAD else ends[::-1]:
-        if (kind := run(index)) != expected:
+        kinds = [run(index) for _ in range(end_repeats)]
+        if len(set(kinds)) > 1:
+            details = "; ".join(f"{step.verdict}" + (f" ({step.detail})" if step.detail else "")
+                                for step in steps[-end_repeats:])
+            raise BisectError(f"{candidates[index]} is flaky: {details} in {end_repeats} runs; a bisection needs "
+                              "ends whose verdict repeats")
+        if (kind := kinds[0]) != expected:
             detail = f" ({steps[-1].detail})" if steps[-1].detail else ""
             raise BisectError(f"{candidates[index]} should be {expected} but is {kind}{detail}: "
                               f"the ends of the range must differ; check the versions and --mode")
@@ -142,25 +153,24 @@ class CellRun:
     message: str
 
 
-def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool,
-             good_failure: tuple[str, str] | None = None) -> Verdict:
-    """good = pass (or, where a failure changed into another, the old failure good_failure); bad = the
-    reference failure (any failure with any_failure); anything else is untestable."""
+def classify(run: CellRun, reference: tuple[str, str] | None, any_failure: bool, absent_is_good: bool = False) -> Verdict:
+    """good = pass; bad = the reference failure (the same class and cause, reports.signatures.same_failure; any
+    failure with any_failure); another failure is untestable, unless absent_is_good: then every end without the
+    reference failure counts as good, another failure as much as a pass. That is the one rule for a failure
+    that turns into another: `--mode gone` (is the failure gone?) and triage's class changes (is the new
+    failure there yet? the old one stands for good). An install failure or a skipped cell is untestable."""
     failure = f"{run.failure_class}: {run.signature}"
-    if good_failure is not None:
-        if run.outcome == "fail" and (run.failure_class, run.signature) == good_failure:
-            return Verdict(GOOD, failure)
-        if run.outcome == "pass":
-            return Verdict(SKIP, "pass (neither the old failure nor the new one)")
     if run.outcome == "pass":
         return Verdict(GOOD, "pass")
     if run.outcome == "skip":
         return Verdict(SKIP, f"the cell was skipped: {run.message}")
     if run.failure_class == "install":
         return Verdict(SKIP, failure)
-    if any_failure or reference is None or (run.failure_class, run.signature) == reference:
+    if any_failure or reference is None or same_failure(run.failure_class, run.signature, reference):
         return Verdict(BAD, failure)
-    return Verdict(SKIP, f"a different failure ({failure}); pass --any-failure to count it as bad")
+    if absent_is_good:
+        return Verdict(GOOD, f"another failure ({failure})")
+    return Verdict(SKIP, f"a different failure ({failure}); --any-failure counts it as bad, --mode gone as gone")
 
 
 def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeout: float) -> list[str]:
@@ -241,7 +251,8 @@ class CellProbe:
     cell_timeout: float = CELL_TIMEOUT_S
     command: CellCommand = suite_command
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
-    good_failure: tuple[str, str] | None = None  # the old failure, when bisecting a change between failures
+    absent_is_good: bool = False  # an end without the reference failure is good, failing otherwise or not
+    runs: dict[str, CellRun] = field(default_factory=dict)  # the cell's last run at each candidate probed
 
     def __call__(self, candidate: str) -> Verdict:
         try:
@@ -249,7 +260,8 @@ class CellProbe:
             run = run_cells(python, [self.cell], self.cell_timeout, self.command)[self.cell]
         except (Untestable, EnvironmentBuildError) as error:
             return Verdict(SKIP, str(error).replace("\n", " | "))
-        verdict = classify(run, self.reference, self.any_failure, self.good_failure)
+        self.runs[candidate] = run
+        verdict = classify(run, self.reference, self.any_failure, self.absent_is_good)
         if verdict.kind == BAD and self.reference is None:
             self.reference = (run.failure_class, run.signature)
         return verdict
@@ -262,7 +274,7 @@ def print_step(label: str) -> Callable[[Step], None]:
 
 
 def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pins: dict[str, str],
-                    probe: CellProbe, python: Version) -> Answer:
+                    probe: CellProbe, python: Version, end_repeats: int = 1) -> Answer:
     """pins hold the other axes; probe.environment gives the environment of a candidate release."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
     _check_order(axis, older, newer, mode)
@@ -270,29 +282,32 @@ def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pi
     # Releases declared incompatible in versions.toml are not worth an install: skip them up front.
     incompatible = {c: reason for c in candidates[1:-1] if (reason := skip_reason({**pins, axis: c}))}
     print(f"bisecting {cell.id} over {len(candidates)} {axis} releases {older} .. {newer} "
-          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates))} cell runs")
+          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates), end_repeats)} cell runs")
 
     def judge(candidate: str) -> Verdict:
         if candidate in incompatible:
             return Verdict(SKIP, f"declared incompatible in versions.toml: {incompatible[candidate]}")
         return probe(candidate)
 
-    return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis))
+    return search(candidates, judge, start=GOOD if mode == "broken" else BAD, on_step=print_step(axis),
+                  end_repeats=end_repeats)
 
 
 def bisect_commits(cell: CellKey, clone: GitRepo, good: str, bad: str, mode: str,
-                   probe: CellProbe) -> tuple[Answer, Commit]:
+                   probe: CellProbe, end_repeats: int = 1) -> tuple[Answer, Commit]:
     """probe.environment gives the environment of a candidate commit (a full sha)."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
     candidates = clone.line(older, newer)
     print(f"bisecting {cell.id} over {len(candidates)} commits of {clone.path} {older} .. {newer}, "
-          f"at most {_budget(len(candidates))} cell runs")
-    answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"))
+          f"at most {_budget(len(candidates), end_repeats)} cell runs")
+    answer = search(candidates, probe, start=GOOD if mode == "broken" else BAD, on_step=print_step("commit"),
+                    end_repeats=end_repeats)
     return answer, clone.info(answer.after)
 
 
-def _budget(candidates: int) -> int:
-    return (candidates - 1).bit_length() + 2 if candidates > 1 else 2  # ceil(log2 N) + 2
+def _budget(candidates: int, end_repeats: int) -> int:
+    # ceil(log2 N) + 2, each end repeated
+    return (candidates - 1).bit_length() + 2 * end_repeats if candidates > 1 else 2 * end_repeats
 
 
 def _check_order(axis: str, older: str, newer: str, mode: str) -> None:
@@ -338,8 +353,10 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
 def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str,
                           held_fixed: str) -> Bisection | None:
     """The newest release-level answer already recorded for this cell inside --good .. --bad, at the same
-    held-fixed versions: --refine then goes straight to the commits."""
-    if not store.exists():
+    held-fixed versions: --refine then goes straight to the commits. --mode gone learns only at the end
+    whether its answer is a fix or a change of failure, so it reuses none."""
+    kind = {"broken": "broke", "fixed": "fixed"}.get(mode)
+    if not store.exists() or kind is None:
         return None
     try:
         low, high = sorted((good, bad), key=Version)
@@ -348,7 +365,7 @@ def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good
     with HistoryStore(store, create=False) as history:
         answers = [b for b in history.bisections() if not b.commit and b.failure_class
                    and None not in (release(b.before), release(b.after))]
-    return answer_for(answers, cell, axis, mode, low, high, held_fixed)
+    return answer_for(answers, cell, kind, None, AxisRange(axis, low, high), held_fixed)
 
 
 def record(store: Path, bisection: Bisection) -> None:
@@ -364,8 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--axis", choices=AXES, default="deepspeed", help="the axis to bisect (default deepspeed)")
     parser.add_argument("--good", required=True, help="a version (or, with --deepspeed-repo, a tag or sha) that passes")
     parser.add_argument("--bad", required=True, help="a version (or tag or sha) that fails")
-    parser.add_argument("--mode", choices=("broken", "fixed"), default="broken",
-                        help="broken: first bad after --good (default); fixed: first good after --bad")
+    parser.add_argument("--mode", choices=("broken", "fixed", "gone"), default="broken",
+                        help="broken: first bad after --good (default); fixed: first good after --bad; gone: the "
+                             "first version after --bad without --bad's failure (its class and cause), where the "
+                             "cell passes or fails another way (--good names such a version)")
     parser.add_argument("--any-failure", action="store_true",
                         help="count every failure as bad, not only the failing end's class and signature")
     parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: bisect its commits")
@@ -383,6 +402,9 @@ def add_cell_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-root", type=Path, default=env_root(),
                         help="where environments live (default .nox/envs, shared with the nox sessions; reused)")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds a cell may take per run")
+    parser.add_argument("--end-repeats", type=int, default=END_REPEATS,
+                        help=f"runs of each end of a range before bisecting it; ends whose verdicts differ are "
+                             f"flaky and not bisected (default {END_REPEATS})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,6 +424,8 @@ def _bisect(args: argparse.Namespace) -> int:
         raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
     if args.refine and not args.deepspeed_repo:
         raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
+    if args.mode == "gone" and args.any_failure:
+        raise BisectError("--mode gone follows --bad's failure; --any-failure would count every failure as it")
     try:
         overrides = parse_pins(args.pin, "--pin")
     except AxisValueError as error:
@@ -412,8 +436,11 @@ def _bisect(args: argparse.Namespace) -> int:
     pins = held_fixed_pins(cell, args.axis, failing.removeprefix("v") if commits_only else failing, overrides,
                            args.store)
     # One probe for both levels: the failure it matches stays the one seen at the release level.
-    probe = CellProbe(cell, env_root=args.env_root, any_failure=args.any_failure, cell_timeout=args.cell_timeout)
-    before_word, after_word = ("last good", "first bad") if args.mode == "broken" else ("last bad", "first good")
+    probe = CellProbe(cell, env_root=args.env_root, any_failure=args.any_failure, cell_timeout=args.cell_timeout,
+                      absent_is_good=args.mode == "gone")
+    before_word, after_word = {"broken": ("last good", "first bad"), "fixed": ("last bad", "first good"),
+                               "gone": ("last with the failure", "first without it")}[args.mode]
+    searched = (args.good, args.bad) if args.mode == "broken" else (args.bad, args.good)
     good, bad = args.good, args.bad
     commit = None
     stored = (stored_release_answer(args.store, cell, args.axis, args.mode, good, bad, _held_fixed(pins, args.axis))
@@ -424,30 +451,48 @@ def _bisect(args: argparse.Namespace) -> int:
         probe.reference = (stored.failure_class, stored.signature)
     elif not commits_only:
         probe.environment = lambda version: release_environment({**pins, args.axis: version})
-        answer = bisect_releases(cell, args.axis, good, bad, args.mode, pins, probe, load_config().python)
+        answer = bisect_releases(cell, args.axis, good, bad, args.mode, pins, probe, load_config().python,
+                                 args.end_repeats)
         print(_answer_text(args.axis, answer, before_word, after_word, len(answer.steps)))
+        first_changed = probe.runs.get(answer.after)
     if not commits_only:
         good, bad = (answer.before, answer.after) if args.mode == "broken" else (answer.after, answer.before)
         release_answer = answer
     if clone is not None:
         # Commit builds of the two ends are run again: a source build is not the release wheel.
         probe.environment = lambda sha: commit_environment(args.env_root, clone.path, sha, pins)
-        answer, commit = bisect_commits(cell, clone, good, bad, args.mode, probe)
+        answer, commit = bisect_commits(cell, clone, good, bad, args.mode, probe, args.end_repeats)
         print(_answer_text("commit", answer, before_word, after_word, len(answer.steps)))
+        first_changed = probe.runs.get(answer.after)
         print(f"  {after_word} commit {commit.sha}\n  subject: {commit.subject}\n"
               f"  PR: {'#' + str(commit.pr) if commit.pr else 'unknown'}\n  files: {', '.join(commit.files)}")
         if not commits_only:
             answer = replace(answer, before=release_answer.before, after=release_answer.after,
                              untestable=release_answer.untestable + answer.untestable)
     failure_class, signature = probe.reference or ("", "")
+    if args.mode == "gone":
+        kind, mode, failure_class, signature = gone_answer(probe.reference, first_changed)
+        print(f"  {after_word}: " + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}"))
+    else:
+        kind, mode = "broke" if args.mode == "broken" else "fixed", args.mode
     record(args.store, Bisection(
-        cell=cell, mode=args.mode, axis=args.axis, before=answer.before, after=answer.after,
+        cell=cell, mode=mode, axis=args.axis, before=answer.before, after=answer.after,
         held_fixed=_held_fixed(pins, args.axis), failure_class=failure_class, signature=signature,
         commit=commit.sha if commit else "", subject=commit.subject if commit else "",
         pr=commit.pr if commit else None, files=commit.files if commit else (), untestable=answer.untestable,
-        recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind,
+        searched_older=searched[0], searched_newer=searched[1],
     ))
     return 0
+
+
+def gone_answer(reference: tuple[str, str], first_without: CellRun) -> tuple[str, str, str, str]:
+    """What a `--mode gone` answer answers, by what the cell did where the failure was first gone: a fix
+    (kind fixed, mode fixed, keyed on the failure that went) where it passes, else a class change (mode
+    broken, keyed on the failure that came, as triage keys one): (kind, mode, failure class, signature)."""
+    if first_without.outcome == "pass":
+        return "fixed", "fixed", *reference
+    return "class-change", "broken", first_without.failure_class, first_without.signature
 
 
 def _answer_text(level: str, answer: Answer, before_word: str, after_word: str, runs: int) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from matrix.versions import AxisValueError, parse_pins
 from reports import ReportsError
-from reports.history import summarise
+from reports.history import harness_change_text, harness_ranks, point_status, summarise
 from reports.records import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
@@ -25,6 +25,9 @@ class GateRow:
     verdict: str
     baseline_failure: str = ""  # "class: signature" where the baseline fails
     candidate_failure: str = ""
+    # Where the baseline's verdict changed with the harness commit (not flaky): "pass at harness abc → fail at
+    # harness def"; baseline is then the newer harness commits' verdict.
+    baseline_harness_change: str = ""
 
 
 def select(observations: list[Observation], selector: str, option: str) -> list[Observation]:
@@ -61,9 +64,10 @@ def compare(baseline: list[Observation], candidate: list[Observation], confirmat
         baseline_by_cell[obs.cell].append(obs)
     for obs in candidate:
         candidate_by_cell[obs.cell].append(obs)
+    ranks = harness_ranks([*baseline, *candidate])
     rows = []
     for cell in sorted(baseline_by_cell.keys() | candidate_by_cell.keys()):
-        baseline_status = summarise(baseline_by_cell[cell]) if cell in baseline_by_cell else None
+        baseline_status = point_status(baseline_by_cell[cell], ranks) if cell in baseline_by_cell else None
         before = baseline_status.status if baseline_status else "not run"
         after = summarise(candidate_by_cell[cell]) if cell in candidate_by_cell else None
         fails = after.fails if after else 0
@@ -72,7 +76,8 @@ def compare(baseline: list[Observation], candidate: list[Observation], confirmat
         verdict = _verdict(before, fails, runs, confirmations)
         if verdict == "known" and was != now:
             verdict = "changed failure"  # fails both ways, but another way: a new bug may hide behind the old one
-        rows.append(GateRow(cell, before, fails, runs, verdict, was, now))
+        changed = harness_change_text(baseline_status) if baseline_status else ""
+        rows.append(GateRow(cell, before, fails, runs, verdict, was, now, changed))
     return sorted(rows, key=lambda row: (VERDICTS.index(row.verdict), row.cell))
 
 
@@ -112,6 +117,10 @@ def format_table(rows: list[GateRow], confirmations: int, block_changed: bool = 
                for row in shown if row.verdict == "changed failure"]
     if changes:
         lines += ["", "changed failures (baseline -> candidate):", *changes]
+    harness = [f"  {row.cell.id}: {row.baseline_harness_change}" for row in rows if row.baseline_harness_change]
+    if harness:
+        lines += ["", "baseline verdicts that changed with the harness commit at the same versions (a harness "
+                  "change, not flakiness; the newer harness's verdict is the baseline):", *harness]
     counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in VERDICTS}
     summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count)
     regressions, changed = counts["regression"], counts["changed failure"]

@@ -6,12 +6,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from reports import ReportsError
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
-from reports.records import AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release
+from reports.records import (AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release,
+                             short_commit)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,10 @@ class CellStatus:
     failure_class: str = ""  # most common class among the failures
     signature: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # from the most recent run that produced any
+    harness: tuple[str, ...] = ()  # the harness commits whose runs these are, first seen first ("" unknown)
+    # Where the verdict changed at these versions when the harness commit did: the status under the older
+    # harness commits (this status is the newer ones'), shown as a harness change, never as flaky.
+    harness_change: CellStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,16 @@ class History:
 
     @property
     def flaky(self) -> list[tuple[CellKey, Versions, CellStatus]]:
-        return [
-            (cell, versions, self.statuses[cell, versions])
-            for versions in self.version_sets
-            for cell in self.cells
-            if (cell, versions) in self.statuses and self.statuses[cell, versions].status == "flaky"
-        ]
+        return [point for point in self._points() if point[2].status == "flaky"]
+
+    @property
+    def harness_changes(self) -> list[tuple[CellKey, Versions, CellStatus]]:
+        """Cells whose verdict changed at the same versions when the harness commit changed."""
+        return [point for point in self._points() if point[2].harness_change is not None]
+
+    def _points(self) -> list[tuple[CellKey, Versions, CellStatus]]:
+        return [(cell, versions, self.statuses[cell, versions]) for versions in self.version_sets
+                for cell in self.cells if (cell, versions) in self.statuses]
 
 
 class VersionOrder:
@@ -118,7 +127,65 @@ def summarise(observations: list[Observation]) -> CellStatus:
         signature = next(r.signature for r in failures if r.failure_class == failure_class)
     measured = [obs for obs in observations if obs.result.metrics]
     metrics = max(measured, key=lambda o: o.run.started).result.metrics if measured else {}
-    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics)
+    harness = tuple(dict.fromkeys(obs.run.harness_git for obs in sorted(observations, key=lambda o: o.run.started)))
+    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, harness)
+
+
+def harness_ranks(observations: list[Observation]) -> dict[str, int]:
+    """Harness commits in the order their first run started: without the harness's clone, the order of its
+    commits."""
+    ranks: dict[str, int] = {}
+    for obs in sorted(observations, key=lambda o: o.run.started):
+        ranks.setdefault(obs.run.harness_git, len(ranks))
+    return ranks
+
+
+def point_status(observations: list[Observation], ranks: dict[str, int]) -> CellStatus:
+    """The status of one cell at one version set, the harness commit that recorded each run taken into
+    account: pass and fail there are flaky, unless every harness commit's runs agree and the verdict changed
+    once, from one harness commit to the next (a harness fix that turns a false pass into a fail, or back):
+    then the status is the newer harness commits' verdict, with the older ones' as its harness_change. Runs
+    whose harness commit is unknown (files from before it was kept) prove no such change."""
+    overall = summarise(observations)
+    if overall.status != "flaky":
+        return overall
+    by_commit: dict[str, list[Observation]] = defaultdict(list)
+    for obs in observations:
+        by_commit[obs.run.harness_git].append(obs)
+    commits = sorted(by_commit, key=ranks.__getitem__)
+    verdicts = [(commit, summarise(by_commit[commit]).status) for commit in commits]
+    verdicts = [(commit, status) for commit, status in verdicts if status != "skip"]
+    changes = [n for n, (a, b) in enumerate(pairwise(verdicts), start=1) if a[1] != b[1]]
+    if "" in by_commit or any(status == "flaky" for _, status in verdicts) or len(changes) != 1:
+        return overall
+    first_newer = ranks[verdicts[changes[0]][0]]
+    older = [obs for commit in commits if ranks[commit] < first_newer for obs in by_commit[commit]]
+    newer = [obs for commit in commits if ranks[commit] >= first_newer for obs in by_commit[commit]]
+    return replace(summarise(newer), harness_change=summarise(older))
+
+
+def harness_change_text(status: CellStatus) -> str:
+    """"pass ×2 at harness abc1234567 → fail ×1 at harness def4567890", or "" where the harness changed nothing."""
+    if status.harness_change is None:
+        return ""
+    return " → ".join(f"{s.status} ×{s.passes + s.fails} at harness {', '.join(short_commit(c) for c in s.harness)}"
+                      for s in (status.harness_change, status))
+
+
+def _as_of(status: CellStatus, newest: int, ranks: dict[str, int]) -> CellStatus:
+    """The status a harness no newer than rank `newest` recorded: where the verdict changed with the harness,
+    the older harness commits' one unless a harness commit of the newer ones is no newer than that."""
+    if status.harness_change is None or min(ranks[commit] for commit in status.harness) <= newest:
+        return status
+    return status.harness_change
+
+
+def _compared(before: CellStatus, after: CellStatus, ranks: dict[str, int]) -> tuple[CellStatus, CellStatus]:
+    """Two points' statuses as the same harness saw them, as far as the history tells: each as of the newest
+    harness commit that recorded both (the older of their newest), so a verdict that changed with the harness
+    at one point is not taken for a change of the libraries between the two."""
+    newest = min(max(ranks[commit] for commit in status.harness) for status in (before, after))
+    return _as_of(before, newest, ranks), _as_of(after, newest, ranks)
 
 
 def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = None,
@@ -126,10 +193,11 @@ def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = No
     if not observations:
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
     order = VersionOrder(observations, deepspeed_repo)
+    ranks = harness_ranks(observations)
     grouped: dict[tuple[CellKey, Versions], list[Observation]] = defaultdict(list)
     for obs in observations:
         grouped[obs.cell, obs.versions].append(obs)
-    statuses = {key: summarise(group) for key, group in grouped.items()}
+    statuses = {key: point_status(group, ranks) for key, group in grouped.items()}
     version_sets = sorted({versions for _, versions in statuses}, key=order.set_key)
     cells = sorted({cell for cell, _ in statuses})
     # Skips carry no verdict and flaky points no deterministic one; transitions step over both.
@@ -137,7 +205,7 @@ def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = No
     for (cell, versions), status in statuses.items():
         if status.status in ("pass", "fail"):
             verdicts_by_cell[cell][versions] = status
-    transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], order)]
+    transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], order, ranks)]
     if deepspeed_repo is not None:
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
     transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
@@ -150,7 +218,8 @@ def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = No
                    {versions: tuple(commits) for versions, commits in harness.items()})
 
 
-def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder) -> list[Transition]:
+def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder,
+                 ranks: dict[str, int]) -> list[Transition]:
     found = []
     for axis in AXES:
         lines: dict[tuple, list[Versions]] = defaultdict(list)
@@ -160,9 +229,9 @@ def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: Versi
         for line in lines.values():
             line.sort(key=lambda v: order.key(axis, v))
             for before, after in pairwise(line):
-                kind = _kind(points[before], points[after])
-                if kind:
-                    found.append(Transition(kind, cell, axis, before, after, points[before], points[after]))
+                statuses = _compared(points[before], points[after], ranks)
+                if kind := _kind(*statuses):
+                    found.append(Transition(kind, cell, axis, before, after, *statuses))
     return found
 
 
@@ -191,29 +260,83 @@ def _attribute(transition: Transition, repo: GitRepo) -> Transition:
 _BISECTION_MODE = {"broke": "broken", "fixed": "fixed", "class-change": "broken"}
 
 
+@dataclass(frozen=True)
+class AxisRange:
+    """A question's range on one axis: the value at its older and newer end, and DeepSpeed's commit at each
+    end where it was built from git."""
+
+    axis: str
+    older: str
+    newer: str
+    older_commit: str = ""
+    newer_commit: str = ""
+
+    @classmethod
+    def of(cls, transition: Transition) -> AxisRange:
+        commits = ((transition.before.deepspeed_git, transition.after.deepspeed_git)
+                   if transition.axis == "deepspeed" else ("", ""))
+        return cls(transition.axis, getattr(transition.before, transition.axis),
+                   getattr(transition.after, transition.axis), *commits)
+
+    def holds(self, older: str, newer: str) -> bool:
+        """Whether the range from older to newer (releases, tags like v0.16.4, or commits) lies inside this
+        one: a release end between this range's releases, a commit end one of this range's ends' commits
+        (without a clone a commit cannot be placed between them)."""
+        ends = (_release_of(older), _release_of(newer))
+        if None not in ends:
+            return self._inside(ends[0]) and self._inside(ends[1]) and ends[0] < ends[1]
+        commits = [commit for commit in (self.older_commit, self.newer_commit) if commit]
+        return older != newer and all(
+            self._inside(end) if end is not None else any(_same_commit(text, c) for c in commits)
+            for end, text in zip(ends, (older, newer)))
+
+    def _inside(self, version: Version) -> bool:
+        low, high = release(self.older), release(self.newer)
+        return low is not None and high is not None and low <= version <= high
+
+
+def _release_of(value: str) -> Version | None:
+    """A release, or a tag naming one (v0.16.4); None for a commit."""
+    return release(value.removeprefix("v")) if value else None
+
+
+def _same_commit(text: str, commit: str) -> bool:
+    return len(text) >= 7 and (commit.startswith(text) or text.startswith(commit))
+
+
 def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
-    return answer_for(bisections, transition.cell, transition.axis, transition.mode,
-                      getattr(transition.before, transition.axis), getattr(transition.after, transition.axis),
+    failing = transition.before_status if transition.kind == "fixed" else transition.after_status
+    return answer_for(bisections, transition.cell, transition.kind, failing.failure_class, AxisRange.of(transition),
                       transition.held_fixed)
 
 
-def answer_for(bisections: list[Bisection], cell: CellKey, axis: str, mode: str, low: str, high: str,
+def answer_for(bisections: list[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
                held_fixed: str) -> Bisection | None:
-    """The one rule for "does this bisection answer this question": the newest bisection of this cell, axis
-    and mode, run with every other axis it pinned at the version held_fixed names, whose answer lies inside
-    low .. high (the older and newer value on the axis).
+    """The one rule for "does this bisection answer this question": the newest bisection of this cell and axis,
+    for this kind of transition (broke, fixed or class-change), about this failure class (the failing end's:
+    the new failure of a class change; None: any), run with every other axis it pinned at the versions
+    held_fixed names, whose answer lies inside the range.
 
-    An answer that is not a release (a commit sha from a commit-only bisection) cannot be placed on the
-    release line, so it is taken as inside."""
+    An answer whose ends are commits (a commit-only bisection) lies inside when the ends its search ran
+    between do; an answer recorded without them cannot be placed, so it answers nothing."""
     matching = [
         b for b in bisections
-        if (b.cell, b.axis, b.mode) == (cell, axis, mode)
+        if (b.cell, b.axis) == (cell, span.axis)
+        and _answers_kind(b, kind)
+        and failure_class in (None, b.failure_class)
         # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); a transition
         # also names python: each pin must be the question's.
         and _pins(b.held_fixed) <= _pins(held_fixed)
-        and _within(low, b.before, b.after, high)
+        and (span.holds(b.before, b.after) if None not in (_release_of(b.before), _release_of(b.after))
+             else bool(b.searched_older) and span.holds(b.searched_older, b.searched_newer))
     ]
     return _newest(matching)
+
+
+def _answers_kind(bisection: Bisection, kind: str) -> bool:
+    """Whether a bisection was run for this kind of transition; one stored before kinds were kept says its
+    mode only (broken answered a broke or a class change)."""
+    return bisection.kind == kind if bisection.kind else bisection.mode == _BISECTION_MODE[kind]
 
 
 def _pins(held_fixed: str) -> set[str]:
@@ -225,13 +348,6 @@ def _pins(held_fixed: str) -> set[str]:
         version = release(value) if axis == "torch" else None
         pins.add(f"{axis} {version.public}" if version else pin)
     return pins
-
-
-def _within(low: str, before: str, after: str, high: str) -> bool:
-    try:
-        return Version(low) <= Version(before.removeprefix("v")) < Version(after.removeprefix("v")) <= Version(high)
-    except InvalidVersion:
-        return True
 
 
 def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> TriageAttempt | None:

@@ -122,6 +122,13 @@ class Bisection:
     # The cell whose bisection this answer repeats, after this cell was run at both ends of it ("" when
     # this cell was bisected itself).
     confirmed_from: str = ""
+    # The transition kind this answers (broke | fixed | class-change); "" in stores from before it was kept,
+    # where the mode alone says it (broken: broke or class-change).
+    kind: str = ""
+    # The ends the search ran between, older first, as given (a release, a tag v0.16.4 or a commit sha); ""
+    # in stores from before they were kept. They place an answer whose ends are commits on the release line.
+    searched_older: str = ""
+    searched_newer: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, caus
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
 from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
 from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
-from reports.history import CellStatus, History, Transition
+from reports.history import CellStatus, History, Transition, harness_change_text
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
@@ -55,6 +55,11 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "flaky": [
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
+        ],
+        "harness_changes": [
+            {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
+             "before_status": _status(status.harness_change), "after_status": _status(status)}
+            for cell, versions, status in history.harness_changes
         ],
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
@@ -405,6 +410,14 @@ def flaky_text(entry: dict) -> str:
     return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
 
 
+def harness_changes_markdown(report: dict) -> list[str]:
+    """Verdicts that changed at the same versions when the harness commit did: not flaky, no library change."""
+    if not report["harness_changes"]:
+        return []
+    return ["## Harness changes", "", "Verdicts that changed with the harness commit at the same versions:", "",
+            *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report["harness_changes"]], ""]
+
+
 def drift_lines(drift: dict | None) -> list[str]:
     if drift is None:
         return []
@@ -464,6 +477,7 @@ def report_markdown(report: dict) -> str:
         "",
         *([f"- {flaky_text(entry)}" for entry in report["flaky"]] or ["None."]),
         "",
+        *harness_changes_markdown(report),
         *details_markdown(report),
         *drift_lines(report["docs_drift"]),
     ]

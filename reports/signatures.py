@@ -30,6 +30,11 @@ def cause(signature: str) -> str:
     return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))
 
 
+def same_failure(failure_class: str, signature: str, other: tuple[str, str]) -> bool:
+    """Whether a failure is other (failure class, signature): the same class and cause, whatever the tp."""
+    return failure_class == other[0] and cause(signature) == cause(other[1])
+
+
 def frame_files(signature: str, message: str = "") -> list[str]:
     """Package-relative source files (deepspeed/…, transformers/…) named by the signature's frame and by a
     traceback in the message, the raising frame first, each once."""

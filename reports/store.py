@@ -18,9 +18,10 @@ from reports.records import (Bisection, CellKey, CellResult, Commit, Observation
                              deepspeed_git_of)
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
-# confirmations in bisections, and the triage_attempts table. A new store is schema 1 brought up by the same
+# confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
+# range its search ran over (reports.history.answer_for). A new store is schema 1 brought up by the same
 # migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -115,8 +116,15 @@ CREATE TABLE triage_attempts (
 )""",
 )
 
+# Schema 5: which transition an answer is for, so it attaches only where it was proven ('' in older rows).
+_ANSWER_SCOPE = (
+    "ALTER TABLE bisections ADD COLUMN kind TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE bisections ADD COLUMN searched_older TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE bisections ADD COLUMN searched_newer TEXT NOT NULL DEFAULT ''",
+)
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
-_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE}
+_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE}
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     for step in range(version, SCHEMA_VERSION):
@@ -271,12 +279,13 @@ class HistoryStore:
         conn = self._conn
         with self._write():
             conn.execute(
-                "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
                  bisection.after, bisection.held_fixed, bisection.failure_class, bisection.signature,
                  bisection.commit, bisection.subject, bisection.pr, json.dumps(list(bisection.files)),
                  json.dumps(list(bisection.untestable)), bisection.recorded_at,
-                 json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from),
+                 json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from,
+                 bisection.kind, bisection.searched_older, bisection.searched_newer),
             )
 
     def bisections(self) -> list[Bisection]:
@@ -285,9 +294,11 @@ class HistoryStore:
         return [
             Bisection(CellKey(model, variant, dtype, tp), mode, axis, before, after, held_fixed, failure_class,
                       signature, commit, subject, pr, tuple(json.loads(files)), tuple(json.loads(untestable)),
-                      recorded_at, tuple(_commit(c) for c in json.loads(suspects)), confirmed_from)
+                      recorded_at, tuple(_commit(c) for c in json.loads(suspects)), confirmed_from, kind,
+                      searched_older, searched_newer)
             for (model, variant, dtype, tp, mode, axis, before, after, held_fixed, failure_class, signature, commit,
-                 subject, pr, files, untestable, recorded_at, suspects, confirmed_from) in rows
+                 subject, pr, files, untestable, recorded_at, suspects, confirmed_from, kind, searched_older,
+                 searched_newer) in rows
         ]
 
     def add_triage_attempt(self, attempt: TriageAttempt) -> None:

@@ -34,8 +34,9 @@ from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commi
                                    release_environment)
 from suites.command import CELL_TIMEOUT_S
 from reports import ReportsError
-from reports.bisect import (BAD, GOOD, Answer, BisectError, CellCommand, CellProbe, Step, Untestable, Verdict,
-                            add_cell_run_options, print_step, release_candidates, run_cells, search, suite_command)
+from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
+                            add_cell_run_options, classify, print_step, release_candidates, run_cells, search,
+                            suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
 from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
@@ -99,10 +100,11 @@ class Question:
     def failing_status(self, transition: Transition):
         return transition.after_status if self.mode == "broken" else transition.before_status
 
-    def good_failure(self, transition: Transition) -> tuple[str, str] | None:
-        """What "good" looks like for this cell when it is not a pass: a class change's old failure."""
-        status = transition.before_status
-        return (status.failure_class, status.signature) if self.kind == "class-change" else None
+    @property
+    def absent_is_good(self) -> bool:
+        """A class change is bisected for where its new failure came: any end without it is good, the old
+        failure as much as a pass (reports.bisect.classify, the rule of `--mode gone`)."""
+        return self.kind == "class-change"
 
     def describe(self) -> str:
         verb = {"broke": "broke", "fixed": "fixed", "class-change": "changed failure"}[self.kind]
@@ -176,6 +178,7 @@ class Triage:
     repos: dict[str, GitRepo] = field(default_factory=dict)  # axis -> clone
     command: CellCommand = suite_command
     cell_timeout: float = CELL_TIMEOUT_S
+    end_repeats: int = 1  # runs of each end of a search (the command line passes --end-repeats, default 2)
     model_types: dict[str, str] = field(default_factory=dict)  # registry name -> transformers model_type
     log: Callable[[str], None] = print
     answered: int = 0
@@ -194,7 +197,7 @@ class Triage:
         start = GOOD if question.mode == "broken" else BAD
         failing = question.failing_status(rep)
         probe = CellProbe(rep.cell, env_root=self.env_root, cell_timeout=self.cell_timeout, command=self.command,
-                          reference=(failing.failure_class, failing.signature), good_failure=question.good_failure(rep))
+                          reference=(failing.failure_class, failing.signature), absent_is_good=question.absent_is_good)
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
         self.log(f"question: {question.describe()}; representative {rep.cell.id}")
         if (known := rep.bisection) is not None:  # refining a release-level answer
@@ -219,7 +222,8 @@ class Triage:
                       held_fixed=question.held_fixed, commit=commit.sha if commit else "",
                       subject=commit.subject if commit else "", pr=commit.pr if commit else None,
                       files=commit.files if commit else (), untestable=answer.untestable, suspects=suspects,
-                      recorded_at=now)
+                      recorded_at=now, kind=question.kind, searched_older=question.older,
+                      searched_newer=question.newer)
         self._record(Bisection(cell=rep.cell, failure_class=failing.failure_class, signature=failing.signature,
                                **common))
         self.answered += 1
@@ -237,24 +241,23 @@ class Triage:
         """The change along line (releases or commits, oldest first). An earlier question of this run with the
         same axis and other versions is often the same change seen through another failure (a fix that lets
         cells get further and fail later): its answer, where it lies on this line, is tried first — two runs
-        instead of a search — and the search runs only when the cell does not change there."""
-        end = BAD if start == GOOD else GOOD
+        instead of a search — and the search runs only when the cell does not change there. Each end of a
+        search runs end_repeats times (reports.bisect.search)."""
         run = self._counted(probe)
+        show = print_step(question.axis if level == "release" else "commit")
         for earlier in self.found.get((question.axis, question.held_fixed, level), []):
             if earlier.before in line and earlier.after in line:
                 low, high = line.index(earlier.before), line.index(earlier.after)
                 if low < high and tuple(line[low + 1:high]) == earlier.untestable:
                     self.log(f"  trying {earlier.before} → {earlier.after} first (an earlier question's answer)")
-                    show = print_step(question.axis if level == "release" else "commit")
-                    verdicts = []
-                    for candidate in (earlier.before, earlier.after):
-                        began = time.monotonic()
-                        verdicts.append(run(candidate))
-                        show(Step(candidate, verdicts[-1].kind, verdicts[-1].detail, time.monotonic() - began))
-                    if [v.kind for v in verdicts] == [start, end]:
+                    try:
+                        search([earlier.before, earlier.after], run, start=start, on_step=show,
+                               end_repeats=self.end_repeats)
                         return Answer(earlier.before, earlier.after, earlier.untestable, ())
-                    break
-        answer = search(line, run, start=start, on_step=print_step(question.axis if level == "release" else "commit"))
+                    except BisectError as error:
+                        self.log(f"  not there: {error}")
+                        break
+        answer = search(line, run, start=start, on_step=show, end_repeats=self.end_repeats)
         self.found.setdefault((question.axis, question.held_fixed, level), []).append(answer)
         return answer
 
@@ -306,8 +309,8 @@ class Triage:
 
     def _confirm(self, question: Question, others: list[Transition], ends: tuple[str, str, str],
                  pins: dict[str, str]) -> tuple[list[Transition], list[Transition]]:
-        """Run the other cells once at each end of the answer: confirmed where they pass (or, after a class
-        change, fail the old way) at the good end and fail with the question's cause at the bad end."""
+        """Run the other cells once at each end of the answer: confirmed where each is good at the good end
+        and fails with its own recorded failure (class and cause) at the bad end, as the bisection judged."""
         level, before, after = ends
         good_end, bad_end = (before, after) if question.mode == "broken" else (after, before)
         repo = self.repos.get(question.axis)
@@ -328,15 +331,12 @@ class Triage:
                 self.log(f"  could not confirm at {end}: {str(error).splitlines()[0]}")
                 outcomes[end] = {}
         confirmed, unconfirmed = [], []
-        def fails_with(run, failure: tuple[str, str]) -> bool:
-            return run is not None and run.outcome == "fail" and (run.failure_class, cause(run.signature)) == failure
-
         for t in others:
-            good, bad = outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell)
-            good_as_expected = fails_with(good, question.old_failure) if question.old_failure else (
-                good is not None and good.outcome == "pass")
-            ok = good_as_expected and fails_with(bad, (question.failure_class, question.cause))
-            (confirmed if ok else unconfirmed).append(t)
+            status = question.failing_status(t)
+            reference = (status.failure_class, status.signature)
+            verdicts = [classify(run, reference, False, question.absent_is_good).kind if run else SKIP
+                        for run in (outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell))]
+            (confirmed if verdicts == [GOOD, BAD] else unconfirmed).append(t)
         return confirmed, unconfirmed
 
     def _record(self, bisection: Bisection) -> None:
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         except RegistryError:
             model_types = {}
         triage = Triage(args.store, args.env_root, real_installer(args.env_root), Budget(args.max_cells, args.max_minutes),
-                        repos, cell_timeout=args.cell_timeout, model_types=model_types)
+                        repos, cell_timeout=args.cell_timeout, end_repeats=args.end_repeats, model_types=model_types)
         left = triage.run(history.transitions, refine=args.refine)
     except (ReportsError, ReleaseDataUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -429,6 +429,19 @@ def rank1_load_skips_a_shard(stage, model, rank):
                 layer.weight.copy_(layer.autotp_test_fresh_weight)
 
 
+def save_16bit_writes_nothing(stage, model, rank):
+    """engine.save_16bit_model returns without writing its file (patched on the engine class from `sharded` until
+    the cell is `finished`, then restored for the next cell)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    if stage == "sharded" and not hasattr(DeepSpeedEngine, "_autotp_saved_save_16bit_model"):
+        DeepSpeedEngine._autotp_saved_save_16bit_model = DeepSpeedEngine.save_16bit_model
+        DeepSpeedEngine.save_16bit_model = lambda self, *args, **kwargs: False
+    elif stage == "finished" and hasattr(DeepSpeedEngine, "_autotp_saved_save_16bit_model"):
+        DeepSpeedEngine.save_16bit_model = DeepSpeedEngine._autotp_saved_save_16bit_model
+        del DeepSpeedEngine._autotp_saved_save_16bit_model
+
+
 def load_drops_optimizer_state(stage, model, rank):
     """load_checkpoint restores the weights but not the optimizer state (SGD's momentum): the next step's
     loss and gradients are right, its update is not. Under ZeRO-3 the optimizer is reachable from a parameter."""

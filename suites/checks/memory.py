@@ -77,7 +77,8 @@ def whole_by_design(name: str, shape: tuple[int, ...], counts: SplitCounts, tp: 
         return "skipped by name in DeepSpeed's auto_tp.py"
     if counts.experts and shape[0] == counts.experts:
         return f"MoE router ({counts.experts} experts): AutoTP keeps routers whole"
-    if 0 < counts.kv_heads < tp and shape[0] == counts.kv_heads * counts.head_dim:
+    attention = any(part in name for part in ("attn", "attention"))
+    if attention and 0 < counts.kv_heads < tp and shape[0] == counts.kv_heads * counts.head_dim:
         return f"{counts.kv_heads} kv heads < tp {tp}: each rank holds whole kv heads"
     return ""
 

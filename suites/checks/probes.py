@@ -180,8 +180,9 @@ def bytes_by_name(model) -> dict[str, int]:
 
 def tensor_kinds(model) -> dict[str, str]:
     """Kind of every parameter and buffer, from the module that holds it. transformers >= 5 stores MoE
-    experts as fused 3-D parameters, not nn.Linear modules: counting only nn.Linear would miss them."""
+    experts as fused 3-D parameters ([experts, ...]), not nn.Linear modules: counting only nn.Linear would miss them."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    experts = split_counts(model).experts
     kinds = {}
     for module_name, module in model.named_modules():
         for local, _ in module.named_buffers(recurse=False):
@@ -191,8 +192,8 @@ def tensor_kinds(model) -> dict[str, str]:
             name = f"{module_name}.{local}" if module_name else local
             if isinstance(module, CONV_MODULES):
                 kind = "convs"
-            elif tensor.dim() >= 3 or "experts" in module_name.split("."):
-                kind = "experts"
+            elif "experts" in module_name.split(".") or (tensor.dim() >= 3 and experts and tensor.shape[0] == experts):
+                kind = "experts"  # fused 3-D experts lead with the expert count (a vision head's 3-D probe does not)
             elif isinstance(module, torch.nn.Embedding) or (output is not None and module is output):
                 kind = "embeddings"
             elif isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":

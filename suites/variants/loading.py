@@ -114,6 +114,7 @@ def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool)
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the fresh-process meta probe itself failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     failure = json.loads(lines[-1])["failure"]
+    cached.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(cached, json.dumps({"failure": failure}))
     return failure
 

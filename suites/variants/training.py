@@ -501,11 +501,13 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     # The loaded shards against the trained weights directly: on tiny random models a whole projection
     # left untrained moves the next loss by less than the loss tolerance.
     resumed.start_updates_here()
-    loaded = Comparison()
+    loaded = Comparison(problems=list(resumed.problems))  # a resumed engine that holds no slice of a weight
     for name in resumed.layouts:
         loaded.add(name, resumed.initial[name], resumed.slice(name, trained[name]))
+    progress.enter("setup", "resume: step batch")
+    batch = step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken)
     progress.enter("forward", "resume")
-    resumed.step(step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken), fault_hook)
+    resumed.step(batch, fault_hook)
     # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
     # state (momentum, Adam's moments) the checkpoint must restore.
     return {"saved": saved, "gathered": gather, "loaded": loaded.to_dict(), "resumed_step": steps_taken + 1,

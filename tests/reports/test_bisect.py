@@ -20,6 +20,7 @@ from reports.__main__ import main as reports_main
 from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict, bisect_commits, classify,
                             held_fixed_pins, main, parse_cell, release_candidates, search, stored_release_answer)
 from reports.git import GitRepo
+from reports.history import analyse
 from reports.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store import HistoryStore
 
@@ -104,7 +105,8 @@ def test_only_the_reference_failure_is_bad():
     assert classify(CellRun("pass", "", "", ""), reference, False).kind == GOOD
     assert classify(same, reference, False).kind == BAD
     assert classify(other, reference, False) == Verdict(
-        SKIP, "a different failure (setup: ImportError: cannot import name X); pass --any-failure to count it as bad")
+        SKIP, "a different failure (setup: ImportError: cannot import name X); --any-failure counts it as bad, "
+        "--mode gone as gone")
     assert classify(other, reference, True).kind == BAD
     assert classify(CellRun("fail", "install", "pip failed", ""), None, True).kind == SKIP
     assert classify(CellRun("skip", "", "", "needs 4 ranks"), reference, False).kind == SKIP
@@ -357,3 +359,151 @@ def test_real_deepspeed_releases(tmp_path):
         answer = history.bisections()[-1]
     assert (answer.before, answer.after, answer.failure_class) == (last_bad, first_good, "shard")
     assert "split_with_sizes" in answer.signature
+
+
+# ---- --mode gone: where one failure turns into another ---------------------------------------------------------
+
+# llama train_universal's case (issue #28): ds_to_universal fails at 0.1.0, and at 0.2.0 the cell gets further
+# and fails in save instead, so --mode fixed finds no fix between the two.
+UNIVERSAL = "def run():\n    raise KeyError('universal_checkpoint_info state is missing at step 12')\n"
+SAVE = "def run():\n    raise OSError('save_16bit_model wrote 0 of 4 shards')\n"
+GONE_HISTORY = [
+    ("Initial fake DeepSpeed", {"fakeds/__init__.py": "", "fakeds/universal.py": UNIVERSAL}, "v0.1.0"),
+    ("Docs (#5001)", {"README.md": "fake\n"}, ""),
+    ("Launcher (#5002)", {"fakeds/launcher.py": "RANKS = 2\n"}, ""),
+    ("Keep universal checkpoint info (#5003)", {"fakeds/universal.py": SAVE}, ""),
+    ("Unrelated (#5004)", {"README.md": "fake 2\n"}, "v0.2.0"),
+]
+GONE_CELL = textwrap.dedent("""\
+    import json, re, sys
+    from pathlib import Path
+    cell_ids, results = sys.argv[1].split(","), Path(sys.argv[2])
+    record = {"cell": {"id": cell_ids[0]}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
+    try:
+        from fakeds.universal import run
+        run()
+    except Exception as error:
+        record.update(outcome="fail", failure_class="ds_to_universal" if isinstance(error, KeyError) else "save",
+                      signature=f"{type(error).__name__}: " + re.sub(r"(?<![A-Za-z_])\\d+", "N", str(error)),
+                      message=str(error))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "cells.jsonl").write_text(json.dumps(record) + "\\n")
+""")
+
+
+def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatch, capsys):
+    import reports.bisect as bisect_module
+
+    repo, root = tmp_path / "fakeds", tmp_path / "envs"
+    shas = make_repo(repo, pyproject("fakeds"), GONE_HISTORY)
+    script = tmp_path / "cell.py"
+    script.write_text(GONE_CELL)
+    real_run_cells = bisect_module.run_cells
+    # The real bisection with the fake package in place of DeepSpeed and the fake cell in place of `pytest suites`.
+    monkeypatch.setattr(bisect_module, "commit_environment", lambda env_root, clone, sha, pins: EnvironmentSpec(
+        key=sha[:12], installs=(("wheel",), ("--no-build-isolation", "--no-deps", str(root / sha[:12] / "src"))),
+        source=(clone, sha)))
+    monkeypatch.setattr(bisect_module, "run_cells", lambda python, cells, timeout, command: real_run_cells(
+        python, cells, timeout, lambda python, cells, results, _: [str(python), str(script), cells[0].id, str(results)]))
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    signatures = {"0.1.0": ("ds_to_universal", "KeyError: 'universal_checkpoint_info state is missing at step N'"),
+                  "0.2.0": ("save", "OSError: save_16bit_model wrote N of N shards")}
+    with HistoryStore(store, create=True) as history:
+        for n, (deepspeed, failure) in enumerate(signatures.items(), start=1):
+            run = Run(f"r{n}", "nightly", "runner-1", f"2026-01-0{n}T00:00:00Z", "cpu", "gloo",
+                      Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7"))
+            history.import_runs([(run, [CellResult(run.run_id, cell, "fail", *failure)])], source=tmp_path)
+    argv = ["--cell", cell.id, "--bad", "v0.1.0", "--good", "v0.2.0", "--deepspeed-repo", str(repo),
+            "--store", str(store), "--env-root", str(root)]
+
+    # What fixed the first failure could not be asked for: the newer end fails too, another way.
+    assert main([*argv, "--mode", "fixed"]) == 2
+    err = capsys.readouterr().err
+    assert f"{shas[4]} should be good but is skip (a different failure (save: OSError:" in err, err
+    assert "--any-failure counts it as bad, --mode gone as gone)" in err
+
+    assert main([*argv, "--mode", "gone"]) == 0
+    printed = capsys.readouterr().out
+    assert f"last with the failure commit {shas[2]}, first without it commit {shas[3]}" in printed
+    with HistoryStore(store, create=False) as history:
+        (answer,) = history.bisections()
+        found = analyse(history.observations(), None, history.bisections())
+    # Recorded as the class change it is, keyed on the failure that came, like triage's answers to one.
+    assert (answer.kind, answer.mode, answer.failure_class, answer.commit, answer.pr) == (
+        "class-change", "broken", "save", shas[3], 5003)
+    assert (answer.searched_older, answer.searched_newer) == ("v0.1.0", "v0.2.0")
+    (transition,) = found.transitions
+    assert transition.kind == "class-change" and transition.bisection == answer
+
+
+def test_mode_gone_where_the_cell_passes_is_a_fix(fake_deepspeed, fake_probe):
+    from reports.bisect import gone_answer
+
+    repo, shas = fake_deepspeed
+    make, _ = fake_probe
+    probe = make()
+    probe.absent_is_good = True
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), shas[9], shas[5], "gone", probe)
+    assert (answer.before, answer.after, commit.pr) == (shas[7], shas[8], 4400)
+    assert gone_answer(probe.reference, probe.runs[answer.after]) == (
+        "fixed", "fixed", "shard", "AssertionError: heads N not divisible by N")
+
+
+def test_the_failure_a_gone_bisection_follows_is_its_class_and_masked_cause():
+    reference = ("shard", "RuntimeError: split_sizes=[N, N] @ deepspeed/module_inject/layers.py:f")
+    same_at_tp3 = CellRun("fail", "shard", reference[1].replace("[N, N]", "[N, N, N]"), "")
+    assert classify(same_at_tp3, reference, False, absent_is_good=True).kind == BAD
+    assert classify(CellRun("fail", "save", "OSError: x", ""), reference, False, absent_is_good=True) == Verdict(
+        GOOD, "another failure (save: OSError: x)")
+    assert classify(CellRun("pass", "", "", ""), reference, False, absent_is_good=True).kind == GOOD
+    assert classify(CellRun("fail", "install", "pip failed", ""), reference, False, absent_is_good=True).kind == SKIP
+    assert classify(CellRun("skip", "", "", "needs 4 ranks"), reference, False, absent_is_good=True).kind == SKIP
+
+
+# ---- repeated ends -----------------------------------------------------------------------------------------------
+
+
+def test_each_end_runs_end_repeats_times_and_a_flaky_end_is_not_bisected():
+    candidates = [str(i) for i in range(9)]
+    calls = []
+    answer = search(candidates, counting_probe(5, calls=calls), end_repeats=2)
+    assert (answer.before, answer.after) == ("4", "5")
+    assert calls[:4] == ["8", "8", "0", "0"] and len(calls) <= math.ceil(math.log2(9)) + 4
+    queued = {"8": [Verdict(BAD, "shard: X")] * 2, "0": [Verdict(GOOD, "pass"), Verdict(BAD, "shard: X")]}
+    with pytest.raises(BisectError, match=r"^0 is flaky: good \(pass\); bad \(shard: X\) in 2 runs"):
+        search(candidates, lambda c: queued[c].pop(0), end_repeats=2)
+    with pytest.raises(BisectError, match="--end-repeats 0: each end must run at least once"):
+        search(candidates, counting_probe(5), end_repeats=0)
+
+
+ALTERNATING_CELL = textwrap.dedent("""\
+    # A cell whose verdict flips on every run, whatever is installed: a counter file beside the script.
+    import json, sys
+    from pathlib import Path
+    counter = Path(__file__).with_suffix(".count")
+    runs = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(runs + 1))
+    record = {"cell": {"id": sys.argv[1]}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
+    if runs % 2 == 0:
+        record.update(outcome="fail", failure_class="numerics", signature="logits differ by N", message="")
+    Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
+    (Path(sys.argv[2]) / "cells.jsonl").write_text(json.dumps(record) + "\\n")
+""")
+
+
+def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed, fake_probe, tmp_path):
+    repo, shas = fake_deepspeed
+    make, _ = fake_probe
+    script = tmp_path / "alternating.py"
+    script.write_text(ALTERNATING_CELL)
+    probe, once = make(), make()
+    probe.command = once.command = lambda python, cells, results, _: [str(python), str(script), cells[0].id,
+                                                                      str(results)]
+    # One run per end: the first run fails at the bad end, the second passes at the good one: a "change" is found.
+    answer, _ = bisect_commits(once.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", once)
+    assert answer.after in shas
+    (tmp_path / "alternating.count").unlink()
+    with pytest.raises(BisectError, match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
+                                          "in 2 runs; a bisection needs ends whose verdict repeats"):
+        bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)

@@ -1,7 +1,7 @@
 import pytest
 
 from reports.__main__ import main
-from reports_testkit import fail
+from reports_testkit import Cell, fail
 
 
 @pytest.fixture
@@ -81,3 +81,24 @@ def test_run_ids_and_bad_selectors(store, capsys):
     assert code == 2 and "--baseline 'deepspeed=9.9.9' matches no stored run; stored version sets:" in err
     code, _, err = gate(store, capsys, "--baseline", "cuda=12.1", "--candidate", run_id)
     assert code == 2 and "'cuda=12.1' must be AXIS=VALUE with AXIS one of deepspeed, transformers" in err
+
+
+def test_a_verdict_that_changed_with_the_harness_is_a_harness_change_not_a_flaky_baseline(tmp_path, session, capsys):
+    old, fix, later = ("a" * 40, "b" * 40, "c" * 40)
+    # llama: a harness fix turns a false pass into a fail at 0.19.8; bloom: one turns a false fail into a pass.
+    session([Cell("llama"), Cell("bloom")], deepspeed="0.19.7", harness_git=old)
+    session([Cell("llama"), fail("bloom", "shard")], deepspeed="0.19.8", harness_git=old)
+    session([fail("llama", "numerics"), Cell("bloom")], deepspeed="0.19.8", harness_git=fix)
+    session([fail("llama", "numerics"), fail("bloom", "shard")], deepspeed="0.19.9", harness_git=later)
+    store = tmp_path / "harness.sqlite"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    code, out, _ = gate(store, capsys, "--baseline", "deepspeed=0.19.8", "--candidate", "deepspeed=0.19.9")
+    # The baseline is the newer harness's verdict: bloom passes there, so its failure now blocks.
+    assert code == 1 and "baseline flaky" not in out
+    assert "bloom-eager-fp32-tp2  pass      1/1 runs failed  regression" in out
+    assert "llama-eager-fp32-tp2  fail      1/1 runs failed  known" in out
+    assert out.splitlines()[out.splitlines().index("baseline verdicts that changed with the harness commit at the same "
+                                                    "versions (a harness change, not flakiness; the newer harness's "
+                                                    "verdict is the baseline):") + 1:][:2] == [
+        "  bloom-eager-fp32-tp2: fail ×1 at harness aaaaaaaaaa → pass ×1 at harness bbbbbbbbbb",
+        "  llama-eager-fp32-tp2: pass ×1 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"]

@@ -1,6 +1,11 @@
 import json
+from dataclasses import replace
 
 from reports_testkit import Cell, fail, render, section
+
+from reports.history import analyse
+from reports.records import Bisection, CellKey, CellResult, Observation, Run, Versions
+from reports.triage import open_transitions
 
 
 def regressions(markdown: str) -> list[str]:
@@ -138,3 +143,122 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     ]
     assert regressions((out / "report.md").read_text()) == [
         "1. install `pip failed` — deepspeed 0.19.8 → pr/1234 — 1 cell: eager fp32: llama tp2"]
+
+
+# ---- an answer is attached only to the transition it proved (reports.history.answer_for) ------------------------
+
+LLAMA = CellKey("llama", "eager", "fp32", 2)
+HELD = "transformers 5.24.0, torch 2.13.0"
+
+
+def observations(points: list[tuple[str, str, str]], harness: str = "") -> list[Observation]:
+    """llama tp2 at each (deepspeed, deepspeed_git, failure class or "" for a pass), one run a day."""
+    found = []
+    for n, (deepspeed, deepspeed_git, failure_class) in enumerate(points, start=1):
+        run = Run(f"r{n}", "nightly", "runner-1", f"2026-01-{n:02d}T00:00:00Z", "cpu", "gloo",
+                  Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7", deepspeed_git), harness)
+        outcome = "fail" if failure_class else "pass"
+        found.append(Observation(CellResult(run.run_id, LLAMA, outcome, failure_class,
+                                            f"{failure_class.title()}Error: N" if failure_class else ""), run))
+    return found
+
+
+def answer(before: str, after: str, failure_class: str, kind: str, **fields) -> Bisection:
+    mode = "fixed" if kind == "fixed" else "broken"
+    return Bisection(LLAMA, mode, "deepspeed", before, after, HELD, failure_class, f"{failure_class.title()}Error: N",
+                     kind=kind, recorded_at=fields.pop("recorded_at", "2026-02-01T00:00:00+00:00"), **fields)
+
+
+# pass, shard, pass, numerics: broke 0.16.4 → 0.17.0 (shard), fixed 0.17.0 → 0.18.0, broke 0.18.0 → 0.19.0 (numerics)
+TWO_BREAKS = [("0.16.4", "", ""), ("0.17.0", "", "shard"), ("0.18.0", "", ""), ("0.19.0", "", "numerics")]
+
+
+def attached(points, bisections) -> dict[tuple[str, str, str], Bisection | None]:
+    """(kind, before, after) of each transition -> its answer."""
+    history = analyse(observations(points), None, bisections)
+    return {(t.kind, t.before.deepspeed, t.after.deepspeed): t.bisection for t in history.transitions}
+
+
+def test_a_commit_answer_attaches_only_to_the_range_its_search_ran_over():
+    commit_only = answer("a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4",
+                         searched_newer="v0.17.0")
+    found = attached(TWO_BREAKS, [commit_only])
+    assert found[("broke", "0.16.4", "0.17.0")] == commit_only
+    # It was attached to every later broken transition of the cell and axis before (its ends are no releases).
+    assert found[("broke", "0.18.0", "0.19.0")] is None
+    assert found[("fixed", "0.17.0", "0.18.0")] is None
+    # Searched over a wider range than the transition's: it proves nothing about this one.
+    wider = answer("a" * 40, "b" * 40, "shard", "broke", searched_older="v0.15.0", searched_newer="v0.17.0")
+    assert attached(TWO_BREAKS, [wider])[("broke", "0.16.4", "0.17.0")] is None
+    # Recorded before the range was kept: it cannot be placed, so it answers nothing.
+    legacy = answer("a" * 40, "b" * 40, "shard", "")
+    assert set(attached(TWO_BREAKS, [legacy]).values()) == {None}
+    # Between two builds from git the commits themselves are the range's ends.
+    git_built = [("0.18.1+aaaaaaa", "a" * 40, ""), ("0.18.1+bbbbbbb", "b" * 40, "shard")]
+    between = answer("a" * 40, "b" * 40, "shard", "broke", searched_older="a" * 10, searched_newer="b" * 40)
+    assert list(attached(git_built, [between]).values()) == [between]
+    elsewhere = replace(between, searched_newer="c" * 40)
+    assert list(attached(git_built, [elsewhere]).values()) == [None]
+
+
+def test_an_answer_of_another_kind_or_failure_class_is_not_attached():
+    right = answer("0.18.5", "0.18.6", "numerics", "broke")
+    other_kind = answer("0.18.5", "0.18.6", "numerics", "class-change", recorded_at="2026-02-02T00:00:00+00:00")
+    other_class = answer("0.18.5", "0.18.6", "shard", "broke", recorded_at="2026-02-03T00:00:00+00:00")
+    # The two wrong ones are newer: the newest answer inside the range used to win whatever it was about.
+    assert attached(TWO_BREAKS, [right, other_kind, other_class])[("broke", "0.18.0", "0.19.0")] == right
+    assert attached(TWO_BREAKS, [other_kind, other_class])[("broke", "0.18.0", "0.19.0")] is None
+    # A fix answer is keyed on the failure that went away: shard, at the fix 0.17.0 → 0.18.0.
+    fix = answer("0.17.2", "0.17.3", "shard", "fixed")
+    assert attached(TWO_BREAKS, [fix])[("fixed", "0.17.0", "0.18.0")] == fix
+    assert attached(TWO_BREAKS, [replace(fix, failure_class="numerics")])[("fixed", "0.17.0", "0.18.0")] is None
+    # Stored before kinds were kept: the mode says it, the class and range still have to match.
+    legacy = replace(right, kind="")
+    assert attached(TWO_BREAKS, [legacy])[("broke", "0.18.0", "0.19.0")] == legacy
+    assert attached(TWO_BREAKS, [replace(legacy, failure_class="shard")])[("broke", "0.18.0", "0.19.0")] is None
+
+
+def test_triage_asks_again_about_transitions_a_wrong_answer_used_to_close():
+    commit_only = answer("a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4",
+                         searched_newer="v0.17.0")
+    history = analyse(observations(TWO_BREAKS), None, [commit_only])
+    assert [(t.kind, t.before.deepspeed) for t in open_transitions(history.transitions)] == [
+        ("fixed", "0.17.0"), ("broke", "0.18.0")]
+
+
+# ---- a verdict that changed with the harness commit ----------------------------------------------------------------
+
+
+def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(session, tmp_path):
+    old, fix, later = ("a" * 40, "b" * 40, "c" * 40)
+    session([Cell("llama")], deepspeed="0.19.7", harness_git=old)
+    session([Cell("llama")], deepspeed="0.19.8", harness_git=old)
+    session([Cell("llama")], deepspeed="0.19.8", harness_git=old)
+    session([fail("llama", "numerics")], deepspeed="0.19.8", harness_git=fix)  # the harness fix: a false pass
+    session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git=later)
+    out = render(tmp_path / "junit", tmp_path)
+    report, data = (out / "report.md").read_text(), json.loads((out / "report.json").read_text())
+    # Neither flaky at 0.19.8 nor broken by a DeepSpeed release: 0.19.7 and 0.19.8 pass under the old harness,
+    # 0.19.8 and 0.19.9 fail under the new one.
+    assert section(report, "Flaky cells") == ["None."] and data["flaky"] == []
+    assert data["regressions"] == data["fixes"] == data["class_changes"] == []
+    assert section(report, "Harness changes")[1:] == [
+        "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
+        "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"]
+    assert data["harness_changes"][0]["before_status"]["status"] == "pass"
+    assert report.count("| llama | ❌ numerics |") == 2  # 0.19.9 and 0.19.8: the newer harness's verdict there
+    assert ("<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
+            "harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb</li>") in (out / "report.html").read_text()
+
+
+def test_a_library_change_measured_by_another_harness_commit_is_still_a_transition(session, tmp_path):
+    # The verdict differs between harness commits only across versions, and alternates at one version: the
+    # harness explains nothing there (flaky), and 0.19.7 → 0.19.9 is a release transition as before.
+    session([Cell("llama")], deepspeed="0.19.7", harness_git="a" * 40)
+    session([Cell("llama")], deepspeed="0.19.8", harness_git="a" * 40)
+    session([fail("llama", "numerics")], deepspeed="0.19.8", harness_git="b" * 40)
+    session([Cell("llama")], deepspeed="0.19.8", harness_git="c" * 40)
+    session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git="d" * 40)
+    data = json.loads((render(tmp_path / "junit", tmp_path) / "report.json").read_text())
+    assert data["harness_changes"] == [] and [e["cell"] for e in data["flaky"]] == ["llama-eager-fp32-tp2"]
+    assert [(t["before"], t["after"]) for t in data["regressions"]] == [("0.19.7", "0.19.9")]

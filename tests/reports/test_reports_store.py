@@ -1,6 +1,7 @@
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,11 @@ def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
     session([Cell("llama")], transformers="4.45.0")
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)"]
     assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)"]
 
     with HistoryStore(store, create=False) as history:
         run = history.runs()[0]
@@ -57,7 +60,7 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
+    assert out.splitlines()[0] == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
     skipped = err.splitlines()
     assert len(skipped) == 4 and str(good) not in err
     assert f"skipped {truncated}: unreadable XML" in err
@@ -203,3 +206,19 @@ def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys
                            harness_git=None)
     assert main(["merge", str(old_file), "--store", str(old)]) == 0
     assert "0 new run(s), 0 new result(s) from 1 file(s); 0 skipped" in capsys.readouterr().out
+
+
+def test_answers_stored_before_their_scope_was_kept_read_back_and_attach_as_their_mode_says(tmp_path):
+    old = _old_store(tmp_path / "old.sqlite", 2, [("r@2025-01-01T00:00:00Z@runner-1", "0.19.8", "")])
+    with sqlite3.connect(old) as conn:  # a schema-2 row: no suspects, confirmation, kind or searched range
+        conn.execute("INSERT INTO bisections VALUES ('llama', 'eager', 'fp32', 2, 'broken', 'deepspeed', '0.19.7', "
+                     "'0.19.8', 'transformers 4.44.0, torch 2.4.0', 'shard', 'X', '', '', NULL, '[]', '[]', "
+                     "'2025-01-02T00:00:00+00:00')")
+    with HistoryStore(old, create=False) as history:
+        (stored,) = history.bisections()
+    assert (stored.kind, stored.searched_older, stored.searched_newer, stored.confirmed_from) == ("", "", "", "")
+    assert (stored.mode, stored.before, stored.after, stored.failure_class) == ("broken", "0.19.7", "0.19.8", "shard")
+    with HistoryStore(old, create=False) as history:  # written and read back with the new fields
+        history.add_bisection(replace(stored, kind="class-change", searched_older="0.19.0", searched_newer="0.19.8"))
+        assert history.bisections()[1] == replace(stored, kind="class-change", searched_older="0.19.0",
+                                                  searched_newer="0.19.8")

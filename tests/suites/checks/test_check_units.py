@@ -1,5 +1,7 @@
 """The checks on hand-made observations: generation near-ties, the padded row, NaN decode logits, memory by kind."""
 
+import types
+
 import torch
 
 from matrix.registry import DEFAULT_TOLERANCES
@@ -70,12 +72,14 @@ def test_tensor_kinds_come_from_the_modules_and_buffers_are_never_split_kinds():
             self.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
             self.fused_experts = torch.nn.Parameter(torch.zeros(2, 4, 4))  # transformers >= 5 layout
             self.patch_embed = torch.nn.Conv2d(3, 4, 2)  # a vision tower's kernel is 4-D but no expert
+            self.probe = torch.nn.Parameter(torch.zeros(1, 1, 4))  # a vision head's pooling query: 3-D, no expert
             self.register_buffer("causal_mask", torch.ones(1, 1, 4, 4))  # 4-D, but not a weight (gpt_neo)
+            self.config = types.SimpleNamespace(num_local_experts=2)
 
     assert tensor_kinds(Toy()) == {
         "causal_mask": "rest", "fused_experts": "experts", "embed.weight": "embeddings", "q.weight": "linears",
         "q.bias": "linears", "norm.weight": "rest", "norm.bias": "rest", "experts.0.weight": "experts",
-        "experts.0.bias": "experts", "patch_embed.weight": "convs", "patch_embed.bias": "convs"}
+        "experts.0.bias": "experts", "patch_embed.weight": "convs", "patch_embed.bias": "convs", "probe": "rest"}
 
 
 def _layered(heads=8, kv_heads=8, experts=0):
@@ -153,6 +157,11 @@ def test_memory_names_the_rules_that_keep_weights_whole_by_design():
     assert kept.passed, kept.reason
     assert "linears kept whole by design: model.layers.*.self_attn.{k_proj,v_proj} (1 kv heads < tp 2" in kept.reason
     assert "model.layers.*.mlp.gate (MoE router (4 experts)" in kept.reason
+    projector = _layered(heads=8, kv_heads=1, experts=4)  # a projector as wide as the kv heads is no kv projection
+    projector.shapes_by_name["model.projector.weight"], projector.kinds["model.projector.weight"] = (16, 128), "linears"
+    projector.bytes_by_name["model.projector.weight"] = 4 * 16 * 128
+    whole_projector = memory.check(projector, _split(projector, 2, whole=("k_proj", "v_proj", "mlp.gate.", "projector")))
+    assert whole_projector.reason.startswith("linears left whole: model.projector (")
     experts_whole = memory.check(reference, _split(reference, 2, whole=("experts", "mlp.gate.", "k_proj", "v_proj")))
     assert not experts_whole.passed
     assert experts_whole.reason.startswith("experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 2")

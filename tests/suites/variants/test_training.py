@@ -152,13 +152,15 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
     ("llama", "train_heuristics", "raise_in_second_backward", "forward",
      "step 2: RuntimeError: injected failure in training step N"),
     ("llama", "train_heuristics", "harness_bug_in_training_step", "setup",
-     "step 1: TypeError: 'NoneType' object is not callable @ suites/variants/training.py:run_training"),
+     "step batches: TypeError: 'NoneType' object is not callable @ suites/variants/training.py:run_training"),
     ("qwen2", "train_ckpt_zero3", "raise_before_load_checkpoint", "shard",
      "load: RuntimeError: injected failure loading the checkpoint"),
     ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "numerics",
      "gather: GatherReplacedLayerParams: rank 0: model.layers.0.self_attn.q_proj.bias: shape"),
     ("qwen2", "train_ckpt_zero3", "rank1_load_skips_a_shard", "numerics",
      "load: load_checkpoint: weight of model.layers.0.self_attn.q_proj.weight on rank 1 differs from the unsharded weight"),
+    # DeepSpeed writing no 16-bit file is its output failing validation where it enters the harness, not `setup`
+    ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "numerics", "save: save_16bit_model wrote no file"),
     ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "numerics",
      "resume: step 3 after load_checkpoint at tp 2: weight update of"),
 ])
@@ -191,5 +193,5 @@ def test_a_partition_pattern_that_matches_nothing_fails_memory(pool):
                       partition_config=NOTHING_MATCHES, needs=("autotp_training", "partition_config"))
     outcome = run_with(Cell(load_models()["llama"], variant, "fp32", 2), pool)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
-    assert outcome.signature.startswith("memory: linears not sharded: rank 0 holds"), outcome.signature
+    assert outcome.signature.startswith("memory: linears left whole: model.layers.*.self_attn."), outcome.signature
     assert outcome.metrics["grad_params_sharded"] == 0 and outcome.metrics["train_loss_rel_delta"] == 0
