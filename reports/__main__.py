@@ -14,13 +14,14 @@ from reports import ReportsError
 from reports.answers import plain_link
 from reports.archive import ArchiveConflict, ResultsArchive, answer_key, default_archive
 from reports.records import Bisection
-from reports.docs import check_drift, model_support
+from reports.docs import check_drift, model_families, model_support
 from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
+from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
@@ -118,7 +119,7 @@ def render(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
-    drift = check_drift(model_support(history), args.docs) if args.docs else None
+    drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
     for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
@@ -156,11 +157,11 @@ def gate(args: argparse.Namespace) -> int:
     if not observations:
         raise ReportsError(f"{args.store}: the history store holds no results, so there is nothing to gate on; "
                            "import the baseline's and the candidate's runs with `python -m reports merge` first")
-    rows = compare(
-        select(observations, args.baseline, "--baseline"),
-        select(observations, args.candidate, "--candidate"),
-        args.confirmations,
-    )
+    baseline, candidate = select(observations, args.baseline, "--baseline"), select(observations, args.candidate, "--candidate")
+    rows = compare(baseline, candidate, args.confirmations)
+    # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first.
+    failures = classify(baseline, candidate, analyse(observations), known_failures(args.known_failures))
+    print(redact("\n".join([summary_line(failures), *cause_lines(failures, plain_link), ""])))
     print(redact(format_table(rows, args.confirmations, args.block_changed)))
     return 1 if blocking(rows, args.block_changed) else 0
 
@@ -169,8 +170,9 @@ def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
+    known = known_failures(args.known_failures) if args.base else {}
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
-                               deepspeed_repo=repo):
+                               deepspeed_repo=repo, base=args.base, known=known):
         print(f"wrote {path}")
     return 0
 
@@ -202,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)
     render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
-    render_parser.add_argument("--docs", type=Path, help="DeepSpeed's automatic-tensor-parallelism.md to check drift")
+    render_parser.add_argument("--docs", type=Path, help="a copy of DeepSpeed's automatic-tensor-parallelism.md: report drift, "
+                                                              "write supported-models.diff against it")
     render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
     render_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
                                help="failures known upstream (default matrix/known_failures.toml)")
@@ -216,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate_parser.add_argument("--block-changed", action="store_true",
                              help="also exit 1 when a cell failing in both fails in another class or signature "
                                   "(default: listed as 'changed failure', not blocking)")
+    gate_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                             help="failures known upstream (default matrix/known_failures.toml)")
     gate_parser.add_argument("--store", **store_option)
     gate_parser.set_defaults(handler=gate)
 
@@ -230,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)")
     publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
     publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
+    publish_parser.add_argument("--base", help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
+                                               "comment starts with the newest runs' failures classified against it")
+    publish_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
+                                help="with --base: failures known upstream (default matrix/known_failures.toml)")
     publish_parser.set_defaults(handler=publish)
 
     draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "

@@ -1,13 +1,25 @@
-"""Supported-models list in the format of DeepSpeed's automatic-tensor-parallelism tutorial, and drift against it."""
+"""The supported-models page as DeepSpeed's automatic-tensor-parallelism tutorial should read, drift against a copy
+of that page, and the unified diff that turns the copy into it.
+
+Cells are named by registry entry; the page lists model families (transformers `model_type`, ModelEntry.model_type),
+so `llama_large`, a size variant, is tested under llama. A family is supported when every cell with a verdict at
+the latest versions passes; each bullet says which tp sizes and variants pass, and an unsupported family says why
+each failing cell fails (failure class and cause as "Failing now, by cause" groups them, with the known-failure
+link when matrix/known_failures.toml tracks it upstream). Works on report.json's form (reports.render)."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
-from reports.history import History
+from reports.answers import code, markdown_link, one_line
+from reports.history import CellStatus, History
+from reports.records import CellKey
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
 SUPPORTED_INTRO = (
@@ -18,18 +30,25 @@ UNSUPPORTED_INTRO = (
     "The following models are not currently supported with automatic tensor parallelism. "
     "They may still be compatible with other DeepSpeed features (e.g., kernel injection for Bloom):"
 )
-UNTESTED_INTRO = "Every cell of these models was skipped here; each cell's reason (e.g. remote code only) is in results/cells.jsonl."
+UNTESTED_INTRO = ("No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
+                  "each cell's reason (e.g. remote code only) is in results/cells.jsonl.")
+# Failures that say nothing about AutoTP: the harness or the environment failed before AutoTP was judged.
+NO_VERDICT_CLASSES = ("setup", "install")
+DOCS_PAGE = "docs/_tutorials/automatic-tensor-parallelism.md"  # the page's path in DeepSpeed's repository
+SECTIONS = ("supported models", "unsupported models")  # the page's two lists, as their headings read (any case)
+MAX_REASON = 80  # characters of a failure's message on the page; the location after " @ " is always kept
 _HEADING = re.compile(r"^\s*#+\s*(.*?)\s*#*\s*$")
 _BULLET = re.compile(r"^\s*[-*+]\s+(.+?)\s*$")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|\s*:?-{3,}")  # needs the pipe: a bare "---" is a rule
 _LINK_TEXT = re.compile(r"\[([^\]]*)\]\([^)]*\)")
+_NOTE = re.compile(r"\s+—\s.*$")  # the note this page adds after a family's name
 
 
 @dataclass(frozen=True)
 class Drift:
     docs_path: str
-    listed_but_failing: list[str]  # docs list the model as supported; a cell fails here at the latest versions
-    passing_but_unlisted: list[str]  # every cell passes here; the docs do not list the model
+    listed_but_failing: list[str]  # docs list the family as supported; a cell fails here at the latest versions
+    passing_but_unlisted: list[str]  # every cell passes here; the docs do not list the family
 
 
 def normalise_model_name(name: str) -> str:
@@ -37,46 +56,154 @@ def normalise_model_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.strip().lower().rsplit("/", 1)[-1])
 
 
-def model_support(history: History) -> dict[str, bool]:
-    """Per model at the latest versions: True when every tested cell passes, False when any fails or is flaky."""
-    verdicts: dict[str, list[str]] = {}
+def model_families(models_file: Path = MODELS_FILE) -> dict[str, str]:
+    """Registry entry → its family, the transformers model_type (`llama_large` → `llama`). A model the registry
+    does not name (a derived architecture, an old run) is its own family."""
+    try:
+        return {name: entry.model_type for name, entry in load_models(models_file).items()}
+    except RegistryError as error:
+        raise ReportsError(str(error)) from None
+
+
+def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tuple[CellKey, CellStatus]]]:
+    """Per family, its cells with a verdict on AutoTP (pass, fail, flaky) at the latest versions: neither skipped nor
+    failed by the harness or its environment (NO_VERDICT_CLASSES)."""
+    found: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for cell in history.cells:
         status = history.statuses.get((cell, history.latest))
-        if status is not None and status.status != "skip":
-            verdicts.setdefault(cell.model, []).append(status.status)
-    return {model: all(s == "pass" for s in statuses) for model, statuses in sorted(verdicts.items())}
+        if status is not None and status.status != "skip" and not (
+                status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES):
+            found[families.get(cell.model, cell.model)].append((cell, status))
+    return dict(sorted(found.items()))
 
 
-def supported_models_markdown(support: dict[str, bool], history: History) -> str:
-    def bullets(models: list[str]) -> str:
-        return "\n".join(f"- {model}" for model in models) or "- (none)"
+def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
+    """Per family at the latest versions: True when every cell with a verdict passes, False when any fails or is
+    flaky."""
+    return {family: all(s.status == "pass" for _, s in cells) for family, cells in _verdicts(history, families).items()}
 
-    supported = [model for model, ok in support.items() if ok]
-    unsupported = [model for model, ok in support.items() if not ok]
-    # Run at the latest versions but absent from `support`: every cell was skipped.
-    untested = sorted({cell.model for cell in history.cells if (cell, history.latest) in history.statuses} - set(support))
+
+# ---- JSON-ready --------------------------------------------------------------------------------------------------
+
+
+def tp_text(cells: list[CellKey], family: str) -> str:
+    """"tp 2, 3, 4 (eager fp32)" for the family's cells; when its registry entries differ, each entry other than the
+    family itself is named: "tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"."""
+    tps: dict[tuple[str, str, str], set[int]] = defaultdict(set)
+    for cell in cells:
+        tps[cell.model, cell.variant, cell.dtype].add(cell.tp)
+    grouped: dict[str, dict[tuple[int, ...], list[str]]] = defaultdict(lambda: defaultdict(list))
+    for (model, variant, dtype), sizes in sorted(tps.items(), key=lambda item: (item[0][0] != family, item[0])):
+        grouped[model][tuple(sorted(sizes))].append(f"{variant} {dtype}")
+    texts = {model: ", ".join(f"tp {', '.join(map(str, sizes))} ({', '.join(kinds)})" for sizes, kinds in by_tps.items())
+             for model, by_tps in grouped.items()}
+    if list(texts) == [family] or (len(texts) > 1 and len(set(texts.values())) == 1):
+        return next(iter(texts.values()))  # the family itself, or every entry alike: the family's result
+    return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
+
+
+def supported_models(history: History, failing_now: dict, families: dict[str, str]) -> dict:
+    """report.json "supported_models": the supported and unsupported families and, per family, the entries tested
+    under it, what passes and each failure (grouped by the cause of report.json "failing_now")."""
+    causes = {cell: cause for cause in failing_now["causes"] for cell in cause["cells"]}
+    verdicts = _verdicts(history, families)
+    entries = []
+    for family, cells in verdicts.items():
+        passing = [cell for cell, s in cells if s.status == "pass"]
+        flaky = [cell for cell, s in cells if s.status == "flaky"]
+        failing: dict[tuple[str, bool], list[CellKey]] = defaultdict(list)  # by cause and the known failure covering
+        for cell, status in cells:
+            if status.status == "fail":
+                cause = causes[cell.id]
+                covered = cause["known"] is not None and cell.id in cause["known"]["cells"]
+                failing[cause["id"], covered].append(cell)
+        failures = []
+        for (cause_id, covered), failed in failing.items():
+            cause = causes[failed[0].id]
+            known = {"label": cause["known"]["label"], "upstream": cause["known"]["upstream"]} if covered else None
+            failures.append({"id": cause_id, "failure_class": cause["failure_class"], "cause": cause["cause"],
+                             "cells": [cell.id for cell in failed], "cells_text": tp_text(failed, family),
+                             "known": known})
+        entries.append({"family": family, "models": sorted({cell.model for cell, _ in cells}),
+                        "supported": len(passing) == len(cells),
+                        "passing": [cell.id for cell in passing], "passing_text": tp_text(passing, family),
+                        "flaky": [cell.id for cell in flaky], "flaky_text": tp_text(flaky, family),
+                        "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"]))})
+    # Run at the latest versions, yet without a verdict: every cell was skipped or failed in setup/install.
+    ran = {families.get(cell.model, cell.model) for cell in history.cells if (cell, history.latest) in history.statuses}
+    return {"supported": [e["family"] for e in entries if e["supported"]],
+            "unsupported": [e["family"] for e in entries if not e["supported"]],
+            "not_tested": sorted(ran - set(verdicts)),
+            "families": entries}
+
+
+# ---- Markdown ----------------------------------------------------------------------------------------------------
+
+
+def reason_text(cause: str) -> str:
+    """A cause short enough for a bullet: the message cut at MAX_REASON characters, its location kept."""
+    message, at, where = one_line(cause).partition(" @ ")
+    short = message if len(message) <= MAX_REASON else message[:MAX_REASON - 1] + "…"
+    return f"{short}{at}{where}"
+
+
+def family_bullet(entry: dict, name: str) -> str:
+    """"- llama — passes tp 2, 3, 4 (eager fp32)", or for an unsupported family each failure with its reason and
+    known-failure link, then what is flaky and what passes."""
+    if entry["supported"]:
+        return f"- {name} — passes {entry['passing_text']}"
+    parts = []
+    for failure in entry["failing"]:
+        known = failure["known"]
+        tracked = f" (known: {markdown_link(known['label'], known['upstream'])})" if known else ""
+        parts.append(f"fails {failure['cells_text']}: {failure['failure_class']} {code(reason_text(failure['cause']))}"
+                     f"{tracked}")
+    if entry["flaky"]:
+        parts.append(f"flaky {entry['flaky_text']}")
+    if entry["passing"]:
+        parts.append(f"passes {entry['passing_text']}")
+    return f"- {name} — " + "; ".join(parts)
+
+
+def supported_models_markdown(report: dict, history: History, names: dict[str, str] | None = None) -> str:
+    """The two sections of DeepSpeed's page (plus "Not Tested" when a family was only skipped), a bullet per family.
+    `names`: family → the spelling a docs copy already uses for it."""
+    section = report["supported_models"]
+    names = names or {}
+
+    def bullets(supported: bool) -> str:
+        return "\n".join(family_bullet(e, names.get(e["family"], e["family"]))
+                         for e in section["families"] if e["supported"] == supported) or "- (none)"
+
+    untested = "\n".join(f"- {family}" for family in section["not_tested"])
     return (
-        f"<!-- generated by `python -m reports render` at {history.latest.describe()}: {len(supported)} supported, "
-        f"{len(unsupported)} unsupported, {len(untested)} not tested (report.md has every cell) -->\n\n"
-        f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(supported)}\n\n"
-        f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(unsupported)}\n"
-        + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{bullets(untested)}\n" if untested else "")
+        f"<!-- generated by `python -m reports render` at {history.latest.describe()}: {len(section['supported'])} "
+        f"supported, {len(section['unsupported'])} unsupported, {len(section['not_tested'])} not tested "
+        "(report.md has every cell) -->\n\n"
+        f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(True)}\n\n"
+        f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(False)}\n"
+        + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
     )
+
+
+# ---- A copy of DeepSpeed's page ----------------------------------------------------------------------------------
+
+
+def read_docs(path: Path) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ReportsError(f"--docs {path}: cannot read it ({exc.strerror}); pass DeepSpeed's {DOCS_PAGE}") from None
+    except UnicodeDecodeError as exc:
+        raise ReportsError(f"--docs {path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); pass DeepSpeed's "
+                           f"{DOCS_PAGE}") from None
 
 
 def read_docs_supported(path: Path) -> list[str]:
     """Model names under the docs' "Supported Models" heading, written as a bullet list or a table."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ReportsError(f"--docs {path}: cannot read it ({exc.strerror}); pass DeepSpeed's "
-                           "docs/_tutorials/automatic-tensor-parallelism.md") from None
-    except UnicodeDecodeError as exc:
-        raise ReportsError(f"--docs {path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); pass DeepSpeed's "
-                           "docs/_tutorials/automatic-tensor-parallelism.md") from None
     names: list[str] = []
     in_section = found_section = False
-    for line in lines:
+    for line in read_docs(path):
         heading = _HEADING.match(line)
         if heading:
             in_section = heading.group(1).lower() == "supported models"
@@ -92,7 +219,12 @@ def read_docs_supported(path: Path) -> list[str]:
             names.append(bullet.group(1))
     if not found_section:
         raise ReportsError(f"--docs {path}: no '# Supported Models' heading found; is this the AutoTP tutorial?")
-    return [cleaned for name in names if (cleaned := _LINK_TEXT.sub(r"\1", name).strip("` *"))]
+    return [_bullet_name(name) for name in names if _bullet_name(name)]
+
+
+def _bullet_name(text: str) -> str:
+    """The family a bullet names: its link text, without code marks and without a note this page added."""
+    return _NOTE.sub("", _LINK_TEXT.sub(r"\1", text)).strip("` *")
 
 
 def check_drift(support: dict[str, bool], docs_path: Path) -> Drift:
@@ -102,3 +234,68 @@ def check_drift(support: dict[str, bool], docs_path: Path) -> Drift:
         listed_but_failing=[m for m, ok in support.items() if not ok and normalise_model_name(m) in listed],
         passing_but_unlisted=[m for m, ok in support.items() if ok and normalise_model_name(m) not in listed],
     )
+
+
+def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
+    """Per section of SECTIONS, the first and past-the-last line of its bullet list."""
+    blocks: dict[str, tuple[int, int]] = {}
+    for index, line in enumerate(lines):
+        heading = _HEADING.match(line)
+        if not heading or heading.group(1).lower() not in SECTIONS:
+            continue
+        start = index + 1
+        while start < len(lines) and not _BULLET.match(lines[start]) and not _HEADING.match(lines[start]):
+            start += 1
+        end = start
+        while end < len(lines) and _BULLET.match(lines[end]):
+            end += 1
+        if end == start:
+            raise ReportsError(f"--docs {path}:{index + 1}: '{line.strip()}' has no bullet list under it; the page "
+                               "is rewritten only where its models are a '- name' list")
+        blocks[heading.group(1).lower()] = (start, end)
+    missing = [f"'# {name.title()}'" for name in SECTIONS if name not in blocks]
+    if missing:
+        raise ReportsError(f"--docs {path}: no {' or '.join(missing)} heading found; is this the AutoTP tutorial?")
+    return blocks
+
+
+def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
+    """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
+    lines = read_docs(docs_path)
+    listed = {normalise_model_name(_bullet_name(match.group(1))): _bullet_name(match.group(1))
+              for start, end in _bullet_blocks(docs_path, lines).values() for line in lines[start:end]
+              if (match := _BULLET.match(line))}
+    return {e["family"]: listed[normalise_model_name(e["family"])] for e in report["supported_models"]["families"]
+            if normalise_model_name(e["family"]) in listed}
+
+
+def docs_page(report: dict, docs_path: Path) -> str:
+    """The copy with its two lists rewritten: every family tested here in the section its cells put it in, with its
+    note; a family the copy lists that was not tested here stays where it is, as it is. New bullets go in
+    alphabetical place among the kept ones, so the diff shows only what changed."""
+    lines = read_docs(docs_path)
+    blocks = _bullet_blocks(docs_path, lines)
+    names = docs_names(report, docs_path)
+    tested = {normalise_model_name(e["family"]): e for e in report["supported_models"]["families"]}
+    rewritten = {}
+    for section, (start, end) in blocks.items():
+        listed = [(normalise_model_name(_bullet_name(_BULLET.match(line).group(1))), line) for line in lines[start:end]]
+        kept = [(key, line) for key, line in listed if key not in tested]
+        for key, entry in sorted(tested.items()):
+            if entry["supported"] == (section == "supported models"):
+                bullet = family_bullet(entry, names.get(entry["family"], entry["family"]))
+                place = next((i for i, (other, _) in enumerate(kept) if other > key), len(kept))
+                kept.insert(place, (key, bullet))
+        rewritten[section] = [line for _, line in kept]
+    out = list(lines)
+    for section, (start, end) in sorted(blocks.items(), key=lambda item: -item[1][0]):  # bottom up: indices hold
+        out[start:end] = rewritten[section]
+    return "\n".join(out) + "\n"
+
+
+def docs_diff(report: dict, docs_path: Path) -> str:
+    """A unified diff from the copy to docs_page, with DeepSpeed's path: `git apply` it in a DeepSpeed clone."""
+    before = "\n".join(read_docs(docs_path)) + "\n"
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True),
+                                        docs_page(report, docs_path).splitlines(keepends=True),
+                                        fromfile=f"a/{DOCS_PAGE}", tofile=f"b/{DOCS_PAGE}"))

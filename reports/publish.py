@@ -15,14 +15,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matrix.redaction import redact
+from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
 from reports.failing_now import repro_command
 from reports.git import GitRepo
+from reports.gate import select
 from reports.history import analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
+from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
 from reports.render import answer_lines, transition_json, writing_to
 
@@ -220,13 +223,21 @@ def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, lis
 
 def publish(observations: list[Observation], bisections: list[Bisection], attempts: list[TriageAttempt],
             sessions: list[str] | None, out_dir: Path, *, repo: str | None, pr: int | None,
-            deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
-    """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
+            deepspeed_repo: GitRepo | None, base: str | None = None, known: dict[str, KnownFailure] | None = None,
+            log=print) -> list[Path]:
+    """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
+    With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
+    classified against it (reports.pr_failures)."""
     token = os.environ.get(TOKEN_ENV) or None
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
+    if base is not None:
+        newest = {session.newest for session in deltas}
+        failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
+                            history, known or {})
+        comment = replace(comment, body=inert(pr_comment_head(failures, base)) + comment.body)
     # The store redacts what it imports; a store written before it did, or a message quoting this environment's
     # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))

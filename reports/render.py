@@ -1,4 +1,4 @@
-"""Turn a History into report.md, report.json, report.html, supported-models.md and a step summary.
+"""Turn a History into report.md, report.json, report.html, supported-models.md (and .diff) and a step summary.
 
 Everything is rendered from one JSON-ready dict (build_report), so all outputs say the same thing. A reader
 gets one screen first — what changed since the previous run of each session, and the root causes of every
@@ -27,7 +27,7 @@ from reports import ReportsError
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
-from reports.docs import Drift, model_support, supported_models_markdown
+from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
 from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
 from reports.history import CellStatus, History, Transition, harness_change_text
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
@@ -38,7 +38,6 @@ MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; 
 
 def build_report(history: History, observations: list[Observation], drift: Drift | None,
                  known_failures: dict[str, KnownFailure]) -> dict:
-    support = model_support(history)
     runs = _runs_by_point(observations)
     report = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -67,14 +66,11 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         ],
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
-        "supported_models": {
-            "supported": [m for m, ok in support.items() if ok],
-            "unsupported": [m for m, ok in support.items() if not ok],
-        },
         "docs_drift": asdict(drift) if drift else None,
     }
     report["root_causes"] = root_causes(report)
     report["failing_now"] = failing_now(report, history, observations, known_failures)
+    report["supported_models"] = supported_models(history, report["failing_now"], model_families())
     return report
 
 
@@ -86,8 +82,13 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
         out_dir / "report.md": report_markdown(report),
         out_dir / "report.json": json.dumps(report, indent=2, ensure_ascii=False) + "\n",
         out_dir / "report.html": report_html(report),
-        out_dir / "supported-models.md": supported_models_markdown(model_support(history), history),
     }
+    if drift is None:
+        outputs[out_dir / "supported-models.md"] = supported_models_markdown(report, history)
+    else:  # the families in the copy's spelling, and the diff that makes the copy say what the matrix found
+        docs = Path(drift.docs_path)
+        outputs[out_dir / "supported-models.md"] = supported_models_markdown(report, history, docs_names(report, docs))
+        outputs[out_dir / "supported-models.diff"] = docs_diff(report, docs)
     redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
     with writing_to(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)

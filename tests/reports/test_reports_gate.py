@@ -21,6 +21,11 @@ def test_regression_blocks_and_known_failures_do_not(store, capsys):
     code, out, _ = gate(store, capsys, "--baseline", "deepspeed=0.10.0", "--candidate", "deepspeed=0.10.1")
     assert code == 1
     assert out.splitlines() == [
+        "2 new failures, 0 already failing on the base, 0 flaky, 0 known",
+        "- **new** numerics `logits_max_rel N > N` — 1 cell: eager fp32: opt tp2 (the base fails another way: shard "
+        "`ShardError: broken`)",
+        "- **new** shard `AssertionError: heads % tp != N` — 1 cell: eager fp32: llama tp2 (pass on the base)",
+        "",
         "cell                  baseline  candidate        verdict",
         "--------------------  --------  ---------------  ---------------",
         "llama-eager-fp32-tp2  pass      1/1 runs failed  regression",
