@@ -13,6 +13,7 @@ The first line of a PR comment (reports.publish) and of `python -m reports gate`
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
@@ -107,13 +108,14 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
     return lines
 
 
-def pr_comment_head(failures: list[PrFailure], base: str) -> str:
+def pr_comment_head(failures: list[PrFailure], base: str, inert: Callable[[str], str]) -> str:
     """What a PR comment starts with: the count, the new failures' causes, then the others' collapsed (GitHub renders
-    <details>), as Dr.CI folds broken trunk and flaky away."""
+    <details>), as Dr.CI folds broken trunk and flaky away. `inert` neutralises each line built from the history
+    (reports.publish.inert); the <details> frame is ours."""
     new = [f for f in failures if f.kind == "new"]
     others = [f for f in failures if f.kind != "new"]
-    lines = [f"**{summary_line(failures)}** (base: `{base}`)", "", *cause_lines(new)]
+    lines = [f"**{summary_line(failures)}** (base: `{base}`)", "", *map(inert, cause_lines(new))]
     if others:
         lines += ["", f"<details><summary>{count_text(len(others), 'other failing cell')}: already failing on the base, "
-                      "flaky or known</summary>", "", *cause_lines(others), "", "</details>"]
+                      "flaky or known</summary>", "", *map(inert, cause_lines(others)), "", "</details>"]
     return "\n".join(lines).rstrip("\n") + "\n\n"

@@ -237,7 +237,7 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
         newest = {session.newest for session in deltas}
         failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
                             history, known or {})
-        comment = replace(comment, body=inert(pr_comment_head(failures, base)) + comment.body)
+        comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
     # The store redacts what it imports; a store written before it did, or a message quoting this environment's
     # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))
