@@ -39,7 +39,7 @@ from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, C
                             suite_command)
 from reports.git import GitRepo
 from reports.history import Transition, analyse
-from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
+from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, Versions, release
 from reports.signatures import cause, frame_files
 from reports.store import HistoryStore
 
@@ -99,6 +99,10 @@ class Question:
 
     def failing_status(self, transition: Transition):
         return transition.after_status if self.mode == "broken" else transition.before_status
+
+    def failing_versions(self, transition: Transition) -> Versions:
+        """The versions where the failure asked about was recorded (a class change's new failure: after)."""
+        return transition.after if self.mode == "broken" else transition.before
 
     @property
     def absent_is_good(self) -> bool:
@@ -211,7 +215,7 @@ class Triage:
         repo = self.repos.get(question.axis)
         if repo is not None:
             if question.axis == "transformers":
-                suspects = tuple(self._suspects(repo, answer, question, rep))
+                suspects = tuple(self.suspects(repo, answer, question, rep))
                 self.log(f"  {len(suspects)} suspect commit(s) touched the failure's files or the model's folder")
             commit_answer, commit = self._bisect_commits(repo, answer, question, probe, start)
             if commit_answer is not None:
@@ -289,20 +293,21 @@ class Triage:
             return None, None
         return commit_answer, repo.info(commit_answer.after)
 
-    def _suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
+    def suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
         """The range's commits that touched the failure's files (most specific first), then the model's folder."""
         status = question.failing_status(rep)
-        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(rep))
+        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(question, rep))
                  if path.startswith("transformers/")]
         model_type = self.model_types.get(rep.cell.model, rep.cell.model)
         paths = [*files, f"{TRANSFORMERS_SOURCE_ROOT}transformers/models/{model_type}/"]
         return [Commit(c.sha, c.subject, c.pr, c.files, relevant=True)
                 for c in repo.touching(answer.before, answer.after, paths)]
 
-    def _message(self, transition: Transition) -> str:
-        """The failing run's message (it holds the traceback), from the store."""
+    def _message(self, question: Question, transition: Transition) -> str:
+        """The failing run's message (it holds the traceback), from the store: the failure asked about, so a
+        class change's new failure, not the old one it replaced."""
         with HistoryStore(self.store, create=False) as history:
-            failing = transition.after if transition.kind == "broke" else transition.before
+            failing = question.failing_versions(transition)
             messages = [o.result.message for o in history.observations()
                         if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
         return messages[-1] if messages else ""

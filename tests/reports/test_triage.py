@@ -345,3 +345,34 @@ def test_frame_files_and_causes_read_real_signatures():
     assert frame_files(signature, message) == ["transformers/integrations/tensor_parallel.py",
                                                "transformers/modeling_utils.py",
                                                "transformers/models/bloom/modeling_bloom.py"]
+
+
+def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_path):
+    """The old failure's traceback names bert's notes.py (touched by #40103); the new failure's names llama's
+    modeling file only. The suspects come from the new failure: #40103 is not one of them."""
+    from reports.bisect import Answer
+
+    repo = tmp_path / "transformers-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    old_traceback = ('Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bert/notes.py", '
+                     'line 1, in <module>\nArithmeticError: logits differ by 3\n')
+    new_signature = "TypeError: forward() got N unexpected heads @ transformers/models/llama/modeling_llama.py:run"
+    with HistoryStore(store, create=True) as history:
+        for n, (transformers, failure) in enumerate([("5.0.0", ("numerics", "ArithmeticError: logits differ by N @ "
+                                                                 "transformers/models/bert/notes.py:<module>",
+                                                                 old_traceback)),
+                                                     ("5.1.0", ("forward", new_signature, new_signature))]):
+            run = Run(f"nightly@{n}", "nightly", "runner-1", f"2026-01-0{n + 1}T00:00:00Z", "cpu", "gloo",
+                      Versions("0.19.8", transformers, "2.13.0+cpu", "3.11.7"))
+            history.import_runs([(run, [CellResult(run.run_id, cell, "fail", *failure)])], source=tmp_path)
+        found = analyse(history.observations(), None)
+    (question,) = questions(found.transitions)
+    assert question.kind == "class-change"
+    triage = Triage(store, tmp_path / "envs", fake_installer(tmp_path / "envs", {"transformers": repo}), Budget(1, 1),
+                    model_types={"llama": "llama"})
+    suspects = triage.suspects(GitRepo(repo, "--transformers-repo"), Answer("5.0.0", "5.1.0", (), ()), question,
+                               question.representative)
+    assert [s.pr for s in suspects] == [40102, 40104, 40101]
