@@ -37,7 +37,7 @@ from reports import ReportsError
 from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
                             add_cell_run_options, classify, print_step, release_candidates, run_cells, search,
                             suite_command)
-from reports.git import GitRepo
+from reports.git import GitError, GitRepo
 from reports.history import Transition, analyse
 from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, Versions, release
 from reports.signatures import cause, frame_files
@@ -281,7 +281,7 @@ class Triage:
         try:
             # transformers tags patch releases on release branches: the line starts at the merge base.
             line = repo.line(answer.before, answer.after, from_merge_base=transformers)
-        except ReportsError as error:
+        except GitError as error:
             self.log(f"  commits not bisected: {error}")
             return None, None
         probe.environment = lambda sha: self.installer.commit(question.axis, repo, sha, pins)
@@ -378,7 +378,7 @@ class Triage:
             except BudgetSpent as spent:
                 self.log(f"budget spent ({spent}): {len(queue) + 1} question(s) left not yet triaged")
                 return [question, *queue]
-            except (BisectError, ReleaseDataUnavailable) as error:
+            except (BisectError, GitError, ReleaseDataUnavailable) as error:  # this question's, not the run's
                 self.log(f"  no answer: {error}")
                 self.attempt(question, str(error))
         return []

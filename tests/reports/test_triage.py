@@ -376,3 +376,32 @@ def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_p
     suspects = triage.suspects(GitRepo(repo, "--transformers-repo"), Answer("5.0.0", "5.1.0", (), ()), question,
                                question.representative)
     assert [s.pr for s in suspects] == [40102, 40104, 40101]
+
+
+def test_a_git_error_leaves_its_question_unanswered_with_the_reason_and_triage_goes_on(tmp_path):
+    """The clone lacks the tag of 5.2.0 (not fetched): each question that needs it is recorded as unanswerable,
+    naming the missing tag, and the run goes on to the next question instead of stopping at the first."""
+    from dataclasses import replace
+
+    repo = tmp_path / "transformers-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)  # tags v5.0.0 and v5.1.0 only
+    store = tmp_path / "history.sqlite"
+    llama, qwen2 = CellKey("llama", "eager", "fp32", 2), CellKey("qwen2", "eager", "fp32", 2)
+    write_store(store, [llama, qwen2], [
+        (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {qwen2: ("numerics", "logits differ")}),
+        (Versions("0.19.8", "5.2.0", "2.13.0+cpu", "3.11.7"), {llama: ("forward", "TypeError: boom")}),
+    ])
+    with HistoryStore(store, create=False) as history:
+        found = analyse(history.observations(), None)
+    assert len(questions(found.transitions)) == 2
+    envs = tmp_path / "envs"
+    adjacent = replace(fake_installer(envs, {"transformers": repo}), releases=lambda axis, older, newer: [older, newer])
+    triage = Triage(store, envs, adjacent, Budget(50, 30), {"transformers": GitRepo(repo, "--transformers-repo")})
+    assert triage.run(found.transitions) == []
+    with HistoryStore(store, create=False) as history:
+        attempts = history.triage_attempts()
+        assert history.bisections() == []
+    assert sorted((a.cell.model, a.mode) for a in attempts) == [("llama", "broken"), ("qwen2", "fixed")]
+    assert all("--transformers-repo" in a.reason and "no commit or tag '5.2.0'" in a.reason for a in attempts)
+    assert all("triage could not answer: --transformers-repo" in line for _, line in answers(store))
