@@ -221,6 +221,10 @@ class Triage:
             if commit_answer is not None:
                 ends = ("commit", commit_answer.before, commit_answer.after)
                 answer = Answer(answer.before, answer.after, answer.untestable + commit_answer.untestable, ())
+        if known is not None and commit is None and suspects == known.suspects:
+            self.log(f"  refinement found nothing beyond the stored answer {known.before} → {known.after}; "
+                     "nothing recorded")
+            return []
         now = _now()
         common = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
                       held_fixed=question.held_fixed, commit=commit.sha if commit else "",

@@ -405,3 +405,32 @@ def test_a_git_error_leaves_its_question_unanswered_with_the_reason_and_triage_g
     assert sorted((a.cell.model, a.mode) for a in attempts) == [("llama", "broken"), ("qwen2", "fixed")]
     assert all("--transformers-repo" in a.reason and "no commit or tag '5.2.0'" in a.reason for a in attempts)
     assert all("triage could not answer: --transformers-repo" in line for _, line in answers(store))
+
+
+def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
+    """A release-level answer refined with a clone whose commits cannot be bisected (its tags were never
+    fetched) stays the one stored answer: no second, identical row."""
+    from reports.records import Bisection
+
+    repo = tmp_path / "fakeds-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("fakeds"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY])
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
+    write_store(store, [cell], [(Versions("0.1.0", **fixed), {}),
+                                (Versions("0.2.0", **fixed), {cell: ("shard", TP2_CAUSE)})])
+    with HistoryStore(store, create=True) as history:
+        (transition,) = analyse(history.observations(), None).transitions
+        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.1.1", "0.2.0", transition.held_fixed, "shard",
+                                        TP2_CAUSE, recorded_at="2026-01-03T00:00:00+00:00", kind="broke",
+                                        searched_older="0.1.0", searched_newer="0.2.0"))
+        found = analyse(history.observations(), None, history.bisections())
+    assert found.transitions[0].bisection is not None
+    envs = tmp_path / "envs"
+    triage = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(50, 30),
+                    {"deepspeed": GitRepo(repo)})
+    assert triage.run(found.transitions, refine=True) == []
+    with HistoryStore(store, create=False) as history:
+        assert len(history.bisections()) == 1
+    assert triage.answered == 0
