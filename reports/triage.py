@@ -353,15 +353,16 @@ class Triage:
             history.add_bisection(bisection)
 
     def attempt(self, question: Question, reason: str) -> None:
-        """Record why nothing answers this question (once per reason), so the report says it."""
+        """Record why nothing answers this question (once per reason and held-fixed versions: the same
+        transition at other versions of the other axes is another question), so the report says it."""
         reason = " ".join(reason.split())[:MAX_REASON]
         with HistoryStore(self.store, create=True) as history:
-            known = {(a.cell, a.axis, a.mode, a.before, a.after, a.reason) for a in history.triage_attempts()}
+            known = {replace(a, recorded_at="") for a in history.triage_attempts()}
             for t in question.transitions:
                 attempt = TriageAttempt(t.cell, question.axis, question.mode, question.older, question.newer,
-                                        question.held_fixed, reason, _now())
-                if (t.cell, attempt.axis, attempt.mode, attempt.before, attempt.after, reason) not in known:
-                    history.add_triage_attempt(attempt)
+                                        question.held_fixed, reason)
+                if attempt not in known:
+                    history.add_triage_attempt(replace(attempt, recorded_at=_now()))
 
     # ---- every question -----------------------------------------------------------------------------------------
 

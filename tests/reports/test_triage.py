@@ -434,3 +434,23 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
     with HistoryStore(store, create=False) as history:
         assert len(history.bisections()) == 1
     assert triage.answered == 0
+
+
+def test_the_same_question_at_other_held_fixed_versions_is_recorded_for_each(deepspeed_side, tmp_path):
+    """One torch change seen at DeepSpeed 0.1.0 and again at 0.2.0: two questions, each recorded once with its
+    reason, so neither transition is left "not yet triaged"."""
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    write_store(store, [cell], [(Versions(deepspeed, "5.24.0", torch, "3.11.7"), failures)
+                                for deepspeed in ("0.1.0", "0.2.0")
+                                for torch, failures in (("2.12.0", {}), ("2.13.0+cpu", {cell: ("shard", "boom")}))])
+    for _ in range(2):  # asking again records nothing new
+        with HistoryStore(store, create=False) as history:
+            found = analyse(history.observations(), None, history.bisections(), history.triage_attempts())
+        assert [t.held_fixed.split(",")[0] for t in found.transitions] == ["deepspeed 0.1.0", "deepspeed 0.2.0"]
+        make_triage(store, deepspeed_side, Budget(max_cells=10, max_minutes=30)).run(found.transitions)
+        with HistoryStore(store, create=False) as history:
+            assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == ["deepspeed 0.1.0",
+                                                                                           "deepspeed 0.2.0"]
+    lines = [line for _, line in answers(store)]
+    assert len(lines) == 2 and all("a torch change is shown with its range only" in line for line in lines), lines
