@@ -77,16 +77,22 @@ def tests(session):
 
 @nox.session
 def report(session):
-    """Merge JUnit files into the history store and render the reports: `nox -s report -- DIRS...`, or
-    `-- --results DIR` for one results folder (DIR/junit into DIR/history.sqlite, reports into DIR)."""
+    """Merge JUnit files into the results archive and the history store and render the reports: `nox -s report --
+    DIRS...`, or `-- --results DIR` for one results folder (DIR/junit into DIR/archive and DIR/history.sqlite,
+    reports into DIR). `--verify` first: then check that every stored run and answer is in the archive."""
     session.install(*PROJECT_DEPENDENCIES)
-    if session.posargs[:1] == ["--results"] and len(session.posargs) == 2:
-        store = ["--store", f"{session.posargs[1]}/history.sqlite"]
-        session.run("python", "-m", "reports", "merge", f"{session.posargs[1]}/junit", *store)
-        session.run("python", "-m", "reports", "render", *store, "--out", session.posargs[1])
-        return
-    session.run("python", "-m", "reports", "merge", *(session.posargs or ["results/junit"]))
-    session.run("python", "-m", "reports", "render")
+    verify = session.posargs[:1] == ["--verify"]
+    args = session.posargs[1:] if verify else session.posargs
+    results = args[1] if args[:1] == ["--results"] and len(args) == 2 else None
+    store = ["--store", f"{results}/history.sqlite"] if results else []
+    # The store is an index over the results archive next to it (in CI, the autotp-history branch): first bring
+    # it up to date from there (a lost or stale store costs minutes, never history), then merge into both.
+    if Path(results or "results", "archive").is_dir():
+        session.run("python", "-m", "reports", "rebuild", *store)
+    session.run("python", "-m", "reports", "merge", *([f"{results}/junit"] if results else args or ["results/junit"]), *store)
+    session.run("python", "-m", "reports", "render", *store, *(["--out", results] if results else []))
+    if verify:
+        session.run("python", "-m", "reports", "verify", *store)
 
 
 @nox.session

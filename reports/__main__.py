@@ -1,4 +1,4 @@
-"""Command line: `python -m reports {merge,render,gate,publish,draft-issue} ...` (see --help of each)."""
+"""Command line: `python -m reports {merge,rebuild,verify,render,gate,publish,draft-issue} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from matrix.redaction import redact
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.answers import plain_link
+from reports.archive import ArchiveConflict, ResultsArchive, answer_key, default_archive
+from reports.records import Bisection
 from reports.docs import check_drift, model_support
 from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
@@ -19,34 +22,100 @@ from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.publish import publish as publish_deltas
-from reports.render import write_outputs
-from reports.store import DEFAULT_STORE, HistoryStore
+from reports.render import write_outputs, writing_to
+from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
 
 
 def merge(args: argparse.Namespace) -> int:
+    """Exit 0 only when something usable was read and nothing contradicts the archive or the store: a folder of
+    truncated files must not look like a night whose results were all known already."""
     files = find_junit_files(args.inputs)
-    runs = results = imported = 0
-    skipped = []
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    readable, skipped = [], []
+    for path in files:
+        try:
+            readable.append((path, read_junit(path)))
+        except ReportsError as exc:  # one bad file must not stop the others
+            skipped.append(str(exc))
+    for reason in skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    if not readable:
+        found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
+        raise ReportsError(f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
+                           "unchanged — pass the session's junit/ folder or the downloaded artifacts")
+    runs = results = imported = archived = 0
+    conflicts = []
     with HistoryStore(args.store, create=True) as store:
-        for path in files:
+        for path, file_runs in readable:
             try:
-                counts = store.import_runs(read_junit(path), source=path)
-            except ReportsError as exc:  # one bad file must not stop the others
-                skipped.append(str(exc))
+                archived += len(archive.add(path, file_runs))  # first: the archive is what the store is rebuilt from
+                counts = store.import_runs(file_runs, source=path)
+            except (ArchiveConflict, StoreConflict) as exc:
+                conflicts.append(str(exc))
                 continue
             imported += 1
             runs += counts.new_runs
             results += counts.new_results
-    for reason in skipped:
-        print(f"skipped {reason}", file=sys.stderr)
+        answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
+    for conflict in conflicts:
+        print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
+    print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
+    if conflicts:
+        raise ReportsError(f"{len(conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
+                           "and were not imported")
+    return 0
+
+
+def rebuild(args: argparse.Namespace) -> int:
+    """Import every archive entry the store lacks: a new store gets the whole history, a stale one (an older
+    cache) the runs merged since. A first attempt whose run is stored is skipped unread (all-or-nothing imports)."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    entries = archive.entries()
+    runs = results = read = 0
+    with HistoryStore(args.store, create=True) as store:
+        stored = {run.run_id for run in store.runs()}
+        for entry in entries:
+            if entry.attempt == 1 and entry.run_id in stored:
+                continue
+            counts = store.import_runs([archive.read(entry)], source=entry.path)
+            read += 1
+            runs += counts.new_runs
+            results += counts.new_results
+        known = {answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]}
+        answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
+        for answer in answers:
+            (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+    print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
+          f"entries in {archive.root}, {len(answers)} new answer(s)")
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """Exit 1 when the store holds a run or an answer the archive lacks: a lost store would lose it."""
+    archive = ResultsArchive(args.archive or default_archive(args.store))
+    archived_runs = {entry.run_id for entry in archive.entries()}
+    archived_answers = {answer_key(answer) for answer in archive.answers()}
+    with HistoryStore(args.store, create=False, read_only=True) as store:
+        runs = [run.run_id for run in store.runs()]
+        answers = [answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]]
+    missing_runs = [run_id for run_id in runs if run_id not in archived_runs]
+    missing_answers = [key for key in answers if key not in archived_answers]
+    if missing_runs or missing_answers:
+        shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
+        print(f"error: {args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
+              f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
+              f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)",
+              file=sys.stderr)
+        return 1
+    print(f"{args.store}: all {len(runs)} run(s) and {len(answers)} answer(s) are in the archive {archive.root}")
     return 0
 
 
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history), args.docs) if args.docs else None
@@ -63,11 +132,12 @@ def render(args: argparse.Namespace) -> int:
 
 def draft_issue(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
-    draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause, cell=args.cell,
-                        out_dir=args.out)
+    with writing_to(args.out):
+        draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause,
+                            cell=args.cell, out_dir=args.out)
     print(f"# {draft.title}\n\n{draft.body}")
     print(f"wrote {draft.file}", file=sys.stderr)
     return 0
@@ -81,20 +151,23 @@ def known_failures(path: Path):
 
 
 def gate(args: argparse.Namespace) -> int:
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
+    if not observations:
+        raise ReportsError(f"{args.store}: the history store holds no results, so there is nothing to gate on; "
+                           "import the baseline's and the candidate's runs with `python -m reports merge` first")
     rows = compare(
         select(observations, args.baseline, "--baseline"),
         select(observations, args.candidate, "--candidate"),
         args.confirmations,
     )
-    print(format_table(rows, args.confirmations, args.block_changed))
+    print(redact(format_table(rows, args.confirmations, args.block_changed)))
     return 1 if blocking(rows, args.block_changed) else 0
 
 
 def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
-    with HistoryStore(args.store, create=False) as store:
+    with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
                                deepspeed_repo=repo):
@@ -106,11 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+    archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
 
-    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store")
+    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
+    merge_parser.add_argument("--archive", type=Path, help=archive_help)
     merge_parser.set_defaults(handler=merge)
+
+    rebuild_parser = commands.add_parser(
+        "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
+    rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
+    rebuild_parser.add_argument("--store", **store_option)
+    rebuild_parser.set_defaults(handler=rebuild)
+
+    verify_parser = commands.add_parser(
+        "verify", help="exit 1 when the store holds a run or answer the results archive lacks (it could not be rebuilt)")
+    verify_parser.add_argument("--archive", type=Path, help=archive_help)
+    verify_parser.add_argument("--store", **store_option)
+    verify_parser.set_defaults(handler=verify)
 
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)
@@ -165,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ReportsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

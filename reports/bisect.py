@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.cells import parse_cell_id
+from matrix.redaction import redact
 from matrix.registry import RegistryError, load_models, load_variants
 from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combinations, load_config, load_releases,
                              parse_pins, skip_reason, supports_python)
@@ -200,7 +201,9 @@ def run_cells(python: Path, cells: list[CellKey], cell_timeout: float,
         records = Path(results) / "cells.jsonl"
         lines = records.read_text().splitlines() if records.exists() else []
     wanted = {cell.id: cell for cell in cells}
-    found = {wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], r["signature"], r["message"])
+    # a cell's text reaches the terminal, the store and the reports from here
+    found = {wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], redact(r["signature"]),
+                                              redact(r["message"]))
              for r in map(json.loads, lines) if r["cell"]["id"] in wanted}
     if not found:
         raise Untestable(f"no result for {', '.join(wanted)} (exit code {completed.returncode}): {_tail(completed)}")
@@ -209,7 +212,7 @@ def run_cells(python: Path, cells: list[CellKey], cell_timeout: float,
 
 def _tail(completed: subprocess.CompletedProcess, lines: int = 8) -> str:
     text = f"{completed.stdout}\n{completed.stderr}"
-    return " | ".join([line for line in text.splitlines() if line.strip()][-lines:])
+    return redact(" | ".join([line for line in text.splitlines() if line.strip()][-lines:]))
 
 
 # ---- Candidates --------------------------------------------------------------------------------------------------
@@ -332,7 +335,7 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
     combination of versions.toml; --pin overrides either."""
     pins: dict[str, str] = {}
     if store.exists():
-        with HistoryStore(store, create=False) as history:
+        with HistoryStore(store, create=False, read_only=True) as history:
             runs = [o for o in history.observations()
                     if o.cell == cell and o.result.outcome == "fail" and getattr(o.versions, axis) == failing]
         if runs:
@@ -362,7 +365,7 @@ def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good
         low, high = sorted((good, bad), key=Version)
     except InvalidVersion:
         return None  # bisect_releases explains what a version looks like
-    with HistoryStore(store, create=False) as history:
+    with HistoryStore(store, create=False, read_only=True) as history:
         answers = [b for b in history.bisections() if not b.commit and b.failure_class
                    and None not in (release(b.before), release(b.after))]
     return answer_for(answers, cell, kind, None, AxisRange(axis, low, high), held_fixed)
@@ -412,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _bisect(args)
     except (ReportsError, ReleaseDataUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact(str(error))}", file=sys.stderr)
         return 2
 
 

@@ -71,6 +71,9 @@ def read_docs_supported(path: Path) -> list[str]:
     except OSError as exc:
         raise ReportsError(f"--docs {path}: cannot read it ({exc.strerror}); pass DeepSpeed's "
                            "docs/_tutorials/automatic-tensor-parallelism.md") from None
+    except UnicodeDecodeError as exc:
+        raise ReportsError(f"--docs {path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); pass DeepSpeed's "
+                           "docs/_tutorials/automatic-tensor-parallelism.md") from None
     names: list[str] = []
     in_section = found_section = False
     for line in lines:

@@ -35,6 +35,10 @@ class GitRepo:
         self.option = option
         if self._status("rev-parse", "--git-dir") != 0:
             raise GitError(f"{option} {self.path}: not a git clone; pass the path of a local clone")
+        root = Path(self._git("rev-parse", "--show-toplevel").strip())
+        if root.resolve() != self.path.resolve():  # a folder inside some other repository answers git too
+            raise GitError(f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
+                           "clone; pass the root folder of a local clone")
 
     def _git(self, *args: str) -> str:
         try:

@@ -9,10 +9,17 @@ from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml
 from reports import ReportsError
 from reports.records import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
+from suites.outcome import FAILURE_CLASSES
 
 # What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as
 # written (pr/1234, master, a sha) or local-<folder>.
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
+# Every field reports print outside a code span is checked here (publish posts them to GitHub, where a field
+# like `@org/team ![x](https://…)` would notify people and load images): names of models, variants and dtypes
+# (registry keys, transformers model types), a commit, and the failure class from its known set.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}")
+KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
 
 
 class MalformedJUnit(ReportsError):
@@ -83,6 +90,8 @@ def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
             )
     harness_git = props["run.harness_git"].strip() if "run.harness_git" in props else None  # None: an old file
     deepspeed_git = deepspeed_git_of(versions["deepspeed"], props.get("version.deepspeed_git", "").strip(), harness_git)
+    if deepspeed_git and not _COMMIT.fullmatch(deepspeed_git):
+        raise MalformedJUnit(path, f"{where}: version.deepspeed_git={deepspeed_git!r} is not a git commit (hex)")
     return Run(
         run_id=_require(props, "run.id", path, where),
         session=props.get("run.session", ""),
@@ -107,17 +116,25 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
         raise MalformedJUnit(path, f"{where}: cell.tp={props['cell.tp']!r} is not an integer") from None
     if cell.id != props["cell.id"]:
         raise MalformedJUnit(path, f"{where}: cell.id={props['cell.id']!r} does not match its parts ({cell.id!r})")
+    for part in ("model", "variant", "dtype"):
+        if not _NAME.fullmatch(getattr(cell, part)):
+            raise MalformedJUnit(path, f"{where}: cell.{part}={getattr(cell, part)!r} is not a name (letters, digits, "
+                                       "'.', '_', '-')")
 
     # The JUnit result element is the authoritative outcome; properties add the detail.
     problems = [r for r in case.result if isinstance(r, (Failure, Error))]
     if problems:
         message = problems[0].message or ""
         prefix, _, rest = message.partition(": ")
+        failure_class = props.get("failure_class") or (prefix if rest and prefix in FAILURE_CLASSES else "unknown")
+        if failure_class not in KNOWN_FAILURE_CLASSES:
+            raise MalformedJUnit(path, f"{where}: failure_class={failure_class!r} is not one of "
+                                       f"{', '.join(KNOWN_FAILURE_CLASSES)}")
         return CellResult(
             run_id=run_id,
             cell=cell,
             outcome="fail",
-            failure_class=props.get("failure_class") or (prefix if rest else "") or "unknown",
+            failure_class=failure_class,
             signature=props.get("signature") or rest or message,
             message=problems[0].text or message,
             metrics=_metrics_from(props, path, where),

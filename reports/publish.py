@@ -22,8 +22,9 @@ from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, 
 from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.history import analyse
+from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, transition_json
+from reports.render import answer_lines, transition_json, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -66,6 +67,27 @@ def _git_ref(versions: Versions, axis: str) -> str:
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
 
+# Outside code spans and fences, text that GitHub would turn into actions: @mentions (notify people and teams),
+# images (fetched from any server when the page is viewed) and raw HTML (<img>, a fake marker comment).
+_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.DOTALL)
+_MENTION = re.compile(r"(?<![\w`@/.+-])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?")
+
+
+def inert(markdown: str, *, title: bool = False) -> str:
+    """The text with mentions put in code spans, images turned into their literal text and HTML tags escaped,
+    wherever a field from the results (a commit subject, a triage reason, anything) may have brought them. An
+    issue title renders neither images nor HTML (an escape would show), only mentions and code spans."""
+    parts = _CODE.split(markdown.replace("\\`", "'"))  # an escaped backtick opens no code span on GitHub
+    for i in range(0, len(parts), 2):  # the odd parts are code spans and fences: shown literally already
+        text = parts[i] if title else parts[i].replace("![", "!\\[").replace("<", "&lt;")
+        parts[i] = _MENTION.sub(lambda m: f"`{m.group(0)}`", text)
+    return "".join(parts)
+
+
+def failure_class_text(failure_class: str) -> str:
+    """A failure class as it is known (merge validates them); one from an older store as inert code."""
+    return failure_class if failure_class in KNOWN_FAILURE_CLASSES else code(failure_class)
+
 
 def placements(delta_cause: DeltaCause) -> list[list[dict]]:
     """The history's transitions that place the cause's change (last good → first bad on one axis, others held
@@ -89,11 +111,9 @@ def placement_lines(delta_cause: DeltaCause) -> list[str]:
 
 def _delta_cause_lines(delta_cause: DeltaCause) -> list[str]:
     """The cause, its cells, and for a regression or a fix the answer its cells share, one line per range."""
-    cells = ", ".join(f"`{cell.id}`" for cell in delta_cause.cells)
-    if delta_cause.kind == "fixed":
-        detail = f"passes now; was {delta_cause.failure_class}: {code(delta_cause.cause)}"
-    else:
-        detail = f"{delta_cause.failure_class}: {code(delta_cause.cause)}"
+    cells = ", ".join(code(cell.id) for cell in delta_cause.cells)
+    failure = f"{failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}"
+    detail = f"passes now; was {failure}" if delta_cause.kind == "fixed" else failure
     unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
     if unseen:
         detail += f" ({len(unseen)} without a verdict in the last nightly)"
@@ -106,7 +126,7 @@ def _delta_cause_lines(delta_cause: DeltaCause) -> list[str]:
 def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
     tally = next(d.flaky for d in session.deltas if d.cell == cell and d.kind == "flaky")
     detail = f"{tally.passes} pass / {tally.fails} fail at these versions" if tally else "flaky in the last nightly"
-    return f"- `{cell.id}` — {detail}"
+    return f"- {code(cell.id)} — {detail}"
 
 
 def comment_markdown(sessions: list[SessionDeltas]) -> str:
@@ -121,11 +141,11 @@ def comment_markdown(sessions: list[SessionDeltas]) -> str:
     lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", "", "; ".join(counts), ""]
     for session in sessions:
         newest = session.newest
-        lines.append(f"- `{session.session}`: newest run `{newest.run_id}` at {newest.versions.describe()}")
+        lines.append(f"- {code(session.session)}: newest run {code(newest.run_id)} at {newest.versions.describe()}")
         if session.previous is None:
             lines.append("  - no previous run of this session is stored, so nothing is compared")
             continue
-        lines.append(f"  - last nightly `{session.previous.run_id}` at {session.previous.versions.describe()}")
+        lines.append(f"  - last nightly {code(session.previous.run_id)} at {session.previous.versions.describe()}")
         changed = _compare_links(session)
         if changed:
             lines += [f"  - changed: {line}" for line in changed]
@@ -137,7 +157,7 @@ def comment_markdown(sessions: list[SessionDeltas]) -> str:
                    else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c)])
         if entries:
             lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return COMMENT_MARKER + "\n" + inert("\n".join(lines[1:]).rstrip("\n")) + "\n"
 
 
 def issue_marker(delta_cause: DeltaCause) -> str:
@@ -154,21 +174,23 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
     cells = delta_cause.cells
     cause_text = one_line(delta_cause.cause)
     short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[:MAX_TITLE_CAUSE - 1] + "…"
-    title = f"AutoTP regression: {delta_cause.failure_class}: {short} ({count_text(len(cells), 'cell')})"
+    title = inert(f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
+                  f"({count_text(len(cells), 'cell')})", title=True)
     lines = [
         issue_marker(delta_cause),
         f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
         "",
-        f"- Failure: {delta_cause.failure_class}: {code(delta_cause.cause)}",
-        f"- Cells: {', '.join(f'`{cell.id}`' for cell in cells)}",
+        f"- Failure: {failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}",
+        f"- Cells: {', '.join(code(cell.id) for cell in cells)}",
         "",
         "Sessions (last pass → first failure):",
         "",
     ]
     for session in delta_cause.sessions:
-        ran = ", ".join(f"`{d.cell.id}`" for s, d in delta_cause.deltas if s is session)
-        lines += [f"- `{session.session}`: run `{session.previous.run_id}` at {session.previous.versions.describe()} → "
-                  f"run `{session.newest.run_id}` at {session.newest.versions.describe()}: {ran}",
+        ran = ", ".join(code(d.cell.id) for s, d in delta_cause.deltas if s is session)
+        lines += [f"- {code(session.session)}: run {code(session.previous.run_id)} at "
+                  f"{session.previous.versions.describe()} → run {code(session.newest.run_id)} at "
+                  f"{session.newest.versions.describe()}: {ran}",
                   *[f"  - changed: {line}" for line in _compare_links(session)]]
     placement = placement_lines(delta_cause)
     lines += ["", *(["Where the history places it:", "", *placement] if placement else [
@@ -176,7 +198,7 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
         "`python -m reports.bisect` finds the change."]), ""]
     lines += [f"Reproduce ({'one cell of the cause' if len(cells) > 1 else 'the cell'}):", "", "```bash",
               repro_command(cells[0]), "```"]
-    return title, "\n".join(lines) + "\n"
+    return title, issue_marker(delta_cause) + "\n" + inert("\n".join(lines[1:])) + "\n"
 
 
 def _slug(text: str) -> str:
@@ -201,23 +223,24 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
             deepspeed_repo: GitRepo | None, log=print) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set."""
     token = os.environ.get(TOKEN_ENV) or None
-    observations = _redacted(observations)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
-    # A failure message can quote the environment; no credential may leave this process either way.
+    # The store redacts what it imports; a store written before it did, or a message quoting this environment's
+    # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))
     issues = [replace(post, title=redact(post.title), body=redact(post.body)) for post in issues]
 
     written = []
-    for post in [comment, *issues]:
-        post.file.parent.mkdir(parents=True, exist_ok=True)
-        post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
-        written.append(post.file)
     summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
-    with summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
-        handle.write(comment.body + "\n")
+    with writing_to(out_dir):
+        for post in [comment, *issues]:
+            post.file.parent.mkdir(parents=True, exist_ok=True)
+            post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
+            written.append(post.file)
+        with summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
+            handle.write(comment.body + "\n")
     written.append(summary)
 
     if token is None:
@@ -232,13 +255,6 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
     return written
-
-
-def _redacted(observations: list[Observation]) -> list[Observation]:
-    """The results with credentials replaced before any text is derived from them: a cause masks numbers, and a
-    token with digits masked would no longer be the value that redaction of the finished texts looks for."""
-    return [replace(obs, result=replace(obs.result, signature=redact(obs.result.signature),
-                                        message=redact(obs.result.message))) for obs in observations]
 
 
 def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Post, issues: list[Post], log) -> None:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 from itertools import groupby
@@ -20,7 +21,9 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
+from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
+from reports import ReportsError
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
@@ -78,7 +81,6 @@ def build_report(history: History, observations: list[Observation], drift: Drift
 def write_outputs(history: History, observations: list[Observation], drift: Drift | None,
                   known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
     report = build_report(history, observations, drift, known_failures)
-    out_dir.mkdir(parents=True, exist_ok=True)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     outputs = {
         out_dir / "report.md": report_markdown(report),
@@ -86,11 +88,24 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
         out_dir / "report.html": report_html(report),
         out_dir / "supported-models.md": supported_models_markdown(model_support(history), history),
     }
-    for path, text in outputs.items():
-        path.write_text(text, encoding="utf-8")
-    with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
-        summary.write(step_summary_markdown(report))
+    redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
+    with writing_to(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for path, text in outputs.items():
+            path.write_text(redact(text), encoding="utf-8")
+        with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
+            summary.write(redact(step_summary_markdown(report)))
     return [*outputs, step_summary]
+
+
+@contextmanager
+def writing_to(out_dir: Path):
+    """An output that cannot be written (--out names a file, a folder without permission, a full disk) is one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise ReportsError(f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
+                           "folder that can be created or written") from None
 
 
 # ---- JSON-ready pieces -------------------------------------------------------------------------------------------

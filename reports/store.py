@@ -6,13 +6,18 @@ same file serialise on SQLite's lock instead of interleaving half-written runs.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sqlite3
+import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
+from matrix.redaction import Redactor, redact
 from reports import ReportsError
 from reports.records import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
                              deepspeed_git_of)
@@ -146,8 +151,45 @@ class ImportCounts:
     new_results: int
 
 
+def _explain(path: Path, error: sqlite3.Error) -> str:
+    """What a SQLite error means for the store at `path`, and what to do about it."""
+    text = str(error)
+    if any(words in text for words in ("malformed", "not a database", "encrypted", "disk I/O error")):
+        return (f"{path}: the history store is damaged or not SQLite ({text}); restore it from a backup, or move it "
+                "aside and re-import the JUnit files with `python -m reports merge`")
+    if any(words in text for words in ("no such table", "no such column", "has no column", "values for")):
+        return (f"{path}: marked as an autotp-matrix history store, but its tables are not those of schema "
+                f"{SCHEMA_VERSION} ({text}); it was written by something else: pass another --store, or move it "
+                "aside and re-import the JUnit files with `python -m reports merge`")
+    if "readonly" in text:
+        return f"{path}: cannot write the history store ({text}); make the file and its folder writable"
+    if "locked" in text or "busy" in text:
+        return (f"{path}: another process kept the history store locked for over {LOCK_TIMEOUT_S} s ({text}); "
+                "let it finish and run this again")
+    if "unable to open" in text:
+        return f"{path}: cannot open the history store ({text}); --store must be a file in an existing, readable folder"
+    return f"{path}: SQLite error on the history store ({text})"
+
+
+def _naming_the_file(method):
+    """A method of HistoryStore whose SQLite errors become one line naming the file and what to do."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with self._sqlite_errors():
+            return method(self, *args, **kwargs)
+    return wrapped
+
+
+class StoreConflict(ReportsError):
+    """A file contradicts what the store already holds for the same run id: never imported, and merge fails."""
+
+
 class HistoryStore:
-    def __init__(self, path: Path, *, create: bool):
+    """The history store at `path`. `create`: make a new store when there is none (merge). `read_only`: open it
+    with SQLite's `mode=ro`, so reading commands never write (a read-only file works, a reader never waits behind
+    a writer's migration); an older schema is then migrated in a copy in memory, never in the file."""
+
+    def __init__(self, path: Path, *, create: bool, read_only: bool = False):
         self.path = Path(path)
         if not self.path.exists():
             if not create:
@@ -155,12 +197,51 @@ class HistoryStore:
                     f"{self.path}: no history store here; import results first with "
                     f"`python -m reports merge <junit files> --store {self.path}`"
                 )
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._create()
+        elif self.path.is_file() and self.path.stat().st_size == 0:
+            # SQLite would take an empty file for an empty database: a history truncated by a failed copy or restore
+            # must not silently become a new, empty history. (A new store never has 0 bytes: see _create.)
+            raise ReportsError(f"{self.path}: an empty file (0 bytes), not a history store; restore the store, or "
+                               "delete the file to start a new history with `python -m reports merge`")
+        with self._sqlite_errors():
+            if read_only:
+                uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+                self._check_read_only_schema()
+            else:
+                self._conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+                self._check_or_create_schema()
+
+    def _create(self) -> None:
+        """A new store appears whole: built under a temporary name beside it, then hard-linked into place, so no
+        other process ever sees it as a 0-byte file; when another creator won, its store is the one opened."""
         try:
-            self._conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
-            self._check_or_create_schema()
-        except sqlite3.DatabaseError as exc:
-            raise ReportsError(f"{self.path}: not a readable SQLite history store ({exc})") from None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".new")
+            os.close(fd)
+            building = Path(name)
+            try:
+                building.unlink()  # SQLite creates the file itself
+                with self._sqlite_errors():
+                    self._conn = sqlite3.connect(building, isolation_level=None)
+                    self._check_or_create_schema()
+                    self._conn.close()
+                os.link(building, self.path)
+            except FileExistsError:
+                pass  # another process created it first: its store is the one opened
+            finally:
+                building.unlink(missing_ok=True)
+        except OSError as exc:
+            raise ReportsError(f"{self.path}: cannot create the history store ({exc.strerror}); --store must be a "
+                               "path in a folder that can be written") from None
+
+    @contextmanager
+    def _sqlite_errors(self):
+        """Any SQLite error becomes one line naming the file and what to do."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise ReportsError(_explain(self.path, exc)) from None
 
     def close(self) -> None:
         self._conn.close()
@@ -185,36 +266,63 @@ class HistoryStore:
     def _check_or_create_schema(self) -> None:
         conn = self._conn
         with self._write():  # two processes creating a new store must not both create tables
-            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+            application_id, version, has_tables = self._identity()
             if not has_tables and application_id == 0:
                 for statement in _SCHEMA:  # not executescript(): it would commit our transaction
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 _migrate(conn, 1)
-            elif application_id != APPLICATION_ID:
-                raise ReportsError(
-                    f"{self.path}: this SQLite file is not an autotp-matrix history store; "
-                    "pass a different --store path"
-                )
-            elif version > SCHEMA_VERSION:
-                raise ReportsError(
-                    f"{self.path}: store schema version {version} is newer than this tool understands "
-                    f"({SCHEMA_VERSION}); update the reports package before reading it"
-                )
-            elif version < 1:
-                # Schema 1 is the first released schema, so there is no migration path from older ones.
-                raise ReportsError(
-                    f"{self.path}: store schema version {version} predates version 1 and cannot "
-                    "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
-                )
             else:
+                self._check_version(application_id, version)
                 _migrate(conn, version)
 
-    def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
-        """Add runs and results not yet stored, all or nothing; known ones are left untouched."""
+    def _check_read_only_schema(self) -> None:
+        application_id, version, has_tables = self._identity()
+        if not has_tables and application_id == 0:
+            raise ReportsError(f"{self.path}: an empty SQLite file, not a history store; import results first with "
+                               f"`python -m reports merge <junit files> --store {self.path}`")
+        self._check_version(application_id, version)
+        if version < SCHEMA_VERSION:  # migrate a copy: the file stays as it is, and may be read-only
+            memory = sqlite3.connect(":memory:", isolation_level=None)
+            self._conn.backup(memory)
+            self._conn.close()
+            self._conn = memory
+            with self._write():
+                _migrate(memory, version)
+
+    def _identity(self) -> tuple[int, int, bool]:
+        """application_id, user_version, and whether the file has any table."""
         conn = self._conn
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        return application_id, version, conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+
+    def _check_version(self, application_id: int, version: int) -> None:
+        if application_id != APPLICATION_ID:
+            raise ReportsError(
+                f"{self.path}: this SQLite file is not an autotp-matrix history store; "
+                "pass a different --store path"
+            )
+        if version > SCHEMA_VERSION:
+            raise ReportsError(
+                f"{self.path}: store schema version {version} is newer than this tool understands "
+                f"({SCHEMA_VERSION}); update the reports package before reading it"
+            )
+        if version < 1:
+            # Schema 1 is the first released schema, so there is no migration path from older ones.
+            raise ReportsError(
+                f"{self.path}: store schema version {version} predates version 1 and cannot "
+                "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
+            )
+
+    @_naming_the_file
+    def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
+        """Add runs and results not yet stored, all or nothing; known ones are left untouched. Raises StoreConflict
+        when a stored run has other provenance, or a stored cell of it another verdict (outcome, failure class):
+        one run id is one run, so the file and the store cannot both be right. Messages and signatures are stored
+        with their secrets redacted."""
+        conn = self._conn
+        redact = Redactor()
         new_runs = new_results = 0
         with self._write():
             for run, results in runs:
@@ -229,28 +337,47 @@ class HistoryStore:
                     )
                     new_runs += 1
                 elif tuple(stored) != _run_row(run):
-                    raise ReportsError(
+                    raise StoreConflict(
                         f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
                         "run ids must be unique per session — check how the file was produced"
                     )
+                verdicts = {CellKey(*key): (outcome, failure_class) for *key, outcome, failure_class in conn.execute(
+                    "SELECT model, variant, dtype, tp, outcome, failure_class FROM results WHERE run_id = ?",
+                    (run.run_id,))}
+                changed = [f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
+                           f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
+                           for result in results
+                           if verdicts.get(result.cell, (result.outcome, result.failure_class))
+                           != (result.outcome, result.failure_class)]
+                if changed:
+                    raise StoreConflict(
+                        f"{source}: run {run.run_id!r} is already stored with other verdicts for {len(changed)} "
+                        f"cell(s) ({'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}); a run id names one "
+                        "run — check how the file was produced, nothing of it was imported"
+                    )
                 for result in results:
-                    cursor = conn.execute(
-                        "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    if result.cell in verdicts:
+                        continue
+                    conn.execute(
+                        "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             run.run_id, result.cell.model, result.cell.variant, result.cell.dtype, result.cell.tp,
-                            result.outcome, result.failure_class, result.signature, result.message,
+                            result.outcome, result.failure_class, redact(result.signature), redact(result.message),
                             json.dumps(result.metrics, sort_keys=True),
                         ),
                     )
-                    new_results += cursor.rowcount
+                    verdicts[result.cell] = (result.outcome, result.failure_class)
+                    new_results += 1
         return ImportCounts(new_runs, new_results)
 
+    @_naming_the_file
     def runs(self) -> list[Run]:
         rows = self._conn.execute(
             f"SELECT run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs ORDER BY started, run_id"
         )
         return [_run_from_row(row) for row in rows]
 
+    @_naming_the_file
     def observations(self) -> list[Observation]:
         runs = {run.run_id: run for run in self.runs()}
         rows = self._conn.execute(
@@ -274,6 +401,7 @@ class HistoryStore:
         ]
 
 
+    @_naming_the_file
     def add_bisection(self, bisection: Bisection) -> None:
         cell = bisection.cell
         conn = self._conn
@@ -281,13 +409,14 @@ class HistoryStore:
             conn.execute(
                 "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
-                 bisection.after, bisection.held_fixed, bisection.failure_class, bisection.signature,
-                 bisection.commit, bisection.subject, bisection.pr, json.dumps(list(bisection.files)),
+                 bisection.after, bisection.held_fixed, bisection.failure_class, redact(bisection.signature),
+                 bisection.commit, redact(bisection.subject), bisection.pr, json.dumps(list(bisection.files)),
                  json.dumps(list(bisection.untestable)), bisection.recorded_at,
                  json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from,
                  bisection.kind, bisection.searched_older, bisection.searched_newer),
             )
 
+    @_naming_the_file
     def bisections(self) -> list[Bisection]:
         """Every recorded bisection, oldest first."""
         rows = self._conn.execute("SELECT * FROM bisections ORDER BY recorded_at, rowid")
@@ -301,14 +430,16 @@ class HistoryStore:
                  searched_newer) in rows
         ]
 
+    @_naming_the_file
     def add_triage_attempt(self, attempt: TriageAttempt) -> None:
         cell = attempt.cell
         conn = self._conn
         with self._write():
             conn.execute("INSERT INTO triage_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (cell.model, cell.variant, cell.dtype, cell.tp, attempt.axis, attempt.mode, attempt.before,
-                          attempt.after, attempt.held_fixed, attempt.reason, attempt.recorded_at))
+                          attempt.after, attempt.held_fixed, redact(attempt.reason), attempt.recorded_at))
 
+    @_naming_the_file
     def triage_attempts(self) -> list[TriageAttempt]:
         """Every unanswered triage question, oldest first."""
         rows = self._conn.execute("SELECT * FROM triage_attempts ORDER BY recorded_at, rowid")

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
+from matrix.redaction import redact
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config
 from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
@@ -310,7 +311,7 @@ class Triage:
     def _message(self, question: Question, transition: Transition) -> str:
         """The failing run's message (it holds the traceback), from the store: the failure asked about, so a
         class change's new failure, not the old one it replaced."""
-        with HistoryStore(self.store, create=False) as history:
+        with HistoryStore(self.store, create=False, read_only=True) as history:
             failing = question.failing_versions(transition)
             messages = [o.result.message for o in history.observations()
                         if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
@@ -397,6 +398,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def positive(kind: type) -> Callable[[str], int | float]:
+    """An argparse type for a budget: a budget of 0 or less could not run one cell, so it is refused."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} leaves no budget for a single cell run; give a number above 0")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports.triage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,8 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"bisect commits (default ${TRANSFORMERS_REPO_ENV})")
     parser.add_argument("--refine", action="store_true",
                         help="also bisect the commits behind answers found at release level (needs a clone)")
-    parser.add_argument("--max-cells", type=int, default=200, help="most cell runs to spend (default 200)")
-    parser.add_argument("--max-minutes", type=float, default=60.0, help="most minutes to spend (default 60)")
+    parser.add_argument("--max-cells", type=positive(int), default=200, help="most cell runs to spend, 1 or more "
+                        "(default 200)")
+    parser.add_argument("--max-minutes", type=positive(float), default=60.0, help="most minutes to spend, more than 0 "
+                        "(default 60)")
     add_cell_run_options(parser)
     return parser
 
@@ -419,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         repos = {axis: GitRepo(path, f"--{axis}-repo")
                  for axis, path in (("deepspeed", args.deepspeed_repo), ("transformers", args.transformers_repo))
                  if path is not None}
-        with HistoryStore(args.store, create=False) as store:
+        with HistoryStore(args.store, create=False, read_only=True) as store:
             history = analyse(store.observations(), None, store.bisections(), store.triage_attempts())
         try:
             model_types = {name: entry.model_type for name, entry in load_models().items()}
@@ -429,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                         repos, cell_timeout=args.cell_timeout, end_repeats=args.end_repeats, model_types=model_types)
         left = triage.run(history.transitions, refine=args.refine)
     except (ReportsError, ReleaseDataUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact(str(error))}", file=sys.stderr)
         return 2
     cells_left = sum(len(q.transitions) for q in left)
     print(f"triage: {triage.answered} question(s) answered by bisection, {triage.confirmed} cell(s) confirmed, "

@@ -350,6 +350,15 @@ def rank1_harness_raises_at_start(stage, rank):
         parse_cell_id("injected harness failure in rank setup", (), ())
 
 
+def rank1_logs_secrets_at_start(stage, rank):
+    """Rank 1 prints credentials to its log (the planted ones of tests/planted_secrets.py), then raises."""
+    if stage == "rank" and rank == 1:
+        from tests.planted_secrets import leaky_text
+
+        print(leaky_text(), flush=True)
+        raise RuntimeError(f"injected harness failure after logging secrets: {leaky_text()}")
+
+
 def rank1_torch_raises_at_start(stage, rank):
     """torch's own code raises on rank 1 while it starts (a collective before the process group exists)."""
     if stage == "rank" and rank == 1:

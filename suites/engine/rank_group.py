@@ -26,6 +26,7 @@ from pathlib import Path
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root
+from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
 from suites.outcome import CellOutcome, failed, first_error, read_death_records
@@ -330,7 +331,7 @@ class RankGroupPool:
             sources.append(self.fork_server.log_dir / "fork-server.log")
         for source in sources:
             if source.is_file():
-                shutil.copyfile(source, kept / source.name)
+                copy_redacted(source, kept / source.name)  # uploaded as artifacts: no secret may reach them
         return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
 
     def close(self) -> None:

@@ -26,9 +26,11 @@ def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
     session([Cell("llama")], transformers="4.45.0")
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)"]
     assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.strip() == f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped"
+    assert capsys.readouterr().out.splitlines() == [f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
+                                                    f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)"]
 
     with HistoryStore(store, create=False) as history:
         run = history.runs()[0]
@@ -58,7 +60,7 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
+    assert out.splitlines()[0] == f"{store}: 1 new run(s), 1 new result(s) from 1 file(s); 4 skipped"
     skipped = err.splitlines()
     assert len(skipped) == 4 and str(good) not in err
     assert f"skipped {truncated}: unreadable XML" in err
@@ -69,10 +71,10 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 
 def test_missing_property_and_bad_version_name_the_value(session, tmp_path, capsys):
     session([Cell("llama")], torch="2.4.0 nightly")
-    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 0
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 2  # nothing usable
     assert "version.torch='2.4.0 nightly' is not a PEP 440 version, nor a git ref" in capsys.readouterr().err
     session([Cell("llama")], deepspeed="")
-    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 0
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 2
     assert "property 'version.deepspeed' is missing or empty" in capsys.readouterr().err
     assert main(["merge", str(tmp_path / "nowhere"), "--store", str(tmp_path / "s.sqlite")]) == 2
     assert "nowhere: no such file or folder" in capsys.readouterr().err
@@ -186,6 +188,10 @@ def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys
         ("git@2025-01-02T00:00:00Z@runner-1", "0.18.1+abc1234", "abc1234"),  # a source build from git: kept
         ("plain@2025-01-03T00:00:00Z@runner-1", "0.19.7", ""),
     ])
+    before = old.read_bytes()
+    with HistoryStore(old, create=False, read_only=True) as history:  # render, gate: a migrated copy in memory
+        assert len(history.runs()) == 3 and history.triage_attempts() == []
+    assert old.read_bytes() == before
     with HistoryStore(old, create=False) as history:
         runs = history.runs()
         assert history.bisections() == []

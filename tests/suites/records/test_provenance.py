@@ -140,7 +140,7 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     store, out = tmp_path / "history.sqlite", tmp_path / "out"
     assert main(["merge", str(results / "junit"), "--store", str(store)]) == 0
     merged, skipped = capsys.readouterr()
-    assert merged.strip().endswith("1 new run(s), 1 new result(s) from 1 file(s); 0 skipped") and not skipped
+    assert merged.splitlines()[0].endswith("1 new run(s), 1 new result(s) from 1 file(s); 0 skipped") and not skipped
     assert main(["render", "--store", str(store), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "deepspeed pr/1234, transformers 5.24.0, torch 2.13.0" in report

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The results archive (reports/README.md "Archive") on branch $ARCHIVE_BRANCH of $GITHUB_REPOSITORY, at results/archive.
+#   fetch: check the branch out there (depth 1: the files, not their history); none yet: start it empty.
+#   push:  commit what `python -m reports merge` added and push it; when another run pushed first, put these
+#          new files on top of its commit (entries are never changed, so nothing can conflict) and try again.
+# GITHUB_TOKEN authenticates each git call on its command line: nothing is written to .git/config.
+set -euo pipefail
+: "${ARCHIVE_BRANCH:?}" "${GITHUB_TOKEN:?}" "${GITHUB_REPOSITORY:?}" "${GITHUB_SERVER_URL:?}"
+basic=$(printf 'x-access-token:%s' "$GITHUB_TOKEN" | base64 -w0)
+echo "::add-mask::$basic"
+authed() { git -c http.extraheader="AUTHORIZATION: basic $basic" "$@"; }
+mkdir -p results/archive
+cd results/archive
+
+commit() {
+  git -c user.name="autotp-matrix" -c user.email="autotp-matrix@users.noreply.github.com" \
+    commit -q -m "Results of $GITHUB_WORKFLOW run $GITHUB_RUN_ID attempt $GITHUB_RUN_ATTEMPT ($GITHUB_JOB)"
+}
+
+case "${1:-}" in
+  fetch)
+    git init -q
+    git remote add origin "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY.git"
+    found=0
+    authed ls-remote --exit-code origin "refs/heads/$ARCHIVE_BRANCH" > /dev/null || found=$?
+    if [ "$found" = 0 ]; then
+      authed fetch -q --depth=1 origin "$ARCHIVE_BRANCH"
+      git checkout -q -B "$ARCHIVE_BRANCH" FETCH_HEAD
+    elif [ "$found" = 2 ]; then
+      echo "::notice::no $ARCHIVE_BRANCH branch yet: this run starts the results archive"
+      git checkout -q --orphan "$ARCHIVE_BRANCH"
+    else
+      echo "::error::cannot reach branch $ARCHIVE_BRANCH (git ls-remote exit $found)"
+      exit 1
+    fi
+    echo "$(find . -name '*.tar.gz' | wc -l) archived run(s), $(find answers -name '*.json' 2> /dev/null | wc -l) answer(s)"
+    ;;
+  push)
+    git add -A .
+    if git diff --cached --quiet; then echo "nothing new for the archive"; exit 0; fi
+    commit
+    for try in 1 2 3 4 5; do
+      if authed push -q origin "HEAD:refs/heads/$ARCHIVE_BRANCH"; then exit 0; fi
+      sleep $((try * 10))
+      authed fetch -q --depth=1 origin "$ARCHIVE_BRANCH"
+      git reset -q FETCH_HEAD && git checkout -q FETCH_HEAD -- . && git add -A .
+      git diff --cached --quiet || commit  # the other run may have pushed the very same entries
+    done
+    echo "::error::could not push the results archive to $ARCHIVE_BRANCH"
+    exit 1
+    ;;
+  *)
+    echo "usage: $0 fetch|push" >&2
+    exit 2
+    ;;
+esac

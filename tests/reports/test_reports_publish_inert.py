@@ -1,0 +1,95 @@
+"""Publish is inert text (issue #25): what GitHub would act on — @mentions, images, raw HTML — never comes through
+from the results. JUnit fields are validated at merge (failure classes from the known set, names, commits) or put
+in code spans; a final pass neutralises whatever another source (a commit subject, an old store) brings. Checked
+with a CommonMark parser (markdown-it-py), independently of how publish finds code spans."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import pytest
+from markdown_it import MarkdownIt
+from reports_testkit import Cell, fail, write_junit
+
+from reports.__main__ import main
+from reports.records import Bisection, CellKey
+from reports.store import HistoryStore
+
+HOSTILE = "@deepspeedai/maintainers ![x](https://tracker.example/p.png) <img src=https://tracker.example/q.png> cc @someone"
+MENTION = re.compile(r"(?<![\w@/.+-])@[A-Za-z0-9]")
+
+
+@pytest.fixture(autouse=True)
+def no_github(monkeypatch):
+    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def active_parts(markdown: str) -> list[str]:
+    """What GitHub would act on: text (outside code) with a mention, images, and HTML other than our markers."""
+    found = []
+
+    def walk(tokens):
+        for token in tokens:
+            if token.type == "image":
+                found.append(f"image {token.attrs.get('src')}")
+            elif token.type in ("html_inline", "html_block") and not token.content.startswith("<!-- autotp-matrix:"):
+                found.append(f"html {token.content.strip()}")
+            elif token.type == "text" and MENTION.search(token.content):
+                found.append(f"mention in {token.content!r}")
+            walk(token.children or [])
+
+    walk(MarkdownIt("commonmark").parse(markdown))
+    return found
+
+
+def nightlies(tmp_path, signature: str):
+    for n, cells in enumerate(([Cell("llama"), Cell("opt")], [fail("llama", "forward", signature), fail("opt", "shard")]),
+                              1):
+        write_junit(tmp_path / "junit" / f"nightly{n}.xml", cells, run_id=f"nightly@2025-01-0{n}T00:00:00Z@runner-1",
+                    started=f"2025-01-0{n}T00:00:00Z", deepspeed=f"0.19.{n}")
+
+
+def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
+    nightlies(tmp_path, f"RuntimeError: {HOSTILE}")
+    store, out = tmp_path / "history.sqlite", tmp_path / "out"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    with HistoryStore(store, create=False) as history:  # an answer whose commit subject mentions people
+        history.add_bisection(Bisection(CellKey("llama", "eager", "fp32", 2), "broken", "deepspeed", "0.19.1",
+                                        "0.19.2", "transformers 4.44.0, torch 2.4.0", "forward",
+                                        f"RuntimeError: {HOSTILE}", "a" * 40, f"Refactor attention {HOSTILE} (#77)",
+                                        77, recorded_at="2025-01-03T00:00:00+00:00", kind="broke"))
+    with sqlite3.connect(store) as conn:  # a class stored before merge validated them
+        conn.execute("UPDATE results SET failure_class = ? WHERE model = 'opt'", (f"shard {HOSTILE}",))
+    assert main(["publish", "--store", str(store), "--out", str(out)]) == 0
+
+    comment = (out / "publish" / "comment.md").read_text()
+    issues = [path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "issues").iterdir()]
+    assert len(issues) == 2 and "tracker.example" in comment  # the hostile text is there, inert
+    assert active_parts(comment) == []
+    for title, body in issues:
+        assert active_parts(body) == []
+        assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []  # titles render code spans, nothing else
+    llama = next(body for _, body in issues if "llama-eager-fp32-tp2" in body)
+    assert "Refactor attention `@deepspeedai/maintainers`" in llama  # the subject's mention, put in a code span
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("failure_class", "forward @org/team", "failure_class='forward @org/team' is not one of setup, shard"),
+    ("cell.model", "llama![x](u)", "cell.model='llama![x](u)' is not a name"),
+    ("version.deepspeed_git", "@org", "version.deepspeed_git='@org' is not a git commit"),
+])
+def test_merge_rejects_fields_that_are_not_what_the_harness_writes(tmp_path, capsys, field, value, error):
+    path = write_junit(tmp_path / "junit" / "s.xml", [fail("llama", "forward")], run_id="s@2025-01-01T00:00:00Z@r",
+                       started="2025-01-01T00:00:00Z", deepspeed="0.18.1+abc1234", harness_git=None)
+    text = path.read_text()
+    old = {"failure_class": 'name="failure_class" value="forward"', "cell.model": 'name="cell.model" value="llama"',
+           "version.deepspeed_git": 'name="version.deepspeed_git" value=""'}[field]
+    assert old in text
+    replaced = old.rsplit('value="', 1)[0] + f'value="{value}"'
+    if field == "cell.model":  # the id must still match its parts
+        text = text.replace('value="llama-eager-fp32-tp2"', f'value="{value}-eager-fp32-tp2"')
+    path.write_text(text.replace(old, replaced))
+    assert main(["merge", str(path), "--store", str(tmp_path / "history.sqlite")]) == 2
+    assert error in capsys.readouterr().err
