@@ -24,32 +24,36 @@ def pr_of(subject: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
+class GitError(ReportsError):
+    """A git command failed or a ref is missing in the clone: the message names the clone and the ref."""
+
+
 class GitRepo:
     def __init__(self, path: Path, option: str = "--deepspeed-repo"):
         """option names the command-line flag the path came from, so errors say which one to fix."""
         self.path = Path(path)
         self.option = option
         if self._status("rev-parse", "--git-dir") != 0:
-            raise ReportsError(f"{option} {self.path}: not a git clone; pass the path of a local clone")
+            raise GitError(f"{option} {self.path}: not a git clone; pass the path of a local clone")
         root = Path(self._git("rev-parse", "--show-toplevel").strip())
         if root.resolve() != self.path.resolve():  # a folder inside some other repository answers git too
-            raise ReportsError(f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
-                               "clone; pass the root folder of a local clone")
+            raise GitError(f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
+                           "clone; pass the root folder of a local clone")
 
     def _git(self, *args: str) -> str:
         try:
             completed = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True)
         except FileNotFoundError:
-            raise ReportsError(f"`git` is not installed; install it or drop {self.option}") from None
+            raise GitError(f"`git` is not installed; install it or drop {self.option}") from None
         if completed.returncode != 0:
-            raise ReportsError(f"git {' '.join(args)} failed in {self.path}: {completed.stderr.strip()}")
+            raise GitError(f"git {' '.join(args)} failed in {self.path}: {completed.stderr.strip()}")
         return completed.stdout
 
     def _status(self, *args: str) -> int:
         try:
             return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True).returncode
         except FileNotFoundError:
-            raise ReportsError(f"`git` is not installed; install it or drop {self.option}") from None
+            raise GitError(f"`git` is not installed; install it or drop {self.option}") from None
 
     @cache  # history ordering asks for the same refs many times; each answer costs a git process
     def find(self, ref: str) -> str | None:
@@ -61,7 +65,7 @@ class GitRepo:
 
     def resolve(self, ref: str) -> str:
         if (sha := self.find(ref)) is None:
-            raise ReportsError(f"{self.option} {self.path}: no commit or tag {ref!r} (nor v{ref}); "
+            raise GitError(f"{self.option} {self.path}: no commit or tag {ref!r} (nor v{ref}); "
                                f"`git -C {self.path} fetch --tags origin` may bring it")
         return sha
 
@@ -73,10 +77,10 @@ class GitRepo:
         from_merge_base, an older end on another branch (a patch release) is replaced by the merge base."""
         low, high = self.resolve(older), self.resolve(newer)
         if low == high:
-            raise ReportsError(f"{older} and {newer} are the same commit {low[:12]}; nothing to bisect")
+            raise GitError(f"{older} and {newer} are the same commit {low[:12]}; nothing to bisect")
         if not self.is_ancestor(low, high):
             if not from_merge_base:
-                raise ReportsError(f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older "
+                raise GitError(f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older "
                                    "end must come first in history (swap them, or check --mode)")
             low = self._git("merge-base", low, high).strip()
         return [low, *self._git("rev-list", "--reverse", "--first-parent", "--ancestry-path", f"{low}..{high}").split()]
@@ -117,6 +121,6 @@ class GitRepo:
 
     def topological_index(self, sha: str) -> int:
         if sha not in self._topological_index:
-            raise ReportsError(f"{self.option} {self.path}: commit {sha} is not on any branch or tag, so it cannot "
+            raise GitError(f"{self.option} {self.path}: commit {sha} is not on any branch or tag, so it cannot "
                                "be ordered; fetch the branch that contains it")
         return self._topological_index[sha]

@@ -38,9 +38,9 @@ from reports import ReportsError
 from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
                             add_cell_run_options, classify, print_step, release_candidates, run_cells, search,
                             suite_command)
-from reports.git import GitRepo
+from reports.git import GitError, GitRepo
 from reports.history import Transition, analyse
-from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, release
+from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, Versions, release
 from reports.signatures import cause, frame_files
 from reports.store import HistoryStore
 
@@ -100,6 +100,10 @@ class Question:
 
     def failing_status(self, transition: Transition):
         return transition.after_status if self.mode == "broken" else transition.before_status
+
+    def failing_versions(self, transition: Transition) -> Versions:
+        """The versions where the failure asked about was recorded (a class change's new failure: after)."""
+        return transition.after if self.mode == "broken" else transition.before
 
     @property
     def absent_is_good(self) -> bool:
@@ -212,12 +216,16 @@ class Triage:
         repo = self.repos.get(question.axis)
         if repo is not None:
             if question.axis == "transformers":
-                suspects = tuple(self._suspects(repo, answer, question, rep))
+                suspects = tuple(self.suspects(repo, answer, question, rep))
                 self.log(f"  {len(suspects)} suspect commit(s) touched the failure's files or the model's folder")
             commit_answer, commit = self._bisect_commits(repo, answer, question, probe, start)
             if commit_answer is not None:
                 ends = ("commit", commit_answer.before, commit_answer.after)
                 answer = Answer(answer.before, answer.after, answer.untestable + commit_answer.untestable, ())
+        if known is not None and commit is None and suspects == known.suspects:
+            self.log(f"  refinement found nothing beyond the stored answer {known.before} → {known.after}; "
+                     "nothing recorded")
+            return []
         now = _now()
         common = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
                       held_fixed=question.held_fixed, commit=commit.sha if commit else "",
@@ -278,7 +286,7 @@ class Triage:
         try:
             # transformers tags patch releases on release branches: the line starts at the merge base.
             line = repo.line(answer.before, answer.after, from_merge_base=transformers)
-        except ReportsError as error:
+        except GitError as error:
             self.log(f"  commits not bisected: {error}")
             return None, None
         probe.environment = lambda sha: self.installer.commit(question.axis, repo, sha, pins)
@@ -290,20 +298,21 @@ class Triage:
             return None, None
         return commit_answer, repo.info(commit_answer.after)
 
-    def _suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
+    def suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
         """The range's commits that touched the failure's files (most specific first), then the model's folder."""
         status = question.failing_status(rep)
-        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(rep))
+        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(question, rep))
                  if path.startswith("transformers/")]
         model_type = self.model_types.get(rep.cell.model, rep.cell.model)
         paths = [*files, f"{TRANSFORMERS_SOURCE_ROOT}transformers/models/{model_type}/"]
         return [Commit(c.sha, c.subject, c.pr, c.files, relevant=True)
                 for c in repo.touching(answer.before, answer.after, paths)]
 
-    def _message(self, transition: Transition) -> str:
-        """The failing run's message (it holds the traceback), from the store."""
+    def _message(self, question: Question, transition: Transition) -> str:
+        """The failing run's message (it holds the traceback), from the store: the failure asked about, so a
+        class change's new failure, not the old one it replaced."""
         with HistoryStore(self.store, create=False, read_only=True) as history:
-            failing = transition.after if transition.kind == "broke" else transition.before
+            failing = question.failing_versions(transition)
             messages = [o.result.message for o in history.observations()
                         if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
         return messages[-1] if messages else ""
@@ -345,15 +354,16 @@ class Triage:
             history.add_bisection(bisection)
 
     def attempt(self, question: Question, reason: str) -> None:
-        """Record why nothing answers this question (once per reason), so the report says it."""
+        """Record why nothing answers this question (once per reason and held-fixed versions: the same
+        transition at other versions of the other axes is another question), so the report says it."""
         reason = " ".join(reason.split())[:MAX_REASON]
         with HistoryStore(self.store, create=True) as history:
-            known = {(a.cell, a.axis, a.mode, a.before, a.after, a.reason) for a in history.triage_attempts()}
+            known = {replace(a, recorded_at="") for a in history.triage_attempts()}
             for t in question.transitions:
                 attempt = TriageAttempt(t.cell, question.axis, question.mode, question.older, question.newer,
-                                        question.held_fixed, reason, _now())
-                if (t.cell, attempt.axis, attempt.mode, attempt.before, attempt.after, reason) not in known:
-                    history.add_triage_attempt(attempt)
+                                        question.held_fixed, reason)
+                if attempt not in known:
+                    history.add_triage_attempt(replace(attempt, recorded_at=_now()))
 
     # ---- every question -----------------------------------------------------------------------------------------
 
@@ -374,7 +384,7 @@ class Triage:
             except BudgetSpent as spent:
                 self.log(f"budget spent ({spent}): {len(queue) + 1} question(s) left not yet triaged")
                 return [question, *queue]
-            except (BisectError, ReleaseDataUnavailable) as error:
+            except (BisectError, GitError, ReleaseDataUnavailable) as error:  # this question's, not the run's
                 self.log(f"  no answer: {error}")
                 self.attempt(question, str(error))
         return []

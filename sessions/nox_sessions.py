@@ -72,6 +72,23 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
 def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
     """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
     (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
+    results = parse_suite_options(pytest_args).results
+    python, failure = run_suites(session, combo, pytest_args)
+    if python is None:
+        # This environment has no python to merge with; the report session brings its own, after this one.
+        session.notify("report", ["--results", results])
+        return failure
+    env = environment_variables(python)
+    session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
+                env=env, external=True)
+    session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
+                env=env, external=True)
+    return ""
+
+
+def run_suites(session: nox.Session, combo: Combo, pytest_args: list[str]) -> tuple[Path | None, str]:
+    """Install `combo` and run the suites into its results folder's junit/: (the environment's python, "")
+    when they ran, else (None, why not), the selected cells recorded there as `install` failures."""
     selection = parse_suite_options(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
     extras_name = "accuracy" if (selection.accuracy_task or "").startswith("lm_eval:") else ""
@@ -82,18 +99,11 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
 
         session.log(str(error))
         written = record_install_failure(session.name, combo, str(error), selection)
-        # This environment has no python to merge with; the report session brings its own, after this one.
-        session.notify("report", ["--results", selection.results])
-        return (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
-                f"failures in {selection.results}")
-    results, env = selection.results, environment_variables(python)
+        return None, (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
+                      f"failures in {selection.results}")
     session.run(*suites_command(python, session_name=session.name, extra=pytest_args), success_codes=[0, 1],
-                env={**env, "NOX_SESSION_NAME": session.name}, external=True)
-    session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
-                env=env, external=True)
-    session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
-                env=env, external=True)
-    return ""
+                env={**environment_variables(python), "NOX_SESSION_NAME": session.name}, external=True)
+    return python, ""
 
 
 TRIAGE_OPTIONS = ("--max-cells", "--max-minutes", "--deepspeed-repo", "--transformers-repo")
@@ -120,7 +130,8 @@ def backfill_options(argv: list[str]) -> tuple[argparse.Namespace, list[str], li
 
 def backfill(session: nox.Session, argv: list[str]) -> None:
     """Run the newest patch of every minor of one axis from --since (the other axes at their latest
-    releases) for the selected cells, merge all of it into the history store, then triage it."""
+    releases) for the selected cells, merge all of it into the history store once, triage it, and render
+    one report (a combination that cannot be installed is merged with the rest, as `install` failures)."""
     args, triage_args, pytest_args = backfill_options(argv)
     try:
         versions = backfill_versions(args.axis, args.since, args.until)
@@ -134,7 +145,8 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
             session.log(f"{combo.id}: skipped, {combo.skip_reason}")
             continue
         folder = f"{args.results}/{combo.id}"
-        if failure := run_combination(session, combo, [*pytest_args, "--results", folder]):
+        _, failure = run_suites(session, combo, [*pytest_args, "--results", folder])
+        if failure:
             session.warn(failure)
         folders.append(f"{folder}/junit")
     python = install_harness(session, session_combos("latest")[0])

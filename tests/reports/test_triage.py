@@ -345,3 +345,112 @@ def test_frame_files_and_causes_read_real_signatures():
     assert frame_files(signature, message) == ["transformers/integrations/tensor_parallel.py",
                                                "transformers/modeling_utils.py",
                                                "transformers/models/bloom/modeling_bloom.py"]
+
+
+def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_path):
+    """The old failure's traceback names bert's notes.py (touched by #40103); the new failure's names llama's
+    modeling file only. The suspects come from the new failure: #40103 is not one of them."""
+    from reports.bisect import Answer
+
+    repo = tmp_path / "transformers-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    old_traceback = ('Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bert/notes.py", '
+                     'line 1, in <module>\nArithmeticError: logits differ by 3\n')
+    new_signature = "TypeError: forward() got N unexpected heads @ transformers/models/llama/modeling_llama.py:run"
+    with HistoryStore(store, create=True) as history:
+        for n, (transformers, failure) in enumerate([("5.0.0", ("numerics", "ArithmeticError: logits differ by N @ "
+                                                                 "transformers/models/bert/notes.py:<module>",
+                                                                 old_traceback)),
+                                                     ("5.1.0", ("forward", new_signature, new_signature))]):
+            run = Run(f"nightly@{n}", "nightly", "runner-1", f"2026-01-0{n + 1}T00:00:00Z", "cpu", "gloo",
+                      Versions("0.19.8", transformers, "2.13.0+cpu", "3.11.7"))
+            history.import_runs([(run, [CellResult(run.run_id, cell, "fail", *failure)])], source=tmp_path)
+        found = analyse(history.observations(), None)
+    (question,) = questions(found.transitions)
+    assert question.kind == "class-change"
+    triage = Triage(store, tmp_path / "envs", fake_installer(tmp_path / "envs", {"transformers": repo}), Budget(1, 1),
+                    model_types={"llama": "llama"})
+    suspects = triage.suspects(GitRepo(repo, "--transformers-repo"), Answer("5.0.0", "5.1.0", (), ()), question,
+                               question.representative)
+    assert [s.pr for s in suspects] == [40102, 40104, 40101]
+
+
+def test_a_git_error_leaves_its_question_unanswered_with_the_reason_and_triage_goes_on(tmp_path):
+    """The clone lacks the tag of 5.2.0 (not fetched): each question that needs it is recorded as unanswerable,
+    naming the missing tag, and the run goes on to the next question instead of stopping at the first."""
+    from dataclasses import replace
+
+    repo = tmp_path / "transformers-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)  # tags v5.0.0 and v5.1.0 only
+    store = tmp_path / "history.sqlite"
+    llama, qwen2 = CellKey("llama", "eager", "fp32", 2), CellKey("qwen2", "eager", "fp32", 2)
+    write_store(store, [llama, qwen2], [
+        (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {qwen2: ("numerics", "logits differ")}),
+        (Versions("0.19.8", "5.2.0", "2.13.0+cpu", "3.11.7"), {llama: ("forward", "TypeError: boom")}),
+    ])
+    with HistoryStore(store, create=False) as history:
+        found = analyse(history.observations(), None)
+    assert len(questions(found.transitions)) == 2
+    envs = tmp_path / "envs"
+    adjacent = replace(fake_installer(envs, {"transformers": repo}), releases=lambda axis, older, newer: [older, newer])
+    triage = Triage(store, envs, adjacent, Budget(50, 30), {"transformers": GitRepo(repo, "--transformers-repo")})
+    assert triage.run(found.transitions) == []
+    with HistoryStore(store, create=False) as history:
+        attempts = history.triage_attempts()
+        assert history.bisections() == []
+    assert sorted((a.cell.model, a.mode) for a in attempts) == [("llama", "broken"), ("qwen2", "fixed")]
+    assert all("--transformers-repo" in a.reason and "no commit or tag '5.2.0'" in a.reason for a in attempts)
+    assert all("triage could not answer: --transformers-repo" in line for _, line in answers(store))
+
+
+def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
+    """A release-level answer refined with a clone whose commits cannot be bisected (its tags were never
+    fetched) stays the one stored answer: no second, identical row."""
+    from reports.records import Bisection
+
+    repo = tmp_path / "fakeds-repo"
+    repo.mkdir()
+    make_repo(repo, pyproject("fakeds"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY])
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
+    write_store(store, [cell], [(Versions("0.1.0", **fixed), {}),
+                                (Versions("0.2.0", **fixed), {cell: ("shard", TP2_CAUSE)})])
+    with HistoryStore(store, create=True) as history:
+        (transition,) = analyse(history.observations(), None).transitions
+        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.1.1", "0.2.0", transition.held_fixed, "shard",
+                                        TP2_CAUSE, recorded_at="2026-01-03T00:00:00+00:00", kind="broke",
+                                        searched_older="0.1.0", searched_newer="0.2.0"))
+        found = analyse(history.observations(), None, history.bisections())
+    assert found.transitions[0].bisection is not None
+    envs = tmp_path / "envs"
+    triage = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(50, 30),
+                    {"deepspeed": GitRepo(repo)})
+    assert triage.run(found.transitions, refine=True) == []
+    with HistoryStore(store, create=False) as history:
+        assert len(history.bisections()) == 1
+    assert triage.answered == 0
+
+
+def test_the_same_question_at_other_held_fixed_versions_is_recorded_for_each(deepspeed_side, tmp_path):
+    """One torch change seen at DeepSpeed 0.1.0 and again at 0.2.0: two questions, each recorded once with its
+    reason, so neither transition is left "not yet triaged"."""
+    store = tmp_path / "history.sqlite"
+    cell = CellKey("llama", "eager", "fp32", 2)
+    write_store(store, [cell], [(Versions(deepspeed, "5.24.0", torch, "3.11.7"), failures)
+                                for deepspeed in ("0.1.0", "0.2.0")
+                                for torch, failures in (("2.12.0", {}), ("2.13.0+cpu", {cell: ("shard", "boom")}))])
+    for _ in range(2):  # asking again records nothing new
+        with HistoryStore(store, create=False) as history:
+            found = analyse(history.observations(), None, history.bisections(), history.triage_attempts())
+        assert [t.held_fixed.split(",")[0] for t in found.transitions] == ["deepspeed 0.1.0", "deepspeed 0.2.0"]
+        make_triage(store, deepspeed_side, Budget(max_cells=10, max_minutes=30)).run(found.transitions)
+        with HistoryStore(store, create=False) as history:
+            assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == ["deepspeed 0.1.0",
+                                                                                           "deepspeed 0.2.0"]
+    lines = [line for _, line in answers(store)]
+    assert len(lines) == 2 and all("a torch change is shown with its range only" in line for line in lines), lines
