@@ -64,6 +64,9 @@ SHARED_FFN_KEYS = ("shared_expert_intermediate_size",)
 SHARED_COUNT_KEYS = ("n_shared_experts",)
 NESTED = ("attn_config", "ffn_config")
 """Sub-tables some configs keep sizes in (dbrx)."""
+HEAD_DIM_FOLLOWS_HIDDEN = {"bitnet"}
+"""Config classes that accept head_dim but need heads x head_dim = hidden (bitnet's attention sub-norm is
+hidden wide): measured, a free head_dim fails their forward."""
 MLA_KEY = "qk_rope_head_dim"
 """Multi-head latent attention: heads split, head dims are low-rank sizes that stay as the tiny config has them."""
 
@@ -228,14 +231,12 @@ def _set(tiny: dict[str, Any], keys: tuple[str, ...], value: Any) -> bool:
 
 
 def _head_dim_free(entry: ModelEntry, real: RealShape) -> bool:
-    """Whether the architecture takes head_dim apart from hidden / heads: known only where the real checkpoint or
-    the entry's own tiny config sets them apart (some classes accept a head_dim and still need heads x head_dim =
-    hidden: bitnet)."""
-    if real.heads * real.head_dim != real.hidden:
-        return True
-    values = {**entry.tiny, **{k: v for name in NESTED if isinstance(entry.tiny.get(name), dict) for k, v in entry.tiny[name].items()}}
-    heads, hidden, head_dim = _first(values, HEAD_KEYS), _first(values, HIDDEN_KEYS), _first(values, HEAD_DIM_KEYS)
-    return bool(heads and hidden and head_dim and heads * head_dim != hidden)
+    """Whether the architecture takes head_dim apart from hidden / heads: where the real checkpoint sets them
+    apart, or the entry's tiny config names a head_dim (except the classes that still need heads x head_dim =
+    hidden, HEAD_DIM_FOLLOWS_HIDDEN). A free head_dim keeps a faithful model small: hidden and attention widths
+    each take their own smallest faithful size."""
+    return real.heads * real.head_dim != real.hidden or (
+        any(key in entry.tiny for key in HEAD_DIM_KEYS) and entry.model_type not in HEAD_DIM_FOLLOWS_HIDDEN)
 
 
 def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
@@ -371,10 +372,15 @@ def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEnt
                 raise RegistryError(f"{path}: entry [{entry}] has record(s) {sorted(strangers)} that are not in its hub_ids "
                                     f"{list(registry[entry].hub_ids)} (or {DEFAULTS_KEY!r})")
         for name, model in registry.items():
-            if not model.skip_reason and faithful_record(model, shapes) is None:
-                raise RegistryError(f"{path}: entry [{name}] has no record for {model.hub_ids[0] if model.hub_ids else DEFAULTS_KEY!r}"
+            if not (model.skip_reason or model.trust_remote_code) and faithful_record(model, shapes) is None:
+                raise RegistryError(f"{path}: entry [{name}] has no record for {(model.hub_ids or [DEFAULTS_KEY])[0]!r}"
                                     f" nor {DEFAULTS_KEY!r}; run python -m matrix.shapes --write")
     return shapes
+
+
+def real_shapes_file(models_file: Path) -> Path:
+    """The real shapes of a registry file's entries: real_shapes.toml next to it."""
+    return Path(models_file).with_name(REAL_SHAPES_FILE.name)
 
 
 def faithful_record(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]]) -> RealShape | None:
@@ -390,13 +396,14 @@ def shaped_name(name: str, shape: str) -> str:
 
 
 def split_shaped_name(text: str) -> tuple[str, str]:
-    """(entry name, shape) of a model name as cell ids and --models spell it; a RegistryError for an unknown shape."""
+    """(entry name, shape) of a model as cell ids and --models spell it (`qwen2` is the unmarked shape,
+    `qwen2.faithful`, `qwen2.stress` explicit); a RegistryError for an unknown shape."""
     name, separator, shape = text.partition(SHAPE_SEPARATOR)
     if not separator:
         return text, UNMARKED_SHAPE
-    if shape not in SHAPES or shape == UNMARKED_SHAPE:
-        raise RegistryError(f"{text!r}: unknown shape {shape!r}; a model is spelled <name> (stress shape) or "
-                            f"<name>{SHAPE_SEPARATOR}<shape> with shape one of {[s for s in SHAPES if s != UNMARKED_SHAPE]}")
+    if shape not in SHAPES:
+        raise RegistryError(f"{text!r}: unknown shape {shape!r}; spell a model <name> or <name>{SHAPE_SEPARATOR}<shape> "
+                            f"with shape one of {', '.join(SHAPES)}")
     return name, shape
 
 
@@ -414,11 +421,11 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
     if shape == "stress" or entry.skip_reason:
         return replace(entry, name=shaped_name(entry.name, shape))
     shapes = load_real_shapes() if shapes is None else shapes
-    real = faithful_record(entry, shapes) or _defaults_record(entry)
     tps = tuple(sorted({*MATRIX_TP, tp}))
     try:
+        real = faithful_record(entry, shapes) or _defaults_record(entry)
         tiny = faithful_tiny(entry, real, tps)
-    except RegistryError as error:
+    except (RegistryError, ValueError, KeyError) as error:
         return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {error}")
     sizes = tiny_shape(entry.model_type, tiny)
     why = (f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
@@ -432,7 +439,12 @@ def _defaults_record(entry: ModelEntry) -> RealShape:
     """An entry real_shapes.toml does not cover (a derived architecture): its config class defaults."""
     from transformers import AutoConfig
 
-    return read_shape(AutoConfig.for_model(entry.model_type), defaults_source())
+    try:
+        config = AutoConfig.for_model(entry.model_type)
+    except Exception as error:  # a remote-code or unknown model type: no class defaults to read
+        raise RegistryError(f"no real shape recorded in {REAL_SHAPES_FILE.name} and no config class defaults for "
+                            f"{entry.model_type!r} ({type(error).__name__})") from None
+    return read_shape(config, defaults_source())
 
 
 # ------------------------------------------------------------------------------ writing the file
@@ -467,22 +479,30 @@ def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShap
         records = {k: v for k, v in shapes.get(name, {}).items() if k != DEFAULTS_KEY}
         if not (entry.hub_ids and entry.hub_ids[0] in records):
             records[DEFAULTS_KEY] = read_shape(AutoConfig.for_model(entry.model_type), defaults_source())
-        blocks.append(f"[{name}]\n" + "".join(f"{_key(k)} = {_toml_record(v)}\n" for k, v in records.items()))
+        blocks.append(_block(name, records))
     return HEADER + "\n" + "\n".join(blocks)
+
+
+def _block(entry: str, records: dict[str, RealShape]) -> str:
+    return f"[{entry}]\n" + "".join(f"{_key(k)} = {_toml_record(v)}\n" for k, v in records.items())
 
 
 def _key(text: str) -> str:
     return text if text.replace("_", "").replace("-", "").isalnum() else '"' + text + '"'
 
 
-def add_record(entry: str, hub_id: str, shape: RealShape, path: Path = REAL_SHAPES_FILE) -> None:
-    """Record a checkpoint's sizes (add-model): the entry's table gets the record, the file is rewritten."""
-    from matrix.registry import load_models
+def add_record(models_file: Path, entry: ModelEntry, hub_id: str | None, shape: RealShape | None) -> Path:
+    """Append the real sizes of a new registry entry (add-model) to real_shapes.toml next to `models_file`: its
+    checkpoint's (`hub_id`, `shape`), or without one its config class defaults. Returns the file written."""
+    from transformers import AutoConfig
 
-    registry = load_models()
-    shapes = load_real_shapes(path)
-    shapes.setdefault(entry, {})[hub_id] = shape
-    path.write_text(render(registry, shapes))
+    path = real_shapes_file(models_file)
+    if path.exists() and entry.name in load_real_shapes(path):
+        raise RegistryError(f"{path}: entry [{entry.name}] already has records; remove them first")
+    records = {hub_id: shape} if hub_id and shape else {
+        DEFAULTS_KEY: read_shape(AutoConfig.for_model(entry.model_type), defaults_source())}
+    path.write_text((path.read_text() if path.exists() else HEADER) + "\n" + _block(entry.name, records))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,11 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite the file (defaults records from the installed transformers)")
     mode.add_argument("--check", action="store_true", help="exit 1 when the file is not what --write would write")
     parser.add_argument("--models-file", type=Path, default=MODELS_FILE)
-    parser.add_argument("--file", type=Path, default=REAL_SHAPES_FILE)
     args = parser.parse_args(argv)
+    args.file = real_shapes_file(args.models_file)
     try:
         registry = load_models(args.models_file)
-        shapes = load_real_shapes(args.file) if args.file.exists() else {}
+        shapes = load_real_shapes(args.file, registry if args.check else None) if args.file.exists() else {}
         text = render(registry, shapes)
     except RegistryError as error:
         print(f"shapes: {error}", file=sys.stderr)

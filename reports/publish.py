@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from matrix.cells import replay_name
 from matrix.redaction import redact
 from reports import ReportsError
 from reports.answers import markdown_link, one_line
@@ -67,7 +68,7 @@ def _git_ref(versions: Versions, axis: str) -> str:
 
 
 def repro_command(cell: CellKey) -> str:
-    return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
+    return f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
 
 
 def placements(delta_cause: DeltaCause) -> list[list[dict]]:
