@@ -43,6 +43,9 @@ model part of the id (`llama.faithful-eager-fp32-tp2`)."""
 SHAPE_SEPARATOR = "."
 DEFAULTS_KEY = "defaults"
 """The record of a registry entry's transformers config class defaults (for entries without a known hub config)."""
+AS_WRITTEN_KEY = "as_written"
+"""The record of an entry that stands for no checkpoint (no hub_ids; e.g. llama_large, sized for the memory
+checks): its source says why, its sizes are its own tiny config's, and its faithful cells run that config."""
 LEAST_VOCAB = 256
 """Tiny checkpoints are read with a byte tokenizer (token ids < 256)."""
 DEFAULT_TOP_K = 2
@@ -333,7 +336,8 @@ def _parse_record(path: Path, entry: str, checkpoint: str, raw: Any) -> RealShap
         raise RegistryError(f"{where} is missing field(s) {missing}")
     for name, value in raw.items():
         if name == "source":
-            expected = f"hub config {checkpoint}" if checkpoint != DEFAULTS_KEY else "config-defaults transformers "
+            expected = {DEFAULTS_KEY: "config-defaults transformers ", AS_WRITTEN_KEY: "as written: "}.get(
+                checkpoint, f"hub config {checkpoint}")
             if not isinstance(value, str) or not value.startswith(expected):
                 raise RegistryError(f"{where} field 'source' must start with {expected!r}, got {value!r}")
         elif name == "tied_embeddings":
@@ -367,10 +371,11 @@ def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEnt
         for entry, records in shapes.items():
             if entry not in registry:
                 raise RegistryError(f"{path}: entry [{entry}] is not in the model registry")
-            strangers = set(records) - {DEFAULTS_KEY, *registry[entry].hub_ids}
+            hub_ids = registry[entry].hub_ids
+            strangers = set(records) - {DEFAULTS_KEY, *hub_ids, *([] if hub_ids else [AS_WRITTEN_KEY])}
             if strangers:
                 raise RegistryError(f"{path}: entry [{entry}] has record(s) {sorted(strangers)} that are not in its hub_ids "
-                                    f"{list(registry[entry].hub_ids)} (or {DEFAULTS_KEY!r})")
+                                    f"{list(hub_ids)} (or {DEFAULTS_KEY!r}; {AS_WRITTEN_KEY!r} for an entry without hub_ids)")
         for name, model in registry.items():
             if not (model.skip_reason or model.trust_remote_code) and faithful_record(model, shapes) is None:
                 raise RegistryError(f"{path}: entry [{name}] has no record for {(model.hub_ids or [DEFAULTS_KEY])[0]!r}"
@@ -385,9 +390,11 @@ def real_shapes_file(models_file: Path) -> Path:
 
 def faithful_record(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]]) -> RealShape | None:
     """The real shape a faithful cell of `entry` splits like: its first hub id's (what `--checkpoints hub`
-    loads) when recorded, else its config class defaults."""
+    loads) when recorded, else its own config when it stands for no checkpoint, else its config class defaults."""
     records = shapes.get(entry.name.split(SHAPE_SEPARATOR)[0], {})
-    return records.get(entry.hub_ids[0]) if entry.hub_ids and entry.hub_ids[0] in records else records.get(DEFAULTS_KEY)
+    if entry.hub_ids and entry.hub_ids[0] in records:
+        return records[entry.hub_ids[0]]
+    return records.get(AS_WRITTEN_KEY) or records.get(DEFAULTS_KEY)
 
 
 def shaped_name(name: str, shape: str) -> str:
@@ -424,6 +431,8 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
     tps = tuple(sorted({*MATRIX_TP, tp}))
     try:
         real = faithful_record(entry, shapes) or _defaults_record(entry)
+        if real.source.startswith("as written: "):
+            return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
         tiny = faithful_tiny(entry, real, tps)
     except (RegistryError, ValueError, KeyError) as error:
         return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {error}")
@@ -477,7 +486,9 @@ def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShap
         if entry.skip_reason or entry.trust_remote_code:
             continue
         records = {k: v for k, v in shapes.get(name, {}).items() if k != DEFAULTS_KEY}
-        if not (entry.hub_ids and entry.hub_ids[0] in records):
+        if AS_WRITTEN_KEY in records:  # its sizes follow its tiny config
+            records[AS_WRITTEN_KEY] = replace(tiny_shape(entry.model_type, entry.tiny), source=records[AS_WRITTEN_KEY].source)
+        elif not (entry.hub_ids and entry.hub_ids[0] in records):
             records[DEFAULTS_KEY] = read_shape(AutoConfig.for_model(entry.model_type), defaults_source())
         blocks.append(_block(name, records))
     return HEADER + "\n" + "\n".join(blocks)

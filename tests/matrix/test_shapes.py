@@ -81,6 +81,12 @@ def test_qwen2_faithful_splits_heads_and_mlp_like_qwen2_7b(faithful):
     assert entry.tiny["pad_token_id"] == 0 and entry.tiny["num_hidden_layers"] == 2  # the rest of the overrides stay
 
 
+def test_an_entry_that_stands_for_no_checkpoint_runs_its_config_as_written(registry, faithful):
+    entry, real = faithful["llama_large"]
+    assert entry.tiny == registry["llama_large"].tiny and entry.name == "llama_large.faithful"
+    assert real.source.startswith("as written: ") and entry.tiny_why.startswith(real.source)
+
+
 def test_a_tp_outside_the_matrix_joins_the_rule(registry):
     entry = shaped_entry(registry["qwen2"], "faithful", 8)
     assert split_differences(tiny_shape(entry.model_type, entry.tiny), QWEN2_7B, (2, 3, 4, 8)) == []
@@ -121,9 +127,8 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
     text = REAL_SHAPES_FILE.read_text()
     (tmp_path / "real_shapes.toml").write_text(text.replace('hidden = 3584', 'hidden = 3648', 1))
     assert main(["--check", "--models-file", str(models)]) == 0  # a hub config is kept as written
-    (tmp_path / "real_shapes.toml").write_text(text.replace("[llama_large]\ndefaults = { source = \"config-defaults "
-                                                            "transformers", "[llama_large]\ndefaults = { source = "
-                                                            "\"config-defaults transformers 0.0 ", 1))
+    old_release = 'defaults = { source = "config-defaults transformers 0.0 '  # written by another release
+    (tmp_path / "real_shapes.toml").write_text(text.replace('defaults = { source = "config-defaults transformers ', old_release, 1))
     assert main(["--check", "--models-file", str(models)]) == 1
 
 
