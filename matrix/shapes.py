@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError
 
 REAL_SHAPES_FILE = MATRIX_DIR / "real_shapes.toml"
@@ -252,16 +253,21 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
     if not _set(tiny, KV_KEYS, sizes.kv_heads) and sizes.kv_heads != sizes.heads and not tiny.get("multi_query"):
         tiny["num_key_value_heads"] = sizes.kv_heads
     _set(tiny, ("v_head_dim",) if latent else HEAD_DIM_KEYS, sizes.head_dim)
-    _set(tiny, HIDDEN_KEYS, sizes.hidden)
-    if "word_embed_proj_dim" in tiny:  # opt: the embedding projection, the hidden size in the checkpoints registered
-        tiny["word_embed_proj_dim"] = sizes.hidden
+    old_hidden = _first({**tiny, **{k: v for n in NESTED if isinstance(tiny.get(n), dict) for k, v in tiny[n].items()}}, HIDDEN_KEYS)
+    # every width the tiny config keeps equal to hidden follows it (recurrent_gemma's lru_width, ...)
+    _set(tiny, tuple(key for key in (*HIDDEN_KEYS, *DERIVED_HIDDEN_KEYS) if key in HIDDEN_KEYS or tiny.get(key) == old_hidden),
+         sizes.hidden)
     if not _set(tiny, FFN_KEYS, sizes.intermediate) and real.intermediate % real.hidden == 0:
         _set(tiny, FFN_RATIO_KEYS, real.intermediate // real.hidden)  # the width is a multiple of hidden (mpt)
-    _set(tiny, EXPERT_KEYS, sizes.experts)
-    _set(tiny, TOP_K_KEYS, sizes.top_k)
-    _set(tiny, EXPERT_FFN_KEYS, sizes.expert_intermediate)
-    _set(tiny, SHARED_FFN_KEYS, sizes.shared_expert_intermediate)
-    _set(tiny, SHARED_COUNT_KEYS, real.shared_experts)
+    if real.experts:  # else the tiny config's experts stay (a class default without them, fixed in derived.toml)
+        _set(tiny, EXPERT_KEYS, sizes.experts)
+        _set(tiny, TOP_K_KEYS, sizes.top_k)
+        if sizes.expert_intermediate:
+            _set(tiny, EXPERT_FFN_KEYS, sizes.expert_intermediate)
+        if sizes.shared_expert_intermediate:
+            _set(tiny, SHARED_FFN_KEYS, sizes.shared_expert_intermediate)
+        if real.shared_experts:
+            _set(tiny, SHARED_COUNT_KEYS, real.shared_experts)
     tiny["vocab_size"] = sizes.vocab
     tiny["tie_word_embeddings"] = real.tied_embeddings
     return tiny
@@ -434,9 +440,10 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
         if real.source.startswith("as written: "):
             return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
         tiny = faithful_tiny(entry, real, tps)
-    except (RegistryError, ValueError, KeyError) as error:
-        return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {error}")
-    sizes = tiny_shape(entry.model_type, tiny)
+        sizes = tiny_shape(entry.model_type, tiny)
+    except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
+        return replace(entry, name=shaped_name(entry.name, shape),
+                       skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
     why = (f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
            f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
            + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")

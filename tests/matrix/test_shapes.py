@@ -202,3 +202,20 @@ def test_the_command_line_default_is_faithful():
     from suites.command import parse_suite_options
 
     assert parse_suite_options([]).shapes == "faithful"
+
+
+def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, registry):
+    """add-model appends the new entry's record (its hub config's sizes) so --check and faithful cells see it."""
+    from matrix.shapes import add_record
+
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS_FILE.read_text() + '\n[models.qwen2_copy]\nmodel_type = "qwen2"\nhub_ids = ["Qwen/Qwen2-7B-copy"]\n'
+                      'tiny = { hidden_size = 96, num_attention_heads = 6, num_key_value_heads = 6, vocab_size = 512 }\n')
+    shutil.copy(REAL_SHAPES_FILE, tmp_path / "real_shapes.toml")
+    entry = load_models(models)["qwen2_copy"]
+    written = add_record(models, entry, "Qwen/Qwen2-7B-copy", QWEN2_7B.__class__(**{**QWEN2_7B.__dict__, "source": "hub config Qwen/Qwen2-7B-copy"}))
+    shapes = load_real_shapes(written, load_models(models))
+    assert faithful_record(entry, shapes).hidden == 3584
+    assert main(["--check", "--models-file", str(models)]) == 0
+    with pytest.raises(RegistryError, match=r"entry \[qwen2_copy\] already has records"):
+        add_record(models, entry, None, None)
