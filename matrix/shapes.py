@@ -433,8 +433,13 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
     config for tp 2, 3, 4 and `tp`, or a skip naming why there is none."""
     if shape == "stress" or entry.skip_reason:
         return replace(entry, name=shaped_name(entry.name, shape))
+    from transformers.utils import logging as hf_logging
+
     shapes = load_real_shapes() if shapes is None else shapes
     tps = tuple(sorted({*MATRIX_TP, tp}))
+    # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         real = faithful_record(entry, shapes) or _defaults_record(entry)
         if real.source.startswith("as written: "):
@@ -444,6 +449,8 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
     except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
         return replace(entry, name=shaped_name(entry.name, shape),
                        skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+    finally:
+        hf_logging.set_verbosity(verbosity)
     why = (f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
            f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
            + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")
