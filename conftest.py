@@ -31,7 +31,7 @@ def pytest_configure(config):
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
         variants = option("--variants") or default_variants(option("--checkpoints"))
         config.stash[CELLS] = expand(option("--models"), variants, option("--dtypes"), option("--tp"),
-                                     Path(option("--models-file")))
+                                     Path(option("--models-file")), option("--shapes"))
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
     except (RegistryError, TaskError) as error:
         raise pytest.UsageError(str(error)) from None

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
+from matrix.shapes import UNMARKED_SHAPE, load_real_shapes, parse_shapes, real_shapes_file, shaped_entry, split_shaped_name
 
 def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
-    """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3)."""
+    """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3); `model` carries
+    the cell's shape where it is not the unmarked one (llama.faithful-eager-fp32-tp3, see matrix/shapes.py)."""
     return f"{model}-{variant}-{dtype}-tp{tp}"
 
 
@@ -25,7 +27,7 @@ def parse_cell_id(text: str, models: Iterable[str], variants: Iterable[str]) -> 
     models = set(models)
     for variant in sorted(variants, key=len, reverse=True):  # the longest variant name that fits wins
         model = match["rest"].removesuffix(f"-{variant}")
-        if model != match["rest"] and model in models:
+        if model != match["rest"] and split_shaped_name(model)[0] in models:
             return model, variant, match["dtype"], int(match["tp"])
     raise RegistryError(f"{text!r}: no model with a variant makes {match['rest']!r}; models: "
                         f"{', '.join(sorted(models))}; variants: {', '.join(sorted(variants))}")
@@ -86,6 +88,7 @@ MODEL_SELECTIONS = {"registry": "every entry of matrix/models.toml (the default 
 
 def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[ModelEntry]:
     """Entries by name or by one of MODEL_SELECTIONS; derived entries are computed only when asked for."""
+    names = [split_shaped_name(name)[0] for name in names]
     registry = load_models(models_file)
     if names == ["registry"]:
         return list(registry.values())
@@ -102,13 +105,30 @@ def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[Model
 
 
 def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
-           tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE) -> list[Cell]:
-    """All cells of the selection, grouped by tp size so one rank group serves a run of cells."""
-    model_entries = pick_models(parse_names(models), models_file)
+           tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE,
+           shapes: str = UNMARKED_SHAPE) -> list[Cell]:
+    """All cells of the selection, grouped by tp size so one rank group serves a run of cells. A model named
+    with its shape (`qwen2.faithful`, `qwen2.stress`: how cell ids and replays spell it) runs that shape; any
+    other name or selection runs each of `shapes` (the command line's --shapes; the registry's configs as
+    written, `stress`, when not given)."""
+    names = parse_names(models)
+    picked = pick_models(names, models_file)
+    explicit = {split_shaped_name(name)[0]: split_shaped_name(name)[1] for name in names if "." in name}
+    shape_names = parse_shapes(shapes)
     variant_entries = pick(load_variants(), parse_names(variants), "variant")
     dtype_names = parse_dtypes(dtypes)
-    return [Cell(model, variant, dtype, size)
+    shapes_file = real_shapes_file(models_file)
+    real_shapes = load_real_shapes(shapes_file) if shapes_file.exists() and any(
+        shape != "stress" for shape in (*shape_names, *explicit.values())) else {}
+    return [Cell(shaped_entry(model, shape, size, real_shapes), variant, dtype, size)
             for size in parse_tp_sizes(tp)
-            for model in model_entries
+            for model in picked
+            for shape in ((explicit[model.name],) if model.name in explicit else shape_names)
             for variant in variant_entries
             for dtype in dtype_names]
+
+
+def replay_name(model: str) -> str:
+    """A cell's model coordinate as --models spells exactly that cell's shape (a plain name would take --shapes)."""
+    name, shape = split_shaped_name(model)
+    return f"{name}.{shape}"

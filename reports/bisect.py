@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
-from matrix.cells import parse_cell_id
+from matrix.cells import parse_cell_id, replay_name
 from matrix.redaction import redact
 from matrix.registry import RegistryError, load_models, load_variants
 from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combinations, load_config, load_releases,
@@ -179,7 +179,7 @@ def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeou
     cells of their cross product too: tiny cells cost less than a second run each)."""
     def joined(values) -> str:
         return ",".join(sorted({str(v) for v in values}))
-    return suites_command(python, models=joined(c.model for c in cells), variants=joined(c.variant for c in cells),
+    return suites_command(python, models=joined(replay_name(c.model) for c in cells), variants=joined(c.variant for c in cells),
                           dtypes=joined(c.dtype for c in cells), tp=joined(c.tp for c in cells), results=results,
                           session_name="bisect", cell_timeout=cell_timeout, extra=["-q"])
 

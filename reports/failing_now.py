@@ -17,6 +17,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.answers import Link, code
 from reports.causes import cause_id, cell_of, cells_text, count_text, failing_status, members, shared_answers
@@ -33,7 +34,8 @@ _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)
 
 def repro_command(cell: CellKey) -> str:
     """The one command that runs this cell alone, with its verdict and a standalone repro script."""
-    return f"nox -s repro -- --models {cell.model} --variants {cell.variant} --dtypes {cell.dtype} --tp {cell.tp}"
+    return (f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} "
+            f"--tp {cell.tp}")
 
 
 def upstream_label(url: str) -> str:

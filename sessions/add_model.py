@@ -3,7 +3,8 @@
 Reads the real config (a local folder's config.json, or a hub id from the HF cache: offline when it
 is cached; the entry pins the commit that config came from in `revisions`), derives a tiny config that keeps what matters for sharding (matrix/derive.py), checks
 that the tiny model builds and runs, appends a `[models.<name>]` table to matrix/models.toml
-(refusing a name or hub id that is already there), runs its cells at tp 2 and 3 on the tiny
+(refusing a name or hub id that is already there), records the checkpoint's real sizes in
+matrix/real_shapes.toml (what its faithful cells split like; class defaults without a hub id), runs its cells at tp 2 and 3 on the tiny
 checkpoint, and prints a checklist for the DeepSpeed PR.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 from matrix import PROJECT_ROOT
 from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
+from matrix.shapes import add_record, read_shape, split_shaped_name
 from sessions.build_check import build_problem
 from suites.command import suites_command
 
@@ -122,7 +124,7 @@ def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> lis
                                   session_name=f"add-model-{name}", extra=["-q"]), cwd=PROJECT_ROOT, check=False)
     from suites.records.run_records import read_records
 
-    return [r for r in read_records(results) if r["cell"]["model"] == name]
+    return [r for r in read_records(results) if split_shaped_name(r["cell"]["model"])[0] == name]
 
 
 def checklist(entry: ModelEntry, records: list[dict], models_file: Path) -> str:
@@ -169,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise RegistryError(f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "
                                 f"Derived overrides: {derivation.tiny}")
+        real = read_shape(config, f"hub config {hub_id}") if hub_id else None
         entry = append_entry(entry, args.models_file)
+        shapes_file = add_record(args.models_file, entry, hub_id, real)
     except (RegistryError, NotDerivable) as error:
         print(f"add-model: {error}", file=sys.stderr)
         return 2
     print(f"added [models.{entry.name}] to {args.models_file}:\n{entry_table(entry)}")
+    print(f"recorded its real shape ({hub_id or 'config class defaults'}) in {shapes_file}")
     records = [] if args.no_run else run_entry_cells(entry.name, args.models_file, args.tp, args.results)
     print(checklist(entry, records, args.models_file))
     return 0

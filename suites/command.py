@@ -12,6 +12,7 @@ from pathlib import Path
 
 from matrix.cells import DEFAULT_DTYPES, DEFAULT_MODELS, DEFAULT_TP_SIZES, MODEL_SELECTIONS
 from matrix.registry import MODELS_FILE
+from matrix.shapes import DEFAULT_SHAPES, SHAPES
 
 CELL_TIMEOUT_S = 180.0
 """Seconds a cell may take before its rank group is killed (a tiny cell takes well under one)."""
@@ -24,6 +25,10 @@ SUITE_OPTIONS: list[tuple[tuple[str, ...], dict]] = [
                                               "every training row), or 'all' (default: eager; with --checkpoints hub on an "
                                               "accelerator runner: meta, see suites/memory_plan.py default_variants)")),
     (("--dtypes",), dict(default=",".join(DEFAULT_DTYPES), help="comma-separated dtypes: fp32, bf16, fp16")),
+    (("--shapes",), dict(default=",".join(DEFAULT_SHAPES), help=f"comma-separated tiny shapes ({', '.join(SHAPES)}): "
+                                "'faithful' splits like the entry's real checkpoint at tp 2, 3, 4 and the cell's tp, "
+                                "'stress' is the registry's tiny config as written (odd splits on purpose); "
+                                "see matrix/shapes.py")),
     (("--tp",), dict(default=",".join(map(str, DEFAULT_TP_SIZES)), help="comma-separated tensor-parallel sizes")),
     (("--checkpoints",), dict(default="tiny", choices=("tiny", "hub"),
                               help="tiny random checkpoints (any CPU) or the registry's real hub ids (GPU runners)")),
@@ -52,11 +57,11 @@ def parse_suite_options(pytest_args: Sequence[str]) -> argparse.Namespace:
 
 
 def suites_command(python: str | Path, *, models: str | None = None, models_file: str | Path | None = None,
-                   variants: str | None = None, dtypes: str | None = None, tp: str | None = None,
+                   variants: str | None = None, dtypes: str | None = None, tp: str | None = None, shapes: str | None = None,
                    results: str | Path | None = None, session_name: str | None = None,
                    cell_timeout: float | None = None, extra: Sequence[str] = ()) -> list[str]:
     """An option left None takes conftest.py's default; `extra` goes last (pytest's own options, -q, -n)."""
-    options = {"--models": models, "--models-file": models_file, "--variants": variants, "--dtypes": dtypes, "--tp": tp,
+    options = {"--models": models, "--models-file": models_file, "--variants": variants, "--dtypes": dtypes, "--tp": tp, "--shapes": shapes,
                "--results": results, "--session-name": session_name, "--cell-timeout": cell_timeout}
     selected = [part for name, value in options.items() if value is not None for part in (name, str(value))]
     return [str(python), "-m", "pytest", "suites", *selected, *extra]

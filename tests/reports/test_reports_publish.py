@@ -209,7 +209,7 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
             "2.4.0, python 3.11.7 → run `nightly@2025-01-02T00:00:00Z@runner-1` at deepspeed 0.19.8,") in issue
     assert ("- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
             "  - answer: not yet triaged\n") in issue
-    assert "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2\n" in issue
+    assert "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2\n" in issue
     assert comment in (tmp_path / "out" / "step-summary.md").read_text()
 
 

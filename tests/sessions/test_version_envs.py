@@ -91,7 +91,8 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
 
     cells = records(results)
     assert sorted(record["cell"]["id"] for record in cells) == [
-        "llama-eager-fp32-tp2", "llama-eager-fp32-tp3", "opt-eager-fp32-tp2", "opt-eager-fp32-tp3"]
+        "llama.faithful-eager-fp32-tp2", "llama.faithful-eager-fp32-tp3", "opt.faithful-eager-fp32-tp2",
+        "opt.faithful-eager-fp32-tp3"]
     for record in cells:
         assert (record["outcome"], record["failure_class"]) == ("fail", "install")
         assert "No matching distribution found for torch==2.13.0" in record["message"]  # pip's own words

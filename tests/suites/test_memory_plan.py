@@ -129,7 +129,7 @@ def test_a_cell_that_cannot_fit_is_skipped_with_the_plan_and_no_rank_group_start
     runner_bytes = int((fits + next_larger) / 2 / 0.9)
     results = tmp_path / "results"
     env = {**PYTHON_ENV, "AUTOTP_HOST_MEMORY": str(runner_bytes)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", "llama_large", "--tp", "4", "--results",
+    done = subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", "llama_large", "--shapes", "stress", "--tp", "4", "--results",
                            str(results), "-q", "-p", "no:cacheprovider", "-rs"], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -34,7 +34,7 @@ def run(tmp_path_factory, rank_pool):
     rank_pool.close()  # free the cores: this test's pytest process starts rank groups of its own
     results = tmp_path_factory.mktemp("results")
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "--models", ",".join(EXPECTED), "--tp", "2,3", "--results",
+        [sys.executable, "-m", "pytest", "suites", "--models", ",".join(EXPECTED), "--shapes", "stress", "--tp", "2,3", "--results",
          str(results), "--session-name", "verdicts", "-n", "2", "-q", "-p", "no:cacheprovider"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
     return results, completed

@@ -26,7 +26,7 @@ def free_cores(rank_pool):
 def start_driver(results: Path, hang_flag: Path) -> subprocess.Popen:
     """Cells llama, opt, gpt_neox; the opt cell hangs while `hang_flag` exists, so the driver is
     stopped after llama finished and before the run could complete."""
-    command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--tp", "2",
+    command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--shapes", "stress", "--tp", "2",
                "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider",
                "--inject-fault", "tests.faults:rank1_hangs_on_opt_while_flagged"]
     # A shell runs background jobs with SIGINT ignored and children inherit that: give the driver

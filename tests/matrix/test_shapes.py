@@ -1,0 +1,221 @@
+"""Cell shapes (matrix/shapes.py): the recorded real sizes, the one rule that makes a faithful tiny config from
+them, and the shape axis of cells (faithful by default on the command line, stress as the registry writes it)."""
+
+import shutil
+import warnings
+
+import pytest
+
+from matrix.cells import expand, parse_cell_id, replay_name
+from matrix.registry import MODELS_FILE, RegistryError, load_models, load_variants
+from matrix.shapes import (MATRIX_TP, REAL_SHAPES_FILE, RealShape, faithful_count, faithful_dim, faithful_record,
+                           load_real_shapes, main, shaped_entry, split_differences, tiny_shape)
+
+QWEN2_7B = RealShape(source="hub config Qwen/Qwen2-7B", heads=28, kv_heads=4, head_dim=128, hidden=3584,
+                     intermediate=18944, vocab=152064, tied_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_models()
+
+
+@pytest.fixture(scope="module")
+def faithful(registry):
+    """Every registry entry's faithful entry at tp 2 (tp 2, 3 and 4 share one: the rule covers MATRIX_TP)."""
+    shapes = load_real_shapes(registry=registry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {name: (shaped_entry(entry, "faithful", 2, shapes), faithful_record(entry, shapes))
+                for name, entry in registry.items() if not entry.skip_reason}
+
+
+def test_every_registry_entry_has_a_faithful_tiny_config_that_splits_like_its_real_checkpoint(faithful):
+    """The tiny config's sizes are read back from the built config (like a real one): a key the rule set on the
+    wrong name, or a size the class computes otherwise, shows as a difference."""
+    differences = {}
+    for name, (entry, real) in faithful.items():
+        assert entry.skip_reason is None, f"{name}: {entry.skip_reason}"
+        found = split_differences(tiny_shape(entry.model_type, entry.tiny), real, MATRIX_TP)
+        if found:
+            differences[name] = found
+    assert differences == {}
+
+
+def test_the_stress_shapes_do_not_split_like_the_checkpoints(registry, faithful):
+    """The check can fail: today's configs (the stress shape) differ from their checkpoints, e.g. qwen2's 13
+    intermediate grains split 7/6 at tp 2 where Qwen2-7B's 296 split evenly."""
+    qwen2 = registry["qwen2"]
+    differences = split_differences(tiny_shape(qwen2.model_type, qwen2.tiny), faithful["qwen2"][1], MATRIX_TP)
+    assert "intermediate at tp 2: tiny ('grains', True, 1, 0) vs real ('grains', True, 0, 0)" in differences
+    assert any(line.startswith("kv_heads at tp 3") for line in differences)  # 6 kv heads even, Qwen2-7B's 4: 2/1/1
+    unfaithful = [name for name, (_, real) in faithful.items()
+                  if split_differences(tiny_shape(registry[name].model_type, registry[name].tiny), real, MATRIX_TP)]
+    assert len(unfaithful) > len(faithful) // 2
+
+
+@pytest.mark.parametrize("real, tps, expected", [
+    (296, (2, 3, 4), 8),   # Qwen2-7B's intermediate grains: 296 = 24 x 12 + 8
+    (4, (2, 3, 4), 4),     # fewer kv heads than tp 3 ... stays
+    (2, (2, 3, 4), 2),     # fewer than tp 3 and 4
+    (71, (2, 3, 4), 11),   # falcon-7b's heads
+    (2376, (2, 3, 4), 12), # Qwen2-7B's vocab grains: 0 mod 12, and >= every tp
+    (28, (2, 3, 4, 8), 28),  # any tp asked joins the period (lcm 24)
+])
+def test_faithful_count_is_the_smallest_count_that_splits_alike(real, tps, expected):
+    assert faithful_count(real, tps) == expected
+    assert all(divmod(expected, tp)[1] == divmod(real, tp)[1] and (expected >= tp) == (real >= tp) for tp in tps)
+
+
+def test_faithful_dim_keeps_the_grain_residues_and_the_rest():
+    assert faithful_dim(18944, MATRIX_TP) == 512
+    assert faithful_dim(50257, MATRIX_TP) == 5 * 64 + 17  # gpt2's vocab: 785 grains + 17
+    assert faithful_dim(50257, MATRIX_TP, least=512) == 17 * 64 + 17
+
+
+def test_qwen2_faithful_splits_heads_and_mlp_like_qwen2_7b(faithful):
+    entry, real = faithful["qwen2"]
+    tiny = tiny_shape(entry.model_type, entry.tiny)
+    assert (tiny.kv_heads, tiny.heads % 12, tiny.intermediate // 64 % 12) == (4, 28 % 12, 296 % 12)
+    assert tiny.heads > tiny.kv_heads  # grouped-query attention stays grouped
+    assert entry.tiny["pad_token_id"] == 0 and entry.tiny["num_hidden_layers"] == 2  # the rest of the overrides stay
+
+
+def test_an_entry_that_stands_for_no_checkpoint_runs_its_config_as_written(registry, faithful):
+    entry, real = faithful["llama_large"]
+    assert entry.tiny == registry["llama_large"].tiny and entry.name == "llama_large.faithful"
+    assert real.source.startswith("as written: ") and entry.tiny_why.startswith(real.source)
+
+
+def test_a_tp_outside_the_matrix_joins_the_rule(registry):
+    entry = shaped_entry(registry["qwen2"], "faithful", 8)
+    assert split_differences(tiny_shape(entry.model_type, entry.tiny), QWEN2_7B, (2, 3, 4, 8)) == []
+    assert "at tp 2, 3, 4, 8" in entry.tiny_why
+
+
+def test_every_faithful_tiny_model_builds_forwards_and_generates(faithful):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from matrix.checkpoints import tiny_config
+
+    hf_logging.set_verbosity_error()
+    broken = {}
+    ids = torch.tensor([list(b"Tensor parallelism splits"), [0] * 7 + list(b"parallelism splits")])
+    mask = torch.tensor([[1] * 25, [0] * 7 + [1] * 18])
+    for name, (entry, _) in faithful.items():
+        try:
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(tiny_config(entry)).eval()
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+            assert logits.shape[-1] >= entry.tiny["vocab_size"] and torch.isfinite(logits).all()
+        except Exception as error:
+            broken[name] = f"{type(error).__name__}: {str(error)[:200]}"
+    assert broken == {}
+
+
+def test_real_shapes_file_is_what_the_script_writes():
+    assert main(["--check"]) == 0
+
+
+def test_stale_real_shapes_file_fails_the_check(tmp_path):
+    models = tmp_path / "models.toml"
+    shutil.copy(MODELS_FILE, models)
+    text = REAL_SHAPES_FILE.read_text()
+    (tmp_path / "real_shapes.toml").write_text(text.replace('hidden = 3584', 'hidden = 3648', 1))
+    assert main(["--check", "--models-file", str(models)]) == 0  # a hub config is kept as written
+    old_release = 'defaults = { source = "config-defaults transformers 0.0 '  # written by another release
+    (tmp_path / "real_shapes.toml").write_text(text.replace('defaults = { source = "config-defaults transformers ', old_release, 1))
+    assert main(["--check", "--models-file", str(models)]) == 1
+
+
+@pytest.mark.parametrize("record, message", [
+    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = "no" }',
+     "entry [qwen2] checkpoint 'Qwen/Qwen2-7B' field 'tied_embeddings' must be true or false"),
+    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }',
+     "field 'kv_heads': 3 does not divide heads 28"),
+    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "from memory", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }',
+     "field 'source' must start with 'hub config Qwen/Qwen2-7B'"),
+    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, vocab = 152064, tied_embeddings = false }', "is missing field(s) ['intermediate']"),
+    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, layers = 28 }',
+     "has unknown field(s) ['layers']"),
+    ('[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }', "entry [qwen9] is not in the model registry"),
+    ('[qwen2]\n"Qwen/Qwen3-8B" = { source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
+     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }', "that are not in its hub_ids"),
+])
+def test_bad_record_is_refused_naming_the_file_entry_and_field(tmp_path, registry, record, message):
+    path = tmp_path / "real_shapes.toml"
+    path.write_text(record + "\n")
+    with pytest.raises(RegistryError) as error:
+        load_real_shapes(path, registry)
+    assert str(error.value).startswith(f"{path}: entry [") and message in str(error.value)
+
+
+def test_an_entry_without_its_record_is_refused(tmp_path, registry):
+    path = tmp_path / "real_shapes.toml"
+    text = REAL_SHAPES_FILE.read_text()
+    start = text.index("[mpt]\n")
+    path.write_text(text[:start] + text[text.index("\n\n", start) + 2:])
+    with pytest.raises(RegistryError, match=r"entry \[mpt\] has no record for 'mosaicml/mpt-7b' nor 'defaults'"):
+        load_real_shapes(path, registry)
+
+
+# ---- the shape axis of cells -------------------------------------------------------------------------------------
+
+def test_stress_cells_keep_the_ids_of_existing_history_and_faithful_cells_carry_their_shape():
+    cells = expand("qwen2", tp="2", shapes="faithful,stress")
+    assert [cell.id for cell in cells] == ["qwen2.faithful-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
+    faithful, stress = cells
+    assert stress.model.tiny == load_models()["qwen2"].tiny
+    assert faithful.model.tiny != stress.model.tiny
+    assert [cell.id for cell in expand("qwen2", tp="2")] == ["qwen2-eager-fp32-tp2"]  # the library default: as written
+
+
+def test_a_model_named_with_its_shape_runs_that_shape_whatever_shapes_says():
+    assert [cell.id for cell in expand("qwen2.faithful,llama.stress", tp="3", shapes="stress")] == [
+        "qwen2.faithful-eager-fp32-tp3", "llama-eager-fp32-tp3"]
+    with pytest.raises(RegistryError, match="unknown shape 'tiny'"):
+        expand("qwen2.tiny", tp="2")
+    with pytest.raises(RegistryError, match="unknown shape 'faithfull'"):
+        expand("qwen2", tp="2", shapes="faithfull")
+
+
+def test_cell_ids_with_a_shape_parse_and_replay_as_the_same_cell():
+    models, variants = load_models(), load_variants()
+    assert parse_cell_id("qwen2.faithful-eager-fp32-tp2", models, variants) == ("qwen2.faithful", "eager", "fp32", 2)
+    assert parse_cell_id("qwen2-eager-fp32-tp2", models, variants) == ("qwen2", "eager", "fp32", 2)
+    for model in ("qwen2", "qwen2.faithful"):
+        replayed = expand(replay_name(model), tp="2", shapes="faithful")  # a replay ignores the run's --shapes
+        assert [cell.model.name for cell in replayed] == [model]
+
+
+def test_the_command_line_default_is_faithful():
+    from suites.command import parse_suite_options
+
+    assert parse_suite_options([]).shapes == "faithful"
+
+
+def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, registry):
+    """add-model appends the new entry's record (its hub config's sizes) so --check and faithful cells see it."""
+    from matrix.shapes import add_record
+
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS_FILE.read_text() + '\n[models.qwen2_copy]\nmodel_type = "qwen2"\nhub_ids = ["Qwen/Qwen2-7B-copy"]\n'
+                      'tiny = { hidden_size = 96, num_attention_heads = 6, num_key_value_heads = 6, vocab_size = 512 }\n')
+    shutil.copy(REAL_SHAPES_FILE, tmp_path / "real_shapes.toml")
+    entry = load_models(models)["qwen2_copy"]
+    written = add_record(models, entry, "Qwen/Qwen2-7B-copy", QWEN2_7B.__class__(**{**QWEN2_7B.__dict__, "source": "hub config Qwen/Qwen2-7B-copy"}))
+    shapes = load_real_shapes(written, load_models(models))
+    assert faithful_record(entry, shapes).hidden == 3584
+    assert main(["--check", "--models-file", str(models)]) == 0
+    with pytest.raises(RegistryError, match=r"entry \[qwen2_copy\] already has records"):
+        add_record(models, entry, None, None)
