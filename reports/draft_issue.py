@@ -10,10 +10,10 @@ its log. Every text passes matrix.redaction.redact. Written to <out>/draft-issue
 from __future__ import annotations
 
 import re
-from itertools import groupby
 from dataclasses import dataclass
-from typing import Protocol
+from itertools import groupby
 from pathlib import Path
+from typing import Protocol
 
 from matrix.cells import Cell
 from matrix.redaction import redact

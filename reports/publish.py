@@ -26,7 +26,7 @@ from reports.draft_issue import draft_text, not_deepspeeds
 from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.gate import select
-from reports.history import analyse
+from reports.history import History, analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
@@ -226,7 +226,7 @@ def upstream_marker(cause: str) -> str:
     return f"<!-- autotp-matrix:upstream cause={cause} -->"
 
 
-def upstream_posts(sessions: list[SessionDeltas], history, observations: list[Observation],
+def upstream_posts(sessions: list[SessionDeltas], history: History, observations: list[Observation],
                    known: dict[str, KnownFailure], out_dir: Path, log) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
@@ -268,7 +268,10 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
-    drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log) if upstream else []
+    drafts = []
+    if upstream:
+        with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted
+            drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
     if base is not None:
         newest = {session.newest for session in deltas}
         failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
