@@ -104,7 +104,8 @@ def gate(session):
 
 @nox.session
 def publish(session):
-    """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/: `nox -s publish -- --pr N`."""
+    """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/: `nox -s publish -- --pr N`;
+    `-- --upstream deepspeedai/DeepSpeed` also files a draft-issue report there per new cause no known failure covers."""
     session.install(*PROJECT_DEPENDENCIES, *dependency_group("publish"))
     session.run("python", "-m", "reports", "publish", *session.posargs)
 

@@ -22,6 +22,7 @@ from reports.git import GitRepo
 from reports.history import analyse
 from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
+from reports.publish import inert
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
@@ -138,7 +139,7 @@ def draft_issue(args: argparse.Namespace) -> int:
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     with writing_to(args.out):
         draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause,
-                            cell=args.cell, out_dir=args.out)
+                            cell=args.cell, out_dir=args.out, inert=inert)
     print(f"# {draft.title}\n\n{draft.body}")
     print(f"wrote {draft.file}", file=sys.stderr)
     return 0
@@ -170,9 +171,9 @@ def publish(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
-    known = known_failures(args.known_failures) if args.base else {}
+    known = known_failures(args.known_failures) if args.base or args.upstream else {}
     for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
-                               deepspeed_repo=repo, base=args.base, known=known):
+                               deepspeed_repo=repo, base=args.base, known=known, upstream=args.upstream):
         print(f"wrote {path}")
     return 0
 
@@ -238,7 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     publish_parser.add_argument("--base", help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
                                                "comment starts with the newest runs' failures classified against it")
     publish_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
-                                help="with --base: failures known upstream (default matrix/known_failures.toml)")
+                                help="with --base or --upstream: failures known upstream (default "
+                                     "matrix/known_failures.toml)")
+    publish_parser.add_argument("--upstream", metavar="OWNER/NAME",
+                                help="also one bug report per cause of new regressions that no known failure covers, "
+                                     "for this repository's tracker (e.g. deepspeedai/DeepSpeed): written to "
+                                     "OUT/publish/upstream/, opened there with $GITHUB_TOKEN (off by default)")
     publish_parser.set_defaults(handler=publish)
 
     draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "

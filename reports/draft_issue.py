@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
+from typing import Protocol
 
 from matrix.cells import Cell
 from matrix.redaction import redact
@@ -40,11 +42,17 @@ EXPECTED = {
     "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",
     "crash": "Every rank process stays alive.",
 }
+FRAME = "<details><summary>{name} ({lines} lines)</summary>"  # the script folds away on GitHub
+FRAME_END = "</details>"
 # A traceback's file paths up to site-packages say where this runner keeps its environments, nothing upstream needs.
 _SITE_PACKAGES = re.compile(r'(File )"[^"]*/site-packages/')
 METRIC_PREFIXES = {"numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
                    "generation": ("gen_",), "memory": ("linear_", "expert_", "embedding_", "rest_", "shard_ratio",
                                                        "rank_param_bytes")}
+
+
+class Inert(Protocol):
+    def __call__(self, markdown: str, *, title: bool = False) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class Draft:
 
 
 def draft_issue(history: History, observations: list[Observation], known: dict[str, KnownFailure], *,
-                cause: str | None, cell: str | None, out_dir: Path) -> Draft:
+                cause: str | None, cell: str | None, out_dir: Path, inert: Inert) -> Draft:
     """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell)."""
     report = build_report(history, observations, None, known)
     causes = report["failing_now"]["causes"]
@@ -65,18 +73,38 @@ def draft_issue(history: History, observations: list[Observation], known: dict[s
                            for c in causes) or "none: no cell fails at the latest versions"
         asked = f"--cause {cause}" if cause else f"--cell {cell}"
         raise ReportsError(f"{asked}: no cause failing at the latest versions has it; failing causes: {listed}")
-    if entry["failure_class"] in NOT_DEEPSPEEDS:
-        raise ReportsError(f"cause {entry['id']} is a {entry['failure_class']} failure ({FAILURE_CLASSES[entry['failure_class']]}): "
-                           "the harness or its environment failed, not DeepSpeed; fix it here instead of filing it")
-    shown = cell if cell else entry["repro"]["cell"]
-    failure = _latest_failure(observations, history, shown)
+    reason = not_deepspeeds(entry)
+    if reason:
+        raise ReportsError(reason)
     folder = out_dir / "draft-issue"
-    title, body = _markdown(entry, report, failure, _repro_script(failure, folder))
+    title, body = draft_text(entry, report, history, observations, folder, inert, cell=cell)
     file = folder / f"{entry['failure_class']}-{entry['id']}.md"
-    file.parent.mkdir(parents=True, exist_ok=True)
-    title, body = redact(title), redact(body)
     file.write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, file)
+
+
+def not_deepspeeds(entry: dict) -> str | None:
+    """Why a cause is not DeepSpeed's to fix (the harness or its environment failed, or a class from an older
+    store that no check writes), None when it is."""
+    failure_class = entry["failure_class"]
+    if failure_class not in FAILURE_CLASSES:
+        return (f"cause {entry['id']} has the failure class {failure_class!r}, which no check writes (an older store): "
+                "run the cell again to get a report")
+    if failure_class in NOT_DEEPSPEEDS:
+        return (f"cause {entry['id']} is a {failure_class} failure ({FAILURE_CLASSES[failure_class]}): "
+                "the harness or its environment failed, not DeepSpeed; fix it here instead of filing it")
+    return None
+
+
+def draft_text(entry: dict, report: dict, history: History, observations: list[Observation], folder: Path,
+               inert: Inert, *, cell: str | None = None) -> tuple[str, str]:
+    """(title, body) of the report for one entry of report.json "failing_now" causes, shown on `cell` (default its
+    representative), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
+    the history (reports.publish.inert); the <details> frame around the script is ours."""
+    failure = _latest_failure(observations, history, cell or entry["repro"]["cell"])
+    folder.mkdir(parents=True, exist_ok=True)
+    title, body = _markdown(entry, report, failure, _repro_script(failure, folder), inert)
+    return redact(inert(title, title=True)), redact(body)
 
 
 def _latest_failure(observations: list[Observation], history: History, cell_id: str) -> Observation:
@@ -123,7 +151,8 @@ def _metrics_lines(failure: Observation) -> list[str]:
     return [f"- `{name}` = {value:.4g}" for name, value in shown.items()]
 
 
-def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str, str] | None) -> tuple[str, str]:
+def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str, str] | None,
+              inert: Inert) -> tuple[str, str]:
     cell, result, run = failure.cell, failure.result, failure.run
     known = entry["known"]
     lines = []
@@ -139,13 +168,16 @@ def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str
         f"{'fails' if entry['count'] == 1 else 'fail'} with the same cause: {entry['cells_text']}.", "",
         "**To Reproduce**", "",
     ]
+    frame: set[int] = set()  # the indices of the lines folding the script away: ours, the only ones not made inert
     if script:
         name, text = script
         lines += [f"Save as `{name}` and run `deepspeed --num_gpus {cell.tp} {name}` (torch, deepspeed and "
                   "transformers only; it writes the same seeded tiny checkpoint the matrix ran, computes the unsharded "
-                  "reference, shards with AutoTP and prints `RESULT: MATCH` or `MISMATCH`):", "",
-                  f"<details><summary>{name} ({len(text.splitlines())} lines)</summary>", "", "```python",
-                  text.rstrip("\n"), "```", "", "</details>", ""]
+                  "reference, shards with AutoTP and prints `RESULT: MATCH` or `MISMATCH`):", ""]
+        frame.add(len(lines))
+        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", "```python", text.rstrip("\n"), "```", ""]
+        frame.add(len(lines))
+        lines += [FRAME_END, ""]
     lines += [f"With the autotp-matrix harness: `{repro_command(cell)}`", ""]
     lines += ["**Expected behavior**", "", EXPECTED.get(result.failure_class, "The cell passes."), "",
               "**Actual behavior**", "", f"{result.failure_class}: {code(result.signature)}", *_message_line(result),
@@ -162,4 +194,10 @@ def _markdown(entry: dict, report: dict, failure: Observation, script: tuple[str
     log = [_SITE_PACKAGES.sub(r'\1".../site-packages/', line) for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]]
     if log:
         lines += ["**Log excerpt** (the end of the cell's message; secrets redacted)", "", "```text", *log, "```", ""]
-    return _title(entry, failure), "\n".join(lines).rstrip("\n") + "\n"
+    # Each stretch between the frame's lines is made inert whole, so a fence (the script, the log) stays one block.
+    stretches = []
+    for framing, group in groupby(enumerate(lines), key=lambda item: item[0] in frame):
+        stretch = "\n".join(line for _, line in group)
+        stretches.append(stretch if framing else inert(stretch))
+    text = "\n".join(stretches)
+    return _title(entry, failure), text.rstrip("\n") + "\n"

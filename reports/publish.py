@@ -1,10 +1,12 @@
-"""Post what changed since the last nightly: one PR comment, one issue per root cause of new regressions.
+"""Post what changed since the last nightly: one PR comment, one issue per root cause of new regressions, and
+with --upstream one bug report per such cause that no known failure covers, for DeepSpeed's tracker.
 
 "Last nightly" is the previous run of the same session in the history store (reports.causes.session_deltas);
 new failures, fixes and cells still failing are grouped by failure class and cause (reports.causes), so
 45 cells fixed by one change are one line and a regression of 10 cells is one issue. Everything is written
 to files first (results/publish/ and the step summary); with $GITHUB_TOKEN the same text is also posted,
 and reruns edit what they posted before, found by a hidden HTML marker, instead of adding duplicates.
+The upstream reports are reports.draft_issue's text; one closed upstream is left closed, never filed again.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
                             session_deltas)
+from reports.draft_issue import draft_text, not_deepspeeds
 from reports.failing_now import repro_command
 from reports.git import GitRepo
 from reports.gate import select
-from reports.history import analyse
+from reports.history import History, analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, transition_json, writing_to
+from reports.render import answer_lines, build_report, transition_json, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -37,6 +40,7 @@ REGRESSION_LABEL = "autotp-regression"
 HTTP_TIMEOUT_S = 30
 WRITE_SPACING_S: float | None = 1.0  # GitHub asks integrations to space writes; tests set None
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
+_REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
 MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
 
 
@@ -218,21 +222,56 @@ def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, lis
     return comment, issues
 
 
+def upstream_marker(cause: str) -> str:
+    return f"<!-- autotp-matrix:upstream cause={cause} -->"
+
+
+def upstream_posts(sessions: list[SessionDeltas], history: History, observations: list[Observation],
+                   known: dict[str, KnownFailure], out_dir: Path, log) -> list[Post]:
+    """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
+    (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
+    report = build_report(history, observations, None, known)
+    failing = {entry["id"]: entry for entry in report["failing_now"]["causes"]}
+    folder = out_dir / "publish" / "upstream"
+    posts = []
+    for delta_cause in regression_causes(sessions):
+        entry = failing.get(delta_cause.id)
+        if entry is None:
+            log(f"upstream: cause {delta_cause.id} does not fail at the latest versions {history.latest.describe()}: "
+                "no report")
+        elif entry["status"] == "known":
+            log(f"upstream: cause {delta_cause.id} is known ({entry['known']['upstream']}): no report")
+        elif not_deepspeeds(entry):
+            log(f"upstream: no report: {not_deepspeeds(entry)}")
+        else:
+            title, body = draft_text(entry, report, history, observations, folder, inert)
+            marker = upstream_marker(delta_cause.id)
+            posts.append(Post(marker, title, f"{marker}\n{body}", folder / f"{delta_cause.id}.md"))
+    return posts
+
+
 # ---- Writing and posting -----------------------------------------------------------------------------------------
 
 
 def publish(observations: list[Observation], bisections: list[Bisection], attempts: list[TriageAttempt],
             sessions: list[str] | None, out_dir: Path, *, repo: str | None, pr: int | None,
             deepspeed_repo: GitRepo | None, base: str | None = None, known: dict[str, KnownFailure] | None = None,
-            log=print) -> list[Path]:
+            upstream: str | None = None, log=print) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
     With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
-    classified against it (reports.pr_failures)."""
+    classified against it (reports.pr_failures). With `upstream` (OWNER/NAME), also the bug reports for that
+    repository's tracker (upstream_posts), under out_dir/publish/upstream/, opened there with the token."""
+    if upstream is not None and not _REPO_NAME.fullmatch(upstream):
+        raise ReportsError(f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed")
     token = os.environ.get(TOKEN_ENV) or None
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     comment, issues = build_posts(deltas, out_dir)
+    drafts = []
+    if upstream:
+        with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted
+            drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
     if base is not None:
         newest = {session.newest for session in deltas}
         failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
@@ -241,12 +280,13 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     # The store redacts what it imports; a store written before it did, or a message quoting this environment's
     # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))
-    issues = [replace(post, title=redact(post.title), body=redact(post.body)) for post in issues]
+    issues, drafts = ([replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+                       for posts in (issues, drafts))
 
     written = []
     summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     with writing_to(out_dir):
-        for post in [comment, *issues]:
+        for post in [comment, *issues, *drafts]:
             post.file.parent.mkdir(parents=True, exist_ok=True)
             post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
             written.append(post.file)
@@ -256,19 +296,21 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
 
     if token is None:
         log(f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
-            f"{out_dir / 'publish'} and the step summary instead of posting them")
+            f"{out_dir / 'publish'} and the step summary instead of posting them"
+            + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else ""))
         return written
     if not repo:
         raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
     api_url = os.environ.get(API_URL_ENV) or DEFAULT_API_URL
     try:
-        _post(token, api_url, repo, pr, comment, issues, log)
+        _post(token, api_url, repo, pr, comment, issues, (upstream, drafts) if upstream else None, log)
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
     return written
 
 
-def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Post, issues: list[Post], log) -> None:
+def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Post, issues: list[Post],
+          upstream: tuple[str, list[Post]] | None, log) -> None:
     try:
         from github import Auth, Github, GithubException
     except ImportError:
@@ -289,6 +331,13 @@ def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Pos
                 log(f"updated the comment on {repo_name}#{pr}: {mine.html_url}")
         if issues:
             _post_issues(repo, repo_name, issues, log)
+        if upstream and upstream[1]:
+            # Upstream labels are not ours to create: the reports are found again among the issues this token opened,
+            # closed ones too (a maintainer closed it: it is not filed again).
+            upstream_name, drafts = upstream
+            upstream_repo = client.get_repo(upstream_name)
+            mine = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))
+            _open_or_edit(upstream_repo, upstream_name, drafts, mine, [], log)
     except GithubException as exc:
         raise ReportsError(f"GitHub API {api_url} answered {exc.status}: {exc.data}; nothing further was posted") from None
     except OSError as exc:  # connection refused, timeouts, DNS
@@ -307,12 +356,19 @@ def _post_issues(repo, repo_name: str, issues: list[Post], log) -> None:
         if exc.status != 404:
             raise
         repo.create_label(REGRESSION_LABEL, "d73a4a", "Cells of the AutoTP matrix that passed in the last nightly fail")
-    open_issues = list(repo.get_issues(state="open", labels=[REGRESSION_LABEL]))
-    for post in issues:
-        existing = next((issue for issue in open_issues if post.marker in (issue.body or "")), None)
+    _open_or_edit(repo, repo_name, issues, list(repo.get_issues(state="open", labels=[REGRESSION_LABEL])),
+                  [REGRESSION_LABEL], log)
+
+
+def _open_or_edit(repo, repo_name: str, posts: list[Post], listed: list, labels: list[str], log) -> None:
+    """Each post edits the listed issue carrying its marker (one that is closed is left alone), else is opened."""
+    for post in posts:
+        existing = next((issue for issue in listed if post.marker in (issue.body or "")), None)
         if existing is None:
-            created = repo.create_issue(post.title, post.body, labels=[REGRESSION_LABEL])
+            created = repo.create_issue(post.title, post.body, labels=labels)
             log(f"opened {repo_name}#{created.number}: {post.title}")
+        elif existing.state == "closed":
+            log(f"left {repo_name}#{existing.number} closed: {post.title}")
         else:
             existing.edit(title=post.title, body=post.body)
             log(f"updated {repo_name}#{existing.number}: {post.title}")

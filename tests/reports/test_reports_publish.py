@@ -20,6 +20,8 @@ from reports.store import HistoryStore
 
 TOKEN = "ghp_PlantedTokenValue0123456789abcdef"
 REPO = "octo/autotp"
+UPSTREAM = "upstream-org/DeepSpeed"  # publish --upstream: bug reports for the tracker of the project under test
+LOGIN = "autotp-bot"  # the token's user
 PR = 7
 MAX_REQUESTS = 60  # a publish makes about 7; more means a loop, which the server then refuses
 
@@ -35,12 +37,13 @@ class FakeGitHub(ThreadingHTTPServer):
         self.issues = {PR: {"number": PR, "title": "a PR", "body": "PR text", "labels": []}}
         self.comments = {1: {"id": 1, "issue": PR, "body": "a reviewer's comment"}}
         self.labels: set[str] = set()
+        self.upstream_issues: dict[int, dict] = {}  # UPSTREAM's, numbered from 1000
         self.reflect_token_on: str | None = None  # "METHOD path prefix" answered 500 with the Authorization header
 
-    def issue_json(self, issue: dict) -> dict:
-        return {**issue, "state": "open", "labels": [{"name": n} for n in issue["labels"]],
-                "url": f"{self.url}/repos/{REPO}/issues/{issue['number']}",
-                "html_url": f"https://github.test/{REPO}/issues/{issue['number']}"}
+    def issue_json(self, issue: dict, repo: str = REPO) -> dict:
+        return {"state": "open", **issue, "labels": [{"name": n} for n in issue["labels"]],
+                "url": f"{self.url}/repos/{repo}/issues/{issue['number']}",
+                "html_url": f"https://github.test/{repo}/issues/{issue['number']}"}
 
     def comment_json(self, comment: dict) -> dict:
         return {"id": comment["id"], "body": comment["body"],
@@ -75,15 +78,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(401, {"message": "Bad credentials"})
         if fake.reflect_token_on and f"{self.command} {url.path}".startswith(fake.reflect_token_on):
             return self._answer(500, {"message": f"boom, you sent {self.headers['Authorization']}"})
-        prefix = f"/repos/{REPO}"
-        if not url.path.startswith(prefix):
+        if (self.command, url.path) == ("GET", "/user"):
+            return self._answer(200, {"login": LOGIN, "url": f"{fake.url}/users/{LOGIN}"})
+        repo = next((name for name in (REPO, UPSTREAM) if url.path.startswith(f"/repos/{name}")), None)
+        if repo is None:
             return self._answer(404, {"message": "Not Found"})
+        prefix = f"/repos/{repo}"
+        issues = fake.issues if repo == REPO else fake.upstream_issues
         parts = url.path[len(prefix):].strip("/").split("/")
         route = (self.command, *["N" if p.isdigit() else p for p in parts if p])
         if route == ("GET",):
-            return self._answer(200, {"full_name": REPO, "url": f"{fake.url}{prefix}"})
+            return self._answer(200, {"full_name": repo, "url": f"{fake.url}{prefix}"})
         if route == ("GET", "issues", "N"):
-            return self._answer(200, fake.issue_json(fake.issues[int(parts[1])]))
+            return self._answer(200, fake.issue_json(issues[int(parts[1])], repo))
         if route == ("GET", "issues", "N", "comments"):
             mine = [c for c in fake.comments.values() if c["issue"] == int(parts[1])]
             return self._answer(200, [fake.comment_json(c) for c in mine])
@@ -102,17 +109,20 @@ class _Handler(BaseHTTPRequestHandler):
             fake.labels.add(body["name"])
             return self._answer(201, {"name": body["name"], "color": body["color"]})
         if route == ("GET", "issues"):
-            wanted = set(parse_qs(url.query).get("labels", [""])[0].split(",")) - {""}
-            listed = [i for i in fake.issues.values() if wanted <= set(i["labels"])]
-            return self._answer(200, [fake.issue_json(i) for i in listed])
+            query = parse_qs(url.query)
+            wanted = set(query.get("labels", [""])[0].split(",")) - {""}
+            state, creator = query.get("state", ["open"])[0], query.get("creator", [None])[0]
+            listed = [i for i in issues.values() if wanted <= set(i["labels"]) and state in ("all", i.get("state", "open"))
+                      and creator in (None, i.get("creator"))]
+            return self._answer(200, [fake.issue_json(i, repo) for i in listed])
         if route == ("POST", "issues"):
-            number = max(fake.issues) + 1
-            fake.issues[number] = {"number": number, "title": body["title"], "body": body["body"],
-                                   "labels": [label for label in body.get("labels", []) if label in fake.labels]}
-            return self._answer(201, fake.issue_json(fake.issues[number]))
+            number = max(issues, default=999) + 1
+            issues[number] = {"number": number, "title": body["title"], "body": body["body"], "creator": LOGIN,
+                              "labels": [label for label in body.get("labels", []) if label in fake.labels]}
+            return self._answer(201, fake.issue_json(issues[number], repo))
         if route == ("PATCH", "issues", "N"):
-            fake.issues[int(parts[1])].update({k: body[k] for k in ("title", "body") if k in body})
-            return self._answer(200, fake.issue_json(fake.issues[int(parts[1])]))
+            issues[int(parts[1])].update({k: body[k] for k in ("title", "body") if k in body})
+            return self._answer(200, fake.issue_json(issues[int(parts[1])], repo))
         return self._answer(404, {"message": f"not implemented: {route}"})
 
     do_GET = do_POST = do_PATCH = _handle
@@ -294,3 +304,72 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
             f"  - {answer}\n") in issue
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert f"`llama-eager-fp32-tp3`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment  # the same answer, once
+
+
+LLAMA_ID = cause_id("shard", LLAMA_CAUSE)
+
+
+def upstream_reports(tmp_path) -> dict[str, str]:
+    folder = tmp_path / "out" / "publish" / "upstream"
+    return {path.name: path.read_text() for path in folder.glob("*.md")} if folder.exists() else {}
+
+
+def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_path, capsys):
+    assert publish(store, tmp_path) == 0
+    assert not (tmp_path / "out" / "publish" / "upstream").exists()  # off by default
+
+    assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
+    out = capsys.readouterr().out
+    assert f"1 report(s) for {UPSTREAM} to {tmp_path / 'out' / 'publish' / 'upstream'}" in out
+    reports = upstream_reports(tmp_path)
+    assert list(reports) == [f"{LLAMA_ID}.md"]  # the one regression's cause; mistral's failure is not a regression
+    title, body = reports[f"{LLAMA_ID}.md"].split("\n\n", 1)
+    assert title == f"# [BUG] AutoTP shard: {LLAMA_CAUSE[:89]}… (llama tp2 and 1 more cell)"
+    assert body.startswith(f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\n**Describe the bug**\n")
+    assert "2 cells of the autotp-matrix run at these versions fail with the same cause" in body
+    assert "`nox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2`" in body
+    assert "- deepspeed: 0.19.8\n" in body
+
+    # The same cause, known upstream: no report for it, and the log says why.
+    registry = tmp_path / "known_failures.toml"
+    registry.write_text('[known_failures.split]\nfailure_class = "shard"\nsignature = "split_sizes"\n'
+                        'upstream = "https://github.com/upstream-org/DeepSpeed/issues/5"\n')
+    for path in (tmp_path / "out" / "publish" / "upstream").glob("*.md"):
+        path.unlink()
+    assert publish(store, tmp_path, "--upstream", UPSTREAM, "--known-failures", str(registry)) == 0
+    out = capsys.readouterr().out
+    assert f"upstream: cause {LLAMA_ID} is known (https://github.com/upstream-org/DeepSpeed/issues/5): no report" in out
+    assert upstream_reports(tmp_path) == {}
+
+    assert publish(store, tmp_path, "--upstream", "DeepSpeed") == 2
+    assert "--upstream 'DeepSpeed': not a GitHub repository; pass OWNER/NAME" in capsys.readouterr().err
+
+
+def test_upstream_report_opened_once_edited_on_rerun_and_left_closed(store, tmp_path, github, monkeypatch, capsys,
+                                                                   caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
+    github.upstream_issues[1000] = {"number": 1000, "title": "someone else's", "creator": "maintainer", "labels": [],
+                                    "body": f"quoting <!-- autotp-matrix:upstream cause={LLAMA_ID} -->"}
+    assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
+    assert [request for request in github.requests if UPSTREAM in request[1] or request[1] == "/user"] == [
+        ("GET", f"/repos/{UPSTREAM}"), ("GET", "/user"), ("GET", f"/repos/{UPSTREAM}/issues"),
+        ("POST", f"/repos/{UPSTREAM}/issues")]
+    title, body = upstream_reports(tmp_path)[f"{LLAMA_ID}.md"].removeprefix("# ").split("\n\n", 1)
+    assert github.upstream_issues[1001] == {"number": 1001, "title": title, "body": body, "creator": LOGIN, "labels": []}
+    assert len(github.issues) == 2  # and the regression issue in the harness's own repository, as before
+
+    github.upstream_issues[1001]["body"] = f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\nstale text"
+    github.requests.clear()
+    assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
+    assert ("PATCH", f"/repos/{UPSTREAM}/issues/1001") in github.requests
+    assert sorted(github.upstream_issues) == [1000, 1001] and github.upstream_issues[1001]["body"] == body
+
+    github.upstream_issues[1001]["state"] = "closed"  # a maintainer closed it: not edited, not filed again
+    github.requests.clear()
+    assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
+    assert not any(method != "GET" and UPSTREAM in path for method, path in github.requests)
+    assert f"left {UPSTREAM}#1001 closed: {title}" in capsys.readouterr().out
+    assert sorted(github.upstream_issues) == [1000, 1001]
+    assert TOKEN not in everything_written(tmp_path, capsys, caplog)

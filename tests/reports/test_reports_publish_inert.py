@@ -62,7 +62,7 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
                                         77, recorded_at="2025-01-03T00:00:00+00:00", kind="broke"))
     with sqlite3.connect(store) as conn:  # a class stored before merge validated them
         conn.execute("UPDATE results SET failure_class = ? WHERE model = 'opt'", (f"shard {HOSTILE}",))
-    assert main(["publish", "--store", str(store), "--out", str(out)]) == 0
+    assert main(["publish", "--store", str(store), "--out", str(out), "--upstream", "deepspeedai/DeepSpeed"]) == 0
 
     comment = (out / "publish" / "comment.md").read_text()
     issues = [path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "issues").iterdir()]
@@ -73,6 +73,13 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
         assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []  # titles render code spans, nothing else
     llama = next(body for _, body in issues if "llama-eager-fp32-tp2" in body)
     assert "Refactor attention `@deepspeedai/maintainers`" in llama  # the subject's mention, put in a code span
+    # The report for DeepSpeed's tracker (draft-issue's text): inert too, its <details> frame kept.
+    (title, body), = [path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "upstream").glob("*.md")]
+    assert "tracker.example" in body
+    assert [part.split(" (")[0] for part in active_parts(body)] == [
+        "html <details><summary>repro_llama-eager-fp32-tp2.py", "html </details>"]
+    assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []
+    assert "Refactor attention `@deepspeedai/maintainers`" in body
 
 
 @pytest.mark.parametrize("field, value, error", [
