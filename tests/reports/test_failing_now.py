@@ -80,14 +80,15 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     for entry in data["causes"]:  # the command reproduces a cell of its cause, whose log folder it names
         model, variant, dtype, tp = re.fullmatch(
             r"nox -s repro -- --models (\S+) --variants (\S+) --dtypes (\S+) --tp (\d+)", entry["repro"]["command"]).groups()
-        assert CellKey(model, variant, dtype, int(tp)).id == entry["repro"]["cell"] in entry["cells"]
+        # a stored plain id is a stress-shape cell: its repro names that shape (`falcon.stress`), whatever the default
+        assert CellKey(model.removesuffix(".stress"), variant, dtype, int(tp)).id == entry["repro"]["cell"] in entry["cells"]
         assert entry["repro"]["logs"] == f"results/logs/{entry['repro']['cell']}/"
         assert entry["since"]["text"] == "since the first run" and entry["status"] == "new"
     assert lines[1] == (
         "1. **new** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton "
         "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — 21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
-        "since the first run — `nox -s repro -- --models falcon --variants eager --dtypes fp32 --tp 2` "
+        "since the first run — `nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2` "
         f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)")
     summary = (out / "step-summary.md").read_text()
     assert summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[1] in summary
@@ -250,4 +251,4 @@ def test_render_refuses_a_malformed_registry_with_one_line(tmp_path, capsys):
 
 def test_publish_and_the_section_share_one_repro_command():
     assert repro_command(CellKey("bloom", "eager", "fp32", 2)) == \
-        "nox -s repro -- --models bloom --variants eager --dtypes fp32 --tp 2"
+        "nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2"

@@ -327,7 +327,7 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
     assert title == f"# [BUG] AutoTP shard: {LLAMA_CAUSE[:89]}… (llama tp2 and 1 more cell)"
     assert body.startswith(f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\n**Describe the bug**\n")
     assert "2 cells of the autotp-matrix run at these versions fail with the same cause" in body
-    assert "`nox -s repro -- --models llama --variants eager --dtypes fp32 --tp 2`" in body
+    assert "`nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`" in body
     assert "- deepspeed: 0.19.8\n" in body
 
     # The same cause, known upstream: no report for it, and the log says why.
