@@ -21,7 +21,6 @@ lists the failures: the way to keep the skip list honest.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError
+from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, read_toml
 
 DERIVED_FILE = MATRIX_DIR / "derived.toml"
 
@@ -429,12 +428,7 @@ def _parse_version_skips(path: Path, raw: Any, skips: dict[str, str]) -> dict[st
 
 
 def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"{path}: file not found") from None
-    except tomllib.TOMLDecodeError as error:
-        raise RegistryError(f"{path}: not valid TOML: {error}") from None
+    raw = read_toml(path)
     unknown = set(raw) - {"fix", "skip", "skip_at"}
     if unknown:
         raise RegistryError(f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip] and "

@@ -234,11 +234,12 @@ _MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
 _VARIANT_FIELDS = {f.name for f in fields(Variant)} - {"name"}
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, missing_hint: str = "") -> dict[str, Any]:
+    """A data file of matrix/ as a dict; a RegistryError naming the file (and `missing_hint`) otherwise."""
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise RegistryError(f"{path}: file not found") from None
+        raise RegistryError(f"{path}: file not found{missing_hint}") from None
     except tomllib.TOMLDecodeError as error:
         raise RegistryError(f"{path}: not valid TOML: {error}") from None
 
@@ -373,7 +374,7 @@ def _check_name(path: Path, kind: str, name: str) -> None:
 
 
 def _load_tables(path: Path, kind: str, parse) -> dict[str, Any]:
-    tables = _read_toml(path).get(kind)
+    tables = read_toml(path).get(kind)
     if not isinstance(tables, dict) or not tables:
         raise RegistryError(f"{path}: no [{kind}.<name>] tables found")
     for name in tables:

@@ -22,13 +22,12 @@ installed transformers' config class defaults (`source = "config-defaults transf
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
-from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError
+from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError, read_toml
 
 REAL_SHAPES_FILE = MATRIX_DIR / "real_shapes.toml"
 GRAIN = 64
@@ -362,12 +361,7 @@ def _parse_record(path: Path, entry: str, checkpoint: str, raw: Any) -> RealShap
 def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEntry] | None = None) -> dict[str, dict[str, RealShape]]:
     """{entry: {hub id or 'defaults': shape}}; with `registry`, every entry must have the record its faithful
     cells use (faithful_record) and name only its own hub ids."""
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"{path}: file not found; write it with python -m matrix.shapes --write") from None
-    except tomllib.TOMLDecodeError as error:
-        raise RegistryError(f"{path}: not valid TOML: {error}") from None
+    raw = read_toml(path, "; write it with python -m matrix.shapes --write")
     shapes = {}
     for entry, records in raw.items():
         if not isinstance(records, dict) or not records:
