@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -68,11 +68,12 @@ class Observations:
         return math.inf if mean > MAX_EXP_ARGUMENT else math.exp(mean)  # a huge finite loss is a verdict, not an error
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """Tensors, numbers, strings and plain containers only: `torch.load(weights_only=True)` reads it back."""
+        return {**self.__dict__, "counts": asdict(self.counts)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Observations":
-        return cls(**data)
+        return cls(**{**data, "counts": SplitCounts(**data["counts"])})
 
 
 def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:

@@ -96,7 +96,7 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
                                label + update_reason if update_reason else ""))
 
     footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],
-                                   unsharded["shapes_by_name"], unsharded["counts"])
+                                   unsharded["shapes_by_name"], SplitCounts(**unsharded["counts"]))
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     results.append(CheckResult(memory.name, memory.passed, memory.failure_class,
                                {f"{prefix}{k}": v for k, v in memory.metrics.items()},

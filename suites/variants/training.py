@@ -19,7 +19,7 @@ import hashlib
 import importlib.util
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -151,7 +151,7 @@ def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, 
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
     by_name = bytes_by_name(model)
     return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
-            "shapes_by_name": shapes_by_name(model), "counts": split_counts(model),
+            "shapes_by_name": shapes_by_name(model), "counts": asdict(split_counts(model)),
             "param_bytes": sum(by_name.values()), **_lm_head_names(model)}
 
 
