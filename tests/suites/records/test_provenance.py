@@ -133,7 +133,7 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     assert install_failure.record_install_failure("autotp(ds@pr1234)", combo, "pip: no such ref", selection) == 1
 
     (record,) = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
-    assert record["cell"]["id"] == "my_llama-eager-fp32-tp2"
+    assert record["cell"]["id"] == "my_llama.faithful-eager-fp32-tp2"  # the command line's default shape
     assert record["versions"]["deepspeed"] == "pr/1234" and record["versions"]["deepspeed_git"] == ""
     assert record["run"]["harness_git"] == harness_commit()
 
@@ -144,7 +144,7 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     assert main(["render", "--store", str(store), "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "deepspeed pr/1234, transformers 5.24.0, torch 2.13.0" in report
-    assert "| my_llama | ❌ install |" in report
+    assert "| my_llama.faithful | ❌ install |" in report
 
 
 
