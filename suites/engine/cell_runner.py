@@ -58,10 +58,11 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
     if isinstance(error, LibraryOutputError):
         failure_class, signature = error.failure_class, error.signature
         whose = f"; {error.explanation}, so the class is {failure_class}"
-    elif stage != "setup" and (frame := harness_frame(error)):
-        # The harness's own code raised (a harness bug, or a model output it cannot read): never DeepSpeed's fault.
+    elif frame := harness_frame(error):
+        # The harness's own code raised (a harness bug): never DeepSpeed's fault, and named by the harness frame.
         failure_class, signature = "setup", f"{signature.split(' @ ')[0]} @ {frame}"
-        whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
+        if stage != "setup":
+            whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
     return {"rank": rank, "stage": stage, "failure_class": failure_class, "signature": where + signature,
             "message": f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
                        + "".join(traceback.format_exception(error))[-4000:]}

@@ -458,13 +458,6 @@ def convert_to_universal(scratch: Path) -> None:
         num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
 
 
-def _saved_16bit(path: Path) -> dict:
-    """What save_16bit_model wrote, validated where it enters the harness: a missing file is DeepSpeed's output."""
-    if not path.is_file():
-        raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(path))
-    return torch.load(path, weights_only=True)
-
-
 def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
@@ -478,7 +471,10 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     engine.save_checkpoint(str(scratch), tag=CHECKPOINT_TAG)
     engine.save_16bit_model(str(scratch), "model_16bit.bin")
     dist.barrier()  # every rank's files are written before any rank reads them
-    saved = compare_whole(_saved_16bit(scratch / "model_16bit.bin"), trained, "saved 16-bit") if rank == 0 else None
+    saved_file = scratch / "model_16bit.bin"
+    if not saved_file.is_file():  # DeepSpeed's output, validated where it enters the harness, on every rank alike
+        raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(saved_file))
+    saved = compare_whole(torch.load(saved_file, weights_only=True), trained, "saved 16-bit") if rank == 0 else None
     if variant["resume_tp"]:
         progress.enter("forward", "ds_to_universal")
         if rank == 0:
@@ -529,7 +525,9 @@ def run_training(job: dict, world_size: int, scratch: Path, fault_hook, progress
             fault_hook("sharded", engine.module)
             trainees.append(ShardedTrainee(engine, torch.load(model["unsharded_steps"], weights_only=False), model["model_type"]))
         progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
-        batches = [step_batch(job["tokenizer"], spec, job["trust_remote_code"], step) for step in range(variant["training_steps"])]
+        batches = []
+        for step in range(variant["training_steps"]):  # a loop, not a comprehension: its frame names run_training
+            batches.append(step_batch(job["tokenizer"], spec, job["trust_remote_code"], step))
         for step, ids in enumerate(batches):
             progress.enter("forward", f"step {step + 1}")
             for trainee in trainees:
