@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from packaging.version import InvalidVersion, Version
+
+from matrix.versions import AXES as INSTALLED_AXES
 
 MATRIX_DIR = Path(__file__).resolve().parent
 MODELS_FILE = MATRIX_DIR / "models.toml"
@@ -411,7 +414,7 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
 # ---- Failures known upstream -------------------------------------------------------------------------------------
 
 KNOWN_FAILURE_STATES = ("open", "fixed")
-VERSION_AXES = ("deepspeed", "transformers", "torch", "python")
+VERSION_AXES = (*INSTALLED_AXES, "python")
 """The version axes a known failure can name (the reports' axes: the installed ones and python)."""
 UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
 
