@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
 from packaging.version import InvalidVersion, Version
 
 from matrix.versions import AXES as INSTALLED_AXES
