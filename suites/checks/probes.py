@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from matrix.registry import RegistryError
+from matrix.shapes import read_shape
 from suites.checks.inputs import ProbeInputs, ProbeSpec
 from suites.outcome import LibraryOutputError
 
@@ -152,21 +154,15 @@ class SplitCounts:
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
 
 
-def _first_count(config, *names: str) -> int:
-    return next((int(value) for name in names if isinstance(value := getattr(config, name, None), int)), 0)
-
-
 def split_counts(model) -> SplitCounts:
+    """Read with the one config reader the faithful shapes use (matrix/shapes.py `read_shape`)."""
     config = model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = _first_count(config, "num_attention_heads", "n_head", "num_heads", "n_heads")
-    kv_heads = (1 if getattr(config, "multi_query", False) is True
-                else _first_count(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
-                or heads)
-    hidden = _first_count(config, "hidden_size", "n_embd", "d_model")
-    head_dim = _first_count(config, "head_dim") or (hidden // heads if heads else 0)
-    experts = _first_count(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-    return SplitCounts(heads, kv_heads, head_dim, experts)
+    try:
+        shape = read_shape(config, f"{type(config).__name__}")
+    except (RegistryError, KeyError):  # no attention heads or vocabulary (e.g. a state-space model): no count applies
+        return SplitCounts(0, 0, 0, 0)
+    return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts)
 
 
 def shapes_by_name(model) -> dict[str, tuple[int, ...]]:
