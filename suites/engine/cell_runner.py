@@ -199,8 +199,8 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict |
     """The verdict a user's fresh process gets: a failure only a fresh process hits (building the model on the
     meta device, suites/variants/loading.py `fresh_process_meta_failure`) comes first, as `shard`; what the
     rank found past it (with torch._dynamo imported first) stays in the message and metrics."""
-    if not fresh_process_failure or outcome.outcome == "skip":
-        return outcome
+    if not fresh_process_failure or outcome.outcome == "skip" or outcome.failure_class == "setup":
+        return outcome  # a harness bug stays the harness's, whatever a user's process would hit first
     found = "passed every check" if outcome.outcome == "pass" else f"failed {outcome.failure_class}: {outcome.signature}"
     return failed("shard", fresh_process_failure["signature"],
                   f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "

@@ -237,4 +237,6 @@ def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findi
     failed = as_a_fresh_process_would(CellOutcome("fail", "memory", "meta_memory: a rank's peak"), fresh)
     assert failed.signature == fresh["signature"] and "the cell failed memory: meta_memory: a rank's peak" in failed.message
     assert as_a_fresh_process_would(CellOutcome("skip", message="no"), fresh).outcome == "skip"
+    harness_bug = as_a_fresh_process_would(CellOutcome("fail", "setup", "TypeError @ suites/checks/probes.py:observe"), fresh)
+    assert (harness_bug.failure_class, harness_bug.signature) == ("setup", "TypeError @ suites/checks/probes.py:observe")
     assert as_a_fresh_process_would(CellOutcome("pass"), None).outcome == "pass"
