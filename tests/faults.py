@@ -461,6 +461,30 @@ def load_drops_optimizer_state(stage, model, rank):
             state.clear()
 
 
+def row_parallel_bias_split(stage, model, rank):
+    """DeepSpeed lists a row-parallel layer's 1-D bias split like its weight (each rank its slice of the output
+    features); the layer still adds the whole bias after the all-reduce, so the forward and the numbers stay
+    right and only the layout of the parameters a rank holds is wrong."""
+    if stage != "sharded":
+        return
+    import torch.distributed as dist
+
+    layer = next((m for m in _row_parallel_layers(model) if getattr(m, "bias", None) is not None), None)
+    assert layer is not None, "no row-parallel layer with a bias"
+    whole = layer.bias  # kept by the closure only, so it stays out of the module's parameters
+    layer.bias = torch.nn.Parameter(whole.detach().chunk(dist.get_world_size())[rank].clone())
+    original = layer.forward
+
+    def forward(*args, **kwargs):
+        split, layer._parameters["bias"] = layer._parameters["bias"], whole
+        try:
+            return original(*args, **kwargs)
+        finally:
+            layer._parameters["bias"] = split
+
+    layer.forward = forward
+
+
 # --- harness bugs: the harness's own code raises inside a stage (suites/engine/cell_runner.py `_stage_error`
 # must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed).
 

@@ -276,6 +276,13 @@ class ShardedTrainee:
                 layouts[name] = None
             else:
                 sibling = layouts.get(name.removesuffix(".bias") + ".weight") if name.endswith(".bias") else None
+                if sibling and weight.dim() == 1 and sibling[0] != 0:
+                    # The weight is split along its input features (row-parallel): its output, and so its bias,
+                    # is whole on every rank after the all-reduce; a split bias is no slice a rank could own.
+                    problems.append(f"{name}: bias of a row-parallel layer split to {tuple(weight.shape)} of the "
+                                    f"unsharded {tuple(full.shape)} (its weight is split along dim {sibling[0]}; the "
+                                    f"bias is added after the all-reduce and must stay whole)")
+                    continue
                 layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, full.float())
                 if layout is None:
                     problems.append(f"{name}: shard {tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}")

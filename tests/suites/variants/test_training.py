@@ -163,6 +163,9 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
     ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "numerics", "save: save_16bit_model wrote no file"),
     ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "numerics",
      "resume: step 3 after load_checkpoint at tp 2: weight update of"),
+    # a split 1-D bias of a row-parallel layer is DeepSpeed's layout, named; it raised IndexError (`setup`) before
+    ("phi", "train", "row_parallel_bias_split", "numerics",
+     "train_grads: sharded: rank 0: model.layers.0.self_attn.dense.bias: bias of a row-parallel layer split"),
 ])
 def test_training_fault_is_reported_with_its_class_and_stage(pool, model, variant, fault, failure_class, signature_start):
     cell = expand(model, variant, "fp32", "2")[0]
