@@ -485,6 +485,28 @@ def row_parallel_bias_split(stage, model, rank):
     layer.forward = forward
 
 
+def universal_parser_refuses(stage, model, rank):
+    """The installed ds_to_universal's parser knows no `--num_merge_workers` (as a release that renamed it would):
+    patched from `sharded` until the cell is `finished`, then restored for the next cell."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    if stage == "sharded" and not hasattr(ds_to_universal, "_autotp_saved_parse_arguments"):
+        ds_to_universal._autotp_saved_parse_arguments = ds_to_universal.parse_arguments
+
+        def parse_arguments():
+            parser = argparse.ArgumentParser()
+            for name in ("--input_folder", "--output_folder", "--num_extract_workers"):
+                parser.add_argument(name)
+            return parser.parse_args()
+
+        ds_to_universal.parse_arguments = parse_arguments
+    elif stage == "finished" and hasattr(ds_to_universal, "_autotp_saved_parse_arguments"):
+        ds_to_universal.parse_arguments = ds_to_universal._autotp_saved_parse_arguments
+        del ds_to_universal._autotp_saved_parse_arguments
+
+
 # --- harness bugs: the harness's own code raises inside a stage (suites/engine/cell_runner.py `_stage_error`
 # must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed).
 

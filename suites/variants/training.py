@@ -15,10 +15,12 @@ rounding noise in near-zero gradients into full-size updates. Both keep state a 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -454,15 +456,22 @@ def forget_parallel_groups() -> None:
     importlib.reload(groups)
 
 
-def convert_to_universal(scratch: Path) -> None:
-    """DeepSpeed's ds_to_universal on the saved checkpoint, in this process (one worker: no child processes)."""
-    import argparse
-
+def universal_arguments(scratch: Path) -> argparse.Namespace:
+    """ds_to_universal's arguments for the saved checkpoint, parsed by the installed release's own parser (its
+    names, its defaults: strict, no injected state), as its command line would be; one worker of each kind, so
+    no child processes. A parser that refuses them is the harness's arguments not fitting this release."""
     from deepspeed.checkpoint import ds_to_universal
 
-    ds_to_universal.main(argparse.Namespace(
-        input_folder=str(scratch / CHECKPOINT_TAG), output_folder=str(scratch / f"{CHECKPOINT_TAG}_universal"),
-        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
+    argv = ["--input_folder", str(scratch / CHECKPOINT_TAG), "--output_folder", str(scratch / f"{CHECKPOINT_TAG}_universal"),
+            "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    saved, sys.argv = sys.argv, ["ds_to_universal.py", *argv]
+    try:
+        return ds_to_universal.parse_arguments()
+    except SystemExit as refused:  # argparse exits on arguments it refuses; this process must go on
+        raise ValueError(f"deepspeed.checkpoint.ds_to_universal.parse_arguments refused {' '.join(argv)} (exit "
+                         f"{refused.code}, its usage message is in the rank log)") from None
+    finally:
+        sys.argv = saved
 
 
 def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
@@ -483,9 +492,13 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
         raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(saved_file))
     saved = compare_whole(torch.load(saved_file, weights_only=True), trained, "saved 16-bit") if rank == 0 else None
     if variant["resume_tp"]:
-        progress.enter("forward", "ds_to_universal")
         if rank == 0:
-            convert_to_universal(scratch)
+            progress.enter("setup", "ds_to_universal: arguments")
+            arguments = universal_arguments(scratch)
+            progress.enter("forward", "ds_to_universal")
+            from deepspeed.checkpoint import ds_to_universal
+
+            ds_to_universal.main(arguments)
         dist.barrier()
     progress.enter("forward", "gather")
     fault_hook("saved", engine.module)

@@ -11,6 +11,7 @@ forward, tp_overlap_comm's backward cannot reshape and ds_to_universal cannot me
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,26 @@ def test_training_fault_is_reported_with_its_class_and_stage(pool, model, varian
     outcome = run_with(cell, pool, fault)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+@pytest.mark.autotp
+def test_ds_to_universal_arguments_the_release_refuses_are_setup(pool):
+    """ds_to_universal's arguments come from the installed release's own parser: one that refuses them means the
+    harness's arguments do not fit the release (`setup`), never DeepSpeed's conversion failing (`forward`)."""
+    outcome = run_with(expand("qwen2", "train_universal", "fp32", "2")[0], pool, "universal_parser_refuses")
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "setup"), outcome.message
+    assert outcome.signature.startswith("ds_to_universal: arguments: ValueError: deepspeed.checkpoint.ds_to_universal."
+                                        "parse_arguments refused"), outcome.signature
+
+
+def test_ds_to_universal_arguments_are_the_releases_own():
+    from suites.variants.training import universal_arguments
+
+    before = list(sys.argv)
+    arguments = universal_arguments(Path("/scratch"))
+    assert (arguments.input_folder, arguments.output_folder) == ("/scratch/trained", "/scratch/trained_universal")
+    assert (arguments.num_extract_workers, arguments.num_merge_workers, arguments.strict) == (1, 1, True)
+    assert not arguments.keep_temp_folder and not arguments.inject_missing_state and sys.argv == before
 
 
 @pytest.mark.autotp
