@@ -461,6 +461,35 @@ def load_drops_optimizer_state(stage, model, rank):
             state.clear()
 
 
+def rank1_gradient_off_by_a_quarter(stage, model, rank):
+    """After backward, rank 1's gradient of its first column-parallel weight is 25 % too large: over bf16's gradient
+    bound (4 ulps = 3.1 % of the scale), where the 1 % of `wrong_gradient_of_second_model` is noise."""
+    if stage == "trained" and rank == 1:
+        _column_parallel_layers(model)[0].weight.grad.mul_(1.25)
+
+
+def rank1_last_step_lr_doubled(stage, model, rank):
+    """Rank 1's optimizer takes the last of 2 steps at twice the learning rate (ZeRO-3: the optimizer is reachable
+    from a parameter): the gradients and losses stay right, the weight update is 50 % too large."""
+    if stage == "trained" and rank == 1 and _count_calls(model, stage) == 2:
+        for group in next(model.parameters())._z3_optimizer.optimizer.param_groups:
+            group["lr"] *= 2
+
+
+def loss_scaled_by_one_percent(stage, model, rank):
+    """The training loss every rank reports is 1 % too large: over bf16's loss bound (1/16 ulp = 4.9e-4), while its
+    gradients (scaled alike) stay inside theirs."""
+    if stage == "sharded":
+        original = model.forward
+
+        def forward(*args, **kwargs):
+            output = original(*args, **kwargs)
+            output.loss = output.loss * 1.01
+            return output
+
+        model.forward = forward
+
+
 def row_parallel_bias_split(stage, model, rank):
     """DeepSpeed lists a row-parallel layer's 1-D bias split like its weight (each rank its slice of the output
     features); the layer still adds the whole bias after the all-reduce, so the forward and the numbers stay
