@@ -134,10 +134,11 @@ def checkpoint_identity(folder: str | Path) -> tuple[str, str]:
     return str(folder.resolve()), "files:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
 
-def resolve_checkpoint(entry: ModelEntry, kind: str, download=None) -> Checkpoint:
+def resolve_checkpoint(entry: ModelEntry, kind: str, download=None, weights: bool = True) -> Checkpoint:
     """The checkpoint a cell of `entry` loads: `tiny` (built on first use) or `hub` (`hub_ids[0]` at its
     pinned revision, fetched into the HF cache like `nox -s prefetch` does; `download` stands in for
-    huggingface_hub.snapshot_download in tests)."""
+    huggingface_hub.snapshot_download in tests). `weights=False`: a hub snapshot holds only what the memory
+    plan reads (matrix/prefetch.py PLAN_FILES), so a cell the plan skips never downloads its weights."""
     if kind == "tiny":
         folder = tiny_checkpoint(entry)
         return Checkpoint(str(folder), None, "tiny", tiny_revision(folder))
@@ -147,7 +148,7 @@ def resolve_checkpoint(entry: ModelEntry, kind: str, download=None) -> Checkpoin
         from huggingface_hub import snapshot_download as download
     hub_id = entry.hub_ids[0]
     pinned = entry.revisions.get(hub_id)
-    snapshot = fetch_snapshot(hub_id, pinned, download)
+    snapshot = fetch_snapshot(hub_id, pinned, download, plan_files_only=not weights)
     if snapshot.status == "error":
         raise OSError(f"could not fetch {hub_id}" + (f" at revision {pinned}" if pinned else "") + f": {snapshot.message}")
     if pinned and snapshot.revision != pinned:

@@ -32,6 +32,10 @@ from matrix.registry import RegistryError, load_models, pick
 NEVER_LOADED = ("*.pth", "*.pt", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.gguf", "original/*")
 LEGACY_WEIGHTS = "*.bin"  # loaded only when the repository has no safetensors
 
+PLAN_FILES = ("*.json",)
+"""What the memory plan sizes a checkpoint from before its weights are fetched: config.json and the weights'
+index (`*.safetensors.index.json`, `*.bin.index.json`)."""
+
 Downloader = Callable[..., object]
 """huggingface_hub.snapshot_download, or a stand-in with its signature (tests)."""
 
@@ -67,9 +71,16 @@ def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[tuple[s
     return list(dict.fromkeys(ids))
 
 
-def fetch_snapshot(hub_id: str, revision: str | None, download: Downloader) -> PrefetchResult:
+def fetch_snapshot(hub_id: str, revision: str | None, download: Downloader, plan_files_only: bool = False) -> PrefetchResult:
     """The snapshot of `hub_id` at `revision` (None: the current main) in the HF cache, downloading
-    what it lacks; offline, the cached snapshot of exactly that revision, or an error."""
+    what it lacks; offline, the cached snapshot of exactly that revision, or an error. `plan_files_only`: only
+    PLAN_FILES (the memory plan decides whether the weights are worth fetching)."""
+    if plan_files_only:
+        try:
+            path = download(hub_id, revision=revision, allow_patterns=list(PLAN_FILES))
+        except Exception as error:
+            return _cached_only(hub_id, revision, download, error)
+        return PrefetchResult(hub_id, "hit", path=str(path), pinned=revision, message="plan files only")
     try:
         plan = download(hub_id, revision=revision, ignore_patterns=list(NEVER_LOADED), dry_run=True)
     except Exception as error:  # offline or hub unreachable: the cache alone must hold the snapshot

@@ -45,6 +45,17 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
     return entry.version_skip_reason(transformers.__version__)
 
 
+def planned_checkpoint(cell: Cell, options: RunOptions, runner: Runner | None = None) -> tuple[Checkpoint, MemoryPlan]:
+    """The cell's checkpoint and plan, planned before a hub snapshot's weights are fetched (from its config and
+    weight index); a snapshot without an index is sized from its weights, fetched first."""
+    checkpoint = resolve_checkpoint(cell.model, options.checkpoints, weights=False)
+    try:
+        return checkpoint, memory_plan(cell, checkpoint, runner)
+    except FileNotFoundError:  # no index: only the weight files themselves tell the size
+        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)
+        return checkpoint, memory_plan(cell, checkpoint, runner)
+
+
 def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None) -> MemoryPlan:
     size = checkpoint_size(checkpoint.folder)
     return plan_cell(size, cell.dtype, cell.tp, cell.variant.load, runner or Runner.detect(), cell.variant.checkpoint_files,
@@ -60,10 +71,10 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         return CellOutcome("skip", message=reason)
     checkpoint = None
     try:
-        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)
-        plan = memory_plan(cell, checkpoint, runner)
+        checkpoint, plan = planned_checkpoint(cell, options, runner)
         if plan.problem:
             return _stamped(CellOutcome("skip", message=f"memory plan: {plan.problem}"), _provenance(checkpoint, plan))
+        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)  # the weights, now that the cell fits
         variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec)
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, plan))
@@ -133,7 +144,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
             by_model.setdefault(cell.model.name, []).append(cell)
     for name, model_cells in by_model.items():
         try:
-            checkpoint = resolve_checkpoint(model_cells[0].model, options.checkpoints)
+            checkpoint, _ = planned_checkpoint(model_cells[0], options, runner)
             plans = [(cell, memory_plan(cell, checkpoint, runner)) for cell in model_cells]
         except Exception as error:  # the cell itself reports it as its setup failure
             lines.append(f"  {name}: no plan ({exception_signature(error)})")

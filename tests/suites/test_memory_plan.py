@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
@@ -235,3 +237,53 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     monkeypatch.setattr(driver, "cached_reference", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference"))
     job = driver.prepare_job(expand("llama", "train", tp="2")[0], driver.RunOptions())
     assert isinstance(job, dict) and job["reference"] is None and job["unsharded_steps"]
+
+
+class HubWithIndex:
+    """huggingface_hub.snapshot_download's stand-in: a repository of config.json, a safetensors index of a 140 GB
+    model and its two weight files, laid out like the HF cache (`snapshots/<commit>`); records what it writes."""
+
+    COMMIT = "2" * 40
+
+    def __init__(self, cache: Path):
+        self.cache, self.written = cache, []
+        config = {"model_type": "llama", "num_hidden_layers": 80, "vocab_size": 32000, "hidden_size": 8192}
+        index = {"metadata": {"total_size": 140 * GiB}, "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+        self.files = {"config.json": json.dumps(config), "model.safetensors.index.json": json.dumps(index),
+                      "model-1.safetensors": "w", "model-2.safetensors": "w"}
+
+    def __call__(self, repo_id, *, revision=None, allow_patterns=None, ignore_patterns=(), dry_run=False,
+                 local_files_only=False):
+        import fnmatch
+
+        folder = self.cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / self.COMMIT
+        names = [name for name in self.files if (allow_patterns is None or any(fnmatch.fnmatch(name, p) for p in allow_patterns))
+                 and not any(fnmatch.fnmatch(name, p) for p in ignore_patterns)]
+        if dry_run:
+            return [types.SimpleNamespace(filename=name, file_size=len(self.files[name]), will_download=True) for name in names]
+        for name in names:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(self.files[name])
+            self.written.append(name)
+        return str(folder)
+
+
+def test_a_hub_cell_the_plan_skips_never_downloads_its_weights(tmp_path, monkeypatch):
+    """The plan reads a hub checkpoint's config and weight index; its weights are fetched only for a cell that fits
+    (they were fetched first: 140 GB downloaded for a cell then skipped)."""
+    import huggingface_hub
+
+    from matrix.cells import Cell
+    from matrix.registry import ModelEntry, load_variants
+    from suites.driver import RunOptions, memory_plan_lines, prepare_job
+
+    hub = HubWithIndex(tmp_path / "hub")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.setenv("AUTOTP_HOST_MEMORY", "64GiB")
+    cell = Cell(ModelEntry("big", "llama", {}, hub_ids=("org/big",)), load_variants()["eager"], "bf16", 2)
+    options = RunOptions(checkpoints="hub")
+    assert "big (org/big@" in "\n".join(memory_plan_lines([cell], options))
+    outcome = prepare_job(cell, options)
+    assert outcome.outcome == "skip" and outcome.message.startswith("memory plan: needs"), outcome.message
+    assert outcome.checkpoint["revision"] == HubWithIndex.COMMIT
+    assert not [name for name in hub.written if name.endswith(".safetensors")], hub.written
