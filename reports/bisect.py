@@ -18,7 +18,6 @@ search continues on its neighbours. The answer goes into the history store, so t
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combi
 from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                    env_root, environment_variables, release_environment)
 from suites.command import CELL_TIMEOUT_S, suites_command
+from suites.records.run_records import read_records
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import AxisRange, answer_for
@@ -198,13 +198,12 @@ def run_cells(python: Path, cells: list[CellKey], cell_timeout: float,
                                        capture_output=True, timeout=cell_timeout * len(cells) + 600)  # + imports
         except subprocess.TimeoutExpired:
             raise Untestable(f"`{shlex.join(argv)}` did not finish") from None
-        records = Path(results) / "cells.jsonl"
-        lines = records.read_text().splitlines() if records.exists() else []
+        records = read_records(Path(results))
     wanted = {cell.id: cell for cell in cells}
     # a cell's text reaches the terminal, the store and the reports from here
     found = {wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], redact(r["signature"]),
                                               redact(r["message"]))
-             for r in map(json.loads, lines) if r["cell"]["id"] in wanted}
+             for r in records if r["cell"]["id"] in wanted}
     if not found:
         raise Untestable(f"no result for {', '.join(wanted)} (exit code {completed.returncode}): {_tail(completed)}")
     return found

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -507,3 +508,18 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
     with pytest.raises(BisectError, match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
                                           "in 2 runs; a bisection needs ends whose verdict repeats"):
         bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)
+
+
+def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
+    """A session killed mid-write leaves its last cells.jsonl line cut short: the cells before it still
+    count (the same reader as the suites' own resume), the cut one is missing from the answer."""
+    from reports.bisect import run_cells
+
+    writes = ("import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "
+              "record = {'cell': {'id': sys.argv[2]}, 'outcome': 'fail', 'failure_class': 'numerics', "
+              "'signature': 'logits differ by N', 'message': ''}; "
+              "(results / 'cells.jsonl').write_text(json.dumps(record) + '\\n' + '{\"cell\": {\"id\": \"llama|eag')")
+    first, cut = CellKey("llama", "eager", "fp32", 2), CellKey("llama", "eager", "bf16", 2)
+    found = run_cells(Path(sys.executable), [first, cut], 60,
+                      lambda python, cells, results, _: [str(python), "-c", writes, str(results), cells[0].id])
+    assert found == {first: CellRun("fail", "numerics", "logits differ by N", "")}
