@@ -1,7 +1,7 @@
 """What a cell observes of a model: the same probes run on the unsharded reference and on the
 sharded model, so the checks compare like with like.
 
-Each probe exercises one code path a user hits (see AUTOTP-NOTES: a bug can live in one path only):
+Each probe exercises one code path a user hits (a bug can live in one path only):
 prefill with and without an attention mask, greedy decoding with the KV cache, and the `labels=`
 loss path used for perplexity.
 """
