@@ -43,7 +43,7 @@ from suites.records.run_records import read_records
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import AxisRange, answer_for
-from reports.records import Bisection, CellKey, Commit, release
+from reports.records import Bisection, CellKey, Commit, Pins, pins_text, release
 from reports.signatures import same_failure
 from reports.store import DEFAULT_STORE, HistoryStore
 
@@ -284,7 +284,7 @@ def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pi
     # Releases declared incompatible in versions.toml are not worth an install: skip them up front.
     incompatible = {c: reason for c in candidates[1:-1] if (reason := skip_reason({**pins, axis: c}))}
     print(f"bisecting {cell.id} over {len(candidates)} {axis} releases {older} .. {newer} "
-          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates), end_repeats)} cell runs")
+          f"({pins_text(_held_fixed(pins, axis))}), at most {_budget(len(candidates), end_repeats)} cell runs")
 
     def judge(candidate: str) -> Verdict:
         if candidate in incompatible:
@@ -325,8 +325,8 @@ def _check_order(axis: str, older: str, newer: str, mode: str) -> None:
                           + (" (to find a fix, use --mode fixed)" if mode == "broken" else ""))
 
 
-def _held_fixed(pins: dict[str, str], axis: str) -> str:
-    return ", ".join(f"{other} {pins[other]}" for other in AXES if other != axis)
+def _held_fixed(pins: dict[str, str], axis: str) -> Pins:
+    return tuple((other, pins[other]) for other in AXES if other != axis)
 
 
 def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str, str], store: Path) -> dict[str, str]:
@@ -353,7 +353,7 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
 
 
 def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str,
-                          held_fixed: str) -> Bisection | None:
+                          held_fixed: Pins) -> Bisection | None:
     """The newest release-level answer already recorded for this cell inside --good .. --bad, at the same
     held-fixed versions: --refine then goes straight to the commits. --mode gone learns only at the end
     whether its answer is a fix or a change of failure, so it reuses none."""
@@ -479,7 +479,7 @@ def _bisect(args: argparse.Namespace) -> int:
         kind, mode = "broke" if args.mode == "broken" else "fixed", args.mode
     record(args.store, Bisection(
         cell=cell, mode=mode, axis=args.axis, before=answer.before, after=answer.after,
-        held_fixed=_held_fixed(pins, args.axis), failure_class=failure_class, signature=signature,
+        held_fixed=pins_text(_held_fixed(pins, args.axis)), failure_class=failure_class, signature=signature,
         commit=commit.sha if commit else "", subject=commit.subject if commit else "",
         pr=commit.pr if commit else None, files=commit.files if commit else (), untestable=answer.untestable,
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind,
