@@ -17,7 +17,7 @@ from typing import Protocol
 
 from matrix.cells import Cell
 from matrix.redaction import redact
-from matrix.registry import KnownFailure, load_models, load_variants
+from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, load_models, load_variants
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import count_text
@@ -36,7 +36,7 @@ EXPECTED = {
     "shard": "`deepspeed.init_inference` shards the model without raising, as it does the unsharded model's layers.",
     "forward": "The sharded model runs its forward pass, generation and loss like the unsharded one.",
     "numerics": "Every rank's logits and perplexity match the unsharded model within the tolerance (fp32: "
-                "1e-4 + 1e-4·max|logit|), and all ranks agree.",
+                f"{DEFAULT_TOLERANCES['fp32'].logits_rel:.2g}·max|logit|), and all ranks agree.",
     "generation": "Greedy generation gives the unsharded model's tokens, single and padded batch.",
     "memory": "Each rank holds at most (1 + 1/tp)/2 of the attention/MLP linears and MoE experts: AutoTP splits them.",
     "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",

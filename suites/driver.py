@@ -105,15 +105,15 @@ def _stamped(outcome: CellOutcome, provenance: dict) -> CellOutcome:
     return outcome
 
 
-def held_by_run(pool: RankGroupPool | None) -> int:
-    """Private memory of this run's live rank group and reference process (see Runner.detect)."""
+def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
+    """Private memory of this run's live rank group, and of its reference process (see Runner.detect)."""
     group = pool.group if pool is not None else None
     pids = session_pids(group.session) if group is not None and group.alive else []
-    return anonymous_bytes(pids + reference_process_pids())
+    return anonymous_bytes(pids), anonymous_bytes(reference_process_pids())
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
-    prepared = prepare_job(cell, options, Runner.detect(held_by_run(pool)))
+    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)))
     if isinstance(prepared, CellOutcome):
         return prepared
     job, provenance = prepared  # the provenance is the driver's, not the ranks'

@@ -246,17 +246,30 @@ class Runner:
     host_source: str
     accelerator: str
     device_bytes: tuple[int, ...]
+    live_group_bytes: int = 0
+    """Of `host_bytes`, what this run's live rank group holds: the next group reuses it or replaces the group,
+    but the group still holds it while the driver computes the unsharded training steps or the reference."""
 
     @classmethod
-    def detect(cls, held_bytes: int = 0) -> "Runner":
-        """`held_bytes`: memory this run's own processes hold now (the live rank group, the idle reference
-        process): the next cell reuses it or it is freed before the next group starts, so it counts as
-        available (the plan's peaks include each process's runtime)."""
+    def detect(cls, group_bytes: int = 0, reference_bytes: int = 0) -> "Runner":
+        """`group_bytes`, `reference_bytes`: memory this run's own live rank group and idle reference process hold
+        now: the next cell reuses it or it is freed before the next group starts, so it counts as available to the
+        group (the plan's peaks include each process's runtime); what the driver computes first gets the group's
+        memory only once the group is gone (`beside_group_bytes`)."""
         host, source = host_memory()
-        if held_bytes and source != HOST_MEMORY_ENV:
-            host, source = host + held_bytes, f"{source} + {gib(held_bytes)} held by this run"
+        held = group_bytes + reference_bytes
+        if held and source != HOST_MEMORY_ENV:
+            host, source = host + held, f"{source} + {gib(held)} held by this run"
+        else:
+            group_bytes = 0  # an explicit runner size is the whole budget, whoever holds it
         accelerator, devices = device_memory()
-        return cls(host, source, accelerator, tuple(devices))
+        return cls(host, source, accelerator, tuple(devices), group_bytes)
+
+    @property
+    def beside_group_bytes(self) -> int:
+        """Host RAM for what runs while the live rank group still holds its memory: the reference process and the
+        driver's unsharded training steps."""
+        return self.host_bytes - self.live_group_bytes
 
 
 @dataclass(frozen=True)
@@ -281,13 +294,13 @@ class ReferencePlan:
 def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> ReferencePlan:
     model, layer, working = size.model_bytes(dtype), size.layer_bytes(dtype), activation_bytes(size, dtype)
     whole = PROCESS_RUNTIME_BYTES + model + working
-    if whole <= runner.host_bytes * SAFETY and not runner.device_bytes:
+    if whole <= runner.beside_group_bytes * SAFETY and not runner.device_bytes:
         return ReferencePlan(whole, "none", model, runner)
     # accelerate fills the accelerators, then host RAM up to its share, then disk; the layer being
     # computed is materialised on top of what stays resident (benchmark: the offloaded reference's peak
     # is flat in model size, runtime + one layer).
     off_host = model - sum(int(free * SAFETY) for free in runner.device_bytes)
-    resident_budget = int(runner.host_bytes * SAFETY) - PROCESS_RUNTIME_BYTES - working - layer
+    resident_budget = int(runner.beside_group_bytes * SAFETY) - PROCESS_RUNTIME_BYTES - working - layer
     cpu_bytes = max(0, min(off_host, resident_budget))
     if cpu_bytes >= off_host:
         return ReferencePlan(PROCESS_RUNTIME_BYTES + max(off_host, 0) + working, "none", cpu_bytes, runner)
@@ -424,13 +437,15 @@ def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runn
               training: TrainingShape | None = None) -> MemoryPlan:
     """The cell's plan; `problem` names the first resource that is short, by how much, and what fits."""
     plan = _peaks(size, dtype, tp, load, meta_files, runner, training)
-    host_budget = int(runner.host_bytes * SAFETY)
+    host_budget, beside_group = int(runner.host_bytes * SAFETY), int(runner.beside_group_bytes * SAFETY)
     have = f"runner has {gib(runner.host_bytes)} ({runner.host_source}; a plan uses at most {SAFETY:.0%})"
-    if plan.training_host_bytes > host_budget:
+    if runner.live_group_bytes:
+        have += f", {gib(runner.live_group_bytes)} of it held by the live rank group until it ends"
+    if plan.training_host_bytes > beside_group:
         return replace(plan, problem=f"needs {gib(plan.training_host_bytes)} host RAM for the unsharded training steps in the "
                                      f"driver ({training.unsharded_copies} copies of the model: weights, gradients, optimizer "
                                      f"state and what the ranks compare with), {have}")
-    if plan.reference.host_bytes > host_budget:
+    if plan.reference.host_bytes > beside_group:
         return replace(plan, problem=f"needs {gib(plan.reference.host_bytes)} host RAM for the reference even with disk "
                                      f"offload (runtime + the largest layer, {gib(plan.layer_bytes)}), {have}")
     if plan.group_host_bytes > host_budget:
@@ -445,9 +460,10 @@ def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runn
 
 
 def _fits(plan: MemoryPlan) -> bool:
-    budget = plan.runner.host_bytes * SAFETY
+    budget, beside_group = plan.runner.host_bytes * SAFETY, plan.runner.beside_group_bytes * SAFETY
     devices_fit = not plan.runner.device_bytes or plan.rank_device_bytes <= min(plan.runner.device_bytes) * SAFETY
-    return max(plan.reference.host_bytes, plan.group_host_bytes, plan.training_host_bytes) <= budget and devices_fit
+    return (plan.group_host_bytes <= budget and max(plan.reference.host_bytes, plan.training_host_bytes) <= beside_group
+            and devices_fit)
 
 
 def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner,

@@ -322,11 +322,12 @@ def export_references(checkpoint: str, tokenizer: str | None, destination: Path)
     """Every cached reference of one checkpoint, written as one file; returns (file, references)."""
     wanted = (_source_identity(checkpoint), _source_identity(tokenizer))
     bundle = []
-    for sidecar in sorted((cache_root() / "references").glob("*.json")):
-        record = reference_record(sidecar.with_suffix(".pt"))
+    # References are the `.pt` files; a task reference (`task-<key>.json`, a list of answers) has no sidecar.
+    for path in sorted((cache_root() / "references").glob("*.pt")):
+        record = reference_record(path)
         identity = record.get("identity")
-        if identity and (identity["checkpoint"], identity["tokenizer"]) == wanted and sidecar.with_suffix(".pt").exists():
-            bundle.append({"record": record, "observations": torch.load(sidecar.with_suffix(".pt"), weights_only=False)})
+        if identity and (identity["checkpoint"], identity["tokenizer"]) == wanted:
+            bundle.append({"record": record, "observations": torch.load(path, weights_only=False)})
     write_atomically(destination, lambda staging: torch.save({"format": REFERENCE_FORMAT, "references": bundle}, staging))
     return destination, len(bundle)
 

@@ -462,6 +462,81 @@ def load_drops_optimizer_state(stage, model, rank):
             state.clear()
 
 
+def rank1_gradient_off_by_a_quarter(stage, model, rank):
+    """After backward, rank 1's gradient of its first column-parallel weight is 25 % too large: over bf16's gradient
+    bound (4 ulps = 3.1 % of the scale), where the 1 % of `wrong_gradient_of_second_model` is noise."""
+    if stage == "trained" and rank == 1:
+        _column_parallel_layers(model)[0].weight.grad.mul_(1.25)
+
+
+def rank1_last_step_lr_doubled(stage, model, rank):
+    """Rank 1's optimizer takes the last of 2 steps at twice the learning rate (ZeRO-3: the optimizer is reachable
+    from a parameter): the gradients and losses stay right, the weight update is 50 % too large."""
+    if stage == "trained" and rank == 1 and _count_calls(model, stage) == 2:
+        for group in next(model.parameters())._z3_optimizer.optimizer.param_groups:
+            group["lr"] *= 2
+
+
+def loss_scaled_by_one_percent(stage, model, rank):
+    """The training loss every rank reports is 1 % too large: over bf16's loss bound (1/16 ulp = 4.9e-4), while its
+    gradients (scaled alike) stay inside theirs."""
+    if stage == "sharded":
+        original = model.forward
+
+        def forward(*args, **kwargs):
+            output = original(*args, **kwargs)
+            output.loss = output.loss * 1.01
+            return output
+
+        model.forward = forward
+
+
+def row_parallel_bias_split(stage, model, rank):
+    """DeepSpeed lists a row-parallel layer's 1-D bias split like its weight (each rank its slice of the output
+    features); the layer still adds the whole bias after the all-reduce, so the forward and the numbers stay
+    right and only the layout of the parameters a rank holds is wrong."""
+    if stage != "sharded":
+        return
+    import torch.distributed as dist
+
+    layer = next((m for m in _row_parallel_layers(model) if getattr(m, "bias", None) is not None), None)
+    assert layer is not None, "no row-parallel layer with a bias"
+    whole = layer.bias  # kept by the closure only, so it stays out of the module's parameters
+    layer.bias = torch.nn.Parameter(whole.detach().chunk(dist.get_world_size())[rank].clone())
+    original = layer.forward
+
+    def forward(*args, **kwargs):
+        split, layer._parameters["bias"] = layer._parameters["bias"], whole
+        try:
+            return original(*args, **kwargs)
+        finally:
+            layer._parameters["bias"] = split
+
+    layer.forward = forward
+
+
+def universal_parser_refuses(stage, model, rank):
+    """The installed ds_to_universal's parser knows no `--num_merge_workers` (as a release that renamed it would):
+    patched from `sharded` until the cell is `finished`, then restored for the next cell."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    if stage == "sharded" and not hasattr(ds_to_universal, "_autotp_saved_parse_arguments"):
+        ds_to_universal._autotp_saved_parse_arguments = ds_to_universal.parse_arguments
+
+        def parse_arguments():
+            parser = argparse.ArgumentParser()
+            for name in ("--input_folder", "--output_folder", "--num_extract_workers"):
+                parser.add_argument(name)
+            return parser.parse_args()
+
+        ds_to_universal.parse_arguments = parse_arguments
+    elif stage == "finished" and hasattr(ds_to_universal, "_autotp_saved_parse_arguments"):
+        ds_to_universal.parse_arguments = ds_to_universal._autotp_saved_parse_arguments
+        del ds_to_universal._autotp_saved_parse_arguments
+
+
 # --- harness bugs: the harness's own code raises inside a stage (suites/engine/cell_runner.py `_stage_error`
 # must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed).
 

@@ -27,6 +27,7 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
                            f"batched decoding row {row}{', left-padded' if row else ''}: ")
         metrics[f"gen_padded{row}_tokens_equal"] = padded.metrics["gen_tokens_equal"]
         metrics[f"gen_padded{row}_logits_max_abs"] = padded.metrics["gen_logits_max_abs"]
+        metrics[f"gen_padded{row}_logits_max_rel"] = padded.metrics["gen_logits_max_rel"]
         if not padded.passed:
             return CheckResult("generation", False, "generation", metrics, padded.reason)
     return CheckResult("generation", True, "generation", metrics, single.reason)
@@ -38,9 +39,10 @@ def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance
     compared_steps = len(ref_tokens) if divergence < 0 else divergence + 1
     ref_steps, tp_steps = ref_logits[:compared_steps], tp_logits[:compared_steps]
     step_max_abs = (tp_steps - ref_steps).abs().max().item()
-    allowed = logits_allowance(tolerance, ref_steps.abs().max().item())
+    scale = ref_steps.abs().max().item()
+    allowed = logits_allowance(tolerance, scale)
     metrics = {"gen_tokens_equal": float(divergence < 0), "gen_first_divergence": float(divergence),
-               "gen_logits_max_abs": step_max_abs}
+               "gen_logits_max_abs": step_max_abs, "gen_logits_max_rel": step_max_abs / scale if scale else step_max_abs}
     if not step_max_abs <= allowed:  # also NaN decode logits, which compare false both ways
         where = "up to the first divergent token" if divergence >= 0 else "over all steps"
         return CheckResult("generation", False, "generation", metrics,

@@ -19,4 +19,4 @@ class CheckResult:
 
 def logits_allowance(tolerance: Tolerance, scale: float) -> float:
     """Largest forgiven absolute difference for logits whose largest magnitude is `scale`."""
-    return tolerance.atol + tolerance.rtol * scale
+    return tolerance.logits_rel * scale

@@ -33,7 +33,7 @@ def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versio
     hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
     spec = {"id": cell.id, "model": cell.model.name, "model_type": cell.model.model_type, "tiny": cell.model.tiny,
             "seed": SEED, "init_seed": SEED + INIT, "spread": SPREAD, "hub_id": hub_id, "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None, "dtype": cell.dtype,
-            "tp": cell.tp, "atol": tolerance.atol, "rtol": tolerance.rtol, "load": cell.variant.load,
+            "tp": cell.tp, "logits_rel": tolerance.logits_rel, "load": cell.variant.load,
             "checkpoint_format": cell.variant.checkpoint_format, "checkpoint_files": cell.variant.checkpoint_files,
             "keep_module_on_host": cell.variant.keep_module_on_host,
             "command": launcher_command(cell, script.name)}

@@ -15,10 +15,12 @@ rounding noise in near-zero gradients into full-size updates. Both keep state a 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -277,6 +279,13 @@ class ShardedTrainee:
                 layouts[name] = None
             else:
                 sibling = layouts.get(name.removesuffix(".bias") + ".weight") if name.endswith(".bias") else None
+                if sibling and weight.dim() == 1 and sibling[0] != 0:
+                    # The weight is split along its input features (row-parallel): its output, and so its bias,
+                    # is whole on every rank after the all-reduce; a split bias is no slice a rank could own.
+                    problems.append(f"{name}: bias of a row-parallel layer split to {tuple(weight.shape)} of the "
+                                    f"unsharded {tuple(full.shape)} (its weight is split along dim {sibling[0]}; the "
+                                    f"bias is added after the all-reduce and must stay whole)")
+                    continue
                 layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, full.float())
                 if layout is None:
                     problems.append(f"{name}: shard {tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}")
@@ -448,15 +457,22 @@ def forget_parallel_groups() -> None:
     importlib.reload(groups)
 
 
-def convert_to_universal(scratch: Path) -> None:
-    """DeepSpeed's ds_to_universal on the saved checkpoint, in this process (one worker: no child processes)."""
-    import argparse
-
+def universal_arguments(scratch: Path) -> argparse.Namespace:
+    """ds_to_universal's arguments for the saved checkpoint, parsed by the installed release's own parser (its
+    names, its defaults: strict, no injected state), as its command line would be; one worker of each kind, so
+    no child processes. A parser that refuses them is the harness's arguments not fitting this release."""
     from deepspeed.checkpoint import ds_to_universal
 
-    ds_to_universal.main(argparse.Namespace(
-        input_folder=str(scratch / CHECKPOINT_TAG), output_folder=str(scratch / f"{CHECKPOINT_TAG}_universal"),
-        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False))
+    argv = ["--input_folder", str(scratch / CHECKPOINT_TAG), "--output_folder", str(scratch / f"{CHECKPOINT_TAG}_universal"),
+            "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    saved, sys.argv = sys.argv, ["ds_to_universal.py", *argv]
+    try:
+        return ds_to_universal.parse_arguments()
+    except SystemExit as refused:  # argparse exits on arguments it refuses; this process must go on
+        raise ValueError(f"deepspeed.checkpoint.ds_to_universal.parse_arguments refused {' '.join(argv)} (exit "
+                         f"{refused.code}, its usage message is in the rank log)") from None
+    finally:
+        sys.argv = saved
 
 
 def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
@@ -477,9 +493,13 @@ def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path
         raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(saved_file))
     saved = compare_whole(torch.load(saved_file, weights_only=True), trained, "saved 16-bit") if rank == 0 else None
     if variant.resume_tp:
-        progress.enter("forward", "ds_to_universal")
         if rank == 0:
-            convert_to_universal(scratch)
+            progress.enter("setup", "ds_to_universal: arguments")
+            arguments = universal_arguments(scratch)
+            progress.enter("forward", "ds_to_universal")
+            from deepspeed.checkpoint import ds_to_universal
+
+            ds_to_universal.main(arguments)
         dist.barrier()
     progress.enter("forward", "gather")
     fault_hook("saved", engine.module)

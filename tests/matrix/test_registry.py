@@ -40,7 +40,7 @@ def test_unknown_model_lists_close_names():
     ('[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_id = "a/b"\n', r"entry \[models.x\] has unknown field\(s\) \['hub_id'\]"),
     ('[models.x]\nmodel_type = "llama"\ntiny = {}\nmin_transformers = "four"\n',
      r"entry \[models.x\] field 'min_transformers' is not a version: 'four'"),
-    ('[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { atol = 1 } }\n',
+    ('[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { logits_rel = 1 } }\n',
      r"entry \[models.x\] field 'tolerance' has unknown dtype 'fp64'"),
     ('[models.X-1]\nmodel_type = "llama"\ntiny = {}\n', r"entry \[models.X-1\] name must be lowercase"),
     ('[models.x\nmodel_type = "llama"\n', r"models.toml: not valid TOML: .*line 1"),

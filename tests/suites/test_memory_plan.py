@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from safetensors import safe_open
@@ -14,7 +15,7 @@ from safetensors import safe_open
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
-from suites.memory_plan import (GiB, MiB, PROCESS_RUNTIME_BYTES, CheckpointSize, Runner, checkpoint_size, gib,
+from suites.memory_plan import (GiB, MiB, PROCESS_RUNTIME_BYTES, CheckpointSize, Runner, TrainingShape, checkpoint_size, gib,
                                 host_memory, parse_bytes, plan_cell, plan_reference)
 
 PYTHON_ENV = {**os.environ, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
@@ -149,11 +150,27 @@ def test_memory_this_run_already_holds_counts_as_available(monkeypatch):
     """A live rank group serves the next cell with the memory it holds (or frees it before the next group
     starts): a plan that counted it as used would skip cells a full machine can still run."""
     monkeypatch.delenv("AUTOTP_HOST_MEMORY", raising=False)
-    held = Runner.detect(held_bytes=GiB)
+    held = Runner.detect(group_bytes=GiB)
     assert held.host_source.endswith("+ 1.00 GiB held by this run")
     assert held.host_bytes - Runner.detect().host_bytes > GiB / 2  # MemAvailable moves a little between the calls
     monkeypatch.setenv("AUTOTP_HOST_MEMORY", "4GiB")
-    assert Runner.detect(held_bytes=GiB).host_bytes == 4 * GiB  # an explicit runner size is the whole budget
+    assert Runner.detect(group_bytes=GiB).host_bytes == 4 * GiB  # an explicit runner size is the whole budget
+
+
+def test_the_live_group_is_not_free_while_the_driver_computes():
+    """The driver computes the unsharded training steps (and the reference process the reference) while the live
+    rank group still holds its memory: only the next group gets it. Counted free for both, a plan passed a cell
+    whose driver-side steps then ran out of memory beside the group."""
+    shape = TrainingShape(2, 1, False)
+    alone = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(512 * GiB), training=shape)
+    roomy = cpu_runner(int(max(alone.group_host_bytes, alone.training_host_bytes) / 0.9) + GiB)
+    assert not plan_cell(SEVEN_B, "bf16", 2, "eager", roomy, training=shape).problem
+    group_holds = replace(roomy, live_group_bytes=roomy.host_bytes - int(alone.training_host_bytes / 0.9) + GiB)
+    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", group_holds, training=shape)
+    assert "for the unsharded training steps in the driver" in plan.problem
+    assert "held by the live rank group until it ends" in plan.problem
+    reference = plan_reference(SEVEN_B, "fp16", replace(cpu_runner(40 * GiB), live_group_bytes=30 * GiB))
+    assert reference.offload == "disk" and plan_reference(SEVEN_B, "fp16", cpu_runner(40 * GiB)).offload == "none"
 
 
 def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runners(monkeypatch):

@@ -35,3 +35,23 @@ def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
     assert after != before and not after.exists()
     assert not torch.equal(torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"],
                            torch.load(before)["logits_plain"])
+
+
+def test_export_skips_cached_task_references(tmp_path, monkeypatch):
+    """A task reference (`task-<key>.json`, a JSON list of answers) sits next to the references' sidecars; export
+    read it as a sidecar and raised on the list."""
+    import json
+
+    from suites.reference import _path_for, export_references, import_references
+
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
+    identity = {"checkpoint": "org/model", "tokenizer": None, "dtype": "fp32"}
+    reference = _path_for(identity)
+    reference.parent.mkdir(parents=True)
+    torch.save({"logits_plain": torch.zeros(1)}, reference)
+    reference.with_suffix(".json").write_text(json.dumps({"identity": identity}))
+    _path_for({"task": "world-facts"}, prefix="task-", suffix=".json").write_text(json.dumps([True, False]))
+    bundle, count = export_references("org/model", None, tmp_path / "model.autotp-references.pt")
+    assert count == 1
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "elsewhere"))
+    assert import_references(bundle) == 1 and _path_for(identity).exists()

@@ -11,12 +11,13 @@ forward, tp_overlap_comm's backward cannot reshape and ds_to_universal cannot me
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from matrix.cells import Cell, expand
-from matrix.registry import RegistryError, Variant, _parse_variant, load_models, load_variants
+from matrix.registry import DEFAULT_TOLERANCES, RegistryError, Variant, _parse_variant, load_models, load_variants
 from suites.driver import RunOptions, run_cell
 
 TRAINING_ROWS = [name for name, variant in load_variants().items() if "train-all" in variant.tags]
@@ -163,6 +164,9 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
     ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "numerics", "save: save_16bit_model wrote no file"),
     ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "numerics",
      "resume: step 3 after load_checkpoint at tp 2: weight update of"),
+    # a split 1-D bias of a row-parallel layer is DeepSpeed's layout, named; it raised IndexError (`setup`) before
+    ("phi", "train", "row_parallel_bias_split", "numerics",
+     "train_grads: sharded: rank 0: model.layers.0.self_attn.dense.bias: bias of a row-parallel layer split"),
 ])
 def test_training_fault_is_reported_with_its_class_and_stage(pool, model, variant, fault, failure_class, signature_start):
     cell = expand(model, variant, "fp32", "2")[0]
@@ -171,6 +175,48 @@ def test_training_fault_is_reported_with_its_class_and_stage(pool, model, varian
     outcome = run_with(cell, pool, fault)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+@pytest.mark.autotp
+@pytest.mark.parametrize("model, variant, fault, signature_start", [
+    ("llama", "train_zero1", "loss_scaled_by_one_percent", "train_loss: step 1: training loss differs"),
+    # bf16 at ZeRO 0 fails train_update on its own (the clipping finding below): the fault fails train_grads first
+    ("llama", "train", "rank1_gradient_off_by_a_quarter",
+     "train_grads: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1"),
+    ("qwen2", "train_zero3", "rank1_last_step_lr_doubled", "train_update: after step 2: weight update of"),
+    ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "gather: GatherReplacedLayerParams: rank 0:"),
+    ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "save: save_16bit_model wrote no file"),
+    ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "resume: step 3 after load_checkpoint at tp 2: weight update of"),
+])
+def test_training_checks_fail_in_bf16_at_bf16_bounds(pool, model, variant, fault, signature_start):
+    """bf16's training bounds are a few of its ulps (matrix/registry.py): a fault of bf16's size still fails each
+    check there, and the same cell without it does not fail that way."""
+    cell = expand(model, variant, "bf16", "2")[0]
+    healthy = run_with(cell, pool)
+    assert not healthy.signature.startswith(signature_start.split(":")[0] + ":"), healthy.signature
+    outcome = run_with(cell, pool, fault)
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
+    assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+@pytest.mark.autotp
+def test_ds_to_universal_arguments_the_release_refuses_are_setup(pool):
+    """ds_to_universal's arguments come from the installed release's own parser: one that refuses them means the
+    harness's arguments do not fit the release (`setup`), never DeepSpeed's conversion failing (`forward`)."""
+    outcome = run_with(expand("qwen2", "train_universal", "fp32", "2")[0], pool, "universal_parser_refuses")
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "setup"), outcome.message
+    assert outcome.signature.startswith("ds_to_universal: arguments: ValueError: deepspeed.checkpoint.ds_to_universal."
+                                        "parse_arguments refused"), outcome.signature
+
+
+def test_ds_to_universal_arguments_are_the_releases_own():
+    from suites.variants.training import universal_arguments
+
+    before = list(sys.argv)
+    arguments = universal_arguments(Path("/scratch"))
+    assert (arguments.input_folder, arguments.output_folder) == ("/scratch/trained", "/scratch/trained_universal")
+    assert (arguments.num_extract_workers, arguments.num_merge_workers, arguments.strict) == (1, 1, True)
+    assert not arguments.keep_temp_folder and not arguments.inject_missing_state and sys.argv == before
 
 
 @pytest.mark.autotp
@@ -186,12 +232,14 @@ def test_bf16_clipping_that_ignores_tensor_parallelism_is_reported(pool):
 
 
 @pytest.mark.autotp
-def test_a_partition_pattern_that_matches_nothing_fails_memory(pool):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_partition_pattern_that_matches_nothing_fails_memory(pool, dtype):
     """DeepSpeed #8088: custom patterns that match no parameter leave the model whole on every rank. Its
     numbers are then exactly right, so only the per-rank bytes can fail it."""
-    variant = Variant(name="train_custom_nothing", training=True, training_steps=2, partitioning="custom",
+    variant = Variant(name="train_custom_nothing", training=True, training_steps=2, partitioning="custom", zero_stage=1,
                       partition_config=NOTHING_MATCHES, needs=("autotp_training", "partition_config"))
-    outcome = run_with(Cell(load_models()["llama"], variant, "fp32", 2), pool)
+    outcome = run_with(Cell(load_models()["llama"], variant, dtype, 2), pool)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
     assert outcome.signature.startswith("memory: linears left whole: model.layers.*.self_attn."), outcome.signature
-    assert outcome.metrics["grad_params_sharded"] == 0 and outcome.metrics["train_loss_rel_delta"] == 0
+    assert outcome.metrics["grad_params_sharded"] == 0
+    assert outcome.metrics["train_loss_rel_delta"] <= DEFAULT_TOLERANCES[dtype].train_loss_rel
