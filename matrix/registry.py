@@ -226,10 +226,6 @@ class Variant:
     description: str = ""
     """One line for people reading the report."""
 
-    def as_job(self) -> dict[str, Any]:
-        """What a rank needs to know about the variant (the job file is JSON)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("description", "tags")}
-
     @property
     def unsharded_steps(self) -> int:
         """Training only: the unsharded model's steps a cell compares with: its own, plus the step a

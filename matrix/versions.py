@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cache
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -213,6 +214,12 @@ _AXIS_KEY_TYPES = {
     "extra": list,
     "settle_days": int,
 }
+
+
+@cache
+def short_prefixes() -> dict[str, str]:
+    """Each axis's `short` prefix in combination and environment ids, from versions.toml: {"deepspeed": "ds", ...}."""
+    return {axis: rule.short for axis, rule in load_config().axes.items()}
 
 
 def load_config(path: Path = CONFIG_PATH) -> MatrixConfig:

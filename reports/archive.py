@@ -28,7 +28,7 @@ from urllib.parse import quote, unquote
 from reports import ReportsError
 from reports.junit import MalformedJUnit, read_junit
 from reports.records import Bisection, CellKey, CellResult, Commit, Run, TriageAttempt
-from suites.records.run_records import read_records
+from suites.records.run_records import MalformedRecord, read_records
 
 ANSWERS = "answers"
 JUNIT_MEMBER = "junit.xml"
@@ -220,8 +220,12 @@ def _cells_lines(junit: Path, run_id: str) -> bytes:
     """The run's records of the cells.jsonl in the results folder the JUnit file came from (`<results>/junit/`)."""
     folder = Path(junit).parent
     results_dir = folder.parent if folder.name == "junit" else folder
-    return "".join(json.dumps(record) + "\n" for record in read_records(results_dir) if isinstance(record, dict)
-                   and (record.get("run") or {}).get("id") == run_id and not record.get("faults")).encode()
+    try:
+        records = read_records(results_dir)
+    except MalformedRecord as error:
+        raise ReportsError(str(error)) from None
+    return "".join(json.dumps(record) + "\n" for record in records
+                   if (record.get("run") or {}).get("id") == run_id and not record.get("faults")).encode()
 
 
 def _tar_gz(members: dict[str, bytes]) -> bytes:

@@ -18,7 +18,6 @@ search continues on its neighbours. The answer goes into the history store, so t
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -40,10 +39,11 @@ from matrix.versions import (AXES, AxisValueError, ReleaseDataUnavailable, combi
 from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
                                    env_root, environment_variables, release_environment)
 from suites.command import CELL_TIMEOUT_S, suites_command
+from suites.records.run_records import read_records
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import AxisRange, answer_for
-from reports.records import Bisection, CellKey, Commit, release
+from reports.records import Bisection, CellKey, Commit, Pins, pins_text, release
 from reports.signatures import same_failure
 from reports.store import DEFAULT_STORE, HistoryStore
 
@@ -198,13 +198,12 @@ def run_cells(python: Path, cells: list[CellKey], cell_timeout: float,
                                        capture_output=True, timeout=cell_timeout * len(cells) + 600)  # + imports
         except subprocess.TimeoutExpired:
             raise Untestable(f"`{shlex.join(argv)}` did not finish") from None
-        records = Path(results) / "cells.jsonl"
-        lines = records.read_text().splitlines() if records.exists() else []
+        records = read_records(Path(results))
     wanted = {cell.id: cell for cell in cells}
     # a cell's text reaches the terminal, the store and the reports from here
     found = {wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], redact(r["signature"]),
                                               redact(r["message"]))
-             for r in map(json.loads, lines) if r["cell"]["id"] in wanted}
+             for r in records if r["cell"]["id"] in wanted}
     if not found:
         raise Untestable(f"no result for {', '.join(wanted)} (exit code {completed.returncode}): {_tail(completed)}")
     return found
@@ -285,7 +284,7 @@ def bisect_releases(cell: CellKey, axis: str, good: str, bad: str, mode: str, pi
     # Releases declared incompatible in versions.toml are not worth an install: skip them up front.
     incompatible = {c: reason for c in candidates[1:-1] if (reason := skip_reason({**pins, axis: c}))}
     print(f"bisecting {cell.id} over {len(candidates)} {axis} releases {older} .. {newer} "
-          f"({_held_fixed(pins, axis)}), at most {_budget(len(candidates), end_repeats)} cell runs")
+          f"({pins_text(_held_fixed(pins, axis))}), at most {_budget(len(candidates), end_repeats)} cell runs")
 
     def judge(candidate: str) -> Verdict:
         if candidate in incompatible:
@@ -326,8 +325,8 @@ def _check_order(axis: str, older: str, newer: str, mode: str) -> None:
                           + (" (to find a fix, use --mode fixed)" if mode == "broken" else ""))
 
 
-def _held_fixed(pins: dict[str, str], axis: str) -> str:
-    return ", ".join(f"{other} {pins[other]}" for other in AXES if other != axis)
+def _held_fixed(pins: dict[str, str], axis: str) -> Pins:
+    return tuple((other, pins[other]) for other in AXES if other != axis)
 
 
 def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str, str], store: Path) -> dict[str, str]:
@@ -354,7 +353,7 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
 
 
 def stored_release_answer(store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str,
-                          held_fixed: str) -> Bisection | None:
+                          held_fixed: Pins) -> Bisection | None:
     """The newest release-level answer already recorded for this cell inside --good .. --bad, at the same
     held-fixed versions: --refine then goes straight to the commits. --mode gone learns only at the end
     whether its answer is a fix or a change of failure, so it reuses none."""
@@ -480,7 +479,7 @@ def _bisect(args: argparse.Namespace) -> int:
         kind, mode = "broke" if args.mode == "broken" else "fixed", args.mode
     record(args.store, Bisection(
         cell=cell, mode=mode, axis=args.axis, before=answer.before, after=answer.after,
-        held_fixed=_held_fixed(pins, args.axis), failure_class=failure_class, signature=signature,
+        held_fixed=pins_text(_held_fixed(pins, args.axis)), failure_class=failure_class, signature=signature,
         commit=commit.sha if commit else "", subject=commit.subject if commit else "",
         pr=commit.pr if commit else None, files=commit.files if commit else (), untestable=answer.untestable,
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind,

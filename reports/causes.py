@@ -1,15 +1,15 @@
 """Root causes: what a maintainer reads as one thing, instead of one line per cell.
 
-Transitions of the same kind along the same axis over the same range (before → after), with the same
-failure class and the same cause (reports.signatures.cause: the signature with numbers and the length of
-number lists masked, so tp2's `[N, N]` and tp3's `[N, N, N]` read the same), are one root cause: one entry
-in report.md/.html, the step summary and the PR comment. The versions held fixed are not part of the key:
-the same fix seen at two transformers releases is one cause.
+Transitions with the same `Transition.cause_key` (reports/history.py: kind, axis, range, the failing end's
+failure class and cause, the signature with numbers and the length of number lists masked, so tp2's `[N, N]`
+and tp3's `[N, N, N]` read the same) are one root cause: one entry in report.md/.html, the step summary and
+the PR comment.
 
 What changed since the previous run of each session (new failures, fixes, flaky cells) is grouped the same
 way, by failure class and cause: publish opens one regression issue per such cause, not per cell.
 
-Root causes work on report.json's form of a transition (reports.render), so every output says the same."""
+Root causes are grouped from the typed transitions and point into report.json's lists of them (reports.render),
+so every output says the same."""
 
 from __future__ import annotations
 
@@ -60,27 +60,19 @@ def count_text(count: int, noun: str, plural: str = "") -> str:
 # ---- Root causes of transitions ----------------------------------------------------------------------------------
 
 
-def failing_status(t: dict) -> dict:
-    """The status that carries the failure a transition is about: the failing end (before, for a fix)."""
-    return t["before_status"] if t["kind"] == "fixed" else t["after_status"]
+def of_kind(transitions: list[Transition], kind: str) -> list[Transition]:
+    """The transitions of one kind, in the order of report.json's list of them (`TRANSITION_LISTS`)."""
+    return [t for t in transitions if t.kind == kind]
 
 
-def failure_class_text(t: dict) -> str:
-    failing = failing_status(t)["failure_class"]
-    return f"{t['before_status']['failure_class']} → {failing}" if t["kind"] == "class-change" else failing
-
-
-def root_cause_key(t: dict) -> tuple[str, ...]:
-    return (t["kind"], t["axis"], t["before"], t["after"], failure_class_text(t), cause(failing_status(t)["signature"]))
-
-
-def root_causes(report: dict) -> list[dict]:
-    """The root causes of report["regressions"], ["fixes"] and ["class_changes"]: regressions first, then fixes,
-    then class changes, the most cells first. `members` index into the kind's list."""
+def root_causes(report: dict, transitions: list[Transition]) -> list[dict]:
+    """The root causes of `transitions` (whose report.json form is report["regressions"], ["fixes"] and
+    ["class_changes"]): regressions first, then fixes, then class changes, the most cells first. `members` index
+    into the kind's list."""
     grouped: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for kind, name in TRANSITION_LISTS.items():
-        for index, t in enumerate(report[name]):
-            grouped[root_cause_key(t)].append(index)
+    for kind in TRANSITION_LISTS:
+        for index, t in enumerate(of_kind(transitions, kind)):
+            grouped[t.cause_key].append(index)
     found = []
     for key, members in grouped.items():
         kind, axis, before, after, failure_class, signature_cause = key
@@ -100,6 +92,12 @@ def root_causes(report: dict) -> list[dict]:
 
 def members(report: dict, root_cause: dict) -> list[dict]:
     return [report[TRANSITION_LISTS[root_cause["kind"]]][i] for i in root_cause["members"]]
+
+
+def typed_members(transitions: list[Transition], root_cause: dict) -> list[Transition]:
+    """`members`, as the typed transitions they were rendered from."""
+    same_kind = of_kind(transitions, root_cause["kind"])
+    return [same_kind[i] for i in root_cause["members"]]
 
 
 def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[str]]]:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.answers import Link, code
-from reports.causes import cause_id, cell_of, cells_text, count_text, failing_status, members, shared_answers
+from reports.causes import cause_id, cells_text, count_text, members, shared_answers, typed_members
 from reports.history import History
 from reports.records import AXES, CellKey, Observation, Versions, release
 from reports.signatures import cause
@@ -68,7 +68,7 @@ def failing_now(report: dict, history: History, observations: list[Observation],
             "id": cause_id(failure_class, text), "failure_class": failure_class, "cause": text, "count": len(cells),
             "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
             "since": _since(first_seen[failure_class, text], first_run, latest),
-            "root_causes": _root_causes(report, failure_class, text, cells, latest),
+            "root_causes": _root_causes(report, history, failure_class, text, cells),
             "status": "known" if match else "new",
             "known": match,
             "repro": {"cell": representative.id, "command": repro_command(representative),
@@ -113,18 +113,18 @@ def _since(first: Observation, first_run: str, latest: Versions) -> dict:
     return {"text": text, "run": run.run_id, "started": run.started, "versions": first.versions.describe()}
 
 
-def _root_causes(report: dict, failure_class: str, text: str, cells: list[CellKey], latest: Versions) -> list[str]:
+def _root_causes(report: dict, history: History, failure_class: str, text: str, cells: list[CellKey]) -> list[str]:
     """The root causes (reports.causes) whose transitions brought these cells into the latest versions failing this
     way: broke, or changed failure class, on one axis with the others at the latest versions."""
     ids = []
     for root in report["root_causes"]:
         if root["kind"] == "fixed":
             continue
-        for t in members(report, root):
-            failing = failing_status(t)
-            if (cell_of(t) in cells and failing["failure_class"] == failure_class and cause(failing["signature"]) == text
-                    and t["after"] == latest.label(t["axis"])
-                    and t["held_fixed"] == latest.describe(tuple(a for a in AXES if a != t["axis"]))):
+        for t in typed_members(history.transitions, root):
+            failing = t.failing_end
+            if (t.cell in cells and failing.failure_class == failure_class and cause(failing.signature) == text
+                    and t.after.label(t.axis) == history.latest.label(t.axis)
+                    and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))):
                 ids.append(root["id"])
                 break
     return ids

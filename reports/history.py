@@ -11,8 +11,9 @@ from packaging.version import Version
 from reports import ReportsError
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
-from reports.records import (AXES, Bisection, CellKey, Commit, Observation, TriageAttempt, Versions, release,
-                             short_commit)
+from reports.records import (AXES, Bisection, CellKey, Commit, Observation, Pins, TransitionKind, TriageAttempt,
+                             Versions, parse_pins, release, short_commit)
+from reports.signatures import cause
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class CellStatus:
 
 @dataclass(frozen=True)
 class Transition:
-    kind: str  # broke | fixed | class-change
+    kind: TransitionKind
     cell: CellKey
     axis: str
     before: Versions  # last good (broke), last bad (fixed) or last with the old class
@@ -52,8 +53,33 @@ class Transition:
         return _BISECTION_MODE[self.kind]
 
     @property
-    def held_fixed(self) -> str:
-        return self.after.describe(tuple(axis for axis in AXES if axis != self.axis))
+    def held_fixed(self) -> Pins:
+        """The other axes' versions (the same at both ends)."""
+        return self.after.pins(tuple(axis for axis in AXES if axis != self.axis))
+
+    @property
+    def failing_end(self) -> CellStatus:
+        """The end that carries the failure this transition is about: before for a fix, else after (a class
+        change's new failure). The one rule: causes, triage, publish and the report ask here."""
+        return self.before_status if self.kind == "fixed" else self.after_status
+
+    @property
+    def failing_versions(self) -> Versions:
+        return self.before if self.kind == "fixed" else self.after
+
+    @property
+    def failure_class_text(self) -> str:
+        """The failing end's class; a class change names both ("numerics → shard")."""
+        failing = self.failing_end.failure_class
+        return f"{self.before_status.failure_class} → {failing}" if self.kind == "class-change" else failing
+
+    @property
+    def cause_key(self) -> tuple[str, str, str, str, str, str]:
+        """What makes transitions one root cause (reports/causes.py): kind, axis, range (before → after), failure
+        class and cause (reports.signatures.cause). The versions held fixed are not part of it: the same fix seen
+        at two transformers releases is one cause."""
+        return (self.kind, self.axis, self.before.label(self.axis), self.after.label(self.axis),
+                self.failure_class_text, cause(self.failing_end.signature))
 
 
 @dataclass(frozen=True)
@@ -305,13 +331,12 @@ def _same_commit(text: str, commit: str) -> bool:
 
 
 def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
-    failing = transition.before_status if transition.kind == "fixed" else transition.after_status
-    return answer_for(bisections, transition.cell, transition.kind, failing.failure_class, AxisRange.of(transition),
-                      transition.held_fixed)
+    return answer_for(bisections, transition.cell, transition.kind, transition.failing_end.failure_class,
+                      AxisRange.of(transition), transition.held_fixed)
 
 
 def answer_for(bisections: list[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
-               held_fixed: str) -> Bisection | None:
+               held_fixed: Pins) -> Bisection | None:
     """The one rule for "does this bisection answer this question": the newest bisection of this cell and axis,
     for this kind of transition (broke, fixed or class-change), about this failure class (the failing end's:
     the new failure of a class change; None: any), run with every other axis it pinned at the versions
@@ -326,7 +351,7 @@ def answer_for(bisections: list[Bisection], cell: CellKey, kind: str, failure_cl
         and failure_class in (None, b.failure_class)
         # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); a transition
         # also names python: each pin must be the question's.
-        and _pins(b.held_fixed) <= _pins(held_fixed)
+        and _pins(parse_pins(b.held_fixed)) <= _pins(held_fixed)
         and (span.holds(b.before, b.after) if None not in (_release_of(b.before), _release_of(b.after))
              else bool(b.searched_older) and span.holds(b.searched_older, b.searched_newer))
     ]
@@ -339,14 +364,13 @@ def _answers_kind(bisection: Bisection, kind: str) -> bool:
     return bisection.kind == kind if bisection.kind else bisection.mode == _BISECTION_MODE[kind]
 
 
-def _pins(held_fixed: str) -> set[str]:
-    """"transformers 5.24.0, torch 2.13.0+cpu" as pins; torch's local build label (+cpu, +cu124), which an
-    installed torch reports and a pin leaves out, names the same torch release."""
+def _pins(held_fixed: Pins) -> set[tuple[str, str]]:
+    """The pins as a set to compare; torch's local build label (+cpu, +cu124), which an installed torch reports
+    and a pin leaves out, names the same torch release."""
     pins = set()
-    for pin in filter(None, held_fixed.split(", ")):
-        axis, _, value = pin.partition(" ")
+    for axis, value in held_fixed:
         version = release(value) if axis == "torch" else None
-        pins.add(f"{axis} {version.public}" if version else pin)
+        pins.add((axis, version.public if version else value))
     return pins
 
 
@@ -356,7 +380,7 @@ def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> Triag
                 if (a.cell, a.axis, a.mode, a.before, a.after) == (
                     transition.cell, transition.axis, transition.mode, getattr(transition.before, transition.axis),
                     getattr(transition.after, transition.axis))
-                and _pins(a.held_fixed) <= _pins(transition.held_fixed)]
+                and _pins(parse_pins(a.held_fixed)) <= _pins(transition.held_fixed)]
     return _newest(matching)
 
 

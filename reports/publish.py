@@ -20,8 +20,7 @@ from matrix.redaction import redact
 from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
-from reports.causes import (DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, root_cause_key,
-                            session_deltas)
+from reports.causes import DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, session_deltas
 from reports.draft_issue import draft_text, not_deepspeeds
 from reports.failing_now import repro_command
 from reports.git import GitRepo
@@ -101,8 +100,8 @@ def placements(delta_cause: DeltaCause) -> list[list[dict]]:
     fixed), one list per root cause they belong to; [] when nothing places it."""
     by_root: dict[tuple[str, ...], list[dict]] = {}
     for _, delta in delta_cause.deltas:
-        for transition in map(transition_json, delta.transitions):
-            by_root.setdefault(root_cause_key(transition), []).append(transition)
+        for transition in delta.transitions:
+            by_root.setdefault(transition.cause_key, []).append(transition_json(transition))
     return list(by_root.values())
 
 

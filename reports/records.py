@@ -4,16 +4,22 @@ store, the analysis and the renderers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
 from matrix.versions import AXES as INSTALLED_AXES
 
+BisectMode = Literal["broken", "fixed"]
+"""broken: before = last good, after = first bad; fixed: before = last bad, after = first good (`reports.bisect
+--mode gone` searches for where a failure turns into another and stores its answer as broken)."""
+TransitionKind = Literal["broke", "fixed", "class-change"]
+"""How a cell's verdict changed between neighbouring version sets (reports/history.py)."""
+
 # Version axes along which transitions are detected, in the order used to sort version sets: the axes the
 # matrix installs, and the python that ran them.
 AXES = (*INSTALLED_AXES, "python")
-OUTCOMES = ("pass", "fail", "skip")
 # The metric shown next to each cell in the matrix and plotted in the trend chart.
 KEY_METRIC = "logits_max_abs"
 # Where each axis's commits and PRs live, for links in reports.
@@ -46,8 +52,25 @@ class Versions:
             return f"{self.deepspeed}@{self.deepspeed_git[:10]}"
         return getattr(self, axis)
 
+    def pins(self, axes=AXES) -> Pins:
+        return tuple((axis, self.label(axis)) for axis in axes)
+
     def describe(self, axes=AXES) -> str:
-        return ", ".join(f"{axis} {self.label(axis)}" for axis in axes)
+        return pins_text(self.pins(axes))
+
+
+Pins = tuple[tuple[str, str], ...]
+"""Versions held fixed, as (axis, version label) pairs: (("transformers", "5.24.0"), ("torch", "2.13.0"))."""
+
+
+def pins_text(pins: Pins) -> str:
+    """"transformers 5.24.0, torch 2.13.0": how the store, the reports and the terminal write pins."""
+    return ", ".join(f"{axis} {value}" for axis, value in pins)
+
+
+def parse_pins(text: str) -> Pins:
+    """The pins of a stored answer's text (`pins_text`'s form)."""
+    return tuple((axis, value) for axis, _, value in (pin.partition(" ") for pin in text.split(", ") if pin))
 
 
 @dataclass(frozen=True)
@@ -66,7 +89,7 @@ class Run:
 class CellResult:
     run_id: str
     cell: CellKey
-    outcome: str  # one of OUTCOMES
+    outcome: str  # one of suites.outcome.OUTCOMES
     failure_class: str = ""
     signature: str = ""
     message: str = ""
@@ -103,11 +126,11 @@ class Bisection:
     """The answer of `python -m reports.bisect` or `python -m reports.triage` for one cell along one axis."""
 
     cell: CellKey
-    mode: str  # broken (before = last good, after = first bad) | fixed (before = last bad, after = first good)
+    mode: BisectMode
     axis: str
     before: str  # a release, or a commit sha when only commits were bisected
     after: str
-    held_fixed: str  # the other axes, e.g. "transformers 5.24.0, torch 2.13.0"
+    held_fixed: str  # the other axes as stored: pins_text, e.g. "transformers 5.24.0, torch 2.13.0"
     failure_class: str
     signature: str
     commit: str = ""  # the first bad (first good) commit when DeepSpeed commits were bisected
@@ -124,7 +147,7 @@ class Bisection:
     confirmed_from: str = ""
     # The transition kind this answers (broke | fixed | class-change); "" in stores from before it was kept,
     # where the mode alone says it (broken: broke or class-change).
-    kind: str = ""
+    kind: TransitionKind | Literal[""] = ""
     # The ends the search ran between, older first, as given (a release, a tag v0.16.4 or a commit sha); ""
     # in stores from before they were kept. They place an answer whose ends are commits on the release line.
     searched_older: str = ""
@@ -138,7 +161,7 @@ class TriageAttempt:
 
     cell: CellKey
     axis: str
-    mode: str  # broken | fixed
+    mode: BisectMode
     before: str
     after: str
     held_fixed: str

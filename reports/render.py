@@ -26,11 +26,12 @@ from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
-                            delta_causes, members, other_pins, root_cause_key, root_causes, shared_answers)
+                            delta_causes, members, other_pins, root_causes, shared_answers)
 from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
 from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, release, short_commit
+from reports.records import (AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, pins_text, release,
+                             short_commit)
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
@@ -68,7 +69,7 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "bisections": [_bisection(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
     }
-    report["root_causes"] = root_causes(report)
+    report["root_causes"] = root_causes(report, history.transitions)
     report["failing_now"] = failing_now(report, history, observations, known_failures)
     report["supported_models"] = supported_models(history, report["failing_now"], model_families())
     return report
@@ -178,7 +179,7 @@ def transition_json(transition: Transition) -> dict:
         "axis": transition.axis,
         "before": transition.before.label(transition.axis),
         "after": transition.after.label(transition.axis),
-        "held_fixed": transition.held_fixed,
+        "held_fixed": pins_text(transition.held_fixed),
         "before_status": _status(transition.before_status),
         "after_status": _status(transition.after_status),
         "commits": [asdict(commit) for commit in transition.commits],
@@ -210,7 +211,7 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
             "cells": [cell.id for cell in c.cells], "cells_text": cells_text(c.cells),
             "sessions": [s.session for s in c.sessions],
             "no_previous_verdict": sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}),
-            "root_causes": sorted({cause_id(*root_cause_key(transition_json(t))) for _, d in c.deltas
+            "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas
                                    for t in d.transitions}),
         } for c in causes],
         "flaky": flaky,

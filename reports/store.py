@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from matrix.redaction import Redactor, redact
 from reports import ReportsError
-from reports.records import (Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
+from reports.records import (AXES, Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
                              deepspeed_git_of)
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
@@ -142,7 +142,8 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
 
 
 _RUN_FIELDS = ("session", "host", "started", "accelerator", "backend", "harness_git")
-_VERSION_FIELDS = ("deepspeed", "deepspeed_git", "transformers", "torch", "python")
+_VERSION_FIELDS = (*AXES, "deepspeed_git")
+"""The runs table's version columns: one per axis (matrix/versions.py, and python), and DeepSpeed's commit."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, C
                             suite_command)
 from reports.git import GitError, GitRepo
 from reports.history import Transition, analyse
-from reports.records import INSTALLED_AXES, Bisection, Commit, TriageAttempt, Versions, release
+from reports.records import INSTALLED_AXES, Bisection, Commit, Pins, TriageAttempt, pins_text, release
 from reports.signatures import cause, frame_files
 from reports.store import HistoryStore
 
@@ -82,7 +82,7 @@ class Question:
     mode: str  # broken | fixed
     older: str  # the axis value at the older end (last good when broken, last bad when fixed)
     newer: str
-    held_fixed: str  # the other axes, as the transitions name them
+    held_fixed: Pins  # the other axes, as the transitions name them
     pins: tuple[tuple[str, str], ...]  # the other installable axes' versions
     failure_class: str
     cause: str
@@ -98,13 +98,6 @@ class Question:
     def failing(self) -> str:
         return self.newer if self.mode == "broken" else self.older
 
-    def failing_status(self, transition: Transition):
-        return transition.after_status if self.mode == "broken" else transition.before_status
-
-    def failing_versions(self, transition: Transition) -> Versions:
-        """The versions where the failure asked about was recorded (a class change's new failure: after)."""
-        return transition.after if self.mode == "broken" else transition.before
-
     @property
     def absent_is_good(self) -> bool:
         """A class change is bisected for where its new failure came: any end without it is good, the old
@@ -115,7 +108,7 @@ class Question:
         verb = {"broke": "broke", "fixed": "fixed", "class-change": "changed failure"}[self.kind]
         old = f"{self.old_failure[0]}: {self.old_failure[1]} → " if self.old_failure else ""
         return (f"{len(self.transitions)} cell(s) {verb} at {self.axis} {self.older} → {self.newer} "
-                f"({self.held_fixed}), {old}{self.failure_class}: {self.cause}")
+                f"({pins_text(self.held_fixed)}), {old}{self.failure_class}: {self.cause}")
 
 
 def open_transitions(transitions: list[Transition], refine: tuple[str, ...] = ()) -> list[Transition]:
@@ -142,16 +135,16 @@ def questions(transitions: list[Transition]) -> list[Question]:
     """Group transitions into questions, the one answering the most cells first."""
     grouped: dict[tuple, list[Transition]] = defaultdict(list)
     for t in transitions:
-        failing = t.before_status if t.kind == "fixed" else t.after_status
+        # A root cause at one set of held-fixed versions; a class change's old failure also by its own cause.
         old = (t.before_status.failure_class, cause(t.before_status.signature)) if t.kind == "class-change" else ()
-        key = (t.kind, t.axis, t.mode, getattr(t.before, t.axis), getattr(t.after, t.axis), t.held_fixed,
-               failing.failure_class, cause(failing.signature), old)
-        grouped[key].append(t)
+        grouped[t.cause_key, t.held_fixed, old].append(t)
     found = []
-    for (kind, axis, mode, older, newer, held_fixed, failure_class, signature_cause, old), members in grouped.items():
-        versions = members[0].after
-        pins = tuple((other, getattr(versions, other)) for other in INSTALLED_AXES if other != axis)
-        found.append(Question(kind, axis, mode, older, newer, held_fixed, pins, failure_class, signature_cause,
+    for (_, held_fixed, old), members in grouped.items():
+        first = members[0]
+        axis, failing = first.axis, first.failing_end
+        pins = tuple((other, getattr(first.after, other)) for other in INSTALLED_AXES if other != axis)
+        found.append(Question(first.kind, axis, first.mode, getattr(first.before, axis), getattr(first.after, axis),
+                              held_fixed, pins, failing.failure_class, cause(failing.signature),
                               tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))), old))
     return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))
 
@@ -200,7 +193,7 @@ class Triage:
         rep = question.representative
         pins = dict(question.pins)
         start = GOOD if question.mode == "broken" else BAD
-        failing = question.failing_status(rep)
+        failing = rep.failing_end
         probe = CellProbe(rep.cell, env_root=self.env_root, cell_timeout=self.cell_timeout, command=self.command,
                           reference=(failing.failure_class, failing.signature), absent_is_good=question.absent_is_good)
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
@@ -228,7 +221,7 @@ class Triage:
             return []
         now = _now()
         common = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
-                      held_fixed=question.held_fixed, commit=commit.sha if commit else "",
+                      held_fixed=pins_text(question.held_fixed), commit=commit.sha if commit else "",
                       subject=commit.subject if commit else "", pr=commit.pr if commit else None,
                       files=commit.files if commit else (), untestable=answer.untestable, suspects=suspects,
                       recorded_at=now, kind=question.kind, searched_older=question.older,
@@ -239,7 +232,7 @@ class Triage:
         others = [t for t in question.transitions if t is not rep]
         confirmed, unconfirmed = self._confirm(question, others, ends, pins) if others else ([], [])
         for t in confirmed:
-            status = question.failing_status(t)
+            status = t.failing_end
             self._record(Bisection(cell=t.cell, failure_class=status.failure_class, signature=status.signature,
                                    confirmed_from=rep.cell.id, **common))
         self.confirmed += len(confirmed)
@@ -300,7 +293,7 @@ class Triage:
 
     def suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
         """The range's commits that touched the failure's files (most specific first), then the model's folder."""
-        status = question.failing_status(rep)
+        status = rep.failing_end
         files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(question, rep))
                  if path.startswith("transformers/")]
         model_type = self.model_types.get(rep.cell.model, rep.cell.model)
@@ -312,7 +305,7 @@ class Triage:
         """The failing run's message (it holds the traceback), from the store: the failure asked about, so a
         class change's new failure, not the old one it replaced."""
         with HistoryStore(self.store, create=False, read_only=True) as history:
-            failing = question.failing_versions(transition)
+            failing = transition.failing_versions
             messages = [o.result.message for o in history.observations()
                         if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
         return messages[-1] if messages else ""
@@ -342,7 +335,7 @@ class Triage:
                 outcomes[end] = {}
         confirmed, unconfirmed = [], []
         for t in others:
-            status = question.failing_status(t)
+            status = t.failing_end
             reference = (status.failure_class, status.signature)
             verdicts = [classify(run, reference, False, question.absent_is_good).kind if run else SKIP
                         for run in (outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell))]
@@ -361,7 +354,7 @@ class Triage:
             known = {replace(a, recorded_at="") for a in history.triage_attempts()}
             for t in question.transitions:
                 attempt = TriageAttempt(t.cell, question.axis, question.mode, question.older, question.newer,
-                                        question.held_fixed, reason)
+                                        pins_text(question.held_fixed), reason)
                 if attempt not in known:
                     history.add_triage_attempt(replace(attempt, recorded_at=_now()))
 

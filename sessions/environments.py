@@ -36,6 +36,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
+from matrix.versions import short_prefixes
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
@@ -80,10 +81,16 @@ def torch_options() -> list[str]:
     return shlex.split(os.environ.get(TORCH_INDEX_ENV, ""))
 
 
+def axis_id(axis: str, value: str) -> str:
+    """An axis value in an environment's name: the axis's `short` prefix (matrix/versions.toml) and the value
+    (`ds0.19.8`, `tf@<sha>` for a commit)."""
+    return f"{short_prefixes()[axis]}{value}"
+
+
 def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...], ...], torch: str,
                     source: tuple[Path, str] | None = None) -> EnvironmentSpec:
     torch_pin = f"torch=={torch_spelling(torch)}"
-    return EnvironmentSpec(key=f"base-{deepspeed_id}-pt{torch_spelling(torch)}",
+    return EnvironmentSpec(key=f"base-{deepspeed_id}-{axis_id('torch', torch_spelling(torch))}",
                            installs=((torch_pin, *torch_options()), *deepspeed_installs), source=source)
 
 
@@ -95,15 +102,15 @@ def combination_environment(deepspeed_id: str, deepspeed_requirement: str, trans
     named `<combination>+<extras_name>` over the same base."""
     torch_pin = f"torch=={torch_spelling(torch)}"
     base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
-    key = f"{deepspeed_id}-{transformers_id}-pt{torch_spelling(torch)}" + (f"+{extras_name}" if extras_name else "")
+    key = f"{deepspeed_id}-{transformers_id}-{axis_id('torch', torch_spelling(torch))}" + (f"+{extras_name}" if extras_name else "")
     return EnvironmentSpec(key=key, installs=((transformers_requirement, *project_dependencies(), *extras, torch_pin),),
                            base=base)
 
 
 def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
     """Released deepspeed, transformers and torch (`{"deepspeed": "0.19.8", ...}`)."""
-    return combination_environment(f"ds{pins['deepspeed']}", f"deepspeed=={pins['deepspeed']}",
-                                   f"tf{pins['transformers']}", f"transformers=={pins['transformers']}",
+    return combination_environment(axis_id("deepspeed", pins["deepspeed"]), f"deepspeed=={pins['deepspeed']}",
+                                   axis_id("transformers", pins["transformers"]), f"transformers=={pins['transformers']}",
                                    pins["torch"], extras, extras_name)
 
 
@@ -114,17 +121,19 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
     torch = torch_spelling(pins["torch"])
     torch_pin = f"torch=={torch}"
     if axis == "transformers":
-        key = f"ds{pins['deepspeed']}-tf@{sha[:12]}-pt{torch}"
-        base = _deepspeed_base(f"ds{pins['deepspeed']}", ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
+        deepspeed_id = axis_id("deepspeed", pins["deepspeed"])
+        key = f"{deepspeed_id}-{axis_id('transformers', '@' + sha[:12])}-{axis_id('torch', torch)}"
+        base = _deepspeed_base(deepspeed_id, ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
         return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *project_dependencies(), torch_pin),),
                                source=(clone, sha), base=base)
-    base_key = f"base-ds@{sha[:12]}-pt{torch}"
-    base = _deepspeed_base(f"ds@{sha[:12]}", (
+    deepspeed_id = axis_id("deepspeed", f"@{sha[:12]}")
+    base_key = f"base-{deepspeed_id}-{axis_id('torch', torch)}"
+    base = _deepspeed_base(deepspeed_id, (
         # setup.py imports torch, so the build runs without isolation on what is installed here
         ("setuptools", "wheel", torch_pin),
         ("--no-build-isolation", str(root / base_key / "src"), torch_pin),
     ), pins["torch"], source=(clone, sha))
-    return EnvironmentSpec(key=f"ds@{sha[:12]}-tf{pins['transformers']}-pt{torch}",
+    return EnvironmentSpec(key=f"{deepspeed_id}-{axis_id('transformers', pins['transformers'])}-{axis_id('torch', torch)}",
                            installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
                            base=base)
 

@@ -4,7 +4,7 @@ outcome with the plan and the checkpoint revision it loaded. Nothing here raises
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import transformers
 
@@ -13,6 +13,7 @@ from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
+from suites.contracts import Job
 from suites.engine.rank_group import RankGroupPool
 from suites.memory_plan import (GiB, MemoryPlan, Runner, TrainingShape, anonymous_bytes, checkpoint_size, gib, plan_cell,
                                 session_pids)
@@ -62,10 +63,10 @@ def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None
                      TrainingShape.of(cell.variant))
 
 
-def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> dict | CellOutcome:
-    """The job for the rank group, or the cell's outcome when it cannot run (skip, or `setup` failure).
-    Either way `checkpoint` and the plan's metrics are on it once the checkpoint is known. `runner`:
-    what the plan may use (default: detected, as if this run held nothing)."""
+def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> tuple[Job, dict] | CellOutcome:
+    """The job for the rank group with the driver's provenance for the cell's record (see `_provenance`), or the
+    cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
+    checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing)."""
     reason = skip_reason(cell, options)
     if reason:
         return CellOutcome("skip", message=reason)
@@ -79,22 +80,24 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
-        reference = None if cell.variant.training else variant_fields.pop("reference", None) or cached_reference(
+        reference = None if cell.variant.training else variant_fields.reference or cached_reference(
             checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
+        accuracy_task, accuracy_reference = None, None
         if options.accuracy_task and not (cell.variant.training or cell.variant.quantization):
-            variant_fields["accuracy_task"] = asdict(options.accuracy_task)
-            variant_fields["accuracy_reference"] = str(cached_task_reference(
+            accuracy_task = options.accuracy_task
+            accuracy_reference = str(cached_task_reference(
                 checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
     except Exception as error:  # the cell's setup failed; the run goes on
         signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
         outcome = failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
         return _stamped(outcome, _provenance(checkpoint)) if checkpoint else outcome
-    return {"cell": cell.coordinates(), "checkpoint": checkpoint.folder, "tokenizer": checkpoint.tokenizer, "dtype": cell.dtype,
-            "load": cell.variant.load, "trust_remote_code": cell.model.trust_remote_code, "reference": str(reference) if reference else None,
-            "tolerance": cell.model.tolerance_for(cell.dtype).__dict__, "spec": options.spec.as_dict(),
-            "faults": list(options.faults), **variant_fields, "provenance": _provenance(checkpoint, plan, reference)}
+    job = Job(cell.id, checkpoint.folder, checkpoint.tokenizer, cell.dtype, cell.variant, cell.model.trust_remote_code,
+              cell.model.tolerance_for(cell.dtype), options.spec, str(reference) if reference else None,
+              variant_fields.baseline, variant_fields.meta, variant_fields.trained, accuracy_task, accuracy_reference,
+              options.faults)
+    return job, _provenance(checkpoint, plan, reference)
 
 
 def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, reference=None) -> dict:
@@ -121,10 +124,10 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
-    job = prepare_job(cell, options, Runner.detect(*held_by_run(pool)))
-    if isinstance(job, CellOutcome):
-        return job
-    provenance = job.pop("provenance")  # the driver's, not the ranks'
+    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)))
+    if isinstance(prepared, CellOutcome):
+        return prepared
+    job, provenance = prepared  # the provenance is the driver's, not the ranks'
     return _stamped(pool.run(cell.tp, job, options.cell_timeout), provenance)
 
 

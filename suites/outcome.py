@@ -7,23 +7,47 @@ import json
 import re
 import traceback
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from matrix import PROJECT_ROOT
 
-FAILURE_CLASSES = {
-    "setup": "the harness failed: building or loading the model or its reference, or its own code raised in a stage "
-             "(a harness bug for tiny checkpoints, or a model output it cannot read)",
-    "shard": "deepspeed.init_inference raised",
-    "forward": "the sharded model raised during forward, generate or the loss",
-    "numerics": "logits, perplexity or rank agreement beyond tolerance",
-    "generation": "greedy tokens or decode-step logits differ from the reference",
-    "memory": "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads or grains "
-              "force, or a rank holds a tensor the unsharded model does not have",
-    "timeout": "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)",
-    "crash": "a rank process died (signal, os._exit, segfault, OOM kill)",
-    "install": "the session's environment could not be installed",
-}
+
+class Outcome(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+OUTCOMES = tuple(str(o) for o in Outcome)
+
+
+class FailureClass(StrEnum):
+    """A failed cell's one class, with what it means (the report and issue drafts quote `description`)."""
+
+    SETUP = ("setup", "the harness failed: building or loading the model or its reference, or its own code raised in "
+                      "a stage (a harness bug for tiny checkpoints, or a model output it cannot read)")
+    SHARD = "shard", "deepspeed.init_inference raised"
+    FORWARD = "forward", "the sharded model raised during forward, generate or the loss"
+    NUMERICS = "numerics", "logits, perplexity or rank agreement beyond tolerance"
+    GENERATION = "generation", "greedy tokens or decode-step logits differ from the reference"
+    MEMORY = ("memory", "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads "
+                        "or grains force, or a rank holds a tensor the unsharded model does not have")
+    TIMEOUT = "timeout", "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)"
+    CRASH = "crash", "a rank process died (signal, os._exit, segfault, OOM kill)"
+    INSTALL = "install", "the session's environment could not be installed"
+
+    description: str
+
+    def __new__(cls, value: str, description: str) -> FailureClass:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
+
+
+FAILURE_CLASSES = {str(c): c.description for c in FailureClass}
+"""Each failure class's name and what it means."""
 
 STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
 """A rank's stages in order, and the class of a failure raised in each."""
@@ -43,9 +67,29 @@ class LibraryOutputError(Exception):
         self.failure_class, self.signature, self.explanation = failure_class, signature, explanation
 
 
-def first_error(errors: list[dict]) -> dict:
+@dataclass(frozen=True)
+class RankError:
+    """What a rank that raised writes at once (`error-<seq>.<rank>.json`), so the driver can name the failure
+    even when the other ranks are left waiting in a collective."""
+
+    rank: int
+    stage: str
+    """One of STAGE_CLASS."""
+    failure_class: str
+    signature: str
+    message: str
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> RankError:
+        return cls(**json.loads(text))
+
+
+def first_error(errors: list[RankError]) -> RankError:
     """The error that decides a cell's verdict when ranks raise: the earliest stage, then the lowest rank."""
-    return min(errors, key=lambda e: (list(STAGE_CLASS).index(e["stage"]), e["rank"]))
+    return min(errors, key=lambda e: (list(STAGE_CLASS).index(e.stage), e.rank))
 
 
 _NUMBER = re.compile(r"(?<![A-Za-z_])(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)")
@@ -67,7 +111,7 @@ class CellOutcome:
     tiny checkpoint's content hash); empty when the cell skipped before choosing a checkpoint."""
 
     def __post_init__(self):
-        if self.outcome not in ("pass", "fail", "skip"):
+        if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be pass, fail or skip, got {self.outcome!r}")
         if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
@@ -80,9 +124,13 @@ def mask_numbers(text: str) -> str:
     return _NUMBER.sub("N", text)
 
 
-def exception_signature(error: BaseException) -> str:
+def exception_signature(error: BaseException, at: str | None = None) -> str:
     """`Type: message-with-numbers-masked @ package/file.py:function` of the deepest frame inside
-    deepspeed or transformers (the code that raised), or the deepest frame when none is."""
+    deepspeed or transformers (the code that raised), or the deepest frame when none is; `at` names the
+    place instead (the harness's own frame, `harness_frame`)."""
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    if at:
+        return f"{type(error).__name__}: {mask_numbers(first_line)} @ {at}"
     frames = traceback.extract_tb(error.__traceback__)
     interesting = [f for f in frames if any(f"/{pkg}/" in f.filename for pkg in _INTERESTING_FRAMES)]
     where = ""
@@ -96,7 +144,6 @@ def exception_signature(error: BaseException) -> str:
         else:
             path = path.rsplit("/", 1)[-1]
         where = f" @ {path}:{frame.name}"
-    first_line = (str(error).strip().splitlines() or [""])[0][:300]
     return f"{type(error).__name__}: {mask_numbers(first_line)}{where}"
 
 

@@ -1,8 +1,9 @@
 """Real faults injected into rank processes by the harness's self-tests.
 
-Each hook is called on every rank at each stage (`loaded`, `sharded`, `trained`; `finished` with no model,
-after rank 0 wrote the verdict) with the model, and may
-return a replacement model. Hooks change only the model instance they are given, so a reused rank
+Each hook is called on every rank at each stage with the model, and may return a replacement model:
+`loaded` and `sharded` (inference), `sharded`, `trained`, `saved`, `restoring` and `restored` (training, see
+suites/variants/training.py), `finished` with no model after rank 0 wrote the verdict. Startup hooks
+(AUTOTP_STARTUP_FAULT, suites/engine/worker.py) get `server` or `rank` and no model. Hooks change only the model instance they are given, so a reused rank
 group serves the next cell unharmed (except the hooks whose point is to kill or hang the group).
 """
 

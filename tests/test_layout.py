@@ -1,5 +1,5 @@
-"""The layout's rules, read from the code's own imports (lazy ones inside functions included): data flows
-matrix → sessions → suites → records → reports, so each package imports only the layers below it, no
+"""The layout's rules, read from the code's own imports (lazy ones inside functions included): the layers are
+matrix < suites < sessions < reports (LAYERS), each package imports only its own layer and those below it, no
 module takes another module's private name, and no modules import each other in a loop."""
 
 import ast

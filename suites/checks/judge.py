@@ -6,10 +6,12 @@ from __future__ import annotations
 from matrix.registry import Tolerance
 from suites.checks import generation, logits, memory, perplexity
 from suites.checks.result import CheckResult
+from suites.contracts import RankSummary
 
 
-def run_all(reference, sharded, rank_last_logits, rank_bytes_by_name, tolerance: Tolerance) -> list[CheckResult]:
-    """`sharded` is rank 0's observations; the `rank_*` lists hold one entry per rank."""
+def run_all(reference, sharded, ranks: list[RankSummary], tolerance: Tolerance) -> list[CheckResult]:
+    """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0."""
+    rank_last_logits, rank_bytes_by_name = [r.last_logits for r in ranks], [r.bytes_by_name for r in ranks]
     for first in (logits.check_reference(reference), logits.check_shapes(reference, sharded, rank_last_logits)):
         if not first.passed:
             return [first]  # nothing else can be compared

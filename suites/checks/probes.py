@@ -1,7 +1,7 @@
 """What a cell observes of a model: the same probes run on the unsharded reference and on the
 sharded model, so the checks compare like with like.
 
-Each probe exercises one code path a user hits (see AUTOTP-NOTES: a bug can live in one path only):
+Each probe exercises one code path a user hits (a bug can live in one path only):
 prefill with and without an attention mask, greedy decoding with the KV cache, and the `labels=`
 loss path used for perplexity.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -56,7 +57,7 @@ class Observations:
     """Bytes of parameters and buffers this process holds for the model."""
     bytes_by_name: dict[str, int]
     """The same bytes per parameter/buffer name (AutoTP keeps the names of the layers it replaces)."""
-    kinds: dict[str, str]
+    kinds: dict[str, TensorKind]
     """Kind of each name (see `tensor_kinds`); meaningful on the unsharded model, whose module types
     AutoTP has not replaced yet. Tied parameters appear under every name they have."""
     shapes_by_name: dict[str, tuple[int, ...]]
@@ -133,11 +134,12 @@ def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tu
     return generated.sequences[:, ids.shape[1]:].cpu(), torch.stack(generated.logits, dim=1).float().cpu()
 
 
-KINDS = ("linears", "experts", "convs", "embeddings", "rest")
+TensorKind = Literal["linears", "experts", "convs", "embeddings", "rest"]
+KINDS: tuple[TensorKind, ...] = get_args(TensorKind)
 """What a rank holds, by kind: attention/MLP linear layers and MoE experts are what AutoTP must split;
 convolution kernels (vision patch embeddings, audio front ends, mamba), embeddings + lm_head and the rest
 (norms, routers' buffers, rotary tables) may stay whole."""
-SPLIT_KINDS = ("linears", "experts")
+SPLIT_KINDS: tuple[TensorKind, ...] = ("linears", "experts")
 CONV_MODULES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
                 torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 
@@ -175,18 +177,19 @@ def bytes_by_name(model) -> dict[str, int]:
     return {name: tensor.numel() * tensor.element_size() for name, tensor in named}
 
 
-def tensor_kinds(model) -> dict[str, str]:
+def tensor_kinds(model) -> dict[str, TensorKind]:
     """Kind of every parameter and buffer, from the module that holds it. transformers >= 5 stores MoE
     experts as fused 3-D parameters ([experts, ...]), not nn.Linear modules: counting only nn.Linear would miss them."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     experts = split_counts(model).experts
-    kinds = {}
+    kinds: dict[str, TensorKind] = {}
     for module_name, module in model.named_modules():
         for local, _ in module.named_buffers(recurse=False):
             # Buffers (causal masks, rotary tables) are never what AutoTP splits, whatever their rank.
             kinds.setdefault(f"{module_name}.{local}" if module_name else local, "rest")
         for local, tensor in module.named_parameters(recurse=False):
             name = f"{module_name}.{local}" if module_name else local
+            kind: TensorKind
             if isinstance(module, CONV_MODULES):
                 kind = "convs"
             elif "experts" in module_name.split(".") or (tensor.dim() >= 3 and experts and tensor.shape[0] == experts):

@@ -18,27 +18,27 @@ from pathlib import Path
 
 import torch
 
-from matrix.registry import Tolerance
 from suites.atomic import write_text_atomically
 from suites.checks import judge
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
-from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
+from suites.checks.inputs import build_inputs, load_tokenizer
 from suites.checks.probes import observe
-from suites.checks.task_probe import AccuracyTask, answer_correctness
-from suites.outcome import (STAGE_CLASS, CellOutcome, LibraryOutputError, exception_signature, failed, first_error,
-                            harness_frame)
+from suites.checks.task_probe import answer_correctness
+from suites.contracts import Job, RankSummary
+from suites.outcome import (STAGE_CLASS, CellOutcome, LibraryOutputError, RankError, exception_signature, failed,
+                            first_error, harness_frame)
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
 from suites.variants.training import Progress, run_training
 
 
-def _run_fault_hooks(job: dict, stage: str, model, rank: int):
+def _run_fault_hooks(job: Job, stage: str, model, rank: int):
     """Test-only fault injection: `module:function` names from the job, called at each stage."""
-    for name in job.get("faults", []):
+    for name in job.faults:
         module_name, function_name = name.split(":")
         replacement = getattr(importlib.import_module(module_name), function_name)(stage=stage, model=model, rank=rank)
         if replacement is not None:
@@ -51,7 +51,7 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> dict:
+def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> RankError:
     """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
     where = f"{label}: " if label else ""
     failure_class, signature, whose = STAGE_CLASS[stage], exception_signature(error), ""
@@ -60,12 +60,12 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
         whose = f"; {error.explanation}, so the class is {failure_class}"
     elif frame := harness_frame(error):
         # The harness's own code raised (a harness bug): never DeepSpeed's fault, and named by the harness frame.
-        failure_class, signature = "setup", f"{signature.split(' @ ')[0]} @ {frame}"
+        failure_class, signature = "setup", exception_signature(error, at=frame)
         if stage != "setup":
             whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
-    return {"rank": rank, "stage": stage, "failure_class": failure_class, "signature": where + signature,
-            "message": f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
-                       + "".join(traceback.format_exception(error))[-4000:]}
+    return RankError(rank, stage, failure_class, where + signature,
+                     f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
+                     + "".join(traceback.format_exception(error))[-4000:])
 
 
 def _reset_peak_rss() -> None:
@@ -99,42 +99,41 @@ def _dtype_skip_reason(dtype: str) -> str | None:
     return None
 
 
-def _load(job: dict):
+def _load(job: Job):
     """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
-    variant = job["variant"]
-    if variant["load"] == "meta":
-        return load_meta_model(job["checkpoint"], job["dtype"], job["trust_remote_code"])
-    return load_model(job["checkpoint"], job["dtype"], job["trust_remote_code"], hf_quantization_config(variant["quantization"]))
+    if job.meta:
+        return load_meta_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code)
+    return load_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code, hf_quantization_config(job.variant.quantization))
 
 
-def _shard(job: dict, model, world_size: int):
+def _shard(job: Job, model, world_size: int):
     """init_inference (meta: it reads the weights from the checkpoint files), then DeepSpeed's
     post-init quantization of this rank's shard."""
     import deepspeed
 
-    variant = job["variant"]
-    options = {}
-    if variant["load"] == "meta":
-        options["checkpoint"] = job["checkpoints_json"]
-    if variant["keep_module_on_host"]:
+    variant = job.variant
+    options: dict[str, object] = {}
+    if job.meta:
+        options["checkpoint"] = job.meta.checkpoints_json
+    if variant.keep_module_on_host:
         options["keep_module_on_host"] = True
     mark_process_sharded()
-    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=TORCH_DTYPES[job["dtype"]],
+    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=TORCH_DTYPES[job.dtype],
                                       replace_with_kernel_inject=False, **options)
-    return engine, apply_post_init(engine.module, variant["quantization"], variant["quant_group_size"])
+    return engine, apply_post_init(engine.module, variant.quantization, variant.quant_group_size)
 
 
-def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) -> None:
+def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> None:
     # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
     # torch's default process group either way.
     import torch.distributed as dist
 
-    spec = ProbeSpec(**job["spec"])
-    timings, stage, model, engine, observed, error, training, task_correct = {}, "setup", None, None, None, None, None, None
-    progress = Progress() if job["variant"]["training"] else None
-    scratch = workdir / f"training-{job['seq']}"  # the checkpoint round trip's files, shared by the ranks
+    stage, timings = "setup", {}
+    model = engine = observed = error = training = task_correct = None
+    progress = Progress() if job.variant.training else None
+    scratch = workdir / f"training-{job.seq}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
-    skip = _dtype_skip_reason(job["dtype"])
+    skip = _dtype_skip_reason(job.dtype)
     _reset_peak_rss()
     rss_before_load = _rss_bytes()
     try:
@@ -147,10 +146,10 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
             timings["time_training_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
         else:
-            tokenizer = load_tokenizer(job["tokenizer"], job["trust_remote_code"])
-            inputs = build_inputs(tokenizer, spec)
+            tokenizer = load_tokenizer(job.tokenizer, job.trust_remote_code)
+            inputs = build_inputs(tokenizer, job.spec)
             started = time.perf_counter()
-            if job["variant"]["load"] == "meta":
+            if job.meta:
                 stage = "shard"  # construction under deepspeed.OnDevice(device="meta") is DeepSpeed's, like the load
             model = _run_fault_hooks(job, "loaded", _load(job), rank)
             timings["time_load_s"] = time.perf_counter() - started
@@ -161,38 +160,36 @@ def run_on_rank(job: dict, workdir: Path, rank: int, world_size: int, device) ->
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
             stage = "forward"
-            observed = observe(model, inputs, spec, device)
+            observed = observe(model, inputs, job.spec, device)
             timings["time_forward_s"] = observed.forward_seconds
-            if job.get("accuracy_task"):
+            if job.accuracy_task:
                 started = time.perf_counter()
-                task_correct = answer_correctness(AccuracyTask(**job["accuracy_task"]), model, tokenizer, device)
+                task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         error = _stage_error(progress.stage, raised, rank, progress.label) if progress else _stage_error(stage, raised, rank)
-        write_text_atomically(workdir / f"error-{job['seq']}.{rank}.json", json.dumps(error))
+        write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", error.to_json())
 
-    summary = {"rank": rank, "error": error, "rss_bytes": _rss_bytes(), "rss_peak_bytes": _peak_rss_bytes(),
-               "rss_before_load_bytes": rss_before_load,
-               "rss_peak_loaded_bytes": rss_peak_loaded, "training": training,
-               "bytes_by_name": observed.bytes_by_name if observed else None,
-               "last_logits": observed.logits_plain[0, -1] if observed else None}
-    summaries = [None] * world_size
+    summary = RankSummary(rank, error, _rss_bytes(), _peak_rss_bytes(), rss_before_load, rss_peak_loaded, training,
+                          observed.bytes_by_name if observed else None,
+                          observed.logits_plain[0, -1] if observed else None)
+    summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
             outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
-            outcome = as_a_fresh_process_would(outcome, job.get("fresh_process_failure"))
+            outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
                              + "".join(traceback.format_exception(raised))[-4000:])
-        write_text_atomically(workdir / f"result-{job['seq']}.json", json.dumps(outcome.to_dict()))
+        write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(outcome.to_dict()))
     del model, engine, observed
     gc.collect()
     _run_fault_hooks(job, "finished", None, rank)
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
-    write_text_atomically(workdir / f"done-{job['seq']}.{rank}", "")
+    write_text_atomically(workdir / f"done-{job.seq}.{rank}", "")
 
 
 def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:
@@ -207,29 +204,28 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict |
                   f"harness's ranks do) the cell {found}.", {**outcome.metrics, "fresh_process_failed": 1.0})
 
 
-def _judge(job: dict, observed, summaries: list[dict], timings: dict, task_correct: list[bool] | None) -> CellOutcome:
-    metrics = {**timings, "rss_max_bytes": float(max(s["rss_bytes"] for s in summaries)),
-               "rss_peak_max_bytes": float(max(s["rss_peak_bytes"] for s in summaries)),
+def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task_correct: list[bool] | None) -> CellOutcome:
+    metrics = {**timings, "rss_max_bytes": float(max(s.rss_bytes for s in summaries)),
+               "rss_peak_max_bytes": float(max(s.rss_peak_bytes for s in summaries)),
                # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
-               "rss_load_peak_growth_max_bytes": float(max(s["rss_peak_loaded_bytes"] - s["rss_before_load_bytes"] for s in summaries))}
-    errors = [s["error"] for s in summaries if s["error"]]
+               "rss_load_peak_growth_max_bytes": float(max(s.rss_peak_loaded_bytes - s.rss_before_load_bytes for s in summaries))}
+    errors = [s.error for s in summaries if s.error]
     if errors:
         first = first_error(errors)
-        return failed(first["failure_class"], first["signature"], first["message"], metrics)
-    tolerance = Tolerance(**job["tolerance"])
-    if job["variant"]["training"]:
-        unsharded = [torch.load(model["unsharded_steps"], weights_only=False) for model in [job, *job["second_models"]]]
-        results = training_checks.check(unsharded, [s["training"] for s in summaries], tolerance)
+        return failed(first.failure_class, first.signature, first.message, metrics)
+    tolerance = job.tolerance
+    if job.variant.training:
+        unsharded = [torch.load(model.unsharded_steps, weights_only=False) for model in job.trained]
+        results = training_checks.check(unsharded, [s.training for s in summaries], tolerance)
     else:
-        reference = load_reference(job["reference"])
-        results = judge.run_all(reference, observed, [s["last_logits"] for s in summaries],
-                                 [s["bytes_by_name"] for s in summaries], tolerance)
-        if job.get("baseline"):
-            results += quantization_checks.check(load_reference(job["baseline"]), observed, tolerance)
-        if job["variant"]["load"] == "meta":
+        reference = load_reference(job.reference)
+        results = judge.run_all(reference, observed, summaries, tolerance)
+        if job.baseline:
+            results += quantization_checks.check(load_reference(job.baseline), observed, tolerance)
+        if job.meta:
             results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
-        if job.get("accuracy_reference"):
-            results.append(accuracy_checks.check(json.loads(Path(job["accuracy_reference"]).read_text()), task_correct))
+        if job.accuracy_reference:
+            results.append(accuracy_checks.check(json.loads(Path(job.accuracy_reference).read_text()), task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]

@@ -29,7 +29,8 @@ from matrix.checkpoints import cache_root
 from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
-from suites.outcome import CellOutcome, failed, first_error, read_death_records
+from suites.contracts import Job
+from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0
@@ -207,11 +208,10 @@ class RankGroup:
         parts += [f"[rank {r}]\n{_tail(self.workdir / f'rank{r}.log')}" for r in range(self.tp)]
         return "\n".join(parts)
 
-    def run(self, job: dict, timeout: float) -> CellOutcome:
+    def run(self, job: Job, timeout: float) -> CellOutcome:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
-        job = {**job, "seq": seq}
-        write_text_atomically(self.workdir / f"job-{seq}.json", json.dumps(job))
+        write_text_atomically(self.workdir / f"job-{seq}.json", replace(job, seq=seq).to_json())
         result_file = self.workdir / f"result-{seq}.json"
         deadline = time.monotonic() + timeout
         first_error_at = None
@@ -225,10 +225,10 @@ class RankGroup:
                 first_error_at = time.monotonic()
             if first_error_at is not None and time.monotonic() - first_error_at > ERROR_GRACE_SECONDS:
                 # One rank failed and the others are stuck in a collective waiting for it.
-                error = first_error([json.loads(path.read_text()) for path in errors])
+                error = first_error([RankError.from_json(path.read_text()) for path in errors])
                 self.kill()
-                return failed(error["failure_class"], error["signature"],
-                              error["message"] + "\n(the other ranks hung waiting for it; rank group restarted)")
+                return failed(error.failure_class, error.signature,
+                              error.message + "\n(the other ranks hung waiting for it; rank group restarted)")
             if time.monotonic() > deadline:
                 logs = self.logs_tail()
                 self.kill()
@@ -309,13 +309,13 @@ class RankGroupPool:
             self.group = group
         return self.group
 
-    def run(self, tp: int, job: dict, timeout: float) -> CellOutcome:
+    def run(self, tp: int, job: Job, timeout: float) -> CellOutcome:
         try:
             outcome = self.get(tp).run(job, timeout)
         except GroupStartFailure as error:
             outcome = failed(error.failure_class, error.signature, str(error))
         if self.group is not None and not self.group.alive:
-            outcome = self._keep_logs(job["cell"]["id"], outcome)
+            outcome = self._keep_logs(job.cell_id, outcome)
         return outcome
 
     def _keep_logs(self, cell_id: str, outcome: CellOutcome) -> CellOutcome:

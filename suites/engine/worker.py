@@ -118,6 +118,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     from deepspeed.module_inject import tp_shard
 
     from suites.atomic import write_text_atomically
+    from suites.contracts import Job
     from suites.engine.cell_runner import run_on_rank
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
@@ -141,8 +142,8 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
         job_file = workdir / f"job-{seq}.json"
         while not job_file.exists():
             time.sleep(POLL_SECONDS)
-        job = json.loads(job_file.read_text())
-        print(f"--- cell {job['cell']['id']} (seq {seq})", flush=True)
+        job = Job.from_json(job_file.read_text())
+        print(f"--- cell {job.cell_id} (seq {seq})", flush=True)
         run_on_rank(job, workdir, rank, world_size, device)
         _restore_module_state(module_state)
         seq += 1

@@ -22,7 +22,7 @@ from matrix import PROJECT_ROOT
 from matrix.cells import Cell
 from matrix.redaction import redact
 from suites.atomic import write_text_atomically
-from suites.outcome import CellOutcome
+from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
 
 def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess | None:
     try:
@@ -134,15 +134,35 @@ class RunInfo:
                 "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git}
 
 
+class MalformedRecord(ValueError):
+    """A cells.jsonl line that parses but is not a cell record of this harness."""
+
+
 def read_records(results_dir: Path) -> list[dict]:
+    """The records of `results_dir/cells.jsonl`, the one reader of the file; a record whose outcome or failure
+    class is not one of the harness's raises MalformedRecord naming the file and line."""
     path = results_dir / "cells.jsonl"
     records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for number, line in enumerate(path.read_text().splitlines() if path.exists() else [], start=1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a kill mid-write: that cell runs again
+        if problem := _record_problem(record):
+            raise MalformedRecord(f"{path}:{number}: {problem}; this file was not written by the harness: move it "
+                                  "away or pass another results folder")
+        records.append(record)
     return records
+
+
+def _record_problem(record) -> str | None:
+    if not isinstance(record, dict) or not isinstance(record.get("cell"), dict) or "id" not in record["cell"]:
+        return "not a cell record (no cell.id)"
+    if record.get("outcome") not in OUTCOMES:
+        return f"outcome {record.get('outcome')!r} is not one of {', '.join(OUTCOMES)}"
+    if record["outcome"] == "fail" and record.get("failure_class") not in FAILURE_CLASSES:
+        return f"failure_class {record.get('failure_class')!r} is not one of {', '.join(FAILURE_CLASSES)}"
+    return None
 
 
 class RunState:

@@ -31,6 +31,7 @@ from matrix.registry import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
+from suites.contracts import Job
 from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import LibraryOutputError
 
@@ -346,21 +347,21 @@ class ShardedTrainee:
                 "lm_head_mode": type(head_module).__name__ if head_module is not None else "none"}
 
 
-def deepspeed_config(variant: dict, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
+def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
     """The cell's DeepSpeed config: the row's partitioning source, ZeRO stage and tp_overlap_comm."""
     tensor_parallel = {"autotp_size": tp_size}
-    if variant["partitioning"] == "preset":
+    if variant.partitioning == "preset":
         tensor_parallel["preset_model"] = model_type
-    if variant["partitioning"] == "custom":
-        tensor_parallel["partition_config"] = variant["partition_config"]
-    if variant["tp_overlap_comm"]:
+    if variant.partitioning == "custom":
+        tensor_parallel["partition_config"] = variant.partition_config
+    if variant.tp_overlap_comm:
         tensor_parallel["tp_overlap_comm"] = True
     return {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": tensor_parallel,
             # ZeRO-3 writes save_16bit_model's file only when told to gather the partitions for it.
-            "zero_optimization": {"stage": variant["zero_stage"], "stage3_gather_16bit_weights_on_model_save": True},
+            "zero_optimization": {"stage": variant.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
             # SGD is a torch.optim class, which DeepSpeed's ZeRO optimizers call "untested".
             "zero_allow_untested_optimizer": True,
-            "optimizer": _deepspeed_optimizer(variant["optimizer"]), "gradient_clipping": GRADIENT_CLIPPING,
+            "optimizer": _deepspeed_optimizer(variant.optimizer), "gradient_clipping": GRADIENT_CLIPPING,
             "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
             "checkpoint": {"load_universal": load_universal}}
 
@@ -382,18 +383,18 @@ def hide_tp_plan(model) -> None:
     model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
 
 
-def build_engine(checkpoint: str, model_type: str, job: dict, tp_size: int, progress: "Progress",
+def build_engine(checkpoint: str, model_type: str, job: Job, tp_size: int, progress: "Progress",
                  load_universal: bool = False):
     """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
     (stage `shard`, under the label the caller was in)."""
     import deepspeed
 
-    variant, label = job["variant"], progress.label
+    variant, label = job.variant, progress.label
     progress.enter("setup", f"{label}: load model")
-    model = load_for_training(checkpoint, job["dtype"], job["trust_remote_code"])
-    if variant["partitioning"] == "heuristics":
+    model = load_for_training(checkpoint, job.dtype, job.trust_remote_code)
+    if variant.partitioning == "heuristics":
         hide_tp_plan(model)
-    config = deepspeed_config(variant, tp_size, job["dtype"], model_type, load_universal)
+    config = deepspeed_config(variant, tp_size, job.dtype, model_type, load_universal)
     progress.enter("shard", label)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     engine.eval()
@@ -474,13 +475,13 @@ def universal_arguments(scratch: Path) -> argparse.Namespace:
         sys.argv = saved
 
 
-def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
     takes next."""
     import torch.distributed as dist
 
-    engine, variant, rank = trainee.engine, job["variant"], dist.get_rank()
+    engine, variant, rank = trainee.engine, job.variant, dist.get_rank()
     steps_taken = len(trainee.losses)
     trained = trainee.unsharded["weights"][steps_taken]
     progress.enter("forward", "save")
@@ -491,7 +492,7 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     if not saved_file.is_file():  # DeepSpeed's output, validated where it enters the harness, on every rank alike
         raise LibraryOutputError("numerics", "save_16bit_model wrote no file", str(saved_file))
     saved = compare_whole(torch.load(saved_file, weights_only=True), trained, "saved 16-bit") if rank == 0 else None
-    if variant["resume_tp"]:
+    if variant.resume_tp:
         if rank == 0:
             progress.enter("setup", "ds_to_universal: arguments")
             arguments = universal_arguments(scratch)
@@ -502,17 +503,17 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
         dist.barrier()
     progress.enter("forward", "gather")
     fault_hook("saved", engine.module)
-    gathered, problems = gather_full_weights(engine.module, variant["zero_stage"])
+    gathered, problems = gather_full_weights(engine.module, variant.zero_stage)
     gather = compare_whole(gathered, trained, "gathered")
     gather["problems"] += problems
     progress.enter("shard", "load")
-    if variant["resume_tp"]:
+    if variant.resume_tp:
         forget_parallel_groups()
-    resumed = ShardedTrainee(build_engine(job["checkpoint"], job["model_type"], job, variant["resume_tp"] or world_size,
-                                          progress, load_universal=bool(variant["resume_tp"])),
+    resumed = ShardedTrainee(build_engine(job.trained[0].checkpoint, job.trained[0].model_type, job, variant.resume_tp or world_size,
+                                          progress, load_universal=bool(variant.resume_tp)),
                              trainee.unsharded, trainee.label, steps_taken)
     fault_hook("restoring", resumed.engine.module)
-    resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant["resume_tp"] else CHECKPOINT_TAG)
+    resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant.resume_tp else CHECKPOINT_TAG)
     fault_hook("restored", resumed.engine.module)
     # The loaded shards against the trained weights directly: on tiny random models a whole projection
     # left untrained moves the next loss by less than the loss tolerance.
@@ -521,39 +522,39 @@ def round_trip(trainee: ShardedTrainee, job: dict, world_size: int, scratch: Pat
     for name in resumed.layouts:
         loaded.add(name, resumed.initial[name], resumed.slice(name, trained[name]))
     progress.enter("setup", "resume: step batch")
-    batch = step_batch(job["tokenizer"], ProbeSpec(**job["spec"]), job["trust_remote_code"], steps_taken)
+    batch = step_batch(job.tokenizer, job.spec, job.trust_remote_code, steps_taken)
     progress.enter("forward", "resume")
     resumed.step(batch, fault_hook)
     # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
     # state (momentum, Adam's moments) the checkpoint must restore.
     return {"saved": saved, "gathered": gather, "loaded": loaded.to_dict(), "resumed_step": steps_taken + 1,
-            "resumed_tp": variant["resume_tp"] or world_size, "resumed_loss": resumed.losses[0],
+            "resumed_tp": variant.resume_tp or world_size, "resumed_loss": resumed.losses[0],
             "resumed_grads": resumed.step_grads[0], "resumed_update": resumed.update_comparison().to_dict()}
 
 
-def run_training(job: dict, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
     """The row's training on this rank: the cell's model (and the second model, initialised after it)
     trained step by step, then the checkpoint round trip. `fault_hook(stage, model)` is the test-only hook."""
     from deepspeed.module_inject.layers import set_autotp_mode
 
-    variant, spec = job["variant"], ProbeSpec(**job["spec"])
+    variant, spec = job.variant, job.spec
     set_autotp_mode(training=True)
     try:
         trainees = []
-        for model in [job, *job["second_models"]]:
-            engine = build_engine(model["checkpoint"], model["model_type"], job, world_size, progress)
+        for model in job.trained:
+            engine = build_engine(model.checkpoint, model.model_type, job, world_size, progress)
             fault_hook("sharded", engine.module)
-            trainees.append(ShardedTrainee(engine, torch.load(model["unsharded_steps"], weights_only=False), model["model_type"]))
+            trainees.append(ShardedTrainee(engine, torch.load(model.unsharded_steps, weights_only=False), model.model_type))
         progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
         batches = []
-        for step in range(variant["training_steps"]):  # a loop, not a comprehension: its frame names run_training
-            batches.append(step_batch(job["tokenizer"], spec, job["trust_remote_code"], step))
+        for step in range(variant.training_steps):  # a loop, not a comprehension: its frame names run_training
+            batches.append(step_batch(job.tokenizer, spec, job.trust_remote_code, step))
         for step, ids in enumerate(batches):
             progress.enter("forward", f"step {step + 1}")
             for trainee in trainees:
                 trainee.step(ids, fault_hook)
         reports = [trainee.report() for trainee in trainees]
-        if variant["checkpoint_round_trip"]:
+        if variant.checkpoint_round_trip:
             reports[0]["round_trip"] = round_trip(trainees[0], job, world_size, scratch, fault_hook, progress)
         return {"models": reports}
     finally:

@@ -1,11 +1,12 @@
 """Driver-side preparation a variant needs beyond the plain reference: skip reasons, the `.bin`
 copy for the meta loader, the quantized reference plus the fp32 baseline, the unsharded training
-step. Returns extra job fields, or the cell's outcome when it cannot run."""
+step. Returns the job's variant fields, or the cell's outcome when it cannot run."""
 
 from __future__ import annotations
 
 from matrix.cells import Cell
 from suites.checks.inputs import ProbeSpec
+from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
 from suites.reference import cached_reference
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
@@ -27,34 +28,35 @@ def skip_reason(cell: Cell) -> str | None:
     return None
 
 
-def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> dict | CellOutcome:
-    """Extra job fields for the variant, computed in the driver (never in a rank)."""
+def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> VariantFields | CellOutcome:
+    """The variant's job fields, computed in the driver (never in a rank)."""
     variant, trust = cell.variant, cell.model.trust_remote_code
     reason = skip_reason(cell)
     if reason:
         return CellOutcome("skip", message=reason)
-    fields = {"variant": variant.as_job()}
+    meta, trained, reference, baseline = None, (), None, None
     if variant.load == "meta":
         # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
-        fields["checkpoint"] = str(checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files))
-        fields["checkpoints_json"] = str(checkpoints_json(fields["checkpoint"], variant.checkpoint_format))
-        fields["fresh_process_failure"] = fresh_process_meta_failure(checkpoint, cell.dtype, trust)
+        copy = checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files)
+        meta = MetaLoad(str(copy), str(checkpoints_json(copy, variant.checkpoint_format)),
+                        fresh_process_meta_failure(checkpoint, cell.dtype, trust))
     if variant.training:
-        training = _training_fields(cell, checkpoint, tokenizer, spec)
+        training = _trained_models(cell, checkpoint, tokenizer, spec)
         if isinstance(training, CellOutcome):
             return training
-        fields.update(training)
+        trained = training
     if variant.quantization:
         try:
-            fields["reference"] = str(cached_reference(checkpoint, tokenizer, cell.dtype, spec, trust,
-                                                       variant.quantization, variant.quant_group_size))
+            reference = str(cached_reference(checkpoint, tokenizer, cell.dtype, spec, trust,
+                                             variant.quantization, variant.quant_group_size))
         except QuantizationUnavailable as error:
             return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
-        fields["baseline"] = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
-    return fields
+        baseline = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
+    return VariantFields(meta, trained, reference, baseline)
 
 
-def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> dict | CellOutcome:
+def _trained_models(cell: Cell, checkpoint: str, tokenizer: str | None,
+                    spec: ProbeSpec) -> tuple[TrainedModel, ...] | CellOutcome:
     """The unsharded steps of the cell's model (and of the row's second model), or the skip when the
     row's partitioning source does not exist for the model."""
     from matrix.checkpoints import tiny_checkpoint
@@ -70,10 +72,9 @@ def _training_fields(cell: Cell, checkpoint: str, tokenizer: str | None, spec: P
                                            "vocabulary; the cell's tokenizer does not fit it")
     steps = variant.unsharded_steps
 
-    def trained(entry, entry_checkpoint):
-        return {"checkpoint": entry_checkpoint, "model_type": entry.model_type,
-                "unsharded_steps": str(cached_unsharded_steps(entry_checkpoint, tokenizer, cell.dtype, spec,
-                                                              entry.trust_remote_code, steps, variant.optimizer))}
+    def trained(entry, entry_checkpoint: str) -> TrainedModel:
+        return TrainedModel(entry_checkpoint, entry.model_type, str(cached_unsharded_steps(
+            entry_checkpoint, tokenizer, cell.dtype, spec, entry.trust_remote_code, steps, variant.optimizer)))
 
     second = [load_models()[variant.second_model]] if variant.second_model else []
-    return {**trained(cell.model, checkpoint), "second_models": [trained(entry, str(tiny_checkpoint(entry))) for entry in second]}
+    return (trained(cell.model, checkpoint), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))

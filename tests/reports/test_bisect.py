@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -322,14 +323,14 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {}, store) == {
         "deepspeed": "0.17.0", "transformers": "4.57.6", "torch": "2.13.0"}
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {"torch": "2.12.0"}, store)["torch"] == "2.12.0"
-    held = "transformers 4.57.6, torch 2.13.0"
+    held = (("transformers", "4.57.6"), ("torch", "2.13.0"))
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", held).after == "0.16.6"
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0", held) is None  # outside
     assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4", held) is None
     # The same rule as the report's (reports.history.answer_for): the other transformers' answer is the one
     # for those versions only.
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0",
-                                 "transformers 5.24.0, torch 2.13.0").after == "0.16.8"
+                                 (("transformers", "5.24.0"), ("torch", "2.13.0"))).after == "0.16.8"
 
 
 # ---- a real DeepSpeed range ----------------------------------------------------------------------------------------
@@ -383,7 +384,7 @@ GONE_CELL = textwrap.dedent("""\
         from fakeds.universal import run
         run()
     except Exception as error:
-        record.update(outcome="fail", failure_class="ds_to_universal" if isinstance(error, KeyError) else "save",
+        record.update(outcome="fail", failure_class="forward" if isinstance(error, KeyError) else "numerics",
                       signature=f"{type(error).__name__}: " + re.sub(r"(?<![A-Za-z_])\\d+", "N", str(error)),
                       message=str(error))
     results.mkdir(parents=True, exist_ok=True)
@@ -407,8 +408,8 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
         python, cells, timeout, lambda python, cells, results, _: [str(python), str(script), cells[0].id, str(results)]))
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
-    signatures = {"0.1.0": ("ds_to_universal", "KeyError: 'universal_checkpoint_info state is missing at step N'"),
-                  "0.2.0": ("save", "OSError: save_16bit_model wrote N of N shards")}
+    signatures = {"0.1.0": ("forward", "KeyError: 'universal_checkpoint_info state is missing at step N'"),
+                  "0.2.0": ("numerics", "OSError: save_16bit_model wrote N of N shards")}
     with HistoryStore(store, create=True) as history:
         for n, (deepspeed, failure) in enumerate(signatures.items(), start=1):
             run = Run(f"r{n}", "nightly", "runner-1", f"2026-01-0{n}T00:00:00Z", "cpu", "gloo",
@@ -420,7 +421,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     # What fixed the first failure could not be asked for: the newer end fails too, another way.
     assert main([*argv, "--mode", "fixed"]) == 2
     err = capsys.readouterr().err
-    assert f"{shas[4]} should be good but is skip (a different failure (save: OSError:" in err, err
+    assert f"{shas[4]} should be good but is skip (a different failure (numerics: OSError:" in err, err
     assert "--any-failure counts it as bad, --mode gone as gone)" in err
 
     assert main([*argv, "--mode", "gone"]) == 0
@@ -431,7 +432,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
         found = analyse(history.observations(), None, history.bisections())
     # Recorded as the class change it is, keyed on the failure that came, like triage's answers to one.
     assert (answer.kind, answer.mode, answer.failure_class, answer.commit, answer.pr) == (
-        "class-change", "broken", "save", shas[3], 5003)
+        "class-change", "broken", "numerics", shas[3], 5003)
     assert (answer.searched_older, answer.searched_newer) == ("v0.1.0", "v0.2.0")
     (transition,) = found.transitions
     assert transition.kind == "class-change" and transition.bisection == answer
@@ -507,3 +508,18 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
     with pytest.raises(BisectError, match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
                                           "in 2 runs; a bisection needs ends whose verdict repeats"):
         bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)
+
+
+def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
+    """A session killed mid-write leaves its last cells.jsonl line cut short: the cells before it still
+    count (the same reader as the suites' own resume), the cut one is missing from the answer."""
+    from reports.bisect import run_cells
+
+    writes = ("import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "
+              "record = {'cell': {'id': sys.argv[2]}, 'outcome': 'fail', 'failure_class': 'numerics', "
+              "'signature': 'logits differ by N', 'message': ''}; "
+              "(results / 'cells.jsonl').write_text(json.dumps(record) + '\\n' + '{\"cell\": {\"id\": \"llama|eag')")
+    first, cut = CellKey("llama", "eager", "fp32", 2), CellKey("llama", "eager", "bf16", 2)
+    found = run_cells(Path(sys.executable), [first, cut], 60,
+                      lambda python, cells, results, _: [str(python), "-c", writes, str(results), cells[0].id])
+    assert found == {first: CellRun("fail", "numerics", "logits differ by N", "")}

@@ -186,7 +186,8 @@ def test_an_entry_holds_the_raw_junit_and_its_runs_cells_records(tmp_path):
     junit = write_junit(results / "junit" / "nightly.xml", [Cell("llama")], run_id="nightly@2@vm", started="2")
     records = [{"run": {"id": "nightly@1@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
                {"run": {"id": "nightly@2@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
-               {"run": {"id": "nightly@2@vm"}, "cell": {"id": "opt-eager-fp32-tp2"}, "faults": ["hang"]}]
+               {"run": {"id": "nightly@2@vm"}, "cell": {"id": "opt-eager-fp32-tp2"}, "outcome": "fail",
+                "failure_class": "timeout", "faults": ["hang"]}]
     (results / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"cut sho')
     for store in ("one/history.sqlite", "two/history.sqlite"):
         assert main(["merge", str(results / "junit"), "--store", str(tmp_path / store)]) == 0

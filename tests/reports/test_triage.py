@@ -15,7 +15,7 @@ from sessions.environments import EnvironmentSpec
 from reports.answers import answer_text, plain_link
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.records import CellKey, CellResult, Run, Versions
+from reports.records import CellKey, CellResult, Run, Versions, pins_text
 from reports.render import transition_json
 from reports.store import HistoryStore
 from reports.triage import Budget, Installer, Triage, questions
@@ -422,7 +422,8 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
                                 (Versions("0.2.0", **fixed), {cell: ("shard", TP2_CAUSE)})])
     with HistoryStore(store, create=True) as history:
         (transition,) = analyse(history.observations(), None).transitions
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.1.1", "0.2.0", transition.held_fixed, "shard",
+        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.1.1", "0.2.0", pins_text(transition.held_fixed),
+                                        "shard",
                                         TP2_CAUSE, recorded_at="2026-01-03T00:00:00+00:00", kind="broke",
                                         searched_older="0.1.0", searched_newer="0.2.0"))
         found = analyse(history.observations(), None, history.bisections())
@@ -447,7 +448,7 @@ def test_the_same_question_at_other_held_fixed_versions_is_recorded_for_each(dee
     for _ in range(2):  # asking again records nothing new
         with HistoryStore(store, create=False) as history:
             found = analyse(history.observations(), None, history.bisections(), history.triage_attempts())
-        assert [t.held_fixed.split(",")[0] for t in found.transitions] == ["deepspeed 0.1.0", "deepspeed 0.2.0"]
+        assert [t.held_fixed[0] for t in found.transitions] == [("deepspeed", "0.1.0"), ("deepspeed", "0.2.0")]
         make_triage(store, deepspeed_side, Budget(max_cells=10, max_minutes=30)).run(found.transitions)
         with HistoryStore(store, create=False) as history:
             assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == ["deepspeed 0.1.0",

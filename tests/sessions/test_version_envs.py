@@ -113,3 +113,21 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
     assert merge.returncode == 0, merge.stderr
     imported = sqlite3.connect(store).execute("select failure_class, count(*) from results group by 1").fetchall()
     assert imported == [("install", 4)]
+
+
+def test_environment_names_are_built_from_each_axis_short_prefix(monkeypatch):
+    """Environment names come from matrix/versions.toml's `short` prefixes (the combination ids' own), not from
+    prefixes written again in sessions/environments.py."""
+    from pathlib import Path
+
+    from sessions import environments
+
+    pins = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
+    released = environments.release_environment(pins)
+    assert (released.key, released.base.key) == ("ds0.19.8-tf5.24.0-pt2.13.0", "base-ds0.19.8-pt2.13.0")
+    monkeypatch.setattr(environments, "short_prefixes", lambda: {"deepspeed": "D", "transformers": "T", "torch": "P"})
+    assert environments.release_environment(pins).key == "D0.19.8-T5.24.0-P2.13.0"
+    built = [environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
+             for axis in ("deepspeed", "transformers")]
+    assert [(env.key, env.base.key) for env in built] == [("D@aaaaaaaaaaaa-T5.24.0-P2.13.0", "base-D@aaaaaaaaaaaa-P2.13.0"),
+                                                          ("D0.19.8-T@aaaaaaaaaaaa-P2.13.0", "base-D0.19.8-P2.13.0")]

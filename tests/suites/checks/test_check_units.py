@@ -3,6 +3,7 @@
 import torch
 
 from matrix.registry import DEFAULT_TOLERANCES
+from tests.suites.rank_summaries import inference_rank
 
 
 def _observations(**changes):
@@ -187,8 +188,8 @@ def test_a_non_finite_reference_is_setup_and_stops_the_comparison():
     reference = _observations()
     broken = reference.logits_plain.clone()
     broken[0, 3, 1] = float("nan")
-    results = judge.run_all(_observations(logits_plain=broken), reference, [reference.logits_plain[0, -1]] * 2,
-                            [reference.bytes_by_name] * 2, DEFAULT_TOLERANCES["fp32"])
+    ranks = [inference_rank(rank, reference) for rank in range(2)]
+    results = judge.run_all(_observations(logits_plain=broken), reference, ranks, DEFAULT_TOLERANCES["fp32"])
     assert [(r.name, r.passed, r.failure_class) for r in results] == [("reference", False, "setup")]
     assert results[0].reason.startswith("the unsharded reference is not finite: logits_plain hold NaN/inf")
 
@@ -220,9 +221,9 @@ def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
         raise LibraryOutputError("numerics", "shapes: generate returned decode-step logits of differing shapes", "[(1, 8)]")
     except LibraryOutputError as raised:  # raised in the harness's own file, still the library's class
         error = _stage_error("forward", raised, 0)
-    assert (error["failure_class"], error["signature"]) == (
+    assert (error.failure_class, error.signature) == (
         "numerics", "shapes: generate returned decode-step logits of differing shapes")
-    assert "failed validation where it entered the harness" in error["message"]
+    assert "failed validation where it entered the harness" in error.message
 
 
 def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findings_kept():

@@ -40,3 +40,29 @@ def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path
     live.unlink()
 
 
+
+
+def test_a_job_crosses_to_the_ranks_whole():
+    """The job file is the only thing a rank knows of its cell: every field (the variant, tolerance, probe spec,
+    meta copy, trained models) reads back as the driver wrote it, and the driver's checkpoint and the meta copy
+    are two fields (a merge of dicts once overwrote one with the other)."""
+    from dataclasses import FrozenInstanceError, replace
+
+    import pytest
+
+    from matrix.cells import expand
+    from suites.checks.inputs import ProbeSpec
+    from suites.checks.task_probe import AccuracyTask
+    from suites.contracts import Job, MetaLoad, TrainedModel
+
+    cell = expand("llama", "train", "fp32", "2")[0]
+    job = Job(cell.id, "/ckpt", None, cell.dtype, cell.variant, False, cell.model.tolerance_for(cell.dtype),
+              ProbeSpec(new_tokens=3),
+              trained=(TrainedModel("/ckpt", "llama", "/steps-1"), TrainedModel("/other", "opt", "/steps-2")),
+              accuracy_task=AccuracyTask("world-facts", "abc"), faults=("tests.faults:wrong_gradient",), seq=4)
+    meta = replace(job, meta=MetaLoad("/ckpt-copy", "/ckpt-copy/ds.json", {"signature": "s", "message": "m"}))
+    for sent in (job, meta):
+        assert Job.from_json(sent.to_json()) == sent
+    assert (meta.checkpoint, meta.loaded_checkpoint, job.loaded_checkpoint) == ("/ckpt", "/ckpt-copy", "/ckpt")
+    with pytest.raises(FrozenInstanceError):
+        job.checkpoint = "/elsewhere"  # type: ignore[misc]

@@ -7,6 +7,7 @@ No torch or DeepSpeed needed: PEP 610 metadata is faked, git repositories are ma
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -177,3 +178,22 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
     ElementTree.ElementTree(suite).write(junit, encoding="utf-8", xml_declaration=True)
     ((_, results),) = read_junit(junit)
     assert [result.cell.model for result in results] == ["opt"]
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "passed"}, "outcome 'passed' is not one of pass, fail, skip"),
+    ({"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "fail", "failure_class": "ds_to_universal"},
+     "failure_class 'ds_to_universal' is not one of setup, shard, forward"),
+    ({"outcome": "pass"}, "not a cell record (no cell.id)"),
+])
+def test_a_record_the_harness_did_not_write_is_refused_naming_its_line(tmp_path, record, problem):
+    """cells.jsonl is read in one place: a record whose outcome or class is not the harness's stops there, named,
+    instead of reaching the store or a bisection as a verdict; a cut last line (a kill mid-write) is still skipped."""
+    from suites.records.run_records import MalformedRecord, read_records
+
+    good = {"cell": {"id": "llama-eager-bf16-tp2"}, "outcome": "fail", "failure_class": "numerics"}
+    (tmp_path / "cells.jsonl").write_text(f"{json.dumps(good)}\n{json.dumps(record)}\n")
+    with pytest.raises(MalformedRecord, match=f"^{tmp_path / 'cells.jsonl'}:2: {re.escape(problem)}"):
+        read_records(tmp_path)
+    (tmp_path / "cells.jsonl").write_text(f"{json.dumps(good)}\n{json.dumps(good)[:20]}")
+    assert read_records(tmp_path) == [good]

@@ -8,6 +8,7 @@ post-init quantization needing fp16) must say so with a clear class and signatur
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites.checks import judge
+from suites.contracts import MetaLoad
 from suites.driver import RunOptions, prepare_job, run_cell
 from suites.variants.loading import checkpoints_json, fresh_process_meta_failure
+from tests.suites.rank_summaries import inference_rank
 
 ARCHITECTURES = "llama,qwen2,mistral"
 @pytest.fixture
@@ -110,9 +113,9 @@ def test_meta_load_memory_is_measured_and_judged(pool):
 @pytest.mark.autotp
 def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
     cell = expand("llama", "meta", "fp32", "2")[0]
-    job = prepare_job(cell, RunOptions())
+    job, _ = prepare_job(cell, RunOptions())
     damaged = tmp_path / "damaged"
-    shutil.copytree(job["checkpoint"], damaged)
+    shutil.copytree(job.loaded_checkpoint, damaged)
     from safetensors.torch import load_file, save_file
 
     # One tensor in one of the checkpoint files (the meta variant splits it into several) is damaged.
@@ -125,8 +128,7 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
         listing.unlink()  # the meta loader lists the damaged folder's own files
     listing = checkpoints_json(damaged, cell.variant.checkpoint_format)
     # The damage is what this judges, past a fresh process's own failure to build the model (if any).
-    outcome = pool.run(cell.tp, {**job, "checkpoint": str(damaged), "checkpoints_json": str(listing),
-                                 "fresh_process_failure": None}, 600)
+    outcome = pool.run(cell.tp, replace(job, meta=MetaLoad(str(damaged), str(listing), None)), 600)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "numerics"), outcome.message
     assert outcome.signature.startswith("logits:"), outcome.signature
 
@@ -164,7 +166,7 @@ def test_wrong_quantization_scale_is_reported():
 
     def judged():
         observed = observe(model, inputs, spec, "cpu")
-        strict = judge.run_all(reference, observed, [observed.logits_plain[0, -1]], [observed.bytes_by_name], tolerance)
+        strict = judge.run_all(reference, observed, [inference_rank(0, observed)], tolerance)
         return strict[0], quantization_checks.check(baseline, observed, tolerance)
 
     strict, relaxed = judged()

@@ -1,0 +1,112 @@
+"""The records that cross between the driver and the ranks: the `Job` a rank group runs (written by the driver
+as `job-<seq>.json`, read by every rank) and the `RankSummary` each rank hands rank 0 for the verdict. Typed and
+frozen, so a field is named once and no merge of dicts can overwrite another part's field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from matrix.registry import Tolerance, Variant
+from suites.checks.inputs import ProbeSpec
+from suites.checks.task_probe import AccuracyTask
+from suites.outcome import RankError
+
+
+@dataclass(frozen=True)
+class MetaLoad:
+    """A `meta` variant's checkpoint copy in the variant's format and file count, written once by the driver
+    (N ranks writing the same file raced), and what a user's fresh process hits building the model."""
+
+    checkpoint: str
+    """The copy the ranks build the model from and `init_inference` reads the weights of."""
+    checkpoints_json: str
+    fresh_process_failure: dict[str, str] | None
+    """suites/variants/loading.py `fresh_process_meta_failure`: `signature` and `message`, or None."""
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A model a training cell trains, with the unsharded steps it is compared with."""
+
+    checkpoint: str
+    model_type: str
+    unsharded_steps: str
+    """The file of the unsharded model's steps (suites/variants/training.py `cached_unsharded_steps`)."""
+
+
+@dataclass(frozen=True)
+class VariantFields:
+    """What a variant adds to its cell's job, prepared in the driver (suites/variants/variant_setup.py)."""
+
+    meta: MetaLoad | None = None
+    trained: tuple[TrainedModel, ...] = ()
+    """Training: the cell's model first, then the row's second model."""
+    reference: str | None = None
+    """Quantized variants: the quantized unsharded reference (instead of the plain one)."""
+    baseline: str | None = None
+    """Quantized variants: the fp32 unsharded reference the relaxed checks compare with."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cell for a rank group."""
+
+    cell_id: str
+    checkpoint: str
+    """The cell's checkpoint folder (a `meta` cell loads `meta.checkpoint`, its copy; see `loaded_checkpoint`)."""
+    tokenizer: str | None
+    dtype: str
+    variant: Variant
+    trust_remote_code: bool
+    tolerance: Tolerance
+    spec: ProbeSpec
+    reference: str | None = None
+    """The unsharded reference's file; None for a training cell (it compares with `trained`)."""
+    baseline: str | None = None
+    meta: MetaLoad | None = None
+    trained: tuple[TrainedModel, ...] = ()
+    accuracy_task: AccuracyTask | None = None
+    accuracy_reference: str | None = None
+    faults: tuple[str, ...] = ()
+    """Test-only fault hooks (`module:function`), see suites/engine/cell_runner.py."""
+    seq: int = 0
+    """The rank group's sequence number of this cell (set by the group when it hands the job over)."""
+
+    @property
+    def loaded_checkpoint(self) -> str:
+        return self.meta.checkpoint if self.meta else self.checkpoint
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        fields: dict[str, Any] = json.loads(text)
+        variant = fields["variant"]
+        meta, task = fields["meta"], fields["accuracy_task"]
+        return cls(**{
+            **fields, "variant": Variant(**{**variant, "needs": tuple(variant["needs"]), "tags": tuple(variant["tags"])}),
+            "tolerance": Tolerance(**fields["tolerance"]), "spec": ProbeSpec(**fields["spec"]),
+            "meta": MetaLoad(**meta) if meta else None, "trained": tuple(TrainedModel(**m) for m in fields["trained"]),
+            "accuracy_task": AccuracyTask(**task) if task else None, "faults": tuple(fields["faults"])})
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What each rank hands rank 0 (all_gather_object) after the cell's stages, for the verdict."""
+
+    rank: int
+    error: RankError | None
+    rss_bytes: int
+    rss_peak_bytes: int
+    rss_before_load_bytes: int
+    rss_peak_loaded_bytes: int
+    """Peak RSS at the end of sharding (or training)."""
+    training: dict[str, Any] | None
+    """suites/variants/training.py `run_training`'s report, for a training cell."""
+    bytes_by_name: dict[str, int] | None
+    """The bytes this rank holds of each tensor (suites/checks/probes.py), for an inference cell."""
+    last_logits: Any
+    """The last position's plain-prompt logits (a tensor) for an inference cell, else None."""

@@ -1,0 +1,8 @@
+"""Rank summaries for judging observations in a test without a rank group."""
+
+from suites.contracts import RankSummary
+
+
+def inference_rank(rank: int, observed) -> RankSummary:
+    """What a rank of an inference cell hands rank 0, holding `observed`'s tensors (no error, no memory figures)."""
+    return RankSummary(rank, None, 0, 0, 0, 0, None, observed.bytes_by_name, observed.logits_plain[0, -1])
