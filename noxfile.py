@@ -64,6 +64,7 @@ def tests(session):
     python = install_harness(session, combos[0], "tests")
     env = environment_variables(python)
     session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)
+    session.run(str(python), "-m", "mypy", env=env, external=True)  # files and mode: pyproject.toml [tool.mypy]
     cache = tempfile.mkdtemp(prefix="autotp-tests-cache-")
     try:
         # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.

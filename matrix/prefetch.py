@@ -20,6 +20,7 @@ import fnmatch
 import os
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,7 @@ PLAN_FILES = ("*.json",)
 """What the memory plan sizes a checkpoint from before its weights are fetched: config.json and the weights'
 index (`*.safetensors.index.json`, `*.bin.index.json`)."""
 
-Downloader = Callable[..., object]
+Downloader = Callable[..., Any]
 """huggingface_hub.snapshot_download, or a stand-in with its signature (tests)."""
 
 
@@ -158,7 +159,9 @@ def main(argv: list[str] | None = None, download: Downloader | None = None) -> i
                         help="every hub id listed per model, not only the first (the one hub cells load)")
     args = parser.parse_args(argv)
     if download is None:
-        from huggingface_hub import snapshot_download as download
+        from huggingface_hub import snapshot_download
+
+        download = snapshot_download
     try:
         ids = hub_ids(args.models, args.all_hub_ids)
     except RegistryError as error:

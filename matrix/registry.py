@@ -429,7 +429,7 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
         return list(registry.values())
     tags = {tag: [entry for entry in registry.values() if tag in entry.tags]
             for entry in registry.values() for tag in getattr(entry, "tags", ())}
-    picked = {}
+    picked: dict[str, Any] = {}
     for name in names:
         if name not in registry and name not in tags:
             close = difflib.get_close_matches(name, [*registry, *tags], n=5, cutoff=0.5)

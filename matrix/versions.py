@@ -192,7 +192,7 @@ class Incompatibility:
     def matches(self, versions: Mapping[str, Version | None]) -> bool:
         # An unknown version (git ref, local checkout) never matches: skipping it would hide results.
         return all(
-            versions.get(package) is not None and specifier.contains(versions[package], prereleases=True)
+            (version := versions.get(package)) is not None and specifier.contains(version, prereleases=True)
             for package, specifier in self.specifiers
         )
 
@@ -415,7 +415,7 @@ def select_versions(rule: AxisRule, releases: Iterable[Release], python: Version
     values = tuple(release_pins) + tuple(pin for pin in extras if pin.version is None)
     if not values:
         raise AxisValueError(f"{rule.package}: the rule in versions.toml selects nothing")
-    stable_pins = [pin for pin in release_pins if not pin.version.is_prerelease] or list(values)
+    stable_pins = [pin for pin in release_pins if pin.version and not pin.version.is_prerelease] or list(values)
     latest = stable_pins[-1]
     older = [version for version in stable if latest.version and version < latest.version]
     return AxisSelection(
@@ -610,7 +610,7 @@ def combinations(
 
     combos = [
         Combo(
-            *pins,
+            **dict(zip(AXES, pins)),  # type: ignore[arg-type]  # one Pin per axis, in AXES order
             tags=tuple(t for t in TAGS if t in tags),
             skip_reason=skip_reason({pin.package: pin.version for pin in pins}, config),
         )

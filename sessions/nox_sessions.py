@@ -43,7 +43,7 @@ def session_combos(tag: str | None = None, overrides: dict[str, str] | None = No
 
 
 def dependency_group(name: str) -> list[str]:
-    return nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name)
+    return list(nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name))
 
 
 def combo_environment(combo: Combo, extras_name: str = "") -> EnvironmentSpec:
