@@ -60,6 +60,7 @@ def merge(args: argparse.Namespace) -> int:
             runs += counts.new_runs
             results += counts.new_results
         answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
+        store.compact()  # old results keep their verdict only (reports/README.md "Compaction")
     for conflict in conflicts:
         print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
@@ -89,6 +90,7 @@ def rebuild(args: argparse.Namespace) -> int:
         answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
         for answer in answers:
             (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+        store.compact()
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
           f"entries in {archive.root}, {len(answers)} new answer(s)")
     return 0
