@@ -25,8 +25,15 @@ from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
 from reports.render import write_outputs, writing_to
-from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
+from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
+
+
+def _run_count(text: str) -> int:
+    """--keep-recent-runs: a whole number of runs, at least 1 (publish and draft-issue read the newest run's detail)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs; give a whole number of 1 or more")
+    return int(text)
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -60,7 +67,7 @@ def merge(args: argparse.Namespace) -> int:
             runs += counts.new_runs
             results += counts.new_results
         answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
-        store.compact()  # old results keep their verdict only (reports/README.md "Compaction")
+        store.compact(args.keep_recent_runs)  # old results keep their verdict only (reports/README.md "Compaction")
     for conflict in conflicts:
         print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
@@ -90,7 +97,7 @@ def rebuild(args: argparse.Namespace) -> int:
         answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
         for answer in answers:
             (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
-        store.compact()
+        store.compact(args.keep_recent_runs)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
           f"entries in {archive.root}, {len(answers)} new answer(s)")
     return 0
@@ -185,17 +192,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
     archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
+    keep_option = {"type": _run_count, "default": KEEP_RECENT_RUNS, "metavar": "N",
+                   "help": f"keep messages and metrics of each session's newest N runs (default {KEEP_RECENT_RUNS}); "
+                           "older results keep their verdict and signature, and their detail where a report reads it"}
 
     merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
     merge_parser.add_argument("--archive", type=Path, help=archive_help)
+    merge_parser.add_argument("--keep-recent-runs", **keep_option)
     merge_parser.set_defaults(handler=merge)
 
     rebuild_parser = commands.add_parser(
         "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
     rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
     rebuild_parser.add_argument("--store", **store_option)
+    rebuild_parser.add_argument("--keep-recent-runs", **keep_option)
     rebuild_parser.set_defaults(handler=rebuild)
 
     verify_parser = commands.add_parser(

@@ -174,9 +174,9 @@ CREATE TABLE compacted_results (
     metrics       TEXT,  -- JSON object name -> float; NULL once compacted
     PRIMARY KEY (run, cell)
 ) WITHOUT ROWID""",
-    # The highest run id the last compaction saw, and the number of recent runs it kept: compact() does nothing
-    # while neither changed.
-    "CREATE TABLE compaction (through_run INTEGER NOT NULL, keep_runs INTEGER NOT NULL)",
+    # How many results the last compaction saw, and how many recent runs it kept: compact() does nothing while
+    # neither changed.
+    "CREATE TABLE compaction (results INTEGER NOT NULL, keep_runs INTEGER NOT NULL)",
     "INSERT INTO compaction VALUES (0, 0)",
 )
 
@@ -465,7 +465,7 @@ class HistoryStore:
         one run id is one run, so the file and the store cannot both be right. Messages and signatures are stored
         with their secrets redacted, each distinct text once."""
         conn = self._conn
-        redact = Redactor()
+        redact = functools.lru_cache(maxsize=4096)(Redactor())  # a night's failures repeat a few texts
         texts, cells = _Texts(conn), _Cells(conn)
         new_runs = new_results = 0
         with self._write():
@@ -551,19 +551,21 @@ class HistoryStore:
         result (so the last-good and first-bad runs of every transition, whichever order the versions are put in)
         and its newest result with metrics (the one the report's key metric comes from). Texts no result refers
         to any more are deleted. What a result keeps only shrinks as results are added, so compacting again after
-        each merge gives what compacting once at the end would; it does nothing when no run came since the last
+        each merge gives what compacting once at the end would; it does nothing when no result came since the last
         time (the `compaction` table)."""
         conn = self._conn
         with self._write():
-            through, kept = conn.execute("SELECT through_run, keep_runs FROM compaction").fetchone()
-            newest = conn.execute("SELECT coalesce(max(id), 0) FROM runs").fetchone()[0]
-            if (through, kept) == (newest, keep_runs):
+            seen = conn.execute("SELECT results, keep_runs FROM compaction").fetchone()
+            results = conn.execute("SELECT count(*) FROM results").fetchone()[0]
+            if seen == (results, keep_runs):
                 return CompactionCounts(0, 0)
-            compacted = conn.execute(_COMPACT, {"keep_runs": keep_runs}).rowcount
+            changes = conn.total_changes  # (a statement led by WITH has no rowcount in Python 3.11's sqlite3)
+            conn.execute(_COMPACT, {"keep_runs": keep_runs})
+            compacted = conn.total_changes - changes
             dropped = conn.execute(
                 "DELETE FROM texts WHERE id NOT IN (SELECT signature FROM results) "
                 "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)").rowcount
-            conn.execute("UPDATE compaction SET through_run = ?, keep_runs = ?", (newest, keep_runs))
+            conn.execute("UPDATE compaction SET results = ?, keep_runs = ?", (results, keep_runs))
         return CompactionCounts(compacted, dropped)
 
     @_naming_the_file
