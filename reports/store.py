@@ -235,8 +235,9 @@ class CompactionCounts:
 KEEP_RECENT_RUNS = 30
 
 # The results whose detail HistoryStore.compact drops (see there); `point` is a cell at one version set and
-# harness commit, as reports.history.point_status groups results.
-_COMPACT = """
+# harness commit, as reports.history.point_status groups results (every version column: a new axis joins it).
+_POINT = ", ".join(f"ru.{column}" for column in (*_VERSION_FIELDS, "harness_git"))
+_COMPACT = f"""
 WITH recent AS (
     SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY session ORDER BY started DESC, run_id DESC) AS age
                     FROM runs)
@@ -246,11 +247,10 @@ WITH recent AS (
         SELECT r.run, r.cell,
                row_number() OVER (point ORDER BY ru.started, ru.run_id) AS first,
                row_number() OVER (point ORDER BY ru.started DESC, ru.run_id DESC) AS newest,
-               row_number() OVER (point ORDER BY coalesce(r.metrics, '{}') != '{}' DESC, ru.started DESC,
+               row_number() OVER (point ORDER BY coalesce(r.metrics, '{{}}') != '{{}}' DESC, ru.started DESC,
                                   ru.run_id) AS newest_measured
         FROM results r JOIN runs ru ON ru.id = r.run
-        WINDOW point AS (PARTITION BY r.cell, ru.deepspeed, ru.deepspeed_git, ru.transformers, ru.torch, ru.python,
-                         ru.harness_git))
+        WINDOW point AS (PARTITION BY r.cell, {_POINT}))
     WHERE first = 1 OR newest = 1 OR newest_measured = 1
 )
 UPDATE results SET message = NULL, metrics = NULL
