@@ -124,11 +124,11 @@ def build(store: Path, runs: int, cell_count: int, sessions: int, compact: bool)
     return time.perf_counter() - started
 
 
-def next_night(store: Path, runs: int, cell_count: int, sessions: int) -> tuple[float, float]:
+def next_night(store: Path, cell_count: int, sessions: int) -> tuple[float, float]:
     """(import s, compaction s) of one more night on the built store: what each nightly merge adds to its time."""
     keys = cells(cell_count)
-    night = SyntheticYear(keys).night(runs // sessions, sessions, keys)
     with HistoryStore(store, create=True) as history:
+        night = SyntheticYear(keys).night(len(history.runs()) // sessions, sessions, keys)  # after those stored
         started = time.perf_counter()
         history.import_runs(night, source=Path("synthetic"))
         imported = time.perf_counter()
@@ -202,7 +202,7 @@ def main() -> int:
         sizes = [path.stat().st_size / 2**20 for path in details]
         print(f"{'detail pages':<34} {len(details):10d} files, {sum(sizes):.1f} MB in all, largest {max(sizes):.2f} MB")
     if not args.no_compact:
-        import_s, compact_s = next_night(store, args.runs, args.cells, args.sessions)
+        import_s, compact_s = next_night(store, args.cells, args.sessions)
         print(f"{'one more night (a merge)':<34} import {import_s:.1f} s, compaction {compact_s:.1f} s")
     print(json.dumps({"runs": args.runs, "cells": args.cells, "compacted": not args.no_compact}))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
-from reports.render import write_outputs, writing_to
+from reports.render import read_report, write_outputs, writing_to
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
 
@@ -133,7 +132,7 @@ def render(args: argparse.Namespace) -> int:
     for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
-    report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+    report = read_report(args.out)
     print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "

@@ -34,9 +34,11 @@ from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Observation, V
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
-# What report.json leaves to report-details.json (split_report): it grows with every version combination.
+# What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
+# matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
 DETAILS_FILE = "report-details.json"
-DETAIL_KEYS = ("matrices", "timeline")
+DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", "flaky", "harness_changes",
+               "bisections")
 
 
 def build_report(history: History, observations: list[Observation], drift: Drift | None,
@@ -105,9 +107,8 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
 
 
 def split_report(report: dict) -> tuple[dict, dict]:
-    """(report.json, report-details.json): what grows with every version combination of the history (the matrix at
-    each one, the timeline of every cell at every one) goes to the second, which the first names under "details",
-    so report.json stays the size of its first screen however long the history."""
+    """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
+    first names under "details", so report.json stays the size of its first screen however long the history."""
     details = {key: report[key] for key in DETAIL_KEYS}
     first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
     return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details

@@ -175,9 +175,9 @@ CREATE TABLE compacted_results (
     PRIMARY KEY (run, cell)
 ) WITHOUT ROWID""",
     # How many results the last compaction saw, and how many recent runs it kept: compact() does nothing while
-    # neither changed.
-    "CREATE TABLE compaction (results INTEGER NOT NULL, keep_runs INTEGER NOT NULL)",
-    "INSERT INTO compaction VALUES (0, 0)",
+    # neither changed; and how many results lost their detail since the store was last rewritten (VACUUM).
+    "CREATE TABLE compaction (results INTEGER NOT NULL, keep_runs INTEGER NOT NULL, since_vacuum INTEGER NOT NULL)",
+    "INSERT INTO compaction VALUES (0, 0, 0)",
 )
 
 
@@ -233,31 +233,40 @@ class CompactionCounts:
 
 # Detail (message, metrics) is kept for the newest runs of each session: a month of nightlies.
 KEEP_RECENT_RUNS = 30
+# A result that loses its detail shrinks in place, and new results never go into the pages of old ones: the
+# store is rewritten (VACUUM, seconds for a year's store) once this share of its results shrank since the last time.
+VACUUM_SHARE = 0.1
 
-# The results whose detail HistoryStore.compact drops (see there); `point` is a cell at one version set and
-# harness commit, as reports.history.point_status groups results (every version column: a new axis joins it).
-_POINT = ", ".join(f"ru.{column}" for column in (*_VERSION_FIELDS, "harness_git"))
-_COMPACT = f"""
-WITH recent AS (
-    SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY session ORDER BY started DESC, run_id DESC) AS age
-                    FROM runs)
-    WHERE age <= :keep_runs
-), ends AS (
-    SELECT run, cell FROM (
-        SELECT r.run, r.cell,
-               row_number() OVER (point ORDER BY ru.started, ru.run_id) AS first,
-               row_number() OVER (point ORDER BY ru.started DESC, ru.run_id DESC) AS newest,
-               row_number() OVER (point ORDER BY coalesce(r.metrics, '{{}}') != '{{}}' DESC, ru.started DESC,
-                                  ru.run_id) AS newest_measured
-        FROM results r JOIN runs ru ON ru.id = r.run
-        WINDOW point AS (PARTITION BY r.cell, {_POINT}))
-    WHERE first = 1 OR newest = 1 OR newest_measured = 1
+# HistoryStore.compact, in integers: each run's place in time (`age` in its session, `ord` overall, and
+# `measured_ord`, which orders runs started at the same time as reports.history.summarise breaks such a tie: the
+# first in run id order wins) and its version set with harness commit (`point`, with the cell what
+# reports.history.point_status groups; every version column, so a new axis joins it).
+_POINT = ", ".join((*_VERSION_FIELDS, "harness_git"))
+_COMPACTING = (
+    f"""
+CREATE TEMP TABLE compacting_runs AS
+SELECT id,
+       row_number() OVER (PARTITION BY session ORDER BY started DESC, run_id DESC) AS age,
+       row_number() OVER (ORDER BY started, run_id) AS ord,
+       row_number() OVER (ORDER BY started, run_id DESC) AS measured_ord,
+       dense_rank() OVER (ORDER BY {_POINT}) AS point
+FROM runs""",
+    "CREATE UNIQUE INDEX temp.compacting_runs_id ON compacting_runs (id)",
+    # each point's first and newest result, and its newest with metrics: one pass over the results
+    """
+CREATE TEMP TABLE compacting_ends AS
+SELECT r.cell, ru.point, min(ru.ord) AS first, max(ru.ord) AS newest,
+       max(CASE WHEN r.metrics NOT IN ('{}', '') THEN ru.measured_ord END) AS measured
+FROM results r JOIN compacting_runs ru ON ru.id = r.run
+GROUP BY r.cell, ru.point""",
+    "CREATE UNIQUE INDEX temp.compacting_ends_point ON compacting_ends (cell, point)",
 )
+_COMPACT_RESULTS = """
 UPDATE results SET message = NULL, metrics = NULL
 WHERE (message IS NOT NULL OR metrics IS NOT NULL)
-  AND run NOT IN recent
-  AND (run, cell) NOT IN ends
-"""
+  AND run IN (SELECT id FROM compacting_runs WHERE age > :keep_runs)
+  AND NOT EXISTS (SELECT 1 FROM compacting_runs ru JOIN compacting_ends e ON e.cell = results.cell AND e.point = ru.point
+                  WHERE ru.id = results.run AND (ru.ord IN (e.first, e.newest) OR ru.measured_ord = e.measured))"""
 
 
 class _Texts:
@@ -552,20 +561,27 @@ class HistoryStore:
         and its newest result with metrics (the one the report's key metric comes from). Texts no result refers
         to any more are deleted. What a result keeps only shrinks as results are added, so compacting again after
         each merge gives what compacting once at the end would; it does nothing when no result came since the last
-        time (the `compaction` table)."""
+        time (the `compaction` table). The file is rewritten (VACUUM) once VACUUM_SHARE of the results shrank."""
         conn = self._conn
         with self._write():
-            seen = conn.execute("SELECT results, keep_runs FROM compaction").fetchone()
+            *seen, since_vacuum = conn.execute("SELECT results, keep_runs, since_vacuum FROM compaction").fetchone()
             results = conn.execute("SELECT count(*) FROM results").fetchone()[0]
-            if seen == (results, keep_runs):
+            if tuple(seen) == (results, keep_runs):
                 return CompactionCounts(0, 0)
-            changes = conn.total_changes  # (a statement led by WITH has no rowcount in Python 3.11's sqlite3)
-            conn.execute(_COMPACT, {"keep_runs": keep_runs})
-            compacted = conn.total_changes - changes
+            for statement in _COMPACTING:
+                conn.execute(statement)
+            compacted = conn.execute(_COMPACT_RESULTS, {"keep_runs": keep_runs}).rowcount
+            conn.execute("DROP TABLE temp.compacting_ends")
+            conn.execute("DROP TABLE temp.compacting_runs")
             dropped = conn.execute(
                 "DELETE FROM texts WHERE id NOT IN (SELECT signature FROM results) "
                 "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)").rowcount
-            conn.execute("UPDATE compaction SET results = ?, keep_runs = ?", (results, keep_runs))
+            since_vacuum += compacted
+            rewrite = since_vacuum > results * VACUUM_SHARE
+            conn.execute("UPDATE compaction SET results = ?, keep_runs = ?, since_vacuum = ?",
+                         (results, keep_runs, 0 if rewrite else since_vacuum))
+        if rewrite:  # outside the transaction, as SQLite requires
+            conn.execute("VACUUM")
         return CompactionCounts(compacted, dropped)
 
     @_naming_the_file

@@ -2,6 +2,7 @@
 their detail (message, metrics) stays where a report reads it, each distinct text is stored once, and every report,
 transition, "since", gate, publish and draft-issue output stays as it was."""
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -11,7 +12,7 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
 from reports.history import analyse
-from reports.render import read_report
+from reports.render import DETAIL_KEYS, DETAILS_FILE, read_report
 from reports.store import _MIGRATIONS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION, CompactionCounts, HistoryStore
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
@@ -220,3 +221,15 @@ def test_keep_recent_runs_must_be_a_positive_number(value, tmp_path, capsys):
         main(["merge", str(tmp_path), "--keep-recent-runs", value])
     assert exited.value.code == 2
     assert f"'{value}' is not a number of runs; give a whole number of 1 or more" in capsys.readouterr().err
+
+
+def test_report_json_holds_the_first_screen_and_names_the_file_with_the_rest(tmp_path):
+    store, out = merged(tmp_path), tmp_path / "out"
+    assert main(["render", "--store", str(store), "--out", str(out)]) == 0
+    first_screen = json.loads((out / "report.json").read_text())
+    assert first_screen["details"] == {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}
+    assert not set(DETAIL_KEYS) & set(first_screen) and first_screen["root_causes"] and first_screen["failing_now"]
+    whole = read_report(out)
+    assert set(DETAIL_KEYS) <= set(whole) and len(whole["matrices"]) == 6  # 3 releases x 2 sessions
+    regression = next(cause for cause in first_screen["root_causes"] if cause["kind"] == "broke")
+    assert {whole["regressions"][i]["cell"] for i in regression["members"]} == {"llama-eager-fp32-tp2"}
