@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,9 +23,16 @@ from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
-from reports.render import write_outputs, writing_to
-from reports.store import DEFAULT_STORE, HistoryStore, StoreConflict
+from reports.render import read_report, write_outputs, writing_to
+from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
+
+
+def _run_count(text: str) -> int:
+    """--keep-recent-runs: a whole number of runs, at least 1 (publish and draft-issue read the newest run's detail)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs; give a whole number of 1 or more")
+    return int(text)
 
 
 def merge(args: argparse.Namespace) -> int:
@@ -60,6 +66,7 @@ def merge(args: argparse.Namespace) -> int:
             runs += counts.new_runs
             results += counts.new_results
         answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
+        store.compact(args.keep_recent_runs)  # old results keep their verdict only (reports/README.md "Compaction")
     for conflict in conflicts:
         print(f"conflict {conflict}", file=sys.stderr)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
@@ -89,6 +96,7 @@ def rebuild(args: argparse.Namespace) -> int:
         answers = [answer for answer in archive.answers() if answer_key(answer) not in known]
         for answer in answers:
             (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+        store.compact(args.keep_recent_runs)
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
           f"entries in {archive.root}, {len(answers)} new answer(s)")
     return 0
@@ -124,7 +132,7 @@ def render(args: argparse.Namespace) -> int:
     for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
-    report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+    report = read_report(args.out)
     print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
@@ -183,17 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
     archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
+    keep_option = {"type": _run_count, "default": KEEP_RECENT_RUNS, "metavar": "N",
+                   "help": f"keep messages and metrics of each session's newest N runs (default {KEEP_RECENT_RUNS}); "
+                           "older results keep their verdict and signature, and their detail where a report reads it"}
 
     merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
     merge_parser.add_argument("--archive", type=Path, help=archive_help)
+    merge_parser.add_argument("--keep-recent-runs", **keep_option)
     merge_parser.set_defaults(handler=merge)
 
     rebuild_parser = commands.add_parser(
         "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
     rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
     rebuild_parser.add_argument("--store", **store_option)
+    rebuild_parser.add_argument("--keep-recent-runs", **keep_option)
     rebuild_parser.set_defaults(handler=rebuild)
 
     verify_parser = commands.add_parser(

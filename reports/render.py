@@ -35,6 +35,11 @@ from reports.records import (AXES, KEY_METRIC, Bisection, CellKey, Observation, 
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
+# What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
+# matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
+DETAILS_FILE = "report-details.json"
+DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", "flaky", "harness_changes",
+               "bisections")
 
 
 def build_report(history: History, observations: list[Observation], drift: Drift | None,
@@ -79,9 +84,11 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
                   known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
     report = build_report(history, observations, drift, known_failures)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+    first_screen, details = split_report(report)
     outputs = {
         out_dir / "report.md": report_markdown(report),
-        out_dir / "report.json": json.dumps(report, indent=2, ensure_ascii=False) + "\n",
+        out_dir / "report.json": json.dumps(first_screen, indent=2, ensure_ascii=False) + "\n",
+        out_dir / DETAILS_FILE: json.dumps(details, ensure_ascii=False) + "\n",
         out_dir / "report.html": report_html(report),
     }
     if drift is None:
@@ -98,6 +105,21 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
         with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
             summary.write(redact(step_summary_markdown(report)))
     return [*outputs, step_summary]
+
+
+def split_report(report: dict) -> tuple[dict, dict]:
+    """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
+    first names under "details", so report.json stays the size of its first screen however long the history."""
+    details = {key: report[key] for key in DETAIL_KEYS}
+    first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
+    return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
+
+
+def read_report(out_dir: Path) -> dict:
+    """The whole report a render wrote to out_dir: report.json with its details file put back."""
+    first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    details = first_screen.pop("details")
+    return {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
 
 
 @contextmanager

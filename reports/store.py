@@ -7,6 +7,7 @@ same file serialise on SQLite's lock instead of interleaving half-written runs.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sqlite3
@@ -24,9 +25,10 @@ from reports.records import (AXES, Bisection, CellKey, CellResult, Commit, Obser
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
 # confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
-# range its search ran over (reports.history.answer_for). A new store is schema 1 brought up by the same
-# migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 5
+# range its search ran over (reports.history.answer_for); 6 compaction: results keyed by integer run and cell
+# ids, signatures and messages stored once each in `texts`, detail dropped from old results (HistoryStore.compact).
+# A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
+SCHEMA_VERSION = 6
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -128,8 +130,80 @@ _ANSWER_SCOPE = (
     "ALTER TABLE bisections ADD COLUMN searched_newer TEXT NOT NULL DEFAULT ''",
 )
 
+# Schema 6: a store that stays small. Runs and cells get integer ids (a result row is two small integers, not a run id
+# and a cell spelled out, twice with its primary key index); each distinct signature or message is one row of
+# `texts` (found by a 64-bit hash of it) that results refer to; `message` and `metrics` are NULL once compacted.
+_COMPACT_TABLES = (
+    "CREATE TABLE texts (id INTEGER PRIMARY KEY, hash INTEGER NOT NULL, text TEXT NOT NULL)",
+    "CREATE INDEX texts_by_hash ON texts (hash)",
+    """
+CREATE TABLE cells (
+    id            INTEGER PRIMARY KEY,
+    model         TEXT NOT NULL,
+    variant       TEXT NOT NULL,
+    dtype         TEXT NOT NULL,
+    tp            INTEGER NOT NULL,
+    UNIQUE (model, variant, dtype, tp)
+)""",
+    """
+CREATE TABLE compacted_runs (
+    id            INTEGER PRIMARY KEY,
+    run_id        TEXT NOT NULL UNIQUE,
+    session       TEXT NOT NULL,
+    host          TEXT NOT NULL,
+    started       TEXT NOT NULL,
+    accelerator   TEXT NOT NULL,
+    backend       TEXT NOT NULL,
+    deepspeed     TEXT NOT NULL,
+    deepspeed_git TEXT NOT NULL,
+    transformers  TEXT NOT NULL,
+    torch         TEXT NOT NULL,
+    python        TEXT NOT NULL,
+    imported_from TEXT NOT NULL,
+    imported_at   TEXT NOT NULL,
+    harness_git   TEXT NOT NULL DEFAULT ''
+)""",
+    """
+CREATE TABLE compacted_results (
+    run           INTEGER NOT NULL REFERENCES runs(id),
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    outcome       TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'skip')),
+    failure_class TEXT NOT NULL,
+    signature     INTEGER NOT NULL REFERENCES texts(id),
+    message       INTEGER REFERENCES texts(id),  -- NULL once compacted
+    metrics       TEXT,  -- JSON object name -> float; NULL once compacted
+    PRIMARY KEY (run, cell)
+) WITHOUT ROWID""",
+    # How many results the last compaction saw, and how many recent runs it kept: compact() does nothing while
+    # neither changed; and how many results lost their detail since the store was last rewritten (VACUUM).
+    "CREATE TABLE compaction (results INTEGER NOT NULL, keep_runs INTEGER NOT NULL, since_vacuum INTEGER NOT NULL)",
+    "INSERT INTO compaction VALUES (0, 0, 0)",
+)
+
+
+def _into_compact_tables(conn: sqlite3.Connection) -> None:
+    """Schema 6: copy runs and results into the new tables (runs numbered in start order), then swap them in."""
+    columns = ", ".join(("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at"))
+    conn.execute(f"INSERT INTO compacted_runs ({columns}) SELECT {columns} FROM runs ORDER BY started, run_id")
+    conn.execute("INSERT INTO cells (model, variant, dtype, tp) SELECT DISTINCT model, variant, dtype, tp FROM results "
+                 "ORDER BY model, variant, dtype, tp")
+    run_ids = dict(conn.execute("SELECT run_id, id FROM compacted_runs"))
+    cell_ids = {tuple(key): cell for cell, *key in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+    texts = _Texts(conn)
+    rows = conn.execute("SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics "
+                        "FROM results").fetchall()
+    conn.executemany("INSERT INTO compacted_results VALUES (?, ?, ?, ?, ?, ?, ?)", (
+        (run_ids[run_id], cell_ids[model, variant, dtype, tp], outcome, failure_class, texts.id(signature),
+         texts.id(message), metrics)
+        for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows))
+    for statement in ("DROP TABLE results", "DROP TABLE runs", "ALTER TABLE compacted_runs RENAME TO runs",
+                      "ALTER TABLE compacted_results RENAME TO results"):
+        conn.execute(statement)
+
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
-_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE}
+_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE,
+               5: (*_COMPACT_TABLES, _into_compact_tables)}
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     for step in range(version, SCHEMA_VERSION):
@@ -150,6 +224,84 @@ _VERSION_FIELDS = (*AXES, "deepspeed_git")
 class ImportCounts:
     new_runs: int
     new_results: int
+
+
+@dataclass(frozen=True)
+class CompactionCounts:
+    results: int  # results whose detail was dropped
+    texts: int  # texts deleted: no result refers to them any more
+
+
+# Detail (message, metrics) is kept for the newest runs of each session: a month of nightlies.
+KEEP_RECENT_RUNS = 30
+# A result that loses its detail shrinks in place, and new results never go into the pages of old ones: the
+# store is rewritten (VACUUM, seconds for a year's store) once this share of its results shrank since the last time.
+VACUUM_SHARE = 0.1
+
+# HistoryStore.compact, in integers: each run's place in time (`age` in its session, `ord` overall, and
+# `measured_ord`, which orders runs started at the same time as reports.history.summarise breaks such a tie: the
+# first in run id order wins) and its version set with harness commit (`point`, with the cell what
+# reports.history.point_status groups; every version column, so a new axis joins it).
+_POINT = ", ".join((*_VERSION_FIELDS, "harness_git"))
+_COMPACTING = (
+    f"""
+CREATE TEMP TABLE compacting_runs AS
+SELECT id,
+       row_number() OVER (PARTITION BY session ORDER BY started DESC, run_id DESC) AS age,
+       row_number() OVER (ORDER BY started, run_id) AS ord,
+       row_number() OVER (ORDER BY started, run_id DESC) AS measured_ord,
+       dense_rank() OVER (ORDER BY {_POINT}) AS point
+FROM runs""",
+    "CREATE UNIQUE INDEX temp.compacting_runs_id ON compacting_runs (id)",
+    # each point's first and newest result, and its newest with metrics: one pass over the results
+    """
+CREATE TEMP TABLE compacting_ends AS
+SELECT r.cell, ru.point, min(ru.ord) AS first, max(ru.ord) AS newest,
+       max(CASE WHEN r.metrics NOT IN ('{}', '') THEN ru.measured_ord END) AS measured
+FROM results r JOIN compacting_runs ru ON ru.id = r.run
+GROUP BY r.cell, ru.point""",
+    "CREATE UNIQUE INDEX temp.compacting_ends_point ON compacting_ends (cell, point)",
+)
+_COMPACT_RESULTS = """
+UPDATE results SET message = NULL, metrics = NULL
+WHERE (message IS NOT NULL OR metrics IS NOT NULL)
+  AND run IN (SELECT id FROM compacting_runs WHERE age > :keep_runs)
+  AND NOT EXISTS (SELECT 1 FROM compacting_runs ru JOIN compacting_ends e ON e.cell = results.cell AND e.point = ru.point
+                  WHERE ru.id = results.run AND (ru.ord IN (e.first, e.newest) OR ru.measured_ord = e.measured))"""
+
+
+class _Texts:
+    """Signatures and messages, each distinct text one row of `texts`, looked up by a 64-bit hash of it."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._ids: dict[str, int] = {}
+
+    def id(self, text: str) -> int:
+        known = self._ids.get(text)
+        if known is None:
+            digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+            row = self._conn.execute("SELECT id FROM texts WHERE hash = ? AND text = ?", (digest, text)).fetchone()
+            known = row[0] if row else self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
+                                                          (digest, text)).lastrowid
+            self._ids[text] = known
+        return known
+
+
+class _Cells:
+    """A cell's id in `cells`, added the first time it is seen."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._ids = {CellKey(*key): cell for cell, *key in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+
+    def id(self, cell: CellKey) -> int:
+        known = self._ids.get(cell)
+        if known is None:
+            known = self._ids[cell] = self._conn.execute(
+                "INSERT INTO cells (model, variant, dtype, tp) VALUES (?, ?, ?, ?)",
+                (cell.model, cell.variant, cell.dtype, cell.tp)).lastrowid
+        return known
 
 
 def _explain(path: Path, error: sqlite3.Error) -> str:
@@ -321,30 +473,34 @@ class HistoryStore:
         """Add runs and results not yet stored, all or nothing; known ones are left untouched. Raises StoreConflict
         when a stored run has other provenance, or a stored cell of it another verdict (outcome, failure class):
         one run id is one run, so the file and the store cannot both be right. Messages and signatures are stored
-        with their secrets redacted."""
+        with their secrets redacted, each distinct text once."""
         conn = self._conn
-        redact = Redactor()
+        redact = functools.lru_cache(maxsize=4096)(Redactor())  # a night's failures repeat a few texts
+        texts, cells = _Texts(conn), _Cells(conn)
         new_runs = new_results = 0
         with self._write():
             for run, results in runs:
                 stored = conn.execute(
-                    f"SELECT {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)
+                    f"SELECT id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)
                 ).fetchone()
                 if stored is None:
                     columns = ("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at")
-                    conn.execute(
+                    run_key = conn.execute(
                         f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                         (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
-                    )
+                    ).lastrowid
                     new_runs += 1
-                elif tuple(stored) != _run_row(run):
-                    raise StoreConflict(
-                        f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
-                        "run ids must be unique per session — check how the file was produced"
-                    )
-                verdicts = {CellKey(*key): (outcome, failure_class) for *key, outcome, failure_class in conn.execute(
-                    "SELECT model, variant, dtype, tp, outcome, failure_class FROM results WHERE run_id = ?",
-                    (run.run_id,))}
+                    verdicts = {}
+                else:
+                    run_key, *provenance = stored
+                    if tuple(provenance) != _run_row(run):
+                        raise StoreConflict(
+                            f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
+                            "run ids must be unique per session — check how the file was produced"
+                        )
+                    verdicts = {CellKey(*key): (outcome, failure_class) for *key, outcome, failure_class in conn.execute(
+                        "SELECT c.model, c.variant, c.dtype, c.tp, r.outcome, r.failure_class FROM results r "
+                        "JOIN cells c ON c.id = r.cell WHERE r.run = ?", (run_key,))}
                 changed = [f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
                            f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
                            for result in results
@@ -356,19 +512,16 @@ class HistoryStore:
                         f"cell(s) ({'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}); a run id names one "
                         "run — check how the file was produced, nothing of it was imported"
                     )
+                rows = []
                 for result in results:
                     if result.cell in verdicts:
                         continue
-                    conn.execute(
-                        "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            run.run_id, result.cell.model, result.cell.variant, result.cell.dtype, result.cell.tp,
-                            result.outcome, result.failure_class, redact(result.signature), redact(result.message),
-                            json.dumps(result.metrics, sort_keys=True),
-                        ),
-                    )
+                    rows.append((run_key, cells.id(result.cell), result.outcome, result.failure_class,
+                                 texts.id(redact(result.signature)), texts.id(redact(result.message)),
+                                 json.dumps(result.metrics, sort_keys=True)))
                     verdicts[result.cell] = (result.outcome, result.failure_class)
-                    new_results += 1
+                conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                new_results += len(rows)
         return ImportCounts(new_runs, new_results)
 
     @_naming_the_file
@@ -380,27 +533,57 @@ class HistoryStore:
 
     @_naming_the_file
     def observations(self) -> list[Observation]:
-        runs = {run.run_id: run for run in self.runs()}
-        rows = self._conn.execute(
-            "SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics "
-            "FROM results ORDER BY run_id, model, variant, dtype, tp"
-        )
-        return [
-            Observation(
-                result=CellResult(
-                    run_id=run_id,
-                    cell=CellKey(model, variant, dtype, tp),
-                    outcome=outcome,
-                    failure_class=failure_class,
-                    signature=signature,
-                    message=message,
-                    metrics=json.loads(metrics),
-                ),
-                run=runs[run_id],
-            )
-            for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows
-        ]
+        """Every result with its run, ordered by run id and cell. A compacted result has its verdict and signature;
+        its message is "" and its metrics {} (compact() keeps them wherever a report reads them)."""
+        conn = self._conn
+        runs = {key: _run_from_row(row) for key, *row in conn.execute(
+            f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs")}
+        cells = {key: CellKey(*row) for key, *row in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+        texts = dict(conn.execute("SELECT id, text FROM texts"))
+        texts[None] = ""
+        run_rank = {key: rank for rank, key in enumerate(sorted(runs, key=lambda key: runs[key].run_id))}
+        cell_rank = {key: rank for rank, key in enumerate(sorted(cells, key=cells.__getitem__))}
+        rows = conn.execute("SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results")
+        observations = []
+        for run, cell, outcome, failure_class, signature, message, metrics in sorted(
+                rows, key=lambda row: (run_rank[row[0]], cell_rank[row[1]])):
+            result = CellResult(run_id=runs[run].run_id, cell=cells[cell], outcome=outcome,
+                                failure_class=failure_class, signature=texts[signature], message=texts[message],
+                                metrics=json.loads(metrics) if metrics else {})
+            observations.append(Observation(result=result, run=runs[run]))
+        return observations
 
+    @_naming_the_file
+    def compact(self, keep_runs: int = KEEP_RECENT_RUNS) -> CompactionCounts:
+        """Drop the detail (message, metrics) of results no report reads it from, keeping the verdict (outcome,
+        failure class) and the signature of every result. Detail stays for the newest `keep_runs` runs of each
+        session, and at each point (a cell at one version set and harness commit) for its first and its newest
+        result (so the last-good and first-bad runs of every transition, whichever order the versions are put in)
+        and its newest result with metrics (the one the report's key metric comes from). Texts no result refers
+        to any more are deleted. What a result keeps only shrinks as results are added, so compacting again after
+        each merge gives what compacting once at the end would; it does nothing when no result came since the last
+        time (the `compaction` table). The file is rewritten (VACUUM) once VACUUM_SHARE of the results shrank."""
+        conn = self._conn
+        with self._write():
+            *seen, since_vacuum = conn.execute("SELECT results, keep_runs, since_vacuum FROM compaction").fetchone()
+            results = conn.execute("SELECT count(*) FROM results").fetchone()[0]
+            if tuple(seen) == (results, keep_runs):
+                return CompactionCounts(0, 0)
+            for statement in _COMPACTING:
+                conn.execute(statement)
+            compacted = conn.execute(_COMPACT_RESULTS, {"keep_runs": keep_runs}).rowcount
+            conn.execute("DROP TABLE temp.compacting_ends")
+            conn.execute("DROP TABLE temp.compacting_runs")
+            dropped = conn.execute(
+                "DELETE FROM texts WHERE id NOT IN (SELECT signature FROM results) "
+                "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)").rowcount
+            since_vacuum += compacted
+            rewrite = since_vacuum > results * VACUUM_SHARE
+            conn.execute("UPDATE compaction SET results = ?, keep_runs = ?, since_vacuum = ?",
+                         (results, keep_runs, 0 if rewrite else since_vacuum))
+        if rewrite:  # outside the transaction, as SQLite requires
+            conn.execute("VACUUM")
+        return CompactionCounts(compacted, dropped)
 
     @_naming_the_file
     def add_bisection(self, bisection: Bisection) -> None:

@@ -306,8 +306,9 @@ class Triage:
         class change's new failure, not the old one it replaced."""
         with HistoryStore(self.store, create=False, read_only=True) as history:
             failing = transition.failing_versions
-            messages = [o.result.message for o in history.observations()
-                        if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"]
+            messages = [o.result.message for o in history.observations()  # compacted results have none
+                        if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"
+                        and o.result.message]
         return messages[-1] if messages else ""
 
     def _confirm(self, question: Question, others: list[Transition], ends: tuple[str, str, str],

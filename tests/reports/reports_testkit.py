@@ -23,6 +23,7 @@ class Cell:
     variant: str = "eager"
     dtype: str = "fp32"
     metrics: dict[str, float] = field(default_factory=dict)
+    message: str = ""  # the failure's text (its traceback); default "Traceback ...\n<signature>"
 
     @property
     def id(self) -> str:
@@ -54,7 +55,7 @@ def write_junit(path: Path, cells: list[Cell], *, run_id: str, started: str, hos
             case.add_property(name, value)
         if cell.outcome == "fail":
             failure = Failure(f"{cell.failure_class}: {cell.signature}")
-            failure.text = f"Traceback ...\n{cell.signature}"
+            failure.text = cell.message or f"Traceback ...\n{cell.signature}"
             case.result = [failure]
         elif cell.outcome == "skip":
             case.result = [Skipped("needs 4 ranks")]

@@ -23,6 +23,7 @@ from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Ve
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, CellResult, Run, Versions
+from reports.render import read_report
 from reports.store import HistoryStore
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
@@ -302,7 +303,7 @@ def test_report_says_broken_by_the_pr(tmp_path):
     assert f"   - answer: {answer}" in markdown.splitlines()  # the root cause's answer
     assert f"- llama tp2 eager fp32: {answer}, shard: AssertionError: heads N" in markdown.splitlines()  # details
     assert f'<a href="{url}/pull/4321">#4321</a>' in (tmp_path / "out" / "report.html").read_text()
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report = read_report(tmp_path / "out")
     assert report["regressions"][0]["bisection"]["pr"] == 4321
 
 

@@ -1,13 +1,13 @@
 """Root causes: tp-dependent signatures read as one cause, transitions grouped into causes, and the report a
 maintainer reads (first screen, support matrix per combination, timeline with version axes, report.json)."""
 
-import json
 
 import pytest
 from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from reports.__main__ import main
 from reports.causes import cells_text
+from reports.render import read_report
 from reports.records import CellKey
 from reports.signatures import cause
 
@@ -111,7 +111,7 @@ def test_first_screen_says_what_changed_since_the_previous_run(issue_18):
 
 
 def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
-    data = json.loads((issue_18 / "report.json").read_text())
+    data = read_report(issue_18)
     regression, fix = data["root_causes"]
     assert (fix["kind"], fix["axis"], fix["before"], fix["after"], fix["failure_class"], fix["count"]) == (
         "fixed", "deepspeed", "0.18.9", "0.19.8", "shard", 45)

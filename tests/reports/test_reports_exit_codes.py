@@ -55,7 +55,8 @@ def test_a_run_id_merged_again_with_other_verdicts_fails(tmp_path, capsys):
     assert err.splitlines()[-1] == (f"error: 1 file(s) contradict runs already in {store} or its archive (above) and "
                                     "were not imported")
     with sqlite3.connect(store) as conn:
-        assert conn.execute("SELECT outcome FROM results WHERE model = 'llama'").fetchall() == [("pass",)]
+        assert conn.execute("SELECT outcome FROM results JOIN cells ON cells.id = results.cell "
+                            "WHERE model = 'llama'").fetchall() == [("pass",)]
 
     # The same verdicts again (a re-download of the same artifact) are fine.
     write_junit(tmp_path / "same" / "s.xml", [Cell("llama"), fail("opt", "shard")], **run)

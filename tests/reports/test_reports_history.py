@@ -1,9 +1,9 @@
-import json
 from dataclasses import replace
 
 from reports_testkit import Cell, fail, render, section
 
 from reports.history import analyse
+from reports.render import read_report
 from reports.records import Bisection, CellKey, CellResult, Observation, Run, Versions
 from reports.triage import open_transitions
 
@@ -61,7 +61,7 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
         "1 pass / 1 fail (forward: RuntimeError: NCCL timeout)",
     ]
 
-    data = json.loads((out / "report.json").read_text())
+    data = read_report(out)
     assert [t["cell"] for t in data["regressions"]] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
     supported = data["supported_models"]
     assert (supported["supported"], supported["unsupported"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
@@ -112,7 +112,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     session([fail("llama", "shard")], deepspeed="0.19.8", deepspeed_git="c0ffee1", harness_git="c0ffee1" + "0" * 33)
     session([Cell("llama")], deepspeed="0.19.8", harness_git="d" * 40 + "-dirty")
     out = render(tmp_path / "junit", tmp_path)
-    report, data = (out / "report.md").read_text(), json.loads((out / "report.json").read_text())
+    report, data = (out / "report.md").read_text(), read_report(out)
     assert data["timeline"]["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
     assert data["latest_versions"]["deepspeed_git"] == ""
     assert data["regressions"] == data["fixes"] == data["class_changes"] == data["root_causes"] == []
@@ -133,7 +133,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     session([Cell("llama")], deepspeed="0.19.7", started="2025-01-04T00:00:00Z")
     session([Cell("llama")], transformers="main", started="2025-01-05T00:00:00Z")
     out = render(tmp_path / "junit", tmp_path)
-    data = json.loads((out / "report.json").read_text())
+    data = read_report(out)
     assert [label.split(",")[:2] for label in data["timeline"]["version_sets"]] == [
         ["deepspeed 0.14.2", " transformers main"],
         ["deepspeed 0.19.7", " transformers 4.44.0"],
@@ -237,7 +237,7 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
     session([fail("llama", "numerics")], deepspeed="0.19.8", harness_git=fix)  # the harness fix: a false pass
     session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git=later)
     out = render(tmp_path / "junit", tmp_path)
-    report, data = (out / "report.md").read_text(), json.loads((out / "report.json").read_text())
+    report, data = (out / "report.md").read_text(), read_report(out)
     # Neither flaky at 0.19.8 nor broken by a DeepSpeed release: 0.19.7 and 0.19.8 pass under the old harness,
     # 0.19.8 and 0.19.9 fail under the new one.
     assert section(report, "Flaky cells") == ["None."] and data["flaky"] == []
@@ -259,6 +259,6 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
     session([fail("llama", "numerics")], deepspeed="0.19.8", harness_git="b" * 40)
     session([Cell("llama")], deepspeed="0.19.8", harness_git="c" * 40)
     session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git="d" * 40)
-    data = json.loads((render(tmp_path / "junit", tmp_path) / "report.json").read_text())
+    data = read_report(render(tmp_path / "junit", tmp_path))
     assert data["harness_changes"] == [] and [e["cell"] for e in data["flaky"]] == ["llama-eager-fp32-tp2"]
     assert [(t["before"], t["after"]) for t in data["regressions"]] == [("0.19.7", "0.19.9")]

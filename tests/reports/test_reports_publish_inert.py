@@ -61,7 +61,8 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
                                         f"RuntimeError: {HOSTILE}", "a" * 40, f"Refactor attention {HOSTILE} (#77)",
                                         77, recorded_at="2025-01-03T00:00:00+00:00", kind="broke"))
     with sqlite3.connect(store) as conn:  # a class stored before merge validated them
-        conn.execute("UPDATE results SET failure_class = ? WHERE model = 'opt'", (f"shard {HOSTILE}",))
+        conn.execute("UPDATE results SET failure_class = ? WHERE cell IN (SELECT id FROM cells WHERE model = 'opt')",
+                     (f"shard {HOSTILE}",))
     assert main(["publish", "--store", str(store), "--out", str(out), "--upstream", "deepspeedai/DeepSpeed"]) == 0
 
     comment = (out / "publish" / "comment.md").read_text()

@@ -93,8 +93,8 @@ def test_render_and_publish_redact_a_store_written_before_import_did(tmp_path, c
     store, out = tmp_path / "history.sqlite", tmp_path / "out"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     with sqlite3.connect(store) as conn:  # as an older version stored it: verbatim
-        conn.execute("UPDATE results SET message = ?, signature = ? WHERE outcome = 'fail'",
-                     (leaky_text(), leaky_text()))
+        conn.execute("UPDATE texts SET text = ? WHERE id IN (SELECT signature FROM results WHERE outcome = 'fail' "
+                     "UNION SELECT message FROM results WHERE outcome = 'fail')", (leaky_text(),))
     assert planted_secrets.SHAPED[0].encode() in store.read_bytes()
     assert main(["render", "--store", str(store), "--out", str(out)]) == 0
     assert main(["publish", "--store", str(store), "--out", str(out)]) == 0
