@@ -260,3 +260,46 @@ def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, 
     assert main(["--check", "--models-file", str(models)]) == 0
     with pytest.raises(RegistryError, match=r"entry \[qwen2_copy\] already has records"):
         add_record(models, entry, None, None)
+
+
+# ---- one faithful cell per split pattern of an entry's checkpoints (bounded cost) -------------------------------
+
+def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_their_own():
+    cells = {cell.id: cell.model for cell in expand("llama,qwen2,qwen3", tp="2", shapes="faithful")}
+    assert {cell_id: model.checkpoints for cell_id, model in cells.items()} == {
+        "llama.faithful-eager-fp32-tp2": ("meta-llama/Llama-2-7b-hf",),
+        "llama.faithful-meta-llama-3-8b-eager-fp32-tp2": ("meta-llama/Meta-Llama-3-8B",),  # 8 kv heads: splits apart
+        "qwen2.faithful-eager-fp32-tp2": ("Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct"),  # identical at every tp: once
+        "qwen3.faithful-eager-fp32-tp2": ("Qwen/Qwen3-8B",),
+        "qwen3.faithful-qwen3-0-6b-eager-fp32-tp2": ("Qwen/Qwen3-0.6B",),
+    }
+    shapes = load_real_shapes()
+    llama3 = cells["llama.faithful-meta-llama-3-8b-eager-fp32-tp2"]
+    assert split_differences(tiny_shape(llama3.model_type, llama3.tiny), shapes["llama"]["meta-llama/Meta-Llama-3-8B"], MATRIX_TP) == []
+    assert (tiny_shape("llama", llama3.tiny).heads, tiny_shape("llama", cells["llama.faithful-eager-fp32-tp2"].tiny).heads) == (32, 8)
+    assert [cell.model.checkpoints for cell in expand("qwen2", tp="2", shapes="stress")] == [()]  # stress: per architecture
+
+
+def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
+    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's cell."""
+    models = tmp_path / "models.toml"
+    shutil.copy(MODELS_FILE, models)
+    text = REAL_SHAPES_FILE.read_text()
+    start = text.index('"Qwen/Qwen2.5-7B-Instruct"')
+    (tmp_path / "real_shapes.toml").write_text(text[:start] + text[start:].replace("kv_heads = 4", "kv_heads = 2", 1))
+    cells = expand("qwen2", tp="3", shapes="faithful", models_file=models)
+    assert [(cell.id, cell.model.checkpoints) for cell in cells] == [
+        ("qwen2.faithful-eager-fp32-tp3", ("Qwen/Qwen2-7B",)),
+        ("qwen2.faithful-qwen2-5-7b-instruct-eager-fp32-tp3", ("Qwen/Qwen2.5-7B-Instruct",))]
+
+
+def test_a_checkpoint_cell_id_parses_and_replays_as_the_same_cell():
+    models, variants = load_models(), load_variants()
+    cell_id = "llama.faithful-meta-llama-3-8b-meta-fp32-tp3"
+    model, variant, dtype, tp = parse_cell_id(cell_id, models, variants)
+    assert (model, variant, dtype, tp) == ("llama.faithful-meta-llama-3-8b", "meta", "fp32", 3)
+    replayed = expand(replay_name(model), variants=variant, tp=str(tp), shapes="stress")
+    assert [(cell.id, cell.model.checkpoints) for cell in replayed] == [(cell_id, ("meta-llama/Meta-Llama-3-8B",))]
+    with pytest.raises(RegistryError, match=r"llama.faithful-gpt2: no checkpoint of llama splits apart under that name "
+                                            r"at tp 2; its faithful cells: llama.faithful, llama.faithful-meta-llama-3-8b"):
+        expand("llama.faithful-gpt2", tp="2")
