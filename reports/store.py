@@ -24,9 +24,10 @@ from reports.records import (Bisection, CellKey, CellResult, Commit, Observation
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
 # confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
-# range its search ran over (reports.history.answer_for). A new store is schema 1 brought up by the same
+# range its search ran over (reports.history.answer_for); 6 the hub ids each faithful cell stands for (cell_checkpoints,
+# a table of its own: most results have none). A new store is schema 1 brought up by the same
 # migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -128,8 +129,21 @@ _ANSWER_SCOPE = (
     "ALTER TABLE bisections ADD COLUMN searched_newer TEXT NOT NULL DEFAULT ''",
 )
 
+# Schema 6: the real checkpoints (hub ids) a faithful cell's verdict stands for (matrix.shapes.faithful_groups).
+_CELL_CHECKPOINTS = """
+CREATE TABLE cell_checkpoints (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id),
+    model         TEXT NOT NULL,
+    variant       TEXT NOT NULL,
+    dtype         TEXT NOT NULL,
+    tp            INTEGER NOT NULL,
+    checkpoints   TEXT NOT NULL,  -- JSON list of hub ids
+    PRIMARY KEY (run_id, model, variant, dtype, tp)
+)"""
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
-_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE}
+_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE,
+               5: (_CELL_CHECKPOINTS,)}
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     for step in range(version, SCHEMA_VERSION):
@@ -366,6 +380,10 @@ class HistoryStore:
                             json.dumps(result.metrics, sort_keys=True),
                         ),
                     )
+                    if result.checkpoints:
+                        conn.execute("INSERT INTO cell_checkpoints VALUES (?, ?, ?, ?, ?, ?)",
+                                     (run.run_id, result.cell.model, result.cell.variant, result.cell.dtype, result.cell.tp,
+                                      json.dumps(list(result.checkpoints))))
                     verdicts[result.cell] = (result.outcome, result.failure_class)
                     new_results += 1
         return ImportCounts(new_runs, new_results)
@@ -381,8 +399,9 @@ class HistoryStore:
     def observations(self) -> list[Observation]:
         runs = {run.run_id: run for run in self.runs()}
         rows = self._conn.execute(
-            "SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics "
-            "FROM results ORDER BY run_id, model, variant, dtype, tp"
+            "SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics, "
+            "coalesce(checkpoints, '[]') FROM results LEFT JOIN cell_checkpoints USING (run_id, model, variant, dtype, tp) "
+            "ORDER BY run_id, model, variant, dtype, tp"
         )
         return [
             Observation(
@@ -394,10 +413,11 @@ class HistoryStore:
                     signature=signature,
                     message=message,
                     metrics=json.loads(metrics),
+                    checkpoints=tuple(json.loads(checkpoints)),
                 ),
                 run=runs[run_id],
             )
-            for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows
+            for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics, checkpoints in rows
         ]
 
 
