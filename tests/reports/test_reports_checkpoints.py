@@ -30,23 +30,24 @@ def outcome_of(cell_id: str) -> CellOutcome:
     return CellOutcome("pass", metrics={"logits_max_abs": 1e-7})
 
 
-def run_cells(tmp_path, models="qwen2,llama", tp="2,3", shapes="faithful,stress"):
+def run_cells(tmp_path, models="qwen2,llama", tp="2,3", shapes="faithful,stress", started="2026-12-03T00:00:00Z",
+              outcome=None, versions=VERSIONS):
     """The cells the matrix expands, recorded by the suites' recorder and written as JUnit with its properties."""
-    run = RunInfo(session="nightly", started="2026-12-03T00:00:00Z", host="vm", accelerator="cpu", backend="gloo",
-                  harness_git="")
-    recorder = CellRecorder(tmp_path / "results", run, VERSIONS)
+    outcome_of_cell = outcome or outcome_of
+    run = RunInfo(session="nightly", started=started, host="vm", accelerator="cpu", backend="gloo", harness_git="")
+    recorder = CellRecorder(tmp_path / "results" / started, run, versions)
     suite = TestSuite("pytest")
     for cell in expand(models, tp=tp, shapes=shapes):
         case = TestCase(f"test_cell[{cell.id}]", classname="suites.test_autotp")
-        outcome = outcome_of(cell.id)
+        outcome = outcome_of_cell(cell.id)
         recorder.record(cell, outcome, record_property=case.add_property)
         if outcome.outcome == "fail":
             case.result = [Failure(f"{outcome.failure_class}: {outcome.signature}")]
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)
-    junit = tmp_path / "junit" / "nightly.xml"
-    junit.parent.mkdir(parents=True)
+    junit = tmp_path / "junit" / f"nightly-{started}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
     xml.write(str(junit), pretty=True)
     return junit.parent
 
@@ -60,7 +61,8 @@ def rendered(tmp_path_factory):
 
 def test_the_hub_ids_travel_from_the_matrix_to_the_store(rendered):
     tmp_path, _ = rendered
-    records = {record["cell"]["id"]: record.get("checkpoints") for record in read_records(tmp_path / "results")}
+    records = {record["cell"]["id"]: record.get("checkpoints")
+               for record in read_records(tmp_path / "results" / "2026-12-03T00:00:00Z")}
     assert records["qwen2.faithful-eager-fp32-tp2"] == ["Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct"]
     assert records["qwen2-eager-fp32-tp2"] is None  # a stress cell stands for no checkpoint
     with HistoryStore(tmp_path / "history.sqlite", create=False) as store:
@@ -115,7 +117,7 @@ def test_a_history_of_stress_cells_only_has_no_checkpoint_section(tmp_path):
 
 def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_path, capsys):
     junit = run_cells(tmp_path, models="qwen2", tp="2", shapes="faithful")
-    path = junit / "nightly.xml"
+    path = next(junit.iterdir())
     path.write_text(path.read_text().replace("Qwen/Qwen2-7B,Qwen/Qwen2.5-7B-Instruct", "Qwen2-7B; rm -rf /"))
     assert main(["merge", str(junit), "--store", str(tmp_path / "history.sqlite")]) == 2
     error = capsys.readouterr().err
@@ -123,3 +125,21 @@ def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_p
     assert first.startswith(f"skipped {path}: testcase 'test_cell[qwen2.faithful-eager-fp32-tp2]'")
     assert "checkpoints='Qwen2-7B; rm -rf /' is not a comma-separated list of hub ids" in first
     assert "Traceback" not in error
+
+
+def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_and_every_checkpoints_verdicts(tmp_path):
+    """The nightly before passed everything; the newest breaks qwen2's faithful tp 3 (Qwen2-7B's 10/9/9 heads)."""
+    run_cells(tmp_path, started="2026-12-02T00:00:00Z", outcome=lambda cell_id: CellOutcome("pass"),
+              versions={**VERSIONS, "deepspeed": "0.19.7"})
+    junit = run_cells(tmp_path)
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(junit), "--store", str(store)]) == 0
+    assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "nightly"]) == 0
+    comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert ("`qwen2.faithful-eager-fp32-tp3` (`Qwen/Qwen2-7B`, `Qwen/Qwen2.5-7B-Instruct`)") in comment
+    assert "`qwen2-eager-fp32-tp2` (" not in comment  # the stress cell that broke stands for no checkpoint
+    real = comment.split("**Verdicts per real checkpoint at the newest versions** (faithful shapes)\n\n", 1)[1]
+    real, stress = real.split("**Architectures under stress shapes**", 1)
+    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in real
+    assert "uneven_partition" not in real
+    assert f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅" in stress
