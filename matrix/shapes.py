@@ -7,7 +7,8 @@ AutoTP splits attention by whole (kv-)heads and every other dim in 64-element gr
 first C % N ranks. Two shapes split alike at tp N when every such count has the same remainder mod N and is
 below N on both or on neither (a rank left empty), and every dim has the same sub-grain rest. DeepSpeed's
 `get_shard_size` splits a non-MLP dim that divides by the kv head count in kv-head units instead of grains, so
-whether the hidden and attention widths divide by the kv heads is kept too; and an entry's `split_rules`
+whether the hidden and attention widths divide by the kv heads is kept too (and whether there are exactly 2 kv
+heads, where DeepSpeed cuts a glm-type fused qkv apart); and an entry's `split_rules`
 (matrix/models.toml: architecture-specific conditions such as codegen's kv heads % (4 x tp) == 0) hold for the
 tiny config at a tp exactly where they hold for the real checkpoint.
 
@@ -148,6 +149,8 @@ def split_pattern(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) 
     pattern: dict[str, Any] = {name: count_split(count, tp) for name, count in shape.counts().items() if count}
     pattern |= {name: dim_split(size, tp) for name, size in shape.dims().items() if size}
     pattern |= {f"{name} in kv-head units": shape.dims()[name] % shape.kv_heads == 0 for name in KV_UNIT_DIMS}
+    # fusedqkv_utils cuts a glm/qwen-type fused qkv as q | k | v (chatglm2/3's layout) exactly when kv heads == 2
+    pattern["kv_heads = 2"] = shape.kv_heads == 2
     pattern |= rule_conditions(shape, tp, rules)
     pattern["grouped_query"] = shape.kv_heads < shape.heads
     pattern["top_k"] = shape.top_k
