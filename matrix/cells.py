@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
-from matrix.shapes import UNMARKED_SHAPE, load_real_shapes, parse_shapes, real_shapes_file, shaped_entry, split_shaped_name
+from matrix.shapes import (UNMARKED_SHAPE, load_real_shapes, parse_shapes, real_shapes_file, shaped_entries, shaped_entry,
+                           split_shaped_name)
 
 def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
     """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3); `model` carries
@@ -108,9 +109,10 @@ def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIAN
            tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE,
            shapes: str = UNMARKED_SHAPE) -> list[Cell]:
     """All cells of the selection, grouped by tp size so one rank group serves a run of cells. A model named
-    with its shape (`qwen2.faithful`, `qwen2.stress`: how cell ids and replays spell it) runs that shape; any
-    other name or selection runs each of `shapes` (the command line's --shapes; the registry's configs as
-    written, `stress`, when not given)."""
+    with its shape (`qwen2.faithful`, `qwen2.stress`, `llama.faithful-meta-llama-3-8b`: how cell ids and replays
+    spell it) runs exactly that cell's shape; any other name or selection runs each of `shapes` (the command
+    line's --shapes; the registry's configs as written, `stress`, when not given), `faithful` as one cell per
+    group of the entry's checkpoints that split alike (matrix.shapes.faithful_groups)."""
     names = parse_names(models)
     picked = pick_models(names, models_file)
     explicit = {split_shaped_name(name)[0]: split_shaped_name(name)[1] for name in names if "." in name}
@@ -120,10 +122,11 @@ def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIAN
     shapes_file = real_shapes_file(models_file)
     real_shapes = load_real_shapes(shapes_file) if shapes_file.exists() and any(
         shape != "stress" for shape in (*shape_names, *explicit.values())) else {}
-    return [Cell(shaped_entry(model, shape, size, real_shapes), variant, dtype, size)
+    return [Cell(entry, variant, dtype, size)
             for size in parse_tp_sizes(tp)
             for model in picked
-            for shape in ((explicit[model.name],) if model.name in explicit else shape_names)
+            for entry in ([shaped_entry(model, explicit[model.name], size, real_shapes)] if model.name in explicit else
+                          [entry for shape in shape_names for entry in shaped_entries(model, shape, size, real_shapes)])
             for variant in variant_entries
             for dtype in dtype_names]
 

@@ -106,6 +106,40 @@ DEFAULT_TOLERANCES = {
 }
 
 
+SPLIT_RULE_SIZES = ("heads", "kv_heads", "experts", "attention_out")
+"""What a split rule may name: counts AutoTP splits whole, and the attention width (heads x head_dim)."""
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """A condition DeepSpeed puts on one size of an architecture at each tp, beyond AutoTP's split by whole heads
+    and 64-wide grains (codegen's fused qkv: kv heads % (4 x tp) == 0). A faithful tiny config meets it at a tp
+    exactly where the real checkpoint does, so DeepSpeed takes the same path (or refuses) for both."""
+
+    size: str
+    """One of SPLIT_RULE_SIZES."""
+    why: str
+    """Where DeepSpeed states it (module:function) and what it does."""
+    multiple_of_tp_times: int = 0
+    """The size must divide by this times tp (0: no such condition)."""
+    at_least_tp_times: int = 0
+    """The size must be at least this times tp (0: no such condition)."""
+    equals: str = ""
+    """Another size the size must equal (`hidden`: DeepSpeed computes head_dim as hidden // heads)."""
+
+    def conditions(self, sizes: dict[str, int], tp: int) -> dict[str, bool]:
+        """Each condition at `tp`, named as a pattern entry (`kv_heads % 4tp`), true where `sizes` meet it."""
+        value = sizes[self.size]
+        found = {}
+        if self.multiple_of_tp_times:
+            found[f"{self.size} % {self.multiple_of_tp_times}tp"] = value % (self.multiple_of_tp_times * tp) == 0
+        if self.at_least_tp_times:
+            found[f"{self.size} >= {self.at_least_tp_times}tp"] = value >= self.at_least_tp_times * tp
+        if self.equals:
+            found[f"{self.size} = {self.equals}"] = value == sizes[self.equals]
+        return found
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One architecture the matrix tests."""
@@ -136,6 +170,11 @@ class ModelEntry:
     """Per-dtype tolerance overrides; dtypes not named here use DEFAULT_TOLERANCES."""
     skip_reason: str | None = None
     """Why this architecture cannot be tested at all (e.g. it cannot be built tiny); its cells skip with it."""
+    split_rules: tuple[SplitRule, ...] = ()
+    """Architecture-specific split conditions of DeepSpeed that faithful tiny configs keep (matrix/shapes.py)."""
+    checkpoints: tuple[str, ...] = ()
+    """The hub ids a faithful cell's verdict stands for: those whose recorded sizes split like the cell's tiny
+    config at every tp (matrix/shapes.py); empty for stress cells and for faithful cells of config-class defaults."""
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
@@ -262,7 +301,7 @@ TRAINING_FEATURES = {
 """Features a training row may need; suites/variants/training.py detects each in the installed DeepSpeed."""
 
 
-_MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name"}
+_MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name", "checkpoints"}
 _VARIANT_FIELDS = {f.name for f in fields(Variant)} - {"name"}
 
 
@@ -338,7 +377,40 @@ def parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
         known_issues=tuple(_expect(path, entry, "known_issues", raw.get("known_issues", []), list)),
         tolerance=_parse_tolerances(path, entry, raw.get("tolerance", {})),
         skip_reason=_expect(path, entry, "skip_reason", raw["skip_reason"], str) if "skip_reason" in raw else None,
+        split_rules=tuple(_parse_split_rule(path, entry, index, rule)
+                          for index, rule in enumerate(_expect(path, entry, "split_rules", raw.get("split_rules", []), list))),
     )
+
+
+_SPLIT_RULE_FIELDS = {f.name for f in fields(SplitRule)}
+
+
+def _parse_split_rule(path: Path, entry: str, index: int, raw: Any) -> SplitRule:
+    where = f"split_rules[{index}]"
+    _expect(path, entry, where, raw, dict)
+    unknown = set(raw) - _SPLIT_RULE_FIELDS
+    if unknown or "size" not in raw or "why" not in raw:
+        raise RegistryError(f"{path}: entry [{entry}] field '{where}' needs size and why (known fields: "
+                            f"{sorted(_SPLIT_RULE_FIELDS)}), got {raw!r}")
+    if raw["size"] not in SPLIT_RULE_SIZES:
+        raise RegistryError(f"{path}: entry [{entry}] field '{where}.size' must be one of {SPLIT_RULE_SIZES}, got {raw['size']!r}")
+    for key in ("multiple_of_tp_times", "at_least_tp_times"):
+        value = raw.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise RegistryError(f"{path}: entry [{entry}] field '{where}.{key}' must be an integer >= 0, got {value!r}")
+    if raw.get("equals", "") not in ("", "hidden") or (raw.get("equals") and raw["size"] != "attention_out"):
+        raise RegistryError(f"{path}: entry [{entry}] field '{where}.equals' must be 'hidden', for size 'attention_out', "
+                            f"got {raw!r}")
+    if raw["size"] == "attention_out" and (raw.get("multiple_of_tp_times") or raw.get("at_least_tp_times")):
+        raise RegistryError(f"{path}: entry [{entry}] field '{where}': multiple_of_tp_times and at_least_tp_times apply to "
+                            f"counts (heads, kv_heads, experts), got {raw!r}")
+    rule = SplitRule(size=raw["size"], why=_expect(path, entry, f"{where}.why", raw["why"], str),
+                     multiple_of_tp_times=raw.get("multiple_of_tp_times", 0), at_least_tp_times=raw.get("at_least_tp_times", 0),
+                     equals=raw.get("equals", ""))
+    if not (rule.multiple_of_tp_times or rule.at_least_tp_times or rule.equals):
+        raise RegistryError(f"{path}: entry [{entry}] field '{where}' states no condition (multiple_of_tp_times, "
+                            f"at_least_tp_times or equals)")
+    return rule
 
 
 def _parse_variant(path: Path, name: str, raw: Any) -> Variant:

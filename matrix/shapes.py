@@ -5,7 +5,12 @@ works at tp 3"), so by default a tiny checkpoint must split under AutoTP exactly
 AutoTP splits attention by whole (kv-)heads and every other dim in 64-element grains (DeepSpeed's
 `tp_shard.get_shard_size`): at tp N a count C of heads or grains gives C // N to every rank and one more to the
 first C % N ranks. Two shapes split alike at tp N when every such count has the same remainder mod N and is
-below N on both or on neither (a rank left empty), and every dim has the same sub-grain rest.
+below N on both or on neither (a rank left empty), and every dim has the same sub-grain rest. DeepSpeed's
+`get_shard_size` splits a non-MLP dim that divides by the kv head count in kv-head units instead of grains, so
+whether the hidden and attention widths divide by the kv heads is kept too (and whether there are exactly 2 kv
+heads, where DeepSpeed cuts a glm-type fused qkv apart); and an entry's `split_rules`
+(matrix/models.toml: architecture-specific conditions such as codegen's kv heads % (4 x tp) == 0) hold for the
+tiny config at a tp exactly where they hold for the real checkpoint.
 
 Shapes of a cell (`SHAPES`):
 - `faithful`: the registry's `tiny` overrides with every split-relevant size replaced by `faithful_sizes`: the
@@ -22,12 +27,13 @@ installed transformers' config class defaults (`source = "config-defaults transf
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
-from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError, read_toml
+from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError, SplitRule, read_toml
 
 REAL_SHAPES_FILE = MATRIX_DIR / "real_shapes.toml"
 GRAIN = 64
@@ -126,10 +132,26 @@ def dim_split(size: int, tp: int) -> tuple[Any, ...]:
     return ("grains", *count_split(grains, tp), rest) if grains else ("elements", *count_split(size, tp))
 
 
-def split_pattern(shape: RealShape, tp: int) -> dict[str, Any]:
-    """Every split AutoTP performs on `shape` at `tp`, as a pattern two shapes that split alike share."""
+KV_UNIT_DIMS = ("hidden", "qkv", "attention_out")
+"""Dims DeepSpeed's get_shard_size splits in kv-head units when they divide by the kv head count (MLP widths and
+lm_head always go by grains; the name decides)."""
+
+
+def rule_conditions(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) -> dict[str, bool]:
+    """Each condition of `rules` at `tp`, true where `shape` meets it."""
+    sizes = {**shape.counts(), **shape.dims()}
+    return {name: met for rule in rules for name, met in rule.conditions(sizes, tp).items()}
+
+
+def split_pattern(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) -> dict[str, Any]:
+    """Every split AutoTP performs on `shape` at `tp` (and every condition of the architecture's `rules`), as a
+    pattern two shapes that split alike share."""
     pattern: dict[str, Any] = {name: count_split(count, tp) for name, count in shape.counts().items() if count}
     pattern |= {name: dim_split(size, tp) for name, size in shape.dims().items() if size}
+    pattern |= {f"{name} in kv-head units": shape.dims()[name] % shape.kv_heads == 0 for name in KV_UNIT_DIMS}
+    # fusedqkv_utils cuts a glm/qwen-type fused qkv as q | k | v (chatglm2/3's layout) exactly when kv heads == 2
+    pattern["kv_heads = 2"] = shape.kv_heads == 2
+    pattern |= rule_conditions(shape, tp, rules)
     pattern["grouped_query"] = shape.kv_heads < shape.heads
     pattern["top_k"] = shape.top_k
     pattern["shared_experts"] = shape.shared_experts
@@ -137,11 +159,11 @@ def split_pattern(shape: RealShape, tp: int) -> dict[str, Any]:
     return pattern
 
 
-def split_differences(tiny: RealShape, real: RealShape, tps) -> list[str]:
+def split_differences(tiny: RealShape, real: RealShape, tps, rules: tuple[SplitRule, ...] = ()) -> list[str]:
     """`field at tp N: tiny <pattern> vs real <pattern>` for every split where the two differ."""
     differences = []
     for tp in tps:
-        ours, theirs = split_pattern(tiny, tp), split_pattern(real, tp)
+        ours, theirs = split_pattern(tiny, tp, rules), split_pattern(real, tp, rules)
         differences += [f"{name} at tp {tp}: tiny {ours.get(name)} vs real {theirs.get(name)}"
                         for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
     return differences
@@ -149,16 +171,33 @@ def split_differences(tiny: RealShape, real: RealShape, tps) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ the rule
 
-def faithful_count(real: int, tps, least: int = 1) -> int:
+def faithful_count(real: int, tps, least: int = 1, rules: tuple[SplitRule, ...] = ()) -> int:
     """The smallest count >= `least` that splits like `real` at every tp in `tps`: same remainder mod the lcm
-    of the tps, and >= each tp exactly when `real` is. `real` itself qualifies, so there always is one."""
+    of the tps (and of k x tp for each `multiple_of_tp_times` k of `rules`, all of them rules of this count), >=
+    each tp exactly when `real` is, and every condition of `rules` met exactly where `real` meets it. `real`
+    itself qualifies, so there always is one."""
     if real < least:
         raise ValueError(f"a count of {real} is below the least allowed {least}")
-    period = math.lcm(*tps)
+    period = count_period(tps, rules)
     count = real % period
-    while count < least or any(count_split(count, tp) != count_split(real, tp) for tp in tps):
+    while count < least or not counts_alike(count, real, tps, rules):
         count += period
     return count
+
+
+def count_period(tps, rules: tuple[SplitRule, ...] = ()) -> int:
+    """The period of a count's split pattern over `tps` and the `multiple_of_tp_times` conditions of `rules`."""
+    return math.lcm(*tps, *(rule.multiple_of_tp_times * tp for rule in rules if rule.multiple_of_tp_times for tp in tps))
+
+
+def counts_alike(count: int, real: int, tps, rules: tuple[SplitRule, ...] = ()) -> bool:
+    """Whether `count` splits like `real` at every tp in `tps` and meets each condition of `rules` (rules of
+    this count) exactly where `real` does."""
+    def conditions(value: int, tp: int) -> dict[str, bool]:
+        return {name: met for rule in rules for name, met in rule.conditions({rule.size: value}, tp).items()}
+
+    return all(count_split(count, tp) == count_split(real, tp) and conditions(count, tp) == conditions(real, tp)
+               for tp in tps)
 
 
 def faithful_dim(real: int, tps, least: int = 1) -> int:
@@ -183,18 +222,24 @@ class TinySizes:
     shared_expert_intermediate: int
 
 
-def faithful_sizes(real: RealShape, tps, head_dim_free: bool, latent: bool = False) -> TinySizes:
-    """The smallest sizes that split like `real` at every tp in `tps`. `head_dim_free`: the architecture takes
-    head_dim on its own (else hidden = heads x head_dim); `latent`: multi-head latent attention, whose query/key
-    head dims are low-rank sizes that stay as the tiny config has them (head_dim is the value head dim).
-    Heads keep multi-head / grouped / multi-query attention."""
-    kv = faithful_count(real.kv_heads, tps)
-    if real.kv_heads == real.heads:
+def faithful_sizes(real: RealShape, tps, head_dim_free: bool, latent: bool = False,
+                   rules: tuple[SplitRule, ...] = ()) -> TinySizes:
+    """The smallest sizes that split like `real` at every tp in `tps` and meet the count conditions of `rules`
+    where `real` does. `head_dim_free`: the architecture takes head_dim on its own (else hidden = heads x
+    head_dim); `latent`: multi-head latent attention, whose query/key head dims are low-rank sizes that stay as
+    the tiny config has them (head_dim is the value head dim). Heads keep multi-head / grouped / multi-query
+    attention."""
+    def rules_of(*names: str) -> tuple[SplitRule, ...]:
+        return tuple(rule for rule in rules if rule.size in names)
+
+    multi_head = real.kv_heads == real.heads
+    kv = faithful_count(real.kv_heads, tps, rules=rules_of("kv_heads", *(("heads",) if multi_head else ())))
+    if multi_head:
         heads_options = [kv]
     else:
-        period = math.lcm(*tps)
+        period = count_period(tps, rules_of("heads"))
         heads_options = [kv * group for group in range(2, real.heads // real.kv_heads % period + 2 * period + 2)
-                         if all(count_split(kv * group, tp) == count_split(real.heads, tp) for tp in tps)]
+                         if counts_alike(kv * group, real.heads, tps, rules_of("heads"))]
     hidden_alone = faithful_dim(real.hidden, tps)
     free = head_dim_free or latent
     checked = ("hidden", "attention_out") if latent else ("hidden", "qkv", "attention_out")
@@ -212,7 +257,7 @@ def faithful_sizes(real: RealShape, tps, head_dim_free: bool, latent: bool = Fal
                             f"({real.heads} heads, {real.kv_heads} kv heads, head_dim {real.head_dim}, hidden {real.hidden})")
     heads, head_dim = found
     top_k = real.top_k or DEFAULT_TOP_K
-    experts = faithful_count(real.experts, tps, least=top_k) if real.experts else 0
+    experts = faithful_count(real.experts, tps, least=top_k, rules=rules_of("experts")) if real.experts else 0
     return TinySizes(heads=heads, kv_heads=kv, head_dim=head_dim,
                      hidden=hidden_alone if free else heads * head_dim,
                      intermediate=faithful_dim(real.intermediate, tps), vocab=faithful_dim(real.vocab, tps, least=LEAST_VOCAB),
@@ -238,6 +283,8 @@ def _head_dim_free(entry: ModelEntry, real: RealShape) -> bool:
     apart, or the entry's tiny config names a head_dim (except the classes that still need heads x head_dim =
     hidden, HEAD_DIM_FOLLOWS_HIDDEN). A free head_dim keeps a faithful model small: hidden and attention widths
     each take their own smallest faithful size."""
+    if any(rule.equals == "hidden" for rule in entry.split_rules):
+        return False
     return real.heads * real.head_dim != real.hidden or (
         any(key in entry.tiny for key in HEAD_DIM_KEYS) and entry.model_type not in HEAD_DIM_FOLLOWS_HIDDEN)
 
@@ -247,7 +294,7 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
     everything else the overrides carry (pad ids, rotary dims, layer kinds) stays."""
     tiny = {key: dict(value) if key in NESTED and isinstance(value, dict) else value for key, value in entry.tiny.items()}
     latent = MLA_KEY in tiny
-    sizes = faithful_sizes(real, tps, head_dim_free=_head_dim_free(entry, real), latent=latent)
+    sizes = faithful_sizes(real, tps, head_dim_free=_head_dim_free(entry, real), latent=latent, rules=entry.split_rules)
     _set(tiny, HEAD_KEYS, sizes.heads)
     if not _set(tiny, KV_KEYS, sizes.kv_heads) and sizes.kv_heads != sizes.heads and not tiny.get("multi_query"):
         tiny["num_key_value_heads"] = sizes.kv_heads
@@ -402,15 +449,31 @@ def shaped_name(name: str, shape: str) -> str:
     return name if shape == UNMARKED_SHAPE else f"{name}{SHAPE_SEPARATOR}{shape}"
 
 
+CHECKPOINT_SHAPE = re.compile(r"faithful-[a-z0-9]+(-[a-z0-9]+)*")
+"""A faithful cell of checkpoints that split unlike the entry's first hub id: `faithful-<short name>` of the
+first of them (`llama.faithful-meta-llama-3-8b`); the first hub id's cell keeps plain `faithful`."""
+
+
+def checkpoint_shape(hub_id: str) -> str:
+    """The shape of a faithful cell that stands first for `hub_id` (not the entry's first)."""
+    return "faithful-" + re.sub(r"[^a-z0-9]+", "-", hub_id.rsplit("/", 1)[-1].lower()).strip("-")
+
+
+def base_shape(shape: str) -> str:
+    """`faithful` or `stress`: the kind of a shape (`faithful-meta-llama-3-8b` is faithful)."""
+    return "faithful" if CHECKPOINT_SHAPE.fullmatch(shape) else shape
+
+
 def split_shaped_name(text: str) -> tuple[str, str]:
     """(entry name, shape) of a model as cell ids and --models spell it (`qwen2` is the unmarked shape,
-    `qwen2.faithful`, `qwen2.stress` explicit); a RegistryError for an unknown shape."""
+    `qwen2.faithful`, `qwen2.stress`, `llama.faithful-meta-llama-3-8b` explicit); a RegistryError for an
+    unknown shape."""
     name, separator, shape = text.partition(SHAPE_SEPARATOR)
     if not separator:
         return text, UNMARKED_SHAPE
-    if shape not in SHAPES:
+    if shape not in SHAPES and not CHECKPOINT_SHAPE.fullmatch(shape):
         raise RegistryError(f"{text!r}: unknown shape {shape!r}; spell a model <name> or <name>{SHAPE_SEPARATOR}<shape> "
-                            f"with shape one of {', '.join(SHAPES)}")
+                            f"with shape one of {', '.join(SHAPES)} (or faithful-<checkpoint short name>)")
     return name, shape
 
 
@@ -422,9 +485,57 @@ def parse_shapes(text: str) -> tuple[str, ...]:
     return shapes
 
 
+@dataclass(frozen=True)
+class FaithfulGroup:
+    """Real shapes of one entry that split alike at every tp of a cell: one faithful cell runs for all of them."""
+
+    shape: str
+    """`faithful` for the group of the entry's first record (faithful_record), else checkpoint_shape(first hub id)."""
+    record: RealShape
+    """The record the tiny config is derived from."""
+    checkpoints: tuple[str, ...]
+    """The hub ids (of the entry's recorded ones) whose split patterns equal the record's at every tp."""
+
+
+def faithful_groups(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps) -> list[FaithfulGroup]:
+    """The faithful cells `entry` needs at `tps`: one per distinct split pattern of its records (hub ids in
+    registry order), the first record's (faithful_record, else the class defaults) first as plain `faithful`."""
+    primary = faithful_record(entry, shapes) or _defaults_record(entry)
+    records = shapes.get(entry.name.split(SHAPE_SEPARATOR)[0], {})
+
+    def patterns(record: RealShape) -> list[dict[str, Any]]:
+        return [split_pattern(record, tp, entry.split_rules) for tp in tps]
+
+    groups: list[tuple[list[dict[str, Any]], str, RealShape, list[str]]] = [(patterns(primary), "faithful", primary, [])]
+    for hub_id in entry.hub_ids:
+        if hub_id not in records:
+            continue
+        found = patterns(records[hub_id])
+        group = next((group for group in groups if group[0] == found), None)
+        if group is None:
+            group = (found, checkpoint_shape(hub_id), records[hub_id], [])
+            groups.append(group)
+        group[3].append(hub_id)
+    return [FaithfulGroup(shape=shape, record=record, checkpoints=tuple(hub_ids)) for _, shape, record, hub_ids in groups]
+
+
+def shaped_entries(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None) -> list[ModelEntry]:
+    """The entries the cells of `shape` (`faithful` or `stress`) at `tp` run: the stress one; or one faithful
+    per group of the entry's checkpoints that split alike (faithful_groups), the first as plain `faithful`."""
+    if shape == "stress" or entry.skip_reason:
+        return [shaped_entry(entry, shape, tp, shapes)]
+    shapes = load_real_shapes() if shapes is None else shapes
+    try:
+        groups = faithful_groups(entry, shapes, tuple(sorted({*MATRIX_TP, tp})))
+    except RegistryError:  # no record and no config class to read one from: shaped_entry names why
+        return [shaped_entry(entry, shape, tp, shapes)]
+    return [shaped_entry(entry, group.shape, tp, shapes) for group in groups]
+
+
 def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None) -> ModelEntry:
-    """The entry a cell of `shape` at `tp` runs: named for its shape; a faithful one with the rule's tiny
-    config for tp 2, 3, 4 and `tp`, or a skip naming why there is none."""
+    """The entry the cell of exactly `shape` at `tp` runs: named for its shape; a faithful one with the rule's
+    tiny config for tp 2, 3, 4 and `tp` and the hub ids it stands for (`checkpoints`), or a skip naming why there
+    is none. A `faithful-<short name>` no group of the entry has is a RegistryError."""
     if shape == "stress" or entry.skip_reason:
         return replace(entry, name=shaped_name(entry.name, shape))
     from transformers.utils import logging as hf_logging
@@ -435,21 +546,31 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        real = faithful_record(entry, shapes) or _defaults_record(entry)
-        if real.source.startswith("as written: "):
-            return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
-        tiny = faithful_tiny(entry, real, tps)
-        sizes = tiny_shape(entry.model_type, tiny)
-    except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
-        return replace(entry, name=shaped_name(entry.name, shape),
-                       skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        try:
+            groups = {group.shape: group for group in faithful_groups(entry, shapes, tps)}
+        except RegistryError as error:  # no record and no config class defaults: the cell skips naming why
+            groups, no_record = {}, error
+        if shape not in groups and shape != "faithful":
+            raise RegistryError(f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
+                                f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}")
+        try:
+            if shape not in groups:
+                raise no_record
+            real, checkpoints = groups[shape].record, groups[shape].checkpoints
+            if real.source.startswith("as written: "):
+                return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
+            tiny = faithful_tiny(entry, real, tps)
+            sizes = tiny_shape(entry.model_type, tiny)
+        except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
+            return replace(entry, name=shaped_name(entry.name, shape),
+                           skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
     finally:
         hf_logging.set_verbosity(verbosity)
     why = (f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
            f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
            + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")
            + (f" of width {sizes.expert_intermediate}" if sizes.expert_intermediate else ""))
-    return replace(entry, name=shaped_name(entry.name, shape), tiny=tiny, tiny_why=why)
+    return replace(entry, name=shaped_name(entry.name, shape), tiny=tiny, tiny_why=why, checkpoints=checkpoints)
 
 
 def _defaults_record(entry: ModelEntry) -> RealShape:

@@ -5,7 +5,10 @@ Cells are named by registry entry; the page lists model families (transformers `
 so `llama_large`, a size variant, is tested under llama. A family is supported when every cell with a verdict at
 the latest versions passes; each bullet says which tp sizes and variants pass, and an unsupported family says why
 each failing cell fails (failure class and cause as "Failing now, by cause" groups them, with the known-failure
-link when matrix/known_failures.toml tracks it upstream). Works on report.json's form (reports.render)."""
+link when matrix/known_failures.toml tracks it upstream). A family with faithful cells (matrix/shapes.py: split like
+its real checkpoints) is judged by them; stress cells (deliberately odd splits) judge a family only without them.
+After the two lists, the page states each real checkpoint's verdicts apart from the stress shapes'
+(reports.checkpoints). Works on report.json's form (reports.render)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
+from reports.checkpoints import checkpoint_lines, has_faithful, shape_of
 from reports.history import CellStatus, History
 from reports.records import CellKey
 
@@ -32,6 +36,9 @@ UNSUPPORTED_INTRO = (
 )
 UNTESTED_INTRO = ("No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
                   "each cell's reason (e.g. remote code only) is in results/cells.jsonl.")
+CHECKPOINTS_INTRO = ("Each checkpoint's verdicts come from tiny models that split exactly like it at every tp "
+                     "(heads, kv heads, 64-wide grains); the stress shapes below exercise deliberately odd splits of each "
+                     "architecture and say nothing about a checkpoint.")
 # Failures that say nothing about AutoTP: the harness or the environment failed before AutoTP was judged.
 NO_VERDICT_CLASSES = ("setup", "install")
 DOCS_PAGE = "docs/_tutorials/automatic-tensor-parallelism.md"  # the page's path in DeepSpeed's repository
@@ -65,16 +72,22 @@ def model_families(models_file: Path = MODELS_FILE) -> dict[str, str]:
         raise ReportsError(str(error)) from None
 
 
+def entry_name(model: str) -> str:
+    """The registry entry of a cell's model coordinate (`qwen2.faithful` → `qwen2`)."""
+    return shape_of(model)[0]
+
+
 def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tuple[CellKey, CellStatus]]]:
     """Per family, its cells with a verdict on AutoTP (pass, fail, flaky) at the latest versions: neither skipped nor
-    failed by the harness or its environment (NO_VERDICT_CLASSES)."""
+    failed by the harness or its environment (NO_VERDICT_CLASSES); only its faithful cells where it has any."""
     found: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for cell in history.cells:
         status = history.statuses.get((cell, history.latest))
         if status is not None and status.status != "skip" and not (
                 status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES):
-            found[families.get(cell.model, cell.model)].append((cell, status))
-    return dict(sorted(found.items()))
+            found[families.get(entry_name(cell.model), entry_name(cell.model))].append((cell, status))
+    return {family: [(cell, status) for cell, status in cells if shape_of(cell.model)[1] == "faithful"] or cells
+            for family, cells in sorted(found.items())}
 
 
 def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
@@ -91,7 +104,7 @@ def tp_text(cells: list[CellKey], family: str) -> str:
     family itself is named: "tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"."""
     tps: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     for cell in cells:
-        tps[cell.model, cell.variant, cell.dtype].add(cell.tp)
+        tps[entry_name(cell.model), cell.variant, cell.dtype].add(cell.tp)
     grouped: dict[str, dict[tuple[int, ...], list[str]]] = defaultdict(lambda: defaultdict(list))
     for (model, variant, dtype), sizes in sorted(tps.items(), key=lambda item: (item[0][0] != family, item[0])):
         grouped[model][tuple(sorted(sizes))].append(f"{variant} {dtype}")
@@ -130,7 +143,8 @@ def supported_models(history: History, failing_now: dict, families: dict[str, st
                         "flaky": [cell.id for cell in flaky], "flaky_text": tp_text(flaky, family),
                         "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"]))})
     # Run at the latest versions, yet without a verdict: every cell was skipped or failed in setup/install.
-    ran = {families.get(cell.model, cell.model) for cell in history.cells if (cell, history.latest) in history.statuses}
+    ran = {families.get(entry_name(cell.model), entry_name(cell.model)) for cell in history.cells
+           if (cell, history.latest) in history.statuses}
     return {"supported": [e["family"] for e in entries if e["supported"]],
             "unsupported": [e["family"] for e in entries if not e["supported"]],
             "not_tested": sorted(ran - set(verdicts)),
@@ -183,7 +197,18 @@ def supported_models_markdown(report: dict, history: History, names: dict[str, s
         f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(True)}\n\n"
         f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(False)}\n"
         + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
+        + _checkpoints_section(report["checkpoints"])
     )
+
+
+def _checkpoints_section(section: dict) -> str:
+    """Each real checkpoint's verdicts (faithful cells), then each architecture's under stress shapes, apart."""
+    if not has_faithful(section):
+        return ""
+    real = checkpoint_lines({**section, "stress": []})
+    stress = checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
+    return ("\n# Verdicts per checkpoint\n\n" + CHECKPOINTS_INTRO + "\n\n" + "\n".join(f"- {line}" for line in real or ["None run."])
+            + "\n\n## Architectures under stress shapes\n\n" + "\n".join(f"- {line}" for line in stress or ["None run."]) + "\n")
 
 
 # ---- A copy of DeepSpeed's page ----------------------------------------------------------------------------------

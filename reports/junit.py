@@ -18,6 +18,7 @@ _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 # like `@org/team ![x](https://…)` would notify people and load images): names of models, variants and dtypes
 # (registry keys, transformers model types), a commit, and the failure class from its known set.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-fA-F]{4,40}")
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
 
@@ -121,6 +122,11 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
             raise MalformedJUnit(path, f"{where}: cell.{part}={getattr(cell, part)!r} is not a name (letters, digits, "
                                        "'.', '_', '-')")
 
+    checkpoints = tuple(props["checkpoints"].split(",")) if props.get("checkpoints") else ()
+    for hub_id in checkpoints:
+        if not _HUB_ID.fullmatch(hub_id):
+            raise MalformedJUnit(path, f"{where}: checkpoints={props['checkpoints']!r} is not a comma-separated list of "
+                                       "hub ids (owner/name)")
     # The JUnit result element is the authoritative outcome; properties add the detail.
     problems = [r for r in case.result if isinstance(r, (Failure, Error))]
     if problems:
@@ -138,11 +144,13 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
             signature=props.get("signature") or rest or message,
             message=problems[0].text or message,
             metrics=_metrics_from(props, path, where),
+            checkpoints=checkpoints,
         )
     skipped = [r for r in case.result if isinstance(r, Skipped)]
     if skipped:
-        return CellResult(run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "")
-    return CellResult(run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where))
+        return CellResult(run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "", checkpoints=checkpoints)
+    return CellResult(run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where),
+                      checkpoints=checkpoints)
 
 
 def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, float]:

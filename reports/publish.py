@@ -21,6 +21,7 @@ from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, session_deltas
+from reports.checkpoints import cell_checkpoints, checkpoint_lines, checkpoint_verdicts, has_faithful
 from reports.draft_issue import draft_text, not_deepspeeds
 from reports.failing_now import repro_command
 from reports.git import GitRepo
@@ -115,9 +116,11 @@ def placement_lines(delta_cause: DeltaCause) -> list[str]:
     return lines
 
 
-def _delta_cause_lines(delta_cause: DeltaCause) -> list[str]:
-    """The cause, its cells, and for a regression or a fix the answer its cells share, one line per range."""
-    cells = ", ".join(code(cell.id) for cell in delta_cause.cells)
+def _delta_cause_lines(delta_cause: DeltaCause, checkpoints: dict[CellKey, tuple[str, ...]]) -> list[str]:
+    """The cause, its cells (a faithful cell with the real checkpoints it stands for), and for a regression or a
+    fix the answer its cells share, one line per range."""
+    cells = ", ".join(code(cell.id) + (f" ({', '.join(map(code, checkpoints[cell]))})" if checkpoints.get(cell) else "")
+                      for cell in delta_cause.cells)
     failure = f"{failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}"
     detail = f"passes now; was {failure}" if delta_cause.kind == "fixed" else failure
     unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
@@ -135,7 +138,12 @@ def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
     return f"- {code(cell.id)} — {detail}"
 
 
-def comment_markdown(sessions: list[SessionDeltas]) -> str:
+def comment_markdown(sessions: list[SessionDeltas], checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+                     verdicts: dict | None = None) -> str:
+    """The PR comment: what changed since the last nightly, by cause; `checkpoints` names the hub ids each faithful
+    cell stands for, `verdicts` (reports.checkpoints.checkpoint_verdicts) adds every checkpoint's verdicts, and the
+    stress shapes' per architecture, apart."""
+    checkpoints = checkpoints or {}
     causes = delta_causes(sessions)
     flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
     counts = []
@@ -160,9 +168,15 @@ def comment_markdown(sessions: list[SessionDeltas]) -> str:
     lines.append("")
     for kind in DELTA_KINDS:
         entries = ([_flaky_line(s, cell) for s, cell in flaky] if kind == "flaky"
-                   else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c)])
+                   else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c, checkpoints)])
         if entries:
             lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
+    if verdicts is not None and has_faithful(verdicts):
+        stress = {"faithful": [], "class_defaults": [], "stress": verdicts["stress"]}
+        lines += ["**Verdicts per real checkpoint at the newest versions** (faithful shapes)", "",
+                  *(f"- {line}" for line in checkpoint_lines({**verdicts, "stress": []})), "",
+                  "**Architectures under stress shapes** (deliberately odd splits; no checkpoint's verdict)", "",
+                  *([f"- {line}" for line in checkpoint_lines(stress)] or ["- none run"]), ""]
     return COMMENT_MARKER + "\n" + inert("\n".join(lines[1:]).rstrip("\n")) + "\n"
 
 
@@ -211,8 +225,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
 
 
-def build_posts(sessions: list[SessionDeltas], out_dir: Path) -> tuple[Post, list[Post]]:
-    comment = Post(COMMENT_MARKER, "", comment_markdown(sessions), out_dir / "publish" / "comment.md")
+def build_posts(sessions: list[SessionDeltas], out_dir: Path, checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+                verdicts: dict | None = None) -> tuple[Post, list[Post]]:
+    comment = Post(COMMENT_MARKER, "", comment_markdown(sessions, checkpoints, verdicts), out_dir / "publish" / "comment.md")
     issues = []
     for delta_cause in regression_causes(sessions):
         title, body = issue_markdown(delta_cause)
@@ -266,7 +281,8 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
-    comment, issues = build_posts(deltas, out_dir)
+    checkpoints = cell_checkpoints(observations, history)
+    comment, issues = build_posts(deltas, out_dir, checkpoints, checkpoint_verdicts(history, checkpoints))
     drafts = []
     if upstream:
         with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted

@@ -94,6 +94,8 @@ class CellResult:
     signature: str = ""
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    checkpoints: tuple[str, ...] = ()
+    """The hub ids a faithful cell's verdict stands for (matrix.registry.ModelEntry.checkpoints); empty otherwise."""
 
 
 @dataclass(frozen=True)

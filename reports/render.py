@@ -25,6 +25,7 @@ from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
+from reports.checkpoints import cell_checkpoints, checkpoint_verdicts, checkpoints_html, checkpoints_markdown
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
                             delta_causes, members, other_pins, root_causes, shared_answers)
 from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
@@ -73,6 +74,7 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
+        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(observations, history)),
     }
     report["root_causes"] = root_causes(report, history.transitions)
     report["failing_now"] = failing_now(report, history, observations, known_failures)
@@ -510,6 +512,7 @@ def report_markdown(report: dict) -> str:
         "",
         *matrix_markdown(report["matrix"]),
         "",
+        *checkpoints_markdown(report["checkpoints"]),
         *other_matrices_markdown(report),
         "## Flaky cells",
         "",
@@ -645,4 +648,5 @@ def report_html(report: dict) -> str:
         flaky_text=flaky_text,
         harness_text=harness_text,
         failing_now=failing_now_html(report, linked_html),
+        checkpoints=checkpoints_html(report["checkpoints"]),
     )

@@ -27,8 +27,9 @@ from reports.records import (AXES, Bisection, CellKey, CellResult, Commit, Obser
 # confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
 # range its search ran over (reports.history.answer_for); 6 compaction: results keyed by integer run and cell
 # ids, signatures and messages stored once each in `texts`, detail dropped from old results (HistoryStore.compact).
+# 7 the hub ids each faithful cell stands for (cell_checkpoints, a table of its own: most results have none).
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -201,9 +202,18 @@ def _into_compact_tables(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+# Schema 7: the real checkpoints (hub ids) a faithful cell's verdict stands for (matrix.shapes.faithful_groups).
+_CELL_CHECKPOINTS = """
+CREATE TABLE cell_checkpoints (
+    run           INTEGER NOT NULL REFERENCES runs(id),
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    checkpoints   TEXT NOT NULL,  -- JSON list of hub ids
+    PRIMARY KEY (run, cell)
+) WITHOUT ROWID"""
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
 _MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE,
-               5: (*_COMPACT_TABLES, _into_compact_tables)}
+               5: (*_COMPACT_TABLES, _into_compact_tables), 6: (_CELL_CHECKPOINTS,)}
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     for step in range(version, SCHEMA_VERSION):
@@ -512,15 +522,18 @@ class HistoryStore:
                         f"cell(s) ({'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}); a run id names one "
                         "run — check how the file was produced, nothing of it was imported"
                     )
-                rows = []
+                rows, checkpoint_rows = [], []
                 for result in results:
                     if result.cell in verdicts:
                         continue
+                    if result.checkpoints:
+                        checkpoint_rows.append((run_key, cells.id(result.cell), json.dumps(list(result.checkpoints))))
                     rows.append((run_key, cells.id(result.cell), result.outcome, result.failure_class,
                                  texts.id(redact(result.signature)), texts.id(redact(result.message)),
                                  json.dumps(result.metrics, sort_keys=True)))
                     verdicts[result.cell] = (result.outcome, result.failure_class)
                 conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                conn.executemany("INSERT INTO cell_checkpoints VALUES (?, ?, ?)", checkpoint_rows)
                 new_results += len(rows)
         return ImportCounts(new_runs, new_results)
 
@@ -541,6 +554,8 @@ class HistoryStore:
         cells = {key: CellKey(*row) for key, *row in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
         texts = dict(conn.execute("SELECT id, text FROM texts"))
         texts[None] = ""
+        checkpoints = {(run, cell): tuple(json.loads(names))
+                       for run, cell, names in conn.execute("SELECT run, cell, checkpoints FROM cell_checkpoints")}
         run_rank = {key: rank for rank, key in enumerate(sorted(runs, key=lambda key: runs[key].run_id))}
         cell_rank = {key: rank for rank, key in enumerate(sorted(cells, key=cells.__getitem__))}
         rows = conn.execute("SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results")
@@ -549,7 +564,8 @@ class HistoryStore:
                 rows, key=lambda row: (run_rank[row[0]], cell_rank[row[1]])):
             result = CellResult(run_id=runs[run].run_id, cell=cells[cell], outcome=outcome,
                                 failure_class=failure_class, signature=texts[signature], message=texts[message],
-                                metrics=json.loads(metrics) if metrics else {})
+                                metrics=json.loads(metrics) if metrics else {},
+                                checkpoints=checkpoints.get((run, cell), ()))
             observations.append(Observation(result=result, run=runs[run]))
         return observations
 

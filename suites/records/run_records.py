@@ -221,6 +221,8 @@ class CellRecorder:
             record["logs"] = outcome.logs
         if outcome.checkpoint:
             record["checkpoint"] = outcome.checkpoint
+        if cell.model.checkpoints:  # the hub ids a faithful cell's verdict stands for (matrix.shapes.faithful_groups)
+            record["checkpoints"] = list(cell.model.checkpoints)
         if self.faults:
             record["faults"] = list(self.faults)
         with self.path.open("a") as stream:
@@ -252,6 +254,8 @@ def junit_properties(record: dict) -> dict[str, str]:
     properties.update({f"checkpoint.{k}": v for k, v in record.get("checkpoint", {}).items()})
     if record.get("faults"):
         properties["faults"] = ",".join(record["faults"])
+    if record.get("checkpoints"):
+        properties["checkpoints"] = ",".join(record["checkpoints"])  # hub ids hold no comma
     return {name: str(value) for name, value in properties.items()}
 
 

@@ -3,13 +3,15 @@ them, and the shape axis of cells (faithful by default on the command line, stre
 
 import shutil
 import warnings
+from dataclasses import replace
 
 import pytest
 
 from matrix.cells import expand, parse_cell_id, replay_name
-from matrix.registry import MODELS_FILE, RegistryError, load_models, load_variants
+from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models, load_variants
 from matrix.shapes import (MATRIX_TP, REAL_SHAPES_FILE, RealShape, faithful_count, faithful_dim, faithful_record,
-                           load_real_shapes, main, shaped_entry, split_differences, tiny_shape)
+                           faithful_sizes, load_real_shapes, main, shaped_entry, split_differences, split_pattern,
+                           tiny_shape)
 
 QWEN2_7B = RealShape(source="hub config Qwen/Qwen2-7B", heads=28, kv_heads=4, head_dim=128, hidden=3584,
                      intermediate=18944, vocab=152064, tied_embeddings=False)
@@ -36,7 +38,7 @@ def test_every_registry_entry_has_a_faithful_tiny_config_that_splits_like_its_re
     differences = {}
     for name, (entry, real) in faithful.items():
         assert entry.skip_reason is None, f"{name}: {entry.skip_reason}"
-        found = split_differences(tiny_shape(entry.model_type, entry.tiny), real, MATRIX_TP)
+        found = split_differences(tiny_shape(entry.model_type, entry.tiny), real, MATRIX_TP, entry.split_rules)
         if found:
             differences[name] = found
     assert differences == {}
@@ -65,6 +67,45 @@ def test_the_stress_shapes_do_not_split_like_the_checkpoints(registry, faithful)
 def test_faithful_count_is_the_smallest_count_that_splits_alike(real, tps, expected):
     assert faithful_count(real, tps) == expected
     assert all(divmod(expected, tp)[1] == divmod(real, tp)[1] and (expected >= tp) == (real >= tp) for tp in tps)
+
+
+def test_codegen_splits_like_codegen_350m_under_deepspeeds_four_group_rule(registry, faithful):
+    """DeepSpeed cuts codegen's fused qkv in 4 groups and asserts kv heads % (4 x tp) == 0: codegen-350M-mono's 16
+    heads pass at tp 2 and 4 and are refused at tp 3; the faithful config must be refused exactly there too."""
+    entry, real = faithful["codegen"]
+    tiny = tiny_shape(entry.model_type, entry.tiny)
+    rules = registry["codegen"].split_rules
+    assert [split_pattern(tiny, tp, rules)["kv_heads % 4tp"] for tp in MATRIX_TP] == [True, False, True]
+    assert [split_pattern(real, tp, rules)["kv_heads % 4tp"] for tp in MATRIX_TP] == [True, False, True]
+    # residues mod 2, 3, 4 alone (the rule without the entry's split_rules) give 4 heads: refused at tp 2 too
+    residues_only = faithful_sizes(real, MATRIX_TP, head_dim_free=False)
+    assert residues_only.kv_heads == 4
+    assert "kv_heads % 4tp at tp 2: tiny False vs real True" in split_differences(
+        replace(real, heads=4, kv_heads=4, head_dim=64, hidden=256), real, MATRIX_TP, rules)
+
+
+def test_a_count_rule_joins_the_residues_and_the_thresholds():
+    at_least = (SplitRule(size="kv_heads", why="shared-qk: world_size <= kv heads // 2", at_least_tp_times=2),)
+    assert faithful_count(32, (2, 3, 4, 8)) == 8  # 8 and 32 split alike at tp 8 (one head each, none left over) ...
+    assert faithful_count(32, (2, 3, 4, 8), rules=at_least) == 32  # ... but only 32 >= 2 x 8
+    multiple = (SplitRule(size="kv_heads", why="codegen", multiple_of_tp_times=4),)
+    assert faithful_count(32, MATRIX_TP, rules=multiple) == 32 and faithful_count(16, MATRIX_TP, rules=multiple) == 16
+
+
+@pytest.mark.parametrize("rule, message", [
+    ('{ size = "layers", multiple_of_tp_times = 4, why = "x" }', "'split_rules[0].size' must be one of"),
+    ('{ size = "kv_heads", why = "x" }', "'split_rules[0]' states no condition"),
+    ('{ size = "kv_heads", multiple_of_tp_times = 4 }', "needs size and why"),
+    ('{ size = "heads", equals = "hidden", why = "x" }', "'split_rules[0].equals' must be 'hidden', for size 'attention_out'"),
+    ('{ size = "kv_heads", multiple_of_tp_times = -4, why = "x" }', "'split_rules[0].multiple_of_tp_times' must be an integer >= 0"),
+])
+def test_bad_split_rule_is_refused_naming_the_entry_and_field(tmp_path, rule, message):
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS_FILE.read_text() + f'\n[models.codegen_copy]\nmodel_type = "codegen"\ntiny = {{ n_head = 4 }}\n'
+                      f'split_rules = [{rule}]\n')
+    with pytest.raises(RegistryError, match=r"entry \[models.codegen_copy\] field ") as error:
+        load_models(models)
+    assert message in str(error.value)
 
 
 def test_faithful_dim_keeps_the_grain_residues_and_the_rest():
@@ -219,3 +260,46 @@ def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, 
     assert main(["--check", "--models-file", str(models)]) == 0
     with pytest.raises(RegistryError, match=r"entry \[qwen2_copy\] already has records"):
         add_record(models, entry, None, None)
+
+
+# ---- one faithful cell per split pattern of an entry's checkpoints (bounded cost) -------------------------------
+
+def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_their_own():
+    cells = {cell.id: cell.model for cell in expand("llama,qwen2,qwen3", tp="2", shapes="faithful")}
+    assert {cell_id: model.checkpoints for cell_id, model in cells.items()} == {
+        "llama.faithful-eager-fp32-tp2": ("meta-llama/Llama-2-7b-hf",),
+        "llama.faithful-meta-llama-3-8b-eager-fp32-tp2": ("meta-llama/Meta-Llama-3-8B",),  # 8 kv heads: splits apart
+        "qwen2.faithful-eager-fp32-tp2": ("Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct"),  # identical at every tp: once
+        "qwen3.faithful-eager-fp32-tp2": ("Qwen/Qwen3-8B",),
+        "qwen3.faithful-qwen3-0-6b-eager-fp32-tp2": ("Qwen/Qwen3-0.6B",),
+    }
+    shapes = load_real_shapes()
+    llama3 = cells["llama.faithful-meta-llama-3-8b-eager-fp32-tp2"]
+    assert split_differences(tiny_shape(llama3.model_type, llama3.tiny), shapes["llama"]["meta-llama/Meta-Llama-3-8B"], MATRIX_TP) == []
+    assert (tiny_shape("llama", llama3.tiny).heads, tiny_shape("llama", cells["llama.faithful-eager-fp32-tp2"].tiny).heads) == (32, 8)
+    assert [cell.model.checkpoints for cell in expand("qwen2", tp="2", shapes="stress")] == [()]  # stress: per architecture
+
+
+def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
+    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's cell."""
+    models = tmp_path / "models.toml"
+    shutil.copy(MODELS_FILE, models)
+    text = REAL_SHAPES_FILE.read_text()
+    start = text.index('"Qwen/Qwen2.5-7B-Instruct"')
+    (tmp_path / "real_shapes.toml").write_text(text[:start] + text[start:].replace("kv_heads = 4", "kv_heads = 2", 1))
+    cells = expand("qwen2", tp="3", shapes="faithful", models_file=models)
+    assert [(cell.id, cell.model.checkpoints) for cell in cells] == [
+        ("qwen2.faithful-eager-fp32-tp3", ("Qwen/Qwen2-7B",)),
+        ("qwen2.faithful-qwen2-5-7b-instruct-eager-fp32-tp3", ("Qwen/Qwen2.5-7B-Instruct",))]
+
+
+def test_a_checkpoint_cell_id_parses_and_replays_as_the_same_cell():
+    models, variants = load_models(), load_variants()
+    cell_id = "llama.faithful-meta-llama-3-8b-meta-fp32-tp3"
+    model, variant, dtype, tp = parse_cell_id(cell_id, models, variants)
+    assert (model, variant, dtype, tp) == ("llama.faithful-meta-llama-3-8b", "meta", "fp32", 3)
+    replayed = expand(replay_name(model), variants=variant, tp=str(tp), shapes="stress")
+    assert [(cell.id, cell.model.checkpoints) for cell in replayed] == [(cell_id, ("meta-llama/Meta-Llama-3-8B",))]
+    with pytest.raises(RegistryError, match=r"llama.faithful-gpt2: no checkpoint of llama splits apart under that name "
+                                            r"at tp 2; its faithful cells: llama.faithful, llama.faithful-meta-llama-3-8b"):
+        expand("llama.faithful-gpt2", tp="2")

@@ -207,7 +207,7 @@ def test_a_schema_5_store_is_migrated_with_every_result_and_text_once(tmp_path):
         for model, outcome, message, metrics in (("bloom", "pass", "", {"logits_max_abs": day * 1e-6}),
                                                  ("opt", "fail", OPT_TRACEBACK, {}))]
     with sqlite3.connect(old) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         assert conn.execute("SELECT count(*) FROM texts WHERE text = ?", (OPT_TRACEBACK,)).fetchone()[0] == 1
     with HistoryStore(tmp_path / "new.sqlite", create=True):
         pass

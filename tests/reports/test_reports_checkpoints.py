@@ -1,0 +1,145 @@
+"""Verdicts per real checkpoint (faithful cells) and per architecture (stress cells), shown apart: the hub ids a
+faithful cell stands for travel as a typed field from the matrix (ModelEntry.checkpoints) through the cell's record
+(cells.jsonl, JUnit) into the store, and the report, the supported-models page and the PR comment name them."""
+
+import json
+
+import pytest
+from junitparser import Failure
+from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
+
+from matrix.cells import expand
+from reports.__main__ import main
+from reports.store import HistoryStore
+from reports_testkit import render, section
+from suites.outcome import CellOutcome
+from suites.records.run_records import CellRecorder, RunInfo, read_records
+
+VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}
+HEADS = "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ transformers/models/qwen2/modeling_qwen2.py:forward"
+GRAINS = ("RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
+          "deepspeed/module_inject/layers.py:uneven_partition")
+
+
+def outcome_of(cell_id: str) -> CellOutcome:
+    """Qwen2's faithful cell fails at tp 3 (its real 28 heads split 10/9/9), its stress cell at tp 2 (13 grains)."""
+    if cell_id == "qwen2.faithful-eager-fp32-tp3":
+        return CellOutcome("fail", "forward", HEADS, message=HEADS)
+    if cell_id == "qwen2-eager-fp32-tp2":
+        return CellOutcome("fail", "shard", GRAINS, message=GRAINS)
+    return CellOutcome("pass", metrics={"logits_max_abs": 1e-7})
+
+
+def run_cells(tmp_path, models="qwen2,llama", tp="2,3", shapes="faithful,stress", started="2026-12-03T00:00:00Z",
+              outcome=None, versions=VERSIONS):
+    """The cells the matrix expands, recorded by the suites' recorder and written as JUnit with its properties."""
+    outcome_of_cell = outcome or outcome_of
+    run = RunInfo(session="nightly", started=started, host="vm", accelerator="cpu", backend="gloo", harness_git="")
+    recorder = CellRecorder(tmp_path / "results" / started, run, versions)
+    suite = TestSuite("pytest")
+    for cell in expand(models, tp=tp, shapes=shapes):
+        case = TestCase(f"test_cell[{cell.id}]", classname="suites.test_autotp")
+        outcome = outcome_of_cell(cell.id)
+        recorder.record(cell, outcome, record_property=case.add_property)
+        if outcome.outcome == "fail":
+            case.result = [Failure(f"{outcome.failure_class}: {outcome.signature}")]
+        suite.add_testcase(case)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    junit = tmp_path / "junit" / f"nightly-{started}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    xml.write(str(junit), pretty=True)
+    return junit.parent
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("checkpoints")
+    junit = run_cells(tmp_path)
+    return tmp_path, render(junit, tmp_path)
+
+
+def test_the_hub_ids_travel_from_the_matrix_to_the_store(rendered):
+    tmp_path, _ = rendered
+    records = {record["cell"]["id"]: record.get("checkpoints")
+               for record in read_records(tmp_path / "results" / "2026-12-03T00:00:00Z")}
+    assert records["qwen2.faithful-eager-fp32-tp2"] == ["Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct"]
+    assert records["qwen2-eager-fp32-tp2"] is None  # a stress cell stands for no checkpoint
+    with HistoryStore(tmp_path / "history.sqlite", create=False) as store:
+        stored = {o.result.cell.id: o.result.checkpoints for o in store.observations()}
+    assert stored["qwen2.faithful-eager-fp32-tp3"] == ("Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct")
+    assert stored["llama.faithful-meta-llama-3-8b-eager-fp32-tp2"] == ("meta-llama/Meta-Llama-3-8B",)
+    assert stored["llama-eager-fp32-tp2"] == ()
+
+
+def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_architecture_apart(rendered):
+    _, out = rendered
+    report = (out / "report.md").read_text()
+    real = section(report, "Verdicts per checkpoint at the latest versions").index("### Architectures under stress shapes")
+    lines = section(report, "Verdicts per checkpoint at the latest versions")
+    assert lines[2:real] == [
+        "- `meta-llama/Llama-2-7b-hf` (llama, faithful shapes) tp 2: ✅ · tp 3: ✅",
+        "- `meta-llama/Meta-Llama-3-8B` (llama, faithful shapes) tp 2: ✅ · tp 3: ✅",
+        f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`",
+        f"- `Qwen/Qwen2.5-7B-Instruct` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`",
+    ]
+    # the stress cell's failure (13 grains) is the architecture's, never a checkpoint's
+    assert lines[real + 1:] == ["- llama architecture under stress shapes: tp 2: ✅ · tp 3: ✅",
+                                f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅"]
+    assert "uneven_partition" not in "\n".join(lines[:real])
+    checkpoints = json.loads((out / "report.json").read_text())["checkpoints"]
+    assert [(e["checkpoint"], [v["cell"] for v in e["verdicts"]]) for e in checkpoints["faithful"]][2] == (
+        "Qwen/Qwen2-7B", ["qwen2.faithful-eager-fp32-tp2", "qwen2.faithful-eager-fp32-tp3"])
+    html = (out / "report.html").read_text()
+    assert ("<li><code>Qwen/Qwen2-7B</code> (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward <code>RuntimeError: "
+            "shape &#39;[N, N, N, N]&#39;") in html
+    assert '<ul id="stress-verdicts"><li>llama architecture under stress shapes' in html
+
+
+def test_the_supported_models_page_judges_a_family_by_its_faithful_cells_and_names_its_checkpoints(rendered):
+    _, out = rendered
+    page = (out / "supported-models.md").read_text()
+    assert "- llama — passes tp 2, 3 (eager fp32)" in page
+    assert ("- qwen2 — fails tp 3 (eager fp32): forward `RuntimeError: shape '[N…]' is invalid for input of size N @ "
+            "transformers/models/qwen2/modeling_qwen2.py:forward`; passes tp 2 (eager fp32)\n") in page  # not stress's tp 2
+    checkpoints = page.split("# Verdicts per checkpoint\n\n", 1)[1]
+    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in checkpoints
+    assert checkpoints.endswith(f"## Architectures under stress shapes\n\n- llama architecture under stress shapes: "
+                                f"tp 2: ✅ · tp 3: ✅\n- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · "
+                                "tp 3: ✅\n")
+
+
+def test_a_history_of_stress_cells_only_has_no_checkpoint_section(tmp_path):
+    out = render(run_cells(tmp_path, models="qwen2", tp="2", shapes="stress"), tmp_path)
+    assert "Verdicts per checkpoint" not in (out / "report.md").read_text()
+    assert "Verdicts per checkpoint" not in (out / "supported-models.md").read_text()
+
+
+def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_path, capsys):
+    junit = run_cells(tmp_path, models="qwen2", tp="2", shapes="faithful")
+    path = next(junit.iterdir())
+    path.write_text(path.read_text().replace("Qwen/Qwen2-7B,Qwen/Qwen2.5-7B-Instruct", "Qwen2-7B; rm -rf /"))
+    assert main(["merge", str(junit), "--store", str(tmp_path / "history.sqlite")]) == 2
+    error = capsys.readouterr().err
+    first = error.splitlines()[0]  # the file skipped, naming the cell and the value; then what merge did
+    assert first.startswith(f"skipped {path}: testcase 'test_cell[qwen2.faithful-eager-fp32-tp2]'")
+    assert "checkpoints='Qwen2-7B; rm -rf /' is not a comma-separated list of hub ids" in first
+    assert "Traceback" not in error
+
+
+def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_and_every_checkpoints_verdicts(tmp_path):
+    """The nightly before passed everything; the newest breaks qwen2's faithful tp 3 (Qwen2-7B's 10/9/9 heads)."""
+    run_cells(tmp_path, started="2026-12-02T00:00:00Z", outcome=lambda cell_id: CellOutcome("pass"),
+              versions={**VERSIONS, "deepspeed": "0.19.7"})
+    junit = run_cells(tmp_path)
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(junit), "--store", str(store)]) == 0
+    assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "nightly"]) == 0
+    comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
+    assert ("`qwen2.faithful-eager-fp32-tp3` (`Qwen/Qwen2-7B`, `Qwen/Qwen2.5-7B-Instruct`)") in comment
+    assert "`qwen2-eager-fp32-tp2` (" not in comment  # the stress cell that broke stands for no checkpoint
+    real = comment.split("**Verdicts per real checkpoint at the newest versions** (faithful shapes)\n\n", 1)[1]
+    real, stress = real.split("**Architectures under stress shapes**", 1)
+    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in real
+    assert "uneven_partition" not in real
+    assert f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅" in stress
