@@ -1,21 +1,21 @@
 """One environment per version combination, shared by every nox session that runs cells (`matrix`,
-`autotp(<combo>)`, `tests`) and by bisection steps, with one JIT build of DeepSpeed's CPU comm op
-per (DeepSpeed, torch) pair.
+`autotp(<combo>)`, `tests`) and by bisection steps, built in layers joined by `.pth` files:
 
-    <root>/base-ds0.19.8-pt2.13.0/   torch + DeepSpeed only; the comm op is JIT-built once, in its torch_extensions/
-    <root>/ds0.19.8-tf5.24.0-pt2.13.0/   transformers + the harness's dependencies; sees the base's
-                                          packages through a .pth file
+    <root>/torch-pt2.13.0/                 torch alone, unpacked once per torch version
+    <root>/base-ds0.19.8-pt2.13.0/         DeepSpeed and its dependencies, over the torch layer; its CPU comm
+                                            op prebuilt once per hash of its sources (sessions/deepspeed_ops.py)
+    <root>/ds0.19.8-tf5.24.0-pt2.13.0/     transformers + the harness's dependencies, over the DeepSpeed layer
 
-Why two layers: torch's JIT build is keyed on the absolute paths of DeepSpeed's sources, so the same
-DeepSpeed release installed in two environments builds its op twice (~60 s each here). With DeepSpeed
-in one base per (DeepSpeed, torch), every combination over it — every step of a bisection over
-transformers releases — loads the same build. Names follow the combination ids of matrix/versions.py,
-torch spelled as its public version (`2.13.0`, never `2.13.0+cpu`).
+A layer's `.pth` file lists the site-packages of every layer below it, nearest first; its own packages
+come before them, so an upper layer that needs another version of a lower package holds its own, and a
+lower layer is never modified by an install above it (sessions/installers.py: uv, or pip as a fallback,
+give the same packages). Names follow the combination ids of matrix/versions.py, torch spelled as its
+public version (`2.13.0`, never `2.13.0+cpu`).
 
-torch is always installed first and alone (from `AUTOTP_TORCH_INDEX` pip options on GPU runners; on CPU
-machines the pinned version comes from a local wheel), and every later install repeats the torch pin, so
-nothing can pull another multi-GB torch build. An environment is complete once its marker is written;
-one without it (an interrupted build) is built again. Builds of the same folder are serialised by a lock.
+torch is installed in its own layer (from `AUTOTP_TORCH_INDEX` pip options on GPU runners; on CPU machines
+the pinned version comes from a local wheel); layers above never install torch again. An environment is
+complete once its marker is written; one without it (an interrupted build) is built again. Builds of the
+same folder are serialised by a lock.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
-import sysconfig
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +33,8 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
+from sessions.deepspeed_ops import install_prebuilt_ops
+from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
@@ -69,7 +68,11 @@ class EnvironmentSpec:
     source: tuple[Path, str] | None = None
     """(clone, sha) checked out into <env>/src before installing (DeepSpeed built from a commit)."""
     base: EnvironmentSpec | None = None
-    """An environment whose packages this one sees, and whose JIT builds it uses."""
+    """The layer below: this one sees its packages (and those of the layers below it), and uses its JIT builds."""
+
+    def lower(self) -> list[EnvironmentSpec]:
+        """The layers below this one, nearest first."""
+        return [self.base, *self.base.lower()] if self.base else []
 
 
 def project_dependencies() -> list[str]:
@@ -80,11 +83,16 @@ def torch_options() -> list[str]:
     return shlex.split(os.environ.get(TORCH_INDEX_ENV, ""))
 
 
+def torch_layer(torch: str) -> EnvironmentSpec:
+    """torch alone: the layer every DeepSpeed layer of this torch version sits on."""
+    return EnvironmentSpec(key=f"torch-pt{torch_spelling(torch)}",
+                           installs=((f"torch=={torch_spelling(torch)}", *torch_options()),))
+
+
 def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...], ...], torch: str,
                     source: tuple[Path, str] | None = None) -> EnvironmentSpec:
-    torch_pin = f"torch=={torch_spelling(torch)}"
-    return EnvironmentSpec(key=f"base-{deepspeed_id}-pt{torch_spelling(torch)}",
-                           installs=((torch_pin, *torch_options()), *deepspeed_installs), source=source)
+    return EnvironmentSpec(key=f"base-{deepspeed_id}-pt{torch_spelling(torch)}", installs=deepspeed_installs,
+                           source=source, base=torch_layer(torch))
 
 
 def combination_environment(deepspeed_id: str, deepspeed_requirement: str, transformers_id: str,
@@ -129,11 +137,12 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
                            base=base)
 
 
-def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print) -> Path:
-    """The python of spec's environment under root, built now unless a complete one from the same spec
-    is already there."""
+def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print,
+                       tool: Installer | None = None) -> Path:
+    """The python of spec's environment under root, built now (with the layers below it) unless a complete
+    one from the same spec is already there; with `tool`, or uv (else pip: sessions/installers.py)."""
     if spec.base is not None:
-        ensure_environment(root, spec.base, log)
+        ensure_environment(root, spec.base, log, tool)
     folder = root / spec.key
     python = folder / "bin" / "python"
     wanted = json.dumps(_describe(spec))
@@ -145,21 +154,28 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel session may be building the same folder
         if marker.exists() and marker.read_text() == wanted:
             return python
-        log(f"building environment {folder}")
+        tool = tool or installer(root, log)
+        log(f"building environment {folder} with {tool.name}")
         shutil.rmtree(folder, ignore_errors=True)
-        _check([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
-        if spec.base is not None:
-            (Path(_site_packages(folder)) / BASE_LINK).write_text(_site_packages(root / spec.base.key) + "\n")
-        if spec.source is not None:
-            clone, sha = spec.source
-            # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
-            # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
-            _check(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone")
-            _check(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
-        for arguments in spec.installs:
-            log(f"pip install {shlex.join(arguments)}")
-            _check([str(python), "-m", "pip", "install", "--quiet", *arguments], "install",
-                   env={**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()})
+        lower = [_site_packages(root / layer.key) for layer in spec.lower()]
+        try:
+            tool.create(folder)
+            if lower:
+                (Path(_site_packages(folder)) / BASE_LINK).write_text("".join(f"{path}\n" for path in lower))
+            if spec.source is not None:
+                clone, sha = spec.source
+                # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
+                # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
+                run_checked(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")],
+                            "clone")
+                run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+            env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
+            for arguments in spec.installs:
+                tool.install(python, arguments, lower, env, log)
+            if (Path(_site_packages(folder)) / "deepspeed" / "ops" / "op_builder").is_dir():
+                install_prebuilt_ops(root, python, Path(_site_packages(folder)), env, log)
+        except InstallError as error:
+            raise EnvironmentBuildError(str(error)) from None
         (folder / "torch_extensions").mkdir(exist_ok=True)
         marker.write_text(wanted)
     return python
@@ -171,8 +187,7 @@ def _describe(spec: EnvironmentSpec) -> dict:
 
 
 def _site_packages(folder: Path) -> str:
-    relative = Path(sysconfig.get_path("purelib")).relative_to(sysconfig.get_path("data"))
-    return str(folder / relative)
+    return sysconfig_purelib(folder / "bin" / "python")
 
 
 def _build_outside_any_clone() -> dict[str, str]:
@@ -183,11 +198,12 @@ def _build_outside_any_clone() -> dict[str, str]:
 
 
 def torch_extensions_of(python: Path) -> Path:
-    """Where DeepSpeed JIT-builds its ops for this environment: its base's folder when it has one."""
+    """Where DeepSpeed JIT-builds its ops for this environment: the folder of the layer just below when it
+    has one (the DeepSpeed layer of a combination)."""
     folder = python.parent.parent
     link = Path(_site_packages(folder)) / BASE_LINK
     if link.exists():
-        return Path(link.read_text().strip()).parents[2] / "torch_extensions"
+        return Path(link.read_text().splitlines()[0]).parents[2] / "torch_extensions"
     return folder / "torch_extensions"
 
 
@@ -196,11 +212,3 @@ def environment_variables(python: Path) -> dict[str, str]:
     JIT builds in the (base) environment's own folder."""
     return {**os.environ, "VIRTUAL_ENV": str(python.parent.parent),
             "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python))}
-
-
-def _check(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if completed.returncode != 0:
-        output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
-                           if line.strip() and "is ignored" not in line)
-        raise EnvironmentBuildError(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}")

@@ -1,0 +1,141 @@
+"""Layered environments (sessions/environments.py, sessions/installers.py) on fake packages served from a
+local wheel folder (no index): a torch layer, a DeepSpeed layer over it and a combination layer over that.
+
+- An upper install never modifies a lower layer (hash of every file before and after), even when the
+  upper layer needs another version of a lower layer's package: it holds its own, which wins.
+- torch is never installed again above the torch layer.
+- uv and the pip fallback give every layer the same packages (but for pip's own tools in pip's venvs).
+- The uv binary comes from the pin in pyproject.toml; where it cannot be installed the build says so and
+  uses pip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import sessions.installers as installers
+from sessions.environments import BASE_LINK, EnvironmentSpec, ensure_environment
+from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
+
+SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
+
+FAKES = [  # (name, version, requirements)
+    ("torch", "2.13.0", ["alpha>=1"]),
+    ("alpha", "1.0", []),
+    ("alpha", "2.0", []),
+    ("beta", "1.0", ["alpha>=1"]),
+    ("deepspeed", "0.19.8", ["torch>=2", "beta"]),
+    ("gamma", "1.0", []),
+    ("transformers", "5.24.0", ["alpha>=2", "gamma"]),
+]
+
+
+def write_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
+             f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+             "Tag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items())
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{name}-{version}.dist-info/RECORD", record + f"{name}-{version}.dist-info/RECORD,,\n")
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    for name, version, requires in FAKES:
+        write_wheel(folder, name, version, requires)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uv(tmp_path_factory) -> installers.Installer:
+    """uv from the pin in pyproject.toml, installed the harness's way (before the index is taken away)."""
+    chosen = installers.installer(tmp_path_factory.mktemp("uv-root"))
+    assert chosen.uv is not None, "uv could not be installed from the pin in pyproject.toml"
+    return chosen
+
+
+@pytest.fixture()
+def offline(monkeypatch, wheels):
+    """pip (and through it uv) sees only the fake wheel folder."""
+    for variable, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+                            "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": "", "PIP_CONSTRAINT": ""}.items():
+        monkeypatch.setenv(variable, value)
+
+
+def layers() -> EnvironmentSpec:
+    # the torch layer holds alpha 1.0, the combination needs alpha>=2
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),))
+    deepspeed = EnvironmentSpec(key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),),
+                                base=torch)
+    return EnvironmentSpec(key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),),
+                           base=deepspeed)
+
+
+def tree_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def own_packages(root: Path, key: str) -> dict[str, str]:
+    return {name: version for name, version in installed([sysconfig_purelib(root / key / "bin" / "python")]).items()
+            if name not in SEED_TOOLS}
+
+
+def build(root: Path, tool: installers.Installer) -> Path:
+    """All three layers with this installer; the lower layers' hashes are checked around the combination's
+    install."""
+    combination = layers()
+    ensure_environment(root, combination.base, tool=tool)
+    before = {layer.key: tree_hash(root / layer.key) for layer in combination.lower()}
+    python = ensure_environment(root, combination, tool=tool)
+    assert {layer.key: tree_hash(root / layer.key) for layer in combination.lower()} == before
+    return python
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_layer(tmp_path, uv, offline, tool):
+    root = tmp_path / "envs"
+    python = build(root, uv if tool == "uv" else installers.Installer(None))
+
+    assert own_packages(root, "torch-pt2.13.0") == {"torch": "2.13.0", "alpha": "1.0"}
+    assert own_packages(root, "base-ds0.19.8-pt2.13.0") == {"deepspeed": "0.19.8", "beta": "1.0"}
+    # alpha 2.0 for transformers sits in the combination, over the torch layer's 1.0; torch is not installed again
+    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {"transformers": "5.24.0", "gamma": "1.0", "alpha": "2.0"}
+    link = Path(sysconfig_purelib(python)) / BASE_LINK
+    assert link.read_text().splitlines() == [sysconfig_purelib(root / key / "bin" / "python")
+                                             for key in ("base-ds0.19.8-pt2.13.0", "torch-pt2.13.0")]
+    seen = subprocess.run([str(python), "-c", "import alpha, beta, torch, deepspeed, transformers; print(alpha.VERSION)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == "2.0"
+
+
+def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
+    with_uv = build(tmp_path / "uv", uv)
+    with_pip = build(tmp_path / "pip", installers.Installer(None))
+    for key in ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", "ds0.19.8-tf5.24.0-pt2.13.0"):
+        assert own_packages(tmp_path / "uv", key) == own_packages(tmp_path / "pip", key)
+    assert with_uv.parent.parent.name == with_pip.parent.parent.name
+
+
+def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
+    monkeypatch.delenv(INSTALLER_ENV, raising=False)
+    said = []
+    chosen = installers.installer(tmp_path / "envs", log=said.append)  # the fake wheel folder has no uv
+    assert chosen.uv is None and chosen.name == "pip"
+    assert said and said[0].startswith(f"{uv_requirement()} unavailable, environments are built with pip")
