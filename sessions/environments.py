@@ -33,6 +33,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
+from sessions.checkouts import prepare_deepspeed_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
 
@@ -66,7 +67,12 @@ class EnvironmentSpec:
     installs: tuple[tuple[str, ...], ...]
     """`pip install` argument lists, in order."""
     source: tuple[Path, str] | None = None
-    """(clone, sha) checked out into <env>/src before installing (DeepSpeed built from a commit)."""
+    """(clone, sha) checked out into <env>/src before installing (a commit of DeepSpeed or transformers)."""
+    checkout: str = ""
+    """"deepspeed": the source checkout itself is the package, on this layer's path (sessions/checkouts.py)."""
+    as_of: str = ""
+    """A date (2024-05-30): this layer's packages as they were that day, the harness's own excepted
+    (sessions/installers.py Installer.resolve_missing); "" for the newest."""
     base: EnvironmentSpec | None = None
     """The layer below: this one sees its packages (and those of the layers below it), and uses its JIT builds."""
 
@@ -97,15 +103,18 @@ def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...]
 
 def combination_environment(deepspeed_id: str, deepspeed_requirement: str, transformers_id: str,
                             transformers_requirement: str, torch: str, extras: tuple[str, ...] = (),
-                            extras_name: str = "") -> EnvironmentSpec:
+                            extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
     """The environment of one combination; `*_id` are the axis ids of matrix/versions.py (`ds0.19.8`,
     `ds@pr1234`, `tf5.24.0`), `extras` more requirements (a dependency group) in a sibling environment
-    named `<combination>+<extras_name>` over the same base."""
+    named `<combination>+<extras_name>` over the same base; `as_of` a date: transformers' dependencies
+    as of that day, in a sibling named `<combination>-asof<date>`."""
     torch_pin = f"torch=={torch_spelling(torch)}"
     base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
-    key = f"{deepspeed_id}-{transformers_id}-pt{torch_spelling(torch)}" + (f"+{extras_name}" if extras_name else "")
+    key = (f"{deepspeed_id}-{transformers_id}-pt{torch_spelling(torch)}" + (f"+{extras_name}" if extras_name else "")
+           + (f"-asof{as_of}" if as_of else ""))
+    # transformers first: an as-of resolution takes the first requirement as the layer's subject
     return EnvironmentSpec(key=key, installs=((transformers_requirement, *project_dependencies(), *extras, torch_pin),),
-                           base=base)
+                           base=base, as_of=as_of)
 
 
 def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
@@ -127,14 +136,18 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
         return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *project_dependencies(), torch_pin),),
                                source=(clone, sha), base=base)
     base_key = f"base-ds@{sha[:12]}-pt{torch}"
-    base = _deepspeed_base(f"ds@{sha[:12]}", (
-        # setup.py imports torch, so the build runs without isolation on what is installed here
-        ("setuptools", "wheel", torch_pin),
-        ("--no-build-isolation", str(root / base_key / "src"), torch_pin),
-    ), pins["torch"], source=(clone, sha))
+    # No build: the checkout is the package (sessions/checkouts.py), its requirements installed like a release's.
+    base = EnvironmentSpec(key=base_key, installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"),
+                                                    torch_pin),),
+                           source=(clone, sha), base=torch_layer(torch), checkout="deepspeed")
     return EnvironmentSpec(key=f"ds@{sha[:12]}-tf{pins['transformers']}-pt{torch}",
                            installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
                            base=base)
+
+
+def layer_paths(root: Path, spec: EnvironmentSpec) -> list[str]:
+    """What a layer puts on the path of the layers over it: its site-packages, then its checkout if it is one."""
+    return [_site_packages(root / spec.key), *([str(root / spec.key / "src")] if spec.checkout else [])]
 
 
 def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print,
@@ -157,7 +170,7 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
         tool = tool or installer(root, log)
         log(f"building environment {folder} with {tool.name}")
         shutil.rmtree(folder, ignore_errors=True)
-        lower = [_site_packages(root / layer.key) for layer in spec.lower()]
+        lower = [path for layer in spec.lower() for path in layer_paths(root, layer)]
         try:
             tool.create(folder)
             if lower:
@@ -170,10 +183,17 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
                             "clone")
                 run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
             env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
+            site_packages = Path(_site_packages(folder))
             for arguments in spec.installs:
-                tool.install(python, arguments, lower, env, log)
-            if (Path(_site_packages(folder)) / "deepspeed" / "ops" / "op_builder").is_dir():
-                install_prebuilt_ops(root, python, Path(_site_packages(folder)), env, log)
+                tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
+            if spec.checkout == "deepspeed":
+                clone, sha = spec.source
+                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, python, env)
+                log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
+                    f"requirements")
+            package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
+            if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
+                install_prebuilt_ops(root, python, package_root, env, log)
         except InstallError as error:
             raise EnvironmentBuildError(str(error)) from None
         (folder / "torch_extensions").mkdir(exist_ok=True)
@@ -183,7 +203,8 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
 
 def _describe(spec: EnvironmentSpec) -> dict:
     return {"installs": spec.installs, "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,
-            "base": spec.base.key if spec.base else None}
+            "base": spec.base.key if spec.base else None, "checkout": spec.checkout,
+            "as_of": spec.as_of}
 
 
 def _site_packages(folder: Path) -> str:

@@ -46,6 +46,8 @@ AUTOTP_TORCH_INDEX, which only the torch layer's own install is given."""
 PIP_OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
                "constraint": "--constraint"}
 """pip configuration keys uv is given, with uv's option of the same meaning (values split on whitespace)."""
+NO_CUTOFF = "9000-01-01"
+"""The --exclude-newer-package date of a package exempt from an as-of resolution (uv takes no "never")."""
 
 
 class InstallError(RuntimeError):
@@ -118,6 +120,21 @@ def built_locally(site_packages: list[str]) -> set[str]:
     return local
 
 
+def requirement_lines(arguments: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """pip's arguments as (requirements-file lines, flags): `-r FILE` stays a line of its own."""
+    lines, flags = [], []
+    for n, argument in enumerate(arguments):
+        if argument in ("-r", "--requirement"):
+            continue
+        if n and arguments[n - 1] in ("-r", "--requirement"):
+            lines.append(f"-r {argument}")
+        elif argument.startswith("-"):
+            flags.append(argument)
+        else:
+            lines.append(argument)
+    return lines, flags
+
+
 def same_version(a: str, b: str) -> bool:
     try:
         return Version(a) == Version(b)
@@ -145,21 +162,26 @@ class Installer:
             run_checked([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
 
     def install(self, python: Path, arguments: tuple[str, ...], lower: list[str], env: dict[str, str],
-                log=print) -> None:
+                log=print, as_of: str = "") -> None:
         """Install `arguments` (pip's syntax: requirements and flags) into python's venv, which sees the
-        site-packages folders `lower` (nearest first) through its .pth file."""
+        site-packages folders `lower` (nearest first) through its .pth file. `as_of` (a date): resolve
+        as of that day (see resolve_missing); only uv can."""
         if not self.uv:
+            if as_of:
+                raise InstallError(f"could not install as of {as_of}: resolving as of a date needs uv's "
+                                   f"--exclude-newer, and {uv_requirement()} could not be installed (see above)")
             log(f"pip install {shlex.join(arguments)}")
             run_checked([str(python), "-m", "pip", "install", "--quiet", *arguments], "install", env=env)
             return
         uv_pip = [str(self.uv), "pip", "install", "--quiet", "--python", str(python)]
-        if not lower or "--no-deps" in arguments:
+        if (not lower or "--no-deps" in arguments) and not as_of:
             log(f"uv pip install {shlex.join(arguments)}")
             run_checked([*uv_pip, *uv_index_options(arguments), *arguments], "install", env=env)
             return
-        flags = [argument for argument in arguments if argument.startswith("-")]
-        missing = self.resolve_missing(python, arguments, lower, env)
-        log(f"uv pip install {shlex.join(arguments)}: {len(missing)} packages not in the lower layers")
+        _, flags = requirement_lines(arguments)
+        missing = self.resolve_missing(python, arguments, lower, env, as_of)
+        log(f"uv pip install {shlex.join(arguments)}{f' as of {as_of}' if as_of else ''}: {len(missing)} packages "
+            "not in the lower layers")
         if missing:
             with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirements:
                 requirements.write("\n".join(missing) + "\n")
@@ -167,28 +189,41 @@ class Installer:
                 run_checked([*uv_pip, *uv_index_options(), "--no-deps", *flags, "-r", requirements.name],
                             "install", env=env)
 
-    def resolve_missing(self, python: Path, arguments: tuple[str, ...], lower: list[str],
-                        env: dict[str, str]) -> list[str]:
-        """The pinned requirements of `arguments`' resolution that python does not see yet."""
-        visible = installed([sysconfig_purelib(python), *lower])
-        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally(lower)
+    def compile(self, python: Path, lines: list[str], options: list[str], env: dict[str, str],
+                excluded: set[str] = frozenset(), preferred: dict[str, str] | None = None) -> list[str]:
+        """The pinned lines (`name==version`, `name @ url`) of a uv resolution of requirement lines for python."""
         with tempfile.TemporaryDirectory(prefix="autotp-resolve-") as scratch:
             folder = Path(scratch)
-            (folder / "requirements.in").write_text("\n".join(a for a in arguments if not a.startswith("-")) + "\n")
+            (folder / "requirements.in").write_text("\n".join(lines) + "\n")
             (folder / "excludes.txt").write_text("\n".join(sorted(excluded)) + "\n")
             # An existing output file holds uv's preferences: keep what the lower layers have where it fits.
-            (folder / "resolved.txt").write_text("".join(f"{name}=={version}\n" for name, version in visible.items()
+            (folder / "resolved.txt").write_text("".join(f"{name}=={version}\n" for name, version in (preferred or {}).items()
                                                          if name not in excluded))
             run_checked([str(self.uv), "pip", "compile", "--quiet", "--python", str(python), "--no-header",
-                         "--no-annotate", *uv_index_options(), *[a for a in arguments if a.startswith("-")],
-                         "--excludes", str(folder / "excludes.txt"), "-o", str(folder / "resolved.txt"),
-                         str(folder / "requirements.in")], "resolve", env=env)
-            lines = (folder / "resolved.txt").read_text().splitlines()
+                         "--no-annotate", *uv_index_options(), *options, "--excludes", str(folder / "excludes.txt"),
+                         "-o", str(folder / "resolved.txt"), str(folder / "requirements.in")], "resolve", env=env)
+            resolved = (folder / "resolved.txt").read_text().splitlines()
+        return [line for line in (line.split("#")[0].strip() for line in resolved) if line and not line.startswith("-")]
+
+    def resolve_missing(self, python: Path, arguments: tuple[str, ...], lower: list[str],
+                        env: dict[str, str], as_of: str = "") -> list[str]:
+        """The pinned requirements of `arguments`' resolution that python does not see yet.
+
+        With `as_of`, every package is taken as it was on that day (uv's --exclude-newer) but for the
+        harness's own requirements (all but the first of `arguments`, which is the layer's subject:
+        transformers) and what only they need: pytest 9 needs a pluggy that did not exist in 2024, which
+        an old transformers does not care about, but tokenizers or huggingface_hub stay as of the day."""
+        visible = installed([sysconfig_purelib(python), *lower])
+        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally(lower)
+        requirements, flags = requirement_lines(arguments)
+        options = list(flags)
+        if as_of:
+            cutoff = [f"--exclude-newer={as_of}"]
+            harness = {name_of(line) for line in self.compile(python, requirements[1:], flags, env, excluded)}
+            subject = {name_of(line) for line in self.compile(python, requirements[:1], [*flags, *cutoff], env, excluded)}
+            options += [*cutoff, *(f"--exclude-newer-package={name}={NO_CUTOFF}" for name in sorted(harness - subject))]
         missing = []
-        for line in lines:
-            line = line.split("#")[0].strip()
-            if not line or line.startswith("-"):
-                continue
+        for line in self.compile(python, requirements, options, env, excluded, visible):
             try:
                 requirement = Requirement(line)
             except InvalidRequirement:
@@ -199,6 +234,10 @@ class Installer:
             if requirement.url or pinned is None or have is None or not same_version(have, pinned):
                 missing.append(line)
         return missing
+
+
+def name_of(line: str) -> str:
+    return canonicalize_name(Requirement(line).name)
 
 
 def sysconfig_purelib(python: Path) -> str:

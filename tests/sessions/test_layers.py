@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import subprocess
 import zipfile
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_packages import git, make_repo, pyproject
+
 import sessions.installers as installers
-from sessions.environments import BASE_LINK, EnvironmentSpec, ensure_environment
+from sessions.environments import BASE_LINK, EnvironmentSpec, commit_environment, ensure_environment
 from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
 
 SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
@@ -38,7 +41,9 @@ FAKES = [  # (name, version, requirements)
 
 
 def write_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
-    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+    module = f"VERSION = {version!r}\n" + ("__version__ = VERSION + '+cpu'\nclass version:\n    cuda = None\n"
+                                          if name == "torch" else "")
+    files = {f"{name}/__init__.py": module,
              f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
              f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
@@ -139,3 +144,38 @@ def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, off
     chosen = installers.installer(tmp_path / "envs", log=said.append)  # the fake wheel folder has no uv
     assert chosen.uv is None and chosen.name == "pip"
     assert said and said[0].startswith(f"{uv_requirement()} unavailable, environments are built with pip")
+
+
+FAKE_DEEPSPEED = {  # what a DeepSpeed checkout needs to run from its tree
+    "version.txt": "0.2.0\n",
+    "requirements/requirements.txt": "gamma\ntorch>=2.0.0  # torch comes from the torch layer\n",
+    "deepspeed/__init__.py": "from .git_version_info_installed import version as __version__, git_hash\n",
+}
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_a_deepspeed_commit_is_its_checkout_on_the_path_with_what_setup_py_would_generate(tmp_path, uv, offline, tool):
+    clone = tmp_path / "DeepSpeed"
+    shas = make_repo(clone, pyproject("deepspeed"), [("Initial", dict(FAKE_DEEPSPEED), "v0.2.0"),
+                                                      ("Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}, "")])
+    root = tmp_path / "envs"
+    layer = commit_environment(root, clone, shas[1], {"deepspeed": "0.2.0", "transformers": "5.24.0",
+                                                      "torch": "2.13.0"}).base
+    python = ensure_environment(root, layer, tool=uv if tool == "uv" else installers.Installer(None))
+
+    short = git(clone, "rev-parse", "--short", shas[1])
+    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+        import json, deepspeed, deepspeed.shard
+        from importlib import metadata
+        from deepspeed.git_version_info_installed import accelerator_name, torch_info
+        print(json.dumps({"version": deepspeed.__version__, "metadata": metadata.version("deepspeed"),
+                          "hash": deepspeed.git_hash, "file": deepspeed.__file__, "fixed": deepspeed.shard.FIXED,
+                          "direct_url": json.loads(metadata.distribution("deepspeed").read_text("direct_url.json")),
+                          "accelerator": accelerator_name, "torch": torch_info["version"]}))"""],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert shown["version"] == shown["metadata"] == f"0.2.0+{short}" and shown["hash"] == short
+    assert shown["file"] == str(root / layer.key / "src" / "deepspeed" / "__init__.py")  # the checkout, not a build
+    assert shown["fixed"] is True  # the commit's own tree
+    assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": shas[1]}
+    assert (shown["accelerator"], shown["torch"]) == ("cpu", "2.13")
+    assert own_packages(root, layer.key) == {"deepspeed": f"0.2.0+{short}", "gamma": "1.0"}  # its requirements
