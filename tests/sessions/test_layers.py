@@ -24,7 +24,7 @@ import pytest
 from tests.fake_packages import git, make_repo, pyproject
 
 import sessions.installers as installers
-from sessions.environments import BASE_LINK, EnvironmentSpec, commit_environment, ensure_environment
+from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
 from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
 
 SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
@@ -40,10 +40,10 @@ FAKES = [  # (name, version, requirements)
 ]
 
 
-def write_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+def write_wheel(folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None) -> None:
     module = f"VERSION = {version!r}\n" + ("__version__ = VERSION + '+cpu'\nclass version:\n    cuda = None\n"
                                           if name == "torch" else "")
-    files = {f"{name}/__init__.py": module,
+    files = {f"{name}/__init__.py": module, **(extra or {}),
              f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
              f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
@@ -61,6 +61,9 @@ def wheels(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheels")
     for name, version, requires in FAKES:
         write_wheel(folder, name, version, requires)
+    # A DeepSpeed with op builders the comm-op probe cannot use (no cpu builders; the fake torch has no cuda)
+    write_wheel(folder, "deepspeed", "0.19.9", ["torch>=2"], {"deepspeed/ops/__init__.py": "",
+                                                              "deepspeed/ops/op_builder/__init__.py": ""})
     return folder
 
 
@@ -136,6 +139,16 @@ def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
     for key in ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", "ds0.19.8-tf5.24.0-pt2.13.0"):
         assert own_packages(tmp_path / "uv", key) == own_packages(tmp_path / "pip", key)
     assert with_uv.parent.parent.name == with_pip.parent.parent.name
+
+
+def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_path, uv, offline):
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0",),))
+    layer = EnvironmentSpec(key="base-ds0.19.9-pt2.13.0", installs=(("deepspeed==0.19.9", "torch==2.13.0"),), base=torch)
+    said: list[str] = []
+    python = ensure_environment(tmp_path / "envs", layer, log=said.append, tool=uv)
+    assert python.exists() and (python.parent.parent / READY_MARKER).exists()
+    assert any(line.startswith("DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: could not describe")
+               for line in said), said
 
 
 def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
