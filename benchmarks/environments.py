@@ -3,8 +3,8 @@ checkout against the previous pip layout (a git worktree of --old-ref), measured
 
     python benchmarks/environments.py [--old-ref e684cfc] [--models llama --tp 2]
 
-For each layout, in a fresh environment root of its own (AUTOTP_ENV_ROOT; uv's and pip's download caches
-and the harness's checkpoint cache stay warm, as on a CI runner with cached folders):
+For each layout, in a fresh environment root and harness cache of its own (AUTOTP_ENV_ROOT, AUTOTP_CACHE; uv's
+and pip's download caches stay warm, as on a CI runner with cached folders):
 
 1. from nothing: `nox -s autotp(<deepspeed, transformers, torch>)` (old: torch + DeepSpeed in one base and
    the comm op JIT-built at the first cell; new: a torch layer, a DeepSpeed layer with its op, a combination);
@@ -67,7 +67,9 @@ def measure(checkout: Path, scratch: Path, steps: list[tuple[str, str]], cells: 
     found = {}
     for n, (name, pins) in enumerate(steps):
         (combo,) = combinations("latest", overrides=dict(pin.split("=") for pin in pins.split(",")))
-        env = {**os.environ, "AUTOTP_PINS": pins, ENV_ROOT_ENV: str(scratch / "envs")}
+        # A harness cache per layout: each pays the same tiny checkpoints and references (shared, the layout
+        # measured second would find the first one's and look faster).
+        env = {**os.environ, "AUTOTP_PINS": pins, ENV_ROOT_ENV: str(scratch / "envs"), "AUTOTP_CACHE": str(scratch / "cache")}
         nox = [sys.executable, "-m", "nox", "-s", f"autotp({combo.id})"]
         install = timed([*nox, "--install-only"], checkout, env)
         results = scratch / f"results-{n}"
