@@ -1,21 +1,21 @@
 """One environment per version combination, shared by every nox session that runs cells (`matrix`,
-`autotp(<combo>)`, `tests`) and by bisection steps, with one JIT build of DeepSpeed's CPU comm op
-per (DeepSpeed, torch) pair.
+`autotp(<combo>)`, `tests`) and by bisection steps, built in layers joined by `.pth` files:
 
-    <root>/base-ds0.19.8-pt2.13.0/   torch + DeepSpeed only; the comm op is JIT-built once, in its torch_extensions/
-    <root>/ds0.19.8-tf5.24.0-pt2.13.0/   transformers + the harness's dependencies; sees the base's
-                                          packages through a .pth file
+    <root>/torch-pt2.13.0/                 torch alone, unpacked once per torch version
+    <root>/base-ds0.19.8-pt2.13.0/         DeepSpeed and its dependencies, over the torch layer; its CPU comm
+                                            op prebuilt once per hash of its sources (sessions/deepspeed_ops.py)
+    <root>/ds0.19.8-tf5.24.0-pt2.13.0/     transformers + the harness's dependencies, over the DeepSpeed layer
 
-Why two layers: torch's JIT build is keyed on the absolute paths of DeepSpeed's sources, so the same
-DeepSpeed release installed in two environments builds its op twice (~60 s each here). With DeepSpeed
-in one base per (DeepSpeed, torch), every combination over it — every step of a bisection over
-transformers releases — loads the same build. Names follow the combination ids of matrix/versions.py,
-torch spelled as its public version (`2.13.0`, never `2.13.0+cpu`).
+A layer's `.pth` file lists the site-packages of every layer below it, nearest first; its own packages
+come before them, so an upper layer that needs another version of a lower package holds its own, and a
+lower layer is never modified by an install above it (sessions/installers.py: uv, or pip as a fallback,
+give the same packages). Names follow the combination ids of matrix/versions.py, torch spelled as its
+public version (`2.13.0`, never `2.13.0+cpu`).
 
-torch is always installed first and alone (from `AUTOTP_TORCH_INDEX` pip options on GPU runners; on CPU
-machines the pinned version comes from a local wheel), and every later install repeats the torch pin, so
-nothing can pull another multi-GB torch build. An environment is complete once its marker is written;
-one without it (an interrupted build) is built again. Builds of the same folder are serialised by a lock.
+torch is installed in its own layer (from `AUTOTP_TORCH_INDEX` pip options on GPU runners; on CPU machines
+the pinned version comes from a local wheel); layers above never install torch again. An environment is
+complete once its marker is written; one without it (an interrupted build) is built again. Builds of the
+same folder are serialised by a lock.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
-import sysconfig
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +34,9 @@ from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.versions import short_prefixes
+from sessions.checkouts import prepare_deepspeed_checkout, requirements_of
+from sessions.deepspeed_ops import install_prebuilt_ops
+from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
@@ -68,9 +68,18 @@ class EnvironmentSpec:
     installs: tuple[tuple[str, ...], ...]
     """`pip install` argument lists, in order."""
     source: tuple[Path, str] | None = None
-    """(clone, sha) checked out into <env>/src before installing (DeepSpeed built from a commit)."""
+    """(clone, sha) checked out into <env>/src before installing (a commit of DeepSpeed or transformers)."""
+    checkout: str = ""
+    """"deepspeed": the source checkout itself is the package, on this layer's path (sessions/checkouts.py)."""
+    as_of: str = ""
+    """A date (2024-05-30): this layer's packages as they were that day, the harness's own excepted
+    (sessions/installers.py Installer.resolve_missing); "" for the newest."""
     base: EnvironmentSpec | None = None
-    """An environment whose packages this one sees, and whose JIT builds it uses."""
+    """The layer below: this one sees its packages (and those of the layers below it), and uses its JIT builds."""
+
+    def lower(self) -> list[EnvironmentSpec]:
+        """The layers below this one, nearest first."""
+        return [self.base, *self.base.lower()] if self.base else []
 
 
 def project_dependencies() -> list[str]:
@@ -87,24 +96,32 @@ def axis_id(axis: str, value: str) -> str:
     return f"{short_prefixes()[axis]}{value}"
 
 
+def torch_layer(torch: str) -> EnvironmentSpec:
+    """torch alone: the layer every DeepSpeed layer of this torch version sits on."""
+    return EnvironmentSpec(key=f"torch-{axis_id('torch', torch_spelling(torch))}",
+                           installs=((f"torch=={torch_spelling(torch)}", *torch_options()),))
+
+
 def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...], ...], torch: str,
                     source: tuple[Path, str] | None = None) -> EnvironmentSpec:
-    torch_pin = f"torch=={torch_spelling(torch)}"
-    return EnvironmentSpec(key=f"base-{deepspeed_id}-{axis_id('torch', torch_spelling(torch))}",
-                           installs=((torch_pin, *torch_options()), *deepspeed_installs), source=source)
+    return EnvironmentSpec(key=f"base-{deepspeed_id}-{axis_id('torch', torch_spelling(torch))}", installs=deepspeed_installs,
+                           source=source, base=torch_layer(torch))
 
 
 def combination_environment(deepspeed_id: str, deepspeed_requirement: str, transformers_id: str,
                             transformers_requirement: str, torch: str, extras: tuple[str, ...] = (),
-                            extras_name: str = "") -> EnvironmentSpec:
+                            extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
     """The environment of one combination; `*_id` are the axis ids of matrix/versions.py (`ds0.19.8`,
     `ds@pr1234`, `tf5.24.0`), `extras` more requirements (a dependency group) in a sibling environment
-    named `<combination>+<extras_name>` over the same base."""
+    named `<combination>+<extras_name>` over the same base; `as_of` a date: transformers' dependencies
+    as of that day, in a sibling named `<combination>-asof<date>`."""
     torch_pin = f"torch=={torch_spelling(torch)}"
     base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
-    key = f"{deepspeed_id}-{transformers_id}-{axis_id('torch', torch_spelling(torch))}" + (f"+{extras_name}" if extras_name else "")
+    key = (f"{deepspeed_id}-{transformers_id}-{axis_id('torch', torch_spelling(torch))}" + (f"+{extras_name}" if extras_name else "")
+           + (f"-asof{as_of}" if as_of else ""))
+    # transformers first: an as-of resolution takes the first requirement as the layer's subject
     return EnvironmentSpec(key=key, installs=((transformers_requirement, *project_dependencies(), *extras, torch_pin),),
-                           base=base)
+                           base=base, as_of=as_of)
 
 
 def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
@@ -128,21 +145,26 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
                                source=(clone, sha), base=base)
     deepspeed_id = axis_id("deepspeed", f"@{sha[:12]}")
     base_key = f"base-{deepspeed_id}-{axis_id('torch', torch)}"
-    base = _deepspeed_base(deepspeed_id, (
-        # setup.py imports torch, so the build runs without isolation on what is installed here
-        ("setuptools", "wheel", torch_pin),
-        ("--no-build-isolation", str(root / base_key / "src"), torch_pin),
-    ), pins["torch"], source=(clone, sha))
+    # No build: the checkout is the package (sessions/checkouts.py), its requirements installed like a release's.
+    base = EnvironmentSpec(key=base_key, installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"),
+                                                    torch_pin),),
+                           source=(clone, sha), base=torch_layer(torch), checkout="deepspeed")
     return EnvironmentSpec(key=f"{deepspeed_id}-{axis_id('transformers', pins['transformers'])}-{axis_id('torch', torch)}",
                            installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
                            base=base)
 
 
-def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print) -> Path:
-    """The python of spec's environment under root, built now unless a complete one from the same spec
-    is already there."""
+def layer_paths(root: Path, spec: EnvironmentSpec) -> list[str]:
+    """What a layer puts on the path of the layers over it: its site-packages, then its checkout if it is one."""
+    return [_site_packages(root / spec.key), *([str(root / spec.key / "src")] if spec.checkout else [])]
+
+
+def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print,
+                       tool: Installer | None = None) -> Path:
+    """The python of spec's environment under root, built now (with the layers below it) unless a complete
+    one from the same spec is already there; with `tool`, or uv (else pip: sessions/installers.py)."""
     if spec.base is not None:
-        ensure_environment(root, spec.base, log)
+        ensure_environment(root, spec.base, log, tool)
     folder = root / spec.key
     python = folder / "bin" / "python"
     wanted = json.dumps(_describe(spec))
@@ -154,21 +176,38 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel session may be building the same folder
         if marker.exists() and marker.read_text() == wanted:
             return python
-        log(f"building environment {folder}")
+        tool = tool or installer(root, log)
+        log(f"building environment {folder} with {tool.name}")
         shutil.rmtree(folder, ignore_errors=True)
-        _check([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
-        if spec.base is not None:
-            (Path(_site_packages(folder)) / BASE_LINK).write_text(_site_packages(root / spec.base.key) + "\n")
-        if spec.source is not None:
-            clone, sha = spec.source
-            # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
-            # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
-            _check(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone")
-            _check(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
-        for arguments in spec.installs:
-            log(f"pip install {shlex.join(arguments)}")
-            _check([str(python), "-m", "pip", "install", "--quiet", *arguments], "install",
-                   env={**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()})
+        lower = [path for layer in spec.lower() for path in layer_paths(root, layer)]
+        try:
+            tool.create(folder)
+            if lower:
+                (Path(_site_packages(folder)) / BASE_LINK).write_text("".join(f"{path}\n" for path in lower))
+            if spec.source is not None:
+                clone, sha = spec.source
+                # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
+                # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
+                run_checked(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")],
+                            "clone")
+                run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+            env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
+            site_packages = Path(_site_packages(folder))
+            for arguments in spec.installs:
+                tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
+            if spec.checkout == "deepspeed":
+                clone, sha = spec.source
+                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, python, env)
+                log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
+                    f"requirements")
+            package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
+            if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
+                try:
+                    install_prebuilt_ops(root, python, package_root, env, log)
+                except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
+                    log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
+        except InstallError as error:
+            raise EnvironmentBuildError(str(error)) from None
         (folder / "torch_extensions").mkdir(exist_ok=True)
         marker.write_text(wanted)
     return python
@@ -176,12 +215,12 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
 
 def _describe(spec: EnvironmentSpec) -> dict:
     return {"installs": spec.installs, "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,
-            "base": spec.base.key if spec.base else None}
+            "base": spec.base.key if spec.base else None, "checkout": spec.checkout,
+            "as_of": spec.as_of}
 
 
 def _site_packages(folder: Path) -> str:
-    relative = Path(sysconfig.get_path("purelib")).relative_to(sysconfig.get_path("data"))
-    return str(folder / relative)
+    return sysconfig_purelib(folder / "bin" / "python")
 
 
 def _build_outside_any_clone() -> dict[str, str]:
@@ -192,11 +231,12 @@ def _build_outside_any_clone() -> dict[str, str]:
 
 
 def torch_extensions_of(python: Path) -> Path:
-    """Where DeepSpeed JIT-builds its ops for this environment: its base's folder when it has one."""
+    """Where DeepSpeed JIT-builds its ops for this environment: the folder of the layer just below when it
+    has one (the DeepSpeed layer of a combination)."""
     folder = python.parent.parent
     link = Path(_site_packages(folder)) / BASE_LINK
     if link.exists():
-        return Path(link.read_text().strip()).parents[2] / "torch_extensions"
+        return Path(link.read_text().splitlines()[0]).parents[2] / "torch_extensions"
     return folder / "torch_extensions"
 
 
@@ -205,11 +245,3 @@ def environment_variables(python: Path) -> dict[str, str]:
     JIT builds in the (base) environment's own folder."""
     return {**os.environ, "VIRTUAL_ENV": str(python.parent.parent),
             "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python))}
-
-
-def _check(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if completed.returncode != 0:
-        output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
-                           if line.strip() and "is ignored" not in line)
-        raise EnvironmentBuildError(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}")

@@ -12,7 +12,7 @@ import nox
 
 from matrix import PROJECT_ROOT
 from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
-                             parse_pins)
+                             load_releases, parse_pins)
 from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
                                    env_root, environment_variables)
 from suites.command import parse_suite_options, suites_command
@@ -21,6 +21,9 @@ PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["p
 TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}
 """The harness's own tests run on fixed releases: their known-answer cells (which architectures pass or
 fail, and how) are facts about these versions, and a new upstream release must not turn CI red."""
+AS_OF_ENV = "AUTOTP_DEPENDENCIES_AS_OF"
+"""The date a session's dependencies were resolved as of (`--as-of release-date`), for the run record."""
+AS_OF_MODES = ("release-date",)
 PINS_ENV = "AUTOTP_PINS"
 """Axis overrides for `nox -s matrix`, e.g. `deepspeed=deepspeed@pr/1234,transformers=4.57.6`."""
 
@@ -46,17 +49,36 @@ def dependency_group(name: str) -> list[str]:
     return list(nox.project.dependency_groups(nox.project.load_toml(PROJECT_ROOT / "pyproject.toml"), name))
 
 
-def combo_environment(combo: Combo, extras_name: str = "") -> EnvironmentSpec:
+def combo_environment(combo: Combo, extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
     extras = tuple(dependency_group(extras_name)) if extras_name else ()
     return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, combo.transformers.id,
                                    combo.transformers.requirement, str(combo.torch.version or combo.torch.requirement),
-                                   extras, extras_name)
+                                   extras, extras_name, as_of)
 
 
-def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -> Path:
+def split_as_of(pytest_args: list[str]) -> tuple[str, list[str]]:
+    """`--as-of MODE` among a session's options (gone from what pytest gets), and the rest."""
+    parser = argparse.ArgumentParser(prog="nox -s <session> --", add_help=False, allow_abbrev=False)
+    parser.add_argument("--as-of", choices=AS_OF_MODES, default="",
+                        help="release-date: transformers' dependencies as of the day of the newer pinned release")
+    known, rest = parser.parse_known_args(pytest_args)
+    return known.as_of, rest
+
+
+def release_date(combo: Combo, cache_dir: Path | None = None) -> str:
+    """The day of the newer of combo's DeepSpeed and transformers releases (a git ref has none), e.g. 2024-06-21.
+    torch is not counted: one torch serves every combination (and no layer over torch resolves it again)."""
+    days = [release.uploaded for pin in (combo.deepspeed, combo.transformers) if pin.version is not None
+            for release in load_releases(pin.package, cache_dir=cache_dir) if release.version == pin.version]
+    if not days:
+        raise AxisValueError(f"{combo.id}: --as-of release-date needs at least one released version among the pins")
+    return max(days).date().isoformat()
+
+
+def install_harness(session: nox.Session, combo: Combo, extras_name: str = "", as_of: str = "") -> Path:
     """The python of the combination's environment (sessions/environments.py: shared by every session and
     bisection step of the same combination), built now if needed; prints what is really installed."""
-    python = ensure_environment(env_root(), combo_environment(combo, extras_name), log=session.log)
+    python = ensure_environment(env_root(), combo_environment(combo, extras_name, as_of), log=session.log)
     session.run(str(python), "-m", "suites.records.run_records", "--versions", external=True, env=environment_variables(python))
     return python
 
@@ -89,12 +111,14 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
 def run_suites(session: nox.Session, combo: Combo, pytest_args: list[str]) -> tuple[Path | None, str]:
     """Install `combo` and run the suites into its results folder's junit/: (the environment's python, "")
     when they ran, else (None, why not), the selected cells recorded there as `install` failures."""
+    mode, pytest_args = split_as_of(pytest_args)
     selection = parse_suite_options(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
     extras_name = "accuracy" if (selection.accuracy_task or "").startswith("lm_eval:") else ""
     try:
-        python = install_harness(session, combo, extras_name)
-    except EnvironmentBuildError as error:
+        as_of = release_date(combo) if mode == "release-date" else ""
+        python = install_harness(session, combo, extras_name, as_of)
+    except (EnvironmentBuildError, AxisValueError, ReleaseDataUnavailable) as error:
         from sessions.install_failure import record_install_failure
 
         session.log(str(error))
@@ -102,7 +126,7 @@ def run_suites(session: nox.Session, combo: Combo, pytest_args: list[str]) -> tu
         return None, (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
                       f"failures in {selection.results}")
     session.run(*suites_command(python, session_name=session.name, extra=pytest_args), success_codes=[0, 1],
-                env={**environment_variables(python), "NOX_SESSION_NAME": session.name}, external=True)
+                env={**environment_variables(python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: as_of}, external=True)
     return python, ""
 
 

@@ -124,6 +124,8 @@ class RunInfo:
     accelerator: str = field(default_factory=lambda: platform_of_run()[0])
     backend: str = field(default_factory=lambda: platform_of_run()[1])
     harness_git: str = field(default_factory=harness_commit)  # this harness's commit, not DeepSpeed's
+    # The day the environment's dependencies were resolved as of (`--as-of release-date`); "" for the newest.
+    dependencies_as_of: str = field(default_factory=lambda: os.environ.get("AUTOTP_DEPENDENCIES_AS_OF", ""))
 
     @property
     def id(self) -> str:
@@ -131,7 +133,8 @@ class RunInfo:
 
     def as_dict(self) -> dict[str, str]:
         return {"id": self.id, "session": self.session, "host": self.host, "started": self.started,
-                "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git}
+                "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git,
+                "dependencies_as_of": self.dependencies_as_of}
 
 
 class MalformedRecord(ValueError):

@@ -214,7 +214,7 @@ def fake_probe(tmp_path_factory, fake_deepspeed):
     def environment(sha: str) -> EnvironmentSpec:
         # Like commit_environment: the build runs without isolation, on the env's setuptools and wheel.
         source = str(root / sha[:12] / "src")
-        return EnvironmentSpec(key=sha[:12], installs=(("wheel",), ("--no-build-isolation", "--no-deps", source)),
+        return EnvironmentSpec(key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
                                source=(repo, sha))
 
     def make() -> CellProbe:
@@ -403,7 +403,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     real_run_cells = bisect_module.run_cells
     # The real bisection with the fake package in place of DeepSpeed and the fake cell in place of `pytest suites`.
     monkeypatch.setattr(bisect_module, "commit_environment", lambda env_root, clone, sha, pins: EnvironmentSpec(
-        key=sha[:12], installs=(("wheel",), ("--no-build-isolation", "--no-deps", str(root / sha[:12] / "src"))),
+        key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", str(root / sha[:12] / "src"))),
         source=(clone, sha)))
     monkeypatch.setattr(bisect_module, "run_cells", lambda python, cells, timeout, command: real_run_cells(
         python, cells, timeout, lambda python, cells, results, _: [str(python), str(script), cells[0].id, str(results)]))

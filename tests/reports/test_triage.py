@@ -28,7 +28,7 @@ def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
     """Releases are the repositories' tags; every candidate is the one fake package built from its commit."""
     def commit(axis: str, clone: GitRepo, sha: str, pins: dict[str, str]) -> EnvironmentSpec:
         source = str(root / sha[:12] / "src")
-        return EnvironmentSpec(key=sha[:12], installs=(("wheel",), ("--no-build-isolation", "--no-deps", source)),
+        return EnvironmentSpec(key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
                                source=(clone.path, sha))
 
     def release(pins: dict[str, str]) -> EnvironmentSpec:

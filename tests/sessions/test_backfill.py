@@ -42,7 +42,7 @@ def combo(deepspeed: str) -> SimpleNamespace:
 
 
 def test_backfill_merges_each_combination_once_and_renders_once(monkeypatch, tmp_path):
-    def install_harness(session, chosen, extras_name=""):
+    def install_harness(session, chosen, extras_name="", as_of=""):
         if chosen.id == BROKEN:
             raise EnvironmentBuildError(f"could not install deepspeed: {chosen.requirements[0]} has no wheel")
         return tmp_path / chosen.id / "bin" / "python"

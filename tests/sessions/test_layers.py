@@ -1,0 +1,194 @@
+"""Layered environments (sessions/environments.py, sessions/installers.py) on fake packages served from a
+local wheel folder (no index): a torch layer, a DeepSpeed layer over it and a combination layer over that.
+
+- An upper install never modifies a lower layer (hash of every file before and after), even when the
+  upper layer needs another version of a lower layer's package: it holds its own, which wins.
+- torch is never installed again above the torch layer.
+- uv and the pip fallback give every layer the same packages (but for pip's own tools in pip's venvs).
+- The uv binary comes from the pin in pyproject.toml; where it cannot be installed the build says so and
+  uses pip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.fake_packages import git, make_repo, pyproject
+
+import sessions.installers as installers
+from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
+from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
+
+SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
+
+FAKES = [  # (name, version, requirements)
+    ("torch", "2.13.0", ["alpha>=1"]),
+    ("alpha", "1.0", []),
+    ("alpha", "2.0", []),
+    ("beta", "1.0", ["alpha>=1"]),
+    ("deepspeed", "0.19.8", ["torch>=2", "beta"]),
+    ("gamma", "1.0", []),
+    ("transformers", "5.24.0", ["alpha>=2", "gamma"]),
+]
+
+
+def write_wheel(folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None) -> None:
+    module = f"VERSION = {version!r}\n" + ("__version__ = VERSION + '+cpu'\nclass version:\n    cuda = None\n"
+                                          if name == "torch" else "")
+    files = {f"{name}/__init__.py": module, **(extra or {}),
+             f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
+             f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+             "Tag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items())
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{name}-{version}.dist-info/RECORD", record + f"{name}-{version}.dist-info/RECORD,,\n")
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    for name, version, requires in FAKES:
+        write_wheel(folder, name, version, requires)
+    # A DeepSpeed with op builders the comm-op probe cannot use (no cpu builders; the fake torch has no cuda)
+    write_wheel(folder, "deepspeed", "0.19.9", ["torch>=2"], {"deepspeed/ops/__init__.py": "",
+                                                              "deepspeed/ops/op_builder/__init__.py": ""})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uv(tmp_path_factory) -> installers.Installer:
+    """uv from the pin in pyproject.toml, installed the harness's way (before the index is taken away)."""
+    chosen = installers.installer(tmp_path_factory.mktemp("uv-root"))
+    assert chosen.uv is not None, "uv could not be installed from the pin in pyproject.toml"
+    return chosen
+
+
+@pytest.fixture()
+def offline(monkeypatch, wheels):
+    """pip (and through it uv) sees only the fake wheel folder."""
+    for variable, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+                            "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": "", "PIP_CONSTRAINT": ""}.items():
+        monkeypatch.setenv(variable, value)
+
+
+def layers() -> EnvironmentSpec:
+    # the torch layer holds alpha 1.0, the combination needs alpha>=2
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),))
+    deepspeed = EnvironmentSpec(key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),),
+                                base=torch)
+    return EnvironmentSpec(key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),),
+                           base=deepspeed)
+
+
+def tree_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def own_packages(root: Path, key: str) -> dict[str, str]:
+    return {name: version for name, version in installed([sysconfig_purelib(root / key / "bin" / "python")]).items()
+            if name not in SEED_TOOLS}
+
+
+def build(root: Path, tool: installers.Installer) -> Path:
+    """All three layers with this installer; the lower layers' hashes are checked around the combination's
+    install."""
+    combination = layers()
+    ensure_environment(root, combination.base, tool=tool)
+    before = {layer.key: tree_hash(root / layer.key) for layer in combination.lower()}
+    python = ensure_environment(root, combination, tool=tool)
+    assert {layer.key: tree_hash(root / layer.key) for layer in combination.lower()} == before
+    return python
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_layer(tmp_path, uv, offline, tool):
+    root = tmp_path / "envs"
+    python = build(root, uv if tool == "uv" else installers.Installer(None))
+
+    assert own_packages(root, "torch-pt2.13.0") == {"torch": "2.13.0", "alpha": "1.0"}
+    assert own_packages(root, "base-ds0.19.8-pt2.13.0") == {"deepspeed": "0.19.8", "beta": "1.0"}
+    # alpha 2.0 for transformers sits in the combination, over the torch layer's 1.0; torch is not installed again
+    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {"transformers": "5.24.0", "gamma": "1.0", "alpha": "2.0"}
+    link = Path(sysconfig_purelib(python)) / BASE_LINK
+    assert link.read_text().splitlines() == [sysconfig_purelib(root / key / "bin" / "python")
+                                             for key in ("base-ds0.19.8-pt2.13.0", "torch-pt2.13.0")]
+    seen = subprocess.run([str(python), "-c", "import alpha, beta, torch, deepspeed, transformers; print(alpha.VERSION)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == "2.0"
+
+
+def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
+    with_uv = build(tmp_path / "uv", uv)
+    with_pip = build(tmp_path / "pip", installers.Installer(None))
+    for key in ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", "ds0.19.8-tf5.24.0-pt2.13.0"):
+        assert own_packages(tmp_path / "uv", key) == own_packages(tmp_path / "pip", key)
+    assert with_uv.parent.parent.name == with_pip.parent.parent.name
+
+
+def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_path, uv, offline):
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0",),))
+    layer = EnvironmentSpec(key="base-ds0.19.9-pt2.13.0", installs=(("deepspeed==0.19.9", "torch==2.13.0"),), base=torch)
+    said: list[str] = []
+    python = ensure_environment(tmp_path / "envs", layer, log=said.append, tool=uv)
+    assert python.exists() and (python.parent.parent / READY_MARKER).exists()
+    assert any(line.startswith("DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: could not describe")
+               for line in said), said
+
+
+def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
+    monkeypatch.delenv(INSTALLER_ENV, raising=False)
+    said = []
+    chosen = installers.installer(tmp_path / "envs", log=said.append)  # the fake wheel folder has no uv
+    assert chosen.uv is None and chosen.name == "pip"
+    assert said and said[0].startswith(f"{uv_requirement()} unavailable, environments are built with pip")
+
+
+FAKE_DEEPSPEED = {  # what a DeepSpeed checkout needs to run from its tree
+    "version.txt": "0.2.0\n",
+    "requirements/requirements.txt": "gamma\ntorch>=2.0.0  # torch comes from the torch layer\n",
+    "deepspeed/__init__.py": "from .git_version_info_installed import version as __version__, git_hash\n",
+}
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_a_deepspeed_commit_is_its_checkout_on_the_path_with_what_setup_py_would_generate(tmp_path, uv, offline, tool):
+    clone = tmp_path / "DeepSpeed"
+    shas = make_repo(clone, pyproject("deepspeed"), [("Initial", dict(FAKE_DEEPSPEED), "v0.2.0"),
+                                                      ("Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}, "")])
+    root = tmp_path / "envs"
+    layer = commit_environment(root, clone, shas[1], {"deepspeed": "0.2.0", "transformers": "5.24.0",
+                                                      "torch": "2.13.0"}).base
+    python = ensure_environment(root, layer, tool=uv if tool == "uv" else installers.Installer(None))
+
+    short = git(clone, "rev-parse", "--short", shas[1])
+    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+        import json, deepspeed, deepspeed.shard
+        from importlib import metadata
+        from deepspeed.git_version_info_installed import accelerator_name, torch_info
+        print(json.dumps({"version": deepspeed.__version__, "metadata": metadata.version("deepspeed"),
+                          "hash": deepspeed.git_hash, "file": deepspeed.__file__, "fixed": deepspeed.shard.FIXED,
+                          "direct_url": json.loads(metadata.distribution("deepspeed").read_text("direct_url.json")),
+                          "accelerator": accelerator_name, "torch": torch_info["version"]}))"""],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert shown["version"] == shown["metadata"] == f"0.2.0+{short}" and shown["hash"] == short
+    assert shown["file"] == str(root / layer.key / "src" / "deepspeed" / "__init__.py")  # the checkout, not a build
+    assert shown["fixed"] is True  # the commit's own tree
+    assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": shas[1]}
+    assert (shown["accelerator"], shown["torch"]) == ("cpu", "2.13")
+    assert own_packages(root, layer.key) == {"deepspeed": f"0.2.0+{short}", "gamma": "1.0"}  # its requirements
