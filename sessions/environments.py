@@ -195,7 +195,7 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
             site_packages = Path(_site_packages(folder))
             for arguments in spec.installs:
                 tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
-            if spec.checkout == "deepspeed":
+            if spec.checkout == "deepspeed" and spec.source is not None:
                 clone, sha = spec.source
                 version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, python, env)
                 log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "

@@ -111,7 +111,7 @@ def installed(site_packages: list[str]) -> dict[str, str]:
 def built_locally(site_packages: list[str]) -> set[str]:
     """Canonical names of the distributions on these paths installed from a local folder or archive
     (a DeepSpeed commit): no index has them, so a resolution must not ask for them."""
-    local = set()
+    local: set[str] = set()
     for folder in site_packages:
         for distribution in metadata.distributions(path=[folder]):
             direct = distribution.read_text("direct_url.json")
@@ -190,7 +190,7 @@ class Installer:
                             "install", env=env)
 
     def compile(self, python: Path, lines: list[str], options: list[str], env: dict[str, str],
-                excluded: set[str] = frozenset(), preferred: dict[str, str] | None = None) -> list[str]:
+                excluded: frozenset[str] | set[str] = frozenset(), preferred: dict[str, str] | None = None) -> list[str]:
         """The pinned lines (`name==version`, `name @ url`) of a uv resolution of requirement lines for python."""
         with tempfile.TemporaryDirectory(prefix="autotp-resolve-") as scratch:
             folder = Path(scratch)
