@@ -70,10 +70,20 @@ def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) -
     return completed.stdout
 
 
+def _pip_config_listing() -> str:
+    """`pip config list` of this interpreter, or of the one its venv was made from: a venv uv made has no pip."""
+    for python in dict.fromkeys(filter(None, (sys.executable, getattr(sys, "_base_executable", "")))):
+        listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
+        if listed.returncode == 0:
+            return listed.stdout
+    raise InstallError(f"pip's configuration cannot be read (no pip in {sys.executable} nor its base interpreter), so uv "
+                       "would not see pip's find-links and indexes (e.g. the local CPU torch wheel)")
+
+
 def pip_configuration() -> dict[str, str]:
     """pip's effective settings for `pip install` (PIP_* variables over the install section over global),
     e.g. {"find-links": "/opt/wheels", "no-index": "1"}."""
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    listed = _pip_config_listing()
     rank = {"global": 0, "install": 1, ":env:": 2}
     found: dict[str, tuple[int, str]] = {}
     for line in listed.splitlines():
@@ -256,6 +266,11 @@ def installer(root: Path, log=print) -> Installer:
         return Installer(None)
     if root in _CHOSEN:
         return _CHOSEN[root]
+    try:
+        pip_configuration()  # uv is given pip's settings: without them it could fetch another torch than pip would
+    except InstallError as error:
+        log(f"environments are built with pip: {error}")
+        return Installer(None)
     requirement = uv_requirement()
     target = root / TOOLS_FOLDER / requirement.replace("==", "-")
     binary = target / "bin" / "uv"

@@ -14,7 +14,6 @@ from packaging.version import Version
 
 from matrix.versions import combinations
 from sessions.environments import combination_environment
-from sessions.installers import Installer, installer
 from sessions.nox_sessions import release_date, split_as_of
 
 FIXTURES = Path(__file__).resolve().parent.parent / "matrix" / "fixtures"
@@ -36,13 +35,6 @@ def test_the_date_is_the_newer_pinned_release_s_day_and_names_its_own_environmen
     assert spec.key == "ds0.14.4-tf4.41.2-pt2.13.0-asof2024-06-21" and spec.as_of == "2024-06-21"
     assert spec.installs[0][0] == "transformers==4.41.2"  # the subject of the as-of resolution comes first
     assert spec.base.key == "base-ds0.14.4-pt2.13.0"  # the DeepSpeed layer is shared with the newest-deps sibling
-
-
-@pytest.fixture(scope="module")
-def uv(tmp_path_factory) -> Installer:
-    chosen = installer(tmp_path_factory.mktemp("uv-root"))
-    assert chosen.uv is not None, "uv could not be installed from the pin in pyproject.toml"
-    return chosen
 
 
 def pins(lines: list[str]) -> dict[str, Version]:

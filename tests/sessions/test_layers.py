@@ -67,14 +67,6 @@ def wheels(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def uv(tmp_path_factory) -> installers.Installer:
-    """uv from the pin in pyproject.toml, installed the harness's way (before the index is taken away)."""
-    chosen = installers.installer(tmp_path_factory.mktemp("uv-root"))
-    assert chosen.uv is not None, "uv could not be installed from the pin in pyproject.toml"
-    return chosen
-
-
 @pytest.fixture()
 def offline(monkeypatch, wheels):
     """pip (and through it uv) sees only the fake wheel folder."""
