@@ -57,7 +57,7 @@ def test_oldest_and_latest_combination_each_get_an_environment_and_a_true_verdic
     pins = f"deepspeed={deepspeed},transformers={transformers}"
     session = autotp_session(pins)
     start = time.perf_counter()
-    run = run_nox(session, pins, "--", "--models", "llama", "--tp", "2", "--results", str(tmp_path))
+    run = run_nox(session, pins, "--", "--models", "llama.faithful", "--tp", "2", "--results", str(tmp_path))
     print(f"{session}: {time.perf_counter() - start:.1f} s")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (record,) = records(tmp_path)
@@ -84,7 +84,7 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
     pins = "deepspeed=0.19.8,transformers=5.24.0"
     session = autotp_session(pins)
     results = tmp_path / "results"
-    run = run_nox(session, pins, "--", "--models", "llama,opt", "--tp", "2,3", "--results", str(results),
+    run = run_nox(session, pins, "--", "--models", "llama.faithful,opt", "--tp", "2,3", "--results", str(results),
                   env={**UNREACHABLE_INDEX, ENV_ROOT_ENV: str(tmp_path / "envs")})
     assert run.returncode != 0
     assert "4 cells recorded as 'install' failures" in run.stderr
