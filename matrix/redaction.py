@@ -21,7 +21,7 @@ REDACTED = "***"
 # Replaced wherever they appear, in any letter case: tokens by shape — Hugging Face (hf_ + 34), GitHub classic
 # (ghp_, gho_, ghu_, ghs_, ghr_ + 36) and fine-grained (github_pat_...), lengths as minimums so that a longer future
 # format is still caught — and the credential after `Authorization:` (HTTP header, dict repr, JSON) or `Bearer`,
-# the words kept (group `lead`). Written in lowercase and matched against an ASCII-lowercased copy of the text (same
+# the words kept (group `lead`), and a URL's user:password. Written in lowercase and matched against an ASCII-lowercased copy of the text (same
 # length, so the spans carry over): every pattern starts with a literal, which large reports need — a
 # case-insensitive or \b-led pattern took 1.4 s instead of 0.01 s over an 8 MB report.json.
 _PATTERNS = (  # (the literal each starts with, looked for first as it is cheaper, the pattern)
@@ -31,6 +31,8 @@ _PATTERNS = (  # (the literal each starts with, looked for first as it is cheape
     ("authorization", re.compile(r"(?P<lead>authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|token|basic)\s+)?)"
                                  r"[^\s\"',;]{8,}")),
     ("bearer", re.compile(r"(?P<lead>bearer\s+)[^\s\"',;]{8,}")),
+    # The user:password of a URL (a private index in pip's configuration, handed to uv on its command line).
+    ("://", re.compile(r"(?P<lead>://)[^\s/@:\"']+:[^\s/@\"']+(?=@)")),
 )
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 

@@ -36,6 +36,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
+from matrix.redaction import redact
 
 INSTALLER_ENV = "AUTOTP_INSTALLER"
 """`pip` forces the pip fallback; anything else (or unset) uses uv when it can be installed."""
@@ -66,7 +67,8 @@ def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) -
     if completed.returncode != 0:
         output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
                            if line.strip() and "is ignored" not in line)
-        raise InstallError(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}")
+        # redacted here: the command line carries pip's index URLs, credentials included, to uv
+        raise InstallError(redact(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}"))
     return completed.stdout
 
 

@@ -113,3 +113,10 @@ def test_only_credential_like_variables_of_some_length_are_secrets(monkeypatch):
     monkeypatch.setenv("AUTOTP_CELL_TIMEOUT", "plainValueNotSecret")
     assert redact("false s3cr3t-deploy-key-value plainValueNotSecret hf_device_map bearer of news") == \
         "false *** plainValueNotSecret hf_device_map bearer of news"
+
+
+def test_a_url_keeps_its_host_and_loses_its_credentials():
+    from matrix.redaction import redact
+
+    assert redact("--extra-index-url https://ci-bot:Pl4ntedIndexPassword@pypi.example.com/simple x://a@b") == \
+        "--extra-index-url https://***@pypi.example.com/simple x://a@b"
