@@ -90,13 +90,19 @@ def pytest_configure_node(node):
         node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
 
 
+CACHE_AT_START = pytest.StashKey[object]()
+
+
 def pytest_sessionstart(session):
-    """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only."""
+    """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only.
+    Tiny checkpoints and references are written by the cells that first need them (suites/driver.py),
+    never here: the first verdict comes seconds after the start, and the end of the run says what was written."""
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.driver import RunOptions, memory_plan_lines
+    from suites.driver import CacheContents, RunOptions, memory_plan_lines
 
+    config.stash[CACHE_AT_START] = CacheContents.now()
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for line in memory_plan_lines(config.stash[CELLS], RunOptions(checkpoints=config.getoption("--checkpoints"),
                                                                   allow_remote_code=config.getoption("--allow-remote-code"))):
@@ -139,6 +145,7 @@ def rank_pool(pytestconfig):
     from suites.engine.rank_group import RankGroupPool
 
     pool = RankGroupPool(logs_root=Path(pytestconfig.getoption("--results")).resolve() / "logs")
+    pool.prepare()
     yield pool
     pool.close()
 
@@ -159,6 +166,10 @@ def pytest_terminal_summary(terminalreporter, config):
     from suites.records.run_records import read_records
     from suites.records.summary import print_summary
 
+    from suites.driver import CacheContents
+
+    if CACHE_AT_START in config.stash and (written := CacheContents.now().written_since(config.stash[CACHE_AT_START])):
+        terminalreporter.write_line(written)
     run_id = config.stash[RUN][0].id
     records = [r for r in read_records(Path(config.getoption("--results"))) if r["run"]["id"] == run_id]
     if records:

@@ -14,11 +14,13 @@ tiny checkpoint the hash of its manifest (the sha256 of every file it holds).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +60,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _manifest_problem(folder: Path) -> str | None:
-    """None when every file the manifest lists is present with its size and hash."""
+_VERIFIED: dict[Path, tuple] = {}
+"""Tiny checkpoint folders whose files this process hashed against their manifest, with the (name, size,
+mtime) of every file then. A matrix resolves each checkpoint twice per cell and three tp sizes of cells:
+~14 GB of sha256 per default matrix (~70 checkpoints, 2 GB), where once per process finds the same faults."""
+
+
+def _files_state(folder: Path) -> tuple:
+    return tuple(sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in folder.iterdir() if path.is_file()))
+
+
+def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
+    """None when every file the manifest lists is present with its size and (`hashes`) its sha256; the
+    hashes are read once per process while no file of the folder changed."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
+        state = _files_state(folder)
     except (OSError, ValueError) as error:
         return f"manifest unreadable ({error})"
     for name, expected in manifest["files"].items():
@@ -70,8 +84,12 @@ def _manifest_problem(folder: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != expected["size"]:
             return f"{name} has {path.stat().st_size} bytes, expected {expected['size']} (truncated?)"
-        if _sha256(path) != expected["sha256"]:
+    if not hashes or _VERIFIED.get(folder) == state:
+        return None
+    for name, expected in manifest["files"].items():
+        if _sha256(folder / name) != expected["sha256"]:
             return f"{name} does not match its recorded sha256 (corrupted?)"
+    _VERIFIED[folder] = state
     return None
 
 
@@ -156,37 +174,65 @@ def resolve_checkpoint(entry: ModelEntry, kind: str, download=None, weights: boo
     return Checkpoint(snapshot.path, snapshot.path, hub_id, snapshot.revision)
 
 
+def tiny_folder(entry: ModelEntry) -> Path:
+    """Where the entry's tiny checkpoint lives in the cache (written or not)."""
+    return cache_root() / "tiny" / f"{entry.name}-{tiny_key(entry)}"
+
+
+def cached_tiny_checkpoint(entry: ModelEntry) -> Path | None:
+    """The entry's tiny checkpoint when the cache holds all its files at their sizes, else None (nothing is
+    written, nothing hashed: the cell that loads it checks the hashes)."""
+    folder = tiny_folder(entry)
+    return folder if folder.exists() and _manifest_problem(folder, hashes=False) is None else None
+
+
 def tiny_checkpoint(entry: ModelEntry, log=print) -> Path:
-    """The folder of the entry's tiny checkpoint, built (or rebuilt when corrupt) on first use."""
-    folder = cache_root() / "tiny" / f"{entry.name}-{tiny_key(entry)}"
-    if folder.exists():
-        problem = _manifest_problem(folder)
-        if problem is None:
-            return folder
-        log(f"rebuilding tiny checkpoint {folder}: {problem}")
-        shutil.rmtree(folder, ignore_errors=True)
-    _write_tiny(entry, folder)
+    """The folder of the entry's tiny checkpoint, written (or rebuilt when corrupt) when a cell first needs
+    it. Written once: parallel drivers (pytest-xdist workers) that need the same one wait for the first."""
+    folder = tiny_folder(entry)
+    if folder.exists() and _manifest_problem(folder) is None:
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if its holder dies
+        if folder.exists():
+            problem = _manifest_problem(folder)
+            if problem is None:
+                return folder  # another process wrote it while this one waited
+            log(f"rebuilding tiny checkpoint {folder}: {problem}")
+            shutil.rmtree(folder, ignore_errors=True)
+        _write_tiny(entry, folder)
     return folder
+
+
+@contextmanager
+def _without_progress_bars():
+    """transformers draws a "Writing model shards" bar per save (5.x); a cold matrix writes ~70 checkpoints,
+    whose progress the harness reports in one line of its own (see conftest.py)."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
 
 
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(tiny_config(entry), trust_remote_code=entry.trust_remote_code)
         randomise_constant_parameters(model, SEED + INIT, SPREAD)
-        model.save_pretrained(staging, safe_serialization=True)
+        with _without_progress_bars():
+            model.save_pretrained(staging, safe_serialization=True)
         files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir()) if p.is_file()}
         (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
-        try:
-            staging.rename(folder)
-        except OSError:
-            # Another process (a parallel worker) finished the same checkpoint first; theirs is identical.
-            if _manifest_problem(folder) is not None:
-                raise
+        staging.rename(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

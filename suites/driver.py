@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import transformers
 
 from matrix.cells import Cell
-from matrix.checkpoints import Checkpoint, resolve_checkpoint
+from matrix.checkpoints import Checkpoint, cache_root, cached_tiny_checkpoint, resolve_checkpoint
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
@@ -131,6 +131,29 @@ def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcom
     return _stamped(pool.run(cell.tp, job, options.cell_timeout), provenance)
 
 
+@dataclass(frozen=True)
+class CacheContents:
+    """What the harness cache holds that cells write when they first need it (the cache is shared by
+    pytest-xdist workers, so counting it before and after tells what a whole run wrote)."""
+
+    tiny_checkpoints: int
+    references: int
+
+    @classmethod
+    def now(cls) -> "CacheContents":
+        root = cache_root()
+        tiny = [path for path in (root / "tiny").glob("*") if path.is_dir() and not path.name.startswith(".")]
+        return cls(len(tiny), len(list((root / "references").glob("*.pt"))))
+
+    def written_since(self, before: "CacheContents") -> str:
+        """One line for the end of a run ("" when the cells wrote nothing)."""
+        tiny, references = self.tiny_checkpoints - before.tiny_checkpoints, self.references - before.references
+        if tiny <= 0 and references <= 0:
+            return ""
+        return (f"cache {cache_root()}: the cells wrote {tiny} tiny checkpoints and {references} unsharded references "
+                "as they first needed them")
+
+
 LARGE_PROCESS_BYTES = 1 * GiB
 """Models whose processes all stay below this share one summary line in the plan printed at the start."""
 
@@ -141,11 +164,15 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     runner = Runner.detect()
     devices = f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}" if runner.device_bytes else ""
     lines = [f"memory plan: host RAM {gib(runner.host_bytes)} ({runner.host_source}){devices}"]
-    small, by_model = [], {}
+    small, unwritten, by_model = [], [], {}
     for cell in cells:
         if skip_reason(cell, options) is None:
             by_model.setdefault(cell.model.name, []).append(cell)
     for name, model_cells in by_model.items():
+        if options.checkpoints == "tiny" and cached_tiny_checkpoint(model_cells[0].model) is None:
+            # Writing it here would hold back the first cell (~70 of them: ~50 s); its cell plans it once written.
+            unwritten.append(name)
+            continue
         try:
             checkpoint, _ = planned_checkpoint(model_cells[0], options, runner)
             plans = [(cell, memory_plan(cell, checkpoint, runner)) for cell in model_cells]
@@ -160,4 +187,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
         lines += [f"    {cell.variant.name} {cell.dtype} tp{cell.tp}: {plan.summary()}" for cell, plan in plans]
     if small:
         lines.append(f"  {len(small)} models need < {gib(LARGE_PROCESS_BYTES)} per process and fit: {', '.join(small)}")
+    if unwritten:
+        lines.append(f"  {len(unwritten)} models are planned by their first cell, which writes their tiny checkpoint: "
+                     f"{', '.join(unwritten)}")
     return lines

@@ -75,6 +75,11 @@ class ForkServer:
         self.log_dir: Path | None = None
         self.start_failure: GroupStartFailure | None = None
 
+    def start(self) -> None:
+        """Start the server now (it imports torch, DeepSpeed and transformers: seconds), not at the first group."""
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+
     def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
         if self.start_failure is not None:  # the server's imports failed: they fail the same way every time

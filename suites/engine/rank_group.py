@@ -294,6 +294,12 @@ class RankGroupPool:
             self.fork_server = ForkServer(env)
         atexit.register(self.close)
 
+    def prepare(self) -> None:
+        """Start what the first group needs (the fork server's imports) while the driver prepares the first
+        cell (on a cold cache: its tiny checkpoint and reference, which take as long)."""
+        if self.fork_server is not None:
+            self.fork_server.start()
+
     def get(self, tp: int) -> RankGroup:
         if self.group is not None and (self.group.tp != tp or not self.group.alive):
             self.group.close()
