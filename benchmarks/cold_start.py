@@ -39,7 +39,9 @@ def run_matrix(python: Path, harness: Path, cache: Path, results: Path, log: Pat
     load_before = os.getloadavg()[0]
     started, first_verdict = time.perf_counter(), None
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=harness, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # A shell's background job ignores SIGINT, and its children inherit that: restore it for the Ctrl-C below.
+        process = subprocess.Popen(command, cwd=harness, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         while process.poll() is None:
             if first_verdict is None and records.exists() and records.stat().st_size:
                 first_verdict = time.perf_counter() - started
