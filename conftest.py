@@ -96,7 +96,7 @@ CACHE_AT_START = pytest.StashKey[object]()
 def pytest_sessionstart(session):
     """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only.
     Tiny checkpoints and references are written by the cells that first need them (suites/driver.py),
-    never here: the first verdict comes seconds after the start, and the end of the run says what was written."""
+    never here: the first cell does not wait for ~70 checkpoints, and the end of the run says what was written."""
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
