@@ -231,5 +231,5 @@ def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task
     failing = [r for r in results if not r.passed]
     notes = "; ".join(r.reason for r in results if r.reason)
     if failing:
-        return failed(failing[0].failure_class, f"{failing[0].name}: {failing[0].reason.split(' (')[0]}", notes, metrics)
+        return failed(failing[0].failure_class, failing[0].cell_signature, notes, metrics)
     return CellOutcome("pass", message=notes, metrics=metrics)
