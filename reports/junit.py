@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import cast
 
 from junitparser import Error, Failure, JUnitXmlError, Skipped
-from junitparser.xunit2 import JUnitXml
+from junitparser.xunit2 import JUnitXml, TestCase
 from reports import ReportsError
 from reports.records import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
 from suites.outcome import FAILURE_CLASSES
@@ -56,7 +57,8 @@ def read_junit(path: Path) -> list[tuple[Run, list[CellResult]]]:
     results: dict[str, list[CellResult]] = {}
     for suite in xml:
         for case in suite:
-            props = {p.name: p.value or "" for p in case.properties()}
+            # An xunit2 suite yields xunit2 test cases (which carry properties); junitparser types them as the base.
+            props = {p.name: p.value or "" for p in cast(TestCase, case).properties()}
             if "cell.id" not in props:
                 continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
             if props.get("faults"):

@@ -292,8 +292,8 @@ class _Texts:
         if known is None:
             digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
             row = self._conn.execute("SELECT id FROM texts WHERE hash = ? AND text = ?", (digest, text)).fetchone()
-            known = row[0] if row else self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
-                                                          (digest, text)).lastrowid
+            known = row[0] if row else _inserted_id(self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
+                                                                       (digest, text)))
             self._ids[text] = known
         return known
 
@@ -308,10 +308,17 @@ class _Cells:
     def id(self, cell: CellKey) -> int:
         known = self._ids.get(cell)
         if known is None:
-            known = self._ids[cell] = self._conn.execute(
+            known = self._ids[cell] = _inserted_id(self._conn.execute(
                 "INSERT INTO cells (model, variant, dtype, tp) VALUES (?, ?, ?, ?)",
-                (cell.model, cell.variant, cell.dtype, cell.tp)).lastrowid
+                (cell.model, cell.variant, cell.dtype, cell.tp)))
         return known
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid of the row an INSERT just added (sqlite3 types it optional: None before any INSERT)."""
+    if cursor.lastrowid is None:
+        raise RuntimeError("sqlite3 gave no rowid for an INSERT")
+    return cursor.lastrowid
 
 
 def _explain(path: Path, error: sqlite3.Error) -> str:

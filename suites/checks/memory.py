@@ -47,7 +47,7 @@ class WeightShare:
 
 
 def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, str]) -> dict[str, int]:
-    totals = dict.fromkeys(KINDS, 0)
+    totals: dict[str, int] = dict.fromkeys(KINDS, 0)
     for name, size in bytes_by_name.items():
         totals[kinds.get(name, "rest")] += size
     return totals

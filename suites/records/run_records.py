@@ -10,7 +10,7 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cache
@@ -195,7 +195,7 @@ class CellRecorder:
     Cells the same run id already finished (before an interruption) are replayed, not run again."""
 
     def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
-                 expected_cells: set[str] = frozenset(), faults: tuple[str, ...] = ()):
+                 expected_cells: Collection[str] = frozenset(), faults: tuple[str, ...] = ()):
         self.results_dir = results_dir
         self.faults = tuple(faults)
         """Injected fault hooks (harness self-tests): every record says so, and none is replayed without them."""

@@ -22,6 +22,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ from suites.outcome import LibraryOutputError
 
 TRAINING_FORMAT = 4
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
-OPTIMIZERS = {
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
     "adam": (torch.optim.AdamW, {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}}),
@@ -215,11 +216,12 @@ def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]
     dim = split[0]
     row_size = full.numel() // full.shape[dim]  # explicit: a rank may hold an empty shard (0 rows)
     full_rows = full.movedim(dim, 0).reshape(full.shape[dim], row_size)
-    where = {}
+    where: dict[bytes, int] = {}
     for index, row in enumerate(full_rows):
         where.setdefault(row.numpy().tobytes(), index)
     indices = [where.get(row.numpy().tobytes()) for row in shard.movedim(dim, 0).reshape(shard.shape[dim], row_size)]
-    return None if None in indices else (dim, indices)
+    found = [index for index in indices if index is not None]
+    return (dim, found) if len(found) == len(indices) else None
 
 
 def _lm_head_names(model) -> dict[str, str]:
@@ -354,7 +356,7 @@ class ShardedTrainee:
 
 def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
     """The cell's DeepSpeed config: the row's partitioning source, ZeRO stage and tp_overlap_comm."""
-    tensor_parallel = {"autotp_size": tp_size}
+    tensor_parallel: dict[str, Any] = {"autotp_size": tp_size}
     if variant.partitioning == "preset":
         tensor_parallel["preset_model"] = model_type
     if variant.partitioning == "custom":
