@@ -183,8 +183,10 @@ CREATE TABLE compacted_results (
 
 
 def _into_compact_tables(conn: sqlite3.Connection) -> None:
-    """Schema 6: copy runs and results into the new tables (runs numbered in start order), then swap them in."""
-    columns = ", ".join(("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at"))
+    """Schema 6: copy runs and results into the new tables (runs numbered in start order), then swap them in. The
+    columns are those both tables have, not today's: a later step may add a column (a new version axis)."""
+    kept = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(compacted_runs)") if row[1] in kept)
     conn.execute(f"INSERT INTO compacted_runs ({columns}) SELECT {columns} FROM runs ORDER BY started, run_id")
     conn.execute("INSERT INTO cells (model, variant, dtype, tp) SELECT DISTINCT model, variant, dtype, tp FROM results "
                  "ORDER BY model, variant, dtype, tp")
