@@ -519,8 +519,9 @@ class Combo:
     skip_reason: str | None
 
     @property
-    def pins(self) -> tuple[Pin, Pin, Pin]:
-        return self.deepspeed, self.transformers, self.torch
+    def pins(self) -> tuple[Pin, ...]:
+        """One per axis, in AXES order."""
+        return tuple(getattr(self, axis) for axis in AXES)
 
     @property
     def id(self) -> str:

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from matrix.redaction import redact
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
@@ -189,9 +190,9 @@ def publish(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    store_option = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+    store_option: dict[str, Any] = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
     archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
-    keep_option = {"type": _run_count, "default": KEEP_RECENT_RUNS, "metavar": "N",
+    keep_option: dict[str, Any] = {"type": _run_count, "default": KEEP_RECENT_RUNS, "metavar": "N",
                    "help": f"keep messages and metrics of each session's newest N runs (default {KEEP_RECENT_RUNS}); "
                            "older results keep their verdict and signature, and their detail where a report reads it"}
 

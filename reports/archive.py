@@ -119,7 +119,7 @@ class ResultsArchive:
 
     def answers(self) -> list[Bisection | TriageAttempt]:
         """Every archived answer, oldest first."""
-        found = []
+        found: list[Bisection | TriageAttempt] = []
         for path in (self.root / ANSWERS).glob("*.json"):
             try:
                 fields = json.loads(path.read_text())

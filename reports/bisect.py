@@ -43,7 +43,7 @@ from suites.records.run_records import read_records
 from reports import ReportsError
 from reports.git import GitRepo
 from reports.history import AxisRange, answer_for
-from reports.records import Bisection, CellKey, Commit, Pins, pins_text, release
+from reports.records import Bisection, BisectMode, CellKey, Commit, Pins, TransitionKind, pins_text, release
 from reports.signatures import same_failure
 from reports.store import DEFAULT_STORE, HistoryStore
 
@@ -257,6 +257,8 @@ class CellProbe:
     runs: dict[str, CellRun] = field(default_factory=dict)  # the cell's last run at each candidate probed
 
     def __call__(self, candidate: str) -> Verdict:
+        if self.environment is None:
+            raise BisectError("the probe was given no environment to build a candidate in")
         try:
             python = ensure_environment(self.env_root, self.environment(candidate), log=lambda line: None)
             run = run_cells(python, [self.cell], self.cell_timeout, self.command)[self.cell]
@@ -473,6 +475,8 @@ def _bisect(args: argparse.Namespace) -> int:
                              untestable=release_answer.untestable + answer.untestable)
     failure_class, signature = probe.reference or ("", "")
     if args.mode == "gone":
+        if probe.reference is None or first_changed is None:  # the search ran the cell at both of its ends
+            raise BisectError(f"{cell.id}: the search ended without a run at {answer.after}")
         kind, mode, failure_class, signature = gone_answer(probe.reference, first_changed)
         print(f"  {after_word}: " + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}"))
     else:
@@ -488,7 +492,7 @@ def _bisect(args: argparse.Namespace) -> int:
     return 0
 
 
-def gone_answer(reference: tuple[str, str], first_without: CellRun) -> tuple[str, str, str, str]:
+def gone_answer(reference: tuple[str, str], first_without: CellRun) -> tuple[TransitionKind, BisectMode, str, str]:
     """What a `--mode gone` answer answers, by what the cell did where the failure was first gone: a fix
     (kind fixed, mode fixed, keyed on the failure that went) where it passes, else a class change (mode
     broken, keyed on the failure that came, as triage keys one): (kind, mode, failure class, signature)."""

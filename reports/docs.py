@@ -304,7 +304,8 @@ def docs_page(report: dict, docs_path: Path) -> str:
     tested = {normalise_model_name(e["family"]): e for e in report["supported_models"]["families"]}
     rewritten = {}
     for section, (start, end) in blocks.items():
-        listed = [(normalise_model_name(_bullet_name(_BULLET.match(line).group(1))), line) for line in lines[start:end]]
+        listed = [(normalise_model_name(_bullet_name(match.group(1))), line) for line in lines[start:end]
+                  if (match := _BULLET.match(line))]  # every line of a block is a bullet (_bullet_blocks)
         kept = [(key, line) for key, line in listed if key not in tested]
         for key, entry in sorted(tested.items()):
             if entry["supported"] == (section == "supported models"):

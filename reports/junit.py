@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import cast
 
 from junitparser import Error, Failure, JUnitXmlError, Skipped
-from junitparser.xunit2 import JUnitXml
+from junitparser.xunit2 import JUnitXml, TestCase
 from reports import ReportsError
 from reports.records import AXES, CellKey, CellResult, Run, Versions, deepspeed_git_of, release
 from suites.outcome import FAILURE_CLASSES
@@ -56,7 +58,8 @@ def read_junit(path: Path) -> list[tuple[Run, list[CellResult]]]:
     results: dict[str, list[CellResult]] = {}
     for suite in xml:
         for case in suite:
-            props = {p.name: p.value or "" for p in case.properties()}
+            # An xunit2 suite yields xunit2 test cases (which carry properties); junitparser types them as the base.
+            props = {p.name: p.value or "" for p in cast(TestCase, case).properties()}
             if "cell.id" not in props:
                 continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
             if props.get("faults"):
@@ -74,6 +77,9 @@ def read_junit(path: Path) -> list[tuple[Run, list[CellResult]]]:
     return [(runs[run_id], results[run_id]) for run_id in runs]
 
 
+_OPTIONAL_AXES = {field.name for field in fields(Versions) if field.default is not MISSING}
+
+
 def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
     value = props.get(name, "").strip()
     if not value:
@@ -82,7 +88,10 @@ def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
 
 
 def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
-    versions = {axis: _require(props, f"version.{axis}", path, where) for axis in AXES}
+    # An axis added after records were first written has a default in Versions ("": not recorded then), so files
+    # from before it exist may lack it; every other axis must be there.
+    versions = {axis: _require(props, f"version.{axis}", path, where) for axis in AXES
+                if f"version.{axis}" in props or axis not in _OPTIONAL_AXES}
     for axis, value in versions.items():
         if release(value) is None and not _LABEL.fullmatch(value):
             raise MalformedJUnit(

@@ -59,6 +59,8 @@ def _compare_links(session: SessionDeltas) -> list[str]:
     from matrix.versions import load_config  # the axis repositories live with the version axes
 
     repos = {axis: rule.repo for axis, rule in load_config().axes.items()}
+    if session.previous is None:  # a session's first run: nothing to compare with
+        return []
     previous, newest = session.previous.versions, session.newest.versions
     return [session.change_text(axis) + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})"
                                          if repos.get(axis) else "")
@@ -208,8 +210,11 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
     ]
     for session in delta_cause.sessions:
         ran = ", ".join(code(d.cell.id) for s, d in delta_cause.deltas if s is session)
-        lines += [f"- {code(session.session)}: run {code(session.previous.run_id)} at "
-                  f"{session.previous.versions.describe()} → run {code(session.newest.run_id)} at "
+        previous = session.previous
+        if previous is None:  # a delta cause compares two runs of each of its sessions
+            continue
+        lines += [f"- {code(session.session)}: run {code(previous.run_id)} at "
+                  f"{previous.versions.describe()} → run {code(session.newest.run_id)} at "
                   f"{session.newest.versions.describe()}: {ran}",
                   *[f"  - changed: {line}" for line in _compare_links(session)]]
     placement = placement_lines(delta_cause)
@@ -351,8 +356,9 @@ def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Pos
             # closed ones too (a maintainer closed it: it is not filed again).
             upstream_name, drafts = upstream
             upstream_repo = client.get_repo(upstream_name)
-            mine = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))
-            _open_or_edit(upstream_repo, upstream_name, drafts, mine, [], log)
+            # PyGithub takes the creator's login (its docstring: "string or NamedUser"; its annotation names only the latter).
+            opened = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))  # type: ignore[arg-type]
+            _open_or_edit(upstream_repo, upstream_name, drafts, opened, [], log)
     except GithubException as exc:
         raise ReportsError(f"GitHub API {api_url} answered {exc.status}: {exc.data}; nothing further was posted") from None
     except OSError as exc:  # connection refused, timeouts, DNS

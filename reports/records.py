@@ -46,6 +46,7 @@ class Versions:
     torch: str
     python: str
     deepspeed_git: str = ""  # DeepSpeed's own commit when it was installed from git, else ""
+    # A version axis added later goes here with a default "" (not recorded): JUnit files from before it may lack it.
 
     def label(self, axis: str) -> str:
         if axis == "deepspeed" and self.deepspeed_git:

@@ -183,8 +183,10 @@ CREATE TABLE compacted_results (
 
 
 def _into_compact_tables(conn: sqlite3.Connection) -> None:
-    """Schema 6: copy runs and results into the new tables (runs numbered in start order), then swap them in."""
-    columns = ", ".join(("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at"))
+    """Schema 6: copy runs and results into the new tables (runs numbered in start order), then swap them in. The
+    columns are those both tables have, not today's: a later step may add a column (a new version axis)."""
+    kept = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(compacted_runs)") if row[1] in kept)
     conn.execute(f"INSERT INTO compacted_runs ({columns}) SELECT {columns} FROM runs ORDER BY started, run_id")
     conn.execute("INSERT INTO cells (model, variant, dtype, tp) SELECT DISTINCT model, variant, dtype, tp FROM results "
                  "ORDER BY model, variant, dtype, tp")
@@ -292,8 +294,8 @@ class _Texts:
         if known is None:
             digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
             row = self._conn.execute("SELECT id FROM texts WHERE hash = ? AND text = ?", (digest, text)).fetchone()
-            known = row[0] if row else self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
-                                                          (digest, text)).lastrowid
+            known = row[0] if row else _inserted_id(self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
+                                                                       (digest, text)))
             self._ids[text] = known
         return known
 
@@ -308,10 +310,17 @@ class _Cells:
     def id(self, cell: CellKey) -> int:
         known = self._ids.get(cell)
         if known is None:
-            known = self._ids[cell] = self._conn.execute(
+            known = self._ids[cell] = _inserted_id(self._conn.execute(
                 "INSERT INTO cells (model, variant, dtype, tp) VALUES (?, ?, ?, ?)",
-                (cell.model, cell.variant, cell.dtype, cell.tp)).lastrowid
+                (cell.model, cell.variant, cell.dtype, cell.tp)))
         return known
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid of the row an INSERT just added (sqlite3 types it optional: None before any INSERT)."""
+    if cursor.lastrowid is None:
+        raise RuntimeError("sqlite3 gave no rowid for an INSERT")
+    return cursor.lastrowid
 
 
 def _explain(path: Path, error: sqlite3.Error) -> str:

@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,8 @@ from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, C
                             suite_command)
 from reports.git import GitError, GitRepo
 from reports.history import Transition, analyse
-from reports.records import INSTALLED_AXES, Bisection, Commit, Pins, TriageAttempt, pins_text, release
+from reports.records import (INSTALLED_AXES, Bisection, BisectMode, Commit, Pins, TransitionKind, TriageAttempt, pins_text,
+                             release)
 from reports.signatures import cause, frame_files
 from reports.store import HistoryStore
 
@@ -77,9 +79,9 @@ class Budget:
 class Question:
     """Transitions that one bisection answers."""
 
-    kind: str  # broke | fixed | class-change (bisected as broken: the old failure stands for "good")
+    kind: TransitionKind  # bisected as broken for a class change: the old failure stands for "good"
     axis: str
-    mode: str  # broken | fixed
+    mode: BisectMode
     older: str  # the axis value at the older end (last good when broken, last bad when fixed)
     newer: str
     held_fixed: Pins  # the other axes, as the transitions name them
@@ -87,7 +89,7 @@ class Question:
     failure_class: str
     cause: str
     transitions: tuple[Transition, ...]
-    old_failure: tuple[str, str] = ()  # a class change's failure before it changed: (class, cause)
+    old_failure: tuple[str, str] | tuple[()] = ()  # a class change's failure before it changed: (class, cause)
 
     @property
     def representative(self) -> Transition:
@@ -183,7 +185,7 @@ class Triage:
     confirmed: int = 0
     steps: int = 0
     # Answers found in this run, by (axis, held-fixed versions, release | commit): tried first by later questions.
-    found: dict[tuple[str, str, str], list[Answer]] = field(default_factory=dict)
+    found: dict[tuple[str, Pins, str], list[Answer]] = field(default_factory=dict)
 
     # ---- one question -------------------------------------------------------------------------------------------
 
@@ -205,7 +207,8 @@ class Triage:
         else:  # adjacent releases: the history already ran both ends
             answer = Answer(question.older, question.newer, (), ())
         self.log(f"  release answer: {question.axis} {answer.before} → {answer.after}")
-        commit, suspects, ends = None, (), ("release", answer.before, answer.after)
+        commit, ends = None, ("release", answer.before, answer.after)
+        suspects: tuple[Commit, ...] = ()
         repo = self.repos.get(question.axis)
         if repo is not None:
             if question.axis == "transformers":
@@ -220,7 +223,7 @@ class Triage:
                      "nothing recorded")
             return []
         now = _now()
-        common = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
+        common: dict[str, Any] = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
                       held_fixed=pins_text(question.held_fixed), commit=commit.sha if commit else "",
                       subject=commit.subject if commit else "", pr=commit.pr if commit else None,
                       files=commit.files if commit else (), untestable=answer.untestable, suspects=suspects,
@@ -320,7 +323,7 @@ class Triage:
         repo = self.repos.get(question.axis)
 
         def environment(value: str) -> EnvironmentSpec:
-            if level == "commit":
+            if level == "commit" and repo is not None:  # commit ends come only from an axis with a clone
                 return self.installer.commit(question.axis, repo, value, pins)
             return self.installer.release({**pins, question.axis: value})
 
@@ -334,7 +337,8 @@ class Triage:
             except (Untestable, EnvironmentBuildError) as error:
                 self.log(f"  could not confirm at {end}: {str(error).splitlines()[0]}")
                 outcomes[end] = {}
-        confirmed, unconfirmed = [], []
+        confirmed: list[Transition] = []
+        unconfirmed: list[Transition] = []
         for t in others:
             status = t.failing_end
             reference = (status.failure_class, status.signature)

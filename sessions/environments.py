@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
-from matrix.versions import short_prefixes
+from matrix.versions import AXES, short_prefixes
 from sessions.checkouts import prepare_deepspeed_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
@@ -96,6 +96,16 @@ def axis_id(axis: str, value: str) -> str:
     return f"{short_prefixes()[axis]}{value}"
 
 
+COMBINATION_AXES = tuple(axis for axis in AXES if axis not in ("deepspeed", "torch"))
+"""The axes a combination's own layer installs (transformers first): every axis but DeepSpeed, whose layer is its
+base, and torch, the layer under that."""
+
+
+def released(pins: dict[str, str], but: str = "") -> list[tuple[str, str]]:
+    """(axis id, requirement) of each of COMBINATION_AXES (but `but`) at its released version in `pins`."""
+    return [(axis_id(axis, pins[axis]), f"{axis}=={pins[axis]}") for axis in COMBINATION_AXES if axis != but]
+
+
 def torch_layer(torch: str) -> EnvironmentSpec:
     """torch alone: the layer every DeepSpeed layer of this torch version sits on."""
     return EnvironmentSpec(key=f"torch-{axis_id('torch', torch_spelling(torch))}",
@@ -108,27 +118,27 @@ def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...]
                            source=source, base=torch_layer(torch))
 
 
-def combination_environment(deepspeed_id: str, deepspeed_requirement: str, transformers_id: str,
-                            transformers_requirement: str, torch: str, extras: tuple[str, ...] = (),
-                            extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
-    """The environment of one combination; `*_id` are the axis ids of matrix/versions.py (`ds0.19.8`,
-    `ds@pr1234`, `tf5.24.0`), `extras` more requirements (a dependency group) in a sibling environment
-    named `<combination>+<extras_name>` over the same base; `as_of` a date: transformers' dependencies
-    as of that day, in a sibling named `<combination>-asof<date>`."""
+def combination_environment(deepspeed_id: str, deepspeed_requirement: str, layered: list[tuple[str, str]], torch: str,
+                            extras: tuple[str, ...] = (), extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
+    """The environment of one combination; `deepspeed_id` and the ids in `layered` ((axis id, requirement) of each of
+    COMBINATION_AXES, in order) are the axis ids of matrix/versions.py (`ds0.19.8`, `ds@pr1234`, `tf5.24.0`),
+    `extras` more requirements (a dependency group) in a sibling environment named `<combination>+<extras_name>`
+    over the same base; `as_of` a date: transformers' dependencies as of that day, in a sibling named
+    `<combination>-asof<date>`."""
     torch_pin = f"torch=={torch_spelling(torch)}"
     base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
-    key = (f"{deepspeed_id}-{transformers_id}-{axis_id('torch', torch_spelling(torch))}" + (f"+{extras_name}" if extras_name else "")
-           + (f"-asof{as_of}" if as_of else ""))
+    key = ("-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch_spelling(torch))))
+           + (f"+{extras_name}" if extras_name else "") + (f"-asof{as_of}" if as_of else ""))
     # transformers first: an as-of resolution takes the first requirement as the layer's subject
-    return EnvironmentSpec(key=key, installs=((transformers_requirement, *project_dependencies(), *extras, torch_pin),),
+    return EnvironmentSpec(key=key, installs=((*(requirement for _, requirement in layered), *project_dependencies(), *extras,
+                                               torch_pin),),
                            base=base, as_of=as_of)
 
 
 def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
     """Released deepspeed, transformers and torch (`{"deepspeed": "0.19.8", ...}`)."""
     return combination_environment(axis_id("deepspeed", pins["deepspeed"]), f"deepspeed=={pins['deepspeed']}",
-                                   axis_id("transformers", pins["transformers"]), f"transformers=={pins['transformers']}",
-                                   pins["torch"], extras, extras_name)
+                                   released(pins), pins["torch"], extras, extras_name)
 
 
 def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed") -> EnvironmentSpec:
@@ -139,9 +149,12 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
     torch_pin = f"torch=={torch}"
     if axis == "transformers":
         deepspeed_id = axis_id("deepspeed", pins["deepspeed"])
-        key = f"{deepspeed_id}-{axis_id('transformers', '@' + sha[:12])}-{axis_id('torch', torch)}"
+        others = released(pins, but="transformers")
+        key = "-".join((deepspeed_id, axis_id("transformers", "@" + sha[:12]), *(value_id for value_id, _ in others),
+                        axis_id("torch", torch)))
         base = _deepspeed_base(deepspeed_id, ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
-        return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *project_dependencies(), torch_pin),),
+        return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *(requirement for _, requirement in others),
+                                                   *project_dependencies(), torch_pin),),
                                source=(clone, sha), base=base)
     deepspeed_id = axis_id("deepspeed", f"@{sha[:12]}")
     base_key = f"base-{deepspeed_id}-{axis_id('torch', torch)}"
@@ -149,8 +162,9 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
     base = EnvironmentSpec(key=base_key, installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"),
                                                     torch_pin),),
                            source=(clone, sha), base=torch_layer(torch), checkout="deepspeed")
-    return EnvironmentSpec(key=f"{deepspeed_id}-{axis_id('transformers', pins['transformers'])}-{axis_id('torch', torch)}",
-                           installs=((f"transformers=={pins['transformers']}", *project_dependencies(), torch_pin),),
+    layered = released(pins)
+    return EnvironmentSpec(key="-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch))),
+                           installs=((*(requirement for _, requirement in layered), *project_dependencies(), torch_pin),),
                            base=base)
 
 

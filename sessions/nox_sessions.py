@@ -13,8 +13,8 @@ import nox
 from matrix import PROJECT_ROOT
 from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
                              load_releases, parse_pins)
-from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, combination_environment, ensure_environment,
-                                   env_root, environment_variables)
+from sessions.environments import (COMBINATION_AXES, EnvironmentBuildError, EnvironmentSpec, combination_environment,
+                                   ensure_environment, env_root, environment_variables)
 from suites.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -51,9 +51,9 @@ def dependency_group(name: str) -> list[str]:
 
 def combo_environment(combo: Combo, extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
     extras = tuple(dependency_group(extras_name)) if extras_name else ()
-    return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, combo.transformers.id,
-                                   combo.transformers.requirement, str(combo.torch.version or combo.torch.requirement),
-                                   extras, extras_name, as_of)
+    layered = [(pin.id, pin.requirement) for pin in combo.pins if pin.package in COMBINATION_AXES]
+    return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, layered,
+                                   str(combo.torch.version or combo.torch.requirement), extras, extras_name, as_of)
 
 
 def split_as_of(pytest_args: list[str]) -> tuple[str, list[str]]:

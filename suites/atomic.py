@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """`write(staging)` fills a sibling named after this process, which then replaces `path`: a reader
     never sees a partial file and two writers never share a staging file."""
     staging = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -164,7 +164,9 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     runner = Runner.detect()
     devices = f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}" if runner.device_bytes else ""
     lines = [f"memory plan: host RAM {gib(runner.host_bytes)} ({runner.host_source}){devices}"]
-    small, unwritten, by_model = [], [], {}
+    small: list[str] = []
+    by_model: dict[str, list[Cell]] = {}
+    unwritten: list[str] = []
     for cell in cells:
         if skip_reason(cell, options) is None:
             by_model.setdefault(cell.model.name, []).append(cell)

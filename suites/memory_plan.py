@@ -147,11 +147,11 @@ def _cgroup_headroom(root: Path, membership: Path = Path("/proc/self/cgroup")) -
     candidates = []
     try:
         for line in membership.read_text().splitlines():
-            _, controllers, folder = line.split(":", 2)
+            _, controllers, group = line.split(":", 2)
             if controllers == "":
-                candidates.append((root / folder.lstrip("/"), "memory.max", "memory.current"))
+                candidates.append((root / group.lstrip("/"), "memory.max", "memory.current"))
             elif "memory" in controllers.split(","):
-                candidates.append((root / "memory" / folder.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes"))
+                candidates.append((root / "memory" / group.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes"))
     except (OSError, ValueError):
         pass
     candidates += [(root, "memory.max", "memory.current"), (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")]
@@ -441,7 +441,7 @@ def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runn
     have = f"runner has {gib(runner.host_bytes)} ({runner.host_source}; a plan uses at most {SAFETY:.0%})"
     if runner.live_group_bytes:
         have += f", {gib(runner.live_group_bytes)} of it held by the live rank group until it ends"
-    if plan.training_host_bytes > beside_group:
+    if training is not None and plan.training_host_bytes > beside_group:
         return replace(plan, problem=f"needs {gib(plan.training_host_bytes)} host RAM for the unsharded training steps in the "
                                      f"driver ({training.unsharded_copies} copies of the model: weights, gradients, optimizer "
                                      f"state and what the ranks compare with), {have}")

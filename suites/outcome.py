@@ -134,8 +134,8 @@ def exception_signature(error: BaseException, at: str | None = None) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     interesting = [f for f in frames if any(f"/{pkg}/" in f.filename for pkg in _INTERESTING_FRAMES)]
     where = ""
-    frame = (interesting or frames or [None])[-1]
-    if frame is not None:
+    if candidates := interesting or list(frames):
+        frame = candidates[-1]
         path = frame.filename
         for pkg in _INTERESTING_FRAMES:
             if f"/{pkg}/" in path:
@@ -159,8 +159,8 @@ for library bugs."""
 def _package_roots(names: tuple[str, ...]) -> list[Path]:
     import sys
 
-    return [Path(module.__file__).resolve().parent for name in names
-            if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)]
+    return [Path(file).resolve().parent for name in names
+            if (module := sys.modules.get(name)) is not None and (file := getattr(module, "__file__", None))]
 
 
 def _frame_owner(filename: str, libraries: list[Path]) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import hashlib
 import json
 import os
@@ -213,11 +214,13 @@ class ReferenceProcess:
             with self.log_path.open("a") as log:
                 self.process = subprocess.Popen([sys.executable, "-m", "suites.reference", "serve"], cwd=PROJECT_ROOT,
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        process = self.process
+        assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
+        line = process.stdout.readline()
         if not line:  # killed (e.g. by the OOM killer) or crashed
-            code, self.process = self.process.wait(), None
+            code, self.process = process.wait(), None
             raise ReferenceFailed("ReferenceProcessDied: the reference process exited without an answer",
                                   f"the reference process died (exit code {code}); log {self.log_path}:\n{self._log_tail()}")
         if exit_after:
@@ -240,6 +243,7 @@ class ReferenceProcess:
         if self.process is None:
             return
         if self.process.poll() is None:
+            assert self.process.stdin is not None  # Popen with stdin=PIPE
             self.process.stdin.close()  # the process ends when its stdin closes
             try:
                 self.process.wait(timeout=60)
@@ -340,7 +344,7 @@ def import_references(bundle_path: Path) -> int:
     for item in bundle["references"]:
         path = _path_for(item["record"]["identity"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda staging, data=item["observations"]: torch.save(data, staging))
+        write_atomically(path, functools.partial(torch.save, item["observations"]))
         write_text_atomically(_sidecar(path), json.dumps(item["record"]))
     return len(bundle["references"])
 

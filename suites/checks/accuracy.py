@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from suites.checks.result import CheckResult
+from suites.checks.result import CheckResult, Finding
 
 ALPHA = 0.01  # a cell fails when the sharded model is worse with p < ALPHA (two-sided exact McNemar)
 CONFIDENCE = 0.95  # of the recorded Wilson intervals
@@ -81,9 +81,7 @@ def check(reference: list[bool], sharded: list[bool], alpha: float = ALPHA) -> C
         "acc_mcnemar_p": paired.p_value,
     }
     passed = not (paired.p_value < alpha and paired.reference_only > paired.sharded_only)
-    reason = "" if passed else (
+    return CheckResult.judged("accuracy", "numerics", metrics, None if passed else Finding(
         f"accuracy {paired.sharded_accuracy:.3f} [{tp_low:.3f}, {tp_high:.3f}] vs reference "
         f"{paired.reference_accuracy:.3f} [{ref_low:.3f}, {ref_high:.3f}] on {paired.items} items: "
-        f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"
-    )
-    return CheckResult("accuracy", passed, "numerics", metrics, reason)
+        f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"))

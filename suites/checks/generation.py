@@ -9,7 +9,7 @@ divergence we also record whether each side's token is in the other's top-k (vLL
 from __future__ import annotations
 
 from matrix.registry import Tolerance
-from suites.checks.result import CheckResult, logits_allowance
+from suites.checks.result import CheckResult, Finding, logits_allowance
 
 TOP_K = 5
 
@@ -29,7 +29,7 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
         metrics[f"gen_padded{row}_logits_max_abs"] = padded.metrics["gen_logits_max_abs"]
         metrics[f"gen_padded{row}_logits_max_rel"] = padded.metrics["gen_logits_max_rel"]
         if not padded.passed:
-            return CheckResult("generation", False, "generation", metrics, padded.reason)
+            return CheckResult("generation", False, "generation", metrics, padded.reason, padded.signature)
     return CheckResult("generation", True, "generation", metrics, single.reason)
 
 
@@ -45,8 +45,8 @@ def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance
                "gen_logits_max_abs": step_max_abs, "gen_logits_max_rel": step_max_abs / scale if scale else step_max_abs}
     if not step_max_abs <= allowed:  # also NaN decode logits, which compare false both ways
         where = "up to the first divergent token" if divergence >= 0 else "over all steps"
-        return CheckResult("generation", False, "generation", metrics,
-                           f"{label}decode-step logits differ by {step_max_abs:.3g} {where} (allowed {allowed:.3g})")
+        return CheckResult.failing("generation", "generation", metrics, Finding(
+            f"{label}decode-step logits differ by {step_max_abs:.3g} {where}", f"(allowed {allowed:.3g})"))
     if divergence < 0:
         return CheckResult("generation", True, "generation", metrics)
     step_ref, step_tp = ref_logits[divergence], tp_logits[divergence]
@@ -58,6 +58,6 @@ def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance
     if gap <= allowed:
         return CheckResult("generation", True, "generation", metrics,
                            f"{label}near-tie at token {divergence}: reference prefers {ref_token} over {tp_token} by {gap:.3g}")
-    return CheckResult("generation", False, "generation", metrics,
-                       f"{label}greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token} "
-                       f"(reference margin {gap:.3g} > allowed {allowed:.3g})")
+    return CheckResult.failing("generation", "generation", metrics, Finding(
+        f"{label}greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token}",
+        f"(reference margin {gap:.3g} > allowed {allowed:.3g})"))

@@ -11,7 +11,10 @@ from suites.contracts import RankSummary
 
 def run_all(reference, sharded, ranks: list[RankSummary], tolerance: Tolerance) -> list[CheckResult]:
     """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0."""
-    rank_last_logits, rank_bytes_by_name = [r.last_logits for r in ranks], [r.bytes_by_name for r in ranks]
+    rank_last_logits = [r.last_logits for r in ranks]
+    rank_bytes_by_name = [r.bytes_by_name for r in ranks if r.bytes_by_name is not None]
+    if len(rank_bytes_by_name) != len(ranks):
+        raise ValueError("a rank of an inference cell handed rank 0 no bytes_by_name (a harness bug)")
     for first in (logits.check_reference(reference), logits.check_shapes(reference, sharded, rank_last_logits)):
         if not first.passed:
             return [first]  # nothing else can be compared

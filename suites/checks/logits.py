@@ -8,21 +8,21 @@ import math
 import torch
 
 from matrix.registry import Tolerance
-from suites.checks.result import CheckResult, logits_allowance
+from suites.checks.result import CheckResult, Finding, joined, logits_allowance
 
 
 def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> CheckResult:
     """The sharded model's outputs have the reference's shapes on every rank (e.g. a vocab-sharded lm_head
     whose slices were never gathered gives a fraction of the vocabulary). Wrong outputs of the model,
     not a harness failure: the other checks could not even compare them."""
-    problems = [f"{name} {tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}"
+    problems = [Finding(name, f"{tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}")
                 for name in ("logits_masked", "logits_plain", "gen_tokens", "gen_logits", "gen_padded_tokens",
                              "gen_padded_logits")
                 if getattr(sharded, name).shape != getattr(reference, name).shape]
-    problems += [f"rank {rank} last logits {tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}"
+    problems += [Finding(f"rank {rank} last logits", f"{tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}")
                  for rank, last in enumerate(rank_last_logits) if last.shape != rank_last_logits[0].shape]
-    return CheckResult("shapes", not problems, "numerics", {},
-                       "" if not problems else "sharded outputs have the wrong shape: " + "; ".join(problems))
+    return CheckResult.judged("shapes", "numerics", {},
+                              joined(problems, "sharded outputs have the wrong shape: ") if problems else None)
 
 
 REFERENCE_OUTPUTS = ("logits_masked", "logits_plain", "gen_logits", "gen_padded_logits")
@@ -34,9 +34,9 @@ def check_reference(reference) -> CheckResult:
     bad = [name for name in REFERENCE_OUTPUTS if not torch.isfinite(getattr(reference, name)).all().item()]
     if not math.isfinite(reference.nll_sum):
         bad.append("perplexity loss")
-    return CheckResult("reference", not bad, "setup", {},
-                       "" if not bad else f"the unsharded reference is not finite: {', '.join(bad)} hold NaN/inf (the "
-                                          "model computes them without AutoTP; fix the checkpoint or its dtype)")
+    return CheckResult.judged("reference", "setup", {}, Finding(
+        f"the unsharded reference is not finite: {', '.join(bad)} hold NaN/inf",
+        "(the model computes them without AutoTP; fix the checkpoint or its dtype)") if bad else None)
 
 
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
@@ -46,12 +46,11 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     scale = max(ref.abs().max().item() for ref, _ in pairs)
     finite = all(torch.isfinite(tp).all().item() for _, tp in pairs)
     allowed = logits_allowance(tolerance, scale)
-    passed = finite and max_abs <= allowed
-    reason = "" if passed else (
-        "sharded logits contain NaN/inf" if not finite
-        else f"prefill logits differ by {max_abs:.3g} (allowed {allowed:.3g} at logit scale {scale:.3g})")
-    return CheckResult("logits", passed, "numerics",
-                       {"logits_max_abs": max_abs, "logits_max_rel": max_abs / scale if scale else 0.0}, reason)
+    finding = (None if finite and max_abs <= allowed
+               else Finding("sharded logits contain NaN/inf") if not finite
+               else Finding(f"prefill logits differ by {max_abs:.3g}", f"(allowed {allowed:.3g} at logit scale {scale:.3g})"))
+    return CheckResult.judged("logits", "numerics",
+                              {"logits_max_abs": max_abs, "logits_max_rel": max_abs / scale if scale else 0.0}, finding)
 
 
 RANKS_AGREE_ULPS = 4
@@ -66,6 +65,6 @@ def check_ranks_agree(rank_last_logits: list[torch.Tensor]) -> CheckResult:
     # torch's max keeps NaN (Python's max would drop a NaN rank and pass it).
     spread = torch.stack([(other - first).abs().max() for other in rank_last_logits]).max().item()
     allowed = RANKS_AGREE_ULPS * torch.finfo(torch.float32).eps * first.abs().max().item()
-    passed = spread <= allowed
-    reason = "" if passed else f"ranks disagree: logits differ across ranks by {spread:.3g} (allowed {allowed:.3g})"
-    return CheckResult("ranks_agree", passed, "numerics", {"rank_logits_spread": spread}, reason)
+    finding = None if spread <= allowed else Finding(f"ranks disagree: logits differ across ranks by {spread:.3g}",
+                                                     f"(allowed {allowed:.3g})")
+    return CheckResult.judged("ranks_agree", "numerics", {"rank_logits_spread": spread}, finding)

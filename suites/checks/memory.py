@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from suites.checks.probes import KINDS, SPLIT_KINDS, SplitCounts
-from suites.checks.result import CheckResult
+from suites.checks.result import CheckResult, Finding, joined
 
 SHARE_EPSILON = 1e-6
 """Float slack on a share computed from integer byte counts."""
@@ -47,7 +47,7 @@ class WeightShare:
 
 
 def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, str]) -> dict[str, int]:
-    totals = dict.fromkeys(KINDS, 0)
+    totals: dict[str, int] = dict.fromkeys(KINDS, 0)
     for name, size in bytes_by_name.items():
         totals[kinds.get(name, "rest")] += size
     return totals
@@ -95,13 +95,13 @@ def layer_groups(names: list[str]) -> str:
                      for parent, leaves in grouped.items())
 
 
-def _unknown_names(reference, rank_bytes_by_name: list[dict[str, int]]) -> str:
+def _unknown_names(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[Finding]:
     for rank, by_name in enumerate(rank_bytes_by_name):
         unknown = [name for name in by_name if name not in reference.kinds]
         if unknown:
-            return (f"tensors the unsharded model does not have: {layer_groups(unknown)} (rank {rank}; a renamed or "
-                    f"re-wrapped layer cannot be judged)")
-    return ""
+            return [Finding(f"tensors the unsharded model does not have: {layer_groups(unknown)}",
+                            f"(rank {rank}; a renamed or re-wrapped layer cannot be judged)")]
+    return []
 
 
 def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
@@ -113,7 +113,7 @@ def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
     for kind in KINDS:
         if unsharded[kind]:
             metrics[f"{kind.removesuffix('s')}_shard_ratio"] = max(totals[kind] for totals in ranks) / unsharded[kind]
-    problems, notes = [_unknown_names(reference, rank_bytes_by_name)], []
+    problems, notes = _unknown_names(reference, rank_bytes_by_name), []
     shares = weight_shares(reference, rank_bytes_by_name)
     for kind in SPLIT_KINDS:
         judged = [share for share in shares if share.kind == kind]
@@ -121,19 +121,18 @@ def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
                     for share in judged if share.whole}
         whole = [share.name for share in judged if share.whole and not designed[share.name]]
         if whole:
-            problems.append(f"{kind} left whole: {layer_groups(whole)} ({len(judged) - len(whole)} of {len(judged)} "
-                            f"{kind} split on tp {tp})")
+            problems.append(Finding(f"{kind} left whole: {layer_groups(whole)}",
+                                    f"({len(judged) - len(whole)} of {len(judged)} {kind} split on tp {tp})"))
         for reason in dict.fromkeys(reason for reason in designed.values() if reason):
             kept = [name for name, why in designed.items() if why == reason]
             notes.append(f"{kind} kept whole by design: {layer_groups(kept)} ({reason})")
         uneven = [share for share in judged if not share.whole and share.share > share.allowed + SHARE_EPSILON]
         if uneven:
             worst = max(uneven, key=lambda share: share.share - share.allowed)
-            problems.append(f"{kind} split unevenly: {layer_groups([share.name for share in uneven])} (rank "
-                            f"{worst.rank} holds {worst.share:.0%} of {worst.name}; at most {worst.allowed:.0%} "
-                            f"on tp {tp})")
-    problems = [problem for problem in problems if problem]
-    return CheckResult("memory", not problems, "memory", metrics, "; ".join(problems or notes))
+            problems.append(Finding(f"{kind} split unevenly: {layer_groups([share.name for share in uneven])}",
+                                    f"(rank {worst.rank} holds {worst.share:.0%} of {worst.name}; at most "
+                                    f"{worst.allowed:.0%} on tp {tp})"))
+    return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
 
 
 META_LOAD_MIN_MODEL_BYTES = 100 << 20
@@ -147,7 +146,6 @@ def check_meta_load(reference, rank_peak_growth: float) -> CheckResult:
     metrics = {"meta_load_growth_ratio": rank_peak_growth / full}
     if full < META_LOAD_MIN_MODEL_BYTES:
         return CheckResult("meta_memory", True, "memory", metrics)
-    passed = rank_peak_growth < full
-    reason = "" if passed else (f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device "
-                                f"(full model {full / 2**20:.0f} MiB): the full model was materialised")
-    return CheckResult("meta_memory", passed, "memory", metrics, reason)
+    return CheckResult.judged("meta_memory", "memory", metrics, None if rank_peak_growth < full else Finding(
+        f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device",
+        f"(full model {full / 2**20:.0f} MiB): the full model was materialised"))

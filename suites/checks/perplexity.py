@@ -4,13 +4,13 @@ reference (window and stride are recorded with the metrics)."""
 from __future__ import annotations
 
 from matrix.registry import Tolerance
-from suites.checks.result import CheckResult
+from suites.checks.result import CheckResult, Finding
 
 
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     ppl_ref, ppl_tp = reference.perplexity, sharded.perplexity
     delta = abs(ppl_tp - ppl_ref) / ppl_ref
     metrics = {"ppl_ref": ppl_ref, "ppl_tp": ppl_tp, "ppl_rel_delta": delta, "ppl_tokens": float(reference.nll_tokens)}
-    passed = delta <= tolerance.ppl_rel
-    reason = "" if passed else f"perplexity {ppl_tp:.6g} vs reference {ppl_ref:.6g} (relative delta {delta:.3g} > {tolerance.ppl_rel:g})"
-    return CheckResult("perplexity", passed, "numerics", metrics, reason)
+    finding = None if delta <= tolerance.ppl_rel else Finding(f"perplexity {ppl_tp:.6g} vs reference {ppl_ref:.6g}",
+                                                              f"(relative delta {delta:.3g} > {tolerance.ppl_rel:g})")
+    return CheckResult.judged("perplexity", "numerics", metrics, finding)

@@ -94,7 +94,7 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
             raise LibraryOutputError("numerics", "perplexity: the labels= forward returned no scalar loss",
                                      f"got {type(loss).__name__}")
         # The loss is a mean over the shifted labels: the first token of a window is never predicted.
-        predicted = (labels[:, 1:] != -100).sum().item()
+        predicted = int((labels[:, 1:] != -100).sum().item())
         nll_sum += loss.float().item() * predicted
         scored += predicted
         previous_end = end

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from matrix.registry import Tolerance
 from suites.checks.probes import SplitCounts
-from suites.checks.result import CheckResult
+from suites.checks.result import CheckResult, Finding, joined
 from suites.checks import memory as memory_checks
 
 
@@ -30,17 +30,21 @@ class UnshardedFootprint:
     counts: SplitCounts
 
 
-def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what: str) -> tuple[bool, str]:
-    """(passed, reason) over one Comparison per rank (suites/variants/training.py)."""
-    problems = [f"rank {rank}: {p}" for rank, c in enumerate(comparisons) for p in c["problems"]]
-    if problems:
-        return False, f"{stage}: " + "; ".join(problems[:3])
+def _rank_problems(problems_per_rank: list[list[Finding]]) -> list[Finding]:
+    """The ranks' problems (suites/variants/training.py), each naming its rank."""
+    return [problem.prefixed(f"rank {rank}: ") for rank, found in enumerate(problems_per_rank) for problem in found]
+
+
+def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what: str) -> Finding | None:
+    """What is wrong over one Comparison per rank (suites/variants/training.py), None when nothing is."""
+    if problems := _rank_problems([c["problems"] for c in comparisons]):
+        return joined(problems[:3], f"{stage}: ")
     worst_rank = max(range(len(comparisons)), key=lambda r: _nan_first(comparisons[r]["max_rel_error"]))
     worst = comparisons[worst_rank]
     if worst["max_rel_error"] <= allowed:
-        return True, ""
-    return False, (f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank} differs from the unsharded "
-                   f"{what} by {worst['max_rel_error']:.3g} of its scale (allowed {allowed:.3g})")
+        return None
+    return Finding(f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank} differs from the unsharded "
+                   f"{what} by {worst['max_rel_error']:.3g} of its scale", f"(allowed {allowed:.3g})")
 
 
 def _grad_bound(tolerance: Tolerance, step: int) -> float:
@@ -63,40 +67,41 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
     deltas = [max((_loss_delta(r["losses"][step], unsharded["losses"][step]) for r in reports), key=_nan_first)
               for step in range(steps)]
     failing = next((step for step, delta in enumerate(deltas) if not delta <= tolerance.train_loss_rel), None)
-    results.append(CheckResult(
-        "train_loss", failing is None, "numerics",
+    results.append(CheckResult.judged(
+        "train_loss", "numerics",
         {f"{prefix}train_loss_ref": unsharded["losses"][0], f"{prefix}train_loss_rel_delta": max(deltas, key=_nan_first)},
-        "" if failing is None else f"{label}step {failing + 1}: training loss differs from the unsharded step by "
-                                   f"{deltas[failing]:.3g} relative (allowed {tolerance.train_loss_rel:.3g})"))
+        None if failing is None else Finding(f"{label}step {failing + 1}: training loss differs from the unsharded step by "
+                                             f"{deltas[failing]:.3g} relative", f"(allowed {tolerance.train_loss_rel:.3g})")))
 
-    grads_ok, grads_reason = True, ""
-    if any(r["problems"] for r in reports):
-        grads_ok, grads_reason = False, "sharded: " + "; ".join(f"rank {rank}: {p}" for rank, r in enumerate(reports) for p in r["problems"][:3])
+    layout_problems = _rank_problems([r["problems"][:3] for r in reports])
+    grads = joined(layout_problems, "sharded: ") if layout_problems else None
     for step in range(steps):
-        if grads_ok:
-            grads_ok, grads_reason = _comparison_result([r["steps"][step] for r in reports], _grad_bound(tolerance, step),
-                                                        f"step {step + 1}", "gradient")
+        if grads is None:
+            grads = _comparison_result([r["steps"][step] for r in reports], _grad_bound(tolerance, step),
+                                       f"step {step + 1}", "gradient")
     worst_grad = max((c["max_rel_error"] for r in reports for c in r["steps"]), key=_nan_first)
-    results.append(CheckResult(
-        "train_grads", grads_ok, "numerics",
+    results.append(CheckResult.judged(
+        "train_grads", "numerics",
         {f"{prefix}grad_max_rel_error": worst_grad,
          f"{prefix}grad_first_step_max_rel_error": max((r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first),
          f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
          f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports))},
-        label + grads_reason if grads_reason else ""))
+        grads.prefixed(label) if grads else None))
 
-    update_ok, update_reason = _comparison_result([r["update"] for r in reports], tolerance.train_update_rel,
-                                                  f"after step {steps}", "weight update")
-    results.append(CheckResult("train_update", update_ok, "numerics",
-                               {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first)},
-                               label + update_reason if update_reason else ""))
+    update = _comparison_result([r["update"] for r in reports], tolerance.train_update_rel, f"after step {steps}",
+                                "weight update")
+    results.append(CheckResult.judged(
+        "train_update", "numerics",
+        {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first)},
+        update.prefixed(label) if update else None))
 
     footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],
                                    unsharded["shapes_by_name"], SplitCounts(**unsharded["counts"]))
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     results.append(CheckResult(memory.name, memory.passed, memory.failure_class,
                                {f"{prefix}{k}": v for k, v in memory.metrics.items()},
-                               label + memory.reason if memory.reason else ""))
+                               label + memory.reason if memory.reason else "",
+                               label + memory.signature if memory.signature else ""))
 
     weight = unsharded["lm_head_weight"]
     if weight:
@@ -110,32 +115,33 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
 
 
 def _check_round_trip(unsharded: dict, trips: list[dict], tolerance: Tolerance) -> list[CheckResult]:
-    saved_ok, saved_reason = _comparison_result([trips[0]["saved"]], tolerance.train_weight_rel, "save_16bit_model", "weight")
-    gather_ok, gather_reason = _comparison_result([t["gathered"] for t in trips], tolerance.train_weight_rel,
-                                                  "GatherReplacedLayerParams", "weight")
-    loaded_ok, loaded_reason = _comparison_result([t["loaded"] for t in trips], tolerance.train_weight_rel,
-                                                  "load_checkpoint", "weight")
+    saved = _comparison_result([trips[0]["saved"]], tolerance.train_weight_rel, "save_16bit_model", "weight")
+    gathered = _comparison_result([t["gathered"] for t in trips], tolerance.train_weight_rel, "GatherReplacedLayerParams",
+                                  "weight")
+    loaded = _comparison_result([t["loaded"] for t in trips], tolerance.train_weight_rel, "load_checkpoint", "weight")
     step, tp = trips[0]["resumed_step"], trips[0]["resumed_tp"]
     delta = max((_loss_delta(t["resumed_loss"], unsharded["losses"][step - 1]) for t in trips), key=_nan_first)
-    resumed_ok, resumed_reason = _comparison_result([t["resumed_grads"] for t in trips], _grad_bound(tolerance, step - 1),
-                                                    f"step {step} after load_checkpoint at tp {tp}", "gradient")
-    if resumed_ok:
-        resumed_ok, resumed_reason = _comparison_result([t["resumed_update"] for t in trips], tolerance.train_update_rel,
-                                                        f"step {step} after load_checkpoint at tp {tp}", "weight update")
+    resumed = _comparison_result([t["resumed_grads"] for t in trips], _grad_bound(tolerance, step - 1),
+                                 f"step {step} after load_checkpoint at tp {tp}", "gradient")
+    if resumed is None:
+        resumed = _comparison_result([t["resumed_update"] for t in trips], tolerance.train_update_rel,
+                                     f"step {step} after load_checkpoint at tp {tp}", "weight update")
     if not delta <= tolerance.train_loss_rel:
-        resumed_ok, resumed_reason = False, (f"step {step} after load_checkpoint at tp {tp}: loss differs from the "
-                                             f"uninterrupted run by {delta:.3g} relative (allowed {tolerance.train_loss_rel:.3g})")
+        resumed = Finding(f"step {step} after load_checkpoint at tp {tp}: loss differs from the uninterrupted run by "
+                          f"{delta:.3g} relative", f"(allowed {tolerance.train_loss_rel:.3g})")
     return [
-        CheckResult("save", saved_ok, "numerics", {"saved_max_rel_error": trips[0]["saved"]["max_rel_error"]}, saved_reason),
-        CheckResult("gather", gather_ok, "numerics",
-                    {"gathered_max_rel_error": max((t["gathered"]["max_rel_error"] for t in trips), key=_nan_first)}, gather_reason),
-        CheckResult("load", loaded_ok, "numerics",
-                    {"loaded_max_rel_error": max((t["loaded"]["max_rel_error"] for t in trips), key=_nan_first)}, loaded_reason),
-        CheckResult("resume", resumed_ok, "numerics",
-                    {"resumed_loss_rel_delta": delta,
-                     "resumed_grad_max_rel_error": max((t["resumed_grads"]["max_rel_error"] for t in trips), key=_nan_first),
-                     "resumed_update_max_rel_error": max((t["resumed_update"]["max_rel_error"] for t in trips), key=_nan_first)},
-                    resumed_reason),
+        CheckResult.judged("save", "numerics", {"saved_max_rel_error": trips[0]["saved"]["max_rel_error"]}, saved),
+        CheckResult.judged("gather", "numerics",
+                           {"gathered_max_rel_error": max((t["gathered"]["max_rel_error"] for t in trips), key=_nan_first)},
+                           gathered),
+        CheckResult.judged("load", "numerics",
+                           {"loaded_max_rel_error": max((t["loaded"]["max_rel_error"] for t in trips), key=_nan_first)},
+                           loaded),
+        CheckResult.judged("resume", "numerics",
+                           {"resumed_loss_rel_delta": delta,
+                            "resumed_grad_max_rel_error": max((t["resumed_grads"]["max_rel_error"] for t in trips), key=_nan_first),
+                            "resumed_update_max_rel_error": max((t["resumed_update"]["max_rel_error"] for t in trips), key=_nan_first)},
+                           resumed),
     ]
 
 

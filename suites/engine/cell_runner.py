@@ -216,8 +216,13 @@ def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task
     tolerance = job.tolerance
     if job.variant.training:
         unsharded = [torch.load(model.unsharded_steps, weights_only=False) for model in job.trained]
-        results = training_checks.check(unsharded, [s.training for s in summaries], tolerance)
+        reports = [s.training for s in summaries if s.training is not None]
+        if len(reports) != len(summaries):
+            raise ValueError("a rank of a training cell handed rank 0 no training report (a harness bug)")
+        results = training_checks.check(unsharded, reports, tolerance)
     else:
+        if job.reference is None:
+            raise ValueError(f"the job of inference cell {job.cell_id} names no reference (a harness bug)")
         reference = load_reference(job.reference)
         results = judge.run_all(reference, observed, summaries, tolerance)
         if job.baseline:
@@ -225,11 +230,13 @@ def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task
         if job.meta:
             results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
         if job.accuracy_reference:
+            if task_correct is None:
+                raise ValueError(f"cell {job.cell_id} has an accuracy reference but its ranks answered no task (a harness bug)")
             results.append(accuracy_checks.check(json.loads(Path(job.accuracy_reference).read_text()), task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]
     notes = "; ".join(r.reason for r in results if r.reason)
     if failing:
-        return failed(failing[0].failure_class, f"{failing[0].name}: {failing[0].reason.split(' (')[0]}", notes, metrics)
+        return failed(failing[0].failure_class, failing[0].cell_signature, notes, metrics)
     return CellOutcome("pass", message=notes, metrics=metrics)

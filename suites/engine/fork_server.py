@@ -87,18 +87,18 @@ class ForkServer:
         request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid, "omp_threads": omp_threads}
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
         for _ in range(2):
-            if self.process is None or self.process.poll() is not None:
-                self._start()
+            process = self.process if self.process is not None and self.process.poll() is None else self._start()
+            assert process.stdin is not None  # Popen with stdin=PIPE
             try:
-                self.process.stdin.write((json.dumps(request) + "\n").encode())
-                self.process.stdin.flush()
+                process.stdin.write((json.dumps(request) + "\n").encode())
+                process.stdin.flush()
             except BrokenPipeError:
                 continue
-            while not pid_file.exists() and self.process.poll() is None and time.monotonic() < deadline:
+            while not pid_file.exists() and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             if pid_file.exists():
                 return ForkedGroup(int(pid_file.read_text()))
-        died = read_death_records(self.log_dir, SERVER_DIED)
+        died = read_death_records(self.log_dir, SERVER_DIED) if self.log_dir else []
         if died:
             self.start_failure = GroupStartFailure(died[0]["failure_class"], died[0]["signature"],
                                                    "the fork server could not start: " + died[0]["message"])
@@ -106,14 +106,15 @@ class ForkServer:
         raise GroupStartFailure("setup", "the fork server did not start the group",
                                 "the fork server did not start the group (no error recorded; see fork-server.log)")
 
-    def _start(self) -> None:
-        if self.process is not None:
+    def _start(self) -> subprocess.Popen:
+        if self.process is not None and self.process.stdin is not None:
             self.process.stdin.close()
         self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
         (self.log_dir / SERVER_DIED).unlink(missing_ok=True)
         with open(self.log_dir / "fork-server.log", "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "suites.engine.fork_server", str(self.log_dir)], cwd=PROJECT_ROOT, env=self.env,
                                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self.process
 
     def close(self) -> None:
         if self.process is not None:

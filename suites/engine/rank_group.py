@@ -114,7 +114,7 @@ def _signal_name(number: int) -> str:
 def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> None:
     """DeepSpeed all-reduce buffers in /dev/shm that no live process maps any more: left by groups
     whose driver was killed before it could release them (see RankGroup.release_shared_memory)."""
-    mapped = set()
+    mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line)
@@ -172,6 +172,8 @@ class RankGroup:
     @property
     def session(self) -> int:
         """The session the group's processes share: its leader (launcher or forked leader) started it."""
+        if self.process is None:
+            raise RuntimeError("the rank group was never started")
         return self.process.leader_pid if isinstance(self.process, ForkedGroup) else self.process.process.pid
 
     def start(self) -> None:
@@ -248,7 +250,7 @@ class RankGroup:
             return failed(died["failure_class"], died["signature"], f"{died['message']}\nrank group restarted.\n{logs}")
         # The launcher names the first rank that died: "... exits with return code = -11".
         exit_line = re.search(r"exits with return code = (-?\d+)", logs)
-        code = int(exit_line.group(1)) if exit_line else self.process.returncode
+        code = int(exit_line.group(1)) if exit_line else self.process.returncode if self.process else None
         cause = "unknown cause" if code is None else _signal_name(-code) if code < 0 else f"exit code {code}"
         return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
 
@@ -321,10 +323,10 @@ class RankGroupPool:
         except GroupStartFailure as error:
             outcome = failed(error.failure_class, error.signature, str(error))
         if self.group is not None and not self.group.alive:
-            outcome = self._keep_logs(job.cell_id, outcome)
+            outcome = self._keep_logs(self.group.workdir, job.cell_id, outcome)
         return outcome
 
-    def _keep_logs(self, cell_id: str, outcome: CellOutcome) -> CellOutcome:
+    def _keep_logs(self, workdir: Path, cell_id: str, outcome: CellOutcome) -> CellOutcome:
         """Copy the logs of a group that is gone (failed to start, crashed, killed) next to the results,
         so the path in the message still exists when someone reads it."""
         if self.logs_root is None:
@@ -332,7 +334,7 @@ class RankGroupPool:
         kept = self.logs_root / cell_id
         shutil.rmtree(kept, ignore_errors=True)
         kept.mkdir(parents=True)
-        sources = list(self.group.workdir.glob("*.log"))
+        sources = list(workdir.glob("*.log"))
         if self.fork_server is not None and self.fork_server.log_dir is not None:
             sources.append(self.fork_server.log_dir / "fork-server.log")
         for source in sources:

@@ -13,7 +13,7 @@ from matrix.redaction import redact
 from suites.records.run_records import RunInfo, environment_report
 
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
-PLACEHOLDER = "CELL = {}  # written by autotp-matrix"
+PLACEHOLDER = "CELL: dict = {}  # written by autotp-matrix"
 FUNCTIONS_PLACEHOLDER = "# harness functions, written by autotp-matrix\n"
 
 
@@ -49,7 +49,7 @@ def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versio
                  "training step is not part of this script\n" if partial else "")
               + "# versions: "
               + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + f"\n# run: {launcher_command(cell, script.name)}\n")
-    cell_line = f"CELL = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
+    cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
     (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))
     return script

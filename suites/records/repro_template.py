@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-CELL = {}  # written by autotp-matrix
+CELL: dict = {}  # written by autotp-matrix
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROMPT = ("Tensor parallelism splits each large matrix of a model across several devices. Every device keeps "

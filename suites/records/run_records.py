@@ -4,13 +4,14 @@ starts) and the same fields as JUnit properties. The format is documented in REA
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cache
@@ -21,6 +22,7 @@ from urllib.parse import unquote, urlparse
 from matrix import PROJECT_ROOT
 from matrix.cells import Cell
 from matrix.redaction import redact
+from matrix.versions import AXES
 from suites.atomic import write_text_atomically
 from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
 
@@ -86,17 +88,13 @@ def deepspeed_commit(origin: dict | None, stamped: str, has_commit: Callable[[Pa
 
 
 def installed_versions() -> dict[str, str]:
-    import deepspeed
-    import torch
-    import transformers
-
+    """Every version axis's package as imported (`__version__`), python, and DeepSpeed's commit."""
     try:
         from deepspeed.git_version_info import git_hash
     except ImportError:
         git_hash = ""
     # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
-    return {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-            "torch": str(torch.__version__), "python": platform.python_version(),
+    return {**{axis: str(importlib.import_module(axis).__version__) for axis in AXES}, "python": platform.python_version(),
             "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit,
                                               harness_commit())}
 
@@ -195,7 +193,7 @@ class CellRecorder:
     Cells the same run id already finished (before an interruption) are replayed, not run again."""
 
     def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
-                 expected_cells: set[str] = frozenset(), faults: tuple[str, ...] = ()):
+                 expected_cells: Collection[str] = frozenset(), faults: tuple[str, ...] = ()):
         self.results_dir = results_dir
         self.faults = tuple(faults)
         """Injected fault hooks (harness self-tests): every record says so, and none is replayed without them."""

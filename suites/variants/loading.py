@@ -166,7 +166,8 @@ def checkpoint_copy(folder: str | Path, checkpoint_format: str, files: int) -> P
     for weights in sorted(folder.glob("*.safetensors")):
         state.update(load_file(weights))
     budget = sum(t.numel() * t.element_size() for t in state.values()) / files
-    groups, size = [[]], 0
+    groups: list[list[str]] = [[]]
+    size = 0
     for name, tensor in state.items():
         if size >= budget and len(groups) < files:
             groups.append([])

@@ -22,6 +22,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -31,13 +32,14 @@ from matrix.registry import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
+from suites.checks.result import Finding
 from suites.contracts import Job
 from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import LibraryOutputError
 
 TRAINING_FORMAT = 4
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
-OPTIMIZERS = {
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
     "adam": (torch.optim.AdamW, {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}}),
@@ -184,14 +186,14 @@ class Comparison:
     """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared."""
     worst_parameter: str = ""
     compared: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
     """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
 
     def add(self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0) -> None:
         """`rounding`: the absolute difference storing the tensors alone can cause (forgiven)."""
         self.compared += 1
         if tensor.shape != reference.shape:
-            self.problems.append(f"{name}: shape {tuple(tensor.shape)}, unsharded {tuple(reference.shape)}")
+            self.problems.append(Finding(f"{name}: shape", f"{tuple(tensor.shape)}, unsharded {tuple(reference.shape)}"))
             return
         if tensor.numel() == 0:
             return
@@ -214,11 +216,12 @@ def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]
     dim = split[0]
     row_size = full.numel() // full.shape[dim]  # explicit: a rank may hold an empty shard (0 rows)
     full_rows = full.movedim(dim, 0).reshape(full.shape[dim], row_size)
-    where = {}
+    where: dict[bytes, int] = {}
     for index, row in enumerate(full_rows):
         where.setdefault(row.numpy().tobytes(), index)
     indices = [where.get(row.numpy().tobytes()) for row in shard.movedim(dim, 0).reshape(shard.shape[dim], row_size)]
-    return None if None in indices else (dim, indices)
+    found = [index for index in indices if index is not None]
+    return (dim, found) if len(found) == len(indices) else None
 
 
 def _lm_head_names(model) -> dict[str, str]:
@@ -267,14 +270,15 @@ class ShardedTrainee:
         self.losses: list[float] = []
         self.step_grads: list[dict] = []
 
-    def _find_layouts(self) -> tuple[dict[str, tuple[int, list[int]] | None], list[str]]:
+    def _find_layouts(self) -> tuple[dict[str, tuple[int, list[int]] | None], list[Finding]]:
         """Where each local tensor sits in its unsharded one: None when whole, else (dim, rows)."""
-        layouts, problems = {}, []
+        layouts: dict[str, tuple[int, list[int]] | None] = {}
+        problems: list[Finding] = []
         unsharded = self.unsharded["weights"][0]
         for name in sorted(self.params, key=lambda n: n.endswith(".bias")):  # weights first: a bias reuses its weight's rows
             weight, full = self.initial[name], unsharded.get(name)
             if full is None:
-                problems.append(f"{name}: not a parameter of the unsharded model")
+                problems.append(Finding(f"{name}: not a parameter of the unsharded model"))
             elif weight.shape == full.shape:
                 layouts[name] = None
             else:
@@ -282,13 +286,15 @@ class ShardedTrainee:
                 if sibling and weight.dim() == 1 and sibling[0] != 0:
                     # The weight is split along its input features (row-parallel): its output, and so its bias,
                     # is whole on every rank after the all-reduce; a split bias is no slice a rank could own.
-                    problems.append(f"{name}: bias of a row-parallel layer split to {tuple(weight.shape)} of the "
-                                    f"unsharded {tuple(full.shape)} (its weight is split along dim {sibling[0]}; the "
-                                    f"bias is added after the all-reduce and must stay whole)")
+                    problems.append(Finding(f"{name}: bias of a row-parallel layer split to",
+                                            f"{tuple(weight.shape)} of the unsharded {tuple(full.shape)} (its weight is "
+                                            f"split along dim {sibling[0]}; the bias is added after the all-reduce and "
+                                            "must stay whole)"))
                     continue
                 layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, full.float())
                 if layout is None:
-                    problems.append(f"{name}: shard {tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}")
+                    problems.append(Finding(f"{name}: shard",
+                                            f"{tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}"))
                 else:
                     layouts[name] = layout
         return layouts, problems
@@ -311,7 +317,8 @@ class ShardedTrainee:
         for name in self.layouts:
             grad = _local_grad(self.params[name])
             if (grad is None) != (name not in reference):
-                grads.problems.append(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the sharded model")
+                grads.problems.append(Finding(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the "
+                                              "sharded model"))
             elif grad is not None:
                 grads.add(name, grad, self.slice(name, reference[name]))
         engine.step()
@@ -349,7 +356,7 @@ class ShardedTrainee:
 
 def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
     """The cell's DeepSpeed config: the row's partitioning source, ZeRO stage and tp_overlap_comm."""
-    tensor_parallel = {"autotp_size": tp_size}
+    tensor_parallel: dict[str, Any] = {"autotp_size": tp_size}
     if variant.partitioning == "preset":
         tensor_parallel["preset_model"] = model_type
     if variant.partitioning == "custom":
@@ -412,7 +419,7 @@ class Progress:
         self.stage, self.label = stage, label
 
 
-def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """Every parameter gathered whole with GatherReplacedLayerParams (and ZeRO-3's GatheredParameters),
     one module at a time as DeepSpeed's own 16-bit export does; plus the parameters the context left
     at another size than before it (a gather that does not partition again)."""
@@ -429,8 +436,8 @@ def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor
                 for local, param in child.named_parameters(recurse=False):
                     gathered[f"{prefix}.{local}" if prefix else local] = param.detach().float().cpu().clone()
     after = _held_bytes_by_name(module)
-    problems = [f"{name}: {before[name]} bytes on this rank before the gather, {after[name]} after" for name in before
-                if after.get(name) != before[name]]
+    problems = [Finding(f"{name}: {before[name]} bytes on this rank before the gather, {after[name]} after")
+                for name in before if after.get(name) != before[name]]
     return gathered, problems
 
 
@@ -439,7 +446,7 @@ def compare_whole(weights: dict[str, torch.Tensor], reference: dict[str, torch.T
     comparison = Comparison()
     for name, full in reference.items():
         if name not in weights:
-            comparison.problems.append(f"{name}: missing from the {what} weights")
+            comparison.problems.append(Finding(f"{name}: missing from the {what} weights"))
         else:
             comparison.add(name, weights[name], full)
     return comparison.to_dict()

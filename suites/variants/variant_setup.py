@@ -34,7 +34,8 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
     reason = skip_reason(cell)
     if reason:
         return CellOutcome("skip", message=reason)
-    meta, trained, reference, baseline = None, (), None, None
+    meta, reference, baseline = None, None, None
+    trained: tuple[TrainedModel, ...] = ()
     if variant.load == "meta":
         # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
         copy = checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files)

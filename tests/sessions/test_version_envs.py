@@ -131,3 +131,24 @@ def test_environment_names_are_built_from_each_axis_short_prefix(monkeypatch):
              for axis in ("deepspeed", "transformers")]
     assert [(env.key, env.base.key) for env in built] == [("D@aaaaaaaaaaaa-T5.24.0-P2.13.0", "base-D@aaaaaaaaaaaa-P2.13.0"),
                                                           ("D0.19.8-T@aaaaaaaaaaaa-P2.13.0", "base-D0.19.8-P2.13.0")]
+
+
+def test_a_new_version_axis_is_installed_by_the_combination_layer_without_editing_the_environments(monkeypatch):
+    """Axes as data: an axis beyond DeepSpeed and torch (here a toy `accelerate`) is in the combination layer's name
+    and requirements, for releases and for either axis built from a commit."""
+    from pathlib import Path
+
+    from sessions import environments
+
+    monkeypatch.setattr(environments, "COMBINATION_AXES", ("transformers", "accelerate"))
+    monkeypatch.setattr(environments, "short_prefixes",
+                        lambda: {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "accelerate": "acc"})
+    pins = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "accelerate": "1.12.0"}
+    release = environments.release_environment(pins)
+    assert release.key == "ds0.19.8-tf5.24.0-acc1.12.0-pt2.13.0"
+    assert release.installs[0][:2] == ("transformers==5.24.0", "accelerate==1.12.0")  # transformers first (as-of)
+    built = {axis: environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
+             for axis in ("deepspeed", "transformers")}
+    assert built["deepspeed"].key == "ds@aaaaaaaaaaaa-tf5.24.0-acc1.12.0-pt2.13.0"
+    assert built["transformers"].key == "ds0.19.8-tf@aaaaaaaaaaaa-acc1.12.0-pt2.13.0"
+    assert all("accelerate==1.12.0" in env.installs[0] for env in built.values())

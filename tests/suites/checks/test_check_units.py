@@ -241,3 +241,135 @@ def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findi
     harness_bug = as_a_fresh_process_would(CellOutcome("fail", "setup", "TypeError @ suites/checks/probes.py:observe"), fresh)
     assert (harness_bug.failure_class, harness_bug.signature) == ("setup", "TypeError @ suites/checks/probes.py:observe")
     assert as_a_fresh_process_would(CellOutcome("pass"), None).outcome == "pass"
+
+
+def _comparison(max_rel_error=0.0, problems=()):
+    """One rank's Comparison (suites/variants/training.py) as its report carries it."""
+    return {"scale_floor": 0.0, "max_rel_error": max_rel_error, "worst_parameter": "model.layers.0.mlp.up_proj.weight",
+            "compared": 4, "problems": list(problems)}
+
+
+def _training_reports(tp=2, losses=(2.0, 1.5), grads=(), layout=(), update=(), trip=None):
+    """The unsharded steps and `tp` ranks' reports of one trained model: every figure as the unsharded run's,
+    unless a keyword gives rank 0 another (`grads`/`update`: Comparison keywords, `layout`: problems)."""
+    reference = _layered()
+    unsharded = {"losses": [2.0, 1.5], "bytes_by_name": reference.bytes_by_name, "kinds": reference.kinds,
+                 "param_bytes": reference.param_bytes, "shapes_by_name": reference.shapes_by_name,
+                 "counts": {"heads": 8, "kv_heads": 8, "head_dim": 16, "experts": 0}, "lm_head_weight": None}
+    reports = [{"label": "llama", "losses": list(losses) if rank == 0 else [2.0, 1.5],
+                "steps": [_comparison(**(dict(grads) if rank == 0 else {})) for _ in losses],
+                "problems": list(layout) if rank == 0 else [], "update": _comparison(**(dict(update) if rank == 0 else {})),
+                "bytes_by_name": held, "sharded": 6, "lm_head_mode": "LinearLayer"}
+               for rank, held in enumerate(_split(reference, tp))]
+    if trip is not None:
+        for report in reports:
+            report["round_trip"] = {"saved": _comparison(), "gathered": _comparison(), "loaded": _comparison(),
+                                    "resumed_step": 2, "resumed_tp": tp, "resumed_loss": 1.5,
+                                    "resumed_grads": _comparison(), "resumed_update": _comparison(), **trip}
+    return unsharded, reports
+
+
+def _failing_signatures():
+    """Every kind of failing check on hand-made observations: check name → the cell signature it gives."""
+    from suites.checks import accuracy, generation, judge, logits, memory, perplexity, quantization, training
+    from suites.checks.result import Finding
+
+    tolerance = DEFAULT_TOLERANCES["fp32"]
+    reference = _observations()
+    nan_reference = reference.logits_plain.clone()
+    nan_reference[0, 3, 1] = float("nan")
+    runner_up = reference.gen_logits[2].topk(2).indices[1]
+    drifted = reference.gen_padded_logits.clone()
+    drifted[1, 2] += 1.0
+    layered = _layered()
+    renamed = _split(layered, 2)
+    for held in renamed:
+        held["model.layers.0.mlp.inner.up_proj.weight"] = held.pop("model.layers.0.mlp.up_proj.weight")
+    ranks = [inference_rank(rank, reference) for rank in range(2)]
+    results = {
+        "reference": judge.run_all(_observations(logits_plain=nan_reference), reference, ranks, tolerance)[0],
+        "shapes": logits.check_shapes(reference, _observations(logits_masked=torch.randn(44, 8)),
+                                      [torch.randn(16), torch.randn(8)]),
+        "logits": logits.check(reference, _observations(logits_masked=reference.logits_masked + 1.0), tolerance),
+        "logits NaN": logits.check(reference, _observations(logits_plain=nan_reference), tolerance),
+        "ranks_agree": logits.check_ranks_agree([torch.ones(16), torch.ones(16) * 2]),
+        "generation tokens": generation.check(reference, _observations(
+            gen_tokens=torch.cat([reference.gen_tokens[:2], runner_up.view(1), reference.gen_tokens[3:]])), tolerance),
+        "generation padded": generation.check(reference, _observations(gen_padded_logits=drifted), tolerance),
+        "perplexity": perplexity.check(reference, _observations(nll_sum=200.0), tolerance),
+        "memory": memory.check(layered, _split(layered, 2, whole=("self_attn",))),
+        "memory unknown": memory.check(layered, renamed),
+        "meta_memory": memory.check_meta_load(_observations(param_bytes=200 << 20), float(300 << 20)),
+        "accuracy": accuracy.check([True] * 30, [False] * 30),
+    }
+    results["quant_tokens"], results["quant_perplexity"] = quantization.check(
+        reference, _observations(gen_tokens=reference.gen_tokens + 1, nll_sum=300.0), tolerance)
+    by_name = {}
+    for label, kwargs in {"train_loss": {"losses": (2.0, 3.0)},
+                          "train_grads": {"grads": {"max_rel_error": 0.5}},
+                          "train_grads layout": {"layout": [Finding("a.weight: not a parameter of the unsharded model"),
+                                                            Finding("b.weight: shard", "(4, 2) is not a slice of the unsharded (8, 2)"),
+                                                            Finding("c.weight: not a parameter of the unsharded model")]},
+                          "train_update": {"update": {"problems": [Finding("w: shape", "(2, 3), unsharded (4, 3)")]}},
+                          "gather": {"trip": {"gathered": _comparison(problems=[
+                              Finding("w: 10 bytes on this rank before the gather, 20 after"),
+                              Finding("v: 10 bytes on this rank before the gather, 20 after")])}},
+                          "resume": {"trip": {"resumed_loss": 9.0}}}.items():
+        found = training.check_model(*_training_reports(**kwargs), tolerance, prefix="second_")
+        by_name[label] = next(result for result in found if not result.passed)
+    results.update(by_name)
+    trained_memory = _training_reports()
+    for report in trained_memory[1]:
+        report["bytes_by_name"] = layered.bytes_by_name
+    results["memory trained"] = next(r for r in training.check_model(*trained_memory, tolerance) if not r.passed)
+    return results
+
+
+def test_each_check_writes_its_own_short_signature_as_the_cell_signature_was():
+    """A check's signature is made where it finds the failure (nothing parses its text back); these are the cell
+    signatures the judge cut from the texts before (`<name>: ` + the text before its first ` (`)."""
+    results = _failing_signatures()
+    assert all(not result.passed for result in results.values())
+    assert {label: result.cell_signature for label, result in results.items()} == {
+        "reference": "reference: the unsharded reference is not finite: logits_plain hold NaN/inf",
+        "shapes": "shapes: sharded outputs have the wrong shape: logits_masked",
+        "logits": "logits: prefill logits differ by 1",
+        "logits NaN": "logits: sharded logits contain NaN/inf",
+        "ranks_agree": "ranks_agree: ranks disagree: logits differ across ranks by 1",
+        "generation tokens": f"generation: greedy tokens diverge at step 2: reference {int(_observations().gen_tokens[2])}, "
+                             f"sharded {int(_observations().gen_logits[2].topk(2).indices[1])}",
+        "generation padded": "generation: batched decoding row 1, left-padded: decode-step logits differ by 1 over "
+                             "all steps",
+        "perplexity": "perplexity: perplexity 54.5982 vs reference 7.38906",
+        "memory": "memory: linears left whole: model.layers.*.self_attn.{q_proj,k_proj,v_proj,o_proj}",
+        "memory unknown": "memory: tensors the unsharded model does not have: model.layers.*.mlp.inner.up_proj",
+        "meta_memory": "meta_memory: a rank's peak RSS grew by 300 MiB while loading on the meta device",
+        "accuracy": "accuracy: accuracy 0.000 [0.000, 0.114] vs reference 1.000 [0.886, 1.000] on 30 items: 30 lost, "
+                    "0 gained, exact McNemar p=1.9e-09 < 0.01",
+        "quant_tokens": "quant_tokens: only 0% of greedy tokens match the fp32 baseline",
+        "quant_perplexity": "quant_perplexity: perplexity 403.429 vs fp32 baseline 7.38906",
+        "train_loss": "train_loss: second model llama: step 2: training loss differs from the unsharded step by 1 relative",
+        "train_grads": "train_grads: second model llama: step 1: gradient of model.layers.0.mlp.up_proj.weight on "
+                       "rank 0 differs from the unsharded gradient by 0.5 of its scale",
+        # Problems without figures before the first with figures stay in the signature, as the cut text had them.
+        "train_grads layout": "train_grads: second model llama: sharded: rank 0: a.weight: not a parameter of the "
+                              "unsharded model; rank 0: b.weight: shard",
+        "train_update": "train_update: second model llama: after step 2: rank 0: w: shape",
+        "gather": "gather: GatherReplacedLayerParams: rank 0: w: 10 bytes on this rank before the gather, 20 after; "
+                  "rank 0: v: 10 bytes on this rank before the gather, 20 after; rank 1: w: 10 bytes on this rank "
+                  "before the gather, 20 after",
+        "resume": "resume: step 2 after load_checkpoint at tp 2: loss differs from the uninterrupted run by 5 relative",
+        "memory trained": "memory: linears left whole: model.layers.*.self_attn.{q_proj,k_proj,v_proj,o_proj}, "
+                          "model.layers.*.mlp.{up_proj,down_proj}",
+    }
+    for label, result in results.items():  # the rule the judge applied to the text before
+        assert result.signature == result.reason.split(" (")[0], label
+
+
+def test_a_failing_check_without_a_signature_is_refused():
+    import pytest
+
+    from suites.checks.result import CheckResult
+
+    with pytest.raises(ValueError, match="check logits failed without a signature"):
+        CheckResult("logits", False, "numerics", {}, "prefill logits differ")
