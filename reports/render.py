@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from itertools import groupby
 from pathlib import Path
@@ -24,6 +24,7 @@ from markupsafe import Markup, escape
 from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
 from reports import ReportsError
+from reports.aggregates import Aggregates, started_order
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.checkpoints import cell_checkpoints, checkpoint_verdicts, checkpoints_html, checkpoints_markdown
 from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
@@ -31,7 +32,7 @@ from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, caus
 from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
 from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import (AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, pins_text, release,
+from reports.records import (AXES, KEY_METRIC, Bisection, CellKey, Run, Versions, pins_text, release,
                              short_commit)
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
@@ -43,16 +44,16 @@ DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", 
                "bisections")
 
 
-def build_report(history: History, observations: list[Observation], drift: Drift | None,
+def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
                  known_failures: dict[str, KnownFailure]) -> dict:
-    runs = _runs_by_point(observations)
+    runs = _runs_by_point(aggregates)
     report = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "latest_versions": _versions(history.latest),
         "latest_label": history.latest.describe(),
         "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
         "key_metric": KEY_METRIC,
-        "since_previous_run": _since_previous_run(all_session_deltas(observations, history)),
+        "since_previous_run": _since_previous_run(all_session_deltas(aggregates.recent, history)),
         "matrix": _matrix(history, history.latest),
         "matrices": [
             {"versions": _versions(versions), "label": versions.describe(),
@@ -74,17 +75,17 @@ def build_report(history: History, observations: list[Observation], drift: Drift
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
-        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(observations, history)),
+        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
     }
     report["root_causes"] = root_causes(report, history.transitions)
-    report["failing_now"] = failing_now(report, history, observations, known_failures)
+    report["failing_now"] = failing_now(report, history, aggregates, known_failures)
     report["supported_models"] = supported_models(history, report["failing_now"], model_families())
     return report
 
 
-def write_outputs(history: History, observations: list[Observation], drift: Drift | None,
+def write_outputs(history: History, aggregates: Aggregates, drift: Drift | None,
                   known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
-    report = build_report(history, observations, drift, known_failures)
+    report = build_report(history, aggregates, drift, known_failures)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     first_screen, details = split_report(report)
     outputs = {
@@ -242,12 +243,21 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
     }
 
 
-def _runs_by_point(observations: list[Observation]) -> dict[tuple[CellKey, Versions], list[str]]:
-    """The runs that recorded each cell at each version set, newest first."""
-    runs: dict[tuple[CellKey, Versions], list[str]] = {}
-    for obs in sorted(observations, key=lambda o: o.run.started, reverse=True):
-        runs.setdefault((obs.cell, obs.versions), []).append(obs.run.run_id)
+def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], PointRuns]:
+    """How many runs recorded each cell at each version set, and the newest of them."""
+    runs: dict[tuple[CellKey, Versions], PointRuns] = {}
+    for group in aggregates.groups:
+        known = runs.get((group.cell, group.versions))
+        newest = group.newest if known is None or started_order(group.newest) > started_order(known.newest) \
+            else known.newest
+        runs[group.cell, group.versions] = PointRuns(group.count + (known.count if known else 0), newest)
     return runs
+
+
+@dataclass(frozen=True)
+class PointRuns:
+    count: int
+    newest: Run
 
 
 def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
@@ -264,7 +274,11 @@ def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
     return keys
 
 
-def _timeline(history: History, runs: dict[tuple[CellKey, Versions], list[str]]) -> dict:
+def _newest_run(runs: PointRuns | None) -> str | None:
+    return runs.newest.run_id if runs else None
+
+
+def _timeline(history: History, runs: dict[tuple[CellKey, Versions], PointRuns]) -> dict:
     """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
     changes most (the primary axis), then ordered by version along the primary axis; axes that never change
     are stated once."""
@@ -286,7 +300,9 @@ def _timeline(history: History, runs: dict[tuple[CellKey, Versions], list[str]])
             "failure_classes": [p.failure_class if p else "" for p in points],
             "signatures": [p.signature if p else "" for p in points],
             "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
-            "runs": [runs.get((cell, versions), []) for versions in sets],
+            # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
+            "newest_runs": [_newest_run(runs.get((cell, versions))) for versions in sets],
+            "run_counts": [runs[cell, versions].count if (cell, versions) in runs else 0 for versions in sets],
             "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
         })
     return {
@@ -585,9 +601,9 @@ def _point_title(timeline: dict, cell: dict, index: int) -> str:
     if status is None:
         return f"{where}: not run"
     failure = f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}" if cell["signatures"][index] else ""
-    runs = cell["runs"][index]
-    more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
-    return f"{where}: {status}{failure} — run {runs[0]}{more}" if runs else f"{where}: {status}{failure}"
+    newest, count = cell["newest_runs"][index], cell["run_counts"][index]
+    more = f" (+{count - 1} more)" if count > 1 else ""
+    return f"{where}: {status}{failure} — run {newest}{more}" if newest else f"{where}: {status}{failure}"
 
 
 def _timeline_view(timeline: dict) -> dict:
