@@ -23,7 +23,8 @@ from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
-from reports.render import read_report, write_outputs, writing_to
+from reports.model import read_report
+from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
 

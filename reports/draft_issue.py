@@ -25,7 +25,7 @@ from reports.failing_now import answer_text, repro_command
 from reports.history import History
 from reports.records import AXES, CellKey, Observation
 from reports.aggregates import aggregate
-from reports.render import build_report
+from reports.model import build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo

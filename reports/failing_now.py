@@ -8,7 +8,7 @@ whether it is known upstream (matrix/known_failures.toml: "known" with the link,
 command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
-Works on report.json's form (reports.render.build_report), so report.md, report.html and the step summary say
+Works on report.json's form (reports.model.build_report), so report.md, report.html and the step summary say
 the same; `cause_id` is the one publish's issues carry for the same class and cause."""
 
 from __future__ import annotations

@@ -122,7 +122,9 @@ class VersionOrder:
         self._repo = deepspeed_repo
         # Without a clone, builds of the same version from different commits are ordered by when first seen.
         self._first_seen: dict[tuple[str, str, str], str] = {}
-        self._keys: dict[tuple[str, Versions], tuple] = {}  # a version set's key, computed once
+        # computed once per version set, not once per cell
+        self._keys: dict[tuple[str, Versions], tuple] = {}
+        self._held: dict[tuple[str, Versions], tuple[str, ...]] = {}
         for group in groups:
             for axis in AXES:
                 key = self._seen_key(axis, group.versions)
@@ -148,6 +150,14 @@ class VersionOrder:
         if self._repo is not None:
             return (0, deepspeed_order(self._repo, versions))
         return (0, version, self._first_seen[self._seen_key(axis, versions)])
+
+    def held_fixed(self, axis: str, versions: Versions) -> tuple[str, ...]:
+        """The values of every other version field: a line along axis holds them fixed."""
+        known = self._held.get((axis, versions))
+        if known is None:
+            known = self._held[axis, versions] = tuple(
+                getattr(versions, name) for name in Versions.__dataclass_fields__ if not _on_axis(name, axis))
+        return known
 
     def set_key(self, versions: Versions) -> tuple:
         return tuple(self.key(axis, versions) for axis in AXES)
@@ -311,8 +321,7 @@ def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: Versi
     for axis in AXES:
         lines: dict[tuple, list[Versions]] = defaultdict(list)
         for versions in points:
-            held_fixed = tuple(getattr(versions, f) for f in Versions.__dataclass_fields__ if not _on_axis(f, axis))
-            lines[held_fixed].append(versions)
+            lines[order.held_fixed(axis, versions)].append(versions)
         for line in lines.values():
             line.sort(key=lambda v: order.key(axis, v))
             for before, after in pairwise(line):

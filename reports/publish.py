@@ -31,7 +31,8 @@ from reports.history import History, analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, build_report, transition_json, writing_to
+from reports.model import build_report, transition_json
+from reports.render import answer_lines, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback

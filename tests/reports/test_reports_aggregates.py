@@ -14,7 +14,7 @@ from reports.__main__ import main
 from reports.aggregates import aggregate
 from reports.history import analyse, analyse_aggregates
 from reports.records import CellKey, CellResult, Run, Versions
-from reports.render import build_report, read_report
+from reports.model import build_report, read_report
 from reports.store import HistoryStore
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
