@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
@@ -59,7 +60,7 @@ def failing_now(report: dict, history: History, aggregates: Aggregates, known: d
     first_seen = _first_seen(aggregates, history)
     first_run = aggregates.first_run.run_id
     at_latest = _versions(latest)
-    causes = []
+    causes: list[dict[str, Any]] = []
     for (failure_class, text), cells in failing.items():
         cells = sorted(cells)
         representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
@@ -140,7 +141,7 @@ def _known_json(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str
     return {"name": entry.name, "upstream": entry.upstream, "label": upstream_label(entry.upstream), "state": entry.state,
             "fixed_in": entry.fixed_in, "note": entry.note, "cells": [cell.id for cell in cells],
             # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
-            "fails_after_fix": bool(here is not None and here >= release(fixed_version))}
+            "fails_after_fix": bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed)}
 
 
 def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey],
@@ -170,7 +171,7 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
         passing = [cell for cell, s in zip(seen, now) if s is not None and s.status == "pass"]
         if not passing:
             continue  # not run at the latest versions: nothing says it is fixed
-        places = Counter()
+        places: Counter[tuple[str, str, bool]] = Counter()
         for t in history.transitions:
             if t.kind == "fixed" and t.cell in passing and t.after == latest:
                 b = t.bisection

@@ -335,14 +335,14 @@ def _on_axis(field_name: str, axis: str) -> bool:
     return field_name == axis or (axis == "deepspeed" and field_name == "deepspeed_git")
 
 
-def _kind(before: CellStatus, after: CellStatus) -> str:
+def _kind(before: CellStatus, after: CellStatus) -> TransitionKind | None:
     if before.status == "pass" and after.status == "fail":
         return "broke"
     if before.status == "fail" and after.status == "pass":
         return "fixed"
     if before.status == after.status == "fail" and before.failure_class != after.failure_class:
         return "class-change"
-    return ""
+    return None
 
 
 def _attribute(transition: Transition, repo: GitRepo) -> Transition:
@@ -379,7 +379,7 @@ class AxisRange:
         one: a release end between this range's releases, a commit end one of this range's ends' commits
         (without a clone a commit cannot be placed between them)."""
         ends = (_release_of(older), _release_of(newer))
-        if None not in ends:
+        if ends[0] is not None and ends[1] is not None:
             return self._inside(ends[0]) and self._inside(ends[1]) and ends[0] < ends[1]
         commits = [commit for commit in (self.older_commit, self.newer_commit) if commit]
         return older != newer and all(
@@ -400,12 +400,12 @@ def _same_commit(text: str, commit: str) -> bool:
     return len(text) >= 7 and (commit.startswith(text) or text.startswith(commit))
 
 
-def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
+def _bisection_for(transition: Transition, bisections: Sequence[Bisection]) -> Bisection | None:
     return answer_for(bisections, transition.cell, transition.kind, transition.failing_end.failure_class,
                       AxisRange.of(transition), transition.held_fixed)
 
 
-def answer_for(bisections: list[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
+def answer_for(bisections: Sequence[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
                held_fixed: Pins) -> Bisection | None:
     """The one rule for "does this bisection answer this question": the newest bisection of this cell and axis,
     for this kind of transition (broke, fixed or class-change), about this failure class (the failing end's:
@@ -444,7 +444,7 @@ def _pins(held_fixed: Pins) -> set[tuple[str, str]]:
     return pins
 
 
-def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> TriageAttempt | None:
+def _attempt_for(transition: Transition, attempts: Sequence[TriageAttempt]) -> TriageAttempt | None:
     """The newest unanswered triage question about exactly this transition."""
     matching = [a for a in attempts
                 if (a.cell, a.axis, a.mode, a.before, a.after) == (

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, started_order
@@ -33,7 +34,7 @@ DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", 
 def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
                  known_failures: dict[str, KnownFailure]) -> dict:
     runs = _runs_by_point(aggregates)
-    report = {
+    report: dict[str, Any] = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "latest_versions": _versions(history.latest),
         "latest_label": history.latest.describe(),
@@ -53,11 +54,7 @@ def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
-        "harness_changes": [
-            {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
-             "before_status": _status(status.harness_change), "after_status": _status(status)}
-            for cell, versions, status in history.harness_changes
-        ],
+        "harness_changes": [_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
@@ -106,6 +103,13 @@ def _status(status: CellStatus) -> dict:
         "signature": status.signature,
         "key_metric": status.metrics.get(KEY_METRIC),
     }
+
+
+def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> dict:
+    older = status.harness_change
+    assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
+    return {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
+            "before_status": _status(older), "after_status": _status(status)}
 
 
 def _column(cell: CellKey) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
@@ -339,7 +340,7 @@ def _trend_plot(timeline: dict) -> dict:
     def y(value: float) -> float:
         return PLOT_HEIGHT - PLOT_MARGIN / 2 - (math.log10(value) - low) / (high - low) * (PLOT_HEIGHT - PLOT_MARGIN)
 
-    series = []
+    series: list[dict[str, Any]] = []
     for cell in timeline["cells"]:
         shown = [(position, cell["key_metric"][column["index"]]) for position, column in enumerate(columns)]
         points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]

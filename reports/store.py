@@ -636,8 +636,9 @@ class HistoryStore:
         finally:
             conn.execute("DROP TABLE temp.run_ranks")
         cells = self._cells()
-        groups = [ResultGroup(cells[cell], *point_of[point], outcome, failure_class, signature, count,
-                              runs[by_id[first_listed]].run_id, runs[by_start[earliest]], runs[by_start[newest]])
+        groups = [ResultGroup(cells[cell], point_of[point][0], point_of[point][1], outcome, failure_class, signature,
+                              count, runs[by_id[first_listed]].run_id, runs[by_start[earliest]],
+                              runs[by_start[newest]])
                   for cell, point, outcome, failure_class, _, count, first_listed, earliest, newest, signature
                   in grouped]
         metrics = {(cells[cell], *point_of[point]): PointMetrics(runs[newest_first[rank]].started,
