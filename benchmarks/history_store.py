@@ -12,7 +12,8 @@ fixes a few cells; one result in 500 flips (flaky); failing cells carry a signat
 traceback whose numbers take a few hundred values; every measured result has 6 metrics.
 
 Then, each in a child process (peak memory from resource.getrusage(RUSAGE_CHILDREN).ru_maxrss):
-`python -m reports render` (time, peak memory, report.json size) and one more night's `merge`-equivalent import
+`python -m reports render` (wall and CPU time, peak memory, report.json size; with the load average, since wall
+time on a shared machine grows with it) and one more night's `merge`-equivalent import
 plus compaction (the cost each nightly merge pays). Printed with each target and the ratio against the issue's
 figures before compaction (600 runs: 307 MB, render 5.5 s, 731 MB peak, report.json 6.8 MB; a year extrapolates
 to ~3.7 GB and ~9 GB). `--no-compact` builds the same history without compaction, for the ratio at a scale that
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import shutil
@@ -136,14 +138,18 @@ def next_night(store: Path, cell_count: int, sessions: int) -> tuple[float, floa
         return imported - started, time.perf_counter() - imported
 
 
-def child(command: list[str], timeout: float) -> tuple[float, float, str]:
-    """(seconds, peak resident MB, output) of a command in a fresh child process."""
+def child(command: list[str], timeout: float) -> tuple[float, float, float, str]:
+    """(seconds, CPU seconds, peak resident MB, output) of a command in a fresh child process. The CPU seconds (user
+    + system) are what a machine shared with other work changes least: wall time grows with the load average."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=timeout)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, done.stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, after.ru_maxrss / 1024, done.stdout
 
 
 def live_mb(store: Path) -> float:
@@ -182,7 +188,7 @@ def main() -> int:
     with sqlite3.connect(store) as conn:
         results, detailed, texts = conn.execute(
             "SELECT count(*), count(message), (SELECT count(*) FROM texts) FROM results").fetchone()
-    render_s, render_peak, _ = child([sys.executable, "-m", "reports", "render", "--store", str(store),
+    render_s, render_cpu_s, render_peak, _ = child([sys.executable, "-m", "reports", "render", "--store", str(store),
                                       "--out", str(out)], args.render_timeout)
     scale = args.runs / 600  # the issue's figures, scaled linearly to this many runs
     before = {name: value * scale for name, value in BEFORE_600_RUNS.items()}
@@ -193,6 +199,8 @@ def main() -> int:
     print(line("store file", store.stat().st_size / 2**20, "MB", TARGETS["store_mb"], before["store_mb"]))
     print(line("store pages in use", live_mb(store), "MB", TARGETS["store_mb"], before["store_mb"]))
     print(line("render", render_s, "s", TARGETS["render_s"], before["render_s"]))
+    print(line("render CPU (user + system)", render_cpu_s, "s", TARGETS["render_s"]))
+    print(f"{'load average (1, 5, 15 min)':<34} {', '.join(f'{load:.1f}' for load in os.getloadavg())}")
     print(line("render peak memory", render_peak, "MB", TARGETS["render_peak_mb"], before["render_peak_mb"]))
     report = out / "report.json"
     print(line("report.json (first screen)", report.stat().st_size / 2**20, "MB", TARGETS["report_json_mb"],

@@ -19,12 +19,13 @@ from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
 from reports.gate import blocking, compare, format_table, select
 from reports.git import GitRepo
-from reports.history import analyse
+from reports.history import analyse, analyse_aggregates
 from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
-from reports.render import read_report, write_outputs, writing_to
+from reports.model import read_report
+from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
 
@@ -127,10 +128,10 @@ def verify(args: argparse.Namespace) -> int:
 def render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
-        observations = store.observations()
-        history = analyse(observations, repo, store.bisections(), store.triage_attempts())
+        aggregates = store.aggregates()
+        history = analyse_aggregates(aggregates, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
-    for path in write_outputs(history, observations, drift, known_failures(args.known_failures), args.out):
+    for path in write_outputs(history, aggregates, drift, known_failures(args.known_failures), args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
     report = read_report(args.out)

@@ -8,7 +8,7 @@ the PR comment.
 What changed since the previous run of each session (new failures, fixes, flaky cells) is grouped the same
 way, by failure class and cause: publish opens one regression issue per such cause, not per cell.
 
-Root causes are grouped from the typed transitions and point into report.json's lists of them (reports.render),
+Root causes are grouped from the typed transitions and point into report.json's lists of them (reports.model),
 so every output says the same."""
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ from collections import defaultdict
 from markupsafe import Markup, escape
 
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
+from reports.aggregates import Aggregates, started_order
 from reports.answers import code, one_line
 from reports.history import History
-from reports.records import CellKey, Observation
+from reports.records import CellKey, Run
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 _CODE_SPAN = re.compile(r"`+([^`]+?)`+")
@@ -32,13 +33,14 @@ def shape_of(model: str) -> tuple[str, str]:
     return entry, base_shape(shape) if shape else "stress"
 
 
-def cell_checkpoints(observations: list[Observation], history: History) -> dict[CellKey, tuple[str, ...]]:
+def cell_checkpoints(aggregates: Aggregates, history: History) -> dict[CellKey, tuple[str, ...]]:
     """The hub ids each cell stands for at the latest versions (its newest record there)."""
-    found: dict[CellKey, tuple[str, ...]] = {}
-    for observation in sorted(observations, key=lambda o: (o.run.started, o.run.run_id)):
-        if observation.run.versions == history.latest:
-            found[observation.result.cell] = observation.result.checkpoints
-    return found
+    newest: dict[CellKey, Run] = {}
+    for group in aggregates.groups:
+        known = newest.get(group.cell)
+        if group.versions == history.latest and (known is None or started_order(group.newest) > started_order(known)):
+            newest[group.cell] = group.newest
+    return {cell: aggregates.checkpoints.get((run.run_id, cell), ()) for cell, run in newest.items()}
 
 
 def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> dict:

@@ -8,7 +8,7 @@ each failing cell fails (failure class and cause as "Failing now, by cause" grou
 link when matrix/known_failures.toml tracks it upstream). A family with faithful cells (matrix/shapes.py: split like
 its real checkpoints) is judged by them; stress cells (deliberately odd splits) judge a family only without them.
 After the two lists, the page states each real checkpoint's verdicts apart from the stress shapes'
-(reports.checkpoints). Works on report.json's form (reports.render)."""
+(reports.checkpoints). Works on report.json's form (reports.model)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from reports.causes import count_text
 from reports.failing_now import answer_text, repro_command
 from reports.history import History
 from reports.records import AXES, CellKey, Observation
-from reports.render import build_report
+from reports.aggregates import aggregate
+from reports.model import build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
@@ -65,7 +66,7 @@ class Draft:
 def draft_issue(history: History, observations: list[Observation], known: dict[str, KnownFailure], *,
                 cause: str | None, cell: str | None, out_dir: Path, inert: Inert) -> Draft:
     """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell)."""
-    report = build_report(history, observations, None, known)
+    report = build_report(history, aggregate(observations), None, known)
     causes = report["failing_now"]["causes"]
     entry = next((c for c in causes if c["id"] == cause or cell in c["cells"]), None)
     if entry is None:

@@ -8,7 +8,7 @@ whether it is known upstream (matrix/known_failures.toml: "known" with the link,
 command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
-Works on report.json's form (reports.render.build_report), so report.md, report.html and the step summary say
+Works on report.json's form (reports.model.build_report), so report.md, report.html and the step summary say
 the same; `cause_id` is the one publish's issues carry for the same class and cause."""
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
+from reports.aggregates import Aggregates, ResultGroup, started_order
 from reports.answers import Link, code
 from reports.causes import cause_id, cells_text, count_text, members, shared_answers, typed_members
 from reports.history import History
-from reports.records import AXES, CellKey, Observation, Versions, release
+from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
 
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
@@ -47,8 +49,7 @@ def upstream_label(url: str) -> str:
 # ---- JSON-ready --------------------------------------------------------------------------------------------------
 
 
-def failing_now(report: dict, history: History, observations: list[Observation],
-                known: dict[str, KnownFailure]) -> dict:
+def failing_now(report: dict, history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> dict:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
     the most cells first) and the open known failures whose cells pass there now."""
     latest = history.latest
@@ -56,10 +57,10 @@ def failing_now(report: dict, history: History, observations: list[Observation],
     for (cell, versions), status in history.statuses.items():
         if versions == latest and status.status == "fail":
             failing[status.failure_class, cause(status.signature)].append(cell)
-    first_seen = _first_seen(observations, history)
-    first_run = min(observations, key=lambda o: (o.run.started, o.run.run_id)).run.run_id
+    first_seen = _first_seen(aggregates, history)
+    first_run = aggregates.first_run.run_id
     at_latest = _versions(latest)
-    causes = []
+    causes: list[dict[str, Any]] = []
     for (failure_class, text), cells in failing.items():
         cells = sorted(cells)
         representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
@@ -76,32 +77,36 @@ def failing_now(report: dict, history: History, observations: list[Observation],
         })
     causes.sort(key=lambda c: (c["status"] != "new", -c["count"], c["failure_class"], c["cause"]))
     return {"cells": sum(c["count"] for c in causes), "causes": causes,
-            "fixed_known": _fixed_known(history, observations, known)}
+            "fixed_known": _fixed_known(history, aggregates, known)}
 
 
 def _versions(versions: Versions) -> dict[str, str]:
     return {axis: getattr(versions, axis) for axis in AXES}
 
 
-def _first_seen(observations: list[Observation], history: History) -> dict[tuple[str, str], Observation]:
-    """Per failure class and cause, its failure at the oldest version set of the history (in the history's version
-    order), the earliest run there."""
+def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str], ResultGroup]:
+    """Per failure class and cause, its failures at the oldest version set of the history (in the history's version
+    order) that hold the earliest run there (of two as early, the smaller run id, then the first cell)."""
     order = {versions: index for index, versions in enumerate(history.version_sets)}
-    first: dict[tuple[str, str], Observation] = {}
-    for obs in observations:
-        if obs.result.outcome != "fail":
+    first: dict[tuple[str, str], ResultGroup] = {}
+
+    def rank(group: ResultGroup) -> tuple:
+        return order[group.versions], *started_order(group.earliest), group.cell
+
+    for group in aggregates.groups:
+        if group.outcome != "fail":
             continue
-        key = obs.result.failure_class, cause(obs.result.signature)
+        key = group.failure_class, cause(group.signature)
         known = first.get(key)
-        if known is None or (order[obs.versions], obs.run.started) < (order[known.versions], known.run.started):
-            first[key] = obs
+        if known is None or rank(group) < rank(known):
+            first[key] = group
     return first
 
 
-def _since(first: Observation, first_run: str, latest: Versions) -> dict:
+def _since(first: ResultGroup, first_run: str, latest: Versions) -> dict:
     """Since when a cause fails: "the first run", the versions where it first appears where they differ from the
     latest ones, or the day it first appeared at the latest versions."""
-    run = first.run
+    run = first.earliest
     if run.run_id == first_run:
         text = "since the first run"
     elif first.versions != latest:
@@ -136,7 +141,7 @@ def _known_json(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str
     return {"name": entry.name, "upstream": entry.upstream, "label": upstream_label(entry.upstream), "state": entry.state,
             "fixed_in": entry.fixed_in, "note": entry.note, "cells": [cell.id for cell in cells],
             # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
-            "fails_after_fix": bool(here is not None and here >= release(fixed_version))}
+            "fails_after_fix": bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed)}
 
 
 def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey],
@@ -148,7 +153,7 @@ def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, ce
     return _known_json(known[best], covered[best], latest) if best and covered[best] else None
 
 
-def _fixed_known(history: History, observations: list[Observation], known: dict[str, KnownFailure]) -> list[dict]:
+def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> list[dict]:
     """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
     the version where their cells' fix transitions land (the bisected release when triage answered), or at the
     latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
@@ -157,16 +162,16 @@ def _fixed_known(history: History, observations: list[Observation], known: dict[
     for entry in known.values():
         if entry.state != "open":
             continue
-        seen = sorted({obs.cell for obs in observations if obs.result.outcome == "fail" and entry.covers(
-            obs.result.failure_class, cause(obs.result.signature), obs.cell.model, obs.cell.variant,
-            _versions(obs.versions))})
+        seen = sorted({group.cell for group in aggregates.groups if group.outcome == "fail" and entry.covers(
+            group.failure_class, cause(group.signature), group.cell.model, group.cell.variant,
+            _versions(group.versions))})
         now = [history.statuses.get((cell, latest)) for cell in seen]
         if not seen or any(s is not None and s.status in ("fail", "flaky") for s in now):
             continue
         passing = [cell for cell, s in zip(seen, now) if s is not None and s.status == "pass"]
         if not passing:
             continue  # not run at the latest versions: nothing says it is fixed
-        places = Counter()
+        places: Counter[tuple[str, str, bool]] = Counter()
         for t in history.transitions:
             if t.kind == "fixed" and t.cell in passing and t.after == latest:
                 b = t.bisection

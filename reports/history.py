@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from itertools import pairwise
 
 from packaging.version import Version
 
 from reports import ReportsError
+from reports.aggregates import (Aggregates, PointKey, PointMetrics, ResultGroup, aggregate, group_results,
+                                newer_metrics, started_order)
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
 from reports.records import (AXES, Bisection, CellKey, Commit, Observation, Pins, TransitionKind, TriageAttempt,
@@ -115,19 +118,29 @@ class VersionOrder:
     labels that are not releases (an install failure at pr/1234, master, local-DeepSpeed) come after all
     releases of their axis, by when first seen."""
 
-    def __init__(self, observations: list[Observation], deepspeed_repo: GitRepo | None):
+    def __init__(self, groups: list[ResultGroup], deepspeed_repo: GitRepo | None):
         self._repo = deepspeed_repo
         # Without a clone, builds of the same version from different commits are ordered by when first seen.
         self._first_seen: dict[tuple[str, str, str], str] = {}
-        for obs in sorted(observations, key=lambda o: o.run.started):
+        # computed once per version set, not once per cell
+        self._keys: dict[tuple[str, Versions], tuple] = {}
+        self._held: dict[tuple[str, Versions], tuple[str, ...]] = {}
+        for group in groups:
             for axis in AXES:
-                self._first_seen.setdefault(self._seen_key(axis, obs.versions), obs.run.started)
+                key = self._seen_key(axis, group.versions)
+                self._first_seen[key] = min(self._first_seen.get(key, group.earliest.started), group.earliest.started)
 
     @staticmethod
     def _seen_key(axis: str, versions: Versions) -> tuple[str, str, str]:
         return axis, getattr(versions, axis), versions.deepspeed_git if axis == "deepspeed" else ""
 
     def key(self, axis: str, versions: Versions) -> tuple:
+        known = self._keys.get((axis, versions))
+        if known is None:
+            known = self._keys[axis, versions] = self._key(axis, versions)
+        return known
+
+    def _key(self, axis: str, versions: Versions) -> tuple:
         value = getattr(versions, axis)
         version = release(value)
         if version is None:
@@ -138,56 +151,105 @@ class VersionOrder:
             return (0, deepspeed_order(self._repo, versions))
         return (0, version, self._first_seen[self._seen_key(axis, versions)])
 
+    def held_fixed(self, axis: str, versions: Versions) -> tuple[str, ...]:
+        """The values of every other version field: a line along axis holds them fixed."""
+        known = self._held.get((axis, versions))
+        if known is None:
+            known = self._held[axis, versions] = tuple(
+                getattr(versions, name) for name in Versions.__dataclass_fields__ if not _on_axis(name, axis))
+        return known
+
     def set_key(self, versions: Versions) -> tuple:
         return tuple(self.key(axis, versions) for axis in AXES)
 
 
-def summarise(observations: list[Observation]) -> CellStatus:
-    outcomes = Counter(obs.result.outcome for obs in observations)
+def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMetrics]) -> CellStatus:
+    """The status of the results in groups (of one cell at one version set, in the order their results are listed:
+    by run id, or harness commit by harness commit): flaky where they passed and failed; the failure class most of
+    the failures had (of two as common, the one listed first) with the signature of its first failure; the metrics
+    of the newest result that has any."""
+    outcomes: Counter[str] = Counter()
+    for group in groups:
+        outcomes[group.outcome] += group.count
     passes, fails, skips = outcomes["pass"], outcomes["fail"], outcomes["skip"]
     status = "flaky" if passes and fails else "pass" if passes else "fail" if fails else "skip"
-    failures = [obs.result for obs in observations if obs.result.outcome == "fail"]
     failure_class = signature = ""
+    failures = [group for group in groups if group.outcome == "fail"]
     if failures:
-        failure_class = Counter(r.failure_class for r in failures).most_common(1)[0][0]
-        signature = next(r.signature for r in failures if r.failure_class == failure_class)
-    measured = [obs for obs in observations if obs.result.metrics]
-    metrics = max(measured, key=lambda o: o.run.started).result.metrics if measured else {}
-    harness = tuple(dict.fromkeys(obs.run.harness_git for obs in sorted(observations, key=lambda o: o.run.started)))
-    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, harness)
+        classes: Counter[str] = Counter()
+        for group in failures:
+            classes[group.failure_class] += group.count
+        failure_class = classes.most_common(1)[0][0]
+        signature = next(group.signature for group in failures if group.failure_class == failure_class)
+    points = {(group.cell, group.versions, group.harness_git) for group in groups}
+    newest = None
+    for point in points:
+        candidate = measured.get(point)
+        if candidate is not None and (newest is None or newer_metrics(candidate, newest)):
+            newest = candidate
+    first_seen: dict[str, tuple[str, str]] = {}
+    for group in groups:
+        first_seen[group.harness_git] = min(first_seen.get(group.harness_git, started_order(group.earliest)),
+                                            started_order(group.earliest))
+    harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
+    return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {},
+                      harness)
 
 
-def harness_ranks(observations: list[Observation]) -> dict[str, int]:
+def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
     """Harness commits in the order their first run started: without the harness's clone, the order of its
     commits."""
-    ranks: dict[str, int] = {}
-    for obs in sorted(observations, key=lambda o: o.run.started):
-        ranks.setdefault(obs.run.harness_git, len(ranks))
-    return ranks
+    first: dict[str, tuple[str, str]] = {}
+    for group in groups:
+        first[group.harness_git] = min(first.get(group.harness_git, started_order(group.earliest)),
+                                       started_order(group.earliest))
+    return {commit: rank for rank, commit in enumerate(sorted(first, key=first.__getitem__))}
 
 
-def point_status(observations: list[Observation], ranks: dict[str, int]) -> CellStatus:
+def point_status_of_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMetrics],
+                           ranks: dict[str, int]) -> CellStatus:
     """The status of one cell at one version set, the harness commit that recorded each run taken into
     account: pass and fail there are flaky, unless every harness commit's runs agree and the verdict changed
     once, from one harness commit to the next (a harness fix that turns a false pass into a fail, or back):
     then the status is the newer harness commits' verdict, with the older ones' as its harness_change. Runs
     whose harness commit is unknown (files from before it was kept) prove no such change."""
-    overall = summarise(observations)
+    overall = summarise_groups(groups, measured)
     if overall.status != "flaky":
         return overall
-    by_commit: dict[str, list[Observation]] = defaultdict(list)
-    for obs in observations:
-        by_commit[obs.run.harness_git].append(obs)
+    by_commit: dict[str, list[ResultGroup]] = defaultdict(list)
+    for group in groups:
+        by_commit[group.harness_git].append(group)
     commits = sorted(by_commit, key=ranks.__getitem__)
-    verdicts = [(commit, summarise(by_commit[commit]).status) for commit in commits]
+    verdicts = [(commit, summarise_groups(by_commit[commit], measured).status) for commit in commits]
     verdicts = [(commit, status) for commit, status in verdicts if status != "skip"]
     changes = [n for n, (a, b) in enumerate(pairwise(verdicts), start=1) if a[1] != b[1]]
     if "" in by_commit or any(status == "flaky" for _, status in verdicts) or len(changes) != 1:
         return overall
     first_newer = ranks[verdicts[changes[0]][0]]
-    older = [obs for commit in commits if ranks[commit] < first_newer for obs in by_commit[commit]]
-    newer = [obs for commit in commits if ranks[commit] >= first_newer for obs in by_commit[commit]]
-    return replace(summarise(newer), harness_change=summarise(older))
+    older = [group for commit in commits if ranks[commit] < first_newer for group in by_commit[commit]]
+    newer = [group for commit in commits if ranks[commit] >= first_newer for group in by_commit[commit]]
+    return replace(summarise_groups(newer, measured), harness_change=summarise_groups(older, measured))
+
+
+def summarise(observations: list[Observation]) -> CellStatus:
+    """`summarise_groups` of results held in memory."""
+    groups, measured = group_results(observations)
+    return summarise_groups(_listed(groups), measured)
+
+
+def harness_ranks(observations: list[Observation]) -> dict[str, int]:
+    return harness_ranks_of_groups(group_results(observations)[0])
+
+
+def point_status(observations: list[Observation], ranks: dict[str, int]) -> CellStatus:
+    """`point_status_of_groups` of results held in memory."""
+    groups, measured = group_results(observations)
+    return point_status_of_groups(_listed(groups), measured, ranks)
+
+
+def _listed(groups: list[ResultGroup]) -> list[ResultGroup]:
+    """Groups in the order the store lists their results (by run id): the order summarise_groups counts them in."""
+    return sorted(groups, key=lambda group: group.first_listed)
 
 
 def harness_change_text(status: CellStatus) -> str:
@@ -215,15 +277,22 @@ def _compared(before: CellStatus, after: CellStatus, ranks: dict[str, int]) -> t
 
 
 def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = None,
-            bisections: list[Bisection] = (), attempts: list[TriageAttempt] = ()) -> History:
-    if not observations:
+            bisections: Sequence[Bisection] = (), attempts: Sequence[TriageAttempt] = ()) -> History:
+    """The history of results held in memory (`analyse_aggregates` of their aggregates)."""
+    return analyse_aggregates(aggregate(observations), deepspeed_repo, bisections, attempts)
+
+
+def analyse_aggregates(aggregates: Aggregates, deepspeed_repo: GitRepo | None = None,
+                       bisections: Sequence[Bisection] = (), attempts: Sequence[TriageAttempt] = ()) -> History:
+    groups = aggregates.groups
+    if not groups:
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
-    order = VersionOrder(observations, deepspeed_repo)
-    ranks = harness_ranks(observations)
-    grouped: dict[tuple[CellKey, Versions], list[Observation]] = defaultdict(list)
-    for obs in observations:
-        grouped[obs.cell, obs.versions].append(obs)
-    statuses = {key: point_status(group, ranks) for key, group in grouped.items()}
+    order = VersionOrder(groups, deepspeed_repo)
+    ranks = harness_ranks_of_groups(groups)
+    grouped: dict[tuple[CellKey, Versions], list[ResultGroup]] = defaultdict(list)
+    for group in _listed(groups):
+        grouped[group.cell, group.versions].append(group)
+    statuses = {key: point_status_of_groups(members, aggregates.metrics, ranks) for key, members in grouped.items()}
     version_sets = sorted({versions for _, versions in statuses}, key=order.set_key)
     cells = sorted({cell for cell, _ in statuses})
     # Skips carry no verdict and flaky points no deterministic one; transitions step over both.
@@ -236,12 +305,14 @@ def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = No
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
     transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
     transitions = [t if t.bisection else replace(t, attempt=_attempt_for(t, attempts)) for t in transitions]
-    harness: dict[Versions, dict[str, None]] = defaultdict(dict)
-    for obs in sorted(observations, key=lambda o: o.run.started):
-        if obs.run.harness_git:
-            harness[obs.versions].setdefault(obs.run.harness_git)
-    return History(version_sets, cells, statuses, transitions, list(bisections),
-                   {versions: tuple(commits) for versions, commits in harness.items()})
+    first_seen: dict[Versions, dict[str, tuple[str, str]]] = defaultdict(dict)
+    for group in groups:
+        if group.harness_git:
+            seen = first_seen[group.versions]
+            seen[group.harness_git] = min(seen.get(group.harness_git, started_order(group.earliest)),
+                                          started_order(group.earliest))
+    harness = {versions: tuple(sorted(seen, key=seen.__getitem__)) for versions, seen in first_seen.items()}
+    return History(version_sets, cells, statuses, transitions, list(bisections), harness)
 
 
 def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder,
@@ -250,8 +321,7 @@ def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: Versi
     for axis in AXES:
         lines: dict[tuple, list[Versions]] = defaultdict(list)
         for versions in points:
-            held_fixed = tuple(getattr(versions, f) for f in Versions.__dataclass_fields__ if not _on_axis(f, axis))
-            lines[held_fixed].append(versions)
+            lines[order.held_fixed(axis, versions)].append(versions)
         for line in lines.values():
             line.sort(key=lambda v: order.key(axis, v))
             for before, after in pairwise(line):
@@ -265,14 +335,14 @@ def _on_axis(field_name: str, axis: str) -> bool:
     return field_name == axis or (axis == "deepspeed" and field_name == "deepspeed_git")
 
 
-def _kind(before: CellStatus, after: CellStatus) -> str:
+def _kind(before: CellStatus, after: CellStatus) -> TransitionKind | None:
     if before.status == "pass" and after.status == "fail":
         return "broke"
     if before.status == "fail" and after.status == "pass":
         return "fixed"
     if before.status == after.status == "fail" and before.failure_class != after.failure_class:
         return "class-change"
-    return ""
+    return None
 
 
 def _attribute(transition: Transition, repo: GitRepo) -> Transition:
@@ -309,7 +379,7 @@ class AxisRange:
         one: a release end between this range's releases, a commit end one of this range's ends' commits
         (without a clone a commit cannot be placed between them)."""
         ends = (_release_of(older), _release_of(newer))
-        if None not in ends:
+        if ends[0] is not None and ends[1] is not None:
             return self._inside(ends[0]) and self._inside(ends[1]) and ends[0] < ends[1]
         commits = [commit for commit in (self.older_commit, self.newer_commit) if commit]
         return older != newer and all(
@@ -330,12 +400,12 @@ def _same_commit(text: str, commit: str) -> bool:
     return len(text) >= 7 and (commit.startswith(text) or text.startswith(commit))
 
 
-def _bisection_for(transition: Transition, bisections: list[Bisection]) -> Bisection | None:
+def _bisection_for(transition: Transition, bisections: Sequence[Bisection]) -> Bisection | None:
     return answer_for(bisections, transition.cell, transition.kind, transition.failing_end.failure_class,
                       AxisRange.of(transition), transition.held_fixed)
 
 
-def answer_for(bisections: list[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
+def answer_for(bisections: Sequence[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
                held_fixed: Pins) -> Bisection | None:
     """The one rule for "does this bisection answer this question": the newest bisection of this cell and axis,
     for this kind of transition (broke, fixed or class-change), about this failure class (the failing end's:
@@ -374,7 +444,7 @@ def _pins(held_fixed: Pins) -> set[tuple[str, str]]:
     return pins
 
 
-def _attempt_for(transition: Transition, attempts: list[TriageAttempt]) -> TriageAttempt | None:
+def _attempt_for(transition: Transition, attempts: Sequence[TriageAttempt]) -> TriageAttempt | None:
     """The newest unanswered triage question about exactly this transition."""
     matching = [a for a in attempts
                 if (a.cell, a.axis, a.mode, a.before, a.after) == (

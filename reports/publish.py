@@ -19,6 +19,7 @@ from pathlib import Path
 from matrix.redaction import redact
 from matrix.registry import KnownFailure
 from reports import ReportsError
+from reports.aggregates import aggregate
 from reports.answers import code, markdown_link, one_line
 from reports.causes import DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, session_deltas
 from reports.checkpoints import cell_checkpoints, checkpoint_lines, checkpoint_verdicts, has_faithful
@@ -30,7 +31,8 @@ from reports.history import History, analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.pr_failures import classify, pr_comment_head
 from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.render import answer_lines, build_report, transition_json, writing_to
+from reports.model import build_report, transition_json
+from reports.render import answer_lines, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -249,7 +251,7 @@ def upstream_posts(sessions: list[SessionDeltas], history: History, observations
                    known: dict[str, KnownFailure], out_dir: Path, log) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
-    report = build_report(history, observations, None, known)
+    report = build_report(history, aggregate(observations), None, known)
     failing = {entry["id"]: entry for entry in report["failing_now"]["causes"]}
     folder = out_dir / "publish" / "upstream"
     posts = []
@@ -286,7 +288,7 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
-    checkpoints = cell_checkpoints(observations, history)
+    checkpoints = cell_checkpoints(aggregate(observations), history)
     comment, issues = build_posts(deltas, out_dir, checkpoints, checkpoint_verdicts(history, checkpoints))
     drafts = []
     if upstream:

@@ -1,8 +1,9 @@
-"""Turn a History into report.md, report.json, report.html, supported-models.md (and .diff) and a step summary.
+"""Write the report model (reports.model.build_report) as report.md, report.json (+ report-details.json),
+report.html, supported-models.md (and .diff) and a step summary; formatting only.
 
-Everything is rendered from one JSON-ready dict (build_report), so all outputs say the same thing. A reader
-gets one screen first — what changed since the previous run of each session, and the root causes of every
-transition (reports.causes) with their answers — then the support matrix, then the details.
+Every output is rendered from the one JSON-ready report, so all say the same thing. A reader gets one screen first —
+what fails now, what changed since the previous run of each session, and the root causes of every transition
+(reports.causes) with their answers — then the support matrix, then the details.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import os
 import re
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict
-from datetime import datetime, timezone
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
@@ -24,67 +24,23 @@ from markupsafe import Markup, escape
 from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
 from reports import ReportsError
+from reports.aggregates import Aggregates
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
-from reports.checkpoints import cell_checkpoints, checkpoint_verdicts, checkpoints_html, checkpoints_markdown
-from reports.causes import (DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cell_of, cells_text, count_text,
-                            delta_causes, members, other_pins, root_causes, shared_answers)
-from reports.docs import Drift, docs_diff, docs_names, model_families, supported_models, supported_models_markdown
-from reports.failing_now import failing_now, failing_now_html, failing_now_markdown
-from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import (AXES, KEY_METRIC, Bisection, CellKey, Observation, Versions, pins_text, release,
-                             short_commit)
+from reports.checkpoints import checkpoints_html, checkpoints_markdown
+from reports.causes import cell_of, cells_text, count_text, members, other_pins, shared_answers
+from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
+from reports.failing_now import failing_now_html, failing_now_markdown
+from reports.history import History
+from reports.model import DETAILS_FILE, build_report, split_report
+from reports.records import Versions, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
-# What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
-# matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
-DETAILS_FILE = "report-details.json"
-DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", "flaky", "harness_changes",
-               "bisections")
 
 
-def build_report(history: History, observations: list[Observation], drift: Drift | None,
-                 known_failures: dict[str, KnownFailure]) -> dict:
-    runs = _runs_by_point(observations)
-    report = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "latest_versions": _versions(history.latest),
-        "latest_label": history.latest.describe(),
-        "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
-        "key_metric": KEY_METRIC,
-        "since_previous_run": _since_previous_run(all_session_deltas(observations, history)),
-        "matrix": _matrix(history, history.latest),
-        "matrices": [
-            {"versions": _versions(versions), "label": versions.describe(),
-             "harness": list(history.harness.get(versions, ())), **_matrix(history, versions)}
-            for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
-        ],
-        "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
-        "fixes": [transition_json(t) for t in history.transitions if t.kind == "fixed"],
-        "class_changes": [transition_json(t) for t in history.transitions if t.kind == "class-change"],
-        "flaky": [
-            {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
-            for cell, versions, status in history.flaky
-        ],
-        "harness_changes": [
-            {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
-             "before_status": _status(status.harness_change), "after_status": _status(status)}
-            for cell, versions, status in history.harness_changes
-        ],
-        "timeline": _timeline(history, runs),
-        "bisections": [_bisection(b) for b in history.bisections],
-        "docs_drift": asdict(drift) if drift else None,
-        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(observations, history)),
-    }
-    report["root_causes"] = root_causes(report, history.transitions)
-    report["failing_now"] = failing_now(report, history, observations, known_failures)
-    report["supported_models"] = supported_models(history, report["failing_now"], model_families())
-    return report
-
-
-def write_outputs(history: History, observations: list[Observation], drift: Drift | None,
+def write_outputs(history: History, aggregates: Aggregates, drift: Drift | None,
                   known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
-    report = build_report(history, observations, drift, known_failures)
+    report = build_report(history, aggregates, drift, known_failures)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     first_screen, details = split_report(report)
     outputs = {
@@ -109,21 +65,6 @@ def write_outputs(history: History, observations: list[Observation], drift: Drif
     return [*outputs, step_summary]
 
 
-def split_report(report: dict) -> tuple[dict, dict]:
-    """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
-    first names under "details", so report.json stays the size of its first screen however long the history."""
-    details = {key: report[key] for key in DETAIL_KEYS}
-    first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
-    return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
-
-
-def read_report(out_dir: Path) -> dict:
-    """The whole report a render wrote to out_dir: report.json with its details file put back."""
-    first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
-    details = first_screen.pop("details")
-    return {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
-
-
 @contextmanager
 def writing_to(out_dir: Path):
     """An output that cannot be written (--out names a file, a folder without permission, a full disk) is one line."""
@@ -132,172 +73,6 @@ def writing_to(out_dir: Path):
     except OSError as exc:
         raise ReportsError(f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
                            "folder that can be created or written") from None
-
-
-# ---- JSON-ready pieces -------------------------------------------------------------------------------------------
-
-
-def _versions(versions: Versions) -> dict[str, str]:
-    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
-
-
-def _labels(versions: Versions) -> dict[str, str]:
-    """Each axis as reports print it (a DeepSpeed git build as 0.19.8@abc1234567)."""
-    return {axis: versions.label(axis) for axis in AXES}
-
-
-def _status(status: CellStatus) -> dict:
-    return {
-        "status": status.status,
-        "passes": status.passes,
-        "fails": status.fails,
-        "skips": status.skips,
-        "failure_class": status.failure_class,
-        "signature": status.signature,
-        "key_metric": status.metrics.get(KEY_METRIC),
-    }
-
-
-def _column(cell: CellKey) -> str:
-    return f"tp{cell.tp} {cell.variant}/{cell.dtype}"
-
-
-def _matrix(history: History, versions: Versions) -> dict:
-    """The support matrix at one version combination: a row per model run there, a column per tp × variant × dtype."""
-    here = [cell for cell in history.cells if (cell, versions) in history.statuses]
-    columns = sorted({(c.tp, c.variant, c.dtype) for c in here})
-    rows = []
-    for model in sorted({c.model for c in here}):
-        cells = {}
-        for tp, variant, dtype in columns:
-            cell = CellKey(model, variant, dtype, tp)
-            status = history.statuses.get((cell, versions))
-            if status is not None:
-                cells[_column(cell)] = {"cell": cell.id, **_status(status)}
-        rows.append({"model": model, "cells": cells})
-    names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
-    return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
-
-
-def outcome_class(entry: dict) -> str:
-    """pass, skip, flaky, or the failure class of a failing cell."""
-    return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
-
-
-def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
-    """{outcome class: {column: cells, ..., "all": cells}}, pass first, then the most common classes."""
-    counts: dict[str, dict[str, int]] = {}
-    for row in rows:
-        for column, entry in row["cells"].items():
-            per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
-            per_column[column] += 1
-            per_column["all"] += 1
-    return dict(sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0])))
-
-
-def transition_json(transition: Transition) -> dict:
-    return {
-        "cell": transition.cell.id,
-        **asdict(transition.cell),
-        "kind": transition.kind,
-        "axis": transition.axis,
-        "before": transition.before.label(transition.axis),
-        "after": transition.after.label(transition.axis),
-        "held_fixed": pins_text(transition.held_fixed),
-        "before_status": _status(transition.before_status),
-        "after_status": _status(transition.after_status),
-        "commits": [asdict(commit) for commit in transition.commits],
-        "bisection": _bisection(transition.bisection) if transition.bisection else None,
-        "attempt": {**asdict(transition.attempt), "cell": transition.attempt.cell.id} if transition.attempt else None,
-    }
-
-
-def _bisection(bisection: Bisection) -> dict:
-    return {**asdict(bisection), "cell": bisection.cell.id}
-
-
-def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
-    """What changed between the previous and the newest run of each session, grouped into causes."""
-    causes = delta_causes(sessions)
-    flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
-    return {
-        "sessions": [{
-            "session": s.session, "newest_run": s.newest.run_id, "newest_versions": s.newest.versions.describe(),
-            "previous_run": s.previous.run_id if s.previous else None,
-            "previous_versions": s.previous.versions.describe() if s.previous else None,
-            "changed": [s.change_text(axis) for axis in s.changed],
-        } for s in sessions],
-        "counts": {kind: {"cells": sum(len(c.cells) for c in causes if c.kind == kind),
-                          "causes": sum(1 for c in causes if c.kind == kind)}
-                   for kind in DELTA_KINDS if kind != "flaky"} | {"flaky": {"cells": len(flaky)}},
-        "causes": [{
-            "id": c.id, "kind": c.kind, "failure_class": c.failure_class, "cause": c.cause, "count": len(c.cells),
-            "cells": [cell.id for cell in c.cells], "cells_text": cells_text(c.cells),
-            "sessions": [s.session for s in c.sessions],
-            "no_previous_verdict": sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}),
-            "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas
-                                   for t in d.transitions}),
-        } for c in causes],
-        "flaky": flaky,
-    }
-
-
-def _runs_by_point(observations: list[Observation]) -> dict[tuple[CellKey, Versions], list[str]]:
-    """The runs that recorded each cell at each version set, newest first."""
-    runs: dict[tuple[CellKey, Versions], list[str]] = {}
-    for obs in sorted(observations, key=lambda o: o.run.started, reverse=True):
-        runs.setdefault((obs.cell, obs.versions), []).append(obs.run.run_id)
-    return runs
-
-
-def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
-    """A sort key per label of an axis: releases by PEP 440, then the history's order (which places DeepSpeed
-    git builds topologically when a clone was given, and labels such as pr/1234 after the releases)."""
-    first_seen: dict[str, int] = {}
-    for index, versions in enumerate(version_sets):
-        first_seen.setdefault(versions.label(axis), index)
-    keys = {}
-    for versions in version_sets:
-        version = release(getattr(versions, axis))
-        label = versions.label(axis)
-        keys[label] = (0, version, first_seen[label]) if version is not None else (1, first_seen[label])
-    return keys
-
-
-def _timeline(history: History, runs: dict[tuple[CellKey, Versions], list[str]]) -> dict:
-    """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
-    changes most (the primary axis), then ordered by version along the primary axis; axes that never change
-    are stated once."""
-    sets = history.version_sets
-    labels = [_labels(v) for v in sets]
-    varying = [axis for axis in AXES if len({label[axis] for label in labels}) > 1]
-    primary = max(varying, key=lambda axis: len({label[axis] for label in labels}), default=AXES[0])
-    grouping = [axis for axis in varying if axis != primary]
-    order = {axis: _axis_order(axis, sets) for axis in varying}
-    shown = sorted(range(len(sets)), key=lambda i: (tuple(order[a][labels[i][a]] for a in grouping),
-                                                    order[primary][labels[i][primary]] if varying else 0))
-    cells = []
-    for cell in history.cells:
-        points = [history.statuses.get((cell, versions)) for versions in sets]
-        verdicts = {outcome_class(_status(p)) for p in points if p is not None and p.status != "skip"}
-        cells.append({
-            "cell": cell.id, **asdict(cell),
-            "statuses": [p.status if p else None for p in points],
-            "failure_classes": [p.failure_class if p else "" for p in points],
-            "signatures": [p.signature if p else "" for p in points],
-            "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
-            "runs": [runs.get((cell, versions), []) for versions in sets],
-            "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
-        })
-    return {
-        "version_sets": [v.describe() for v in sets], "labels": labels,
-        "harness": [list(history.harness.get(v, ())) for v in sets],
-        "varying_axes": varying, "primary_axis": primary,
-        "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
-        "columns": [{"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping),
-                     "label": labels[i][primary]} for i in shown],
-        "cells": cells,
-    }
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
@@ -565,7 +340,7 @@ def _trend_plot(timeline: dict) -> dict:
     def y(value: float) -> float:
         return PLOT_HEIGHT - PLOT_MARGIN / 2 - (math.log10(value) - low) / (high - low) * (PLOT_HEIGHT - PLOT_MARGIN)
 
-    series = []
+    series: list[dict[str, Any]] = []
     for cell in timeline["cells"]:
         shown = [(position, cell["key_metric"][column["index"]]) for position, column in enumerate(columns)]
         points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]
@@ -585,9 +360,9 @@ def _point_title(timeline: dict, cell: dict, index: int) -> str:
     if status is None:
         return f"{where}: not run"
     failure = f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}" if cell["signatures"][index] else ""
-    runs = cell["runs"][index]
-    more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
-    return f"{where}: {status}{failure} — run {runs[0]}{more}" if runs else f"{where}: {status}{failure}"
+    newest, count = cell["newest_runs"][index], cell["run_counts"][index]
+    more = f" (+{count - 1} more)" if count > 1 else ""
+    return f"{where}: {status}{failure} — run {newest}{more}" if newest else f"{where}: {status}{failure}"
 
 
 def _timeline_view(timeline: dict) -> dict:

@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import tempfile
+from collections.abc import Collection
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ from urllib.parse import quote
 
 from matrix.redaction import Redactor, redact
 from reports import ReportsError
+from reports.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs, started_order
 from reports.records import (AXES, Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
                              deepspeed_git_of)
 
@@ -554,29 +556,105 @@ class HistoryStore:
         return [_run_from_row(row) for row in rows]
 
     @_naming_the_file
-    def observations(self) -> list[Observation]:
-        """Every result with its run, ordered by run id and cell. A compacted result has its verdict and signature;
-        its message is "" and its metrics {} (compact() keeps them wherever a report reads them)."""
+    def observations(self, run_ids: Collection[str] | None = None) -> list[Observation]:
+        """Every result with its run (or only those of run_ids), ordered by run id and cell. A compacted result has
+        its verdict and signature; its message is "" and its metrics {} (compact() keeps them wherever a report
+        reads them)."""
         conn = self._conn
         runs = {key: _run_from_row(row) for key, *row in conn.execute(
             f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs")}
-        cells = {key: CellKey(*row) for key, *row in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
-        texts = dict(conn.execute("SELECT id, text FROM texts"))
-        texts[None] = ""
-        checkpoints = {(run, cell): tuple(json.loads(names))
-                       for run, cell, names in conn.execute("SELECT run, cell, checkpoints FROM cell_checkpoints")}
+        if run_ids is not None:
+            runs = {key: run for key, run in runs.items() if run.run_id in run_ids}
+        cells = self._cells()
+        checkpoints = self._checkpoints(runs)
         run_rank = {key: rank for rank, key in enumerate(sorted(runs, key=lambda key: runs[key].run_id))}
         cell_rank = {key: rank for rank, key in enumerate(sorted(cells, key=cells.__getitem__))}
-        rows = conn.execute("SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results")
+        query = "SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results"
+        if run_ids is None:
+            rows = conn.execute(query).fetchall()
+        else:
+            rows = [row for key in runs for row in conn.execute(f"{query} WHERE run = ?", (key,))]
+        texts = self._texts({text for row in rows for text in row[4:6]} if run_ids is not None else None)
         observations = []
         for run, cell, outcome, failure_class, signature, message, metrics in sorted(
                 rows, key=lambda row: (run_rank[row[0]], cell_rank[row[1]])):
             result = CellResult(run_id=runs[run].run_id, cell=cells[cell], outcome=outcome,
                                 failure_class=failure_class, signature=texts[signature], message=texts[message],
                                 metrics=json.loads(metrics) if metrics else {},
-                                checkpoints=checkpoints.get((run, cell), ()))
+                                checkpoints=checkpoints.get((runs[run].run_id, cells[cell]), ()))
             observations.append(Observation(result=result, run=runs[run]))
         return observations
+
+    def _texts(self, ids: set[int | None] | None) -> dict[int | None, str]:
+        """The texts of these ids (None: every text); the id None (a compacted message) is ""."""
+        if ids is None:
+            texts: dict[int | None, str] = dict(self._conn.execute("SELECT id, text FROM texts"))
+        else:
+            wanted = sorted(key for key in ids if key is not None)
+            texts = {key: text for start in range(0, len(wanted), 500) for key, text in self._conn.execute(
+                f"SELECT id, text FROM texts WHERE id IN ({', '.join('?' * len(wanted[start:start + 500]))})",
+                wanted[start:start + 500])}
+        texts[None] = ""
+        return texts
+
+    def _cells(self) -> dict[int, CellKey]:
+        return {key: CellKey(*row) for key, *row in self._conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+
+    def _checkpoints(self, runs: dict[int, Run]) -> dict[tuple[str, CellKey], tuple[str, ...]]:
+        """The hub ids stored for results of these runs, by (run id, cell)."""
+        cells = self._cells()
+        return {(runs[run].run_id, cells[cell]): tuple(json.loads(names))
+                for run, cell, names in self._conn.execute("SELECT run, cell, checkpoints FROM cell_checkpoints")
+                if run in runs}
+
+    @_naming_the_file
+    def aggregates(self) -> Aggregates:
+        """The per-point aggregates the report reads (reports.aggregates), computed here instead of from every
+        result: one grouped scan of the results in SQLite, each run ranked three ways beforehand (by start, by run
+        id, newest first) so the aggregate picks the same result as `aggregate` does from results in memory."""
+        conn = self._conn
+        runs = {key: _run_from_row(row) for key, *row in conn.execute(
+            f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs "
+            "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)")}
+        points = {point: index for index, point in enumerate(dict.fromkeys(
+            (run.versions, run.harness_git) for run in runs.values()))}
+        point_of = list(points)
+        by_id = sorted(runs, key=lambda key: runs[key].run_id)
+        by_start = sorted(runs, key=lambda key: started_order(runs[key]))
+        newest_first = sorted(by_id, key=lambda key: runs[key].started, reverse=True)  # stable: ties by run id
+        ranks = {key: [points[runs[key].versions, runs[key].harness_git]] for key in runs}
+        for order in (by_start, by_id, newest_first):
+            for rank, key in enumerate(order):
+                ranks[key].append(rank)
+        conn.execute("CREATE TEMP TABLE run_ranks (run INTEGER PRIMARY KEY, point INTEGER, by_start INTEGER, "
+                     "by_id INTEGER, newest_first INTEGER)")
+        try:
+            conn.executemany("INSERT INTO temp.run_ranks VALUES (?, ?, ?, ?, ?)",
+                             ((key, *ranked) for key, ranked in ranks.items()))
+            grouped = conn.execute(
+                "SELECT g.*, t.text FROM (SELECT r.cell, o.point, r.outcome, r.failure_class, r.signature, count(*) "
+                "AS n, min(o.by_id), min(o.by_start), max(o.by_start) FROM results r "
+                "JOIN temp.run_ranks o ON o.run = r.run "
+                "GROUP BY r.cell, o.point, r.outcome, r.failure_class, r.signature) g "
+                "JOIN texts t ON t.id = g.signature").fetchall()
+            # SQLite takes a bare column (metrics) from the row that min() chose.
+            measured = conn.execute(
+                "SELECT r.cell, o.point, min(o.newest_first), r.metrics FROM results r "
+                "JOIN temp.run_ranks o ON o.run = r.run WHERE r.metrics IS NOT NULL AND r.metrics != '{}' "
+                "GROUP BY r.cell, o.point").fetchall()
+        finally:
+            conn.execute("DROP TABLE temp.run_ranks")
+        cells = self._cells()
+        groups = [ResultGroup(cells[cell], point_of[point][0], point_of[point][1], outcome, failure_class, signature,
+                              count, runs[by_id[first_listed]].run_id, runs[by_start[earliest]],
+                              runs[by_start[newest]])
+                  for cell, point, outcome, failure_class, _, count, first_listed, earliest, newest, signature
+                  in grouped]
+        metrics = {(cells[cell], *point_of[point]): PointMetrics(runs[newest_first[rank]].started,
+                                                                  runs[newest_first[rank]].run_id, json.loads(text))
+                   for cell, point, rank, text in measured}
+        recent = recent_runs(list(runs.values()))
+        return Aggregates(groups, metrics, self.observations(recent), self._checkpoints(runs))
 
     @_naming_the_file
     def compact(self, keep_runs: int = KEEP_RECENT_RUNS) -> CompactionCounts:

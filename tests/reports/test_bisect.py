@@ -23,7 +23,7 @@ from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Ve
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, CellResult, Run, Versions
-from reports.render import read_report
+from reports.model import read_report
 from reports.store import HistoryStore
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"

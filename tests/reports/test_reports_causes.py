@@ -7,7 +7,7 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from reports.__main__ import main
 from reports.causes import cells_text
-from reports.render import read_report
+from reports.model import read_report
 from reports.records import CellKey
 from reports.signatures import cause
 

@@ -12,7 +12,7 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
 from reports.history import analyse
-from reports.render import DETAIL_KEYS, DETAILS_FILE, read_report
+from reports.model import DETAIL_KEYS, DETAILS_FILE, read_report
 from reports.store import _MIGRATIONS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION, CompactionCounts, HistoryStore
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")

@@ -3,7 +3,7 @@ from dataclasses import replace
 from reports_testkit import Cell, fail, render, section
 
 from reports.history import analyse
-from reports.render import read_report
+from reports.model import read_report
 from reports.records import Bisection, CellKey, CellResult, Observation, Run, Versions
 from reports.triage import open_transitions
 

@@ -16,7 +16,7 @@ from reports.answers import answer_text, plain_link
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import CellKey, CellResult, Run, Versions, pins_text
-from reports.render import transition_json
+from reports.model import transition_json
 from reports.store import HistoryStore
 from reports.triage import Budget, Installer, Triage, questions
 

@@ -1,0 +1,269 @@
+"""The report model: everything a report says, built from the History (reports/history.py) and the store's
+aggregates (reports/aggregates.py) as one JSON-ready dict — report.json's form, which every renderer
+(reports/render.py: markdown, HTML, step summary; reports/publish.py; reports/draft_issue.py) formats and none
+computes again.
+
+What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
+is split off into report-details.json (split_report), so report.json stays the size of its first screen.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from matrix.registry import KnownFailure
+from reports.aggregates import Aggregates, started_order
+from reports.causes import DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cells_text, delta_causes, root_causes
+from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
+from reports.docs import Drift, model_families, supported_models
+from reports.failing_now import failing_now
+from reports.history import CellStatus, History, Transition, harness_change_text
+from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, Versions, pins_text, release
+
+# What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
+# matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
+DETAILS_FILE = "report-details.json"
+DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", "flaky", "harness_changes",
+               "bisections")
+
+
+def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
+                 known_failures: dict[str, KnownFailure]) -> dict:
+    runs = _runs_by_point(aggregates)
+    report: dict[str, Any] = {
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "latest_versions": _versions(history.latest),
+        "latest_label": history.latest.describe(),
+        "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
+        "key_metric": KEY_METRIC,
+        "since_previous_run": _since_previous_run(all_session_deltas(aggregates.recent, history)),
+        "matrix": _matrix(history, history.latest),
+        "matrices": [
+            {"versions": _versions(versions), "label": versions.describe(),
+             "harness": list(history.harness.get(versions, ())), **_matrix(history, versions)}
+            for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
+        ],
+        "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
+        "fixes": [transition_json(t) for t in history.transitions if t.kind == "fixed"],
+        "class_changes": [transition_json(t) for t in history.transitions if t.kind == "class-change"],
+        "flaky": [
+            {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
+            for cell, versions, status in history.flaky
+        ],
+        "harness_changes": [_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        "timeline": _timeline(history, runs),
+        "bisections": [_bisection(b) for b in history.bisections],
+        "docs_drift": asdict(drift) if drift else None,
+        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+    }
+    report["root_causes"] = root_causes(report, history.transitions)
+    report["failing_now"] = failing_now(report, history, aggregates, known_failures)
+    report["supported_models"] = supported_models(history, report["failing_now"], model_families())
+    return report
+
+
+def split_report(report: dict) -> tuple[dict, dict]:
+    """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
+    first names under "details", so report.json stays the size of its first screen however long the history."""
+    details = {key: report[key] for key in DETAIL_KEYS}
+    first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
+    return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
+
+
+def read_report(out_dir: Path) -> dict:
+    """The whole report a render wrote to out_dir: report.json with its details file put back."""
+    first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    details = first_screen.pop("details")
+    return {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+
+
+# ---- JSON-ready pieces -------------------------------------------------------------------------------------------
+
+
+def _versions(versions: Versions) -> dict[str, str]:
+    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
+
+
+def _labels(versions: Versions) -> dict[str, str]:
+    """Each axis as reports print it (a DeepSpeed git build as 0.19.8@abc1234567)."""
+    return {axis: versions.label(axis) for axis in AXES}
+
+
+def _status(status: CellStatus) -> dict:
+    return {
+        "status": status.status,
+        "passes": status.passes,
+        "fails": status.fails,
+        "skips": status.skips,
+        "failure_class": status.failure_class,
+        "signature": status.signature,
+        "key_metric": status.metrics.get(KEY_METRIC),
+    }
+
+
+def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> dict:
+    older = status.harness_change
+    assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
+    return {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
+            "before_status": _status(older), "after_status": _status(status)}
+
+
+def _column(cell: CellKey) -> str:
+    return f"tp{cell.tp} {cell.variant}/{cell.dtype}"
+
+
+def _matrix(history: History, versions: Versions) -> dict:
+    """The support matrix at one version combination: a row per model run there, a column per tp × variant × dtype."""
+    here = [cell for cell in history.cells if (cell, versions) in history.statuses]
+    columns = sorted({(c.tp, c.variant, c.dtype) for c in here})
+    rows = []
+    for model in sorted({c.model for c in here}):
+        cells = {}
+        for tp, variant, dtype in columns:
+            cell = CellKey(model, variant, dtype, tp)
+            status = history.statuses.get((cell, versions))
+            if status is not None:
+                cells[_column(cell)] = {"cell": cell.id, **_status(status)}
+        rows.append({"model": model, "cells": cells})
+    names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
+    return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
+
+
+def outcome_class(entry: dict) -> str:
+    """pass, skip, flaky, or the failure class of a failing cell."""
+    return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
+
+
+def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
+    """{outcome class: {column: cells, ..., "all": cells}}, pass first, then the most common classes."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        for column, entry in row["cells"].items():
+            per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
+            per_column[column] += 1
+            per_column["all"] += 1
+    return dict(sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0])))
+
+
+def transition_json(transition: Transition) -> dict:
+    return {
+        "cell": transition.cell.id,
+        **asdict(transition.cell),
+        "kind": transition.kind,
+        "axis": transition.axis,
+        "before": transition.before.label(transition.axis),
+        "after": transition.after.label(transition.axis),
+        "held_fixed": pins_text(transition.held_fixed),
+        "before_status": _status(transition.before_status),
+        "after_status": _status(transition.after_status),
+        "commits": [asdict(commit) for commit in transition.commits],
+        "bisection": _bisection(transition.bisection) if transition.bisection else None,
+        "attempt": {**asdict(transition.attempt), "cell": transition.attempt.cell.id} if transition.attempt else None,
+    }
+
+
+def _bisection(bisection: Bisection) -> dict:
+    return {**asdict(bisection), "cell": bisection.cell.id}
+
+
+def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+    causes = delta_causes(sessions)
+    flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
+    return {
+        "sessions": [{
+            "session": s.session, "newest_run": s.newest.run_id, "newest_versions": s.newest.versions.describe(),
+            "previous_run": s.previous.run_id if s.previous else None,
+            "previous_versions": s.previous.versions.describe() if s.previous else None,
+            "changed": [s.change_text(axis) for axis in s.changed],
+        } for s in sessions],
+        "counts": {kind: {"cells": sum(len(c.cells) for c in causes if c.kind == kind),
+                          "causes": sum(1 for c in causes if c.kind == kind)}
+                   for kind in DELTA_KINDS if kind != "flaky"} | {"flaky": {"cells": len(flaky)}},
+        "causes": [{
+            "id": c.id, "kind": c.kind, "failure_class": c.failure_class, "cause": c.cause, "count": len(c.cells),
+            "cells": [cell.id for cell in c.cells], "cells_text": cells_text(c.cells),
+            "sessions": [s.session for s in c.sessions],
+            "no_previous_verdict": sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}),
+            "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas
+                                   for t in d.transitions}),
+        } for c in causes],
+        "flaky": flaky,
+    }
+
+
+def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], PointRuns]:
+    """How many runs recorded each cell at each version set, and the newest of them."""
+    runs: dict[tuple[CellKey, Versions], PointRuns] = {}
+    for group in aggregates.groups:
+        known = runs.get((group.cell, group.versions))
+        newest = group.newest if known is None or started_order(group.newest) > started_order(known.newest) \
+            else known.newest
+        runs[group.cell, group.versions] = PointRuns(group.count + (known.count if known else 0), newest)
+    return runs
+
+
+@dataclass(frozen=True)
+class PointRuns:
+    count: int
+    newest: Run
+
+
+def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
+    """A sort key per label of an axis: releases by PEP 440, then the history's order (which places DeepSpeed
+    git builds topologically when a clone was given, and labels such as pr/1234 after the releases)."""
+    first_seen: dict[str, int] = {}
+    for index, versions in enumerate(version_sets):
+        first_seen.setdefault(versions.label(axis), index)
+    keys = {}
+    for versions in version_sets:
+        version = release(getattr(versions, axis))
+        label = versions.label(axis)
+        keys[label] = (0, version, first_seen[label]) if version is not None else (1, first_seen[label])
+    return keys
+
+
+def _newest_run(runs: PointRuns | None) -> str | None:
+    return runs.newest.run_id if runs else None
+
+
+def _timeline(history: History, runs: dict[tuple[CellKey, Versions], PointRuns]) -> dict:
+    """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
+    changes most (the primary axis), then ordered by version along the primary axis; axes that never change
+    are stated once."""
+    sets = history.version_sets
+    labels = [_labels(v) for v in sets]
+    varying = [axis for axis in AXES if len({label[axis] for label in labels}) > 1]
+    primary = max(varying, key=lambda axis: len({label[axis] for label in labels}), default=AXES[0])
+    grouping = [axis for axis in varying if axis != primary]
+    order = {axis: _axis_order(axis, sets) for axis in varying}
+    shown = sorted(range(len(sets)), key=lambda i: (tuple(order[a][labels[i][a]] for a in grouping),
+                                                    order[primary][labels[i][primary]] if varying else 0))
+    cells = []
+    for cell in history.cells:
+        points = [history.statuses.get((cell, versions)) for versions in sets]
+        verdicts = {outcome_class(_status(p)) for p in points if p is not None and p.status != "skip"}
+        cells.append({
+            "cell": cell.id, **asdict(cell),
+            "statuses": [p.status if p else None for p in points],
+            "failure_classes": [p.failure_class if p else "" for p in points],
+            "signatures": [p.signature if p else "" for p in points],
+            "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
+            # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
+            "newest_runs": [_newest_run(runs.get((cell, versions))) for versions in sets],
+            "run_counts": [runs[cell, versions].count if (cell, versions) in runs else 0 for versions in sets],
+            "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
+        })
+    return {
+        "version_sets": [v.describe() for v in sets], "labels": labels,
+        "harness": [list(history.harness.get(v, ())) for v in sets],
+        "varying_axes": varying, "primary_axis": primary,
+        "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
+        "columns": [{"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping),
+                     "label": labels[i][primary]} for i in shown],
+        "cells": cells,
+    }
