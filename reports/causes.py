@@ -76,15 +76,15 @@ def root_causes(report: dict, transitions: list[Transition]) -> list[dict]:
     found = []
     for key, members in grouped.items():
         kind, axis, before, after, failure_class, signature_cause = key
-        transitions = [report[TRANSITION_LISTS[kind]][i] for i in members]
-        cells = sorted({cell_of(t) for t in transitions})
+        listed = [report[TRANSITION_LISTS[kind]][i] for i in members]
+        cells = sorted({cell_of(t) for t in listed})
         found.append({
             "id": cause_id(*key), "kind": kind, "axis": axis, "before": before, "after": after,
             "failure_class": failure_class, "cause": signature_cause, "count": len(cells),
             "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
-            "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in transitions)),
+            "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in listed)),
             "members": members,
-            "answers": [{"answer": text, "cells": answered} for text, answered in shared_answers(transitions, plain_link)],
+            "answers": [{"answer": text, "cells": answered} for text, answered in shared_answers(listed, plain_link)],
         })
     kinds = list(TRANSITION_LISTS)
     return sorted(found, key=lambda c: (kinds.index(c["kind"]), -c["count"], c["axis"], c["failure_class"], c["cause"]))
@@ -152,6 +152,8 @@ class SessionDeltas:
 
     def change_text(self, axis: str) -> str:
         """"deepspeed 0.19.7 → 0.19.8": an axis that changed between the previous and the newest run."""
+        if self.previous is None:
+            raise ValueError(f"session {self.session} has one run: nothing changed between runs")
         return f"{axis} {self.previous.versions.label(axis)} → {self.newest.versions.label(axis)}"
 
 

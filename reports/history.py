@@ -14,7 +14,7 @@ from reports.aggregates import (Aggregates, PointKey, PointMetrics, ResultGroup,
                                 newer_metrics, started_order)
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
-from reports.records import (AXES, Bisection, CellKey, Commit, Observation, Pins, TransitionKind, TriageAttempt,
+from reports.records import (AXES, Bisection, BisectMode, CellKey, Commit, Observation, Pins, TransitionKind, TriageAttempt,
                              Versions, parse_pins, release, short_commit)
 from reports.signatures import cause
 
@@ -50,7 +50,7 @@ class Transition:
     attempt: TriageAttempt | None = None  # without an answer: why triage could not find one, if it tried
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> BisectMode:
         """The bisection that answers this transition: broken (broke, and a class change: where the new
         failure broke in, the old one standing for "good") or fixed (fixed)."""
         return _BISECTION_MODE[self.kind]
@@ -353,7 +353,7 @@ def _attribute(transition: Transition, repo: GitRepo) -> Transition:
     return replace(transition, commits=commits_between(repo, transition.before, transition.after))
 
 
-_BISECTION_MODE = {"broke": "broken", "fixed": "fixed", "class-change": "broken"}
+_BISECTION_MODE: dict[str, BisectMode] = {"broke": "broken", "fixed": "fixed", "class-change": "broken"}
 
 
 @dataclass(frozen=True)
