@@ -64,6 +64,18 @@ def perturb_rank_logits(stage, model, rank):
         return _wrap_logits(model, lambda output, args, kwargs: output.logits.add_(0.05))
 
 
+def drift_one_prefill_token(stage, model, rank):
+    """Every rank's prefill logits of the first prompt's third token drift by 8.5 bf16 ulps of the forward's
+    largest logit: just over the default bf16 bound (8), under the 9 ulps qwen3_moe's override allowed. That token
+    is routed alike on both sides (qwen3_moe bf16's flipping token is in the left-padded row)."""
+    def change(output, args, kwargs):
+        logits = output.logits
+        if logits.dim() == 3 and logits.shape[1] > 2:  # a prefill, not a decode step
+            logits[0, 2] += 8.5 * torch.finfo(torch.bfloat16).eps * logits.abs().max()
+    if stage == "sharded":
+        return _wrap_logits(model, change)
+
+
 def rank1_nan_logits(stage, model, rank):
     """Rank 1's logits turn NaN after the all-reduce; rank 0's, which the other checks read, stay right."""
     if stage == "sharded" and rank == 1:
