@@ -481,6 +481,15 @@ def rank1_gradient_off_by_a_quarter(stage, model, rank):
         _column_parallel_layers(model)[0].weight.grad.mul_(1.25)
 
 
+def rank1_smallest_gradient_off_by_eight_percent(stage, model, rank):
+    """After backward, rank 1's column-parallel weight with the smallest gradient (llama's second q_proj: 0.3 % of the
+    model's largest gradient) has it 8 % too large. A floor of 1 % of the largest gradient judged it against 3x its
+    own scale, so bf16's 4-ulp bound (3.1 %) forgave 9 % of it."""
+    if stage == "trained" and rank == 1:
+        layer = min(_column_parallel_layers(model), key=lambda layer: layer.weight.grad.abs().max().item())
+        layer.weight.grad.mul_(1.08)
+
+
 def rank1_last_step_lr_doubled(stage, model, rank):
     """Rank 1's optimizer takes the last of 2 steps at twice the learning rate (ZeRO-3: the optimizer is reachable
     from a parameter): the gradients and losses stay right, the weight update is 50 % too large."""

@@ -43,6 +43,13 @@ def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what
                    f"{what} by {worst['max_rel_error']:.3g} of its scale (allowed {allowed:.3g})")
 
 
+def _at_floors(comparisons: list[dict], metric: str) -> dict[str, float]:
+    """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
+    choice rests on (benchmarks/noise.py)."""
+    floors = {key for c in comparisons for key in c.get("errors_at_floor", {})}
+    return {f"{metric}_{key}": max(c["errors_at_floor"].get(key, 0.0) for c in comparisons) for key in sorted(floors)}
+
+
 def _grad_bound(tolerance: Tolerance, step: int) -> float:
     """The first step's gradients are of the same weights on both sides; a later step's (and a resumed step's) are
     of weights that already differ by the earlier updates' noise, which the model amplifies."""
@@ -81,6 +88,7 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
         "train_grads", grads_ok, "numerics",
         {f"{prefix}grad_max_rel_error": worst_grad,
          f"{prefix}grad_first_step_max_rel_error": max((r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first),
+         **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
          f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
          f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports))},
         label + grads_reason if grads_reason else ""))
@@ -88,7 +96,8 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
     update_ok, update_reason = _comparison_result([r["update"] for r in reports], tolerance.train_update_rel,
                                                   f"after step {steps}", "weight update")
     results.append(CheckResult("train_update", update_ok, "numerics",
-                               {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first)},
+                               {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
+                                **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error")},
                                label + update_reason if update_reason else ""))
 
     footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],
