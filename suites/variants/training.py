@@ -182,13 +182,23 @@ def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, s
     return path
 
 
-SCALE_FLOOR = 1e-2
-"""A tensor is judged against its own largest magnitude or this share of the largest over the model, whichever
-is larger. A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to
-every key) holds only the rounding noise of sums of large terms, which its own scale would magnify without bound."""
+SCALE_FLOOR_ULPS = {torch.float32: 8, torch.bfloat16: 1 / 8, torch.float16: 1 / 8}
+"""A tensor is judged against its own largest magnitude or this many ulps of its dtype at the largest magnitude over
+the model, whichever is larger: fp32 8 ulps (2^-20 of the largest), bf16 1/8 ulp (2^-10), fp16 bf16's count
+(unmeasured). A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to
+every key) holds only the rounding noise of sums of large terms, which its own scale would magnify without bound.
+Measured (benchmarks/noise.py, llama and qwen2 faithful, every training row, tp 2, 2026-12-03): first-step gradients'
+noise is the same at every floor from 2^-10 down to 2^-20 (fp32 1.2e-6, 6.3x under its bound; bf16 0.021, 1.5x
+under it) and 0.010 in bf16 at 2^-7; the 1 % floor this replaced let a gradient of a small tensor (llama's second
+q_proj, 0.3 % of the largest) be 9 % wrong in bf16."""
 FLOOR_CANDIDATES = (7, 10, 13, 16, 20)
 """Floors 2^-k of the largest magnitude at which every comparison also records its error (`errors_at_floor`), so
 benchmarks/noise.py shows how low the floor can go before a correct run's noise fails (#24)."""
+
+
+def scale_floor_share(dtype: torch.dtype) -> float:
+    """SCALE_FLOOR_ULPS of `dtype` as a share of the largest magnitude."""
+    return SCALE_FLOOR_ULPS[dtype] * torch.finfo(dtype).eps
 
 
 def ulp(tensor: torch.Tensor) -> torch.Tensor:
@@ -201,8 +211,10 @@ def ulp(tensor: torch.Tensor) -> torch.Tensor:
 class Comparison:
     """Sharded tensors against the matching slices of unsharded ones, on one rank."""
 
-    scale_floor: float = 0.0
-    """Smallest scale an error is divided by (SCALE_FLOOR times the largest unsharded magnitude)."""
+    largest: float = 0.0
+    """The largest unsharded magnitude over the tensors compared (the whole model's)."""
+    floor_share: float = 0.0
+    """The smallest scale an error is divided by, as a share of `largest` (`scale_floor_share`)."""
     max_rel_error: float = 0.0
     """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared."""
     worst_parameter: str = ""
@@ -222,14 +234,13 @@ class Comparison:
             return
         tensor, reference = tensor.float(), reference.float()
         own = reference.abs().max().item()
-        scale = max(own, self.scale_floor)
+        scale = max(own, self.floor_share * self.largest)
         difference = ((tensor - reference).abs() - rounding).clamp(min=0).max().item()
         error = difference / scale if scale else difference
         if not math.isnan(self.max_rel_error) and (math.isnan(error) or error > self.max_rel_error):  # NaN is the worst
             self.max_rel_error, self.worst_parameter = error, name
-        largest = self.scale_floor / SCALE_FLOOR
         for k in FLOOR_CANDIDATES:
-            floor = max(own, largest * 2.0 ** -k)
+            floor = max(own, self.largest * 2.0 ** -k)
             key = f"floor2^-{k}"
             self.errors_at_floor[key] = max(self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference)
 
@@ -338,7 +349,8 @@ class ShardedTrainee:
         engine.backward(loss)
         fault_hook("trained", engine.module)
         reference = self.unsharded["grads"][self.steps_taken + len(self.losses)]
-        grads = Comparison(scale_floor=SCALE_FLOOR * max((grad.abs().max().item() for grad in reference.values()), default=0.0))
+        grads = Comparison(largest=max((grad.abs().max().item() for grad in reference.values()), default=0.0),
+                           floor_share=scale_floor_share(next(iter(reference.values())).dtype))
         for name in self.layouts:
             grad = _local_grad(self.params[name])
             if (grad is None) != (name not in reference):
@@ -362,7 +374,7 @@ class ShardedTrainee:
         weights = self.unsharded["weights"]
         before, after = weights[self.steps_taken], weights[self.steps_taken + len(self.losses)]
         largest = max(((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0)
-        updates = Comparison(scale_floor=SCALE_FLOOR * largest)
+        updates = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
         for name in self.layouts:
             trained, start = self.slice(name, after[name]), self.slice(name, before[name])
             updates.add(name, _local_weight(self.params[name]) - self.initial[name], trained.float() - start.float(),
