@@ -481,13 +481,13 @@ def rank1_gradient_off_by_a_quarter(stage, model, rank):
         _column_parallel_layers(model)[0].weight.grad.mul_(1.25)
 
 
-def rank1_smallest_gradient_off_by_eight_percent(stage, model, rank):
-    """After backward, rank 1's column-parallel weight with the smallest gradient (llama's second q_proj: 0.3 % of the
-    model's largest gradient) has it 8 % too large. A floor of 1 % of the largest gradient judged it against 3x its
-    own scale, so bf16's 4-ulp bound (3.1 %) forgave 9 % of it."""
+def rank1_smallest_gradient_off_by_ten_percent(stage, model, rank):
+    """After backward, rank 1's column-parallel weight with the smallest gradient has it 10 % too large: a small
+    tensor (in llama.faithful a q_proj at 0.3 % of the model's largest gradient) is judged against a floor of 1 bf16
+    ulp of the largest (0.8 %), where 4 bf16 ulps forgive 7 % of it (the 1 % floor before: 9 %)."""
     if stage == "trained" and rank == 1:
         layer = min(_column_parallel_layers(model), key=lambda layer: layer.weight.grad.abs().max().item())
-        layer.weight.grad.mul_(1.08)
+        layer.weight.grad.mul_(1.10)
 
 
 def rank1_last_step_lr_doubled(stage, model, rank):

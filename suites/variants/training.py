@@ -182,15 +182,15 @@ def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, s
     return path
 
 
-SCALE_FLOOR_ULPS = {torch.float32: 8, torch.bfloat16: 1 / 8, torch.float16: 1 / 8}
+SCALE_FLOOR_ULPS = {torch.float32: 8, torch.bfloat16: 1, torch.float16: 1}
 """A tensor is judged against its own largest magnitude or this many ulps of its dtype at the largest magnitude over
-the model, whichever is larger: fp32 8 ulps (2^-20 of the largest), bf16 1/8 ulp (2^-10), fp16 bf16's count
-(unmeasured). A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to
-every key) holds only the rounding noise of sums of large terms, which its own scale would magnify without bound.
-Measured (benchmarks/noise.py, llama and qwen2 faithful, every training row, tp 2, 2026-12-03): first-step gradients'
-noise is the same at every floor from 2^-10 down to 2^-20 (fp32 1.2e-6, 6.3x under its bound; bf16 0.021, 1.5x
-under it) and 0.010 in bf16 at 2^-7; the 1 % floor this replaced let a gradient of a small tensor (llama's second
-q_proj, 0.3 % of the largest) be 9 % wrong in bf16."""
+the model, whichever is larger: fp32 8 ulps (2^-20 of the largest; the 1 % floor before was 10^5 of them), bf16
+1 ulp (2^-7, was 1 %), fp16 bf16's count (unmeasured). A gradient that is analytically zero (a key projection's
+bias: softmax ignores a constant added to every key) holds only the rounding noise of sums of large terms, which
+its own scale would magnify without bound. Measured (benchmarks/noise.py, llama and qwen2 faithful, every training
+row, tp 2 and 3, 2026-12-03), first-step gradients at floors 2^-7 … 2^-20: fp32 1.6e-6 at every floor from 2^-10
+down (4.6x under its bound); bf16 0.015 at 2^-7 (2.0x) and 0.027 from 2^-10 down (1.2x: bf16's small tensors carry
+3.5 of their own ulps, no room for a lower floor)."""
 FLOOR_CANDIDATES = (7, 10, 13, 16, 20)
 """Floors 2^-k of the largest magnitude at which every comparison also records its error (`errors_at_floor`), so
 benchmarks/noise.py shows how low the floor can go before a correct run's noise fails (#24)."""
