@@ -42,7 +42,8 @@ def check_reference(reference) -> CheckResult:
 MAX_ROUTING_FLIP_SHARE = 1 / 16
 """Largest share of prefill tokens whose MoE routing may flip between the unsharded and the sharded model. A flip
 is a near-tie between two experts' router scores that rounding of another summation order decides the other way
-(qwen3_moe bf16: 1 token of the first prompt at tp 2, 3 and 4); a wrong shard feeding the routers moves many."""
+(qwen3_moe bf16: 1 of 68 tokens, in the left-padded prompt, at tp 2, 3 and 4); a wrong shard feeding the routers
+moves many."""
 
 
 def routing_flips(reference_routing: torch.Tensor, sharded_routing: torch.Tensor, tokens: int) -> torch.Tensor:
