@@ -161,6 +161,31 @@ def over_bounds(records: list[dict]) -> list[str]:
     return over
 
 
+FLOORED = (("train_grads step 1", "grad_first_step_max_rel_error", "train_grad_rel"),
+           ("train_update", "update_max_rel_error", "train_update_rel"))
+"""Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records
+its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor2^-k`)."""
+
+
+def floor_rows(records: list[dict]) -> list[str]:
+    """Per dtype, check and candidate floor: the largest error of a correct cell had the floor been 2^-k of the
+    largest magnitude, against the check's bound (how low the floor can go before noise fails)."""
+    latest = {record["id"]: record for record in records}
+    lines = []
+    for dtype in sorted({r["dtype"] for r in latest.values()}):
+        cells = [r for r in latest.values() if r["dtype"] == dtype and correct(r)]
+        for check, metric, field in FLOORED:
+            floors = sorted({m.removeprefix(metric + "_") for r in cells for m in r["metrics"] if m.startswith(metric + "_floor")},
+                            key=lambda key: int(key.removeprefix("floor2^-")))
+            bound = bound_value(Bound(check, "", (), field), dtype)
+            for key in floors:
+                found = [(r["metrics"][f"{metric}_{key}"], r["id"]) for r in cells if f"{metric}_{key}" in r["metrics"]]
+                noise, where = max(found)
+                lines.append(f"  {check} {dtype} at floor {key.removeprefix('floor')} of the largest: noise {noise:.3g} "
+                             f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)")
+    return lines
+
+
 def report(args: argparse.Namespace) -> None:
     from matrix.registry import EPSILON
 
@@ -183,6 +208,8 @@ def report(args: argparse.Namespace) -> None:
                 value = bound_value(bound, record["dtype"], record["model"])
                 print(f"  {record['id']}: {bound.check} has its model's override {value:.3g} (noise {max(found):.2g}, "
                       f"{value / max(found):.1f}x; matrix/models.toml)")
+    for line in floor_rows(records):
+        print(line)
     over = over_bounds(records)
     print(f"verdicts the bounds of this tree change: {len(over)}")
     for line in over:

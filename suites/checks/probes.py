@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -64,6 +65,12 @@ class Observations:
     """Shape of each parameter/buffer: the memory check judges every weight of a split kind on its own."""
     counts: "SplitCounts"
     """The model's head and expert counts: what decides how finely a weight can be split."""
+    routing_masked: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
+    """[real tokens, routers x k] the experts each MoE router chose for each token of `logits_masked`, sorted
+    per router ([tokens, 0] for a model without routers found): the logits check tells a routing choice that
+    flipped on a near-tie from a drift (see `expert_choices`)."""
+    routing_plain: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
+    """[T, routers x k] the same for the tokens of `logits_plain`."""
 
     @property
     def perplexity(self) -> float:
@@ -107,19 +114,95 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
 def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations:
     started = time.perf_counter()
     batch_ids, batch_mask = inputs.batch_ids.to(device), inputs.batch_mask.to(device)
-    masked = _logits(model(batch_ids, attention_mask=batch_mask), "the padded-batch forward", 3)
+    with expert_choices(model) as choices_masked:
+        masked = _logits(model(batch_ids, attention_mask=batch_mask), "the padded-batch forward", 3)
     if masked.shape[:2] != batch_ids.shape:
         raise LibraryOutputError("numerics", "shapes: the padded-batch forward returned logits for other positions",
                                  f"{tuple(masked.shape)} for input ids {tuple(batch_ids.shape)}")
+    real = batch_mask.bool().cpu()
     logits_masked = masked[batch_mask.bool()].float().cpu()
-    logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
+    with expert_choices(model) as choices_plain:
+        logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
     nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
     by_name = bytes_by_name(model)
     return Observations(logits_masked, logits_plain, gen_tokens[0], gen_logits[0], gen_padded_tokens, gen_padded_logits,
                         nll_sum, nll_tokens, time.perf_counter() - started, sum(by_name.values()), by_name,
-                        tensor_kinds(model), shapes_by_name(model), split_counts(model))
+                        tensor_kinds(model), shapes_by_name(model), split_counts(model),
+                        _per_token(choices_masked, batch_ids.shape)[real], _per_token(choices_plain, (1, batch_ids.shape[1]))[0])
+
+
+ROUTER_NAMES = ("gate", "router")
+"""What MoE blocks call their router (a sibling of their `experts`): transformers' TopKRouter classes and
+the plain linear gates of older releases alike."""
+
+
+def _routers(model) -> list[tuple[torch.nn.Module, int]]:
+    """(router, experts it picks per token) of every MoE block: a module named as in ROUTER_NAMES whose parent
+    holds `experts`. AutoTP keeps routers whole, so the sharded model has the same ones."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    routers = []
+    for parent in model.modules():
+        if not isinstance(getattr(parent, "experts", None), torch.nn.Module):
+            continue
+        for name in ROUTER_NAMES:
+            router = getattr(parent, name, None)
+            top_k = getattr(router, "top_k", None) or getattr(config, "num_experts_per_tok", None)
+            if isinstance(router, torch.nn.Module) and isinstance(top_k, int) and top_k > 0:
+                routers.append((router, top_k))
+    return routers
+
+
+def _chosen(output, top_k: int) -> torch.Tensor | None:
+    """[tokens, k] the experts a router's output chose, sorted: its integer index tensor (TopKRouter classes
+    return one), else the top k of its logits (a plain linear gate); None when it returns neither."""
+    if isinstance(output, torch.Tensor):
+        tensors = [output]
+    else:
+        tensors = [t for t in output if isinstance(t, torch.Tensor)] if isinstance(output, (tuple, list)) else []
+    indices = [t for t in tensors if not t.is_floating_point() and t.shape[-1:] == (top_k,)]
+    if indices:
+        chosen = indices[-1]
+    else:
+        logits = [t for t in tensors if t.is_floating_point() and t.shape[-1] >= top_k]
+        if not logits:
+            return None
+        chosen = logits[0].topk(top_k, dim=-1).indices
+    return chosen.reshape(-1, top_k).sort(dim=-1).values.cpu()
+
+
+@contextmanager
+def expert_choices(model):
+    """Records, for one forward inside the block, the experts every router chose per token: a list per router
+    of the [tokens, k] choices of each of its calls."""
+    recorded: list[list[torch.Tensor]] = []
+    handles = []
+    for router, top_k in _routers(model):
+        calls: list[torch.Tensor] = []
+        recorded.append(calls)
+
+        def keep(_module, _inputs, output, calls=calls, top_k=top_k):
+            chosen = _chosen(output, top_k)
+            if chosen is not None:
+                calls.append(chosen)
+
+        handles.append(router.register_forward_hook(keep))
+    try:
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _per_token(recorded: list[list[torch.Tensor]], batch_shape: tuple[int, ...]) -> torch.Tensor:
+    """[B, T, routers x k] from one forward's recorded choices; [B, T, 0] when no router answered once with one
+    row per token (a model without routers, or one whose router saw another token layout)."""
+    tokens = math.prod(batch_shape)
+    columns = [calls[0] for calls in recorded if len(calls) == 1 and calls[0].shape[0] == tokens]
+    if not columns or len(columns) != len(recorded):
+        return torch.zeros(*batch_shape, 0, dtype=torch.int64)
+    return torch.cat(columns, dim=1).to(torch.int64).reshape(*batch_shape, -1)
 
 
 def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,6 +47,13 @@ def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what
                    f"{what} by {worst['max_rel_error']:.3g} of its scale", f"(allowed {allowed:.3g})")
 
 
+def _at_floors(comparisons: list[dict], metric: str) -> dict[str, float]:
+    """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
+    choice rests on (benchmarks/noise.py)."""
+    floors = {key for c in comparisons for key in c.get("errors_at_floor", {})}
+    return {f"{metric}_{key}": max(c["errors_at_floor"].get(key, 0.0) for c in comparisons) for key in sorted(floors)}
+
+
 def _grad_bound(tolerance: Tolerance, step: int) -> float:
     """The first step's gradients are of the same weights on both sides; a later step's (and a resumed step's) are
     of weights that already differ by the earlier updates' noise, which the model amplifies."""
@@ -84,6 +91,7 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
         "train_grads", "numerics",
         {f"{prefix}grad_max_rel_error": worst_grad,
          f"{prefix}grad_first_step_max_rel_error": max((r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first),
+         **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
          f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
          f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports))},
         grads.prefixed(label) if grads else None))
@@ -92,7 +100,8 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
                                 "weight update")
     results.append(CheckResult.judged(
         "train_update", "numerics",
-        {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first)},
+        {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
+         **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error")},
         update.prefixed(label) if update else None))
 
     footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],

@@ -37,8 +37,9 @@ from suites.contracts import Job
 from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import LibraryOutputError
 
-TRAINING_FORMAT = 4
-"""Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps)."""
+TRAINING_FORMAT = 5
+"""Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps; 5: bf16/fp16
+steps on fp32 master weights, as DeepSpeed's mixed precision)."""
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
@@ -135,13 +136,18 @@ def steps_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSp
 
 def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool,
                             steps: int, optimizer_name: str) -> dict:
-    """`steps` SGD steps on the unsharded model: each step's loss and gradients, the weights before
+    """`steps` optimizer steps on the unsharded model: each step's loss and gradients, the weights before
     the first step and after each step, and each tensor's bytes and kind (for the memory check)."""
     refuse_if_sharded()
     torch.manual_seed(0)
     model = load_for_training(checkpoint, dtype, trust_remote_code)
+    params = dict(model.named_parameters())
+    # DeepSpeed's mixed precision (bf16/fp16 enabled): the optimizer steps fp32 master weights with the model's
+    # gradients in fp32, clipped by their fp32 norm, and the model computes with the masters rounded to its dtype.
+    # An optimizer stepping the low-precision weights themselves loses every update below a weight's ulp.
+    stepped = params if dtype == "fp32" else {n: torch.nn.Parameter(p.detach().float()) for n, p in params.items()}
     optimizer_class, ds_optimizer = OPTIMIZERS[optimizer_name]
-    optimizer = optimizer_class(model.parameters(), **ds_optimizer["params"])
+    optimizer = optimizer_class(stepped.values(), **ds_optimizer["params"])
     weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
     losses, grads = [], []
     for step in range(steps):
@@ -150,9 +156,17 @@ def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, 
         loss.backward()
         losses.append(loss.float().item())
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRADIENT_CLIPPING)
+        if stepped is not params:
+            for name, master in stepped.items():
+                master.grad = None if params[name].grad is None else params[name].grad.float()
+        torch.nn.utils.clip_grad_norm_(stepped.values(), GRADIENT_CLIPPING)
         optimizer.step()
         optimizer.zero_grad()
+        model.zero_grad()
+        if stepped is not params:
+            with torch.no_grad():
+                for name, master in stepped.items():
+                    params[name].copy_(master)
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
     by_name = bytes_by_name(model)
     return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
@@ -170,24 +184,47 @@ def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, s
     return path
 
 
-SCALE_FLOOR = 1e-2
-"""A tensor is judged against its own largest magnitude or this share of the largest over the model, whichever
-is larger. A gradient that is analytically zero (a key projection's bias: softmax ignores a constant added to
-every key) holds only the rounding noise of sums of large terms, which its own scale would magnify without bound."""
+SCALE_FLOOR_ULPS = {torch.float32: 8, torch.bfloat16: 1, torch.float16: 1}
+"""A tensor is judged against its own largest magnitude or this many ulps of its dtype at the largest magnitude over
+the model, whichever is larger: fp32 8 ulps (2^-20 of the largest; the 1 % floor before was 10^5 of them), bf16
+1 ulp (2^-7, was 1 %), fp16 bf16's count (unmeasured). A gradient that is analytically zero (a key projection's
+bias: softmax ignores a constant added to every key) holds only the rounding noise of sums of large terms, which
+its own scale would magnify without bound. Measured (benchmarks/noise.py, llama and qwen2 faithful, every training
+row, tp 2 and 3, 2026-12-03), first-step gradients at floors 2^-7 … 2^-20: fp32 1.6e-6 at every floor from 2^-10
+down (4.6x under its bound); bf16 0.015 at 2^-7 (2.0x) and 0.027 from 2^-10 down (1.2x: bf16's small tensors carry
+3.5 of their own ulps, no room for a lower floor)."""
+FLOOR_CANDIDATES = (7, 10, 13, 16, 20)
+"""Floors 2^-k of the largest magnitude at which every comparison also records its error (`errors_at_floor`), so
+benchmarks/noise.py shows how low the floor can go before a correct run's noise fails (#24)."""
+
+
+def scale_floor_share(dtype: torch.dtype) -> float:
+    """SCALE_FLOOR_ULPS of `dtype` as a share of the largest magnitude."""
+    return SCALE_FLOOR_ULPS[dtype] * torch.finfo(dtype).eps
+
+
+def ulp(tensor: torch.Tensor) -> torch.Tensor:
+    """One unit in the last place of each element in the tensor's own dtype (|x| in [2^(e-1), 2^e): eps x 2^(e-1))."""
+    _, exponent = torch.frexp(tensor.float())
+    return torch.where(tensor == 0, 0.0, torch.finfo(tensor.dtype).eps * torch.exp2(exponent.float() - 1))
 
 
 @dataclass
 class Comparison:
     """Sharded tensors against the matching slices of unsharded ones, on one rank."""
 
-    scale_floor: float = 0.0
-    """Smallest scale an error is divided by (SCALE_FLOOR times the largest unsharded magnitude)."""
+    largest: float = 0.0
+    """The largest unsharded magnitude over the tensors compared (the whole model's)."""
+    floor_share: float = 0.0
+    """The smallest scale an error is divided by, as a share of `largest` (`scale_floor_share`)."""
     max_rel_error: float = 0.0
     """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared."""
     worst_parameter: str = ""
     compared: int = 0
     problems: list[Finding] = field(default_factory=list)
     """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
+    errors_at_floor: dict[str, float] = field(default_factory=dict)
+    """`floor2^-k` -> the largest error had the floor been 2^-k of the largest magnitude (FLOOR_CANDIDATES)."""
 
     def add(self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0) -> None:
         """`rounding`: the absolute difference storing the tensors alone can cause (forgiven)."""
@@ -198,11 +235,16 @@ class Comparison:
         if tensor.numel() == 0:
             return
         tensor, reference = tensor.float(), reference.float()
-        scale = max(reference.abs().max().item(), self.scale_floor)
+        own = reference.abs().max().item()
+        scale = max(own, self.floor_share * self.largest)
         difference = ((tensor - reference).abs() - rounding).clamp(min=0).max().item()
         error = difference / scale if scale else difference
         if not math.isnan(self.max_rel_error) and (math.isnan(error) or error > self.max_rel_error):  # NaN is the worst
             self.max_rel_error, self.worst_parameter = error, name
+        for k in FLOOR_CANDIDATES:
+            floor = max(own, self.largest * 2.0 ** -k)
+            key = f"floor2^-{k}"
+            self.errors_at_floor[key] = max(self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -313,7 +355,8 @@ class ShardedTrainee:
         engine.backward(loss)
         fault_hook("trained", engine.module)
         reference = self.unsharded["grads"][self.steps_taken + len(self.losses)]
-        grads = Comparison(scale_floor=SCALE_FLOOR * max((grad.abs().max().item() for grad in reference.values()), default=0.0))
+        grads = Comparison(largest=max((grad.abs().max().item() for grad in reference.values()), default=0.0),
+                           floor_share=scale_floor_share(next(iter(reference.values())).dtype))
         for name in self.layouts:
             grad = _local_grad(self.params[name])
             if (grad is None) != (name not in reference):
@@ -332,16 +375,17 @@ class ShardedTrainee:
     def update_comparison(self) -> Comparison:
         """Each local weight's change over this engine's steps against the unsharded change (the optimizer
         and its state applied). A change far smaller than its weight is known only to the weight's last bit
-        on either side: one unit in the last place of the trained weight is forgiven."""
+        on either side: one unit in the last place of the trained weight (in its dtype) is forgiven, and of the
+        starting weight too after a checkpoint load (in bf16/fp16 each side's start is its own fp32 master weights
+        rounded to the dtype; a fresh engine starts from the very weights the unsharded steps did)."""
         weights = self.unsharded["weights"]
         before, after = weights[self.steps_taken], weights[self.steps_taken + len(self.losses)]
         largest = max(((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0)
-        updates = Comparison(scale_floor=SCALE_FLOOR * largest)
+        updates = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
         for name in self.layouts:
-            trained = self.slice(name, after[name])
-            updates.add(name, _local_weight(self.params[name]) - self.initial[name],
-                        trained.float() - self.slice(name, before[name]).float(),
-                        rounding=torch.finfo(trained.dtype).eps * trained.float().abs())
+            trained, start = self.slice(name, after[name]), self.slice(name, before[name])
+            updates.add(name, _local_weight(self.params[name]) - self.initial[name], trained.float() - start.float(),
+                        rounding=ulp(trained) + (ulp(start) if self.steps_taken else 0.0))
         return updates
 
     def report(self) -> dict:

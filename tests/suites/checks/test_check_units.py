@@ -1,8 +1,9 @@
 """The checks on hand-made observations: generation near-ties, the padded row, NaN decode logits, memory by kind."""
 
+import pytest
 import torch
 
-from matrix.registry import DEFAULT_TOLERANCES
+from matrix.registry import DEFAULT_TOLERANCES, EPSILON
 from tests.suites.rank_summaries import inference_rank
 
 
@@ -373,3 +374,99 @@ def test_a_failing_check_without_a_signature_is_refused():
 
     with pytest.raises(ValueError, match="check logits failed without a signature"):
         CheckResult("logits", False, "numerics", {}, "prefill logits differ")
+
+
+def _routed(reference_logits: torch.Tensor, flips: list[int], drift_at: int | None, drift: float):
+    """The unsharded observations with routing (2 routers x top-2 over 4 experts per token) and sharded ones whose
+    routing flips at the `flips` tokens of the masked batch (their logits far off, as another expert computes them)
+    and whose logits drift by `drift` at token `drift_at`."""
+    tokens = reference_logits.shape[0]
+    routing = torch.tensor([[0, 1, 2, 3]]).repeat(tokens, 1)
+    plain_routing = routing[:24].clone()
+    reference = _observations(logits_masked=reference_logits, routing_masked=routing, routing_plain=plain_routing)
+    sharded_logits, sharded_routing = reference_logits.clone(), routing.clone()
+    for token in flips:
+        sharded_routing[token, 1] = 2  # the first router picks experts {0, 2} instead of {0, 1}
+        sharded_logits[token] += 1.0
+    if drift_at is not None:
+        sharded_logits[drift_at] += drift
+    return reference, _observations(logits_masked=sharded_logits, routing_masked=sharded_routing, routing_plain=plain_routing)
+
+
+def test_tokens_whose_expert_routing_flips_are_left_out_and_counted():
+    """A near-tie between two experts' router scores may go the other way on the sharded model (qwen3_moe bf16):
+    that token computes another function, so only it is left out; the message counts it."""
+    from suites.checks import logits
+
+    tolerance = DEFAULT_TOLERANCES["bf16"]
+    reference, sharded = _routed(_observations().logits_masked, flips=[5], drift_at=None, drift=0.0)
+    result = logits.check(reference, sharded, tolerance)
+    assert result.passed, result.reason
+    assert result.reason == "1 of 68 tokens whose expert routing flipped not compared"
+    assert result.metrics["routing_flipped_tokens"] == 1.0 and result.metrics["logits_max_abs"] == 0.0
+    assert result.metrics["routing_flipped_logits_max_rel"] > tolerance.logits_rel
+    # without routing recorded (a dense model, or routers not found) every token is compared
+    unrouted = logits.check(_observations(logits_masked=reference.logits_masked),
+                            _observations(logits_masked=sharded.logits_masked), tolerance)
+    assert not unrouted.passed and "routing_flipped_tokens" not in unrouted.metrics
+
+
+def test_a_small_drift_on_a_token_whose_routing_holds_fails_at_the_default_bound():
+    """The rule is as tight as the default on every other token: a drift just over the bound (8 bf16 ulps; the
+    override it replaced allowed 9) at a token routed alike fails, flips elsewhere or not."""
+    from suites.checks import logits
+
+    tolerance = DEFAULT_TOLERANCES["bf16"]
+    reference_logits = _observations().logits_masked
+    scale = max(reference_logits.abs().max().item(), _observations().logits_plain.abs().max().item())
+    drift = 8.5 * EPSILON["bf16"] * scale
+    reference, sharded = _routed(reference_logits, flips=[5], drift_at=6, drift=drift)
+    result = logits.check(reference, sharded, tolerance)
+    assert not result.passed, result.reason
+    assert result.reason.startswith("prefill logits differ by") and result.reason.endswith(
+        "; 1 of 68 tokens whose expert routing flipped not compared)")
+    assert result.metrics["logits_max_abs"] == pytest.approx(drift)
+
+
+def test_routing_that_flips_on_many_tokens_fails_itself():
+    """Near-ties are rare; a router fed a wrong shard moves many tokens: more than MAX_ROUTING_FLIP_SHARE of them
+    fails the logits check, whatever the remaining tokens' logits."""
+    from suites.checks import logits
+
+    allowed = int(logits.MAX_ROUTING_FLIP_SHARE * 68)
+    reference, sharded = _routed(_observations().logits_masked, flips=list(range(allowed)), drift_at=None, drift=0.0)
+    assert logits.check(reference, sharded, DEFAULT_TOLERANCES["bf16"]).passed
+    reference, sharded = _routed(_observations().logits_masked, flips=list(range(allowed + 1)), drift_at=None, drift=0.0)
+    result = logits.check(reference, sharded, DEFAULT_TOLERANCES["bf16"])
+    assert not result.passed and result.failure_class == "numerics"
+    assert result.reason.startswith(f"expert routing differs from the unsharded model's on {allowed + 1} of 68 prefill tokens")
+
+
+def test_expert_choices_are_recorded_per_token_from_the_routers():
+    """The routers' own choices (transformers' TopKRouter returns its indices) for every token of one forward."""
+    import transformers
+
+    from suites.checks.probes import _per_token, expert_choices
+
+    config = transformers.AutoConfig.for_model(
+        "qwen3_moe", hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
+        moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, vocab_size=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 64, (2, 5))
+    returned = []
+    watch = model.model.layers[1].mlp.gate.register_forward_hook(lambda _m, _i, output: returned.append(output[2]))
+    with torch.no_grad(), expert_choices(model) as recorded:
+        model(ids)
+    watch.remove()
+    routing = _per_token(recorded, (2, 5))
+    assert routing.shape == (2, 5, 4)  # 2 layers' routers x top 2
+    assert torch.equal(routing.reshape(10, 4)[:, 2:], returned[0].sort(dim=-1).values)
+    with torch.no_grad():
+        model(ids)  # outside the block: nothing recorded any more
+    assert [len(calls) for calls in recorded] == [1, 1]
+    dense = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(
+        "llama", hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1, vocab_size=64))
+    with torch.no_grad(), expert_choices(dense) as none:
+        dense(ids)
+    assert _per_token(none, (2, 5)).shape == (2, 5, 0)
