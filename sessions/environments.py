@@ -197,13 +197,13 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
                 tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
             if spec.checkout == "deepspeed" and spec.source is not None:
                 clone, sha = spec.source
-                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, python, env)
+                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
                 log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
                     f"requirements")
             package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
             if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
                 try:
-                    install_prebuilt_ops(root, python, package_root, env, log)
+                    install_prebuilt_ops(root, python, package_root, [str(site_packages), *lower], env, log)
                 except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
                     log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
         except InstallError as error:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_packages import git, make_repo, pyproject
+from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo, pyproject
 
 import sessions.installers as installers
 from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
@@ -41,9 +41,11 @@ FAKES = [  # (name, version, requirements)
 
 
 def write_wheel(folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None) -> None:
-    module = f"VERSION = {version!r}\n" + ("__version__ = VERSION + '+cpu'\nclass version:\n    cuda = None\n"
+    module = f"VERSION = {version!r}\n" + ("from . import version\n__version__ = version.__version__\n"
+                                          "class cuda:\n    is_available = staticmethod(lambda: False)\n"
                                           if name == "torch" else "")
-    files = {f"{name}/__init__.py": module, **(extra or {}),
+    torch_version = {"torch/version.py": FAKE_TORCH_VERSION.replace("2.13.0", version)} if name == "torch" else {}
+    files = {f"{name}/__init__.py": module, **torch_version, **(extra or {}),
              f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
              f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
@@ -155,6 +157,8 @@ FAKE_DEEPSPEED = {  # what a DeepSpeed checkout needs to run from its tree
     "version.txt": "0.2.0\n",
     "requirements/requirements.txt": "gamma\ntorch>=2.0.0  # torch comes from the torch layer\n",
     "deepspeed/__init__.py": "from .git_version_info_installed import version as __version__, git_hash\n",
+    "deepspeed/git_version_info.py": "from .git_version_info_installed import *\n",
+    "deepspeed/ops/__init__.py": "",
 }
 
 
@@ -184,3 +188,37 @@ def test_a_deepspeed_commit_is_its_checkout_on_the_path_with_what_setup_py_would
     assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": shas[1]}
     assert (shown["accelerator"], shown["torch"]) == ("cpu", "2.13")
     assert own_packages(root, layer.key) == {"deepspeed": f"0.2.0+{short}", "gamma": "1.0"}  # its requirements
+
+
+def commit(repo: Path, subject: str, files: dict[str, str]) -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git(repo, "add", "--all")
+    git(repo, "commit", "--quiet", "-m", subject)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_deepspeed_commits_whose_op_sources_are_unchanged_share_one_build_and_a_changed_csrc_gets_its_own(
+        tmp_path, uv, offline, monkeypatch):
+    clone = tmp_path / "DeepSpeed"
+    make_repo(clone, pyproject("deepspeed"), [("Initial", {**FAKE_DEEPSPEED, **fake_comm_op()}, "v0.2.0")])
+    for link in ("op_builder", "csrc"):  # as in DeepSpeed's tree: deepspeed/ops/{op_builder,csrc} link to the top
+        (clone / "deepspeed" / "ops" / link).symlink_to(Path("..") / ".." / link)
+    shas = [commit(clone, "Links", {}),
+            commit(clone, "Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}),
+            commit(clone, "Faster shm (#4322)", {"csrc/cpu/comm/shm.h": "int shm; // faster\n"})]
+    monkeypatch.setenv("FAKE_BUILD_LOG", str(tmp_path / "builds.log"))
+    root = tmp_path / "envs"
+    pins = {"deepspeed": "0.2.0", "transformers": "5.24.0", "torch": "2.13.0"}
+    keys, said = [], []
+    for sha in shas:
+        layer = commit_environment(root, clone, sha, pins).base
+        ensure_environment(root, layer, log=said.append, tool=uv)
+        library = root / layer.key / "src" / "deepspeed" / "ops" / "comm" / "deepspeed_shm_comm_op.so"
+        keys.append(library.resolve().parent.name)
+        assert library.resolve() == root / ".ops" / keys[-1] / library.name
+    assert keys[0] == keys[1] != keys[2]
+    assert (tmp_path / "builds.log").read_text().splitlines() == ["deepspeed_shm_comm_op"] * 2
+    assert f"deepspeed.ops.comm.deepspeed_shm_comm_op: reusing the build of key {keys[0]}" in said
+    assert not [line for line in said if "described by importing DeepSpeed" in line]  # the files said it all
