@@ -261,6 +261,23 @@ def sysconfig_purelib(python: Path) -> str:
 _CHOSEN: dict[Path, Installer] = {}
 
 
+def pinned_uv(root: Path) -> Path:
+    """Where installer() puts the uv of pyproject.toml's pin under root."""
+    return root / TOOLS_FOLDER / uv_requirement().replace("==", "-") / "bin" / "uv"
+
+
+def give_nox_the_pinned_uv(root: Path) -> None:
+    """nox looks for a uv ($UV, else PATH) when each session starts, for its own uv venv backend, and logs
+    "uv binary not found" without one, though the harness builds its environments with uv: point nox's
+    `UV` variable (read since wntrblm/nox#955, 2025) at the harness's pinned uv, installed now
+    when missing as the first environment would (a set UV is left alone; with the pip fallback nox's line
+    is true and stays)."""
+    if os.environ.get(INSTALLER_ENV, "").lower() != "pip" and not pinned_uv(root).exists():
+        installer(root)
+    if pinned_uv(root).exists():
+        os.environ.setdefault("UV", str(pinned_uv(root)))
+
+
 def installer(root: Path, log=print) -> Installer:
     """uv, installed once under root/.tools/ (pip's own configuration finds it), else pip with a line
     saying why."""
@@ -274,8 +291,8 @@ def installer(root: Path, log=print) -> Installer:
         log(f"environments are built with pip: {error}")
         return Installer(None)
     requirement = uv_requirement()
-    target = root / TOOLS_FOLDER / requirement.replace("==", "-")
-    binary = target / "bin" / "uv"
+    binary = pinned_uv(root)
+    target = binary.parent.parent
     if not binary.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target.parent / f".{target.name}.lock", "w") as lock:
