@@ -61,9 +61,9 @@ def uv_requirement() -> str:
     return requirement
 
 
-def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
+def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     """stdout of argv; InstallError naming the command and quoting its output when it fails."""
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
+    completed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     if completed.returncode != 0:
         output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
                            if line.strip() and "is ignored" not in line)
@@ -122,7 +122,7 @@ def installed(site_packages: list[str]) -> dict[str, str]:
 
 def built_locally(site_packages: list[str]) -> set[str]:
     """Canonical names of the distributions on these paths installed from a local folder or archive
-    (a DeepSpeed commit): no index has them, so a resolution must not ask for them."""
+    (a DeepSpeed or transformers commit): no index has them, so a resolution must not ask for them."""
     local: set[str] = set()
     for folder in site_packages:
         for distribution in metadata.distributions(path=[folder]):
@@ -226,7 +226,7 @@ class Installer:
         transformers) and what only they need: pytest 9 needs a pluggy that did not exist in 2024, which
         an old transformers does not care about, but tokenizers or huggingface_hub stay as of the day."""
         visible = installed([sysconfig_purelib(python), *lower])
-        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally(lower)
+        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally([sysconfig_purelib(python), *lower])
         requirements, flags = requirement_lines(arguments)
         options = list(flags)
         if as_of:

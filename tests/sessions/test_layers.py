@@ -23,6 +23,7 @@ import pytest
 
 from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo, pyproject
 
+import sessions.environments as environments
 import sessions.installers as installers
 from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
 from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
@@ -222,3 +223,75 @@ def test_deepspeed_commits_whose_op_sources_are_unchanged_share_one_build_and_a_
     assert (tmp_path / "builds.log").read_text().splitlines() == ["deepspeed_shm_comm_op"] * 2
     assert f"deepspeed.ops.comm.deepspeed_shm_comm_op: reusing the build of key {keys[0]}" in said
     assert not [line for line in said if "described by importing DeepSpeed" in line]  # the files said it all
+
+
+FAKE_TRANSFORMERS_SETUP = '''\
+import re
+from pathlib import Path
+
+from setuptools import Command, find_packages, setup
+
+_deps = ["alpha>=2", "gamma", "pytest>=7", "Pillow>=10,<=15"]
+deps = {b: a for a, b in (re.findall(r"^(([^!=<>~ ]+)(?:[!=<>~ ].*)?$)", x)[0] for x in _deps)}
+
+
+def deps_list(*pkgs):
+    return [deps[pkg] for pkg in pkgs]
+
+
+class DepsTableUpdateCommand(Command):
+    user_options = []
+
+
+install_requires = deps_list("alpha", "gamma") + [deps["Pillow"] + ";python_version<'3'"]
+
+setup(
+    name="transformers",
+    version="5.25.0.dev0",
+    long_description=Path("README.md").read_text(),
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    install_requires=list(install_requires),
+    cmdclass={"deps_table_update": DepsTableUpdateCommand},
+)
+'''
+FAKE_TRANSFORMERS = {  # a transformers checkout: src/ layout, its requirements computed in setup.py
+    "setup.py": FAKE_TRANSFORMERS_SETUP,
+    "README.md": "fake\n",
+    "src/transformers/__init__.py": '__version__ = "5.25.0.dev0"\nimport alpha, gamma\n',
+    "src/transformers/models/llama/modeling_llama.py": "BROKEN = False\n",
+}
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_requirements(tmp_path, uv, offline, tool,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(environments, "project_dependencies", lambda: [])  # the harness's own: not in the fake index
+    clone = tmp_path / "transformers"
+    make_repo(clone, pyproject("transformers", "src"), [("Initial", dict(FAKE_TRANSFORMERS), "v5.24.0")])
+    sha = commit(clone, "Refactor llama (#40102)", {"src/transformers/models/llama/modeling_llama.py": "BROKEN = True\n"})
+    root = tmp_path / "envs"
+    installer = uv if tool == "uv" else installers.Installer(None)
+    spec = commit_environment(root, clone, sha, {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"},
+                              axis="transformers")
+    ensure_environment(root, spec.base, tool=installer)
+    before = {layer.key: tree_hash(root / layer.key) for layer in spec.lower()}
+    python = ensure_environment(root, spec, tool=installer)
+    assert {layer.key: tree_hash(root / layer.key) for layer in spec.lower()} == before
+
+    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+        import json, alpha, transformers, transformers.models.llama.modeling_llama as llama
+        from importlib import metadata
+        print(json.dumps({"version": transformers.__version__, "metadata": metadata.version("transformers"),
+                          "file": transformers.__file__, "broken": llama.BROKEN, "alpha": alpha.VERSION,
+                          "requires": metadata.requires("transformers"),
+                          "direct_url": json.loads(metadata.distribution("transformers").read_text("direct_url.json"))}))"""],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert shown["version"] == shown["metadata"] == "5.25.0.dev0"
+    assert shown["file"] == str(root / spec.key / "src" / "src" / "transformers" / "__init__.py")  # the checkout
+    assert shown["broken"] is True  # the commit's own tree
+    assert shown["requires"] == ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"]  # as setup.py computed them
+    assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": sha}
+    # its requirements that the lower layers lack (alpha 2.0 came with torch), nothing built: no package folder
+    assert own_packages(root, spec.key) == {"transformers": "5.25.0.dev0", "gamma": "1.0"}
+    assert not (Path(sysconfig_purelib(python)) / "transformers").exists()
