@@ -67,11 +67,16 @@ def module_constants(file: Path) -> dict[str, object]:
     """The module-level `NAME = <literal>` assignments of a python file, read without running it."""
     found: dict[str, object] = {}
     for node in ast.parse(file.read_text()).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
         for target in targets:
-            if isinstance(target, ast.Name) and node.value is not None:
+            if isinstance(target, ast.Name):
                 try:
-                    found[target.id] = ast.literal_eval(node.value)
+                    found[target.id] = ast.literal_eval(value)
                 except ValueError:
                     pass
     return found

@@ -30,8 +30,8 @@ def _find_packages(*args, **kwargs):
 
 def _stand_in(name: str) -> types.ModuleType:
     module = types.ModuleType(name)
-    module.__getattr__ = lambda attribute: _Anything  # type: ignore[method-assign]
-    module.setup, module.find_packages, module.find_namespace_packages = _setup, _find_packages, _find_packages
+    vars(module).update(setup=_setup, find_packages=_find_packages, find_namespace_packages=_find_packages,
+                        __getattr__=lambda attribute: _Anything)
     return module
 
 
