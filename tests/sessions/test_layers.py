@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo
 import sessions.environments as environments
 import sessions.installers as installers
 from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
-from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
+from sessions.checkouts import project_metadata
+from sessions.installers import INSTALLER_ENV, InstallError, installed, sysconfig_purelib, uv_requirement
 
 SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
 
@@ -295,3 +297,23 @@ def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_req
     # its requirements that the lower layers lack (alpha 2.0 came with torch), nothing built: no package folder
     assert own_packages(root, spec.key) == {"transformers": "5.25.0.dev0", "gamma": "1.0"}
     assert not (Path(sysconfig_purelib(python)) / "transformers").exists()
+
+
+def test_a_checkout_states_its_requirements_in_setup_py_or_a_static_pyproject_or_gets_a_clear_error(tmp_path):
+    setup_py = tmp_path / "setup-py"
+    for path, text in FAKE_TRANSFORMERS.items():
+        (setup_py / path).parent.mkdir(parents=True, exist_ok=True)
+        (setup_py / path).write_text(text)
+    assert project_metadata(setup_py, Path(sys.executable), dict(os.environ)) == (
+        "5.25.0.dev0", ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"])
+
+    static = tmp_path / "pyproject"
+    static.mkdir()
+    (static / "pyproject.toml").write_text('[project]\nname = "transformers"\nversion = "6.0.0"\ndependencies = ["gamma"]\n')
+    assert project_metadata(static, Path(sys.executable), dict(os.environ)) == ("6.0.0", ["gamma"])
+
+    dynamic = tmp_path / "dynamic"
+    dynamic.mkdir()
+    (dynamic / "pyproject.toml").write_text('[project]\nname = "transformers"\ndynamic = ["version", "dependencies"]\n')
+    with pytest.raises(InstallError, match=f"^{dynamic}: neither a setup.py nor a pyproject.toml"):
+        project_metadata(dynamic, Path(sys.executable), dict(os.environ))
