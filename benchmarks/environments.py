@@ -11,7 +11,7 @@ cached folders). First, untimed, each layout builds the combination the steps st
 one builds it with the DeepSpeed layer; both harness caches then hold that transformers version's tiny
 checkpoints and references. Then each step runs on the old layout and at once on the new one (the same
 load, as near as a shared machine allows), timed as its environment, then to the first cell record of
-`pytest suites --models llama --tp 2 --dtypes fp32` (the rest of the cells run untimed):
+`pytest suites --models llama --tp 2 --dtypes fp32` (stopped there):
 
 1. a new transformers release over the existing DeepSpeed (target: <= 8 s to the first cell);
 2. a new DeepSpeed release over the existing torch whose comm op hashes like the existing one's
@@ -43,7 +43,7 @@ TORCH_LAYER = "torch-pt{torch}"
 
 STEP = textwrap.dedent("""\
     # Run in a layout's checkout: build one environment, then its cells to the first record.
-    import json, os, subprocess, sys, time
+    import json, os, signal, subprocess, sys, time
     from pathlib import Path
     from sessions.environments import (commit_environment, ensure_environment, env_root, environment_variables,
                                        release_environment)
@@ -65,8 +65,11 @@ STEP = textwrap.dedent("""\
                                text=True)
     first = None
     while process.poll() is None:
-        if first is None and cells.exists() and cells.read_text().strip():
+        if cells.exists() and cells.read_text().strip():
             first = time.perf_counter() - start
+            process.send_signal(signal.SIGINT)  # pytest's own clean stop: the other cells are not measured
+            process.wait()
+            break
         time.sleep(0.1)
     if first is None:
         sys.exit(f"no cell record in {cells}: {process.stderr.read()[-3000:]}")
