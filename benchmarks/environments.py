@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,7 @@ class Layout:
         env = {**os.environ, "AUTOTP_ENV_ROOT": str(self.scratch / "envs"), "AUTOTP_CACHE": str(self.scratch / "cache"),
                "PYTHONPATH": str(self.checkout)}
         results = self.scratch / f"results-{step['name']}"
+        shutil.rmtree(results, ignore_errors=True)  # a rerun's first record must be its own
         done = subprocess.run([sys.executable, "-c", STEP, json.dumps({**step, "results": str(results)})],
                               cwd=self.checkout, env=env, capture_output=True, text=True)
         (self.scratch / f"log-{step['name']}.txt").write_text(done.stderr)
