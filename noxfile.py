@@ -9,12 +9,14 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from sessions.environments import environment_variables
+from sessions.environments import env_root, environment_variables
+from sessions.installers import give_nox_the_pinned_uv
 from sessions.nox_sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness,
                                    run_matrix, session_combos)
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
+give_nox_the_pinned_uv(env_root())
 # Sessions that run cells use the environment of their version combination (sessions/environments.py,
 # under .nox/envs/: one per combination, shared with bisection steps), so nox creates none for them.
 

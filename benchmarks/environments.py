@@ -1,120 +1,182 @@
-"""What a new version combination costs before its first cell, in the layered uv environments of this
-checkout against the previous pip layout (a git worktree of --old-ref), measured side by side in one run:
+"""What a new version or commit costs before its first cell, in the layered uv environments of this checkout
+against the previous pip layout (a git worktree of --old-ref), side by side in one run:
 
-    python benchmarks/environments.py [--old-ref e684cfc] [--models llama --tp 2]
+    python benchmarks/environments.py --deepspeed-repo CLONE --transformers-repo CLONE \
+        [--scratch DIR] [--seed-torch-layer ROOT]
 
-For each layout, in a fresh environment root and harness cache of its own (AUTOTP_ENV_ROOT, AUTOTP_CACHE; uv's
-and pip's download caches stay warm, as on a CI runner with cached folders):
+Each layout gets an environment root and a harness cache (AUTOTP_CACHE) of its own under --scratch; uv's and
+pip's download caches are the machine's (warm: every wheel was downloaded before, as on a CI runner with
+cached folders). First, untimed, each layout builds the combination the steps start from (--deepspeed with
+--transformers) and runs its cells once: the old layout JIT-builds the comm op at that first cell, the new
+one builds it with the DeepSpeed layer; both harness caches then hold that transformers version's tiny
+checkpoints and references. Then each step runs on the old layout and at once on the new one (the same
+load, as near as a shared machine allows), timed as its environment, then to the first cell record of
+`pytest suites --models llama --tp 2 --dtypes fp32` (stopped there):
 
-1. from nothing: `nox -s autotp(<deepspeed, transformers, torch>)` (old: torch + DeepSpeed in one base and
-   the comm op JIT-built at the first cell; new: a torch layer, a DeepSpeed layer with its op, a combination);
-2. a new transformers release over that DeepSpeed (target: <= 8 s to the first cell);
-3. a new DeepSpeed release over the same torch (target: <= 25 s for its environment, op included, when its
-   op's sources hash like the first one's).
+1. a new transformers release over the existing DeepSpeed (target: <= 8 s to the first cell);
+2. a new DeepSpeed release over the existing torch whose comm op hashes like the existing one's
+   (target: <= 25 s for its environment, op included);
+3. a DeepSpeed commit step (a commit of --deepspeed-repo whose op sources equal the release's; target:
+   <= 30 s to the first cell);
+4. a transformers commit step (a commit of --transformers-repo; target: <= 15 s to the first cell).
 
-Each step is timed as its environment (`--install-only`), then with the session to its first cell record. Runs
-one rank group at a time: nice it on a shared machine.
+The load average (1 min) is printed with every figure: on a shared machine it says what a figure means.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PROJECT_ROOT))
-
-from sessions.environments import ENV_ROOT_ENV  # noqa: E402  (needs the project root on sys.path)
-from matrix.versions import combinations  # noqa: E402
-
 OLD_LAYOUT_REF = "e684cfc"
-"""The last commit before layered uv environments (#29): one pip-built base per DeepSpeed with torch in it."""
-TARGETS = {"new transformers over an existing DeepSpeed: environment + session to first cell": 8.0,
-           "new DeepSpeed over an existing torch: environment": 25.0}
+"""The last commit before layered uv environments (#29): one pip-built base per DeepSpeed with torch in it, a
+commit built as a wheel."""
+TORCH_LAYER = "torch-pt{torch}"
 
+STEP = textwrap.dedent("""\
+    # Run in a layout's checkout: build one environment, then its cells to the first record.
+    import json, os, signal, subprocess, sys, time
+    from pathlib import Path
+    from sessions.environments import (commit_environment, ensure_environment, env_root, environment_variables,
+                                       release_environment)
+    from suites.command import suites_command
 
-def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
+    step = json.loads(sys.argv[1])
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if completed.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} in {cwd} failed:\n{completed.stderr[-3000:]}")
-    return time.perf_counter() - start
-
-
-def time_to_first_cell(command: list[str], cwd: Path, env: dict[str, str], cells: Path) -> float:
-    """Seconds until cells.jsonl has its first record (the session is left to finish, untimed)."""
+    if step["commit"]:
+        spec = commit_environment(env_root(), Path(step["clone"]), step["commit"], step["pins"], step["axis"])
+    else:
+        spec = release_environment(step["pins"])
+    python = ensure_environment(env_root(), spec, log=lambda line: print(line, file=sys.stderr, flush=True))
+    environment = time.perf_counter() - start
+    load_after_environment = os.getloadavg()[0]
+    cells = Path(step["results"]) / "cells.jsonl"
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(suites_command(python, models="llama", tp="2", dtypes="fp32", results=step["results"]),
+                               env=environment_variables(python), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
     first = None
     while process.poll() is None:
-        if first is None and cells.exists() and cells.read_text().strip():
+        if cells.exists() and cells.read_text().strip():
             first = time.perf_counter() - start
-        time.sleep(0.2)
-    if process.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} in {cwd} failed with exit code {process.returncode}")
-    return first if first is not None else time.perf_counter() - start
+            process.send_signal(signal.SIGINT)  # pytest's own clean stop: the other cells are not measured
+            process.wait()
+            break
+        time.sleep(0.1)
+    if first is None:
+        sys.exit(f"no cell record in {cells}: {process.stderr.read()[-3000:]}")
+    print(json.dumps({"environment": environment, "first_cell": first, "load_environment": load_after_environment,
+                      "load_cells": os.getloadavg()[0], "key": spec.key}))
+""")
 
 
-def measure(checkout: Path, scratch: Path, steps: list[tuple[str, str]], cells: list[str]) -> dict[str, tuple[float, float]]:
-    """{step: (environment seconds, session seconds to its first cell)} for `steps` (name, AUTOTP_PINS) in order,
-    all in one fresh environment root."""
-    found = {}
-    for n, (name, pins) in enumerate(steps):
-        (combo,) = combinations("latest", overrides=dict(pin.split("=") for pin in pins.split(",")))
-        # A harness cache per layout: each pays the same tiny checkpoints and references (shared, the layout
-        # measured second would find the first one's and look faster).
-        env = {**os.environ, "AUTOTP_PINS": pins, ENV_ROOT_ENV: str(scratch / "envs"), "AUTOTP_CACHE": str(scratch / "cache")}
-        nox = [sys.executable, "-m", "nox", "-s", f"autotp({combo.id})"]
-        install = timed([*nox, "--install-only"], checkout, env)
-        results = scratch / f"results-{n}"
-        first = time_to_first_cell([*nox, "--", *cells, "--results", str(results)], checkout, env, results / "cells.jsonl")
-        found[name] = (install, first)
-        print(f"  {checkout.name}: {name}: environment {install:.1f} s, session to first cell {first:.1f} s", flush=True)
-    return found
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    checkout: Path
+    scratch: Path
+
+    def run(self, step: dict) -> dict:
+        """One step in this layout's own environment root and harness cache: its figures."""
+        env = {**os.environ, "AUTOTP_ENV_ROOT": str(self.scratch / "envs"), "AUTOTP_CACHE": str(self.scratch / "cache"),
+               "PYTHONPATH": str(self.checkout)}
+        results = self.scratch / f"results-{step['name']}"
+        shutil.rmtree(results, ignore_errors=True)  # a rerun's first record must be its own
+        done = subprocess.run([sys.executable, "-c", STEP, json.dumps({**step, "results": str(results)})],
+                              cwd=self.checkout, env=env, capture_output=True, text=True)
+        (self.scratch / f"log-{step['name']}.txt").write_text(done.stderr)
+        if done.returncode != 0:
+            raise SystemExit(f"{self.name}: step {step['name']} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.splitlines()[-1])
+
+
+def seed_torch_layer(source_root: Path, layout: Layout, torch: str) -> None:
+    """Hard links of an existing root's torch layer (nothing writes into a finished layer): the new layout's
+    untimed start then skips unpacking torch again."""
+    target = layout.scratch / "envs" / TORCH_LAYER.format(torch=torch)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(source_root / target.name), str(target)], check=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old-ref", default=OLD_LAYOUT_REF, help="commit of the previous layout to compare with")
-    parser.add_argument("--deepspeed", default="0.19.8", help="DeepSpeed of the first combination")
-    parser.add_argument("--new-deepspeed", default="0.19.7", help="a DeepSpeed release for step 3")
-    parser.add_argument("--transformers", default="5.24.0", help="transformers of the first combination")
-    parser.add_argument("--new-transformers", default="5.23.0", help="a transformers release for step 2")
-    parser.add_argument("--models", default="llama")
-    parser.add_argument("--tp", default="2")
+    parser.add_argument("--deepspeed-repo", type=Path, required=True, help="a DeepSpeed clone (for the commit step)")
+    parser.add_argument("--transformers-repo", type=Path, required=True, help="a transformers clone (commit step)")
+    parser.add_argument("--deepspeed", default="0.19.5", help="the DeepSpeed release the steps start from")
+    parser.add_argument("--new-deepspeed", default="0.19.4", help="step 2: a release whose comm op hashes like --deepspeed's")
+    parser.add_argument("--deepspeed-commit", default="edaa72212", help="step 3: a commit whose op sources equal --deepspeed's")
+    parser.add_argument("--transformers", default="5.24.0", help="the transformers release the steps start from")
+    parser.add_argument("--new-transformers", default="5.23.0", help="step 1: another transformers release")
+    parser.add_argument("--transformers-commit", default="HEAD", help="step 4: a commit of --transformers-repo")
+    parser.add_argument("--torch", default="2.13.0")
+    parser.add_argument("--scratch", type=Path, help="where the layouts' roots go (kept; default: a new temporary folder)")
+    parser.add_argument("--seed-torch-layer", type=Path, help="an environment root whose torch layer the new layout "
+                        "starts with (hard links), to skip unpacking torch in the untimed start")
     args = parser.parse_args()
 
-    steps = [("from nothing", f"deepspeed={args.deepspeed},transformers={args.transformers}"),
-             ("new transformers over an existing DeepSpeed", f"deepspeed={args.deepspeed},transformers={args.new_transformers}"),
-             ("new DeepSpeed over an existing torch", f"deepspeed={args.new_deepspeed},transformers={args.transformers}")]
-    cells = ["--models", args.models, "--tp", args.tp]
-    # Removed only after the table is printed: deleting environments takes minutes on a busy machine.
-    scratch = Path(tempfile.mkdtemp(prefix="autotp-bench-"))
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="autotp-bench-"))
     old_checkout = scratch / "old-layout"
-    subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(old_checkout),
-                    args.old_ref], check=True)
-    try:
-        print(f"layouts: this checkout (new) and {args.old_ref} (old); cells: {' '.join(cells)}", flush=True)
-        new = measure(PROJECT_ROOT, scratch / "new", steps, cells)
-        old = measure(old_checkout, scratch / "old", steps, cells)
-    finally:
-        subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "remove", "--force", str(old_checkout)], check=False)
-    print(f"\n{'measurement':<72} {'old s':>7} {'new s':>7} {'old/new':>7}  target")
-    for name, _ in steps:
-        for part, total in (("environment", lambda pair: pair[0]),
-                            ("environment + session to first cell", lambda pair: pair[0] + pair[1])):
-            label = f"{name}: {part}"
-            before, after = total(old[name]), total(new[name])
-            target = TARGETS.get(label)
-            verdict = "" if target is None else f"<= {target:.0f} s: {'ok' if after <= target else 'MISSED'}"
-            print(f"{label:<72} {before:>7.1f} {after:>7.1f} {before / after:>6.1f}x  {verdict}", flush=True)
-    shutil.rmtree(scratch)
+    if not old_checkout.exists():
+        subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(old_checkout),
+                        args.old_ref], check=True)
+    old, new = Layout("old", old_checkout, scratch / "old"), Layout("new", PROJECT_ROOT, scratch / "new")
+    if args.seed_torch_layer:
+        seed_torch_layer(args.seed_torch_layer, new, args.torch)
+
+    def sha(repo: Path, ref: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", ref], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    start = {"deepspeed": args.deepspeed, "transformers": args.transformers, "torch": args.torch}
+    none = {"commit": "", "clone": "", "axis": ""}
+    steps = [
+        ("new transformers release over the existing DeepSpeed", 8.0, "first",
+         {**none, "name": "transformers-release", "pins": {**start, "transformers": args.new_transformers}}),
+        ("new DeepSpeed release over the existing torch, op hashed alike", 25.0, "environment",
+         {**none, "name": "deepspeed-release", "pins": {**start, "deepspeed": args.new_deepspeed}}),
+        ("DeepSpeed commit step, op sources unchanged", 30.0, "first",
+         {"name": "deepspeed-commit", "pins": start, "axis": "deepspeed", "clone": str(args.deepspeed_repo),
+          "commit": sha(args.deepspeed_repo, args.deepspeed_commit)}),
+        ("transformers commit step", 15.0, "first",
+         {"name": "transformers-commit", "pins": start, "axis": "transformers", "clone": str(args.transformers_repo),
+          "commit": sha(args.transformers_repo, args.transformers_commit)}),
+    ]
+    print(f"layouts: {new.checkout} (new: uv layers) and {args.old_ref} (old: pip bases); scratch {scratch}; "
+          "uv's and pip's download caches warm (shared machine caches)", flush=True)
+    for layout in (new, old):
+        figures = layout.run({**none, "name": "start", "pins": start})
+        print(f"untimed start, {layout.name}: DeepSpeed {args.deepspeed} + transformers {args.transformers}: environment "
+              f"{figures['environment']:.1f} s, first cell {figures['first_cell']:.1f} s (load {figures['load_cells']:.1f})",
+              flush=True)
+    rows = []
+    for label, target, measure, step in steps:
+        measured = {layout.name: layout.run(step) for layout in (old, new)}
+        rows.append((label, target, measure, measured))
+        for name, figures in measured.items():
+            print(f"  {name}: {label}: environment {figures['environment']:.1f} s (load {figures['load_environment']:.1f}), "
+                  f"first cell after {figures['first_cell']:.1f} s more (load {figures['load_cells']:.1f})", flush=True)
+
+    print(f"\n{'step':<62} {'old env':>8} {'new env':>8} {'old 1st':>8} {'new 1st':>8} {'old/new':>8}  target (new)")
+    for label, target, measure, measured in rows:
+        before, after = measured["old"], measured["new"]
+        old_first, new_first = (before["environment"] + before["first_cell"], after["environment"] + after["first_cell"])
+        judged = after["environment"] if measure == "environment" else new_first
+        compared = before["environment"] / after["environment"] if measure == "environment" else old_first / new_first
+        what = "environment" if measure == "environment" else "to first cell"
+        print(f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
+              f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)")
+    print("(env: the environment alone; 1st: environment + the session to its first cell record; load averages above)")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,19 @@ into every DeepSpeed layer whose op hashes the same.
 torch's JIT build is keyed on the absolute paths of the op's sources, so each DeepSpeed release or commit,
 in its own layer, would build the same C++ again (~60 s here). Instead, when a DeepSpeed layer is built:
 
-1. its python describes the op (sessions/deepspeed_op_probe.py): sources, include folders, flags, torch;
-2. the key is a hash of those sources' and headers' contents, the flags, torch's version and the
-   compiler's `--version`: a release or commit that changes `csrc/cpu/comm` or its includes gets its own;
-3. `<env root>/.ops/<key>/` holds the built library, JIT-built there by the first layer with that key;
+1. the op is described from the layer's files, without importing DeepSpeed or torch (an import of both
+   took 105 s of a 146 s commit step on this loaded machine): its builder class (`ShareMemCommBuilder` in
+   `op_builder/cpu/comm.py`, read with `ast`) lists its sources and include folders as literals, torch's
+   `version.py` and DeepSpeed's `git_version_info_installed.py` say the build is for the CPU. Where they do
+   not (torch built for CUDA, a builder that computes its lists), the layer's python describes it
+   (sessions/deepspeed_op_probe.py), as before;
+2. the key is a hash of the op's sources, the other files of their folders (headers such as shm.h), the
+   include folders, the source of its builder class and of the CPU builder it derives from (they give its
+   flags), torch's version and the compiler's `--version`: a release or commit that changes
+   `csrc/cpu/comm`, its includes or its builder gets its own. DeepSpeed's generic `op_builder/builder.py`
+   (changed by most CUDA-op commits) is left out, as the flags it gives every op were before;
+3. `<env root>/.ops/<key>/` holds the built library, JIT-built there by the first layer with that key
+   (the probe imports DeepSpeed then: a build costs a minute anyway), with `built-from.json`;
 4. the layer gets it as DeepSpeed's own install would with `DS_BUILD_SHM_COMM=1`: the library at
    `deepspeed/ops/comm/<name>_op.so` and the op marked installed in `git_version_info_installed.py`
    (DeepSpeed's `OpBuilder.load` then imports it instead of JIT-building).
@@ -18,6 +27,7 @@ nothing is done and the cells JIT-build as before.
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -25,13 +35,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from sessions.installers import run_checked
+from sessions.checkouts import module_constants, torch_of
+from sessions.installers import InstallError, run_checked
 
 OPS_FOLDER = ".ops"
 PROBE = Path(__file__).with_name("deepspeed_op_probe.py")
 MARK = "# autotp-matrix: prebuilt"
+BUILT_FROM = "built-from.json"
 
 
 def compiler_identity(env: dict[str, str] | None = None) -> str:
@@ -43,57 +56,154 @@ def compiler_identity(env: dict[str, str] | None = None) -> str:
         return f"{compiler}: not found"
 
 
-def op_key(sources: list[Path], include_dirs: list[Path], flags: list[str], torch: str, compiler: str) -> str:
+BUILDERS = (("op_builder/cpu/comm.py", "ShareMemCommBuilder"), ("op_builder/cpu/builder.py", "CPUOpBuilder"))
+"""(file under deepspeed/ops, class): the op's builder and the CPU builder it derives from."""
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """What the comm op of one DeepSpeed layer is built from."""
+
+    sources: tuple[Path, ...]
+    include_dirs: tuple[Path, ...]
+    builders: tuple[str, ...]
+    """The source text of the builder classes (BUILDERS): they give the op's flags."""
+    torch: str
+    """torch.__version__ of the layer's torch (`2.13.0+cpu`)."""
+
+
+def op_key(op: CommOp, compiler: str) -> str:
     """A hash of everything the op's build reads: the sources, every file of their folders (headers included
     as "shm.h") and of the include folders, by path relative to its folder (the same files elsewhere hash the
-    same), the flags, torch's version and the compiler."""
+    same), the builder classes' source, torch's version and the compiler."""
     digest = hashlib.sha256()
-    for label, value in (("torch", torch), ("compiler", compiler), ("flags", " ".join(flags)),
-                         ("sources", " ".join(source.name for source in sources))):
+    for label, value in (("torch", op.torch), ("compiler", compiler), ("sources", " ".join(s.name for s in op.sources)),
+                         *(("builder", text) for text in op.builders)):
         digest.update(f"{label}={value}\n".encode())
-    for n, folder in enumerate([*dict.fromkeys(source.parent for source in sources), *include_dirs]):
+    for n, folder in enumerate([*dict.fromkeys(source.parent for source in op.sources), *op.include_dirs]):
         for file in sorted(path for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts):
             digest.update(f"{n} {file.relative_to(folder)}\n".encode() + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def install_prebuilt_ops(root: Path, python: Path, site_packages: Path, env: dict[str, str], log=print) -> str:
-    """Give the DeepSpeed layer of `python` its CPU comm op, built now unless its key has a build: the key,
-    or "" with a line saying why not (the cells then JIT-build it)."""
+def _class_source(file: Path, name: str) -> tuple[str, ast.ClassDef] | None:
+    text = file.read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return ast.get_source_segment(text, node) or "", node
+    return None
+
+
+def _returned_strings(cls: ast.ClassDef, method: str) -> list[str] | None:
+    """The list of strings `method` returns when it returns a literal (directly or through a local name)."""
+    function = next((node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == method), None)
+    if function is None:
+        return None
+    local: dict[str, ast.expr] = {}
+    for statement in function.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            local[statement.targets[0].id] = statement.value
+        elif isinstance(statement, ast.Return) and statement.value is not None:
+            value = local.get(statement.value.id) if isinstance(statement.value, ast.Name) else statement.value
+            try:
+                found = ast.literal_eval(value) if value is not None else None
+            except ValueError:
+                return None
+            return found if isinstance(found, list) and all(isinstance(item, str) for item in found) else None
+    return None
+
+
+def describe_from_files(package_root: Path, lower: list[str]) -> CommOp | str:
+    """The comm op of the DeepSpeed under package_root as its files state it, or why they do not (the layer's
+    python must describe it)."""
+    ops = package_root / "deepspeed" / "ops"
+    try:
+        torch = torch_of(lower)
+    except InstallError as error:
+        return str(error)
+    if torch.accelerator != "cpu":
+        return f"torch {torch.version} is built for CUDA/ROCm: whether the cells use the CPU op depends on the machine"
+    installed = package_root / "deepspeed" / "git_version_info_installed.py"
+    accelerator = module_constants(installed).get("accelerator_name") if installed.is_file() else None
+    if accelerator != "cpu":
+        return f"{installed} does not say accelerator_name='cpu' (it says {accelerator!r})"
+    classes = []
+    for relative, name in BUILDERS:
+        found = _class_source(ops / relative, name) if (ops / relative).is_file() else None
+        if found is None:
+            return f"no class {name} in {ops / relative}"
+        classes.append(found)
+    (_, comm), _ = classes
+    sources, includes = _returned_strings(comm, "sources"), _returned_strings(comm, "include_paths")
+    if sources is None or includes is None:
+        return f"{ops / BUILDERS[0][0]}: {BUILDERS[0][1]}'s sources() or include_paths() is not a list of strings"
+    return CommOp(tuple(ops / source for source in sources), tuple(ops / folder for folder in includes),
+                  tuple(text for text, _ in classes), torch.version)
+
+
+def _describe_by_import(python: Path, package_root: Path, env: dict[str, str]) -> tuple[CommOp, dict] | str:
+    """The op as the layer's python describes it (DeepSpeed imported), with the probe's own output; or why
+    it is not used."""
+    probed = json.loads(run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1])
+    if "skip" in probed:
+        return str(probed["skip"])
+    ops = package_root / "deepspeed" / "ops"
+    builders = tuple(found[0] for relative, name in BUILDERS
+                     if (ops / relative).is_file() and (found := _class_source(ops / relative, name)))
+    return CommOp(tuple(Path(p) for p in probed["sources"]), tuple(Path(p) for p in probed["include_dirs"]), builders,
+                  probed["torch"]), probed
+
+
+def install_prebuilt_ops(root: Path, python: Path, package_root: Path, lower: list[str], env: dict[str, str],
+                         log=print) -> str:
+    """Give the DeepSpeed layer of `python` (its package under package_root, the site-packages of the layers
+    below in `lower`) its CPU comm op, built now unless its key has a build: the key, or "" with a line
+    saying why not (the cells then JIT-build it)."""
     env = {**env, "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu")}
-    op = json.loads(run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1])
-    if "skip" in op:
-        log(f"DeepSpeed's CPU comm op is not prebuilt: {op['skip']}")
-        return ""
-    key = op_key([Path(p) for p in op["sources"]], [Path(p) for p in op["include_dirs"]], op["flags"], op["torch"],
-                 compiler_identity(env))
-    leaf = op["module"].rsplit(".", 1)[1]
+    op = describe_from_files(package_root, lower)
+    probed: dict = {}
+    if isinstance(op, str):
+        log(f"DeepSpeed's CPU comm op is described by importing DeepSpeed: {op}")
+        described = _describe_by_import(python, package_root, env)
+        if isinstance(described, str):
+            log(f"DeepSpeed's CPU comm op is not prebuilt: {described}")
+            return ""
+        op, probed = described
+    key = op_key(op, compiler_identity(env))
     store = root / OPS_FOLDER / key
-    library = store / f"{leaf}.so"
     store.parent.mkdir(parents=True, exist_ok=True)
     with open(store.parent / f".{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if library.exists():
-            log(f"{op['module']}: reusing the build of key {key}")
+        if (store / BUILT_FROM).exists():
+            built = json.loads((store / BUILT_FROM).read_text())
+            log(f"{built['module']}: reusing the build of key {key}")
         else:
-            log(f"{op['module']}: building it for key {key} (once for every DeepSpeed whose op hashes the same)")
+            built = probed or json.loads(run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op",
+                                                     env).splitlines()[-1])
+            log(f"{built['module']}: building it for key {key} (once for every DeepSpeed whose op hashes the same)")
             with tempfile.TemporaryDirectory(dir=store.parent, prefix=f".{key}-") as scratch:
-                built = json.loads(run_checked([str(python), str(PROBE), "build"], f"build {op['module']}",
-                                               {**env, "TORCH_EXTENSIONS_DIR": scratch}).splitlines()[-1])
+                library = json.loads(run_checked([str(python), str(PROBE), "build"], f"build {built['module']}",
+                                                 {**env, "TORCH_EXTENSIONS_DIR": scratch}).splitlines()[-1])["library"]
                 (Path(scratch) / "out").mkdir()
-                shutil.copy2(built["library"], Path(scratch) / "out" / library.name)
-                (Path(scratch) / "out" / "built-from.json").write_text(json.dumps(op, indent=1))
+                shutil.copy2(library, Path(scratch) / "out" / library_name(built))
+                (Path(scratch) / "out" / BUILT_FROM).write_text(json.dumps(built, indent=1))
                 (Path(scratch) / "out").rename(store)
-    package = site_packages / Path(*op["module"].split(".")[:-1])
+    library = store / library_name(built)
+    package = package_root / Path(*built["module"].split(".")[:-1])
     package.mkdir(parents=True, exist_ok=True)
     (package / library.name).unlink(missing_ok=True)
     (package / library.name).symlink_to(library)
     # What DeepSpeed's setup.py writes for an op built at install: OpBuilder.load imports it when the op is marked
     # installed for this accelerator and torch's major.minor matches torch_info's.
-    info = site_packages / "deepspeed" / "git_version_info_installed.py"
-    torch_minor = ".".join(op["torch"].split("+")[0].split(".")[:2])
+    info = package_root / "deepspeed" / "git_version_info_installed.py"
+    torch_minor = ".".join(op.torch.split("+")[0].split(".")[:2])
     lines = [line for line in info.read_text().splitlines() if MARK not in line]
-    lines += [f"installed_ops = {{**installed_ops, {op['name']!r}: True}}  {MARK} {key}",
+    lines += [f"installed_ops = {{**installed_ops, {built['name']!r}: True}}  {MARK} {key}",
               f"torch_info = {{**torch_info, 'version': {torch_minor!r}}}  {MARK} {key}"]
     info.write_text("\n".join(lines) + "\n")
     return key
+
+
+def library_name(built: dict) -> str:
+    """`deepspeed_shm_comm_op.so`: the op's import name, as DeepSpeed's install names it."""
+    return f"{built['module'].rsplit('.', 1)[1]}.so"

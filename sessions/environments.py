@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.versions import AXES, short_prefixes
-from sessions.checkouts import prepare_deepspeed_checkout, requirements_of
+from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
 
@@ -70,7 +70,8 @@ class EnvironmentSpec:
     source: tuple[Path, str] | None = None
     """(clone, sha) checked out into <env>/src before installing (a commit of DeepSpeed or transformers)."""
     checkout: str = ""
-    """"deepspeed": the source checkout itself is the package, on this layer's path (sessions/checkouts.py)."""
+    """"deepspeed" or "transformers": the source checkout itself is that package, on this layer's path
+    (sessions/checkouts.py)."""
     as_of: str = ""
     """A date (2024-05-30): this layer's packages as they were that day, the harness's own excepted
     (sessions/installers.py Installer.resolve_missing); "" for the newest."""
@@ -142,9 +143,10 @@ def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extr
 
 
 def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed") -> EnvironmentSpec:
-    """`axis` (deepspeed or transformers) built from one commit of a local clone, the other axes released.
-    DeepSpeed from source gets no prebuilt ops, in a base of its own; transformers from source sits over
-    the released DeepSpeed's base like a release would."""
+    """`axis` (deepspeed or transformers) at one commit of a local clone, the other axes released. Neither is
+    built: the commit's checkout is the package (sessions/checkouts.py), its requirements installed like a
+    release's. A DeepSpeed commit is a base of its own; a transformers commit sits over the released
+    DeepSpeed's base like a release would."""
     torch = torch_spelling(pins["torch"])
     torch_pin = f"torch=={torch}"
     if axis == "transformers":
@@ -153,12 +155,12 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
         key = "-".join((deepspeed_id, axis_id("transformers", "@" + sha[:12]), *(value_id for value_id, _ in others),
                         axis_id("torch", torch)))
         base = _deepspeed_base(deepspeed_id, ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
-        return EnvironmentSpec(key=key, installs=((str(root / key / "src"), *(requirement for _, requirement in others),
-                                                   *project_dependencies(), torch_pin),),
-                               source=(clone, sha), base=base)
+        # transformers' own requirements are added at checkout, from its setup.py
+        return EnvironmentSpec(key=key, installs=((*(requirement for _, requirement in others), *project_dependencies(),
+                                                   torch_pin),),
+                               source=(clone, sha), base=base, checkout="transformers")
     deepspeed_id = axis_id("deepspeed", f"@{sha[:12]}")
     base_key = f"base-{deepspeed_id}-{axis_id('torch', torch)}"
-    # No build: the checkout is the package (sessions/checkouts.py), its requirements installed like a release's.
     base = EnvironmentSpec(key=base_key, installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"),
                                                     torch_pin),),
                            source=(clone, sha), base=torch_layer(torch), checkout="deepspeed")
@@ -170,7 +172,7 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
 
 def layer_paths(root: Path, spec: EnvironmentSpec) -> list[str]:
     """What a layer puts on the path of the layers over it: its site-packages, then its checkout if it is one."""
-    return [_site_packages(root / spec.key), *([str(root / spec.key / "src")] if spec.checkout else [])]
+    return [_site_packages(root / spec.key), *([str(checkout_path(root / spec.key / "src", spec.checkout))] if spec.checkout else [])]
 
 
 def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print,
@@ -207,17 +209,23 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
                 run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
             env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
             site_packages = Path(_site_packages(folder))
-            for arguments in spec.installs:
+            installs = list(spec.installs)
+            if spec.checkout == "transformers" and spec.source is not None:
+                clone, sha = spec.source
+                version, requirements = prepare_transformers_checkout(folder / "src", clone, sha, site_packages, python, env)
+                log(f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements")
+                installs[0] = (*requirements, *installs[0])
+            for arguments in installs:
                 tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
             if spec.checkout == "deepspeed" and spec.source is not None:
                 clone, sha = spec.source
-                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, python, env)
+                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
                 log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
                     f"requirements")
             package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
             if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
                 try:
-                    install_prebuilt_ops(root, python, package_root, env, log)
+                    install_prebuilt_ops(root, python, package_root, [str(site_packages), *lower], env, log)
                 except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
                     log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
         except InstallError as error:

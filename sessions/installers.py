@@ -61,9 +61,9 @@ def uv_requirement() -> str:
     return requirement
 
 
-def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
+def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     """stdout of argv; InstallError naming the command and quoting its output when it fails."""
-    completed = subprocess.run(argv, capture_output=True, text=True, env=env)
+    completed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     if completed.returncode != 0:
         output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
                            if line.strip() and "is ignored" not in line)
@@ -122,7 +122,7 @@ def installed(site_packages: list[str]) -> dict[str, str]:
 
 def built_locally(site_packages: list[str]) -> set[str]:
     """Canonical names of the distributions on these paths installed from a local folder or archive
-    (a DeepSpeed commit): no index has them, so a resolution must not ask for them."""
+    (a DeepSpeed or transformers commit): no index has them, so a resolution must not ask for them."""
     local: set[str] = set()
     for folder in site_packages:
         for distribution in metadata.distributions(path=[folder]):
@@ -226,7 +226,7 @@ class Installer:
         transformers) and what only they need: pytest 9 needs a pluggy that did not exist in 2024, which
         an old transformers does not care about, but tokenizers or huggingface_hub stay as of the day."""
         visible = installed([sysconfig_purelib(python), *lower])
-        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally(lower)
+        excluded = set(NEVER_RESOLVED_AGAIN) | built_locally([sysconfig_purelib(python), *lower])
         requirements, flags = requirement_lines(arguments)
         options = list(flags)
         if as_of:
@@ -261,6 +261,23 @@ def sysconfig_purelib(python: Path) -> str:
 _CHOSEN: dict[Path, Installer] = {}
 
 
+def pinned_uv(root: Path) -> Path:
+    """Where installer() puts the uv of pyproject.toml's pin under root."""
+    return root / TOOLS_FOLDER / uv_requirement().replace("==", "-") / "bin" / "uv"
+
+
+def give_nox_the_pinned_uv(root: Path) -> None:
+    """nox looks for a uv ($UV, else PATH) when each session starts, for its own uv venv backend, and logs
+    "uv binary not found" without one, though the harness builds its environments with uv: point nox's
+    `UV` variable (read since wntrblm/nox#955, 2025) at the harness's pinned uv, installed now
+    when missing as the first environment would (a set UV is left alone; with the pip fallback nox's line
+    is true and stays)."""
+    if os.environ.get(INSTALLER_ENV, "").lower() != "pip" and not pinned_uv(root).exists():
+        installer(root)
+    if pinned_uv(root).exists():
+        os.environ.setdefault("UV", str(pinned_uv(root)))
+
+
 def installer(root: Path, log=print) -> Installer:
     """uv, installed once under root/.tools/ (pip's own configuration finds it), else pip with a line
     saying why."""
@@ -274,8 +291,8 @@ def installer(root: Path, log=print) -> Installer:
         log(f"environments are built with pip: {error}")
         return Installer(None)
     requirement = uv_requirement()
-    target = root / TOOLS_FOLDER / requirement.replace("==", "-")
-    binary = target / "bin" / "uv"
+    binary = pinned_uv(root)
+    target = binary.parent.parent
     if not binary.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target.parent / f".{target.name}.lock", "w") as lock:

@@ -16,16 +16,19 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.fake_packages import git, make_repo, pyproject
+from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo, pyproject
 
+import sessions.environments as environments
 import sessions.installers as installers
 from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
-from sessions.installers import INSTALLER_ENV, installed, sysconfig_purelib, uv_requirement
+from sessions.checkouts import project_metadata
+from sessions.installers import INSTALLER_ENV, InstallError, installed, sysconfig_purelib, uv_requirement
 
 SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
 
@@ -41,9 +44,11 @@ FAKES = [  # (name, version, requirements)
 
 
 def write_wheel(folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None) -> None:
-    module = f"VERSION = {version!r}\n" + ("__version__ = VERSION + '+cpu'\nclass version:\n    cuda = None\n"
+    module = f"VERSION = {version!r}\n" + ("from . import version\n__version__ = version.__version__\n"
+                                          "class cuda:\n    is_available = staticmethod(lambda: False)\n"
                                           if name == "torch" else "")
-    files = {f"{name}/__init__.py": module, **(extra or {}),
+    torch_version = {"torch/version.py": FAKE_TORCH_VERSION.replace("2.13.0", version)} if name == "torch" else {}
+    files = {f"{name}/__init__.py": module, **torch_version, **(extra or {}),
              f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
              f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
@@ -155,6 +160,8 @@ FAKE_DEEPSPEED = {  # what a DeepSpeed checkout needs to run from its tree
     "version.txt": "0.2.0\n",
     "requirements/requirements.txt": "gamma\ntorch>=2.0.0  # torch comes from the torch layer\n",
     "deepspeed/__init__.py": "from .git_version_info_installed import version as __version__, git_hash\n",
+    "deepspeed/git_version_info.py": "from .git_version_info_installed import *\n",
+    "deepspeed/ops/__init__.py": "",
 }
 
 
@@ -184,3 +191,129 @@ def test_a_deepspeed_commit_is_its_checkout_on_the_path_with_what_setup_py_would
     assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": shas[1]}
     assert (shown["accelerator"], shown["torch"]) == ("cpu", "2.13")
     assert own_packages(root, layer.key) == {"deepspeed": f"0.2.0+{short}", "gamma": "1.0"}  # its requirements
+
+
+def commit(repo: Path, subject: str, files: dict[str, str]) -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git(repo, "add", "--all")
+    git(repo, "commit", "--quiet", "-m", subject)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_deepspeed_commits_whose_op_sources_are_unchanged_share_one_build_and_a_changed_csrc_gets_its_own(
+        tmp_path, uv, offline, monkeypatch):
+    clone = tmp_path / "DeepSpeed"
+    make_repo(clone, pyproject("deepspeed"), [("Initial", {**FAKE_DEEPSPEED, **fake_comm_op()}, "v0.2.0")])
+    for link in ("op_builder", "csrc"):  # as in DeepSpeed's tree: deepspeed/ops/{op_builder,csrc} link to the top
+        (clone / "deepspeed" / "ops" / link).symlink_to(Path("..") / ".." / link)
+    shas = [commit(clone, "Links", {}),
+            commit(clone, "Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}),
+            commit(clone, "Faster shm (#4322)", {"csrc/cpu/comm/shm.h": "int shm; // faster\n"})]
+    monkeypatch.setenv("FAKE_BUILD_LOG", str(tmp_path / "builds.log"))
+    root = tmp_path / "envs"
+    pins = {"deepspeed": "0.2.0", "transformers": "5.24.0", "torch": "2.13.0"}
+    keys, said = [], []
+    for sha in shas:
+        layer = commit_environment(root, clone, sha, pins).base
+        ensure_environment(root, layer, log=said.append, tool=uv)
+        library = root / layer.key / "src" / "deepspeed" / "ops" / "comm" / "deepspeed_shm_comm_op.so"
+        keys.append(library.resolve().parent.name)
+        assert library.resolve() == root / ".ops" / keys[-1] / library.name
+    assert keys[0] == keys[1] != keys[2]
+    assert (tmp_path / "builds.log").read_text().splitlines() == ["deepspeed_shm_comm_op"] * 2
+    assert f"deepspeed.ops.comm.deepspeed_shm_comm_op: reusing the build of key {keys[0]}" in said
+    assert not [line for line in said if "described by importing DeepSpeed" in line]  # the files said it all
+
+
+FAKE_TRANSFORMERS_SETUP = '''\
+import re
+from pathlib import Path
+
+from setuptools import Command, find_packages, setup
+
+_deps = ["alpha>=2", "gamma", "pytest>=7", "Pillow>=10,<=15"]
+deps = {b: a for a, b in (re.findall(r"^(([^!=<>~ ]+)(?:[!=<>~ ].*)?$)", x)[0] for x in _deps)}
+
+
+def deps_list(*pkgs):
+    return [deps[pkg] for pkg in pkgs]
+
+
+class DepsTableUpdateCommand(Command):
+    user_options = []
+
+
+install_requires = deps_list("alpha", "gamma") + [deps["Pillow"] + ";python_version<'3'"]
+
+setup(
+    name="transformers",
+    version="5.25.0.dev0",
+    long_description=Path("README.md").read_text(),
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    install_requires=list(install_requires),
+    cmdclass={"deps_table_update": DepsTableUpdateCommand},
+)
+'''
+FAKE_TRANSFORMERS = {  # a transformers checkout: src/ layout, its requirements computed in setup.py
+    "setup.py": FAKE_TRANSFORMERS_SETUP,
+    "README.md": "fake\n",
+    "src/transformers/__init__.py": '__version__ = "5.25.0.dev0"\nimport alpha, gamma\n',
+    "src/transformers/models/llama/modeling_llama.py": "BROKEN = False\n",
+}
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_requirements(tmp_path, uv, offline, tool,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(environments, "project_dependencies", lambda: [])  # the harness's own: not in the fake index
+    clone = tmp_path / "transformers"
+    make_repo(clone, pyproject("transformers", "src"), [("Initial", dict(FAKE_TRANSFORMERS), "v5.24.0")])
+    sha = commit(clone, "Refactor llama (#40102)", {"src/transformers/models/llama/modeling_llama.py": "BROKEN = True\n"})
+    root = tmp_path / "envs"
+    installer = uv if tool == "uv" else installers.Installer(None)
+    spec = commit_environment(root, clone, sha, {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"},
+                              axis="transformers")
+    ensure_environment(root, spec.base, tool=installer)
+    before = {layer.key: tree_hash(root / layer.key) for layer in spec.lower()}
+    python = ensure_environment(root, spec, tool=installer)
+    assert {layer.key: tree_hash(root / layer.key) for layer in spec.lower()} == before
+
+    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+        import json, alpha, transformers, transformers.models.llama.modeling_llama as llama
+        from importlib import metadata
+        print(json.dumps({"version": transformers.__version__, "metadata": metadata.version("transformers"),
+                          "file": transformers.__file__, "broken": llama.BROKEN, "alpha": alpha.VERSION,
+                          "requires": metadata.requires("transformers"),
+                          "direct_url": json.loads(metadata.distribution("transformers").read_text("direct_url.json"))}))"""],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert shown["version"] == shown["metadata"] == "5.25.0.dev0"
+    assert shown["file"] == str(root / spec.key / "src" / "src" / "transformers" / "__init__.py")  # the checkout
+    assert shown["broken"] is True  # the commit's own tree
+    assert shown["requires"] == ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"]  # as setup.py computed them
+    assert shown["direct_url"]["vcs_info"] == {"vcs": "git", "commit_id": sha}
+    # its requirements that the lower layers lack (alpha 2.0 came with torch), nothing built: no package folder
+    assert own_packages(root, spec.key) == {"transformers": "5.25.0.dev0", "gamma": "1.0"}
+    assert not (Path(sysconfig_purelib(python)) / "transformers").exists()
+
+
+def test_a_checkout_states_its_requirements_in_setup_py_or_a_static_pyproject_or_gets_a_clear_error(tmp_path):
+    setup_py = tmp_path / "setup-py"
+    for path, text in FAKE_TRANSFORMERS.items():
+        (setup_py / path).parent.mkdir(parents=True, exist_ok=True)
+        (setup_py / path).write_text(text)
+    assert project_metadata(setup_py, Path(sys.executable), dict(os.environ)) == (
+        "5.25.0.dev0", ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"])
+
+    static = tmp_path / "pyproject"
+    static.mkdir()
+    (static / "pyproject.toml").write_text('[project]\nname = "transformers"\nversion = "6.0.0"\ndependencies = ["gamma"]\n')
+    assert project_metadata(static, Path(sys.executable), dict(os.environ)) == ("6.0.0", ["gamma"])
+
+    dynamic = tmp_path / "dynamic"
+    dynamic.mkdir()
+    (dynamic / "pyproject.toml").write_text('[project]\nname = "transformers"\ndynamic = ["version", "dependencies"]\n')
+    with pytest.raises(InstallError, match=f"^{dynamic}: neither a setup.py nor a pyproject.toml"):
+        project_metadata(dynamic, Path(sys.executable), dict(os.environ))
