@@ -22,6 +22,7 @@ def pytest_addoption(parser):
     for names, settings in SUITE_OPTIONS:
         group.addoption(*names, **settings)
 
+
 CELLS = pytest.StashKey[list]()
 ACCURACY_TASK = pytest.StashKey[object]()
 
@@ -30,8 +31,14 @@ def pytest_configure(config):
     option = config.getoption
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
         variants = option("--variants") or default_variants(option("--checkpoints"))
-        config.stash[CELLS] = expand(option("--models"), variants, option("--dtypes"), option("--tp"),
-                                     Path(option("--models-file")), option("--shapes"))
+        config.stash[CELLS] = expand(
+            option("--models"),
+            variants,
+            option("--dtypes"),
+            option("--tp"),
+            Path(option("--models-file")),
+            option("--shapes"),
+        )
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
     except (RegistryError, TaskError) as error:
         raise pytest.UsageError(str(error)) from None
@@ -55,9 +62,13 @@ def _warn_if_oversubscribed(config, workers) -> None:
         return
     tp, cores = max((cell.tp for cell in config.stash[CELLS]), default=1), os.cpu_count() or 1
     if workers * tp > cores:
-        config.issue_config_time_warning(pytest.PytestConfigWarning(
-            f"-n {workers} runs up to {workers * tp} ranks on {cores} cores; -n {max(1, cores // tp)} gives the most "
-            "cells per minute here (workers x tp <= cores)"), stacklevel=2)
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(
+                f"-n {workers} runs up to {workers * tp} ranks on {cores} cores; -n {max(1, cores // tp)} gives the most "
+                "cells per minute here (workers x tp <= cores)"
+            ),
+            stacklevel=2,
+        )
 
 
 def _start_run(config):
@@ -70,10 +81,13 @@ def _start_run(config):
     versions = installed_versions()
     # Injected faults and the harness commit are part of what a run is: records made under a fault, or by
     # other harness code, are never replayed into this run.
-    selection = {name: option(f"--{name.replace('_', '-')}")
-                 for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task", "inject_fault")}
-    state = RunState(Path(option("--results")), option("--session-name"), selection,
-                     {**versions, "harness_git": harness_commit()})
+    selection = {
+        name: option(f"--{name.replace('_', '-')}")
+        for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task", "inject_fault")
+    }
+    state = RunState(
+        Path(option("--results")), option("--session-name"), selection, {**versions, "harness_git": harness_commit()}
+    )
     if hasattr(config, "workerinput"):
         return RunInfo(option("--session-name"), started=config.workerinput["autotp_run_started"]), state, versions
     run = RunInfo(option("--session-name"))
@@ -104,8 +118,12 @@ def pytest_sessionstart(session):
 
     config.stash[CACHE_AT_START] = CacheContents.now()
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    for line in memory_plan_lines(config.stash[CELLS], RunOptions(checkpoints=config.getoption("--checkpoints"),
-                                                                  allow_remote_code=config.getoption("--allow-remote-code"))):
+    for line in memory_plan_lines(
+        config.stash[CELLS],
+        RunOptions(
+            checkpoints=config.getoption("--checkpoints"), allow_remote_code=config.getoption("--allow-remote-code")
+        ),
+    ):
         reporter.write_line(line)
 
 
@@ -118,8 +136,10 @@ def pytest_generate_tests(metafunc):
         return
     cells = metafunc.config.stash[CELLS]
     workers = getattr(metafunc.config, "workerinput", {}).get("workercount", 1)
-    params = [pytest.param(cell, id=cell.id, marks=pytest.mark.xdist_group(_xdist_group(cell, cells, workers)))
-              for cell in cells]
+    params = [
+        pytest.param(cell, id=cell.id, marks=pytest.mark.xdist_group(_xdist_group(cell, cells, workers)))
+        for cell in cells
+    ]
     metafunc.parametrize("cell", params)
 
 
@@ -135,9 +155,13 @@ def run_options(pytestconfig):
     from suites.driver import RunOptions
 
     option = pytestconfig.getoption
-    return RunOptions(checkpoints=option("--checkpoints"), allow_remote_code=option("--allow-remote-code"),
-                      cell_timeout=option("--cell-timeout"), faults=tuple(option("--inject-fault")),
-                      accuracy_task=pytestconfig.stash[ACCURACY_TASK])
+    return RunOptions(
+        checkpoints=option("--checkpoints"),
+        allow_remote_code=option("--allow-remote-code"),
+        cell_timeout=option("--cell-timeout"),
+        faults=tuple(option("--inject-fault")),
+        accuracy_task=pytestconfig.stash[ACCURACY_TASK],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -155,9 +179,14 @@ def recorder(pytestconfig):
     from suites.records.run_records import CellRecorder
 
     run, state, versions = pytestconfig.stash[RUN]
-    return CellRecorder(Path(pytestconfig.getoption("--results")), run, versions, state,
-                        expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
-                        faults=tuple(pytestconfig.getoption("--inject-fault")))
+    return CellRecorder(
+        Path(pytestconfig.getoption("--results")),
+        run,
+        versions,
+        state,
+        expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
+        faults=tuple(pytestconfig.getoption("--inject-fault")),
+    )
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -11,8 +11,15 @@ import nox
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
 from sessions.environments import env_root, environment_variables
 from sessions.installers import give_nox_the_pinned_uv
-from sessions.nox_sessions import (PROJECT_DEPENDENCIES, TESTS_PINS, backfill, dependency_group, install_harness,
-                                   run_matrix, session_combos)
+from sessions.nox_sessions import (
+    PROJECT_DEPENDENCIES,
+    TESTS_PINS,
+    backfill,
+    dependency_group,
+    install_harness,
+    run_matrix,
+    session_combos,
+)
 
 nox.options.sessions = ["matrix"]
 nox.options.reuse_venv = "yes"
@@ -46,7 +53,9 @@ def coverage(session):
 def add_model(session):
     """Add a model: `nox -s add-model -- <hub id | local checkpoint dir | model_type> [--name NAME]`."""
     python = install_harness(session, LATEST[0])
-    session.run(str(python), "-m", "sessions.add_model", *session.posargs, env=environment_variables(python), external=True)
+    session.run(
+        str(python), "-m", "sessions.add_model", *session.posargs, env=environment_variables(python), external=True
+    )
 
 
 @nox.session(python=False)
@@ -57,23 +66,36 @@ def repro(session):
 
 @nox.session(python=False)
 def tests(session):
-    """Lint (ruff), then the harness's own tests (real AutoTP runs on tiny models, injected faults, reports),
+    """Lint and formatting (ruff), types (mypy), then the harness's own tests (real AutoTP runs on tiny models, injected faults, reports),
     on an empty harness cache of their own: the cold path every new user takes."""
     combos = session_combos("latest", TESTS_PINS)
     if not combos:
-        session.error("no PyPI release data to check the test pins against (see the line above); run once with "
-                      "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases")
+        session.error(
+            "no PyPI release data to check the test pins against (see the line above); run once with "
+            "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases"
+        )
     python = install_harness(session, combos[0], "tests")
     env = environment_variables(python)
     session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)
+    session.run(str(python), "-m", "ruff", "format", "--check", ".", env=env, external=True)
     session.run(str(python), "-m", "mypy", env=env, external=True)  # files and mode: pyproject.toml [tool.mypy]
     cache = tempfile.mkdtemp(prefix="autotp-tests-cache-")
     try:
         # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
         # What a person would look at (the report's screenshot) is kept under results/test-artifacts/.
-        session.run(str(python), "-m", "pytest", *(session.posargs or ["tests"]), external=True,
-                    env={**env, "TMPDIR": tempfile.gettempdir(), "AUTOTP_CACHE": cache,
-                         "AUTOTP_TEST_ARTIFACTS": str(Path("results/test-artifacts").resolve())})
+        session.run(
+            str(python),
+            "-m",
+            "pytest",
+            *(session.posargs or ["tests"]),
+            external=True,
+            env={
+                **env,
+                "TMPDIR": tempfile.gettempdir(),
+                "AUTOTP_CACHE": cache,
+                "AUTOTP_TEST_ARTIFACTS": str(Path("results/test-artifacts").resolve()),
+            },
+        )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -92,7 +114,9 @@ def report(session):
     # it up to date from there (a lost or stale store costs minutes, never history), then merge into both.
     if Path(results or "results", "archive").is_dir():
         session.run("python", "-m", "reports", "rebuild", *store)
-    session.run("python", "-m", "reports", "merge", *([f"{results}/junit"] if results else args or ["results/junit"]), *store)
+    session.run(
+        "python", "-m", "reports", "merge", *([f"{results}/junit"] if results else args or ["results/junit"]), *store
+    )
     session.run("python", "-m", "reports", "render", *store, *(["--out", results] if results else []))
     if verify:
         session.run("python", "-m", "reports", "verify", *store)

@@ -87,12 +87,21 @@ class Layout:
 
     def run(self, step: dict) -> dict:
         """One step in this layout's own environment root and harness cache: its figures."""
-        env = {**os.environ, "AUTOTP_ENV_ROOT": str(self.scratch / "envs"), "AUTOTP_CACHE": str(self.scratch / "cache"),
-               "PYTHONPATH": str(self.checkout)}
+        env = {
+            **os.environ,
+            "AUTOTP_ENV_ROOT": str(self.scratch / "envs"),
+            "AUTOTP_CACHE": str(self.scratch / "cache"),
+            "PYTHONPATH": str(self.checkout),
+        }
         results = self.scratch / f"results-{step['name']}"
         shutil.rmtree(results, ignore_errors=True)  # a rerun's first record must be its own
-        done = subprocess.run([sys.executable, "-c", STEP, json.dumps({**step, "results": str(results)})],
-                              cwd=self.checkout, env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", STEP, json.dumps({**step, "results": str(results)})],
+            cwd=self.checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         (self.scratch / f"log-{step['name']}.txt").write_text(done.stderr)
         if done.returncode != 0:
             raise SystemExit(f"{self.name}: step {step['name']} failed:\n{done.stderr[-3000:]}")
@@ -114,68 +123,120 @@ def main() -> None:
     parser.add_argument("--deepspeed-repo", type=Path, required=True, help="a DeepSpeed clone (for the commit step)")
     parser.add_argument("--transformers-repo", type=Path, required=True, help="a transformers clone (commit step)")
     parser.add_argument("--deepspeed", default="0.19.5", help="the DeepSpeed release the steps start from")
-    parser.add_argument("--new-deepspeed", default="0.19.4", help="step 2: a release whose comm op hashes like --deepspeed's")
-    parser.add_argument("--deepspeed-commit", default="edaa72212", help="step 3: a commit whose op sources equal --deepspeed's")
+    parser.add_argument(
+        "--new-deepspeed", default="0.19.4", help="step 2: a release whose comm op hashes like --deepspeed's"
+    )
+    parser.add_argument(
+        "--deepspeed-commit", default="edaa72212", help="step 3: a commit whose op sources equal --deepspeed's"
+    )
     parser.add_argument("--transformers", default="5.24.0", help="the transformers release the steps start from")
     parser.add_argument("--new-transformers", default="5.23.0", help="step 1: another transformers release")
     parser.add_argument("--transformers-commit", default="HEAD", help="step 4: a commit of --transformers-repo")
     parser.add_argument("--torch", default="2.13.0")
-    parser.add_argument("--scratch", type=Path, help="where the layouts' roots go (kept; default: a new temporary folder)")
-    parser.add_argument("--seed-torch-layer", type=Path, help="an environment root whose torch layer the new layout "
-                        "starts with (hard links), to skip unpacking torch in the untimed start")
+    parser.add_argument(
+        "--scratch", type=Path, help="where the layouts' roots go (kept; default: a new temporary folder)"
+    )
+    parser.add_argument(
+        "--seed-torch-layer",
+        type=Path,
+        help="an environment root whose torch layer the new layout "
+        "starts with (hard links), to skip unpacking torch in the untimed start",
+    )
     args = parser.parse_args()
 
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="autotp-bench-"))
     old_checkout = scratch / "old-layout"
     if not old_checkout.exists():
-        subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(old_checkout),
-                        args.old_ref], check=True)
+        subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(old_checkout), args.old_ref],
+            check=True,
+        )
     old, new = Layout("old", old_checkout, scratch / "old"), Layout("new", PROJECT_ROOT, scratch / "new")
     if args.seed_torch_layer:
         seed_torch_layer(args.seed_torch_layer, new, args.torch)
 
     def sha(repo: Path, ref: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", ref], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", ref], capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     start = {"deepspeed": args.deepspeed, "transformers": args.transformers, "torch": args.torch}
     none = {"commit": "", "clone": "", "axis": ""}
     steps = [
-        ("new transformers release over the existing DeepSpeed", 8.0, "first",
-         {**none, "name": "transformers-release", "pins": {**start, "transformers": args.new_transformers}}),
-        ("new DeepSpeed release over the existing torch, op hashed alike", 25.0, "environment",
-         {**none, "name": "deepspeed-release", "pins": {**start, "deepspeed": args.new_deepspeed}}),
-        ("DeepSpeed commit step, op sources unchanged", 30.0, "first",
-         {"name": "deepspeed-commit", "pins": start, "axis": "deepspeed", "clone": str(args.deepspeed_repo),
-          "commit": sha(args.deepspeed_repo, args.deepspeed_commit)}),
-        ("transformers commit step", 15.0, "first",
-         {"name": "transformers-commit", "pins": start, "axis": "transformers", "clone": str(args.transformers_repo),
-          "commit": sha(args.transformers_repo, args.transformers_commit)}),
+        (
+            "new transformers release over the existing DeepSpeed",
+            8.0,
+            "first",
+            {**none, "name": "transformers-release", "pins": {**start, "transformers": args.new_transformers}},
+        ),
+        (
+            "new DeepSpeed release over the existing torch, op hashed alike",
+            25.0,
+            "environment",
+            {**none, "name": "deepspeed-release", "pins": {**start, "deepspeed": args.new_deepspeed}},
+        ),
+        (
+            "DeepSpeed commit step, op sources unchanged",
+            30.0,
+            "first",
+            {
+                "name": "deepspeed-commit",
+                "pins": start,
+                "axis": "deepspeed",
+                "clone": str(args.deepspeed_repo),
+                "commit": sha(args.deepspeed_repo, args.deepspeed_commit),
+            },
+        ),
+        (
+            "transformers commit step",
+            15.0,
+            "first",
+            {
+                "name": "transformers-commit",
+                "pins": start,
+                "axis": "transformers",
+                "clone": str(args.transformers_repo),
+                "commit": sha(args.transformers_repo, args.transformers_commit),
+            },
+        ),
     ]
-    print(f"layouts: {new.checkout} (new: uv layers) and {args.old_ref} (old: pip bases); scratch {scratch}; "
-          "uv's and pip's download caches warm (shared machine caches)", flush=True)
+    print(
+        f"layouts: {new.checkout} (new: uv layers) and {args.old_ref} (old: pip bases); scratch {scratch}; "
+        "uv's and pip's download caches warm (shared machine caches)",
+        flush=True,
+    )
     for layout in (new, old):
         figures = layout.run({**none, "name": "start", "pins": start})
-        print(f"untimed start, {layout.name}: DeepSpeed {args.deepspeed} + transformers {args.transformers}: environment "
-              f"{figures['environment']:.1f} s, first cell {figures['first_cell']:.1f} s (load {figures['load_cells']:.1f})",
-              flush=True)
+        print(
+            f"untimed start, {layout.name}: DeepSpeed {args.deepspeed} + transformers {args.transformers}: environment "
+            f"{figures['environment']:.1f} s, first cell {figures['first_cell']:.1f} s (load {figures['load_cells']:.1f})",
+            flush=True,
+        )
     rows = []
     for label, target, measure, step in steps:
         measured = {layout.name: layout.run(step) for layout in (old, new)}
         rows.append((label, target, measure, measured))
         for name, figures in measured.items():
-            print(f"  {name}: {label}: environment {figures['environment']:.1f} s (load {figures['load_environment']:.1f}), "
-                  f"first cell after {figures['first_cell']:.1f} s more (load {figures['load_cells']:.1f})", flush=True)
+            print(
+                f"  {name}: {label}: environment {figures['environment']:.1f} s (load {figures['load_environment']:.1f}), "
+                f"first cell after {figures['first_cell']:.1f} s more (load {figures['load_cells']:.1f})",
+                flush=True,
+            )
 
     print(f"\n{'step':<62} {'old env':>8} {'new env':>8} {'old 1st':>8} {'new 1st':>8} {'old/new':>8}  target (new)")
     for label, target, measure, measured in rows:
         before, after = measured["old"], measured["new"]
-        old_first, new_first = (before["environment"] + before["first_cell"], after["environment"] + after["first_cell"])
+        old_first, new_first = (
+            before["environment"] + before["first_cell"],
+            after["environment"] + after["first_cell"],
+        )
         judged = after["environment"] if measure == "environment" else new_first
         compared = before["environment"] / after["environment"] if measure == "environment" else old_first / new_first
         what = "environment" if measure == "environment" else "to first cell"
-        print(f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
-              f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)")
+        print(
+            f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
+            f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)"
+        )
     print("(env: the environment alone; 1st: environment + the session to its first cell record; load averages above)")
 
 

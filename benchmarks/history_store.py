@@ -68,14 +68,19 @@ class SyntheticYear:
         verdict = {cell: self._failure() if self.random.random() < 0.25 else None for cell in cell_keys}
         self.by_release = []
         for _ in DEEPSPEED_RELEASES:
-            verdict = {cell: (self._failure() if v is None else None) if self.random.random() < 0.02 else v
-                       for cell, v in verdict.items()}
+            verdict = {
+                cell: (self._failure() if v is None else None) if self.random.random() < 0.02 else v
+                for cell, v in verdict.items()
+            }
             self.by_release.append(verdict)
 
     def _failure(self) -> tuple[str, str]:
         failure_class = self.random.choice(FAILURE_CLASSES)
-        return failure_class, f"{failure_class.title()}Error: {self.random.choice(('tensor', 'rank', 'shard'))} " \
-                              f"mismatch in layer {self.random.randrange(40)}"
+        return (
+            failure_class,
+            f"{failure_class.title()}Error: {self.random.choice(('tensor', 'rank', 'shard'))} "
+            f"mismatch in layer {self.random.randrange(40)}",
+        )
 
     def night(self, night: int, sessions: int, cell_keys: list[CellKey]) -> list[tuple[Run, list[CellResult]]]:
         release = min(night // RELEASE_EVERY_NIGHTS, len(DEEPSPEED_RELEASES) - 1)
@@ -83,11 +88,22 @@ class SyntheticYear:
         runs = []
         for session in range(sessions):
             started = f"2026-{1 + night // 31 % 12:02d}-{1 + night % 31:02d}T{session % 24:02d}:00:{night // 372:02d}Z"
-            versions = Versions(deepspeed=DEEPSPEED_RELEASES[release], transformers=f"4.{40 + session % 10}.0",
-                                torch=f"2.{4 + session // 10}.0", python="3.11.7")
-            run = Run(run_id=f"s{session:02d}@{night:04d}@{started}@runner-{session % 3}", session=f"s{session:02d}",
-                      host=f"runner-{session % 3}", started=started, accelerator="cpu", backend="gloo",
-                      versions=versions, harness_git="b" * 40)
+            versions = Versions(
+                deepspeed=DEEPSPEED_RELEASES[release],
+                transformers=f"4.{40 + session % 10}.0",
+                torch=f"2.{4 + session // 10}.0",
+                python="3.11.7",
+            )
+            run = Run(
+                run_id=f"s{session:02d}@{night:04d}@{started}@runner-{session % 3}",
+                session=f"s{session:02d}",
+                host=f"runner-{session % 3}",
+                started=started,
+                accelerator="cpu",
+                backend="gloo",
+                versions=versions,
+                harness_git="b" * 40,
+            )
             results = []
             for cell in cell_keys:
                 failure = verdicts[cell]
@@ -99,14 +115,22 @@ class SyntheticYear:
 
     def _result(self, run_id: str, cell: CellKey, failure: tuple[str, str] | None) -> CellResult:
         if failure is None:
-            metrics = {name: self.random.random() * 1e-5 for name in (
-                "logits_max_abs", "logits_mean_abs", "loss_delta", "peak_rss_mb", "load_s", "forward_s")}
+            metrics = {
+                name: self.random.random() * 1e-5
+                for name in ("logits_max_abs", "logits_mean_abs", "loss_delta", "peak_rss_mb", "load_s", "forward_s")
+            }
             return CellResult(run_id, cell, "pass", metrics=metrics)
         failure_class, signature = failure
         line = 300 + self.random.randrange(300)  # a few hundred distinct messages per signature
-        message = "Traceback (most recent call last):\n" + "".join(
-            f'  File "/site-packages/deepspeed/module_inject/layer_{n}.py", line {line + n}, in forward\n'
-            f"    out = self.mp_group.all_reduce(x{n})\n" for n in range(12)) + signature
+        message = (
+            "Traceback (most recent call last):\n"
+            + "".join(
+                f'  File "/site-packages/deepspeed/module_inject/layer_{n}.py", line {line + n}, in forward\n'
+                f"    out = self.mp_group.all_reduce(x{n})\n"
+                for n in range(12)
+            )
+            + signature
+        )
         return CellResult(run_id, cell, "fail", failure_class, signature, message)
 
 
@@ -155,8 +179,9 @@ def child(command: list[str], timeout: float) -> tuple[float, float, float, str]
 def live_mb(store: Path) -> float:
     """The pages holding data (a compacted store reuses its free pages for the next nights)."""
     with sqlite3.connect(store) as conn:
-        pages, free, size = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
-                                                                                  "page_size"))
+        pages, free, size = (
+            conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+        )
     return (pages - free) * size / 2**20
 
 
@@ -187,14 +212,18 @@ def main() -> int:
         build_s = build(store, args.runs, args.cells, args.sessions, not args.no_compact)
     with sqlite3.connect(store) as conn:
         results, detailed, texts = conn.execute(
-            "SELECT count(*), count(message), (SELECT count(*) FROM texts) FROM results").fetchone()
-    render_s, render_cpu_s, render_peak, _ = child([sys.executable, "-m", "reports", "render", "--store", str(store),
-                                      "--out", str(out)], args.render_timeout)
+            "SELECT count(*), count(message), (SELECT count(*) FROM texts) FROM results"
+        ).fetchone()
+    render_s, render_cpu_s, render_peak, _ = child(
+        [sys.executable, "-m", "reports", "render", "--store", str(store), "--out", str(out)], args.render_timeout
+    )
     scale = args.runs / 600  # the issue's figures, scaled linearly to this many runs
     before = {name: value * scale for name, value in BEFORE_600_RUNS.items()}
-    print(f"synthetic history: {args.runs // args.sessions * args.sessions} runs x {args.cells} cells = {results} "
-          f"results; {detailed} with detail, {texts} distinct texts; built in {build_s:.0f} s "
-          f"({'compacted' if not args.no_compact else 'NOT compacted'})")
+    print(
+        f"synthetic history: {args.runs // args.sessions * args.sessions} runs x {args.cells} cells = {results} "
+        f"results; {detailed} with detail, {texts} distinct texts; built in {build_s:.0f} s "
+        f"({'compacted' if not args.no_compact else 'NOT compacted'})"
+    )
     print("before = the issue's 600-run figures scaled linearly to this many runs")
     print(line("store file", store.stat().st_size / 2**20, "MB", TARGETS["store_mb"], before["store_mb"]))
     print(line("store pages in use", live_mb(store), "MB", TARGETS["store_mb"], before["store_mb"]))
@@ -203,8 +232,15 @@ def main() -> int:
     print(f"{'load average (1, 5, 15 min)':<34} {', '.join(f'{load:.1f}' for load in os.getloadavg())}")
     print(line("render peak memory", render_peak, "MB", TARGETS["render_peak_mb"], before["render_peak_mb"]))
     report = out / "report.json"
-    print(line("report.json (first screen)", report.stat().st_size / 2**20, "MB", TARGETS["report_json_mb"],
-               before["report_json_mb"]))
+    print(
+        line(
+            "report.json (first screen)",
+            report.stat().st_size / 2**20,
+            "MB",
+            TARGETS["report_json_mb"],
+            before["report_json_mb"],
+        )
+    )
     details = sorted(path for path in out.rglob("*.json") if path != report)
     if details:
         sizes = [path.stat().st_size / 2**20 for path in details]

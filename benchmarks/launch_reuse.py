@@ -30,8 +30,11 @@ def timed_run(cells, launcher: str, pool_per_cell: bool) -> tuple[float, list[st
         if pool_per_cell:
             pool.close()
         outcomes.append(run_cell(cell, pool, RunOptions()).outcome)
-        print(f"  {launcher}{' per cell' if pool_per_cell else ' reused'}: {cell.id} {outcomes[-1]} "
-              f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+        print(
+            f"  {launcher}{' per cell' if pool_per_cell else ' reused'}: {cell.id} {outcomes[-1]} "
+            f"({time.perf_counter() - started:.0f} s so far)",
+            flush=True,
+        )
     pool.close()
     return time.perf_counter() - started, outcomes
 
@@ -45,11 +48,16 @@ def main() -> None:
     print(f"{len(cells)} cells at tp {args.tp}; preparing checkpoints and references ...", flush=True)
     for cell in cells:
         prepare_job(cell, RunOptions())
-    warmup = RankGroupPool(launcher="deepspeed")  # the first launch after a while reads everything from disk: keep it out of both timings
+    warmup = RankGroupPool(
+        launcher="deepspeed"
+    )  # the first launch after a while reads everything from disk: keep it out of both timings
     run_cell(cells[0], warmup, RunOptions())
     warmup.close()
-    ways = {"one launch per cell": ("deepspeed", True), "reused group, launcher": ("deepspeed", False),
-            "reused group, forked": ("fork", False)}
+    ways = {
+        "one launch per cell": ("deepspeed", True),
+        "reused group, launcher": ("deepspeed", False),
+        "reused group, forked": ("fork", False),
+    }
     seconds, verdicts = {}, {}
     for way, (launcher, per_cell) in ways.items():
         seconds[way], verdicts[way] = timed_run(cells, launcher, per_cell)
@@ -58,7 +66,9 @@ def main() -> None:
     print(f"\n{'way':<26}{'seconds':>10}{'s/cell':>10}{'speed-up':>10}")
     for way, spent in seconds.items():
         print(f"{way:<26}{spent:>10.1f}{spent / len(cells):>10.2f}{baseline / spent:>9.1f}x")
-    print(f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them failing")
+    print(
+        f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them failing"
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,17 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from suites.command import suites_command  # noqa: E402
 
-SHAPE = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 4, "intermediate_size": 4096,
-         "vocab_size": 16000, "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+SHAPE = {
+    "hidden_size": 1536,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "intermediate_size": 4096,
+    "vocab_size": 16000,
+    "max_position_embeddings": 512,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
@@ -43,8 +52,10 @@ def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
     for count in layers:
         name = f"synthetic_llama_{count}l"
         names.append(name)
-        tables.append(f"[models.{name}]\nmodel_type = \"llama\"\ntiny = {toml_value({**SHAPE, 'num_hidden_layers': count})}\n"
-                      f"tiny_why = \"memory benchmark: llama-shaped, {count} layers\"\n")
+        tables.append(
+            f'[models.{name}]\nmodel_type = "llama"\ntiny = {toml_value({**SHAPE, "num_hidden_layers": count})}\n'
+            f'tiny_why = "memory benchmark: llama-shaped, {count} layers"\n'
+        )
     path = folder / "models.toml"
     path.write_text("\n".join(tables))
     return path, names
@@ -94,8 +105,13 @@ print(json.dumps({"growth": vm("VmHWM:") - before}))
 def unsharded_training_growth(folder: str, variant) -> int:
     """Peak RSS growth of the driver's unsharded training steps for `variant`, measured in a child process
     that imported the same modules first (the driver computes them in its own, long-lived process)."""
-    done = subprocess.run([sys.executable, "-c", UNSHARDED_STEPS_CHILD, folder, str(variant.unsharded_steps), variant.optimizer],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", UNSHARDED_STEPS_CHILD, folder, str(variant.unsharded_steps), variant.optimizer],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])["growth"]
 
 
@@ -132,29 +148,79 @@ def main() -> None:
         results = args.work / f"results-{name}"
         shutil.rmtree(results, ignore_errors=True)  # this run's records only
         forget_reference(folder)  # the cells' run computes it whole, measured
-        subprocess.run(suites_command(sys.executable, models=name, models_file=registry, variants=args.variants, tp=args.tp,
-                                      results=results, cell_timeout=1800, extra=["-q"]), cwd=PROJECT_ROOT, check=False)
+        subprocess.run(
+            suites_command(
+                sys.executable,
+                models=name,
+                models_file=registry,
+                variants=args.variants,
+                tp=args.tp,
+                results=results,
+                cell_timeout=1800,
+                extra=["-q"],
+            ),
+            cwd=PROJECT_ROOT,
+            check=False,
+        )
         for record in read_records(results):
             metrics, cell = record["metrics"], record["cell"]
             if "rss_peak_max_bytes" in metrics:
-                rows.append((f"{cell['variant']} rank tp{cell['tp']}", model_bytes, metrics["plan_rank_host_bytes"],
-                             metrics["rss_peak_max_bytes"], record["outcome"]))
+                rows.append(
+                    (
+                        f"{cell['variant']} rank tp{cell['tp']}",
+                        model_bytes,
+                        metrics["plan_rank_host_bytes"],
+                        metrics["rss_peak_max_bytes"],
+                        record["outcome"],
+                    )
+                )
             else:
-                rows.append((f"{cell['variant']} rank tp{cell['tp']}", model_bytes, metrics.get("plan_rank_host_bytes", 0), 0,
-                             f"{record['outcome']}: {record['message'][:120]}"))
+                rows.append(
+                    (
+                        f"{cell['variant']} rank tp{cell['tp']}",
+                        model_bytes,
+                        metrics.get("plan_rank_host_bytes", 0),
+                        0,
+                        f"{record['outcome']}: {record['message'][:120]}",
+                    )
+                )
             if "reference_peak_rss_bytes" in metrics and cell["variant"] == args.variants.split(",")[0]:
-                rows.append(("reference", model_bytes, metrics["plan_reference_host_bytes"], metrics["reference_peak_rss_bytes"], ""))
+                rows.append(
+                    (
+                        "reference",
+                        model_bytes,
+                        metrics["plan_reference_host_bytes"],
+                        metrics["reference_peak_rss_bytes"],
+                        "",
+                    )
+                )
             if "plan_training_host_bytes" in metrics:
-                rows.append((f"{cell['variant']} unsharded steps", model_bytes, metrics["plan_training_host_bytes"],
-                             unsharded_training_growth(folder, load_variants()[cell["variant"]]), "driver side, in a child"))
+                rows.append(
+                    (
+                        f"{cell['variant']} unsharded steps",
+                        model_bytes,
+                        metrics["plan_training_host_bytes"],
+                        unsharded_training_growth(folder, load_variants()[cell["variant"]]),
+                        "driver side, in a child",
+                    )
+                )
         offloaded = offloaded_reference(folder)
-        rows.append(("reference, offloaded", model_bytes, offloaded["planned_peak_bytes"], offloaded["peak_rss_bytes"],
-                     f"max_memory {offloaded['max_memory']}"))
+        rows.append(
+            (
+                "reference, offloaded",
+                model_bytes,
+                offloaded["planned_peak_bytes"],
+                offloaded["peak_rss_bytes"],
+                f"max_memory {offloaded['max_memory']}",
+            )
+        )
 
     print(f"\n{'process':<24}{'model':>10}{'planned':>11}{'measured':>11}{'planned/measured':>18}  note")
     for process, model_bytes, planned, measured, note in rows:
         ratio = f"{planned / measured:.2f}" if measured else "-"
-        print(f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}")
+        print(
+            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}"
+        )
     print(f"\n{'process':<24}{'measured slope':>16}{'planned slope':>15}{'measured at 0':>15}")
     for process in dict.fromkeys(row[0] for row in rows):
         measured = [(row[1], row[3]) for row in rows if row[0] == process and row[3]]

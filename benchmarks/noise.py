@@ -39,9 +39,15 @@ def run(args: argparse.Namespace) -> None:
     try:
         for cell in cells:
             outcome = run_cell(cell, pool, RunOptions())
-            record = {"id": cell.id, "model": cell.model.name, "dtype": cell.dtype,
-                      "outcome": outcome.outcome, "failure_class": outcome.failure_class,
-                      "signature": outcome.signature, "metrics": outcome.metrics}
+            record = {
+                "id": cell.id,
+                "model": cell.model.name,
+                "dtype": cell.dtype,
+                "outcome": outcome.outcome,
+                "failure_class": outcome.failure_class,
+                "signature": outcome.signature,
+                "metrics": outcome.metrics,
+            }
             with out.open("a") as stream:
                 stream.write(json.dumps(record) + "\n")
             print(f"{cell.id}: {outcome.outcome} {outcome.failure_class} {outcome.signature[:100]}", flush=True)
@@ -62,21 +68,45 @@ class Bound:
 TRAINED = ("", "second_")
 BOUNDS = (
     Bound("logits", "max|dlogit| / logit scale", ("logits_max_rel",), "logits_rel"),
-    Bound("generation", "decode-step max|dlogit| / scale", ("gen_logits_max_rel", "gen_padded0_logits_max_rel",
-                                                            "gen_padded1_logits_max_rel"), "logits_rel"),
+    Bound(
+        "generation",
+        "decode-step max|dlogit| / scale",
+        ("gen_logits_max_rel", "gen_padded0_logits_max_rel", "gen_padded1_logits_max_rel"),
+        "logits_rel",
+    ),
     Bound("perplexity", "relative perplexity delta", ("ppl_rel_delta",), "ppl_rel"),
     Bound("ranks_agree", "max|dlogit| across ranks (absolute)", ("rank_logits_spread",), ""),
     # A resumed step is a step like the others: its loss, gradients and update share their bounds.
-    Bound("train_loss", "relative loss delta", (*(p + "train_loss_rel_delta" for p in TRAINED), "resumed_loss_rel_delta"),
-          "train_loss_rel"),
-    Bound("train_grads step 1", "max|dgrad| / gradient scale", tuple(p + "grad_first_step_max_rel_error" for p in TRAINED),
-          "train_grad_rel"),
-    Bound("train_grads later", "max|dgrad| / gradient scale",
-          (*(p + "grad_max_rel_error" for p in TRAINED), "resumed_grad_max_rel_error"), "train_later_grad_rel"),
-    Bound("train_update", "max|dupdate| / update scale",
-          (*(p + "update_max_rel_error" for p in TRAINED), "resumed_update_max_rel_error"), "train_update_rel"),
-    Bound("save, gather, load", "max|dweight| / weight scale", ("saved_max_rel_error", "gathered_max_rel_error",
-                                                                "loaded_max_rel_error"), "train_weight_rel"),
+    Bound(
+        "train_loss",
+        "relative loss delta",
+        (*(p + "train_loss_rel_delta" for p in TRAINED), "resumed_loss_rel_delta"),
+        "train_loss_rel",
+    ),
+    Bound(
+        "train_grads step 1",
+        "max|dgrad| / gradient scale",
+        tuple(p + "grad_first_step_max_rel_error" for p in TRAINED),
+        "train_grad_rel",
+    ),
+    Bound(
+        "train_grads later",
+        "max|dgrad| / gradient scale",
+        (*(p + "grad_max_rel_error" for p in TRAINED), "resumed_grad_max_rel_error"),
+        "train_later_grad_rel",
+    ),
+    Bound(
+        "train_update",
+        "max|dupdate| / update scale",
+        (*(p + "update_max_rel_error" for p in TRAINED), "resumed_update_max_rel_error"),
+        "train_update_rel",
+    ),
+    Bound(
+        "save, gather, load",
+        "max|dweight| / weight scale",
+        ("saved_max_rel_error", "gathered_max_rel_error", "loaded_max_rel_error"),
+        "train_weight_rel",
+    ),
 )
 SAVE_16BIT_KEEPS_SHARDS = "save: save_16bit_model: rank 0:"
 """A finding at DeepSpeed 0.19.8 (README "Training"): below ZeRO-3 the 16-bit file holds rank 0's shards. The
@@ -87,8 +117,12 @@ is not noise."""
 def measured(record: dict, bound: Bound) -> list[float]:
     """The record's values of the bound's metrics. Records from before `grad_first_step_max_rel_error` existed: a
     one-step row's `grad_max_rel_error` is its first step's."""
-    values = [record["metrics"][m] for m in bound.metrics if m in record["metrics"]
-              and not (m == "saved_max_rel_error" and record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS))]
+    values = [
+        record["metrics"][m]
+        for m in bound.metrics
+        if m in record["metrics"]
+        and not (m == "saved_max_rel_error" and record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS))
+    ]
     if not values and bound.field == "train_grad_rel" and "grad_max_rel_error" in record["metrics"]:
         from matrix.cells import parse_cell_id
         from matrix.registry import load_models, load_variants
@@ -103,8 +137,11 @@ def measured(record: dict, bound: Bound) -> list[float]:
 def correct(record: dict) -> bool:
     """A cell whose numbers are right: it passed, failed only `memory` (judged after every numeric check), or
     failed `save` on the 16-bit file finding."""
-    return (record["outcome"] == "pass" or record["failure_class"] == "memory"
-            or record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS))
+    return (
+        record["outcome"] == "pass"
+        or record["failure_class"] == "memory"
+        or record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS)
+    )
 
 
 @functools.cache
@@ -123,7 +160,9 @@ def bound_value(bound: Bound, dtype: str, model: str | None = None) -> float | N
 
 
 def overridden(record: dict, bound: Bound) -> bool:
-    return bool(bound.field) and bound_value(bound, record["dtype"], record["model"]) != bound_value(bound, record["dtype"])
+    return bool(bound.field) and bound_value(bound, record["dtype"], record["model"]) != bound_value(
+        bound, record["dtype"]
+    )
 
 
 def noise_rows(records: list[dict]) -> list[tuple[Bound, str, float, str, int]]:
@@ -134,7 +173,9 @@ def noise_rows(records: list[dict]) -> list[tuple[Bound, str, float, str, int]]:
     for dtype in sorted({record["dtype"] for record in latest.values()}):
         cells = [r for r in latest.values() if r["dtype"] == dtype and correct(r)]
         for bound in BOUNDS:
-            values = [(max(found), r["id"]) for r in cells if not overridden(r, bound) and (found := measured(r, bound))]
+            values = [
+                (max(found), r["id"]) for r in cells if not overridden(r, bound) and (found := measured(r, bound))
+            ]
             if values:
                 noise, where = max(values)
                 rows.append((bound, dtype, noise, where, len(values)))
@@ -150,8 +191,10 @@ def over_bounds(records: list[dict]) -> list[str]:
     for record in latest.values():
         logits_bound = bound_value(BOUNDS[0], record["dtype"], record["model"])
         if record["failure_class"] == "generation" and record["metrics"].get("logits_max_rel", 0) > logits_bound:
-            over.append(f"{record['id']}: failed generation, its prefill logits {record['metrics']['logits_max_rel']:.3g} "
-                        f"> {logits_bound:.3g} now fail `logits` (numerics) first")
+            over.append(
+                f"{record['id']}: failed generation, its prefill logits {record['metrics']['logits_max_rel']:.3g} "
+                f"> {logits_bound:.3g} now fail `logits` (numerics) first"
+            )
         if not correct(record):
             continue
         for bound in BOUNDS:
@@ -161,8 +204,10 @@ def over_bounds(records: list[dict]) -> list[str]:
     return over
 
 
-FLOORED = (("train_grads step 1", "grad_first_step_max_rel_error", "train_grad_rel"),
-           ("train_update", "update_max_rel_error", "train_update_rel"))
+FLOORED = (
+    ("train_grads step 1", "grad_first_step_max_rel_error", "train_grad_rel"),
+    ("train_update", "update_max_rel_error", "train_update_rel"),
+)
 """Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records
 its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor2^-k`)."""
 
@@ -175,14 +220,18 @@ def floor_rows(records: list[dict]) -> list[str]:
     for dtype in sorted({r["dtype"] for r in latest.values()}):
         cells = [r for r in latest.values() if r["dtype"] == dtype and correct(r)]
         for check, metric, field in FLOORED:
-            floors = sorted({m.removeprefix(metric + "_") for r in cells for m in r["metrics"] if m.startswith(metric + "_floor")},
-                            key=lambda key: int(key.removeprefix("floor2^-")))
+            floors = sorted(
+                {m.removeprefix(metric + "_") for r in cells for m in r["metrics"] if m.startswith(metric + "_floor")},
+                key=lambda key: int(key.removeprefix("floor2^-")),
+            )
             bound = bound_value(Bound(check, "", (), field), dtype)
             for key in floors:
                 found = [(r["metrics"][f"{metric}_{key}"], r["id"]) for r in cells if f"{metric}_{key}" in r["metrics"]]
                 noise, where = max(found)
-                lines.append(f"  {check} {dtype} at floor {key.removeprefix('floor')} of the largest: noise {noise:.3g} "
-                             f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)")
+                lines.append(
+                    f"  {check} {dtype} at floor {key.removeprefix('floor')} of the largest: noise {noise:.3g} "
+                    f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)"
+                )
     return lines
 
 
@@ -193,9 +242,13 @@ def report(args: argparse.Namespace) -> None:
     latest = {record["id"]: record for record in records}
     for dtype in sorted({r["dtype"] for r in latest.values()}):
         cells = [r for r in latest.values() if r["dtype"] == dtype]
-        print(f"{dtype}: {len(cells)} cells, {sum(r['outcome'] == 'pass' for r in cells)} pass, "
-              f"{sum(correct(r) for r in cells)} with right numbers (pass, or fail memory only)")
-    print(f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  largest in")
+        print(
+            f"{dtype}: {len(cells)} cells, {sum(r['outcome'] == 'pass' for r in cells)} pass, "
+            f"{sum(correct(r) for r in cells)} with right numbers (pass, or fail memory only)"
+        )
+    print(
+        f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  largest in"
+    )
     for bound, dtype, noise, where, count in noise_rows(records):
         value = bound_value(bound, dtype)
         eps = EPSILON[dtype]
@@ -206,8 +259,10 @@ def report(args: argparse.Namespace) -> None:
         for bound in BOUNDS:
             if correct(record) and overridden(record, bound) and (found := measured(record, bound)):
                 value = bound_value(bound, record["dtype"], record["model"])
-                print(f"  {record['id']}: {bound.check} has its model's override {value:.3g} (noise {max(found):.2g}, "
-                      f"{value / max(found):.1f}x; matrix/models.toml)")
+                print(
+                    f"  {record['id']}: {bound.check} has its model's override {value:.3g} (noise {max(found):.2g}, "
+                    f"{value / max(found):.1f}x; matrix/models.toml)"
+                )
     for line in floor_rows(records):
         print(line)
     over = over_bounds(records)

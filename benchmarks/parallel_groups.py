@@ -28,8 +28,13 @@ from suites.records.run_records import read_records  # noqa: E402
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:
-    command = suites_command(sys.executable, models=models, tp=tp, results=results,
-                             extra=["--no-resume", "-q", *(["-n", str(workers)] if workers > 1 else [])])
+    command = suites_command(
+        sys.executable,
+        models=models,
+        tp=tp,
+        results=results,
+        extra=["--no-resume", "-q", *(["-n", str(workers)] if workers > 1 else [])],
+    )
     started = time.perf_counter()
     subprocess.run(command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, check=False)
     return time.perf_counter() - started
@@ -63,10 +68,14 @@ def main() -> None:
     for workers, seconds in rows:
         ranks = workers * max(int(t) for t in args.tp.split(","))
         note = f"  (oversubscribed: {ranks} ranks on {cores} cores)" if ranks > cores else ""
-        print(f"{workers:>6}{ranks:>7}{seconds:>10.1f}{len(cells) / seconds * 60:>11.1f}{rows[0][1] / seconds:>9.2f}x{note}")
+        print(
+            f"{workers:>6}{ranks:>7}{seconds:>10.1f}{len(cells) / seconds * 60:>11.1f}{rows[0][1] / seconds:>9.2f}x{note}"
+        )
     for workers, cells_differing in differing.items():
         if cells_differing:
-            print(f"verdicts differ with {workers} group(s) on {len(cells_differing)} cells: {', '.join(cells_differing[:10])}")
+            print(
+                f"verdicts differ with {workers} group(s) on {len(cells_differing)} cells: {', '.join(cells_differing[:10])}"
+            )
     print(f"{len(first)} cells recorded per way; {sum(v == 'pass' for v in first.values())} pass")
 
 

@@ -9,8 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
-from matrix.shapes import (UNMARKED_SHAPE, load_real_shapes, parse_shapes, real_shapes_file, shaped_entries, shaped_entry,
-                           split_shaped_name)
+from matrix.shapes import (
+    UNMARKED_SHAPE,
+    load_real_shapes,
+    parse_shapes,
+    real_shapes_file,
+    shaped_entries,
+    shaped_entry,
+    split_shaped_name,
+)
+
 
 def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
     """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3); `model` carries
@@ -23,15 +31,19 @@ def parse_cell_id(text: str, models: Iterable[str], variants: Iterable[str]) -> 
     RegistryError names what is wrong and what exists."""
     match = re.fullmatch(r"(?P<rest>.+)-(?P<dtype>[a-z0-9]+)-tp(?P<tp>\d+)", text)
     if not match or match["dtype"] not in DTYPES:
-        raise RegistryError(f"{text!r} is not a cell id; cell ids look like llama-eager-fp32-tp3 "
-                            f"({{model}}-{{variant}}-{{dtype}}-tp{{tp}}, dtype one of {', '.join(DTYPES)})")
+        raise RegistryError(
+            f"{text!r} is not a cell id; cell ids look like llama-eager-fp32-tp3 "
+            f"({{model}}-{{variant}}-{{dtype}}-tp{{tp}}, dtype one of {', '.join(DTYPES)})"
+        )
     models = set(models)
     for variant in sorted(variants, key=len, reverse=True):  # the longest variant name that fits wins
         model = match["rest"].removesuffix(f"-{variant}")
         if model != match["rest"] and split_shaped_name(model)[0] in models:
             return model, variant, match["dtype"], int(match["tp"])
-    raise RegistryError(f"{text!r}: no model with a variant makes {match['rest']!r}; models: "
-                        f"{', '.join(sorted(models))}; variants: {', '.join(sorted(variants))}")
+    raise RegistryError(
+        f"{text!r}: no model with a variant makes {match['rest']!r}; models: "
+        f"{', '.join(sorted(models))}; variants: {', '.join(sorted(variants))}"
+    )
 
 
 DEFAULT_MODELS = "registry"
@@ -52,7 +64,13 @@ class Cell:
         return cell_id(self.model.name, self.variant.name, self.dtype, self.tp)
 
     def coordinates(self) -> dict[str, str]:
-        return {"id": self.id, "model": self.model.name, "variant": self.variant.name, "dtype": self.dtype, "tp": str(self.tp)}
+        return {
+            "id": self.id,
+            "model": self.model.name,
+            "variant": self.variant.name,
+            "dtype": self.dtype,
+            "tp": str(self.tp),
+        }
 
 
 def parse_tp_sizes(text: str) -> tuple[int, ...]:
@@ -82,9 +100,11 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
     return dtypes
 
 
-MODEL_SELECTIONS = {"registry": "every entry of matrix/models.toml (the default matrix)",
-                    "derived": "the architectures of transformers' causal-LM mapping the registry lacks, with derived tiny configs",
-                    "all": "registry + derived: every causal-LM architecture of the installed transformers"}
+MODEL_SELECTIONS = {
+    "registry": "every entry of matrix/models.toml (the default matrix)",
+    "derived": "the architectures of transformers' causal-LM mapping the registry lacks, with derived tiny configs",
+    "all": "registry + derived: every causal-LM architecture of the installed transformers",
+}
 
 
 def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[ModelEntry]:
@@ -105,9 +125,14 @@ def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[Model
     return pick({**registry, **derived}, names, "model")
 
 
-def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIANTS), dtypes: str = ",".join(DEFAULT_DTYPES),
-           tp: str = ",".join(map(str, DEFAULT_TP_SIZES)), models_file: Path = MODELS_FILE,
-           shapes: str = UNMARKED_SHAPE) -> list[Cell]:
+def expand(
+    models: str = DEFAULT_MODELS,
+    variants: str = ",".join(DEFAULT_VARIANTS),
+    dtypes: str = ",".join(DEFAULT_DTYPES),
+    tp: str = ",".join(map(str, DEFAULT_TP_SIZES)),
+    models_file: Path = MODELS_FILE,
+    shapes: str = UNMARKED_SHAPE,
+) -> list[Cell]:
     """All cells of the selection, grouped by tp size so one rank group serves a run of cells. A model named
     with its shape (`qwen2.faithful`, `qwen2.stress`, `llama.faithful-meta-llama-3-8b`: how cell ids and replays
     spell it) runs exactly that cell's shape; any other name or selection runs each of `shapes` (the command
@@ -120,15 +145,23 @@ def expand(models: str = DEFAULT_MODELS, variants: str = ",".join(DEFAULT_VARIAN
     variant_entries = pick(load_variants(), parse_names(variants), "variant")
     dtype_names = parse_dtypes(dtypes)
     shapes_file = real_shapes_file(models_file)
-    real_shapes = load_real_shapes(shapes_file) if shapes_file.exists() and any(
-        shape != "stress" for shape in (*shape_names, *explicit.values())) else {}
-    return [Cell(entry, variant, dtype, size)
-            for size in parse_tp_sizes(tp)
-            for model in picked
-            for entry in ([shaped_entry(model, explicit[model.name], size, real_shapes)] if model.name in explicit else
-                          [entry for shape in shape_names for entry in shaped_entries(model, shape, size, real_shapes)])
-            for variant in variant_entries
-            for dtype in dtype_names]
+    real_shapes = (
+        load_real_shapes(shapes_file)
+        if shapes_file.exists() and any(shape != "stress" for shape in (*shape_names, *explicit.values()))
+        else {}
+    )
+    return [
+        Cell(entry, variant, dtype, size)
+        for size in parse_tp_sizes(tp)
+        for model in picked
+        for entry in (
+            [shaped_entry(model, explicit[model.name], size, real_shapes)]
+            if model.name in explicit
+            else [entry for shape in shape_names for entry in shaped_entries(model, shape, size, real_shapes)]
+        )
+        for variant in variant_entries
+        for dtype in dtype_names
+    ]
 
 
 def replay_name(model: str) -> str:

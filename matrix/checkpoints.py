@@ -67,7 +67,9 @@ mtime) of every file then. A matrix resolves each checkpoint twice per cell and 
 
 
 def _files_state(folder: Path) -> tuple:
-    return tuple(sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in folder.iterdir() if path.is_file()))
+    return tuple(
+        sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in folder.iterdir() if path.is_file())
+    )
 
 
 def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
@@ -96,8 +98,16 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 def tiny_key(entry: ModelEntry) -> str:
     import transformers
 
-    identity = json.dumps({"model_type": entry.model_type, "tiny": entry.tiny, "seed": SEED, "init": INIT,
-                           "transformers": transformers.__version__}, sort_keys=True)
+    identity = json.dumps(
+        {
+            "model_type": entry.model_type,
+            "tiny": entry.tiny,
+            "seed": SEED,
+            "init": INIT,
+            "transformers": transformers.__version__,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
@@ -168,7 +178,9 @@ def resolve_checkpoint(entry: ModelEntry, kind: str, download=None, weights: boo
     pinned = entry.revisions.get(hub_id)
     snapshot = fetch_snapshot(hub_id, pinned, download, plan_files_only=not weights)
     if snapshot.status == "error":
-        raise OSError(f"could not fetch {hub_id}" + (f" at revision {pinned}" if pinned else "") + f": {snapshot.message}")
+        raise OSError(
+            f"could not fetch {hub_id}" + (f" at revision {pinned}" if pinned else "") + f": {snapshot.message}"
+        )
     if pinned and snapshot.revision != pinned:
         raise OSError(f"{hub_id}: asked for revision {pinned}, the HF cache gave {snapshot.revision}")
     return Checkpoint(snapshot.path, snapshot.path, hub_id, snapshot.revision)
@@ -231,7 +243,9 @@ def _write_tiny(entry: ModelEntry, folder: Path) -> None:
         randomise_constant_parameters(model, SEED + INIT, SPREAD)
         with _without_progress_bars():
             model.save_pretrained(staging, safe_serialization=True)
-        files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir()) if p.is_file()}
+        files = {
+            p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir()) if p.is_file()
+        }
         (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
         staging.rename(folder)
     finally:

@@ -49,51 +49,194 @@ MAX_GQA_RATIO = 4
 MAX_PARAMS = 2_000_000  # 8 MB of fp32 weights: "a tiny checkpoint" is checked, not hoped for
 
 # Attribute-name groups (first present wins for reading; every present one is written).
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers",
-              "num_decoder_layers", "num_encoder_layers")
-HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads",
-             "decoder_attention_heads", "encoder_attention_heads", "swa_num_attention_heads",
-             "num_decoder_attention_heads", "num_encoder_attention_heads")
-KV_KEYS = ("num_key_value_heads", "swa_num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads", "num_query_groups",
-           "multi_query_group_num")
-HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim", "hidden_dim", "model_dim", "word_embed_proj_dim",
-               "embedding_size", "adapter_in_dim", "input_embedding_size", "output_embedding_size", "lru_width",
-               "attention_hidden_size", "router_hidden_size")
-HEAD_DIM_KEYS = ("head_dim", "attention_head_dim", "d_head", "kv_channels", "dim_head", "attention_head_size",
-                 "swa_head_dim", "mamba_d_head", "mamba_head_dim", "mamba_headdim", "linear_key_head_dim",
-                 "linear_value_head_dim", "linear_head_dim", "index_head_dim", "v_head_dim", "qk_nope_head_dim")
-DENSE_FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "encoder_ffn_dim",
-                  "dim_ff", "dff", "d_ff", "feed_forward_size", "intermediate_size_mlp", "dense_intermediate_size",
-                  "shared_intermediate_size", "d_inner")
-EXPERT_FFN_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size", "shared_experts_intermediate_size",
-                   "moe_shared_expert_intermediate_size", "expert_ffn_hidden_size", "expert_intermediate_size")
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "n_layer",
+    "num_layers",
+    "n_layers",
+    "decoder_layers",
+    "encoder_layers",
+    "num_decoder_layers",
+    "num_encoder_layers",
+)
+HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "attention_heads",
+    "decoder_attention_heads",
+    "encoder_attention_heads",
+    "swa_num_attention_heads",
+    "num_decoder_attention_heads",
+    "num_encoder_attention_heads",
+)
+KV_KEYS = (
+    "num_key_value_heads",
+    "swa_num_key_value_heads",
+    "num_kv_heads",
+    "kv_n_heads",
+    "n_kv_heads",
+    "num_query_groups",
+    "multi_query_group_num",
+)
+HIDDEN_KEYS = (
+    "hidden_size",
+    "n_embd",
+    "d_model",
+    "embed_dim",
+    "emb_dim",
+    "hidden_dim",
+    "model_dim",
+    "word_embed_proj_dim",
+    "embedding_size",
+    "adapter_in_dim",
+    "input_embedding_size",
+    "output_embedding_size",
+    "lru_width",
+    "attention_hidden_size",
+    "router_hidden_size",
+)
+HEAD_DIM_KEYS = (
+    "head_dim",
+    "attention_head_dim",
+    "d_head",
+    "kv_channels",
+    "dim_head",
+    "attention_head_size",
+    "swa_head_dim",
+    "mamba_d_head",
+    "mamba_head_dim",
+    "mamba_headdim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_head_dim",
+    "index_head_dim",
+    "v_head_dim",
+    "qk_nope_head_dim",
+)
+DENSE_FFN_KEYS = (
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "decoder_ffn_dim",
+    "encoder_ffn_dim",
+    "dim_ff",
+    "dff",
+    "d_ff",
+    "feed_forward_size",
+    "intermediate_size_mlp",
+    "dense_intermediate_size",
+    "shared_intermediate_size",
+    "d_inner",
+)
+EXPERT_FFN_KEYS = (
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "shared_experts_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "expert_ffn_hidden_size",
+    "expert_intermediate_size",
+)
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "moe_topk", "num_experts_per_token", "moe_k")
-POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
-                 "max_target_positions", "context_length", "original_max_position_embeddings", "model_max_length")
-WINDOW_KEYS = ("sliding_window", "window_size", "sliding_window_size", "attention_window_size",
-               "local_attention_window_len", "attention_chunk_size", "local_attention", "block_size", "chunk_size",
-               "mamba_chunk_size", "local_attn_chunk_length")
+POSITION_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "context_length",
+    "original_max_position_embeddings",
+    "model_max_length",
+)
+WINDOW_KEYS = (
+    "sliding_window",
+    "window_size",
+    "sliding_window_size",
+    "attention_window_size",
+    "local_attention_window_len",
+    "attention_chunk_size",
+    "local_attention",
+    "block_size",
+    "chunk_size",
+    "mamba_chunk_size",
+    "local_attn_chunk_length",
+)
 # Fixed small values for low-rank / state sizes (MLA, linear attention, SSM).
-SMALL_KEYS = {"kv_lora_rank": 32, "q_lora_rank": 48, "o_lora_rank": 32, "rotary_dim": 8, "adapter_rank": 16,
-              "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_num_heads": 4, "index_n_heads": 4,
-              "index_topk": 16, "mamba_d_state": 16, "state_size": 16, "ssm_state_size": 16, "mamba_dt_rank": 8,
-              "time_step_rank": 8, "laurel_rank": 16, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB,
-              "num_nextn_predict_layers": 0, "mtp_num_layers": 0,
-              "pronunciation_embed_dim": 32, "shape_embed_dim": 32, "hc_lowrank": 16}
+SMALL_KEYS = {
+    "kv_lora_rank": 32,
+    "q_lora_rank": 48,
+    "o_lora_rank": 32,
+    "rotary_dim": 8,
+    "adapter_rank": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_num_heads": 4,
+    "index_n_heads": 4,
+    "index_topk": 16,
+    "mamba_d_state": 16,
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "mamba_dt_rank": 8,
+    "time_step_rank": 8,
+    "laurel_rank": 16,
+    "hidden_size_per_layer_input": 16,
+    "vocab_size_per_layer_input": VOCAB,
+    "num_nextn_predict_layers": 0,
+    "mtp_num_layers": 0,
+    "pronunciation_embed_dim": 32,
+    "shape_embed_dim": 32,
+    "hc_lowrank": 16,
+}
 # Boundaries counted in layers ("the first k layers are dense"): 1 keeps one layer of each kind.
-LAYER_BOUNDARY_KEYS = ("first_k_dense_replace", "max_window_layers", "moe_layer_end_index", "num_dense_layers",
-                       "loop_layer_index_end", "moe_layer_start_index", "num_kv_shared_layers")
-LAYER_PERIOD_KEYS = ("decoder_sparse_step", "moe_layer_freq", "attn_layer_period", "expert_layer_period",
-                     "sliding_window_pattern", "full_attention_interval")
+LAYER_BOUNDARY_KEYS = (
+    "first_k_dense_replace",
+    "max_window_layers",
+    "moe_layer_end_index",
+    "num_dense_layers",
+    "loop_layer_index_end",
+    "moe_layer_start_index",
+    "num_kv_shared_layers",
+)
+LAYER_PERIOD_KEYS = (
+    "decoder_sparse_step",
+    "moe_layer_freq",
+    "attn_layer_period",
+    "expert_layer_period",
+    "sliding_window_pattern",
+    "full_attention_interval",
+)
 LAYER_OFFSET_KEYS = ("attn_layer_offset", "expert_layer_offset")
 TOKEN_ID_PREFERRED = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 # Real-config fields that describe the checkpoint, not the architecture: never copied into a tiny entry.
-NOT_STRUCTURE = {"architectures", "transformers_version", "model_type", "torch_dtype", "dtype", "_name_or_path",
-                 "auto_map", "quantization_config", "task_specific_params", "id2label", "label2id", "_commit_hash",
-                 "output_attentions", "output_hidden_states", "return_dict", "use_cache", "tokenizer_class",
-                 "_attn_implementation", "_attn_implementation_autoset", "_experts_implementation",
-                 "initializer_range", "name_or_path", "rope_scaling"}
+NOT_STRUCTURE = {
+    "architectures",
+    "transformers_version",
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "_name_or_path",
+    "auto_map",
+    "quantization_config",
+    "task_specific_params",
+    "id2label",
+    "label2id",
+    "_commit_hash",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "use_cache",
+    "tokenizer_class",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "_experts_implementation",
+    "initializer_range",
+    "name_or_path",
+    "rope_scaling",
+}
 
 
 class NotDerivable(Exception):
@@ -130,8 +273,11 @@ def _layer_plan(values: dict, layers: int) -> list[int]:
     """Which original layers the tiny model keeps: the first layer of each distinct per-layer kind
     (e.g. one sliding and one full attention layer), at least 2 and at most MAX_LAYERS."""
     structure = {k: v for k, v in values.items() if k not in NOT_STRUCTURE}
-    per_layer = [v for k, v in structure.items() if isinstance(v, list) and len(v) == layers and layers > 1
-                 and not _is_index_list(k, v, layers)]
+    per_layer = [
+        v
+        for k, v in structure.items()
+        if isinstance(v, list) and len(v) == layers and layers > 1 and not _is_index_list(k, v, layers)
+    ]
     per_layer += [[d.get(i) for i in range(layers)] for v in structure.values() if (d := _per_layer_dict(v, layers))]
     per_layer += [[i in v for i in range(layers)] for k, v in structure.items() if _is_index_list(k, v, layers)]
     kinds: dict[str, int] = {}
@@ -152,14 +298,23 @@ def _layer_plan(values: dict, layers: int) -> list[int]:
 
 def _is_index_list(key: str, value: Any, layers: int) -> bool:
     """A list of layer indices (`mlp_only_layers = [0, 3]`): named so, strictly increasing, each < layers."""
-    return (isinstance(value, list) and bool(value) and all(_int(v) and 0 <= v < layers for v in value)
-            and key.endswith(("layers", "idxs", "layer_ids", "layer_indices")) and value == sorted(set(value)))
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(_int(v) and 0 <= v < layers for v in value)
+        and key.endswith(("layers", "idxs", "layer_ids", "layer_indices"))
+        and value == sorted(set(value))
+    )
 
 
 def _is_pattern(key: str, value: Any, layers: int) -> bool:
     """A short cyclic per-layer pattern (`block_types = ["recurrent", "recurrent", "attention"]`)."""
-    return (isinstance(value, list) and 1 < len(value) < layers and all(isinstance(v, str) for v in value)
-            and key.endswith("types"))
+    return (
+        isinstance(value, list)
+        and 1 < len(value) < layers
+        and all(isinstance(v, str) for v in value)
+        and key.endswith("types")
+    )
 
 
 def _gqa(heads: int | None, kv: int | None, values: dict) -> tuple[int, int, str]:
@@ -200,8 +355,14 @@ def _shrink(values: dict) -> tuple[dict[str, Any], list[str]]:
                 # in the context of the whole config (so MLA/head relations see the shared values)
                 width = len(next(iter(value)))
                 shared = {k: v for k, v in values.items() if k not in LAYER_KEYS}
-                tiny[key] = {str(new).zfill(width): {**inner, **{k: v for k, v in _shrink({**shared, **inner})[0].items() if k in inner}}
-                             for new, old in enumerate(plan) if isinstance(inner := by_layer.get(old), dict)}
+                tiny[key] = {
+                    str(new).zfill(width): {
+                        **inner,
+                        **{k: v for k, v in _shrink({**shared, **inner})[0].items() if k in inner},
+                    }
+                    for new, old in enumerate(plan)
+                    if isinstance(inner := by_layer.get(old), dict)
+                }
         put(LAYER_BOUNDARY_KEYS, 1, lambda old: 0 < old < layers)
         put(LAYER_PERIOD_KEYS, len(plan), lambda old: old > len(plan))
         for key in LAYER_OFFSET_KEYS:
@@ -215,7 +376,9 @@ def _shrink(values: dict) -> tuple[dict[str, Any], list[str]]:
     if heads:
         put(HEAD_KEYS, tiny_heads)
         put(KV_KEYS, tiny_kv)
-        if "num_key_value_heads" in values and values["num_key_value_heads"] is None:  # None means MHA; some classes divide by it
+        if (
+            "num_key_value_heads" in values and values["num_key_value_heads"] is None
+        ):  # None means MHA; some classes divide by it
             tiny["num_key_value_heads"] = tiny_heads
         # a per-layer heads list (num_attention_heads_per_layer), already cut to the plan, follows the heads
         for key, value in tiny.items():
@@ -240,7 +403,10 @@ def _shrink(values: dict) -> tuple[dict[str, Any], list[str]]:
                 tiny[key] = HEAD_DIM
             elif values.get(key) == rope + nope:
                 tiny[key] = HEAD_DIM + (HEAD_DIM if nope else 0)
-    why.append(f"hidden {tiny_hidden}, head_dim {tiny.get('head_dim', HEAD_DIM)}" + (" (decoupled from hidden/heads, as in the source)" if decoupled else ""))
+    why.append(
+        f"hidden {tiny_hidden}, head_dim {tiny.get('head_dim', HEAD_DIM)}"
+        + (" (decoupled from hidden/heads, as in the source)" if decoupled else "")
+    )
     if "mamba_n_heads" in values or "mamba_num_heads" in values or "mamba_d_ssm" in values:
         inner = int(values.get("mamba_expand", values.get("expand", 2)) or 2) * tiny_hidden
         put(("mamba_d_ssm",), inner)
@@ -287,7 +453,9 @@ def _token_ids(values: dict, tiny: dict) -> None:
     if not _int(vocab):
         return
     keys = [k for k in values if k.endswith(("_token_id", "_token_index", "_token_ids"))]
-    used = {v for k in keys for v in (values[k] if isinstance(values[k], list) else [values[k]]) if _int(v) and v < vocab}
+    used = {
+        v for k in keys for v in (values[k] if isinstance(values[k], list) else [values[k]]) if _int(v) and v < vocab
+    }
     moved: dict[int, int] = {}
 
     def move(key: str, old: int) -> int:
@@ -310,8 +478,11 @@ def _token_ids(values: dict, tiny: dict) -> None:
 
 def _structure(values: dict, defaults: dict, sub_configs) -> dict[str, Any]:
     """What a real config sets differently from its class defaults (flags, rope kind, bias, ...)."""
-    return {k: v for k, v in values.items()
-            if k not in NOT_STRUCTURE and k not in sub_configs and k in defaults and v != defaults[k]}
+    return {
+        k: v
+        for k, v in values.items()
+        if k not in NOT_STRUCTURE and k not in sub_configs and k in defaults and v != defaults[k]
+    }
 
 
 # Sizes a config class may compute from the primary ones (attention width, mamba head size, ...).
@@ -350,14 +521,28 @@ def derive_tiny(config, real: bool = False) -> Derivation:
     """The tiny overrides for `config`. `real=True` (a checkpoint's config): the fields it sets
     differently from the class defaults are kept too, so the tiny model has the checkpoint's layout."""
     tiny, why = _derive(config, real)
-    structure = [k for k in ("tie_word_embeddings", "multi_query", "new_decoder_architecture", "alibi", "parallel_attn",
-                             "attention_bias", "mlp_bias", "bias", "use_qkv_bias", "position_embedding_type")
-                 if k in config.to_dict() and not isinstance(config.to_dict()[k], dict)]
+    structure = [
+        k
+        for k in (
+            "tie_word_embeddings",
+            "multi_query",
+            "new_decoder_architecture",
+            "alibi",
+            "parallel_attn",
+            "attention_bias",
+            "mlp_bias",
+            "bias",
+            "use_qkv_bias",
+            "position_embedding_type",
+        )
+        if k in config.to_dict() and not isinstance(config.to_dict()[k], dict)
+    ]
     kept = ", ".join(f"{k}={config.to_dict()[k]}" for k in structure)
     return Derivation(tiny, "derived: " + "; ".join(why) + (f"; kept {kept}" if kept else ""))
 
 
 # ---------------------------------------------------------------- the derived part of the matrix
+
 
 @dataclass(frozen=True)
 class VersionSkip:
@@ -403,12 +588,16 @@ def _parse_version_skips(path: Path, raw: Any, skips: dict[str, str]) -> dict[st
             raise RegistryError(f"{path}: {entry}: {model_type!r} is already skipped at every release by [skip]")
         tables = [tables] if isinstance(tables, dict) else tables
         if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
-            raise RegistryError(f"{path}: {entry} must be tables with 'transformers' and 'reason', got {raw[model_type]!r}")
+            raise RegistryError(
+                f"{path}: {entry} must be tables with 'transformers' and 'reason', got {raw[model_type]!r}"
+            )
         skips_of_type = []
         for table in tables:
             unknown = set(table) - SKIP_AT_KEYS
             if unknown:
-                raise RegistryError(f"{path}: {entry} has unknown field(s) {sorted(unknown)}; known fields: {sorted(SKIP_AT_KEYS)}")
+                raise RegistryError(
+                    f"{path}: {entry} has unknown field(s) {sorted(unknown)}; known fields: {sorted(SKIP_AT_KEYS)}"
+                )
             missing = SKIP_AT_KEYS - set(table)
             if missing:
                 raise RegistryError(f"{path}: {entry} is missing required field(s) {sorted(missing)}")
@@ -420,8 +609,10 @@ def _parse_version_skips(path: Path, raw: Any, skips: dict[str, str]) -> dict[st
             except InvalidSpecifier:
                 specifier = None
             if not specifier:  # not a string, not a specifier, or empty (it would hold at every release)
-                raise RegistryError(f"{path}: {entry} field 'transformers' must be a version range such as "
-                                    f"'>=4.46, <4.54' (use [skip] for every release), got {releases!r}")
+                raise RegistryError(
+                    f"{path}: {entry} field 'transformers' must be a version range such as "
+                    f"'>=4.46, <4.54' (use [skip] for every release), got {releases!r}"
+                )
             skips_of_type.append(VersionSkip(transformers=str(releases), reason=reason))
         parsed[model_type] = tuple(skips_of_type)
     return parsed
@@ -431,14 +622,16 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
     raw = read_toml(path)
     unknown = set(raw) - {"fix", "skip", "skip_at"}
     if unknown:
-        raise RegistryError(f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip] and "
-                            "[[skip_at.<model_type>]]")
+        raise RegistryError(
+            f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip] and [[skip_at.<model_type>]]"
+        )
     skips = raw.get("skip", {})
     for model_type, reason in skips.items():
         if not isinstance(reason, str) or not reason.strip():
             raise RegistryError(f"{path}: [skip] {model_type!r} needs a non-empty reason string")
-    return DerivedData(fixes=raw.get("fix", {}), skips=skips,
-                       version_skips=_parse_version_skips(path, raw.get("skip_at", {}), skips))
+    return DerivedData(
+        fixes=raw.get("fix", {}), skips=skips, version_skips=_parse_version_skips(path, raw.get("skip_at", {}), skips)
+    )
 
 
 def causal_lm_model_types() -> list[str]:
@@ -472,8 +665,10 @@ def derive_for_model_type(model_type: str, data: DerivedData, transformers_versi
     try:
         config = AutoConfig.for_model(model_type)
     except Exception as error:
-        raise NotDerivable(f"the config class cannot be built from its defaults: {type(error).__name__}: "
-                           f"{str(error).splitlines()[0][:200]}") from None
+        raise NotDerivable(
+            f"the config class cannot be built from its defaults: {type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200]}"
+        ) from None
     derivation = derive_tiny(config)
     fix = data.fixes.get(model_type, {})
     if fix:
@@ -493,7 +688,11 @@ def derived_entries(registry: dict[str, ModelEntry], data: DerivedData | None = 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        entries = [_derived_entry(model_type, registry, data) for model_type in causal_lm_model_types() if model_type not in covered]
+        entries = [
+            _derived_entry(model_type, registry, data)
+            for model_type in causal_lm_model_types()
+            if model_type not in covered
+        ]
     finally:
         hf_logging.set_verbosity(verbosity)
     return {entry.name: entry for entry in entries}
@@ -514,14 +713,19 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--registry", action="store_true",
-                        help="also derive the registry's architectures from their class defaults (a wider test of the rules)")
+    parser.add_argument(
+        "--registry",
+        action="store_true",
+        help="also derive the registry's architectures from their class defaults (a wider test of the rules)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     entries = listed_entries(args.registry)
     skipped = {n: e.skip_reason for n, e in entries.items() if e.skip_reason}
-    print(f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} {'in all' if args.registry else 'not in the registry'}: "
-          f"{len(entries) - len(skipped)} derived, {len(skipped)} skipped")
+    print(
+        f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} {'in all' if args.registry else 'not in the registry'}: "
+        f"{len(entries) - len(skipped)} derived, {len(skipped)} skipped"
+    )
     for name, reason in sorted(skipped.items()):
         print(f"  skip {name}: {reason}")
     return 0

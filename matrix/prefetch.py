@@ -67,12 +67,17 @@ def hub_ids(models: str = "registry", all_hub_ids: bool = False) -> list[tuple[s
     if names == ["derived"]:
         return []
     entries = pick(load_models(), ["all"] if names in (["registry"], ["all"]) else names, "model")
-    ids = [(hub_id, entry.revisions.get(hub_id)) for entry in entries
-           for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])]
+    ids = [
+        (hub_id, entry.revisions.get(hub_id))
+        for entry in entries
+        for hub_id in (entry.hub_ids if all_hub_ids else entry.hub_ids[:1])
+    ]
     return list(dict.fromkeys(ids))
 
 
-def fetch_snapshot(hub_id: str, revision: str | None, download: Downloader, plan_files_only: bool = False) -> PrefetchResult:
+def fetch_snapshot(
+    hub_id: str, revision: str | None, download: Downloader, plan_files_only: bool = False
+) -> PrefetchResult:
     """The snapshot of `hub_id` at `revision` (None: the current main) in the HF cache, downloading
     what it lacks; offline, the cached snapshot of exactly that revision, or an error. `plan_files_only`: only
     PLAN_FILES (the memory plan decides whether the weights are worth fetching)."""
@@ -93,7 +98,9 @@ def fetch_snapshot(hub_id: str, revision: str | None, download: Downloader, plan
     try:
         path = download(hub_id, revision=revision, ignore_patterns=ignore)
     except Exception as error:
-        return PrefetchResult(hub_id, "error", message=f"download failed: {type(error).__name__}: {error}", pinned=revision)
+        return PrefetchResult(
+            hub_id, "error", message=f"download failed: {type(error).__name__}: {error}", pinned=revision
+        )
     fetched = [info for info in plan if info.will_download]
     return PrefetchResult(
         hub_id,
@@ -111,12 +118,23 @@ def _cached_only(hub_id: str, revision: str | None, download: Downloader, hub_er
         path = download(hub_id, revision=revision, local_files_only=True)
     except Exception:
         at = f" at revision {revision}" if revision else ""
-        return PrefetchResult(hub_id, "error", pinned=revision,
-                              message=f"not in the cache{at}, and the hub refused or could not be reached: "
-                                      f"{type(hub_error).__name__}: {hub_error}")
+        return PrefetchResult(
+            hub_id,
+            "error",
+            pinned=revision,
+            message=f"not in the cache{at}, and the hub refused or could not be reached: "
+            f"{type(hub_error).__name__}: {hub_error}",
+        )
     files = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
-    return PrefetchResult(hub_id, "hit", files=len(files), cached_bytes=sum(os.path.getsize(f) for f in files),
-                          path=str(path), message="hub unreachable; cached snapshot used as is", pinned=revision)
+    return PrefetchResult(
+        hub_id,
+        "hit",
+        files=len(files),
+        cached_bytes=sum(os.path.getsize(f) for f in files),
+        path=str(path),
+        message="hub unreachable; cached snapshot used as is",
+        pinned=revision,
+    )
 
 
 def prefetch(ids: Iterable[tuple[str, str | None]], download: Downloader) -> list[PrefetchResult]:
@@ -125,17 +143,23 @@ def prefetch(ids: Iterable[tuple[str, str | None]], download: Downloader) -> lis
 
 def report(results: list[PrefetchResult]) -> str:
     token = "set (HF_TOKEN)" if os.environ.get("HF_TOKEN") else "not set (gated models will fail)"
-    lines = [f"HF cache: {_hub_cache()}   token: {token}",
-             f"{'status':<6} {'files':>5} {'cached':>10} {'downloaded':>10}  {'revision':<12}  checkpoint"]
+    lines = [
+        f"HF cache: {_hub_cache()}   token: {token}",
+        f"{'status':<6} {'files':>5} {'cached':>10} {'downloaded':>10}  {'revision':<12}  checkpoint",
+    ]
     for result in results:
         revision = result.revision[:10] + (" (pinned)" if result.pinned else " (main)") if result.revision else "-"
-        lines.append(f"{result.status:<6} {result.files:>5} {_size(result.cached_bytes):>10} "
-                     f"{_size(result.downloaded_bytes):>10}  {revision:<17}  {result.hub_id}"
-                     + (f"  ({result.message})" if result.message else ""))
+        lines.append(
+            f"{result.status:<6} {result.files:>5} {_size(result.cached_bytes):>10} "
+            f"{_size(result.downloaded_bytes):>10}  {revision:<17}  {result.hub_id}"
+            + (f"  ({result.message})" if result.message else "")
+        )
     counts = {status: sum(r.status == status for r in results) for status in ("hit", "miss", "error")}
-    lines.append(f"{counts['hit']} hit, {counts['miss']} miss, {counts['error']} error; "
-                 f"{_size(sum(r.cached_bytes for r in results))} cached, "
-                 f"{_size(sum(r.downloaded_bytes for r in results))} downloaded")
+    lines.append(
+        f"{counts['hit']} hit, {counts['miss']} miss, {counts['error']} error; "
+        f"{_size(sum(r.cached_bytes for r in results))} cached, "
+        f"{_size(sum(r.downloaded_bytes for r in results))} downloaded"
+    )
     return redact("\n".join(lines))
 
 
@@ -149,14 +173,19 @@ def _size(count: int) -> str:
     if count < 1024:
         return f"{count} B"
     exponent = min(3, (count.bit_length() - 1) // 10)  # 1: KiB, 2: MiB, 3: GiB and above
-    return f"{count / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+    return f"{count / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
 
 
 def main(argv: list[str] | None = None, download: Downloader | None = None) -> int:
     parser = argparse.ArgumentParser(description="Download the registry's real checkpoints into the HF cache.")
-    parser.add_argument("--models", default="registry", help="comma-separated model names from matrix/models.toml, or 'registry'")
-    parser.add_argument("--all-hub-ids", action="store_true",
-                        help="every hub id listed per model, not only the first (the one hub cells load)")
+    parser.add_argument(
+        "--models", default="registry", help="comma-separated model names from matrix/models.toml, or 'registry'"
+    )
+    parser.add_argument(
+        "--all-hub-ids",
+        action="store_true",
+        help="every hub id listed per model, not only the first (the one hub cells load)",
+    )
     args = parser.parse_args(argv)
     if download is None:
         from huggingface_hub import snapshot_download

@@ -28,8 +28,13 @@ _PATTERNS = (  # (the literal each starts with, looked for first as it is cheape
     ("hf_", re.compile(r"hf_[a-z0-9]{20,}")),
     ("gh", re.compile(r"gh[pousr]_[a-z0-9]{20,}")),
     ("github_pat_", re.compile(r"github_pat_[a-z0-9_]{20,}")),
-    ("authorization", re.compile(r"(?P<lead>authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|token|basic)\s+)?)"
-                                 r"[^\s\"',;]{8,}")),
+    (
+        "authorization",
+        re.compile(
+            r"(?P<lead>authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|token|basic)\s+)?)"
+            r"[^\s\"',;]{8,}"
+        ),
+    ),
     ("bearer", re.compile(r"(?P<lead>bearer\s+)[^\s\"',;]{8,}")),
     # The user:password of a URL (a private index in pip's configuration, handed to uv on its command line).
     ("://", re.compile(r"(?P<lead>://)[^\s/@:\"']+:[^\s/@\"']+(?=@)")),
@@ -39,8 +44,9 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 def secret_values(environ: Mapping[str, str] = os.environ) -> list[str]:
     """Values of environment variables that look like credentials (HF_TOKEN, GITHUB_TOKEN, ...), longest first."""
-    return sorted({v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LENGTH},
-                  key=len, reverse=True)
+    return sorted(
+        {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True
+    )
 
 
 class Redactor:
@@ -53,12 +59,16 @@ class Redactor:
         for value in self._values:
             text = text.replace(value, REDACTED)
         lowered = text.translate(_ASCII_LOWER)
-        spans = sorted((match.end("lead") if "lead" in pattern.groupindex else match.start(), match.end())
-                       for literal, pattern in _PATTERNS if literal in lowered for match in pattern.finditer(lowered))
+        spans = sorted(
+            (match.end("lead") if "lead" in pattern.groupindex else match.start(), match.end())
+            for literal, pattern in _PATTERNS
+            if literal in lowered
+            for match in pattern.finditer(lowered)
+        )
         pieces, done = [], 0
         for start, end in spans:
             if end > done:  # a token after `Authorization: token` is matched twice
-                pieces += [text[done:max(start, done)], REDACTED]
+                pieces += [text[done : max(start, done)], REDACTED]
                 done = end
         return "".join(pieces) + text[done:]
 

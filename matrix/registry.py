@@ -36,7 +36,7 @@ class RegistryError(ValueError):
     """A registry file or a name given on the command line is wrong; the message says how."""
 
 
-EPSILON = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
+EPSILON = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
 """One unit in the last place of a value of magnitude 1 in each dtype (torch.finfo(dtype).eps): the unit every
 bound below is counted in, at the scale of the values it compares."""
 
@@ -92,17 +92,35 @@ DEFAULT_TOLERANCES = {
     # after load_checkpoint), first-step gradients 8.0, later gradients 1008 (the resumed step of train_universal:
     # AdamW's updates' noise amplified), updates 1809 (the clip norm's summation order over 81 M elements),
     # saved/gathered/loaded weights 13
-    "fp32": Tolerance(logits_rel=ulps("fp32", 64), ppl_rel=ulps("fp32", 16), train_loss_rel=ulps("fp32", 256),
-                      train_grad_rel=ulps("fp32", 64), train_later_grad_rel=ulps("fp32", 4096),
-                      train_update_rel=ulps("fp32", 8192), train_weight_rel=ulps("fp32", 64)),
+    "fp32": Tolerance(
+        logits_rel=ulps("fp32", 64),
+        ppl_rel=ulps("fp32", 16),
+        train_loss_rel=ulps("fp32", 256),
+        train_grad_rel=ulps("fp32", 64),
+        train_later_grad_rel=ulps("fp32", 4096),
+        train_update_rel=ulps("fp32", 8192),
+        train_weight_rel=ulps("fp32", 64),
+    ),
     # largest noise (ulps): logits 2.8, decode steps 2.1, perplexity 0.052; training (llama, qwen2): loss 0.018,
     # gradients (every step) 1.9, the resumed step's 3.0, updates 1.3, weights 0.99
-    "bf16": Tolerance(logits_rel=ulps("bf16", 8), ppl_rel=ulps("bf16", 1 / 8), train_loss_rel=ulps("bf16", 1 / 16),
-                      train_grad_rel=ulps("bf16", 4), train_later_grad_rel=ulps("bf16", 8),
-                      train_update_rel=ulps("bf16", 4), train_weight_rel=ulps("bf16", 2)),
-    "fp16": Tolerance(logits_rel=ulps("fp16", 8), ppl_rel=ulps("fp16", 1 / 8), train_loss_rel=ulps("fp16", 1 / 16),
-                      train_grad_rel=ulps("fp16", 4), train_later_grad_rel=ulps("fp16", 8),
-                      train_update_rel=ulps("fp16", 4), train_weight_rel=ulps("fp16", 2)),
+    "bf16": Tolerance(
+        logits_rel=ulps("bf16", 8),
+        ppl_rel=ulps("bf16", 1 / 8),
+        train_loss_rel=ulps("bf16", 1 / 16),
+        train_grad_rel=ulps("bf16", 4),
+        train_later_grad_rel=ulps("bf16", 8),
+        train_update_rel=ulps("bf16", 4),
+        train_weight_rel=ulps("bf16", 2),
+    ),
+    "fp16": Tolerance(
+        logits_rel=ulps("fp16", 8),
+        ppl_rel=ulps("fp16", 1 / 8),
+        train_loss_rel=ulps("fp16", 1 / 16),
+        train_grad_rel=ulps("fp16", 4),
+        train_later_grad_rel=ulps("fp16", 8),
+        train_update_rel=ulps("fp16", 4),
+        train_weight_rel=ulps("fp16", 2),
+    ),
 }
 
 
@@ -287,7 +305,13 @@ class Variant:
 
 
 PARTITIONINGS = ("auto", "heuristics", "tp_plan", "preset", "custom")
-PARTITIONING_FEATURES = {"auto": "", "heuristics": "", "tp_plan": "hf_tp_plan", "preset": "preset_model", "custom": "partition_config"}
+PARTITIONING_FEATURES = {
+    "auto": "",
+    "heuristics": "",
+    "tp_plan": "hf_tp_plan",
+    "preset": "preset_model",
+    "custom": "partition_config",
+}
 TRAINING_FEATURES = {
     "autotp_training": "AutoTP training (tensor_parallel.autotp_size, deepspeed.module_inject.layers.set_autotp_mode)",
     "hf_tp_plan": "sharding by the model's HF tp_plan (deepspeed.module_inject.tp_plan_converter)",
@@ -296,7 +320,7 @@ TRAINING_FEATURES = {
     "tp_overlap_comm": "tensor_parallel.tp_overlap_comm (AutoTP training config field)",
     "gather_replaced_params": "deepspeed.module_inject.layers.GatherReplacedLayerParams",
     "universal_checkpoint": "universal checkpoints of AutoTP models (deepspeed.checkpoint.ds_to_universal, "
-                            "deepspeed.module_inject.layers.collect_autotp_universal_checkpoint_info)",
+    "deepspeed.module_inject.layers.collect_autotp_universal_checkpoint_info)",
 }
 """Features a training row may need; suites/variants/training.py detects each in the installed DeepSpeed."""
 
@@ -326,12 +350,16 @@ def _parse_tolerances(path: Path, entry: str, raw: Any) -> dict[str, Tolerance]:
     parsed = {}
     for dtype, values in _expect(path, entry, "tolerance", raw, dict).items():
         if dtype not in DTYPES:
-            raise RegistryError(f"{path}: entry [{entry}] field 'tolerance' has unknown dtype {dtype!r}; use one of {DTYPES}")
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'tolerance' has unknown dtype {dtype!r}; use one of {DTYPES}"
+            )
         merged = {**DEFAULT_TOLERANCES[dtype].__dict__, **_expect(path, entry, f"tolerance.{dtype}", values, dict)}
         unknown = set(merged) - set(DEFAULT_TOLERANCES[dtype].__dict__)
         if unknown:
             raise RegistryError(f"{path}: entry [{entry}] field 'tolerance.{dtype}' has unknown keys {sorted(unknown)}")
-        parsed[dtype] = Tolerance(**{k: float(_expect(path, entry, f"tolerance.{dtype}.{k}", v, (int, float))) for k, v in merged.items()})
+        parsed[dtype] = Tolerance(
+            **{k: float(_expect(path, entry, f"tolerance.{dtype}.{k}", v, (int, float))) for k, v in merged.items()}
+        )
     return parsed
 
 
@@ -342,10 +370,14 @@ def _parse_revisions(path: Path, entry: str, raw: Any, hub_ids: list[str]) -> di
     revisions = _expect(path, entry, "revisions", raw, dict)
     for hub_id, revision in revisions.items():
         if hub_id not in hub_ids:
-            raise RegistryError(f"{path}: entry [{entry}] field 'revisions' pins {hub_id!r}, which is not in hub_ids {hub_ids}")
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'revisions' pins {hub_id!r}, which is not in hub_ids {hub_ids}"
+            )
         if not isinstance(revision, str) or not COMMIT_SHA.fullmatch(revision):
-            raise RegistryError(f"{path}: entry [{entry}] field 'revisions.\"{hub_id}\"' must be a full commit sha "
-                                f"(40 lowercase hex digits; a branch or tag moves), got {revision!r}")
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'revisions.\"{hub_id}\"' must be a full commit sha "
+                f"(40 lowercase hex digits; a branch or tag moves), got {revision!r}"
+            )
     return dict(revisions)
 
 
@@ -353,7 +385,9 @@ def parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
     _expect(path, name, "(table)", raw, dict)
     unknown = set(raw) - _MODEL_FIELDS
     if unknown:
-        raise RegistryError(f"{path}: entry [models.{name}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_MODEL_FIELDS)}")
+        raise RegistryError(
+            f"{path}: entry [models.{name}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_MODEL_FIELDS)}"
+        )
     for required in ("model_type", "tiny"):
         if required not in raw:
             raise RegistryError(f"{path}: entry [models.{name}] is missing required field '{required}'")
@@ -377,8 +411,10 @@ def parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
         known_issues=tuple(_expect(path, entry, "known_issues", raw.get("known_issues", []), list)),
         tolerance=_parse_tolerances(path, entry, raw.get("tolerance", {})),
         skip_reason=_expect(path, entry, "skip_reason", raw["skip_reason"], str) if "skip_reason" in raw else None,
-        split_rules=tuple(_parse_split_rule(path, entry, index, rule)
-                          for index, rule in enumerate(_expect(path, entry, "split_rules", raw.get("split_rules", []), list))),
+        split_rules=tuple(
+            _parse_split_rule(path, entry, index, rule)
+            for index, rule in enumerate(_expect(path, entry, "split_rules", raw.get("split_rules", []), list))
+        ),
     )
 
 
@@ -390,26 +426,39 @@ def _parse_split_rule(path: Path, entry: str, index: int, raw: Any) -> SplitRule
     _expect(path, entry, where, raw, dict)
     unknown = set(raw) - _SPLIT_RULE_FIELDS
     if unknown or "size" not in raw or "why" not in raw:
-        raise RegistryError(f"{path}: entry [{entry}] field '{where}' needs size and why (known fields: "
-                            f"{sorted(_SPLIT_RULE_FIELDS)}), got {raw!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field '{where}' needs size and why (known fields: "
+            f"{sorted(_SPLIT_RULE_FIELDS)}), got {raw!r}"
+        )
     if raw["size"] not in SPLIT_RULE_SIZES:
-        raise RegistryError(f"{path}: entry [{entry}] field '{where}.size' must be one of {SPLIT_RULE_SIZES}, got {raw['size']!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field '{where}.size' must be one of {SPLIT_RULE_SIZES}, got {raw['size']!r}"
+        )
     for key in ("multiple_of_tp_times", "at_least_tp_times"):
         value = raw.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise RegistryError(f"{path}: entry [{entry}] field '{where}.{key}' must be an integer >= 0, got {value!r}")
     if raw.get("equals", "") not in ("", "hidden") or (raw.get("equals") and raw["size"] != "attention_out"):
-        raise RegistryError(f"{path}: entry [{entry}] field '{where}.equals' must be 'hidden', for size 'attention_out', "
-                            f"got {raw!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field '{where}.equals' must be 'hidden', for size 'attention_out', got {raw!r}"
+        )
     if raw["size"] == "attention_out" and (raw.get("multiple_of_tp_times") or raw.get("at_least_tp_times")):
-        raise RegistryError(f"{path}: entry [{entry}] field '{where}': multiple_of_tp_times and at_least_tp_times apply to "
-                            f"counts (heads, kv_heads, experts), got {raw!r}")
-    rule = SplitRule(size=raw["size"], why=_expect(path, entry, f"{where}.why", raw["why"], str),
-                     multiple_of_tp_times=raw.get("multiple_of_tp_times", 0), at_least_tp_times=raw.get("at_least_tp_times", 0),
-                     equals=raw.get("equals", ""))
+        raise RegistryError(
+            f"{path}: entry [{entry}] field '{where}': multiple_of_tp_times and at_least_tp_times apply to "
+            f"counts (heads, kv_heads, experts), got {raw!r}"
+        )
+    rule = SplitRule(
+        size=raw["size"],
+        why=_expect(path, entry, f"{where}.why", raw["why"], str),
+        multiple_of_tp_times=raw.get("multiple_of_tp_times", 0),
+        at_least_tp_times=raw.get("at_least_tp_times", 0),
+        equals=raw.get("equals", ""),
+    )
     if not (rule.multiple_of_tp_times or rule.at_least_tp_times or rule.equals):
-        raise RegistryError(f"{path}: entry [{entry}] field '{where}' states no condition (multiple_of_tp_times, "
-                            f"at_least_tp_times or equals)")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field '{where}' states no condition (multiple_of_tp_times, "
+            f"at_least_tp_times or equals)"
+        )
     return rule
 
 
@@ -418,63 +467,108 @@ def _parse_variant(path: Path, name: str, raw: Any) -> Variant:
     _expect(path, entry, "(table)", raw, dict)
     unknown = set(raw) - _VARIANT_FIELDS
     if unknown:
-        raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_VARIANT_FIELDS)}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(_VARIANT_FIELDS)}"
+        )
     defaults = Variant(name=name)
-    values = {key: _expect(path, entry, key, raw.get(key, getattr(defaults, key)), type(getattr(defaults, key)))
-              for key in _VARIANT_FIELDS - {"needs", "tags"}}
+    values = {
+        key: _expect(path, entry, key, raw.get(key, getattr(defaults, key)), type(getattr(defaults, key)))
+        for key in _VARIANT_FIELDS - {"needs", "tags"}
+    }
     for key in ("needs", "tags"):
         values[key] = tuple(_expect(path, entry, key, raw.get(key, []), list))
         if not all(isinstance(item, str) for item in values[key]):
             raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {values[key]!r}")
-    for key, allowed in (("load", LOAD_MODES), ("checkpoint_format", CHECKPOINT_FORMATS), ("quantization", QUANTIZATIONS)):
+    for key, allowed in (
+        ("load", LOAD_MODES),
+        ("checkpoint_format", CHECKPOINT_FORMATS),
+        ("quantization", QUANTIZATIONS),
+    ):
         if values[key] not in allowed:
             raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be one of {allowed}, got {values[key]!r}")
     if values["quant_group_size"] < 2 or values["quant_group_size"] % 2:
-        raise RegistryError(f"{path}: entry [{entry}] field 'quant_group_size' must be an even number >= 2 (int4 packs two values a byte)")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'quant_group_size' must be an even number >= 2 (int4 packs two values a byte)"
+        )
     if values["training"] and (values["load"] != "eager" or values["quantization"]):
-        raise RegistryError(f"{path}: entry [{entry}] combines training with load={values['load']!r}/quantization="
-                            f"{values['quantization']!r}; training variants load eagerly and unquantized")
+        raise RegistryError(
+            f"{path}: entry [{entry}] combines training with load={values['load']!r}/quantization="
+            f"{values['quantization']!r}; training variants load eagerly and unquantized"
+        )
     if values["load"] != "meta" and (values["checkpoint_format"] != "safetensors" or values["checkpoint_files"] != 1):
-        raise RegistryError(f"{path}: entry [{entry}] fields 'checkpoint_format'/'checkpoint_files' only apply to load = \"meta\"")
+        raise RegistryError(
+            f"{path}: entry [{entry}] fields 'checkpoint_format'/'checkpoint_files' only apply to load = \"meta\""
+        )
     if values["checkpoint_files"] < 1:
-        raise RegistryError(f"{path}: entry [{entry}] field 'checkpoint_files' must be >= 1, got {values['checkpoint_files']}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'checkpoint_files' must be >= 1, got {values['checkpoint_files']}"
+        )
     _check_training_fields(path, entry, values)
     return Variant(name=name, **values)
 
 
 def _check_training_fields(path: Path, entry: str, values: dict[str, Any]) -> None:
     defaults = Variant(name="defaults")
-    training_only = ("training_steps", "optimizer", "partitioning", "partition_config", "zero_stage", "tp_overlap_comm",
-                     "checkpoint_round_trip", "resume_tp", "second_model")
+    training_only = (
+        "training_steps",
+        "optimizer",
+        "partitioning",
+        "partition_config",
+        "zero_stage",
+        "tp_overlap_comm",
+        "checkpoint_round_trip",
+        "resume_tp",
+        "second_model",
+    )
     if not values["training"]:
         used = [key for key in training_only if values[key] != getattr(defaults, key)]
         if used:
             raise RegistryError(f"{path}: entry [{entry}] sets {used} without training = true")
         return
     if values["optimizer"] not in ("sgd", "adam"):
-        raise RegistryError(f"{path}: entry [{entry}] field 'optimizer' must be 'sgd' or 'adam', got {values['optimizer']!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'optimizer' must be 'sgd' or 'adam', got {values['optimizer']!r}"
+        )
     if values["partitioning"] not in PARTITIONINGS:
-        raise RegistryError(f"{path}: entry [{entry}] field 'partitioning' must be one of {PARTITIONINGS}, got {values['partitioning']!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'partitioning' must be one of {PARTITIONINGS}, got {values['partitioning']!r}"
+        )
     if (values["partitioning"] == "custom") != bool(values["partition_config"]):
-        raise RegistryError(f"{path}: entry [{entry}] field 'partition_config' is needed with partitioning = \"custom\" and only there")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'partition_config' is needed with partitioning = \"custom\" and only there"
+        )
     if values["zero_stage"] not in (0, 1, 2, 3):
-        raise RegistryError(f"{path}: entry [{entry}] field 'zero_stage' must be 0, 1, 2 or 3, got {values['zero_stage']}")
-    if values["resume_tp"] and (not values["checkpoint_round_trip"] or values["zero_stage"] < 1 or values["resume_tp"] < 0):
-        raise RegistryError(f"{path}: entry [{entry}] field 'resume_tp' needs checkpoint_round_trip = true and zero_stage >= 1 "
-                            "(the universal conversion reads ZeRO's optimizer fragments)")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'zero_stage' must be 0, 1, 2 or 3, got {values['zero_stage']}"
+        )
+    if values["resume_tp"] and (
+        not values["checkpoint_round_trip"] or values["zero_stage"] < 1 or values["resume_tp"] < 0
+    ):
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'resume_tp' needs checkpoint_round_trip = true and zero_stage >= 1 "
+            "(the universal conversion reads ZeRO's optimizer fragments)"
+        )
     if values["training_steps"] < 1:
-        raise RegistryError(f"{path}: entry [{entry}] field 'training_steps' must be >= 1, got {values['training_steps']}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'training_steps' must be >= 1, got {values['training_steps']}"
+        )
     unknown = set(values["needs"]) - set(TRAINING_FEATURES)
     if unknown:
-        raise RegistryError(f"{path}: entry [{entry}] field 'needs' has unknown feature(s) {sorted(unknown)}; known: {sorted(TRAINING_FEATURES)}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'needs' has unknown feature(s) {sorted(unknown)}; known: {sorted(TRAINING_FEATURES)}"
+        )
     missing = Variant(name="row", **{**values, "needs": ()}).implied_features() - set(values["needs"])
     if missing:
-        raise RegistryError(f"{path}: entry [{entry}] field 'needs' must list {sorted(missing)} (the row's fields use them)")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'needs' must list {sorted(missing)} (the row's fields use them)"
+        )
 
 
 def _check_name(path: Path, kind: str, name: str) -> None:
     if not name.replace("_", "").isalnum() or not name.islower():
-        raise RegistryError(f"{path}: entry [{kind}.{name}] name must be lowercase letters, digits and '_' (it is used in cell ids)")
+        raise RegistryError(
+            f"{path}: entry [{kind}.{name}] name must be lowercase letters, digits and '_' (it is used in cell ids)"
+        )
 
 
 def _load_tables(path: Path, kind: str, parse) -> dict[str, Any]:
@@ -499,13 +593,20 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
     carrying it. Unknown names list close ones."""
     if names == ["all"]:
         return list(registry.values())
-    tags = {tag: [entry for entry in registry.values() if tag in entry.tags]
-            for entry in registry.values() for tag in getattr(entry, "tags", ())}
+    tags = {
+        tag: [entry for entry in registry.values() if tag in entry.tags]
+        for entry in registry.values()
+        for tag in getattr(entry, "tags", ())
+    }
     picked: dict[str, Any] = {}
     for name in names:
         if name not in registry and name not in tags:
             close = difflib.get_close_matches(name, [*registry, *tags], n=5, cutoff=0.5)
-            hint = f"did you mean: {', '.join(close)}?" if close else f"known {kind}s: {', '.join(sorted([*registry, *tags]))}"
+            hint = (
+                f"did you mean: {', '.join(close)}?"
+                if close
+                else f"known {kind}s: {', '.join(sorted([*registry, *tags]))}"
+            )
             raise RegistryError(f"unknown {kind} {name!r}; {hint}")
         for entry in [registry[name]] if name in registry else tags[name]:
             picked.setdefault(entry.name, entry)
@@ -569,53 +670,80 @@ def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Colle
     allowed = {f.name for f in fields(KnownFailure)} - {"name"}
     unknown = set(raw) - allowed
     if unknown:
-        raise RegistryError(f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(allowed)}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(allowed)}"
+        )
     for required in ("failure_class", "signature", "upstream"):
         if required not in raw:
             raise RegistryError(f"{path}: entry [{entry}] is missing required field '{required}'")
     failure_class = _expect(path, entry, "failure_class", raw["failure_class"], str)
     if failure_class not in failure_classes:
-        raise RegistryError(f"{path}: entry [{entry}] field 'failure_class' must be one of {sorted(failure_classes)}, "
-                            f"got {failure_class!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'failure_class' must be one of {sorted(failure_classes)}, "
+            f"got {failure_class!r}"
+        )
     signature = _expect(path, entry, "signature", raw["signature"], str)
     try:
         re.compile(signature)
     except re.error as error:
-        raise RegistryError(f"{path}: entry [{entry}] field 'signature' is not a regular expression ({error}): "
-                            f"{signature!r}") from None
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'signature' is not a regular expression ({error}): {signature!r}"
+        ) from None
     upstream = _expect(path, entry, "upstream", raw["upstream"], str)
     if not UPSTREAM_URL.fullmatch(upstream):
-        raise RegistryError(f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
-                            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
+            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}"
+        )
     state = _expect(path, entry, "state", raw.get("state", "open"), str)
     if state not in KNOWN_FAILURE_STATES:
-        raise RegistryError(f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}")
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}"
+        )
     fixed_in = _expect(path, entry, "fixed_in", raw.get("fixed_in", ""), str)
     if (state == "fixed") != bool(fixed_in):
-        raise RegistryError(f"{path}: entry [{entry}] field 'fixed_in' (\"<axis> <release>\", e.g. \"deepspeed 0.19.6\") "
-                            "is needed with state = \"fixed\" and only there")
+        raise RegistryError(
+            f'{path}: entry [{entry}] field \'fixed_in\' ("<axis> <release>", e.g. "deepspeed 0.19.6") '
+            'is needed with state = "fixed" and only there'
+        )
     if fixed_in:
         axis, _, version = fixed_in.partition(" ")
         if axis not in VERSION_AXES or not _is_version(version):
-            raise RegistryError(f"{path}: entry [{entry}] field 'fixed_in' must be \"<axis> <release>\" with an axis of "
-                                f"{VERSION_AXES}, e.g. \"deepspeed 0.19.6\", got {fixed_in!r}")
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'fixed_in' must be \"<axis> <release>\" with an axis of "
+                f'{VERSION_AXES}, e.g. "deepspeed 0.19.6", got {fixed_in!r}'
+            )
     versions = _expect(path, entry, "versions", raw.get("versions", {}), dict)
     for axis, specifiers in versions.items():
         if axis not in VERSION_AXES:
-            raise RegistryError(f"{path}: entry [{entry}] field 'versions' has unknown axis {axis!r}; use {VERSION_AXES}")
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'versions' has unknown axis {axis!r}; use {VERSION_AXES}"
+            )
         try:
             SpecifierSet(_expect(path, entry, f"versions.{axis}", specifiers, str))
         except InvalidSpecifier:
-            raise RegistryError(f"{path}: entry [{entry}] field 'versions.{axis}' is not a PEP 440 specifier set "
-                                f"(e.g. \"<0.19.6\", \">=4.57,<5\"), got {specifiers!r}") from None
+            raise RegistryError(
+                f"{path}: entry [{entry}] field 'versions.{axis}' is not a PEP 440 specifier set "
+                f'(e.g. "<0.19.6", ">=4.57,<5"), got {specifiers!r}'
+            ) from None
     lists = {}
     for key in ("models", "variants"):
         lists[key] = tuple(_expect(path, entry, key, raw.get(key, []), list))
         if not all(isinstance(item, str) for item in lists[key]):
-            raise RegistryError(f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {list(lists[key])!r}")
-    return KnownFailure(name=name, failure_class=failure_class, signature=signature, upstream=upstream, state=state,
-                        fixed_in=fixed_in, note=_expect(path, entry, "note", raw.get("note", ""), str),
-                        versions=dict(versions), **lists)
+            raise RegistryError(
+                f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {list(lists[key])!r}"
+            )
+    return KnownFailure(
+        name=name,
+        failure_class=failure_class,
+        signature=signature,
+        upstream=upstream,
+        state=state,
+        fixed_in=fixed_in,
+        note=_expect(path, entry, "note", raw.get("note", ""), str),
+        versions=dict(versions),
+        **lists,
+    )
 
 
 def _is_version(text: str) -> bool:
@@ -629,4 +757,6 @@ def _is_version(text: str) -> bool:
 def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
     """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/outcome.py, a layer
     above this one)."""
-    return _load_tables(path, "known_failures", lambda p, name, raw: _parse_known_failure(p, name, raw, failure_classes))
+    return _load_tables(
+        path, "known_failures", lambda p, name, raw: _parse_known_failure(p, name, raw, failure_classes)
+    )

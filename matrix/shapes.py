@@ -116,9 +116,15 @@ class RealShape:
 
     def dims(self) -> dict[str, int]:
         """The dims AutoTP splits in grains."""
-        return {"hidden": self.hidden, "intermediate": self.intermediate, "vocab": self.vocab, "qkv": self.qkv,
-                "attention_out": self.heads * self.head_dim, "expert_intermediate": self.expert_intermediate,
-                "shared_expert_intermediate": self.shared_expert_intermediate}
+        return {
+            "hidden": self.hidden,
+            "intermediate": self.intermediate,
+            "vocab": self.vocab,
+            "qkv": self.qkv,
+            "attention_out": self.heads * self.head_dim,
+            "expert_intermediate": self.expert_intermediate,
+            "shared_expert_intermediate": self.shared_expert_intermediate,
+        }
 
 
 def count_split(count: int, tp: int) -> tuple[bool, int]:
@@ -164,12 +170,16 @@ def split_differences(tiny: RealShape, real: RealShape, tps, rules: tuple[SplitR
     differences = []
     for tp in tps:
         ours, theirs = split_pattern(tiny, tp, rules), split_pattern(real, tp, rules)
-        differences += [f"{name} at tp {tp}: tiny {ours.get(name)} vs real {theirs.get(name)}"
-                        for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
+        differences += [
+            f"{name} at tp {tp}: tiny {ours.get(name)} vs real {theirs.get(name)}"
+            for name in sorted(set(ours) | set(theirs))
+            if ours.get(name) != theirs.get(name)
+        ]
     return differences
 
 
 # ------------------------------------------------------------------------------------------ the rule
+
 
 def faithful_count(real: int, tps, least: int = 1, rules: tuple[SplitRule, ...] = ()) -> int:
     """The smallest count >= `least` that splits like `real` at every tp in `tps`: same remainder mod the lcm
@@ -187,17 +197,21 @@ def faithful_count(real: int, tps, least: int = 1, rules: tuple[SplitRule, ...] 
 
 def count_period(tps, rules: tuple[SplitRule, ...] = ()) -> int:
     """The period of a count's split pattern over `tps` and the `multiple_of_tp_times` conditions of `rules`."""
-    return math.lcm(*tps, *(rule.multiple_of_tp_times * tp for rule in rules if rule.multiple_of_tp_times for tp in tps))
+    return math.lcm(
+        *tps, *(rule.multiple_of_tp_times * tp for rule in rules if rule.multiple_of_tp_times for tp in tps)
+    )
 
 
 def counts_alike(count: int, real: int, tps, rules: tuple[SplitRule, ...] = ()) -> bool:
     """Whether `count` splits like `real` at every tp in `tps` and meets each condition of `rules` (rules of
     this count) exactly where `real` does."""
+
     def conditions(value: int, tp: int) -> dict[str, bool]:
         return {name: met for rule in rules for name, met in rule.conditions({rule.size: value}, tp).items()}
 
-    return all(count_split(count, tp) == count_split(real, tp) and conditions(count, tp) == conditions(real, tp)
-               for tp in tps)
+    return all(
+        count_split(count, tp) == count_split(real, tp) and conditions(count, tp) == conditions(real, tp) for tp in tps
+    )
 
 
 def faithful_dim(real: int, tps, least: int = 1) -> int:
@@ -222,13 +236,15 @@ class TinySizes:
     shared_expert_intermediate: int
 
 
-def faithful_sizes(real: RealShape, tps, head_dim_free: bool, latent: bool = False,
-                   rules: tuple[SplitRule, ...] = ()) -> TinySizes:
+def faithful_sizes(
+    real: RealShape, tps, head_dim_free: bool, latent: bool = False, rules: tuple[SplitRule, ...] = ()
+) -> TinySizes:
     """The smallest sizes that split like `real` at every tp in `tps` and meet the count conditions of `rules`
     where `real` does. `head_dim_free`: the architecture takes head_dim on its own (else hidden = heads x
     head_dim); `latent`: multi-head latent attention, whose query/key head dims are low-rank sizes that stay as
     the tiny config has them (head_dim is the value head dim). Heads keep multi-head / grouped / multi-query
     attention."""
+
     def rules_of(*names: str) -> tuple[SplitRule, ...]:
         return tuple(rule for rule in rules if rule.size in names)
 
@@ -238,33 +254,51 @@ def faithful_sizes(real: RealShape, tps, head_dim_free: bool, latent: bool = Fal
         heads_options = [kv]
     else:
         period = count_period(tps, rules_of("heads"))
-        heads_options = [kv * group for group in range(2, real.heads // real.kv_heads % period + 2 * period + 2)
-                         if counts_alike(kv * group, real.heads, tps, rules_of("heads"))]
+        heads_options = [
+            kv * group
+            for group in range(2, real.heads // real.kv_heads % period + 2 * period + 2)
+            if counts_alike(kv * group, real.heads, tps, rules_of("heads"))
+        ]
     hidden_alone = faithful_dim(real.hidden, tps)
     free = head_dim_free or latent
     checked = ("hidden", "attention_out") if latent else ("hidden", "qkv", "attention_out")
 
     def fits(heads: int, head_dim: int) -> bool:
-        trial = replace(real, heads=heads, kv_heads=kv, head_dim=head_dim, hidden=hidden_alone if free else heads * head_dim)
-        return all(dim_split(trial.dims()[name], tp) == dim_split(real.dims()[name], tp) for name in checked for tp in tps)
+        trial = replace(
+            real, heads=heads, kv_heads=kv, head_dim=head_dim, hidden=hidden_alone if free else heads * head_dim
+        )
+        return all(
+            dim_split(trial.dims()[name], tp) == dim_split(real.dims()[name], tp) for name in checked for tp in tps
+        )
 
     # smallest attention first; among equals a head_dim that is a multiple of 8 (partial rotary factors stay even)
-    options = sorted(((heads, head_dim) for heads in heads_options for head_dim in HEAD_DIMS),
-                     key=lambda option: (option[0] * option[1], option[1] % 8 != 0, option))
+    options = sorted(
+        ((heads, head_dim) for heads in heads_options for head_dim in HEAD_DIMS),
+        key=lambda option: (option[0] * option[1], option[1] % 8 != 0, option),
+    )
     found = next((option for option in options if fits(*option)), None)
     if found is None:
-        raise RegistryError(f"no heads x head_dim up to {max(heads_options)} x {max(HEAD_DIMS)} splits like {real.source} "
-                            f"({real.heads} heads, {real.kv_heads} kv heads, head_dim {real.head_dim}, hidden {real.hidden})")
+        raise RegistryError(
+            f"no heads x head_dim up to {max(heads_options)} x {max(HEAD_DIMS)} splits like {real.source} "
+            f"({real.heads} heads, {real.kv_heads} kv heads, head_dim {real.head_dim}, hidden {real.hidden})"
+        )
     heads, head_dim = found
     top_k = real.top_k or DEFAULT_TOP_K
     experts = faithful_count(real.experts, tps, least=top_k, rules=rules_of("experts")) if real.experts else 0
-    return TinySizes(heads=heads, kv_heads=kv, head_dim=head_dim,
-                     hidden=hidden_alone if free else heads * head_dim,
-                     intermediate=faithful_dim(real.intermediate, tps), vocab=faithful_dim(real.vocab, tps, least=LEAST_VOCAB),
-                     experts=experts, top_k=top_k if experts else 0,
-                     expert_intermediate=faithful_dim(real.expert_intermediate, tps) if real.expert_intermediate else 0,
-                     shared_expert_intermediate=(faithful_dim(real.shared_expert_intermediate, tps)
-                                                 if real.shared_expert_intermediate else 0))
+    return TinySizes(
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        hidden=hidden_alone if free else heads * head_dim,
+        intermediate=faithful_dim(real.intermediate, tps),
+        vocab=faithful_dim(real.vocab, tps, least=LEAST_VOCAB),
+        experts=experts,
+        top_k=top_k if experts else 0,
+        expert_intermediate=faithful_dim(real.expert_intermediate, tps) if real.expert_intermediate else 0,
+        shared_expert_intermediate=(
+            faithful_dim(real.shared_expert_intermediate, tps) if real.shared_expert_intermediate else 0
+        ),
+    )
 
 
 def _set(tiny: dict[str, Any], keys: tuple[str, ...], value: Any) -> bool:
@@ -286,23 +320,31 @@ def _head_dim_free(entry: ModelEntry, real: RealShape) -> bool:
     if any(rule.equals == "hidden" for rule in entry.split_rules):
         return False
     return real.heads * real.head_dim != real.hidden or (
-        any(key in entry.tiny for key in HEAD_DIM_KEYS) and entry.model_type not in HEAD_DIM_FOLLOWS_HIDDEN)
+        any(key in entry.tiny for key in HEAD_DIM_KEYS) and entry.model_type not in HEAD_DIM_FOLLOWS_HIDDEN
+    )
 
 
 def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
     """The entry's tiny overrides with every split-relevant size replaced by the rule's (faithful_sizes) value;
     everything else the overrides carry (pad ids, rotary dims, layer kinds) stays."""
-    tiny = {key: dict(value) if key in NESTED and isinstance(value, dict) else value for key, value in entry.tiny.items()}
+    tiny = {
+        key: dict(value) if key in NESTED and isinstance(value, dict) else value for key, value in entry.tiny.items()
+    }
     latent = MLA_KEY in tiny
     sizes = faithful_sizes(real, tps, head_dim_free=_head_dim_free(entry, real), latent=latent, rules=entry.split_rules)
     _set(tiny, HEAD_KEYS, sizes.heads)
     if not _set(tiny, KV_KEYS, sizes.kv_heads) and sizes.kv_heads != sizes.heads and not tiny.get("multi_query"):
         tiny["num_key_value_heads"] = sizes.kv_heads
     _set(tiny, ("v_head_dim",) if latent else HEAD_DIM_KEYS, sizes.head_dim)
-    old_hidden = _first({**tiny, **{k: v for n in NESTED if isinstance(tiny.get(n), dict) for k, v in tiny[n].items()}}, HIDDEN_KEYS)
+    old_hidden = _first(
+        {**tiny, **{k: v for n in NESTED if isinstance(tiny.get(n), dict) for k, v in tiny[n].items()}}, HIDDEN_KEYS
+    )
     # every width the tiny config keeps equal to hidden follows it (recurrent_gemma's lru_width, ...)
-    _set(tiny, tuple(key for key in (*HIDDEN_KEYS, *DERIVED_HIDDEN_KEYS) if key in HIDDEN_KEYS or tiny.get(key) == old_hidden),
-         sizes.hidden)
+    _set(
+        tiny,
+        tuple(key for key in (*HIDDEN_KEYS, *DERIVED_HIDDEN_KEYS) if key in HIDDEN_KEYS or tiny.get(key) == old_hidden),
+        sizes.hidden,
+    )
     if not _set(tiny, FFN_KEYS, sizes.intermediate) and real.intermediate % real.hidden == 0:
         _set(tiny, FFN_RATIO_KEYS, real.intermediate // real.hidden)  # the width is a multiple of hidden (mpt)
     if real.experts:  # else the tiny config's experts stay (a class default without them, fixed in derived.toml)
@@ -321,6 +363,7 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ reading a config
 
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -338,8 +381,10 @@ def read_shape(config, source: str) -> RealShape:
     heads = _first(values, HEAD_KEYS)
     hidden = _first(values, HIDDEN_KEYS)
     if not heads or not hidden:
-        raise RegistryError(f"{source}: the config has no attention head count or hidden size under the names "
-                            f"{HEAD_KEYS} / {HIDDEN_KEYS}")
+        raise RegistryError(
+            f"{source}: the config has no attention head count or hidden size under the names "
+            f"{HEAD_KEYS} / {HIDDEN_KEYS}"
+        )
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
     kv_heads = 1 if multi_query else (_first(values, KV_KEYS) or heads)
     # multi-head latent attention: the output projection reads heads x v_head_dim
@@ -349,12 +394,21 @@ def read_shape(config, source: str) -> RealShape:
     experts = _first(values, EXPERT_KEYS) or 0
     expert_intermediate = _first(values, EXPERT_FFN_KEYS) or 0
     tied = values.get("tie_word_embeddings", getattr(config, "tie_word_embeddings", True))
-    return RealShape(source=source, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
-                     intermediate=intermediate, vocab=values["vocab_size"], tied_embeddings=bool(tied),
-                     experts=experts if experts > 1 else 0, top_k=(_first(values, TOP_K_KEYS) or 0) if experts > 1 else 0,
-                     expert_intermediate=expert_intermediate if experts > 1 else 0,
-                     shared_experts=(_first(values, SHARED_COUNT_KEYS) or 0) if experts > 1 else 0,
-                     shared_expert_intermediate=(_first(values, SHARED_FFN_KEYS) or 0) if experts > 1 else 0)
+    return RealShape(
+        source=source,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=intermediate,
+        vocab=values["vocab_size"],
+        tied_embeddings=bool(tied),
+        experts=experts if experts > 1 else 0,
+        top_k=(_first(values, TOP_K_KEYS) or 0) if experts > 1 else 0,
+        expert_intermediate=expert_intermediate if experts > 1 else 0,
+        shared_experts=(_first(values, SHARED_COUNT_KEYS) or 0) if experts > 1 else 0,
+        shared_expert_intermediate=(_first(values, SHARED_FFN_KEYS) or 0) if experts > 1 else 0,
+    )
 
 
 def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
@@ -389,14 +443,17 @@ def _parse_record(path: Path, entry: str, checkpoint: str, raw: Any) -> RealShap
     for name, value in raw.items():
         if name == "source":
             expected = {DEFAULTS_KEY: "config-defaults transformers ", AS_WRITTEN_KEY: "as written: "}.get(
-                checkpoint, f"hub config {checkpoint}")
+                checkpoint, f"hub config {checkpoint}"
+            )
             if not isinstance(value, str) or not value.startswith(expected):
                 raise RegistryError(f"{where} field 'source' must start with {expected!r}, got {value!r}")
         elif name == "tied_embeddings":
             if not isinstance(value, bool):
                 raise RegistryError(f"{where} field 'tied_embeddings' must be true or false, got {value!r}")
         elif not _int(value) or value < (1 if name in _REQUIRED else 0):
-            raise RegistryError(f"{where} field '{name}' must be an integer >= {1 if name in _REQUIRED else 0}, got {value!r}")
+            raise RegistryError(
+                f"{where} field '{name}' must be an integer >= {1 if name in _REQUIRED else 0}, got {value!r}"
+            )
     shape = RealShape(**raw)
     if shape.heads % shape.kv_heads:
         raise RegistryError(f"{where} field 'kv_heads': {shape.kv_heads} does not divide heads {shape.heads}")
@@ -405,7 +462,9 @@ def _parse_record(path: Path, entry: str, checkpoint: str, raw: Any) -> RealShap
     return shape
 
 
-def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEntry] | None = None) -> dict[str, dict[str, RealShape]]:
+def load_real_shapes(
+    path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEntry] | None = None
+) -> dict[str, dict[str, RealShape]]:
     """{entry: {hub id or 'defaults': shape}}; with `registry`, every entry must have the record its faithful
     cells use (faithful_record) and name only its own hub ids."""
     raw = read_toml(path, "; write it with python -m matrix.shapes --write")
@@ -413,7 +472,9 @@ def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEnt
     for entry, records in raw.items():
         if not isinstance(records, dict) or not records:
             raise RegistryError(f"{path}: entry [{entry}] must be a table of checkpoint = {{ sizes }}, got {records!r}")
-        shapes[entry] = {checkpoint: _parse_record(path, entry, checkpoint, record) for checkpoint, record in records.items()}
+        shapes[entry] = {
+            checkpoint: _parse_record(path, entry, checkpoint, record) for checkpoint, record in records.items()
+        }
     if registry is not None:
         for entry, records in shapes.items():
             if entry not in registry:
@@ -421,12 +482,16 @@ def load_real_shapes(path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEnt
             hub_ids = registry[entry].hub_ids
             strangers = set(records) - {DEFAULTS_KEY, *hub_ids, *([] if hub_ids else [AS_WRITTEN_KEY])}
             if strangers:
-                raise RegistryError(f"{path}: entry [{entry}] has record(s) {sorted(strangers)} that are not in its hub_ids "
-                                    f"{list(hub_ids)} (or {DEFAULTS_KEY!r}; {AS_WRITTEN_KEY!r} for an entry without hub_ids)")
+                raise RegistryError(
+                    f"{path}: entry [{entry}] has record(s) {sorted(strangers)} that are not in its hub_ids "
+                    f"{list(hub_ids)} (or {DEFAULTS_KEY!r}; {AS_WRITTEN_KEY!r} for an entry without hub_ids)"
+                )
         for name, model in registry.items():
             if not (model.skip_reason or model.trust_remote_code) and faithful_record(model, shapes) is None:
-                raise RegistryError(f"{path}: entry [{name}] has no record for {(model.hub_ids or [DEFAULTS_KEY])[0]!r}"
-                                    f" nor {DEFAULTS_KEY!r}; run python -m matrix.shapes --write")
+                raise RegistryError(
+                    f"{path}: entry [{name}] has no record for {(model.hub_ids or [DEFAULTS_KEY])[0]!r}"
+                    f" nor {DEFAULTS_KEY!r}; run python -m matrix.shapes --write"
+                )
     return shapes
 
 
@@ -472,8 +537,10 @@ def split_shaped_name(text: str) -> tuple[str, str]:
     if not separator:
         return text, UNMARKED_SHAPE
     if shape not in SHAPES and not CHECKPOINT_SHAPE.fullmatch(shape):
-        raise RegistryError(f"{text!r}: unknown shape {shape!r}; spell a model <name> or <name>{SHAPE_SEPARATOR}<shape> "
-                            f"with shape one of {', '.join(SHAPES)} (or faithful-<checkpoint short name>)")
+        raise RegistryError(
+            f"{text!r}: unknown shape {shape!r}; spell a model <name> or <name>{SHAPE_SEPARATOR}<shape> "
+            f"with shape one of {', '.join(SHAPES)} (or faithful-<checkpoint short name>)"
+        )
     return name, shape
 
 
@@ -481,7 +548,9 @@ def parse_shapes(text: str) -> tuple[str, ...]:
     shapes = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     for shape in shapes:
         if shape not in SHAPES:
-            raise RegistryError(f"unknown shape {shape!r}; use one of {', '.join(SHAPES)} (e.g. --shapes faithful,stress)")
+            raise RegistryError(
+                f"unknown shape {shape!r}; use one of {', '.join(SHAPES)} (e.g. --shapes faithful,stress)"
+            )
     return shapes
 
 
@@ -506,7 +575,9 @@ def faithful_groups(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], 
     def patterns(record: RealShape) -> list[dict[str, Any]]:
         return [split_pattern(record, tp, entry.split_rules) for tp in tps]
 
-    groups: list[tuple[list[dict[str, Any]], str, RealShape, list[str]]] = [(patterns(primary), "faithful", primary, [])]
+    groups: list[tuple[list[dict[str, Any]], str, RealShape, list[str]]] = [
+        (patterns(primary), "faithful", primary, [])
+    ]
     for hub_id in entry.hub_ids:
         if hub_id not in records:
             continue
@@ -516,10 +587,14 @@ def faithful_groups(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], 
             group = (found, checkpoint_shape(hub_id), records[hub_id], [])
             groups.append(group)
         group[3].append(hub_id)
-    return [FaithfulGroup(shape=shape, record=record, checkpoints=tuple(hub_ids)) for _, shape, record, hub_ids in groups]
+    return [
+        FaithfulGroup(shape=shape, record=record, checkpoints=tuple(hub_ids)) for _, shape, record, hub_ids in groups
+    ]
 
 
-def shaped_entries(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None) -> list[ModelEntry]:
+def shaped_entries(
+    entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None
+) -> list[ModelEntry]:
     """The entries the cells of `shape` (`faithful` or `stress`) at `tp` run: the stress one; or one faithful
     per group of the entry's checkpoints that split alike (faithful_groups), the first as plain `faithful`."""
     if shape == "stress" or entry.skip_reason:
@@ -532,7 +607,9 @@ def shaped_entries(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dic
     return [shaped_entry(entry, group.shape, tp, shapes) for group in groups]
 
 
-def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None) -> ModelEntry:
+def shaped_entry(
+    entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[str, RealShape]] | None = None
+) -> ModelEntry:
     """The entry the cell of exactly `shape` at `tp` runs: named for its shape; a faithful one with the rule's
     tiny config for tp 2, 3, 4 and `tp` and the hub ids it stands for (`checkpoints`), or a skip naming why there
     is none. A `faithful-<short name>` no group of the entry has is a RegistryError."""
@@ -551,8 +628,10 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
         except RegistryError as error:  # no record and no config class defaults: the cell skips naming why
             groups, no_record = {}, error
         if shape not in groups and shape != "faithful":
-            raise RegistryError(f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
-                                f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}")
+            raise RegistryError(
+                f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
+                f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}"
+            )
         try:
             if shape not in groups:
                 raise no_record
@@ -562,14 +641,19 @@ def shaped_entry(entry: ModelEntry, shape: str, tp: int, shapes: dict[str, dict[
             tiny = faithful_tiny(entry, real, tps)
             sizes = tiny_shape(entry.model_type, tiny)
         except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
-            return replace(entry, name=shaped_name(entry.name, shape),
-                           skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            return replace(
+                entry,
+                name=shaped_name(entry.name, shape),
+                skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
-    why = (f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
-           f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
-           + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")
-           + (f" of width {sizes.expert_intermediate}" if sizes.expert_intermediate else ""))
+    why = (
+        f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
+        f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
+        + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")
+        + (f" of width {sizes.expert_intermediate}" if sizes.expert_intermediate else "")
+    )
     return replace(entry, name=shaped_name(entry.name, shape), tiny=tiny, tiny_why=why, checkpoints=checkpoints)
 
 
@@ -580,17 +664,22 @@ def _defaults_record(entry: ModelEntry) -> RealShape:
     try:
         config = AutoConfig.for_model(entry.model_type)
     except Exception as error:  # a remote-code or unknown model type: no class defaults to read
-        raise RegistryError(f"no real shape recorded in {REAL_SHAPES_FILE.name} and no config class defaults for "
-                            f"{entry.model_type!r} ({type(error).__name__})") from None
+        raise RegistryError(
+            f"no real shape recorded in {REAL_SHAPES_FILE.name} and no config class defaults for "
+            f"{entry.model_type!r} ({type(error).__name__})"
+        ) from None
     return read_shape(config, defaults_source())
 
 
 # ------------------------------------------------------------------------------ writing the file
 
+
 def _toml_record(shape: RealShape) -> str:
     values = {k: v for k, v in asdict(shape).items() if v or k in _REQUIRED}
-    rendered = ", ".join(f"{k} = " + ('"' + v + '"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
-                         for k, v in values.items())
+    rendered = ", ".join(
+        f"{k} = " + ('"' + v + '"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
+        for k, v in values.items()
+    )
     return "{ " + rendered + " }"
 
 
@@ -616,7 +705,9 @@ def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShap
             continue
         records = {k: v for k, v in shapes.get(name, {}).items() if k != DEFAULTS_KEY}
         if AS_WRITTEN_KEY in records:  # its sizes follow its tiny config
-            records[AS_WRITTEN_KEY] = replace(tiny_shape(entry.model_type, entry.tiny), source=records[AS_WRITTEN_KEY].source)
+            records[AS_WRITTEN_KEY] = replace(
+                tiny_shape(entry.model_type, entry.tiny), source=records[AS_WRITTEN_KEY].source
+            )
         elif not (entry.hub_ids and entry.hub_ids[0] in records):
             records[DEFAULTS_KEY] = read_shape(AutoConfig.for_model(entry.model_type), defaults_source())
         blocks.append(_block(name, records))
@@ -639,8 +730,11 @@ def add_record(models_file: Path, entry: ModelEntry, hub_id: str | None, shape: 
     path = real_shapes_file(models_file)
     if path.exists() and entry.name in load_real_shapes(path):
         raise RegistryError(f"{path}: entry [{entry.name}] already has records; remove them first")
-    records = {hub_id: shape} if hub_id and shape else {
-        DEFAULTS_KEY: read_shape(AutoConfig.for_model(entry.model_type), defaults_source())}
+    records = (
+        {hub_id: shape}
+        if hub_id and shape
+        else {DEFAULTS_KEY: read_shape(AutoConfig.for_model(entry.model_type), defaults_source())}
+    )
     path.write_text((path.read_text() if path.exists() else HEADER) + "\n" + _block(entry.name, records))
     return path
 
@@ -653,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description="Write or check matrix/real_shapes.toml.")
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="rewrite the file (defaults records from the installed transformers)")
+    mode.add_argument(
+        "--write", action="store_true", help="rewrite the file (defaults records from the installed transformers)"
+    )
     mode.add_argument("--check", action="store_true", help="exit 1 when the file is not what --write would write")
     parser.add_argument("--models-file", type=Path, default=MODELS_FILE)
     args = parser.parse_args(argv)

@@ -146,8 +146,10 @@ def load_releases(package: str, *, cache_dir: Path | None = None, refresh: bool 
         trimmed = trim_pypi_json(fetch_pypi_json(package))
     except (OSError, ValueError, KeyError) as error:  # URLError/timeouts are OSErrors, bad JSON ValueErrors
         if cache_file.exists():
-            warnings.warn(f"refreshing {package} from {url} failed ({error}); using the cached {cache_file} "
-                          f"({_age_hours(cache_file):.1f} h old)")
+            warnings.warn(
+                f"refreshing {package} from {url} failed ({error}); using the cached {cache_file} "
+                f"({_age_hours(cache_file):.1f} h old)"
+            )
             return parse_releases(json.loads(cache_file.read_text()))
         raise ReleaseDataUnavailable(
             f"no release data for {package}: fetching {url} failed ({error}) and there is no cache at "
@@ -339,8 +341,12 @@ def parse_axis_value(text: str, rule: AxisRule) -> Pin:
         path = Path(ref).expanduser().resolve()
         if not path.is_dir():
             raise _axis_value_error(text, rule, f"there is no directory at {path}")
-        return Pin(rule.package, requirement=str(path), id=f"{rule.short}@local-{_slug(path.name)}",
-                   label=f"local-{_slug(path.name)}")
+        return Pin(
+            rule.package,
+            requirement=str(path),
+            id=f"{rule.short}@local-{_slug(path.name)}",
+            label=f"local-{_slug(path.name)}",
+        )
     if rule.repo is None:
         raise _axis_value_error(text, rule, f"{rule.package} has no repo in versions.toml, so only versions work")
     if match := re.fullmatch(r"pr/(\d+)", ref):
@@ -352,13 +358,22 @@ def parse_axis_value(text: str, rule: AxisRule) -> Pin:
         label = ref[:10] if _GIT_SHA.fullmatch(ref) else ref
     else:
         raise _axis_value_error(text, rule, "it is not a branch, tag or commit name")
-    return Pin(rule.package, requirement=f"{rule.package} @ git+{rule.repo}@{git_ref}", id=f"{rule.short}@{readable}",
-               label=label)
+    return Pin(
+        rule.package,
+        requirement=f"{rule.package} @ git+{rule.repo}@{git_ref}",
+        id=f"{rule.short}@{readable}",
+        label=label,
+    )
 
 
 def _release_pin(rule: AxisRule, version: Version) -> Pin:
-    return Pin(rule.package, requirement=f"{rule.package}=={version}", id=f"{rule.short}{version}", version=version,
-               label=str(version))
+    return Pin(
+        rule.package,
+        requirement=f"{rule.package}=={version}",
+        id=f"{rule.short}{version}",
+        version=version,
+        label=str(version),
+    )
 
 
 def _slug(text: str) -> str:
@@ -462,8 +477,9 @@ def _resolve_release(version: Version, rule: AxisRule, releases: list[Release], 
     raise _axis_value_error(str(version), rule, problem)
 
 
-def backfill_versions(package: str, since: str, until: str | None = None, *, python: Version | None = None,
-                      cache_dir: Path | None = None) -> list[str]:
+def backfill_versions(
+    package: str, since: str, until: str | None = None, *, python: Version | None = None, cache_dir: Path | None = None
+) -> list[str]:
     """The newest installable stable patch of every minor from `since` to `until` (default: the newest
     stable), oldest first: the releases a new deployment runs to get its history."""
     python = python or load_config().python
@@ -471,13 +487,20 @@ def backfill_versions(package: str, since: str, until: str | None = None, *, pyt
         low, high = Version(since), Version(until) if until else None
     except InvalidVersion as error:
         raise AxisValueError(f"{package}: {error}; --since and --until take releases like 0.16.0") from None
-    stable = sorted(v for v in _installable_lines(load_releases(package, cache_dir=cache_dir), python).values()
-                    if not v.is_prerelease)
-    newest_per_minor = {(v.release + (0,))[:2]: v for v in stable
-                        if (v.release + (0,))[:2] >= (low.release + (0,))[:2] and (high is None or v <= high)}
+    stable = sorted(
+        v
+        for v in _installable_lines(load_releases(package, cache_dir=cache_dir), python).values()
+        if not v.is_prerelease
+    )
+    newest_per_minor = {
+        (v.release + (0,))[:2]: v
+        for v in stable
+        if (v.release + (0,))[:2] >= (low.release + (0,))[:2] and (high is None or v <= high)
+    }
     if not newest_per_minor:
-        raise AxisValueError(f"{package}: no installable stable release from {since} to {until or 'the newest'} "
-                             f"for Python {python}")
+        raise AxisValueError(
+            f"{package}: no installable stable release from {since} to {until or 'the newest'} for Python {python}"
+        )
     return [str(version) for version in newest_per_minor.values()]
 
 
@@ -491,8 +514,9 @@ def parse_pins(entries: Iterable[str], where: str, axes: Iterable[str] = AXES) -
             continue
         axis, equals, value = (part.strip() for part in entry.partition("="))
         if not equals or axis not in axes or not value:
-            raise AxisValueError(f"{where}: {entry!r} must be AXIS=VALUE with AXIS one of {', '.join(axes)}, "
-                                 f"e.g. {axes[0]}=0.19.7")
+            raise AxisValueError(
+                f"{where}: {entry!r} must be AXIS=VALUE with AXIS one of {', '.join(axes)}, e.g. {axes[0]}=0.19.7"
+            )
         if pins.get(axis, value) != value:
             raise AxisValueError(f"{where}: {axis} is pinned twice ({pins[axis]} and {value}); keep one")
         pins[axis] = value

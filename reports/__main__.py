@@ -52,8 +52,10 @@ def merge(args: argparse.Namespace) -> int:
         print(f"skipped {reason}", file=sys.stderr)
     if not readable:
         found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
-        raise ReportsError(f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
-                           "unchanged — pass the session's junit/ folder or the downloaded artifacts")
+        raise ReportsError(
+            f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
+            "unchanged — pass the session's junit/ folder or the downloaded artifacts"
+        )
     runs = results = imported = archived = 0
     conflicts = []
     with HistoryStore(args.store, create=True) as store:
@@ -74,8 +76,10 @@ def merge(args: argparse.Namespace) -> int:
     print(f"{args.store}: {runs} new run(s), {results} new result(s) from {imported} file(s); {len(skipped)} skipped")
     print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
     if conflicts:
-        raise ReportsError(f"{len(conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
-                           "and were not imported")
+        raise ReportsError(
+            f"{len(conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
+            "and were not imported"
+        )
     return 0
 
 
@@ -99,8 +103,10 @@ def rebuild(args: argparse.Namespace) -> int:
         for answer in answers:
             (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
         store.compact(args.keep_recent_runs)
-    print(f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
-          f"entries in {archive.root}, {len(answers)} new answer(s)")
+    print(
+        f"{args.store}: {runs} new run(s), {results} new result(s) from {read} of {len(entries)} archive "
+        f"entries in {archive.root}, {len(answers)} new answer(s)"
+    )
     return 0
 
 
@@ -116,10 +122,12 @@ def verify(args: argparse.Namespace) -> int:
     missing_answers = [key for key in answers if key not in archived_answers]
     if missing_runs or missing_answers:
         shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
-        print(f"error: {args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
-              f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
-              f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)",
-              file=sys.stderr)
+        print(
+            f"error: {args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
+            f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
+            f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)",
+            file=sys.stderr,
+        )
         return 1
     print(f"{args.store}: all {len(runs)} run(s) and {len(answers)} answer(s) are in the archive {archive.root}")
     return 0
@@ -137,8 +145,10 @@ def render(args: argparse.Namespace) -> int:
     report = read_report(args.out)
     print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
-        print(f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
-              f"{len(drift.passing_but_unlisted)} passing but unlisted")
+        print(
+            f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
+            f"{len(drift.passing_but_unlisted)} passing but unlisted"
+        )
     return 0
 
 
@@ -148,8 +158,15 @@ def draft_issue(args: argparse.Namespace) -> int:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
     with writing_to(args.out):
-        draft = write_draft(history, observations, known_failures(args.known_failures), cause=args.cause,
-                            cell=args.cell, out_dir=args.out, inert=inert)
+        draft = write_draft(
+            history,
+            observations,
+            known_failures(args.known_failures),
+            cause=args.cause,
+            cell=args.cell,
+            out_dir=args.out,
+            inert=inert,
+        )
     print(f"# {draft.title}\n\n{draft.body}")
     print(f"wrote {draft.file}", file=sys.stderr)
     return 0
@@ -166,9 +183,14 @@ def gate(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
     if not observations:
-        raise ReportsError(f"{args.store}: the history store holds no results, so there is nothing to gate on; "
-                           "import the baseline's and the candidate's runs with `python -m reports merge` first")
-    baseline, candidate = select(observations, args.baseline, "--baseline"), select(observations, args.candidate, "--candidate")
+        raise ReportsError(
+            f"{args.store}: the history store holds no results, so there is nothing to gate on; "
+            "import the baseline's and the candidate's runs with `python -m reports merge` first"
+        )
+    baseline, candidate = (
+        select(observations, args.baseline, "--baseline"),
+        select(observations, args.candidate, "--candidate"),
+    )
     rows = compare(baseline, candidate, args.confirmations)
     # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first.
     failures = classify(baseline, candidate, analyse(observations), known_failures(args.known_failures))
@@ -182,8 +204,19 @@ def publish(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
     known = known_failures(args.known_failures) if args.base or args.upstream else {}
-    for path in publish_deltas(observations, bisections, attempts, args.session, args.out, repo=args.repo, pr=args.pr,
-                               deepspeed_repo=repo, base=args.base, known=known, upstream=args.upstream):
+    for path in publish_deltas(
+        observations,
+        bisections,
+        attempts,
+        args.session,
+        args.out,
+        repo=args.repo,
+        pr=args.pr,
+        deepspeed_repo=repo,
+        base=args.base,
+        known=known,
+        upstream=args.upstream,
+    ):
         print(f"wrote {path}")
     return 0
 
@@ -191,13 +224,23 @@ def publish(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    store_option: dict[str, Any] = {"type": Path, "default": DEFAULT_STORE, "help": f"history store (default {DEFAULT_STORE})"}
+    store_option: dict[str, Any] = {
+        "type": Path,
+        "default": DEFAULT_STORE,
+        "help": f"history store (default {DEFAULT_STORE})",
+    }
     archive_help = "results archive, every merged run's raw results (default: archive/ next to --store)"
-    keep_option: dict[str, Any] = {"type": _run_count, "default": KEEP_RECENT_RUNS, "metavar": "N",
-                   "help": f"keep messages and metrics of each session's newest N runs (default {KEEP_RECENT_RUNS}); "
-                           "older results keep their verdict and signature, and their detail where a report reads it"}
+    keep_option: dict[str, Any] = {
+        "type": _run_count,
+        "default": KEEP_RECENT_RUNS,
+        "metavar": "N",
+        "help": f"keep messages and metrics of each session's newest N runs (default {KEEP_RECENT_RUNS}); "
+        "older results keep their verdict and signature, and their detail where a report reads it",
+    }
 
-    merge_parser = commands.add_parser("merge", help="import JUnit files into the history store and the results archive")
+    merge_parser = commands.add_parser(
+        "merge", help="import JUnit files into the history store and the results archive"
+    )
     merge_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
     merge_parser.add_argument("--store", **store_option)
     merge_parser.add_argument("--archive", type=Path, help=archive_help)
@@ -205,14 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     merge_parser.set_defaults(handler=merge)
 
     rebuild_parser = commands.add_parser(
-        "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive")
+        "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive"
+    )
     rebuild_parser.add_argument("--archive", type=Path, help=archive_help)
     rebuild_parser.add_argument("--store", **store_option)
     rebuild_parser.add_argument("--keep-recent-runs", **keep_option)
     rebuild_parser.set_defaults(handler=rebuild)
 
     verify_parser = commands.add_parser(
-        "verify", help="exit 1 when the store holds a run or answer the results archive lacks (it could not be rebuilt)")
+        "verify", help="exit 1 when the store holds a run or answer the results archive lacks (it could not be rebuilt)"
+    )
     verify_parser.add_argument("--archive", type=Path, help=archive_help)
     verify_parser.add_argument("--store", **store_option)
     verify_parser.set_defaults(handler=verify)
@@ -220,58 +265,100 @@ def build_parser() -> argparse.ArgumentParser:
     render_parser = commands.add_parser("render", help="write report.md/.json/.html, supported-models.md, summary")
     render_parser.add_argument("--store", **store_option)
     render_parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
-    render_parser.add_argument("--docs", type=Path, help="a copy of DeepSpeed's automatic-tensor-parallelism.md: report drift, "
-                                                              "write supported-models.diff against it")
+    render_parser.add_argument(
+        "--docs",
+        type=Path,
+        help="a copy of DeepSpeed's automatic-tensor-parallelism.md: report drift, "
+        "write supported-models.diff against it",
+    )
     render_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
-    render_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
-                               help="failures known upstream (default matrix/known_failures.toml)")
+    render_parser.add_argument(
+        "--known-failures",
+        type=Path,
+        default=KNOWN_FAILURES_FILE,
+        help="failures known upstream (default matrix/known_failures.toml)",
+    )
     render_parser.set_defaults(handler=render)
 
     gate_parser = commands.add_parser("gate", help="exit 1 if cells passing in the baseline fail in the candidate")
     gate_parser.add_argument("--baseline", required=True, help="run id, or version set like deepspeed=0.19.7")
     gate_parser.add_argument("--candidate", required=True, help="run id, or version set like deepspeed=0.19.8")
-    gate_parser.add_argument("--confirmations", type=int, default=1,
-                             help="a cell blocks only if it failed in this many candidate runs (default 1)")
-    gate_parser.add_argument("--block-changed", action="store_true",
-                             help="also exit 1 when a cell failing in both fails in another class or signature "
-                                  "(default: listed as 'changed failure', not blocking)")
-    gate_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
-                             help="failures known upstream (default matrix/known_failures.toml)")
+    gate_parser.add_argument(
+        "--confirmations",
+        type=int,
+        default=1,
+        help="a cell blocks only if it failed in this many candidate runs (default 1)",
+    )
+    gate_parser.add_argument(
+        "--block-changed",
+        action="store_true",
+        help="also exit 1 when a cell failing in both fails in another class or signature "
+        "(default: listed as 'changed failure', not blocking)",
+    )
+    gate_parser.add_argument(
+        "--known-failures",
+        type=Path,
+        default=KNOWN_FAILURES_FILE,
+        help="failures known upstream (default matrix/known_failures.toml)",
+    )
     gate_parser.add_argument("--store", **store_option)
     gate_parser.set_defaults(handler=gate)
 
     publish_parser = commands.add_parser(
-        "publish", help="PR comment and regression issues from the newest run vs the last nightly ($GITHUB_TOKEN)")
+        "publish", help="PR comment and regression issues from the newest run vs the last nightly ($GITHUB_TOKEN)"
+    )
     publish_parser.add_argument("--store", **store_option)
-    publish_parser.add_argument("--out", type=Path, default=Path("results"),
-                                help="output folder; texts go to OUT/publish/ (default results/)")
-    publish_parser.add_argument("--session", action="append",
-                                help="session to compare with its previous run (repeatable; default all stored)")
-    publish_parser.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY"),
-                                help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)")
+    publish_parser.add_argument(
+        "--out", type=Path, default=Path("results"), help="output folder; texts go to OUT/publish/ (default results/)"
+    )
+    publish_parser.add_argument(
+        "--session", action="append", help="session to compare with its previous run (repeatable; default all stored)"
+    )
+    publish_parser.add_argument(
+        "--repo", default=os.environ.get("GITHUB_REPOSITORY"), help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)"
+    )
     publish_parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
     publish_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
-    publish_parser.add_argument("--base", help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
-                                               "comment starts with the newest runs' failures classified against it")
-    publish_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
-                                help="with --base or --upstream: failures known upstream (default "
-                                     "matrix/known_failures.toml)")
-    publish_parser.add_argument("--upstream", metavar="OWNER/NAME",
-                                help="also one bug report per cause of new regressions that no known failure covers, "
-                                     "for this repository's tracker (e.g. deepspeedai/DeepSpeed): written to "
-                                     "OUT/publish/upstream/, opened there with $GITHUB_TOKEN (off by default)")
+    publish_parser.add_argument(
+        "--base",
+        help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
+        "comment starts with the newest runs' failures classified against it",
+    )
+    publish_parser.add_argument(
+        "--known-failures",
+        type=Path,
+        default=KNOWN_FAILURES_FILE,
+        help="with --base or --upstream: failures known upstream (default matrix/known_failures.toml)",
+    )
+    publish_parser.add_argument(
+        "--upstream",
+        metavar="OWNER/NAME",
+        help="also one bug report per cause of new regressions that no known failure covers, "
+        "for this repository's tracker (e.g. deepspeedai/DeepSpeed): written to "
+        "OUT/publish/upstream/, opened there with $GITHUB_TOKEN (off by default)",
+    )
     publish_parser.set_defaults(handler=publish)
 
-    draft_parser = commands.add_parser("draft-issue", help="a Markdown bug report for DeepSpeed's tracker, for one "
-                                                           "cause failing at the latest versions")
+    draft_parser = commands.add_parser(
+        "draft-issue",
+        help="a Markdown bug report for DeepSpeed's tracker, for one cause failing at the latest versions",
+    )
     which = draft_parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--cause", help="a cause id of report.json failing_now (the report lists them)")
     which.add_argument("--cell", help="a failing cell id at the latest versions, e.g. bloom-eager-fp32-tp2")
     draft_parser.add_argument("--store", **store_option)
-    draft_parser.add_argument("--out", type=Path, default=Path("results"),
-                              help="output folder; the report and its repro script go to OUT/draft-issue/")
-    draft_parser.add_argument("--known-failures", type=Path, default=KNOWN_FAILURES_FILE,
-                              help="failures known upstream (default matrix/known_failures.toml)")
+    draft_parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results"),
+        help="output folder; the report and its repro script go to OUT/draft-issue/",
+    )
+    draft_parser.add_argument(
+        "--known-failures",
+        type=Path,
+        default=KNOWN_FAILURES_FILE,
+        help="failures known upstream (default matrix/known_failures.toml)",
+    )
     draft_parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: commit order and PRs")
     draft_parser.set_defaults(handler=draft_issue)
     return parser

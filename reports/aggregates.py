@@ -73,8 +73,7 @@ def recent_runs(runs: list[Run], per_session: int = 2) -> set[str]:
     by_session: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_session[run.session].append(run)
-    return {run.run_id for session in by_session.values()
-            for run in sorted(session, key=started_order)[-per_session:]}
+    return {run.run_id for session in by_session.values() for run in sorted(session, key=started_order)[-per_session:]}
 
 
 def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], dict[PointKey, PointMetrics]]:
@@ -93,8 +92,20 @@ def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], d
     groups = []
     for (cell, versions, harness_git, outcome, failure_class, signature), runs in grouped.items():
         runs.sort(key=started_order)
-        groups.append(ResultGroup(cell, versions, harness_git, outcome, failure_class, signature, len(runs),
-                                  min(run.run_id for run in runs), runs[0], runs[-1]))
+        groups.append(
+            ResultGroup(
+                cell,
+                versions,
+                harness_git,
+                outcome,
+                failure_class,
+                signature,
+                len(runs),
+                min(run.run_id for run in runs),
+                runs[0],
+                runs[-1],
+            )
+        )
     return groups, measured
 
 
@@ -102,6 +113,9 @@ def aggregate(observations: list[Observation]) -> Aggregates:
     """The aggregates of results held in memory, as HistoryStore.aggregates computes them from the store."""
     groups, measured = group_results(observations)
     recent = recent_runs(list({obs.run.run_id: obs.run for obs in observations}.values()))
-    return Aggregates(groups, measured, [obs for obs in observations if obs.run.run_id in recent],
-                      {(obs.run.run_id, obs.cell): obs.result.checkpoints for obs in observations
-                       if obs.result.checkpoints})
+    return Aggregates(
+        groups,
+        measured,
+        [obs for obs in observations if obs.run.run_id in recent],
+        {(obs.run.run_id, obs.cell): obs.result.checkpoints for obs in observations if obs.result.checkpoints},
+    )

@@ -53,7 +53,9 @@ def commit_words(axis: str, commit: dict, link: Link) -> str:
     subject = one_line(commit["subject"])
     if commit["pr"]:
         subject = subject.replace(f" (#{commit['pr']})", "")
-        number = link(f"#{commit['pr']}", pr_url(axis, commit["pr"])) if axis in GITHUB_REPOSITORY else f"#{commit['pr']}"
+        number = (
+            link(f"#{commit['pr']}", pr_url(axis, commit["pr"])) if axis in GITHUB_REPOSITORY else f"#{commit['pr']}"
+        )
         return f'{sha} ({number} "{subject}")'
     return f'{sha} ("{subject}")'
 
@@ -69,8 +71,11 @@ def answer_words(t: dict, link: Link = markdown_link) -> str:
     if b is None:
         return f"triage could not answer: {one_line(t['attempt']['reason'])}" if t["attempt"] else "not yet triaged"
     # A class change is bisected like a regression, its old failure standing for "good".
-    verb, which = {"broke": ("broke", "first bad"), "fixed": ("fixed", "first good"),
-                   "class-change": ("changed", "first changed")}[t["kind"]]
+    verb, which = {
+        "broke": ("broke", "first bad"),
+        "fixed": ("fixed", "first good"),
+        "class-change": ("changed", "first changed"),
+    }[t["kind"]]
     parts = [f"{verb} at {b['axis']} {b['before']} → {b['after']}"]
     if b["commit"]:
         commit = {"sha": b["commit"], "subject": b["subject"], "pr": b["pr"]}
@@ -88,8 +93,10 @@ def answer_text(t: dict, link: Link = markdown_link) -> str:
     """One line per transition: where it changed, the narrowest answer known, and the failure."""
     answer = answer_words(t, link)
     if t["kind"] == "class-change":
-        return (f"{cell_label(t)}: failure class changed at {t['axis']} {t['before']} → {t['after']}: "
-                f"{t['before_status']['failure_class']} → {failure_text(t['after_status'])} ({answer})")
+        return (
+            f"{cell_label(t)}: failure class changed at {t['axis']} {t['before']} → {t['after']}: "
+            f"{t['before_status']['failure_class']} → {failure_text(t['after_status'])} ({answer})"
+        )
     broke = t["kind"] == "broke"
     failure = failure_text(t["after_status"]) if broke else f"was {failure_text(t['before_status'])}"
     b = t["bisection"]

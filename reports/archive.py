@@ -61,14 +61,17 @@ class ResultsArchive:
     def entries(self) -> list[ArchiveEntry]:
         """Every entry, in (session, run id, attempt) order."""
         if not self.root.is_dir():
-            raise ReportsError(f"{self.root}: no results archive here; pass the folder `python -m reports merge` "
-                               "archived into (in CI, the checkout of the autotp-history branch)")
+            raise ReportsError(
+                f"{self.root}: no results archive here; pass the folder `python -m reports merge` "
+                "archived into (in CI, the checkout of the autotp-history branch)"
+            )
         found = []
         for path in self.root.glob("*/*.tar.gz"):
             entry = _entry_at(path)
             if entry is None:
-                raise ReportsError(f"{path}: not an archive entry name (<run id>.<attempt>.tar.gz); move it out of "
-                                   f"{self.root}")
+                raise ReportsError(
+                    f"{path}: not an archive entry name (<run id>.<attempt>.tar.gz); move it out of {self.root}"
+                )
             found.append(entry)
         return sorted(found, key=lambda entry: (entry.path.parent.name, entry.run_id, entry.attempt))
 
@@ -81,13 +84,17 @@ class ResultsArchive:
             try:
                 runs = read_junit(staged)
             except MalformedJUnit as exc:
-                raise ReportsError(f"{entry.path}: {exc.reason}; the archive entry is damaged — restore it from "
-                                   "the data branch's history") from None
+                raise ReportsError(
+                    f"{entry.path}: {exc.reason}; the archive entry is damaged — restore it from "
+                    "the data branch's history"
+                ) from None
         for run, results in runs:
             if run.run_id == entry.run_id:
                 return run, results
-        raise ReportsError(f"{entry.path}: holds no run {entry.run_id!r}; the entry was renamed or damaged — "
-                           "restore it from the data branch's history")
+        raise ReportsError(
+            f"{entry.path}: holds no run {entry.run_id!r}; the entry was renamed or damaged — "
+            "restore it from the data branch's history"
+        )
 
     def add(self, source: Path, runs: list[tuple[Run, list[CellResult]]]) -> list[ArchiveEntry]:
         """Archive each run of the JUnit file `source` (already read) that brings cells the archive lacks;
@@ -100,8 +107,9 @@ class ResultsArchive:
                 if attempt is None:
                     break
                 entry = self._entry(run, attempt)
-                if self._write_new(entry.path, _tar_gz({JUNIT_MEMBER: junit,
-                                                        CELLS_MEMBER: _cells_lines(source, run.run_id)})):
+                if self._write_new(
+                    entry.path, _tar_gz({JUNIT_MEMBER: junit, CELLS_MEMBER: _cells_lines(source, run.run_id)})
+                ):
                     written.append(entry)
                     break
                 # another merge wrote this attempt meanwhile: compare with it too
@@ -126,13 +134,20 @@ class ResultsArchive:
                 cell = CellKey(**fields.pop("cell"))
                 if path.name.startswith("bisection-"):
                     suspects = tuple(Commit(**{**c, "files": tuple(c["files"])}) for c in fields.pop("suspects"))
-                    found.append(Bisection(cell, **{**fields, "files": tuple(fields["files"]),
-                                                    "untestable": tuple(fields["untestable"])}, suspects=suspects))
+                    found.append(
+                        Bisection(
+                            cell,
+                            **{**fields, "files": tuple(fields["files"]), "untestable": tuple(fields["untestable"])},
+                            suspects=suspects,
+                        )
+                    )
                 else:
                     found.append(TriageAttempt(cell, **fields))
             except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                raise ReportsError(f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
-                                   "from the data branch's history") from None
+                raise ReportsError(
+                    f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
+                    "from the data branch's history"
+                ) from None
         return sorted(found, key=lambda answer: (answer.recorded_at, answer_key(answer)))
 
     def _entry(self, run: Run, attempt: int) -> ArchiveEntry:
@@ -154,7 +169,8 @@ class ResultsArchive:
             if archived_run != run:
                 raise ArchiveConflict(
                     f"{source}: run {run.run_id!r} is archived in {path} with different provenance/versions; run ids "
-                    "must be unique per session — check how the file was produced")
+                    "must be unique per session — check how the file was produced"
+                )
             for result in archived_results:
                 verdicts.setdefault(result.cell, _verdict(result))
             attempts = max(attempts, entry.attempt)
@@ -167,7 +183,8 @@ class ResultsArchive:
                 raise ArchiveConflict(
                     f"{source}: run {run.run_id!r} cell {result.cell.id} is {_describe(_verdict(result))} here but "
                     f"{_describe(known)} in the archive ({self.root}); a run's verdicts never change — check how the "
-                    "file was produced")
+                    "file was produced"
+                )
         return attempts + 1 if new_cells else None
 
     @staticmethod
@@ -193,8 +210,9 @@ class ResultsArchive:
                     raise KeyError(name)
                 return member.read()
         except (OSError, EOFError, tarfile.TarError, KeyError) as exc:
-            raise ReportsError(f"{path}: not a readable archive entry ({exc}); restore it from the data branch's "
-                               "history") from None
+            raise ReportsError(
+                f"{path}: not a readable archive entry ({exc}); restore it from the data branch's history"
+            ) from None
 
 
 def answer_key(answer: Bisection | TriageAttempt) -> str:
@@ -224,8 +242,11 @@ def _cells_lines(junit: Path, run_id: str) -> bytes:
         records = read_records(results_dir)
     except MalformedRecord as error:
         raise ReportsError(str(error)) from None
-    return "".join(json.dumps(record) + "\n" for record in records
-                   if (record.get("run") or {}).get("id") == run_id and not record.get("faults")).encode()
+    return "".join(
+        json.dumps(record) + "\n"
+        for record in records
+        if (record.get("run") or {}).get("id") == run_id and not record.get("faults")
+    ).encode()
 
 
 def _tar_gz(members: dict[str, bytes]) -> bytes:

@@ -16,8 +16,10 @@ def deepspeed_commit(repo: GitRepo, versions: Versions) -> str:
     ref = versions.deepspeed_git or versions.deepspeed
     if (sha := repo.find(ref)) is None:
         tried = ref if versions.deepspeed_git else f"v{ref}, {ref}"
-        raise ReportsError(f"--deepspeed-repo {repo.path}: cannot find DeepSpeed {versions.label('deepspeed')} "
-                           f"(tried {tried}); run `git -C {repo.path} fetch --tags origin` or drop --deepspeed-repo")
+        raise ReportsError(
+            f"--deepspeed-repo {repo.path}: cannot find DeepSpeed {versions.label('deepspeed')} "
+            f"(tried {tried}); run `git -C {repo.path} fetch --tags origin` or drop --deepspeed-repo"
+        )
     return sha
 
 

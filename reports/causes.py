@@ -42,8 +42,8 @@ def cells_text(cells: list[CellKey]) -> str:
     for cell in cells:
         tps[cell.variant, cell.dtype][cell.model].add(cell.tp)
     return "; ".join(
-        f"{variant} {dtype}: " + ", ".join(f"{model} tp{'/'.join(map(str, sorted(sizes)))}"
-                                           for model, sizes in sorted(models.items()))
+        f"{variant} {dtype}: "
+        + ", ".join(f"{model} tp{'/'.join(map(str, sorted(sizes)))}" for model, sizes in sorted(models.items()))
         for (variant, dtype), models in sorted(tps.items())
     )
 
@@ -53,7 +53,7 @@ def cell_of(entry: dict) -> CellKey:
 
 
 def count_text(count: int, noun: str, plural: str = "") -> str:
-    """"1 cell", "2 cells" ("1 fix", "2 fixes" with plural given)."""
+    """ "1 cell", "2 cells" ("1 fix", "2 fixes" with plural given)."""
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
@@ -78,14 +78,25 @@ def root_causes(report: dict, transitions: list[Transition]) -> list[dict]:
         kind, axis, before, after, failure_class, signature_cause = key
         listed = [report[TRANSITION_LISTS[kind]][i] for i in members]
         cells = sorted({cell_of(t) for t in listed})
-        found.append({
-            "id": cause_id(*key), "kind": kind, "axis": axis, "before": before, "after": after,
-            "failure_class": failure_class, "cause": signature_cause, "count": len(cells),
-            "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
-            "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in listed)),
-            "members": members,
-            "answers": [{"answer": text, "cells": answered} for text, answered in shared_answers(listed, plain_link)],
-        })
+        found.append(
+            {
+                "id": cause_id(*key),
+                "kind": kind,
+                "axis": axis,
+                "before": before,
+                "after": after,
+                "failure_class": failure_class,
+                "cause": signature_cause,
+                "count": len(cells),
+                "cells": [cell.id for cell in cells],
+                "cells_text": cells_text(cells),
+                "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in listed)),
+                "members": members,
+                "answers": [
+                    {"answer": text, "cells": answered} for text, answered in shared_answers(listed, plain_link)
+                ],
+            }
+        )
     kinds = list(TRANSITION_LISTS)
     return sorted(found, key=lambda c: (kinds.index(c["kind"]), -c["count"], c["axis"], c["failure_class"], c["cause"]))
 
@@ -106,8 +117,10 @@ def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[
     by_answer: dict[str, list[dict]] = defaultdict(list)
     for t in transitions:
         by_answer[answer_words(t, plain_link)].append(t)  # compared as plain text: a link may number its targets
-    found = [(answer_words(answered[0], link), list(dict.fromkeys(t["cell"] for t in answered)))
-             for answered in by_answer.values()]
+    found = [
+        (answer_words(answered[0], link), list(dict.fromkeys(t["cell"] for t in answered)))
+        for answered in by_answer.values()
+    ]
     return sorted(found, key=lambda item: -len(item[1]))
 
 
@@ -151,7 +164,7 @@ class SessionDeltas:
     changed: tuple[str, ...]  # the version axes whose values differ between the two runs
 
     def change_text(self, axis: str) -> str:
-        """"deepspeed 0.19.7 → 0.19.8": an axis that changed between the previous and the newest run."""
+        """ "deepspeed 0.19.7 → 0.19.8": an axis that changed between the previous and the newest run."""
         if self.previous is None:
             raise ValueError(f"session {self.session} has one run: nothing changed between runs")
         return f"{axis} {self.previous.versions.label(axis)} → {self.newest.versions.label(axis)}"
@@ -185,10 +198,20 @@ def session_deltas(observations: list[Observation], history: History, session: s
             continue
         regression = kind == "new failure" and row.verdict == "regression"
         placing = {"new failure": "broke", "fixed": "fixed"}.get(kind) if regression or kind == "fixed" else None
-        transitions = tuple(t for t in history.transitions
-                            if t.kind == placing and t.cell == row.cell and t.after == newest.versions)
-        deltas.append(Delta(kind, row.cell, newest_results[row.cell], previous_results.get(row.cell), regression,
-                            status if kind == "flaky" else None, transitions))
+        transitions = tuple(
+            t for t in history.transitions if t.kind == placing and t.cell == row.cell and t.after == newest.versions
+        )
+        deltas.append(
+            Delta(
+                kind,
+                row.cell,
+                newest_results[row.cell],
+                previous_results.get(row.cell),
+                regression,
+                status if kind == "flaky" else None,
+                transitions,
+            )
+        )
     changed = tuple(axis for axis in AXES if previous.versions.label(axis) != newest.versions.label(axis))
     return SessionDeltas(session, newest, previous, tuple(deltas), changed)
 
@@ -204,8 +227,13 @@ def _delta_kind(verdict: str, flaky_at_newest: bool) -> str:
     """Map a gate verdict (newest run vs the previous one) to a delta kind; "" for cells not mentioned."""
     if flaky_at_newest:
         return "flaky"  # passed and failed at these exact versions: neither a regression nor a fix
-    return {"regression": "new failure", "new failure": "new failure", "baseline flaky": "flaky",
-            "fixed": "fixed", "known": "still failing"}.get(verdict, "")
+    return {
+        "regression": "new failure",
+        "new failure": "new failure",
+        "baseline flaky": "flaky",
+        "fixed": "fixed",
+        "known": "still failing",
+    }.get(verdict, "")
 
 
 @dataclass(frozen=True)

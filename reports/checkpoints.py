@@ -54,9 +54,16 @@ def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, 
         if status is None:
             continue
         entry, shape = shape_of(cell.model)
-        verdict = {"cell": cell.id, "model": cell.model, "tp": cell.tp, "variant": cell.variant, "dtype": cell.dtype,
-                   "status": status.status, "failure_class": status.failure_class,
-                   "cause": status.signature if status.status == "fail" else ""}
+        verdict = {
+            "cell": cell.id,
+            "model": cell.model,
+            "tp": cell.tp,
+            "variant": cell.variant,
+            "dtype": cell.dtype,
+            "status": status.status,
+            "failure_class": status.failure_class,
+            "cause": status.signature if status.status == "fail" else "",
+        }
         hub_ids = checkpoints.get(cell, ())
         if shape == "faithful" and hub_ids:
             for hub_id in hub_ids:
@@ -64,12 +71,20 @@ def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, 
         else:
             architectures["class_defaults" if shape == "faithful" else "stress", entry].append(verdict)
     return {
-        "faithful": [{"checkpoint": hub_id, "architecture": shape_of(verdicts[0]["model"])[0], "verdicts": verdicts}
-                     for hub_id, verdicts in sorted(faithful.items(), key=lambda item: item[0].lower())],
-        "class_defaults": [{"architecture": entry, "verdicts": verdicts}
-                           for (kind, entry), verdicts in sorted(architectures.items()) if kind == "class_defaults"],
-        "stress": [{"architecture": entry, "verdicts": verdicts}
-                   for (kind, entry), verdicts in sorted(architectures.items()) if kind == "stress"],
+        "faithful": [
+            {"checkpoint": hub_id, "architecture": shape_of(verdicts[0]["model"])[0], "verdicts": verdicts}
+            for hub_id, verdicts in sorted(faithful.items(), key=lambda item: item[0].lower())
+        ],
+        "class_defaults": [
+            {"architecture": entry, "verdicts": verdicts}
+            for (kind, entry), verdicts in sorted(architectures.items())
+            if kind == "class_defaults"
+        ],
+        "stress": [
+            {"architecture": entry, "verdicts": verdicts}
+            for (kind, entry), verdicts in sorted(architectures.items())
+            if kind == "stress"
+        ],
     }
 
 
@@ -79,13 +94,13 @@ def has_faithful(section: dict) -> bool:
 
 
 def verdicts_text(verdicts: list[dict]) -> str:
-    """"tp 2: ✅ · tp 3: ❌ forward `RuntimeError: …`"; variant and dtype named where the verdicts have several."""
+    """ "tp 2: ✅ · tp 3: ❌ forward `RuntimeError: …`"; variant and dtype named where the verdicts have several."""
     several = len({(v["variant"], v["dtype"]) for v in verdicts}) > 1
     parts = []
     for verdict in verdicts:
         where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
         cause = one_line(verdict["cause"])
-        cause = cause if len(cause) <= MAX_CAUSE else cause[:MAX_CAUSE - 1] + "…"
+        cause = cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 1] + "…"
         failure = f" {verdict['failure_class']} {code(cause)}" if verdict["status"] == "fail" else ""
         parts.append(f"{where}: {ICONS.get(verdict['status'], verdict['status'])}{failure}")
     return " · ".join(parts)
@@ -93,12 +108,21 @@ def verdicts_text(verdicts: list[dict]) -> str:
 
 def checkpoint_lines(section: dict) -> list[str]:
     """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- "."""
-    return [*(f"{code(entry['checkpoint'])} ({entry['architecture']}, faithful shapes) {verdicts_text(entry['verdicts'])}"
-              for entry in section["faithful"]),
-            *(f"{entry['architecture']} architecture at its config-class default sizes (no checkpoint recorded): "
-              f"{verdicts_text(entry['verdicts'])}" for entry in section["class_defaults"]),
-            *(f"{entry['architecture']} architecture under stress shapes: {verdicts_text(entry['verdicts'])}"
-              for entry in section["stress"])]
+    return [
+        *(
+            f"{code(entry['checkpoint'])} ({entry['architecture']}, faithful shapes) {verdicts_text(entry['verdicts'])}"
+            for entry in section["faithful"]
+        ),
+        *(
+            f"{entry['architecture']} architecture at its config-class default sizes (no checkpoint recorded): "
+            f"{verdicts_text(entry['verdicts'])}"
+            for entry in section["class_defaults"]
+        ),
+        *(
+            f"{entry['architecture']} architecture under stress shapes: {verdicts_text(entry['verdicts'])}"
+            for entry in section["stress"]
+        ),
+    ]
 
 
 def checkpoints_markdown(section: dict) -> list[str]:
@@ -107,21 +131,36 @@ def checkpoints_markdown(section: dict) -> list[str]:
     if not has_faithful(section):
         return []
     real = [f"- {line}" for line in checkpoint_lines({**section, "stress": []})]
-    stress = [f"- {line}" for line in checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})]
-    return ["## Verdicts per checkpoint at the latest versions", "",
-            "Faithful cells split exactly like the checkpoints named; stress cells exercise deliberately odd splits of "
-            "the architecture (uneven grains, fewer kv heads than ranks) and say nothing about a checkpoint.", "",
-            "### Real checkpoints", "", *(real or ["None run."]), "",
-            "### Architectures under stress shapes", "", *(stress or ["None run."]), ""]
+    stress = [
+        f"- {line}" for line in checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
+    ]
+    return [
+        "## Verdicts per checkpoint at the latest versions",
+        "",
+        "Faithful cells split exactly like the checkpoints named; stress cells exercise deliberately odd splits of "
+        "the architecture (uneven grains, fewer kv heads than ranks) and say nothing about a checkpoint.",
+        "",
+        "### Real checkpoints",
+        "",
+        *(real or ["None run."]),
+        "",
+        "### Architectures under stress shapes",
+        "",
+        *(stress or ["None run."]),
+        "",
+    ]
 
 
 def checkpoints_html(section: dict) -> dict[str, list[Markup]]:
     """The same lines for report.html: `real` (checkpoints, then class-default architectures) and `stress`, the
     text escaped and its code spans as <code>."""
+
     def html(lines: list[str]) -> list[Markup]:
         return [Markup(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(line)))) for line in lines]
 
     if not has_faithful(section):
         return {"real": [], "stress": []}
-    return {"real": html(checkpoint_lines({**section, "stress": []})),
-            "stress": html(checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]}))}
+    return {
+        "real": html(checkpoint_lines({**section, "stress": []})),
+        "stress": html(checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})),
+    }

@@ -34,11 +34,15 @@ UNSUPPORTED_INTRO = (
     "The following models are not currently supported with automatic tensor parallelism. "
     "They may still be compatible with other DeepSpeed features (e.g., kernel injection for Bloom):"
 )
-UNTESTED_INTRO = ("No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
-                  "each cell's reason (e.g. remote code only) is in results/cells.jsonl.")
-CHECKPOINTS_INTRO = ("Each checkpoint's verdicts come from tiny models that split exactly like it at every tp "
-                     "(heads, kv heads, 64-wide grains); the stress shapes below exercise deliberately odd splits of each "
-                     "architecture and say nothing about a checkpoint.")
+UNTESTED_INTRO = (
+    "No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
+    "each cell's reason (e.g. remote code only) is in results/cells.jsonl."
+)
+CHECKPOINTS_INTRO = (
+    "Each checkpoint's verdicts come from tiny models that split exactly like it at every tp "
+    "(heads, kv heads, 64-wide grains); the stress shapes below exercise deliberately odd splits of each "
+    "architecture and say nothing about a checkpoint."
+)
 # Failures that say nothing about AutoTP: the harness or the environment failed before AutoTP was judged.
 NO_VERDICT_CLASSES = ("setup", "install")
 DOCS_PAGE = "docs/_tutorials/automatic-tensor-parallelism.md"  # the page's path in DeepSpeed's repository
@@ -83,11 +87,16 @@ def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tupl
     found: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for cell in history.cells:
         status = history.statuses.get((cell, history.latest))
-        if status is not None and status.status != "skip" and not (
-                status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES):
+        if (
+            status is not None
+            and status.status != "skip"
+            and not (status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES)
+        ):
             found[families.get(entry_name(cell.model), entry_name(cell.model))].append((cell, status))
-    return {family: [(cell, status) for cell, status in cells if shape_of(cell.model)[1] == "faithful"] or cells
-            for family, cells in sorted(found.items())}
+    return {
+        family: [(cell, status) for cell, status in cells if shape_of(cell.model)[1] == "faithful"] or cells
+        for family, cells in sorted(found.items())
+    }
 
 
 def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
@@ -100,7 +109,7 @@ def model_support(history: History, families: dict[str, str]) -> dict[str, bool]
 
 
 def tp_text(cells: list[CellKey], family: str) -> str:
-    """"tp 2, 3, 4 (eager fp32)" for the family's cells; when its registry entries differ, each entry other than the
+    """ "tp 2, 3, 4 (eager fp32)" for the family's cells; when its registry entries differ, each entry other than the
     family itself is named: "tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"."""
     tps: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     for cell in cells:
@@ -108,8 +117,10 @@ def tp_text(cells: list[CellKey], family: str) -> str:
     grouped: dict[str, dict[tuple[int, ...], list[str]]] = defaultdict(lambda: defaultdict(list))
     for (model, variant, dtype), sizes in sorted(tps.items(), key=lambda item: (item[0][0] != family, item[0])):
         grouped[model][tuple(sorted(sizes))].append(f"{variant} {dtype}")
-    texts = {model: ", ".join(f"tp {', '.join(map(str, sizes))} ({', '.join(kinds)})" for sizes, kinds in by_tps.items())
-             for model, by_tps in grouped.items()}
+    texts = {
+        model: ", ".join(f"tp {', '.join(map(str, sizes))} ({', '.join(kinds)})" for sizes, kinds in by_tps.items())
+        for model, by_tps in grouped.items()
+    }
     if list(texts) == [family] or (len(texts) > 1 and len(set(texts.values())) == 1):
         return next(iter(texts.values()))  # the family itself, or every entry alike: the family's result
     return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
@@ -134,21 +145,40 @@ def supported_models(history: History, failing_now: dict, families: dict[str, st
         for (cause_id, covered), failed in failing.items():
             cause = causes[failed[0].id]
             known = {"label": cause["known"]["label"], "upstream": cause["known"]["upstream"]} if covered else None
-            failures.append({"id": cause_id, "failure_class": cause["failure_class"], "cause": cause["cause"],
-                             "cells": [cell.id for cell in failed], "cells_text": tp_text(failed, family),
-                             "known": known})
-        entries.append({"family": family, "models": sorted({cell.model for cell, _ in cells}),
-                        "supported": len(passing) == len(cells),
-                        "passing": [cell.id for cell in passing], "passing_text": tp_text(passing, family),
-                        "flaky": [cell.id for cell in flaky], "flaky_text": tp_text(flaky, family),
-                        "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"]))})
+            failures.append(
+                {
+                    "id": cause_id,
+                    "failure_class": cause["failure_class"],
+                    "cause": cause["cause"],
+                    "cells": [cell.id for cell in failed],
+                    "cells_text": tp_text(failed, family),
+                    "known": known,
+                }
+            )
+        entries.append(
+            {
+                "family": family,
+                "models": sorted({cell.model for cell, _ in cells}),
+                "supported": len(passing) == len(cells),
+                "passing": [cell.id for cell in passing],
+                "passing_text": tp_text(passing, family),
+                "flaky": [cell.id for cell in flaky],
+                "flaky_text": tp_text(flaky, family),
+                "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"])),
+            }
+        )
     # Run at the latest versions, yet without a verdict: every cell was skipped or failed in setup/install.
-    ran = {families.get(entry_name(cell.model), entry_name(cell.model)) for cell in history.cells
-           if (cell, history.latest) in history.statuses}
-    return {"supported": [e["family"] for e in entries if e["supported"]],
-            "unsupported": [e["family"] for e in entries if not e["supported"]],
-            "not_tested": sorted(ran - set(verdicts)),
-            "families": entries}
+    ran = {
+        families.get(entry_name(cell.model), entry_name(cell.model))
+        for cell in history.cells
+        if (cell, history.latest) in history.statuses
+    }
+    return {
+        "supported": [e["family"] for e in entries if e["supported"]],
+        "unsupported": [e["family"] for e in entries if not e["supported"]],
+        "not_tested": sorted(ran - set(verdicts)),
+        "families": entries,
+    }
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
@@ -157,12 +187,12 @@ def supported_models(history: History, failing_now: dict, families: dict[str, st
 def reason_text(cause: str) -> str:
     """A cause short enough for a bullet: the message cut at MAX_REASON characters, its location kept."""
     message, at, where = one_line(cause).partition(" @ ")
-    short = message if len(message) <= MAX_REASON else message[:MAX_REASON - 1] + "…"
+    short = message if len(message) <= MAX_REASON else message[: MAX_REASON - 1] + "…"
     return f"{short}{at}{where}"
 
 
 def family_bullet(entry: dict, name: str) -> str:
-    """"- llama — passes tp 2, 3, 4 (eager fp32)", or for an unsupported family each failure with its reason and
+    """ "- llama — passes tp 2, 3, 4 (eager fp32)", or for an unsupported family each failure with its reason and
     known-failure link, then what is flaky and what passes."""
     if entry["supported"]:
         return f"- {name} — passes {entry['passing_text']}"
@@ -170,8 +200,9 @@ def family_bullet(entry: dict, name: str) -> str:
     for failure in entry["failing"]:
         known = failure["known"]
         tracked = f" (known: {markdown_link(known['label'], known['upstream'])})" if known else ""
-        parts.append(f"fails {failure['cells_text']}: {failure['failure_class']} {code(reason_text(failure['cause']))}"
-                     f"{tracked}")
+        parts.append(
+            f"fails {failure['cells_text']}: {failure['failure_class']} {code(reason_text(failure['cause']))}{tracked}"
+        )
     if entry["flaky"]:
         parts.append(f"flaky {entry['flaky_text']}")
     if entry["passing"]:
@@ -186,8 +217,14 @@ def supported_models_markdown(report: dict, history: History, names: dict[str, s
     names = names or {}
 
     def bullets(supported: bool) -> str:
-        return "\n".join(family_bullet(e, names.get(e["family"], e["family"]))
-                         for e in section["families"] if e["supported"] == supported) or "- (none)"
+        return (
+            "\n".join(
+                family_bullet(e, names.get(e["family"], e["family"]))
+                for e in section["families"]
+                if e["supported"] == supported
+            )
+            or "- (none)"
+        )
 
     untested = "\n".join(f"- {family}" for family in section["not_tested"])
     return (
@@ -207,8 +244,15 @@ def _checkpoints_section(section: dict) -> str:
         return ""
     real = checkpoint_lines({**section, "stress": []})
     stress = checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
-    return ("\n# Verdicts per checkpoint\n\n" + CHECKPOINTS_INTRO + "\n\n" + "\n".join(f"- {line}" for line in real or ["None run."])
-            + "\n\n## Architectures under stress shapes\n\n" + "\n".join(f"- {line}" for line in stress or ["None run."]) + "\n")
+    return (
+        "\n# Verdicts per checkpoint\n\n"
+        + CHECKPOINTS_INTRO
+        + "\n\n"
+        + "\n".join(f"- {line}" for line in real or ["None run."])
+        + "\n\n## Architectures under stress shapes\n\n"
+        + "\n".join(f"- {line}" for line in stress or ["None run."])
+        + "\n"
+    )
 
 
 # ---- A copy of DeepSpeed's page ----------------------------------------------------------------------------------
@@ -220,8 +264,9 @@ def read_docs(path: Path) -> list[str]:
     except OSError as exc:
         raise ReportsError(f"--docs {path}: cannot read it ({exc.strerror}); pass DeepSpeed's {DOCS_PAGE}") from None
     except UnicodeDecodeError as exc:
-        raise ReportsError(f"--docs {path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); pass DeepSpeed's "
-                           f"{DOCS_PAGE}") from None
+        raise ReportsError(
+            f"--docs {path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); pass DeepSpeed's {DOCS_PAGE}"
+        ) from None
 
 
 def read_docs_supported(path: Path) -> list[str]:
@@ -275,8 +320,10 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
         while end < len(lines) and _BULLET.match(lines[end]):
             end += 1
         if end == start:
-            raise ReportsError(f"--docs {path}:{index + 1}: '{line.strip()}' has no bullet list under it; the page "
-                               "is rewritten only where its models are a '- name' list")
+            raise ReportsError(
+                f"--docs {path}:{index + 1}: '{line.strip()}' has no bullet list under it; the page "
+                "is rewritten only where its models are a '- name' list"
+            )
         blocks[heading.group(1).lower()] = (start, end)
     missing = [f"'# {name.title()}'" for name in SECTIONS if name not in blocks]
     if missing:
@@ -287,11 +334,17 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
 def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
     """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
     lines = read_docs(docs_path)
-    listed = {normalise_model_name(_bullet_name(match.group(1))): _bullet_name(match.group(1))
-              for start, end in _bullet_blocks(docs_path, lines).values() for line in lines[start:end]
-              if (match := _BULLET.match(line))}
-    return {e["family"]: listed[normalise_model_name(e["family"])] for e in report["supported_models"]["families"]
-            if normalise_model_name(e["family"]) in listed}
+    listed = {
+        normalise_model_name(_bullet_name(match.group(1))): _bullet_name(match.group(1))
+        for start, end in _bullet_blocks(docs_path, lines).values()
+        for line in lines[start:end]
+        if (match := _BULLET.match(line))
+    }
+    return {
+        e["family"]: listed[normalise_model_name(e["family"])]
+        for e in report["supported_models"]["families"]
+        if normalise_model_name(e["family"]) in listed
+    }
 
 
 def docs_page(report: dict, docs_path: Path) -> str:
@@ -304,8 +357,11 @@ def docs_page(report: dict, docs_path: Path) -> str:
     tested = {normalise_model_name(e["family"]): e for e in report["supported_models"]["families"]}
     rewritten = {}
     for section, (start, end) in blocks.items():
-        listed = [(normalise_model_name(_bullet_name(match.group(1))), line) for line in lines[start:end]
-                  if (match := _BULLET.match(line))]  # every line of a block is a bullet (_bullet_blocks)
+        listed = [
+            (normalise_model_name(_bullet_name(match.group(1))), line)
+            for line in lines[start:end]
+            if (match := _BULLET.match(line))
+        ]  # every line of a block is a bullet (_bullet_blocks)
         kept = [(key, line) for key, line in listed if key not in tested]
         for key, entry in sorted(tested.items()):
             if entry["supported"] == (section == "supported models"):
@@ -322,6 +378,11 @@ def docs_page(report: dict, docs_path: Path) -> str:
 def docs_diff(report: dict, docs_path: Path) -> str:
     """A unified diff from the copy to docs_page, with DeepSpeed's path: `git apply` it in a DeepSpeed clone."""
     before = "\n".join(read_docs(docs_path)) + "\n"
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True),
-                                        docs_page(report, docs_path).splitlines(keepends=True),
-                                        fromfile=f"a/{DOCS_PAGE}", tofile=f"b/{DOCS_PAGE}"))
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            docs_page(report, docs_path).splitlines(keepends=True),
+            fromfile=f"a/{DOCS_PAGE}",
+            tofile=f"b/{DOCS_PAGE}",
+        )
+    )

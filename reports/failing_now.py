@@ -28,20 +28,24 @@ from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
 
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
-INTRO = ("Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
-         "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
-         "rank group).")
+INTRO = (
+    "Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
+    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
+    "rank group)."
+)
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
 
 
 def repro_command(cell: CellKey) -> str:
     """The one command that runs this cell alone, with its verdict and a standalone repro script."""
-    return (f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} "
-            f"--tp {cell.tp}")
+    return (
+        f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} "
+        f"--tp {cell.tp}"
+    )
 
 
 def upstream_label(url: str) -> str:
-    """"deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
+    """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
     match = _UPSTREAM.fullmatch(url)
     return f"{match[1]}#{match[2]}" if match else url
 
@@ -65,19 +69,31 @@ def failing_now(report: dict, history: History, aggregates: Aggregates, known: d
         cells = sorted(cells)
         representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
         match = _known_for(known, failure_class, text, cells, at_latest)
-        causes.append({
-            "id": cause_id(failure_class, text), "failure_class": failure_class, "cause": text, "count": len(cells),
-            "cells": [cell.id for cell in cells], "cells_text": cells_text(cells),
-            "since": _since(first_seen[failure_class, text], first_run, latest),
-            "root_causes": _root_causes(report, history, failure_class, text, cells),
-            "status": "known" if match else "new",
-            "known": match,
-            "repro": {"cell": representative.id, "command": repro_command(representative),
-                      "logs": f"{LOGS_ROOT}/{representative.id}/"},
-        })
+        causes.append(
+            {
+                "id": cause_id(failure_class, text),
+                "failure_class": failure_class,
+                "cause": text,
+                "count": len(cells),
+                "cells": [cell.id for cell in cells],
+                "cells_text": cells_text(cells),
+                "since": _since(first_seen[failure_class, text], first_run, latest),
+                "root_causes": _root_causes(report, history, failure_class, text, cells),
+                "status": "known" if match else "new",
+                "known": match,
+                "repro": {
+                    "cell": representative.id,
+                    "command": repro_command(representative),
+                    "logs": f"{LOGS_ROOT}/{representative.id}/",
+                },
+            }
+        )
     causes.sort(key=lambda c: (c["status"] != "new", -c["count"], c["failure_class"], c["cause"]))
-    return {"cells": sum(c["count"] for c in causes), "causes": causes,
-            "fixed_known": _fixed_known(history, aggregates, known)}
+    return {
+        "cells": sum(c["count"] for c in causes),
+        "causes": causes,
+        "fixed_known": _fixed_known(history, aggregates, known),
+    }
 
 
 def _versions(versions: Versions) -> dict[str, str]:
@@ -110,8 +126,9 @@ def _since(first: ResultGroup, first_run: str, latest: Versions) -> dict:
     if run.run_id == first_run:
         text = "since the first run"
     elif first.versions != latest:
-        changed = [f"{axis} {first.versions.label(axis)}" for axis in AXES
-                   if first.versions.label(axis) != latest.label(axis)]
+        changed = [
+            f"{axis} {first.versions.label(axis)}" for axis in AXES if first.versions.label(axis) != latest.label(axis)
+        ]
         text = f"since {', '.join(changed)} (first seen {run.started[:10]})"
     else:
         text = f"since {run.started[:10]} (session {run.session})"
@@ -127,9 +144,13 @@ def _root_causes(report: dict, history: History, failure_class: str, text: str, 
             continue
         for t in typed_members(history.transitions, root):
             failing = t.failing_end
-            if (t.cell in cells and failing.failure_class == failure_class and cause(failing.signature) == text
-                    and t.after.label(t.axis) == history.latest.label(t.axis)
-                    and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))):
+            if (
+                t.cell in cells
+                and failing.failure_class == failure_class
+                and cause(failing.signature) == text
+                and t.after.label(t.axis) == history.latest.label(t.axis)
+                and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))
+            ):
                 ids.append(root["id"])
                 break
     return ids
@@ -138,17 +159,27 @@ def _root_causes(report: dict, history: History, failure_class: str, text: str, 
 def _known_json(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> dict:
     axis, _, fixed_version = entry.fixed_in.partition(" ")
     here = release(latest.get(axis, "")) if entry.fixed_in else None
-    return {"name": entry.name, "upstream": entry.upstream, "label": upstream_label(entry.upstream), "state": entry.state,
-            "fixed_in": entry.fixed_in, "note": entry.note, "cells": [cell.id for cell in cells],
-            # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
-            "fails_after_fix": bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed)}
+    return {
+        "name": entry.name,
+        "upstream": entry.upstream,
+        "label": upstream_label(entry.upstream),
+        "state": entry.state,
+        "fixed_in": entry.fixed_in,
+        "note": entry.note,
+        "cells": [cell.id for cell in cells],
+        # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
+        "fails_after_fix": bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed),
+    }
 
 
-def _known_for(known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey],
-               latest: dict[str, str]) -> dict | None:
+def _known_for(
+    known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey], latest: dict[str, str]
+) -> dict | None:
     """The known failure that covers the most of these cells at the latest versions, or None: a new cause."""
-    covered = {entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
-               for entry in known.values()}
+    covered = {
+        entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
+        for entry in known.values()
+    }
     best = max(covered, key=lambda name: len(covered[name]), default=None)
     return _known_json(known[best], covered[best], latest) if best and covered[best] else None
 
@@ -162,9 +193,20 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
     for entry in known.values():
         if entry.state != "open":
             continue
-        seen = sorted({group.cell for group in aggregates.groups if group.outcome == "fail" and entry.covers(
-            group.failure_class, cause(group.signature), group.cell.model, group.cell.variant,
-            _versions(group.versions))})
+        seen = sorted(
+            {
+                group.cell
+                for group in aggregates.groups
+                if group.outcome == "fail"
+                and entry.covers(
+                    group.failure_class,
+                    cause(group.signature),
+                    group.cell.model,
+                    group.cell.variant,
+                    _versions(group.versions),
+                )
+            }
+        )
         now = [history.statuses.get((cell, latest)) for cell in seen]
         if not seen or any(s is not None and s.status in ("fail", "flaky") for s in now):
             continue
@@ -175,12 +217,24 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
         for t in history.transitions:
             if t.kind == "fixed" and t.cell in passing and t.after == latest:
                 b = t.bisection
-                places[(f"{b.axis} {b.after}", f"{b.axis} {b.before}", True) if b else
-                       (f"{t.axis} {t.after.label(t.axis)}", f"{t.axis} {t.before.label(t.axis)}", False)] += 1
-        (fixed_at, last_failing, bisected), _ = places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
-        fixed.append({**_known_json(entry, passing, _versions(latest)), "cells_text": cells_text(passing),
-                      "failure_class": entry.failure_class, "fixed_at": fixed_at, "last_failing": last_failing,
-                      "bisected": bisected})
+                places[
+                    (f"{b.axis} {b.after}", f"{b.axis} {b.before}", True)
+                    if b
+                    else (f"{t.axis} {t.after.label(t.axis)}", f"{t.axis} {t.before.label(t.axis)}", False)
+                ] += 1
+        (fixed_at, last_failing, bisected), _ = (
+            places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
+        )
+        fixed.append(
+            {
+                **_known_json(entry, passing, _versions(latest)),
+                "cells_text": cells_text(passing),
+                "failure_class": entry.failure_class,
+                "fixed_at": fixed_at,
+                "last_failing": last_failing,
+                "bisected": bisected,
+            }
+        )
     return fixed
 
 
@@ -188,18 +242,24 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
 
 
 def summary_text(section: dict) -> str:
-    """"94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
+    """ "94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
     causes = section["causes"]
     new = sum(1 for c in causes if c["status"] == "new")
-    parts = [f"{count_text(section['cells'], 'cell')} {'fails' if section['cells'] == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
-             f"versions: {new} new, {len(causes) - new} known"] if causes else ["No cell fails at the latest versions"]
+    parts = (
+        [
+            f"{count_text(section['cells'], 'cell')} {'fails' if section['cells'] == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
+            f"versions: {new} new, {len(causes) - new} known"
+        ]
+        if causes
+        else ["No cell fails at the latest versions"]
+    )
     if section["fixed_known"]:
         parts.append(f"{count_text(len(section['fixed_known']), 'known failure')} fixed: close upstream")
     return "; ".join(parts)
 
 
 def status_text(entry: dict, link: Link) -> str:
-    """"new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
+    """ "new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
     known = entry["known"]
     if known is None:
         return "new"
@@ -214,8 +274,12 @@ def status_text(entry: dict, link: Link) -> str:
 def answer_text(entry: dict, report: dict, link: Link) -> str:
     """Where the transitions into the latest versions place the cause and the answer most of its cells share
     (reports.answers.answer_words), or "" when it failed everywhere the history ran it."""
-    transitions = [t for root_id in entry["root_causes"] for t in members(report, _root(report, root_id))
-                   if t["cell"] in entry["cells"]]
+    transitions = [
+        t
+        for root_id in entry["root_causes"]
+        for t in members(report, _root(report, root_id))
+        if t["cell"] in entry["cells"]
+    ]
     if not transitions:
         return ""
     answer, answered = shared_answers(transitions, link)[0]
@@ -234,20 +298,28 @@ def _root(report: dict, root_id: str) -> dict:
 
 def cause_line(entry: dict, report: dict, link: Link) -> str:
     """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
-    parts = [f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
-             f"{count_text(entry['count'], 'cell')}: {entry['cells_text']}", entry["since"]["text"],
-             answer_text(entry, report, link),
-             f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`, cause `{entry['id']}`)"]
+    parts = [
+        f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
+        f"{count_text(entry['count'], 'cell')}: {entry['cells_text']}",
+        entry["since"]["text"],
+        answer_text(entry, report, link),
+        f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`, cause `{entry['id']}`)",
+    ]
     return " — ".join(part for part in parts if part)
 
 
 def fixed_known_text(fixed: dict, link: Link) -> str:
-    """"fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
-    how = (f" (last failing at {fixed['last_failing']}{'' if fixed['bisected'] else '; not bisected'})"
-           if fixed["last_failing"] else "")
-    return (f"fixed at {fixed['fixed_at']}: close {link(fixed['label'], fixed['upstream'])}{how} — "
-            f"`{fixed['name']}`, {fixed['failure_class']}, {count_text(len(fixed['cells']), 'cell')} pass now: "
-            f"{fixed['cells_text']}")
+    """ "fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
+    how = (
+        f" (last failing at {fixed['last_failing']}{'' if fixed['bisected'] else '; not bisected'})"
+        if fixed["last_failing"]
+        else ""
+    )
+    return (
+        f"fixed at {fixed['fixed_at']}: close {link(fixed['label'], fixed['upstream'])}{how} — "
+        f"`{fixed['name']}`, {fixed['failure_class']}, {count_text(len(fixed['cells']), 'cell')} pass now: "
+        f"{fixed['cells_text']}"
+    )
 
 
 def failing_now_markdown(report: dict, link: Link) -> list[str]:
@@ -270,7 +342,12 @@ def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]
     return {
         "summary": summary_text(section),
         "intro": INTRO,
-        "causes": list(zip(causes, linked(lambda link: [status_text(c, link) for c in causes]),
-                           linked(lambda link: [answer_text(c, report, link) for c in causes]))),
+        "causes": list(
+            zip(
+                causes,
+                linked(lambda link: [status_text(c, link) for c in causes]),
+                linked(lambda link: [answer_text(c, report, link) for c in causes]),
+            )
+        ),
         "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section["fixed_known"]]),
     }

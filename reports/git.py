@@ -37,8 +37,10 @@ class GitRepo:
             raise GitError(f"{option} {self.path}: not a git clone; pass the path of a local clone")
         root = Path(self._git("rev-parse", "--show-toplevel").strip())
         if root.resolve() != self.path.resolve():  # a folder inside some other repository answers git too
-            raise GitError(f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
-                           "clone; pass the root folder of a local clone")
+            raise GitError(
+                f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
+                "clone; pass the root folder of a local clone"
+            )
 
     def _git(self, *args: str) -> str:
         try:
@@ -65,8 +67,10 @@ class GitRepo:
 
     def resolve(self, ref: str) -> str:
         if (sha := self.find(ref)) is None:
-            raise GitError(f"{self.option} {self.path}: no commit or tag {ref!r} (nor v{ref}); "
-                               f"`git -C {self.path} fetch --tags origin` may bring it")
+            raise GitError(
+                f"{self.option} {self.path}: no commit or tag {ref!r} (nor v{ref}); "
+                f"`git -C {self.path} fetch --tags origin` may bring it"
+            )
         return sha
 
     def is_ancestor(self, older: str, newer: str) -> bool:
@@ -80,8 +84,10 @@ class GitRepo:
             raise GitError(f"{older} and {newer} are the same commit {low[:12]}; nothing to bisect")
         if not self.is_ancestor(low, high):
             if not from_merge_base:
-                raise GitError(f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older "
-                                   "end must come first in history (swap them, or check --mode)")
+                raise GitError(
+                    f"{older} ({low[:12]}) is not an ancestor of {newer} ({high[:12]}); the older "
+                    "end must come first in history (swap them, or check --mode)"
+                )
             low = self._git("merge-base", low, high).strip()
         return [low, *self._git("rev-list", "--reverse", "--first-parent", "--ancestry-path", f"{low}..{high}").split()]
 
@@ -97,10 +103,15 @@ class GitRepo:
         folders) first, each part newest first."""
         revision_range = f"{self.resolve(older)}..{self.resolve(newer)}"
         log = self._git("log", "--topo-order", "--format=%H%x1f%s", revision_range)
-        touching = set(self._git("log", "--format=%H", revision_range, "--", *relevant_paths).split()) \
-            if relevant_paths else set()
-        commits = [Commit(sha, subject, pr_of(subject), relevant=sha in touching)
-                   for sha, subject in (line.split("\x1f", 1) for line in log.splitlines())]
+        touching = (
+            set(self._git("log", "--format=%H", revision_range, "--", *relevant_paths).split())
+            if relevant_paths
+            else set()
+        )
+        commits = [
+            Commit(sha, subject, pr_of(subject), relevant=sha in touching)
+            for sha, subject in (line.split("\x1f", 1) for line in log.splitlines())
+        ]
         return tuple(sorted(commits, key=lambda commit: not commit.relevant))  # stable: git order in each part
 
     def touching(self, older: str, newer: str, paths: list[str]) -> list[Commit]:
@@ -121,6 +132,8 @@ class GitRepo:
 
     def topological_index(self, sha: str) -> int:
         if sha not in self._topological_index:
-            raise GitError(f"{self.option} {self.path}: commit {sha} is not on any branch or tag, so it cannot "
-                               "be ordered; fetch the branch that contains it")
+            raise GitError(
+                f"{self.option} {self.path}: commit {sha} is not on any branch or tag, so it cannot "
+                "be ordered; fetch the branch that contains it"
+            )
         return self._topological_index[sha]

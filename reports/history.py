@@ -10,12 +10,33 @@ from itertools import pairwise
 from packaging.version import Version
 
 from reports import ReportsError
-from reports.aggregates import (Aggregates, PointKey, PointMetrics, ResultGroup, aggregate, group_results,
-                                newer_metrics, started_order)
+from reports.aggregates import (
+    Aggregates,
+    PointKey,
+    PointMetrics,
+    ResultGroup,
+    aggregate,
+    group_results,
+    newer_metrics,
+    started_order,
+)
 from reports.attribution import commits_between, deepspeed_order
 from reports.git import GitRepo
-from reports.records import (AXES, Bisection, BisectMode, CellKey, Commit, Observation, Pins, TransitionKind, TriageAttempt,
-                             Versions, parse_pins, release, short_commit)
+from reports.records import (
+    AXES,
+    Bisection,
+    BisectMode,
+    CellKey,
+    Commit,
+    Observation,
+    Pins,
+    TransitionKind,
+    TriageAttempt,
+    Versions,
+    parse_pins,
+    release,
+    short_commit,
+)
 from reports.signatures import cause
 
 
@@ -81,8 +102,14 @@ class Transition:
         """What makes transitions one root cause (reports/causes.py): kind, axis, range (before → after), failure
         class and cause (reports.signatures.cause). The versions held fixed are not part of it: the same fix seen
         at two transformers releases is one cause."""
-        return (self.kind, self.axis, self.before.label(self.axis), self.after.label(self.axis),
-                self.failure_class_text, cause(self.failing_end.signature))
+        return (
+            self.kind,
+            self.axis,
+            self.before.label(self.axis),
+            self.after.label(self.axis),
+            self.failure_class_text,
+            cause(self.failing_end.signature),
+        )
 
 
 @dataclass(frozen=True)
@@ -109,8 +136,12 @@ class History:
         return [point for point in self._points() if point[2].harness_change is not None]
 
     def _points(self) -> list[tuple[CellKey, Versions, CellStatus]]:
-        return [(cell, versions, self.statuses[cell, versions]) for versions in self.version_sets
-                for cell in self.cells if (cell, versions) in self.statuses]
+        return [
+            (cell, versions, self.statuses[cell, versions])
+            for versions in self.version_sets
+            for cell in self.cells
+            if (cell, versions) in self.statuses
+        ]
 
 
 class VersionOrder:
@@ -156,7 +187,8 @@ class VersionOrder:
         known = self._held.get((axis, versions))
         if known is None:
             known = self._held[axis, versions] = tuple(
-                getattr(versions, name) for name in Versions.__dataclass_fields__ if not _on_axis(name, axis))
+                getattr(versions, name) for name in Versions.__dataclass_fields__ if not _on_axis(name, axis)
+            )
         return known
 
     def set_key(self, versions: Versions) -> tuple:
@@ -189,11 +221,11 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
             newest = candidate
     first_seen: dict[str, tuple[str, str]] = {}
     for group in groups:
-        first_seen[group.harness_git] = min(first_seen.get(group.harness_git, started_order(group.earliest)),
-                                            started_order(group.earliest))
+        first_seen[group.harness_git] = min(
+            first_seen.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
+        )
     harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
-    return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {},
-                      harness)
+    return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {}, harness)
 
 
 def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
@@ -201,13 +233,15 @@ def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
     commits."""
     first: dict[str, tuple[str, str]] = {}
     for group in groups:
-        first[group.harness_git] = min(first.get(group.harness_git, started_order(group.earliest)),
-                                       started_order(group.earliest))
+        first[group.harness_git] = min(
+            first.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
+        )
     return {commit: rank for rank, commit in enumerate(sorted(first, key=first.__getitem__))}
 
 
-def point_status_of_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMetrics],
-                           ranks: dict[str, int]) -> CellStatus:
+def point_status_of_groups(
+    groups: list[ResultGroup], measured: dict[PointKey, PointMetrics], ranks: dict[str, int]
+) -> CellStatus:
     """The status of one cell at one version set, the harness commit that recorded each run taken into
     account: pass and fail there are flaky, unless every harness commit's runs agree and the verdict changed
     once, from one harness commit to the next (a harness fix that turns a false pass into a fail, or back):
@@ -253,11 +287,13 @@ def _listed(groups: list[ResultGroup]) -> list[ResultGroup]:
 
 
 def harness_change_text(status: CellStatus) -> str:
-    """"pass ×2 at harness abc1234567 → fail ×1 at harness def4567890", or "" where the harness changed nothing."""
+    """ "pass ×2 at harness abc1234567 → fail ×1 at harness def4567890", or "" where the harness changed nothing."""
     if status.harness_change is None:
         return ""
-    return " → ".join(f"{s.status} ×{s.passes + s.fails} at harness {', '.join(short_commit(c) for c in s.harness)}"
-                      for s in (status.harness_change, status))
+    return " → ".join(
+        f"{s.status} ×{s.passes + s.fails} at harness {', '.join(short_commit(c) for c in s.harness)}"
+        for s in (status.harness_change, status)
+    )
 
 
 def _as_of(status: CellStatus, newest: int, ranks: dict[str, int]) -> CellStatus:
@@ -276,14 +312,22 @@ def _compared(before: CellStatus, after: CellStatus, ranks: dict[str, int]) -> t
     return _as_of(before, newest, ranks), _as_of(after, newest, ranks)
 
 
-def analyse(observations: list[Observation], deepspeed_repo: GitRepo | None = None,
-            bisections: Sequence[Bisection] = (), attempts: Sequence[TriageAttempt] = ()) -> History:
+def analyse(
+    observations: list[Observation],
+    deepspeed_repo: GitRepo | None = None,
+    bisections: Sequence[Bisection] = (),
+    attempts: Sequence[TriageAttempt] = (),
+) -> History:
     """The history of results held in memory (`analyse_aggregates` of their aggregates)."""
     return analyse_aggregates(aggregate(observations), deepspeed_repo, bisections, attempts)
 
 
-def analyse_aggregates(aggregates: Aggregates, deepspeed_repo: GitRepo | None = None,
-                       bisections: Sequence[Bisection] = (), attempts: Sequence[TriageAttempt] = ()) -> History:
+def analyse_aggregates(
+    aggregates: Aggregates,
+    deepspeed_repo: GitRepo | None = None,
+    bisections: Sequence[Bisection] = (),
+    attempts: Sequence[TriageAttempt] = (),
+) -> History:
     groups = aggregates.groups
     if not groups:
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
@@ -309,14 +353,16 @@ def analyse_aggregates(aggregates: Aggregates, deepspeed_repo: GitRepo | None = 
     for group in groups:
         if group.harness_git:
             seen = first_seen[group.versions]
-            seen[group.harness_git] = min(seen.get(group.harness_git, started_order(group.earliest)),
-                                          started_order(group.earliest))
+            seen[group.harness_git] = min(
+                seen.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
+            )
     harness = {versions: tuple(sorted(seen, key=seen.__getitem__)) for versions, seen in first_seen.items()}
     return History(version_sets, cells, statuses, transitions, list(bisections), harness)
 
 
-def _transitions(cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder,
-                 ranks: dict[str, int]) -> list[Transition]:
+def _transitions(
+    cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder, ranks: dict[str, int]
+) -> list[Transition]:
     found = []
     for axis in AXES:
         lines: dict[tuple, list[Versions]] = defaultdict(list)
@@ -369,10 +415,17 @@ class AxisRange:
 
     @classmethod
     def of(cls, transition: Transition) -> AxisRange:
-        commits = ((transition.before.deepspeed_git, transition.after.deepspeed_git)
-                   if transition.axis == "deepspeed" else ("", ""))
-        return cls(transition.axis, getattr(transition.before, transition.axis),
-                   getattr(transition.after, transition.axis), *commits)
+        commits = (
+            (transition.before.deepspeed_git, transition.after.deepspeed_git)
+            if transition.axis == "deepspeed"
+            else ("", "")
+        )
+        return cls(
+            transition.axis,
+            getattr(transition.before, transition.axis),
+            getattr(transition.after, transition.axis),
+            *commits,
+        )
 
     def holds(self, older: str, newer: str) -> bool:
         """Whether the range from older to newer (releases, tags like v0.16.4, or commits) lies inside this
@@ -384,7 +437,8 @@ class AxisRange:
         commits = [commit for commit in (self.older_commit, self.newer_commit) if commit]
         return older != newer and all(
             self._inside(end) if end is not None else any(_same_commit(text, c) for c in commits)
-            for end, text in zip(ends, (older, newer)))
+            for end, text in zip(ends, (older, newer))
+        )
 
     def _inside(self, version: Version) -> bool:
         low, high = release(self.older), release(self.newer)
@@ -401,12 +455,24 @@ def _same_commit(text: str, commit: str) -> bool:
 
 
 def _bisection_for(transition: Transition, bisections: Sequence[Bisection]) -> Bisection | None:
-    return answer_for(bisections, transition.cell, transition.kind, transition.failing_end.failure_class,
-                      AxisRange.of(transition), transition.held_fixed)
+    return answer_for(
+        bisections,
+        transition.cell,
+        transition.kind,
+        transition.failing_end.failure_class,
+        AxisRange.of(transition),
+        transition.held_fixed,
+    )
 
 
-def answer_for(bisections: Sequence[Bisection], cell: CellKey, kind: str, failure_class: str | None, span: AxisRange,
-               held_fixed: Pins) -> Bisection | None:
+def answer_for(
+    bisections: Sequence[Bisection],
+    cell: CellKey,
+    kind: str,
+    failure_class: str | None,
+    span: AxisRange,
+    held_fixed: Pins,
+) -> Bisection | None:
     """The one rule for "does this bisection answer this question": the newest bisection of this cell and axis,
     for this kind of transition (broke, fixed or class-change), about this failure class (the failing end's:
     the new failure of a class change; None: any), run with every other axis it pinned at the versions
@@ -415,15 +481,19 @@ def answer_for(bisections: Sequence[Bisection], cell: CellKey, kind: str, failur
     An answer whose ends are commits (a commit-only bisection) lies inside when the ends its search ran
     between do; an answer recorded without them cannot be placed, so it answers nothing."""
     matching = [
-        b for b in bisections
+        b
+        for b in bisections
         if (b.cell, b.axis) == (cell, span.axis)
         and _answers_kind(b, kind)
         and failure_class in (None, b.failure_class)
         # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); a transition
         # also names python: each pin must be the question's.
         and _pins(parse_pins(b.held_fixed)) <= _pins(held_fixed)
-        and (span.holds(b.before, b.after) if None not in (_release_of(b.before), _release_of(b.after))
-             else bool(b.searched_older) and span.holds(b.searched_older, b.searched_newer))
+        and (
+            span.holds(b.before, b.after)
+            if None not in (_release_of(b.before), _release_of(b.after))
+            else bool(b.searched_older) and span.holds(b.searched_older, b.searched_newer)
+        )
     ]
     return _newest(matching)
 
@@ -446,11 +516,19 @@ def _pins(held_fixed: Pins) -> set[tuple[str, str]]:
 
 def _attempt_for(transition: Transition, attempts: Sequence[TriageAttempt]) -> TriageAttempt | None:
     """The newest unanswered triage question about exactly this transition."""
-    matching = [a for a in attempts
-                if (a.cell, a.axis, a.mode, a.before, a.after) == (
-                    transition.cell, transition.axis, transition.mode, getattr(transition.before, transition.axis),
-                    getattr(transition.after, transition.axis))
-                and _pins(parse_pins(a.held_fixed)) <= _pins(transition.held_fixed)]
+    matching = [
+        a
+        for a in attempts
+        if (a.cell, a.axis, a.mode, a.before, a.after)
+        == (
+            transition.cell,
+            transition.axis,
+            transition.mode,
+            getattr(transition.before, transition.axis),
+            getattr(transition.after, transition.axis),
+        )
+        and _pins(parse_pins(a.held_fixed)) <= _pins(transition.held_fixed)
+    ]
     return _newest(matching)
 
 

@@ -90,13 +90,17 @@ def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
 def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
     # An axis added after records were first written has a default in Versions ("": not recorded then), so files
     # from before it exist may lack it; every other axis must be there.
-    versions = {axis: _require(props, f"version.{axis}", path, where) for axis in AXES
-                if f"version.{axis}" in props or axis not in _OPTIONAL_AXES}
+    versions = {
+        axis: _require(props, f"version.{axis}", path, where)
+        for axis in AXES
+        if f"version.{axis}" in props or axis not in _OPTIONAL_AXES
+    }
     for axis, value in versions.items():
         if release(value) is None and not _LABEL.fullmatch(value):
             raise MalformedJUnit(
-                path, f"{where}: version.{axis}={value!r} is not a PEP 440 version, nor a git ref or local-<folder> "
-                "label, so it cannot be ordered"
+                path,
+                f"{where}: version.{axis}={value!r} is not a PEP 440 version, nor a git ref or local-<folder> "
+                "label, so it cannot be ordered",
             )
     harness_git = props["run.harness_git"].strip() if "run.harness_git" in props else None  # None: an old file
     deepspeed_git = deepspeed_git_of(versions["deepspeed"], props.get("version.deepspeed_git", "").strip(), harness_git)
@@ -128,14 +132,17 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
         raise MalformedJUnit(path, f"{where}: cell.id={props['cell.id']!r} does not match its parts ({cell.id!r})")
     for part in ("model", "variant", "dtype"):
         if not _NAME.fullmatch(getattr(cell, part)):
-            raise MalformedJUnit(path, f"{where}: cell.{part}={getattr(cell, part)!r} is not a name (letters, digits, "
-                                       "'.', '_', '-')")
+            raise MalformedJUnit(
+                path, f"{where}: cell.{part}={getattr(cell, part)!r} is not a name (letters, digits, '.', '_', '-')"
+            )
 
     checkpoints = tuple(props["checkpoints"].split(",")) if props.get("checkpoints") else ()
     for hub_id in checkpoints:
         if not _HUB_ID.fullmatch(hub_id):
-            raise MalformedJUnit(path, f"{where}: checkpoints={props['checkpoints']!r} is not a comma-separated list of "
-                                       "hub ids (owner/name)")
+            raise MalformedJUnit(
+                path,
+                f"{where}: checkpoints={props['checkpoints']!r} is not a comma-separated list of hub ids (owner/name)",
+            )
     # The JUnit result element is the authoritative outcome; properties add the detail.
     problems = [r for r in case.result if isinstance(r, (Failure, Error))]
     if problems:
@@ -143,8 +150,9 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
         prefix, _, rest = message.partition(": ")
         failure_class = props.get("failure_class") or (prefix if rest and prefix in FAILURE_CLASSES else "unknown")
         if failure_class not in KNOWN_FAILURE_CLASSES:
-            raise MalformedJUnit(path, f"{where}: failure_class={failure_class!r} is not one of "
-                                       f"{', '.join(KNOWN_FAILURE_CLASSES)}")
+            raise MalformedJUnit(
+                path, f"{where}: failure_class={failure_class!r} is not one of {', '.join(KNOWN_FAILURE_CLASSES)}"
+            )
         return CellResult(
             run_id=run_id,
             cell=cell,
@@ -157,9 +165,12 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
         )
     skipped = [r for r in case.result if isinstance(r, Skipped)]
     if skipped:
-        return CellResult(run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "", checkpoints=checkpoints)
-    return CellResult(run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where),
-                      checkpoints=checkpoints)
+        return CellResult(
+            run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "", checkpoints=checkpoints
+        )
+    return CellResult(
+        run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where), checkpoints=checkpoints
+    )
 
 
 def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, float]:

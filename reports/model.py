@@ -17,7 +17,15 @@ from typing import Any
 
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, started_order
-from reports.causes import DELTA_KINDS, SessionDeltas, all_session_deltas, cause_id, cells_text, delta_causes, root_causes
+from reports.causes import (
+    DELTA_KINDS,
+    SessionDeltas,
+    all_session_deltas,
+    cause_id,
+    cells_text,
+    delta_causes,
+    root_causes,
+)
 from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
 from reports.failing_now import failing_now
@@ -27,12 +35,21 @@ from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, Versions,
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
 DETAILS_FILE = "report-details.json"
-DETAIL_KEYS = ("matrices", "timeline", "regressions", "fixes", "class_changes", "flaky", "harness_changes",
-               "bisections")
+DETAIL_KEYS = (
+    "matrices",
+    "timeline",
+    "regressions",
+    "fixes",
+    "class_changes",
+    "flaky",
+    "harness_changes",
+    "bisections",
+)
 
 
-def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
-                 known_failures: dict[str, KnownFailure]) -> dict:
+def build_report(
+    history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
+) -> dict:
     runs = _runs_by_point(aggregates)
     report: dict[str, Any] = {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -43,8 +60,12 @@ def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
         "since_previous_run": _since_previous_run(all_session_deltas(aggregates.recent, history)),
         "matrix": _matrix(history, history.latest),
         "matrices": [
-            {"versions": _versions(versions), "label": versions.describe(),
-             "harness": list(history.harness.get(versions, ())), **_matrix(history, versions)}
+            {
+                "versions": _versions(versions),
+                "label": versions.describe(),
+                "harness": list(history.harness.get(versions, ())),
+                **_matrix(history, versions),
+            }
             for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
         ],
         "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
@@ -54,7 +75,9 @@ def build_report(history: History, aggregates: Aggregates, drift: Drift | None,
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
-        "harness_changes": [_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        "harness_changes": [
+            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
+        ],
         "timeline": _timeline(history, runs),
         "bisections": [_bisection(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
@@ -108,8 +131,13 @@ def _status(status: CellStatus) -> dict:
 def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> dict:
     older = status.harness_change
     assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
-    return {"cell": cell.id, "versions_label": versions.describe(), "change": harness_change_text(status),
-            "before_status": _status(older), "after_status": _status(status)}
+    return {
+        "cell": cell.id,
+        "versions_label": versions.describe(),
+        "change": harness_change_text(status),
+        "before_status": _status(older),
+        "after_status": _status(status),
+    }
 
 
 def _column(cell: CellKey) -> str:
@@ -146,7 +174,9 @@ def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, i
             per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
             per_column[column] += 1
             per_column["all"] += 1
-    return dict(sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0])))
+    return dict(
+        sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0]))
+    )
 
 
 def transition_json(transition: Transition) -> dict:
@@ -175,23 +205,43 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
     causes = delta_causes(sessions)
     flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
     return {
-        "sessions": [{
-            "session": s.session, "newest_run": s.newest.run_id, "newest_versions": s.newest.versions.describe(),
-            "previous_run": s.previous.run_id if s.previous else None,
-            "previous_versions": s.previous.versions.describe() if s.previous else None,
-            "changed": [s.change_text(axis) for axis in s.changed],
-        } for s in sessions],
-        "counts": {kind: {"cells": sum(len(c.cells) for c in causes if c.kind == kind),
-                          "causes": sum(1 for c in causes if c.kind == kind)}
-                   for kind in DELTA_KINDS if kind != "flaky"} | {"flaky": {"cells": len(flaky)}},
-        "causes": [{
-            "id": c.id, "kind": c.kind, "failure_class": c.failure_class, "cause": c.cause, "count": len(c.cells),
-            "cells": [cell.id for cell in c.cells], "cells_text": cells_text(c.cells),
-            "sessions": [s.session for s in c.sessions],
-            "no_previous_verdict": sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}),
-            "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas
-                                   for t in d.transitions}),
-        } for c in causes],
+        "sessions": [
+            {
+                "session": s.session,
+                "newest_run": s.newest.run_id,
+                "newest_versions": s.newest.versions.describe(),
+                "previous_run": s.previous.run_id if s.previous else None,
+                "previous_versions": s.previous.versions.describe() if s.previous else None,
+                "changed": [s.change_text(axis) for axis in s.changed],
+            }
+            for s in sessions
+        ],
+        "counts": {
+            kind: {
+                "cells": sum(len(c.cells) for c in causes if c.kind == kind),
+                "causes": sum(1 for c in causes if c.kind == kind),
+            }
+            for kind in DELTA_KINDS
+            if kind != "flaky"
+        }
+        | {"flaky": {"cells": len(flaky)}},
+        "causes": [
+            {
+                "id": c.id,
+                "kind": c.kind,
+                "failure_class": c.failure_class,
+                "cause": c.cause,
+                "count": len(c.cells),
+                "cells": [cell.id for cell in c.cells],
+                "cells_text": cells_text(c.cells),
+                "sessions": [s.session for s in c.sessions],
+                "no_previous_verdict": sorted(
+                    {d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}
+                ),
+                "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions}),
+            }
+            for c in causes
+        ],
         "flaky": flaky,
     }
 
@@ -201,8 +251,9 @@ def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], Poi
     runs: dict[tuple[CellKey, Versions], PointRuns] = {}
     for group in aggregates.groups:
         known = runs.get((group.cell, group.versions))
-        newest = group.newest if known is None or started_order(group.newest) > started_order(known.newest) \
-            else known.newest
+        newest = (
+            group.newest if known is None or started_order(group.newest) > started_order(known.newest) else known.newest
+        )
         runs[group.cell, group.versions] = PointRuns(group.count + (known.count if known else 0), newest)
     return runs
 
@@ -241,29 +292,41 @@ def _timeline(history: History, runs: dict[tuple[CellKey, Versions], PointRuns])
     primary = max(varying, key=lambda axis: len({label[axis] for label in labels}), default=AXES[0])
     grouping = [axis for axis in varying if axis != primary]
     order = {axis: _axis_order(axis, sets) for axis in varying}
-    shown = sorted(range(len(sets)), key=lambda i: (tuple(order[a][labels[i][a]] for a in grouping),
-                                                    order[primary][labels[i][primary]] if varying else 0))
+    shown = sorted(
+        range(len(sets)),
+        key=lambda i: (
+            tuple(order[a][labels[i][a]] for a in grouping),
+            order[primary][labels[i][primary]] if varying else 0,
+        ),
+    )
     cells = []
     for cell in history.cells:
         points = [history.statuses.get((cell, versions)) for versions in sets]
         verdicts = {outcome_class(_status(p)) for p in points if p is not None and p.status != "skip"}
-        cells.append({
-            "cell": cell.id, **asdict(cell),
-            "statuses": [p.status if p else None for p in points],
-            "failure_classes": [p.failure_class if p else "" for p in points],
-            "signatures": [p.signature if p else "" for p in points],
-            "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
-            # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
-            "newest_runs": [_newest_run(runs.get((cell, versions))) for versions in sets],
-            "run_counts": [runs[cell, versions].count if (cell, versions) in runs else 0 for versions in sets],
-            "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
-        })
+        cells.append(
+            {
+                "cell": cell.id,
+                **asdict(cell),
+                "statuses": [p.status if p else None for p in points],
+                "failure_classes": [p.failure_class if p else "" for p in points],
+                "signatures": [p.signature if p else "" for p in points],
+                "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
+                # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
+                "newest_runs": [_newest_run(runs.get((cell, versions))) for versions in sets],
+                "run_counts": [runs[cell, versions].count if (cell, versions) in runs else 0 for versions in sets],
+                "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
+            }
+        )
     return {
-        "version_sets": [v.describe() for v in sets], "labels": labels,
+        "version_sets": [v.describe() for v in sets],
+        "labels": labels,
         "harness": [list(history.harness.get(v, ())) for v in sets],
-        "varying_axes": varying, "primary_axis": primary,
+        "varying_axes": varying,
+        "primary_axis": primary,
         "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
-        "columns": [{"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping),
-                     "label": labels[i][primary]} for i in shown],
+        "columns": [
+            {"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping), "label": labels[i][primary]}
+            for i in shown
+        ],
         "cells": cells,
     }

@@ -38,8 +38,9 @@ class PrFailure:
     known: KnownFailure | None = None  # the known failure covering it (also on a new one the PR brought back)
 
 
-def classify(base: list[Observation], candidate: list[Observation], history: History,
-             known: dict[str, KnownFailure]) -> list[PrFailure]:
+def classify(
+    base: list[Observation], candidate: list[Observation], history: History, known: dict[str, KnownFailure]
+) -> list[PrFailure]:
     """Every cell that fails in the candidate, classified against the base; new ones first."""
     by_cell: dict[str, dict[CellKey, list[Observation]]] = {"base": defaultdict(list), "candidate": defaultdict(list)}
     for side, observations in (("base", base), ("candidate", candidate)):
@@ -54,12 +55,21 @@ def classify(base: list[Observation], candidate: list[Observation], history: His
         text = cause(status.signature)
         newest = max(observations, key=lambda o: (o.run.started, o.run.run_id)).versions
         versions = {obs.versions for obs in [*observations, *by_cell["base"].get(cell, [])]}
-        match = next((entry for entry in known.values() if entry.covers(
-            status.failure_class, text, cell.model, cell.variant, {a: getattr(newest, a) for a in AXES})), None)
+        match = next(
+            (
+                entry
+                for entry in known.values()
+                if entry.covers(
+                    status.failure_class, text, cell.model, cell.variant, {a: getattr(newest, a) for a in AXES}
+                )
+            ),
+            None,
+        )
         base_status = before.status if before else "not run"
         same = _failure(before) == _failure(status)
         flaky = status.status == "flaky" or any(
-            (point := history.statuses.get((cell, v))) is not None and point.status == "flaky" for v in versions)
+            (point := history.statuses.get((cell, v))) is not None and point.status == "flaky" for v in versions
+        )
         if flaky:
             kind = "flaky"
         elif match and (same or base_status in ("skip", "not run")):
@@ -69,8 +79,17 @@ def classify(base: list[Observation], candidate: list[Observation], history: His
         else:
             kind = "new"
         other = _failure(before) if before and before.fails and not same else ""
-        found.append(PrFailure(cell, kind, status.failure_class, text, base_status,
-                               f"{other[0]} {code(other[1])}" if other else "", match))
+        found.append(
+            PrFailure(
+                cell,
+                kind,
+                status.failure_class,
+                text,
+                base_status,
+                f"{other[0]} {code(other[1])}" if other else "",
+                match,
+            )
+        )
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
 
 
@@ -79,10 +98,12 @@ def _failure(status: CellStatus | None) -> tuple[str, str] | None:
 
 
 def summary_line(failures: list[PrFailure]) -> str:
-    """"1 new failure, 93 already failing on the base, 0 flaky, 2 known"."""
+    """ "1 new failure, 93 already failing on the base, 0 flaky, 2 known"."""
     counts = {kind: sum(f.kind == kind for f in failures) for kind in PR_KINDS}
-    return (f"{count_text(counts['new'], 'new failure')}, {counts['broken trunk']} already failing on the base, "
-            f"{counts['flaky']} flaky, {counts['known']} known")
+    return (
+        f"{count_text(counts['new'], 'new failure')}, {counts['broken trunk']} already failing on the base, "
+        f"{counts['flaky']} flaky, {counts['known']} known"
+    )
 
 
 def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[str]:
@@ -92,7 +113,8 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
         grouped[f.kind, f.failure_class, f.cause, f.base_failure, f.known.name if f.known else ""].append(f)
     lines = []
     for (kind, failure_class, text, base_failure, _), members in sorted(
-            grouped.items(), key=lambda item: (PR_KINDS.index(item[0][0]), -len(item[1]), item[0][1:])):
+        grouped.items(), key=lambda item: (PR_KINDS.index(item[0][0]), -len(item[1]), item[0][1:])
+    ):
         first = members[0]
         notes = []
         if base_failure:
@@ -103,8 +125,10 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
         if first.known:
             notes.append(f"known: {link(upstream_label(first.known.upstream), first.known.upstream)}")
         note = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"- **{kind}** {failure_class} {code(text)} — {count_text(len(members), 'cell')}: "
-                     f"{cells_text([f.cell for f in members])}{note}")
+        lines.append(
+            f"- **{kind}** {failure_class} {code(text)} — {count_text(len(members), 'cell')}: "
+            f"{cells_text([f.cell for f in members])}{note}"
+        )
     return lines
 
 
@@ -116,6 +140,13 @@ def pr_comment_head(failures: list[PrFailure], base: str, inert: Callable[[str],
     others = [f for f in failures if f.kind != "new"]
     lines = [f"**{summary_line(failures)}** (base: `{base}`)", "", *map(inert, cause_lines(new))]
     if others:
-        lines += ["", f"<details><summary>{count_text(len(others), 'other failing cell')}: already failing on the base, "
-                      "flaky or known</summary>", "", *map(inert, cause_lines(others)), "", "</details>"]
+        lines += [
+            "",
+            f"<details><summary>{count_text(len(others), 'other failing cell')}: already failing on the base, "
+            "flaky or known</summary>",
+            "",
+            *map(inert, cause_lines(others)),
+            "",
+            "</details>",
+        ]
     return "\n".join(lines).rstrip("\n") + "\n\n"

@@ -64,9 +64,11 @@ def _compare_links(session: SessionDeltas) -> list[str]:
     if session.previous is None:  # a session's first run: nothing to compare with
         return []
     previous, newest = session.previous.versions, session.newest.versions
-    return [session.change_text(axis) + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})"
-                                         if repos.get(axis) else "")
-            for axis in session.changed]
+    return [
+        session.change_text(axis)
+        + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})" if repos.get(axis) else "")
+        for axis in session.changed
+    ]
 
 
 def _git_ref(versions: Versions, axis: str) -> str:
@@ -123,16 +125,20 @@ def placement_lines(delta_cause: DeltaCause) -> list[str]:
 def _delta_cause_lines(delta_cause: DeltaCause, checkpoints: dict[CellKey, tuple[str, ...]]) -> list[str]:
     """The cause, its cells (a faithful cell with the real checkpoints it stands for), and for a regression or a
     fix the answer its cells share, one line per range."""
-    cells = ", ".join(code(cell.id) + (f" ({', '.join(map(code, checkpoints[cell]))})" if checkpoints.get(cell) else "")
-                      for cell in delta_cause.cells)
+    cells = ", ".join(
+        code(cell.id) + (f" ({', '.join(map(code, checkpoints[cell]))})" if checkpoints.get(cell) else "")
+        for cell in delta_cause.cells
+    )
     failure = f"{failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}"
     detail = f"passes now; was {failure}" if delta_cause.kind == "fixed" else failure
     unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
     if unseen:
         detail += f" ({len(unseen)} without a verdict in the last nightly)"
-    answers = [f"  - {t[0]['axis']} {t[0]['before']} → {t[0]['after']}: {line}"
-               for t in placements(delta_cause)
-               for line in answer_lines(t, markdown_link)]
+    answers = [
+        f"  - {t[0]['axis']} {t[0]['before']} → {t[0]['after']}: {line}"
+        for t in placements(delta_cause)
+        for line in answer_lines(t, markdown_link)
+    ]
     return [f"- {count_text(len(delta_cause.cells), 'cell')} — {detail} — {cells}", *answers]
 
 
@@ -142,8 +148,11 @@ def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
     return f"- {code(cell.id)} — {detail}"
 
 
-def comment_markdown(sessions: list[SessionDeltas], checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
-                     verdicts: dict | None = None) -> str:
+def comment_markdown(
+    sessions: list[SessionDeltas],
+    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+    verdicts: dict | None = None,
+) -> str:
     """The PR comment: what changed since the last nightly, by cause; `checkpoints` names the hub ids each faithful
     cell stands for, `verdicts` (reports.checkpoints.checkpoint_verdicts) adds every checkpoint's verdicts, and the
     stress shapes' per architecture, apart."""
@@ -154,8 +163,11 @@ def comment_markdown(sessions: list[SessionDeltas], checkpoints: dict[CellKey, t
     for kind in DELTA_KINDS:
         of_kind = [c for c in causes if c.kind == kind]
         cells = sum(len(c.cells) for c in of_kind)
-        counts.append(f"{kind}: {count_text(len(flaky), 'cell')}" if kind == "flaky"
-                      else f"{kind}: {count_text(cells, 'cell')} in {count_text(len(of_kind), 'cause')}")
+        counts.append(
+            f"{kind}: {count_text(len(flaky), 'cell')}"
+            if kind == "flaky"
+            else f"{kind}: {count_text(cells, 'cell')} in {count_text(len(of_kind), 'cause')}"
+        )
     lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", "", "; ".join(counts), ""]
     for session in sessions:
         newest = session.newest
@@ -168,19 +180,30 @@ def comment_markdown(sessions: list[SessionDeltas], checkpoints: dict[CellKey, t
         if changed:
             lines += [f"  - changed: {line}" for line in changed]
         elif any(delta.regression for delta in session.deltas):
-            lines.append("  - no version changed since the last nightly: suspect the runner or a nondeterministic failure")
+            lines.append(
+                "  - no version changed since the last nightly: suspect the runner or a nondeterministic failure"
+            )
     lines.append("")
     for kind in DELTA_KINDS:
-        entries = ([_flaky_line(s, cell) for s, cell in flaky] if kind == "flaky"
-                   else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c, checkpoints)])
+        entries = (
+            [_flaky_line(s, cell) for s, cell in flaky]
+            if kind == "flaky"
+            else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c, checkpoints)]
+        )
         if entries:
             lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
     if verdicts is not None and has_faithful(verdicts):
         stress = {"faithful": [], "class_defaults": [], "stress": verdicts["stress"]}
-        lines += ["**Verdicts per real checkpoint at the newest versions** (faithful shapes)", "",
-                  *(f"- {line}" for line in checkpoint_lines({**verdicts, "stress": []})), "",
-                  "**Architectures under stress shapes** (deliberately odd splits; no checkpoint's verdict)", "",
-                  *([f"- {line}" for line in checkpoint_lines(stress)] or ["- none run"]), ""]
+        lines += [
+            "**Verdicts per real checkpoint at the newest versions** (faithful shapes)",
+            "",
+            *(f"- {line}" for line in checkpoint_lines({**verdicts, "stress": []})),
+            "",
+            "**Architectures under stress shapes** (deliberately odd splits; no checkpoint's verdict)",
+            "",
+            *([f"- {line}" for line in checkpoint_lines(stress)] or ["- none run"]),
+            "",
+        ]
     return COMMENT_MARKER + "\n" + inert("\n".join(lines[1:]).rstrip("\n")) + "\n"
 
 
@@ -197,9 +220,12 @@ def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
 def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
     cells = delta_cause.cells
     cause_text = one_line(delta_cause.cause)
-    short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[:MAX_TITLE_CAUSE - 1] + "…"
-    title = inert(f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
-                  f"({count_text(len(cells), 'cell')})", title=True)
+    short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[: MAX_TITLE_CAUSE - 1] + "…"
+    title = inert(
+        f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
+        f"({count_text(len(cells), 'cell')})",
+        title=True,
+    )
     lines = [
         issue_marker(delta_cause),
         f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
@@ -215,16 +241,32 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
         previous = session.previous
         if previous is None:  # a delta cause compares two runs of each of its sessions
             continue
-        lines += [f"- {code(session.session)}: run {code(previous.run_id)} at "
-                  f"{previous.versions.describe()} → run {code(session.newest.run_id)} at "
-                  f"{session.newest.versions.describe()}: {ran}",
-                  *[f"  - changed: {line}" for line in _compare_links(session)]]
+        lines += [
+            f"- {code(session.session)}: run {code(previous.run_id)} at "
+            f"{previous.versions.describe()} → run {code(session.newest.run_id)} at "
+            f"{session.newest.versions.describe()}: {ran}",
+            *[f"  - changed: {line}" for line in _compare_links(session)],
+        ]
     placement = placement_lines(delta_cause)
-    lines += ["", *(["Where the history places it:", "", *placement] if placement else [
-        "The history has no earlier pass on any single axis into these versions; `nox -s triage` or "
-        "`python -m reports.bisect` finds the change."]), ""]
-    lines += [f"Reproduce ({'one cell of the cause' if len(cells) > 1 else 'the cell'}):", "", "```bash",
-              repro_command(cells[0]), "```"]
+    lines += [
+        "",
+        *(
+            ["Where the history places it:", "", *placement]
+            if placement
+            else [
+                "The history has no earlier pass on any single axis into these versions; `nox -s triage` or "
+                "`python -m reports.bisect` finds the change."
+            ]
+        ),
+        "",
+    ]
+    lines += [
+        f"Reproduce ({'one cell of the cause' if len(cells) > 1 else 'the cell'}):",
+        "",
+        "```bash",
+        repro_command(cells[0]),
+        "```",
+    ]
     return title, issue_marker(delta_cause) + "\n" + inert("\n".join(lines[1:])) + "\n"
 
 
@@ -232,9 +274,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
 
 
-def build_posts(sessions: list[SessionDeltas], out_dir: Path, checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
-                verdicts: dict | None = None) -> tuple[Post, list[Post]]:
-    comment = Post(COMMENT_MARKER, "", comment_markdown(sessions, checkpoints, verdicts), out_dir / "publish" / "comment.md")
+def build_posts(
+    sessions: list[SessionDeltas],
+    out_dir: Path,
+    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+    verdicts: dict | None = None,
+) -> tuple[Post, list[Post]]:
+    comment = Post(
+        COMMENT_MARKER, "", comment_markdown(sessions, checkpoints, verdicts), out_dir / "publish" / "comment.md"
+    )
     issues = []
     for delta_cause in regression_causes(sessions):
         title, body = issue_markdown(delta_cause)
@@ -247,8 +295,14 @@ def upstream_marker(cause: str) -> str:
     return f"<!-- autotp-matrix:upstream cause={cause} -->"
 
 
-def upstream_posts(sessions: list[SessionDeltas], history: History, observations: list[Observation],
-                   known: dict[str, KnownFailure], out_dir: Path, log) -> list[Post]:
+def upstream_posts(
+    sessions: list[SessionDeltas],
+    history: History,
+    observations: list[Observation],
+    known: dict[str, KnownFailure],
+    out_dir: Path,
+    log,
+) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
     report = build_report(history, aggregate(observations), None, known)
@@ -258,8 +312,10 @@ def upstream_posts(sessions: list[SessionDeltas], history: History, observations
     for delta_cause in regression_causes(sessions):
         entry = failing.get(delta_cause.id)
         if entry is None:
-            log(f"upstream: cause {delta_cause.id} does not fail at the latest versions {history.latest.describe()}: "
-                "no report")
+            log(
+                f"upstream: cause {delta_cause.id} does not fail at the latest versions {history.latest.describe()}: "
+                "no report"
+            )
         elif entry["status"] == "known":
             log(f"upstream: cause {delta_cause.id} is known ({entry['known']['upstream']}): no report")
         elif not_deepspeeds(entry):
@@ -274,16 +330,29 @@ def upstream_posts(sessions: list[SessionDeltas], history: History, observations
 # ---- Writing and posting -----------------------------------------------------------------------------------------
 
 
-def publish(observations: list[Observation], bisections: list[Bisection], attempts: list[TriageAttempt],
-            sessions: list[str] | None, out_dir: Path, *, repo: str | None, pr: int | None,
-            deepspeed_repo: GitRepo | None, base: str | None = None, known: dict[str, KnownFailure] | None = None,
-            upstream: str | None = None, log=print) -> list[Path]:
+def publish(
+    observations: list[Observation],
+    bisections: list[Bisection],
+    attempts: list[TriageAttempt],
+    sessions: list[str] | None,
+    out_dir: Path,
+    *,
+    repo: str | None,
+    pr: int | None,
+    deepspeed_repo: GitRepo | None,
+    base: str | None = None,
+    known: dict[str, KnownFailure] | None = None,
+    upstream: str | None = None,
+    log=print,
+) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
     With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
     classified against it (reports.pr_failures). With `upstream` (OWNER/NAME), also the bug reports for that
     repository's tracker (upstream_posts), under out_dir/publish/upstream/, opened there with the token."""
     if upstream is not None and not _REPO_NAME.fullmatch(upstream):
-        raise ReportsError(f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed")
+        raise ReportsError(
+            f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
+        )
     token = os.environ.get(TOKEN_ENV) or None
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
@@ -296,14 +365,20 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
             drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
     if base is not None:
         newest = {session.newest for session in deltas}
-        failures = classify(select(observations, base, "--base"), [obs for obs in observations if obs.run in newest],
-                            history, known or {})
+        failures = classify(
+            select(observations, base, "--base"),
+            [obs for obs in observations if obs.run in newest],
+            history,
+            known or {},
+        )
         comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
     # The store redacts what it imports; a store written before it did, or a message quoting this environment's
     # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))
-    issues, drafts = ([replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
-                       for posts in (issues, drafts))
+    issues, drafts = (
+        [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+        for posts in (issues, drafts)
+    )
 
     written = []
     summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
@@ -317,9 +392,11 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     written.append(summary)
 
     if token is None:
-        log(f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
+        log(
+            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
             f"{out_dir / 'publish'} and the step summary instead of posting them"
-            + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else ""))
+            + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
+        )
         return written
     if not repo:
         raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
@@ -331,14 +408,28 @@ def publish(observations: list[Observation], bisections: list[Bisection], attemp
     return written
 
 
-def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Post, issues: list[Post],
-          upstream: tuple[str, list[Post]] | None, log) -> None:
+def _post(
+    token: str,
+    api_url: str,
+    repo_name: str,
+    pr: int | None,
+    comment: Post,
+    issues: list[Post],
+    upstream: tuple[str, list[Post]] | None,
+    log,
+) -> None:
     try:
         from github import Auth, Github, GithubException
     except ImportError:
         raise ReportsError("posting needs PyGithub: `pip install --group publish` (pinned in pyproject.toml)") from None
-    client = Github(auth=Auth.Token(token), base_url=api_url, timeout=HTTP_TIMEOUT_S, retry=None,
-                    seconds_between_requests=None, seconds_between_writes=WRITE_SPACING_S)
+    client = Github(
+        auth=Auth.Token(token),
+        base_url=api_url,
+        timeout=HTTP_TIMEOUT_S,
+        retry=None,
+        seconds_between_requests=None,
+        seconds_between_writes=WRITE_SPACING_S,
+    )
     try:
         repo = client.get_repo(repo_name)
         if pr is None:
@@ -362,7 +453,9 @@ def _post(token: str, api_url: str, repo_name: str, pr: int | None, comment: Pos
             opened = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))  # type: ignore[arg-type]
             _open_or_edit(upstream_repo, upstream_name, drafts, opened, [], log)
     except GithubException as exc:
-        raise ReportsError(f"GitHub API {api_url} answered {exc.status}: {exc.data}; nothing further was posted") from None
+        raise ReportsError(
+            f"GitHub API {api_url} answered {exc.status}: {exc.data}; nothing further was posted"
+        ) from None
     except OSError as exc:  # connection refused, timeouts, DNS
         raise ReportsError(f"cannot reach the GitHub API at {api_url}: {exc}") from None
     finally:
@@ -379,8 +472,9 @@ def _post_issues(repo, repo_name: str, issues: list[Post], log) -> None:
         if exc.status != 404:
             raise
         repo.create_label(REGRESSION_LABEL, "d73a4a", "Cells of the AutoTP matrix that passed in the last nightly fail")
-    _open_or_edit(repo, repo_name, issues, list(repo.get_issues(state="open", labels=[REGRESSION_LABEL])),
-                  [REGRESSION_LABEL], log)
+    _open_or_edit(
+        repo, repo_name, issues, list(repo.get_issues(state="open", labels=[REGRESSION_LABEL])), [REGRESSION_LABEL], log
+    )
 
 
 def _open_or_edit(repo, repo_name: str, posts: list[Post], listed: list, labels: list[str], log) -> None:

@@ -23,8 +23,11 @@ AXES = (*INSTALLED_AXES, "python")
 # The metric shown next to each cell in the matrix and plotted in the trend chart.
 KEY_METRIC = "logits_max_abs"
 # Where each axis's commits and PRs live, for links in reports.
-GITHUB_REPOSITORY = {"deepspeed": "deepspeedai/DeepSpeed", "transformers": "huggingface/transformers",
-                     "torch": "pytorch/pytorch"}
+GITHUB_REPOSITORY = {
+    "deepspeed": "deepspeedai/DeepSpeed",
+    "transformers": "huggingface/transformers",
+    "torch": "pytorch/pytorch",
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -65,7 +68,7 @@ Pins = tuple[tuple[str, str], ...]
 
 
 def pins_text(pins: Pins) -> str:
-    """"transformers 5.24.0, torch 2.13.0": how the store, the reports and the terminal write pins."""
+    """ "transformers 5.24.0, torch 2.13.0": how the store, the reports and the terminal write pins."""
     return ", ".join(f"{axis} {value}" for axis, value in pins)
 
 

@@ -38,8 +38,13 @@ STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def write_outputs(history: History, aggregates: Aggregates, drift: Drift | None,
-                  known_failures: dict[str, KnownFailure], out_dir: Path) -> list[Path]:
+def write_outputs(
+    history: History,
+    aggregates: Aggregates,
+    drift: Drift | None,
+    known_failures: dict[str, KnownFailure],
+    out_dir: Path,
+) -> list[Path]:
     report = build_report(history, aggregates, drift, known_failures)
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     first_screen, details = split_report(report)
@@ -71,15 +76,17 @@ def writing_to(out_dir: Path):
     try:
         yield
     except OSError as exc:
-        raise ReportsError(f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
-                           "folder that can be created or written") from None
+        raise ReportsError(
+            f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
+            "folder that can be created or written"
+        ) from None
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
 
 
 def harness_text(commits: list[str]) -> str:
-    """"harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
+    """ "harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
     return f"harness {', '.join(short_commit(c) for c in commits)}" if commits else ""
 
 
@@ -102,13 +109,15 @@ def _matrix_cell(entry: dict | None) -> str:
 def counts_markdown(matrix: dict) -> list[str]:
     columns, counts = matrix["columns"], matrix["counts"]
     lines = ["| outcome | " + " | ".join(columns) + " | all |", "|---|" + "---:|" * (len(columns) + 1)]
-    lines += [f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()]
+    lines += [
+        f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()
+    ]
     cells = sum(per["all"] for per in counts.values())
     return [f"{len(matrix['rows'])} architectures, {cells} cells at these versions:", "", *lines]
 
 
 def counts_text(matrix: dict) -> str:
-    """"120 pass, 80 shard, 4 skip": the outcome classes of one combination in a few words."""
+    """ "120 pass, 80 shard, 4 skip": the outcome classes of one combination in a few words."""
     return ", ".join(f"{per['all']} {name}" for name, per in matrix["counts"].items())
 
 
@@ -121,17 +130,19 @@ def matrix_markdown(matrix: dict) -> list[str]:
 
 
 def seen_at(root_cause: dict, report: dict) -> str:
-    """" at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
+    """ " at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
     latest = Versions(**report["latest_versions"])
     elsewhere = [pins for pins in (other_pins(h, latest) for h in root_cause["held_fixed"]) if pins]
     return f" at {'; '.join(elsewhere)}" if elsewhere else ""
 
 
 def root_cause_title(root_cause: dict, report: dict) -> str:
-    """"shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
-    return (f"{root_cause['failure_class']} {code(root_cause['cause'])} — {root_cause['axis']} {root_cause['before']} → "
-            f"{root_cause['after']}{seen_at(root_cause, report)} — {count_text(root_cause['count'], 'cell')}: "
-            f"{root_cause['cells_text']}")
+    """ "shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
+    return (
+        f"{root_cause['failure_class']} {code(root_cause['cause'])} — {root_cause['axis']} {root_cause['before']} → "
+        f"{root_cause['after']}{seen_at(root_cause, report)} — {count_text(root_cause['count'], 'cell')}: "
+        f"{root_cause['cells_text']}"
+    )
 
 
 def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[str]:
@@ -152,7 +163,9 @@ def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[st
         shown = "; ".join(commit_words(transitions[0]["axis"], c, link) for c in commits[:MAX_CANDIDATES])
         more = f" and {len(commits) - MAX_CANDIDATES} more (report.json)" if len(commits) > MAX_CANDIDATES else ""
         relevant = sum(1 for c in commits if c["relevant"])
-        lines.append(f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}")
+        lines.append(
+            f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}"
+        )
     return lines
 
 
@@ -165,9 +178,12 @@ def root_causes_markdown(report: dict) -> list[str]:
     lines = ["## Root causes", ""]
     if not found:
         return [*lines, "No transition in the history: every cell kept its outcome across the versions run.", ""]
-    lines += [f"{count_text(len(found), 'root cause')} over {count_text(transitions, 'transition')}. A range is last "
-              "good → first bad (regressions) or last bad → first good (fixes) along one axis; the other axes are held "
-              f"at the latest versions ({report['latest_label']}) unless a cause says \"at …\".", ""]
+    lines += [
+        f"{count_text(len(found), 'root cause')} over {count_text(transitions, 'transition')}. A range is last "
+        "good → first bad (regressions) or last bad → first good (fixes) along one axis; the other axes are held "
+        f'at the latest versions ({report["latest_label"]}) unless a cause says "at …".',
+        "",
+    ]
     for kind, title in ROOT_CAUSE_SECTIONS:
         of_kind = [c for c in found if c["kind"] == kind]
         if of_kind:
@@ -186,20 +202,30 @@ def delta_cause_line(delta_cause: dict, report: dict) -> str:
     placed = [by_id[i] for i in delta_cause["root_causes"]]
     where = "; ".join(f"{c['axis']} {c['before']} → {c['after']}" for c in placed)
     answers = [line for c in placed for line in answer_lines(members(report, c))]
-    unseen = (f" ({len(delta_cause['no_previous_verdict'])} without a verdict in the previous run)"
-              if delta_cause["no_previous_verdict"] else "")
-    return (f"**{delta_cause['kind']}** {delta_cause['failure_class']} {code(delta_cause['cause'])} — "
-            f"{count_text(delta_cause['count'], 'cell')}{unseen}: {delta_cause['cells_text']}"
-            + (f" — {where}: " + "; ".join(answers) if placed else ""))
+    unseen = (
+        f" ({len(delta_cause['no_previous_verdict'])} without a verdict in the previous run)"
+        if delta_cause["no_previous_verdict"]
+        else ""
+    )
+    return (
+        f"**{delta_cause['kind']}** {delta_cause['failure_class']} {code(delta_cause['cause'])} — "
+        f"{count_text(delta_cause['count'], 'cell')}{unseen}: {delta_cause['cells_text']}"
+        + (f" — {where}: " + "; ".join(answers) if placed else "")
+    )
 
 
 def since_previous_run_summary(since: dict) -> str:
-    """"3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
+    """ "3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
     counts = since["counts"]
-    parts = [f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
-             for kind, noun, plural in (("new failure", "new failure", ""), ("fixed", "fix", "fixes"),
-                                        ("still failing", "cell still failing", "cells still failing"))
-             if counts[kind]["cells"]]
+    parts = [
+        f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
+        for kind, noun, plural in (
+            ("new failure", "new failure", ""),
+            ("fixed", "fix", "fixes"),
+            ("still failing", "cell still failing", "cells still failing"),
+        )
+        if counts[kind]["cells"]
+    ]
     if counts["flaky"]["cells"]:
         parts.insert(2, count_text(counts["flaky"]["cells"], "flaky cell"))
     return ", ".join(parts) or "nothing changed"
@@ -210,8 +236,12 @@ def since_previous_run_markdown(report: dict) -> list[str]:
     compared = [s for s in since["sessions"] if s["previous_run"]]
     lines = ["## Since the previous run of each session", ""]
     if not compared:
-        return [*lines, f"No session has run twice yet ({count_text(len(since['sessions']), 'session')}): nothing to "
-                        "compare. The root causes below come from the whole history.", ""]
+        return [
+            *lines,
+            f"No session has run twice yet ({count_text(len(since['sessions']), 'session')}): nothing to "
+            "compare. The root causes below come from the whole history.",
+            "",
+        ]
     lines += [f"{since_previous_run_summary(since)}.", ""]
     for s in compared:
         changed = ", ".join(s["changed"]) or "no version changed"
@@ -229,8 +259,14 @@ def harness_changes_markdown(report: dict) -> list[str]:
     """Verdicts that changed at the same versions when the harness commit did: not flaky, no library change."""
     if not report["harness_changes"]:
         return []
-    return ["## Harness changes", "", "Verdicts that changed with the harness commit at the same versions:", "",
-            *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report["harness_changes"]], ""]
+    return [
+        "## Harness changes",
+        "",
+        "Verdicts that changed with the harness commit at the same versions:",
+        "",
+        *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report["harness_changes"]],
+        "",
+    ]
 
 
 def drift_lines(drift: dict | None) -> list[str]:
@@ -255,8 +291,14 @@ def other_matrices_markdown(report: dict) -> list[str]:
         return []
     lines = ["## Support matrix at the other version combinations", ""]
     for matrix in others:
-        lines += [f"<details><summary>{matrix['label']}{_recorded_by(matrix['harness'])}: {counts_text(matrix)}</summary>",
-                  "", *matrix_markdown(matrix), "", "</details>", ""]
+        lines += [
+            f"<details><summary>{matrix['label']}{_recorded_by(matrix['harness'])}: {counts_text(matrix)}</summary>",
+            "",
+            *matrix_markdown(matrix),
+            "",
+            "</details>",
+            "",
+        ]
     return lines
 
 
@@ -265,9 +307,16 @@ def details_markdown(report: dict) -> list[str]:
     lines = [answer_text(t) for c in report["root_causes"] for t in members(report, c)]
     if not lines:
         return []
-    return ["## Details: every transition", "",
-            f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>", "",
-            *[f"- {line}" for line in lines], "", "</details>", ""]
+    return [
+        "## Details: every transition",
+        "",
+        f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>",
+        "",
+        *[f"- {line}" for line in lines],
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def report_markdown(report: dict) -> str:
@@ -346,11 +395,20 @@ def _trend_plot(timeline: dict) -> dict:
         points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]
         if points:
             colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
-            series.append({"cell": cell["cell"], "colour": colour, "points": points,
-                           "path": " ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points)})
+            series.append(
+                {
+                    "cell": cell["cell"],
+                    "colour": colour,
+                    "points": points,
+                    "path": " ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points),
+                }
+            )
     ticks = [{"y": y(10.0**e), "label": f"1e{e}"} for e in range(low, high + 1)]
-    return {"series": series, "ticks": ticks,
-            "x": [(x(position), column["label"]) for position, column in enumerate(columns)]}
+    return {
+        "series": series,
+        "ticks": ticks,
+        "x": [(x(position), column["label"]) for position, column in enumerate(columns)],
+    }
 
 
 def _point_title(timeline: dict, cell: dict, index: int) -> str:
@@ -359,7 +417,11 @@ def _point_title(timeline: dict, cell: dict, index: int) -> str:
     where = f"{cell['cell']} at {timeline['version_sets'][index]}"
     if status is None:
         return f"{where}: not run"
-    failure = f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}" if cell["signatures"][index] else ""
+    failure = (
+        f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}"
+        if cell["signatures"][index]
+        else ""
+    )
     newest, count = cell["newest_runs"][index], cell["run_counts"][index]
     more = f" (+{count - 1} more)" if count > 1 else ""
     return f"{where}: {status}{failure} — run {newest}{more}" if newest else f"{where}: {status}{failure}"
@@ -371,17 +433,30 @@ def _timeline_view(timeline: dict) -> dict:
     columns = timeline["columns"]
     models = []
     for model, cells in groupby(timeline["cells"], key=lambda cell: cell["model"]):
-        rows = [{
-            "label": f"tp{cell['tp']} {cell['variant']} {cell['dtype']}", "changed": cell["changed"],
-            "points": [{"status": cell["statuses"][c["index"]] or "none",
-                        "text": _point_text(cell, c["index"]), "title": _point_title(timeline, cell, c["index"])}
-                       for c in columns],
-        } for cell in cells]
+        rows = [
+            {
+                "label": f"tp{cell['tp']} {cell['variant']} {cell['dtype']}",
+                "changed": cell["changed"],
+                "points": [
+                    {
+                        "status": cell["statuses"][c["index"]] or "none",
+                        "text": _point_text(cell, c["index"]),
+                        "title": _point_title(timeline, cell, c["index"]),
+                    }
+                    for c in columns
+                ],
+            }
+            for cell in cells
+        ]
         models.append({"model": model, "changed": any(row["changed"] for row in rows), "rows": rows})
     groups = [(group, len(list(members))) for group, members in groupby(c["group"] for c in columns)]
     changed = sum(cell["changed"] for cell in timeline["cells"])
-    return {"groups": groups if any(group for group, _ in groups) else [], "models": models,
-            "rows": len(timeline["cells"]), "changed": changed}
+    return {
+        "groups": groups if any(group for group, _ in groups) else [],
+        "models": models,
+        "rows": len(timeline["cells"]),
+        "changed": changed,
+    }
 
 
 def _point_text(cell: dict, index: int) -> str:
@@ -419,7 +494,9 @@ def report_html(report: dict) -> str:
         seen_at=lambda c: seen_at(c, report),
         answers=lambda c: linked_html(lambda link: answer_lines(members(report, c), link)),
         root_cause_by_id={c["id"]: c for c in report["root_causes"]},
-        details=linked_html(lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]),
+        details=linked_html(
+            lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]
+        ),
         flaky_text=flaky_text,
         harness_text=harness_text,
         failing_now=failing_now_html(report, linked_html),

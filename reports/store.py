@@ -22,8 +22,18 @@ from urllib.parse import quote
 from matrix.redaction import Redactor, redact
 from reports import ReportsError
 from reports.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs, started_order
-from reports.records import (AXES, Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions,
-                             deepspeed_git_of)
+from reports.records import (
+    AXES,
+    Bisection,
+    CellKey,
+    CellResult,
+    Commit,
+    Observation,
+    Run,
+    TriageAttempt,
+    Versions,
+    deepspeed_git_of,
+)
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
 # confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
@@ -190,19 +200,37 @@ def _into_compact_tables(conn: sqlite3.Connection) -> None:
     kept = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(compacted_runs)") if row[1] in kept)
     conn.execute(f"INSERT INTO compacted_runs ({columns}) SELECT {columns} FROM runs ORDER BY started, run_id")
-    conn.execute("INSERT INTO cells (model, variant, dtype, tp) SELECT DISTINCT model, variant, dtype, tp FROM results "
-                 "ORDER BY model, variant, dtype, tp")
+    conn.execute(
+        "INSERT INTO cells (model, variant, dtype, tp) SELECT DISTINCT model, variant, dtype, tp FROM results "
+        "ORDER BY model, variant, dtype, tp"
+    )
     run_ids = dict(conn.execute("SELECT run_id, id FROM compacted_runs"))
     cell_ids = {tuple(key): cell for cell, *key in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
     texts = _Texts(conn)
-    rows = conn.execute("SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics "
-                        "FROM results").fetchall()
-    conn.executemany("INSERT INTO compacted_results VALUES (?, ?, ?, ?, ?, ?, ?)", (
-        (run_ids[run_id], cell_ids[model, variant, dtype, tp], outcome, failure_class, texts.id(signature),
-         texts.id(message), metrics)
-        for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows))
-    for statement in ("DROP TABLE results", "DROP TABLE runs", "ALTER TABLE compacted_runs RENAME TO runs",
-                      "ALTER TABLE compacted_results RENAME TO results"):
+    rows = conn.execute(
+        "SELECT run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics FROM results"
+    ).fetchall()
+    conn.executemany(
+        "INSERT INTO compacted_results VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            (
+                run_ids[run_id],
+                cell_ids[model, variant, dtype, tp],
+                outcome,
+                failure_class,
+                texts.id(signature),
+                texts.id(message),
+                metrics,
+            )
+            for run_id, model, variant, dtype, tp, outcome, failure_class, signature, message, metrics in rows
+        ),
+    )
+    for statement in (
+        "DROP TABLE results",
+        "DROP TABLE runs",
+        "ALTER TABLE compacted_runs RENAME TO runs",
+        "ALTER TABLE compacted_results RENAME TO results",
+    ):
         conn.execute(statement)
 
 
@@ -216,8 +244,15 @@ CREATE TABLE cell_checkpoints (
 ) WITHOUT ROWID"""
 
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
-_MIGRATIONS = {1: (_BISECTIONS,), 2: (_HARNESS_GIT, _clean_deepspeed_git), 3: _TRIAGE, 4: _ANSWER_SCOPE,
-               5: (*_COMPACT_TABLES, _into_compact_tables), 6: (_CELL_CHECKPOINTS,)}
+_MIGRATIONS = {
+    1: (_BISECTIONS,),
+    2: (_HARNESS_GIT, _clean_deepspeed_git),
+    3: _TRIAGE,
+    4: _ANSWER_SCOPE,
+    5: (*_COMPACT_TABLES, _into_compact_tables),
+    6: (_CELL_CHECKPOINTS,),
+}
+
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:
     for step in range(version, SCHEMA_VERSION):
@@ -296,8 +331,11 @@ class _Texts:
         if known is None:
             digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
             row = self._conn.execute("SELECT id FROM texts WHERE hash = ? AND text = ?", (digest, text)).fetchone()
-            known = row[0] if row else _inserted_id(self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)",
-                                                                       (digest, text)))
+            known = (
+                row[0]
+                if row
+                else _inserted_id(self._conn.execute("INSERT INTO texts (hash, text) VALUES (?, ?)", (digest, text)))
+            )
             self._ids[text] = known
         return known
 
@@ -307,14 +345,19 @@ class _Cells:
 
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
-        self._ids = {CellKey(*key): cell for cell, *key in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+        self._ids = {
+            CellKey(*key): cell for cell, *key in conn.execute("SELECT id, model, variant, dtype, tp FROM cells")
+        }
 
     def id(self, cell: CellKey) -> int:
         known = self._ids.get(cell)
         if known is None:
-            known = self._ids[cell] = _inserted_id(self._conn.execute(
-                "INSERT INTO cells (model, variant, dtype, tp) VALUES (?, ?, ?, ?)",
-                (cell.model, cell.variant, cell.dtype, cell.tp)))
+            known = self._ids[cell] = _inserted_id(
+                self._conn.execute(
+                    "INSERT INTO cells (model, variant, dtype, tp) VALUES (?, ?, ?, ?)",
+                    (cell.model, cell.variant, cell.dtype, cell.tp),
+                )
+            )
         return known
 
 
@@ -329,17 +372,23 @@ def _explain(path: Path, error: sqlite3.Error) -> str:
     """What a SQLite error means for the store at `path`, and what to do about it."""
     text = str(error)
     if any(words in text for words in ("malformed", "not a database", "encrypted", "disk I/O error")):
-        return (f"{path}: the history store is damaged or not SQLite ({text}); restore it from a backup, or move it "
-                "aside and re-import the JUnit files with `python -m reports merge`")
+        return (
+            f"{path}: the history store is damaged or not SQLite ({text}); restore it from a backup, or move it "
+            "aside and re-import the JUnit files with `python -m reports merge`"
+        )
     if any(words in text for words in ("no such table", "no such column", "has no column", "values for")):
-        return (f"{path}: marked as an autotp-matrix history store, but its tables are not those of schema "
-                f"{SCHEMA_VERSION} ({text}); it was written by something else: pass another --store, or move it "
-                "aside and re-import the JUnit files with `python -m reports merge`")
+        return (
+            f"{path}: marked as an autotp-matrix history store, but its tables are not those of schema "
+            f"{SCHEMA_VERSION} ({text}); it was written by something else: pass another --store, or move it "
+            "aside and re-import the JUnit files with `python -m reports merge`"
+        )
     if "readonly" in text:
         return f"{path}: cannot write the history store ({text}); make the file and its folder writable"
     if "locked" in text or "busy" in text:
-        return (f"{path}: another process kept the history store locked for over {LOCK_TIMEOUT_S} s ({text}); "
-                "let it finish and run this again")
+        return (
+            f"{path}: another process kept the history store locked for over {LOCK_TIMEOUT_S} s ({text}); "
+            "let it finish and run this again"
+        )
     if "unable to open" in text:
         return f"{path}: cannot open the history store ({text}); --store must be a file in an existing, readable folder"
     return f"{path}: SQLite error on the history store ({text})"
@@ -347,10 +396,12 @@ def _explain(path: Path, error: sqlite3.Error) -> str:
 
 def _naming_the_file(method):
     """A method of HistoryStore whose SQLite errors become one line naming the file and what to do."""
+
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
         with self._sqlite_errors():
             return method(self, *args, **kwargs)
+
     return wrapped
 
 
@@ -375,8 +426,10 @@ class HistoryStore:
         elif self.path.is_file() and self.path.stat().st_size == 0:
             # SQLite would take an empty file for an empty database: a history truncated by a failed copy or restore
             # must not silently become a new, empty history. (A new store never has 0 bytes: see _create.)
-            raise ReportsError(f"{self.path}: an empty file (0 bytes), not a history store; restore the store, or "
-                               "delete the file to start a new history with `python -m reports merge`")
+            raise ReportsError(
+                f"{self.path}: an empty file (0 bytes), not a history store; restore the store, or "
+                "delete the file to start a new history with `python -m reports merge`"
+            )
         with self._sqlite_errors():
             if read_only:
                 uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
@@ -406,8 +459,10 @@ class HistoryStore:
             finally:
                 building.unlink(missing_ok=True)
         except OSError as exc:
-            raise ReportsError(f"{self.path}: cannot create the history store ({exc.strerror}); --store must be a "
-                               "path in a folder that can be written") from None
+            raise ReportsError(
+                f"{self.path}: cannot create the history store ({exc.strerror}); --store must be a "
+                "path in a folder that can be written"
+            ) from None
 
     @contextmanager
     def _sqlite_errors(self):
@@ -453,8 +508,10 @@ class HistoryStore:
     def _check_read_only_schema(self) -> None:
         application_id, version, has_tables = self._identity()
         if not has_tables and application_id == 0:
-            raise ReportsError(f"{self.path}: an empty SQLite file, not a history store; import results first with "
-                               f"`python -m reports merge <junit files> --store {self.path}`")
+            raise ReportsError(
+                f"{self.path}: an empty SQLite file, not a history store; import results first with "
+                f"`python -m reports merge <junit files> --store {self.path}`"
+            )
         self._check_version(application_id, version)
         if version < SCHEMA_VERSION:  # migrate a copy: the file stays as it is, and may be read-only
             memory = sqlite3.connect(":memory:", isolation_level=None)
@@ -474,8 +531,7 @@ class HistoryStore:
     def _check_version(self, application_id: int, version: int) -> None:
         if application_id != APPLICATION_ID:
             raise ReportsError(
-                f"{self.path}: this SQLite file is not an autotp-matrix history store; "
-                "pass a different --store path"
+                f"{self.path}: this SQLite file is not an autotp-matrix history store; pass a different --store path"
             )
         if version > SCHEMA_VERSION:
             raise ReportsError(
@@ -519,14 +575,21 @@ class HistoryStore:
                             f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
                             "run ids must be unique per session — check how the file was produced"
                         )
-                    verdicts = {CellKey(*key): (outcome, failure_class) for *key, outcome, failure_class in conn.execute(
-                        "SELECT c.model, c.variant, c.dtype, c.tp, r.outcome, r.failure_class FROM results r "
-                        "JOIN cells c ON c.id = r.cell WHERE r.run = ?", (run_key,))}
-                changed = [f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
-                           f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
-                           for result in results
-                           if verdicts.get(result.cell, (result.outcome, result.failure_class))
-                           != (result.outcome, result.failure_class)]
+                    verdicts = {
+                        CellKey(*key): (outcome, failure_class)
+                        for *key, outcome, failure_class in conn.execute(
+                            "SELECT c.model, c.variant, c.dtype, c.tp, r.outcome, r.failure_class FROM results r "
+                            "JOIN cells c ON c.id = r.cell WHERE r.run = ?",
+                            (run_key,),
+                        )
+                    }
+                changed = [
+                    f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
+                    f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
+                    for result in results
+                    if verdicts.get(result.cell, (result.outcome, result.failure_class))
+                    != (result.outcome, result.failure_class)
+                ]
                 if changed:
                     raise StoreConflict(
                         f"{source}: run {run.run_id!r} is already stored with other verdicts for {len(changed)} "
@@ -539,9 +602,17 @@ class HistoryStore:
                         continue
                     if result.checkpoints:
                         checkpoint_rows.append((run_key, cells.id(result.cell), json.dumps(list(result.checkpoints))))
-                    rows.append((run_key, cells.id(result.cell), result.outcome, result.failure_class,
-                                 texts.id(redact(result.signature)), texts.id(redact(result.message)),
-                                 json.dumps(result.metrics, sort_keys=True)))
+                    rows.append(
+                        (
+                            run_key,
+                            cells.id(result.cell),
+                            result.outcome,
+                            result.failure_class,
+                            texts.id(redact(result.signature)),
+                            texts.id(redact(result.message)),
+                            json.dumps(result.metrics, sort_keys=True),
+                        )
+                    )
                     verdicts[result.cell] = (result.outcome, result.failure_class)
                 conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.executemany("INSERT INTO cell_checkpoints VALUES (?, ?, ?)", checkpoint_rows)
@@ -561,8 +632,10 @@ class HistoryStore:
         its verdict and signature; its message is "" and its metrics {} (compact() keeps them wherever a report
         reads them)."""
         conn = self._conn
-        runs = {key: _run_from_row(row) for key, *row in conn.execute(
-            f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs")}
+        runs = {
+            key: _run_from_row(row)
+            for key, *row in conn.execute(f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs")
+        }
         if run_ids is not None:
             runs = {key: run for key, run in runs.items() if run.run_id in run_ids}
         cells = self._cells()
@@ -577,11 +650,18 @@ class HistoryStore:
         texts = self._texts({text for row in rows for text in row[4:6]} if run_ids is not None else None)
         observations = []
         for run, cell, outcome, failure_class, signature, message, metrics in sorted(
-                rows, key=lambda row: (run_rank[row[0]], cell_rank[row[1]])):
-            result = CellResult(run_id=runs[run].run_id, cell=cells[cell], outcome=outcome,
-                                failure_class=failure_class, signature=texts[signature], message=texts[message],
-                                metrics=json.loads(metrics) if metrics else {},
-                                checkpoints=checkpoints.get((runs[run].run_id, cells[cell]), ()))
+            rows, key=lambda row: (run_rank[row[0]], cell_rank[row[1]])
+        ):
+            result = CellResult(
+                run_id=runs[run].run_id,
+                cell=cells[cell],
+                outcome=outcome,
+                failure_class=failure_class,
+                signature=texts[signature],
+                message=texts[message],
+                metrics=json.loads(metrics) if metrics else {},
+                checkpoints=checkpoints.get((runs[run].run_id, cells[cell]), ()),
+            )
             observations.append(Observation(result=result, run=runs[run]))
         return observations
 
@@ -591,21 +671,30 @@ class HistoryStore:
             texts: dict[int | None, str] = dict(self._conn.execute("SELECT id, text FROM texts"))
         else:
             wanted = sorted(key for key in ids if key is not None)
-            texts = {key: text for start in range(0, len(wanted), 500) for key, text in self._conn.execute(
-                f"SELECT id, text FROM texts WHERE id IN ({', '.join('?' * len(wanted[start:start + 500]))})",
-                wanted[start:start + 500])}
+            texts = {
+                key: text
+                for start in range(0, len(wanted), 500)
+                for key, text in self._conn.execute(
+                    f"SELECT id, text FROM texts WHERE id IN ({', '.join('?' * len(wanted[start : start + 500]))})",
+                    wanted[start : start + 500],
+                )
+            }
         texts[None] = ""
         return texts
 
     def _cells(self) -> dict[int, CellKey]:
-        return {key: CellKey(*row) for key, *row in self._conn.execute("SELECT id, model, variant, dtype, tp FROM cells")}
+        return {
+            key: CellKey(*row) for key, *row in self._conn.execute("SELECT id, model, variant, dtype, tp FROM cells")
+        }
 
     def _checkpoints(self, runs: dict[int, Run]) -> dict[tuple[str, CellKey], tuple[str, ...]]:
         """The hub ids stored for results of these runs, by (run id, cell)."""
         cells = self._cells()
-        return {(runs[run].run_id, cells[cell]): tuple(json.loads(names))
-                for run, cell, names in self._conn.execute("SELECT run, cell, checkpoints FROM cell_checkpoints")
-                if run in runs}
+        return {
+            (runs[run].run_id, cells[cell]): tuple(json.loads(names))
+            for run, cell, names in self._conn.execute("SELECT run, cell, checkpoints FROM cell_checkpoints")
+            if run in runs
+        }
 
     @_naming_the_file
     def aggregates(self) -> Aggregates:
@@ -613,11 +702,17 @@ class HistoryStore:
         result: one grouped scan of the results in SQLite, each run ranked three ways beforehand (by start, by run
         id, newest first) so the aggregate picks the same result as `aggregate` does from results in memory."""
         conn = self._conn
-        runs = {key: _run_from_row(row) for key, *row in conn.execute(
-            f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs "
-            "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)")}
-        points = {point: index for index, point in enumerate(dict.fromkeys(
-            (run.versions, run.harness_git) for run in runs.values()))}
+        runs = {
+            key: _run_from_row(row)
+            for key, *row in conn.execute(
+                f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs "
+                "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)"
+            )
+        }
+        points = {
+            point: index
+            for index, point in enumerate(dict.fromkeys((run.versions, run.harness_git) for run in runs.values()))
+        }
         point_of = list(points)
         by_id = sorted(runs, key=lambda key: runs[key].run_id)
         by_start = sorted(runs, key=lambda key: started_order(runs[key]))
@@ -626,33 +721,51 @@ class HistoryStore:
         for order in (by_start, by_id, newest_first):
             for rank, key in enumerate(order):
                 ranks[key].append(rank)
-        conn.execute("CREATE TEMP TABLE run_ranks (run INTEGER PRIMARY KEY, point INTEGER, by_start INTEGER, "
-                     "by_id INTEGER, newest_first INTEGER)")
+        conn.execute(
+            "CREATE TEMP TABLE run_ranks (run INTEGER PRIMARY KEY, point INTEGER, by_start INTEGER, "
+            "by_id INTEGER, newest_first INTEGER)"
+        )
         try:
-            conn.executemany("INSERT INTO temp.run_ranks VALUES (?, ?, ?, ?, ?)",
-                             ((key, *ranked) for key, ranked in ranks.items()))
+            conn.executemany(
+                "INSERT INTO temp.run_ranks VALUES (?, ?, ?, ?, ?)", ((key, *ranked) for key, ranked in ranks.items())
+            )
             grouped = conn.execute(
                 "SELECT g.*, t.text FROM (SELECT r.cell, o.point, r.outcome, r.failure_class, r.signature, count(*) "
                 "AS n, min(o.by_id), min(o.by_start), max(o.by_start) FROM results r "
                 "JOIN temp.run_ranks o ON o.run = r.run "
                 "GROUP BY r.cell, o.point, r.outcome, r.failure_class, r.signature) g "
-                "JOIN texts t ON t.id = g.signature").fetchall()
+                "JOIN texts t ON t.id = g.signature"
+            ).fetchall()
             # SQLite takes a bare column (metrics) from the row that min() chose.
             measured = conn.execute(
                 "SELECT r.cell, o.point, min(o.newest_first), r.metrics FROM results r "
                 "JOIN temp.run_ranks o ON o.run = r.run WHERE r.metrics IS NOT NULL AND r.metrics != '{}' "
-                "GROUP BY r.cell, o.point").fetchall()
+                "GROUP BY r.cell, o.point"
+            ).fetchall()
         finally:
             conn.execute("DROP TABLE temp.run_ranks")
         cells = self._cells()
-        groups = [ResultGroup(cells[cell], point_of[point][0], point_of[point][1], outcome, failure_class, signature,
-                              count, runs[by_id[first_listed]].run_id, runs[by_start[earliest]],
-                              runs[by_start[newest]])
-                  for cell, point, outcome, failure_class, _, count, first_listed, earliest, newest, signature
-                  in grouped]
-        metrics = {(cells[cell], *point_of[point]): PointMetrics(runs[newest_first[rank]].started,
-                                                                  runs[newest_first[rank]].run_id, json.loads(text))
-                   for cell, point, rank, text in measured}
+        groups = [
+            ResultGroup(
+                cells[cell],
+                point_of[point][0],
+                point_of[point][1],
+                outcome,
+                failure_class,
+                signature,
+                count,
+                runs[by_id[first_listed]].run_id,
+                runs[by_start[earliest]],
+                runs[by_start[newest]],
+            )
+            for cell, point, outcome, failure_class, _, count, first_listed, earliest, newest, signature in grouped
+        ]
+        metrics = {
+            (cells[cell], *point_of[point]): PointMetrics(
+                runs[newest_first[rank]].started, runs[newest_first[rank]].run_id, json.loads(text)
+            )
+            for cell, point, rank, text in measured
+        }
         recent = recent_runs(list(runs.values()))
         return Aggregates(groups, metrics, self.observations(recent), self._checkpoints(runs))
 
@@ -679,11 +792,14 @@ class HistoryStore:
             conn.execute("DROP TABLE temp.compacting_runs")
             dropped = conn.execute(
                 "DELETE FROM texts WHERE id NOT IN (SELECT signature FROM results) "
-                "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)").rowcount
+                "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)"
+            ).rowcount
             since_vacuum += compacted
             rewrite = since_vacuum > results * VACUUM_SHARE
-            conn.execute("UPDATE compaction SET results = ?, keep_runs = ?, since_vacuum = ?",
-                         (results, keep_runs, 0 if rewrite else since_vacuum))
+            conn.execute(
+                "UPDATE compaction SET results = ?, keep_runs = ?, since_vacuum = ?",
+                (results, keep_runs, 0 if rewrite else since_vacuum),
+            )
         if rewrite:  # outside the transaction, as SQLite requires
             conn.execute("VACUUM")
         return CompactionCounts(compacted, dropped)
@@ -695,12 +811,30 @@ class HistoryStore:
         with self._write():
             conn.execute(
                 "INSERT INTO bisections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (cell.model, cell.variant, cell.dtype, cell.tp, bisection.mode, bisection.axis, bisection.before,
-                 bisection.after, bisection.held_fixed, bisection.failure_class, redact(bisection.signature),
-                 bisection.commit, redact(bisection.subject), bisection.pr, json.dumps(list(bisection.files)),
-                 json.dumps(list(bisection.untestable)), bisection.recorded_at,
-                 json.dumps([asdict(commit) for commit in bisection.suspects]), bisection.confirmed_from,
-                 bisection.kind, bisection.searched_older, bisection.searched_newer),
+                (
+                    cell.model,
+                    cell.variant,
+                    cell.dtype,
+                    cell.tp,
+                    bisection.mode,
+                    bisection.axis,
+                    bisection.before,
+                    bisection.after,
+                    bisection.held_fixed,
+                    bisection.failure_class,
+                    redact(bisection.signature),
+                    bisection.commit,
+                    redact(bisection.subject),
+                    bisection.pr,
+                    json.dumps(list(bisection.files)),
+                    json.dumps(list(bisection.untestable)),
+                    bisection.recorded_at,
+                    json.dumps([asdict(commit) for commit in bisection.suspects]),
+                    bisection.confirmed_from,
+                    bisection.kind,
+                    bisection.searched_older,
+                    bisection.searched_newer,
+                ),
             )
 
     @_naming_the_file
@@ -708,13 +842,51 @@ class HistoryStore:
         """Every recorded bisection, oldest first."""
         rows = self._conn.execute("SELECT * FROM bisections ORDER BY recorded_at, rowid")
         return [
-            Bisection(CellKey(model, variant, dtype, tp), mode, axis, before, after, held_fixed, failure_class,
-                      signature, commit, subject, pr, tuple(json.loads(files)), tuple(json.loads(untestable)),
-                      recorded_at, tuple(_commit(c) for c in json.loads(suspects)), confirmed_from, kind,
-                      searched_older, searched_newer)
-            for (model, variant, dtype, tp, mode, axis, before, after, held_fixed, failure_class, signature, commit,
-                 subject, pr, files, untestable, recorded_at, suspects, confirmed_from, kind, searched_older,
-                 searched_newer) in rows
+            Bisection(
+                CellKey(model, variant, dtype, tp),
+                mode,
+                axis,
+                before,
+                after,
+                held_fixed,
+                failure_class,
+                signature,
+                commit,
+                subject,
+                pr,
+                tuple(json.loads(files)),
+                tuple(json.loads(untestable)),
+                recorded_at,
+                tuple(_commit(c) for c in json.loads(suspects)),
+                confirmed_from,
+                kind,
+                searched_older,
+                searched_newer,
+            )
+            for (
+                model,
+                variant,
+                dtype,
+                tp,
+                mode,
+                axis,
+                before,
+                after,
+                held_fixed,
+                failure_class,
+                signature,
+                commit,
+                subject,
+                pr,
+                files,
+                untestable,
+                recorded_at,
+                suspects,
+                confirmed_from,
+                kind,
+                searched_older,
+                searched_newer,
+            ) in rows
         ]
 
     @_naming_the_file
@@ -722,17 +894,33 @@ class HistoryStore:
         cell = attempt.cell
         conn = self._conn
         with self._write():
-            conn.execute("INSERT INTO triage_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (cell.model, cell.variant, cell.dtype, cell.tp, attempt.axis, attempt.mode, attempt.before,
-                          attempt.after, attempt.held_fixed, redact(attempt.reason), attempt.recorded_at))
+            conn.execute(
+                "INSERT INTO triage_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    cell.model,
+                    cell.variant,
+                    cell.dtype,
+                    cell.tp,
+                    attempt.axis,
+                    attempt.mode,
+                    attempt.before,
+                    attempt.after,
+                    attempt.held_fixed,
+                    redact(attempt.reason),
+                    attempt.recorded_at,
+                ),
+            )
 
     @_naming_the_file
     def triage_attempts(self) -> list[TriageAttempt]:
         """Every unanswered triage question, oldest first."""
         rows = self._conn.execute("SELECT * FROM triage_attempts ORDER BY recorded_at, rowid")
-        return [TriageAttempt(CellKey(model, variant, dtype, tp), axis, mode, before, after, held_fixed, reason,
-                              recorded_at)
-                for model, variant, dtype, tp, axis, mode, before, after, held_fixed, reason, recorded_at in rows]
+        return [
+            TriageAttempt(
+                CellKey(model, variant, dtype, tp), axis, mode, before, after, held_fixed, reason, recorded_at
+            )
+            for model, variant, dtype, tp, axis, mode, before, after, held_fixed, reason, recorded_at in rows
+        ]
 
 
 def _commit(fields: dict) -> Commit:

@@ -32,17 +32,46 @@ from pathlib import Path
 from matrix.redaction import redact
 from matrix.registry import RegistryError, load_models
 from matrix.versions import ReleaseDataUnavailable, load_config
-from sessions.environments import (EnvironmentBuildError, EnvironmentSpec, commit_environment, ensure_environment,
-                                   release_environment)
+from sessions.environments import (
+    EnvironmentBuildError,
+    EnvironmentSpec,
+    commit_environment,
+    ensure_environment,
+    release_environment,
+)
 from suites.command import CELL_TIMEOUT_S
 from reports import ReportsError
-from reports.bisect import (BAD, GOOD, SKIP, Answer, BisectError, CellCommand, CellProbe, Untestable, Verdict,
-                            add_cell_run_options, classify, print_step, release_candidates, run_cells, search,
-                            suite_command)
+from reports.bisect import (
+    BAD,
+    GOOD,
+    SKIP,
+    Answer,
+    BisectError,
+    CellCommand,
+    CellProbe,
+    Untestable,
+    Verdict,
+    add_cell_run_options,
+    classify,
+    print_step,
+    release_candidates,
+    run_cells,
+    search,
+    suite_command,
+)
 from reports.git import GitError, GitRepo
 from reports.history import Transition, analyse
-from reports.records import (INSTALLED_AXES, Bisection, BisectMode, Commit, Pins, TransitionKind, TriageAttempt, pins_text,
-                             release)
+from reports.records import (
+    INSTALLED_AXES,
+    Bisection,
+    BisectMode,
+    Commit,
+    Pins,
+    TransitionKind,
+    TriageAttempt,
+    pins_text,
+    release,
+)
 from reports.signatures import cause, frame_files
 from reports.store import HistoryStore
 
@@ -70,8 +99,10 @@ class Budget:
         if minutes >= self.max_minutes:
             raise BudgetSpent(f"--max-minutes {self.max_minutes:g} reached")
         if self.spent_cells + cells > self.max_cells:
-            raise BudgetSpent(f"--max-cells {self.max_cells} reached ({self.spent_cells} cell runs spent, "
-                              f"the next step needs {cells})")
+            raise BudgetSpent(
+                f"--max-cells {self.max_cells} reached ({self.spent_cells} cell runs spent, "
+                f"the next step needs {cells})"
+            )
         self.spent_cells += cells
 
 
@@ -109,8 +140,10 @@ class Question:
     def describe(self) -> str:
         verb = {"broke": "broke", "fixed": "fixed", "class-change": "changed failure"}[self.kind]
         old = f"{self.old_failure[0]}: {self.old_failure[1]} → " if self.old_failure else ""
-        return (f"{len(self.transitions)} cell(s) {verb} at {self.axis} {self.older} → {self.newer} "
-                f"({pins_text(self.held_fixed)}), {old}{self.failure_class}: {self.cause}")
+        return (
+            f"{len(self.transitions)} cell(s) {verb} at {self.axis} {self.older} → {self.newer} "
+            f"({pins_text(self.held_fixed)}), {old}{self.failure_class}: {self.cause}"
+        )
 
 
 def open_transitions(transitions: list[Transition], refine: tuple[str, ...] = ()) -> list[Transition]:
@@ -123,8 +156,7 @@ def unanswerable(transition: Transition) -> str:
     """Why triage cannot bisect this transition, or ""."""
     axis = transition.axis
     if axis not in TRIAGED_AXES:
-        return (f"triage installs {' and '.join(TRIAGED_AXES)} releases; a {axis} change is shown with its "
-                "range only")
+        return f"triage installs {' and '.join(TRIAGED_AXES)} releases; a {axis} change is shown with its range only"
     ends = (getattr(transition.before, axis), getattr(transition.after, axis))
     if labels := [value for value in ends if release(value) is None]:
         return f"{axis} {labels[0]} is not a release (an install failure at a git ref or a local clone)"
@@ -145,9 +177,21 @@ def questions(transitions: list[Transition]) -> list[Question]:
         first = members[0]
         axis, failing = first.axis, first.failing_end
         pins = tuple((other, getattr(first.after, other)) for other in INSTALLED_AXES if other != axis)
-        found.append(Question(first.kind, axis, first.mode, getattr(first.before, axis), getattr(first.after, axis),
-                              held_fixed, pins, failing.failure_class, cause(failing.signature),
-                              tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))), old))
+        found.append(
+            Question(
+                first.kind,
+                axis,
+                first.mode,
+                getattr(first.before, axis),
+                getattr(first.after, axis),
+                held_fixed,
+                pins,
+                failing.failure_class,
+                cause(failing.signature),
+                tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))),
+                old,
+            )
+        )
     return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))
 
 
@@ -196,8 +240,14 @@ class Triage:
         pins = dict(question.pins)
         start = GOOD if question.mode == "broken" else BAD
         failing = rep.failing_end
-        probe = CellProbe(rep.cell, env_root=self.env_root, cell_timeout=self.cell_timeout, command=self.command,
-                          reference=(failing.failure_class, failing.signature), absent_is_good=question.absent_is_good)
+        probe = CellProbe(
+            rep.cell,
+            env_root=self.env_root,
+            cell_timeout=self.cell_timeout,
+            command=self.command,
+            reference=(failing.failure_class, failing.signature),
+            absent_is_good=question.absent_is_good,
+        )
         probe.environment = lambda version: self.installer.release({**pins, question.axis: version})
         self.log(f"question: {question.describe()}; representative {rep.cell.id}")
         if (known := rep.bisection) is not None:  # refining a release-level answer
@@ -219,25 +269,45 @@ class Triage:
                 ends = ("commit", commit_answer.before, commit_answer.after)
                 answer = Answer(answer.before, answer.after, answer.untestable + commit_answer.untestable, ())
         if known is not None and commit is None and suspects == known.suspects:
-            self.log(f"  refinement found nothing beyond the stored answer {known.before} → {known.after}; "
-                     "nothing recorded")
+            self.log(
+                f"  refinement found nothing beyond the stored answer {known.before} → {known.after}; nothing recorded"
+            )
             return []
         now = _now()
-        common: dict[str, Any] = dict(mode=question.mode, axis=question.axis, before=answer.before, after=answer.after,
-                      held_fixed=pins_text(question.held_fixed), commit=commit.sha if commit else "",
-                      subject=commit.subject if commit else "", pr=commit.pr if commit else None,
-                      files=commit.files if commit else (), untestable=answer.untestable, suspects=suspects,
-                      recorded_at=now, kind=question.kind, searched_older=question.older,
-                      searched_newer=question.newer)
-        self._record(Bisection(cell=rep.cell, failure_class=failing.failure_class, signature=failing.signature,
-                               **common))
+        common: dict[str, Any] = dict(
+            mode=question.mode,
+            axis=question.axis,
+            before=answer.before,
+            after=answer.after,
+            held_fixed=pins_text(question.held_fixed),
+            commit=commit.sha if commit else "",
+            subject=commit.subject if commit else "",
+            pr=commit.pr if commit else None,
+            files=commit.files if commit else (),
+            untestable=answer.untestable,
+            suspects=suspects,
+            recorded_at=now,
+            kind=question.kind,
+            searched_older=question.older,
+            searched_newer=question.newer,
+        )
+        self._record(
+            Bisection(cell=rep.cell, failure_class=failing.failure_class, signature=failing.signature, **common)
+        )
         self.answered += 1
         others = [t for t in question.transitions if t is not rep]
         confirmed, unconfirmed = self._confirm(question, others, ends, pins) if others else ([], [])
         for t in confirmed:
             status = t.failing_end
-            self._record(Bisection(cell=t.cell, failure_class=status.failure_class, signature=status.signature,
-                                   confirmed_from=rep.cell.id, **common))
+            self._record(
+                Bisection(
+                    cell=t.cell,
+                    failure_class=status.failure_class,
+                    signature=status.signature,
+                    confirmed_from=rep.cell.id,
+                    **common,
+                )
+            )
         self.confirmed += len(confirmed)
         self.log(f"  answered {rep.cell.id}, confirmed {len(confirmed)} of {len(others)} other cell(s)")
         return [_alone(question, t) for t in unconfirmed]
@@ -253,11 +323,16 @@ class Triage:
         for earlier in self.found.get((question.axis, question.held_fixed, level), []):
             if earlier.before in line and earlier.after in line:
                 low, high = line.index(earlier.before), line.index(earlier.after)
-                if low < high and tuple(line[low + 1:high]) == earlier.untestable:
+                if low < high and tuple(line[low + 1 : high]) == earlier.untestable:
                     self.log(f"  trying {earlier.before} → {earlier.after} first (an earlier question's answer)")
                     try:
-                        search([earlier.before, earlier.after], run, start=start, on_step=show,
-                               end_repeats=self.end_repeats)
+                        search(
+                            [earlier.before, earlier.after],
+                            run,
+                            start=start,
+                            on_step=show,
+                            end_repeats=self.end_repeats,
+                        )
                         return Answer(earlier.before, earlier.after, earlier.untestable, ())
                     except BisectError as error:
                         self.log(f"  not there: {error}")
@@ -271,10 +346,12 @@ class Triage:
             self.budget.spend(1)
             self.steps += 1
             return probe(candidate)
+
         return run
 
-    def _bisect_commits(self, repo: GitRepo, answer: Answer, question: Question, probe: CellProbe,
-                        start: str) -> tuple[Answer | None, Commit | None]:
+    def _bisect_commits(
+        self, repo: GitRepo, answer: Answer, question: Question, probe: CellProbe, start: str
+    ) -> tuple[Answer | None, Commit | None]:
         """The commit-level answer between the release answer's ends, or (None, None) when the commits
         cannot be bisected (the ends built from source do not reproduce, every build fails)."""
         pins = dict(question.pins)
@@ -297,25 +374,36 @@ class Triage:
     def suspects(self, repo: GitRepo, answer: Answer, question: Question, rep: Transition) -> list[Commit]:
         """The range's commits that touched the failure's files (most specific first), then the model's folder."""
         status = rep.failing_end
-        files = [TRANSFORMERS_SOURCE_ROOT + path for path in frame_files(status.signature, self._message(question, rep))
-                 if path.startswith("transformers/")]
+        files = [
+            TRANSFORMERS_SOURCE_ROOT + path
+            for path in frame_files(status.signature, self._message(question, rep))
+            if path.startswith("transformers/")
+        ]
         model_type = self.model_types.get(rep.cell.model, rep.cell.model)
         paths = [*files, f"{TRANSFORMERS_SOURCE_ROOT}transformers/models/{model_type}/"]
-        return [Commit(c.sha, c.subject, c.pr, c.files, relevant=True)
-                for c in repo.touching(answer.before, answer.after, paths)]
+        return [
+            Commit(c.sha, c.subject, c.pr, c.files, relevant=True)
+            for c in repo.touching(answer.before, answer.after, paths)
+        ]
 
     def _message(self, question: Question, transition: Transition) -> str:
         """The failing run's message (it holds the traceback), from the store: the failure asked about, so a
         class change's new failure, not the old one it replaced."""
         with HistoryStore(self.store, create=False, read_only=True) as history:
             failing = transition.failing_versions
-            messages = [o.result.message for o in history.observations()  # compacted results have none
-                        if o.cell == transition.cell and o.versions == failing and o.result.outcome == "fail"
-                        and o.result.message]
+            messages = [
+                o.result.message
+                for o in history.observations()  # compacted results have none
+                if o.cell == transition.cell
+                and o.versions == failing
+                and o.result.outcome == "fail"
+                and o.result.message
+            ]
         return messages[-1] if messages else ""
 
-    def _confirm(self, question: Question, others: list[Transition], ends: tuple[str, str, str],
-                 pins: dict[str, str]) -> tuple[list[Transition], list[Transition]]:
+    def _confirm(
+        self, question: Question, others: list[Transition], ends: tuple[str, str, str], pins: dict[str, str]
+    ) -> tuple[list[Transition], list[Transition]]:
         """Run the other cells once at each end of the answer: confirmed where each is good at the good end
         and fails with its own recorded failure (class and cause) at the bad end, as the bisection judged."""
         level, before, after = ends
@@ -342,8 +430,10 @@ class Triage:
         for t in others:
             status = t.failing_end
             reference = (status.failure_class, status.signature)
-            verdicts = [classify(run, reference, False, question.absent_is_good).kind if run else SKIP
-                        for run in (outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell))]
+            verdicts = [
+                classify(run, reference, False, question.absent_is_good).kind if run else SKIP
+                for run in (outcomes[good_end].get(t.cell), outcomes[bad_end].get(t.cell))
+            ]
             (confirmed if verdicts == [GOOD, BAD] else unconfirmed).append(t)
         return confirmed, unconfirmed
 
@@ -358,8 +448,15 @@ class Triage:
         with HistoryStore(self.store, create=True) as history:
             known = {replace(a, recorded_at="") for a in history.triage_attempts()}
             for t in question.transitions:
-                attempt = TriageAttempt(t.cell, question.axis, question.mode, question.older, question.newer,
-                                        pins_text(question.held_fixed), reason)
+                attempt = TriageAttempt(
+                    t.cell,
+                    question.axis,
+                    question.mode,
+                    question.older,
+                    question.newer,
+                    pins_text(question.held_fixed),
+                    reason,
+                )
                 if attempt not in known:
                     history.add_triage_attempt(replace(attempt, recorded_at=_now()))
 
@@ -373,8 +470,10 @@ class Triage:
         for t in blocked:
             self.attempt(_alone(questions([t])[0], t), unanswerable(t))
         queue = questions([t for t in todo if not unanswerable(t)])
-        self.log(f"triage: {len(todo)} open transition(s) in {len(queue)} question(s)"
-                 + (f"; {len(blocked)} cannot be bisected (reasons recorded)" if blocked else ""))
+        self.log(
+            f"triage: {len(todo)} open transition(s) in {len(queue)} question(s)"
+            + (f"; {len(blocked)} cannot be bisected (reasons recorded)" if blocked else "")
+        )
         while queue:
             question = queue.pop(0)
             try:
@@ -398,6 +497,7 @@ def _now() -> str:
 
 def positive(kind: type) -> Callable[[str], int | float]:
     """An argparse type for a budget: a budget of 0 or less could not run one cell, so it is refused."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -406,23 +506,38 @@ def positive(kind: type) -> Callable[[str], int | float]:
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text} leaves no budget for a single cell run; give a number above 0")
         return value
+
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m reports.triage", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deepspeed-repo", type=Path, default=os.environ.get(DEEPSPEED_REPO_ENV) or None,
-                        help=f"local DeepSpeed clone: bisect commits after releases (default ${DEEPSPEED_REPO_ENV})")
-    parser.add_argument("--transformers-repo", type=Path, default=os.environ.get(TRANSFORMERS_REPO_ENV) or None,
-                        help="local transformers clone: list the commits that touched the failure's files, and "
-                             f"bisect commits (default ${TRANSFORMERS_REPO_ENV})")
-    parser.add_argument("--refine", action="store_true",
-                        help="also bisect the commits behind answers found at release level (needs a clone)")
-    parser.add_argument("--max-cells", type=positive(int), default=200, help="most cell runs to spend, 1 or more "
-                        "(default 200)")
-    parser.add_argument("--max-minutes", type=positive(float), default=60.0, help="most minutes to spend, more than 0 "
-                        "(default 60)")
+    parser = argparse.ArgumentParser(
+        prog="python -m reports.triage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--deepspeed-repo",
+        type=Path,
+        default=os.environ.get(DEEPSPEED_REPO_ENV) or None,
+        help=f"local DeepSpeed clone: bisect commits after releases (default ${DEEPSPEED_REPO_ENV})",
+    )
+    parser.add_argument(
+        "--transformers-repo",
+        type=Path,
+        default=os.environ.get(TRANSFORMERS_REPO_ENV) or None,
+        help="local transformers clone: list the commits that touched the failure's files, and "
+        f"bisect commits (default ${TRANSFORMERS_REPO_ENV})",
+    )
+    parser.add_argument(
+        "--refine",
+        action="store_true",
+        help="also bisect the commits behind answers found at release level (needs a clone)",
+    )
+    parser.add_argument(
+        "--max-cells", type=positive(int), default=200, help="most cell runs to spend, 1 or more (default 200)"
+    )
+    parser.add_argument(
+        "--max-minutes", type=positive(float), default=60.0, help="most minutes to spend, more than 0 (default 60)"
+    )
     add_cell_run_options(parser)
     return parser
 
@@ -430,25 +545,37 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        repos = {axis: GitRepo(path, f"--{axis}-repo")
-                 for axis, path in (("deepspeed", args.deepspeed_repo), ("transformers", args.transformers_repo))
-                 if path is not None}
+        repos = {
+            axis: GitRepo(path, f"--{axis}-repo")
+            for axis, path in (("deepspeed", args.deepspeed_repo), ("transformers", args.transformers_repo))
+            if path is not None
+        }
         with HistoryStore(args.store, create=False, read_only=True) as store:
             history = analyse(store.observations(), None, store.bisections(), store.triage_attempts())
         try:
             model_types = {name: entry.model_type for name, entry in load_models().items()}
         except RegistryError:
             model_types = {}
-        triage = Triage(args.store, args.env_root, real_installer(args.env_root), Budget(args.max_cells, args.max_minutes),
-                        repos, cell_timeout=args.cell_timeout, end_repeats=args.end_repeats, model_types=model_types)
+        triage = Triage(
+            args.store,
+            args.env_root,
+            real_installer(args.env_root),
+            Budget(args.max_cells, args.max_minutes),
+            repos,
+            cell_timeout=args.cell_timeout,
+            end_repeats=args.end_repeats,
+            model_types=model_types,
+        )
         left = triage.run(history.transitions, refine=args.refine)
     except (ReportsError, ReleaseDataUnavailable) as error:
         print(f"error: {redact(str(error))}", file=sys.stderr)
         return 2
     cells_left = sum(len(q.transitions) for q in left)
-    print(f"triage: {triage.answered} question(s) answered by bisection, {triage.confirmed} cell(s) confirmed, "
-          f"{triage.steps} bisection step(s), {triage.budget.spent_cells} cell run(s); {cells_left} cell(s) in "
-          f"{len(left)} question(s) not yet triaged")
+    print(
+        f"triage: {triage.answered} question(s) answered by bisection, {triage.confirmed} cell(s) confirmed, "
+        f"{triage.steps} bisection step(s), {triage.budget.spent_cells} cell run(s); {cells_left} cell(s) in "
+        f"{len(left)} question(s) not yet triaged"
+    )
     print(f"`python -m reports render --store {args.store}` shows the answers")
     return 0
 

@@ -41,8 +41,10 @@ def load_source_config(source: str):
             raise RegistryError(f"{folder}: no config.json in this folder; point at a checkpoint folder")
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         if model_type not in CONFIG_MAPPING:
-            raise RegistryError(f"{folder}/config.json: model_type {model_type!r} is not in the installed transformers; "
-                                "remote-code models are added by hand with trust_remote_code = true")
+            raise RegistryError(
+                f"{folder}/config.json: model_type {model_type!r} is not in the installed transformers; "
+                "remote-code models are added by hand with trust_remote_code = true"
+            )
         return AutoConfig.from_pretrained(folder), None, True
     if source in CONFIG_MAPPING:
         return AutoConfig.for_model(source), None, False
@@ -53,9 +55,13 @@ def load_source_config(source: str):
             try:
                 return AutoConfig.from_pretrained(source), source, True
             except OSError as error:
-                raise RegistryError(f"{source}: not in the HF cache and not downloadable ({error}); "
-                                    "download it once or pass a local checkpoint folder") from None
-    raise RegistryError(f"{source!r} is neither a folder, a hub id (owner/name) nor a model_type of the installed transformers")
+                raise RegistryError(
+                    f"{source}: not in the HF cache and not downloadable ({error}); "
+                    "download it once or pass a local checkpoint folder"
+                ) from None
+    raise RegistryError(
+        f"{source!r} is neither a folder, a hub id (owner/name) nor a model_type of the installed transformers"
+    )
 
 
 def hub_revision(hub_id: str) -> str:
@@ -86,8 +92,15 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k)) if not re.fullmatch(r'[A-Za-z0-9_-]+', str(k)) else k} = "
-                                f"{toml_value(v)}" for k, v in value.items() if v is not None) + " }"
+        return (
+            "{ "
+            + ", ".join(
+                f"{json.dumps(str(k)) if not re.fullmatch(r'[A-Za-z0-9_-]+', str(k)) else k} = {toml_value(v)}"
+                for k, v in value.items()
+                if v is not None
+            )
+            + " }"
+        )
     raise RegistryError(f"cannot write {value!r} ({type(value).__name__}) to TOML")
 
 
@@ -110,7 +123,9 @@ def append_entry(entry: ModelEntry, models_file: Path) -> ModelEntry:
     for other in registry.values():
         shared = set(entry.hub_ids) & set(other.hub_ids)
         if shared:
-            raise RegistryError(f"{models_file}: hub id {sorted(shared)[0]} is already registered as [models.{other.name}]")
+            raise RegistryError(
+                f"{models_file}: hub id {sorted(shared)[0]} is already registered as [models.{other.name}]"
+            )
     table = entry_table(entry)
     parsed = parse_model(models_file, entry.name, tomllib.loads(table)["models"][entry.name])
     with models_file.open("a") as stream:
@@ -120,8 +135,19 @@ def append_entry(entry: ModelEntry, models_file: Path) -> ModelEntry:
 
 def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict]:
     results.mkdir(parents=True, exist_ok=True)
-    subprocess.run(suites_command(sys.executable, models=name, tp=tp, models_file=models_file, results=results,
-                                  session_name=f"add-model-{name}", extra=["-q"]), cwd=PROJECT_ROOT, check=False)
+    subprocess.run(
+        suites_command(
+            sys.executable,
+            models=name,
+            tp=tp,
+            models_file=models_file,
+            results=results,
+            session_name=f"add-model-{name}",
+            extra=["-q"],
+        ),
+        cwd=PROJECT_ROOT,
+        check=False,
+    )
     from suites.records.run_records import read_records
 
     return [r for r in read_records(results) if split_shaped_name(r["cell"]["model"])[0] == name]
@@ -129,24 +155,37 @@ def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> lis
 
 def checklist(entry: ModelEntry, records: list[dict], models_file: Path) -> str:
     lines = [f"Checklist for the DeepSpeed PR adding {entry.name} ({entry.model_type}):"]
-    verdicts = ", ".join(f"tp{r['cell']['tp']} {r['outcome']}" + (f" ({r['failure_class']}: {r['signature']})" if r["failure_class"] else "")
-                         for r in records) or "not run"
+    verdicts = (
+        ", ".join(
+            f"tp{r['cell']['tp']} {r['outcome']}"
+            + (f" ({r['failure_class']}: {r['signature']})" if r["failure_class"] else "")
+            for r in records
+        )
+        or "not run"
+    )
     passing = records and all(r["outcome"] == "pass" for r in records)
     lines.append(f"  [{'x' if passing else ' '}] AutoTP cells on the tiny checkpoint: {verdicts}")
     lines.append(f"  [x] matrix entry: [models.{entry.name}] appended to {models_file} (review tiny_why, add hub_ids)")
-    lines.append(f"  [ ] docs row: add {entry.name} to the supported-models table in DeepSpeed's {DOCS_TABLE}"
-                 + ("" if passing else " only once its cells pass"))
+    lines.append(
+        f"  [ ] docs row: add {entry.name} to the supported-models table in DeepSpeed's {DOCS_TABLE}"
+        + ("" if passing else " only once its cells pass")
+    )
     failing = [r for r in records if r["outcome"] == "fail"]
     if failing:
-        lines.append("  [ ] known issues: file a DeepSpeed issue per distinct signature and list its link in "
-                     f"known_issues of [models.{entry.name}]:")
-        lines += [f"        - {sig}" for sig in dict.fromkeys(f"{r['failure_class']}: {r['signature']}" for r in failing)]
+        lines.append(
+            "  [ ] known issues: file a DeepSpeed issue per distinct signature and list its link in "
+            f"known_issues of [models.{entry.name}]:"
+        )
+        lines += [
+            f"        - {sig}" for sig in dict.fromkeys(f"{r['failure_class']}: {r['signature']}" for r in failing)
+        ]
     elif records:
         lines.append("  [x] known issues: none found at tp " + ",".join(r["cell"]["tp"] for r in records))
     else:
         lines.append("  [ ] known issues: run the cells first (without --no-run)")
-    lines.append("  [ ] run on a GPU runner with the real checkpoint: nox -s matrix -- --checkpoints hub "
-                 f"--models {entry.name}")
+    lines.append(
+        f"  [ ] run on a GPU runner with the real checkpoint: nox -s matrix -- --checkpoints hub --models {entry.name}"
+    )
     return "\n".join(lines)
 
 
@@ -163,14 +202,24 @@ def main(argv: list[str] | None = None) -> int:
         config, hub_id, real = load_source_config(args.source)
         # A bare model_type starts from class defaults: the same derivation as `--models derived`, with
         # its fixes and named skips from derived.toml.
-        derivation = derive_tiny(config, real=True) if real else derive_for_model_type(config.model_type, load_derived_data())
+        derivation = (
+            derive_tiny(config, real=True) if real else derive_for_model_type(config.model_type, load_derived_data())
+        )
         name = args.name or default_name(args.source, config.model_type, hub_id)
-        entry = ModelEntry(name=name, model_type=config.model_type, tiny=derivation.tiny, tiny_why=derivation.why,
-                           hub_ids=(hub_id,) if hub_id else (), revisions={hub_id: hub_revision(hub_id)} if hub_id else {})
+        entry = ModelEntry(
+            name=name,
+            model_type=config.model_type,
+            tiny=derivation.tiny,
+            tiny_why=derivation.why,
+            hub_ids=(hub_id,) if hub_id else (),
+            revisions={hub_id: hub_revision(hub_id)} if hub_id else {},
+        )
         problem = build_problem(entry)
         if problem:
-            raise RegistryError(f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "
-                                f"Derived overrides: {derivation.tiny}")
+            raise RegistryError(
+                f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "
+                f"Derived overrides: {derivation.tiny}"
+            )
         real = read_shape(config, f"hub config {hub_id}") if hub_id else None
         entry = append_entry(entry, args.models_file)
         shapes_file = add_record(args.models_file, entry, hub_id, real)

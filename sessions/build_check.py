@@ -27,7 +27,9 @@ def build_problem(entry: ModelEntry) -> str | None:
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(entry)).parameters())
         if params > MAX_PARAMS:
             return f"too large: {params} parameters > {MAX_PARAMS} after shrinking"
-        cached_reference(str(tiny_checkpoint(entry, log=lambda *_: None)), None, "fp32", ProbeSpec(), entry.trust_remote_code)
+        cached_reference(
+            str(tiny_checkpoint(entry, log=lambda *_: None)), None, "fp32", ProbeSpec(), entry.trust_remote_code
+        )
     except Exception as error:
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
     return None
@@ -36,8 +38,11 @@ def build_problem(entry: ModelEntry) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated model_types to check")
-    parser.add_argument("--registry", action="store_true",
-                        help="also derive the registry's architectures from their class defaults (a wider test of the rules)")
+    parser.add_argument(
+        "--registry",
+        action="store_true",
+        help="also derive the registry's architectures from their class defaults (a wider test of the rules)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     only = {t for t in args.only.split(",") if t}

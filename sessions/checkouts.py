@@ -38,8 +38,11 @@ SETUP_PROBE = Path(__file__).with_name("setup_metadata_probe.py")
 
 def requirements_of(src: Path) -> list[str]:
     """The requirement lines of DeepSpeed's requirements file (comments and blanks dropped)."""
-    return [line.split("#")[0].strip() for line in (src / REQUIREMENTS).read_text().splitlines()
-            if line.split("#")[0].strip()]
+    return [
+        line.split("#")[0].strip()
+        for line in (src / REQUIREMENTS).read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,13 @@ def torch_of(paths: list[str]) -> TorchBuild:
         version_file = Path(folder) / "torch" / "version.py"
         if version_file.is_file():
             constants = module_constants(version_file)
-            return TorchBuild(str(constants["__version__"]), _text_or_none(constants.get("cuda")),
-                              _text_or_none(constants.get("hip")))
-    raise InstallError(f"no torch/version.py in the layers below ({', '.join(paths)}): the torch layer is incomplete; "
-                       "remove it to have it built again")
+            return TorchBuild(
+                str(constants["__version__"]), _text_or_none(constants.get("cuda")), _text_or_none(constants.get("hip"))
+            )
+    raise InstallError(
+        f"no torch/version.py in the layers below ({', '.join(paths)}): the torch layer is incomplete; "
+        "remove it to have it built again"
+    )
 
 
 def _text_or_none(value: object) -> str | None:
@@ -100,31 +106,42 @@ def _text_or_none(value: object) -> str | None:
 
 def prepare_deepspeed_checkout(src: Path, clone: Path, sha: str, site_packages: Path, lower: list[str]) -> str:
     """Write what DeepSpeed's setup.py would generate for the checkout at src; returns its version."""
-    short = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           check=True).stdout.strip()
+    short = subprocess.run(
+        ["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     version = f"{(src / 'version.txt').read_text().strip()}+{short}"
     torch = torch_of(lower)
-    torch_info = {"version": torch.minor, "bf16_support": False, "cuda_version": "0.0", "nccl_version": "0.0",
-                  "hip_version": "0.0"}
+    torch_info = {
+        "version": torch.minor,
+        "bf16_support": False,
+        "cuda_version": "0.0",
+        "nccl_version": "0.0",
+        "hip_version": "0.0",
+    }
     (src / "deepspeed" / "git_version_info_installed.py").write_text(
         f"version='{version}'\ngit_hash='{short}'\ngit_branch='HEAD'\ninstalled_ops={{}}\n"
-        f"accelerator_name='{torch.accelerator}'\ntorch_info={torch_info}\n")
+        f"accelerator_name='{torch.accelerator}'\ntorch_info={torch_info}\n"
+    )
     write_distribution(site_packages, "deepspeed", version, requirements_of(src), clone, sha)
     (site_packages / CHECKOUT_LINK).write_text(f"{checkout_path(src, 'deepspeed')}\n")
     return version
 
 
-def write_distribution(site_packages: Path, name: str, version: str, requirements: list[str], clone: Path,
-                       sha: str) -> None:
+def write_distribution(
+    site_packages: Path, name: str, version: str, requirements: list[str], clone: Path, sha: str
+) -> None:
     """The `<name>-<version>.dist-info` of a checkout: what `importlib.metadata` reports, its requirements,
     and PEP 610's `direct_url.json` naming the clone and commit."""
     info = site_packages / f"{name}-{version}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                   + "".join(f"Requires-Dist: {line}\n" for line in requirements))
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {line}\n" for line in requirements)
+    )
     (info / "INSTALLER").write_text("autotp-matrix\n")
-    (info / "direct_url.json").write_text(json.dumps({"url": clone.resolve().as_uri(),
-                                                      "vcs_info": {"vcs": "git", "commit_id": sha}}))
+    (info / "direct_url.json").write_text(
+        json.dumps({"url": clone.resolve().as_uri(), "vcs_info": {"vcs": "git", "commit_id": sha}})
+    )
     (info / "RECORD").write_text("")
 
 
@@ -135,19 +152,23 @@ def project_metadata(src: Path, python: Path, env: dict[str, str]) -> tuple[str,
     project = tomllib.loads(pyproject.read_text()).get("project", {}) if pyproject.is_file() else {}
     if not (src / "setup.py").is_file() or ("version" in project and "dependencies" in project):
         if "version" not in project or "dependencies" not in project:
-            raise InstallError(f"{src}: neither a setup.py nor a pyproject.toml [project] with a static version and "
-                               "dependencies; cannot put this checkout on the path without building it")
+            raise InstallError(
+                f"{src}: neither a setup.py nor a pyproject.toml [project] with a static version and "
+                "dependencies; cannot put this checkout on the path without building it"
+            )
         return str(project["version"]), [str(line) for line in project["dependencies"]]
-    printed = run_checked([str(python), str(SETUP_PROBE)], f"read {src / 'setup.py'}'s requirements",
-                          {**env, "PYTHONPATH": ""}, cwd=src)
+    printed = run_checked(
+        [str(python), str(SETUP_PROBE)], f"read {src / 'setup.py'}'s requirements", {**env, "PYTHONPATH": ""}, cwd=src
+    )
     recorded = json.loads(printed.splitlines()[-1])
     if not recorded["version"]:
         raise InstallError(f"{src / 'setup.py'}: setup() was given no version")
     return str(recorded["version"]), list(recorded["install_requires"])
 
 
-def prepare_transformers_checkout(src: Path, clone: Path, sha: str, site_packages: Path, python: Path,
-                                  env: dict[str, str]) -> tuple[str, list[str]]:
+def prepare_transformers_checkout(
+    src: Path, clone: Path, sha: str, site_packages: Path, python: Path, env: dict[str, str]
+) -> tuple[str, list[str]]:
     """Put the transformers checkout at src on the layer's path with its metadata; returns (version,
     requirements): the requirements are the layer's to install."""
     version, requirements = project_metadata(src, python, env)

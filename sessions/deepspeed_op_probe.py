@@ -23,11 +23,16 @@ def describe() -> dict:
     if accelerator_name != "cpu":
         return {"skip": f"DeepSpeed was installed for accelerator {accelerator_name!r}, not cpu"}
     op = builder()
-    return {"name": op.name, "module": op.absolute_name(), "torch": torch.__version__,
-            "sources": [os.path.abspath(op.deepspeed_src_path(path)) for path in op.strip_empty_entries(op.sources())],
-            "include_dirs": [os.path.abspath(op.deepspeed_src_path(path))
-                             for path in op.strip_empty_entries(op.include_paths())],
-            "flags": [*op.strip_empty_entries(op.cxx_args()), *op.strip_empty_entries(op.extra_ldflags())]}
+    return {
+        "name": op.name,
+        "module": op.absolute_name(),
+        "torch": torch.__version__,
+        "sources": [os.path.abspath(op.deepspeed_src_path(path)) for path in op.strip_empty_entries(op.sources())],
+        "include_dirs": [
+            os.path.abspath(op.deepspeed_src_path(path)) for path in op.strip_empty_entries(op.include_paths())
+        ],
+        "flags": [*op.strip_empty_entries(op.cxx_args()), *op.strip_empty_entries(op.extra_ldflags())],
+    }
 
 
 def build() -> dict:

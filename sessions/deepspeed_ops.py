@@ -77,8 +77,12 @@ def op_key(op: CommOp, compiler: str) -> str:
     as "shm.h") and of the include folders, by path relative to its folder (the same files elsewhere hash the
     same), the builder classes' source, torch's version and the compiler."""
     digest = hashlib.sha256()
-    for label, value in (("torch", op.torch), ("compiler", compiler), ("sources", " ".join(s.name for s in op.sources)),
-                         *(("builder", text) for text in op.builders)):
+    for label, value in (
+        ("torch", op.torch),
+        ("compiler", compiler),
+        ("sources", " ".join(s.name for s in op.sources)),
+        *(("builder", text) for text in op.builders),
+    ):
         digest.update(f"{label}={value}\n".encode())
     for n, folder in enumerate([*dict.fromkeys(source.parent for source in op.sources), *op.include_dirs]):
         for file in sorted(path for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts):
@@ -101,7 +105,11 @@ def _returned_strings(cls: ast.ClassDef, method: str) -> list[str] | None:
         return None
     local: dict[str, ast.expr] = {}
     for statement in function.body:
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
             local[statement.targets[0].id] = statement.value
         elif isinstance(statement, ast.Return) and statement.value is not None:
             value = local.get(statement.value.id) if isinstance(statement.value, ast.Name) else statement.value
@@ -137,25 +145,39 @@ def describe_from_files(package_root: Path, lower: list[str]) -> CommOp | str:
     sources, includes = _returned_strings(comm, "sources"), _returned_strings(comm, "include_paths")
     if sources is None or includes is None:
         return f"{ops / BUILDERS[0][0]}: {BUILDERS[0][1]}'s sources() or include_paths() is not a list of strings"
-    return CommOp(tuple(ops / source for source in sources), tuple(ops / folder for folder in includes),
-                  tuple(text for text, _ in classes), torch.version)
+    return CommOp(
+        tuple(ops / source for source in sources),
+        tuple(ops / folder for folder in includes),
+        tuple(text for text, _ in classes),
+        torch.version,
+    )
 
 
 def _describe_by_import(python: Path, package_root: Path, env: dict[str, str]) -> tuple[CommOp, dict] | str:
     """The op as the layer's python describes it (DeepSpeed imported), with the probe's own output; or why
     it is not used."""
-    probed = json.loads(run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1])
+    probed = json.loads(
+        run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1]
+    )
     if "skip" in probed:
         return str(probed["skip"])
     ops = package_root / "deepspeed" / "ops"
-    builders = tuple(found[0] for relative, name in BUILDERS
-                     if (ops / relative).is_file() and (found := _class_source(ops / relative, name)))
-    return CommOp(tuple(Path(p) for p in probed["sources"]), tuple(Path(p) for p in probed["include_dirs"]), builders,
-                  probed["torch"]), probed
+    builders = tuple(
+        found[0]
+        for relative, name in BUILDERS
+        if (ops / relative).is_file() and (found := _class_source(ops / relative, name))
+    )
+    return CommOp(
+        tuple(Path(p) for p in probed["sources"]),
+        tuple(Path(p) for p in probed["include_dirs"]),
+        builders,
+        probed["torch"],
+    ), probed
 
 
-def install_prebuilt_ops(root: Path, python: Path, package_root: Path, lower: list[str], env: dict[str, str],
-                         log=print) -> str:
+def install_prebuilt_ops(
+    root: Path, python: Path, package_root: Path, lower: list[str], env: dict[str, str], log=print
+) -> str:
     """Give the DeepSpeed layer of `python` (its package under package_root, the site-packages of the layers
     below in `lower`) its CPU comm op, built now unless its key has a build: the key, or "" with a line
     saying why not (the cells then JIT-build it)."""
@@ -178,12 +200,18 @@ def install_prebuilt_ops(root: Path, python: Path, package_root: Path, lower: li
             built = json.loads((store / BUILT_FROM).read_text())
             log(f"{built['module']}: reusing the build of key {key}")
         else:
-            built = probed or json.loads(run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op",
-                                                     env).splitlines()[-1])
+            built = probed or json.loads(
+                run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1]
+            )
             log(f"{built['module']}: building it for key {key} (once for every DeepSpeed whose op hashes the same)")
             with tempfile.TemporaryDirectory(dir=store.parent, prefix=f".{key}-") as scratch:
-                library = json.loads(run_checked([str(python), str(PROBE), "build"], f"build {built['module']}",
-                                                 {**env, "TORCH_EXTENSIONS_DIR": scratch}).splitlines()[-1])["library"]
+                library = json.loads(
+                    run_checked(
+                        [str(python), str(PROBE), "build"],
+                        f"build {built['module']}",
+                        {**env, "TORCH_EXTENSIONS_DIR": scratch},
+                    ).splitlines()[-1]
+                )["library"]
                 (Path(scratch) / "out").mkdir()
                 shutil.copy2(library, Path(scratch) / "out" / library_name(built))
                 (Path(scratch) / "out" / BUILT_FROM).write_text(json.dumps(built, indent=1))
@@ -198,8 +226,10 @@ def install_prebuilt_ops(root: Path, python: Path, package_root: Path, lower: li
     info = package_root / "deepspeed" / "git_version_info_installed.py"
     torch_minor = ".".join(op.torch.split("+")[0].split(".")[:2])
     lines = [line for line in info.read_text().splitlines() if MARK not in line]
-    lines += [f"installed_ops = {{**installed_ops, {built['name']!r}: True}}  {MARK} {key}",
-              f"torch_info = {{**torch_info, 'version': {torch_minor!r}}}  {MARK} {key}"]
+    lines += [
+        f"installed_ops = {{**installed_ops, {built['name']!r}: True}}  {MARK} {key}",
+        f"torch_info = {{**torch_info, 'version': {torch_minor!r}}}  {MARK} {key}",
+    ]
     info.write_text("\n".join(lines) + "\n")
     return key
 

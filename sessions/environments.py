@@ -109,18 +109,35 @@ def released(pins: dict[str, str], but: str = "") -> list[tuple[str, str]]:
 
 def torch_layer(torch: str) -> EnvironmentSpec:
     """torch alone: the layer every DeepSpeed layer of this torch version sits on."""
-    return EnvironmentSpec(key=f"torch-{axis_id('torch', torch_spelling(torch))}",
-                           installs=((f"torch=={torch_spelling(torch)}", *torch_options()),))
+    return EnvironmentSpec(
+        key=f"torch-{axis_id('torch', torch_spelling(torch))}",
+        installs=((f"torch=={torch_spelling(torch)}", *torch_options()),),
+    )
 
 
-def _deepspeed_base(deepspeed_id: str, deepspeed_installs: tuple[tuple[str, ...], ...], torch: str,
-                    source: tuple[Path, str] | None = None) -> EnvironmentSpec:
-    return EnvironmentSpec(key=f"base-{deepspeed_id}-{axis_id('torch', torch_spelling(torch))}", installs=deepspeed_installs,
-                           source=source, base=torch_layer(torch))
+def _deepspeed_base(
+    deepspeed_id: str,
+    deepspeed_installs: tuple[tuple[str, ...], ...],
+    torch: str,
+    source: tuple[Path, str] | None = None,
+) -> EnvironmentSpec:
+    return EnvironmentSpec(
+        key=f"base-{deepspeed_id}-{axis_id('torch', torch_spelling(torch))}",
+        installs=deepspeed_installs,
+        source=source,
+        base=torch_layer(torch),
+    )
 
 
-def combination_environment(deepspeed_id: str, deepspeed_requirement: str, layered: list[tuple[str, str]], torch: str,
-                            extras: tuple[str, ...] = (), extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
+def combination_environment(
+    deepspeed_id: str,
+    deepspeed_requirement: str,
+    layered: list[tuple[str, str]],
+    torch: str,
+    extras: tuple[str, ...] = (),
+    extras_name: str = "",
+    as_of: str = "",
+) -> EnvironmentSpec:
     """The environment of one combination; `deepspeed_id` and the ids in `layered` ((axis id, requirement) of each of
     COMBINATION_AXES, in order) are the axis ids of matrix/versions.py (`ds0.19.8`, `ds@pr1234`, `tf5.24.0`),
     `extras` more requirements (a dependency group) in a sibling environment named `<combination>+<extras_name>`
@@ -128,21 +145,35 @@ def combination_environment(deepspeed_id: str, deepspeed_requirement: str, layer
     `<combination>-asof<date>`."""
     torch_pin = f"torch=={torch_spelling(torch)}"
     base = _deepspeed_base(deepspeed_id, ((deepspeed_requirement, torch_pin),), torch)
-    key = ("-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch_spelling(torch))))
-           + (f"+{extras_name}" if extras_name else "") + (f"-asof{as_of}" if as_of else ""))
+    key = (
+        "-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch_spelling(torch))))
+        + (f"+{extras_name}" if extras_name else "")
+        + (f"-asof{as_of}" if as_of else "")
+    )
     # transformers first: an as-of resolution takes the first requirement as the layer's subject
-    return EnvironmentSpec(key=key, installs=((*(requirement for _, requirement in layered), *project_dependencies(), *extras,
-                                               torch_pin),),
-                           base=base, as_of=as_of)
+    return EnvironmentSpec(
+        key=key,
+        installs=((*(requirement for _, requirement in layered), *project_dependencies(), *extras, torch_pin),),
+        base=base,
+        as_of=as_of,
+    )
 
 
 def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extras_name: str = "") -> EnvironmentSpec:
     """Released deepspeed, transformers and torch (`{"deepspeed": "0.19.8", ...}`)."""
-    return combination_environment(axis_id("deepspeed", pins["deepspeed"]), f"deepspeed=={pins['deepspeed']}",
-                                   released(pins), pins["torch"], extras, extras_name)
+    return combination_environment(
+        axis_id("deepspeed", pins["deepspeed"]),
+        f"deepspeed=={pins['deepspeed']}",
+        released(pins),
+        pins["torch"],
+        extras,
+        extras_name,
+    )
 
 
-def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed") -> EnvironmentSpec:
+def commit_environment(
+    root: Path, clone: Path, sha: str, pins: dict[str, str], axis: str = "deepspeed"
+) -> EnvironmentSpec:
     """`axis` (deepspeed or transformers) at one commit of a local clone, the other axes released. Neither is
     built: the commit's checkout is the package (sessions/checkouts.py), its requirements installed like a
     release's. A DeepSpeed commit is a base of its own; a transformers commit sits over the released
@@ -152,31 +183,51 @@ def commit_environment(root: Path, clone: Path, sha: str, pins: dict[str, str], 
     if axis == "transformers":
         deepspeed_id = axis_id("deepspeed", pins["deepspeed"])
         others = released(pins, but="transformers")
-        key = "-".join((deepspeed_id, axis_id("transformers", "@" + sha[:12]), *(value_id for value_id, _ in others),
-                        axis_id("torch", torch)))
+        key = "-".join(
+            (
+                deepspeed_id,
+                axis_id("transformers", "@" + sha[:12]),
+                *(value_id for value_id, _ in others),
+                axis_id("torch", torch),
+            )
+        )
         base = _deepspeed_base(deepspeed_id, ((f"deepspeed=={pins['deepspeed']}", torch_pin),), torch)
         # transformers' own requirements are added at checkout, from its setup.py
-        return EnvironmentSpec(key=key, installs=((*(requirement for _, requirement in others), *project_dependencies(),
-                                                   torch_pin),),
-                               source=(clone, sha), base=base, checkout="transformers")
+        return EnvironmentSpec(
+            key=key,
+            installs=((*(requirement for _, requirement in others), *project_dependencies(), torch_pin),),
+            source=(clone, sha),
+            base=base,
+            checkout="transformers",
+        )
     deepspeed_id = axis_id("deepspeed", f"@{sha[:12]}")
     base_key = f"base-{deepspeed_id}-{axis_id('torch', torch)}"
-    base = EnvironmentSpec(key=base_key, installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"),
-                                                    torch_pin),),
-                           source=(clone, sha), base=torch_layer(torch), checkout="deepspeed")
+    base = EnvironmentSpec(
+        key=base_key,
+        installs=(("-r", str(root / base_key / "src" / "requirements" / "requirements.txt"), torch_pin),),
+        source=(clone, sha),
+        base=torch_layer(torch),
+        checkout="deepspeed",
+    )
     layered = released(pins)
-    return EnvironmentSpec(key="-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch))),
-                           installs=((*(requirement for _, requirement in layered), *project_dependencies(), torch_pin),),
-                           base=base)
+    return EnvironmentSpec(
+        key="-".join((deepspeed_id, *(value_id for value_id, _ in layered), axis_id("torch", torch))),
+        installs=((*(requirement for _, requirement in layered), *project_dependencies(), torch_pin),),
+        base=base,
+    )
 
 
 def layer_paths(root: Path, spec: EnvironmentSpec) -> list[str]:
     """What a layer puts on the path of the layers over it: its site-packages, then its checkout if it is one."""
-    return [_site_packages(root / spec.key), *([str(checkout_path(root / spec.key / "src", spec.checkout))] if spec.checkout else [])]
+    return [
+        _site_packages(root / spec.key),
+        *([str(checkout_path(root / spec.key / "src", spec.checkout))] if spec.checkout else []),
+    ]
 
 
-def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print,
-                       tool: Installer | None = None) -> Path:
+def ensure_environment(
+    root: Path, spec: EnvironmentSpec, log: Callable[[str], None] = print, tool: Installer | None = None
+) -> Path:
     """The python of spec's environment under root, built now (with the layers below it) unless a complete
     one from the same spec is already there; with `tool`, or uv (else pip: sessions/installers.py)."""
     if spec.base is not None:
@@ -204,24 +255,33 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
                 clone, sha = spec.source
                 # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
                 # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
-                run_checked(["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")],
-                            "clone")
-                run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+                run_checked(
+                    ["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone"
+                )
+                run_checked(
+                    ["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}"
+                )
             env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
             site_packages = Path(_site_packages(folder))
             installs = list(spec.installs)
             if spec.checkout == "transformers" and spec.source is not None:
                 clone, sha = spec.source
-                version, requirements = prepare_transformers_checkout(folder / "src", clone, sha, site_packages, python, env)
-                log(f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements")
+                version, requirements = prepare_transformers_checkout(
+                    folder / "src", clone, sha, site_packages, python, env
+                )
+                log(
+                    f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements"
+                )
                 installs[0] = (*requirements, *installs[0])
             for arguments in installs:
                 tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
             if spec.checkout == "deepspeed" and spec.source is not None:
                 clone, sha = spec.source
                 version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
-                log(f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
-                    f"requirements")
+                log(
+                    f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
+                    f"requirements"
+                )
             package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
             if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
                 try:
@@ -236,9 +296,13 @@ def ensure_environment(root: Path, spec: EnvironmentSpec, log: Callable[[str], N
 
 
 def _describe(spec: EnvironmentSpec) -> dict:
-    return {"installs": spec.installs, "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,
-            "base": spec.base.key if spec.base else None, "checkout": spec.checkout,
-            "as_of": spec.as_of}
+    return {
+        "installs": spec.installs,
+        "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,
+        "base": spec.base.key if spec.base else None,
+        "checkout": spec.checkout,
+        "as_of": spec.as_of,
+    }
 
 
 def _site_packages(folder: Path) -> str:
@@ -265,5 +329,9 @@ def torch_extensions_of(python: Path) -> Path:
 def environment_variables(python: Path) -> dict[str, str]:
     """The variables a command run with this environment's python needs: the venv on PATH and DeepSpeed's
     JIT builds in the (base) environment's own folder."""
-    return {**os.environ, "VIRTUAL_ENV": str(python.parent.parent),
-            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python))}
+    return {
+        **os.environ,
+        "VIRTUAL_ENV": str(python.parent.parent),
+        "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python)),
+    }

@@ -22,7 +22,9 @@ def record_install_failure(session: str, combo, message: str, selection) -> int:
     master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)
     variants = selection.variants or default_variants(selection.checkpoints)
-    cells = expand(selection.models, variants, selection.dtypes, selection.tp, Path(selection.models_file), selection.shapes)
+    cells = expand(
+        selection.models, variants, selection.dtypes, selection.tp, Path(selection.models_file), selection.shapes
+    )
     requirements = combo.requirements
     try:
         accelerator, backend = platform_of_run()

@@ -44,8 +44,12 @@ TOOLS_FOLDER = ".tools"
 NEVER_RESOLVED_AGAIN = ("torch",)
 """Packages a layer over the torch layer never installs again: torch's build (cpu, cu124...) depends on
 AUTOTP_TORCH_INDEX, which only the torch layer's own install is given."""
-PIP_OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-               "constraint": "--constraint"}
+PIP_OPTIONS = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
 """pip configuration keys uv is given, with uv's option of the same meaning (values split on whitespace)."""
 NO_CUTOFF = "9000-01-01"
 """The --exclude-newer-package date of a package exempt from an as-of resolution (uv takes no "never")."""
@@ -65,8 +69,11 @@ def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, c
     """stdout of argv; InstallError naming the command and quoting its output when it fails."""
     completed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     if completed.returncode != 0:
-        output = "\n".join(line for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
-                           if line.strip() and "is ignored" not in line)
+        output = "\n".join(
+            line
+            for line in f"{completed.stdout}\n{completed.stderr}".splitlines()
+            if line.strip() and "is ignored" not in line
+        )
         # redacted here: the command line carries pip's index URLs, credentials included, to uv
         raise InstallError(redact(f"could not {what}: `{shlex.join(argv)}` failed:\n{output[-4000:]}"))
     return completed.stdout
@@ -78,8 +85,10 @@ def _pip_config_listing() -> str:
         listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
         if listed.returncode == 0:
             return listed.stdout
-    raise InstallError(f"pip's configuration cannot be read (no pip in {sys.executable} nor its base interpreter), so uv "
-                       "would not see pip's find-links and indexes (e.g. the local CPU torch wheel)")
+    raise InstallError(
+        f"pip's configuration cannot be read (no pip in {sys.executable} nor its base interpreter), so uv "
+        "would not see pip's find-links and indexes (e.g. the local CPU torch wheel)"
+    )
 
 
 def pip_configuration() -> dict[str, str]:
@@ -168,20 +177,31 @@ class Installer:
         if self.uv:
             # No pip, setuptools or wheel in the venv (pip's venv has them): an install that builds without
             # isolation names what its build needs.
-            run_checked([str(self.uv), "venv", "--quiet", "--python", sys.executable, str(folder)],
-                        "create the virtual environment")
+            run_checked(
+                [str(self.uv), "venv", "--quiet", "--python", sys.executable, str(folder)],
+                "create the virtual environment",
+            )
         else:
             run_checked([sys.executable, "-m", "venv", str(folder)], "create the virtual environment")
 
-    def install(self, python: Path, arguments: tuple[str, ...], lower: list[str], env: dict[str, str],
-                log=print, as_of: str = "") -> None:
+    def install(
+        self,
+        python: Path,
+        arguments: tuple[str, ...],
+        lower: list[str],
+        env: dict[str, str],
+        log=print,
+        as_of: str = "",
+    ) -> None:
         """Install `arguments` (pip's syntax: requirements and flags) into python's venv, which sees the
         site-packages folders `lower` (nearest first) through its .pth file. `as_of` (a date): resolve
         as of that day (see resolve_missing); only uv can."""
         if not self.uv:
             if as_of:
-                raise InstallError(f"could not install as of {as_of}: resolving as of a date needs uv's "
-                                   f"--exclude-newer, and {uv_requirement()} could not be installed (see above)")
+                raise InstallError(
+                    f"could not install as of {as_of}: resolving as of a date needs uv's "
+                    f"--exclude-newer, and {uv_requirement()} could not be installed (see above)"
+                )
             log(f"pip install {shlex.join(arguments)}")
             run_checked([str(python), "-m", "pip", "install", "--quiet", *arguments], "install", env=env)
             return
@@ -192,33 +212,63 @@ class Installer:
             return
         _, flags = requirement_lines(arguments)
         missing = self.resolve_missing(python, arguments, lower, env, as_of)
-        log(f"uv pip install {shlex.join(arguments)}{f' as of {as_of}' if as_of else ''}: {len(missing)} packages "
-            "not in the lower layers")
+        log(
+            f"uv pip install {shlex.join(arguments)}{f' as of {as_of}' if as_of else ''}: {len(missing)} packages "
+            "not in the lower layers"
+        )
         if missing:
             with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirements:
                 requirements.write("\n".join(missing) + "\n")
                 requirements.flush()
-                run_checked([*uv_pip, *uv_index_options(), "--no-deps", *flags, "-r", requirements.name],
-                            "install", env=env)
+                run_checked(
+                    [*uv_pip, *uv_index_options(), "--no-deps", *flags, "-r", requirements.name], "install", env=env
+                )
 
-    def compile(self, python: Path, lines: list[str], options: list[str], env: dict[str, str],
-                excluded: frozenset[str] | set[str] = frozenset(), preferred: dict[str, str] | None = None) -> list[str]:
+    def compile(
+        self,
+        python: Path,
+        lines: list[str],
+        options: list[str],
+        env: dict[str, str],
+        excluded: frozenset[str] | set[str] = frozenset(),
+        preferred: dict[str, str] | None = None,
+    ) -> list[str]:
         """The pinned lines (`name==version`, `name @ url`) of a uv resolution of requirement lines for python."""
         with tempfile.TemporaryDirectory(prefix="autotp-resolve-") as scratch:
             folder = Path(scratch)
             (folder / "requirements.in").write_text("\n".join(lines) + "\n")
             (folder / "excludes.txt").write_text("\n".join(sorted(excluded)) + "\n")
             # An existing output file holds uv's preferences: keep what the lower layers have where it fits.
-            (folder / "resolved.txt").write_text("".join(f"{name}=={version}\n" for name, version in (preferred or {}).items()
-                                                         if name not in excluded))
-            run_checked([str(self.uv), "pip", "compile", "--quiet", "--python", str(python), "--no-header",
-                         "--no-annotate", *uv_index_options(), *options, "--excludes", str(folder / "excludes.txt"),
-                         "-o", str(folder / "resolved.txt"), str(folder / "requirements.in")], "resolve", env=env)
+            (folder / "resolved.txt").write_text(
+                "".join(f"{name}=={version}\n" for name, version in (preferred or {}).items() if name not in excluded)
+            )
+            run_checked(
+                [
+                    str(self.uv),
+                    "pip",
+                    "compile",
+                    "--quiet",
+                    "--python",
+                    str(python),
+                    "--no-header",
+                    "--no-annotate",
+                    *uv_index_options(),
+                    *options,
+                    "--excludes",
+                    str(folder / "excludes.txt"),
+                    "-o",
+                    str(folder / "resolved.txt"),
+                    str(folder / "requirements.in"),
+                ],
+                "resolve",
+                env=env,
+            )
             resolved = (folder / "resolved.txt").read_text().splitlines()
         return [line for line in (line.split("#")[0].strip() for line in resolved) if line and not line.startswith("-")]
 
-    def resolve_missing(self, python: Path, arguments: tuple[str, ...], lower: list[str],
-                        env: dict[str, str], as_of: str = "") -> list[str]:
+    def resolve_missing(
+        self, python: Path, arguments: tuple[str, ...], lower: list[str], env: dict[str, str], as_of: str = ""
+    ) -> list[str]:
         """The pinned requirements of `arguments`' resolution that python does not see yet.
 
         With `as_of`, every package is taken as it was on that day (uv's --exclude-newer) but for the
@@ -232,7 +282,9 @@ class Installer:
         if as_of:
             cutoff = [f"--exclude-newer={as_of}"]
             harness = {name_of(line) for line in self.compile(python, requirements[1:], flags, env, excluded)}
-            subject = {name_of(line) for line in self.compile(python, requirements[:1], [*flags, *cutoff], env, excluded)}
+            subject = {
+                name_of(line) for line in self.compile(python, requirements[:1], [*flags, *cutoff], env, excluded)
+            }
             options += [*cutoff, *(f"--exclude-newer-package={name}={NO_CUTOFF}" for name in sorted(harness - subject))]
         missing = []
         for line in self.compile(python, requirements, options, env, excluded, visible):
@@ -301,8 +353,10 @@ def installer(root: Path, log=print) -> Installer:
                 partial = target.with_name(target.name + ".partial")
                 shutil.rmtree(partial, ignore_errors=True)
                 try:
-                    run_checked([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial),
-                                 requirement], f"install {requirement}")
+                    run_checked(
+                        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial), requirement],
+                        f"install {requirement}",
+                    )
                     partial.rename(target)
                 except (InstallError, OSError) as error:
                     log(f"{requirement} unavailable, environments are built with pip: {str(error).splitlines()[0]}")

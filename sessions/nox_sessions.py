@@ -11,10 +11,25 @@ from pathlib import Path
 import nox
 
 from matrix import PROJECT_ROOT
-from matrix.versions import (AXES, AxisValueError, Combo, ReleaseDataUnavailable, backfill_versions, combinations,
-                             load_releases, parse_pins)
-from sessions.environments import (COMBINATION_AXES, EnvironmentBuildError, EnvironmentSpec, combination_environment,
-                                   ensure_environment, env_root, environment_variables)
+from matrix.versions import (
+    AXES,
+    AxisValueError,
+    Combo,
+    ReleaseDataUnavailable,
+    backfill_versions,
+    combinations,
+    load_releases,
+    parse_pins,
+)
+from sessions.environments import (
+    COMBINATION_AXES,
+    EnvironmentBuildError,
+    EnvironmentSpec,
+    combination_environment,
+    ensure_environment,
+    env_root,
+    environment_variables,
+)
 from suites.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -52,15 +67,26 @@ def dependency_group(name: str) -> list[str]:
 def combo_environment(combo: Combo, extras_name: str = "", as_of: str = "") -> EnvironmentSpec:
     extras = tuple(dependency_group(extras_name)) if extras_name else ()
     layered = [(pin.id, pin.requirement) for pin in combo.pins if pin.package in COMBINATION_AXES]
-    return combination_environment(combo.deepspeed.id, combo.deepspeed.requirement, layered,
-                                   str(combo.torch.version or combo.torch.requirement), extras, extras_name, as_of)
+    return combination_environment(
+        combo.deepspeed.id,
+        combo.deepspeed.requirement,
+        layered,
+        str(combo.torch.version or combo.torch.requirement),
+        extras,
+        extras_name,
+        as_of,
+    )
 
 
 def split_as_of(pytest_args: list[str]) -> tuple[str, list[str]]:
     """`--as-of MODE` among a session's options (gone from what pytest gets), and the rest."""
     parser = argparse.ArgumentParser(prog="nox -s <session> --", add_help=False, allow_abbrev=False)
-    parser.add_argument("--as-of", choices=AS_OF_MODES, default="",
-                        help="release-date: transformers' dependencies as of the day of the newer pinned release")
+    parser.add_argument(
+        "--as-of",
+        choices=AS_OF_MODES,
+        default="",
+        help="release-date: transformers' dependencies as of the day of the newer pinned release",
+    )
     known, rest = parser.parse_known_args(pytest_args)
     return known.as_of, rest
 
@@ -68,8 +94,13 @@ def split_as_of(pytest_args: list[str]) -> tuple[str, list[str]]:
 def release_date(combo: Combo, cache_dir: Path | None = None) -> str:
     """The day of the newer of combo's DeepSpeed and transformers releases (a git ref has none), e.g. 2024-06-21.
     torch is not counted: one torch serves every combination (and no layer over torch resolves it again)."""
-    days = [release.uploaded for pin in (combo.deepspeed, combo.transformers) if pin.version is not None
-            for release in load_releases(pin.package, cache_dir=cache_dir) if release.version == pin.version]
+    days = [
+        release.uploaded
+        for pin in (combo.deepspeed, combo.transformers)
+        if pin.version is not None
+        for release in load_releases(pin.package, cache_dir=cache_dir)
+        if release.version == pin.version
+    ]
     if not days:
         raise AxisValueError(f"{combo.id}: --as-of release-date needs at least one released version among the pins")
     return max(days).date().isoformat()
@@ -79,7 +110,9 @@ def install_harness(session: nox.Session, combo: Combo, extras_name: str = "", a
     """The python of the combination's environment (sessions/environments.py: shared by every session and
     bisection step of the same combination), built now if needed; prints what is really installed."""
     python = ensure_environment(env_root(), combo_environment(combo, extras_name, as_of), log=session.log)
-    session.run(str(python), "-m", "suites.records.run_records", "--versions", external=True, env=environment_variables(python))
+    session.run(
+        str(python), "-m", "suites.records.run_records", "--versions", external=True, env=environment_variables(python)
+    )
     return python
 
 
@@ -101,10 +134,29 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
         session.notify("report", ["--results", results])
         return failure
     env = environment_variables(python)
-    session.run(str(python), "-m", "reports", "merge", f"{results}/junit", "--store", f"{results}/history.sqlite",
-                env=env, external=True)
-    session.run(str(python), "-m", "reports", "render", "--store", f"{results}/history.sqlite", "--out", results,
-                env=env, external=True)
+    session.run(
+        str(python),
+        "-m",
+        "reports",
+        "merge",
+        f"{results}/junit",
+        "--store",
+        f"{results}/history.sqlite",
+        env=env,
+        external=True,
+    )
+    session.run(
+        str(python),
+        "-m",
+        "reports",
+        "render",
+        "--store",
+        f"{results}/history.sqlite",
+        "--out",
+        results,
+        env=env,
+        external=True,
+    )
     return ""
 
 
@@ -123,10 +175,16 @@ def run_suites(session: nox.Session, combo: Combo, pytest_args: list[str]) -> tu
 
         session.log(str(error))
         written = record_install_failure(session.name, combo, str(error), selection)
-        return None, (f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
-                      f"failures in {selection.results}")
-    session.run(*suites_command(python, session_name=session.name, extra=pytest_args), success_codes=[0, 1],
-                env={**environment_variables(python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: as_of}, external=True)
+        return None, (
+            f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
+            f"failures in {selection.results}"
+        )
+    session.run(
+        *suites_command(python, session_name=session.name, extra=pytest_args),
+        success_codes=[0, 1],
+        env={**environment_variables(python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: as_of},
+        external=True,
+    )
     return python, ""
 
 
@@ -146,9 +204,12 @@ def backfill_options(argv: list[str]) -> tuple[argparse.Namespace, list[str], li
     for option in TRIAGE_OPTIONS:
         parser.add_argument(option)
     args, pytest_args = parser.parse_known_args(argv)
-    triage_args = [part for option in TRIAGE_OPTIONS
-                   if (value := getattr(args, option.lstrip("-").replace("-", "_"))) is not None
-                   for part in (option, value)]
+    triage_args = [
+        part
+        for option in TRIAGE_OPTIONS
+        if (value := getattr(args, option.lstrip("-").replace("-", "_"))) is not None
+        for part in (option, value)
+    ]
     return args, triage_args, pytest_args
 
 
@@ -178,5 +239,15 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
     session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)
     if not args.no_triage:
         session.run(str(python), "-m", "reports.triage", "--store", args.store, *triage_args, env=env, external=True)
-    session.run(str(python), "-m", "reports", "render", "--store", args.store, "--out", str(Path(args.store).parent),
-                env=env, external=True)
+    session.run(
+        str(python),
+        "-m",
+        "reports",
+        "render",
+        "--store",
+        args.store,
+        "--out",
+        str(Path(args.store).parent),
+        env=env,
+        external=True,
+    )

@@ -30,18 +30,36 @@ def _find_packages(*args, **kwargs):
 
 def _stand_in(name: str) -> types.ModuleType:
     module = types.ModuleType(name)
-    vars(module).update(setup=_setup, find_packages=_find_packages, find_namespace_packages=_find_packages,
-                        __getattr__=lambda attribute: _Anything)
+    vars(module).update(
+        setup=_setup,
+        find_packages=_find_packages,
+        find_namespace_packages=_find_packages,
+        __getattr__=lambda attribute: _Anything,
+    )
     return module
 
 
-for _name in ("setuptools", "setuptools.command", "setuptools.command.build_py", "setuptools.command.install",
-              "distutils", "distutils.core", "distutils.cmd"):
+for _name in (
+    "setuptools",
+    "setuptools.command",
+    "setuptools.command.build_py",
+    "setuptools.command.install",
+    "distutils",
+    "distutils.core",
+    "distutils.cmd",
+):
     sys.modules[_name] = _stand_in(_name)
 
 if __name__ == "__main__":
     sys.argv = ["setup.py", "--version"]
     with open("setup.py") as source:
         exec(compile(source.read(), "setup.py", "exec"), {"__name__": "__main__", "__file__": "setup.py"})
-    print(json.dumps({"name": recorded.get("name"), "version": recorded.get("version"),
-                      "install_requires": [str(line) for line in recorded.get("install_requires") or []]}))
+    print(
+        json.dumps(
+            {
+                "name": recorded.get("name"),
+                "version": recorded.get("version"),
+                "install_requires": [str(line) for line in recorded.get("install_requires") or []],
+            }
+        )
+    )

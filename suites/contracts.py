@@ -86,11 +86,18 @@ class Job:
         fields: dict[str, Any] = json.loads(text)
         variant = fields["variant"]
         meta, task = fields["meta"], fields["accuracy_task"]
-        return cls(**{
-            **fields, "variant": Variant(**{**variant, "needs": tuple(variant["needs"]), "tags": tuple(variant["tags"])}),
-            "tolerance": Tolerance(**fields["tolerance"]), "spec": ProbeSpec(**fields["spec"]),
-            "meta": MetaLoad(**meta) if meta else None, "trained": tuple(TrainedModel(**m) for m in fields["trained"]),
-            "accuracy_task": AccuracyTask(**task) if task else None, "faults": tuple(fields["faults"])})
+        return cls(
+            **{
+                **fields,
+                "variant": Variant(**{**variant, "needs": tuple(variant["needs"]), "tags": tuple(variant["tags"])}),
+                "tolerance": Tolerance(**fields["tolerance"]),
+                "spec": ProbeSpec(**fields["spec"]),
+                "meta": MetaLoad(**meta) if meta else None,
+                "trained": tuple(TrainedModel(**m) for m in fields["trained"]),
+                "accuracy_task": AccuracyTask(**task) if task else None,
+                "faults": tuple(fields["faults"]),
+            }
+        )
 
 
 @dataclass(frozen=True)

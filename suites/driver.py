@@ -15,8 +15,17 @@ from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
 from suites.contracts import Job
 from suites.engine.rank_group import RankGroupPool
-from suites.memory_plan import (GiB, MemoryPlan, Runner, TrainingShape, anonymous_bytes, checkpoint_size, gib, plan_cell,
-                                session_pids)
+from suites.memory_plan import (
+    GiB,
+    MemoryPlan,
+    Runner,
+    TrainingShape,
+    anonymous_bytes,
+    checkpoint_size,
+    gib,
+    plan_cell,
+    session_pids,
+)
 from suites.outcome import CellOutcome, exception_signature, failed
 from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
 from suites.variants import variant_setup
@@ -59,8 +68,15 @@ def planned_checkpoint(cell: Cell, options: RunOptions, runner: Runner | None = 
 
 def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None) -> MemoryPlan:
     size = checkpoint_size(checkpoint.folder)
-    return plan_cell(size, cell.dtype, cell.tp, cell.variant.load, runner or Runner.detect(), cell.variant.checkpoint_files,
-                     TrainingShape.of(cell.variant))
+    return plan_cell(
+        size,
+        cell.dtype,
+        cell.tp,
+        cell.variant.load,
+        runner or Runner.detect(),
+        cell.variant.checkpoint_files,
+        TrainingShape.of(cell.variant),
+    )
 
 
 def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> tuple[Job, dict] | CellOutcome:
@@ -80,23 +96,49 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
-        reference = None if cell.variant.training else variant_fields.reference or cached_reference(
-            checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code)
+        reference = (
+            None
+            if cell.variant.training
+            else variant_fields.reference
+            or cached_reference(
+                checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code
+            )
+        )
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
         accuracy_task, accuracy_reference = None, None
         if options.accuracy_task and not (cell.variant.training or cell.variant.quantization):
             accuracy_task = options.accuracy_task
-            accuracy_reference = str(cached_task_reference(
-                checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.accuracy_task, cell.model.trust_remote_code))
+            accuracy_reference = str(
+                cached_task_reference(
+                    checkpoint.folder,
+                    checkpoint.tokenizer,
+                    cell.dtype,
+                    options.accuracy_task,
+                    cell.model.trust_remote_code,
+                )
+            )
     except Exception as error:  # the cell's setup failed; the run goes on
         signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
         outcome = failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
         return _stamped(outcome, _provenance(checkpoint)) if checkpoint else outcome
-    job = Job(cell.id, checkpoint.folder, checkpoint.tokenizer, cell.dtype, cell.variant, cell.model.trust_remote_code,
-              cell.model.tolerance_for(cell.dtype), options.spec, str(reference) if reference else None,
-              variant_fields.baseline, variant_fields.meta, variant_fields.trained, accuracy_task, accuracy_reference,
-              options.faults)
+    job = Job(
+        cell.id,
+        checkpoint.folder,
+        checkpoint.tokenizer,
+        cell.dtype,
+        cell.variant,
+        cell.model.trust_remote_code,
+        cell.model.tolerance_for(cell.dtype),
+        options.spec,
+        str(reference) if reference else None,
+        variant_fields.baseline,
+        variant_fields.meta,
+        variant_fields.trained,
+        accuracy_task,
+        accuracy_reference,
+        options.faults,
+    )
     return job, _provenance(checkpoint, plan, reference)
 
 
@@ -150,8 +192,10 @@ class CacheContents:
         tiny, references = self.tiny_checkpoints - before.tiny_checkpoints, self.references - before.references
         if tiny <= 0 and references <= 0:
             return ""
-        return (f"cache {cache_root()}: the cells wrote {tiny} tiny checkpoints and {references} unsharded references "
-                "as they first needed them")
+        return (
+            f"cache {cache_root()}: the cells wrote {tiny} tiny checkpoints and {references} unsharded references "
+            "as they first needed them"
+        )
 
 
 LARGE_PROCESS_BYTES = 1 * GiB
@@ -162,7 +206,11 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     """The memory plan of every model of the run, printed before the first cell: one line per model
     that needs a large process or has a cell that does not fit, one line for all the small ones."""
     runner = Runner.detect()
-    devices = f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}" if runner.device_bytes else ""
+    devices = (
+        f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}"
+        if runner.device_bytes
+        else ""
+    )
     lines = [f"memory plan: host RAM {gib(runner.host_bytes)} ({runner.host_source}){devices}"]
     small: list[str] = []
     by_model: dict[str, list[Cell]] = {}
@@ -190,6 +238,8 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     if small:
         lines.append(f"  {len(small)} models need < {gib(LARGE_PROCESS_BYTES)} per process and fit: {', '.join(small)}")
     if unwritten:
-        lines.append(f"  {len(unwritten)} models are planned by their first cell, which writes their tiny checkpoint: "
-                     f"{', '.join(unwritten)}")
+        lines.append(
+            f"  {len(unwritten)} models are planned by their first cell, which writes their tiny checkpoint: "
+            f"{', '.join(unwritten)}"
+        )
     return lines

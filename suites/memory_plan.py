@@ -46,8 +46,20 @@ META_LOAD_FACTOR = 1.8
 1.71-1.73): more than eager, which is what the meta variants' `meta_memory` check fails on."""
 SAFETY = 0.9
 """Share of the capacity a plan may use: the driver, page cache and allocator slack need the rest."""
-ELEMENT_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                 "F8_E4M3": 1, "F8_E5M2": 1}
+ELEMENT_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CONFIG_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 LAYER_NAME = re.compile(r"\.(?:layers|layer|h|blocks|block|decoder_layers)\.(\d+)\.")
@@ -88,8 +100,10 @@ def checkpoint_size(folder: str | Path) -> CheckpointSize:
     config = json.loads((folder / "config.json").read_text())
     text_config = config.get("text_config", config)
     layers = int(text_config.get("num_hidden_layers") or text_config.get("n_layer") or 1)
-    common = {"vocab_size": int(text_config.get("vocab_size") or 0),
-              "hidden_size": int(text_config.get("hidden_size") or text_config.get("n_embd") or 0)}
+    common = {
+        "vocab_size": int(text_config.get("vocab_size") or 0),
+        "hidden_size": int(text_config.get("hidden_size") or text_config.get("n_embd") or 0),
+    }
     safetensors = sorted(folder.glob("*.safetensors"))
     if safetensors:
         per_layer: dict[str, int] = {}
@@ -151,10 +165,15 @@ def _cgroup_headroom(root: Path, membership: Path = Path("/proc/self/cgroup")) -
             if controllers == "":
                 candidates.append((root / group.lstrip("/"), "memory.max", "memory.current"))
             elif "memory" in controllers.split(","):
-                candidates.append((root / "memory" / group.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes"))
+                candidates.append(
+                    (root / "memory" / group.lstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes")
+                )
     except (OSError, ValueError):
         pass
-    candidates += [(root, "memory.max", "memory.current"), (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+    candidates += [
+        (root, "memory.max", "memory.current"),
+        (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ]
     for folder, limit_file, usage_file in candidates:
         try:
             limit = (folder / limit_file).read_text().strip()
@@ -328,8 +347,12 @@ class TrainingShape:
     def of(cls, variant) -> TrainingShape | None:
         if not variant.training:
             return None
-        return cls(variant.unsharded_steps, OPTIMIZER_STATE_COPIES[variant.optimizer], variant.checkpoint_round_trip,
-                   variant.resume_tp)
+        return cls(
+            variant.unsharded_steps,
+            OPTIMIZER_STATE_COPIES[variant.optimizer],
+            variant.checkpoint_round_trip,
+            variant.resume_tp,
+        )
 
     @property
     def unsharded_copies(self) -> int:
@@ -378,19 +401,28 @@ class MemoryPlan:
         return self.tp * self.rank_host_bytes
 
     def metrics(self) -> dict[str, float]:
-        values = {"plan_model_bytes": self.model_bytes, "plan_rank_host_bytes": self.rank_host_bytes,
-                  "plan_group_host_bytes": self.group_host_bytes, "plan_host_available_bytes": self.runner.host_bytes}
+        values = {
+            "plan_model_bytes": self.model_bytes,
+            "plan_rank_host_bytes": self.rank_host_bytes,
+            "plan_group_host_bytes": self.group_host_bytes,
+            "plan_host_available_bytes": self.runner.host_bytes,
+        }
         if self.training_host_bytes:
             values["plan_training_host_bytes"] = self.training_host_bytes
         else:
             values["plan_reference_host_bytes"] = self.reference.host_bytes
         if self.runner.device_bytes:
-            values.update(plan_rank_device_bytes=self.rank_device_bytes, plan_device_available_bytes=min(self.runner.device_bytes))
+            values.update(
+                plan_rank_device_bytes=self.rank_device_bytes, plan_device_available_bytes=min(self.runner.device_bytes)
+            )
         return {key: float(value) for key, value in values.items()}
 
     def summary(self) -> str:
         reference = f"reference {gib(self.reference.host_bytes)}" + (
-            f" (offloaded to disk, {gib(self.reference.cpu_bytes)} of weights in RAM)" if self.reference.offload == "disk" else "")
+            f" (offloaded to disk, {gib(self.reference.cpu_bytes)} of weights in RAM)"
+            if self.reference.offload == "disk"
+            else ""
+        )
         if self.training_host_bytes:
             reference = f"unsharded training steps {gib(self.training_host_bytes)} in the driver"
         ranks = f"{self.load} ranks {self.tp} x {gib(self.rank_host_bytes)} host"
@@ -404,8 +436,15 @@ def gib(count: float) -> str:
     return f"{count / GiB:.2f} GiB" if count >= GiB / 10 else f"{count / MiB:.0f} MiB"
 
 
-def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int, runner: Runner,
-           training: TrainingShape | None = None) -> MemoryPlan:
+def _peaks(
+    size: CheckpointSize,
+    dtype: str,
+    tp: int,
+    load: str,
+    meta_files: int,
+    runner: Runner,
+    training: TrainingShape | None = None,
+) -> MemoryPlan:
     model, working = size.model_bytes(dtype), activation_bytes(size, dtype)
     shard = -(-model // tp)
     # The meta loader holds one checkpoint file at a time; a meta variant with `checkpoint_files` > 1
@@ -421,20 +460,32 @@ def _peaks(size: CheckpointSize, dtype: str, tp: int, load: str, meta_files: int
         rank_host, rank_device = int(PROCESS_RUNTIME_BYTES + grown + working), 0
     training_host = 0
     if training:
-        if runner.device_bytes:  # not measured on accelerators: the compared steps stay on the host, the rest on the device
+        if (
+            runner.device_bytes
+        ):  # not measured on accelerators: the compared steps stay on the host, the rest on the device
             rank_host = max(rank_host, PROCESS_RUNTIME_BYTES + model * training.compared_copies)
-            rank_device = int(model * (training.rank_copies(tp) - training.compared_copies - EAGER_LOAD_FACTOR)) + working
+            rank_device = (
+                int(model * (training.rank_copies(tp) - training.compared_copies - EAGER_LOAD_FACTOR)) + working
+            )
         else:
             rank_host = int(PROCESS_RUNTIME_BYTES + model * training.rank_copies(tp) + working)
         training_host = model * training.unsharded_copies + working
     # A training cell's reference is the driver's unsharded steps; no reference process runs for it.
     reference = ReferencePlan(0, "none", 0, runner) if training else plan_reference(size, dtype, runner)
-    return MemoryPlan(load, dtype, tp, model, size.layer_bytes(dtype), reference, rank_host, rank_device, runner,
-                      training_host)
+    return MemoryPlan(
+        load, dtype, tp, model, size.layer_bytes(dtype), reference, rank_host, rank_device, runner, training_host
+    )
 
 
-def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, meta_files: int = 1,
-              training: TrainingShape | None = None) -> MemoryPlan:
+def plan_cell(
+    size: CheckpointSize,
+    dtype: str,
+    tp: int,
+    load: str,
+    runner: Runner,
+    meta_files: int = 1,
+    training: TrainingShape | None = None,
+) -> MemoryPlan:
     """The cell's plan; `problem` names the first resource that is short, by how much, and what fits."""
     plan = _peaks(size, dtype, tp, load, meta_files, runner, training)
     host_budget, beside_group = int(runner.host_bytes * SAFETY), int(runner.beside_group_bytes * SAFETY)
@@ -442,19 +493,29 @@ def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runn
     if runner.live_group_bytes:
         have += f", {gib(runner.live_group_bytes)} of it held by the live rank group until it ends"
     if training is not None and plan.training_host_bytes > beside_group:
-        return replace(plan, problem=f"needs {gib(plan.training_host_bytes)} host RAM for the unsharded training steps in the "
-                                     f"driver ({training.unsharded_copies} copies of the model: weights, gradients, optimizer "
-                                     f"state and what the ranks compare with), {have}")
+        return replace(
+            plan,
+            problem=f"needs {gib(plan.training_host_bytes)} host RAM for the unsharded training steps in the "
+            f"driver ({training.unsharded_copies} copies of the model: weights, gradients, optimizer "
+            f"state and what the ranks compare with), {have}",
+        )
     if plan.reference.host_bytes > beside_group:
-        return replace(plan, problem=f"needs {gib(plan.reference.host_bytes)} host RAM for the reference even with disk "
-                                     f"offload (runtime + the largest layer, {gib(plan.layer_bytes)}), {have}")
+        return replace(
+            plan,
+            problem=f"needs {gib(plan.reference.host_bytes)} host RAM for the reference even with disk "
+            f"offload (runtime + the largest layer, {gib(plan.layer_bytes)}), {have}",
+        )
     if plan.group_host_bytes > host_budget:
-        problem = (f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
-                   f"{have}")
+        problem = (
+            f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
+            f"{have}"
+        )
         return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
     if runner.device_bytes and plan.rank_device_bytes > min(runner.device_bytes) * SAFETY:
-        problem = (f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
-                   f"{gib(min(runner.device_bytes))} free")
+        problem = (
+            f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
+            f"{gib(min(runner.device_bytes))} free"
+        )
         return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
     return plan
 
@@ -462,12 +523,16 @@ def plan_cell(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runn
 def _fits(plan: MemoryPlan) -> bool:
     budget, beside_group = plan.runner.host_bytes * SAFETY, plan.runner.beside_group_bytes * SAFETY
     devices_fit = not plan.runner.device_bytes or plan.rank_device_bytes <= min(plan.runner.device_bytes) * SAFETY
-    return (plan.group_host_bytes <= budget and max(plan.reference.host_bytes, plan.training_host_bytes) <= beside_group
-            and devices_fit)
+    return (
+        plan.group_host_bytes <= budget
+        and max(plan.reference.host_bytes, plan.training_host_bytes) <= beside_group
+        and devices_fit
+    )
 
 
-def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner,
-                  training: TrainingShape | None = None) -> str:
+def _alternatives(
+    size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
+) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""
     from matrix.registry import load_variants
@@ -477,8 +542,11 @@ def _alternatives(size: CheckpointSize, dtype: str, tp: int, load: str, runner: 
     modes = ("eager",) if training else ("eager", "meta")
     options = [("meta", tp)] if load == "eager" and not training else []
     options += [(mode, other) for other in (2, 4, 8) if other != tp and other <= largest_tp for mode in modes]
-    fitting = [" ".join(([] if training else [f"--variants {mode}"]) + ([] if other == tp else [f"--tp {other}"]))
-               for mode, other in options if _fits(_peaks(size, dtype, other, mode, meta_files, runner, training))]
+    fitting = [
+        " ".join(([] if training else [f"--variants {mode}"]) + ([] if other == tp else [f"--tp {other}"]))
+        for mode, other in options
+        if _fits(_peaks(size, dtype, other, mode, meta_files, runner, training))
+    ]
     if not fitting:
         return f"no load mode fits at tp 2-{largest_tp}: use a runner with more memory"
     return "use " + " or ".join(fitting[:3])

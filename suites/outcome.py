@@ -25,14 +25,20 @@ OUTCOMES = tuple(str(o) for o in Outcome)
 class FailureClass(StrEnum):
     """A failed cell's one class, with what it means (the report and issue drafts quote `description`)."""
 
-    SETUP = ("setup", "the harness failed: building or loading the model or its reference, or its own code raised in "
-                      "a stage (a harness bug for tiny checkpoints, or a model output it cannot read)")
+    SETUP = (
+        "setup",
+        "the harness failed: building or loading the model or its reference, or its own code raised in "
+        "a stage (a harness bug for tiny checkpoints, or a model output it cannot read)",
+    )
     SHARD = "shard", "deepspeed.init_inference raised"
     FORWARD = "forward", "the sharded model raised during forward, generate or the loss"
     NUMERICS = "numerics", "logits, perplexity or rank agreement beyond tolerance"
     GENERATION = "generation", "greedy tokens or decode-step logits differ from the reference"
-    MEMORY = ("memory", "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads "
-                        "or grains force, or a rank holds a tensor the unsharded model does not have")
+    MEMORY = (
+        "memory",
+        "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads "
+        "or grains force, or a rank holds a tensor the unsharded model does not have",
+    )
     TIMEOUT = "timeout", "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)"
     CRASH = "crash", "a rank process died (signal, os._exit, segfault, OOM kill)"
     INSTALL = "install", "the session's environment could not be installed"
@@ -59,8 +65,13 @@ class LibraryOutputError(Exception):
     long-lived rank cannot (`suites/variants/loading.py` `fresh_process_meta_failure`). The library's fault, with
     the class of the check or stage that produced it, never `setup` although the harness raised it."""
 
-    def __init__(self, failure_class: str, signature: str, detail: str = "",
-                 explanation: str = "a library's output failed validation where it entered the harness"):
+    def __init__(
+        self,
+        failure_class: str,
+        signature: str,
+        detail: str = "",
+        explanation: str = "a library's output failed validation where it entered the harness",
+    ):
         super().__init__(f"{signature}{': ' + detail if detail else ''}")
         if failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {failure_class!r}")
@@ -159,8 +170,11 @@ for library bugs."""
 def _package_roots(names: tuple[str, ...]) -> list[Path]:
     import sys
 
-    return [Path(file).resolve().parent for name in names
-            if (module := sys.modules.get(name)) is not None and (file := getattr(module, "__file__", None))]
+    return [
+        Path(file).resolve().parent
+        for name in names
+        if (module := sys.modules.get(name)) is not None and (file := getattr(module, "__file__", None))
+    ]
 
 
 def _frame_owner(filename: str, libraries: list[Path]) -> str:
@@ -207,9 +221,12 @@ def death_record(error: BaseException, where: str) -> dict:
     a library's, the rank died there (`crash`); the harness's or nobody's (imports, rank setup, bookkeeping),
     the harness failed (`setup`), never reported as DeepSpeed's."""
     owner = "crash" if raising_owner(error)[0] == "library" else "setup"
-    return {"failure_class": owner, "signature": exception_signature(error),
-            "message": f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
-                       + "".join(traceback.format_exception(error))[-4000:]}
+    return {
+        "failure_class": owner,
+        "signature": exception_signature(error),
+        "message": f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
+        + "".join(traceback.format_exception(error))[-4000:],
+    }
 
 
 def read_death_records(folder: Path, pattern: str) -> list[dict]:

@@ -87,18 +87,40 @@ def _source_identity(source: str | None) -> dict[str, str] | str | None:
     return {"source": name, "revision": revision}
 
 
-def reference_identity(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
-                       quant_group_size: int = 0) -> dict:
+def reference_identity(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    quantization: str = "",
+    quant_group_size: int = 0,
+) -> dict:
     """Everything the reference's numbers depend on, and nothing that depends on this machine."""
     import deepspeed
     import transformers
 
     # The quantized reference depends on the quantizer's code too, so its versions join the key.
-    quant = {"quantization": quantization, "group_size": quant_group_size, "deepspeed": deepspeed.__version__,
-             "torchao": _torchao_version()} if quantization else {}
-    return {"format": REFERENCE_FORMAT, "checkpoint": _source_identity(checkpoint), "tokenizer": _source_identity(tokenizer),
-            "dtype": dtype, "spec": spec.as_dict(), "probes": probe_fingerprint(), "torch": str(torch.__version__),
-            "transformers": transformers.__version__, **quant}
+    quant = (
+        {
+            "quantization": quantization,
+            "group_size": quant_group_size,
+            "deepspeed": deepspeed.__version__,
+            "torchao": _torchao_version(),
+        }
+        if quantization
+        else {}
+    )
+    return {
+        "format": REFERENCE_FORMAT,
+        "checkpoint": _source_identity(checkpoint),
+        "tokenizer": _source_identity(tokenizer),
+        "dtype": dtype,
+        "spec": spec.as_dict(),
+        "probes": probe_fingerprint(),
+        "torch": str(torch.__version__),
+        "transformers": transformers.__version__,
+        **quant,
+    }
 
 
 def _path_for(identity: dict, prefix: str = "", suffix: str = ".pt") -> Path:
@@ -106,8 +128,14 @@ def _path_for(identity: dict, prefix: str = "", suffix: str = ".pt") -> Path:
     return cache_root() / "references" / f"{prefix}{key}{suffix}"
 
 
-def reference_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, quantization: str = "",
-                   quant_group_size: int = 0) -> Path:
+def reference_path(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    quantization: str = "",
+    quant_group_size: int = 0,
+) -> Path:
     return _path_for(reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size))
 
 
@@ -116,8 +144,16 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool = False,
-                      quantization: str = "", quant_group_size: int = 0, max_memory: dict | None = None) -> Observations:
+def compute_reference(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    trust_remote_code: bool = False,
+    quantization: str = "",
+    quant_group_size: int = 0,
+    max_memory: dict | None = None,
+) -> Observations:
     """The unsharded model's observations; with `quantization`, of the unsharded model quantized the
     way the variant quantizes the sharded one (QuantizationUnavailable when that fails); with
     `max_memory`, loaded by accelerate over the devices it names with the rest offloaded to disk."""
@@ -132,8 +168,9 @@ def compute_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: 
         except Exception as error:
             if not quantization:
                 raise
-            raise QuantizationUnavailable(f"{quantization} cannot quantize the unsharded {dtype} model: "
-                                          f"{exception_signature(error)}") from error
+            raise QuantizationUnavailable(
+                f"{quantization} cannot quantize the unsharded {dtype} model: {exception_signature(error)}"
+            ) from error
         return observe(model, build_inputs(load_tokenizer(tokenizer, trust_remote_code), spec), spec, "cpu")
 
 
@@ -148,14 +185,24 @@ def big_model_loading(max_memory: dict | None):
     folder = tempfile.mkdtemp(prefix="offload-", dir=cache_root())
     try:
         # JSON turned device indices into strings; accelerate wants ints for accelerators.
-        yield {"device_map": "auto", "max_memory": {int(key) if key.isdigit() else key: value for key, value in max_memory.items()},
-               "offload_folder": folder}
+        yield {
+            "device_map": "auto",
+            "max_memory": {int(key) if key.isdigit() else key: value for key, value in max_memory.items()},
+            "offload_folder": folder,
+        }
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec,
-                     trust_remote_code: bool = False, quantization: str = "", quant_group_size: int = 0) -> Path:
+def cached_reference(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    trust_remote_code: bool = False,
+    quantization: str = "",
+    quant_group_size: int = 0,
+) -> Path:
     """Path of the reference observations on disk, computed by the reference process on a cache miss
     (offloaded as the memory plan says)."""
     from suites.memory_plan import Runner, checkpoint_size, plan_reference
@@ -165,12 +212,25 @@ def cached_reference(checkpoint: str, tokenizer: str | None, dtype: str, spec: P
     if not path.exists():
         size = checkpoint_size(checkpoint)
         plan = plan_reference(size, dtype, Runner.detect())
-        _reference_process.compute({
-            "kind": "observations", "path": str(path), "identity": identity, "checkpoint": checkpoint, "tokenizer": tokenizer,
-            "dtype": dtype, "spec": spec.as_dict(), "trust_remote_code": trust_remote_code, "quantization": quantization,
-            "quant_group_size": quant_group_size, "max_memory": plan.max_memory(), "offload": plan.offload,
-            "corpus_file": str(inputs.CORPUS_FILE),
-            "planned_peak_bytes": plan.host_bytes}, exit_after=size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW)
+        _reference_process.compute(
+            {
+                "kind": "observations",
+                "path": str(path),
+                "identity": identity,
+                "checkpoint": checkpoint,
+                "tokenizer": tokenizer,
+                "dtype": dtype,
+                "spec": spec.as_dict(),
+                "trust_remote_code": trust_remote_code,
+                "quantization": quantization,
+                "quant_group_size": quant_group_size,
+                "max_memory": plan.max_memory(),
+                "offload": plan.offload,
+                "corpus_file": str(inputs.CORPUS_FILE),
+                "planned_peak_bytes": plan.host_bytes,
+            },
+            exit_after=size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW,
+        )
     return path
 
 
@@ -182,18 +242,35 @@ def reference_record(path: str | Path) -> dict:
         return {}
 
 
-def cached_task_reference(checkpoint: str, tokenizer: str | None, dtype: str, task: AccuracyTask,
-                          trust_remote_code: bool = False) -> Path:
+def cached_task_reference(
+    checkpoint: str, tokenizer: str | None, dtype: str, task: AccuracyTask, trust_remote_code: bool = False
+) -> Path:
     """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
     import transformers
 
-    identity = {"format": REFERENCE_FORMAT, "checkpoint": _source_identity(checkpoint), "tokenizer": _source_identity(tokenizer),
-                "dtype": dtype, "task": task.fingerprint, "torch": str(torch.__version__), "transformers": transformers.__version__}
+    identity = {
+        "format": REFERENCE_FORMAT,
+        "checkpoint": _source_identity(checkpoint),
+        "tokenizer": _source_identity(tokenizer),
+        "dtype": dtype,
+        "task": task.fingerprint,
+        "torch": str(torch.__version__),
+        "transformers": transformers.__version__,
+    }
     path = _path_for(identity, prefix="task-", suffix=".json")
     if not path.exists():
-        _reference_process.compute({"kind": "task", "path": str(path), "checkpoint": checkpoint, "tokenizer": tokenizer,
-                                    "dtype": dtype, "task": {"spec": task.spec, "fingerprint": task.fingerprint},
-                                    "trust_remote_code": trust_remote_code}, exit_after=False)
+        _reference_process.compute(
+            {
+                "kind": "task",
+                "path": str(path),
+                "checkpoint": checkpoint,
+                "tokenizer": tokenizer,
+                "dtype": dtype,
+                "task": {"spec": task.spec, "fingerprint": task.fingerprint},
+                "trust_remote_code": trust_remote_code,
+            },
+            exit_after=False,
+        )
     return path
 
 
@@ -212,8 +289,14 @@ class ReferenceProcess:
     def compute(self, request: dict, exit_after: bool) -> dict:
         if self.process is None or self.process.poll() is not None:
             with self.log_path.open("a") as log:
-                self.process = subprocess.Popen([sys.executable, "-m", "suites.reference", "serve"], cwd=PROJECT_ROOT,
-                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "suites.reference", "serve"],
+                    cwd=PROJECT_ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
         process = self.process
         assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
         process.stdin.write(json.dumps(request) + "\n")
@@ -221,8 +304,10 @@ class ReferenceProcess:
         line = process.stdout.readline()
         if not line:  # killed (e.g. by the OOM killer) or crashed
             code, self.process = process.wait(), None
-            raise ReferenceFailed("ReferenceProcessDied: the reference process exited without an answer",
-                                  f"the reference process died (exit code {code}); log {self.log_path}:\n{self._log_tail()}")
+            raise ReferenceFailed(
+                "ReferenceProcessDied: the reference process exited without an answer",
+                f"the reference process died (exit code {code}); log {self.log_path}:\n{self._log_tail()}",
+            )
         if exit_after:
             self.close()
         answer = json.loads(line)
@@ -288,20 +373,35 @@ def _serve_one(request: dict) -> dict:
     if request["kind"] == "task":
         model = load_model(request["checkpoint"], request["dtype"], request["trust_remote_code"])
         task = AccuracyTask(**request["task"])
-        correct = answer_correctness(task, model, load_tokenizer(request["tokenizer"], request["trust_remote_code"]), "cpu")
+        correct = answer_correctness(
+            task, model, load_tokenizer(request["tokenizer"], request["trust_remote_code"]), "cpu"
+        )
         write_text_atomically(Path(request["path"]), json.dumps(correct))
         return {"path": request["path"]}
     inputs.CORPUS_FILE = Path(request["corpus_file"])  # the one the key's probe fingerprint was taken from
     started, rss_before = time.perf_counter(), _reset_peak_rss()
-    observations = compute_reference(request["checkpoint"], request["tokenizer"], request["dtype"], ProbeSpec(**request["spec"]),
-                                     request["trust_remote_code"], request["quantization"], request["quant_group_size"],
-                                     request["max_memory"])
+    observations = compute_reference(
+        request["checkpoint"],
+        request["tokenizer"],
+        request["dtype"],
+        ProbeSpec(**request["spec"]),
+        request["trust_remote_code"],
+        request["quantization"],
+        request["quant_group_size"],
+        request["max_memory"],
+    )
     path = Path(request["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
-    measured = {"identity": request["identity"], "offload": request["offload"], "max_memory": request["max_memory"],
-                "planned_peak_bytes": request["planned_peak_bytes"], "peak_rss_bytes": _status_bytes("VmHWM"),
-                "rss_before_bytes": rss_before, "seconds": time.perf_counter() - started}
+    measured = {
+        "identity": request["identity"],
+        "offload": request["offload"],
+        "max_memory": request["max_memory"],
+        "planned_peak_bytes": request["planned_peak_bytes"],
+        "peak_rss_bytes": _status_bytes("VmHWM"),
+        "rss_before_bytes": rss_before,
+        "seconds": time.perf_counter() - started,
+    }
     write_text_atomically(_sidecar(path), json.dumps(measured))
     return {"path": str(path), **measured}
 
@@ -317,8 +417,14 @@ def serve() -> None:
         try:
             answer = _serve_one(request)
         except Exception as error:  # the request's failure, never the process's end
-            answer = {"error": {"signature": exception_signature(error), "quantization_unavailable": isinstance(error, QuantizationUnavailable),
-                                "message": "computing the unsharded reference failed:\n" + "".join(traceback.format_exception(error))[-4000:]}}
+            answer = {
+                "error": {
+                    "signature": exception_signature(error),
+                    "quantization_unavailable": isinstance(error, QuantizationUnavailable),
+                    "message": "computing the unsharded reference failed:\n"
+                    + "".join(traceback.format_exception(error))[-4000:],
+                }
+            }
         protocol.write(json.dumps(answer) + "\n")
 
 
@@ -332,7 +438,9 @@ def export_references(checkpoint: str, tokenizer: str | None, destination: Path)
         identity = record.get("identity")
         if identity and (identity["checkpoint"], identity["tokenizer"]) == wanted:
             bundle.append({"record": record, "observations": torch.load(path, weights_only=False)})
-    write_atomically(destination, lambda staging: torch.save({"format": REFERENCE_FORMAT, "references": bundle}, staging))
+    write_atomically(
+        destination, lambda staging: torch.save({"format": REFERENCE_FORMAT, "references": bundle}, staging)
+    )
     return destination, len(bundle)
 
 
@@ -340,7 +448,9 @@ def import_references(bundle_path: Path) -> int:
     """Put an exported file's references into this machine's cache under their content keys."""
     bundle = torch.load(bundle_path, weights_only=False)
     if bundle.get("format") != REFERENCE_FORMAT:
-        raise ValueError(f"{bundle_path}: reference format {bundle.get('format')}, this harness reads {REFERENCE_FORMAT}")
+        raise ValueError(
+            f"{bundle_path}: reference format {bundle.get('format')}, this harness reads {REFERENCE_FORMAT}"
+        )
     for item in bundle["references"]:
         path = _path_for(item["record"]["identity"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -374,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for entry in pick(load_models(), parse_names(args.models), "model"):
         checkpoint = resolve_checkpoint(entry, args.checkpoints)
-        path, count = export_references(checkpoint.folder, checkpoint.tokenizer, args.out / f"{entry.name}{EXPORT_SUFFIX}")
+        path, count = export_references(
+            checkpoint.folder, checkpoint.tokenizer, args.out / f"{entry.name}{EXPORT_SUFFIX}"
+        )
         print(f"{entry.name} ({checkpoint.source}@{checkpoint.revision}): {count} references -> {path}")
     return 0
 

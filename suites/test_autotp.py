@@ -18,8 +18,17 @@ def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestcon
         record = recorder.record(cell, outcome, record_property)
     if pytestconfig.getoption("--repro"):
         verdict = f"{record['outcome']} {record['failure_class']} {record['signature']}".strip()
-        record["repro"] = str(write_repro(cell, run_options.checkpoints, Path(pytestconfig.getoption("--results")) / "repro",
-                                          recorder.run, recorder.versions, verdict, record.get("checkpoint", {}).get("revision")))
+        record["repro"] = str(
+            write_repro(
+                cell,
+                run_options.checkpoints,
+                Path(pytestconfig.getoption("--results")) / "repro",
+                recorder.run,
+                recorder.versions,
+                verdict,
+                record.get("checkpoint", {}).get("revision"),
+            )
+        )
     if record["outcome"] == "skip":
         pytest.skip(record["message"])
     if record["outcome"] == "fail":

@@ -101,7 +101,13 @@ def fake_comm_op(shm_header: str = "int shm;\n", include: str = "int x;\n") -> d
     """DeepSpeed's op builders and CPU comm op sources as a DeepSpeed checkout holds them (`op_builder/`,
     `csrc/`; an installed DeepSpeed has them under deepspeed/ops/): the builder's "JIT build" writes a file
     and appends the op's name to $FAKE_BUILD_LOG, so a test sees which layers build and which reuse."""
-    return {"op_builder/__init__.py": "", "op_builder/cpu/__init__.py": "from .comm import ShareMemCommBuilder\n",
-            "op_builder/cpu/builder.py": FAKE_CPU_BUILDER, "op_builder/cpu/comm.py": FAKE_COMM_BUILDER,
-            "csrc/cpu/comm/shm.cpp": '#include "shm.h"\n', "csrc/cpu/comm/shm_interface.cpp": "PYBIND11_MODULE(...)\n",
-            "csrc/cpu/comm/shm.h": shm_header, "csrc/cpu/includes/simd.h": include}
+    return {
+        "op_builder/__init__.py": "",
+        "op_builder/cpu/__init__.py": "from .comm import ShareMemCommBuilder\n",
+        "op_builder/cpu/builder.py": FAKE_CPU_BUILDER,
+        "op_builder/cpu/comm.py": FAKE_COMM_BUILDER,
+        "csrc/cpu/comm/shm.cpp": '#include "shm.h"\n',
+        "csrc/cpu/comm/shm_interface.cpp": "PYBIND11_MODULE(...)\n",
+        "csrc/cpu/comm/shm.h": shm_header,
+        "csrc/cpu/includes/simd.h": include,
+    }

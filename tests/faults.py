@@ -68,10 +68,12 @@ def drift_one_prefill_token(stage, model, rank):
     """Every rank's prefill logits of the first prompt's third token drift by 8.5 bf16 ulps of the forward's
     largest logit: just over the default bf16 bound (8), under the 9 ulps qwen3_moe's override allowed. That token
     is routed alike on both sides (qwen3_moe bf16's flipping token is in the left-padded row)."""
+
     def change(output, args, kwargs):
         logits = output.logits
         if logits.dim() == 3 and logits.shape[1] > 2:  # a prefill, not a decode step
             logits[0, 2] += 8.5 * torch.finfo(torch.bfloat16).eps * logits.abs().max()
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
@@ -84,8 +86,10 @@ def rank1_nan_logits(stage, model, rank):
 
 def half_vocabulary_logits(stage, model, rank):
     """The sharded model returns logits for half the vocabulary (an lm_head slice never gathered)."""
+
     def change(output, args, kwargs):
         output.logits = output.logits[..., : output.logits.shape[-1] // 2]
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
@@ -96,8 +100,10 @@ def row_parallel_bias_on_every_rank(stage, model, rank):
         layers = [m for m in _row_parallel_layers(model) if getattr(m, "bias", None) is not None]
         assert layers, "no row-parallel layer with a bias"
         for layer in layers:
+
             def forward(x, original=layer.forward, layer=layer):
                 return original(x) + layer.bias * (torch.distributed.get_world_size() - 1)
+
             layer.forward = forward
 
 
@@ -113,7 +119,9 @@ def column_parallel_bias_of_rank0_everywhere(stage, model, rank):
 def rank1_permuted_norm_weights(stage, model, rank):
     """Rank 1 holds its norm weights rotated by one position (a norm sliced or permuted by mistake)."""
     if stage == "sharded" and rank == 1:
-        norms = [m for m in model.modules() if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None]
+        norms = [
+            m for m in model.modules() if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None
+        ]
         assert norms, "no norm layer"
         with torch.no_grad():
             for norm in norms:
@@ -122,39 +130,47 @@ def rank1_permuted_norm_weights(stage, model, rank):
 
 def nan_decode_logits(stage, model, rank):
     """One-token decode steps return NaN logits (prefill is untouched)."""
+
     def change(output, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and ids.shape[-1] == 1:
             output.logits[..., :1] = float("nan")
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
 
 def corrupt_batched_decode_steps(stage, model, rank):
     """Only decode steps of a batch (two or more sequences decoded together) are wrong."""
+
     def change(output, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and ids.shape[-1] == 1 and ids.shape[0] > 1:
             output.logits.add_(torch.linspace(0, 5, output.logits.shape[-1]))
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
 
 def corrupt_decode_steps(stage, model, rank):
     """Only one-token decode steps (the KV-cache path) are wrong; prefill is untouched."""
+
     def change(output, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and ids.shape[-1] == 1:
             output.logits.add_(torch.linspace(0, 5, output.logits.shape[-1]))
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
 
 def corrupt_loss(stage, model, rank):
     """Only the `labels=` loss path is wrong (perplexity, the training loss), logits are untouched."""
+
     def change(output, args, kwargs):
         if kwargs.get("labels") is not None:
             output.loss = output.loss * 1.01
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
@@ -185,9 +201,11 @@ def decode_lm_head_not_gathered(stage, model, rank):
 
 def overflowing_loss(stage, model, rank):
     """The sharded labels= path returns a huge finite loss: exp(loss) overflows a float."""
+
     def change(output, args, kwargs):
         if "labels" in kwargs:
             output.loss = output.loss * 0 + 1e6
+
     if stage == "sharded":
         return _wrap_logits(model, change)
 
@@ -204,6 +222,7 @@ def skip_lm_head_allreduce_on_task_items(stage, model, rank):
     heads = [m for m in model.modules() if type(m).__name__ == "LmHeadLinearAllreduce"]
     assert heads, "no sharded lm_head to break"
     for head in heads:
+
         def forward(input, original=head.forward):
             if input.shape[0] < 4:
                 return original(input)
@@ -213,6 +232,7 @@ def skip_lm_head_allreduce_on_task_items(stage, model, rank):
                 return original(input)
             finally:
                 layers.dist.inference_all_reduce = real
+
         head.forward = forward
 
 
@@ -238,6 +258,7 @@ def attention_left_whole(stage, model, rank):
 
 def rewrapped_mlp(stage, model, rank):
     """A layer comes back under another name (wrapped in a container): numbers unchanged, name unknown."""
+
     class Wrapped(torch.nn.Module):
         def __init__(self, inner):
             super().__init__()
@@ -261,8 +282,10 @@ def break_before_shard(stage, model, rank):
 def raise_in_forward(stage, model, rank):
     """Every rank raises in the forward of the sharded model."""
     if stage == "sharded":
+
         def forward(*args, **kwargs):
             raise RuntimeError("injected forward failure at layer 3")
+
         model.forward = forward
 
 
@@ -275,24 +298,30 @@ def rank1_raises_in_forward(stage, model, rank):
 def rank1_hangs(stage, model, rank):
     """Rank 1 never reaches the collective: a deadlock."""
     if stage == "sharded" and rank == 1:
+
         def forward(*args, **kwargs):
             time.sleep(3600)
+
         model.forward = forward
 
 
 def rank1_sigkill(stage, model, rank):
     """Rank 1 is killed by SIGKILL mid-forward (what the OOM killer does)."""
     if stage == "sharded" and rank == 1:
+
         def forward(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
+
         model.forward = forward
 
 
 def rank1_segfault(stage, model, rank):
     """Rank 1 dereferences a null pointer mid-forward."""
     if stage == "sharded" and rank == 1:
+
         def forward(*args, **kwargs):
             ctypes.string_at(0)
+
         model.forward = forward
 
 
@@ -304,6 +333,7 @@ def rank1_exceeds_memory_limit(stage, model, rank):
         def forward(*args, **kwargs):
             resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
             return torch.empty(16 << 30, dtype=torch.uint8)
+
         model.forward = forward
 
 
@@ -315,6 +345,7 @@ def rank1_dies_after_the_verdict(stage, model, rank):
 
 
 # --- variant faults (tests/suites/variants/test_variants.py) ---
+
 
 def wrong_gradient(stage, model, rank):
     """After backward, rank 1's gradient of its first sharded weight is off by 1 %."""
@@ -345,6 +376,7 @@ def rank1_hangs_on_opt_while_flagged(stage, model, rank):
 
 # --- start-up faults (tests/suites/checks/test_faults.py): called through AUTOTP_STARTUP_FAULT as the fork server
 # (`server`) and each rank (`rank`) start, before any cell ---
+
 
 def server_import_fails(stage, rank):
     """The fork server's own pre-imports fail the way a harness import of a module an older transformers
@@ -387,6 +419,7 @@ def rank1_sigkill_at_start(stage, rank):
 # --- training faults (tests/suites/variants/test_training.py): stages `sharded` (after deepspeed.initialize), `trained`
 # (after each backward), `saved` (after save_checkpoint + save_16bit_model), `restoring` / `restored` (a
 # fresh engine before / after load_checkpoint) ---
+
 
 def _count_calls(model, stage_name: str) -> int:
     """How often this hook ran at this stage on this model instance (1 on the first call)."""
@@ -561,10 +594,12 @@ def universal_parser_refuses(stage, model, rank):
 # --- harness bugs: the harness's own code raises inside a stage (suites/engine/cell_runner.py `_stage_error`
 # must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed).
 
+
 def _break_harness_name(module_name: str, attribute: str):
     """A fault that breaks one name the harness's own code calls (set to None) from `sharded` until the cell is
     `finished`, so the harness's frame raises the TypeError, as a harness bug would; the name is restored
     for the next cell."""
+
     def fault(stage, model, rank):
         module = importlib.import_module(module_name)
         saved = f"_autotp_saved_{attribute}"
@@ -574,6 +609,7 @@ def _break_harness_name(module_name: str, attribute: str):
         elif stage == "finished" and hasattr(module, saved):
             setattr(module, attribute, getattr(module, saved))
             delattr(module, saved)
+
     return fault
 
 

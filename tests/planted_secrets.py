@@ -23,8 +23,10 @@ ALL = (SECRET_VALUE, *SHAPED, BEARER, AUTHORIZATION)
 
 def leaky_text() -> str:
     """A failure message that quotes every planted secret, as a careless exception or log line might."""
-    return (f"HTTPError: 401 for https://huggingface.co (headers: {{'Authorization': 'Bearer {BEARER}'}}) "
-            f"Authorization: token {AUTHORIZATION} password={SECRET_VALUE} tokens {' '.join(SHAPED)}")
+    return (
+        f"HTTPError: 401 for https://huggingface.co (headers: {{'Authorization': 'Bearer {BEARER}'}}) "
+        f"Authorization: token {AUTHORIZATION} password={SECRET_VALUE} tokens {' '.join(SHAPED)}"
+    )
 
 
 def leaks(data: bytes | str) -> list[str]:

@@ -28,14 +28,23 @@ def harness_imports() -> dict[str, list[tuple[str, list[str]]]]:
 
 
 def test_each_package_imports_only_its_own_layer_and_those_below():
-    upward = [f"{module} imports {target}" for module, imports in harness_imports().items() for target, _ in imports
-              if LAYERS[target.split(".")[0]] > LAYERS[module.split(".")[0]]]
+    upward = [
+        f"{module} imports {target}"
+        for module, imports in harness_imports().items()
+        for target, _ in imports
+        if LAYERS[target.split(".")[0]] > LAYERS[module.split(".")[0]]
+    ]
     assert upward == []
 
 
 def test_no_private_name_crosses_a_module():
-    private = [f"{module} takes {target}.{name}" for module, imports in harness_imports().items()
-               for target, names in imports for name in names if name.startswith("_") and target != module]
+    private = [
+        f"{module} takes {target}.{name}"
+        for module, imports in harness_imports().items()
+        for target, names in imports
+        for name in names
+        if name.startswith("_") and target != module
+    ]
     assert private == []
 
 
@@ -43,15 +52,22 @@ def test_no_modules_import_each_other_in_a_loop():
     graph = harness_imports()
     modules = set(graph)
     # `from package import module` depends on that module; `from module import name` on the module
-    edges = {module: {f"{t}.{n}" if f"{t}.{n}" in modules else t for t, names in imports for n in (names or [""])}
-             & modules - {module} for module, imports in graph.items()}
+    edges = {
+        module: {f"{t}.{n}" if f"{t}.{n}" in modules else t for t, names in imports for n in (names or [""])}
+        & modules - {module}
+        for module, imports in graph.items()
+    }
     state, loops = {}, []
 
     def visit(module: str, path: list[str]) -> None:
         state[module] = "open"
         for target in sorted(edges[module]):
             if state.get(target) == "open":
-                loops.append(" → ".join(path[path.index(target):] + [module, target]) if target in path else f"{module} → {target}")
+                loops.append(
+                    " → ".join(path[path.index(target) :] + [module, target])
+                    if target in path
+                    else f"{module} → {target}"
+                )
             elif target not in state:
                 visit(target, path + [module])
         state[module] = "done"
@@ -65,5 +81,7 @@ def test_no_modules_import_each_other_in_a_loop():
 def test_the_layout_test_sees_the_whole_harness():
     modules = harness_imports()
     assert {"matrix.cells", "sessions.environments", "suites.engine.rank_group", "reports.triage"} <= set(modules)
-    assert any(target == "suites.engine.cell_runner" for target, _ in modules["suites.engine.worker"])  # a lazy import counts
+    assert any(
+        target == "suites.engine.cell_runner" for target, _ in modules["suites.engine.worker"]
+    )  # a lazy import counts
     assert Path(PROJECT_ROOT / "tests").is_dir()

@@ -61,12 +61,20 @@ class PairedAccuracy:
 
 def paired_accuracy(reference: list[bool], sharded: list[bool]) -> PairedAccuracy:
     if len(reference) != len(sharded) or not reference:
-        raise ValueError(f"paired_accuracy: need the same non-zero number of items, got {len(reference)} "
-                         f"reference and {len(sharded)} sharded results")
+        raise ValueError(
+            f"paired_accuracy: need the same non-zero number of items, got {len(reference)} "
+            f"reference and {len(sharded)} sharded results"
+        )
     reference_only = sum(r and not s for r, s in zip(reference, sharded))
     sharded_only = sum(s and not r for r, s in zip(reference, sharded))
-    return PairedAccuracy(len(reference), sum(reference), sum(sharded), reference_only, sharded_only,
-                          mcnemar_exact(reference_only, sharded_only))
+    return PairedAccuracy(
+        len(reference),
+        sum(reference),
+        sum(sharded),
+        reference_only,
+        sharded_only,
+        mcnemar_exact(reference_only, sharded_only),
+    )
 
 
 def check(reference: list[bool], sharded: list[bool], alpha: float = ALPHA) -> CheckResult:
@@ -75,13 +83,27 @@ def check(reference: list[bool], sharded: list[bool], alpha: float = ALPHA) -> C
     ref_low, ref_high = wilson_interval(paired.reference_correct, paired.items)
     tp_low, tp_high = wilson_interval(paired.sharded_correct, paired.items)
     metrics = {
-        "acc_items": float(paired.items), "acc_ref": paired.reference_accuracy, "acc_tp": paired.sharded_accuracy,
-        "acc_ref_low": ref_low, "acc_ref_high": ref_high, "acc_tp_low": tp_low, "acc_tp_high": tp_high,
-        "acc_ref_only": float(paired.reference_only), "acc_tp_only": float(paired.sharded_only),
+        "acc_items": float(paired.items),
+        "acc_ref": paired.reference_accuracy,
+        "acc_tp": paired.sharded_accuracy,
+        "acc_ref_low": ref_low,
+        "acc_ref_high": ref_high,
+        "acc_tp_low": tp_low,
+        "acc_tp_high": tp_high,
+        "acc_ref_only": float(paired.reference_only),
+        "acc_tp_only": float(paired.sharded_only),
         "acc_mcnemar_p": paired.p_value,
     }
     passed = not (paired.p_value < alpha and paired.reference_only > paired.sharded_only)
-    return CheckResult.judged("accuracy", "numerics", metrics, None if passed else Finding(
-        f"accuracy {paired.sharded_accuracy:.3f} [{tp_low:.3f}, {tp_high:.3f}] vs reference "
-        f"{paired.reference_accuracy:.3f} [{ref_low:.3f}, {ref_high:.3f}] on {paired.items} items: "
-        f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"))
+    return CheckResult.judged(
+        "accuracy",
+        "numerics",
+        metrics,
+        None
+        if passed
+        else Finding(
+            f"accuracy {paired.sharded_accuracy:.3f} [{tp_low:.3f}, {tp_high:.3f}] vs reference "
+            f"{paired.reference_accuracy:.3f} [{ref_low:.3f}, {ref_high:.3f}] on {paired.items} items: "
+            f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"
+        ),
+    )

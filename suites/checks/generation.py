@@ -17,14 +17,21 @@ TOP_K = 5
 def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     """The single prompt, then each row of the padded batch decoded together (row 1 left-padded: the
     attention-mask and position paths of batched decoding)."""
-    single = _sequence(reference.gen_tokens, sharded.gen_tokens, reference.gen_logits, sharded.gen_logits, tolerance, "")
+    single = _sequence(
+        reference.gen_tokens, sharded.gen_tokens, reference.gen_logits, sharded.gen_logits, tolerance, ""
+    )
     if not single.passed:
         return single
     metrics = dict(single.metrics)
     for row in range(reference.gen_padded_tokens.shape[0]):
-        padded = _sequence(reference.gen_padded_tokens[row], sharded.gen_padded_tokens[row],
-                           reference.gen_padded_logits[row], sharded.gen_padded_logits[row], tolerance,
-                           f"batched decoding row {row}{', left-padded' if row else ''}: ")
+        padded = _sequence(
+            reference.gen_padded_tokens[row],
+            sharded.gen_padded_tokens[row],
+            reference.gen_padded_logits[row],
+            sharded.gen_padded_logits[row],
+            tolerance,
+            f"batched decoding row {row}{', left-padded' if row else ''}: ",
+        )
         metrics[f"gen_padded{row}_tokens_equal"] = padded.metrics["gen_tokens_equal"]
         metrics[f"gen_padded{row}_logits_max_abs"] = padded.metrics["gen_logits_max_abs"]
         metrics[f"gen_padded{row}_logits_max_rel"] = padded.metrics["gen_logits_max_rel"]
@@ -41,12 +48,20 @@ def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance
     step_max_abs = (tp_steps - ref_steps).abs().max().item()
     scale = ref_steps.abs().max().item()
     allowed = logits_allowance(tolerance, scale)
-    metrics = {"gen_tokens_equal": float(divergence < 0), "gen_first_divergence": float(divergence),
-               "gen_logits_max_abs": step_max_abs, "gen_logits_max_rel": step_max_abs / scale if scale else step_max_abs}
+    metrics = {
+        "gen_tokens_equal": float(divergence < 0),
+        "gen_first_divergence": float(divergence),
+        "gen_logits_max_abs": step_max_abs,
+        "gen_logits_max_rel": step_max_abs / scale if scale else step_max_abs,
+    }
     if not step_max_abs <= allowed:  # also NaN decode logits, which compare false both ways
         where = "up to the first divergent token" if divergence >= 0 else "over all steps"
-        return CheckResult.failing("generation", "generation", metrics, Finding(
-            f"{label}decode-step logits differ by {step_max_abs:.3g} {where}", f"(allowed {allowed:.3g})"))
+        return CheckResult.failing(
+            "generation",
+            "generation",
+            metrics,
+            Finding(f"{label}decode-step logits differ by {step_max_abs:.3g} {where}", f"(allowed {allowed:.3g})"),
+        )
     if divergence < 0:
         return CheckResult("generation", True, "generation", metrics)
     step_ref, step_tp = ref_logits[divergence], tp_logits[divergence]
@@ -56,8 +71,19 @@ def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance
     gap = (step_ref[ref_token] - step_ref[tp_token]).item()
     metrics["gen_tie_gap"] = gap
     if gap <= allowed:
-        return CheckResult("generation", True, "generation", metrics,
-                           f"{label}near-tie at token {divergence}: reference prefers {ref_token} over {tp_token} by {gap:.3g}")
-    return CheckResult.failing("generation", "generation", metrics, Finding(
-        f"{label}greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token}",
-        f"(reference margin {gap:.3g} > allowed {allowed:.3g})"))
+        return CheckResult(
+            "generation",
+            True,
+            "generation",
+            metrics,
+            f"{label}near-tie at token {divergence}: reference prefers {ref_token} over {tp_token} by {gap:.3g}",
+        )
+    return CheckResult.failing(
+        "generation",
+        "generation",
+        metrics,
+        Finding(
+            f"{label}greedy tokens diverge at step {divergence}: reference {ref_token}, sharded {tp_token}",
+            f"(reference margin {gap:.3g} > allowed {allowed:.3g})",
+        ),
+    )

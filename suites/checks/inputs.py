@@ -88,7 +88,7 @@ def build_inputs(tokenizer, spec: ProbeSpec) -> ProbeInputs:
     if len(ids) < needed:
         raise ValueError(f"{CORPUS_FILE} gives {len(ids)} tokens with this tokenizer; the probes need {needed}")
     first = ids[: spec.prompt_tokens]
-    second = ids[spec.prompt_tokens: 2 * spec.prompt_tokens - spec.left_pad]
+    second = ids[spec.prompt_tokens : 2 * spec.prompt_tokens - spec.left_pad]
     pad = _pad_id(tokenizer)
     batch_ids = torch.tensor([first, [pad] * spec.left_pad + second])
     batch_mask = torch.ones_like(batch_ids)

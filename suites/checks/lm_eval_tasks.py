@@ -54,7 +54,9 @@ def task_config(spec: str) -> str | dict:
         raise TaskError(f"{path}: an lm-eval task config needs a `task:` name")
     files = config.get("dataset_kwargs", {}).get("data_files")
     if isinstance(files, dict):
-        config["dataset_kwargs"]["data_files"] = {split: str((path.parent / name).resolve()) for split, name in files.items()}
+        config["dataset_kwargs"]["data_files"] = {
+            split: str((path.parent / name).resolve()) for split, name in files.items()
+        }
     return config
 
 
@@ -69,7 +71,9 @@ def fingerprint(spec: str) -> str:
     config = task_config(spec)
     (task,) = _load(config)["tasks"].values()
     if task.OUTPUT_TYPE not in SCORED_OUTPUT_TYPES:
-        raise TaskError(f"lm_eval:{spec} is a {task.OUTPUT_TYPE} task; only {', '.join(SCORED_OUTPUT_TYPES)} tasks can be gated")
+        raise TaskError(
+            f"lm_eval:{spec} is a {task.OUTPUT_TYPE} task; only {', '.join(SCORED_OUTPUT_TYPES)} tasks can be gated"
+        )
     identity = hashlib.sha256(json.dumps({"lm_eval": lm_eval.__version__, "config": config}, sort_keys=True).encode())
     for data_file in _data_files(config):
         identity.update(data_file.read_bytes())
@@ -90,8 +94,12 @@ def _load(config: str | dict) -> dict:
 
 def correctness(spec: str, model, tokenizer, device) -> list[bool]:
     """Per document, in document order: lm-eval's `acc` for this model."""
-    results = lm_eval.evaluator.evaluate(lm=ShardedModelLM(model, tokenizer, device), task_dict=_load(task_config(spec)),
-                                         log_samples=True, bootstrap_iters=0)
+    results = lm_eval.evaluator.evaluate(
+        lm=ShardedModelLM(model, tokenizer, device),
+        task_dict=_load(task_config(spec)),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
     (samples,) = results["samples"].values()
     return [bool(sample["acc"]) for sample in sorted(samples, key=lambda sample: sample["doc_id"])]
 
@@ -105,7 +113,9 @@ class ShardedModelLM(LM):
         pairs = [request.args for request in requests]
         answers = []
         for start in range(0, len(pairs), BATCH):
-            answers += continuation_loglikelihoods(self.model, self.tokenizer, pairs[start:start + BATCH], self.model_device)
+            answers += continuation_loglikelihoods(
+                self.model, self.tokenizer, pairs[start : start + BATCH], self.model_device
+            )
         return answers
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = True):

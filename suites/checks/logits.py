@@ -15,14 +15,26 @@ def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> Ch
     """The sharded model's outputs have the reference's shapes on every rank (e.g. a vocab-sharded lm_head
     whose slices were never gathered gives a fraction of the vocabulary). Wrong outputs of the model,
     not a harness failure: the other checks could not even compare them."""
-    problems = [Finding(name, f"{tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}")
-                for name in ("logits_masked", "logits_plain", "gen_tokens", "gen_logits", "gen_padded_tokens",
-                             "gen_padded_logits")
-                if getattr(sharded, name).shape != getattr(reference, name).shape]
-    problems += [Finding(f"rank {rank} last logits", f"{tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}")
-                 for rank, last in enumerate(rank_last_logits) if last.shape != rank_last_logits[0].shape]
-    return CheckResult.judged("shapes", "numerics", {},
-                              joined(problems, "sharded outputs have the wrong shape: ") if problems else None)
+    problems = [
+        Finding(name, f"{tuple(getattr(sharded, name).shape)} vs unsharded {tuple(getattr(reference, name).shape)}")
+        for name in (
+            "logits_masked",
+            "logits_plain",
+            "gen_tokens",
+            "gen_logits",
+            "gen_padded_tokens",
+            "gen_padded_logits",
+        )
+        if getattr(sharded, name).shape != getattr(reference, name).shape
+    ]
+    problems += [
+        Finding(f"rank {rank} last logits", f"{tuple(last.shape)} vs rank 0 {tuple(rank_last_logits[0].shape)}")
+        for rank, last in enumerate(rank_last_logits)
+        if last.shape != rank_last_logits[0].shape
+    ]
+    return CheckResult.judged(
+        "shapes", "numerics", {}, joined(problems, "sharded outputs have the wrong shape: ") if problems else None
+    )
 
 
 REFERENCE_OUTPUTS = ("logits_masked", "logits_plain", "gen_logits", "gen_padded_logits")
@@ -34,9 +46,17 @@ def check_reference(reference) -> CheckResult:
     bad = [name for name in REFERENCE_OUTPUTS if not torch.isfinite(getattr(reference, name)).all().item()]
     if not math.isfinite(reference.nll_sum):
         bad.append("perplexity loss")
-    return CheckResult.judged("reference", "setup", {}, Finding(
-        f"the unsharded reference is not finite: {', '.join(bad)} hold NaN/inf",
-        "(the model computes them without AutoTP; fix the checkpoint or its dtype)") if bad else None)
+    return CheckResult.judged(
+        "reference",
+        "setup",
+        {},
+        Finding(
+            f"the unsharded reference is not finite: {', '.join(bad)} hold NaN/inf",
+            "(the model computes them without AutoTP; fix the checkpoint or its dtype)",
+        )
+        if bad
+        else None,
+    )
 
 
 MAX_ROUTING_FLIP_SHARE = 1 / 16
@@ -63,28 +83,52 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     scale = max(reference.logits_masked.abs().max().item(), reference.logits_plain.abs().max().item())
     metrics = {"routing_flipped_tokens": float(flipped)} if flipped else {}
     if flipped > MAX_ROUTING_FLIP_SHARE * tokens:
-        return CheckResult.failing("logits", "numerics", metrics, Finding(
-            f"expert routing differs from the unsharded model's on {flipped} of {tokens} prefill tokens",
-            f"(more than {MAX_ROUTING_FLIP_SHARE:.3g} of them: not near-ties)"))
-    kept = [(reference.logits_masked[~flipped_masked], sharded.logits_masked[~flipped_masked]),
-            (reference.logits_plain[:, ~flipped_plain], sharded.logits_plain[:, ~flipped_plain])]
+        return CheckResult.failing(
+            "logits",
+            "numerics",
+            metrics,
+            Finding(
+                f"expert routing differs from the unsharded model's on {flipped} of {tokens} prefill tokens",
+                f"(more than {MAX_ROUTING_FLIP_SHARE:.3g} of them: not near-ties)",
+            ),
+        )
+    kept = [
+        (reference.logits_masked[~flipped_masked], sharded.logits_masked[~flipped_masked]),
+        (reference.logits_plain[:, ~flipped_plain], sharded.logits_plain[:, ~flipped_plain]),
+    ]
     # torch's max keeps NaN; Python's max over floats would drop a NaN that is not the first.
     max_abs = torch.stack([(tp - ref).abs().max() for ref, tp in kept]).max().item()
     finite = all(torch.isfinite(tp).all().item() for tp in (sharded.logits_masked, sharded.logits_plain))
     if flipped:
-        metrics["routing_flipped_logits_max_rel"] = max(
-            (tp[flips] - ref[flips]).abs().max().item() if flips.any() else 0.0
-            for ref, tp, flips in ((reference.logits_masked, sharded.logits_masked, flipped_masked),
-                                   (reference.logits_plain[0], sharded.logits_plain[0], flipped_plain))) / scale
+        metrics["routing_flipped_logits_max_rel"] = (
+            max(
+                (tp[flips] - ref[flips]).abs().max().item() if flips.any() else 0.0
+                for ref, tp, flips in (
+                    (reference.logits_masked, sharded.logits_masked, flipped_masked),
+                    (reference.logits_plain[0], sharded.logits_plain[0], flipped_plain),
+                )
+            )
+            / scale
+        )
     allowed = logits_allowance(tolerance, scale)
     excluded = f"{flipped} of {tokens} tokens whose expert routing flipped not compared" if flipped else ""
-    finding = (None if finite and max_abs <= allowed
-               else Finding("sharded logits contain NaN/inf") if not finite
-               else Finding(f"prefill logits differ by {max_abs:.3g}", f"(allowed {allowed:.3g} at logit scale {scale:.3g}"
-                            + (f"; {excluded})" if excluded else ")")))
-    return CheckResult.judged("logits", "numerics",
-                              {"logits_max_abs": max_abs, "logits_max_rel": max_abs / scale if scale else 0.0, **metrics},
-                              finding, notes=excluded)
+    finding = (
+        None
+        if finite and max_abs <= allowed
+        else Finding("sharded logits contain NaN/inf")
+        if not finite
+        else Finding(
+            f"prefill logits differ by {max_abs:.3g}",
+            f"(allowed {allowed:.3g} at logit scale {scale:.3g}" + (f"; {excluded})" if excluded else ")"),
+        )
+    )
+    return CheckResult.judged(
+        "logits",
+        "numerics",
+        {"logits_max_abs": max_abs, "logits_max_rel": max_abs / scale if scale else 0.0, **metrics},
+        finding,
+        notes=excluded,
+    )
 
 
 RANKS_AGREE_ULPS = 4
@@ -99,6 +143,9 @@ def check_ranks_agree(rank_last_logits: list[torch.Tensor]) -> CheckResult:
     # torch's max keeps NaN (Python's max would drop a NaN rank and pass it).
     spread = torch.stack([(other - first).abs().max() for other in rank_last_logits]).max().item()
     allowed = RANKS_AGREE_ULPS * torch.finfo(torch.float32).eps * first.abs().max().item()
-    finding = None if spread <= allowed else Finding(f"ranks disagree: logits differ across ranks by {spread:.3g}",
-                                                     f"(allowed {allowed:.3g})")
+    finding = (
+        None
+        if spread <= allowed
+        else Finding(f"ranks disagree: logits differ across ranks by {spread:.3g}", f"(allowed {allowed:.3g})")
+    )
     return CheckResult.judged("ranks_agree", "numerics", {"rank_logits_spread": spread}, finding)

@@ -63,8 +63,11 @@ def weight_shares(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[W
         held = [by_name.get(name, 0) for by_name in rank_bytes_by_name]
         rank = max(range(tp), key=held.__getitem__)
         pieces = full // math.gcd(full, *held)
-        shares.append(WeightShare(name, kind, held[rank] / full, math.ceil(pieces / tp) / pieces, rank,
-                                  all(size == full for size in held)))
+        shares.append(
+            WeightShare(
+                name, kind, held[rank] / full, math.ceil(pieces / tp) / pieces, rank, all(size == full for size in held)
+            )
+        )
     return shares
 
 
@@ -91,16 +94,22 @@ def layer_groups(names: list[str]) -> str:
         leaves = grouped.setdefault(parent, [])
         if leaf not in leaves:
             leaves.append(leaf)
-    return ", ".join(f"{parent}.{leaves[0] if len(leaves) == 1 else '{' + ','.join(leaves) + '}'}".lstrip(".")
-                     for parent, leaves in grouped.items())
+    return ", ".join(
+        f"{parent}.{leaves[0] if len(leaves) == 1 else '{' + ','.join(leaves) + '}'}".lstrip(".")
+        for parent, leaves in grouped.items()
+    )
 
 
 def _unknown_names(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[Finding]:
     for rank, by_name in enumerate(rank_bytes_by_name):
         unknown = [name for name in by_name if name not in reference.kinds]
         if unknown:
-            return [Finding(f"tensors the unsharded model does not have: {layer_groups(unknown)}",
-                            f"(rank {rank}; a renamed or re-wrapped layer cannot be judged)")]
+            return [
+                Finding(
+                    f"tensors the unsharded model does not have: {layer_groups(unknown)}",
+                    f"(rank {rank}; a renamed or re-wrapped layer cannot be judged)",
+                )
+            ]
     return []
 
 
@@ -117,21 +126,32 @@ def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
     shares = weight_shares(reference, rank_bytes_by_name)
     for kind in SPLIT_KINDS:
         judged = [share for share in shares if share.kind == kind]
-        designed = {share.name: whole_by_design(share.name, reference.shapes_by_name[share.name], reference.counts, tp)
-                    for share in judged if share.whole}
+        designed = {
+            share.name: whole_by_design(share.name, reference.shapes_by_name[share.name], reference.counts, tp)
+            for share in judged
+            if share.whole
+        }
         whole = [share.name for share in judged if share.whole and not designed[share.name]]
         if whole:
-            problems.append(Finding(f"{kind} left whole: {layer_groups(whole)}",
-                                    f"({len(judged) - len(whole)} of {len(judged)} {kind} split on tp {tp})"))
+            problems.append(
+                Finding(
+                    f"{kind} left whole: {layer_groups(whole)}",
+                    f"({len(judged) - len(whole)} of {len(judged)} {kind} split on tp {tp})",
+                )
+            )
         for reason in dict.fromkeys(reason for reason in designed.values() if reason):
             kept = [name for name, why in designed.items() if why == reason]
             notes.append(f"{kind} kept whole by design: {layer_groups(kept)} ({reason})")
         uneven = [share for share in judged if not share.whole and share.share > share.allowed + SHARE_EPSILON]
         if uneven:
             worst = max(uneven, key=lambda share: share.share - share.allowed)
-            problems.append(Finding(f"{kind} split unevenly: {layer_groups([share.name for share in uneven])}",
-                                    f"(rank {worst.rank} holds {worst.share:.0%} of {worst.name}; at most "
-                                    f"{worst.allowed:.0%} on tp {tp})"))
+            problems.append(
+                Finding(
+                    f"{kind} split unevenly: {layer_groups([share.name for share in uneven])}",
+                    f"(rank {worst.rank} holds {worst.share:.0%} of {worst.name}; at most "
+                    f"{worst.allowed:.0%} on tp {tp})",
+                )
+            )
     return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
 
 
@@ -146,6 +166,14 @@ def check_meta_load(reference, rank_peak_growth: float) -> CheckResult:
     metrics = {"meta_load_growth_ratio": rank_peak_growth / full}
     if full < META_LOAD_MIN_MODEL_BYTES:
         return CheckResult("meta_memory", True, "memory", metrics)
-    return CheckResult.judged("meta_memory", "memory", metrics, None if rank_peak_growth < full else Finding(
-        f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device",
-        f"(full model {full / 2**20:.0f} MiB): the full model was materialised"))
+    return CheckResult.judged(
+        "meta_memory",
+        "memory",
+        metrics,
+        None
+        if rank_peak_growth < full
+        else Finding(
+            f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device",
+            f"(full model {full / 2**20:.0f} MiB): the full model was materialised",
+        ),
+    )

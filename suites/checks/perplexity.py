@@ -11,6 +11,12 @@ def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
     ppl_ref, ppl_tp = reference.perplexity, sharded.perplexity
     delta = abs(ppl_tp - ppl_ref) / ppl_ref
     metrics = {"ppl_ref": ppl_ref, "ppl_tp": ppl_tp, "ppl_rel_delta": delta, "ppl_tokens": float(reference.nll_tokens)}
-    finding = None if delta <= tolerance.ppl_rel else Finding(f"perplexity {ppl_tp:.6g} vs reference {ppl_ref:.6g}",
-                                                              f"(relative delta {delta:.3g} > {tolerance.ppl_rel:g})")
+    finding = (
+        None
+        if delta <= tolerance.ppl_rel
+        else Finding(
+            f"perplexity {ppl_tp:.6g} vs reference {ppl_ref:.6g}",
+            f"(relative delta {delta:.3g} > {tolerance.ppl_rel:g})",
+        )
+    )
     return CheckResult.judged("perplexity", "numerics", metrics, finding)

@@ -98,8 +98,9 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
         labels[:, :-new_tokens] = -100
         loss = model(window, labels=labels).loss
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise LibraryOutputError("numerics", "perplexity: the labels= forward returned no scalar loss",
-                                     f"got {type(loss).__name__}")
+            raise LibraryOutputError(
+                "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
+            )
         # The loss is a mean over the shifted labels: the first token of a window is never predicted.
         predicted = int((labels[:, 1:] != -100).sum().item())
         nll_sum += loss.float().item() * predicted
@@ -117,8 +118,11 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations
     with expert_choices(model) as choices_masked:
         masked = _logits(model(batch_ids, attention_mask=batch_mask), "the padded-batch forward", 3)
     if masked.shape[:2] != batch_ids.shape:
-        raise LibraryOutputError("numerics", "shapes: the padded-batch forward returned logits for other positions",
-                                 f"{tuple(masked.shape)} for input ids {tuple(batch_ids.shape)}")
+        raise LibraryOutputError(
+            "numerics",
+            "shapes: the padded-batch forward returned logits for other positions",
+            f"{tuple(masked.shape)} for input ids {tuple(batch_ids.shape)}",
+        )
     real = batch_mask.bool().cpu()
     logits_masked = masked[batch_mask.bool()].float().cpu()
     with expert_choices(model) as choices_plain:
@@ -127,10 +131,24 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
     nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
     by_name = bytes_by_name(model)
-    return Observations(logits_masked, logits_plain, gen_tokens[0], gen_logits[0], gen_padded_tokens, gen_padded_logits,
-                        nll_sum, nll_tokens, time.perf_counter() - started, sum(by_name.values()), by_name,
-                        tensor_kinds(model), shapes_by_name(model), split_counts(model),
-                        _per_token(choices_masked, batch_ids.shape)[real], _per_token(choices_plain, (1, batch_ids.shape[1]))[0])
+    return Observations(
+        logits_masked,
+        logits_plain,
+        gen_tokens[0],
+        gen_logits[0],
+        gen_padded_tokens,
+        gen_padded_logits,
+        nll_sum,
+        nll_tokens,
+        time.perf_counter() - started,
+        sum(by_name.values()),
+        by_name,
+        tensor_kinds(model),
+        shapes_by_name(model),
+        split_counts(model),
+        _per_token(choices_masked, batch_ids.shape)[real],
+        _per_token(choices_plain, (1, batch_ids.shape[1]))[0],
+    )
 
 
 ROUTER_NAMES = ("gate", "router")
@@ -207,14 +225,25 @@ def _per_token(recorded: list[list[torch.Tensor]], batch_shape: tuple[int, ...])
 
 def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, K] greedy tokens, [B, K, V] logits of each decode step) with the KV cache."""
-    generated = model.generate(ids, attention_mask=mask, max_new_tokens=spec.new_tokens, min_new_tokens=spec.new_tokens,
-                               do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True,
-                               pad_token_id=0)
+    generated = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=spec.new_tokens,
+        min_new_tokens=spec.new_tokens,
+        do_sample=False,
+        use_cache=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     steps = [tuple(step.shape) for step in generated.logits]
     if len(set(steps)) != 1 or len(steps) != spec.new_tokens or len(steps[0]) != 2:
-        raise LibraryOutputError("numerics", "shapes: generate returned decode-step logits of differing shapes",
-                                 f"{steps} for {spec.new_tokens} new tokens")
-    return generated.sequences[:, ids.shape[1]:].cpu(), torch.stack(generated.logits, dim=1).float().cpu()
+        raise LibraryOutputError(
+            "numerics",
+            "shapes: generate returned decode-step logits of differing shapes",
+            f"{steps} for {spec.new_tokens} new tokens",
+        )
+    return generated.sequences[:, ids.shape[1] :].cpu(), torch.stack(generated.logits, dim=1).float().cpu()
 
 
 TensorKind = Literal["linears", "experts", "convs", "embeddings", "rest"]
@@ -223,8 +252,14 @@ KINDS: tuple[TensorKind, ...] = get_args(TensorKind)
 convolution kernels (vision patch embeddings, audio front ends, mamba), embeddings + lm_head and the rest
 (norms, routers' buffers, rotary tables) may stay whole."""
 SPLIT_KINDS: tuple[TensorKind, ...] = ("linears", "experts")
-CONV_MODULES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
-                torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+CONV_MODULES = (
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+    torch.nn.ConvTranspose1d,
+    torch.nn.ConvTranspose2d,
+    torch.nn.ConvTranspose3d,
+)
 
 
 @dataclass(frozen=True)

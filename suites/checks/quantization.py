@@ -16,10 +16,26 @@ def check(baseline, sharded, tolerance: Tolerance) -> list[CheckResult]:
     tokens_ok = match >= tolerance.quant_token_match
     ppl_ok = ppl_delta <= tolerance.quant_ppl_rel
     return [
-        CheckResult.judged("quant_tokens", "numerics", {"quant_token_match": match}, None if tokens_ok else Finding(
-            f"only {match:.0%} of greedy tokens match the fp32 baseline", f"(need {tolerance.quant_token_match:.0%})")),
-        CheckResult.judged("quant_perplexity", "numerics", {"ppl_fp32": baseline.perplexity, "quant_ppl_rel_delta": ppl_delta},
-                           None if ppl_ok else Finding(
-                               f"perplexity {sharded.perplexity:.6g} vs fp32 baseline {baseline.perplexity:.6g}",
-                               f"(relative delta {ppl_delta:.3g} > {tolerance.quant_ppl_rel:g})")),
+        CheckResult.judged(
+            "quant_tokens",
+            "numerics",
+            {"quant_token_match": match},
+            None
+            if tokens_ok
+            else Finding(
+                f"only {match:.0%} of greedy tokens match the fp32 baseline",
+                f"(need {tolerance.quant_token_match:.0%})",
+            ),
+        ),
+        CheckResult.judged(
+            "quant_perplexity",
+            "numerics",
+            {"ppl_fp32": baseline.perplexity, "quant_ppl_rel_delta": ppl_delta},
+            None
+            if ppl_ok
+            else Finding(
+                f"perplexity {sharded.perplexity:.6g} vs fp32 baseline {baseline.perplexity:.6g}",
+                f"(relative delta {ppl_delta:.3g} > {tolerance.quant_ppl_rel:g})",
+            ),
+        ),
     ]

@@ -29,10 +29,14 @@ def joined(findings: Sequence[Finding], prefix: str = "") -> Finding:
     """Several findings reported as one (`; `-separated): its short part runs up to the first detail, so findings
     without figures before it stay part of what groups the failure."""
     first_detailed = next((index for index, finding in enumerate(findings) if finding.detail), len(findings))
-    short = "; ".join([finding.text for finding in findings[:first_detailed]]
-                      + [finding.short for finding in findings[first_detailed:first_detailed + 1]])
-    detail = "; ".join([finding.detail for finding in findings[first_detailed:first_detailed + 1]]
-                       + [finding.text for finding in findings[first_detailed + 1:]])
+    short = "; ".join(
+        [finding.text for finding in findings[:first_detailed]]
+        + [finding.short for finding in findings[first_detailed : first_detailed + 1]]
+    )
+    detail = "; ".join(
+        [finding.detail for finding in findings[first_detailed : first_detailed + 1]]
+        + [finding.text for finding in findings[first_detailed + 1 :]]
+    )
     return Finding(prefix + short, detail)
 
 
@@ -57,8 +61,9 @@ class CheckResult:
         return cls(name, False, failure_class, metrics, finding.text, finding.short)
 
     @classmethod
-    def judged(cls, name: str, failure_class: str, metrics: dict[str, float], finding: Finding | None,
-               notes: str = "") -> CheckResult:
+    def judged(
+        cls, name: str, failure_class: str, metrics: dict[str, float], finding: Finding | None, notes: str = ""
+    ) -> CheckResult:
         """Passed when there is no finding (then `notes` is its reason)."""
         if finding is None:
             return cls(name, True, failure_class, metrics, notes)

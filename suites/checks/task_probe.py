@@ -61,7 +61,9 @@ def resolve_task(spec: str) -> AccuracyTask:
         try:
             from suites.checks import lm_eval_tasks
         except ImportError:
-            raise TaskError(f"{spec}: lm-eval tasks need lm-evaluation-harness: pip install --group accuracy (pyproject.toml); nox installs it for you") from None
+            raise TaskError(
+                f"{spec}: lm-eval tasks need lm-evaluation-harness: pip install --group accuracy (pyproject.toml); nox installs it for you"
+            ) from None
         return AccuracyTask(spec, lm_eval_tasks.fingerprint(spec.removeprefix(LM_EVAL_PREFIX)))
     path = Path(spec) if spec.endswith(".jsonl") else task_path(spec)
     load_task(path)
@@ -114,7 +116,10 @@ def _item(line: str, where: str) -> Item:
 
 def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
     """One forward per item, its choices batched."""
-    return [score for score, _ in continuation_loglikelihoods(model, tokenizer, [(item.context, c) for c in item.choices], device)]
+    return [
+        score
+        for score, _ in continuation_loglikelihoods(model, tokenizer, [(item.context, c) for c in item.choices], device)
+    ]
 
 
 def predict(model, tokenizer, task: Task, device) -> list[int]:

@@ -13,10 +13,10 @@ class TaskError(ValueError):
 def _split(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
     """Context and continuation ids, lm-eval's way: trailing context spaces move to the continuation."""
     stripped = context.rstrip(" ")
-    choice = context[len(stripped):] + choice
+    choice = context[len(stripped) :] + choice
     context_ids = list(tokenizer.encode(stripped))
     whole = list(tokenizer.encode(stripped + choice))
-    return whole[:len(context_ids)], whole[len(context_ids):]
+    return whole[: len(context_ids)], whole[len(context_ids) :]
 
 
 @torch.no_grad()
@@ -27,14 +27,20 @@ def continuation_loglikelihoods(model, tokenizer, pairs: list[tuple[str, str]], 
     split = [_split(tokenizer, context, continuation) for context, continuation in pairs]
     for (context, continuation), (context_ids, continuation_ids) in zip(pairs, split):
         if not context_ids or not continuation_ids:
-            raise TaskError(f"{context!r} + {continuation!r}: the tokenizer leaves no context or no continuation tokens")
+            raise TaskError(
+                f"{context!r} + {continuation!r}: the tokenizer leaves no context or no continuation tokens"
+            )
     width = max(len(c) + len(k) for c, k in split)
     ids = torch.tensor([c + k + [0] * (width - len(c) - len(k)) for c, k in split], device=device)
     log_probs = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
     scores = []
     for row, (context_ids, continuation_ids) in enumerate(split):
-        positions = torch.arange(len(context_ids) - 1, len(context_ids) + len(continuation_ids) - 1, device=log_probs.device)
+        positions = torch.arange(
+            len(context_ids) - 1, len(context_ids) + len(continuation_ids) - 1, device=log_probs.device
+        )
         targets = torch.tensor(continuation_ids, device=log_probs.device)
         rows = log_probs[row, positions]
-        scores.append((rows[torch.arange(len(targets)), targets].sum().item(), bool((rows.argmax(-1) == targets).all())))
+        scores.append(
+            (rows[torch.arange(len(targets)), targets].sum().item(), bool((rows.argmax(-1) == targets).all()))
+        )
     return scores

@@ -43,8 +43,11 @@ def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what
     worst = comparisons[worst_rank]
     if worst["max_rel_error"] <= allowed:
         return None
-    return Finding(f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank} differs from the unsharded "
-                   f"{what} by {worst['max_rel_error']:.3g} of its scale", f"(allowed {allowed:.3g})")
+    return Finding(
+        f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank} differs from the unsharded "
+        f"{what} by {worst['max_rel_error']:.3g} of its scale",
+        f"(allowed {allowed:.3g})",
+    )
 
 
 def _at_floors(comparisons: list[dict], metric: str) -> dict[str, float]:
@@ -71,52 +74,100 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
     steps = len(reports[0]["losses"])
     results = []
 
-    deltas = [max((_loss_delta(r["losses"][step], unsharded["losses"][step]) for r in reports), key=_nan_first)
-              for step in range(steps)]
+    deltas = [
+        max((_loss_delta(r["losses"][step], unsharded["losses"][step]) for r in reports), key=_nan_first)
+        for step in range(steps)
+    ]
     failing = next((step for step, delta in enumerate(deltas) if not delta <= tolerance.train_loss_rel), None)
-    results.append(CheckResult.judged(
-        "train_loss", "numerics",
-        {f"{prefix}train_loss_ref": unsharded["losses"][0], f"{prefix}train_loss_rel_delta": max(deltas, key=_nan_first)},
-        None if failing is None else Finding(f"{label}step {failing + 1}: training loss differs from the unsharded step by "
-                                             f"{deltas[failing]:.3g} relative", f"(allowed {tolerance.train_loss_rel:.3g})")))
+    results.append(
+        CheckResult.judged(
+            "train_loss",
+            "numerics",
+            {
+                f"{prefix}train_loss_ref": unsharded["losses"][0],
+                f"{prefix}train_loss_rel_delta": max(deltas, key=_nan_first),
+            },
+            None
+            if failing is None
+            else Finding(
+                f"{label}step {failing + 1}: training loss differs from the unsharded step by "
+                f"{deltas[failing]:.3g} relative",
+                f"(allowed {tolerance.train_loss_rel:.3g})",
+            ),
+        )
+    )
 
     layout_problems = _rank_problems([r["problems"][:3] for r in reports])
     grads = joined(layout_problems, "sharded: ") if layout_problems else None
     for step in range(steps):
         if grads is None:
-            grads = _comparison_result([r["steps"][step] for r in reports], _grad_bound(tolerance, step),
-                                       f"step {step + 1}", "gradient")
+            grads = _comparison_result(
+                [r["steps"][step] for r in reports], _grad_bound(tolerance, step), f"step {step + 1}", "gradient"
+            )
     worst_grad = max((c["max_rel_error"] for r in reports for c in r["steps"]), key=_nan_first)
-    results.append(CheckResult.judged(
-        "train_grads", "numerics",
-        {f"{prefix}grad_max_rel_error": worst_grad,
-         f"{prefix}grad_first_step_max_rel_error": max((r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first),
-         **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
-         f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
-         f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports))},
-        grads.prefixed(label) if grads else None))
+    results.append(
+        CheckResult.judged(
+            "train_grads",
+            "numerics",
+            {
+                f"{prefix}grad_max_rel_error": worst_grad,
+                f"{prefix}grad_first_step_max_rel_error": max(
+                    (r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first
+                ),
+                **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
+                f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
+                f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports)),
+            },
+            grads.prefixed(label) if grads else None,
+        )
+    )
 
-    update = _comparison_result([r["update"] for r in reports], tolerance.train_update_rel, f"after step {steps}",
-                                "weight update")
-    results.append(CheckResult.judged(
-        "train_update", "numerics",
-        {f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
-         **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error")},
-        update.prefixed(label) if update else None))
+    update = _comparison_result(
+        [r["update"] for r in reports], tolerance.train_update_rel, f"after step {steps}", "weight update"
+    )
+    results.append(
+        CheckResult.judged(
+            "train_update",
+            "numerics",
+            {
+                f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
+                **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error"),
+            },
+            update.prefixed(label) if update else None,
+        )
+    )
 
-    footprint = UnshardedFootprint(unsharded["bytes_by_name"], unsharded["kinds"], unsharded["param_bytes"],
-                                   unsharded["shapes_by_name"], SplitCounts(**unsharded["counts"]))
+    footprint = UnshardedFootprint(
+        unsharded["bytes_by_name"],
+        unsharded["kinds"],
+        unsharded["param_bytes"],
+        unsharded["shapes_by_name"],
+        SplitCounts(**unsharded["counts"]),
+    )
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
-    results.append(CheckResult(memory.name, memory.passed, memory.failure_class,
-                               {f"{prefix}{k}": v for k, v in memory.metrics.items()},
-                               label + memory.reason if memory.reason else "",
-                               label + memory.signature if memory.signature else ""))
+    results.append(
+        CheckResult(
+            memory.name,
+            memory.passed,
+            memory.failure_class,
+            {f"{prefix}{k}": v for k, v in memory.metrics.items()},
+            label + memory.reason if memory.reason else "",
+            label + memory.signature if memory.signature else "",
+        )
+    )
 
     weight = unsharded["lm_head_weight"]
     if weight:
         ratio = max(r["bytes_by_name"].get(weight, 0) for r in reports) / unsharded["bytes_by_name"][weight]
-        results.append(CheckResult("lm_head", True, "memory", {f"{prefix}lm_head_shard_ratio": ratio},
-                                   f"{label}lm_head: {reports[0]['lm_head_mode']}, {ratio:.0%} of it per rank"))
+        results.append(
+            CheckResult(
+                "lm_head",
+                True,
+                "memory",
+                {f"{prefix}lm_head_shard_ratio": ratio},
+                f"{label}lm_head: {reports[0]['lm_head_mode']}, {ratio:.0%} of it per rank",
+            )
+        )
 
     if "round_trip" in reports[0]:
         results += _check_round_trip(unsharded, [r["round_trip"] for r in reports], tolerance)
@@ -125,32 +176,57 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
 
 def _check_round_trip(unsharded: dict, trips: list[dict], tolerance: Tolerance) -> list[CheckResult]:
     saved = _comparison_result([trips[0]["saved"]], tolerance.train_weight_rel, "save_16bit_model", "weight")
-    gathered = _comparison_result([t["gathered"] for t in trips], tolerance.train_weight_rel, "GatherReplacedLayerParams",
-                                  "weight")
+    gathered = _comparison_result(
+        [t["gathered"] for t in trips], tolerance.train_weight_rel, "GatherReplacedLayerParams", "weight"
+    )
     loaded = _comparison_result([t["loaded"] for t in trips], tolerance.train_weight_rel, "load_checkpoint", "weight")
     step, tp = trips[0]["resumed_step"], trips[0]["resumed_tp"]
     delta = max((_loss_delta(t["resumed_loss"], unsharded["losses"][step - 1]) for t in trips), key=_nan_first)
-    resumed = _comparison_result([t["resumed_grads"] for t in trips], _grad_bound(tolerance, step - 1),
-                                 f"step {step} after load_checkpoint at tp {tp}", "gradient")
+    resumed = _comparison_result(
+        [t["resumed_grads"] for t in trips],
+        _grad_bound(tolerance, step - 1),
+        f"step {step} after load_checkpoint at tp {tp}",
+        "gradient",
+    )
     if resumed is None:
-        resumed = _comparison_result([t["resumed_update"] for t in trips], tolerance.train_update_rel,
-                                     f"step {step} after load_checkpoint at tp {tp}", "weight update")
+        resumed = _comparison_result(
+            [t["resumed_update"] for t in trips],
+            tolerance.train_update_rel,
+            f"step {step} after load_checkpoint at tp {tp}",
+            "weight update",
+        )
     if not delta <= tolerance.train_loss_rel:
-        resumed = Finding(f"step {step} after load_checkpoint at tp {tp}: loss differs from the uninterrupted run by "
-                          f"{delta:.3g} relative", f"(allowed {tolerance.train_loss_rel:.3g})")
+        resumed = Finding(
+            f"step {step} after load_checkpoint at tp {tp}: loss differs from the uninterrupted run by "
+            f"{delta:.3g} relative",
+            f"(allowed {tolerance.train_loss_rel:.3g})",
+        )
     return [
         CheckResult.judged("save", "numerics", {"saved_max_rel_error": trips[0]["saved"]["max_rel_error"]}, saved),
-        CheckResult.judged("gather", "numerics",
-                           {"gathered_max_rel_error": max((t["gathered"]["max_rel_error"] for t in trips), key=_nan_first)},
-                           gathered),
-        CheckResult.judged("load", "numerics",
-                           {"loaded_max_rel_error": max((t["loaded"]["max_rel_error"] for t in trips), key=_nan_first)},
-                           loaded),
-        CheckResult.judged("resume", "numerics",
-                           {"resumed_loss_rel_delta": delta,
-                            "resumed_grad_max_rel_error": max((t["resumed_grads"]["max_rel_error"] for t in trips), key=_nan_first),
-                            "resumed_update_max_rel_error": max((t["resumed_update"]["max_rel_error"] for t in trips), key=_nan_first)},
-                           resumed),
+        CheckResult.judged(
+            "gather",
+            "numerics",
+            {"gathered_max_rel_error": max((t["gathered"]["max_rel_error"] for t in trips), key=_nan_first)},
+            gathered,
+        ),
+        CheckResult.judged(
+            "load",
+            "numerics",
+            {"loaded_max_rel_error": max((t["loaded"]["max_rel_error"] for t in trips), key=_nan_first)},
+            loaded,
+        ),
+        CheckResult.judged(
+            "resume",
+            "numerics",
+            {
+                "resumed_loss_rel_delta": delta,
+                "resumed_grad_max_rel_error": max((t["resumed_grads"]["max_rel_error"] for t in trips), key=_nan_first),
+                "resumed_update_max_rel_error": max(
+                    (t["resumed_update"]["max_rel_error"] for t in trips), key=_nan_first
+                ),
+            },
+            resumed,
+        ),
     ]
 
 
@@ -158,5 +234,7 @@ def check(unsharded_steps: list[dict], rank_reports: list[dict], tolerance: Tole
     """Every trained model of the cell: the cell's own, then a second one (prefix `second_` in metrics)."""
     results = []
     for index, unsharded in enumerate(unsharded_steps):
-        results += check_model(unsharded, [r["models"][index] for r in rank_reports], tolerance, "second_" if index else "")
+        results += check_model(
+            unsharded, [r["models"][index] for r in rank_reports], tolerance, "second_" if index else ""
+        )
     return results

@@ -28,8 +28,16 @@ from suites.checks.inputs import build_inputs, load_tokenizer
 from suites.checks.probes import observe
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
-from suites.outcome import (STAGE_CLASS, CellOutcome, LibraryOutputError, RankError, exception_signature, failed,
-                            first_error, harness_frame)
+from suites.outcome import (
+    STAGE_CLASS,
+    CellOutcome,
+    LibraryOutputError,
+    RankError,
+    exception_signature,
+    failed,
+    first_error,
+    harness_frame,
+)
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
@@ -63,9 +71,14 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
         failure_class, signature = "setup", exception_signature(error, at=frame)
         if stage != "setup":
             whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
-    return RankError(rank, stage, failure_class, where + signature,
-                     f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
-                     + "".join(traceback.format_exception(error))[-4000:])
+    return RankError(
+        rank,
+        stage,
+        failure_class,
+        where + signature,
+        f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
+        + "".join(traceback.format_exception(error))[-4000:],
+    )
 
 
 def _reset_peak_rss() -> None:
@@ -103,7 +116,9 @@ def _load(job: Job):
     """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
     if job.meta:
         return load_meta_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code)
-    return load_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code, hf_quantization_config(job.variant.quantization))
+    return load_model(
+        job.loaded_checkpoint, job.dtype, job.trust_remote_code, hf_quantization_config(job.variant.quantization)
+    )
 
 
 def _shard(job: Job, model, world_size: int):
@@ -118,8 +133,13 @@ def _shard(job: Job, model, world_size: int):
     if variant.keep_module_on_host:
         options["keep_module_on_host"] = True
     mark_process_sharded()
-    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=TORCH_DTYPES[job.dtype],
-                                      replace_with_kernel_inject=False, **options)
+    engine = deepspeed.init_inference(
+        model,
+        tensor_parallel={"tp_size": world_size},
+        dtype=TORCH_DTYPES[job.dtype],
+        replace_with_kernel_inject=False,
+        **options,
+    )
     return engine, apply_post_init(engine.module, variant.quantization, variant.quant_group_size)
 
 
@@ -142,7 +162,9 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
         elif progress:
             mark_process_sharded()
             started = time.perf_counter()
-            training = run_training(job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress)
+            training = run_training(
+                job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress
+            )
             timings["time_training_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
         else:
@@ -167,22 +189,39 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
                 task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
-        error = _stage_error(progress.stage, raised, rank, progress.label) if progress else _stage_error(stage, raised, rank)
+        error = (
+            _stage_error(progress.stage, raised, rank, progress.label)
+            if progress
+            else _stage_error(stage, raised, rank)
+        )
         write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", error.to_json())
 
-    summary = RankSummary(rank, error, _rss_bytes(), _peak_rss_bytes(), rss_before_load, rss_peak_loaded, training,
-                          observed.bytes_by_name if observed else None,
-                          observed.logits_plain[0, -1] if observed else None)
+    summary = RankSummary(
+        rank,
+        error,
+        _rss_bytes(),
+        _peak_rss_bytes(),
+        rss_before_load,
+        rss_peak_loaded,
+        training,
+        observed.bytes_by_name if observed else None,
+        observed.logits_plain[0, -1] if observed else None,
+    )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
-            outcome = CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
+            outcome = (
+                CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
+            )
             outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
         except Exception as raised:  # a harness bug must still end as this cell's verdict
-            outcome = failed("setup", exception_signature(raised), "judging the cell failed (harness bug):\n"
-                             + "".join(traceback.format_exception(raised))[-4000:])
+            outcome = failed(
+                "setup",
+                exception_signature(raised),
+                "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
+            )
         write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(outcome.to_dict()))
     del model, engine, observed
     gc.collect()
@@ -198,17 +237,30 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict |
     rank found past it (with torch._dynamo imported first) stays in the message and metrics."""
     if not fresh_process_failure or outcome.outcome == "skip" or outcome.failure_class == "setup":
         return outcome  # a harness bug stays the harness's, whatever a user's process would hit first
-    found = "passed every check" if outcome.outcome == "pass" else f"failed {outcome.failure_class}: {outcome.signature}"
-    return failed("shard", fresh_process_failure["signature"],
-                  f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "
-                  f"harness's ranks do) the cell {found}.", {**outcome.metrics, "fresh_process_failed": 1.0})
+    found = (
+        "passed every check" if outcome.outcome == "pass" else f"failed {outcome.failure_class}: {outcome.signature}"
+    )
+    return failed(
+        "shard",
+        fresh_process_failure["signature"],
+        f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "
+        f"harness's ranks do) the cell {found}.",
+        {**outcome.metrics, "fresh_process_failed": 1.0},
+    )
 
 
-def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task_correct: list[bool] | None) -> CellOutcome:
-    metrics = {**timings, "rss_max_bytes": float(max(s.rss_bytes for s in summaries)),
-               "rss_peak_max_bytes": float(max(s.rss_peak_bytes for s in summaries)),
-               # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
-               "rss_load_peak_growth_max_bytes": float(max(s.rss_peak_loaded_bytes - s.rss_before_load_bytes for s in summaries))}
+def _judge(
+    job: Job, observed, summaries: list[RankSummary], timings: dict, task_correct: list[bool] | None
+) -> CellOutcome:
+    metrics = {
+        **timings,
+        "rss_max_bytes": float(max(s.rss_bytes for s in summaries)),
+        "rss_peak_max_bytes": float(max(s.rss_peak_bytes for s in summaries)),
+        # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.
+        "rss_load_peak_growth_max_bytes": float(
+            max(s.rss_peak_loaded_bytes - s.rss_before_load_bytes for s in summaries)
+        ),
+    }
     errors = [s.error for s in summaries if s.error]
     if errors:
         first = first_error(errors)
@@ -231,7 +283,9 @@ def _judge(job: Job, observed, summaries: list[RankSummary], timings: dict, task
             results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
         if job.accuracy_reference:
             if task_correct is None:
-                raise ValueError(f"cell {job.cell_id} has an accuracy reference but its ranks answered no task (a harness bug)")
+                raise ValueError(
+                    f"cell {job.cell_id} has an accuracy reference but its ranks answered no task (a harness bug)"
+                )
             results.append(accuracy_checks.check(json.loads(Path(job.accuracy_reference).read_text()), task_correct))
     for result in results:
         metrics.update(result.metrics)

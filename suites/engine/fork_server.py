@@ -80,11 +80,19 @@ class ForkServer:
         if self.process is None or self.process.poll() is not None:
             self._start()
 
-    def fork_group(self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float) -> ForkedGroup:
+    def fork_group(
+        self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
+    ) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
         if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
             raise self.start_failure
-        request = {"tp": tp, "port": port, "workdir": str(workdir), "driver_pid": driver_pid, "omp_threads": omp_threads}
+        request = {
+            "tp": tp,
+            "port": port,
+            "workdir": str(workdir),
+            "driver_pid": driver_pid,
+            "omp_threads": omp_threads,
+        }
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
         for _ in range(2):
             process = self.process if self.process is not None and self.process.poll() is None else self._start()
@@ -100,11 +108,15 @@ class ForkServer:
                 return ForkedGroup(int(pid_file.read_text()))
         died = read_death_records(self.log_dir, SERVER_DIED) if self.log_dir else []
         if died:
-            self.start_failure = GroupStartFailure(died[0]["failure_class"], died[0]["signature"],
-                                                   "the fork server could not start: " + died[0]["message"])
+            self.start_failure = GroupStartFailure(
+                died[0]["failure_class"], died[0]["signature"], "the fork server could not start: " + died[0]["message"]
+            )
             raise self.start_failure
-        raise GroupStartFailure("setup", "the fork server did not start the group",
-                                "the fork server did not start the group (no error recorded; see fork-server.log)")
+        raise GroupStartFailure(
+            "setup",
+            "the fork server did not start the group",
+            "the fork server did not start the group (no error recorded; see fork-server.log)",
+        )
 
     def _start(self) -> subprocess.Popen:
         if self.process is not None and self.process.stdin is not None:
@@ -112,8 +124,15 @@ class ForkServer:
         self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
         (self.log_dir / SERVER_DIED).unlink(missing_ok=True)
         with open(self.log_dir / "fork-server.log", "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "suites.engine.fork_server", str(self.log_dir)], cwd=PROJECT_ROOT, env=self.env,
-                                            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "suites.engine.fork_server", str(self.log_dir)],
+                cwd=PROJECT_ROOT,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self.process
 
     def close(self) -> None:
@@ -130,9 +149,17 @@ class ForkServer:
 
 
 def _rank_environment(request: dict, rank: int) -> dict[str, str]:
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(request["tp"]), "LOCAL_SIZE": str(request["tp"]),
-            "CROSS_RANK": "0", "CROSS_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(request["port"]),
-            "OMP_NUM_THREADS": request["omp_threads"]}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(request["tp"]),
+        "LOCAL_SIZE": str(request["tp"]),
+        "CROSS_RANK": "0",
+        "CROSS_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(request["port"]),
+        "OMP_NUM_THREADS": request["omp_threads"],
+    }
 
 
 def _run_rank(request: dict, rank: int) -> None:

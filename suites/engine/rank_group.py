@@ -117,7 +117,9 @@ def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> No
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+            mapped.update(
+                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line
+            )
         except OSError:
             continue  # the process ended while we looked
     for buffer in Path("/dev/shm").glob("deepspeed_*buffer*"):
@@ -132,8 +134,15 @@ class LauncherProcess:
 
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path):
         with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     @property
     def returncode(self):
@@ -184,24 +193,42 @@ class RankGroup:
         release_orphaned_shared_memory()
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:
-            self.process = self.fork_server.fork_group(self.tp, self.port, self.workdir, os.getpid(),
-                                                       self.env["OMP_NUM_THREADS"], self.start_timeout)
+            self.process = self.fork_server.fork_group(
+                self.tp, self.port, self.workdir, os.getpid(), self.env["OMP_NUM_THREADS"], self.start_timeout
+            )
         else:
-            command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.tp),
-                       "--master_port", str(self.port), str(WORKER), "--workdir", str(self.workdir),
-                       "--driver-pid", str(os.getpid())]
+            command = [
+                sys.executable,
+                "-m",
+                "deepspeed.launcher.runner",
+                "--num_gpus",
+                str(self.tp),
+                "--master_port",
+                str(self.port),
+                str(WORKER),
+                "--workdir",
+                str(self.workdir),
+                "--driver-pid",
+                str(os.getpid()),
+            ]
             self.process = LauncherProcess(command, self.env, self.workdir / "launcher.log")
         while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
             if not self.alive:
                 died = self._died()
-                raise GroupStartFailure(died.failure_class, f"rank group failed to start: {died.signature}",
-                                        f"rank group tp={self.tp} failed to start: {died.message}")
+                raise GroupStartFailure(
+                    died.failure_class,
+                    f"rank group failed to start: {died.signature}",
+                    f"rank group tp={self.tp} failed to start: {died.message}",
+                )
             if time.monotonic() > deadline:
                 logs = self.logs_tail()
                 self.kill()
-                raise GroupStartFailure("timeout", f"rank group not ready within {self.start_timeout:.0f} s",
-                                        f"rank group tp={self.tp} was not ready after {self.start_timeout:.0f} s "
-                                        f"(a stuck JIT build or rendezvous?); group killed.\n{logs}")
+                raise GroupStartFailure(
+                    "timeout",
+                    f"rank group not ready within {self.start_timeout:.0f} s",
+                    f"rank group tp={self.tp} was not ready after {self.start_timeout:.0f} s "
+                    f"(a stuck JIT build or rendezvous?); group killed.\n{logs}",
+                )
             time.sleep(0.1)
         self.info = json.loads((self.workdir / "ready.0").read_text())
 
@@ -229,13 +256,19 @@ class RankGroup:
                 # One rank failed and the others are stuck in a collective waiting for it.
                 error = first_error([RankError.from_json(path.read_text()) for path in errors])
                 self.kill()
-                return failed(error.failure_class, error.signature,
-                              error.message + "\n(the other ranks hung waiting for it; rank group restarted)")
+                return failed(
+                    error.failure_class,
+                    error.signature,
+                    error.message + "\n(the other ranks hung waiting for it; rank group restarted)",
+                )
             if time.monotonic() > deadline:
                 logs = self.logs_tail()
                 self.kill()
-                return failed("timeout", f"no answer within {timeout:.0f} s",
-                              f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}")
+                return failed(
+                    "timeout",
+                    f"no answer within {timeout:.0f} s",
+                    f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}",
+                )
             time.sleep(0.02)
 
     def _died(self) -> CellOutcome:

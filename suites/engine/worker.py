@@ -32,8 +32,17 @@ def _redirect_output(log_path: Path):
 
 def _snapshot_module_state(modules) -> list[tuple[object, dict]]:
     """Module-level values DeepSpeed keeps between injections (tp_shard globals in older releases)."""
-    return [(module, {k: v for k, v in vars(module).items() if not k.startswith("__") and isinstance(v, (int, float, str, type(None), list, tuple))})
-            for module in modules]
+    return [
+        (
+            module,
+            {
+                k: v
+                for k, v in vars(module).items()
+                if not k.startswith("__") and isinstance(v, (int, float, str, type(None), list, tuple))
+            },
+        )
+        for module in modules
+    ]
 
 
 def _restore_module_state(snapshot) -> None:
@@ -133,8 +142,10 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     warmup = torch.ones(4, device=device)
     dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
     import_cell_machinery()
-    write_text_atomically(workdir / f"ready.{rank}", json.dumps({
-        "backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}))
+    write_text_atomically(
+        workdir / f"ready.{rank}",
+        json.dumps({"backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}),
+    )
     module_state = _snapshot_module_state([tp_shard])
 
     seq = 0

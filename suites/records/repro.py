@@ -21,8 +21,15 @@ def launcher_command(cell: Cell, script: str) -> str:
     return f"deepspeed --num_gpus {cell.tp} {script}"
 
 
-def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versions: dict[str, str],
-                outcome_line: str, loaded_revision: str | None = None) -> Path:
+def write_repro(
+    cell: Cell,
+    checkpoints: str,
+    folder: Path,
+    run: RunInfo,
+    versions: dict[str, str],
+    outcome_line: str,
+    loaded_revision: str | None = None,
+) -> Path:
     """The repro loads the model the way the cell's variant does (eager, or meta device + checkpoint
     files) in the cell's dtype; quantization and training variants are reproduced as their eager load,
     which the header says. A hub checkpoint is fetched at the commit the cell loaded (`loaded_revision`,
@@ -31,12 +38,25 @@ def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versio
     script = folder / f"repro_{cell.id}.py"
     tolerance = cell.model.tolerance_for(cell.dtype)
     hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
-    spec = {"id": cell.id, "model": cell.model.name, "model_type": cell.model.model_type, "tiny": cell.model.tiny,
-            "seed": SEED, "init_seed": SEED + INIT, "spread": SPREAD, "hub_id": hub_id, "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None, "dtype": cell.dtype,
-            "tp": cell.tp, "logits_rel": tolerance.logits_rel, "load": cell.variant.load,
-            "checkpoint_format": cell.variant.checkpoint_format, "checkpoint_files": cell.variant.checkpoint_files,
-            "keep_module_on_host": cell.variant.keep_module_on_host,
-            "command": launcher_command(cell, script.name)}
+    spec = {
+        "id": cell.id,
+        "model": cell.model.name,
+        "model_type": cell.model.model_type,
+        "tiny": cell.model.tiny,
+        "seed": SEED,
+        "init_seed": SEED + INIT,
+        "spread": SPREAD,
+        "hub_id": hub_id,
+        "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None,
+        "dtype": cell.dtype,
+        "tp": cell.tp,
+        "logits_rel": tolerance.logits_rel,
+        "load": cell.variant.load,
+        "checkpoint_format": cell.variant.checkpoint_format,
+        "checkpoint_files": cell.variant.checkpoint_files,
+        "keep_module_on_host": cell.variant.keep_module_on_host,
+        "command": launcher_command(cell, script.name),
+    }
     source = TEMPLATE.read_text()
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
@@ -44,11 +64,18 @@ def write_repro(cell: Cell, checkpoints: str, folder: Path, run: RunInfo, versio
     # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's.
     source = source.replace(FUNCTIONS_PLACEHOLDER, inspect.getsource(randomise_constant_parameters), 1)
     partial = cell.variant.quantization or cell.variant.training
-    header = (f"# autotp-matrix verdict: {outcome_line}\n"
-              + (f"# note: reproduces the {cell.variant.load} load of variant {cell.variant.name}; its quantization/"
-                 "training step is not part of this script\n" if partial else "")
-              + "# versions: "
-              + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + f"\n# run: {launcher_command(cell, script.name)}\n")
+    header = (
+        f"# autotp-matrix verdict: {outcome_line}\n"
+        + (
+            f"# note: reproduces the {cell.variant.load} load of variant {cell.variant.name}; its quantization/"
+            "training step is not part of this script\n"
+            if partial
+            else ""
+        )
+        + "# versions: "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+        + f"\n# run: {launcher_command(cell, script.name)}\n"
+    )
     cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
     (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))

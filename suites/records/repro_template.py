@@ -16,8 +16,10 @@ import torch
 CELL: dict = {}  # written by autotp-matrix
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PROMPT = ("Tensor parallelism splits each large matrix of a model across several devices. Every device keeps "
-          "a slice of the weights, computes its share of each product, and the slices are joined again.")
+PROMPT = (
+    "Tensor parallelism splits each large matrix of a model across several devices. Every device keeps "
+    "a slice of the weights, computes its share of each product, and the slices are joined again."
+)
 
 
 def dtype_kwargs():
@@ -47,8 +49,11 @@ def checkpoint_folder():
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"]))
         randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])  # noqa: F821 (copied in above)
         size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        model.save_pretrained(folder, safe_serialization=CELL["checkpoint_format"] == "safetensors",
-                              max_shard_size=max(1, size // CELL["checkpoint_files"]) if CELL["checkpoint_files"] > 1 else "50GB")
+        model.save_pretrained(
+            folder,
+            safe_serialization=CELL["checkpoint_format"] == "safetensors",
+            max_shard_size=max(1, size // CELL["checkpoint_files"]) if CELL["checkpoint_files"] > 1 else "50GB",
+        )
     torch.distributed.barrier()
     return folder
 
@@ -95,7 +100,7 @@ def observe(model, ids, device):
     ids = ids.to(device)
     logits = model(ids).logits.float().cpu()
     tokens = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
-    return logits, tokens[0, ids.shape[1]:].cpu()
+    return logits, tokens[0, ids.shape[1] :].cpu()
 
 
 def main():
@@ -114,16 +119,23 @@ def main():
     if CELL["load"] == "meta":
         del model
         model, options = meta_model(folder)
-    engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world_size}, dtype=DTYPES[CELL["dtype"]],
-                                      replace_with_kernel_inject=False, **options)
+    engine = deepspeed.init_inference(
+        model,
+        tensor_parallel={"tp_size": world_size},
+        dtype=DTYPES[CELL["dtype"]],
+        replace_with_kernel_inject=False,
+        **options,
+    )
     tp_logits, tp_tokens = observe(engine.module, ids, device)
     max_abs = (tp_logits - ref_logits).abs().max().item()
     allowed = CELL["logits_rel"] * ref_logits.abs().max().item()
     tokens_equal = bool((tp_tokens == ref_tokens).all())
     if rank == 0:
-        print(f"cell {CELL['id']}: max |logit difference| {max_abs:.3g} (allowed {allowed:.3g}); "
-              f"greedy tokens {'equal' if tokens_equal else 'DIFFER'}: reference {ref_tokens.tolist()} "
-              f"vs sharded {tp_tokens.tolist()}")
+        print(
+            f"cell {CELL['id']}: max |logit difference| {max_abs:.3g} (allowed {allowed:.3g}); "
+            f"greedy tokens {'equal' if tokens_equal else 'DIFFER'}: reference {ref_tokens.tolist()} "
+            f"vs sharded {tp_tokens.tolist()}"
+        )
         print("RESULT:", "MATCH" if max_abs <= allowed and tokens_equal else "MISMATCH")
     sys.exit(0 if max_abs <= allowed and tokens_equal else 1)
 

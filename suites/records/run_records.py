@@ -26,6 +26,7 @@ from matrix.versions import AXES
 from suites.atomic import write_text_atomically
 from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
 
+
 def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess | None:
     try:
         return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
@@ -62,8 +63,9 @@ def direct_url(package: str) -> dict | None:
         return None
 
 
-def deepspeed_commit(origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool],
-                     harness: str = "") -> str:
+def deepspeed_commit(
+    origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool], harness: str = ""
+) -> str:
     """DeepSpeed's own commit, or "" when it was not installed from git.
 
     `origin` is DeepSpeed's PEP 610 direct_url.json; `stamped` is deepspeed.git_version_info.git_hash,
@@ -94,9 +96,11 @@ def installed_versions() -> dict[str, str]:
     except ImportError:
         git_hash = ""
     # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
-    return {**{axis: str(importlib.import_module(axis).__version__) for axis in AXES}, "python": platform.python_version(),
-            "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit,
-                                              harness_commit())}
+    return {
+        **{axis: str(importlib.import_module(axis).__version__) for axis in AXES},
+        "python": platform.python_version(),
+        "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit, harness_commit()),
+    }
 
 
 def platform_of_run() -> tuple[str, str]:
@@ -130,9 +134,16 @@ class RunInfo:
         return f"{self.session}@{self.started}@{self.host}"
 
     def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "session": self.session, "host": self.host, "started": self.started,
-                "accelerator": self.accelerator, "backend": self.backend, "harness_git": self.harness_git,
-                "dependencies_as_of": self.dependencies_as_of}
+        return {
+            "id": self.id,
+            "session": self.session,
+            "host": self.host,
+            "started": self.started,
+            "accelerator": self.accelerator,
+            "backend": self.backend,
+            "harness_git": self.harness_git,
+            "dependencies_as_of": self.dependencies_as_of,
+        }
 
 
 class MalformedRecord(ValueError):
@@ -150,8 +161,10 @@ def read_records(results_dir: Path) -> list[dict]:
         except ValueError:
             continue  # a line cut short by a kill mid-write: that cell runs again
         if problem := _record_problem(record):
-            raise MalformedRecord(f"{path}:{number}: {problem}; this file was not written by the harness: move it "
-                                  "away or pass another results folder")
+            raise MalformedRecord(
+                f"{path}:{number}: {problem}; this file was not written by the harness: move it "
+                "away or pass another results folder"
+            )
         records.append(record)
     return records
 
@@ -185,15 +198,24 @@ class RunState:
 
     def write(self, started: str, complete: bool) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.path, json.dumps({**self.identity, "started": started, "complete": complete}, indent=1))
+        write_text_atomically(
+            self.path, json.dumps({**self.identity, "started": started, "complete": complete}, indent=1)
+        )
 
 
 class CellRecorder:
     """Appends one record per cell to cells.jsonl (several pytest-xdist workers may share the file).
     Cells the same run id already finished (before an interruption) are replayed, not run again."""
 
-    def __init__(self, results_dir: Path, run: RunInfo, versions: dict[str, str], state: RunState | None = None,
-                 expected_cells: Collection[str] = frozenset(), faults: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        results_dir: Path,
+        run: RunInfo,
+        versions: dict[str, str],
+        state: RunState | None = None,
+        expected_cells: Collection[str] = frozenset(),
+        faults: tuple[str, ...] = (),
+    ):
         self.results_dir = results_dir
         self.faults = tuple(faults)
         """Injected fault hooks (harness self-tests): every record says so, and none is replayed without them."""
@@ -204,8 +226,11 @@ class CellRecorder:
         self.state = state
         self.expected_cells = set(expected_cells)
         self.records: list[dict] = []
-        self.finished = {r["cell"]["id"]: r for r in read_records(results_dir)
-                         if r["run"]["id"] == run.id and tuple(r.get("faults", ())) == self.faults}
+        self.finished = {
+            r["cell"]["id"]: r
+            for r in read_records(results_dir)
+            if r["run"]["id"] == run.id and tuple(r.get("faults", ())) == self.faults
+        }
 
     def replay(self, cell_id: str, record_property=None) -> dict | None:
         """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
@@ -215,9 +240,16 @@ class CellRecorder:
         return record
 
     def record(self, cell: Cell, outcome: CellOutcome, record_property=None) -> dict:
-        record = {"cell": cell.coordinates(), "outcome": outcome.outcome, "failure_class": outcome.failure_class,
-                  "signature": redact(outcome.signature), "message": redact(outcome.message),
-                  "versions": self.versions, "run": self.run.as_dict(), "metrics": outcome.metrics}
+        record = {
+            "cell": cell.coordinates(),
+            "outcome": outcome.outcome,
+            "failure_class": outcome.failure_class,
+            "signature": redact(outcome.signature),
+            "message": redact(outcome.message),
+            "versions": self.versions,
+            "run": self.run.as_dict(),
+            "metrics": outcome.metrics,
+        }
         if outcome.logs:
             record["logs"] = outcome.logs
         if outcome.checkpoint:
@@ -236,8 +268,9 @@ class CellRecorder:
 
     def _emit(self, record: dict, record_property) -> None:
         self.records.append(record)
-        if self.state and self.expected_cells <= {r["cell"]["id"] for r in read_records(self.results_dir)
-                                                  if r["run"]["id"] == self.run.id}:
+        if self.state and self.expected_cells <= {
+            r["cell"]["id"] for r in read_records(self.results_dir) if r["run"]["id"] == self.run.id
+        }:
             self.state.write(self.run.started, complete=True)
         if record_property is not None:
             for key, value in junit_properties(record).items():
@@ -264,8 +297,13 @@ def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
     """What a bug report needs besides the repro script (no secrets: only versions and hardware)."""
     lines = [f"{name}: {value}" for name, value in versions.items() if value]
     lines += [f"autotp-matrix harness: {run.harness_git}"] if run.harness_git else []
-    lines += [f"accelerator: {run.accelerator}", f"backend: {run.backend}", f"os: {platform.platform()}",
-              f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}", f"python executable: {sys.executable}"]
+    lines += [
+        f"accelerator: {run.accelerator}",
+        f"backend: {run.backend}",
+        f"os: {platform.platform()}",
+        f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}",
+        f"python executable: {sys.executable}",
+    ]
     try:
         import torch
 

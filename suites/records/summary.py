@@ -46,8 +46,14 @@ def print_summary(records: list[dict], terminalreporter) -> None:
     console.print(f"{len(records)} cells — {counts_line(records)}")
     for record in records:
         if record["outcome"] == "fail":
-            console.print(f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}",
+                highlight=False,
+                soft_wrap=True,
+            )
         if "repro" in record:
-            console.print(f"repro for {record['cell']['id']}: deepspeed --num_gpus {record['cell']['tp']} {record['repro']}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"repro for {record['cell']['id']}: deepspeed --num_gpus {record['cell']['tp']} {record['repro']}",
+                highlight=False,
+                soft_wrap=True,
+            )

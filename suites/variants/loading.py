@@ -38,8 +38,10 @@ def mark_process_sharded() -> None:
 
 def refuse_if_sharded() -> None:
     if _process_sharded:
-        raise ContaminatedProcessError("refusing to compute an unsharded reference in a process that ran "
-                                       "deepspeed.init_inference: AutoTP state could leak into it")
+        raise ContaminatedProcessError(
+            "refusing to compute an unsharded reference in a process that ran "
+            "deepspeed.init_inference: AutoTP state could leak into it"
+        )
 
 
 def dtype_kwargs(dtype: str) -> dict:
@@ -54,7 +56,9 @@ def dtype_kwargs(dtype: str) -> dict:
     return {name: TORCH_DTYPES[dtype]}
 
 
-def load_model(source: str, dtype: str, trust_remote_code: bool, quantization_config=None, big_model: dict | None = None):
+def load_model(
+    source: str, dtype: str, trust_remote_code: bool, quantization_config=None, big_model: dict | None = None
+):
     """`big_model`: accelerate's keywords (`device_map`, `max_memory`, `offload_folder`) for a model
     loaded over devices, host RAM and disk (the reference of a model larger than memory)."""
     from transformers import AutoModelForCausalLM
@@ -62,11 +66,15 @@ def load_model(source: str, dtype: str, trust_remote_code: bool, quantization_co
     extra = {"quantization_config": quantization_config} if quantization_config is not None else {}
     extra.update(big_model or {})
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype), **extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype), **extra
+        )
     except OSError as error:
-        raise OSError(f"could not load checkpoint {source!r}: {error}. If it is a hub id, check HF_HOME and network/"
-                      "HF_HUB_OFFLINE; if the cached files are corrupt, delete that model's folder under HF_HOME/hub "
-                      "and run again") from error
+        raise OSError(
+            f"could not load checkpoint {source!r}: {error}. If it is a hub id, check HF_HOME and network/"
+            "HF_HUB_OFFLINE; if the cached files are corrupt, delete that model's folder under HF_HOME/hub "
+            "and run again"
+        ) from error
     return model.eval()
 
 
@@ -99,20 +107,45 @@ def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool)
 
     from matrix.checkpoints import cache_root
 
-    config = json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
-    key = json.dumps({"config": config, "dtype": dtype, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
-                      "transformers": transformers.__version__, "probe": 1}, sort_keys=True)
+    config = (
+        json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
+    )
+    key = json.dumps(
+        {
+            "config": config,
+            "dtype": dtype,
+            "deepspeed": deepspeed.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "probe": 1,
+        },
+        sort_keys=True,
+    )
     cached = cache_root() / "fresh-process" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if cached.is_file():
         return json.loads(cached.read_text())["failure"]
-    command = [sys.executable, "-m", "suites.variants.loading", source, dtype, "--trust-remote-code" if trust_remote_code else ""]
+    command = [
+        sys.executable,
+        "-m",
+        "suites.variants.loading",
+        source,
+        dtype,
+        "--trust-remote-code" if trust_remote_code else "",
+    ]
     from matrix import PROJECT_ROOT
 
-    done = subprocess.run([part for part in command if part], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=FRESH_PROCESS_TIMEOUT_S)
+    done = subprocess.run(
+        [part for part in command if part],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=FRESH_PROCESS_TIMEOUT_S,
+    )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the fresh-process meta probe itself failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the fresh-process meta probe itself failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+        )
     failure = json.loads(lines[-1])["failure"]
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(cached, json.dumps({"failure": failure}))
@@ -130,9 +163,11 @@ def _fresh_process_main(argv: list[str]) -> None:
         load_meta_model(source, dtype, trust)
         failure = None
     except Exception as error:  # the verdict of the probe, printed for the driver
-        failure = {"signature": exception_signature(error),
-                   "message": "in a fresh process (as a user's script runs it), building the model under "
-                              "deepspeed.OnDevice(device='meta') raised:\n" + "".join(traceback.format_exception(error))[-3000:]}
+        failure = {
+            "signature": exception_signature(error),
+            "message": "in a fresh process (as a user's script runs it), building the model under "
+            "deepspeed.OnDevice(device='meta') raised:\n" + "".join(traceback.format_exception(error))[-3000:],
+        }
     print(json.dumps({"failure": failure}))
 
 
@@ -141,7 +176,9 @@ def checkpoints_json(folder: str | Path, checkpoint_format: str) -> Path:
     folder = Path(folder)
     files = sorted(p.name for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES[checkpoint_format]))
     if not files:
-        raise FileNotFoundError(f"{folder} has no {WEIGHT_SUFFIXES[checkpoint_format]} weight files for the meta loader")
+        raise FileNotFoundError(
+            f"{folder} has no {WEIGHT_SUFFIXES[checkpoint_format]} weight files for the meta loader"
+        )
     path = folder / f"ds_checkpoints_{checkpoint_format}.json"
     content = json.dumps({"type": "ds_model", "checkpoints": [str(folder / name) for name in files], "version": 1.0})
     if not path.exists() or path.read_text() != content:

@@ -25,21 +25,37 @@ def hf_quantization_config(quantization: str):
     try:
         from torchao.quantization import Int8WeightOnlyConfig
     except ImportError as error:
-        raise QuantizationUnavailable(f"torchao_int8 needs the torchao package ({error}); pip install torchao") from error
+        raise QuantizationUnavailable(
+            f"torchao_int8 needs the torchao package ({error}); pip install torchao"
+        ) from error
     if not hasattr(transformers, "TorchAoConfig"):  # absent in 4.41, there in 4.46
         raise QuantizationUnavailable(f"transformers {transformers.__version__} has no TorchAoConfig")
     try:
         return transformers.TorchAoConfig(Int8WeightOnlyConfig())
-    except (ValueError, ImportError) as error:  # 4.46 takes only quant_type names, which torchao 0.18 no longer has (4.52 takes objects)
-        raise QuantizationUnavailable(f"transformers {transformers.__version__}'s TorchAoConfig takes no torchao "
-                                      f"config object: {error}") from error
+    except (
+        ValueError,
+        ImportError,
+    ) as error:  # 4.46 takes only quant_type names, which torchao 0.18 no longer has (4.52 takes objects)
+        raise QuantizationUnavailable(
+            f"transformers {transformers.__version__}'s TorchAoConfig takes no torchao config object: {error}"
+        ) from error
 
 
 def deepspeed_config(quantization: str, group_size: int) -> dict:
     """DeepSpeed's ds_config for post-init quantization of every Linear/Embedding (the empty key
     matches every module name)."""
-    return {"weight_quantization": {"post_init_quant": {"": {
-        "num_bits": DEEPSPEED_BITS[quantization], "group_size": group_size, "group_dim": 1, "symmetric": False}}}}
+    return {
+        "weight_quantization": {
+            "post_init_quant": {
+                "": {
+                    "num_bits": DEEPSPEED_BITS[quantization],
+                    "group_size": group_size,
+                    "group_dim": 1,
+                    "symmetric": False,
+                }
+            }
+        }
+    }
 
 
 def apply_post_init(model, quantization: str, group_size: int):
@@ -49,4 +65,3 @@ def apply_post_init(model, quantization: str, group_size: int):
     from deepspeed.inference.quantization.quantization import _init_group_wise_weight_quantization
 
     return _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))
-

@@ -43,7 +43,10 @@ steps on fp32 master weights, as DeepSpeed's mixed precision)."""
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
-    "adam": (torch.optim.AdamW, {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}}),
+    "adam": (
+        torch.optim.AdamW,
+        {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}},
+    ),
 }
 """Variant.optimizer -> (the torch class the unsharded side runs, DeepSpeed's optimizer config). DeepSpeed
 builds the same torch class: any torch.optim name, and AdamW with `torch_adam` (see _deepspeed_optimizer)."""
@@ -73,8 +76,10 @@ def _has_feature(feature: str) -> bool:
     if feature == "hf_tp_plan":
         return importlib.util.find_spec("deepspeed.module_inject.tp_plan_converter") is not None
     if feature == "universal_checkpoint":
-        return (hasattr(layers, "collect_autotp_universal_checkpoint_info")
-                and importlib.util.find_spec("deepspeed.checkpoint.ds_to_universal") is not None)
+        return (
+            hasattr(layers, "collect_autotp_universal_checkpoint_info")
+            and importlib.util.find_spec("deepspeed.checkpoint.ds_to_universal") is not None
+        )
     return feature in _training_config_fields()  # preset_model, partition_config, tp_overlap_comm
 
 
@@ -85,8 +90,10 @@ def version_skip_reason(needs: tuple[str, ...] = ("autotp_training",)) -> str | 
     for feature in needs:
         if not _has_feature(feature):
             if feature == "autotp_training":  # it and set_autotp_mode arrived together, in 0.16.4
-                return (f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= 0.16.4 (installed "
-                        f"{deepspeed.__version__} has no deepspeed.module_inject.layers.set_autotp_mode)")
+                return (
+                    f"AutoTP training (tensor_parallel.autotp_size) needs deepspeed >= 0.16.4 (installed "
+                    f"{deepspeed.__version__} has no deepspeed.module_inject.layers.set_autotp_mode)"
+                )
             return f"installed deepspeed {deepspeed.__version__} lacks {TRAINING_FEATURES[feature]}"
     return None
 
@@ -121,21 +128,40 @@ def step_batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code:
     corpus = build_inputs(load_tokenizer(tokenizer_source, trust_remote_code), spec).corpus_ids
     windows = corpus.shape[1] // spec.ppl_window
     begin = (step % windows) * spec.ppl_window
-    return corpus[:, begin: begin + spec.ppl_window]
+    return corpus[:, begin : begin + spec.ppl_window]
 
 
 def steps_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, steps: int, optimizer: str) -> Path:
     import transformers
 
-    identity = json.dumps({"format": TRAINING_FORMAT, "checkpoint": checkpoint, "tokenizer": tokenizer, "dtype": dtype,
-                           "spec": spec.as_dict(), "steps": steps, "optimizer": OPTIMIZERS[optimizer][1], "clipping": GRADIENT_CLIPPING,
-                           "probes": probe_fingerprint(), "torch": torch.__version__,
-                           "transformers": transformers.__version__}, sort_keys=True)
+    identity = json.dumps(
+        {
+            "format": TRAINING_FORMAT,
+            "checkpoint": checkpoint,
+            "tokenizer": tokenizer,
+            "dtype": dtype,
+            "spec": spec.as_dict(),
+            "steps": steps,
+            "optimizer": OPTIMIZERS[optimizer][1],
+            "clipping": GRADIENT_CLIPPING,
+            "probes": probe_fingerprint(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        sort_keys=True,
+    )
     return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 
-def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool,
-                            steps: int, optimizer_name: str) -> dict:
+def compute_unsharded_steps(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    trust_remote_code: bool,
+    steps: int,
+    optimizer_name: str,
+) -> dict:
     """`steps` optimizer steps on the unsharded model: each step's loss and gradients, the weights before
     the first step and after each step, and each tensor's bytes and kind (for the memory check)."""
     refuse_if_sharded()
@@ -169,13 +195,28 @@ def compute_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, 
                     params[name].copy_(master)
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
     by_name = bytes_by_name(model)
-    return {"losses": losses, "grads": grads, "weights": weights, "bytes_by_name": by_name, "kinds": tensor_kinds(model),
-            "shapes_by_name": shapes_by_name(model), "counts": asdict(split_counts(model)),
-            "param_bytes": sum(by_name.values()), **_lm_head_names(model)}
+    return {
+        "losses": losses,
+        "grads": grads,
+        "weights": weights,
+        "bytes_by_name": by_name,
+        "kinds": tensor_kinds(model),
+        "shapes_by_name": shapes_by_name(model),
+        "counts": asdict(split_counts(model)),
+        "param_bytes": sum(by_name.values()),
+        **_lm_head_names(model),
+    }
 
 
-def cached_unsharded_steps(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, trust_remote_code: bool,
-                           steps: int, optimizer: str) -> Path:
+def cached_unsharded_steps(
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    spec: ProbeSpec,
+    trust_remote_code: bool,
+    steps: int,
+    optimizer: str,
+) -> Path:
     path = steps_path(checkpoint, tokenizer, dtype, spec, steps, optimizer)
     if not path.exists():
         unsharded = compute_unsharded_steps(checkpoint, tokenizer, dtype, spec, trust_remote_code, steps, optimizer)
@@ -226,11 +267,15 @@ class Comparison:
     errors_at_floor: dict[str, float] = field(default_factory=dict)
     """`floor2^-k` -> the largest error had the floor been 2^-k of the largest magnitude (FLOOR_CANDIDATES)."""
 
-    def add(self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0) -> None:
+    def add(
+        self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0
+    ) -> None:
         """`rounding`: the absolute difference storing the tensors alone can cause (forgiven)."""
         self.compared += 1
         if tensor.shape != reference.shape:
-            self.problems.append(Finding(f"{name}: shape", f"{tuple(tensor.shape)}, unsharded {tuple(reference.shape)}"))
+            self.problems.append(
+                Finding(f"{name}: shape", f"{tuple(tensor.shape)}, unsharded {tuple(reference.shape)}")
+            )
             return
         if tensor.numel() == 0:
             return
@@ -242,9 +287,11 @@ class Comparison:
         if not math.isnan(self.max_rel_error) and (math.isnan(error) or error > self.max_rel_error):  # NaN is the worst
             self.max_rel_error, self.worst_parameter = error, name
         for k in FLOOR_CANDIDATES:
-            floor = max(own, self.largest * 2.0 ** -k)
+            floor = max(own, self.largest * 2.0**-k)
             key = f"floor2^-{k}"
-            self.errors_at_floor[key] = max(self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference)
+            self.errors_at_floor[key] = max(
+                self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference
+            )
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -272,8 +319,10 @@ def _lm_head_names(model) -> dict[str, str]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         return {"lm_head": "", "lm_head_weight": ""}
-    return {"lm_head": next(name for name, module in model.named_modules() if module is head),
-            "lm_head_weight": next(name for name, param in model.named_parameters() if param is head.weight)}
+    return {
+        "lm_head": next(name for name, module in model.named_modules() if module is head),
+        "lm_head_weight": next(name for name, param in model.named_parameters() if param is head.weight),
+    }
 
 
 def _held_bytes_by_name(model) -> dict[str, int]:
@@ -317,7 +366,9 @@ class ShardedTrainee:
         layouts: dict[str, tuple[int, list[int]] | None] = {}
         problems: list[Finding] = []
         unsharded = self.unsharded["weights"][0]
-        for name in sorted(self.params, key=lambda n: n.endswith(".bias")):  # weights first: a bias reuses its weight's rows
+        for name in sorted(
+            self.params, key=lambda n: n.endswith(".bias")
+        ):  # weights first: a bias reuses its weight's rows
             weight, full = self.initial[name], unsharded.get(name)
             if full is None:
                 problems.append(Finding(f"{name}: not a parameter of the unsharded model"))
@@ -328,15 +379,23 @@ class ShardedTrainee:
                 if sibling and weight.dim() == 1 and sibling[0] != 0:
                     # The weight is split along its input features (row-parallel): its output, and so its bias,
                     # is whole on every rank after the all-reduce; a split bias is no slice a rank could own.
-                    problems.append(Finding(f"{name}: bias of a row-parallel layer split to",
-                                            f"{tuple(weight.shape)} of the unsharded {tuple(full.shape)} (its weight is "
-                                            f"split along dim {sibling[0]}; the bias is added after the all-reduce and "
-                                            "must stay whole)"))
+                    problems.append(
+                        Finding(
+                            f"{name}: bias of a row-parallel layer split to",
+                            f"{tuple(weight.shape)} of the unsharded {tuple(full.shape)} (its weight is "
+                            f"split along dim {sibling[0]}; the bias is added after the all-reduce and "
+                            "must stay whole)",
+                        )
+                    )
                     continue
                 layout = sibling if sibling and weight.dim() == 1 else _shard_rows(weight, full.float())
                 if layout is None:
-                    problems.append(Finding(f"{name}: shard",
-                                            f"{tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}"))
+                    problems.append(
+                        Finding(
+                            f"{name}: shard",
+                            f"{tuple(weight.shape)} is not a slice of the unsharded {tuple(full.shape)}",
+                        )
+                    )
                 else:
                     layouts[name] = layout
         return layouts, problems
@@ -355,13 +414,16 @@ class ShardedTrainee:
         engine.backward(loss)
         fault_hook("trained", engine.module)
         reference = self.unsharded["grads"][self.steps_taken + len(self.losses)]
-        grads = Comparison(largest=max((grad.abs().max().item() for grad in reference.values()), default=0.0),
-                           floor_share=scale_floor_share(next(iter(reference.values())).dtype))
+        grads = Comparison(
+            largest=max((grad.abs().max().item() for grad in reference.values()), default=0.0),
+            floor_share=scale_floor_share(next(iter(reference.values())).dtype),
+        )
         for name in self.layouts:
             grad = _local_grad(self.params[name])
             if (grad is None) != (name not in reference):
-                grads.problems.append(Finding(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the "
-                                              "sharded model"))
+                grads.problems.append(
+                    Finding(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the sharded model")
+                )
             elif grad is not None:
                 grads.add(name, grad, self.slice(name, reference[name]))
         engine.step()
@@ -380,22 +442,34 @@ class ShardedTrainee:
         rounded to the dtype; a fresh engine starts from the very weights the unsharded steps did)."""
         weights = self.unsharded["weights"]
         before, after = weights[self.steps_taken], weights[self.steps_taken + len(self.losses)]
-        largest = max(((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0)
+        largest = max(
+            ((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0
+        )
         updates = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
         for name in self.layouts:
             trained, start = self.slice(name, after[name]), self.slice(name, before[name])
-            updates.add(name, _local_weight(self.params[name]) - self.initial[name], trained.float() - start.float(),
-                        rounding=ulp(trained) + (ulp(start) if self.steps_taken else 0.0))
+            updates.add(
+                name,
+                _local_weight(self.params[name]) - self.initial[name],
+                trained.float() - start.float(),
+                rounding=ulp(trained) + (ulp(start) if self.steps_taken else 0.0),
+            )
         return updates
 
     def report(self) -> dict:
         module = self.engine.module
         head = self.unsharded["lm_head"]
         head_module = module.get_submodule(head) if head else None
-        return {"label": self.label, "losses": self.losses, "steps": self.step_grads, "problems": self.problems,
-                "update": self.update_comparison().to_dict(), "bytes_by_name": _held_bytes_by_name(module),
-                "sharded": sum(layout is not None for layout in self.layouts.values()),
-                "lm_head_mode": type(head_module).__name__ if head_module is not None else "none"}
+        return {
+            "label": self.label,
+            "losses": self.losses,
+            "steps": self.step_grads,
+            "problems": self.problems,
+            "update": self.update_comparison().to_dict(),
+            "bytes_by_name": _held_bytes_by_name(module),
+            "sharded": sum(layout is not None for layout in self.layouts.values()),
+            "lm_head_mode": type(head_module).__name__ if head_module is not None else "none",
+        }
 
 
 def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
@@ -407,14 +481,19 @@ def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str
         tensor_parallel["partition_config"] = variant.partition_config
     if variant.tp_overlap_comm:
         tensor_parallel["tp_overlap_comm"] = True
-    return {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": tensor_parallel,
-            # ZeRO-3 writes save_16bit_model's file only when told to gather the partitions for it.
-            "zero_optimization": {"stage": variant.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
-            # SGD is a torch.optim class, which DeepSpeed's ZeRO optimizers call "untested".
-            "zero_allow_untested_optimizer": True,
-            "optimizer": _deepspeed_optimizer(variant.optimizer), "gradient_clipping": GRADIENT_CLIPPING,
-            "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
-            "checkpoint": {"load_universal": load_universal}}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "tensor_parallel": tensor_parallel,
+        # ZeRO-3 writes save_16bit_model's file only when told to gather the partitions for it.
+        "zero_optimization": {"stage": variant.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
+        # SGD is a torch.optim class, which DeepSpeed's ZeRO optimizers call "untested".
+        "zero_allow_untested_optimizer": True,
+        "optimizer": _deepspeed_optimizer(variant.optimizer),
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16"},
+        "checkpoint": {"load_universal": load_universal},
+    }
 
 
 def _deepspeed_optimizer(name: str) -> dict:
@@ -434,8 +513,9 @@ def hide_tp_plan(model) -> None:
     model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
 
 
-def build_engine(checkpoint: str, model_type: str, job: Job, tp_size: int, progress: "Progress",
-                 load_universal: bool = False):
+def build_engine(
+    checkpoint: str, model_type: str, job: Job, tp_size: int, progress: "Progress", load_universal: bool = False
+):
     """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
     (stage `shard`, under the label the caller was in)."""
     import deepspeed
@@ -480,8 +560,11 @@ def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor
                 for local, param in child.named_parameters(recurse=False):
                     gathered[f"{prefix}.{local}" if prefix else local] = param.detach().float().cpu().clone()
     after = _held_bytes_by_name(module)
-    problems = [Finding(f"{name}: {before[name]} bytes on this rank before the gather, {after[name]} after")
-                for name in before if after.get(name) != before[name]]
+    problems = [
+        Finding(f"{name}: {before[name]} bytes on this rank before the gather, {after[name]} after")
+        for name in before
+        if after.get(name) != before[name]
+    ]
     return gathered, problems
 
 
@@ -514,19 +597,31 @@ def universal_arguments(scratch: Path) -> argparse.Namespace:
     no child processes. A parser that refuses them is the harness's arguments not fitting this release."""
     from deepspeed.checkpoint import ds_to_universal
 
-    argv = ["--input_folder", str(scratch / CHECKPOINT_TAG), "--output_folder", str(scratch / f"{CHECKPOINT_TAG}_universal"),
-            "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    argv = [
+        "--input_folder",
+        str(scratch / CHECKPOINT_TAG),
+        "--output_folder",
+        str(scratch / f"{CHECKPOINT_TAG}_universal"),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
     saved, sys.argv = sys.argv, ["ds_to_universal.py", *argv]
     try:
         return ds_to_universal.parse_arguments()
     except SystemExit as refused:  # argparse exits on arguments it refuses; this process must go on
-        raise ValueError(f"deepspeed.checkpoint.ds_to_universal.parse_arguments refused {' '.join(argv)} (exit "
-                         f"{refused.code}, its usage message is in the rank log)") from None
+        raise ValueError(
+            f"deepspeed.checkpoint.ds_to_universal.parse_arguments refused {' '.join(argv)} (exit "
+            f"{refused.code}, its usage message is in the rank log)"
+        ) from None
     finally:
         sys.argv = saved
 
 
-def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+def round_trip(
+    trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress
+) -> dict:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
     takes next."""
@@ -560,11 +655,23 @@ def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path
     progress.enter("shard", "load")
     if variant.resume_tp:
         forget_parallel_groups()
-    resumed = ShardedTrainee(build_engine(job.trained[0].checkpoint, job.trained[0].model_type, job, variant.resume_tp or world_size,
-                                          progress, load_universal=bool(variant.resume_tp)),
-                             trainee.unsharded, trainee.label, steps_taken)
+    resumed = ShardedTrainee(
+        build_engine(
+            job.trained[0].checkpoint,
+            job.trained[0].model_type,
+            job,
+            variant.resume_tp or world_size,
+            progress,
+            load_universal=bool(variant.resume_tp),
+        ),
+        trainee.unsharded,
+        trainee.label,
+        steps_taken,
+    )
     fault_hook("restoring", resumed.engine.module)
-    resumed.engine.load_checkpoint(str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant.resume_tp else CHECKPOINT_TAG)
+    resumed.engine.load_checkpoint(
+        str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant.resume_tp else CHECKPOINT_TAG
+    )
     fault_hook("restored", resumed.engine.module)
     # The loaded shards against the trained weights directly: on tiny random models a whole projection
     # left untrained moves the next loss by less than the loss tolerance.
@@ -578,9 +685,16 @@ def round_trip(trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path
     resumed.step(batch, fault_hook)
     # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
     # state (momentum, Adam's moments) the checkpoint must restore.
-    return {"saved": saved, "gathered": gather, "loaded": loaded.to_dict(), "resumed_step": steps_taken + 1,
-            "resumed_tp": variant.resume_tp or world_size, "resumed_loss": resumed.losses[0],
-            "resumed_grads": resumed.step_grads[0], "resumed_update": resumed.update_comparison().to_dict()}
+    return {
+        "saved": saved,
+        "gathered": gather,
+        "loaded": loaded.to_dict(),
+        "resumed_step": steps_taken + 1,
+        "resumed_tp": variant.resume_tp or world_size,
+        "resumed_loss": resumed.losses[0],
+        "resumed_grads": resumed.step_grads[0],
+        "resumed_update": resumed.update_comparison().to_dict(),
+    }
 
 
 def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
@@ -595,7 +709,9 @@ def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress:
         for model in job.trained:
             engine = build_engine(model.checkpoint, model.model_type, job, world_size, progress)
             fault_hook("sharded", engine.module)
-            trainees.append(ShardedTrainee(engine, torch.load(model.unsharded_steps, weights_only=False), model.model_type))
+            trainees.append(
+                ShardedTrainee(engine, torch.load(model.unsharded_steps, weights_only=False), model.model_type)
+            )
         progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
         batches = []
         for step in range(variant.training_steps):  # a loop, not a comprehension: its frame names run_training

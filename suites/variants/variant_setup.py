@@ -18,7 +18,9 @@ def skip_reason(cell: Cell) -> str | None:
     if variant.keep_module_on_host:
         from deepspeed.inference.config import DeepSpeedInferenceConfig
 
-        known = getattr(DeepSpeedInferenceConfig, "model_fields", None) or DeepSpeedInferenceConfig.__fields__  # pydantic 2 / 1
+        known = (
+            getattr(DeepSpeedInferenceConfig, "model_fields", None) or DeepSpeedInferenceConfig.__fields__
+        )  # pydantic 2 / 1
         if "keep_module_on_host" not in known:
             return "this deepspeed's init_inference has no keep_module_on_host option"
     if variant.training:
@@ -39,8 +41,11 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
     if variant.load == "meta":
         # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
         copy = checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files)
-        meta = MetaLoad(str(copy), str(checkpoints_json(copy, variant.checkpoint_format)),
-                        fresh_process_meta_failure(checkpoint, cell.dtype, trust))
+        meta = MetaLoad(
+            str(copy),
+            str(checkpoints_json(copy, variant.checkpoint_format)),
+            fresh_process_meta_failure(checkpoint, cell.dtype, trust),
+        )
     if variant.training:
         training = _trained_models(cell, checkpoint, tokenizer, spec)
         if isinstance(training, CellOutcome):
@@ -48,16 +53,20 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
         trained = training
     if variant.quantization:
         try:
-            reference = str(cached_reference(checkpoint, tokenizer, cell.dtype, spec, trust,
-                                             variant.quantization, variant.quant_group_size))
+            reference = str(
+                cached_reference(
+                    checkpoint, tokenizer, cell.dtype, spec, trust, variant.quantization, variant.quant_group_size
+                )
+            )
         except QuantizationUnavailable as error:
             return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
         baseline = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
     return VariantFields(meta, trained, reference, baseline)
 
 
-def _trained_models(cell: Cell, checkpoint: str, tokenizer: str | None,
-                    spec: ProbeSpec) -> tuple[TrainedModel, ...] | CellOutcome:
+def _trained_models(
+    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec
+) -> tuple[TrainedModel, ...] | CellOutcome:
     """The unsharded steps of the cell's model (and of the row's second model), or the skip when the
     row's partitioning source does not exist for the model."""
     from matrix.checkpoints import tiny_checkpoint
@@ -69,13 +78,23 @@ def _trained_models(cell: Cell, checkpoint: str, tokenizer: str | None,
     if reason:
         return CellOutcome("skip", message=reason)
     if variant.second_model and tokenizer is not None:
-        return CellOutcome("skip", message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
-                                           "vocabulary; the cell's tokenizer does not fit it")
+        return CellOutcome(
+            "skip",
+            message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
+            "vocabulary; the cell's tokenizer does not fit it",
+        )
     steps = variant.unsharded_steps
 
     def trained(entry, entry_checkpoint: str) -> TrainedModel:
-        return TrainedModel(entry_checkpoint, entry.model_type, str(cached_unsharded_steps(
-            entry_checkpoint, tokenizer, cell.dtype, spec, entry.trust_remote_code, steps, variant.optimizer)))
+        return TrainedModel(
+            entry_checkpoint,
+            entry.model_type,
+            str(
+                cached_unsharded_steps(
+                    entry_checkpoint, tokenizer, cell.dtype, spec, entry.trust_remote_code, steps, variant.optimizer
+                )
+            ),
+        )
 
     second = [load_models()[variant.second_model]] if variant.second_model else []
     return (trained(cell.model, checkpoint), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))

@@ -21,13 +21,22 @@ MAIN = "b" * 40
 ENTRY = '[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_ids = ["org/x"]\n'
 
 
-@pytest.mark.parametrize("extra, message", [
-    ('revisions = { "org/y" = "' + PINNED + '" }', r"models.toml: entry \[models.x\] field 'revisions' pins 'org/y', "
-                                                    r"which is not in hub_ids \['org/x'\]"),
-    ('revisions = { "org/x" = "main" }', r"models.toml: entry \[models.x\] field 'revisions.\"org/x\"' must be a full commit sha"),
-    ('revisions = { "org/x" = "' + PINNED.upper() + '" }', r"must be a full commit sha \(40 lowercase hex digits"),
-    ('revisions = ["' + PINNED + '"]', r"entry \[models.x\] field 'revisions' must be dict"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            'revisions = { "org/y" = "' + PINNED + '" }',
+            r"models.toml: entry \[models.x\] field 'revisions' pins 'org/y', "
+            r"which is not in hub_ids \['org/x'\]",
+        ),
+        (
+            'revisions = { "org/x" = "main" }',
+            r"models.toml: entry \[models.x\] field 'revisions.\"org/x\"' must be a full commit sha",
+        ),
+        ('revisions = { "org/x" = "' + PINNED.upper() + '" }', r"must be a full commit sha \(40 lowercase hex digits"),
+        ('revisions = ["' + PINNED + '"]', r"entry \[models.x\] field 'revisions' must be dict"),
+    ],
+)
 def test_bad_revisions_name_file_entry_and_field(tmp_path, extra, message):
     path = tmp_path / "models.toml"
     path.write_text(ENTRY + extra + "\n")
@@ -93,16 +102,30 @@ def test_tiny_checkpoint_revision_is_its_content_hash():
 
 
 def test_add_model_pins_the_commit_it_read_the_config_from(tmp_path):
-    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
-              "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 32000, "max_position_embeddings": 4096}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "num_hidden_layers": 32,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+    }
     hf_cache_snapshot(tmp_path / "hub", "org/llama-x", PINNED, {"config.json": json.dumps(config)})
     (tmp_path / "hub" / "models--org--llama-x" / "refs").mkdir()
     (tmp_path / "hub" / "models--org--llama-x" / "refs" / "main").write_text(PINNED)
     models_file = tmp_path / "models.toml"
     models_file.write_text((PROJECT_ROOT / "matrix" / "models.toml").read_text())
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "sessions.add_model", "org/llama-x", "--no-run", "--models-file", str(models_file)],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "sessions.add_model", "org/llama-x", "--no-run", "--models-file", str(models_file)],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     entry = load_models(models_file)["llama_x"]
     assert entry.hub_ids == ("org/llama-x",) and entry.revisions == {"org/llama-x": PINNED}

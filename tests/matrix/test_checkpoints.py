@@ -77,10 +77,23 @@ def test_a_missing_tiny_checkpoint_is_written_once_while_parallel_drivers_wait_f
 
     go = tmp_path / "go"
     env = {**os.environ, "AUTOTP_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(PROJECT_ROOT)}
-    drivers = [subprocess.Popen([sys.executable, "-c", CONCURRENT_DRIVER, str(go), str(number)], cwd=PROJECT_ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for number in range(3)]
+    drivers = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_DRIVER, str(go), str(number)],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for number in range(3)
+    ]
     deadline = time.monotonic() + 300
-    while len(list(tmp_path.glob("ready-*"))) < 3 and time.monotonic() < deadline and all(d.poll() is None for d in drivers):
+    while (
+        len(list(tmp_path.glob("ready-*"))) < 3
+        and time.monotonic() < deadline
+        and all(d.poll() is None for d in drivers)
+    ):
         time.sleep(0.05)  # imports (torch, transformers) take seconds; then all of them spin on `go` together
     go.touch()
     outputs = [driver.communicate(timeout=300) for driver in drivers]
@@ -105,14 +118,18 @@ def test_the_plan_before_the_first_cell_writes_no_tiny_checkpoint_and_the_cell_w
     llama, gpt2 = expand("llama", tp="2", shapes="stress")[0], expand("gpt2", tp="2", shapes="stress")[0]
     lines = memory_plan_lines([llama, gpt2], RunOptions())
     assert not (tmp_path / "tiny").exists()
-    assert lines[-1].endswith(f"2 models are planned by their first cell, which writes their tiny checkpoint: "
-                              f"{llama.model.name}, {gpt2.model.name}")
+    assert lines[-1].endswith(
+        f"2 models are planned by their first cell, which writes their tiny checkpoint: "
+        f"{llama.model.name}, {gpt2.model.name}"
+    )
     job, provenance = prepare_job(llama, RunOptions())  # the cell writes its checkpoint (and reference) itself
     assert cached_tiny_checkpoint(llama.model) is not None and cached_tiny_checkpoint(gpt2.model) is None
     assert Path(job.checkpoint) == cached_tiny_checkpoint(llama.model)
     lines = memory_plan_lines([llama, gpt2], RunOptions())
     assert lines[-2].startswith("  1 models need <") and lines[-2].endswith(f"fit: {llama.model.name}")
-    assert lines[-1].endswith(f"1 models are planned by their first cell, which writes their tiny checkpoint: {gpt2.model.name}")
+    assert lines[-1].endswith(
+        f"1 models are planned by their first cell, which writes their tiny checkpoint: {gpt2.model.name}"
+    )
 
 
 def test_a_checkpoint_hashed_once_is_hashed_again_when_a_file_changes_even_at_its_size(tmp_path, monkeypatch):

@@ -10,18 +10,59 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from matrix.cells import expand
 from matrix.checkpoints import tiny_config
-from matrix.derive import (MAX_PARAMS, DerivedData, NotDerivable, VersionSkip, causal_lm_model_types,
-                           derive_for_model_type, derive_tiny, derived_entries, load_derived_data)
+from matrix.derive import (
+    MAX_PARAMS,
+    DerivedData,
+    NotDerivable,
+    VersionSkip,
+    causal_lm_model_types,
+    derive_for_model_type,
+    derive_tiny,
+    derived_entries,
+    load_derived_data,
+)
 from matrix.registry import ModelEntry, RegistryError, load_models
 from suites.driver import RunOptions, run_cell, skip_reason
 
 # Families with different attribute names and structure: GQA/MQA/MHA, fused qkv, ALiBi, MoE (plain,
 # grouped routing, shared experts), MLA, sliding/local windows and layer-type lists, hybrids
 # (mamba/linear attention/conv), per-layer widths, encoder-decoder decoders, sub-config tables.
-FAMILIES = ["llama", "mistral", "mixtral", "qwen2_moe", "qwen3_next", "deepseek_v3", "falcon", "bloom", "gpt2", "gptj",
-            "codegen", "gpt_neo", "gemma2", "gemma3_text", "gemma3n_text", "jamba", "phi3", "mpt", "dbrx", "opt",
-            "llama4_text", "lfm2", "bamba", "zamba2", "recurrent_gemma", "dots3_note_text", "bart", "xlm", "roc_bert",
-            "afmoe", "longcat_flash", "granitemoehybrid", "minimax", "falcon_h1"]
+FAMILIES = [
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_next",
+    "deepseek_v3",
+    "falcon",
+    "bloom",
+    "gpt2",
+    "gptj",
+    "codegen",
+    "gpt_neo",
+    "gemma2",
+    "gemma3_text",
+    "gemma3n_text",
+    "jamba",
+    "phi3",
+    "mpt",
+    "dbrx",
+    "opt",
+    "llama4_text",
+    "lfm2",
+    "bamba",
+    "zamba2",
+    "recurrent_gemma",
+    "dots3_note_text",
+    "bart",
+    "xlm",
+    "roc_bert",
+    "afmoe",
+    "longcat_flash",
+    "granitemoehybrid",
+    "minimax",
+    "falcon_h1",
+]
 
 
 def _values(model_type: str):
@@ -51,26 +92,62 @@ def test_derived_config_is_tiny_and_consistent(model_type):
     if tiny.get("rotary_dim"):
         head_dim = tiny.get("head_dim") or config.hidden_size // config.num_attention_heads
         assert tiny["rotary_dim"] <= head_dim
-    layers = next(tiny[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers") if tiny.get(k))
-    source_layers = next(source[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers") if source.get(k))
+    layers = next(
+        tiny[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers") if tiny.get(k)
+    )
+    source_layers = next(
+        source[k] for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers") if source.get(k)
+    )
     for key in ("layer_types", "mlp_layer_types", "layers_block_type", "no_rope_layers"):
         if isinstance(source.get(key), list) and len(source[key]) == source_layers:
             assert len(tiny[key]) == layers, f"{model_type}.{key} has {len(tiny[key])} entries for {layers} layers"
             assert set(source[key]) <= set(tiny[key]), f"{model_type}.{key} lost a layer kind"
 
 
-@pytest.mark.parametrize("model_type, real, expected", [
-    ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8},
-     {"num_attention_heads": 8, "num_key_value_heads": 2}),  # GQA 4:1 kept
-    ("qwen2", {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4},
-     {"num_attention_heads": 8, "num_key_value_heads": 2}),  # GQA 7:1 capped at 4:1
-    ("falcon", {"hidden_size": 4544, "num_attention_heads": 71, "multi_query": True, "bias": True, "parallel_attn": True,
-                "new_decoder_architecture": False},
-     {"num_attention_heads": 8, "multi_query": True, "bias": True, "parallel_attn": True, "new_decoder_architecture": False}),
-    ("gpt2", {"n_embd": 768, "n_head": 12, "tie_word_embeddings": False}, {"n_head": 8, "tie_word_embeddings": False}),
-    ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, {"num_local_experts": 4, "num_experts_per_tok": 2}),
-    ("bloom", {"n_head": 32, "hidden_size": 4096}, {"n_head": 8, "hidden_size": 128}),  # ALiBi per head
-])
+@pytest.mark.parametrize(
+    "model_type, real, expected",
+    [
+        (
+            "llama",
+            {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8},
+            {"num_attention_heads": 8, "num_key_value_heads": 2},
+        ),  # GQA 4:1 kept
+        (
+            "qwen2",
+            {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4},
+            {"num_attention_heads": 8, "num_key_value_heads": 2},
+        ),  # GQA 7:1 capped at 4:1
+        (
+            "falcon",
+            {
+                "hidden_size": 4544,
+                "num_attention_heads": 71,
+                "multi_query": True,
+                "bias": True,
+                "parallel_attn": True,
+                "new_decoder_architecture": False,
+            },
+            {
+                "num_attention_heads": 8,
+                "multi_query": True,
+                "bias": True,
+                "parallel_attn": True,
+                "new_decoder_architecture": False,
+            },
+        ),
+        (
+            "gpt2",
+            {"n_embd": 768, "n_head": 12, "tie_word_embeddings": False},
+            {"n_head": 8, "tie_word_embeddings": False},
+        ),
+        (
+            "mixtral",
+            {"num_local_experts": 8, "num_experts_per_tok": 2},
+            {"num_local_experts": 4, "num_experts_per_tok": 2},
+        ),
+        ("bloom", {"n_head": 32, "hidden_size": 4096}, {"n_head": 8, "hidden_size": 128}),  # ALiBi per head
+    ],
+)
 def test_real_config_keeps_what_matters_for_sharding(model_type, real, expected):
     config = AutoConfig.for_model(model_type, **real)
     tiny = tiny_config(ModelEntry("x", model_type, derive_tiny(config, real=True).tiny)).to_dict()
@@ -78,8 +155,13 @@ def test_real_config_keeps_what_matters_for_sharding(model_type, real, expected)
 
 
 def test_layer_plan_keeps_one_layer_per_kind_and_remaps_indices():
-    config = AutoConfig.for_model("qwen2_moe", num_hidden_layers=24, mlp_only_layers=[0, 12],
-                                  layer_types=["sliding_attention"] * 6 + ["full_attention"] * 18, use_sliding_window=True)
+    config = AutoConfig.for_model(
+        "qwen2_moe",
+        num_hidden_layers=24,
+        mlp_only_layers=[0, 12],
+        layer_types=["sliding_attention"] * 6 + ["full_attention"] * 18,
+        use_sliding_window=True,
+    )
     tiny = derive_tiny(config, real=True).tiny
     assert tiny["num_hidden_layers"] == 4  # (sliding, dense) (sliding, moe) (full, moe) (full, dense)
     assert tiny["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention", "full_attention"]
@@ -124,19 +206,50 @@ def test_fix_merges_into_sub_config_tables():
     assert tiny["ffn_config"]["moe_top_k"] == 1 and tiny["ffn_config"]["moe_num_experts"] == 4
 
 
-@pytest.mark.parametrize("text, message, entry", [
-    ("[skip]\nllama = ''\n", "non-empty reason", ""),
-    ("[skips]\n", "unknown table", ""),
-    ("[skip\n", "not valid TOML", ""),
-    ('[[skip_at.llama]]\ntransformers = "4.46"\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
-    ('[[skip_at.llama]]\ntransformers = ""\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
-    ('[[skip_at.llama]]\ntransformers = 4.46\nreason = "r"\n', "field 'transformers' must be a version range", "[[skip_at.llama]]"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = " "\n', "field 'reason' needs a non-empty string", "[[skip_at.llama]]"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\n', r"missing required field\(s\) \['reason'\]", "[[skip_at.llama]]"),
-    ('[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\nwhy = "w"\n', r"unknown field\(s\) \['why'\]", "[[skip_at.llama]]"),
-    ('[skip]\nllama = "every release"\n[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\n', "already skipped at every release", "[[skip_at.llama]]"),
-    ('[skip_at]\nllama = "r"\n', "must be tables", "[[skip_at.llama]]"),
-])
+@pytest.mark.parametrize(
+    "text, message, entry",
+    [
+        ("[skip]\nllama = ''\n", "non-empty reason", ""),
+        ("[skips]\n", "unknown table", ""),
+        ("[skip\n", "not valid TOML", ""),
+        (
+            '[[skip_at.llama]]\ntransformers = "4.46"\nreason = "r"\n',
+            "field 'transformers' must be a version range",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[[skip_at.llama]]\ntransformers = ""\nreason = "r"\n',
+            "field 'transformers' must be a version range",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[[skip_at.llama]]\ntransformers = 4.46\nreason = "r"\n',
+            "field 'transformers' must be a version range",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[[skip_at.llama]]\ntransformers = "<4.46"\nreason = " "\n',
+            "field 'reason' needs a non-empty string",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[[skip_at.llama]]\ntransformers = "<4.46"\n',
+            r"missing required field\(s\) \['reason'\]",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\nwhy = "w"\n',
+            r"unknown field\(s\) \['why'\]",
+            "[[skip_at.llama]]",
+        ),
+        (
+            '[skip]\nllama = "every release"\n[[skip_at.llama]]\ntransformers = "<4.46"\nreason = "r"\n',
+            "already skipped at every release",
+            "[[skip_at.llama]]",
+        ),
+        ('[skip_at]\nllama = "r"\n', "must be tables", "[[skip_at.llama]]"),
+    ],
+)
 def test_bad_derived_data_is_refused_naming_the_file_and_entry(tmp_path, text, message, entry):
     path = tmp_path / "derived.toml"
     path.write_text(text)
@@ -164,12 +277,16 @@ def test_version_bounded_skips_are_parsed(tmp_path):
     path = tmp_path / "derived.toml"
     path.write_text(SKIP_AT)
     data = load_derived_data(path)
-    assert data.version_skips == {"llama": (VersionSkip(">=4.46, <4.54", "a generate() bug"), VersionSkip("==5.0.*", "another bug")),
-                                  "gpt2": (VersionSkip("<4.53", "one range"),)}
+    assert data.version_skips == {
+        "llama": (VersionSkip(">=4.46, <4.54", "a generate() bug"), VersionSkip("==5.0.*", "another bug")),
+        "gpt2": (VersionSkip("<4.53", "one range"),),
+    }
     assert data.skips == {} and data.fixes == {}
 
 
-@pytest.mark.parametrize("version, skipped", [("4.52.4", True), ("4.53.0", False), ("4.53.1", False), ("5.24.0", False)])
+@pytest.mark.parametrize(
+    "version, skipped", [("4.52.4", True), ("4.53.0", False), ("4.53.1", False), ("5.24.0", False)]
+)
 def test_version_bounded_skip_applies_below_its_bound_only(tmp_path, version, skipped):
     path = tmp_path / "derived.toml"
     path.write_text(SKIP_AT)
@@ -181,8 +298,17 @@ def test_version_bounded_skip_applies_below_its_bound_only(tmp_path, version, sk
         assert derive_for_model_type("gpt2", data, version).tiny["n_head"] == 8
 
 
-@pytest.mark.parametrize("version, reason", [("4.45.2", None), ("4.46.0", "a generate() bug"), ("4.53.3", "a generate() bug"),
-                                             ("4.54.0", None), ("5.0.0", "another bug"), ("5.1.0", None)])
+@pytest.mark.parametrize(
+    "version, reason",
+    [
+        ("4.45.2", None),
+        ("4.46.0", "a generate() bug"),
+        ("4.53.3", "a generate() bug"),
+        ("4.54.0", None),
+        ("5.0.0", "another bug"),
+        ("5.1.0", None),
+    ],
+)
 def test_version_bounded_skip_ranges(tmp_path, version, reason):
     path = tmp_path / "derived.toml"
     path.write_text(SKIP_AT)
@@ -196,9 +322,16 @@ def test_version_bounded_skip_reaches_the_derived_entry():
 
     version, registry = transformers.__version__, load_models()
     name, entry = next((n, e) for n, e in derived_entries(registry).items() if not e.skip_reason)
-    data = DerivedData(fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<={version}", "injected bug"),)})
-    assert derived_entries(registry, data)[name].skip_reason == f"{entry.model_type}: injected bug (transformers {version}; skipped at <={version})"
-    data = DerivedData(fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<{version}", "injected bug"),)})
+    data = DerivedData(
+        fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<={version}", "injected bug"),)}
+    )
+    assert (
+        derived_entries(registry, data)[name].skip_reason
+        == f"{entry.model_type}: injected bug (transformers {version}; skipped at <={version})"
+    )
+    data = DerivedData(
+        fixes={}, skips={}, version_skips={entry.model_type: (VersionSkip(f"<{version}", "injected bug"),)}
+    )
     assert derived_entries(registry, data)[name].skip_reason is None
 
 
@@ -223,7 +356,9 @@ SAMPLE = "axk1,cwm,ministral3"
 @pytest.mark.autotp
 @pytest.mark.parametrize("tp", ["2", "3"])
 def test_sample_of_derived_architectures_runs_under_autotp(tp, rank_pool):
-    outcomes = {cell.model.name: run_cell(cell, rank_pool, RunOptions(cell_timeout=60.0)) for cell in expand(SAMPLE, tp=tp)}
+    outcomes = {
+        cell.model.name: run_cell(cell, rank_pool, RunOptions(cell_timeout=60.0)) for cell in expand(SAMPLE, tp=tp)
+    }
     for name, outcome in outcomes.items():
         assert outcome.outcome in ("pass", "fail"), f"{name}: {outcome.message}"
         assert outcome.failure_class != "setup", f"{name} tp{tp}: {outcome.signature}"

@@ -43,8 +43,11 @@ class FakeHub:
             return str(folder)
         if not self.online:
             raise ConnectionError(f"hub unreachable (Authorization: Bearer {TOKEN})")
-        files = {name: size for name, size in self.repos[repo_id].items()
-                 if not any(fnmatch.fnmatch(name, pattern) for pattern in ignore_patterns)}
+        files = {
+            name: size
+            for name, size in self.repos[repo_id].items()
+            if not any(fnmatch.fnmatch(name, pattern) for pattern in ignore_patterns)
+        }
         if dry_run:
             return [DryRunInfo(name, size, not (folder / name).exists()) for name, size in files.items()]
         for name, size in files.items():
@@ -60,8 +63,13 @@ def prefetch_one(hub_id, download, revision=None):
     return fetch_snapshot(hub_id, revision, download)
 
 
-SAFETENSORS_REPO = {"config.json": 100, "model.safetensors": 5000, "pytorch_model.bin": 5000,
-                    "original/consolidated.pth": 5000, "tokenizer.json": 300}
+SAFETENSORS_REPO = {
+    "config.json": 100,
+    "model.safetensors": 5000,
+    "pytorch_model.bin": 5000,
+    "original/consolidated.pth": 5000,
+    "tokenizer.json": 300,
+}
 BIN_ONLY_REPO = {"config.json": 100, "pytorch_model.bin": 4000}
 
 
@@ -75,8 +83,11 @@ def test_miss_then_hit_with_bytes(hub):
     first = prefetch_one("org/llama", hub)
     assert (first.status, first.files, first.cached_bytes, first.downloaded_bytes) == ("miss", 3, 0, 5400)
     # safetensors present: neither the .bin copy nor Meta's original/ weights are fetched
-    assert sorted(hub.downloaded) == ["org/llama@main/config.json", "org/llama@main/model.safetensors",
-                                      "org/llama@main/tokenizer.json"]
+    assert sorted(hub.downloaded) == [
+        "org/llama@main/config.json",
+        "org/llama@main/model.safetensors",
+        "org/llama@main/tokenizer.json",
+    ]
     assert first.revision == MAIN  # the commit main pointed at, recorded by cells that load it
     second = prefetch_one("org/llama", hub)
     assert (second.status, second.cached_bytes, second.downloaded_bytes) == ("hit", 5400, 0)
@@ -140,7 +151,11 @@ def test_hub_ids_are_what_hub_cells_load_unless_all_requested():
 
     assert ids("llama") == ["meta-llama/Llama-2-7b-hf"]
     assert ids("llama,qwen3", all_hub_ids=True) == [
-        "meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-8B", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"]
+        "meta-llama/Llama-2-7b-hf",
+        "meta-llama/Meta-Llama-3-8B",
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-0.6B",
+    ]
     # The workflow passes its --models input here too: every selection keyword must work.
     assert hub_ids("registry") == hub_ids("all") and "meta-llama/Llama-2-7b-hf" in ids("all")
     assert hub_ids("derived") == []

@@ -10,7 +10,6 @@ from matrix.cells import expand, parse_tp_sizes
 from matrix.registry import RegistryError, load_models, load_variants, pick
 
 
-
 def write_registry(tmp_path, text):
     path = tmp_path / "models.toml"
     path.write_text(text)
@@ -34,27 +33,40 @@ def test_unknown_model_lists_close_names():
         pick(load_models(), ["lama"], "model")
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[models.x]\ntiny = {}\n', r"models.toml: entry \[models.x\] is missing required field 'model_type'"),
-    ('[models.x]\nmodel_type = 3\ntiny = {}\n', r"entry \[models.x\] field 'model_type' must be str, got 3"),
-    ('[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_id = "a/b"\n', r"entry \[models.x\] has unknown field\(s\) \['hub_id'\]"),
-    ('[models.x]\nmodel_type = "llama"\ntiny = {}\nmin_transformers = "four"\n',
-     r"entry \[models.x\] field 'min_transformers' is not a version: 'four'"),
-    ('[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { logits_rel = 1 } }\n',
-     r"entry \[models.x\] field 'tolerance' has unknown dtype 'fp64'"),
-    ('[models.X-1]\nmodel_type = "llama"\ntiny = {}\n', r"entry \[models.X-1\] name must be lowercase"),
-    ('[models.x\nmodel_type = "llama"\n', r"models.toml: not valid TOML: .*line 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[models.x]\ntiny = {}\n", r"models.toml: entry \[models.x\] is missing required field 'model_type'"),
+        ("[models.x]\nmodel_type = 3\ntiny = {}\n", r"entry \[models.x\] field 'model_type' must be str, got 3"),
+        (
+            '[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_id = "a/b"\n',
+            r"entry \[models.x\] has unknown field\(s\) \['hub_id'\]",
+        ),
+        (
+            '[models.x]\nmodel_type = "llama"\ntiny = {}\nmin_transformers = "four"\n',
+            r"entry \[models.x\] field 'min_transformers' is not a version: 'four'",
+        ),
+        (
+            '[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { logits_rel = 1 } }\n',
+            r"entry \[models.x\] field 'tolerance' has unknown dtype 'fp64'",
+        ),
+        ('[models.X-1]\nmodel_type = "llama"\ntiny = {}\n', r"entry \[models.X-1\] name must be lowercase"),
+        ('[models.x\nmodel_type = "llama"\n', r"models.toml: not valid TOML: .*line 1"),
+    ],
+)
 def test_malformed_registry_entry_names_file_entry_and_field(tmp_path, text, message):
     with pytest.raises(RegistryError, match=message):
         load_models(write_registry(tmp_path, text))
 
 
-@pytest.mark.parametrize("text, message", [
-    ("0", "tp size 0 must be >= 1"),
-    ("2,x", "tp size 'x' is not an integer"),
-    ("1.5", "tp size '1.5' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0", "tp size 0 must be >= 1"),
+        ("2,x", "tp size 'x' is not an integer"),
+        ("1.5", "tp size '1.5' is not an integer"),
+    ],
+)
 def test_bad_tp_size_is_refused(text, message):
     with pytest.raises(RegistryError, match=message):
         parse_tp_sizes(text)
@@ -70,15 +82,33 @@ def test_unknown_dtype_and_variant_are_refused():
 def test_remote_code_model_is_refused_without_the_flag(tmp_path):
     from suites.driver import RunOptions, skip_reason
 
-    path = write_registry(tmp_path, '[models.remote]\nmodel_type = "llama"\ntiny = {}\ntrust_remote_code = true\n'
-                                    'min_transformers = "99.0"\n')
+    path = write_registry(
+        tmp_path,
+        '[models.remote]\nmodel_type = "llama"\ntiny = {}\ntrust_remote_code = true\nmin_transformers = "99.0"\n',
+    )
     cell = expand("remote", tp="2", models_file=path)[0]
     assert "--allow-remote-code" in skip_reason(cell, RunOptions())
     assert "needs transformers >= 99.0" in skip_reason(cell, RunOptions(allow_remote_code=True))
 
 
 def test_command_line_typo_is_a_usage_error_not_a_crash():
-    result = subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", "lama", "--collect-only", "-q",
-                             "-p", "no:cacheprovider"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites",
+            "--models",
+            "lama",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 4, result.stdout + result.stderr
     assert "unknown model 'lama'; did you mean: llama" in result.stderr

@@ -9,12 +9,32 @@ import pytest
 
 from matrix.cells import expand, parse_cell_id, replay_name
 from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models, load_variants
-from matrix.shapes import (MATRIX_TP, REAL_SHAPES_FILE, RealShape, faithful_count, faithful_dim, faithful_record,
-                           faithful_sizes, load_real_shapes, main, shaped_entry, split_differences, split_pattern,
-                           tiny_shape)
+from matrix.shapes import (
+    MATRIX_TP,
+    REAL_SHAPES_FILE,
+    RealShape,
+    faithful_count,
+    faithful_dim,
+    faithful_record,
+    faithful_sizes,
+    load_real_shapes,
+    main,
+    shaped_entry,
+    split_differences,
+    split_pattern,
+    tiny_shape,
+)
 
-QWEN2_7B = RealShape(source="hub config Qwen/Qwen2-7B", heads=28, kv_heads=4, head_dim=128, hidden=3584,
-                     intermediate=18944, vocab=152064, tied_embeddings=False)
+QWEN2_7B = RealShape(
+    source="hub config Qwen/Qwen2-7B",
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    hidden=3584,
+    intermediate=18944,
+    vocab=152064,
+    tied_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +48,11 @@ def faithful(registry):
     shapes = load_real_shapes(registry=registry)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {name: (shaped_entry(entry, "faithful", 2, shapes), faithful_record(entry, shapes))
-                for name, entry in registry.items() if not entry.skip_reason}
+        return {
+            name: (shaped_entry(entry, "faithful", 2, shapes), faithful_record(entry, shapes))
+            for name, entry in registry.items()
+            if not entry.skip_reason
+        }
 
 
 def test_every_registry_entry_has_a_faithful_tiny_config_that_splits_like_its_real_checkpoint(faithful):
@@ -51,19 +74,25 @@ def test_the_stress_shapes_do_not_split_like_the_checkpoints(registry, faithful)
     differences = split_differences(tiny_shape(qwen2.model_type, qwen2.tiny), faithful["qwen2"][1], MATRIX_TP)
     assert "intermediate at tp 2: tiny ('grains', True, 1, 0) vs real ('grains', True, 0, 0)" in differences
     assert any(line.startswith("kv_heads at tp 3") for line in differences)  # 6 kv heads even, Qwen2-7B's 4: 2/1/1
-    unfaithful = [name for name, (_, real) in faithful.items()
-                  if split_differences(tiny_shape(registry[name].model_type, registry[name].tiny), real, MATRIX_TP)]
+    unfaithful = [
+        name
+        for name, (_, real) in faithful.items()
+        if split_differences(tiny_shape(registry[name].model_type, registry[name].tiny), real, MATRIX_TP)
+    ]
     assert len(unfaithful) > len(faithful) // 2
 
 
-@pytest.mark.parametrize("real, tps, expected", [
-    (296, (2, 3, 4), 8),   # Qwen2-7B's intermediate grains: 296 = 24 x 12 + 8
-    (4, (2, 3, 4), 4),     # fewer kv heads than tp 3 ... stays
-    (2, (2, 3, 4), 2),     # fewer than tp 3 and 4
-    (71, (2, 3, 4), 11),   # falcon-7b's heads
-    (2376, (2, 3, 4), 12), # Qwen2-7B's vocab grains: 0 mod 12, and >= every tp
-    (28, (2, 3, 4, 8), 28),  # any tp asked joins the period (lcm 24)
-])
+@pytest.mark.parametrize(
+    "real, tps, expected",
+    [
+        (296, (2, 3, 4), 8),  # Qwen2-7B's intermediate grains: 296 = 24 x 12 + 8
+        (4, (2, 3, 4), 4),  # fewer kv heads than tp 3 ... stays
+        (2, (2, 3, 4), 2),  # fewer than tp 3 and 4
+        (71, (2, 3, 4), 11),  # falcon-7b's heads
+        (2376, (2, 3, 4), 12),  # Qwen2-7B's vocab grains: 0 mod 12, and >= every tp
+        (28, (2, 3, 4, 8), 28),  # any tp asked joins the period (lcm 24)
+    ],
+)
 def test_faithful_count_is_the_smallest_count_that_splits_alike(real, tps, expected):
     assert faithful_count(real, tps) == expected
     assert all(divmod(expected, tp)[1] == divmod(real, tp)[1] and (expected >= tp) == (real >= tp) for tp in tps)
@@ -81,7 +110,8 @@ def test_codegen_splits_like_codegen_350m_under_deepspeeds_four_group_rule(regis
     residues_only = faithful_sizes(real, MATRIX_TP, head_dim_free=False)
     assert residues_only.kv_heads == 4
     assert "kv_heads % 4tp at tp 2: tiny False vs real True" in split_differences(
-        replace(real, heads=4, kv_heads=4, head_dim=64, hidden=256), real, MATRIX_TP, rules)
+        replace(real, heads=4, kv_heads=4, head_dim=64, hidden=256), real, MATRIX_TP, rules
+    )
 
 
 def test_a_count_rule_joins_the_residues_and_the_thresholds():
@@ -92,17 +122,28 @@ def test_a_count_rule_joins_the_residues_and_the_thresholds():
     assert faithful_count(32, MATRIX_TP, rules=multiple) == 32 and faithful_count(16, MATRIX_TP, rules=multiple) == 16
 
 
-@pytest.mark.parametrize("rule, message", [
-    ('{ size = "layers", multiple_of_tp_times = 4, why = "x" }', "'split_rules[0].size' must be one of"),
-    ('{ size = "kv_heads", why = "x" }', "'split_rules[0]' states no condition"),
-    ('{ size = "kv_heads", multiple_of_tp_times = 4 }', "needs size and why"),
-    ('{ size = "heads", equals = "hidden", why = "x" }', "'split_rules[0].equals' must be 'hidden', for size 'attention_out'"),
-    ('{ size = "kv_heads", multiple_of_tp_times = -4, why = "x" }', "'split_rules[0].multiple_of_tp_times' must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ('{ size = "layers", multiple_of_tp_times = 4, why = "x" }', "'split_rules[0].size' must be one of"),
+        ('{ size = "kv_heads", why = "x" }', "'split_rules[0]' states no condition"),
+        ('{ size = "kv_heads", multiple_of_tp_times = 4 }', "needs size and why"),
+        (
+            '{ size = "heads", equals = "hidden", why = "x" }',
+            "'split_rules[0].equals' must be 'hidden', for size 'attention_out'",
+        ),
+        (
+            '{ size = "kv_heads", multiple_of_tp_times = -4, why = "x" }',
+            "'split_rules[0].multiple_of_tp_times' must be an integer >= 0",
+        ),
+    ],
+)
 def test_bad_split_rule_is_refused_naming_the_entry_and_field(tmp_path, rule, message):
     models = tmp_path / "models.toml"
-    models.write_text(MODELS_FILE.read_text() + f'\n[models.codegen_copy]\nmodel_type = "codegen"\ntiny = {{ n_head = 4 }}\n'
-                      f'split_rules = [{rule}]\n')
+    models.write_text(
+        MODELS_FILE.read_text() + f'\n[models.codegen_copy]\nmodel_type = "codegen"\ntiny = {{ n_head = 4 }}\n'
+        f"split_rules = [{rule}]\n"
+    )
     with pytest.raises(RegistryError, match=r"entry \[models.codegen_copy\] field ") as error:
         load_models(models)
     assert message in str(error.value)
@@ -166,33 +207,55 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
     models = tmp_path / "models.toml"
     shutil.copy(MODELS_FILE, models)
     text = REAL_SHAPES_FILE.read_text()
-    (tmp_path / "real_shapes.toml").write_text(text.replace('hidden = 3584', 'hidden = 3648', 1))
+    (tmp_path / "real_shapes.toml").write_text(text.replace("hidden = 3584", "hidden = 3648", 1))
     assert main(["--check", "--models-file", str(models)]) == 0  # a hub config is kept as written
     old_release = 'defaults = { source = "config-defaults transformers 0.0 '  # written by another release
-    (tmp_path / "real_shapes.toml").write_text(text.replace('defaults = { source = "config-defaults transformers ', old_release, 1))
+    (tmp_path / "real_shapes.toml").write_text(
+        text.replace('defaults = { source = "config-defaults transformers ', old_release, 1)
+    )
     assert main(["--check", "--models-file", str(models)]) == 1
 
 
-@pytest.mark.parametrize("record, message", [
-    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = "no" }',
-     "entry [qwen2] checkpoint 'Qwen/Qwen2-7B' field 'tied_embeddings' must be true or false"),
-    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }',
-     "field 'kv_heads': 3 does not divide heads 28"),
-    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "from memory", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }',
-     "field 'source' must start with 'hub config Qwen/Qwen2-7B'"),
-    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, vocab = 152064, tied_embeddings = false }', "is missing field(s) ['intermediate']"),
-    ('[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, layers = 28 }',
-     "has unknown field(s) ['layers']"),
-    ('[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }', "entry [qwen9] is not in the model registry"),
-    ('[qwen2]\n"Qwen/Qwen3-8B" = { source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
-     'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }', "that are not in its hub_ids"),
-])
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        (
+            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = "no" }',
+            "entry [qwen2] checkpoint 'Qwen/Qwen2-7B' field 'tied_embeddings' must be true or false",
+        ),
+        (
+            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
+            "field 'kv_heads': 3 does not divide heads 28",
+        ),
+        (
+            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "from memory", heads = 28, kv_heads = 4, head_dim = 128, '
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
+            "field 'source' must start with 'hub config Qwen/Qwen2-7B'",
+        ),
+        (
+            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            "hidden = 3584, vocab = 152064, tied_embeddings = false }",
+            "is missing field(s) ['intermediate']",
+        ),
+        (
+            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, layers = 28 }",
+            "has unknown field(s) ['layers']",
+        ),
+        (
+            '[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
+            "entry [qwen9] is not in the model registry",
+        ),
+        (
+            '[qwen2]\n"Qwen/Qwen3-8B" = { source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
+            "that are not in its hub_ids",
+        ),
+    ],
+)
 def test_bad_record_is_refused_naming_the_file_entry_and_field(tmp_path, registry, record, message):
     path = tmp_path / "real_shapes.toml"
     path.write_text(record + "\n")
@@ -205,12 +268,13 @@ def test_an_entry_without_its_record_is_refused(tmp_path, registry):
     path = tmp_path / "real_shapes.toml"
     text = REAL_SHAPES_FILE.read_text()
     start = text.index("[mpt]\n")
-    path.write_text(text[:start] + text[text.index("\n\n", start) + 2:])
+    path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
     with pytest.raises(RegistryError, match=r"entry \[mpt\] has no record for 'mosaicml/mpt-7b' nor 'defaults'"):
         load_real_shapes(path, registry)
 
 
 # ---- the shape axis of cells -------------------------------------------------------------------------------------
+
 
 def test_stress_cells_keep_the_ids_of_existing_history_and_faithful_cells_carry_their_shape():
     cells = expand("qwen2", tp="2", shapes="faithful,stress")
@@ -223,7 +287,9 @@ def test_stress_cells_keep_the_ids_of_existing_history_and_faithful_cells_carry_
 
 def test_a_model_named_with_its_shape_runs_that_shape_whatever_shapes_says():
     assert [cell.id for cell in expand("qwen2.faithful,llama.stress", tp="3", shapes="stress")] == [
-        "qwen2.faithful-eager-fp32-tp3", "llama-eager-fp32-tp3"]
+        "qwen2.faithful-eager-fp32-tp3",
+        "llama-eager-fp32-tp3",
+    ]
     with pytest.raises(RegistryError, match="unknown shape 'tiny'"):
         expand("qwen2.tiny", tp="2")
     with pytest.raises(RegistryError, match="unknown shape 'faithfull'"):
@@ -250,11 +316,18 @@ def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, 
     from matrix.shapes import add_record
 
     models = tmp_path / "models.toml"
-    models.write_text(MODELS_FILE.read_text() + '\n[models.qwen2_copy]\nmodel_type = "qwen2"\nhub_ids = ["Qwen/Qwen2-7B-copy"]\n'
-                      'tiny = { hidden_size = 96, num_attention_heads = 6, num_key_value_heads = 6, vocab_size = 512 }\n')
+    models.write_text(
+        MODELS_FILE.read_text() + '\n[models.qwen2_copy]\nmodel_type = "qwen2"\nhub_ids = ["Qwen/Qwen2-7B-copy"]\n'
+        "tiny = { hidden_size = 96, num_attention_heads = 6, num_key_value_heads = 6, vocab_size = 512 }\n"
+    )
     shutil.copy(REAL_SHAPES_FILE, tmp_path / "real_shapes.toml")
     entry = load_models(models)["qwen2_copy"]
-    written = add_record(models, entry, "Qwen/Qwen2-7B-copy", QWEN2_7B.__class__(**{**QWEN2_7B.__dict__, "source": "hub config Qwen/Qwen2-7B-copy"}))
+    written = add_record(
+        models,
+        entry,
+        "Qwen/Qwen2-7B-copy",
+        QWEN2_7B.__class__(**{**QWEN2_7B.__dict__, "source": "hub config Qwen/Qwen2-7B-copy"}),
+    )
     shapes = load_real_shapes(written, load_models(models))
     assert faithful_record(entry, shapes).hidden == 3584
     assert main(["--check", "--models-file", str(models)]) == 0
@@ -263,6 +336,7 @@ def test_add_model_records_the_checkpoints_sizes_next_to_its_registry(tmp_path, 
 
 
 # ---- one faithful cell per split pattern of an entry's checkpoints (bounded cost) -------------------------------
+
 
 def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_their_own():
     cells = {cell.id: cell.model for cell in expand("llama,qwen2,qwen3", tp="2", shapes="faithful")}
@@ -275,9 +349,19 @@ def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_the
     }
     shapes = load_real_shapes()
     llama3 = cells["llama.faithful-meta-llama-3-8b-eager-fp32-tp2"]
-    assert split_differences(tiny_shape(llama3.model_type, llama3.tiny), shapes["llama"]["meta-llama/Meta-Llama-3-8B"], MATRIX_TP) == []
-    assert (tiny_shape("llama", llama3.tiny).heads, tiny_shape("llama", cells["llama.faithful-eager-fp32-tp2"].tiny).heads) == (32, 8)
-    assert [cell.model.checkpoints for cell in expand("qwen2", tp="2", shapes="stress")] == [()]  # stress: per architecture
+    assert (
+        split_differences(
+            tiny_shape(llama3.model_type, llama3.tiny), shapes["llama"]["meta-llama/Meta-Llama-3-8B"], MATRIX_TP
+        )
+        == []
+    )
+    assert (
+        tiny_shape("llama", llama3.tiny).heads,
+        tiny_shape("llama", cells["llama.faithful-eager-fp32-tp2"].tiny).heads,
+    ) == (32, 8)
+    assert [cell.model.checkpoints for cell in expand("qwen2", tp="2", shapes="stress")] == [
+        ()
+    ]  # stress: per architecture
 
 
 def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
@@ -290,7 +374,8 @@ def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
     cells = expand("qwen2", tp="3", shapes="faithful", models_file=models)
     assert [(cell.id, cell.model.checkpoints) for cell in cells] == [
         ("qwen2.faithful-eager-fp32-tp3", ("Qwen/Qwen2-7B",)),
-        ("qwen2.faithful-qwen2-5-7b-instruct-eager-fp32-tp3", ("Qwen/Qwen2.5-7B-Instruct",))]
+        ("qwen2.faithful-qwen2-5-7b-instruct-eager-fp32-tp3", ("Qwen/Qwen2.5-7B-Instruct",)),
+    ]
 
 
 def test_a_checkpoint_cell_id_parses_and_replays_as_the_same_cell():
@@ -300,6 +385,9 @@ def test_a_checkpoint_cell_id_parses_and_replays_as_the_same_cell():
     assert (model, variant, dtype, tp) == ("llama.faithful-meta-llama-3-8b", "meta", "fp32", 3)
     replayed = expand(replay_name(model), variants=variant, tp=str(tp), shapes="stress")
     assert [(cell.id, cell.model.checkpoints) for cell in replayed] == [(cell_id, ("meta-llama/Meta-Llama-3-8B",))]
-    with pytest.raises(RegistryError, match=r"llama.faithful-gpt2: no checkpoint of llama splits apart under that name "
-                                            r"at tp 2; its faithful cells: llama.faithful, llama.faithful-meta-llama-3-8b"):
+    with pytest.raises(
+        RegistryError,
+        match=r"llama.faithful-gpt2: no checkpoint of llama splits apart under that name "
+        r"at tp 2; its faithful cells: llama.faithful, llama.faithful-meta-llama-3-8b",
+    ):
         expand("llama.faithful-gpt2", tp="2")

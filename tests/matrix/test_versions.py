@@ -17,9 +17,21 @@ import pytest
 from packaging.version import Version
 
 from matrix import versions
-from matrix.versions import (AxisRule, AxisValueError, ConfigError, ReleaseDataUnavailable, ci_matrix, combinations,
-                             load_config, load_releases, parse_axis_value, parse_releases, select_versions,
-                             skip_reason, trim_pypi_json)
+from matrix.versions import (
+    AxisRule,
+    AxisValueError,
+    ConfigError,
+    ReleaseDataUnavailable,
+    ci_matrix,
+    combinations,
+    load_config,
+    load_releases,
+    parse_axis_value,
+    parse_releases,
+    select_versions,
+    skip_reason,
+    trim_pypi_json,
+)
 from reports import ReportsError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -542,8 +554,11 @@ def test_bad_tag_and_bad_override_axis(config, cache_dir, no_network):
 def test_shipped_config_has_one_latest_combo(cache_dir, no_network):
     (latest,) = combinations("latest", cache_dir=cache_dir)
     settled = datetime.now(timezone.utc) - timedelta(days=load_config().axes["transformers"].settle_days)
-    newest_settled = max(r.version for r in load_releases("transformers", cache_dir=cache_dir)
-                         if r.uploaded <= settled and not r.version.is_prerelease and not r.yanked)
+    newest_settled = max(
+        r.version
+        for r in load_releases("transformers", cache_dir=cache_dir)
+        if r.uploaded <= settled and not r.version.is_prerelease and not r.yanked
+    )
     assert latest.id.startswith("ds0.19.8-") and latest.transformers.version == newest_settled
 
 
@@ -553,7 +568,10 @@ def test_a_release_younger_than_settle_days_is_not_picked(cache_dir, no_network)
     rule = replace(load_config().axes["transformers"], min=None, minors_window=0, extra=(), prerelease=False)
     age_days = (datetime.now(timezone.utc) - newest.uploaded).days
     assert select_versions(replace(rule, settle_days=0), releases, Version("3.11")).latest.version == newest.version
-    assert select_versions(replace(rule, settle_days=age_days + 1), releases, Version("3.11")).latest.version < newest.version
+    assert (
+        select_versions(replace(rule, settle_days=age_days + 1), releases, Version("3.11")).latest.version
+        < newest.version
+    )
 
 
 # --- CI export -------------------------------------------------------------------------------
@@ -577,12 +595,15 @@ def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     assert row["session"] == f"cpu({latest.id})" and "latest" in row["tags"]
 
 
-@pytest.mark.parametrize("entries, expected", [
-    (["deepspeed=0.19.7,transformers=5.24.0"], {"deepspeed": "0.19.7", "transformers": "5.24.0"}),
-    ([" deepspeed = 0.19.7 , ", "torch=2.13.0"], {"deepspeed": "0.19.7", "torch": "2.13.0"}),
-    (["deepspeed=deepspeed@pr/1234"], {"deepspeed": "deepspeed@pr/1234"}),
-    ([""], {}),
-])
+@pytest.mark.parametrize(
+    "entries, expected",
+    [
+        (["deepspeed=0.19.7,transformers=5.24.0"], {"deepspeed": "0.19.7", "transformers": "5.24.0"}),
+        ([" deepspeed = 0.19.7 , ", "torch=2.13.0"], {"deepspeed": "0.19.7", "torch": "2.13.0"}),
+        (["deepspeed=deepspeed@pr/1234"], {"deepspeed": "deepspeed@pr/1234"}),
+        ([""], {}),
+    ],
+)
 def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
     from sessions.nox_sessions import pin_overrides
     from matrix.versions import parse_pins
@@ -592,12 +613,15 @@ def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
     assert pin_overrides() == expected
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("deepspeed", "'deepspeed' must be AXIS=VALUE"),
-    ("numpy=2", "'numpy=2' must be AXIS=VALUE"),
-    ("deepspeed=", "'deepspeed=' must be AXIS=VALUE"),
-    ("deepspeed=0.19.7,deepspeed=0.19.8", "deepspeed is pinned twice (0.19.7 and 0.19.8)"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("deepspeed", "'deepspeed' must be AXIS=VALUE"),
+        ("numpy=2", "'numpy=2' must be AXIS=VALUE"),
+        ("deepspeed=", "'deepspeed=' must be AXIS=VALUE"),
+        ("deepspeed=0.19.7,deepspeed=0.19.8", "deepspeed is pinned twice (0.19.7 and 0.19.8)"),
+    ],
+)
 def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
     from sessions.nox_sessions import pin_overrides
     from matrix.versions import AxisValueError, parse_pins
@@ -612,25 +636,42 @@ def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypa
     if "=" in text:  # without one, the gate reads a run id
         with pytest.raises(ReportsError, match=re.escape(problem)):
             select([], text, "--baseline")
-    assert bisect_main(["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0",
-                        *[arg for pin in text.split(",") for arg in ("--pin", pin)],
-                        "--store", str(tmp_path / "s.sqlite")]) == 2
+    assert (
+        bisect_main(
+            [
+                "--cell",
+                "llama-eager-fp32-tp2",
+                "--good",
+                "0.16.4",
+                "--bad",
+                "0.17.0",
+                *[arg for pin in text.split(",") for arg in ("--pin", pin)],
+                "--store",
+                str(tmp_path / "s.sqlite"),
+            ]
+        )
+        == 2
+    )
     assert problem.split(" must")[0].split(" (")[0] in capsys.readouterr().err
 
 
 def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, no_network):
     from matrix.versions import AxisValueError, backfill_versions
 
-    releases = [r.version for r in load_releases("deepspeed", cache_dir=cache_dir)
-                if not r.yanked and not r.version.is_prerelease and not r.version.is_devrelease]
+    releases = [
+        r.version
+        for r in load_releases("deepspeed", cache_dir=cache_dir)
+        if not r.yanked and not r.version.is_prerelease and not r.version.is_devrelease
+    ]
     minors = {}
     for version in sorted(releases):
         if version >= Version("0.16.0"):
             minors[version.release[:2]] = version
     chosen = backfill_versions("deepspeed", "0.16.0", python=Version("3.11"), cache_dir=cache_dir)
     assert chosen == [str(v) for v in minors.values()] and len(chosen) >= 2
-    assert backfill_versions("deepspeed", "0.16.0", str(minors[(0, 16)]), python=Version("3.11"),
-                             cache_dir=cache_dir) == [str(minors[(0, 16)])]
+    assert backfill_versions(
+        "deepspeed", "0.16.0", str(minors[(0, 16)]), python=Version("3.11"), cache_dir=cache_dir
+    ) == [str(minors[(0, 16)])]
     with pytest.raises(AxisValueError, match="no installable stable release from 9.0 to the newest"):
         backfill_versions("deepspeed", "9.0", python=Version("3.11"), cache_dir=cache_dir)
     with pytest.raises(AxisValueError, match="--since and --until take releases like 0.16.0"):
@@ -640,8 +681,21 @@ def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, 
 def test_backfill_passes_triage_options_on_and_the_rest_to_pytest():
     from sessions.nox_sessions import backfill_options
 
-    args, triage, pytest_args = backfill_options(["--axis", "deepspeed", "--since", "0.16.0", "--tp", "2",
-                                                  "--max-cells", "2", "--models", "llama", "--max-minutes=30"])
+    args, triage, pytest_args = backfill_options(
+        [
+            "--axis",
+            "deepspeed",
+            "--since",
+            "0.16.0",
+            "--tp",
+            "2",
+            "--max-cells",
+            "2",
+            "--models",
+            "llama",
+            "--max-minutes=30",
+        ]
+    )
     assert (args.axis, args.since, args.until) == ("deepspeed", "0.16.0", None)
     assert triage == ["--max-cells", "2", "--max-minutes", "30"]
     assert pytest_args == ["--tp", "2", "--models", "llama"]  # the "2" of --tp stays, whatever --max-cells says

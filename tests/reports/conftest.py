@@ -30,17 +30,42 @@ def _m(value: float) -> dict[str, float]:
 @pytest.fixture
 def scenario(session, tmp_path) -> Path:
     """Five days of history with known transitions (see test_history.py for the expected report)."""
-    session([Cell("llama", metrics=_m(1e-6)), fail("gpt-neox", "forward"), fail("opt", "shard"),
-             Cell("bloom"), Cell("falcon")], deepspeed="0.9.5")
-    session([Cell("llama", metrics=_m(2e-6)), Cell("gpt-neox"), fail("opt", "shard"), Cell("bloom"),
-             Cell("falcon", "skip")], deepspeed="0.10.0")
+    session(
+        [
+            Cell("llama", metrics=_m(1e-6)),
+            fail("gpt-neox", "forward"),
+            fail("opt", "shard"),
+            Cell("bloom"),
+            Cell("falcon"),
+        ],
+        deepspeed="0.9.5",
+    )
+    session(
+        [
+            Cell("llama", metrics=_m(2e-6)),
+            Cell("gpt-neox"),
+            fail("opt", "shard"),
+            Cell("bloom"),
+            Cell("falcon", "skip"),
+        ],
+        deepspeed="0.10.0",
+    )
     session([fail("bloom", "forward", "RuntimeError: NCCL timeout")], deepspeed="0.10.0", host="runner-2")
     for transformers in ("4.44.0", "4.45.0"):
         # 0.10.1 only at 4.44.0; 0.11.0 at both transformers releases
         for deepspeed in ("0.10.1", "0.11.0") if transformers == "4.44.0" else ("0.11.0",):
             broken_import = fail("qwen2", "setup", "ImportError: cannot import name X")
             qwen = Cell("qwen2") if transformers == "4.44.0" else broken_import
-            session([fail("llama", "shard", "AssertionError: heads % tp != 0", metrics=_m(0.5)), Cell("gpt-neox"),
-                     fail("opt", "numerics", "logits_max_rel 0.3 > 0.01"), Cell("bloom"), Cell("falcon"), qwen],
-                    deepspeed=deepspeed, transformers=transformers)
+            session(
+                [
+                    fail("llama", "shard", "AssertionError: heads % tp != 0", metrics=_m(0.5)),
+                    Cell("gpt-neox"),
+                    fail("opt", "numerics", "logits_max_rel 0.3 > 0.01"),
+                    Cell("bloom"),
+                    Cell("falcon"),
+                    qwen,
+                ],
+                deepspeed=deepspeed,
+                transformers=transformers,
+            )
     return tmp_path / "junit"

@@ -18,8 +18,23 @@ from tests.fake_packages import make_repo, pyproject
 from sessions.environments import READY_MARKER, EnvironmentSpec
 from reports import ReportsError
 from reports.__main__ import main as reports_main
-from reports.bisect import (BAD, GOOD, SKIP, BisectError, CellProbe, CellRun, Verdict, bisect_commits, classify,
-                            held_fixed_pins, main, parse_cell, release_candidates, search, stored_release_answer)
+from reports.bisect import (
+    BAD,
+    GOOD,
+    SKIP,
+    BisectError,
+    CellProbe,
+    CellRun,
+    Verdict,
+    bisect_commits,
+    classify,
+    held_fixed_pins,
+    main,
+    parse_cell,
+    release_candidates,
+    search,
+    stored_release_answer,
+)
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import Bisection, CellKey, CellResult, Run, Versions
@@ -37,6 +52,7 @@ def counting_probe(first_bad: int, skipped=(), calls=None):
         calls.append(candidate) if calls is not None else None
         index = int(candidate)
         return Verdict(SKIP if index in skipped else BAD if index >= first_bad else GOOD)
+
     return probe
 
 
@@ -107,8 +123,10 @@ def test_only_the_reference_failure_is_bad():
     assert classify(CellRun("pass", "", "", ""), reference, False).kind == GOOD
     assert classify(same, reference, False).kind == BAD
     assert classify(other, reference, False) == Verdict(
-        SKIP, "a different failure (setup: ImportError: cannot import name X); --any-failure counts it as bad, "
-        "--mode gone as gone")
+        SKIP,
+        "a different failure (setup: ImportError: cannot import name X); --any-failure counts it as bad, "
+        "--mode gone as gone",
+    )
     assert classify(other, reference, True).kind == BAD
     assert classify(CellRun("fail", "install", "pip failed", ""), None, True).kind == SKIP
     assert classify(CellRun("skip", "", "", "needs 4 ranks"), reference, False).kind == SKIP
@@ -130,14 +148,25 @@ def test_release_ranges_come_from_release_data(monkeypatch, tmp_path):
         release_candidates("deepspeed", low, "0.99.1", Version("3.11"))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--cell", "nosuch-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0"], "no model with a variant makes"),
-    (["--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.17.0"], "--good and --bad are both 0.17.0"),
-    (["--cell", "llama-eager-fp32-tp2", "--axis", "transformers", "--good", "1", "--bad", "2", "--refine"],
-     "use --axis deepspeed"),
-    (["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--refine"], "needs --deepspeed-repo"),
-    (["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--pin", "numpy=2"], "'numpy=2' must be AXIS=VALUE"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cell", "nosuch-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0"], "no model with a variant makes"),
+        (["--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.17.0"], "--good and --bad are both 0.17.0"),
+        (
+            ["--cell", "llama-eager-fp32-tp2", "--axis", "transformers", "--good", "1", "--bad", "2", "--refine"],
+            "use --axis deepspeed",
+        ),
+        (
+            ["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--refine"],
+            "needs --deepspeed-repo",
+        ),
+        (
+            ["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--pin", "numpy=2"],
+            "'numpy=2' must be AXIS=VALUE",
+        ),
+    ],
+)
 def test_command_line_errors_say_what_to_change(argv, message, capsys, tmp_path):
     assert main([*argv, "--store", str(tmp_path / "store.sqlite")]) == 2
     assert message in capsys.readouterr().err
@@ -148,8 +177,10 @@ def test_range_order_is_checked_per_mode(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOTP_MATRIX_CACHE_DIR", str(tmp_path))
     pins = ["--pin", "transformers=5.24.0", "--pin", "torch=2.13.0", "--store", str(tmp_path / "s.sqlite")]
     assert main(["--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.16.4", *pins]) == 2
-    assert "in --mode broken, --good 0.17.0 must be older than --bad 0.16.4 (to find a fix, use --mode fixed)" in \
-        capsys.readouterr().err
+    assert (
+        "in --mode broken, --good 0.17.0 must be older than --bad 0.16.4 (to find a fix, use --mode fixed)"
+        in capsys.readouterr().err
+    )
     fixed = ["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--mode", "fixed"]
     assert main([*fixed, *pins]) == 2
     assert "in --mode fixed, --bad 0.17.0 must be older than --good 0.16.4" in capsys.readouterr().err
@@ -159,8 +190,7 @@ def test_range_order_is_checked_per_mode(capsys, monkeypatch, tmp_path):
 
 # The fake package's history. "shard" is what the fake cell calls; the untestable commit breaks the build.
 GOOD_SHARD = "def shard(heads, ranks):\n    return [heads // ranks] * ranks\n"
-BAD_SHARD = ("def shard(heads, ranks):\n"
-             "    raise AssertionError(f'heads {heads} not divisible by {ranks}')\n")
+BAD_SHARD = "def shard(heads, ranks):\n    raise AssertionError(f'heads {heads} not divisible by {ranks}')\n"
 HISTORY = [
     ("Initial fake DeepSpeed", {"fakeds/shard.py": GOOD_SHARD}),
     ("Docs (#4001)", {"README.md": "fake\n"}),
@@ -214,13 +244,25 @@ def fake_probe(tmp_path_factory, fake_deepspeed):
     def environment(sha: str) -> EnvironmentSpec:
         # Like commit_environment: the build runs without isolation, on the env's setuptools and wheel.
         source = str(root / sha[:12] / "src")
-        return EnvironmentSpec(key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
-                               source=(repo, sha))
+        return EnvironmentSpec(
+            key=sha[:12],
+            installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
+            source=(repo, sha),
+        )
 
     def make() -> CellProbe:
-        return CellProbe(CellKey("llama", "eager", "fp32", 2), env_root=root, environment=environment,
-                         command=lambda python, cells, results, _: [str(python), str(script),
-                                                                  ",".join(c.id for c in cells), str(results)])
+        return CellProbe(
+            CellKey("llama", "eager", "fp32", 2),
+            env_root=root,
+            environment=environment,
+            command=lambda python, cells, results, _: [
+                str(python),
+                str(script),
+                ",".join(c.id for c in cells),
+                str(results),
+            ],
+        )
+
     return make, root
 
 
@@ -248,7 +290,9 @@ def test_mode_fixed_finds_the_fix_and_reuses_environments(fake_deepspeed, fake_p
     make, root = fake_probe
     probe = make()
     ready_before = (root / shas[7][:12] / READY_MARKER).stat().st_mtime
-    answer, commit = bisect_commits(probe.cell, GitRepo(repo), shas[9], shas[5], "fixed", probe)  # --good new, --bad old
+    answer, commit = bisect_commits(
+        probe.cell, GitRepo(repo), shas[9], shas[5], "fixed", probe
+    )  # --good new, --bad old
     assert (answer.before, answer.after) == (shas[7], shas[8])
     assert (commit.subject, commit.pr, commit.files) == ("Allow uneven heads again (#4400)", 4400, ("fakeds/shard.py",))
     assert (root / shas[7][:12] / READY_MARKER).stat().st_mtime == ready_before  # reused, not rebuilt
@@ -272,8 +316,9 @@ def test_commit_ranges_are_checked(fake_deepspeed, tmp_path):
 
 def _run(run_id: str, started: str, deepspeed: str) -> Run:
     # torch as an installed CPU build reports itself; a bisection pins "torch 2.13.0": the same release.
-    return Run(run_id, "nightly", "runner-1", started, "cpu", "gloo",
-               Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7"))
+    return Run(
+        run_id, "nightly", "runner-1", started, "cpu", "gloo", Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7")
+    )
 
 
 def test_report_says_broken_by_the_pr(tmp_path):
@@ -284,22 +329,48 @@ def test_report_says_broken_by_the_pr(tmp_path):
             run = _run(f"r{n}", f"2026-01-0{n + 1}T00:00:00Z", deepspeed)
             failure = ("shard", "AssertionError: heads N") if outcome == "fail" else ("", "")
             history.import_runs([(run, [CellResult(run.run_id, cell, outcome, *failure)])], source=tmp_path)
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.5", "0.16.6",
-                                        "transformers 5.24.0, torch 2.13.0",
-                                        "shard", "AssertionError: heads N", commit="ab" * 20,
-                                        subject="Shard heads strictly (#4321)", pr=4321, files=("a.py",),
-                                        recorded_at="2026-01-03T00:00:00+00:00"))
+        history.add_bisection(
+            Bisection(
+                cell,
+                "broken",
+                "deepspeed",
+                "0.16.5",
+                "0.16.6",
+                "transformers 5.24.0, torch 2.13.0",
+                "shard",
+                "AssertionError: heads N",
+                commit="ab" * 20,
+                subject="Shard heads strictly (#4321)",
+                pr=4321,
+                files=("a.py",),
+                recorded_at="2026-01-03T00:00:00+00:00",
+            )
+        )
         # Newer, but run with another transformers held fixed: an answer about other versions.
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.6", "0.16.7",
-                                        "transformers 5.23.0, torch 2.13.0", "shard", "AssertionError: heads N",
-                                        commit="cd" * 20, subject="Other (#9999)", pr=9999,
-                                        recorded_at="2026-01-04T00:00:00+00:00"))
+        history.add_bisection(
+            Bisection(
+                cell,
+                "broken",
+                "deepspeed",
+                "0.16.6",
+                "0.16.7",
+                "transformers 5.23.0, torch 2.13.0",
+                "shard",
+                "AssertionError: heads N",
+                commit="cd" * 20,
+                subject="Other (#9999)",
+                pr=9999,
+                recorded_at="2026-01-04T00:00:00+00:00",
+            )
+        )
         assert history.bisections()[0].files == ("a.py",)
     assert reports_main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "report.md").read_text()
     url = "https://github.com/deepspeedai/DeepSpeed"
-    answer = (f"broke at deepspeed 0.16.5 → 0.16.6, first bad commit [{'ab' * 5}]({url}/commit/{'ab' * 20}) "
-              f'([#4321]({url}/pull/4321) "Shard heads strictly")')
+    answer = (
+        f"broke at deepspeed 0.16.5 → 0.16.6, first bad commit [{'ab' * 5}]({url}/commit/{'ab' * 20}) "
+        f'([#4321]({url}/pull/4321) "Shard heads strictly")'
+    )
     assert f"   - answer: {answer}" in markdown.splitlines()  # the root cause's answer
     assert f"- llama tp2 eager fp32: {answer}, shard: AssertionError: heads N" in markdown.splitlines()  # details
     assert f'<a href="{url}/pull/4321">#4321</a>' in (tmp_path / "out" / "report.html").read_text()
@@ -311,18 +382,48 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
     with HistoryStore(store, create=True) as history:
-        run = Run("r1", "nightly", "runner-1", "2026-01-01T00:00:00Z", "cpu", "gloo",
-                  Versions("0.17.0", "4.57.6", "2.13.0", "3.11.7"))
+        run = Run(
+            "r1",
+            "nightly",
+            "runner-1",
+            "2026-01-01T00:00:00Z",
+            "cpu",
+            "gloo",
+            Versions("0.17.0", "4.57.6", "2.13.0", "3.11.7"),
+        )
         history.import_runs([(run, [CellResult("r1", cell, "fail", "shard", "X")])], source=tmp_path)
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.5", "0.16.6",
-                                        "transformers 4.57.6, torch 2.13.0", "shard", "X",
-                                        recorded_at="2026-01-02T00:00:00+00:00"))
+        history.add_bisection(
+            Bisection(
+                cell,
+                "broken",
+                "deepspeed",
+                "0.16.5",
+                "0.16.6",
+                "transformers 4.57.6, torch 2.13.0",
+                "shard",
+                "X",
+                recorded_at="2026-01-02T00:00:00+00:00",
+            )
+        )
         # Newer, inside the range too, but run at another transformers: an answer about other versions.
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.16.7", "0.16.8",
-                                        "transformers 5.24.0, torch 2.13.0", "shard", "X",
-                                        recorded_at="2026-01-03T00:00:00+00:00"))
+        history.add_bisection(
+            Bisection(
+                cell,
+                "broken",
+                "deepspeed",
+                "0.16.7",
+                "0.16.8",
+                "transformers 5.24.0, torch 2.13.0",
+                "shard",
+                "X",
+                recorded_at="2026-01-03T00:00:00+00:00",
+            )
+        )
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {}, store) == {
-        "deepspeed": "0.17.0", "transformers": "4.57.6", "torch": "2.13.0"}
+        "deepspeed": "0.17.0",
+        "transformers": "4.57.6",
+        "torch": "2.13.0",
+    }
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {"torch": "2.12.0"}, store)["torch"] == "2.12.0"
     held = (("transformers", "4.57.6"), ("torch", "2.13.0"))
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", held).after == "0.16.6"
@@ -330,8 +431,12 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4", held) is None
     # The same rule as the report's (reports.history.answer_for): the other transformers' answer is the one
     # for those versions only.
-    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0",
-                                 (("transformers", "5.24.0"), ("torch", "2.13.0"))).after == "0.16.8"
+    assert (
+        stored_release_answer(
+            store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", (("transformers", "5.24.0"), ("torch", "2.13.0"))
+        ).after
+        == "0.16.8"
+    )
 
 
 # ---- a real DeepSpeed range ----------------------------------------------------------------------------------------
@@ -354,9 +459,29 @@ REAL_RANGE = ("0.19.4", "0.19.6", "0.19.5", "0.19.6")
 def test_real_deepspeed_releases(tmp_path):
     bad, good, last_bad, first_good = REAL_RANGE
     store = tmp_path / "history.sqlite"
-    assert main(["--cell", "llama-eager-fp32-tp2", "--mode", "fixed", "--bad", bad, "--good", good,
-                 "--pin", "transformers=5.24.0", "--pin", "torch=2.13.0", "--store", str(store),
-                 "--env-root", REAL_ENV_ROOT]) == 0
+    assert (
+        main(
+            [
+                "--cell",
+                "llama-eager-fp32-tp2",
+                "--mode",
+                "fixed",
+                "--bad",
+                bad,
+                "--good",
+                good,
+                "--pin",
+                "transformers=5.24.0",
+                "--pin",
+                "torch=2.13.0",
+                "--store",
+                str(store),
+                "--env-root",
+                REAL_ENV_ROOT,
+            ]
+        )
+        == 0
+    )
     with HistoryStore(store, create=False) as history:
         answer = history.bisections()[-1]
     assert (answer.before, answer.after, answer.failure_class) == (last_bad, first_good, "shard")
@@ -402,22 +527,57 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     script.write_text(GONE_CELL)
     real_run_cells = bisect_module.run_cells
     # The real bisection with the fake package in place of DeepSpeed and the fake cell in place of `pytest suites`.
-    monkeypatch.setattr(bisect_module, "commit_environment", lambda env_root, clone, sha, pins: EnvironmentSpec(
-        key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", str(root / sha[:12] / "src"))),
-        source=(clone, sha)))
-    monkeypatch.setattr(bisect_module, "run_cells", lambda python, cells, timeout, command: real_run_cells(
-        python, cells, timeout, lambda python, cells, results, _: [str(python), str(script), cells[0].id, str(results)]))
+    monkeypatch.setattr(
+        bisect_module,
+        "commit_environment",
+        lambda env_root, clone, sha, pins: EnvironmentSpec(
+            key=sha[:12],
+            installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", str(root / sha[:12] / "src"))),
+            source=(clone, sha),
+        ),
+    )
+    monkeypatch.setattr(
+        bisect_module,
+        "run_cells",
+        lambda python, cells, timeout, command: real_run_cells(
+            python,
+            cells,
+            timeout,
+            lambda python, cells, results, _: [str(python), str(script), cells[0].id, str(results)],
+        ),
+    )
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
-    signatures = {"0.1.0": ("forward", "KeyError: 'universal_checkpoint_info state is missing at step N'"),
-                  "0.2.0": ("numerics", "OSError: save_16bit_model wrote N of N shards")}
+    signatures = {
+        "0.1.0": ("forward", "KeyError: 'universal_checkpoint_info state is missing at step N'"),
+        "0.2.0": ("numerics", "OSError: save_16bit_model wrote N of N shards"),
+    }
     with HistoryStore(store, create=True) as history:
         for n, (deepspeed, failure) in enumerate(signatures.items(), start=1):
-            run = Run(f"r{n}", "nightly", "runner-1", f"2026-01-0{n}T00:00:00Z", "cpu", "gloo",
-                      Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7"))
+            run = Run(
+                f"r{n}",
+                "nightly",
+                "runner-1",
+                f"2026-01-0{n}T00:00:00Z",
+                "cpu",
+                "gloo",
+                Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7"),
+            )
             history.import_runs([(run, [CellResult(run.run_id, cell, "fail", *failure)])], source=tmp_path)
-    argv = ["--cell", cell.id, "--bad", "v0.1.0", "--good", "v0.2.0", "--deepspeed-repo", str(repo),
-            "--store", str(store), "--env-root", str(root)]
+    argv = [
+        "--cell",
+        cell.id,
+        "--bad",
+        "v0.1.0",
+        "--good",
+        "v0.2.0",
+        "--deepspeed-repo",
+        str(repo),
+        "--store",
+        str(store),
+        "--env-root",
+        str(root),
+    ]
 
     # What fixed the first failure could not be asked for: the newer end fails too, another way.
     assert main([*argv, "--mode", "fixed"]) == 2
@@ -433,7 +593,12 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
         found = analyse(history.observations(), None, history.bisections())
     # Recorded as the class change it is, keyed on the failure that came, like triage's answers to one.
     assert (answer.kind, answer.mode, answer.failure_class, answer.commit, answer.pr) == (
-        "class-change", "broken", "numerics", shas[3], 5003)
+        "class-change",
+        "broken",
+        "numerics",
+        shas[3],
+        5003,
+    )
     assert (answer.searched_older, answer.searched_newer) == ("v0.1.0", "v0.2.0")
     (transition,) = found.transitions
     assert transition.kind == "class-change" and transition.bisection == answer
@@ -449,7 +614,11 @@ def test_mode_gone_where_the_cell_passes_is_a_fix(fake_deepspeed, fake_probe):
     answer, commit = bisect_commits(probe.cell, GitRepo(repo), shas[9], shas[5], "gone", probe)
     assert (answer.before, answer.after, commit.pr) == (shas[7], shas[8], 4400)
     assert gone_answer(probe.reference, probe.runs[answer.after]) == (
-        "fixed", "fixed", "shard", "AssertionError: heads N not divisible by N")
+        "fixed",
+        "fixed",
+        "shard",
+        "AssertionError: heads N not divisible by N",
+    )
 
 
 def test_the_failure_a_gone_bisection_follows_is_its_class_and_masked_cause():
@@ -457,7 +626,8 @@ def test_the_failure_a_gone_bisection_follows_is_its_class_and_masked_cause():
     same_at_tp3 = CellRun("fail", "shard", reference[1].replace("[N, N]", "[N, N, N]"), "")
     assert classify(same_at_tp3, reference, False, absent_is_good=True).kind == BAD
     assert classify(CellRun("fail", "save", "OSError: x", ""), reference, False, absent_is_good=True) == Verdict(
-        GOOD, "another failure (save: OSError: x)")
+        GOOD, "another failure (save: OSError: x)"
+    )
     assert classify(CellRun("pass", "", "", ""), reference, False, absent_is_good=True).kind == GOOD
     assert classify(CellRun("fail", "install", "pip failed", ""), reference, False, absent_is_good=True).kind == SKIP
     assert classify(CellRun("skip", "", "", "needs 4 ranks"), reference, False, absent_is_good=True).kind == SKIP
@@ -500,14 +670,21 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
     script = tmp_path / "alternating.py"
     script.write_text(ALTERNATING_CELL)
     probe, once = make(), make()
-    probe.command = once.command = lambda python, cells, results, _: [str(python), str(script), cells[0].id,
-                                                                      str(results)]
+    probe.command = once.command = lambda python, cells, results, _: [
+        str(python),
+        str(script),
+        cells[0].id,
+        str(results),
+    ]
     # One run per end: the first run fails at the bad end, the second passes at the good one: a "change" is found.
     answer, _ = bisect_commits(once.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", once)
     assert answer.after in shas
     (tmp_path / "alternating.count").unlink()
-    with pytest.raises(BisectError, match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
-                                          "in 2 runs; a bisection needs ends whose verdict repeats"):
+    with pytest.raises(
+        BisectError,
+        match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
+        "in 2 runs; a bisection needs ends whose verdict repeats",
+    ):
         bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)
 
 
@@ -516,11 +693,17 @@ def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
     count (the same reader as the suites' own resume), the cut one is missing from the answer."""
     from reports.bisect import run_cells
 
-    writes = ("import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "
-              "record = {'cell': {'id': sys.argv[2]}, 'outcome': 'fail', 'failure_class': 'numerics', "
-              "'signature': 'logits differ by N', 'message': ''}; "
-              "(results / 'cells.jsonl').write_text(json.dumps(record) + '\\n' + '{\"cell\": {\"id\": \"llama|eag')")
+    writes = (
+        "import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "
+        "record = {'cell': {'id': sys.argv[2]}, 'outcome': 'fail', 'failure_class': 'numerics', "
+        "'signature': 'logits differ by N', 'message': ''}; "
+        "(results / 'cells.jsonl').write_text(json.dumps(record) + '\\n' + '{\"cell\": {\"id\": \"llama|eag')"
+    )
     first, cut = CellKey("llama", "eager", "fp32", 2), CellKey("llama", "eager", "bf16", 2)
-    found = run_cells(Path(sys.executable), [first, cut], 60,
-                      lambda python, cells, results, _: [str(python), "-c", writes, str(results), cells[0].id])
+    found = run_cells(
+        Path(sys.executable),
+        [first, cut],
+        60,
+        lambda python, cells, results, _: [str(python), "-c", writes, str(results), cells[0].id],
+    )
     assert found == {first: CellRun("fail", "numerics", "logits differ by N", "")}

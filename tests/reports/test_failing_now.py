@@ -14,9 +14,13 @@ from reports.store import HistoryStore
 from suites.outcome import FAILURE_CLASSES
 
 UPSTREAM = "https://github.com/example/upstream/issues/1"  # a stand-in: tests never name real upstream issues
-SPLIT = "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N, but got split_sizes={} @ " \
-        "deepspeed/module_inject/layers.py:uneven_partition"
-BLOOM = "RuntimeError: The expanded size of the tensor (N) must match @ transformers/models/bloom/modeling_bloom.py:forward"
+SPLIT = (
+    "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N, but got split_sizes={} @ "
+    "deepspeed/module_inject/layers.py:uneven_partition"
+)
+BLOOM = (
+    "RuntimeError: The expanded size of the tensor (N) must match @ transformers/models/bloom/modeling_bloom.py:forward"
+)
 REGISTRY = f"""
 [known_failures.uneven_split]
 failure_class = "shard"
@@ -45,11 +49,21 @@ def write_two_releases(tmp_path, llama_fixed: bool):
     """deepspeed 0.19.5: llama tp2/3 fail with the uneven split, bloom tp2 with its own cause; 0.19.6: bloom still
     fails, and llama passes (llama_fixed) or still fails the same way."""
     junit = tmp_path / "junit"
-    write_junit(junit / "a.xml", [uneven(2), uneven(3), fail("bloom", "forward", BLOOM)],
-                run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z", deepspeed="0.19.5")
+    write_junit(
+        junit / "a.xml",
+        [uneven(2), uneven(3), fail("bloom", "forward", BLOOM)],
+        run_id="nightly@2026-12-01T00:00:00Z@vm",
+        started="2026-12-01T00:00:00Z",
+        deepspeed="0.19.5",
+    )
     llama = [Cell("llama"), Cell("llama", tp=3)] if llama_fixed else [uneven(2), uneven(3)]
-    write_junit(junit / "b.xml", [*llama, fail("bloom", "forward", BLOOM)],
-                run_id="nightly@2026-12-02T00:00:00Z@vm", started="2026-12-02T00:00:00Z", deepspeed="0.19.6")
+    write_junit(
+        junit / "b.xml",
+        [*llama, fail("bloom", "forward", BLOOM)],
+        run_id="nightly@2026-12-02T00:00:00Z@vm",
+        started="2026-12-02T00:00:00Z",
+        deepspeed="0.19.6",
+    )
     return junit
 
 
@@ -79,9 +93,14 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     assert memory["count"] == 21
     for entry in data["causes"]:  # the command reproduces a cell of its cause, whose log folder it names
         model, variant, dtype, tp = re.fullmatch(
-            r"nox -s repro -- --models (\S+) --variants (\S+) --dtypes (\S+) --tp (\d+)", entry["repro"]["command"]).groups()
+            r"nox -s repro -- --models (\S+) --variants (\S+) --dtypes (\S+) --tp (\d+)", entry["repro"]["command"]
+        ).groups()
         # a stored plain id is a stress-shape cell: its repro names that shape (`falcon.stress`), whatever the default
-        assert CellKey(model.removesuffix(".stress"), variant, dtype, int(tp)).id == entry["repro"]["cell"] in entry["cells"]
+        assert (
+            CellKey(model.removesuffix(".stress"), variant, dtype, int(tp)).id
+            == entry["repro"]["cell"]
+            in entry["cells"]
+        )
         assert entry["repro"]["logs"] == f"results/logs/{entry['repro']['cell']}/"
         assert entry["since"]["text"] == "since the first run" and entry["status"] == "new"
     assert lines[1] == (
@@ -89,9 +108,12 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
         "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — 21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
         "since the first run — `nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2` "
-        f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)")
+        f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)"
+    )
     summary = (out / "step-summary.md").read_text()
-    assert summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[1] in summary
+    assert (
+        summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[1] in summary
+    )
 
 
 def test_no_failure_no_section(session, tmp_path):
@@ -106,30 +128,67 @@ def test_since_when_and_the_triage_answer(tmp_path):
     triage stored for its transition (or that it is not triaged yet); one that appeared at the latest versions
     says the day."""
     junit = tmp_path / "junit"
-    write_junit(junit / "a.xml", [Cell("llama"), fail("opt", "shard", "AssertionError: heads")],
-                run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z", deepspeed="0.19.6")
-    write_junit(junit / "b.xml", [Cell("llama"), Cell("phi"), fail("opt", "shard", "AssertionError: heads"),
-                                  fail("gpt2", "numerics", "logits: max |dlogit| 0.3 > 0.0001")],
-                run_id="older@2026-12-02T00:00:00Z@vm", started="2026-12-02T00:00:00Z", deepspeed="0.19.7")
-    write_junit(junit / "c.xml", [fail("llama", "forward", BLOOM), fail("opt", "shard", "AssertionError: heads"),
-                                  fail("gpt2", "numerics", "logits: max |dlogit| 0.25 > 0.0001"), fail("phi", "memory")],
-                run_id="nightly@2026-12-03T00:00:00Z@vm", started="2026-12-03T00:00:00Z", deepspeed="0.19.8")
+    write_junit(
+        junit / "a.xml",
+        [Cell("llama"), fail("opt", "shard", "AssertionError: heads")],
+        run_id="nightly@2026-12-01T00:00:00Z@vm",
+        started="2026-12-01T00:00:00Z",
+        deepspeed="0.19.6",
+    )
+    write_junit(
+        junit / "b.xml",
+        [
+            Cell("llama"),
+            Cell("phi"),
+            fail("opt", "shard", "AssertionError: heads"),
+            fail("gpt2", "numerics", "logits: max |dlogit| 0.3 > 0.0001"),
+        ],
+        run_id="older@2026-12-02T00:00:00Z@vm",
+        started="2026-12-02T00:00:00Z",
+        deepspeed="0.19.7",
+    )
+    write_junit(
+        junit / "c.xml",
+        [
+            fail("llama", "forward", BLOOM),
+            fail("opt", "shard", "AssertionError: heads"),
+            fail("gpt2", "numerics", "logits: max |dlogit| 0.25 > 0.0001"),
+            fail("phi", "memory"),
+        ],
+        run_id="nightly@2026-12-03T00:00:00Z@vm",
+        started="2026-12-03T00:00:00Z",
+        deepspeed="0.19.8",
+    )
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(junit), "--store", str(store)]) == 0
     with HistoryStore(store, create=False) as history:
-        history.add_bisection(Bisection(
-            CellKey("llama", "eager", "fp32", 2), "broken", "deepspeed", "0.19.7", "0.19.8",
-            "transformers 4.44.0, torch 2.4.0", "forward", BLOOM, commit="abcdef1234" * 4,
-            subject="Rework the bloom path (#4242)", pr=4242, recorded_at="2026-12-04T00:00:00+00:00"))
+        history.add_bisection(
+            Bisection(
+                CellKey("llama", "eager", "fp32", 2),
+                "broken",
+                "deepspeed",
+                "0.19.7",
+                "0.19.8",
+                "transformers 4.44.0, torch 2.4.0",
+                "forward",
+                BLOOM,
+                commit="abcdef1234" * 4,
+                subject="Rework the bloom path (#4242)",
+                pr=4242,
+                recorded_at="2026-12-04T00:00:00+00:00",
+            )
+        )
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     lines = failing_section(tmp_path / "out")
     by_class = {line.split("** ", 1)[1].split(" ", 1)[0]: line for line in lines[1:]}
     assert "— since the first run —" in by_class["shard"]
     assert "— since deepspeed 0.19.7 (first seen 2026-12-02) —" in by_class["numerics"]
     assert "— since 2026-12-03 (session nightly) —" in by_class["memory"]
-    assert ("— broke at deepspeed 0.19.7 → 0.19.8, first bad commit [abcdef1234](https://github.com/deepspeedai/"
-            "DeepSpeed/commit/" + "abcdef1234" * 4 + ") ([#4242](https://github.com/deepspeedai/DeepSpeed/pull/4242) "
-            '"Rework the bloom path") —') in by_class["forward"]
+    assert (
+        "— broke at deepspeed 0.19.7 → 0.19.8, first bad commit [abcdef1234](https://github.com/deepspeedai/"
+        "DeepSpeed/commit/" + "abcdef1234" * 4 + ") ([#4242](https://github.com/deepspeedai/DeepSpeed/pull/4242) "
+        '"Rework the bloom path") —'
+    ) in by_class["forward"]
     assert "— broke at deepspeed 0.19.7 → 0.19.8 (not yet triaged) —" in by_class["memory"]
     assert "broke" not in by_class["numerics"] + by_class["shard"]  # failing wherever they ran: nothing to triage
 
@@ -150,7 +209,8 @@ def test_a_known_failure_whose_cells_pass_now_says_close_and_an_unknown_cause_is
     ]
     fixed = json.loads((out / "report.json").read_text())["failing_now"]["fixed_known"]
     assert [(f["name"], f["fixed_at"], f["cells"]) for f in fixed] == [
-        ("uneven_split", "deepspeed 0.19.6", ["llama-eager-fp32-tp2", "llama-eager-fp32-tp3"])]
+        ("uneven_split", "deepspeed 0.19.6", ["llama-eager-fp32-tp2", "llama-eager-fp32-tp3"])
+    ]
 
 
 def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
@@ -159,10 +219,12 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     lines = failing_section(out)
     assert lines[0].startswith("3 cells fail in 2 causes at the latest versions: 1 new, 1 known.")
     assert lines[1].startswith("1. **new** forward")
-    assert lines[2].startswith(f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard `RuntimeError: split_with_"
-                               "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
-                               "module_inject/layers.py:uneven_partition` — 2 cells: eager fp32: llama tp2/3 — since the "
-                               "first run —")
+    assert lines[2].startswith(
+        f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard `RuntimeError: split_with_"
+        "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
+        "module_inject/layers.py:uneven_partition` — 2 cells: eager fp32: llama tp2/3 — since the "
+        "first run —"
+    )
     assert not any("close" in line for line in lines)
 
 
@@ -171,32 +233,70 @@ def test_the_fix_release_comes_from_the_bisection_when_triage_answered(tmp_path)
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(junit), "--store", str(store)]) == 0
     with HistoryStore(store, create=False) as history:  # 0.19.5 → 0.19.6 already adjacent; triage names the commit
-        history.add_bisection(Bisection(CellKey("llama", "eager", "fp32", 2), "fixed", "deepspeed", "0.19.5", "0.19.6",
-                                        "transformers 4.44.0, torch 2.4.0", "shard", SPLIT.format("[N, N]"),
-                                        recorded_at="2026-12-04T00:00:00+00:00"))
-    assert main(["render", "--store", str(store), "--out", str(tmp_path / "out"),
-                 "--known-failures", str(known_failures_file(tmp_path))]) == 0
+        history.add_bisection(
+            Bisection(
+                CellKey("llama", "eager", "fp32", 2),
+                "fixed",
+                "deepspeed",
+                "0.19.5",
+                "0.19.6",
+                "transformers 4.44.0, torch 2.4.0",
+                "shard",
+                SPLIT.format("[N, N]"),
+                recorded_at="2026-12-04T00:00:00+00:00",
+            )
+        )
+    assert (
+        main(
+            [
+                "render",
+                "--store",
+                str(store),
+                "--out",
+                str(tmp_path / "out"),
+                "--known-failures",
+                str(known_failures_file(tmp_path)),
+            ]
+        )
+        == 0
+    )
     lines = failing_section(tmp_path / "out")
-    assert f"- fixed at deepspeed 0.19.6: close [example/upstream#1]({UPSTREAM}) (last failing at deepspeed 0.19.5) — " \
-           "`uneven_split`" in lines[-1]
+    assert (
+        f"- fixed at deepspeed 0.19.6: close [example/upstream#1]({UPSTREAM}) (last failing at deepspeed 0.19.5) — "
+        "`uneven_split`" in lines[-1]
+    )
 
 
 def test_a_fixed_known_failure_failing_at_its_fix_says_reopen(tmp_path):
     registry = REGISTRY.replace('note = "uneven heads"', 'state = "fixed"\nfixed_in = "deepspeed 0.19.6"')
-    out = render(write_two_releases(tmp_path, llama_fixed=False), tmp_path,
-                 "--known-failures", str(known_failures_file(tmp_path, registry)))
-    assert (f"2. **known [example/upstream#1]({UPSTREAM}) (fixed in deepspeed 0.19.6 upstream, yet fails here: "
-            "reopen)** shard") in failing_section(out)[2]
+    out = render(
+        write_two_releases(tmp_path, llama_fixed=False),
+        tmp_path,
+        "--known-failures",
+        str(known_failures_file(tmp_path, registry)),
+    )
+    assert (
+        f"2. **known [example/upstream#1]({UPSTREAM}) (fixed in deepspeed 0.19.6 upstream, yet fails here: "
+        "reopen)** shard"
+    ) in failing_section(out)[2]
 
 
 def test_models_variants_and_versions_narrow_a_known_failure(tmp_path):
     registry = REGISTRY.replace('note = "uneven heads"', 'models = ["llama"]\nversions = { deepspeed = ">=0.19.6" }')
     junit = write_two_releases(tmp_path, llama_fixed=False)
-    write_junit(junit / "c.xml", [uneven(2), fail("qwen2", "shard", SPLIT.format("[N, N]"))],
-                run_id="nightly@2026-12-03T00:00:00Z@vm", started="2026-12-03T00:00:00Z", deepspeed="0.19.6")
+    write_junit(
+        junit / "c.xml",
+        [uneven(2), fail("qwen2", "shard", SPLIT.format("[N, N]"))],
+        run_id="nightly@2026-12-03T00:00:00Z@vm",
+        started="2026-12-03T00:00:00Z",
+        deepspeed="0.19.6",
+    )
     out = render(junit, tmp_path, "--known-failures", str(known_failures_file(tmp_path, registry)))
-    known = [c["known"] for c in json.loads((out / "report.json").read_text())["failing_now"]["causes"]
-             if c["failure_class"] == "shard"]
+    known = [
+        c["known"]
+        for c in json.loads((out / "report.json").read_text())["failing_now"]["causes"]
+        if c["failure_class"] == "shard"
+    ]
     assert len(known) == 1 and known[0]["cells"] == ["llama-eager-fp32-tp2", "llama-eager-fp32-tp3"]  # not qwen2
     assert "(open, 2 of 3 cells)" in "\n".join(failing_section(out))
 
@@ -211,28 +311,57 @@ def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fi
     assert not entry.covers("forward", failure, "llama", "eager", {"deepspeed": "0.19.5"})
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[known_failures.x]\nsignature = "a"\nupstream = "https://github.com/o/r/issues/1"\n',
-     r"known_failures.toml: entry \[known_failures.x\] is missing required field 'failure_class'"),
-    ('[known_failures.x]\nfailure_class = "shrd"\nsignature = "a"\nupstream = "https://github.com/o/r/issues/1"\n',
-     r"entry \[known_failures.x\] field 'failure_class' must be one of \[.*'shard'.*\], got 'shrd'"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a("\nupstream = "https://github.com/o/r/issues/1"\n',
-     r"entry \[known_failures.x\] field 'signature' is not a regular expression"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "github.com/o/r#1"\n',
-     r"entry \[known_failures.x\] field 'upstream' must be a GitHub issue or pull request URL"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'state = "fixed"\n', r"entry \[known_failures.x\] field 'fixed_in' .* is needed with state = \"fixed\""),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'state = "closed"\n', r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed'\)"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'state = "fixed"\nfixed_in = "0.19.6"\n', r"entry \[known_failures.x\] field 'fixed_in' must be \"<axis> <release>\""),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'versions = { deepspeed = "before 0.19" }\n', r"entry \[known_failures.x\] field 'versions.deepspeed' is not a PEP 440"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'versions = { cuda = "<12" }\n', r"entry \[known_failures.x\] field 'versions' has unknown axis 'cuda'"),
-    ('[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
-     'link = "x"\n', r"entry \[known_failures.x\] has unknown field\(s\) \['link'\]"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            '[known_failures.x]\nsignature = "a"\nupstream = "https://github.com/o/r/issues/1"\n',
+            r"known_failures.toml: entry \[known_failures.x\] is missing required field 'failure_class'",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shrd"\nsignature = "a"\nupstream = "https://github.com/o/r/issues/1"\n',
+            r"entry \[known_failures.x\] field 'failure_class' must be one of \[.*'shard'.*\], got 'shrd'",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a("\nupstream = "https://github.com/o/r/issues/1"\n',
+            r"entry \[known_failures.x\] field 'signature' is not a regular expression",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "github.com/o/r#1"\n',
+            r"entry \[known_failures.x\] field 'upstream' must be a GitHub issue or pull request URL",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'state = "fixed"\n',
+            r"entry \[known_failures.x\] field 'fixed_in' .* is needed with state = \"fixed\"",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'state = "closed"\n',
+            r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed'\)",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'state = "fixed"\nfixed_in = "0.19.6"\n',
+            r"entry \[known_failures.x\] field 'fixed_in' must be \"<axis> <release>\"",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'versions = { deepspeed = "before 0.19" }\n',
+            r"entry \[known_failures.x\] field 'versions.deepspeed' is not a PEP 440",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'versions = { cuda = "<12" }\n',
+            r"entry \[known_failures.x\] field 'versions' has unknown axis 'cuda'",
+        ),
+        (
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
+            'link = "x"\n',
+            r"entry \[known_failures.x\] has unknown field\(s\) \['link'\]",
+        ),
+    ],
+)
 def test_a_malformed_known_failure_names_file_entry_and_field(tmp_path, text, message):
     with pytest.raises(RegistryError, match=message):
         load_known_failures(FAILURE_CLASSES, known_failures_file(tmp_path, text))
@@ -250,5 +379,7 @@ def test_render_refuses_a_malformed_registry_with_one_line(tmp_path, capsys):
 
 
 def test_publish_and_the_section_share_one_repro_command():
-    assert repro_command(CellKey("bloom", "eager", "fp32", 2)) == \
-        "nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2"
+    assert (
+        repro_command(CellKey("bloom", "eager", "fp32", 2))
+        == "nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2"
+    )

@@ -5,8 +5,12 @@ import pytest
 from reports.__main__ import main
 from reports_testkit import Cell, fail, write_junit
 
-SIZE = "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) @ transformers/models/x.py:forward"
-UNEVEN = "RuntimeError: split_with_sizes expects split_sizes to sum exactly to {n} @ deepspeed/module_inject/layers.py:x"
+SIZE = (
+    "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) @ transformers/models/x.py:forward"
+)
+UNEVEN = (
+    "RuntimeError: split_with_sizes expects split_sizes to sum exactly to {n} @ deepspeed/module_inject/layers.py:x"
+)
 KNOWN = """[known_failures.uneven]
 failure_class = "shard"
 signature = 'split_with_sizes expects'
@@ -19,19 +23,37 @@ def pair(tmp_path):
     """Two runs of the base (DeepSpeed 0.19.8; bloom passes in one, fails in the other: flaky there) and one of a
     PR (deepspeed pr/1234) that breaks llama and mistral (with a known cause), changes opt's failure, and leaves
     falcon and gpt2 failing as on the base."""
-    base = [Cell("qwen2"), Cell("llama"), Cell("mistral"), fail("opt", "shard", "AssertionError: heads"),
-            fail("falcon", "forward", SIZE.format(a=64, b=32)), fail("falcon", "forward", SIZE.format(a=96, b=32), tp=3),
-            fail("gpt2", "shard", UNEVEN.format(n=96))]
-    runs = {"nightly@2026-12-01T00:00:00Z@vm": [*base, Cell("bloom")],
-            "nightly@2026-12-02T00:00:00Z@vm": [*base, fail("bloom", "forward", "RuntimeError: NCCL timeout")],
-            "pr@2026-12-03T00:00:00Z@vm": [
-                Cell("qwen2"), fail("llama", "forward", "IndexError: index 7 is out of bounds"),
-                fail("mistral", "shard", UNEVEN.format(n=64)), fail("opt", "numerics", "logits_max_rel 0.3 > 0.01"),
-                fail("falcon", "forward", SIZE.format(a=64, b=32)), fail("falcon", "forward", SIZE.format(a=96, b=32), tp=3),
-                fail("gpt2", "shard", UNEVEN.format(n=96)), fail("bloom", "forward", "RuntimeError: NCCL timeout")]}
+    base = [
+        Cell("qwen2"),
+        Cell("llama"),
+        Cell("mistral"),
+        fail("opt", "shard", "AssertionError: heads"),
+        fail("falcon", "forward", SIZE.format(a=64, b=32)),
+        fail("falcon", "forward", SIZE.format(a=96, b=32), tp=3),
+        fail("gpt2", "shard", UNEVEN.format(n=96)),
+    ]
+    runs = {
+        "nightly@2026-12-01T00:00:00Z@vm": [*base, Cell("bloom")],
+        "nightly@2026-12-02T00:00:00Z@vm": [*base, fail("bloom", "forward", "RuntimeError: NCCL timeout")],
+        "pr@2026-12-03T00:00:00Z@vm": [
+            Cell("qwen2"),
+            fail("llama", "forward", "IndexError: index 7 is out of bounds"),
+            fail("mistral", "shard", UNEVEN.format(n=64)),
+            fail("opt", "numerics", "logits_max_rel 0.3 > 0.01"),
+            fail("falcon", "forward", SIZE.format(a=64, b=32)),
+            fail("falcon", "forward", SIZE.format(a=96, b=32), tp=3),
+            fail("gpt2", "shard", UNEVEN.format(n=96)),
+            fail("bloom", "forward", "RuntimeError: NCCL timeout"),
+        ],
+    }
     for run_id, cells in runs.items():
-        write_junit(tmp_path / "junit" / f"{run_id[:18]}.xml", cells, run_id=run_id, started=run_id.split("@")[1],
-                    deepspeed="pr/1234" if run_id.startswith("pr") else "0.19.8")
+        write_junit(
+            tmp_path / "junit" / f"{run_id[:18]}.xml",
+            cells,
+            run_id=run_id,
+            started=run_id.split("@")[1],
+            deepspeed="pr/1234" if run_id.startswith("pr") else "0.19.8",
+        )
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     (tmp_path / "known.toml").write_text(KNOWN)
@@ -55,8 +77,19 @@ CAUSES = [
 
 
 def test_gate_says_first_what_the_candidate_did(pair, tmp_path, capsys):
-    code = main(["gate", "--store", str(pair), "--baseline", "deepspeed=0.19.8", "--candidate", "deepspeed=pr/1234",
-                 "--known-failures", str(tmp_path / "known.toml")])
+    code = main(
+        [
+            "gate",
+            "--store",
+            str(pair),
+            "--baseline",
+            "deepspeed=0.19.8",
+            "--candidate",
+            "deepspeed=pr/1234",
+            "--known-failures",
+            str(tmp_path / "known.toml"),
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 1  # llama and mistral pass on the base: the gate blocks as before
     link = "deepspeedai/DeepSpeed#8185"
@@ -65,8 +98,19 @@ def test_gate_says_first_what_the_candidate_did(pair, tmp_path, capsys):
 
 def test_without_the_registry_a_known_failure_is_broken_trunk(pair, tmp_path, capsys):
     (tmp_path / "none.toml").write_text(KNOWN.replace("split_with_sizes expects", "another failure"))
-    main(["gate", "--store", str(pair), "--baseline", "deepspeed=0.19.8", "--candidate", "deepspeed=pr/1234",
-          "--known-failures", str(tmp_path / "none.toml")])
+    main(
+        [
+            "gate",
+            "--store",
+            str(pair),
+            "--baseline",
+            "deepspeed=0.19.8",
+            "--candidate",
+            "deepspeed=pr/1234",
+            "--known-failures",
+            str(tmp_path / "none.toml"),
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "3 new failures, 3 already failing on the base, 1 flaky, 0 known"
     assert "- **broken trunk** shard `RuntimeError: split_with_sizes" in "\n".join(out)
@@ -76,21 +120,60 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
     monkeypatch.delenv("GITHUB_TOKEN", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     out = tmp_path / "out"
-    assert main(["publish", "--store", str(pair), "--out", str(out), "--session", "pr", "--base", "deepspeed=0.19.8",
-                 "--known-failures", str(tmp_path / "known.toml")]) == 0
+    assert (
+        main(
+            [
+                "publish",
+                "--store",
+                str(pair),
+                "--out",
+                str(out),
+                "--session",
+                "pr",
+                "--base",
+                "deepspeed=0.19.8",
+                "--known-failures",
+                str(tmp_path / "known.toml"),
+            ]
+        )
+        == 0
+    )
     comment = (out / "publish" / "comment.md").read_text().splitlines()
     link = "[deepspeedai/DeepSpeed#8185](https://github.com/deepspeedai/DeepSpeed/pull/8185)"
     causes = [line.format(link=link) for line in CAUSES]
-    assert comment[:15] == [f"**{COUNT}** (base: `deepspeed=0.19.8`)", "", *causes[:3], "",
-                            "<details><summary>4 other failing cells: already failing on the base, flaky or known"
-                            "</summary>", "", *causes[3:], "", "</details>", "", "<!-- autotp-matrix:publish -->"]
+    assert comment[:15] == [
+        f"**{COUNT}** (base: `deepspeed=0.19.8`)",
+        "",
+        *causes[:3],
+        "",
+        "<details><summary>4 other failing cells: already failing on the base, flaky or known</summary>",
+        "",
+        *causes[3:],
+        "",
+        "</details>",
+        "",
+        "<!-- autotp-matrix:publish -->",
+    ]
     # Without a base the comment is what it was: changes since the session's previous run.
     assert main(["publish", "--store", str(pair), "--out", str(out), "--session", "pr"]) == 0
     assert (out / "publish" / "comment.md").read_text().startswith("<!-- autotp-matrix:publish -->\n")
 
 
 def test_a_base_that_matches_no_run_is_one_line(pair, tmp_path, capsys):
-    code = main(["publish", "--store", str(pair), "--out", str(tmp_path / "out"), "--session", "pr",
-                 "--base", "deepspeed=9.9.9"])
+    code = main(
+        [
+            "publish",
+            "--store",
+            str(pair),
+            "--out",
+            str(tmp_path / "out"),
+            "--session",
+            "pr",
+            "--base",
+            "deepspeed=9.9.9",
+        ]
+    )
     assert code == 2
-    assert capsys.readouterr().err.startswith("error: --base 'deepspeed=9.9.9' matches no stored run; stored version sets:")
+    assert capsys.readouterr().err.startswith(
+        "error: --base 'deepspeed=9.9.9' matches no stored run; stored version sets:"
+    )

@@ -30,13 +30,13 @@ def night_results(run: Run, release: str, night: int) -> list[CellResult]:
     and fails twice, once shard, once forward (flaky; two classes as common: the first listed is shown); gpt2 passes
     under harness a… and fails under harness b… at 0.20.0 (a harness change); opt fails the same way throughout;
     qwen2's faithful cell stands for a hub id. Passes carry metrics, except every third night's."""
+
     def passed(cell: CellKey) -> CellResult:
         metrics = {} if night % 3 == 2 else {"logits_max_abs": (night + 1) * 1e-6, "load_s": 1.0 + night}
         return CellResult(run.run_id, cell, "pass", metrics=metrics)
 
     def failed(cell: CellKey, failure_class: str, signature: str) -> CellResult:
-        return CellResult(run.run_id, cell, "fail", failure_class, signature,
-                          f"Traceback (night {night})\n{signature}")
+        return CellResult(run.run_id, cell, "fail", failure_class, signature, f"Traceback (night {night})\n{signature}")
 
     llama = failed(LLAMA, "shard", "AssertionError: heads 32 % tp 3 != 0") if release == "0.19.0" else passed(LLAMA)
     bloom = passed(BLOOM)
@@ -55,8 +55,16 @@ def history_runs() -> list[tuple[Run, list[CellResult]]]:
         started = f"2026-01-{night + 1:02d}T00:00:00Z"
         for session in SESSIONS:
             harness = "b" * 40 if session == "nightly" and night >= len(RELEASES) * NIGHTS_PER_RELEASE - 2 else "a" * 40
-            run = Run(f"{session}@{started}@runner-1", session, "runner-1", started, "cpu", "gloo",
-                      Versions(release, "4.44.0", "2.4.0", "3.11.7"), harness)
+            run = Run(
+                f"{session}@{started}@runner-1",
+                session,
+                "runner-1",
+                started,
+                "cpu",
+                "gloo",
+                Versions(release, "4.44.0", "2.4.0", "3.11.7"),
+                harness,
+            )
             runs.append((run, night_results(run, release, night % NIGHTS_PER_RELEASE)))
     return runs
 
@@ -81,8 +89,9 @@ def test_the_stores_aggregates_are_what_every_result_says(store):
     # 2 runs per night, 5 cells each, 9 nights: the groups hold every result once; the recent runs are the last night's
     # and the one before, of each session.
     assert sum(group.count for group in from_sql.groups) == len(observations) == 2 * 5 * 9
-    assert {obs.run.run_id for obs in from_sql.recent} == {f"{s}@2026-01-{d:02d}T00:00:00Z@runner-1"
-                                                           for s in SESSIONS for d in (8, 9)}
+    assert {obs.run.run_id for obs in from_sql.recent} == {
+        f"{s}@2026-01-{d:02d}T00:00:00Z@runner-1" for s in SESSIONS for d in (8, 9)
+    }
     # Compaction dropped the metrics of older runs, yet each point keeps its newest that had any.
     llama_020 = from_sql.metrics[LLAMA, Versions("0.20.0", "4.44.0", "2.4.0", "3.11.7"), "a" * 40]
     assert (llama_020.run_id, llama_020.metrics["logits_max_abs"]) == ("compat@2026-01-08T00:00:00Z@runner-1", 2e-6)
@@ -93,7 +102,9 @@ def test_the_history_and_report_from_sql_are_those_of_every_result(store):
         aggregates, observations = history.aggregates(), history.observations()
     from_sql, in_memory = analyse_aggregates(aggregates), analyse(observations)
     assert from_sql == in_memory
-    report = {key: value for key, value in build_report(from_sql, aggregates, None, {}).items() if key != "generated_at"}
+    report = {
+        key: value for key, value in build_report(from_sql, aggregates, None, {}).items() if key != "generated_at"
+    }
     expected = build_report(in_memory, aggregate(observations), None, {})
     assert report == {key: value for key, value in expected.items() if key != "generated_at"}
 
@@ -109,7 +120,9 @@ def test_the_rendered_report_states_the_facts_of_the_history(store, tmp_path):
     assert [(t["cell"], t["before"], t["after"]) for t in report["regressions"]] == [(LLAMA.id, "0.18.0", "0.19.0")]
     assert [(t["cell"], t["before"], t["after"]) for t in report["fixes"]] == [(LLAMA.id, "0.19.0", "0.20.0")]
     (change,) = report["harness_changes"]
-    assert change["cell"] == GPT.id and change["change"].startswith("pass ×4 at harness aaaaaaaaaa → fail ×2 at harness")
+    assert change["cell"] == GPT.id and change["change"].startswith(
+        "pass ×4 at harness aaaaaaaaaa → fail ×2 at harness"
+    )
     # opt failed in the first run, which compaction left without its message: "since the first run" all the same
     (opt,) = [c for c in report["failing_now"]["causes"] if c["cells"] == [OPT.id]]
     assert opt["since"]["text"] == "since the first run"

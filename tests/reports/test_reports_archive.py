@@ -45,7 +45,8 @@ def test_deleted_store_is_rebuilt_from_the_archive_with_the_same_history(scenari
     assert main(["rebuild", "--archive", str(archive), "--store", str(store)]) == 0
     assert capsys.readouterr().out.strip() == (
         f"{store}: 6 new run(s), {len(before[1])} new result(s) from 6 of 6 archive entries in {archive}, "
-        "0 new answer(s)")
+        "0 new answer(s)"
+    )
     assert history_of(store) == before
 
     # the comparison sees a lost run: without its entry the rebuilt history differs
@@ -60,9 +61,18 @@ def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
     question triage could not answer. The next merge archives them; a rebuilt store answers the same."""
     store = issue_18_store(tmp_path)
     with HistoryStore(store, create=False) as history:
-        history.add_triage_attempt(TriageAttempt(CellKey("cohere", "eager", "fp32", 3), "deepspeed", "fixed", "0.18.9",
-                                                 "0.19.8", "transformers 5.24.0", "every step untestable",
-                                                 "2026-12-05T01:00:00+00:00"))
+        history.add_triage_attempt(
+            TriageAttempt(
+                CellKey("cohere", "eager", "fp32", 3),
+                "deepspeed",
+                "fixed",
+                "0.18.9",
+                "0.19.8",
+                "transformers 5.24.0",
+                "every step untestable",
+                "2026-12-05T01:00:00+00:00",
+            )
+        )
         bisections, attempts = history.bisections(), history.triage_attempts()
     archive = tmp_path / "archive"
     capsys.readouterr()
@@ -84,7 +94,8 @@ def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
     assert (runs, observations) == before[:2]
     original = analyse(observations, None, bisections, attempts)  # answers recorded at one time may change order
     assert replace(answered, bisections=sorted(answered.bisections, key=repr)) == replace(
-        original, bisections=sorted(original.bisections, key=repr))
+        original, bisections=sorted(original.bisections, key=repr)
+    )
     assert sum(t.bisection is not None for t in answered.transitions) >= 44
     assert main(["rebuild", "--store", str(store)]) == 0  # nothing twice
     assert capsys.readouterr().out.strip().endswith(", 0 new answer(s)")
@@ -103,16 +114,34 @@ def test_verify_finds_runs_and_answers_a_lost_store_would_lose(session, tmp_path
     store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
     assert main(["merge", str(session([Cell("llama")])), str(session([Cell("opt")])), "--store", str(store)]) == 0
     assert main(["verify", "--store", str(store)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"{store}: all 2 run(s) and 0 answer(s) are in the archive {archive}"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == f"{store}: all 2 run(s) and 0 answer(s) are in the archive {archive}"
+    )
 
     next(archive.rglob("session2@*.tar.gz")).unlink()  # a run merged before the archive existed
     with HistoryStore(store, create=False) as history:  # an answer recorded after the last merge
-        history.add_triage_attempt(TriageAttempt(CellKey("llama", "eager", "fp32", 2), "deepspeed", "broken", "0.1",
-                                                 "0.2", "", "every step untestable", "2026-01-01T00:00:00+00:00"))
+        history.add_triage_attempt(
+            TriageAttempt(
+                CellKey("llama", "eager", "fp32", 2),
+                "deepspeed",
+                "broken",
+                "0.1",
+                "0.2",
+                "",
+                "every step untestable",
+                "2026-01-01T00:00:00+00:00",
+            )
+        )
     assert main(["verify", "--store", str(store)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {store}: 1 run(s) (session2@2025-01-02T00:00:00Z@runner-1) and 1 answer(s) are not "
-                          f"in the archive {archive}") and len(err.splitlines()) == 1
+    assert (
+        err.startswith(
+            f"error: {store}: 1 run(s) (session2@2025-01-02T00:00:00Z@runner-1) and 1 answer(s) are not "
+            f"in the archive {archive}"
+        )
+        and len(err.splitlines()) == 1
+    )
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0  # merging again repairs both
     assert main(["verify", "--store", str(store)]) == 0
 
@@ -129,7 +158,8 @@ def test_a_stale_store_is_brought_up_to_date_and_rebuild_is_idempotent(scenario,
     assert history_of(stale) == history_of(store)
     assert main(["rebuild", "--archive", str(archive), "--store", str(stale)]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"{stale}: 0 new run(s), 0 new result(s) from 0 of 6 archive entries in {archive}, 0 new answer(s)")
+        f"{stale}: 0 new run(s), 0 new result(s) from 0 of 6 archive entries in {archive}, 0 new answer(s)"
+    )
 
 
 def test_merging_again_adds_nothing_and_a_changed_verdict_is_an_error(session, tmp_path, capsys):
@@ -146,20 +176,31 @@ def test_merging_again_adds_nothing_and_a_changed_verdict_is_an_error(session, t
     assert archive_files(archive) == [str(entry.relative_to(archive))] and entry.read_bytes() == written
 
     # the same run id comes back with opt passing: an error naming the cell, and nothing changes
-    changed = write_junit(tmp_path / "changed" / "s.xml", [Cell("llama"), Cell("opt")],
-                          run_id="session1@2025-01-01T00:00:00Z@runner-1", started="2025-01-01T00:00:00Z")
+    changed = write_junit(
+        tmp_path / "changed" / "s.xml",
+        [Cell("llama"), Cell("opt")],
+        run_id="session1@2025-01-01T00:00:00Z@runner-1",
+        started="2025-01-01T00:00:00Z",
+    )
     before = history_of(store)
     assert main(["merge", str(changed), "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"conflict {changed}: run 'session1@2025-01-01T00:00:00Z@runner-1' cell opt-eager-fp32-tp2 "
-                          "is pass here but fail (shard: ShardError: broken) in the archive")
+    assert err.startswith(
+        f"conflict {changed}: run 'session1@2025-01-01T00:00:00Z@runner-1' cell opt-eager-fp32-tp2 "
+        "is pass here but fail (shard: ShardError: broken) in the archive"
+    )
     assert err.splitlines()[-1].startswith("error: 1 file(s) contradict runs already in")
     assert archive_files(archive) == [str(entry.relative_to(archive))] and entry.read_bytes() == written
     assert history_of(store) == before
 
     # other provenance under the same run id: an error as well
-    moved = write_junit(tmp_path / "moved" / "s.xml", [Cell("llama")], host="elsewhere",
-                        run_id="session1@2025-01-01T00:00:00Z@runner-1", started="2025-01-01T00:00:00Z")
+    moved = write_junit(
+        tmp_path / "moved" / "s.xml",
+        [Cell("llama")],
+        host="elsewhere",
+        run_id="session1@2025-01-01T00:00:00Z@runner-1",
+        started="2025-01-01T00:00:00Z",
+    )
     assert main(["merge", str(moved), "--store", str(store)]) == 2
     assert "is archived in" in capsys.readouterr().err
 
@@ -172,8 +213,10 @@ def test_a_continued_run_adds_an_attempt_with_its_new_cells(tmp_path, capsys):
     complete = write_junit(tmp_path / "b" / "nightly.xml", [Cell("llama"), fail("opt", "forward")], **run)
     assert main(["merge", str(partial), "--store", str(store)]) == 0
     assert main(["merge", str(complete), str(partial), "--store", str(store)]) == 0
-    assert archive_files(archive) == ["nightly/nightly@2025-03-01T00%3A00%3A00Z@vm.1.tar.gz",
-                                      "nightly/nightly@2025-03-01T00%3A00%3A00Z@vm.2.tar.gz"]
+    assert archive_files(archive) == [
+        "nightly/nightly@2025-03-01T00%3A00%3A00Z@vm.1.tar.gz",
+        "nightly/nightly@2025-03-01T00%3A00%3A00Z@vm.2.tar.gz",
+    ]
     before = history_of(store)
     assert len(before[1]) == 2
     store.unlink()
@@ -184,10 +227,17 @@ def test_a_continued_run_adds_an_attempt_with_its_new_cells(tmp_path, capsys):
 def test_an_entry_holds_the_raw_junit_and_its_runs_cells_records(tmp_path):
     results = tmp_path / "results"
     junit = write_junit(results / "junit" / "nightly.xml", [Cell("llama")], run_id="nightly@2@vm", started="2")
-    records = [{"run": {"id": "nightly@1@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
-               {"run": {"id": "nightly@2@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
-               {"run": {"id": "nightly@2@vm"}, "cell": {"id": "opt-eager-fp32-tp2"}, "outcome": "fail",
-                "failure_class": "timeout", "faults": ["hang"]}]
+    records = [
+        {"run": {"id": "nightly@1@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
+        {"run": {"id": "nightly@2@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
+        {
+            "run": {"id": "nightly@2@vm"},
+            "cell": {"id": "opt-eager-fp32-tp2"},
+            "outcome": "fail",
+            "failure_class": "timeout",
+            "faults": ["hang"],
+        },
+    ]
     (results / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"cut sho')
     for store in ("one/history.sqlite", "two/history.sqlite"):
         assert main(["merge", str(results / "junit"), "--store", str(tmp_path / store)]) == 0
@@ -198,11 +248,14 @@ def test_an_entry_holds_the_raw_junit_and_its_runs_cells_records(tmp_path):
     assert [json.loads(line) for line in content[CELLS_MEMBER].decode().splitlines()] == [records[1]]
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda entry: entry.write_bytes(entry.read_bytes()[:40]), "not a readable archive entry"),
-    (lambda entry: entry.rename(entry.with_name("other%40run.1.tar.gz")), "holds no run 'other@run'"),
-    (lambda entry: entry.rename(entry.with_name("notes.tar.gz")), "not an archive entry name"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda entry: entry.write_bytes(entry.read_bytes()[:40]), "not a readable archive entry"),
+        (lambda entry: entry.rename(entry.with_name("other%40run.1.tar.gz")), "holds no run 'other@run'"),
+        (lambda entry: entry.rename(entry.with_name("notes.tar.gz")), "not an archive entry name"),
+    ],
+)
 def test_a_damaged_archive_is_a_one_line_error(session, tmp_path, capsys, damage, expected):
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(session([Cell("llama")])), "--store", str(store)]) == 0
@@ -225,4 +278,5 @@ def test_archive_entries_are_listed_in_order(session, tmp_path):
     assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "history.sqlite")]) == 0
     entries = ResultsArchive(tmp_path / "archive").entries()
     assert [(entry.run_id, entry.attempt) for entry in entries] == [
-        (f"session{n}@2025-01-0{n}T00:00:00Z@runner-1", 1) for n in (1, 2, 3)]
+        (f"session{n}@2025-01-0{n}T00:00:00Z@runner-1", 1) for n in (1, 2, 3)
+    ]

@@ -52,9 +52,15 @@ def test_release_range_lists_autotp_commits_first(deepspeed_repo, session, tmp_p
     assert section(report, "Root causes")[2:] == [
         "1. shard `ShardError: broken` — deepspeed 0.14.2 → 0.14.3 — 1 cell: eager fp32: llama tp2",
         "   - answer: not yet triaged",
-        "   - candidate commits (2 of 4 touch AutoTP paths, listed first): " + "; ".join([
-            commit("accelerator", 5440, "Accelerator tweak"), commit("autotp", 5436, "Fix AutoTP for llama"),
-            commit("readme", None, "Direct push without a PR number"), commit("docs", 5437, "Update docs")]),
+        "   - candidate commits (2 of 4 touch AutoTP paths, listed first): "
+        + "; ".join(
+            [
+                commit("accelerator", 5440, "Accelerator tweak"),
+                commit("autotp", 5436, "Fix AutoTP for llama"),
+                commit("readme", None, "Direct push without a PR number"),
+                commit("docs", 5437, "Update docs"),
+            ]
+        ),
     ]
 
 
@@ -82,8 +88,10 @@ def test_unknown_version_in_repo_is_a_clear_error(deepspeed_repo, session, tmp_p
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     assert main(["render", "--store", str(store), "--out", str(tmp_path), "--deepspeed-repo", str(repo)]) == 2
-    assert (f"cannot find DeepSpeed 0.15.0 (tried v0.15.0, 0.15.0); run `git -C {repo} fetch --tags origin`"
-            in capsys.readouterr().err)
+    assert (
+        f"cannot find DeepSpeed 0.15.0 (tried v0.15.0, 0.15.0); run `git -C {repo} fetch --tags origin`"
+        in capsys.readouterr().err
+    )
     assert main(["render", "--store", str(store), "--deepspeed-repo", str(tmp_path / "junit")]) == 2
     assert "not a git clone" in capsys.readouterr().err
 

@@ -1,7 +1,6 @@
 """Root causes: tp-dependent signatures read as one cause, transitions grouped into causes, and the report a
 maintainer reads (first screen, support matrix per combination, timeline with version axes, report.json)."""
 
-
 import pytest
 from reports_testkit import Cell, fail, issue_18_store, render, section
 
@@ -19,26 +18,39 @@ SAME_CAUSE_AT_EVERY_TP = {
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ deepspeed/module_inject/layers.py:forward",
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ deepspeed/module_inject/layers.py:forward",
     ],
-    "phimoe": ["RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx9N and Nx4) @ "
-               "deepspeed/module_inject/layers.py:forward"] * 3,
-    "bloom": ["RuntimeError: The expanded size of the tensor (N) must match the existing size (N) at non-singleton "
-              "dimension N.  Target sizes: [N, N, N].  Tensor sizes: [N, N, N] @ "
-              "transformers/models/bloom/modeling_bloom.py:forward"] * 3,
+    "phimoe": [
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx9N and Nx4) @ "
+        "deepspeed/module_inject/layers.py:forward"
+    ]
+    * 3,
+    "bloom": [
+        "RuntimeError: The expanded size of the tensor (N) must match the existing size (N) at non-singleton "
+        "dimension N.  Target sizes: [N, N, N].  Tensor sizes: [N, N, N] @ "
+        "transformers/models/bloom/modeling_bloom.py:forward"
+    ]
+    * 3,
     # The uneven-sharding failure of DeepSpeed 0.16.9-0.18.9: the split sizes list has one entry per rank.
-    "llama": [f"RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at "
-              f"dimension N), but got split_sizes=[{', '.join(['N'] * tp)}] @ "
-              "deepspeed/module_inject/layers.py:uneven_partition" for tp in (2, 3, 4)],
+    "llama": [
+        f"RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at "
+        f"dimension N), but got split_sizes=[{', '.join(['N'] * tp)}] @ "
+        "deepspeed/module_inject/layers.py:uneven_partition"
+        for tp in (2, 3, 4)
+    ],
 }
 # Also recorded there: tp 2 and tp 3 of these models fail in another frame or with another message, which the
 # report must not merge.
 DIFFERENT_CAUSES = {
-    "falcon": ["RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ "
-               "transformers/models/falcon/modeling_falcon.py:_split_heads",
-               "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ "
-               "transformers/models/falcon/modeling_falcon.py:forward"],
-    "hunyuan_dense": ["RuntimeError: world_size N is larger than half of num_heads N @ "
-                      "deepspeed/module_inject/fusedqkv_utils.py:shard_value_with_share_qk",
-                      "AssertionError:  @ deepspeed/module_inject/fusedqkv_utils.py:shard_value_with_share_qk"],
+    "falcon": [
+        "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ "
+        "transformers/models/falcon/modeling_falcon.py:_split_heads",
+        "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ "
+        "transformers/models/falcon/modeling_falcon.py:forward",
+    ],
+    "hunyuan_dense": [
+        "RuntimeError: world_size N is larger than half of num_heads N @ "
+        "deepspeed/module_inject/fusedqkv_utils.py:shard_value_with_share_qk",
+        "AssertionError:  @ deepspeed/module_inject/fusedqkv_utils.py:shard_value_with_share_qk",
+    ],
 }
 
 
@@ -60,7 +72,9 @@ def test_cause_masks_numbers_the_recording_left_and_nothing_in_words():
 
 def test_cells_are_listed_compactly():
     cells = [CellKey("llama", "eager", "fp32", tp) for tp in (3, 2, 4)] + [
-        CellKey("qwen2", "eager", "fp32", 2), CellKey("llama", "meta", "bf16", 2)]
+        CellKey("qwen2", "eager", "fp32", 2),
+        CellKey("llama", "meta", "bf16", 2),
+    ]
     assert cells_text(cells) == "eager fp32: llama tp2/3/4, qwen2 tp2; meta bf16: llama tp2"
 
 
@@ -81,7 +95,8 @@ def test_forty_five_fixes_of_one_cause_are_one_root_cause(issue_18):
     assert fixes[1].startswith(
         "1. shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at "
         "dimension N), but got split_sizes=[N…] @ deepspeed/module_inject/layers.py:uneven_partition` — deepspeed "
-        "0.18.9 → 0.19.8 — 45 cells: eager fp32: codegen tp2/3, cohere tp2/3, gemma tp2/3, gemma2 tp2/3, gemma3 tp2,")
+        "0.18.9 → 0.19.8 — 45 cells: eager fp32: codegen tp2/3, cohere tp2/3, gemma tp2/3, gemma2 tp2/3, gemma3 tp2,"
+    )
     assert fixes[2:] == [  # the answer triage found on llama tp2 and confirmed on 43 cells, stated once
         f"   - answer (44 cells): fixed at deepspeed 0.19.5 → 0.19.6, first good commit [8185818581]({url}/commit/"
         f'{"8185" * 10}) ([#8185]({url}/pull/8185) "Fix uneven sharding of split sizes")',
@@ -114,38 +129,59 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     data = read_report(issue_18)
     regression, fix = data["root_causes"]
     assert (fix["kind"], fix["axis"], fix["before"], fix["after"], fix["failure_class"], fix["count"]) == (
-        "fixed", "deepspeed", "0.18.9", "0.19.8", "shard", 45)
+        "fixed",
+        "deepspeed",
+        "0.18.9",
+        "0.19.8",
+        "shard",
+        45,
+    )
     assert fix["held_fixed"] == ["transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7"]
     assert sorted(data["fixes"][i]["cell"] for i in fix["members"]) == fix["cells"]
     assert [(a["answer"].split(",")[0], len(a["cells"])) for a in fix["answers"]] == [
-        ("fixed at deepspeed 0.19.5 → 0.19.6", 44), ("not yet triaged", 1)]
+        ("fixed at deepspeed 0.19.5 → 0.19.6", 44),
+        ("not yet triaged", 1),
+    ]
     assert regression["cells"] == [f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4)]
 
     since = data["since_previous_run"]
-    assert since["counts"] == {"new failure": {"cells": 3, "causes": 1}, "fixed": {"cells": 0, "causes": 0},
-                               "still failing": {"cells": 0, "causes": 0}, "flaky": {"cells": 0}}
+    assert since["counts"] == {
+        "new failure": {"cells": 3, "causes": 1},
+        "fixed": {"cells": 0, "causes": 0},
+        "still failing": {"cells": 0, "causes": 0},
+        "flaky": {"cells": 0},
+    }
     assert since["causes"][0]["root_causes"] == [regression["id"]]
 
     assert [m["label"] for m in data["matrices"]] == [  # every combination, the newest first
         f"deepspeed {ds}, transformers {tf}, torch 2.13.0+cpu, python 3.11.7"
-        for ds, tf in (("0.19.8", "5.24.0"), ("0.19.8", "5.23.0"), ("0.18.9", "5.24.0"), ("0.17.6", "5.24.0"))]
+        for ds, tf in (("0.19.8", "5.24.0"), ("0.19.8", "5.23.0"), ("0.18.9", "5.24.0"), ("0.17.6", "5.24.0"))
+    ]
     assert data["matrices"][2]["counts"]["shard"]["all"] == 45
 
     timeline = data["timeline"]
     assert (timeline["primary_axis"], timeline["varying_axes"]) == ("deepspeed", ["deepspeed", "transformers"])
     assert timeline["fixed_axes"] == {"torch": "2.13.0+cpu", "python": "3.11.7"}
     assert [(c["group"], c["label"]) for c in timeline["columns"]] == [
-        ("transformers 5.23.0", "0.19.8"), ("transformers 5.24.0", "0.17.6"), ("transformers 5.24.0", "0.18.9"),
-        ("transformers 5.24.0", "0.19.8")]
+        ("transformers 5.23.0", "0.19.8"),
+        ("transformers 5.24.0", "0.17.6"),
+        ("transformers 5.24.0", "0.18.9"),
+        ("transformers 5.24.0", "0.19.8"),
+    ]
     steady = {cell["cell"] for cell in timeline["cells"] if not cell["changed"]}
     assert len(steady) == 72 - 48 and "llama-eager-fp32-tp4" in steady and "gemma3-eager-fp32-tp3" in steady
 
 
 def test_a_cause_seen_away_from_the_latest_versions_says_where(session, tmp_path):
     session([Cell("llama"), Cell("llama", tp=3)], transformers="4.57.6", deepspeed="0.18.9")
-    session([fail("llama", "shard", "split_sizes=[N, N]"), fail("llama", "shard", "split_sizes=[N, N, N]", tp=3)],
-            transformers="4.57.6", deepspeed="0.19.0")
+    session(
+        [fail("llama", "shard", "split_sizes=[N, N]"), fail("llama", "shard", "split_sizes=[N, N, N]", tp=3)],
+        transformers="4.57.6",
+        deepspeed="0.19.0",
+    )
     session([Cell("llama")], transformers="5.24.0", deepspeed="0.19.0")
     report = (render(tmp_path / "junit", tmp_path) / "report.md").read_text()
-    assert "1. shard `split_sizes=[N…]` — deepspeed 0.18.9 → 0.19.0 at transformers 4.57.6 — 2 cells: eager fp32: " \
-           "llama tp2/3" in report
+    assert (
+        "1. shard `split_sizes=[N…]` — deepspeed 0.18.9 → 0.19.0 at transformers 4.57.6 — 2 cells: eager fp32: "
+        "llama tp2/3" in report
+    )

@@ -17,8 +17,10 @@ from suites.records.run_records import CellRecorder, RunInfo, read_records
 
 VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}
 HEADS = "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ transformers/models/qwen2/modeling_qwen2.py:forward"
-GRAINS = ("RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
-          "deepspeed/module_inject/layers.py:uneven_partition")
+GRAINS = (
+    "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
+    "deepspeed/module_inject/layers.py:uneven_partition"
+)
 
 
 def outcome_of(cell_id: str) -> CellOutcome:
@@ -30,8 +32,15 @@ def outcome_of(cell_id: str) -> CellOutcome:
     return CellOutcome("pass", metrics={"logits_max_abs": 1e-7})
 
 
-def run_cells(tmp_path, models="qwen2,llama", tp="2,3", shapes="faithful,stress", started="2026-12-03T00:00:00Z",
-              outcome=None, versions=VERSIONS):
+def run_cells(
+    tmp_path,
+    models="qwen2,llama",
+    tp="2,3",
+    shapes="faithful,stress",
+    started="2026-12-03T00:00:00Z",
+    outcome=None,
+    versions=VERSIONS,
+):
     """The cells the matrix expands, recorded by the suites' recorder and written as JUnit with its properties."""
     outcome_of_cell = outcome or outcome_of
     run = RunInfo(session="nightly", started=started, host="vm", accelerator="cpu", backend="gloo", harness_git="")
@@ -61,8 +70,10 @@ def rendered(tmp_path_factory):
 
 def test_the_hub_ids_travel_from_the_matrix_to_the_store(rendered):
     tmp_path, _ = rendered
-    records = {record["cell"]["id"]: record.get("checkpoints")
-               for record in read_records(tmp_path / "results" / "2026-12-03T00:00:00Z")}
+    records = {
+        record["cell"]["id"]: record.get("checkpoints")
+        for record in read_records(tmp_path / "results" / "2026-12-03T00:00:00Z")
+    }
     assert records["qwen2.faithful-eager-fp32-tp2"] == ["Qwen/Qwen2-7B", "Qwen/Qwen2.5-7B-Instruct"]
     assert records["qwen2-eager-fp32-tp2"] is None  # a stress cell stands for no checkpoint
     with HistoryStore(tmp_path / "history.sqlite", create=False) as store:
@@ -75,7 +86,9 @@ def test_the_hub_ids_travel_from_the_matrix_to_the_store(rendered):
 def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_architecture_apart(rendered):
     _, out = rendered
     report = (out / "report.md").read_text()
-    real = section(report, "Verdicts per checkpoint at the latest versions").index("### Architectures under stress shapes")
+    real = section(report, "Verdicts per checkpoint at the latest versions").index(
+        "### Architectures under stress shapes"
+    )
     lines = section(report, "Verdicts per checkpoint at the latest versions")
     assert lines[2:real] == [
         "- `meta-llama/Llama-2-7b-hf` (llama, faithful shapes) tp 2: ✅ · tp 3: ✅",
@@ -84,15 +97,21 @@ def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_archi
         f"- `Qwen/Qwen2.5-7B-Instruct` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`",
     ]
     # the stress cell's failure (13 grains) is the architecture's, never a checkpoint's
-    assert lines[real + 1:] == ["- llama architecture under stress shapes: tp 2: ✅ · tp 3: ✅",
-                                f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅"]
+    assert lines[real + 1 :] == [
+        "- llama architecture under stress shapes: tp 2: ✅ · tp 3: ✅",
+        f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅",
+    ]
     assert "uneven_partition" not in "\n".join(lines[:real])
     checkpoints = json.loads((out / "report.json").read_text())["checkpoints"]
     assert [(e["checkpoint"], [v["cell"] for v in e["verdicts"]]) for e in checkpoints["faithful"]][2] == (
-        "Qwen/Qwen2-7B", ["qwen2.faithful-eager-fp32-tp2", "qwen2.faithful-eager-fp32-tp3"])
+        "Qwen/Qwen2-7B",
+        ["qwen2.faithful-eager-fp32-tp2", "qwen2.faithful-eager-fp32-tp3"],
+    )
     html = (out / "report.html").read_text()
-    assert ("<li><code>Qwen/Qwen2-7B</code> (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward <code>RuntimeError: "
-            "shape &#39;[N, N, N, N]&#39;") in html
+    assert (
+        "<li><code>Qwen/Qwen2-7B</code> (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward <code>RuntimeError: "
+        "shape &#39;[N, N, N, N]&#39;"
+    ) in html
     assert '<ul id="stress-verdicts"><li>llama architecture under stress shapes' in html
 
 
@@ -100,13 +119,17 @@ def test_the_supported_models_page_judges_a_family_by_its_faithful_cells_and_nam
     _, out = rendered
     page = (out / "supported-models.md").read_text()
     assert "- llama — passes tp 2, 3 (eager fp32)" in page
-    assert ("- qwen2 — fails tp 3 (eager fp32): forward `RuntimeError: shape '[N…]' is invalid for input of size N @ "
-            "transformers/models/qwen2/modeling_qwen2.py:forward`; passes tp 2 (eager fp32)\n") in page  # not stress's tp 2
+    assert (
+        "- qwen2 — fails tp 3 (eager fp32): forward `RuntimeError: shape '[N…]' is invalid for input of size N @ "
+        "transformers/models/qwen2/modeling_qwen2.py:forward`; passes tp 2 (eager fp32)\n"
+    ) in page  # not stress's tp 2
     checkpoints = page.split("# Verdicts per checkpoint\n\n", 1)[1]
     assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in checkpoints
-    assert checkpoints.endswith(f"## Architectures under stress shapes\n\n- llama architecture under stress shapes: "
-                                f"tp 2: ✅ · tp 3: ✅\n- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · "
-                                "tp 3: ✅\n")
+    assert checkpoints.endswith(
+        f"## Architectures under stress shapes\n\n- llama architecture under stress shapes: "
+        f"tp 2: ✅ · tp 3: ✅\n- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · "
+        "tp 3: ✅\n"
+    )
 
 
 def test_a_history_of_stress_cells_only_has_no_checkpoint_section(tmp_path):
@@ -129,8 +152,12 @@ def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_p
 
 def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_and_every_checkpoints_verdicts(tmp_path):
     """The nightly before passed everything; the newest breaks qwen2's faithful tp 3 (Qwen2-7B's 10/9/9 heads)."""
-    run_cells(tmp_path, started="2026-12-02T00:00:00Z", outcome=lambda cell_id: CellOutcome("pass"),
-              versions={**VERSIONS, "deepspeed": "0.19.7"})
+    run_cells(
+        tmp_path,
+        started="2026-12-02T00:00:00Z",
+        outcome=lambda cell_id: CellOutcome("pass"),
+        versions={**VERSIONS, "deepspeed": "0.19.7"},
+    )
     junit = run_cells(tmp_path)
     store = tmp_path / "history.sqlite"
     assert main(["merge", str(junit), "--store", str(store)]) == 0

@@ -18,8 +18,10 @@ from reports.store import _MIGRATIONS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION, 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
 RUNS_PER_RELEASE = 4
 SESSIONS = {"nightly": "4.44.0", "compat": "4.45.0"}  # session -> the transformers it holds
-OPT_TRACEBACK = "Traceback (most recent call last):\n  File \"deepspeed/module_inject/auto_tp.py\", line 412\n" \
-                "logits_max_rel 0.3 > 0.01"
+OPT_TRACEBACK = (
+    'Traceback (most recent call last):\n  File "deepspeed/module_inject/auto_tp.py", line 412\n'
+    "logits_max_rel 0.3 > 0.01"
+)
 
 
 def run_id(session: str, day: int) -> str:
@@ -35,15 +37,34 @@ def nightlies(folder: Path) -> list[Path]:
     for session, transformers in SESSIONS.items():
         for n, deepspeed in enumerate(release for release in RELEASES for _ in range(RUNS_PER_RELEASE)):
             day = n + 1
-            llama = (fail("llama", "shard", "AssertionError: heads 32 % tp 3 != 0",
-                          message=f"Traceback ...\nAssertionError: heads 32 % tp 3 != 0 at step {day}")
-                     if deepspeed == "0.19.0" else Cell("llama", metrics={"logits_max_abs": day * 1e-6}))
+            llama = (
+                fail(
+                    "llama",
+                    "shard",
+                    "AssertionError: heads 32 % tp 3 != 0",
+                    message=f"Traceback ...\nAssertionError: heads 32 % tp 3 != 0 at step {day}",
+                )
+                if deepspeed == "0.19.0"
+                else Cell("llama", metrics={"logits_max_abs": day * 1e-6})
+            )
             neox = fail("gpt-neox", "forward" if deepspeed == "0.18.0" else "shard")
-            cells = [llama, neox, fail("opt", "numerics", "logits_max_rel 0.3 > 0.01", message=OPT_TRACEBACK),
-                     Cell("bloom", metrics={} if day % RUNS_PER_RELEASE == 0 else {"logits_max_abs": day * 2e-6})]
-            files.append(write_junit(folder / f"{session}-{day:02d}.xml", cells, run_id=run_id(session, day),
-                                     started=f"2025-01-{day:02d}T00:00:00Z", deepspeed=deepspeed,
-                                     transformers=transformers, harness_git="c" * 40))
+            cells = [
+                llama,
+                neox,
+                fail("opt", "numerics", "logits_max_rel 0.3 > 0.01", message=OPT_TRACEBACK),
+                Cell("bloom", metrics={} if day % RUNS_PER_RELEASE == 0 else {"logits_max_abs": day * 2e-6}),
+            ]
+            files.append(
+                write_junit(
+                    folder / f"{session}-{day:02d}.xml",
+                    cells,
+                    run_id=run_id(session, day),
+                    started=f"2025-01-{day:02d}T00:00:00Z",
+                    deepspeed=deepspeed,
+                    transformers=transformers,
+                    harness_git="c" * 40,
+                )
+            )
     return files
 
 
@@ -60,9 +81,13 @@ def merged(tmp_path: Path, *keep: str) -> Path:
 def detailed(store: Path) -> set[tuple[str, str]]:
     """(run id, model) of every result that kept its detail."""
     with sqlite3.connect(store) as conn:
-        return set(conn.execute("SELECT runs.run_id, cells.model FROM results JOIN runs ON runs.id = results.run "
-                                "JOIN cells ON cells.id = results.cell "
-                                "WHERE message IS NOT NULL OR metrics IS NOT NULL"))
+        return set(
+            conn.execute(
+                "SELECT runs.run_id, cells.model FROM results JOIN runs ON runs.id = results.run "
+                "JOIN cells ON cells.id = results.cell "
+                "WHERE message IS NOT NULL OR metrics IS NOT NULL"
+            )
+        )
 
 
 def everything_shown(store: Path, out: Path, capsys) -> dict:
@@ -74,8 +99,10 @@ def everything_shown(store: Path, out: Path, capsys) -> dict:
     report = read_report(out)
     report.pop("generated_at")
     shown = {"report": report, **{name: (out / name).read_text() for name in ("report.md", "supported-models.md")}}
-    shown["gate"] = (main(["gate", "--baseline", "deepspeed=0.18.0", "--candidate", "deepspeed=0.19.0",
-                           "--store", str(store)]), capsys.readouterr().out)
+    shown["gate"] = (
+        main(["gate", "--baseline", "deepspeed=0.18.0", "--candidate", "deepspeed=0.19.0", "--store", str(store)]),
+        capsys.readouterr().out,
+    )
     assert main(["publish", "--store", str(store), "--out", str(out)]) == 0
     shown["publish"] = {str(path.relative_to(out)): path.read_text() for path in (out / "publish").rglob("*.md")}
     capsys.readouterr()
@@ -83,8 +110,9 @@ def everything_shown(store: Path, out: Path, capsys) -> dict:
     shown["draft-issue"] = capsys.readouterr()
     with HistoryStore(store, create=False, read_only=True) as history:
         transitions = analyse(history.observations()).transitions
-    shown["transitions"] = [(t.kind, t.cell, t.axis, t.before, t.after, t.before_status, t.after_status)
-                            for t in transitions]
+    shown["transitions"] = [
+        (t.kind, t.cell, t.axis, t.before, t.after, t.before_status, t.after_status) for t in transitions
+    ]
     return shown
 
 
@@ -107,8 +135,11 @@ def test_dropping_a_transition_ends_detail_would_change_the_report(tmp_path, cap
     store = merged(tmp_path, "--keep-recent-runs", "1000")
     full = everything_shown(store, tmp_path / "out", capsys)
     with sqlite3.connect(store) as conn:
-        conn.execute("UPDATE results SET message = NULL, metrics = NULL WHERE run = (SELECT id FROM runs WHERE "
-                     "run_id = ?) AND cell = (SELECT id FROM cells WHERE model = 'llama')", (run_id("nightly", 4),))
+        conn.execute(
+            "UPDATE results SET message = NULL, metrics = NULL WHERE run = (SELECT id FROM runs WHERE "
+            "run_id = ?) AND cell = (SELECT id FROM cells WHERE model = 'llama')",
+            (run_id("nightly", 4),),
+        )
     broken = everything_shown(store, tmp_path / "out", capsys)
     assert broken["report"] != full["report"]
     regression = next(t for t in broken["report"]["regressions"] if t["held_fixed"].startswith("transformers 4.44.0"))
@@ -117,16 +148,27 @@ def test_dropping_a_transition_ends_detail_would_change_the_report(tmp_path, cap
 
 def test_detail_stays_at_recent_runs_and_every_points_ends_and_goes_elsewhere(tmp_path):
     store = merged(tmp_path, "--keep-recent-runs", "2")
-    kept_days = {1, 4, 5, 8, 9, 12} | {11}  # each release's first and newest run (every transition's ends), the 2 newest
-    expected = {(run_id(session, day), model) for session in SESSIONS for day in kept_days
-                for model in ("llama", "gpt-neox", "opt", "bloom")}
+    kept_days = {1, 4, 5, 8, 9, 12} | {
+        11
+    }  # each release's first and newest run (every transition's ends), the 2 newest
+    expected = {
+        (run_id(session, day), model)
+        for session in SESSIONS
+        for day in kept_days
+        for model in ("llama", "gpt-neox", "opt", "bloom")
+    }
     expected |= {(run_id(session, day), "bloom") for session in SESSIONS for day in (3, 7)}  # newest with metrics
     assert detailed(store) == expected
     with HistoryStore(store, create=False) as history:
         observations = {(o.run.run_id, o.cell.model): o.result for o in history.observations()}
     dropped = observations[run_id("nightly", 6), "llama"]  # inside 0.19.0's four runs
     assert (dropped.outcome, dropped.failure_class, dropped.signature, dropped.message, dropped.metrics) == (
-        "fail", "shard", "AssertionError: heads 32 % tp 3 != 0", "", {})
+        "fail",
+        "shard",
+        "AssertionError: heads 32 % tp 3 != 0",
+        "",
+        {},
+    )
     first_bad = observations[run_id("nightly", 5), "llama"]
     assert first_bad.message == "Traceback ...\nAssertionError: heads 32 % tp 3 != 0 at step 5"
     assert observations[run_id("nightly", 4), "llama"].metrics == {"logits_max_abs": 4e-6}  # last good
@@ -136,8 +178,10 @@ def test_each_distinct_message_and_signature_is_stored_once(tmp_path):
     store = merged(tmp_path, "--keep-recent-runs", "1000")
     with sqlite3.connect(store) as conn:
         texts, distinct = conn.execute("SELECT count(*), count(DISTINCT text) FROM texts").fetchone()
-        opt = conn.execute("SELECT count(*), count(DISTINCT message) FROM results WHERE cell = "
-                           "(SELECT id FROM cells WHERE model = 'opt')").fetchone()
+        opt = conn.execute(
+            "SELECT count(*), count(DISTINCT message) FROM results WHERE cell = "
+            "(SELECT id FROM cells WHERE model = 'opt')"
+        ).fetchone()
         stored = conn.execute("SELECT count(*) FROM texts WHERE text = ?", (OPT_TRACEBACK,)).fetchone()[0]
     assert texts == distinct
     # "", 2 gpt-neox signatures + their 2 tracebacks, opt's signature and traceback, llama's signature and its 8
@@ -179,13 +223,20 @@ def _schema_5_store(path: Path) -> None:
         for step in _MIGRATIONS[version]:
             step(conn) if callable(step) else conn.execute(step)
     for day in (1, 2):
-        conn.execute("INSERT INTO runs VALUES (?, 'nightly', 'runner-1', ?, 'cpu', 'gloo', '0.19.0', '', '4.44.0', "
-                     "'2.4.0', '3.11.7', 'old.xml', '2025-01-03', ?)",
-                     (run_id("nightly", day), f"2025-01-{day:02d}T00:00:00Z", "c" * 40))
-        conn.execute("INSERT INTO results VALUES (?, 'opt', 'eager', 'fp32', 2, 'fail', 'numerics', "
-                     "'logits_max_rel 0.3 > 0.01', ?, '{}')", (run_id("nightly", day), OPT_TRACEBACK))
-        conn.execute("INSERT INTO results VALUES (?, 'bloom', 'eager', 'fp32', 2, 'pass', '', '', '', ?)",
-                     (run_id("nightly", day), f'{{"logits_max_abs": {day}e-06}}'))
+        conn.execute(
+            "INSERT INTO runs VALUES (?, 'nightly', 'runner-1', ?, 'cpu', 'gloo', '0.19.0', '', '4.44.0', "
+            "'2.4.0', '3.11.7', 'old.xml', '2025-01-03', ?)",
+            (run_id("nightly", day), f"2025-01-{day:02d}T00:00:00Z", "c" * 40),
+        )
+        conn.execute(
+            "INSERT INTO results VALUES (?, 'opt', 'eager', 'fp32', 2, 'fail', 'numerics', "
+            "'logits_max_rel 0.3 > 0.01', ?, '{}')",
+            (run_id("nightly", day), OPT_TRACEBACK),
+        )
+        conn.execute(
+            "INSERT INTO results VALUES (?, 'bloom', 'eager', 'fp32', 2, 'pass', '', '', '', ?)",
+            (run_id("nightly", day), f'{{"logits_max_abs": {day}e-06}}'),
+        )
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute("PRAGMA user_version = 5")
     conn.close()
@@ -201,11 +252,17 @@ def test_a_schema_5_store_is_migrated_with_every_result_and_text_once(tmp_path):
     with HistoryStore(old, create=False) as history:
         migrated = history.observations()
     assert migrated == in_memory
-    assert [(o.run.run_id, o.cell.model, o.result.outcome, o.result.message, o.result.metrics, o.run.harness_git)
-            for o in migrated] == [
-        (run_id("nightly", day), model, outcome, message, metrics, "c" * 40) for day in (1, 2)
-        for model, outcome, message, metrics in (("bloom", "pass", "", {"logits_max_abs": day * 1e-6}),
-                                                 ("opt", "fail", OPT_TRACEBACK, {}))]
+    assert [
+        (o.run.run_id, o.cell.model, o.result.outcome, o.result.message, o.result.metrics, o.run.harness_git)
+        for o in migrated
+    ] == [
+        (run_id("nightly", day), model, outcome, message, metrics, "c" * 40)
+        for day in (1, 2)
+        for model, outcome, message, metrics in (
+            ("bloom", "pass", "", {"logits_max_abs": day * 1e-6}),
+            ("opt", "fail", OPT_TRACEBACK, {}),
+        )
+    ]
     with sqlite3.connect(old) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         assert conn.execute("SELECT count(*) FROM texts WHERE text = ?", (OPT_TRACEBACK,)).fetchone()[0] == 1
@@ -213,8 +270,10 @@ def test_a_schema_5_store_is_migrated_with_every_result_and_text_once(tmp_path):
         pass
     for table in ("runs", "cells", "results", "texts", "compaction"):
         with sqlite3.connect(old) as a, sqlite3.connect(tmp_path / "new.sqlite") as b:
-            assert a.execute(f"PRAGMA table_info({table})").fetchall() == b.execute(
-                f"PRAGMA table_info({table})").fetchall(), table
+            assert (
+                a.execute(f"PRAGMA table_info({table})").fetchall()
+                == b.execute(f"PRAGMA table_info({table})").fetchall()
+            ), table
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])

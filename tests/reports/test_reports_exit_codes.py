@@ -45,18 +45,24 @@ def test_a_run_id_merged_again_with_other_verdicts_fails(tmp_path, capsys):
     capsys.readouterr()
 
     write_junit(tmp_path / "again" / "a.xml", [fail("llama", "forward"), fail("opt", "shard")], **run)
-    write_junit(tmp_path / "again" / "b.xml", [Cell("bloom")], run_id="other@2025-01-02T00:00:00Z@runner-1",
-                started="2025-01-02T00:00:00Z")
+    write_junit(
+        tmp_path / "again" / "b.xml",
+        [Cell("bloom")],
+        run_id="other@2025-01-02T00:00:00Z@runner-1",
+        started="2025-01-02T00:00:00Z",
+    )
     assert main(["merge", str(tmp_path / "again"), "--store", str(store)]) == 2
     out, err = capsys.readouterr()
     assert "1 new run(s), 1 new result(s) from 1 file(s)" in out  # the other file still went in
     # the archive (what the store is rebuilt from) is asked first and names the cell
     assert "cell llama-eager-fp32-tp2 is fail (forward: ForwardError: broken) here but pass in the archive" in err, err
-    assert err.splitlines()[-1] == (f"error: 1 file(s) contradict runs already in {store} or its archive (above) and "
-                                    "were not imported")
+    assert err.splitlines()[-1] == (
+        f"error: 1 file(s) contradict runs already in {store} or its archive (above) and were not imported"
+    )
     with sqlite3.connect(store) as conn:
-        assert conn.execute("SELECT outcome FROM results JOIN cells ON cells.id = results.cell "
-                            "WHERE model = 'llama'").fetchall() == [("pass",)]
+        assert conn.execute(
+            "SELECT outcome FROM results JOIN cells ON cells.id = results.cell WHERE model = 'llama'"
+        ).fetchall() == [("pass",)]
 
     # The same verdicts again (a re-download of the same artifact) are fine.
     write_junit(tmp_path / "same" / "s.xml", [Cell("llama"), fail("opt", "shard")], **run)
@@ -68,8 +74,12 @@ def store(tmp_path):
     """A store with enough results to span many pages, so a damaged page lies inside the tables."""
     cells = [fail(f"model{m}", "shard", f"AssertionError: {'x' * 200} {m}", tp=tp) for m in range(60) for tp in (2, 3)]
     for n in range(3):
-        write_junit(tmp_path / "junit" / f"s{n}.xml", cells, run_id=f"s{n}@2025-01-0{n + 1}T00:00:00Z@r",
-                    started=f"2025-01-0{n + 1}T00:00:00Z")
+        write_junit(
+            tmp_path / "junit" / f"s{n}.xml",
+            cells,
+            run_id=f"s{n}@2025-01-0{n + 1}T00:00:00Z@r",
+            started=f"2025-01-0{n + 1}T00:00:00Z",
+        )
     path = tmp_path / "history.sqlite"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(path)]) == 0
     return path
@@ -80,7 +90,7 @@ def test_a_store_damaged_mid_file_is_one_line(store, tmp_path, capsys):
     page = 4096
     assert len(data) > 20 * page
     for offset in range(4 * page, len(data) - page, 3 * page):  # leave the header page intact: it still opens
-        data[offset:offset + page] = b"\xde\xad\xbe\xef" * (page // 4)
+        data[offset : offset + page] = b"\xde\xad\xbe\xef" * (page // 4)
     store.write_bytes(bytes(data))
     for command in (["render", "--out", str(tmp_path / "out")], ["gate", "--baseline", "x=1", "--candidate", "x=2"]):
         capsys.readouterr()
@@ -97,10 +107,13 @@ def test_our_application_id_with_another_schema_is_one_line(tmp_path, capsys):
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 2
-    assert f"{store}: marked as an autotp-matrix history store, but its tables are not those of schema" \
+    assert (
+        f"{store}: marked as an autotp-matrix history store, but its tables are not those of schema"
         in one_error_line(capsys)
-    write_junit(tmp_path / "junit" / "s.xml", [Cell("llama")], run_id="s@2025-01-01T00:00:00Z@r",
-                started="2025-01-01T00:00:00Z")
+    )
+    write_junit(
+        tmp_path / "junit" / "s.xml", [Cell("llama")], run_id="s@2025-01-01T00:00:00Z@r", started="2025-01-01T00:00:00Z"
+    )
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 2
     assert "its tables are not those of schema" in one_error_line(capsys)
 
@@ -135,8 +148,20 @@ def test_render_and_gate_only_read_the_store(store, tmp_path, monkeypatch, capsy
     writer.execute("BEGIN IMMEDIATE")  # a merge in progress in another process
     try:
         assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
-        assert main(["gate", "--store", str(store), "--baseline", "s0@2025-01-01T00:00:00Z@r",
-                     "--candidate", "s2@2025-01-03T00:00:00Z@r"]) == 0
+        assert (
+            main(
+                [
+                    "gate",
+                    "--store",
+                    str(store),
+                    "--baseline",
+                    "s0@2025-01-01T00:00:00Z@r",
+                    "--candidate",
+                    "s2@2025-01-03T00:00:00Z@r",
+                ]
+            )
+            == 0
+        )
     finally:
         writer.execute("ROLLBACK")
         writer.close()
@@ -147,12 +172,16 @@ def test_render_and_gate_only_read_the_store(store, tmp_path, monkeypatch, capsy
 def test_an_empty_file_never_becomes_a_store(tmp_path, capsys):
     store = tmp_path / "history.sqlite"
     store.touch()
-    for command in (["render", "--out", str(tmp_path / "out")], ["gate", "--baseline", "x=1", "--candidate", "x=2"],
-                    ["publish", "--out", str(tmp_path / "out")]):
+    for command in (
+        ["render", "--out", str(tmp_path / "out")],
+        ["gate", "--baseline", "x=1", "--candidate", "x=2"],
+        ["publish", "--out", str(tmp_path / "out")],
+    ):
         assert main([*command, "--store", str(store)]) == 2
         assert f"{store}: an empty file (0 bytes), not a history store" in one_error_line(capsys)
-    write_junit(tmp_path / "junit" / "s.xml", [Cell("llama")], run_id="s@2025-01-01T00:00:00Z@r",
-                started="2025-01-01T00:00:00Z")
+    write_junit(
+        tmp_path / "junit" / "s.xml", [Cell("llama")], run_id="s@2025-01-01T00:00:00Z@r", started="2025-01-01T00:00:00Z"
+    )
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 2  # a truncated history: not a new one
     assert "an empty file (0 bytes)" in one_error_line(capsys)
     assert store.stat().st_size == 0
@@ -162,5 +191,7 @@ def test_gate_on_a_store_without_results_is_one_line(tmp_path, capsys):
     store = tmp_path / "history.sqlite"
     with HistoryStore(store, create=True):  # a real store, with its tables, and no run yet
         pass
-    assert main(["gate", "--store", str(store), "--baseline", "deepspeed=0.19.7", "--candidate", "deepspeed=0.19.8"]) == 2
+    assert (
+        main(["gate", "--store", str(store), "--baseline", "deepspeed=0.19.7", "--candidate", "deepspeed=0.19.8"]) == 2
+    )
     assert "holds no results, so there is nothing to gate on" in one_error_line(capsys)

@@ -54,8 +54,14 @@ def test_a_failure_that_changed_class_is_reported_and_blocks_only_when_asked(tmp
 
 
 def test_only_known_failures_pass_the_gate(store, capsys):
-    code, out, _ = gate(store, capsys, "--baseline", "deepspeed=0.10.1,transformers=4.44.0",
-                        "--candidate", "deepspeed=0.11.0,transformers=4.44.0")
+    code, out, _ = gate(
+        store,
+        capsys,
+        "--baseline",
+        "deepspeed=0.10.1,transformers=4.44.0",
+        "--candidate",
+        "deepspeed=0.11.0,transformers=4.44.0",
+    )
     assert code == 0
     assert "llama-eager-fp32-tp2  fail      1/1 runs failed  known" in out
     assert out.rstrip().endswith("OK: no cell that passes in the baseline fails in the candidate")
@@ -97,8 +103,14 @@ def test_a_verdict_that_changed_with_the_harness_is_a_harness_change_not_a_flaky
     assert code == 1 and "baseline flaky" not in out
     assert "bloom-eager-fp32-tp2  pass      1/1 runs failed  regression" in out
     assert "llama-eager-fp32-tp2  fail      1/1 runs failed  known" in out
-    assert out.splitlines()[out.splitlines().index("baseline verdicts that changed with the harness commit at the same "
-                                                    "versions (a harness change, not flakiness; the newer harness's "
-                                                    "verdict is the baseline):") + 1:][:2] == [
+    assert out.splitlines()[
+        out.splitlines().index(
+            "baseline verdicts that changed with the harness commit at the same "
+            "versions (a harness change, not flakiness; the newer harness's "
+            "verdict is the baseline):"
+        )
+        + 1 :
+    ][:2] == [
         "  bloom-eager-fp32-tp2: fail ×1 at harness aaaaaaaaaa → pass ×1 at harness bbbbbbbbbb",
-        "  llama-eager-fp32-tp2: pass ×1 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"]
+        "  llama-eager-fp32-tp2: pass ×1 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb",
+    ]

@@ -11,9 +11,12 @@ from reports.triage import open_transitions
 def regressions(markdown: str) -> list[str]:
     """The titles of the root causes listed as regressions."""
     lines = section(markdown, "Root causes")
-    listed = lines[lines.index(next(line for line in lines if line.startswith("### Regressions"))) + 1:]
-    return [line for line in listed[:next((i for i, line in enumerate(listed) if line.startswith("###")), None)]
-            if line[:1].isdigit()]
+    listed = lines[lines.index(next(line for line in lines if line.startswith("### Regressions"))) + 1 :]
+    return [
+        line
+        for line in listed[: next((i for i, line in enumerate(listed) if line.startswith("###")), None)]
+        if line[:1].isdigit()
+    ]
 
 
 def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, monkeypatch):
@@ -94,7 +97,8 @@ def test_versions_are_ordered_as_releases_not_strings(session, tmp_path):
     session([Cell("llama")], deepspeed="0.8.1")
     out = render(tmp_path / "junit", tmp_path)
     assert regressions((out / "report.md").read_text()) == [
-        "1. shard `ShardError: broken` — deepspeed 0.9.0 → 0.10.0 — 1 cell: eager fp32: llama tp2"]
+        "1. shard `ShardError: broken` — deepspeed 0.9.0 → 0.10.0 — 1 cell: eager fp32: llama tp2"
+    ]
 
 
 def test_mixed_outcomes_at_different_versions_are_not_flaky(session, tmp_path):
@@ -102,7 +106,9 @@ def test_mixed_outcomes_at_different_versions_are_not_flaky(session, tmp_path):
     session([fail("llama", "memory"), Cell("opt", "skip", tp=4)], torch="2.4.0")
     report = (render(tmp_path / "junit", tmp_path) / "report.md").read_text()
     assert section(report, "Flaky cells") == ["None."]
-    assert regressions(report) == ["1. memory `MemoryError: broken` — torch 2.3.1 → 2.4.0 — 1 cell: eager fp32: llama tp2"]
+    assert regressions(report) == [
+        "1. memory `MemoryError: broken` — torch 2.3.1 → 2.4.0 — 1 cell: eager fp32: llama tp2"
+    ]
     assert "| llama | ❌ memory | — |" in report and "| opt | — | ⏭️ |" in report
 
 
@@ -118,9 +124,12 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     assert data["regressions"] == data["fixes"] == data["class_changes"] == data["root_causes"] == []
     assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
-        "2 pass / 1 fail (shard: ShardError: broken)"]
-    assert ("Latest versions: deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7 "
-            "(harness c0ffee1000, dddddddddd-dirty).") in report
+        "2 pass / 1 fail (shard: ShardError: broken)"
+    ]
+    assert (
+        "Latest versions: deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7 "
+        "(harness c0ffee1000, dddddddddd-dirty)."
+    ) in report
     assert data["latest_harness"] == ["c0ffee1" + "0" * 33, "d" * 40 + "-dirty"]
     assert "harness c0ffee1000, dddddddddd-dirty" in (out / "report.html").read_text()
 
@@ -142,7 +151,8 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
         ["deepspeed master", " transformers 4.44.0"],
     ]
     assert regressions((out / "report.md").read_text()) == [
-        "1. install `pip failed` — deepspeed 0.19.8 → pr/1234 — 1 cell: eager fp32: llama tp2"]
+        "1. install `pip failed` — deepspeed 0.19.8 → pr/1234 — 1 cell: eager fp32: llama tp2"
+    ]
 
 
 # ---- an answer is attached only to the transition it proved (reports.history.answer_for) ------------------------
@@ -155,18 +165,47 @@ def observations(points: list[tuple[str, str, str]], harness: str = "") -> list[
     """llama tp2 at each (deepspeed, deepspeed_git, failure class or "" for a pass), one run a day."""
     found = []
     for n, (deepspeed, deepspeed_git, failure_class) in enumerate(points, start=1):
-        run = Run(f"r{n}", "nightly", "runner-1", f"2026-01-{n:02d}T00:00:00Z", "cpu", "gloo",
-                  Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7", deepspeed_git), harness)
+        run = Run(
+            f"r{n}",
+            "nightly",
+            "runner-1",
+            f"2026-01-{n:02d}T00:00:00Z",
+            "cpu",
+            "gloo",
+            Versions(deepspeed, "5.24.0", "2.13.0+cpu", "3.11.7", deepspeed_git),
+            harness,
+        )
         outcome = "fail" if failure_class else "pass"
-        found.append(Observation(CellResult(run.run_id, LLAMA, outcome, failure_class,
-                                            f"{failure_class.title()}Error: N" if failure_class else ""), run))
+        found.append(
+            Observation(
+                CellResult(
+                    run.run_id,
+                    LLAMA,
+                    outcome,
+                    failure_class,
+                    f"{failure_class.title()}Error: N" if failure_class else "",
+                ),
+                run,
+            )
+        )
     return found
 
 
 def answer(before: str, after: str, failure_class: str, kind: str, **fields) -> Bisection:
     mode = "fixed" if kind == "fixed" else "broken"
-    return Bisection(LLAMA, mode, "deepspeed", before, after, HELD, failure_class, f"{failure_class.title()}Error: N",
-                     kind=kind, recorded_at=fields.pop("recorded_at", "2026-02-01T00:00:00+00:00"), **fields)
+    return Bisection(
+        LLAMA,
+        mode,
+        "deepspeed",
+        before,
+        after,
+        HELD,
+        failure_class,
+        f"{failure_class.title()}Error: N",
+        kind=kind,
+        recorded_at=fields.pop("recorded_at", "2026-02-01T00:00:00+00:00"),
+        **fields,
+    )
 
 
 # pass, shard, pass, numerics: broke 0.16.4 → 0.17.0 (shard), fixed 0.17.0 → 0.18.0, broke 0.18.0 → 0.19.0 (numerics)
@@ -180,8 +219,9 @@ def attached(points, bisections) -> dict[tuple[str, str, str], Bisection | None]
 
 
 def test_a_commit_answer_attaches_only_to_the_range_its_search_ran_over():
-    commit_only = answer("a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4",
-                         searched_newer="v0.17.0")
+    commit_only = answer(
+        "a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4", searched_newer="v0.17.0"
+    )
     found = attached(TWO_BREAKS, [commit_only])
     assert found[("broke", "0.16.4", "0.17.0")] == commit_only
     # It was attached to every later broken transition of the cell and axis before (its ends are no releases).
@@ -219,11 +259,14 @@ def test_an_answer_of_another_kind_or_failure_class_is_not_attached():
 
 
 def test_triage_asks_again_about_transitions_a_wrong_answer_used_to_close():
-    commit_only = answer("a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4",
-                         searched_newer="v0.17.0")
+    commit_only = answer(
+        "a" * 40, "b" * 40, "shard", "broke", commit="b" * 40, searched_older="v0.16.4", searched_newer="v0.17.0"
+    )
     history = analyse(observations(TWO_BREAKS), None, [commit_only])
     assert [(t.kind, t.before.deepspeed) for t in open_transitions(history.transitions)] == [
-        ("fixed", "0.17.0"), ("broke", "0.18.0")]
+        ("fixed", "0.17.0"),
+        ("broke", "0.18.0"),
+    ]
 
 
 # ---- a verdict that changed with the harness commit ----------------------------------------------------------------
@@ -244,11 +287,14 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
     assert data["regressions"] == data["fixes"] == data["class_changes"] == []
     assert section(report, "Harness changes")[1:] == [
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
-        "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"]
+        "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
+    ]
     assert data["harness_changes"][0]["before_status"]["status"] == "pass"
     assert report.count("| llama | ❌ numerics |") == 2  # 0.19.9 and 0.19.8: the newer harness's verdict there
-    assert ("<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
-            "harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb</li>") in (out / "report.html").read_text()
+    assert (
+        "<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
+        "harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb</li>"
+    ) in (out / "report.html").read_text()
 
 
 def test_a_library_change_measured_by_another_harness_commit_is_still_a_transition(session, tmp_path):

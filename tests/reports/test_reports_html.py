@@ -26,9 +26,22 @@ def test_html_is_self_contained(scenario, tmp_path):
 
 def chromium(page: Path, profile: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", *options, page.as_uri()],
-        check=True, capture_output=True, text=True, timeout=60,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            *options,
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -76,12 +89,16 @@ def test_multi_version_report_as_a_person_sees_it(tmp_path):
     columns = re.findall(r'<th class="version" title="([^"]*)">([^<]*)</th>', timeline)
     assert [label for _, label in columns] == ["0.19.8", "0.17.6", "0.18.9", "0.19.8"]  # by version within a group
     assert columns[1][0] == "deepspeed 0.17.6, transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7"
-    hover = html.unescape(re.search(r'<td class="fail" title="(llama-eager-fp32-tp3 at deepspeed 0.18.9[^"]*)"', dom)[1])
-    assert hover == ("llama-eager-fp32-tp3 at deepspeed 0.18.9, transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7: "
-                     "fail — shard: RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input "
-                     "tensor's size at dimension N), but got split_sizes=[N, N, N] @ "
-                     "deepspeed/module_inject/layers.py:uneven_partition — run "
-                     "autotp(ds0.18.9-tf5.24.0-pt2.13.0)@2026-12-02T00:00:00Z@vm")
+    hover = html.unescape(
+        re.search(r'<td class="fail" title="(llama-eager-fp32-tp3 at deepspeed 0.18.9[^"]*)"', dom)[1]
+    )
+    assert hover == (
+        "llama-eager-fp32-tp3 at deepspeed 0.18.9, transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7: "
+        "fail — shard: RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input "
+        "tensor's size at dimension N), but got split_sizes=[N, N, N] @ "
+        "deepspeed/module_inject/layers.py:uneven_partition — run "
+        "autotp(ds0.18.9-tf5.24.0-pt2.13.0)@2026-12-02T00:00:00Z@vm"
+    )
     assert len(re.findall(r"<details class=\"matrix\"", dom)) == 4  # a matrix per version combination
 
     screenshot = artifacts(tmp_path) / "report-issue-18.png"
@@ -109,25 +126,38 @@ def test_failing_now_is_the_first_section_a_person_sees(tmp_path):
     from reports_testkit import fail, nightly_94, write_junit
 
     upstream = "https://github.com/example/upstream/issues/7"  # a stand-in, as in test_failing_now.py
-    split = "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ deepspeed/module_inject/layers.py:f"
+    split = (
+        "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ deepspeed/module_inject/layers.py:f"
+    )
     junit = nightly_94(tmp_path / "junit").parent
-    write_junit(junit / "older.xml", [fail("llama", "shard", split, tp=tp) for tp in (2, 3, 4)],
-                run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z", deepspeed="0.19.7",
-                transformers="5.24.0", torch="2.13.0+cpu")
+    write_junit(
+        junit / "older.xml",
+        [fail("llama", "shard", split, tp=tp) for tp in (2, 3, 4)],
+        run_id="nightly@2026-12-01T00:00:00Z@vm",
+        started="2026-12-01T00:00:00Z",
+        deepspeed="0.19.7",
+        transformers="5.24.0",
+        torch="2.13.0+cpu",
+    )
     registry = tmp_path / "known_failures.toml"
-    registry.write_text(f'[known_failures.split]\nfailure_class = "shard"\nsignature = "split_with_sizes"\n'
-                        f'upstream = "{upstream}"\n\n[known_failures.experts]\nfailure_class = "memory"\n'
-                        f'signature = "experts not sharded"\nupstream = "{upstream.replace("7", "8")}"\n')
+    registry.write_text(
+        f'[known_failures.split]\nfailure_class = "shard"\nsignature = "split_with_sizes"\n'
+        f'upstream = "{upstream}"\n\n[known_failures.experts]\nfailure_class = "memory"\n'
+        f'signature = "experts not sharded"\nupstream = "{upstream.replace("7", "8")}"\n'
+    )
     page = render(junit, tmp_path, "--known-failures", str(registry)) / "report.html"
     dom = chromium(page, tmp_path / "profile", "--dump-dom").stdout
 
-    assert text_of(dom, "failing-now-summary") == ("94 cells fail in 27 causes at the latest versions: 26 new, 1 known; "
-                                                   "1 known failure fixed: close upstream")
+    assert text_of(dom, "failing-now-summary") == (
+        "94 cells fail in 27 causes at the latest versions: 26 new, 1 known; 1 known failure fixed: close upstream"
+    )
     headings = re.findall(r"<h2[^>]*>([^<]*)</h2>", dom)
     assert headings[:2] == ["Failing now, by cause", "Since the previous run of each session"]
     items = re.findall(r'<li id="failing-[0-9a-f]{12}"><strong class="status-(\w+)">', dom)
     assert len(items) == 27 and items.count("known") == 1 and items[-1] == "known"  # new ones first
-    assert '<code class="repro">nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2</code>' in dom
+    assert (
+        '<code class="repro">nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2</code>' in dom
+    )
     fixed = re.search(r'<ul id="fixed-known"><li>(.*?)</li>', dom, re.S)[1]
     assert fixed.startswith(f'fixed at deepspeed 0.19.8: close <a href="{upstream}">example/upstream#7</a>')
 

@@ -41,14 +41,21 @@ class FakeGitHub(ThreadingHTTPServer):
         self.reflect_token_on: str | None = None  # "METHOD path prefix" answered 500 with the Authorization header
 
     def issue_json(self, issue: dict, repo: str = REPO) -> dict:
-        return {"state": "open", **issue, "labels": [{"name": n} for n in issue["labels"]],
-                "url": f"{self.url}/repos/{repo}/issues/{issue['number']}",
-                "html_url": f"https://github.test/{repo}/issues/{issue['number']}"}
+        return {
+            "state": "open",
+            **issue,
+            "labels": [{"name": n} for n in issue["labels"]],
+            "url": f"{self.url}/repos/{repo}/issues/{issue['number']}",
+            "html_url": f"https://github.test/{repo}/issues/{issue['number']}",
+        }
 
     def comment_json(self, comment: dict) -> dict:
-        return {"id": comment["id"], "body": comment["body"],
-                "url": f"{self.url}/repos/{REPO}/issues/comments/{comment['id']}",
-                "html_url": f"https://github.test/{REPO}/issues/{comment['issue']}#comment-{comment['id']}"}
+        return {
+            "id": comment["id"],
+            "body": comment["body"],
+            "url": f"{self.url}/repos/{REPO}/issues/comments/{comment['id']}",
+            "html_url": f"https://github.test/{REPO}/issues/{comment['issue']}#comment-{comment['id']}",
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(404, {"message": "Not Found"})
         prefix = f"/repos/{repo}"
         issues = fake.issues if repo == REPO else fake.upstream_issues
-        parts = url.path[len(prefix):].strip("/").split("/")
+        parts = url.path[len(prefix) :].strip("/").split("/")
         route = (self.command, *["N" if p.isdigit() else p for p in parts if p])
         if route == ("GET",):
             return self._answer(200, {"full_name": repo, "url": f"{fake.url}{prefix}"})
@@ -104,7 +111,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(200, fake.comment_json(comment))
         if route[:2] == ("GET", "labels"):
             name = parts[1]
-            return self._answer(200, {"name": name}) if name in fake.labels else self._answer(404, {"message": "Not Found"})
+            return (
+                self._answer(200, {"name": name})
+                if name in fake.labels
+                else self._answer(404, {"message": "Not Found"})
+            )
         if route == ("POST", "labels"):
             fake.labels.add(body["name"])
             return self._answer(201, {"name": body["name"], "color": body["color"]})
@@ -112,13 +123,23 @@ class _Handler(BaseHTTPRequestHandler):
             query = parse_qs(url.query)
             wanted = set(query.get("labels", [""])[0].split(",")) - {""}
             state, creator = query.get("state", ["open"])[0], query.get("creator", [None])[0]
-            listed = [i for i in issues.values() if wanted <= set(i["labels"]) and state in ("all", i.get("state", "open"))
-                      and creator in (None, i.get("creator"))]
+            listed = [
+                i
+                for i in issues.values()
+                if wanted <= set(i["labels"])
+                and state in ("all", i.get("state", "open"))
+                and creator in (None, i.get("creator"))
+            ]
             return self._answer(200, [fake.issue_json(i, repo) for i in listed])
         if route == ("POST", "issues"):
             number = max(issues, default=999) + 1
-            issues[number] = {"number": number, "title": body["title"], "body": body["body"], "creator": LOGIN,
-                              "labels": [label for label in body.get("labels", []) if label in fake.labels]}
+            issues[number] = {
+                "number": number,
+                "title": body["title"],
+                "body": body["body"],
+                "creator": LOGIN,
+                "labels": [label for label in body.get("labels", []) if label in fake.labels],
+            }
             return self._answer(201, fake.issue_json(issues[number], repo))
         if route == ("PATCH", "issues", "N"):
             issues[int(parts[1])].update({k: body[k] for k in ("title", "body") if k in body})
@@ -149,8 +170,9 @@ def clean_environment(monkeypatch, tmp_path):
 
 
 def nightly(session, n: int, cells: list[Cell], name: str = "nightly", **versions):
-    return session(cells, run_id=f"{name}@2025-01-{n:02d}T00:00:00Z@runner-1", started=f"2025-01-{n:02d}T00:00:00Z",
-                   **versions)
+    return session(
+        cells, run_id=f"{name}@2025-01-{n:02d}T00:00:00Z@runner-1", started=f"2025-01-{n:02d}T00:00:00Z", **versions
+    )
 
 
 SPLIT = "AssertionError: split_sizes={} must sum to N @ deepspeed/module_inject/layers.py:uneven_partition"
@@ -161,13 +183,33 @@ def store(session, tmp_path):
     """Two nightlies: llama regresses at tp 2 and 3 with one cause (the split sizes' length follows tp), bloom is
     fixed, falcon is flaky, qwen2 still fails (its signature quotes the planted token), mistral fails on its
     first run; plus a rerun that makes falcon flaky."""
-    nightly(session, 1, [Cell("llama"), Cell("llama", tp=3), Cell("bloom", "fail", "forward", "RuntimeError: shape"),
-                         Cell("falcon"), fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj")],
-            deepspeed="0.19.7")
-    nightly(session, 2, [fail("llama", "shard", SPLIT.format("[N, N]")), fail("llama", "shard", SPLIT.format("[N, N, N]"), tp=3),
-                         Cell("bloom"), fail("falcon", "forward", "RuntimeError: NCCL timeout"),
-                         fail("qwen2", "setup", f"ImportError: token={TOKEN}"), Cell("gptj"),
-                         fail("mistral", "forward")], deepspeed="0.19.8")
+    nightly(
+        session,
+        1,
+        [
+            Cell("llama"),
+            Cell("llama", tp=3),
+            Cell("bloom", "fail", "forward", "RuntimeError: shape"),
+            Cell("falcon"),
+            fail("qwen2", "setup", f"ImportError: token={TOKEN}"),
+            Cell("gptj"),
+        ],
+        deepspeed="0.19.7",
+    )
+    nightly(
+        session,
+        2,
+        [
+            fail("llama", "shard", SPLIT.format("[N, N]")),
+            fail("llama", "shard", SPLIT.format("[N, N, N]"), tp=3),
+            Cell("bloom"),
+            fail("falcon", "forward", "RuntimeError: NCCL timeout"),
+            fail("qwen2", "setup", f"ImportError: token={TOKEN}"),
+            Cell("gptj"),
+            fail("mistral", "forward"),
+        ],
+        deepspeed="0.19.8",
+    )
     nightly(session, 3, [Cell("falcon")], name="rerun", deepspeed="0.19.8")
     path = tmp_path / "history.sqlite"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(path)]) == 0
@@ -195,10 +237,12 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     assert "GITHUB_TOKEN is not set: wrote the comment and 1 regression issue(s) (one per cause)" in out
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert comment.startswith("<!-- autotp-matrix:publish -->\n")
-    assert ("new failure: 3 cells in 2 causes; fixed: 1 cell in 1 cause; flaky: 1 cell; "
-            "still failing: 1 cell in 1 cause") in comment
-    assert ("  - changed: deepspeed 0.19.7 → 0.19.8 "
-            "(https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)") in comment
+    assert (
+        "new failure: 3 cells in 2 causes; fixed: 1 cell in 1 cause; flaky: 1 cell; still failing: 1 cell in 1 cause"
+    ) in comment
+    assert (
+        "  - changed: deepspeed 0.19.7 → 0.19.8 (https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)"
+    ) in comment
     new_failures = comment.split("**New failures**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
         f"- 2 cells — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`",
@@ -215,11 +259,18 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     assert issue.startswith(f"# AutoTP regression: shard: {LLAMA_CAUSE[:79]}… (2 cells)\n")
     assert f"<!-- autotp-matrix:regression cause={cause_id('shard', LLAMA_CAUSE)} -->" in issue
     assert "- Cells: `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`" in issue
-    assert ("- `nightly`: run `nightly@2025-01-01T00:00:00Z@runner-1` at deepspeed 0.19.7, transformers 4.44.0, torch "
-            "2.4.0, python 3.11.7 → run `nightly@2025-01-02T00:00:00Z@runner-1` at deepspeed 0.19.8,") in issue
-    assert ("- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
-            "  - answer: not yet triaged\n") in issue
-    assert "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2\n" in issue
+    assert (
+        "- `nightly`: run `nightly@2025-01-01T00:00:00Z@runner-1` at deepspeed 0.19.7, transformers 4.44.0, torch "
+        "2.4.0, python 3.11.7 → run `nightly@2025-01-02T00:00:00Z@runner-1` at deepspeed 0.19.8,"
+    ) in issue
+    assert (
+        "- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
+        "  - answer: not yet triaged\n"
+    ) in issue
+    assert (
+        "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2\n"
+        in issue
+    )
     assert comment in (tmp_path / "out" / "step-summary.md").read_text()
 
 
@@ -229,9 +280,14 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert github.requests == [
-        ("GET", f"/repos/{REPO}"), ("GET", f"/repos/{REPO}/issues/{PR}"), ("GET", f"/repos/{REPO}/issues/{PR}/comments"),
-        ("POST", f"/repos/{REPO}/issues/{PR}/comments"), ("GET", f"/repos/{REPO}/labels/autotp-regression"),
-        ("POST", f"/repos/{REPO}/labels"), ("GET", f"/repos/{REPO}/issues"), ("POST", f"/repos/{REPO}/issues"),
+        ("GET", f"/repos/{REPO}"),
+        ("GET", f"/repos/{REPO}/issues/{PR}"),
+        ("GET", f"/repos/{REPO}/issues/{PR}/comments"),
+        ("POST", f"/repos/{REPO}/issues/{PR}/comments"),
+        ("GET", f"/repos/{REPO}/labels/autotp-regression"),
+        ("POST", f"/repos/{REPO}/labels"),
+        ("GET", f"/repos/{REPO}/issues"),
+        ("POST", f"/repos/{REPO}/issues"),
     ]
     posted = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert github.comments[2]["body"] == posted
@@ -246,13 +302,20 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
 
     # The next nightly: llama still fails, so its issue is left alone and no new one is opened.
     nightly_session_file = tmp_path / "junit" / "next.xml"
-    write_junit(nightly_session_file, [fail("llama", "shard", SPLIT.format("[N, N]"))],
-                run_id="nightly@2025-01-09T00:00:00Z@runner-1", started="2025-01-09T00:00:00Z", deepspeed="0.19.8")
+    write_junit(
+        nightly_session_file,
+        [fail("llama", "shard", SPLIT.format("[N, N]"))],
+        run_id="nightly@2025-01-09T00:00:00Z@runner-1",
+        started="2025-01-09T00:00:00Z",
+        deepspeed="0.19.8",
+    )
     assert main(["merge", str(nightly_session_file), "--store", str(store)]) == 0
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH"]
-    assert f"**Still failing**\n\n- 1 cell — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`" in github.comments[2]["body"]
+    assert (
+        f"**Still failing**\n\n- 1 cell — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`" in github.comments[2]["body"]
+    )
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
 
@@ -275,7 +338,9 @@ def test_token_without_repository_and_unknown_session(store, tmp_path, monkeypat
     assert "GITHUB_TOKEN is set but no repository: pass --repo OWNER/NAME" in capsys.readouterr().err
     code = main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "weekly"])
     assert code == 2
-    assert "--session 'weekly': no stored run of this session; stored sessions: nightly, rerun" in capsys.readouterr().err
+    assert (
+        "--session 'weekly': no stored run of this session; stored sessions: nightly, rerun" in capsys.readouterr().err
+    )
 
 
 def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
@@ -289,19 +354,33 @@ def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
 def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
     with HistoryStore(store, create=False) as history:
         for tp in (2, 3):  # triage: bisected on tp2, confirmed on tp3
-            history.add_bisection(Bisection(
-                cell=CellKey("llama", "eager", "fp32", tp), mode="broken", axis="deepspeed", before="0.19.7",
-                after="0.19.8", held_fixed="transformers 4.44.0, torch 2.4.0", failure_class="shard",
-                signature=SPLIT.format("[N, N]" if tp == 2 else "[N, N, N]"), commit="0123456789abcdef",
-                subject="Shard heads (#7777)", pr=7777, recorded_at="2025-01-03T00:00:00Z",
-                confirmed_from="" if tp == 2 else "llama-eager-fp32-tp2"))
+            history.add_bisection(
+                Bisection(
+                    cell=CellKey("llama", "eager", "fp32", tp),
+                    mode="broken",
+                    axis="deepspeed",
+                    before="0.19.7",
+                    after="0.19.8",
+                    held_fixed="transformers 4.44.0, torch 2.4.0",
+                    failure_class="shard",
+                    signature=SPLIT.format("[N, N]" if tp == 2 else "[N, N, N]"),
+                    commit="0123456789abcdef",
+                    subject="Shard heads (#7777)",
+                    pr=7777,
+                    recorded_at="2025-01-03T00:00:00Z",
+                    confirmed_from="" if tp == 2 else "llama-eager-fp32-tp2",
+                )
+            )
     assert publish(store, tmp_path) == 0
     issue = (tmp_path / "out" / "publish" / "issues" / ISSUE).read_text()
     url = "https://github.com/deepspeedai/DeepSpeed"
-    answer = (f"answer: broke at deepspeed 0.19.7 → 0.19.8, first bad commit [0123456789]({url}/commit/0123456789abcdef) "
-              f'([#7777]({url}/pull/7777) "Shard heads")')
-    assert ("- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n"
-            f"  - {answer}\n") in issue
+    answer = (
+        f"answer: broke at deepspeed 0.19.7 → 0.19.8, first bad commit [0123456789]({url}/commit/0123456789abcdef) "
+        f'([#7777]({url}/pull/7777) "Shard heads")'
+    )
+    assert (
+        f"- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n  - {answer}\n"
+    ) in issue
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert f"`llama-eager-fp32-tp3`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment  # the same answer, once
 
@@ -332,8 +411,10 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
 
     # The same cause, known upstream: no report for it, and the log says why.
     registry = tmp_path / "known_failures.toml"
-    registry.write_text('[known_failures.split]\nfailure_class = "shard"\nsignature = "split_sizes"\n'
-                        'upstream = "https://github.com/upstream-org/DeepSpeed/issues/5"\n')
+    registry.write_text(
+        '[known_failures.split]\nfailure_class = "shard"\nsignature = "split_sizes"\n'
+        'upstream = "https://github.com/upstream-org/DeepSpeed/issues/5"\n'
+    )
     for path in (tmp_path / "out" / "publish" / "upstream").glob("*.md"):
         path.unlink()
     assert publish(store, tmp_path, "--upstream", UPSTREAM, "--known-failures", str(registry)) == 0
@@ -345,19 +426,34 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
     assert "--upstream 'DeepSpeed': not a GitHub repository; pass OWNER/NAME" in capsys.readouterr().err
 
 
-def test_upstream_report_opened_once_edited_on_rerun_and_left_closed(store, tmp_path, github, monkeypatch, capsys,
-                                                                   caplog):
+def test_upstream_report_opened_once_edited_on_rerun_and_left_closed(
+    store, tmp_path, github, monkeypatch, capsys, caplog
+):
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
     monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
-    github.upstream_issues[1000] = {"number": 1000, "title": "someone else's", "creator": "maintainer", "labels": [],
-                                    "body": f"quoting <!-- autotp-matrix:upstream cause={LLAMA_ID} -->"}
+    github.upstream_issues[1000] = {
+        "number": 1000,
+        "title": "someone else's",
+        "creator": "maintainer",
+        "labels": [],
+        "body": f"quoting <!-- autotp-matrix:upstream cause={LLAMA_ID} -->",
+    }
     assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
     assert [request for request in github.requests if UPSTREAM in request[1] or request[1] == "/user"] == [
-        ("GET", f"/repos/{UPSTREAM}"), ("GET", "/user"), ("GET", f"/repos/{UPSTREAM}/issues"),
-        ("POST", f"/repos/{UPSTREAM}/issues")]
+        ("GET", f"/repos/{UPSTREAM}"),
+        ("GET", "/user"),
+        ("GET", f"/repos/{UPSTREAM}/issues"),
+        ("POST", f"/repos/{UPSTREAM}/issues"),
+    ]
     title, body = upstream_reports(tmp_path)[f"{LLAMA_ID}.md"].removeprefix("# ").split("\n\n", 1)
-    assert github.upstream_issues[1001] == {"number": 1001, "title": title, "body": body, "creator": LOGIN, "labels": []}
+    assert github.upstream_issues[1001] == {
+        "number": 1001,
+        "title": title,
+        "body": body,
+        "creator": LOGIN,
+        "labels": [],
+    }
     assert len(github.issues) == 2  # and the regression issue in the harness's own repository, as before
 
     github.upstream_issues[1001]["body"] = f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\nstale text"

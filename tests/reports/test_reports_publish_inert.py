@@ -16,7 +16,9 @@ from reports.__main__ import main
 from reports.records import Bisection, CellKey
 from reports.store import HistoryStore
 
-HOSTILE = "@deepspeedai/maintainers ![x](https://tracker.example/p.png) <img src=https://tracker.example/q.png> cc @someone"
+HOSTILE = (
+    "@deepspeedai/maintainers ![x](https://tracker.example/p.png) <img src=https://tracker.example/q.png> cc @someone"
+)
 MENTION = re.compile(r"(?<![\w@/.+-])@[A-Za-z0-9]")
 
 
@@ -45,10 +47,16 @@ def active_parts(markdown: str) -> list[str]:
 
 
 def nightlies(tmp_path, signature: str):
-    for n, cells in enumerate(([Cell("llama"), Cell("opt")], [fail("llama", "forward", signature), fail("opt", "shard")]),
-                              1):
-        write_junit(tmp_path / "junit" / f"nightly{n}.xml", cells, run_id=f"nightly@2025-01-0{n}T00:00:00Z@runner-1",
-                    started=f"2025-01-0{n}T00:00:00Z", deepspeed=f"0.19.{n}")
+    for n, cells in enumerate(
+        ([Cell("llama"), Cell("opt")], [fail("llama", "forward", signature), fail("opt", "shard")]), 1
+    ):
+        write_junit(
+            tmp_path / "junit" / f"nightly{n}.xml",
+            cells,
+            run_id=f"nightly@2025-01-0{n}T00:00:00Z@runner-1",
+            started=f"2025-01-0{n}T00:00:00Z",
+            deepspeed=f"0.19.{n}",
+        )
 
 
 def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
@@ -56,13 +64,28 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
     store, out = tmp_path / "history.sqlite", tmp_path / "out"
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
     with HistoryStore(store, create=False) as history:  # an answer whose commit subject mentions people
-        history.add_bisection(Bisection(CellKey("llama", "eager", "fp32", 2), "broken", "deepspeed", "0.19.1",
-                                        "0.19.2", "transformers 4.44.0, torch 2.4.0", "forward",
-                                        f"RuntimeError: {HOSTILE}", "a" * 40, f"Refactor attention {HOSTILE} (#77)",
-                                        77, recorded_at="2025-01-03T00:00:00+00:00", kind="broke"))
+        history.add_bisection(
+            Bisection(
+                CellKey("llama", "eager", "fp32", 2),
+                "broken",
+                "deepspeed",
+                "0.19.1",
+                "0.19.2",
+                "transformers 4.44.0, torch 2.4.0",
+                "forward",
+                f"RuntimeError: {HOSTILE}",
+                "a" * 40,
+                f"Refactor attention {HOSTILE} (#77)",
+                77,
+                recorded_at="2025-01-03T00:00:00+00:00",
+                kind="broke",
+            )
+        )
     with sqlite3.connect(store) as conn:  # a class stored before merge validated them
-        conn.execute("UPDATE results SET failure_class = ? WHERE cell IN (SELECT id FROM cells WHERE model = 'opt')",
-                     (f"shard {HOSTILE}",))
+        conn.execute(
+            "UPDATE results SET failure_class = ? WHERE cell IN (SELECT id FROM cells WHERE model = 'opt')",
+            (f"shard {HOSTILE}",),
+        )
     assert main(["publish", "--store", str(store), "--out", str(out), "--upstream", "deepspeedai/DeepSpeed"]) == 0
 
     comment = (out / "publish" / "comment.md").read_text()
@@ -75,25 +98,41 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
     llama = next(body for _, body in issues if "llama-eager-fp32-tp2" in body)
     assert "Refactor attention `@deepspeedai/maintainers`" in llama  # the subject's mention, put in a code span
     # The report for DeepSpeed's tracker (draft-issue's text): inert too, its <details> frame kept.
-    (title, body), = [path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "upstream").glob("*.md")]
+    ((title, body),) = [
+        path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "upstream").glob("*.md")
+    ]
     assert "tracker.example" in body
     assert [part.split(" (")[0] for part in active_parts(body)] == [
-        "html <details><summary>repro_llama-eager-fp32-tp2.py", "html </details>"]
+        "html <details><summary>repro_llama-eager-fp32-tp2.py",
+        "html </details>",
+    ]
     assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []
     assert "Refactor attention `@deepspeedai/maintainers`" in body
 
 
-@pytest.mark.parametrize("field, value, error", [
-    ("failure_class", "forward @org/team", "failure_class='forward @org/team' is not one of setup, shard"),
-    ("cell.model", "llama![x](u)", "cell.model='llama![x](u)' is not a name"),
-    ("version.deepspeed_git", "@org", "version.deepspeed_git='@org' is not a git commit"),
-])
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("failure_class", "forward @org/team", "failure_class='forward @org/team' is not one of setup, shard"),
+        ("cell.model", "llama![x](u)", "cell.model='llama![x](u)' is not a name"),
+        ("version.deepspeed_git", "@org", "version.deepspeed_git='@org' is not a git commit"),
+    ],
+)
 def test_merge_rejects_fields_that_are_not_what_the_harness_writes(tmp_path, capsys, field, value, error):
-    path = write_junit(tmp_path / "junit" / "s.xml", [fail("llama", "forward")], run_id="s@2025-01-01T00:00:00Z@r",
-                       started="2025-01-01T00:00:00Z", deepspeed="0.18.1+abc1234", harness_git=None)
+    path = write_junit(
+        tmp_path / "junit" / "s.xml",
+        [fail("llama", "forward")],
+        run_id="s@2025-01-01T00:00:00Z@r",
+        started="2025-01-01T00:00:00Z",
+        deepspeed="0.18.1+abc1234",
+        harness_git=None,
+    )
     text = path.read_text()
-    old = {"failure_class": 'name="failure_class" value="forward"', "cell.model": 'name="cell.model" value="llama"',
-           "version.deepspeed_git": 'name="version.deepspeed_git" value=""'}[field]
+    old = {
+        "failure_class": 'name="failure_class" value="forward"',
+        "cell.model": 'name="cell.model" value="llama"',
+        "version.deepspeed_git": 'name="version.deepspeed_git" value=""',
+    }[field]
     assert old in text
     replaced = old.rsplit('value="', 1)[0] + f'value="{value}"'
     if field == "cell.model":  # the id must still match its parts

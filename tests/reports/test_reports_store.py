@@ -21,16 +21,24 @@ def count(store: Path, table: str) -> int:
 
 def test_merge_keeps_provenance_and_is_idempotent(session, tmp_path, capsys):
     store = tmp_path / "history.sqlite"
-    first = session([Cell("llama", metrics={"logits_max_abs": 1e-6}), fail("opt", "shard")],
-                    deepspeed="0.14.3.dev0", deepspeed_git="a" * 40, host="gpu-7")
+    first = session(
+        [Cell("llama", metrics={"logits_max_abs": 1e-6}), fail("opt", "shard")],
+        deepspeed="0.14.3.dev0",
+        deepspeed_git="a" * 40,
+        host="gpu-7",
+    )
     session([Cell("llama")], transformers="4.45.0")
 
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
-                                                    f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"{store}: 2 new run(s), 3 new result(s) from 2 file(s); 0 skipped",
+        f"{tmp_path / 'archive'}: 2 new archive entries, 0 new answer(s)",
+    ]
     assert main(["merge", str(tmp_path / "junit"), str(first), "--store", str(store)]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
-                                                    f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"{store}: 0 new run(s), 0 new result(s) from 3 file(s); 0 skipped",
+        f"{tmp_path / 'archive'}: 0 new archive entries, 0 new answer(s)",
+    ]
 
     with HistoryStore(store, create=False) as history:
         run = history.runs()[0]
@@ -89,8 +97,12 @@ def test_two_processes_import_concurrently(tmp_path):
     store = tmp_path / "history.sqlite"
 
     importers = [
-        subprocess.Popen([sys.executable, "-m", "reports", "merge", str(tmp_path / folder), str(shared),
-                          "--store", str(store)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-m", "reports", "merge", str(tmp_path / folder), str(shared), "--store", str(store)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for folder in ("a", "b")
     ]
     for importer in importers:
@@ -143,7 +155,11 @@ def test_merge_keeps_harness_git_apart_from_deepspeed_git(session, tmp_path):
     with HistoryStore(store, create=False) as history:
         runs = history.runs()
     assert [(r.versions.deepspeed_git, r.harness_git) for r in runs] == [
-        ("", HASH_DIRTY), ("", ""), ("abc1234", ""), ("d" * 40, HARNESS)]
+        ("", HASH_DIRTY),
+        ("", ""),
+        ("abc1234", ""),
+        ("d" * 40, HARNESS),
+    ]
 
 
 _SCHEMA_1_RUNS = """CREATE TABLE runs (
@@ -166,11 +182,14 @@ def _old_store(path: Path, version: int, runs: list[tuple[str, str, str]]) -> Pa
         for statement in (_SCHEMA_1_RUNS, _SCHEMA_1_RESULTS, *((_BISECTIONS,) if version >= 2 else ())):
             conn.execute(statement)
         for n, (run_id, deepspeed, deepspeed_git) in enumerate(runs, 1):
-            conn.execute("INSERT INTO runs VALUES (?, ?, 'runner-1', ?, 'cpu', 'gloo', ?, ?, '4.44.0', "
-                         "'2.4.0', '3.11.7', 'old.xml', '2025-01-01')",
-                         (run_id, run_id.split("@")[0], f"2025-01-{n:02d}T00:00:00Z", deepspeed, deepspeed_git))
-            conn.execute("INSERT INTO results VALUES (?, 'llama', 'eager', 'fp32', 2, 'pass', '', '', '', '{}')",
-                         (run_id,))
+            conn.execute(
+                "INSERT INTO runs VALUES (?, ?, 'runner-1', ?, 'cpu', 'gloo', ?, ?, '4.44.0', "
+                "'2.4.0', '3.11.7', 'old.xml', '2025-01-01')",
+                (run_id, run_id.split("@")[0], f"2025-01-{n:02d}T00:00:00Z", deepspeed, deepspeed_git),
+            )
+            conn.execute(
+                "INSERT INTO results VALUES (?, 'llama', 'eager', 'fp32', 2, 'pass', '', '', '', '{}')", (run_id,)
+            )
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {version}")
     return path
@@ -183,11 +202,15 @@ def _columns(store: Path, table: str) -> list[tuple]:
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys):
-    old = _old_store(tmp_path / "old.sqlite", version, [
-        ("release@2025-01-01T00:00:00Z@runner-1", "0.19.8", "b9b025f"),  # the harness's HEAD, stamped by setup.py
-        ("git@2025-01-02T00:00:00Z@runner-1", "0.18.1+abc1234", "abc1234"),  # a source build from git: kept
-        ("plain@2025-01-03T00:00:00Z@runner-1", "0.19.7", ""),
-    ])
+    old = _old_store(
+        tmp_path / "old.sqlite",
+        version,
+        [
+            ("release@2025-01-01T00:00:00Z@runner-1", "0.19.8", "b9b025f"),  # the harness's HEAD, stamped by setup.py
+            ("git@2025-01-02T00:00:00Z@runner-1", "0.18.1+abc1234", "abc1234"),  # a source build from git: kept
+            ("plain@2025-01-03T00:00:00Z@runner-1", "0.19.7", ""),
+        ],
+    )
     before = old.read_bytes()
     with HistoryStore(old, create=False, read_only=True) as history:  # render, gate: a migrated copy in memory
         assert len(history.runs()) == 3 and history.triage_attempts() == []
@@ -205,9 +228,15 @@ def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys
         assert _columns(old, table) == _columns(tmp_path / "new.sqlite", table)
 
     # The old JUnit file of a migrated run imports as the same run (import applies the same rule).
-    old_file = write_junit(tmp_path / "old.xml", [Cell("llama")], run_id="release@2025-01-01T00:00:00Z@runner-1",
-                           started="2025-01-01T00:00:00Z", deepspeed="0.19.8", deepspeed_git="b9b025f",
-                           harness_git=None)
+    old_file = write_junit(
+        tmp_path / "old.xml",
+        [Cell("llama")],
+        run_id="release@2025-01-01T00:00:00Z@runner-1",
+        started="2025-01-01T00:00:00Z",
+        deepspeed="0.19.8",
+        deepspeed_git="b9b025f",
+        harness_git=None,
+    )
     assert main(["merge", str(old_file), "--store", str(old)]) == 0
     assert "0 new run(s), 0 new result(s) from 1 file(s); 0 skipped" in capsys.readouterr().out
 
@@ -215,14 +244,17 @@ def test_old_stores_are_migrated_to_the_current_schema(version, tmp_path, capsys
 def test_answers_stored_before_their_scope_was_kept_read_back_and_attach_as_their_mode_says(tmp_path):
     old = _old_store(tmp_path / "old.sqlite", 2, [("r@2025-01-01T00:00:00Z@runner-1", "0.19.8", "")])
     with sqlite3.connect(old) as conn:  # a schema-2 row: no suspects, confirmation, kind or searched range
-        conn.execute("INSERT INTO bisections VALUES ('llama', 'eager', 'fp32', 2, 'broken', 'deepspeed', '0.19.7', "
-                     "'0.19.8', 'transformers 4.44.0, torch 2.4.0', 'shard', 'X', '', '', NULL, '[]', '[]', "
-                     "'2025-01-02T00:00:00+00:00')")
+        conn.execute(
+            "INSERT INTO bisections VALUES ('llama', 'eager', 'fp32', 2, 'broken', 'deepspeed', '0.19.7', "
+            "'0.19.8', 'transformers 4.44.0, torch 2.4.0', 'shard', 'X', '', '', NULL, '[]', '[]', "
+            "'2025-01-02T00:00:00+00:00')"
+        )
     with HistoryStore(old, create=False) as history:
         (stored,) = history.bisections()
     assert (stored.kind, stored.searched_older, stored.searched_newer, stored.confirmed_from) == ("", "", "", "")
     assert (stored.mode, stored.before, stored.after, stored.failure_class) == ("broken", "0.19.7", "0.19.8", "shard")
     with HistoryStore(old, create=False) as history:  # written and read back with the new fields
         history.add_bisection(replace(stored, kind="class-change", searched_older="0.19.0", searched_newer="0.19.8"))
-        assert history.bisections()[1] == replace(stored, kind="class-change", searched_older="0.19.0",
-                                                  searched_newer="0.19.8")
+        assert history.bisections()[1] == replace(
+            stored, kind="class-change", searched_older="0.19.0", searched_newer="0.19.8"
+        )

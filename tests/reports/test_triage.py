@@ -23,13 +23,16 @@ from reports.triage import Budget, Installer, Triage, questions
 # ---- fake packages in git ----------------------------------------------------------------------------------------
 
 
-
 def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
     """Releases are the repositories' tags; every candidate is the one fake package built from its commit."""
+
     def commit(axis: str, clone: GitRepo, sha: str, pins: dict[str, str]) -> EnvironmentSpec:
         source = str(root / sha[:12] / "src")
-        return EnvironmentSpec(key=sha[:12], installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
-                               source=(clone.path, sha))
+        return EnvironmentSpec(
+            key=sha[:12],
+            installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", source)),
+            source=(clone.path, sha),
+        )
 
     def release(pins: dict[str, str]) -> EnvironmentSpec:
         axis = next(iter(repos))
@@ -39,7 +42,7 @@ def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
     def releases(axis: str, older: str, newer: str) -> list[str]:
         tags = git(repos[axis], "tag", "--sort=v:refname").split()
         versions = [tag.removeprefix("v") for tag in tags]
-        return versions[versions.index(older): versions.index(newer) + 1]
+        return versions[versions.index(older) : versions.index(newer) + 1]
 
     return Installer(releases=releases, release=release, commit=commit)
 
@@ -75,8 +78,12 @@ FAKE_CELLS = textwrap.dedent("""\
 
 
 def cells_command(script: Path):
-    return lambda python, cells, results, timeout: [str(python), str(script), ",".join(c.id for c in cells),
-                                                    str(results)]
+    return lambda python, cells, results, timeout: [
+        str(python),
+        str(script),
+        ",".join(c.id for c in cells),
+        str(results),
+    ]
 
 
 def write_store(store: Path, cells: list[CellKey], points: list[tuple[Versions, dict[CellKey, tuple[str, str]]]]):
@@ -84,9 +91,16 @@ def write_store(store: Path, cells: list[CellKey], points: list[tuple[Versions, 
     with HistoryStore(store, create=True) as history:
         for n, (versions, failures) in enumerate(points):
             run = Run(f"nightly@{n}", "nightly", "runner-1", f"2026-01-0{n + 1}T00:00:00Z", "cpu", "gloo", versions)
-            results = [CellResult(run.run_id, cell, "fail" if cell in failures else "pass",
-                                  *failures.get(cell, ("", "")), message=failures.get(cell, ("", ""))[1])
-                       for cell in cells]
+            results = [
+                CellResult(
+                    run.run_id,
+                    cell,
+                    "fail" if cell in failures else "pass",
+                    *failures.get(cell, ("", "")),
+                    message=failures.get(cell, ("", ""))[1],
+                )
+                for cell in cells
+            ]
             history.import_runs([(run, results)], source=store.parent)
 
 
@@ -137,15 +151,28 @@ def red_cells_store(store: Path) -> list[CellKey]:
     cells.append(CellKey("llama", "eager", "fp32", 4))
     signatures = {2: TP2_CAUSE, 3: TP3_CAUSE, 4: TP2_CAUSE.replace("[N, N]", "[N, N, N, N]")}
     fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
-    write_store(store, cells, [(Versions("0.1.0", **fixed), {}),
-                               (Versions("0.2.0", **fixed), {c: ("shard", signatures[c.tp]) for c in cells})])
+    write_store(
+        store,
+        cells,
+        [
+            (Versions("0.1.0", **fixed), {}),
+            (Versions("0.2.0", **fixed), {c: ("shard", signatures[c.tp]) for c in cells}),
+        ],
+    )
     return cells
 
 
 def make_triage(store: Path, deepspeed_side, budget: Budget) -> Triage:
     repo, _, envs, script = deepspeed_side
-    return Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), budget, {"deepspeed": GitRepo(repo)},
-                  command=cells_command(script), cell_timeout=60)
+    return Triage(
+        store,
+        envs,
+        fake_installer(envs, {"deepspeed": repo}),
+        budget,
+        {"deepspeed": GitRepo(repo)},
+        command=cells_command(script),
+        cell_timeout=60,
+    )
 
 
 def test_one_bad_commit_behind_eleven_cells_is_two_bisections(deepspeed_side, tmp_path, capsys):
@@ -175,7 +202,8 @@ def test_one_bad_commit_behind_eleven_cells_is_two_bisections(deepspeed_side, tm
     assert lines["llama-eager-fp32-tp4"] == (
         f'llama tp4 eager fp32: broke at deepspeed 0.1.1 → 0.2.0, first bad commit {shas[3][:10]} (#4321 "Shard '
         f'heads strictly"), shard: {TP2_CAUSE.replace("[N, N]", "[N, N, N, N]")} (confirmed here; bisected on '
-        "gemma-eager-fp32-tp2)")
+        "gemma-eager-fp32-tp2)"
+    )
     assert all("#4321" in line for line in lines.values())
     printed = capsys.readouterr().out
     assert "triage: 11 open transition(s) in 2 question(s)" in printed
@@ -207,22 +235,29 @@ def test_a_cell_that_does_not_confirm_gets_its_own_question_and_unanswerable_one
     store = tmp_path / "history.sqlite"
     llama, steady, qwen2 = (CellKey(model, "eager", "fp32", 2) for model in ("llama", "steady", "qwen2"))
     fixed = dict(transformers="5.24.0", python="3.11.7")
-    write_store(store, [llama, steady, qwen2], [
-        (Versions("0.1.0", torch="2.13.0+cpu", **fixed), {}),
-        # steady was recorded red with llama's cause but passes whenever it runs (the fake's "steady" model);
-        # qwen2's recorded failure is one the fake never produces.
-        (Versions("0.2.0", torch="2.13.0+cpu", **fixed),
-         {llama: ("shard", TP2_CAUSE), steady: ("shard", TP2_CAUSE), qwen2: ("numerics", "logits differ")}),
-        (Versions("0.2.0", torch="2.12.0", **fixed), {}),  # a torch transition: not bisected, says why
-    ])
+    write_store(
+        store,
+        [llama, steady, qwen2],
+        [
+            (Versions("0.1.0", torch="2.13.0+cpu", **fixed), {}),
+            # steady was recorded red with llama's cause but passes whenever it runs (the fake's "steady" model);
+            # qwen2's recorded failure is one the fake never produces.
+            (
+                Versions("0.2.0", torch="2.13.0+cpu", **fixed),
+                {llama: ("shard", TP2_CAUSE), steady: ("shard", TP2_CAUSE), qwen2: ("numerics", "logits differ")},
+            ),
+            (Versions("0.2.0", torch="2.12.0", **fixed), {}),  # a torch transition: not bisected, says why
+        ],
+    )
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None)
     triage = make_triage(store, deepspeed_side, Budget(max_cells=100, max_minutes=30))
     assert triage.run(found.transitions) == []
     assert (triage.answered, triage.confirmed) == (1, 0)
     lines = [line for _, line in answers(store)]
-    assert any(line.startswith("llama tp2 eager fp32: broke at deepspeed 0.1.1 → 0.2.0, first bad commit")
-               for line in lines)
+    assert any(
+        line.startswith("llama tp2 eager fp32: broke at deepspeed 0.1.1 → 0.2.0, first bad commit") for line in lines
+    )
     steady_line = next(line for line in lines if line.startswith("steady tp2 eager fp32: broke at deepspeed"))
     assert "triage could not answer: 0.2.0 should be bad but is good" in steady_line
     qwen2_line = next(line for line in lines if line.startswith("qwen2 tp2 eager fp32: broke at deepspeed"))
@@ -244,9 +279,17 @@ def test_a_class_change_is_bisected_from_its_old_failure_to_its_new_one(deepspee
     masked = [CellKey("masked", "eager", "fp32", tp) for tp in (2, 3)]
     old = "ArithmeticError: logits differ by N @ :<module>"  # what the fake records for the old failure
     fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
-    write_store(store, masked, [(Versions("0.1.0", **fixed), {c: ("numerics", old) for c in masked}),
-                                (Versions("0.2.0", **fixed), {masked[0]: ("shard", TP2_CAUSE),
-                                                              masked[1]: ("shard", TP2_CAUSE.replace("[N, N]", "[N, N, N]"))})])
+    write_store(
+        store,
+        masked,
+        [
+            (Versions("0.1.0", **fixed), {c: ("numerics", old) for c in masked}),
+            (
+                Versions("0.2.0", **fixed),
+                {masked[0]: ("shard", TP2_CAUSE), masked[1]: ("shard", TP2_CAUSE.replace("[N, N]", "[N, N, N]"))},
+            ),
+        ],
+    )
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None)
     assert [t.kind for t in found.transitions] == ["class-change", "class-change"]
@@ -256,8 +299,9 @@ def test_a_class_change_is_bisected_from_its_old_failure_to_its_new_one(deepspee
     lines = dict(answers(store))
     assert lines["masked-eager-fp32-tp2"].startswith(
         "masked tp2 eager fp32: failure class changed at deepspeed 0.1.0 → 0.2.0: numerics → shard: AssertionError: "
-        f'split_sizes=[N, N] must sum to N @ fakeds/shard.py:run (changed at deepspeed 0.1.1 → 0.2.0, first changed '
-        f'commit {shas[3][:10]} (#4321 "Shard heads strictly"))')
+        f"split_sizes=[N, N] must sum to N @ fakeds/shard.py:run (changed at deepspeed 0.1.1 → 0.2.0, first changed "
+        f'commit {shas[3][:10]} (#4321 "Shard heads strictly"))'
+    )
     assert "triage could not answer" in lines["masked-eager-fp32-tp3"]
 
 
@@ -266,11 +310,17 @@ def test_a_class_change_is_bisected_from_its_old_failure_to_its_new_one(deepspee
 MODELING = "def run(tp):\n    return tp\n"
 BROKEN_MODELING = "def run(tp):\n    raise TypeError(f'forward() got {tp} unexpected heads')\n"
 TRANSFORMERS_HISTORY = [
-    ("Initial fake transformers", {"src/transformers/__init__.py": "",
-                                   "src/transformers/models/__init__.py": "",
-                                   "src/transformers/models/llama/__init__.py": "",
-                                   "src/transformers/models/llama/modeling_llama.py": MODELING,
-                                   "src/transformers/models/bert/__init__.py": ""}, "v5.0.0"),
+    (
+        "Initial fake transformers",
+        {
+            "src/transformers/__init__.py": "",
+            "src/transformers/models/__init__.py": "",
+            "src/transformers/models/llama/__init__.py": "",
+            "src/transformers/models/llama/modeling_llama.py": MODELING,
+            "src/transformers/models/bert/__init__.py": "",
+        },
+        "v5.0.0",
+    ),
     ("Llama config tweak (#40101)", {"src/transformers/models/llama/configuration_llama.py": "X = 1\n"}, ""),
     ("Refactor llama attention (#40102)", {"src/transformers/models/llama/modeling_llama.py": BROKEN_MODELING}, ""),
     ("Bert docs (#40103)", {"src/transformers/models/bert/notes.py": "Y = 1\n"}, ""),
@@ -283,21 +333,32 @@ def test_transformers_side_lists_the_frame_file_commit_first_and_bisects_commits
     repo.mkdir()
     shas = make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)
     script = tmp_path / "cells.py"
-    script.write_text(FAKE_CELLS.replace("MODULE", "transformers.models.llama.modeling_llama").replace(
-        "FAILURE_CLASS", "forward"))
+    script.write_text(
+        FAKE_CELLS.replace("MODULE", "transformers.models.llama.modeling_llama").replace("FAILURE_CLASS", "forward")
+    )
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
     signature = "TypeError: forward() got N unexpected heads @ transformers/models/llama/modeling_llama.py:run"
-    write_store(store, [cell], [
-        (Versions("0.19.8", "5.0.0", "2.13.0+cpu", "3.11.7"), {}),
-        (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {cell: ("forward", signature)}),
-    ])
+    write_store(
+        store,
+        [cell],
+        [
+            (Versions("0.19.8", "5.0.0", "2.13.0+cpu", "3.11.7"), {}),
+            (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {cell: ("forward", signature)}),
+        ],
+    )
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None)
     envs = tmp_path / "envs"
-    triage = Triage(store, envs, fake_installer(envs, {"transformers": repo}), Budget(50, 30),
-                    {"transformers": GitRepo(repo, "--transformers-repo")}, command=cells_command(script),
-                    model_types={"llama": "llama"})
+    triage = Triage(
+        store,
+        envs,
+        fake_installer(envs, {"transformers": repo}),
+        Budget(50, 30),
+        {"transformers": GitRepo(repo, "--transformers-repo")},
+        command=cells_command(script),
+        model_types={"llama": "llama"},
+    )
     assert triage.run(found.transitions) == []
     with HistoryStore(store, create=False) as history:
         (answer,) = history.bisections()
@@ -305,8 +366,10 @@ def test_transformers_side_lists_the_frame_file_commit_first_and_bisects_commits
     assert answer.suspects[0].files == ("src/transformers/models/llama/modeling_llama.py",)
     assert (answer.commit, answer.pr, answer.axis) == (shas[2], 40102, "transformers")
     ((_, line),) = answers(store)
-    assert line.startswith(f'llama tp2 eager fp32: broke at transformers 5.0.0 → 5.1.0, first bad commit {shas[2][:10]} '
-                           '(#40102 "Refactor llama attention"), forward: TypeError')
+    assert line.startswith(
+        f"llama tp2 eager fp32: broke at transformers 5.0.0 → 5.1.0, first bad commit {shas[2][:10]} "
+        '(#40102 "Refactor llama attention"), forward: TypeError'
+    )
 
 
 def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side, tmp_path):
@@ -316,8 +379,9 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None)
     repo, _, envs, script = deepspeed_side
-    release_only = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(100, 30),
-                          command=cells_command(script))  # no clone: releases only
+    release_only = Triage(
+        store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(100, 30), command=cells_command(script)
+    )  # no clone: releases only
     assert release_only.run(found.transitions) == [] and release_only.steps == 3 + 2
     lines = [line for _, line in answers(store)]
     assert all("first bad commit" not in line and "0.1.1 → 0.2.0" in line for line in lines), lines
@@ -335,16 +399,22 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
 def test_frame_files_and_causes_read_real_signatures():
     from reports.signatures import cause, frame_files
 
-    tp2 = ("RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at dimension "
-           "N), but got split_sizes=[N, N] @ deepspeed/module_inject/layers.py:uneven_partition")
+    tp2 = (
+        "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at dimension "
+        "N), but got split_sizes=[N, N] @ deepspeed/module_inject/layers.py:uneven_partition"
+    )
     tp3 = tp2.replace("[N, N]", "[N, N, N]")
     assert cause(tp2) == cause(tp3) != cause(tp2.replace("RuntimeError", "ValueError"))
-    message = ('Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bloom/modeling_bloom.py",'
-               ' line 10, in forward\n  File "/x/site-packages/transformers/modeling_utils.py", line 5, in f\n')
+    message = (
+        'Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bloom/modeling_bloom.py",'
+        ' line 10, in forward\n  File "/x/site-packages/transformers/modeling_utils.py", line 5, in f\n'
+    )
     signature = "TypeError: boom @ transformers/integrations/tensor_parallel.py:shard"
-    assert frame_files(signature, message) == ["transformers/integrations/tensor_parallel.py",
-                                               "transformers/modeling_utils.py",
-                                               "transformers/models/bloom/modeling_bloom.py"]
+    assert frame_files(signature, message) == [
+        "transformers/integrations/tensor_parallel.py",
+        "transformers/modeling_utils.py",
+        "transformers/models/bloom/modeling_bloom.py",
+    ]
 
 
 def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_path):
@@ -357,24 +427,48 @@ def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_p
     make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
-    old_traceback = ('Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bert/notes.py", '
-                     'line 1, in <module>\nArithmeticError: logits differ by 3\n')
+    old_traceback = (
+        'Traceback (most recent call last):\n  File "/x/site-packages/transformers/models/bert/notes.py", '
+        "line 1, in <module>\nArithmeticError: logits differ by 3\n"
+    )
     new_signature = "TypeError: forward() got N unexpected heads @ transformers/models/llama/modeling_llama.py:run"
     with HistoryStore(store, create=True) as history:
-        for n, (transformers, failure) in enumerate([("5.0.0", ("numerics", "ArithmeticError: logits differ by N @ "
-                                                                 "transformers/models/bert/notes.py:<module>",
-                                                                 old_traceback)),
-                                                     ("5.1.0", ("forward", new_signature, new_signature))]):
-            run = Run(f"nightly@{n}", "nightly", "runner-1", f"2026-01-0{n + 1}T00:00:00Z", "cpu", "gloo",
-                      Versions("0.19.8", transformers, "2.13.0+cpu", "3.11.7"))
+        for n, (transformers, failure) in enumerate(
+            [
+                (
+                    "5.0.0",
+                    (
+                        "numerics",
+                        "ArithmeticError: logits differ by N @ transformers/models/bert/notes.py:<module>",
+                        old_traceback,
+                    ),
+                ),
+                ("5.1.0", ("forward", new_signature, new_signature)),
+            ]
+        ):
+            run = Run(
+                f"nightly@{n}",
+                "nightly",
+                "runner-1",
+                f"2026-01-0{n + 1}T00:00:00Z",
+                "cpu",
+                "gloo",
+                Versions("0.19.8", transformers, "2.13.0+cpu", "3.11.7"),
+            )
             history.import_runs([(run, [CellResult(run.run_id, cell, "fail", *failure)])], source=tmp_path)
         found = analyse(history.observations(), None)
     (question,) = questions(found.transitions)
     assert question.kind == "class-change"
-    triage = Triage(store, tmp_path / "envs", fake_installer(tmp_path / "envs", {"transformers": repo}), Budget(1, 1),
-                    model_types={"llama": "llama"})
-    suspects = triage.suspects(GitRepo(repo, "--transformers-repo"), Answer("5.0.0", "5.1.0", (), ()), question,
-                               question.representative)
+    triage = Triage(
+        store,
+        tmp_path / "envs",
+        fake_installer(tmp_path / "envs", {"transformers": repo}),
+        Budget(1, 1),
+        model_types={"llama": "llama"},
+    )
+    suspects = triage.suspects(
+        GitRepo(repo, "--transformers-repo"), Answer("5.0.0", "5.1.0", (), ()), question, question.representative
+    )
     assert [s.pr for s in suspects] == [40102, 40104, 40101]
 
 
@@ -388,10 +482,14 @@ def test_a_git_error_leaves_its_question_unanswered_with_the_reason_and_triage_g
     make_repo(repo, pyproject("transformers", "src"), TRANSFORMERS_HISTORY)  # tags v5.0.0 and v5.1.0 only
     store = tmp_path / "history.sqlite"
     llama, qwen2 = CellKey("llama", "eager", "fp32", 2), CellKey("qwen2", "eager", "fp32", 2)
-    write_store(store, [llama, qwen2], [
-        (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {qwen2: ("numerics", "logits differ")}),
-        (Versions("0.19.8", "5.2.0", "2.13.0+cpu", "3.11.7"), {llama: ("forward", "TypeError: boom")}),
-    ])
+    write_store(
+        store,
+        [llama, qwen2],
+        [
+            (Versions("0.19.8", "5.1.0", "2.13.0+cpu", "3.11.7"), {qwen2: ("numerics", "logits differ")}),
+            (Versions("0.19.8", "5.2.0", "2.13.0+cpu", "3.11.7"), {llama: ("forward", "TypeError: boom")}),
+        ],
+    )
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None)
     assert len(questions(found.transitions)) == 2
@@ -418,19 +516,33 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
     fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
-    write_store(store, [cell], [(Versions("0.1.0", **fixed), {}),
-                                (Versions("0.2.0", **fixed), {cell: ("shard", TP2_CAUSE)})])
+    write_store(
+        store, [cell], [(Versions("0.1.0", **fixed), {}), (Versions("0.2.0", **fixed), {cell: ("shard", TP2_CAUSE)})]
+    )
     with HistoryStore(store, create=True) as history:
         (transition,) = analyse(history.observations(), None).transitions
-        history.add_bisection(Bisection(cell, "broken", "deepspeed", "0.1.1", "0.2.0", pins_text(transition.held_fixed),
-                                        "shard",
-                                        TP2_CAUSE, recorded_at="2026-01-03T00:00:00+00:00", kind="broke",
-                                        searched_older="0.1.0", searched_newer="0.2.0"))
+        history.add_bisection(
+            Bisection(
+                cell,
+                "broken",
+                "deepspeed",
+                "0.1.1",
+                "0.2.0",
+                pins_text(transition.held_fixed),
+                "shard",
+                TP2_CAUSE,
+                recorded_at="2026-01-03T00:00:00+00:00",
+                kind="broke",
+                searched_older="0.1.0",
+                searched_newer="0.2.0",
+            )
+        )
         found = analyse(history.observations(), None, history.bisections())
     assert found.transitions[0].bisection is not None
     envs = tmp_path / "envs"
-    triage = Triage(store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(50, 30),
-                    {"deepspeed": GitRepo(repo)})
+    triage = Triage(
+        store, envs, fake_installer(envs, {"deepspeed": repo}), Budget(50, 30), {"deepspeed": GitRepo(repo)}
+    )
     assert triage.run(found.transitions, refine=True) == []
     with HistoryStore(store, create=False) as history:
         assert len(history.bisections()) == 1
@@ -442,16 +554,24 @@ def test_the_same_question_at_other_held_fixed_versions_is_recorded_for_each(dee
     reason, so neither transition is left "not yet triaged"."""
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
-    write_store(store, [cell], [(Versions(deepspeed, "5.24.0", torch, "3.11.7"), failures)
-                                for deepspeed in ("0.1.0", "0.2.0")
-                                for torch, failures in (("2.12.0", {}), ("2.13.0+cpu", {cell: ("shard", "boom")}))])
+    write_store(
+        store,
+        [cell],
+        [
+            (Versions(deepspeed, "5.24.0", torch, "3.11.7"), failures)
+            for deepspeed in ("0.1.0", "0.2.0")
+            for torch, failures in (("2.12.0", {}), ("2.13.0+cpu", {cell: ("shard", "boom")}))
+        ],
+    )
     for _ in range(2):  # asking again records nothing new
         with HistoryStore(store, create=False) as history:
             found = analyse(history.observations(), None, history.bisections(), history.triage_attempts())
         assert [t.held_fixed[0] for t in found.transitions] == [("deepspeed", "0.1.0"), ("deepspeed", "0.2.0")]
         make_triage(store, deepspeed_side, Budget(max_cells=10, max_minutes=30)).run(found.transitions)
         with HistoryStore(store, create=False) as history:
-            assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == ["deepspeed 0.1.0",
-                                                                                           "deepspeed 0.2.0"]
+            assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == [
+                "deepspeed 0.1.0",
+                "deepspeed 0.2.0",
+            ]
     lines = [line for _, line in answers(store)]
     assert len(lines) == 2 and all("a torch change is shown with its range only" in line for line in lines), lines

@@ -16,33 +16,117 @@ from sessions import add_model
 
 # Trimmed real configs (the fields that describe the architecture) of well-known checkpoints.
 CONFIGS = {
-    "llama3": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 131072,
-                "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": False,
-                "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                "rope_theta": 500000.0, "torch_dtype": "bfloat16"},
-               {"num_attention_heads": 8, "num_key_value_heads": 2, "tie_word_embeddings": False}),
-    "falcon_7b": ({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
-                   "multi_query": True, "parallel_attn": True, "bias": False, "alibi": False,
-                   "new_decoder_architecture": False, "vocab_size": 65024, "bos_token_id": 11, "eos_token_id": 11},
-                  {"multi_query": True, "parallel_attn": True, "alibi": False, "new_decoder_architecture": False}),
-    "bloom_560m": ({"model_type": "bloom", "hidden_size": 1024, "n_head": 16, "n_layer": 24, "vocab_size": 250880,
-                    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3},
-                   {"n_head": 8, "hidden_size": 128, "pad_token_id": 3}),
-    "mixtral_8x7b": ({"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                 "num_key_value_heads": 8, "num_hidden_layers": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
-                 "vocab_size": 32000, "sliding_window": None, "rope_theta": 1000000.0},
-                {"num_local_experts": 4, "num_experts_per_tok": 2, "num_key_value_heads": 2}),
-    "gemma2_2b": ({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8,
-                   "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 26, "vocab_size": 256000,
-                   "sliding_window": 4096, "query_pre_attn_scalar": 256, "final_logit_softcapping": 30.0,
-                   "attn_logit_softcapping": 50.0, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2},
-                  {"num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 16, "head_dim": 32,
-                   "final_logit_softcapping": 30.0, "layer_types": ["sliding_attention", "full_attention"]}),
-    "gpt2_small": ({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257,
-              "bos_token_id": 50256, "eos_token_id": 50256},
-             {"n_head": 8, "n_positions": 512, "tie_word_embeddings": True}),
+    "llama3": (
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 32,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "bos_token_id": 128000,
+            "eos_token_id": [128001, 128008, 128009],
+            "tie_word_embeddings": False,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rope_theta": 500000.0,
+            "torch_dtype": "bfloat16",
+        },
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "tie_word_embeddings": False},
+    ),
+    "falcon_7b": (
+        {
+            "model_type": "falcon",
+            "hidden_size": 4544,
+            "num_attention_heads": 71,
+            "num_hidden_layers": 32,
+            "multi_query": True,
+            "parallel_attn": True,
+            "bias": False,
+            "alibi": False,
+            "new_decoder_architecture": False,
+            "vocab_size": 65024,
+            "bos_token_id": 11,
+            "eos_token_id": 11,
+        },
+        {"multi_query": True, "parallel_attn": True, "alibi": False, "new_decoder_architecture": False},
+    ),
+    "bloom_560m": (
+        {
+            "model_type": "bloom",
+            "hidden_size": 1024,
+            "n_head": 16,
+            "n_layer": 24,
+            "vocab_size": 250880,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 3,
+        },
+        {"n_head": 8, "hidden_size": 128, "pad_token_id": 3},
+    ),
+    "mixtral_8x7b": (
+        {
+            "model_type": "mixtral",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 32,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "vocab_size": 32000,
+            "sliding_window": None,
+            "rope_theta": 1000000.0,
+        },
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "num_key_value_heads": 2},
+    ),
+    "gemma2_2b": (
+        {
+            "model_type": "gemma2",
+            "hidden_size": 2304,
+            "intermediate_size": 9216,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "num_hidden_layers": 26,
+            "vocab_size": 256000,
+            "sliding_window": 4096,
+            "query_pre_attn_scalar": 256,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": 50.0,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 2,
+        },
+        {
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "sliding_window": 16,
+            "head_dim": 32,
+            "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "gpt2_small": (
+        {
+            "model_type": "gpt2",
+            "n_embd": 768,
+            "n_head": 12,
+            "n_layer": 12,
+            "n_positions": 1024,
+            "vocab_size": 50257,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+        },
+        {"n_head": 8, "n_positions": 512, "tie_word_embeddings": True},
+    ),
 }
 
 
@@ -87,10 +171,13 @@ def test_duplicate_name_and_hub_id_are_refused(tmp_path, models_file, capsys):
         add_model.append_entry(duplicate_hub, models_file)
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no config.json"),
-    ({"model_type": "no_such_architecture"}, "not in the installed transformers"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no config.json"),
+        ({"model_type": "no_such_architecture"}, "not in the installed transformers"),
+    ],
+)
 def test_unusable_sources_are_refused(tmp_path, models_file, content, message, capsys):
     folder = tmp_path / "checkpoint"
     folder.mkdir()
@@ -114,7 +201,7 @@ def test_model_type_source_gets_the_derived_toml_fix(models_file):
 def test_toml_values_round_trip():
     import tomllib
 
-    value = {"a": [1, 2.5, True, "x\"y"], "nested": {"rope_type": "llama3", "factor": 8.0}, "inf": float("inf")}
+    value = {"a": [1, 2.5, True, 'x"y'], "nested": {"rope_type": "llama3", "factor": 8.0}, "inf": float("inf")}
     assert tomllib.loads(f"v = {add_model.toml_value(value)}")["v"] == value
 
 

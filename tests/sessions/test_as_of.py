@@ -20,7 +20,10 @@ FIXTURES = Path(__file__).resolve().parent.parent / "matrix" / "fixtures"
 
 
 def test_the_option_is_taken_from_the_pytest_options_and_checked():
-    assert split_as_of(["--models", "llama", "--as-of", "release-date", "-q"]) == ("release-date", ["--models", "llama", "-q"])
+    assert split_as_of(["--models", "llama", "--as-of", "release-date", "-q"]) == (
+        "release-date",
+        ["--models", "llama", "-q"],
+    )
     assert split_as_of(["--tp", "2"]) == ("", ["--tp", "2"])
     with pytest.raises(SystemExit):
         split_as_of(["--as-of", "yesterday"])
@@ -30,8 +33,9 @@ def test_the_date_is_the_newer_pinned_release_s_day_and_names_its_own_environmen
     (combo,) = combinations("latest", overrides={"deepspeed": "0.14.4", "transformers": "4.41.2"}, cache_dir=FIXTURES)
     # transformers 4.41.2: 2024-05-30, DeepSpeed 0.14.4: 2024-06-21 (torch 2.13.0, pinned for all, not counted)
     assert release_date(combo, cache_dir=FIXTURES) == "2024-06-21"
-    spec = combination_environment("ds0.14.4", "deepspeed==0.14.4", [("tf4.41.2", "transformers==4.41.2")], "2.13.0",
-                                   as_of="2024-06-21")
+    spec = combination_environment(
+        "ds0.14.4", "deepspeed==0.14.4", [("tf4.41.2", "transformers==4.41.2")], "2.13.0", as_of="2024-06-21"
+    )
     assert spec.key == "ds0.14.4-tf4.41.2-pt2.13.0-asof2024-06-21" and spec.as_of == "2024-06-21"
     assert spec.installs[0][0] == "transformers==4.41.2"  # the subject of the as-of resolution comes first
     assert spec.base.key == "base-ds0.14.4-pt2.13.0"  # the DeepSpeed layer is shared with the newest-deps sibling

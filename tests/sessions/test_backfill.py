@@ -54,15 +54,34 @@ def test_backfill_merges_each_combination_once_and_renders_once(monkeypatch, tmp
     monkeypatch.setattr(install_failure, "record_install_failure", lambda session, chosen, message, selection: 2)
     session = RecordingSession()
     results = tmp_path / "backfill"
-    nox_sessions.backfill(session, ["--axis", "deepspeed", "--since", "0.16.0", "--results", str(results),
-                                    "--store", str(tmp_path / "history.sqlite"), "--tp", "2"])
+    nox_sessions.backfill(
+        session,
+        [
+            "--axis",
+            "deepspeed",
+            "--since",
+            "0.16.0",
+            "--results",
+            str(results),
+            "--store",
+            str(tmp_path / "history.sqlite"),
+            "--tp",
+            "2",
+        ],
+    )
 
-    reports_commands = [command[2:] for command in session.commands if command[1:3] in (("-m", "reports"),
-                                                                                       ("-m", "reports.triage"))]
-    assert [command[:2] for command in reports_commands] == [("reports", "merge"), ("reports.triage", "--store"),
-                                                             ("reports", "render")]
-    merged = reports_commands[0][2:2 + len(RELEASES)]
-    assert merged == tuple(f"{results}/ds{release}/junit" for release in RELEASES)  # the broken one's install failures too
+    reports_commands = [
+        command[2:] for command in session.commands if command[1:3] in (("-m", "reports"), ("-m", "reports.triage"))
+    ]
+    assert [command[:2] for command in reports_commands] == [
+        ("reports", "merge"),
+        ("reports.triage", "--store"),
+        ("reports", "render"),
+    ]
+    merged = reports_commands[0][2 : 2 + len(RELEASES)]
+    assert merged == tuple(
+        f"{results}/ds{release}/junit" for release in RELEASES
+    )  # the broken one's install failures too
     assert session.notified == []  # no stray report session
     assert len(session.warnings) == 1 and BROKEN in session.warnings[0] and "'install' failures" in session.warnings[0]
     suites = [command for command in session.commands if command[1:4] == ("-m", "pytest", "suites")]

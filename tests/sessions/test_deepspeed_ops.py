@@ -10,23 +10,38 @@ import os
 import sys
 from pathlib import Path
 
-from sessions.deepspeed_ops import (MARK, CommOp, _describe_by_import, compiler_identity, describe_from_files,
-                                    install_prebuilt_ops, op_key)
+from sessions.deepspeed_ops import (
+    MARK,
+    CommOp,
+    _describe_by_import,
+    compiler_identity,
+    describe_from_files,
+    install_prebuilt_ops,
+    op_key,
+)
 from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op
 
-FAKE_TORCH = 'from .version import __version__\nclass cuda:\n    @staticmethod\n    def is_available():\n' \
-             '        return False\n'
-INSTALLED_INFO = "version='0.19.8'\ninstalled_ops={'deepspeed_shm_comm': False}\naccelerator_name='cpu'\n" \
-                 "torch_info={'version': '0.0'}\n"
+FAKE_TORCH = (
+    "from .version import __version__\nclass cuda:\n    @staticmethod\n    def is_available():\n        return False\n"
+)
+INSTALLED_INFO = (
+    "version='0.19.8'\ninstalled_ops={'deepspeed_shm_comm': False}\naccelerator_name='cpu'\n"
+    "torch_info={'version': '0.0'}\n"
+)
 
 
 def fake_layer(folder: Path, shm_header: str = "int shm;\n", include: str = "int x;\n") -> Path:
     """A layer's site-packages holding fake torch and DeepSpeed; returns that site-packages."""
     site = folder / "site-packages"
-    files = {"torch/__init__.py": FAKE_TORCH, "torch/version.py": FAKE_TORCH_VERSION, "deepspeed/__init__.py": "",
-             "deepspeed/ops/__init__.py": "", "deepspeed/git_version_info.py": "from .git_version_info_installed import *\n",
-             "deepspeed/git_version_info_installed.py": INSTALLED_INFO,
-             **{f"deepspeed/ops/{path}": text for path, text in fake_comm_op(shm_header, include).items()}}
+    files = {
+        "torch/__init__.py": FAKE_TORCH,
+        "torch/version.py": FAKE_TORCH_VERSION,
+        "deepspeed/__init__.py": "",
+        "deepspeed/ops/__init__.py": "",
+        "deepspeed/git_version_info.py": "from .git_version_info_installed import *\n",
+        "deepspeed/git_version_info_installed.py": INSTALLED_INFO,
+        **{f"deepspeed/ops/{path}": text for path, text in fake_comm_op(shm_header, include).items()},
+    }
     for path, text in files.items():
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text(text)
@@ -42,7 +57,9 @@ def key_of(site: Path, compiler: str = "c++ (Debian 12.2.0-14) 12.2.0") -> str:
 def test_equal_op_sources_elsewhere_share_a_key_and_any_change_gets_another(tmp_path):
     a, b = fake_layer(tmp_path / "a"), fake_layer(tmp_path / "b")
     assert key_of(a) == key_of(b)  # same files at other paths (another release's layer)
-    assert key_of(fake_layer(tmp_path / "header", shm_header="int shm2;\n")) != key_of(a)  # a header next to the sources
+    assert key_of(fake_layer(tmp_path / "header", shm_header="int shm2;\n")) != key_of(
+        a
+    )  # a header next to the sources
     assert key_of(fake_layer(tmp_path / "include", include="int y;\n")) != key_of(a)  # csrc/cpu/includes
     assert key_of(a, compiler="c++ (Debian 13.1.0-1) 13.1.0") != key_of(a)
     newer_torch = fake_layer(tmp_path / "torch")
@@ -67,9 +84,16 @@ def test_the_files_describe_the_op_as_importing_deepspeed_does(tmp_path):
 def test_a_builder_that_computes_its_sources_is_described_by_importing_deepspeed(tmp_path):
     site = fake_layer(tmp_path / "layer")
     comm = site / "deepspeed" / "ops" / "op_builder" / "cpu" / "comm.py"
-    comm.write_text(comm.read_text().replace('return ["csrc/cpu/comm/shm_interface.cpp", "csrc/cpu/comm/shm.cpp"]',
-                                             'return [f"csrc/cpu/comm/{name}.cpp" for name in ("shm_interface", "shm")]'))
-    assert describe_from_files(site, [str(site)]) == f"{comm}: ShareMemCommBuilder's sources() or include_paths() is not a list of strings"
+    comm.write_text(
+        comm.read_text().replace(
+            'return ["csrc/cpu/comm/shm_interface.cpp", "csrc/cpu/comm/shm.cpp"]',
+            'return [f"csrc/cpu/comm/{name}.cpp" for name in ("shm_interface", "shm")]',
+        )
+    )
+    assert (
+        describe_from_files(site, [str(site)])
+        == f"{comm}: ShareMemCommBuilder's sources() or include_paths() is not a list of strings"
+    )
     said: list[str] = []
     key = install(tmp_path / "envs", site, said)
     assert key and said[0].startswith("DeepSpeed's CPU comm op is described by importing DeepSpeed: ")
@@ -82,7 +106,9 @@ def install(root: Path, site: Path, log: list[str], importable: bool = True) -> 
     return install_prebuilt_ops(root, Path(sys.executable), site, [str(site)], env, log.append)
 
 
-def test_a_layer_reuses_the_build_of_equal_sources_without_importing_deepspeed_and_a_changed_csrc_gets_its_own(tmp_path):
+def test_a_layer_reuses_the_build_of_equal_sources_without_importing_deepspeed_and_a_changed_csrc_gets_its_own(
+    tmp_path,
+):
     root = tmp_path / "envs"
     said: list[str] = []
     release = fake_layer(tmp_path / "release")
@@ -118,7 +144,9 @@ def test_a_layer_that_would_not_use_the_cpu_op_is_left_to_jit(tmp_path):
     said: list[str] = []
     assert install(root, site, said) == ""
     installed = site / "deepspeed" / "git_version_info_installed.py"
-    assert said == [f"DeepSpeed's CPU comm op is described by importing DeepSpeed: {installed} does not say "
-                    "accelerator_name='cpu' (it says 'cuda')",
-                    "DeepSpeed's CPU comm op is not prebuilt: DeepSpeed was installed for accelerator 'cuda', not cpu"]
+    assert said == [
+        f"DeepSpeed's CPU comm op is described by importing DeepSpeed: {installed} does not say "
+        "accelerator_name='cpu' (it says 'cuda')",
+        "DeepSpeed's CPU comm op is not prebuilt: DeepSpeed was installed for accelerator 'cuda', not cpu",
+    ]
     assert not (site / "deepspeed" / "ops" / "comm").exists()

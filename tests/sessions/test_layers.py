@@ -43,18 +43,30 @@ FAKES = [  # (name, version, requirements)
 ]
 
 
-def write_wheel(folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None) -> None:
-    module = f"VERSION = {version!r}\n" + ("from . import version\n__version__ = version.__version__\n"
-                                          "class cuda:\n    is_available = staticmethod(lambda: False)\n"
-                                          if name == "torch" else "")
+def write_wheel(
+    folder: Path, name: str, version: str, requires: list[str], extra: dict[str, str] | None = None
+) -> None:
+    module = f"VERSION = {version!r}\n" + (
+        "from . import version\n__version__ = version.__version__\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n"
+        if name == "torch"
+        else ""
+    )
     torch_version = {"torch/version.py": FAKE_TORCH_VERSION.replace("2.13.0", version)} if name == "torch" else {}
-    files = {f"{name}/__init__.py": module, **torch_version, **(extra or {}),
-             f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
-             f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
-             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-             "Tag: py3-none-any\n"}
-    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-                     f"{len(text.encode())}\n" for path, text in files.items())
+    files = {
+        f"{name}/__init__.py": module,
+        **torch_version,
+        **(extra or {}),
+        f"{name}-{version}.dist-info/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}\n"
+        for path, text in files.items()
+    )
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
         for path, text in files.items():
             wheel.writestr(path, text)
@@ -67,26 +79,39 @@ def wheels(tmp_path_factory) -> Path:
     for name, version, requires in FAKES:
         write_wheel(folder, name, version, requires)
     # A DeepSpeed with op builders the comm-op probe cannot use (no cpu builders; the fake torch has no cuda)
-    write_wheel(folder, "deepspeed", "0.19.9", ["torch>=2"], {"deepspeed/ops/__init__.py": "",
-                                                              "deepspeed/ops/op_builder/__init__.py": ""})
+    write_wheel(
+        folder,
+        "deepspeed",
+        "0.19.9",
+        ["torch>=2"],
+        {"deepspeed/ops/__init__.py": "", "deepspeed/ops/op_builder/__init__.py": ""},
+    )
     return folder
 
 
 @pytest.fixture()
 def offline(monkeypatch, wheels):
     """pip (and through it uv) sees only the fake wheel folder."""
-    for variable, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
-                            "PIP_EXTRA_INDEX_URL": "", "PIP_INDEX_URL": "", "PIP_CONSTRAINT": ""}.items():
+    for variable, value in {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_INDEX_URL": "",
+        "PIP_CONSTRAINT": "",
+    }.items():
         monkeypatch.setenv(variable, value)
 
 
 def layers() -> EnvironmentSpec:
     # the torch layer holds alpha 1.0, the combination needs alpha>=2
     torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),))
-    deepspeed = EnvironmentSpec(key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),),
-                                base=torch)
-    return EnvironmentSpec(key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),),
-                           base=deepspeed)
+    deepspeed = EnvironmentSpec(
+        key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),), base=torch
+    )
+    return EnvironmentSpec(
+        key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),), base=deepspeed
+    )
 
 
 def tree_hash(folder: Path) -> str:
@@ -98,8 +123,11 @@ def tree_hash(folder: Path) -> str:
 
 
 def own_packages(root: Path, key: str) -> dict[str, str]:
-    return {name: version for name, version in installed([sysconfig_purelib(root / key / "bin" / "python")]).items()
-            if name not in SEED_TOOLS}
+    return {
+        name: version
+        for name, version in installed([sysconfig_purelib(root / key / "bin" / "python")]).items()
+        if name not in SEED_TOOLS
+    }
 
 
 def build(root: Path, tool: installers.Installer) -> Path:
@@ -121,12 +149,21 @@ def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_la
     assert own_packages(root, "torch-pt2.13.0") == {"torch": "2.13.0", "alpha": "1.0"}
     assert own_packages(root, "base-ds0.19.8-pt2.13.0") == {"deepspeed": "0.19.8", "beta": "1.0"}
     # alpha 2.0 for transformers sits in the combination, over the torch layer's 1.0; torch is not installed again
-    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {"transformers": "5.24.0", "gamma": "1.0", "alpha": "2.0"}
+    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {
+        "transformers": "5.24.0",
+        "gamma": "1.0",
+        "alpha": "2.0",
+    }
     link = Path(sysconfig_purelib(python)) / BASE_LINK
-    assert link.read_text().splitlines() == [sysconfig_purelib(root / key / "bin" / "python")
-                                             for key in ("base-ds0.19.8-pt2.13.0", "torch-pt2.13.0")]
-    seen = subprocess.run([str(python), "-c", "import alpha, beta, torch, deepspeed, transformers; print(alpha.VERSION)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    assert link.read_text().splitlines() == [
+        sysconfig_purelib(root / key / "bin" / "python") for key in ("base-ds0.19.8-pt2.13.0", "torch-pt2.13.0")
+    ]
+    seen = subprocess.run(
+        [str(python), "-c", "import alpha, beta, torch, deepspeed, transformers; print(alpha.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert seen == "2.0"
 
 
@@ -140,12 +177,16 @@ def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
 
 def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_path, uv, offline):
     torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0",),))
-    layer = EnvironmentSpec(key="base-ds0.19.9-pt2.13.0", installs=(("deepspeed==0.19.9", "torch==2.13.0"),), base=torch)
+    layer = EnvironmentSpec(
+        key="base-ds0.19.9-pt2.13.0", installs=(("deepspeed==0.19.9", "torch==2.13.0"),), base=torch
+    )
     said: list[str] = []
     python = ensure_environment(tmp_path / "envs", layer, log=said.append, tool=uv)
     assert python.exists() and (python.parent.parent / READY_MARKER).exists()
-    assert any(line.startswith("DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: could not describe")
-               for line in said), said
+    assert any(
+        line.startswith("DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: could not describe")
+        for line in said
+    ), said
 
 
 def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
@@ -168,23 +209,40 @@ FAKE_DEEPSPEED = {  # what a DeepSpeed checkout needs to run from its tree
 @pytest.mark.parametrize("tool", ["uv", "pip"])
 def test_a_deepspeed_commit_is_its_checkout_on_the_path_with_what_setup_py_would_generate(tmp_path, uv, offline, tool):
     clone = tmp_path / "DeepSpeed"
-    shas = make_repo(clone, pyproject("deepspeed"), [("Initial", dict(FAKE_DEEPSPEED), "v0.2.0"),
-                                                      ("Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}, "")])
+    shas = make_repo(
+        clone,
+        pyproject("deepspeed"),
+        [
+            ("Initial", dict(FAKE_DEEPSPEED), "v0.2.0"),
+            ("Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}, ""),
+        ],
+    )
     root = tmp_path / "envs"
-    layer = commit_environment(root, clone, shas[1], {"deepspeed": "0.2.0", "transformers": "5.24.0",
-                                                      "torch": "2.13.0"}).base
+    layer = commit_environment(
+        root, clone, shas[1], {"deepspeed": "0.2.0", "transformers": "5.24.0", "torch": "2.13.0"}
+    ).base
     python = ensure_environment(root, layer, tool=uv if tool == "uv" else installers.Installer(None))
 
     short = git(clone, "rev-parse", "--short", shas[1])
-    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+    shown = json.loads(
+        subprocess.run(
+            [
+                str(python),
+                "-c",
+                """if True:
         import json, deepspeed, deepspeed.shard
         from importlib import metadata
         from deepspeed.git_version_info_installed import accelerator_name, torch_info
         print(json.dumps({"version": deepspeed.__version__, "metadata": metadata.version("deepspeed"),
                           "hash": deepspeed.git_hash, "file": deepspeed.__file__, "fixed": deepspeed.shard.FIXED,
                           "direct_url": json.loads(metadata.distribution("deepspeed").read_text("direct_url.json")),
-                          "accelerator": accelerator_name, "torch": torch_info["version"]}))"""],
-                                      capture_output=True, text=True, check=True).stdout)
+                          "accelerator": accelerator_name, "torch": torch_info["version"]}))""",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert shown["version"] == shown["metadata"] == f"0.2.0+{short}" and shown["hash"] == short
     assert shown["file"] == str(root / layer.key / "src" / "deepspeed" / "__init__.py")  # the checkout, not a build
     assert shown["fixed"] is True  # the commit's own tree
@@ -203,14 +261,17 @@ def commit(repo: Path, subject: str, files: dict[str, str]) -> str:
 
 
 def test_deepspeed_commits_whose_op_sources_are_unchanged_share_one_build_and_a_changed_csrc_gets_its_own(
-        tmp_path, uv, offline, monkeypatch):
+    tmp_path, uv, offline, monkeypatch
+):
     clone = tmp_path / "DeepSpeed"
     make_repo(clone, pyproject("deepspeed"), [("Initial", {**FAKE_DEEPSPEED, **fake_comm_op()}, "v0.2.0")])
     for link in ("op_builder", "csrc"):  # as in DeepSpeed's tree: deepspeed/ops/{op_builder,csrc} link to the top
         (clone / "deepspeed" / "ops" / link).symlink_to(Path("..") / ".." / link)
-    shas = [commit(clone, "Links", {}),
-            commit(clone, "Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}),
-            commit(clone, "Faster shm (#4322)", {"csrc/cpu/comm/shm.h": "int shm; // faster\n"})]
+    shas = [
+        commit(clone, "Links", {}),
+        commit(clone, "Fix sharding (#4321)", {"deepspeed/shard.py": "FIXED = True\n"}),
+        commit(clone, "Faster shm (#4322)", {"csrc/cpu/comm/shm.h": "int shm; // faster\n"}),
+    ]
     monkeypatch.setenv("FAKE_BUILD_LOG", str(tmp_path / "builds.log"))
     root = tmp_path / "envs"
     pins = {"deepspeed": "0.2.0", "transformers": "5.24.0", "torch": "2.13.0"}
@@ -227,7 +288,7 @@ def test_deepspeed_commits_whose_op_sources_are_unchanged_share_one_build_and_a_
     assert not [line for line in said if "described by importing DeepSpeed" in line]  # the files said it all
 
 
-FAKE_TRANSFORMERS_SETUP = '''\
+FAKE_TRANSFORMERS_SETUP = """\
 import re
 from pathlib import Path
 
@@ -256,7 +317,7 @@ setup(
     install_requires=list(install_requires),
     cmdclass={"deps_table_update": DepsTableUpdateCommand},
 )
-'''
+"""
 FAKE_TRANSFORMERS = {  # a transformers checkout: src/ layout, its requirements computed in setup.py
     "setup.py": FAKE_TRANSFORMERS_SETUP,
     "README.md": "fake\n",
@@ -266,29 +327,43 @@ FAKE_TRANSFORMERS = {  # a transformers checkout: src/ layout, its requirements 
 
 
 @pytest.mark.parametrize("tool", ["uv", "pip"])
-def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_requirements(tmp_path, uv, offline, tool,
-                                                                                         monkeypatch):
+def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_requirements(
+    tmp_path, uv, offline, tool, monkeypatch
+):
     monkeypatch.setattr(environments, "project_dependencies", lambda: [])  # the harness's own: not in the fake index
     clone = tmp_path / "transformers"
     make_repo(clone, pyproject("transformers", "src"), [("Initial", dict(FAKE_TRANSFORMERS), "v5.24.0")])
-    sha = commit(clone, "Refactor llama (#40102)", {"src/transformers/models/llama/modeling_llama.py": "BROKEN = True\n"})
+    sha = commit(
+        clone, "Refactor llama (#40102)", {"src/transformers/models/llama/modeling_llama.py": "BROKEN = True\n"}
+    )
     root = tmp_path / "envs"
     installer = uv if tool == "uv" else installers.Installer(None)
-    spec = commit_environment(root, clone, sha, {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"},
-                              axis="transformers")
+    spec = commit_environment(
+        root, clone, sha, {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}, axis="transformers"
+    )
     ensure_environment(root, spec.base, tool=installer)
     before = {layer.key: tree_hash(root / layer.key) for layer in spec.lower()}
     python = ensure_environment(root, spec, tool=installer)
     assert {layer.key: tree_hash(root / layer.key) for layer in spec.lower()} == before
 
-    shown = json.loads(subprocess.run([str(python), "-c", """if True:
+    shown = json.loads(
+        subprocess.run(
+            [
+                str(python),
+                "-c",
+                """if True:
         import json, alpha, transformers, transformers.models.llama.modeling_llama as llama
         from importlib import metadata
         print(json.dumps({"version": transformers.__version__, "metadata": metadata.version("transformers"),
                           "file": transformers.__file__, "broken": llama.BROKEN, "alpha": alpha.VERSION,
                           "requires": metadata.requires("transformers"),
-                          "direct_url": json.loads(metadata.distribution("transformers").read_text("direct_url.json"))}))"""],
-                                      capture_output=True, text=True, check=True).stdout)
+                          "direct_url": json.loads(metadata.distribution("transformers").read_text("direct_url.json"))}))""",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert shown["version"] == shown["metadata"] == "5.25.0.dev0"
     assert shown["file"] == str(root / spec.key / "src" / "src" / "transformers" / "__init__.py")  # the checkout
     assert shown["broken"] is True  # the commit's own tree
@@ -305,11 +380,15 @@ def test_a_checkout_states_its_requirements_in_setup_py_or_a_static_pyproject_or
         (setup_py / path).parent.mkdir(parents=True, exist_ok=True)
         (setup_py / path).write_text(text)
     assert project_metadata(setup_py, Path(sys.executable), dict(os.environ)) == (
-        "5.25.0.dev0", ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"])
+        "5.25.0.dev0",
+        ["alpha>=2", "gamma", "Pillow>=10,<=15;python_version<'3'"],
+    )
 
     static = tmp_path / "pyproject"
     static.mkdir()
-    (static / "pyproject.toml").write_text('[project]\nname = "transformers"\nversion = "6.0.0"\ndependencies = ["gamma"]\n')
+    (static / "pyproject.toml").write_text(
+        '[project]\nname = "transformers"\nversion = "6.0.0"\ndependencies = ["gamma"]\n'
+    )
     assert project_metadata(static, Path(sys.executable), dict(os.environ)) == ("6.0.0", ["gamma"])
 
     dynamic = tmp_path / "dynamic"

@@ -16,7 +16,8 @@ from sessions.environments import ENV_ROOT_ENV, env_root
 
 
 def run_nox(folder: Path, give_uv: bool) -> str:
-    (folder / "noxfile.py").write_text(textwrap.dedent(f"""\
+    (folder / "noxfile.py").write_text(
+        textwrap.dedent(f"""\
         import sys
         from pathlib import Path
         import nox
@@ -29,12 +30,14 @@ def run_nox(folder: Path, give_uv: bool) -> str:
         def nothing(session):
             import nox.virtualenv
             print("nox uses", nox.virtualenv.find_uv())
-    """))
+    """)
+    )
     env = {key: value for key, value in os.environ.items() if key not in ("UV", "AUTOTP_INSTALLER")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])  # no uv on it
     env[ENV_ROOT_ENV] = str(env_root())
-    done = subprocess.run([sys.executable, "-m", "nox", "-s", "nothing"], cwd=folder, env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "nox", "-s", "nothing"], cwd=folder, env=env, capture_output=True, text=True, check=True
+    )
     return done.stdout + done.stderr
 
 

@@ -41,9 +41,14 @@ def autotp_session(pins: str) -> str:
 
 
 def run_nox(session: str, pins: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nox", "-s", session, *args], cwd=ROOT,
-                          env={**OFFLINE_ENV, "AUTOTP_PINS": pins, **(env or {})},
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "nox", "-s", session, *args],
+        cwd=ROOT,
+        env={**OFFLINE_ENV, "AUTOTP_PINS": pins, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def records(results: Path) -> list[dict]:
@@ -84,15 +89,28 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
     pins = "deepspeed=0.19.8,transformers=5.24.0"
     session = autotp_session(pins)
     results = tmp_path / "results"
-    run = run_nox(session, pins, "--", "--models", "llama.faithful,opt", "--tp", "2,3", "--results", str(results),
-                  env={**UNREACHABLE_INDEX, ENV_ROOT_ENV: str(tmp_path / "envs")})
+    run = run_nox(
+        session,
+        pins,
+        "--",
+        "--models",
+        "llama.faithful,opt",
+        "--tp",
+        "2,3",
+        "--results",
+        str(results),
+        env={**UNREACHABLE_INDEX, ENV_ROOT_ENV: str(tmp_path / "envs")},
+    )
     assert run.returncode != 0
     assert "4 cells recorded as 'install' failures" in run.stderr
 
     cells = records(results)
     assert sorted(record["cell"]["id"] for record in cells) == [
-        "llama.faithful-eager-fp32-tp2", "llama.faithful-eager-fp32-tp3", "opt.faithful-eager-fp32-tp2",
-        "opt.faithful-eager-fp32-tp3"]
+        "llama.faithful-eager-fp32-tp2",
+        "llama.faithful-eager-fp32-tp3",
+        "opt.faithful-eager-fp32-tp2",
+        "opt.faithful-eager-fp32-tp3",
+    ]
     for record in cells:
         assert (record["outcome"], record["failure_class"]) == ("fail", "install")
         assert "No matching distribution found for torch==2.13.0" in record["message"]  # pip's own words
@@ -108,8 +126,12 @@ def test_an_environment_that_cannot_be_installed_records_install_failures(tmp_pa
         assert "No matching distribution found" in failure.text
 
     store = tmp_path / "history.sqlite"
-    merge = subprocess.run([sys.executable, "-m", "reports", "merge", str(results / "junit"), "--store", str(store)],
-                           cwd=ROOT, capture_output=True, text=True)
+    merge = subprocess.run(
+        [sys.executable, "-m", "reports", "merge", str(results / "junit"), "--store", str(store)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert merge.returncode == 0, merge.stderr
     imported = sqlite3.connect(store).execute("select failure_class, count(*) from results group by 1").fetchall()
     assert imported == [("install", 4)]
@@ -127,10 +149,14 @@ def test_environment_names_are_built_from_each_axis_short_prefix(monkeypatch):
     assert (released.key, released.base.key) == ("ds0.19.8-tf5.24.0-pt2.13.0", "base-ds0.19.8-pt2.13.0")
     monkeypatch.setattr(environments, "short_prefixes", lambda: {"deepspeed": "D", "transformers": "T", "torch": "P"})
     assert environments.release_environment(pins).key == "D0.19.8-T5.24.0-P2.13.0"
-    built = [environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
-             for axis in ("deepspeed", "transformers")]
-    assert [(env.key, env.base.key) for env in built] == [("D@aaaaaaaaaaaa-T5.24.0-P2.13.0", "base-D@aaaaaaaaaaaa-P2.13.0"),
-                                                          ("D0.19.8-T@aaaaaaaaaaaa-P2.13.0", "base-D0.19.8-P2.13.0")]
+    built = [
+        environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
+        for axis in ("deepspeed", "transformers")
+    ]
+    assert [(env.key, env.base.key) for env in built] == [
+        ("D@aaaaaaaaaaaa-T5.24.0-P2.13.0", "base-D@aaaaaaaaaaaa-P2.13.0"),
+        ("D0.19.8-T@aaaaaaaaaaaa-P2.13.0", "base-D0.19.8-P2.13.0"),
+    ]
 
 
 def test_a_new_version_axis_is_installed_by_the_combination_layer_without_editing_the_environments(monkeypatch):
@@ -141,14 +167,19 @@ def test_a_new_version_axis_is_installed_by_the_combination_layer_without_editin
     from sessions import environments
 
     monkeypatch.setattr(environments, "COMBINATION_AXES", ("transformers", "accelerate"))
-    monkeypatch.setattr(environments, "short_prefixes",
-                        lambda: {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "accelerate": "acc"})
+    monkeypatch.setattr(
+        environments,
+        "short_prefixes",
+        lambda: {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "accelerate": "acc"},
+    )
     pins = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "accelerate": "1.12.0"}
     release = environments.release_environment(pins)
     assert release.key == "ds0.19.8-tf5.24.0-acc1.12.0-pt2.13.0"
     assert release.installs[0][:2] == ("transformers==5.24.0", "accelerate==1.12.0")  # transformers first (as-of)
-    built = {axis: environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
-             for axis in ("deepspeed", "transformers")}
+    built = {
+        axis: environments.commit_environment(Path("/envs"), Path("/clone"), "a" * 40, pins, axis)
+        for axis in ("deepspeed", "transformers")
+    }
     assert built["deepspeed"].key == "ds@aaaaaaaaaaaa-tf5.24.0-acc1.12.0-pt2.13.0"
     assert built["transformers"].key == "ds0.19.8-tf@aaaaaaaaaaaa-acc1.12.0-pt2.13.0"
     assert all("accelerate==1.12.0" in env.installs[0] for env in built.values())

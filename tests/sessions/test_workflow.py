@@ -47,8 +47,14 @@ def workflow() -> dict:
 
 @pytest.fixture(scope="module")
 def nox_sessions() -> set[str]:
-    listing = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", "-k", ""], cwd=ROOT, env=OFFLINE_ENV,
-                             capture_output=True, text=True, check=True)
+    listing = subprocess.run(
+        [sys.executable, "-m", "nox", "-l", "--json", "-k", ""],
+        cwd=ROOT,
+        env=OFFLINE_ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {session["session"] for session in json.loads(listing.stdout)}
 
 
@@ -57,25 +63,42 @@ def plan_rows() -> list[dict]:
     """Every row the plan job can emit: `nox -s ci-matrix -- --tag T` for each tag, as CI runs it."""
     rows = []
     for tag in TAGS:
-        plan = subprocess.run([sys.executable, "-m", "nox", "-s", "ci-matrix", "--", "--tag", tag], cwd=ROOT,
-                              env=OFFLINE_ENV, capture_output=True, text=True, check=True)
+        plan = subprocess.run(
+            [sys.executable, "-m", "nox", "-s", "ci-matrix", "--", "--tag", tag],
+            cwd=ROOT,
+            env=OFFLINE_ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows += json.loads(plan.stdout)
     return rows
 
 
 def help_options(module: str, *command: str) -> set[str]:
-    usage = subprocess.run([sys.executable, "-m", module, *command, "--help"], cwd=ROOT, env=OFFLINE_ENV,
-                           capture_output=True, text=True, check=True)
+    usage = subprocess.run(
+        [sys.executable, "-m", module, *command, "--help"],
+        cwd=ROOT,
+        env=OFFLINE_ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(re.findall(r"(?<![\w-])--[\w-]+", usage.stdout))
 
 
 @pytest.fixture(scope="module")
 def session_options(pytest_options) -> dict[str, set[str]]:
     """Options each session takes after `--`; the matrix sessions (autotp, matrix, repro) take pytest's."""
-    return {"ci-matrix": help_options("matrix.versions"), "prefetch": help_options("matrix.prefetch"),
-            "triage": help_options("reports.triage"), "gate": help_options("reports", "gate"),
-            "publish": help_options("reports", "publish"), "report": {"--results", "--verify"},
-            "pytest": pytest_options}
+    return {
+        "ci-matrix": help_options("matrix.versions"),
+        "prefetch": help_options("matrix.prefetch"),
+        "triage": help_options("reports.triage"),
+        "gate": help_options("reports", "gate"),
+        "publish": help_options("reports", "publish"),
+        "report": {"--results", "--verify"},
+        "pytest": pytest_options,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +126,11 @@ def pytest_options() -> set[str]:
 
 
 def schema_problems(path: Path) -> str | None:
-    check = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                            str(path)], capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True,
+        text=True,
+    )
     return None if check.returncode == 0 else check.stdout + check.stderr
 
 
@@ -112,11 +138,14 @@ def test_workflow_matches_githubs_schema():
     assert schema_problems(WORKFLOW) is None
 
 
-@pytest.mark.parametrize("fault, expected", [
-    (("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"), "runs_on"),  # misspelt key
-    (("fail-fast: false", "fail-fast: [false]"), "fail-fast"),  # wrong type
-    (("run: |\n          echo", "run: echo \"::notice::x: y\"\n          echo"), "mapping values"),  # YAML error
-])
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        (("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"), "runs_on"),  # misspelt key
+        (("fail-fast: false", "fail-fast: [false]"), "fail-fast"),  # wrong type
+        (("run: |\n          echo", 'run: echo "::notice::x: y"\n          echo'), "mapping values"),  # YAML error
+    ],
+)
 def test_schema_check_reports_injected_faults(tmp_path, fault, expected):
     broken = tmp_path / "autotp.yml"
     broken.write_text(WORKFLOW.read_text().replace(*fault, 1))
@@ -141,11 +170,14 @@ def actionlint_problems(path: Path) -> str | None:
 def zizmor_findings(path: Path) -> list[str]:
     """zizmor's medium and high findings, as `ident: where`."""
     binary = linter("zizmor", "pip install --group tests (pyproject.toml pins it)")
-    audit = subprocess.run([binary, "--offline", "--format", "json", "--min-severity", "medium", str(path)],
-                           capture_output=True, text=True)
+    audit = subprocess.run(
+        [binary, "--offline", "--format", "json", "--min-severity", "medium", str(path)], capture_output=True, text=True
+    )
     assert audit.stdout.startswith("["), audit.stderr  # a workflow it cannot read is no finding-free workflow
-    return [f"{finding['ident']}: {finding['locations'][0]['concrete']['feature'].splitlines()[0]}"
-            for finding in json.loads(audit.stdout)]
+    return [
+        f"{finding['ident']}: {finding['locations'][0]['concrete']['feature'].splitlines()[0]}"
+        for finding in json.loads(audit.stdout)
+    ]
 
 
 def test_actionlint_and_zizmor_find_nothing():
@@ -156,23 +188,33 @@ def test_actionlint_and_zizmor_find_nothing():
 PINNED_CHECKOUT = re.search(r"actions/checkout@[0-9a-f]{40} # v[\d.]+", WORKFLOW.read_text())[0]
 
 
-@pytest.mark.parametrize("fault, expected", [
-    (("steps.plan.outputs.matrix", "steps.plann.outputs.matrix"), 'property "plann" is not defined'),
-    (("needs.plan.outputs.pins", "needs.plan.outputs.pin"), 'property "pin" is not defined'),
-])
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        (("steps.plan.outputs.matrix", "steps.plann.outputs.matrix"), 'property "plann" is not defined'),
+        (("needs.plan.outputs.pins", "needs.plan.outputs.pin"), 'property "pin" is not defined'),
+    ],
+)
 def test_actionlint_reports_injected_faults(tmp_path, fault, expected):
     broken = tmp_path / "autotp.yml"
     broken.write_text(WORKFLOW.read_text().replace(*fault, 1))
     assert expected in (actionlint_problems(broken) or "")
 
 
-@pytest.mark.parametrize("fault, expected", [
-    ((PINNED_CHECKOUT, "actions/checkout@v7"), "unpinned-uses: uses: actions/checkout@v7"),
-    (("          persist-credentials: false\n", ""), "artipacked: uses: actions/checkout@"),
-    (('        env:\n          PINS: ${{ inputs.pins }}\n        run: |\n',
-      '        run: |\n          PINS="${{ inputs.pins }}"\n'),
-     "template-injection"),
-])
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        ((PINNED_CHECKOUT, "actions/checkout@v7"), "unpinned-uses: uses: actions/checkout@v7"),
+        (("          persist-credentials: false\n", ""), "artipacked: uses: actions/checkout@"),
+        (
+            (
+                "        env:\n          PINS: ${{ inputs.pins }}\n        run: |\n",
+                '        run: |\n          PINS="${{ inputs.pins }}"\n',
+            ),
+            "template-injection",
+        ),
+    ],
+)
 def test_zizmor_reports_injected_faults(tmp_path, fault, expected):
     broken = tmp_path / "autotp.yml"
     text = WORKFLOW.read_text()
@@ -202,9 +244,14 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
         uses = step.get("uses", "")
         if uses.startswith("actions/checkout@") and step.get("with", {}).get("persist-credentials") is not False:
             problems.append(f"jobs.{job_name}: a checkout without `persist-credentials: false`")
-        if uses.startswith("actions/cache") and step["with"]["path"] == "results/history.sqlite" \
-                and "github.run_attempt" not in step["with"]["key"]:
-            problems.append(f"jobs.{job_name}: the history cache key lacks github.run_attempt (a re-run could not save)")
+        if (
+            uses.startswith("actions/cache")
+            and step["with"]["path"] == "results/history.sqlite"
+            and "github.run_attempt" not in step["with"]["key"]
+        ):
+            problems.append(
+                f"jobs.{job_name}: the history cache key lacks github.run_attempt (a re-run could not save)"
+            )
         secrets = re.findall(r"secrets\.\w+", json.dumps(step))
         if secrets and "nox -s prefetch" not in step.get("run", ""):
             problems.append(f"jobs.{job_name}: {', '.join(secrets)} outside the prefetch step")
@@ -214,18 +261,25 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
     runs = {job_name: [step for name, step in steps(workflow) if name == job_name] for job_name in workflow["jobs"]}
     for job_name in ("report", "triage"):  # the jobs that write to the store: runs, answers
         commands = [step.get("run", "") for step in runs[job_name]]
-        fetch, merge, push = (next((n for n, run in enumerate(commands) if marker in run), None)
-                              for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report", f"{ARCHIVE_SCRIPT} push"))
+        fetch, merge, push = (
+            next((n for n, run in enumerate(commands) if marker in run), None)
+            for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report", f"{ARCHIVE_SCRIPT} push")
+        )
         if fetch is None or merge is None or push is None or not fetch < merge < push:
-            problems.append(f"jobs.{job_name}: must fetch the results archive, then `nox -s report` (rebuild + "
-                            "merge), then push the archive")
+            problems.append(
+                f"jobs.{job_name}: must fetch the results archive, then `nox -s report` (rebuild + "
+                "merge), then push the archive"
+            )
         elif "pull_request" not in runs[job_name][push].get("if", ""):
-            problems.append(f"jobs.{job_name}: the archive push must skip pull requests (their results are not the "
-                            "history)")
+            problems.append(
+                f"jobs.{job_name}: the archive push must skip pull requests (their results are not the history)"
+            )
     if not any("nox -s report -- --verify" in step.get("run", "") for step in runs["report"]):
         problems.append("jobs.report: `nox -s report` without --verify (the proof that the cache can go)")
     publish = [step for step in runs.get("gate", []) if "nox -s publish" in step.get("run", "")]
-    if not publish or "github.event.pull_request.head.repo.full_name == github.repository" not in publish[0].get("if", ""):
+    if not publish or "github.event.pull_request.head.repo.full_name == github.repository" not in publish[0].get(
+        "if", ""
+    ):
         problems.append("jobs.gate: `nox -s publish` must run on pull requests of this repository only")
     if not any("nox -s gate" in step.get("run", "") for step in runs.get("gate", [])):
         problems.append("jobs.gate: no `nox -s gate` step")
@@ -239,7 +293,9 @@ def test_workflow_is_hardened(workflow):
 
 
 def history_cache(workflow: dict, job: str) -> dict:
-    return next(step for step in workflow["jobs"][job]["steps"] if step.get("with", {}).get("path") == "results/history.sqlite")
+    return next(
+        step for step in workflow["jobs"][job]["steps"] if step.get("with", {}).get("path") == "results/history.sqlite"
+    )
 
 
 def drop_key(job: str, step_text: str, key: str):
@@ -250,26 +306,57 @@ def drop_key(job: str, step_text: str, key: str):
                 step.pop(key, None)
                 return
         raise AssertionError(f"no step of jobs.{job} contains {step_text!r}")
+
     return edit
 
 
-@pytest.mark.parametrize("edit, text_fault, expected", [
-    (None, (PINNED_CHECKOUT, PINNED_CHECKOUT.split(" #")[0]), "pin actions by full commit SHA"),
-    (drop_key("triage", "clones/DeepSpeed", "persist-credentials"), None, "jobs.triage: a checkout without"),
-    (lambda w: history_cache(w, "report")["with"].update(key="autotp-history-${{ github.run_id }}"), None,
-     "jobs.report: the history cache key lacks github.run_attempt"),
-    (lambda w: w["jobs"]["cells"]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"), None,
-     "jobs.cells: a secret in job-level settings"),
-    (lambda w: w["jobs"]["cells"]["steps"][-3]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"), None,
-     "jobs.cells: secrets.HF_TOKEN outside the prefetch step"),
-    (drop_key("report", "results-archive.sh push", "if"), None, "jobs.report: the archive push must skip pull requests"),
-    (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
-    (lambda w: next(step for step in w["jobs"]["report"]["steps"] if "nox -s report" in step.get(
-        "run", "")).update(run="nox -s report -- artifacts/*"), None, "jobs.report: `nox -s report` without --verify"),
-    (drop_key("gate", "nox -s publish", "if"), None, "nox -s publish` must run on pull requests of this repository"),
-    (lambda w: next(step for step in w["jobs"]["triage"]["steps"] if "nox -s triage" in step.get("run", "")).update(
-        run="nox -s triage"), None, "without --max-minutes"),
-])
+@pytest.mark.parametrize(
+    "edit, text_fault, expected",
+    [
+        (None, (PINNED_CHECKOUT, PINNED_CHECKOUT.split(" #")[0]), "pin actions by full commit SHA"),
+        (drop_key("triage", "clones/DeepSpeed", "persist-credentials"), None, "jobs.triage: a checkout without"),
+        (
+            lambda w: history_cache(w, "report")["with"].update(key="autotp-history-${{ github.run_id }}"),
+            None,
+            "jobs.report: the history cache key lacks github.run_attempt",
+        ),
+        (
+            lambda w: w["jobs"]["cells"]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"),
+            None,
+            "jobs.cells: a secret in job-level settings",
+        ),
+        (
+            lambda w: w["jobs"]["cells"]["steps"][-3]["env"].update(HF_TOKEN="${{ secrets.HF_TOKEN }}"),
+            None,
+            "jobs.cells: secrets.HF_TOKEN outside the prefetch step",
+        ),
+        (
+            drop_key("report", "results-archive.sh push", "if"),
+            None,
+            "jobs.report: the archive push must skip pull requests",
+        ),
+        (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
+        (
+            lambda w: next(
+                step for step in w["jobs"]["report"]["steps"] if "nox -s report" in step.get("run", "")
+            ).update(run="nox -s report -- artifacts/*"),
+            None,
+            "jobs.report: `nox -s report` without --verify",
+        ),
+        (
+            drop_key("gate", "nox -s publish", "if"),
+            None,
+            "nox -s publish` must run on pull requests of this repository",
+        ),
+        (
+            lambda w: next(
+                step for step in w["jobs"]["triage"]["steps"] if "nox -s triage" in step.get("run", "")
+            ).update(run="nox -s triage"),
+            None,
+            "without --max-minutes",
+        ),
+    ],
+)
 def test_hardening_checks_report_injected_faults(workflow, edit, text_fault, expected):
     text = WORKFLOW.read_text().replace(*text_fault, 1) if text_fault else WORKFLOW.read_text()
     broken = break_workflow(workflow, edit) if edit else workflow
@@ -280,12 +367,17 @@ def test_hardening_checks_report_injected_faults(workflow, edit, text_fault, exp
 
 
 def run_lines(workflow: dict) -> list[tuple[str, str]]:
-    return [(job_name, step["run"]) for job_name, job in workflow["jobs"].items()
-            for step in job.get("steps", []) if "run" in step]
+    return [
+        (job_name, step["run"])
+        for job_name, job in workflow["jobs"].items()
+        for step in job.get("steps", [])
+        if "run" in step
+    ]
 
 
-def drift_problems(workflow: dict, sessions: set[str], rows: list[dict],
-                   session_options: dict[str, set[str]]) -> list[str]:
+def drift_problems(
+    workflow: dict, sessions: set[str], rows: list[dict], session_options: dict[str, set[str]]
+) -> list[str]:
     problems = []
     triggers = workflow["on"]
     for job_name, command in run_lines(workflow):
@@ -308,15 +400,21 @@ def drift_problems(workflow: dict, sessions: set[str], rows: list[dict],
     if missing := sorted(used_keys - {key for row in rows for key in row}):
         problems.append(f"jobs.cells reads matrix.{', matrix.'.join(missing)}, which the plan rows lack")
     if cells["strategy"].get("fail-fast") is not False:
-        problems.append("jobs.cells: strategy.fail-fast must be false (one broken combination must not cancel the rest)")
+        problems.append(
+            "jobs.cells: strategy.fail-fast must be false (one broken combination must not cancel the rest)"
+        )
     for job_name, job in workflow["jobs"].items():
         if "timeout-minutes" not in job:
             problems.append(f"jobs.{job_name}: no timeout-minutes (a hung rank group would hold the runner for 6 h)")
     dispatch = triggers["workflow_dispatch"]["inputs"]
     if set(dispatch["tag"]["options"]) != set(TAGS):
-        problems.append(f"workflow_dispatch tag options {dispatch['tag']['options']} are not matrix.versions.TAGS {list(TAGS)}")
+        problems.append(
+            f"workflow_dispatch tag options {dispatch['tag']['options']} are not matrix.versions.TAGS {list(TAGS)}"
+        )
     if set(dispatch) != set(triggers["workflow_call"]["inputs"]):
-        problems.append(f"workflow_dispatch and workflow_call inputs differ: {sorted(set(dispatch) ^ set(triggers['workflow_call']['inputs']))}")
+        problems.append(
+            f"workflow_dispatch and workflow_call inputs differ: {sorted(set(dispatch) ^ set(triggers['workflow_call']['inputs']))}"
+        )
     if "deepspeed/module_inject/**" not in triggers["pull_request"]["paths"]:
         problems.append("pull_request.paths must include deepspeed/module_inject/**")
     return problems
@@ -341,21 +439,28 @@ def set_step_run(job: str, old: str, new: str):
                 step["run"] = step["run"].replace(old, new)
                 return
         raise AssertionError(f"no run step of jobs.{job} contains {old!r}")
+
     return edit
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (set_step_run("report", "nox -s report", "nox -s reports"), "nox session 'reports' is not in"),
-    (set_step_run("cells", '--tp "$TP"', '--tp-sizes "$TP"'), "nox -s $SESSION -- --tp-sizes: no such option"),
-    (set_step_run("plan", "--refresh", "--refetch"), "nox -s ci-matrix -- --refetch: no such option"),
-    (set_step_run("plan", "--group nox", "nox==2024.1.1"), "nox must come from pyproject's nox group"),
-    (lambda w: w["jobs"]["cells"]["steps"].append({"run": "echo ${{ matrix.python }}"}), "reads matrix.python"),
-    (lambda w: w["jobs"]["cells"]["strategy"].update({"fail-fast": True}), "fail-fast must be false"),
-    (lambda w: w["jobs"]["report"].pop("timeout-minutes"), "jobs.report: no timeout-minutes"),
-    (lambda w: w["on"]["workflow_dispatch"]["inputs"]["tag"]["options"].remove("min"), "are not matrix.versions.TAGS"),
-    (lambda w: w["on"]["workflow_call"]["inputs"].pop("tp"), "inputs differ: ['tp']"),
-    (lambda w: w["on"]["pull_request"]["paths"].remove("deepspeed/module_inject/**"), "deepspeed/module_inject"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (set_step_run("report", "nox -s report", "nox -s reports"), "nox session 'reports' is not in"),
+        (set_step_run("cells", '--tp "$TP"', '--tp-sizes "$TP"'), "nox -s $SESSION -- --tp-sizes: no such option"),
+        (set_step_run("plan", "--refresh", "--refetch"), "nox -s ci-matrix -- --refetch: no such option"),
+        (set_step_run("plan", "--group nox", "nox==2024.1.1"), "nox must come from pyproject's nox group"),
+        (lambda w: w["jobs"]["cells"]["steps"].append({"run": "echo ${{ matrix.python }}"}), "reads matrix.python"),
+        (lambda w: w["jobs"]["cells"]["strategy"].update({"fail-fast": True}), "fail-fast must be false"),
+        (lambda w: w["jobs"]["report"].pop("timeout-minutes"), "jobs.report: no timeout-minutes"),
+        (
+            lambda w: w["on"]["workflow_dispatch"]["inputs"]["tag"]["options"].remove("min"),
+            "are not matrix.versions.TAGS",
+        ),
+        (lambda w: w["on"]["workflow_call"]["inputs"].pop("tp"), "inputs differ: ['tp']"),
+        (lambda w: w["on"]["pull_request"]["paths"].remove("deepspeed/module_inject/**"), "deepspeed/module_inject"),
+    ],
+)
 def test_drift_checks_report_injected_faults(workflow, nox_sessions, plan_rows, session_options, edit, expected):
     problems = drift_problems(break_workflow(workflow, edit), nox_sessions, plan_rows, session_options)
     assert any(expected in problem for problem in problems), problems

@@ -19,16 +19,44 @@ pytestmark = pytest.mark.autotp
 def test_a_cold_run_writes_each_checkpoint_and_reference_in_the_cell_that_needs_it(tmp_path):
     cache, results = tmp_path / "cache", tmp_path / "results"
     env = {**os.environ, "AUTOTP_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", "llama.faithful,mistral.faithful", "--tp", "2",
-                           "--results", str(results), "-q", "-p", "no:cacheprovider"], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites",
+            "--models",
+            "llama.faithful,mistral.faithful",
+            "--tp",
+            "2",
+            "--results",
+            str(results),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
-    plan, _, after_plan = output.partition("models are planned by their first cell, which writes their tiny checkpoint: ")
+    plan, _, after_plan = output.partition(
+        "models are planned by their first cell, which writes their tiny checkpoint: "
+    )
     assert plan.splitlines()[-1].strip() == "2" and after_plan.startswith("llama.faithful, mistral.faithful")
     assert "Writing model shards" not in output
-    assert f"cache {cache}: the cells wrote 2 tiny checkpoints and 2 unsharded references as they first needed them" in output
+    assert (
+        f"cache {cache}: the cells wrote 2 tiny checkpoints and 2 unsharded references as they first needed them"
+        in output
+    )
     records = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
-    assert [(r["cell"]["id"], r["outcome"]) for r in records] == [("llama.faithful-eager-fp32-tp2", "pass"),
-                                                                        ("mistral.faithful-eager-fp32-tp2", "pass")]
-    assert all(r["checkpoint"]["source"] == "tiny" and r["checkpoint"]["revision"].startswith("sha256:") for r in records)
+    assert [(r["cell"]["id"], r["outcome"]) for r in records] == [
+        ("llama.faithful-eager-fp32-tp2", "pass"),
+        ("mistral.faithful-eager-fp32-tp2", "pass"),
+    ]
+    assert all(
+        r["checkpoint"]["source"] == "tiny" and r["checkpoint"]["revision"].startswith("sha256:") for r in records
+    )

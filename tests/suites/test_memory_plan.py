@@ -17,8 +17,20 @@ from safetensors import safe_open
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
-from suites.memory_plan import (GiB, MiB, PROCESS_RUNTIME_BYTES, CheckpointSize, Runner, TrainingShape, checkpoint_size, gib,
-                                host_memory, parse_bytes, plan_cell, plan_reference)
+from suites.memory_plan import (
+    GiB,
+    MiB,
+    PROCESS_RUNTIME_BYTES,
+    CheckpointSize,
+    Runner,
+    TrainingShape,
+    checkpoint_size,
+    gib,
+    host_memory,
+    parse_bytes,
+    plan_cell,
+    plan_reference,
+)
 
 PYTHON_ENV = {**os.environ, "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
 
@@ -28,11 +40,19 @@ def cpu_runner(host: int) -> Runner:
 
 
 # A llama-2-7b-shaped checkpoint: 6.74 G parameters, layers of 202 M, two files of ~10 GB in fp16.
-SEVEN_B = CheckpointSize(parameters=6_738_415_616, largest_layer_parameters=202_383_360, largest_file_bytes=9_976_576_152,
-                         stored_bytes=13_476_839_424, vocab_size=32000, hidden_size=4096)
+SEVEN_B = CheckpointSize(
+    parameters=6_738_415_616,
+    largest_layer_parameters=202_383_360,
+    largest_file_bytes=9_976_576_152,
+    stored_bytes=13_476_839_424,
+    vocab_size=32000,
+    hidden_size=4096,
+)
 
 
-@pytest.mark.parametrize("text, count", [("64GiB", 64 * GiB), ("512MiB", 512 * MiB), ("1.5 GB", int(1.5 * GiB)), ("1000", 1000)])
+@pytest.mark.parametrize(
+    "text, count", [("64GiB", 64 * GiB), ("512MiB", 512 * MiB), ("1.5 GB", int(1.5 * GiB)), ("1000", 1000)]
+)
 def test_sizes_are_read_with_units(text, count):
     assert parse_bytes(text, "X") == count
 
@@ -50,14 +70,19 @@ def test_host_ram_is_bounded_by_the_cgroup_limit(tmp_path, monkeypatch, layout):
     membership = tmp_path / "membership"
     group = tmp_path / "cgroup" / ("memory/job/7" if layout == "v1" else "job/7")
     group.mkdir(parents=True)
-    limit, usage = ("memory.limit_in_bytes", "memory.usage_in_bytes") if layout == "v1" else ("memory.max", "memory.current")
+    limit, usage = (
+        ("memory.limit_in_bytes", "memory.usage_in_bytes") if layout == "v1" else ("memory.max", "memory.current")
+    )
     (group / limit).write_text(str(16 * GiB))
     (group / usage).write_text(str(4 * GiB))
     membership.write_text("4:memory:/job/7\n" if layout == "v1" else "0::/job/7\n")
     from suites import memory_plan
 
-    monkeypatch.setattr(memory_plan, "_cgroup_headroom",
-                        lambda root, membership=membership, real=memory_plan._cgroup_headroom: real(root, membership))
+    monkeypatch.setattr(
+        memory_plan,
+        "_cgroup_headroom",
+        lambda root, membership=membership, real=memory_plan._cgroup_headroom: real(root, membership),
+    )
     assert host_memory(meminfo, tmp_path / "cgroup") == (12 * GiB, "cgroup limit")
     (group / limit).write_text("max" if layout == "v2" else str(1 << 62))
     assert host_memory(meminfo, tmp_path / "cgroup") == (60 * GiB, "MemAvailable")
@@ -79,16 +104,33 @@ def test_checkpoint_size_comes_from_safetensors_headers():
             per_layer[key] = per_layer.get(key, 0) + count
     size = checkpoint_size(folder)
     assert (size.parameters, size.largest_layer_parameters) == (total, max(per_layer.values()))
-    assert size.model_bytes("bf16") == 2 * total and size.largest_file_bytes == (folder / "model.safetensors").stat().st_size
+    assert (
+        size.model_bytes("bf16") == 2 * total
+        and size.largest_file_bytes == (folder / "model.safetensors").stat().st_size
+    )
 
 
 def test_checkpoint_size_of_a_hub_snapshot_without_weights_comes_from_its_index(tmp_path):
     """A snapshot whose config and index are cached but whose weights are not: planned all the same."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "vocab_size": 32000,
-                                                      "hidden_size": 4096, "torch_dtype": "float16"}))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({
-        "metadata": {"total_size": SEVEN_B.stored_bytes},
-        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 32,
+                "vocab_size": 32000,
+                "hidden_size": 4096,
+                "torch_dtype": "float16",
+            }
+        )
+    )
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {"total_size": SEVEN_B.stored_bytes},
+                "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+            }
+        )
+    )
     size = checkpoint_size(tmp_path)
     assert size.parameters == SEVEN_B.stored_bytes // 2
     assert size.largest_file_bytes == SEVEN_B.stored_bytes // 2
@@ -98,8 +140,10 @@ def test_checkpoint_size_of_a_hub_snapshot_without_weights_comes_from_its_index(
 def test_a_7b_eager_group_on_a_small_runner_is_refused_with_what_would_fit():
     plan = plan_cell(SEVEN_B, "bf16", 4, "eager", cpu_runner(64 * GiB))
     each = plan.rank_host_bytes
-    assert plan.problem == (f"needs {gib(4 * each)} host RAM for 4 eager ranks ({gib(each)} each), runner has 64.00 GiB "
-                            "(test; a plan uses at most 90%): use --variants eager --tp 2 or --variants meta --tp 2")
+    assert plan.problem == (
+        f"needs {gib(4 * each)} host RAM for 4 eager ranks ({gib(each)} each), runner has 64.00 GiB "
+        "(test; a plan uses at most 90%): use --variants eager --tp 2 or --variants meta --tp 2"
+    )
     assert plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(64 * GiB)).problem == ""
 
 
@@ -110,7 +154,10 @@ def test_the_reference_offloads_to_disk_when_it_does_not_fit_and_is_refused_only
     assert capped.offload == "disk" and capped.host_bytes <= 8 * GiB * 0.9
     assert capped.max_memory() == {"cpu": capped.cpu_bytes} and 0 < capped.cpu_bytes < SEVEN_B.model_bytes("bf16")
     plan = plan_cell(SEVEN_B, "bf16", 2, "meta", cpu_runner(PROCESS_RUNTIME_BYTES + GiB // 2))
-    assert plan.problem.startswith("needs") and "host RAM for the reference even with disk offload (runtime + the largest layer" in plan.problem
+    assert (
+        plan.problem.startswith("needs")
+        and "host RAM for the reference even with disk offload (runtime + the largest layer" in plan.problem
+    )
 
 
 def test_accelerator_memory_is_planned_per_rank_and_a_larger_tp_suggested():
@@ -132,16 +179,40 @@ def test_a_cell_that_cannot_fit_is_skipped_with_the_plan_and_no_rank_group_start
     runner_bytes = int((fits + next_larger) / 2 / 0.9)
     results = tmp_path / "results"
     env = {**PYTHON_ENV, "AUTOTP_HOST_MEMORY": str(runner_bytes)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "suites", "--models", "llama_large", "--shapes", "stress", "--tp", "4", "--results",
-                           str(results), "-q", "-p", "no:cacheprovider", "-rs"], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites",
+            "--models",
+            "llama_large",
+            "--shapes",
+            "stress",
+            "--tp",
+            "4",
+            "--results",
+            str(results),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert f"memory plan: host RAM {gib(runner_bytes)} (AUTOTP_HOST_MEMORY)" in done.stdout  # before the first cell
     assert "llama_large (tiny@sha256:" in done.stdout
     [record] = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
     assert record["outcome"] == "skip"
-    assert record["message"] == (f"memory plan: needs {gib(eager)} host RAM for 4 eager ranks ({gib(eager / 4)} each), runner "
-                                 f"has {gib(runner_bytes)} (AUTOTP_HOST_MEMORY; a plan uses at most 90%): use --variants eager --tp 2")
+    assert record["message"] == (
+        f"memory plan: needs {gib(eager)} host RAM for 4 eager ranks ({gib(eager / 4)} each), runner "
+        f"has {gib(runner_bytes)} (AUTOTP_HOST_MEMORY; a plan uses at most 90%): use --variants eager --tp 2"
+    )
     assert record["metrics"]["plan_host_available_bytes"] == runner_bytes
     assert record["metrics"]["plan_group_host_bytes"] == eager
     assert record["checkpoint"]["source"] == "tiny" and record["checkpoint"]["revision"].startswith("sha256:")
@@ -187,6 +258,7 @@ def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runne
 
     def no_deepspeed():
         raise ImportError("No module named 'deepspeed'")
+
     monkeypatch.setattr(memory_plan, "device_memory", no_deepspeed)
     assert memory_plan.default_variants("hub") == "eager"  # a session whose install failed records what it selected
 
@@ -201,7 +273,12 @@ def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
     # train: 1 SGD step: weights, gradients, momentum, the weights before and after, the step's gradients
     assert (train.steps, train.optimizer_copies, train.unsharded_copies, train.compared_copies) == (1, 1, 6, 3)
     # train_universal: 2 AdamW steps + the resumed one
-    assert (universal.steps, universal.optimizer_copies, universal.unsharded_copies, universal.round_trip) == (3, 2, 11, True)
+    assert (universal.steps, universal.optimizer_copies, universal.unsharded_copies, universal.round_trip) == (
+        3,
+        2,
+        11,
+        True,
+    )
     assert (train.rank_copies(2), universal.rank_copies(2)) == (6.25, 18.25)
     runner = cpu_runner(256 * GiB)
     inference = plan_cell(SEVEN_B, "bf16", 2, "eager", runner)
@@ -217,7 +294,10 @@ def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
 
     train = TrainingShape.of(load_variants()["train"])
     plan = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(64 * GiB), training=train)
-    assert plan.problem.startswith("needs ") and "for the unsharded training steps in the driver (6 copies of the model" in plan.problem
+    assert (
+        plan.problem.startswith("needs ")
+        and "for the unsharded training steps in the driver (6 copies of the model" in plan.problem
+    )
     roomy = cpu_runner(int((train.unsharded_copies + 1) * SEVEN_B.model_bytes("bf16") / 0.9))
     group = plan_cell(SEVEN_B, "bf16", 8, "eager", roomy, training=train)
     assert "host RAM for 8 eager ranks" in group.problem and "--variants" not in group.problem
@@ -231,10 +311,14 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     from suites import driver
     from suites.memory_plan import TrainingShape
 
-    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(1 << 50), training=TrainingShape.of(load_variants()["train"]))
+    plan = plan_cell(
+        SEVEN_B, "bf16", 2, "eager", cpu_runner(1 << 50), training=TrainingShape.of(load_variants()["train"])
+    )
     assert plan.reference.host_bytes == 0 and "plan_reference_host_bytes" not in plan.metrics()
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
-    monkeypatch.setattr(driver, "cached_reference", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference"))
+    monkeypatch.setattr(
+        driver, "cached_reference", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference")
+    )
     job, _ = driver.prepare_job(expand("llama", "train", tp="2")[0], driver.RunOptions())
     assert job.reference is None and job.trained[0].unsharded_steps
 
@@ -248,19 +332,34 @@ class HubWithIndex:
     def __init__(self, cache: Path):
         self.cache, self.written = cache, []
         config = {"model_type": "llama", "num_hidden_layers": 80, "vocab_size": 32000, "hidden_size": 8192}
-        index = {"metadata": {"total_size": 140 * GiB}, "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
-        self.files = {"config.json": json.dumps(config), "model.safetensors.index.json": json.dumps(index),
-                      "model-1.safetensors": "w", "model-2.safetensors": "w"}
+        index = {
+            "metadata": {"total_size": 140 * GiB},
+            "weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"},
+        }
+        self.files = {
+            "config.json": json.dumps(config),
+            "model.safetensors.index.json": json.dumps(index),
+            "model-1.safetensors": "w",
+            "model-2.safetensors": "w",
+        }
 
-    def __call__(self, repo_id, *, revision=None, allow_patterns=None, ignore_patterns=(), dry_run=False,
-                 local_files_only=False):
+    def __call__(
+        self, repo_id, *, revision=None, allow_patterns=None, ignore_patterns=(), dry_run=False, local_files_only=False
+    ):
         import fnmatch
 
         folder = self.cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / self.COMMIT
-        names = [name for name in self.files if (allow_patterns is None or any(fnmatch.fnmatch(name, p) for p in allow_patterns))
-                 and not any(fnmatch.fnmatch(name, p) for p in ignore_patterns)]
+        names = [
+            name
+            for name in self.files
+            if (allow_patterns is None or any(fnmatch.fnmatch(name, p) for p in allow_patterns))
+            and not any(fnmatch.fnmatch(name, p) for p in ignore_patterns)
+        ]
         if dry_run:
-            return [types.SimpleNamespace(filename=name, file_size=len(self.files[name]), will_download=True) for name in names]
+            return [
+                types.SimpleNamespace(filename=name, file_size=len(self.files[name]), will_download=True)
+                for name in names
+            ]
         for name in names:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(self.files[name])

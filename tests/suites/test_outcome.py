@@ -48,8 +48,12 @@ def test_standard_library_raising_for_the_harness_is_the_harness(library_root):
 
 
 def test_torch_raising_for_deepspeed_is_deepspeed(library_root):
-    error = _raise_through(HARNESS, str(library_root / "module_inject" / "layers.py"), TORCH,
-                           error=RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    error = _raise_through(
+        HARNESS,
+        str(library_root / "module_inject" / "layers.py"),
+        TORCH,
+        error=RuntimeError("mat1 and mat2 shapes cannot be multiplied"),
+    )
     assert raising_owner(error)[0] == "library"
     assert harness_frame(error) is None
     assert death_record(error, "rank 1")["failure_class"] == "crash"

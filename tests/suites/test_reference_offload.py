@@ -10,8 +10,14 @@ from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
 from suites.checks.inputs import ProbeSpec
 from suites.memory_plan import PROCESS_RUNTIME_BYTES, Runner, checkpoint_size, plan_reference
-from suites.reference import (cached_reference, compute_reference, export_references, import_references,
-                              load_reference, reference_record)
+from suites.reference import (
+    cached_reference,
+    compute_reference,
+    export_references,
+    import_references,
+    load_reference,
+    reference_record,
+)
 
 
 def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeypatch):

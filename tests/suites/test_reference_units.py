@@ -33,8 +33,9 @@ def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
     corpus.write_text("Another opening sentence. " + corpus.read_text())
     after = reference_path(checkpoint, None, "fp32", spec)
     assert after != before and not after.exists()
-    assert not torch.equal(torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"],
-                           torch.load(before)["logits_plain"])
+    assert not torch.equal(
+        torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"], torch.load(before)["logits_plain"]
+    )
 
 
 def test_export_skips_cached_task_references(tmp_path, monkeypatch):

@@ -34,9 +34,32 @@ def run(tmp_path_factory, rank_pool):
     rank_pool.close()  # free the cores: this test's pytest process starts rank groups of its own
     results = tmp_path_factory.mktemp("results")
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "--models", ",".join(EXPECTED), "--shapes", "stress", "--tp", "2,3", "--results",
-         str(results), "--session-name", "verdicts", "-n", "2", "-q", "-p", "no:cacheprovider"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites",
+            "--models",
+            ",".join(EXPECTED),
+            "--shapes",
+            "stress",
+            "--tp",
+            "2,3",
+            "--results",
+            str(results),
+            "--session-name",
+            "verdicts",
+            "-n",
+            "2",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return results, completed
 
 
@@ -67,8 +90,10 @@ def test_junit_carries_the_record_and_the_report_renders(run, tmp_path):
     assert gpt2["failure_class"] == "shard" and gpt2["cell.tp"] == "3"
     assert gpt2["signature"].startswith("AssertionError: AutoTP not supported") and gpt2["version.torch"]
     store = tmp_path / "history.sqlite"
-    for command in (["merge", str(results / "junit"), "--store", str(store)],
-                    ["render", "--store", str(store), "--out", str(tmp_path)]):
+    for command in (
+        ["merge", str(results / "junit"), "--store", str(store)],
+        ["render", "--store", str(store), "--out", str(tmp_path)],
+    ):
         subprocess.run([sys.executable, "-m", "reports", *command], cwd=PROJECT_ROOT, check=True, timeout=120)
     report = (tmp_path / "report.md").read_text()
     assert "| persimmon | ❌ numerics" in report and "| llama | ✅" in report

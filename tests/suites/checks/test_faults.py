@@ -41,7 +41,13 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     assert first.metrics["logits_max_abs"] < 1e-5
     # Run the faults that keep the group alive, then the same cell again: a harness whose state
     # leaked between cells (or whose reference came from a sharded process) would not repeat itself.
-    for fault in ("noop_allreduce", "wrong_shard", "break_before_shard", "raise_in_forward", "harness_bug_in_generation_probe"):
+    for fault in (
+        "noop_allreduce",
+        "wrong_shard",
+        "break_before_shard",
+        "raise_in_forward",
+        "harness_bug_in_generation_probe",
+    ):
         run_with(llama_tp2, pool, fault)
     again = run_with(llama_tp2, pool)
     assert pool.launches == launches
@@ -50,36 +56,46 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
         assert again.metrics[metric] == first.metrics[metric], metric
 
 
-@pytest.mark.parametrize("fault, failure_class, signature_start", [
-    ("noop_allreduce", "numerics", "logits:"),
-    ("wrong_shard", "numerics", "logits:"),
-    ("perturb_rank_logits", "numerics", "ranks_agree:"),
-    ("rank1_nan_logits", "numerics", "ranks_agree:"),
-    ("corrupt_decode_steps", "generation", "generation:"),
-    ("corrupt_batched_decode_steps", "generation", "generation: batched decoding row"),
-    ("half_vocabulary_logits", "numerics", "shapes: sharded outputs have the wrong shape"),
-    ("corrupt_loss", "numerics", "perplexity:"),
-    # library outputs the harness cannot read are the library's fault, named where they enter the harness
-    ("decode_lm_head_not_gathered", "numerics", "shapes: generate returned decode-step logits of differing shapes"),
-    ("overflowing_loss", "numerics", "perplexity: perplexity inf vs reference"),
-    ("skip_sharding", "memory", "memory:"),
-    ("break_before_shard", "shard", ""),
-    ("raise_in_forward", "forward", "RuntimeError: injected forward failure at layer N"),
-    # the same stage, but the harness's own code raises: its bug, never DeepSpeed's
-    ("harness_bug_in_generation_probe", "setup", "TypeError: 'NoneType' object is not callable @ suites/checks/probes.py:observe"),
-])
+@pytest.mark.parametrize(
+    "fault, failure_class, signature_start",
+    [
+        ("noop_allreduce", "numerics", "logits:"),
+        ("wrong_shard", "numerics", "logits:"),
+        ("perturb_rank_logits", "numerics", "ranks_agree:"),
+        ("rank1_nan_logits", "numerics", "ranks_agree:"),
+        ("corrupt_decode_steps", "generation", "generation:"),
+        ("corrupt_batched_decode_steps", "generation", "generation: batched decoding row"),
+        ("half_vocabulary_logits", "numerics", "shapes: sharded outputs have the wrong shape"),
+        ("corrupt_loss", "numerics", "perplexity:"),
+        # library outputs the harness cannot read are the library's fault, named where they enter the harness
+        ("decode_lm_head_not_gathered", "numerics", "shapes: generate returned decode-step logits of differing shapes"),
+        ("overflowing_loss", "numerics", "perplexity: perplexity inf vs reference"),
+        ("skip_sharding", "memory", "memory:"),
+        ("break_before_shard", "shard", ""),
+        ("raise_in_forward", "forward", "RuntimeError: injected forward failure at layer N"),
+        # the same stage, but the harness's own code raises: its bug, never DeepSpeed's
+        (
+            "harness_bug_in_generation_probe",
+            "setup",
+            "TypeError: 'NoneType' object is not callable @ suites/checks/probes.py:observe",
+        ),
+    ],
+)
 def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class, signature_start):
     outcome = run_with(llama_tp2, pool, fault)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert outcome.signature.startswith(signature_start), outcome.signature
 
 
-@pytest.mark.parametrize("model, fault, failure_class, signature_start", [
-    ("gpt_neox", "row_parallel_bias_on_every_rank", "numerics", "logits:"),
-    ("qwen2", "column_parallel_bias_of_rank0_everywhere", "numerics", "logits:"),
-    ("llama", "rank1_permuted_norm_weights", "numerics", "logits:"),
-    ("llama", "nan_decode_logits", "generation", "generation:"),
-])
+@pytest.mark.parametrize(
+    "model, fault, failure_class, signature_start",
+    [
+        ("gpt_neox", "row_parallel_bias_on_every_rank", "numerics", "logits:"),
+        ("qwen2", "column_parallel_bias_of_rank0_everywhere", "numerics", "logits:"),
+        ("llama", "rank1_permuted_norm_weights", "numerics", "logits:"),
+        ("llama", "nan_decode_logits", "generation", "generation:"),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_bug_classes_hidden_by_constant_weights_are_reported(pool, model, fault, failure_class, signature_start, dtype):
     """Biases at 0 and norm weights at 1 (transformers' init) made these bugs compute the right numbers;
@@ -92,8 +108,9 @@ def test_bug_classes_hidden_by_constant_weights_are_reported(pool, model, fault,
     assert outcome.signature.startswith(signature_start), outcome.signature
 
 
-@pytest.mark.parametrize("tp, whole", [("2", "{q_proj,k_proj,v_proj,o_proj}"),
-                                       ("3", "{q_proj,o_proj}")])  # 2 kv heads < tp 3: k/v whole by design
+@pytest.mark.parametrize(
+    "tp, whole", [("2", "{q_proj,k_proj,v_proj,o_proj}"), ("3", "{q_proj,o_proj}")]
+)  # 2 kv heads < tp 3: k/v whole by design
 def test_attention_left_whole_fails_memory_with_the_layers_named(pool, tp, whole):
     """Attention is ~10 % of the tiny llama's linear bytes: the old bound on all linears together passed it."""
     outcome = run_with(expand("llama", tp=tp)[0], pool, "attention_left_whole")
@@ -105,8 +122,9 @@ def test_attention_left_whole_fails_memory_with_the_layers_named(pool, tp, whole
 def test_a_renamed_layer_fails_memory_with_its_name(pool, llama_tp2):
     outcome = run_with(llama_tp2, pool, "rewrapped_mlp")
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
-    assert outcome.signature.startswith("memory: tensors the unsharded model does not have: model.layers.*.mlp.inner."), \
-        outcome.signature
+    assert outcome.signature.startswith(
+        "memory: tensors the unsharded model does not have: model.layers.*.mlp.inner."
+    ), outcome.signature
 
 
 def test_moe_experts_left_whole_fail_memory_with_the_kind_named(pool):
@@ -137,14 +155,17 @@ def test_a_drift_on_a_token_routed_alike_fails_while_the_flipped_token_is_left_o
     assert bound < drifted.metrics["logits_max_rel"] < 9 * EPSILON["bf16"] + healthy.metrics["logits_max_rel"]
 
 
-@pytest.mark.parametrize("fault, failure_class, signature_part", [
-    ("rank1_raises_in_forward", "forward", "injected forward failure"),
-    ("rank1_hangs", "timeout", "no answer within"),
-    ("rank1_sigkill", "crash", "SIGKILL"),
-    ("rank1_dies_after_the_verdict", "crash", "SIGKILL"),
-    ("rank1_segfault", "crash", "SIGSEGV"),
-    ("rank1_exceeds_memory_limit", "forward", "can't allocate memory"),
-])
+@pytest.mark.parametrize(
+    "fault, failure_class, signature_part",
+    [
+        ("rank1_raises_in_forward", "forward", "injected forward failure"),
+        ("rank1_hangs", "timeout", "no answer within"),
+        ("rank1_sigkill", "crash", "SIGKILL"),
+        ("rank1_dies_after_the_verdict", "crash", "SIGKILL"),
+        ("rank1_segfault", "crash", "SIGSEGV"),
+        ("rank1_exceeds_memory_limit", "forward", "can't allocate memory"),
+    ],
+)
 def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2, fault, failure_class, signature_part):
     launches = pool.launches
     outcome = run_with(llama_tp2, pool, fault, timeout=30.0)
@@ -165,17 +186,36 @@ def test_a_dead_fork_server_is_started_again(pool, llama_tp2):
     assert after.outcome == "pass", after.message
 
 
-@pytest.mark.parametrize("fault, failure_class, signature_part, log_name, logged", [
-    ("server_import_fails", "setup", "ModuleNotFoundError: import of transformers.generation.utils halted",
-     "fork-server.log", "transformers.generation.utils"),
-    ("rank1_harness_raises_at_start", "setup", "RegistryError: 'injected harness failure in rank setup' is not a cell id",
-     "rank1.log", "injected harness failure"),
-    ("rank1_torch_raises_at_start", "crash", "ValueError: Default process group has not been initialized", "rank1.log",
-     "Default process group has not been initialized"),
-    ("rank1_sigkill_at_start", "crash", "rank died: SIGKILL", "launcher.log", "exits with return code = -9"),
-])
+@pytest.mark.parametrize(
+    "fault, failure_class, signature_part, log_name, logged",
+    [
+        (
+            "server_import_fails",
+            "setup",
+            "ModuleNotFoundError: import of transformers.generation.utils halted",
+            "fork-server.log",
+            "transformers.generation.utils",
+        ),
+        (
+            "rank1_harness_raises_at_start",
+            "setup",
+            "RegistryError: 'injected harness failure in rank setup' is not a cell id",
+            "rank1.log",
+            "injected harness failure",
+        ),
+        (
+            "rank1_torch_raises_at_start",
+            "crash",
+            "ValueError: Default process group has not been initialized",
+            "rank1.log",
+            "Default process group has not been initialized",
+        ),
+        ("rank1_sigkill_at_start", "crash", "rank died: SIGKILL", "launcher.log", "exits with return code = -9"),
+    ],
+)
 def test_a_group_that_cannot_start_is_reported_as_whose_fault_it_is_with_its_logs_kept(
-        rank_pool, llama_tp2, monkeypatch, tmp_path, fault, failure_class, signature_part, log_name, logged):
+    rank_pool, llama_tp2, monkeypatch, tmp_path, fault, failure_class, signature_part, log_name, logged
+):
     rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", f"tests.faults:{fault}")
     pool = RankGroupPool(logs_root=tmp_path / "logs")

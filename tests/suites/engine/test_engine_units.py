@@ -14,12 +14,30 @@ def test_a_build_lock_left_by_an_interrupted_build_is_removed_at_once_and_starts
     with jit_build_guard(tmp_path, log=messages.append):
         assert not left.exists() and str(left) in messages[0]
         # Another start (another process) waits while this one holds the guard...
-        other = subprocess.Popen([sys.executable, "-c", f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
-                                  "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"], stderr=subprocess.PIPE, text=True)
+        other = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
+                "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert other.wait(timeout=30) != 0 and "BlockingIOError" in other.stderr.read()
     # ...and gets it once this one is done.
-    assert subprocess.run([sys.executable, "-c", f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
-                           "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"], timeout=30).returncode == 0
+    assert (
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import fcntl; f = open({str(tmp_path / BUILD_GUARD)!r}, 'w'); "
+                "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+            ],
+            timeout=30,
+        ).returncode
+        == 0
+    )
 
 
 def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path):
@@ -30,7 +48,10 @@ def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path
 
     from suites.engine.rank_group import release_orphaned_shared_memory
 
-    orphan, live = Path("/dev/shm/deepspeed_allreduce_buffer_0_test_1_0"), Path("/dev/shm/deepspeed_allreduce_buffer_0_test_2_0")
+    orphan, live = (
+        Path("/dev/shm/deepspeed_allreduce_buffer_0_test_1_0"),
+        Path("/dev/shm/deepspeed_allreduce_buffer_0_test_2_0"),
+    )
     for buffer in (orphan, live):
         buffer.write_bytes(b"\0" * 4096)
         os.utime(buffer, (time.time() - 3600, time.time() - 3600))
@@ -38,8 +59,6 @@ def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path
         release_orphaned_shared_memory(log=lambda message: None)
         assert not orphan.exists() and live.exists()
     live.unlink()
-
-
 
 
 def test_a_job_crosses_to_the_ranks_whole():
@@ -56,10 +75,20 @@ def test_a_job_crosses_to_the_ranks_whole():
     from suites.contracts import Job, MetaLoad, TrainedModel
 
     cell = expand("llama", "train", "fp32", "2")[0]
-    job = Job(cell.id, "/ckpt", None, cell.dtype, cell.variant, False, cell.model.tolerance_for(cell.dtype),
-              ProbeSpec(new_tokens=3),
-              trained=(TrainedModel("/ckpt", "llama", "/steps-1"), TrainedModel("/other", "opt", "/steps-2")),
-              accuracy_task=AccuracyTask("world-facts", "abc"), faults=("tests.faults:wrong_gradient",), seq=4)
+    job = Job(
+        cell.id,
+        "/ckpt",
+        None,
+        cell.dtype,
+        cell.variant,
+        False,
+        cell.model.tolerance_for(cell.dtype),
+        ProbeSpec(new_tokens=3),
+        trained=(TrainedModel("/ckpt", "llama", "/steps-1"), TrainedModel("/other", "opt", "/steps-2")),
+        accuracy_task=AccuracyTask("world-facts", "abc"),
+        faults=("tests.faults:wrong_gradient",),
+        seq=4,
+    )
     meta = replace(job, meta=MetaLoad("/ckpt-copy", "/ckpt-copy/ds.json", {"signature": "s", "message": "m"}))
     for sent in (job, meta):
         assert Job.from_json(sent.to_json()) == sent

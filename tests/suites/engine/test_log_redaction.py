@@ -19,8 +19,16 @@ def test_kept_rank_logs_are_redacted(rank_pool, monkeypatch, tmp_path):
     monkeypatch.setenv(planted_secrets.SECRET_ENV, planted_secrets.SECRET_VALUE)  # the ranks inherit it
     pool = RankGroupPool(logs_root=tmp_path / "logs")
     (cell,) = expand("llama.stress", "eager", "fp32", "2")
-    job = Job(cell.id, "/never-loaded", None, cell.dtype, cell.variant, False, cell.model.tolerance_for(cell.dtype),
-              ProbeSpec())
+    job = Job(
+        cell.id,
+        "/never-loaded",
+        None,
+        cell.dtype,
+        cell.variant,
+        False,
+        cell.model.tolerance_for(cell.dtype),
+        ProbeSpec(),
+    )
     try:  # the group fails to start, so no cell runs: no checkpoint or reference is needed
         outcome = pool.run(2, job, timeout=60.0)
     finally:

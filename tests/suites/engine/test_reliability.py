@@ -26,14 +26,38 @@ def free_cores(rank_pool):
 def start_driver(results: Path, hang_flag: Path) -> subprocess.Popen:
     """Cells llama, opt, gpt_neox; the opt cell hangs while `hang_flag` exists, so the driver is
     stopped after llama finished and before the run could complete."""
-    command = [sys.executable, "-m", "pytest", "suites", "--models", "llama,opt,gpt_neox", "--shapes", "stress", "--tp", "2",
-               "--results", str(results), "--session-name", "reliability", "-q", "-p", "no:cacheprovider",
-               "--inject-fault", "tests.faults:rank1_hangs_on_opt_while_flagged"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites",
+        "--models",
+        "llama,opt,gpt_neox",
+        "--shapes",
+        "stress",
+        "--tp",
+        "2",
+        "--results",
+        str(results),
+        "--session-name",
+        "reliability",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--inject-fault",
+        "tests.faults:rank1_hangs_on_opt_while_flagged",
+    ]
     # A shell runs background jobs with SIGINT ignored and children inherit that: give the driver
     # the default disposition so Ctrl-C reaches it however the test suite itself was started.
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "AUTOTP_TEST_HANG_FLAG": str(hang_flag)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        command,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "AUTOTP_TEST_HANG_FLAG": str(hang_flag)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def records(results: Path) -> list[dict]:

@@ -43,11 +43,15 @@ def test_release_installs_never_carry_a_commit():
 
 
 def test_git_install_records_the_commit_pip_checked_out():
-    origin = {"url": "https://github.com/deepspeedai/DeepSpeed", "vcs_info": {
-        "vcs": "git", "requested_revision": "refs/pull/1234/head", "commit_id": SHA}}
+    origin = {
+        "url": "https://github.com/deepspeedai/DeepSpeed",
+        "vcs_info": {"vcs": "git", "requested_revision": "refs/pull/1234/head", "commit_id": SHA},
+    }
     assert deepspeed_commit(origin, "b9b025f", Commits()) == SHA  # not the stamped hash
-    assert deepspeed_commit({"url": "https://hg.example/ds", "vcs_info": {"vcs": "hg", "commit_id": "1"}},
-                            "", Commits()) == ""
+    assert (
+        deepspeed_commit({"url": "https://hg.example/ds", "vcs_info": {"vcs": "hg", "commit_id": "1"}}, "", Commits())
+        == ""
+    )
 
 
 def test_local_folder_install_keeps_the_stamped_hash_only_if_that_folder_has_it():
@@ -93,19 +97,29 @@ def test_harness_commit_is_head_of_its_own_checkout(repo, tmp_path):
 
 def test_run_records_the_harness_commit():
     run = RunInfo("nightly", accelerator="cpu", backend="gloo", harness_git=SHA)
-    record = {"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass", "failure_class": "", "signature": "",
-              "versions": {"deepspeed": "0.19.8", "deepspeed_git": ""}, "run": run.as_dict(), "metrics": {}}
+    record = {
+        "cell": {"id": "llama-eager-fp32-tp2"},
+        "outcome": "pass",
+        "failure_class": "",
+        "signature": "",
+        "versions": {"deepspeed": "0.19.8", "deepspeed_git": ""},
+        "run": run.as_dict(),
+        "metrics": {},
+    }
     assert run.as_dict()["harness_git"] == SHA
     assert junit_properties(record)["run.harness_git"] == SHA
     assert RunInfo("nightly", accelerator="cpu", backend="gloo").harness_git == harness_commit()
 
 
-@pytest.mark.parametrize("value, label", [
-    ("0.19.8", "0.19.8"),
-    ("deepspeed@pr/1234", "pr/1234"),
-    ("deepspeed@master", "master"),
-    (f"deepspeed@{SHA}", SHA[:10]),
-])
+@pytest.mark.parametrize(
+    "value, label",
+    [
+        ("0.19.8", "0.19.8"),
+        ("deepspeed@pr/1234", "pr/1234"),
+        ("deepspeed@master", "master"),
+        (f"deepspeed@{SHA}", SHA[:10]),
+    ],
+)
 def test_pin_labels(value, label):
     assert parse_axis_value(value, DEEPSPEED).label == label
 
@@ -122,15 +136,22 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     monkeypatch.setattr(install_failure, "platform_of_run", no_deepspeed)
     release = {"transformers": "5.24.0", "torch": "2.13.0"}
     rules = {name: AxisRule(name, name[:2]) for name in release}
-    combo = Combo(parse_axis_value("deepspeed@pr/1234", DEEPSPEED),
-                  *(parse_axis_value(version, rules[name]) for name, version in release.items()), (), None)
+    combo = Combo(
+        parse_axis_value("deepspeed@pr/1234", DEEPSPEED),
+        *(parse_axis_value(version, rules[name]) for name, version in release.items()),
+        (),
+        None,
+    )
     results = tmp_path / "results"
     # The cells are read from the session's own options, --models-file included (a registry of its own).
     models_file = tmp_path / "models.toml"
-    models_file.write_text('[models.my_llama]\nmodel_type = "llama"\ntiny = { hidden_size = 64, '
-                           'num_attention_heads = 4, num_hidden_layers = 1, vocab_size = 128 }\n')
-    selection = parse_suite_options(["--models", "my_llama", "--models-file", str(models_file), "--tp", "2",
-                            "--results", str(results), "-q"])
+    models_file.write_text(
+        '[models.my_llama]\nmodel_type = "llama"\ntiny = { hidden_size = 64, '
+        "num_attention_heads = 4, num_hidden_layers = 1, vocab_size = 128 }\n"
+    )
+    selection = parse_suite_options(
+        ["--models", "my_llama", "--models-file", str(models_file), "--tp", "2", "--results", str(results), "-q"]
+    )
     assert install_failure.record_install_failure("autotp(ds@pr1234)", combo, "pip: no such ref", selection) == 1
 
     (record,) = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
@@ -148,7 +169,6 @@ def test_install_failure_at_a_pr_reaches_the_history_and_the_report(tmp_path, mo
     assert "| my_llama.faithful | ❌ install |" in report
 
 
-
 def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_never_merged(tmp_path):
     import xml.etree.ElementTree as ElementTree
 
@@ -158,11 +178,18 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
     from suites.records.run_records import CellRecorder
 
     fault = ("tests.faults:noop_allreduce",)
-    versions = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7",
-                "deepspeed_git": ""}
+    versions = {
+        "deepspeed": "0.19.8",
+        "transformers": "5.24.0",
+        "torch": "2.13.0",
+        "python": "3.11.7",
+        "deepspeed_git": "",
+    }
     llama, opt = expand("llama,opt", tp="2")
     run = RunInfo("local", started="2026-01-01T00:00:00Z", accelerator="cpu", backend="gloo", harness_git=SHA)
-    faulty = CellRecorder(tmp_path, run, versions, faults=fault).record(llama, CellOutcome("fail", "numerics", "logits: x"))
+    faulty = CellRecorder(tmp_path, run, versions, faults=fault).record(
+        llama, CellOutcome("fail", "numerics", "logits: x")
+    )
     assert faulty["faults"] == list(fault) and junit_properties(faulty)["faults"] == fault[0]
     assert CellRecorder(tmp_path, run, versions).replay(llama.id) is None  # a normal run never reuses it
     assert CellRecorder(tmp_path, run, versions, faults=fault).replay(llama.id) == faulty
@@ -170,7 +197,9 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
     healthy = CellRecorder(tmp_path, run, versions).record(opt, CellOutcome("pass"))
     suite = ElementTree.Element("testsuite", name="pytest")
     for record in (faulty, healthy):
-        case = ElementTree.SubElement(suite, "testcase", classname="suites.test_autotp", name=f"test_cell[{record['cell']['id']}]")
+        case = ElementTree.SubElement(
+            suite, "testcase", classname="suites.test_autotp", name=f"test_cell[{record['cell']['id']}]"
+        )
         properties = ElementTree.SubElement(case, "properties")
         for key, value in junit_properties(record).items():
             ElementTree.SubElement(properties, "property", name=key, value=value)
@@ -180,12 +209,20 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
     assert [result.cell.model for result in results] == ["opt"]
 
 
-@pytest.mark.parametrize("record, problem", [
-    ({"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "passed"}, "outcome 'passed' is not one of pass, fail, skip"),
-    ({"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "fail", "failure_class": "ds_to_universal"},
-     "failure_class 'ds_to_universal' is not one of setup, shard, forward"),
-    ({"outcome": "pass"}, "not a cell record (no cell.id)"),
-])
+@pytest.mark.parametrize(
+    "record, problem",
+    [
+        (
+            {"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "passed"},
+            "outcome 'passed' is not one of pass, fail, skip",
+        ),
+        (
+            {"cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "fail", "failure_class": "ds_to_universal"},
+            "failure_class 'ds_to_universal' is not one of setup, shard, forward",
+        ),
+        ({"outcome": "pass"}, "not a cell record (no cell.id)"),
+    ],
+)
 def test_a_record_the_harness_did_not_write_is_refused_naming_its_line(tmp_path, record, problem):
     """cells.jsonl is read in one place: a record whose outcome or class is not the harness's stops there, named,
     instead of reaching the store or a bisection as a verdict; a cut last line (a kill mid-write) is still skipped."""

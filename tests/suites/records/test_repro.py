@@ -18,8 +18,11 @@ def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
     cell = expand("llama", tp="2")[0]
     recorder = CellRecorder(tmp_path, RunInfo("unit"), {"deepspeed": "0.19.8"})
     properties = {}
-    recorder.record(cell, failed("forward", f"OSError: 401 for token {token}", f"Authorization: Bearer {token}"),
-                    lambda key, value: properties.__setitem__(key, value))
+    recorder.record(
+        cell,
+        failed("forward", f"OSError: 401 for token {token}", f"Authorization: Bearer {token}"),
+        lambda key, value: properties.__setitem__(key, value),
+    )
     write_repro(cell, "tiny", tmp_path / "repro", recorder.run, {"deepspeed": "0.19.8"}, f"fail forward {token}")
     written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file()) + json.dumps(properties)
     assert token not in written
@@ -33,8 +36,15 @@ def _repro_module(cell, tmp_path, monkeypatch, checkpoints="tiny", loaded_revisi
     from suites.records.run_records import RunInfo
     from suites.records.repro import write_repro
 
-    script = write_repro(cell, checkpoints, tmp_path / "repro", RunInfo("unit", accelerator="cpu", backend="gloo"),
-                         {"deepspeed": "0.19.8"}, "fail numerics", loaded_revision)
+    script = write_repro(
+        cell,
+        checkpoints,
+        tmp_path / "repro",
+        RunInfo("unit", accelerator="cpu", backend="gloo"),
+        {"deepspeed": "0.19.8"},
+        "fail numerics",
+        loaded_revision,
+    )
     spec = importlib.util.spec_from_file_location(f"repro_{cell.variant.name}_under_test", script)
     repro = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(repro)
@@ -81,7 +91,11 @@ def test_hub_repro_fetches_the_commit_the_cell_loaded(tmp_path, monkeypatch):
     model = dataclasses.replace(entry.model, hub_ids=("org/llama-x",), revisions={"org/llama-x": pinned})
     cell = dataclasses.replace(entry, model=model)
     fetched = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, revision=None: fetched.append((repo_id, revision)) or "snap")
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, revision=None: fetched.append((repo_id, revision)) or "snap",
+    )
     for loaded_revision, expected in ((loaded, loaded), (None, pinned)):
         repro = _repro_module(cell, tmp_path, monkeypatch, checkpoints="hub", loaded_revision=loaded_revision)
         assert repro.checkpoint_folder() == "snap"

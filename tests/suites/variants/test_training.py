@@ -23,13 +23,23 @@ from suites.driver import RunOptions, run_cell
 TRAINING_ROWS = [name for name, variant in load_variants().items() if "train-all" in variant.tags]
 SAVE_16BIT_KEEPS_SHARDS = ("numerics", "save: save_16bit_model: rank 0: model.layers.0.self_attn.q_proj.weight: shape")
 EMPTY_SHARD_UNDER_ZERO3 = ("forward", "step 1: AssertionError: {'id': N, 'status': 'NOT_AVAILABLE'")
-FINDINGS = {**{f"{model}-{variant}-fp32-tp{tp}": SAVE_16BIT_KEEPS_SHARDS
-               for model in ("llama", "qwen2") for variant in ("train_ckpt", "train_universal") for tp in (2, 3)},
-            "llama-train_zero3-fp32-tp3": EMPTY_SHARD_UNDER_ZERO3, "llama-train_ckpt_zero3-fp32-tp3": EMPTY_SHARD_UNDER_ZERO3,
-            "llama-train_overlap-fp32-tp3": ("forward", "step 1: RuntimeError: cannot reshape tensor of N elements"),
-            "llama-train_universal-fp32-tp3": ("forward", "ds_to_universal: TypeError: 'NoneType' object is not iterable")}
+FINDINGS = {
+    **{
+        f"{model}-{variant}-fp32-tp{tp}": SAVE_16BIT_KEEPS_SHARDS
+        for model in ("llama", "qwen2")
+        for variant in ("train_ckpt", "train_universal")
+        for tp in (2, 3)
+    },
+    "llama-train_zero3-fp32-tp3": EMPTY_SHARD_UNDER_ZERO3,
+    "llama-train_ckpt_zero3-fp32-tp3": EMPTY_SHARD_UNDER_ZERO3,
+    "llama-train_overlap-fp32-tp3": ("forward", "step 1: RuntimeError: cannot reshape tensor of N elements"),
+    "llama-train_universal-fp32-tp3": ("forward", "ds_to_universal: TypeError: 'NoneType' object is not iterable"),
+}
 """Cell id -> (failure class, signature start) of a DeepSpeed finding; every other training cell passes."""
-NOTHING_MATCHES = {"use_default_specs": False, "layer_specs": [{"patterns": [r".*\.no_such_proj\.weight$"], "partition_type": "column"}]}
+NOTHING_MATCHES = {
+    "use_default_specs": False,
+    "layer_specs": [{"patterns": [r".*\.no_such_proj\.weight$"], "partition_type": "column"}],
+}
 
 
 @pytest.fixture
@@ -43,41 +53,67 @@ def run_with(cell, pool, fault=None):
 
 def test_training_rows_are_data_selected_by_their_tag():
     variants = load_variants()
-    assert {"train", "train_heuristics", "train_tp_plan", "train_preset", "train_custom", "train_zero1", "train_zero2",
-            "train_zero3", "train_overlap", "train_ckpt", "train_ckpt_zero3", "train_universal", "train_two_models"} <= set(TRAINING_ROWS)
+    assert {
+        "train",
+        "train_heuristics",
+        "train_tp_plan",
+        "train_preset",
+        "train_custom",
+        "train_zero1",
+        "train_zero2",
+        "train_zero3",
+        "train_overlap",
+        "train_ckpt",
+        "train_ckpt_zero3",
+        "train_universal",
+        "train_two_models",
+    } <= set(TRAINING_ROWS)
     assert all(variants[name].training for name in TRAINING_ROWS)
     assert [c.variant.name for c in expand("llama", "train-all", tp="2")] == TRAINING_ROWS
     assert [c.variant.name for c in expand("llama", "train,train-all", tp="2")] == TRAINING_ROWS  # each row once
     assert [c.variant.name for c in expand("llama", tp="2")] == ["eager"]  # the default matrix stays inference
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"training": True, "needs": ["autotp_training"], "partitioning": "guess"}, "partitioning"),
-    ({"training": True, "needs": ["autotp_training"], "partitioning": "custom"}, "partition_config"),
-    ({"training": True, "needs": ["autotp_training"], "partition_config": NOTHING_MATCHES}, "partition_config"),
-    ({"training": True, "needs": ["autotp_training"], "zero_stage": 4}, "zero_stage"),
-    ({"training": True, "needs": ["autotp_training"], "training_steps": 0}, "training_steps"),
-    ({"training": True, "needs": ["autotp_training"], "tp_overlap_comm": True}, r"must list \['tp_overlap_comm'\]"),
-    ({"training": True, "needs": ["autotp_training", "time_travel"]}, "unknown feature"),
-    ({"training": True, "needs": ["autotp_training", "gather_replaced_params", "universal_checkpoint"],
-      "checkpoint_round_trip": True, "resume_tp": 1}, "resume_tp"),
-    ({"training": True, "needs": ["autotp_training"], "optimizer": "lamb"}, "optimizer"),
-    ({"zero_stage": 1}, "without training = true"),
-    ({"training": True, "needs": "autotp_training"}, "needs"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"training": True, "needs": ["autotp_training"], "partitioning": "guess"}, "partitioning"),
+        ({"training": True, "needs": ["autotp_training"], "partitioning": "custom"}, "partition_config"),
+        ({"training": True, "needs": ["autotp_training"], "partition_config": NOTHING_MATCHES}, "partition_config"),
+        ({"training": True, "needs": ["autotp_training"], "zero_stage": 4}, "zero_stage"),
+        ({"training": True, "needs": ["autotp_training"], "training_steps": 0}, "training_steps"),
+        ({"training": True, "needs": ["autotp_training"], "tp_overlap_comm": True}, r"must list \['tp_overlap_comm'\]"),
+        ({"training": True, "needs": ["autotp_training", "time_travel"]}, "unknown feature"),
+        (
+            {
+                "training": True,
+                "needs": ["autotp_training", "gather_replaced_params", "universal_checkpoint"],
+                "checkpoint_round_trip": True,
+                "resume_tp": 1,
+            },
+            "resume_tp",
+        ),
+        ({"training": True, "needs": ["autotp_training"], "optimizer": "lamb"}, "optimizer"),
+        ({"zero_stage": 1}, "without training = true"),
+        ({"training": True, "needs": "autotp_training"}, "needs"),
+    ],
+)
 def test_training_rows_refuse_bad_values(raw, message):
     with pytest.raises(RegistryError, match=message):
         _parse_variant(Path("variants.toml"), "bad", raw)
 
 
-@pytest.mark.parametrize("feature, take_away", [
-    ("tp_overlap_comm", "config field"),
-    ("partition_config", "config field"),
-    ("preset_model", "config field"),
-    ("gather_replaced_params", "layers attribute"),
-    ("universal_checkpoint", "module"),
-    ("hf_tp_plan", "module"),
-])
+@pytest.mark.parametrize(
+    "feature, take_away",
+    [
+        ("tp_overlap_comm", "config field"),
+        ("partition_config", "config field"),
+        ("preset_model", "config field"),
+        ("gather_replaced_params", "layers attribute"),
+        ("universal_checkpoint", "module"),
+        ("hf_tp_plan", "module"),
+    ],
+)
 def test_a_release_without_a_rows_feature_skips_naming_it(monkeypatch, feature, take_away):
     """Detected in the installed package, never assumed from its version: taking the feature away from
     this release must turn into the named skip."""
@@ -91,13 +127,17 @@ def test_a_release_without_a_rows_feature_skips_naming_it(monkeypatch, feature, 
 
     assert version_skip_reason(("autotp_training", feature)) is None
     if take_away == "config field":
-        monkeypatch.setattr(TPTrainingConfig, "model_fields", {k: v for k, v in TPTrainingConfig.model_fields.items() if k != feature})
+        monkeypatch.setattr(
+            TPTrainingConfig, "model_fields", {k: v for k, v in TPTrainingConfig.model_fields.items() if k != feature}
+        )
     elif take_away == "layers attribute":
         monkeypatch.delattr(layers, "GatherReplacedLayerParams")
     else:
         real = importlib.util.find_spec
         module = {"hf_tp_plan": "tp_plan_converter", "universal_checkpoint": "ds_to_universal"}[feature]
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.endswith(module) else real(name, *a))
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: None if name.endswith(module) else real(name, *a)
+        )
     assert version_skip_reason(("autotp_training", feature)).endswith(f"lacks {TRAINING_FEATURES[feature]}")
 
 
@@ -145,30 +185,80 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
 
 
 @pytest.mark.autotp
-@pytest.mark.parametrize("model, variant, fault, failure_class, signature_start", [
-    ("llama", "train", "rank1_weight_drifts_after_backward", "numerics",
-     "train_update: after step 1: weight update of model.layers.0.self_attn.q_proj.weight on rank 1"),
-    ("llama", "train_two_models", "wrong_gradient_of_second_model", "numerics",
-     "train_grads: second model mistral: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1"),
-    ("llama", "train_heuristics", "raise_in_second_backward", "forward",
-     "step 2: RuntimeError: injected failure in training step N"),
-    ("llama", "train_heuristics", "harness_bug_in_training_step", "setup",
-     "step batches: TypeError: 'NoneType' object is not callable @ suites/variants/training.py:run_training"),
-    ("qwen2", "train_ckpt_zero3", "raise_before_load_checkpoint", "shard",
-     "load: RuntimeError: injected failure loading the checkpoint"),
-    ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "numerics",
-     "gather: GatherReplacedLayerParams: rank 0: model.layers.0.self_attn.q_proj.bias: shape"),
-    ("qwen2", "train_ckpt_zero3", "rank1_load_skips_a_shard", "numerics",
-     "load: load_checkpoint: weight of model.layers.0.self_attn.q_proj.weight on rank 1 differs from the unsharded weight"),
-    # DeepSpeed writing no 16-bit file is its output failing validation where it enters the harness, not `setup`
-    ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "numerics", "save: save_16bit_model wrote no file"),
-    ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "numerics",
-     "resume: step 3 after load_checkpoint at tp 2: weight update of"),
-    # a split 1-D bias of a row-parallel layer is DeepSpeed's layout, named; it raised IndexError (`setup`) before
-    ("phi", "train", "row_parallel_bias_split", "numerics",
-     "train_grads: sharded: rank 0: model.layers.0.self_attn.dense.bias: bias of a row-parallel layer split"),
-])
-def test_training_fault_is_reported_with_its_class_and_stage(pool, model, variant, fault, failure_class, signature_start):
+@pytest.mark.parametrize(
+    "model, variant, fault, failure_class, signature_start",
+    [
+        (
+            "llama",
+            "train",
+            "rank1_weight_drifts_after_backward",
+            "numerics",
+            "train_update: after step 1: weight update of model.layers.0.self_attn.q_proj.weight on rank 1",
+        ),
+        (
+            "llama",
+            "train_two_models",
+            "wrong_gradient_of_second_model",
+            "numerics",
+            "train_grads: second model mistral: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1",
+        ),
+        (
+            "llama",
+            "train_heuristics",
+            "raise_in_second_backward",
+            "forward",
+            "step 2: RuntimeError: injected failure in training step N",
+        ),
+        (
+            "llama",
+            "train_heuristics",
+            "harness_bug_in_training_step",
+            "setup",
+            "step batches: TypeError: 'NoneType' object is not callable @ suites/variants/training.py:run_training",
+        ),
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "raise_before_load_checkpoint",
+            "shard",
+            "load: RuntimeError: injected failure loading the checkpoint",
+        ),
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "gather_drops_biases",
+            "numerics",
+            "gather: GatherReplacedLayerParams: rank 0: model.layers.0.self_attn.q_proj.bias: shape",
+        ),
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "rank1_load_skips_a_shard",
+            "numerics",
+            "load: load_checkpoint: weight of model.layers.0.self_attn.q_proj.weight on rank 1 differs from the unsharded weight",
+        ),
+        # DeepSpeed writing no 16-bit file is its output failing validation where it enters the harness, not `setup`
+        ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "numerics", "save: save_16bit_model wrote no file"),
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "load_drops_optimizer_state",
+            "numerics",
+            "resume: step 3 after load_checkpoint at tp 2: weight update of",
+        ),
+        # a split 1-D bias of a row-parallel layer is DeepSpeed's layout, named; it raised IndexError (`setup`) before
+        (
+            "phi",
+            "train",
+            "row_parallel_bias_split",
+            "numerics",
+            "train_grads: sharded: rank 0: model.layers.0.self_attn.dense.bias: bias of a row-parallel layer split",
+        ),
+    ],
+)
+def test_training_fault_is_reported_with_its_class_and_stage(
+    pool, model, variant, fault, failure_class, signature_start
+):
     cell = expand(model, variant, "fp32", "2")[0]
     healthy = run_with(cell, pool)
     assert healthy.outcome == "pass", healthy.message
@@ -178,23 +268,43 @@ def test_training_fault_is_reported_with_its_class_and_stage(pool, model, varian
 
 
 @pytest.mark.autotp
-@pytest.mark.parametrize("model, variant, fault, signature_start", [
-    ("llama", "train_zero1", "loss_scaled_by_one_percent", "train_loss: step 1: training loss differs"),
-    # bf16 at ZeRO 0 fails train_update on its own (the clipping finding below): the fault fails train_grads first
-    ("llama", "train", "rank1_gradient_off_by_a_quarter",
-     "train_grads: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1"),
-    # a small tensor's gradient, judged against a floor of 1 bf16 ulp of the model's largest gradient
-    ("llama", "train", "rank1_smallest_gradient_off_by_ten_percent",
-     "train_grads: step 1: gradient of model.layers.1.self_attn."),
-    ("qwen2", "train_zero3", "rank1_last_step_lr_doubled", "train_update: after step 2: weight update of"),
-    ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "gather: GatherReplacedLayerParams: rank 0:"),
-    # In bf16 the `load` check misses a shard left at its initial value (2 SGD steps move a weight by less than its 2
-    # bf16 ulps of the weight scale); the next step's update from the loaded weights catches it (`resume`)
-    ("qwen2", "train_ckpt_zero3", "rank1_load_skips_a_shard",
-     "resume: step 3 after load_checkpoint at tp 2: weight update of model.layers.0.self_attn.q_proj.weight on rank 1"),
-    ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "save: save_16bit_model wrote no file"),
-    ("qwen2", "train_ckpt_zero3", "load_drops_optimizer_state", "resume: step 3 after load_checkpoint at tp 2: weight update of"),
-])
+@pytest.mark.parametrize(
+    "model, variant, fault, signature_start",
+    [
+        ("llama", "train_zero1", "loss_scaled_by_one_percent", "train_loss: step 1: training loss differs"),
+        # bf16 at ZeRO 0 fails train_update on its own (the clipping finding below): the fault fails train_grads first
+        (
+            "llama",
+            "train",
+            "rank1_gradient_off_by_a_quarter",
+            "train_grads: step 1: gradient of model.layers.0.self_attn.q_proj.weight on rank 1",
+        ),
+        # a small tensor's gradient, judged against a floor of 1 bf16 ulp of the model's largest gradient
+        (
+            "llama",
+            "train",
+            "rank1_smallest_gradient_off_by_ten_percent",
+            "train_grads: step 1: gradient of model.layers.1.self_attn.",
+        ),
+        ("qwen2", "train_zero3", "rank1_last_step_lr_doubled", "train_update: after step 2: weight update of"),
+        ("qwen2", "train_ckpt_zero3", "gather_drops_biases", "gather: GatherReplacedLayerParams: rank 0:"),
+        # In bf16 the `load` check misses a shard left at its initial value (2 SGD steps move a weight by less than its 2
+        # bf16 ulps of the weight scale); the next step's update from the loaded weights catches it (`resume`)
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "rank1_load_skips_a_shard",
+            "resume: step 3 after load_checkpoint at tp 2: weight update of model.layers.0.self_attn.q_proj.weight on rank 1",
+        ),
+        ("qwen2", "train_ckpt_zero3", "save_16bit_writes_nothing", "save: save_16bit_model wrote no file"),
+        (
+            "qwen2",
+            "train_ckpt_zero3",
+            "load_drops_optimizer_state",
+            "resume: step 3 after load_checkpoint at tp 2: weight update of",
+        ),
+    ],
+)
 def test_training_checks_fail_in_bf16_at_bf16_bounds(pool, model, variant, fault, signature_start):
     """bf16's training bounds are a few of its ulps (matrix/registry.py): a fault of bf16's size still fails each
     check there, and the same cell without it does not fail that way."""
@@ -212,8 +322,9 @@ def test_ds_to_universal_arguments_the_release_refuses_are_setup(pool):
     harness's arguments do not fit the release (`setup`), never DeepSpeed's conversion failing (`forward`)."""
     outcome = run_with(expand("qwen2", "train_universal", "fp32", "2")[0], pool, "universal_parser_refuses")
     assert (outcome.outcome, outcome.failure_class) == ("fail", "setup"), outcome.message
-    assert outcome.signature.startswith("ds_to_universal: arguments: ValueError: deepspeed.checkpoint.ds_to_universal."
-                                        "parse_arguments refused"), outcome.signature
+    assert outcome.signature.startswith(
+        "ds_to_universal: arguments: ValueError: deepspeed.checkpoint.ds_to_universal.parse_arguments refused"
+    ), outcome.signature
 
 
 def test_ds_to_universal_arguments_are_the_releases_own():
@@ -243,8 +354,15 @@ def test_bf16_clipping_that_ignores_tensor_parallelism_is_reported(pool):
 def test_a_partition_pattern_that_matches_nothing_fails_memory(pool, dtype):
     """DeepSpeed #8088: custom patterns that match no parameter leave the model whole on every rank. Its
     numbers are then exactly right, so only the per-rank bytes can fail it."""
-    variant = Variant(name="train_custom_nothing", training=True, training_steps=2, partitioning="custom", zero_stage=1,
-                      partition_config=NOTHING_MATCHES, needs=("autotp_training", "partition_config"))
+    variant = Variant(
+        name="train_custom_nothing",
+        training=True,
+        training_steps=2,
+        partitioning="custom",
+        zero_stage=1,
+        partition_config=NOTHING_MATCHES,
+        needs=("autotp_training", "partition_config"),
+    )
     outcome = run_with(Cell(load_models()["llama"], variant, dtype, 2), pool)
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
     assert outcome.signature.startswith("memory: linears left whole: model.layers.*.self_attn."), outcome.signature

@@ -24,6 +24,8 @@ from suites.variants.loading import checkpoints_json, fresh_process_meta_failure
 from tests.suites.rank_summaries import inference_rank
 
 ARCHITECTURES = "llama,qwen2,mistral"
+
+
 @pytest.fixture
 def pool(rank_pool):
     return rank_pool  # the session's shared pool (conftest.py): one live rank group at a time
@@ -32,9 +34,14 @@ def pool(rank_pool):
 def test_variants_registry_parses_and_refuses_bad_values(tmp_path):
     variants = load_variants()
     assert {"eager", "meta", "meta_bin", "meta_host", "ds_int8", "ds_int4", "torchao_int8", "train"} <= set(variants)
-    for raw, field in (({"load": "lazy"}, "load"), ({"quantization": "gptq"}, "quantization"),
-                       ({"checkpoint_format": "bin"}, "checkpoint_format"), ({"training": True, "load": "meta"}, "training"),
-                       ({"quant_group_size": 3}, "quant_group_size"), ({"keep_module_on_host": "yes"}, "keep_module_on_host")):
+    for raw, field in (
+        ({"load": "lazy"}, "load"),
+        ({"quantization": "gptq"}, "quantization"),
+        ({"checkpoint_format": "bin"}, "checkpoint_format"),
+        ({"training": True, "load": "meta"}, "training"),
+        ({"quant_group_size": 3}, "quant_group_size"),
+        ({"keep_module_on_host": "yes"}, "keep_module_on_host"),
+    ):
         with pytest.raises(RegistryError, match=field):
             _parse_variant(Path("variants.toml"), "bad", raw)
 
@@ -42,9 +49,15 @@ def test_variants_registry_parses_and_refuses_bad_values(tmp_path):
 @pytest.mark.autotp
 @pytest.mark.parametrize("tp", [2, 3])
 def test_variants_run_on_three_architectures(pool, tp):
-    expected = {"meta": "pass", "meta_bin": "pass", "meta_host": "pass", "train": "pass",
-                # Findings on deepspeed 0.19.8 / transformers 5.24 CPU, reported, not harness bugs:
-                "torchao_int8": "fail", "ds_int8": "skip"}
+    expected = {
+        "meta": "pass",
+        "meta_bin": "pass",
+        "meta_host": "pass",
+        "train": "pass",
+        # Findings on deepspeed 0.19.8 / transformers 5.24 CPU, reported, not harness bugs:
+        "torchao_int8": "fail",
+        "ds_int8": "skip",
+    }
     cells = expand(ARCHITECTURES, ",".join(expected), "fp32", str(tp))
     seen, seen_messages = {}, {}
     for cell in cells:
@@ -53,8 +66,11 @@ def test_variants_run_on_three_architectures(pool, tp):
         seen_messages[cell.id] = outcome.message
     # torch 2.13: a fresh process fails building the model under deepspeed.OnDevice (a first import of torch._dynamo
     # there): the meta cells fail with that, as a user's script would, and say that the rest of the cell passed.
-    fresh_fails = {cell.model.name: fresh_process_meta_failure(str(tiny_checkpoint(cell.model)), "fp32", False)
-                   for cell in cells if cell.variant.load == "meta"}
+    fresh_fails = {
+        cell.model.name: fresh_process_meta_failure(str(tiny_checkpoint(cell.model)), "fp32", False)
+        for cell in cells
+        if cell.variant.load == "meta"
+    }
     for cid in seen:
         if cid.split("-")[1].startswith("meta") and fresh_fails[cid.split("-")[0]]:
             expected[cid.split("-")[1]] = "fail"
@@ -119,7 +135,9 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
     from safetensors.torch import load_file, save_file
 
     # One tensor in one of the checkpoint files (the meta variant splits it into several) is damaged.
-    weights = next(w for w in sorted(damaged.glob("*.safetensors")) if any(n.endswith("down_proj.weight") for n in load_file(w)))
+    weights = next(
+        w for w in sorted(damaged.glob("*.safetensors")) if any(n.endswith("down_proj.weight") for n in load_file(w))
+    )
     state = load_file(weights)
     name = next(n for n in state if n.endswith("down_proj.weight"))
     state[name] = state[name] * 1.5
@@ -134,8 +152,10 @@ def test_corrupted_meta_checkpoint_shard_is_reported(pool, tmp_path):
 
 
 @pytest.mark.autotp
-@pytest.mark.parametrize("fault, check", [("wrong_gradient", "train_grads"), ("rank1_nan_gradient", "train_grads"),
-                                          ("corrupt_loss", "train_loss")])
+@pytest.mark.parametrize(
+    "fault, check",
+    [("wrong_gradient", "train_grads"), ("rank1_nan_gradient", "train_grads"), ("corrupt_loss", "train_loss")],
+)
 def test_wrong_training_step_is_reported(pool, fault, check):
     cell = expand("llama", "train", "fp32", "2")[0]
     outcome = run_cell(cell, pool, RunOptions(faults=(f"tests.faults:{fault}",)))
