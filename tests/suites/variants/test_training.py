@@ -335,6 +335,25 @@ def test_ds_to_universal_arguments_the_release_refuses_are_setup(pool):
     ), outcome.signature
 
 
+def test_adams_gain_rule_turns_an_update_back_into_its_gradient():
+    """Adam's gain rule (ShardedTrainee.change_comparison): after AdamW's first step an element moved by
+    -lr * g / (|g| + eps), so the update times adam_gradient_units is -g, for a gradient far below eps (where Adam
+    multiplies a gradient error by lr / eps) and far above it alike; a parameter Adam never stepped keeps plain
+    units."""
+    import torch
+
+    from suites.variants.training import OPTIMIZERS, adam_gradient_units
+
+    optimizer_class, config = OPTIMIZERS["adam"]
+    stepped, untouched = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))
+    optimizer = optimizer_class([stepped, untouched], **config["params"])
+    gradient = torch.tensor([1e-6, -3e-4, 2e-2, -5.0])
+    stepped.grad = gradient.clone()
+    optimizer.step()
+    torch.testing.assert_close(stepped.detach() * adam_gradient_units(optimizer, stepped), -gradient)
+    assert torch.equal(adam_gradient_units(optimizer, untouched), torch.ones(2))
+
+
 def test_ds_to_universal_arguments_are_the_releases_own():
     from suites.variants.training import universal_arguments
 
