@@ -483,10 +483,10 @@ class ShardedTrainee:
         }
         largest = max((change.abs().max().item() for change in changes.values()), default=0.0)
         comparison = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
+        own_start = starts is not None and first > 0
         for name in self.layouts:
             trained, start = self.slice(name, after[name]), self.slice(name, before[name])
             unit = 1.0 if units is None else self.slice(name, units[name])
-            own_start = starts is not None and first > 0
             comparison.add(
                 name,
                 (weights[name] - (start.float() if starts is None else starts[name])) * unit,
@@ -712,10 +712,10 @@ def round_trip(
         str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant.resume_tp else CHECKPOINT_TAG
     )
     fault_hook("restored", resumed.engine.module)
-    # The loaded shards against the trained weights directly: on tiny random models a whole projection
-    # left untrained moves the next loss by less than the loss tolerance. Judged by their change from the initial
-    # weights (the trained update they hold), as train_update: in bf16 two steps move a weight by less than its
-    # ulp, so weights left at their initial values would pass a comparison at the weight's scale.
+    # The loaded shards themselves, not only the next step: on tiny random models a whole projection left untrained
+    # moves the next loss by less than the loss tolerance. Judged by their change from the initial weights (the
+    # trained update they hold), as train_update: in bf16 two steps move a weight by less than its ulp, so weights
+    # left at their initial values would pass a comparison at the weight's scale.
     resumed.start_updates_here()
     loaded = resumed.change_comparison(resumed.initial, None, 0, steps_taken)
     loaded.problems[:0] = resumed.problems  # a resumed engine that holds no slice of a weight
