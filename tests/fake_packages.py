@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def pyproject(name: str, where: str = ".") -> str:
-    """A setuptools project of the packages found under `where`."""
+    """A setuptools project of the packages `name*` found under `where` (a fake DeepSpeed also holds the
+    deepspeed/__init__.py that marks a DeepSpeed clone: reports.git.PROJECT_FILE)."""
     return textwrap.dedent(f"""\
         [build-system]
         requires = ["setuptools"]
@@ -18,6 +19,7 @@ def pyproject(name: str, where: str = ".") -> str:
         version = "0.1.0"
         [tool.setuptools.packages.find]
         where = ["{where}"]
+        include = ["{name}*"]
     """)
 
 

@@ -36,7 +36,7 @@ def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
 
     def release(pins: dict[str, str]) -> EnvironmentSpec:
         axis = next(iter(repos))
-        clone = GitRepo(repos[axis])
+        clone = GitRepo(repos[axis], f"--{axis}-repo")
         return commit(axis, clone, clone.resolve(pins[axis]), pins)
 
     def releases(axis: str, older: str, newer: str) -> list[str]:
@@ -122,7 +122,11 @@ BAD_SHARD = textwrap.dedent("""\
         raise AssertionError(f"split_sizes={sizes} must sum to 7")
 """)
 DEEPSPEED_HISTORY = [
-    ("Initial fake DeepSpeed", {"fakeds/__init__.py": "", "fakeds/shard.py": GOOD_SHARD}, "v0.1.0"),
+    (
+        "Initial fake DeepSpeed",
+        {"fakeds/__init__.py": "", "deepspeed/__init__.py": "", "fakeds/shard.py": GOOD_SHARD},
+        "v0.1.0",
+    ),
     ("Docs (#4001)", {"README.md": "fake\n"}, "v0.1.1"),
     ("Refactor the launcher (#4002)", {"fakeds/launcher.py": "RANKS = 2\n"}, ""),
     ("Shard heads strictly (#4321)", {"fakeds/shard.py": BAD_SHARD}, ""),
