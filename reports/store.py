@@ -669,10 +669,12 @@ class HistoryStore:
                 ).fetchone()
                 if stored is None:
                     columns = ("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at")
-                    run_key = conn.execute(
-                        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                        (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
-                    ).lastrowid
+                    run_key = _inserted_id(
+                        conn.execute(
+                            f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                            (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
+                        )
+                    )
                     new_runs += 1
                     verdicts = {}
                 else:
