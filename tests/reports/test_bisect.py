@@ -231,7 +231,7 @@ def fake_deepspeed(tmp_path_factory):
     history = [(subject, files, "v0.1.0" if n == 0 else "") for n, (subject, files) in enumerate(HISTORY)]
     history[0][1]["fakeds/__init__.py"] = ""
     history[0][1]["deepspeed/__init__.py"] = ""  # what marks a DeepSpeed clone (reports.git.PROJECT_FILE)
-    return repo, make_repo(repo, pyproject("fakeds"), history)
+    return repo, make_repo(repo, pyproject("fakeds", include="fakeds*"), history)
 
 
 @pytest.fixture(scope="module")
@@ -527,7 +527,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     import reports.bisect as bisect_module
 
     repo, root = tmp_path / "fakeds", tmp_path / "envs"
-    shas = make_repo(repo, pyproject("fakeds"), GONE_HISTORY)
+    shas = make_repo(repo, pyproject("fakeds", include="fakeds*"), GONE_HISTORY)
     script = tmp_path / "cell.py"
     script.write_text(GONE_CELL)
     real_run_cells = bisect_module.run_cells

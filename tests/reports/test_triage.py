@@ -143,7 +143,7 @@ def deepspeed_side(tmp_path_factory):
     root = tmp_path_factory.mktemp("triage-ds")
     repo = root / "fakeds-repo"
     repo.mkdir()
-    shas = make_repo(repo, pyproject("fakeds"), DEEPSPEED_HISTORY)
+    shas = make_repo(repo, pyproject("fakeds", include="fakeds*"), DEEPSPEED_HISTORY)
     script = root / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "fakeds.shard").replace("FAILURE_CLASS", "shard"))
     return repo, shas, root / "envs", script
@@ -516,7 +516,9 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
 
     repo = tmp_path / "fakeds-repo"
     repo.mkdir()
-    make_repo(repo, pyproject("fakeds"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY])
+    make_repo(
+        repo, pyproject("fakeds", include="fakeds*"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY]
+    )
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
     fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")
