@@ -8,8 +8,10 @@ group (the whole process group is killed, so no orphan ranks), the cell gets `ti
 
 from __future__ import annotations
 
+import ast
 import atexit
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -23,14 +25,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root
 from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
-from suites.contracts import Job
 from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
+
+if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork server before any such import
+    from suites.contracts import Job
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0
@@ -96,12 +101,27 @@ def launch_environment() -> dict[str, str]:
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
+    """Whether torch sees a CUDA (or ROCm) device. A CPU build says so in its `torch/version.py` (`cuda` and `hip`
+    None), read without importing torch (~8 s of a core), so the fork server starts before the driver's imports."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
         return False
+    version_file = Path(next(iter(spec.submodule_search_locations or []), "")) / "version.py"
+    try:
+        assigned = {
+            target.id: node.value
+            for node in ast.parse(version_file.read_text()).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name)
+        }
+    except (OSError, SyntaxError):
+        assigned = {}
+    if all(isinstance(assigned.get(name), ast.Constant) and assigned[name].value is None for name in ("cuda", "hip")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _signal_name(number: int) -> str:
