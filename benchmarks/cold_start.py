@@ -235,6 +235,7 @@ def first_records(python: Path, harnesses: dict[str, Path], out: Path, selection
     warm_caches = {}
     for label, harness in harnesses.items():  # untimed: fills each harness's own cache (its own reference keys)
         warm_caches[label] = Path(tempfile.mkdtemp(prefix=f"first-record-{label}-")) / "cache"
+        (out / label).mkdir(parents=True, exist_ok=True)
         filled = run_matrix(
             python,
             harness,
