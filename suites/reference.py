@@ -284,8 +284,8 @@ class ReferenceProcess:
         self.process: subprocess.Popen | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
 
-    def start(self) -> None:
-        """Start the process (its imports take seconds) unless it runs; `compute` starts it when it must."""
+    def start(self) -> subprocess.Popen:
+        """The running process, started now unless it runs (its imports take seconds)."""
         if self.process is None or self.process.poll() is not None:
             with self.log_path.open("a") as log:
                 self.process = subprocess.Popen(
@@ -296,10 +296,10 @@ class ReferenceProcess:
                     stderr=log,
                     text=True,
                 )
+        return self.process
 
     def compute(self, request: dict, exit_after: bool) -> dict:
-        self.start()
-        process = self.process
+        process = self.start()
         assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()

@@ -107,17 +107,16 @@ def _cuda_available() -> bool:
     if spec is None:
         return False
     version_file = Path(next(iter(spec.submodule_search_locations or []), "")) / "version.py"
+    constants: dict[str, object] = {}
     try:
-        assigned = {
-            target.id: node.value
-            for node in ast.parse(version_file.read_text()).body
-            if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            if isinstance(target, ast.Name)
-        }
+        for node in ast.parse(version_file.read_text()).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        constants[target.id] = node.value.value
     except (OSError, SyntaxError):
-        assigned = {}
-    if all(isinstance(assigned.get(name), ast.Constant) and assigned[name].value is None for name in ("cuda", "hip")):
+        pass  # no file to read: torch itself answers
+    if "cuda" in constants and "hip" in constants and constants["cuda"] is None and constants["hip"] is None:
         return False
     import torch
 
