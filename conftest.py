@@ -27,7 +27,7 @@ ACCURACY_TASK = pytest.StashKey[object]()
 
 
 def pytest_configure(config):
-    if _runs_suites(config) and not _distributes(config):
+    if _runs_cells_here(config):
         # First, before anything here imports torch/transformers (expand's config classes, the run's versions): the
         # fork server's own imports, the longest wait before the first cell, then run beside the driver's.
         _rank_pool(config)
@@ -172,9 +172,12 @@ def run_options(pytestconfig):
 POOL = pytest.StashKey[object]()
 
 
-def _distributes(config) -> bool:
-    """A pytest-xdist controller: its workers run the cells, each with a rank pool of its own."""
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+def _runs_cells_here(config) -> bool:
+    """This process will run cells of the suites: not --help or --collect-only, nor a pytest-xdist controller
+    (its workers run the cells, each with a rank pool of its own)."""
+    distributes = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    listing = getattr(config.option, "help", False) or config.option.collectonly
+    return _runs_suites(config) and not distributes and not listing
 
 
 def _rank_pool(config):
