@@ -12,7 +12,6 @@ from matrix.cells import expand
 from matrix.registry import RegistryError
 from suites.command import SUITE_OPTIONS
 from suites.memory_plan import default_variants
-from suites.checks.task_probe import TaskError, resolve_task
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
@@ -28,7 +27,13 @@ ACCURACY_TASK = pytest.StashKey[object]()
 
 
 def pytest_configure(config):
+    if _runs_cells_here(config):
+        # First, before anything here imports torch/transformers (expand's config classes, the run's versions): the
+        # fork server's own imports, the longest wait before the first cell, then run beside the driver's.
+        _rank_pool(config)
     option = config.getoption
+    from suites.checks.task_probe import TaskError, resolve_task  # torch (its scoring), imported after the start above
+
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
         variants = option("--variants") or default_variants(option("--checkpoints"))
         config.stash[CELLS] = expand(
@@ -164,12 +169,30 @@ def run_options(pytestconfig):
     )
 
 
+POOL = pytest.StashKey[object]()
+
+
+def _runs_cells_here(config) -> bool:
+    """This process will run cells of the suites: not --help or --collect-only, nor a pytest-xdist controller
+    (its workers run the cells, each with a rank pool of its own)."""
+    distributes = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    listing = getattr(config.option, "help", False) or config.option.collectonly
+    return _runs_suites(config) and not distributes and not listing
+
+
+def _rank_pool(config):
+    """The session's rank-group pool, its fork server started at once (suites: from pytest_configure)."""
+    if POOL not in config.stash:
+        from suites.engine.rank_group import RankGroupPool
+
+        config.stash[POOL] = RankGroupPool(logs_root=Path(config.getoption("--results")).resolve() / "logs")
+        config.stash[POOL].prepare()
+    return config.stash[POOL]
+
+
 @pytest.fixture(scope="session")
 def rank_pool(pytestconfig):
-    from suites.engine.rank_group import RankGroupPool
-
-    pool = RankGroupPool(logs_root=Path(pytestconfig.getoption("--results")).resolve() / "logs")
-    pool.prepare()
+    pool = _rank_pool(pytestconfig)
     yield pool
     pool.close()
 

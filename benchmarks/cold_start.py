@@ -3,6 +3,17 @@ one or more harness checkouts side by side (the same environment, one after the 
 
     python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/cold \\
         [--harness base=/tmp/autotp-base] [--harness new=.] [--against /tmp/earlier/summary.json]
+    python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/first \\
+        --first-record --harness old=<worktree of e684cfc> --harness new=.
+
+`--first-record`: seconds from `pytest suites --models llama --tp 2 --dtypes fp32` (`--first-record-selection`)
+to its first record, stopped there, for each harness in turn within each case (the same load, as near as a
+shared machine allows), `--repeat` times: `warm` (its harness cache filled by an untimed run of the same
+selection: the same combination again, a bisection's next cell) and `new transformers release` (an empty cache:
+the model's tiny checkpoint and reference are written first, as for a combination whose transformers version the
+cache has never seen; the environment itself is benchmarks/environments.py's). With each figure: the CPU seconds
+each process of the run had used by then (driver, fork server, reference process, ranks), read from /proc,
+and the load average; ratios against the first --harness.
 
 For each harness: `pytest suites -v` (the default selection) with an empty AUTOTP_CACHE (cold: tiny
 checkpoints and references are made on the way), then again with that cache (warm). The first verdict is
@@ -23,9 +34,69 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
 
 from sessions.environments import environment_variables  # noqa: E402
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_table() -> dict[int, tuple[int, float, str]]:
+    """pid: (parent pid, CPU seconds used so far, command line) of every process readable in /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, command)
+    return table
+
+
+def _role(pid: int, table: dict[int, tuple[int, float, str]], driver: int) -> str:
+    """What a process of the run is: forked processes keep their parent's command line, so group leaders and
+    ranks are named by whose children they are."""
+    if pid == driver:
+        return "driver"
+    parent, _, command = table[pid]
+    if "suites.reference" in command:
+        return "reference"
+    parent_role = _role(parent, table, driver) if parent in table else ""
+    if parent_role == "fork server":
+        return "group leader"
+    if parent_role == "group leader":
+        return "ranks"
+    if "suites.engine.fork_server" in command:
+        return "fork server"
+    return "other"
+
+
+class ProcessTreeCPU:
+    """CPU seconds per role of a run's process tree, sampled while it runs (a process that ended between two
+    samples keeps its last figure; one that lived less than a sample is missed: compilers, git)."""
+
+    def __init__(self, driver: int):
+        self.driver, self.seen = driver, {}
+
+    def sample(self) -> None:
+        table = _process_table()
+        tree, grew = {self.driver}, True
+        while grew:
+            grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}
+            grew, tree = grown != tree, grown
+        for pid in tree & table.keys():
+            self.seen[pid] = (_role(pid, table, self.driver), table[pid][1])
+
+    def by_role(self) -> dict[str, float]:
+        roles: dict[str, float] = {}
+        for role, seconds in self.seen.values():
+            roles[role] = round(roles.get(role, 0.0) + seconds, 2)
+        return roles
 
 
 def run_matrix(
@@ -36,10 +107,12 @@ def run_matrix(
     log: Path,
     stop_at_first_verdict: bool = False,
     models: str | None = None,
+    selection: tuple[str, ...] = (),
 ) -> dict:
-    """One `pytest suites` run of the default matrix, as `nox -s matrix` runs it; seconds to the first verdict
-    (the first record in cells.jsonl, written as each cell ends) and in all. `stop_at_first_verdict`: interrupt
-    it there (Ctrl-C: the driver ends its rank group and reference process)."""
+    """One `pytest suites` run of the default matrix (or `selection`: pytest options), as `nox -s matrix` runs it;
+    seconds to the first verdict (the first record in cells.jsonl, written as each cell ends) and in all, and the
+    CPU seconds per process role until the first verdict. `stop_at_first_verdict`: interrupt it there (Ctrl-C:
+    the driver ends its rank group and reference process)."""
     env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
     command = [
         str(python),
@@ -54,10 +127,11 @@ def run_matrix(
         "--session-name",
         "matrix",
         *(["--models", models] if models else []),
+        *selection,
     ]
     records = results / "cells.jsonl"
     load_before = os.getloadavg()[0]
-    started, first_verdict = time.perf_counter(), None
+    started, first_verdict, sampled, load_at_first_verdict = time.perf_counter(), None, 0.0, None
     with log.open("w") as out:
         # A shell's background job ignores SIGINT, and its children inherit that: restore it for the Ctrl-C below.
         process = subprocess.Popen(
@@ -68,9 +142,15 @@ def run_matrix(
             stderr=subprocess.STDOUT,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
+        cpu = ProcessTreeCPU(process.pid)
         while process.poll() is None:
+            if first_verdict is None and time.perf_counter() - sampled > 0.25:  # /proc costs a core's share too
+                cpu.sample()
+                sampled = time.perf_counter()
             if first_verdict is None and records.exists() and records.stat().st_size:
                 first_verdict = time.perf_counter() - started
+                cpu.sample()
+                load_at_first_verdict = os.getloadavg()[0]
                 if stop_at_first_verdict:
                     process.send_signal(signal.SIGINT)
                     process.wait()
@@ -81,7 +161,9 @@ def run_matrix(
         "total_s": time.perf_counter() - started,
         "verdicts": verdicts,
         "rc": process.returncode,
+        "cpu_s_to_first_verdict": cpu.by_role(),
         "load_before": load_before,
+        "load_at_first_verdict": load_at_first_verdict,
         "load_after": os.getloadavg()[0],
         "cells": str(records),
         "log": str(log),
@@ -140,6 +222,75 @@ def table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+FIRST_RECORD_SELECTION = "--models llama --tp 2 --dtypes fp32"
+FIRST_RECORD_CASES = {
+    "warm": "the same combination again (harness cache warm)",
+    "new transformers release": "the model's tiny checkpoint and reference not in the cache",
+}
+
+
+def first_records(python: Path, harnesses: dict[str, Path], out: Path, selection: str, repeat: int) -> dict:
+    """{case: {label: [run, ...]}}: each case runs every harness in turn (`repeat` rounds), so the harnesses of a
+    round meet about the same load."""
+    warm_caches = {}
+    for label, harness in harnesses.items():  # untimed: fills each harness's own cache (its own reference keys)
+        warm_caches[label] = Path(tempfile.mkdtemp(prefix=f"first-record-{label}-")) / "cache"
+        (out / label).mkdir(parents=True, exist_ok=True)
+        filled = run_matrix(
+            python,
+            harness,
+            warm_caches[label],
+            out / label / "fill",
+            out / label / "fill.log",
+            selection=tuple(selection.split()),
+        )
+        if not filled["verdicts"]:
+            raise SystemExit(f"{label}: the untimed run wrote no record; see {filled['log']}")
+    runs: dict[str, dict[str, list]] = {case: {label: [] for label in harnesses} for case in FIRST_RECORD_CASES}
+    for round_ in range(repeat):
+        for case in FIRST_RECORD_CASES:
+            for label, harness in harnesses.items():
+                cache = Path(tempfile.mkdtemp(prefix=f"first-record-{label}-")) / "cache"
+                if case == "warm":
+                    subprocess.run(["cp", "-al", str(warm_caches[label]), str(cache)], check=True)
+                folder = out / label / f"{case.replace(' ', '-')}-{round_}"
+                folder.mkdir(parents=True, exist_ok=True)
+                run = run_matrix(
+                    python,
+                    harness,
+                    cache,
+                    folder / "results",
+                    folder / "pytest.log",
+                    stop_at_first_verdict=True,
+                    selection=tuple(selection.split()),
+                )
+                runs[case][label].append(run)
+                print(f"{case}, {label}, round {round_}: {json.dumps(run)}", flush=True)
+    return runs
+
+
+def first_record_table(runs: dict) -> str:
+    """Median seconds to the first record per case and harness, ratio against the first harness, the CPU seconds
+    per process role of that median run and its load average."""
+    lines = []
+    for case, by_label in runs.items():
+        labels = list(by_label)
+        medians = {
+            label: sorted(r["first_verdict_s"] for r in by_label[label])[len(by_label[label]) // 2] for label in labels
+        }
+        lines.append(f"{case}: {FIRST_RECORD_CASES[case]}")
+        for label in labels:
+            run = next(r for r in by_label[label] if r["first_verdict_s"] == medians[label])
+            all_runs = ", ".join(f"{r['first_verdict_s']:.1f}" for r in by_label[label])
+            cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in sorted(run["cpu_s_to_first_verdict"].items()))
+            lines.append(
+                f"  {label:<8} {medians[label]:6.1f} s to the first record ({medians[labels[0]] / medians[label]:.2f}x "
+                f"of {labels[0]}; runs {all_runs}); load {run['load_before']:.1f} -> {run['load_at_first_verdict']:.1f}; "
+                f"CPU s: {cpu}"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=Path, required=True, help="the combination environment's python")
@@ -167,11 +318,28 @@ def main() -> None:
         help="--models of the warm run (default: the default matrix); e.g. the models "
         "whose references --warm-cache holds",
     )
+    parser.add_argument(
+        "--first-record",
+        action="store_true",
+        help="instead: seconds to the first record of one selection, warm and as a new transformers release",
+    )
+    parser.add_argument("--first-record-selection", default=FIRST_RECORD_SELECTION, help="its pytest options")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of --first-record (the median is printed)")
     args = parser.parse_args()
+    if args.first_record:
+        harnesses = {
+            label: Path(path).resolve()
+            for label, _, path in (item.partition("=") for item in args.harness or [f"new={PROJECT_ROOT}"])
+        }
+        runs = first_records(args.python, harnesses, args.out, args.first_record_selection, args.repeat)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "first-records.json").write_text(json.dumps(runs, indent=1))
+        print(f"\n{os.cpu_count()} cores, {args.first_record_selection}\n" + first_record_table(runs))
+        return
     summaries = {}
     for path in args.against:
         summaries.update(json.loads(path.read_text()))
-    for item in args.harness or [f"new={Path(__file__).resolve().parent.parent}"]:
+    for item in args.harness or [f"new={PROJECT_ROOT}"]:
         label, _, path = item.partition("=")
         summaries[label] = measure(
             args.python,

@@ -27,7 +27,13 @@ from suites.memory_plan import (
     session_pids,
 )
 from suites.outcome import CellOutcome, exception_signature, failed
-from suites.reference import cached_reference, cached_task_reference, reference_process_pids, reference_record
+from suites.reference import (
+    cached_reference,
+    cached_task_reference,
+    reference_process_pids,
+    reference_record,
+    start_reference_process,
+)
 from suites.variants import variant_setup
 
 
@@ -88,6 +94,10 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         return CellOutcome("skip", message=reason)
     checkpoint = None
     try:
+        if options.checkpoints == "tiny" and not cell.variant.training and cached_tiny_checkpoint(cell.model) is None:
+            # A tiny checkpoint written now has no reference yet (references are keyed by the checkpoint's content):
+            # the reference process imports torch/transformers while the driver writes it.
+            start_reference_process()
         checkpoint, plan = planned_checkpoint(cell, options, runner)
         if plan.problem:
             return _stamped(CellOutcome("skip", message=f"memory plan: {plan.problem}"), _provenance(checkpoint, plan))

@@ -96,20 +96,18 @@ def reference_identity(
     quant_group_size: int = 0,
 ) -> dict:
     """Everything the reference's numbers depend on, and nothing that depends on this machine."""
-    import deepspeed
     import transformers
 
-    # The quantized reference depends on the quantizer's code too, so its versions join the key.
-    quant = (
-        {
+    quant = {}
+    if quantization:  # the quantized reference depends on the quantizer's code too, so its versions join the key
+        import deepspeed  # only then: the driver's first cell need not wait for DeepSpeed's import
+
+        quant = {
             "quantization": quantization,
             "group_size": quant_group_size,
             "deepspeed": deepspeed.__version__,
             "torchao": _torchao_version(),
         }
-        if quantization
-        else {}
-    )
     return {
         "format": REFERENCE_FORMAT,
         "checkpoint": _source_identity(checkpoint),
@@ -286,7 +284,8 @@ class ReferenceProcess:
         self.process: subprocess.Popen | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
 
-    def compute(self, request: dict, exit_after: bool) -> dict:
+    def start(self) -> subprocess.Popen:
+        """The running process, started now unless it runs (its imports take seconds)."""
         if self.process is None or self.process.poll() is not None:
             with self.log_path.open("a") as log:
                 self.process = subprocess.Popen(
@@ -297,7 +296,10 @@ class ReferenceProcess:
                     stderr=log,
                     text=True,
                 )
-        process = self.process
+        return self.process
+
+    def compute(self, request: dict, exit_after: bool) -> dict:
+        process = self.start()
         assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()
@@ -340,6 +342,12 @@ class ReferenceProcess:
 
 _reference_process = ReferenceProcess()
 atexit.register(_reference_process.close)
+
+
+def start_reference_process() -> None:
+    """Start the reference process ahead of its first request: its imports then run beside what the driver does
+    before asking (writing a tiny checkpoint)."""
+    _reference_process.start()
 
 
 def reference_process_pids() -> list[int]:

@@ -8,8 +8,10 @@ group (the whole process group is killed, so no orphan ranks), the cell gets `ti
 
 from __future__ import annotations
 
+import ast
 import atexit
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -23,14 +25,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root
 from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
-from suites.contracts import Job
 from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
+
+if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork server before any such import
+    from suites.contracts import Job
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0
@@ -96,12 +101,26 @@ def launch_environment() -> dict[str, str]:
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
+    """Whether torch sees a CUDA (or ROCm) device. A CPU build says so in its `torch/version.py` (`cuda` and `hip`
+    None), read without importing torch (~8 s of a core), so the fork server starts before the driver's imports."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
         return False
+    version_file = Path(next(iter(spec.submodule_search_locations or []), "")) / "version.py"
+    constants: dict[str, object] = {}
+    try:
+        for node in ast.parse(version_file.read_text()).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        constants[target.id] = node.value.value
+    except (OSError, SyntaxError):
+        pass  # no file to read: torch itself answers
+    if "cuda" in constants and "hip" in constants and constants["cuda"] is None and constants["hip"] is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _signal_name(number: int) -> str:

@@ -70,6 +70,12 @@ def import_cell_machinery() -> None:
     # transformers.masking_utils exists from 4.53 on; older releases build masks inside each model.
     if importlib.util.find_spec("transformers.masking_utils") is not None:
         importlib.import_module("transformers.masking_utils")
+    # DeepSpeed >= 0.19.8 probes which ops this machine can build on first access (init_distributed asks), each
+    # probe a compile and link of a test program (async_io: gcc -laio); probed once here, a forked rank inherits it
+    # instead of every rank of every group running the compilers again. Older releases computed it at import.
+    import deepspeed.ops
+
+    getattr(deepspeed.ops, "__compatible_ops__", None)
 
     gc.collect()
     gc.freeze()

@@ -95,3 +95,62 @@ def test_a_job_crosses_to_the_ranks_whole():
     assert (meta.checkpoint, meta.loaded_checkpoint, job.loaded_checkpoint) == ("/ckpt", "/ckpt-copy", "/ckpt")
     with pytest.raises(FrozenInstanceError):
         job.checkpoint = "/elsewhere"  # type: ignore[misc]
+
+
+def _fake_torch(root, cuda: str | None):
+    """A `torch` package whose version.py names a CUDA build or none, and whose import says it was imported."""
+    package = root / "torch"
+    package.mkdir(parents=True)
+    (package / "version.py").write_text(f"from typing import Optional\ncuda: Optional[str] = {cuda!r}\nhip = None\n")
+    (package / "__init__.py").write_text(
+        "import types\nprint('torch imported')\ncuda = types.SimpleNamespace(is_available=lambda: True)\n"
+    )
+
+
+def test_a_cpu_torch_is_told_from_its_version_file_without_importing_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from matrix import PROJECT_ROOT
+
+    check = "from suites.engine.rank_group import _cuda_available; print(_cuda_available())"
+    for cuda, expected in ((None, "False"), ("12.8", "torch imported\nTrue")):
+        root = tmp_path / str(cuda)
+        _fake_torch(root, cuda)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(PROJECT_ROOT)])}
+        answer = subprocess.run(
+            [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT
+        )
+        assert answer.stdout.strip() == expected, answer.stderr
+
+
+def test_the_driver_starts_its_fork_server_before_importing_torch():
+    """conftest.py starts the pool's fork server first in pytest_configure: nothing on that path imports torch, so
+    the server's imports run beside the driver's instead of after them."""
+    import subprocess
+    import sys
+
+    from matrix import PROJECT_ROOT
+
+    check = (
+        "import sys, conftest\n"
+        "from suites.engine.rank_group import RankGroupPool\n"
+        "pool = RankGroupPool(launcher='fork')\n"
+        "print(sorted(name for name in ('torch', 'transformers', 'deepspeed') if name in sys.modules))\n"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT
+    )
+    assert answer.stdout.strip() == "[]", answer.stderr
+
+
+def test_the_fork_server_probes_deepspeeds_ops_once_for_every_rank_it_forks():
+    """DeepSpeed >= 0.19.8 probes its ops (compiling test programs) on first access; done by the server's imports,
+    a forked rank finds the answer in its module instead of compiling again in init_distributed."""
+    import deepspeed.ops
+
+    from suites.engine.worker import import_cell_machinery
+
+    import_cell_machinery()
+    assert "__compatible_ops__" in vars(deepspeed.ops)
