@@ -30,7 +30,7 @@ from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
 from reports.failing_now import failing_now
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, Versions, pins_text, release
+from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, TriageAttempt, Versions, pins_text, release
 
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
@@ -79,7 +79,7 @@ def build_report(
             _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
         ],
         "timeline": _timeline(history, runs),
-        "bisections": [_bisection(b) for b in history.bisections],
+        "bisections": [_answer(b) for b in history.bisections],
         "docs_drift": asdict(drift) if drift else None,
         "checkpoints": checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
     }
@@ -191,13 +191,14 @@ def transition_json(transition: Transition) -> dict:
         "before_status": _status(transition.before_status),
         "after_status": _status(transition.after_status),
         "commits": [asdict(commit) for commit in transition.commits],
-        "bisection": _bisection(transition.bisection) if transition.bisection else None,
-        "attempt": {**asdict(transition.attempt), "cell": transition.attempt.cell.id} if transition.attempt else None,
+        "bisection": _answer(transition.bisection) if transition.bisection else None,
+        "attempt": _answer(transition.attempt) if transition.attempt else None,
     }
 
 
-def _bisection(bisection: Bisection) -> dict:
-    return {**asdict(bisection), "cell": bisection.cell.id}
+def _answer(answer: Bisection | TriageAttempt) -> dict:
+    """A bisection or triage attempt as report.json has it: the cell by its id, the held-fixed pins as text."""
+    return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
 
 def _since_previous_run(sessions: list[SessionDeltas]) -> dict:

@@ -158,7 +158,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
 # ---- an answer is attached only to the transition it proved (reports.history.answer_for) ------------------------
 
 LLAMA = CellKey("llama", "eager", "fp32", 2)
-HELD = "transformers 5.24.0, torch 2.13.0"
+HELD = (("transformers", "5.24.0"), ("torch", "2.13.0"))
 
 
 def observations(points: list[tuple[str, str, str]], harness: str = "") -> list[Observation]:
