@@ -8,7 +8,7 @@ each failing cell fails (failure class and cause as "Failing now, by cause" grou
 link when matrix/known_failures.toml tracks it upstream). A family with faithful cells (matrix/shapes.py: split like
 its real checkpoints) is judged by them; stress cells (deliberately odd splits) judge a family only without them.
 After the two lists, the page states each real checkpoint's verdicts apart from the stress shapes'
-(reports.checkpoints). Works on report.json's form (reports.model)."""
+(reports.checkpoints). Works on the report model (reports.model.Report)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
@@ -24,6 +25,9 @@ from reports.answers import code, markdown_link, one_line
 from reports.checkpoints import checkpoint_lines, has_faithful, shape_of
 from reports.history import CellStatus, History
 from reports.records import CellKey
+
+if TYPE_CHECKING:  # reports.model builds the report from this module's sections
+    from reports.model import Report
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
 SUPPORTED_INTRO = (
@@ -210,10 +214,10 @@ def family_bullet(entry: dict, name: str) -> str:
     return f"- {name} — " + "; ".join(parts)
 
 
-def supported_models_markdown(report: dict, history: History, names: dict[str, str] | None = None) -> str:
+def supported_models_markdown(report: Report, history: History, names: dict[str, str] | None = None) -> str:
     """The two sections of DeepSpeed's page (plus "Not Tested" when a family was only skipped), a bullet per family.
     `names`: family → the spelling a docs copy already uses for it."""
-    section = report["supported_models"]
+    section = report.supported_models
     names = names or {}
 
     def bullets(supported: bool) -> str:
@@ -234,7 +238,7 @@ def supported_models_markdown(report: dict, history: History, names: dict[str, s
         f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(True)}\n\n"
         f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(False)}\n"
         + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
-        + _checkpoints_section(report["checkpoints"])
+        + _checkpoints_section(report.checkpoints)
     )
 
 
@@ -331,7 +335,7 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
     return blocks
 
 
-def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
+def docs_names(report: Report, docs_path: Path) -> dict[str, str]:
     """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
     lines = read_docs(docs_path)
     listed = {
@@ -342,19 +346,19 @@ def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
     }
     return {
         e["family"]: listed[normalise_model_name(e["family"])]
-        for e in report["supported_models"]["families"]
+        for e in report.supported_models["families"]
         if normalise_model_name(e["family"]) in listed
     }
 
 
-def docs_page(report: dict, docs_path: Path) -> str:
+def docs_page(report: Report, docs_path: Path) -> str:
     """The copy with its two lists rewritten: every family tested here in the section its cells put it in, with its
     note; a family the copy lists that was not tested here stays where it is, as it is. New bullets go in
     alphabetical place among the kept ones, so the diff shows only what changed."""
     lines = read_docs(docs_path)
     blocks = _bullet_blocks(docs_path, lines)
     names = docs_names(report, docs_path)
-    tested = {normalise_model_name(e["family"]): e for e in report["supported_models"]["families"]}
+    tested = {normalise_model_name(e["family"]): e for e in report.supported_models["families"]}
     rewritten = {}
     for section, (start, end) in blocks.items():
         listed = [
@@ -375,7 +379,7 @@ def docs_page(report: dict, docs_path: Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def docs_diff(report: dict, docs_path: Path) -> str:
+def docs_diff(report: Report, docs_path: Path) -> str:
     """A unified diff from the copy to docs_page, with DeepSpeed's path: `git apply` it in a DeepSpeed clone."""
     before = "\n".join(read_docs(docs_path)) + "\n"
     return "".join(

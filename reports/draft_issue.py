@@ -25,7 +25,7 @@ from reports.failing_now import answer_text, repro_command
 from reports.history import History
 from reports.records import AXES, CellKey, Observation
 from reports.aggregates import aggregate
-from reports.model import build_report
+from reports.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
@@ -77,7 +77,7 @@ def draft_issue(
 ) -> Draft:
     """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell)."""
     report = build_report(history, aggregate(observations), None, known)
-    causes = report["failing_now"]["causes"]
+    causes = report.failing_now["causes"]
     entry = next((c for c in causes if c["id"] == cause or cell in c["cells"]), None)
     if entry is None:
         listed = (
@@ -118,7 +118,7 @@ def not_deepspeeds(entry: dict) -> str | None:
 
 def draft_text(
     entry: dict,
-    report: dict,
+    report: Report,
     history: History,
     observations: list[Observation],
     folder: Path,
@@ -190,7 +190,7 @@ def _metrics_lines(failure: Observation) -> list[str]:
 
 
 def _markdown(
-    entry: dict, report: dict, failure: Observation, script: tuple[str, str] | None, inert: Inert
+    entry: dict, report: Report, failure: Observation, script: tuple[str, str] | None, inert: Inert
 ) -> tuple[str, str]:
     cell, result, run = failure.cell, failure.result, failure.run
     known = entry["known"]

@@ -8,24 +8,27 @@ whether it is known upstream (matrix/known_failures.toml: "known" with the link,
 command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
-Works on report.json's form (reports.model.build_report), so report.md, report.html and the step summary say
-the same; `cause_id` is the one publish's issues carry for the same class and cause."""
+Built into the report model (reports.model.build_report) as report.json's form of the section, and rendered from
+the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues carry for the same class and cause."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, ResultGroup, started_order
 from reports.answers import Link, code
-from reports.causes import cause_id, cells_text, count_text, members, shared_answers, typed_members
+from reports.causes import RootCause, cause_id, cells_text, count_text, shared_answers, typed_members
 from reports.history import History
 from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
+
+if TYPE_CHECKING:  # reports.model builds this section into the Report
+    from reports.model import Report
 
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
 INTRO = (
@@ -53,7 +56,9 @@ def upstream_label(url: str) -> str:
 # ---- JSON-ready --------------------------------------------------------------------------------------------------
 
 
-def failing_now(report: dict, history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> dict:
+def failing_now(
+    root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
+) -> dict:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
     the most cells first) and the open known failures whose cells pass there now."""
     latest = history.latest
@@ -78,7 +83,7 @@ def failing_now(report: dict, history: History, aggregates: Aggregates, known: d
                 "cells": [cell.id for cell in cells],
                 "cells_text": cells_text(cells),
                 "since": _since(first_seen[failure_class, text], first_run, latest),
-                "root_causes": _root_causes(report, history, failure_class, text, cells),
+                "root_causes": _root_causes(root_causes, history, failure_class, text, cells),
                 "status": "known" if match else "new",
                 "known": match,
                 "repro": {
@@ -135,12 +140,14 @@ def _since(first: ResultGroup, first_run: str, latest: Versions) -> dict:
     return {"text": text, "run": run.run_id, "started": run.started, "versions": first.versions.describe()}
 
 
-def _root_causes(report: dict, history: History, failure_class: str, text: str, cells: list[CellKey]) -> list[str]:
+def _root_causes(
+    root_causes: tuple[RootCause, ...], history: History, failure_class: str, text: str, cells: list[CellKey]
+) -> list[str]:
     """The root causes (reports.causes) whose transitions brought these cells into the latest versions failing this
     way: broke, or changed failure class, on one axis with the others at the latest versions."""
     ids = []
-    for root in report["root_causes"]:
-        if root["kind"] == "fixed":
+    for root in root_causes:
+        if root.kind == "fixed":
             continue
         for t in typed_members(history.transitions, root):
             failing = t.failing_end
@@ -151,7 +158,7 @@ def _root_causes(report: dict, history: History, failure_class: str, text: str, 
                 and t.after.label(t.axis) == history.latest.label(t.axis)
                 and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))
             ):
-                ids.append(root["id"])
+                ids.append(root.id)
                 break
     return ids
 
@@ -271,13 +278,13 @@ def status_text(entry: dict, link: Link) -> str:
     return f"known {upstream} ({state}{share})"
 
 
-def answer_text(entry: dict, report: dict, link: Link) -> str:
+def answer_text(entry: dict, report: Report, link: Link) -> str:
     """Where the transitions into the latest versions place the cause and the answer most of its cells share
     (reports.answers.answer_words), or "" when it failed everywhere the history ran it."""
     transitions = [
         t
         for root_id in entry["root_causes"]
-        for t in members(report, _root(report, root_id))
+        for t in report.members(report.root_cause(root_id))
         if t["cell"] in entry["cells"]
     ]
     if not transitions:
@@ -292,11 +299,7 @@ def answer_text(entry: dict, report: dict, link: Link) -> str:
     return f"{verb} at {first['axis']} {first['before']} → {first['after']} ({answer}){share}"
 
 
-def _root(report: dict, root_id: str) -> dict:
-    return next(root for root in report["root_causes"] if root["id"] == root_id)
-
-
-def cause_line(entry: dict, report: dict, link: Link) -> str:
+def cause_line(entry: dict, report: Report, link: Link) -> str:
     """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
     parts = [
         f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
@@ -322,9 +325,9 @@ def fixed_known_text(fixed: dict, link: Link) -> str:
     )
 
 
-def failing_now_markdown(report: dict, link: Link) -> list[str]:
+def failing_now_markdown(report: Report, link: Link) -> list[str]:
     """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
-    section = report["failing_now"]
+    section = report.failing_now
     if not section["causes"] and not section["fixed_known"]:
         return []
     lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
@@ -335,9 +338,9 @@ def failing_now_markdown(report: dict, link: Link) -> list[str]:
     return [*lines, ""]
 
 
-def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+def failing_now_html(report: Report, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
     """What the HTML template draws, each text with its links made by `linked` (reports.render.linked_html)."""
-    section = report["failing_now"]
+    section = report.failing_now
     causes = section["causes"]
     return {
         "summary": summary_text(section),

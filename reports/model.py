@@ -1,7 +1,7 @@
 """The report model: everything a report says, built from the History (reports/history.py) and the store's
-aggregates (reports/aggregates.py) as one JSON-ready dict — report.json's form, which every renderer
-(reports/render.py: markdown, HTML, step summary; reports/publish.py; reports/draft_issue.py) formats and none
-computes again.
+aggregates (reports/aggregates.py) as a `Report`, which every renderer (reports/render.py: markdown, HTML, step
+summary; reports/publish.py; reports/draft_issue.py) formats and none computes again. `report_json` is its one
+JSON form (report.json), `read_report` the Report again from it.
 
 What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
 is split off into report-details.json (split_report), so report.json stays the size of its first screen.
@@ -10,7 +10,7 @@ is split off into report-details.json (split_report), so report.json stays the s
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, started_order
 from reports.causes import (
     DELTA_KINDS,
+    TRANSITION_LISTS,
+    RootCause,
     SessionDeltas,
     all_session_deltas,
     cause_id,
@@ -47,19 +49,57 @@ DETAIL_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class Report:
+    """What every output says, in report.json's order. The root causes and the latest versions are typed; the other
+    parts are still their report.json form (JSON-ready dicts and lists, built below)."""
+
+    generated_at: str
+    latest_versions: Versions
+    latest_label: str
+    latest_harness: list[str]  # harness commits that recorded the latest versions
+    key_metric: str
+    since_previous_run: dict[str, Any]
+    matrix: dict[str, Any]
+    matrices: list[dict[str, Any]]
+    regressions: list[dict[str, Any]]
+    fixes: list[dict[str, Any]]
+    class_changes: list[dict[str, Any]]
+    flaky: list[dict[str, Any]]
+    harness_changes: list[dict[str, Any]]
+    timeline: dict[str, Any]
+    bisections: list[dict[str, Any]]
+    docs_drift: dict[str, Any] | None
+    checkpoints: dict[str, Any]
+    root_causes: tuple[RootCause, ...]
+    failing_now: dict[str, Any]
+    supported_models: dict[str, Any]
+
+    def members(self, root_cause: RootCause) -> list[dict]:
+        """A root cause's transitions, in report.json's form."""
+        listed = getattr(self, TRANSITION_LISTS[root_cause.kind])
+        return [listed[i] for i in root_cause.members]
+
+    def root_cause(self, cause_id: str) -> RootCause:
+        return next(root for root in self.root_causes if root.id == cause_id)
+
+
 def build_report(
     history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
-) -> dict:
+) -> Report:
     runs = _runs_by_point(aggregates)
-    report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "latest_versions": _versions(history.latest),
-        "latest_label": history.latest.describe(),
-        "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
-        "key_metric": KEY_METRIC,
-        "since_previous_run": _since_previous_run(all_session_deltas(aggregates.recent, history)),
-        "matrix": _matrix(history, history.latest),
-        "matrices": [
+    listed_of = {kind: [transition_json(t) for t in history.transitions if t.kind == kind] for kind in TRANSITION_LISTS}
+    causes = root_causes(listed_of, history.transitions, history.latest)
+    failing = failing_now(causes, history, aggregates, known_failures)
+    return Report(
+        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        latest_versions=history.latest,
+        latest_label=history.latest.describe(),
+        latest_harness=list(history.harness.get(history.latest, ())),
+        key_metric=KEY_METRIC,
+        since_previous_run=_since_previous_run(all_session_deltas(aggregates.recent, history)),
+        matrix=_matrix(history, history.latest),
+        matrices=[
             {
                 "versions": _versions(versions),
                 "label": versions.describe(),
@@ -68,40 +108,55 @@ def build_report(
             }
             for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
         ],
-        "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
-        "fixes": [transition_json(t) for t in history.transitions if t.kind == "fixed"],
-        "class_changes": [transition_json(t) for t in history.transitions if t.kind == "class-change"],
-        "flaky": [
+        regressions=listed_of["broke"],
+        fixes=listed_of["fixed"],
+        class_changes=listed_of["class-change"],
+        flaky=[
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
-        "harness_changes": [
-            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
-        ],
-        "timeline": _timeline(history, runs),
-        "bisections": [_answer(b) for b in history.bisections],
-        "docs_drift": asdict(drift) if drift else None,
-        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        harness_changes=[_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        timeline=_timeline(history, runs),
+        bisections=[_answer(b) for b in history.bisections],
+        docs_drift=asdict(drift) if drift else None,
+        checkpoints=checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        root_causes=causes,
+        failing_now=failing,
+        supported_models=supported_models(history, failing, model_families()),
+    )
+
+
+def report_json(report: Report) -> dict:
+    """The report as report.json (with report-details.json: split_report) has it."""
+    return {
+        **{field.name: getattr(report, field.name) for field in fields(report)},
+        "latest_versions": _versions(report.latest_versions),
+        "root_causes": [root_cause.json() for root_cause in report.root_causes],
     }
-    report["root_causes"] = root_causes(report, history.transitions)
-    report["failing_now"] = failing_now(report, history, aggregates, known_failures)
-    report["supported_models"] = supported_models(history, report["failing_now"], model_families())
-    return report
 
 
-def split_report(report: dict) -> tuple[dict, dict]:
+def split_report(report: Report) -> tuple[dict, dict]:
     """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
     first names under "details", so report.json stays the size of its first screen however long the history."""
-    details = {key: report[key] for key in DETAIL_KEYS}
-    first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
+    whole = report_json(report)
+    details = {key: whole[key] for key in DETAIL_KEYS}
+    first_screen = {key: value for key, value in whole.items() if key not in DETAIL_KEYS}
     return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
 
 
-def read_report(out_dir: Path) -> dict:
+def read_report(out_dir: Path) -> Report:
     """The whole report a render wrote to out_dir: report.json with its details file put back."""
     first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
     details = first_screen.pop("details")
-    return {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+    whole = {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+    latest = Versions(**whole["latest_versions"])
+    return Report(
+        **{
+            **whole,
+            "latest_versions": latest,
+            "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
+        }
+    )
 
 
 # ---- JSON-ready pieces -------------------------------------------------------------------------------------------

@@ -306,7 +306,7 @@ def upstream_posts(
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
     report = build_report(history, aggregate(observations), None, known)
-    failing = {entry["id"]: entry for entry in report["failing_now"]["causes"]}
+    failing = {entry["id"]: entry for entry in report.failing_now["causes"]}
     folder = out_dir / "publish" / "upstream"
     posts = []
     for delta_cause in regression_causes(sessions):
