@@ -9,7 +9,8 @@ command that reproduces a representative cell. An open known failure whose cells
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
 Built into the report model (reports.model.build_report) as report.json's form of the section, and rendered from
-the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues carry for the same class and cause."""
+the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues
+carry for the same class and cause."""
 
 from __future__ import annotations
 

@@ -51,15 +51,16 @@ DETAIL_KEYS = (
 
 @dataclass(frozen=True)
 class Report:
-    """What every output says, in report.json's order. The root causes and the latest versions are typed; the other
-    parts are still their report.json form (JSON-ready dicts and lists, built below)."""
+    """What every output says, in report.json's order. The latest versions, what changed since the previous run and
+    the root causes are typed; the other parts are still their report.json form (JSON-ready dicts and lists, built
+    below)."""
 
     generated_at: str
     latest_versions: Versions
     latest_label: str
     latest_harness: list[str]  # harness commits that recorded the latest versions
     key_metric: str
-    since_previous_run: dict[str, Any]
+    since_previous_run: SincePreviousRun
     matrix: dict[str, Any]
     matrices: list[dict[str, Any]]
     regressions: list[dict[str, Any]]
@@ -131,6 +132,7 @@ def report_json(report: Report) -> dict:
     return {
         **{field.name: getattr(report, field.name) for field in fields(report)},
         "latest_versions": _versions(report.latest_versions),
+        "since_previous_run": asdict(report.since_previous_run),
         "root_causes": [root_cause.json() for root_cause in report.root_causes],
     }
 
@@ -154,6 +156,7 @@ def read_report(out_dir: Path) -> Report:
         **{
             **whole,
             "latest_versions": latest,
+            "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
             "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
         }
     )
@@ -256,23 +259,78 @@ def _answer(answer: Bisection | TriageAttempt) -> dict:
     return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
 
-def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
+@dataclass(frozen=True)
+class SinceSession:
+    """One session's newest run and the previous one it is compared with."""
+
+    session: str
+    newest_run: str
+    newest_versions: str
+    previous_run: str | None  # None: its first run, nothing to compare with
+    previous_versions: str | None
+    changed: tuple[str, ...]  # "deepspeed 0.19.7 → 0.19.8", one per axis that changed
+
+
+@dataclass(frozen=True)
+class SinceCause:
+    """The cells of one kind of change (reports.causes.DELTA_KINDS) with one failure class and cause."""
+
+    id: str
+    kind: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    sessions: tuple[str, ...]
+    no_previous_verdict: tuple[str, ...]  # new failures that did not run in the previous run
+    root_causes: tuple[str, ...]  # the ids of the root causes whose transitions place the change
+
+
+@dataclass(frozen=True)
+class SincePreviousRun:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+
+    sessions: tuple[SinceSession, ...]
+    counts: dict[str, dict[str, int]]  # {kind: {"cells": n, "causes": n}}; flaky cells are counted, not grouped
+    causes: tuple[SinceCause, ...]
+    flaky: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, entry: dict) -> SincePreviousRun:
+        return cls(
+            sessions=tuple(SinceSession(**{**s, "changed": tuple(s["changed"])}) for s in entry["sessions"]),
+            counts=entry["counts"],
+            causes=tuple(
+                SinceCause(
+                    **{
+                        **c,
+                        **{key: tuple(c[key]) for key in ("cells", "sessions", "no_previous_verdict", "root_causes")},
+                    }
+                )
+                for c in entry["causes"]
+            ),
+            flaky=tuple(entry["flaky"]),
+        )
+
+
+def _since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
     """What changed between the previous and the newest run of each session, grouped into causes."""
     causes = delta_causes(sessions)
     flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
-    return {
-        "sessions": [
-            {
-                "session": s.session,
-                "newest_run": s.newest.run_id,
-                "newest_versions": s.newest.versions.describe(),
-                "previous_run": s.previous.run_id if s.previous else None,
-                "previous_versions": s.previous.versions.describe() if s.previous else None,
-                "changed": [s.change_text(axis) for axis in s.changed],
-            }
+    return SincePreviousRun(
+        sessions=tuple(
+            SinceSession(
+                session=s.session,
+                newest_run=s.newest.run_id,
+                newest_versions=s.newest.versions.describe(),
+                previous_run=s.previous.run_id if s.previous else None,
+                previous_versions=s.previous.versions.describe() if s.previous else None,
+                changed=tuple(s.change_text(axis) for axis in s.changed),
+            )
             for s in sessions
-        ],
-        "counts": {
+        ),
+        counts={
             kind: {
                 "cells": sum(len(c.cells) for c in causes if c.kind == kind),
                 "causes": sum(1 for c in causes if c.kind == kind),
@@ -281,25 +339,25 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
             if kind != "flaky"
         }
         | {"flaky": {"cells": len(flaky)}},
-        "causes": [
-            {
-                "id": c.id,
-                "kind": c.kind,
-                "failure_class": c.failure_class,
-                "cause": c.cause,
-                "count": len(c.cells),
-                "cells": [cell.id for cell in c.cells],
-                "cells_text": cells_text(c.cells),
-                "sessions": [s.session for s in c.sessions],
-                "no_previous_verdict": sorted(
-                    {d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}
+        causes=tuple(
+            SinceCause(
+                id=c.id,
+                kind=c.kind,
+                failure_class=c.failure_class,
+                cause=c.cause,
+                count=len(c.cells),
+                cells=tuple(cell.id for cell in c.cells),
+                cells_text=cells_text(c.cells),
+                sessions=tuple(s.session for s in c.sessions),
+                no_previous_verdict=tuple(
+                    sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression})
                 ),
-                "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions}),
-            }
+                root_causes=tuple(sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions})),
+            )
             for c in causes
-        ],
-        "flaky": flaky,
-    }
+        ),
+        flaky=tuple(flaky),
+    )
 
 
 def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], PointRuns]:

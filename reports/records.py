@@ -73,7 +73,7 @@ def pins_text(pins: Pins) -> str:
 
 
 def parse_pins(text: str) -> Pins:
-    """The pins of `pins_text`'s form, where answers are stored as text (the store's rows, the archive's JSON)."""
+    """The pins of `pins_text`'s form, where they are kept as text: store rows, archived answers, report.json."""
     return tuple((axis, value) for axis, _, value in (pin.partition(" ") for pin in text.split(", ") if pin))
 
 

@@ -31,7 +31,7 @@ from reports.causes import RootCause, cell_of, cells_text, count_text, shared_an
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
-from reports.model import DETAILS_FILE, Report, build_report, split_report
+from reports.model import DETAILS_FILE, Report, SinceCause, SincePreviousRun, build_report, split_report
 from reports.records import pins_text, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
@@ -194,26 +194,26 @@ def root_causes_markdown(report: Report) -> list[str]:
     return lines
 
 
-def delta_cause_line(delta_cause: dict, report: Report) -> str:
+def delta_cause_line(delta_cause: SinceCause, report: Report) -> str:
     """One cause of what changed since the previous runs, with the answer of the root cause it belongs to."""
-    placed = [report.root_cause(i) for i in delta_cause["root_causes"]]
+    placed = [report.root_cause(i) for i in delta_cause.root_causes]
     where = "; ".join(f"{c.axis} {c.before} → {c.after}" for c in placed)
     answers = [line for c in placed for line in answer_lines(report.members(c))]
     unseen = (
-        f" ({len(delta_cause['no_previous_verdict'])} without a verdict in the previous run)"
-        if delta_cause["no_previous_verdict"]
+        f" ({len(delta_cause.no_previous_verdict)} without a verdict in the previous run)"
+        if delta_cause.no_previous_verdict
         else ""
     )
     return (
-        f"**{delta_cause['kind']}** {delta_cause['failure_class']} {code(delta_cause['cause'])} — "
-        f"{count_text(delta_cause['count'], 'cell')}{unseen}: {delta_cause['cells_text']}"
+        f"**{delta_cause.kind}** {delta_cause.failure_class} {code(delta_cause.cause)} — "
+        f"{count_text(delta_cause.count, 'cell')}{unseen}: {delta_cause.cells_text}"
         + (f" — {where}: " + "; ".join(answers) if placed else "")
     )
 
 
-def since_previous_run_summary(since: dict) -> str:
+def since_previous_run_summary(since: SincePreviousRun) -> str:
     """ "3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
-    counts = since["counts"]
+    counts = since.counts
     parts = [
         f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
         for kind, noun, plural in (
@@ -230,20 +230,20 @@ def since_previous_run_summary(since: dict) -> str:
 
 def since_previous_run_markdown(report: Report) -> list[str]:
     since = report.since_previous_run
-    compared = [s for s in since["sessions"] if s["previous_run"]]
+    compared = [s for s in since.sessions if s.previous_run]
     lines = ["## Since the previous run of each session", ""]
     if not compared:
         return [
             *lines,
-            f"No session has run twice yet ({count_text(len(since['sessions']), 'session')}): nothing to "
+            f"No session has run twice yet ({count_text(len(since.sessions), 'session')}): nothing to "
             "compare. The root causes below come from the whole history.",
             "",
         ]
     lines += [f"{since_previous_run_summary(since)}.", ""]
     for s in compared:
-        changed = ", ".join(s["changed"]) or "no version changed"
-        lines.append(f"- `{s['session']}`: run `{s['previous_run']}` → `{s['newest_run']}`: {changed}")
-    news = [f"- {delta_cause_line(c, report)}" for c in since["causes"] if c["kind"] != "still failing"]
+        changed = ", ".join(s.changed) or "no version changed"
+        lines.append(f"- `{s.session}`: run `{s.previous_run}` → `{s.newest_run}`: {changed}")
+    news = [f"- {delta_cause_line(c, report)}" for c in since.causes if c.kind != "still failing"]
     return [*lines, "", *news, ""] if news else [*lines, ""]
 
 

@@ -146,13 +146,13 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     assert regression.cells == tuple(f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4))
 
     since = data.since_previous_run
-    assert since["counts"] == {
+    assert since.counts == {
         "new failure": {"cells": 3, "causes": 1},
         "fixed": {"cells": 0, "causes": 0},
         "still failing": {"cells": 0, "causes": 0},
         "flaky": {"cells": 0},
     }
-    assert since["causes"][0]["root_causes"] == [regression.id]
+    assert since.causes[0].root_causes == (regression.id,)
 
     assert [m["label"] for m in data.matrices] == [  # every combination, the newest first
         f"deepspeed {ds}, transformers {tf}, torch 2.13.0+cpu, python 3.11.7"
