@@ -17,12 +17,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.checkpoints import checkpoint_lines, has_faithful, shape_of
+from reports.failing_now import FailingNow
 from reports.history import CellStatus, History
 from reports.records import CellKey
 
@@ -130,10 +131,10 @@ def tp_text(cells: list[CellKey], family: str) -> str:
     return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
 
 
-def supported_models(history: History, failing_now: dict, families: dict[str, str]) -> dict:
+def supported_models(history: History, failing_now: FailingNow, families: dict[str, str]) -> dict:
     """report.json "supported_models": the supported and unsupported families and, per family, the entries tested
     under it, what passes and each failure (grouped by the cause of report.json "failing_now")."""
-    causes = {cell: cause for cause in failing_now["causes"] for cell in cause["cells"]}
+    causes = {cell: cause for cause in failing_now.causes for cell in cause.cells}
     verdicts = _verdicts(history, families)
     entries = []
     for family, cells in verdicts.items():
@@ -143,17 +144,17 @@ def supported_models(history: History, failing_now: dict, families: dict[str, st
         for cell, status in cells:
             if status.status == "fail":
                 cause = causes[cell.id]
-                covered = cause["known"] is not None and cell.id in cause["known"]["cells"]
-                failing[cause["id"], covered].append(cell)
-        failures = []
+                covered = cause.known is not None and cell.id in cause.known.cells
+                failing[cause.id, covered].append(cell)
+        failures: list[dict[str, Any]] = []
         for (cause_id, covered), failed in failing.items():
             cause = causes[failed[0].id]
-            known = {"label": cause["known"]["label"], "upstream": cause["known"]["upstream"]} if covered else None
+            known = {"label": cause.known.label, "upstream": cause.known.upstream} if covered and cause.known else None
             failures.append(
                 {
                     "id": cause_id,
-                    "failure_class": cause["failure_class"],
-                    "cause": cause["cause"],
+                    "failure_class": cause.failure_class,
+                    "cause": cause.cause,
                     "cells": [cell.id for cell in failed],
                     "cells_text": tp_text(failed, family),
                     "known": known,

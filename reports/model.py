@@ -10,7 +10,7 @@ is split off into report-details.json (split_report), so report.json stays the s
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from reports.causes import (
 )
 from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
-from reports.failing_now import failing_now
+from reports.failing_now import FailingNow, failing_now
 from reports.history import CellStatus, History, Transition, harness_change_text
 from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, TriageAttempt, Versions, pins_text, release
 
@@ -51,9 +51,9 @@ DETAIL_KEYS = (
 
 @dataclass(frozen=True)
 class Report:
-    """What every output says, in report.json's order. The latest versions, what changed since the previous run and
-    the root causes are typed; the other parts are still their report.json form (JSON-ready dicts and lists, built
-    below)."""
+    """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
+    root causes and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
+    and lists, built below)."""
 
     generated_at: str
     latest_versions: Versions
@@ -73,7 +73,7 @@ class Report:
     docs_drift: dict[str, Any] | None
     checkpoints: dict[str, Any]
     root_causes: tuple[RootCause, ...]
-    failing_now: dict[str, Any]
+    failing_now: FailingNow
     supported_models: dict[str, Any]
 
     def members(self, root_cause: RootCause) -> list[dict]:
@@ -128,13 +128,26 @@ def build_report(
 
 
 def report_json(report: Report) -> dict:
-    """The report as report.json (with report-details.json: split_report) has it."""
+    """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back. The
+    parts still in that form (the large ones) are taken as they are."""
     return {
         **{field.name: getattr(report, field.name) for field in fields(report)},
         "latest_versions": _versions(report.latest_versions),
-        "since_previous_run": asdict(report.since_previous_run),
-        "root_causes": [root_cause.json() for root_cause in report.root_causes],
+        "since_previous_run": _plain(report.since_previous_run),
+        "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
+        "failing_now": _plain(report.failing_now),
     }
+
+
+def _plain(value: Any) -> Any:
+    """JSON's own types: a dataclass as a dict of its fields, a tuple as a list."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def split_report(report: Report) -> tuple[dict, dict]:
@@ -157,6 +170,7 @@ def read_report(out_dir: Path) -> Report:
             **whole,
             "latest_versions": latest,
             "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
+            "failing_now": FailingNow.from_json(whole["failing_now"]),
             "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
         }
     )
