@@ -47,6 +47,13 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
         "eager fp32: opt tp2",
         "   - answer: not yet triaged",
     ]
+    # "at transformers 4.44.0" is the typed pins of the model that differ from the latest versions, read back too
+    assert [c.elsewhere for c in read_report(out).root_causes] == [
+        ((("transformers", "4.44.0"),),),
+        (),
+        ((("transformers", "4.44.0"),),),
+        ((("transformers", "4.44.0"),),),
+    ]
     assert section(report, "Details: every transition")[1:-1] == [  # inside <details>: one answer line each
         "- llama tp2 eager fp32: broke at deepspeed 0.10.0 → 0.10.1 (not yet triaged), shard: AssertionError: "
         "heads % tp != 0",
