@@ -210,6 +210,8 @@ def main() -> int:
         build_s = 0.0
     else:
         build_s = build(store, args.runs, args.cells, args.sessions, not args.no_compact)
+    with HistoryStore(store, create=False):  # a store of an older schema (--reuse) is migrated, as the merge before
+        pass  # a nightly render migrates it: render itself would migrate a copy in memory every time
     with sqlite3.connect(store) as conn:
         results, detailed, texts = conn.execute(
             "SELECT count(*), count(message), (SELECT count(*) FROM texts) FROM results"

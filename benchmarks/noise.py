@@ -95,16 +95,17 @@ BOUNDS = (
         (*(p + "grad_max_rel_error" for p in TRAINED), "resumed_grad_max_rel_error"),
         "train_later_grad_rel",
     ),
+    # The loaded weights are judged by the update they hold; Adam's updates in gradient units (Adam's gain rule).
     Bound(
-        "train_update",
+        "train_update, load",
         "max|dupdate| / update scale",
-        (*(p + "update_max_rel_error" for p in TRAINED), "resumed_update_max_rel_error"),
+        (*(p + "update_max_rel_error" for p in TRAINED), "resumed_update_max_rel_error", "loaded_max_rel_error"),
         "train_update_rel",
     ),
     Bound(
-        "save, gather, load",
+        "save, gather",
         "max|dweight| / weight scale",
-        ("saved_max_rel_error", "gathered_max_rel_error", "loaded_max_rel_error"),
+        ("saved_max_rel_error", "gathered_max_rel_error"),
         "train_weight_rel",
     ),
 )

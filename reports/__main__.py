@@ -12,8 +12,8 @@ from matrix.redaction import redact
 from matrix.registry import KNOWN_FAILURES_FILE, RegistryError, load_known_failures
 from reports import ReportsError
 from reports.answers import plain_link
-from reports.archive import ArchiveConflict, ResultsArchive, answer_key, default_archive
-from reports.records import Bisection
+from reports.archive import ArchiveConflict, ResultsArchive, answer_key, default_archive, needed_paths
+from reports.records import Bisection, CellResult, Run
 from reports.docs import check_drift, model_families, model_support
 from reports.draft_issue import draft_issue as write_draft
 from reports.failing_now import failing_now_markdown
@@ -108,6 +108,30 @@ def rebuild(args: argparse.Namespace) -> int:
         f"entries in {archive.root}, {len(answers)} new answer(s)"
     )
     return 0
+
+
+def archive_needs(args: argparse.Namespace) -> int:
+    """Print the archive entries (of the names listed in --names) that merging INPUTS into the store needs read:
+    the data branch is then checked out sparsely (.github/scripts/results-archive.sh fetch STORE INPUTS)."""
+    try:
+        names = args.names.read_text().split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportsError(
+            f"{args.names}: cannot read the archive's entry names ({exc}); pass `git ls-tree` output"
+        ) from None
+    incoming = {run.run_id for path in find_junit_files(args.inputs) for run, _ in _readable_runs(path)}
+    with HistoryStore(args.store, create=False, read_only=True) as store:
+        stored = {run.run_id for run in store.runs()}
+    print("".join(f"{name}\n" for name in needed_paths(names, stored, incoming)), end="")
+    return 0
+
+
+def _readable_runs(path: Path) -> list[tuple[Run, list[CellResult]]]:
+    """The runs of a JUnit file, none when merge would skip it (it says why then)."""
+    try:
+        return read_junit(path)
+    except ReportsError:
+        return []
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -246,6 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
     merge_parser.add_argument("--archive", type=Path, help=archive_help)
     merge_parser.add_argument("--keep-recent-runs", **keep_option)
     merge_parser.set_defaults(handler=merge)
+
+    needs_parser = commands.add_parser(
+        "archive-needs",
+        help="the archive entries merging INPUTS into --store reads (for a sparse checkout of the data branch)",
+    )
+    needs_parser.add_argument("inputs", nargs="+", type=Path, help="JUnit files, results/ or artifact folders")
+    needs_parser.add_argument(
+        "--names", type=Path, required=True, help="the archive's file names, one a line (git ls-tree -r --name-only)"
+    )
+    needs_parser.add_argument("--store", **store_option)
+    needs_parser.set_defaults(handler=archive_needs)
 
     rebuild_parser = commands.add_parser(
         "rebuild", help="recreate the history store (or bring a stale one up to date) from the results archive"

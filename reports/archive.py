@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass
@@ -66,7 +67,7 @@ class ResultsArchive:
                 "archived into (in CI, the checkout of the autotp-history branch)"
             )
         found = []
-        for path in self.root.glob("*/*.tar.gz"):
+        for path in self._entry_paths():
             entry = _entry_at(path)
             if entry is None:
                 raise ReportsError(
@@ -74,6 +75,21 @@ class ResultsArchive:
                 )
             found.append(entry)
         return sorted(found, key=lambda entry: (entry.path.parent.name, entry.run_id, entry.attempt))
+
+    def _entry_paths(self) -> set[Path]:
+        """The entries' files: those in the folder, and, when the folder is a git checkout (the data branch), those
+        its index holds but a sparse checkout left out (.github/scripts/results-archive.sh fetches only the entries
+        a merge needs into a cached store): their names are what `verify` compares, their content is not read."""
+        present = set(self.root.glob("*/*.tar.gz"))
+        git = subprocess.run(
+            ["git", "-C", str(self.root), "ls-files", "-z", "--", "*/*.tar.gz"], capture_output=True, text=True
+        )
+        inside = subprocess.run(
+            ["git", "-C", str(self.root), "rev-parse", "--show-prefix"], capture_output=True, text=True
+        )
+        if git.returncode != 0 or inside.returncode != 0 or inside.stdout.strip():  # not the root of a checkout
+            return present
+        return present | {self.root / name for name in git.stdout.split("\0") if name.count("/") == 1}
 
     def read(self, entry: ArchiveEntry) -> tuple[Run, list[CellResult]]:
         """The entry's run and results, read from its JUnit exactly as `merge` read them."""
@@ -218,6 +234,21 @@ class ResultsArchive:
             raise ReportsError(
                 f"{path}: not a readable archive entry ({exc}); restore it from the data branch's history"
             ) from None
+
+
+def needed_paths(names: list[str], stored_runs: set[str], incoming_runs: set[str]) -> list[str]:
+    """Of the archive's entry names (paths relative to it), those a store holding `stored_runs` needs read to merge
+    `incoming_runs`: the entries of runs it lacks (what `rebuild` imports), every later attempt (it may add cells to
+    a stored run) and the entries of the incoming runs (`add` compares a run with its archived attempts). The
+    answers are small and always needed (ANSWERS)."""
+    needed = []
+    for name in names:
+        entry = _entry_at(Path(name))
+        if entry is not None and (
+            entry.run_id not in stored_runs or entry.attempt > 1 or entry.run_id in incoming_runs
+        ):
+            needed.append(name)
+    return needed
 
 
 def answer_key(answer: Bisection | TriageAttempt) -> str:

@@ -28,9 +28,16 @@ class GitError(ReportsError):
     """A git command failed or a ref is missing in the clone: the message names the clone and the ref."""
 
 
+# A file every commit of the project has had since its first release, by the option that names its clone: any
+# other repository (the harness's own, a fork of something else) would answer git and give wrong commit ranges.
+PROJECT_FILE = {"--deepspeed-repo": "deepspeed/__init__.py", "--transformers-repo": "src/transformers/__init__.py"}
+PROJECT_NAME = {"--deepspeed-repo": "DeepSpeed", "--transformers-repo": "transformers"}
+
+
 class GitRepo:
     def __init__(self, path: Path, option: str = "--deepspeed-repo"):
-        """option names the command-line flag the path came from, so errors say which one to fix."""
+        """option names the command-line flag the path came from, so errors say which one to fix; a clone that lacks
+        its project's file (PROJECT_FILE) at HEAD is refused."""
         self.path = Path(path)
         self.option = option
         if self._status("rev-parse", "--git-dir") != 0:
@@ -40,6 +47,11 @@ class GitRepo:
             raise GitError(
                 f"{option} {self.path}: a folder inside the git repository {root}, not the root of a "
                 "clone; pass the root folder of a local clone"
+            )
+        if self._status("cat-file", "-e", f"HEAD:{PROJECT_FILE[option]}") != 0:
+            raise GitError(
+                f"{option} {self.path}: not a {PROJECT_NAME[option]} clone (no {PROJECT_FILE[option]} at HEAD); "
+                f"pass the root folder of a local {PROJECT_NAME[option]} clone"
             )
 
     def _git(self, *args: str) -> str:

@@ -368,6 +368,12 @@ def step_summary_markdown(report: Report) -> str:
 # ---- HTML --------------------------------------------------------------------------------------------------------
 
 PLOT_WIDTH, PLOT_HEIGHT, PLOT_MARGIN = 900, 300, 60
+# report.html is paged like report.json: it draws the heatmaps of the newest HTML_MATRICES version combinations and the
+# timeline (and trend) of the newest HTML_TIMELINE_SETS version sets, and names report-details.json for the rest (every
+# combination's matrix, every timeline column). A year of nightlies has ~360 combinations and ~380 version sets:
+# drawn whole, report.html was 42 MB and its rendering a quarter of render's CPU time.
+HTML_MATRICES = 12
+HTML_TIMELINE_SETS = 40
 SERIES_COLOURS = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#9a6700", "#cf222e", "#116329", "#953800")
 
 
@@ -475,17 +481,37 @@ def linked_html(make_lines: Callable[[Link], list[str]]) -> list[Markup]:
     return [Markup(_PLACEHOLDER.sub(lambda m: anchors[int(m[1])], str(escape(line)))) for line in make_lines(link)]
 
 
+def newest_timeline(timeline: dict, sets: int) -> dict:
+    """The timeline with only the columns of its `sets` newest version sets (version_sets run oldest to newest), in
+    the order the columns are shown; each cell's lists stay indexed by version set, as the columns refer to them."""
+    kept = set(range(len(timeline["version_sets"]))[-sets:])
+    return {**timeline, "columns": [column for column in timeline["columns"] if column["index"] in kept]}
+
+
+def html_paging(report: Report) -> dict:
+    """What report.html leaves to report-details.json: how many combinations' heatmaps and version sets it omits."""
+    return {
+        "matrices": report.matrices[:HTML_MATRICES],
+        "older_matrices": max(0, len(report.matrices) - HTML_MATRICES),
+        "older_sets": max(0, len(report.timeline["version_sets"]) - HTML_TIMELINE_SETS),
+        "details_file": DETAILS_FILE,
+    }
+
+
 def report_html(report: Report) -> str:
     environment = Environment(loader=PackageLoader("reports"), autoescape=True, undefined=StrictUndefined)
     template = environment.get_template("report.html.j2")
+    timeline = newest_timeline(report.timeline, HTML_TIMELINE_SETS)
     return template.render(
         report=report,
+        paging=html_paging(report),
+        shown_timeline=timeline,
         sections=ROOT_CAUSE_SECTIONS,
         cell_text=cell_text,
         counts_text=counts_text,
         count_text=count_text,
-        trend=_trend_plot(report.timeline),
-        timeline=_timeline_view(report.timeline),
+        trend=_trend_plot(timeline),
+        timeline=_timeline_view(timeline),
         plot={"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "margin": PLOT_MARGIN},
         summary=since_previous_run_summary(report.since_previous_run),
         seen_at=seen_at,

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from matrix.redaction import Redactor, redact
 from reports import ReportsError
-from reports.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs, started_order
+from reports.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs
 from reports.records import (
     AXES,
     Bisection,
@@ -42,8 +42,9 @@ from reports.records import (
 # range its search ran over (reports.history.answer_for); 6 compaction: results keyed by integer run and cell
 # ids, signatures and messages stored once each in `texts`, detail dropped from old results (HistoryStore.compact).
 # 7 the hub ids each faithful cell stands for (cell_checkpoints, a table of its own: most results have none).
+# 8 the report's aggregates kept up to date by import (result_groups, point_metrics, points; HistoryStore.aggregates).
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -245,6 +246,111 @@ CREATE TABLE cell_checkpoints (
     PRIMARY KEY (run, cell)
 ) WITHOUT ROWID"""
 
+# Schema 8: what the report reads, kept by import so that render reads ~75 k groups instead of grouping every result
+# (reports.aggregates). A point is a version set with harness commit (`points`, keyed by those columns as JSON); a
+# group is the results of one cell at one point with one outcome, failure class and signature: how many, and three
+# of their runs — the smallest run id (store order), the earliest and the newest by (start, run id). Results are
+# never deleted and compaction keeps verdict and signature, so a group only changes when a result is added.
+# point_metrics: each cell × point's newest result with metrics (compaction keeps that result's metrics).
+_AGGREGATE_TABLES = (
+    "CREATE TABLE points (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE)",
+    """
+CREATE TABLE result_groups (
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    point         INTEGER NOT NULL REFERENCES points(id),
+    outcome       TEXT NOT NULL,
+    failure_class TEXT NOT NULL,
+    signature     INTEGER NOT NULL REFERENCES texts(id),
+    count         INTEGER NOT NULL,
+    first_listed  INTEGER NOT NULL REFERENCES runs(id),
+    earliest      INTEGER NOT NULL REFERENCES runs(id),
+    newest        INTEGER NOT NULL REFERENCES runs(id),
+    PRIMARY KEY (cell, point, outcome, failure_class, signature)
+) WITHOUT ROWID""",
+    """
+CREATE TABLE point_metrics (
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    point         INTEGER NOT NULL REFERENCES points(id),
+    run           INTEGER NOT NULL REFERENCES runs(id),
+    PRIMARY KEY (cell, point)
+) WITHOUT ROWID""",
+)
+# One result added to its group: (cell, point, outcome, failure class, signature, run). A run's (start, run id) is
+# compared as a row value, as reports.aggregates.started_order orders runs.
+_ADD_TO_GROUP = """
+INSERT INTO result_groups VALUES (:cell, :point, :outcome, :failure_class, :signature, 1, :run, :run, :run)
+ON CONFLICT (cell, point, outcome, failure_class, signature) DO UPDATE SET
+    count = count + 1,
+    first_listed = CASE WHEN (SELECT run_id FROM runs WHERE id = excluded.first_listed)
+                           < (SELECT run_id FROM runs WHERE id = first_listed) THEN excluded.first_listed
+                        ELSE first_listed END,
+    earliest = CASE WHEN (SELECT started, run_id FROM runs WHERE id = excluded.earliest)
+                       < (SELECT started, run_id FROM runs WHERE id = earliest) THEN excluded.earliest
+                    ELSE earliest END,
+    newest = CASE WHEN (SELECT started, run_id FROM runs WHERE id = excluded.newest)
+                     > (SELECT started, run_id FROM runs WHERE id = newest) THEN excluded.newest
+                  ELSE newest END"""
+# A result with metrics: the newer of it and the point's known one (started later; started together: the smaller run
+# id, as reports.aggregates.newer_metrics decides).
+_ADD_METRICS = """
+INSERT INTO point_metrics VALUES (:cell, :point, :run)
+ON CONFLICT (cell, point) DO UPDATE SET run = excluded.run
+WHERE ((SELECT started FROM runs WHERE id = excluded.run), (SELECT run_id FROM runs WHERE id = point_metrics.run))
+    > ((SELECT started FROM runs WHERE id = point_metrics.run), (SELECT run_id FROM runs WHERE id = excluded.run))"""
+
+
+def _point_key(row: tuple) -> str:
+    """A point's key in `points`: its version columns and harness commit (_POINT's order), as JSON."""
+    return json.dumps(list(row))
+
+
+class _Points:
+    """A point's id in `points`, added the first time it is seen."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._ids = dict(conn.execute("SELECT key, id FROM points"))
+
+    def id(self, key: str) -> int:
+        known = self._ids.get(key)
+        if known is None:
+            known = self._ids[key] = _inserted_id(self._conn.execute("INSERT INTO points (key) VALUES (?)", (key,)))
+        return known
+
+
+def _add_to_aggregates(conn: sqlite3.Connection, rows: list[tuple[int, int, str, str, int, bool]], point: int) -> None:
+    """Add results of one run, (run, cell, outcome, failure class, signature id, has metrics), to the aggregates."""
+    conn.executemany(
+        _ADD_TO_GROUP,
+        (
+            {
+                "cell": cell,
+                "point": point,
+                "outcome": outcome,
+                "failure_class": failure_class,
+                "signature": sig,
+                "run": run,
+            }
+            for run, cell, outcome, failure_class, sig, _ in rows
+        ),
+    )
+    conn.executemany(
+        _ADD_METRICS, ({"cell": cell, "point": point, "run": run} for run, cell, *_, measured in rows if measured)
+    )
+
+
+def _fill_aggregates(conn: sqlite3.Connection) -> None:
+    """Schema 8: the aggregates of the results already stored, added run by run as import adds them."""
+    points = _Points(conn)
+    for run, *point in conn.execute(f"SELECT id, {_POINT} FROM runs ORDER BY id").fetchall():
+        rows = conn.execute(
+            "SELECT run, cell, outcome, failure_class, signature, metrics IS NOT NULL AND metrics NOT IN ('{}', '') "
+            "FROM results WHERE run = ?",
+            (run,),
+        ).fetchall()
+        _add_to_aggregates(conn, rows, points.id(_point_key(tuple(point))))
+
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
 _MIGRATIONS = {
     1: (_BISECTIONS,),
@@ -253,6 +359,7 @@ _MIGRATIONS = {
     4: _ANSWER_SCOPE,
     5: (*_COMPACT_TABLES, _into_compact_tables),
     6: (_CELL_CHECKPOINTS,),
+    7: (*_AGGREGATE_TABLES, _fill_aggregates),
 }
 
 
@@ -555,7 +662,7 @@ class HistoryStore:
         with their secrets redacted, each distinct text once."""
         conn = self._conn
         redact = functools.lru_cache(maxsize=4096)(Redactor())  # a night's failures repeat a few texts
-        texts, cells = _Texts(conn), _Cells(conn)
+        texts, cells, points = _Texts(conn), _Cells(conn), _Points(conn)
         new_runs = new_results = 0
         with self._write():
             for run, results in runs:
@@ -564,10 +671,12 @@ class HistoryStore:
                 ).fetchone()
                 if stored is None:
                     columns = ("run_id", *_RUN_FIELDS, *_VERSION_FIELDS, "imported_from", "imported_at")
-                    run_key = conn.execute(
-                        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                        (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
-                    ).lastrowid
+                    run_key = _inserted_id(
+                        conn.execute(
+                            f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                            (run.run_id, *_run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
+                        )
+                    )
                     new_runs += 1
                     verdicts = {}
                 else:
@@ -618,6 +727,12 @@ class HistoryStore:
                     verdicts[result.cell] = (result.outcome, result.failure_class)
                 conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.executemany("INSERT INTO cell_checkpoints VALUES (?, ?, ?)", checkpoint_rows)
+                point = conn.execute(f"SELECT {_POINT} FROM runs WHERE id = ?", (run_key,)).fetchone()
+                _add_to_aggregates(
+                    conn,
+                    [(*row[:5], row[6] != "{}") for row in rows],
+                    points.id(_point_key(tuple(point))),
+                )
                 new_results += len(rows)
         return ImportCounts(new_runs, new_results)
 
@@ -700,9 +815,8 @@ class HistoryStore:
 
     @_naming_the_file
     def aggregates(self) -> Aggregates:
-        """The per-point aggregates the report reads (reports.aggregates), computed here instead of from every
-        result: one grouped scan of the results in SQLite, each run ranked three ways beforehand (by start, by run
-        id, newest first) so the aggregate picks the same result as `aggregate` does from results in memory."""
+        """The per-point aggregates the report reads (reports.aggregates), as import keeps them (result_groups,
+        point_metrics): no result is read but those of the two newest runs of each session."""
         conn = self._conn
         runs = {
             key: _run_from_row(row)
@@ -711,63 +825,36 @@ class HistoryStore:
                 "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)"
             )
         }
-        points = {
-            point: index
-            for index, point in enumerate(dict.fromkeys((run.versions, run.harness_git) for run in runs.values()))
-        }
-        point_of = list(points)
-        by_id = sorted(runs, key=lambda key: runs[key].run_id)
-        by_start = sorted(runs, key=lambda key: started_order(runs[key]))
-        newest_first = sorted(by_id, key=lambda key: runs[key].started, reverse=True)  # stable: ties by run id
-        ranks = {key: [points[runs[key].versions, runs[key].harness_git]] for key in runs}
-        for order in (by_start, by_id, newest_first):
-            for rank, key in enumerate(order):
-                ranks[key].append(rank)
-        conn.execute(
-            "CREATE TEMP TABLE run_ranks (run INTEGER PRIMARY KEY, point INTEGER, by_start INTEGER, "
-            "by_id INTEGER, newest_first INTEGER)"
-        )
-        try:
-            conn.executemany(
-                "INSERT INTO temp.run_ranks VALUES (?, ?, ?, ?, ?)", ((key, *ranked) for key, ranked in ranks.items())
-            )
-            grouped = conn.execute(
-                "SELECT g.*, t.text FROM (SELECT r.cell, o.point, r.outcome, r.failure_class, r.signature, count(*) "
-                "AS n, min(o.by_id), min(o.by_start), max(o.by_start) FROM results r "
-                "JOIN temp.run_ranks o ON o.run = r.run "
-                "GROUP BY r.cell, o.point, r.outcome, r.failure_class, r.signature) g "
-                "JOIN texts t ON t.id = g.signature"
-            ).fetchall()
-            # SQLite takes a bare column (metrics) from the row that min() chose.
-            measured = conn.execute(
-                "SELECT r.cell, o.point, min(o.newest_first), r.metrics FROM results r "
-                "JOIN temp.run_ranks o ON o.run = r.run WHERE r.metrics IS NOT NULL AND r.metrics != '{}' "
-                "GROUP BY r.cell, o.point"
-            ).fetchall()
-        finally:
-            conn.execute("DROP TABLE temp.run_ranks")
         cells = self._cells()
-        groups = [
-            ResultGroup(
-                cells[cell],
-                point_of[point][0],
-                point_of[point][1],
-                outcome,
-                failure_class,
-                signature,
-                count,
-                runs[by_id[first_listed]].run_id,
-                runs[by_start[earliest]],
-                runs[by_start[newest]],
+        signatures = self._texts({row[0] for row in conn.execute("SELECT DISTINCT signature FROM result_groups")})
+        groups = []
+        for cell, outcome, failure_class, signature, count, first_listed, earliest, newest in conn.execute(
+            "SELECT cell, outcome, failure_class, signature, count, first_listed, earliest, newest FROM result_groups"
+        ):
+            point = runs[earliest]  # every run of a group is at its point
+            groups.append(
+                ResultGroup(
+                    cells[cell],
+                    point.versions,
+                    point.harness_git,
+                    outcome,
+                    failure_class,
+                    signatures[signature],
+                    count,
+                    runs[first_listed].run_id,
+                    point,
+                    runs[newest],
+                )
             )
-            for cell, point, outcome, failure_class, _, count, first_listed, earliest, newest, signature in grouped
-        ]
-        metrics = {
-            (cells[cell], *point_of[point]): PointMetrics(
-                runs[newest_first[rank]].started, runs[newest_first[rank]].run_id, json.loads(text)
+        metrics = {}
+        for cell, run, text in conn.execute(
+            "SELECT m.cell, m.run, r.metrics FROM point_metrics m JOIN results r ON r.run = m.run AND r.cell = m.cell "
+            "WHERE r.metrics IS NOT NULL"  # compaction keeps them: only a store damaged by hand lacks them
+        ):
+            measured = runs[run]
+            metrics[cells[cell], measured.versions, measured.harness_git] = PointMetrics(
+                measured.started, measured.run_id, json.loads(text)
             )
-            for cell, point, rank, text in measured
-        }
         recent = recent_runs(list(runs.values()))
         return Aggregates(groups, metrics, self.observations(recent), self._checkpoints(runs))
 

@@ -7,8 +7,9 @@ import textwrap
 from pathlib import Path
 
 
-def pyproject(name: str, where: str = ".") -> str:
-    """A setuptools project of the packages found under `where`."""
+def pyproject(name: str, where: str = ".", include: str = "*") -> str:
+    """A setuptools project of the packages matching `include` found under `where` (a fake DeepSpeed that only
+    carries deepspeed/__init__.py to look like a DeepSpeed clone, reports.git.PROJECT_FILE, installs `fakeds*`)."""
     return textwrap.dedent(f"""\
         [build-system]
         requires = ["setuptools"]
@@ -18,6 +19,7 @@ def pyproject(name: str, where: str = ".") -> str:
         version = "0.1.0"
         [tool.setuptools.packages.find]
         where = ["{where}"]
+        include = ["{include}"]
     """)
 
 

@@ -37,9 +37,9 @@ from suites.contracts import Job
 from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import LibraryOutputError
 
-TRAINING_FORMAT = 5
+TRAINING_FORMAT = 6
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps; 5: bf16/fp16
-steps on fp32 master weights, as DeepSpeed's mixed precision)."""
+steps on fp32 master weights, as DeepSpeed's mixed precision; 6: Adam's gradient units per step)."""
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
@@ -175,7 +175,7 @@ def compute_unsharded_steps(
     optimizer_class, ds_optimizer = OPTIMIZERS[optimizer_name]
     optimizer = optimizer_class(stepped.values(), **ds_optimizer["params"])
     weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
-    losses, grads = [], []
+    losses, grads, adam_units = [], [], []
     for step in range(steps):
         ids = step_batch(tokenizer, spec, trust_remote_code, step)
         loss = model(ids, labels=ids).loss
@@ -187,6 +187,8 @@ def compute_unsharded_steps(
                 master.grad = None if params[name].grad is None else params[name].grad.float()
         torch.nn.utils.clip_grad_norm_(stepped.values(), GRADIENT_CLIPPING)
         optimizer.step()
+        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            adam_units.append({name: adam_gradient_units(optimizer, master) for name, master in stepped.items()})
         optimizer.zero_grad()
         model.zero_grad()
         if stepped is not params:
@@ -199,6 +201,7 @@ def compute_unsharded_steps(
         "losses": losses,
         "grads": grads,
         "weights": weights,
+        "adam_gradient_units": adam_units,
         "bytes_by_name": by_name,
         "kinds": tensor_kinds(model),
         "shapes_by_name": shapes_by_name(model),
@@ -206,6 +209,19 @@ def compute_unsharded_steps(
         "param_bytes": sum(by_name.values()),
         **_lm_head_names(model),
     }
+
+
+def adam_gradient_units(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
+    """Per element, Adam's (sqrt(v_hat) + eps) / lr after the step just taken: an error of the element's update
+    times it is the gradient error that would have caused it (ShardedTrainee.change_comparison). A parameter Adam
+    never stepped (no gradient) keeps plain units."""
+    state = optimizer.state.get(param)
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    if not state:
+        return torch.ones_like(param, dtype=torch.float32)
+    beta2 = group["betas"][1]
+    corrected = state["exp_avg_sq"].float() / (1 - beta2 ** float(state["step"]))
+    return (corrected.sqrt() + group["eps"]) / group["lr"]
 
 
 def cached_unsharded_steps(
@@ -436,25 +452,48 @@ class ShardedTrainee:
 
     def update_comparison(self) -> Comparison:
         """Each local weight's change over this engine's steps against the unsharded change (the optimizer
-        and its state applied). A change far smaller than its weight is known only to the weight's last bit
-        on either side: one unit in the last place of the trained weight (in its dtype) is forgiven, and of the
-        starting weight too after a checkpoint load (in bf16/fp16 each side's start is its own fp32 master weights
-        rounded to the dtype; a fresh engine starts from the very weights the unsharded steps did)."""
-        weights = self.unsharded["weights"]
-        before, after = weights[self.steps_taken], weights[self.steps_taken + len(self.losses)]
-        largest = max(
-            ((after[name].float() - before[name].float()).abs().max().item() for name in self.layouts), default=0.0
-        )
-        updates = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
+        and its state applied). A fresh engine starts from the very weights the unsharded steps did; after a
+        checkpoint load each side starts from its own fp32 master weights rounded to the dtype (forgiven)."""
+        current = {name: _local_weight(self.params[name]) for name in self.layouts}
+        first = self.steps_taken
+        return self.change_comparison(current, self.initial, first, first + len(self.losses))
+
+    def change_comparison(
+        self, weights: dict[str, torch.Tensor], starts: dict[str, torch.Tensor] | None, first: int, last: int
+    ) -> Comparison:
+        """Local `weights` changed from local `starts` (None: from the unsharded weights after step `first`)
+        against the unsharded change from step `first` to step `last`.
+
+        A change far smaller than its weight is known only to the weight's last bit on either side: one unit in
+        the last place of the trained weight (in its dtype) is forgiven, and of the starting weight too when the
+        engine's own start was loaded from a checkpoint (`first` > 0: its fp32 masters rounded).
+
+        Adam's gain rule: Adam moves an element by lr * m_hat / (sqrt(v_hat) + eps), so a gradient error d moves it
+        by about d * lr / (sqrt(v_hat) + eps) per step, up to d * lr / eps where the gradient is near zero (an
+        embedding row seen once): there bf16 gradient noise of 1 % of the tensor's largest gradient becomes 6 % of
+        the update's scale. Adam's changes are judged in the units of the gradient they normalise: multiplied by
+        (sqrt(v_hat) + eps) / lr of the unsharded step `last` (adam_gradient_units)."""
+        unsharded = self.unsharded["weights"]
+        before, after = unsharded[first], unsharded[last]
+        adam_units = self.unsharded["adam_gradient_units"]
+        units = adam_units[last - 1] if adam_units else None
+        changes = {
+            name: (after[name].float() - before[name].float()) * (1.0 if units is None else units[name])
+            for name in self.layouts
+        }
+        largest = max((change.abs().max().item() for change in changes.values()), default=0.0)
+        comparison = Comparison(largest=largest, floor_share=scale_floor_share(next(iter(after.values())).dtype))
+        own_start = starts is not None and first > 0
         for name in self.layouts:
             trained, start = self.slice(name, after[name]), self.slice(name, before[name])
-            updates.add(
+            unit = 1.0 if units is None else self.slice(name, units[name])
+            comparison.add(
                 name,
-                _local_weight(self.params[name]) - self.initial[name],
-                trained.float() - start.float(),
-                rounding=ulp(trained) + (ulp(start) if self.steps_taken else 0.0),
+                (weights[name] - (start.float() if starts is None else starts[name])) * unit,
+                self.slice(name, changes[name]),
+                rounding=(ulp(trained) + (ulp(start) if own_start else 0.0)) * unit,
             )
-        return updates
+        return comparison
 
     def report(self) -> dict:
         module = self.engine.module
@@ -673,12 +712,13 @@ def round_trip(
         str(scratch), tag=f"{CHECKPOINT_TAG}_universal" if variant.resume_tp else CHECKPOINT_TAG
     )
     fault_hook("restored", resumed.engine.module)
-    # The loaded shards against the trained weights directly: on tiny random models a whole projection
-    # left untrained moves the next loss by less than the loss tolerance.
+    # The loaded shards themselves, not only the next step: on tiny random models a whole projection left untrained
+    # moves the next loss by less than the loss tolerance. Judged by their change from the initial weights (the
+    # trained update they hold), as train_update: in bf16 two steps move a weight by less than its ulp, so weights
+    # left at their initial values would pass a comparison at the weight's scale.
     resumed.start_updates_here()
-    loaded = Comparison(problems=list(resumed.problems))  # a resumed engine that holds no slice of a weight
-    for name in resumed.layouts:
-        loaded.add(name, resumed.initial[name], resumed.slice(name, trained[name]))
+    loaded = resumed.change_comparison(resumed.initial, None, 0, steps_taken)
+    loaded.problems[:0] = resumed.problems  # a resumed engine that holds no slice of a weight
     progress.enter("setup", "resume: step batch")
     batch = step_batch(job.tokenizer, job.spec, job.trust_remote_code, steps_taken)
     progress.enter("forward", "resume")

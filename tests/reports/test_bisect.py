@@ -230,7 +230,8 @@ def fake_deepspeed(tmp_path_factory):
     repo = tmp_path_factory.mktemp("fakeds")
     history = [(subject, files, "v0.1.0" if n == 0 else "") for n, (subject, files) in enumerate(HISTORY)]
     history[0][1]["fakeds/__init__.py"] = ""
-    return repo, make_repo(repo, pyproject("fakeds"), history)
+    history[0][1]["deepspeed/__init__.py"] = ""  # what marks a DeepSpeed clone (reports.git.PROJECT_FILE)
+    return repo, make_repo(repo, pyproject("fakeds", include="fakeds*"), history)
 
 
 @pytest.fixture(scope="module")
@@ -495,7 +496,11 @@ def test_real_deepspeed_releases(tmp_path):
 UNIVERSAL = "def run():\n    raise KeyError('universal_checkpoint_info state is missing at step 12')\n"
 SAVE = "def run():\n    raise OSError('save_16bit_model wrote 0 of 4 shards')\n"
 GONE_HISTORY = [
-    ("Initial fake DeepSpeed", {"fakeds/__init__.py": "", "fakeds/universal.py": UNIVERSAL}, "v0.1.0"),
+    (
+        "Initial fake DeepSpeed",
+        {"fakeds/__init__.py": "", "deepspeed/__init__.py": "", "fakeds/universal.py": UNIVERSAL},
+        "v0.1.0",
+    ),
     ("Docs (#5001)", {"README.md": "fake\n"}, ""),
     ("Launcher (#5002)", {"fakeds/launcher.py": "RANKS = 2\n"}, ""),
     ("Keep universal checkpoint info (#5003)", {"fakeds/universal.py": SAVE}, ""),
@@ -522,7 +527,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     import reports.bisect as bisect_module
 
     repo, root = tmp_path / "fakeds", tmp_path / "envs"
-    shas = make_repo(repo, pyproject("fakeds"), GONE_HISTORY)
+    shas = make_repo(repo, pyproject("fakeds", include="fakeds*"), GONE_HISTORY)
     script = tmp_path / "cell.py"
     script.write_text(GONE_CELL)
     real_run_cells = bisect_module.run_cells

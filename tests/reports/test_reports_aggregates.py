@@ -143,3 +143,49 @@ def test_the_rendered_report_states_the_facts_of_the_history(store, tmp_path):
     kinds = {cause["kind"]: cause["cells"] for cause in since["causes"]}
     assert GPT.id in kinds["still failing"] and "new failure" not in kinds
     assert json.loads((out / "report.json").read_text())["details"]["file"] == "report-details.json"
+
+
+def same_aggregates(path: Path) -> None:
+    """The store's aggregates (kept by import) are those of every result it holds, computed in memory."""
+    with HistoryStore(path, create=False, read_only=True) as history:
+        from_store, observations = history.aggregates(), history.observations()
+    in_memory = aggregate(observations)
+    assert sorted(map(repr, from_store.groups)) == sorted(map(repr, in_memory.groups))
+    assert from_store.metrics == in_memory.metrics
+    assert from_store.recent == in_memory.recent
+
+
+def test_the_aggregates_do_not_depend_on_the_order_runs_came_in(tmp_path):
+    """Merges bring runs in any order (a re-run, an older session's artifacts, a rebuild session by session): each
+    group's first listed, earliest and newest run and each point's newest metrics come out the same."""
+    import random
+
+    runs = history_runs()
+    random.Random(25).shuffle(runs)
+    path = tmp_path / "shuffled.sqlite"
+    with HistoryStore(path, create=True) as history:
+        for run in runs:
+            history.import_runs([run], source=Path("synthetic"))
+        # a continued run: its last cell comes in a second import
+        history.import_runs([(runs[0][0], runs[0][1][:-1])], source=Path("again"))
+    same_aggregates(path)
+
+
+def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
+    """Schema 8 adds the aggregate tables: migrating a store that lacks them fills them from its (compacted) results,
+    in a copy in memory for render (the file stays as it is) and in the file for merge."""
+    import sqlite3
+
+    with sqlite3.connect(store) as conn:
+        for table in ("point_metrics", "result_groups", "points"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("PRAGMA user_version = 7")
+    before = store.read_bytes()
+    same_aggregates(store)  # read-only: migrated in memory
+    assert store.read_bytes() == before
+    with HistoryStore(store, create=False):
+        pass
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 8
+        assert conn.execute("SELECT sum(count) FROM result_groups").fetchone()[0] == 2 * 5 * 9
+    same_aggregates(store)

@@ -1,4 +1,5 @@
 import html
+import json
 import os
 import re
 import shutil
@@ -168,3 +169,33 @@ def test_failing_now_is_the_first_section_a_person_sees(tmp_path):
     assert (0xCF, 0x22, 0x2E) in present  # "new" in red on the first screen
     top = image.crop((0, 0, 1400, 120))  # the heading and the summary are on screen, not below it
     assert len(top.getcolors(maxcolors=1 << 20)) > 10
+
+
+def test_html_draws_the_newest_matrices_and_version_sets_and_names_the_details_file(tmp_path, monkeypatch):
+    """report.html is paged like report.json: past HTML_MATRICES combinations and HTML_TIMELINE_SETS version sets it
+    draws the newest and says where the rest is; report-details.json keeps every one."""
+    import reports.render
+
+    store = issue_18_store(tmp_path)
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "whole")]) == 0
+    whole = (tmp_path / "whole" / "report.html").read_text()
+    assert "older-matrices" not in whole and "older-version-sets" not in whole  # 4 of each: all drawn
+
+    monkeypatch.setattr(reports.render, "HTML_MATRICES", 1)
+    monkeypatch.setattr(reports.render, "HTML_TIMELINE_SETS", 2)
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "paged")]) == 0
+    paged = (tmp_path / "paged" / "report.html").read_text()
+    details = json.loads((tmp_path / "paged" / "report-details.json").read_text())
+    assert len(details["matrices"]) == 4 and len(details["timeline"]["columns"]) == 4
+    assert len(re.findall(r'<details class="matrix"', paged)) == 1
+    assert "3 older version combinations not drawn here: every combination's matrix is in" in paged
+    assert "The newest 2 of 4 version sets; every one is in" in paged
+    timeline = paged.split('aria-label="per-cell timeline"', 1)[1].split("</thead>", 1)[0]
+    titles = re.findall(r'<th class="version" title="([^"]*)">', timeline)
+    assert sorted(html.unescape(title) for title in titles) == sorted(details["timeline"]["version_sets"][-2:])
+
+    # the page before the support matrix is the same (generated_at aside)
+    def first_part(page: str) -> str:
+        return re.sub(r"generated [^<]*", "", page.split("<h2>Support matrix</h2>")[0])
+
+    assert first_part(paged) == first_part(whole)

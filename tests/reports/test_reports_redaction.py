@@ -189,3 +189,15 @@ def test_a_url_keeps_its_host_and_loses_its_credentials():
         redact("--extra-index-url https://ci-bot:Pl4ntedIndexPassword@pypi.example.com/simple x://a@b")
         == "--extra-index-url https://***@pypi.example.com/simple x://a@b"
     )
+
+
+@pytest.mark.parametrize("around", ["", "… × — ", "İstanbul İ "])
+def test_shaped_tokens_are_found_in_any_letter_case_beside_any_unicode(around):
+    """The patterns match a lowercased copy of the text: with "İ" (which lowers to two characters) the copy is the
+    ASCII-only translation, otherwise str.lower(); either way each redacted span is the token's, not a neighbour's."""
+    from matrix.redaction import redact
+
+    text = (
+        f"{around}HF_PLANTEDHUGGINGFACETOKEN0123456789ABCD {around}AUTHORIZATION: Bearer PlantedBearerValue {around}x"
+    )
+    assert redact(text) == f"{around}*** {around}AUTHORIZATION: Bearer *** {around}x"

@@ -36,7 +36,7 @@ def fake_installer(root: Path, repos: dict[str, Path]) -> Installer:
 
     def release(pins: dict[str, str]) -> EnvironmentSpec:
         axis = next(iter(repos))
-        clone = GitRepo(repos[axis])
+        clone = GitRepo(repos[axis], f"--{axis}-repo")
         return commit(axis, clone, clone.resolve(pins[axis]), pins)
 
     def releases(axis: str, older: str, newer: str) -> list[str]:
@@ -122,7 +122,11 @@ BAD_SHARD = textwrap.dedent("""\
         raise AssertionError(f"split_sizes={sizes} must sum to 7")
 """)
 DEEPSPEED_HISTORY = [
-    ("Initial fake DeepSpeed", {"fakeds/__init__.py": "", "fakeds/shard.py": GOOD_SHARD}, "v0.1.0"),
+    (
+        "Initial fake DeepSpeed",
+        {"fakeds/__init__.py": "", "deepspeed/__init__.py": "", "fakeds/shard.py": GOOD_SHARD},
+        "v0.1.0",
+    ),
     ("Docs (#4001)", {"README.md": "fake\n"}, "v0.1.1"),
     ("Refactor the launcher (#4002)", {"fakeds/launcher.py": "RANKS = 2\n"}, ""),
     ("Shard heads strictly (#4321)", {"fakeds/shard.py": BAD_SHARD}, ""),
@@ -139,7 +143,7 @@ def deepspeed_side(tmp_path_factory):
     root = tmp_path_factory.mktemp("triage-ds")
     repo = root / "fakeds-repo"
     repo.mkdir()
-    shas = make_repo(repo, pyproject("fakeds"), DEEPSPEED_HISTORY)
+    shas = make_repo(repo, pyproject("fakeds", include="fakeds*"), DEEPSPEED_HISTORY)
     script = root / "cells.py"
     script.write_text(FAKE_CELLS.replace("MODULE", "fakeds.shard").replace("FAILURE_CLASS", "shard"))
     return repo, shas, root / "envs", script
@@ -512,7 +516,9 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
 
     repo = tmp_path / "fakeds-repo"
     repo.mkdir()
-    make_repo(repo, pyproject("fakeds"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY])
+    make_repo(
+        repo, pyproject("fakeds", include="fakeds*"), [(subject, files, "") for subject, files, _ in DEEPSPEED_HISTORY]
+    )
     store = tmp_path / "history.sqlite"
     cell = CellKey("llama", "eager", "fp32", 2)
     fixed = dict(transformers="5.24.0", torch="2.13.0+cpu", python="3.11.7")

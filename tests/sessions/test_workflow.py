@@ -263,7 +263,7 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
         commands = [step.get("run", "") for step in runs[job_name]]
         fetch, merge, push = (
             next((n for n, run in enumerate(commands) if marker in run), None)
-            for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report", f"{ARCHIVE_SCRIPT} push")
+            for marker in (f"{ARCHIVE_SCRIPT} fetch", "nox -s report -- ", f"{ARCHIVE_SCRIPT} push")
         )
         if fetch is None or merge is None or push is None or not fetch < merge < push:
             problems.append(
@@ -338,7 +338,7 @@ def drop_key(job: str, step_text: str, key: str):
         (lambda w: w["jobs"]["triage"]["steps"].pop(-2), None, "jobs.triage: must fetch the results archive, then"),
         (
             lambda w: next(
-                step for step in w["jobs"]["report"]["steps"] if "nox -s report" in step.get("run", "")
+                step for step in w["jobs"]["report"]["steps"] if "nox -s report -- " in step.get("run", "")
             ).update(run="nox -s report -- artifacts/*"),
             None,
             "jobs.report: `nox -s report` without --verify",
