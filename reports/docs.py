@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
@@ -27,8 +27,17 @@ from reports.failing_now import FailingNow
 from reports.history import CellStatus, History
 from reports.records import CellKey
 
-if TYPE_CHECKING:  # reports.model builds the report from this module's sections
-    from reports.model import Report
+
+class ReportView(Protocol):
+    """What the supported-models page reads of the report model (reports.model.Report, which builds this module's
+    section and so cannot be imported here)."""
+
+    @property
+    def supported_models(self) -> dict[str, Any]: ...
+
+    @property
+    def checkpoints(self) -> dict[str, Any]: ...
+
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
 SUPPORTED_INTRO = (
@@ -215,7 +224,7 @@ def family_bullet(entry: dict, name: str) -> str:
     return f"- {name} — " + "; ".join(parts)
 
 
-def supported_models_markdown(report: Report, history: History, names: dict[str, str] | None = None) -> str:
+def supported_models_markdown(report: ReportView, history: History, names: dict[str, str] | None = None) -> str:
     """The two sections of DeepSpeed's page (plus "Not Tested" when a family was only skipped), a bullet per family.
     `names`: family → the spelling a docs copy already uses for it."""
     section = report.supported_models
@@ -336,7 +345,7 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
     return blocks
 
 
-def docs_names(report: Report, docs_path: Path) -> dict[str, str]:
+def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
     """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
     lines = read_docs(docs_path)
     listed = {
@@ -352,7 +361,7 @@ def docs_names(report: Report, docs_path: Path) -> dict[str, str]:
     }
 
 
-def docs_page(report: Report, docs_path: Path) -> str:
+def docs_page(report: ReportView, docs_path: Path) -> str:
     """The copy with its two lists rewritten: every family tested here in the section its cells put it in, with its
     note; a family the copy lists that was not tested here stays where it is, as it is. New bullets go in
     alphabetical place among the kept ones, so the diff shows only what changed."""
@@ -380,7 +389,7 @@ def docs_page(report: Report, docs_path: Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def docs_diff(report: Report, docs_path: Path) -> str:
+def docs_diff(report: ReportView, docs_path: Path) -> str:
     """A unified diff from the copy to docs_page, with DeepSpeed's path: `git apply` it in a DeepSpeed clone."""
     before = "\n".join(read_docs(docs_path)) + "\n"
     return "".join(

@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
@@ -28,9 +28,6 @@ from reports.causes import RootCause, cause_id, cells_text, count_text, shared_a
 from reports.history import History
 from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
-
-if TYPE_CHECKING:  # reports.model builds this section into the Report
-    from reports.model import Report
 
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
 INTRO = (
@@ -347,6 +344,18 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
     return fixed
 
 
+class ReportView(Protocol):
+    """What the section's text reads of the report model (reports.model.Report, which builds this module's section
+    and so cannot be imported here)."""
+
+    @property
+    def failing_now(self) -> FailingNow: ...
+
+    def members(self, root_cause: RootCause) -> list[dict]: ...
+
+    def root_cause(self, cause_id: str) -> RootCause: ...
+
+
 # ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
 
 
@@ -380,7 +389,7 @@ def status_text(entry: FailingCause, link: Link) -> str:
     return f"known {upstream} ({state}{share})"
 
 
-def answer_text(entry: FailingCause, report: Report, link: Link) -> str:
+def answer_text(entry: FailingCause, report: ReportView, link: Link) -> str:
     """Where the transitions into the latest versions place the cause and the answer most of its cells share
     (reports.answers.answer_words), or "" when it failed everywhere the history ran it."""
     transitions = [
@@ -401,7 +410,7 @@ def answer_text(entry: FailingCause, report: Report, link: Link) -> str:
     return f"{verb} at {first['axis']} {first['before']} → {first['after']} ({answer}){share}"
 
 
-def cause_line(entry: FailingCause, report: Report, link: Link) -> str:
+def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
     """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
     parts = [
         f"**{status_text(entry, link)}** {entry.failure_class} {code(entry.cause)}",
@@ -427,7 +436,7 @@ def fixed_known_text(fixed: FixedKnown, link: Link) -> str:
     )
 
 
-def failing_now_markdown(report: Report, link: Link) -> list[str]:
+def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
     """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
     section = report.failing_now
     if not section.causes and not section.fixed_known:
@@ -440,7 +449,7 @@ def failing_now_markdown(report: Report, link: Link) -> list[str]:
     return [*lines, ""]
 
 
-def failing_now_html(report: Report, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
     """What the HTML template draws, each text with its links made by `linked` (reports.render.linked_html)."""
     section = report.failing_now
     causes = section.causes
