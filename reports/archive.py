@@ -28,7 +28,7 @@ from urllib.parse import quote, unquote
 
 from reports import ReportsError
 from reports.junit import MalformedJUnit, read_junit
-from reports.records import Bisection, CellKey, CellResult, Commit, Run, TriageAttempt
+from reports.records import Bisection, CellKey, CellResult, Commit, Run, TriageAttempt, parse_pins, pins_text
 from suites.records.run_records import MalformedRecord, read_records
 
 ANSWERS = "answers"
@@ -153,12 +153,17 @@ class ResultsArchive:
                     found.append(
                         Bisection(
                             cell,
-                            **{**fields, "files": tuple(fields["files"]), "untestable": tuple(fields["untestable"])},
+                            **{
+                                **fields,
+                                "held_fixed": parse_pins(fields["held_fixed"]),
+                                "files": tuple(fields["files"]),
+                                "untestable": tuple(fields["untestable"]),
+                            },
                             suspects=suspects,
                         )
                     )
                 else:
-                    found.append(TriageAttempt(cell, **fields))
+                    found.append(TriageAttempt(cell, **{**fields, "held_fixed": parse_pins(fields["held_fixed"])}))
             except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise ReportsError(
                     f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
@@ -247,8 +252,9 @@ def needed_paths(names: list[str], stored_runs: set[str], incoming_runs: set[str
 
 
 def answer_key(answer: Bisection | TriageAttempt) -> str:
-    """An answer's content as canonical JSON: equal answers, equal keys (what makes archiving them idempotent)."""
-    return json.dumps(asdict(answer), sort_keys=True)
+    """An answer's content as canonical JSON: equal answers, equal keys (what makes archiving them idempotent). The
+    held-fixed pins are kept as their text (`pins_text`), the form the archive has always had."""
+    return json.dumps({**asdict(answer), "held_fixed": pins_text(answer.held_fixed)}, sort_keys=True)
 
 
 def _entry_at(path: Path) -> ArchiveEntry | None:

@@ -622,7 +622,7 @@ def _bisect(args: argparse.Namespace) -> int:
             axis=args.axis,
             before=answer.before,
             after=answer.after,
-            held_fixed=pins_text(_held_fixed(pins, args.axis)),
+            held_fixed=_held_fixed(pins, args.axis),
             failure_class=failure_class,
             signature=signature,
             commit=commit.sha if commit else "",

@@ -15,13 +15,25 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 
 from reports import ReportsError
 from reports.answers import Link, answer_words, plain_link
 from reports.gate import compare
 from reports.history import CellStatus, History, Transition
-from reports.records import AXES, CellKey, CellResult, Observation, Run, Versions
+from reports.records import (
+    AXES,
+    CellKey,
+    CellResult,
+    Observation,
+    Pins,
+    Run,
+    TransitionKind,
+    Versions,
+    parse_pins,
+    pins_text,
+)
 from reports.signatures import cause
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
@@ -65,50 +77,109 @@ def of_kind(transitions: list[Transition], kind: str) -> list[Transition]:
     return [t for t in transitions if t.kind == kind]
 
 
-def root_causes(report: dict, transitions: list[Transition]) -> list[dict]:
-    """The root causes of `transitions` (whose report.json form is report["regressions"], ["fixes"] and
-    ["class_changes"]): regressions first, then fixes, then class changes, the most cells first. `members` index
-    into the kind's list."""
+@dataclass(frozen=True)
+class CauseAnswer:
+    """One distinct answer among a root cause's transitions (answers.answer_words) and the cells it answers."""
+
+    answer: str
+    cells: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """Transitions with one `Transition.cause_key`: one entry of report.json "root_causes"."""
+
+    id: str
+    kind: TransitionKind
+    axis: str
+    before: str
+    after: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    held_fixed: tuple[Pins, ...]  # the other axes of its transitions, each distinct set once
+    members: tuple[int, ...]  # indices into report.json's list of its kind (TRANSITION_LISTS)
+    answers: tuple[CauseAnswer, ...]
+    # Of each held_fixed, the pins other than the latest versions (which a report states once), where any differ:
+    # what the cause was seen at besides them. Not in report.json; derived again from held_fixed when read back.
+    elsewhere: tuple[Pins, ...]
+
+    def json(self) -> dict:
+        """The report.json form: the held-fixed pins as text, `elsewhere` left out."""
+        fields = {**asdict(self), "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
+        del fields["elsewhere"]
+        return fields
+
+    @classmethod
+    def from_json(cls, entry: dict, latest: Versions) -> RootCause:
+        held_fixed = tuple(parse_pins(text) for text in entry["held_fixed"])
+        return cls(
+            **{
+                **entry,
+                "cells": tuple(entry["cells"]),
+                "held_fixed": held_fixed,
+                "members": tuple(entry["members"]),
+                "answers": tuple(CauseAnswer(a["answer"], tuple(a["cells"])) for a in entry["answers"]),
+            },
+            elsewhere=seen_elsewhere(held_fixed, latest),
+        )
+
+
+def seen_elsewhere(held_fixed: tuple[Pins, ...], latest: Versions) -> tuple[Pins, ...]:
+    """Of each held-fixed set, the pins that differ from the latest versions, where any do."""
+    latest_pins = set(latest.pins())
+    elsewhere = (tuple(pin for pin in pins if pin not in latest_pins) for pins in held_fixed)
+    return tuple(pins for pins in elsewhere if pins)
+
+
+def root_causes(
+    listed_of: Mapping[str, list[dict]], transitions: list[Transition], latest: Versions
+) -> tuple[RootCause, ...]:
+    """The root causes of `transitions`, whose report.json form `listed_of` gives per kind (report.json's
+    "regressions", "fixes" and "class_changes"): regressions first, then fixes, then class changes, the most cells
+    first. `members` index into the kind's list."""
+    by_kind = {kind: of_kind(transitions, kind) for kind in TRANSITION_LISTS}
     grouped: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for kind in TRANSITION_LISTS:
-        for index, t in enumerate(of_kind(transitions, kind)):
+    for kind, of_this_kind in by_kind.items():
+        for index, t in enumerate(of_this_kind):
             grouped[t.cause_key].append(index)
     found = []
     for key, members in grouped.items():
         kind, axis, before, after, failure_class, signature_cause = key
-        listed = [report[TRANSITION_LISTS[kind]][i] for i in members]
+        listed = [listed_of[kind][i] for i in members]
+        typed = [by_kind[kind][i] for i in members]
         cells = sorted({cell_of(t) for t in listed})
+        held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
-            {
-                "id": cause_id(*key),
-                "kind": kind,
-                "axis": axis,
-                "before": before,
-                "after": after,
-                "failure_class": failure_class,
-                "cause": signature_cause,
-                "count": len(cells),
-                "cells": [cell.id for cell in cells],
-                "cells_text": cells_text(cells),
-                "held_fixed": list(dict.fromkeys(t["held_fixed"] for t in listed)),
-                "members": members,
-                "answers": [
-                    {"answer": text, "cells": answered} for text, answered in shared_answers(listed, plain_link)
-                ],
-            }
+            RootCause(
+                id=cause_id(*key),
+                kind=kind,  # type: ignore[arg-type]  # cause_key's first part is the transition's kind
+                axis=axis,
+                before=before,
+                after=after,
+                failure_class=failure_class,
+                cause=signature_cause,
+                count=len(cells),
+                cells=tuple(cell.id for cell in cells),
+                cells_text=cells_text(cells),
+                held_fixed=held_fixed,
+                members=tuple(members),
+                answers=tuple(
+                    CauseAnswer(text, tuple(answered)) for text, answered in shared_answers(listed, plain_link)
+                ),
+                elsewhere=seen_elsewhere(held_fixed, latest),
+            )
         )
     kinds = list(TRANSITION_LISTS)
-    return sorted(found, key=lambda c: (kinds.index(c["kind"]), -c["count"], c["axis"], c["failure_class"], c["cause"]))
+    return tuple(sorted(found, key=lambda c: (kinds.index(c.kind), -c.count, c.axis, c.failure_class, c.cause)))
 
 
-def members(report: dict, root_cause: dict) -> list[dict]:
-    return [report[TRANSITION_LISTS[root_cause["kind"]]][i] for i in root_cause["members"]]
-
-
-def typed_members(transitions: list[Transition], root_cause: dict) -> list[Transition]:
-    """`members`, as the typed transitions they were rendered from."""
-    same_kind = of_kind(transitions, root_cause["kind"])
-    return [same_kind[i] for i in root_cause["members"]]
+def typed_members(transitions: list[Transition], root_cause: RootCause) -> list[Transition]:
+    """A root cause's transitions, typed (report.json's form of them: Report.members)."""
+    same_kind = of_kind(transitions, root_cause.kind)
+    return [same_kind[i] for i in root_cause.members]
 
 
 def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[str]]]:
@@ -122,13 +193,6 @@ def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[
         for answered in by_answer.values()
     ]
     return sorted(found, key=lambda item: -len(item[1]))
-
-
-def other_pins(held_fixed: str, latest: Versions) -> str:
-    """The pins of held_fixed ("transformers 5.23.0, torch 2.13.0") that differ from the latest versions, which a
-    report states once: a cause mentions only what it was seen at besides them."""
-    latest_pins = {f"{axis} {latest.label(axis)}" for axis in AXES}
-    return ", ".join(pin for pin in held_fixed.split(", ") if pin and pin not in latest_pins)
 
 
 # ---- Since the previous run of each session ----------------------------------------------------------------------

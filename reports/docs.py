@@ -8,7 +8,7 @@ each failing cell fails (failure class and cause as "Failing now, by cause" grou
 link when matrix/known_failures.toml tracks it upstream). A family with faithful cells (matrix/shapes.py: split like
 its real checkpoints) is judged by them; stress cells (deliberately odd splits) judge a family only without them.
 After the two lists, the page states each real checkpoint's verdicts apart from the stress shapes'
-(reports.checkpoints). Works on report.json's form (reports.model)."""
+(reports.checkpoints). Works on the report model (reports.model.Report)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,27 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.checkpoints import checkpoint_lines, has_faithful, shape_of
+from reports.failing_now import FailingNow
 from reports.history import CellStatus, History
 from reports.records import CellKey
+
+
+class ReportView(Protocol):
+    """What the supported-models page reads of the report model (reports.model.Report, which builds this module's
+    section and so cannot be imported here)."""
+
+    @property
+    def supported_models(self) -> dict[str, Any]: ...
+
+    @property
+    def checkpoints(self) -> dict[str, Any]: ...
+
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
 SUPPORTED_INTRO = (
@@ -126,10 +140,10 @@ def tp_text(cells: list[CellKey], family: str) -> str:
     return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
 
 
-def supported_models(history: History, failing_now: dict, families: dict[str, str]) -> dict:
+def supported_models(history: History, failing_now: FailingNow, families: dict[str, str]) -> dict:
     """report.json "supported_models": the supported and unsupported families and, per family, the entries tested
     under it, what passes and each failure (grouped by the cause of report.json "failing_now")."""
-    causes = {cell: cause for cause in failing_now["causes"] for cell in cause["cells"]}
+    causes = {cell: cause for cause in failing_now.causes for cell in cause.cells}
     verdicts = _verdicts(history, families)
     entries = []
     for family, cells in verdicts.items():
@@ -139,17 +153,17 @@ def supported_models(history: History, failing_now: dict, families: dict[str, st
         for cell, status in cells:
             if status.status == "fail":
                 cause = causes[cell.id]
-                covered = cause["known"] is not None and cell.id in cause["known"]["cells"]
-                failing[cause["id"], covered].append(cell)
-        failures = []
+                covered = cause.known is not None and cell.id in cause.known.cells
+                failing[cause.id, covered].append(cell)
+        failures: list[dict[str, Any]] = []
         for (cause_id, covered), failed in failing.items():
             cause = causes[failed[0].id]
-            known = {"label": cause["known"]["label"], "upstream": cause["known"]["upstream"]} if covered else None
+            known = {"label": cause.known.label, "upstream": cause.known.upstream} if covered and cause.known else None
             failures.append(
                 {
                     "id": cause_id,
-                    "failure_class": cause["failure_class"],
-                    "cause": cause["cause"],
+                    "failure_class": cause.failure_class,
+                    "cause": cause.cause,
                     "cells": [cell.id for cell in failed],
                     "cells_text": tp_text(failed, family),
                     "known": known,
@@ -210,10 +224,10 @@ def family_bullet(entry: dict, name: str) -> str:
     return f"- {name} — " + "; ".join(parts)
 
 
-def supported_models_markdown(report: dict, history: History, names: dict[str, str] | None = None) -> str:
+def supported_models_markdown(report: ReportView, history: History, names: dict[str, str] | None = None) -> str:
     """The two sections of DeepSpeed's page (plus "Not Tested" when a family was only skipped), a bullet per family.
     `names`: family → the spelling a docs copy already uses for it."""
-    section = report["supported_models"]
+    section = report.supported_models
     names = names or {}
 
     def bullets(supported: bool) -> str:
@@ -234,7 +248,7 @@ def supported_models_markdown(report: dict, history: History, names: dict[str, s
         f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(True)}\n\n"
         f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(False)}\n"
         + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
-        + _checkpoints_section(report["checkpoints"])
+        + _checkpoints_section(report.checkpoints)
     )
 
 
@@ -331,7 +345,7 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
     return blocks
 
 
-def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
+def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
     """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
     lines = read_docs(docs_path)
     listed = {
@@ -342,19 +356,19 @@ def docs_names(report: dict, docs_path: Path) -> dict[str, str]:
     }
     return {
         e["family"]: listed[normalise_model_name(e["family"])]
-        for e in report["supported_models"]["families"]
+        for e in report.supported_models["families"]
         if normalise_model_name(e["family"]) in listed
     }
 
 
-def docs_page(report: dict, docs_path: Path) -> str:
+def docs_page(report: ReportView, docs_path: Path) -> str:
     """The copy with its two lists rewritten: every family tested here in the section its cells put it in, with its
     note; a family the copy lists that was not tested here stays where it is, as it is. New bullets go in
     alphabetical place among the kept ones, so the diff shows only what changed."""
     lines = read_docs(docs_path)
     blocks = _bullet_blocks(docs_path, lines)
     names = docs_names(report, docs_path)
-    tested = {normalise_model_name(e["family"]): e for e in report["supported_models"]["families"]}
+    tested = {normalise_model_name(e["family"]): e for e in report.supported_models["families"]}
     rewritten = {}
     for section, (start, end) in blocks.items():
         listed = [
@@ -375,7 +389,7 @@ def docs_page(report: dict, docs_path: Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def docs_diff(report: dict, docs_path: Path) -> str:
+def docs_diff(report: ReportView, docs_path: Path) -> str:
     """A unified diff from the copy to docs_page, with DeepSpeed's path: `git apply` it in a DeepSpeed clone."""
     before = "\n".join(read_docs(docs_path)) + "\n"
     return "".join(

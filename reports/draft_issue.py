@@ -21,11 +21,11 @@ from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, load_models, load_
 from reports import ReportsError
 from reports.answers import code, markdown_link, one_line
 from reports.causes import count_text
-from reports.failing_now import answer_text, repro_command
+from reports.failing_now import FailingCause, answer_text, repro_command
 from reports.history import History
 from reports.records import AXES, CellKey, Observation
 from reports.aggregates import aggregate
-from reports.model import build_report
+from reports.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
@@ -77,14 +77,11 @@ def draft_issue(
 ) -> Draft:
     """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell)."""
     report = build_report(history, aggregate(observations), None, known)
-    causes = report["failing_now"]["causes"]
-    entry = next((c for c in causes if c["id"] == cause or cell in c["cells"]), None)
+    causes = report.failing_now.causes
+    entry = next((c for c in causes if c.id == cause or cell in c.cells), None)
     if entry is None:
         listed = (
-            "; ".join(
-                f"{c['id']} ({c['failure_class']}, {count_text(c['count'], 'cell')}, e.g. {c['repro']['cell']})"
-                for c in causes
-            )
+            "; ".join(f"{c.id} ({c.failure_class}, {count_text(c.count, 'cell')}, e.g. {c.repro.cell})" for c in causes)
             or "none: no cell fails at the latest versions"
         )
         asked = f"--cause {cause}" if cause else f"--cell {cell}"
@@ -94,31 +91,31 @@ def draft_issue(
         raise ReportsError(reason)
     folder = out_dir / "draft-issue"
     title, body = draft_text(entry, report, history, observations, folder, inert, cell=cell)
-    file = folder / f"{entry['failure_class']}-{entry['id']}.md"
+    file = folder / f"{entry.failure_class}-{entry.id}.md"
     file.write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, file)
 
 
-def not_deepspeeds(entry: dict) -> str | None:
+def not_deepspeeds(entry: FailingCause) -> str | None:
     """Why a cause is not DeepSpeed's to fix (the harness or its environment failed, or a class from an older
     store that no check writes), None when it is."""
-    failure_class = entry["failure_class"]
+    failure_class = entry.failure_class
     if failure_class not in FAILURE_CLASSES:
         return (
-            f"cause {entry['id']} has the failure class {failure_class!r}, which no check writes (an older store): "
+            f"cause {entry.id} has the failure class {failure_class!r}, which no check writes (an older store): "
             "run the cell again to get a report"
         )
     if failure_class in NOT_DEEPSPEEDS:
         return (
-            f"cause {entry['id']} is a {failure_class} failure ({FAILURE_CLASSES[failure_class]}): "
+            f"cause {entry.id} is a {failure_class} failure ({FAILURE_CLASSES[failure_class]}): "
             "the harness or its environment failed, not DeepSpeed; fix it here instead of filing it"
         )
     return None
 
 
 def draft_text(
-    entry: dict,
-    report: dict,
+    entry: FailingCause,
+    report: Report,
     history: History,
     observations: list[Observation],
     folder: Path,
@@ -129,7 +126,7 @@ def draft_text(
     """(title, body) of the report for one entry of report.json "failing_now" causes, shown on `cell` (default its
     representative), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
     the history (reports.publish.inert); the <details> frame around the script is ours."""
-    failure = _latest_failure(observations, history, cell or entry["repro"]["cell"])
+    failure = _latest_failure(observations, history, cell or entry.repro.cell)
     folder.mkdir(parents=True, exist_ok=True)
     title, body = _markdown(entry, report, failure, _repro_script(failure, folder), inert)
     return redact(inert(title, title=True)), redact(body)
@@ -168,12 +165,12 @@ def _repro_script(failure: Observation, folder: Path) -> tuple[str, str] | None:
     return script.name, script.read_text(encoding="utf-8")
 
 
-def _title(entry: dict, failure: Observation) -> str:
-    text = one_line(entry["cause"])
+def _title(entry: FailingCause, failure: Observation) -> str:
+    text = one_line(entry.cause)
     short = text if len(text) <= MAX_TITLE_CAUSE else text[: MAX_TITLE_CAUSE - 1] + "…"
     cell = failure.cell
-    more = f" and {count_text(entry['count'] - 1, 'more cell', 'more cells')}" if entry["count"] > 1 else ""
-    return f"[BUG] AutoTP {entry['failure_class']}: {short} ({cell.model} tp{cell.tp}{more})"
+    more = f" and {count_text(entry.count - 1, 'more cell', 'more cells')}" if entry.count > 1 else ""
+    return f"[BUG] AutoTP {entry.failure_class}: {short} ({cell.model} tp{cell.tp}{more})"
 
 
 def _message_line(result) -> list[str]:
@@ -190,15 +187,15 @@ def _metrics_lines(failure: Observation) -> list[str]:
 
 
 def _markdown(
-    entry: dict, report: dict, failure: Observation, script: tuple[str, str] | None, inert: Inert
+    entry: FailingCause, report: Report, failure: Observation, script: tuple[str, str] | None, inert: Inert
 ) -> tuple[str, str]:
     cell, result, run = failure.cell, failure.result, failure.run
-    known = entry["known"]
+    known = entry.known
     lines = []
     if known:
         lines += [
-            f"> Already tracked upstream: {markdown_link(known['label'], known['upstream'])}"
-            f"{' (' + known['note'] + ')' if known['note'] else ''}; add to it rather than filing this.",
+            f"> Already tracked upstream: {markdown_link(known.label, known.upstream)}"
+            f"{' (' + known.note + ')' if known.note else ''}; add to it rather than filing this.",
             "",
         ]
     lines += [
@@ -207,8 +204,8 @@ def _markdown(
         f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {cell.tp}}}, '
         f"replace_with_kernel_inject=False)`) on `{cell.model}` at tp {cell.tp} ({cell.variant}, {cell.dtype}): "
         f"{FAILURE_CLASSES[result.failure_class]}.",
-        f"{count_text(entry['count'], 'cell')} of the autotp-matrix run at these versions "
-        f"{'fails' if entry['count'] == 1 else 'fail'} with the same cause: {entry['cells_text']}.",
+        f"{count_text(entry.count, 'cell')} of the autotp-matrix run at these versions "
+        f"{'fails' if entry.count == 1 else 'fail'} with the same cause: {entry.cells_text}.",
         "",
         "**To Reproduce**",
         "",
@@ -243,7 +240,7 @@ def _markdown(
     lines += [
         "**First bad version**",
         "",
-        f"{entry['since']['text'].capitalize()}"
+        f"{entry.since.text.capitalize()}"
         + (f"; {placed}." if placed else ": the history has no passing version to bisect from."),
         "",
     ]

@@ -8,21 +8,23 @@ whether it is known upstream (matrix/known_failures.toml: "known" with the link,
 command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
-Works on report.json's form (reports.model.build_report), so report.md, report.html and the step summary say
-the same; `cause_id` is the one publish's issues carry for the same class and cause."""
+Built into the report model (reports.model.build_report) as report.json's form of the section, and rendered from
+the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues
+carry for the same class and cause."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, ResultGroup, started_order
 from reports.answers import Link, code
-from reports.causes import cause_id, cells_text, count_text, members, shared_answers, typed_members
+from reports.causes import RootCause, cause_id, cells_text, count_text, shared_answers, typed_members
 from reports.history import History
 from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
@@ -50,10 +52,113 @@ def upstream_label(url: str) -> str:
     return f"{match[1]}#{match[2]}" if match else url
 
 
-# ---- JSON-ready --------------------------------------------------------------------------------------------------
+# ---- The section (report.json "failing_now": asdict of FailingNow) ------------------------------------------------
 
 
-def failing_now(report: dict, history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> dict:
+@dataclass(frozen=True)
+class FirstSeen:
+    """Since when a cause fails: the text a report prints, and the run and versions where it was first seen."""
+
+    text: str
+    run: str
+    started: str
+    versions: str
+
+
+@dataclass(frozen=True)
+class Repro:
+    """The representative cell of a cause, the command that runs it alone and where its logs go."""
+
+    cell: str
+    command: str
+    logs: str
+
+
+@dataclass(frozen=True)
+class KnownMatch:
+    """The known failure (matrix/known_failures.toml) that covers cells of a cause, and which of them."""
+
+    name: str
+    upstream: str
+    label: str  # "deepspeedai/DeepSpeed#8185"
+    state: str
+    fixed_in: str
+    note: str
+    cells: tuple[str, ...]
+    # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
+    fails_after_fix: bool
+
+
+@dataclass(frozen=True)
+class FailingCause:
+    """The cells failing at the latest versions with one failure class and cause."""
+
+    id: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    since: FirstSeen
+    root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
+    status: str  # "new", or "known" when a known failure covers some of its cells
+    known: KnownMatch | None
+    repro: Repro
+
+
+@dataclass(frozen=True)
+class FixedKnown:
+    """An open known failure whose cells pass at the latest versions: the upstream issue can be closed."""
+
+    name: str
+    upstream: str
+    label: str
+    state: str
+    fixed_in: str
+    note: str
+    cells: tuple[str, ...]
+    fails_after_fix: bool
+    cells_text: str
+    failure_class: str
+    fixed_at: str  # "deepspeed 0.19.6": where the fix transitions land (the bisected release when triaged)
+    last_failing: str  # "" where no transition places it
+    bisected: bool
+
+
+@dataclass(frozen=True)
+class FailingNow:
+    cells: int
+    causes: tuple[FailingCause, ...]  # new ones first, then the most cells first
+    fixed_known: tuple[FixedKnown, ...]
+
+    @classmethod
+    def from_json(cls, section: dict) -> FailingNow:
+        return cls(
+            cells=section["cells"],
+            causes=tuple(
+                FailingCause(
+                    **{
+                        **c,
+                        "cells": tuple(c["cells"]),
+                        "since": FirstSeen(**c["since"]),
+                        "root_causes": tuple(c["root_causes"]),
+                        "known": _known_from_json(c["known"]) if c["known"] else None,
+                        "repro": Repro(**c["repro"]),
+                    }
+                )
+                for c in section["causes"]
+            ),
+            fixed_known=tuple(FixedKnown(**{**f, "cells": tuple(f["cells"])}) for f in section["fixed_known"]),
+        )
+
+
+def _known_from_json(known: dict) -> KnownMatch:
+    return KnownMatch(**{**known, "cells": tuple(known["cells"])})
+
+
+def failing_now(
+    root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
+) -> FailingNow:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
     the most cells first) and the open known failures whose cells pass there now."""
     latest = history.latest
@@ -64,36 +169,36 @@ def failing_now(report: dict, history: History, aggregates: Aggregates, known: d
     first_seen = _first_seen(aggregates, history)
     first_run = aggregates.first_run.run_id
     at_latest = _versions(latest)
-    causes: list[dict[str, Any]] = []
+    causes: list[FailingCause] = []
     for (failure_class, text), cells in failing.items():
         cells = sorted(cells)
         representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
         match = _known_for(known, failure_class, text, cells, at_latest)
         causes.append(
-            {
-                "id": cause_id(failure_class, text),
-                "failure_class": failure_class,
-                "cause": text,
-                "count": len(cells),
-                "cells": [cell.id for cell in cells],
-                "cells_text": cells_text(cells),
-                "since": _since(first_seen[failure_class, text], first_run, latest),
-                "root_causes": _root_causes(report, history, failure_class, text, cells),
-                "status": "known" if match else "new",
-                "known": match,
-                "repro": {
-                    "cell": representative.id,
-                    "command": repro_command(representative),
-                    "logs": f"{LOGS_ROOT}/{representative.id}/",
-                },
-            }
+            FailingCause(
+                id=cause_id(failure_class, text),
+                failure_class=failure_class,
+                cause=text,
+                count=len(cells),
+                cells=tuple(cell.id for cell in cells),
+                cells_text=cells_text(cells),
+                since=_since(first_seen[failure_class, text], first_run, latest),
+                root_causes=tuple(_root_causes(root_causes, history, failure_class, text, cells)),
+                status="known" if match else "new",
+                known=match,
+                repro=Repro(
+                    cell=representative.id,
+                    command=repro_command(representative),
+                    logs=f"{LOGS_ROOT}/{representative.id}/",
+                ),
+            )
         )
-    causes.sort(key=lambda c: (c["status"] != "new", -c["count"], c["failure_class"], c["cause"]))
-    return {
-        "cells": sum(c["count"] for c in causes),
-        "causes": causes,
-        "fixed_known": _fixed_known(history, aggregates, known),
-    }
+    causes.sort(key=lambda c: (c.status != "new", -c.count, c.failure_class, c.cause))
+    return FailingNow(
+        cells=sum(c.count for c in causes),
+        causes=tuple(causes),
+        fixed_known=tuple(_fixed_known(history, aggregates, known)),
+    )
 
 
 def _versions(versions: Versions) -> dict[str, str]:
@@ -119,7 +224,7 @@ def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str
     return first
 
 
-def _since(first: ResultGroup, first_run: str, latest: Versions) -> dict:
+def _since(first: ResultGroup, first_run: str, latest: Versions) -> FirstSeen:
     """Since when a cause fails: "the first run", the versions where it first appears where they differ from the
     latest ones, or the day it first appeared at the latest versions."""
     run = first.earliest
@@ -132,15 +237,17 @@ def _since(first: ResultGroup, first_run: str, latest: Versions) -> dict:
         text = f"since {', '.join(changed)} (first seen {run.started[:10]})"
     else:
         text = f"since {run.started[:10]} (session {run.session})"
-    return {"text": text, "run": run.run_id, "started": run.started, "versions": first.versions.describe()}
+    return FirstSeen(text=text, run=run.run_id, started=run.started, versions=first.versions.describe())
 
 
-def _root_causes(report: dict, history: History, failure_class: str, text: str, cells: list[CellKey]) -> list[str]:
+def _root_causes(
+    root_causes: tuple[RootCause, ...], history: History, failure_class: str, text: str, cells: list[CellKey]
+) -> list[str]:
     """The root causes (reports.causes) whose transitions brought these cells into the latest versions failing this
     way: broke, or changed failure class, on one axis with the others at the latest versions."""
     ids = []
-    for root in report["root_causes"]:
-        if root["kind"] == "fixed":
+    for root in root_causes:
+        if root.kind == "fixed":
             continue
         for t in typed_members(history.transitions, root):
             failing = t.failing_end
@@ -151,40 +258,39 @@ def _root_causes(report: dict, history: History, failure_class: str, text: str, 
                 and t.after.label(t.axis) == history.latest.label(t.axis)
                 and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))
             ):
-                ids.append(root["id"])
+                ids.append(root.id)
                 break
     return ids
 
 
-def _known_json(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> dict:
+def _known_match(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> KnownMatch:
     axis, _, fixed_version = entry.fixed_in.partition(" ")
     here = release(latest.get(axis, "")) if entry.fixed_in else None
-    return {
-        "name": entry.name,
-        "upstream": entry.upstream,
-        "label": upstream_label(entry.upstream),
-        "state": entry.state,
-        "fixed_in": entry.fixed_in,
-        "note": entry.note,
-        "cells": [cell.id for cell in cells],
-        # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
-        "fails_after_fix": bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed),
-    }
+    return KnownMatch(
+        name=entry.name,
+        upstream=entry.upstream,
+        label=upstream_label(entry.upstream),
+        state=entry.state,
+        fixed_in=entry.fixed_in,
+        note=entry.note,
+        cells=tuple(cell.id for cell in cells),
+        fails_after_fix=bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed),
+    )
 
 
 def _known_for(
     known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey], latest: dict[str, str]
-) -> dict | None:
+) -> KnownMatch | None:
     """The known failure that covers the most of these cells at the latest versions, or None: a new cause."""
     covered = {
         entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
         for entry in known.values()
     }
     best = max(covered, key=lambda name: len(covered[name]), default=None)
-    return _known_json(known[best], covered[best], latest) if best and covered[best] else None
+    return _known_match(known[best], covered[best], latest) if best and covered[best] else None
 
 
-def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> list[dict]:
+def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> list[FixedKnown]:
     """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
     the version where their cells' fix transitions land (the bisected release when triage answered), or at the
     latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
@@ -226,59 +332,71 @@ def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, Know
             places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
         )
         fixed.append(
-            {
-                **_known_json(entry, passing, _versions(latest)),
-                "cells_text": cells_text(passing),
-                "failure_class": entry.failure_class,
-                "fixed_at": fixed_at,
-                "last_failing": last_failing,
-                "bisected": bisected,
-            }
+            FixedKnown(
+                **asdict(_known_match(entry, passing, _versions(latest))),
+                cells_text=cells_text(passing),
+                failure_class=entry.failure_class,
+                fixed_at=fixed_at,
+                last_failing=last_failing,
+                bisected=bisected,
+            )
         )
     return fixed
+
+
+class ReportView(Protocol):
+    """What the section's text reads of the report model (reports.model.Report, which builds this module's section
+    and so cannot be imported here)."""
+
+    @property
+    def failing_now(self) -> FailingNow: ...
+
+    def members(self, root_cause: RootCause) -> list[dict]: ...
+
+    def root_cause(self, cause_id: str) -> RootCause: ...
 
 
 # ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
 
 
-def summary_text(section: dict) -> str:
+def summary_text(section: FailingNow) -> str:
     """ "94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
-    causes = section["causes"]
-    new = sum(1 for c in causes if c["status"] == "new")
+    causes = section.causes
+    new = sum(1 for c in causes if c.status == "new")
     parts = (
         [
-            f"{count_text(section['cells'], 'cell')} {'fails' if section['cells'] == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
+            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
             f"versions: {new} new, {len(causes) - new} known"
         ]
         if causes
         else ["No cell fails at the latest versions"]
     )
-    if section["fixed_known"]:
-        parts.append(f"{count_text(len(section['fixed_known']), 'known failure')} fixed: close upstream")
+    if section.fixed_known:
+        parts.append(f"{count_text(len(section.fixed_known), 'known failure')} fixed: close upstream")
     return "; ".join(parts)
 
 
-def status_text(entry: dict, link: Link) -> str:
+def status_text(entry: FailingCause, link: Link) -> str:
     """ "new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
-    known = entry["known"]
+    known = entry.known
     if known is None:
         return "new"
-    share = f", {len(known['cells'])} of {entry['count']} cells" if len(known["cells"]) < entry["count"] else ""
-    upstream = link(known["label"], known["upstream"])
-    if known["fails_after_fix"]:
-        return f"known {upstream} (fixed in {known['fixed_in']} upstream, yet fails here: reopen{share})"
-    state = f"fixed in {known['fixed_in']}" if known["state"] == "fixed" else "open"
+    share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
+    upstream = link(known.label, known.upstream)
+    if known.fails_after_fix:
+        return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
+    state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"
     return f"known {upstream} ({state}{share})"
 
 
-def answer_text(entry: dict, report: dict, link: Link) -> str:
+def answer_text(entry: FailingCause, report: ReportView, link: Link) -> str:
     """Where the transitions into the latest versions place the cause and the answer most of its cells share
     (reports.answers.answer_words), or "" when it failed everywhere the history ran it."""
     transitions = [
         t
-        for root_id in entry["root_causes"]
-        for t in members(report, _root(report, root_id))
-        if t["cell"] in entry["cells"]
+        for root_id in entry.root_causes
+        for t in report.members(report.root_cause(root_id))
+        if t["cell"] in entry.cells
     ]
     if not transitions:
         return ""
@@ -292,53 +410,49 @@ def answer_text(entry: dict, report: dict, link: Link) -> str:
     return f"{verb} at {first['axis']} {first['before']} → {first['after']} ({answer}){share}"
 
 
-def _root(report: dict, root_id: str) -> dict:
-    return next(root for root in report["root_causes"] if root["id"] == root_id)
-
-
-def cause_line(entry: dict, report: dict, link: Link) -> str:
+def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
     """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
     parts = [
-        f"**{status_text(entry, link)}** {entry['failure_class']} {code(entry['cause'])}",
-        f"{count_text(entry['count'], 'cell')}: {entry['cells_text']}",
-        entry["since"]["text"],
+        f"**{status_text(entry, link)}** {entry.failure_class} {code(entry.cause)}",
+        f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
+        entry.since.text,
         answer_text(entry, report, link),
-        f"{code(entry['repro']['command'])} (logs: `{entry['repro']['logs']}`, cause `{entry['id']}`)",
+        f"{code(entry.repro.command)} (logs: `{entry.repro.logs}`, cause `{entry.id}`)",
     ]
     return " — ".join(part for part in parts if part)
 
 
-def fixed_known_text(fixed: dict, link: Link) -> str:
+def fixed_known_text(fixed: FixedKnown, link: Link) -> str:
     """ "fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
     how = (
-        f" (last failing at {fixed['last_failing']}{'' if fixed['bisected'] else '; not bisected'})"
-        if fixed["last_failing"]
+        f" (last failing at {fixed.last_failing}{'' if fixed.bisected else '; not bisected'})"
+        if fixed.last_failing
         else ""
     )
     return (
-        f"fixed at {fixed['fixed_at']}: close {link(fixed['label'], fixed['upstream'])}{how} — "
-        f"`{fixed['name']}`, {fixed['failure_class']}, {count_text(len(fixed['cells']), 'cell')} pass now: "
-        f"{fixed['cells_text']}"
+        f"fixed at {fixed.fixed_at}: close {link(fixed.label, fixed.upstream)}{how} — "
+        f"`{fixed.name}`, {fixed.failure_class}, {count_text(len(fixed.cells), 'cell')} pass now: "
+        f"{fixed.cells_text}"
     )
 
 
-def failing_now_markdown(report: dict, link: Link) -> list[str]:
+def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
     """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
-    section = report["failing_now"]
-    if not section["causes"] and not section["fixed_known"]:
+    section = report.failing_now
+    if not section.causes and not section.fixed_known:
         return []
     lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
-    lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section["causes"], start=1)]
-    if section["fixed_known"]:
+    lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section.causes, start=1)]
+    if section.fixed_known:
         lines += ["", "Known failures whose cells pass now:", ""]
-        lines += [f"- {fixed_known_text(fixed, link)}" for fixed in section["fixed_known"]]
+        lines += [f"- {fixed_known_text(fixed, link)}" for fixed in section.fixed_known]
     return [*lines, ""]
 
 
-def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
     """What the HTML template draws, each text with its links made by `linked` (reports.render.linked_html)."""
-    section = report["failing_now"]
-    causes = section["causes"]
+    section = report.failing_now
+    causes = section.causes
     return {
         "summary": summary_text(section),
         "intro": INTRO,
@@ -349,5 +463,5 @@ def failing_now_html(report: dict, linked: Callable[[Callable[[Link], list[str]]
                 linked(lambda link: [answer_text(c, report, link) for c in causes]),
             )
         ),
-        "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section["fixed_known"]]),
+        "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section.fixed_known]),
     }

@@ -33,7 +33,6 @@ from reports.records import (
     TransitionKind,
     TriageAttempt,
     Versions,
-    parse_pins,
     release,
     short_commit,
 )
@@ -488,7 +487,7 @@ def answer_for(
         and failure_class in (None, b.failure_class)
         # The bisection pins the installable axes ("transformers 5.24.0, torch 2.13.0"); a transition
         # also names python: each pin must be the question's.
-        and _pins(parse_pins(b.held_fixed)) <= _pins(held_fixed)
+        and _pins(b.held_fixed) <= _pins(held_fixed)
         and (
             span.holds(b.before, b.after)
             if None not in (_release_of(b.before), _release_of(b.after))
@@ -527,7 +526,7 @@ def _attempt_for(transition: Transition, attempts: Sequence[TriageAttempt]) -> T
             getattr(transition.before, transition.axis),
             getattr(transition.after, transition.axis),
         )
-        and _pins(parse_pins(a.held_fixed)) <= _pins(transition.held_fixed)
+        and _pins(a.held_fixed) <= _pins(transition.held_fixed)
     ]
     return _newest(matching)
 

@@ -1,7 +1,7 @@
 """The report model: everything a report says, built from the History (reports/history.py) and the store's
-aggregates (reports/aggregates.py) as one JSON-ready dict — report.json's form, which every renderer
-(reports/render.py: markdown, HTML, step summary; reports/publish.py; reports/draft_issue.py) formats and none
-computes again.
+aggregates (reports/aggregates.py) as a `Report`, which every renderer (reports/render.py: markdown, HTML, step
+summary; reports/publish.py; reports/draft_issue.py) formats and none computes again. `report_json` is its one
+JSON form (report.json), `read_report` the Report again from it.
 
 What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
 is split off into report-details.json (split_report), so report.json stays the size of its first screen.
@@ -10,7 +10,7 @@ is split off into report-details.json (split_report), so report.json stays the s
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, started_order
 from reports.causes import (
     DELTA_KINDS,
+    TRANSITION_LISTS,
+    RootCause,
     SessionDeltas,
     all_session_deltas,
     cause_id,
@@ -28,9 +30,9 @@ from reports.causes import (
 )
 from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
-from reports.failing_now import failing_now
+from reports.failing_now import FailingNow, failing_now
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, Versions, pins_text, release
+from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, TriageAttempt, Versions, pins_text, release
 
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
@@ -47,19 +49,58 @@ DETAIL_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class Report:
+    """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
+    root causes and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
+    and lists, built below)."""
+
+    generated_at: str
+    latest_versions: Versions
+    latest_label: str
+    latest_harness: list[str]  # harness commits that recorded the latest versions
+    key_metric: str
+    since_previous_run: SincePreviousRun
+    matrix: dict[str, Any]
+    matrices: list[dict[str, Any]]
+    regressions: list[dict[str, Any]]
+    fixes: list[dict[str, Any]]
+    class_changes: list[dict[str, Any]]
+    flaky: list[dict[str, Any]]
+    harness_changes: list[dict[str, Any]]
+    timeline: dict[str, Any]
+    bisections: list[dict[str, Any]]
+    docs_drift: dict[str, Any] | None
+    checkpoints: dict[str, Any]
+    root_causes: tuple[RootCause, ...]
+    failing_now: FailingNow
+    supported_models: dict[str, Any]
+
+    def members(self, root_cause: RootCause) -> list[dict]:
+        """A root cause's transitions, in report.json's form."""
+        listed = getattr(self, TRANSITION_LISTS[root_cause.kind])
+        return [listed[i] for i in root_cause.members]
+
+    def root_cause(self, cause_id: str) -> RootCause:
+        return next(root for root in self.root_causes if root.id == cause_id)
+
+
 def build_report(
     history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
-) -> dict:
+) -> Report:
     runs = _runs_by_point(aggregates)
-    report: dict[str, Any] = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "latest_versions": _versions(history.latest),
-        "latest_label": history.latest.describe(),
-        "latest_harness": list(history.harness.get(history.latest, ())),  # harness commits that recorded it
-        "key_metric": KEY_METRIC,
-        "since_previous_run": _since_previous_run(all_session_deltas(aggregates.recent, history)),
-        "matrix": _matrix(history, history.latest),
-        "matrices": [
+    listed_of = {kind: [transition_json(t) for t in history.transitions if t.kind == kind] for kind in TRANSITION_LISTS}
+    causes = root_causes(listed_of, history.transitions, history.latest)
+    failing = failing_now(causes, history, aggregates, known_failures)
+    return Report(
+        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        latest_versions=history.latest,
+        latest_label=history.latest.describe(),
+        latest_harness=list(history.harness.get(history.latest, ())),
+        key_metric=KEY_METRIC,
+        since_previous_run=_since_previous_run(all_session_deltas(aggregates.recent, history)),
+        matrix=_matrix(history, history.latest),
+        matrices=[
             {
                 "versions": _versions(versions),
                 "label": versions.describe(),
@@ -68,40 +109,71 @@ def build_report(
             }
             for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
         ],
-        "regressions": [transition_json(t) for t in history.transitions if t.kind == "broke"],
-        "fixes": [transition_json(t) for t in history.transitions if t.kind == "fixed"],
-        "class_changes": [transition_json(t) for t in history.transitions if t.kind == "class-change"],
-        "flaky": [
+        regressions=listed_of["broke"],
+        fixes=listed_of["fixed"],
+        class_changes=listed_of["class-change"],
+        flaky=[
             {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
             for cell, versions, status in history.flaky
         ],
-        "harness_changes": [
-            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
-        ],
-        "timeline": _timeline(history, runs),
-        "bisections": [_bisection(b) for b in history.bisections],
-        "docs_drift": asdict(drift) if drift else None,
-        "checkpoints": checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        harness_changes=[_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        timeline=_timeline(history, runs),
+        bisections=[_answer(b) for b in history.bisections],
+        docs_drift=asdict(drift) if drift else None,
+        checkpoints=checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        root_causes=causes,
+        failing_now=failing,
+        supported_models=supported_models(history, failing, model_families()),
+    )
+
+
+def report_json(report: Report) -> dict:
+    """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back. The
+    parts still in that form (the large ones) are taken as they are."""
+    return {
+        **{field.name: getattr(report, field.name) for field in fields(report)},
+        "latest_versions": _versions(report.latest_versions),
+        "since_previous_run": _plain(report.since_previous_run),
+        "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
+        "failing_now": _plain(report.failing_now),
     }
-    report["root_causes"] = root_causes(report, history.transitions)
-    report["failing_now"] = failing_now(report, history, aggregates, known_failures)
-    report["supported_models"] = supported_models(history, report["failing_now"], model_families())
-    return report
 
 
-def split_report(report: dict) -> tuple[dict, dict]:
+def _plain(value: Any) -> Any:
+    """JSON's own types: a dataclass as a dict of its fields, a tuple as a list."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def split_report(report: Report) -> tuple[dict, dict]:
     """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
     first names under "details", so report.json stays the size of its first screen however long the history."""
-    details = {key: report[key] for key in DETAIL_KEYS}
-    first_screen = {key: value for key, value in report.items() if key not in DETAIL_KEYS}
+    whole = report_json(report)
+    details = {key: whole[key] for key in DETAIL_KEYS}
+    first_screen = {key: value for key, value in whole.items() if key not in DETAIL_KEYS}
     return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
 
 
-def read_report(out_dir: Path) -> dict:
+def read_report(out_dir: Path) -> Report:
     """The whole report a render wrote to out_dir: report.json with its details file put back."""
     first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
     details = first_screen.pop("details")
-    return {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+    whole = {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+    latest = Versions(**whole["latest_versions"])
+    return Report(
+        **{
+            **whole,
+            "latest_versions": latest,
+            "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
+            "failing_now": FailingNow.from_json(whole["failing_now"]),
+            "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
+        }
+    )
 
 
 # ---- JSON-ready pieces -------------------------------------------------------------------------------------------
@@ -191,32 +263,88 @@ def transition_json(transition: Transition) -> dict:
         "before_status": _status(transition.before_status),
         "after_status": _status(transition.after_status),
         "commits": [asdict(commit) for commit in transition.commits],
-        "bisection": _bisection(transition.bisection) if transition.bisection else None,
-        "attempt": {**asdict(transition.attempt), "cell": transition.attempt.cell.id} if transition.attempt else None,
+        "bisection": _answer(transition.bisection) if transition.bisection else None,
+        "attempt": _answer(transition.attempt) if transition.attempt else None,
     }
 
 
-def _bisection(bisection: Bisection) -> dict:
-    return {**asdict(bisection), "cell": bisection.cell.id}
+def _answer(answer: Bisection | TriageAttempt) -> dict:
+    """A bisection or triage attempt as report.json has it: the cell by its id, the held-fixed pins as text."""
+    return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
 
-def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
+@dataclass(frozen=True)
+class SinceSession:
+    """One session's newest run and the previous one it is compared with."""
+
+    session: str
+    newest_run: str
+    newest_versions: str
+    previous_run: str | None  # None: its first run, nothing to compare with
+    previous_versions: str | None
+    changed: tuple[str, ...]  # "deepspeed 0.19.7 → 0.19.8", one per axis that changed
+
+
+@dataclass(frozen=True)
+class SinceCause:
+    """The cells of one kind of change (reports.causes.DELTA_KINDS) with one failure class and cause."""
+
+    id: str
+    kind: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    sessions: tuple[str, ...]
+    no_previous_verdict: tuple[str, ...]  # new failures that did not run in the previous run
+    root_causes: tuple[str, ...]  # the ids of the root causes whose transitions place the change
+
+
+@dataclass(frozen=True)
+class SincePreviousRun:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+
+    sessions: tuple[SinceSession, ...]
+    counts: dict[str, dict[str, int]]  # {kind: {"cells": n, "causes": n}}; flaky cells are counted, not grouped
+    causes: tuple[SinceCause, ...]
+    flaky: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, entry: dict) -> SincePreviousRun:
+        return cls(
+            sessions=tuple(SinceSession(**{**s, "changed": tuple(s["changed"])}) for s in entry["sessions"]),
+            counts=entry["counts"],
+            causes=tuple(
+                SinceCause(
+                    **{
+                        **c,
+                        **{key: tuple(c[key]) for key in ("cells", "sessions", "no_previous_verdict", "root_causes")},
+                    }
+                )
+                for c in entry["causes"]
+            ),
+            flaky=tuple(entry["flaky"]),
+        )
+
+
+def _since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
     """What changed between the previous and the newest run of each session, grouped into causes."""
     causes = delta_causes(sessions)
     flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
-    return {
-        "sessions": [
-            {
-                "session": s.session,
-                "newest_run": s.newest.run_id,
-                "newest_versions": s.newest.versions.describe(),
-                "previous_run": s.previous.run_id if s.previous else None,
-                "previous_versions": s.previous.versions.describe() if s.previous else None,
-                "changed": [s.change_text(axis) for axis in s.changed],
-            }
+    return SincePreviousRun(
+        sessions=tuple(
+            SinceSession(
+                session=s.session,
+                newest_run=s.newest.run_id,
+                newest_versions=s.newest.versions.describe(),
+                previous_run=s.previous.run_id if s.previous else None,
+                previous_versions=s.previous.versions.describe() if s.previous else None,
+                changed=tuple(s.change_text(axis) for axis in s.changed),
+            )
             for s in sessions
-        ],
-        "counts": {
+        ),
+        counts={
             kind: {
                 "cells": sum(len(c.cells) for c in causes if c.kind == kind),
                 "causes": sum(1 for c in causes if c.kind == kind),
@@ -225,25 +353,25 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> dict:
             if kind != "flaky"
         }
         | {"flaky": {"cells": len(flaky)}},
-        "causes": [
-            {
-                "id": c.id,
-                "kind": c.kind,
-                "failure_class": c.failure_class,
-                "cause": c.cause,
-                "count": len(c.cells),
-                "cells": [cell.id for cell in c.cells],
-                "cells_text": cells_text(c.cells),
-                "sessions": [s.session for s in c.sessions],
-                "no_previous_verdict": sorted(
-                    {d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression}
+        causes=tuple(
+            SinceCause(
+                id=c.id,
+                kind=c.kind,
+                failure_class=c.failure_class,
+                cause=c.cause,
+                count=len(c.cells),
+                cells=tuple(cell.id for cell in c.cells),
+                cells_text=cells_text(c.cells),
+                sessions=tuple(s.session for s in c.sessions),
+                no_previous_verdict=tuple(
+                    sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression})
                 ),
-                "root_causes": sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions}),
-            }
+                root_causes=tuple(sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions})),
+            )
             for c in causes
-        ],
-        "flaky": flaky,
-    }
+        ),
+        flaky=tuple(flaky),
+    )
 
 
 def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], PointRuns]:

@@ -306,7 +306,7 @@ def upstream_posts(
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
     report = build_report(history, aggregate(observations), None, known)
-    failing = {entry["id"]: entry for entry in report["failing_now"]["causes"]}
+    failing = {entry.id: entry for entry in report.failing_now.causes}
     folder = out_dir / "publish" / "upstream"
     posts = []
     for delta_cause in regression_causes(sessions):
@@ -316,8 +316,8 @@ def upstream_posts(
                 f"upstream: cause {delta_cause.id} does not fail at the latest versions {history.latest.describe()}: "
                 "no report"
             )
-        elif entry["status"] == "known":
-            log(f"upstream: cause {delta_cause.id} is known ({entry['known']['upstream']}): no report")
+        elif entry.known is not None:
+            log(f"upstream: cause {delta_cause.id} is known ({entry.known.upstream}): no report")
         elif not_deepspeeds(entry):
             log(f"upstream: no report: {not_deepspeeds(entry)}")
         else:

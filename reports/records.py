@@ -73,7 +73,7 @@ def pins_text(pins: Pins) -> str:
 
 
 def parse_pins(text: str) -> Pins:
-    """The pins of a stored answer's text (`pins_text`'s form)."""
+    """The pins of `pins_text`'s form, where they are kept as text: store rows, archived answers, report.json."""
     return tuple((axis, value) for axis, _, value in (pin.partition(" ") for pin in text.split(", ") if pin))
 
 
@@ -136,7 +136,7 @@ class Bisection:
     axis: str
     before: str  # a release, or a commit sha when only commits were bisected
     after: str
-    held_fixed: str  # the other axes as stored: pins_text, e.g. "transformers 5.24.0, torch 2.13.0"
+    held_fixed: Pins  # the other axes it pinned, e.g. (("transformers", "5.24.0"), ("torch", "2.13.0"))
     failure_class: str
     signature: str
     commit: str = ""  # the first bad (first good) commit when DeepSpeed commits were bisected
@@ -170,7 +170,7 @@ class TriageAttempt:
     mode: BisectMode
     before: str
     after: str
-    held_fixed: str
+    held_fixed: Pins
     reason: str
     recorded_at: str = ""
 

@@ -1,7 +1,7 @@
 """Write the report model (reports.model.build_report) as report.md, report.json (+ report-details.json),
 report.html, supported-models.md (and .diff) and a step summary; formatting only.
 
-Every output is rendered from the one JSON-ready report, so all say the same thing. A reader gets one screen first —
+Every output is rendered from the one Report, so all say the same thing. A reader gets one screen first —
 what fails now, what changed since the previous run of each session, and the root causes of every transition
 (reports.causes) with their answers — then the support matrix, then the details.
 """
@@ -27,12 +27,12 @@ from reports import ReportsError
 from reports.aggregates import Aggregates
 from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
 from reports.checkpoints import checkpoints_html, checkpoints_markdown
-from reports.causes import cell_of, cells_text, count_text, members, other_pins, shared_answers
+from reports.causes import RootCause, cell_of, cells_text, count_text, shared_answers
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
-from reports.model import DETAILS_FILE, build_report, split_report
-from reports.records import Versions, short_commit
+from reports.model import DETAILS_FILE, Report, SinceCause, SincePreviousRun, build_report, split_report
+from reports.records import pins_text, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
@@ -129,19 +129,17 @@ def matrix_markdown(matrix: dict) -> list[str]:
     return lines
 
 
-def seen_at(root_cause: dict, report: dict) -> str:
+def seen_at(root_cause: RootCause) -> str:
     """ " at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
-    latest = Versions(**report["latest_versions"])
-    elsewhere = [pins for pins in (other_pins(h, latest) for h in root_cause["held_fixed"]) if pins]
-    return f" at {'; '.join(elsewhere)}" if elsewhere else ""
+    elsewhere = "; ".join(pins_text(pins) for pins in root_cause.elsewhere)
+    return f" at {elsewhere}" if elsewhere else ""
 
 
-def root_cause_title(root_cause: dict, report: dict) -> str:
+def root_cause_title(root_cause: RootCause) -> str:
     """ "shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
     return (
-        f"{root_cause['failure_class']} {code(root_cause['cause'])} — {root_cause['axis']} {root_cause['before']} → "
-        f"{root_cause['after']}{seen_at(root_cause, report)} — {count_text(root_cause['count'], 'cell')}: "
-        f"{root_cause['cells_text']}"
+        f"{root_cause.failure_class} {code(root_cause.cause)} — {root_cause.axis} {root_cause.before} → "
+        f"{root_cause.after}{seen_at(root_cause)} — {count_text(root_cause.count, 'cell')}: {root_cause.cells_text}"
     )
 
 
@@ -172,51 +170,50 @@ def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[st
 ROOT_CAUSE_SECTIONS = (("broke", "Regressions"), ("fixed", "Fixes"), ("class-change", "Failure-class changes"))
 
 
-def root_causes_markdown(report: dict) -> list[str]:
-    found = report["root_causes"]
-    transitions = sum(len(c["members"]) for c in found)
+def root_causes_markdown(report: Report) -> list[str]:
+    found = report.root_causes
+    transitions = sum(len(c.members) for c in found)
     lines = ["## Root causes", ""]
     if not found:
         return [*lines, "No transition in the history: every cell kept its outcome across the versions run.", ""]
     lines += [
         f"{count_text(len(found), 'root cause')} over {count_text(transitions, 'transition')}. A range is last "
         "good → first bad (regressions) or last bad → first good (fixes) along one axis; the other axes are held "
-        f'at the latest versions ({report["latest_label"]}) unless a cause says "at …".',
+        f'at the latest versions ({report.latest_label}) unless a cause says "at …".',
         "",
     ]
     for kind, title in ROOT_CAUSE_SECTIONS:
-        of_kind = [c for c in found if c["kind"] == kind]
+        of_kind = [c for c in found if c.kind == kind]
         if of_kind:
-            cells = sum(c["count"] for c in of_kind)
+            cells = sum(c.count for c in of_kind)
             lines += [f"### {title}: {count_text(len(of_kind), 'cause')}, {count_text(cells, 'cell')}", ""]
             for number, root_cause in enumerate(of_kind, start=1):
-                lines.append(f"{number}. {root_cause_title(root_cause, report)}")
-                lines += [f"   - {line}" for line in answer_lines(members(report, root_cause))]
+                lines.append(f"{number}. {root_cause_title(root_cause)}")
+                lines += [f"   - {line}" for line in answer_lines(report.members(root_cause))]
             lines.append("")
     return lines
 
 
-def delta_cause_line(delta_cause: dict, report: dict) -> str:
+def delta_cause_line(delta_cause: SinceCause, report: Report) -> str:
     """One cause of what changed since the previous runs, with the answer of the root cause it belongs to."""
-    by_id = {c["id"]: c for c in report["root_causes"]}
-    placed = [by_id[i] for i in delta_cause["root_causes"]]
-    where = "; ".join(f"{c['axis']} {c['before']} → {c['after']}" for c in placed)
-    answers = [line for c in placed for line in answer_lines(members(report, c))]
+    placed = [report.root_cause(i) for i in delta_cause.root_causes]
+    where = "; ".join(f"{c.axis} {c.before} → {c.after}" for c in placed)
+    answers = [line for c in placed for line in answer_lines(report.members(c))]
     unseen = (
-        f" ({len(delta_cause['no_previous_verdict'])} without a verdict in the previous run)"
-        if delta_cause["no_previous_verdict"]
+        f" ({len(delta_cause.no_previous_verdict)} without a verdict in the previous run)"
+        if delta_cause.no_previous_verdict
         else ""
     )
     return (
-        f"**{delta_cause['kind']}** {delta_cause['failure_class']} {code(delta_cause['cause'])} — "
-        f"{count_text(delta_cause['count'], 'cell')}{unseen}: {delta_cause['cells_text']}"
+        f"**{delta_cause.kind}** {delta_cause.failure_class} {code(delta_cause.cause)} — "
+        f"{count_text(delta_cause.count, 'cell')}{unseen}: {delta_cause.cells_text}"
         + (f" — {where}: " + "; ".join(answers) if placed else "")
     )
 
 
-def since_previous_run_summary(since: dict) -> str:
+def since_previous_run_summary(since: SincePreviousRun) -> str:
     """ "3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
-    counts = since["counts"]
+    counts = since.counts
     parts = [
         f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
         for kind, noun, plural in (
@@ -231,22 +228,22 @@ def since_previous_run_summary(since: dict) -> str:
     return ", ".join(parts) or "nothing changed"
 
 
-def since_previous_run_markdown(report: dict) -> list[str]:
-    since = report["since_previous_run"]
-    compared = [s for s in since["sessions"] if s["previous_run"]]
+def since_previous_run_markdown(report: Report) -> list[str]:
+    since = report.since_previous_run
+    compared = [s for s in since.sessions if s.previous_run]
     lines = ["## Since the previous run of each session", ""]
     if not compared:
         return [
             *lines,
-            f"No session has run twice yet ({count_text(len(since['sessions']), 'session')}): nothing to "
+            f"No session has run twice yet ({count_text(len(since.sessions), 'session')}): nothing to "
             "compare. The root causes below come from the whole history.",
             "",
         ]
     lines += [f"{since_previous_run_summary(since)}.", ""]
     for s in compared:
-        changed = ", ".join(s["changed"]) or "no version changed"
-        lines.append(f"- `{s['session']}`: run `{s['previous_run']}` → `{s['newest_run']}`: {changed}")
-    news = [f"- {delta_cause_line(c, report)}" for c in since["causes"] if c["kind"] != "still failing"]
+        changed = ", ".join(s.changed) or "no version changed"
+        lines.append(f"- `{s.session}`: run `{s.previous_run}` → `{s.newest_run}`: {changed}")
+    news = [f"- {delta_cause_line(c, report)}" for c in since.causes if c.kind != "still failing"]
     return [*lines, "", *news, ""] if news else [*lines, ""]
 
 
@@ -255,16 +252,16 @@ def flaky_text(entry: dict) -> str:
     return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
 
 
-def harness_changes_markdown(report: dict) -> list[str]:
+def harness_changes_markdown(report: Report) -> list[str]:
     """Verdicts that changed at the same versions when the harness commit did: not flaky, no library change."""
-    if not report["harness_changes"]:
+    if not report.harness_changes:
         return []
     return [
         "## Harness changes",
         "",
         "Verdicts that changed with the harness commit at the same versions:",
         "",
-        *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report["harness_changes"]],
+        *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report.harness_changes],
         "",
     ]
 
@@ -284,9 +281,9 @@ def _recorded_by(harness: list[str]) -> str:
     return f" ({harness_text(harness)})" if harness else ""
 
 
-def other_matrices_markdown(report: dict) -> list[str]:
+def other_matrices_markdown(report: Report) -> list[str]:
     """Every other version combination's matrix, collapsed (GitHub renders <details>)."""
-    others = report["matrices"][1:]
+    others = report.matrices[1:]
     if not others:
         return []
     lines = ["## Support matrix at the other version combinations", ""]
@@ -302,9 +299,9 @@ def other_matrices_markdown(report: dict) -> list[str]:
     return lines
 
 
-def details_markdown(report: dict) -> list[str]:
+def details_markdown(report: Report) -> list[str]:
     """One answer line per transition (answers.answer_text), collapsed, root cause by root cause."""
-    lines = [answer_text(t) for c in report["root_causes"] for t in members(report, c)]
+    lines = [answer_text(t) for c in report.root_causes for t in report.members(c)]
     if not lines:
         return []
     return [
@@ -319,51 +316,51 @@ def details_markdown(report: dict) -> list[str]:
     ]
 
 
-def report_markdown(report: dict) -> str:
+def report_markdown(report: Report) -> str:
     lines = [
         "# AutoTP support matrix",
         "",
-        f"Latest versions: {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
+        f"Latest versions: {report.latest_label}{_recorded_by(report.latest_harness)}.",
         "",
         *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
         "## Support matrix at the latest versions",
         "",
-        f"Cells show the outcome, the failure class and `{report['key_metric']}`; — means not run at these versions.",
+        f"Cells show the outcome, the failure class and `{report.key_metric}`; — means not run at these versions.",
         "",
-        *counts_markdown(report["matrix"]),
+        *counts_markdown(report.matrix),
         "",
-        *matrix_markdown(report["matrix"]),
+        *matrix_markdown(report.matrix),
         "",
-        *checkpoints_markdown(report["checkpoints"]),
+        *checkpoints_markdown(report.checkpoints),
         *other_matrices_markdown(report),
         "## Flaky cells",
         "",
-        *([f"- {flaky_text(entry)}" for entry in report["flaky"]] or ["None."]),
+        *([f"- {flaky_text(entry)}" for entry in report.flaky] or ["None."]),
         "",
         *harness_changes_markdown(report),
         *details_markdown(report),
-        *drift_lines(report["docs_drift"]),
+        *drift_lines(report.docs_drift),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def step_summary_markdown(report: dict) -> str:
+def step_summary_markdown(report: Report) -> str:
     counts: dict[str, int] = {}
-    for row in report["matrix"]["rows"]:
+    for row in report.matrix["rows"]:
         for entry in row["cells"].values():
             counts[entry["status"]] = counts.get(entry["status"], 0) + 1
     tally = ", ".join(f"{STATUS_ICONS[s]} {counts[s]} {s}" for s in STATUS_ICONS if s in counts)
     lines = [
         f"## AutoTP matrix — {tally}",
         "",
-        f"At {report['latest_label']}{_recorded_by(report['latest_harness'])}.",
+        f"At {report.latest_label}{_recorded_by(report.latest_harness)}.",
         "",
         *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
         *root_causes_markdown(report),
-        *drift_lines(report["docs_drift"]),
+        *drift_lines(report.docs_drift),
     ]
     return "\n".join(lines).rstrip("\n") + "\n\n"
 
@@ -491,20 +488,20 @@ def newest_timeline(timeline: dict, sets: int) -> dict:
     return {**timeline, "columns": [column for column in timeline["columns"] if column["index"] in kept]}
 
 
-def html_paging(report: dict) -> dict:
+def html_paging(report: Report) -> dict:
     """What report.html leaves to report-details.json: how many combinations' heatmaps and version sets it omits."""
     return {
-        "matrices": report["matrices"][:HTML_MATRICES],
-        "older_matrices": max(0, len(report["matrices"]) - HTML_MATRICES),
-        "older_sets": max(0, len(report["timeline"]["version_sets"]) - HTML_TIMELINE_SETS),
+        "matrices": report.matrices[:HTML_MATRICES],
+        "older_matrices": max(0, len(report.matrices) - HTML_MATRICES),
+        "older_sets": max(0, len(report.timeline["version_sets"]) - HTML_TIMELINE_SETS),
         "details_file": DETAILS_FILE,
     }
 
 
-def report_html(report: dict) -> str:
+def report_html(report: Report) -> str:
     environment = Environment(loader=PackageLoader("reports"), autoescape=True, undefined=StrictUndefined)
     template = environment.get_template("report.html.j2")
-    timeline = newest_timeline(report["timeline"], HTML_TIMELINE_SETS)
+    timeline = newest_timeline(report.timeline, HTML_TIMELINE_SETS)
     return template.render(
         report=report,
         paging=html_paging(report),
@@ -516,15 +513,13 @@ def report_html(report: dict) -> str:
         trend=_trend_plot(timeline),
         timeline=_timeline_view(timeline),
         plot={"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "margin": PLOT_MARGIN},
-        summary=since_previous_run_summary(report["since_previous_run"]),
-        seen_at=lambda c: seen_at(c, report),
-        answers=lambda c: linked_html(lambda link: answer_lines(members(report, c), link)),
-        root_cause_by_id={c["id"]: c for c in report["root_causes"]},
-        details=linked_html(
-            lambda link: [answer_text(t, link) for c in report["root_causes"] for t in members(report, c)]
-        ),
+        summary=since_previous_run_summary(report.since_previous_run),
+        seen_at=seen_at,
+        answers=lambda c: linked_html(lambda link: answer_lines(report.members(c), link)),
+        root_cause_by_id={c.id: c for c in report.root_causes},
+        details=linked_html(lambda link: [answer_text(t, link) for c in report.root_causes for t in report.members(c)]),
         flaky_text=flaky_text,
         harness_text=harness_text,
         failing_now=failing_now_html(report, linked_html),
-        checkpoints=checkpoints_html(report["checkpoints"]),
+        checkpoints=checkpoints_html(report.checkpoints),
     )

@@ -33,6 +33,8 @@ from reports.records import (
     TriageAttempt,
     Versions,
     deepspeed_git_of,
+    parse_pins,
+    pins_text,
 )
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
@@ -907,7 +909,7 @@ class HistoryStore:
                     bisection.axis,
                     bisection.before,
                     bisection.after,
-                    bisection.held_fixed,
+                    pins_text(bisection.held_fixed),
                     bisection.failure_class,
                     redact(bisection.signature),
                     bisection.commit,
@@ -935,7 +937,7 @@ class HistoryStore:
                 axis,
                 before,
                 after,
-                held_fixed,
+                parse_pins(held_fixed),
                 failure_class,
                 signature,
                 commit,
@@ -992,7 +994,7 @@ class HistoryStore:
                     attempt.mode,
                     attempt.before,
                     attempt.after,
-                    attempt.held_fixed,
+                    pins_text(attempt.held_fixed),
                     redact(attempt.reason),
                     attempt.recorded_at,
                 ),
@@ -1004,7 +1006,14 @@ class HistoryStore:
         rows = self._conn.execute("SELECT * FROM triage_attempts ORDER BY recorded_at, rowid")
         return [
             TriageAttempt(
-                CellKey(model, variant, dtype, tp), axis, mode, before, after, held_fixed, reason, recorded_at
+                CellKey(model, variant, dtype, tp),
+                axis,
+                mode,
+                before,
+                after,
+                parse_pins(held_fixed),
+                reason,
+                recorded_at,
             )
             for model, variant, dtype, tp, axis, mode, before, after, held_fixed, reason, recorded_at in rows
         ]

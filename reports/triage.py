@@ -279,7 +279,7 @@ class Triage:
             axis=question.axis,
             before=answer.before,
             after=answer.after,
-            held_fixed=pins_text(question.held_fixed),
+            held_fixed=question.held_fixed,
             commit=commit.sha if commit else "",
             subject=commit.subject if commit else "",
             pr=commit.pr if commit else None,
@@ -454,7 +454,7 @@ class Triage:
                     question.mode,
                     question.older,
                     question.newer,
-                    pins_text(question.held_fixed),
+                    question.held_fixed,
                     reason,
                 )
                 if attempt not in known:

@@ -205,7 +205,7 @@ def issue_18_store(tmp_path: Path) -> Path:
                     "deepspeed",
                     "0.19.5",
                     "0.19.6",
-                    "transformers 5.24.0, torch 2.13.0",
+                    (("transformers", "5.24.0"), ("torch", "2.13.0")),
                     "shard",
                     UNEVEN.format(sizes="[" + ", ".join(["N"] * cell.tp) + "]"),
                     **FIXED_BY,

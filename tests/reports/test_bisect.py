@@ -337,7 +337,7 @@ def test_report_says_broken_by_the_pr(tmp_path):
                 "deepspeed",
                 "0.16.5",
                 "0.16.6",
-                "transformers 5.24.0, torch 2.13.0",
+                (("transformers", "5.24.0"), ("torch", "2.13.0")),
                 "shard",
                 "AssertionError: heads N",
                 commit="ab" * 20,
@@ -355,7 +355,7 @@ def test_report_says_broken_by_the_pr(tmp_path):
                 "deepspeed",
                 "0.16.6",
                 "0.16.7",
-                "transformers 5.23.0, torch 2.13.0",
+                (("transformers", "5.23.0"), ("torch", "2.13.0")),
                 "shard",
                 "AssertionError: heads N",
                 commit="cd" * 20,
@@ -376,7 +376,7 @@ def test_report_says_broken_by_the_pr(tmp_path):
     assert f"- llama tp2 eager fp32: {answer}, shard: AssertionError: heads N" in markdown.splitlines()  # details
     assert f'<a href="{url}/pull/4321">#4321</a>' in (tmp_path / "out" / "report.html").read_text()
     report = read_report(tmp_path / "out")
-    assert report["regressions"][0]["bisection"]["pr"] == 4321
+    assert report.regressions[0]["bisection"]["pr"] == 4321
 
 
 def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_answer(tmp_path):
@@ -400,7 +400,7 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
                 "deepspeed",
                 "0.16.5",
                 "0.16.6",
-                "transformers 4.57.6, torch 2.13.0",
+                (("transformers", "4.57.6"), ("torch", "2.13.0")),
                 "shard",
                 "X",
                 recorded_at="2026-01-02T00:00:00+00:00",
@@ -414,7 +414,7 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
                 "deepspeed",
                 "0.16.7",
                 "0.16.8",
-                "transformers 5.24.0, torch 2.13.0",
+                (("transformers", "5.24.0"), ("torch", "2.13.0")),
                 "shard",
                 "X",
                 recorded_at="2026-01-03T00:00:00+00:00",

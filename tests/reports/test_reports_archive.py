@@ -68,7 +68,7 @@ def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
                 "fixed",
                 "0.18.9",
                 "0.19.8",
-                "transformers 5.24.0",
+                (("transformers", "5.24.0"),),
                 "every step untestable",
                 "2026-12-05T01:00:00+00:00",
             )
@@ -128,7 +128,7 @@ def test_verify_finds_runs_and_answers_a_lost_store_would_lose(session, tmp_path
                 "broken",
                 "0.1",
                 "0.2",
-                "",
+                (),
                 "every step untestable",
                 "2026-01-01T00:00:00+00:00",
             )

@@ -127,8 +127,8 @@ def test_first_screen_says_what_changed_since_the_previous_run(issue_18):
 
 def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     data = read_report(issue_18)
-    regression, fix = data["root_causes"]
-    assert (fix["kind"], fix["axis"], fix["before"], fix["after"], fix["failure_class"], fix["count"]) == (
+    regression, fix = data.root_causes
+    assert (fix.kind, fix.axis, fix.before, fix.after, fix.failure_class, fix.count) == (
         "fixed",
         "deepspeed",
         "0.18.9",
@@ -136,30 +136,31 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
         "shard",
         45,
     )
-    assert fix["held_fixed"] == ["transformers 5.24.0, torch 2.13.0+cpu, python 3.11.7"]
-    assert sorted(data["fixes"][i]["cell"] for i in fix["members"]) == fix["cells"]
-    assert [(a["answer"].split(",")[0], len(a["cells"])) for a in fix["answers"]] == [
+    assert fix.held_fixed == ((("transformers", "5.24.0"), ("torch", "2.13.0+cpu"), ("python", "3.11.7")),)
+    assert fix.elsewhere == ()  # held at the latest versions: the report states them once
+    assert tuple(sorted(data.fixes[i]["cell"] for i in fix.members)) == fix.cells
+    assert [(a.answer.split(",")[0], len(a.cells)) for a in fix.answers] == [
         ("fixed at deepspeed 0.19.5 → 0.19.6", 44),
         ("not yet triaged", 1),
     ]
-    assert regression["cells"] == [f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4)]
+    assert regression.cells == tuple(f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4))
 
-    since = data["since_previous_run"]
-    assert since["counts"] == {
+    since = data.since_previous_run
+    assert since.counts == {
         "new failure": {"cells": 3, "causes": 1},
         "fixed": {"cells": 0, "causes": 0},
         "still failing": {"cells": 0, "causes": 0},
         "flaky": {"cells": 0},
     }
-    assert since["causes"][0]["root_causes"] == [regression["id"]]
+    assert since.causes[0].root_causes == (regression.id,)
 
-    assert [m["label"] for m in data["matrices"]] == [  # every combination, the newest first
+    assert [m["label"] for m in data.matrices] == [  # every combination, the newest first
         f"deepspeed {ds}, transformers {tf}, torch 2.13.0+cpu, python 3.11.7"
         for ds, tf in (("0.19.8", "5.24.0"), ("0.19.8", "5.23.0"), ("0.18.9", "5.24.0"), ("0.17.6", "5.24.0"))
     ]
-    assert data["matrices"][2]["counts"]["shard"]["all"] == 45
+    assert data.matrices[2]["counts"]["shard"]["all"] == 45
 
-    timeline = data["timeline"]
+    timeline = data.timeline
     assert (timeline["primary_axis"], timeline["varying_axes"]) == ("deepspeed", ["deepspeed", "transformers"])
     assert timeline["fixed_axes"] == {"torch": "2.13.0+cpu", "python": "3.11.7"}
     assert [(c["group"], c["label"]) for c in timeline["columns"]] == [

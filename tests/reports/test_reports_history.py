@@ -47,6 +47,13 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
         "eager fp32: opt tp2",
         "   - answer: not yet triaged",
     ]
+    # "at transformers 4.44.0" is the typed pins of the model that differ from the latest versions, read back too
+    assert [c.elsewhere for c in read_report(out).root_causes] == [
+        ((("transformers", "4.44.0"),),),
+        (),
+        ((("transformers", "4.44.0"),),),
+        ((("transformers", "4.44.0"),),),
+    ]
     assert section(report, "Details: every transition")[1:-1] == [  # inside <details>: one answer line each
         "- llama tp2 eager fp32: broke at deepspeed 0.10.0 → 0.10.1 (not yet triaged), shard: AssertionError: "
         "heads % tp != 0",
@@ -65,13 +72,13 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
     ]
 
     data = read_report(out)
-    assert [t["cell"] for t in data["regressions"]] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
-    supported = data["supported_models"]
+    assert [t["cell"] for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
+    supported = data.supported_models
     assert (supported["supported"], supported["unsupported"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
     assert supported["not_tested"] == ["qwen2"]  # it fails in setup: the harness failed, nothing is known of AutoTP
-    assert data["timeline"]["cells"][3]["statuses"] == ["pass", "pass", "fail", "fail", "fail"]
-    assert data["timeline"]["cells"][3]["key_metric"] == [1e-6, 2e-6, 0.5, 0.5, 0.5]
-    changed = {cell["cell"]: cell["changed"] for cell in data["timeline"]["cells"]}
+    assert data.timeline["cells"][3]["statuses"] == ["pass", "pass", "fail", "fail", "fail"]
+    assert data.timeline["cells"][3]["key_metric"] == [1e-6, 2e-6, 0.5, 0.5, 0.5]
+    changed = {cell["cell"]: cell["changed"] for cell in data.timeline["cells"]}
     assert changed["bloom-eager-fp32-tp2"] and not changed["falcon-eager-fp32-tp2"]  # flaky is a change, a skip none
 
     summary = (out / "step-summary.md").read_text()
@@ -119,9 +126,9 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     session([Cell("llama")], deepspeed="0.19.8", harness_git="d" * 40 + "-dirty")
     out = render(tmp_path / "junit", tmp_path)
     report, data = (out / "report.md").read_text(), read_report(out)
-    assert data["timeline"]["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
-    assert data["latest_versions"]["deepspeed_git"] == ""
-    assert data["regressions"] == data["fixes"] == data["class_changes"] == data["root_causes"] == []
+    assert data.timeline["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
+    assert data.latest_versions.deepspeed_git == ""
+    assert data.regressions == data.fixes == data.class_changes == [] and data.root_causes == ()
     assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "2 pass / 1 fail (shard: ShardError: broken)"
@@ -130,7 +137,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
         "Latest versions: deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7 "
         "(harness c0ffee1000, dddddddddd-dirty)."
     ) in report
-    assert data["latest_harness"] == ["c0ffee1" + "0" * 33, "d" * 40 + "-dirty"]
+    assert data.latest_harness == ["c0ffee1" + "0" * 33, "d" * 40 + "-dirty"]
     assert "harness c0ffee1000, dddddddddd-dirty" in (out / "report.html").read_text()
 
 
@@ -143,7 +150,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     session([Cell("llama")], transformers="main", started="2025-01-05T00:00:00Z")
     out = render(tmp_path / "junit", tmp_path)
     data = read_report(out)
-    assert [label.split(",")[:2] for label in data["timeline"]["version_sets"]] == [
+    assert [label.split(",")[:2] for label in data.timeline["version_sets"]] == [
         ["deepspeed 0.14.2", " transformers main"],
         ["deepspeed 0.19.7", " transformers 4.44.0"],
         ["deepspeed 0.19.8", " transformers 4.44.0"],
@@ -158,7 +165,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
 # ---- an answer is attached only to the transition it proved (reports.history.answer_for) ------------------------
 
 LLAMA = CellKey("llama", "eager", "fp32", 2)
-HELD = "transformers 5.24.0, torch 2.13.0"
+HELD = (("transformers", "5.24.0"), ("torch", "2.13.0"))
 
 
 def observations(points: list[tuple[str, str, str]], harness: str = "") -> list[Observation]:
@@ -283,13 +290,13 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
     report, data = (out / "report.md").read_text(), read_report(out)
     # Neither flaky at 0.19.8 nor broken by a DeepSpeed release: 0.19.7 and 0.19.8 pass under the old harness,
     # 0.19.8 and 0.19.9 fail under the new one.
-    assert section(report, "Flaky cells") == ["None."] and data["flaky"] == []
-    assert data["regressions"] == data["fixes"] == data["class_changes"] == []
+    assert section(report, "Flaky cells") == ["None."] and data.flaky == []
+    assert data.regressions == data.fixes == data.class_changes == []
     assert section(report, "Harness changes")[1:] == [
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
     ]
-    assert data["harness_changes"][0]["before_status"]["status"] == "pass"
+    assert data.harness_changes[0]["before_status"]["status"] == "pass"
     assert report.count("| llama | ❌ numerics |") == 2  # 0.19.9 and 0.19.8: the newer harness's verdict there
     assert (
         "<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
@@ -306,5 +313,5 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
     session([Cell("llama")], deepspeed="0.19.8", harness_git="c" * 40)
     session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git="d" * 40)
     data = read_report(render(tmp_path / "junit", tmp_path))
-    assert data["harness_changes"] == [] and [e["cell"] for e in data["flaky"]] == ["llama-eager-fp32-tp2"]
-    assert [(t["before"], t["after"]) for t in data["regressions"]] == [("0.19.7", "0.19.9")]
+    assert data.harness_changes == [] and [e["cell"] for e in data.flaky] == ["llama-eager-fp32-tp2"]
+    assert [(t["before"], t["after"]) for t in data.regressions] == [("0.19.7", "0.19.9")]

@@ -361,7 +361,7 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
                     axis="deepspeed",
                     before="0.19.7",
                     after="0.19.8",
-                    held_fixed="transformers 4.44.0, torch 2.4.0",
+                    held_fixed=(("transformers", "4.44.0"), ("torch", "2.4.0")),
                     failure_class="shard",
                     signature=SPLIT.format("[N, N]" if tp == 2 else "[N, N, N]"),
                     commit="0123456789abcdef",

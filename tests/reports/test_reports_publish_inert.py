@@ -71,7 +71,7 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
                 "deepspeed",
                 "0.19.1",
                 "0.19.2",
-                "transformers 4.44.0, torch 2.4.0",
+                (("transformers", "4.44.0"), ("torch", "2.4.0")),
                 "forward",
                 f"RuntimeError: {HOSTILE}",
                 "a" * 40,

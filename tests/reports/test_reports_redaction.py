@@ -92,7 +92,7 @@ def test_planted_secrets_reach_no_output(tmp_path, capsys):
                 "broken",
                 "0.19.1",
                 "0.19.2",
-                "transformers 4.44.0",
+                (("transformers", "4.44.0"),),
                 f"every step untestable: {verdict.detail} {leaky_text()}",
                 "2025-01-03T00:00:00+00:00",
             )
@@ -104,7 +104,7 @@ def test_planted_secrets_reach_no_output(tmp_path, capsys):
                 "deepspeed",
                 "0.19.1",
                 "0.19.2",
-                "transformers 4.44.0",
+                (("transformers", "4.44.0"),),
                 "shard",
                 leaky_text(),
                 "a" * 40,

@@ -15,7 +15,7 @@ from sessions.environments import EnvironmentSpec
 from reports.answers import answer_text, plain_link
 from reports.git import GitRepo
 from reports.history import analyse
-from reports.records import CellKey, CellResult, Run, Versions, pins_text
+from reports.records import CellKey, CellResult, Run, Versions
 from reports.model import transition_json
 from reports.store import HistoryStore
 from reports.triage import Budget, Installer, Triage, questions
@@ -534,7 +534,7 @@ def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
                 "deepspeed",
                 "0.1.1",
                 "0.2.0",
-                pins_text(transition.held_fixed),
+                transition.held_fixed,
                 "shard",
                 TP2_CAUSE,
                 recorded_at="2026-01-03T00:00:00+00:00",
@@ -575,9 +575,9 @@ def test_the_same_question_at_other_held_fixed_versions_is_recorded_for_each(dee
         assert [t.held_fixed[0] for t in found.transitions] == [("deepspeed", "0.1.0"), ("deepspeed", "0.2.0")]
         make_triage(store, deepspeed_side, Budget(max_cells=10, max_minutes=30)).run(found.transitions)
         with HistoryStore(store, create=False) as history:
-            assert sorted(a.held_fixed.split(",")[0] for a in history.triage_attempts()) == [
-                "deepspeed 0.1.0",
-                "deepspeed 0.2.0",
+            assert sorted(a.held_fixed[0] for a in history.triage_attempts()) == [
+                ("deepspeed", "0.1.0"),
+                ("deepspeed", "0.2.0"),
             ]
     lines = [line for _, line in answers(store)]
     assert len(lines) == 2 and all("a torch change is shown with its range only" in line for line in lines), lines
