@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from itertools import groupby
 from pathlib import Path
@@ -25,9 +25,9 @@ from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.aggregates import Aggregates
-from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
+from reports.answers import Link, TransitionEntry, answer_text, code, commit_words, markdown_link, one_line
 from reports.checkpoints import checkpoints_html, checkpoints_markdown
-from reports.causes import RootCause, cell_of, cells_text, count_text, shared_answers
+from reports.causes import RootCause, cells_text, count_text, shared_answers
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
@@ -143,10 +143,10 @@ def root_cause_title(root_cause: RootCause) -> str:
     )
 
 
-def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[str]:
+def answer_lines(transitions: Sequence[TransitionEntry], link: Link = markdown_link) -> list[str]:
     """The answers shared by the transitions of a cause: the most common one with the number of cells it covers
     when not all, each other one with its cells; then the candidate commits while no answer names one."""
-    cells = {t["cell"]: cell_of(t) for t in transitions}
+    cells = {t.cell.id: t.cell for t in transitions}
     lines = []
     for rank, (text, answered) in enumerate(shared_answers(transitions, link)):
         if len(answered) == len(cells):
@@ -156,11 +156,11 @@ def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[st
         else:
             covers = f" ({count_text(len(answered), 'cell')}: {cells_text([cells[c] for c in answered])})"
         lines.append(f"answer{covers}: {text}")
-    if not any(t["bisection"] for t in transitions) and transitions[0]["commits"]:
-        commits = transitions[0]["commits"]  # one range, so every member lists the same commits
-        shown = "; ".join(commit_words(transitions[0]["axis"], c, link) for c in commits[:MAX_CANDIDATES])
+    if not any(t.bisection for t in transitions) and transitions[0].commits:
+        commits = transitions[0].commits  # one range, so every member lists the same commits
+        shown = "; ".join(commit_words(transitions[0].axis, c, link) for c in commits[:MAX_CANDIDATES])
         more = f" and {len(commits) - MAX_CANDIDATES} more (report.json)" if len(commits) > MAX_CANDIDATES else ""
-        relevant = sum(1 for c in commits if c["relevant"])
+        relevant = sum(1 for c in commits if c.relevant)
         lines.append(
             f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}"
         )

@@ -72,7 +72,7 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
     ]
 
     data = read_report(out)
-    assert [t["cell"] for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
+    assert [t.cell.id for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
     supported = data.supported_models
     assert (supported["supported"], supported["unsupported"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
     assert supported["not_tested"] == ["qwen2"]  # it fails in setup: the harness failed, nothing is known of AutoTP
@@ -128,7 +128,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     report, data = (out / "report.md").read_text(), read_report(out)
     assert data.timeline["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
     assert data.latest_versions.deepspeed_git == ""
-    assert data.regressions == data.fixes == data.class_changes == [] and data.root_causes == ()
+    assert data.regressions == data.fixes == data.class_changes == () and data.root_causes == ()
     assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "2 pass / 1 fail (shard: ShardError: broken)"
@@ -291,7 +291,7 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
     # Neither flaky at 0.19.8 nor broken by a DeepSpeed release: 0.19.7 and 0.19.8 pass under the old harness,
     # 0.19.8 and 0.19.9 fail under the new one.
     assert section(report, "Flaky cells") == ["None."] and data.flaky == []
-    assert data.regressions == data.fixes == data.class_changes == []
+    assert data.regressions == data.fixes == data.class_changes == ()
     assert section(report, "Harness changes")[1:] == [
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
@@ -314,4 +314,4 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
     session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git="d" * 40)
     data = read_report(render(tmp_path / "junit", tmp_path))
     assert data.harness_changes == [] and [e["cell"] for e in data.flaky] == ["llama-eager-fp32-tp2"]
-    assert [(t["before"], t["after"]) for t in data.regressions] == [("0.19.7", "0.19.9")]
+    assert [(t.before, t.after) for t in data.regressions] == [("0.19.7", "0.19.9")]
