@@ -1,10 +1,12 @@
+import json
 from dataclasses import replace
 
 from reports_testkit import Cell, fail, render, section
 
+from reports.answers import EntryStatus, TransitionEntry
 from reports.history import analyse
-from reports.model import read_report
-from reports.records import Bisection, CellKey, CellResult, Observation, Run, Versions
+from reports.model import entry_json, read_report
+from reports.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
 from reports.triage import open_transitions
 
 
@@ -315,3 +317,24 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
     data = read_report(render(tmp_path / "junit", tmp_path))
     assert data.harness_changes == [] and [e["cell"] for e in data.flaky] == ["llama-eager-fp32-tp2"]
     assert [(t.before, t.after) for t in data.regressions] == [("0.19.7", "0.19.9")]
+
+
+def test_a_transition_reads_back_from_report_json_with_every_part():
+    """report.json's form of a transition (model.entry_json) read back (TransitionEntry.from_json, as read_report
+    does) is the same entry: candidate commits with their files, a bisection with suspects and untestable commits,
+    or the triage attempt that could not answer."""
+    cell = CellKey("llama", "eager", "fp32", 2)
+    pins = (("transformers", "5.24.0"), ("torch", "2.13.0"))
+    commit = Commit("a" * 40, "Shard heads (#4321)", 4321, ("deepspeed/module_inject/auto_tp.py",), relevant=True)
+    failing = EntryStatus("fail", 0, 2, 0, "shard", "AssertionError: heads", 0.5)
+    passing = EntryStatus("pass", 2, 0, 0, "", "", None)
+    bisection = Bisection(
+        cell, "broken", "deepspeed", "0.19.7", "0.19.8", pins, "shard", "AssertionError: heads", files=("a.py",),
+        untestable=("b" * 40,), suspects=(commit,), kind="broke",
+    )  # fmt: skip
+    attempt = TriageAttempt(cell, "deepspeed", "broken", "0.19.7", "0.19.8", pins, "every step untestable")
+    answered = TransitionEntry(
+        cell, "broke", "deepspeed", "0.19.7", "0.19.8", pins, passing, failing, (commit,), bisection, None
+    )
+    for entry in (answered, replace(answered, bisection=None, attempt=attempt)):
+        assert TransitionEntry.from_json(json.loads(json.dumps(entry_json(entry)))) == entry
