@@ -53,7 +53,7 @@ DETAIL_KEYS = (
 @dataclass(frozen=True)
 class Report:
     """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
-    root causes, the transitions and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
+    root causes, the transitions, flaky points, harness changes and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
     and lists, built below)."""
 
     generated_at: str
@@ -67,8 +67,8 @@ class Report:
     regressions: tuple[TransitionEntry, ...]
     fixes: tuple[TransitionEntry, ...]
     class_changes: tuple[TransitionEntry, ...]
-    flaky: list[dict[str, Any]]
-    harness_changes: list[dict[str, Any]]
+    flaky: tuple[FlakyEntry, ...]
+    harness_changes: tuple[HarnessChangeEntry, ...]
     timeline: dict[str, Any]
     bisections: list[dict[str, Any]]
     docs_drift: dict[str, Any] | None
@@ -115,11 +115,12 @@ def build_report(
         regressions=listed_of["broke"],
         fixes=listed_of["fixed"],
         class_changes=listed_of["class-change"],
-        flaky=[
-            {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
-            for cell, versions, status in history.flaky
-        ],
-        harness_changes=[_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        flaky=tuple(
+            FlakyEntry(cell.id, versions, EntryStatus(**_status(status))) for cell, versions, status in history.flaky
+        ),
+        harness_changes=tuple(
+            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
+        ),
         timeline=_timeline(history, runs),
         bisections=[_answer(b) for b in history.bisections],
         docs_drift=asdict(drift) if drift else None,
@@ -138,6 +139,8 @@ def report_json(report: Report) -> dict:
         "latest_versions": _versions(report.latest_versions),
         "since_previous_run": _plain(report.since_previous_run),
         **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
+        "flaky": [flaky_json(entry) for entry in report.flaky],
+        "harness_changes": [_plain(entry) for entry in report.harness_changes],
         "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
         "failing_now": _plain(report.failing_now),
     }
@@ -180,6 +183,8 @@ def read_report(out_dir: Path) -> Report:
                 name: tuple(TransitionEntry.from_json(entry) for entry in whole[name])
                 for name in TRANSITION_LISTS.values()
             },
+            "flaky": tuple(FlakyEntry.from_json(entry) for entry in whole["flaky"]),
+            "harness_changes": tuple(HarnessChangeEntry.from_json(entry) for entry in whole["harness_changes"]),
         }
     )
 
@@ -208,16 +213,62 @@ def _status(status: CellStatus) -> dict:
     }
 
 
-def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> dict:
+@dataclass(frozen=True)
+class FlakyEntry:
+    """A cell that both passed and failed at one version set (report.json's "flaky")."""
+
+    cell: str  # the cell's id
+    versions: Versions
+    status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> FlakyEntry:
+        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
+        return cls(entry["cell"], Versions(**entry["versions"]), status)
+
+
+@dataclass(frozen=True)
+class HarnessChangeEntry:
+    """A verdict that changed at the same versions when the harness commit did (report.json's
+    "harness_changes")."""
+
+    cell: str  # the cell's id
+    versions_label: str
+    change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
+    before_status: EntryStatus  # under the older harness commits
+    after_status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> HarnessChangeEntry:
+        return cls(
+            **{
+                **entry,
+                "before_status": EntryStatus(**entry["before_status"]),
+                "after_status": EntryStatus(**entry["after_status"]),
+            }
+        )
+
+
+def flaky_json(entry: FlakyEntry) -> dict:
+    """A flaky point as report.json has it: its versions, their label, and its verdict's parts."""
+    return {
+        "cell": entry.cell,
+        "versions": _versions(entry.versions),
+        "versions_label": entry.versions.describe(),
+        **asdict(entry.status),
+    }
+
+
+def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> HarnessChangeEntry:
     older = status.harness_change
     assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
-    return {
-        "cell": cell.id,
-        "versions_label": versions.describe(),
-        "change": harness_change_text(status),
-        "before_status": _status(older),
-        "after_status": _status(status),
-    }
+    return HarnessChangeEntry(
+        cell=cell.id,
+        versions_label=versions.describe(),
+        change=harness_change_text(status),
+        before_status=EntryStatus(**_status(older)),
+        after_status=EntryStatus(**_status(status)),
+    )
 
 
 def _column(cell: CellKey) -> str:

@@ -31,7 +31,7 @@ from reports.causes import RootCause, cells_text, count_text, shared_answers
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
-from reports.model import DETAILS_FILE, Report, SinceCause, SincePreviousRun, build_report, split_report
+from reports.model import DETAILS_FILE, FlakyEntry, Report, SinceCause, SincePreviousRun, build_report, split_report
 from reports.records import pins_text, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
@@ -247,9 +247,10 @@ def since_previous_run_markdown(report: Report) -> list[str]:
     return [*lines, "", *news, ""] if news else [*lines, ""]
 
 
-def flaky_text(entry: dict) -> str:
-    failed = f" ({entry['failure_class']}: {one_line(entry['signature'])})" if entry["failure_class"] else ""
-    return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
+def flaky_text(entry: FlakyEntry) -> str:
+    status = entry.status
+    failed = f" ({status.failure_class}: {one_line(status.signature)})" if status.failure_class else ""
+    return f"{entry.cell} at {entry.versions.describe()}: {status.passes} pass / {status.fails} fail{failed}"
 
 
 def harness_changes_markdown(report: Report) -> list[str]:
@@ -261,7 +262,7 @@ def harness_changes_markdown(report: Report) -> list[str]:
         "",
         "Verdicts that changed with the harness commit at the same versions:",
         "",
-        *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report.harness_changes],
+        *[f"- {e.cell} at {e.versions_label}: {e.change}" for e in report.harness_changes],
         "",
     ]
 
