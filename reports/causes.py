@@ -173,7 +173,7 @@ def root_causes(
 
 
 def typed_members(transitions: list[Transition], root_cause: RootCause) -> list[Transition]:
-    """A root cause's transitions, typed (report.json's form of them: Report.members)."""
+    """A root cause's transitions as the history has them (as the report states them: Report.members)."""
     same_kind = of_kind(transitions, root_cause.kind)
     return [same_kind[i] for i in root_cause.members]
 

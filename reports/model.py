@@ -53,8 +53,9 @@ DETAIL_KEYS = (
 @dataclass(frozen=True)
 class Report:
     """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
-    root causes, the transitions, flaky points, harness changes and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
-    and lists, built below)."""
+    transitions, flaky points, harness changes, root causes and what fails now are typed; the other parts (the
+    matrices, the timeline, bisections, docs drift, checkpoints, supported models) are still their report.json
+    form (JSON-ready dicts and lists, built below)."""
 
     generated_at: str
     latest_versions: Versions
