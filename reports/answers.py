@@ -5,7 +5,8 @@ every output says it: report.md, report.html, the GitHub step summary, publish's
     "Refactor attention"), forward: RuntimeError: … @ transformers/models/bloom/modeling_bloom.py:forward
 
 Works on a TransitionEntry: a transition as the report has it (reports.model builds it; report.json keeps it
-under "regressions"/"fixes"/"class_changes"). answer_words is the answer alone, which a root cause's cells share (reports.causes).
+under "regressions"/"fixes"/"class_changes"). answer_words is the answer alone, which a root cause's cells share
+(reports.causes).
 `link(text, url)` decides the markup: markdown_link, an HTML one (render.linked_html), or plain_link for a terminal."""
 
 from __future__ import annotations
