@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from reports import ReportsError
-from reports.answers import Link, answer_words, plain_link
+from reports.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.gate import compare
 from reports.history import CellStatus, History, Transition
 from reports.records import (
@@ -58,10 +58,6 @@ def cells_text(cells: list[CellKey]) -> str:
         + ", ".join(f"{model} tp{'/'.join(map(str, sorted(sizes)))}" for model, sizes in sorted(models.items()))
         for (variant, dtype), models in sorted(tps.items())
     )
-
-
-def cell_of(entry: dict) -> CellKey:
-    return CellKey(entry["model"], entry["variant"], entry["dtype"], entry["tp"])
 
 
 def count_text(count: int, noun: str, plural: str = "") -> str:
@@ -135,9 +131,9 @@ def seen_elsewhere(held_fixed: tuple[Pins, ...], latest: Versions) -> tuple[Pins
 
 
 def root_causes(
-    listed_of: Mapping[str, list[dict]], transitions: list[Transition], latest: Versions
+    listed_of: Mapping[str, Sequence[TransitionEntry]], transitions: list[Transition], latest: Versions
 ) -> tuple[RootCause, ...]:
-    """The root causes of `transitions`, whose report.json form `listed_of` gives per kind (report.json's
+    """The root causes of `transitions`, whose report's form `listed_of` gives per kind (report.json's
     "regressions", "fixes" and "class_changes"): regressions first, then fixes, then class changes, the most cells
     first. `members` index into the kind's list."""
     by_kind = {kind: of_kind(transitions, kind) for kind in TRANSITION_LISTS}
@@ -150,7 +146,7 @@ def root_causes(
         kind, axis, before, after, failure_class, signature_cause = key
         listed = [listed_of[kind][i] for i in members]
         typed = [by_kind[kind][i] for i in members]
-        cells = sorted({cell_of(t) for t in listed})
+        cells = sorted({t.cell for t in listed})
         held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
             RootCause(
@@ -177,19 +173,19 @@ def root_causes(
 
 
 def typed_members(transitions: list[Transition], root_cause: RootCause) -> list[Transition]:
-    """A root cause's transitions, typed (report.json's form of them: Report.members)."""
+    """A root cause's transitions as the history has them (as the report states them: Report.members)."""
     same_kind = of_kind(transitions, root_cause.kind)
     return [same_kind[i] for i in root_cause.members]
 
 
-def shared_answers(transitions: list[dict], link: Link) -> list[tuple[str, list[str]]]:
+def shared_answers(transitions: Sequence[TransitionEntry], link: Link) -> list[tuple[str, list[str]]]:
     """Each distinct answer among the transitions (answers.answer_words) with the cells it answers, the most
     cells first: one line for a cause that one bisection answered and the others confirmed."""
-    by_answer: dict[str, list[dict]] = defaultdict(list)
+    by_answer: dict[str, list[TransitionEntry]] = defaultdict(list)
     for t in transitions:
         by_answer[answer_words(t, plain_link)].append(t)  # compared as plain text: a link may number its targets
     found = [
-        (answer_words(answered[0], link), list(dict.fromkeys(t["cell"] for t in answered)))
+        (answer_words(answered[0], link), list(dict.fromkeys(t.cell.id for t in answered)))
         for answered in by_answer.values()
     ]
     return sorted(found, key=lambda item: -len(item[1]))

@@ -23,7 +23,7 @@ from typing import Protocol
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, ResultGroup, started_order
-from reports.answers import Link, code
+from reports.answers import Link, TransitionEntry, code
 from reports.causes import RootCause, cause_id, cells_text, count_text, shared_answers, typed_members
 from reports.history import History
 from reports.records import AXES, CellKey, Versions, release
@@ -351,7 +351,7 @@ class ReportView(Protocol):
     @property
     def failing_now(self) -> FailingNow: ...
 
-    def members(self, root_cause: RootCause) -> list[dict]: ...
+    def members(self, root_cause: RootCause) -> list[TransitionEntry]: ...
 
     def root_cause(self, cause_id: str) -> RootCause: ...
 
@@ -396,18 +396,18 @@ def answer_text(entry: FailingCause, report: ReportView, link: Link) -> str:
         t
         for root_id in entry.root_causes
         for t in report.members(report.root_cause(root_id))
-        if t["cell"] in entry.cells
+        if t.cell.id in entry.cells
     ]
     if not transitions:
         return ""
     answer, answered = shared_answers(transitions, link)[0]
-    first = next(t for t in transitions if t["cell"] in answered)
-    cells = {t["cell"] for t in transitions}
+    first = next(t for t in transitions if t.cell.id in answered)
+    cells = {t.cell.id for t in transitions}
     share = f" ({len(answered)} of {len(cells)} cells)" if len(answered) < len(cells) else ""
-    if first["bisection"]:
+    if first.bisection:
         return answer + share  # "broke at deepspeed 0.19.7 → 0.19.8, first bad commit …"
-    verb = "broke" if first["kind"] == "broke" else "changed class"
-    return f"{verb} at {first['axis']} {first['before']} → {first['after']} ({answer}){share}"
+    verb = "broke" if first.kind == "broke" else "changed class"
+    return f"{verb} at {first.axis} {first.before} → {first.after} ({answer}){share}"
 
 
 def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:

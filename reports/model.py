@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.registry import KnownFailure
+from reports.answers import EntryStatus, TransitionEntry
 from reports.aggregates import Aggregates, started_order
 from reports.causes import (
     DELTA_KINDS,
@@ -52,8 +53,9 @@ DETAIL_KEYS = (
 @dataclass(frozen=True)
 class Report:
     """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
-    root causes and what fails now are typed; the other parts are still their report.json form (JSON-ready dicts
-    and lists, built below)."""
+    transitions, flaky points, harness changes, root causes and what fails now are typed; the other parts (the
+    matrices, the timeline, bisections, docs drift, checkpoints, supported models) are still their report.json
+    form (JSON-ready dicts and lists, built below)."""
 
     generated_at: str
     latest_versions: Versions
@@ -63,11 +65,11 @@ class Report:
     since_previous_run: SincePreviousRun
     matrix: dict[str, Any]
     matrices: list[dict[str, Any]]
-    regressions: list[dict[str, Any]]
-    fixes: list[dict[str, Any]]
-    class_changes: list[dict[str, Any]]
-    flaky: list[dict[str, Any]]
-    harness_changes: list[dict[str, Any]]
+    regressions: tuple[TransitionEntry, ...]
+    fixes: tuple[TransitionEntry, ...]
+    class_changes: tuple[TransitionEntry, ...]
+    flaky: tuple[FlakyEntry, ...]
+    harness_changes: tuple[HarnessChangeEntry, ...]
     timeline: dict[str, Any]
     bisections: list[dict[str, Any]]
     docs_drift: dict[str, Any] | None
@@ -76,8 +78,8 @@ class Report:
     failing_now: FailingNow
     supported_models: dict[str, Any]
 
-    def members(self, root_cause: RootCause) -> list[dict]:
-        """A root cause's transitions, in report.json's form."""
+    def members(self, root_cause: RootCause) -> list[TransitionEntry]:
+        """A root cause's transitions, as the report states them."""
         listed = getattr(self, TRANSITION_LISTS[root_cause.kind])
         return [listed[i] for i in root_cause.members]
 
@@ -89,7 +91,9 @@ def build_report(
     history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
 ) -> Report:
     runs = _runs_by_point(aggregates)
-    listed_of = {kind: [transition_json(t) for t in history.transitions if t.kind == kind] for kind in TRANSITION_LISTS}
+    listed_of = {
+        kind: tuple(transition_entry(t) for t in history.transitions if t.kind == kind) for kind in TRANSITION_LISTS
+    }
     causes = root_causes(listed_of, history.transitions, history.latest)
     failing = failing_now(causes, history, aggregates, known_failures)
     return Report(
@@ -112,11 +116,12 @@ def build_report(
         regressions=listed_of["broke"],
         fixes=listed_of["fixed"],
         class_changes=listed_of["class-change"],
-        flaky=[
-            {"cell": cell.id, "versions": _versions(versions), "versions_label": versions.describe(), **_status(status)}
-            for cell, versions, status in history.flaky
-        ],
-        harness_changes=[_harness_change(cell, versions, status) for cell, versions, status in history.harness_changes],
+        flaky=tuple(
+            FlakyEntry(cell.id, versions, EntryStatus(**_status(status))) for cell, versions, status in history.flaky
+        ),
+        harness_changes=tuple(
+            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
+        ),
         timeline=_timeline(history, runs),
         bisections=[_answer(b) for b in history.bisections],
         docs_drift=asdict(drift) if drift else None,
@@ -134,6 +139,9 @@ def report_json(report: Report) -> dict:
         **{field.name: getattr(report, field.name) for field in fields(report)},
         "latest_versions": _versions(report.latest_versions),
         "since_previous_run": _plain(report.since_previous_run),
+        **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
+        "flaky": [flaky_json(entry) for entry in report.flaky],
+        "harness_changes": [_plain(entry) for entry in report.harness_changes],
         "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
         "failing_now": _plain(report.failing_now),
     }
@@ -172,6 +180,12 @@ def read_report(out_dir: Path) -> Report:
             "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
             "failing_now": FailingNow.from_json(whole["failing_now"]),
             "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
+            **{
+                name: tuple(TransitionEntry.from_json(entry) for entry in whole[name])
+                for name in TRANSITION_LISTS.values()
+            },
+            "flaky": tuple(FlakyEntry.from_json(entry) for entry in whole["flaky"]),
+            "harness_changes": tuple(HarnessChangeEntry.from_json(entry) for entry in whole["harness_changes"]),
         }
     )
 
@@ -200,16 +214,62 @@ def _status(status: CellStatus) -> dict:
     }
 
 
-def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> dict:
+@dataclass(frozen=True)
+class FlakyEntry:
+    """A cell that both passed and failed at one version set (report.json's "flaky")."""
+
+    cell: str  # the cell's id
+    versions: Versions
+    status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> FlakyEntry:
+        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
+        return cls(entry["cell"], Versions(**entry["versions"]), status)
+
+
+@dataclass(frozen=True)
+class HarnessChangeEntry:
+    """A verdict that changed at the same versions when the harness commit did (report.json's
+    "harness_changes")."""
+
+    cell: str  # the cell's id
+    versions_label: str
+    change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
+    before_status: EntryStatus  # under the older harness commits
+    after_status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> HarnessChangeEntry:
+        return cls(
+            **{
+                **entry,
+                "before_status": EntryStatus(**entry["before_status"]),
+                "after_status": EntryStatus(**entry["after_status"]),
+            }
+        )
+
+
+def flaky_json(entry: FlakyEntry) -> dict:
+    """A flaky point as report.json has it: its versions, their label, and its verdict's parts."""
+    return {
+        "cell": entry.cell,
+        "versions": _versions(entry.versions),
+        "versions_label": entry.versions.describe(),
+        **asdict(entry.status),
+    }
+
+
+def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> HarnessChangeEntry:
     older = status.harness_change
     assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
-    return {
-        "cell": cell.id,
-        "versions_label": versions.describe(),
-        "change": harness_change_text(status),
-        "before_status": _status(older),
-        "after_status": _status(status),
-    }
+    return HarnessChangeEntry(
+        cell=cell.id,
+        versions_label=versions.describe(),
+        change=harness_change_text(status),
+        before_status=EntryStatus(**_status(older)),
+        after_status=EntryStatus(**_status(status)),
+    )
 
 
 def _column(cell: CellKey) -> str:
@@ -251,20 +311,37 @@ def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, i
     )
 
 
-def transition_json(transition: Transition) -> dict:
+def transition_entry(transition: Transition) -> TransitionEntry:
+    return TransitionEntry(
+        cell=transition.cell,
+        kind=transition.kind,
+        axis=transition.axis,
+        before=transition.before.label(transition.axis),
+        after=transition.after.label(transition.axis),
+        held_fixed=transition.held_fixed,
+        before_status=EntryStatus(**_status(transition.before_status)),
+        after_status=EntryStatus(**_status(transition.after_status)),
+        commits=tuple(transition.commits),
+        bisection=transition.bisection,
+        attempt=transition.attempt,
+    )
+
+
+def entry_json(entry: TransitionEntry) -> dict:
+    """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
     return {
-        "cell": transition.cell.id,
-        **asdict(transition.cell),
-        "kind": transition.kind,
-        "axis": transition.axis,
-        "before": transition.before.label(transition.axis),
-        "after": transition.after.label(transition.axis),
-        "held_fixed": pins_text(transition.held_fixed),
-        "before_status": _status(transition.before_status),
-        "after_status": _status(transition.after_status),
-        "commits": [asdict(commit) for commit in transition.commits],
-        "bisection": _answer(transition.bisection) if transition.bisection else None,
-        "attempt": _answer(transition.attempt) if transition.attempt else None,
+        "cell": entry.cell.id,
+        **asdict(entry.cell),
+        "kind": entry.kind,
+        "axis": entry.axis,
+        "before": entry.before,
+        "after": entry.after,
+        "held_fixed": pins_text(entry.held_fixed),
+        "before_status": asdict(entry.before_status),
+        "after_status": asdict(entry.after_status),
+        "commits": [asdict(commit) for commit in entry.commits],
+        "bisection": _answer(entry.bisection) if entry.bisection else None,
+        "attempt": _answer(entry.attempt) if entry.attempt else None,
     }
 
 

@@ -20,7 +20,7 @@ from matrix.redaction import redact
 from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.aggregates import aggregate
-from reports.answers import code, markdown_link, one_line
+from reports.answers import TransitionEntry, code, markdown_link, one_line
 from reports.causes import DELTA_KINDS, DeltaCause, SessionDeltas, count_text, delta_causes, session_deltas
 from reports.checkpoints import cell_checkpoints, checkpoint_lines, checkpoint_verdicts, has_faithful
 from reports.draft_issue import draft_text, not_deepspeeds
@@ -30,8 +30,8 @@ from reports.gate import select
 from reports.history import History, analyse
 from reports.junit import KNOWN_FAILURE_CLASSES
 from reports.pr_failures import classify, pr_comment_head
-from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, release
-from reports.model import build_report, transition_json
+from reports.records import Bisection, CellKey, Observation, TriageAttempt, Versions, pins_text, release
+from reports.model import build_report, transition_entry
 from reports.render import answer_lines, writing_to
 
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -102,13 +102,13 @@ def failure_class_text(failure_class: str) -> str:
     return failure_class if failure_class in KNOWN_FAILURE_CLASSES else code(failure_class)
 
 
-def placements(delta_cause: DeltaCause) -> list[list[dict]]:
+def placements(delta_cause: DeltaCause) -> list[list[TransitionEntry]]:
     """The history's transitions that place the cause's change (last good → first bad on one axis, others held
     fixed), one list per root cause they belong to; [] when nothing places it."""
-    by_root: dict[tuple[str, ...], list[dict]] = {}
+    by_root: dict[tuple[str, ...], list[TransitionEntry]] = {}
     for _, delta in delta_cause.deltas:
         for transition in delta.transitions:
-            by_root.setdefault(transition.cause_key, []).append(transition_json(transition))
+            by_root.setdefault(transition.cause_key, []).append(transition_entry(transition))
     return list(by_root.values())
 
 
@@ -116,8 +116,8 @@ def placement_lines(delta_cause: DeltaCause) -> list[str]:
     """Where each placement lies and the answer its cells share (bisection, triage or candidate commits)."""
     lines = []
     for transitions in placements(delta_cause):
-        t, cells = transitions[0], len({t["cell"] for t in transitions})
-        lines.append(f"- {t['axis']} {t['before']} → {t['after']} at {t['held_fixed']} ({count_text(cells, 'cell')})")
+        t, cells = transitions[0], len({t.cell for t in transitions})
+        lines.append(f"- {t.axis} {t.before} → {t.after} at {pins_text(t.held_fixed)} ({count_text(cells, 'cell')})")
         lines += [f"  - {line}" for line in answer_lines(transitions, markdown_link)]
     return lines
 
@@ -135,7 +135,7 @@ def _delta_cause_lines(delta_cause: DeltaCause, checkpoints: dict[CellKey, tuple
     if unseen:
         detail += f" ({len(unseen)} without a verdict in the last nightly)"
     answers = [
-        f"  - {t[0]['axis']} {t[0]['before']} → {t[0]['after']}: {line}"
+        f"  - {t[0].axis} {t[0].before} → {t[0].after}: {line}"
         for t in placements(delta_cause)
         for line in answer_lines(t, markdown_link)
     ]

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from itertools import groupby
 from pathlib import Path
@@ -25,13 +25,13 @@ from matrix.redaction import Redactor
 from matrix.registry import KnownFailure
 from reports import ReportsError
 from reports.aggregates import Aggregates
-from reports.answers import Link, answer_text, code, commit_words, markdown_link, one_line
+from reports.answers import Link, TransitionEntry, answer_text, code, commit_words, markdown_link, one_line
 from reports.checkpoints import checkpoints_html, checkpoints_markdown
-from reports.causes import RootCause, cell_of, cells_text, count_text, shared_answers
+from reports.causes import RootCause, cells_text, count_text, shared_answers
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
-from reports.model import DETAILS_FILE, Report, SinceCause, SincePreviousRun, build_report, split_report
+from reports.model import DETAILS_FILE, FlakyEntry, Report, SinceCause, SincePreviousRun, build_report, split_report
 from reports.records import pins_text, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
@@ -143,10 +143,10 @@ def root_cause_title(root_cause: RootCause) -> str:
     )
 
 
-def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[str]:
+def answer_lines(transitions: Sequence[TransitionEntry], link: Link = markdown_link) -> list[str]:
     """The answers shared by the transitions of a cause: the most common one with the number of cells it covers
     when not all, each other one with its cells; then the candidate commits while no answer names one."""
-    cells = {t["cell"]: cell_of(t) for t in transitions}
+    cells = {t.cell.id: t.cell for t in transitions}
     lines = []
     for rank, (text, answered) in enumerate(shared_answers(transitions, link)):
         if len(answered) == len(cells):
@@ -156,11 +156,11 @@ def answer_lines(transitions: list[dict], link: Link = markdown_link) -> list[st
         else:
             covers = f" ({count_text(len(answered), 'cell')}: {cells_text([cells[c] for c in answered])})"
         lines.append(f"answer{covers}: {text}")
-    if not any(t["bisection"] for t in transitions) and transitions[0]["commits"]:
-        commits = transitions[0]["commits"]  # one range, so every member lists the same commits
-        shown = "; ".join(commit_words(transitions[0]["axis"], c, link) for c in commits[:MAX_CANDIDATES])
+    if not any(t.bisection for t in transitions) and transitions[0].commits:
+        commits = transitions[0].commits  # one range, so every member lists the same commits
+        shown = "; ".join(commit_words(transitions[0].axis, c, link) for c in commits[:MAX_CANDIDATES])
         more = f" and {len(commits) - MAX_CANDIDATES} more (report.json)" if len(commits) > MAX_CANDIDATES else ""
-        relevant = sum(1 for c in commits if c["relevant"])
+        relevant = sum(1 for c in commits if c.relevant)
         lines.append(
             f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}"
         )
@@ -247,9 +247,10 @@ def since_previous_run_markdown(report: Report) -> list[str]:
     return [*lines, "", *news, ""] if news else [*lines, ""]
 
 
-def flaky_text(entry: dict) -> str:
-    failed = f" ({entry['failure_class']}: {one_line(entry['signature'])})" if entry["failure_class"] else ""
-    return f"{entry['cell']} at {entry['versions_label']}: {entry['passes']} pass / {entry['fails']} fail{failed}"
+def flaky_text(entry: FlakyEntry) -> str:
+    status = entry.status
+    failed = f" ({status.failure_class}: {one_line(status.signature)})" if status.failure_class else ""
+    return f"{entry.cell} at {entry.versions.describe()}: {status.passes} pass / {status.fails} fail{failed}"
 
 
 def harness_changes_markdown(report: Report) -> list[str]:
@@ -261,7 +262,7 @@ def harness_changes_markdown(report: Report) -> list[str]:
         "",
         "Verdicts that changed with the harness commit at the same versions:",
         "",
-        *[f"- {e['cell']} at {e['versions_label']}: {e['change']}" for e in report.harness_changes],
+        *[f"- {e.cell} at {e.versions_label}: {e.change}" for e in report.harness_changes],
         "",
     ]
 

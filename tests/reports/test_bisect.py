@@ -376,7 +376,8 @@ def test_report_says_broken_by_the_pr(tmp_path):
     assert f"- llama tp2 eager fp32: {answer}, shard: AssertionError: heads N" in markdown.splitlines()  # details
     assert f'<a href="{url}/pull/4321">#4321</a>' in (tmp_path / "out" / "report.html").read_text()
     report = read_report(tmp_path / "out")
-    assert report.regressions[0]["bisection"]["pr"] == 4321
+    bisection = report.regressions[0].bisection
+    assert bisection is not None and bisection.pr == 4321
 
 
 def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_answer(tmp_path):

@@ -138,7 +138,7 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     )
     assert fix.held_fixed == ((("transformers", "5.24.0"), ("torch", "2.13.0+cpu"), ("python", "3.11.7")),)
     assert fix.elsewhere == ()  # held at the latest versions: the report states them once
-    assert tuple(sorted(data.fixes[i]["cell"] for i in fix.members)) == fix.cells
+    assert tuple(sorted(data.fixes[i].cell.id for i in fix.members)) == fix.cells
     assert [(a.answer.split(",")[0], len(a.cells)) for a in fix.answers] == [
         ("fixed at deepspeed 0.19.5 → 0.19.6", 44),
         ("not yet triaged", 1),

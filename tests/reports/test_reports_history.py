@@ -1,10 +1,12 @@
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 from reports_testkit import Cell, fail, render, section
 
+from reports.answers import EntryStatus, TransitionEntry
 from reports.history import analyse
-from reports.model import read_report
-from reports.records import Bisection, CellKey, CellResult, Observation, Run, Versions
+from reports.model import FlakyEntry, HarnessChangeEntry, entry_json, flaky_json, read_report
+from reports.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
 from reports.triage import open_transitions
 
 
@@ -72,7 +74,7 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
     ]
 
     data = read_report(out)
-    assert [t["cell"] for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
+    assert [t.cell.id for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
     supported = data.supported_models
     assert (supported["supported"], supported["unsupported"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
     assert supported["not_tested"] == ["qwen2"]  # it fails in setup: the harness failed, nothing is known of AutoTP
@@ -128,7 +130,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     report, data = (out / "report.md").read_text(), read_report(out)
     assert data.timeline["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
     assert data.latest_versions.deepspeed_git == ""
-    assert data.regressions == data.fixes == data.class_changes == [] and data.root_causes == ()
+    assert data.regressions == data.fixes == data.class_changes == () and data.root_causes == ()
     assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "2 pass / 1 fail (shard: ShardError: broken)"
@@ -290,13 +292,13 @@ def test_a_verdict_that_changed_with_the_harness_is_shown_as_a_harness_change(se
     report, data = (out / "report.md").read_text(), read_report(out)
     # Neither flaky at 0.19.8 nor broken by a DeepSpeed release: 0.19.7 and 0.19.8 pass under the old harness,
     # 0.19.8 and 0.19.9 fail under the new one.
-    assert section(report, "Flaky cells") == ["None."] and data.flaky == []
-    assert data.regressions == data.fixes == data.class_changes == []
+    assert section(report, "Flaky cells") == ["None."] and data.flaky == ()
+    assert data.regressions == data.fixes == data.class_changes == ()
     assert section(report, "Harness changes")[1:] == [
         "- llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: "
         "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
     ]
-    assert data.harness_changes[0]["before_status"]["status"] == "pass"
+    assert data.harness_changes[0].before_status.status == "pass"
     assert report.count("| llama | ❌ numerics |") == 2  # 0.19.9 and 0.19.8: the newer harness's verdict there
     assert (
         "<li>llama-eager-fp32-tp2 at deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7: pass ×2 at "
@@ -313,5 +315,45 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
     session([Cell("llama")], deepspeed="0.19.8", harness_git="c" * 40)
     session([fail("llama", "numerics")], deepspeed="0.19.9", harness_git="d" * 40)
     data = read_report(render(tmp_path / "junit", tmp_path))
-    assert data.harness_changes == [] and [e["cell"] for e in data.flaky] == ["llama-eager-fp32-tp2"]
-    assert [(t["before"], t["after"]) for t in data.regressions] == [("0.19.7", "0.19.9")]
+    assert data.harness_changes == () and [e.cell for e in data.flaky] == ["llama-eager-fp32-tp2"]
+    assert [(t.before, t.after) for t in data.regressions] == [("0.19.7", "0.19.9")]
+
+
+def test_a_transition_reads_back_from_report_json_with_every_part():
+    """report.json's form of a transition (model.entry_json) read back (TransitionEntry.from_json, as read_report
+    does) is the same entry: candidate commits with their files, a bisection with suspects and untestable commits,
+    or the triage attempt that could not answer."""
+    cell = CellKey("llama", "eager", "fp32", 2)
+    pins = (("transformers", "5.24.0"), ("torch", "2.13.0"))
+    commit = Commit("a" * 40, "Shard heads (#4321)", 4321, ("deepspeed/module_inject/auto_tp.py",), relevant=True)
+    failing = EntryStatus("fail", 0, 2, 0, "shard", "AssertionError: heads", 0.5)
+    passing = EntryStatus("pass", 2, 0, 0, "", "", None)
+    bisection = Bisection(
+        cell, "broken", "deepspeed", "0.19.7", "0.19.8", pins, "shard", "AssertionError: heads", files=("a.py",),
+        untestable=("b" * 40,), suspects=(commit,), kind="broke",
+    )  # fmt: skip
+    attempt = TriageAttempt(cell, "deepspeed", "broken", "0.19.7", "0.19.8", pins, "every step untestable")
+    answered = TransitionEntry(
+        cell, "broke", "deepspeed", "0.19.7", "0.19.8", pins, passing, failing, (commit,), bisection, None
+    )
+    for entry in (answered, replace(answered, bisection=None, attempt=attempt)):
+        assert TransitionEntry.from_json(json.loads(json.dumps(entry_json(entry)))) == entry
+
+
+def test_a_flaky_point_and_a_harness_change_read_back_from_report_json():
+    """report.json's form of a flaky point (flaky_json) and of a harness change read back (as read_report does)
+    are the same entries."""
+    flaky = FlakyEntry(
+        "llama-eager-fp32-tp2",
+        Versions("0.19.8", "4.44.0", "2.4.0", "3.11.7", deepspeed_git="a" * 40),
+        EntryStatus("flaky", 2, 1, 0, "forward", "RuntimeError: NCCL timeout", 0.25),
+    )
+    change = HarnessChangeEntry(
+        "llama-eager-fp32-tp2",
+        "deepspeed 0.19.8",
+        "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb",
+        EntryStatus("pass", 2, 0, 0, "", "", None),
+        EntryStatus("fail", 0, 1, 0, "numerics", "logits differ", None),
+    )
+    assert FlakyEntry.from_json(json.loads(json.dumps(flaky_json(flaky)))) == flaky
+    assert HarnessChangeEntry.from_json(json.loads(json.dumps(asdict(change)))) == change

@@ -16,7 +16,7 @@ from reports.answers import answer_text, plain_link
 from reports.git import GitRepo
 from reports.history import analyse
 from reports.records import CellKey, CellResult, Run, Versions
-from reports.model import transition_json
+from reports.model import transition_entry
 from reports.store import HistoryStore
 from reports.triage import Budget, Installer, Triage, questions
 
@@ -108,7 +108,7 @@ def answers(store: Path) -> list[tuple[str, str]]:
     """(cell id, line) of each transition, the line as the report prints it."""
     with HistoryStore(store, create=False) as history:
         found = analyse(history.observations(), None, history.bisections(), history.triage_attempts())
-    return [(t.cell.id, answer_text(transition_json(t), plain_link)) for t in found.transitions]
+    return [(t.cell.id, answer_text(transition_entry(t), plain_link)) for t in found.transitions]
 
 
 # ---- DeepSpeed side: one bad commit behind 11 red cells of two causes ---------------------------------------------
