@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -135,11 +136,12 @@ class History:
         return [point for point in self._points() if point[2].harness_change is not None]
 
     def _points(self) -> list[tuple[CellKey, Versions, CellStatus]]:
+        statuses = self.statuses
         return [
-            (cell, versions, self.statuses[cell, versions])
+            (cell, versions, status)
             for versions in self.version_sets
             for cell in self.cells
-            if (cell, versions) in self.statuses
+            if (status := statuses.get((cell, versions))) is not None
         ]
 
 
@@ -155,10 +157,17 @@ class VersionOrder:
         # computed once per version set, not once per cell
         self._keys: dict[tuple[str, Versions], tuple] = {}
         self._held: dict[tuple[str, Versions], tuple[str, ...]] = {}
+        # A version set's earliest start first (a year has ~75 k groups at a few hundred version sets), then its axes.
+        earliest: dict[Versions, str] = {}
         for group in groups:
+            started = group.earliest.started
+            known = earliest.get(group.versions)
+            if known is None or started < known:
+                earliest[group.versions] = started
+        for versions, started in earliest.items():
             for axis in AXES:
-                key = self._seen_key(axis, group.versions)
-                self._first_seen[key] = min(self._first_seen.get(key, group.earliest.started), group.earliest.started)
+                key = self._seen_key(axis, versions)
+                self._first_seen[key] = min(self._first_seen.get(key, started), started)
 
     @staticmethod
     def _seen_key(axis: str, versions: Versions) -> tuple[str, str, str]:
@@ -199,6 +208,8 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
     by run id, or harness commit by harness commit): flaky where they passed and failed; the failure class most of
     the failures had (of two as common, the one listed first) with the signature of its first failure; the metrics
     of the newest result that has any."""
+    if len(groups) == 1:  # most points at a year: one group, so no counting, ranking or choosing among groups
+        return _summarise_group(groups[0], measured)
     outcomes: Counter[str] = Counter()
     for group in groups:
         outcomes[group.outcome] += group.count
@@ -225,6 +236,17 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
         )
     harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
     return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {}, harness)
+
+
+def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics]) -> CellStatus:
+    """`summarise_groups` of a single group."""
+    count, outcome = group.count, group.outcome
+    passes, fails, skips = (count if outcome == name else 0 for name in ("pass", "fail", "skip"))
+    status = "pass" if passes else "fail" if fails else "skip"
+    failure_class, signature = (group.failure_class, group.signature) if outcome == "fail" else ("", "")
+    newest = measured.get((group.cell, group.versions, group.harness_git))
+    metrics = newest.metrics if newest else {}
+    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, (group.harness_git,))
 
 
 def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
@@ -368,9 +390,11 @@ def _transitions(
         for versions in points:
             lines[order.held_fixed(axis, versions)].append(versions)
         for line in lines.values():
-            line.sort(key=lambda v: order.key(axis, v))
+            line.sort(key=partial(order.key, axis))
             for before, after in pairwise(line):
-                statuses = _compared(points[before], points[after], ranks)
+                statuses = points[before], points[after]
+                if statuses[0].harness_change is not None or statuses[1].harness_change is not None:
+                    statuses = _compared(*statuses, ranks)  # otherwise each is as of any harness commit
                 if kind := _kind(*statuses):
                     found.append(Transition(kind, cell, axis, before, after, *statuses))
     return found
