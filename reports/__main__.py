@@ -24,7 +24,7 @@ from reports.junit import find_junit_files, read_junit
 from reports.pr_failures import cause_lines, classify, summary_line
 from reports.publish import inert
 from reports.publish import publish as publish_deltas
-from reports.model import read_report
+from reports.model import build_report
 from reports.render import write_outputs, writing_to
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS, HistoryStore, StoreConflict
 from suites.outcome import FAILURE_CLASSES
@@ -163,11 +163,12 @@ def render(args: argparse.Namespace) -> int:
         aggregates = store.aggregates()
         history = analyse_aggregates(aggregates, repo, store.bisections(), store.triage_attempts())
     drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
-    for path in write_outputs(history, aggregates, drift, known_failures(args.known_failures), args.out):
+    report = build_report(history, aggregates, drift, known_failures(args.known_failures))
+    for path in write_outputs(report, history, drift, args.out):
         print(f"wrote {path}")
-    # The first section, where a run ends (`nox -s matrix`), from report.json: the form tools read the report in.
-    report = read_report(args.out)
-    print("\n".join(failing_now_markdown(report, plain_link)), end="")
+    # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its
+    # 23 MB of JSON at a year), redacted as the files are.
+    print(redact("\n".join(failing_now_markdown(report, plain_link))), end="")
     if drift:
         print(
             f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
