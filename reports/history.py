@@ -161,6 +161,7 @@ class VersionOrder:
             known = earliest.get(group.versions)
             if known is None or started < known:
                 earliest[group.versions] = started
+        self.version_sets = list(earliest)  # every version set of the groups
         for versions, started in earliest.items():
             for axis in AXES:
                 key = self._seen_key(axis, versions)
@@ -368,17 +369,21 @@ def analyse_aggregates(
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
     order = VersionOrder(groups, deepspeed_repo)
     ranks = harness_ranks_of_groups(groups)
-    grouped: dict[tuple[CellKey, Versions], list[ResultGroup]] = defaultdict(list)
+    # Each cell's points, in the order their first results are listed (the order its transitions are found in).
+    grouped: dict[CellKey, dict[Versions, list[ResultGroup]]] = defaultdict(lambda: defaultdict(list))
     for group in _listed(groups):
-        grouped[group.cell, group.versions].append(group)
-    statuses = {key: point_status_of_groups(members, aggregates.metrics, ranks) for key, members in grouped.items()}
-    version_sets = sorted({versions for _, versions in statuses}, key=order.set_key)
-    cells = sorted({cell for cell, _ in statuses})
+        grouped[group.cell][group.versions].append(group)
+    statuses: dict[tuple[CellKey, Versions], CellStatus] = {}
     # Skips carry no verdict and flaky points no deterministic one; transitions step over both.
-    verdicts_by_cell: dict[CellKey, dict[Versions, CellStatus]] = defaultdict(dict)
-    for (cell, versions), status in statuses.items():
-        if status.status in ("pass", "fail"):
-            verdicts_by_cell[cell][versions] = status
+    verdicts_by_cell: dict[CellKey, dict[Versions, CellStatus]] = {}
+    for cell, points in grouped.items():
+        verdicts = verdicts_by_cell[cell] = {}
+        for versions, members in points.items():
+            status = statuses[cell, versions] = point_status_of_groups(members, aggregates.metrics, ranks)
+            if status.status in ("pass", "fail"):
+                verdicts[versions] = status
+    version_sets = sorted(order.version_sets, key=order.set_key)
+    cells = sorted(grouped)
     lines = VersionLines(version_sets, order)
     transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], lines, ranks)]
     if deepspeed_repo is not None:
@@ -400,8 +405,8 @@ def _transitions(
     # Per axis, the points of each line as (rank on the line, versions, status), lines in the order first seen.
     on_lines: list[dict[int, list[tuple[int, Versions, CellStatus]]]] = [defaultdict(list) for _ in AXES]
     for versions, status in points.items():
-        for by_line, (line, rank) in zip(on_lines, lines.places[versions]):
-            by_line[line].append((rank, versions, status))
+        for by_line, (line_id, rank) in zip(on_lines, lines.places[versions]):
+            by_line[line_id].append((rank, versions, status))
     found = []
     for axis, by_line in zip(AXES, on_lines):
         for line in by_line.values():
