@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +159,27 @@ def verify(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def without_cycle_collection():
+    """Render builds its objects (~1 M at a year: groups, statuses, the report's dicts) to keep them until it ends,
+    and makes next to no reference cycles; the cycle collector's full passes walk every one of them again as they
+    grow, ~0.7 s of render's CPU at a year for nothing (peak memory the same). Reference counting still frees what
+    is dropped."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def render(args: argparse.Namespace) -> int:
+    with without_cycle_collection():
+        return _render(args)
+
+
+def _render(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
         aggregates = store.aggregates()
