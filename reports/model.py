@@ -34,7 +34,21 @@ from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
 from reports.failing_now import FailingNow, failing_now
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, TriageAttempt, Versions, pins_text, release
+from reports.records import (
+    AXES,
+    KEY_METRIC,
+    Bisection,
+    CellKey,
+    Commit,
+    Run,
+    TriageAttempt,
+    Versions,
+    pins_text,
+    release,
+)
+
+FlatRecord = CellKey | Commit | EntryStatus
+"""Records whose fields hold no record (`_flat` writes them as report.json has them)."""
 
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
@@ -149,6 +163,12 @@ def report_json(report: Report) -> dict:
     }
 
 
+def _flat(record: FlatRecord) -> dict[str, Any]:
+    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
+    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
+    return {field.name: getattr(record, field.name) for field in fields(record)}
+
+
 def _plain(value: Any) -> Any:
     """JSON's own types: a dataclass as a dict of its fields, a tuple as a list."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -258,7 +278,7 @@ def flaky_json(entry: FlakyEntry) -> dict:
         "cell": entry.cell,
         "versions": _versions(entry.versions),
         "versions_label": entry.versions.describe(),
-        **asdict(entry.status),
+        **_flat(entry.status),
     }
 
 
@@ -354,15 +374,15 @@ def entry_json(entry: TransitionEntry) -> dict:
     """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
     return {
         "cell": entry.cell.id,
-        **asdict(entry.cell),
+        **_flat(entry.cell),
         "kind": entry.kind,
         "axis": entry.axis,
         "before": entry.before,
         "after": entry.after,
         "held_fixed": pins_text(entry.held_fixed),
-        "before_status": asdict(entry.before_status),
-        "after_status": asdict(entry.after_status),
-        "commits": [asdict(commit) for commit in entry.commits],
+        "before_status": _flat(entry.before_status),
+        "after_status": _flat(entry.after_status),
+        "commits": [_flat(commit) for commit in entry.commits],
         "bisection": _answer(entry.bisection) if entry.bisection else None,
         "attempt": _answer(entry.attempt) if entry.attempt else None,
     }
@@ -534,7 +554,7 @@ def _timeline(history: History, grid: list[list[CellStatus | None]], runs: Point
         cells.append(
             {
                 "cell": cell.id,
-                **asdict(cell),
+                **_flat(cell),
                 "statuses": [p.status if p else None for p in points],
                 "failure_classes": [p.failure_class if p else "" for p in points],
                 "signatures": [p.signature if p else "" for p in points],
