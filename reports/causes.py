@@ -136,16 +136,16 @@ def root_causes(
     """The root causes of `transitions`, whose report's form `listed_of` gives per kind (report.json's
     "regressions", "fixes" and "class_changes"): regressions first, then fixes, then class changes, the most cells
     first. `members` index into the kind's list."""
-    by_kind = {kind: of_kind(transitions, kind) for kind in TRANSITION_LISTS}
+    of_each_kind = by_kind(transitions)
     grouped: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for kind, of_this_kind in by_kind.items():
+    for kind, of_this_kind in of_each_kind.items():
         for index, t in enumerate(of_this_kind):
             grouped[t.cause_key].append(index)
     found = []
     for key, members in grouped.items():
         kind, axis, before, after, failure_class, signature_cause = key
         listed = [listed_of[kind][i] for i in members]
-        typed = [by_kind[kind][i] for i in members]
+        typed = [of_each_kind[kind][i] for i in members]
         cells = sorted({t.cell for t in listed})
         held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
@@ -172,9 +172,15 @@ def root_causes(
     return tuple(sorted(found, key=lambda c: (kinds.index(c.kind), -c.count, c.axis, c.failure_class, c.cause)))
 
 
-def typed_members(transitions: list[Transition], root_cause: RootCause) -> list[Transition]:
-    """A root cause's transitions as the history has them (as the report states them: Report.members)."""
-    same_kind = of_kind(transitions, root_cause.kind)
+def by_kind(transitions: list[Transition]) -> dict[str, list[Transition]]:
+    """The transitions of each kind (`of_kind`), for looking up many root causes' members (`typed_members`)."""
+    return {kind: of_kind(transitions, kind) for kind in TRANSITION_LISTS}
+
+
+def typed_members(of_each_kind: Mapping[str, list[Transition]], root_cause: RootCause) -> list[Transition]:
+    """A root cause's transitions as the history has them (as the report states them: Report.members), from the
+    history's transitions of each kind (`by_kind`)."""
+    same_kind = of_each_kind[root_cause.kind]
     return [same_kind[i] for i in root_cause.members]
 
 
@@ -241,13 +247,11 @@ def session_deltas(observations: list[Observation], history: History, session: s
     if len(runs) == 1:
         return SessionDeltas(session, newest, None, (), ())  # its first run: nothing to compare with
     previous = runs[-2]
-    newest_results = {obs.cell: obs.result for obs in observations if obs.run == newest}
-    previous_results = {obs.cell: obs.result for obs in observations if obs.run == previous}
-    rows = compare(
-        [obs for obs in observations if obs.run == previous],
-        [obs for obs in observations if obs.run == newest],
-        confirmations=1,
-    )
+    of_newest = [obs for obs in observations if obs.run == newest]
+    of_previous = [obs for obs in observations if obs.run == previous]
+    newest_results = {obs.cell: obs.result for obs in of_newest}
+    previous_results = {obs.cell: obs.result for obs in of_previous}
+    rows = compare(of_previous, of_newest, confirmations=1)
     deltas = []
     for row in rows:
         if row.cell not in newest_results:
@@ -258,8 +262,14 @@ def session_deltas(observations: list[Observation], history: History, session: s
             continue
         regression = kind == "new failure" and row.verdict == "regression"
         placing = {"new failure": "broke", "fixed": "fixed"}.get(kind) if regression or kind == "fixed" else None
-        transitions = tuple(
-            t for t in history.transitions if t.kind == placing and t.cell == row.cell and t.after == newest.versions
+        transitions = (
+            tuple(
+                t
+                for t in history.transitions
+                if t.kind == placing and t.cell == row.cell and t.after == newest.versions
+            )
+            if placing
+            else ()  # still failing, flaky: nothing to place
         )
         deltas.append(
             Delta(

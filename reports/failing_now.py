@@ -24,8 +24,8 @@ from matrix.cells import replay_name
 from matrix.registry import KnownFailure
 from reports.aggregates import Aggregates, ResultGroup, started_order
 from reports.answers import Link, TransitionEntry, code
-from reports.causes import RootCause, cause_id, cells_text, count_text, shared_answers, typed_members
-from reports.history import History
+from reports.causes import RootCause, by_kind, cause_id, cells_text, count_text, shared_answers, typed_members
+from reports.history import History, Transition
 from reports.records import AXES, CellKey, Versions, release
 from reports.signatures import cause
 
@@ -167,6 +167,7 @@ def failing_now(
         if versions == latest and status.status == "fail":
             failing[status.failure_class, cause(status.signature)].append(cell)
     first_seen = _first_seen(aggregates, history)
+    transitions = by_kind(history.transitions)
     first_run = aggregates.first_run.run_id
     at_latest = _versions(latest)
     causes: list[FailingCause] = []
@@ -183,7 +184,7 @@ def failing_now(
                 cells=tuple(cell.id for cell in cells),
                 cells_text=cells_text(cells),
                 since=_since(first_seen[failure_class, text], first_run, latest),
-                root_causes=tuple(_root_causes(root_causes, history, failure_class, text, cells)),
+                root_causes=tuple(_root_causes(root_causes, transitions, latest, failure_class, text, set(cells))),
                 status="known" if match else "new",
                 known=match,
                 repro=Repro(
@@ -209,19 +210,16 @@ def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str
     """Per failure class and cause, its failures at the oldest version set of the history (in the history's version
     order) that hold the earliest run there (of two as early, the smaller run id, then the first cell)."""
     order = {versions: index for index, versions in enumerate(history.version_sets)}
-    first: dict[tuple[str, str], ResultGroup] = {}
-
-    def rank(group: ResultGroup) -> tuple:
-        return order[group.versions], *started_order(group.earliest), group.cell
-
+    first: dict[tuple[str, str], tuple[tuple, ResultGroup]] = {}
     for group in aggregates.groups:
         if group.outcome != "fail":
             continue
         key = group.failure_class, cause(group.signature)
+        rank = order[group.versions], *started_order(group.earliest), group.cell
         known = first.get(key)
-        if known is None or rank(group) < rank(known):
-            first[key] = group
-    return first
+        if known is None or rank < known[0]:
+            first[key] = rank, group
+    return {key: group for key, (_, group) in first.items()}
 
 
 def _since(first: ResultGroup, first_run: str, latest: Versions) -> FirstSeen:
@@ -241,22 +239,28 @@ def _since(first: ResultGroup, first_run: str, latest: Versions) -> FirstSeen:
 
 
 def _root_causes(
-    root_causes: tuple[RootCause, ...], history: History, failure_class: str, text: str, cells: list[CellKey]
+    root_causes: tuple[RootCause, ...],
+    transitions: dict[str, list[Transition]],
+    latest: Versions,
+    failure_class: str,
+    text: str,
+    cells: set[CellKey],
 ) -> list[str]:
-    """The root causes (reports.causes) whose transitions brought these cells into the latest versions failing this
-    way: broke, or changed failure class, on one axis with the others at the latest versions."""
+    """The root causes (reports.causes) whose transitions (`transitions`: the history's, by kind) brought these cells
+    into the latest versions failing this way: broke, or changed failure class, on one axis with the others at the
+    latest versions."""
     ids = []
     for root in root_causes:
         if root.kind == "fixed":
             continue
-        for t in typed_members(history.transitions, root):
+        for t in typed_members(transitions, root):
             failing = t.failing_end
             if (
                 t.cell in cells
                 and failing.failure_class == failure_class
                 and cause(failing.signature) == text
-                and t.after.label(t.axis) == history.latest.label(t.axis)
-                and t.held_fixed == history.latest.pins(tuple(a for a in AXES if a != t.axis))
+                and t.after.label(t.axis) == latest.label(t.axis)
+                and t.held_fixed == latest.pins(tuple(a for a in AXES if a != t.axis))
             ):
                 ids.append(root.id)
                 break

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from functools import partial
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 from packaging.version import Version
@@ -128,21 +127,20 @@ class History:
 
     @property
     def flaky(self) -> list[tuple[CellKey, Versions, CellStatus]]:
-        return [point for point in self._points() if point[2].status == "flaky"]
+        return self._points(lambda status: status.status == "flaky")
 
     @property
     def harness_changes(self) -> list[tuple[CellKey, Versions, CellStatus]]:
         """Cells whose verdict changed at the same versions when the harness commit changed."""
-        return [point for point in self._points() if point[2].harness_change is not None]
+        return self._points(lambda status: status.harness_change is not None)
 
-    def _points(self) -> list[tuple[CellKey, Versions, CellStatus]]:
-        statuses = self.statuses
-        return [
-            (cell, versions, status)
-            for versions in self.version_sets
-            for cell in self.cells
-            if (status := statuses.get((cell, versions))) is not None
-        ]
+    def _points(self, chosen: Callable[[CellStatus], bool]) -> list[tuple[CellKey, Versions, CellStatus]]:
+        """The points whose status is chosen, version set by version set (oldest first), cell by cell: the few
+        chosen are ordered, instead of looking up every cell at every version set."""
+        points = [(cell, versions, status) for (cell, versions), status in self.statuses.items() if chosen(status)]
+        set_rank = {versions: rank for rank, versions in enumerate(self.version_sets)}
+        cell_rank = {cell: rank for rank, cell in enumerate(self.cells)}
+        return sorted(points, key=lambda point: (set_rank[point[1]], cell_rank[point[0]]))
 
 
 class VersionOrder:
@@ -156,7 +154,6 @@ class VersionOrder:
         self._first_seen: dict[tuple[str, str, str], str] = {}
         # computed once per version set, not once per cell
         self._keys: dict[tuple[str, Versions], tuple] = {}
-        self._held: dict[tuple[str, Versions], tuple[str, ...]] = {}
         # A version set's earliest start first (a year has ~75 k groups at a few hundred version sets), then its axes.
         earliest: dict[Versions, str] = {}
         for group in groups:
@@ -164,6 +161,7 @@ class VersionOrder:
             known = earliest.get(group.versions)
             if known is None or started < known:
                 earliest[group.versions] = started
+        self.version_sets = list(earliest)  # every version set of the groups
         for versions, started in earliest.items():
             for axis in AXES:
                 key = self._seen_key(axis, versions)
@@ -190,17 +188,27 @@ class VersionOrder:
             return (0, deepspeed_order(self._repo, versions))
         return (0, version, self._first_seen[self._seen_key(axis, versions)])
 
-    def held_fixed(self, axis: str, versions: Versions) -> tuple[str, ...]:
-        """The values of every other version field: a line along axis holds them fixed."""
-        known = self._held.get((axis, versions))
-        if known is None:
-            known = self._held[axis, versions] = tuple(
-                getattr(versions, name) for name in Versions.__dataclass_fields__ if not _on_axis(name, axis)
-            )
-        return known
-
     def set_key(self, versions: Versions) -> tuple:
         return tuple(self.key(axis, versions) for axis in AXES)
+
+
+class VersionLines:
+    """Where each version set lies along each axis (in AXES' order): the line it is on — a number for the values of
+    every other version field, which the line holds fixed — and its rank on that line (VersionOrder.key's order;
+    equal keys, equal ranks). Computed once per version set: each cell's transitions then look a point up once
+    instead of once per axis and comparison (~0.7 M lookups at a year), and sort by plain numbers."""
+
+    def __init__(self, version_sets: list[Versions], order: VersionOrder):
+        places: dict[Versions, list[tuple[int, int]]] = {versions: [] for versions in version_sets}
+        for axis in AXES:
+            others = [name for name in Versions.__dataclass_fields__ if not _on_axis(name, axis)]
+            line_ids: dict[tuple[str, ...], int] = {}
+            keys = {versions: order.key(axis, versions) for versions in version_sets}
+            ranks = {key: rank for rank, key in enumerate(sorted(set(keys.values())))}
+            for versions in version_sets:
+                held = tuple(getattr(versions, name) for name in others)
+                places[versions].append((line_ids.setdefault(held, len(line_ids)), ranks[keys[versions]]))
+        self.places = {versions: tuple(place) for versions, place in places.items()}
 
 
 def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMetrics]) -> CellStatus:
@@ -231,9 +239,7 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
             newest = candidate
     first_seen: dict[str, tuple[str, str]] = {}
     for group in groups:
-        first_seen[group.harness_git] = min(
-            first_seen.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
-        )
+        _keep_earliest(first_seen, group.harness_git, started_order(group.earliest))
     harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
     return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {}, harness)
 
@@ -241,12 +247,13 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
 def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics]) -> CellStatus:
     """`summarise_groups` of a single group."""
     count, outcome = group.count, group.outcome
-    passes, fails, skips = (count if outcome == name else 0 for name in ("pass", "fail", "skip"))
-    status = "pass" if passes else "fail" if fails else "skip"
-    failure_class, signature = (group.failure_class, group.signature) if outcome == "fail" else ("", "")
     newest = measured.get((group.cell, group.versions, group.harness_git))
     metrics = newest.metrics if newest else {}
-    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, (group.harness_git,))
+    if outcome == "fail":
+        return CellStatus("fail", 0, count, 0, group.failure_class, group.signature, metrics, (group.harness_git,))
+    passes, skips = (count, 0) if outcome == "pass" else (0, count if outcome == "skip" else 0)
+    status = "pass" if passes else "skip"
+    return CellStatus(status, passes, 0, skips, "", "", metrics, (group.harness_git,))
 
 
 def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
@@ -254,10 +261,16 @@ def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
     commits."""
     first: dict[str, tuple[str, str]] = {}
     for group in groups:
-        first[group.harness_git] = min(
-            first.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
-        )
+        _keep_earliest(first, group.harness_git, started_order(group.earliest))
     return {commit: rank for rank, commit in enumerate(sorted(first, key=first.__getitem__))}
+
+
+def _keep_earliest(first: dict[str, tuple[str, str]], commit: str, started: tuple[str, str]) -> None:
+    """Note a run of a harness commit that started at `started` (start, run id): first keeps each commit's
+    earliest."""
+    known = first.get(commit)
+    if known is None or started < known:
+        first[commit] = started
 
 
 def point_status_of_groups(
@@ -268,6 +281,8 @@ def point_status_of_groups(
     once, from one harness commit to the next (a harness fix that turns a false pass into a fail, or back):
     then the status is the newer harness commits' verdict, with the older ones' as its harness_change. Runs
     whose harness commit is unknown (files from before it was kept) prove no such change."""
+    if len(groups) == 1:  # most points at a year: one outcome, never flaky
+        return _summarise_group(groups[0], measured)
     overall = summarise_groups(groups, measured)
     if overall.status != "flaky":
         return overall
@@ -354,18 +369,23 @@ def analyse_aggregates(
         raise ReportsError("the history store holds no results; import JUnit files with `python -m reports merge`")
     order = VersionOrder(groups, deepspeed_repo)
     ranks = harness_ranks_of_groups(groups)
-    grouped: dict[tuple[CellKey, Versions], list[ResultGroup]] = defaultdict(list)
+    # Each cell's points, in the order their first results are listed (the order its transitions are found in).
+    grouped: dict[CellKey, dict[Versions, list[ResultGroup]]] = defaultdict(lambda: defaultdict(list))
     for group in _listed(groups):
-        grouped[group.cell, group.versions].append(group)
-    statuses = {key: point_status_of_groups(members, aggregates.metrics, ranks) for key, members in grouped.items()}
-    version_sets = sorted({versions for _, versions in statuses}, key=order.set_key)
-    cells = sorted({cell for cell, _ in statuses})
+        grouped[group.cell][group.versions].append(group)
+    statuses: dict[tuple[CellKey, Versions], CellStatus] = {}
     # Skips carry no verdict and flaky points no deterministic one; transitions step over both.
-    verdicts_by_cell: dict[CellKey, dict[Versions, CellStatus]] = defaultdict(dict)
-    for (cell, versions), status in statuses.items():
-        if status.status in ("pass", "fail"):
-            verdicts_by_cell[cell][versions] = status
-    transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], order, ranks)]
+    verdicts_by_cell: dict[CellKey, dict[Versions, CellStatus]] = {}
+    for cell, points in grouped.items():
+        verdicts = verdicts_by_cell[cell] = {}
+        for versions, members in points.items():
+            status = statuses[cell, versions] = point_status_of_groups(members, aggregates.metrics, ranks)
+            if status.status in ("pass", "fail"):
+                verdicts[versions] = status
+    version_sets = sorted(order.version_sets, key=order.set_key)
+    cells = sorted(grouped)
+    lines = VersionLines(version_sets, order)
+    transitions = [t for cell in cells for t in _transitions(cell, verdicts_by_cell[cell], lines, ranks)]
     if deepspeed_repo is not None:
         transitions = [_attribute(t, deepspeed_repo) for t in transitions]
     transitions = [replace(t, bisection=_bisection_for(t, bisections)) for t in transitions]
@@ -373,31 +393,35 @@ def analyse_aggregates(
     first_seen: dict[Versions, dict[str, tuple[str, str]]] = defaultdict(dict)
     for group in groups:
         if group.harness_git:
-            seen = first_seen[group.versions]
-            seen[group.harness_git] = min(
-                seen.get(group.harness_git, started_order(group.earliest)), started_order(group.earliest)
-            )
+            _keep_earliest(first_seen[group.versions], group.harness_git, started_order(group.earliest))
     harness = {versions: tuple(sorted(seen, key=seen.__getitem__)) for versions, seen in first_seen.items()}
     return History(version_sets, cells, statuses, transitions, list(bisections), harness)
 
 
 def _transitions(
-    cell: CellKey, points: dict[Versions, CellStatus], order: VersionOrder, ranks: dict[str, int]
+    cell: CellKey, points: dict[Versions, CellStatus], lines: VersionLines, ranks: dict[str, int]
 ) -> list[Transition]:
+    """The transitions of one cell: along each axis, between neighbours on each line (the other axes held fixed)."""
+    # Per axis, the points of each line as (rank on the line, versions, status), lines in the order first seen.
+    on_lines: list[dict[int, list[tuple[int, Versions, CellStatus]]]] = [defaultdict(list) for _ in AXES]
+    for versions, status in points.items():
+        for by_line, (line_id, rank) in zip(on_lines, lines.places[versions]):
+            by_line[line_id].append((rank, versions, status))
     found = []
-    for axis in AXES:
-        lines: dict[tuple, list[Versions]] = defaultdict(list)
-        for versions in points:
-            lines[order.held_fixed(axis, versions)].append(versions)
-        for line in lines.values():
-            line.sort(key=partial(order.key, axis))
-            for before, after in pairwise(line):
-                statuses = points[before], points[after]
-                if statuses[0].harness_change is not None or statuses[1].harness_change is not None:
+    for axis, by_line in zip(AXES, on_lines):
+        for line in by_line.values():
+            line.sort(key=_rank)  # stable: points of equal rank stay in the order they were listed
+            for (_, before, before_status), (_, after, after_status) in pairwise(line):
+                statuses = before_status, after_status
+                if before_status.harness_change is not None or after_status.harness_change is not None:
                     statuses = _compared(*statuses, ranks)  # otherwise each is as of any harness commit
                 if kind := _kind(*statuses):
                     found.append(Transition(kind, cell, axis, before, after, *statuses))
     return found
+
+
+def _rank(point: tuple[int, Versions, CellStatus]) -> int:
+    return point[0]
 
 
 def _on_axis(field_name: str, axis: str) -> bool:

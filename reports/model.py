@@ -10,6 +10,7 @@ is split off into report-details.json (split_report), so report.json stays the s
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,7 +34,21 @@ from reports.checkpoints import cell_checkpoints, checkpoint_verdicts
 from reports.docs import Drift, model_families, supported_models
 from reports.failing_now import FailingNow, failing_now
 from reports.history import CellStatus, History, Transition, harness_change_text
-from reports.records import AXES, KEY_METRIC, Bisection, CellKey, Run, TriageAttempt, Versions, pins_text, release
+from reports.records import (
+    AXES,
+    KEY_METRIC,
+    Bisection,
+    CellKey,
+    Commit,
+    Run,
+    TriageAttempt,
+    Versions,
+    pins_text,
+    release,
+)
+
+FlatRecord = CellKey | Commit | EntryStatus
+"""Records whose fields hold no record (`_flat` writes them as report.json has them)."""
 
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
@@ -90,7 +105,7 @@ class Report:
 def build_report(
     history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
 ) -> Report:
-    runs = _runs_by_point(aggregates)
+    grid = _grid(history)
     listed_of = {
         kind: tuple(transition_entry(t) for t in history.transitions if t.kind == kind) for kind in TRANSITION_LISTS
     }
@@ -103,15 +118,16 @@ def build_report(
         latest_harness=list(history.harness.get(history.latest, ())),
         key_metric=KEY_METRIC,
         since_previous_run=_since_previous_run(all_session_deltas(aggregates.recent, history)),
-        matrix=_matrix(history, history.latest),
+        matrix=_matrix(history.cells, [row[-1] for row in grid]),
         matrices=[
             {
                 "versions": _versions(versions),
                 "label": versions.describe(),
                 "harness": list(history.harness.get(versions, ())),
-                **_matrix(history, versions),
+                **_matrix(history.cells, [row[index] for row in grid]),
             }
-            for versions in reversed(history.version_sets)  # the newest first, as a reader looks for it
+            # the newest first, as a reader looks for it
+            for index, versions in reversed(list(enumerate(history.version_sets)))
         ],
         regressions=listed_of["broke"],
         fixes=listed_of["fixed"],
@@ -122,7 +138,7 @@ def build_report(
         harness_changes=tuple(
             _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
         ),
-        timeline=_timeline(history, runs),
+        timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
         bisections=[_answer(b) for b in history.bisections],
         docs_drift=asdict(drift) if drift else None,
         checkpoints=checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
@@ -145,6 +161,12 @@ def report_json(report: Report) -> dict:
         "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
         "failing_now": _plain(report.failing_now),
     }
+
+
+def _flat(record: FlatRecord) -> dict[str, Any]:
+    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
+    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
+    return {field.name: getattr(record, field.name) for field in fields(record)}
 
 
 def _plain(value: Any) -> Any:
@@ -256,7 +278,7 @@ def flaky_json(entry: FlakyEntry) -> dict:
         "cell": entry.cell,
         "versions": _versions(entry.versions),
         "versions_label": entry.versions.describe(),
-        **asdict(entry.status),
+        **_flat(entry.status),
     }
 
 
@@ -276,26 +298,47 @@ def _column(cell: CellKey) -> str:
     return f"tp{cell.tp} {cell.variant}/{cell.dtype}"
 
 
-def _matrix(history: History, versions: Versions) -> dict:
-    """The support matrix at one version combination: a row per model run there, a column per tp × variant × dtype."""
-    here = [cell for cell in history.cells if (cell, versions) in history.statuses]
-    columns = sorted({(c.tp, c.variant, c.dtype) for c in here})
+def _grid(history: History) -> list[list[CellStatus | None]]:
+    """history.statuses as a grid: a row per cell (history.cells), a column per version set (history.version_sets),
+    None where the cell did not run. The matrices and the timeline read every cell at every version set (~72 k points
+    at a year): each point is looked up once here, not once per reader."""
+    set_index = {versions: index for index, versions in enumerate(history.version_sets)}
+    cell_index = {cell: index for index, cell in enumerate(history.cells)}
+    grid: list[list[CellStatus | None]] = [[None] * len(set_index) for _ in cell_index]
+    for (cell, versions), status in history.statuses.items():
+        grid[cell_index[cell]][set_index[versions]] = status
+    return grid
+
+
+def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> dict:
+    """The support matrix at one version combination (each cell's status there, None where it did not run): a row
+    per model run there, a column per tp × variant × dtype."""
+    by_model: dict[str, dict[tuple[int, str, str], tuple[CellKey, CellStatus]]] = defaultdict(dict)
+    for cell, status in zip(cells, statuses):
+        if status is not None:
+            by_model[cell.model][cell.tp, cell.variant, cell.dtype] = cell, status
+    columns = sorted({column for here in by_model.values() for column in here})
     rows = []
-    for model in sorted({c.model for c in here}):
-        cells = {}
-        for tp, variant, dtype in columns:
-            cell = CellKey(model, variant, dtype, tp)
-            status = history.statuses.get((cell, versions))
-            if status is not None:
-                cells[_column(cell)] = {"cell": cell.id, **_status(status)}
-        rows.append({"model": model, "cells": cells})
+    for model in sorted(by_model):
+        here = by_model[model]
+        row = {}
+        for column in columns:
+            if column in here:
+                cell, status = here[column]
+                row[_column(cell)] = {"cell": cell.id, **_status(status)}
+        rows.append({"model": model, "cells": row})
     names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
     return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
 
 
 def outcome_class(entry: dict) -> str:
-    """pass, skip, flaky, or the failure class of a failing cell."""
+    """pass, skip, flaky, or the failure class of a failing cell (an entry of a matrix)."""
     return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
+
+
+def _outcome_class(status: CellStatus) -> str:
+    """`outcome_class` of a status."""
+    return (status.failure_class or "fail") if status.status == "fail" else status.status
 
 
 def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
@@ -331,15 +374,15 @@ def entry_json(entry: TransitionEntry) -> dict:
     """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
     return {
         "cell": entry.cell.id,
-        **asdict(entry.cell),
+        **_flat(entry.cell),
         "kind": entry.kind,
         "axis": entry.axis,
         "before": entry.before,
         "after": entry.after,
         "held_fixed": pins_text(entry.held_fixed),
-        "before_status": asdict(entry.before_status),
-        "after_status": asdict(entry.after_status),
-        "commits": [asdict(commit) for commit in entry.commits],
+        "before_status": _flat(entry.before_status),
+        "after_status": _flat(entry.after_status),
+        "commits": [_flat(commit) for commit in entry.commits],
         "bisection": _answer(entry.bisection) if entry.bisection else None,
         "attempt": _answer(entry.attempt) if entry.attempt else None,
     }
@@ -451,22 +494,27 @@ def _since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
     )
 
 
-def _runs_by_point(aggregates: Aggregates) -> dict[tuple[CellKey, Versions], PointRuns]:
-    """How many runs recorded each cell at each version set, and the newest of them."""
-    runs: dict[tuple[CellKey, Versions], PointRuns] = {}
-    for group in aggregates.groups:
-        known = runs.get((group.cell, group.versions))
-        newest = (
-            group.newest if known is None or started_order(group.newest) > started_order(known.newest) else known.newest
-        )
-        runs[group.cell, group.versions] = PointRuns(group.count + (known.count if known else 0), newest)
-    return runs
-
-
 @dataclass(frozen=True)
 class PointRuns:
-    count: int
-    newest: Run
+    """How many runs recorded each cell at each version set, and the newest of them (started last; started together:
+    the larger run id), in the grid's places (_grid: a row per cell, a column per version set)."""
+
+    counts: list[list[int]]
+    newest: list[list[Run | None]]
+
+
+def _runs_by_point(aggregates: Aggregates, history: History) -> PointRuns:
+    set_index = {versions: index for index, versions in enumerate(history.version_sets)}
+    cell_index = {cell: index for index, cell in enumerate(history.cells)}
+    counts = [[0] * len(set_index) for _ in cell_index]
+    newest: list[list[Run | None]] = [[None] * len(set_index) for _ in cell_index]
+    for group in aggregates.groups:
+        row, column = cell_index[group.cell], set_index[group.versions]
+        counts[row][column] += group.count
+        known = newest[row][column]
+        if known is None or started_order(group.newest) > started_order(known):
+            newest[row][column] = group.newest
+    return PointRuns(counts, newest)
 
 
 def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
@@ -483,11 +531,7 @@ def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
     return keys
 
 
-def _newest_run(runs: PointRuns | None) -> str | None:
-    return runs.newest.run_id if runs else None
-
-
-def _timeline(history: History, runs: dict[tuple[CellKey, Versions], PointRuns]) -> dict:
+def _timeline(history: History, grid: list[list[CellStatus | None]], runs: PointRuns) -> dict:
     """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
     changes most (the primary axis), then ordered by version along the primary axis; axes that never change
     are stated once."""
@@ -505,20 +549,19 @@ def _timeline(history: History, runs: dict[tuple[CellKey, Versions], PointRuns])
         ),
     )
     cells = []
-    for cell in history.cells:
-        points = [history.statuses.get((cell, versions)) for versions in sets]
-        verdicts = {outcome_class(_status(p)) for p in points if p is not None and p.status != "skip"}
+    for cell, points, newest_runs, run_counts in zip(history.cells, grid, runs.newest, runs.counts):
+        verdicts = {_outcome_class(p) for p in points if p is not None and p.status != "skip"}
         cells.append(
             {
                 "cell": cell.id,
-                **asdict(cell),
+                **_flat(cell),
                 "statuses": [p.status if p else None for p in points],
                 "failure_classes": [p.failure_class if p else "" for p in points],
                 "signatures": [p.signature if p else "" for p in points],
                 "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
                 # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
-                "newest_runs": [_newest_run(runs.get((cell, versions))) for versions in sets],
-                "run_counts": [runs[cell, versions].count if (cell, versions) in runs else 0 for versions in sets],
+                "newest_runs": [run.run_id if run else None for run in newest_runs],
+                "run_counts": run_counts,
                 "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
             }
         )

@@ -22,30 +22,21 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from matrix.redaction import Redactor
-from matrix.registry import KnownFailure
 from reports import ReportsError
-from reports.aggregates import Aggregates
 from reports.answers import Link, TransitionEntry, answer_text, code, commit_words, markdown_link, one_line
 from reports.checkpoints import checkpoints_html, checkpoints_markdown
 from reports.causes import RootCause, cells_text, count_text, shared_answers
 from reports.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.failing_now import failing_now_html, failing_now_markdown
 from reports.history import History
-from reports.model import DETAILS_FILE, FlakyEntry, Report, SinceCause, SincePreviousRun, build_report, split_report
+from reports.model import DETAILS_FILE, FlakyEntry, Report, SinceCause, SincePreviousRun, split_report
 from reports.records import pins_text, short_commit
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def write_outputs(
-    history: History,
-    aggregates: Aggregates,
-    drift: Drift | None,
-    known_failures: dict[str, KnownFailure],
-    out_dir: Path,
-) -> list[Path]:
-    report = build_report(history, aggregates, drift, known_failures)
+def write_outputs(report: Report, history: History, drift: Drift | None, out_dir: Path) -> list[Path]:
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     first_screen, details = split_report(report)
     outputs = {

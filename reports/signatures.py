@@ -9,6 +9,7 @@ cause must read the same at every tp, so triage bisects it once and the report s
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
@@ -25,6 +26,7 @@ _TRACEBACK_FILE = re.compile(r'File "[^"]*?/((?:deepspeed|transformers)/[^"]+?\.
 _SIGNATURE_FILE = re.compile(r"@ ((?:deepspeed|transformers)/\S+?\.py):")
 
 
+@lru_cache(maxsize=4096)  # a year's ~75 k result groups share a few hundred signatures
 def cause(signature: str) -> str:
     """The signature with numbers and the length of number lists masked: one text per cause, whatever the tp."""
     return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))

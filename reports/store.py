@@ -749,8 +749,9 @@ class HistoryStore:
         its verdict and signature; its message is "" and its metrics {} (compact() keeps them wherever a report
         reads them)."""
         conn = self._conn
+        shared: dict[Versions, Versions] = {}
         runs = {
-            key: _run_from_row(row)
+            key: _run_from_row(row, shared)
             for key, *row in conn.execute(f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs")
         }
         if run_ids is not None:
@@ -818,8 +819,9 @@ class HistoryStore:
         """The per-point aggregates the report reads (reports.aggregates), as import keeps them (result_groups,
         point_metrics): no result is read but those of the two newest runs of each session."""
         conn = self._conn
+        shared: dict[Versions, Versions] = {}
         runs = {
-            key: _run_from_row(row)
+            key: _run_from_row(row, shared)
             for key, *row in conn.execute(
                 f"SELECT id, run_id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs "
                 "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)"
@@ -1027,11 +1029,13 @@ def _run_row(run: Run) -> tuple:
     return (*(getattr(run, f) for f in _RUN_FIELDS), *(getattr(run.versions, f) for f in _VERSION_FIELDS))
 
 
-def _run_from_row(row) -> Run:
+def _run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
+    """The run of a row; with `shared`, runs at the same version set share one Versions object: the analysis looks
+    points up by (cell, versions) hundreds of thousands of times at a year, and a dict compares a key that is the
+    same object without calling the dataclass's __eq__."""
     run_id, *values = row
     fields = dict(zip(_RUN_FIELDS + _VERSION_FIELDS, values))
-    return Run(
-        run_id=run_id,
-        **{f: fields[f] for f in _RUN_FIELDS},
-        versions=Versions(**{f: fields[f] for f in _VERSION_FIELDS}),
-    )
+    versions = Versions(**{f: fields[f] for f in _VERSION_FIELDS})
+    if shared is not None:
+        versions = shared.setdefault(versions, versions)
+    return Run(run_id=run_id, **{f: fields[f] for f in _RUN_FIELDS}, versions=versions)

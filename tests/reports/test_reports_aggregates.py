@@ -5,6 +5,7 @@ verdict that changed with the harness, transitions and compacted old runs."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -189,3 +190,12 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 8
         assert conn.execute("SELECT sum(count) FROM result_groups").fetchone()[0] == 2 * 5 * 9
     same_aggregates(store)
+
+
+def test_render_leaves_the_cycle_collector_on_as_it_found_it(store, tmp_path):
+    """render turns the cycle collector off while it builds the report (reports.__main__.without_cycle_collection);
+    a process that goes on afterwards (tests, a caller of main) gets it back, also when render fails."""
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+    assert gc.isenabled()
+    assert main(["render", "--store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "out")]) == 2
+    assert gc.isenabled()

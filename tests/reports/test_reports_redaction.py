@@ -201,3 +201,22 @@ def test_shaped_tokens_are_found_in_any_letter_case_beside_any_unicode(around):
         f"{around}HF_PLANTEDHUGGINGFACETOKEN0123456789ABCD {around}AUTHORIZATION: Bearer PlantedBearerValue {around}x"
     )
     assert redact(text) == f"{around}*** {around}AUTHORIZATION: Bearer *** {around}x"
+
+
+def test_the_failing_now_section_render_prints_is_redacted(tmp_path, capsys):
+    """render prints the first section from the report it built, not from the redacted files read back: the text it
+    prints is redacted itself. The token has no digit, so the cause (numbers masked) keeps it whole."""
+    token = "hf_" + "abcdefghijklmopqrstuvwyzabcdefghijk"
+    two_nightlies(tmp_path / "junit")
+    store, out = tmp_path / "history.sqlite", tmp_path / "out"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    with sqlite3.connect(store) as conn:  # as an older version stored it: verbatim
+        conn.execute(
+            "UPDATE texts SET text = ? WHERE id IN (SELECT signature FROM results WHERE outcome = 'fail')",
+            (f"RuntimeError: rejected {token}",),
+        )
+    capsys.readouterr()
+    assert main(["render", "--store", str(store), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "## Failing now, by cause" in printed and "`RuntimeError: rejected ***`" in printed
+    assert token not in printed
