@@ -662,9 +662,10 @@ class HistoryStore:
         with their secrets redacted, each distinct text once."""
         conn = self._conn
         redact = functools.lru_cache(maxsize=4096)(Redactor())  # a night's failures repeat a few texts
-        texts, cells, points = _Texts(conn), _Cells(conn), _Points(conn)
         new_runs = new_results = 0
         with self._write():
+            # Read the known ids under the write lock: another importer may have added them since the store opened.
+            texts, cells, points = _Texts(conn), _Cells(conn), _Points(conn)
             for run, results in runs:
                 stored = conn.execute(
                     f"SELECT id, {', '.join(_RUN_FIELDS + _VERSION_FIELDS)} FROM runs WHERE run_id = ?", (run.run_id,)

@@ -1,6 +1,7 @@
 import sqlite3
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports import ReportsError
 from reports.__main__ import main
+from reports.junit import read_junit
 from reports.store import SCHEMA_VERSION, HistoryStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +114,34 @@ def test_two_processes_import_concurrently(tmp_path):
     assert count(store, "results") == 40 * 10 + 1
     with sqlite3.connect(store) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_an_importer_reads_known_ids_under_the_write_lock(tmp_path):
+    """Another importer may add a cell between this one's open and its write lock: ids read before the lock would
+    insert that cell again (UNIQUE constraint failed: cells...)."""
+    store = tmp_path / "history.sqlite"
+    other = write_junit(tmp_path / "other" / "s.xml", [Cell("llama")], run_id="other", started="2025-02-01T00:00Z")
+    mine = write_junit(tmp_path / "mine" / "s.xml", [Cell("llama")], run_id="mine", started="2025-02-02T00:00Z")
+    with HistoryStore(store, create=True) as history:
+        locked = history._write
+
+        @contextmanager
+        def other_importer_first():
+            merged = subprocess.run(
+                [sys.executable, "-m", "reports", "merge", str(other), "--store", str(store)],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+            )
+            assert merged.returncode == 0, merged.stderr
+            with locked():
+                yield
+
+        history._write = other_importer_first  # type: ignore[method-assign]
+        counts = history.import_runs(read_junit(mine), source=mine)
+    assert (counts.new_runs, counts.new_results) == (1, 1)
+    assert count(store, "cells") == 1
+    assert count(store, "results") == 2
 
 
 def test_store_from_another_schema_version_is_rejected(session, tmp_path, capsys):
