@@ -96,7 +96,7 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-    import transformers
+    from matrix.installed import imported_version
 
     identity = json.dumps(
         {
@@ -104,7 +104,7 @@ def tiny_key(entry: ModelEntry) -> str:
             "tiny": entry.tiny,
             "seed": SEED,
             "init": INIT,
-            "transformers": transformers.__version__,
+            "transformers": imported_version("transformers"),
         },
         sort_keys=True,
     )
