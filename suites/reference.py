@@ -419,7 +419,14 @@ def _compute(request: dict, exit_after: bool, fork_server: ForkServer | None) ->
     """In a child of the fork server when the run has one (CPU), else in the reference process; `exit_after`: the
     reference process ends after this one (a forked child always does)."""
     if fork_server is not None:
-        return ForkedReferences(fork_server).compute(request)
+        from suites.engine.fork_server import GroupStartFailure
+
+        try:
+            return ForkedReferences(fork_server).compute(request)
+        except GroupStartFailure:
+            # The server cannot start (its imports fail): the group's start reports whose fault that is, and the
+            # reference process computes the reference, as it did before references were forked.
+            pass
     return _reference_process.compute(request, exit_after)
 
 
