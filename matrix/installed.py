@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
+from importlib import metadata
 from pathlib import Path
 
 VERSION_CONSTANTS = {
@@ -53,3 +55,13 @@ def imported_version(package: str) -> str:
     constant = package_constants(package, file).get(name)
     # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
     return constant if isinstance(constant, str) else str(importlib.import_module(package).__version__)
+
+
+def direct_url(package: str) -> dict | None:
+    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed); a commit checkout's
+    names its commit (sessions/checkouts.py), which its version alone does not (`5.25.0.dev0` for many commits)."""
+    try:
+        text = metadata.distribution(package).read_text("direct_url.json")
+        return json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError):
+        return None

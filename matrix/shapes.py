@@ -425,16 +425,17 @@ TINY_SHAPES_FORMAT = 1
 
 def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
     """tiny_shape, or why the config class refuses `tiny` (`<exception type>: <first line>`), remembered in the
-    harness cache per transformers version: the config classes import torch in transformers 5.x (~10 CPU s of the
-    driver before its first cell), and the same transformers gives the same answer."""
+    harness cache per transformers version and origin (a commit checkout's commit): the config classes import torch
+    in transformers 5.x (~10 CPU s of the driver before its first cell), and the same transformers gives the same
+    answer."""
     import hashlib
     import json
 
     from matrix.checkpoints import cache_root
-    from matrix.installed import imported_version
+    from matrix.installed import direct_url, imported_version
 
     key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}
-    key["transformers"] = imported_version("transformers")
+    key["transformers"] = [imported_version("transformers"), direct_url("transformers")]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     record = cache_root() / "tiny-shapes" / f"{digest}.json"
     try:

@@ -15,13 +15,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from matrix import PROJECT_ROOT
 from matrix.cells import Cell
-from matrix.installed import VERSION_CONSTANTS, imported_version, package_constants
+from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, package_constants
 from matrix.redaction import redact
 from matrix.versions import AXES
 from suites.atomic import write_text_atomically
@@ -53,15 +52,6 @@ def git_has_commit(folder: Path, sha: str) -> bool:
     """Whether commit `sha` exists in the git repository at `folder`."""
     found = _git(folder, "cat-file", "-e", f"{sha}^{{commit}}")
     return found is not None and found.returncode == 0
-
-
-def direct_url(package: str) -> dict | None:
-    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed)."""
-    try:
-        text = metadata.distribution(package).read_text("direct_url.json")
-        return json.loads(text) if text else None
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
 
 
 def deepspeed_commit(
