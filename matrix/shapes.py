@@ -431,7 +431,7 @@ def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str
     import hashlib
     import json
 
-    from matrix.checkpoints import cache_root
+    from matrix import cache_root
     from matrix.installed import direct_url, imported_version
 
     key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}

@@ -191,7 +191,9 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
-    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server)
+    prepared = prepare_job(
+        cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
+    )
     if isinstance(prepared, CellOutcome):
         return prepared
     job, provenance = prepared  # the provenance is the driver's, not the ranks'

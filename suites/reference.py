@@ -40,7 +40,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -55,9 +55,6 @@ from suites.outcome import exception_signature
 from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 
-if TYPE_CHECKING:
-    from suites.engine.fork_server import ForkServer
-
 REFERENCE_FORMAT = 5
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
 5: keyed by checkpoint identity (content), not path."""
@@ -65,8 +62,6 @@ REFERENCE_PROCESS_REUSE_BELOW = 256 << 20
 """Models at least this large (bytes in the cell's dtype) end the reference process after their
 reference: below it, the ~5 s start of a new process would cost more than the memory it returns."""
 EXPORT_SUFFIX = ".autotp-references.pt"
-FORK_TIMEOUT_S = 900
-"""How long a reference's child may take to be forked: the fork server's imports, when it still runs them."""
 
 
 class ReferenceFailed(RuntimeError):
@@ -219,7 +214,7 @@ def cached_reference(
     trust_remote_code: bool = False,
     quantization: str = "",
     quant_group_size: int = 0,
-    fork_server: ForkServer | None = None,
+    fork_server: ReferenceForker | None = None,
 ) -> Path:
     """Path of the reference observations on disk, computed on a cache miss (offloaded as the memory plan says) in a
     child of `fork_server` (the run's, on CPU), else by the reference process."""
@@ -267,7 +262,7 @@ def cached_task_reference(
     dtype: str,
     task: AccuracyTask,
     trust_remote_code: bool = False,
-    fork_server: ForkServer | None = None,
+    fork_server: ReferenceForker | None = None,
 ) -> Path:
     """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
     import transformers
@@ -376,58 +371,30 @@ def _log_tail(log_path: Path, lines: int = 30) -> str:
         return ""
 
 
-class ForkedReferences:
-    """References computed in children forked from the rank groups' fork server (CPU runs) after its imports of
-    torch, transformers and DeepSpeed, instead of a reference process that imports them all again (10-14 CPU s
-    on the cold path). Each child is a process of its own that never shards, holds no process group and no
-    rank's variables (suites/engine/fork_server.py `_compute_reference`), and exits after its one reference,
-    so its memory is back with the OS before the rank group loads the model."""
+class ReferenceForker(Protocol):
+    """Where a CPU run computes references: its fork server (suites/engine/fork_server.py `ForkServer`), which forks
+    a child after its imports of torch, transformers and DeepSpeed, instead of a reference process that imports them
+    all again (10-14 CPU s on the cold path). Each child is a process of its own that never shards, holds no process
+    group and no rank's variables, and exits after its one reference, so its memory is back with the OS before the
+    rank group loads the model."""
 
-    def __init__(self, fork_server: ForkServer, start_timeout: float = FORK_TIMEOUT_S):
-        self.fork_server, self.start_timeout = fork_server, start_timeout
-
-    def compute(self, request: dict) -> dict:
-        """Like the reference process, no time limit: a reference takes what its model's size takes."""
-        from suites.engine.fork_server import REFERENCE_ANSWER
-        from suites.engine.processes import pid_alive
-
-        workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
-        try:
-            leader = self.fork_server.fork_reference(request, workdir, self.start_timeout)
-            answer_file = workdir / REFERENCE_ANSWER
-            try:
-                while not answer_file.exists() and pid_alive(leader.leader_pid):
-                    time.sleep(0.01)
-            except BaseException:  # Ctrl-C, a test's timeout: the child must not outlive its driver
-                leader.kill()
-                raise
-            if not answer_file.exists():  # the leader was killed too: no exit code to say
-                answer = {"died": None}
-            else:
-                answer = json.loads(answer_file.read_text())
-            if "died" in answer:
-                kept = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
-                with kept.open("a") as log:
-                    log.write(_log_tail(workdir / "reference.log", lines=200) + "\n")
-                raise _died(answer["died"], kept, _log_tail(kept))
-            return _answered(answer)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+    def compute_reference(self, request: dict) -> dict | None:
+        """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
+        None when the server cannot start."""
+        ...
 
 
-def _compute(request: dict, exit_after: bool, fork_server: ForkServer | None) -> dict:
-    """In a child of the fork server when the run has one (CPU), else in the reference process; `exit_after`: the
+def _compute(request: dict, exit_after: bool, forker: ReferenceForker | None) -> dict:
+    """In a child of the run's fork server when it has one (CPU), else in the reference process; `exit_after`: the
     reference process ends after this one (a forked child always does)."""
-    if fork_server is not None:
-        from suites.engine.fork_server import GroupStartFailure
-
-        try:
-            return ForkedReferences(fork_server).compute(request)
-        except GroupStartFailure:
-            # The server cannot start (its imports fail): the group's start reports whose fault that is, and the
-            # reference process computes the reference, as it did before references were forked.
-            pass
-    return _reference_process.compute(request, exit_after)
+    # A server that cannot start (its imports fail) answers None: the group's start reports whose fault that is,
+    # and the reference process computes the reference, as it did before references were forked.
+    answer = forker.compute_reference(request) if forker is not None else None
+    if answer is None:
+        return _reference_process.compute(request, exit_after)
+    if "died" in answer:
+        raise _died(answer["died"], Path(answer["log"]), _log_tail(Path(answer["log"])))
+    return _answered(answer)
 
 
 _reference_process = ReferenceProcess()

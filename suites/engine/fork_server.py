@@ -39,6 +39,8 @@ SERVER_DIED = "server-died.json"
 REFERENCE_KIND = "reference"
 """A request for an unsharded reference instead of a rank group."""
 REFERENCE_ANSWER = "answer.json"
+REFERENCE_FORK_TIMEOUT_S = 900
+"""How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
 REFERENCE_PROCESS_NAME = "autotp-reference"
 """The process name of a reference's leader and child (Linux keeps 15 characters: `autotp-referenc`)."""
 DISTRIBUTED_VARIABLES = (
@@ -109,12 +111,39 @@ class ForkServer:
         }
         return ForkedGroup(self._fork(request, workdir, timeout))
 
-    def fork_reference(self, request: dict, workdir: Path, timeout: float) -> ForkedGroup:
-        """A process of its own for one unsharded reference (suites/reference.py `answer`), forked from the server
-        after its imports: it writes `<workdir>/answer.json` (the answer line the reference process would print)."""
-        return ForkedGroup(
-            self._fork({"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request}, workdir, timeout)
-        )
+    def compute_reference(self, request: dict) -> dict | None:
+        """One unsharded reference (suites/reference.py `answer`) computed in a process of its own forked from the
+        server after its imports: its answer, {"died": exit code, "log": path} when it died without one, or None
+        when the server cannot start. Like the reference process, no time limit: a reference takes what its
+        model's size takes."""
+        workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
+        try:
+            try:
+                leader = ForkedGroup(
+                    self._fork(
+                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request},
+                        workdir,
+                        REFERENCE_FORK_TIMEOUT_S,
+                    )
+                )
+            except GroupStartFailure:
+                return None
+            answer_file = workdir / REFERENCE_ANSWER
+            try:
+                while not answer_file.exists() and pid_alive(leader.leader_pid):
+                    time.sleep(0.01)
+            except BaseException:  # Ctrl-C, a test's timeout: the child must not outlive its driver
+                leader.kill()
+                raise
+            answer = json.loads(answer_file.read_text()) if answer_file.exists() else {"died": None}
+            if "died" in answer:  # its log outlives the work folder
+                kept = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
+                with kept.open("a") as log, open(workdir / "reference.log", errors="replace") as written:
+                    log.write(written.read()[-20000:])
+                answer["log"] = str(kept)
+            return answer
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def _fork(self, request: dict, workdir: Path, timeout: float) -> int:
         """Ask the server to fork for `request`; the leader's pid, which the server writes to `<workdir>/leader.pid`."""

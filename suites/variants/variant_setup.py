@@ -4,18 +4,13 @@ step. Returns the job's variant fields, or the cell's outcome when it cannot run
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from matrix.cells import Cell
 from suites.checks.inputs import ProbeSpec
 from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
-from suites.reference import cached_reference
+from suites.reference import ReferenceForker, cached_reference
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
-
-if TYPE_CHECKING:
-    from suites.engine.fork_server import ForkServer
 
 
 def skip_reason(cell: Cell) -> str | None:
@@ -36,7 +31,7 @@ def skip_reason(cell: Cell) -> str | None:
 
 
 def prepare(
-    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec, fork_server: ForkServer | None = None
+    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec, fork_server: ReferenceForker | None = None
 ) -> VariantFields | CellOutcome:
     """The variant's job fields, computed in the driver (never in a rank); references in a child of `fork_server`
     when the run has one (suites/reference.py)."""
