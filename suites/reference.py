@@ -5,7 +5,7 @@ AutoTP leaves state behind in a process (module globals in `tp_shard` in older r
 patched onto model classes), so a reference computed after any injection can differ from the true
 unsharded model. References are therefore computed only in a process of their own that never shards
 (`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
-rank groups' fork server after its imports, one per reference (`ForkedReferences`: no second import of torch and
+rank groups' fork server after its imports, one per reference (`ReferenceForker`: no second import of torch and
 transformers on a cold cache); otherwise the reference process (`python -m suites.reference serve`, started by
 the driver), which serves many small references and, after one whose model is at least
 `REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
