@@ -38,23 +38,30 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from sessions.environments import environment_variables  # noqa: E402
+from suites.engine.fork_server import REFERENCE_PROCESS_NAME  # noqa: E402
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _process_table() -> dict[int, tuple[int, float, str]]:
-    """pid: (parent pid, CPU seconds used so far, command line) of every process readable in /proc."""
+    """pid: (parent pid, CPU seconds used so far, process name and command line) of every process readable in
+    /proc (a forked reference's process is told by its name, suites/engine/fork_server.py REFERENCE_PROCESS_NAME)."""
     table = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            name, fields = (entry / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
+            fields = fields.split()
+        except (OSError, IndexError, ValueError):
             continue  # ended while we looked
-        table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, command)
+        table[int(entry.name)] = (
+            int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+            f"[{name}] {command}",
+        )
     return table
 
 
@@ -64,7 +71,7 @@ def _role(pid: int, table: dict[int, tuple[int, float, str]], driver: int) -> st
     if pid == driver:
         return "driver"
     parent, _, command = table[pid]
-    if "suites.reference" in command:
+    if "suites.reference" in command or command.startswith(f"[{REFERENCE_PROCESS_NAME[:15]}]"):
         return "reference"
     parent_role = _role(parent, table, driver) if parent in table else ""
     if parent_role == "fork server":

@@ -17,13 +17,13 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from matrix import cache_root
 from matrix.registry import ModelEntry
 
 MANIFEST = "autotp-manifest.json"
@@ -46,10 +46,6 @@ class Checkpoint:
     """`tiny` or the hub id."""
     revision: str
     """The hub commit sha loaded, or `sha256:<16 hex>` of a tiny checkpoint's manifest."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("AUTOTP_CACHE", Path.home() / ".cache" / "autotp-matrix"))
 
 
 def _sha256(path: Path) -> str:
@@ -96,7 +92,7 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-    import transformers
+    from matrix.installed import imported_version
 
     identity = json.dumps(
         {
@@ -104,7 +100,7 @@ def tiny_key(entry: ModelEntry) -> str:
             "tiny": entry.tiny,
             "seed": SEED,
             "init": INIT,
-            "transformers": transformers.__version__,
+            "transformers": imported_version("transformers"),
         },
         sort_keys=True,
     )

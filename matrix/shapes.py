@@ -27,6 +27,7 @@ installed transformers' config class defaults (`source = "config-defaults transf
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -418,6 +419,51 @@ def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
 
 
+TINY_SHAPES_FORMAT = 1
+"""Bump when what a tiny shape record holds changes."""
+
+
+def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
+    """tiny_shape, or why the config class refuses `tiny` (`<exception type>: <first line>`), remembered in the
+    harness cache per transformers version and origin (a commit checkout's commit): the config classes import torch
+    in transformers 5.x (~10 CPU s of the driver before its first cell), and the same transformers gives the same
+    answer."""
+    import hashlib
+    import json
+
+    from matrix import cache_root
+    from matrix.installed import direct_url, imported_version
+
+    key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}
+    key["transformers"] = [imported_version("transformers"), direct_url("transformers")]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    record = cache_root() / "tiny-shapes" / f"{digest}.json"
+    try:
+        known = json.loads(record.read_text())
+        return known["refused"] if "refused" in known else RealShape(**known["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not recorded yet (or unreadable): the config class answers
+    from transformers.utils import logging as hf_logging
+
+    # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        answer: RealShape | str = tiny_shape(model_type, tiny)
+    except Exception as error:  # the config class's own validation refuses the sizes
+        answer = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel drivers (pytest-xdist workers) may write the same record: each through a staging file of its own.
+    staging = record.with_name(f".{record.name}.tmp{os.getpid()}")
+    staging.write_text(
+        json.dumps({"key": key, **({"refused": answer} if isinstance(answer, str) else {"shape": asdict(answer)})})
+    )
+    staging.replace(record)
+    return answer
+
+
 def defaults_source() -> str:
     import transformers
 
@@ -615,39 +661,29 @@ def shaped_entry(
     is none. A `faithful-<short name>` no group of the entry has is a RegistryError."""
     if shape == "stress" or entry.skip_reason:
         return replace(entry, name=shaped_name(entry.name, shape))
-    from transformers.utils import logging as hf_logging
-
     shapes = load_real_shapes() if shapes is None else shapes
     tps = tuple(sorted({*MATRIX_TP, tp}))
-    # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
     try:
-        try:
-            groups = {group.shape: group for group in faithful_groups(entry, shapes, tps)}
-        except RegistryError as error:  # no record and no config class defaults: the cell skips naming why
-            groups, no_record = {}, error
-        if shape not in groups and shape != "faithful":
-            raise RegistryError(
-                f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
-                f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}"
-            )
-        try:
-            if shape not in groups:
-                raise no_record
-            real, checkpoints = groups[shape].record, groups[shape].checkpoints
-            if real.source.startswith("as written: "):
-                return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
-            tiny = faithful_tiny(entry, real, tps)
-            sizes = tiny_shape(entry.model_type, tiny)
-        except Exception as error:  # the rule found no sizes, or the config class refuses them (its own validation)
-            return replace(
-                entry,
-                name=shaped_name(entry.name, shape),
-                skip_reason=f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
-            )
-    finally:
-        hf_logging.set_verbosity(verbosity)
+        groups = {group.shape: group for group in faithful_groups(entry, shapes, tps)}
+    except RegistryError as error:  # no record and no config class defaults: the cell skips naming why
+        groups, no_record = {}, error
+    if shape not in groups and shape != "faithful":
+        raise RegistryError(
+            f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
+            f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}"
+        )
+    try:
+        if shape not in groups:
+            raise no_record
+        real, checkpoints = groups[shape].record, groups[shape].checkpoints
+        if real.source.startswith("as written: "):
+            return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
+        tiny = faithful_tiny(entry, real, tps)
+        sizes = checked_tiny_shape(entry.model_type, tiny)
+    except Exception as error:  # the rule found no sizes
+        sizes = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    if isinstance(sizes, str):  # no sizes, or the config class refuses them (its own validation)
+        return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {sizes}")
     why = (
         f"faithful to {real.source} at tp {', '.join(map(str, tps))}: {sizes.heads} heads, {sizes.kv_heads} kv heads, "
         f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"

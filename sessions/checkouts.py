@@ -22,12 +22,13 @@ stand-in setuptools: nothing is built; a checkout without setup.py gives them in
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from matrix.installed import module_constants
 
 from sessions.installers import InstallError, run_checked
 
@@ -64,25 +65,6 @@ class TorchBuild:
     def minor(self) -> str:
         """major.minor, as DeepSpeed's torch_info records it."""
         return ".".join(self.version.split("+")[0].split(".")[:2])
-
-
-def module_constants(file: Path) -> dict[str, object]:
-    """The module-level `NAME = <literal>` assignments of a python file, read without running it."""
-    found: dict[str, object] = {}
-    for node in ast.parse(file.read_text()).body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        for target in targets:
-            if isinstance(target, ast.Name):
-                try:
-                    found[target.id] = ast.literal_eval(value)
-                except ValueError:
-                    pass
-    return found
 
 
 def torch_of(paths: list[str]) -> TorchBuild:

@@ -14,6 +14,7 @@ from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
 from suites.contracts import Job
+from suites.engine.fork_server import ForkServer
 from suites.engine.rank_group import RankGroupPool
 from suites.memory_plan import (
     GiB,
@@ -85,16 +86,24 @@ def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None
     )
 
 
-def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -> tuple[Job, dict] | CellOutcome:
+def prepare_job(
+    cell: Cell, options: RunOptions, runner: Runner | None = None, fork_server: ForkServer | None = None
+) -> tuple[Job, dict] | CellOutcome:
     """The job for the rank group with the driver's provenance for the cell's record (see `_provenance`), or the
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
-    checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing)."""
+    checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing);
+    `fork_server`: the run's, where references are computed (else by the reference process)."""
     reason = skip_reason(cell, options)
     if reason:
         return CellOutcome("skip", message=reason)
     checkpoint = None
     try:
-        if options.checkpoints == "tiny" and not cell.variant.training and cached_tiny_checkpoint(cell.model) is None:
+        if (
+            fork_server is None
+            and options.checkpoints == "tiny"
+            and not cell.variant.training
+            and cached_tiny_checkpoint(cell.model) is None
+        ):
             # A tiny checkpoint written now has no reference yet (references are keyed by the checkpoint's content):
             # the reference process imports torch/transformers while the driver writes it.
             start_reference_process()
@@ -102,7 +111,7 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
         if plan.problem:
             return _stamped(CellOutcome("skip", message=f"memory plan: {plan.problem}"), _provenance(checkpoint, plan))
         checkpoint = resolve_checkpoint(cell.model, options.checkpoints)  # the weights, now that the cell fits
-        variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec)
+        variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec, fork_server)
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
@@ -111,7 +120,12 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
             if cell.variant.training
             else variant_fields.reference
             or cached_reference(
-                checkpoint.folder, checkpoint.tokenizer, cell.dtype, options.spec, cell.model.trust_remote_code
+                checkpoint.folder,
+                checkpoint.tokenizer,
+                cell.dtype,
+                options.spec,
+                cell.model.trust_remote_code,
+                fork_server=fork_server,
             )
         )
         # Quantized and training variants have references of their own; a task score is compared with
@@ -126,6 +140,7 @@ def prepare_job(cell: Cell, options: RunOptions, runner: Runner | None = None) -
                     cell.dtype,
                     options.accuracy_task,
                     cell.model.trust_remote_code,
+                    fork_server,
                 )
             )
     except Exception as error:  # the cell's setup failed; the run goes on
@@ -176,7 +191,9 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
 
 
 def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
-    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)))
+    prepared = prepare_job(
+        cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
+    )
     if isinstance(prepared, CellOutcome):
         return prepared
     job, provenance = prepared  # the provenance is the driver's, not the ranks'

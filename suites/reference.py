@@ -3,10 +3,12 @@ where its memory cannot meet the rank group's.
 
 AutoTP leaves state behind in a process (module globals in `tp_shard` in older releases, helpers
 patched onto model classes), so a reference computed after any injection can differ from the true
-unsharded model. References are therefore computed only in a reference process of their own
-(`python -m suites.reference serve`, started by the driver), which never shards (`refuse_if_sharded`).
-The process serves many small references; after one whose model is at least
-`REFERENCE_PROCESS_REUSE_BELOW`, it exits, so a large model's memory is back with the OS before the rank
+unsharded model. References are therefore computed only in a process of their own that never shards
+(`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
+rank groups' fork server after its imports, one per reference (`ReferenceForker`: no second import of torch and
+transformers on a cold cache); otherwise the reference process (`python -m suites.reference serve`, started by
+the driver), which serves many small references and, after one whose model is at least
+`REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
 group loads it.
 
 Any size: the memory plan (suites/memory_plan.py) gives the reference accelerate's `max_memory`
@@ -38,6 +40,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -49,7 +52,7 @@ from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_
 from suites.checks.probes import Observations, observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
 from suites.outcome import exception_signature
-from suites.variants.loading import load_model, refuse_if_sharded
+from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 
 REFERENCE_FORMAT = 5
@@ -77,6 +80,16 @@ def _torchao_version() -> str:
         return torchao.__version__
     except ImportError:
         return ""
+
+
+def refuse_if_distributed() -> None:
+    """A reference is computed by one process alone: none that is a rank of a process group (a collective inside
+    the model's forward would wait for, or sum with, other processes)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        raise ContaminatedProcessError(
+            "refusing to compute an unsharded reference in a process with an initialised torch.distributed "
+            "process group: it must be computed by a process of its own"
+        )
 
 
 def _source_identity(source: str | None) -> dict[str, str] | str | None:
@@ -156,6 +169,7 @@ def compute_reference(
     way the variant quantizes the sharded one (QuantizationUnavailable when that fails); with
     `max_memory`, loaded by accelerate over the devices it names with the rest offloaded to disk."""
     refuse_if_sharded()
+    refuse_if_distributed()
     torch.manual_seed(0)
     with big_model_loading(max_memory) as big_model:
         try:
@@ -200,9 +214,10 @@ def cached_reference(
     trust_remote_code: bool = False,
     quantization: str = "",
     quant_group_size: int = 0,
+    fork_server: ReferenceForker | None = None,
 ) -> Path:
-    """Path of the reference observations on disk, computed by the reference process on a cache miss
-    (offloaded as the memory plan says)."""
+    """Path of the reference observations on disk, computed on a cache miss (offloaded as the memory plan says) in a
+    child of `fork_server` (the run's, on CPU), else by the reference process."""
     from suites.memory_plan import Runner, checkpoint_size, plan_reference
 
     identity = reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size)
@@ -210,7 +225,7 @@ def cached_reference(
     if not path.exists():
         size = checkpoint_size(checkpoint)
         plan = plan_reference(size, dtype, Runner.detect())
-        _reference_process.compute(
+        _compute(
             {
                 "kind": "observations",
                 "path": str(path),
@@ -227,7 +242,8 @@ def cached_reference(
                 "corpus_file": str(inputs.CORPUS_FILE),
                 "planned_peak_bytes": plan.host_bytes,
             },
-            exit_after=size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW,
+            size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW,
+            fork_server,
         )
     return path
 
@@ -241,7 +257,12 @@ def reference_record(path: str | Path) -> dict:
 
 
 def cached_task_reference(
-    checkpoint: str, tokenizer: str | None, dtype: str, task: AccuracyTask, trust_remote_code: bool = False
+    checkpoint: str,
+    tokenizer: str | None,
+    dtype: str,
+    task: AccuracyTask,
+    trust_remote_code: bool = False,
+    fork_server: ReferenceForker | None = None,
 ) -> Path:
     """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
     import transformers
@@ -257,7 +278,7 @@ def cached_task_reference(
     }
     path = _path_for(identity, prefix="task-", suffix=".json")
     if not path.exists():
-        _reference_process.compute(
+        _compute(
             {
                 "kind": "task",
                 "path": str(path),
@@ -267,13 +288,31 @@ def cached_task_reference(
                 "task": {"spec": task.spec, "fingerprint": task.fingerprint},
                 "trust_remote_code": trust_remote_code,
             },
-            exit_after=False,
+            False,
+            fork_server,
         )
     return path
 
 
 def load_reference(path: str | Path) -> Observations:
     return Observations.from_dict(torch.load(path, weights_only=False))
+
+
+def _answered(answer: dict) -> dict:
+    """The answer of a reference computed elsewhere, or its failure raised here."""
+    if "error" in answer:
+        error = answer["error"]
+        if error["quantization_unavailable"]:
+            raise QuantizationUnavailable(error["message"])
+        raise ReferenceFailed(error["signature"], error["message"])
+    return answer
+
+
+def _died(code: int | None, log_path: Path, log_tail: str) -> ReferenceFailed:
+    return ReferenceFailed(
+        "ReferenceProcessDied: the reference process exited without an answer",
+        f"the reference process died (exit code {code}); log {log_path}:\n{log_tail}",
+    )
 
 
 class ReferenceProcess:
@@ -306,25 +345,10 @@ class ReferenceProcess:
         line = process.stdout.readline()
         if not line:  # killed (e.g. by the OOM killer) or crashed
             code, self.process = process.wait(), None
-            raise ReferenceFailed(
-                "ReferenceProcessDied: the reference process exited without an answer",
-                f"the reference process died (exit code {code}); log {self.log_path}:\n{self._log_tail()}",
-            )
+            raise _died(code, self.log_path, _log_tail(self.log_path))
         if exit_after:
             self.close()
-        answer = json.loads(line)
-        if "error" in answer:
-            error = answer["error"]
-            if error["quantization_unavailable"]:
-                raise QuantizationUnavailable(error["message"])
-            raise ReferenceFailed(error["signature"], error["message"])
-        return answer
-
-    def _log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return _answered(json.loads(line))
 
     def close(self) -> None:
         if self.process is None:
@@ -338,6 +362,39 @@ class ReferenceProcess:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+
+
+def _log_tail(log_path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class ReferenceForker(Protocol):
+    """Where a CPU run computes references: its fork server (suites/engine/fork_server.py `ForkServer`), which forks
+    a child after its imports of torch, transformers and DeepSpeed, instead of a reference process that imports them
+    all again (10-14 CPU s on the cold path). Each child is a process of its own that never shards, holds no process
+    group and no rank's variables, and exits after its one reference, so its memory is back with the OS before the
+    rank group loads the model."""
+
+    def compute_reference(self, request: dict) -> dict | None:
+        """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
+        None when the server cannot start."""
+        ...
+
+
+def _compute(request: dict, exit_after: bool, forker: ReferenceForker | None) -> dict:
+    """In a child of the run's fork server when it has one (CPU), else in the reference process; `exit_after`: the
+    reference process ends after this one (a forked child always does)."""
+    # A server that cannot start (its imports fail) answers None: the group's start reports whose fault that is,
+    # and the reference process computes the reference, as it did before references were forked.
+    answer = forker.compute_reference(request) if forker is not None else None
+    if answer is None:
+        return _reference_process.compute(request, exit_after)
+    if "died" in answer:
+        raise _died(answer["died"], Path(answer["log"]), _log_tail(Path(answer["log"])))
+    return _answered(answer)
 
 
 _reference_process = ReferenceProcess()
@@ -421,19 +478,23 @@ def serve() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            answer = _serve_one(request)
-        except Exception as error:  # the request's failure, never the process's end
-            answer = {
-                "error": {
-                    "signature": exception_signature(error),
-                    "quantization_unavailable": isinstance(error, QuantizationUnavailable),
-                    "message": "computing the unsharded reference failed:\n"
-                    + "".join(traceback.format_exception(error))[-4000:],
-                }
+        protocol.write(json.dumps(answer(json.loads(line))) + "\n")
+
+
+def answer(request: dict) -> dict:
+    """One request's answer, as the reference process writes it (here or in a child of the fork server): what
+    `_serve_one` measured, or the error that ended it (the request's failure, never the process's end)."""
+    try:
+        return _serve_one(request)
+    except Exception as error:
+        return {
+            "error": {
+                "signature": exception_signature(error),
+                "quantization_unavailable": isinstance(error, QuantizationUnavailable),
+                "message": "computing the unsharded reference failed:\n"
+                + "".join(traceback.format_exception(error))[-4000:],
             }
-        protocol.write(json.dumps(answer) + "\n")
+        }
 
 
 def export_references(checkpoint: str, tokenizer: str | None, destination: Path) -> tuple[Path, int]:

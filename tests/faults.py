@@ -629,3 +629,29 @@ def _break_harness_name(module_name: str, attribute: str):
 
 harness_bug_in_generation_probe = _break_harness_name("suites.checks.probes", "_greedy")
 harness_bug_in_training_step = _break_harness_name("suites.variants.training", "step_batch")
+
+
+# --- reference faults (tests/suites/test_forked_reference.py): called through AUTOTP_STARTUP_FAULT as a reference's
+# child of the fork server starts (`reference`) ---
+
+
+def reference_reports_isolation(stage, rank):
+    """Writes what the reference's process shares with ranks to $AUTOTP_TEST_ISOLATION_FILE: whether it holds an
+    initialised process group, and which of the ranks' variables it sees."""
+    if stage == "reference":
+        import json
+
+        from suites.engine.fork_server import DISTRIBUTED_VARIABLES
+
+        seen = {
+            "process_group": torch.distributed.is_available() and torch.distributed.is_initialized(),
+            "variables": sorted(name for name in DISTRIBUTED_VARIABLES if name in os.environ),
+        }
+        with open(os.environ["AUTOTP_TEST_ISOLATION_FILE"], "w") as out:
+            json.dump(seen, out)
+
+
+def reference_killed(stage, rank):
+    """The reference's process is killed by a signal (the OOM killer) before it answers."""
+    if stage == "reference":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -36,6 +36,24 @@ from suites.engine.processes import pid_alive
 from suites.outcome import death_record, read_death_records
 
 SERVER_DIED = "server-died.json"
+REFERENCE_KIND = "reference"
+"""A request for an unsharded reference instead of a rank group."""
+REFERENCE_ANSWER = "answer.json"
+REFERENCE_FORK_TIMEOUT_S = 900
+"""How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
+REFERENCE_PROCESS_NAME = "autotp-reference"
+"""The process name of a reference's leader and child (Linux keeps 15 characters: `autotp-referenc`)."""
+DISTRIBUTED_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""What makes a process a rank (DeepSpeed's launcher sets them, `_rank_environment` here): never in a reference's."""
 
 
 class GroupStartFailure(RuntimeError):
@@ -84,8 +102,6 @@ class ForkServer:
         self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
     ) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
-        if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
-            raise self.start_failure
         request = {
             "tp": tp,
             "port": port,
@@ -93,6 +109,46 @@ class ForkServer:
             "driver_pid": driver_pid,
             "omp_threads": omp_threads,
         }
+        return ForkedGroup(self._fork(request, workdir, timeout))
+
+    def compute_reference(self, request: dict) -> dict | None:
+        """One unsharded reference (suites/reference.py `answer`) computed in a process of its own forked from the
+        server after its imports: its answer, {"died": exit code, "log": path} when it died without one, or None
+        when the server cannot start. Like the reference process, no time limit: a reference takes what its
+        model's size takes."""
+        workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
+        try:
+            try:
+                leader = ForkedGroup(
+                    self._fork(
+                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request},
+                        workdir,
+                        REFERENCE_FORK_TIMEOUT_S,
+                    )
+                )
+            except GroupStartFailure:
+                return None
+            answer_file = workdir / REFERENCE_ANSWER
+            try:
+                while not answer_file.exists() and pid_alive(leader.leader_pid):
+                    time.sleep(0.01)
+            except BaseException:  # Ctrl-C, a test's timeout: the child must not outlive its driver
+                leader.kill()
+                raise
+            answer = json.loads(answer_file.read_text()) if answer_file.exists() else {"died": None}
+            if "died" in answer:  # its log outlives the work folder
+                kept = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
+                with kept.open("a") as log, open(workdir / "reference.log", errors="replace") as written:
+                    log.write(written.read()[-20000:])
+                answer["log"] = str(kept)
+            return answer
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _fork(self, request: dict, workdir: Path, timeout: float) -> int:
+        """Ask the server to fork for `request`; the leader's pid, which the server writes to `<workdir>/leader.pid`."""
+        if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
+            raise self.start_failure
         pid_file, deadline = workdir / "leader.pid", time.monotonic() + timeout
         for _ in range(2):
             process = self.process if self.process is not None and self.process.poll() is None else self._start()
@@ -105,7 +161,7 @@ class ForkServer:
             while not pid_file.exists() and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             if pid_file.exists():
-                return ForkedGroup(int(pid_file.read_text()))
+                return int(pid_file.read_text())
         died = read_death_records(self.log_dir, SERVER_DIED) if self.log_dir else []
         if died:
             self.start_failure = GroupStartFailure(
@@ -149,7 +205,7 @@ class ForkServer:
 
 
 def _rank_environment(request: dict, rank: int) -> dict[str, str]:
-    return {
+    environment = {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(request["tp"]),
@@ -160,6 +216,8 @@ def _rank_environment(request: dict, rank: int) -> dict[str, str]:
         "MASTER_PORT": str(request["port"]),
         "OMP_NUM_THREADS": request["omp_threads"],
     }
+    assert set(DISTRIBUTED_VARIABLES) <= set(environment)  # the reference's guard removes exactly these
+    return environment
 
 
 def _run_rank(request: dict, rank: int) -> None:
@@ -199,6 +257,54 @@ def _lead_group(request: dict) -> None:
     os._exit(0)
 
 
+def _name_process(name: str) -> None:
+    """The name `ps` and /proc/<pid>/stat show: a forked process keeps its parent's command line, and benchmarks
+    (benchmarks/cold_start.py) tell a reference's process from a rank by it."""
+    try:
+        Path("/proc/self/comm").write_text(name)
+    except OSError:
+        pass  # no /proc (not Linux): only the name is lost
+
+
+def _lead_reference(request: dict) -> None:
+    """Lead one reference's process: its own session (the driver ends it with one killpg), and its exit code
+    written as the answer when it died without one (killed by the OOM killer, a crash in native code)."""
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _name_process(REFERENCE_PROCESS_NAME)  # its child inherits the name
+    workdir = Path(request["workdir"])
+    pid = os.fork()
+    if pid == 0:
+        _compute_reference(request["request"], workdir)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if not (workdir / REFERENCE_ANSWER).exists():
+        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps({"died": code}))
+    os._exit(0)
+
+
+def _compute_reference(request: dict, workdir: Path) -> None:
+    """The reference process's work in a child of the server: nothing of a rank reaches it (no distributed
+    variables; the server never initialises a process group, and `compute_reference` refuses one)."""
+    code = 1
+    try:
+        for name in DISTRIBUTED_VARIABLES:
+            os.environ.pop(name, None)
+        log = open(workdir / "reference.log", "a", buffering=1)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        from suites import reference
+        from suites.engine import worker
+
+        worker.run_startup_fault_hook("reference")
+        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps(reference.answer(request)))
+        code = 0
+    except BaseException:  # noqa: BLE001 - logged; the leader answers with the exit code
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 def serve(log_dir: Path) -> None:
     import gc
 
@@ -217,7 +323,7 @@ def serve(log_dir: Path) -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _lead_group(request)
+            _lead_reference(request) if request.get("kind") == REFERENCE_KIND else _lead_group(request)
         write_text_atomically(Path(request["workdir"]) / "leader.pid", str(pid))
 
 

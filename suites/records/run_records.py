@@ -4,7 +4,7 @@ starts) and the same fields as JUnit properties. The format is documented in REA
 from __future__ import annotations
 
 import fcntl
-import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -15,12 +15,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from matrix import PROJECT_ROOT
 from matrix.cells import Cell
+from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, package_constants
 from matrix.redaction import redact
 from matrix.versions import AXES
 from suites.atomic import write_text_atomically
@@ -54,15 +54,6 @@ def git_has_commit(folder: Path, sha: str) -> bool:
     return found is not None and found.returncode == 0
 
 
-def direct_url(package: str) -> dict | None:
-    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed)."""
-    try:
-        text = metadata.distribution(package).read_text("direct_url.json")
-        return json.loads(text) if text else None
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
-
-
 def deepspeed_commit(
     origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool], harness: str = ""
 ) -> str:
@@ -89,28 +80,41 @@ def deepspeed_commit(
     return stamped if has_commit(Path(unquote(url.path)), stamped) else ""
 
 
-def installed_versions() -> dict[str, str]:
-    """Every version axis's package as imported (`__version__`), python, and DeepSpeed's commit."""
+def _imported_git_hash() -> str:
+    """DeepSpeed's commit as its import says it (no installed version file: git_version_info's fallback)."""
     try:
         from deepspeed.git_version_info import git_hash
     except ImportError:
-        git_hash = ""
-    # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
+        return ""
+    return git_hash or ""
+
+
+def installed_versions() -> dict[str, str]:
+    """Every version axis's package as imported (`__version__`), python, and DeepSpeed's commit, read from the
+    packages' files as their import would set them."""
+    constant = package_constants("deepspeed", VERSION_CONSTANTS["deepspeed"][0]).get("git_hash")
+    stamped = constant if isinstance(constant, str) else _imported_git_hash()
     return {
-        **{axis: str(importlib.import_module(axis).__version__) for axis in AXES},
+        **{axis: imported_version(axis) for axis in AXES},
         "python": platform.python_version(),
-        "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), git_hash or "", git_has_commit, harness_commit()),
+        "deepspeed_git": deepspeed_commit(direct_url("deepspeed"), stamped, git_has_commit, harness_commit()),
     }
 
 
 def platform_of_run() -> tuple[str, str]:
-    """(accelerator, communication backend) the rank groups of this machine use. On CPU, DeepSpeed
-    uses oneCCL when its bindings import and falls back to gloo otherwise."""
-    from deepspeed.accelerator import get_accelerator
+    """(accelerator, communication backend) the rank groups of this machine use. CPU ranks get DS_ACCELERATOR=cpu
+    (suites/engine/rank_group.py launch_environment), which is then known without importing DeepSpeed; on CPU,
+    DeepSpeed uses oneCCL when its bindings import and falls back to gloo otherwise."""
+    from suites.engine.rank_group import launch_environment
 
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        return accelerator.device_name(), accelerator.communication_backend_name()
+    if launch_environment().get("DS_ACCELERATOR") != "cpu":
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        if accelerator.device_name() != "cpu":
+            return accelerator.device_name(), accelerator.communication_backend_name()
+    if importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
+        return "cpu", "gloo"
     try:
         import oneccl_bindings_for_pytorch  # noqa: F401
     except ImportError:

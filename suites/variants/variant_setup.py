@@ -8,7 +8,7 @@ from matrix.cells import Cell
 from suites.checks.inputs import ProbeSpec
 from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
-from suites.reference import cached_reference
+from suites.reference import ReferenceForker, cached_reference
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
 
@@ -30,8 +30,11 @@ def skip_reason(cell: Cell) -> str | None:
     return None
 
 
-def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec) -> VariantFields | CellOutcome:
-    """The variant's job fields, computed in the driver (never in a rank)."""
+def prepare(
+    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec, fork_server: ReferenceForker | None = None
+) -> VariantFields | CellOutcome:
+    """The variant's job fields, computed in the driver (never in a rank); references in a child of `fork_server`
+    when the run has one (suites/reference.py)."""
     variant, trust = cell.variant, cell.model.trust_remote_code
     reason = skip_reason(cell)
     if reason:
@@ -55,12 +58,19 @@ def prepare(cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec)
         try:
             reference = str(
                 cached_reference(
-                    checkpoint, tokenizer, cell.dtype, spec, trust, variant.quantization, variant.quant_group_size
+                    checkpoint,
+                    tokenizer,
+                    cell.dtype,
+                    spec,
+                    trust,
+                    variant.quantization,
+                    variant.quant_group_size,
+                    fork_server,
                 )
             )
         except QuantizationUnavailable as error:
             return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
-        baseline = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust))
+        baseline = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust, fork_server=fork_server))
     return VariantFields(meta, trained, reference, baseline)
 
 

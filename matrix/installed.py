@@ -1,0 +1,67 @@
+"""What an installed package says about itself, read from its files without importing it: importing torch,
+DeepSpeed or transformers costs a process seconds of a core (~10 s together on the 2-core runners), which the
+driver spends beside the fork server's own imports before its first cell."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+from importlib import metadata
+from pathlib import Path
+
+VERSION_CONSTANTS = {
+    "torch": ("version.py", "__version__"),
+    "deepspeed": ("git_version_info_installed.py", "version"),
+    "transformers": ("__init__.py", "__version__"),
+}
+"""Per package, the file and the literal its `__version__` is set from (DeepSpeed's setup.py, and
+sessions/checkouts.py for a commit checkout, write `git_version_info_installed.py`)."""
+
+
+def module_constants(file: Path) -> dict[str, object]:
+    """The module-level `NAME = <literal>` assignments of a python file, read without running it."""
+    found: dict[str, object] = {}
+    for node in ast.parse(file.read_text()).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name):
+                try:
+                    found[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    pass
+    return found
+
+
+def package_constants(package: str, file: str) -> dict[str, object]:
+    """The literals of one of `package`'s files, where an import would find the package; {} when it or the file
+    is not there."""
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    source = Path(folders[0]) / file if folders else None
+    return module_constants(source) if source is not None and source.is_file() else {}
+
+
+def imported_version(package: str) -> str:
+    """`package.__version__` (one of VERSION_CONSTANTS): the literal its import would set, else (no such file or
+    literal) by importing it."""
+    file, name = VERSION_CONSTANTS[package]
+    constant = package_constants(package, file).get(name)
+    # str(): torch.__version__ is a TorchVersion, which pytest-xdist cannot send from a worker.
+    return constant if isinstance(constant, str) else str(importlib.import_module(package).__version__)
+
+
+def direct_url(package: str) -> dict | None:
+    """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed); a commit checkout's
+    names its commit (sessions/checkouts.py), which its version alone does not (`5.25.0.dev0` for many commits)."""
+    try:
+        text = metadata.distribution(package).read_text("direct_url.json")
+        return json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
