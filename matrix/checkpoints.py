@@ -92,19 +92,18 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-    from matrix.installed import imported_version
+    from matrix.installed import imported_version, installed_commit
 
-    identity = json.dumps(
-        {
-            "model_type": entry.model_type,
-            "tiny": entry.tiny,
-            "seed": SEED,
-            "init": INIT,
-            "transformers": imported_version("transformers"),
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(identity.encode()).hexdigest()[:12]
+    identity = {
+        "model_type": entry.model_type,
+        "tiny": entry.tiny,
+        "seed": SEED,
+        "init": INIT,
+        "transformers": imported_version("transformers"),
+    }
+    if commit := installed_commit("transformers"):  # only then: a release's checkpoints keep their key
+        identity["transformers_commit"] = commit
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def tiny_config(entry: ModelEntry):

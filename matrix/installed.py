@@ -65,3 +65,11 @@ def direct_url(package: str) -> dict | None:
         return json.loads(text) if text else None
     except (metadata.PackageNotFoundError, ValueError):
         return None
+
+
+def installed_commit(package: str) -> str:
+    """The commit a checkout layer installed `package` from (its PEP 610 `vcs_info`), "" for a release: commits share
+    a `.dev0` version, so what caches something the package computes (tiny checkpoints, references, tiny shapes)
+    keys on this too. The commit, not the clone's path: the same commit gives the same answer on any machine."""
+    vcs = (direct_url(package) or {}).get("vcs_info") or {}
+    return str(vcs.get("commit_id", ""))

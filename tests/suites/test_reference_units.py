@@ -56,3 +56,28 @@ def test_export_skips_cached_task_references(tmp_path, monkeypatch):
     assert count == 1
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "elsewhere"))
     assert import_references(bundle) == 1 and _path_for(identity).exists()
+
+
+def test_a_transformers_commit_gets_its_own_tiny_checkpoint_and_reference(monkeypatch):
+    """Commit checkouts share a `.dev0` version: keyed by the version alone, a bisection step would read the tiny
+    checkpoint and the unsharded reference another commit's transformers computed. A release keeps its keys."""
+    from matrix import installed
+    from matrix.checkpoints import tiny_key
+    from suites.checks.inputs import ProbeSpec
+    from suites.reference import reference_identity
+
+    entry = expand("llama", tp="2")[0].model
+
+    def keys_at(commit: str) -> tuple[str, dict]:
+        def checkout(package: str) -> dict | None:
+            if package != "transformers" or not commit:
+                return None
+            return {"url": "file:///clones/transformers", "vcs_info": {"vcs": "git", "commit_id": commit}}
+
+        monkeypatch.setattr(installed, "direct_url", checkout)
+        return tiny_key(entry), reference_identity("org/model", None, "fp32", ProbeSpec())
+
+    release, first, second = keys_at(""), keys_at("a" * 40), keys_at("b" * 40)
+    assert len({release[0], first[0], second[0]}) == 3
+    assert release[1] != first[1] != second[1] != release[1]
+    assert "transformers_commit" not in release[1] and first[1]["transformers_commit"] == "a" * 40
