@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts
+from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
 from suites.checks.result import CheckResult, Finding, joined
 
 SHARE_EPSILON = 1e-6
@@ -46,7 +46,7 @@ class WeightShare:
     """Every rank holds all of it."""
 
 
-def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, str]) -> dict[str, int]:
+def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, TensorKind]) -> dict[str, int]:
     totals: dict[str, int] = dict.fromkeys(KINDS, 0)
     for name, size in bytes_by_name.items():
         totals[kinds.get(name, "rest")] += size
