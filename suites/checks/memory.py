@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from suites.checks.probes import KINDS, SPLIT_KINDS, SplitCounts
+from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
 from suites.checks.result import CheckResult, Finding, joined
 
 SHARE_EPSILON = 1e-6
@@ -46,18 +46,18 @@ class WeightShare:
     """Every rank holds all of it."""
 
 
-def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, str]) -> dict[str, int]:
+def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, TensorKind]) -> dict[str, int]:
     totals: dict[str, int] = dict.fromkeys(KINDS, 0)
     for name, size in bytes_by_name.items():
         totals[kinds.get(name, "rest")] += size
     return totals
 
 
-def weight_shares(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[WeightShare]:
+def weight_shares(unsharded: Footprint, rank_bytes_by_name: list[dict[str, int]]) -> list[WeightShare]:
     tp = len(rank_bytes_by_name)
     shares = []
-    for name, shape in reference.shapes_by_name.items():
-        kind, full = reference.kinds.get(name), reference.bytes_by_name.get(name)
+    for name, shape in unsharded.shapes_by_name.items():
+        kind, full = unsharded.kinds.get(name), unsharded.bytes_by_name.get(name)
         if kind not in SPLIT_KINDS or len(shape) < 2 or not full:
             continue  # biases follow their weight; a tied alias is judged under its first name
         held = [by_name.get(name, 0) for by_name in rank_bytes_by_name]
@@ -100,9 +100,9 @@ def layer_groups(names: list[str]) -> str:
     )
 
 
-def _unknown_names(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[Finding]:
+def _unknown_names(unsharded: Footprint, rank_bytes_by_name: list[dict[str, int]]) -> list[Finding]:
     for rank, by_name in enumerate(rank_bytes_by_name):
-        unknown = [name for name in by_name if name not in reference.kinds]
+        unknown = [name for name in by_name if name not in unsharded.kinds]
         if unknown:
             return [
                 Finding(
@@ -113,21 +113,23 @@ def _unknown_names(reference, rank_bytes_by_name: list[dict[str, int]]) -> list[
     return []
 
 
-def check(reference, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
+def check(unsharded: Footprint, rank_bytes_by_name: list[dict[str, int]]) -> CheckResult:
     tp = len(rank_bytes_by_name)
-    unsharded = kind_totals(reference.bytes_by_name, reference.kinds)
-    ranks = [kind_totals(by_name, reference.kinds) for by_name in rank_bytes_by_name]
+    unsharded_totals = kind_totals(unsharded.bytes_by_name, unsharded.kinds)
+    ranks = [kind_totals(by_name, unsharded.kinds) for by_name in rank_bytes_by_name]
     largest = max(sum(totals.values()) for totals in ranks)
-    metrics = {"shard_ratio": largest / reference.param_bytes, "rank_param_bytes_max": float(largest)}
+    metrics = {"shard_ratio": largest / unsharded.param_bytes, "rank_param_bytes_max": float(largest)}
     for kind in KINDS:
-        if unsharded[kind]:
-            metrics[f"{kind.removesuffix('s')}_shard_ratio"] = max(totals[kind] for totals in ranks) / unsharded[kind]
-    problems, notes = _unknown_names(reference, rank_bytes_by_name), []
-    shares = weight_shares(reference, rank_bytes_by_name)
+        if unsharded_totals[kind]:
+            metrics[f"{kind.removesuffix('s')}_shard_ratio"] = (
+                max(totals[kind] for totals in ranks) / unsharded_totals[kind]
+            )
+    problems, notes = _unknown_names(unsharded, rank_bytes_by_name), []
+    shares = weight_shares(unsharded, rank_bytes_by_name)
     for kind in SPLIT_KINDS:
         judged = [share for share in shares if share.kind == kind]
         designed = {
-            share.name: whole_by_design(share.name, reference.shapes_by_name[share.name], reference.counts, tp)
+            share.name: whole_by_design(share.name, unsharded.shapes_by_name[share.name], unsharded.counts, tp)
             for share in judged
             if share.whole
         }
@@ -159,10 +161,10 @@ META_LOAD_MIN_MODEL_BYTES = 100 << 20
 """Below this model size, import and allocator noise in a rank's RSS (tens of MB) hides the model."""
 
 
-def check_meta_load(reference, rank_peak_growth: float) -> CheckResult:
+def check_meta_load(unsharded: Footprint, rank_peak_growth: float) -> CheckResult:
     """`meta` load: no rank may materialise the full model. Its peak RSS growth from before loading
     to the end of sharding must stay below the unsharded model's bytes (eager grows by more than them)."""
-    full = reference.param_bytes
+    full = unsharded.param_bytes
     metrics = {"meta_load_growth_ratio": rank_peak_growth / full}
     if full < META_LOAD_MIN_MODEL_BYTES:
         return CheckResult("meta_memory", True, "memory", metrics)

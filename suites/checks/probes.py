@@ -54,23 +54,22 @@ class Observations:
     """Summed negative log-likelihood over the scored corpus tokens."""
     nll_tokens: int
     forward_seconds: float
-    param_bytes: int
-    """Bytes of parameters and buffers this process holds for the model."""
-    bytes_by_name: dict[str, int]
-    """The same bytes per parameter/buffer name (AutoTP keeps the names of the layers it replaces)."""
-    kinds: dict[str, TensorKind]
-    """Kind of each name (see `tensor_kinds`); meaningful on the unsharded model, whose module types
-    AutoTP has not replaced yet. Tied parameters appear under every name they have."""
-    shapes_by_name: dict[str, tuple[int, ...]]
-    """Shape of each parameter/buffer: the memory check judges every weight of a split kind on its own."""
-    counts: "SplitCounts"
-    """The model's head and expert counts: what decides how finely a weight can be split."""
+    footprint: "Footprint | None"
+    """The unsharded model's tensors (`footprint`), what the memory checks compare the ranks' bytes with;
+    None on the sharded model, whose module types AutoTP replaced (each rank hands its own bytes by name
+    to rank 0 instead: suites/contracts.py RankSummary)."""
     routing_masked: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
     """[real tokens, routers x k] the experts each MoE router chose for each token of `logits_masked`, sorted
     per router ([tokens, 0] for a model without routers found): the logits check tells a routing choice that
     flipped on a near-tie from a drift (see `expert_choices`)."""
     routing_plain: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
     """[T, routers x k] the same for the tokens of `logits_plain`."""
+
+    def unsharded_footprint(self) -> "Footprint":
+        """The footprint of the reference's observations: asking the sharded model's is a harness bug."""
+        if self.footprint is None:
+            raise ValueError("the memory checks asked the sharded model's observations for a footprint (a harness bug)")
+        return self.footprint
 
     @property
     def perplexity(self) -> float:
@@ -79,40 +78,50 @@ class Observations:
 
     def to_dict(self) -> dict:
         """Tensors, numbers, strings and plain containers only: `torch.load(weights_only=True)` reads it back."""
-        return {**self.__dict__, "counts": asdict(self.counts)}
+        return {**self.__dict__, "footprint": asdict(self.footprint) if self.footprint else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Observations":
-        return cls(**{**data, "counts": SplitCounts(**data["counts"])})
+        footprint = data["footprint"]
+        return cls(
+            **{
+                **data,
+                "footprint": Footprint(**{**footprint, "counts": SplitCounts(**footprint["counts"])})
+                if footprint
+                else None,
+            }
+        )
 
 
-def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:
-    """Perplexity the HF-guide way: overlapping windows, only the new tokens of each window scored."""
-    nll_sum, scored, previous_end = 0.0, 0, 0
-    length = corpus_ids.shape[1]
-    for begin in range(0, length, spec.ppl_stride):
-        end = min(begin + spec.ppl_window, length)
-        new_tokens = end - previous_end
-        window = corpus_ids[:, begin:end].to(device)
-        labels = window.clone()
-        labels[:, :-new_tokens] = -100
-        loss = model(window, labels=labels).loss
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise LibraryOutputError(
-                "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
-            )
-        # The loss is a mean over the shifted labels: the first token of a window is never predicted.
-        predicted = int((labels[:, 1:] != -100).sum().item())
-        nll_sum += loss.float().item() * predicted
-        scored += predicted
-        previous_end = end
-        if end == length:
-            break
-    return nll_sum, scored
+def perplexity_batch(corpus_ids: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """([windows, ppl_window] ids, labels) of perplexity the HF-guide way: overlapping windows `ppl_stride` apart,
+    only the new tokens of each window scored (labels -100 elsewhere), every window a row of one batch. The `labels=`
+    loss is the mean over every scored label of the batch, so one forward gives the summed NLL of the windows scored
+    one by one, in one forward and one set of all-reduces instead of one per window."""
+    begins = range(0, corpus_ids.shape[1] - spec.ppl_window + 1, spec.ppl_stride)
+    ids = torch.stack([corpus_ids[0, begin : begin + spec.ppl_window] for begin in begins])
+    labels = ids.clone()
+    labels[1:, : spec.ppl_window - spec.ppl_stride] = -100  # scored by the window before
+    return ids, labels
+
+
+def _perplexity_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:
+    """(summed NLL, scored tokens) of `perplexity_batch` through the `labels=` loss path."""
+    ids, labels = perplexity_batch(corpus_ids, spec)
+    loss = model(ids.to(device), labels=labels.to(device)).loss
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise LibraryOutputError(
+            "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
+        )
+    # The loss is a mean over the shifted labels: the first token of a window is never predicted.
+    predicted = int((labels[:, 1:] != -100).sum().item())
+    return loss.float().item() * predicted, predicted
 
 
 @torch.no_grad()
-def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations:
+def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool = True) -> Observations:
+    """The probes' outputs; with `unsharded` (the reference) also the model's `footprint`, which no check reads
+    of the sharded model."""
     started = time.perf_counter()
     batch_ids, batch_mask = inputs.batch_ids.to(device), inputs.batch_mask.to(device)
     with expert_choices(model) as choices_masked:
@@ -129,8 +138,8 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations
         logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
-    nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
-    by_name = bytes_by_name(model)
+    nll_sum, nll_tokens = _perplexity_nll(model, inputs.corpus_ids, spec, device)
+    forward_seconds = time.perf_counter() - started
     return Observations(
         logits_masked,
         logits_plain,
@@ -140,12 +149,8 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device) -> Observations
         gen_padded_logits,
         nll_sum,
         nll_tokens,
-        time.perf_counter() - started,
-        sum(by_name.values()),
-        by_name,
-        tensor_kinds(model),
-        shapes_by_name(model),
-        split_counts(model),
+        forward_seconds,
+        footprint(model) if unsharded else None,
         _per_token(choices_masked, batch_ids.shape)[real],
         _per_token(choices_plain, (1, batch_ids.shape[1]))[0],
     )
@@ -272,6 +277,29 @@ class SplitCounts:
     head_dim: int
     experts: int
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """An unsharded model's tensors as the memory checks (suites/checks/memory.py) judge each rank's share of them."""
+
+    bytes_by_name: dict[str, int]
+    """Bytes of each parameter/buffer (`bytes_by_name`; AutoTP keeps the names of the layers it replaces)."""
+    kinds: dict[str, TensorKind]
+    """Kind of each name (`tensor_kinds`), from the module types AutoTP has not replaced yet. Tied parameters
+    appear under every name they have."""
+    shapes_by_name: dict[str, tuple[int, ...]]
+    """Shape of each parameter/buffer: the memory check judges every weight of a split kind on its own."""
+    counts: SplitCounts
+    """The model's head and expert counts: what decides how finely a weight can be split."""
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.bytes_by_name.values())
+
+
+def footprint(model) -> Footprint:
+    return Footprint(bytes_by_name(model), tensor_kinds(model), shapes_by_name(model), split_counts(model))
 
 
 def split_counts(model) -> SplitCounts:

@@ -7,27 +7,15 @@ and gathered full weights and the loss of the step a resumed run takes. Reasons 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from matrix.registry import Tolerance
-from suites.checks.probes import SplitCounts
+from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
 from suites.checks import memory as memory_checks
 
 
 def _nan_first(value: float) -> tuple[bool, float]:
     return math.isnan(value), value
-
-
-@dataclass
-class UnshardedFootprint:
-    """What suites/checks/memory.py compares each rank's bytes with."""
-
-    bytes_by_name: dict[str, int]
-    kinds: dict[str, str]
-    param_bytes: int
-    shapes_by_name: dict[str, tuple[int, ...]]
-    counts: SplitCounts
 
 
 def _rank_problems(problems_per_rank: list[list[Finding]]) -> list[Finding]:
@@ -137,12 +125,8 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
         )
     )
 
-    footprint = UnshardedFootprint(
-        unsharded["bytes_by_name"],
-        unsharded["kinds"],
-        unsharded["param_bytes"],
-        unsharded["shapes_by_name"],
-        SplitCounts(**unsharded["counts"]),
+    footprint = Footprint(
+        unsharded["bytes_by_name"], unsharded["kinds"], unsharded["shapes_by_name"], SplitCounts(**unsharded["counts"])
     )
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     results.append(

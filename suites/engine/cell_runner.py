@@ -25,7 +25,7 @@ from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.checks.inputs import build_inputs, load_tokenizer
-from suites.checks.probes import observe
+from suites.checks.probes import bytes_by_name, observe
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.outcome import (
@@ -84,8 +84,14 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
 def _reset_peak_rss() -> None:
     """Linux: writing 5 to clear_refs resets VmHWM, so a long-lived rank can measure one cell's peak.
     Memory freed by earlier cells goes back to the OS first (malloc_trim), or a new cell would reuse
-    it without its RSS growing and look cheaper than it is."""
+    it without its RSS growing and look cheaper than it is.
+
+    The previous cell's model (reference cycles) is collected here, not at the end of its own cell: the driver has
+    that verdict one collection sooner. What survives the collection outlives every cell (caches, lazily imported
+    modules) and moves to the permanent generation, as at group start (worker.import_cell_machinery): a rank's
+    every later collection would walk it again (~10-25 ms a collection after a few cells at tp 3-4 here)."""
     gc.collect()
+    gc.freeze()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
@@ -149,7 +155,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     import torch.distributed as dist
 
     stage, timings = "setup", {}
-    model = engine = observed = error = training = task_correct = None
+    model = engine = observed = held_bytes_by_name = error = training = task_correct = None
     progress = Progress() if job.variant.training else None
     scratch = workdir / f"training-{job.seq}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
@@ -182,8 +188,9 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
             stage = "forward"
-            observed = observe(model, inputs, job.spec, device)
+            observed = observe(model, inputs, job.spec, device, unsharded=False)
             timings["time_forward_s"] = observed.forward_seconds
+            held_bytes_by_name = bytes_by_name(model)
             if job.accuracy_task:
                 started = time.perf_counter()
                 task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
@@ -204,7 +211,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
         rss_before_load,
         rss_peak_loaded,
         training,
-        observed.bytes_by_name if observed else None,
+        held_bytes_by_name,
         observed.logits_plain[0, -1] if observed else None,
     )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
@@ -223,8 +230,6 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
                 "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
             )
         write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(outcome.to_dict()))
-    del model, engine, observed
-    gc.collect()
     _run_fault_hooks(job, "finished", None, rank)
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
@@ -280,7 +285,11 @@ def _judge(
         if job.baseline:
             results += quantization_checks.check(load_reference(job.baseline), observed, tolerance)
         if job.meta:
-            results.append(memory_checks.check_meta_load(reference, metrics["rss_load_peak_growth_max_bytes"]))
+            results.append(
+                memory_checks.check_meta_load(
+                    reference.unsharded_footprint(), metrics["rss_load_peak_growth_max_bytes"]
+                )
+            )
         if job.accuracy_reference:
             if task_correct is None:
                 raise ValueError(

@@ -158,8 +158,38 @@ def read_records(results_dir: Path) -> list[dict]:
     """The records of `results_dir/cells.jsonl`, the one reader of the file; a record whose outcome or failure
     class is not one of the harness's raises MalformedRecord naming the file and line."""
     path = results_dir / "cells.jsonl"
+    return _parsed(path, path.read_text().splitlines() if path.exists() else [], 1)
+
+
+class AppendedRecords:
+    """The records of whole lines appended to a cells.jsonl since the last call of `new` (all at the first), read
+    as `read_records` reads them: the file only grows, so a run that asks after every cell reads each line once
+    instead of the whole file each time (a results folder keeps every earlier run's records; ~2.4 MB after four
+    default matrices)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        """Bytes read: whole lines only, so a line another pytest-xdist worker is still writing is read later."""
+        self.lines = 0
+
+    def new(self) -> list[dict]:
+        try:
+            with self.path.open("rb") as stream:
+                stream.seek(self.offset)
+                appended = stream.read()
+        except FileNotFoundError:
+            return []
+        complete = appended[: appended.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        lines = complete.decode().splitlines()
+        first, self.lines = self.lines + 1, self.lines + len(lines)
+        return _parsed(self.path, lines, first)
+
+
+def _parsed(path: Path, lines: list[str], first_number: int) -> list[dict]:
     records = []
-    for number, line in enumerate(path.read_text().splitlines() if path.exists() else [], start=1):
+    for number, line in enumerate(lines, start=first_number):
         try:
             record = json.loads(line)
         except ValueError:
@@ -230,11 +260,11 @@ class CellRecorder:
         self.state = state
         self.expected_cells = set(expected_cells)
         self.records: list[dict] = []
-        self.finished = {
-            r["cell"]["id"]: r
-            for r in read_records(results_dir)
-            if r["run"]["id"] == run.id and tuple(r.get("faults", ())) == self.faults
-        }
+        self.on_disk = AppendedRecords(self.path)
+        of_run = [r for r in self.on_disk.new() if r["run"]["id"] == run.id]
+        self.finished = {r["cell"]["id"]: r for r in of_run if tuple(r.get("faults", ())) == self.faults}
+        self.cells_of_run_on_disk = {r["cell"]["id"] for r in of_run}
+        """Every cell of this run in cells.jsonl, whoever wrote it (pytest-xdist workers share the file)."""
 
     def replay(self, cell_id: str, record_property=None) -> dict | None:
         """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
@@ -272,9 +302,8 @@ class CellRecorder:
 
     def _emit(self, record: dict, record_property) -> None:
         self.records.append(record)
-        if self.state and self.expected_cells <= {
-            r["cell"]["id"] for r in read_records(self.results_dir) if r["run"]["id"] == self.run.id
-        }:
+        self.cells_of_run_on_disk.update(r["cell"]["id"] for r in self.on_disk.new() if r["run"]["id"] == self.run.id)
+        if self.state and self.expected_cells <= self.cells_of_run_on_disk:
             self.state.write(self.run.started, complete=True)
         if record_property is not None:
             for key, value in junit_properties(record).items():

@@ -196,17 +196,15 @@ def compute_unsharded_steps(
                 for name, master in stepped.items():
                     params[name].copy_(master)
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    by_name = bytes_by_name(model)
     return {
         "losses": losses,
         "grads": grads,
         "weights": weights,
         "adam_gradient_units": adam_units,
-        "bytes_by_name": by_name,
+        "bytes_by_name": bytes_by_name(model),
         "kinds": tensor_kinds(model),
         "shapes_by_name": shapes_by_name(model),
         "counts": asdict(split_counts(model)),
-        "param_bytes": sum(by_name.values()),
         **_lm_head_names(model),
     }
 

@@ -8,7 +8,7 @@ from tests.suites.rank_summaries import inference_rank
 
 
 def _observations(**changes):
-    from suites.checks.probes import Observations, SplitCounts
+    from suites.checks.probes import Footprint, Observations, SplitCounts
 
     torch.manual_seed(0)
     base = dict(
@@ -19,11 +19,9 @@ def _observations(**changes):
         nll_sum=100.0,
         nll_tokens=50,
         forward_seconds=0.1,
-        param_bytes=1000,
-        bytes_by_name={"w": 800, "n": 200},
-        kinds={"w": "linears", "n": "rest"},
-        shapes_by_name={"w": (20, 10), "n": (50,)},
-        counts=SplitCounts(2, 2, 5, 0),
+        footprint=Footprint(
+            {"w": 800, "n": 200}, {"w": "linears", "n": "rest"}, {"w": (20, 10), "n": (50,)}, SplitCounts(2, 2, 5, 0)
+        ),
     )
     base["gen_tokens"] = base["gen_logits"].argmax(-1)
     base["gen_padded_logits"] = torch.randn(2, 4, 16)
@@ -117,7 +115,7 @@ def test_tensor_kinds_come_from_the_modules_and_buffers_are_never_split_kinds():
 
 def _layered(heads=8, kv_heads=8, experts=0):
     """A two-layer model's unsharded footprint: q/k/v/o, an MLP, optional fused experts and a router."""
-    from suites.checks.probes import SplitCounts
+    from suites.checks.probes import Footprint, SplitCounts
 
     head_dim, hidden = 16, 128
     shapes = {}
@@ -139,13 +137,7 @@ def _layered(heads=8, kv_heads=8, experts=0):
             }
     kinds = {name: "rest" if "norm" in name else "experts" if "experts" in name else "linears" for name in shapes}
     full = {name: 4 * torch.Size(shape).numel() for name, shape in shapes.items()}
-    return _observations(
-        param_bytes=sum(full.values()),
-        bytes_by_name=full,
-        kinds=kinds,
-        shapes_by_name=shapes,
-        counts=SplitCounts(heads, kv_heads, head_dim, experts),
-    )
+    return Footprint(full, kinds, shapes, SplitCounts(heads, kv_heads, head_dim, experts))
 
 
 def _split(reference, tp, whole=(), rows=None):
@@ -333,7 +325,6 @@ def _training_reports(tp=2, losses=(2.0, 1.5), grads=(), layout=(), update=(), t
         "losses": [2.0, 1.5],
         "bytes_by_name": reference.bytes_by_name,
         "kinds": reference.kinds,
-        "param_bytes": reference.param_bytes,
         "shapes_by_name": reference.shapes_by_name,
         "counts": {"heads": 8, "kv_heads": 8, "head_dim": 16, "experts": 0},
         "lm_head_weight": None,
@@ -370,6 +361,7 @@ def _training_reports(tp=2, losses=(2.0, 1.5), grads=(), layout=(), update=(), t
 def _failing_signatures():
     """Every kind of failing check on hand-made observations: check name → the cell signature it gives."""
     from suites.checks import accuracy, generation, judge, logits, memory, perplexity, quantization, training
+    from suites.checks.probes import Footprint, SplitCounts
     from suites.checks.result import Finding
 
     tolerance = DEFAULT_TOLERANCES["fp32"]
@@ -403,7 +395,10 @@ def _failing_signatures():
         "perplexity": perplexity.check(reference, _observations(nll_sum=200.0), tolerance),
         "memory": memory.check(layered, _split(layered, 2, whole=("self_attn",))),
         "memory unknown": memory.check(layered, renamed),
-        "meta_memory": memory.check_meta_load(_observations(param_bytes=200 << 20), float(300 << 20)),
+        "meta_memory": memory.check_meta_load(
+            Footprint({"w": 200 << 20}, {"w": "linears"}, {"w": (50 << 20, 1)}, SplitCounts(2, 2, 5, 0)),
+            float(300 << 20),
+        ),
         "accuracy": accuracy.check([True] * 30, [False] * 30),
     }
     results["quant_tokens"], results["quant_perplexity"] = quantization.check(

@@ -234,3 +234,42 @@ def test_a_record_the_harness_did_not_write_is_refused_naming_its_line(tmp_path,
         read_records(tmp_path)
     (tmp_path / "cells.jsonl").write_text(f"{json.dumps(good)}\n{json.dumps(good)[:20]}")
     assert read_records(tmp_path) == [good]
+
+
+def test_a_recorder_reads_each_appended_line_once_and_sees_the_other_workers_cells(tmp_path):
+    """The run is complete once every expected cell is in cells.jsonl, whichever pytest-xdist worker wrote it; the
+    recorder reads only what was appended since it last looked, a line still being written once it is whole."""
+    from matrix.cells import expand
+    from suites.outcome import CellOutcome
+    from suites.records.run_records import AppendedRecords, CellRecorder, RunState, read_records
+
+    llama, opt, gpt2 = expand("llama,opt,gpt2", tp="2")
+    run = RunInfo("local", started="2026-01-01T00:00:00Z", accelerator="cpu", backend="gloo", harness_git=SHA)
+    versions = {"deepspeed": "0.19.8"}
+    earlier = RunInfo("local", started="2025-12-31T00:00:00Z", accelerator="cpu", backend="gloo", harness_git=SHA)
+    CellRecorder(tmp_path, earlier, versions).record(gpt2, CellOutcome("pass"))  # another run's: never counted
+
+    state = RunState(tmp_path, "local", {}, versions)
+    ids = {llama.id, opt.id, gpt2.id}
+    mine = CellRecorder(tmp_path, run, versions, state, expected_cells=ids)
+    other = CellRecorder(tmp_path, run, versions, state, expected_cells=ids)
+    mine.record(llama, CellOutcome("pass"))
+    other.record(opt, CellOutcome("pass"))
+    assert not state.path.exists()
+    mine.record(gpt2, CellOutcome("pass"))  # the other worker's opt completes the run
+    assert json.loads(state.path.read_text())["complete"] is True
+    assert mine.cells_of_run_on_disk == ids
+
+    appended = AppendedRecords(tmp_path / "cells.jsonl")
+    assert [r["cell"]["id"] for r in appended.new()] == [gpt2.id, llama.id, opt.id, gpt2.id]
+    line = json.dumps(read_records(tmp_path)[1]) + "\n"
+    with (tmp_path / "cells.jsonl").open("a") as stream:
+        stream.write(line[:20])  # a worker mid-write: nothing new yet
+        stream.flush()
+        assert appended.new() == []
+        stream.write(line[20:])
+    assert [r["cell"]["id"] for r in appended.new()] == [llama.id]
+    with (tmp_path / "cells.jsonl").open("a") as stream:
+        stream.write('{"cell": {"id": "x"}, "outcome": "maybe"}\n')
+    with pytest.raises(ValueError, match=r"cells.jsonl:6: outcome 'maybe'"):
+        appended.new()

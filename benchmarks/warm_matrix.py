@@ -1,0 +1,211 @@
+"""Warm pytest seconds of the AutoTP suites for harness checkouts side by side, with where they go: JUnit seconds per
+tp size, the ranks' load / shard / probe seconds from the records (the rest: driver, judging, group starts, polls),
+the CPU seconds of the whole run's process tree and the load average, and ratios against the first harness.
+
+    python benchmarks/warm_matrix.py --python <combination env>/bin/python --out /tmp/warm \\
+        --harness base=<checkout of main> --harness new=. [--repeat 2] \\
+        [--selection "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"]
+
+Each harness first fills a harness cache of its own with one untimed run of the selection (its references are
+keyed by its own probe code), or takes `--cache LABEL=PATH`; every timed run reads a hard-linked copy of it
+(nothing a run writes reaches it: every write is a rename). Rounds run the harnesses in turn, so the runs of a round
+meet about the same load on a shared machine; the median run per harness is printed. CPU seconds come from a
+cpuacct cgroup of the run (exact, every process of the tree) where this machine lets one be made, else from /proc
+samples of the tree once a second (a process that ends between two samples keeps its last figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from benchmarks.cold_start import ProcessTreeCPU  # noqa: E402
+from sessions.environments import environment_variables  # noqa: E402
+
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+RANK_PHASES = ("time_load_s", "time_shard_s", "time_forward_s")
+DEFAULT_SELECTION = "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"
+
+
+class TreeCPU:
+    """CPU seconds of a process and all its descendants: a cpuacct cgroup (cgroup v1) when one can be made, the
+    child joining it before it execs; else /proc samples of the tree (benchmarks/cold_start.py ProcessTreeCPU)."""
+
+    def __init__(self, label: str):
+        self.group: Path | None = CPUACCT / f"autotp-warm-{label}-{os.getpid()}"
+        try:
+            self.group.mkdir()
+        except OSError:
+            self.group = None
+        self.sampled: ProcessTreeCPU | None = None
+
+    def join(self) -> None:
+        """In the child, before exec."""
+        if self.group is not None:
+            (self.group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def started(self, pid: int) -> None:
+        if self.group is None:
+            self.sampled = ProcessTreeCPU(pid)
+
+    def sample(self) -> None:
+        if self.sampled is not None:
+            self.sampled.sample()
+
+    def seconds(self) -> float:
+        if self.group is not None:
+            used = int((self.group / "cpuacct.usage").read_text()) / 1e9
+            try:
+                self.group.rmdir()  # fails while a process of the run still lives: the group is left, named
+            except OSError:
+                pass
+            return used
+        assert self.sampled is not None
+        return sum(self.sampled.by_role().values())
+
+
+def run_suites(python: Path, harness: Path, cache: Path, results: Path, log: Path, selection: list[str]) -> dict:
+    """One `pytest suites` run of the selection as `nox -s matrix` runs it."""
+    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
+    command = [str(python), "-m", "pytest", "suites", "--session-name", "matrix", "--no-resume"]
+    command += ["--results", str(results), *selection]
+    cpu = TreeCPU(results.parent.name)
+    load_before, started = os.getloadavg(), time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, cwd=harness, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cpu.join
+        )
+        cpu.started(process.pid)
+        while process.poll() is None:
+            cpu.sample()
+            time.sleep(1.0)
+    return {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": cpu.seconds(),
+        "load_before": load_before[0],
+        "load_after": os.getloadavg()[0],
+        "rc": process.returncode,
+        **junit_breakdown(results),
+        "log": str(log),
+    }
+
+
+def junit_breakdown(results: Path) -> dict:
+    """pytest seconds (the JUnit suite's), and per tp size the cells' JUnit seconds and the ranks' phases."""
+    records = {}
+    for line in (results / "cells.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["cell"]["id"]] = record
+    suite = ElementTree.parse(results / "junit" / "matrix.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert suite is not None, f"{results}/junit/matrix.xml holds no testsuite"
+    per_tp: dict[str, dict[str, float]] = {}
+    for case in suite.iter("testcase"):
+        cell = re.search(r"\[(.*)\]$", case.get("name", ""))
+        record = records.get(cell.group(1)) if cell else None
+        if record is None:
+            continue
+        row = per_tp.setdefault(str(record["cell"]["tp"]), dict.fromkeys(("cells", "junit_s", *RANK_PHASES), 0.0))
+        row["cells"] += 1
+        row["junit_s"] += float(case.get("time", 0.0))
+        for phase in RANK_PHASES:
+            row[phase] += record["metrics"].get(phase, 0.0)
+    return {"pytest_s": float(suite.get("time", 0.0)), "per_tp": per_tp, "cells": str(results / "cells.jsonl")}
+
+
+def linked_copy(cache: Path) -> Path:
+    copy = Path(tempfile.mkdtemp(prefix="warm-cache-")) / "cache"
+    subprocess.run(["cp", "-al", str(cache), str(copy)], check=True)
+    return copy
+
+
+def median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda run: run["pytest_s"])[len(runs) // 2]
+
+
+def table(runs: dict[str, list[dict]]) -> str:
+    labels = list(runs)
+    medians = {label: median_run(runs[label]) for label in labels}
+    first = medians[labels[0]]
+    lines = [
+        f"{'median run':<34}"
+        + "".join(f"{label:>14}" for label in labels)
+        + "  "
+        + " ".join(f"{labels[0]}/{label}" for label in labels[1:])
+    ]
+
+    def row(title: str, values: list[float], ratio: bool = True) -> None:
+        cells = "".join(f"{value:>14.1f}" for value in values)
+        ratios = "  " + " ".join(f"{values[0] / value:.2f}x" for value in values[1:] if value) if ratio else ""
+        lines.append(f"{title:<34}{cells}{ratios}")
+
+    row("pytest s", [medians[label]["pytest_s"] for label in labels])
+    for tp in sorted(first["per_tp"], key=int):
+        row(f"  tp {tp}: JUnit s", [medians[label]["per_tp"].get(tp, {}).get("junit_s", 0.0) for label in labels])
+        for phase in RANK_PHASES:
+            values = [medians[label]["per_tp"].get(tp, {}).get(phase, 0.0) for label in labels]
+            row(f"    ranks {phase.removeprefix('time_').removesuffix('_s')} s", values)
+        rest = [
+            medians[label]["per_tp"].get(tp, {}).get("junit_s", 0.0)
+            - sum(medians[label]["per_tp"].get(tp, {}).get(phase, 0.0) for phase in RANK_PHASES)
+            for label in labels
+        ]
+        row("    rest s", rest)
+    row("CPU s (whole process tree)", [medians[label]["cpu_s"] for label in labels])
+    row("wall s (imports to exit)", [medians[label]["wall_s"] for label in labels])
+    row("load average before", [medians[label]["load_before"] for label in labels], ratio=False)
+    for label in labels:
+        every = ", ".join(f"{run['pytest_s']:.1f}" for run in runs[label])
+        lines.append(f"{label}: pytest s of every run {every}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", type=Path, required=True, help="the combination environment's python")
+    parser.add_argument("--harness", action="append", required=True, metavar="LABEL=PATH", help="a harness checkout")
+    parser.add_argument("--cache", action="append", default=[], metavar="LABEL=PATH", help="a filled harness cache")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeat", type=int, default=2, help="rounds (the median run per harness is printed)")
+    parser.add_argument("--selection", default=DEFAULT_SELECTION, help="pytest options of the runs ('' for all)")
+    args = parser.parse_args()
+    harnesses = {label: Path(path).resolve() for label, path in (item.split("=", 1) for item in args.harness)}
+    caches = {label: Path(path).resolve() for label, path in (item.split("=", 1) for item in args.cache)}
+    selection = shlex.split(args.selection)
+    for label, harness in harnesses.items():
+        if label not in caches:  # untimed: fills this harness's own cache
+            caches[label] = Path(tempfile.mkdtemp(prefix=f"warm-fill-{label}-")) / "cache"
+            folder = args.out / label / "fill"
+            folder.mkdir(parents=True, exist_ok=True)
+            filled = run_suites(
+                args.python, harness, caches[label], folder / "results", folder / "pytest.log", selection
+            )
+            print(f"{label} fill: {filled['pytest_s']:.1f} s", flush=True)
+    runs: dict[str, list[dict]] = {label: [] for label in harnesses}
+    for round_ in range(args.repeat):
+        for label, harness in harnesses.items():
+            folder = args.out / label / f"round-{round_}"
+            folder.mkdir(parents=True, exist_ok=True)
+            run = run_suites(
+                args.python, harness, linked_copy(caches[label]), folder / "results", folder / "pytest.log", selection
+            )
+            runs[label].append(run)
+            print(f"{label} round {round_}: {json.dumps(run)}", flush=True)
+    (args.out / "summary.json").write_text(json.dumps(runs, indent=1))
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main()
