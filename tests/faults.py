@@ -212,29 +212,19 @@ def overflowing_loss(stage, model, rank):
 
 def skip_lm_head_allreduce_on_task_items(stage, model, rank):
     """The sharded lm_head skips its all-reduce (each rank scores with a partial sum over its slice of
-    the hidden features), only in forwards of four or more sequences without labels: the task probes' batches
-    (four choices an item; lm-eval requests eight at a time). The standard probes run one or two sequences, and
-    the perplexity windows (one batch) pass labels, so only the accuracy check can see it."""
+    the hidden features), only in forwards of four or more sequences: the task probes' batches (four
+    choices an item; lm-eval requests eight at a time). The standard probes run one or two sequences, so
+    only the accuracy check can see it."""
     if stage != "sharded":
         return
     from deepspeed.module_inject import layers
 
     heads = [m for m in model.modules() if type(m).__name__ == "LmHeadLinearAllreduce"]
     assert heads, "no sharded lm_head to break"
-    scoring = {"labels": False}
-
-    def model_forward(*args, original=model.forward, **kwargs):
-        scoring["labels"] = kwargs.get("labels") is not None
-        try:
-            return original(*args, **kwargs)
-        finally:
-            scoring["labels"] = False
-
-    model.forward = model_forward
     for head in heads:
 
         def forward(input, original=head.forward):
-            if input.shape[0] < 4 or scoring["labels"]:
+            if input.shape[0] < 4:
                 return original(input)
             real = layers.dist.inference_all_reduce
             layers.dist.inference_all_reduce = lambda tensor, *args, **kwargs: tensor

@@ -41,17 +41,6 @@ class ProbeSpec:
     ppl_stride: int = 32
     """Stride between windows; only the last `stride` tokens of a window are scored (HF guide)."""
 
-    def __post_init__(self):
-        # The windows are scored as the rows of one batch (suites/checks/probes.py perplexity_batch): all as long.
-        if not (0 < self.ppl_stride <= self.ppl_window <= self.ppl_tokens) or (
-            (self.ppl_tokens - self.ppl_window) % self.ppl_stride
-        ):
-            raise ValueError(
-                f"ProbeSpec: ppl_tokens {self.ppl_tokens}, ppl_window {self.ppl_window}, ppl_stride "
-                f"{self.ppl_stride}: need 0 < stride <= window <= tokens and tokens - window a multiple of stride, "
-                "so that every perplexity window is a full window"
-            )
-
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 

@@ -93,29 +93,32 @@ class Observations:
         )
 
 
-def perplexity_batch(corpus_ids: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """([windows, ppl_window] ids, labels) of perplexity the HF-guide way: overlapping windows `ppl_stride` apart,
-    only the new tokens of each window scored (labels -100 elsewhere), every window a row of one batch. The `labels=`
-    loss is the mean over every scored label of the batch, so one forward gives the summed NLL of the windows scored
-    one by one, in one forward and one set of all-reduces instead of one per window."""
-    begins = range(0, corpus_ids.shape[1] - spec.ppl_window + 1, spec.ppl_stride)
-    ids = torch.stack([corpus_ids[0, begin : begin + spec.ppl_window] for begin in begins])
-    labels = ids.clone()
-    labels[1:, : spec.ppl_window - spec.ppl_stride] = -100  # scored by the window before
-    return ids, labels
-
-
-def _perplexity_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:
-    """(summed NLL, scored tokens) of `perplexity_batch` through the `labels=` loss path."""
-    ids, labels = perplexity_batch(corpus_ids, spec)
-    loss = model(ids.to(device), labels=labels.to(device)).loss
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise LibraryOutputError(
-            "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
-        )
-    # The loss is a mean over the shifted labels: the first token of a window is never predicted.
-    predicted = int((labels[:, 1:] != -100).sum().item())
-    return loss.float().item() * predicted, predicted
+def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:
+    """Perplexity the HF-guide way: overlapping windows, only the new tokens of each window scored. One forward per
+    window, not the windows as one batch: the `labels=` loss comes back as one float32 mean, and one rounding of a
+    batch's mean put the default matrix's fp32 perplexity noise at half its bound (each window's own rounding, summed
+    in float64, keeps it at a fifth; docs/findings.md, 2026-12-04)."""
+    nll_sum, scored, previous_end = 0.0, 0, 0
+    length = corpus_ids.shape[1]
+    for begin in range(0, length, spec.ppl_stride):
+        end = min(begin + spec.ppl_window, length)
+        new_tokens = end - previous_end
+        window = corpus_ids[:, begin:end].to(device)
+        labels = window.clone()
+        labels[:, :-new_tokens] = -100
+        loss = model(window, labels=labels).loss
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise LibraryOutputError(
+                "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
+            )
+        # The loss is a mean over the shifted labels: the first token of a window is never predicted.
+        predicted = int((labels[:, 1:] != -100).sum().item())
+        nll_sum += loss.float().item() * predicted
+        scored += predicted
+        previous_end = end
+        if end == length:
+            break
+    return nll_sum, scored
 
 
 @torch.no_grad()
@@ -138,7 +141,7 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool
         logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
-    nll_sum, nll_tokens = _perplexity_nll(model, inputs.corpus_ids, spec, device)
+    nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
     forward_seconds = time.perf_counter() - started
     return Observations(
         logits_masked,
