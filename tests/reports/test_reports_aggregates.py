@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from reports.__main__ import main
-from reports.aggregates import aggregate
+from reports.aggregates import Aggregates, aggregate
 from reports.history import analyse, analyse_aggregates
-from reports.records import CellKey, CellResult, Run, Versions
+from reports.records import CellKey, CellResult, Observation, Run, Versions
 from reports.model import build_report, read_report, report_json
 from reports.store import HistoryStore
 
@@ -80,13 +80,7 @@ def store(tmp_path) -> Path:
 
 
 def test_the_stores_aggregates_are_what_every_result_says(store):
-    with HistoryStore(store, create=False, read_only=True) as history:
-        from_sql, observations = history.aggregates(), history.observations()
-    in_memory = aggregate(observations)
-    assert sorted(map(repr, from_sql.groups)) == sorted(map(repr, in_memory.groups))
-    assert from_sql.metrics == in_memory.metrics
-    assert from_sql.recent == in_memory.recent
-    assert from_sql.checkpoints == in_memory.checkpoints
+    from_sql, observations = same_aggregates(store)
     # 2 runs per night, 5 cells each, 9 nights: the groups hold every result once; the recent runs are the last night's
     # and the one before, of each session.
     assert sum(group.count for group in from_sql.groups) == len(observations) == 2 * 5 * 9
@@ -146,14 +140,16 @@ def test_the_rendered_report_states_the_facts_of_the_history(store, tmp_path):
     assert json.loads((out / "report.json").read_text())["details"]["file"] == "report-details.json"
 
 
-def same_aggregates(path: Path) -> None:
-    """The store's aggregates (kept by import) are those of every result it holds, computed in memory."""
+def same_aggregates(path: Path) -> tuple[Aggregates, list[Observation]]:
+    """The store's aggregates (kept by import) are those of every result it holds, computed in memory; both back."""
     with HistoryStore(path, create=False, read_only=True) as history:
         from_store, observations = history.aggregates(), history.observations()
     in_memory = aggregate(observations)
     assert sorted(map(repr, from_store.groups)) == sorted(map(repr, in_memory.groups))
     assert from_store.metrics == in_memory.metrics
     assert from_store.recent == in_memory.recent
+    assert from_store.checkpoints == in_memory.checkpoints
+    return from_store, observations
 
 
 def test_the_aggregates_do_not_depend_on_the_order_runs_came_in(tmp_path):
