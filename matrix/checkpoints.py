@@ -92,17 +92,15 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-    from matrix.installed import imported_version, installed_commit
+    from matrix.installed import cache_identity
 
     identity = {
         "model_type": entry.model_type,
         "tiny": entry.tiny,
         "seed": SEED,
         "init": INIT,
-        "transformers": imported_version("transformers"),
+        **cache_identity("transformers"),
     }
-    if commit := installed_commit("transformers"):  # only then: a release's checkpoints keep their key
-        identity["transformers_commit"] = commit
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 

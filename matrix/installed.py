@@ -68,8 +68,15 @@ def direct_url(package: str) -> dict | None:
 
 
 def installed_commit(package: str) -> str:
-    """The commit a checkout layer installed `package` from (its PEP 610 `vcs_info`), "" for a release: commits share
-    a `.dev0` version, so what caches something the package computes (tiny checkpoints, references, tiny shapes)
-    keys on this too. The commit, not the clone's path: the same commit gives the same answer on any machine."""
+    """The commit a checkout layer installed `package` from (its PEP 610 `vcs_info`), "" for a release. The commit,
+    not the clone's path: the same commit gives the same answer on any machine."""
     vcs = (direct_url(package) or {}).get("vcs_info") or {}
     return str(vcs.get("commit_id", ""))
+
+
+def cache_identity(package: str) -> dict[str, str]:
+    """`package` as a key of what the harness caches from its output (tiny checkpoints, references, tiny shapes): its
+    version, and its commit when a checkout layer installed it, since commits share a `.dev0` version. A release's
+    key holds the version alone, as it always did."""
+    commit = installed_commit(package)
+    return {package: imported_version(package), **({f"{package}_commit": commit} if commit else {})}

@@ -432,10 +432,9 @@ def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str
     import json
 
     from matrix import cache_root
-    from matrix.installed import imported_version, installed_commit
+    from matrix.installed import cache_identity
 
-    key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}
-    key["transformers"] = [imported_version("transformers"), installed_commit("transformers")]
+    key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny, **cache_identity("transformers")}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     record = cache_root() / "tiny-shapes" / f"{digest}.json"
     try:

@@ -46,7 +46,7 @@ import torch
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root, checkpoint_identity
-from matrix.installed import installed_commit
+from matrix.installed import cache_identity
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
@@ -110,23 +110,14 @@ def reference_identity(
     quant_group_size: int = 0,
 ) -> dict:
     """Everything the reference's numbers depend on, and nothing that depends on this machine."""
-    import transformers
-
     quant: dict[str, object] = {}
     if quantization:  # the quantized reference depends on the quantizer's code too, so its versions join the key
-        import deepspeed  # only then: the driver's first cell need not wait for DeepSpeed's import
-
         quant = {
             "quantization": quantization,
             "group_size": quant_group_size,
-            "deepspeed": deepspeed.__version__,
+            **cache_identity("deepspeed"),
             "torchao": _torchao_version(),
         }
-        if commit := installed_commit("deepspeed"):
-            quant["deepspeed_commit"] = commit
-    # A transformers commit checkout shares its `.dev0` version with other commits: only then is its commit part of
-    # the key (a release's references keep theirs).
-    origin = {"transformers_commit": commit} if (commit := installed_commit("transformers")) else {}
     return {
         "format": REFERENCE_FORMAT,
         "checkpoint": _source_identity(checkpoint),
@@ -135,8 +126,7 @@ def reference_identity(
         "spec": spec.as_dict(),
         "probes": probe_fingerprint(),
         "torch": str(torch.__version__),
-        "transformers": transformers.__version__,
-        **origin,
+        **cache_identity("transformers"),
         **quant,
     }
 
