@@ -5,6 +5,8 @@ local wheel folder (no index): a torch layer, a DeepSpeed layer over it and a co
   upper layer needs another version of a lower layer's package: it holds its own, which wins.
 - torch is never installed again above the torch layer.
 - uv and the pip fallback give every layer the same packages (but for pip's own tools in pip's venvs).
+- Combinations built at once by threads (`nox -s backfill` builds ahead) over a DeepSpeed layer not built yet
+  build it once, and each gets what it would have built alone.
 - The uv binary comes from the pin in pyproject.toml; where it cannot be installed the build says so and
   uses pip.
 """
@@ -18,6 +20,8 @@ import os
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,7 @@ FAKES = [  # (name, version, requirements)
     ("deepspeed", "0.19.8", ["torch>=2", "beta"]),
     ("gamma", "1.0", []),
     ("transformers", "5.24.0", ["alpha>=2", "gamma"]),
+    ("transformers", "5.23.0", ["alpha>=1", "gamma"]),
 ]
 
 
@@ -173,6 +178,36 @@ def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
     for key in ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", "ds0.19.8-tf5.24.0-pt2.13.0"):
         assert own_packages(tmp_path / "uv", key) == own_packages(tmp_path / "pip", key)
     assert with_uv.parent.parent.name == with_pip.parent.parent.name
+
+
+def test_combinations_built_at_once_build_their_shared_layers_once_and_each_its_own_packages(tmp_path, uv, offline):
+    root = tmp_path / "envs"
+    combinations = {
+        version: replace(
+            layers(), key=f"ds0.19.8-tf{version}-pt2.13.0", installs=((f"transformers=={version}", "torch==2.13.0"),)
+        )
+        for version in ("5.24.0", "5.23.0")
+    }
+    said: list[str] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(
+            pool.map(lambda spec: ensure_environment(root, spec, log=said.append, tool=uv), combinations.values())
+        )
+
+    assert [python.parent.parent.name for python in built] == [spec.key for spec in combinations.values()]
+    building = sorted(
+        line.split(f"{root}/")[1].split(" ")[0] for line in said if line.startswith("building environment")
+    )
+    assert building == sorted(
+        ["torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", *(spec.key for spec in combinations.values())]
+    )
+    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {
+        "transformers": "5.24.0",
+        "gamma": "1.0",
+        "alpha": "2.0",
+    }
+    assert own_packages(root, "ds0.19.8-tf5.23.0-pt2.13.0") == {"transformers": "5.23.0", "gamma": "1.0"}
+    assert own_packages(root, "base-ds0.19.8-pt2.13.0") == {"deepspeed": "0.19.8", "beta": "1.0"}
 
 
 def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_path, uv, offline):
