@@ -224,6 +224,17 @@ def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_
     ), said
 
 
+def test_pip_s_configuration_is_read_once_per_set_of_pip_variables(monkeypatch):
+    listings = []
+    real = installers._pip_config_listing
+    monkeypatch.setattr(installers, "_pip_config_listing", lambda: listings.append(1) or real())
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/one")
+    assert [installers.pip_configuration()["find-links"] for _ in range(3)] == ["/wheels/one"] * 3
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/two")
+    assert installers.pip_configuration()["find-links"] == "/wheels/two"
+    assert len(listings) == 2
+
+
 def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
     monkeypatch.delenv(INSTALLER_ENV, raising=False)
     said = []
