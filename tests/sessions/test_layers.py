@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -110,9 +111,9 @@ def offline(monkeypatch, wheels):
 
 def layers() -> EnvironmentSpec:
     # the torch layer holds alpha 1.0, the combination needs alpha>=2
-    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),))
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),), shared=True)
     deepspeed = EnvironmentSpec(
-        key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),), base=torch
+        key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),), base=torch, shared=True
     )
     return EnvironmentSpec(
         key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),), base=deepspeed
@@ -170,6 +171,43 @@ def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_la
         check=True,
     ).stdout.strip()
     assert seen == "2.0"
+
+
+def loaded_from_bytecode(python: Path, module: str) -> bool:
+    """Whether python, told not to write bytecode (as container images often are), imports module from a .pyc."""
+    verbose = subprocess.run(
+        [str(python), "-v", "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    ).stderr
+    return any("code object from" in line and f"/{module}/__pycache__/" in line for line in verbose.splitlines())
+
+
+def test_torch_and_deepspeed_layers_hold_their_bytecode_and_one_built_before_gets_it_without_a_rebuild(
+    tmp_path, uv, offline
+):
+    real = environments.release_environment({"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"})
+    assert [layer.shared for layer in (real, *real.lower())] == [False, True, True]  # as layers() has them
+    root = tmp_path / "envs"
+    python = build(root, uv)
+    assert loaded_from_bytecode(python, "torch") and loaded_from_bytecode(python, "deepspeed")
+    assert not loaded_from_bytecode(python, "transformers")  # the combination's own layer is left to Python
+    assert not list((root / "ds0.19.8-tf5.24.0-pt2.13.0").rglob("*.pyc"))
+
+    # a torch layer built before layers held their bytecode: the next build over it compiles it, installs nothing
+    torch_layer = root / "torch-pt2.13.0"
+    before = tree_hash(torch_layer)
+    (torch_layer / environments.BYTECODE_MARKER).unlink()
+    for cache in list(torch_layer.rglob("__pycache__")):
+        shutil.rmtree(cache)
+    assert not loaded_from_bytecode(python, "torch")
+    said: list[str] = []
+    ensure_environment(root, layers(), log=said.append, tool=uv)
+    assert loaded_from_bytecode(python, "torch")
+    assert tree_hash(torch_layer) == before  # the same packages (tree_hash leaves __pycache__ out)
+    assert said == [f"compiling the bytecode of {torch_layer} (once: every combination over it imports it)"]
 
 
 def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
