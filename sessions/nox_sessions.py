@@ -140,15 +140,21 @@ def prepare_harness(
     return HarnessEnvironment(python, as_of, printed.stdout.rstrip())
 
 
+def naming(combo: Combo, log: Callable[[str], None]) -> Callable[[str], None]:
+    """log, each line starting with the combination it belongs to (builds run beside other combinations' cells)."""
+    return lambda line: log(f"{combo.id}: {line}")
+
+
 def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -> Path:
     """The python of the combination's environment, built now if needed; logs what is really installed."""
-    prepared = prepare_harness(combo, extras_name, log=lambda line: session.log(f"{combo.id}: {line}"))
+    prepared = prepare_harness(combo, extras_name, log=naming(combo, session.log))
     session.log(f"{combo.id}:\n{prepared.versions}")
     return prepared.python
 
 
 AHEAD_WORKERS = 2
-"""Environments EnvironmentsAhead builds at once (measured on 2 cores: docs/findings.md, backfill ahead)."""
+"""Environments EnvironmentsAhead builds at once: a build over an existing DeepSpeed layer is ~1 s of resolving and
+unpacking (docs/findings.md), so two stay ahead of the cells, and one slow download does not hold up the next."""
 
 
 class EnvironmentsAhead:
@@ -168,9 +174,7 @@ class EnvironmentsAhead:
     ):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autotp-environment")
         self._builds: dict[str, Future[HarnessEnvironment]] = {
-            combo.id: self._pool.submit(
-                prepare_harness, combo, extras_name, as_of_mode, lambda line, name=combo.id: log(f"{name}: {line}")
-            )
+            combo.id: self._pool.submit(prepare_harness, combo, extras_name, as_of_mode, naming(combo, log))
             for combo in combos
         }
 
@@ -247,9 +251,7 @@ def run_suites(
     selection = parse_suite_options(pytest_args)
     try:
         prepared = (
-            ahead.ready(combo)
-            if ahead
-            else prepare_harness(combo, extras_name, mode, lambda line: session.log(f"{combo.id}: {line}"))
+            ahead.ready(combo) if ahead else prepare_harness(combo, extras_name, mode, naming(combo, session.log))
         )
     except (EnvironmentBuildError, AxisValueError, ReleaseDataUnavailable) as error:
         from sessions.install_failure import record_install_failure
