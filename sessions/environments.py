@@ -263,21 +263,25 @@ def ensure_environment(
         if not (marker.exists() and marker.read_text() == wanted):
             _build(root, spec, folder, python, log, tool)
             marker.write_text(wanted)
-        if not complete():
-            _compile_bytecode(root, spec, python, log)
+        if not complete() and _compile_bytecode(root, spec, python, log):
             (folder / BYTECODE_MARKER).write_text("")
     return python
 
 
-def _compile_bytecode(root: Path, spec: EnvironmentSpec, python: Path, log: Callable[[str], None]) -> None:
-    """Compile the layer's modules (all cores; a file that does not compile is left to fail where it is imported,
-    as it would without this)."""
+COMPILED = (0, 1)
+"""compileall's exit codes once it went through every file: 1 says some did not compile (torch ships a test module in
+Python 3.12 syntax), which are then left to fail where they are imported, as they would without this."""
+
+
+def _compile_bytecode(root: Path, spec: EnvironmentSpec, python: Path, log: Callable[[str], None]) -> bool:
+    """Compile the layer's modules on every core; False when compileall was stopped (the next ensure compiles on)."""
     log(f"compiling the bytecode of {root / spec.key} (once: every combination over it imports it)")
-    subprocess.run(
+    compiled = subprocess.run(
         [str(python), "-m", "compileall", "-q", "-j", "0", *layer_paths(root, spec)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    return compiled.returncode in COMPILED
 
 
 def _build(

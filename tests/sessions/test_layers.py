@@ -186,7 +186,7 @@ def loaded_from_bytecode(python: Path, module: str) -> bool:
 
 
 def test_torch_and_deepspeed_layers_hold_their_bytecode_and_one_built_before_gets_it_without_a_rebuild(
-    tmp_path, uv, offline
+    tmp_path, uv, offline, monkeypatch
 ):
     real = environments.release_environment({"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"})
     assert [layer.shared for layer in (real, *real.lower())] == [False, True, True]  # as layers() has them
@@ -208,6 +208,13 @@ def test_torch_and_deepspeed_layers_hold_their_bytecode_and_one_built_before_get
     assert loaded_from_bytecode(python, "torch")
     assert tree_hash(torch_layer) == before  # the same packages (tree_hash leaves __pycache__ out)
     assert said == [f"compiling the bytecode of {torch_layer} (once: every combination over it imports it)"]
+
+    # a compile that was stopped (compileall killed) leaves no marker: the next ensure compiles again
+    monkeypatch.setattr(environments, "COMPILED", ())
+    (torch_layer / environments.BYTECODE_MARKER).unlink()
+    for _ in range(2):
+        ensure_environment(root, layers(), log=said.append, tool=uv)
+    assert not (torch_layer / environments.BYTECODE_MARKER).exists() and len(said) == 3
 
 
 def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
