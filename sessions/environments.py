@@ -16,6 +16,13 @@ torch is installed in its own layer (from `AUTOTP_TORCH_INDEX` pip options on GP
 the pinned version comes from a local wheel); layers above never install torch again. An environment is
 complete once its marker is written; one without it (an interrupted build) is built again. Builds of the
 same folder are serialised by a lock.
+
+The torch and DeepSpeed layers hold their modules' bytecode, compiled once when they are built (or, for a layer
+built before, the first time it is ensured: it gets its own marker, the packages are not touched): every python
+process of every combination imports torch and DeepSpeed, and where PYTHONDONTWRITEBYTECODE is set (container
+images often set it) each process would otherwise compile them from source again (docs/findings.md: ~4.6 CPU s
+a process on 2 cores). A combination's own layer is left to Python: compiling a whole transformers costs more
+than the few modules of it a session imports.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +50,7 @@ ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
 """Extra pip options for torch only, e.g. `--index-url https://download.pytorch.org/whl/cu124` on GPU runners."""
 READY_MARKER = ".autotp-env-ready"  # written last: its content is the spec the environment was built from
+BYTECODE_MARKER = ".autotp-bytecode"  # a shared layer's bytecode is compiled (after READY_MARKER)
 BASE_LINK = "autotp-base.pth"
 
 
@@ -77,6 +86,8 @@ class EnvironmentSpec:
     (sessions/installers.py Installer.resolve_missing); "" for the newest."""
     base: EnvironmentSpec | None = None
     """The layer below: this one sees its packages (and those of the layers below it), and uses its JIT builds."""
+    shared: bool = False
+    """A layer other layers sit on (torch, DeepSpeed): its bytecode is compiled once (see the module's text)."""
 
     def lower(self) -> list[EnvironmentSpec]:
         """The layers below this one, nearest first."""
@@ -112,6 +123,7 @@ def torch_layer(torch: str) -> EnvironmentSpec:
     return EnvironmentSpec(
         key=f"torch-{axis_id('torch', torch_spelling(torch))}",
         installs=((f"torch=={torch_spelling(torch)}", *torch_options()),),
+        shared=True,
     )
 
 
@@ -126,6 +138,7 @@ def _deepspeed_base(
         installs=deepspeed_installs,
         source=source,
         base=torch_layer(torch),
+        shared=True,
     )
 
 
@@ -208,6 +221,7 @@ def commit_environment(
         source=(clone, sha),
         base=torch_layer(torch),
         checkout="deepspeed",
+        shared=True,
     )
     layered = released(pins)
     return EnvironmentSpec(
@@ -236,63 +250,90 @@ def ensure_environment(
     python = folder / "bin" / "python"
     wanted = json.dumps(_describe(spec))
     marker = folder / READY_MARKER
-    if marker.exists() and marker.read_text() == wanted:
+
+    def complete() -> bool:
+        built = marker.exists() and marker.read_text() == wanted
+        return built and (not spec.shared or (folder / BYTECODE_MARKER).exists())
+
+    if complete():
         return python
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{spec.key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel session may be building the same folder
-        if marker.exists() and marker.read_text() == wanted:
-            return python
-        tool = tool or installer(root, log)
-        log(f"building environment {folder} with {tool.name}")
-        shutil.rmtree(folder, ignore_errors=True)
-        lower = [path for layer in spec.lower() for path in layer_paths(root, layer)]
-        try:
-            tool.create(folder)
-            if lower:
-                (Path(_site_packages(folder)) / BASE_LINK).write_text("".join(f"{path}\n" for path in lower))
-            if spec.source is not None:
-                clone, sha = spec.source
-                # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
-                # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
-                run_checked(
-                    ["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone"
-                )
-                run_checked(
-                    ["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}"
-                )
-            env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
-            site_packages = Path(_site_packages(folder))
-            installs = list(spec.installs)
-            if spec.checkout == "transformers" and spec.source is not None:
-                clone, sha = spec.source
-                version, requirements = prepare_transformers_checkout(
-                    folder / "src", clone, sha, site_packages, python, env
-                )
-                log(
-                    f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements"
-                )
-                installs[0] = (*requirements, *installs[0])
-            for arguments in installs:
-                tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
-            if spec.checkout == "deepspeed" and spec.source is not None:
-                clone, sha = spec.source
-                version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
-                log(
-                    f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
-                    f"requirements"
-                )
-            package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
-            if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
-                try:
-                    install_prebuilt_ops(root, python, package_root, [str(site_packages), *lower], env, log)
-                except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
-                    log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
-        except InstallError as error:
-            raise EnvironmentBuildError(str(error)) from None
-        (folder / "torch_extensions").mkdir(exist_ok=True)
-        marker.write_text(wanted)
+        if not (marker.exists() and marker.read_text() == wanted):
+            _build(root, spec, folder, python, log, tool)
+            marker.write_text(wanted)
+        if not complete() and _compile_bytecode(root, spec, python, log):
+            (folder / BYTECODE_MARKER).write_text("")
     return python
+
+
+COMPILED = (0, 1)
+"""compileall's exit codes once it went through every file: 1 says some did not compile (torch ships a test module in
+Python 3.12 syntax), which are then left to fail where they are imported, as they would without this."""
+
+
+def _compile_bytecode(root: Path, spec: EnvironmentSpec, python: Path, log: Callable[[str], None]) -> bool:
+    """Compile the layer's modules on every core; False when compileall was stopped (the next ensure compiles on)."""
+    log(f"compiling the bytecode of {root / spec.key} (once: every combination over it imports it)")
+    compiled = subprocess.run(
+        [str(python), "-m", "compileall", "-q", "-j", "0", *layer_paths(root, spec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return compiled.returncode in COMPILED
+
+
+def _build(
+    root: Path, spec: EnvironmentSpec, folder: Path, python: Path, log: Callable[[str], None], tool: Installer | None
+) -> None:
+    """Build spec's layer into folder afresh (the caller holds its lock)."""
+    tool = tool or installer(root, log)
+    log(f"building environment {folder} with {tool.name}")
+    shutil.rmtree(folder, ignore_errors=True)
+    lower = [path for layer in spec.lower() for path in layer_paths(root, layer)]
+    try:
+        tool.create(folder)
+        if lower:
+            (Path(_site_packages(folder)) / BASE_LINK).write_text("".join(f"{path}\n" for path in lower))
+        if spec.source is not None:
+            clone, sha = spec.source
+            # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
+            # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
+            run_checked(
+                ["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone"
+            )
+            run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+        env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
+        site_packages = Path(_site_packages(folder))
+        installs = list(spec.installs)
+        if spec.checkout == "transformers" and spec.source is not None:
+            clone, sha = spec.source
+            version, requirements = prepare_transformers_checkout(
+                folder / "src", clone, sha, site_packages, python, env
+            )
+            log(
+                f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements"
+            )
+            installs[0] = (*requirements, *installs[0])
+        for arguments in installs:
+            tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
+        if spec.checkout == "deepspeed" and spec.source is not None:
+            clone, sha = spec.source
+            version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
+            log(
+                f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
+                f"requirements"
+            )
+        package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
+        if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
+            try:
+                install_prebuilt_ops(root, python, package_root, [str(site_packages), *lower], env, log)
+            except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
+                log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
+    except InstallError as error:
+        raise EnvironmentBuildError(str(error)) from None
+    (folder / "torch_extensions").mkdir(exist_ok=True)
 
 
 def _describe(spec: EnvironmentSpec) -> dict:

@@ -18,6 +18,7 @@ one uv uses, and `--index-strategy unsafe-best-match` picks the best version acr
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import shlex
@@ -93,7 +94,14 @@ def _pip_config_listing() -> str:
 
 def pip_configuration() -> dict[str, str]:
     """pip's effective settings for `pip install` (PIP_* variables over the install section over global),
-    e.g. {"find-links": "/opt/wheels", "no-index": "1"}."""
+    e.g. {"find-links": "/opt/wheels", "no-index": "1"}; read once per set of PIP_* variables (each reading
+    starts pip, ~0.3 s, and every layer's resolve and install asks)."""
+    return dict(_pip_configuration(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_")))))
+
+
+@functools.cache
+def _pip_configuration(pip_variables: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    # pip_variables only keys the cache: pip reads them from the environment itself
     listed = _pip_config_listing()
     rank = {"global": 0, "install": 1, ":env:": 2}
     found: dict[str, tuple[int, str]] = {}
@@ -102,7 +110,7 @@ def pip_configuration() -> dict[str, str]:
         section, _, key = name.rpartition(".")
         if section in rank and rank[section] >= found.get(key, (-1, ""))[0]:
             found[key] = (rank[section], value.strip().strip("'\""))
-    return {key: value for key, (_, value) in found.items()}
+    return tuple((key, value) for key, (_, value) in found.items())
 
 
 def uv_index_options(arguments: tuple[str, ...] = ()) -> list[str]:

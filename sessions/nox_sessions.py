@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import nox
@@ -106,14 +110,83 @@ def release_date(combo: Combo, cache_dir: Path | None = None) -> str:
     return max(days).date().isoformat()
 
 
-def install_harness(session: nox.Session, combo: Combo, extras_name: str = "", as_of: str = "") -> Path:
-    """The python of the combination's environment (sessions/environments.py: shared by every session and
-    bisection step of the same combination), built now if needed; prints what is really installed."""
-    python = ensure_environment(env_root(), combo_environment(combo, extras_name, as_of), log=session.log)
-    session.run(
-        str(python), "-m", "suites.records.run_records", "--versions", external=True, env=environment_variables(python)
+@dataclass(frozen=True)
+class HarnessEnvironment:
+    """A combination's environment, ready for its cells."""
+
+    python: Path
+    as_of: str
+    """The day its dependencies were resolved as of (`--as-of release-date`), "" for the newest."""
+    versions: str
+    """What is really installed there, as `python -m suites.records.run_records --versions` prints it."""
+
+
+def prepare_harness(
+    combo: Combo, extras_name: str = "", as_of_mode: str = "", log: Callable[[str], None] = print
+) -> HarnessEnvironment:
+    """The combination's environment (sessions/environments.py: shared by every session and bisection step of the
+    same combination), built now if needed, and what it really holds. Runs in a builder thread of
+    EnvironmentsAhead too: it logs through `log` only and prints nothing itself."""
+    as_of = release_date(combo) if as_of_mode == "release-date" else ""
+    python = ensure_environment(env_root(), combo_environment(combo, extras_name, as_of), log=log)
+    printed = subprocess.run(
+        [str(python), "-m", "suites.records.run_records", "--versions"],
+        capture_output=True,
+        text=True,
+        env=environment_variables(python),
     )
-    return python
+    if printed.returncode != 0:
+        raise EnvironmentBuildError(f"{python} cannot say what is installed:\n{printed.stderr[-4000:]}")
+    return HarnessEnvironment(python, as_of, printed.stdout.rstrip())
+
+
+def naming(combo: Combo, log: Callable[[str], None]) -> Callable[[str], None]:
+    """log, each line starting with the combination it belongs to (builds run beside other combinations' cells)."""
+    return lambda line: log(f"{combo.id}: {line}")
+
+
+def install_harness(session: nox.Session, combo: Combo, extras_name: str = "") -> Path:
+    """The python of the combination's environment, built now if needed; logs what is really installed."""
+    prepared = prepare_harness(combo, extras_name, log=naming(combo, session.log))
+    session.log(f"{combo.id}:\n{prepared.versions}")
+    return prepared.python
+
+
+AHEAD_WORKERS = 2
+"""Environments EnvironmentsAhead builds at once: a build over an existing DeepSpeed layer is ~1 s of resolving and
+unpacking (docs/findings.md), so two stay ahead of the cells, and one slow download does not hold up the next."""
+
+
+class EnvironmentsAhead:
+    """The environments of a session's combinations, built in their order by background threads (at most
+    `workers` at once) while the cells of earlier combinations run: a build is mostly resolving, downloading and
+    unpacking, which the cells' CPU need not wait for. `ready(combo)` waits for that combination's own build and
+    raises its error there, so one combination that cannot be installed is recorded as `install` failures of its
+    own cells while the others build on. Log lines of a build name its combination."""
+
+    def __init__(
+        self,
+        combos: Iterable[Combo],
+        extras_name: str,
+        as_of_mode: str,
+        log: Callable[[str], None],
+        workers: int,
+    ):
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autotp-environment")
+        self._builds: dict[str, Future[HarnessEnvironment]] = {
+            combo.id: self._pool.submit(prepare_harness, combo, extras_name, as_of_mode, naming(combo, log))
+            for combo in combos
+        }
+
+    def ready(self, combo: Combo) -> HarnessEnvironment:
+        return self._builds[combo.id].result()
+
+    def __enter__(self) -> EnvironmentsAhead:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        # builds not started are dropped; a running one finishes (an interrupted folder would be built again anyway)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> None:
@@ -160,32 +233,43 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
     return ""
 
 
-def run_suites(session: nox.Session, combo: Combo, pytest_args: list[str]) -> tuple[Path | None, str]:
-    """Install `combo` and run the suites into its results folder's junit/: (the environment's python, "")
-    when they ran, else (None, why not), the selected cells recorded there as `install` failures."""
+def environment_options(pytest_args: list[str]) -> tuple[str, str, list[str]]:
+    """What a session's options ask of its environment: (extras_name, as_of_mode, the pytest args left)."""
     mode, pytest_args = split_as_of(pytest_args)
-    selection = parse_suite_options(pytest_args)
     # lm-eval tasks need lm-evaluation-harness (the `accuracy` dependency group), the built-in ones nothing.
-    extras_name = "accuracy" if (selection.accuracy_task or "").startswith("lm_eval:") else ""
+    extras_name = "accuracy" if (parse_suite_options(pytest_args).accuracy_task or "").startswith("lm_eval:") else ""
+    return extras_name, mode, pytest_args
+
+
+def run_suites(
+    session: nox.Session, combo: Combo, pytest_args: list[str], ahead: EnvironmentsAhead | None = None
+) -> tuple[Path | None, str]:
+    """Install `combo` (or take its build from `ahead`) and run the suites into its results folder's junit/:
+    (the environment's python, "") when they ran, else (None, why not), the selected cells recorded there as
+    `install` failures."""
+    extras_name, mode, pytest_args = environment_options(pytest_args)
+    selection = parse_suite_options(pytest_args)
     try:
-        as_of = release_date(combo) if mode == "release-date" else ""
-        python = install_harness(session, combo, extras_name, as_of)
+        prepared = (
+            ahead.ready(combo) if ahead else prepare_harness(combo, extras_name, mode, naming(combo, session.log))
+        )
     except (EnvironmentBuildError, AxisValueError, ReleaseDataUnavailable) as error:
         from sessions.install_failure import record_install_failure
 
-        session.log(str(error))
+        session.log(f"{combo.id}: {error}")
         written = record_install_failure(session.name, combo, str(error), selection)
         return None, (
             f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
             f"failures in {selection.results}"
         )
+    session.log(f"{combo.id}:\n{prepared.versions}")
     session.run(
-        *suites_command(python, session_name=session.name, extra=pytest_args),
+        *suites_command(prepared.python, session_name=session.name, extra=pytest_args),
         success_codes=[0, 1],
-        env={**environment_variables(python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: as_of},
+        env={**environment_variables(prepared.python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: prepared.as_of},
         external=True,
     )
-    return python, ""
+    return prepared.python, ""
 
 
 TRIAGE_OPTIONS = ("--max-cells", "--max-minutes", "--deepspeed-repo", "--transformers-repo")
@@ -224,16 +308,19 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
         session.error(str(error))
     session.log(f"backfill: {args.axis} {', '.join(versions)}")
     combos = [combinations("latest", overrides={**pin_overrides(), args.axis: version})[0] for version in versions]
-    folders = []
     for combo in combos:
         if combo.skip_reason:
             session.log(f"{combo.id}: skipped, {combo.skip_reason}")
-            continue
-        folder = f"{args.results}/{combo.id}"
-        _, failure = run_suites(session, combo, [*pytest_args, "--results", folder])
-        if failure:
-            session.warn(failure)
-        folders.append(f"{folder}/junit")
+    runnable = [combo for combo in combos if not combo.skip_reason]
+    extras_name, as_of_mode, _ = environment_options(pytest_args)
+    folders = []
+    with EnvironmentsAhead(runnable, extras_name, as_of_mode, session.log, AHEAD_WORKERS) as ahead:
+        for combo in runnable:
+            folder = f"{args.results}/{combo.id}"
+            _, failure = run_suites(session, combo, [*pytest_args, "--results", folder], ahead)
+            if failure:
+                session.warn(failure)
+            folders.append(f"{folder}/junit")
     python = install_harness(session, session_combos("latest")[0])
     env = environment_variables(python)
     session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)

@@ -5,6 +5,8 @@ local wheel folder (no index): a torch layer, a DeepSpeed layer over it and a co
   upper layer needs another version of a lower layer's package: it holds its own, which wins.
 - torch is never installed again above the torch layer.
 - uv and the pip fallback give every layer the same packages (but for pip's own tools in pip's venvs).
+- Combinations built at once by threads (`nox -s backfill` builds ahead) over a DeepSpeed layer not built yet
+  build it once, and each gets what it would have built alone.
 - The uv binary comes from the pin in pyproject.toml; where it cannot be installed the build says so and
   uses pip.
 """
@@ -15,9 +17,12 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +45,7 @@ FAKES = [  # (name, version, requirements)
     ("deepspeed", "0.19.8", ["torch>=2", "beta"]),
     ("gamma", "1.0", []),
     ("transformers", "5.24.0", ["alpha>=2", "gamma"]),
+    ("transformers", "5.23.0", ["alpha>=1", "gamma"]),
 ]
 
 
@@ -105,9 +111,9 @@ def offline(monkeypatch, wheels):
 
 def layers() -> EnvironmentSpec:
     # the torch layer holds alpha 1.0, the combination needs alpha>=2
-    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),))
+    torch = EnvironmentSpec(key="torch-pt2.13.0", installs=(("torch==2.13.0", "alpha==1.0"),), shared=True)
     deepspeed = EnvironmentSpec(
-        key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),), base=torch
+        key="base-ds0.19.8-pt2.13.0", installs=(("deepspeed==0.19.8", "torch==2.13.0"),), base=torch, shared=True
     )
     return EnvironmentSpec(
         key="ds0.19.8-tf5.24.0-pt2.13.0", installs=(("transformers==5.24.0", "torch==2.13.0"),), base=deepspeed
@@ -167,12 +173,86 @@ def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_la
     assert seen == "2.0"
 
 
+def loaded_from_bytecode(python: Path, module: str) -> bool:
+    """Whether python, told not to write bytecode (as container images often are), imports module from a .pyc."""
+    verbose = subprocess.run(
+        [str(python), "-v", "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    ).stderr
+    return any("code object from" in line and f"/{module}/__pycache__/" in line for line in verbose.splitlines())
+
+
+def test_torch_and_deepspeed_layers_hold_their_bytecode_and_one_built_before_gets_it_without_a_rebuild(
+    tmp_path, uv, offline, monkeypatch
+):
+    real = environments.release_environment({"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"})
+    assert [layer.shared for layer in (real, *real.lower())] == [False, True, True]  # as layers() has them
+    root = tmp_path / "envs"
+    python = build(root, uv)
+    assert loaded_from_bytecode(python, "torch") and loaded_from_bytecode(python, "deepspeed")
+    assert not loaded_from_bytecode(python, "transformers")  # the combination's own layer is left to Python
+    assert not list((root / "ds0.19.8-tf5.24.0-pt2.13.0").rglob("*.pyc"))
+
+    # a torch layer built before layers held their bytecode: the next build over it compiles it, installs nothing
+    torch_layer = root / "torch-pt2.13.0"
+    before = tree_hash(torch_layer)
+    (torch_layer / environments.BYTECODE_MARKER).unlink()
+    for cache in list(torch_layer.rglob("__pycache__")):
+        shutil.rmtree(cache)
+    assert not loaded_from_bytecode(python, "torch")
+    said: list[str] = []
+    ensure_environment(root, layers(), log=said.append, tool=uv)
+    assert loaded_from_bytecode(python, "torch")
+    assert tree_hash(torch_layer) == before  # the same packages (tree_hash leaves __pycache__ out)
+    assert said == [f"compiling the bytecode of {torch_layer} (once: every combination over it imports it)"]
+
+    # a compile that was stopped (compileall killed) leaves no marker: the next ensure compiles again
+    monkeypatch.setattr(environments, "COMPILED", ())
+    (torch_layer / environments.BYTECODE_MARKER).unlink()
+    for _ in range(2):
+        ensure_environment(root, layers(), log=said.append, tool=uv)
+    assert not (torch_layer / environments.BYTECODE_MARKER).exists() and len(said) == 3
+
+
 def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
     with_uv = build(tmp_path / "uv", uv)
     with_pip = build(tmp_path / "pip", installers.Installer(None))
     for key in ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", "ds0.19.8-tf5.24.0-pt2.13.0"):
         assert own_packages(tmp_path / "uv", key) == own_packages(tmp_path / "pip", key)
     assert with_uv.parent.parent.name == with_pip.parent.parent.name
+
+
+def test_combinations_built_at_once_build_their_shared_layers_once_and_each_its_own_packages(tmp_path, uv, offline):
+    root = tmp_path / "envs"
+    combinations = {
+        version: replace(
+            layers(), key=f"ds0.19.8-tf{version}-pt2.13.0", installs=((f"transformers=={version}", "torch==2.13.0"),)
+        )
+        for version in ("5.24.0", "5.23.0")
+    }
+    said: list[str] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(
+            pool.map(lambda spec: ensure_environment(root, spec, log=said.append, tool=uv), combinations.values())
+        )
+
+    assert [python.parent.parent.name for python in built] == [spec.key for spec in combinations.values()]
+    building = sorted(
+        line.split(f"{root}/")[1].split(" ")[0] for line in said if line.startswith("building environment")
+    )
+    assert building == sorted(
+        ["torch-pt2.13.0", "base-ds0.19.8-pt2.13.0", *(spec.key for spec in combinations.values())]
+    )
+    assert own_packages(root, "ds0.19.8-tf5.24.0-pt2.13.0") == {
+        "transformers": "5.24.0",
+        "gamma": "1.0",
+        "alpha": "2.0",
+    }
+    assert own_packages(root, "ds0.19.8-tf5.23.0-pt2.13.0") == {"transformers": "5.23.0", "gamma": "1.0"}
+    assert own_packages(root, "base-ds0.19.8-pt2.13.0") == {"deepspeed": "0.19.8", "beta": "1.0"}
 
 
 def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_path, uv, offline):
@@ -187,6 +267,17 @@ def test_a_comm_op_that_cannot_be_prebuilt_leaves_the_layer_to_jit_build_it(tmp_
         line.startswith("DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: could not describe")
         for line in said
     ), said
+
+
+def test_pip_s_configuration_is_read_once_per_set_of_pip_variables(monkeypatch):
+    listings = []
+    real = installers._pip_config_listing
+    monkeypatch.setattr(installers, "_pip_config_listing", lambda: listings.append(1) or real())
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/one")
+    assert [installers.pip_configuration()["find-links"] for _ in range(3)] == ["/wheels/one"] * 3
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/two")
+    assert installers.pip_configuration()["find-links"] == "/wheels/two"
+    assert len(listings) == 2
 
 
 def test_uv_that_cannot_be_installed_falls_back_to_pip_and_says_so(tmp_path, offline, monkeypatch):
