@@ -5,6 +5,8 @@ one or more harness checkouts side by side (the same environment, one after the 
         [--harness base=/tmp/autotp-base] [--harness new=.] [--against /tmp/earlier/summary.json]
     python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/first \\
         --first-record --harness old=<worktree of e684cfc> --harness new=.
+    python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/cold-subset --repeat 2 \\
+        --selection "--models llama,qwen2,gpt2 --tp 2" --bytecode /tmp/layers-bytecode --harness base=... --harness new=.
 
 `--first-record`: seconds from `pytest suites --models llama --tp 2 --dtypes fp32` (`--first-record-selection`)
 to its first record, stopped there, for each harness in turn within each case (the same load, as near as a
@@ -115,12 +117,13 @@ def run_matrix(
     stop_at_first_verdict: bool = False,
     models: str | None = None,
     selection: tuple[str, ...] = (),
+    bytecode: Path | None = None,
 ) -> dict:
     """One `pytest suites` run of the default matrix (or `selection`: pytest options), as `nox -s matrix` runs it;
     seconds to the first verdict (the first record in cells.jsonl, written as each cell ends) and in all, and the
     CPU seconds per process role until the first verdict. `stop_at_first_verdict`: interrupt it there (Ctrl-C:
-    the driver ends its rank group and reference process)."""
-    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
+    the driver ends its rank group and reference process). `bytecode`: see `bytecode_environment`."""
+    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache), **bytecode_environment(bytecode)}
     command = [
         str(python),
         "-m",
@@ -177,6 +180,18 @@ def run_matrix(
     }
 
 
+def bytecode_environment(folder: Path | None) -> dict[str, str]:
+    """The variable that makes every process of a run read compiled bytecode from `folder` (a PYTHONPYCACHEPREFIX
+    tree) instead of next to the sources (none: as the caller's environment says). Where PYTHONDONTWRITEBYTECODE is
+    set, an environment without bytecode compiles every module it imports in every process, every run; a tree
+    compiled from the torch and DeepSpeed layers stands for layers that carry their bytecode (sessions/
+    environments.py), while transformers, which is not in it, is compiled as it is imported:
+
+        PYTHONPYCACHEPREFIX=/tmp/layers-bytecode python -m compileall -q -j 0 <torch layer> <DeepSpeed layer>
+    """
+    return {"PYTHONPYCACHEPREFIX": str(folder)} if folder is not None else {}
+
+
 def measure(
     python: Path,
     label: str,
@@ -185,6 +200,8 @@ def measure(
     cold_first_verdict_only: bool,
     warm_cache: Path | None,
     warm_models: str | None,
+    bytecode: Path | None = None,
+    selection: tuple[str, ...] = (),
 ) -> dict:
     cold_cache = Path(tempfile.mkdtemp(prefix=f"cold-cache-{label}-"))
     runs = {}
@@ -204,6 +221,8 @@ def measure(
             folder / "pytest.log",
             stop_at_first_verdict=kind == "cold" and cold_first_verdict_only,
             models=warm_models if kind == "warm" else None,
+            selection=selection,
+            bytecode=bytecode,
         )
         print(f"{label} {kind}: {json.dumps(runs[kind])}", flush=True)
     return runs
@@ -236,7 +255,9 @@ FIRST_RECORD_CASES = {
 }
 
 
-def first_records(python: Path, harnesses: dict[str, Path], out: Path, selection: str, repeat: int) -> dict:
+def first_records(
+    python: Path, harnesses: dict[str, Path], out: Path, selection: str, repeat: int, bytecode: Path | None = None
+) -> dict:
     """{case: {label: [run, ...]}}: each case runs every harness in turn (`repeat` rounds), so the harnesses of a
     round meet about the same load."""
     warm_caches = {}
@@ -250,6 +271,7 @@ def first_records(python: Path, harnesses: dict[str, Path], out: Path, selection
             out / label / "fill",
             out / label / "fill.log",
             selection=tuple(selection.split()),
+            bytecode=bytecode,
         )
         if not filled["verdicts"]:
             raise SystemExit(f"{label}: the untimed run wrote no record; see {filled['log']}")
@@ -270,6 +292,7 @@ def first_records(python: Path, harnesses: dict[str, Path], out: Path, selection
                     folder / "pytest.log",
                     stop_at_first_verdict=True,
                     selection=tuple(selection.split()),
+                    bytecode=bytecode,
                 )
                 runs[case][label].append(run)
                 print(f"{case}, {label}, round {round_}: {json.dumps(run)}", flush=True)
@@ -331,14 +354,29 @@ def main() -> None:
         help="instead: seconds to the first record of one selection, warm and as a new transformers release",
     )
     parser.add_argument("--first-record-selection", default=FIRST_RECORD_SELECTION, help="its pytest options")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of --first-record (the median is printed)")
+    parser.add_argument(
+        "--selection",
+        default="",
+        help="pytest options of the matrix's cold and warm runs (default: the default matrix)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of --first-record (the median is printed), or of the matrix (the harnesses alternate each round)",
+    )
+    parser.add_argument(
+        "--bytecode",
+        type=Path,
+        help="every process reads compiled bytecode from this PYTHONPYCACHEPREFIX tree (see bytecode_environment)",
+    )
     args = parser.parse_args()
     if args.first_record:
         harnesses = {
             label: Path(path).resolve()
             for label, _, path in (item.partition("=") for item in args.harness or [f"new={PROJECT_ROOT}"])
         }
-        runs = first_records(args.python, harnesses, args.out, args.first_record_selection, args.repeat)
+        runs = first_records(args.python, harnesses, args.out, args.first_record_selection, args.repeat, args.bytecode)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "first-records.json").write_text(json.dumps(runs, indent=1))
         print(f"\n{os.cpu_count()} cores, {args.first_record_selection}\n" + first_record_table(runs))
@@ -346,17 +384,20 @@ def main() -> None:
     summaries = {}
     for path in args.against:
         summaries.update(json.loads(path.read_text()))
-    for item in args.harness or [f"new={PROJECT_ROOT}"]:
-        label, _, path = item.partition("=")
-        summaries[label] = measure(
-            args.python,
-            label,
-            Path(path).resolve(),
-            args.out,
-            args.cold_first_verdict_only,
-            args.warm_cache,
-            args.warm_models,
-        )
+    for round_ in range(args.repeat):  # each round runs every harness in turn: its rounds meet about the same load
+        for item in args.harness or [f"new={PROJECT_ROOT}"]:
+            label, _, path = item.partition("=")
+            summaries[label if args.repeat == 1 else f"{label} {round_}"] = measure(
+                args.python,
+                label if args.repeat == 1 else f"{label}-{round_}",
+                Path(path).resolve(),
+                args.out,
+                args.cold_first_verdict_only,
+                args.warm_cache,
+                args.warm_models,
+                args.bytecode,
+                tuple(args.selection.split()),
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
     print(f"\n{os.cpu_count()} cores\n" + table(summaries))
