@@ -40,9 +40,10 @@ if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork 
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0
-"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
-together finish in milliseconds; a too-short grace only costs a relaunch (~1 s forked), never a
-wrong verdict: both ways the verdict is `first_error` of the errors written."""
+"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail together
+usually write their errors within milliseconds, but up to 0.96 s apart at load ~10 on 2 cores (docs/findings.md,
+2026-12-05); a grace that ends first kills the group and decides the verdict by `first_error` of the errors
+written by then, so the load would pick which error decides."""
 LOG_TAIL_LINES = 25
 LIVENESS_SECONDS = 0.1
 """How often the driver looks whether the group still lives while no rank rings (a rank killed by a signal rings
