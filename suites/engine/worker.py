@@ -139,7 +139,7 @@ class Naps:
     ranks. With tp 3 or 4 on 2 cores the rank it waits for is often off-core, and the waiter held its core until
     the scheduler's next tick (4 ms at HZ=250): tp 4's probes took ~6x tp 2's for the same forwards
     (docs/findings.md, 2026-12-05). DeepSpeed is not patched and nothing a cell computes changes: only when a rank
-    runs. A nap, not a `sched_yield` (measured 3-6x slower: the yielding rank's core often went to another spinner).
+    runs. A nap, not a `sched_yield`: measured 6x slower (not profiled; likely the core often went to another spinner).
 
     How: a POSIX timer aimed at this thread (SIGEV_THREAD_ID; no other thread of the rank sees the signal) raises
     SIGALRM, whose handler is libc's `usleep` itself, so it runs inside native code that holds the GIL, where a
