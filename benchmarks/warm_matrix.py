@@ -1,5 +1,5 @@
 """Warm pytest seconds of the AutoTP suites for harness checkouts side by side, with where they go: JUnit seconds per
-tp size, the ranks' load / shard / probe seconds from the records (the rest: driver, judging, group starts, polls),
+tp size, the ranks' load / shard / probe seconds from the records (the rest: driver, judging, group starts, hand-overs),
 the CPU seconds of the whole run's process tree and the load average, and ratios against the first harness.
 
     python benchmarks/warm_matrix.py --python <combination env>/bin/python --out /tmp/warm \\

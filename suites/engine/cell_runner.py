@@ -27,6 +27,7 @@ from suites.checks import training as training_checks
 from suites.checks.inputs import build_inputs, load_tokenizer
 from suites.checks.probes import bytes_by_name, observe
 from suites.checks.task_probe import answer_correctness
+from suites.engine import doorbells
 from suites.contracts import Job, RankSummary
 from suites.outcome import (
     STAGE_CLASS,
@@ -202,6 +203,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
             else _stage_error(stage, raised, rank)
         )
         write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", error.to_json())
+        doorbells.ring(doorbells.events_path(workdir))
 
     summary = RankSummary(
         rank,
@@ -234,6 +236,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
     write_text_atomically(workdir / f"done-{job.seq}.{rank}", "")
+    doorbells.ring(doorbells.events_path(workdir))
 
 
 def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:

@@ -31,6 +31,7 @@ from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root
 from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
+from suites.engine import doorbells
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
 from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
 
@@ -39,10 +40,14 @@ if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork 
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0
-"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail
-together finish in milliseconds; a too-short grace only costs a relaunch (~1 s forked), never a
-wrong verdict: both ways the verdict is `first_error` of the errors written."""
+"""How long other ranks get to finish a cell after one rank reported an error. Ranks that fail together
+usually write their errors within milliseconds, but up to 0.96 s apart at load ~10 on 2 cores (docs/findings.md,
+2026-12-05); a grace that ends first kills the group and decides the verdict by `first_error` of the errors
+written by then, so the load would pick which error decides."""
 LOG_TAIL_LINES = 25
+LIVENESS_SECONDS = 0.1
+"""How often the driver looks whether the group still lives while no rank rings (a rank killed by a signal rings
+nothing; its cell ends as `crash` this much later at most)."""
 LAUNCHERS = ("auto", "fork", "deepspeed")
 
 
@@ -184,6 +189,10 @@ class RankGroup:
         self.fork_server = fork_server
         self.start_timeout = start_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix=f"autotp-tp{tp}-"))
+        doorbells.make(doorbells.events_path(self.workdir))
+        for rank in range(tp):
+            doorbells.make(doorbells.job_path(self.workdir, rank))
+        self.events = doorbells.Listener(doorbells.events_path(self.workdir))
         self.env = launch_environment()
         # One intra-op thread pool per rank sized to its share of the cores: N ranks each spinning
         # up all cores would oversubscribe the machine N times.
@@ -248,7 +257,7 @@ class RankGroup:
                     f"rank group tp={self.tp} was not ready after {self.start_timeout:.0f} s "
                     f"(a stuck JIT build or rendezvous?); group killed.\n{logs}",
                 )
-            time.sleep(0.1)
+            self.events.wait(LIVENESS_SECONDS)
         self.info = json.loads((self.workdir / "ready.0").read_text())
 
     def logs_tail(self) -> str:
@@ -260,6 +269,8 @@ class RankGroup:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
         write_text_atomically(self.workdir / f"job-{seq}.json", replace(job, seq=seq).to_json())
+        for rank in range(self.tp):
+            doorbells.ring(doorbells.job_path(self.workdir, rank))
         result_file = self.workdir / f"result-{seq}.json"
         deadline = time.monotonic() + timeout
         first_error_at = None
@@ -288,7 +299,8 @@ class RankGroup:
                     f"no answer within {timeout:.0f} s",
                     f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}",
                 )
-            time.sleep(0.02)
+            wake_by = min(deadline, first_error_at + ERROR_GRACE_SECONDS if first_error_at is not None else deadline)
+            self.events.wait(min(LIVENESS_SECONDS, wake_by - time.monotonic()))
 
     def _died(self) -> CellOutcome:
         """The group ended outside a cell's stages. A rank that raised wrote whose fault it was
@@ -323,6 +335,7 @@ class RankGroup:
         # Idle ranks hold no collective and no file open for writing: killing them loses nothing and
         # a graceful exit took ~5 s (process-group teardown) for every tp switch.
         self.kill()
+        self.events.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

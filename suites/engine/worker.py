@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-POLL_SECONDS = 0.02
+JOB_WAIT_SECONDS = 1.0
+"""How often an idle rank looks for a job file when no ring came (the driver rings each rank's job pipe)."""
 
 
 def _redirect_output(log_path: Path):
@@ -114,6 +115,7 @@ def main() -> None:
     _redirect_output(args.workdir / f"rank{rank}.log")
     threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
     from suites.atomic import write_text_atomically
+    from suites.engine import doorbells
     from suites.outcome import death_record
 
     try:
@@ -121,7 +123,77 @@ def main() -> None:
     except Exception as error:
         # Outside a cell's stages (those end as the cell's verdict): the driver reads whose fault it was.
         write_text_atomically(args.workdir / f"died.{rank}.json", json.dumps(death_record(error, f"rank {rank}")))
+        doorbells.ring(doorbells.events_path(args.workdir))
         raise
+
+
+NAP_PERIOD_SECONDS = 0.001
+"""How often a rank of a group with more ranks than cores naps while a cell runs (see `Naps`)."""
+
+
+class Naps:
+    """While armed, the calling thread naps every NAP_PERIOD_SECONDS of wall time for ~64 us, so a rank of a group
+    with more ranks than cores gives its core to the rank it waits for within a period.
+
+    Why: DeepSpeed's CPU all-reduce (csrc/cpu/comm/shm.cpp `wait_buffer_state_until_2`) busy-waits for the other
+    ranks. With tp 3 or 4 on 2 cores the rank it waits for is often off-core, and the waiter held its core until
+    the scheduler's next tick (4 ms at HZ=250): tp 4's probes took ~6x tp 2's for the same forwards
+    (docs/findings.md, 2026-12-05). DeepSpeed is not patched and nothing a cell computes changes: only when a rank
+    runs. A nap, not a `sched_yield`: measured 6x slower (not profiled; likely the core often went to another spinner).
+
+    How: a POSIX timer aimed at this thread (SIGEV_THREAD_ID; no other thread of the rank sees the signal) raises
+    SIGALRM, whose handler is libc's `usleep` itself, so it runs inside native code that holds the GIL, where a
+    Python handler never would. A handler gets the signal number as its argument: the nap is SIGALRM's number (14)
+    in microseconds plus the kernel's 50 us timer slack. glibc's `signal` installs it with SA_RESTART, so a system
+    call it interrupts is restarted (Python's own calls retry anyway, PEP 475)."""
+
+    SIGEV_THREAD_ID = 4
+    CLOCK_MONOTONIC = 1
+
+    def __init__(self, period_seconds: float = NAP_PERIOD_SECONDS):
+        import ctypes
+        import signal
+        import threading
+
+        class SigEvent(ctypes.Structure):  # glibc's struct sigevent (64 bytes), its thread-id member
+            _fields_ = [
+                ("value", ctypes.c_void_p),
+                ("signo", ctypes.c_int),
+                ("notify", ctypes.c_int),
+                ("thread_id", ctypes.c_int),
+                ("padding", ctypes.c_int * 11),
+            ]
+
+        class TimeSpec(ctypes.Structure):
+            _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+        class IntervalTimerSpec(ctypes.Structure):
+            _fields_ = [("interval", TimeSpec), ("value", TimeSpec)]
+
+        self._byref = ctypes.byref
+        self._libc = libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signal.SIGALRM, ctypes.cast(libc.usleep, ctypes.c_void_p).value)
+        event = SigEvent(None, signal.SIGALRM, self.SIGEV_THREAD_ID, threading.get_native_id())
+        self._timer = ctypes.c_void_p()
+        if libc.timer_create(self.CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
+            raise OSError(ctypes.get_errno(), "timer_create failed")
+        nanoseconds = round(period_seconds * 1e9)
+        period = TimeSpec(nanoseconds // 1_000_000_000, nanoseconds % 1_000_000_000)
+        self._armed, self._disarmed = IntervalTimerSpec(period, period), IntervalTimerSpec()
+
+    def arm(self) -> None:
+        self._libc.timer_settime(self._timer, 0, self._byref(self._armed), None)
+
+    def disarm(self) -> None:
+        self._libc.timer_settime(self._timer, 0, self._byref(self._disarmed), None)
+
+
+def naps_for(world_size: int) -> Naps | None:
+    """Naps for a rank of a group with more ranks than this process may use cores; None otherwise (a rank with a
+    core of its own waits on a rank that runs: a nap would only slow it)."""
+    return Naps() if world_size > len(os.sched_getaffinity(0)) else None
 
 
 def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
@@ -134,6 +206,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
 
     from suites.atomic import write_text_atomically
     from suites.contracts import Job
+    from suites.engine import doorbells
     from suites.engine.cell_runner import run_on_rank
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
@@ -148,20 +221,27 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     warmup = torch.ones(4, device=device)
     dist.inference_all_reduce(warmup) if hasattr(dist, "inference_all_reduce") else dist.all_reduce(warmup)
     import_cell_machinery()
+    jobs = doorbells.Listener(doorbells.job_path(workdir, rank))  # open before `ready`: the driver rings it after
     write_text_atomically(
         workdir / f"ready.{rank}",
         json.dumps({"backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}),
     )
+    doorbells.ring(doorbells.events_path(workdir))
     module_state = _snapshot_module_state([tp_shard])
+    naps = naps_for(world_size)
 
     seq = 0
     while True:
         job_file = workdir / f"job-{seq}.json"
         while not job_file.exists():
-            time.sleep(POLL_SECONDS)
+            jobs.wait(JOB_WAIT_SECONDS)
         job = Job.from_json(job_file.read_text())
         print(f"--- cell {job.cell_id} (seq {seq})", flush=True)
+        if naps:
+            naps.arm()
         run_on_rank(job, workdir, rank, world_size, device)
+        if naps:
+            naps.disarm()  # an idle rank sleeps until the next job: nothing to hand over, nothing to wake it for
         _restore_module_state(module_state)
         seq += 1
 

@@ -154,3 +154,66 @@ def test_the_fork_server_probes_deepspeeds_ops_once_for_every_rank_it_forks():
 
     import_cell_machinery()
     assert "__compatible_ops__" in vars(deepspeed.ops)
+
+
+def test_a_ring_wakes_its_listener_at_once_and_a_pipe_nobody_reads_is_rung_silently(tmp_path):
+    """The doorbells that replaced the 20 ms polls: a wait returns as soon as another process rings (not at its
+    timeout), takes every pending ring, and ringing a pipe whose listener is gone (a dead rank, an ended driver)
+    neither blocks nor raises."""
+    import subprocess
+    import sys
+    import time
+
+    from matrix import PROJECT_ROOT
+    from suites.engine import doorbells
+
+    pipe = tmp_path / "events"
+    doorbells.make(pipe)
+    listener = doorbells.Listener(pipe)
+    started = time.monotonic()
+    listener.wait(0.05)
+    assert time.monotonic() - started >= 0.05  # nobody rang: the fallback interval
+    rings_twice = (
+        "import pathlib; from suites.engine import doorbells\n"
+        f"doorbells.ring(pathlib.Path({str(pipe)!r})); doorbells.ring(pathlib.Path({str(pipe)!r}))"
+    )
+    ringer = subprocess.Popen([sys.executable, "-c", rings_twice], cwd=PROJECT_ROOT)
+    started = time.monotonic()
+    listener.wait(60)
+    assert time.monotonic() - started < 30  # woken by the ring, not by the 60 s timeout
+    assert ringer.wait(timeout=60) == 0
+    listener.wait(0)  # the second ring, had it come after the first wait returned
+    started = time.monotonic()
+    listener.wait(0.05)
+    assert time.monotonic() - started >= 0.05  # every ring taken: the next wait waits
+    listener.close()
+    doorbells.ring(pipe)  # nobody listens any more
+    doorbells.ring(tmp_path / "never-made")
+
+
+def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones_never():
+    """A rank of a group with more ranks than cores naps every millisecond while a cell runs (worker.Naps), also
+    while it spins in native code holding the GIL (DeepSpeed's shm all-reduce): here a regular expression that
+    backtracks in C for ~0.3 s. Each nap is a voluntary context switch of this thread; disarmed, none happen."""
+    import re
+    from pathlib import Path
+
+    from suites.engine.worker import Naps
+
+    def naps_taken() -> int:
+        status = Path("/proc/thread-self/status").read_text()
+        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.MULTILINE).group(1))
+
+    def spin_in_native_code() -> None:
+        re.match(r"(a+)+b", "a" * 22)
+
+    naps = Naps(period_seconds=0.001)
+    before = naps_taken()
+    naps.arm()
+    spin_in_native_code()
+    naps.disarm()
+    armed = naps_taken() - before
+    before = naps_taken()
+    spin_in_native_code()
+    disarmed = naps_taken() - before
+    assert armed >= 50 and disarmed <= 5, (armed, disarmed)
