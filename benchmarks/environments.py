@@ -108,6 +108,16 @@ class Layout:
         return json.loads(done.stdout.splitlines()[-1])
 
 
+def old_layout_checkout(scratch: Path, ref: str) -> Path:
+    """A detached git worktree of `ref` at `scratch`/old-layout (made once; `git worktree remove` it when done)."""
+    checkout = scratch / "old-layout"
+    if not checkout.exists():
+        subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(checkout), ref], check=True
+        )
+    return checkout
+
+
 def seed_torch_layer(source_root: Path, layout: Layout, torch: str) -> None:
     """Hard links of an existing root's torch layer (nothing writes into a finished layer): the new layout's
     untimed start then skips unpacking torch again."""
@@ -145,12 +155,7 @@ def main() -> None:
     args = parser.parse_args()
 
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="autotp-bench-"))
-    old_checkout = scratch / "old-layout"
-    if not old_checkout.exists():
-        subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--quiet", "--detach", str(old_checkout), args.old_ref],
-            check=True,
-        )
+    old_checkout = old_layout_checkout(scratch, args.old_ref)
     old, new = Layout("old", old_checkout, scratch / "old"), Layout("new", PROJECT_ROOT, scratch / "new")
     if args.seed_torch_layer:
         seed_torch_layer(args.seed_torch_layer, new, args.torch)

@@ -11,7 +11,8 @@ environment root (AUTOTP_ENV_ROOT) and a harness cache (AUTOTP_CACHE) of its own
 the PyPI release data copied from the machine's cache (so both layouts expand the same sessions offline); uv's and
 pip's download caches are the machine's (warm). Every session's figures are appended to DIR/nightly.jsonl as it
 ends, so a stopped run keeps what it measured and `report` prints what there is: seconds per combination side by
-side, old/new ratios, the cells each layout ran (its JUnit XML) and the load average at each session's end.
+side, old/new ratios, the cells each layout ran (passed/failed/skipped, from pytest's summary line in the session's
+log) and the load average at each session's end.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.environments import OLD_LAYOUT_REF  # noqa: E402
+from benchmarks.environments import OLD_LAYOUT_REF, old_layout_checkout  # noqa: E402
 from matrix import cache_root  # noqa: E402
+from matrix.redaction import secret_values  # noqa: E402
 
 RECORDS = "nightly.jsonl"
 
@@ -50,23 +52,18 @@ class SessionTime:
 
 def layout_checkout(layout: str, scratch: Path, old_ref: str) -> Path:
     """This checkout for `new`; for `old`, a detached git worktree of `old_ref` under `scratch`."""
-    if layout == "new":
-        return PROJECT_ROOT
-    checkout = scratch / "old-checkout"
-    if not checkout.exists():
-        subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "worktree", "add", "--detach", str(checkout), old_ref], check=True
-        )
-    return checkout
+    return PROJECT_ROOT if layout == "new" else old_layout_checkout(scratch, old_ref)
 
 
 def layout_environment(layout: str, scratch: Path) -> dict[str, str]:
-    """The layout's own environment root and harness cache, the release data frozen as copied."""
+    """The layout's own environment root and harness cache, the release data frozen as copied; no credential
+    (tiny checkpoints need none, and the sessions' whole output goes to the logs under --scratch)."""
     cache = scratch / layout / "cache"
     if not (cache / "releases").exists():
         shutil.copytree(cache_root() / "releases", cache / "releases")
+    secrets = set(secret_values())
     return {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if value not in secrets},
         "AUTOTP_ENV_ROOT": str(scratch / layout / "envs"),
         "AUTOTP_CACHE": str(cache),
         "AUTOTP_RELEASES_MAX_AGE_HOURS": "inf",
@@ -80,10 +77,6 @@ class PytestSummary:
 
     counts: dict[str, int]
     seconds: float
-
-    @property
-    def cells(self) -> int:
-        return sum(count for outcome, count in self.counts.items() if outcome != "warnings")
 
 
 SUMMARY_LINE = re.compile(r"^=+ (?P<counts>.*) in (?P<seconds>[0-9.]+)s\b.*=+$", re.MULTILINE)
