@@ -21,8 +21,9 @@ The torch and DeepSpeed layers hold their modules' bytecode, compiled once when 
 built before, the first time it is ensured: it gets its own marker, the packages are not touched): every python
 process of every combination imports torch and DeepSpeed, and where PYTHONDONTWRITEBYTECODE is set (container
 images often set it) each process would otherwise compile them from source again (docs/findings.md: ~4.6 CPU s
-a process on 2 cores). A combination's own layer is left to Python: compiling a whole transformers costs more
-than the few modules of it a session imports.
+a process on 2 cores). A combination's own layer is left to Python, which the harness's commands let write the
+bytecode of what they import (`environment_variables`): compiling a whole transformers costs more than the few
+modules of it a session imports.
 """
 
 from __future__ import annotations
@@ -368,10 +369,12 @@ def torch_extensions_of(python: Path) -> Path:
 
 
 def environment_variables(python: Path) -> dict[str, str]:
-    """The variables a command run with this environment's python needs: the venv on PATH and DeepSpeed's
-    JIT builds in the (base) environment's own folder."""
+    """The variables a command run with this environment's python needs: the venv on PATH, DeepSpeed's JIT builds in
+    the (base) environment's own folder, and Python writing the bytecode of what it imports from the combination's
+    own layer (the shared layers have theirs: see the module's text): PYTHONDONTWRITEBYTECODE is dropped, else every
+    rank of every group compiles the modeling modules it imports again (~14 s of the ranks' CPU in the default matrix)."""
     return {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"},
         "VIRTUAL_ENV": str(python.parent.parent),
         "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
         "TORCH_EXTENSIONS_DIR": str(torch_extensions_of(python)),

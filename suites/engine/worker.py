@@ -68,15 +68,26 @@ def import_cell_machinery() -> None:
     import transformers.generation.utils  # noqa: F401
     import transformers.modeling_utils  # noqa: F401
 
-    # transformers.masking_utils exists from 4.53 on; older releases build masks inside each model.
-    if importlib.util.find_spec("transformers.masking_utils") is not None:
-        importlib.import_module("transformers.masking_utils")
+    # Modules a cell's model loading imports (each reference child imported modeling_layers and processing_utils on
+    # its own: ~0.1 s each), imported where the release has them: older releases do this work inside each model.
+    for later_module in ("transformers.masking_utils", "transformers.modeling_layers", "transformers.processing_utils"):
+        if importlib.util.find_spec(later_module) is not None:
+            importlib.import_module(later_module)
+    # transformers 5 builds its table of checkpoint renamings (a regex per model type, ~60 ms) on the first load;
+    # built here, every reference child and rank inherits it.
+    if importlib.util.find_spec("transformers.conversion_mapping") is not None:
+        conversion_mapping = importlib.import_module("transformers.conversion_mapping")
+        if hasattr(conversion_mapping, "get_checkpoint_conversion_mapping"):
+            conversion_mapping.get_checkpoint_conversion_mapping("llama")
     # DeepSpeed >= 0.19.8 probes which ops this machine can build on first access (init_distributed asks), each
     # probe a compile and link of a test program (async_io: gcc -laio); probed once here, a forked rank inherits it
     # instead of every rank of every group running the compilers again. Older releases computed it at import.
     import deepspeed.ops
 
     getattr(deepspeed.ops, "__compatible_ops__", None)
+    # The harness's own cell machinery (checks, variants, the reference's loader): imported once by the fork server,
+    # each rank and reference child it forks inherits it instead of importing it again (~0.2 s of a core a rank).
+    import suites.engine.cell_runner  # noqa: F401
 
     gc.collect()
     gc.freeze()

@@ -217,6 +217,27 @@ def test_torch_and_deepspeed_layers_hold_their_bytecode_and_one_built_before_get
     assert not (torch_layer / environments.BYTECODE_MARKER).exists() and len(said) == 3
 
 
+def test_commands_write_the_combinations_bytecode_and_leave_the_shared_layers_byte_for_byte(
+    tmp_path, uv, offline, monkeypatch
+):
+    root = tmp_path / "envs"
+    python = build(root, uv)
+    shared = ("torch-pt2.13.0", "base-ds0.19.8-pt2.13.0")
+    every_file = {key: sorted(path for path in (root / key).rglob("*") if path.is_file()) for key in shared}
+    contents = {key: [path.read_bytes() for path in files] for key, files in every_file.items()}
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as container images often set it
+
+    subprocess.run(
+        [str(python), "-c", "import torch, deepspeed, transformers"],
+        env=environments.environment_variables(python),
+        check=True,
+    )
+    assert list((root / "ds0.19.8-tf5.24.0-pt2.13.0").rglob("transformers/__pycache__/*.pyc"))
+    for key in shared:  # their bytecode was compiled when they were built: nothing is added, nothing rewritten
+        assert sorted(path for path in (root / key).rglob("*") if path.is_file()) == every_file[key]
+        assert [path.read_bytes() for path in every_file[key]] == contents[key]
+
+
 def test_uv_and_pip_give_the_same_environment(tmp_path, uv, offline):
     with_uv = build(tmp_path / "uv", uv)
     with_pip = build(tmp_path / "pip", installers.Installer(None))

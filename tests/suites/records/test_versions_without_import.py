@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,3 +52,20 @@ def test_a_version_is_the_literal_the_package_s_import_would_set(tmp_path, monke
     monkeypatch.delitem(sys.modules, "deepspeed", raising=False)  # an earlier test's import would be found first
     assert imported_version("deepspeed") == "0.99.1+abc1234"
     assert package_constants("deepspeed", "git_version_info_installed.py")["git_hash"] == "abc1234"
+
+
+def test_a_file_s_constants_are_read_again_when_it_changes(tmp_path):
+    """module_constants parses a file once per process (it is asked for every cell's cache keys), but a file
+    rewritten in place (a checkout moved to another commit) is parsed again, even at the same size."""
+    from matrix.installed import module_constants
+
+    version_file = tmp_path / "git_version_info_installed.py"
+    version_file.write_text("version = '0.19.8'\ngit_hash = 'aaaaaaa'\n")
+    assert module_constants(version_file) == {"version": "0.19.8", "git_hash": "aaaaaaa"}
+    module_constants(version_file)["version"] = "changed by a caller"  # each caller gets its own copy
+    assert module_constants(version_file)["version"] == "0.19.8"
+
+    stamp = version_file.stat().st_mtime_ns
+    version_file.write_text("version = '0.19.9'\ngit_hash = 'bbbbbbb'\n")
+    os.utime(version_file, ns=(stamp + 1_000_000, stamp + 1_000_000))  # a coarse clock could repeat the time
+    assert module_constants(version_file) == {"version": "0.19.9", "git_hash": "bbbbbbb"}
