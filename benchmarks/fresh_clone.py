@@ -1,6 +1,6 @@
 """README's first command on a new machine, end to end, for harness revisions side by side:
 
-    python benchmarks/fresh_clone.py --scratch DIR --harness base=698f84a --harness new=HEAD [--repeat 2] \\
+    python benchmarks/fresh_clone.py --scratch DIR --harness base=698f84a --harness new=HEAD [--repeat 2] [--warm 1] \\
         [--warm-downloads] [-- <pytest args of the matrix session>]
 
 Each run is a new user's first `nox -s matrix`: a `git clone` of the revision (its own empty `.nox/envs`), an
@@ -10,8 +10,10 @@ machine's, to leave the index's speed out). Runs alternate between the harnesses
 the machine's state as nearly as one after the other can. Printed per run: seconds end to end, the environment
 phase (nox's start to its pytest command), pytest's own seconds, the cells passed/failed, the load at its end and
 its verdicts compared cell by cell (outcome, failure class, signature) with the first harness's first run;
-then the means and their ratios against the first harness. Everything is appended to DIR/fresh.jsonl as each run
-ends and each run's nox output is kept (DIR/<harness>-<round>/nox.txt; nox-timed.txt has every line's second).
+then the means and their ratios against the first harness. `--warm K` runs the same command K more times in each
+clone right after its first (environments and harness cache filled: a user's next run). Everything is appended to
+DIR/fresh.jsonl as each run ends and each run's nox output is kept (DIR/<harness>-<round>/nox-<fresh|warmK>.txt,
+and -timed.txt with every line's second).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ PYTEST_COMMAND = " -m pytest suites"
 
 
 @dataclass(frozen=True)
-class FreshRun:
-    """One first `nox -s matrix` of one harness revision."""
+class MatrixRun:
+    """One `nox -s matrix` of one harness revision: its first on a new machine, or one after it in the same clone."""
 
     harness: str
     revision: str
     round: int
+    start: str
+    """`fresh` (the clone's first run) or `warm` (again in the same clone: environments and harness cache filled)."""
     seconds: float
     environment_seconds: float | None
     """From the nox command's start to its pytest command (layers, comm op, bytecode); None if it never got there."""
@@ -58,7 +62,7 @@ class FreshRun:
 
 
 def verdicts(results: Path) -> dict[str, list[str]]:
-    """cell id: [outcome, failure class, signature] from the run's cells.jsonl files."""
+    """cell id: [outcome, failure class, signature] from the run's cells.jsonl files (a later record of a cell wins)."""
     found = {}
     for cells in sorted(results.rglob("cells.jsonl")):
         for line in cells.read_text().splitlines():
@@ -67,9 +71,8 @@ def verdicts(results: Path) -> dict[str, list[str]]:
     return found
 
 
-def fresh_run(
-    name: str, revision: str, round_number: int, scratch: Path, nox: str, pytest_args: list[str], warm_downloads: bool
-) -> tuple[FreshRun, dict[str, list[str]]]:
+def new_machine(name: str, revision: str, round_number: int, scratch: Path, warm_downloads: bool) -> tuple[Path, dict]:
+    """A fresh clone of `revision` and the environment variables of a new user's machine: (checkout, env)."""
     folder = scratch / f"{name}-{round_number}"
     shutil.rmtree(folder, ignore_errors=True)
     checkout = folder / "checkout"
@@ -79,9 +82,17 @@ def fresh_run(
     env["AUTOTP_ENV_ROOT"] = str(checkout / ".nox" / "envs")  # the clone's own, as a new user has it
     if not warm_downloads:
         env["UV_CACHE_DIR"] = str(folder / "uv-cache")
-    log, timed_log = folder / "nox.txt", folder / "nox-timed.txt"
+    return checkout, env
+
+
+def timed_matrix(
+    name: str, round_number: int, start: str, checkout: Path, env: dict, nox: str, pytest_args: list[str]
+) -> tuple[MatrixRun, dict[str, list[str]]]:
+    """`nox -s matrix` in the checkout, timed, its output kept beside the checkout (nox-<start>.txt, and
+    nox-<start>-timed.txt with every line's second)."""
+    log, timed_log = checkout.parent / f"nox-{start}.txt", checkout.parent / f"nox-{start}-timed.txt"
     environment_seconds = None
-    start = time.perf_counter()
+    began = time.perf_counter()
     with (
         log.open("w") as output,
         timed_log.open("w") as timed_output,
@@ -96,20 +107,20 @@ def fresh_run(
     ):
         assert nox_process.stdout is not None
         for line in nox_process.stdout:
-            second = time.perf_counter() - start
+            second = time.perf_counter() - began
             if environment_seconds is None and PYTEST_COMMAND in line:
                 environment_seconds = second
             output.write(line)
             timed_output.write(f"{second:7.1f} {line}")
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - began
     summary = pytest_summary(log)
-    found = verdicts(checkout / "results")
-    run = FreshRun(
+    run = MatrixRun(
         harness=name,
         revision=subprocess.run(
             ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip(),
         round=round_number,
+        start=start,
         seconds=seconds,
         environment_seconds=environment_seconds,
         pytest_seconds=summary.seconds if summary else None,
@@ -119,14 +130,14 @@ def fresh_run(
         differing_cells=[],
         load=os.getloadavg()[0],
     )
-    return run, found
+    return run, verdicts(checkout / "results")
 
 
-def describe(run: FreshRun) -> str:
+def describe(run: MatrixRun) -> str:
     environment = f"{run.environment_seconds:5.1f}" if run.environment_seconds is not None else "  -  "
     pytest_seconds = f"{run.pytest_seconds:6.1f}" if run.pytest_seconds is not None else "   -  "
     return (
-        f"{run.harness:>8} {run.revision:>9} round {run.round}: {run.seconds:6.1f} s end to end "
+        f"{run.harness:>8} {run.revision:>9} round {run.round} {run.start:5}: {run.seconds:6.1f} s end to end "
         f"(environments {environment} s, pytest {pytest_seconds} s), {run.passed} passed {run.failed} failed, "
         f"exit {run.exit_code}, {len(run.differing_cells)} cells differ, load {run.load:.1f}"
     )
@@ -137,6 +148,7 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, required=True)
     parser.add_argument("--harness", action="append", required=True, help="name=git revision of this repository")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; each runs every harness once")
+    parser.add_argument("--warm", type=int, default=0, help="runs again in the same clone after each fresh one")
     parser.add_argument("--warm-downloads", action="store_true", help="use this machine's uv download cache")
     parser.add_argument("--nox", default=shutil.which("nox") or "nox")
     parser.add_argument("pytest_args", nargs="*", help="after --: the matrix session's pytest arguments")
@@ -146,27 +158,35 @@ def main() -> None:
         parser.error("--harness takes name=revision, e.g. --harness base=698f84a")
     args.scratch.mkdir(parents=True, exist_ok=True)
     first: dict[str, list[str]] | None = None
-    runs: list[FreshRun] = []
+    runs: list[MatrixRun] = []
     for round_number in range(1, args.repeat + 1):
         for name, revision in harnesses:
-            run, found = fresh_run(
-                name, revision, round_number, args.scratch, args.nox, args.pytest_args, args.warm_downloads
-            )
-            first = found if first is None else first
-            differing = sorted(cell for cell in first.keys() | found.keys() if first.get(cell) != found.get(cell))
-            run = FreshRun(**{**asdict(run), "differing_cells": differing})
-            runs.append(run)
-            with (args.scratch / RECORDS).open("a") as records:
-                records.write(json.dumps(asdict(run)) + "\n")
-            print(describe(run), flush=True)
-    baseline = [run.seconds for run in runs if run.harness == harnesses[0][0]]
-    for name, _ in harnesses:
-        own = [run.seconds for run in runs if run.harness == name]
-        mean = sum(own) / len(own)
-        print(
-            f"{name}: mean {mean:.1f} s end to end over {len(own)} run(s); "
-            f"{harnesses[0][0]}/{name} {sum(baseline) / len(baseline) / mean:.2f}"
-        )
+            checkout, env = new_machine(name, revision, round_number, args.scratch, args.warm_downloads)
+            for start in ["fresh"] + [f"warm{again}" for again in range(1, args.warm + 1)]:
+                run, found = timed_matrix(name, round_number, start, checkout, env, args.nox, args.pytest_args)
+                first = found if first is None else first
+                differing = sorted(cell for cell in first.keys() | found.keys() if first.get(cell) != found.get(cell))
+                run = MatrixRun(**{**asdict(run), "differing_cells": differing})
+                runs.append(run)
+                with (args.scratch / RECORDS).open("a") as records:
+                    records.write(json.dumps(asdict(run)) + "\n")
+                print(describe(run), flush=True)
+    for start in ("fresh", "warm"):
+        means = {}
+        for name, _ in harnesses:
+            own = [run for run in runs if run.harness == name and run.start.startswith(start)]
+            if own:
+                pytest_runs = [run.pytest_seconds for run in own if run.pytest_seconds is not None]
+                means[name] = sum(run.seconds for run in own) / len(own)
+                print(
+                    f"{name} {start}: mean {means[name]:.1f} s end to end over {len(own)} run(s)"
+                    + (f", pytest {sum(pytest_runs) / len(pytest_runs):.1f} s" if pytest_runs else "")
+                    + (
+                        f"; {harnesses[0][0]}/{name} {means[harnesses[0][0]] / means[name]:.2f}"
+                        if harnesses[0][0] in means
+                        else ""
+                    )
+                )
 
 
 if __name__ == "__main__":
