@@ -71,8 +71,12 @@ def import_cell_machinery() -> None:
     # Modules a cell's model loading imports (each reference child imported modeling_layers and processing_utils on
     # its own: ~0.1 s each), imported where the release has them: older releases do this work inside each model.
     for later_module in ("transformers.masking_utils", "transformers.modeling_layers", "transformers.processing_utils"):
-        if importlib.util.find_spec(later_module) is not None:
+        if importlib.util.find_spec(later_module) is None:
+            continue
+        try:
             importlib.import_module(later_module)
+        except ImportError:  # an optional dependency it needs is missing: the cell that imports it meets the
+            pass  # error in its own phase, where it is classified, instead of the fork server ending for every cell
     # transformers 5 builds its table of checkpoint renamings (a regex per model type, ~60 ms) on the first load;
     # built here, every reference child and rank inherits it.
     if importlib.util.find_spec("transformers.conversion_mapping") is not None:

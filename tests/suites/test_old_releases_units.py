@@ -71,6 +71,27 @@ def test_rank_start_does_not_need_masking_utils(monkeypatch):
     import_cell_machinery()
 
 
+def test_rank_start_does_not_need_a_module_it_imports_only_ahead_of_the_cells(monkeypatch):
+    """processing_utils is imported at group start only to spare each reference child its import: where it cannot
+    be imported (an optional dependency missing), the fork server still starts and the cells that need it meet
+    the error themselves."""
+    import gc
+    import importlib
+
+    from suites.engine.worker import import_cell_machinery
+
+    real_import_module = importlib.import_module
+
+    def import_module(name, *args):
+        if name == "transformers.processing_utils":
+            raise ImportError("transformers.processing_utils needs a package this machine lacks")
+        return real_import_module(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # a rank freezes its heap; this test process must not
+    import_cell_machinery()
+
+
 def test_torchao_variant_skips_with_the_reason_where_transformers_cannot_take_its_config(monkeypatch):
     pytest.importorskip("torchao")
     import transformers
