@@ -70,7 +70,8 @@ def import_cell_machinery() -> None:
 
     # Modules a cell's model loading imports (each reference child imported modeling_layers and processing_utils on
     # its own: ~0.1 s each), imported where the release has them: older releases do this work inside each model.
-    for later_module in ("transformers.masking_utils", "transformers.modeling_layers", "transformers.processing_utils"):
+    later_modules = ("masking_utils", "modeling_layers", "processing_utils", "conversion_mapping")
+    for later_module in (f"transformers.{name}" for name in later_modules):
         if importlib.util.find_spec(later_module) is None:
             continue
         try:
@@ -79,10 +80,9 @@ def import_cell_machinery() -> None:
             pass  # error in its own phase, where it is classified, instead of the fork server ending for every cell
     # transformers 5 builds its table of checkpoint renamings (a regex per model type, ~60 ms) on the first load;
     # built here, every reference child and rank inherits it.
-    if importlib.util.find_spec("transformers.conversion_mapping") is not None:
-        conversion_mapping = importlib.import_module("transformers.conversion_mapping")
-        if hasattr(conversion_mapping, "get_checkpoint_conversion_mapping"):
-            conversion_mapping.get_checkpoint_conversion_mapping("llama")
+    conversion_mapping = sys.modules.get("transformers.conversion_mapping")
+    if conversion_mapping is not None and hasattr(conversion_mapping, "get_checkpoint_conversion_mapping"):
+        conversion_mapping.get_checkpoint_conversion_mapping("llama")
     # DeepSpeed >= 0.19.8 probes which ops this machine can build on first access (init_distributed asks), each
     # probe a compile and link of a test program (async_io: gcc -laio); probed once here, a forked rank inherits it
     # instead of every rank of every group running the compilers again. Older releases computed it at import.
