@@ -471,9 +471,12 @@ def _serve_one(request: dict) -> dict:
 def serve() -> None:
     """The reference process: answer requests from stdin until it closes. Only the protocol writes to
     the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
+    from suites.engine.worker import settle_elementwise_math
+
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    settle_elementwise_math()  # as the fork server does before it forks a reference's process
     for line in sys.stdin:
         protocol.write(json.dumps(answer(json.loads(line))) + "\n")
 

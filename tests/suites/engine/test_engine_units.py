@@ -217,3 +217,46 @@ def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones
     spin_in_native_code()
     disarmed = naps_taken() - before
     assert armed >= 50 and disarmed <= 5, (armed, disarmed)
+
+
+SETTLE_THEN_FORK = """
+import os, sys, time
+import torch
+from suites.engine.worker import settle_elementwise_math
+
+settle_elementwise_math()
+pid = os.fork()
+if pid == 0:
+    torch.tanh(torch.ones(1 << 20))  # a parallel region: it hangs where the parent had started OpenMP's pool
+    os._exit(0)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if os.waitpid(pid, os.WNOHANG)[0]:
+        print("child finished")
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_settling_the_elementwise_math_starts_no_thread_pool_a_forked_child_would_hang_on():
+    """The fork server settles the math functions before it forks (suites/engine/worker.py
+    `settle_elementwise_math`); a call that started OpenMP's thread pool there (the exact gelu's float32 kernel
+    does, even for 64 values) would hang every rank and reference child at its first parallel region."""
+    import os
+    import subprocess
+    import sys
+
+    from matrix import PROJECT_ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", SETTLE_THEN_FORK],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["child finished"], done.stdout + done.stderr
