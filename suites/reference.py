@@ -471,7 +471,7 @@ def _serve_one(request: dict) -> dict:
 def serve() -> None:
     """The reference process: answer requests from stdin until it closes. Only the protocol writes to
     the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
-    from suites.engine.worker import settle_elementwise_math
+    from suites.engine.elementwise_math import settle_elementwise_math
 
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -222,7 +222,7 @@ def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones
 SETTLE_THEN_FORK = """
 import os, sys, time
 import torch
-from suites.engine.worker import settle_elementwise_math
+from suites.engine.elementwise_math import settle_elementwise_math
 
 settle_elementwise_math()
 pid = os.fork()
@@ -242,9 +242,9 @@ else:
 
 
 def test_settling_the_elementwise_math_starts_no_thread_pool_a_forked_child_would_hang_on():
-    """The fork server settles the math functions before it forks (suites/engine/worker.py
-    `settle_elementwise_math`); a call that started OpenMP's thread pool there (the exact gelu's float32 kernel
-    does, even for 64 values) would hang every rank and reference child at its first parallel region."""
+    """The fork server settles the math functions before it forks (suites/engine/elementwise_math.py); a call
+    that started OpenMP's thread pool there (the exact gelu's float32 kernel does, even for 64 values) would hang
+    every rank and reference child at its first parallel region."""
     import os
     import subprocess
     import sys
