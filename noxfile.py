@@ -149,7 +149,7 @@ def draft_issue(session):
 def bisect(session):
     """Which release/commit broke a cell: `nox -s bisect -- --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0`."""
     session.install(*PROJECT_DEPENDENCIES)  # steps build (and keep) environments in .nox/envs/
-    session.run("python", "-m", "reports.bisect", *session.posargs)
+    session.run("python", "-m", "reports", "bisect", *session.posargs)
 
 
 @nox.session
@@ -157,7 +157,7 @@ def triage(session):
     """Which release/commit/PR broke or fixed every open transition of the store, by itself:
     `nox -s triage -- [--deepspeed-repo PATH] [--transformers-repo PATH] [--max-cells N] [--max-minutes M]`."""
     session.install(*PROJECT_DEPENDENCIES)  # each step builds (and keeps) its own environment under .nox/envs/
-    session.run("python", "-m", "reports.triage", *session.posargs)
+    session.run("python", "-m", "reports", "triage", *session.posargs)
 
 
 @nox.session(name="backfill", python=False)

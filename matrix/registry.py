@@ -630,7 +630,7 @@ class KnownFailure:
     """The failure class it covers (setup, shard, forward, numerics, ...)."""
     signature: str
     """Regular expression searched in the failure's cause: its signature with every number masked as N
-    (`reports/signatures.py`), so one pattern covers every tp size and every byte count."""
+    (`reports/analysis/signatures.py`), so one pattern covers every tp size and every byte count."""
     upstream: str
     """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>."""
     state: str = "open"

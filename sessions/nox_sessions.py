@@ -273,7 +273,7 @@ def run_suites(
 
 
 TRIAGE_OPTIONS = ("--max-cells", "--max-minutes", "--deepspeed-repo", "--transformers-repo")
-"""Options of `python -m reports.triage` that `nox -s backfill` passes on."""
+"""Options of `python -m reports triage` that `nox -s backfill` passes on."""
 
 
 def backfill_options(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -325,7 +325,7 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
     env = environment_variables(python)
     session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)
     if not args.no_triage:
-        session.run(str(python), "-m", "reports.triage", "--store", args.store, *triage_args, env=env, external=True)
+        session.run(str(python), "-m", "reports", "triage", "--store", args.store, *triage_args, env=env, external=True)
     session.run(
         str(python),
         "-m",

@@ -625,8 +625,8 @@ def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
 def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
     from sessions.nox_sessions import pin_overrides
     from matrix.versions import AxisValueError, parse_pins
-    from reports.bisect import main as bisect_main
-    from reports.gate import select
+    from reports.__main__ import main as reports_main
+    from reports.analysis.comparison import select
 
     with pytest.raises(AxisValueError, match=re.escape(problem)):
         parse_pins([text], "--pin")
@@ -637,8 +637,9 @@ def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypa
         with pytest.raises(ReportsError, match=re.escape(problem)):
             select([], text, "--baseline")
     assert (
-        bisect_main(
+        reports_main(
             [
+                "bisect",
                 "--cell",
                 "llama-eager-fp32-tp2",
                 "--good",

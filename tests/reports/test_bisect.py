@@ -1,4 +1,4 @@
-"""reports.bisect: the search, cell ids, verdicts, release ranges, commit bisection of a real git
+"""reports.search.bisect: the search, cell ids, verdicts, release ranges, commit bisection of a real git
 repository (with real per-commit environments) and the answer in the history store and the report."""
 
 from __future__ import annotations
@@ -18,28 +18,14 @@ from tests.fake_packages import make_repo, pyproject
 from sessions.environments import READY_MARKER, EnvironmentSpec
 from reports import ReportsError
 from reports.__main__ import main as reports_main
-from reports.bisect import (
-    BAD,
-    GOOD,
-    SKIP,
-    BisectError,
-    CellProbe,
-    CellRun,
-    Verdict,
-    bisect_commits,
-    classify,
-    held_fixed_pins,
-    main,
-    parse_cell,
-    release_candidates,
-    search,
-    stored_release_answer,
-)
-from reports.git import GitRepo
-from reports.history import analyse
-from reports.records import Bisection, CellKey, CellResult, Run, Versions
-from reports.model import read_report
-from reports.store import HistoryStore
+from reports.search.bisect import bisect_commits, held_fixed_pins, stored_release_answer
+from reports.search.steps import BAD, GOOD, SKIP, BisectError, Verdict, search
+from reports.search.cell_runs import CellProbe, CellRun, classify, parse_cell, release_candidates
+from reports.clones.git import GitRepo
+from reports.analysis.history import analyse
+from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
+from reports.outputs.model import read_report
+from reports.store.history_store import HistoryStore
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 
@@ -168,7 +154,7 @@ def test_release_ranges_come_from_release_data(monkeypatch, tmp_path):
     ],
 )
 def test_command_line_errors_say_what_to_change(argv, message, capsys, tmp_path):
-    assert main([*argv, "--store", str(tmp_path / "store.sqlite")]) == 2
+    assert reports_main(["bisect", *argv, "--store", str(tmp_path / "store.sqlite")]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -176,13 +162,13 @@ def test_range_order_is_checked_per_mode(capsys, monkeypatch, tmp_path):
     shutil.copy(FIXTURES / "deepspeed.json", tmp_path / "deepspeed.json")
     monkeypatch.setenv("AUTOTP_MATRIX_CACHE_DIR", str(tmp_path))
     pins = ["--pin", "transformers=5.24.0", "--pin", "torch=2.13.0", "--store", str(tmp_path / "s.sqlite")]
-    assert main(["--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.16.4", *pins]) == 2
+    assert reports_main(["bisect", "--cell", "llama-eager-fp32-tp2", "--good", "0.17.0", "--bad", "0.16.4", *pins]) == 2
     assert (
         "in --mode broken, --good 0.17.0 must be older than --bad 0.16.4 (to find a fix, use --mode fixed)"
         in capsys.readouterr().err
     )
     fixed = ["--cell", "llama-eager-fp32-tp2", "--good", "0.16.4", "--bad", "0.17.0", "--mode", "fixed"]
-    assert main([*fixed, *pins]) == 2
+    assert reports_main(["bisect", *fixed, *pins]) == 2
     assert "in --mode fixed, --bad 0.17.0 must be older than --good 0.16.4" in capsys.readouterr().err
 
 
@@ -230,7 +216,7 @@ def fake_deepspeed(tmp_path_factory):
     repo = tmp_path_factory.mktemp("fakeds")
     history = [(subject, files, "v0.1.0" if n == 0 else "") for n, (subject, files) in enumerate(HISTORY)]
     history[0][1]["fakeds/__init__.py"] = ""
-    history[0][1]["deepspeed/__init__.py"] = ""  # what marks a DeepSpeed clone (reports.git.PROJECT_FILE)
+    history[0][1]["deepspeed/__init__.py"] = ""  # what marks a DeepSpeed clone (reports.clones.git.PROJECT_FILE)
     return repo, make_repo(repo, pyproject("fakeds", include="fakeds*"), history)
 
 
@@ -431,7 +417,7 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", held).after == "0.16.6"
     assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0", held) is None  # outside
     assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4", held) is None
-    # The same rule as the report's (reports.history.answer_for): the other transformers' answer is the one
+    # The same rule as the report's (reports.analysis.history.answer_for): the other transformers' answer is the one
     # for those versions only.
     assert (
         stored_release_answer(
@@ -450,7 +436,7 @@ REAL_ENV_ROOT = os.environ.get("AUTOTP_BISECT_REAL")
 # PyPI): 0.19.4 and 0.19.5 fail with "shard: RuntimeError: split_with_sizes expects split_sizes to sum exactly to
 # N ..., but got split_sizes=[N, N] @ deepspeed/module_inject/layers.py:uneven_partition" (96 split as [64, 0]
 # on 2 ranks); 0.19.6 passes (as does 0.19.8; 0.16.9, 0.18.5 and 0.19.1 fail the same way). Those runs were the
-# steps of `python -m reports.bisect --mode fixed --bad 0.16.9 --good 0.19.8` (7 steps for 27 releases) plus this
+# steps of `python -m reports bisect --mode fixed --bad 0.16.9 --good 0.19.8` (7 steps for 27 releases) plus this
 # test's own run. At commit level (--deepspeed-repo on a DeepSpeed clone, source builds without prebuilt ops),
 # 6098f799ee77 fails the same way and its child aa3914df82e8 "[AutoTP] Complete uneven sharding and universal
 # checkpoint support (#8185)" passes.
@@ -462,8 +448,9 @@ def test_real_deepspeed_releases(tmp_path):
     bad, good, last_bad, first_good = REAL_RANGE
     store = tmp_path / "history.sqlite"
     assert (
-        main(
+        reports_main(
             [
+                "bisect",
                 "--cell",
                 "llama-eager-fp32-tp2",
                 "--mode",
@@ -525,13 +512,14 @@ GONE_CELL = textwrap.dedent("""\
 
 
 def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatch, capsys):
-    import reports.bisect as bisect_module
+    import reports.search.bisect as bisect_module
+    import reports.search.cell_runs as cell_runs_module
 
     repo, root = tmp_path / "fakeds", tmp_path / "envs"
     shas = make_repo(repo, pyproject("fakeds", include="fakeds*"), GONE_HISTORY)
     script = tmp_path / "cell.py"
     script.write_text(GONE_CELL)
-    real_run_cells = bisect_module.run_cells
+    real_run_cells = cell_runs_module.run_cells
     # The real bisection with the fake package in place of DeepSpeed and the fake cell in place of `pytest suites`.
     monkeypatch.setattr(
         bisect_module,
@@ -543,7 +531,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
         ),
     )
     monkeypatch.setattr(
-        bisect_module,
+        cell_runs_module,
         "run_cells",
         lambda python, cells, timeout, command: real_run_cells(
             python,
@@ -586,12 +574,12 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
     ]
 
     # What fixed the first failure could not be asked for: the newer end fails too, another way.
-    assert main([*argv, "--mode", "fixed"]) == 2
+    assert reports_main(["bisect", *argv, "--mode", "fixed"]) == 2
     err = capsys.readouterr().err
     assert f"{shas[4]} should be good but is skip (a different failure (numerics: OSError:" in err, err
     assert "--any-failure counts it as bad, --mode gone as gone)" in err
 
-    assert main([*argv, "--mode", "gone"]) == 0
+    assert reports_main(["bisect", *argv, "--mode", "gone"]) == 0
     printed = capsys.readouterr().out
     assert f"last with the failure commit {shas[2]}, first without it commit {shas[3]}" in printed
     with HistoryStore(store, create=False) as history:
@@ -611,7 +599,7 @@ def test_mode_gone_finds_where_a_failure_turns_into_another(tmp_path, monkeypatc
 
 
 def test_mode_gone_where_the_cell_passes_is_a_fix(fake_deepspeed, fake_probe):
-    from reports.bisect import gone_answer
+    from reports.search.bisect import gone_answer
 
     repo, shas = fake_deepspeed
     make, _ = fake_probe
@@ -697,7 +685,7 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
 def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
     """A session killed mid-write leaves its last cells.jsonl line cut short: the cells before it still
     count (the same reader as the suites' own resume), the cut one is missing from the answer."""
-    from reports.bisect import run_cells
+    from reports.search.cell_runs import run_cells
 
     writes = (
         "import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "

@@ -7,8 +7,8 @@ import pytest
 from reports_testkit import BLOOM, Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
-from reports.records import Bisection, CellKey, CellResult, Run, Versions
-from reports.store import HistoryStore
+from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
+from reports.store.history_store import HistoryStore
 
 
 @pytest.fixture(autouse=True)

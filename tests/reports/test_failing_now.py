@@ -1,4 +1,4 @@
-"""Failing now, by cause (reports/failing_now.py) and the known-failures registry (matrix/known_failures.toml)."""
+"""Failing now, by cause (reports/analysis/failing_now.py) and the known-failures registry (matrix/known_failures.toml)."""
 
 import json
 import re
@@ -8,9 +8,9 @@ from reports_testkit import Cell, fail, nightly_94, render, section, write_junit
 
 from matrix.registry import RegistryError, load_known_failures
 from reports.__main__ import main
-from reports.failing_now import repro_command
-from reports.records import Bisection, CellKey
-from reports.store import HistoryStore
+from reports.analysis.failing_now import repro_command
+from reports.store.records import Bisection, CellKey
+from reports.store.history_store import HistoryStore
 from suites.outcome import FAILURE_CLASSES
 
 UPSTREAM = "https://github.com/example/upstream/issues/1"  # a stand-in: tests never name real upstream issues
@@ -302,7 +302,7 @@ def test_models_variants_and_versions_narrow_a_known_failure(tmp_path):
 
 
 def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fix():
-    from reports.signatures import cause
+    from reports.analysis.signatures import cause
 
     entry = load_known_failures(FAILURE_CLASSES)["uneven_partition_split_sizes"]
     failure = cause(SPLIT.format("[N, N, N]"))

@@ -1,4 +1,4 @@
-"""A PR run classified against its base like Dr.CI: new, broken trunk, flaky, known (reports/pr_failures.py)."""
+"""A PR run classified against its base like Dr.CI: new, broken trunk, flaky, known (reports/outputs/pr_failures.py)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The report reads per-point aggregates (reports/aggregates.py), computed in SQL by HistoryStore.aggregates: they
+"""The report reads per-point aggregates (reports/store/aggregates.py), computed in SQL by HistoryStore.aggregates: they
 must say what the results themselves say — the same groups, metrics, recent runs and hub ids as `aggregate` finds
 in every result held in memory, hence the same report — on a store with flaky points, ties in start time, a
 verdict that changed with the harness, transitions and compacted old runs."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from reports.__main__ import main
-from reports.aggregates import Aggregates, aggregate
-from reports.history import analyse, analyse_aggregates
-from reports.records import CellKey, CellResult, Observation, Run, Versions
-from reports.model import build_report, read_report, report_json
-from reports.store import HistoryStore
+from reports.store.aggregates import Aggregates, aggregate
+from reports.analysis.history import analyse, analyse_aggregates
+from reports.store.records import CellKey, CellResult, Observation, Run, Versions
+from reports.outputs.model import build_report, read_report, report_json
+from reports.store.history_store import HistoryStore
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
 NIGHTS_PER_RELEASE = 3
@@ -189,7 +189,7 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
 
 
 def test_render_leaves_the_cycle_collector_on_as_it_found_it(store, tmp_path):
-    """render turns the cycle collector off while it builds the report (reports.__main__.without_cycle_collection);
+    """render turns the cycle collector off while it builds the report (reports.commands.render.without_cycle_collection);
     a process that goes on afterwards (tests, a caller of main) gets it back, also when render fails."""
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     assert gc.isenabled()

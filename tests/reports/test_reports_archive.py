@@ -1,4 +1,4 @@
-"""The results archive (reports/archive.py): every merged run's raw results, append-only, and the history store
+"""The results archive (reports/store/archive.py): every merged run's raw results, append-only, and the history store
 rebuilt from it with the same history."""
 
 import json
@@ -9,10 +9,10 @@ import pytest
 from reports_testkit import Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
-from reports.archive import CELLS_MEMBER, JUNIT_MEMBER, ResultsArchive
-from reports.history import analyse
-from reports.records import CellKey, TriageAttempt
-from reports.store import HistoryStore
+from reports.store.archive import CELLS_MEMBER, JUNIT_MEMBER, ResultsArchive
+from reports.analysis.history import analyse
+from reports.store.records import CellKey, TriageAttempt
+from reports.store.history_store import HistoryStore
 
 
 def history_of(store):

@@ -11,9 +11,11 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.history import analyse
-from reports.model import DETAIL_KEYS, DETAILS_FILE, read_report, report_json
-from reports.store import _MIGRATIONS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION, CompactionCounts, HistoryStore
+from reports.analysis.history import analyse
+from reports.outputs.model import DETAIL_KEYS, DETAILS_FILE, read_report, report_json
+from reports.store.schema import _MIGRATIONS, APPLICATION_ID, FIRST_SCHEMA, SCHEMA_VERSION
+from reports.store.compaction import CompactionCounts
+from reports.store.history_store import HistoryStore
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
 RUNS_PER_RELEASE = 4
@@ -223,7 +225,7 @@ def _schema_5_store(path: Path) -> None:
     """A store as schema 5 wrote it (the migrations up to 5, as an older release ran them), holding two runs that
     failed with the same long message."""
     conn = sqlite3.connect(path, isolation_level=None)
-    for statement in _SCHEMA:
+    for statement in FIRST_SCHEMA:
         conn.execute(statement)
     for version in range(1, 5):
         for step in _MIGRATIONS[version]:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from reports import ReportsError
-from reports.docs import check_drift, docs_page, normalise_model_name, read_docs_supported, tp_text
-from reports.records import CellKey
+from reports.outputs.docs import check_drift, docs_page, normalise_model_name, read_docs_supported, tp_text
+from reports.store.records import CellKey
 from reports_testkit import Cell, fail, render, write_junit
 
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"

@@ -12,7 +12,8 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.store import APPLICATION_ID, SCHEMA_VERSION, HistoryStore
+from reports.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from reports.store.history_store import HistoryStore
 
 
 def one_error_line(capsys) -> str:
@@ -141,7 +142,7 @@ def test_binary_docs_and_a_file_as_out_are_one_line(store, tmp_path, capsys):
 def test_render_and_gate_only_read_the_store(store, tmp_path, monkeypatch, capsys):
     """A read-only file works, and another process holding the write lock does not block a reader (the old
     open began a write transaction: it waited for the lock, then gave up)."""
-    monkeypatch.setattr("reports.store.LOCK_TIMEOUT_S", 1)
+    monkeypatch.setattr("reports.store.history_store.LOCK_TIMEOUT_S", 1)
     before = store.read_bytes()
     store.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     writer = sqlite3.connect(store, isolation_level=None)

@@ -3,11 +3,11 @@ from dataclasses import asdict, replace
 
 from reports_testkit import Cell, fail, render, section
 
-from reports.answers import EntryStatus, TransitionEntry
-from reports.history import analyse
-from reports.model import FlakyEntry, HarnessChangeEntry, entry_json, flaky_json, read_report
-from reports.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
-from reports.triage import open_transitions
+from reports.analysis.answers import EntryStatus, TransitionEntry
+from reports.analysis.history import analyse
+from reports.outputs.model import FlakyEntry, HarnessChangeEntry, entry_json, flaky_json, read_report
+from reports.store.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
+from reports.search.triage import open_transitions
 
 
 def regressions(markdown: str) -> list[str]:
@@ -164,7 +164,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     ]
 
 
-# ---- an answer is attached only to the transition it proved (reports.history.answer_for) ------------------------
+# ---- an answer is attached only to the transition it proved (reports.analysis.history.answer_for) ------------------------
 
 LLAMA = CellKey("llama", "eager", "fp32", 2)
 HELD = (("transformers", "5.24.0"), ("torch", "2.13.0"))

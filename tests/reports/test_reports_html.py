@@ -112,7 +112,7 @@ def test_multi_version_report_as_a_person_sees_it(tmp_path):
 def test_answer_links_are_anchors_and_everything_else_is_escaped():
     from markupsafe import Markup
 
-    from reports.render import linked_html
+    from reports.outputs.html import linked_html
 
     lines = linked_html(lambda link: [f"<b>{link('#1 <x>', 'https://github.com/o/r/pull/1?a=1&b=2')}</b>"])
     assert lines == [Markup('&lt;b&gt;<a href="https://github.com/o/r/pull/1?a=1&amp;b=2">#1 &lt;x&gt;</a>&lt;/b&gt;')]
@@ -174,15 +174,15 @@ def test_failing_now_is_the_first_section_a_person_sees(tmp_path):
 def test_html_draws_the_newest_matrices_and_version_sets_and_names_the_details_file(tmp_path, monkeypatch):
     """report.html is paged like report.json: past HTML_MATRICES combinations and HTML_TIMELINE_SETS version sets it
     draws the newest and says where the rest is; report-details.json keeps every one."""
-    import reports.render
+    import reports.outputs.render
 
     store = issue_18_store(tmp_path)
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "whole")]) == 0
     whole = (tmp_path / "whole" / "report.html").read_text()
     assert "older-matrices" not in whole and "older-version-sets" not in whole  # 4 of each: all drawn
 
-    monkeypatch.setattr(reports.render, "HTML_MATRICES", 1)
-    monkeypatch.setattr(reports.render, "HTML_TIMELINE_SETS", 2)
+    monkeypatch.setattr(reports.outputs.render, "HTML_MATRICES", 1)
+    monkeypatch.setattr(reports.outputs.render, "HTML_TIMELINE_SETS", 2)
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "paged")]) == 0
     paged = (tmp_path / "paged" / "report.html").read_text()
     details = json.loads((tmp_path / "paged" / "report-details.json").read_text())

@@ -8,8 +8,6 @@ import subprocess
 import pytest
 
 from reports.__main__ import main as reports_main
-from reports.bisect import main as bisect_main
-from reports.triage import main as triage_main
 
 
 @pytest.mark.parametrize(
@@ -17,7 +15,7 @@ from reports.triage import main as triage_main
 )
 def test_a_triage_budget_that_allows_no_cell_run_is_refused(tmp_path, capsys, option, value):
     with pytest.raises(SystemExit) as exit_:
-        triage_main([option, value, "--store", str(tmp_path / "absent.sqlite")])
+        reports_main(["triage", option, value, "--store", str(tmp_path / "absent.sqlite")])
     assert exit_.value.code == 2
     assert (
         f"argument {option}: {value} leaves no budget for a single cell run; give a number above 0"
@@ -30,12 +28,12 @@ def test_a_clone_option_must_name_the_root_of_a_clone(tmp_path, capsys):
     (other / "docs").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(other)], check=True)
     inside = other / "docs"
-    assert triage_main(["--deepspeed-repo", str(inside), "--store", str(tmp_path / "absent.sqlite")]) == 2
+    assert reports_main(["triage", "--deepspeed-repo", str(inside), "--store", str(tmp_path / "absent.sqlite")]) == 2
     assert (
         f"error: --deepspeed-repo {inside}: a folder inside the git repository {other}, not the root of a clone"
         in capsys.readouterr().err
     )
-    assert triage_main(["--transformers-repo", str(inside), "--store", str(tmp_path / "absent.sqlite")]) == 2
+    assert reports_main(["triage", "--transformers-repo", str(inside), "--store", str(tmp_path / "absent.sqlite")]) == 2
     assert "--transformers-repo" in capsys.readouterr().err
     assert reports_main(["render", "--deepspeed-repo", str(inside), "--store", str(tmp_path / "absent.sqlite")]) == 2
     assert "not the root of a clone" in capsys.readouterr().err
@@ -63,9 +61,10 @@ def test_a_clone_option_must_name_a_clone_of_that_project(tmp_path, capsys):
         lambda: reports_main(
             ["draft-issue", "--cell", "llama-eager-fp32-tp2", "--deepspeed-repo", str(other), "--store", absent]
         ),
-        lambda: triage_main(["--deepspeed-repo", str(other), "--store", absent]),
-        lambda: bisect_main(
+        lambda: reports_main(["triage", "--deepspeed-repo", str(other), "--store", absent]),
+        lambda: reports_main(
             [
+                "bisect",
                 "--cell",
                 "llama-eager-fp32-tp2",
                 "--good",
@@ -84,7 +83,7 @@ def test_a_clone_option_must_name_a_clone_of_that_project(tmp_path, capsys):
             f"error: --deepspeed-repo {other}: not a DeepSpeed clone (no deepspeed/__init__.py at HEAD); "
             "pass the root folder of a local DeepSpeed clone"
         ) in capsys.readouterr().err
-    assert triage_main(["--transformers-repo", str(other), "--store", absent]) == 2
+    assert reports_main(["triage", "--transformers-repo", str(other), "--store", absent]) == 2
     assert (
         f"error: --transformers-repo {other}: not a transformers clone (no src/transformers/__init__.py at HEAD)"
         in capsys.readouterr().err

@@ -12,11 +12,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from reports_testkit import Cell, fail, write_junit
 
-from reports import publish as publish_module
+import reports.outputs.github as github_module
 from reports.__main__ import main
-from reports.causes import cause_id
-from reports.records import Bisection, CellKey
-from reports.store import HistoryStore
+from reports.analysis.causes import cause_id
+from reports.store.records import Bisection, CellKey
+from reports.store.history_store import HistoryStore
 
 TOKEN = "ghp_PlantedTokenValue0123456789abcdef"
 REPO = "octo/autotp"
@@ -155,7 +155,7 @@ def github(monkeypatch):
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     monkeypatch.setenv("GITHUB_API_URL", server.url)
-    monkeypatch.setattr(publish_module, "WRITE_SPACING_S", None)
+    monkeypatch.setattr(github_module, "WRITE_SPACING_S", None)
     yield server
     server.shutdown()
     server.server_close()

@@ -14,9 +14,9 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.bisect import classify, run_cells
-from reports.records import Bisection, CellKey, TriageAttempt
-from reports.store import HistoryStore
+from reports.search.cell_runs import classify, run_cells
+from reports.store.records import Bisection, CellKey, TriageAttempt
+from reports.store.history_store import HistoryStore
 from tests import planted_secrets
 from tests.planted_secrets import SECRET_ENV, SECRET_VALUE, leaks, leaky_text
 

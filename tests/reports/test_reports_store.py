@@ -10,8 +10,9 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports import ReportsError
 from reports.__main__ import main
-from reports.junit import read_junit
-from reports.store import SCHEMA_VERSION, HistoryStore
+from reports.store.junit import read_junit
+from reports.store.schema import SCHEMA_VERSION
+from reports.store.history_store import HistoryStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -206,7 +207,7 @@ _SCHEMA_1_RESULTS = """CREATE TABLE results (
 
 def _old_store(path: Path, version: int, runs: list[tuple[str, str, str]]) -> Path:
     """A store as schema `version` (1 or 2) wrote it, holding (run_id, deepspeed, deepspeed_git) runs."""
-    from reports.store import _BISECTIONS, APPLICATION_ID
+    from reports.store.schema import _BISECTIONS, APPLICATION_ID
 
     with sqlite3.connect(path) as conn:
         for statement in (_SCHEMA_1_RUNS, _SCHEMA_1_RESULTS, *((_BISECTIONS,) if version >= 2 else ())):

@@ -1,4 +1,4 @@
-"""reports.triage on real git repositories of fake packages, installed per commit into real environments:
+"""reports.search.triage on real git repositories of fake packages, installed per commit into real environments:
 grouping into questions, one bisection per question, confirmation of the others, the budget, the
 transformers side's suspect commits, and the answer lines the report prints."""
 
@@ -12,13 +12,13 @@ import pytest
 from tests.fake_packages import git, make_repo, pyproject
 
 from sessions.environments import EnvironmentSpec
-from reports.answers import answer_text, plain_link
-from reports.git import GitRepo
-from reports.history import analyse
-from reports.records import CellKey, CellResult, Run, Versions
-from reports.model import transition_entry
-from reports.store import HistoryStore
-from reports.triage import Budget, Installer, Triage, questions
+from reports.analysis.answers import answer_text, plain_link
+from reports.clones.git import GitRepo
+from reports.analysis.history import analyse
+from reports.store.records import CellKey, CellResult, Run, Versions
+from reports.outputs.model import transition_entry
+from reports.store.history_store import HistoryStore
+from reports.search.triage import Budget, Installer, Triage, questions
 
 # ---- fake packages in git ----------------------------------------------------------------------------------------
 
@@ -401,7 +401,7 @@ def test_refine_bisects_the_commits_behind_a_release_level_answer(deepspeed_side
 
 
 def test_frame_files_and_causes_read_real_signatures():
-    from reports.signatures import cause, frame_files
+    from reports.analysis.signatures import cause, frame_files
 
     tp2 = (
         "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at dimension "
@@ -424,7 +424,7 @@ def test_frame_files_and_causes_read_real_signatures():
 def test_a_class_change_takes_its_suspects_from_the_new_failures_traceback(tmp_path):
     """The old failure's traceback names bert's notes.py (touched by #40103); the new failure's names llama's
     modeling file only. The suspects come from the new failure: #40103 is not one of them."""
-    from reports.bisect import Answer
+    from reports.search.steps import Answer
 
     repo = tmp_path / "transformers-repo"
     repo.mkdir()
@@ -512,7 +512,7 @@ def test_a_git_error_leaves_its_question_unanswered_with_the_reason_and_triage_g
 def test_refine_that_finds_no_commit_records_nothing_new(tmp_path):
     """A release-level answer refined with a clone whose commits cannot be bisected (its tags were never
     fetched) stays the one stored answer: no second, identical row."""
-    from reports.records import Bisection
+    from reports.store.records import Bisection
 
     repo = tmp_path / "fakeds-repo"
     repo.mkdir()

@@ -149,12 +149,10 @@ def test_backfill_merges_each_combination_once_and_renders_once(builds, monkeypa
     monkeypatch.setattr(install_failure, "record_install_failure", lambda session, chosen, message, selection: 2)
     session, results = backfill(tmp_path, "backfill")
 
-    reports_commands = [
-        command[2:] for command in session.commands if command[1:3] in (("-m", "reports"), ("-m", "reports.triage"))
-    ]
+    reports_commands = [command[2:] for command in session.commands if command[1:3] == ("-m", "reports")]
     assert [command[:2] for command in reports_commands] == [
         ("reports", "merge"),
-        ("reports.triage", "--store"),
+        ("reports", "triage"),
         ("reports", "render"),
     ]
     merged = reports_commands[0][2 : 2 + len(RELEASES)]

@@ -93,7 +93,7 @@ def session_options(pytest_options) -> dict[str, set[str]]:
     return {
         "ci-matrix": help_options("matrix.versions"),
         "prefetch": help_options("matrix.prefetch"),
-        "triage": help_options("reports.triage"),
+        "triage": help_options("reports", "triage"),
         "gate": help_options("reports", "gate"),
         "publish": help_options("reports", "publish"),
         "report": {"--results", "--verify"},

@@ -173,7 +173,7 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
     import xml.etree.ElementTree as ElementTree
 
     from matrix.cells import expand
-    from reports.junit import read_junit
+    from reports.store.junit import read_junit
     from suites.outcome import CellOutcome
     from suites.records.run_records import CellRecorder
 

@@ -1,0 +1,165 @@
+"""Verdicts per real checkpoint and per architecture, shown apart.
+
+A faithful cell (`qwen2.faithful-…`, matrix/shapes.py) splits exactly like the hub ids it stands for, which its
+record carries (`CellResult.checkpoints`), so its verdict is stated per checkpoint: "Qwen/Qwen2-7B tp 3: ❌
+forward …". A stress cell (plain id) exercises deliberately odd splits of the architecture: "qwen2 architecture
+under stress shapes: …". A faithful cell that stands for no recorded checkpoint (its sizes are the config class
+defaults) speaks for the architecture at those sizes. report.json "checkpoints", report.md/html, the
+supported-models page and the PR comment all read this one section.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from markupsafe import Markup, escape
+
+from matrix.shapes import SHAPE_SEPARATOR, base_shape
+from reports.store import Aggregates, CellKey, Run, started_order
+from reports.analysis.answers import code, one_line
+from reports.analysis.history import History
+
+ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
+_CODE_SPAN = re.compile(r"`+([^`]+?)`+")
+MAX_CAUSE = 160
+"""Characters of a failure's signature a verdict line keeps (report.json keeps it whole)."""
+
+
+def shape_of(model: str) -> tuple[str, str]:
+    """(registry entry, `faithful` or `stress`) of a cell's model coordinate (matrix.shapes.shaped_name spells it)."""
+    entry, _, shape = model.partition(SHAPE_SEPARATOR)
+    return entry, base_shape(shape) if shape else "stress"
+
+
+def cell_checkpoints(aggregates: Aggregates, history: History) -> dict[CellKey, tuple[str, ...]]:
+    """The hub ids each cell stands for at the latest versions (its newest record there)."""
+    newest: dict[CellKey, Run] = {}
+    for group in aggregates.groups:
+        known = newest.get(group.cell)
+        if group.versions == history.latest and (known is None or started_order(group.newest) > started_order(known)):
+            newest[group.cell] = group.newest
+    return {cell: aggregates.checkpoints.get((run.run_id, cell), ()) for cell, run in newest.items()}
+
+
+def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> dict:
+    """report.json "checkpoints": `faithful` (per hub id, the verdicts of the faithful cells standing for it),
+    `class_defaults` (per architecture, faithful cells sized by config-class defaults) and `stress` (per
+    architecture, its stress cells), each verdict {cell, model, tp, variant, dtype, status, failure_class, cause}."""
+    faithful: dict[str, list[dict]] = defaultdict(list)
+    architectures: dict[tuple[str, str], list[dict]] = defaultdict(list)  # (kind, entry) -> verdicts
+    for cell in sorted(history.cells, key=lambda c: (c.tp, c.variant, c.dtype, c.model)):
+        status = history.statuses.get((cell, history.latest))
+        if status is None:
+            continue
+        entry, shape = shape_of(cell.model)
+        verdict = {
+            "cell": cell.id,
+            "model": cell.model,
+            "tp": cell.tp,
+            "variant": cell.variant,
+            "dtype": cell.dtype,
+            "status": status.status,
+            "failure_class": status.failure_class,
+            "cause": status.signature if status.status == "fail" else "",
+        }
+        hub_ids = checkpoints.get(cell, ())
+        if shape == "faithful" and hub_ids:
+            for hub_id in hub_ids:
+                faithful[hub_id].append(verdict)
+        else:
+            architectures["class_defaults" if shape == "faithful" else "stress", entry].append(verdict)
+    return {
+        "faithful": [
+            {"checkpoint": hub_id, "architecture": shape_of(verdicts[0]["model"])[0], "verdicts": verdicts}
+            for hub_id, verdicts in sorted(faithful.items(), key=lambda item: item[0].lower())
+        ],
+        "class_defaults": [
+            {"architecture": entry, "verdicts": verdicts}
+            for (kind, entry), verdicts in sorted(architectures.items())
+            if kind == "class_defaults"
+        ],
+        "stress": [
+            {"architecture": entry, "verdicts": verdicts}
+            for (kind, entry), verdicts in sorted(architectures.items())
+            if kind == "stress"
+        ],
+    }
+
+
+def has_faithful(section: dict) -> bool:
+    """Whether any faithful cell ran at the latest versions (else the section is left out of every output)."""
+    return bool(section["faithful"] or section["class_defaults"])
+
+
+def verdicts_text(verdicts: list[dict]) -> str:
+    """ "tp 2: ✅ · tp 3: ❌ forward `RuntimeError: …`"; variant and dtype named where the verdicts have several."""
+    several = len({(v["variant"], v["dtype"]) for v in verdicts}) > 1
+    parts = []
+    for verdict in verdicts:
+        where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
+        cause = one_line(verdict["cause"])
+        cause = cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 1] + "…"
+        failure = f" {verdict['failure_class']} {code(cause)}" if verdict["status"] == "fail" else ""
+        parts.append(f"{where}: {ICONS.get(verdict['status'], verdict['status'])}{failure}")
+    return " · ".join(parts)
+
+
+def checkpoint_lines(section: dict) -> list[str]:
+    """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- "."""
+    return [
+        *(
+            f"{code(entry['checkpoint'])} ({entry['architecture']}, faithful shapes) {verdicts_text(entry['verdicts'])}"
+            for entry in section["faithful"]
+        ),
+        *(
+            f"{entry['architecture']} architecture at its config-class default sizes (no checkpoint recorded): "
+            f"{verdicts_text(entry['verdicts'])}"
+            for entry in section["class_defaults"]
+        ),
+        *(
+            f"{entry['architecture']} architecture under stress shapes: {verdicts_text(entry['verdicts'])}"
+            for entry in section["stress"]
+        ),
+    ]
+
+
+def checkpoints_markdown(section: dict) -> list[str]:
+    """The report's section: real checkpoints (faithful cells) and architectures (stress cells) apart; none for a
+    history of stress cells only (the cells stored before shapes existed: no checkpoint to name)."""
+    if not has_faithful(section):
+        return []
+    real = [f"- {line}" for line in checkpoint_lines({**section, "stress": []})]
+    stress = [
+        f"- {line}" for line in checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
+    ]
+    return [
+        "## Verdicts per checkpoint at the latest versions",
+        "",
+        "Faithful cells split exactly like the checkpoints named; stress cells exercise deliberately odd splits of "
+        "the architecture (uneven grains, fewer kv heads than ranks) and say nothing about a checkpoint.",
+        "",
+        "### Real checkpoints",
+        "",
+        *(real or ["None run."]),
+        "",
+        "### Architectures under stress shapes",
+        "",
+        *(stress or ["None run."]),
+        "",
+    ]
+
+
+def checkpoints_html(section: dict) -> dict[str, list[Markup]]:
+    """The same lines for report.html: `real` (checkpoints, then class-default architectures) and `stress`, the
+    text escaped and its code spans as <code>."""
+
+    def html(lines: list[str]) -> list[Markup]:
+        return [Markup(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(line)))) for line in lines]
+
+    if not has_faithful(section):
+        return {"real": [], "stress": []}
+    return {
+        "real": html(checkpoint_lines({**section, "stress": []})),
+        "stress": html(checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})),
+    }

@@ -1,0 +1,470 @@
+"""Failing now, by cause: the first section of every report when cells fail at the latest versions.
+
+The failing cells at the latest versions are grouped by failure class and cause (reports.analysis.signatures.cause: the
+signature with every number masked, so "rank 0 holds 6.75 of 6.75 MiB" and "4.5 of 4.5 MiB" are one cause).
+Each cause says since when it fails (the oldest version set in the history where the same cause appears, or
+"since the first run"), the answer triage found for the transitions that brought it into the latest versions,
+whether it is known upstream (matrix/known_failures.toml: "known" with the link, else "new"), and the one
+command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
+is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
+
+Built into the report model (reports.outputs.model.build_report) as report.json's form of the section, and rendered from
+the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues
+carry for the same class and cause."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from matrix.cells import replay_name
+from matrix.registry import KnownFailure
+from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, release, started_order
+from reports.analysis.answers import Link, TransitionEntry, code
+from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, count_text, shared_answers, typed_members
+from reports.analysis.history import History, Transition
+from reports.analysis.signatures import cause
+
+LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
+INTRO = (
+    "Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
+    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
+    "rank group)."
+)
+_UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
+
+
+def repro_command(cell: CellKey) -> str:
+    """The one command that runs this cell alone, with its verdict and a standalone repro script."""
+    return (
+        f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} "
+        f"--tp {cell.tp}"
+    )
+
+
+def upstream_label(url: str) -> str:
+    """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
+    match = _UPSTREAM.fullmatch(url)
+    return f"{match[1]}#{match[2]}" if match else url
+
+
+# ---- The section (report.json "failing_now": asdict of FailingNow) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstSeen:
+    """Since when a cause fails: the text a report prints, and the run and versions where it was first seen."""
+
+    text: str
+    run: str
+    started: str
+    versions: str
+
+
+@dataclass(frozen=True)
+class Repro:
+    """The representative cell of a cause, the command that runs it alone and where its logs go."""
+
+    cell: str
+    command: str
+    logs: str
+
+
+@dataclass(frozen=True)
+class KnownMatch:
+    """The known failure (matrix/known_failures.toml) that covers cells of a cause, and which of them."""
+
+    name: str
+    upstream: str
+    label: str  # "deepspeedai/DeepSpeed#8185"
+    state: str
+    fixed_in: str
+    note: str
+    cells: tuple[str, ...]
+    # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
+    fails_after_fix: bool
+
+
+@dataclass(frozen=True)
+class FailingCause:
+    """The cells failing at the latest versions with one failure class and cause."""
+
+    id: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    since: FirstSeen
+    root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
+    status: str  # "new", or "known" when a known failure covers some of its cells
+    known: KnownMatch | None
+    repro: Repro
+
+
+@dataclass(frozen=True)
+class FixedKnown:
+    """An open known failure whose cells pass at the latest versions: the upstream issue can be closed."""
+
+    name: str
+    upstream: str
+    label: str
+    state: str
+    fixed_in: str
+    note: str
+    cells: tuple[str, ...]
+    fails_after_fix: bool
+    cells_text: str
+    failure_class: str
+    fixed_at: str  # "deepspeed 0.19.6": where the fix transitions land (the bisected release when triaged)
+    last_failing: str  # "" where no transition places it
+    bisected: bool
+
+
+@dataclass(frozen=True)
+class FailingNow:
+    cells: int
+    causes: tuple[FailingCause, ...]  # new ones first, then the most cells first
+    fixed_known: tuple[FixedKnown, ...]
+
+    @classmethod
+    def from_json(cls, section: dict) -> FailingNow:
+        return cls(
+            cells=section["cells"],
+            causes=tuple(
+                FailingCause(
+                    **{
+                        **c,
+                        "cells": tuple(c["cells"]),
+                        "since": FirstSeen(**c["since"]),
+                        "root_causes": tuple(c["root_causes"]),
+                        "known": _known_from_json(c["known"]) if c["known"] else None,
+                        "repro": Repro(**c["repro"]),
+                    }
+                )
+                for c in section["causes"]
+            ),
+            fixed_known=tuple(FixedKnown(**{**f, "cells": tuple(f["cells"])}) for f in section["fixed_known"]),
+        )
+
+
+def _known_from_json(known: dict) -> KnownMatch:
+    return KnownMatch(**{**known, "cells": tuple(known["cells"])})
+
+
+def build_failing_now(
+    root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
+) -> FailingNow:
+    """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
+    the most cells first) and the open known failures whose cells pass there now."""
+    latest = history.latest
+    failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
+    for (cell, versions), status in history.statuses.items():
+        if versions == latest and status.status == "fail":
+            failing[status.failure_class, cause(status.signature)].append(cell)
+    first_seen = _first_seen(aggregates, history)
+    transitions = by_kind(history.transitions)
+    first_run = aggregates.first_run.run_id
+    at_latest = _versions(latest)
+    causes: list[FailingCause] = []
+    for (failure_class, text), cells in failing.items():
+        cells = sorted(cells)
+        representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
+        match = _known_for(known, failure_class, text, cells, at_latest)
+        causes.append(
+            FailingCause(
+                id=cause_id(failure_class, text),
+                failure_class=failure_class,
+                cause=text,
+                count=len(cells),
+                cells=tuple(cell.id for cell in cells),
+                cells_text=cells_text(cells),
+                since=_since(first_seen[failure_class, text], first_run, latest),
+                root_causes=tuple(_root_causes(root_causes, transitions, latest, failure_class, text, set(cells))),
+                status="known" if match else "new",
+                known=match,
+                repro=Repro(
+                    cell=representative.id,
+                    command=repro_command(representative),
+                    logs=f"{LOGS_ROOT}/{representative.id}/",
+                ),
+            )
+        )
+    causes.sort(key=lambda c: (c.status != "new", -c.count, c.failure_class, c.cause))
+    return FailingNow(
+        cells=sum(c.count for c in causes),
+        causes=tuple(causes),
+        fixed_known=tuple(_fixed_known(history, aggregates, known)),
+    )
+
+
+def _versions(versions: Versions) -> dict[str, str]:
+    return {axis: getattr(versions, axis) for axis in AXES}
+
+
+def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str], ResultGroup]:
+    """Per failure class and cause, its failures at the oldest version set of the history (in the history's version
+    order) that hold the earliest run there (of two as early, the smaller run id, then the first cell)."""
+    order = {versions: index for index, versions in enumerate(history.version_sets)}
+    first: dict[tuple[str, str], tuple[tuple, ResultGroup]] = {}
+    for group in aggregates.groups:
+        if group.outcome != "fail":
+            continue
+        key = group.failure_class, cause(group.signature)
+        rank = order[group.versions], *started_order(group.earliest), group.cell
+        known = first.get(key)
+        if known is None or rank < known[0]:
+            first[key] = rank, group
+    return {key: group for key, (_, group) in first.items()}
+
+
+def _since(first: ResultGroup, first_run: str, latest: Versions) -> FirstSeen:
+    """Since when a cause fails: "the first run", the versions where it first appears where they differ from the
+    latest ones, or the day it first appeared at the latest versions."""
+    run = first.earliest
+    if run.run_id == first_run:
+        text = "since the first run"
+    elif first.versions != latest:
+        changed = [
+            f"{axis} {first.versions.label(axis)}" for axis in AXES if first.versions.label(axis) != latest.label(axis)
+        ]
+        text = f"since {', '.join(changed)} (first seen {run.started[:10]})"
+    else:
+        text = f"since {run.started[:10]} (session {run.session})"
+    return FirstSeen(text=text, run=run.run_id, started=run.started, versions=first.versions.describe())
+
+
+def _root_causes(
+    root_causes: tuple[RootCause, ...],
+    transitions: dict[str, list[Transition]],
+    latest: Versions,
+    failure_class: str,
+    text: str,
+    cells: set[CellKey],
+) -> list[str]:
+    """The root causes (reports.analysis.causes) whose transitions (`transitions`: the history's, by kind) brought these cells
+    into the latest versions failing this way: broke, or changed failure class, on one axis with the others at the
+    latest versions."""
+    ids = []
+    for root in root_causes:
+        if root.kind == "fixed":
+            continue
+        for t in typed_members(transitions, root):
+            failing = t.failing_end
+            if (
+                t.cell in cells
+                and failing.failure_class == failure_class
+                and cause(failing.signature) == text
+                and t.after.label(t.axis) == latest.label(t.axis)
+                and t.held_fixed == latest.pins(tuple(a for a in AXES if a != t.axis))
+            ):
+                ids.append(root.id)
+                break
+    return ids
+
+
+def _known_match(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> KnownMatch:
+    axis, _, fixed_version = entry.fixed_in.partition(" ")
+    here = release(latest.get(axis, "")) if entry.fixed_in else None
+    return KnownMatch(
+        name=entry.name,
+        upstream=entry.upstream,
+        label=upstream_label(entry.upstream),
+        state=entry.state,
+        fixed_in=entry.fixed_in,
+        note=entry.note,
+        cells=tuple(cell.id for cell in cells),
+        fails_after_fix=bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed),
+    )
+
+
+def _known_for(
+    known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey], latest: dict[str, str]
+) -> KnownMatch | None:
+    """The known failure that covers the most of these cells at the latest versions, or None: a new cause."""
+    covered = {
+        entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
+        for entry in known.values()
+    }
+    best = max(covered, key=lambda name: len(covered[name]), default=None)
+    return _known_match(known[best], covered[best], latest) if best and covered[best] else None
+
+
+def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> list[FixedKnown]:
+    """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
+    the version where their cells' fix transitions land (the bisected release when triage answered), or at the
+    latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
+    latest = history.latest
+    fixed = []
+    for entry in known.values():
+        if entry.state != "open":
+            continue
+        seen = sorted(
+            {
+                group.cell
+                for group in aggregates.groups
+                if group.outcome == "fail"
+                and entry.covers(
+                    group.failure_class,
+                    cause(group.signature),
+                    group.cell.model,
+                    group.cell.variant,
+                    _versions(group.versions),
+                )
+            }
+        )
+        now = [history.statuses.get((cell, latest)) for cell in seen]
+        if not seen or any(s is not None and s.status in ("fail", "flaky") for s in now):
+            continue
+        passing = [cell for cell, s in zip(seen, now) if s is not None and s.status == "pass"]
+        if not passing:
+            continue  # not run at the latest versions: nothing says it is fixed
+        places: Counter[tuple[str, str, bool]] = Counter()
+        for t in history.transitions:
+            if t.kind == "fixed" and t.cell in passing and t.after == latest:
+                b = t.bisection
+                places[
+                    (f"{b.axis} {b.after}", f"{b.axis} {b.before}", True)
+                    if b
+                    else (f"{t.axis} {t.after.label(t.axis)}", f"{t.axis} {t.before.label(t.axis)}", False)
+                ] += 1
+        (fixed_at, last_failing, bisected), _ = (
+            places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
+        )
+        fixed.append(
+            FixedKnown(
+                **asdict(_known_match(entry, passing, _versions(latest))),
+                cells_text=cells_text(passing),
+                failure_class=entry.failure_class,
+                fixed_at=fixed_at,
+                last_failing=last_failing,
+                bisected=bisected,
+            )
+        )
+    return fixed
+
+
+class ReportView(Protocol):
+    """What the section's text reads of the report model (reports.outputs.model.Report, which builds this module's section
+    and so cannot be imported here)."""
+
+    @property
+    def failing_now(self) -> FailingNow: ...
+
+    def members(self, root_cause: RootCause) -> list[TransitionEntry]: ...
+
+    def root_cause(self, cause_id: str) -> RootCause: ...
+
+
+# ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
+
+
+def summary_text(section: FailingNow) -> str:
+    """ "94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
+    causes = section.causes
+    new = sum(1 for c in causes if c.status == "new")
+    parts = (
+        [
+            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
+            f"versions: {new} new, {len(causes) - new} known"
+        ]
+        if causes
+        else ["No cell fails at the latest versions"]
+    )
+    if section.fixed_known:
+        parts.append(f"{count_text(len(section.fixed_known), 'known failure')} fixed: close upstream")
+    return "; ".join(parts)
+
+
+def status_text(entry: FailingCause, link: Link) -> str:
+    """ "new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
+    known = entry.known
+    if known is None:
+        return "new"
+    share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
+    upstream = link(known.label, known.upstream)
+    if known.fails_after_fix:
+        return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
+    state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"
+    return f"known {upstream} ({state}{share})"
+
+
+def cause_answer_text(entry: FailingCause, report: ReportView, link: Link) -> str:
+    """Where the transitions into the latest versions place the cause and the answer most of its cells share
+    (reports.analysis.answers.answer_words), or "" when it failed everywhere the history ran it."""
+    transitions = [
+        t
+        for root_id in entry.root_causes
+        for t in report.members(report.root_cause(root_id))
+        if t.cell.id in entry.cells
+    ]
+    if not transitions:
+        return ""
+    answer, answered = shared_answers(transitions, link)[0]
+    first = next(t for t in transitions if t.cell.id in answered)
+    cells = {t.cell.id for t in transitions}
+    share = f" ({len(answered)} of {len(cells)} cells)" if len(answered) < len(cells) else ""
+    if first.bisection:
+        return answer + share  # "broke at deepspeed 0.19.7 → 0.19.8, first bad commit …"
+    verb = "broke" if first.kind == "broke" else "changed class"
+    return f"{verb} at {first.axis} {first.before} → {first.after} ({answer}){share}"
+
+
+def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
+    """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
+    parts = [
+        f"**{status_text(entry, link)}** {entry.failure_class} {code(entry.cause)}",
+        f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
+        entry.since.text,
+        cause_answer_text(entry, report, link),
+        f"{code(entry.repro.command)} (logs: `{entry.repro.logs}`, cause `{entry.id}`)",
+    ]
+    return " — ".join(part for part in parts if part)
+
+
+def fixed_known_text(fixed: FixedKnown, link: Link) -> str:
+    """ "fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
+    how = (
+        f" (last failing at {fixed.last_failing}{'' if fixed.bisected else '; not bisected'})"
+        if fixed.last_failing
+        else ""
+    )
+    return (
+        f"fixed at {fixed.fixed_at}: close {link(fixed.label, fixed.upstream)}{how} — "
+        f"`{fixed.name}`, {fixed.failure_class}, {count_text(len(fixed.cells), 'cell')} pass now: "
+        f"{fixed.cells_text}"
+    )
+
+
+def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
+    """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
+    section = report.failing_now
+    if not section.causes and not section.fixed_known:
+        return []
+    lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
+    lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section.causes, start=1)]
+    if section.fixed_known:
+        lines += ["", "Known failures whose cells pass now:", ""]
+        lines += [f"- {fixed_known_text(fixed, link)}" for fixed in section.fixed_known]
+    return [*lines, ""]
+
+
+def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+    """What the HTML template draws, each text with its links made by `linked` (reports.outputs.render.linked_html)."""
+    section = report.failing_now
+    causes = section.causes
+    return {
+        "summary": summary_text(section),
+        "intro": INTRO,
+        "causes": list(
+            zip(
+                causes,
+                linked(lambda link: [status_text(c, link) for c in causes]),
+                linked(lambda link: [cause_answer_text(c, report, link) for c in causes]),
+            )
+        ),
+        "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section.fixed_known]),
+    }

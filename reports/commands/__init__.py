@@ -1,0 +1,23 @@
+"""The verbs of `python -m reports`, one module each (merge, rebuild, render, bisect, …), in the order `--help` lists
+them. Each module's COMMAND registers its own arguments (reports/commands/interface.py)."""
+
+from reports.commands import (
+    archive_needs,
+    bisect,
+    draft_issue,
+    gate,
+    merge,
+    publish,
+    rebuild,
+    render,
+    triage,
+    verify,
+)
+from reports.commands.interface import Command
+
+COMMANDS: tuple[Command, ...] = tuple(
+    module.COMMAND
+    for module in (merge, archive_needs, rebuild, verify, render, gate, publish, draft_issue, bisect, triage)
+)
+
+__all__ = ["COMMANDS", "Command"]

@@ -1,0 +1,71 @@
+"""`python -m reports publish`: the PR comment and regression issues from the newest run vs the last nightly."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from reports.clones import GitRepo
+from reports.commands.interface import Command
+from reports.commands.options import add_known_failures, add_store, known_failures
+from reports.outputs import publish_deltas
+from reports.store import HistoryStore
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store(parser)
+    parser.add_argument(
+        "--out", type=Path, default=Path("results"), help="output folder; texts go to OUT/publish/ (default results/)"
+    )
+    parser.add_argument(
+        "--session", action="append", help="session to compare with its previous run (repeatable; default all stored)"
+    )
+    parser.add_argument(
+        "--repo", default=os.environ.get("GITHUB_REPOSITORY"), help="OWNER/NAME to post to (default $GITHUB_REPOSITORY)"
+    )
+    parser.add_argument("--pr", type=int, help="pull request (or issue) number that gets the comment")
+    parser.add_argument("--deepspeed-repo", type=Path, help="local DeepSpeed clone: list the commits in range")
+    parser.add_argument(
+        "--base",
+        help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
+        "comment starts with the newest runs' failures classified against it",
+    )
+    add_known_failures(parser, "with --base or --upstream: ")
+    parser.add_argument(
+        "--upstream",
+        metavar="OWNER/NAME",
+        help="also one bug report per cause of new regressions that no known failure covers, "
+        "for this repository's tracker (e.g. deepspeedai/DeepSpeed): written to "
+        "OUT/publish/upstream/, opened there with $GITHUB_TOKEN (off by default)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+    with HistoryStore(args.store, create=False, read_only=True) as store:
+        observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
+    known = known_failures(args.known_failures) if args.base or args.upstream else {}
+    for path in publish_deltas(
+        observations,
+        bisections,
+        attempts,
+        args.session,
+        args.out,
+        repo=args.repo,
+        pr=args.pr,
+        deepspeed_repo=repo,
+        base=args.base,
+        known=known,
+        upstream=args.upstream,
+    ):
+        print(f"wrote {path}")
+    return 0
+
+
+COMMAND = Command(
+    "publish",
+    "PR comment and regression issues from the newest run vs the last nightly ($GITHUB_TOKEN)",
+    add_arguments,
+    run,
+)

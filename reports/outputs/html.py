@@ -1,0 +1,186 @@
+"""The report model as report.html (templates/report.html.j2): the page's data, its trend plot and timeline, and
+links made real anchors."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from itertools import groupby
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
+
+from reports.analysis import (
+    Link,
+    answer_text,
+    checkpoints_html,
+    count_text,
+    failing_now_html,
+    one_line,
+)
+from reports.outputs.model import DETAILS_FILE, Report
+from reports.outputs.markdown import (
+    ROOT_CAUSE_SECTIONS,
+    answer_lines,
+    cell_text,
+    counts_text,
+    flaky_text,
+    harness_text,
+    seen_at,
+    since_previous_run_summary,
+)
+
+PLOT_WIDTH, PLOT_HEIGHT, PLOT_MARGIN = 900, 300, 60
+HTML_MATRICES = 12
+HTML_TIMELINE_SETS = 40
+SERIES_COLOURS = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#9a6700", "#cf222e", "#116329", "#953800")
+
+
+def _trend_plot(timeline: dict) -> dict:
+    """SVG coordinates for the key metric of each cell across the timeline's columns, on a log scale."""
+    columns = timeline["columns"]
+    values = [v for cell in timeline["cells"] for v in cell["key_metric"] if v is not None and v > 0]
+    if not values:
+        return {"series": [], "ticks": []}
+    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    high = max(high, low + 1)
+
+    def x(position: int) -> float:
+        return PLOT_MARGIN + (position + 0.5) * (PLOT_WIDTH - 2 * PLOT_MARGIN) / len(columns)
+
+    def y(value: float) -> float:
+        return PLOT_HEIGHT - PLOT_MARGIN / 2 - (math.log10(value) - low) / (high - low) * (PLOT_HEIGHT - PLOT_MARGIN)
+
+    series: list[dict[str, Any]] = []
+    for cell in timeline["cells"]:
+        shown = [(position, cell["key_metric"][column["index"]]) for position, column in enumerate(columns)]
+        points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]
+        if points:
+            colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
+            series.append(
+                {
+                    "cell": cell["cell"],
+                    "colour": colour,
+                    "points": points,
+                    "path": " ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points),
+                }
+            )
+    ticks = [{"y": y(10.0**e), "label": f"1e{e}"} for e in range(low, high + 1)]
+    return {
+        "series": series,
+        "ticks": ticks,
+        "x": [(x(position), column["label"]) for position, column in enumerate(columns)],
+    }
+
+
+def _point_title(timeline: dict, cell: dict, index: int) -> str:
+    """What hovering a timeline point shows: the cell, the versions, the outcome, the failure and the run."""
+    status = cell["statuses"][index]
+    where = f"{cell['cell']} at {timeline['version_sets'][index]}"
+    if status is None:
+        return f"{where}: not run"
+    failure = (
+        f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}"
+        if cell["signatures"][index]
+        else ""
+    )
+    newest, count = cell["newest_runs"][index], cell["run_counts"][index]
+    more = f" (+{count - 1} more)" if count > 1 else ""
+    return f"{where}: {status}{failure} — run {newest}{more}" if newest else f"{where}: {status}{failure}"
+
+
+def _timeline_view(timeline: dict) -> dict:
+    """The timeline as the HTML table draws it: header groups, and rows grouped by model with a sub-row per
+    tp × variant × dtype; rows whose outcome never changed are marked steady (hidden until asked for)."""
+    columns = timeline["columns"]
+    models = []
+    for model, cells in groupby(timeline["cells"], key=lambda cell: cell["model"]):
+        rows = [
+            {
+                "label": f"tp{cell['tp']} {cell['variant']} {cell['dtype']}",
+                "changed": cell["changed"],
+                "points": [
+                    {
+                        "status": cell["statuses"][c["index"]] or "none",
+                        "text": _point_text(cell, c["index"]),
+                        "title": _point_title(timeline, cell, c["index"]),
+                    }
+                    for c in columns
+                ],
+            }
+            for cell in cells
+        ]
+        models.append({"model": model, "changed": any(row["changed"] for row in rows), "rows": rows})
+    groups = [(group, len(list(members))) for group, members in groupby(c["group"] for c in columns)]
+    changed = sum(cell["changed"] for cell in timeline["cells"])
+    return {
+        "groups": groups if any(group for group, _ in groups) else [],
+        "models": models,
+        "rows": len(timeline["cells"]),
+        "changed": changed,
+    }
+
+
+def _point_text(cell: dict, index: int) -> str:
+    status = cell["statuses"][index]
+    return cell["failure_classes"][index] if status == "fail" else "" if status in (None, "pass") else status
+
+
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
+
+
+def linked_html(make_lines: Callable[[Link], list[str]]) -> list[Markup]:
+    """Lines built by a Link-taking function (answers, commits) as HTML: the text escaped, the links real anchors."""
+    anchors: list[Markup] = []
+
+    def link(text: str, url: str) -> str:
+        anchors.append(Markup('<a href="{}">{}</a>').format(url, text))
+        return f"\x00{len(anchors) - 1}\x00"  # survives escaping; replaced by its anchor afterwards
+
+    return [Markup(_PLACEHOLDER.sub(lambda m: anchors[int(m[1])], str(escape(line)))) for line in make_lines(link)]
+
+
+def newest_timeline(timeline: dict, sets: int) -> dict:
+    """The timeline with only the columns of its `sets` newest version sets (version_sets run oldest to newest), in
+    the order the columns are shown; each cell's lists stay indexed by version set, as the columns refer to them."""
+    kept = set(range(len(timeline["version_sets"]))[-sets:])
+    return {**timeline, "columns": [column for column in timeline["columns"] if column["index"] in kept]}
+
+
+def html_paging(report: Report) -> dict:
+    """What report.html leaves to report-details.json: how many combinations' heatmaps and version sets it omits."""
+    return {
+        "matrices": report.matrices[:HTML_MATRICES],
+        "older_matrices": max(0, len(report.matrices) - HTML_MATRICES),
+        "older_sets": max(0, len(report.timeline["version_sets"]) - HTML_TIMELINE_SETS),
+        "details_file": DETAILS_FILE,
+    }
+
+
+def report_html(report: Report) -> str:
+    environment = Environment(loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined)
+    template = environment.get_template("report.html.j2")
+    timeline = newest_timeline(report.timeline, HTML_TIMELINE_SETS)
+    return template.render(
+        report=report,
+        paging=html_paging(report),
+        shown_timeline=timeline,
+        sections=ROOT_CAUSE_SECTIONS,
+        cell_text=cell_text,
+        counts_text=counts_text,
+        count_text=count_text,
+        trend=_trend_plot(timeline),
+        timeline=_timeline_view(timeline),
+        plot={"width": PLOT_WIDTH, "height": PLOT_HEIGHT, "margin": PLOT_MARGIN},
+        summary=since_previous_run_summary(report.since_previous_run),
+        seen_at=seen_at,
+        answers=lambda c: linked_html(lambda link: answer_lines(report.members(c), link)),
+        root_cause_by_id={c.id: c for c in report.root_causes},
+        details=linked_html(lambda link: [answer_text(t, link) for c in report.root_causes for t in report.members(c)]),
+        flaky_text=flaky_text,
+        harness_text=harness_text,
+        failing_now=failing_now_html(report, linked_html),
+        checkpoints=checkpoints_html(report.checkpoints),
+    )

@@ -1,0 +1,316 @@
+"""The report model as Markdown: report.md, the step summary, and the pieces publish and the HTML page share (matrix
+cells, root-cause titles, answers, since-the-previous-run lines)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+from reports.analysis import (
+    Link,
+    RootCause,
+    TransitionEntry,
+    answer_text,
+    cells_text,
+    checkpoints_markdown,
+    code,
+    commit_words,
+    count_text,
+    failing_now_markdown,
+    markdown_link,
+    one_line,
+    shared_answers,
+)
+from reports.outputs.model import FlakyEntry, Report
+from reports.outputs.since_previous import SinceCause, SincePreviousRun
+from reports.store import pins_text, short_commit
+
+STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
+MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
+
+
+def harness_text(commits: list[str]) -> str:
+    """ "harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
+    return f"harness {', '.join(short_commit(c) for c in commits)}" if commits else ""
+
+
+def cell_text(entry: dict) -> str:
+    """What a matrix cell says besides its colour/icon: failure class and key metric, or the flaky tally."""
+    metric = f"{entry['key_metric']:.2g}" if entry["key_metric"] is not None else ""
+    if entry["status"] == "fail":
+        return f"{entry['failure_class']} {metric}".strip()
+    if entry["status"] == "flaky":
+        return f"flaky {entry['fails']}/{entry['passes'] + entry['fails']} failed"
+    return metric
+
+
+def _matrix_cell(entry: dict | None) -> str:
+    if entry is None:
+        return "—"  # not run at these versions
+    return f"{STATUS_ICONS[entry['status']]} {cell_text(entry)}".rstrip()
+
+
+def counts_markdown(matrix: dict) -> list[str]:
+    columns, counts = matrix["columns"], matrix["counts"]
+    lines = ["| outcome | " + " | ".join(columns) + " | all |", "|---|" + "---:|" * (len(columns) + 1)]
+    lines += [
+        f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()
+    ]
+    cells = sum(per["all"] for per in counts.values())
+    return [f"{len(matrix['rows'])} architectures, {cells} cells at these versions:", "", *lines]
+
+
+def counts_text(matrix: dict) -> str:
+    """ "120 pass, 80 shard, 4 skip": the outcome classes of one combination in a few words."""
+    return ", ".join(f"{per['all']} {name}" for name, per in matrix["counts"].items())
+
+
+def matrix_markdown(matrix: dict) -> list[str]:
+    columns = matrix["columns"]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for row in matrix["rows"]:
+        lines.append(f"| {row['model']} | " + " | ".join(_matrix_cell(row["cells"].get(c)) for c in columns) + " |")
+    return lines
+
+
+def seen_at(root_cause: RootCause) -> str:
+    """ " at transformers 5.23.0" where a cause was seen with other axes held elsewhere than the latest versions."""
+    elsewhere = "; ".join(pins_text(pins) for pins in root_cause.elsewhere)
+    return f" at {elsewhere}" if elsewhere else ""
+
+
+def root_cause_title(root_cause: RootCause) -> str:
+    """ "shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
+    return (
+        f"{root_cause.failure_class} {code(root_cause.cause)} — {root_cause.axis} {root_cause.before} → "
+        f"{root_cause.after}{seen_at(root_cause)} — {count_text(root_cause.count, 'cell')}: {root_cause.cells_text}"
+    )
+
+
+def answer_lines(transitions: Sequence[TransitionEntry], link: Link = markdown_link) -> list[str]:
+    """The answers shared by the transitions of a cause: the most common one with the number of cells it covers
+    when not all, each other one with its cells; then the candidate commits while no answer names one."""
+    cells = {t.cell.id: t.cell for t in transitions}
+    lines = []
+    for rank, (text, answered) in enumerate(shared_answers(transitions, link)):
+        if len(answered) == len(cells):
+            covers = ""
+        elif rank == 0:
+            covers = f" ({count_text(len(answered), 'cell')})"
+        else:
+            covers = f" ({count_text(len(answered), 'cell')}: {cells_text([cells[c] for c in answered])})"
+        lines.append(f"answer{covers}: {text}")
+    if not any(t.bisection for t in transitions) and transitions[0].commits:
+        commits = transitions[0].commits  # one range, so every member lists the same commits
+        shown = "; ".join(commit_words(transitions[0].axis, c, link) for c in commits[:MAX_CANDIDATES])
+        more = f" and {len(commits) - MAX_CANDIDATES} more (report.json)" if len(commits) > MAX_CANDIDATES else ""
+        relevant = sum(1 for c in commits if c.relevant)
+        lines.append(
+            f"candidate commits ({relevant} of {len(commits)} touch AutoTP paths, listed first): {shown}{more}"
+        )
+    return lines
+
+
+ROOT_CAUSE_SECTIONS = (("broke", "Regressions"), ("fixed", "Fixes"), ("class-change", "Failure-class changes"))
+
+
+def root_causes_markdown(report: Report) -> list[str]:
+    found = report.root_causes
+    transitions = sum(len(c.members) for c in found)
+    lines = ["## Root causes", ""]
+    if not found:
+        return [*lines, "No transition in the history: every cell kept its outcome across the versions run.", ""]
+    lines += [
+        f"{count_text(len(found), 'root cause')} over {count_text(transitions, 'transition')}. A range is last "
+        "good → first bad (regressions) or last bad → first good (fixes) along one axis; the other axes are held "
+        f'at the latest versions ({report.latest_label}) unless a cause says "at …".',
+        "",
+    ]
+    for kind, title in ROOT_CAUSE_SECTIONS:
+        of_kind = [c for c in found if c.kind == kind]
+        if of_kind:
+            cells = sum(c.count for c in of_kind)
+            lines += [f"### {title}: {count_text(len(of_kind), 'cause')}, {count_text(cells, 'cell')}", ""]
+            for number, root_cause in enumerate(of_kind, start=1):
+                lines.append(f"{number}. {root_cause_title(root_cause)}")
+                lines += [f"   - {line}" for line in answer_lines(report.members(root_cause))]
+            lines.append("")
+    return lines
+
+
+def delta_cause_line(delta_cause: SinceCause, report: Report) -> str:
+    """One cause of what changed since the previous runs, with the answer of the root cause it belongs to."""
+    placed = [report.root_cause(i) for i in delta_cause.root_causes]
+    where = "; ".join(f"{c.axis} {c.before} → {c.after}" for c in placed)
+    answers = [line for c in placed for line in answer_lines(report.members(c))]
+    unseen = (
+        f" ({len(delta_cause.no_previous_verdict)} without a verdict in the previous run)"
+        if delta_cause.no_previous_verdict
+        else ""
+    )
+    return (
+        f"**{delta_cause.kind}** {delta_cause.failure_class} {code(delta_cause.cause)} — "
+        f"{count_text(delta_cause.count, 'cell')}{unseen}: {delta_cause.cells_text}"
+        + (f" — {where}: " + "; ".join(answers) if placed else "")
+    )
+
+
+def since_previous_run_summary(since: SincePreviousRun) -> str:
+    """ "3 new failures in 1 cause, 45 fixes in 1 cause, 1 flaky cell" (what is zero is left out)."""
+    counts = since.counts
+    parts = [
+        f"{count_text(counts[kind]['cells'], noun, plural)} in {count_text(counts[kind]['causes'], 'cause')}"
+        for kind, noun, plural in (
+            ("new failure", "new failure", ""),
+            ("fixed", "fix", "fixes"),
+            ("still failing", "cell still failing", "cells still failing"),
+        )
+        if counts[kind]["cells"]
+    ]
+    if counts["flaky"]["cells"]:
+        parts.insert(2, count_text(counts["flaky"]["cells"], "flaky cell"))
+    return ", ".join(parts) or "nothing changed"
+
+
+def since_previous_run_markdown(report: Report) -> list[str]:
+    since = report.since_previous_run
+    compared = [s for s in since.sessions if s.previous_run]
+    lines = ["## Since the previous run of each session", ""]
+    if not compared:
+        return [
+            *lines,
+            f"No session has run twice yet ({count_text(len(since.sessions), 'session')}): nothing to "
+            "compare. The root causes below come from the whole history.",
+            "",
+        ]
+    lines += [f"{since_previous_run_summary(since)}.", ""]
+    for s in compared:
+        changed = ", ".join(s.changed) or "no version changed"
+        lines.append(f"- `{s.session}`: run `{s.previous_run}` → `{s.newest_run}`: {changed}")
+    news = [f"- {delta_cause_line(c, report)}" for c in since.causes if c.kind != "still failing"]
+    return [*lines, "", *news, ""] if news else [*lines, ""]
+
+
+def flaky_text(entry: FlakyEntry) -> str:
+    status = entry.status
+    failed = f" ({status.failure_class}: {one_line(status.signature)})" if status.failure_class else ""
+    return f"{entry.cell} at {entry.versions.describe()}: {status.passes} pass / {status.fails} fail{failed}"
+
+
+def harness_changes_markdown(report: Report) -> list[str]:
+    """Verdicts that changed at the same versions when the harness commit did: not flaky, no library change."""
+    if not report.harness_changes:
+        return []
+    return [
+        "## Harness changes",
+        "",
+        "Verdicts that changed with the harness commit at the same versions:",
+        "",
+        *[f"- {e.cell} at {e.versions_label}: {e.change}" for e in report.harness_changes],
+        "",
+    ]
+
+
+def drift_lines(drift: dict | None) -> list[str]:
+    if drift is None:
+        return []
+    lines = [f"## Docs drift ({drift['docs_path']})", ""]
+    lines += [f"- listed as supported but failing here: {m}" for m in drift["listed_but_failing"]]
+    lines += [f"- passing here but not listed: {m}" for m in drift["passing_but_unlisted"]]
+    if len(lines) == 2:
+        lines.append("None: the docs agree with the latest results.")
+    return [*lines, ""]
+
+
+def _recorded_by(harness: list[str]) -> str:
+    return f" ({harness_text(harness)})" if harness else ""
+
+
+def other_matrices_markdown(report: Report) -> list[str]:
+    """Every other version combination's matrix, collapsed (GitHub renders <details>)."""
+    others = report.matrices[1:]
+    if not others:
+        return []
+    lines = ["## Support matrix at the other version combinations", ""]
+    for matrix in others:
+        lines += [
+            f"<details><summary>{matrix['label']}{_recorded_by(matrix['harness'])}: {counts_text(matrix)}</summary>",
+            "",
+            *matrix_markdown(matrix),
+            "",
+            "</details>",
+            "",
+        ]
+    return lines
+
+
+def details_markdown(report: Report) -> list[str]:
+    """One answer line per transition (answers.answer_text), collapsed, root cause by root cause."""
+    lines = [answer_text(t) for c in report.root_causes for t in report.members(c)]
+    if not lines:
+        return []
+    return [
+        "## Details: every transition",
+        "",
+        f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>",
+        "",
+        *[f"- {line}" for line in lines],
+        "",
+        "</details>",
+        "",
+    ]
+
+
+def report_markdown(report: Report) -> str:
+    lines = [
+        "# AutoTP support matrix",
+        "",
+        f"Latest versions: {report.latest_label}{_recorded_by(report.latest_harness)}.",
+        "",
+        *failing_now_markdown(report, markdown_link),
+        *since_previous_run_markdown(report),
+        *root_causes_markdown(report),
+        "## Support matrix at the latest versions",
+        "",
+        f"Cells show the outcome, the failure class and `{report.key_metric}`; — means not run at these versions.",
+        "",
+        *counts_markdown(report.matrix),
+        "",
+        *matrix_markdown(report.matrix),
+        "",
+        *checkpoints_markdown(report.checkpoints),
+        *other_matrices_markdown(report),
+        "## Flaky cells",
+        "",
+        *([f"- {flaky_text(entry)}" for entry in report.flaky] or ["None."]),
+        "",
+        *harness_changes_markdown(report),
+        *details_markdown(report),
+        *drift_lines(report.docs_drift),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def step_summary_markdown(report: Report) -> str:
+    counts: dict[str, int] = {}
+    for row in report.matrix["rows"]:
+        for entry in row["cells"].values():
+            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    tally = ", ".join(f"{STATUS_ICONS[s]} {counts[s]} {s}" for s in STATUS_ICONS if s in counts)
+    lines = [
+        f"## AutoTP matrix — {tally}",
+        "",
+        f"At {report.latest_label}{_recorded_by(report.latest_harness)}.",
+        "",
+        *failing_now_markdown(report, markdown_link),
+        *since_previous_run_markdown(report),
+        *root_causes_markdown(report),
+        *drift_lines(report.docs_drift),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n\n"
+
+
+# report.html is paged like report.json: it draws the heatmaps of the newest HTML_MATRICES version combinations and the
+# timeline (and trend) of the newest HTML_TIMELINE_SETS version sets, and names report-details.json for the rest (every
+# combination's matrix, every timeline column). A year of nightlies has ~360 combinations and ~380 version sets:
+# drawn whole, report.html was 42 MB and its rendering a quarter of render's CPU time.

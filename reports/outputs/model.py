@@ -1,0 +1,482 @@
+"""The report model: everything a report says, built from the History (reports/analysis/history.py) and the store's
+aggregates (reports/store/aggregates.py) as a `Report`, which every renderer (reports/outputs/render.py: markdown, HTML, step
+summary; reports/outputs/publish.py; reports/outputs/draft_issue.py) formats and none computes again. `report_json` is its one
+JSON form (report.json), `read_report` the Report again from it.
+
+What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
+is split off into report-details.json (split_report), so report.json stays the size of its first screen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from matrix.registry import KnownFailure
+from reports.analysis import (
+    CellStatus,
+    EntryStatus,
+    FailingNow,
+    History,
+    RootCause,
+    TRANSITION_LISTS,
+    Transition,
+    TransitionEntry,
+    all_session_deltas,
+    cell_checkpoints,
+    checkpoint_verdicts,
+    build_failing_now,
+    harness_change_text,
+    root_causes,
+)
+from reports.store import (
+    AXES,
+    Aggregates,
+    Bisection,
+    CellKey,
+    Commit,
+    KEY_METRIC,
+    Run,
+    TriageAttempt,
+    Versions,
+    pins_text,
+    release,
+    started_order,
+)
+from reports.outputs.docs import Drift, model_families, supported_models
+from reports.outputs.since_previous import SincePreviousRun, since_previous_run
+
+FlatRecord = CellKey | Commit | EntryStatus
+"""Records whose fields hold no record (`_flat` writes them as report.json has them)."""
+
+# What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
+# matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
+DETAILS_FILE = "report-details.json"
+DETAIL_KEYS = (
+    "matrices",
+    "timeline",
+    "regressions",
+    "fixes",
+    "class_changes",
+    "flaky",
+    "harness_changes",
+    "bisections",
+)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
+    transitions, flaky points, harness changes, root causes and what fails now are typed; the other parts (the
+    matrices, the timeline, bisections, docs drift, checkpoints, supported models) are still their report.json
+    form (JSON-ready dicts and lists, built below)."""
+
+    generated_at: str
+    latest_versions: Versions
+    latest_label: str
+    latest_harness: list[str]  # harness commits that recorded the latest versions
+    key_metric: str
+    since_previous_run: SincePreviousRun
+    matrix: dict[str, Any]
+    matrices: list[dict[str, Any]]
+    regressions: tuple[TransitionEntry, ...]
+    fixes: tuple[TransitionEntry, ...]
+    class_changes: tuple[TransitionEntry, ...]
+    flaky: tuple[FlakyEntry, ...]
+    harness_changes: tuple[HarnessChangeEntry, ...]
+    timeline: dict[str, Any]
+    bisections: list[dict[str, Any]]
+    docs_drift: dict[str, Any] | None
+    checkpoints: dict[str, Any]
+    root_causes: tuple[RootCause, ...]
+    failing_now: FailingNow
+    supported_models: dict[str, Any]
+
+    def members(self, root_cause: RootCause) -> list[TransitionEntry]:
+        """A root cause's transitions, as the report states them."""
+        listed = getattr(self, TRANSITION_LISTS[root_cause.kind])
+        return [listed[i] for i in root_cause.members]
+
+    def root_cause(self, cause_id: str) -> RootCause:
+        return next(root for root in self.root_causes if root.id == cause_id)
+
+
+def build_report(
+    history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
+) -> Report:
+    grid = _grid(history)
+    listed_of = {
+        kind: tuple(transition_entry(t) for t in history.transitions if t.kind == kind) for kind in TRANSITION_LISTS
+    }
+    causes = root_causes(listed_of, history.transitions, history.latest)
+    failing = build_failing_now(causes, history, aggregates, known_failures)
+    return Report(
+        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        latest_versions=history.latest,
+        latest_label=history.latest.describe(),
+        latest_harness=list(history.harness.get(history.latest, ())),
+        key_metric=KEY_METRIC,
+        since_previous_run=since_previous_run(all_session_deltas(aggregates.recent, history)),
+        matrix=_matrix(history.cells, [row[-1] for row in grid]),
+        matrices=[
+            {
+                "versions": _versions(versions),
+                "label": versions.describe(),
+                "harness": list(history.harness.get(versions, ())),
+                **_matrix(history.cells, [row[index] for row in grid]),
+            }
+            # the newest first, as a reader looks for it
+            for index, versions in reversed(list(enumerate(history.version_sets)))
+        ],
+        regressions=listed_of["broke"],
+        fixes=listed_of["fixed"],
+        class_changes=listed_of["class-change"],
+        flaky=tuple(
+            FlakyEntry(cell.id, versions, EntryStatus(**_status(status))) for cell, versions, status in history.flaky
+        ),
+        harness_changes=tuple(
+            _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
+        ),
+        timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
+        bisections=[_answer(b) for b in history.bisections],
+        docs_drift=asdict(drift) if drift else None,
+        checkpoints=checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        root_causes=causes,
+        failing_now=failing,
+        supported_models=supported_models(history, failing, model_families()),
+    )
+
+
+def report_json(report: Report) -> dict:
+    """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back. The
+    parts still in that form (the large ones) are taken as they are."""
+    return {
+        **{field.name: getattr(report, field.name) for field in fields(report)},
+        "latest_versions": _versions(report.latest_versions),
+        "since_previous_run": _plain(report.since_previous_run),
+        **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
+        "flaky": [flaky_json(entry) for entry in report.flaky],
+        "harness_changes": [_plain(entry) for entry in report.harness_changes],
+        "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
+        "failing_now": _plain(report.failing_now),
+    }
+
+
+def _flat(record: FlatRecord) -> dict[str, Any]:
+    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
+    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
+    return {field.name: getattr(record, field.name) for field in fields(record)}
+
+
+def _plain(value: Any) -> Any:
+    """JSON's own types: a dataclass as a dict of its fields, a tuple as a list."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def split_report(report: Report) -> tuple[dict, dict]:
+    """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
+    first names under "details", so report.json stays the size of its first screen however long the history."""
+    whole = report_json(report)
+    details = {key: whole[key] for key in DETAIL_KEYS}
+    first_screen = {key: value for key, value in whole.items() if key not in DETAIL_KEYS}
+    return {**first_screen, "details": {"file": DETAILS_FILE, "keys": list(DETAIL_KEYS)}}, details
+
+
+def read_report(out_dir: Path) -> Report:
+    """The whole report a render wrote to out_dir: report.json with its details file put back."""
+    first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    details = first_screen.pop("details")
+    whole = {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
+    latest = Versions(**whole["latest_versions"])
+    return Report(
+        **{
+            **whole,
+            "latest_versions": latest,
+            "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
+            "failing_now": FailingNow.from_json(whole["failing_now"]),
+            "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
+            **{
+                name: tuple(TransitionEntry.from_json(entry) for entry in whole[name])
+                for name in TRANSITION_LISTS.values()
+            },
+            "flaky": tuple(FlakyEntry.from_json(entry) for entry in whole["flaky"]),
+            "harness_changes": tuple(HarnessChangeEntry.from_json(entry) for entry in whole["harness_changes"]),
+        }
+    )
+
+
+# ---- JSON-ready pieces -------------------------------------------------------------------------------------------
+
+
+def _versions(versions: Versions) -> dict[str, str]:
+    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
+
+
+def _labels(versions: Versions) -> dict[str, str]:
+    """Each axis as reports print it (a DeepSpeed git build as 0.19.8@abc1234567)."""
+    return {axis: versions.label(axis) for axis in AXES}
+
+
+def _status(status: CellStatus) -> dict:
+    return {
+        "status": status.status,
+        "passes": status.passes,
+        "fails": status.fails,
+        "skips": status.skips,
+        "failure_class": status.failure_class,
+        "signature": status.signature,
+        "key_metric": status.metrics.get(KEY_METRIC),
+    }
+
+
+@dataclass(frozen=True)
+class FlakyEntry:
+    """A cell that both passed and failed at one version set (report.json's "flaky")."""
+
+    cell: str  # the cell's id
+    versions: Versions
+    status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> FlakyEntry:
+        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
+        return cls(entry["cell"], Versions(**entry["versions"]), status)
+
+
+@dataclass(frozen=True)
+class HarnessChangeEntry:
+    """A verdict that changed at the same versions when the harness commit did (report.json's
+    "harness_changes")."""
+
+    cell: str  # the cell's id
+    versions_label: str
+    change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
+    before_status: EntryStatus  # under the older harness commits
+    after_status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: dict) -> HarnessChangeEntry:
+        return cls(
+            **{
+                **entry,
+                "before_status": EntryStatus(**entry["before_status"]),
+                "after_status": EntryStatus(**entry["after_status"]),
+            }
+        )
+
+
+def flaky_json(entry: FlakyEntry) -> dict:
+    """A flaky point as report.json has it: its versions, their label, and its verdict's parts."""
+    return {
+        "cell": entry.cell,
+        "versions": _versions(entry.versions),
+        "versions_label": entry.versions.describe(),
+        **_flat(entry.status),
+    }
+
+
+def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> HarnessChangeEntry:
+    older = status.harness_change
+    assert older is not None, "History.harness_changes lists only points whose verdict changed with the harness"
+    return HarnessChangeEntry(
+        cell=cell.id,
+        versions_label=versions.describe(),
+        change=harness_change_text(status),
+        before_status=EntryStatus(**_status(older)),
+        after_status=EntryStatus(**_status(status)),
+    )
+
+
+def _column(cell: CellKey) -> str:
+    return f"tp{cell.tp} {cell.variant}/{cell.dtype}"
+
+
+def _grid(history: History) -> list[list[CellStatus | None]]:
+    """history.statuses as a grid: a row per cell (history.cells), a column per version set (history.version_sets),
+    None where the cell did not run. The matrices and the timeline read every cell at every version set (~72 k points
+    at a year): each point is looked up once here, not once per reader."""
+    set_index = {versions: index for index, versions in enumerate(history.version_sets)}
+    cell_index = {cell: index for index, cell in enumerate(history.cells)}
+    grid: list[list[CellStatus | None]] = [[None] * len(set_index) for _ in cell_index]
+    for (cell, versions), status in history.statuses.items():
+        grid[cell_index[cell]][set_index[versions]] = status
+    return grid
+
+
+def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> dict:
+    """The support matrix at one version combination (each cell's status there, None where it did not run): a row
+    per model run there, a column per tp × variant × dtype."""
+    by_model: dict[str, dict[tuple[int, str, str], tuple[CellKey, CellStatus]]] = defaultdict(dict)
+    for cell, status in zip(cells, statuses):
+        if status is not None:
+            by_model[cell.model][cell.tp, cell.variant, cell.dtype] = cell, status
+    columns = sorted({column for here in by_model.values() for column in here})
+    rows = []
+    for model in sorted(by_model):
+        here = by_model[model]
+        row = {}
+        for column in columns:
+            if column in here:
+                cell, status = here[column]
+                row[_column(cell)] = {"cell": cell.id, **_status(status)}
+        rows.append({"model": model, "cells": row})
+    names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
+    return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
+
+
+def outcome_class(entry: dict) -> str:
+    """pass, skip, flaky, or the failure class of a failing cell (an entry of a matrix)."""
+    return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
+
+
+def _outcome_class(status: CellStatus) -> str:
+    """`outcome_class` of a status."""
+    return (status.failure_class or "fail") if status.status == "fail" else status.status
+
+
+def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
+    """{outcome class: {column: cells, ..., "all": cells}}, pass first, then the most common classes."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        for column, entry in row["cells"].items():
+            per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
+            per_column[column] += 1
+            per_column["all"] += 1
+    return dict(
+        sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0]))
+    )
+
+
+def transition_entry(transition: Transition) -> TransitionEntry:
+    return TransitionEntry(
+        cell=transition.cell,
+        kind=transition.kind,
+        axis=transition.axis,
+        before=transition.before.label(transition.axis),
+        after=transition.after.label(transition.axis),
+        held_fixed=transition.held_fixed,
+        before_status=EntryStatus(**_status(transition.before_status)),
+        after_status=EntryStatus(**_status(transition.after_status)),
+        commits=tuple(transition.commits),
+        bisection=transition.bisection,
+        attempt=transition.attempt,
+    )
+
+
+def entry_json(entry: TransitionEntry) -> dict:
+    """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
+    return {
+        "cell": entry.cell.id,
+        **_flat(entry.cell),
+        "kind": entry.kind,
+        "axis": entry.axis,
+        "before": entry.before,
+        "after": entry.after,
+        "held_fixed": pins_text(entry.held_fixed),
+        "before_status": _flat(entry.before_status),
+        "after_status": _flat(entry.after_status),
+        "commits": [_flat(commit) for commit in entry.commits],
+        "bisection": _answer(entry.bisection) if entry.bisection else None,
+        "attempt": _answer(entry.attempt) if entry.attempt else None,
+    }
+
+
+def _answer(answer: Bisection | TriageAttempt) -> dict:
+    """A bisection or triage attempt as report.json has it: the cell by its id, the held-fixed pins as text."""
+    return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
+
+
+@dataclass(frozen=True)
+class PointRuns:
+    """How many runs recorded each cell at each version set, and the newest of them (started last; started together:
+    the larger run id), in the grid's places (_grid: a row per cell, a column per version set)."""
+
+    counts: list[list[int]]
+    newest: list[list[Run | None]]
+
+
+def _runs_by_point(aggregates: Aggregates, history: History) -> PointRuns:
+    set_index = {versions: index for index, versions in enumerate(history.version_sets)}
+    cell_index = {cell: index for index, cell in enumerate(history.cells)}
+    counts = [[0] * len(set_index) for _ in cell_index]
+    newest: list[list[Run | None]] = [[None] * len(set_index) for _ in cell_index]
+    for group in aggregates.groups:
+        row, column = cell_index[group.cell], set_index[group.versions]
+        counts[row][column] += group.count
+        known = newest[row][column]
+        if known is None or started_order(group.newest) > started_order(known):
+            newest[row][column] = group.newest
+    return PointRuns(counts, newest)
+
+
+def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
+    """A sort key per label of an axis: releases by PEP 440, then the history's order (which places DeepSpeed
+    git builds topologically when a clone was given, and labels such as pr/1234 after the releases)."""
+    first_seen: dict[str, int] = {}
+    for index, versions in enumerate(version_sets):
+        first_seen.setdefault(versions.label(axis), index)
+    keys = {}
+    for versions in version_sets:
+        version = release(getattr(versions, axis))
+        label = versions.label(axis)
+        keys[label] = (0, version, first_seen[label]) if version is not None else (1, first_seen[label])
+    return keys
+
+
+def _timeline(history: History, grid: list[list[CellStatus | None]], runs: PointRuns) -> dict:
+    """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
+    changes most (the primary axis), then ordered by version along the primary axis; axes that never change
+    are stated once."""
+    sets = history.version_sets
+    labels = [_labels(v) for v in sets]
+    varying = [axis for axis in AXES if len({label[axis] for label in labels}) > 1]
+    primary = max(varying, key=lambda axis: len({label[axis] for label in labels}), default=AXES[0])
+    grouping = [axis for axis in varying if axis != primary]
+    order = {axis: _axis_order(axis, sets) for axis in varying}
+    shown = sorted(
+        range(len(sets)),
+        key=lambda i: (
+            tuple(order[a][labels[i][a]] for a in grouping),
+            order[primary][labels[i][primary]] if varying else 0,
+        ),
+    )
+    cells = []
+    for cell, points, newest_runs, run_counts in zip(history.cells, grid, runs.newest, runs.counts):
+        verdicts = {_outcome_class(p) for p in points if p is not None and p.status != "skip"}
+        cells.append(
+            {
+                "cell": cell.id,
+                **_flat(cell),
+                "statuses": [p.status if p else None for p in points],
+                "failure_classes": [p.failure_class if p else "" for p in points],
+                "signatures": [p.signature if p else "" for p in points],
+                "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
+                # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
+                "newest_runs": [run.run_id if run else None for run in newest_runs],
+                "run_counts": run_counts,
+                "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
+            }
+        )
+    return {
+        "version_sets": [v.describe() for v in sets],
+        "labels": labels,
+        "harness": [list(history.harness.get(v, ())) for v in sets],
+        "varying_axes": varying,
+        "primary_axis": primary,
+        "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
+        "columns": [
+            {"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping), "label": labels[i][primary]}
+            for i in shown
+        ],
+        "cells": cells,
+    }

@@ -1,0 +1,415 @@
+"""Post what changed since the last nightly: one PR comment, one issue per root cause of new regressions, and
+with --upstream one bug report per such cause that no known failure covers, for DeepSpeed's tracker.
+
+"Last nightly" is the previous run of the same session in the history store (reports.analysis.causes.session_deltas);
+new failures, fixes and cells still failing are grouped by failure class and cause (reports.analysis.causes), so
+45 cells fixed by one change are one line and a regression of 10 cells is one issue. Everything is written
+to files first (results/publish/ and the step summary); with $GITHUB_TOKEN the same text is also posted,
+and reruns edit what they posted before, found by a hidden HTML marker, instead of adding duplicates.
+The upstream reports are reports.outputs.draft_issue's text; one closed upstream is left closed, never filed again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from matrix.redaction import redact
+from matrix.registry import KnownFailure
+from reports import ReportsError
+from reports.store import (
+    Bisection,
+    CellKey,
+    KNOWN_FAILURE_CLASSES,
+    Observation,
+    TriageAttempt,
+    Versions,
+    aggregate,
+    pins_text,
+    release,
+)
+from reports.analysis import (
+    DELTA_KINDS,
+    DeltaCause,
+    History,
+    SessionDeltas,
+    TransitionEntry,
+    analyse,
+    cell_checkpoints,
+    checkpoint_lines,
+    checkpoint_verdicts,
+    code,
+    count_text,
+    delta_causes,
+    has_faithful,
+    markdown_link,
+    one_line,
+    repro_command,
+    select,
+    session_deltas,
+)
+from reports.outputs.draft_issue import draft_text, not_deepspeeds
+from reports.clones import GitRepo
+from reports.outputs.pr_failures import classify, pr_comment_head
+from reports.outputs.model import build_report, transition_entry
+from reports.outputs.markdown import answer_lines
+from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
+from reports.outputs.render import writing_to
+
+DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
+_REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
+MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
+
+
+def _compare_links(session: SessionDeltas) -> list[str]:
+    """Each version axis that changed between the session's two runs, with a link comparing the two refs."""
+    from matrix.versions import load_config  # the axis repositories live with the version axes
+
+    repos = {axis: rule.repo for axis, rule in load_config().axes.items()}
+    if session.previous is None:  # a session's first run: nothing to compare with
+        return []
+    previous, newest = session.previous.versions, session.newest.versions
+    return [
+        session.change_text(axis)
+        + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})" if repos.get(axis) else "")
+        for axis in session.changed
+    ]
+
+
+def _git_ref(versions: Versions, axis: str) -> str:
+    if axis == "deepspeed" and versions.deepspeed_git:
+        return versions.deepspeed_git
+    value = getattr(versions, axis)
+    return f"v{value}" if release(value) is not None else value  # a label (master, a sha) is a ref already
+
+
+# ---- Markdown ----------------------------------------------------------------------------------------------------
+
+# Outside code spans and fences, text that GitHub would turn into actions: @mentions (notify people and teams),
+# images (fetched from any server when the page is viewed) and raw HTML (<img>, a fake marker comment).
+_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.DOTALL)
+_MENTION = re.compile(r"(?<![\w`@/.+-])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?")
+
+
+def inert(markdown: str, *, title: bool = False) -> str:
+    """The text with mentions put in code spans, images turned into their literal text and HTML tags escaped,
+    wherever a field from the results (a commit subject, a triage reason, anything) may have brought them. An
+    issue title renders neither images nor HTML (an escape would show), only mentions and code spans."""
+    parts = _CODE.split(markdown.replace("\\`", "'"))  # an escaped backtick opens no code span on GitHub
+    for i in range(0, len(parts), 2):  # the odd parts are code spans and fences: shown literally already
+        text = parts[i] if title else parts[i].replace("![", "!\\[").replace("<", "&lt;")
+        parts[i] = _MENTION.sub(lambda m: f"`{m.group(0)}`", text)
+    return "".join(parts)
+
+
+def failure_class_text(failure_class: str) -> str:
+    """A failure class as it is known (merge validates them); one from an older store as inert code."""
+    return failure_class if failure_class in KNOWN_FAILURE_CLASSES else code(failure_class)
+
+
+def placements(delta_cause: DeltaCause) -> list[list[TransitionEntry]]:
+    """The history's transitions that place the cause's change (last good → first bad on one axis, others held
+    fixed), one list per root cause they belong to; [] when nothing places it."""
+    by_root: dict[tuple[str, ...], list[TransitionEntry]] = {}
+    for _, delta in delta_cause.deltas:
+        for transition in delta.transitions:
+            by_root.setdefault(transition.cause_key, []).append(transition_entry(transition))
+    return list(by_root.values())
+
+
+def placement_lines(delta_cause: DeltaCause) -> list[str]:
+    """Where each placement lies and the answer its cells share (bisection, triage or candidate commits)."""
+    lines = []
+    for transitions in placements(delta_cause):
+        t, cells = transitions[0], len({t.cell for t in transitions})
+        lines.append(f"- {t.axis} {t.before} → {t.after} at {pins_text(t.held_fixed)} ({count_text(cells, 'cell')})")
+        lines += [f"  - {line}" for line in answer_lines(transitions, markdown_link)]
+    return lines
+
+
+def _delta_cause_lines(delta_cause: DeltaCause, checkpoints: dict[CellKey, tuple[str, ...]]) -> list[str]:
+    """The cause, its cells (a faithful cell with the real checkpoints it stands for), and for a regression or a
+    fix the answer its cells share, one line per range."""
+    cells = ", ".join(
+        code(cell.id) + (f" ({', '.join(map(code, checkpoints[cell]))})" if checkpoints.get(cell) else "")
+        for cell in delta_cause.cells
+    )
+    failure = f"{failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}"
+    detail = f"passes now; was {failure}" if delta_cause.kind == "fixed" else failure
+    unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
+    if unseen:
+        detail += f" ({len(unseen)} without a verdict in the last nightly)"
+    answers = [
+        f"  - {t[0].axis} {t[0].before} → {t[0].after}: {line}"
+        for t in placements(delta_cause)
+        for line in answer_lines(t, markdown_link)
+    ]
+    return [f"- {count_text(len(delta_cause.cells), 'cell')} — {detail} — {cells}", *answers]
+
+
+def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
+    tally = next(d.flaky for d in session.deltas if d.cell == cell and d.kind == "flaky")
+    detail = f"{tally.passes} pass / {tally.fails} fail at these versions" if tally else "flaky in the last nightly"
+    return f"- {code(cell.id)} — {detail}"
+
+
+def comment_markdown(
+    sessions: list[SessionDeltas],
+    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+    verdicts: dict | None = None,
+) -> str:
+    """The PR comment: what changed since the last nightly, by cause; `checkpoints` names the hub ids each faithful
+    cell stands for, `verdicts` (reports.analysis.checkpoints.checkpoint_verdicts) adds every checkpoint's verdicts, and the
+    stress shapes' per architecture, apart."""
+    checkpoints = checkpoints or {}
+    causes = delta_causes(sessions)
+    flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
+    counts = []
+    for kind in DELTA_KINDS:
+        of_kind = [c for c in causes if c.kind == kind]
+        cells = sum(len(c.cells) for c in of_kind)
+        counts.append(
+            f"{kind}: {count_text(len(flaky), 'cell')}"
+            if kind == "flaky"
+            else f"{kind}: {count_text(cells, 'cell')} in {count_text(len(of_kind), 'cause')}"
+        )
+    lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", "", "; ".join(counts), ""]
+    for session in sessions:
+        newest = session.newest
+        lines.append(f"- {code(session.session)}: newest run {code(newest.run_id)} at {newest.versions.describe()}")
+        if session.previous is None:
+            lines.append("  - no previous run of this session is stored, so nothing is compared")
+            continue
+        lines.append(f"  - last nightly {code(session.previous.run_id)} at {session.previous.versions.describe()}")
+        changed = _compare_links(session)
+        if changed:
+            lines += [f"  - changed: {line}" for line in changed]
+        elif any(delta.regression for delta in session.deltas):
+            lines.append(
+                "  - no version changed since the last nightly: suspect the runner or a nondeterministic failure"
+            )
+    lines.append("")
+    for kind in DELTA_KINDS:
+        entries = (
+            [_flaky_line(s, cell) for s, cell in flaky]
+            if kind == "flaky"
+            else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c, checkpoints)]
+        )
+        if entries:
+            lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
+    if verdicts is not None and has_faithful(verdicts):
+        stress = {"faithful": [], "class_defaults": [], "stress": verdicts["stress"]}
+        lines += [
+            "**Verdicts per real checkpoint at the newest versions** (faithful shapes)",
+            "",
+            *(f"- {line}" for line in checkpoint_lines({**verdicts, "stress": []})),
+            "",
+            "**Architectures under stress shapes** (deliberately odd splits; no checkpoint's verdict)",
+            "",
+            *([f"- {line}" for line in checkpoint_lines(stress)] or ["- none run"]),
+            "",
+        ]
+    return COMMENT_MARKER + "\n" + inert("\n".join(lines[1:]).rstrip("\n")) + "\n"
+
+
+def issue_marker(delta_cause: DeltaCause) -> str:
+    return f"<!-- autotp-matrix:regression cause={delta_cause.id} -->"
+
+
+def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
+    """The causes of new failures that passed in the last nightly: one issue each."""
+    regressions = [replace(session, deltas=tuple(d for d in session.deltas if d.regression)) for session in sessions]
+    return [c for c in delta_causes(regressions) if c.kind == "new failure"]
+
+
+def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
+    cells = delta_cause.cells
+    cause_text = one_line(delta_cause.cause)
+    short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[: MAX_TITLE_CAUSE - 1] + "…"
+    title = inert(
+        f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
+        f"({count_text(len(cells), 'cell')})",
+        title=True,
+    )
+    lines = [
+        issue_marker(delta_cause),
+        f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
+        "",
+        f"- Failure: {failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}",
+        f"- Cells: {', '.join(code(cell.id) for cell in cells)}",
+        "",
+        "Sessions (last pass → first failure):",
+        "",
+    ]
+    for session in delta_cause.sessions:
+        ran = ", ".join(code(d.cell.id) for s, d in delta_cause.deltas if s is session)
+        previous = session.previous
+        if previous is None:  # a delta cause compares two runs of each of its sessions
+            continue
+        lines += [
+            f"- {code(session.session)}: run {code(previous.run_id)} at "
+            f"{previous.versions.describe()} → run {code(session.newest.run_id)} at "
+            f"{session.newest.versions.describe()}: {ran}",
+            *[f"  - changed: {line}" for line in _compare_links(session)],
+        ]
+    placement = placement_lines(delta_cause)
+    lines += [
+        "",
+        *(
+            ["Where the history places it:", "", *placement]
+            if placement
+            else [
+                "The history has no earlier pass on any single axis into these versions; `nox -s triage` or "
+                "`python -m reports bisect` finds the change."
+            ]
+        ),
+        "",
+    ]
+    lines += [
+        f"Reproduce ({'one cell of the cause' if len(cells) > 1 else 'the cell'}):",
+        "",
+        "```bash",
+        repro_command(cells[0]),
+        "```",
+    ]
+    return title, issue_marker(delta_cause) + "\n" + inert("\n".join(lines[1:])) + "\n"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+
+
+def build_posts(
+    sessions: list[SessionDeltas],
+    out_dir: Path,
+    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
+    verdicts: dict | None = None,
+) -> tuple[Post, list[Post]]:
+    comment = Post(
+        COMMENT_MARKER, "", comment_markdown(sessions, checkpoints, verdicts), out_dir / "publish" / "comment.md"
+    )
+    issues = []
+    for delta_cause in regression_causes(sessions):
+        title, body = issue_markdown(delta_cause)
+        file = out_dir / "publish" / "issues" / f"{_slug(delta_cause.failure_class)}-{delta_cause.id}.md"
+        issues.append(Post(issue_marker(delta_cause), title, body, file))
+    return comment, issues
+
+
+def upstream_marker(cause: str) -> str:
+    return f"<!-- autotp-matrix:upstream cause={cause} -->"
+
+
+def upstream_posts(
+    sessions: list[SessionDeltas],
+    history: History,
+    observations: list[Observation],
+    known: dict[str, KnownFailure],
+    out_dir: Path,
+    log,
+) -> list[Post]:
+    """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
+    (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
+    report = build_report(history, aggregate(observations), None, known)
+    failing = {entry.id: entry for entry in report.failing_now.causes}
+    folder = out_dir / "publish" / "upstream"
+    posts = []
+    for delta_cause in regression_causes(sessions):
+        entry = failing.get(delta_cause.id)
+        if entry is None:
+            log(
+                f"upstream: cause {delta_cause.id} does not fail at the latest versions {history.latest.describe()}: "
+                "no report"
+            )
+        elif entry.known is not None:
+            log(f"upstream: cause {delta_cause.id} is known ({entry.known.upstream}): no report")
+        elif not_deepspeeds(entry):
+            log(f"upstream: no report: {not_deepspeeds(entry)}")
+        else:
+            title, body = draft_text(entry, report, history, observations, folder, inert)
+            marker = upstream_marker(delta_cause.id)
+            posts.append(Post(marker, title, f"{marker}\n{body}", folder / f"{delta_cause.id}.md"))
+    return posts
+
+
+# ---- Writing and posting -----------------------------------------------------------------------------------------
+
+
+def publish_deltas(
+    observations: list[Observation],
+    bisections: list[Bisection],
+    attempts: list[TriageAttempt],
+    sessions: list[str] | None,
+    out_dir: Path,
+    *,
+    repo: str | None,
+    pr: int | None,
+    deepspeed_repo: GitRepo | None,
+    base: str | None = None,
+    known: dict[str, KnownFailure] | None = None,
+    upstream: str | None = None,
+    log=print,
+) -> list[Path]:
+    """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
+    With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
+    classified against it (reports.outputs.pr_failures). With `upstream` (OWNER/NAME), also the bug reports for that
+    repository's tracker (upstream_posts), under out_dir/publish/upstream/, opened there with the token."""
+    if upstream is not None and not _REPO_NAME.fullmatch(upstream):
+        raise ReportsError(
+            f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
+        )
+    token = os.environ.get(TOKEN_ENV) or None
+    history = analyse(observations, deepspeed_repo, bisections, attempts)
+    names = sessions or sorted({obs.run.session for obs in observations})
+    deltas = [session_deltas(observations, history, name) for name in names]
+    checkpoints = cell_checkpoints(aggregate(observations), history)
+    comment, issues = build_posts(deltas, out_dir, checkpoints, checkpoint_verdicts(history, checkpoints))
+    drafts = []
+    if upstream:
+        with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted
+            drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
+    if base is not None:
+        newest = {session.newest for session in deltas}
+        failures = classify(
+            select(observations, base, "--base"),
+            [obs for obs in observations if obs.run in newest],
+            history,
+            known or {},
+        )
+        comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
+    # The store redacts what it imports; a store written before it did, or a message quoting this environment's
+    # token, must not leak through the texts either.
+    comment = replace(comment, body=redact(comment.body))
+    issues, drafts = (
+        [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+        for posts in (issues, drafts)
+    )
+
+    written = []
+    summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+    with writing_to(out_dir):
+        for post in [comment, *issues, *drafts]:
+            post.file.parent.mkdir(parents=True, exist_ok=True)
+            post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
+            written.append(post.file)
+        with summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
+            handle.write(comment.body + "\n")
+    written.append(summary)
+
+    if token is None:
+        log(
+            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
+            f"{out_dir / 'publish'} and the step summary instead of posting them"
+            + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
+        )
+        return written
+    if not repo:
+        raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
+    api_url = os.environ.get(API_URL_ENV) or DEFAULT_API_URL
+    try:
+        post_all(token, api_url, repo, pr, comment, issues, (upstream, drafts) if upstream else None, log)
+    except ReportsError as exc:
+        raise ReportsError(redact(str(exc))) from None
+    return written

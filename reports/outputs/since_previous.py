@@ -1,0 +1,109 @@
+"""What changed between each session's previous and newest run, grouped into causes: the report's "Since the previous
+run" section, as a record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reports.analysis import DELTA_KINDS, SessionDeltas, cause_id, cells_text, delta_causes
+
+
+@dataclass(frozen=True)
+class SinceSession:
+    """One session's newest run and the previous one it is compared with."""
+
+    session: str
+    newest_run: str
+    newest_versions: str
+    previous_run: str | None  # None: its first run, nothing to compare with
+    previous_versions: str | None
+    changed: tuple[str, ...]  # "deepspeed 0.19.7 → 0.19.8", one per axis that changed
+
+
+@dataclass(frozen=True)
+class SinceCause:
+    """The cells of one kind of change (reports.analysis.causes.DELTA_KINDS) with one failure class and cause."""
+
+    id: str
+    kind: str
+    failure_class: str
+    cause: str
+    count: int
+    cells: tuple[str, ...]
+    cells_text: str
+    sessions: tuple[str, ...]
+    no_previous_verdict: tuple[str, ...]  # new failures that did not run in the previous run
+    root_causes: tuple[str, ...]  # the ids of the root causes whose transitions place the change
+
+
+@dataclass(frozen=True)
+class SincePreviousRun:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+
+    sessions: tuple[SinceSession, ...]
+    counts: dict[str, dict[str, int]]  # {kind: {"cells": n, "causes": n}}; flaky cells are counted, not grouped
+    causes: tuple[SinceCause, ...]
+    flaky: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, entry: dict) -> SincePreviousRun:
+        return cls(
+            sessions=tuple(SinceSession(**{**s, "changed": tuple(s["changed"])}) for s in entry["sessions"]),
+            counts=entry["counts"],
+            causes=tuple(
+                SinceCause(
+                    **{
+                        **c,
+                        **{key: tuple(c[key]) for key in ("cells", "sessions", "no_previous_verdict", "root_causes")},
+                    }
+                )
+                for c in entry["causes"]
+            ),
+            flaky=tuple(entry["flaky"]),
+        )
+
+
+def since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
+    """What changed between the previous and the newest run of each session, grouped into causes."""
+    causes = delta_causes(sessions)
+    flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
+    return SincePreviousRun(
+        sessions=tuple(
+            SinceSession(
+                session=s.session,
+                newest_run=s.newest.run_id,
+                newest_versions=s.newest.versions.describe(),
+                previous_run=s.previous.run_id if s.previous else None,
+                previous_versions=s.previous.versions.describe() if s.previous else None,
+                changed=tuple(s.change_text(axis) for axis in s.changed),
+            )
+            for s in sessions
+        ),
+        counts={
+            kind: {
+                "cells": sum(len(c.cells) for c in causes if c.kind == kind),
+                "causes": sum(1 for c in causes if c.kind == kind),
+            }
+            for kind in DELTA_KINDS
+            if kind != "flaky"
+        }
+        | {"flaky": {"cells": len(flaky)}},
+        causes=tuple(
+            SinceCause(
+                id=c.id,
+                kind=c.kind,
+                failure_class=c.failure_class,
+                cause=c.cause,
+                count=len(c.cells),
+                cells=tuple(cell.id for cell in c.cells),
+                cells_text=cells_text(c.cells),
+                sessions=tuple(s.session for s in c.sessions),
+                no_previous_verdict=tuple(
+                    sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression})
+                ),
+                root_causes=tuple(sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions})),
+            )
+            for c in causes
+        ),
+        flaky=tuple(flaky),
+    )

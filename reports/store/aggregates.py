@@ -1,0 +1,121 @@
+"""What the analysis and the report read from the history: per-point aggregates, not every result.
+
+A point is one cell at one version set recorded by one harness commit. The report needs, per point, how many results
+had each outcome, failure class and signature, the first of them in store order (which class and signature a point
+shows), the earliest and the newest run (since when, the newest run, the version order without a clone) and the
+newest metrics; and for "since the previous run" the results of the two newest runs of each session. A year of
+nightlies is ~72 k points instead of 1.46 M results: `HistoryStore.aggregates` computes them in SQL,
+`aggregate` from results already in memory (gate, publish, tests); a test holds the two to the same answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from reports.store.records import CellKey, Observation, Run, Versions
+
+PointKey = tuple[CellKey, Versions, str]
+"""A point: cell, version set, harness commit ("" for runs recorded before it was kept)."""
+
+
+@dataclass(frozen=True)
+class ResultGroup:
+    """The results at one point with one outcome, failure class and signature."""
+
+    cell: CellKey
+    versions: Versions
+    harness_git: str
+    outcome: str
+    failure_class: str
+    signature: str
+    count: int
+    first_listed: str  # the smallest run id among them: store order, the order a point's results are counted in
+    earliest: Run  # the run that started first (of two that started together, the smaller run id)
+    newest: Run  # the run that started last (of two that started together, the larger run id)
+
+
+@dataclass(frozen=True)
+class PointMetrics:
+    """The metrics of a point's newest result that has any (of two that started together, the smaller run id)."""
+
+    started: str
+    run_id: str
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Aggregates:
+    groups: list[ResultGroup]
+    metrics: dict[PointKey, PointMetrics]
+    # The results of the two newest runs of each session (reports.analysis.causes: since the previous run).
+    recent: list[Observation]
+    # The hub ids a faithful cell's result stands for, by (run id, cell): only results that carry any.
+    checkpoints: dict[tuple[str, CellKey], tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def first_run(self) -> Run:
+        """The run that started first (of two that started together, the smaller run id)."""
+        return min((group.earliest for group in self.groups), key=started_order)
+
+
+def started_order(run: Run) -> tuple[str, str]:
+    return run.started, run.run_id
+
+
+def newer_metrics(candidate: PointMetrics, known: PointMetrics) -> bool:
+    """Whether candidate is the newer (started later; started together: the smaller run id)."""
+    return (candidate.started, known.run_id) > (known.started, candidate.run_id)
+
+
+def recent_runs(runs: list[Run], per_session: int = 2) -> set[str]:
+    """The run ids of the `per_session` newest runs of each session (by start, then run id)."""
+    by_session: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_session[run.session].append(run)
+    return {run.run_id for session in by_session.values() for run in sorted(session, key=started_order)[-per_session:]}
+
+
+def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], dict[PointKey, PointMetrics]]:
+    """The result groups and each point's newest metrics of results held in memory."""
+    grouped: dict[tuple, list[Run]] = defaultdict(list)
+    measured: dict[PointKey, PointMetrics] = {}
+    for obs in observations:
+        result, run = obs.result, obs.run
+        point = (obs.cell, obs.versions, run.harness_git)
+        grouped[(*point, result.outcome, result.failure_class, result.signature)].append(run)
+        if result.metrics:
+            candidate = PointMetrics(run.started, run.run_id, result.metrics)
+            known = measured.get(point)
+            if known is None or newer_metrics(candidate, known):
+                measured[point] = candidate
+    groups = []
+    for (cell, versions, harness_git, outcome, failure_class, signature), runs in grouped.items():
+        runs.sort(key=started_order)
+        groups.append(
+            ResultGroup(
+                cell,
+                versions,
+                harness_git,
+                outcome,
+                failure_class,
+                signature,
+                len(runs),
+                min(run.run_id for run in runs),
+                runs[0],
+                runs[-1],
+            )
+        )
+    return groups, measured
+
+
+def aggregate(observations: list[Observation]) -> Aggregates:
+    """The aggregates of results held in memory, as HistoryStore.aggregates computes them from the store."""
+    groups, measured = group_results(observations)
+    recent = recent_runs(list({obs.run.run_id: obs.run for obs in observations}.values()))
+    return Aggregates(
+        groups,
+        measured,
+        [obs for obs in observations if obs.run.run_id in recent],
+        {(obs.run.run_id, obs.cell): obs.result.checkpoints for obs in observations if obs.result.checkpoints},
+    )

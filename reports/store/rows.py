@@ -1,0 +1,51 @@
+"""A run as a row of the history store and back, and what a SQLite error means for the store's file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from reports.store.records import Run, Versions
+from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS
+
+
+def run_row(run: Run) -> tuple:
+    return (*(getattr(run, f) for f in RUN_FIELDS), *(getattr(run.versions, f) for f in VERSION_FIELDS))
+
+
+def run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
+    """The run of a row; with `shared`, runs at the same version set share one Versions object: the analysis looks
+    points up by (cell, versions) hundreds of thousands of times at a year, and a dict compares a key that is the
+    same object without calling the dataclass's __eq__."""
+    run_id, *values = row
+    fields = dict(zip(RUN_FIELDS + VERSION_FIELDS, values))
+    versions = Versions(**{f: fields[f] for f in VERSION_FIELDS})
+    if shared is not None:
+        versions = shared.setdefault(versions, versions)
+    return Run(run_id=run_id, **{f: fields[f] for f in RUN_FIELDS}, versions=versions)
+
+
+def explain(path: Path, error: sqlite3.Error) -> str:
+    """What a SQLite error means for the store at `path`, and what to do about it."""
+    text = str(error)
+    if any(words in text for words in ("malformed", "not a database", "encrypted", "disk I/O error")):
+        return (
+            f"{path}: the history store is damaged or not SQLite ({text}); restore it from a backup, or move it "
+            "aside and re-import the JUnit files with `python -m reports merge`"
+        )
+    if any(words in text for words in ("no such table", "no such column", "has no column", "values for")):
+        return (
+            f"{path}: marked as an autotp-matrix history store, but its tables are not those of schema "
+            f"{SCHEMA_VERSION} ({text}); it was written by something else: pass another --store, or move it "
+            "aside and re-import the JUnit files with `python -m reports merge`"
+        )
+    if "readonly" in text:
+        return f"{path}: cannot write the history store ({text}); make the file and its folder writable"
+    if "locked" in text or "busy" in text:
+        return (
+            f"{path}: another process kept the history store locked for over {LOCK_TIMEOUT_S} s ({text}); "
+            "let it finish and run this again"
+        )
+    if "unable to open" in text:
+        return f"{path}: cannot open the history store ({text}); --store must be a file in an existing, readable folder"
+    return f"{path}: SQLite error on the history store ({text})"
