@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -37,6 +38,8 @@ PYPI_JSON_URL = "https://pypi.org/pypi/{package}/json"
 CACHE_DIR_ENV = "AUTOTP_MATRIX_CACHE_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/autotp-matrix/releases"
 MAX_AGE_ENV = "AUTOTP_RELEASES_MAX_AGE_HOURS"
+Fetch = Literal["when-stale", "refresh", "never"]
+"""When release data is fetched from PyPI rather than read from the cache (load_releases)."""
 DEFAULT_MAX_AGE_HOURS = 12.0  # a nightly run sees the previous day's releases without asking PyPI per session
 
 
@@ -131,16 +134,24 @@ def max_age_hours() -> float:
     return hours
 
 
-def load_releases(package: str, *, cache_dir: Path | None = None, refresh: bool = False) -> list[Release]:
-    """Releases of package from the disk cache; fetched from PyPI when not cached yet, when the cache
-    is older than max_age_hours(), or on refresh.
+def load_releases(package: str, *, cache_dir: Path | None = None, fetch: Fetch = "when-stale") -> list[Release]:
+    """Releases of package from the disk cache; fetched from PyPI when not cached yet or when the cache is older than
+    max_age_hours() ("when-stale"), always ("refresh"), or never ("never": the cache at any age, else
+    ReleaseDataUnavailable — what reading the noxfile uses, so `nox -l` asks no network).
 
     A failed refresh falls back to the cache with a warning, so a PyPI hiccup or an offline machine
     does not stop a run.
     """
     cache_file = (cache_dir or default_cache_dir()) / f"{package}.json"
-    if cache_file.exists() and not refresh and _age_hours(cache_file) <= max_age_hours():
+    if cache_file.exists() and (
+        fetch == "never" or (fetch == "when-stale" and _age_hours(cache_file) <= max_age_hours())
+    ):
         return parse_releases(json.loads(cache_file.read_text()))
+    if fetch == "never":
+        raise ReleaseDataUnavailable(
+            f"no cached release data for {package} at {cache_file}; any session that runs cells (e.g. `nox -s "
+            "ci-matrix`) fetches it from PyPI once"
+        )
     url = PYPI_JSON_URL.format(package=package)
     try:
         trimmed = trim_pypi_json(fetch_pypi_json(package))
@@ -581,15 +592,15 @@ def select_axis(
     *,
     override: str | None = None,
     cache_dir: Path | None = None,
-    refresh: bool = False,
+    fetch: Fetch = "when-stale",
 ) -> AxisSelection:
     """The values of one axis: from its rule, or the single override value (e.g. "deepspeed@pr/1234")."""
     rule = config.axes[package]
     if override is None:
-        return select_versions(rule, load_releases(package, cache_dir=cache_dir, refresh=refresh), config.python)
+        return select_versions(rule, load_releases(package, cache_dir=cache_dir, fetch=fetch), config.python)
     pin = parse_axis_value(override, rule)
     if pin.version is not None:  # a release is checked against PyPI data like any extra
-        releases = load_releases(package, cache_dir=cache_dir, refresh=refresh)
+        releases = load_releases(package, cache_dir=cache_dir, fetch=fetch)
         newest_per_line = _installable_lines(releases, config.python)
         pin = _release_pin(rule, _resolve_release(pin.version, rule, releases, newest_per_line))
     return AxisSelection(package, values=(pin,), latest=pin, min=pin, previous=None, prerelease=None)
@@ -601,7 +612,7 @@ def combinations(
     overrides: Mapping[str, str] | None = None,
     config: MatrixConfig | None = None,
     cache_dir: Path | None = None,
-    refresh: bool = False,
+    fetch: Fetch = "when-stale",
 ) -> list[Combo]:
     """All combinations the axes select, each with its tags and skip reason; only those tagged tag if given.
 
@@ -616,7 +627,7 @@ def combinations(
     if unknown := set(overrides) - set(AXES):
         raise AxisValueError(f"overrides for unknown axes {', '.join(sorted(unknown))}; axes are {', '.join(AXES)}")
     selections = [
-        select_axis(package, config, override=overrides.get(package), cache_dir=cache_dir, refresh=refresh)
+        select_axis(package, config, override=overrides.get(package), cache_dir=cache_dir, fetch=fetch)
         for package in AXES
     ]
 
@@ -677,7 +688,9 @@ def main(argv: list[str] | None = None) -> None:
         overrides = parse_pins(args.pin, "--pin")
     except AxisValueError as error:
         parser.error(str(error))
-    combos = combinations(args.tag, overrides=overrides, cache_dir=args.cache_dir, refresh=args.refresh)
+    combos = combinations(
+        args.tag, overrides=overrides, cache_dir=args.cache_dir, fetch="refresh" if args.refresh else "when-stale"
+    )
     json.dump(ci_matrix(combos, args.session), sys.stdout, indent=1)
     print()
 

@@ -326,14 +326,11 @@ def pinned_uv(root: Path) -> Path:
     return root / TOOLS_FOLDER / uv_requirement().replace("==", "-") / "bin" / "uv"
 
 
-def give_nox_the_pinned_uv(root: Path) -> None:
+def point_nox_at_the_pinned_uv(root: Path) -> None:
     """nox looks for a uv ($UV, else PATH) when each session starts, for its own uv venv backend, and logs
     "uv binary not found" without one, though the harness builds its environments with uv: point nox's
-    `UV` variable (read since wntrblm/nox#955, 2025) at the harness's pinned uv, installed now
-    when missing as the first environment would (a set UV is left alone; with the pip fallback nox's line
-    is true and stays)."""
-    if os.environ.get(INSTALLER_ENV, "").lower() != "pip" and not pinned_uv(root).exists():
-        installer(root)
+    `UV` variable (read since wntrblm/nox#955, 2025) at the harness's pinned uv where installer() has installed it
+    (the first environment a session builds does; reading the noxfile installs nothing). A set UV is left alone."""
     if pinned_uv(root).exists():
         os.environ.setdefault("UV", str(pinned_uv(root)))
 

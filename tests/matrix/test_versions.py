@@ -407,13 +407,13 @@ def test_refresh_refetches_and_rewrites_cache(cache_dir, monkeypatch):
     ]
     monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: newer)
     assert Version("0.20.0") not in [r.version for r in load_releases("deepspeed", cache_dir=cache_dir)]
-    assert load_releases("deepspeed", cache_dir=cache_dir, refresh=True)[-1].version == Version("0.20.0")
+    assert load_releases("deepspeed", cache_dir=cache_dir, fetch="refresh")[-1].version == Version("0.20.0")
     assert "0.20.0" in json.loads((cache_dir / "deepspeed.json").read_text())["releases"]
 
 
 def test_failed_refresh_falls_back_to_cache_with_warning(cache_dir, no_network):
     with pytest.warns(UserWarning, match="using the cached"):
-        releases = load_releases("deepspeed", cache_dir=cache_dir, refresh=True)
+        releases = load_releases("deepspeed", cache_dir=cache_dir, fetch="refresh")
     assert releases[-1].version == Version("0.19.8")
 
 

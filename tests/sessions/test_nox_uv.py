@@ -1,5 +1,5 @@
 """nox looks for a uv when each session starts and logs "uv binary not found" without one: the noxfile
-points nox at the harness's pinned uv (sessions/installers.py give_nox_the_pinned_uv)."""
+points nox at the harness's pinned uv (sessions/installers.py point_nox_at_the_pinned_uv)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def run_nox(folder: Path, give_uv: bool) -> str:
         from pathlib import Path
         import nox
         sys.path.insert(0, {str(PROJECT_ROOT)!r})
-        from sessions.installers import give_nox_the_pinned_uv
+        from sessions.installers import point_nox_at_the_pinned_uv
         if {give_uv}:
-            give_nox_the_pinned_uv(Path({str(env_root())!r}))
+            point_nox_at_the_pinned_uv(Path({str(env_root())!r}))
 
         @nox.session(python=False)
         def nothing(session):
