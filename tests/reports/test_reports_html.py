@@ -174,15 +174,15 @@ def test_failing_now_is_the_first_section_a_person_sees(tmp_path):
 def test_html_draws_the_newest_matrices_and_version_sets_and_names_the_details_file(tmp_path, monkeypatch):
     """report.html is paged like report.json: past HTML_MATRICES combinations and HTML_TIMELINE_SETS version sets it
     draws the newest and says where the rest is; report-details.json keeps every one."""
-    import reports.outputs.render
+    import reports.outputs.html
 
     store = issue_18_store(tmp_path)
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "whole")]) == 0
     whole = (tmp_path / "whole" / "report.html").read_text()
     assert "older-matrices" not in whole and "older-version-sets" not in whole  # 4 of each: all drawn
 
-    monkeypatch.setattr(reports.outputs.render, "HTML_MATRICES", 1)
-    monkeypatch.setattr(reports.outputs.render, "HTML_TIMELINE_SETS", 2)
+    monkeypatch.setattr(reports.outputs.html, "HTML_MATRICES", 1)
+    monkeypatch.setattr(reports.outputs.html, "HTML_TIMELINE_SETS", 2)
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "paged")]) == 0
     paged = (tmp_path / "paged" / "report.html").read_text()
     details = json.loads((tmp_path / "paged" / "report-details.json").read_text())
