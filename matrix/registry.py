@@ -19,6 +19,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from matrix.config_values import ExpansionError
 from matrix.versions import AXES as INSTALLED_AXES
 
 MATRIX_DIR = Path(__file__).resolve().parent
@@ -192,6 +193,9 @@ class ModelEntry:
     checkpoints: tuple[str, ...] = ()
     """The hub ids a faithful cell's verdict stands for: those whose recorded sizes split like the cell's tiny
     config at every tp (matrix/shapes.py); empty for stress cells and for faithful cells of config-class defaults."""
+    expansion_error: ExpansionError | None = None
+    """A harness exception in a step of expanding this architecture before its cells ran (matrix/config_values.py):
+    its cells fail as `setup` naming it, the other architectures' cells run. Never set in models.toml."""
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
@@ -324,7 +328,7 @@ TRAINING_FEATURES = {
 """Features a training row may need; suites/variants/training.py detects each in the installed DeepSpeed."""
 
 
-_MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name", "checkpoints"}
+_MODEL_FIELDS = {f.name for f in fields(ModelEntry)} - {"name", "checkpoints", "expansion_error"}
 _VARIANT_FIELDS = {f.name for f in fields(Variant)} - {"name"}
 
 

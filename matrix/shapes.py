@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, UnreadableConfig
 from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError, SplitRule, read_toml
 
@@ -79,6 +80,10 @@ HEAD_DIM_FOLLOWS_HIDDEN = {"bitnet"}
 hidden wide): measured, a free head_dim fails their forward."""
 MLA_KEY = "qk_rope_head_dim"
 """Multi-head latent attention: heads split, head dims are low-rank sizes that stay as the tiny config has them."""
+LATENT_VALUE_HEAD_DIM_KEYS = ("v_head_dim", "head_dim")
+"""The value head dim of multi-head latent attention, first present wins: `v_head_dim` (deepseek_v2/v3); `head_dim`
+where the one shared key-value head is head_dim wide and rope takes part of it (deepseek_v4, which has no
+`v_head_dim`): the output projection reads heads x this."""
 
 
 @dataclass(frozen=True)
@@ -336,7 +341,10 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
     _set(tiny, HEAD_KEYS, sizes.heads)
     if not _set(tiny, KV_KEYS, sizes.kv_heads) and sizes.kv_heads != sizes.heads and not tiny.get("multi_query"):
         tiny["num_key_value_heads"] = sizes.kv_heads
-    _set(tiny, ("v_head_dim",) if latent else HEAD_DIM_KEYS, sizes.head_dim)
+    if latent:  # the value head dim: the first of LATENT_VALUE_HEAD_DIM_KEYS the overrides hold
+        _set(tiny, tuple(key for key in LATENT_VALUE_HEAD_DIM_KEYS if key in tiny)[:1], sizes.head_dim)
+    else:
+        _set(tiny, HEAD_DIM_KEYS, sizes.head_dim)
     old_hidden = _first(
         {**tiny, **{k: v for n in NESTED if isinstance(tiny.get(n), dict) for k, v in tiny[n].items()}}, HIDDEN_KEYS
     )
@@ -374,22 +382,27 @@ def _first(values: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 
 
 def read_shape(config, source: str) -> RealShape:
-    """The split-relevant sizes of a transformers config (a checkpoint's, or a class's defaults)."""
-    values = config.to_dict()
+    """The split-relevant sizes of a transformers config (a checkpoint's, or a class's defaults). A config without
+    attention heads or a hidden size is a RegistryError (no split count applies: a state-space model); one that
+    lacks a size this reader needs, or holds a non-integer there, an UnreadableConfig naming the key."""
+    raw = config.to_dict()
     for name in NESTED:
-        if isinstance(values.get(name), dict):
-            values = {**values, **values[name]}
+        if isinstance(raw.get(name), dict):
+            raw = {**raw, **raw[name]}
+    values = ConfigValues(raw, type(config).__name__)
     heads = _first(values, HEAD_KEYS)
     hidden = _first(values, HIDDEN_KEYS)
     if not heads or not hidden:
         raise RegistryError(
             f"{source}: the config has no attention head count or hidden size under the names "
-            f"{HEAD_KEYS} / {HIDDEN_KEYS}"
+            f"{HEAD_KEYS} / {HIDDEN_KEYS} (read by matrix/shapes.py:read_shape)"
         )
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
     kv_heads = 1 if multi_query else (_first(values, KV_KEYS) or heads)
-    # multi-head latent attention: the output projection reads heads x v_head_dim
-    head_dim = values["v_head_dim"] if MLA_KEY in values else (_first(values, HEAD_DIM_KEYS) or hidden // heads)
+    if MLA_KEY in values:  # multi-head latent attention: the output projection reads heads x the value head dim
+        head_dim = _first(values, LATENT_VALUE_HEAD_DIM_KEYS) or values.integer(LATENT_VALUE_HEAD_DIM_KEYS[0])
+    else:
+        head_dim = _first(values, HEAD_DIM_KEYS) or hidden // heads
     ratio = _first(values, FFN_RATIO_KEYS)
     intermediate = _first(values, FFN_KEYS) or (ratio or 4) * hidden
     experts = _first(values, EXPERT_KEYS) or 0
@@ -402,7 +415,7 @@ def read_shape(config, source: str) -> RealShape:
         head_dim=head_dim,
         hidden=hidden,
         intermediate=intermediate,
-        vocab=values["vocab_size"],
+        vocab=values.integer("vocab_size"),
         tied_embeddings=bool(tied),
         experts=experts if experts > 1 else 0,
         top_k=(_first(values, TOP_K_KEYS) or 0) if experts > 1 else 0,
@@ -642,14 +655,27 @@ def shaped_entries(
 ) -> list[ModelEntry]:
     """The entries the cells of `shape` (`faithful` or `stress`) at `tp` run: the stress one; or one faithful
     per group of the entry's checkpoints that split alike (faithful_groups), the first as plain `faithful`."""
-    if shape == "stress" or entry.skip_reason:
+    if shape == "stress" or entry.skip_reason or entry.expansion_error:
         return [shaped_entry(entry, shape, tp, shapes)]
     shapes = load_real_shapes() if shapes is None else shapes
-    try:
-        groups = faithful_groups(entry, shapes, tuple(sorted({*MATRIX_TP, tp})))
-    except RegistryError:  # no record and no config class to read one from: shaped_entry names why
+    groups = faithful_groups_or_why(entry, shapes, tuple(sorted({*MATRIX_TP, tp})))
+    if isinstance(groups, str):  # shaped_entry makes the skip naming why
         return [shaped_entry(entry, shape, tp, shapes)]
-    return [shaped_entry(entry, group.shape, tp, shapes) for group in groups]
+    return [shaped_entry(entry, group, tp, shapes) for group in groups]
+
+
+def faithful_groups_or_why(
+    entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps
+) -> dict[str, FaithfulGroup] | str:
+    """faithful_groups by shape, or why the entry has none, its faithful cells' skip reason: no record and no config
+    class defaults to read one from, or a config the reader cannot read (the key and the reader named). The shapes
+    step's guard: one architecture's config never stops the expansion of the others."""
+    try:
+        return {group.shape: group for group in faithful_groups(entry, shapes, tps)}
+    except UnreadableConfig as error:
+        return f"{UNREADABLE_CONFIG}: {error}"
+    except RegistryError as error:
+        return f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
 
 
 def shaped_entry(
@@ -658,28 +684,27 @@ def shaped_entry(
     """The entry the cell of exactly `shape` at `tp` runs: named for its shape; a faithful one with the rule's
     tiny config for tp 2, 3, 4 and `tp` and the hub ids it stands for (`checkpoints`), or a skip naming why there
     is none. A `faithful-<short name>` no group of the entry has is a RegistryError."""
-    if shape == "stress" or entry.skip_reason:
+    if shape == "stress" or entry.skip_reason or entry.expansion_error:
         return replace(entry, name=shaped_name(entry.name, shape))
     shapes = load_real_shapes() if shapes is None else shapes
     tps = tuple(sorted({*MATRIX_TP, tp}))
-    try:
-        groups = {group.shape: group for group in faithful_groups(entry, shapes, tps)}
-    except RegistryError as error:  # no record and no config class defaults: the cell skips naming why
-        groups, no_record = {}, error
+    groups = faithful_groups_or_why(entry, shapes, tps)
+    if isinstance(groups, str):
+        if shape != "faithful":
+            raise RegistryError(f"{shaped_name(entry.name, shape)}: {entry.name} has no faithful cells: {groups}")
+        return replace(entry, name=shaped_name(entry.name, shape), skip_reason=groups)
     if shape not in groups and shape != "faithful":
         raise RegistryError(
             f"{shaped_name(entry.name, shape)}: no checkpoint of {entry.name} splits apart under that "
             f"name at tp {tp}; its faithful cells: {', '.join(shaped_name(entry.name, s) for s in groups)}"
         )
     try:
-        if shape not in groups:
-            raise no_record
         real, checkpoints = groups[shape].record, groups[shape].checkpoints
         if real.source.startswith("as written: "):
             return replace(entry, name=shaped_name(entry.name, shape), tiny_why=f"{real.source}; {entry.tiny_why}")
         tiny = faithful_tiny(entry, real, tps)
         sizes = checked_tiny_shape(entry.model_type, tiny)
-    except Exception as error:  # the rule found no sizes
+    except ValueError as error:  # the rule found no sizes (a RegistryError); any other exception is a harness bug
         sizes = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     if isinstance(sizes, str):  # no sizes, or the config class refuses them (its own validation)
         return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {sizes}")
@@ -793,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         registry = load_models(args.models_file)
         shapes = load_real_shapes(args.file, registry if args.check else None) if args.file.exists() else {}
         text = render(registry, shapes)
-    except RegistryError as error:
+    except (RegistryError, UnreadableConfig) as error:
         print(f"shapes: {error}", file=sys.stderr)
         return 2
     if args.write:

@@ -23,6 +23,7 @@ from typing import Any
 from matrix import PROJECT_ROOT
 from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
+from matrix.config_values import UnreadableConfig
 from matrix.shapes import add_record, read_shape, split_shaped_name
 from sessions.build_check import build_problem
 from suites.command import suites_command
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         real = read_shape(config, f"hub config {hub_id}") if hub_id else None
         entry = append_entry(entry, args.models_file)
         shapes_file = add_record(args.models_file, entry, hub_id, real)
-    except (RegistryError, NotDerivable) as error:
+    except (RegistryError, NotDerivable, UnreadableConfig) as error:
         print(f"add-model: {error}", file=sys.stderr)
         return 2
     print(f"added [models.{entry.name}] to {args.models_file}:\n{entry_table(entry)}")

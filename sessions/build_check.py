@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, entry in listed_entries(args.registry).items():
         if entry.skip_reason or (only and entry.model_type not in only):
             continue
-        problem = build_problem(entry)
+        problem = entry.expansion_error.describe() if entry.expansion_error else build_problem(entry)
         print(f"  {'ok  ' if problem is None else 'FAIL'} {name}" + (f": {problem}" if problem else ""), flush=True)
         if problem:
             problems[name] = problem

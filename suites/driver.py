@@ -10,6 +10,7 @@ import transformers
 
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, cache_root, cached_tiny_checkpoint, resolve_checkpoint
+from matrix.config_values import ExpansionError
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
@@ -27,7 +28,7 @@ from suites.memory_plan import (
     plan_cell,
     session_pids,
 )
-from suites.outcome import CellOutcome, exception_signature, failed
+from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
 from suites.reference import (
     cached_reference,
     cached_task_reference,
@@ -93,6 +94,8 @@ def prepare_job(
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
     checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing);
     `fork_server`: the run's, where references are computed (else by the reference process)."""
+    if cell.model.expansion_error:
+        return expansion_failure(cell.model.expansion_error)
     reason = skip_reason(cell, options)
     if reason:
         return CellOutcome("skip", message=reason)
@@ -165,6 +168,12 @@ def prepare_job(
         options.faults,
     )
     return job, _provenance(checkpoint, plan, reference)
+
+
+def expansion_failure(error: ExpansionError) -> CellOutcome:
+    """The `setup` failure of a cell whose architecture's expansion raised (a harness bug, matrix/config_values.py),
+    signed like any exception the harness raises: type, masked message, the frame that raised."""
+    return failed("setup", f"{error.error_type}: {mask_numbers(error.message)} @ {error.where}", error.describe())
 
 
 def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, reference=None) -> dict:
@@ -243,7 +252,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     by_model: dict[str, list[Cell]] = {}
     unwritten: list[str] = []
     for cell in cells:
-        if skip_reason(cell, options) is None:
+        if skip_reason(cell, options) is None and cell.model.expansion_error is None:
             by_model.setdefault(cell.model.name, []).append(cell)
     for name, model_cells in by_model.items():
         if options.checkpoints == "tiny" and cached_tiny_checkpoint(model_cells[0].model) is None:

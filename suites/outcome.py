@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from matrix import PROJECT_ROOT
+from matrix import PROJECT_ROOT, is_harness_file
 
 
 class Outcome(StrEnum):
@@ -161,10 +161,6 @@ def exception_signature(error: BaseException, at: str | None = None) -> str:
 LIBRARIES_UNDER_TEST = ("deepspeed", "transformers", "accelerate")
 """Their code raising is their fault. torch, the standard library and every other package (pydantic, numpy,
 tokenizers) are tools: whoever called them owns what they raise."""
-HARNESS_PACKAGES = ("suites", "matrix", "sessions", "reports")
-"""The harness's own code, by module file under the project root (never a path substring: a checkout under a
-folder named `torch` or `deepspeed` must not flip the rule). tests/ is not the harness: its fault hooks stand
-for library bugs."""
 
 
 def _package_roots(names: tuple[str, ...]) -> list[Path]:
@@ -182,7 +178,7 @@ def _frame_owner(filename: str, libraries: list[Path]) -> str:
     if not filename.startswith("/"):
         return "tool"  # <frozen importlib._bootstrap>, <string>
     path = Path(filename).resolve()
-    if any(path.is_relative_to(PROJECT_ROOT / package) for package in HARNESS_PACKAGES):
+    if is_harness_file(filename):
         return "harness"
     if any(path.is_relative_to(root) for root in libraries) or path.is_relative_to(PROJECT_ROOT / "tests"):
         return "library"

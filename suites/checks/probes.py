@@ -306,12 +306,14 @@ def footprint(model) -> Footprint:
 
 
 def split_counts(model) -> SplitCounts:
-    """Read with the one config reader the faithful shapes use (matrix/shapes.py `read_shape`)."""
+    """Read with the one config reader the faithful shapes use (matrix/shapes.py `read_shape`). A config that lacks a
+    size the reader needs raises its UnreadableConfig (the cell's `setup` failure naming the reader and the key),
+    never counts of 0 that would judge its weights as if nothing split."""
     config = model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     try:
         shape = read_shape(config, f"{type(config).__name__}")
-    except (RegistryError, KeyError):  # no attention heads or vocabulary (e.g. a state-space model): no count applies
+    except RegistryError:  # no attention heads or hidden size (e.g. a state-space model): no count applies
         return SplitCounts(0, 0, 0, 0)
     return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts)
 

@@ -7,6 +7,8 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
+from matrix.config_values import UNREADABLE_CONFIG
+
 STYLE = {"pass": "green", "fail": "red", "skip": "yellow"}
 
 
@@ -40,10 +42,22 @@ def counts_line(records: list[dict]) -> str:
     return ", ".join(f"{name}: {count}" for name, count in counts.most_common())
 
 
+def unreadable_config_lines(records: list[dict]) -> list[str]:
+    """One line per model skipped because a reader of the harness could not read its config (matrix/config_values.py):
+    the reason names the reader and the key, so the next reader to teach is in the summary, not only the records."""
+    tps: dict[tuple[str, str], list[str]] = {}
+    for record in records:
+        if record["outcome"] == "skip" and UNREADABLE_CONFIG in record["message"]:
+            tps.setdefault((record["cell"]["model"], record["message"]), []).append(f"tp{record['cell']['tp']}")
+    return [f"skip {model} ({', '.join(sorted(set(at)))}): {message}" for (model, message), at in tps.items()]
+
+
 def print_summary(records: list[dict], terminalreporter) -> None:
     console = Console(file=terminalreporter._tw._file, width=max(terminalreporter._tw.fullwidth, 100))
     console.print(summary_table(records))
     console.print(f"{len(records)} cells — {counts_line(records)}")
+    for line in unreadable_config_lines(records):
+        console.print(f"[yellow]⊘[/] {line}", highlight=False, soft_wrap=True)
     for record in records:
         if record["outcome"] == "fail":
             console.print(
