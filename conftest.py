@@ -47,7 +47,7 @@ def pytest_configure(config):
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
     except (RegistryError, TaskError) as error:
         raise pytest.UsageError(str(error)) from None
-    if _runs_suites(config):
+    if _runs_suites(config) and not config.option.collectonly:  # collecting only: no run, nothing to record
         workers = getattr(config.option, "numprocesses", None)
         if workers and config.option.dist == "load":
             config.option.dist = "loadgroup"  # keep each worker on its chunk of cells (see _xdist_group)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -183,3 +184,18 @@ def test_a_new_version_axis_is_installed_by_the_combination_layer_without_editin
     assert built["deepspeed"].key == "ds@aaaaaaaaaaaa-tf5.24.0-acc1.12.0-pt2.13.0"
     assert built["transformers"].key == "ds0.19.8-tf@aaaaaaaaaaaa-acc1.12.0-pt2.13.0"
     assert all("accelerate==1.12.0" in env.installs[0] for env in built.values())
+
+
+@pytest.mark.slow
+def test_coverage_collected_only_expands_every_architecture_and_records_nothing(tmp_path):
+    """`nox -s coverage -- --collect-only` (what the nightly runs at every combination): every causal-LM architecture
+    of the installed transformers expands into cells, deepseek_v4 included (issue 47: its config stopped the whole
+    session with an INTERNALERROR), and nothing is recorded or merged (no cell ran)."""
+    pins = "deepspeed=0.19.8,transformers=5.24.0"
+    run = run_nox("coverage", pins, "--", "--collect-only", "-q", "--results", str(tmp_path / "results"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "INTERNALERROR" not in run.stdout + run.stderr
+    assert "test_cell[deepseek_v4.faithful-eager-fp32-tp2]" in run.stdout
+    collected = int(re.search(r"(\d+) tests collected", run.stdout)[1])
+    assert collected > 500, collected  # the registry's 213 cells and the derived architectures'
+    assert not (tmp_path / "results").exists()

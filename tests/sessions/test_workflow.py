@@ -97,7 +97,7 @@ def session_options(pytest_options) -> dict[str, set[str]]:
         "gate": help_options("reports", "gate"),
         "publish": help_options("reports", "publish"),
         "report": {"--results", "--verify"},
-        "pytest": pytest_options,
+        "pytest": pytest_options | help_options("pytest"),  # conftest's options and pytest's own (--collect-only)
     }
 
 
@@ -470,3 +470,46 @@ def test_a_plan_row_for_a_missing_session_is_reported(workflow, nox_sessions, pl
     renamed = [*plan_rows, {**plan_rows[0], "session": "autotp(ds9.9.9-tf5.25.0-pt2.13.0)"}]
     problems = drift_problems(workflow, nox_sessions, renamed, session_options)
     assert problems == ["plan row 'autotp(ds9.9.9-tf5.25.0-pt2.13.0)' names no session in `nox -l --json`"]
+
+
+def nightly_coverage_problems(workflow: dict) -> list[str]:
+    """A new architecture is seen the night its transformers release enters the matrix (issue 47): every nightly
+    combination expands every architecture (collected only), a job runs `nox -s coverage` on nightly runs (never on
+    pull requests), and its results reach the report."""
+    problems = []
+    jobs = workflow["jobs"]
+    collect = [
+        step
+        for name, step in steps(workflow)
+        if name == "cells" and all(part in step.get("run", "") for part in ("--models all", "--collect-only"))
+    ]
+    if not collect or "nightly" not in collect[0].get("if", ""):
+        problems.append("jobs.cells: no nightly step expands every architecture (`--models all --collect-only`)")
+    coverage = [name for name, step in steps(workflow) if "nox -s coverage" in step.get("run", "")]
+    if not coverage:
+        problems.append("no job runs `nox -s coverage`: a new architecture would get no verdict the night it ships")
+        return problems
+    job = jobs[coverage[0]]
+    if "pull_request" not in job.get("if", "") or "nightly" not in job.get("if", ""):
+        problems.append(f"jobs.{coverage[0]}: `nox -s coverage` must run on nightly runs only, never pull requests")
+    uploads = [step["with"]["name"] for step in job["steps"] if step.get("uses", "").startswith("actions/upload")]
+    if not any(name.startswith("results-") for name in uploads) or coverage[0] not in jobs["report"]["needs"]:
+        problems.append(f"jobs.report: the results of jobs.{coverage[0]} (a results-* artifact) must reach the report")
+    return problems
+
+
+def test_the_nightly_sees_every_architecture_of_each_transformers_release(workflow):
+    assert nightly_coverage_problems(workflow) == []
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (set_step_run("cells", "--collect-only", "--co"), "no nightly step expands every architecture"),
+        (set_step_run("coverage", "nox -s coverage", "nox -s matrix"), "no job runs `nox -s coverage`"),
+        (lambda w: w["jobs"]["coverage"].update({"if": "always()"}), "must run on nightly runs only"),
+        (lambda w: w["jobs"]["report"]["needs"].remove("coverage"), "must reach the report"),
+    ],
+)
+def test_nightly_coverage_checks_report_injected_faults(workflow, edit, expected):
+    assert any(expected in problem for problem in nightly_coverage_problems(break_workflow(workflow, edit)))
