@@ -9,6 +9,7 @@ from reports.analysis.answers import (
     TransitionEntry,
     answer_text,
     code,
+    code_html,
     commit_words,
     markdown_link,
     one_line,
@@ -63,6 +64,14 @@ from reports.analysis.history import (
     analyse_aggregates,
     answer_for,
 )
+from reports.analysis.new_architectures import (
+    COVERAGE_SESSION,
+    NewArchitectures,
+    architectures_new_in_release,
+    new_architecture_lines,
+    new_architectures_markdown,
+    new_architectures_summary,
+)
 from reports.analysis.signatures import (
     cause,
     frame_files,
@@ -76,6 +85,7 @@ from reports.analysis.statuses import (
 
 __all__ = [
     "AxisRange",
+    "COVERAGE_SESSION",
     "CellStatus",
     "DELTA_KINDS",
     "DeltaCause",
@@ -85,6 +95,7 @@ __all__ = [
     "GateRow",
     "History",
     "Link",
+    "NewArchitectures",
     "RootCause",
     "SessionDeltas",
     "TRANSITION_LISTS",
@@ -96,6 +107,7 @@ __all__ = [
     "analyse_aggregates",
     "answer_for",
     "answer_text",
+    "architectures_new_in_release",
     "blocking",
     "build_failing_now",
     "cause",
@@ -108,6 +120,7 @@ __all__ = [
     "checkpoints_html",
     "checkpoints_markdown",
     "code",
+    "code_html",
     "commit_words",
     "compare",
     "count_text",
@@ -118,6 +131,9 @@ __all__ = [
     "harness_change_text",
     "has_faithful",
     "markdown_link",
+    "new_architecture_lines",
+    "new_architectures_markdown",
+    "new_architectures_summary",
     "one_line",
     "plain_link",
     "repro_command",

@@ -11,8 +11,11 @@ under "regressions"/"fixes"/"class_changes"). answer_words is the answer alone, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from markupsafe import Markup, escape
 
 from reports.store import Bisection, CellKey, Commit, GITHUB_REPOSITORY, Pins, TransitionKind, TriageAttempt, parse_pins
 
@@ -106,6 +109,14 @@ def one_line(text: str) -> str:
 def code(text: str) -> str:
     """Inline code that survives any signature (Markdown has no escape inside backticks)."""
     return "`" + one_line(text).replace("`", "'") + "`"
+
+
+_CODE_SPAN = re.compile(r"`+([^`]+?)`+")
+
+
+def code_html(line: str) -> Markup:
+    """A Markdown line for report.html: the text escaped, its code spans (`code`) as <code>."""
+    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(line))))
 
 
 def cell_label(cell: CellKey) -> str:

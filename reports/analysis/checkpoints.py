@@ -10,18 +10,16 @@ supported-models page and the PR comment all read this one section.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
 from reports.store import Aggregates, CellKey, Run, started_order
-from reports.analysis.answers import code, one_line
+from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
-_CODE_SPAN = re.compile(r"`+([^`]+?)`+")
 MAX_CAUSE = 160
 """Characters of a failure's signature a verdict line keeps (report.json keeps it whole)."""
 
@@ -155,7 +153,7 @@ def checkpoints_html(section: dict) -> dict[str, list[Markup]]:
     text escaped and its code spans as <code>."""
 
     def html(lines: list[str]) -> list[Markup]:
-        return [Markup(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(line)))) for line in lines]
+        return [code_html(line) for line in lines]
 
     if not has_faithful(section):
         return {"real": [], "stress": []}

@@ -16,8 +16,11 @@ from reports.analysis import (
     Link,
     answer_text,
     checkpoints_html,
+    code_html,
     count_text,
     failing_now_html,
+    new_architecture_lines,
+    new_architectures_summary,
     one_line,
 )
 from reports.outputs.model import DETAILS_FILE, Report
@@ -183,4 +186,8 @@ def report_html(report: Report) -> str:
         harness_text=harness_text,
         failing_now=failing_now_html(report, linked_html),
         checkpoints=checkpoints_html(report.checkpoints),
+        new_architectures={
+            "summary": code_html(new_architectures_summary(report.new_architectures)),
+            "lines": [code_html(line) for line in new_architecture_lines(report.new_architectures)],
+        },
     )

@@ -18,6 +18,7 @@ from reports.analysis import (
     count_text,
     failing_now_markdown,
     markdown_link,
+    new_architectures_markdown,
     one_line,
     shared_answers,
 )
@@ -269,6 +270,7 @@ def report_markdown(report: Report) -> str:
         "",
         *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
+        *new_architectures_markdown(report.new_architectures),
         *root_causes_markdown(report),
         "## Support matrix at the latest versions",
         "",
@@ -304,6 +306,7 @@ def step_summary_markdown(report: Report) -> str:
         "",
         *failing_now_markdown(report, markdown_link),
         *since_previous_run_markdown(report),
+        *new_architectures_markdown(report.new_architectures),
         *root_causes_markdown(report),
         *drift_lines(report.docs_drift),
     ]

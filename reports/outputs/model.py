@@ -22,6 +22,7 @@ from reports.analysis import (
     EntryStatus,
     FailingNow,
     History,
+    NewArchitectures,
     RootCause,
     TRANSITION_LISTS,
     Transition,
@@ -31,6 +32,7 @@ from reports.analysis import (
     checkpoint_verdicts,
     build_failing_now,
     harness_change_text,
+    architectures_new_in_release,
     root_causes,
 )
 from reports.store import (
@@ -81,6 +83,7 @@ class Report:
     latest_harness: list[str]  # harness commits that recorded the latest versions
     key_metric: str
     since_previous_run: SincePreviousRun
+    new_architectures: NewArchitectures
     matrix: dict[str, Any]
     matrices: list[dict[str, Any]]
     regressions: tuple[TransitionEntry, ...]
@@ -121,6 +124,7 @@ def build_report(
         latest_harness=list(history.harness.get(history.latest, ())),
         key_metric=KEY_METRIC,
         since_previous_run=since_previous_run(all_session_deltas(aggregates.recent, history)),
+        new_architectures=architectures_new_in_release(aggregates.groups),
         matrix=_matrix(history.cells, [row[-1] for row in grid]),
         matrices=[
             {
@@ -158,6 +162,7 @@ def report_json(report: Report) -> dict:
         **{field.name: getattr(report, field.name) for field in fields(report)},
         "latest_versions": _versions(report.latest_versions),
         "since_previous_run": _plain(report.since_previous_run),
+        "new_architectures": _plain(report.new_architectures),
         **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
         "flaky": [flaky_json(entry) for entry in report.flaky],
         "harness_changes": [_plain(entry) for entry in report.harness_changes],
@@ -203,6 +208,7 @@ def read_report(out_dir: Path) -> Report:
             **whole,
             "latest_versions": latest,
             "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
+            "new_architectures": NewArchitectures.from_json(whole["new_architectures"]),
             "failing_now": FailingNow.from_json(whole["failing_now"]),
             "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
             **{
