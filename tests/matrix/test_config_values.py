@@ -210,3 +210,16 @@ def test_the_summary_lists_each_model_skipped_for_an_unreadable_config():
         {"outcome": "pass", "message": "", "cell": {"model": "opt", "tp": "2"}},
     ]
     assert unreadable_config_lines(records) == [f"skip deepseek_v4.faithful (tp2, tp3, tp4): {reason}"]
+
+
+def test_writing_real_shapes_for_an_unreadable_registry_entry_names_the_reader_and_the_key(synthetic, tmp_path, capsys):
+    from matrix.shapes import main
+
+    synthetic(("vocab_size",))
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.synthetic]\nmodel_type = "{SYNTHETIC}"\ntiny = {{ num_hidden_layers = 2 }}\n')
+    assert main(["--write", "--models-file", str(models)]) == 2
+    assert capsys.readouterr().err == (
+        "shapes: SyntheticConfig has no 'vocab_size' (read by matrix/shapes.py:read_shape)\n"
+    )
+    assert not (tmp_path / "real_shapes.toml").exists()
