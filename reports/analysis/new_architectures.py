@@ -27,6 +27,10 @@ class FirstVerdict:
     """A cell's earliest result at the release that brought its architecture."""
 
     cell: str  # the cell's id
+    model: str
+    variant: str
+    dtype: str
+    tp: int
     outcome: str  # pass, fail or skip
     failure_class: str
     signature: str
@@ -87,8 +91,18 @@ def architectures_new_in_release(groups: list[ResultGroup]) -> NewArchitectures:
             first[group.cell.id] = group
     verdicts: dict[str, list[FirstVerdict]] = defaultdict(list)
     for cell_id, group in sorted(first.items(), key=lambda item: (item[1].cell.model, item[1].cell.tp, item[0])):
-        verdicts[architecture(group.cell.model)].append(
-            FirstVerdict(cell_id, group.outcome, group.failure_class, group.signature)
+        cell = group.cell
+        verdicts[architecture(cell.model)].append(
+            FirstVerdict(
+                cell_id,
+                cell.model,
+                cell.variant,
+                cell.dtype,
+                cell.tp,
+                group.outcome,
+                group.failure_class,
+                group.signature,
+            )
         )
     return NewArchitectures(
         str(newest),
@@ -97,15 +111,21 @@ def architectures_new_in_release(groups: list[ResultGroup]) -> NewArchitectures:
     )
 
 
-def verdict_text(verdict: FirstVerdict) -> str:
-    if verdict.outcome != "fail":
-        return f"{verdict.cell} {verdict.outcome}"
-    return f"{verdict.cell} {verdict.failure_class} {code(verdict.signature)}"
+def verdicts_text(verdicts: tuple[FirstVerdict, ...]) -> str:
+    """`deepseek_v4.faithful eager fp32 tp2/3/4: forward `RuntimeError: …``: cells with the same verdict together."""
+    together: dict[tuple[str, str, str, str, str, str], list[int]] = defaultdict(list)
+    for v in verdicts:
+        together[v.model, v.variant, v.dtype, v.outcome, v.failure_class, v.signature].append(v.tp)
+    return "; ".join(
+        f"{model} {variant} {dtype} tp{'/'.join(map(str, tps))}: "
+        + (f"{failure_class} {code(signature)}" if outcome == "fail" else outcome)
+        for (model, variant, dtype, outcome, failure_class, signature), tps in together.items()
+    )
 
 
 def new_architecture_lines(section: NewArchitectures) -> list[str]:
-    """One line per new architecture: its first verdicts, cell by cell."""
-    return [f"{new.name}: " + "; ".join(verdict_text(v) for v in new.verdicts) for new in section.architectures]
+    """One line per new architecture: its first verdicts, the cells with the same verdict together."""
+    return [f"{new.name} — {verdicts_text(new.verdicts)}" for new in section.architectures]
 
 
 def new_architectures_summary(section: NewArchitectures) -> str:

@@ -54,17 +54,20 @@ def test_the_architectures_a_release_brought_are_listed_with_their_first_verdict
     lines = section((out / "report.md").read_text(), TITLE)
     assert lines == [
         "2 architectures new in transformers 5.25.0 (`nox -s coverage` at 5.25.0 against 5.24.0), first verdicts:",
-        f"- deepseek_v4: deepseek_v4.faithful-eager-fp32-tp2 forward `{DEEPSEEK_V4}`; "
-        f"deepseek_v4.faithful-eager-fp32-tp3 forward `{DEEPSEEK_V4}`",
-        "- dory: dory.faithful-eager-fp32-tp2 skip",
+        f"- deepseek_v4 — deepseek_v4.faithful eager fp32 tp2/3: forward `{DEEPSEEK_V4}`",
+        "- dory — dory.faithful eager fp32 tp2: skip",
     ]
     assert section((out / "step-summary.md").read_text(), TITLE) == lines  # the nightly's first screen
     html = (out / "report.html").read_text()
-    assert "deepseek_v4: deepseek_v4.faithful-eager-fp32-tp2 forward <code>RuntimeError: mat1" in html
+    assert "deepseek_v4 — deepseek_v4.faithful eager fp32 tp2/3: forward <code>RuntimeError: mat1" in html
     entry = json.loads((out / "report.json").read_text())["new_architectures"]
     assert (entry["release"], entry["previous"]) == ("5.25.0", "5.24.0")
     assert [a["name"] for a in entry["architectures"]] == ["deepseek_v4", "dory"]
     assert read_report(out).new_architectures.architectures[1].verdicts[0].outcome == "skip"
+    assert [v["cell"] for v in entry["architectures"][0]["verdicts"]] == [
+        "deepseek_v4.faithful-eager-fp32-tp2",
+        "deepseek_v4.faithful-eager-fp32-tp3",
+    ]
 
 
 def test_without_coverage_at_two_releases_there_is_nothing_to_compare(tmp_path):
