@@ -73,6 +73,11 @@ from reports.analysis.statuses import (
     harness_change_text,
     summarise,
 )
+from reports.analysis.trust import (
+    baseline_lines,
+    select_baseline,
+    trusted_history,
+)
 
 __all__ = [
     "AxisRange",
@@ -96,6 +101,7 @@ __all__ = [
     "analyse_aggregates",
     "answer_for",
     "answer_text",
+    "baseline_lines",
     "blocking",
     "build_failing_now",
     "cause",
@@ -124,9 +130,11 @@ __all__ = [
     "root_causes",
     "same_failure",
     "select",
+    "select_baseline",
     "session_deltas",
     "shape_of",
     "shared_answers",
     "summarise",
+    "trusted_history",
     "upstream_label",
 ]

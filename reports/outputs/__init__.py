@@ -23,6 +23,7 @@ from reports.outputs.pr_failures import (
     summary_line,
 )
 from reports.outputs.publish import (
+    MAX_ISSUES,
     inert,
     publish_deltas,
 )
@@ -32,6 +33,7 @@ from reports.outputs.render import (
 )
 
 __all__ = [
+    "MAX_ISSUES",
     "build_report",
     "cause_lines",
     "check_drift",

@@ -47,8 +47,9 @@ from reports.analysis import (
     markdown_link,
     one_line,
     repro_command,
-    select,
+    select_baseline,
     session_deltas,
+    trusted_history,
 )
 from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.clones import GitRepo
@@ -61,6 +62,8 @@ from reports.outputs.render import writing_to
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
 MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
+MAX_ISSUES = 5  # issues one run opens or edits (`--max-issues`); the causes past it are listed in one summary issue
+SUMMARY_MARKER = "<!-- autotp-matrix:regression-summary -->"
 
 
 def _compare_links(session: SessionDeltas) -> list[str]:
@@ -298,6 +301,31 @@ def build_posts(
     return comment, issues
 
 
+def capped(issues: list[Post], drafts: list[Post], limit: int, out_dir: Path) -> tuple[list[Post], list[Post]]:
+    """At most `limit` issues for one run: regression issues first, then upstream reports; the causes past it are
+    listed in one summary issue here (found again by its marker), so results with 300 causes open `limit` + 1
+    issues, not 300 — in this repository or upstream."""
+    kept_issues = issues[:limit]
+    kept_drafts = drafts[: max(0, limit - len(kept_issues))]
+    over = [*issues[len(kept_issues) :], *drafts[len(kept_drafts) :]]
+    if not over:
+        return kept_issues, kept_drafts
+    title = f"AutoTP matrix: {count_text(len(over), 'more cause')} of new regressions than one run opens issues for"
+    lines = [
+        f"One run of `python -m reports publish` opens at most {limit} issues (`--max-issues`); these causes of new "
+        "regressions have none yet (the PR comment and the step summary list each with its cells):",
+        "",
+        *[f"- {post.title}" + (" (a report for the upstream tracker)" if post in drafts else "") for post in over],
+    ]
+    summary = Post(
+        SUMMARY_MARKER,
+        title,
+        f"{SUMMARY_MARKER}\n{inert(chr(10).join(lines))}\n",
+        out_dir / "publish" / "issues" / "summary.md",
+    )
+    return [*kept_issues, summary], kept_drafts
+
+
 def upstream_marker(cause: str) -> str:
     return f"<!-- autotp-matrix:upstream cause={cause} -->"
 
@@ -350,6 +378,7 @@ def publish_deltas(
     base: str | None = None,
     known: dict[str, KnownFailure] | None = None,
     upstream: str | None = None,
+    max_issues: int = MAX_ISSUES,
     log=print,
 ) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
@@ -361,6 +390,10 @@ def publish_deltas(
             f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
         )
     token = os.environ.get(TOKEN_ENV) or None
+    all_observations = observations
+    # A session's newest run is compared with its previous trusted run, and judged by trusted runs' flakiness: a pull
+    # request's results are what is reported on, never the history they are compared with (reports.analysis.trust).
+    observations = trusted_history(observations, sessions)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
@@ -372,13 +405,10 @@ def publish_deltas(
             drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
     if base is not None:
         newest = {session.newest for session in deltas}
-        failures = classify(
-            select(observations, base, "--base"),
-            [obs for obs in observations if obs.run in newest],
-            history,
-            known or {},
-        )
+        baseline, _ = select_baseline(all_observations, base, "--base")
+        failures = classify(baseline, [obs for obs in observations if obs.run in newest], history, known or {})
         comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
+    issues, drafts = capped(issues, drafts, max_issues, out_dir)
     # The store redacts what it imports; a store written before it did, or a message quoting this environment's
     # token, must not leak through the texts either.
     comment = replace(comment, body=redact(comment.body))
@@ -400,7 +430,8 @@ def publish_deltas(
 
     if token is None:
         log(
-            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
+            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} issue(s) (one per cause, at most "
+            f"{max_issues} and a summary of the rest) to "
             f"{out_dir / 'publish'} and the step summary instead of posting them"
             + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
         )
