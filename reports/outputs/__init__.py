@@ -22,9 +22,11 @@ from reports.outputs.pr_failures import (
     classify,
     summary_line,
 )
+from reports.outputs.inert import (
+    inert,
+)
 from reports.outputs.publish import (
     MAX_ISSUES,
-    inert,
     publish_deltas,
 )
 from reports.outputs.render import (

@@ -30,6 +30,7 @@ from reports.analysis import (
     repro_command,
 )
 from reports.store import AXES, CellKey, Observation, aggregate
+from reports.outputs.inert import fence
 from reports.outputs.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
@@ -225,7 +226,7 @@ def _markdown(
             "",
         ]
         frame.add(len(lines))
-        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", "```python", text.rstrip("\n"), "```", ""]
+        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", *fence(text.rstrip("\n"), "python"), ""]
         frame.add(len(lines))
         lines += [FRAME_END, ""]
     lines += [f"With the autotp-matrix harness: `{repro_command(cell)}`", ""]
@@ -263,7 +264,12 @@ def _markdown(
         for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]
     ]
     if log:
-        lines += ["**Log excerpt** (the end of the cell's message; secrets redacted)", "", "```text", *log, "```", ""]
+        lines += [
+            "**Log excerpt** (the end of the cell's message; secrets redacted)",
+            "",
+            *fence("\n".join(log), "text"),
+            "",
+        ]
     # Each stretch between the frame's lines is made inert whole, so a fence (the script, the log) stays one block.
     stretches = []
     for framing, group in groupby(enumerate(lines), key=lambda item: item[0] in frame):

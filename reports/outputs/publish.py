@@ -56,6 +56,7 @@ from reports.clones import GitRepo
 from reports.outputs.pr_failures import classify, pr_comment_head
 from reports.outputs.model import build_report, transition_entry
 from reports.outputs.markdown import answer_lines
+from reports.outputs.inert import inert
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.render import writing_to
 
@@ -89,22 +90,6 @@ def _git_ref(versions: Versions, axis: str) -> str:
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
-
-# Outside code spans and fences, text that GitHub would turn into actions: @mentions (notify people and teams),
-# images (fetched from any server when the page is viewed) and raw HTML (<img>, a fake marker comment).
-_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.DOTALL)
-_MENTION = re.compile(r"(?<![\w`@/.+-])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?")
-
-
-def inert(markdown: str, *, title: bool = False) -> str:
-    """The text with mentions put in code spans, images turned into their literal text and HTML tags escaped,
-    wherever a field from the results (a commit subject, a triage reason, anything) may have brought them. An
-    issue title renders neither images nor HTML (an escape would show), only mentions and code spans."""
-    parts = _CODE.split(markdown.replace("\\`", "'"))  # an escaped backtick opens no code span on GitHub
-    for i in range(0, len(parts), 2):  # the odd parts are code spans and fences: shown literally already
-        text = parts[i] if title else parts[i].replace("![", "!\\[").replace("<", "&lt;")
-        parts[i] = _MENTION.sub(lambda m: f"`{m.group(0)}`", text)
-    return "".join(parts)
 
 
 def failure_class_text(failure_class: str) -> str:

@@ -304,7 +304,7 @@ def test_an_entry_of_format_1_still_rebuilds_through_the_door(session, tmp_path,
             lambda entry: entry.write_bytes(
                 _tar_gz({RECORDS_MEMBER: members(entry)[RECORDS_MEMBER].replace(b'"tp":2', b'"tp":99999999999')})
             ),
-            "its records are not what merge lets in: cell.tp=99999999999 is not a tensor-parallel size",
+            "its records are not what merge lets in: cell llama-eager-fp32-tp99999999999: cell.tp=99999999999 is not",
         ),
         (lambda entry: entry.write_bytes(_tar_gz({"notes.txt": b"x"})), "holds neither records.json"),
     ],
