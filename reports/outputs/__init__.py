@@ -31,6 +31,8 @@ from reports.outputs.publish import (
 )
 from reports.outputs.render import (
     write_outputs,
+)
+from reports.outputs.staging import (
     writing_to,
 )
 

@@ -31,6 +31,7 @@ from reports.analysis import (
 )
 from reports.store import AXES, CellKey, Observation, aggregate
 from reports.outputs.inert import fence
+from reports.outputs.staging import staged
 from reports.outputs.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
@@ -95,11 +96,11 @@ def write_draft(
     reason = not_deepspeeds(entry)
     if reason:
         raise ReportsError(reason)
-    folder = out_dir / "draft-issue"
-    title, body = draft_text(entry, report, history, observations, folder, inert, cell=cell)
-    file = folder / f"{entry.failure_class}-{entry.id}.md"
-    file.write_text(f"# {title}\n\n{body}", encoding="utf-8")
-    return Draft(title, body, file)
+    name = Path("draft-issue") / f"{entry.failure_class}-{entry.id}.md"
+    with staged(out_dir) as stage:  # the report and its repro script moved into place together
+        title, body = draft_text(entry, report, history, observations, stage / name.parent, inert, cell=cell)
+        (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
+    return Draft(title, body, out_dir / name)
 
 
 def not_deepspeeds(entry: FailingCause) -> str | None:

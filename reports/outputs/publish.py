@@ -58,7 +58,7 @@ from reports.outputs.model import build_report, transition_entry
 from reports.outputs.markdown import answer_lines
 from reports.outputs.inert import inert
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
-from reports.outputs.render import writing_to
+from reports.outputs.staging import staged, writing_to
 
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
@@ -383,34 +383,29 @@ def publish_deltas(
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     checkpoints = cell_checkpoints(aggregate(observations), history)
-    comment, issues = build_posts(deltas, out_dir, checkpoints, checkpoint_verdicts(history, checkpoints))
-    drafts = []
-    if upstream:
-        with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted
-            drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
-    if base is not None:
-        newest = {session.newest for session in deltas}
-        baseline, _ = select_baseline(all_observations, base, "--base")
-        failures = classify(baseline, [obs for obs in observations if obs.run in newest], history, known or {})
-        comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
-    issues, drafts = capped(issues, drafts, max_issues, out_dir)
-    # The store redacts what it imports; a store written before it did, or a message quoting this environment's
-    # token, must not leak through the texts either.
-    comment = replace(comment, body=redact(comment.body))
-    issues, drafts = (
-        [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
-        for posts in (issues, drafts)
-    )
-
-    written = []
-    summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
-    with writing_to(out_dir):
+    with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
+        comment, issues = build_posts(deltas, stage, checkpoints, checkpoint_verdicts(history, checkpoints))
+        drafts = upstream_posts(deltas, history, observations, known or {}, stage, log) if upstream else []
+        if base is not None:
+            newest = {session.newest for session in deltas}
+            baseline, _ = select_baseline(all_observations, base, "--base")
+            failures = classify(baseline, [obs for obs in observations if obs.run in newest], history, known or {})
+            comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
+        issues, drafts = capped(issues, drafts, max_issues, stage)
+        # The store redacts what it imports; a store written before it did, or a message quoting this environment's
+        # token, must not leak through the texts either.
+        comment = replace(comment, body=redact(comment.body))
+        issues, drafts = (
+            [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+            for posts in (issues, drafts)
+        )
         for post in [comment, *issues, *drafts]:
             post.file.parent.mkdir(parents=True, exist_ok=True)
             post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
-            written.append(post.file)
-        with summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
-            handle.write(comment.body + "\n")
+    written = [out_dir / post.file.relative_to(stage) for post in [comment, *issues, *drafts]]
+    summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+    with writing_to(out_dir), summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
+        handle.write(comment.body + "\n")
     written.append(summary)
 
     if token is None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 
 from matrix.redaction import Redactor
-from reports import ReportsError
 from reports.analysis import (
     History,
 )
@@ -24,6 +22,7 @@ from reports.outputs.model import DETAILS_FILE, Report, split_report
 
 from reports.outputs.html import report_html
 from reports.outputs.inert import inert
+from reports.outputs.staging import staged, writing_to
 from reports.outputs.markdown import report_markdown, step_summary_markdown
 
 
@@ -45,22 +44,9 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
         )
         outputs[out_dir / "supported-models.diff"] = docs_diff(report, docs)
     redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
-    with writing_to(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
+    with staged(out_dir) as stage:  # all of them, or none
         for path, text in outputs.items():
-            path.write_text(redact(text), encoding="utf-8")
-        with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
-            summary.write(redact(inert(step_summary_markdown(report))))
+            (stage / path.relative_to(out_dir)).write_text(redact(text), encoding="utf-8")
+    with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
+        summary.write(redact(inert(step_summary_markdown(report))))
     return [*outputs, step_summary]
-
-
-@contextmanager
-def writing_to(out_dir: Path):
-    """An output that cannot be written (--out names a file, a folder without permission, a full disk) is one line."""
-    try:
-        yield
-    except OSError as exc:
-        raise ReportsError(
-            f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
-            "folder that can be created or written"
-        ) from None
