@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from matrix.redaction import Redactor
 from reports import ReportsError
-from reports.store.junit import read_junit
+from reports.store.junit import read_junit, shown
 from reports.store.records import CellDetail, CellKey, CellResult, RunRecords, Versions
 from reports.store.validation import Problem, first_problem, problems_of
 from suites.records.run_records import MalformedRecord, read_records
@@ -124,7 +124,7 @@ def _record_problem(record: dict, redact: Redact) -> Problem | None:
             tp=_integer(_get(cell_fields, "tp", (str, int), "cell.tp"), "cell.tp"),
         )
         if cell.id != cell_fields.get("id"):
-            return Problem("cell.id", cell_fields.get("id"), f"does not match its parts ({cell.id!r})")
+            return Problem("cell.id", cell_fields.get("id"), f"does not match its parts ({shown(cell.id)})")
         checkpoint = _get(record, "checkpoint", dict, "checkpoint", {})
         typed = [
             CellResult(

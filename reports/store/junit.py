@@ -19,6 +19,12 @@ KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whos
 _PROLOGUE_BYTES = 64 * 1024
 
 
+def shown(value: object) -> str:
+    """A value as Python writes it, cut to a screen line: a message names the file beside it."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:100] + f"…' ({len(text)} characters)"
+
+
 class MalformedJUnit(ReportsError):
     def __init__(self, path: Path, reason: str):
         super().__init__(f"{path}: {reason}")
@@ -61,12 +67,12 @@ def read_junit(path: Path) -> list[RunRecords]:
                 continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
             if props.get("faults"):
                 continue  # a harness self-test with injected faults: never a verdict about DeepSpeed
-            where = f"testcase {case.name!r}"
+            where = f"testcase {shown(case.name)}"
             run = _run_from(props, path, where)
             known = runs.setdefault(run.run_id, run)
             if known != run:
                 raise MalformedJUnit(
-                    path, f"{where}: run {run.run_id!r} has different provenance than earlier testcases"
+                    path, f"{where}: run {shown(run.run_id)} has different provenance than earlier testcases"
                 )
             extras.setdefault(run.run_id, props.get("run.dependencies_as_of", ""))
             result = _result_from(case, props, run.run_id, path, where)
@@ -110,7 +116,7 @@ _OPTIONAL_AXES = {field.name for field in fields(Versions) if field.default is n
 def _require(props: dict[str, str], name: str, path: Path, where: str) -> str:
     value = props.get(name, "").strip()
     if not value:
-        raise MalformedJUnit(path, f"{where}: property {name!r} is missing or empty")
+        raise MalformedJUnit(path, f"{where}: property {shown(name)} is missing or empty")
     return value
 
 
@@ -145,9 +151,11 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
             tp=int(_require(props, "cell.tp", path, where)),
         )
     except ValueError:
-        raise MalformedJUnit(path, f"{where}: cell.tp={props['cell.tp']!r} is not an integer") from None
+        raise MalformedJUnit(path, f"{where}: cell.tp={shown(props['cell.tp'])} is not an integer") from None
     if cell.id != props["cell.id"]:
-        raise MalformedJUnit(path, f"{where}: cell.id={props['cell.id']!r} does not match its parts ({cell.id!r})")
+        raise MalformedJUnit(
+            path, f"{where}: cell.id={shown(props['cell.id'])} does not match its parts ({shown(cell.id)})"
+        )
     checkpoints = tuple(props["checkpoints"].split(",")) if props.get("checkpoints") else ()
     # The JUnit result element is the authoritative outcome; properties add the detail.
     problems = [r for r in case.result if isinstance(r, (Failure, Error))]
@@ -182,5 +190,5 @@ def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, fl
             try:
                 metrics[name.removeprefix("metric.")] = float(value)
             except ValueError:
-                raise MalformedJUnit(path, f"{where}: {name}={value!r} is not a number") from None
+                raise MalformedJUnit(path, f"{where}: {shown(name)[1:-1]}={shown(value)} is not a number") from None
     return metrics

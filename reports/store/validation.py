@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from reports.store.junit import KNOWN_FAILURE_CLASSES
+from reports.store.junit import KNOWN_FAILURE_CLASSES, shown
 from reports.store.records import CellDetail, CellKey, CellResult, Run, RunRecords, Versions
 from suites.outcome import OUTCOMES
 
@@ -70,8 +70,7 @@ def _shown(value: Any) -> str:
     screen line: the file is named beside it."""
     if isinstance(value, tuple) and all(isinstance(item, str) for item in value):
         value = ",".join(value)
-    text = repr(value)
-    return text if len(text) <= 120 else text[:100] + f"…' ({len(text)} characters)"
+    return shown(value)
 
 
 # ---- rules ---------------------------------------------------------------------------------------------------------
@@ -279,7 +278,7 @@ def first_problem(records: RunRecords) -> Problem | None:
     cells = set()
     for result in records.results:
         if result.run_id != run.run_id:
-            return Problem("run.id", result.run_id, f"differs from its run's {run.run_id!r}")
+            return Problem("run.id", result.run_id, f"differs from its run's {shown(run.run_id)}")
         if result.outcome == "fail" and not result.failure_class:
             return Problem("failure_class", "", f"is empty on the failing cell {result.cell.id}")
         if result.outcome != "fail" and result.failure_class:
