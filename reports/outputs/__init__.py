@@ -22,7 +22,7 @@ from reports.outputs.pr_failures import (
     classify,
     summary_line,
 )
-from reports.outputs.inert import (
+from reports.outputs.markdown_safety import (
     inert,
 )
 from reports.outputs.publish import (

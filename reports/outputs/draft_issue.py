@@ -30,7 +30,7 @@ from reports.analysis import (
     repro_command,
 )
 from reports.store import AXES, CellKey, Observation, aggregate
-from reports.outputs.inert import fence
+from reports.outputs.markdown_safety import fence
 from reports.outputs.staging import staged
 from reports.outputs.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES

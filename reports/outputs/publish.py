@@ -56,7 +56,7 @@ from reports.clones import GitRepo
 from reports.outputs.pr_failures import classify, pr_comment_head
 from reports.outputs.model import build_report, transition_entry
 from reports.outputs.markdown import answer_lines
-from reports.outputs.inert import inert
+from reports.outputs.markdown_safety import inert
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.staging import staged, writing_to
 

@@ -21,7 +21,7 @@ from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_
 from reports.outputs.model import DETAILS_FILE, Report, split_report
 
 from reports.outputs.html import report_html
-from reports.outputs.inert import inert
+from reports.outputs.markdown_safety import inert
 from reports.outputs.staging import staged, writing_to
 from reports.outputs.markdown import report_markdown, step_summary_markdown
 

@@ -20,7 +20,7 @@ from markdown_it import MarkdownIt
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.outputs.inert import OUR_HTML, OUR_URL
+from reports.outputs.markdown_safety import OUR_HTML, OUR_URL
 from reports.store.history_store import HistoryStore
 from reports.store.records import Bisection, CellKey, TriageAttempt
 
