@@ -32,7 +32,7 @@ from urllib.parse import quote, unquote
 
 from reports import ReportsError
 from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
-from reports.store.junit import MalformedJUnit
+from reports.store.junit import MalformedJUnit, shown
 from reports.store.records import (
     Bisection,
     CellDetail,
@@ -56,7 +56,8 @@ CELLS_MEMBER = "cells.jsonl"
 _ENTRY_NAME = re.compile(r"(?P<run>.+)\.(?P<attempt>[1-9][0-9]*)\.tar\.gz")
 # What may stay unencoded in a file name: safe in git, on every OS and in an artifact upload.
 _SAFE = "@()+,=_.-"
-# An entry's gzip'd tar is read whole into memory: one far larger than any run's records is refused unread.
+# An entry's gzip'd tar, and each member it unpacks to, is read whole into memory: one far larger than any run's
+# records is refused unread.
 MAX_ENTRY_BYTES = 256 * 1024 * 1024
 
 
@@ -130,11 +131,11 @@ class ResultsArchive:
     def read(self, entry: ArchiveEntry) -> RunRecords:
         """The entry's run with its results and details, validated as at the door; raise DamagedEntry when it does
         not open or its records are not what the door lets in."""
-        records = _records_of(entry.path, self._bytes(entry.path), self._redact)
-        if records.run.run_id != self._redact(entry.run_id):
-            raise DamagedEntry(
-                entry.path, f"holds run {records.run.run_id!r}, not {entry.run_id!r}: the entry was renamed"
-            )
+        runs = _records_of(entry.path, self._bytes(entry.path), self._redact)
+        records = next((r for r in runs if r.run.run_id == self._redact(entry.run_id)), None)
+        if records is None:
+            held = ", ".join(shown(r.run.run_id) for r in runs)
+            raise DamagedEntry(entry.path, f"holds run {held}, not {shown(entry.run_id)}: the entry was renamed")
         return records
 
     def add(self, source: Path, runs: list[RunRecords]) -> list[ArchiveEntry]:
@@ -301,13 +302,14 @@ def entry_json(records: RunRecords) -> bytes:
     return json.dumps(content, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
-def _records_of(path: Path, content: bytes, redact: Redact) -> RunRecords:
-    """The records of an entry's bytes, of either format, redacted and validated."""
+def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
+    """The runs of an entry's bytes, of either format (one run; a format-1 JUnit file may hold more, and its entry is
+    the one of them it is named after), redacted and validated."""
     members = _members(path, content)
     if RECORDS_MEMBER in members:
         try:
-            records = redact_fields(_from_json(json.loads(members[RECORDS_MEMBER])), redact)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            runs = [redact_fields(_from_json(json.loads(members[RECORDS_MEMBER])), redact)]
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise DamagedEntry(path, f"{RECORDS_MEMBER} is not a run's records ({type(exc).__name__}: {exc})") from None
     elif JUNIT_MEMBER in members:
         with tempfile.TemporaryDirectory() as scratch:
@@ -315,14 +317,12 @@ def _records_of(path: Path, content: bytes, redact: Redact) -> RunRecords:
                 runs = admitted_bytes(members[JUNIT_MEMBER], Path(scratch), redact)
             except (MalformedJUnit, Rejected) as exc:
                 raise DamagedEntry(path, f"its {JUNIT_MEMBER} (format 1): {exc.reason}") from None
-        if len(runs) != 1:
-            raise DamagedEntry(path, f"its {JUNIT_MEMBER} (format 1) holds {len(runs)} runs; an entry holds one")
-        records = runs[0]
     else:
         raise DamagedEntry(path, f"holds neither {RECORDS_MEMBER} (format 2) nor {JUNIT_MEMBER} (format 1)")
-    if problem := first_problem(records):
-        raise DamagedEntry(path, f"its records are not what merge lets in: {problem}")
-    return records
+    for records in runs:
+        if problem := first_problem(records):
+            raise DamagedEntry(path, f"its records are not what merge lets in: {problem}")
+    return runs
 
 
 def _members(path: Path, content: bytes) -> dict[str, bytes]:
@@ -330,6 +330,8 @@ def _members(path: Path, content: bytes) -> dict[str, bytes]:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
             found = {}
             for member in tar:
+                if member.size > MAX_ENTRY_BYTES:  # what a gzip'd entry unpacks to is read whole: bounded too
+                    raise DamagedEntry(path, f"its member {shown(member.name)} holds {member.size} bytes")
                 if member.isfile() and member.name in (RECORDS_MEMBER, JUNIT_MEMBER, CELLS_MEMBER):
                     stream = tar.extractfile(member)
                     found[member.name] = stream.read() if stream else b""
