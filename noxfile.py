@@ -76,7 +76,8 @@ def tests(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     """Merge JUnit files into the results archive and the history store and render the reports: `nox -s report --
     DIRS...`, or `-- --results DIR` for one results folder (DIR/junit into DIR/archive and DIR/history.sqlite,
-    reports into DIR). `--verify` first: then check that every stored run and answer is in the archive."""
+    reports into DIR). Flags first: `--verify` then checks that every stored run and answer is in the archive;
+    `--untrusted` merges a pull request's results as untrusted runs (never archived, never a baseline)."""
     run_report(session)
 
 

@@ -4,9 +4,12 @@ draft-issue, bisect, triage (see --help of each; reports/commands/ has one modul
 from __future__ import annotations
 
 import argparse
+import io
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from matrix.redaction import redact
+from matrix.redaction import Redactor
 from matrix.versions import ReleaseDataUnavailable
 from reports import ReportsError
 from reports.commands import COMMANDS
@@ -27,13 +30,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Redacting(io.TextIOBase):
+    """A text stream that passes what is written through the redactor before the stream it wraps."""
+
+    def __init__(self, stream, redactor: Redactor):
+        self._stream = stream
+        self._redact = redactor
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+@contextmanager
+def redacted_output() -> Iterator[None]:
+    """Everything a command prints (its own lines, messages naming values of the results, what it quotes) leaves
+    through the redactor of this environment: one door for every verb's output. print() writes each argument
+    whole, so a secret is never split between two writes."""
+    redactor = Redactor()
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Redacting(sys.stdout, redactor), _Redacting(sys.stderr, redactor)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.handler(args))
-    except (ReportsError, ReleaseDataUnavailable) as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return 2
+    with redacted_output():
+        try:
+            return int(args.handler(args))
+        except (ReportsError, ReleaseDataUnavailable) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -411,17 +411,18 @@ def run_tests(session: nox.Session) -> None:
 def run_report(session: nox.Session) -> None:
     """`nox -s report`: merge JUnit files into the results archive and the history store, render the reports."""
     session.install(*PROJECT_DEPENDENCIES)
-    verify = session.posargs[:1] == ["--verify"]
-    args = session.posargs[1:] if verify else session.posargs
+    args = list(session.posargs)
+    flags = set()
+    while args[:1] in (["--verify"], ["--untrusted"]):  # `--untrusted`: a pull request's results (merge --untrusted)
+        flags.add(args.pop(0))
     results = args[1] if args[:1] == ["--results"] and len(args) == 2 else None
     store = ["--store", f"{results}/history.sqlite"] if results else []
     # The store is an index over the results archive next to it (in CI, the autotp-history branch): first bring
     # it up to date from there (a lost or stale store costs minutes, never history), then merge into both.
     if Path(results or "results", "archive").is_dir():
         session.run("python", "-m", "reports", "rebuild", *store)
-    session.run(
-        "python", "-m", "reports", "merge", *([f"{results}/junit"] if results else args or ["results/junit"]), *store
-    )
+    inputs = [f"{results}/junit"] if results else args or ["results/junit"]
+    session.run("python", "-m", "reports", "merge", *inputs, *store, *sorted(flags & {"--untrusted"}))
     session.run("python", "-m", "reports", "render", *store, *(["--out", results] if results else []))
-    if verify:
+    if "--verify" in flags:
         session.run("python", "-m", "reports", "verify", *store)

@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from matrix import PROJECT_ROOT, is_harness_file
+from matrix.redaction import redact
 
 
 class Outcome(StrEnum):
@@ -139,7 +140,9 @@ def exception_signature(error: BaseException, at: str | None = None) -> str:
     """`Type: message-with-numbers-masked @ package/file.py:function` of the deepest frame inside
     deepspeed or transformers (the code that raised), or the deepest frame when none is; `at` names the
     place instead (the harness's own frame, `harness_frame`)."""
-    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    # Redacted before it is cut and its numbers are masked: a secret cut short, or with its digits masked, would no
+    # longer be the value the redactor looks for, and what was left of it would be recorded.
+    first_line = redact((str(error).strip().splitlines() or [""])[0])[:300]
     if at:
         return f"{type(error).__name__}: {mask_numbers(first_line)} @ {at}"
     frames = traceback.extract_tb(error.__traceback__)

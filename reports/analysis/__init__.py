@@ -82,6 +82,11 @@ from reports.analysis.statuses import (
     harness_change_text,
     summarise,
 )
+from reports.analysis.trust import (
+    baseline_lines,
+    select_baseline,
+    trusted_history,
+)
 
 __all__ = [
     "AxisRange",
@@ -108,6 +113,7 @@ __all__ = [
     "answer_for",
     "answer_text",
     "architectures_new_in_release",
+    "baseline_lines",
     "blocking",
     "build_failing_now",
     "cause",
@@ -140,9 +146,11 @@ __all__ = [
     "root_causes",
     "same_failure",
     "select",
+    "select_baseline",
     "session_deltas",
     "shape_of",
     "shared_answers",
     "summarise",
+    "trusted_history",
     "upstream_label",
 ]

@@ -31,8 +31,8 @@ from reports.analysis.signatures import cause
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
 INTRO = (
     "Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
-    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
-    "rank group)."
+    "(it also writes the cell's repro script to results/repro/; the logs folder holds the rank logs when the cell "
+    "ends its rank group)."
 )
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from reports import ReportsError
 from reports.commands.interface import Command
 from reports.commands.options import add_store
-from reports.store import CellResult, HistoryStore, Run, find_junit_files, needed_paths, read_junit
+from reports.store import HistoryStore, RunRecords, admit, find_junit_files, needed_paths, redactor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,17 +28,18 @@ def run(args: argparse.Namespace) -> int:
         raise ReportsError(
             f"{args.names}: cannot read the archive's entry names ({exc}); pass `git ls-tree` output"
         ) from None
-    incoming = {run.run_id for path in find_junit_files(args.inputs) for run, _ in _readable_runs(path)}
+    redact = redactor()
+    incoming = {r.run.run_id for path in find_junit_files(args.inputs) for r in _readable_runs(path, redact)}
     with HistoryStore(args.store, create=False, read_only=True) as store:
         stored = {run.run_id for run in store.runs()}
     print("".join(f"{name}\n" for name in needed_paths(names, stored, incoming)), end="")
     return 0
 
 
-def _readable_runs(path: Path) -> list[tuple[Run, list[CellResult]]]:
-    """The runs of a JUnit file, none when merge would skip it (it says why then)."""
+def _readable_runs(path: Path, redact) -> list[RunRecords]:
+    """The runs of a JUnit file as merge's door reads them, none when merge would skip it (it says why then)."""
     try:
-        return read_junit(path)
+        return admit(path, redact)
     except ReportsError:
         return []
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from matrix.redaction import redact
 from reports import ReportsError
-from reports.analysis import analyse, blocking, compare, plain_link, select
+from reports.analysis import analyse, baseline_lines, blocking, compare, plain_link, select, select_baseline
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
 from reports.outputs import cause_lines, classify, format_table, summary_line
@@ -40,15 +39,19 @@ def run(args: argparse.Namespace) -> int:
             f"{args.store}: the history store holds no results, so there is nothing to gate on; "
             "import the baseline's and the candidate's runs with `python -m reports merge` first"
         )
-    baseline, candidate = (
-        select(observations, args.baseline, "--baseline"),
-        select(observations, args.candidate, "--candidate"),
-    )
+    # The baseline comes from trusted runs only (reports.analysis.trust): a pull request's JUnit could label a run
+    # with the baseline's versions. The candidate may be untrusted (a pull request's run is what is gated).
+    baseline, ignored = select_baseline(observations, args.baseline, "--baseline")
+    candidate = select(observations, args.candidate, "--candidate")
     rows = compare(baseline, candidate, args.confirmations)
-    # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first.
-    failures = classify(baseline, candidate, analyse(observations), known_failures(args.known_failures))
-    print(redact("\n".join([summary_line(failures), *cause_lines(failures, plain_link), ""])))
-    print(redact(format_table(rows, args.confirmations, args.block_changed)))
+    # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first; the history
+    # that says what is flaky is the trusted runs' and the candidate's.
+    candidate_runs = {obs.run for obs in candidate}
+    history = analyse([obs for obs in observations if obs.run.trusted or obs.run in candidate_runs])
+    failures = classify(baseline, candidate, history, known_failures(args.known_failures))
+    print("\n".join([summary_line(failures), *baseline_lines(args.baseline, baseline, ignored)]))
+    print("\n".join([*cause_lines(failures, plain_link), ""]))
+    print(format_table(rows, args.confirmations, args.block_changed))
     return 1 if blocking(rows, args.block_changed) else 0
 
 

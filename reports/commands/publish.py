@@ -9,7 +9,7 @@ from pathlib import Path
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
-from reports.outputs import publish_deltas
+from reports.outputs import MAX_ISSUES, publish_deltas
 from reports.store import HistoryStore
 
 
@@ -39,6 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for this repository's tracker (e.g. deepspeedai/DeepSpeed): written to "
         "OUT/publish/upstream/, opened there with $GITHUB_TOKEN (off by default)",
     )
+    parser.add_argument(
+        "--max-issues",
+        type=_issue_count,
+        default=MAX_ISSUES,
+        metavar="N",
+        help=f"issues one run opens or edits, regression issues then upstream reports (default {MAX_ISSUES}); the "
+        "causes past N are listed in one summary issue",
+    )
+
+
+def _issue_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of issues; give a whole number, 0 or more")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         base=args.base,
         known=known,
         upstream=args.upstream,
+        max_issues=args.max_issues,
     ):
         print(f"wrote {path}")
     return 0

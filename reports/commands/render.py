@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from matrix.redaction import redact
 from reports.analysis import analyse_aggregates, failing_now_markdown, plain_link
 from reports.clones import GitRepo
 from reports.commands.interface import Command
@@ -60,8 +59,8 @@ def _render(args: argparse.Namespace) -> int:
     for path in write_outputs(report, history, drift, args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its
-    # 23 MB of JSON at a year), redacted as the files are.
-    print(redact("\n".join(failing_now_markdown(report, plain_link))), end="")
+    # 23 MB of JSON at a year); like everything a command prints, redacted on its way out (reports.__main__).
+    print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(
             f"docs drift: {len(drift.listed_but_failing)} listed but failing, "

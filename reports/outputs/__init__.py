@@ -22,16 +22,22 @@ from reports.outputs.pr_failures import (
     classify,
     summary_line,
 )
-from reports.outputs.publish import (
+from reports.outputs.markdown_safety import (
     inert,
+)
+from reports.outputs.publish import (
+    MAX_ISSUES,
     publish_deltas,
 )
 from reports.outputs.render import (
     write_outputs,
+)
+from reports.outputs.staging import (
     writing_to,
 )
 
 __all__ = [
+    "MAX_ISSUES",
     "build_report",
     "cause_lines",
     "check_drift",

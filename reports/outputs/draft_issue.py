@@ -30,6 +30,8 @@ from reports.analysis import (
     repro_command,
 )
 from reports.store import AXES, CellKey, Observation, aggregate
+from reports.outputs.markdown_safety import fence
+from reports.outputs.staging import staged
 from reports.outputs.model import Report, build_report
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
@@ -94,11 +96,11 @@ def write_draft(
     reason = not_deepspeeds(entry)
     if reason:
         raise ReportsError(reason)
-    folder = out_dir / "draft-issue"
-    title, body = draft_text(entry, report, history, observations, folder, inert, cell=cell)
-    file = folder / f"{entry.failure_class}-{entry.id}.md"
-    file.write_text(f"# {title}\n\n{body}", encoding="utf-8")
-    return Draft(title, body, file)
+    name = Path("draft-issue") / f"{entry.failure_class}-{entry.id}.md"
+    with staged(out_dir) as stage:  # the report and its repro script moved into place together
+        title, body = draft_text(entry, report, history, observations, stage / name.parent, inert, cell=cell)
+        (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
+    return Draft(title, body, out_dir / name)
 
 
 def not_deepspeeds(entry: FailingCause) -> str | None:
@@ -225,7 +227,7 @@ def _markdown(
             "",
         ]
         frame.add(len(lines))
-        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", "```python", text.rstrip("\n"), "```", ""]
+        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", *fence(text.rstrip("\n"), "python"), ""]
         frame.add(len(lines))
         lines += [FRAME_END, ""]
     lines += [f"With the autotp-matrix harness: `{repro_command(cell)}`", ""]
@@ -263,7 +265,12 @@ def _markdown(
         for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]
     ]
     if log:
-        lines += ["**Log excerpt** (the end of the cell's message; secrets redacted)", "", "```text", *log, "```", ""]
+        lines += [
+            "**Log excerpt** (the end of the cell's message; secrets redacted)",
+            "",
+            *fence("\n".join(log), "text"),
+            "",
+        ]
     # Each stretch between the frame's lines is made inert whole, so a fence (the script, the log) stays one block.
     stretches = []
     for framing, group in groupby(enumerate(lines), key=lambda item: item[0] in frame):

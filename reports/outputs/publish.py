@@ -47,20 +47,24 @@ from reports.analysis import (
     markdown_link,
     one_line,
     repro_command,
-    select,
+    select_baseline,
     session_deltas,
+    trusted_history,
 )
 from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.clones import GitRepo
 from reports.outputs.pr_failures import classify, pr_comment_head
 from reports.outputs.model import build_report, transition_entry
 from reports.outputs.markdown import answer_lines
+from reports.outputs.markdown_safety import inert
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
-from reports.outputs.render import writing_to
+from reports.outputs.staging import staged, writing_to
 
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
 MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
+MAX_ISSUES = 5  # issues one run opens or edits (`--max-issues`); the causes past it are listed in one summary issue
+SUMMARY_MARKER = "<!-- autotp-matrix:regression-summary -->"
 
 
 def _compare_links(session: SessionDeltas) -> list[str]:
@@ -86,22 +90,6 @@ def _git_ref(versions: Versions, axis: str) -> str:
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
-
-# Outside code spans and fences, text that GitHub would turn into actions: @mentions (notify people and teams),
-# images (fetched from any server when the page is viewed) and raw HTML (<img>, a fake marker comment).
-_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.DOTALL)
-_MENTION = re.compile(r"(?<![\w`@/.+-])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?")
-
-
-def inert(markdown: str, *, title: bool = False) -> str:
-    """The text with mentions put in code spans, images turned into their literal text and HTML tags escaped,
-    wherever a field from the results (a commit subject, a triage reason, anything) may have brought them. An
-    issue title renders neither images nor HTML (an escape would show), only mentions and code spans."""
-    parts = _CODE.split(markdown.replace("\\`", "'"))  # an escaped backtick opens no code span on GitHub
-    for i in range(0, len(parts), 2):  # the odd parts are code spans and fences: shown literally already
-        text = parts[i] if title else parts[i].replace("![", "!\\[").replace("<", "&lt;")
-        parts[i] = _MENTION.sub(lambda m: f"`{m.group(0)}`", text)
-    return "".join(parts)
 
 
 def failure_class_text(failure_class: str) -> str:
@@ -298,6 +286,31 @@ def build_posts(
     return comment, issues
 
 
+def capped(issues: list[Post], drafts: list[Post], limit: int, out_dir: Path) -> tuple[list[Post], list[Post]]:
+    """At most `limit` issues for one run: regression issues first, then upstream reports; the causes past it are
+    listed in one summary issue here (found again by its marker), so results with 300 causes open `limit` + 1
+    issues, not 300 — in this repository or upstream."""
+    kept_issues = issues[:limit]
+    kept_drafts = drafts[: max(0, limit - len(kept_issues))]
+    over = [*issues[len(kept_issues) :], *drafts[len(kept_drafts) :]]
+    if not over:
+        return kept_issues, kept_drafts
+    title = f"AutoTP matrix: {count_text(len(over), 'more cause')} of new regressions than one run opens issues for"
+    lines = [
+        f"One run of `python -m reports publish` opens at most {limit} issues (`--max-issues`); these causes of new "
+        "regressions have none yet (the PR comment and the step summary list each with its cells):",
+        "",
+        *[f"- {post.title}" + (" (a report for the upstream tracker)" if post in drafts else "") for post in over],
+    ]
+    summary = Post(
+        SUMMARY_MARKER,
+        title,
+        f"{SUMMARY_MARKER}\n{inert(chr(10).join(lines))}\n",
+        out_dir / "publish" / "issues" / "summary.md",
+    )
+    return [*kept_issues, summary], kept_drafts
+
+
 def upstream_marker(cause: str) -> str:
     return f"<!-- autotp-matrix:upstream cause={cause} -->"
 
@@ -350,6 +363,7 @@ def publish_deltas(
     base: str | None = None,
     known: dict[str, KnownFailure] | None = None,
     upstream: str | None = None,
+    max_issues: int = MAX_ISSUES,
     log=print,
 ) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
@@ -361,46 +375,43 @@ def publish_deltas(
             f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
         )
     token = os.environ.get(TOKEN_ENV) or None
+    all_observations = observations
+    # A session's newest run is compared with its previous trusted run, and judged by trusted runs' flakiness: a pull
+    # request's results are what is reported on, never the history they are compared with (reports.analysis.trust).
+    observations = trusted_history(observations, sessions)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     checkpoints = cell_checkpoints(aggregate(observations), history)
-    comment, issues = build_posts(deltas, out_dir, checkpoints, checkpoint_verdicts(history, checkpoints))
-    drafts = []
-    if upstream:
-        with writing_to(out_dir):  # the reports' repro scripts are written as they are drafted
-            drafts = upstream_posts(deltas, history, observations, known or {}, out_dir, log)
-    if base is not None:
-        newest = {session.newest for session in deltas}
-        failures = classify(
-            select(observations, base, "--base"),
-            [obs for obs in observations if obs.run in newest],
-            history,
-            known or {},
+    with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
+        comment, issues = build_posts(deltas, stage, checkpoints, checkpoint_verdicts(history, checkpoints))
+        drafts = upstream_posts(deltas, history, observations, known or {}, stage, log) if upstream else []
+        if base is not None:
+            newest = {session.newest for session in deltas}
+            baseline, _ = select_baseline(all_observations, base, "--base")
+            failures = classify(baseline, [obs for obs in observations if obs.run in newest], history, known or {})
+            comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
+        issues, drafts = capped(issues, drafts, max_issues, stage)
+        # The store redacts what it imports; a store written before it did, or a message quoting this environment's
+        # token, must not leak through the texts either.
+        comment = replace(comment, body=redact(comment.body))
+        issues, drafts = (
+            [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+            for posts in (issues, drafts)
         )
-        comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
-    # The store redacts what it imports; a store written before it did, or a message quoting this environment's
-    # token, must not leak through the texts either.
-    comment = replace(comment, body=redact(comment.body))
-    issues, drafts = (
-        [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
-        for posts in (issues, drafts)
-    )
-
-    written = []
-    summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
-    with writing_to(out_dir):
         for post in [comment, *issues, *drafts]:
             post.file.parent.mkdir(parents=True, exist_ok=True)
             post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
-            written.append(post.file)
-        with summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
-            handle.write(comment.body + "\n")
+    written = [out_dir / post.file.relative_to(stage) for post in [comment, *issues, *drafts]]
+    summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+    with writing_to(out_dir), summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
+        handle.write(comment.body + "\n")
     written.append(summary)
 
     if token is None:
         log(
-            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} regression issue(s) (one per cause) to "
+            f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} issue(s) (one per cause, at most "
+            f"{max_issues} and a summary of the rest) to "
             f"{out_dir / 'publish'} and the step summary instead of posting them"
             + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
         )

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 
 from matrix.redaction import Redactor
-from reports import ReportsError
 from reports.analysis import (
     History,
 )
@@ -23,6 +21,8 @@ from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_
 from reports.outputs.model import DETAILS_FILE, Report, split_report
 
 from reports.outputs.html import report_html
+from reports.outputs.markdown_safety import inert
+from reports.outputs.staging import staged, writing_to
 from reports.outputs.markdown import report_markdown, step_summary_markdown
 
 
@@ -30,34 +30,23 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     first_screen, details = split_report(report)
     outputs = {
-        out_dir / "report.md": report_markdown(report),
+        out_dir / "report.md": inert(report_markdown(report)),
         out_dir / "report.json": json.dumps(first_screen, indent=2, ensure_ascii=False) + "\n",
         out_dir / DETAILS_FILE: json.dumps(details, ensure_ascii=False) + "\n",
         out_dir / "report.html": report_html(report),
     }
     if drift is None:
-        outputs[out_dir / "supported-models.md"] = supported_models_markdown(report, history)
+        outputs[out_dir / "supported-models.md"] = inert(supported_models_markdown(report, history))
     else:  # the families in the copy's spelling, and the diff that makes the copy say what the matrix found
         docs = Path(drift.docs_path)
-        outputs[out_dir / "supported-models.md"] = supported_models_markdown(report, history, docs_names(report, docs))
+        outputs[out_dir / "supported-models.md"] = inert(
+            supported_models_markdown(report, history, docs_names(report, docs))
+        )
         outputs[out_dir / "supported-models.diff"] = docs_diff(report, docs)
     redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
-    with writing_to(out_dir):
-        out_dir.mkdir(parents=True, exist_ok=True)
+    with staged(out_dir) as stage:  # all of them, or none
         for path, text in outputs.items():
-            path.write_text(redact(text), encoding="utf-8")
-        with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
-            summary.write(redact(step_summary_markdown(report)))
+            (stage / path.relative_to(out_dir)).write_text(redact(text), encoding="utf-8")
+    with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
+        summary.write(redact(inert(step_summary_markdown(report))))
     return [*outputs, step_summary]
-
-
-@contextmanager
-def writing_to(out_dir: Path):
-    """An output that cannot be written (--out names a file, a folder without permission, a full disk) is one line."""
-    try:
-        yield
-    except OSError as exc:
-        raise ReportsError(
-            f"--out {out_dir}: cannot write {exc.filename or out_dir} ({exc.strerror}); pass a "
-            "folder that can be created or written"
-        ) from None

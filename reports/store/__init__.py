@@ -1,5 +1,6 @@
-"""What was recorded, kept for good: records every room shares, JUnit read at the door, the append-only results
-archive (the source of truth) and the SQLite history store indexed over it (schema, migrations, aggregates).
+"""What was recorded, kept for good: records every room shares, the door every run comes in by (JUnit read, redacted and
+validated), the append-only results archive (the source of truth) and the SQLite history store indexed over it
+(schema, migrations, aggregates).
 
 Other rooms import these names from here; modules inside the room import each other directly."""
 
@@ -15,10 +16,17 @@ from reports.store.aggregates import (
 )
 from reports.store.archive import (
     ArchiveConflict,
+    DamagedEntry,
     ResultsArchive,
     answer_key,
     default_archive,
     needed_paths,
+)
+from reports.store.door import (
+    Rejected,
+    admit,
+    redact_fields,
+    redactor,
 )
 from reports.store.compaction import (
     KEEP_RECENT_RUNS,
@@ -30,12 +38,12 @@ from reports.store.history_store import (
 from reports.store.junit import (
     KNOWN_FAILURE_CLASSES,
     find_junit_files,
-    read_junit,
 )
 from reports.store.records import (
     AXES,
     BisectMode,
     Bisection,
+    CellDetail,
     CellKey,
     CellResult,
     Commit,
@@ -44,6 +52,7 @@ from reports.store.records import (
     Observation,
     Pins,
     Run,
+    RunRecords,
     TransitionKind,
     TriageAttempt,
     Versions,
@@ -62,9 +71,11 @@ __all__ = [
     "ArchiveConflict",
     "BisectMode",
     "Bisection",
+    "CellDetail",
     "CellKey",
     "CellResult",
     "Commit",
+    "DamagedEntry",
     "DEFAULT_STORE",
     "GITHUB_REPOSITORY",
     "HistoryStore",
@@ -76,12 +87,15 @@ __all__ = [
     "PointKey",
     "PointMetrics",
     "ResultGroup",
+    "Rejected",
     "ResultsArchive",
     "Run",
+    "RunRecords",
     "StoreConflict",
     "TransitionKind",
     "TriageAttempt",
     "Versions",
+    "admit",
     "aggregate",
     "answer_key",
     "default_archive",
@@ -91,7 +105,8 @@ __all__ = [
     "newer_metrics",
     "parse_pins",
     "pins_text",
-    "read_junit",
+    "redact_fields",
+    "redactor",
     "release",
     "short_commit",
     "started_order",

@@ -1,11 +1,13 @@
-"""The results archive: every merged run's raw results, append-only, the source the history store is rebuilt from.
+"""The results archive: every merged run's records, append-only, the source the history store is rebuilt from.
 
 Layout (reports/README.md "Archive"): `<archive>/<session>/<run id>.<attempt>.tar.gz`, names percent-encoded
-(`:` of the start time becomes `%3A`), each a gzip'd tar of two members: `junit.xml`, the JUnit file the run
-came in, byte for byte, and `cells.jsonl`, that run's lines of the cells.jsonl beside it (empty when the input
-had none). Attempt 1 is the run as first merged; a later merge of the same run that adds cells (a run continued
-after an interruption) adds attempt 2, and so on. Entries are written once and never changed: merging the same
-run again adds nothing, and a run that comes back with another verdict for a cell it already has is an error.
+(`:` of the start time becomes `%3A`). An entry of format 2 is a gzip'd tar of one member, `records.json`: the run's
+records as they passed the door (reports.store.door) — read, redacted, validated — as canonical JSON; never the raw
+bytes a runner sent, which are public once the archive is pushed. Entries of format 1 (the JUnit file byte for byte
+and that run's cells.jsonl lines) are read back through the same door, so they rebuild as they did. Attempt 1 is the
+run as first merged; a later merge of the same run that adds cells (a run continued after an interruption) adds
+attempt 2, and so on. Entries are written once and never changed: merging the same run again adds nothing, and a run
+that comes back with another verdict for a cell it already has is an error. Only trusted runs are archived.
 
 Answers (what bisect and triage found) are kept as well, one small JSON file each, named by a hash of its
 content: `<archive>/answers/bisection-<hash>.json` and `triage-attempt-<hash>.json`.
@@ -22,21 +24,41 @@ import re
 import subprocess
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from reports import ReportsError
-from reports.store.junit import MalformedJUnit, read_junit
-from reports.store.records import Bisection, CellKey, CellResult, Commit, Run, TriageAttempt, parse_pins, pins_text
-from suites.records.run_records import MalformedRecord, read_records
+from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
+from reports.store.junit import MalformedJUnit, shown
+from reports.store.records import (
+    Bisection,
+    CellDetail,
+    CellKey,
+    CellResult,
+    Commit,
+    Run,
+    RunRecords,
+    TriageAttempt,
+    Versions,
+    parse_pins,
+    pins_text,
+)
+from reports.store.validation import first_problem
 
 ANSWERS = "answers"
-JUNIT_MEMBER = "junit.xml"
+FORMAT = 2
+RECORDS_MEMBER = "records.json"  # format 2
+JUNIT_MEMBER = "junit.xml"  # format 1, with CELLS_MEMBER
 CELLS_MEMBER = "cells.jsonl"
 _ENTRY_NAME = re.compile(r"(?P<run>.+)\.(?P<attempt>[1-9][0-9]*)\.tar\.gz")
 # What may stay unencoded in a file name: safe in git, on every OS and in an artifact upload.
 _SAFE = "@()+,=_.-"
+# An entry's gzip'd tar, and each member it unpacks to, is read whole into memory: one far larger than any run's
+# records is refused unread.
+MAX_ENTRY_BYTES = 256 * 1024 * 1024
 
 
 def default_archive(store: Path) -> Path:
@@ -55,9 +77,17 @@ class ArchiveConflict(ReportsError):
     """A run came back with content that contradicts what the archive already holds for it."""
 
 
+class DamagedEntry(ReportsError):
+    """An entry that does not open, or whose records are not valid: rebuild skips it, verify names it."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}; restore it from the data branch's history, or move it out of the archive")
+
+
 class ResultsArchive:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, redact: Redact | None = None):
         self.root = Path(root)
+        self._redact = redact or redactor()
 
     def entries(self) -> list[ArchiveEntry]:
         """Every entry, in (session, run id, attempt) order."""
@@ -91,108 +121,118 @@ class ResultsArchive:
             return present
         return present | {self.root / name for name in git.stdout.split("\0") if name.count("/") == 1}
 
-    def read(self, entry: ArchiveEntry) -> tuple[Run, list[CellResult]]:
-        """The entry's run and results, read from its JUnit exactly as `merge` read them."""
-        junit = self._member(entry.path, JUNIT_MEMBER)
-        with tempfile.TemporaryDirectory() as scratch:
-            staged = Path(scratch) / JUNIT_MEMBER
-            staged.write_bytes(junit)
-            try:
-                runs = read_junit(staged)
-            except MalformedJUnit as exc:
-                raise ReportsError(
-                    f"{entry.path}: {exc.reason}; the archive entry is damaged — restore it from "
-                    "the data branch's history"
-                ) from None
-        for run, results in runs:
-            if run.run_id == entry.run_id:
-                return run, results
-        raise ReportsError(
-            f"{entry.path}: holds no run {entry.run_id!r}; the entry was renamed or damaged — "
-            "restore it from the data branch's history"
-        )
+    def name(self, entry: ArchiveEntry) -> str:
+        """The entry's path inside the archive, as the store records its hash."""
+        return entry.path.relative_to(self.root).as_posix()
 
-    def add(self, source: Path, runs: list[tuple[Run, list[CellResult]]]) -> list[ArchiveEntry]:
-        """Archive each run of the JUnit file `source` (already read) that brings cells the archive lacks;
-        return the entries written. Raise ArchiveConflict when a run contradicts its archived content."""
-        junit = Path(source).read_bytes()
+    def sha256(self, entry: ArchiveEntry) -> str:
+        return hashlib.sha256(self._bytes(entry.path)).hexdigest()
+
+    def read(self, entry: ArchiveEntry) -> RunRecords:
+        """The entry's run with its results and details, validated as at the door; raise DamagedEntry when it does
+        not open or its records are not what the door lets in."""
+        runs = _records_of(entry.path, self._bytes(entry.path), self._redact)
+        records = next((r for r in runs if r.run.run_id == self._redact(entry.run_id)), None)
+        if records is None:
+            held = ", ".join(shown(r.run.run_id) for r in runs)
+            raise DamagedEntry(entry.path, f"holds run {held}, not {shown(entry.run_id)}: the entry was renamed")
+        return records
+
+    def add(self, source: Path, runs: list[RunRecords]) -> list[ArchiveEntry]:
+        """Archive each run (as it passed the door) that brings cells the archive lacks; return the entries written.
+        Raise ArchiveConflict when a run contradicts its archived content."""
         written = []
-        for run, results in runs:
+        for records in runs:
+            if not records.run.trusted:
+                raise ReportsError(f"{source}: run {records.run.run_id!r} is a pull request's: it is never archived")
             while True:
-                attempt = self._next_attempt(source, run, results)
+                attempt = self._next_attempt(source, records.run, records.results)
                 if attempt is None:
                     break
-                entry = self._entry(run, attempt)
-                if self._write_new(
-                    entry.path, _tar_gz({JUNIT_MEMBER: junit, CELLS_MEMBER: _cells_lines(source, run.run_id)})
-                ):
+                entry = self._entry(records.run, attempt)
+                if self._write_new(entry.path, _tar_gz({RECORDS_MEMBER: entry_json(records)})):
                     written.append(entry)
                     break
                 # another merge wrote this attempt meanwhile: compare with it too
         return written
 
     def add_answers(self, answers: list[Bisection | TriageAttempt]) -> int:
-        """Archive the answers not archived yet; return how many were."""
+        """Archive the answers not archived yet (redacted); return how many were."""
         written = 0
         for answer in answers:
-            text = answer_key(answer)
+            text = answer_key(redact_fields(answer, self._redact))
             kind = "bisection" if isinstance(answer, Bisection) else "triage-attempt"
             path = self.root / ANSWERS / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
             written += not path.exists() and self._write_new(path, text.encode())
         return written
 
-    def answers(self) -> list[Bisection | TriageAttempt]:
-        """Every archived answer, oldest first."""
+    def answers(self, on_damaged: Callable[[str], None] | None = None) -> list[Bisection | TriageAttempt]:
+        """Every archived answer, oldest first, redacted as they are read (an answer archived before a secret was
+        known as one). One that cannot be read raises ReportsError, or with `on_damaged` is passed to it (a line
+        naming the file) and left out."""
         found: list[Bisection | TriageAttempt] = []
         for path in (self.root / ANSWERS).glob("*.json"):
             try:
-                fields = json.loads(path.read_text())
-                cell = CellKey(**fields.pop("cell"))
+                fields_ = json.loads(path.read_text())
+                cell = CellKey(**fields_.pop("cell"))
                 if path.name.startswith("bisection-"):
-                    suspects = tuple(Commit(**{**c, "files": tuple(c["files"])}) for c in fields.pop("suspects"))
-                    found.append(
-                        Bisection(
-                            cell,
-                            **{
-                                **fields,
-                                "held_fixed": parse_pins(fields["held_fixed"]),
-                                "files": tuple(fields["files"]),
-                                "untestable": tuple(fields["untestable"]),
-                            },
-                            suspects=suspects,
-                        )
+                    suspects = tuple(Commit(**{**c, "files": tuple(c["files"])}) for c in fields_.pop("suspects"))
+                    answer: Bisection | TriageAttempt = Bisection(
+                        cell,
+                        **{
+                            **fields_,
+                            "held_fixed": parse_pins(fields_["held_fixed"]),
+                            "files": tuple(fields_["files"]),
+                            "untestable": tuple(fields_["untestable"]),
+                        },
+                        suspects=suspects,
                     )
                 else:
-                    found.append(TriageAttempt(cell, **{**fields, "held_fixed": parse_pins(fields["held_fixed"])}))
+                    answer = TriageAttempt(cell, **{**fields_, "held_fixed": parse_pins(fields_["held_fixed"])})
             except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                raise ReportsError(
+                damage = (
                     f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
                     "from the data branch's history"
-                ) from None
+                )
+                if on_damaged is None:
+                    raise ReportsError(damage) from None
+                on_damaged(damage)
+                continue
+            found.append(redact_fields(answer, self._redact))
         return sorted(found, key=lambda answer: (answer.recorded_at, answer_key(answer)))
 
     def _entry(self, run: Run, attempt: int) -> ArchiveEntry:
+        """Where a run's attempt is kept: one folder below the archive, whatever the names hold (the door lets only
+        safe names in; this is the last check before a file is written)."""
         folder = self.root / quote(run.session or "no-session", safe=_SAFE)
-        return ArchiveEntry(folder / f"{quote(run.run_id, safe=_SAFE)}.{attempt}.tar.gz", run.run_id, attempt)
+        path = folder / f"{quote(run.run_id, safe=_SAFE)}.{attempt}.tar.gz"
+        root = self.root.resolve()
+        if path.resolve().parent.parent != root or path.parent.name in ("", ".", ".."):
+            raise ReportsError(
+                f"run {run.run_id!r} of session {run.session!r} would be archived at {path}, outside {self.root}; "
+                "its names are not a session's"
+            )
+        return ArchiveEntry(path, run.run_id, attempt)
 
     def _attempts_of(self, run: Run) -> list[ArchiveEntry]:
         folder = self._entry(run, 1).path.parent
+        # quote() leaves no glob character in the name
         entries = (_entry_at(path) for path in folder.glob(f"{quote(run.run_id, safe=_SAFE)}.*.tar.gz"))
         return sorted((entry for entry in entries if entry and entry.run_id == run.run_id), key=lambda e: e.attempt)
 
-    def _next_attempt(self, source: Path, run: Run, results: list[CellResult]) -> int | None:
+    def _next_attempt(self, source: Path, run: Run, results: tuple[CellResult, ...]) -> int | None:
         """The attempt number a new entry for `run` gets, or None when the archive already holds all of it."""
         verdicts: dict[CellKey, tuple[str, str, str]] = {}
         attempts = 0
         for entry in self._attempts_of(run):
             path = entry.path
-            archived_run, archived_results = self.read(entry)
-            if archived_run != run:
+            archived = self.read(entry)
+            if archived.run != run:
                 raise ArchiveConflict(
                     f"{source}: run {run.run_id!r} is archived in {path} with different provenance/versions; run ids "
                     "must be unique per session — check how the file was produced"
                 )
-            for result in archived_results:
+            for result in archived.results:
                 verdicts.setdefault(result.cell, _verdict(result))
             attempts = max(attempts, entry.attempt)
         new_cells = False
@@ -223,17 +263,110 @@ class ResultsArchive:
         return True
 
     @staticmethod
-    def _member(path: Path, name: str) -> bytes:
+    def _bytes(path: Path) -> bytes:
         try:
-            with tarfile.open(path, "r:gz") as tar:
-                member = tar.extractfile(name)
-                if member is None:
-                    raise KeyError(name)
-                return member.read()
-        except (OSError, EOFError, tarfile.TarError, KeyError) as exc:
-            raise ReportsError(
-                f"{path}: not a readable archive entry ({exc}); restore it from the data branch's history"
-            ) from None
+            if path.stat().st_size > MAX_ENTRY_BYTES:
+                raise DamagedEntry(
+                    path, f"{path.stat().st_size} bytes, more than any run's records ({MAX_ENTRY_BYTES})"
+                )
+            return path.read_bytes()
+        except OSError as exc:
+            raise DamagedEntry(path, f"cannot be read ({exc.strerror})") from None
+
+
+def entry_json(records: RunRecords) -> bytes:
+    """A run's records as an entry of format 2 holds them: canonical JSON (the same records, the same bytes). A
+    result's run id is its run's; a run's trust is not kept (only trusted runs are archived)."""
+    run = records.run
+    content = {
+        "format": FORMAT,
+        "run": {
+            **{f.name: getattr(run, f.name) for f in fields(Run) if f.name not in ("versions", "trusted")},
+            "versions": asdict(run.versions),
+        },
+        "dependencies_as_of": records.dependencies_as_of,
+        "results": [
+            {
+                "cell": asdict(result.cell),
+                "outcome": result.outcome,
+                "failure_class": result.failure_class,
+                "signature": result.signature,
+                "message": result.message,
+                "metrics": result.metrics,
+                "checkpoints": list(result.checkpoints),
+            }
+            for result in records.results
+        ],
+        "details": [{**asdict(detail), "cell": asdict(detail.cell)} for detail in records.details],
+    }
+    return json.dumps(content, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
+    """The runs of an entry's bytes, of either format (one run; a format-1 JUnit file may hold more, and its entry is
+    the one of them it is named after), redacted and validated."""
+    members = _members(path, content)
+    if RECORDS_MEMBER in members:
+        try:
+            runs = [redact_fields(_from_json(json.loads(members[RECORDS_MEMBER])), redact)]
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise DamagedEntry(path, f"{RECORDS_MEMBER} is not a run's records ({type(exc).__name__}: {exc})") from None
+    elif JUNIT_MEMBER in members:
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                runs = admitted_bytes(members[JUNIT_MEMBER], Path(scratch), redact)
+            except (MalformedJUnit, Rejected) as exc:
+                raise DamagedEntry(path, f"its {JUNIT_MEMBER} (format 1): {exc.reason}") from None
+    else:
+        raise DamagedEntry(path, f"holds neither {RECORDS_MEMBER} (format 2) nor {JUNIT_MEMBER} (format 1)")
+    for records in runs:
+        if problem := first_problem(records):
+            raise DamagedEntry(path, f"its records are not what merge lets in: {problem}")
+    return runs
+
+
+def _members(path: Path, content: bytes) -> dict[str, bytes]:
+    try:
+        with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
+            found = {}
+            for member in tar:
+                if member.size > MAX_ENTRY_BYTES:  # what a gzip'd entry unpacks to is read whole: bounded too
+                    raise DamagedEntry(path, f"its member {shown(member.name)} holds {member.size} bytes")
+                if member.isfile() and member.name in (RECORDS_MEMBER, JUNIT_MEMBER, CELLS_MEMBER):
+                    stream = tar.extractfile(member)
+                    found[member.name] = stream.read() if stream else b""
+            return found
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+        raise DamagedEntry(path, f"not a readable archive entry ({exc})") from None
+
+
+def _from_json(content: dict) -> RunRecords:
+    """A format-2 entry's records, typed; a field of the wrong type raises TypeError or KeyError."""
+    if content.get("format") != FORMAT:
+        raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")
+    fields_ = dict(content["run"])
+    run = Run(**{**fields_, "versions": Versions(**fields_["versions"])})
+    results = tuple(
+        CellResult(
+            run_id=run.run_id,
+            cell=CellKey(**item["cell"]),
+            outcome=item["outcome"],
+            failure_class=item["failure_class"],
+            signature=item["signature"],
+            message=item["message"],
+            metrics={name: _number(value) for name, value in item["metrics"].items()},
+            checkpoints=tuple(item["checkpoints"]),
+        )
+        for item in content["results"]
+    )
+    details = tuple(CellDetail(**{**item, "cell": CellKey(**item["cell"])}) for item in content["details"])
+    return RunRecords(run, results, details, content["dependencies_as_of"])
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a metric {value!r} is not a number")
+    return float(value)
 
 
 def needed_paths(names: list[str], stored_runs: set[str], incoming_runs: set[str]) -> list[str]:
@@ -269,21 +402,6 @@ def _verdict(result: CellResult) -> tuple[str, str, str]:
 def _describe(verdict: tuple[str, str, str]) -> str:
     outcome, failure_class, signature = verdict
     return f"{outcome} ({failure_class}: {signature})" if outcome == "fail" else outcome
-
-
-def _cells_lines(junit: Path, run_id: str) -> bytes:
-    """The run's records of the cells.jsonl in the results folder the JUnit file came from (`<results>/junit/`)."""
-    folder = Path(junit).parent
-    results_dir = folder.parent if folder.name == "junit" else folder
-    try:
-        records = read_records(results_dir)
-    except MalformedRecord as error:
-        raise ReportsError(str(error)) from None
-    return "".join(
-        json.dumps(record) + "\n"
-        for record in records
-        if (record.get("run") or {}).get("id") == run_id and not record.get("faults")
-    ).encode()
 
 
 def _tar_gz(members: dict[str, bytes]) -> bytes:

@@ -2,7 +2,10 @@
 
 Every write happens in a `BEGIN IMMEDIATE` transaction, so concurrent importers into the
 same file serialise on SQLite's lock instead of interleaving half-written runs.
-"""
+
+What comes in has passed the door (reports.store.door: redacted and validated); what goes out passes the redactor
+of this environment again, before any analysis masks a number: a secret known only now (its variable set for
+render, not for the merge) leaves the store as `***`, never as a partly masked remainder."""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from matrix.redaction import Redactor
 from reports import ReportsError
 from reports.store.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs
 from reports.store.answer_rows import (
@@ -32,6 +34,7 @@ from reports.store.answer_rows import (
     triage_row,
 )
 from reports.store.records import Bisection, CellKey, CellResult, Observation, Run, TriageAttempt, Versions
+from reports.store.door import redact_fields, redactor
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
 from reports.store.ids import Cells, Texts, inserted_id
 from reports.store.rows import explain, run_from_row, run_row
@@ -92,6 +95,7 @@ class HistoryStore:
                 f"{self.path}: an empty file (0 bytes), not a history store; restore the store, or "
                 "delete the file to start a new history with `python -m reports merge`"
             )
+        self._redact = redactor()
         with self._sqlite_errors():
             if read_only:
                 uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
@@ -145,7 +149,18 @@ class HistoryStore:
 
     @contextmanager
     def _write(self):
-        """One `BEGIN IMMEDIATE` transaction: committed when the block ends, rolled back when it raises."""
+        """One `BEGIN IMMEDIATE` transaction: committed when the block ends, rolled back when it raises. Inside an
+        open transaction (`transaction()`), a savepoint: the block's writes are undone alone when it raises."""
+        if self._conn.in_transaction:
+            self._conn.execute("SAVEPOINT part")
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK TO part")
+                self._conn.execute("RELEASE part")
+                raise
+            self._conn.execute("RELEASE part")
+            return
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -153,6 +168,13 @@ class HistoryStore:
             self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self):
+        """Writes that land together or not at all (rebuild: a store is never left half-imported); an import inside
+        it that raises is undone alone."""
+        with self._sqlite_errors(), self._write():
+            yield
 
     def _check_or_create_schema(self) -> None:
         conn = self._conn
@@ -211,10 +233,9 @@ class HistoryStore:
     def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
         """Add runs and results not yet stored, all or nothing; known ones are left untouched. Raises StoreConflict
         when a stored run has other provenance, or a stored cell of it another verdict (outcome, failure class):
-        one run id is one run, so the file and the store cannot both be right. Messages and signatures are stored
-        with their secrets redacted, each distinct text once."""
+        one run id is one run, so the file and the store cannot both be right. The records come redacted from the
+        door (reports.store.door); each distinct message and signature is stored once."""
         conn = self._conn
-        redact = functools.lru_cache(maxsize=4096)(Redactor())  # a night's failures repeat a few texts
         new_runs = new_results = 0
         with self._write():
             # Read the known ids under the write lock: another importer may have added them since the store opened.
@@ -228,7 +249,12 @@ class HistoryStore:
                     run_key = inserted_id(
                         conn.execute(
                             f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                            (run.run_id, *run_row(run), str(source), datetime.now(timezone.utc).isoformat()),
+                            (
+                                run.run_id,
+                                *run_row(run),
+                                self._redact(str(source)),
+                                datetime.now(timezone.utc).isoformat(),
+                            ),
                         )
                     )
                     new_runs += 1
@@ -273,8 +299,8 @@ class HistoryStore:
                             cells.id(result.cell),
                             result.outcome,
                             result.failure_class,
-                            texts.id(redact(result.signature)),
-                            texts.id(redact(result.message)),
+                            texts.id(result.signature),
+                            texts.id(result.message),
                             json.dumps(result.metrics, sort_keys=True),
                         )
                     )
@@ -295,7 +321,7 @@ class HistoryStore:
         rows = self._conn.execute(
             f"SELECT run_id, {', '.join(RUN_FIELDS + VERSION_FIELDS)} FROM runs ORDER BY started, run_id"
         )
-        return [run_from_row(row) for row in rows]
+        return [self._run(row) for row in rows]
 
     @_naming_the_file
     def observations(self, run_ids: Collection[str] | None = None) -> list[Observation]:
@@ -305,7 +331,7 @@ class HistoryStore:
         conn = self._conn
         shared: dict[Versions, Versions] = {}
         runs = {
-            key: run_from_row(row, shared)
+            key: self._run(row, shared)
             for key, *row in conn.execute(f"SELECT id, run_id, {', '.join(RUN_FIELDS + VERSION_FIELDS)} FROM runs")
         }
         if run_ids is not None:
@@ -351,8 +377,13 @@ class HistoryStore:
                     wanted[start : start + 500],
                 )
             }
+        texts = {key: self._redact(text) for key, text in texts.items()}
         texts[None] = ""
         return texts
+
+    def _run(self, row, shared: dict[Versions, Versions] | None = None) -> Run:
+        """A run of a row, its texts redacted as they leave the store."""
+        return run_from_row(tuple(self._redact(v) if isinstance(v, str) else v for v in row), shared)
 
     def _cells(self) -> dict[int, CellKey]:
         return {
@@ -375,7 +406,7 @@ class HistoryStore:
         conn = self._conn
         shared: dict[Versions, Versions] = {}
         runs = {
-            key: run_from_row(row, shared)
+            key: self._run(row, shared)
             for key, *row in conn.execute(
                 f"SELECT id, run_id, {', '.join(RUN_FIELDS + VERSION_FIELDS)} FROM runs "
                 "WHERE EXISTS (SELECT 1 FROM results WHERE results.run = runs.id)"
@@ -439,7 +470,8 @@ class HistoryStore:
     def bisections(self) -> list[Bisection]:
         """Every recorded bisection, oldest first."""
         return [
-            bisection_from_row(row) for row in self._conn.execute(select_statement("bisections", BISECTION_COLUMNS))
+            redact_fields(bisection_from_row(row), self._redact)
+            for row in self._conn.execute(select_statement("bisections", BISECTION_COLUMNS))
         ]
 
     @_naming_the_file
@@ -450,4 +482,19 @@ class HistoryStore:
     @_naming_the_file
     def triage_attempts(self) -> list[TriageAttempt]:
         """Every unanswered triage question, oldest first."""
-        return [triage_from_row(row) for row in self._conn.execute(select_statement("triage_attempts", TRIAGE_COLUMNS))]
+        return [
+            redact_fields(triage_from_row(row), self._redact)
+            for row in self._conn.execute(select_statement("triage_attempts", TRIAGE_COLUMNS))
+        ]
+
+    @_naming_the_file
+    def record_entries(self, hashes: dict[str, str]) -> None:
+        """The SHA-256 of archive entries (by their path in the archive) whose records the store now holds; the first
+        hash recorded for a name stays, so an entry changed later is what `verify` finds."""
+        with self._write():
+            self._conn.executemany("INSERT OR IGNORE INTO archive_entries VALUES (?, ?)", hashes.items())
+
+    @_naming_the_file
+    def entry_hashes(self) -> dict[str, str]:
+        """The SHA-256 recorded for each archive entry the store was built from (`verify` compares them)."""
+        return dict(self._conn.execute("SELECT name, sha256 FROM archive_entries"))

@@ -87,6 +87,9 @@ class Run:
     backend: str
     versions: Versions
     harness_git: str = ""  # the harness's own commit that recorded the run ("" in files from before it was kept)
+    trusted: bool = True
+    """A scheduled or dispatched run on the default branch, or a person's own merge; False for a pull request's run
+    (`merge --untrusted`): never archived, never a gate's baseline or publish's previous run."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,27 @@ class CellResult:
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoints: tuple[str, ...] = ()
     """The hub ids a faithful cell's verdict stands for (matrix.registry.ModelEntry.checkpoints); empty otherwise."""
+
+
+@dataclass(frozen=True)
+class CellDetail:
+    """What a cell's JUnit properties say beyond its result (README.md "Results"): kept in the archive with it."""
+
+    cell: CellKey
+    checkpoint_source: str = ""  # "tiny", or the hub id the cell loaded
+    checkpoint_revision: str = ""  # the hub commit, or sha256:<hash> of the tiny checkpoint
+    logs: str = ""  # the folder the cell's rank logs were kept in, on the machine that ran it
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """One run as it passed the door (reports.store.door): read, redacted and validated; what the archive keeps and
+    the store imports."""
+
+    run: Run
+    results: tuple[CellResult, ...]
+    details: tuple[CellDetail, ...] = ()
+    dependencies_as_of: str = ""  # the day the run's dependencies were resolved as of (`--as-of`); "" for the newest
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ def run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
     versions = Versions(**{f: fields[f] for f in VERSION_FIELDS})
     if shared is not None:
         versions = shared.setdefault(versions, versions)
-    return Run(run_id=run_id, **{f: fields[f] for f in RUN_FIELDS}, versions=versions)
+    return Run(
+        run_id=run_id, **{**{f: fields[f] for f in RUN_FIELDS}, "trusted": bool(fields["trusted"])}, versions=versions
+    )
 
 
 def explain(path: Path, error: sqlite3.Error) -> str:

@@ -16,8 +16,10 @@ from reports.store.records import AXES, deepspeed_git_of
 # ids, signatures and messages stored once each in `texts`, detail dropped from old results (HistoryStore.compact).
 # 7 the hub ids each faithful cell stands for (cell_checkpoints, a table of its own: most results have none).
 # 8 the report's aggregates kept up to date by import (result_groups, point_metrics, points; HistoryStore.aggregates).
+# 9 which runs are trusted (a pull request's are not: never a baseline, never archived) and the hash of each archive
+# entry the store was built from (`python -m reports verify` compares them).
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -324,6 +326,14 @@ def _fill_aggregates(conn: sqlite3.Connection) -> None:
         add_to_aggregates(conn, rows, points.id(point_key(tuple(point))))
 
 
+# Schema 9: runs merged from a pull request's results are untrusted (every run before was merged from the history's
+# own runs); the archive entries whose records the store holds, by their path in the archive, with their SHA-256.
+_TRUST = (
+    "ALTER TABLE runs ADD COLUMN trusted INTEGER NOT NULL DEFAULT 1",
+    "CREATE TABLE archive_entries (name TEXT PRIMARY KEY, sha256 TEXT NOT NULL) WITHOUT ROWID",
+)
+
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
 _MIGRATIONS = {
     1: (_BISECTIONS,),
@@ -333,6 +343,7 @@ _MIGRATIONS = {
     5: (*_COMPACT_TABLES, _into_compact_tables),
     6: (_CELL_CHECKPOINTS,),
     7: (*_AGGREGATE_TABLES, _fill_aggregates),
+    8: _TRUST,
 }
 
 
@@ -346,7 +357,7 @@ def migrate(conn: sqlite3.Connection, version: int) -> None:
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-RUN_FIELDS = ("session", "host", "started", "accelerator", "backend", "harness_git")
+RUN_FIELDS = ("session", "host", "started", "accelerator", "backend", "harness_git", "trusted")
 VERSION_FIELDS = (*AXES, "deepspeed_git")
 """The runs table's version columns: one per axis (matrix/versions.py, and python), and DeepSpeed's commit."""
 

@@ -32,12 +32,15 @@ def write_repro(
 ) -> Path:
     """The repro loads the model the way the cell's variant does (eager, or meta device + checkpoint
     files) in the cell's dtype; quantization and training variants are reproduced as their eager load,
-    which the header says. A hub checkpoint is fetched at the commit the cell loaded (`loaded_revision`,
+    which CELL["note"] says. A hub checkpoint is fetched at the commit the cell loaded (`loaded_revision`,
     from its record), else at the registry's pinned revision, so a later upload cannot change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"repro_{cell.id}.py"
     tolerance = cell.model.tolerance_for(cell.dtype)
     hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
+    partial = cell.variant.quantization or cell.variant.training
+    # Every value of the harness or the results (the verdict quotes a failure's message) goes into CELL as a Python
+    # literal, redacted first: in a comment, a newline in it would end the comment and run the rest as code.
     spec = {
         "id": cell.id,
         "model": cell.model.name,
@@ -56,6 +59,14 @@ def write_repro(
         "checkpoint_files": cell.variant.checkpoint_files,
         "keep_module_on_host": cell.variant.keep_module_on_host,
         "command": launcher_command(cell, script.name),
+        "verdict": redact(outcome_line),
+        "versions": {name: redact(value) for name, value in versions.items() if value},
+        "note": (
+            f"reproduces the {cell.variant.load} load of variant {cell.variant.name}; its quantization/training step "
+            "is not part of this script"
+            if partial
+            else ""
+        ),
     }
     source = TEMPLATE.read_text()
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
@@ -63,18 +74,9 @@ def write_repro(
             raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
     # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's.
     source = source.replace(FUNCTIONS_PLACEHOLDER, inspect.getsource(randomise_constant_parameters), 1)
-    partial = cell.variant.quantization or cell.variant.training
     header = (
-        f"# autotp-matrix verdict: {outcome_line}\n"
-        + (
-            f"# note: reproduces the {cell.variant.load} load of variant {cell.variant.name}; its quantization/"
-            "training step is not part of this script\n"
-            if partial
-            else ""
-        )
-        + "# versions: "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-        + f"\n# run: {launcher_command(cell, script.name)}\n"
+        "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
+        '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'
     )
     cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))

@@ -53,7 +53,7 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
     compile(script, "repro_bloom-eager-fp32-tp2.py", "exec")  # the inlined script is whole Python
     assert (
         "'id': 'bloom-eager-fp32-tp2'" in script
-        and "# run: deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py" in script
+        and "'command': 'deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py'" in script
     )
     assert script == (tmp_path / "out" / "draft-issue" / "repro_bloom-eager-fp32-tp2.py").read_text().rstrip("\n")
     assert "`nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2`" in body

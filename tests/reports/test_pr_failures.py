@@ -93,7 +93,12 @@ def test_gate_says_first_what_the_candidate_did(pair, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert code == 1  # llama and mistral pass on the base: the gate blocks as before
     link = "deepspeedai/DeepSpeed#8185"
-    assert out[:7] == [COUNT, *[line.format(link=link) for line in CAUSES]]
+    assert out[0] == COUNT
+    assert (
+        out[1]
+        == "baseline deepspeed=0.19.8: 2 trusted run(s): nightly@2026-12-01T00:00:00Z@vm, nightly@2026-12-02T00:00:00Z@vm"
+    )
+    assert out[2:8] == [line.format(link=link) for line in CAUSES]
 
 
 def test_without_the_registry_a_known_failure_is_broken_trunk(pair, tmp_path, capsys):

@@ -9,7 +9,8 @@ import pytest
 from reports_testkit import Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
-from reports.store.archive import CELLS_MEMBER, JUNIT_MEMBER, ResultsArchive
+from reports.store.archive import CELLS_MEMBER, JUNIT_MEMBER, RECORDS_MEMBER, ResultsArchive, _tar_gz, entry_json
+from reports.store.door import admit, redactor
 from reports.analysis.history import analyse
 from reports.store.records import CellKey, TriageAttempt
 from reports.store.history_store import HistoryStore
@@ -102,24 +103,28 @@ def test_bisect_and_triage_answers_are_archived_and_rebuilt(tmp_path, capsys):
     with HistoryStore(store, create=False) as history:
         assert len(history.bisections()) == 44 and len(history.triage_attempts()) == 1
 
-    # a damaged answer is a one-line error naming it
+    # a damaged answer is skipped with one line naming it (the rest rebuilds), and verify fails on it
     next((archive / "answers").glob("triage-attempt-*.json")).write_text('{"cell": {"model": "x"}}')
     store.unlink()
-    assert main(["rebuild", "--store", str(store)]) == 2
-    err = capsys.readouterr().err.strip()
+    assert main(["rebuild", "--store", str(store)]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert "triage-attempt-" in err and "not a readable archived answer" in err and len(err.splitlines()) == 1
+    assert captured.out.strip().endswith("44 new answer(s); 1 skipped (above)")
+    assert main(["verify", "--store", str(store)]) == 1
+    assert "not a readable archived answer" in capsys.readouterr().err
 
 
 def test_verify_finds_runs_and_answers_a_lost_store_would_lose(session, tmp_path, capsys):
     store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
     assert main(["merge", str(session([Cell("llama")])), str(session([Cell("opt")])), "--store", str(store)]) == 0
     assert main(["verify", "--store", str(store)]) == 0
-    assert (
-        capsys.readouterr().out.splitlines()[-1]
-        == f"{store}: all 2 run(s) and 0 answer(s) are in the archive {archive}"
-    )
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"{archive}: 2 of 2 entries read back valid",
+        f"{store}: all 2 run(s) and 0 answer(s) are in the archive {archive}",
+    ]
 
-    next(archive.rglob("session2@*.tar.gz")).unlink()  # a run merged before the archive existed
+    next(archive.rglob("session2@*.tar.gz")).unlink()  # an entry lost (or a run merged before the archive existed)
     with HistoryStore(store, create=False) as history:  # an answer recorded after the last merge
         history.add_triage_attempt(
             TriageAttempt(
@@ -135,13 +140,16 @@ def test_verify_finds_runs_and_answers_a_lost_store_would_lose(session, tmp_path
         )
     assert main(["verify", "--store", str(store)]) == 1
     err = capsys.readouterr().err.strip()
-    assert (
-        err.startswith(
-            f"error: {store}: 1 run(s) (session2@2025-01-02T00:00:00Z@runner-1) and 1 answer(s) are not "
-            f"in the archive {archive}"
-        )
-        and len(err.splitlines()) == 1
+    entry = "session2/session2@2025-01-02T00%3A00%3A00Z@runner-1.1.tar.gz"
+    assert err.splitlines()[0] == (
+        f"error: {archive / entry}: recorded in {store} but no longer in the archive; restore it from the data "
+        "branch's history"
     )
+    assert err.splitlines()[1].startswith(
+        f"error: {store}: 1 run(s) (session2@2025-01-02T00:00:00Z@runner-1) and 1 answer(s) are not "
+        f"in the archive {archive}"
+    )
+    assert len(err.splitlines()) == 2
     assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0  # merging again repairs both
     assert main(["verify", "--store", str(store)]) == 0
 
@@ -224,14 +232,20 @@ def test_a_continued_run_adds_an_attempt_with_its_new_cells(tmp_path, capsys):
     assert history_of(store) == before
 
 
-def test_an_entry_holds_the_raw_junit_and_its_runs_cells_records(tmp_path):
+def test_an_entry_holds_the_runs_validated_records_never_the_raw_bytes(tmp_path):
+    """Format 2: one member, the run's records as they passed the door (the other runs' cells.jsonl lines and harness
+    self-tests are not the run's), as canonical JSON; the same input gives the same bytes."""
     results = tmp_path / "results"
-    junit = write_junit(results / "junit" / "nightly.xml", [Cell("llama")], run_id="nightly@2@vm", started="2")
+    junit = write_junit(
+        results / "junit" / "nightly.xml",
+        [Cell("llama", metrics={"logits_max_abs": 1e-6}), fail("opt", "shard")],
+        run_id="nightly@2026-01-02T00:00:00Z@vm",
+        started="2026-01-02T00:00:00Z",
+    )
     records = [
-        {"run": {"id": "nightly@1@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
-        {"run": {"id": "nightly@2@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
+        {"run": {"id": "nightly@2026-01-01T00:00:00Z@vm"}, "cell": {"id": "llama-eager-fp32-tp2"}, "outcome": "pass"},
         {
-            "run": {"id": "nightly@2@vm"},
+            "run": {"id": "nightly@2026-01-02T00:00:00Z@vm"},
             "cell": {"id": "opt-eager-fp32-tp2"},
             "outcome": "fail",
             "failure_class": "timeout",
@@ -244,27 +258,117 @@ def test_an_entry_holds_the_raw_junit_and_its_runs_cells_records(tmp_path):
     one, two = (sorted((tmp_path / folder / "archive").rglob("*.tar.gz")) for folder in ("one", "two"))
     assert len(one) == 1 and one[0].read_bytes() == two[0].read_bytes()  # the same input, the same bytes
     content = members(one[0])
-    assert content[JUNIT_MEMBER] == junit.read_bytes()
-    assert [json.loads(line) for line in content[CELLS_MEMBER].decode().splitlines()] == [records[1]]
+    assert list(content) == [RECORDS_MEMBER]
+    (records,) = admit(junit, redactor())
+    assert content[RECORDS_MEMBER] == entry_json(records)
+    stored = json.loads(content[RECORDS_MEMBER])
+    assert stored["format"] == 2 and stored["run"]["run_id"] == "nightly@2026-01-02T00:00:00Z@vm"
+    assert [(r["cell"]["model"], r["outcome"], r["metrics"]) for r in stored["results"]] == [
+        ("llama", "pass", {"logits_max_abs": 1e-6}),
+        ("opt", "fail", {}),
+    ]
+    assert (
+        ResultsArchive(tmp_path / "one" / "archive").read(ResultsArchive(tmp_path / "one" / "archive").entries()[0])
+        == records
+    )
+
+
+def test_an_entry_of_format_1_still_rebuilds_through_the_door(session, tmp_path, capsys):
+    """Entries written before format 2 (the JUnit byte for byte, cells.jsonl lines) are read back through the same
+    door as a merged file: the same runs, redacted and validated; nothing in the history is lost."""
+    store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
+    junit = session([Cell("llama"), fail("opt", "shard", "ShardError: broken with hf_" + "Zq8vXw3KpL2mNj7RtY5cBd")])
+    assert main(["merge", str(junit), "--store", str(store)]) == 0
+    before = history_of(store)
+    (entry,) = archive.rglob("*.tar.gz")
+    entry.unlink()
+    entry.write_bytes(_tar_gz({JUNIT_MEMBER: junit.read_bytes(), CELLS_MEMBER: b""}))  # as format 1 wrote it
+    store.unlink()
+    assert main(["rebuild", "--store", str(store)]) == 0
+    assert history_of(store) == before
+    assert "Zq8vXw3K" not in str(history_of(store)[1]) and "***" in str(history_of(store)[1])
+    assert main(["verify", "--store", str(store)]) == 0
 
 
 @pytest.mark.parametrize(
     "damage, expected",
     [
         (lambda entry: entry.write_bytes(entry.read_bytes()[:40]), "not a readable archive entry"),
-        (lambda entry: entry.rename(entry.with_name("other%40run.1.tar.gz")), "holds no run 'other@run'"),
-        (lambda entry: entry.rename(entry.with_name("notes.tar.gz")), "not an archive entry name"),
+        (lambda entry: entry.write_bytes(b"garbage" * 100), "not a readable archive entry"),
+        (lambda entry: entry.rename(entry.with_name("other%40run.1.tar.gz")), "not 'other@run': the entry was renamed"),
+        (
+            lambda entry: entry.write_bytes(_tar_gz({RECORDS_MEMBER: b'{"format": 2, "run": {}}'})),
+            "records.json is not a run's records",
+        ),
+        (
+            lambda entry: entry.write_bytes(
+                _tar_gz({RECORDS_MEMBER: members(entry)[RECORDS_MEMBER].replace(b'"tp":2', b'"tp":99999999999')})
+            ),
+            "its records are not what merge lets in: cell llama-eager-fp32-tp99999999999: cell.tp=99999999999 is not",
+        ),
+        (lambda entry: entry.write_bytes(_tar_gz({"notes.txt": b"x"})), "holds neither records.json"),
     ],
 )
-def test_a_damaged_archive_is_a_one_line_error(session, tmp_path, capsys, damage, expected):
+def test_a_damaged_entry_is_skipped_by_rebuild_and_named_by_verify(session, tmp_path, capsys, damage, expected):
     store = tmp_path / "history.sqlite"
-    assert main(["merge", str(session([Cell("llama")])), "--store", str(store)]) == 0
-    damage(next((tmp_path / "archive").rglob("*.tar.gz")))
-    store.unlink()
-    capsys.readouterr()
-    assert main(["rebuild", "--store", str(store)]) == 2
+    assert main(["merge", str(session([Cell("llama")])), str(session([Cell("opt")])), "--store", str(store)]) == 0
+    damage(sorted((tmp_path / "archive").rglob("*.tar.gz"))[0])
+    assert main(["verify", "--store", str(store)]) == 1  # the store it was recorded in sees the damage
     err = capsys.readouterr().err
-    assert expected in err and len(err.strip().splitlines()) == 1
+    assert expected in err, err
+    store.unlink()
+    assert main(["rebuild", "--store", str(store)]) == 0  # the other run rebuilds; the damaged one is named
+    captured = capsys.readouterr()
+    assert expected in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert "1 new run(s)" in captured.out and "1 skipped (above)" in captured.out
+    with HistoryStore(store, create=False) as history:
+        assert [run.run_id for run in history.runs()] == ["session2@2025-01-02T00:00:00Z@runner-1"]
+    assert main(["verify", "--store", str(store)]) == 1
+    assert expected in capsys.readouterr().err
+
+
+def test_verify_finds_an_entry_changed_since_it_was_merged(session, tmp_path, capsys):
+    """A valid entry replaced by other valid records (the history rewritten) differs from the hash recorded."""
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(session([fail("llama", "shard")])), "--store", str(store)]) == 0
+    (entry,) = (tmp_path / "archive").rglob("*.tar.gz")
+    forged = (
+        members(entry)[RECORDS_MEMBER]
+        .replace(b'"outcome":"fail"', b'"outcome":"pass"')
+        .replace(b'"failure_class":"shard"', b'"failure_class":""')
+    )
+    entry.write_bytes(_tar_gz({RECORDS_MEMBER: forged}))
+    assert main(["verify", "--store", str(store)]) == 1
+    assert "differs from the" in capsys.readouterr().err
+    entry.unlink()
+    assert main(["verify", "--store", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert f"recorded in {store} but no longer in the archive" in err and "1 run(s)" in err
+
+
+def test_rebuild_never_leaves_a_half_imported_store(scenario, tmp_path, monkeypatch):
+    """An import that dies midway (here: the fourth entry) leaves the store as it was: one transaction."""
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(scenario), "--store", str(store)]) == 0
+    store.unlink()
+    imported = []
+    real = HistoryStore.import_runs
+
+    def dies_on_the_fourth(self, runs, source):
+        imported.append(source)
+        if len(imported) == 4:
+            raise KeyboardInterrupt  # a kill, not an error rebuild handles
+        return real(self, runs, source)
+
+    monkeypatch.setattr(HistoryStore, "import_runs", dies_on_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        main(["rebuild", "--store", str(store)])
+    with HistoryStore(store, create=False) as history:
+        assert history.runs() == []
+    monkeypatch.setattr(HistoryStore, "import_runs", real)
+    assert main(["rebuild", "--store", str(store)]) == 0
+    with HistoryStore(store, create=False) as history:
+        assert len(history.runs()) == 6
 
 
 def test_rebuild_without_an_archive_says_where_it_looked(tmp_path, capsys):

@@ -145,8 +145,8 @@ def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_p
     assert main(["merge", str(junit), "--store", str(tmp_path / "history.sqlite")]) == 2
     error = capsys.readouterr().err
     first = error.splitlines()[0]  # the file skipped, naming the cell and the value; then what merge did
-    assert first.startswith(f"skipped {path}: testcase 'test_cell[qwen2.faithful-eager-fp32-tp2]'")
-    assert "checkpoints='Qwen2-7B; rm -rf /' is not a comma-separated list of hub ids" in first
+    assert first.startswith(f"skipped {path}: cell qwen2.faithful-eager-fp32-tp2: checkpoints='Qwen2-7B; rm -rf /' ")
+    assert "lists 'Qwen2-7B; rm -rf /', which is not a hub id (owner/name)" in first
     assert "Traceback" not in error
 
 

@@ -22,6 +22,8 @@ def test_regression_blocks_and_known_failures_do_not(store, capsys):
     assert code == 1
     assert out.splitlines() == [
         "2 new failures, 0 already failing on the base, 0 flaky, 0 known",
+        "baseline deepspeed=0.10.0: 2 trusted run(s): session2@2025-01-02T00:00:00Z@runner-1, "
+        "session3@2025-01-03T00:00:00Z@runner-1",
         "- **new** numerics `logits_max_rel N > N` — 1 cell: eager fp32: opt tp2 (the base fails another way: shard "
         "`ShardError: broken`)",
         "- **new** shard `AssertionError: heads % tp != N` — 1 cell: eager fp32: llama tp2 (pass on the base)",

@@ -139,7 +139,7 @@ def test_an_importer_reads_known_ids_under_the_write_lock(tmp_path):
                 yield
 
         history._write = other_importer_first  # type: ignore[method-assign]
-        counts = history.import_runs(read_junit(mine), source=mine)
+        counts = history.import_runs([(r.run, list(r.results)) for r in read_junit(mine)], source=mine)
     assert (counts.new_runs, counts.new_results) == (1, 1)
     assert count(store, "cells") == 1
     assert count(store, "results") == 2

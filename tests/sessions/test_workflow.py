@@ -96,7 +96,7 @@ def session_options(pytest_options) -> dict[str, set[str]]:
         "triage": help_options("reports", "triage"),
         "gate": help_options("reports", "gate"),
         "publish": help_options("reports", "publish"),
-        "report": {"--results", "--verify"},
+        "report": {"--results", "--verify", "--untrusted"},
         "pytest": pytest_options | help_options("pytest"),  # conftest's options and pytest's own (--collect-only)
     }
 
@@ -513,3 +513,83 @@ def test_the_nightly_sees_every_architecture_of_each_transformers_release(workfl
 )
 def test_nightly_coverage_checks_report_injected_faults(workflow, edit, expected):
     assert any(expected in problem for problem in nightly_coverage_problems(break_workflow(workflow, edit)))
+
+
+# --- trust: a pull request's results never reach the trusted store or the archive (issue #42) -----------------------
+
+TRUSTED_EVENTS_ONLY = "github.event_name != 'pull_request'"
+
+
+def runs_on_pull_requests(job: dict) -> bool:
+    """A job runs on a pull request unless its `if` excludes that event."""
+    return TRUSTED_EVENTS_ONLY not in job.get("if", "")
+
+
+def trust_problems(workflow: dict) -> list[str]:
+    """What a pull request's run could write that the history trusts: the archive (a push, or a token that could
+    push), the trusted store's cache (the key the next nightly restores), or runs merged as trusted."""
+    problems = []
+    if workflow.get("permissions", {}).get("contents") != "read":
+        problems.append("workflow: default permissions must be contents: read")
+    untrusted_merges = 0
+    for name, job in workflow["jobs"].items():
+        if not runs_on_pull_requests(job):
+            continue
+        if job.get("permissions", {}).get("contents") == "write":
+            problems.append(f"jobs.{name}: runs on pull requests with contents: write (it could push the archive)")
+        for step in job.get("steps", []):
+            run, uses = step.get("run", ""), step.get("uses", "")
+            if f"{ARCHIVE_SCRIPT} push" in run:
+                problems.append(f"jobs.{name}: pushes the results archive on pull requests")
+            if uses.startswith(("actions/cache@", "actions/cache/save@")) and "history" in json.dumps(step):
+                problems.append(f"jobs.{name}: saves a history store cache on pull requests (the trusted store's key)")
+            if "nox -s report -- " in run:
+                if "--untrusted" in run:
+                    untrusted_merges += 1
+                else:
+                    problems.append(f"jobs.{name}: merges a pull request's results without --untrusted")
+    if not untrusted_merges:
+        problems.append("no job merges a pull request's results as untrusted (nothing for the gate to read)")
+    return problems
+
+
+def test_a_pull_request_cannot_write_the_trusted_store_or_the_archive(workflow):
+    assert trust_problems(workflow) == []
+    trusted = {name for name, job in workflow["jobs"].items() if not runs_on_pull_requests(job)}
+    writers = {name for name, job in workflow["jobs"].items() if job.get("permissions", {}).get("contents") == "write"}
+    assert writers == {"report", "triage"} and writers <= trusted
+
+
+def set_job(job: str, key: str, value):
+    def edit(workflow):
+        workflow["jobs"][job][key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            set_job("report", "if", "always() && needs.plan.result == 'success'"),
+            "jobs.report: runs on pull requests with contents: write",
+        ),
+        (set_job("report", "if", "always()"), "jobs.report: pushes the results archive on pull requests"),
+        (set_job("report", "if", "always()"), "jobs.report: saves a history store cache on pull requests"),
+        (set_job("pr-report", "permissions", {"contents": "write"}), "jobs.pr-report: runs on pull requests with"),
+        (
+            set_step_run("pr-report", "nox -s report -- --untrusted", "nox -s report --"),
+            "jobs.pr-report: merges a pull request's results without --untrusted",
+        ),
+        (
+            lambda w: next(
+                step for step in w["jobs"]["pr-report"]["steps"] if "actions/cache/restore" in step.get("uses", "")
+            ).update(uses="actions/cache@27d5ce7f107fe9357f9df03efb73ab90386fccae"),
+            "jobs.pr-report: saves a history store cache on pull requests",
+        ),
+        (lambda w: w.update(permissions={"contents": "write"}), "default permissions must be contents: read"),
+    ],
+)
+def test_trust_checks_report_injected_faults(workflow, edit, expected):
+    problems = trust_problems(break_workflow(workflow, edit))
+    assert any(expected in problem for problem in problems), problems

@@ -205,8 +205,8 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
             ElementTree.SubElement(properties, "property", name=key, value=value)
     junit = tmp_path / "session.xml"
     ElementTree.ElementTree(suite).write(junit, encoding="utf-8", xml_declaration=True)
-    ((_, results),) = read_junit(junit)
-    assert [result.cell.model for result in results] == ["opt"]
+    (records,) = read_junit(junit)
+    assert [result.cell.model for result in records.results] == ["opt"]
 
 
 @pytest.mark.parametrize(

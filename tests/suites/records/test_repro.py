@@ -100,3 +100,40 @@ def test_hub_repro_fetches_the_commit_the_cell_loaded(tmp_path, monkeypatch):
         repro = _repro_module(cell, tmp_path, monkeypatch, checkpoints="hub", loaded_revision=loaded_revision)
         assert repro.checkpoint_folder() == "snap"
         assert fetched.pop() == ("org/llama-x", expected)
+
+
+def test_a_verdict_with_newlines_is_data_never_code(tmp_path, monkeypatch):
+    """A failure's signature holds anything a raising library put there: a newline in it must not end a comment and
+    run what follows (issue #42). Every harness value is a Python literal in CELL; the script's statements are the
+    template's, whatever the verdict says."""
+    import ast
+
+    from suites.records.repro import TEMPLATE, write_repro
+    from suites.records.run_records import RunInfo
+
+    injected = "fail forward x\nimport os; os.system('touch PWNED')  # \r\n\u2028open('PWNED2', 'w')\n#"
+    cell = expand("llama", tp="2")[0]
+    script = write_repro(
+        cell,
+        "tiny",
+        tmp_path / "repro",
+        RunInfo("unit", accelerator="cpu", backend="gloo"),
+        {"deepspeed": "0.19.8\nimport sys"},
+        injected,
+    )
+    tree = ast.parse(script.read_text())
+    template = ast.parse(TEMPLATE.read_text())
+    statements = [type(node).__name__ for node in tree.body]
+    assert statements.count("Import") == [type(n).__name__ for n in template.body].count("Import")
+    assert "os.system" not in ast.unparse([n for n in tree.body if not isinstance(n, ast.AnnAssign)])
+    cell_spec = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "CELL")
+    spec = ast.literal_eval(cell_spec.value)
+    assert spec["verdict"] == injected and spec["versions"] == {"deepspeed": "0.19.8\nimport sys"}
+    comments = [line for line in script.read_text().splitlines() if line.lstrip().startswith("#")]
+    assert not any("PWNED" in line or "import sys" in line for line in comments)
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    loaded = importlib.util.spec_from_file_location("repro_injected_under_test", script)
+    loaded.loader.exec_module(importlib.util.module_from_spec(loaded))  # importing it runs nothing the verdict said
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
