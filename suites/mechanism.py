@@ -23,13 +23,11 @@ LEFT_WHOLE_KINDS = ("norm", "per-head", "per-channel")
 """What a tensor left whole next to a split is: a norm's weight over the projection's width (its statistic spans the
 width, so sharding the weight alone would not do), a tensor with one entry per head, or another per-channel tensor
 (a multiplier, a convolution kernel, a state-space parameter) over the width."""
-WHOSE = {
-    "autotp": "AutoTP's (DeepSpeed's) to fix: the unsharded model passes the same probes",
-    "harness": "the harness's: its own code or a model output it cannot read failed",
-    "environment": "the environment's: the session could not install it",
-}
+WHOSE = {"autotp": "AutoTP's (DeepSpeed's)", "harness": "the harness's", "environment": "the environment's"}
 """Whose bug a cause is (`whose`): every cell's unsharded reference is computed and checked finite before the
-sharded model is compared with it, so a failure past that point is AutoTP's wherever its exception surfaced."""
+sharded model is compared with it, so a failure past that point is AutoTP's wherever its exception surfaced (a
+transformers frame is where it surfaced, not whose it is); the harness's own failures are `setup`, an environment
+that could not be installed `install`."""
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 

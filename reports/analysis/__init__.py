@@ -53,7 +53,7 @@ from reports.analysis.failing_now import (
     failing_now_html,
     failing_now_markdown,
     repro_command,
-    upstream_label,
+    whose_text,
 )
 from reports.analysis.history import (
     AxisRange,
@@ -63,10 +63,15 @@ from reports.analysis.history import (
     analyse_aggregates,
     answer_for,
 )
+from reports.analysis.known import (
+    upstream_label,
+)
 from reports.analysis.signatures import (
     cause,
+    failure_key,
     frame_files,
     same_failure,
+    surfaced_in,
 )
 from reports.analysis.statuses import (
     CellStatus,
@@ -114,6 +119,7 @@ __all__ = [
     "delta_causes",
     "failing_now_html",
     "failing_now_markdown",
+    "failure_key",
     "frame_files",
     "harness_change_text",
     "has_faithful",
@@ -128,5 +134,7 @@ __all__ = [
     "shape_of",
     "shared_answers",
     "summarise",
+    "surfaced_in",
     "upstream_label",
+    "whose_text",
 ]
