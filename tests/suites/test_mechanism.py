@@ -168,3 +168,20 @@ def test_what_nothing_located_is_grouped_by_its_text_and_the_harness_owns_setup(
     assert cause_of(parser).key == "shard|AssertionError: Not able to determine model policy automatically."
     harness = Failure("setup", "TypeError: 'NoneType' object is not callable @ suites/checks/probes.py:observe")
     assert cause_of(harness).whose == "harness"
+
+
+def test_repro_prints_the_cause_and_what_autotp_did():
+    from suites.records.summary import repro_details
+
+    record = _record(left_whole=[Q_NORM])
+    cause = cause_of(
+        Failure("forward", "RuntimeError: x @ y.py:f", record, _raised("model.layers.0.self_attn.q_norm", "N"))
+    )
+    lines = repro_details({"cause": cause.to_dict(), "autotp": record.to_dict()})
+    assert lines[0].startswith("cause (AutoTP's (DeepSpeed's) bug): `self_attn.q_norm.weight` (width of the split")
+    assert lines[1:4] == [
+        "what AutoTP did:",
+        "  policy DecoderLayer: all-reduce self_attn.o_proj",
+        "  LinearLayer: model.layers.*.self_attn.q_proj",
+    ]
+    assert lines[-1] == f"  {Q_NORM.text}"
