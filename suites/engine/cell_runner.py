@@ -31,7 +31,7 @@ from suites.checks.sharding import Snapshot, recorded_policy, sharding_record, s
 from suites.checks.task_probe import answer_correctness
 from suites.engine import doorbells
 from suites.contracts import Job, RankSummary
-from suites.mechanism import AutoTPRecord, BreakPoint
+from suites.mechanism import BreakPoint
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -160,12 +160,11 @@ def _shard(job: Job, model, world_size: int):
 
 def _record_sharding(
     workdir: Path, job: Job, before: Snapshot, model, policies, world_size: int, complete: bool
-) -> AutoTPRecord:
+) -> None:
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
     record = sharding_record(before, model, policies, split_counts(model), world_size, complete)
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
-    return record
 
 
 def _divergence(job: Job, observed, model, classes: dict[str, str]) -> BreakPoint | None:
