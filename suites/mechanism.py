@@ -13,7 +13,7 @@ part inside the decoder layer (`self_attn.q_proj`, `role`), the same in every ar
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
@@ -245,7 +245,6 @@ class Failure:
     signature: str
     autotp: AutoTPRecord | None = None
     broke_at: BreakPoint | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def whose(failure_class: str) -> str:
@@ -253,20 +252,14 @@ def whose(failure_class: str) -> str:
 
 
 _FRAME = re.compile(r" @ \S+$")
-_MASKED = re.compile(r"(?<![A-Za-z_])(0x[0-9a-fA-F]+(?![0-9a-zA-Z_])|\d+(\.\d+)?([eE][-+]?\d+)?)")
-
-
-def surfaced_in(signature: str) -> str:
-    """`transformers/models/olmo2/modeling_olmo2.py:forward`: the deepest library frame the exception surfaced in."""
-    found = re.search(r" @ (\S+)$", signature)
-    return found[1] if found else ""
+_NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
 
 
 def failure_text(signature: str) -> str:
-    """The signature without the frame it surfaced in, numbers masked and runs of them collapsed: the same failure
-    reads the same whatever the function it surfaced in is called (a library renamed it) and at every tp."""
-    text = _MASKED.sub("N", _FRAME.sub("", signature))
-    return re.sub(r"N(?:\s*(?:,|x|\*)\s*N)+", "N…", re.sub(r"(?<![A-Za-z_])[N\d]+(?:x[N\d]+)+", "N…", text))
+    """A signature (its numbers already masked, suites/outcome.py `mask_numbers`) without the frame it surfaced in and
+    with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
+    called (a library renamed it) and at every tp (`[N, N]` at tp 2, `[N, N, N]` at tp 3)."""
+    return _NUMBER_RUN.sub("N…", _FRAME.sub("", signature))
 
 
 def _block(origin: str, record: AutoTPRecord) -> str:

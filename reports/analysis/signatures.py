@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from suites.mechanism import Cause
+from suites.mechanism import Cause, failure_text
 
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
@@ -34,9 +34,6 @@ def cause(signature: str) -> str:
     return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))
 
 
-_FRAME = re.compile(r" @ \S+$")
-
-
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
     """What makes failures one cause: the key the harness recorded with it (suites/mechanism.py `cause_of`: what AutoTP
     did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
@@ -56,7 +53,7 @@ def same_failure(
     """Whether a failure is other (failure class, signature): the same class, exception type and masked message,
     whatever the tp and whatever the function it surfaced in is called (a release that renames the function is not
     another failure), and the same module where both name where they broke (`broke_at`, a role)."""
-    same_text = cause(_FRAME.sub("", signature)) == cause(_FRAME.sub("", other[1]))
+    same_text = cause(failure_text(signature)) == cause(failure_text(other[1]))
     return failure_class == other[0] and same_text and (not broke_at or not other_at or broke_at == other_at)
 
 
