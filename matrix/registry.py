@@ -618,10 +618,13 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
 
 # ---- Failures known upstream -------------------------------------------------------------------------------------
 
-KNOWN_FAILURE_STATES = ("open", "fixed")
+KNOWN_FAILURE_STATES = ("open", "fixed", "by design")
+"""`by design`: DeepSpeed refuses the model on purpose (its own unsupported list, an assert stating a requirement);
+its `upstream` is then the refusing line in DeepSpeed's source (a github.com/<owner>/<repo>/blob/<tag>/... URL)."""
 VERSION_AXES = (*INSTALLED_AXES, "python")
 """The version axes a known failure can name (the reports' axes: the installed ones and python)."""
 UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+SOURCE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[\w.-]+/[\w./-]+(?:#L\d+(?:-L\d+)?)?")
 
 
 @dataclass(frozen=True)
@@ -636,9 +639,11 @@ class KnownFailure:
     """Regular expression searched in the failure's cause: its signature with every number masked as N
     (`reports/analysis/signatures.py`), so one pattern covers every tp size and every byte count."""
     upstream: str
-    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>."""
+    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>; for a
+    failure by design, the refusing line of DeepSpeed's source."""
     state: str = "open"
-    """`open` (not fixed upstream yet) or `fixed` (then `fixed_in` says where)."""
+    """`open` (not fixed upstream yet), `fixed` (then `fixed_in` says where) or `by design` (DeepSpeed refuses the model
+    on purpose: KNOWN_FAILURE_STATES)."""
     fixed_in: str = ""
     """`fixed` only: the axis and first release with the fix, e.g. "deepspeed 0.19.6"."""
     note: str = ""
@@ -693,15 +698,20 @@ def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Colle
             f"{path}: entry [{entry}] field 'signature' is not a regular expression ({error}): {signature!r}"
         ) from None
     upstream = _expect(path, entry, "upstream", raw["upstream"], str)
-    if not UPSTREAM_URL.fullmatch(upstream):
-        raise RegistryError(
-            f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
-            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}"
-        )
     state = _expect(path, entry, "state", raw.get("state", "open"), str)
     if state not in KNOWN_FAILURE_STATES:
         raise RegistryError(
             f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}"
+        )
+    if state == "by design" and not SOURCE_URL.fullmatch(upstream):
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'upstream' of a failure by design must be the refusing line in "
+            f"DeepSpeed's source (https://github.com/<owner>/<repo>/blob/<tag>/<file>#L<n>), got {upstream!r}"
+        )
+    if state != "by design" and not UPSTREAM_URL.fullmatch(upstream):
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
+            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}"
         )
     fixed_in = _expect(path, entry, "fixed_in", raw.get("fixed_in", ""), str)
     if (state == "fixed") != bool(fixed_in):

@@ -117,3 +117,6 @@ class RankSummary:
     """The bytes this rank holds of each tensor (suites/checks/probes.py), for an inference cell."""
     last_logits: Any
     """The last position's plain-prompt logits (a tensor) for an inference cell, else None."""
+    shapes_by_name: dict[str, tuple[int, ...]] | None = None
+    """The shape of each tensor this rank holds, for an inference cell: the memory check reads which dimension of a
+    weight AutoTP split."""

@@ -28,6 +28,7 @@ from suites.memory_plan import (
     plan_cell,
     session_pids,
 )
+from suites.mechanism import Failure, cause_of
 from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
 from suites.reference import (
     cached_reference,
@@ -204,9 +205,20 @@ def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcom
         cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
     )
     if isinstance(prepared, CellOutcome):
-        return prepared
+        return with_cause(prepared)
     job, provenance = prepared  # the provenance is the driver's, not the ranks'
-    return _stamped(pool.run(cell.tp, job, options.cell_timeout), provenance)
+    return with_cause(_stamped(pool.run(cell.tp, job, options.cell_timeout), provenance))
+
+
+def with_cause(outcome: CellOutcome) -> CellOutcome:
+    """A failed cell's outcome with its cause (suites/mechanism.py `cause_of`), and the message naming where it
+    broke."""
+    if outcome.outcome != "fail":
+        return outcome
+    outcome.cause = cause_of(Failure(outcome.failure_class, outcome.signature, outcome.autotp, outcome.broke_at))
+    if outcome.broke_at and outcome.broke_at.text not in outcome.message:
+        outcome.message = f"{outcome.broke_at.text}\n{outcome.message}"
+    return outcome
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.redaction import redact
+from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 
 class Outcome(StrEnum):
@@ -90,13 +91,17 @@ class RankError:
     failure_class: str
     signature: str
     message: str
+    broke_at: BreakPoint | None = None
+    """The module whose forward raised, or the one init_inference was replacing (suites/checks/breakpoints.py)."""
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        return json.dumps({**self.__dict__, "broke_at": self.broke_at.to_dict() if self.broke_at else None})
 
     @classmethod
     def from_json(cls, text: str) -> RankError:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        broke_at = fields.pop("broke_at", None)
+        return cls(**fields, broke_at=BreakPoint.from_dict(broke_at) if broke_at else None)
 
 
 def first_error(errors: list[RankError]) -> RankError:
@@ -104,7 +109,11 @@ def first_error(errors: list[RankError]) -> RankError:
     return min(errors, key=lambda e: (list(STAGE_CLASS).index(e.stage), e.rank))
 
 
-_NUMBER = re.compile(r"(?<![A-Za-z_])(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)")
+_SHAPE = re.compile(r"(?<![\w.])\d+(?:x\d+)+(?![\w.])")
+"""A shape written as a product (`48x256`, `0x4`): each factor a number, never a hex literal."""
+_HEX = re.compile(r"(?<![\w.])0x(?=[0-9a-fA-F]*[a-fA-F]|[0-9a-fA-F]{8})[0-9a-fA-F]+")
+"""A hex literal (an address): a letter among its digits, or eight digits or more."""
+_NUMBER = re.compile(r"(?<![A-Za-z_])\d+(\.\d+)?([eE][-+]?\d+)?")
 _INTERESTING_FRAMES = ("deepspeed", "transformers")
 
 
@@ -121,6 +130,12 @@ class CellOutcome:
     checkpoint: dict[str, str] = field(default_factory=dict)
     """The weights the cell loaded: `source` (`tiny` or the hub id) and `revision` (hub commit, or the
     tiny checkpoint's content hash); empty when the cell skipped before choosing a checkpoint."""
+    autotp: AutoTPRecord | None = None
+    """What AutoTP did to the model on rank 0 (suites/checks/sharding.py); None where it never sharded."""
+    broke_at: BreakPoint | None = None
+    """Where a failed cell broke, where the ranks located it."""
+    cause: Cause | None = None
+    """A failed cell's cause (suites/mechanism.py `cause_of`), set by the driver."""
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
@@ -129,11 +144,26 @@ class CellOutcome:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        typed = {"autotp": self.autotp, "broke_at": self.broke_at, "cause": self.cause}
+        return {**self.__dict__, **{name: value.to_dict() if value else None for name, value in typed.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellOutcome:
+        autotp, broke_at, cause = data.get("autotp"), data.get("broke_at"), data.get("cause")
+        return cls(
+            **{
+                **data,
+                "autotp": AutoTPRecord.from_dict(autotp) if autotp else None,
+                "broke_at": BreakPoint.from_dict(broke_at) if broke_at else None,
+                "cause": Cause.from_dict(cause) if cause else None,
+            }
+        )
 
 
 def mask_numbers(text: str) -> str:
-    return _NUMBER.sub("N", text)
+    """Every number as N: the factors of a shape (`0x4` and `48x256` alike: NxN), hex literals, decimals."""
+    text = _SHAPE.sub(lambda shape: "x".join("N" * (shape[0].count("x") + 1)), text)
+    return _NUMBER.sub("N", _HEX.sub("N", text))
 
 
 def exception_signature(error: BaseException, at: str | None = None) -> str:
@@ -238,5 +268,7 @@ def read_death_records(folder: Path, pattern: str) -> list[dict]:
     return records
 
 
-def failed(failure_class: str, signature: str, message: str, metrics: dict | None = None) -> CellOutcome:
-    return CellOutcome("fail", failure_class, signature, message, metrics or {})
+def failed(
+    failure_class: str, signature: str, message: str, metrics: dict | None = None, broke_at: BreakPoint | None = None
+) -> CellOutcome:
+    return CellOutcome("fail", failure_class, signature, message, metrics or {}, broke_at=broke_at)

@@ -56,9 +56,9 @@ from suites.outcome import exception_signature
 from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
 
-REFERENCE_FORMAT = 5
+REFERENCE_FORMAT = 6
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
-5: keyed by checkpoint identity (content), not path."""
+5: keyed by checkpoint identity (content), not path. 6: each module's output summarised (`module_outputs`)."""
 REFERENCE_PROCESS_REUSE_BELOW = 256 << 20
 """Models at least this large (bytes in the cell's dtype) end the reference process after their
 reference: below it, the ~5 s start of a new process would cost more than the memory it returns."""

@@ -655,3 +655,52 @@ def reference_killed(stage, rank):
     """The reference's process is killed by a signal (the OOM killer) before it answers."""
     if stage == "reference":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _attention_modules(model):
+    return [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "o_proj")]
+
+
+def planted_norm_over_split_width(stage, model, rank):
+    """Each attention gets a norm over the full width of its q_proj (`planted_norm`, as olmo2's q_norm), applied to
+    q_proj's output: AutoTP splits q_proj and leaves the norm whole, so the norm meets a split width."""
+    if stage == "loaded":
+        for attention in _attention_modules(model):
+            width = attention.q_proj.out_features
+            attention.planted_norm = torch.nn.RMSNorm(width, dtype=attention.q_proj.weight.dtype)
+            torch.nn.init.normal_(attention.planted_norm.weight, 1.0, 0.1)
+    if stage == "sharded":
+        for attention in _attention_modules(model):
+            attention.q_proj.register_forward_hook(lambda _m, _i, out, norm=attention.planted_norm: norm(out))
+
+
+def planted_per_head_buffer(stage, model, rank):
+    """Each attention gets a buffer with one scale per query head (`head_scale`, as gpt_oss's sinks), applied to
+    q_proj's output head by head: AutoTP splits the heads and leaves the buffer whole."""
+    if stage == "loaded":
+        for attention in _attention_modules(model):
+            heads = attention.q_proj.out_features // attention.head_dim
+            attention.register_buffer("head_scale", torch.linspace(0.5, 1.5, heads))
+    if stage == "sharded":
+        for attention in _attention_modules(model):
+
+            def scaled(_module, _inputs, out, attention=attention):
+                heads = out.unflatten(-1, (-1, attention.head_dim))
+                return (heads * attention.head_scale[:, None]).flatten(-2)
+
+            attention.q_proj.register_forward_hook(scaled)
+
+
+def planted_one_kv_head(stage, model, rank):
+    """The model's config says 1 kv head before sharding: DeepSpeed splits attention in kv-head units
+    (tp_shard.py get_shard_size), so rank 0 gets every head and the others none; the numbers stay right."""
+    if stage == "loaded":
+        model.config.num_key_value_heads = 1
+
+
+def noop_allreduce_in_second_mlp(stage, model, rank):
+    """The second layer's MLP down_proj skips its all-reduce: each rank keeps its partial sum from there on."""
+    if stage == "sharded":
+        layer = model.get_submodule("model.layers.1.mlp.down_proj")
+        assert type(layer).__name__ == "LinearAllreduce", type(layer).__name__
+        layer.forward = types.MethodType(lambda self, x: F.linear(x, self.weight, self.bias), layer)

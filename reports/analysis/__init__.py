@@ -54,7 +54,7 @@ from reports.analysis.failing_now import (
     failing_now_html,
     failing_now_markdown,
     repro_command,
-    upstream_label,
+    whose_text,
 )
 from reports.analysis.history import (
     AxisRange,
@@ -72,10 +72,15 @@ from reports.analysis.new_architectures import (
     new_architectures_markdown,
     new_architectures_summary,
 )
+from reports.analysis.known import (
+    upstream_label,
+)
 from reports.analysis.signatures import (
     cause,
+    failure_key,
     frame_files,
     same_failure,
+    surfaced_in,
 )
 from reports.analysis.statuses import (
     CellStatus,
@@ -133,6 +138,7 @@ __all__ = [
     "delta_causes",
     "failing_now_html",
     "failing_now_markdown",
+    "failure_key",
     "frame_files",
     "harness_change_text",
     "has_faithful",
@@ -152,5 +158,7 @@ __all__ = [
     "shared_answers",
     "summarise",
     "trusted_history",
+    "surfaced_in",
     "upstream_label",
+    "whose_text",
 ]

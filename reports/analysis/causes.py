@@ -35,7 +35,7 @@ from reports.store import (
     parse_pins,
     pins_text,
 )
-from reports.analysis.signatures import cause
+from reports.analysis.signatures import cause, failure_key
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
 TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}
@@ -144,9 +144,10 @@ def root_causes(
             grouped[t.cause_key].append(index)
     found = []
     for key, members in grouped.items():
-        kind, axis, before, after, failure_class, signature_cause = key
+        kind, axis, before, after, failure_class, _ = key
         listed = [listed_of[kind][i] for i in members]
         typed = [of_each_kind[kind][i] for i in members]
+        signature_cause = cause(typed[0].failing_end.signature)
         cells = sorted({t.cell for t in listed})
         held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
@@ -309,16 +310,19 @@ def _delta_kind(verdict: str, flaky_at_newest: bool) -> str:
 
 @dataclass(frozen=True)
 class DeltaCause:
-    """The cells of one delta kind that fail (or failed, for fixes) with one failure class and cause."""
+    """The cells of one delta kind that fail (or failed, for fixes) with one cause
+    (reports.analysis.signatures.failure_key)."""
 
     kind: str
-    failure_class: str
-    cause: str
+    failure_class: str  # its first cell's (a cause keyed by mechanism may hold cells of two classes)
+    cause: str  # its first cell's signature, numbers masked
     deltas: tuple[tuple[SessionDeltas, Delta], ...]
+    key: str = ""  # the cause the harness recorded (suites/mechanism.py); "" for failures recorded before
 
     @property
     def id(self) -> str:
-        return cause_id(self.failure_class, self.cause)
+        """The id failing now gives the same cause (reports.analysis.failing_now), which publish's issues carry."""
+        return cause_id(self.key) if self.key else cause_id(self.failure_class, self.cause)
 
     @property
     def cells(self) -> list[CellKey]:
@@ -332,11 +336,16 @@ class DeltaCause:
 def delta_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
     """New failures, fixes and cells still failing, grouped by kind, failure class and cause (flaky cells are
     counted, not grouped: their failure is not a cause); per kind, the most cells first."""
-    grouped: dict[tuple[str, str, str], list[tuple[SessionDeltas, Delta]]] = defaultdict(list)
+    grouped: dict[tuple[str, str], list[tuple[SessionDeltas, Delta]]] = defaultdict(list)
     for session in sessions:
         for delta in session.deltas:
             if delta.kind != "flaky":
                 failure = delta.failure
-                grouped[delta.kind, failure.failure_class, cause(failure.signature)].append((session, delta))
-    found = [DeltaCause(*key, tuple(deltas)) for key, deltas in grouped.items()]
+                key = failure_key(failure.failure_class, failure.signature, failure.cause)
+                grouped[delta.kind, key].append((session, delta))
+    found = []
+    for (kind, _), deltas in grouped.items():
+        first = deltas[0][1].failure
+        mechanism = first.cause.key if first.cause else ""
+        found.append(DeltaCause(kind, first.failure_class, cause(first.signature), tuple(deltas), mechanism))
     return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.cause))

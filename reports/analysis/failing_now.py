@@ -1,11 +1,13 @@
 """Failing now, by cause: the first section of every report when cells fail at the latest versions.
 
-The failing cells at the latest versions are grouped by failure class and cause (reports.analysis.signatures.cause: the
-signature with every number masked, so "rank 0 holds 6.75 of 6.75 MiB" and "4.5 of 4.5 MiB" are one cause).
-Each cause says since when it fails (the oldest version set in the history where the same cause appears, or
-"since the first run"), the answer triage found for the transitions that brought it into the latest versions,
-whether it is known upstream (matrix/known_failures.toml: "known" with the link, else "new"), and the one
-command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
+The failing cells at the latest versions are grouped by cause (reports.analysis.signatures.failure_key: the cause the
+harness recorded, what AutoTP did where it broke, suites/mechanism.py; for a failure recorded before causes were kept,
+its class and signature with every number masked). Each cause says its mechanism in words, whose bug it is (AutoTP's
+wherever the exception surfaced, the unsharded model passing the same probes; the frame is "surfaced in"), since when
+it fails (the oldest version set in the history where the same cause appears, or "since the first run"), the answer
+triage found for the transitions that brought it into the latest versions, whether it is known (matrix/
+known_failures.toml: "known" with the upstream link, "known by design" with DeepSpeed's refusing line, else "new"), and
+the one command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
 Built into the report model (reports.outputs.model.build_report) as report.json's form of the section, and rendered from
@@ -14,27 +16,39 @@ carry for the same class and cause."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Protocol
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure
-from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, release, started_order
+from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from reports.analysis.answers import Link, TransitionEntry, code
 from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, count_text, shared_answers, typed_members
 from reports.analysis.history import History, Transition
-from reports.analysis.signatures import cause
+from reports.analysis.known import (
+    FixedKnown,
+    KnownMatch,
+    fixed_known,
+    known_for,
+    known_from_json,
+    versions_of,
+)
+from reports.analysis.signatures import cause, failure_key, surfaced_in
+from reports.analysis.statuses import CellStatus
+from suites.mechanism import WHOSE, whose
 
 LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
 INTRO = (
-    "Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
-    "(it also writes the cell's repro script to results/repro/; the logs folder holds the rank logs when the cell "
-    "ends its rank group)."
+    "Each cause with what AutoTP did where it broke, whose bug it is (AutoTP's wherever its exception surfaced: the "
+    "unsharded model passes the same probes), since when it fails, the triage answer and the command that reproduces "
+    "one of its cells "
+    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
+    "rank group)."
 )
-_UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
+STATUS_ORDER = ("new", "known", "by design")
+"""A cause's status, in the order causes are listed: new ones first, those DeepSpeed refuses on purpose last."""
 
 
 def repro_command(cell: CellKey) -> str:
@@ -43,12 +57,6 @@ def repro_command(cell: CellKey) -> str:
         f"nox -s repro -- --models {replay_name(cell.model)} --variants {cell.variant} --dtypes {cell.dtype} "
         f"--tp {cell.tp}"
     )
-
-
-def upstream_label(url: str) -> str:
-    """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
-    match = _UPSTREAM.fullmatch(url)
-    return f"{match[1]}#{match[2]}" if match else url
 
 
 # ---- The section (report.json "failing_now": asdict of FailingNow) ------------------------------------------------
@@ -74,54 +82,24 @@ class Repro:
 
 
 @dataclass(frozen=True)
-class KnownMatch:
-    """The known failure (matrix/known_failures.toml) that covers cells of a cause, and which of them."""
-
-    name: str
-    upstream: str
-    label: str  # "deepspeedai/DeepSpeed#8185"
-    state: str
-    fixed_in: str
-    note: str
-    cells: tuple[str, ...]
-    # A fix upstream that the latest versions include, yet the cells fail: the issue needs reopening.
-    fails_after_fix: bool
-
-
-@dataclass(frozen=True)
 class FailingCause:
-    """The cells failing at the latest versions with one failure class and cause."""
+    """The cells failing at the latest versions with one cause."""
 
     id: str
-    failure_class: str
-    cause: str
+    failure_class: str  # the classes its cells fail with, the most cells first ("forward, numerics")
+    cause: str  # the representative cell's signature, numbers masked
     count: int
     cells: tuple[str, ...]
     cells_text: str
     since: FirstSeen
     root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
-    status: str  # "new", or "known" when a known failure covers some of its cells
+    status: str  # "new", "known" when a known failure covers some of its cells, "by design" when one by design does
     known: KnownMatch | None
     repro: Repro
-
-
-@dataclass(frozen=True)
-class FixedKnown:
-    """An open known failure whose cells pass at the latest versions: the upstream issue can be closed."""
-
-    name: str
-    upstream: str
-    label: str
-    state: str
-    fixed_in: str
-    note: str
-    cells: tuple[str, ...]
-    fails_after_fix: bool
-    cells_text: str
-    failure_class: str
-    fixed_at: str  # "deepspeed 0.19.6": where the fix transitions land (the bisected release when triaged)
-    last_failing: str  # "" where no transition places it
-    bisected: bool
+    key: str = ""  # what groups its cells (reports.analysis.signatures.failure_key)
+    mechanism: str = ""  # the mechanism in words (suites/mechanism.py Cause.words); "" before causes were kept
+    whose: str = ""  # a key of suites.mechanism.WHOSE
+    surfaced_in: str = ""  # the frame its representative's exception surfaced in
 
 
 @dataclass(frozen=True)
@@ -141,7 +119,7 @@ class FailingNow:
                         "cells": tuple(c["cells"]),
                         "since": FirstSeen(**c["since"]),
                         "root_causes": tuple(c["root_causes"]),
-                        "known": _known_from_json(c["known"]) if c["known"] else None,
+                        "known": known_from_json(c["known"]) if c["known"] else None,
                         "repro": Repro(**c["repro"]),
                     }
                 )
@@ -151,69 +129,69 @@ class FailingNow:
         )
 
 
-def _known_from_json(known: dict) -> KnownMatch:
-    return KnownMatch(**{**known, "cells": tuple(known["cells"])})
-
-
 def build_failing_now(
     root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
 ) -> FailingNow:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
     the most cells first) and the open known failures whose cells pass there now."""
     latest = history.latest
-    failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
+    failing: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for (cell, versions), status in history.statuses.items():
         if versions == latest and status.status == "fail":
-            failing[status.failure_class, cause(status.signature)].append(cell)
+            failing[failure_key(status.failure_class, status.signature, status.cause)].append((cell, status))
     first_seen = _first_seen(aggregates, history)
     transitions = by_kind(history.transitions)
     first_run = aggregates.first_run.run_id
-    at_latest = _versions(latest)
+    at_latest = versions_of(latest)
     causes: list[FailingCause] = []
-    for (failure_class, text), cells in failing.items():
-        cells = sorted(cells)
-        representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
-        match = _known_for(known, failure_class, text, cells, at_latest)
+    for key, members in failing.items():
+        members.sort(key=lambda member: member[0])
+        cells = [cell for cell, _ in members]
+        representative, shown = min(members, key=lambda m: (m[0].tp, m[0].model, m[0].variant, m[0].dtype))
+        classes = Counter(status.failure_class for _, status in members)
+        text = cause(shown.signature)
+        match = known_for(known, members, at_latest)
         causes.append(
             FailingCause(
-                id=cause_id(failure_class, text),
-                failure_class=failure_class,
+                # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
+                id=cause_id(key) if shown.cause else cause_id(shown.failure_class, text),
+                failure_class=", ".join(name for name, _ in classes.most_common()),
                 cause=text,
                 count=len(cells),
                 cells=tuple(cell.id for cell in cells),
                 cells_text=cells_text(cells),
-                since=_since(first_seen[failure_class, text], first_run, latest),
-                root_causes=tuple(_root_causes(root_causes, transitions, latest, failure_class, text, set(cells))),
-                status="known" if match else "new",
+                since=_since(first_seen[key], first_run, latest),
+                root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
+                status=("by design" if match.state == "by design" else "known") if match else "new",
                 known=match,
                 repro=Repro(
                     cell=representative.id,
                     command=repro_command(representative),
                     logs=f"{LOGS_ROOT}/{representative.id}/",
                 ),
+                key=key,
+                mechanism=shown.cause.words if shown.cause else "",
+                whose=shown.cause.whose if shown.cause else whose(shown.failure_class),
+                surfaced_in=surfaced_in(shown.signature),
             )
         )
-    causes.sort(key=lambda c: (c.status != "new", -c.count, c.failure_class, c.cause))
+    causes.sort(key=lambda c: (STATUS_ORDER.index(c.status), -c.count, c.failure_class, c.cause))
     return FailingNow(
         cells=sum(c.count for c in causes),
         causes=tuple(causes),
-        fixed_known=tuple(_fixed_known(history, aggregates, known)),
+        fixed_known=tuple(fixed_known(history, aggregates, known)),
     )
 
 
-def _versions(versions: Versions) -> dict[str, str]:
-    return {axis: getattr(versions, axis) for axis in AXES}
-
-
-def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str], ResultGroup]:
-    """Per failure class and cause, its failures at the oldest version set of the history (in the history's version
-    order) that hold the earliest run there (of two as early, the smaller run id, then the first cell)."""
+def _first_seen(aggregates: Aggregates, history: History) -> dict[str, ResultGroup]:
+    """Per cause, its failures at the oldest version set of the history (in the history's version order) that hold
+    the earliest run there (of two as early, the smaller run id, then the first cell)."""
     order = {versions: index for index, versions in enumerate(history.version_sets)}
-    first: dict[tuple[str, str], tuple[tuple, ResultGroup]] = {}
+    first: dict[str, tuple[tuple, ResultGroup]] = {}
     for group in aggregates.groups:
         if group.outcome != "fail":
             continue
-        key = group.failure_class, cause(group.signature)
+        key = failure_key(group.failure_class, group.signature, group.cause)
         rank = order[group.versions], *started_order(group.earliest), group.cell
         known = first.get(key)
         if known is None or rank < known[0]:
@@ -241,8 +219,7 @@ def _root_causes(
     root_causes: tuple[RootCause, ...],
     transitions: dict[str, list[Transition]],
     latest: Versions,
-    failure_class: str,
-    text: str,
+    key: str,
     cells: set[CellKey],
 ) -> list[str]:
     """The root causes (reports.analysis.causes) whose transitions (`transitions`: the history's, by kind) brought these cells
@@ -256,95 +233,13 @@ def _root_causes(
             failing = t.failing_end
             if (
                 t.cell in cells
-                and failing.failure_class == failure_class
-                and cause(failing.signature) == text
+                and failure_key(failing.failure_class, failing.signature, failing.cause) == key
                 and t.after.label(t.axis) == latest.label(t.axis)
                 and t.held_fixed == latest.pins(tuple(a for a in AXES if a != t.axis))
             ):
                 ids.append(root.id)
                 break
     return ids
-
-
-def _known_match(entry: KnownFailure, cells: list[CellKey], latest: dict[str, str]) -> KnownMatch:
-    axis, _, fixed_version = entry.fixed_in.partition(" ")
-    here = release(latest.get(axis, "")) if entry.fixed_in else None
-    return KnownMatch(
-        name=entry.name,
-        upstream=entry.upstream,
-        label=upstream_label(entry.upstream),
-        state=entry.state,
-        fixed_in=entry.fixed_in,
-        note=entry.note,
-        cells=tuple(cell.id for cell in cells),
-        fails_after_fix=bool(here is not None and (fixed := release(fixed_version)) is not None and here >= fixed),
-    )
-
-
-def _known_for(
-    known: dict[str, KnownFailure], failure_class: str, text: str, cells: list[CellKey], latest: dict[str, str]
-) -> KnownMatch | None:
-    """The known failure that covers the most of these cells at the latest versions, or None: a new cause."""
-    covered = {
-        entry.name: [c for c in cells if entry.covers(failure_class, text, c.model, c.variant, latest)]
-        for entry in known.values()
-    }
-    best = max(covered, key=lambda name: len(covered[name]), default=None)
-    return _known_match(known[best], covered[best], latest) if best and covered[best] else None
-
-
-def _fixed_known(history: History, aggregates: Aggregates, known: dict[str, KnownFailure]) -> list[FixedKnown]:
-    """Open known failures seen in the history whose cells all pass where they ran at the latest versions: fixed at
-    the version where their cells' fix transitions land (the bisected release when triage answered), or at the
-    latest versions when no transition places it. A cell that fails there in any way keeps the entry open."""
-    latest = history.latest
-    fixed = []
-    for entry in known.values():
-        if entry.state != "open":
-            continue
-        seen = sorted(
-            {
-                group.cell
-                for group in aggregates.groups
-                if group.outcome == "fail"
-                and entry.covers(
-                    group.failure_class,
-                    cause(group.signature),
-                    group.cell.model,
-                    group.cell.variant,
-                    _versions(group.versions),
-                )
-            }
-        )
-        now = [history.statuses.get((cell, latest)) for cell in seen]
-        if not seen or any(s is not None and s.status in ("fail", "flaky") for s in now):
-            continue
-        passing = [cell for cell, s in zip(seen, now) if s is not None and s.status == "pass"]
-        if not passing:
-            continue  # not run at the latest versions: nothing says it is fixed
-        places: Counter[tuple[str, str, bool]] = Counter()
-        for t in history.transitions:
-            if t.kind == "fixed" and t.cell in passing and t.after == latest:
-                b = t.bisection
-                places[
-                    (f"{b.axis} {b.after}", f"{b.axis} {b.before}", True)
-                    if b
-                    else (f"{t.axis} {t.after.label(t.axis)}", f"{t.axis} {t.before.label(t.axis)}", False)
-                ] += 1
-        (fixed_at, last_failing, bisected), _ = (
-            places.most_common(1)[0] if places else ((latest.describe(), "", False), 0)
-        )
-        fixed.append(
-            FixedKnown(
-                **asdict(_known_match(entry, passing, _versions(latest))),
-                cells_text=cells_text(passing),
-                failure_class=entry.failure_class,
-                fixed_at=fixed_at,
-                last_failing=last_failing,
-                bisected=bisected,
-            )
-        )
-    return fixed
 
 
 class ReportView(Protocol):
@@ -363,13 +258,17 @@ class ReportView(Protocol):
 
 
 def summary_text(section: FailingNow) -> str:
-    """ "94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
+    """ "94 cells fail in 27 causes at the latest versions: 24 new, 1 known, 2 known by design; 1 known failure fixed:
+    close upstream"."""
     causes = section.causes
-    new = sum(1 for c in causes if c.status == "new")
+    counts = Counter(c.status for c in causes)
+    by_status = f"{counts['new']} new, {counts['known']} known" + (
+        f", {counts['by design']} known by design" if counts["by design"] else ""
+    )
     parts = (
         [
-            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
-            f"versions: {new} new, {len(causes) - new} known"
+            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in "
+            f"{count_text(len(causes), 'cause')} at the latest versions: {by_status}"
         ]
         if causes
         else ["No cell fails at the latest versions"]
@@ -386,6 +285,8 @@ def status_text(entry: FailingCause, link: Link) -> str:
         return "new"
     share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
     upstream = link(known.label, known.upstream)
+    if known.state == "by design":
+        return f"known by design ({upstream}{share})"
     if known.fails_after_fix:
         return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
     state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"
@@ -413,10 +314,20 @@ def cause_answer_text(entry: FailingCause, report: ReportView, link: Link) -> st
     return f"{verb} at {first.axis} {first.before} → {first.after} ({answer}){share}"
 
 
+def whose_text(entry: FailingCause, spanned: Callable[[str], str] = code) -> str:
+    """ "AutoTP's (DeepSpeed's) bug, surfaced in `transformers/…:forward`" (`spanned`: how the frame is set off); the
+    frame only where the line shows the mechanism instead of the signature, which ends with it."""
+    surfaced = f", surfaced in {spanned(entry.surfaced_in)}" if entry.surfaced_in and entry.mechanism else ""
+    return f"{WHOSE.get(entry.whose, entry.whose)} bug{surfaced}"
+
+
 def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
-    """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
+    """One line per cause: status, class and mechanism (else the masked signature), whose bug and where it surfaced,
+    cells, since, answer, and the command with its log folder."""
+    shown = f"{entry.mechanism} ({code(entry.cause)})" if entry.mechanism else code(entry.cause)
     parts = [
-        f"**{status_text(entry, link)}** {entry.failure_class} {code(entry.cause)}",
+        f"**{status_text(entry, link)}** {entry.failure_class} {shown}",
+        whose_text(entry),
         f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
         entry.since.text,
         cause_answer_text(entry, report, link),
@@ -464,6 +375,7 @@ def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list
                 causes,
                 linked(lambda link: [status_text(c, link) for c in causes]),
                 linked(lambda link: [cause_answer_text(c, report, link) for c in causes]),
+                [whose_text(c, lambda text: text) for c in causes],
             )
         ),
         "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section.fixed_known]),

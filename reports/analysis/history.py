@@ -28,7 +28,7 @@ from reports.store import (
     started_order,
 )
 from reports.clones import GitRepo, commits_between, deepspeed_order
-from reports.analysis.signatures import cause
+from reports.analysis.signatures import failure_key
 from reports.analysis.statuses import (
     keep_earliest,
     CellStatus,
@@ -81,15 +81,16 @@ class Transition:
     @property
     def cause_key(self) -> tuple[str, str, str, str, str, str]:
         """What makes transitions one root cause (reports/analysis/causes.py): kind, axis, range (before → after), failure
-        class and cause (reports.analysis.signatures.cause). The versions held fixed are not part of it: the same fix seen
-        at two transformers releases is one cause."""
+        class and the failure's cause key (reports.analysis.signatures.failure_key). The versions held fixed are not
+        part of it: the same fix seen at two transformers releases is one cause."""
+        failing = self.failing_end
         return (
             self.kind,
             self.axis,
             self.before.label(self.axis),
             self.after.label(self.axis),
             self.failure_class_text,
-            cause(self.failing_end.signature),
+            failure_key(failing.failure_class, failing.signature, failing.cause),
         )
 
 

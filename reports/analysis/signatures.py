@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from suites.mechanism import Cause, failure_text
+
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
 # A shape written as a product ("24x384"): the recorded signature masks only the first factor, as the others
@@ -32,9 +34,27 @@ def cause(signature: str) -> str:
     return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))
 
 
-def same_failure(failure_class: str, signature: str, other: tuple[str, str]) -> bool:
-    """Whether a failure is other (failure class, signature): the same class and cause, whatever the tp."""
-    return failure_class == other[0] and cause(signature) == cause(other[1])
+def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
+    """What makes failures one cause: the key the harness recorded with it (suites/mechanism.py `cause_of`: what AutoTP
+    did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
+    return mechanism.key if mechanism is not None else f"{failure_class}|{cause(signature)}"
+
+
+def surfaced_in(signature: str) -> str:
+    """`transformers/models/olmo2/modeling_olmo2.py:forward`: the frame a signature's exception surfaced in ("" when
+    it names none)."""
+    found = re.search(r" @ (\S+)$", signature)
+    return found[1] if found else ""
+
+
+def same_failure(
+    failure_class: str, signature: str, other: tuple[str, str], broke_at: str = "", other_at: str = ""
+) -> bool:
+    """Whether a failure is other (failure class, signature): the same class, exception type and masked message,
+    whatever the tp and whatever the function it surfaced in is called (a release that renames the function is not
+    another failure), and the same module where both name where they broke (`broke_at`, a role)."""
+    same_text = cause(failure_text(signature)) == cause(failure_text(other[1]))
+    return failure_class == other[0] and same_text and (not broke_at or not other_at or broke_at == other_at)
 
 
 def frame_files(signature: str, message: str = "") -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 
+from suites.mechanism import Cause
 from reports.store import (
     Observation,
     PointKey,
@@ -35,6 +36,7 @@ class CellStatus:
     # Where the verdict changed at these versions when the harness commit did: the status under the older
     # harness commits (this status is the newer ones'), shown as a harness change, never as flaky.
     harness_change: CellStatus | None = None
+    cause: Cause | None = None  # the cause its failure was recorded with (None before causes were kept)
 
 
 def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMetrics]) -> CellStatus:
@@ -50,13 +52,15 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
     passes, fails, skips = outcomes["pass"], outcomes["fail"], outcomes["skip"]
     status = "flaky" if passes and fails else "pass" if passes else "fail" if fails else "skip"
     failure_class = signature = ""
+    cause = None
     failures = [group for group in groups if group.outcome == "fail"]
     if failures:
         classes: Counter[str] = Counter()
         for group in failures:
             classes[group.failure_class] += group.count
         failure_class = classes.most_common(1)[0][0]
-        signature = next(group.signature for group in failures if group.failure_class == failure_class)
+        chosen = next(group for group in failures if group.failure_class == failure_class)
+        signature, cause = chosen.signature, chosen.cause
     points = {(group.cell, group.versions, group.harness_git) for group in groups}
     newest = None
     for point in points:
@@ -67,7 +71,8 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
     for group in groups:
         keep_earliest(first_seen, group.harness_git, started_order(group.earliest))
     harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
-    return CellStatus(status, passes, fails, skips, failure_class, signature, newest.metrics if newest else {}, harness)
+    metrics = newest.metrics if newest else {}
+    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, harness, cause=cause)
 
 
 def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics]) -> CellStatus:
@@ -76,7 +81,9 @@ def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics])
     newest = measured.get((group.cell, group.versions, group.harness_git))
     metrics = newest.metrics if newest else {}
     if outcome == "fail":
-        return CellStatus("fail", 0, count, 0, group.failure_class, group.signature, metrics, (group.harness_git,))
+        return CellStatus(
+            "fail", 0, count, 0, group.failure_class, group.signature, metrics, (group.harness_git,), cause=group.cause
+        )
     passes, skips = (count, 0) if outcome == "pass" else (0, count if outcome == "skip" else 0)
     status = "pass" if passes else "skip"
     return CellStatus(status, passes, 0, skips, "", "", metrics, (group.harness_git,))

@@ -23,6 +23,7 @@ from reports.analysis import (
     FailingCause,
     History,
     cause_answer_text,
+    whose_text,
     code,
     count_text,
     markdown_link,
@@ -96,7 +97,7 @@ def write_draft(
     reason = not_deepspeeds(entry)
     if reason:
         raise ReportsError(reason)
-    name = Path("draft-issue") / f"{entry.failure_class}-{entry.id}.md"
+    name = Path("draft-issue") / f"{entry.failure_class.split(', ')[0]}-{entry.id}.md"
     with staged(out_dir) as stage:  # the report and its repro script moved into place together
         title, body = draft_text(entry, report, history, observations, stage / name.parent, inert, cell=cell)
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
@@ -106,13 +107,15 @@ def write_draft(
 def not_deepspeeds(entry: FailingCause) -> str | None:
     """Why a cause is not DeepSpeed's to fix (the harness or its environment failed, or a class from an older
     store that no check writes), None when it is."""
-    failure_class = entry.failure_class
-    if failure_class not in FAILURE_CLASSES:
+    classes = entry.failure_class.split(", ")
+    unknown = [failure_class for failure_class in classes if failure_class not in FAILURE_CLASSES]
+    if unknown:
         return (
-            f"cause {entry.id} has the failure class {failure_class!r}, which no check writes (an older store): "
+            f"cause {entry.id} has the failure class {unknown[0]!r}, which no check writes (an older store): "
             "run the cell again to get a report"
         )
-    if failure_class in NOT_DEEPSPEEDS:
+    failure_class = next((c for c in classes if c in NOT_DEEPSPEEDS), "")
+    if failure_class:
         return (
             f"cause {entry.id} is a {failure_class} failure ({FAILURE_CLASSES[failure_class]}): "
             "the harness or its environment failed, not DeepSpeed; fix it here instead of filing it"
@@ -173,11 +176,21 @@ def _repro_script(failure: Observation, folder: Path) -> tuple[str, str] | None:
 
 
 def _title(entry: FailingCause, failure: Observation) -> str:
-    text = one_line(entry.cause)
+    text = one_line(entry.mechanism.partition("; ")[0].replace("`", "") if entry.mechanism else entry.cause)
     short = text if len(text) <= MAX_TITLE_CAUSE else text[: MAX_TITLE_CAUSE - 1] + "…"
     cell = failure.cell
     more = f" and {count_text(entry.count - 1, 'more cell', 'more cells')}" if entry.count > 1 else ""
     return f"[BUG] AutoTP {entry.failure_class}: {short} ({cell.model} tp{cell.tp}{more})"
+
+
+def _mechanism_lines(entry: FailingCause, result) -> list[str]:
+    """What AutoTP did and where it broke, whose bug it is, and the record the ranks wrote (suites/mechanism.py)."""
+    if not entry.mechanism:
+        return []
+    lines = ["**What AutoTP did, where it broke**", "", entry.mechanism, "", f"Whose: {whose_text(entry)}.", ""]
+    if result.autotp is not None:
+        lines += ["```text", result.autotp.text(), "```", ""]
+    return lines
 
 
 def _message_line(result) -> list[str]:
@@ -199,7 +212,13 @@ def _markdown(
     cell, result, run = failure.cell, failure.result, failure.run
     known = entry.known
     lines = []
-    if known:
+    if known and known.state == "by design":
+        lines += [
+            f"> DeepSpeed refuses this on purpose: {markdown_link(known.label, known.upstream)}"
+            f"{' (' + known.note + ')' if known.note else ''}; file it only to ask for support.",
+            "",
+        ]
+    elif known:
         lines += [
             f"> Already tracked upstream: {markdown_link(known.label, known.upstream)}"
             f"{' (' + known.note + ')' if known.note else ''}; add to it rather than filing this.",
@@ -214,6 +233,7 @@ def _markdown(
         f"{count_text(entry.count, 'cell')} of the autotp-matrix run at these versions "
         f"{'fails' if entry.count == 1 else 'fail'} with the same cause: {entry.cells_text}.",
         "",
+        *_mechanism_lines(entry, result),
         "**To Reproduce**",
         "",
     ]

@@ -25,6 +25,7 @@ from reports.analysis import (
     cells_text,
     code,
     count_text,
+    failure_key,
     markdown_link,
     summarise,
     upstream_label,
@@ -43,6 +44,7 @@ class PrFailure:
     base: str  # the cell on the base: pass | fail | flaky | skip | not run
     base_failure: str = ""  # "class `cause`" where the base fails another way
     known: KnownFailure | None = None  # the known failure covering it (also on a new one the PR brought back)
+    key: str = ""  # what groups it with others (reports.analysis.signatures.failure_key)
 
 
 def classify(
@@ -85,23 +87,18 @@ def classify(
             kind = "broken trunk"
         else:
             kind = "new"
-        other = _failure(before) if before and before.fails and not same else ""
+        other = (
+            f"{before.failure_class} {code(cause(before.signature))}" if before and before.fails and not same else ""
+        )
         found.append(
-            PrFailure(
-                cell,
-                kind,
-                status.failure_class,
-                text,
-                base_status,
-                f"{other[0]} {code(other[1])}" if other else "",
-                match,
-            )
+            PrFailure(cell, kind, status.failure_class, text, base_status, other, match, _failure(status) or "")
         )
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
 
 
-def _failure(status: CellStatus | None) -> tuple[str, str] | None:
-    return (status.failure_class, cause(status.signature)) if status and status.fails else None
+def _failure(status: CellStatus | None) -> str | None:
+    """The cause a status fails with (reports.analysis.signatures.failure_key), None where it does not fail."""
+    return failure_key(status.failure_class, status.signature, status.cause) if status and status.fails else None
 
 
 def summary_line(failures: list[PrFailure]) -> str:
@@ -117,12 +114,13 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
     """One line per kind, failure class, cause (and base failure, known failure): its cells, new ones first."""
     grouped: dict[tuple, list[PrFailure]] = defaultdict(list)
     for f in failures:
-        grouped[f.kind, f.failure_class, f.cause, f.base_failure, f.known.name if f.known else ""].append(f)
+        grouped[f.kind, f.key, f.base_failure, f.known.name if f.known else ""].append(f)
     lines = []
-    for (kind, failure_class, text, base_failure, _), members in sorted(
+    for (kind, _, base_failure, _), members in sorted(
         grouped.items(), key=lambda item: (PR_KINDS.index(item[0][0]), -len(item[1]), item[0][1:])
     ):
         first = members[0]
+        failure_class, text = first.failure_class, first.cause
         notes = []
         if base_failure:
             notes.append(f"the base fails another way: {base_failure}")

@@ -27,6 +27,7 @@ from sessions.environments import (
     environment_variables,
 )
 from suites.command import CELL_TIMEOUT_S, suites_command
+from suites.mechanism import role
 from suites.records.run_records import read_records
 from reports.search.steps import BAD, GOOD, SKIP, BisectError, Step, Untestable, Verdict
 from reports.analysis import same_failure
@@ -51,12 +52,19 @@ class CellRun:
     failure_class: str
     signature: str
     message: str
+    broke_at: str = ""
+    """The role of the module it broke in (suites/mechanism.py `role`), where the harness located it."""
 
 
 def classify(
-    run: CellRun, reference: tuple[str, str] | None, any_failure: bool, absent_is_good: bool = False
+    run: CellRun,
+    reference: tuple[str, str] | None,
+    any_failure: bool,
+    absent_is_good: bool = False,
+    reference_at: str = "",
 ) -> Verdict:
-    """good = pass; bad = the reference failure (the same class and cause, reports.analysis.signatures.same_failure; any
+    """good = pass; bad = the reference failure (the same class, exception and masked message whatever function it
+    surfaced in, and the same breaking module where both name one: reports.analysis.signatures.same_failure; any
     failure with any_failure); another failure is untestable, unless absent_is_good: then every end without the
     reference failure counts as good, another failure as much as a pass. That is the one rule for a failure
     that turns into another: `--mode gone` (is the failure gone?) and triage's class changes (is the new
@@ -68,7 +76,11 @@ def classify(
         return Verdict(SKIP, f"the cell was skipped: {run.message}")
     if run.failure_class == "install":
         return Verdict(SKIP, failure)
-    if any_failure or reference is None or same_failure(run.failure_class, run.signature, reference):
+    if (
+        any_failure
+        or reference is None
+        or same_failure(run.failure_class, run.signature, reference, run.broke_at, reference_at)
+    ):
         return Verdict(BAD, failure)
     if absent_is_good:
         return Verdict(GOOD, f"another failure ({failure})")
@@ -120,7 +132,13 @@ def run_cells(
     wanted = {cell.id: cell for cell in cells}
     # a cell's text reaches the terminal, the store and the reports from here
     found = {
-        wanted[r["cell"]["id"]]: CellRun(r["outcome"], r["failure_class"], redact(r["signature"]), redact(r["message"]))
+        wanted[r["cell"]["id"]]: CellRun(
+            r["outcome"],
+            r["failure_class"],
+            redact(r["signature"]),
+            redact(r["message"]),
+            role(r["broke_at"]["path"]) if r.get("broke_at") else "",
+        )
         for r in records
         if r["cell"]["id"] in wanted
     }
@@ -185,6 +203,7 @@ class CellProbe:
     cell_timeout: float = CELL_TIMEOUT_S
     command: CellCommand = suite_command
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
+    reference_at: str = ""  # the role of the module the first failure seen broke in, where the harness located it
     absent_is_good: bool = False  # an end without the reference failure is good, failing otherwise or not
     runs: dict[str, CellRun] = field(default_factory=dict)  # the cell's last run at each candidate probed
 
@@ -197,9 +216,9 @@ class CellProbe:
         except (Untestable, EnvironmentBuildError) as error:
             return Verdict(SKIP, str(error).replace("\n", " | "))
         self.runs[candidate] = run
-        verdict = classify(run, self.reference, self.any_failure, self.absent_is_good)
+        verdict = classify(run, self.reference, self.any_failure, self.absent_is_good, self.reference_at)
         if verdict.kind == BAD and self.reference is None:
-            self.reference = (run.failure_class, run.signature)
+            self.reference, self.reference_at = (run.failure_class, run.signature), run.broke_at
         return verdict
 
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from reports.store.records import CellKey, Observation, Run, Versions
+from suites.mechanism import Cause
 
 PointKey = tuple[CellKey, Versions, str]
 """A point: cell, version set, harness commit ("" for runs recorded before it was kept)."""
@@ -33,6 +34,7 @@ class ResultGroup:
     first_listed: str  # the smallest run id among them: store order, the order a point's results are counted in
     earliest: Run  # the run that started first (of two that started together, the smaller run id)
     newest: Run  # the run that started last (of two that started together, the larger run id)
+    cause: Cause | None = None  # the cause its newest result was recorded with; None before causes were kept
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,13 @@ def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], d
     """The result groups and each point's newest metrics of results held in memory."""
     grouped: dict[tuple, list[Run]] = defaultdict(list)
     measured: dict[PointKey, PointMetrics] = {}
+    causes: dict[tuple, dict[str, Cause | None]] = defaultdict(dict)
     for obs in observations:
         result, run = obs.result, obs.run
         point = (obs.cell, obs.versions, run.harness_git)
-        grouped[(*point, result.outcome, result.failure_class, result.signature)].append(run)
+        key = (*point, result.outcome, result.failure_class, result.signature)
+        grouped[key].append(run)
+        causes[key][run.run_id] = result.cause
         if result.metrics:
             candidate = PointMetrics(run.started, run.run_id, result.metrics)
             known = measured.get(point)
@@ -104,6 +109,7 @@ def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], d
                 min(run.run_id for run in runs),
                 runs[0],
                 runs[-1],
+                causes[(cell, versions, harness_git, outcome, failure_class, signature)][runs[-1].run_id],
             )
         )
     return groups, measured

@@ -47,6 +47,7 @@ from reports.store.records import (
     pins_text,
 )
 from reports.store.validation import first_problem
+from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 ANSWERS = "answers"
 FORMAT = 2
@@ -294,6 +295,14 @@ def entry_json(records: RunRecords) -> bytes:
                 "message": result.message,
                 "metrics": result.metrics,
                 "checkpoints": list(result.checkpoints),
+                **{
+                    name: mechanism.to_dict() if mechanism else None
+                    for name, mechanism in (
+                        ("cause", result.cause),
+                        ("broke_at", result.broke_at),
+                        ("autotp", result.autotp),
+                    )
+                },
             }
             for result in records.results
         ],
@@ -356,6 +365,10 @@ def _from_json(content: dict) -> RunRecords:
             message=item["message"],
             metrics={name: _number(value) for name, value in item["metrics"].items()},
             checkpoints=tuple(item["checkpoints"]),
+            # entries written before causes were kept have none
+            cause=Cause.from_dict(item["cause"]) if item.get("cause") else None,
+            broke_at=BreakPoint.from_dict(item["broke_at"]) if item.get("broke_at") else None,
+            autotp=AutoTPRecord.from_dict(item["autotp"]) if item.get("autotp") else None,
         )
         for item in content["results"]
     )

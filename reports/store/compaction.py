@@ -64,7 +64,10 @@ def compact_results(conn: sqlite3.Connection, keep_runs: int) -> tuple[Compactio
     conn.execute("DROP TABLE temp.compacting_runs")
     dropped = conn.execute(
         "DELETE FROM texts WHERE id NOT IN (SELECT signature FROM results) "
-        "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL)"
+        "AND id NOT IN (SELECT message FROM results WHERE message IS NOT NULL) "
+        "AND id NOT IN (SELECT cause FROM cell_causes) "
+        "AND id NOT IN (SELECT broke_at FROM cell_causes WHERE broke_at IS NOT NULL) "
+        "AND id NOT IN (SELECT autotp FROM cell_causes WHERE autotp IS NOT NULL)"
     ).rowcount
     since_vacuum += compacted
     rewrite = since_vacuum > results * VACUUM_SHARE

@@ -35,9 +35,10 @@ from reports.store.answer_rows import (
 )
 from reports.store.records import Bisection, CellKey, CellResult, Observation, Run, TriageAttempt, Versions
 from reports.store.door import redact_fields, redactor
+from suites.mechanism import Cause
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
 from reports.store.ids import Cells, Texts, inserted_id
-from reports.store.rows import explain, run_from_row, run_row
+from reports.store.rows import explain, mechanism_fields, mechanism_ids, run_from_row, run_row
 from reports.store.schema import (
     APPLICATION_ID,
     FIRST_SCHEMA,
@@ -49,6 +50,7 @@ from reports.store.schema import (
     Points,
     add_to_aggregates,
     migrate,
+    set_group_causes,
     point_key,
 )
 
@@ -287,12 +289,14 @@ class HistoryStore:
                         f"cell(s) ({'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}); a run id names one "
                         "run — check how the file was produced, nothing of it was imported"
                     )
-                rows, checkpoint_rows = [], []
+                rows, checkpoint_rows, cause_rows = [], [], []
                 for result in results:
                     if result.cell in verdicts:
                         continue
                     if result.checkpoints:
                         checkpoint_rows.append((run_key, cells.id(result.cell), json.dumps(list(result.checkpoints))))
+                    if result.cause:
+                        cause_rows.append((run_key, cells.id(result.cell), *mechanism_ids(texts, result)))
                     rows.append(
                         (
                             run_key,
@@ -307,12 +311,12 @@ class HistoryStore:
                     verdicts[result.cell] = (result.outcome, result.failure_class)
                 conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.executemany("INSERT INTO cell_checkpoints VALUES (?, ?, ?)", checkpoint_rows)
+                conn.executemany("INSERT INTO cell_causes VALUES (?, ?, ?, ?, ?)", cause_rows)
                 point = conn.execute(f"SELECT {POINT_COLUMNS} FROM runs WHERE id = ?", (run_key,)).fetchone()
-                add_to_aggregates(
-                    conn,
-                    [(*row[:5], row[6] != "{}") for row in rows],
-                    points.id(point_key(tuple(point))),
-                )
+                point_id = points.id(point_key(tuple(point)))
+                add_to_aggregates(conn, [(*row[:5], row[6] != "{}") for row in rows], point_id)
+                causes = {cell: cause for _, cell, cause, *_ in cause_rows}
+                set_group_causes(conn, [(*row[:5], causes[row[1]]) for row in rows if row[1] in causes], point_id)
                 new_results += len(rows)
         return ImportCounts(new_runs, new_results)
 
@@ -338,6 +342,7 @@ class HistoryStore:
             runs = {key: run for key, run in runs.items() if run.run_id in run_ids}
         cells = self._cells()
         checkpoints = self._checkpoints(runs)
+        mechanisms = self._mechanisms(runs)
         run_rank = {key: rank for rank, key in enumerate(sorted(runs, key=lambda key: runs[key].run_id))}
         cell_rank = {key: rank for rank, key in enumerate(sorted(cells, key=cells.__getitem__))}
         query = "SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results"
@@ -359,6 +364,7 @@ class HistoryStore:
                 message=texts[message],
                 metrics=json.loads(metrics) if metrics else {},
                 checkpoints=checkpoints.get((runs[run].run_id, cells[cell]), ()),
+                **mechanisms.get((run, cell), {}),
             )
             observations.append(Observation(result=result, run=runs[run]))
         return observations
@@ -399,6 +405,20 @@ class HistoryStore:
             if run in runs
         }
 
+    def _mechanisms(self, runs: dict[int, Run]) -> dict[tuple[int, int], dict]:
+        """The cause, break point and AutoTP record stored for failures of these runs, by (run, cell) key, as
+        CellResult's fields."""
+        rows = [
+            row
+            for row in self._conn.execute("SELECT run, cell, cause, broke_at, autotp FROM cell_causes")
+            if row[0] in runs
+        ]
+        texts = self._texts({text for row in rows for text in row[2:]})
+        return {
+            (run, cell): mechanism_fields(texts[cause], texts[broke_at], texts[autotp])
+            for run, cell, cause, broke_at, autotp in rows
+        }
+
     @_naming_the_file
     def aggregates(self) -> Aggregates:
         """The per-point aggregates the report reads (reports.store.aggregates), as import keeps them (result_groups,
@@ -413,10 +433,13 @@ class HistoryStore:
             )
         }
         cells = self._cells()
-        signatures = self._texts({row[0] for row in conn.execute("SELECT DISTINCT signature FROM result_groups")})
+        signatures = self._texts(
+            {text for row in conn.execute("SELECT DISTINCT signature, cause FROM result_groups") for text in row}
+        )
         groups = []
-        for cell, outcome, failure_class, signature, count, first_listed, earliest, newest in conn.execute(
-            "SELECT cell, outcome, failure_class, signature, count, first_listed, earliest, newest FROM result_groups"
+        for cell, outcome, failure_class, signature, count, first_listed, earliest, newest, cause in conn.execute(
+            "SELECT cell, outcome, failure_class, signature, count, first_listed, earliest, newest, cause "
+            "FROM result_groups"
         ):
             point = runs[earliest]  # every run of a group is at its point
             groups.append(
@@ -431,6 +454,7 @@ class HistoryStore:
                     runs[first_listed].run_id,
                     point,
                     runs[newest],
+                    Cause.from_dict(json.loads(signatures[cause])) if cause is not None else None,
                 )
             )
         metrics = {}

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import cast
@@ -11,7 +12,17 @@ from typing import cast
 from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase
 from reports import ReportsError
-from reports.store.records import AXES, CellDetail, CellKey, CellResult, Run, RunRecords, Versions, deepspeed_git_of
+from reports.store.records import (
+    AXES,
+    CellDetail,
+    CellKey,
+    CellResult,
+    Run,
+    RunRecords,
+    Versions,
+    deepspeed_git_of,
+)
+from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
 from suites.outcome import FAILURE_CLASSES
 
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
@@ -172,6 +183,7 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
             message=problems[0].text or message,
             metrics=_metrics_from(props, path, where),
             checkpoints=checkpoints,
+            **_mechanism_from(props, path, where),
         )
     skipped = [r for r in case.result if isinstance(r, Skipped)]
     if skipped:
@@ -181,6 +193,27 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
     return CellResult(
         run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where), checkpoints=checkpoints
     )
+
+
+def _mechanism_from(props: dict[str, str], path: Path, where: str) -> dict:
+    """A failure's cause, where it broke and what AutoTP did (suites/mechanism.py), where the file records them."""
+    found: dict = {}
+    try:
+        if props.get("cause.key"):
+            found["cause"] = Cause(props["cause.key"], props.get("cause.words", ""), props.get("cause.whose", ""))
+            if found["cause"].whose not in WHOSE:
+                raise ValueError(f"cause.whose={found['cause'].whose!r} is not one of {', '.join(WHOSE)}")
+        if props.get("broke_at.path") is not None and props.get("broke_at.how"):
+            found["broke_at"] = BreakPoint.from_dict(
+                {name: props.get(f"broke_at.{name}", "") for name in BreakPoint.__dataclass_fields__}
+            )
+        if props.get("autotp"):
+            found["autotp"] = AutoTPRecord.from_dict(json.loads(props["autotp"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise MalformedJUnit(
+            path, f"{where}: its cause, break point or AutoTP record is unreadable ({error})"
+        ) from None
+    return found
 
 
 def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, float]:

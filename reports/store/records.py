@@ -10,6 +10,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
 from matrix.versions import AXES as INSTALLED_AXES
+from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 BisectMode = Literal["broken", "fixed"]
 """broken: before = last good, after = first bad; fixed: before = last bad, after = first good (`reports.search.bisect
@@ -103,6 +104,12 @@ class CellResult:
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoints: tuple[str, ...] = ()
     """The hub ids a faithful cell's verdict stands for (matrix.registry.ModelEntry.checkpoints); empty otherwise."""
+    cause: Cause | None = None
+    """A failure's cause as the harness keyed it (suites/mechanism.py); None in files from before it was kept."""
+    broke_at: BreakPoint | None = None
+    """Where it broke, where the ranks located it."""
+    autotp: AutoTPRecord | None = None
+    """What AutoTP did to the model (rank 0), where it sharded."""
 
 
 @dataclass(frozen=True)

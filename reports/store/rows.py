@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
-from reports.store.records import Run, Versions
+from reports.store.ids import Texts
+from reports.store.records import CellResult, Run, Versions
 from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS
+from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 
 def run_row(run: Run) -> tuple:
@@ -25,6 +28,27 @@ def run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
     return Run(
         run_id=run_id, **{**{f: fields[f] for f in RUN_FIELDS}, "trusted": bool(fields["trusted"])}, versions=versions
     )
+
+
+def mechanism_ids(texts: Texts, result: CellResult) -> tuple[int, int | None, int | None]:
+    """The text ids of a failure's cause, break point and AutoTP record (redacted at the door, as every text of a
+    record), each stored as JSON (a row of `cell_causes`)."""
+    cause, broke_at, autotp = result.cause, result.broke_at, result.autotp
+    assert cause is not None
+    return (
+        texts.id(json.dumps(cause.to_dict(), sort_keys=True)),
+        texts.id(json.dumps(broke_at.to_dict(), sort_keys=True)) if broke_at else None,
+        texts.id(json.dumps(autotp.to_dict(), sort_keys=True)) if autotp else None,
+    )
+
+
+def mechanism_fields(cause: str, broke_at: str, autotp: str) -> dict:
+    """CellResult's cause, broke_at and autotp from their stored JSON ("" where none was stored)."""
+    return {
+        "cause": Cause.from_dict(json.loads(cause)),
+        "broke_at": BreakPoint.from_dict(json.loads(broke_at)) if broke_at else None,
+        "autotp": AutoTPRecord.from_dict(json.loads(autotp)) if autotp else None,
+    }
 
 
 def explain(path: Path, error: sqlite3.Error) -> str:

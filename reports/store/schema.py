@@ -18,8 +18,9 @@ from reports.store.records import AXES, deepspeed_git_of
 # 8 the report's aggregates kept up to date by import (result_groups, point_metrics, points; HistoryStore.aggregates).
 # 9 which runs are trusted (a pull request's are not: never a baseline, never archived) and the hash of each archive
 # entry the store was built from (`python -m reports verify` compares them).
+# 10 each failure's cause, break point and AutoTP record (cell_causes), and each result group's cause.
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -253,7 +254,8 @@ CREATE TABLE point_metrics (
 # One result added to its group: (cell, point, outcome, failure class, signature, run). A run's (start, run id) is
 # compared as a row value, as reports.store.aggregates.started_order orders runs.
 _ADD_TO_GROUP = """
-INSERT INTO result_groups VALUES (:cell, :point, :outcome, :failure_class, :signature, 1, :run, :run, :run)
+INSERT INTO result_groups (cell, point, outcome, failure_class, signature, count, first_listed, earliest, newest)
+VALUES (:cell, :point, :outcome, :failure_class, :signature, 1, :run, :run, :run)
 ON CONFLICT (cell, point, outcome, failure_class, signature) DO UPDATE SET
     count = count + 1,
     first_listed = CASE WHEN (SELECT run_id FROM runs WHERE id = excluded.first_listed)
@@ -272,6 +274,29 @@ INSERT INTO point_metrics VALUES (:cell, :point, :run)
 ON CONFLICT (cell, point) DO UPDATE SET run = excluded.run
 WHERE ((SELECT started FROM runs WHERE id = excluded.run), (SELECT run_id FROM runs WHERE id = point_metrics.run))
     > ((SELECT started FROM runs WHERE id = point_metrics.run), (SELECT run_id FROM runs WHERE id = excluded.run))"""
+
+
+# Schema 10: a failure's cause, where it broke and what AutoTP did (suites/mechanism.py), as JSON each stored once in
+# `texts` (a night's failures repeat a few), in a table of their own (passes have none); and the cause of each
+# result group's newest result, which the report groups failures by. Results stored before have none: they group by
+# their signature (reports.analysis.signatures.failure_key).
+_CELL_CAUSES = (
+    """
+CREATE TABLE cell_causes (
+    run           INTEGER NOT NULL REFERENCES runs(id),
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    cause         INTEGER NOT NULL REFERENCES texts(id),
+    broke_at      INTEGER REFERENCES texts(id),
+    autotp        INTEGER REFERENCES texts(id),
+    PRIMARY KEY (run, cell)
+) WITHOUT ROWID""",
+    "ALTER TABLE result_groups ADD COLUMN cause INTEGER REFERENCES texts(id)",
+)
+# A group's cause: its newest result's (set after the result joined the group, so the group's newest is known).
+_SET_GROUP_CAUSE = """
+UPDATE result_groups SET cause = :cause
+WHERE cell = :cell AND point = :point AND outcome = :outcome AND failure_class = :failure_class
+    AND signature = :signature AND newest = :run"""
 
 
 def point_key(row: tuple) -> str:
@@ -314,6 +339,26 @@ def add_to_aggregates(conn: sqlite3.Connection, rows: list[tuple[int, int, str, 
     )
 
 
+def set_group_causes(conn: sqlite3.Connection, rows: list[tuple[int, int, str, str, int, int]], point: int) -> None:
+    """Give the groups of one run's failures, (run, cell, outcome, failure class, signature id, cause id), the cause
+    of the results that are their newest."""
+    conn.executemany(
+        _SET_GROUP_CAUSE,
+        (
+            {
+                "cell": cell,
+                "point": point,
+                "outcome": outcome,
+                "failure_class": failure_class,
+                "signature": sig,
+                "run": run,
+                "cause": cause,
+            }
+            for run, cell, outcome, failure_class, sig, cause in rows
+        ),
+    )
+
+
 def _fill_aggregates(conn: sqlite3.Connection) -> None:
     """Schema 8: the aggregates of the results already stored, added run by run as import adds them."""
     points = Points(conn)
@@ -344,6 +389,7 @@ _MIGRATIONS = {
     6: (_CELL_CHECKPOINTS,),
     7: (*_AGGREGATE_TABLES, _fill_aggregates),
     8: _TRUST,
+    9: _CELL_CAUSES,
 }
 
 

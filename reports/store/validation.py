@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from reports.store.junit import KNOWN_FAILURE_CLASSES, shown
 from reports.store.records import CellDetail, CellKey, CellResult, Run, RunRecords, Versions
+from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
 from suites.outcome import OUTCOMES
 
 Rule = Callable[[Any], "str | None"]
@@ -50,6 +51,7 @@ MAX_TP = 1024
 MAX_METRIC = 1e18  # byte counts of the largest hosts are ~1e12; ratios and tolerances are small
 MAX_METRICS = 1_000
 MAX_CHECKPOINTS = 64
+MECHANISM_BYTES = 1_000_000  # what AutoTP did to one model as JSON: the default matrix's largest is ~60 KB
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,33 @@ def _checkpoint_source(value: Any) -> str | None:
     return None if value in ("", "tiny") else _matching(_HUB_ID, ID_LENGTH, "hub id (owner/name) or 'tiny'")(value)
 
 
+def _mechanism(cls: type[Cause] | type[BreakPoint] | type[AutoTPRecord]) -> Rule:
+    """A failure's cause, break point or AutoTP record (suites/mechanism.py), or none: every text in it one line of at
+    most SIGNATURE_LENGTH (reports print its words and paths), a cause's `whose` one of WHOSE, the whole bounded."""
+    line = _text(SIGNATURE_LENGTH, one_line=True)
+
+    def texts(value: Any) -> list[Any]:
+        if isinstance(value, dict):
+            return [text for item in value.values() for text in texts(item)]
+        if isinstance(value, (list, tuple)):
+            return [text for item in value for text in texts(item)]
+        return [value] if isinstance(value, str) else []
+
+    def rule(value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, cls):
+            return f"is not a {cls.__name__} record"
+        if isinstance(value, Cause) and value.whose not in WHOSE:
+            return f"names whose bug it is as {shown(value.whose)}, not one of {', '.join(WHOSE)}"
+        data = asdict(value)
+        if len(repr(data)) > MECHANISM_BYTES:
+            return f"is more than the {MECHANISM_BYTES} characters a session writes"
+        return next((f"holds a text that {problem}" for text in texts(data) if (problem := line(text))), None)
+
+    return rule
+
+
 def _run_id(value: Any) -> str | None:
     return _matching(_ID, ID_LENGTH, "run id (session@start@host: letters, digits and ._:@()+,=~-)")(value)
 
@@ -216,6 +245,9 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
         "message": ("message", _text(MESSAGE_LENGTH)),
         "metrics": ("metric.*", _metrics),
         "checkpoints": ("checkpoints", _checkpoints),
+        "cause": ("cause.*", _mechanism(Cause)),
+        "broke_at": ("broke_at.*", _mechanism(BreakPoint)),
+        "autotp": ("autotp", _mechanism(AutoTPRecord)),
     },
     CellDetail: {
         "checkpoint_source": ("checkpoint.source", _checkpoint_source),

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
-PROBE_CODE = (Path(__file__).resolve(), Path(__file__).resolve().with_name("probes.py"))
+PROBE_CODE = tuple(Path(__file__).resolve().with_name(name) for name in ("inputs.py", "probes.py", "breakpoints.py"))
 
 
 def probe_fingerprint() -> str:

@@ -23,5 +23,5 @@ def run_all(reference, sharded, ranks: list[RankSummary], tolerance: Tolerance) 
         logits.check_ranks_agree(rank_last_logits),
         generation.check(reference, sharded, tolerance),
         perplexity.check(reference, sharded, tolerance),
-        memory.check(reference.unsharded_footprint(), rank_bytes_by_name),
+        memory.check(reference.unsharded_footprint(), rank_bytes_by_name, [r.shapes_by_name or {} for r in ranks]),
     ]

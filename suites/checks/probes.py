@@ -18,6 +18,7 @@ import torch
 
 from matrix.registry import RegistryError
 from matrix.shapes import read_shape
+from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
 from suites.outcome import LibraryOutputError
 
@@ -64,6 +65,9 @@ class Observations:
     flipped on a near-tie from a drift (see `expert_choices`)."""
     routing_plain: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
     """[T, routers x k] the same for the tokens of `logits_plain`."""
+    module_outputs: dict[str, tuple[tuple[int, ...], torch.Tensor]] = field(default_factory=dict)
+    """Each module's output in the plain forward, summarised (suites/checks/breakpoints.py `module_outputs`), in the
+    order the modules finished: where a cell's numbers diverge is found by comparing the two sides'."""
 
     def unsharded_footprint(self) -> "Footprint":
         """The footprint of the reference's observations: asking the sharded model's is a harness bug."""
@@ -137,7 +141,7 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool
         )
     real = batch_mask.bool().cpu()
     logits_masked = masked[batch_mask.bool()].float().cpu()
-    with expert_choices(model) as choices_plain:
+    with expert_choices(model) as choices_plain, module_outputs(model) as outputs:
         logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
@@ -156,6 +160,7 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool
         footprint(model) if unsharded else None,
         _per_token(choices_masked, batch_ids.shape)[real],
         _per_token(choices_plain, (1, batch_ids.shape[1]))[0],
+        outputs,
     )
 
 

@@ -24,11 +24,14 @@ from suites.checks import accuracy as accuracy_checks
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
+from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
 from suites.checks.inputs import build_inputs, load_tokenizer
-from suites.checks.probes import bytes_by_name, observe
+from suites.checks.probes import bytes_by_name, observe, shapes_by_name, split_counts
+from suites.checks.sharding import Snapshot, recorded_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.engine import doorbells
 from suites.contracts import Job, RankSummary
+from suites.mechanism import BreakPoint
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -60,8 +63,11 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -> RankError:
-    """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...)."""
+def _stage_error(
+    stage: str, error: BaseException, rank: int, label: str = "", broke_at: BreakPoint | None = None
+) -> RankError:
+    """`label` names where inside the stage it raised (a training cell's `step 2`, `save`, `load`, ...); `broke_at`
+    the module it raised in, where the rank found one."""
     where = f"{label}: " if label else ""
     failure_class, signature, whose = STAGE_CLASS[stage], exception_signature(error), ""
     if isinstance(error, LibraryOutputError):
@@ -72,13 +78,15 @@ def _stage_error(stage: str, error: BaseException, rank: int, label: str = "") -
         failure_class, signature = "setup", exception_signature(error, at=frame)
         if stage != "setup":
             whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
+    located_at = f"; {broke_at.text}" if broke_at and failure_class != "setup" else ""
     return RankError(
         rank,
         stage,
         failure_class,
         where + signature,
-        f"rank {rank} raised in {stage} ({label or stage}){whose}:\n"
+        f"rank {rank} raised in {stage} ({label or stage}){whose}{located_at}:\n"
         + "".join(traceback.format_exception(error))[-4000:],
+        broke_at if failure_class != "setup" else None,
     )
 
 
@@ -150,13 +158,33 @@ def _shard(job: Job, model, world_size: int):
     return engine, apply_post_init(engine.module, variant.quantization, variant.quant_group_size)
 
 
+def _record_sharding(
+    workdir: Path, job: Job, before: Snapshot, model, policies, world_size: int, complete: bool
+) -> None:
+    """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
+    even when a rank later raises and the others hang."""
+    record = sharding_record(before, model, policies, split_counts(model), world_size, complete)
+    write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
+
+
+def _divergence(job: Job, observed, model, classes: dict[str, str]) -> BreakPoint | None:
+    """The first module whose plain-forward output diverges from the unsharded model's (rank 0, on a failed cell)."""
+    if job.reference is None or observed is None:
+        return None
+    found = first_divergence(
+        load_reference(job.reference).module_outputs, observed.module_outputs, job.tolerance.logits_rel
+    )
+    return located(found[0], "diverged", model, classes, found[1]) if found else None
+
+
 def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> None:
     # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
     # torch's default process group either way.
     import torch.distributed as dist
 
     stage, timings = "setup", {}
-    model = engine = observed = held_bytes_by_name = error = training = task_correct = None
+    model = engine = observed = held_bytes_by_name = held_shapes = error = training = task_correct = None
+    before = None
     progress = Progress() if job.variant.training else None
     scratch = workdir / f"training-{job.seq}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
@@ -182,26 +210,31 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
                 stage = "shard"  # construction under deepspeed.OnDevice(device="meta") is DeepSpeed's, like the load
             model = _run_fault_hooks(job, "loaded", _load(job), rank)
             timings["time_load_s"] = time.perf_counter() - started
+            before = snapshot(model)
             stage = "shard"
             started = time.perf_counter()
-            engine, model = _shard(job, model, world_size)
+            with recorded_policy() as policies:
+                try:
+                    engine, model = _shard(job, model, world_size)
+                finally:
+                    if rank == 0:
+                        _record_sharding(workdir, job, before, model, policies, world_size, engine is not None)
             timings["time_shard_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
+            held_bytes_by_name, held_shapes = bytes_by_name(model), shapes_by_name(model)
             stage = "forward"
             observed = observe(model, inputs, job.spec, device, unsharded=False)
             timings["time_forward_s"] = observed.forward_seconds
-            held_bytes_by_name = bytes_by_name(model)
             if job.accuracy_task:
                 started = time.perf_counter()
                 task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
                 timings["time_accuracy_s"] = time.perf_counter() - started
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
-        error = (
-            _stage_error(progress.stage, raised, rank, progress.label)
-            if progress
-            else _stage_error(stage, raised, rank)
-        )
+        if progress:
+            error = _stage_error(progress.stage, raised, rank, progress.label)
+        else:
+            error = _stage_error(stage, raised, rank, broke_at=_broke_at(stage, raised, model, before))
         write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", error.to_json())
         doorbells.ring(doorbells.events_path(workdir))
 
@@ -215,6 +248,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
         training,
         held_bytes_by_name,
         observed.logits_plain[0, -1] if observed else None,
+        held_shapes,
     )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)
@@ -224,6 +258,8 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
             outcome = (
                 CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
             )
+            if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
+                outcome.broke_at = _divergence(job, observed, model, before.classes)
             outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed(
@@ -237,6 +273,16 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.
     write_text_atomically(workdir / f"done-{job.seq}.{rank}", "")
     doorbells.ring(doorbells.events_path(workdir))
+
+
+def _broke_at(stage: str, error: BaseException, model, before: Snapshot | None) -> BreakPoint | None:
+    """Where a stage's exception broke the cell: the module whose forward raised, or the one init_inference was
+    replacing."""
+    if before is None or model is None:
+        return None
+    if stage == "forward":
+        return raising_module(error, model, before.classes)
+    return replacing_module(error, model, before.paths) if stage == "shard" else None
 
 
 def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:
@@ -272,7 +318,7 @@ def _judge(
     errors = [s.error for s in summaries if s.error]
     if errors:
         first = first_error(errors)
-        return failed(first.failure_class, first.signature, first.message, metrics)
+        return failed(first.failure_class, first.signature, first.message, metrics, first.broke_at)
     tolerance = job.tolerance
     if job.variant.training:
         unsharded = [torch.load(model.unsharded_steps, weights_only=False) for model in job.trained]

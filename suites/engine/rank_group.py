@@ -33,6 +33,7 @@ from matrix.redaction import copy_redacted
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
+from suites.mechanism import AutoTPRecord
 from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
 
 if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork server before any such import
@@ -265,6 +266,14 @@ class RankGroup:
         parts += [f"[rank {r}]\n{_tail(self.workdir / f'rank{r}.log')}" for r in range(self.tp)]
         return "\n".join(parts)
 
+    def _with_record(self, outcome: CellOutcome, seq: int) -> CellOutcome:
+        """The outcome with what AutoTP did to the model, as rank 0 wrote it after sharding (none when it never got
+        there)."""
+        path = self.workdir / f"autotp-{seq}.json"
+        if path.exists():
+            outcome.autotp = AutoTPRecord.from_dict(json.loads(path.read_text()))
+        return outcome
+
     def run(self, job: Job, timeout: float) -> CellOutcome:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
@@ -276,9 +285,9 @@ class RankGroup:
         first_error_at = None
         while True:
             if result_file.exists() and all((self.workdir / f"done-{seq}.{r}").exists() for r in range(self.tp)):
-                return CellOutcome(**json.loads(result_file.read_text()))
+                return self._with_record(CellOutcome.from_dict(json.loads(result_file.read_text())), seq)
             if not self.alive:
-                return self._died()
+                return self._with_record(self._died(), seq)
             errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
             if errors and first_error_at is None:
                 first_error_at = time.monotonic()
@@ -286,19 +295,22 @@ class RankGroup:
                 # One rank failed and the others are stuck in a collective waiting for it.
                 error = first_error([RankError.from_json(path.read_text()) for path in errors])
                 self.kill()
-                return failed(
+                outcome = failed(
                     error.failure_class,
                     error.signature,
                     error.message + "\n(the other ranks hung waiting for it; rank group restarted)",
+                    broke_at=error.broke_at,
                 )
+                return self._with_record(outcome, seq)
             if time.monotonic() > deadline:
                 logs = self.logs_tail()
                 self.kill()
-                return failed(
+                outcome = failed(
                     "timeout",
                     f"no answer within {timeout:.0f} s",
                     f"cell exceeded its {timeout:.0f} s timeout (deadlocked collective?); rank group killed.\n{logs}",
                 )
+                return self._with_record(outcome, seq)
             wake_by = min(deadline, first_error_at + ERROR_GRACE_SECONDS if first_error_at is not None else deadline)
             self.events.wait(min(LIVENESS_SECONDS, wake_by - time.monotonic()))
 

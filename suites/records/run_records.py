@@ -292,6 +292,9 @@ class CellRecorder:
             record["checkpoints"] = list(cell.model.checkpoints)
         if self.faults:
             record["faults"] = list(self.faults)
+        for name in ("autotp", "broke_at", "cause"):  # typed records (suites/mechanism.py), as dicts
+            if value := getattr(outcome, name):
+                record[name] = value.to_dict()
         with self.path.open("a") as stream:
             fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
             stream.write(json.dumps(record) + "\n")
@@ -323,6 +326,10 @@ def junit_properties(record: dict) -> dict[str, str]:
         properties["faults"] = ",".join(record["faults"])
     if record.get("checkpoints"):
         properties["checkpoints"] = ",".join(record["checkpoints"])  # hub ids hold no comma
+    properties.update({f"cause.{k}": v for k, v in record.get("cause", {}).items()})
+    properties.update({f"broke_at.{k}": v for k, v in record.get("broke_at", {}).items()})
+    if record.get("autotp"):
+        properties["autotp"] = json.dumps(record["autotp"], separators=(",", ":"))
     return {name: str(value) for name, value in properties.items()}
 
 

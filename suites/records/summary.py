@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from matrix.config_values import UNREADABLE_CONFIG
+from suites.mechanism import WHOSE, AutoTPRecord
 
 STYLE = {"pass": "green", "fail": "red", "skip": "yellow"}
 
@@ -71,3 +72,15 @@ def print_summary(records: list[dict], terminalreporter) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
+            for line in repro_details(record):
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def repro_details(record: dict) -> list[str]:
+    """What `nox -s repro` adds for its cell: the cause with whose bug it is, and what AutoTP did."""
+    lines = []
+    if cause := record.get("cause"):
+        lines.append(f"cause ({WHOSE[cause['whose']]} bug): {cause['words']}")
+    if autotp := record.get("autotp"):
+        lines += ["what AutoTP did:", *(f"  {line}" for line in AutoTPRecord.from_dict(autotp).text().splitlines())]
+    return lines

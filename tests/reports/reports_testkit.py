@@ -24,6 +24,7 @@ class Cell:
     dtype: str = "fp32"
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""  # the failure's text (its traceback); default "Traceback ...\n<signature>"
+    properties: dict[str, str] = field(default_factory=dict)  # more JUnit properties (a cause, a break point, ...)
 
     @property
     def id(self) -> str:
@@ -74,6 +75,7 @@ def write_junit(
             "run.backend": "gloo",
             **({"run.harness_git": harness_git} if harness_git is not None else {}),
             **{f"metric.{name}": repr(value) for name, value in cell.metrics.items()},
+            **cell.properties,
         }
         for name, value in properties.items():
             case.add_property(name, value)

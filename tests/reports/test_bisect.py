@@ -701,3 +701,69 @@ def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
         lambda python, cells, results, _: [str(python), "-c", writes, str(results), cells[0].id],
     )
     assert found == {first: CellRun("fail", "numerics", "logits differ by N", "")}
+
+
+# ---- a failure whose function was renamed is the same failure -------------------------------------------------
+
+STRICT = "def {name}(heads, ranks):\n    assert heads % ranks == 0, f'heads {{heads}} not divisible by {{ranks}}'\n"
+RENAMED_HISTORY = [
+    ("Initial fake DeepSpeed", {"fakeds/shard.py": GOOD_SHARD, "fakeds/__init__.py": "", "deepspeed/__init__.py": ""}),
+    ("Check heads (#5001)", {"fakeds/shard.py": STRICT.format(name="check_heads") + "shard = check_heads\n"}),
+    ("Docs (#5002)", {"README.md": "fake\n"}),
+    ("Rename check_heads (#5003)", {"fakeds/shard.py": STRICT.format(name="require_even_heads") + "shard = require_even_heads\n"}),
+    ("Release (#5004)", {"README.md": "fake 2\n"}),
+]  # fmt: skip
+SURFACING_CELL = textwrap.dedent("""\
+    # Stands in for `pytest suites`: the signature names the function the failure surfaced in, as the harness's does.
+    import json, sys, traceback
+    from pathlib import Path
+    cell_ids, results = sys.argv[1].split(","), Path(sys.argv[2])
+    records = []
+    for cell_id in cell_ids:
+        record = {"cell": {"id": cell_id}, "outcome": "pass", "failure_class": "", "signature": "", "message": ""}
+        try:
+            from fakeds.shard import shard
+            shard(6, 4)
+        except AssertionError as error:
+            frame = traceback.extract_tb(error.__traceback__)[-1].name
+            record.update(outcome="fail", failure_class="shard",
+                          signature=f"AssertionError: heads N not divisible by N @ fakeds/shard.py:{frame}",
+                          message=str(error))
+        records.append(json.dumps(record) + "\\n")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "cells.jsonl").write_text("".join(records))
+""")
+
+
+def test_a_function_renamed_between_releases_is_the_same_failure_and_bisects_to_one_commit(tmp_path):
+    """#5001 breaks the cell in check_heads, #5003 renames it require_even_heads: the same exception and message in
+    the same place, so the failure the bad end shows (require_even_heads) is the one #5001..#5002 show too, and the
+    answer is #5001 alone (comparing the surfacing function, the steps before the rename were "a different failure",
+    untestable, and the answer a range)."""
+    repo = tmp_path / "fakeds"
+    shas = make_repo(
+        repo,
+        pyproject("fakeds", include="fakeds*"),
+        [(s, f, "v0.1.0" if not n else "") for n, (s, f) in enumerate(RENAMED_HISTORY)],
+    )
+    script = tmp_path / "cell.py"
+    script.write_text(SURFACING_CELL)
+    probe = CellProbe(
+        CellKey("llama", "eager", "fp32", 2),
+        env_root=tmp_path / "envs",
+        environment=lambda sha: EnvironmentSpec(
+            key=sha[:12],
+            installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", str(tmp_path / "envs" / sha[:12] / "src"))),
+            source=(repo, sha),
+        ),
+        command=lambda python, cells, results, _: [str(python), str(script), ",".join(c.id for c in cells), str(results)],
+    )  # fmt: skip
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[4], "broken", probe)
+    assert (answer.before, answer.after, answer.untestable) == (shas[0], shas[1], ())
+    assert (commit.subject, commit.pr) == ("Check heads (#5001)", 5001)
+    assert probe.reference == (
+        "shard",
+        "AssertionError: heads N not divisible by N @ fakeds/shard.py:require_even_heads",
+    )
+    renamed = {step.candidate: step for step in answer.steps}
+    assert renamed[shas[1]].verdict == BAD and renamed[shas[1]].detail.endswith("fakeds/shard.py:check_heads")

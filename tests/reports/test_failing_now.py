@@ -105,7 +105,8 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
         assert entry["since"]["text"] == "since the first run" and entry["status"] == "new"
     assert lines[1] == (
         "1. **new** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton "
-        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — 21 cells: eager fp32: "
+        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP's (DeepSpeed's) bug — "
+        "21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
         "since the first run — `nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2` "
         f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)"
@@ -201,7 +202,9 @@ def test_a_known_failure_whose_cells_pass_now_says_close_and_an_unknown_cause_is
     out = render(junit, tmp_path, "--known-failures", str(known_failures_file(tmp_path)))
     lines = failing_section(out)
     assert lines[0].startswith("1 cell fails in 1 cause at the latest versions: 1 new, 0 known; 1 known failure fixed")
-    assert lines[1].startswith(f"1. **new** forward `{BLOOM}` — 1 cell: eager fp32: bloom tp2 — since the first run —")
+    assert lines[1].startswith(
+        f"1. **new** forward `{BLOOM}` — AutoTP's (DeepSpeed's) bug — 1 cell: eager fp32: bloom tp2 — since the first run —"
+    )
     assert lines[2:] == [
         "Known failures whose cells pass now:",
         f"- fixed at deepspeed 0.19.6: close [example/upstream#1]({UPSTREAM}) (last failing at deepspeed 0.19.5; not "
@@ -222,7 +225,8 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     assert lines[2].startswith(
         f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard `RuntimeError: split_with_"
         "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
-        "module_inject/layers.py:uneven_partition` — 2 cells: eager fp32: llama tp2/3 — since the "
+        "module_inject/layers.py:uneven_partition` — AutoTP's (DeepSpeed's) bug — 2 cells: eager fp32: llama tp2/3 — "
+        "since the "
         "first run —"
     )
     assert not any("close" in line for line in lines)
@@ -338,7 +342,7 @@ def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fi
         (
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
             'state = "closed"\n',
-            r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed'\)",
+            r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed', 'by design'\)",
         ),
         (
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
@@ -382,4 +386,78 @@ def test_publish_and_the_section_share_one_repro_command():
     assert (
         repro_command(CellKey("bloom", "eager", "fp32", 2))
         == "nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2"
+    )
+
+
+def mechanism(key: str, words: str, path: str = "", module_class: str = "") -> dict[str, str]:
+    """The JUnit properties of a cause the harness recorded (suites/mechanism.py), with where it broke."""
+    where = (
+        {
+            f"broke_at.{name}": value
+            for name, value in zip(("path", "module_class", "how", "origin"), (path, module_class, "raised", path))
+        }
+        | {"broke_at.origin_class": module_class, "broke_at.layer_class": "", "broke_at.detail": ""}
+        if path
+        else {}
+    )
+    return {"cause.key": key, "cause.words": words, "cause.whose": "autotp", **where}
+
+
+NORM = "`self_attn.q_norm.weight` (width of the split `self_attn.q_proj`, 256) left whole"
+SIZE = "RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton dimension N @ "
+GPT2 = "AssertionError: AutoTP not supported for model. Please use kernel injection since container policy for model exists. @ deepspeed/module_inject/auto_tp.py:tp_parser"
+BY_DESIGN = """
+[known_failures.unsupported]
+failure_class = "shard"
+signature = 'AutoTP not supported for model'
+upstream = "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293"
+state = "by design"
+"""
+
+
+def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path):
+    """One mechanism in two architectures, raised in two files, is one cause; one error text (`logits: …`) of two
+    mechanisms is two; one model that crashes at tp 3 and miscomputes at tp 2 is one cause of two classes; a model
+    DeepSpeed refuses on purpose is known by design."""
+    diff = mechanism("at|self_attn|DiffLlamaAttention|", "first divergence at `model.layers.0.self_attn.o_proj`")
+    cells = [
+        fail("olmo2", "forward", SIZE + "transformers/models/olmo2/modeling_olmo2.py:forward",
+             properties=mechanism("left whole|norm", NORM, "model.layers.0.self_attn.q_norm", "Olmo2RMSNorm")),
+        fail("bitnet", "forward", SIZE + "transformers/models/bitnet/modeling_bitnet.py:forward",
+             properties=mechanism("left whole|norm", NORM.replace("q_norm", "attn_sub_norm"))),
+        fail("diffllama", "numerics", "logits: prefill logits differ by N", properties=diff),
+        fail("diffllama", "forward", SIZE + "transformers/integrations/sdpa_attention.py:sdpa_attention_forward", tp=3,
+             properties=diff),
+        fail("persimmon", "numerics", "logits: prefill logits differ by N",
+             properties=mechanism("layout|self_attn.query_key_value|fused_LinearLayer(glmtype)", "AutoTP split `self_attn.query_key_value` as fused_LinearLayer(glmtype)")),
+        fail("gpt2", "shard", GPT2, properties=mechanism("shard|AssertionError: AutoTP not supported for model.", GPT2)),
+    ]  # fmt: skip
+    junit = write_junit(
+        tmp_path / "junit" / "a.xml", cells, run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z"
+    ).parent
+    out = render(junit, tmp_path, "--known-failures", str(known_failures_file(tmp_path, BY_DESIGN)))
+    causes = {c["key"]: c for c in json.loads((out / "report.json").read_text())["failing_now"]["causes"]}
+    assert {key: causes[key]["cells"] for key in causes} == {
+        "left whole|norm": ["bitnet-eager-fp32-tp2", "olmo2-eager-fp32-tp2"],
+        "at|self_attn|DiffLlamaAttention|": ["diffllama-eager-fp32-tp2", "diffllama-eager-fp32-tp3"],
+        "layout|self_attn.query_key_value|fused_LinearLayer(glmtype)": ["persimmon-eager-fp32-tp2"],
+        "shard|AssertionError: AutoTP not supported for model.": ["gpt2-eager-fp32-tp2"],
+    }
+    assert causes["at|self_attn|DiffLlamaAttention|"]["failure_class"] in ("forward, numerics", "numerics, forward")
+    assert causes["shard|AssertionError: AutoTP not supported for model."]["status"] == "by design"
+    lines = failing_section(out)
+    assert lines[0].startswith("6 cells fail in 4 causes at the latest versions: 3 new, 0 known, 1 known by design.")
+    norm = next(line for line in lines if "left whole" in line)
+    assert norm.startswith(f"1. **new** forward {NORM.replace('q_norm', 'attn_sub_norm')} (`{SIZE}")
+    assert "— AutoTP's (DeepSpeed's) bug, surfaced in `transformers/models/bitnet/modeling_bitnet.py:forward` —" in norm
+    assert lines[-1].startswith(
+        "4. **known by design ([deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293]("
+        "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293))** shard"
+    )
+    with HistoryStore(tmp_path / "history.sqlite", create=False, read_only=True) as history:
+        olmo2 = next(o.result for o in history.observations() if o.cell.model == "olmo2")
+    assert (olmo2.cause.key, olmo2.cause.words, olmo2.broke_at.path) == (
+        "left whole|norm",
+        NORM,
+        "model.layers.0.self_attn.q_norm",
     )

@@ -67,10 +67,12 @@ def test_deepspeed_calling_back_into_the_harness_is_the_harness(library_root):
 
 def test_a_checkout_under_a_folder_named_like_a_library_does_not_flip_the_rule(tmp_path, library_root, monkeypatch):
     """Paths are compared as folders, never substrings: /x/torch/autotp-matrix/suites/... is the harness."""
+    import matrix
     import suites.outcome as outcome
 
     checkout = tmp_path / "torch" / "deepspeed" / "autotp-matrix"
     monkeypatch.setattr(outcome, "PROJECT_ROOT", checkout)
+    monkeypatch.setattr(matrix, "PROJECT_ROOT", checkout)  # matrix.is_harness_file: the harness's own packages
     error = _raise_through(str(checkout / "suites" / "driver.py"), error=OSError("disk full"))
     assert raising_owner(error)[0] == "harness"
     assert death_record(error, "rank 0")["failure_class"] == "setup"

@@ -43,6 +43,11 @@ def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeyp
     for name, value in uncapped.items():
         if name.endswith("_seconds"):
             continue  # timings, not numbers of the model
+        if name == "module_outputs":  # each module's (shape, summary): offloaded layers compute the same outputs
+            assert list(capped[name]) == list(value)
+            for module, (shape, summary) in value.items():
+                assert capped[name][module][0] == shape and torch.equal(capped[name][module][1], summary), module
+            continue
         assert torch.equal(capped[name], value) if isinstance(value, torch.Tensor) else capped[name] == value, name
 
     bundle, count = export_references(folder, None, tmp_path / "llama_large.autotp-references.pt")

@@ -1,0 +1,357 @@
+"""What AutoTP did to a cell's model, where the cell broke, and the cause the two make: the typed records that cross
+from the ranks to the cell's record (cells.jsonl, JUnit, the history store) and on to the reports.
+
+A cause is a bug, so it is keyed by what AutoTP did and where the cell broke (`cause_of`), never by an error's text
+alone: two architectures hit by the same mechanism are one cause, two mechanisms under one error text are two, and
+one model whose mechanism crashes at one tp and miscomputes at another is one cause. The error text only names
+failures nothing was located for (the parser refusing a model, the harness's own failures).
+
+Paths are module paths with layer indices masked (`model.layers.*.self_attn.q_proj`, `mask_indices`); a role is the
+part inside the decoder layer (`self_attn.q_proj`, `role`), the same in every architecture that names it alike.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
+"""DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
+QK, gate-up packing, conv) is a model-specific layout AutoTP chose from the module's name."""
+LEFT_WHOLE_KINDS = ("norm", "per-head", "per-channel")
+"""What a tensor left whole next to a split is: a norm's weight over the projection's width (its statistic spans the
+width, so sharding the weight alone would not do), a tensor with one entry per head, or another per-channel tensor
+(a multiplier, a convolution kernel, a state-space parameter) over the width."""
+WHOSE = {"autotp": "AutoTP's (DeepSpeed's)", "harness": "the harness's", "environment": "the environment's"}
+"""Whose bug a cause is (`whose`): every cell's unsharded reference is computed and checked finite before the
+sharded model is compared with it, so a failure past that point is AutoTP's wherever its exception surfaced (a
+transformers frame is where it surfaced, not whose it is); the harness's own failures are `setup`, an environment
+that could not be installed `install`."""
+
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
+
+
+def mask_indices(path: str) -> str:
+    """`model.layers.3.mlp.experts.7.w1` → `model.layers.*.mlp.experts.*.w1`."""
+    return _INDEX.sub(".*", path)
+
+
+def role(path: str) -> str:
+    """The part of a (masked) path inside its decoder layer: `model.layers.*.self_attn.q_norm` → `self_attn.q_norm`;
+    a path outside the layers (`lm_head`) is its own role."""
+    masked = mask_indices(path)
+    return masked.split(".*.", 1)[1] if ".*." in masked else masked
+
+
+def parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What DeepSpeed's parser (module_inject/auto_tp.py `AutoTP.tp_parser`) chose for one decoder-layer class."""
+
+    layer_class: str
+    allreduce: tuple[str, ...]
+    """The linears it made row-parallel (`LinearAllreduce`), named as the parser names them (`.o_proj`)."""
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A module AutoTP replaced, once for every layer of the same path with indices masked."""
+
+    path: str
+    was: str
+    """The class it had (`Linear`)."""
+    layer_class: str
+    """DeepSpeed's class that replaced it (`LinearLayer`, `LinearAllreduce`, `fused_LinearLayer`, ...)."""
+    shape: tuple[int, ...]
+    """The unsharded weight's shape."""
+    dim: int
+    """The dimension its class splits: 0, the output rows (column-parallel), or 1, the input columns (`*Allreduce`)."""
+    held: int
+    """Rank 0's size along `dim`: `shape[dim]` when rank 0 holds all of it."""
+    layout: str = ""
+    """A fused qkv weight's layout as DeepSpeed chose it from the decoder layer's name (fusedqkv_utils.py
+    `get_fused_qkv_type`: `bloomtype`, `glmtype`, ...); "" for any other layer."""
+
+    @property
+    def layer_text(self) -> str:
+        return f"{self.layer_class}({self.layout})" if self.layout else self.layer_class
+
+
+@dataclass(frozen=True)
+class LeftWhole:
+    """A parameter or buffer AutoTP left whole next to a split: one of its dimensions is the full output width (or
+    head count) of a projection AutoTP split in the same block."""
+
+    tensor: str
+    kind: str
+    """One of LEFT_WHOLE_KINDS."""
+    size: int
+    """The matching dimension's size."""
+    beside: str
+    """The split projection whose width or head count it has."""
+    over: str
+    """`width` or `heads`."""
+
+    @property
+    def block(self) -> str:
+        return parent(self.beside)
+
+    @property
+    def text(self) -> str:
+        return f"`{role(self.tensor)}` ({self.over} of the split `{role(self.beside)}`, {self.size}) left whole"
+
+
+@dataclass(frozen=True)
+class AutoTPRecord:
+    """What AutoTP did to one cell's model, seen on rank 0 (suites/checks/sharding.py `sharding_record`)."""
+
+    tp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    policies: tuple[Policy, ...]
+    """The parser's choice per decoder-layer class; empty when it raised or was not asked (a policy passed in)."""
+    unparsed: tuple[str, ...]
+    """Decoder-layer kinds the parser gave no policy: a class it found no row-parallel linear in, or layers of a
+    parsed class whose linears differ from the one instance it parsed (a hybrid model's second kind)."""
+    replaced: tuple[Replaced, ...]
+    left_whole: tuple[LeftWhole, ...]
+    complete: bool = True
+    """False when init_inference raised: then only the parser's choice is known."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AutoTPRecord:
+        return cls(
+            **{
+                **data,
+                "policies": tuple(Policy(p["layer_class"], tuple(p["allreduce"])) for p in data["policies"]),
+                "unparsed": tuple(data["unparsed"]),
+                "replaced": tuple(Replaced(**{**r, "shape": tuple(r["shape"])}) for r in data["replaced"]),
+                "left_whole": tuple(LeftWhole(**w) for w in data["left_whole"]),
+            }
+        )
+
+    def in_block(self, block: str) -> list[Replaced]:
+        return [r for r in self.replaced if parent(r.path) == block]
+
+    def starved_query(self, block: str | None = None) -> list[Replaced]:
+        """Query-bearing projections (of the block, or anywhere) DeepSpeed split in kv-head units although the model
+        has fewer kv heads than ranks: tp_shard.py `get_shard_size` gives each of the first `kv_heads` ranks one
+        kv head's share and the others none, so those ranks hold no query head at all."""
+        if not (0 < self.kv_heads < self.tp and self.head_dim):
+            return []
+        query = {self.heads, self.heads + 2 * self.kv_heads}
+        return [
+            r
+            for r in (self.replaced if block is None else self.in_block(block))
+            if any(part in r.path for part in ("attn", "attention"))
+            and r.shape[r.dim] % self.head_dim == 0
+            and r.shape[r.dim] // self.head_dim in query
+        ]
+
+    def text(self) -> str:
+        """Several lines for a reader: the policy, the replacements, the layer kinds left unparsed, what was left
+        whole next to a split."""
+        lines = [
+            f"policy {p.layer_class}: all-reduce {', '.join(p.allreduce) or 'nothing'}" for p in self.policies
+        ] or ["policy: none recorded (the parser raised, or init_inference was given one)"]
+        lines += [f"no policy for {kind}" for kind in self.unparsed]
+        by_class: dict[str, list[str]] = {}
+        for r in self.replaced:
+            by_class.setdefault(r.layer_text, []).append(r.path)
+        lines += [f"{layer}: {', '.join(paths)}" for layer, paths in by_class.items()]
+        lines += [w.text for w in self.left_whole]
+        if not self.complete:
+            lines.append("init_inference raised before replacing every module")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class BreakPoint:
+    """Where a cell broke: the module whose forward raised (the innermost module of the exception's traceback), the
+    module AutoTP was replacing when init_inference raised, or the first module whose output diverged from the
+    unsharded model's; and the module whose own computation went wrong (`origin`)."""
+
+    path: str
+    module_class: str
+    """The class the module had before AutoTP (`Linear` for a layer it replaced)."""
+    layer_class: str
+    """DeepSpeed's layer class when AutoTP replaced the module (or was building one for it), else ""."""
+    how: str
+    """`raised`, `replacing` or `diverged`."""
+    origin: str
+    """The module whose own computation went wrong: `path`, except that a row-parallel layer (`*Allreduce`) which
+    raised on its input or diverged only joins the partial results its block computed: then its parent."""
+    origin_class: str
+    detail: str = ""
+    """The divergence's figures, for `diverged`."""
+
+    @property
+    def text(self) -> str:
+        classes = ", ".join(c for c in (self.module_class, self.layer_class) if c)
+        verb = {
+            "raised": "raised in",
+            "replacing": "init_inference raised replacing",
+            "diverged": "first divergence at",
+        }
+        found = f"{verb[self.how]} `{self.path}` ({classes})"
+        if self.origin != self.path:
+            found += f", computed from its block `{self.origin}` ({self.origin_class})"
+        return found + (f" {self.detail}" if self.detail else "")
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str]) -> BreakPoint:
+        return cls(**data)
+
+
+def origin_of(path: str, layer_class: str, how: str) -> str:
+    """See `BreakPoint.origin`."""
+    return parent(path) if "Allreduce" in layer_class and how != "replacing" else path
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A failed cell's cause: `key` groups cells into one cause, `words` says the mechanism for a reader, `whose`
+    is a key of WHOSE."""
+
+    key: str
+    words: str
+    whose: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str]) -> Cause:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What `cause_of` reads of a failed cell."""
+
+    failure_class: str
+    signature: str
+    autotp: AutoTPRecord | None = None
+    broke_at: BreakPoint | None = None
+
+
+def whose(failure_class: str) -> str:
+    return {"setup": "harness", "install": "environment"}.get(failure_class, "autotp")
+
+
+_FRAME = re.compile(r" @ \S+$")
+_NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
+
+
+def failure_text(signature: str) -> str:
+    """A signature (its numbers already masked, suites/outcome.py `mask_numbers`) without the frame it surfaced in and
+    with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
+    called (a library renamed it) and at every tp (`[N, N]` at tp 2, `[N, N, N]` at tp 3)."""
+    return _NUMBER_RUN.sub("N…", _FRAME.sub("", signature))
+
+
+def _block(origin: str, record: AutoTPRecord) -> str:
+    """The block a located failure belongs to: the origin itself when AutoTP replaced modules directly inside it,
+    else its parent (a norm or a replaced linear inside the attention)."""
+    masked = mask_indices(origin)
+    return masked if record.in_block(masked) else parent(masked)
+
+
+def _involved(record: AutoTPRecord, origin: str) -> list[LeftWhole]:
+    """Tensors left whole next to a split in the block of the failure (or inside the module that failed)."""
+    block, masked = _block(origin, record), mask_indices(origin)
+    return [w for w in record.left_whole if w.block == block or w.block.startswith(masked + ".")]
+
+
+def cause_of(failure: Failure) -> Cause:
+    """The cause of a failed cell, from the most specific evidence of what AutoTP did where it broke (in order): a
+    MoE router it replaced (it must stay whole), query heads starved by a kv-unit split, tensors left whole next to a
+    split, a model-specific layout AutoTP chose, the module where it broke; a memory finding; else the failure's
+    text."""
+    whose_bug = whose(failure.failure_class)
+    record, broke = failure.autotp, failure.broke_at
+    if failure.failure_class in ("setup", "install") or record is None:
+        return _by_text(failure, whose_bug)
+    if failure.failure_class == "memory":
+        return _memory_cause(failure, record, whose_bug)
+    if broke is None:
+        return _by_text(failure, whose_bug)
+    origin = broke.origin
+    block = _block(origin, record)
+    where = f"; {broke.text}"
+    router = {r.path: r for r in record.replaced}.get(mask_indices(broke.path))
+    if record.experts and router is not None and router.shape[0] == record.experts:
+        return Cause(
+            f"router|{router.layer_class}",
+            f"the MoE router `{role(router.path)}` ({record.experts} experts) made {router.layer_class} by the parser"
+            + where,
+            whose_bug,
+        )
+    if starved := record.starved_query(block):
+        return _starved(record, starved, where, whose_bug)
+    if involved := _involved(record, origin):
+        kinds = sorted({w.kind for w in involved}, key=LEFT_WHOLE_KINDS.index)
+        return Cause(f"left whole|{','.join(kinds)}", "; ".join(w.text for w in involved) + where, whose_bug)
+    layouts = [r for r in record.in_block(block) if r.layer_class not in GENERIC_LAYER_CLASSES]
+    if broke.how == "replacing" and broke.layer_class not in GENERIC_LAYER_CLASSES:
+        return Cause(f"layout|{role(broke.path)}|{broke.layer_class}", broke.text, whose_bug)
+    if layouts:
+        first = layouts[0]
+        return Cause(
+            f"layout|{role(first.path)}|{first.layer_text}",
+            f"AutoTP split `{role(first.path)}` as {first.layer_text}" + where,
+            whose_bug,
+        )
+    own = origin == broke.path
+    return Cause(f"at|{role(origin)}|{broke.origin_class}|{broke.layer_class if own else ''}", broke.text, whose_bug)
+
+
+def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bug: str) -> Cause:
+    names = ", ".join(f"`{role(r.path)}`" for r in starved)
+    return Cause(
+        "kv-unit split|query heads starved",
+        f"DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): {record.kv_heads} kv "
+        f"head{'s' if record.kv_heads > 1 else ''} < tp {record.tp}, so ranks {record.kv_heads}..{record.tp - 1} "
+        f"hold no query head of {names}{where}",
+        whose_bug,
+    )
+
+
+def _memory_cause(failure: Failure, record: AutoTPRecord, whose_bug: str) -> Cause:
+    finding = failure.signature.removeprefix("memory: ")
+    starved = record.starved_query()
+    if starved and "split unevenly" in finding and any(role(r.path).rpartition(".")[2] in finding for r in starved):
+        return _starved(record, starved, "", whose_bug)
+    return Cause(f"memory|{_leaf_groups(finding)}", finding, whose_bug)
+
+
+_GROUP = re.compile(r"[\w.*]+(?:\{[^}]*\})?")
+
+
+def _leaf_groups(finding: str) -> str:
+    """A memory finding with each layer group cut to its last part and leaves (suites/checks/memory.py `layer_groups`):
+    `model.layers.*.mlp.experts.{w1,w2}` and `model.layers.*.block_sparse_moe.experts.{w1,w2}` are one finding."""
+
+    def leaf(group: re.Match) -> str:
+        head, brace, leaves = group[0].partition("{")
+        parts = head.rstrip(".").split(".")
+        return ".".join(parts[-1 if brace else -2 :]) + (f".{{{leaves}" if brace else "")
+
+    what, _, groups = finding.partition(": ")
+    return f"{what}: {_GROUP.sub(leaf, groups)}" if groups else what
+
+
+def _by_text(failure: Failure, whose_bug: str) -> Cause:
+    return Cause(f"{failure.failure_class}|{failure_text(failure.signature)}", failure.signature, whose_bug)
