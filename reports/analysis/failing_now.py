@@ -21,20 +21,91 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from matrix.cells import replay_name
-from matrix.registry import KnownFailure
+from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, release, started_order
 from reports.analysis.answers import Link, TransitionEntry, code
 from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, count_text, shared_answers, typed_members
+from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.signatures import cause
 
-LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
 INTRO = (
-    "Each cause with since when it fails, the triage answer and the command that reproduces one of its cells "
-    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
-    "rank group)."
+    "Each cause with since when it fails, the triage answer, and one of its cells (the one standing for the "
+    "checkpoint users run most): the command that runs it alone, its rank logs and its standalone repro script."
+)
+FIRST_NIGHT_INTRO = (
+    "Each cause with one of its cells (the one standing for the checkpoint users run most): the command that runs "
+    "it alone, its rank logs and its standalone repro script."
 )
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
+_UPSTREAM_PAGE = re.compile(r"https://github\.com/([^/]+/[^/]+)/blob/[0-9a-f]+/(?:[^#]+/)?([^/#]+)\.md(?:#.*)?")
+STATUS_ORDER = ("new", "known", "unsupported")
+"""A cause's status: no known failure covers it, an upstream issue tracks it, or DeepSpeed documents the model as
+unsupported by AutoTP (matrix/registry.py KNOWN_FAILURE_STATES): listed in this order."""
+
+
+def log_folder(cell: str) -> str:
+    """Where a results folder keeps a failing cell's rank logs, relative to it (and to the report beside it)."""
+    return f"logs/{cell}/"
+
+
+def repro_file(cell: str) -> str:
+    """Where a results folder keeps a failing cell's standalone repro script, relative to it."""
+    return f"repro/repro_{cell}.py"
+
+
+def draft_file(failure_class: str, cause: str) -> str:
+    """Where a cause's draft issue for DeepSpeed's tracker is written, relative to the results folder."""
+    return f"draft-issue/{failure_class}-{cause}.md"
+
+
+@dataclass(frozen=True)
+class ResultFiles:
+    """What the results folder the report is written to holds for the cells failing at the latest versions
+    (log_folder, repro_file, draft_file): a report names a file only when it is there."""
+
+    logs: frozenset[str] = frozenset()
+    """Cells whose rank logs are kept."""
+    repro: frozenset[str] = frozenset()
+    """Cells whose repro script is written."""
+
+    def log(self, cell: str) -> str:
+        return log_folder(cell) if cell in self.logs else ""
+
+    def script(self, cell: str) -> str:
+        return repro_file(cell) if cell in self.repro else ""
+
+
+def example_cell(
+    cells: list[CellKey], checkpoints: dict[CellKey, tuple[str, ...]], popularity: tuple[str, ...]
+) -> CellKey:
+    """The cell a cause is shown on: the one standing for the checkpoint users run most (the registry's
+    popularity order), then one whose architecture's checkpoints rank highest, then the smallest tp."""
+    rank = {hub_id: place for place, hub_id in enumerate(popularity)}
+    hub_ids = registry_hub_ids()
+
+    def best(ids: tuple[str, ...]) -> int:
+        return min((rank.get(hub_id, len(rank)) for hub_id in ids), default=len(rank) + 1)
+
+    return min(
+        cells,
+        key=lambda c: (
+            best(checkpoints.get(c, ())),
+            best(hub_ids.get(c.model.split(".", 1)[0], ())),
+            c.tp,
+            c.model,
+            c.variant,
+            c.dtype,
+        ),
+    )
+
+
+def registry_hub_ids() -> dict[str, tuple[str, ...]]:
+    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
+    try:
+        return {name: entry.hub_ids for name, entry in load_models().items()}
+    except RegistryError:
+        return {}
 
 
 def repro_command(cell: CellKey) -> str:
@@ -46,9 +117,13 @@ def repro_command(cell: CellKey) -> str:
 
 
 def upstream_label(url: str) -> str:
-    """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL."""
+    """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL, "deepspeedai/DeepSpeed
+    automatic-tensor-parallelism page" for a documentation page."""
     match = _UPSTREAM.fullmatch(url)
-    return f"{match[1]}#{match[2]}" if match else url
+    if match:
+        return f"{match[1]}#{match[2]}"
+    page = _UPSTREAM_PAGE.fullmatch(url)
+    return f"{page[1]} {page[2]} page" if page else url
 
 
 # ---- The section (report.json "failing_now": asdict of FailingNow) ------------------------------------------------
@@ -66,11 +141,17 @@ class FirstSeen:
 
 @dataclass(frozen=True)
 class Repro:
-    """The representative cell of a cause, the command that runs it alone and where its logs go."""
+    """The cell a cause is shown on (example_cell), the command that runs it alone, and its files in the results
+    folder (ResultFiles; "" where it holds none)."""
 
     cell: str
     command: str
     logs: str
+    """Its rank logs' folder, relative to the report."""
+    script: str = ""
+    """Its standalone repro script, relative to the report."""
+    checkpoints: tuple[str, ...] = ()
+    """The real checkpoints it stands for (faithful shapes; none for stress or config-default sizes)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +181,12 @@ class FailingCause:
     cells_text: str
     since: FirstSeen
     root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
-    status: str  # "new", or "known" when a known failure covers some of its cells
+    status: str  # one of STATUS_ORDER: "known"/"unsupported" when a known failure covers some of its cells
     known: KnownMatch | None
     repro: Repro
+    draft: str = ""
+    """Its draft issue for DeepSpeed's tracker, relative to the report ("" where none is written: render writes one
+    per cause DeepSpeed can fix, reports.outputs.cell_files)."""
 
 
 @dataclass(frozen=True)
@@ -129,10 +213,14 @@ class FailingNow:
     cells: int
     causes: tuple[FailingCause, ...]  # new ones first, then the most cells first
     fixed_known: tuple[FixedKnown, ...]
+    backfill: str = ""
+    """On a first night (one version set, every cause since the first run): the command that gives the history
+    since when each cause fails and which change broke it, for the cells this run had; "" otherwise."""
 
     @classmethod
     def from_json(cls, section: dict) -> FailingNow:
         return cls(
+            backfill=section["backfill"],
             cells=section["cells"],
             causes=tuple(
                 FailingCause(
@@ -142,7 +230,7 @@ class FailingNow:
                         "since": FirstSeen(**c["since"]),
                         "root_causes": tuple(c["root_causes"]),
                         "known": _known_from_json(c["known"]) if c["known"] else None,
-                        "repro": Repro(**c["repro"]),
+                        "repro": Repro(**{**c["repro"], "checkpoints": tuple(c["repro"]["checkpoints"])}),
                     }
                 )
                 for c in section["causes"]
@@ -156,10 +244,15 @@ def _known_from_json(known: dict) -> KnownMatch:
 
 
 def build_failing_now(
-    root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
+    root_causes: tuple[RootCause, ...],
+    history: History,
+    aggregates: Aggregates,
+    known: dict[str, KnownFailure],
+    files: ResultFiles = ResultFiles(),
 ) -> FailingNow:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
-    the most cells first) and the open known failures whose cells pass there now."""
+    the most cells first) and the open known failures whose cells pass there now; `files`: what the results folder
+    holds for them."""
     latest = history.latest
     failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
     for (cell, versions), status in history.statuses.items():
@@ -170,13 +263,16 @@ def build_failing_now(
     first_run = aggregates.first_run.run_id
     at_latest = _versions(latest)
     causes: list[FailingCause] = []
+    checkpoints = cell_checkpoints(aggregates, history)
+    popularity = _popularity()
     for (failure_class, text), cells in failing.items():
         cells = sorted(cells)
-        representative = min(cells, key=lambda c: (c.tp, c.model, c.variant, c.dtype))
+        representative = example_cell(cells, checkpoints, popularity)
         match = _known_for(known, failure_class, text, cells, at_latest)
+        identity = cause_id(failure_class, text)
         causes.append(
             FailingCause(
-                id=cause_id(failure_class, text),
+                id=identity,
                 failure_class=failure_class,
                 cause=text,
                 count=len(cells),
@@ -184,25 +280,61 @@ def build_failing_now(
                 cells_text=cells_text(cells),
                 since=_since(first_seen[failure_class, text], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, failure_class, text, set(cells))),
-                status="known" if match else "new",
+                status=("unsupported" if match.state == "unsupported" else "known") if match else "new",
                 known=match,
                 repro=Repro(
                     cell=representative.id,
                     command=repro_command(representative),
-                    logs=f"{LOGS_ROOT}/{representative.id}/",
+                    logs=files.log(representative.id),
+                    script=files.script(representative.id),
+                    checkpoints=checkpoints.get(representative, ()),
                 ),
             )
         )
-    causes.sort(key=lambda c: (c.status != "new", -c.count, c.failure_class, c.cause))
+    causes.sort(key=lambda c: (STATUS_ORDER.index(c.status), -c.count, c.failure_class, c.cause))
+    first_night = len(history.version_sets) == 1 and all(c.since.run == first_run for c in causes)
     return FailingNow(
         cells=sum(c.count for c in causes),
         causes=tuple(causes),
         fixed_known=tuple(_fixed_known(history, aggregates, known)),
+        backfill=backfill_command([cell for cell, versions in history.statuses if versions == latest])
+        if first_night and causes
+        else "",
     )
+
+
+BACKFILL_AXIS = "deepspeed"
+
+
+def backfill_command(cells: list[CellKey]) -> str:
+    """`nox -s backfill` for these cells along DeepSpeed from its oldest supported release (matrix/versions.toml
+    `min`): the selection options name what differs from the default matrix's (every registry entry, faithful
+    shapes, eager fp32), the tp sizes always."""
+    from matrix.versions import load_config  # the axes' rules live with the version axes
+
+    rule = load_config().axes[BACKFILL_AXIS]
+    entries = sorted({cell.model.split(".", 1)[0] for cell in cells})
+    shapes = sorted({"faithful" if "." in cell.model else "stress" for cell in cells})
+    variants, dtypes = sorted({cell.variant for cell in cells}), sorted({cell.dtype for cell in cells})
+    options = [f"--axis {BACKFILL_AXIS}", f"--since {rule.min}" if rule.min else ""]
+    registry = set(registry_hub_ids())
+    options.append("" if registry and set(entries) == registry else f"--models {','.join(entries)}")
+    options.append("" if shapes == ["faithful"] else f"--shapes {','.join(shapes)}")
+    options.append("" if variants == ["eager"] else f"--variants {','.join(variants)}")
+    options.append("" if dtypes == ["fp32"] else f"--dtypes {','.join(dtypes)}")
+    options.append(f"--tp {','.join(map(str, sorted({cell.tp for cell in cells})))}")
+    return "nox -s backfill -- " + " ".join(option for option in options if option)
 
 
 def _versions(versions: Versions) -> dict[str, str]:
     return {axis: getattr(versions, axis) for axis in AXES}
+
+
+def _popularity() -> tuple[str, ...]:
+    try:
+        return load_popularity()
+    except RegistryError:  # the example is then the smallest tp's cell
+        return ()
 
 
 def _first_seen(aggregates: Aggregates, history: History) -> dict[tuple[str, str], ResultGroup]:
@@ -362,14 +494,23 @@ class ReportView(Protocol):
 # ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
 
 
+def counts_line(section: FailingNow) -> str:
+    """ "91 cells fail in 24 causes (23 new)": what `nox -s matrix` ends with."""
+    new = sum(1 for c in section.causes if c.status == "new")
+    fails = "fails" if section.cells == 1 else "fail"
+    return f"{count_text(section.cells, 'cell')} {fails} in {count_text(len(section.causes), 'cause')} ({new} new)"
+
+
 def summary_text(section: FailingNow) -> str:
-    """ "94 cells fail in 27 causes at the latest versions: 25 new, 2 known; 1 known failure fixed: close upstream"."""
+    """ "94 cells fail in 27 causes at the latest versions: 25 new, 1 known, 1 unsupported upstream; 1 known failure
+    fixed: close upstream"."""
     causes = section.causes
-    new = sum(1 for c in causes if c.status == "new")
+    tally = {status: sum(1 for c in causes if c.status == status) for status in STATUS_ORDER}
     parts = (
         [
-            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in {count_text(len(causes), 'cause')} at the latest "
-            f"versions: {new} new, {len(causes) - new} known"
+            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in "
+            f"{count_text(len(causes), 'cause')} at the latest versions: {tally['new']} new, {tally['known']} known"
+            + (f", {tally['unsupported']} unsupported upstream" if tally["unsupported"] else "")
         ]
         if causes
         else ["No cell fails at the latest versions"]
@@ -386,6 +527,8 @@ def status_text(entry: FailingCause, link: Link) -> str:
         return "new"
     share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
     upstream = link(known.label, known.upstream)
+    if known.state == "unsupported":
+        return f"unsupported upstream ({upstream}{share})"
     if known.fails_after_fix:
         return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
     state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"
@@ -413,16 +556,46 @@ def cause_answer_text(entry: FailingCause, report: ReportView, link: Link) -> st
     return f"{verb} at {first.axis} {first.before} → {first.after} ({answer}){share}"
 
 
+def files_text(entry: FailingCause, link: Link) -> str:
+    """ "phi3.faithful tp2 (microsoft/Phi-3-mini-4k-instruct): logs, repro script, draft issue" with the links to
+    what the results folder holds, and the cause's id."""
+    repro = entry.repro
+    cell = repro.cell
+    stands = f" ({', '.join(repro.checkpoints)})" if repro.checkpoints else ""
+    files = [
+        f"{name} {link(path, path)}"
+        for name, path in (("logs", repro.logs), ("script", repro.script), ("draft issue", entry.draft))
+        if path
+    ]
+    return (
+        f"e.g. `{cell}`{stands}: {code(repro.command)}"
+        + (f"; {', '.join(files)}" if files else "")
+        + (f" (cause `{entry.id}`)")
+    )
+
+
 def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
-    """One line per cause: status, class and cause, cells, since, answer, and the command with its log folder."""
+    """One line per cause: status, class and cause, cells, since (not on a first night: said once above), answer,
+    and its example cell with the command and the files kept for it."""
+    first_night = bool(report.failing_now.backfill)
     parts = [
         f"**{status_text(entry, link)}** {entry.failure_class} {code(entry.cause)}",
         f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
-        entry.since.text,
+        "" if first_night else entry.since.text,
         cause_answer_text(entry, report, link),
-        f"{code(entry.repro.command)} (logs: `{entry.repro.logs}`, cause `{entry.id}`)",
+        files_text(entry, link),
     ]
     return " — ".join(part for part in parts if part)
+
+
+def first_night_text(section: FailingNow) -> str:
+    """Said once on a first night, instead of "since the first run" on every cause."""
+    return (
+        "This is the first run in this history: it cannot say since when a cause fails or which change broke it. "
+        f"Run `{section.backfill}` (the newest patch of each DeepSpeed minor release on these cells, then triage "
+        "finds the release and PR), or compare with a nightly's published history: `nox -s matrix -- --history "
+        "<archive URL or folder>`."
+    )
 
 
 def fixed_known_text(fixed: FixedKnown, link: Link) -> str:
@@ -444,7 +617,9 @@ def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
     section = report.failing_now
     if not section.causes and not section.fixed_known:
         return []
-    lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
+    lines = ["## Failing now, by cause", "", f"{summary_text(section)}.", ""]
+    lines += [first_night_text(section), ""] if section.backfill else []
+    lines += [FIRST_NIGHT_INTRO if section.backfill else INTRO, ""]
     lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section.causes, start=1)]
     if section.fixed_known:
         lines += ["", "Known failures whose cells pass now:", ""]
@@ -458,7 +633,8 @@ def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list
     causes = section.causes
     return {
         "summary": summary_text(section),
-        "intro": INTRO,
+        "first_night": first_night_text(section) if section.backfill else "",
+        "intro": FIRST_NIGHT_INTRO if section.backfill else INTRO,
         "causes": list(
             zip(
                 causes,

@@ -32,6 +32,11 @@ from reports.store.junit import (
     find_junit_files,
     read_junit,
 )
+from reports.store.published import (
+    RebuildCounts,
+    bring_up_to_date,
+    with_published_history,
+)
 from reports.store.records import (
     AXES,
     BisectMode,
@@ -57,6 +62,9 @@ from reports.store.schema import (
 )
 
 __all__ = [
+    "RebuildCounts",
+    "bring_up_to_date",
+    "with_published_history",
     "AXES",
     "Aggregates",
     "ArchiveConflict",
