@@ -30,6 +30,7 @@ from reports.analysis.causes import (
     shared_answers,
 )
 from reports.analysis.checkpoints import (
+    ICONS,
     cell_checkpoints,
     checkpoint_lines,
     checkpoint_verdicts,
@@ -85,6 +86,7 @@ from reports.analysis.statuses import (
 )
 
 __all__ = [
+    "ICONS",
     "AxisRange",
     "CellStatus",
     "DELTA_KINDS",

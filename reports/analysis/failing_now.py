@@ -155,6 +155,17 @@ class Repro:
 
 
 @dataclass(frozen=True)
+class CellFiles:
+    """One failing cell of a cause with what the results folder holds for it (relative to the report; "" none)."""
+
+    cell: str
+    logs: str
+    script: str
+    checkpoints: tuple[str, ...]
+    """The real checkpoints it stands for."""
+
+
+@dataclass(frozen=True)
 class KnownMatch:
     """The known failure (matrix/known_failures.toml) that covers cells of a cause, and which of them."""
 
@@ -184,6 +195,8 @@ class FailingCause:
     status: str  # one of STATUS_ORDER: "known"/"unsupported" when a known failure covers some of its cells
     known: KnownMatch | None
     repro: Repro
+    members: tuple[CellFiles, ...] = ()
+    """Each of its cells with its files (cells's order)."""
     draft: str = ""
     """Its draft issue for DeepSpeed's tracker, relative to the report ("" where none is written: render writes one
     per cause DeepSpeed can fix, reports.outputs.cell_files)."""
@@ -231,6 +244,9 @@ class FailingNow:
                         "root_causes": tuple(c["root_causes"]),
                         "known": _known_from_json(c["known"]) if c["known"] else None,
                         "repro": Repro(**{**c["repro"], "checkpoints": tuple(c["repro"]["checkpoints"])}),
+                        "members": tuple(
+                            CellFiles(**{**m, "checkpoints": tuple(m["checkpoints"])}) for m in c["members"]
+                        ),
                     }
                 )
                 for c in section["causes"]
@@ -288,6 +304,10 @@ def build_failing_now(
                     logs=files.log(representative.id),
                     script=files.script(representative.id),
                     checkpoints=checkpoints.get(representative, ()),
+                ),
+                members=tuple(
+                    CellFiles(cell.id, files.log(cell.id), files.script(cell.id), checkpoints.get(cell, ()))
+                    for cell in cells
                 ),
             )
         )

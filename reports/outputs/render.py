@@ -22,6 +22,7 @@ from reports.analysis import (
 from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.outputs.model import DETAILS_FILE, Report, split_report
 
+from reports.outputs.atlas import checkpoint_pages
 from reports.outputs.html import report_html
 from reports.outputs.markdown import report_markdown, step_summary_markdown
 
@@ -34,6 +35,7 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
         out_dir / "report.json": json.dumps(first_screen, indent=2, ensure_ascii=False) + "\n",
         out_dir / DETAILS_FILE: json.dumps(details, ensure_ascii=False) + "\n",
         out_dir / "report.html": report_html(report),
+        **{out_dir / page: text for page, text in checkpoint_pages(report).items()},
     }
     if drift is None:
         outputs[out_dir / "supported-models.md"] = supported_models_markdown(report, history)
@@ -45,6 +47,7 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
     with writing_to(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
         for path, text in outputs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(redact(text), encoding="utf-8")
         with step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
             summary.write(redact(step_summary_markdown(report)))

@@ -112,7 +112,7 @@ def test_multi_version_report_as_a_person_sees_it(tmp_path):
 def test_answer_links_are_anchors_and_everything_else_is_escaped():
     from markupsafe import Markup
 
-    from reports.outputs.html import linked_html
+    from reports.outputs.links import linked_html
 
     lines = linked_html(lambda link: [f"<b>{link('#1 <x>', 'https://github.com/o/r/pull/1?a=1&b=2')}</b>"])
     assert lines == [Markup('&lt;b&gt;<a href="https://github.com/o/r/pull/1?a=1&amp;b=2">#1 &lt;x&gt;</a>&lt;/b&gt;')]
