@@ -296,7 +296,7 @@ def build_failing_now(
                 cells_text=cells_text(cells),
                 since=_since(first_seen[failure_class, text], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, failure_class, text, set(cells))),
-                status=("unsupported" if match.state == "unsupported" else "known") if match else "new",
+                status=_status(match, len(cells)),
                 known=match,
                 repro=Repro(
                     cell=representative.id,
@@ -348,6 +348,16 @@ def backfill_command(cells: list[CellKey]) -> str:
 
 def _versions(versions: Versions) -> dict[str, str]:
     return {axis: getattr(versions, axis) for axis in AXES}
+
+
+def _status(match: KnownMatch | None, cells: int) -> str:
+    """new, known (an upstream issue covers some of the cells) or unsupported (DeepSpeed documents every one of its
+    models as unsupported; a cause with other cells too is new for them)."""
+    if match is None:
+        return "new"
+    if match.state != "unsupported":
+        return "known"
+    return "unsupported" if len(match.cells) == cells else "new"
 
 
 def _popularity() -> tuple[str, ...]:
@@ -548,7 +558,11 @@ def status_text(entry: FailingCause, link: Link) -> str:
     share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
     upstream = link(known.label, known.upstream)
     if known.state == "unsupported":
-        return f"unsupported upstream ({upstream}{share})"
+        return (
+            f"new ({share.lstrip(', ')} unsupported upstream: {upstream})"
+            if share
+            else f"unsupported upstream ({upstream})"
+        )
     if known.fails_after_fix:
         return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
     state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"

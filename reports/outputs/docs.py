@@ -85,27 +85,36 @@ def _tps(tps: list[int]) -> str:
     return ", ".join(map(str, tps))
 
 
-def _part_text(part: dict, named: bool, several_variants: bool) -> str:
-    """ "falcon-40b works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts"."""
-    who = f"{', '.join(part['members'])} " if named else ""
+def _part_text(part: dict, several_variants: bool) -> str:
+    """ "works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts"."""
     where = f"tp {_tps(part['tps'])}" + (f" ({part['variants']})" if several_variants else "")
     known = f" (tracked: {markdown_link(part['known']['label'], part['known']['upstream'])})" if part["known"] else ""
     if part["state"] == "works":
-        return f"{who}works at {where}"
+        return f"works at {where}"
     if part["state"] == "flaky":
-        return f"{who}is flaky at {where}"
+        return f"is flaky at {where}"
     if part["state"] == "no memory saved":
-        return f"{who}runs correctly at {where}, but {part['reason']}{known}"
-    return f"{who}fails at {where}: {part['reason']}{known}"
+        return f"runs correctly at {where}, but {part['reason']}{known}"
+    return f"fails at {where}: {part['reason']}{known}"
 
 
 def family_bullet(entry: dict, name: str) -> str:
-    """ "- codegen — works at tp 2, 4; fails at tp 3: the fused qkv split rejects its head counts at this tp"."""
+    """ "- codegen — works at tp 2, 4; fails at tp 3: the fused qkv split rejects its head counts at this tp"; where
+    what the family's cells stand for behaves differently, each says its own: "- falcon — falcon-40b works at tp 2,
+    3, 4; falcon-7b fails at tp 2, 3, 4: …"."""
     parts = entry["parts"]
-    named = len({tuple(part["members"]) for part in parts}) > 1
     several = len({part["variants"] for part in parts}) > 1
     order = {"works": 0, "no memory saved": 1, "flaky": 2, "fails": 3}
-    texts = [_part_text(part, named, several) for part in sorted(parts, key=lambda p: (order[p["state"]], p["tps"]))]
+    by_members: dict[tuple[str, ...], list[dict]] = {}
+    for part in sorted(parts, key=lambda p: (order[p["state"]], p["tps"])):
+        by_members.setdefault(tuple(part["members"]), []).append(part)
+    named = len(by_members) > 1
+    # What works everywhere it ran first, then by name: "llama works …; llama_large works …, fails …"
+    groups = sorted(by_members.items(), key=lambda item: (max(order[p["state"]] for p in item[1]), item[0]))
+    texts = [
+        (f"{', '.join(members)} " if named else "") + ", ".join(_part_text(part, several) for part in group)
+        for members, group in groups
+    ]
     return f"- {name} — " + "; ".join(texts)
 
 
@@ -284,9 +293,21 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
             for line in lines[start:end]
             if (match := _BULLET.match(line))
         ]  # every line of a block is a bullet (_bullet_blocks)
-        kept = [(key, line) for key, line in listed if key not in tested]
+        # A family already in this list keeps its place (the diff shows its line changed); one tested here is
+        # dropped from a list its level does not put it in, and added in alphabetical place to its own.
+        kept = [
+            (
+                key,
+                family_bullet(tested[key], names.get(tested[key]["family"], tested[key]["family"]))
+                if key in tested
+                else line,
+            )
+            for key, line in listed
+            if key not in tested or tested[key]["level"] == level
+        ]
+        present = {key for key, _ in kept}
         for key, entry in sorted(tested.items()):
-            if entry["level"] == level:
+            if entry["level"] == level and key not in present:
                 bullet = family_bullet(entry, names.get(entry["family"], entry["family"]))
                 place = next((i for i, (other, _) in enumerate(kept) if other > key), len(kept))
                 kept.insert(place, (key, bullet))

@@ -35,7 +35,7 @@ from reports.outputs.model import transition_entry
 from reports.outputs.pr_failures import PrFailure, summary_line
 from reports.store import CellKey, KNOWN_FAILURE_CLASSES, Observation, Versions, pins_text, release
 
-TITLE = "## AutoTP matrix"
+TITLE = "AutoTP matrix"
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,9 @@ def failure_class_text(failure_class: str) -> str:
 
 
 def head_text(sessions: list[SessionDeltas]) -> str:
-    """ "deepspeed 0.19.8@abc1234567 (run `nightly@…`)": what the newest runs tested."""
-    return "; ".join(
-        f"deepspeed {s.newest.versions.label('deepspeed')} (run {code(s.newest.run_id)})" for s in sessions
-    )
+    """ "deepspeed 0.19.8@abc1234567 (run `nightly@…`": what the newest runs tested (the parenthesis left open for
+    what the line says of the base)."""
+    return "; ".join(f"deepspeed {s.newest.versions.label('deepspeed')} (run {code(s.newest.run_id)}" for s in sessions)
 
 
 def compare_links(session: SessionDeltas) -> list[str]:
@@ -153,7 +152,7 @@ def nightly_comment(
     new = [c for c in causes if c.kind == "new failure"]
     if not compared:
         failing = _failing_causes(newest)
-        first = f"**No baseline: nothing compared** at {head_text(sessions)}: the first run of " + ", ".join(
+        first = f"**{TITLE}: no baseline, nothing compared** at {head_text(sessions)}): the first run of " + ", ".join(
             code(s.session) for s in sessions
         )
         summary = (
@@ -166,8 +165,10 @@ def nightly_comment(
         f"{code(s.session)} last nightly {code(s.previous.run_id)}" for s in compared if s.previous is not None
     )
     lines = [
-        f"**{count_text(sum(len(c.cells) for c in new), 'new failure')}** at {head_text(compared)} (base: {bases})"
+        f"**{TITLE}: {count_text(sum(len(c.cells) for c in new), 'new failure')}** at {head_text(compared)}; "
+        f"base: {bases})"
     ]
+    lines.append("")
     for session in compared:
         changed = compare_links(session)
         if changed:
@@ -217,12 +218,12 @@ def base_comment(
     failures = base.failures
     if base.same_run:
         return [
-            f"**No baseline: nothing compared** at {head_text(sessions)}: the base {code(base.selector)} selects this "
-            "run itself; pass the PR's base (its merge base's run or release)"
+            f"**{TITLE}: no baseline, nothing compared** at {head_text(sessions)}): the base {code(base.selector)} "
+            "selects this run itself; pass the PR's base (its merge base's run or release)"
         ]
     new = [f for f in failures if f.kind == "new"]
     lines = [
-        f"**{count_text(len(new), 'new failure')}** at {head_text(sessions)} (base: {code(base.selector)}): "
+        f"**{TITLE}: {count_text(len(new), 'new failure')}** at {head_text(sessions)}; base: {code(base.selector)}): "
         f"{summary_line(failures).split(', ', 1)[1]}"
     ]
     grouped: dict[tuple[str, str, str], list[PrFailure]] = defaultdict(list)
@@ -243,10 +244,15 @@ def base_comment(
             )
         lines += new_failure_block(failure_class, text, [f.cell for f in members], checkpoints, notes)
     others = [f for f in failures if f.kind != "new"]
-    by_kind: dict[tuple[str, str, str], list[CellKey]] = defaultdict(list)
+    by_kind: dict[tuple[str, str, str, str], list[CellKey]] = defaultdict(list)
     for failure in others:
-        by_kind[failure.kind, failure.failure_class, failure.cause].append(failure.cell)
-    folded = [_short_line(fc, text, cells, f"**{kind}** ") for (kind, fc, text), cells in by_kind.items()]
+        known = failure.known.upstream if failure.known else ""
+        by_kind[failure.kind, failure.failure_class, failure.cause, known].append(failure.cell)
+    folded = [
+        _short_line(fc, text, cells, f"**{kind}** ")
+        + (f" ({markdown_link(upstream_label(known), known)})" if known else "")
+        for (kind, fc, text, known), cells in by_kind.items()
+    ]
     counts = {kind: sum(f.kind == kind for f in others) for kind in ("broken trunk", "flaky", "known")}
     summary = f"{counts['broken trunk']} already failing on the base, {counts['flaky']} flaky, {counts['known']} known"
     return [*lines, *collapsed(summary, folded)]
@@ -259,10 +265,10 @@ def comment_markdown(
     inert: Callable[[str], str],
     base: BaseComparison | None = None,
 ) -> str:
-    """The comment: COMMENT_MARKER (found by reruns, which edit it), the title, then base_comment (with `base`: its
+    """The comment: COMMENT_MARKER (found by reruns, which edit it), then base_comment (with `base`: its
     classified failures) or nightly_comment. `inert` neutralises every line built from the
     results; the <details> frames are ours."""
     body = base_comment(base, sessions, checkpoints) if base else nightly_comment(sessions, checkpoints, newest)
     frame = {"</details>", ""} | {line for line in body if line.startswith("<details><summary>")}
-    text = "\n".join(line if line in frame else inert(line) for line in [TITLE, "", *body])
+    text = "\n".join(line if line in frame else inert(line) for line in body)
     return f"{COMMENT_MARKER}\n{text.rstrip()}\n"

@@ -24,6 +24,7 @@ class Cell:
     dtype: str = "fp32"
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""  # the failure's text (its traceback); default "Traceback ...\n<signature>"
+    checkpoints: tuple[str, ...] = ()  # the hub ids a faithful cell stands for
 
     @property
     def id(self) -> str:
@@ -74,6 +75,7 @@ def write_junit(
             "run.backend": "gloo",
             **({"run.harness_git": harness_git} if harness_git is not None else {}),
             **{f"metric.{name}": repr(value) for name, value in cell.metrics.items()},
+            **({"checkpoints": ",".join(cell.checkpoints)} if cell.checkpoints else {}),
         }
         for name, value in properties.items():
             case.add_property(name, value)
