@@ -17,7 +17,7 @@ from reports.analysis import (
     failing_now_html,
     one_line,
 )
-from reports.outputs.links import checkpoint_page, hub_url, linked_html, verdict_html
+from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
 from reports.outputs.model import DETAILS_FILE, Report
 from reports.outputs.markdown import (
     ROOT_CAUSE_SECTIONS,
@@ -206,5 +206,6 @@ def report_html(report: Report) -> str:
         checkpoints=checkpoints_html(report.checkpoints),
         checkpoint_list=checkpoint_list(report.checkpoints),
         checkpoint_links=checkpoint_links,
+        code_spans=code_spans,
         cause_of_cell={cell: cause.id for cause in report.failing_now.causes for cell in cause.cells},
     )

@@ -45,3 +45,11 @@ def verdict_html(status: str, failure_class: str = "") -> Markup:
     return Markup('<span class="verdict {}"><span aria-hidden="true">{}</span> {}</span>').format(
         status, ICONS.get(status, ""), word
     )
+
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def code_spans(text: str) -> Markup:
+    """Text with Markdown code spans, as HTML: escaped, each span a <code>."""
+    return Markup(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(text))))
