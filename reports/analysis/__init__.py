@@ -51,16 +51,18 @@ from reports.analysis.failing_now import (
     FailingNow,
     ResultFiles,
     build_failing_now,
-    cause_answer_text,
-    counts_line,
     draft_file,
-    failing_now_html,
-    failing_now_markdown,
     log_folder,
     repro_command,
     repro_file,
-    status_text,
     upstream_label,
+)
+from reports.analysis.failing_now_text import (
+    cause_answer_text,
+    counts_line,
+    failing_now_html,
+    failing_now_markdown,
+    status_text,
 )
 from reports.analysis.history import (
     AxisRange,

@@ -246,12 +246,12 @@ def base_comment(
     others = [f for f in failures if f.kind != "new"]
     by_kind: dict[tuple[str, str, str, str], list[CellKey]] = defaultdict(list)
     for failure in others:
-        known = failure.known.upstream if failure.known else ""
-        by_kind[failure.kind, failure.failure_class, failure.cause, known].append(failure.cell)
+        upstream = failure.known.upstream if failure.known else ""
+        by_kind[failure.kind, failure.failure_class, failure.cause, upstream].append(failure.cell)
     folded = [
         _short_line(fc, text, cells, f"**{kind}** ")
-        + (f" ({markdown_link(upstream_label(known), known)})" if known else "")
-        for (kind, fc, text, known), cells in by_kind.items()
+        + (f" ({markdown_link(upstream_label(upstream), upstream)})" if upstream else "")
+        for (kind, fc, text, upstream), cells in by_kind.items()
     ]
     counts = {kind: sum(f.kind == kind for f in others) for kind in ("broken trunk", "flaky", "known")}
     summary = f"{counts['broken trunk']} already failing on the base, {counts['flaky']} flaky, {counts['known']} known"

@@ -16,6 +16,7 @@ from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from matrix.redaction import redact
 from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
 from suites.checks.inputs import CORPUS_FILE, ProbeSpec
+from suites.checks.memory import layer_groups
 from suites.records.run_records import RunInfo, environment_report
 
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
@@ -125,8 +126,10 @@ def write_repro(
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
             raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
-    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's.
-    source = source.replace(FUNCTIONS_PLACEHOLDER, inspect.getsource(randomise_constant_parameters), 1)
+    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's; the
+    # memory check names the weights left whole as the harness does.
+    copied = [inspect.getsource(function) for function in (randomise_constant_parameters, layer_groups)]
+    source = source.replace(FUNCTIONS_PLACEHOLDER, "\n\n".join(copied), 1)
     note = partial_note(cell)
     header = f"# run: {launcher_command(cell, script.name)}\n" + (f"# note: {note}\n" if note else "")
     cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"

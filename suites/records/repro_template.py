@@ -25,6 +25,7 @@ import argparse
 import inspect
 import math
 import os
+import re  # noqa: F401 (layer_groups, copied in above, uses it)
 import sys
 
 import torch
@@ -333,7 +334,8 @@ def compare_memory(weights, counts, sharded_model):
         pieces = full // math.gcd(full, *sizes)
         if max(sizes) / full > math.ceil(pieces / tp) / pieces + 1e-6:
             uneven.append(f"{name} (a rank holds {max(sizes) / full:.0%})")
-    lines = [(False, f"memory: {kind} left whole on every rank: {', '.join(names)}") for kind, names in whole.items()]
+    grouped = {kind: layer_groups(names) for kind, names in whole.items()}  # noqa: F821 (copied in above)
+    lines = [(False, f"memory: {kind} left whole on every rank: {names}") for kind, names in grouped.items()]
     lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
     return lines or [(True, f"memory: {len(weights)} weights split across {tp} ranks")]
 
