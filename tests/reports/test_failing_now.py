@@ -474,3 +474,58 @@ def test_publish_and_the_section_share_one_repro_command():
         repro_command(CellKey("bloom", "eager", "fp32", 2))
         == "nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2"
     )
+
+
+def test_a_local_first_run_read_with_the_nightlys_published_history_says_since_when(tmp_path, monkeypatch):
+    """`render --history ARCHIVE` (`nox -s matrix -- --history …`): a contributor's first run is read together with
+    the nightly's published archive (a folder, or the git branch CI pushes it to), so a failure the nightly already
+    has says since when and where it broke instead of "since the first run"; the local store is not written."""
+    import subprocess
+
+    published = tmp_path / "nightly"
+    for day, deepspeed, llama in (("01", "0.19.7", Cell("llama")), ("02", "0.19.8", uneven(2))):
+        write_junit(
+            published / "junit" / f"{day}.xml",
+            [llama, Cell("bloom")],
+            run_id=f"nightly@2026-12-{day}T00:00:00Z@ci",
+            started=f"2026-12-{day}T00:00:00Z",
+            deepspeed=deepspeed,
+        )
+    assert main(["merge", str(published / "junit"), "--store", str(published / "history.sqlite")]) == 0
+    local = tmp_path / "results"
+    write_junit(
+        local / "junit" / "matrix.xml",
+        [uneven(2), Cell("bloom")],
+        run_id="matrix@2026-12-03T00:00:00Z@laptop",
+        started="2026-12-03T00:00:00Z",
+        deepspeed="0.19.8",
+    )
+    store = local / "history.sqlite"
+    assert main(["merge", str(local / "junit"), "--store", str(store)]) == 0
+    before = store.read_bytes()
+
+    def llama_line(*history: str) -> str:
+        out = tmp_path / "out" / str(len(history))
+        assert main(["render", "--store", str(store), "--out", str(out), *history]) == 0
+        return next(line for line in failing_section(out) if "llama tp2" in line)
+
+    assert "since the first run" not in llama_line()  # a first night: said once above, with the backfill command
+    assert "broke at" not in llama_line()
+    with_history = llama_line("--history", str(published / "archive"))
+    assert (
+        "— since 2026-12-02 (session nightly) — broke at deepspeed 0.19.7 → 0.19.8 (not yet triaged) —"
+        in (with_history)
+    )
+    assert store.read_bytes() == before  # read, never written
+
+    # The same from the branch CI pushes (a git URL; `#branch` names another)
+    archive = published / "archive"
+    for command in (
+        ["git", "init", "-q", "-b", "autotp-history"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-qm", "archive"],
+    ):
+        subprocess.run(command, cwd=archive, check=True)
+    assert llama_line("--history", archive.as_uri()) == with_history
+    missing = (tmp_path / "nowhere").as_uri()
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "x"), "--history", missing]) == 2
