@@ -88,10 +88,11 @@ def _render(args: argparse.Namespace) -> int:
                 aggregates,
                 drift,
                 known_failures(args.known_failures),
-                result_files(args.out, history, scripts),
+                result_files(args.out, history),
             )
-            observations = store.observations(draft_runs(report, history, aggregates)) if scripts else []
-            report = write_drafts(report, history, observations, args.out, inert)
+            if scripts:  # a draft inlines its example cell's script, written here (the cells' transformers)
+                observations = store.observations(draft_runs(report, history, aggregates))
+                report = write_drafts(report, history, observations, args.out, inert)
     for path in write_outputs(report, history, drift, args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its

@@ -82,15 +82,18 @@ def write_repro_scripts(
     return written
 
 
-def result_files(out_dir: Path, history: History, repro: set[str]) -> ResultFiles:
-    """What out_dir holds for the cells failing at the latest versions: their kept logs and the scripts written."""
+def result_files(out_dir: Path, history: History) -> ResultFiles:
+    """What out_dir holds for the cells failing at the latest versions: the logs their run kept, and their repro
+    scripts (written by this render, or by the run's own render: CI gathers the cell jobs' into the report's)."""
     failing = {
         cell.id
         for (cell, versions), status in history.statuses.items()
         if versions == history.latest and status.status == "fail"
     }
-    logs = {cell for cell in failing if any((out_dir / log_folder(cell)).glob("*"))}
-    return ResultFiles(logs=frozenset(logs), repro=frozenset(repro & failing))
+    return ResultFiles(
+        logs=frozenset(cell for cell in failing if any((out_dir / log_folder(cell)).glob("*"))),
+        repro=frozenset(cell for cell in failing if (out_dir / repro_file(cell)).is_file()),
+    )
 
 
 def draft_runs(report: Report, history: History, aggregates: Aggregates) -> set[str]:

@@ -512,9 +512,8 @@ def test_a_local_first_run_read_with_the_nightlys_published_history_says_since_w
     assert "since the first run" not in llama_line()  # a first night: said once above, with the backfill command
     assert "broke at" not in llama_line()
     with_history = llama_line("--history", str(published / "archive"))
-    assert (
-        "— since 2026-12-02 (session nightly) — broke at deepspeed 0.19.7 → 0.19.8 (not yet triaged) —"
-        in (with_history)
+    assert "— since 2026-12-02 (session nightly) — broke at deepspeed 0.19.7 → 0.19.8 (not yet triaged) —" in (
+        with_history
     )
     assert store.read_bytes() == before  # read, never written
 
