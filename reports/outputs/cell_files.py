@@ -16,7 +16,7 @@ from matrix.cells import resolve_cell
 from matrix.registry import RegistryError
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
 from reports.store import AXES, Aggregates, Observation, ResultGroup
-from reports.outputs.draft_issue import Inert, not_deepspeeds, run_info, write_cause_draft
+from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
 from reports.outputs.model import Report
 from suites.records.repro import write_repro
 
@@ -38,15 +38,6 @@ def failing_groups(history: History, aggregates: Aggregates) -> dict[str, Result
             ):
                 newest[group.cell.id] = group
     return newest
-
-
-def installed_transformers() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        return version("transformers")
-    except PackageNotFoundError:
-        return ""
 
 
 def write_repro_scripts(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from itertools import groupby
 from pathlib import Path
 from typing import Protocol
@@ -209,6 +210,14 @@ def _resolved(failure: Observation) -> Cell | str:
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
+def installed_transformers() -> str:
+    """The transformers a cell is rebuilt with here ("" where none is installed)."""
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return ""
+
+
 def run_info(run: Run) -> RunInfo:
     return RunInfo(
         session=run.session,
@@ -372,6 +381,7 @@ def _markdown(
             "checkpoint the matrix ran, computes the unsharded reference, shards with AutoTP, runs the same probes "
             f"and prints {SCRIPT_SAYS.get(result.failure_class, '`RESULT: MISMATCH`').format(type=_exception(result.signature))}"
             + (f"; `--checkpoint {checkpoints[0]}` runs the real checkpoint instead." if checkpoints else "."),
+            *_rebuilt_elsewhere(run),
             "",
         ]
         frame.add(len(lines))
@@ -414,6 +424,18 @@ def _markdown(
         stretch = "\n".join(line for _, line in group)
         stretches.append(stretch if framing else inert(stretch))
     return "\n".join(stretches).rstrip("\n") + "\n"
+
+
+def _rebuilt_elsewhere(run: Run) -> list[str]:
+    """A note where the script's tiny config was computed with another transformers than the cell ran with (a
+    faithful or derived shape reads config-class defaults, which releases change)."""
+    here = installed_transformers()
+    if here == run.versions.transformers:
+        return []
+    return [
+        f"(This script's tiny config was computed with transformers {here or 'none'}; the cell ran with "
+        f"{run.versions.transformers}: `nox -s draft-issue` in that release's environment writes the same one.)"
+    ]
 
 
 def _exception(signature: str) -> str:
