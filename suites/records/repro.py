@@ -39,16 +39,22 @@ def launcher_command(cell: Cell, script: str) -> str:
     return f"deepspeed --num_gpus {cell.tp} {script}"
 
 
-def repro_cell(cell: Cell, checkpoints: str, script: str, verdict: str, loaded_revision: str | None) -> dict[str, Any]:
+def repro_cell(
+    cell: Cell, checkpoints: str, script: str, verdict: str, versions: dict[str, str], loaded_revision: str | None
+) -> dict[str, Any]:
     """What the script needs of the cell: its model and weights, its load, quantization or training, the probes'
-    inputs and its tolerances."""
+    inputs and its tolerances; and what it reproduces (the verdict, the versions, what of the variant it leaves out).
+    Every value of the harness or the results (the verdict quotes a failure's message) is a Python literal here,
+    redacted first: in a comment, a newline in it would end the comment and run the rest as code."""
     tolerance = cell.model.tolerance_for(cell.dtype)
     variant = cell.variant
     hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
     spec = ProbeSpec()
     spec_cell: dict[str, Any] = {
         "id": cell.id,
-        "verdict": verdict,
+        "verdict": redact(verdict),
+        "versions": {name: redact(value) for name, value in versions.items() if value},
+        "note": partial_note(cell),
         "model": cell.model.name,
         "model_type": cell.model.model_type,
         "tiny": cell.model.tiny,
@@ -121,7 +127,7 @@ def write_repro(
     change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"repro_{cell.id}.py"
-    spec = repro_cell(cell, checkpoints, script.name, outcome_line, loaded_revision)
+    spec = repro_cell(cell, checkpoints, script.name, outcome_line, versions, loaded_revision)
     source = TEMPLATE.read_text()
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
@@ -130,8 +136,10 @@ def write_repro(
     # memory check names the weights left whole as the harness does.
     copied = [inspect.getsource(function) for function in (randomise_constant_parameters, layer_groups)]
     source = source.replace(FUNCTIONS_PLACEHOLDER, "\n\n".join(copied), 1)
-    note = partial_note(cell)
-    header = f"# run: {launcher_command(cell, script.name)}\n" + (f"# note: {note}\n" if note else "")
+    header = (
+        "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
+        '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'
+    )
     cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
     (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))

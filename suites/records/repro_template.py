@@ -451,6 +451,8 @@ def main():
     device = get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0")))
     if rank() == 0:
         print(f"autotp-matrix cell {CELL['id']} (reported: {CELL['verdict']})\n{environment_report()}")
+        if CELL["note"]:
+            print(f"note: {CELL['note']}")
         if world_size != CELL["tp"]:
             print(f"note: running {world_size} ranks; the cell ran tp {CELL['tp']} ({CELL['command']})")
     revision = args.revision or (CELL["revision"] if args.checkpoint == CELL["hub_id"] else None)

@@ -52,8 +52,14 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
     ) in body
     script = re.search(r"```python\n(.*?)\n```", body, re.S)[1]
     compile(script, "repro_bloom-eager-fp32-tp2.py", "exec")  # the inlined script is whole Python
-    assert "'id': 'bloom-eager-fp32-tp2'" in script and script.startswith(
-        "# run: deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py\n"
+    cell = script_cell(script)
+    assert (
+        cell["id"] == "bloom-eager-fp32-tp2"
+        and cell["command"] == "deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py"
+    )
+    assert (
+        cell["verdict"].startswith("fail forward RuntimeError: The expanded size")
+        and cell["versions"]["deepspeed"] == "0.19.8"
     )
     assert script == (tmp_path / "out" / "draft-issue" / "repro_bloom-eager-fp32-tp2.py").read_text().rstrip("\n")
     assert "prints `RESULT: RAISED forward RuntimeError` (the sharded model raised)." in body
