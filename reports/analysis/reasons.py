@@ -88,7 +88,7 @@ def _shard_reason(kind: str, message: str, where: str) -> Reason:
         )
     if "fusedqkv" in where:
         return Reason(
-            "the fused qkv split rejects its head counts at this tp",
+            "the fused qkv split rejects its head counts",
             "AutoTP's split of the fused query/key/value weight refuses the model's head counts at this tp.",
         )
     if "containers/" in where:

@@ -99,7 +99,7 @@ def _part_text(part: dict, several_variants: bool) -> str:
 
 
 def family_bullet(entry: dict, name: str) -> str:
-    """ "- codegen — works at tp 2, 4; fails at tp 3: the fused qkv split rejects its head counts at this tp"; where
+    """ "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"; where
     what the family's cells stand for behaves differently, each says its own: "- falcon — falcon-40b works at tp 2,
     3, 4; falcon-7b fails at tp 2, 3, 4: …"."""
     parts = entry["parts"]

@@ -186,7 +186,7 @@ def test_three_levels_and_deepspeeds_family_names(tmp_path):
     out = render(tmp_path / "junit", tmp_path, "--docs", str(DOCS))
     page = (out / "supported-models.md").read_text()
     assert (
-        "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts at this tp"
+        "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"
         in (page.split("## Supported Without Memory Savings")[0])
     )
     memory = page.split("## Supported Without Memory Savings\n\n", 1)[1].split("\n\n# ", 1)[0].split("\n\n")[1]
