@@ -96,12 +96,21 @@ def publish(session: nox.Session) -> None:
     session.run("python", "-m", "reports", "publish", *session.posargs)
 
 
-@nox.session(name="draft-issue")
+@nox.session(name="draft-issue", python=False)
 def draft_issue(session: nox.Session) -> None:
     """A bug report for DeepSpeed's tracker, repro script inlined: `nox -s draft-issue -- --cause <id>` (ids in the
-    report's "Failing now" section and report.json) or `-- --cell bloom-eager-fp32-tp2`."""
-    session.install(*PROJECT_DEPENDENCIES)
-    session.run("python", "-m", "reports", "draft-issue", *session.posargs)
+    report's "Failing now" section and report.json) or `-- --cell bloom-eager-fp32-tp2`. It runs in the latest
+    combination's environment: the script's tiny config comes from that transformers' config classes."""
+    python = install_harness(session, latest_combo(session))
+    session.run(
+        str(python),
+        "-m",
+        "reports",
+        "draft-issue",
+        *session.posargs,
+        env=environment_variables(python),
+        external=True,
+    )
 
 
 @nox.session

@@ -29,9 +29,26 @@ def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
     return f"{model}-{variant}-{dtype}-tp{tp}"
 
 
-def parse_cell_id(text: str, models: Iterable[str], variants: Iterable[str]) -> tuple[str, str, str, int]:
-    """cell_id read back against the known names (model and variant names may contain `-` and `_`); a
-    RegistryError names what is wrong and what exists."""
+def parse_cell_id(
+    text: str, models: Iterable[str] | None = None, variants: Iterable[str] | None = None
+) -> tuple[str, str, str, int]:
+    """cell_id read back against the known names (model and variant names may contain `-` and `_`): the one
+    parser of cell ids. `models` default: the registry's entries, and where none fits the architectures derived
+    outside it (matrix/derive.py, which needs transformers); `variants` default: the registry's. A RegistryError
+    names what is wrong and what exists."""
+    if models is None:
+        registry = load_models()
+        try:
+            return parse_cell_id(text, registry, variants)
+        except RegistryError as outside:
+            try:
+                from matrix.derive import derived_entries
+
+                derived = derived_entries(registry)
+            except ImportError:  # no transformers here to derive architectures from: the registry's answer stands
+                raise outside from None
+            return parse_cell_id(text, [*registry, *derived], variants)
+    variants = load_variants() if variants is None else variants
     match = re.fullmatch(r"(?P<rest>.+)-(?P<dtype>[a-z0-9]+)-tp(?P<tp>\d+)", text)
     if not match or match["dtype"] not in DTYPES:
         raise RegistryError(
@@ -186,3 +203,22 @@ def replay_name(model: str) -> str:
     """A cell's model coordinate as --models spells exactly that cell's shape (a plain name would take --shapes)."""
     name, shape = split_shaped_name(model)
     return f"{name}.{shape}"
+
+
+def resolve_cell(model: str, variant: str, dtype: str, tp: int, models_file: Path = MODELS_FILE) -> Cell:
+    """The Cell a recorded cell's coordinates name (`llama.faithful`, `qwen2`, a derived architecture), as a run
+    of exactly that cell builds it: its shape's tiny config and the checkpoints it stands for. Every consumer of a
+    recorded cell (repro scripts, draft issues, bisection steps) turns it back into what ran through this."""
+    cells = expand(replay_name(model), variant, dtype, str(tp), models_file)
+    found = [cell for cell in cells if cell.model.name == model]
+    if len(found) != 1:
+        raise RegistryError(
+            f"cell {cell_id(model, variant, dtype, tp)}: the registry builds {', '.join(c.id for c in cells) or 'no cell'}"
+            " for it; was the entry renamed or its real shapes changed?"
+        )
+    return found[0]
+
+
+def parse_cell(text: str) -> Cell:
+    """A cell id (`bloom.faithful-eager-fp32-tp2`) as the Cell it names (parse_cell_id, then resolve_cell)."""
+    return resolve_cell(*parse_cell_id(text))

@@ -196,6 +196,14 @@ class ModelEntry:
     expansion_error: ExpansionError | None = None
     """A harness exception in a step of expanding this architecture before its cells ran (matrix/config_values.py):
     its cells fail as `setup` naming it, the other architectures' cells run. Never set in models.toml."""
+    family: str = ""
+    """The family as DeepSpeed's automatic-tensor-parallelism page names it (`gpt-neox`, `qwen2-moe`, `openai`),
+    where that differs from `model_type`; the supported-models page and its diff list the entry under it."""
+
+    @property
+    def docs_family(self) -> str:
+        """The family DeepSpeed's page lists this entry under: `family`, else the model_type."""
+        return self.family or self.model_type
 
     def tolerance_for(self, dtype: str) -> Tolerance:
         return self.tolerance.get(dtype, DEFAULT_TOLERANCES[dtype])
@@ -418,6 +426,7 @@ def parse_model(path: Path, name: str, raw: Any) -> ModelEntry:
             _parse_split_rule(path, entry, index, rule)
             for index, rule in enumerate(_expect(path, entry, "split_rules", raw.get("split_rules", []), list))
         ),
+        family=_expect(path, entry, "family", raw.get("family", ""), str),
     )
 
 
@@ -587,6 +596,26 @@ def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
     return _load_tables(path, "models", parse_model)
 
 
+def load_popularity(path: Path = MODELS_FILE) -> tuple[str, ...]:
+    """The registry's hub ids by how much users run them, most first (models.toml's top-level `popularity`): a
+    cause's example cell is the one standing for the most-run checkpoint. Every name must be a hub id of an entry;
+    hub ids it leaves out rank after it, in registry order."""
+    raw = read_toml(path).get("popularity", [])
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise RegistryError(f"{path}: 'popularity' must be a list of hub ids (most-run first), got {raw!r}")
+    known = {hub_id for entry in load_models(path).values() for hub_id in entry.hub_ids}
+    unknown = [hub_id for hub_id in raw if hub_id not in known]
+    if unknown:
+        raise RegistryError(
+            f"{path}: 'popularity' names hub ids no [models.<name>] entry lists: {', '.join(unknown)}; "
+            "add them to an entry's hub_ids or remove them"
+        )
+    duplicated = sorted({hub_id for hub_id in raw if raw.count(hub_id) > 1})
+    if duplicated:
+        raise RegistryError(f"{path}: 'popularity' names {', '.join(duplicated)} more than once")
+    return tuple(raw)
+
+
 def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
     return _load_tables(path, "variants", _parse_variant)
 
@@ -618,13 +647,19 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
 
 # ---- Failures known upstream -------------------------------------------------------------------------------------
 
-KNOWN_FAILURE_STATES = ("open", "fixed", "by design")
-"""`by design`: DeepSpeed refuses the model on purpose (its own unsupported list, an assert stating a requirement);
-its `upstream` is then the refusing line in DeepSpeed's source (a github.com/<owner>/<repo>/blob/<tag>/... URL)."""
+KNOWN_FAILURE_STATES = ("open", "fixed", "unsupported")
+"""`unsupported`: known by design — DeepSpeed documents the models as not supported by AutoTP (its
+automatic-tensor-parallelism page's "Unsupported Models"; any failure of theirs) or refuses them on purpose (an assert
+stating a requirement: the failures its `signature` names); shown as "unsupported upstream", never new."""
 VERSION_AXES = (*INSTALLED_AXES, "python")
 """The version axes a known failure can name (the reports' axes: the installed ones and python)."""
 UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+UPSTREAM_PAGE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/[\w./-]+\.md(?:#[\w-]+)?")
 SOURCE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[\w.-]+/[\w./-]+(?:#L\d+(?:-L\d+)?)?")
+"""An `unsupported` entry's upstream: the documentation page that says so, at the commit it was read from, or the
+line of DeepSpeed's source that refuses the model on purpose (an assert stating a requirement), at a tag."""
+NO_VERDICT_CLASSES = ("setup", "install")
+"""Failures of the harness or the environment: no entry covers them without naming them, whatever it says."""
 
 
 @dataclass(frozen=True)
@@ -634,22 +669,25 @@ class KnownFailure:
     name: str
     """Short name (the TOML table key)."""
     failure_class: str
-    """The failure class it covers (setup, shard, forward, numerics, ...)."""
+    """The failure class it covers (setup, shard, forward, numerics, ...); "" (only with state `unsupported`): every
+    class AutoTP can be blamed for (not NO_VERDICT_CLASSES)."""
     signature: str
     """Regular expression searched in the failure's cause: its signature with every number masked as N
     (`reports/analysis/signatures.py`), so one pattern covers every tp size and every byte count."""
     upstream: str
-    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>; for a
-    failure by design, the refusing line of DeepSpeed's source."""
+    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>; for an
+    `unsupported` entry the page that documents it, at a commit (https://github.com/<owner>/<repo>/blob/<sha>/...md),
+    or the refusing line of DeepSpeed's source at a tag (.../blob/v0.19.8/<file>#L<n>)."""
     state: str = "open"
-    """`open` (not fixed upstream yet), `fixed` (then `fixed_in` says where) or `by design` (DeepSpeed refuses the model
-    on purpose: KNOWN_FAILURE_STATES)."""
+    """`open` (not fixed upstream yet), `fixed` (then `fixed_in` says where) or `unsupported` (documented upstream
+    as not supported: `models` must name them)."""
     fixed_in: str = ""
     """`fixed` only: the axis and first release with the fix, e.g. "deepspeed 0.19.6"."""
     note: str = ""
     """One line for people reading the report."""
     models: tuple[str, ...] = ()
-    """Only these models' cells (empty: any model)."""
+    """Only these models' cells (empty: any model): registry entry names (a cell's model without its shape), or
+    model_types for architectures derived outside the registry."""
     variants: tuple[str, ...] = ()
     """Only these variants' cells (empty: any variant)."""
     versions: dict[str, str] = field(default_factory=dict, hash=False)
@@ -657,9 +695,12 @@ class KnownFailure:
 
     def covers(self, failure_class: str, cause: str, model: str, variant: str, versions: dict[str, str]) -> bool:
         """Whether a cell's failure (its class and cause) at `versions` (axis -> version) is this one."""
-        if failure_class != self.failure_class or not re.search(self.signature, cause):
+        if failure_class != self.failure_class and (self.failure_class or failure_class in NO_VERDICT_CLASSES):
             return False
-        if (self.models and model not in self.models) or (self.variants and variant not in self.variants):
+        if not re.search(self.signature, cause):
+            return False
+        entry = model.split(".", 1)[0]  # a cell's model names its shape after the entry (matrix/shapes.py)
+        if (self.models and entry not in self.models) or (self.variants and variant not in self.variants):
             return False
         return all(_version_in(versions.get(axis, ""), specifiers) for axis, specifiers in self.versions.items())
 
@@ -681,16 +722,23 @@ def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Colle
         raise RegistryError(
             f"{path}: entry [{entry}] has unknown field(s) {sorted(unknown)}; known fields: {sorted(allowed)}"
         )
-    for required in ("failure_class", "signature", "upstream"):
+    state = _expect(path, entry, "state", raw.get("state", "open"), str)
+    if state not in KNOWN_FAILURE_STATES:
+        raise RegistryError(
+            f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}"
+        )
+    unsupported = state == "unsupported"
+    for required in ("upstream", *(("models",) if unsupported else ("failure_class", "signature"))):
         if required not in raw:
             raise RegistryError(f"{path}: entry [{entry}] is missing required field '{required}'")
-    failure_class = _expect(path, entry, "failure_class", raw["failure_class"], str)
-    if failure_class not in failure_classes:
+    failure_class = _expect(path, entry, "failure_class", raw.get("failure_class", ""), str)
+    if failure_class not in failure_classes and not (unsupported and failure_class == ""):
         raise RegistryError(
-            f"{path}: entry [{entry}] field 'failure_class' must be one of {sorted(failure_classes)}, "
-            f"got {failure_class!r}"
+            f"{path}: entry [{entry}] field 'failure_class' must be one of {sorted(failure_classes)}"
+            + (" (or left out: any class)" if unsupported else "")
+            + f", got {failure_class!r}"
         )
-    signature = _expect(path, entry, "signature", raw["signature"], str)
+    signature = _expect(path, entry, "signature", raw.get("signature", ""), str)
     try:
         re.compile(signature)
     except re.error as error:
@@ -698,20 +746,19 @@ def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Colle
             f"{path}: entry [{entry}] field 'signature' is not a regular expression ({error}): {signature!r}"
         ) from None
     upstream = _expect(path, entry, "upstream", raw["upstream"], str)
-    state = _expect(path, entry, "state", raw.get("state", "open"), str)
-    if state not in KNOWN_FAILURE_STATES:
-        raise RegistryError(
-            f"{path}: entry [{entry}] field 'state' must be one of {KNOWN_FAILURE_STATES}, got {state!r}"
-        )
-    if state == "by design" and not SOURCE_URL.fullmatch(upstream):
-        raise RegistryError(
-            f"{path}: entry [{entry}] field 'upstream' of a failure by design must be the refusing line in "
-            f"DeepSpeed's source (https://github.com/<owner>/<repo>/blob/<tag>/<file>#L<n>), got {upstream!r}"
-        )
-    if state != "by design" and not UPSTREAM_URL.fullmatch(upstream):
+    if not UPSTREAM_URL.fullmatch(upstream) and not (
+        unsupported and (UPSTREAM_PAGE.fullmatch(upstream) or SOURCE_URL.fullmatch(upstream))
+    ):
         raise RegistryError(
             f"{path}: entry [{entry}] field 'upstream' must be a GitHub issue or pull request URL "
-            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>), got {upstream!r}"
+            f"(https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>)"
+            + (
+                ", or the page that documents it at a commit (https://github.com/<owner>/<repo>/blob/<40-hex sha>/"
+                "<path>.md#anchor), or the refusing line of DeepSpeed's source (.../blob/<tag>/<file>#L<n>)"
+                if unsupported
+                else ""
+            )
+            + f", got {upstream!r}"
         )
     fixed_in = _expect(path, entry, "fixed_in", raw.get("fixed_in", ""), str)
     if (state == "fixed") != bool(fixed_in):
@@ -746,6 +793,8 @@ def _parse_known_failure(path: Path, name: str, raw: Any, failure_classes: Colle
             raise RegistryError(
                 f"{path}: entry [{entry}] field '{key}' must be a list of strings, got {list(lists[key])!r}"
             )
+    if unsupported and not lists["models"]:
+        raise RegistryError(f"{path}: entry [{entry}] is state = \"unsupported\": 'models' must name the models")
     return KnownFailure(
         name=name,
         failure_class=failure_class,

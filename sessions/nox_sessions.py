@@ -223,9 +223,19 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
         session.error(failure)
 
 
+def split_history(pytest_args: list[str]) -> tuple[str | None, list[str]]:
+    """`--history ARCHIVE` among a session's options (gone from what pytest gets: render reads it), and the rest."""
+    parser = argparse.ArgumentParser(prog="nox -s <session> --", add_help=False, allow_abbrev=False)
+    parser.add_argument("--history")
+    known, rest = parser.parse_known_args(pytest_args)
+    return known.history, rest
+
+
 def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) -> str:
-    """Install `combo`, run the suites, merge and render its results folder; "" when it ran, else why not
-    (an environment that cannot be installed is recorded as `install` failures of the selected cells)."""
+    """Install `combo`, run the suites, merge and render its results folder (with `--history ARCHIVE`, read
+    together with a nightly's published history); "" when it ran, else why not (an environment that cannot be
+    installed is recorded as `install` failures of the selected cells)."""
+    history, pytest_args = split_history(pytest_args)
     results = parse_suite_options(pytest_args).results
     python, failure = run_suites(session, combo, pytest_args)
     if python is None:
@@ -255,6 +265,7 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
         f"{results}/history.sqlite",
         "--out",
         results,
+        *(["--history", history] if history else []),
         env=env,
         external=True,
     )

@@ -205,7 +205,10 @@ def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcom
         cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
     )
     if isinstance(prepared, CellOutcome):
-        return with_cause(prepared)
+        prepared = with_cause(prepared)
+        if prepared.outcome == "fail" and pool is not None:  # its setup failed: the driver's account is its log
+            return pool.keep_text(cell.id, prepared, "setup.log", prepared.message)
+        return prepared
     job, provenance = prepared  # the provenance is the driver's, not the ranks'
     return with_cause(_stamped(pool.run(cell.tp, job, options.cell_timeout), provenance))
 

@@ -126,7 +126,8 @@ class CellOutcome:
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     logs: str = ""
-    """Folder with the launcher, fork-server and rank logs, kept when the cell ended its rank group."""
+    """Folder with the end of the launcher, fork-server and rank logs a failing cell wrote (or its setup failure:
+    setup.log), kept for every failing cell (suites/engine/rank_group.py RankGroupPool.keep_logs)."""
     checkpoint: dict[str, str] = field(default_factory=dict)
     """The weights the cell loaded: `source` (`tiny` or the hub id) and `revision` (hub commit, or the
     tiny checkpoint's content hash); empty when the cell skipped before choosing a checkpoint."""

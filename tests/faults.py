@@ -704,3 +704,16 @@ def noop_allreduce_in_second_mlp(stage, model, rank):
         layer = model.get_submodule("model.layers.1.mlp.down_proj")
         assert type(layer).__name__ == "LinearAllreduce", type(layer).__name__
         layer.forward = types.MethodType(lambda self, x: F.linear(x, self.weight, self.bias), layer)
+
+
+def announce_a_passing_cell(stage, model, rank):
+    """Prints a line into each rank's log while the cell runs, and changes nothing."""
+    if stage == "sharded":
+        print("a passing cell ran here", flush=True)
+
+
+def announce_and_raise_in_forward(stage, model, rank):
+    """Prints a line into each rank's log, then every rank raises in the forward (the group lives on)."""
+    if stage == "sharded":
+        print("the failing cell ran here", flush=True)
+        raise_in_forward(stage, model, rank)

@@ -31,6 +31,7 @@ from reports.analysis.causes import (
     shared_answers,
 )
 from reports.analysis.checkpoints import (
+    ICONS,
     cell_checkpoints,
     checkpoint_lines,
     checkpoint_verdicts,
@@ -49,11 +50,19 @@ from reports.analysis.comparison import (
 from reports.analysis.failing_now import (
     FailingCause,
     FailingNow,
+    ResultFiles,
     build_failing_now,
+    draft_file,
+    log_folder,
+    repro_command,
+    repro_file,
+)
+from reports.analysis.failing_now_text import (
     cause_answer_text,
+    counts_line,
     failing_now_html,
     failing_now_markdown,
-    repro_command,
+    status_text,
     whose_text,
 )
 from reports.analysis.history import (
@@ -75,6 +84,10 @@ from reports.analysis.new_architectures import (
 from reports.analysis.known import (
     upstream_label,
 )
+from reports.analysis.reasons import (
+    Reason,
+    reason,
+)
 from reports.analysis.signatures import (
     cause,
     failure_key,
@@ -94,6 +107,7 @@ from reports.analysis.trust import (
 )
 
 __all__ = [
+    "ICONS",
     "AxisRange",
     "COVERAGE_SESSION",
     "CellStatus",
@@ -106,6 +120,8 @@ __all__ = [
     "History",
     "Link",
     "NewArchitectures",
+    "ResultFiles",
+    "Reason",
     "RootCause",
     "SessionDeltas",
     "TRANSITION_LISTS",
@@ -135,20 +151,25 @@ __all__ = [
     "commit_words",
     "compare",
     "count_text",
+    "counts_line",
     "delta_causes",
+    "draft_file",
     "failing_now_html",
     "failing_now_markdown",
     "failure_key",
     "frame_files",
     "harness_change_text",
     "has_faithful",
+    "log_folder",
     "markdown_link",
     "new_architecture_lines",
     "new_architectures_markdown",
     "new_architectures_summary",
     "one_line",
     "plain_link",
+    "reason",
     "repro_command",
+    "repro_file",
     "root_causes",
     "same_failure",
     "select",
@@ -156,6 +177,7 @@ __all__ = [
     "session_deltas",
     "shape_of",
     "shared_answers",
+    "status_text",
     "summarise",
     "trusted_history",
     "surfaced_in",

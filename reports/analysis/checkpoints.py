@@ -98,8 +98,9 @@ def verdicts_text(verdicts: list[dict]) -> str:
         where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
         cause = one_line(verdict["cause"])
         cause = cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 1] + "…"
-        failure = f" {verdict['failure_class']} {code(cause)}" if verdict["status"] == "fail" else ""
-        parts.append(f"{where}: {ICONS.get(verdict['status'], verdict['status'])}{failure}")
+        # The word after the icon is its text fallback: a reader without an emoji font sees an empty box.
+        said = f"{verdict['failure_class']} {code(cause)}" if verdict["status"] == "fail" else verdict["status"]
+        parts.append(f"{where}: {' '.join(filter(None, (ICONS.get(verdict['status']), said)))}")
     return " · ".join(parts)
 
 

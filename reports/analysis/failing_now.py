@@ -6,8 +6,9 @@ its class and signature with every number masked). Each cause says its mechanism
 wherever the exception surfaced, the unsharded model passing the same probes; the frame is "surfaced in"), since when
 it fails (the oldest version set in the history where the same cause appears, or "since the first run"), the answer
 triage found for the transitions that brought it into the latest versions, whether it is known (matrix/
-known_failures.toml: "known" with the upstream link, "known by design" with DeepSpeed's refusing line, else "new"), and
-the one command that reproduces a representative cell. An open known failure whose cells pass at the latest versions
+known_failures.toml: "known" with the upstream link, "unsupported upstream" — known by design — with the page or line of
+DeepSpeed that says so, else "new"), and its example cell (the one standing for the checkpoint users run most) with the
+command that runs it alone and the files the results folder keeps for it. An open known failure whose cells pass at the latest versions
 is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
 
 Built into the report model (reports.outputs.model.build_report) as report.json's form of the section, and rendered from
@@ -17,38 +18,87 @@ carry for the same class and cause."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from matrix.cells import replay_name
-from matrix.registry import KnownFailure
+from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
-from reports.analysis.answers import Link, TransitionEntry, code
-from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, count_text, shared_answers, typed_members
+from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, typed_members
+from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
-from reports.analysis.known import (
-    FixedKnown,
-    KnownMatch,
-    fixed_known,
-    known_for,
-    known_from_json,
-    versions_of,
-)
+from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, known_from_json, versions_of
 from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.statuses import CellStatus
-from suites.mechanism import WHOSE, whose
+from suites.mechanism import whose
 
-LOGS_ROOT = "results/logs"  # where a cell that ends its rank group keeps the launcher, fork-server and rank logs
-INTRO = (
-    "Each cause with what AutoTP did where it broke, whose bug it is (AutoTP's wherever its exception surfaced: the "
-    "unsharded model passes the same probes), since when it fails, the triage answer and the command that reproduces "
-    "one of its cells "
-    "(it also writes results/repro/repro_<cell>.py; the logs folder holds the rank logs when the cell ends its "
-    "rank group)."
-)
-STATUS_ORDER = ("new", "known", "by design")
-"""A cause's status, in the order causes are listed: new ones first, those DeepSpeed refuses on purpose last."""
+STATUS_ORDER = ("new", "known", "unsupported")
+"""A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
+documents the model as unsupported by AutoTP or refuses it on purpose (matrix/registry.py KNOWN_FAILURE_STATES):
+listed in this order."""
+
+
+def log_folder(cell: str) -> str:
+    """Where a results folder keeps a failing cell's rank logs, relative to it (and to the report beside it)."""
+    return f"logs/{cell}/"
+
+
+def repro_file(cell: str) -> str:
+    """Where a results folder keeps a failing cell's standalone repro script, relative to it."""
+    return f"repro/repro_{cell}.py"
+
+
+def draft_file(failure_class: str, cause: str) -> str:
+    """Where a cause's draft issue for DeepSpeed's tracker is written, relative to the results folder."""
+    return f"draft-issue/{failure_class}-{cause}.md"
+
+
+@dataclass(frozen=True)
+class ResultFiles:
+    """What the results folder the report is written to holds for the cells failing at the latest versions
+    (log_folder, repro_file, draft_file): a report names a file only when it is there."""
+
+    logs: frozenset[str] = frozenset()
+    """Cells whose rank logs are kept."""
+    repro: frozenset[str] = frozenset()
+    """Cells whose repro script is written."""
+
+    def log(self, cell: str) -> str:
+        return log_folder(cell) if cell in self.logs else ""
+
+    def script(self, cell: str) -> str:
+        return repro_file(cell) if cell in self.repro else ""
+
+
+def example_cell(
+    cells: list[CellKey], checkpoints: dict[CellKey, tuple[str, ...]], popularity: tuple[str, ...]
+) -> CellKey:
+    """The cell a cause is shown on: the one standing for the checkpoint users run most (the registry's
+    popularity order), then one whose architecture's checkpoints rank highest, then the smallest tp."""
+    rank = {hub_id: place for place, hub_id in enumerate(popularity)}
+    hub_ids = registry_hub_ids()
+
+    def best(ids: tuple[str, ...]) -> int:
+        return min((rank.get(hub_id, len(rank)) for hub_id in ids), default=len(rank) + 1)
+
+    return min(
+        cells,
+        key=lambda c: (
+            best(checkpoints.get(c, ())),
+            best(hub_ids.get(c.model.split(".", 1)[0], ())),
+            c.tp,
+            c.model,
+            c.variant,
+            c.dtype,
+        ),
+    )
+
+
+def registry_hub_ids() -> dict[str, tuple[str, ...]]:
+    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
+    try:
+        return {name: entry.hub_ids for name, entry in load_models().items()}
+    except RegistryError:
+        return {}
 
 
 def repro_command(cell: CellKey) -> str:
@@ -74,11 +124,28 @@ class FirstSeen:
 
 @dataclass(frozen=True)
 class Repro:
-    """The representative cell of a cause, the command that runs it alone and where its logs go."""
+    """The cell a cause is shown on (example_cell), the command that runs it alone, and its files in the results
+    folder (ResultFiles; "" where it holds none)."""
 
     cell: str
     command: str
     logs: str
+    """Its rank logs' folder, relative to the report."""
+    script: str = ""
+    """Its standalone repro script, relative to the report."""
+    checkpoints: tuple[str, ...] = ()
+    """The real checkpoints it stands for (faithful shapes; none for stress or config-default sizes)."""
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    """One failing cell of a cause with what the results folder holds for it (relative to the report; "" none)."""
+
+    cell: str
+    logs: str
+    script: str
+    checkpoints: tuple[str, ...]
+    """The real checkpoints it stands for."""
 
 
 @dataclass(frozen=True)
@@ -87,19 +154,28 @@ class FailingCause:
 
     id: str
     failure_class: str  # the classes its cells fail with, the most cells first ("forward, numerics")
-    cause: str  # the representative cell's signature, numbers masked
+    cause: str  # the example cell's signature, numbers masked
     count: int
     cells: tuple[str, ...]
     cells_text: str
     since: FirstSeen
     root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
-    status: str  # "new", "known" when a known failure covers some of its cells, "by design" when one by design does
+    status: str  # one of STATUS_ORDER: "known"/"unsupported" when a known failure covers some of its cells
     known: KnownMatch | None
     repro: Repro
-    key: str = ""  # what groups its cells (reports.analysis.signatures.failure_key)
-    mechanism: str = ""  # the mechanism in words (suites/mechanism.py Cause.words); "" before causes were kept
-    whose: str = ""  # a key of suites.mechanism.WHOSE
-    surfaced_in: str = ""  # the frame its representative's exception surfaced in
+    members: tuple[CellFiles, ...] = ()
+    """Each of its cells with its files (cells's order)."""
+    draft: str = ""
+    """Its draft issue for DeepSpeed's tracker, relative to the report ("" where none is written: render writes one
+    per cause DeepSpeed can fix, reports.outputs.cell_files)."""
+    key: str = ""
+    """What groups its cells (reports.analysis.signatures.failure_key)."""
+    mechanism: str = ""
+    """The mechanism in words (suites/mechanism.py Cause.words); "" for results recorded before causes were kept."""
+    whose: str = ""
+    """Whose bug it is: a key of suites.mechanism.WHOSE."""
+    surfaced_in: str = ""
+    """The frame its example's exception surfaced in."""
 
 
 @dataclass(frozen=True)
@@ -107,10 +183,14 @@ class FailingNow:
     cells: int
     causes: tuple[FailingCause, ...]  # new ones first, then the most cells first
     fixed_known: tuple[FixedKnown, ...]
+    backfill: str = ""
+    """On a first night (one version set, every cause since the first run): the command that gives the history
+    since when each cause fails and which change broke it, for the cells this run had; "" otherwise."""
 
     @classmethod
     def from_json(cls, section: dict) -> FailingNow:
         return cls(
+            backfill=section["backfill"],
             cells=section["cells"],
             causes=tuple(
                 FailingCause(
@@ -120,7 +200,10 @@ class FailingNow:
                         "since": FirstSeen(**c["since"]),
                         "root_causes": tuple(c["root_causes"]),
                         "known": known_from_json(c["known"]) if c["known"] else None,
-                        "repro": Repro(**c["repro"]),
+                        "repro": Repro(**{**c["repro"], "checkpoints": tuple(c["repro"]["checkpoints"])}),
+                        "members": tuple(
+                            CellFiles(**{**m, "checkpoints": tuple(m["checkpoints"])}) for m in c["members"]
+                        ),
                     }
                 )
                 for c in section["causes"]
@@ -130,10 +213,15 @@ class FailingNow:
 
 
 def build_failing_now(
-    root_causes: tuple[RootCause, ...], history: History, aggregates: Aggregates, known: dict[str, KnownFailure]
+    root_causes: tuple[RootCause, ...],
+    history: History,
+    aggregates: Aggregates,
+    known: dict[str, KnownFailure],
+    files: ResultFiles = ResultFiles(),
 ) -> FailingNow:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
-    the most cells first) and the open known failures whose cells pass there now."""
+    the most cells first) and the open known failures whose cells pass there now; `files`: what the results folder
+    holds for them."""
     latest = history.latest
     failing: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
     for (cell, versions), status in history.statuses.items():
@@ -144,10 +232,13 @@ def build_failing_now(
     first_run = aggregates.first_run.run_id
     at_latest = versions_of(latest)
     causes: list[FailingCause] = []
+    checkpoints = cell_checkpoints(aggregates, history)
+    popularity = _popularity()
     for key, members in failing.items():
         members.sort(key=lambda member: member[0])
         cells = [cell for cell, _ in members]
-        representative, shown = min(members, key=lambda m: (m[0].tp, m[0].model, m[0].variant, m[0].dtype))
+        representative = example_cell(cells, checkpoints, popularity)
+        shown = dict(members)[representative]
         classes = Counter(status.failure_class for _, status in members)
         text = cause(shown.signature)
         match = known_for(known, members, at_latest)
@@ -162,12 +253,18 @@ def build_failing_now(
                 cells_text=cells_text(cells),
                 since=_since(first_seen[key], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
-                status=("by design" if match.state == "by design" else "known") if match else "new",
+                status=_status(match, len(cells)),
                 known=match,
                 repro=Repro(
                     cell=representative.id,
                     command=repro_command(representative),
-                    logs=f"{LOGS_ROOT}/{representative.id}/",
+                    logs=files.log(representative.id),
+                    script=files.script(representative.id),
+                    checkpoints=checkpoints.get(representative, ()),
+                ),
+                members=tuple(
+                    CellFiles(cell.id, files.log(cell.id), files.script(cell.id), checkpoints.get(cell, ()))
+                    for cell in cells
                 ),
                 key=key,
                 mechanism=shown.cause.words if shown.cause else "",
@@ -176,11 +273,55 @@ def build_failing_now(
             )
         )
     causes.sort(key=lambda c: (STATUS_ORDER.index(c.status), -c.count, c.failure_class, c.cause))
+    first_night = len(history.version_sets) == 1 and all(c.since.run == first_run for c in causes)
     return FailingNow(
         cells=sum(c.count for c in causes),
         causes=tuple(causes),
         fixed_known=tuple(fixed_known(history, aggregates, known)),
+        backfill=backfill_command([cell for cell, versions in history.statuses if versions == latest])
+        if first_night and causes
+        else "",
     )
+
+
+BACKFILL_AXIS = "deepspeed"
+
+
+def backfill_command(cells: list[CellKey]) -> str:
+    """`nox -s backfill` for these cells along DeepSpeed from its oldest supported release (matrix/versions.toml
+    `min`): the selection options name what differs from the default matrix's (every registry entry, faithful
+    shapes, eager fp32), the tp sizes always."""
+    from matrix.versions import load_config  # the axes' rules live with the version axes
+
+    rule = load_config().axes[BACKFILL_AXIS]
+    entries = sorted({cell.model.split(".", 1)[0] for cell in cells})
+    shapes = sorted({"faithful" if "." in cell.model else "stress" for cell in cells})
+    variants, dtypes = sorted({cell.variant for cell in cells}), sorted({cell.dtype for cell in cells})
+    options = [f"--axis {BACKFILL_AXIS}", f"--since {rule.min}" if rule.min else ""]
+    registry = set(registry_hub_ids())
+    options.append("" if registry and set(entries) == registry else f"--models {','.join(entries)}")
+    options.append("" if shapes == ["faithful"] else f"--shapes {','.join(shapes)}")
+    options.append("" if variants == ["eager"] else f"--variants {','.join(variants)}")
+    options.append("" if dtypes == ["fp32"] else f"--dtypes {','.join(dtypes)}")
+    options.append(f"--tp {','.join(map(str, sorted({cell.tp for cell in cells})))}")
+    return "nox -s backfill -- " + " ".join(option for option in options if option)
+
+
+def _status(match: KnownMatch | None, cells: int) -> str:
+    """new, known (an upstream issue covers some of the cells) or unsupported (DeepSpeed documents every one of its
+    models as unsupported; a cause with other cells too is new for them)."""
+    if match is None:
+        return "new"
+    if match.state != "unsupported":
+        return "known"
+    return "unsupported" if len(match.cells) == cells else "new"
+
+
+def _popularity() -> tuple[str, ...]:
+    try:
+        return load_popularity()
+    except RegistryError:  # the example is then the smallest tp's cell
+        return ()
 
 
 def _first_seen(aggregates: Aggregates, history: History) -> dict[str, ResultGroup]:
@@ -240,143 +381,3 @@ def _root_causes(
                 ids.append(root.id)
                 break
     return ids
-
-
-class ReportView(Protocol):
-    """What the section's text reads of the report model (reports.outputs.model.Report, which builds this module's section
-    and so cannot be imported here)."""
-
-    @property
-    def failing_now(self) -> FailingNow: ...
-
-    def members(self, root_cause: RootCause) -> list[TransitionEntry]: ...
-
-    def root_cause(self, cause_id: str) -> RootCause: ...
-
-
-# ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
-
-
-def summary_text(section: FailingNow) -> str:
-    """ "94 cells fail in 27 causes at the latest versions: 24 new, 1 known, 2 known by design; 1 known failure fixed:
-    close upstream"."""
-    causes = section.causes
-    counts = Counter(c.status for c in causes)
-    by_status = f"{counts['new']} new, {counts['known']} known" + (
-        f", {counts['by design']} known by design" if counts["by design"] else ""
-    )
-    parts = (
-        [
-            f"{count_text(section.cells, 'cell')} {'fails' if section.cells == 1 else 'fail'} in "
-            f"{count_text(len(causes), 'cause')} at the latest versions: {by_status}"
-        ]
-        if causes
-        else ["No cell fails at the latest versions"]
-    )
-    if section.fixed_known:
-        parts.append(f"{count_text(len(section.fixed_known), 'known failure')} fixed: close upstream")
-    return "; ".join(parts)
-
-
-def status_text(entry: FailingCause, link: Link) -> str:
-    """ "new", or "known deepspeedai/DeepSpeed#8185 (open)" with the link; "reopen" for a fix that did not hold."""
-    known = entry.known
-    if known is None:
-        return "new"
-    share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
-    upstream = link(known.label, known.upstream)
-    if known.state == "by design":
-        return f"known by design ({upstream}{share})"
-    if known.fails_after_fix:
-        return f"known {upstream} (fixed in {known.fixed_in} upstream, yet fails here: reopen{share})"
-    state = f"fixed in {known.fixed_in}" if known.state == "fixed" else "open"
-    return f"known {upstream} ({state}{share})"
-
-
-def cause_answer_text(entry: FailingCause, report: ReportView, link: Link) -> str:
-    """Where the transitions into the latest versions place the cause and the answer most of its cells share
-    (reports.analysis.answers.answer_words), or "" when it failed everywhere the history ran it."""
-    transitions = [
-        t
-        for root_id in entry.root_causes
-        for t in report.members(report.root_cause(root_id))
-        if t.cell.id in entry.cells
-    ]
-    if not transitions:
-        return ""
-    answer, answered = shared_answers(transitions, link)[0]
-    first = next(t for t in transitions if t.cell.id in answered)
-    cells = {t.cell.id for t in transitions}
-    share = f" ({len(answered)} of {len(cells)} cells)" if len(answered) < len(cells) else ""
-    if first.bisection:
-        return answer + share  # "broke at deepspeed 0.19.7 → 0.19.8, first bad commit …"
-    verb = "broke" if first.kind == "broke" else "changed class"
-    return f"{verb} at {first.axis} {first.before} → {first.after} ({answer}){share}"
-
-
-def whose_text(entry: FailingCause, spanned: Callable[[str], str] = code) -> str:
-    """ "AutoTP's (DeepSpeed's) bug, surfaced in `transformers/…:forward`" (`spanned`: how the frame is set off); the
-    frame only where the line shows the mechanism instead of the signature, which ends with it."""
-    surfaced = f", surfaced in {spanned(entry.surfaced_in)}" if entry.surfaced_in and entry.mechanism else ""
-    return f"{WHOSE.get(entry.whose, entry.whose)} bug{surfaced}"
-
-
-def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
-    """One line per cause: status, class and mechanism (else the masked signature), whose bug and where it surfaced,
-    cells, since, answer, and the command with its log folder."""
-    shown = f"{entry.mechanism} ({code(entry.cause)})" if entry.mechanism else code(entry.cause)
-    parts = [
-        f"**{status_text(entry, link)}** {entry.failure_class} {shown}",
-        whose_text(entry),
-        f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
-        entry.since.text,
-        cause_answer_text(entry, report, link),
-        f"{code(entry.repro.command)} (logs: `{entry.repro.logs}`, cause `{entry.id}`)",
-    ]
-    return " — ".join(part for part in parts if part)
-
-
-def fixed_known_text(fixed: FixedKnown, link: Link) -> str:
-    """ "fixed at deepspeed 0.19.6: close deepspeedai/DeepSpeed#8185 — shard, 44 cells pass now: …"."""
-    how = (
-        f" (last failing at {fixed.last_failing}{'' if fixed.bisected else '; not bisected'})"
-        if fixed.last_failing
-        else ""
-    )
-    return (
-        f"fixed at {fixed.fixed_at}: close {link(fixed.label, fixed.upstream)}{how} — "
-        f"`{fixed.name}`, {fixed.failure_class}, {count_text(len(fixed.cells), 'cell')} pass now: "
-        f"{fixed.cells_text}"
-    )
-
-
-def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
-    """The section, or nothing when no cell fails at the latest versions and no known failure was fixed."""
-    section = report.failing_now
-    if not section.causes and not section.fixed_known:
-        return []
-    lines = ["## Failing now, by cause", "", f"{summary_text(section)}. {INTRO}", ""]
-    lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section.causes, start=1)]
-    if section.fixed_known:
-        lines += ["", "Known failures whose cells pass now:", ""]
-        lines += [f"- {fixed_known_text(fixed, link)}" for fixed in section.fixed_known]
-    return [*lines, ""]
-
-
-def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
-    """What the HTML template draws, each text with its links made by `linked` (reports.outputs.render.linked_html)."""
-    section = report.failing_now
-    causes = section.causes
-    return {
-        "summary": summary_text(section),
-        "intro": INTRO,
-        "causes": list(
-            zip(
-                causes,
-                linked(lambda link: [status_text(c, link) for c in causes]),
-                linked(lambda link: [cause_answer_text(c, report, link) for c in causes]),
-                [whose_text(c, lambda text: text) for c in causes],
-            )
-        ),
-        "fixed_known": linked(lambda link: [fixed_known_text(f, link) for f in section.fixed_known]),
-    }

@@ -1,5 +1,5 @@
 """Known failures (matrix/known_failures.toml) against the history: which covers a cause's cells at the latest
-versions (known upstream, or by design), and which open ones the latest versions fixed."""
+versions (known upstream, or by design: unsupported upstream), and which open ones the latest versions fixed."""
 
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, Versions, release
 
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
+_PAGE = re.compile(r"https://github\.com/([^/]+/[^/]+)/blob/[0-9a-f]+/(?:[^#]+/)?([^/#]+)\.md(?:#.*)?")
 _SOURCE = re.compile(r"https://github\.com/([^/]+/[^/]+)/blob/([^/]+)/(?:[^#]+/)?([^/#]+)(#L\d+(?:-L\d+)?)?")
 
 
 def upstream_label(url: str) -> str:
     """ "deepspeedai/DeepSpeed#8185" for an issue or pull request URL; "deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293"
-    for a line of its source (a failure by design)."""
+    for a line of its source, "deepspeedai/DeepSpeed automatic-tensor-parallelism page" for a documentation page (the
+    two upstreams of a failure known by design)."""
     if match := _UPSTREAM.fullmatch(url):
         return f"{match[1]}#{match[2]}"
+    if match := _PAGE.fullmatch(url):
+        return f"{match[1]} {match[2]} page"
     if match := _SOURCE.fullmatch(url):
         return f"{match[1]} {match[2]} {match[3]}{match[4] or ''}"
     return url

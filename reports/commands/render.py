@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import argparse
 import gc
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reports.analysis import analyse_aggregates, failing_now_markdown, plain_link
+from reports.analysis import analyse_aggregates, counts_line, failing_now_markdown, plain_link
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_deepspeed_repo, add_known_failures, add_store, known_failures
-from reports.outputs import build_report, check_drift, model_families, model_support, write_outputs
-from reports.store import HistoryStore
+from reports.outputs import (
+    build_report,
+    check_drift,
+    draft_runs,
+    inert,
+    model_families,
+    model_support,
+    result_files,
+    write_drafts,
+    write_outputs,
+    write_repro_scripts,
+    writing_to,
+)
+from reports.store import KEEP_RECENT_RUNS, HistoryStore, with_published_history
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_deepspeed_repo(parser)
     add_known_failures(parser)
+    parser.add_argument(
+        "--history",
+        metavar="ARCHIVE",
+        help="also read a nightly's published history: its results archive (a folder, or a git URL of its "
+        "autotp-history branch, URL#branch for another), so failures it already has say since when and which PR",
+    )
 
 
 @contextmanager
@@ -46,7 +65,12 @@ def without_cycle_collection() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     with without_cycle_collection():
-        return _render(args)
+        if args.history is None:
+            return _render(args)
+        with tempfile.TemporaryDirectory(prefix="autotp-history-") as scratch:
+            store, line = with_published_history(args.store, args.history, Path(scratch), KEEP_RECENT_RUNS)
+            print(line)
+            return _render(argparse.Namespace(**{**vars(args), "store": store}))
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -54,18 +78,32 @@ def _render(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         aggregates = store.aggregates()
         history = analyse_aggregates(aggregates, repo, store.bisections(), store.triage_attempts())
-    drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
-    report = build_report(history, aggregates, drift, known_failures(args.known_failures))
+        drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
+        with writing_to(args.out):
+            # The files the report links are written first: it names a file only when it is there.
+            scripts = write_repro_scripts(history, aggregates, args.out, print)
+            report = build_report(
+                history,
+                aggregates,
+                drift,
+                known_failures(args.known_failures),
+                result_files(args.out, history),
+            )
+            if scripts:  # a draft inlines its example cell's script, written here (the cells' transformers)
+                observations = store.observations(draft_runs(report, history, aggregates))
+                report = write_drafts(report, history, observations, args.out, inert)
     for path in write_outputs(report, history, drift, args.out):
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its
-    # 23 MB of JSON at a year); like everything a command prints, redacted on its way out (reports.__main__).
+    # 23 MB of JSON at a year); like everything a command prints, redacted on its way out (reports.__main__); then
+    # the count, the run's last line.
     print("\n".join(failing_now_markdown(report, plain_link)), end="")
     if drift:
         print(
             f"docs drift: {len(drift.listed_but_failing)} listed but failing, "
             f"{len(drift.passing_but_unlisted)} passing but unlisted"
         )
+    print(f"{counts_line(report.failing_now)} at {history.latest.describe()} (report: {args.out / 'report.md'})")
     return 0
 
 

@@ -3,8 +3,16 @@ supported-models page and its diff, PR comments and issues (publish), draft upst
 
 Other rooms import these names from here; modules inside the room import each other directly."""
 
+from reports.outputs.cell_files import (
+    draft_runs,
+    result_files,
+    write_drafts,
+    write_repro_scripts,
+)
 from reports.outputs.docs import (
     check_drift,
+)
+from reports.outputs.support import (
     model_families,
     model_support,
 )
@@ -38,6 +46,10 @@ from reports.outputs.staging import (
 
 __all__ = [
     "MAX_ISSUES",
+    "draft_runs",
+    "result_files",
+    "write_drafts",
+    "write_repro_scripts",
     "build_report",
     "cause_lines",
     "check_drift",

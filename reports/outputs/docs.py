@@ -1,38 +1,22 @@
 """The supported-models page as DeepSpeed's automatic-tensor-parallelism tutorial should read, drift against a copy
 of that page, and the unified diff that turns the copy into it.
 
-Cells are named by registry entry; the page lists model families (transformers `model_type`, ModelEntry.model_type),
-so `llama_large`, a size variant, is tested under llama. A family is supported when every cell with a verdict at
-the latest versions passes; each bullet says which tp sizes and variants pass, and an unsupported family says why
-each failing cell fails (failure class and cause as "Failing now, by cause" groups them, with the known-failure
-link when matrix/known_failures.toml tracks it upstream). A family with faithful cells (matrix/shapes.py: split like
-its real checkpoints) is judged by them; stress cells (deliberately odd splits) judge a family only without them.
-After the two lists, the page states each real checkpoint's verdicts apart from the stress shapes'
-(reports.analysis.checkpoints). Works on the report model (reports.outputs.model.Report)."""
+The page has DeepSpeed's two lists and, between them, the families that run correctly but save no memory
+(reports.outputs.support: three levels, DeepSpeed's family names, reasons in words); a line after the intro says what
+the tested entries were tested at. After the lists, the page states each real checkpoint's verdicts apart from the
+stress shapes' (reports.analysis.checkpoints). Works on the report model (reports.outputs.model.Report)."""
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
-from reports.analysis import (
-    CellStatus,
-    FailingNow,
-    History,
-    checkpoint_lines,
-    code,
-    has_faithful,
-    markdown_link,
-    one_line,
-    shape_of,
-)
-from reports.store import CellKey
+from reports.analysis import checkpoint_lines, has_faithful, markdown_link
+from reports.outputs.support import LEVELS
 
 
 class ReportView(Protocol):
@@ -55,6 +39,11 @@ UNSUPPORTED_INTRO = (
     "The following models are not currently supported with automatic tensor parallelism. "
     "They may still be compatible with other DeepSpeed features (e.g., kernel injection for Bloom):"
 )
+MEMORY_HEADING = "Supported Without Memory Savings"
+MEMORY_INTRO = (
+    "These models give the same outputs with automatic tensor parallelism as without, but some of their weights "
+    "stay whole on every rank, so the ranks do not share that memory:"
+)
 UNTESTED_INTRO = (
     "No cell of these models has a verdict here: each was skipped or the harness failed (setup, install); "
     "each cell's reason (e.g. remote code only) is in results/cells.jsonl."
@@ -64,23 +53,24 @@ CHECKPOINTS_INTRO = (
     "(heads, kv heads, 64-wide grains); the stress shapes below exercise deliberately odd splits of each "
     "architecture and say nothing about a checkpoint."
 )
-# Failures that say nothing about AutoTP: the harness or the environment failed before AutoTP was judged.
-NO_VERDICT_CLASSES = ("setup", "install")
+HARNESS = "autotp-matrix"
 DOCS_PAGE = "docs/_tutorials/automatic-tensor-parallelism.md"  # the page's path in DeepSpeed's repository
-SECTIONS = ("supported models", "unsupported models")  # the page's two lists, as their headings read (any case)
-MAX_REASON = 80  # characters of a failure's message on the page; the location after " @ " is always kept
+SECTIONS = {"supported models": "works", MEMORY_HEADING.lower(): "no memory saved", "unsupported models": "fails"}
+"""The page's lists, as their headings read (any case), and the level each holds; the middle one is this page's own
+and is inserted after the supported list where a copy lacks it."""
 _HEADING = re.compile(r"^\s*#+\s*(.*?)\s*#*\s*$")
 _BULLET = re.compile(r"^\s*[-*+]\s+(.+?)\s*$")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|\s*:?-{3,}")  # needs the pipe: a bare "---" is a rule
 _LINK_TEXT = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 _NOTE = re.compile(r"\s+—\s.*$")  # the note this page adds after a family's name
+_TESTED_AT = "Tested with "  # how the line stating the versions starts (a copy's own is replaced)
 
 
 @dataclass(frozen=True)
 class Drift:
     docs_path: str
-    listed_but_failing: list[str]  # docs list the family as supported; a cell fails here at the latest versions
-    passing_but_unlisted: list[str]  # every cell passes here; the docs do not list the family
+    listed_but_failing: list[str]  # docs list the family as supported; it works nowhere here at the latest versions
+    passing_but_unlisted: list[str]  # it works here somewhere; the docs do not list the family
 
 
 def normalise_model_name(name: str) -> str:
@@ -88,172 +78,81 @@ def normalise_model_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.strip().lower().rsplit("/", 1)[-1])
 
 
-def model_families(models_file: Path = MODELS_FILE) -> dict[str, str]:
-    """Registry entry → its family, the transformers model_type (`llama_large` → `llama`). A model the registry
-    does not name (a derived architecture, an old run) is its own family."""
-    try:
-        return {name: entry.model_type for name, entry in load_models(models_file).items()}
-    except RegistryError as error:
-        raise ReportsError(str(error)) from None
-
-
-def entry_name(model: str) -> str:
-    """The registry entry of a cell's model coordinate (`qwen2.faithful` → `qwen2`)."""
-    return shape_of(model)[0]
-
-
-def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tuple[CellKey, CellStatus]]]:
-    """Per family, its cells with a verdict on AutoTP (pass, fail, flaky) at the latest versions: neither skipped nor
-    failed by the harness or its environment (NO_VERDICT_CLASSES); only its faithful cells where it has any."""
-    found: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
-    for cell in history.cells:
-        status = history.statuses.get((cell, history.latest))
-        if (
-            status is not None
-            and status.status != "skip"
-            and not (status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES)
-        ):
-            found[families.get(entry_name(cell.model), entry_name(cell.model))].append((cell, status))
-    return {
-        family: [(cell, status) for cell, status in cells if shape_of(cell.model)[1] == "faithful"] or cells
-        for family, cells in sorted(found.items())
-    }
-
-
-def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
-    """Per family at the latest versions: True when every cell with a verdict passes, False when any fails or is
-    flaky."""
-    return {family: all(s.status == "pass" for _, s in cells) for family, cells in _verdicts(history, families).items()}
-
-
-# ---- JSON-ready --------------------------------------------------------------------------------------------------
-
-
-def tp_text(cells: list[CellKey], family: str) -> str:
-    """ "tp 2, 3, 4 (eager fp32)" for the family's cells; when its registry entries differ, each entry other than the
-    family itself is named: "tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"."""
-    tps: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    for cell in cells:
-        tps[entry_name(cell.model), cell.variant, cell.dtype].add(cell.tp)
-    grouped: dict[str, dict[tuple[int, ...], list[str]]] = defaultdict(lambda: defaultdict(list))
-    for (model, variant, dtype), sizes in sorted(tps.items(), key=lambda item: (item[0][0] != family, item[0])):
-        grouped[model][tuple(sorted(sizes))].append(f"{variant} {dtype}")
-    texts = {
-        model: ", ".join(f"tp {', '.join(map(str, sizes))} ({', '.join(kinds)})" for sizes, kinds in by_tps.items())
-        for model, by_tps in grouped.items()
-    }
-    if list(texts) == [family] or (len(texts) > 1 and len(set(texts.values())) == 1):
-        return next(iter(texts.values()))  # the family itself, or every entry alike: the family's result
-    return " and ".join(f"{'' if model == family else model + ' '}{text}" for model, text in texts.items())
-
-
-def supported_models(history: History, failing_now: FailingNow, families: dict[str, str]) -> dict:
-    """report.json "supported_models": the supported and unsupported families and, per family, the entries tested
-    under it, what passes and each failure (grouped by the cause of report.json "failing_now")."""
-    causes = {cell: cause for cause in failing_now.causes for cell in cause.cells}
-    verdicts = _verdicts(history, families)
-    entries = []
-    for family, cells in verdicts.items():
-        passing = [cell for cell, s in cells if s.status == "pass"]
-        flaky = [cell for cell, s in cells if s.status == "flaky"]
-        failing: dict[tuple[str, bool], list[CellKey]] = defaultdict(list)  # by cause and the known failure covering
-        for cell, status in cells:
-            if status.status == "fail":
-                cause = causes[cell.id]
-                covered = cause.known is not None and cell.id in cause.known.cells
-                failing[cause.id, covered].append(cell)
-        failures: list[dict[str, Any]] = []
-        for (cause_id, covered), failed in failing.items():
-            cause = causes[failed[0].id]
-            known = {"label": cause.known.label, "upstream": cause.known.upstream} if covered and cause.known else None
-            failures.append(
-                {
-                    "id": cause_id,
-                    "failure_class": cause.failure_class,
-                    "cause": cause.cause,
-                    "cells": [cell.id for cell in failed],
-                    "cells_text": tp_text(failed, family),
-                    "known": known,
-                }
-            )
-        entries.append(
-            {
-                "family": family,
-                "models": sorted({cell.model for cell, _ in cells}),
-                "supported": len(passing) == len(cells),
-                "passing": [cell.id for cell in passing],
-                "passing_text": tp_text(passing, family),
-                "flaky": [cell.id for cell in flaky],
-                "flaky_text": tp_text(flaky, family),
-                "failing": sorted(failures, key=lambda f: (-len(f["cells"]), f["failure_class"], f["cause"])),
-            }
-        )
-    # Run at the latest versions, yet without a verdict: every cell was skipped or failed in setup/install.
-    ran = {
-        families.get(entry_name(cell.model), entry_name(cell.model))
-        for cell in history.cells
-        if (cell, history.latest) in history.statuses
-    }
-    return {
-        "supported": [e["family"] for e in entries if e["supported"]],
-        "unsupported": [e["family"] for e in entries if not e["supported"]],
-        "not_tested": sorted(ran - set(verdicts)),
-        "families": entries,
-    }
-
-
 # ---- Markdown ----------------------------------------------------------------------------------------------------
 
 
-def reason_text(cause: str) -> str:
-    """A cause short enough for a bullet: the message cut at MAX_REASON characters, its location kept."""
-    message, at, where = one_line(cause).partition(" @ ")
-    short = message if len(message) <= MAX_REASON else message[: MAX_REASON - 1] + "…"
-    return f"{short}{at}{where}"
+def _tps(tps: list[int]) -> str:
+    return ", ".join(map(str, tps))
+
+
+def _part_text(part: dict, several_variants: bool) -> str:
+    """ "works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts"."""
+    where = f"tp {_tps(part['tps'])}" + (f" ({part['variants']})" if several_variants else "")
+    known = f" (tracked: {markdown_link(part['known']['label'], part['known']['upstream'])})" if part["known"] else ""
+    if part["state"] == "works":
+        return f"works at {where}"
+    if part["state"] == "flaky":
+        return f"is flaky at {where}"
+    if part["state"] == "no memory saved":
+        return f"runs correctly at {where}, but {part['reason']}{known}"
+    return f"fails at {where}: {part['reason']}{known}"
 
 
 def family_bullet(entry: dict, name: str) -> str:
-    """ "- llama — passes tp 2, 3, 4 (eager fp32)", or for an unsupported family each failure with its reason and
-    known-failure link, then what is flaky and what passes."""
-    if entry["supported"]:
-        return f"- {name} — passes {entry['passing_text']}"
-    parts = []
-    for failure in entry["failing"]:
-        known = failure["known"]
-        tracked = f" (known: {markdown_link(known['label'], known['upstream'])})" if known else ""
-        parts.append(
-            f"fails {failure['cells_text']}: {failure['failure_class']} {code(reason_text(failure['cause']))}{tracked}"
-        )
-    if entry["flaky"]:
-        parts.append(f"flaky {entry['flaky_text']}")
-    if entry["passing"]:
-        parts.append(f"passes {entry['passing_text']}")
-    return f"- {name} — " + "; ".join(parts)
+    """ "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"; where
+    what the family's cells stand for behaves differently, each says its own: "- falcon — falcon-40b works at tp 2,
+    3, 4; falcon-7b fails at tp 2, 3, 4: …"."""
+    parts = entry["parts"]
+    several = len({part["variants"] for part in parts}) > 1
+    order = {"works": 0, "no memory saved": 1, "flaky": 2, "fails": 3}
+    by_members: dict[tuple[str, ...], list[dict]] = {}
+    for part in sorted(parts, key=lambda p: (order[p["state"]], p["tps"])):
+        by_members.setdefault(tuple(part["members"]), []).append(part)
+    named = len(by_members) > 1
+    # What works everywhere it ran first, then by name: "llama works …; llama_large works …, fails …"
+    groups = sorted(by_members.items(), key=lambda item: (max(order[p["state"]] for p in item[1]), item[0]))
+    texts = [
+        (f"{', '.join(members)} " if named else "") + ", ".join(_part_text(part, several) for part in group)
+        for members, group in groups
+    ]
+    return f"- {name} — " + "; ".join(texts)
 
 
-def supported_models_markdown(report: ReportView, history: History, names: dict[str, str] | None = None) -> str:
-    """The two sections of DeepSpeed's page (plus "Not Tested" when a family was only skipped), a bullet per family.
+def tested_at_line(section: dict) -> str:
+    """ "Tested with DeepSpeed 0.19.8, transformers 5.25.0 and torch 2.13.0+cpu on cpu (gloo), fp32, at tp 2, 3
+    and 4 …": what the entries with a note were measured at."""
+    at = section["tested_at"]
+    tps = at["tps"]
+    sizes = f"{_tps(tps[:-1])} and {tps[-1]}" if len(tps) > 1 else _tps(tps)
+    return (
+        f"{_TESTED_AT}DeepSpeed {at['deepspeed']}, transformers {at['transformers']} and torch {at['torch']} on "
+        f"{' and '.join(at['accelerators'])}, {', '.join(at['dtypes'])}, at tp {sizes} ({at['date']}, by {HARNESS}: "
+        "tiny random models that split like each family's real checkpoints): the families with a note below. "
+        "The others are listed from earlier tests."
+    )
+
+
+def _bullets(section: dict, level: str, names: dict[str, str]) -> list[str]:
+    return [family_bullet(e, names.get(e["family"], e["family"])) for e in section["families"] if e["level"] == level]
+
+
+def supported_models_markdown(report: ReportView, history: Any, names: dict[str, str] | None = None) -> str:
+    """The page's three lists (plus "Not Tested" when a family was only skipped), a bullet per family.
     `names`: family → the spelling a docs copy already uses for it."""
     section = report.supported_models
     names = names or {}
-
-    def bullets(supported: bool) -> str:
-        return (
-            "\n".join(
-                family_bullet(e, names.get(e["family"], e["family"]))
-                for e in section["families"]
-                if e["supported"] == supported
-            )
-            or "- (none)"
-        )
-
+    counts = ", ".join(f"{len(section[level])} {level}" for level in LEVELS)
     untested = "\n".join(f"- {family}" for family in section["not_tested"])
     return (
-        f"<!-- generated by `python -m reports render` at {history.latest.describe()}: {len(section['supported'])} "
-        f"supported, {len(section['unsupported'])} unsupported, {len(section['not_tested'])} not tested "
-        "(report.md has every cell) -->\n\n"
-        f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{bullets(True)}\n\n"
-        f"# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n{bullets(False)}\n"
+        f"<!-- generated by `python -m reports render` at {history.latest.describe()}: {counts}, "
+        f"{len(section['not_tested'])} not tested (report.md has every cell) -->\n\n"
+        f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{tested_at_line(section)}\n\n"
+        + "\n".join(_bullets(section, "works", names) or ["- (none)"])
+        + f"\n\n## {MEMORY_HEADING}\n\n{MEMORY_INTRO}\n\n"
+        + "\n".join(_bullets(section, "no memory saved", names) or ["- (none)"])
+        + f"\n\n# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n"
+        + "\n".join(_bullets(section, "fails", names) or ["- (none)"])
+        + "\n"
         + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
         + _checkpoints_section(report.checkpoints)
     )
@@ -328,7 +227,8 @@ def check_drift(support: dict[str, bool], docs_path: Path) -> Drift:
 
 
 def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
-    """Per section of SECTIONS, the first and past-the-last line of its bullet list."""
+    """Per section of SECTIONS the copy has, the first and past-the-last line of its bullet list (the supported and
+    unsupported lists must be there; the middle one is this page's own)."""
     blocks: dict[str, tuple[int, int]] = {}
     for index, line in enumerate(lines):
         heading = _HEADING.match(line)
@@ -346,21 +246,28 @@ def _bullet_blocks(path: Path, lines: list[str]) -> dict[str, tuple[int, int]]:
                 "is rewritten only where its models are a '- name' list"
             )
         blocks[heading.group(1).lower()] = (start, end)
-    missing = [f"'# {name.title()}'" for name in SECTIONS if name not in blocks]
+    missing = [
+        f"'# {name.title()}'" for name, level in SECTIONS.items() if level != "no memory saved" and name not in blocks
+    ]
     if missing:
         raise ReportsError(f"--docs {path}: no {' or '.join(missing)} heading found; is this the AutoTP tutorial?")
     return blocks
 
 
-def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
-    """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
-    lines = read_docs(docs_path)
-    listed = {
+def _listed(lines: list[str], blocks: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """Every family the copy's lists name: its key (normalise_model_name) → its spelling there."""
+    return {
         normalise_model_name(_bullet_name(match.group(1))): _bullet_name(match.group(1))
-        for start, end in _bullet_blocks(docs_path, lines).values()
+        for start, end in blocks.values()
         for line in lines[start:end]
         if (match := _BULLET.match(line))
     }
+
+
+def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
+    """Family → the spelling the docs copy uses for it ("gpt_neox" → "gpt-neox"), for families it lists."""
+    lines = read_docs(docs_path)
+    listed = _listed(lines, _bullet_blocks(docs_path, lines))
     return {
         e["family"]: listed[normalise_model_name(e["family"])]
         for e in report.supported_models["families"]
@@ -369,31 +276,64 @@ def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
 
 
 def docs_page(report: ReportView, docs_path: Path) -> str:
-    """The copy with its two lists rewritten: every family tested here in the section its cells put it in, with its
-    note; a family the copy lists that was not tested here stays where it is, as it is. New bullets go in
-    alphabetical place among the kept ones, so the diff shows only what changed."""
+    """The copy with its lists rewritten: every family tested here in the list of its level, with its note; a family
+    the copy lists that was not tested here stays where it is, as it is. New bullets go in alphabetical place among
+    the kept ones, so the diff shows only what changed. The tested-at line goes after the supported list's intro,
+    and the no-memory-saved list (with its heading and intro) after the supported list where the copy lacks it."""
     lines = read_docs(docs_path)
     blocks = _bullet_blocks(docs_path, lines)
     names = docs_names(report, docs_path)
-    tested = {normalise_model_name(e["family"]): e for e in report.supported_models["families"]}
+    section = report.supported_models
+    tested = {normalise_model_name(e["family"]): e for e in section["families"]}
     rewritten = {}
-    for section, (start, end) in blocks.items():
+    for heading, level in SECTIONS.items():
+        start, end = blocks.get(heading, (0, 0))
         listed = [
             (normalise_model_name(_bullet_name(match.group(1))), line)
             for line in lines[start:end]
             if (match := _BULLET.match(line))
         ]  # every line of a block is a bullet (_bullet_blocks)
-        kept = [(key, line) for key, line in listed if key not in tested]
+        # A family already in this list keeps its place (the diff shows its line changed); one tested here is
+        # dropped from a list its level does not put it in, and added in alphabetical place to its own.
+        kept = [
+            (
+                key,
+                family_bullet(tested[key], names.get(tested[key]["family"], tested[key]["family"]))
+                if key in tested
+                else line,
+            )
+            for key, line in listed
+            if key not in tested or tested[key]["level"] == level
+        ]
+        present = {key for key, _ in kept}
         for key, entry in sorted(tested.items()):
-            if entry["supported"] == (section == "supported models"):
+            if entry["level"] == level and key not in present:
                 bullet = family_bullet(entry, names.get(entry["family"], entry["family"]))
                 place = next((i for i, (other, _) in enumerate(kept) if other > key), len(kept))
                 kept.insert(place, (key, bullet))
-        rewritten[section] = [line for _, line in kept]
+        rewritten[heading] = [line for _, line in kept]
     out = list(lines)
-    for section, (start, end) in sorted(blocks.items(), key=lambda item: -item[1][0]):  # bottom up: indices hold
-        out[start:end] = rewritten[section]
-    return "\n".join(out) + "\n"
+    memory = MEMORY_HEADING.lower()
+    supported_start, supported_end = blocks["supported models"]
+    edits = {heading: blocks[heading] for heading in blocks}
+    if memory not in blocks and rewritten[memory]:  # inserted after the supported list, before what follows it
+        edits[memory] = (supported_end, supported_end)
+        rewritten[memory] = ["", f"## {MEMORY_HEADING}", "", MEMORY_INTRO, "", *rewritten[memory]]
+    for heading, (start, end) in sorted(edits.items(), key=lambda item: (-item[1][0], item[0] != memory)):
+        out[start:end] = rewritten[heading]  # bottom up: the indices above stay valid
+    return "\n".join(_with_tested_at(out, supported_start, tested_at_line(section))) + "\n"
+
+
+def _with_tested_at(lines: list[str], supported_start: int, line: str) -> list[str]:
+    """The lines with the tested-at line as the paragraph just before the supported list (replacing the copy's)."""
+    before = lines[:supported_start]
+    while before and not before[-1].strip():
+        before.pop()
+    if before and before[-1].startswith(_TESTED_AT):
+        before.pop()
+        while before and not before[-1].strip():
+            before.pop()
+    return [*before, "", line, "", *lines[supported_start:]]
 
 
 def docs_diff(report: ReportView, docs_path: Path) -> str:

@@ -1,23 +1,29 @@
 """A bug report for DeepSpeed's tracker, ready to file: `python -m reports draft-issue --cause <id>` (an id of
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
-The report follows DeepSpeed's bug template: what fails and how many cells share the cause, the standalone
-repro script inlined (suites/records/repro.py writes it: the same seeded tiny checkpoint the matrix ran, no
-harness needed), the expected behaviour of the check that failed and the actual one with its numbers, where the
-history places it (the first bad version or PR when triaged), the versions of the failing run, and the end of
-its log. Every text passes matrix.redaction.redact. Written to <out>/draft-issue/ and printed."""
+The report follows DeepSpeed's inference bug template. Its title is what a maintainer would write: the model users
+run, what goes wrong in words, at which tp sizes. It is shown on the cause's example cell (the one standing for the
+checkpoint users run most, reports.analysis.failing_now.example_cell) and names the real checkpoints that cell
+stands for; the standalone script (suites/records/repro.py) for that cell is inlined — any cell the harness can run:
+faithful, stress or derived shapes, every variant, built through the one reader of recorded cells
+(matrix.cells.resolve_cell) — which builds the same tiny checkpoint (or `--checkpoint <hub id>` loads the real
+one), runs the same probes and prints the same verdict. Then the expected and the actual behaviour with the check's
+numbers, what AutoTP chose and where it broke (`Diagnosis`, when the cell's record carries it), where the history
+places it, the versions as `ds_report` gives them, and the end of the cell's log. Every text passes
+matrix.redaction.redact. Written to <out>/draft-issue/ and printed."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from itertools import groupby
 from pathlib import Path
 from typing import Protocol
 
-from matrix.cells import Cell
+from matrix.cells import Cell, resolve_cell
 from matrix.redaction import redact
-from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, load_models, load_variants
+from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, RegistryError
 from reports import ReportsError
 from reports.analysis import (
     FailingCause,
@@ -26,35 +32,49 @@ from reports.analysis import (
     whose_text,
     code,
     count_text,
+    draft_file,
     markdown_link,
     one_line,
+    reason,
     repro_command,
+    status_text,
 )
-from reports.store import AXES, CellKey, Observation, aggregate
+from reports.store import AXES, CellResult, Observation, Run, aggregate
 from reports.outputs.markdown_safety import fence
 from reports.outputs.staging import staged
 from reports.outputs.model import Report, build_report
+from suites.mechanism import mask_indices
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
 
+MAX_TITLE_MECHANISM = 60  # characters of the mechanism in a title; the body has all of it
+
 LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
-MAX_TITLE_CAUSE = 90
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream
 EXPECTED = {
     "shard": "`deepspeed.init_inference` shards the model without raising, as it does the unsharded model's layers.",
     "forward": "The sharded model runs its forward pass, generation and loss like the unsharded one.",
-    "numerics": "Every rank's logits and perplexity match the unsharded model within the tolerance (fp32: "
+    "numerics": "Every rank's logits and loss match the unsharded model within the tolerance (fp32: "
     f"{DEFAULT_TOLERANCES['fp32'].logits_rel:.2g}·max|logit|), and all ranks agree.",
     "generation": "Greedy generation gives the unsharded model's tokens, single and padded batch.",
-    "memory": "Each rank holds at most (1 + 1/tp)/2 of the attention/MLP linears and MoE experts: AutoTP splits them.",
+    "memory": "Each rank holds its share of every attention/MLP weight and MoE expert (at most ceil(u/tp)/u of it, u "
+    "the heads or 64-wide grains it splits into): AutoTP splits them, so tp ranks need about 1/tp of the memory.",
     "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",
     "crash": "Every rank process stays alive.",
+}
+SCRIPT_SAYS = {
+    "shard": "`RESULT: RAISED shard {type}` (init_inference raised)",
+    "forward": "`RESULT: RAISED forward {type}` (the sharded model raised)",
+    "numerics": "`FAIL logits …` and `RESULT: MISMATCH`",
+    "generation": "`FAIL generation …` and `RESULT: MISMATCH`",
+    "memory": "`FAIL memory: … left whole on every rank …` and `RESULT: MISMATCH` (the logits match)",
 }
 FRAME = "<details><summary>{name} ({lines} lines)</summary>"  # the script folds away on GitHub
 FRAME_END = "</details>"
 # A traceback's file paths up to site-packages say where this runner keeps its environments, nothing upstream needs.
 _SITE_PACKAGES = re.compile(r'(File )"[^"]*/site-packages/')
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning)):")
 METRIC_PREFIXES = {
     "numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
     "generation": ("gen_",),
@@ -71,6 +91,27 @@ class Draft:
     title: str
     body: str
     file: Path
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What AutoTP did to the example cell's model and where it broke, as its record states it (issue #43's
+    record of the policy, the replaced modules, the tensors left whole and the breaking module); a draft shows it
+    in a section of its own, and nothing where the record carries none."""
+
+    mechanism: str
+    """The cause in words: `self_attn.q_norm (width of the split q_proj) left whole`."""
+    policy: tuple[str, ...] = ()
+    """Per decoder-layer class, the linears DeepSpeed's parser all-reduces: `Phi3DecoderLayer: self_attn.o_proj,
+    mlp.down_proj`; a layer kind it gave no policy as `<class>: no policy`."""
+    replaced: tuple[str, ...] = ()
+    """Each replaced module (layer indices masked) with its DeepSpeed layer class and rank 0's share."""
+    left_whole: tuple[str, ...] = ()
+    """Parameters or buffers left whole next to a split projection, with the width they have."""
+    broke_at: str = ""
+    """The module whose forward raised, or the first whose output diverges from the unsharded model's."""
+    whose: str = ""
+    """Whose bug it is, in words (AutoTP's when the unsharded model passes the same probe)."""
 
 
 def write_draft(
@@ -94,11 +135,26 @@ def write_draft(
         )
         asked = f"--cause {cause}" if cause else f"--cell {cell}"
         raise ReportsError(f"{asked}: no cause failing at the latest versions has it; failing causes: {listed}")
-    reason = not_deepspeeds(entry)
-    if reason:
-        raise ReportsError(reason)
-    name = Path("draft-issue") / f"{entry.failure_class.split(', ')[0]}-{entry.id}.md"
-    with staged(out_dir) as stage:  # the report and its repro script moved into place together
+    reason_not = not_deepspeeds(entry)
+    if reason_not:
+        raise ReportsError(reason_not)
+    return write_cause_draft(entry, report, history, observations, out_dir, inert, cell=cell)
+
+
+def write_cause_draft(
+    entry: FailingCause,
+    report: Report,
+    history: History,
+    observations: list[Observation],
+    out_dir: Path,
+    inert: Inert,
+    *,
+    cell: str | None = None,
+) -> Draft:
+    """draft_text written to <out_dir>/draft-issue/<class>-<id>.md, its repro script beside it, moved into place
+    together."""
+    name = Path(draft_file(entry.failure_class, entry.id))
+    with staged(out_dir) as stage:
         title, body = draft_text(entry, report, history, observations, stage / name.parent, inert, cell=cell)
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, out_dir / name)
@@ -132,13 +188,18 @@ def draft_text(
     inert: Inert,
     *,
     cell: str | None = None,
+    diagnosis: Diagnosis | None = None,
 ) -> tuple[str, str]:
     """(title, body) of the report for one entry of report.json "failing_now" causes, shown on `cell` (default its
-    representative), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
+    example cell), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
     the history (reports.outputs.publish.inert); the <details> frame around the script is ours."""
     failure = _latest_failure(observations, history, cell or entry.repro.cell)
+    diagnosis = diagnosis or diagnosis_of(entry, failure.result)
     folder.mkdir(parents=True, exist_ok=True)
-    title, body = _markdown(entry, report, failure, _repro_script(failure, folder), inert)
+    resolved = _resolved(failure)
+    script = write_cell_repro(resolved, failure, folder) if isinstance(resolved, Cell) else None
+    title = _title(entry, failure, resolved if isinstance(resolved, Cell) else None, diagnosis)
+    body = _markdown(entry, report, failure, resolved, script, inert, diagnosis)
     return redact(inert(title, title=True)), redact(body)
 
 
@@ -151,15 +212,26 @@ def _latest_failure(observations: list[Observation], history: History, cell_id: 
     return max(failing, key=lambda obs: obs.run.started)
 
 
-def _repro_script(failure: Observation, folder: Path) -> tuple[str, str] | None:
-    """(file name, text) of the standalone script for a registry model; None for a model outside the registry
-    (derived tiny configs need transformers to build: `nox -s repro` writes its script)."""
-    models, variants = load_models(), load_variants()
-    key: CellKey = failure.cell
-    if key.model not in models or key.variant not in variants:
-        return None
-    run = failure.run
-    info = RunInfo(
+def _resolved(failure: Observation) -> Cell | str:
+    """The Cell the failure's coordinates name, or why there is none here (an entry no longer in the registry,
+    transformers missing where a faithful or derived shape needs its config classes)."""
+    key = failure.cell
+    try:
+        return resolve_cell(key.model, key.variant, key.dtype, key.tp)
+    except (RegistryError, ImportError) as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def installed_transformers() -> str:
+    """The transformers a cell is rebuilt with here ("" where none is installed)."""
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return ""
+
+
+def run_info(run: Run) -> RunInfo:
+    return RunInfo(
         session=run.session,
         started=run.started,
         host=run.host,
@@ -167,20 +239,61 @@ def _repro_script(failure: Observation, folder: Path) -> tuple[str, str] | None:
         backend=run.backend,
         harness_git=run.harness_git,
     )
+
+
+def write_cell_repro(cell: Cell, failure: Observation, folder: Path) -> tuple[str, str]:
+    """(file name, text) of the standalone script of a failing cell, written to `folder`."""
+    run = failure.run
     versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
     verdict = f"fail {failure.result.failure_class} {failure.result.signature}"
-    script = write_repro(
-        Cell(models[key.model], variants[key.variant], key.dtype, key.tp), "tiny", folder, info, versions, verdict
-    )
+    script = write_repro(cell, "tiny", folder, run_info(run), versions, verdict)
     return script.name, script.read_text(encoding="utf-8")
 
 
-def _title(entry: FailingCause, failure: Observation) -> str:
-    text = one_line(entry.mechanism.partition("; ")[0].replace("`", "") if entry.mechanism else entry.cause)
-    short = text if len(text) <= MAX_TITLE_CAUSE else text[: MAX_TITLE_CAUSE - 1] + "…"
-    cell = failure.cell
-    more = f" and {count_text(entry.count - 1, 'more cell', 'more cells')}" if entry.count > 1 else ""
-    return f"[BUG] AutoTP {entry.failure_class}: {short} ({cell.model} tp{cell.tp}{more})"
+def _short_name(hub_id: str) -> str:
+    return hub_id.rsplit("/", 1)[-1]
+
+
+def _title(entry: FailingCause, failure: Observation, cell: Cell | None, diagnosis: Diagnosis | None) -> str:
+    """ "AutoTP: Phi-3-mini-4k-instruct: a sharded layer raises RuntimeError at tp 2/3/4 (and 2 more models)"."""
+    model = failure.cell.model
+    checkpoints = failure.result.checkpoints or (cell.model.checkpoints if cell else ())
+    name = _short_name(checkpoints[0]) if checkpoints else (cell.model.model_type if cell else model.split(".")[0])
+    tps = sorted({int(c.rsplit("-tp", 1)[1]) for c in entry.cells if c.startswith(f"{model}-")})
+    others = {c.rsplit("-", 3)[0] for c in entry.cells} - {model}
+    what = _short(diagnosis.mechanism) if diagnosis else reason(entry.failure_class, entry.cause).short
+    more = f" (and {count_text(len(others), 'more model')})" if others else ""
+    return f"AutoTP: {name}: {what} at tp {'/'.join(map(str, tps))}{more}"
+
+
+def _short(mechanism: str) -> str:
+    """A mechanism's first clause, cut to a title's length (the body has all of it)."""
+    text = one_line(mechanism.partition("; ")[0].replace("`", ""))
+    return text if len(text) <= MAX_TITLE_MECHANISM else text[: MAX_TITLE_MECHANISM - 1] + "…"
+
+
+def diagnosis_of(entry: FailingCause, result: CellResult) -> Diagnosis | None:
+    """The example cell's record as a draft shows it: the cause's mechanism and whose bug, what AutoTP did (rank 0's
+    record) and where it broke; None for results recorded before causes were kept."""
+    if not entry.mechanism:
+        return None
+    autotp = result.autotp
+    replaced: dict[str, set[str]] = {}
+    for module in autotp.replaced if autotp else ():
+        replaced.setdefault(module.layer_text, set()).add(mask_indices(module.path))
+    return Diagnosis(
+        mechanism=entry.mechanism,
+        policy=(
+            *(f"{p.layer_class}: {', '.join(p.allreduce) or 'nothing'}" for p in autotp.policies),
+            *(f"{kind}: no policy" for kind in autotp.unparsed),
+        )
+        if autotp
+        else (),
+        replaced=tuple(f"{layer}: {', '.join(sorted(paths))}" for layer, paths in replaced.items()),
+        left_whole=tuple(w.text for w in autotp.left_whole) if autotp else (),
+        broke_at=result.broke_at.text if result.broke_at else "",
+        whose=whose_text(entry),
+    )
 
 
 def _mechanism_lines(entry: FailingCause, result) -> list[str]:
@@ -206,16 +319,86 @@ def _metrics_lines(failure: Observation) -> list[str]:
     return [f"- `{name}` = {value:.4g}" for name, value in shown.items()]
 
 
+def _stands_for(cell: Cell | str, failure: Observation) -> str:
+    """What real checkpoints the cell's verdict is about, in words."""
+    if not isinstance(cell, Cell):
+        return "(the registry cannot rebuild this cell here, so which checkpoints it stands for is not known)"
+    checkpoints = cell.model.checkpoints or failure.result.checkpoints
+    if checkpoints:
+        named = ", ".join(f"[{hub_id}](https://huggingface.co/{hub_id})" for hub_id in checkpoints)
+        return (
+            f"a tiny random model that splits exactly like {named} at tp 2, 3 and 4 (the same head, kv-head and "
+            "64-wide grain counts, mod each tp): the verdict holds for "
+            + ("that checkpoint" if len(checkpoints) == 1 else "those checkpoints")
+        )
+    if "." in failure.cell.model:
+        return (
+            f"a tiny random model at the {cell.model.model_type} config class's default sizes (no real checkpoint "
+            "of it is recorded, so the verdict is about the architecture)"
+        )
+    return (
+        f"a tiny random {cell.model.model_type} model with deliberately odd splits (the registry's stress shape: "
+        "uneven grains, fewer kv heads than ranks); it stands for no real checkpoint"
+    )
+
+
+def _ds_report(run: Run, tp: int) -> list[str]:
+    """The `ds_report` lines the run recorded (DeepSpeed general environment info), the others' versions."""
+    versions = run.versions
+    rows = [
+        ("torch version", versions.torch),
+        ("deepspeed info", f"{versions.deepspeed}, {versions.deepspeed_git or 'unknown'}, unknown"),
+        ("accelerator", f"{run.accelerator or 'unknown'} (backend {run.backend or 'unknown'})"),
+    ]
+    return [
+        "```text",
+        "DeepSpeed general environment info:",
+        *(f"{name} {'.' * (33 - len(name))} {value}" for name, value in rows),
+        "```",
+        "",
+        *[f"- {axis}: {versions.label(axis)}" for axis in AXES if axis not in ("deepspeed", "torch")],
+        f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus {tp}`)",
+        *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
+        f"- run: `{run.run_id}`",
+    ]
+
+
+def diagnosis_lines(diagnosis: Diagnosis | None) -> list[str]:
+    """The section "AutoTP's choice and where it broke", from the cell's record; none when it carries nothing."""
+    if diagnosis is None:
+        return []
+    lines = ["**What AutoTP did and where it broke**", "", diagnosis.mechanism.rstrip(".") + "."]
+    if diagnosis.whose:
+        lines.append(f"Whose bug: {diagnosis.whose}.")
+    lines.append("")
+    for title, items in (
+        ("Policy DeepSpeed's parser chose (all-reduce after)", diagnosis.policy),
+        ("Modules replaced", diagnosis.replaced),
+        ("Left whole next to a split", diagnosis.left_whole),
+    ):
+        if items:
+            lines += [f"{title}:", "", *(f"- {item}" for item in items), ""]
+    if diagnosis.broke_at:
+        lines += [f"Where it broke: {diagnosis.broke_at}", ""]
+    return lines
+
+
 def _markdown(
-    entry: FailingCause, report: Report, failure: Observation, script: tuple[str, str] | None, inert: Inert
-) -> tuple[str, str]:
-    cell, result, run = failure.cell, failure.result, failure.run
+    entry: FailingCause,
+    report: Report,
+    failure: Observation,
+    cell: Cell | str,
+    script: tuple[str, str] | None,
+    inert: Inert,
+    diagnosis: Diagnosis | None,
+) -> str:
+    key, result, run = failure.cell, failure.result, failure.run
     known = entry.known
     lines = []
-    if known and known.state == "by design":
+    if known and known.state == "unsupported":
         lines += [
-            f"> DeepSpeed refuses this on purpose: {markdown_link(known.label, known.upstream)}"
-            f"{' (' + known.note + ')' if known.note else ''}; file it only to ask for support.",
+            f"> DeepSpeed documents this model as not supported by AutoTP ({status_text(entry, markdown_link)})"
+            f"{': ' + known.note if known.note else ''}; file this only to ask for support.",
             "",
         ]
     elif known:
@@ -224,33 +407,42 @@ def _markdown(
             f"{' (' + known.note + ')' if known.note else ''}; add to it rather than filing this.",
             "",
         ]
+    words = diagnosis.mechanism if diagnosis else reason(entry.failure_class, entry.cause).sentence
     lines += [
         "**Describe the bug**",
         "",
-        f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {cell.tp}}}, '
-        f"replace_with_kernel_inject=False)`) on `{cell.model}` at tp {cell.tp} ({cell.variant}, {cell.dtype}): "
-        f"{FAILURE_CLASSES[result.failure_class]}.",
+        f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {key.tp}}}, '
+        f"replace_with_kernel_inject=False)`) on `{key.model}` at tp {key.tp} ({key.variant}, {key.dtype}): "
+        f"{FAILURE_CLASSES[result.failure_class]}. {words}",
+        "",
+        f"The model is {_stands_for(cell, failure)}. "
         f"{count_text(entry.count, 'cell')} of the autotp-matrix run at these versions "
         f"{'fails' if entry.count == 1 else 'fail'} with the same cause: {entry.cells_text}.",
         "",
-        *_mechanism_lines(entry, result),
+        *diagnosis_lines(diagnosis),
         "**To Reproduce**",
         "",
     ]
     frame: set[int] = set()  # the indices of the lines folding the script away: ours, the only ones not made inert
     if script:
         name, text = script
+        checkpoints = cell.model.checkpoints if isinstance(cell, Cell) else ()
         lines += [
-            f"Save as `{name}` and run `deepspeed --num_gpus {cell.tp} {name}` (torch, deepspeed and "
-            "transformers only; it writes the same seeded tiny checkpoint the matrix ran, computes the unsharded "
-            "reference, shards with AutoTP and prints `RESULT: MATCH` or `MISMATCH`):",
+            f"Save as `{name}` and run `deepspeed --num_gpus {key.tp} {name}` (torch, deepspeed and transformers "
+            "only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo). It writes the same seeded tiny "
+            "checkpoint the matrix ran, computes the unsharded reference, shards with AutoTP, runs the same probes "
+            f"and prints {SCRIPT_SAYS.get(result.failure_class, '`RESULT: MISMATCH`').format(type=_exception(result.signature))}"
+            + (f"; `--checkpoint {checkpoints[0]}` runs the real checkpoint instead." if checkpoints else "."),
+            *_rebuilt_elsewhere(run),
             "",
         ]
         frame.add(len(lines))
         lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", *fence(text.rstrip("\n"), "python"), ""]
         frame.add(len(lines))
         lines += [FRAME_END, ""]
-    lines += [f"With the autotp-matrix harness: `{repro_command(cell)}`", ""]
+    else:
+        lines += [f"No standalone script here ({cell}); `nox -s draft-issue` in the harness writes it.", ""]
+    lines += [f"With the autotp-matrix harness: `{repro_command(key)}`", ""]
     lines += [
         "**Expected behavior**",
         "",
@@ -271,15 +463,7 @@ def _markdown(
         + (f"; {placed}." if placed else ": the history has no passing version to bisect from."),
         "",
     ]
-    lines += [
-        "**System info**",
-        "",
-        *[f"- {axis}: {run.versions.label(axis)}" for axis in AXES],
-        f"- accelerator: {run.accelerator or 'unknown'}, backend: {run.backend or 'unknown'}",
-        *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
-        f"- run: `{run.run_id}`",
-        "",
-    ]
+    lines += ["**ds_report output** (the parts the run recorded)", "", *_ds_report(run, key.tp), ""]
     log = [
         _SITE_PACKAGES.sub(r'\1".../site-packages/', line)
         for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]
@@ -296,5 +480,21 @@ def _markdown(
     for framing, group in groupby(enumerate(lines), key=lambda item: item[0] in frame):
         stretch = "\n".join(line for _, line in group)
         stretches.append(stretch if framing else inert(stretch))
-    text = "\n".join(stretches)
-    return _title(entry, failure), text.rstrip("\n") + "\n"
+    return "\n".join(stretches).rstrip("\n") + "\n"
+
+
+def _rebuilt_elsewhere(run: Run) -> list[str]:
+    """A note where the script's tiny config was computed with another transformers than the cell ran with (a
+    faithful or derived shape reads config-class defaults, which releases change)."""
+    here = installed_transformers()
+    if here == run.versions.transformers:
+        return []
+    return [
+        f"(This script's tiny config was computed with transformers {here or 'none'}; the cell ran with "
+        f"{run.versions.transformers}: `nox -s draft-issue` in that release's environment writes the same one.)"
+    ]
+
+
+def _exception(signature: str) -> str:
+    match = _EXCEPTION.match(signature)
+    return match[1] if match else "…"

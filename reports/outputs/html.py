@@ -4,16 +4,13 @@ links made real anchors."""
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from reports.analysis import (
-    Link,
     answer_text,
     checkpoints_html,
     code_html,
@@ -23,6 +20,7 @@ from reports.analysis import (
     new_architectures_summary,
     one_line,
 )
+from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
 from reports.outputs.model import DETAILS_FILE, Report
 from reports.outputs.markdown import (
     ROOT_CAUSE_SECTIONS,
@@ -131,20 +129,6 @@ def _point_text(cell: dict, index: int) -> str:
     return cell["failure_classes"][index] if status == "fail" else "" if status in (None, "pass") else status
 
 
-_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
-
-
-def linked_html(make_lines: Callable[[Link], list[str]]) -> list[Markup]:
-    """Lines built by a Link-taking function (answers, commits) as HTML: the text escaped, the links real anchors."""
-    anchors: list[Markup] = []
-
-    def link(text: str, url: str) -> str:
-        anchors.append(Markup('<a href="{}">{}</a>').format(url, text))
-        return f"\x00{len(anchors) - 1}\x00"  # survives escaping; replaced by its anchor afterwards
-
-    return [Markup(_PLACEHOLDER.sub(lambda m: anchors[int(m[1])], str(escape(line)))) for line in make_lines(link)]
-
-
 def newest_timeline(timeline: dict, sets: int) -> dict:
     """The timeline with only the columns of its `sets` newest version sets (version_sets run oldest to newest), in
     the order the columns are shown; each cell's lists stay indexed by version set, as the columns refer to them."""
@@ -160,6 +144,43 @@ def html_paging(report: Report) -> dict:
         "older_sets": max(0, len(report.timeline["version_sets"]) - HTML_TIMELINE_SETS),
         "details_file": DETAILS_FILE,
     }
+
+
+def checkpoint_links(hub_id: str) -> Markup:
+    """A checkpoint as report.html names it: its atlas page, and its model card on the hub."""
+    card = hub_url(hub_id)
+    return Markup('<a href="{}">{}</a>').format(checkpoint_page(hub_id), hub_id) + (
+        Markup(' (<a href="{}">model card</a>)').format(card) if card else Markup("")
+    )
+
+
+def verdicts_html(verdicts: list[dict]) -> Markup:
+    """ "tp 2: ✅ pass · tp 3: ❌ forward `…`", each icon with its word."""
+    several = len({(v["variant"], v["dtype"]) for v in verdicts}) > 1
+    parts = []
+    for verdict in verdicts:
+        where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
+        cause = Markup(" <code>{}</code>").format(one_line(verdict["cause"])[:160]) if verdict["cause"] else ""
+        parts.append(Markup("{}: {}{}").format(where, verdict_html(verdict["status"], verdict["failure_class"]), cause))
+    return Markup(" · ").join(parts)
+
+
+def checkpoint_list(section: dict) -> list[Markup]:
+    """The real checkpoints with their links and verdicts, then the architectures at config-class default sizes."""
+    return [
+        *(
+            Markup("{} — {}, faithful shapes: {}").format(
+                checkpoint_links(entry["checkpoint"]), entry["architecture"], verdicts_html(entry["verdicts"])
+            )
+            for entry in section["faithful"]
+        ),
+        *(
+            Markup("{} architecture at its config-class default sizes (no checkpoint recorded): {}").format(
+                entry["architecture"], verdicts_html(entry["verdicts"])
+            )
+            for entry in section["class_defaults"]
+        ),
+    ]
 
 
 def report_html(report: Report) -> str:
@@ -190,4 +211,8 @@ def report_html(report: Report) -> str:
             "summary": code_html(new_architectures_summary(report.new_architectures)),
             "lines": [code_html(line) for line in new_architecture_lines(report.new_architectures)],
         },
+        checkpoint_list=checkpoint_list(report.checkpoints),
+        checkpoint_links=checkpoint_links,
+        code_spans=code_spans,
+        cause_of_cell={cell: cause.id for cause in report.failing_now.causes for cell in cause.cells},
     )

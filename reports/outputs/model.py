@@ -23,6 +23,7 @@ from reports.analysis import (
     FailingNow,
     History,
     NewArchitectures,
+    ResultFiles,
     RootCause,
     TRANSITION_LISTS,
     Transition,
@@ -49,7 +50,8 @@ from reports.store import (
     release,
     started_order,
 )
-from reports.outputs.docs import Drift, model_families, supported_models
+from reports.outputs.docs import Drift
+from reports.outputs.support import model_families, supported_models
 from reports.outputs.since_previous import SincePreviousRun, since_previous_run
 
 FlatRecord = CellKey | Commit | EntryStatus
@@ -109,14 +111,21 @@ class Report:
 
 
 def build_report(
-    history: History, aggregates: Aggregates, drift: Drift | None, known_failures: dict[str, KnownFailure]
+    history: History,
+    aggregates: Aggregates,
+    drift: Drift | None,
+    known_failures: dict[str, KnownFailure],
+    files: ResultFiles = ResultFiles(),
 ) -> Report:
+    """The report; `files`: what the results folder it is written to holds for the failing cells (logs, repro
+    scripts, draft issues), which it names."""
     grid = _grid(history)
     listed_of = {
         kind: tuple(transition_entry(t) for t in history.transitions if t.kind == kind) for kind in TRANSITION_LISTS
     }
     causes = root_causes(listed_of, history.transitions, history.latest)
-    failing = build_failing_now(causes, history, aggregates, known_failures)
+    failing = build_failing_now(causes, history, aggregates, known_failures, files)
+    checkpoints = cell_checkpoints(aggregates, history)
     return Report(
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         latest_versions=history.latest,
@@ -148,10 +157,10 @@ def build_report(
         timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
         bisections=[_answer(b) for b in history.bisections],
         docs_drift=asdict(drift) if drift else None,
-        checkpoints=checkpoint_verdicts(history, cell_checkpoints(aggregates, history)),
+        checkpoints=checkpoint_verdicts(history, checkpoints),
         root_causes=causes,
         failing_now=failing,
-        supported_models=supported_models(history, failing, model_families()),
+        supported_models=supported_models(history, failing, model_families(), aggregates, checkpoints),
     )
 
 

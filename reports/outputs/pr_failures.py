@@ -13,7 +13,6 @@ The first line of a PR comment (reports.outputs.publish) and of `python -m repor
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
@@ -135,23 +134,3 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
             f"{cells_text([f.cell for f in members])}{note}"
         )
     return lines
-
-
-def pr_comment_head(failures: list[PrFailure], base: str, inert: Callable[[str], str]) -> str:
-    """What a PR comment starts with: the count, the new failures' causes, then the others' collapsed (GitHub renders
-    <details>), as Dr.CI folds broken trunk and flaky away. `inert` neutralises each line built from the history
-    (reports.outputs.publish.inert); the <details> frame is ours."""
-    new = [f for f in failures if f.kind == "new"]
-    others = [f for f in failures if f.kind != "new"]
-    lines = [f"**{summary_line(failures)}** (base: `{base}`)", "", *map(inert, cause_lines(new))]
-    if others:
-        lines += [
-            "",
-            f"<details><summary>{count_text(len(others), 'other failing cell')}: already failing on the base, "
-            "flaky or known</summary>",
-            "",
-            *map(inert, cause_lines(others)),
-            "",
-            "</details>",
-        ]
-    return "\n".join(lines).rstrip("\n") + "\n\n"

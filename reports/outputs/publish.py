@@ -22,29 +22,19 @@ from reports import ReportsError
 from reports.store import (
     Bisection,
     CellKey,
-    KNOWN_FAILURE_CLASSES,
     Observation,
     TriageAttempt,
-    Versions,
     aggregate,
-    pins_text,
-    release,
 )
 from reports.analysis import (
-    DELTA_KINDS,
     DeltaCause,
     History,
     SessionDeltas,
-    TransitionEntry,
     analyse,
     cell_checkpoints,
-    checkpoint_lines,
-    checkpoint_verdicts,
     code,
     count_text,
     delta_causes,
-    has_faithful,
-    markdown_link,
     one_line,
     repro_command,
     select_baseline,
@@ -53,9 +43,15 @@ from reports.analysis import (
 )
 from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.clones import GitRepo
-from reports.outputs.pr_failures import classify, pr_comment_head
-from reports.outputs.model import build_report, transition_entry
-from reports.outputs.markdown import answer_lines
+from reports.outputs.pr_comment import (
+    BaseComparison,
+    comment_markdown,
+    compare_links,
+    failure_class_text,
+    placement_lines,
+)
+from reports.outputs.pr_failures import classify
+from reports.outputs.model import build_report
 from reports.outputs.markdown_safety import inert
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.staging import staged, writing_to
@@ -67,139 +63,7 @@ MAX_ISSUES = 5  # issues one run opens or edits (`--max-issues`); the causes pas
 SUMMARY_MARKER = "<!-- autotp-matrix:regression-summary -->"
 
 
-def _compare_links(session: SessionDeltas) -> list[str]:
-    """Each version axis that changed between the session's two runs, with a link comparing the two refs."""
-    from matrix.versions import load_config  # the axis repositories live with the version axes
-
-    repos = {axis: rule.repo for axis, rule in load_config().axes.items()}
-    if session.previous is None:  # a session's first run: nothing to compare with
-        return []
-    previous, newest = session.previous.versions, session.newest.versions
-    return [
-        session.change_text(axis)
-        + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})" if repos.get(axis) else "")
-        for axis in session.changed
-    ]
-
-
-def _git_ref(versions: Versions, axis: str) -> str:
-    if axis == "deepspeed" and versions.deepspeed_git:
-        return versions.deepspeed_git
-    value = getattr(versions, axis)
-    return f"v{value}" if release(value) is not None else value  # a label (master, a sha) is a ref already
-
-
 # ---- Markdown ----------------------------------------------------------------------------------------------------
-
-
-def failure_class_text(failure_class: str) -> str:
-    """A failure class as it is known (merge validates them); one from an older store as inert code."""
-    return failure_class if failure_class in KNOWN_FAILURE_CLASSES else code(failure_class)
-
-
-def placements(delta_cause: DeltaCause) -> list[list[TransitionEntry]]:
-    """The history's transitions that place the cause's change (last good → first bad on one axis, others held
-    fixed), one list per root cause they belong to; [] when nothing places it."""
-    by_root: dict[tuple[str, ...], list[TransitionEntry]] = {}
-    for _, delta in delta_cause.deltas:
-        for transition in delta.transitions:
-            by_root.setdefault(transition.cause_key, []).append(transition_entry(transition))
-    return list(by_root.values())
-
-
-def placement_lines(delta_cause: DeltaCause) -> list[str]:
-    """Where each placement lies and the answer its cells share (bisection, triage or candidate commits)."""
-    lines = []
-    for transitions in placements(delta_cause):
-        t, cells = transitions[0], len({t.cell for t in transitions})
-        lines.append(f"- {t.axis} {t.before} → {t.after} at {pins_text(t.held_fixed)} ({count_text(cells, 'cell')})")
-        lines += [f"  - {line}" for line in answer_lines(transitions, markdown_link)]
-    return lines
-
-
-def _delta_cause_lines(delta_cause: DeltaCause, checkpoints: dict[CellKey, tuple[str, ...]]) -> list[str]:
-    """The cause, its cells (a faithful cell with the real checkpoints it stands for), and for a regression or a
-    fix the answer its cells share, one line per range."""
-    cells = ", ".join(
-        code(cell.id) + (f" ({', '.join(map(code, checkpoints[cell]))})" if checkpoints.get(cell) else "")
-        for cell in delta_cause.cells
-    )
-    failure = f"{failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}"
-    detail = f"passes now; was {failure}" if delta_cause.kind == "fixed" else failure
-    unseen = [delta.cell.id for _, delta in delta_cause.deltas if delta.kind == "new failure" and not delta.regression]
-    if unseen:
-        detail += f" ({len(unseen)} without a verdict in the last nightly)"
-    answers = [
-        f"  - {t[0].axis} {t[0].before} → {t[0].after}: {line}"
-        for t in placements(delta_cause)
-        for line in answer_lines(t, markdown_link)
-    ]
-    return [f"- {count_text(len(delta_cause.cells), 'cell')} — {detail} — {cells}", *answers]
-
-
-def _flaky_line(session: SessionDeltas, cell: CellKey) -> str:
-    tally = next(d.flaky for d in session.deltas if d.cell == cell and d.kind == "flaky")
-    detail = f"{tally.passes} pass / {tally.fails} fail at these versions" if tally else "flaky in the last nightly"
-    return f"- {code(cell.id)} — {detail}"
-
-
-def comment_markdown(
-    sessions: list[SessionDeltas],
-    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
-    verdicts: dict | None = None,
-) -> str:
-    """The PR comment: what changed since the last nightly, by cause; `checkpoints` names the hub ids each faithful
-    cell stands for, `verdicts` (reports.analysis.checkpoints.checkpoint_verdicts) adds every checkpoint's verdicts, and the
-    stress shapes' per architecture, apart."""
-    checkpoints = checkpoints or {}
-    causes = delta_causes(sessions)
-    flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
-    counts = []
-    for kind in DELTA_KINDS:
-        of_kind = [c for c in causes if c.kind == kind]
-        cells = sum(len(c.cells) for c in of_kind)
-        counts.append(
-            f"{kind}: {count_text(len(flaky), 'cell')}"
-            if kind == "flaky"
-            else f"{kind}: {count_text(cells, 'cell')} in {count_text(len(of_kind), 'cause')}"
-        )
-    lines = [COMMENT_MARKER, "## AutoTP matrix: changes since the last nightly", "", "; ".join(counts), ""]
-    for session in sessions:
-        newest = session.newest
-        lines.append(f"- {code(session.session)}: newest run {code(newest.run_id)} at {newest.versions.describe()}")
-        if session.previous is None:
-            lines.append("  - no previous run of this session is stored, so nothing is compared")
-            continue
-        lines.append(f"  - last nightly {code(session.previous.run_id)} at {session.previous.versions.describe()}")
-        changed = _compare_links(session)
-        if changed:
-            lines += [f"  - changed: {line}" for line in changed]
-        elif any(delta.regression for delta in session.deltas):
-            lines.append(
-                "  - no version changed since the last nightly: suspect the runner or a nondeterministic failure"
-            )
-    lines.append("")
-    for kind in DELTA_KINDS:
-        entries = (
-            [_flaky_line(s, cell) for s, cell in flaky]
-            if kind == "flaky"
-            else [line for c in causes if c.kind == kind for line in _delta_cause_lines(c, checkpoints)]
-        )
-        if entries:
-            lines += [f"**{DELTA_TITLES[kind]}**", "", *entries, ""]
-    if verdicts is not None and has_faithful(verdicts):
-        stress = {"faithful": [], "class_defaults": [], "stress": verdicts["stress"]}
-        lines += [
-            "**Verdicts per real checkpoint at the newest versions** (faithful shapes)",
-            "",
-            *(f"- {line}" for line in checkpoint_lines({**verdicts, "stress": []})),
-            "",
-            "**Architectures under stress shapes** (deliberately odd splits; no checkpoint's verdict)",
-            "",
-            *([f"- {line}" for line in checkpoint_lines(stress)] or ["- none run"]),
-            "",
-        ]
-    return COMMENT_MARKER + "\n" + inert("\n".join(lines[1:]).rstrip("\n")) + "\n"
 
 
 def issue_marker(delta_cause: DeltaCause) -> str:
@@ -240,7 +104,7 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
             f"- {code(session.session)}: run {code(previous.run_id)} at "
             f"{previous.versions.describe()} → run {code(session.newest.run_id)} at "
             f"{session.newest.versions.describe()}: {ran}",
-            *[f"  - changed: {line}" for line in _compare_links(session)],
+            *[f"  - changed: {line}" for line in compare_links(session)],
         ]
     placement = placement_lines(delta_cause)
     lines += [
@@ -272,11 +136,15 @@ def _slug(text: str) -> str:
 def build_posts(
     sessions: list[SessionDeltas],
     out_dir: Path,
-    checkpoints: dict[CellKey, tuple[str, ...]] | None = None,
-    verdicts: dict | None = None,
+    checkpoints: dict[CellKey, tuple[str, ...]],
+    newest: list[Observation],
+    base: BaseComparison | None = None,
 ) -> tuple[Post, list[Post]]:
     comment = Post(
-        COMMENT_MARKER, "", comment_markdown(sessions, checkpoints, verdicts), out_dir / "publish" / "comment.md"
+        COMMENT_MARKER,
+        "",
+        comment_markdown(sessions, checkpoints, newest, inert, base),
+        out_dir / "publish" / "comment.md",
     )
     issues = []
     for delta_cause in regression_causes(sessions):
@@ -383,14 +251,18 @@ def publish_deltas(
     names = sessions or sorted({obs.run.session for obs in observations})
     deltas = [session_deltas(observations, history, name) for name in names]
     checkpoints = cell_checkpoints(aggregate(observations), history)
+    newest_runs = {session.newest for session in deltas}
+    newest = [obs for obs in observations if obs.run in newest_runs]
+    classified = None
+    if base is not None:
+        base_observations, _ = select_baseline(all_observations, base, "--base")
+        same_run = {obs.run for obs in base_observations} <= newest_runs
+        if same_run:
+            log(f"--base {base}: selects the candidate's own run, so nothing is compared; pass the PR's base")
+        classified = BaseComparison(base, classify(base_observations, newest, history, known or {}), same_run)
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        comment, issues = build_posts(deltas, stage, checkpoints, checkpoint_verdicts(history, checkpoints))
+        comment, issues = build_posts(deltas, stage, checkpoints, newest, classified)
         drafts = upstream_posts(deltas, history, observations, known or {}, stage, log) if upstream else []
-        if base is not None:
-            newest = {session.newest for session in deltas}
-            baseline, _ = select_baseline(all_observations, base, "--base")
-            failures = classify(baseline, [obs for obs in observations if obs.run in newest], history, known or {})
-            comment = replace(comment, body=pr_comment_head(failures, base, inert) + comment.body)
         issues, drafts = capped(issues, drafts, max_issues, stage)
         # The store redacts what it imports; a store written before it did, or a message quoting this environment's
         # token, must not leak through the texts either.

@@ -20,6 +20,7 @@ from reports.analysis import (
 from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.outputs.model import DETAILS_FILE, Report, split_report
 
+from reports.outputs.atlas import checkpoint_pages
 from reports.outputs.html import report_html
 from reports.outputs.markdown_safety import inert
 from reports.outputs.staging import staged, writing_to
@@ -34,6 +35,7 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
         out_dir / "report.json": json.dumps(first_screen, indent=2, ensure_ascii=False) + "\n",
         out_dir / DETAILS_FILE: json.dumps(details, ensure_ascii=False) + "\n",
         out_dir / "report.html": report_html(report),
+        **{out_dir / page: text for page, text in checkpoint_pages(report).items()},
     }
     if drift is None:
         outputs[out_dir / "supported-models.md"] = inert(supported_models_markdown(report, history))
@@ -46,7 +48,9 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
     redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
     with staged(out_dir) as stage:  # all of them, or none
         for path, text in outputs.items():
-            (stage / path.relative_to(out_dir)).write_text(redact(text), encoding="utf-8")
+            target = stage / path.relative_to(out_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)  # checkpoint pages have a folder of their own
+            target.write_text(redact(text), encoding="utf-8")
     with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
         summary.write(redact(inert(step_summary_markdown(report))))
     return [*outputs, step_summary]

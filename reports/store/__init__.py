@@ -39,6 +39,11 @@ from reports.store.junit import (
     KNOWN_FAILURE_CLASSES,
     find_junit_files,
 )
+from reports.store.published import (
+    RebuildCounts,
+    bring_up_to_date,
+    with_published_history,
+)
 from reports.store.records import (
     AXES,
     BisectMode,
@@ -66,6 +71,9 @@ from reports.store.schema import (
 )
 
 __all__ = [
+    "RebuildCounts",
+    "bring_up_to_date",
+    "with_published_history",
     "AXES",
     "Aggregates",
     "ArchiveConflict",

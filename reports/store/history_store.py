@@ -38,7 +38,15 @@ from reports.store.door import redact_fields, redactor
 from suites.mechanism import Cause
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
 from reports.store.ids import Cells, Texts, inserted_id
-from reports.store.rows import explain, mechanism_fields, mechanism_ids, run_from_row, run_row
+from reports.store.rows import (
+    changed_verdicts,
+    explain,
+    mechanism_fields,
+    result_rows,
+    run_from_row,
+    run_row,
+    stored_verdicts,
+)
 from reports.store.schema import (
     APPLICATION_ID,
     FIRST_SCHEMA,
@@ -268,47 +276,15 @@ class HistoryStore:
                             f"{source}: run {run.run_id!r} is already stored with different provenance/versions; "
                             "run ids must be unique per session — check how the file was produced"
                         )
-                    verdicts = {
-                        CellKey(*key): (outcome, failure_class)
-                        for *key, outcome, failure_class in conn.execute(
-                            "SELECT c.model, c.variant, c.dtype, c.tp, r.outcome, r.failure_class FROM results r "
-                            "JOIN cells c ON c.id = r.cell WHERE r.run = ?",
-                            (run_key,),
-                        )
-                    }
-                changed = [
-                    f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
-                    f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
-                    for result in results
-                    if verdicts.get(result.cell, (result.outcome, result.failure_class))
-                    != (result.outcome, result.failure_class)
-                ]
+                    verdicts = stored_verdicts(conn, run_key)
+                changed = changed_verdicts(results, verdicts)
                 if changed:
                     raise StoreConflict(
                         f"{source}: run {run.run_id!r} is already stored with other verdicts for {len(changed)} "
                         f"cell(s) ({'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}); a run id names one "
                         "run — check how the file was produced, nothing of it was imported"
                     )
-                rows, checkpoint_rows, cause_rows = [], [], []
-                for result in results:
-                    if result.cell in verdicts:
-                        continue
-                    if result.checkpoints:
-                        checkpoint_rows.append((run_key, cells.id(result.cell), json.dumps(list(result.checkpoints))))
-                    if result.cause:
-                        cause_rows.append((run_key, cells.id(result.cell), *mechanism_ids(texts, result)))
-                    rows.append(
-                        (
-                            run_key,
-                            cells.id(result.cell),
-                            result.outcome,
-                            result.failure_class,
-                            texts.id(result.signature),
-                            texts.id(result.message),
-                            json.dumps(result.metrics, sort_keys=True),
-                        )
-                    )
-                    verdicts[result.cell] = (result.outcome, result.failure_class)
+                rows, checkpoint_rows, cause_rows = result_rows(run_key, results, verdicts, texts, cells)
                 conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 conn.executemany("INSERT INTO cell_checkpoints VALUES (?, ?, ?)", checkpoint_rows)
                 conn.executemany("INSERT INTO cell_causes VALUES (?, ?, ?, ?, ?)", cause_rows)

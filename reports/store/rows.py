@@ -6,8 +6,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from reports.store.ids import Texts
-from reports.store.records import CellResult, Run, Versions
+from reports.store.ids import Cells, Texts
+from reports.store.records import CellKey, CellResult, Run, Versions
 from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
@@ -28,6 +28,56 @@ def run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
     return Run(
         run_id=run_id, **{**{f: fields[f] for f in RUN_FIELDS}, "trusted": bool(fields["trusted"])}, versions=versions
     )
+
+
+def stored_verdicts(conn: sqlite3.Connection, run_key: int) -> dict[CellKey, tuple[str, str]]:
+    """Each cell's outcome and failure class as a stored run holds them."""
+    return {
+        CellKey(*key): (outcome, failure_class)
+        for *key, outcome, failure_class in conn.execute(
+            "SELECT c.model, c.variant, c.dtype, c.tp, r.outcome, r.failure_class FROM results r "
+            "JOIN cells c ON c.id = r.cell WHERE r.run = ?",
+            (run_key,),
+        )
+    }
+
+
+def changed_verdicts(results: list[CellResult], verdicts: dict[CellKey, tuple[str, str]]) -> list[str]:
+    """The results whose cell the store holds with another verdict, one line each."""
+    return [
+        f"{result.cell.id} stored {'/'.join(filter(None, verdicts[result.cell]))}, "
+        f"now {'/'.join(filter(None, (result.outcome, result.failure_class)))}"
+        for result in results
+        if verdicts.get(result.cell, (result.outcome, result.failure_class)) != (result.outcome, result.failure_class)
+    ]
+
+
+def result_rows(
+    run_key: int, results: list[CellResult], verdicts: dict[CellKey, tuple[str, str]], texts: Texts, cells: Cells
+) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """The rows of `results`, checkpoints and cell_causes for the results whose cell the run does not hold yet
+    (`verdicts`, updated as they are added); each distinct text stored once."""
+    rows, checkpoint_rows, cause_rows = [], [], []
+    for result in results:
+        if result.cell in verdicts:
+            continue
+        if result.checkpoints:
+            checkpoint_rows.append((run_key, cells.id(result.cell), json.dumps(list(result.checkpoints))))
+        if result.cause:
+            cause_rows.append((run_key, cells.id(result.cell), *mechanism_ids(texts, result)))
+        rows.append(
+            (
+                run_key,
+                cells.id(result.cell),
+                result.outcome,
+                result.failure_class,
+                texts.id(result.signature),
+                texts.id(result.message),
+                json.dumps(result.metrics, sort_keys=True),
+            )
+        )
+        verdicts[result.cell] = (result.outcome, result.failure_class)
+    return rows, checkpoint_rows, cause_rows
 
 
 def mechanism_ids(texts: Texts, result: CellResult) -> tuple[int, int | None, int | None]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root
-from matrix.redaction import copy_redacted
+from matrix.redaction import redact
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
@@ -46,6 +46,8 @@ usually write their errors within milliseconds, but up to 0.96 s apart at load ~
 2026-12-05); a grace that ends first kills the group and decides the verdict by `first_error` of the errors
 written by then, so the load would pick which error decides."""
 LOG_TAIL_LINES = 25
+KEPT_LOG_LINES = 400
+"""Lines of each log a failing cell keeps (the end of what it wrote while the cell ran)."""
 LIVENESS_SECONDS = 0.1
 """How often the driver looks whether the group still lives while no rank rings (a rank killed by a signal rings
 nothing; its cell ends as `crash` this much later at most)."""
@@ -261,6 +263,10 @@ class RankGroup:
             self.events.wait(LIVENESS_SECONDS)
         self.info = json.loads((self.workdir / "ready.0").read_text())
 
+    def log_sizes(self) -> dict[str, int]:
+        """Bytes each of the group's logs holds now: where a cell's part of them starts."""
+        return {path.name: path.stat().st_size for path in self.workdir.glob("*.log") if path.is_file()}
+
     def logs_tail(self) -> str:
         parts = [f"[launcher]\n{_tail(self.workdir / 'launcher.log')}"]
         parts += [f"[rank {r}]\n{_tail(self.workdir / f'rank{r}.log')}" for r in range(self.tp)]
@@ -357,8 +363,8 @@ class RankGroupPool:
 
     `launcher`: `fork` forks CPU groups from a pre-imported server (see suites/engine/fork_server.py);
     `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only.
-    `logs_root`: where the logs of a group that failed to start or that a cell ended are kept
-    (`<logs_root>/<cell id>/`); the group's own folder is temporary."""
+    `logs_root`: where each failing cell keeps the end of the logs it wrote (`<logs_root>/<cell id>/`), whether
+    or not its group ended; the group's own folder is temporary."""
 
     def __init__(self, start_timeout: float = 900, launcher: str = "auto", logs_root: Path | None = None):
         if launcher not in LAUNCHERS:
@@ -395,28 +401,52 @@ class RankGroupPool:
         return self.group
 
     def run(self, tp: int, job: Job, timeout: float) -> CellOutcome:
+        reused = self.group is not None and self.group.tp == tp and self.group.alive
+        started_at = self.group.log_sizes() if reused and self.group is not None else {}
+        fork_server_log = self._fork_server_log()
+        server_at = fork_server_log.stat().st_size if fork_server_log and fork_server_log.is_file() else 0
         try:
             outcome = self.get(tp).run(job, timeout)
         except GroupStartFailure as error:
             outcome = failed(error.failure_class, error.signature, str(error))
-        if self.group is not None and not self.group.alive:
-            outcome = self._keep_logs(self.group.workdir, job.cell_id, outcome)
+        if self.group is not None and outcome.outcome == "fail":
+            logs = {path: started_at.get(path.name, 0) for path in self.group.workdir.glob("*.log")}
+            if fork_server_log is not None:
+                logs[fork_server_log] = server_at
+            outcome = self.keep_logs(job.cell_id, outcome, logs)
         return outcome
 
-    def _keep_logs(self, workdir: Path, cell_id: str, outcome: CellOutcome) -> CellOutcome:
-        """Copy the logs of a group that is gone (failed to start, crashed, killed) next to the results,
-        so the path in the message still exists when someone reads it."""
+    def _fork_server_log(self) -> Path | None:
+        log_dir = self.fork_server.log_dir if self.fork_server is not None else None
+        return log_dir / "fork-server.log" if log_dir is not None else None
+
+    def keep_logs(self, cell_id: str, outcome: CellOutcome, logs: dict[Path, int]) -> CellOutcome:
+        """Keep the end of what each log (from the byte offset given: where the cell started in a reused group's
+        logs) holds, next to the results (`<logs_root>/<cell id>/`), for a failing cell whether or not its group
+        ended; the folder is named in the outcome, and exists when someone reads it."""
         if self.logs_root is None:
             return outcome
         kept = self.logs_root / cell_id
         shutil.rmtree(kept, ignore_errors=True)
         kept.mkdir(parents=True)
-        sources = list(workdir.glob("*.log"))
-        if self.fork_server is not None and self.fork_server.log_dir is not None:
-            sources.append(self.fork_server.log_dir / "fork-server.log")
-        for source in sources:
+        for source, offset in logs.items():
             if source.is_file():
-                copy_redacted(source, kept / source.name)  # uploaded as artifacts: no secret may reach them
+                with source.open("rb") as stream:
+                    stream.seek(offset)
+                    lines = stream.read().decode(errors="replace").splitlines()[-KEPT_LOG_LINES:]
+                # uploaded as artifacts: no secret may reach them
+                write_text_atomically(kept / source.name, redact("\n".join(lines) + "\n"))
+        return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
+
+    def keep_text(self, cell_id: str, outcome: CellOutcome, name: str, text: str) -> CellOutcome:
+        """A failing cell that never reached a rank group keeps what the driver knows of it (its setup's failure
+        with the unsharded reference's log tail) as `<logs_root>/<cell id>/<name>`."""
+        if self.logs_root is None:
+            return outcome
+        kept = self.logs_root / cell_id
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        write_text_atomically(kept / name, redact(text.rstrip("\n") + "\n"))
         return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
 
     def close(self) -> None:

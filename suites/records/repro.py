@@ -1,24 +1,115 @@
 """Writes `repro_<cell>.py` (standalone, from repro_template.py) and `env_<cell>.txt` for a cell,
-so a bug report carries one command to run and the environment it failed in."""
+so a bug report carries one command to run and the environment it failed in.
+
+Every value the script needs is one Python literal (`CELL`, written with pprint: strings as repr), never text in a
+comment line, so nothing a result carries can become code in the script."""
 
 from __future__ import annotations
 
 import inspect
 import pprint
 from pathlib import Path
+from typing import Any
 
 from matrix.cells import Cell
 from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from matrix.redaction import redact
+from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
+from suites.checks.inputs import CORPUS_FILE, ProbeSpec
+from suites.checks.memory import layer_groups
 from suites.records.run_records import RunInfo, environment_report
 
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
 PLACEHOLDER = "CELL: dict = {}  # written by autotp-matrix"
 FUNCTIONS_PLACEHOLDER = "# harness functions, written by autotp-matrix\n"
+CONFIG_NAMES = {
+    "heads": HEAD_KEYS,
+    "kv_heads": KV_KEYS,
+    "hidden": HIDDEN_KEYS,
+    "head_dim": HEAD_DIM_KEYS,
+    "experts": EXPERT_KEYS,
+    "nested": NESTED,
+    "mla": MLA_KEY,
+}
+"""The config attribute names the harness reads head and expert counts by, so the script's memory rules read the
+same counts (of a tiny or a hub checkpoint alike)."""
 
 
 def launcher_command(cell: Cell, script: str) -> str:
     return f"deepspeed --num_gpus {cell.tp} {script}"
+
+
+def repro_cell(
+    cell: Cell, checkpoints: str, script: str, verdict: str, versions: dict[str, str], loaded_revision: str | None
+) -> dict[str, Any]:
+    """What the script needs of the cell: its model and weights, its load, quantization or training, the probes'
+    inputs and its tolerances; and what it reproduces (the verdict, the versions, what of the variant it leaves out).
+    Every value of the harness or the results (the verdict quotes a failure's message) is a Python literal here,
+    redacted first: in a comment, a newline in it would end the comment and run the rest as code."""
+    tolerance = cell.model.tolerance_for(cell.dtype)
+    variant = cell.variant
+    hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
+    spec = ProbeSpec()
+    spec_cell: dict[str, Any] = {
+        "id": cell.id,
+        "verdict": redact(verdict),
+        "versions": {name: redact(value) for name, value in versions.items() if value},
+        "note": partial_note(cell),
+        "model": cell.model.name,
+        "model_type": cell.model.model_type,
+        "tiny": cell.model.tiny,
+        "seed": SEED,
+        "init_seed": SEED + INIT,
+        "spread": SPREAD,
+        "checkpoints": list(cell.model.checkpoints),
+        "hub_id": hub_id,
+        "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None,
+        "dtype": cell.dtype,
+        "tp": cell.tp,
+        "load": variant.load,
+        "checkpoint_format": variant.checkpoint_format,
+        "checkpoint_files": variant.checkpoint_files,
+        "keep_module_on_host": variant.keep_module_on_host,
+        "quantization": variant.quantization,
+        "quant_group_size": variant.quant_group_size,
+        "training": variant.training,
+        "text": CORPUS_FILE.read_text()[: 4 * spec.ppl_tokens],
+        "prompt_tokens": spec.prompt_tokens,
+        "left_pad": spec.left_pad,
+        "new_tokens": spec.new_tokens,
+        "loss_tokens": spec.ppl_tokens,
+        "logits_rel": tolerance.logits_rel,
+        "loss_rel": tolerance.ppl_rel,
+        "config_names": CONFIG_NAMES,
+        "command": launcher_command(cell, script),
+    }
+    if variant.training:
+        from suites.variants.training import deepspeed_config
+
+        spec_cell |= {
+            "steps": variant.training_steps,
+            "partitioning": variant.partitioning,
+            "window": spec.ppl_window,
+            "train_loss_rel": tolerance.train_loss_rel,
+            "ds_config": deepspeed_config(variant, cell.tp, cell.dtype, cell.model.model_type),
+        }
+    return spec_cell
+
+
+def partial_note(cell: Cell) -> str:
+    """What of the variant the script leaves out ("" when it reproduces all of it)."""
+    variant = cell.variant
+    left = [
+        what
+        for what, present in (
+            ("the checkpoint round trip", variant.checkpoint_round_trip),
+            (f"the resume at tp {variant.resume_tp}", variant.resume_tp),
+            (f"the second model ({variant.second_model})", variant.second_model),
+            ("the per-rank gradient and update comparison (it compares each step's loss)", variant.training),
+        )
+        if present
+    ]
+    return f"variant {variant.name}: this script leaves out {'; '.join(left)}" if left else ""
 
 
 def write_repro(
@@ -30,55 +121,26 @@ def write_repro(
     outcome_line: str,
     loaded_revision: str | None = None,
 ) -> Path:
-    """The repro loads the model the way the cell's variant does (eager, or meta device + checkpoint
-    files) in the cell's dtype; quantization and training variants are reproduced as their eager load,
-    which CELL["note"] says. A hub checkpoint is fetched at the commit the cell loaded (`loaded_revision`,
-    from its record), else at the registry's pinned revision, so a later upload cannot change the repro."""
+    """The repro loads the model the way the cell's variant does (eager, meta device + checkpoint files, quantized)
+    in the cell's dtype; a training row runs its optimizer steps. A hub checkpoint is fetched at the commit the cell
+    loaded (`loaded_revision`, from its record), else at the registry's pinned revision, so a later upload cannot
+    change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"repro_{cell.id}.py"
-    tolerance = cell.model.tolerance_for(cell.dtype)
-    hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
-    partial = cell.variant.quantization or cell.variant.training
-    # Every value of the harness or the results (the verdict quotes a failure's message) goes into CELL as a Python
-    # literal, redacted first: in a comment, a newline in it would end the comment and run the rest as code.
-    spec = {
-        "id": cell.id,
-        "model": cell.model.name,
-        "model_type": cell.model.model_type,
-        "tiny": cell.model.tiny,
-        "seed": SEED,
-        "init_seed": SEED + INIT,
-        "spread": SPREAD,
-        "hub_id": hub_id,
-        "revision": (loaded_revision or cell.model.revisions.get(hub_id)) if hub_id else None,
-        "dtype": cell.dtype,
-        "tp": cell.tp,
-        "logits_rel": tolerance.logits_rel,
-        "load": cell.variant.load,
-        "checkpoint_format": cell.variant.checkpoint_format,
-        "checkpoint_files": cell.variant.checkpoint_files,
-        "keep_module_on_host": cell.variant.keep_module_on_host,
-        "command": launcher_command(cell, script.name),
-        "verdict": redact(outcome_line),
-        "versions": {name: redact(value) for name, value in versions.items() if value},
-        "note": (
-            f"reproduces the {cell.variant.load} load of variant {cell.variant.name}; its quantization/training step "
-            "is not part of this script"
-            if partial
-            else ""
-        ),
-    }
+    spec = repro_cell(cell, checkpoints, script.name, outcome_line, versions, loaded_revision)
     source = TEMPLATE.read_text()
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
             raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
-    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's.
-    source = source.replace(FUNCTIONS_PLACEHOLDER, inspect.getsource(randomise_constant_parameters), 1)
+    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's; the
+    # memory check names the weights left whole as the harness does.
+    copied = [inspect.getsource(function) for function in (randomise_constant_parameters, layer_groups)]
+    source = source.replace(FUNCTIONS_PLACEHOLDER, "\n\n".join(copied), 1)
     header = (
         "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
         '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'
     )
-    cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False)}  # written by autotp-matrix"
+    cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
     (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))
     return script

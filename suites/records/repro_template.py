@@ -1,14 +1,31 @@
 """Standalone AutoTP repro written by autotp-matrix; attach it to a DeepSpeed issue.
 
-Run it with the launcher line in CELL["command"] (e.g. `deepspeed --num_gpus 3 repro_llama-eager-fp32-tp3.py`).
-It needs only torch, deepspeed and transformers. It builds the model (the same seeded tiny random
-checkpoint the harness used, or the real hub checkpoint), computes the unsharded logits and greedy
-tokens before any sharding, loads the model the way the cell's variant does (eager, or on the meta
-device with init_inference reading the checkpoint files), shards with AutoTP, and compares. Exit code 0 = match, 1 = mismatch.
+Run it with as many ranks as the cell's tp (CELL["tp"]): `deepspeed --num_gpus <tp> <this file>` (on a CPU-only
+machine too: DeepSpeed's CPU accelerator with gloo), or `LOCAL_SIZE=<tp> torchrun --nproc-per-node <tp> <this file>`.
+It needs only torch, deepspeed and transformers (and huggingface_hub for `--checkpoint`).
+
+It builds the model the cell ran (the same seeded tiny random checkpoint, or with `--checkpoint <hub id>` a real
+checkpoint from the Hugging Face hub), runs the unsharded model first (no AutoTP state exists yet in the process),
+loads it the way the cell's variant does (eager; on the meta device with init_inference reading the checkpoint
+files; quantized), shards it with AutoTP, runs the same probes and compares:
+
+- shapes and logits: a padded batch with its attention mask and one prompt without, within the cell's tolerance;
+- ranks agree: every rank's logits equal rank 0's;
+- generation: greedy tokens with the KV cache, one prompt and the left-padded batch (a divergence passes only where
+  the unsharded model's top two logits are within the tolerance: a near-tie);
+- loss: the `labels=` path;
+- memory: every attention/MLP weight and MoE expert split across the ranks, no rank holding more than its share.
+
+Training rows (`CELL["training"]`) run their optimizer steps with `deepspeed.initialize` instead and compare each
+step's loss with the same steps on the unsharded model. It prints one line per check, then `RESULT: MATCH` (exit 0)
+or `RESULT: MISMATCH` (exit 1); an exception is printed as `RESULT: RAISED <stage> <type>` and raised.
 """
 
+import argparse
 import inspect
+import math
 import os
+import re  # noqa: F401 (layer_groups, copied in above, uses it)
 import sys
 
 import torch
@@ -16,10 +33,20 @@ import torch
 CELL: dict = {}  # written by autotp-matrix
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PROMPT = (
-    "Tensor parallelism splits each large matrix of a model across several devices. Every device keeps "
-    "a slice of the weights, computes its share of each product, and the slices are joined again."
-)
+
+
+def options():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--checkpoint",
+        metavar="HUB_ID",
+        default=CELL["hub_id"],
+        help="run a real checkpoint from the Hugging Face hub instead of the tiny one (default: what the cell ran; "
+        f"it stands for {', '.join(CELL['checkpoints']) or 'no recorded checkpoint'})",
+    )
+    parser.add_argument("--revision", default=None, help="the hub revision (default: the cell's pinned one, or main)")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # older launchers pass it
+    return parser.parse_args()
 
 
 def dtype_kwargs():
@@ -31,20 +58,40 @@ def dtype_kwargs():
     return {name: DTYPES[CELL["dtype"]]}
 
 
+def environment_report():
+    """The parts of `ds_report` a bug report needs, and the other libraries' versions."""
+    import deepspeed
+    import transformers
+    from deepspeed.accelerator import get_accelerator
+
+    rows = [
+        ("torch version", torch.__version__),
+        ("deepspeed info", f"{deepspeed.__version__}, {deepspeed.__git_hash__}, {deepspeed.__git_branch__}"),
+        ("accelerator", get_accelerator().device_name()),
+        ("transformers version", transformers.__version__),
+        ("python version", sys.version.split()[0]),
+    ]
+    return "\n".join(f"{name} {'.' * (33 - len(name))} {value}" for name, value in rows)
+
+
 # harness functions, written by autotp-matrix
 
 
-def checkpoint_folder():
+def rank():
+    return int(os.environ.get("RANK", "0"))
+
+
+def checkpoint_folder(hub_id, revision):
     """The checkpoint's local folder: the harness's seeded tiny checkpoint, written by rank 0 in the cell's
     checkpoint format and about its number of weight files, or the hub checkpoint's snapshot."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if CELL["hub_id"]:
+    if hub_id:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(CELL["hub_id"], revision=CELL["revision"])  # the commit the cell loaded
+        return snapshot_download(hub_id, revision=revision)
     folder = f"repro_checkpoint_{CELL['model']}_{CELL['checkpoint_format']}_{CELL['checkpoint_files']}"
-    if int(os.environ.get("RANK", "0")) == 0 and not os.path.exists(os.path.join(folder, "config.json")):
+    if rank() == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"]))
         randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])  # noqa: F821 (copied in above)
@@ -61,7 +108,25 @@ def checkpoint_folder():
 def load_model(folder):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs()).eval()
+    extra = {}
+    if CELL["quantization"] == "torchao_int8":  # HF-side quantization at load, before AutoTP (and the reference)
+        from torchao.quantization import Int8WeightOnlyConfig
+        from transformers import TorchAoConfig
+
+        extra["quantization_config"] = TorchAoConfig(Int8WeightOnlyConfig())
+    return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(), **extra).eval()
+
+
+def post_init_quantization(model):
+    """DeepSpeed's group-wise weight-only quantization (ds_int8/ds_int4): applied alike to the unsharded model and,
+    after init_inference, to each rank's shard."""
+    if CELL["quantization"] not in ("deepspeed_int8", "deepspeed_int4"):
+        return model
+    from deepspeed.inference.quantization.quantization import _init_group_wise_weight_quantization
+
+    bits = 8 if CELL["quantization"] == "deepspeed_int8" else 4
+    config = {"num_bits": bits, "group_size": CELL["quant_group_size"], "group_dim": 1, "symmetric": False}
+    return _init_group_wise_weight_quantization(model, {"weight_quantization": {"post_init_quant": {"": config}}})
 
 
 def meta_model(folder):
@@ -77,7 +142,7 @@ def meta_model(folder):
     suffix = ".safetensors" if CELL["checkpoint_format"] == "safetensors" else ".bin"
     files = sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(suffix))
     listing = os.path.join(folder, f"ds_checkpoints_{CELL['checkpoint_format']}.json")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank() == 0:
         with open(listing, "w") as stream:
             json.dump({"type": "ds_model", "checkpoints": files, "version": 1.0}, stream)
     torch.distributed.barrier()
@@ -87,57 +152,321 @@ def meta_model(folder):
     return model, options
 
 
-def prompt_ids():
-    if CELL["hub_id"]:
-        from transformers import AutoTokenizer
+def token_ids(hub_id):
+    """The cell's text as token ids: bytes for a tiny checkpoint (it has no tokenizer), else the hub tokenizer's."""
+    if not hub_id:
+        return list(CELL["text"].encode("utf-8"))
+    from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(CELL["hub_id"])(PROMPT, return_tensors="pt").input_ids[:, :24]
-    return torch.tensor([list(PROMPT.encode())[:24]])
+    return AutoTokenizer.from_pretrained(hub_id).encode(CELL["text"])
+
+
+def inputs(hub_id):
+    """(batch ids [2, T], its attention mask, corpus ids [1, N]): the first prompt, and a second one shorter by
+    `left_pad` tokens and left-padded with id 0, as the harness feeds them."""
+    ids, length, pad = token_ids(hub_id), CELL["prompt_tokens"], CELL["left_pad"]
+    first, second = ids[:length], ids[length : 2 * length - pad]
+    batch = torch.tensor([first, [0] * pad + second])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    return batch, mask, torch.tensor([ids[: CELL["loss_tokens"]]])
 
 
 @torch.no_grad()
-def observe(model, ids, device):
-    ids = ids.to(device)
-    logits = model(ids).logits.float().cpu()
-    tokens = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
-    return logits, tokens[0, ids.shape[1] :].cpu()
+def observe(model, batch, mask, corpus, device):
+    """Everything the checks compare, from one model."""
+    batch, mask = batch.to(device), mask.to(device)
+    seen = {"masked": model(batch, attention_mask=mask).logits.float().cpu()[mask.bool().cpu()]}
+    seen["plain"] = model(batch[:1]).logits.float().cpu()
+    for name, ids, ids_mask in (("gen", batch[:1], mask[:1]), ("gen_padded", batch, mask)):
+        generated = model.generate(
+            ids,
+            attention_mask=ids_mask,
+            max_new_tokens=CELL["new_tokens"],
+            min_new_tokens=CELL["new_tokens"],
+            do_sample=False,
+            use_cache=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        seen[f"{name}_tokens"] = generated.sequences[:, ids.shape[1] :].cpu()
+        seen[f"{name}_logits"] = torch.stack(generated.logits, dim=1).float().cpu()
+    seen["loss"] = float(model(corpus.to(device), labels=corpus.to(device)).loss)
+    return seen
 
 
-def main():
+# ---- The checks ------------------------------------------------------------------------------------------------
+
+
+def compare_logits(reference, sharded):
+    """Each logits probe within CELL["logits_rel"] of the reference's largest logit."""
+    lines = []
+    for name in ("masked", "plain"):
+        if reference[name].shape != sharded[name].shape:
+            lines.append(
+                (False, f"shapes: {name} logits {tuple(sharded[name].shape)} vs {tuple(reference[name].shape)}")
+            )
+            continue
+        difference = (sharded[name] - reference[name]).abs().max().item()
+        allowed = CELL["logits_rel"] * reference[name].abs().max().item()
+        ok = difference <= allowed
+        lines.append((ok, f"logits ({name}): max |difference| {difference:.3g} (allowed {allowed:.3g})"))
+    return lines
+
+
+def compare_generation(reference, sharded):
+    """Greedy tokens equal, or the first divergence at a near-tie of the reference's top two logits."""
+    lines = []
+    for name in ("gen", "gen_padded"):
+        want, got, logits = reference[f"{name}_tokens"], sharded[f"{name}_tokens"], reference[f"{name}_logits"]
+        if want.shape != got.shape:
+            lines.append((False, f"generation ({name}): tokens {tuple(got.shape)} vs {tuple(want.shape)}"))
+            continue
+        differ = (want != got).nonzero()
+        if len(differ) == 0:
+            lines.append((True, f"generation ({name}): greedy tokens equal {want.tolist()}"))
+            continue
+        row, step = differ[0].tolist()
+        top = logits[row, step].topk(2).values
+        margin, allowed = (top[0] - top[1]).item(), CELL["logits_rel"] * logits.abs().max().item()
+        lines.append(
+            (
+                margin <= allowed,
+                f"generation ({name}): row {row} differs from step {step} ({want[row].tolist()} vs {got[row].tolist()});"
+                f" the reference's top-2 margin there is {margin:.3g} ({'a near-tie' if margin <= allowed else 'no tie'})",
+            )
+        )
+    return lines
+
+
+def compare_loss(reference, sharded):
+    delta = abs(sharded["loss"] - reference["loss"]) / max(abs(reference["loss"]), 1e-12)
+    ok = delta <= CELL["loss_rel"]
+    return [(ok, f"loss (labels=): {sharded['loss']:.6g} vs {reference['loss']:.6g}, relative {delta:.3g}")]
+
+
+def compare_ranks(sharded):
+    """Every rank holds the same logits: the all-reduce joined the shards everywhere."""
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, sharded["plain"])
+    spread = max((other - gathered[0]).abs().max().item() for other in gathered if other.shape == gathered[0].shape)
+    same_shape = all(other.shape == gathered[0].shape for other in gathered)
+    allowed = 4 * torch.finfo(torch.float32).eps * gathered[0].abs().max().item()
+    return [(same_shape and spread <= allowed, f"ranks agree: largest difference from rank 0 {spread:.3g}")]
+
+
+def split_kind(module_name, module, tensor, experts):
+    """What AutoTP must split: `linears` (attention and MLP projections), `experts` (MoE experts, also fused 3-D
+    ones), or None (embeddings, the lm_head, norms, everything else may stay whole)."""
+    if "experts" in module_name.split(".") or (tensor.dim() >= 3 and experts and tensor.shape[0] == experts):
+        return "experts"
+    if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+        return "linears"
+    return None
+
+
+def split_counts(model):
+    """(kv heads, head dim, routed experts) of the model's (text) config, read under the config names the harness
+    reads them by (matrix/shapes.py `read_shape`): the counts DeepSpeed's design rules below depend on."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    values, names = config.to_dict(), CELL["config_names"]
+    for nested in names["nested"]:
+        if isinstance(values.get(nested), dict):
+            values = {**values, **values[nested]}
+
+    def first(keys):
+        found = (values[key] for key in keys if isinstance(values.get(key), int) and not isinstance(values[key], bool))
+        return next(found, 0)
+
+    heads, hidden = first(names["heads"]), first(names["hidden"])
+    multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
+    kv_heads = 1 if multi_query else (first(names["kv_heads"]) or heads)
+    head_dim = values["v_head_dim"] if names["mla"] in values else (first(names["head_dim"]) or hidden // max(heads, 1))
+    experts = first(names["experts"])
+    return kv_heads, head_dim, experts if experts > 1 else 0
+
+
+def unsharded_weights(model):
+    """{name: (kind, shape, numel)} of every weight (2 or more dimensions) AutoTP must split."""
+    experts = split_counts(model)[2]
+    output = model.get_output_embeddings()
+    weights = {}
+    for module_name, module in model.named_modules():
+        if module is output:
+            continue
+        for local, tensor in module.named_parameters(recurse=False):
+            kind = split_kind(module_name, module, tensor, experts)
+            if kind and tensor.dim() >= 2:
+                weights[f"{module_name}.{local}"] = (kind, tuple(tensor.shape), tensor.numel())
+    return weights, split_counts(model)
+
+
+def whole_by_design(name, shape, counts, tp):
+    """Why AutoTP keeps this weight whole on every rank by design, or "" when it should have split it."""
+    layer = name.removesuffix(".weight").rsplit(".", 1)[-1]
+    if len(shape) != 2:
+        return ""
+    if layer in ("q_a_proj", "kv_a_proj_with_mqa", "shared_expert_gate"):
+        return "skipped by name in DeepSpeed's auto_tp.py"
+    kv_heads, head_dim, experts = counts
+    if experts and shape[0] == experts:
+        return "a MoE router"
+    if any(part in name for part in ("attn", "attention")) and 0 < kv_heads < tp and shape[0] == kv_heads * head_dim:
+        return f"{kv_heads} kv heads < tp {tp}"
+    return ""
+
+
+def compare_memory(weights, counts, sharded_model):
+    """Each weight AutoTP must split is split, no rank holding more than ceil(u/tp)/u of it (u: the pieces the
+    ranks' split allows), and none is left whole on every rank outside DeepSpeed's named design rules."""
+    held = {name: tensor.numel() for name, tensor in sharded_model.named_parameters()}
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, held)
+    tp = len(gathered)
+    whole, uneven = {}, []
+    for name, (kind, shape, full) in weights.items():
+        sizes = [by_name.get(name, 0) for by_name in gathered]
+        if all(size == full for size in sizes):
+            if not whole_by_design(name, shape, counts, tp):
+                whole.setdefault(kind, []).append(name)
+            continue
+        pieces = full // math.gcd(full, *sizes)
+        if max(sizes) / full > math.ceil(pieces / tp) / pieces + 1e-6:
+            uneven.append(f"{name} (a rank holds {max(sizes) / full:.0%})")
+    grouped = {kind: layer_groups(names) for kind, names in whole.items()}  # noqa: F821 (copied in above)
+    lines = [(False, f"memory: {kind} left whole on every rank: {names}") for kind, names in grouped.items()]
+    lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
+    return lines or [(True, f"memory: {len(weights)} weights split across {tp} ranks")]
+
+
+# ---- Running it ------------------------------------------------------------------------------------------------
+
+
+class Stage:
+    """The stage a failure happened in, printed with it (`shard`: init_inference raised; `forward`: the sharded
+    model raised)."""
+
+    name = "setup"
+
+
+def infer(hub_id, revision, device):
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.init_distributed()
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0")))
-    folder = checkpoint_folder()
-    model = load_model(folder)
-    ids = prompt_ids()
+    folder = checkpoint_folder(hub_id, revision)
+    model = post_init_quantization(load_model(folder))
+    batch, mask, corpus = inputs(hub_id)
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
-    ref_logits, ref_tokens = observe(model.to(device), ids, device)
+    weights, counts = unsharded_weights(model)
+    reference = observe(model.to(device), batch, mask, corpus, device)
     options = {}
     if CELL["load"] == "meta":
         del model
         model, options = meta_model(folder)
+    Stage.name = "shard"
     engine = deepspeed.init_inference(
         model,
-        tensor_parallel={"tp_size": world_size},
+        tensor_parallel={"tp_size": torch.distributed.get_world_size()},
         dtype=DTYPES[CELL["dtype"]],
         replace_with_kernel_inject=False,
         **options,
     )
-    tp_logits, tp_tokens = observe(engine.module, ids, device)
-    max_abs = (tp_logits - ref_logits).abs().max().item()
-    allowed = CELL["logits_rel"] * ref_logits.abs().max().item()
-    tokens_equal = bool((tp_tokens == ref_tokens).all())
-    if rank == 0:
-        print(
-            f"cell {CELL['id']}: max |logit difference| {max_abs:.3g} (allowed {allowed:.3g}); "
-            f"greedy tokens {'equal' if tokens_equal else 'DIFFER'}: reference {ref_tokens.tolist()} "
-            f"vs sharded {tp_tokens.tolist()}"
-        )
-        print("RESULT:", "MATCH" if max_abs <= allowed and tokens_equal else "MISMATCH")
-    sys.exit(0 if max_abs <= allowed and tokens_equal else 1)
+    sharded_model = post_init_quantization(engine.module)
+    Stage.name = "forward"
+    sharded = observe(sharded_model, batch, mask, corpus, device)
+    Stage.name = "compare"
+    return [
+        *compare_logits(reference, sharded),
+        *compare_ranks(sharded),
+        *compare_generation(reference, sharded),
+        *compare_loss(reference, sharded),
+        # A quantized weight is stored packed (int4: two to a byte): its element count says nothing about its split.
+        *([] if CELL["quantization"] else compare_memory(weights, counts, sharded_model)),
+    ]
+
+
+def train(hub_id, revision, device):
+    """The row's optimizer steps with tensor_parallel.autotp_size against the same steps on the unsharded model
+    (every rank runs those first, before any AutoTP state exists): each step's loss, then the loss after them."""
+    import deepspeed
+
+    folder = checkpoint_folder(hub_id, revision)
+    _, _, corpus = inputs(hub_id)
+    windows = [corpus[:, begin : begin + CELL["window"]] for begin in range(0, corpus.shape[1], CELL["window"])]
+    batches = [windows[step % len(windows)].to(device) for step in range(CELL["steps"] + 1)]
+
+    def fresh():
+        model = load_model(folder).to(device)
+        model.config.use_cache = False
+        if CELL["partitioning"] == "heuristics":  # hide the HF tp_plan: AutoTP's name heuristics shard it
+            model.config.base_model_tp_plan = None
+            model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
+        return model
+
+    model = fresh()
+    optimizer_class = getattr(torch.optim, CELL["ds_config"]["optimizer"]["type"])
+    params = {k: v for k, v in CELL["ds_config"]["optimizer"]["params"].items() if k != "torch_adam"}
+    optimizer = optimizer_class(model.parameters(), **params)
+    reference = []
+    for ids in batches[:-1]:
+        loss = model(ids, labels=ids).loss
+        reference.append(loss.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CELL["ds_config"]["gradient_clipping"])
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        reference.append(model(batches[-1], labels=batches[-1]).loss.item())
+    del model, optimizer
+    Stage.name = "shard"
+    model = fresh()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CELL["ds_config"])
+    Stage.name = "forward"
+    sharded = []
+    for ids in batches[:-1]:
+        loss = engine(ids, labels=ids).loss
+        sharded.append(loss.item())
+        engine.backward(loss)
+        engine.step()
+    with torch.no_grad():
+        sharded.append(engine(batches[-1], labels=batches[-1]).loss.item())
+    Stage.name = "compare"
+    lines = []
+    for step, (want, got) in enumerate(zip(reference, sharded)):
+        delta = abs(got - want) / max(abs(want), 1e-12)
+        what = f"step {step + 1} loss" if step < CELL["steps"] else "loss after the steps"
+        lines.append((delta <= CELL["train_loss_rel"], f"{what}: {got:.6g} vs {want:.6g}, relative {delta:.3g}"))
+    return lines
+
+
+def main():
+    args = options()
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no GPU needed
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.init_distributed()
+    world_size = torch.distributed.get_world_size()
+    device = get_accelerator().device_name(int(os.environ.get("LOCAL_RANK", "0")))
+    if rank() == 0:
+        print(f"autotp-matrix cell {CELL['id']} (reported: {CELL['verdict']})\n{environment_report()}")
+        if CELL["note"]:
+            print(f"note: {CELL['note']}")
+        if world_size != CELL["tp"]:
+            print(f"note: running {world_size} ranks; the cell ran tp {CELL['tp']} ({CELL['command']})")
+    revision = args.revision or (CELL["revision"] if args.checkpoint == CELL["hub_id"] else None)
+    try:
+        lines = (train if CELL["training"] else infer)(args.checkpoint, revision, device)
+    except Exception as error:
+        print(f"RESULT: RAISED {Stage.name} {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        raise
+    ok = all(passed for passed, _ in lines)
+    if rank() == 0:
+        for passed, line in lines:
+            print(f"{'ok  ' if passed else 'FAIL'} {line}")
+        print("RESULT:", "MATCH" if ok else "MISMATCH")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

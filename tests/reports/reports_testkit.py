@@ -25,6 +25,7 @@ class Cell:
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""  # the failure's text (its traceback); default "Traceback ...\n<signature>"
     properties: dict[str, str] = field(default_factory=dict)  # more JUnit properties (a cause, a break point, ...)
+    checkpoints: tuple[str, ...] = ()  # the hub ids a faithful cell stands for
 
     @property
     def id(self) -> str:
@@ -76,6 +77,7 @@ def write_junit(
             **({"run.harness_git": harness_git} if harness_git is not None else {}),
             **{f"metric.{name}": repr(value) for name, value in cell.metrics.items()},
             **cell.properties,
+            **({"checkpoints": ",".join(cell.checkpoints)} if cell.checkpoints else {}),
         }
         for name, value in properties.items():
             case.add_property(name, value)

@@ -1,11 +1,13 @@
 """`python -m reports draft-issue` (nox -s draft-issue): a bug report for DeepSpeed's tracker, ready to file."""
 
+import ast
 import json
 import re
 
 import pytest
 from reports_testkit import BLOOM, Cell, fail, issue_18_store, write_junit
 
+from matrix.registry import load_models
 from reports.__main__ import main
 from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store.history_store import HistoryStore
@@ -30,10 +32,8 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
     file = tmp_path / "out" / "draft-issue" / f"forward-{bloom['id']}.md"
     assert printed.strip() == file.read_text().strip()
     title, body = file.read_text().split("\n\n", 1)
-    assert title == (
-        "# [BUG] AutoTP forward: RuntimeError: The expanded size of the tensor (N) must match the existing "
-        "size (N) at non… (bloom tp2 and 2 more cells)"
-    )
+    # What a maintainer would title it: the model, what goes wrong in words, the tp sizes (no error text)
+    assert title == "# AutoTP: bloom: its forward fails on a tensor whose size the split changed at tp 2/3/4"
     sections = re.findall(r"^\*\*(.+?)\*\*", body, re.M)
     assert sections == [
         "Describe the bug",
@@ -41,26 +41,135 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
         "Expected behavior",
         "Actual behavior",
         "First bad version",
-        "System info",
+        "ds_report output",
         "Log excerpt",
     ]
     assert "on `bloom` at tp 2 (eager, fp32): the sharded model raised during forward, generate or the loss." in body
     assert (
-        "3 cells of the autotp-matrix run at these versions fail with the same cause: eager fp32: bloom tp2/3/4."
-        in body
-    )
+        "The model is a tiny random bloom model with deliberately odd splits (the registry's stress shape: uneven "
+        "grains, fewer kv heads than ranks); it stands for no real checkpoint. 3 cells of the autotp-matrix run at "
+        "these versions fail with the same cause: eager fp32: bloom tp2/3/4."
+    ) in body
     script = re.search(r"```python\n(.*?)\n```", body, re.S)[1]
     compile(script, "repro_bloom-eager-fp32-tp2.py", "exec")  # the inlined script is whole Python
+    cell = script_cell(script)
     assert (
-        "'id': 'bloom-eager-fp32-tp2'" in script
-        and "'command': 'deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py'" in script
+        cell["id"] == "bloom-eager-fp32-tp2"
+        and cell["command"] == "deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py"
+    )
+    assert (
+        cell["verdict"].startswith("fail forward RuntimeError: The expanded size")
+        and cell["versions"]["deepspeed"] == "0.19.8"
     )
     assert script == (tmp_path / "out" / "draft-issue" / "repro_bloom-eager-fp32-tp2.py").read_text().rstrip("\n")
+    assert "prints `RESULT: RAISED forward RuntimeError` (the sharded model raised)." in body
     assert "`nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2`" in body
     assert f"forward: `{' '.join(BLOOM.split())}`" in body
     assert "Since 2026-12-04 (session nightly); broke at transformers 5.23.0 → 5.24.0 (not yet triaged)." in body
-    assert "- deepspeed: 0.19.8\n- transformers: 5.24.0\n- torch: 2.13.0+cpu\n- python: 3.11.7\n" in body
+    assert (
+        "```text\nDeepSpeed general environment info:\ntorch version .................... 2.13.0+cpu\n"
+        "deepspeed info ................... 0.19.8, unknown, unknown\n"
+        "accelerator ...................... cpu (backend gloo)\n```\n\n- transformers: 5.24.0\n- python: 3.11.7\n"
+    ) in body
     assert body.rstrip().endswith(f"```text\nTraceback ...\n{BLOOM}\n```")
+
+
+def faithful_store(tmp_path):
+    """One run of faithful cells failing with one cause: ctrl (Salesforce/ctrl), phi3 (Phi-3-mini) and phimoe."""
+    hub = {
+        "ctrl": "Salesforce/ctrl",
+        "phi3": "microsoft/Phi-3-mini-4k-instruct",
+        "phimoe": "microsoft/Phi-3.5-MoE-instruct",
+    }
+    cells = [
+        fail(f"{model}.faithful", "forward", MAT1, tp=tp, checkpoints=(hub[model],))
+        for model in ("ctrl", "phi3", "phimoe")
+        for tp in (2, 3, 4)
+    ]
+    write_junit(
+        tmp_path / "junit" / "a.xml", cells, run_id="matrix@2026-12-06T00:00:00Z@vm", started="2026-12-06T00:00:00Z"
+    )
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    return store
+
+
+MAT1 = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ deepspeed/module_inject/layers.py:forward"
+
+
+def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_path, capsys):
+    """Every default cell is faithful (`phi3.faithful`, registry key `phi3`): read through the one parser of cell
+    ids, it gets its standalone script, which builds the faithful tiny config and can load the real checkpoint; the
+    example is Phi-3-mini (ranked above CTRL and Phi-3.5-MoE in the registry's popularity order), named with its
+    model card."""
+    store = faithful_store(tmp_path)
+    (cause,) = failing_causes(store, tmp_path / "out")
+    assert cause["repro"]["cell"] == "phi3.faithful-eager-fp32-tp2"
+    assert cause["repro"]["checkpoints"] == ["microsoft/Phi-3-mini-4k-instruct"]
+    capsys.readouterr()
+    assert main(["draft-issue", "--cause", cause["id"], "--store", str(store), "--out", str(tmp_path / "x")]) == 0
+    text = capsys.readouterr().out
+    title, body = text.split("\n\n", 1)
+    assert title == (
+        "# AutoTP: Phi-3-mini-4k-instruct: a sharded layer gets an input of the wrong width at tp 2/3/4 (and 2 more models)"
+    )
+    assert (
+        "The model is a tiny random model that splits exactly like [`microsoft/Phi-3-mini-4k-instruct`]"
+        "(https://huggingface.co/microsoft/Phi-3-mini-4k-instruct) at tp 2, 3 and 4"
+    ) in body
+    assert "; `--checkpoint microsoft/Phi-3-mini-4k-instruct` runs the real checkpoint instead." in body
+    script = re.search(r"```python\n(.*?)\n```", body, re.S)[1]
+    from matrix.cells import parse_cell
+
+    faithful = parse_cell("phi3.faithful-eager-fp32-tp2").model
+    cell = script_cell(script)
+    assert cell["tiny"] == faithful.tiny != load_models()["phi3"].tiny  # the faithful config, not the registry's
+    assert cell["checkpoints"] == ["microsoft/Phi-3-mini-4k-instruct"] and cell["hub_id"] is None
+
+
+def script_cell(script: str) -> dict:
+    """The CELL literal a repro script carries (every value it runs with)."""
+    assignment = next(
+        node
+        for node in ast.parse(script).body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "CELL"
+    )
+    return ast.literal_eval(assignment.value)
+
+
+def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_path):
+    """The draft's "What AutoTP did and where it broke" comes from a typed record (Diagnosis); none without one."""
+    from reports.analysis import analyse
+    from reports.outputs.draft_issue import Diagnosis, draft_text
+    from reports.outputs.model import build_report
+    from reports.outputs.publish import inert
+    from reports.store import aggregate
+
+    store = faithful_store(tmp_path)
+    with HistoryStore(store, create=False, read_only=True) as history_store:
+        observations = history_store.observations()
+    history = analyse(observations)
+    report = build_report(history, aggregate(observations), None, {})
+    (entry,) = report.failing_now.causes
+    diagnosis = Diagnosis(
+        mechanism="`self_attn.qkv_proj` sliced with the unsharded head count",
+        policy=("Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj",),
+        replaced=("model.layers.*.self_attn.o_proj: Linear → LinearAllreduce (rank 0 holds 384 of 768 columns)",),
+        left_whole=(),
+        broke_at="model.layers.*.self_attn.o_proj (LinearAllreduce)",
+        whose="AutoTP's: the unsharded model passes the same probes",
+    )
+    title, body = draft_text(entry, report, history, observations, tmp_path / "d", inert, diagnosis=diagnosis)
+    assert title.startswith("AutoTP: Phi-3-mini-4k-instruct: `self_attn.qkv_proj` sliced with the unsharded head count")
+    section = body.split("**What AutoTP did and where it broke**\n\n", 1)[1].split("**To Reproduce**", 1)[0]
+    assert section.splitlines()[:2] == [
+        "`self_attn.qkv_proj` sliced with the unsharded head count.",
+        "Whose bug: AutoTP's: the unsharded model passes the same probes.",
+    ]
+    assert "- Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj" in section
+    assert "Where it broke: model.layers.*.self_attn.o_proj (LinearAllreduce)" in section
+    _, plain = draft_text(entry, report, history, observations, tmp_path / "d", inert)
+    assert "What AutoTP did" not in plain
 
 
 def test_the_first_bad_commit_and_the_known_issue_when_there_are_some(tmp_path, capsys):

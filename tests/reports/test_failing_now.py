@@ -80,18 +80,32 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     assert report.split("\n## ", 2)[1].startswith("Failing now, by cause\n")  # the first section
     block = "## " + report.split("\n## ", 2)[1]
     assert len(block.splitlines()) <= 40, block
-    assert capsys.readouterr().out.endswith(block)  # also printed where `nox -s matrix` ends
+    # Also printed where `nox -s matrix` ends (the files' paths as text), the count on the last line.
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == (
+        "94 cells fail in 27 causes (27 new) at deepspeed 0.19.8, transformers 5.24.0, torch 2.13.0+cpu, python "
+        f"3.11.7 (report: {out / 'report.md'})"
+    )
+    assert printed[-1 - len(block.splitlines()) : -1] == [
+        re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", line) for line in block.splitlines()
+    ]
 
     data = json.loads((out / "report.json").read_text())["failing_now"]
     assert (data["cells"], len(data["causes"])) == (94, 27)
     lines = failing_section(out)
-    assert lines[0].startswith("94 cells fail in 27 causes at the latest versions: 27 new, 0 known.")
-    assert len(lines) == 1 + 27  # one line per cause
+    assert lines[0] == "94 cells fail in 27 causes at the latest versions: 27 new, 0 known."
+    # A first night says so once, with the command that finds since when (these cells: stress shapes of 49 entries)
+    assert lines[1].startswith("This is the first run in this history") and (
+        "`nox -s backfill -- --axis deepspeed --since 0.14.4 --models arcee,biogpt," in lines[1]
+        and "xglm --shapes stress --tp 2,3,4`" in lines[1]
+    )
+    assert len(lines) == 3 + 27  # the count, the first night, the intro, one line per cause
+    assert "since the first run" not in "\n".join(lines)
     # The memory cause holds 7 models at 3 tp sizes whose byte counts all differ: one cause, not 21.
     memory = next(c for c in data["causes"] if c["failure_class"] == "memory")
     assert memory["cause"] == "memory: experts not sharded: rank N holds N of N MiB (N%; at most N% expected on tp N)"
     assert memory["count"] == 21
-    for entry in data["causes"]:  # the command reproduces a cell of its cause, whose log folder it names
+    for entry in data["causes"]:  # the command reproduces a cell of its cause, whose script the results folder holds
         model, variant, dtype, tp = re.fullmatch(
             r"nox -s repro -- --models (\S+) --variants (\S+) --dtypes (\S+) --tp (\d+)", entry["repro"]["command"]
         ).groups()
@@ -101,19 +115,35 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
             == entry["repro"]["cell"]
             in entry["cells"]
         )
-        assert entry["repro"]["logs"] == f"results/logs/{entry['repro']['cell']}/"
-        assert entry["since"]["text"] == "since the first run" and entry["status"] == "new"
-    assert lines[1] == (
+        assert entry["repro"]["logs"] == ""  # this results folder kept no logs: none is named
+        assert (out / entry["repro"]["script"]).is_file()
+        assert entry["since"]["text"] == "since the first run"
+        assert entry["status"] == "new"
+    # gpt2 is on DeepSpeed's own list of unsupported models (matrix/known_failures.toml), openai_gpt is not: their
+    # shared cause is new, and says which of its cells are unsupported upstream.
+    assert (
+        next(line for line in lines[3:] if "gpt2" in line)
+        .split(". ", 1)[1]
+        .startswith(
+            "**new (3 of 6 cells unsupported upstream: [deepspeedai/DeepSpeed automatic-tensor-parallelism page]"
+            "(https://github.com/deepspeedai/DeepSpeed/blob/edaa7221267243c7be7fb49c5d5f5c4fb97b4641/docs/_tutorials/"
+            "automatic-tensor-parallelism.md#unsupported-models))** forward"
+        )
+    )
+    # The example is the cell standing for what users run most: opt-125m's architecture before falcon's.
+    assert lines[3] == (
         "1. **new** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton "
         "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP's (DeepSpeed's) bug — "
         "21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
-        "since the first run — `nox -s repro -- --models falcon.stress --variants eager --dtypes fp32 --tp 2` "
-        f"(logs: `results/logs/falcon-eager-fp32-tp2/`, cause `{data['causes'][0]['id']}`)"
+        "e.g. `opt-eager-fp32-tp2`: `nox -s repro -- --models opt.stress --variants eager --dtypes fp32 --tp 2`; "
+        "script [repro/repro_opt-eager-fp32-tp2.py](repro/repro_opt-eager-fp32-tp2.py), draft issue "
+        f"[draft-issue/forward-{data['causes'][0]['id']}.md](draft-issue/forward-{data['causes'][0]['id']}.md) "
+        f"(cause `{data['causes'][0]['id']}`)"
     )
     summary = (out / "step-summary.md").read_text()
     assert (
-        summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[1] in summary
+        summary.index("## Failing now, by cause") < summary.index("## Since the previous run") and lines[3] in summary
     )
 
 
@@ -121,7 +151,12 @@ def test_no_failure_no_section(session, tmp_path):
     session([Cell("llama"), Cell("llama", tp=3)])
     out = render(tmp_path / "junit", tmp_path)
     assert "Failing now" not in (out / "report.md").read_text()
-    assert json.loads((out / "report.json").read_text())["failing_now"] == {"cells": 0, "causes": [], "fixed_known": []}
+    assert json.loads((out / "report.json").read_text())["failing_now"] == {
+        "cells": 0,
+        "causes": [],
+        "fixed_known": [],
+        "backfill": "",
+    }
 
 
 def test_since_when_and_the_triage_answer(tmp_path):
@@ -181,7 +216,7 @@ def test_since_when_and_the_triage_answer(tmp_path):
         )
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     lines = failing_section(tmp_path / "out")
-    by_class = {line.split("** ", 1)[1].split(" ", 1)[0]: line for line in lines[1:]}
+    by_class = {line.split("** ", 1)[1].split(" ", 1)[0]: line for line in lines[2:]}
     assert "— since the first run —" in by_class["shard"]
     assert "— since deepspeed 0.19.7 (first seen 2026-12-02) —" in by_class["numerics"]
     assert "— since 2026-12-03 (session nightly) —" in by_class["memory"]
@@ -202,10 +237,10 @@ def test_a_known_failure_whose_cells_pass_now_says_close_and_an_unknown_cause_is
     out = render(junit, tmp_path, "--known-failures", str(known_failures_file(tmp_path)))
     lines = failing_section(out)
     assert lines[0].startswith("1 cell fails in 1 cause at the latest versions: 1 new, 0 known; 1 known failure fixed")
-    assert lines[1].startswith(
+    assert lines[2].startswith(
         f"1. **new** forward `{BLOOM}` — AutoTP's (DeepSpeed's) bug — 1 cell: eager fp32: bloom tp2 — since the first run —"
     )
-    assert lines[2:] == [
+    assert lines[3:] == [
         "Known failures whose cells pass now:",
         f"- fixed at deepspeed 0.19.6: close [example/upstream#1]({UPSTREAM}) (last failing at deepspeed 0.19.5; not "
         "bisected) — `uneven_split`, shard, 2 cells pass now: eager fp32: llama tp2/3",
@@ -221,8 +256,8 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     out = render(junit, tmp_path, "--known-failures", str(known_failures_file(tmp_path)))
     lines = failing_section(out)
     assert lines[0].startswith("3 cells fail in 2 causes at the latest versions: 1 new, 1 known.")
-    assert lines[1].startswith("1. **new** forward")
-    assert lines[2].startswith(
+    assert lines[2].startswith("1. **new** forward")
+    assert lines[3].startswith(
         f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard `RuntimeError: split_with_"
         "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
         "module_inject/layers.py:uneven_partition` — AutoTP's (DeepSpeed's) bug — 2 cells: eager fp32: llama tp2/3 — "
@@ -282,7 +317,7 @@ def test_a_fixed_known_failure_failing_at_its_fix_says_reopen(tmp_path):
     assert (
         f"2. **known [example/upstream#1]({UPSTREAM}) (fixed in deepspeed 0.19.6 upstream, yet fails here: "
         "reopen)** shard"
-    ) in failing_section(out)[2]
+    ) in failing_section(out)[3]
 
 
 def test_models_variants_and_versions_narrow_a_known_failure(tmp_path):
@@ -303,6 +338,45 @@ def test_models_variants_and_versions_narrow_a_known_failure(tmp_path):
     ]
     assert len(known) == 1 and known[0]["cells"] == ["llama-eager-fp32-tp2", "llama-eager-fp32-tp3"]  # not qwen2
     assert "(open, 2 of 3 cells)" in "\n".join(failing_section(out))
+
+
+def test_deepspeeds_unsupported_models_are_known_by_design_never_new(tmp_path):
+    """gpt2 is on DeepSpeed's page's "Unsupported Models" (the shipped registry): any failure of it is "unsupported
+    upstream" with that page's link, never "new"; a harness failure of it stays the harness's; a model the page does
+    not name is new with the same failure."""
+    write_junit(
+        tmp_path / "junit" / "a.xml",
+        [
+            fail(
+                "gpt2", "shard", "AssertionError: AutoTP not supported for model @ deepspeed/module_inject/auto_tp.py:f"
+            ),
+            fail("gpt2", "numerics", "logits: prefill logits differ by 0.3", tp=3),
+            fail(
+                "opt", "shard", "AssertionError: AutoTP not supported for model @ deepspeed/module_inject/auto_tp.py:f"
+            ),
+        ],
+        run_id="nightly@2026-12-01T00:00:00Z@vm",
+        started="2026-12-01T00:00:00Z",
+    )
+    out = render(tmp_path / "junit", tmp_path)
+    causes = {c["failure_class"] + " " + ",".join(c["cells"]): c for c in failing_json(out)["causes"]}
+    numerics = causes["numerics gpt2-eager-fp32-tp3"]
+    assert numerics["status"] == "unsupported" and numerics["known"]["name"] == "deepspeed_unsupported_models"
+    assert numerics["known"]["upstream"].endswith("docs/_tutorials/automatic-tensor-parallelism.md#unsupported-models")
+    assert causes["shard gpt2-eager-fp32-tp2,opt-eager-fp32-tp2"]["status"] == "new"  # opt's cell is new
+    lines = failing_section(out)
+    assert lines[0] == "3 cells fail in 2 causes at the latest versions: 1 new, 0 known, 1 unsupported upstream."
+    assert lines[-1].startswith(
+        "2. **unsupported upstream ([deepspeedai/DeepSpeed automatic-tensor-parallelism page](https://github.com/"
+        "deepspeedai/DeepSpeed/blob/edaa7221267243c7be7fb49c5d5f5c4fb97b4641/docs/_tutorials/automatic-tensor-"
+        "parallelism.md#unsupported-models))** numerics"
+    )
+    entry = load_known_failures(FAILURE_CLASSES)["deepspeed_unsupported_models"]
+    assert not entry.covers("setup", "ImportError: x", "gpt2.faithful", "eager", {})  # the harness's failure
+
+
+def failing_json(out) -> dict:
+    return json.loads((out / "report.json").read_text())["failing_now"]
 
 
 def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fix():
@@ -342,7 +416,7 @@ def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fi
         (
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
             'state = "closed"\n',
-            r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed', 'by design'\)",
+            r"entry \[known_failures.x\] field 'state' must be one of \('open', 'fixed', 'unsupported'\)",
         ),
         (
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
@@ -363,6 +437,23 @@ def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fi
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/pull/1"\n'
             'link = "x"\n',
             r"entry \[known_failures.x\] has unknown field\(s\) \['link'\]",
+        ),
+        (  # DeepSpeed's page says which models: the entry must name them
+            '[known_failures.x]\nstate = "unsupported"\nupstream = "https://github.com/o/r/blob/'
+            + "a" * 40
+            + '/p.md"\n',
+            r"entry \[known_failures.x\] is missing required field 'models'",
+        ),
+        (  # a page is an upstream only for what it documents as unsupported, and only at a commit
+            '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/blob/'
+            + "a" * 40
+            + '/p.md"\n',
+            r"field 'upstream' must be a GitHub issue or pull request URL \(https://github.com/<owner>/<repo>/issues/<n> "
+            r"or /pull/<n>\), got",
+        ),
+        (
+            '[known_failures.x]\nstate = "unsupported"\nmodels = ["gpt2"]\nupstream = "https://github.com/o/r/blob/main/p.md"\n',
+            r"or the page that documents it at a commit",
         ),
     ],
 )
@@ -411,14 +502,15 @@ BY_DESIGN = """
 failure_class = "shard"
 signature = 'AutoTP not supported for model'
 upstream = "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293"
-state = "by design"
+state = "unsupported"
+models = ["gpt2"]
 """
 
 
 def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path):
     """One mechanism in two architectures, raised in two files, is one cause; one error text (`logits: …`) of two
     mechanisms is two; one model that crashes at tp 3 and miscomputes at tp 2 is one cause of two classes; a model
-    DeepSpeed refuses on purpose is known by design."""
+    DeepSpeed refuses on purpose is known by design (unsupported upstream)."""
     diff = mechanism("at|self_attn|DiffLlamaAttention|", "first divergence at `model.layers.0.self_attn.o_proj`")
     cells = [
         fail("olmo2", "forward", SIZE + "transformers/models/olmo2/modeling_olmo2.py:forward",
@@ -444,14 +536,16 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
         "shard|AssertionError: AutoTP not supported for model.": ["gpt2-eager-fp32-tp2"],
     }
     assert causes["at|self_attn|DiffLlamaAttention|"]["failure_class"] in ("forward, numerics", "numerics, forward")
-    assert causes["shard|AssertionError: AutoTP not supported for model."]["status"] == "by design"
+    assert causes["shard|AssertionError: AutoTP not supported for model."]["status"] == "unsupported"
     lines = failing_section(out)
-    assert lines[0].startswith("6 cells fail in 4 causes at the latest versions: 3 new, 0 known, 1 known by design.")
+    assert lines[0].startswith(
+        "6 cells fail in 4 causes at the latest versions: 3 new, 0 known, 1 unsupported upstream."
+    )
     norm = next(line for line in lines if "left whole" in line)
     assert norm.startswith(f"1. **new** forward {NORM.replace('q_norm', 'attn_sub_norm')} (`{SIZE}")
     assert "— AutoTP's (DeepSpeed's) bug, surfaced in `transformers/models/bitnet/modeling_bitnet.py:forward` —" in norm
     assert lines[-1].startswith(
-        "4. **known by design ([deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293]("
+        "4. **unsupported upstream ([deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293]("
         "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293))** shard"
     )
     with HistoryStore(tmp_path / "history.sqlite", create=False, read_only=True) as history:
@@ -461,3 +555,57 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
         NORM,
         "model.layers.0.self_attn.q_norm",
     )
+
+
+def test_a_local_first_run_read_with_the_nightlys_published_history_says_since_when(tmp_path, monkeypatch):
+    """`render --history ARCHIVE` (`nox -s matrix -- --history …`): a contributor's first run is read together with
+    the nightly's published archive (a folder, or the git branch CI pushes it to), so a failure the nightly already
+    has says since when and where it broke instead of "since the first run"; the local store is not written."""
+    import subprocess
+
+    published = tmp_path / "nightly"
+    for day, deepspeed, llama in (("01", "0.19.7", Cell("llama")), ("02", "0.19.8", uneven(2))):
+        write_junit(
+            published / "junit" / f"{day}.xml",
+            [llama, Cell("bloom")],
+            run_id=f"nightly@2026-12-{day}T00:00:00Z@ci",
+            started=f"2026-12-{day}T00:00:00Z",
+            deepspeed=deepspeed,
+        )
+    assert main(["merge", str(published / "junit"), "--store", str(published / "history.sqlite")]) == 0
+    local = tmp_path / "results"
+    write_junit(
+        local / "junit" / "matrix.xml",
+        [uneven(2), Cell("bloom")],
+        run_id="matrix@2026-12-03T00:00:00Z@laptop",
+        started="2026-12-03T00:00:00Z",
+        deepspeed="0.19.8",
+    )
+    store = local / "history.sqlite"
+    assert main(["merge", str(local / "junit"), "--store", str(store)]) == 0
+    before = store.read_bytes()
+
+    def llama_line(*history: str) -> str:
+        out = tmp_path / "out" / str(len(history))
+        assert main(["render", "--store", str(store), "--out", str(out), *history]) == 0
+        return next(line for line in failing_section(out) if "llama tp2" in line)
+
+    assert "since the first run" not in llama_line()  # a first night: said once above, with the backfill command
+    assert "broke at" not in llama_line()
+    with_history = llama_line("--history", str(published / "archive"))
+    assert "— since 2026-12-02 (session nightly) — broke at deepspeed 0.19.7 → 0.19.8 (not yet triaged) —" in (
+        with_history
+    )
+    assert store.read_bytes() == before  # read, never written
+
+    # The same from the branch CI pushes (a git URL; `#branch` names another)
+    archive = published / "archive"
+    for command in (
+        ["git", "init", "-q", "-b", "autotp-history"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com", "commit", "-qm", "archive"],
+    ):
+        subprocess.run(command, cwd=archive, check=True)
+    assert llama_line("--history", archive.as_uri()) == with_history
+    missing = (tmp_path / "nowhere").as_uri()
+    assert main(["render", "--store", str(store), "--out", str(tmp_path / "x"), "--history", missing]) == 2

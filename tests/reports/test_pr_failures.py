@@ -145,23 +145,63 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
     )
     comment = (out / "publish" / "comment.md").read_text().splitlines()
     link = "[deepspeedai/DeepSpeed#8185](https://github.com/deepspeedai/DeepSpeed/pull/8185)"
-    causes = [line.format(link=link) for line in CAUSES]
-    assert comment[:15] == [
-        f"**{COUNT}** (base: `deepspeed=0.19.8`)",
-        "",
-        *causes[:3],
-        "",
-        "<details><summary>4 other failing cells: already failing on the base, flaky or known</summary>",
-        "",
-        *causes[3:],
-        "",
-        "</details>",
-        "",
+    # Dr.CI's shape: the count of new failures with the head and the base first, new ones expanded, the rest folded
+    assert comment[:2] == [
         "<!-- autotp-matrix:publish -->",
+        "**AutoTP matrix: 3 new failures** at deepspeed pr/1234 (run `pr@2026-12-03T00:00:00Z@vm`; base: "
+        "`deepspeed=0.19.8`): 2 already failing on the base, 1 flaky, 1 known",
     ]
-    # Without a base the comment is what it was: changes since the session's previous run.
+    new = comment[
+        comment.index("### 3 new failure causes") + 2 : comment.index(
+            "<details><summary>2 already failing on the base, 1 flaky, 1 known</summary>"
+        )
+    ]
+    assert new[0] == "- **forward** `IndexError: index N is out of bounds` — 1 cell: eager fp32: llama tp2"
+    assert "  - pass on the base" in new
+    # A known cause the PR brought back to a cell passing on the base is the PR's, with its upstream link.
+    assert f"  - known upstream, brought back here: {link}" in new
+    assert "  - the base fails another way: shard `AssertionError: heads`" in new
+    assert "  - reproduce: `nox -s repro -- --models opt.stress --variants eager --dtypes fp32 --tp 2`" in new
+    folded = comment[comment.index("<details><summary>2 already failing on the base, 1 flaky, 1 known</summary>") :]
+    assert folded[2:5] == [
+        "- **broken trunk** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) @ "
+        "transformers/models/x.py:forward` — 2 cells: eager fp32: falcon tp2/3",
+        "- **flaky** forward `RuntimeError: NCCL timeout` — 1 cell: eager fp32: bloom tp2",
+        "- **known** shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
+        f"deepspeed/module_inject/layers.py:x` — 1 cell: eager fp32: gpt2 tp2 ({link})",
+    ]
+    assert folded[-1] == "</details>"
+    # Without a base: the session's previous run; this PR session ran once, so nothing is compared.
     assert main(["publish", "--store", str(pair), "--out", str(out), "--session", "pr"]) == 0
-    assert (out / "publish" / "comment.md").read_text().startswith("<!-- autotp-matrix:publish -->\n")
+    comment = (out / "publish" / "comment.md").read_text().splitlines()
+    assert comment[1].startswith("**AutoTP matrix: no baseline, nothing compared** at deepspeed pr/1234")
+    assert comment[3] == "<details><summary>7 cells fail in 5 causes (no earlier run to say which are new)</summary>"
+
+
+def test_a_base_that_is_the_candidate_itself_says_nothing_is_compared(pair, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    out = tmp_path / "out"
+    args = [
+        "publish",
+        "--store",
+        str(pair),
+        "--out",
+        str(out),
+        "--session",
+        "pr",
+        "--base",
+        "pr@2026-12-03T00:00:00Z@vm",
+    ]
+    assert main(args) == 0
+    assert "--base pr@2026-12-03T00:00:00Z@vm: selects the candidate's own run, so nothing is compared" in (
+        capsys.readouterr().out
+    )
+    assert (out / "publish" / "comment.md").read_text().splitlines()[1] == (
+        "**AutoTP matrix: no baseline, nothing compared** at deepspeed pr/1234 (run `pr@2026-12-03T00:00:00Z@vm`): "
+        "the base `pr@2026-12-03T00:00:00Z@vm` selects this run itself; pass the PR's base (its merge base's run or "
+        "release)"
+    )
 
 
 def test_a_base_that_matches_no_run_is_one_line(pair, tmp_path, capsys):

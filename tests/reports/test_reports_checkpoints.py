@@ -91,15 +91,15 @@ def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_archi
     )
     lines = section(report, "Verdicts per checkpoint at the latest versions")
     assert lines[2:real] == [
-        "- `meta-llama/Llama-2-7b-hf` (llama, faithful shapes) tp 2: ✅ · tp 3: ✅",
-        "- `meta-llama/Meta-Llama-3-8B` (llama, faithful shapes) tp 2: ✅ · tp 3: ✅",
-        f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`",
-        f"- `Qwen/Qwen2.5-7B-Instruct` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`",
+        "- `meta-llama/Llama-2-7b-hf` (llama, faithful shapes) tp 2: ✅ pass · tp 3: ✅ pass",
+        "- `meta-llama/Meta-Llama-3-8B` (llama, faithful shapes) tp 2: ✅ pass · tp 3: ✅ pass",
+        f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ pass · tp 3: ❌ forward `{HEADS}`",
+        f"- `Qwen/Qwen2.5-7B-Instruct` (qwen2, faithful shapes) tp 2: ✅ pass · tp 3: ❌ forward `{HEADS}`",
     ]
     # the stress cell's failure (13 grains) is the architecture's, never a checkpoint's
     assert lines[real + 1 :] == [
-        "- llama architecture under stress shapes: tp 2: ✅ · tp 3: ✅",
-        f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅",
+        "- llama architecture under stress shapes: tp 2: ✅ pass · tp 3: ✅ pass",
+        f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅ pass",
     ]
     assert "uneven_partition" not in "\n".join(lines[:real])
     checkpoints = json.loads((out / "report.json").read_text())["checkpoints"]
@@ -108,9 +108,12 @@ def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_archi
         ["qwen2.faithful-eager-fp32-tp2", "qwen2.faithful-eager-fp32-tp3"],
     )
     html = (out / "report.html").read_text()
+    # Each checkpoint links its atlas page and its model card; each icon has its word beside it
     assert (
-        "<li><code>Qwen/Qwen2-7B</code> (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward <code>RuntimeError: "
-        "shape &#39;[N, N, N, N]&#39;"
+        '<li><a href="checkpoints/Qwen--Qwen2-7B.html">Qwen/Qwen2-7B</a> (<a href="https://huggingface.co/Qwen/Qwen2-7B">'
+        'model card</a>) — qwen2, faithful shapes: tp 2: <span class="verdict pass"><span aria-hidden="true">✅</span> '
+        'pass</span> · tp 3: <span class="verdict fail"><span aria-hidden="true">❌</span> forward</span> <code>'
+        "RuntimeError: shape &#39;[N, N, N, N]&#39;"
     ) in html
     assert '<ul id="stress-verdicts"><li>llama architecture under stress shapes' in html
 
@@ -118,17 +121,17 @@ def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_archi
 def test_the_supported_models_page_judges_a_family_by_its_faithful_cells_and_names_its_checkpoints(rendered):
     _, out = rendered
     page = (out / "supported-models.md").read_text()
-    assert "- llama — passes tp 2, 3 (eager fp32)" in page
+    assert "- llama — Llama-2-7b-hf, Meta-Llama-3-8B works at tp 2, 3" not in page  # alike: no names
+    assert "- llama — works at tp 2, 3\n" in page
     assert (
-        "- qwen2 — fails tp 3 (eager fp32): forward `RuntimeError: shape '[N…]' is invalid for input of size N @ "
-        "transformers/models/qwen2/modeling_qwen2.py:forward`; passes tp 2 (eager fp32)\n"
+        "- qwen2 — works at tp 2; fails at tp 3: its forward fails on a tensor whose size the split changed\n"
     ) in page  # not stress's tp 2
     checkpoints = page.split("# Verdicts per checkpoint\n\n", 1)[1]
-    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in checkpoints
+    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ pass · tp 3: ❌ forward `{HEADS}`" in checkpoints
     assert checkpoints.endswith(
         f"## Architectures under stress shapes\n\n- llama architecture under stress shapes: "
-        f"tp 2: ✅ · tp 3: ✅\n- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · "
-        "tp 3: ✅\n"
+        f"tp 2: ✅ pass · tp 3: ✅ pass\n- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · "
+        "tp 3: ✅ pass\n"
     )
 
 
@@ -150,7 +153,7 @@ def test_a_checkpoints_property_that_is_not_hub_ids_is_refused_in_one_line(tmp_p
     assert "Traceback" not in error
 
 
-def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_and_every_checkpoints_verdicts(tmp_path):
+def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_with_their_model_cards(tmp_path):
     """The nightly before passed everything; the newest breaks qwen2's faithful tp 3 (Qwen2-7B's 10/9/9 heads)."""
     run_cells(
         tmp_path,
@@ -163,10 +166,10 @@ def test_the_pr_comment_names_the_checkpoints_of_a_faithful_cell_that_broke_and_
     assert main(["merge", str(junit), "--store", str(store)]) == 0
     assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "nightly"]) == 0
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
-    assert ("`qwen2.faithful-eager-fp32-tp3` (`Qwen/Qwen2-7B`, `Qwen/Qwen2.5-7B-Instruct`)") in comment
-    assert "`qwen2-eager-fp32-tp2` (" not in comment  # the stress cell that broke stands for no checkpoint
-    real = comment.split("**Verdicts per real checkpoint at the newest versions** (faithful shapes)\n\n", 1)[1]
-    real, stress = real.split("**Architectures under stress shapes**", 1)
-    assert f"- `Qwen/Qwen2-7B` (qwen2, faithful shapes) tp 2: ✅ · tp 3: ❌ forward `{HEADS}`" in real
-    assert "uneven_partition" not in real
-    assert f"- qwen2 architecture under stress shapes: tp 2: ❌ shard `{GRAINS}` · tp 3: ✅" in stress
+    assert (
+        "— 1 cell: eager fp32: qwen2.faithful tp3 (standing for [Qwen/Qwen2-7B](https://huggingface.co/Qwen/Qwen2-7B), "
+        "[Qwen/Qwen2.5-7B-Instruct](https://huggingface.co/Qwen/Qwen2.5-7B-Instruct))"
+    ) in comment
+    stress = next(line for line in comment.splitlines() if "qwen2 tp2" in line)
+    assert "standing for" not in stress  # the stress cell that broke stands for no checkpoint
+    assert "Verdicts per" not in comment and "✅" not in comment  # no per-checkpoint dump: the report has it

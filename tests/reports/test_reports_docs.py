@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -6,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from reports import ReportsError
-from reports.outputs.docs import check_drift, docs_page, normalise_model_name, read_docs_supported, tp_text
-from reports.store.records import CellKey
+from reports.outputs.docs import check_drift, docs_page, normalise_model_name, read_docs_supported
 from reports_testkit import Cell, fail, render, write_junit
 
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
@@ -36,13 +36,13 @@ def test_drift_against_docs_list(scenario, tmp_path, capsys):
     assert "docs drift: 2 listed but failing, 1 passing but unlisted" in capsys.readouterr().out
     supported = (out / "supported-models.md").read_text()
     assert "# Supported Models\n\nThe following model families" in supported
-    assert supported.split("\n\n")[3] == (
-        "- bloom — passes tp 2 (eager fp32)\n- falcon — passes tp 2 (eager fp32)\n"
-        "- gemma — passes tp 2 (eager fp32)\n- gpt-neox — passes tp 2 (eager fp32)"
+    assert supported.split("\n\n")[4] == (
+        "- bloom — works at tp 2\n- falcon — works at tp 2\n- gemma — works at tp 2\n- gpt-neox — works at tp 2"
     )
-    assert supported.split("\n\n")[6] == (
-        "- llama — fails tp 2 (eager fp32): shard `AssertionError: heads % tp != N`\n"
-        "- opt — fails tp 2 (eager fp32): numerics `logits_max_rel N > N`"
+    unsupported = supported.split("# Unsupported Models\n\n", 1)[1].split("\n\n")[1]
+    assert unsupported == (
+        "- llama — fails at tp 2: init_inference fails to shard it\n"
+        "- opt — fails at tp 2: logits differ from the unsharded model"
     )
     assert supported.endswith("\n\n- qwen2\n") and "# Not Tested" in supported
 
@@ -74,7 +74,10 @@ def test_models_skipped_everywhere_are_listed_as_not_tested(tmp_path):
         started="2026-12-02T10:00:00Z",
     )
     supported = (render(tmp_path / "junit", tmp_path) / "supported-models.md").read_text()
-    assert ": 1 supported, 1 unsupported, 1 not tested (report.md has every cell) -->" in supported.splitlines()[0]
+    assert (
+        ": 1 works, 0 no memory saved, 1 fails, 1 not tested (report.md has every cell) -->"
+        in supported.splitlines()[0]
+    )
     assert supported.endswith(
         "# Not Tested\n\nNo cell of these models has a verdict here: each was skipped or the "
         "harness failed (setup, install); each cell's reason (e.g. remote code only) is in "
@@ -93,7 +96,7 @@ upstream = "https://github.com/deepspeedai/DeepSpeed/issues/4242"
 """
 
 
-def nightly(tmp_path):
+def nightly(tmp_path, docs: Path = DOCS):
     """Registry entries of one family fold into it: llama_large under llama, falcon_40b under falcon."""
     runs = [
         [
@@ -117,24 +120,38 @@ def nightly(tmp_path):
             deepspeed="0.19.8",
         )
     (tmp_path / "known.toml").write_text(KNOWN)
-    return render(tmp_path / "junit", tmp_path, "--docs", str(DOCS), "--known-failures", str(tmp_path / "known.toml"))
+    return render(tmp_path / "junit", tmp_path, "--docs", str(docs), "--known-failures", str(tmp_path / "known.toml"))
 
 
-def test_families_with_passing_tp_sizes_and_a_reason_per_failure(tmp_path):
+FALCON = (
+    "- falcon — falcon works at tp 2; falcon_40b fails at tp 2: init_inference fails to shard it (tracked: "
+    "[deepspeedai/DeepSpeed#4242](https://github.com/deepspeedai/DeepSpeed/issues/4242))"
+)
+LLAMA = (
+    "- llama — llama works at tp 2, 3; llama_large works at tp 2, fails at tp 3: its forward fails on a tensor whose "
+    "size the split changed"
+)
+
+
+def test_families_with_working_tp_sizes_and_a_reason_in_words_per_failure(tmp_path):
     out = nightly(tmp_path)
     page = (out / "supported-models.md").read_text()
-    assert page.split("\n\n")[3] == "- gpt2 — passes tp 2 (eager fp32)"
-    assert page.split("\n\n")[6].splitlines() == [
-        "- bloom — flaky tp 2 (eager fp32)",
-        "- falcon — fails falcon_40b tp 2 (eager fp32): shard `AssertionError: heads % tp != N` (known: "
-        "[deepspeedai/DeepSpeed#4242](https://github.com/deepspeedai/DeepSpeed/issues/4242)); passes tp 2 (eager fp32)",
-        # The message is cut, its location kept; the registry entry llama_large is named, the family is llama.
-        "- llama — fails llama_large tp 3 (eager fp32): forward `RuntimeError: The size of tensor a (N) must match the "
-        "size of tensor b (N) at n… @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward`; "
-        "passes tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)",
-    ]
+    supported = page.split("# Supported Models\n\n", 1)[1].split("\n\n## ", 1)[0].split("\n\n")
+    assert supported[1] == (
+        "Tested with DeepSpeed 0.19.8, transformers 4.44.0 and torch 2.4.0 on cpu (gloo), fp32, at tp 2 and 3 "
+        "(2026-12-02, by autotp-matrix: tiny random models that split like each family's real checkpoints): the "
+        "families with a note below. The others are listed from earlier tests."
+    )
+    # A family failing only somewhere is listed as working where it works; the entries are named where they differ
+    assert supported[2].splitlines() == [FALCON, "- gpt2 — works at tp 2", LLAMA]
+    assert "- bloom — is flaky at tp 2" in page.split("# Unsupported Models")[1]
+    assert "Error" not in page and "@ " not in page  # reasons in words, never an error string
     families = json.loads((out / "report.json").read_text())["supported_models"]
-    assert (families["supported"], families["unsupported"]) == (["gpt2"], ["bloom", "falcon", "llama"])
+    assert (families["works"], families["no memory saved"], families["fails"]) == (
+        ["falcon", "gpt2", "llama"],
+        [],
+        ["bloom"],
+    )
     assert [e["models"] for e in families["families"]] == [
         ["bloom"],
         ["falcon", "falcon_40b"],
@@ -143,43 +160,138 @@ def test_families_with_passing_tp_sizes_and_a_reason_per_failure(tmp_path):
     ]
 
 
-def test_the_diff_turns_deepspeeds_page_into_the_generated_one(tmp_path):
+def test_three_levels_and_deepspeeds_family_names(tmp_path):
+    """Memory-only failures (logits right) are their own level; codegen failing only at tp 3 works at 2 and 4;
+    families carry DeepSpeed's names (gpt_neox → gpt-neox, qwen2_moe → qwen2-moe, openai_gpt → openai)."""
+    experts = "memory: experts left whole: model.layers.*.mlp.experts.{gate_up_proj,down_proj}"
+    cells = [
+        *(fail("mixtral", "memory", experts, tp=tp) for tp in (2, 3, 4)),
+        *(fail("qwen2_moe", "memory", experts, tp=tp) for tp in (2, 3)),
+        Cell("codegen"),
+        fail(
+            "codegen",
+            "shard",
+            "AssertionError: codgen autoTP requires @ deepspeed/module_inject/fusedqkv_utils.py:f",
+            tp=3,
+        ),
+        Cell("codegen", tp=4),
+        Cell("gpt_neox"),
+        fail(
+            "openai_gpt",
+            "shard",
+            "AssertionError: Not able to determine model policy @ deepspeed/module_inject/auto_tp.py:f",
+        ),
+    ]
+    write_junit(tmp_path / "junit" / "a.xml", cells, run_id="m@2026-12-06T00:00:00Z@vm", started="2026-12-06T00:00:00Z")
+    out = render(tmp_path / "junit", tmp_path, "--docs", str(DOCS))
+    page = (out / "supported-models.md").read_text()
+    assert (
+        "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"
+        in (page.split("## Supported Without Memory Savings")[0])
+    )
+    memory = page.split("## Supported Without Memory Savings\n\n", 1)[1].split("\n\n# ", 1)[0].split("\n\n")[1]
+    assert memory.splitlines() == [
+        "- mixtral — runs correctly at tp 2, 3, 4, but the MoE experts are not split",
+        "- qwen2-moe — runs correctly at tp 2, 3, but the MoE experts are not split",
+    ]
+    assert "- openai — fails at tp 2: AutoTP finds no policy for the model" in page.split("# Unsupported Models")[1]
+    assert "- gpt-neox — works at tp 2" in page
+    patched = apply_to_a_copy(out / "supported-models.diff", DOCS, tmp_path / "clone")
+    assert_no_entry_contradicts_another(patched)
+    # DeepSpeed listed mixtral, qwen2-moe and openai as supported: moved, each once; codegen keeps its place
+    assert patched.count("- openai") == 1 and patched.count("- mixtral") == 1 and patched.count("- codegen") == 1
+
+
+def apply_to_a_copy(diff: Path, page: Path, clone: Path) -> str:
+    """The page after `git apply` of the diff in a clone-like folder (checked first: it applies cleanly)."""
+    target = clone / "docs" / "_tutorials" / "automatic-tensor-parallelism.md"
+    target.parent.mkdir(parents=True)
+    shutil.copy(page, target)
+    subprocess.run(["git", "init", "-q"], cwd=clone, check=True)
+    subprocess.run(["git", "apply", "--check", str(diff)], cwd=clone, check=True)
+    subprocess.run(["git", "apply", str(diff)], cwd=clone, check=True)
+    return target.read_text()
+
+
+def assert_no_entry_contradicts_another(page: str) -> None:
+    """Each family once across the lists, in the list its words put it in: a supported one works somewhere, one
+    without memory savings runs correctly and works nowhere, an unsupported one works and runs correctly nowhere."""
+    from reports.outputs.docs import MEMORY_HEADING
+
+    sections = {"supported models": [], MEMORY_HEADING.lower(): [], "unsupported models": []}
+    current = None
+    for line in page.splitlines():
+        if line.startswith("#"):
+            current = line.lstrip("#").strip().lower()
+        elif line.startswith("- ") and current in sections:
+            sections[current].append(line)
+    names = [normalise_model_name(line[2:].split(" — ")[0]) for bullets in sections.values() for line in bullets]
+    assert len(names) == len(set(names)), f"a family listed twice: {sorted(n for n in names if names.count(n) > 1)}"
+    for line in sections["supported models"]:
+        assert " — " not in line or "works at" in line, line
+    for line in sections[MEMORY_HEADING.lower()]:
+        assert "runs correctly at" in line and "works at" not in line, line
+    for line in sections["unsupported models"]:
+        assert "works at" not in line and "runs correctly" not in line, line
+
+
+def test_the_diff_applies_to_deepspeeds_page_states_what_it_was_tested_at_and_quotes_no_error(tmp_path):
     out = nightly(tmp_path)
     diff = (out / "supported-models.diff").read_text()
     assert diff.startswith(
         "--- a/docs/_tutorials/automatic-tensor-parallelism.md\n+++ b/docs/_tutorials/automatic-tensor-parallelism.md\n"
     )
     changed = [line for line in diff.splitlines()[2:] if line[:1] in "+-"]
-    # DeepSpeed lists bloom, falcon, llama and gpt2 the other way round; what it lists untested here stays as it is.
-    falcon = (
-        "falcon — fails falcon_40b tp 2 (eager fp32): shard `AssertionError: heads % tp != N` (known: "
-        "[deepspeedai/DeepSpeed#4242](https://github.com/deepspeedai/DeepSpeed/issues/4242)); passes tp 2 (eager fp32)"
-    )
-    llama = (
-        "llama — fails llama_large tp 3 (eager fp32): forward `RuntimeError: The size of tensor a (N) must match the "
-        "size of tensor b (N) at n… @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward`; "
-        "passes tp 2, 3 (eager fp32) and llama_large tp 2 (eager fp32)"
-    )
+    # A family already listed keeps its place (llama, falcon); one that changes list moves (bloom, gpt2); the
+    # tested-at line goes before the supported list; what the page lists untested here stays as it is.
     assert changed == [
+        "+Tested with DeepSpeed 0.19.8, transformers 4.44.0 and torch 2.4.0 on cpu (gloo), fp32, at tp 2 and 3 "
+        "(2026-12-02, by autotp-matrix: tiny random models that split like each family's real checkpoints): the "
+        "families with a note below. The others are listed from earlier tests.",
+        "+",
         "-- bloom",
         "-- falcon",
-        "+- gpt2 — passes tp 2 (eager fp32)",
+        f"+{FALCON}",
+        "+- gpt2 — works at tp 2",
         "-- llama",
-        "+- bloom — flaky tp 2 (eager fp32)",
-        f"+- {falcon}",
+        f"+{LLAMA}",
+        "+- bloom — is flaky at tp 2",
         "-- gpt2",
-        f"+- {llama}",
     ]
-    # A docs PR is one command: the diff applies to DeepSpeed's file, and the page it gives agrees with the matrix.
-    clone = tmp_path / "DeepSpeed"
-    page = clone / "docs" / "_tutorials" / "automatic-tensor-parallelism.md"
-    page.parent.mkdir(parents=True)
-    shutil.copy(DOCS, page)
-    subprocess.run(["git", "apply", str(out / "supported-models.diff")], cwd=clone, check=True)
-    assert "- gpt2 — passes tp 2 (eager fp32)" in page.read_text().split("# Unsupported Models")[0]
-    assert page.read_text().count("- llama") == 2  # llama (moved) and llama2 (untested here, kept)
-    drift = check_drift({"gpt2": True, "bloom": False, "falcon": False, "llama": False}, page)
+    added = "\n".join(line for line in changed if line.startswith("+"))
+    assert "Error" not in added and "`" not in added and " @ " not in added  # no error string reaches the tutorial
+    patched = apply_to_a_copy(out / "supported-models.diff", DOCS, tmp_path / "clone")
+    assert_no_entry_contradicts_another(patched)
+    assert patched.count("- llama") == 2  # llama (noted in place) and llama2 (untested here, kept)
+    drift = check_drift(
+        {"gpt2": True, "bloom": False, "falcon": True, "llama": True},
+        tmp_path / "clone" / "docs" / "_tutorials" / "automatic-tensor-parallelism.md",
+    )
     assert (drift.listed_but_failing, drift.passing_but_unlisted) == ([], [])
+    # Rendered again on the patched page (its own tested-at line replaced, not added): no diff at all
+    patched_page = tmp_path / "clone" / "docs" / "_tutorials" / "automatic-tensor-parallelism.md"
+    known = str(tmp_path / "known.toml")
+    again = render(tmp_path / "junit", tmp_path / "again", "--docs", str(patched_page), "--known-failures", known)
+    assert (again / "supported-models.diff").read_text() == ""
+
+
+@pytest.mark.skipif(
+    not os.environ.get("AUTOTP_DEEPSPEED_REPO"), reason="AUTOTP_DEEPSPEED_REPO (a DeepSpeed clone) is not set"
+)
+def test_the_diff_applies_to_the_page_in_a_deepspeed_clone(tmp_path):
+    """DeepSpeed's own page as its clone has it (CI's triage job sets AUTOTP_DEEPSPEED_REPO), not the fixture."""
+    clone = Path(os.environ["AUTOTP_DEEPSPEED_REPO"])
+    page = tmp_path / "page.md"
+    page.write_text(
+        subprocess.run(
+            ["git", "-C", str(clone), "show", "HEAD:docs/_tutorials/automatic-tensor-parallelism.md"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    out = nightly(tmp_path, docs=page)
+    assert_no_entry_contradicts_another(apply_to_a_copy(out / "supported-models.diff", page, tmp_path / "clone"))
 
 
 def test_a_docs_copy_without_the_two_lists_is_refused(tmp_path):
@@ -187,15 +299,3 @@ def test_a_docs_copy_without_the_two_lists_is_refused(tmp_path):
     table.write_text("# Supported Models\n\n| Model |\n|---|\n| llama |\n\n# Unsupported Models\n\n- gpt2\n")
     with pytest.raises(ReportsError, match=r"docs\.md:1: '# Supported Models' has no bullet list under it"):
         docs_page({"supported_models": {"families": []}}, table)
-
-
-def test_tp_sizes_name_an_entry_only_where_the_entries_differ():
-    falcon, falcon_40b = (CellKey(m, "eager", "fp32", tp) for m, tp in (("falcon", 2), ("falcon_40b", 2)))
-    assert (
-        tp_text([falcon, falcon_40b, CellKey("falcon", "meta", "fp32", 2)], "falcon")
-        == "tp 2 (eager fp32, meta fp32) and falcon_40b tp 2 (eager fp32)"
-    )
-    assert tp_text([falcon, CellKey("falcon", "meta", "fp32", 3)], "falcon") == "tp 2 (eager fp32), tp 3 (meta fp32)"
-    assert tp_text([falcon, falcon_40b], "falcon") == "tp 2 (eager fp32)"  # alike: the family's result
-    assert tp_text([falcon_40b], "falcon") == "falcon_40b tp 2 (eager fp32)"
-    assert tp_text([falcon, CellKey("falcon", "eager", "fp32", 4)], "falcon") == "tp 2, 4 (eager fp32)"

@@ -236,22 +236,32 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     out = capsys.readouterr().out
     assert "GITHUB_TOKEN is not set: wrote the comment and 1 issue(s) (one per cause, at most 5 and a summary" in out
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
-    assert comment.startswith("<!-- autotp-matrix:publish -->\n")
-    assert (
-        "new failure: 3 cells in 2 causes; fixed: 1 cell in 1 cause; flaky: 1 cell; still failing: 1 cell in 1 cause"
-    ) in comment
-    assert (
-        "  - changed: deepspeed 0.19.7 → 0.19.8 (https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7...v0.19.8)"
-    ) in comment
-    new_failures = comment.split("**New failures**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
-        f"- 2 cells — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`",
-        "  - deepspeed 0.19.7 → 0.19.8: answer: not yet triaged",
-        "- 1 cell — forward: `ForwardError: broken` (1 without a verdict in the last nightly) — `mistral-eager-fp32-tp2`",
+    lines = comment.splitlines()
+    assert lines[:4] == [
+        "<!-- autotp-matrix:publish -->",
+        "**AutoTP matrix: 3 new failures** at deepspeed 0.19.8 (run `nightly@2025-01-02T00:00:00Z@runner-1`; base: "
+        "`nightly` last nightly `nightly@2025-01-01T00:00:00Z@runner-1`)",
+        "",
+        "- `nightly` changed: deepspeed 0.19.7 → 0.19.8 (https://github.com/deepspeedai/DeepSpeed/compare/v0.19.7..."
+        "v0.19.8)",
     ]
-    assert "**Fixed**\n\n- 1 cell — passes now; was forward: `RuntimeError: shape` — `bloom-eager-fp32-tp2`" in comment
-    assert "**Flaky**\n\n- `falcon-eager-fp32-tp2` — 1 pass / 1 fail at these versions" in comment
-    assert "**Still failing**\n\n- 1 cell — setup: `ImportError: token=" in comment
+    new_failures = comment.split("### 2 new failure causes\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
+        f"- **shard** `{LLAMA_CAUSE}` — 2 cells: eager fp32: llama tp2/3",
+        "  - init_inference raises AssertionError while sharding the model: no sharded model to run.",
+        "  - deepspeed 0.19.7 → 0.19.8: answer: not yet triaged",
+        "  - reproduce: `nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`",
+        "- **forward** `ForwardError: broken` — 1 cell: eager fp32: mistral tp2",
+        "  - The sharded model raises in its forward pass.",
+        "  - 1 without a verdict in the last nightly",
+        "  - reproduce: `nox -s repro -- --models mistral.stress --variants eager --dtypes fp32 --tp 2`",
+    ]
+    folded = comment.split("<details><summary>1 still failing, 1 fixed, 1 flaky</summary>\n\n", 1)[1]
+    assert folded.splitlines()[:3] == [
+        "- **fixed** forward `RuntimeError: shape` — 1 cell: eager fp32: bloom tp2",
+        "- **still failing** setup `ImportError: token=***` — 1 cell: eager fp32: qwen2 tp2",
+        "- **flaky** `falcon-eager-fp32-tp2`",
+    ]
     assert "gptj" not in comment  # passing before and now: nothing to say
     issues = sorted((tmp_path / "out" / "publish" / "issues").iterdir())
     assert [p.name for p in issues] == [ISSUE]  # one issue for the cause, not one per cell
@@ -313,9 +323,7 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH"]
-    assert (
-        f"**Still failing**\n\n- 1 cell — shard: `{LLAMA_CAUSE}` — `llama-eager-fp32-tp2`" in github.comments[2]["body"]
-    )
+    assert f"- **still failing** shard `{LLAMA_CAUSE}` — 1 cell: eager fp32: llama tp2" in github.comments[2]["body"]
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
 
@@ -346,8 +354,11 @@ def test_token_without_repository_and_unknown_session(store, tmp_path, monkeypat
 def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
     assert main(["publish", "--store", str(store), "--out", str(tmp_path / "out"), "--session", "rerun"]) == 0
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
-    assert "  - no previous run of this session is stored, so nothing is compared" in comment
-    assert "new failure: 0 cells in 0 causes; fixed: 0 cells in 0 causes; flaky: 0 cells;" in comment
+    assert comment.splitlines()[1] == (
+        "**AutoTP matrix: no baseline, nothing compared** at deepspeed 0.19.8 (run "
+        "`rerun@2025-01-03T00:00:00Z@runner-1`): the first run of `rerun`"
+    )
+    assert "<details>" not in comment  # nothing fails in it: nothing to fold
     assert not (tmp_path / "out" / "publish" / "issues").exists()
 
 
@@ -382,7 +393,10 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
         f"- deepspeed 0.19.7 → 0.19.8 at transformers 4.44.0, torch 2.4.0, python 3.11.7 (2 cells)\n  - {answer}\n"
     ) in issue
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
-    assert f"`llama-eager-fp32-tp3`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment  # the same answer, once
+    assert (
+        f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError while sharding the model: no sharded model to run.\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n"
+        in comment
+    )  # the same answer, once
 
 
 LLAMA_ID = cause_id("shard", LLAMA_CAUSE)
@@ -403,11 +417,11 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
     reports = upstream_reports(tmp_path)
     assert list(reports) == [f"{LLAMA_ID}.md"]  # the one regression's cause; mistral's failure is not a regression
     title, body = reports[f"{LLAMA_ID}.md"].split("\n\n", 1)
-    assert title == f"# [BUG] AutoTP shard: {LLAMA_CAUSE[:89]}… (llama tp2 and 1 more cell)"
+    assert title == "# AutoTP: llama: init_inference fails to shard it at tp 2/3"
     assert body.startswith(f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\n**Describe the bug**\n")
     assert "2 cells of the autotp-matrix run at these versions fail with the same cause" in body
     assert "`nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`" in body
-    assert "- deepspeed: 0.19.8\n" in body
+    assert "deepspeed info ................... 0.19.8, unknown, unknown\n" in body
 
     # The same cause, known upstream: no report for it, and the log says why.
     registry = tmp_path / "known_failures.toml"

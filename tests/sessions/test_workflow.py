@@ -285,6 +285,21 @@ def hardening_problems(workflow: dict, text: str) -> list[str]:
         problems.append("jobs.gate: no `nox -s gate` step")
     if not any("--max-minutes" in step.get("run", "") for step in runs["triage"]):
         problems.append("jobs.triage: `nox -s triage` without --max-minutes")
+    for job_name in ("report", "triage"):  # the report links each failing cell's logs and repro script (#44)
+        commands = [step.get("run", "") for step in runs[job_name]]
+        gather = next((n for n, run in enumerate(commands) if "/logs/." in run and "results/logs/" in run), None)
+        render = next((n for n, run in enumerate(commands) if "nox -s report -- " in run), None)
+        if gather is None or render is None or gather > render:
+            problems.append(
+                f"jobs.{job_name}: the cell jobs' logs are not gathered into results/logs before the report"
+            )
+        uploaded = " ".join(
+            step.get("with", {}).get("path", "")
+            for step in runs[job_name]
+            if step.get("uses", "").startswith("actions/upload-artifact")
+        )
+        if not all(path in uploaded for path in ("results/logs/", "results/repro/")):
+            problems.append(f"jobs.{job_name}: the report is uploaded without the logs and repro scripts it links")
     return problems
 
 
@@ -354,6 +369,20 @@ def drop_key(job: str, step_text: str, key: str):
             ).update(run="nox -s triage"),
             None,
             "without --max-minutes",
+        ),
+        (
+            lambda w: next(
+                step for step in w["jobs"]["report"]["steps"] if step.get("with", {}).get("name") == "report"
+            )["with"].update(path="results/report.*"),
+            None,
+            "jobs.report: the report is uploaded without the logs and repro scripts it links",
+        ),
+        (
+            lambda w: w["jobs"]["triage"]["steps"].remove(
+                next(step for step in w["jobs"]["triage"]["steps"] if "/logs/." in step.get("run", ""))
+            ),
+            None,
+            "jobs.triage: the cell jobs' logs are not gathered into results/logs before the report",
         ),
     ],
 )

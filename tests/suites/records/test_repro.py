@@ -3,6 +3,8 @@ through the cell's load mode, fetches a hub checkpoint at the commit the cell lo
 
 import json
 
+import pytest
+
 import torch
 
 from matrix.cells import expand
@@ -62,7 +64,7 @@ def test_repro_script_builds_the_weights_of_the_cell_it_reproduces(tmp_path, mon
 
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
     cell = expand("qwen2", tp="2")[0]  # q/k/v biases
-    folder = tmp_path / _repro_module(cell, tmp_path, monkeypatch).checkpoint_folder()
+    folder = tmp_path / _repro_module(cell, tmp_path, monkeypatch).checkpoint_folder(None, None)
     built = load_file(folder / "model.safetensors")
     harness = load_file(tiny_checkpoint(cell.model) / "model.safetensors")
     assert built.keys() == harness.keys()
@@ -72,7 +74,7 @@ def test_repro_script_builds_the_weights_of_the_cell_it_reproduces(tmp_path, mon
 def test_meta_repro_loads_through_the_meta_path(tmp_path, monkeypatch):
     cell = expand("llama", "meta", tp="2")[0]
     repro = _repro_module(cell, tmp_path, monkeypatch)
-    folder = repro.checkpoint_folder()
+    folder = repro.checkpoint_folder(None, None)
     model, options = repro.meta_model(folder)
     assert {p.device.type for p in model.parameters()} == {"meta"}
     listed = json.loads((tmp_path / options["checkpoint"]).read_text())["checkpoints"]
@@ -98,7 +100,7 @@ def test_hub_repro_fetches_the_commit_the_cell_loaded(tmp_path, monkeypatch):
     )
     for loaded_revision, expected in ((loaded, loaded), (None, pinned)):
         repro = _repro_module(cell, tmp_path, monkeypatch, checkpoints="hub", loaded_revision=loaded_revision)
-        assert repro.checkpoint_folder() == "snap"
+        assert repro.checkpoint_folder(repro.CELL["hub_id"], repro.CELL["revision"]) == "snap"
         assert fetched.pop() == ("org/llama-x", expected)
 
 
@@ -137,3 +139,98 @@ def test_a_verdict_with_newlines_is_data_never_code(tmp_path, monkeypatch):
     loaded = importlib.util.spec_from_file_location("repro_injected_under_test", script)
     loaded.loader.exec_module(importlib.util.module_from_spec(loaded))  # importing it runs nothing the verdict said
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+
+
+def test_every_kind_of_cell_gets_a_script_with_what_it_runs(tmp_path):
+    """Faithful, stress and derived shapes and every variant, read back through the one parser of cell ids: the
+    script is whole Python and its CELL literal carries the cell's own tiny config, load, quantization or training."""
+    import ast
+
+    from matrix.cells import parse_cell
+    from matrix.registry import load_variants
+    from suites.records.repro import write_repro
+    from suites.records.run_records import RunInfo
+
+    cells = [
+        "qwen2.faithful-eager-fp32-tp2",
+        "llama.faithful-meta-llama-3-8b-eager-fp32-tp3",
+        "qwen2-eager-fp32-tp2",
+        "qwen2.faithful-meta-fp32-tp2",
+        "qwen2.faithful-ds_int8-fp32-tp2",
+        "qwen2.faithful-train_zero1-fp32-tp2",
+        "xlnet-eager-fp32-tp2",  # an architecture outside the registry, derived from its config class
+    ]
+    for cell_id in cells:
+        cell = parse_cell(cell_id)
+        script = write_repro(
+            cell, "tiny", tmp_path, RunInfo("unit"), {"deepspeed": "0.19.8"}, "fail shard 'x'\nimport os"
+        )
+        text = script.read_text()
+        tree = ast.parse(text)  # a newline in the verdict stays inside its string literal
+        spec = ast.literal_eval(
+            next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "CELL")
+        )
+        assert spec["id"] == cell_id and spec["tiny"] == cell.model.tiny and spec["verdict"].endswith("\nimport os")
+        assert list(spec["checkpoints"]) == list(cell.model.checkpoints)
+        variant = load_variants()[cell.variant.name]
+        assert (spec["load"], spec["quantization"], spec["training"]) == (
+            variant.load,
+            variant.quantization,
+            variant.training,
+        )
+        if variant.training:
+            assert spec["ds_config"]["tensor_parallel"]["autotp_size"] == cell.tp
+            assert spec["ds_config"]["zero_optimization"]["stage"] == variant.zero_stage
+    assert parse_cell("llama.faithful-meta-llama-3-8b-eager-fp32-tp3").model.checkpoints == (
+        "meta-llama/Meta-Llama-3-8B",
+    )
+
+
+@pytest.mark.autotp
+def test_the_script_alone_says_match_for_a_good_cell_and_mismatch_for_experts_left_whole(tmp_path):
+    """Run as a maintainer would, with DeepSpeed's launcher on CPU: llama.faithful's script prints `RESULT: MATCH`;
+    mixtral.faithful's (transformers' fused experts, which AutoTP leaves whole) `FAIL memory` and `RESULT: MISMATCH`,
+    though its logits match: the memory check is in the script, not only in the harness."""
+    import subprocess
+    import sys
+
+    from matrix.cells import parse_cell
+    from suites.engine.rank_group import launch_environment
+    from suites.records.repro import write_repro
+    from suites.records.run_records import RunInfo
+
+    results = {}
+    for cell_id in ("llama.faithful-eager-fp32-tp2", "mixtral.faithful-eager-fp32-tp2"):
+        script = write_repro(parse_cell(cell_id), "tiny", tmp_path, RunInfo("unit"), {}, "from the test")
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "deepspeed.launcher.runner",
+                "--num_gpus",
+                "2",
+                "--master_port",
+                str(free_port()),
+                script.name,
+            ],
+            cwd=tmp_path,
+            env=launch_environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        results[cell_id] = (done.returncode, done.stdout + done.stderr)
+    code, output = results["llama.faithful-eager-fp32-tp2"]
+    assert code == 0 and "RESULT: MATCH" in output, output[-3000:]
+    code, output = results["mixtral.faithful-eager-fp32-tp2"]
+    assert code != 0 and "RESULT: MISMATCH" in output, output[-3000:]
+    assert (
+        "ok   logits (plain)" in output
+        and "FAIL memory: experts left whole on every rank: model.layers.*.mlp.experts" in output
+    )
+
+
+def free_port() -> int:
+    from suites.engine.rank_group import free_port as port
+
+    return port()

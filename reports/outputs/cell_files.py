@@ -1,0 +1,110 @@
+"""The files a results folder holds beside its report for the cells failing at the latest versions: each cell's
+rank logs (kept by the run, suites/engine/rank_group.py), its standalone repro script and each DeepSpeed cause's
+draft issue (written here, by `python -m reports render`), so the report links a file only when it is there.
+
+A repro script needs the cell rebuilt as it ran (matrix.cells.resolve_cell): a faithful or derived shape needs
+transformers' config classes, and the transformers the cells ran, so render writes scripts only where that
+transformers is installed (the combination's environment `nox -s matrix` renders in) and says why not elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from matrix.cells import resolve_cell
+from matrix.registry import RegistryError
+from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
+from reports.store import AXES, Aggregates, Observation, ResultGroup
+from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
+from reports.outputs.model import Report
+from suites.records.repro import write_repro
+
+
+def failing_groups(history: History, aggregates: Aggregates) -> dict[str, ResultGroup]:
+    """The newest failing result of each cell failing at the latest versions, by cell id."""
+    failing = {
+        cell
+        for (cell, versions), status in history.statuses.items()
+        if versions == history.latest and status.status == "fail"
+    }
+    newest: dict[str, ResultGroup] = {}
+    for group in aggregates.groups:
+        if group.cell in failing and group.versions == history.latest and group.outcome == "fail":
+            known = newest.get(group.cell.id)
+            if known is None or (group.newest.started, group.newest.run_id) > (
+                known.newest.started,
+                known.newest.run_id,
+            ):
+                newest[group.cell.id] = group
+    return newest
+
+
+def write_repro_scripts(
+    history: History, aggregates: Aggregates, out_dir: Path, log: Callable[[str], None]
+) -> set[str]:
+    """A repro script per cell failing at the latest versions, under out_dir (repro_file); the cells written."""
+    groups = failing_groups(history, aggregates)
+    if not groups:
+        return set()
+    wanted = history.latest.transformers
+    installed = installed_transformers()
+    if installed != wanted:
+        log(
+            f"repro scripts: not written (the cells ran transformers {wanted}, this environment has "
+            f"{installed or 'none'}: their tiny configs come from its config classes); `nox -s draft-issue -- "
+            "--cause <id>` writes a cause's script"
+        )
+        return set()
+    written = set()
+    for cell_id, group in sorted(groups.items()):
+        key = group.cell
+        try:
+            cell = resolve_cell(key.model, key.variant, key.dtype, key.tp)
+        except RegistryError as error:
+            log(f"repro script for {cell_id}: not written ({error})")
+            continue
+        run = group.newest
+        versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
+        verdict = f"fail {group.failure_class} {group.signature}"
+        folder = out_dir / Path(repro_file(cell_id)).parent
+        write_repro(cell, "tiny", folder, run_info(run), versions, verdict)
+        written.add(cell_id)
+    return written
+
+
+def result_files(out_dir: Path, history: History) -> ResultFiles:
+    """What out_dir holds for the cells failing at the latest versions: the logs their run kept, and their repro
+    scripts (written by this render, or by the run's own render: CI gathers the cell jobs' into the report's)."""
+    failing = {
+        cell.id
+        for (cell, versions), status in history.statuses.items()
+        if versions == history.latest and status.status == "fail"
+    }
+    return ResultFiles(
+        logs=frozenset(cell for cell in failing if any((out_dir / log_folder(cell)).glob("*"))),
+        repro=frozenset(cell for cell in failing if (out_dir / repro_file(cell)).is_file()),
+    )
+
+
+def draft_runs(report: Report, history: History, aggregates: Aggregates) -> set[str]:
+    """The runs whose results the draft issues read: each cause's example cell's newest failing run."""
+    groups = failing_groups(history, aggregates)
+    return {groups[c.repro.cell].newest.run_id for c in report.failing_now.causes if c.repro.cell in groups}
+
+
+def write_drafts(
+    report: Report, history: History, observations: list[Observation], out_dir: Path, inert: Inert
+) -> Report:
+    """A draft issue per cause that is DeepSpeed's to fix and not documented as unsupported (where its example
+    cell's script could be written), under out_dir (draft_file); the report naming each. `observations`: the
+    example cells' newest failing results (draft_runs)."""
+    drafted = {}
+    for entry in report.failing_now.causes:
+        if entry.repro.script and not not_deepspeeds(entry) and entry.status != "unsupported":
+            write_cause_draft(entry, report, history, observations, out_dir, inert)
+            drafted[entry.id] = draft_file(entry.failure_class, entry.id)
+    if not drafted:
+        return report
+    causes = tuple(replace(c, draft=drafted.get(c.id, c.draft)) for c in report.failing_now.causes)
+    return replace(report, failing_now=replace(report.failing_now, causes=causes))

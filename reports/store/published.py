@@ -1,0 +1,107 @@
+"""A store brought up to date from a results archive (`rebuild`), and a local run read together with a nightly's
+published history (`render --history`): a contributor's first run then says "known since 0.19.x, first bad PR #…"
+for the failures the nightly already has, instead of "since the first run".
+
+A published history is a results archive (reports/README.md "Archive"): a folder, a results folder holding one
+(`archive/`), or a git repository whose branch is one (CI pushes it to the `autotp-history` branch): an https or
+file URL, `#<branch>` naming another branch. The local store is copied (never written) and the archive's runs and
+answers it lacks are imported into the copy, which the command then reads like any store."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from reports import ReportsError
+from reports.store.archive import DamagedEntry, ResultsArchive, answer_key
+from reports.store.history_store import HistoryStore, StoreConflict
+from reports.store.records import Bisection
+
+PUBLISHED_BRANCH = "autotp-history"
+"""The branch CI pushes the archive to (.github/workflows/autotp.yml ARCHIVE_BRANCH)."""
+
+
+@dataclass(frozen=True)
+class RebuildCounts:
+    runs: int
+    results: int
+    read: int
+    entries: int
+    answers: int
+    skipped: tuple[str, ...]
+    """One line per entry or answer left out: it does not open, is not valid or contradicts the store."""
+
+
+def bring_up_to_date(store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int) -> RebuildCounts:
+    """Import every archive entry the store lacks (a first attempt whose run is stored is skipped unread), then the
+    answers it lacks; compacts as every import does. Every entry is read and validated as merge's door does; one that
+    does not open, is not valid or contradicts the store is skipped with a line naming it (`verify` fails on it), and
+    the rest imports. All of it lands in one transaction: the store is never left half-imported."""
+    entries = archive.entries()
+    runs = results = read = 0
+    skipped: list[str] = []
+    stored = {run.run_id for run in store.runs()}
+    with store.transaction():
+        for entry in entries:  # every one in order: a damaged one is skipped, never the end of the history
+            if entry.attempt == 1 and entry.run_id in stored:
+                continue
+            try:
+                records = archive.read(entry)
+                counts = store.import_runs([(records.run, list(records.results))], source=entry.path)
+            except (DamagedEntry, StoreConflict) as exc:
+                skipped.append(str(exc))
+                continue
+            store.record_entries({archive.name(entry): archive.sha256(entry)})
+            read += 1
+            runs += counts.new_runs
+            results += counts.new_results
+        known = {answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]}
+        answers = [answer for answer in archive.answers(skipped.append) if answer_key(answer) not in known]
+        for answer in answers:
+            (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+    store.compact(keep_recent_runs)
+    return RebuildCounts(runs, results, read, len(entries), len(answers), tuple(skipped))
+
+
+def published_archive(source: str, scratch: Path) -> Path:
+    """The archive folder `source` names: a git URL cloned (depth 1) into `scratch`, or a local folder (an archive,
+    or a results folder holding `archive/`)."""
+    if "://" in source:
+        url, _, branch = source.partition("#")
+        clone = scratch / "published"
+        done = subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH, url, str(clone)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise ReportsError(
+                f"--history {source}: cannot clone branch {branch or PUBLISHED_BRANCH} "
+                f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'git failed'}); pass the "
+                "repository URL of a nightly's autotp-history branch (URL#branch for another) or a local folder"
+            )
+        return clone
+    folder = Path(source)
+    if (folder / "archive").is_dir():
+        return folder / "archive"
+    if not folder.is_dir():
+        raise ReportsError(f"--history {source}: no such folder; pass a results archive folder or a git URL")
+    return folder
+
+
+def with_published_history(store: Path, source: str, scratch: Path, keep_recent_runs: int) -> tuple[Path, str]:
+    """A copy of `store` (in `scratch`) holding also the published history's runs and answers, and one line saying
+    what it added."""
+    archive = ResultsArchive(published_archive(source, scratch))
+    combined = scratch / "combined.sqlite"
+    if store.is_file():
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as local, sqlite3.connect(combined) as copy:
+            local.backup(copy)
+    with HistoryStore(combined, create=True) as history:
+        counts = bring_up_to_date(history, archive, keep_recent_runs)
+    return combined, (
+        f"history: {counts.runs} run(s) and {counts.answers} answer(s) from the published history {source} "
+        f"read with {store}"
+    )
