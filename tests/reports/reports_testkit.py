@@ -24,6 +24,7 @@ class Cell:
     dtype: str = "fp32"
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""  # the failure's text (its traceback); default "Traceback ...\n<signature>"
+    checkpoints: tuple[str, ...] = ()  # the hub ids a faithful cell stands for
 
     @property
     def id(self) -> str:
@@ -47,8 +48,10 @@ def write_junit(
     torch: str = "2.4.0",
     python: str = "3.11.7",
     harness_git: str | None = "",
+    session: str = "",
 ) -> Path:
-    """harness_git None: a file from before run.harness_git was recorded (the property is absent)."""
+    """harness_git None: a file from before run.harness_git was recorded (the property is absent); the session is
+    the run id's first part unless given (a session named after a git ref holds an @ itself)."""
     suite = TestSuite("pytest")
     for cell in cells:
         case = TestCase(f"test_cell[{cell.id}]", classname="suites.test_autotp")
@@ -67,13 +70,14 @@ def write_junit(
             "version.python": python,
             "version.deepspeed_git": deepspeed_git,
             "run.id": run_id,
-            "run.session": run_id.split("@")[0],
+            "run.session": session or run_id.split("@")[0],
             "run.host": host,
             "run.started": started,
             "run.accelerator": "cpu",
             "run.backend": "gloo",
             **({"run.harness_git": harness_git} if harness_git is not None else {}),
             **{f"metric.{name}": repr(value) for name, value in cell.metrics.items()},
+            **({"checkpoints": ",".join(cell.checkpoints)} if cell.checkpoints else {}),
         }
         for name, value in properties.items():
             case.add_property(name, value)
