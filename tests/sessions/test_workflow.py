@@ -498,7 +498,9 @@ def atlas_problems(workflow: dict) -> list[str]:
         problems.append(f"jobs.atlas-cells reads matrix.{', matrix.'.join(missing)}, which the atlas plan's rows lack")
     if "atlas-cells" not in jobs["report"]["needs"]:
         problems.append("jobs.report must wait for atlas-cells: it merges the slices' results into the archive")
-    uploads = [step for step in jobs["atlas-cells"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
+    uploads = [
+        step for step in jobs["atlas-cells"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")
+    ]
     if not uploads or not uploads[0]["with"]["name"].startswith("results-"):
         problems.append("jobs.atlas-cells must upload results-* artifacts (the report job merges those)")
     for job in ("atlas-plan", "atlas-pages"):
@@ -531,7 +533,10 @@ def test_the_atlas_is_merged_with_the_results_and_published_from_trusted_runs_on
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda w: w["jobs"]["atlas-cells"]["steps"].append({"run": "echo ${{ matrix.runner }}"}), "reads matrix.runner"),
+        (
+            lambda w: w["jobs"]["atlas-cells"]["steps"].append({"run": "echo ${{ matrix.runner }}"}),
+            "reads matrix.runner",
+        ),
         (lambda w: w["jobs"]["report"]["needs"].remove("atlas-cells"), "jobs.report must wait for atlas-cells"),
         (
             lambda w: w["jobs"]["atlas-pages"].update(if_=None) or w["jobs"]["atlas-pages"].update({"if": "always()"}),
@@ -547,7 +552,10 @@ def test_the_atlas_is_merged_with_the_results_and_published_from_trusted_runs_on
         (lambda w: w["jobs"]["atlas-deploy"]["permissions"].update({"contents": "write"}), "atlas-deploy: permissions"),
         (lambda w: w["jobs"]["atlas-deploy"]["steps"].insert(0, {"run": "ls"}), "runs nothing but the deployment"),
         (lambda w: w["jobs"]["atlas-deploy"].update({"needs": "report"}), "needs: atlas-pages"),
-        (lambda w: w["jobs"]["triage"].update({"permissions": {"id-token": "write"}}), "jobs.triage: pages or id-token"),
+        (
+            lambda w: w["jobs"]["triage"].update({"permissions": {"id-token": "write"}}),
+            "jobs.triage: pages or id-token",
+        ),
         (lambda w: w["jobs"]["atlas-plan"].update({"if": "always()"}), "jobs.atlas-plan must not run on pull requests"),
     ],
 )
