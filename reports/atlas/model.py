@@ -27,7 +27,7 @@ from reports.analysis import (
 )
 from reports.atlas.reading import ArchiveHistory
 from reports.outputs import transition_entry
-from reports.store import AXES, CellKey, Versions
+from reports.store import AXES, GITHUB_REPOSITORY, CellKey, Versions
 from suites.outcome import FAILURE_CLASSES
 
 FORMAT = "autotp-atlas/1"
@@ -90,7 +90,8 @@ class Cause:
     """The signature with numbers masked (reports.analysis.cause)."""
     mechanism: str
     upstream: str
-    """The issue or PR tracking it: its known failure's, else the PR an archived answer names; "" if none."""
+    """The issue or PR tracking it: its known failure's, else the PR an archived answer names (first bad or first
+    good, in that axis's repository); "" if none."""
     known: str
     """The known failure (matrix/known_failures.toml) covering it, or ""."""
     cells: tuple[CellKey, ...]
@@ -160,13 +161,13 @@ def build_atlas(archived: ArchiveHistory, known: Mapping[str, KnownFailure]) -> 
             verdicts[cell, sets[versions].id] = Verdict(status.status)
     order = {versions: index for index, versions in enumerate(history.version_sets)}
     transitions = tuple(_transition(t, sets) for t in history.transitions)
-    answered = {t.cause: t.pr for t in transitions if t.pr}
+    answered = {t.cause: _pr_url(t.axis, t.pr) for t in transitions if t.pr}
     causes = {}
     for (failure_class, text), points in sorted(failing.items()):
         identity = cause_id(failure_class, text)
         newest = max(points, key=lambda point: (order[point[1]], point[0]))
         covering = _known(known, failure_class, text, points)
-        upstream = covering.upstream if covering else _pr_url(answered.get(identity))
+        upstream = covering.upstream if covering else answered.get(identity, "")
         causes[identity] = Cause(
             id=identity,
             failure_class=failure_class,
@@ -249,8 +250,8 @@ def _known(
     return known[best] if best is not None and covered[best] else None
 
 
-def _pr_url(pr: int | None) -> str:
-    return f"https://github.com/deepspeedai/DeepSpeed/pull/{pr}" if pr else ""
+def _pr_url(axis: str, pr: int) -> str:
+    return f"https://github.com/{GITHUB_REPOSITORY[axis]}/pull/{pr}" if axis in GITHUB_REPOSITORY else ""
 
 
 def mechanism(failure_class: str, text: str, known: KnownFailure | None) -> str:

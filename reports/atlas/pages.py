@@ -15,7 +15,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reports import ReportsError
-from reports.analysis import cells_text
+from reports.analysis import cells_text, count_text
 from reports.atlas.model import Atlas, Row, atlas_json, cause_repro
 from reports.atlas.views import (
     STATE_CODES,
@@ -43,7 +43,13 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
     environment = Environment(
         loader=PackageLoader("reports.atlas"), autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True
     )
-    common = {"atlas": atlas, "channel": channel, "codes": STATE_CODES, "release_slug": release_slug}
+    common = {
+        "atlas": atlas,
+        "channel": channel,
+        "codes": STATE_CODES,
+        "count_text": count_text,
+        "release_slug": release_slug,
+    }
     yield ATLAS_FILE, json.dumps(atlas_json(atlas), indent=1, sort_keys=True) + "\n"
     all_releases = releases(atlas)
     families = atlas.rows_of_family()
