@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import time
 import xml.etree.ElementTree as ElementTree
@@ -354,19 +355,25 @@ def run_slice(
     seen: set[str] = set()
     with EnvironmentsAhead(runnable, "", "", session.log, AHEAD_WORKERS) as ahead:
         for combo in runnable:
+            load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
             waited = seconds(lambda: ready_or_failed(ahead, combo))
             line: dict = {
                 "combo": combo.id,
                 "waited_s": waited,
                 "first_transformers": combo.transformers.id not in seen,
+                "load": load,
             }
             seen.add(combo.transformers.id)
             for selection in config.selections:
                 folder = results / combo.id / selection.name
-                begun = time.monotonic()
+                begun, cpu = time.monotonic(), children_cpu_s()
                 selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
                 ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
-                line[selection.name] = {"seconds": time.monotonic() - begun, **junit_counts(folder / "junit")}
+                line[selection.name] = {
+                    "seconds": time.monotonic() - begun,
+                    "cpu_s": children_cpu_s() - cpu,
+                    **junit_counts(folder / "junit"),
+                }
                 python = ran or python
                 folders.append(str(folder / "junit"))
                 if failure:
@@ -388,6 +395,13 @@ def ready_or_failed(ahead: EnvironmentsAhead, combo: Combo) -> None:
         ahead.ready(combo)
     except (EnvironmentBuildError, AxisValueError, ReleaseDataUnavailable):
         pass
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (the cells' pytest and its ranks; environment builds that
+    ended meanwhile): unlike the wall time, not stretched by what else runs on the machine."""
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def seconds(work: Callable[[], object]) -> float:
@@ -450,8 +464,10 @@ def measured_figures(path: Path) -> CostFigures:
             rates[first] = sum(r["seconds"] for r in ran) / sum(r["cells"] for r in ran)
         selections[name] = SelectionCost(cell_s=rates[False], first_cell_s=rates[True])
     later = [line["waited_s"] for line in combos[1:]]
+    loads = [line["load"] for line in combos if "load" in line]
+    load = f", load average {sum(loads) / len(loads):.1f}" if loads else ""
     return CostFigures(
-        source=f"{date.today().isoformat()} on {socket.gethostname()}: {', '.join(line['combo'] for line in combos)}",
+        source=f"{date.today().isoformat()} on {socket.gethostname()}{load}: {', '.join(line['combo'] for line in combos)}",
         first_environment_s=combos[0]["waited_s"],
         environment_s=sum(later) / len(later) if later else 0.0,
         merge_cell_s=merges[-1]["merge_s"] / merges[-1]["merged_cells"],
