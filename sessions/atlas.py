@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import time
 import xml.etree.ElementTree as ElementTree
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import nox
 
+from matrix import cache_root
 from matrix.atlas import (
     ATLAS_AXES,
     COST_FILE,
@@ -76,6 +78,9 @@ def atlas_parser() -> argparse.ArgumentParser:
     parser.add_argument("--transformers", help="only these transformers values of the atlas (comma-separated)")
     parser.add_argument("--job-matrix", type=Path, help="also write the plan's GitHub Actions job matrix (JSON)")
     parser.add_argument("--no-merge", action="store_true", help="leave the slice's results unmerged (CI merges)")
+    parser.add_argument(
+        "--keep-cache", action="store_true", help="keep each transformers version's checkpoints when the slice is done"
+    )
     parser.add_argument("--no-triage", action="store_true", help="--nightly: do not triage new transitions")
     parser.add_argument("--max-minutes", default="60", help="--nightly: the triage's budget (default 60)")
     return parser
@@ -353,8 +358,11 @@ def run_slice(
     folders: list[str] = []
     python: Path | None = None
     seen: set[str] = set()
+    version_began = time.time()
     with EnvironmentsAhead(runnable, "", "", session.log, AHEAD_WORKERS) as ahead:
-        for combo in runnable:
+        for index, combo in enumerate(runnable):
+            if combo.transformers.id not in seen:
+                version_began = time.time()
             load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
             waited = seconds(lambda: ready_or_failed(ahead, combo))
             line: dict = {
@@ -378,6 +386,10 @@ def run_slice(
                 folders.append(str(folder / "junit"))
                 if failure:
                     session.warn(failure)
+            last_there = index + 1 == len(runnable) or runnable[index + 1].transformers.id != combo.transformers.id
+            if last_there and not args.keep_cache:
+                freed = prune_transformers_cache(combo.transformers.label, version_began)
+                session.log(f"{combo.transformers.id}: done here, its cached checkpoints freed ({freed / 1e9:.1f} GB)")
             append_line(timing, line)
     merged = sum(line_cells for line_cells in (junit_counts(Path(f))["cells"] for f in folders))
     merge_s = 0.0
@@ -387,6 +399,46 @@ def run_slice(
     wall = time.monotonic() - started
     append_line(timing, {"merge_s": merge_s, "merged_cells": merged, "wall_s": wall})
     session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {wall:.0f} s ({timing})")
+
+
+PER_TRANSFORMERS_CACHES = ("references", "training")
+"""Harness caches whose entries are keyed by the transformers version among the rest (suites/reference.py,
+suites/variants/training.py): what a slice wrote there while it ran one version is never read at another."""
+
+
+def prune_transformers_cache(version: str, since: float) -> int:
+    """Free what the cells made for one transformers version once the slice ran its last combination there: the tiny
+    checkpoints whose config names it and the references and training steps written since the version began. Every
+    architecture at one version is ~12 GB (docs/findings.md), a hosted runner has ~14 GB of disk; what was cached
+    before is kept. Returns the bytes freed."""
+    root = cache_root()
+    doomed = [
+        folder
+        for folder in sorted((root / "tiny").glob("*"))
+        if folder.stat().st_mtime >= since and _config_version(folder / "config.json") == version
+    ]
+    doomed += [
+        path
+        for kind in PER_TRANSFORMERS_CACHES
+        for path in sorted((root / kind).glob("*"))
+        if path.is_file() and path.stat().st_mtime >= since
+    ]
+    freed = 0
+    for path in doomed:
+        if path.is_dir():
+            freed += sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+            shutil.rmtree(path)
+        else:
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
+def _config_version(config: Path) -> str:
+    try:
+        return str(json.loads(config.read_text()).get("transformers_version", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def ready_or_failed(ahead: EnvironmentsAhead, combo: Combo) -> None:

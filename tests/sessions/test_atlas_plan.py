@@ -4,6 +4,7 @@ from a slice's timings."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from sessions.atlas import (
     newest_refs,
     plan_slices,
     plan_text,
+    prune_transformers_cache,
 )
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
@@ -181,3 +183,33 @@ def test_junit_counts_cells_and_skips(tmp_path):
     )
     assert junit_counts(tmp_path) == {"cells": 3, "skipped": 1}
     assert junit_counts(tmp_path / "missing") == {"cells": 0, "skipped": 0}
+
+
+def test_a_transformers_versions_cache_is_freed_when_the_slice_is_done_with_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
+    old = 1_000_000.0
+
+    def made(path: Path, content: str, when: float | None = None) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        if when is not None:
+            os.utime(path, (when, when))
+            os.utime(path.parent, (when, when))
+        return path
+
+    made(tmp_path / "tiny" / "llama-a" / "config.json", '{"transformers_version": "5.23.0"}')
+    made(tmp_path / "tiny" / "llama-b" / "config.json", '{"transformers_version": "5.24.0"}')  # the next version's
+    made(tmp_path / "tiny" / "qwen2-c" / "config.json", '{"transformers_version": "5.23.0"}', old)  # cached before
+    made(tmp_path / "references" / "new.pt", "x" * 10)
+    made(tmp_path / "references" / "older.pt", "x", old)
+    made(tmp_path / "training" / "new.pt", "x" * 5)
+    made(tmp_path / "releases" / "deepspeed.json", "{}")
+    freed = prune_transformers_cache("5.23.0", since=old + 1)
+    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_file())
+    assert left == [
+        "references/older.pt",
+        "releases/deepspeed.json",
+        "tiny/llama-b/config.json",
+        "tiny/qwen2-c/config.json",
+    ]
+    assert freed == len('{"transformers_version": "5.23.0"}') + 10 + 5
