@@ -388,8 +388,10 @@ def read_shape(config, source: str) -> RealShape:
         )
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
     kv_heads = 1 if multi_query else (_first(values, KV_KEYS) or heads)
-    # multi-head latent attention: the output projection reads heads x v_head_dim
-    head_dim = values["v_head_dim"] if MLA_KEY in values else (_first(values, HEAD_DIM_KEYS) or hidden // heads)
+    # multi-head latent attention: the output projection reads heads x v_head_dim; one with a rope part but no
+    # v_head_dim (DeepSeek V4, transformers 5.25) keeps a plain head_dim
+    value_dim = values.get("v_head_dim") if MLA_KEY in values else None
+    head_dim = value_dim or _first(values, HEAD_DIM_KEYS) or hidden // heads
     ratio = _first(values, FFN_RATIO_KEYS)
     intermediate = _first(values, FFN_KEYS) or (ratio or 4) * hidden
     experts = _first(values, EXPERT_KEYS) or 0
