@@ -8,6 +8,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
 from matrix.versions import Combo
+from sessions.atlas import run_atlas
 from sessions.environments import env_root, environment_variables
 from sessions.installers import point_nox_at_the_pinned_uv
 from sessions.nox_sessions import (
@@ -48,6 +49,13 @@ def autotp(session: nox.Session, combo: Combo) -> None:
 def coverage(session: nox.Session) -> None:
     """Every causal-LM architecture of the installed transformers: registry + derived tiny configs (`--models all`)."""
     run_matrix(session, latest_combo(session), ["--models", "all", *session.posargs])
+
+
+@nox.session(python=False)
+def atlas(session: nox.Session) -> None:
+    """The AutoTP atlas: `-- --plan N` (slices of the missing cells, cost, `--job-matrix FILE`), `--run COMBOS` (one
+    slice), `--nightly` (what is new), `--site OUT` (the pages, from the archive), `--calibrate RESULTS`."""
+    run_atlas(session, session.posargs)
 
 
 @nox.session(name="add-model", python=False)

@@ -281,11 +281,16 @@ def environment_options(pytest_args: list[str]) -> tuple[str, str, list[str]]:
 
 
 def run_suites(
-    session: nox.Session, combo: Combo, pytest_args: list[str], ahead: EnvironmentsAhead | None = None
+    session: nox.Session,
+    combo: Combo,
+    pytest_args: list[str],
+    ahead: EnvironmentsAhead | None = None,
+    session_name: str = "",
 ) -> tuple[Path | None, str]:
     """Install `combo` (or take its build from `ahead`) and run the suites into its results folder's junit/:
     (the environment's python, "") when they ran, else (None, why not), the selected cells recorded there as
-    `install` failures."""
+    `install` failures. The runs are recorded under `session_name` (default: the nox session's name)."""
+    session_name = session_name or session.name
     extras_name, mode, pytest_args = environment_options(pytest_args)
     selection = parse_suite_options(pytest_args)
     try:
@@ -296,16 +301,16 @@ def run_suites(
         from sessions.install_failure import record_install_failure
 
         session.log(f"{combo.id}: {error}")
-        written = record_install_failure(session.name, combo, str(error), selection)
+        written = record_install_failure(session_name, combo, str(error), selection)
         return None, (
             f"could not install {' '.join(combo.requirements)}; {written} cells recorded as 'install' "
             f"failures in {selection.results}"
         )
     session.log(f"{combo.id}:\n{prepared.versions}")
     session.run(
-        *suites_command(prepared.python, session_name=session.name, extra=pytest_args),
+        *suites_command(prepared.python, session_name=session_name, extra=pytest_args),
         success_codes=[0, 1],
-        env={**environment_variables(prepared.python), "NOX_SESSION_NAME": session.name, AS_OF_ENV: prepared.as_of},
+        env={**environment_variables(prepared.python), "NOX_SESSION_NAME": session_name, AS_OF_ENV: prepared.as_of},
         external=True,
     )
     return prepared.python, ""

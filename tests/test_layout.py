@@ -89,10 +89,10 @@ def test_the_layout_test_sees_the_whole_harness():
     assert Path(PROJECT_ROOT / "tests").is_dir()
 
 
-REPORTS_ROOMS = ("store", "clones", "analysis", "search", "outputs", "commands")
+REPORTS_ROOMS = ("store", "clones", "analysis", "search", "outputs", "atlas", "commands")
 """reports/ in rooms along its chain: what was recorded (store) < what a library's clone says (clones) < what the
-history means (analysis) < which release/commit changed a cell (search) < what people read (outputs) < the verbs of
-`python -m reports` (commands). A room imports itself and the rooms before it; other rooms import a room's package
+history means (analysis) < which release/commit changed a cell (search) < what people read (outputs) < the atlas's
+pages from the archive alone (atlas) < the verbs of `python -m reports` (commands). A room imports itself and the rooms before it; other rooms import a room's package
 (its `__init__`'s public names), never its inner modules."""
 REPORTS_ROOTS = {"reports", "reports.__main__"}
 """The package (ReportsError, which every room raises) and the command line; every other module is in a room."""

@@ -3,6 +3,7 @@ them. Each module's COMMAND registers its own arguments (reports/commands/interf
 
 from reports.commands import (
     archive_needs,
+    atlas,
     bisect,
     draft_issue,
     gate,
@@ -17,7 +18,7 @@ from reports.commands.interface import Command
 
 COMMANDS: tuple[Command, ...] = tuple(
     module.COMMAND
-    for module in (merge, archive_needs, rebuild, verify, render, gate, publish, draft_issue, bisect, triage)
+    for module in (merge, archive_needs, rebuild, verify, render, gate, publish, draft_issue, bisect, triage, atlas)
 )
 
 __all__ = ["COMMANDS", "Command"]

@@ -22,8 +22,12 @@ from reports.outputs.draft_issue import (
 from reports.outputs.gate import (
     format_table,
 )
+from reports.outputs.html import (
+    linked_html,
+)
 from reports.outputs.model import (
     build_report,
+    transition_entry,
 )
 from reports.outputs.pr_failures import (
     cause_lines,
@@ -56,10 +60,12 @@ __all__ = [
     "classify",
     "format_table",
     "inert",
+    "linked_html",
     "model_families",
     "model_support",
     "publish_deltas",
     "summary_line",
+    "transition_entry",
     "write_draft",
     "write_outputs",
     "writing_to",

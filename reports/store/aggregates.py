@@ -11,9 +11,10 @@ nightlies is ~72 k points instead of 1.46 M results: `HistoryStore.aggregates` c
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from reports.store.records import CellKey, Observation, Run, Versions
+from reports.store.records import CellKey, CellResult, Observation, Run, Versions
 from suites.mechanism import Cause
 
 PointKey = tuple[CellKey, Versions, str]
@@ -78,41 +79,57 @@ def recent_runs(runs: list[Run], per_session: int = 2) -> set[str]:
     return {run.run_id for session in by_session.values() for run in sorted(session, key=started_order)[-per_session:]}
 
 
+class ResultGrouping:
+    """The result groups and each point's newest metrics of results added a run at a time (the atlas adds an archive's
+    entries one by one, never holding every result): what `group_results` computes for results held in memory."""
+
+    def __init__(self, keep_metrics: bool = True):
+        self._keep_metrics = keep_metrics
+        # (versions, harness commit) -> (cell, outcome, failure class, signature) -> [count, first listed run id,
+        # earliest run, newest run]; a run's results share the outer key, so it is looked up once per run
+        self._groups: dict[tuple[Versions, str], dict[tuple, list]] = {}
+        self.measured: dict[PointKey, PointMetrics] = {}
+
+    def add(self, run: Run, results: Iterable[CellResult]) -> None:
+        groups = self._groups.setdefault((run.versions, run.harness_git), {})
+        order = started_order(run)
+        for result in results:
+            key = (result.cell, result.outcome, result.failure_class, result.signature)
+            known = groups.get(key)
+            if known is None:
+                groups[key] = [1, run.run_id, run, run, result.cause]
+            else:
+                known[0] += 1
+                if run.run_id < known[1]:
+                    known[1] = run.run_id
+                if order < started_order(known[2]):
+                    known[2] = run
+                if order >= started_order(known[3]):
+                    known[3], known[4] = run, result.cause
+            if self._keep_metrics and result.metrics:
+                point = (result.cell, run.versions, run.harness_git)
+                candidate = PointMetrics(run.started, run.run_id, result.metrics)
+                measured = self.measured.get(point)
+                if measured is None or newer_metrics(candidate, measured):
+                    self.measured[point] = candidate
+
+    def groups(self) -> list[ResultGroup]:
+        """Point by point in the order their first results were added."""
+        return [
+            ResultGroup(
+                cell, versions, harness_git, outcome, failure_class, signature, count, first, earliest, newest, cause
+            )
+            for (versions, harness_git), groups in self._groups.items()
+            for (cell, outcome, failure_class, signature), (count, first, earliest, newest, cause) in groups.items()
+        ]
+
+
 def group_results(observations: list[Observation]) -> tuple[list[ResultGroup], dict[PointKey, PointMetrics]]:
     """The result groups and each point's newest metrics of results held in memory."""
-    grouped: dict[tuple, list[Run]] = defaultdict(list)
-    measured: dict[PointKey, PointMetrics] = {}
-    causes: dict[tuple, dict[str, Cause | None]] = defaultdict(dict)
+    grouping = ResultGrouping()
     for obs in observations:
-        result, run = obs.result, obs.run
-        point = (obs.cell, obs.versions, run.harness_git)
-        key = (*point, result.outcome, result.failure_class, result.signature)
-        grouped[key].append(run)
-        causes[key][run.run_id] = result.cause
-        if result.metrics:
-            candidate = PointMetrics(run.started, run.run_id, result.metrics)
-            known = measured.get(point)
-            if known is None or newer_metrics(candidate, known):
-                measured[point] = candidate
-    groups = []
-    for (cell, versions, harness_git, outcome, failure_class, signature), runs in grouped.items():
-        runs.sort(key=started_order)
-        groups.append(
-            ResultGroup(
-                cell,
-                versions,
-                harness_git,
-                outcome,
-                failure_class,
-                signature,
-                len(runs),
-                min(run.run_id for run in runs),
-                runs[0],
-                runs[-1],
-                causes[(cell, versions, harness_git, outcome, failure_class, signature)][runs[-1].run_id],
-            )
-        )
-    return groups, measured
+        grouping.add(obs.run, (obs.result,))
+    return grouping.groups(), grouping.measured
 
 
 def aggregate(observations: list[Observation]) -> Aggregates:

@@ -19,6 +19,7 @@ from matrix.shapes import (
     faithful_sizes,
     load_real_shapes,
     main,
+    read_shape,
     shaped_entry,
     split_differences,
     split_pattern,
@@ -391,3 +392,26 @@ def test_a_checkpoint_cell_id_parses_and_replays_as_the_same_cell():
         r"at tp 2; its faithful cells: llama.faithful, llama.faithful-meta-llama-3-8b",
     ):
         expand("llama.faithful-gpt2", tp="2")
+
+
+class _Config:
+    """A transformers config as read_shape sees it: its dict."""
+
+    def __init__(self, **values: object) -> None:
+        self.values = values
+
+    def to_dict(self) -> dict[str, object]:
+        return self.values
+
+
+@pytest.mark.parametrize(
+    ("values", "head_dim"),
+    [
+        ({"qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 192}, 128),  # DeepSeek V3: the value dim
+        ({"qk_rope_head_dim": 64, "head_dim": 512}, 512),  # DeepSeek V4 (transformers 5.25): no v_head_dim
+        ({}, 64),  # neither: hidden / heads
+    ],
+)
+def test_latent_attention_head_dim_is_the_value_dim_else_the_plain_one(values, head_dim):
+    config = _Config(num_attention_heads=16, hidden_size=1024, vocab_size=1000, **values)
+    assert read_shape(config, "test").head_dim == head_dim

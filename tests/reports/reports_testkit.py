@@ -49,8 +49,10 @@ def write_junit(
     torch: str = "2.4.0",
     python: str = "3.11.7",
     harness_git: str | None = "",
+    session: str = "",
 ) -> Path:
-    """harness_git None: a file from before run.harness_git was recorded (the property is absent)."""
+    """harness_git None: a file from before run.harness_git was recorded (the property is absent); the session is
+    the run id's first part unless given (a session named after a git ref holds an @ itself)."""
     suite = TestSuite("pytest")
     for cell in cells:
         case = TestCase(f"test_cell[{cell.id}]", classname="suites.test_autotp")
@@ -69,7 +71,7 @@ def write_junit(
             "version.python": python,
             "version.deepspeed_git": deepspeed_git,
             "run.id": run_id,
-            "run.session": run_id.split("@")[0],
+            "run.session": session or run_id.split("@")[0],
             "run.host": host,
             "run.started": started,
             "run.accelerator": "cpu",

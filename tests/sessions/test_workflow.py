@@ -27,7 +27,9 @@ import pytest
 from ruamel.yaml import YAML
 
 from matrix import PROJECT_ROOT
-from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS
+from matrix.atlas import CostFigures
+from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS, Combo, Pin
+from sessions.atlas import CostModel, Slice, atlas_parser
 
 ROOT = PROJECT_ROOT
 WORKFLOW = ROOT / ".github" / "workflows" / "autotp.yml"
@@ -97,6 +99,7 @@ def session_options(pytest_options) -> dict[str, set[str]]:
         "gate": help_options("reports", "gate"),
         "publish": help_options("reports", "publish"),
         "report": {"--results", "--verify", "--untrusted"},
+        "atlas": {option for action in atlas_parser()._actions for option in action.option_strings},
         "pytest": pytest_options | help_options("pytest"),  # conftest's options and pytest's own (--collect-only)
     }
 
@@ -621,4 +624,93 @@ def set_job(job: str, key: str, value):
 )
 def test_trust_checks_report_injected_faults(workflow, edit, expected):
     problems = trust_problems(break_workflow(workflow, edit))
+    assert any(expected in problem for problem in problems), problems
+
+
+# --- the atlas: slices merged with the other results, pages published from trusted runs only ----------------------
+
+TRUSTED_EVENTS = "(github.event_name == 'schedule' || github.event_name == 'workflow_dispatch')"
+DEFAULT_BRANCH = "github.ref_name == github.event.repository.default_branch"
+
+
+def slice_row_keys() -> set[str]:
+    """The keys of a row `nox -s atlas -- --plan N --job-matrix FILE` writes."""
+    pin = Pin("x", "x==1", "x1")
+    combo = Combo(pin, pin, pin, (), None)
+    model = CostModel(CostFigures("", 0.0, 0.0, 0.0, {}), {})
+    return set(Slice(1, 1, (combo,), 0.0).job(model.combination_cells))
+
+
+def atlas_problems(workflow: dict) -> list[str]:
+    jobs = workflow["jobs"]
+    if not {"atlas-plan", "atlas-cells", "atlas-pages", "atlas-deploy"} <= set(jobs):
+        return ["the atlas's jobs (atlas-plan, atlas-cells, atlas-pages, atlas-deploy) are not all there"]
+    problems = []
+    if missing := sorted(set(re.findall(r"\bmatrix\.(\w+)", json.dumps(jobs["atlas-cells"]))) - slice_row_keys()):
+        problems.append(f"jobs.atlas-cells reads matrix.{', matrix.'.join(missing)}, which the atlas plan's rows lack")
+    if "atlas-cells" not in jobs["report"]["needs"]:
+        problems.append("jobs.report must wait for atlas-cells: it merges the slices' results into the archive")
+    uploads = [
+        step for step in jobs["atlas-cells"]["steps"] if step.get("uses", "").startswith("actions/upload-artifact")
+    ]
+    if not uploads or not uploads[0]["with"]["name"].startswith("results-"):
+        problems.append("jobs.atlas-cells must upload results-* artifacts (the report job merges those)")
+    for job in ("atlas-plan", "atlas-pages"):
+        if "pull_request" not in jobs[job].get("if", "") and TRUSTED_EVENTS not in jobs[job].get("if", ""):
+            problems.append(f"jobs.{job} must not run on pull requests")
+    condition = jobs["atlas-pages"].get("if", "")
+    for part in (TRUSTED_EVENTS, DEFAULT_BRANCH):
+        if part not in condition:
+            problems.append(f"jobs.atlas-pages publishes only from trusted runs; its if lacks {part}")
+    if jobs["atlas-deploy"].get("needs") != "atlas-pages":
+        problems.append("jobs.atlas-deploy must deploy only what atlas-pages built (needs: atlas-pages)")
+    if jobs["atlas-pages"].get("permissions") != {"contents": "read"}:
+        problems.append("jobs.atlas-pages: permissions must be contents: read only")
+    if jobs["atlas-deploy"].get("permissions") != {"pages": "write", "id-token": "write"}:
+        problems.append("jobs.atlas-deploy: permissions must be pages: write and id-token: write only")
+    if any("checkout" in step.get("uses", "") or "run" in step for step in jobs["atlas-deploy"]["steps"]):
+        problems.append("jobs.atlas-deploy runs nothing but the deployment (it holds the Pages token)")
+    for name, job in jobs.items():
+        if name != "atlas-deploy" and {"pages", "id-token"} & set(job.get("permissions", {})):
+            problems.append(f"jobs.{name}: pages or id-token permission outside atlas-deploy")
+    if "pages" in workflow.get("permissions", {}) or "id-token" in workflow.get("permissions", {}):
+        problems.append("workflow-level permissions must not grant pages or id-token")
+    return problems
+
+
+def test_the_atlas_is_merged_with_the_results_and_published_from_trusted_runs_only(workflow):
+    assert atlas_problems(workflow) == []
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda w: w["jobs"]["atlas-cells"]["steps"].append({"run": "echo ${{ matrix.runner }}"}),
+            "reads matrix.runner",
+        ),
+        (lambda w: w["jobs"]["report"]["needs"].remove("atlas-cells"), "jobs.report must wait for atlas-cells"),
+        (
+            lambda w: w["jobs"]["atlas-pages"].update(if_=None) or w["jobs"]["atlas-pages"].update({"if": "always()"}),
+            "its if lacks (github.event_name == 'schedule'",
+        ),
+        (
+            lambda w: w["jobs"]["atlas-pages"].update(
+                {"if": w["jobs"]["atlas-pages"]["if"].replace(DEFAULT_BRANCH, "true")}
+            ),
+            "its if lacks github.ref_name",
+        ),
+        (lambda w: w["jobs"]["atlas-pages"]["permissions"].update({"pages": "write"}), "atlas-pages: permissions"),
+        (lambda w: w["jobs"]["atlas-deploy"]["permissions"].update({"contents": "write"}), "atlas-deploy: permissions"),
+        (lambda w: w["jobs"]["atlas-deploy"]["steps"].insert(0, {"run": "ls"}), "runs nothing but the deployment"),
+        (lambda w: w["jobs"]["atlas-deploy"].update({"needs": "report"}), "needs: atlas-pages"),
+        (
+            lambda w: w["jobs"]["triage"].update({"permissions": {"id-token": "write"}}),
+            "jobs.triage: pages or id-token",
+        ),
+        (lambda w: w["jobs"]["atlas-plan"].update({"if": "always()"}), "jobs.atlas-plan must not run on pull requests"),
+    ],
+)
+def test_atlas_checks_report_injected_faults(workflow, edit, expected):
+    problems = atlas_problems(break_workflow(workflow, edit))
     assert any(expected in problem for problem in problems), problems

@@ -1,0 +1,103 @@
+"""The atlas's history, read from the results archive alone (no store): every archived run's results, grouped per
+point as they are read (an entry at a time, never every result in memory), analysed like every report's history
+(reports.analysis: statuses, flaky points, harness changes, transitions along each axis with the archived answers)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from reports.analysis import History, analyse_aggregates
+from reports.store import (
+    DamagedEntry,
+    Aggregates,
+    Bisection,
+    CellKey,
+    CellResult,
+    ResultGrouping,
+    ResultsArchive,
+    Run,
+    TriageAttempt,
+    started_order,
+)
+
+
+@dataclass(frozen=True)
+class SessionCounts:
+    """What the archive holds of one session: `python -m reports atlas done` prints these for `nox -s atlas`."""
+
+    runs: int
+    cells: int
+    install: int
+    """Cells recorded as `install` failures (the environment could not be installed)."""
+
+
+@dataclass(frozen=True)
+class ArchiveHistory:
+    history: History
+    checkpoints: Mapping[CellKey, tuple[str, ...]]
+    """The hub ids each faithful cell stands for, from its newest record that names any."""
+    runs: int
+    newest_started: str
+    """When the newest archived run started: the atlas's date (the same archive, the same bytes)."""
+
+
+class AtlasReader:
+    """Runs added one at a time (an archive's entries, or a benchmark's synthetic nights), then analysed once."""
+
+    def __init__(self) -> None:
+        self._grouping = ResultGrouping(keep_metrics=False)
+        self._checkpoints: dict[CellKey, tuple[tuple[str, str], tuple[str, ...]]] = {}
+        self._runs: set[str] = set()
+        self._newest = ""
+        self.sessions: dict[str, list[int]] = {}
+
+    def add(self, run: Run, results: Iterable[CellResult]) -> None:
+        results = list(results)
+        self._grouping.add(run, results)
+        counts = self.sessions.setdefault(run.session, [0, 0, 0])
+        if run.run_id not in self._runs:
+            self._runs.add(run.run_id)
+            counts[0] += 1
+        self._newest = max(self._newest, run.started)
+        counts[1] += len(results)
+        counts[2] += sum(result.failure_class == "install" for result in results)
+        order = started_order(run)
+        for result in results:
+            if result.checkpoints:
+                known = self._checkpoints.get(result.cell)
+                if known is None or order >= known[0]:
+                    self._checkpoints[result.cell] = (order, result.checkpoints)
+
+    def session_counts(self) -> dict[str, SessionCounts]:
+        return {name: SessionCounts(*counts) for name, counts in sorted(self.sessions.items())}
+
+    def history(self, answers: Iterable[Bisection | TriageAttempt] = ()) -> ArchiveHistory:
+        answers = list(answers)
+        aggregates = Aggregates(self._grouping.groups(), {}, [])
+        bisections = [answer for answer in answers if isinstance(answer, Bisection)]
+        attempts = [answer for answer in answers if isinstance(answer, TriageAttempt)]
+        return ArchiveHistory(
+            history=analyse_aggregates(aggregates, None, bisections, attempts),
+            checkpoints={cell: hub_ids for cell, (_, hub_ids) in self._checkpoints.items()},
+            runs=len(self._runs),
+            newest_started=self._newest,
+        )
+
+
+def read_archive(root: Path) -> tuple[AtlasReader, ResultsArchive]:
+    """Every run of the archive at `root`, in its (session, run id, attempt) order, validated as merge's door does;
+    an entry that does not open or is not valid is skipped with a line naming it (`python -m reports verify` fails
+    on it), never the end of the atlas."""
+    archive = ResultsArchive(root)
+    reader = AtlasReader()
+    for entry in archive.entries():
+        try:
+            records = archive.read(entry)
+        except DamagedEntry as exc:
+            print(f"skipped {exc}", file=sys.stderr)
+            continue
+        reader.add(records.run, records.results)
+    return reader, archive
