@@ -655,9 +655,10 @@ VERSION_AXES = (*INSTALLED_AXES, "python")
 """The version axes a known failure can name (the reports' axes: the installed ones and python)."""
 UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
 UPSTREAM_PAGE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/[\w./-]+\.md(?:#[\w-]+)?")
-SOURCE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[\w.-]+/[\w./-]+(?:#L\d+(?:-L\d+)?)?")
+SOURCE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/(?:v\d[\w.]*|[0-9a-f]{40})/[\w./-]+#L\d+(?:-L\d+)?")
 """An `unsupported` entry's upstream: the documentation page that says so, at the commit it was read from, or the
-line of DeepSpeed's source that refuses the model on purpose (an assert stating a requirement), at a tag."""
+line of DeepSpeed's source that refuses the model on purpose (an assert stating a requirement), at a release tag
+or a commit, with its line anchor."""
 NO_VERDICT_CLASSES = ("setup", "install")
 """Failures of the harness or the environment: no entry covers them without naming them, whatever it says."""
 

@@ -268,7 +268,7 @@ def _title(entry: FailingCause, failure: Observation, cell: Cell | None, diagnos
 
 def _short(mechanism: str) -> str:
     """A mechanism's first clause, cut to a title's length (the body has all of it)."""
-    text = one_line(mechanism.partition("; ")[0].replace("`", ""))
+    text = one_line(mechanism.partition("; ")[0])
     return text if len(text) <= MAX_TITLE_MECHANISM else text[: MAX_TITLE_MECHANISM - 1] + "…"
 
 

@@ -22,9 +22,9 @@ _PARSER = MarkdownIt("commonmark").enable("table")
 # are checked at the door), and the files a results folder keeps beside its report (logs, repro scripts, draft issues,
 # checkpoint pages; no path component starts with a dot, so none climbs out).
 OUR_URL = re.compile(
-    r"https://github\.com/[A-Za-z0-9-]+/[A-Za-z0-9._-]+/(?:commit|pull|issues|compare|blob)/[A-Za-z0-9._#/-]+"
+    r"(?:https://github\.com/[A-Za-z0-9-]+/[A-Za-z0-9._-]+/(?:commit|pull|issues|compare|blob)/[A-Za-z0-9._#/-]+"
     r"|https://huggingface\.co/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
-    r"|(?:logs|repro|draft-issue|checkpoints)/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/?)+"
+    r"|(?:logs|repro|draft-issue|checkpoints)/[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?)"
 )
 OUR_LINK = re.compile(rf"\[[^\[\]\n`]+\]\({OUR_URL.pattern}\)")
 # The HTML blocks this harness writes: hidden markers, supported-models.md's note of what generated it (versions and

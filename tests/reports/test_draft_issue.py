@@ -114,7 +114,7 @@ def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_p
         "# AutoTP: Phi-3-mini-4k-instruct: a sharded layer gets an input of the wrong width at tp 2/3/4 (and 2 more models)"
     )
     assert (
-        "The model is a tiny random model that splits exactly like [`microsoft/Phi-3-mini-4k-instruct`]"
+        "The model is a tiny random model that splits exactly like [microsoft/Phi-3-mini-4k-instruct]"
         "(https://huggingface.co/microsoft/Phi-3-mini-4k-instruct) at tp 2, 3 and 4"
     ) in body
     assert "; `--checkpoint microsoft/Phi-3-mini-4k-instruct` runs the real checkpoint instead." in body

@@ -542,8 +542,8 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
         "6 cells fail in 4 causes at the latest versions: 3 new, 0 known, 1 unsupported upstream."
     )
     norm = next(line for line in lines if "left whole" in line)
-    assert norm.startswith(f"1. **new** forward {NORM.replace('q_norm', 'attn_sub_norm')} (`{SIZE}")
-    assert "— AutoTP's (DeepSpeed's) bug, surfaced in `transformers/models/bitnet/modeling_bitnet.py:forward` —" in norm
+    assert norm.startswith(f"1. **new** forward {NORM} (`{SIZE}")  # shown on olmo2 (models.toml popularity)
+    assert "— AutoTP's (DeepSpeed's) bug, surfaced in `transformers/models/olmo2/modeling_olmo2.py:forward` —" in norm
     assert lines[-1].startswith(
         "4. **unsupported upstream ([deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293]("
         "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293))** shard"
