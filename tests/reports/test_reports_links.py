@@ -5,6 +5,7 @@ comment as GitHub renders it (screenshots kept under $AUTOTP_TEST_ARTIFACTS)."""
 
 import html
 import json
+import os
 import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -20,6 +21,7 @@ PHI3 = "microsoft/Phi-3-mini-4k-instruct"
 MAT1 = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ deepspeed/module_inject/layers.py:forward"
 EXPERTS = "memory: experts left whole: model.layers.*.mlp.experts.{gate_up_proj,down_proj}"
 KEPT_LOGS = ("phi3.faithful-eager-fp32-tp2", "mixtral.faithful-eager-fp32-tp3")
+REAL_RESULTS = os.environ.get("AUTOTP_RESULTS")
 
 
 def first_night(tmp_path: Path) -> Path:
@@ -64,10 +66,8 @@ def markdown_paths(text: str) -> list[str]:
     return [target for target in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in target]
 
 
-def test_every_path_a_report_prints_exists(results):
-    report = (results / "report.md").read_text()
-    paths = markdown_paths(report)
-    assert {"logs/phi3.faithful-eager-fp32-tp2/", "repro/repro_phi3.faithful-eager-fp32-tp2.py"} <= set(paths)
+def printed_paths(results: Path) -> list[str]:
+    """Every relative path report.md links, report.json names for a failing cause or cell, report.html links."""
     failing = json.loads((results / "report.json").read_text())["failing_now"]
     printed = [
         path
@@ -80,14 +80,19 @@ def test_every_path_a_report_prints_exists(results):
         )
         if path
     ]
-    page = (results / "report.html").read_text()
-    hrefs = [unquote(h) for h in re.findall(r'href="([^"#:]+)"', page)]
-    assert {path for path in [*paths, *printed, *hrefs] if path.startswith("logs/")} == {
+    hrefs = [unquote(h) for h in re.findall(r'href="([^"#:]+)"', (results / "report.html").read_text())]
+    return [*markdown_paths((results / "report.md").read_text()), *printed, *hrefs]
+
+
+def test_every_path_a_report_prints_exists(results):
+    paths = printed_paths(results)
+    assert {"logs/phi3.faithful-eager-fp32-tp2/", "repro/repro_phi3.faithful-eager-fp32-tp2.py"} <= set(paths)
+    assert {path for path in paths if path.startswith("logs/")} == {
         f"logs/{cell}/" for cell in KEPT_LOGS
     }  # a log folder is named only where the run kept one
-    for path in [*paths, *printed, *hrefs]:
-        assert (results / path).exists(), path
+    assert [path for path in paths if not (results / path).exists()] == []
     # The example cell of the forward cause stands for Phi-3-mini, the checkpoint users run most of the three
+    failing = json.loads((results / "report.json").read_text())["failing_now"]
     forward = next(c for c in failing["causes"] if c["failure_class"] == "forward")
     assert forward["repro"]["cell"] == "phi3.faithful-eager-fp32-tp2" and forward["repro"]["checkpoints"] == [PHI3]
 
@@ -96,11 +101,11 @@ def page_links(page: Path) -> list[str]:
     return [html.unescape(link) for link in re.findall(r'<a [^>]*href="([^"]*)"', page.read_text())]
 
 
-def test_every_link_in_report_html_resolves_or_is_a_well_formed_url(results):
-    pages = [results / "report.html", *sorted((results / "checkpoints").glob("*.html"))]
-    assert len(pages) == 1 + 4  # a page per real checkpoint: Phi-3-mini, CTRL, Mixtral, Llama-2
+def link_kinds(results: Path) -> set[str]:
+    """What report.html and the checkpoint pages link to (a folder, a host, "anchor"), asserting each link resolves:
+    a file or folder beside the page, an element of the page, or a well-formed https URL."""
     kinds = set()
-    for page in pages:
+    for page in [results / "report.html", *sorted((results / "checkpoints").glob("*.html"))]:
         ids = set(re.findall(r'id="([^"]+)"', page.read_text()))
         for link in page_links(page):
             parts = urlsplit(link)
@@ -113,8 +118,23 @@ def test_every_link_in_report_html_resolves_or_is_a_well_formed_url(results):
             else:
                 assert (page.parent / unquote(parts.path)).exists(), f"{page.name}: {link} does not exist"
                 kinds.add(Path(parts.path).parts[0] if "/" in parts.path else parts.path)
+    return kinds
+
+
+def test_every_link_in_report_html_resolves_or_is_a_well_formed_url(results):
+    assert len(list((results / "checkpoints").glob("*.html"))) == 4  # Phi-3-mini, CTRL, Mixtral, Llama-2
     # logs, repro scripts, draft issues, checkpoint pages, model cards, the cause anchors and the way back
-    assert {"logs", "repro", "draft-issue", "checkpoints", "huggingface.co", "anchor", ".."} <= kinds
+    assert {"logs", "repro", "draft-issue", "checkpoints", "huggingface.co", "anchor", ".."} <= link_kinds(results)
+
+
+@pytest.mark.skipif(
+    not REAL_RESULTS, reason="AUTOTP_RESULTS (the results/ folder of a real `nox -s matrix`) is not set"
+)
+def test_every_printed_path_and_link_of_a_real_run_resolves():
+    """The same checks on what a real run rendered (after `nox -s matrix`: AUTOTP_RESULTS=results)."""
+    results = Path(REAL_RESULTS or "")
+    assert [path for path in printed_paths(results) if not (results / path).exists()] == []
+    assert {"repro", "draft-issue", "huggingface.co", "anchor"} <= link_kinds(results)
 
 
 def test_a_one_run_history_draws_no_timeline_or_trend_and_says_so_once(results):
