@@ -156,7 +156,7 @@ def _left_whole(
     dimensions is that projection's full width along its split dimension, or its head count."""
     after = {name: tuple(t.shape) for name, t in [*model.named_parameters(), *model.named_buffers()]}
     replaced_paths = tuple(f"{path}." for path, _ in replaced)
-    found: dict[tuple[str, str], LeftWhole] = {}
+    found: dict[str, LeftWhole] = {}
     for path, projection in replaced:
         block = parent(path)
         width = projection.shape[projection.dim]
@@ -172,10 +172,17 @@ def _left_whole(
                 continue
             norm = "norm" in owner_class.lower()
             over = "width" if width in shape else "heads" if heads > 1 and heads in shape and not norm else ""
-            key = (mask_indices(name), mask_indices(path))
-            if over and not any(masked == key[0] for masked, _ in found):
+            masked = mask_indices(name)
+            if over and (masked not in found or _named_alike(masked, path)):
                 kind = "norm" if norm else "per-head" if over == "heads" else "per-channel"
                 assert kind in LEFT_WHOLE_KINDS
                 size = width if over == "width" else heads
-                found[key] = LeftWhole(key[0], kind, size, key[1], over)
+                found[masked] = LeftWhole(masked, kind, size, mask_indices(path), over)
     return list(found.values())
+
+
+def _named_alike(tensor: str, projection: str) -> bool:
+    """`self_attn.k_norm.weight` and `self_attn.k_proj`: the tensor's module is named for that projection, so it is
+    the one to name beside it when several split projections have its width (k_proj's and q_proj's with as many kv
+    heads as query heads)."""
+    return parent(tensor).rpartition(".")[2].split("_")[0] == projection.rpartition(".")[2].split("_")[0]
