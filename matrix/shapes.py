@@ -397,6 +397,10 @@ def read_shape(config, source: str) -> RealShape:
     experts = _first(values, EXPERT_KEYS) or 0
     expert_intermediate = _first(values, EXPERT_FFN_KEYS) or 0
     tied = values.get("tie_word_embeddings", getattr(config, "tie_word_embeddings", True))
+    # a multimodal config may keep its vocabulary only in its language model's (fuyu from transformers 4.43)
+    vocab = values.get("vocab_size") or (values.get("text_config") or {}).get("vocab_size")
+    if not vocab:
+        raise RegistryError(f"{source}: the config has no vocab_size, at its top or in its text_config")
     return RealShape(
         source=source,
         heads=heads,
@@ -404,7 +408,7 @@ def read_shape(config, source: str) -> RealShape:
         head_dim=head_dim,
         hidden=hidden,
         intermediate=intermediate,
-        vocab=values["vocab_size"],
+        vocab=vocab,
         tied_embeddings=bool(tied),
         experts=experts if experts > 1 else 0,
         top_k=(_first(values, TOP_K_KEYS) or 0) if experts > 1 else 0,
