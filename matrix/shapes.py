@@ -408,6 +408,10 @@ def read_shape(config, source: str) -> RealShape:
     experts = _first(values, EXPERT_KEYS) or 0
     expert_intermediate = _first(values, EXPERT_FFN_KEYS) or 0
     tied = values.get("tie_word_embeddings", getattr(config, "tie_word_embeddings", True))
+    # a multimodal config may keep its vocabulary only in its language model's (fuyu from transformers 4.43)
+    text_config = values.get("text_config")
+    text_vocab = text_config.get("vocab_size") if isinstance(text_config, dict) else None
+    vocab = text_vocab if "vocab_size" not in values and isinstance(text_vocab, int) else values.integer("vocab_size")
     return RealShape(
         source=source,
         heads=heads,
@@ -415,7 +419,7 @@ def read_shape(config, source: str) -> RealShape:
         head_dim=head_dim,
         hidden=hidden,
         intermediate=intermediate,
-        vocab=values.integer("vocab_size"),
+        vocab=vocab,
         tied_embeddings=bool(tied),
         experts=experts if experts > 1 else 0,
         top_k=(_first(values, TOP_K_KEYS) or 0) if experts > 1 else 0,

@@ -25,6 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 from matrix import cache_root
 from matrix.atlas import (
@@ -376,14 +377,18 @@ def run_slice(
                 folder = results / combo.id / selection.name
                 begun, cpu = time.monotonic(), children_cpu_s()
                 selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
-                ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
+                try:
+                    ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
+                except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
+                    ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
                 line[selection.name] = {
                     "seconds": time.monotonic() - begun,
                     "cpu_s": children_cpu_s() - cpu,
                     **junit_counts(folder / "junit"),
                 }
                 python = ran or python
-                folders.append(str(folder / "junit"))
+                if (folder / "junit").is_dir():
+                    folders.append(str(folder / "junit"))
                 if failure:
                     session.warn(failure)
             last_there = index + 1 == len(runnable) or runnable[index + 1].transformers.id != combo.transformers.id

@@ -415,3 +415,9 @@ class _Config:
 def test_latent_attention_head_dim_is_the_value_dim_else_the_plain_one(values, head_dim):
     config = _Config(num_attention_heads=16, hidden_size=1024, vocab_size=1000, **values)
     assert read_shape(config, "test").head_dim == head_dim
+
+
+def test_a_vocabulary_kept_only_in_the_text_config_is_read_there():
+    """fuyu's config from transformers 4.43: vocab_size in text_config alone."""
+    config = _Config(num_attention_heads=16, hidden_size=1024, text_config={"vocab_size": 262144})
+    assert read_shape(config, "test").vocab == 262144

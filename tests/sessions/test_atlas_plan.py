@@ -1,16 +1,19 @@
 """`nox -s atlas`'s plan: what the archive lacks, the cost model, the slices and their job matrix, the calibration
-from a slice's timings."""
+from a slice's timings; one slice's run going on past a combination whose suites die."""
 
 from __future__ import annotations
 
 import json
 import os
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from nox.command import CommandFailed
 
 from matrix.atlas import CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
 from matrix.versions import MAX_AGE_ENV, AxisValueError
+from sessions import atlas
 from sessions.atlas import (
     TIMING_FILE,
     ArchivedSession,
@@ -213,3 +216,59 @@ def test_a_transformers_versions_cache_is_freed_when_the_slice_is_done_with_it(t
         "tiny/qwen2-c/config.json",
     ]
     assert freed == len('{"transformers_version": "5.23.0"}') + 10 + 5
+
+
+class SliceSession:
+    """What run_slice asks of a nox session, recorded."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def log(self, message: str) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+class NoBuilds:
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def __enter__(self) -> NoBuilds:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def ready(self, combo: object) -> None:
+        pass
+
+
+def test_a_combination_whose_suites_die_stays_missing_and_the_slice_merges_the_rest(combos, tmp_path, monkeypatch):
+    """transformers 4.43.4 once made pytest die collecting (INTERNALERROR, exit 3): the slice ran nothing after it and
+    merged nothing before it."""
+    dying = combos[0]
+
+    def run_suites(session, combo, selected, ahead, session_name):
+        if combo == dying:
+            raise CommandFailed("Returned code 3", return_code=3)
+        junit = Path(selected[selected.index("--results") + 1]) / "junit"
+        junit.mkdir(parents=True)
+        (junit / "a.xml").write_text('<testsuite><testcase name="x"/></testsuite>')
+        return Path("python"), ""
+
+    merged: list[tuple[str, ...]] = []
+    monkeypatch.setattr(atlas, "EnvironmentsAhead", NoBuilds)
+    monkeypatch.setattr(atlas, "run_suites", run_suites)
+    monkeypatch.setattr(atlas, "reports_run", lambda session, python, verb, *args: merged.append((verb, *args)))
+    session = SliceSession()
+    arguments = Namespace(results=str(tmp_path), keep_cache=True, no_merge=False, store="history.sqlite")
+    atlas.run_slice(session, load_atlas_config(), combos[:2], arguments, [])
+    assert [warning.split(":")[0] for warning in session.warnings] == [f"{dying.id} inference", f"{dying.id} training"]
+    ((verb, *folders, _, store),) = merged
+    assert verb == "merge" and store == "history.sqlite"
+    assert folders == [str(tmp_path / combos[1].id / name / "junit") for name in ("inference", "training")]
+    timings = [json.loads(line) for line in (tmp_path / TIMING_FILE).read_text().splitlines()]
+    assert [line.get("combo") for line in timings] == [dying.id, combos[1].id, None]
+    assert timings[-1]["merged_cells"] == 2
