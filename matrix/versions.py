@@ -159,7 +159,8 @@ def load_releases(package: str, *, cache_dir: Path | None = None, fetch: Fetch =
         if cache_file.exists():
             warnings.warn(
                 f"refreshing {package} from {url} failed ({error}); using the cached {cache_file} "
-                f"({_age_hours(cache_file):.1f} h old)"
+                f"({_age_hours(cache_file):.1f} h old)",
+                stacklevel=2,
             )
             return parse_releases(json.loads(cache_file.read_text()))
         raise ReleaseDataUnavailable(

@@ -365,7 +365,7 @@ def run_slice(
             if combo.transformers.id not in seen:
                 version_began = time.time()
             load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
-            waited = seconds(lambda: ready_or_failed(ahead, combo))
+            waited = seconds(lambda combo=combo: ready_or_failed(ahead, combo))
             line: dict = {
                 "combo": combo.id,
                 "waited_s": waited,

@@ -51,6 +51,7 @@ from reports.analysis.comparison import (
 from reports.analysis.failing_now import (
     FailingCause,
     FailingNow,
+    NO_RESULT_FILES,
     ResultFiles,
     build_failing_now,
     draft_file,
@@ -121,6 +122,7 @@ __all__ = [
     "History",
     "Link",
     "NewArchitectures",
+    "NO_RESULT_FILES",
     "ResultFiles",
     "Reason",
     "RootCause",

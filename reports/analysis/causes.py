@@ -139,7 +139,7 @@ def root_causes(
     first. `members` index into the kind's list."""
     of_each_kind = by_kind(transitions)
     grouped: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for kind, of_this_kind in of_each_kind.items():
+    for of_this_kind in of_each_kind.values():
         for index, t in enumerate(of_this_kind):
             grouped[t.cause_key].append(index)
     found = []

@@ -69,6 +69,10 @@ class ResultFiles:
         return repro_file(cell) if cell in self.repro else ""
 
 
+NO_RESULT_FILES = ResultFiles()
+"""A results folder that holds no logs or scripts (a report written elsewhere names none)."""
+
+
 def example_cell(
     cells: list[CellKey], checkpoints: dict[CellKey, tuple[str, ...]], popularity: tuple[str, ...]
 ) -> CellKey:
@@ -217,7 +221,7 @@ def build_failing_now(
     history: History,
     aggregates: Aggregates,
     known: dict[str, KnownFailure],
-    files: ResultFiles = ResultFiles(),
+    files: ResultFiles = NO_RESULT_FILES,
 ) -> FailingNow:
     """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
     the most cells first) and the open known failures whose cells pass there now; `files`: what the results folder

@@ -69,7 +69,7 @@ class GitRepo:
         except FileNotFoundError:
             raise GitError(f"`git` is not installed; install it or drop {self.option}") from None
 
-    @cache  # history ordering asks for the same refs many times; each answer costs a git process
+    @cache  # noqa: B019 (one GitRepo per command, kept to its end) history ordering asks for the same refs many times; each answer costs a git process
     def find(self, ref: str) -> str | None:
         """The full sha of a commit, tag or release (0.16.4 finds the tag v0.16.4), or None."""
         for candidate in (ref, f"v{ref}"):
@@ -109,7 +109,7 @@ class GitRepo:
         files = self._git("diff-tree", "--root", "--no-commit-id", "--name-only", "-r", sha).split()
         return Commit(self.resolve(sha), subject, pr_of(subject), tuple(files))
 
-    @cache  # many cells change in the same range
+    @cache  # noqa: B019 (one GitRepo per command, kept to its end) many cells change in the same range
     def between(self, older: str, newer: str, relevant_paths: tuple[str, ...] = ()) -> tuple[Commit, ...]:
         """Commits in newer but not in older, newest first; those touching relevant_paths (files or
         folders) first, each part newest first."""

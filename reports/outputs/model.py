@@ -23,6 +23,7 @@ from reports.analysis import (
     FailingNow,
     History,
     NewArchitectures,
+    NO_RESULT_FILES,
     ResultFiles,
     RootCause,
     TRANSITION_LISTS,
@@ -115,7 +116,7 @@ def build_report(
     aggregates: Aggregates,
     drift: Drift | None,
     known_failures: dict[str, KnownFailure],
-    files: ResultFiles = ResultFiles(),
+    files: ResultFiles = NO_RESULT_FILES,
 ) -> Report:
     """The report; `files`: what the results folder it is written to holds for the failing cells (logs, repro
     scripts, draft issues), which it names."""

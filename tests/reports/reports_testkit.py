@@ -261,7 +261,7 @@ def _nightly_failures() -> list[Cell]:
         cells += _tps(
             model,
             "memory",
-            lambda tp: (
+            lambda tp, n=n: (
                 f"memory: experts not sharded: rank 0 holds {6.75 - n * 0.75:.3g} "
                 f"of {6.75 - n * 0.75:.3g} MiB (100%; at most {(1 + 1 / tp) / 2:.0%} expected on tp {tp})"
             ),
@@ -270,7 +270,7 @@ def _nightly_failures() -> list[Cell]:
         cells += _tps(
             model,
             "forward",
-            lambda tp: (
+            lambda tp, model=model: (
                 f"IndexError: index out of range in self @ transformers/models/{model}/modeling_{model}.py:forward"
             ),
         )
@@ -291,7 +291,7 @@ def _nightly_failures() -> list[Cell]:
         cells += _tps(
             model,
             "shard",
-            lambda tp: (
+            lambda tp, model=model: (
                 f"AssertionError: the {model} policy splits N heads over {tp} ranks "
                 "@ deepspeed/module_inject/auto_tp.py:_replace"
             ),

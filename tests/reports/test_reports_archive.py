@@ -377,7 +377,7 @@ def test_rebuild_without_an_archive_says_where_it_looked(tmp_path, capsys):
 
 
 def test_archive_entries_are_listed_in_order(session, tmp_path):
-    for n in range(3):
+    for _ in range(3):
         session([Cell("llama")])
     assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "history.sqlite")]) == 0
     entries = ResultsArchive(tmp_path / "archive").entries()
