@@ -215,10 +215,9 @@ def recorder(pytestconfig):
 def pytest_terminal_summary(terminalreporter, config):
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
+    from suites.driver import CacheContents
     from suites.records.run_records import read_records
     from suites.records.summary import print_summary
-
-    from suites.driver import CacheContents
 
     if CACHE_AT_START in config.stash and (written := CacheContents.now().written_since(config.stash[CACHE_AT_START])):
         terminalreporter.write_line(written)

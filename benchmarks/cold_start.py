@@ -42,7 +42,6 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from sessions.environments import environment_variables  # noqa: E402
 from suites.engine.fork_server import REFERENCE_PROCESS_NAME  # noqa: E402
 
-
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

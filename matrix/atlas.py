@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+import tomllib
 
 from matrix.cells import expand
 from matrix.shapes import DEFAULT_SHAPES

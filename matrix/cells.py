@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
 from matrix.config_values import ExpansionError
+from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
 from matrix.shapes import (
     UNMARKED_SHAPE,
     RealShape,

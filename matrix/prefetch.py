@@ -20,9 +20,9 @@ import fnmatch
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from matrix.cells import parse_names
 from matrix.redaction import redact

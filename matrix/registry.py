@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 

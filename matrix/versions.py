@@ -18,7 +18,6 @@ import re
 import sys
 import tempfile
 import time
-import tomllib
 import urllib.request
 import warnings
 from collections.abc import Iterable, Mapping
@@ -28,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 

@@ -16,14 +16,15 @@ import math
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from matrix import PROJECT_ROOT
+from matrix.config_values import UnreadableConfig
 from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
-from matrix.config_values import UnreadableConfig
 from matrix.shapes import add_record, read_shape, split_shaped_name
 from sessions.build_check import build_problem
 from suites.command import suites_command

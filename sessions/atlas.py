@@ -22,6 +22,7 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import nox
@@ -47,8 +48,8 @@ from sessions.nox_sessions import (
     AHEAD_WORKERS,
     EnvironmentsAhead,
     install_harness,
-    run_suites,
     latest_combo,
+    run_suites,
 )
 
 SCOPES = ("missing", "nightly")
@@ -365,7 +366,7 @@ def run_slice(
             if combo.transformers.id not in seen:
                 version_began = time.time()
             load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
-            waited = seconds(lambda combo=combo: ready_or_failed(ahead, combo))
+            waited = seconds(partial(ready_or_failed, ahead, combo))
             line: dict = {
                 "combo": combo.id,
                 "waited_s": waited,

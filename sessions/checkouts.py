@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.installed import module_constants
+import tomllib
 
+from matrix.installed import module_constants
 from sessions.installers import InstallError, run_checked
 
 CHECKOUT_LINK = "autotp-checkout.pth"

@@ -34,18 +34,18 @@ import os
 import shlex
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.versions import AXES, short_prefixes
 from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
-from sessions.installers import InstallError, Installer, installer, run_checked, sysconfig_purelib
+from sessions.installers import Installer, InstallError, installer, run_checked, sysconfig_purelib
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"

@@ -27,11 +27,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version

@@ -7,10 +7,11 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from matrix import PROJECT_ROOT
 from sessions.installers import TOOLS_FOLDER, InstallError, run_checked

@@ -17,6 +17,7 @@ from suites.command import CELL_TIMEOUT_S
 from suites.contracts import Job
 from suites.engine.fork_server import ForkServer
 from suites.engine.rank_group import RankGroupPool
+from suites.mechanism import Failure, cause_of
 from suites.memory_plan import (
     GiB,
     MemoryPlan,
@@ -28,7 +29,6 @@ from suites.memory_plan import (
     plan_cell,
     session_pids,
 )
-from suites.mechanism import Failure, cause_of
 from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
 from suites.reference import (
     cached_reference,

@@ -18,10 +18,10 @@ from reports.analysis.answers import (
 )
 from reports.analysis.causes import (
     DELTA_KINDS,
+    TRANSITION_LISTS,
     DeltaCause,
     RootCause,
     SessionDeltas,
-    TRANSITION_LISTS,
     all_session_deltas,
     cause_id,
     cells_text,
@@ -42,16 +42,16 @@ from reports.analysis.checkpoints import (
     shape_of,
 )
 from reports.analysis.comparison import (
-    GateRow,
     VERDICTS,
+    GateRow,
     blocking,
     compare,
     select,
 )
 from reports.analysis.failing_now import (
+    NO_RESULT_FILES,
     FailingCause,
     FailingNow,
-    NO_RESULT_FILES,
     ResultFiles,
     build_failing_now,
     draft_file,
@@ -75,6 +75,9 @@ from reports.analysis.history import (
     analyse_aggregates,
     answer_for,
 )
+from reports.analysis.known import (
+    upstream_label,
+)
 from reports.analysis.new_architectures import (
     COVERAGE_SESSION,
     NewArchitectures,
@@ -82,9 +85,6 @@ from reports.analysis.new_architectures import (
     new_architecture_lines,
     new_architectures_markdown,
     new_architectures_summary,
-)
-from reports.analysis.known import (
-    upstream_label,
 )
 from reports.analysis.reasons import (
     Reason,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from reports.store import Bisection, CellKey, Commit, GITHUB_REPOSITORY, Pins, TransitionKind, TriageAttempt, parse_pins
+from reports.store import GITHUB_REPOSITORY, Bisection, CellKey, Commit, Pins, TransitionKind, TriageAttempt, parse_pins
 
 Link = Callable[[str, str], str]
 MAX_SUSPECTS = 3  # in the line; report.json keeps them all

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.comparison import compare
-from reports.analysis.statuses import CellStatus
 from reports.analysis.history import History, Transition
+from reports.analysis.signatures import cause, failure_key
+from reports.analysis.statuses import CellStatus
 from reports.store import (
     AXES,
     CellKey,
@@ -35,7 +36,6 @@ from reports.store import (
     parse_pins,
     pins_text,
 )
-from reports.analysis.signatures import cause, failure_key
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
 TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}

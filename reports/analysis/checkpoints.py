@@ -15,9 +15,9 @@ from collections import defaultdict
 from markupsafe import Markup
 
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
-from reports.store import Aggregates, CellKey, Run, started_order
 from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
+from reports.store import Aggregates, CellKey, Run, started_order
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CAUSE = 160

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
-from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, known_from_json, versions_of
 from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.statuses import CellStatus
+from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from suites.mechanism import whose
 
 STATUS_ORDER = ("new", "known", "unsupported")

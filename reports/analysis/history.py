@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from packaging.version import Version
 
 from reports import ReportsError
+from reports.analysis.signatures import failure_key
+from reports.analysis.statuses import (
+    CellStatus,
+    harness_ranks_of_groups,
+    keep_earliest,
+    listed,
+    point_status_of_groups,
+)
+from reports.clones import GitRepo, commits_between, deepspeed_order
 from reports.store import (
     AXES,
     Aggregates,
-    BisectMode,
     Bisection,
+    BisectMode,
     CellKey,
     Commit,
     Observation,
@@ -26,15 +35,6 @@ from reports.store import (
     aggregate,
     release,
     started_order,
-)
-from reports.clones import GitRepo, commits_between, deepspeed_order
-from reports.analysis.signatures import failure_key
-from reports.analysis.statuses import (
-    keep_earliest,
-    CellStatus,
-    harness_ranks_of_groups,
-    listed,
-    point_status_of_groups,
 )
 
 

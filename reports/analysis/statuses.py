@@ -7,8 +7,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
-
-from suites.mechanism import Cause
 from reports.store import (
     Observation,
     PointKey,
@@ -19,6 +17,7 @@ from reports.store import (
     short_commit,
     started_order,
 )
+from suites.mechanism import Cause
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from reports.analysis import History, analyse_aggregates
 from reports.store import (
-    DamagedEntry,
     Aggregates,
     Bisection,
     CellKey,
     CellResult,
+    DamagedEntry,
     ResultGrouping,
     ResultsArchive,
     Run,

@@ -10,8 +10,7 @@ from reports.analysis import analyse
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_deepspeed_repo, add_known_failures, add_store, known_failures
-from reports.outputs import inert, writing_to
-from reports.outputs import write_draft
+from reports.outputs import inert, write_draft, writing_to
 from reports.store import HistoryStore
 
 

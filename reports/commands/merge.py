@@ -9,8 +9,16 @@ from pathlib import Path
 from reports import ReportsError
 from reports.commands.interface import Command
 from reports.commands.options import add_archive, add_keep_recent_runs, add_store
-from reports.store import ArchiveConflict, HistoryStore, ResultsArchive, StoreConflict, default_archive
-from reports.store import admit, find_junit_files, redactor
+from reports.store import (
+    ArchiveConflict,
+    HistoryStore,
+    ResultsArchive,
+    StoreConflict,
+    admit,
+    default_archive,
+    find_junit_files,
+    redactor,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

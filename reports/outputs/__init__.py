@@ -12,10 +12,6 @@ from reports.outputs.cell_files import (
 from reports.outputs.docs import (
     check_drift,
 )
-from reports.outputs.support import (
-    model_families,
-    model_support,
-)
 from reports.outputs.draft_issue import (
     write_draft,
 )
@@ -24,6 +20,9 @@ from reports.outputs.gate import (
 )
 from reports.outputs.html import (
     linked_html,
+)
+from reports.outputs.markdown_safety import (
+    inert,
 )
 from reports.outputs.model import (
     build_report,
@@ -34,9 +33,6 @@ from reports.outputs.pr_failures import (
     classify,
     summary_line,
 )
-from reports.outputs.markdown_safety import (
-    inert,
-)
 from reports.outputs.publish import (
     MAX_ISSUES,
     publish_deltas,
@@ -46,6 +42,10 @@ from reports.outputs.render import (
 )
 from reports.outputs.staging import (
     writing_to,
+)
+from reports.outputs.support import (
+    model_families,
+    model_support,
 )
 
 __all__ = [

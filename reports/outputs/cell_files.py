@@ -15,9 +15,9 @@ from pathlib import Path
 from matrix.cells import resolve_cell
 from matrix.registry import RegistryError
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
-from reports.store import AXES, Aggregates, Observation, ResultGroup
 from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
 from reports.outputs.model import Report
+from reports.store import AXES, Aggregates, Observation, ResultGroup
 from suites.records.repro import write_repro
 
 

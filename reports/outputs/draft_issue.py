@@ -29,7 +29,6 @@ from reports.analysis import (
     FailingCause,
     History,
     cause_answer_text,
-    whose_text,
     code,
     count_text,
     draft_file,
@@ -38,11 +37,12 @@ from reports.analysis import (
     reason,
     repro_command,
     status_text,
+    whose_text,
 )
-from reports.store import AXES, CellResult, Observation, Run, aggregate
 from reports.outputs.markdown_safety import fence
-from reports.outputs.staging import staged
 from reports.outputs.model import Report, build_report
+from reports.outputs.staging import staged
+from reports.store import AXES, CellResult, Observation, Run, aggregate
 from suites.mechanism import mask_indices
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro

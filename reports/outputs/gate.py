@@ -3,7 +3,7 @@ gate` prints it."""
 
 from __future__ import annotations
 
-from reports.analysis import GateRow, VERDICTS
+from reports.analysis import VERDICTS, GateRow
 
 
 def format_table(rows: list[GateRow], confirmations: int, block_changed: bool = False) -> str:

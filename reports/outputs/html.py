@@ -21,7 +21,6 @@ from reports.analysis import (
     one_line,
 )
 from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
-from reports.outputs.model import DETAILS_FILE, Report
 from reports.outputs.markdown import (
     ROOT_CAUSE_SECTIONS,
     answer_lines,
@@ -32,6 +31,7 @@ from reports.outputs.markdown import (
     seen_at,
     since_previous_run_summary,
 )
+from reports.outputs.model import DETAILS_FILE, Report
 
 PLOT_WIDTH, PLOT_HEIGHT, PLOT_MARGIN = 900, 300, 60
 HTML_MATRICES = 12

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
 from reports.analysis import (
     Link,
     RootCause,

@@ -18,32 +18,35 @@ from typing import Any
 
 from matrix.registry import KnownFailure
 from reports.analysis import (
+    NO_RESULT_FILES,
+    TRANSITION_LISTS,
     CellStatus,
     EntryStatus,
     FailingNow,
     History,
     NewArchitectures,
-    NO_RESULT_FILES,
     ResultFiles,
     RootCause,
-    TRANSITION_LISTS,
     Transition,
     TransitionEntry,
     all_session_deltas,
+    architectures_new_in_release,
+    build_failing_now,
     cell_checkpoints,
     checkpoint_verdicts,
-    build_failing_now,
     harness_change_text,
-    architectures_new_in_release,
     root_causes,
 )
+from reports.outputs.docs import Drift
+from reports.outputs.since_previous import SincePreviousRun, since_previous_run
+from reports.outputs.support import model_families, supported_models
 from reports.store import (
     AXES,
+    KEY_METRIC,
     Aggregates,
     Bisection,
     CellKey,
     Commit,
-    KEY_METRIC,
     Run,
     TriageAttempt,
     Versions,
@@ -51,9 +54,6 @@ from reports.store import (
     release,
     started_order,
 )
-from reports.outputs.docs import Drift
-from reports.outputs.support import model_families, supported_models
-from reports.outputs.since_previous import SincePreviousRun, since_previous_run
 
 FlatRecord = CellKey | Commit | EntryStatus
 """Records whose fields hold no record (`_flat` writes them as report.json has them)."""

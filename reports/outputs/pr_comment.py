@@ -33,7 +33,7 @@ from reports.outputs.links import hub_url
 from reports.outputs.markdown import answer_lines
 from reports.outputs.model import transition_entry
 from reports.outputs.pr_failures import PrFailure, summary_line
-from reports.store import CellKey, KNOWN_FAILURE_CLASSES, Observation, Versions, pins_text, release
+from reports.store import KNOWN_FAILURE_CLASSES, CellKey, Observation, Versions, pins_text, release
 
 TITLE = "AutoTP matrix"
 

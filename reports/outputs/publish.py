@@ -19,13 +19,6 @@ from pathlib import Path
 from matrix.redaction import redact
 from matrix.registry import KnownFailure
 from reports import ReportsError
-from reports.store import (
-    Bisection,
-    CellKey,
-    Observation,
-    TriageAttempt,
-    aggregate,
-)
 from reports.analysis import (
     DeltaCause,
     History,
@@ -41,8 +34,11 @@ from reports.analysis import (
     session_deltas,
     trusted_history,
 )
-from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.clones import GitRepo
+from reports.outputs.draft_issue import draft_text, not_deepspeeds
+from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
+from reports.outputs.markdown_safety import inert
+from reports.outputs.model import build_report
 from reports.outputs.pr_comment import (
     BaseComparison,
     comment_markdown,
@@ -51,10 +47,14 @@ from reports.outputs.pr_comment import (
     placement_lines,
 )
 from reports.outputs.pr_failures import classify
-from reports.outputs.model import build_report
-from reports.outputs.markdown_safety import inert
-from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.staging import staged, writing_to
+from reports.store import (
+    Bisection,
+    CellKey,
+    Observation,
+    TriageAttempt,
+    aggregate,
+)
 
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")

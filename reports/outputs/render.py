@@ -12,19 +12,17 @@ import json
 import os
 from pathlib import Path
 
-
 from matrix.redaction import Redactor
 from reports.analysis import (
     History,
 )
-from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_markdown
-from reports.outputs.model import DETAILS_FILE, Report, split_report
-
 from reports.outputs.atlas import checkpoint_pages
+from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.outputs.html import report_html
-from reports.outputs.markdown_safety import inert
-from reports.outputs.staging import staged, writing_to
 from reports.outputs.markdown import report_markdown, step_summary_markdown
+from reports.outputs.markdown_safety import inert
+from reports.outputs.model import DETAILS_FILE, Report, split_report
+from reports.outputs.staging import staged, writing_to
 
 
 def write_outputs(report: Report, history: History, drift: Drift | None, out_dir: Path) -> list[Path]:

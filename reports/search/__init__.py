@@ -10,9 +10,9 @@ from reports.search.steps import (
     END_REPEATS,
 )
 from reports.search.triage import (
-    Budget,
     DEEPSPEED_REPO_ENV,
     TRANSFORMERS_REPO_ENV,
+    Budget,
     Triage,
     real_installer,
 )

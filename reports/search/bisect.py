@@ -17,30 +17,29 @@ search continues on its neighbours. The answer goes into the history store, so t
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Literal
-
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
 from matrix.versions import (
     AXES,
+    AxisValueError,
     ReleaseDataUnavailable,
     combinations,
+    load_config,
+    parse_pins,
     skip_reason,
 )
-from matrix.versions import AxisValueError, load_config, parse_pins
-from sessions.environments import commit_environment, release_environment
+from reports.analysis import AxisRange, answer_for
+from reports.clones import GitRepo
 from reports.search.cell_runs import CellProbe, CellRun, parse_cell, print_step, release_candidates
 from reports.search.steps import BAD, GOOD, SKIP, Answer, BisectError, Verdict, search
-from reports.clones import GitRepo
-from reports.analysis import AxisRange, answer_for
 from reports.store import (
-    BisectMode,
     Bisection,
+    BisectMode,
     CellKey,
     Commit,
     HistoryStore,
@@ -49,6 +48,7 @@ from reports.store import (
     pins_text,
     release,
 )
+from sessions.environments import commit_environment, release_environment
 
 
 def bisect_releases(

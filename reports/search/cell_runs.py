@@ -20,6 +20,11 @@ from matrix.versions import (
     load_releases,
     supports_python,
 )
+from reports.analysis import same_failure
+from reports.search.steps import BAD, GOOD, SKIP, BisectError, Step, Untestable, Verdict
+from reports.store import (
+    CellKey,
+)
 from sessions.environments import (
     EnvironmentBuildError,
     EnvironmentSpec,
@@ -29,11 +34,6 @@ from sessions.environments import (
 from suites.command import CELL_TIMEOUT_S, suites_command
 from suites.mechanism import role
 from suites.records.run_records import read_records
-from reports.search.steps import BAD, GOOD, SKIP, BisectError, Step, Untestable, Verdict
-from reports.analysis import same_failure
-from reports.store import (
-    CellKey,
-)
 
 # ---- The cell ----------------------------------------------------------------------------------------------------
 

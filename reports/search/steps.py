@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-
 from reports import ReportsError
 
 GOOD, BAD, SKIP = "good", "bad", "skip"

@@ -18,26 +18,18 @@ question that cannot be answered is recorded with its reason. Answers go into th
 from __future__ import annotations
 
 import time
-from typing import Any
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-
+from typing import Any
 
 from matrix.versions import AXES as INSTALLED_AXES
 from matrix.versions import ReleaseDataUnavailable, load_config
-from sessions.environments import (
-    EnvironmentBuildError,
-    EnvironmentSpec,
-    commit_environment,
-    ensure_environment,
-    release_environment,
-)
-from suites.command import CELL_TIMEOUT_S
+from reports.analysis import Transition, cause, frame_files
+from reports.clones import GitError, GitRepo
 from reports.search.bisect import BAD, GOOD, SKIP
-from reports.search.steps import Answer, BisectError, Untestable, Verdict, search
 from reports.search.cell_runs import (
     CellCommand,
     CellProbe,
@@ -47,11 +39,10 @@ from reports.search.cell_runs import (
     run_cells,
     suite_command,
 )
-from reports.clones import GitError, GitRepo
-from reports.analysis import Transition, cause, frame_files
+from reports.search.steps import Answer, BisectError, Untestable, Verdict, search
 from reports.store import (
-    BisectMode,
     Bisection,
+    BisectMode,
     Commit,
     HistoryStore,
     Pins,
@@ -60,6 +51,14 @@ from reports.store import (
     pins_text,
     release,
 )
+from sessions.environments import (
+    EnvironmentBuildError,
+    EnvironmentSpec,
+    commit_environment,
+    ensure_environment,
+    release_environment,
+)
+from suites.command import CELL_TIMEOUT_S
 
 TRIAGED_AXES = ("deepspeed", "transformers")  # the axes whose releases and commits triage can install
 DEEPSPEED_REPO_ENV = "AUTOTP_DEEPSPEED_REPO"

@@ -23,14 +23,14 @@ from reports.store.archive import (
     default_archive,
     needed_paths,
 )
+from reports.store.compaction import (
+    KEEP_RECENT_RUNS,
+)
 from reports.store.door import (
     Rejected,
     admit,
     redact_fields,
     redactor,
-)
-from reports.store.compaction import (
-    KEEP_RECENT_RUNS,
 )
 from reports.store.history_store import (
     HistoryStore,
@@ -47,14 +47,14 @@ from reports.store.published import (
 )
 from reports.store.records import (
     AXES,
-    BisectMode,
+    GITHUB_REPOSITORY,
+    KEY_METRIC,
     Bisection,
+    BisectMode,
     CellDetail,
     CellKey,
     CellResult,
     Commit,
-    GITHUB_REPOSITORY,
-    KEY_METRIC,
     Observation,
     Pins,
     Run,

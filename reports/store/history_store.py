@@ -33,11 +33,10 @@ from reports.store.answer_rows import (
     triage_from_row,
     triage_row,
 )
-from reports.store.records import Bisection, CellKey, CellResult, Observation, Run, TriageAttempt, Versions
-from reports.store.door import redact_fields, redactor
-from suites.mechanism import Cause
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
+from reports.store.door import redact_fields, redactor
 from reports.store.ids import Cells, Texts, inserted_id
+from reports.store.records import Bisection, CellKey, CellResult, Observation, Run, TriageAttempt, Versions
 from reports.store.rows import (
     changed_verdicts,
     explain,
@@ -58,9 +57,10 @@ from reports.store.schema import (
     Points,
     add_to_aggregates,
     migrate,
-    set_group_causes,
     point_key,
+    set_group_causes,
 )
+from suites.mechanism import Cause
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import cast
 
 from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase
+
 from reports import ReportsError
 from reports.store.records import (
     AXES,

@@ -22,7 +22,6 @@ from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
 from suites.outcome import LibraryOutputError
 
-
 MAX_EXP_ARGUMENT = 709.0
 """math.exp overflows above this."""
 

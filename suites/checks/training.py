@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from matrix.registry import Tolerance
+from suites.checks import memory as memory_checks
 from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
-from suites.checks import memory as memory_checks
 
 
 def _nan_first(value: float) -> tuple[bool, float]:

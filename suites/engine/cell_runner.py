@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from suites.atomic import write_text_atomically
-from suites.checks import judge
 from suites.checks import accuracy as accuracy_checks
+from suites.checks import judge
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
@@ -29,8 +29,8 @@ from suites.checks.inputs import build_inputs, load_tokenizer
 from suites.checks.probes import bytes_by_name, observe, shapes_by_name, split_counts
 from suites.checks.sharding import Snapshot, recorded_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
-from suites.engine import doorbells
 from suites.contracts import Job, RankSummary
+from suites.engine import doorbells
 from suites.mechanism import BreakPoint
 from suites.outcome import (
     STAGE_CLASS,

@@ -92,7 +92,6 @@ def import_cell_machinery() -> None:
     # The harness's own cell machinery (checks, variants, the reference's loader): imported once by the fork server,
     # each rank and reference child it forks inherits it instead of importing it again (~0.2 s of a core a rank).
     import suites.engine.cell_runner  # noqa: F401
-
     from suites.engine.elementwise_math import settle_elementwise_math
 
     settle_elementwise_math()

@@ -22,8 +22,8 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,8 +34,8 @@ from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
 from suites.checks.result import Finding
 from suites.contracts import Job
-from suites.variants.loading import load_model, refuse_if_sharded
 from suites.outcome import LibraryOutputError
+from suites.variants.loading import load_model, refuse_if_sharded
 
 TRAINING_FORMAT = 6
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps; 5: bf16/fp16

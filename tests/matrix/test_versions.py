@@ -605,8 +605,8 @@ def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     ],
 )
 def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
-    from sessions.nox_sessions import pin_overrides
     from matrix.versions import parse_pins
+    from sessions.nox_sessions import pin_overrides
 
     assert parse_pins(entries, "--pin") == expected
     monkeypatch.setenv("AUTOTP_PINS", ",".join(entries))
@@ -623,10 +623,10 @@ def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
     ],
 )
 def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
-    from sessions.nox_sessions import pin_overrides
     from matrix.versions import AxisValueError, parse_pins
     from reports.__main__ import main as reports_main
     from reports.analysis.comparison import select
+    from sessions.nox_sessions import pin_overrides
 
     with pytest.raises(AxisValueError, match=re.escape(problem)):
         parse_pins([text], "--pin")

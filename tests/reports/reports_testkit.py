@@ -9,8 +9,8 @@ from junitparser import Failure, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from reports.__main__ import main
-from reports.store.records import Bisection, CellKey
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey
 
 
 @dataclass

@@ -13,19 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_packages import make_repo, pyproject
-
-from sessions.environments import READY_MARKER, EnvironmentSpec
 from reports import ReportsError
 from reports.__main__ import main as reports_main
-from reports.search.bisect import bisect_commits, held_fixed_pins, stored_release_answer
-from reports.search.steps import BAD, GOOD, SKIP, BisectError, Verdict, search
-from reports.search.cell_runs import CellProbe, CellRun, classify, parse_cell, release_candidates
-from reports.clones.git import GitRepo
 from reports.analysis.history import analyse
-from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
+from reports.clones.git import GitRepo
 from reports.outputs.model import read_report
+from reports.search.bisect import bisect_commits, held_fixed_pins, stored_release_answer
+from reports.search.cell_runs import CellProbe, CellRun, classify, parse_cell, release_candidates
+from reports.search.steps import BAD, GOOD, SKIP, BisectError, Verdict, search
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
+from sessions.environments import READY_MARKER, EnvironmentSpec
+from tests.fake_packages import make_repo, pyproject
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 

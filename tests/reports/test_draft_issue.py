@@ -9,8 +9,8 @@ from reports_testkit import BLOOM, Cell, fail, issue_18_store, write_junit
 
 from matrix.registry import load_models
 from reports.__main__ import main
-from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
 
 
 @pytest.fixture(autouse=True)

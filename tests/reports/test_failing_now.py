@@ -9,8 +9,8 @@ from reports_testkit import Cell, fail, nightly_94, render, section, write_junit
 from matrix.registry import RegistryError, load_known_failures
 from reports.__main__ import main
 from reports.analysis.failing_now import repro_command
-from reports.store.records import Bisection, CellKey
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey
 from suites.outcome import FAILURE_CLASSES
 
 UPSTREAM = "https://github.com/example/upstream/issues/1"  # a stand-in: tests never name real upstream issues

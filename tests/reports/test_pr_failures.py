@@ -1,9 +1,9 @@
 """A PR run classified against its base like Dr.CI: new, broken trunk, flaky, known (reports/outputs/pr_failures.py)."""
 
 import pytest
+from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports_testkit import Cell, fail, write_junit
 
 SIZE = (
     "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) @ transformers/models/x.py:forward"

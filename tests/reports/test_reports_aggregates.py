@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from reports.__main__ import main
-from reports.store.aggregates import Aggregates, aggregate
 from reports.analysis.history import analyse, analyse_aggregates
-from reports.store.records import CellKey, CellResult, Observation, Run, Versions
 from reports.outputs.model import build_report, read_report, report_json
+from reports.store.aggregates import Aggregates, aggregate
 from reports.store.history_store import HistoryStore
+from reports.store.records import CellKey, CellResult, Observation, Run, Versions
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
 NIGHTS_PER_RELEASE = 3

@@ -9,11 +9,11 @@ import pytest
 from reports_testkit import Cell, fail, issue_18_store, write_junit
 
 from reports.__main__ import main
+from reports.analysis.history import analyse
 from reports.store.archive import CELLS_MEMBER, JUNIT_MEMBER, RECORDS_MEMBER, ResultsArchive, _tar_gz, entry_json
 from reports.store.door import admit, redactor
-from reports.analysis.history import analyse
-from reports.store.records import CellKey, TriageAttempt
 from reports.store.history_store import HistoryStore
+from reports.store.records import CellKey, TriageAttempt
 
 
 def history_of(store):

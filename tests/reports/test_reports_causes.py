@@ -6,9 +6,9 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from reports.__main__ import main
 from reports.analysis.causes import cells_text
+from reports.analysis.signatures import cause
 from reports.outputs.model import read_report
 from reports.store.records import CellKey
-from reports.analysis.signatures import cause
 
 # Recorded by `nox -s matrix` (DeepSpeed 0.19.8, transformers 5.24.0, torch 2.13.0 CPU) at tp 2, 3 and 4, as the
 # cells' JUnit carries them: per model, one cause at every tp.

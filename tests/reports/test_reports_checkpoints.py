@@ -7,11 +7,11 @@ import json
 import pytest
 from junitparser import Failure
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
+from reports_testkit import render, section
 
 from matrix.cells import expand
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
-from reports_testkit import render, section
 from suites.outcome import CellOutcome
 from suites.records.run_records import CellRecorder, RunInfo, read_records
 

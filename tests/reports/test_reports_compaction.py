@@ -13,9 +13,9 @@ from reports_testkit import Cell, fail, write_junit
 from reports.__main__ import main
 from reports.analysis.history import analyse
 from reports.outputs.model import DETAIL_KEYS, DETAILS_FILE, read_report, report_json
-from reports.store.schema import _MIGRATIONS, APPLICATION_ID, FIRST_SCHEMA, SCHEMA_VERSION
 from reports.store.compaction import CompactionCounts
 from reports.store.history_store import HistoryStore
+from reports.store.schema import _MIGRATIONS, APPLICATION_ID, FIRST_SCHEMA, SCHEMA_VERSION
 
 RELEASES = ("0.18.0", "0.19.0", "0.20.0")
 RUNS_PER_RELEASE = 4

@@ -5,10 +5,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from reports_testkit import Cell, fail, render, write_junit
 
 from reports import ReportsError
 from reports.outputs.docs import check_drift, docs_page, normalise_model_name, read_docs_supported
-from reports_testkit import Cell, fail, render, write_junit
 
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
 

@@ -12,8 +12,8 @@ import pytest
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.store.schema import APPLICATION_ID, SCHEMA_VERSION
 from reports.store.history_store import HistoryStore
+from reports.store.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
 def one_error_line(capsys) -> str:

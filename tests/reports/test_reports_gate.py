@@ -1,7 +1,7 @@
 import pytest
+from reports_testkit import Cell, fail
 
 from reports.__main__ import main
-from reports_testkit import Cell, fail
 
 
 @pytest.fixture

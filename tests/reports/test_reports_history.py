@@ -6,8 +6,8 @@ from reports_testkit import Cell, fail, render, section
 from reports.analysis.answers import EntryStatus, TransitionEntry
 from reports.analysis.history import analyse
 from reports.outputs.model import FlakyEntry, HarnessChangeEntry, entry_json, flaky_json, read_report
-from reports.store.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
 from reports.search.triage import open_transitions
+from reports.store.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
 
 
 def regressions(markdown: str) -> list[str]:

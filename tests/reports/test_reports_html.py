@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from reports_testkit import issue_18_store, render
 
 from reports.__main__ import main
-from reports_testkit import issue_18_store, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")

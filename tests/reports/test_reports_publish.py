@@ -15,8 +15,8 @@ from reports_testkit import Cell, fail, write_junit
 import reports.outputs.github as github_module
 from reports.__main__ import main
 from reports.analysis.causes import cause_id
-from reports.store.records import Bisection, CellKey
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey
 
 TOKEN = "ghp_PlantedTokenValue0123456789abcdef"
 REPO = "octo/autotp"

@@ -13,8 +13,8 @@ from markdown_it import MarkdownIt
 from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
-from reports.store.records import Bisection, CellKey
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey
 
 HOSTILE = (
     "@deepspeedai/maintainers ![x](https://tracker.example/p.png) <img src=https://tracker.example/q.png> cc @someone"

@@ -15,8 +15,8 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports.__main__ import main
 from reports.search.cell_runs import classify, run_cells
-from reports.store.records import Bisection, CellKey, TriageAttempt
 from reports.store.history_store import HistoryStore
+from reports.store.records import Bisection, CellKey, TriageAttempt
 from tests import planted_secrets
 from tests.planted_secrets import SECRET_ENV, SECRET_VALUE, leaks, leaky_text
 

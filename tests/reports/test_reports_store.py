@@ -10,9 +10,9 @@ from reports_testkit import Cell, fail, write_junit
 
 from reports import ReportsError
 from reports.__main__ import main
+from reports.store.history_store import HistoryStore
 from reports.store.junit import read_junit
 from reports.store.schema import SCHEMA_VERSION
-from reports.store.history_store import HistoryStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

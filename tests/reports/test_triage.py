@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_packages import git, make_repo, pyproject
-
-from sessions.environments import EnvironmentSpec
 from reports.analysis.answers import answer_text, plain_link
-from reports.clones.git import GitRepo
 from reports.analysis.history import analyse
-from reports.store.records import CellKey, CellResult, Run, Versions
+from reports.clones.git import GitRepo
 from reports.outputs.model import transition_entry
-from reports.store.history_store import HistoryStore
 from reports.search.triage import Budget, Installer, Triage, questions
+from reports.store.history_store import HistoryStore
+from reports.store.records import CellKey, CellResult, Run, Versions
+from sessions.environments import EnvironmentSpec
+from tests.fake_packages import git, make_repo, pyproject
 
 # ---- fake packages in git ----------------------------------------------------------------------------------------
 

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo, pyproject
-
 import sessions.environments as environments
 import sessions.installers as installers
-from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
 from sessions.checkouts import project_metadata
+from sessions.environments import BASE_LINK, READY_MARKER, EnvironmentSpec, commit_environment, ensure_environment
 from sessions.installers import INSTALLER_ENV, InstallError, installed, sysconfig_purelib, uv_requirement
+from tests.fake_packages import FAKE_TORCH_VERSION, fake_comm_op, git, make_repo, pyproject
 
 SEED_TOOLS = {"pip", "setuptools", "wheel"}  # what `python -m venv` puts in every venv of the pip fallback
 

@@ -11,9 +11,10 @@ record, run the default matrix and refresh the file from its results:
 """
 
 import json
-import tomllib
 from collections import defaultdict
 from pathlib import Path
+
+import tomllib
 
 from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of
 from suites.records.run_records import read_records

@@ -18,10 +18,10 @@ from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
 from suites.memory_plan import (
-    GiB,
-    MiB,
     PROCESS_RUNTIME_BYTES,
     CheckpointSize,
+    GiB,
+    MiB,
     Runner,
     TrainingShape,
     checkpoint_size,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from matrix.versions import AxisRule, Combo, parse_axis_value
+from reports.__main__ import main
 from sessions import install_failure
 from suites.command import parse_suite_options
 from suites.records.run_records import RunInfo, deepspeed_commit, git_has_commit, harness_commit, junit_properties
-from reports.__main__ import main
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 DEEPSPEED = AxisRule("deepspeed", "ds", repo="https://github.com/deepspeedai/DeepSpeed")

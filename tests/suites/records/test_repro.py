@@ -4,7 +4,6 @@ through the cell's load mode, fetches a hub checkpoint at the commit the cell lo
 import json
 
 import pytest
-
 import torch
 
 from matrix.cells import expand
@@ -12,8 +11,8 @@ from matrix.cells import expand
 
 def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
     from suites.outcome import failed
-    from suites.records.run_records import CellRecorder, RunInfo
     from suites.records.repro import write_repro
+    from suites.records.run_records import CellRecorder, RunInfo
 
     token = "hf_plantedSecretValue123"
     monkeypatch.setenv("HF_TOKEN", token)
@@ -35,8 +34,8 @@ def _repro_module(cell, tmp_path, monkeypatch, checkpoints="tiny", loaded_revisi
     """The repro script written for `cell`, imported in this process (one rank, no process group)."""
     import importlib.util
 
-    from suites.records.run_records import RunInfo
     from suites.records.repro import write_repro
+    from suites.records.run_records import RunInfo
 
     script = write_repro(
         cell,

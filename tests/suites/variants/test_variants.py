@@ -170,10 +170,10 @@ def test_wrong_quantization_scale_is_reported():
     same quantized model passes both."""
     from suites.checks import quantization as quantization_checks
     from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
-    from suites.variants.loading import load_model
     from suites.checks.probes import observe
-    from suites.variants.quantization import hf_quantization_config
     from suites.reference import compute_reference
+    from suites.variants.loading import load_model
+    from suites.variants.quantization import hf_quantization_config
 
     pytest.importorskip("torchao")
     cell = expand("llama", "torchao_int8", "fp32", "2")[0]
