@@ -122,9 +122,23 @@ def check(cause: dict, results: Path, out: Path) -> Verdict:
     )
 
 
+def example_classes(results: Path) -> dict[str, str]:
+    """Each failing cell's own failure class (results/cells.jsonl, its newest record): a cause of several classes
+    ("numerics, forward") is reproduced on its example cell, whose class says what its script prints."""
+    classes = {}
+    for line in (results / "cells.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        classes[record["cell"]["id"]] = record["failure_class"]
+    return classes
+
+
 def main(argv: list[str]) -> int:
     results, out, only = Path(argv[0]), Path(argv[1]), set(argv[2:])
-    causes = json.loads((results / "report.json").read_text())["failing_now"]["causes"]
+    classes = example_classes(results)
+    causes = [
+        {**cause, "failure_class": classes.get(cause["repro"]["cell"]) or cause["failure_class"].split(", ")[0]}
+        for cause in json.loads((results / "report.json").read_text())["failing_now"]["causes"]
+    ]
     verdicts = []
     for cause in causes:
         if only and cause["id"] not in only:

@@ -271,7 +271,8 @@ def build_failing_now(
                     for cell in cells
                 ),
                 key=key,
-                mechanism=shown.cause.words if shown.cause else "",
+                # words that only repeat the signature (nothing was located) are not a mechanism to show apart
+                mechanism=shown.cause.words if shown.cause and shown.cause.words != text else "",
                 whose=shown.cause.whose if shown.cause else whose(shown.failure_class),
                 surfaced_in=surfaced_in(shown.signature),
             )

@@ -409,6 +409,7 @@ class RankGroupPool:
             outcome = self.get(tp).run(job, timeout)
         except GroupStartFailure as error:
             outcome = failed(error.failure_class, error.signature, str(error))
+            server_at = 0  # a server that could not start said why before this cell began: keep all of its log's end
         if self.group is not None and outcome.outcome == "fail":
             logs = {path: started_at.get(path.name, 0) for path in self.group.workdir.glob("*.log")}
             if fork_server_log is not None:
@@ -440,14 +441,14 @@ class RankGroupPool:
 
     def keep_text(self, cell_id: str, outcome: CellOutcome, name: str, text: str) -> CellOutcome:
         """A failing cell that never reached a rank group keeps what the driver knows of it (its setup's failure
-        with the unsharded reference's log tail) as `<logs_root>/<cell id>/<name>`."""
+        with the unsharded reference's log tail) as `<logs_root>/<cell id>/<name>`, beside the end of the fork
+        server's log (the reference is computed there: a server that cannot start says why only in it)."""
         if self.logs_root is None:
             return outcome
-        kept = self.logs_root / cell_id
-        shutil.rmtree(kept, ignore_errors=True)
-        kept.mkdir(parents=True)
-        write_text_atomically(kept / name, redact(text.rstrip("\n") + "\n"))
-        return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
+        server_log = self._fork_server_log()
+        outcome = self.keep_logs(cell_id, outcome, {server_log: 0} if server_log is not None else {})
+        write_text_atomically(Path(outcome.logs) / name, redact(text.rstrip("\n") + "\n"))
+        return outcome
 
     def close(self) -> None:
         if self.group is not None:

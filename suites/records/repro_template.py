@@ -319,7 +319,8 @@ def whole_by_design(name, shape, counts, tp):
 
 def compare_memory(weights, counts, sharded_model):
     """Each weight AutoTP must split is split, no rank holding more than ceil(u/tp)/u of it (u: the pieces the
-    ranks' split allows), and none is left whole on every rank outside DeepSpeed's named design rules."""
+    ranks' split allows) nor all of it while another holds none, and none is left whole on every rank outside
+    DeepSpeed's named design rules."""
     held = {name: tensor.numel() for name, tensor in sharded_model.named_parameters()}
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, held)
@@ -330,6 +331,9 @@ def compare_memory(weights, counts, sharded_model):
         if all(size == full for size in sizes):
             if not whole_by_design(name, shape, counts, tp):
                 whole.setdefault(kind, []).append(name)
+            continue
+        if max(sizes) == full and min(sizes) == 0:  # one rank holds all of it, another none (a kv-unit split)
+            uneven.append(f"{name} (rank {sizes.index(full)} holds all of it, another rank none)")
             continue
         pieces = full // math.gcd(full, *sizes)
         if max(sizes) / full > math.ceil(pieces / tp) / pieces + 1e-6:

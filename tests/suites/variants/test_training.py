@@ -35,7 +35,12 @@ FINDINGS = {
     "llama-train_overlap-fp32-tp3": ("forward", "step 1: RuntimeError: cannot reshape tensor of N elements"),
     "llama-train_universal-fp32-tp3": ("forward", "ds_to_universal: TypeError: 'NoneType' object is not iterable"),
 }
-"""Cell id -> (failure class, signature start) of a DeepSpeed finding; every other training cell passes."""
+"""Cell id -> (failure class, signature start) of a DeepSpeed finding; every other training cell passes, but for
+KV_UNIT_SPLIT."""
+KV_UNIT_SPLIT = ("memory", "memory: linears split unevenly: model.layers.*.self_attn.{q_proj,o_proj}")
+"""llama's stress shape (6 query heads, 2 kv heads) at tp 3: DeepSpeed splits attention in kv-head units, so rank 2
+holds no query head (issue #43's memory rule) — a finding of every row that reaches the memory check, its own
+or its second model's (mistral's stress shape has 2 kv heads too)."""
 NOTHING_MATCHES = {
     "use_default_specs": False,
     "layer_specs": [{"patterns": [r".*\.no_such_proj\.weight$"], "partition_type": "column"}],
@@ -179,6 +184,9 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
     for cell_id, got in seen.items():
         expected = FINDINGS.get(cell_id)
         matches = got[1] == expected[0] and got[2].startswith(expected[1]) if expected else got[0] == "pass"
+        # llama's own, or the second model's (mistral) of a two-model row: the memory check comes first and decides
+        if tp == 3 and (cell_id.startswith("llama-") or "-train_two_models-" in cell_id):
+            matches = matches or (got[1] == KV_UNIT_SPLIT[0] and KV_UNIT_SPLIT[1].removeprefix("memory: ") in got[2])
         if not matches:
             wrong[cell_id] = got
     assert not wrong, wrong

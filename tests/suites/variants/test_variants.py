@@ -74,12 +74,26 @@ def test_variants_run_on_three_architectures(pool, tp):
     for cid in seen:
         if cid.split("-")[1].startswith("meta") and fresh_fails[cid.split("-")[0]]:
             expected[cid.split("-")[1]] = "fail"
-    wrong = {cid: got for cid, got in seen.items() if got[0] != expected[cid.split("-")[1]]}
+    # llama's and mistral's stress shapes have 2 kv heads: at tp 3 DeepSpeed's kv-unit split leaves rank 2 no query
+    # head (issue #43's memory rule), a finding of every variant that passes otherwise
+    starved = {"llama", "mistral"} if tp == 3 else set()
+    kv_unit_split = "memory: linears split unevenly: model.layers.*.self_attn.{q_proj,o_proj}"
+    wrong = {
+        cid: got
+        for cid, got in seen.items()
+        if not (
+            got[:2] == ("fail", "memory") and got[2].startswith(kv_unit_split)
+            if cid.split("-")[0] in starved and expected[cid.split("-")[1]] == "pass"
+            else got[0] == expected[cid.split("-")[1]]
+        )
+    }
     assert not wrong, wrong
     for cid, (outcome, failure_class, signature) in seen.items():
         if outcome == "fail" and cid.split("-")[1].startswith("meta"):
             assert failure_class == "shard" and "Signature mismatch" in signature, signature
-            assert "the cell passed every check" in seen_messages[cid]
+            # the rest of the cell passed every check, or failed only the kv-unit split's memory finding
+            rest = "the cell passed every check" if cid.split("-")[0] not in starved else kv_unit_split
+            assert rest in seen_messages[cid], seen_messages[cid]
         if "torchao" in cid:
             assert failure_class == "shard" and "is not supported for quantized model" in signature, signature
         if "ds_int8" in cid:
