@@ -410,6 +410,8 @@ class RankGroupPool:
         except GroupStartFailure as error:
             outcome = failed(error.failure_class, error.signature, str(error))
             server_at = 0  # a server that could not start said why before this cell began: keep all of its log's end
+        if fork_server_log is None:  # the server this run started (or failed to): its log from its first line
+            fork_server_log, server_at = self._fork_server_log(), 0
         if self.group is not None and outcome.outcome == "fail":
             logs = {path: started_at.get(path.name, 0) for path in self.group.workdir.glob("*.log")}
             if fork_server_log is not None:
