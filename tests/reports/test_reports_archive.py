@@ -384,3 +384,80 @@ def test_archive_entries_are_listed_in_order(session, tmp_path):
     assert [(entry.run_id, entry.attempt) for entry in entries] == [
         (f"session{n}@2025-01-0{n}T00:00:00Z@runner-1", 1) for n in (1, 2, 3)
     ]
+
+
+CAUSE = {
+    "cause.key": "left whole|norm",
+    "cause.words": "`self_attn.q_norm.weight` (width of the split `self_attn.q_proj`, 256) left whole",
+    "cause.whose": "autotp",
+    "broke_at.path": "model.layers.0.self_attn.q_norm",
+    "broke_at.module_class": "Olmo2RMSNorm",
+    "broke_at.layer_class": "",
+    "broke_at.how": "raised",
+    "broke_at.origin": "model.layers.0.self_attn.q_norm",
+    "broke_at.origin_class": "Olmo2RMSNorm",
+    "broke_at.detail": "",
+}
+
+
+def test_a_rebuilt_store_keeps_each_failures_cause_and_break_point(tmp_path, capsys):
+    """Causes travel in the archive's records (format 2): a store rebuilt from the archive groups failures by the
+    same causes as the store merge wrote."""
+    junit = write_junit(
+        tmp_path / "junit" / "nightly.xml",
+        [fail("olmo2", "forward", "RuntimeError: The size of tensor a (8) must match", properties=CAUSE)],
+        run_id="nightly@2026-01-02T00:00:00Z@vm",
+        started="2026-01-02T00:00:00Z",
+    )
+    store, rebuilt = tmp_path / "history.sqlite", tmp_path / "rebuilt" / "history.sqlite"
+    assert main(["merge", str(junit.parent), "--store", str(store)]) == 0
+    assert main(["rebuild", "--store", str(rebuilt), "--archive", str(tmp_path / "archive")]) == 0
+    for path in (store, rebuilt):
+        with HistoryStore(path, create=False, read_only=True) as history:
+            (observation,) = history.observations()
+        assert observation.result.cause.key == "left whole|norm" and observation.result.cause.whose == "autotp"
+        assert observation.result.broke_at.path == "model.layers.0.self_attn.q_norm"
+
+
+@pytest.mark.parametrize(
+    "crafted, field",
+    [
+        ({"cause.whose": "nobody"}, "cause.whose"),
+        ({"cause.words": "left whole " * 500}, "cause.*"),
+        ({"broke_at.path": "x" * 5_000}, "broke_at.*"),
+    ],
+)
+def test_a_crafted_cause_is_refused_at_the_door(tmp_path, capsys, crafted, field):
+    """A cause's whose must be one of the harness's, its texts one line of bounded length: merge skips the file
+    naming the field, and nothing of it is archived."""
+    junit = write_junit(
+        tmp_path / "junit" / "pr.xml",
+        [fail("olmo2", "forward", "RuntimeError: boom", properties={**CAUSE, **crafted})],
+        run_id="pr@2026-01-02T00:00:00Z@vm",
+        started="2026-01-02T00:00:00Z",
+    )
+    main(["merge", str(junit.parent), "--store", str(tmp_path / "history.sqlite")])
+    assert field in capsys.readouterr().err
+    assert not list((tmp_path / "archive").rglob("*.tar.gz"))
+
+
+def test_a_cause_spanning_lines_in_an_archive_entry_is_refused():
+    """JUnit attributes cannot carry a newline (XML normalises it), a crafted format-2 entry's JSON can: the same
+    rule refuses it there, so no heading is planted in a report through a rebuilt store."""
+    from reports.store.records import CellResult, Run, RunRecords, Versions
+    from reports.store.validation import first_problem
+    from suites.mechanism import Cause
+
+    run = Run(
+        "nightly@2026-01-02T00:00:00Z@vm",
+        "nightly",
+        "vm",
+        "2026-01-02T00:00:00Z",
+        "cpu",
+        "gloo",
+        Versions("0.19.8", "5.25.0", "2.13.0", "3.11.7"),
+    )
+    cause = Cause("left whole|norm", "left whole\n# a heading planted in every report", "autotp")
+    result = CellResult(run.run_id, CellKey("olmo2", "eager", "fp32", 2), "fail", "forward", "x", cause=cause)
+    problem = first_problem(RunRecords(run, (result,), (), ""))
+    assert problem is not None and problem.field == "cause.*" and "spans several lines" in str(problem)
