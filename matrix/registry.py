@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -27,7 +27,9 @@ MODELS_FILE = MATRIX_DIR / "models.toml"
 VARIANTS_FILE = MATRIX_DIR / "variants.toml"
 KNOWN_FAILURES_FILE = MATRIX_DIR / "known_failures.toml"
 
-DTYPES = ("fp32", "bf16", "fp16")
+DType = Literal["fp32", "bf16", "fp16"]
+"""A cell's dtype, by the name cells, results and the command line spell it."""
+DTYPES: tuple[DType, ...] = get_args(DType)
 LOAD_MODES = ("eager", "meta")
 CHECKPOINT_FORMATS = ("safetensors", "bin")
 QUANTIZATIONS = ("", "deepspeed_int8", "deepspeed_int4", "torchao_int8")
@@ -37,7 +39,7 @@ class RegistryError(ValueError):
     """A registry file or a name given on the command line is wrong; the message says how."""
 
 
-EPSILON = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
+EPSILON: dict[str, float] = {"fp32": 2.0**-23, "bf16": 2.0**-7, "fp16": 2.0**-10}
 """One unit in the last place of a value of magnitude 1 in each dtype (torch.finfo(dtype).eps): the unit every
 bound below is counted in, at the scale of the values it compares."""
 
