@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomllib
 
@@ -29,10 +29,16 @@ from matrix.shapes import add_record, read_shape, split_shaped_name
 from sessions.build_check import build_problem
 from suites.command import suites_command
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+CellRecord = dict[str, Any]
+"""A line of cells.jsonl as suites.records.run_records.read_records gives it (JSON: nested values of any type)."""
+
 DOCS_TABLE = "docs/_tutorials/automatic-tensor-parallelism.md"
 
 
-def load_source_config(source: str):
+def load_source_config(source: str) -> tuple[PretrainedConfig, str | None, bool]:
     """(config, hub id or None, real): a local folder, a hub id (cache first), or a bare model_type."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -135,7 +141,7 @@ def append_entry(entry: ModelEntry, models_file: Path) -> ModelEntry:
     return parsed
 
 
-def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> list[dict]:
+def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> list[CellRecord]:
     results.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         suites_command(
@@ -155,7 +161,7 @@ def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> lis
     return [r for r in read_records(results) if split_shaped_name(r["cell"]["model"])[0] == name]
 
 
-def checklist(entry: ModelEntry, records: list[dict], models_file: Path) -> str:
+def checklist(entry: ModelEntry, records: list[CellRecord], models_file: Path) -> str:
     lines = [f"Checklist for the DeepSpeed PR adding {entry.name} ({entry.model_type}):"]
     verdicts = (
         ", ".join(
@@ -201,11 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-run", action="store_true", help="write the entry but do not run its AutoTP cells")
     args = parser.parse_args(argv)
     try:
-        config, hub_id, real = load_source_config(args.source)
+        config, hub_id, from_checkpoint = load_source_config(args.source)
         # A bare model_type starts from class defaults: the same derivation as `--models derived`, with
         # its fixes and named skips from derived.toml.
         derivation = (
-            derive_tiny(config, real=True) if real else derive_for_model_type(config.model_type, load_derived_data())
+            derive_tiny(config, real=True)
+            if from_checkpoint
+            else derive_for_model_type(config.model_type, load_derived_data())
         )
         name = args.name or default_name(args.source, config.model_type, hub_id)
         entry = ModelEntry(
@@ -222,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"the derived tiny config of {args.source} does not build ({problem}); nothing written. "
                 f"Derived overrides: {derivation.tiny}"
             )
-        real = read_shape(config, f"hub config {hub_id}") if hub_id else None
+        real_shape = read_shape(config, f"hub config {hub_id}") if hub_id else None
         entry = append_entry(entry, args.models_file)
-        shapes_file = add_record(args.models_file, entry, hub_id, real)
+        shapes_file = add_record(args.models_file, entry, hub_id, real_shape)
     except (RegistryError, NotDerivable, UnreadableConfig) as error:
         print(f"add-model: {error}", file=sys.stderr)
         return 2

@@ -170,7 +170,7 @@ class Slice:
     combos: tuple[Combo, ...]
     predicted_s: float
 
-    def job(self, cells: int) -> dict:
+    def job(self, cells: int) -> dict[str, str | int | float]:
         """Its row of the job matrix: what the workflow's atlas job reads."""
         return {
             "slice": f"{self.index}/{self.of}",
@@ -337,7 +337,8 @@ def count_cells(session: nox.Session, python: Path) -> dict[str, int]:
     printed = session.run(
         str(python), "-m", "matrix.atlas", "--count", env=environment_variables(python), external=True, silent=True
     )
-    return json.loads(str(printed).strip().splitlines()[-1])
+    counts: dict[str, int] = json.loads(str(printed).strip().splitlines()[-1])  # matrix.atlas --count's line
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def run_slice(
                 version_began = time.time()
             load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
             waited = seconds(partial(ready_or_failed, ahead, combo))
-            line: dict = {
+            line: dict[str, object] = {
                 "combo": combo.id,
                 "waited_s": waited,
                 "first_transformers": combo.transformers.id not in seen,
@@ -478,7 +479,7 @@ def junit_counts(folder: Path) -> dict[str, int]:
     return {"cells": cells, "skipped": skipped}
 
 
-def append_line(path: Path, record: dict) -> None:
+def append_line(path: Path, record: dict[str, object]) -> None:
     with path.open("a") as stream:
         stream.write(json.dumps(record) + "\n")
 

@@ -2,18 +2,24 @@
 built from (`describe`), and its build under the import name of a prebuilt op (`build`). Prints one JSON
 object. sessions/deepspeed_ops.py keys the build by what `describe` prints."""
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
 
-def builder():
+def builder() -> ShareMemCommBuilder:
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     return ShareMemCommBuilder()
 
 
-def describe() -> dict:
+def describe() -> dict[str, object]:
     import torch
 
     if torch.cuda.is_available():
@@ -35,7 +41,7 @@ def describe() -> dict:
     }
 
 
-def build() -> dict:
+def build() -> dict[str, str]:
     """JIT-builds the op into $TORCH_EXTENSIONS_DIR named after its prebuilt module (`deepspeed_shm_comm_op`),
     the name DeepSpeed imports an installed op by."""
     op = builder()

@@ -35,16 +35,31 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
-from sessions.checkouts import module_constants, torch_of
+from matrix.installed import module_constants
+from sessions.checkouts import torch_of
 from sessions.installers import InstallError, run_checked
 
 OPS_FOLDER = ".ops"
 PROBE = Path(__file__).with_name("deepspeed_op_probe.py")
 MARK = "# autotp-matrix: prebuilt"
 BUILT_FROM = "built-from.json"
+
+
+class BuiltOp(TypedDict):
+    """The op as the probe's `describe` prints it (sessions/deepspeed_op_probe.py), kept beside its build as
+    BUILT_FROM."""
+
+    name: str  # DeepSpeed's name of the op (its key in installed_ops)
+    module: str  # the import name of its prebuilt module, deepspeed.ops.comm.deepspeed_shm_comm_op
+    torch: str  # the version of the torch it is built against
+    sources: list[str]  # absolute paths
+    include_dirs: list[str]
+    flags: list[str]  # compiler, then linker
 
 
 def compiler_identity(env: dict[str, str] | None = None) -> str:
@@ -153,14 +168,12 @@ def describe_from_files(package_root: Path, lower: list[str]) -> CommOp | str:
     )
 
 
-def _describe_by_import(python: Path, package_root: Path, env: dict[str, str]) -> tuple[CommOp, dict] | str:
+def _describe_by_import(python: Path, package_root: Path, env: dict[str, str]) -> tuple[CommOp, BuiltOp] | str:
     """The op as the layer's python describes it (DeepSpeed imported), with the probe's own output; or why
     it is not used."""
-    probed = json.loads(
-        run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1]
-    )
-    if "skip" in probed:
-        return str(probed["skip"])
+    probed = _probe_description(python, env)
+    if isinstance(probed, str):
+        return probed
     ops = package_root / "deepspeed" / "ops"
     builders = tuple(
         found[0]
@@ -175,15 +188,41 @@ def _describe_by_import(python: Path, package_root: Path, env: dict[str, str]) -
     ), probed
 
 
+def _probe_description(python: Path, env: dict[str, str]) -> BuiltOp | str:
+    """The op as the layer's python describes it, or why it is not used (the probe's "skip")."""
+    printed = run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env)
+    probed: dict[str, object] = json.loads(printed.splitlines()[-1])
+    if "skip" in probed:
+        return str(probed["skip"])
+    return BuiltOp(
+        name=str(probed["name"]),
+        module=str(probed["module"]),
+        torch=str(probed["torch"]),
+        sources=_texts(probed["sources"]),
+        include_dirs=_texts(probed["include_dirs"]),
+        flags=_texts(probed["flags"]),
+    )
+
+
+def _texts(value: object) -> list[str]:
+    assert isinstance(value, list), f"the comm op probe prints lists of paths and flags, not {value!r}"
+    return [str(item) for item in value]
+
+
 def install_prebuilt_ops(
-    root: Path, python: Path, package_root: Path, lower: list[str], env: dict[str, str], log=print
+    root: Path,
+    python: Path,
+    package_root: Path,
+    lower: list[str],
+    env: dict[str, str],
+    log: Callable[[str], None] = print,
 ) -> str:
     """Give the DeepSpeed layer of `python` (its package under package_root, the site-packages of the layers
     below in `lower`) its CPU comm op, built now unless its key has a build: the key, or "" with a line
     saying why not (the cells then JIT-build it)."""
     env = {**env, "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu")}
     op = describe_from_files(package_root, lower)
-    probed: dict = {}
+    probed: BuiltOp | None = None
     if isinstance(op, str):
         log(f"DeepSpeed's CPU comm op is described by importing DeepSpeed: {op}")
         described = _describe_by_import(python, package_root, env)
@@ -196,13 +235,16 @@ def install_prebuilt_ops(
     store.parent.mkdir(parents=True, exist_ok=True)
     with open(store.parent / f".{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        built: BuiltOp
         if (store / BUILT_FROM).exists():
-            built = json.loads((store / BUILT_FROM).read_text())
+            built = json.loads((store / BUILT_FROM).read_text())  # what this function wrote there below
             log(f"{built['module']}: reusing the build of key {key}")
         else:
-            built = probed or json.loads(
-                run_checked([str(python), str(PROBE), "describe"], "describe DeepSpeed's comm op", env).splitlines()[-1]
-            )
+            description = probed or _probe_description(python, env)
+            if isinstance(description, str):  # described from its files, but the layer's python would not build it
+                log(f"DeepSpeed's CPU comm op is not prebuilt: {description}")
+                return ""
+            built = description
             log(f"{built['module']}: building it for key {key} (once for every DeepSpeed whose op hashes the same)")
             with tempfile.TemporaryDirectory(dir=store.parent, prefix=f".{key}-") as scratch:
                 library = json.loads(
@@ -234,6 +276,6 @@ def install_prebuilt_ops(
     return key
 
 
-def library_name(built: dict) -> str:
+def library_name(built: BuiltOp) -> str:
     """`deepspeed_shm_comm_op.so`: the op's import name, as DeepSpeed's install names it."""
     return f"{built['module'].rsplit('.', 1)[1]}.so"

@@ -96,7 +96,9 @@ class EnvironmentSpec:
 
 
 def project_dependencies() -> list[str]:
-    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [
+        str(line) for line in tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
 
 
 def torch_options() -> list[str]:
@@ -337,7 +339,7 @@ def _build(
     (folder / "torch_extensions").mkdir(exist_ok=True)
 
 
-def _describe(spec: EnvironmentSpec) -> dict:
+def _describe(spec: EnvironmentSpec) -> dict[str, object]:
     return {
         "installs": spec.installs,
         "source": [str(spec.source[0]), spec.source[1]] if spec.source else None,

@@ -5,21 +5,23 @@ Runs in nox's own Python, so it uses the standard library only."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from matrix.cells import expand
 from matrix.redaction import redact
+from matrix.versions import Combo
 from suites.memory_plan import default_variants
 from suites.outcome import failed
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties, platform_of_run
 
 
-def record_install_failure(session: str, combo, message: str, selection) -> int:
-    """`combo` is a matrix.versions.Combo; its pins stand in for the versions never installed (a git
-    ref or local clone has no version before it is built, so its label stands there: pr/1234,
-    master, local-DeepSpeed; reports order such labels after the releases)."""
+def record_install_failure(session: str, combo: Combo, message: str, selection: argparse.Namespace) -> int:
+    """`selection`: the suites' options (suites.command.parse_suite_options). The combination's pins stand in for
+    the versions never installed (a git ref or local clone has no version before it is built, so its label stands
+    there: pr/1234, master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)
     variants = selection.variants or default_variants(selection.checkpoints)
     try:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -63,7 +64,7 @@ class InstallError(RuntimeError):
 def uv_requirement() -> str:
     """`uv==X.Y.Z`, from pyproject.toml's `uv` dependency group."""
     (requirement,) = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["dependency-groups"]["uv"]
-    return requirement
+    return str(requirement)
 
 
 def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -198,7 +199,7 @@ class Installer:
         arguments: tuple[str, ...],
         lower: list[str],
         env: dict[str, str],
-        log=print,
+        log: Callable[[str], None] = print,
         as_of: str = "",
     ) -> None:
         """Install `arguments` (pip's syntax: requirements and flags) into python's venv, which sees the
@@ -335,7 +336,7 @@ def point_nox_at_the_pinned_uv(root: Path) -> None:
         os.environ.setdefault("UV", str(pinned_uv(root)))
 
 
-def installer(root: Path, log=print) -> Installer:
+def installer(root: Path, log: Callable[[str], None] = print) -> Installer:
     """uv, installed once under root/.tools/ (pip's own configuration finds it), else pip with a line
     saying why."""
     if os.environ.get(INSTALLER_ENV, "").lower() == "pip":

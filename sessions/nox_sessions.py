@@ -210,7 +210,7 @@ class EnvironmentsAhead:
     def __enter__(self) -> EnvironmentsAhead:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         # builds not started are dropped; a running one finishes (an interrupted folder would be built again anyway)
         self._pool.shutdown(wait=True, cancel_futures=True)
 

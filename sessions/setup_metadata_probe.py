@@ -4,27 +4,30 @@ files import their Command from) are stand-ins that record the call; the setup.p
 in a build, so requirements it computes (transformers' `deps_list(...)`, markers added by string) come out
 as the build would write them. Prints one JSON object."""
 
+from __future__ import annotations
+
 import json
 import sys
 import types
+from collections.abc import Iterable
 
-recorded: dict = {}
+recorded: dict[str, object] = {}
 
 
 class _Anything:
     """A stand-in for a class or function setup.py only names or subclasses (Command, Extension...)."""
 
-    user_options: list = []
+    user_options: list[tuple[str, str | None, str]] = []  # distutils' (long name, short name, help)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
 
-def _setup(**kwargs):
+def _setup(**kwargs: object) -> None:
     recorded.update(kwargs)
 
 
-def _find_packages(*args, **kwargs):
+def _find_packages(*args: object, **kwargs: object) -> list[str]:
     return []
 
 
@@ -50,6 +53,12 @@ for _name in (
 ):
     sys.modules[_name] = _stand_in(_name)
 
+
+def _requirements(value: object) -> list[object]:
+    """setup()'s install_requires: requirement lines (a list, or what a setup.py computes), or absent."""
+    return list(value) if value and isinstance(value, Iterable) else []
+
+
 if __name__ == "__main__":
     sys.argv = ["setup.py", "--version"]
     with open("setup.py") as source:
@@ -59,7 +68,7 @@ if __name__ == "__main__":
             {
                 "name": recorded.get("name"),
                 "version": recorded.get("version"),
-                "install_requires": [str(line) for line in recorded.get("install_requires") or []],
+                "install_requires": [str(line) for line in _requirements(recorded.get("install_requires"))],
             }
         )
     )

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             runs += counts.new_runs
             results += counts.new_results
         if not args.untrusted:
-            answers = archive.add_answers([*store.bisections(), *store.triage_attempts()])  # bisect/triage since
+            answers = archive.add_answers(store.answers())  # bisect/triage since
         store.compact(args.keep_recent_runs)  # old results keep their verdict only (reports/README.md "Compaction")
     for conflict in conflicts:
         print(f"conflict {conflict}", file=sys.stderr)

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     entries = archive.entries()
     with HistoryStore(args.store, create=False, read_only=True) as store:
         runs = [run.run_id for run in store.runs() if run.trusted]
-        answers = [answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]]
+        answers = [answer_key(answer) for answer in store.answers()]
         recorded = store.entry_hashes()
     problems = []
     opened = 0

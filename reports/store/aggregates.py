@@ -79,15 +79,30 @@ def recent_runs(runs: list[Run], per_session: int = 2) -> set[str]:
     return {run.run_id for session in by_session.values() for run in sorted(session, key=started_order)[-per_session:]}
 
 
+GroupKey = tuple[CellKey, str, str, str]
+"""A result group within its point: cell, outcome, failure class, signature."""
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A result group while results are added (ResultGrouping.add): mutable, one per group, updated in place."""
+
+    count: int
+    first_listed: str
+    earliest: Run
+    newest: Run
+    cause: Cause | None  # the newest result's
+
+
 class ResultGrouping:
     """The result groups and each point's newest metrics of results added a run at a time (the atlas adds an archive's
     entries one by one, never holding every result): what `group_results` computes for results held in memory."""
 
-    def __init__(self, keep_metrics: bool = True):
+    def __init__(self, keep_metrics: bool = True) -> None:
         self._keep_metrics = keep_metrics
-        # (versions, harness commit) -> (cell, outcome, failure class, signature) -> [count, first listed run id,
-        # earliest run, newest run]; a run's results share the outer key, so it is looked up once per run
-        self._groups: dict[tuple[Versions, str], dict[tuple, list]] = {}
+        # (versions, harness commit) -> group -> its tally; a run's results share the outer key, so it is looked up
+        # once per run
+        self._groups: dict[tuple[Versions, str], dict[GroupKey, _Tally]] = {}
         self.measured: dict[PointKey, PointMetrics] = {}
 
     def add(self, run: Run, results: Iterable[CellResult]) -> None:
@@ -97,15 +112,15 @@ class ResultGrouping:
             key = (result.cell, result.outcome, result.failure_class, result.signature)
             known = groups.get(key)
             if known is None:
-                groups[key] = [1, run.run_id, run, run, result.cause]
+                groups[key] = _Tally(1, run.run_id, run, run, result.cause)
             else:
-                known[0] += 1
-                if run.run_id < known[1]:
-                    known[1] = run.run_id
-                if order < started_order(known[2]):
-                    known[2] = run
-                if order >= started_order(known[3]):
-                    known[3], known[4] = run, result.cause
+                known.count += 1
+                if run.run_id < known.first_listed:
+                    known.first_listed = run.run_id
+                if order < started_order(known.earliest):
+                    known.earliest = run
+                if order >= started_order(known.newest):
+                    known.newest, known.cause = run, result.cause
             if self._keep_metrics and result.metrics:
                 point = (result.cell, run.versions, run.harness_git)
                 candidate = PointMetrics(run.started, run.run_id, result.metrics)
@@ -117,10 +132,20 @@ class ResultGrouping:
         """Point by point in the order their first results were added."""
         return [
             ResultGroup(
-                cell, versions, harness_git, outcome, failure_class, signature, count, first, earliest, newest, cause
+                cell=cell,
+                versions=versions,
+                harness_git=harness_git,
+                outcome=outcome,
+                failure_class=failure_class,
+                signature=signature,
+                count=tally.count,
+                first_listed=tally.first_listed,
+                earliest=tally.earliest,
+                newest=tally.newest,
+                cause=tally.cause,
             )
             for (versions, harness_git), groups in self._groups.items()
-            for (cell, outcome, failure_class, signature), (count, first, earliest, newest, cause) in groups.items()
+            for (cell, outcome, failure_class, signature), tally in groups.items()
         ]
 
 

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 from reports import ReportsError
@@ -349,8 +350,8 @@ def _members(path: Path, content: bytes) -> dict[str, bytes]:
         raise DamagedEntry(path, f"not a readable archive entry ({exc})") from None
 
 
-def _from_json(content: dict) -> RunRecords:
-    """A format-2 entry's records, typed; a field of the wrong type raises TypeError or KeyError."""
+def _from_json(content: dict[str, Any]) -> RunRecords:
+    """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError or KeyError."""
     if content.get("format") != FORMAT:
         raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")
     fields_ = dict(content["run"])
@@ -376,7 +377,7 @@ def _from_json(content: dict) -> RunRecords:
     return RunRecords(run, results, details, content["dependencies_as_of"])
 
 
-def _number(value) -> float:
+def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"a metric {value!r} is not a number")
     return float(value)

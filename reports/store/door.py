@@ -9,7 +9,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from matrix.redaction import Redactor
 from reports import ReportsError
@@ -20,6 +20,10 @@ from suites.records.run_records import MalformedRecord, read_records
 
 Redact = Callable[[str], str]
 T = TypeVar("T")
+JSONRecord = dict[str, Any]
+"""A cells.jsonl record (or a table in it) as json.loads gives it: what it holds is checked here, not assumed."""
+Kind = type | tuple[type, ...]
+"""The Python type(s) a record's value must have (isinstance's second argument)."""
 
 
 class Rejected(ReportsError):
@@ -40,7 +44,7 @@ def redactor() -> Redact:
 def redact_fields(record: T, redact: Redact) -> T:
     """The record with the redactor run over every text it holds: each str field, each str in a tuple or a dict
     (keys too), and the fields of the records it holds, whatever their names; numbers and flags stay."""
-    return _redacted(record, redact)
+    return cast(T, _redacted(record, redact))  # each value rebuilt as its own type: the record's type stays
 
 
 def _redacted(value: Any, redact: Redact) -> Any:
@@ -102,17 +106,17 @@ def _check_cells_beside(junit: Path, run_ids: set[str], redact: Redact) -> None:
             raise Rejected(junit, f"{cells}: the record of cell {_cell_id(record)!r}: {problem}")
 
 
-def _cell_id(record: dict) -> str:
+def _cell_id(record: JSONRecord) -> str:
     cell = record.get("cell")
     return str(cell.get("id", "?"))[:100] if isinstance(cell, dict) else "?"
 
 
 class _NotTyped(Exception):
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem) -> None:
         self.problem = problem
 
 
-def _record_problem(record: dict, redact: Redact) -> Problem | None:
+def _record_problem(record: JSONRecord, redact: Redact) -> Problem | None:
     """The first value of a cells.jsonl record that is not what the harness writes: its fields typed as the JUnit's
     (CellKey, CellResult, CellDetail, Versions), redacted, and checked by the same rules."""
     try:
@@ -156,7 +160,7 @@ def _record_problem(record: dict, redact: Redact) -> Problem | None:
 _MISSING = object()
 
 
-def _get(mapping: dict, key: str, kind, field: str, default: Any = _MISSING) -> Any:
+def _get(mapping: JSONRecord, key: str, kind: Kind, field: str, default: Any = _MISSING) -> Any:
     value = mapping.get(key, default)
     if value is _MISSING:
         raise _NotTyped(Problem(field, None, "is missing"))
@@ -165,7 +169,7 @@ def _get(mapping: dict, key: str, kind, field: str, default: Any = _MISSING) -> 
     return value
 
 
-def _kind_text(kind) -> str:
+def _kind_text(kind: Kind) -> str:
     names = {str: "text", int: "an integer", dict: "a table", list: "a list"}
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(names.get(k, k.__name__) for k in kinds)
@@ -179,6 +183,6 @@ def _integer(value: str | int, field: str) -> int:
     return int(value)
 
 
-def _versions(record: dict) -> list[str]:
+def _versions(record: JSONRecord) -> list[str]:
     versions = _get(record, "versions", dict, "versions")
     return list(versions)

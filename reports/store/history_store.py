@@ -14,11 +14,12 @@ import json
 import os
 import sqlite3
 import tempfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from reports import ReportsError
@@ -36,7 +37,7 @@ from reports.store.answer_rows import (
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
 from reports.store.door import redact_fields, redactor
 from reports.store.ids import Cells, Texts, inserted_id
-from reports.store.records import Bisection, CellKey, CellResult, Observation, Run, TriageAttempt, Versions
+from reports.store.records import Bisection, CellKey, CellResult, Mechanism, Observation, Run, TriageAttempt, Versions
 from reports.store.rows import (
     changed_verdicts,
     explain,
@@ -55,10 +56,13 @@ from reports.store.schema import (
     SCHEMA_VERSION,
     VERSION_FIELDS,
     Points,
+    Row,
     add_to_aggregates,
+    check_version,
     migrate,
     point_key,
     set_group_causes,
+    store_identity,
 )
 from suites.mechanism import Cause
 
@@ -69,11 +73,15 @@ class ImportCounts:
     new_results: int
 
 
-def _naming_the_file(method):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _naming_the_file(method: Callable[Concatenate[HistoryStore, P], R]) -> Callable[Concatenate[HistoryStore, P], R]:
     """A method of HistoryStore whose SQLite errors become one line naming the file and what to do."""
 
     @functools.wraps(method)
-    def wrapped(self, *args, **kwargs):
+    def wrapped(self: HistoryStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._sqlite_errors():
             return method(self, *args, **kwargs)
 
@@ -89,7 +97,7 @@ class HistoryStore:
     with SQLite's `mode=ro`, so reading commands never write (a read-only file works, a reader never waits behind
     a writer's migration); an older schema is then migrated in a copy in memory, never in the file."""
 
-    def __init__(self, path: Path, *, create: bool, read_only: bool = False):
+    def __init__(self, path: Path, *, create: bool, read_only: bool = False) -> None:
         self.path = Path(path)
         if not self.path.exists():
             if not create:
@@ -141,7 +149,7 @@ class HistoryStore:
             ) from None
 
     @contextmanager
-    def _sqlite_errors(self):
+    def _sqlite_errors(self) -> Iterator[None]:
         """Any SQLite error becomes one line naming the file and what to do."""
         try:
             yield
@@ -151,14 +159,14 @@ class HistoryStore:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> "HistoryStore":
+    def __enter__(self) -> HistoryStore:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @contextmanager
-    def _write(self):
+    def _write(self) -> Iterator[None]:
         """One `BEGIN IMMEDIATE` transaction: committed when the block ends, rolled back when it raises. Inside an
         open transaction (`transaction()`), a savepoint: the block's writes are undone alone when it raises."""
         if self._conn.in_transaction:
@@ -180,7 +188,7 @@ class HistoryStore:
         self._conn.execute("COMMIT")
 
     @contextmanager
-    def transaction(self):
+    def transaction(self) -> Iterator[None]:
         """Writes that land together or not at all (rebuild: a store is never left half-imported); an import inside
         it that raises is undone alone."""
         with self._sqlite_errors(), self._write():
@@ -189,24 +197,24 @@ class HistoryStore:
     def _check_or_create_schema(self) -> None:
         conn = self._conn
         with self._write():  # two processes creating a new store must not both create tables
-            application_id, version, has_tables = self._identity()
+            application_id, version, has_tables = store_identity(self._conn)
             if not has_tables and application_id == 0:
                 for statement in FIRST_SCHEMA:  # not executescript(): it would commit our transaction
                     conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 migrate(conn, 1)
             else:
-                self._check_version(application_id, version)
+                check_version(self.path, application_id, version)
                 migrate(conn, version)
 
     def _check_read_only_schema(self) -> None:
-        application_id, version, has_tables = self._identity()
+        application_id, version, has_tables = store_identity(self._conn)
         if not has_tables and application_id == 0:
             raise ReportsError(
                 f"{self.path}: an empty SQLite file, not a history store; import results first with "
                 f"`python -m reports merge <junit files> --store {self.path}`"
             )
-        self._check_version(application_id, version)
+        check_version(self.path, application_id, version)
         if version < SCHEMA_VERSION:  # migrate a copy: the file stays as it is, and may be read-only
             memory = sqlite3.connect(":memory:", isolation_level=None)
             self._conn.backup(memory)
@@ -214,30 +222,6 @@ class HistoryStore:
             self._conn = memory
             with self._write():
                 migrate(memory, version)
-
-    def _identity(self) -> tuple[int, int, bool]:
-        """application_id, user_version, and whether the file has any table."""
-        conn = self._conn
-        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        return application_id, version, conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
-
-    def _check_version(self, application_id: int, version: int) -> None:
-        if application_id != APPLICATION_ID:
-            raise ReportsError(
-                f"{self.path}: this SQLite file is not an autotp-matrix history store; pass a different --store path"
-            )
-        if version > SCHEMA_VERSION:
-            raise ReportsError(
-                f"{self.path}: store schema version {version} is newer than this tool understands "
-                f"({SCHEMA_VERSION}); update the reports package before reading it"
-            )
-        if version < 1:
-            # Schema 1 is the first released schema, so there is no migration path from older ones.
-            raise ReportsError(
-                f"{self.path}: store schema version {version} predates version 1 and cannot "
-                "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
-            )
 
     @_naming_the_file
     def import_runs(self, runs: list[tuple[Run, list[CellResult]]], source: Path) -> ImportCounts:
@@ -363,7 +347,7 @@ class HistoryStore:
         texts[None] = ""
         return texts
 
-    def _run(self, row, shared: dict[Versions, Versions] | None = None) -> Run:
+    def _run(self, row: Row, shared: dict[Versions, Versions] | None = None) -> Run:
         """A run of a row, its texts redacted as they leave the store."""
         return run_from_row(tuple(self._redact(v) if isinstance(v, str) else v for v in row), shared)
 
@@ -381,7 +365,7 @@ class HistoryStore:
             if run in runs
         }
 
-    def _mechanisms(self, runs: dict[int, Run]) -> dict[tuple[int, int], dict]:
+    def _mechanisms(self, runs: dict[int, Run]) -> dict[tuple[int, int], Mechanism]:
         """The cause, break point and AutoTP record stored for failures of these runs, by (run, cell) key, as
         CellResult's fields."""
         rows = [
@@ -486,6 +470,10 @@ class HistoryStore:
             redact_fields(triage_from_row(row), self._redact)
             for row in self._conn.execute(select_statement("triage_attempts", TRIAGE_COLUMNS))
         ]
+
+    def answers(self) -> list[Bisection | TriageAttempt]:
+        """Every bisection, then every triage attempt, each oldest first."""
+        return [*self.bisections(), *self.triage_attempts()]
 
     @_naming_the_file
     def record_entries(self, hashes: dict[str, str]) -> None:

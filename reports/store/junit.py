@@ -18,6 +18,7 @@ from reports.store.records import (
     CellDetail,
     CellKey,
     CellResult,
+    Mechanism,
     Run,
     RunRecords,
     Versions,
@@ -74,7 +75,9 @@ def read_junit(path: Path) -> list[RunRecords]:
     for suite in xml:
         for case in suite:
             # An xunit2 suite yields xunit2 test cases (which carry properties); junitparser types them as the base.
-            props = {p.name: p.value or "" for p in cast(TestCase, case).properties()}
+            case = cast(TestCase, case)
+            # junitparser leaves TestCase.properties unannotated
+            props = {p.name: p.value or "" for p in case.properties()}  # type: ignore[no-untyped-call]
             if "cell.id" not in props:
                 continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
             if props.get("faults"):
@@ -154,7 +157,7 @@ def _run_from(props: dict[str, str], path: Path, where: str) -> Run:
     )
 
 
-def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: str) -> CellResult:
+def _result_from(case: TestCase, props: dict[str, str], run_id: str, path: Path, where: str) -> CellResult:
     try:
         cell = CellKey(
             model=_require(props, "cell.model", path, where),
@@ -196,14 +199,15 @@ def _result_from(case, props: dict[str, str], run_id: str, path: Path, where: st
     )
 
 
-def _mechanism_from(props: dict[str, str], path: Path, where: str) -> dict:
+def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
     """A failure's cause, where it broke and what AutoTP did (suites/mechanism.py), where the file records them."""
-    found: dict = {}
+    found = Mechanism()
     try:
         if props.get("cause.key"):
-            found["cause"] = Cause(props["cause.key"], props.get("cause.words", ""), props.get("cause.whose", ""))
-            if found["cause"].whose not in WHOSE:
-                raise ValueError(f"cause.whose={found['cause'].whose!r} is not one of {', '.join(WHOSE)}")
+            cause = Cause(props["cause.key"], props.get("cause.words", ""), props.get("cause.whose", ""))
+            if cause.whose not in WHOSE:
+                raise ValueError(f"cause.whose={cause.whose!r} is not one of {', '.join(WHOSE)}")
+            found["cause"] = cause
         if props.get("broke_at.path") is not None and props.get("broke_at.how"):
             found["broke_at"] = BreakPoint.from_dict(
                 {name: props.get(f"broke_at.{name}", "") for name in BreakPoint.__dataclass_fields__}

@@ -57,10 +57,13 @@ def bring_up_to_date(store: HistoryStore, archive: ResultsArchive, keep_recent_r
             read += 1
             runs += counts.new_runs
             results += counts.new_results
-        known = {answer_key(answer) for answer in [*store.bisections(), *store.triage_attempts()]}
+        known = {answer_key(answer) for answer in store.answers()}
         answers = [answer for answer in archive.answers(skipped.append) if answer_key(answer) not in known]
         for answer in answers:
-            (store.add_bisection if isinstance(answer, Bisection) else store.add_triage_attempt)(answer)
+            if isinstance(answer, Bisection):
+                store.add_bisection(answer)
+            else:
+                store.add_triage_attempt(answer)
     store.compact(keep_recent_runs)
     return RebuildCounts(runs, results, read, len(entries), len(answers), tuple(skipped))
 

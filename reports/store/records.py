@@ -4,7 +4,7 @@ store, the analysis and the renderers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
@@ -55,12 +55,12 @@ class Versions:
     def label(self, axis: str) -> str:
         if axis == "deepspeed" and self.deepspeed_git:
             return f"{self.deepspeed}@{self.deepspeed_git[:10]}"
-        return getattr(self, axis)
+        return str(getattr(self, axis))
 
-    def pins(self, axes=AXES) -> Pins:
+    def pins(self, axes: tuple[str, ...] = AXES) -> Pins:
         return tuple((axis, self.label(axis)) for axis in axes)
 
-    def describe(self, axes=AXES) -> str:
+    def describe(self, axes: tuple[str, ...] = AXES) -> str:
         return pins_text(self.pins(axes))
 
 
@@ -110,6 +110,15 @@ class CellResult:
     """Where it broke, where the ranks located it."""
     autotp: AutoTPRecord | None = None
     """What AutoTP did to the model (rank 0), where it sharded."""
+
+
+class Mechanism(TypedDict, total=False):
+    """CellResult's mechanism fields (cause, broke_at, autotp) as a JUnit file or the store gives them: what a
+    reader passes on to CellResult(**...)."""
+
+    cause: Cause | None
+    broke_at: BreakPoint | None
+    autotp: AutoTPRecord | None
 
 
 @dataclass(frozen=True)

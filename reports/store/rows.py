@@ -7,16 +7,16 @@ import sqlite3
 from pathlib import Path
 
 from reports.store.ids import Cells, Texts
-from reports.store.records import CellKey, CellResult, Run, Versions
-from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS
+from reports.store.records import CellKey, CellResult, Mechanism, Run, Versions
+from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS, Row
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 
-def run_row(run: Run) -> tuple:
+def run_row(run: Run) -> Row:
     return (*(getattr(run, f) for f in RUN_FIELDS), *(getattr(run.versions, f) for f in VERSION_FIELDS))
 
 
-def run_from_row(row, shared: dict[Versions, Versions] | None = None) -> Run:
+def run_from_row(row: Row, shared: dict[Versions, Versions] | None = None) -> Run:
     """The run of a row; with `shared`, runs at the same version set share one Versions object: the analysis looks
     points up by (cell, versions) hundreds of thousands of times at a year, and a dict compares a key that is the
     same object without calling the dataclass's __eq__."""
@@ -54,7 +54,7 @@ def changed_verdicts(results: list[CellResult], verdicts: dict[CellKey, tuple[st
 
 def result_rows(
     run_key: int, results: list[CellResult], verdicts: dict[CellKey, tuple[str, str]], texts: Texts, cells: Cells
-) -> tuple[list[tuple], list[tuple], list[tuple]]:
+) -> tuple[list[Row], list[Row], list[Row]]:
     """The rows of `results`, checkpoints and cell_causes for the results whose cell the run does not hold yet
     (`verdicts`, updated as they are added); each distinct text stored once."""
     rows, checkpoint_rows, cause_rows = [], [], []
@@ -92,13 +92,13 @@ def mechanism_ids(texts: Texts, result: CellResult) -> tuple[int, int | None, in
     )
 
 
-def mechanism_fields(cause: str, broke_at: str, autotp: str) -> dict:
+def mechanism_fields(cause: str, broke_at: str, autotp: str) -> Mechanism:
     """CellResult's cause, broke_at and autotp from their stored JSON ("" where none was stored)."""
-    return {
-        "cause": Cause.from_dict(json.loads(cause)),
-        "broke_at": BreakPoint.from_dict(json.loads(broke_at)) if broke_at else None,
-        "autotp": AutoTPRecord.from_dict(json.loads(autotp)) if autotp else None,
-    }
+    return Mechanism(
+        cause=Cause.from_dict(json.loads(cause)),
+        broke_at=BreakPoint.from_dict(json.loads(broke_at)) if broke_at else None,
+        autotp=AutoTPRecord.from_dict(json.loads(autotp)) if autotp else None,
+    )
 
 
 def explain(path: Path, error: sqlite3.Error) -> str:

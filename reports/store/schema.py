@@ -6,9 +6,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+from reports import ReportsError
 from reports.store.ids import Texts, inserted_id
 from reports.store.records import AXES, deepspeed_git_of
+
+Row = tuple[Any, ...]
+"""A row as sqlite3 reads or writes it: its stubs type every value Any (a column's SQLite type is the value's own)."""
 
 # 2 added the bisections table; 3 the runs' harness_git and cleaned deepspeed_git; 4 triage: suspects and
 # confirmations in bisections, and the triage_attempts table; 5 the transition kind an answer is for and the
@@ -299,7 +304,7 @@ WHERE cell = :cell AND point = :point AND outcome = :outcome AND failure_class =
     AND signature = :signature AND newest = :run"""
 
 
-def point_key(row: tuple) -> str:
+def point_key(row: Row) -> str:
     """A point's key in `points`: its version columns and harness commit (POINT_COLUMNS's order), as JSON."""
     return json.dumps(list(row))
 
@@ -409,3 +414,29 @@ VERSION_FIELDS = (*AXES, "deepspeed_git")
 
 POINT_COLUMNS = ", ".join((*VERSION_FIELDS, "harness_git"))
 """A point's columns: its version set with the harness commit (with the cell, what a result group and compaction key on)."""
+
+
+def store_identity(conn: sqlite3.Connection) -> tuple[int, int, bool]:
+    """application_id, user_version, and whether the file has any table."""
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    return application_id, version, conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+
+
+def check_version(path: Path, application_id: int, version: int) -> None:
+    """Raises ReportsError unless the file at `path` is a history store of a schema this code can read or migrate."""
+    if application_id != APPLICATION_ID:
+        raise ReportsError(
+            f"{path}: this SQLite file is not an autotp-matrix history store; pass a different --store path"
+        )
+    if version > SCHEMA_VERSION:
+        raise ReportsError(
+            f"{path}: store schema version {version} is newer than this tool understands "
+            f"({SCHEMA_VERSION}); update the reports package before reading it"
+        )
+    if version < 1:
+        # Schema 1 is the first released schema, so there is no migration path from older ones.
+        raise ReportsError(
+            f"{path}: store schema version {version} predates version 1 and cannot "
+            "be migrated; move it aside and re-import the JUnit files with `python -m reports merge`"
+        )

@@ -100,7 +100,7 @@ def _text(limit: int, *, one_line: bool = False) -> Rule:
     return rule
 
 
-def _matching(pattern: re.Pattern, limit: int, what: str, *, empty: bool = False) -> Rule:
+def _matching(pattern: re.Pattern[str], limit: int, what: str, *, empty: bool = False) -> Rule:
     def rule(value: Any) -> str | None:
         if not isinstance(value, str):
             return f"is not text ({type(value).__name__})"
