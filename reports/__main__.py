@@ -8,6 +8,7 @@ import io
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 from matrix.redaction import Redactor
 from matrix.versions import ReleaseDataUnavailable
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 class _Redacting(io.TextIOBase):
     """A text stream that passes what is written through the redactor before the stream it wraps."""
 
-    def __init__(self, stream, redactor: Redactor):
+    def __init__(self, stream: TextIO, redactor: Redactor) -> None:
         self._stream = stream
         self._redact = redactor
 

@@ -17,7 +17,17 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from reports.store import GITHUB_REPOSITORY, Bisection, CellKey, Commit, Pins, TransitionKind, TriageAttempt, parse_pins
+from reports.store import (
+    GITHUB_REPOSITORY,
+    Bisection,
+    CellKey,
+    Commit,
+    JSONObject,
+    Pins,
+    TransitionKind,
+    TriageAttempt,
+    parse_pins,
+)
 
 Link = Callable[[str, str], str]
 MAX_SUSPECTS = 3  # in the line; report.json keeps them all
@@ -55,7 +65,7 @@ class TransitionEntry:
     attempt: TriageAttempt | None
 
     @classmethod
-    def from_json(cls, entry: dict) -> TransitionEntry:
+    def from_json(cls, entry: JSONObject) -> TransitionEntry:
         """The entry again from report.json's form of it (reports.outputs.model.entry_json)."""
         cell = CellKey(entry["model"], entry["variant"], entry["dtype"], entry["tp"])
         bisection, attempt = entry["bisection"], entry["attempt"]
@@ -70,18 +80,19 @@ class TransitionEntry:
             after_status=EntryStatus(**entry["after_status"]),
             commits=tuple(_commit(c) for c in entry["commits"]),
             # An answer is the transition's own cell's (reports.analysis.history.answer_for).
-            bisection=_bisection(bisection, cell) if bisection else None,
+            bisection=bisection_from_json(bisection, cell) if bisection else None,
             attempt=TriageAttempt(**{**attempt, "cell": cell, "held_fixed": parse_pins(attempt["held_fixed"])})
             if attempt
             else None,
         )
 
 
-def _commit(entry: dict) -> Commit:
+def _commit(entry: JSONObject) -> Commit:
     return Commit(**{**entry, "files": tuple(entry["files"])})
 
 
-def _bisection(entry: dict, cell: CellKey) -> Bisection:
+def bisection_from_json(entry: JSONObject, cell: CellKey) -> Bisection:
+    """A bisection from report.json's form of it (reports.outputs.model.answer_json: the cell by its id)."""
     return Bisection(
         **{
             **entry,

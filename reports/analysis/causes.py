@@ -28,6 +28,7 @@ from reports.store import (
     AXES,
     CellKey,
     CellResult,
+    JSONObject,
     Observation,
     Pins,
     Run,
@@ -103,14 +104,14 @@ class RootCause:
     # what the cause was seen at besides them. Not in report.json; derived again from held_fixed when read back.
     elsewhere: tuple[Pins, ...]
 
-    def json(self) -> dict:
+    def json(self) -> JSONObject:
         """The report.json form: the held-fixed pins as text, `elsewhere` left out."""
         fields = {**asdict(self), "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
         del fields["elsewhere"]
         return fields
 
     @classmethod
-    def from_json(cls, entry: dict, latest: Versions) -> RootCause:
+    def from_json(cls, entry: JSONObject, latest: Versions) -> RootCause:
         held_fixed = tuple(parse_pins(text) for text in entry["held_fixed"])
         return cls(
             **{

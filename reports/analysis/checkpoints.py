@@ -11,13 +11,14 @@ supported-models page and the PR comment all read this one section.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, replace
 
 from markupsafe import Markup
 
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
 from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
-from reports.store import Aggregates, CellKey, Run, started_order
+from reports.store import Aggregates, CellKey, JSONObject, Run, started_order
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CAUSE = 160
@@ -40,98 +41,167 @@ def cell_checkpoints(aggregates: Aggregates, history: History) -> dict[CellKey, 
     return {cell: aggregates.checkpoints.get((run.run_id, cell), ()) for cell, run in newest.items()}
 
 
-def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> dict:
+@dataclass(frozen=True)
+class CheckpointVerdict:
+    """One cell's verdict at the latest versions, as the checkpoints section states it."""
+
+    cell: str  # the cell's id
+    model: str  # its model coordinate: registry entry and shape (qwen2.faithful)
+    tp: int
+    variant: str
+    dtype: str
+    status: str  # pass, fail, flaky or skip
+    failure_class: str  # "" unless it fails
+    cause: str  # a failing cell's signature, else ""
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> CheckpointVerdict:
+        return cls(**entry)
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """A real checkpoint and the verdicts of the faithful cells standing for it."""
+
+    checkpoint: str  # its hub id
+    architecture: str  # the registry entry of its cells
+    verdicts: tuple[CheckpointVerdict, ...]
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> CheckpointEntry:
+        return cls(entry["checkpoint"], entry["architecture"], _verdicts(entry["verdicts"]))
+
+
+@dataclass(frozen=True)
+class ArchitectureEntry:
+    """An architecture (registry entry) and the verdicts of its cells of one kind (class-default or stress sizes)."""
+
+    architecture: str
+    verdicts: tuple[CheckpointVerdict, ...]
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> ArchitectureEntry:
+        return cls(entry["architecture"], _verdicts(entry["verdicts"]))
+
+
+@dataclass(frozen=True)
+class CheckpointVerdicts:
+    """report.json "checkpoints": the verdicts at the latest versions per real checkpoint and per architecture."""
+
+    faithful: tuple[CheckpointEntry, ...]  # per hub id (case-insensitive order), its faithful cells
+    class_defaults: tuple[ArchitectureEntry, ...]  # per architecture, faithful cells sized by config-class defaults
+    stress: tuple[ArchitectureEntry, ...]  # per architecture, its stress cells
+
+    @classmethod
+    def from_json(cls, section: JSONObject) -> CheckpointVerdicts:
+        return cls(
+            faithful=tuple(CheckpointEntry.from_json(entry) for entry in section["faithful"]),
+            class_defaults=tuple(ArchitectureEntry.from_json(entry) for entry in section["class_defaults"]),
+            stress=tuple(ArchitectureEntry.from_json(entry) for entry in section["stress"]),
+        )
+
+    def real(self) -> CheckpointVerdicts:
+        """The section without its stress cells: what it says of real checkpoints and class-default sizes."""
+        return replace(self, stress=())
+
+    def stress_only(self) -> CheckpointVerdicts:
+        return CheckpointVerdicts(faithful=(), class_defaults=(), stress=self.stress)
+
+
+def _verdicts(entries: list[JSONObject]) -> tuple[CheckpointVerdict, ...]:
+    return tuple(CheckpointVerdict.from_json(entry) for entry in entries)
+
+
+def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> CheckpointVerdicts:
     """report.json "checkpoints": `faithful` (per hub id, the verdicts of the faithful cells standing for it),
     `class_defaults` (per architecture, faithful cells sized by config-class defaults) and `stress` (per
-    architecture, its stress cells), each verdict {cell, model, tp, variant, dtype, status, failure_class, cause}."""
-    faithful: dict[str, list[dict]] = defaultdict(list)
-    architectures: dict[tuple[str, str], list[dict]] = defaultdict(list)  # (kind, entry) -> verdicts
+    architecture, its stress cells)."""
+    faithful: dict[str, list[CheckpointVerdict]] = defaultdict(list)
+    architectures: dict[tuple[str, str], list[CheckpointVerdict]] = defaultdict(list)  # (kind, entry) -> verdicts
     for cell in sorted(history.cells, key=lambda c: (c.tp, c.variant, c.dtype, c.model)):
         status = history.statuses.get((cell, history.latest))
         if status is None:
             continue
         entry, shape = shape_of(cell.model)
-        verdict = {
-            "cell": cell.id,
-            "model": cell.model,
-            "tp": cell.tp,
-            "variant": cell.variant,
-            "dtype": cell.dtype,
-            "status": status.status,
-            "failure_class": status.failure_class,
-            "cause": status.signature if status.status == "fail" else "",
-        }
+        verdict = CheckpointVerdict(
+            cell=cell.id,
+            model=cell.model,
+            tp=cell.tp,
+            variant=cell.variant,
+            dtype=cell.dtype,
+            status=status.status,
+            failure_class=status.failure_class,
+            cause=status.signature if status.status == "fail" else "",
+        )
         hub_ids = checkpoints.get(cell, ())
         if shape == "faithful" and hub_ids:
             for hub_id in hub_ids:
                 faithful[hub_id].append(verdict)
         else:
             architectures["class_defaults" if shape == "faithful" else "stress", entry].append(verdict)
-    return {
-        "faithful": [
-            {"checkpoint": hub_id, "architecture": shape_of(verdicts[0]["model"])[0], "verdicts": verdicts}
+    return CheckpointVerdicts(
+        faithful=tuple(
+            CheckpointEntry(hub_id, shape_of(verdicts[0].model)[0], tuple(verdicts))
             for hub_id, verdicts in sorted(faithful.items(), key=lambda item: item[0].lower())
-        ],
-        "class_defaults": [
-            {"architecture": entry, "verdicts": verdicts}
+        ),
+        class_defaults=tuple(
+            ArchitectureEntry(entry, tuple(verdicts))
             for (kind, entry), verdicts in sorted(architectures.items())
             if kind == "class_defaults"
-        ],
-        "stress": [
-            {"architecture": entry, "verdicts": verdicts}
+        ),
+        stress=tuple(
+            ArchitectureEntry(entry, tuple(verdicts))
             for (kind, entry), verdicts in sorted(architectures.items())
             if kind == "stress"
-        ],
-    }
+        ),
+    )
 
 
-def has_faithful(section: dict) -> bool:
+def has_faithful(section: CheckpointVerdicts) -> bool:
     """Whether any faithful cell ran at the latest versions (else the section is left out of every output)."""
-    return bool(section["faithful"] or section["class_defaults"])
+    return bool(section.faithful or section.class_defaults)
 
 
-def verdicts_text(verdicts: list[dict]) -> str:
+def verdicts_text(verdicts: tuple[CheckpointVerdict, ...]) -> str:
     """ "tp 2: ✅ · tp 3: ❌ forward `RuntimeError: …`"; variant and dtype named where the verdicts have several."""
-    several = len({(v["variant"], v["dtype"]) for v in verdicts}) > 1
+    several = len({(v.variant, v.dtype) for v in verdicts}) > 1
     parts = []
     for verdict in verdicts:
-        where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
-        cause = one_line(verdict["cause"])
+        where = f"tp {verdict.tp}" + (f" {verdict.variant}/{verdict.dtype}" if several else "")
+        cause = one_line(verdict.cause)
         cause = cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 1] + "…"
         # The word after the icon is its text fallback: a reader without an emoji font sees an empty box.
-        said = f"{verdict['failure_class']} {code(cause)}" if verdict["status"] == "fail" else verdict["status"]
-        parts.append(f"{where}: {' '.join(filter(None, (ICONS.get(verdict['status']), said)))}")
+        said = f"{verdict.failure_class} {code(cause)}" if verdict.status == "fail" else verdict.status
+        parts.append(f"{where}: {' '.join(filter(None, (ICONS.get(verdict.status), said)))}")
     return " · ".join(parts)
 
 
-def checkpoint_lines(section: dict) -> list[str]:
+def checkpoint_lines(section: CheckpointVerdicts) -> list[str]:
     """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- "."""
     return [
         *(
-            f"{code(entry['checkpoint'])} ({entry['architecture']}, faithful shapes) {verdicts_text(entry['verdicts'])}"
-            for entry in section["faithful"]
+            f"{code(entry.checkpoint)} ({entry.architecture}, faithful shapes) {verdicts_text(entry.verdicts)}"
+            for entry in section.faithful
         ),
         *(
-            f"{entry['architecture']} architecture at its config-class default sizes (no checkpoint recorded): "
-            f"{verdicts_text(entry['verdicts'])}"
-            for entry in section["class_defaults"]
+            f"{entry.architecture} architecture at its config-class default sizes (no checkpoint recorded): "
+            f"{verdicts_text(entry.verdicts)}"
+            for entry in section.class_defaults
         ),
         *(
-            f"{entry['architecture']} architecture under stress shapes: {verdicts_text(entry['verdicts'])}"
-            for entry in section["stress"]
+            f"{entry.architecture} architecture under stress shapes: {verdicts_text(entry.verdicts)}"
+            for entry in section.stress
         ),
     ]
 
 
-def checkpoints_markdown(section: dict) -> list[str]:
+def checkpoints_markdown(section: CheckpointVerdicts) -> list[str]:
     """The report's section: real checkpoints (faithful cells) and architectures (stress cells) apart; none for a
     history of stress cells only (the cells stored before shapes existed: no checkpoint to name)."""
     if not has_faithful(section):
         return []
-    real = [f"- {line}" for line in checkpoint_lines({**section, "stress": []})]
-    stress = [
-        f"- {line}" for line in checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
-    ]
+    real = [f"- {line}" for line in checkpoint_lines(section.real())]
+    stress = [f"- {line}" for line in checkpoint_lines(section.stress_only())]
     return [
         "## Verdicts per checkpoint at the latest versions",
         "",
@@ -149,7 +219,7 @@ def checkpoints_markdown(section: dict) -> list[str]:
     ]
 
 
-def checkpoints_html(section: dict) -> dict[str, list[Markup]]:
+def checkpoints_html(section: CheckpointVerdicts) -> dict[str, list[Markup]]:
     """The same lines for report.html: `real` (checkpoints, then class-default architectures) and `stress`, the
     text escaped and its code spans as <code>."""
 
@@ -159,6 +229,6 @@ def checkpoints_html(section: dict) -> dict[str, list[Markup]]:
     if not has_faithful(section):
         return {"real": [], "stress": []}
     return {
-        "real": html(checkpoint_lines({**section, "stress": []})),
-        "stress": html(checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})),
+        "real": html(checkpoint_lines(section.real())),
+        "stress": html(checkpoint_lines(section.stress_only())),
     }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from matrix.versions import AxisValueError, parse_pins
 from reports import ReportsError
-from reports.analysis.statuses import harness_change_text, harness_ranks, point_status, summarise
+from reports.analysis.statuses import CellStatus, harness_change_text, harness_ranks, point_status, summarise
 from reports.store import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
@@ -61,7 +61,7 @@ def select(observations: list[Observation], selector: str, option: str) -> list[
 
 
 def _matches(obs: Observation, key: str, value: str) -> bool:
-    stored = getattr(obs.versions, key)
+    stored = str(getattr(obs.versions, key))
     return stored.startswith(value) if key == "deepspeed_git" else stored == value  # a sha prefix is enough
 
 
@@ -90,7 +90,7 @@ def compare(baseline: list[Observation], candidate: list[Observation], confirmat
     return sorted(rows, key=lambda row: (VERDICTS.index(row.verdict), row.cell))
 
 
-def _failure(status) -> str:
+def _failure(status: CellStatus | None) -> str:
     return f"{status.failure_class}: {status.signature}" if status and status.fails else ""
 
 

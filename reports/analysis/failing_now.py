@@ -28,7 +28,7 @@ from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, known_from_json, versions_of
 from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.statuses import CellStatus
-from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
+from reports.store import AXES, Aggregates, CellKey, JSONObject, ResultGroup, Versions, started_order
 from suites.mechanism import whose
 
 STATUS_ORDER = ("new", "known", "unsupported")
@@ -192,7 +192,7 @@ class FailingNow:
     since when each cause fails and which change broke it, for the cells this run had; "" otherwise."""
 
     @classmethod
-    def from_json(cls, section: dict) -> FailingNow:
+    def from_json(cls, section: JSONObject) -> FailingNow:
         return cls(
             backfill=section["backfill"],
             cells=section["cells"],
@@ -333,7 +333,7 @@ def _first_seen(aggregates: Aggregates, history: History) -> dict[str, ResultGro
     """Per cause, its failures at the oldest version set of the history (in the history's version order) that hold
     the earliest run there (of two as early, the smaller run id, then the first cell)."""
     order = {versions: index for index, versions in enumerate(history.version_sets)}
-    first: dict[str, tuple[tuple, ResultGroup]] = {}
+    first: dict[str, tuple[tuple[int, str, str, CellKey], ResultGroup]] = {}
     for group in aggregates.groups:
         if group.outcome != "fail":
             continue

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from markupsafe import Markup
+
 from reports.analysis.answers import Link, TransitionEntry, code
 from reports.analysis.causes import RootCause, count_text, shared_answers
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
@@ -187,7 +189,9 @@ def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
     return [*lines, ""]
 
 
-def failing_now_html(report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list]) -> dict:
+def failing_now_html(
+    report: ReportView, linked: Callable[[Callable[[Link], list[str]]], list[Markup]]
+) -> dict[str, object]:
     """What the HTML template draws, each text with its links made by `linked` (reports.outputs.render.linked_html)."""
     section = report.failing_now
     causes = section.causes

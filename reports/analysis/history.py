@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from typing import TypeVar
 
 from packaging.version import Version
 
@@ -126,6 +127,11 @@ class History:
         return sorted(points, key=lambda point: (set_rank[point[1]], cell_rank[point[0]]))
 
 
+OrderKey = tuple[object, ...]
+"""Where a version lies along its axis (VersionOrder.key): releases (0, Version[, first seen]) before other labels
+(1, first seen, label); compared only with the keys of the same axis, whose shapes compare."""
+
+
 class VersionOrder:
     """Orders values on each axis: releases by PEP 440, DeepSpeed commits topologically when a clone is given;
     labels that are not releases (an install failure at pr/1234, master, local-DeepSpeed) come after all
@@ -136,7 +142,7 @@ class VersionOrder:
         # Without a clone, builds of the same version from different commits are ordered by when first seen.
         self._first_seen: dict[tuple[str, str, str], str] = {}
         # computed once per version set, not once per cell
-        self._keys: dict[tuple[str, Versions], tuple] = {}
+        self._keys: dict[tuple[str, Versions], OrderKey] = {}
         # A version set's earliest start first (a year has ~75 k groups at a few hundred version sets), then its axes.
         earliest: dict[Versions, str] = {}
         for group in groups:
@@ -154,13 +160,13 @@ class VersionOrder:
     def _seen_key(axis: str, versions: Versions) -> tuple[str, str, str]:
         return axis, getattr(versions, axis), versions.deepspeed_git if axis == "deepspeed" else ""
 
-    def key(self, axis: str, versions: Versions) -> tuple:
+    def key(self, axis: str, versions: Versions) -> OrderKey:
         known = self._keys.get((axis, versions))
         if known is None:
             known = self._keys[axis, versions] = self._key(axis, versions)
         return known
 
-    def _key(self, axis: str, versions: Versions) -> tuple:
+    def _key(self, axis: str, versions: Versions) -> OrderKey:
         value = getattr(versions, axis)
         version = release(value)
         if version is None:
@@ -171,7 +177,7 @@ class VersionOrder:
             return (0, deepspeed_order(self._repo, versions))
         return (0, version, self._first_seen[self._seen_key(axis, versions)])
 
-    def set_key(self, versions: Versions) -> tuple:
+    def set_key(self, versions: Versions) -> tuple[OrderKey, ...]:
         return tuple(self.key(axis, versions) for axis in AXES)
 
 
@@ -441,7 +447,10 @@ def _attempt_for(transition: Transition, attempts: Sequence[TriageAttempt]) -> T
     return _newest(matching)
 
 
-def _newest(records: list):
+Answer = TypeVar("Answer", Bisection, TriageAttempt)
+
+
+def _newest(records: list[Answer]) -> Answer | None:
     """The most recently recorded of records in store order: recorded_at has one-second resolution, so of
     two answers recorded in the same second the one stored later wins (a refinement over its release answer)."""
     return sorted(records, key=lambda record: record.recorded_at)[-1] if records else None

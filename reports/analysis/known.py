@@ -12,7 +12,7 @@ from reports.analysis.causes import cells_text
 from reports.analysis.history import History
 from reports.analysis.signatures import cause
 from reports.analysis.statuses import CellStatus
-from reports.store import AXES, Aggregates, CellKey, Versions, release
+from reports.store import AXES, Aggregates, CellKey, JSONObject, Versions, release
 
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
 _PAGE = re.compile(r"https://github\.com/([^/]+/[^/]+)/blob/[0-9a-f]+/(?:[^#]+/)?([^/#]+)\.md(?:#.*)?")
@@ -66,7 +66,7 @@ class FixedKnown:
     bisected: bool
 
 
-def known_from_json(known: dict) -> KnownMatch:
+def known_from_json(known: JSONObject) -> KnownMatch:
     return KnownMatch(**{**known, "cells": tuple(known["cells"])})
 
 

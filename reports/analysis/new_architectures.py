@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from reports.analysis.answers import code
 from reports.analysis.checkpoints import shape_of
-from reports.store import ResultGroup, release, started_order
+from reports.store import JSONObject, ResultGroup, release, started_order
 
 COVERAGE_SESSION = "coverage"
 """The session of `nox -s coverage` (its runs' `session`)."""
@@ -52,7 +52,7 @@ class NewArchitectures:
     architectures: tuple[NewArchitecture, ...]
 
     @classmethod
-    def from_json(cls, entry: dict) -> NewArchitectures:
+    def from_json(cls, entry: JSONObject) -> NewArchitectures:
         return cls(
             entry["release"],
             entry["previous"],

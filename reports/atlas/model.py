@@ -27,7 +27,7 @@ from reports.analysis import (
 )
 from reports.atlas.reading import ArchiveHistory
 from reports.outputs import transition_entry
-from reports.store import AXES, GITHUB_REPOSITORY, CellKey, Versions
+from reports.store import AXES, GITHUB_REPOSITORY, CellKey, JSONObject, Versions
 from suites.outcome import FAILURE_CLASSES
 
 FORMAT = "autotp-atlas/1"
@@ -277,7 +277,7 @@ def verdict_code(verdict: Verdict) -> str:
     return f"fail {verdict.failure_class} {verdict.cause}" if verdict.status == "fail" else verdict.status
 
 
-def atlas_json(atlas: Atlas) -> dict:
+def atlas_json(atlas: Atlas) -> JSONObject:
     """atlas.json: every entry keyed by a stable id, lists in a stable order (a new version set adds entries)."""
     return {
         "format": FORMAT,

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reports import ReportsError
 from reports.analysis import cells_text, count_text
-from reports.atlas.model import Atlas, Row, atlas_json, cause_repro
+from reports.atlas.model import Atlas, AtlasTransition, Cause, Row, atlas_json, cause_repro
 from reports.atlas.views import (
     STATE_CODES,
     channel,
@@ -29,6 +29,7 @@ from reports.atlas.views import (
     transition_groups,
     version_key,
 )
+from reports.store import CellKey
 
 ATLAS_FILE = "atlas.json"
 KIND_TEXT = {
@@ -71,7 +72,7 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
         ),
     )
     all_grids = grids(atlas.version_sets)
-    by_cell: dict = defaultdict(list)
+    by_cell: dict[CellKey, list[AtlasTransition]] = defaultdict(list)
     for transition in atlas.transitions:
         by_cell[transition.cell].append(transition)
     checkpoint = environment.get_template("checkpoint.html.j2")
@@ -96,7 +97,7 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
             ),
         )
     titles = {row.slug: row.title for row in atlas.rows}
-    by_cause: dict = defaultdict(list)
+    by_cause: dict[str, list[AtlasTransition]] = defaultdict(list)
     for transition in atlas.transitions:
         by_cause[transition.cause].append(transition)
     failing = _failing_counts(atlas)
@@ -140,7 +141,7 @@ def _newest_counts(atlas: Atlas, rows: list[Row]) -> list[tuple[str, int]]:
     return [(status, counts[status]) for status in ("pass", "fail", "flaky", "skip") if counts[status]]
 
 
-def _row_causes(atlas: Atlas, row: Row) -> list:
+def _row_causes(atlas: Atlas, row: Row) -> list[tuple[Cause, int]]:
     counts = Counter(
         verdict.cause
         for cell in row.cells

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from packaging.version import InvalidVersion, Version
 
 from reports.analysis import cells_text, count_text
 from reports.atlas.model import Atlas, AtlasTransition, Row, Verdict, VersionSet, slug
-from reports.store import CellKey
+from reports.store import CellKey, JSONObject
 
 STATE_CODES = {"pass": "p", "fail": "f", "flaky": "k", "skip": "s"}
 """A verdict's letter in the heat map; `m` is a family whose cells there both pass and fail, `.` nothing ran."""
@@ -49,7 +50,7 @@ def grids(version_sets: Iterable[VersionSet]) -> list[Grid]:
     ]
 
 
-def version_key(text: str) -> tuple:
+def version_key(text: str) -> tuple[int, Version] | tuple[int, str]:
     """Releases by PEP 440, anything else after them."""
     try:
         return (0, Version(text))
@@ -95,14 +96,14 @@ def _since(atlas: Atlas, cell: CellKey, verdict: Verdict, at: VersionSet, axis: 
     line = [vs for vs in atlas.version_sets if all(getattr(vs, a) == getattr(at, a) for a in held)]
     if axis == "transformers":
         line.sort(key=lambda vs: version_key(vs.transformers))
-    since = getattr(at, axis)
+    since = str(getattr(at, axis))
     for vs in reversed(line[: line.index(at)]):
         other = atlas.verdicts.get((cell, vs.id))
         if other is None or other.status == "skip":
             continue
         if other != verdict:
             break
-        since = getattr(vs, axis)
+        since = str(getattr(vs, axis))
     return since
 
 
@@ -205,7 +206,14 @@ def release_text(release: Release) -> str:
 # ---- The index's heat map ----------------------------------------------------------------------------------------
 
 
-def heatmap_data(atlas: Atlas) -> dict:
+class HeaderGroup(TypedDict):
+    """A DeepSpeed version over the heat map, spanning the version sets in a row that hold it."""
+
+    label: str
+    count: int
+
+
+def heatmap_data(atlas: Atlas) -> JSONObject:
     """Per family and channel (variant, dtype, tp) a run-length string of its state at each version set (the
     atlas's order): `p12f3.40` = 12 version sets pass, 3 fail, 40 not run. The page's script combines the channels
     a filter keeps and draws them; the whole atlas in a few characters per family and channel."""
@@ -222,12 +230,12 @@ def heatmap_data(atlas: Atlas) -> dict:
             for position, cells in sorted(per_channel.items())
         }
         families.append({"name": family, "page": f"checkpoint/{rows[0].slug}.html", "channels": encoded})
-    groups: list[dict] = []
+    groups: list[HeaderGroup] = []
     for vs in atlas.version_sets:
         if groups and groups[-1]["label"] == vs.deepspeed:
             groups[-1]["count"] += 1
         else:
-            groups.append({"label": vs.deepspeed, "count": 1})
+            groups.append(HeaderGroup(label=vs.deepspeed, count=1))
     return {
         "sets": [f"DeepSpeed {vs.deepspeed}, transformers {vs.transformers}" for vs in atlas.version_sets],
         "groups": groups,

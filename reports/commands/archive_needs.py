@@ -8,7 +8,7 @@ from pathlib import Path
 from reports import ReportsError
 from reports.commands.interface import Command
 from reports.commands.options import add_store
-from reports.store import HistoryStore, RunRecords, admit, find_junit_files, needed_paths, redactor
+from reports.store import HistoryStore, Redact, RunRecords, admit, find_junit_files, needed_paths, redactor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readable_runs(path: Path, redact) -> list[RunRecords]:
+def _readable_runs(path: Path, redact: Redact) -> list[RunRecords]:
     """The runs of a JUnit file as merge's door reads them, none when merge would skip it (it says why then)."""
     try:
         return admit(path, redact)

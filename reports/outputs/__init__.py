@@ -18,7 +18,7 @@ from reports.outputs.draft_issue import (
 from reports.outputs.gate import (
     format_table,
 )
-from reports.outputs.html import (
+from reports.outputs.links import (
     linked_html,
 )
 from reports.outputs.markdown_safety import (

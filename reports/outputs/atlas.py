@@ -10,27 +10,27 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from reports.analysis import cause_answer_text, status_text
+from reports.analysis import CheckpointEntry, cause_answer_text, status_text
 from reports.outputs.links import checkpoint_page, hub_url, linked_html, verdict_html
 from reports.outputs.model import Report
 
 
-def page_data(report: Report, entry: dict[str, Any]) -> dict[str, Any]:
+def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:
     """What one checkpoint's page shows."""
-    cells = [verdict["cell"] for verdict in entry["verdicts"]]
+    cells = [verdict.cell for verdict in entry.verdicts]
     timeline = report.timeline
-    rows = {row["cell"]: row for row in timeline["cells"] if row["cell"] in cells}
+    rows = {row.cell.id: row for row in timeline.cells if row.cell.id in cells}
     history = [
         {
-            "label": timeline["version_sets"][index],
+            "label": timeline.version_sets[index],
             "verdicts": [
-                verdict_html(rows[cell]["statuses"][index] or "none", rows[cell]["failure_classes"][index])
-                if cell in rows and rows[cell]["statuses"][index]
+                verdict_html(rows[cell].statuses[index] or "none", rows[cell].failure_classes[index])
+                if cell in rows and rows[cell].statuses[index]
                 else Markup("—")
                 for cell in cells
             ],
         }
-        for index in reversed(range(len(timeline["version_sets"])))
+        for index in reversed(range(len(timeline.version_sets)))
     ]
     shown = [cause for cause in report.failing_now.causes if set(cause.cells) & set(cells)]
     statuses = linked_html(lambda link: [status_text(cause, link) for cause in shown], depth=1)
@@ -54,11 +54,11 @@ def page_data(report: Report, entry: dict[str, Any]) -> dict[str, Any]:
         for cause, status, answer in zip(shown, statuses, answers)
     ]
     return {
-        "hub_id": entry["checkpoint"],
-        "hub_url": hub_url(entry["checkpoint"]),
-        "architecture": entry["architecture"],
+        "hub_id": entry.checkpoint,
+        "hub_url": hub_url(entry.checkpoint),
+        "architecture": entry.architecture,
         "cells": cells,
-        "latest": [verdict_html(v["status"], v["failure_class"]) for v in entry["verdicts"]],
+        "latest": [verdict_html(v.status, v.failure_class) for v in entry.verdicts],
         "history": history,
         "causes": causes,
         "backfill": report.failing_now.backfill,
@@ -70,8 +70,8 @@ def checkpoint_pages(report: Report) -> dict[str, str]:
     environment = Environment(loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined)
     template = environment.get_template("checkpoint.html.j2")
     return {
-        checkpoint_page(entry["checkpoint"]): template.render(
+        checkpoint_page(entry.checkpoint): template.render(
             page=page_data(report, entry), report=report, report_link="../report.html"
         )
-        for entry in report.checkpoints["faithful"]
+        for entry in report.checkpoints.faithful
     }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from reports import ReportsError
-from reports.analysis import checkpoint_lines, has_faithful, markdown_link
-from reports.outputs.support import LEVELS
+from reports.analysis import CheckpointVerdicts, checkpoint_lines, has_faithful, markdown_link
+from reports.outputs.support import LEVELS, FamilySupport, Part, SupportedModels
 
 
 class ReportView(Protocol):
@@ -24,10 +25,10 @@ class ReportView(Protocol):
     section and so cannot be imported here)."""
 
     @property
-    def supported_models(self) -> dict[str, Any]: ...
+    def supported_models(self) -> SupportedModels: ...
 
     @property
-    def checkpoints(self) -> dict[str, Any]: ...
+    def checkpoints(self) -> CheckpointVerdicts: ...
 
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
@@ -81,36 +82,36 @@ def normalise_model_name(name: str) -> str:
 # ---- Markdown ----------------------------------------------------------------------------------------------------
 
 
-def _tps(tps: list[int]) -> str:
+def _tps(tps: Sequence[int]) -> str:
     return ", ".join(map(str, tps))
 
 
-def _part_text(part: dict, several_variants: bool) -> str:
+def _part_text(part: Part, several_variants: bool) -> str:
     """ "works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts"."""
-    where = f"tp {_tps(part['tps'])}" + (f" ({part['variants']})" if several_variants else "")
-    known = f" (tracked: {markdown_link(part['known']['label'], part['known']['upstream'])})" if part["known"] else ""
-    if part["state"] == "works":
+    where = f"tp {_tps(part.tps)}" + (f" ({part.variants})" if several_variants else "")
+    known = f" (tracked: {markdown_link(part.known.label, part.known.upstream)})" if part.known else ""
+    if part.state == "works":
         return f"works at {where}"
-    if part["state"] == "flaky":
+    if part.state == "flaky":
         return f"is flaky at {where}"
-    if part["state"] == "no memory saved":
-        return f"runs correctly at {where}, but {part['reason']}{known}"
-    return f"fails at {where}: {part['reason']}{known}"
+    if part.state == "no memory saved":
+        return f"runs correctly at {where}, but {part.reason}{known}"
+    return f"fails at {where}: {part.reason}{known}"
 
 
-def family_bullet(entry: dict, name: str) -> str:
+def family_bullet(entry: FamilySupport, name: str) -> str:
     """ "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"; where
     what the family's cells stand for behaves differently, each says its own: "- falcon — falcon-40b works at tp 2,
     3, 4; falcon-7b fails at tp 2, 3, 4: …"."""
-    parts = entry["parts"]
-    several = len({part["variants"] for part in parts}) > 1
+    parts = entry.parts
+    several = len({part.variants for part in parts}) > 1
     order = {"works": 0, "no memory saved": 1, "flaky": 2, "fails": 3}
-    by_members: dict[tuple[str, ...], list[dict]] = {}
-    for part in sorted(parts, key=lambda p: (order[p["state"]], p["tps"])):
-        by_members.setdefault(tuple(part["members"]), []).append(part)
+    by_members: dict[tuple[str, ...], list[Part]] = {}
+    for part in sorted(parts, key=lambda p: (order[p.state], p.tps)):
+        by_members.setdefault(part.members, []).append(part)
     named = len(by_members) > 1
     # What works everywhere it ran first, then by name: "llama works …; llama_large works …, fails …"
-    groups = sorted(by_members.items(), key=lambda item: (max(order[p["state"]] for p in item[1]), item[0]))
+    groups = sorted(by_members.items(), key=lambda item: (max(order[p.state] for p in item[1]), item[0]))
     texts = [
         (f"{', '.join(members)} " if named else "") + ", ".join(_part_text(part, several) for part in group)
         for members, group in groups
@@ -118,22 +119,23 @@ def family_bullet(entry: dict, name: str) -> str:
     return f"- {name} — " + "; ".join(texts)
 
 
-def tested_at_line(section: dict) -> str:
+def tested_at_line(section: SupportedModels) -> str:
     """ "Tested with DeepSpeed 0.19.8, transformers 5.25.0 and torch 2.13.0+cpu on cpu (gloo), fp32, at tp 2, 3
     and 4 …": what the entries with a note were measured at."""
-    at = section["tested_at"]
-    tps = at["tps"]
+    at = section.tested_at
+    tps = at.tps
     sizes = f"{_tps(tps[:-1])} and {tps[-1]}" if len(tps) > 1 else _tps(tps)
+    versions = at.versions
     return (
-        f"{_TESTED_AT}DeepSpeed {at['deepspeed']}, transformers {at['transformers']} and torch {at['torch']} on "
-        f"{' and '.join(at['accelerators'])}, {', '.join(at['dtypes'])}, at tp {sizes} ({at['date']}, by {HARNESS}: "
+        f"{_TESTED_AT}DeepSpeed {versions['deepspeed']}, transformers {versions['transformers']} and torch "
+        f"{versions['torch']} on {' and '.join(at.accelerators)}, {', '.join(at.dtypes)}, at tp {sizes} ({at.date}, by {HARNESS}: "
         "tiny random models that split like each family's real checkpoints): the families with a note below. "
         "The others are listed from earlier tests."
     )
 
 
-def _bullets(section: dict, level: str, names: dict[str, str]) -> list[str]:
-    return [family_bullet(e, names.get(e["family"], e["family"])) for e in section["families"] if e["level"] == level]
+def _bullets(section: SupportedModels, level: str, names: dict[str, str]) -> list[str]:
+    return [family_bullet(e, names.get(e.family, e.family)) for e in section.families if e.level == level]
 
 
 def supported_models_markdown(report: ReportView, history: Any, names: dict[str, str] | None = None) -> str:
@@ -141,11 +143,11 @@ def supported_models_markdown(report: ReportView, history: Any, names: dict[str,
     `names`: family → the spelling a docs copy already uses for it."""
     section = report.supported_models
     names = names or {}
-    counts = ", ".join(f"{len(section[level])} {level}" for level in LEVELS)
-    untested = "\n".join(f"- {family}" for family in section["not_tested"])
+    counts = ", ".join(f"{len(section.levels[level])} {level}" for level in LEVELS)
+    untested = "\n".join(f"- {family}" for family in section.not_tested)
     return (
         f"<!-- generated by `python -m reports render` at {history.latest.describe()}: {counts}, "
-        f"{len(section['not_tested'])} not tested (report.md has every cell) -->\n\n"
+        f"{len(section.not_tested)} not tested (report.md has every cell) -->\n\n"
         f"# Supported Models\n\n{SUPPORTED_INTRO}\n\n{tested_at_line(section)}\n\n"
         + "\n".join(_bullets(section, "works", names) or ["- (none)"])
         + f"\n\n## {MEMORY_HEADING}\n\n{MEMORY_INTRO}\n\n"
@@ -158,12 +160,12 @@ def supported_models_markdown(report: ReportView, history: Any, names: dict[str,
     )
 
 
-def _checkpoints_section(section: dict) -> str:
+def _checkpoints_section(section: CheckpointVerdicts) -> str:
     """Each real checkpoint's verdicts (faithful cells), then each architecture's under stress shapes, apart."""
     if not has_faithful(section):
         return ""
-    real = checkpoint_lines({**section, "stress": []})
-    stress = checkpoint_lines({"faithful": [], "class_defaults": [], "stress": section["stress"]})
+    real = checkpoint_lines(section.real())
+    stress = checkpoint_lines(section.stress_only())
     return (
         "\n# Verdicts per checkpoint\n\n"
         + CHECKPOINTS_INTRO
@@ -269,9 +271,9 @@ def docs_names(report: ReportView, docs_path: Path) -> dict[str, str]:
     lines = read_docs(docs_path)
     listed = _listed(lines, _bullet_blocks(docs_path, lines))
     return {
-        e["family"]: listed[normalise_model_name(e["family"])]
-        for e in report.supported_models["families"]
-        if normalise_model_name(e["family"]) in listed
+        e.family: listed[normalise_model_name(e.family)]
+        for e in report.supported_models.families
+        if normalise_model_name(e.family) in listed
     }
 
 
@@ -284,7 +286,7 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
     blocks = _bullet_blocks(docs_path, lines)
     names = docs_names(report, docs_path)
     section = report.supported_models
-    tested = {normalise_model_name(e["family"]): e for e in section["families"]}
+    tested = {normalise_model_name(e.family): e for e in section.families}
     rewritten = {}
     for heading, level in SECTIONS.items():
         start, end = blocks.get(heading, (0, 0))
@@ -298,17 +300,17 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
         kept = [
             (
                 key,
-                family_bullet(tested[key], names.get(tested[key]["family"], tested[key]["family"]))
+                family_bullet(tested[key], names.get(tested[key].family, tested[key].family))
                 if key in tested
                 else line,
             )
             for key, line in listed
-            if key not in tested or tested[key]["level"] == level
+            if key not in tested or tested[key].level == level
         ]
         present = {key for key, _ in kept}
         for key, entry in sorted(tested.items()):
-            if entry["level"] == level and key not in present:
-                bullet = family_bullet(entry, names.get(entry["family"], entry["family"]))
+            if entry.level == level and key not in present:
+                bullet = family_bullet(entry, names.get(entry.family, entry.family))
                 place = next((i for i, (other, _) in enumerate(kept) if other > key), len(kept))
                 kept.insert(place, (key, bullet))
         rewritten[heading] = [line for _, line in kept]

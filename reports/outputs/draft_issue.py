@@ -296,7 +296,7 @@ def diagnosis_of(entry: FailingCause, result: CellResult) -> Diagnosis | None:
     )
 
 
-def _mechanism_lines(entry: FailingCause, result) -> list[str]:
+def _mechanism_lines(entry: FailingCause, result: CellResult) -> list[str]:
     """What AutoTP did and where it broke, whose bug it is, and the record the ranks wrote (suites/mechanism.py)."""
     if not entry.mechanism:
         return []
@@ -306,7 +306,7 @@ def _mechanism_lines(entry: FailingCause, result) -> list[str]:
     return lines
 
 
-def _message_line(result) -> list[str]:
+def _message_line(result: CellResult) -> list[str]:
     """The failure as it was raised or judged, with its numbers (the signature masks them), when it says more."""
     lines = [line.strip() for line in result.message.splitlines() if line.strip()]
     last = next((line for line in reversed(lines) if not line.startswith(("logs:", "("))), "")

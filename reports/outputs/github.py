@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reports import ReportsError
+from reports import Log, ReportsError
+
+if TYPE_CHECKING:  # PyGithub is imported where it posts: only publishing needs it installed
+    from github.Issue import Issue
+    from github.Repository import Repository
 
 TOKEN_ENV = "GITHUB_TOKEN"
 API_URL_ENV = "GITHUB_API_URL"  # set by GitHub Actions (GitHub Enterprise has its own); tests point it at loopback
@@ -28,6 +33,7 @@ class Post:
 
 
 def post_all(
+    *,
     token: str,
     api_url: str,
     repo_name: str,
@@ -35,7 +41,7 @@ def post_all(
     comment: Post,
     issues: list[Post],
     upstream: tuple[str, list[Post]] | None,
-    log,
+    log: Log,
 ) -> None:
     try:
         from github import Auth, Github, GithubException
@@ -81,7 +87,7 @@ def post_all(
         client.close()
 
 
-def _post_issues(repo, repo_name: str, issues: list[Post], log) -> None:
+def _post_issues(repo: Repository, repo_name: str, issues: list[Post], log: Log) -> None:
     from github import GithubException
 
     # Our issues are found again through their label, so it must exist: GitHub may drop unknown labels on creation.
@@ -96,7 +102,9 @@ def _post_issues(repo, repo_name: str, issues: list[Post], log) -> None:
     )
 
 
-def _open_or_edit(repo, repo_name: str, posts: list[Post], listed: list, labels: list[str], log) -> None:
+def _open_or_edit(
+    repo: Repository, repo_name: str, posts: list[Post], listed: list[Issue], labels: list[str], log: Log
+) -> None:
     """Each post edits the listed issue carrying its marker (one that is closed is left alone), else is opened."""
     for post in posts:
         existing = next((issue for issue in listed if post.marker in (issue.body or "")), None)

@@ -4,13 +4,16 @@ links made real anchors."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from itertools import groupby
-from typing import Any
+from typing import TypedDict
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from reports.analysis import (
+    CheckpointVerdict,
+    CheckpointVerdicts,
     answer_text,
     checkpoints_html,
     code_html,
@@ -32,6 +35,7 @@ from reports.outputs.markdown import (
     since_previous_run_summary,
 )
 from reports.outputs.model import DETAILS_FILE, Report
+from reports.outputs.report_parts import CombinationMatrix, Timeline, TimelineCell
 
 PLOT_WIDTH, PLOT_HEIGHT, PLOT_MARGIN = 900, 300, 60
 HTML_MATRICES = 12
@@ -39,10 +43,30 @@ HTML_TIMELINE_SETS = 40
 SERIES_COLOURS = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#9a6700", "#cf222e", "#116329", "#953800")
 
 
-def _trend_plot(timeline: dict) -> dict:
+class TrendSeries(TypedDict):
+    cell: str  # the cell's id
+    colour: str
+    points: list[tuple[float, float, float]]  # x, y, the metric's value
+    path: str  # the polyline's points
+
+
+class Tick(TypedDict):
+    y: float
+    label: str
+
+
+class Trend(TypedDict, total=False):
+    """The trend plot as the template draws it (`x` only where there is a series)."""
+
+    series: list[TrendSeries]
+    ticks: list[Tick]
+    x: list[tuple[float, str]]  # each column's x and label
+
+
+def _trend_plot(timeline: Timeline) -> Trend:
     """SVG coordinates for the key metric of each cell across the timeline's columns, on a log scale."""
-    columns = timeline["columns"]
-    values = [v for cell in timeline["cells"] for v in cell["key_metric"] if v is not None and v > 0]
+    columns = timeline.columns
+    values = [v for cell in timeline.cells for v in cell.key_metric if v is not None and v > 0]
     if not values:
         return {"series": [], "ticks": []}
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
@@ -54,96 +78,128 @@ def _trend_plot(timeline: dict) -> dict:
     def y(value: float) -> float:
         return PLOT_HEIGHT - PLOT_MARGIN / 2 - (math.log10(value) - low) / (high - low) * (PLOT_HEIGHT - PLOT_MARGIN)
 
-    series: list[dict[str, Any]] = []
-    for cell in timeline["cells"]:
-        shown = [(position, cell["key_metric"][column["index"]]) for position, column in enumerate(columns)]
+    series: list[TrendSeries] = []
+    for cell in timeline.cells:
+        shown = [(position, cell.key_metric[column.index]) for position, column in enumerate(columns)]
         points = [(x(position), y(v), v) for position, v in shown if v is not None and v > 0]
         if points:
             colour = SERIES_COLOURS[len(series) % len(SERIES_COLOURS)]
             series.append(
-                {
-                    "cell": cell["cell"],
-                    "colour": colour,
-                    "points": points,
-                    "path": " ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points),
-                }
+                TrendSeries(
+                    cell=cell.cell.id,
+                    colour=colour,
+                    points=points,
+                    path=" ".join(f"{px:.1f},{py:.1f}" for px, py, _ in points),
+                )
             )
-    ticks = [{"y": y(10.0**e), "label": f"1e{e}"} for e in range(low, high + 1)]
+    ticks = [Tick(y=y(10.0**e), label=f"1e{e}") for e in range(low, high + 1)]
     return {
         "series": series,
         "ticks": ticks,
-        "x": [(x(position), column["label"]) for position, column in enumerate(columns)],
+        "x": [(x(position), column.label) for position, column in enumerate(columns)],
     }
 
 
-def _point_title(timeline: dict, cell: dict, index: int) -> str:
+def _point_title(timeline: Timeline, cell: TimelineCell, index: int) -> str:
     """What hovering a timeline point shows: the cell, the versions, the outcome, the failure and the run."""
-    status = cell["statuses"][index]
-    where = f"{cell['cell']} at {timeline['version_sets'][index]}"
+    status = cell.statuses[index]
+    where = f"{cell.cell.id} at {timeline.version_sets[index]}"
     if status is None:
         return f"{where}: not run"
-    failure = (
-        f" — {cell['failure_classes'][index]}: {one_line(cell['signatures'][index])}"
-        if cell["signatures"][index]
-        else ""
-    )
-    newest, count = cell["newest_runs"][index], cell["run_counts"][index]
+    failure = f" — {cell.failure_classes[index]}: {one_line(cell.signatures[index])}" if cell.signatures[index] else ""
+    newest, count = cell.newest_runs[index], cell.run_counts[index]
     more = f" (+{count - 1} more)" if count > 1 else ""
     return f"{where}: {status}{failure} — run {newest}{more}" if newest else f"{where}: {status}{failure}"
 
 
-def _timeline_view(timeline: dict) -> dict:
+class TimelinePoint(TypedDict):
+    status: str  # pass, fail, flaky, skip, or none where the cell did not run
+    text: str  # what the point says: a failure class, flaky, skip, or nothing
+    title: str  # what hovering it shows (_point_title)
+
+
+class TimelineRow(TypedDict):
+    label: str  # "tp2 eager fp32"
+    changed: bool
+    points: list[TimelinePoint]  # one per column shown
+
+
+class TimelineModel(TypedDict):
+    model: str
+    changed: bool  # some row of it changed
+    rows: list[TimelineRow]
+
+
+class TimelineView(TypedDict):
+    """The timeline as the HTML table draws it."""
+
+    groups: list[tuple[str, int]]  # header groups and their spans; none when the columns have no group
+    models: list[TimelineModel]
+    rows: int  # every cell's row
+    changed: int  # the rows whose outcome changed
+
+
+def _timeline_view(timeline: Timeline) -> TimelineView:
     """The timeline as the HTML table draws it: header groups, and rows grouped by model with a sub-row per
     tp × variant × dtype; rows whose outcome never changed are marked steady (hidden until asked for)."""
-    columns = timeline["columns"]
+    columns = timeline.columns
     models = []
-    for model, cells in groupby(timeline["cells"], key=lambda cell: cell["model"]):
+    for model, cells in groupby(timeline.cells, key=lambda cell: cell.cell.model):
         rows = [
-            {
-                "label": f"tp{cell['tp']} {cell['variant']} {cell['dtype']}",
-                "changed": cell["changed"],
-                "points": [
-                    {
-                        "status": cell["statuses"][c["index"]] or "none",
-                        "text": _point_text(cell, c["index"]),
-                        "title": _point_title(timeline, cell, c["index"]),
-                    }
+            TimelineRow(
+                label=f"tp{cell.cell.tp} {cell.cell.variant} {cell.cell.dtype}",
+                changed=cell.changed,
+                points=[
+                    TimelinePoint(
+                        status=cell.statuses[c.index] or "none",
+                        text=_point_text(cell, c.index),
+                        title=_point_title(timeline, cell, c.index),
+                    )
                     for c in columns
                 ],
-            }
+            )
             for cell in cells
         ]
-        models.append({"model": model, "changed": any(row["changed"] for row in rows), "rows": rows})
-    groups = [(group, len(list(members))) for group, members in groupby(c["group"] for c in columns)]
-    changed = sum(cell["changed"] for cell in timeline["cells"])
-    return {
-        "groups": groups if any(group for group, _ in groups) else [],
-        "models": models,
-        "rows": len(timeline["cells"]),
-        "changed": changed,
-    }
+        models.append(TimelineModel(model=model, changed=any(row["changed"] for row in rows), rows=rows))
+    groups = [(group, len(list(members))) for group, members in groupby(c.group for c in columns)]
+    changed = sum(cell.changed for cell in timeline.cells)
+    return TimelineView(
+        groups=groups if any(group for group, _ in groups) else [],
+        models=models,
+        rows=len(timeline.cells),
+        changed=changed,
+    )
 
 
-def _point_text(cell: dict, index: int) -> str:
-    status = cell["statuses"][index]
-    return cell["failure_classes"][index] if status == "fail" else "" if status in (None, "pass") else status
+def _point_text(cell: TimelineCell, index: int) -> str:
+    status = cell.statuses[index]
+    return cell.failure_classes[index] if status == "fail" else "" if status in (None, "pass") else status or ""
 
 
-def newest_timeline(timeline: dict, sets: int) -> dict:
+def newest_timeline(timeline: Timeline, sets: int) -> Timeline:
     """The timeline with only the columns of its `sets` newest version sets (version_sets run oldest to newest), in
     the order the columns are shown; each cell's lists stay indexed by version set, as the columns refer to them."""
-    kept = set(range(len(timeline["version_sets"]))[-sets:])
-    return {**timeline, "columns": [column for column in timeline["columns"] if column["index"] in kept]}
+    kept = set(range(len(timeline.version_sets))[-sets:])
+    return replace(timeline, columns=tuple(column for column in timeline.columns if column.index in kept))
 
 
-def html_paging(report: Report) -> dict:
+class Paging(TypedDict):
+    """What report.html draws of the matrices and the timeline, and what it leaves to report-details.json."""
+
+    matrices: tuple[CombinationMatrix, ...]  # the newest HTML_MATRICES
+    older_matrices: int  # combinations not drawn
+    older_sets: int  # version sets left out of the timeline
+    details_file: str
+
+
+def html_paging(report: Report) -> Paging:
     """What report.html leaves to report-details.json: how many combinations' heatmaps and version sets it omits."""
-    return {
-        "matrices": report.matrices[:HTML_MATRICES],
-        "older_matrices": max(0, len(report.matrices) - HTML_MATRICES),
-        "older_sets": max(0, len(report.timeline["version_sets"]) - HTML_TIMELINE_SETS),
-        "details_file": DETAILS_FILE,
-    }
+    return Paging(
+        matrices=report.matrices[:HTML_MATRICES],
+        older_matrices=max(0, len(report.matrices) - HTML_MATRICES),
+        older_sets=max(0, len(report.timeline.version_sets) - HTML_TIMELINE_SETS),
+        details_file=DETAILS_FILE,
+    )
 
 
 def checkpoint_links(hub_id: str) -> Markup:
@@ -154,31 +210,31 @@ def checkpoint_links(hub_id: str) -> Markup:
     )
 
 
-def verdicts_html(verdicts: list[dict]) -> Markup:
+def verdicts_html(verdicts: tuple[CheckpointVerdict, ...]) -> Markup:
     """ "tp 2: ✅ pass · tp 3: ❌ forward `…`", each icon with its word."""
-    several = len({(v["variant"], v["dtype"]) for v in verdicts}) > 1
+    several = len({(v.variant, v.dtype) for v in verdicts}) > 1
     parts = []
     for verdict in verdicts:
-        where = f"tp {verdict['tp']}" + (f" {verdict['variant']}/{verdict['dtype']}" if several else "")
-        cause = Markup(" <code>{}</code>").format(one_line(verdict["cause"])[:160]) if verdict["cause"] else ""
-        parts.append(Markup("{}: {}{}").format(where, verdict_html(verdict["status"], verdict["failure_class"]), cause))
+        where = f"tp {verdict.tp}" + (f" {verdict.variant}/{verdict.dtype}" if several else "")
+        cause = Markup(" <code>{}</code>").format(one_line(verdict.cause)[:160]) if verdict.cause else ""
+        parts.append(Markup("{}: {}{}").format(where, verdict_html(verdict.status, verdict.failure_class), cause))
     return Markup(" · ").join(parts)
 
 
-def checkpoint_list(section: dict) -> list[Markup]:
+def checkpoint_list(section: CheckpointVerdicts) -> list[Markup]:
     """The real checkpoints with their links and verdicts, then the architectures at config-class default sizes."""
     return [
         *(
             Markup("{} — {}, faithful shapes: {}").format(
-                checkpoint_links(entry["checkpoint"]), entry["architecture"], verdicts_html(entry["verdicts"])
+                checkpoint_links(entry.checkpoint), entry.architecture, verdicts_html(entry.verdicts)
             )
-            for entry in section["faithful"]
+            for entry in section.faithful
         ),
         *(
             Markup("{} architecture at its config-class default sizes (no checkpoint recorded): {}").format(
-                entry["architecture"], verdicts_html(entry["verdicts"])
+                entry.architecture, verdicts_html(entry.verdicts)
             )
-            for entry in section["class_defaults"]
+            for entry in section.class_defaults
         ),
     ]
 

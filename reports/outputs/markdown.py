@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reports.analysis import (
+    EntryStatus,
     Link,
     RootCause,
     TransitionEntry,
@@ -21,7 +22,9 @@ from reports.analysis import (
     one_line,
     shared_answers,
 )
+from reports.outputs.docs import Drift
 from reports.outputs.model import FlakyEntry, Report
+from reports.outputs.report_parts import MatrixEntry, SupportMatrix
 from reports.outputs.since_previous import SinceCause, SincePreviousRun
 from reports.store import pins_text, short_commit
 
@@ -29,47 +32,47 @@ STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 
-def harness_text(commits: list[str]) -> str:
+def harness_text(commits: Sequence[str]) -> str:
     """ "harness abc1234567" (the harness commits that recorded these results), or "" for old results."""
     return f"harness {', '.join(short_commit(c) for c in commits)}" if commits else ""
 
 
-def cell_text(entry: dict) -> str:
+def cell_text(verdict: EntryStatus) -> str:
     """What a matrix cell says besides its colour/icon: failure class and key metric, or the flaky tally."""
-    metric = f"{entry['key_metric']:.2g}" if entry["key_metric"] is not None else ""
-    if entry["status"] == "fail":
-        return f"{entry['failure_class']} {metric}".strip()
-    if entry["status"] == "flaky":
-        return f"flaky {entry['fails']}/{entry['passes'] + entry['fails']} failed"
+    metric = f"{verdict.key_metric:.2g}" if verdict.key_metric is not None else ""
+    if verdict.status == "fail":
+        return f"{verdict.failure_class} {metric}".strip()
+    if verdict.status == "flaky":
+        return f"flaky {verdict.fails}/{verdict.passes + verdict.fails} failed"
     return metric
 
 
-def _matrix_cell(entry: dict | None) -> str:
+def _matrix_cell(entry: MatrixEntry | None) -> str:
     if entry is None:
         return "—"  # not run at these versions
-    return f"{STATUS_ICONS[entry['status']]} {cell_text(entry)}".rstrip()
+    return f"{STATUS_ICONS[entry.verdict.status]} {cell_text(entry.verdict)}".rstrip()
 
 
-def counts_markdown(matrix: dict) -> list[str]:
-    columns, counts = matrix["columns"], matrix["counts"]
+def counts_markdown(matrix: SupportMatrix) -> list[str]:
+    columns, counts = matrix.columns, matrix.counts
     lines = ["| outcome | " + " | ".join(columns) + " | all |", "|---|" + "---:|" * (len(columns) + 1)]
     lines += [
         f"| {name} | " + " | ".join(str(per[c]) for c in [*columns, "all"]) + " |" for name, per in counts.items()
     ]
     cells = sum(per["all"] for per in counts.values())
-    return [f"{len(matrix['rows'])} architectures, {cells} cells at these versions:", "", *lines]
+    return [f"{len(matrix.rows)} architectures, {cells} cells at these versions:", "", *lines]
 
 
-def counts_text(matrix: dict) -> str:
+def counts_text(matrix: SupportMatrix) -> str:
     """ "120 pass, 80 shard, 4 skip": the outcome classes of one combination in a few words."""
-    return ", ".join(f"{per['all']} {name}" for name, per in matrix["counts"].items())
+    return ", ".join(f"{per['all']} {name}" for name, per in matrix.counts.items())
 
 
-def matrix_markdown(matrix: dict) -> list[str]:
-    columns = matrix["columns"]
+def matrix_markdown(matrix: SupportMatrix) -> list[str]:
+    columns = matrix.columns
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for row in matrix["rows"]:
-        lines.append(f"| {row['model']} | " + " | ".join(_matrix_cell(row["cells"].get(c)) for c in columns) + " |")
+    for row in matrix.rows:
+        lines.append(f"| {row.model} | " + " | ".join(_matrix_cell(row.cells.get(c)) for c in columns) + " |")
     return lines
 
 
@@ -211,18 +214,18 @@ def harness_changes_markdown(report: Report) -> list[str]:
     ]
 
 
-def drift_lines(drift: dict | None) -> list[str]:
+def drift_lines(drift: Drift | None) -> list[str]:
     if drift is None:
         return []
-    lines = [f"## Docs drift ({drift['docs_path']})", ""]
-    lines += [f"- listed as supported but failing here: {m}" for m in drift["listed_but_failing"]]
-    lines += [f"- passing here but not listed: {m}" for m in drift["passing_but_unlisted"]]
+    lines = [f"## Docs drift ({drift.docs_path})", ""]
+    lines += [f"- listed as supported but failing here: {m}" for m in drift.listed_but_failing]
+    lines += [f"- passing here but not listed: {m}" for m in drift.passing_but_unlisted]
     if len(lines) == 2:
         lines.append("None: the docs agree with the latest results.")
     return [*lines, ""]
 
 
-def _recorded_by(harness: list[str]) -> str:
+def _recorded_by(harness: Sequence[str]) -> str:
     return f" ({harness_text(harness)})" if harness else ""
 
 
@@ -234,9 +237,9 @@ def other_matrices_markdown(report: Report) -> list[str]:
     lines = ["## Support matrix at the other version combinations", ""]
     for matrix in others:
         lines += [
-            f"<details><summary>{matrix['label']}{_recorded_by(matrix['harness'])}: {counts_text(matrix)}</summary>",
+            f"<details><summary>{matrix.label}{_recorded_by(matrix.harness)}: {counts_text(matrix.matrix)}</summary>",
             "",
-            *matrix_markdown(matrix),
+            *matrix_markdown(matrix.matrix),
             "",
             "</details>",
             "",
@@ -294,9 +297,9 @@ def report_markdown(report: Report) -> str:
 
 def step_summary_markdown(report: Report) -> str:
     counts: dict[str, int] = {}
-    for row in report.matrix["rows"]:
-        for entry in row["cells"].values():
-            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    for row in report.matrix.rows:
+        for entry in row.cells.values():
+            counts[entry.verdict.status] = counts.get(entry.verdict.status, 0) + 1
     tally = ", ".join(f"{STATUS_ICONS[s]} {counts[s]} {s}" for s in STATUS_ICONS if s in counts)
     lines = [
         f"## AutoTP matrix — {tally}",

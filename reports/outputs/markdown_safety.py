@@ -131,7 +131,7 @@ def _text(text: str, title: bool) -> str:
     return _TEXT.sub(_neutral, text)
 
 
-def _neutral(match: re.Match) -> str:
+def _neutral(match: re.Match[str]) -> str:
     kind, value = match.lastgroup, match.group()
     if kind in ("escape", "ours") or kind == "url" and OUR_URL.fullmatch(value.rstrip(".,;:!?")):
         return value  # our links, and our own bare links (publish's comparisons), stay links

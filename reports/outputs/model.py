@@ -21,6 +21,7 @@ from reports.analysis import (
     NO_RESULT_FILES,
     TRANSITION_LISTS,
     CellStatus,
+    CheckpointVerdicts,
     EntryStatus,
     FailingNow,
     History,
@@ -31,6 +32,7 @@ from reports.analysis import (
     TransitionEntry,
     all_session_deltas,
     architectures_new_in_release,
+    bisection_from_json,
     build_failing_now,
     cell_checkpoints,
     checkpoint_verdicts,
@@ -38,8 +40,18 @@ from reports.analysis import (
     root_causes,
 )
 from reports.outputs.docs import Drift
+from reports.outputs.report_parts import (
+    CombinationMatrix,
+    MatrixEntry,
+    MatrixRow,
+    SupportMatrix,
+    Timeline,
+    TimelineCell,
+    TimelineColumn,
+    versions_json,
+)
 from reports.outputs.since_previous import SincePreviousRun, since_previous_run
-from reports.outputs.support import model_families, supported_models
+from reports.outputs.support import SupportedModels, model_families, supported_models
 from reports.store import (
     AXES,
     KEY_METRIC,
@@ -47,6 +59,7 @@ from reports.store import (
     Bisection,
     CellKey,
     Commit,
+    JSONObject,
     Run,
     TriageAttempt,
     Versions,
@@ -75,10 +88,7 @@ DETAIL_KEYS = (
 
 @dataclass(frozen=True)
 class Report:
-    """What every output says, in report.json's order. The latest versions, what changed since the previous run, the
-    transitions, flaky points, harness changes, root causes and what fails now are typed; the other parts (the
-    matrices, the timeline, bisections, docs drift, checkpoints, supported models) are still their report.json
-    form (JSON-ready dicts and lists, built below)."""
+    """What every output says, in report.json's order, each part a typed record (report_json: its JSON)."""
 
     generated_at: str
     latest_versions: Versions
@@ -87,20 +97,20 @@ class Report:
     key_metric: str
     since_previous_run: SincePreviousRun
     new_architectures: NewArchitectures
-    matrix: dict[str, Any]
-    matrices: list[dict[str, Any]]
+    matrix: SupportMatrix  # at the latest versions
+    matrices: tuple[CombinationMatrix, ...]  # at every version combination, the newest first
     regressions: tuple[TransitionEntry, ...]
     fixes: tuple[TransitionEntry, ...]
     class_changes: tuple[TransitionEntry, ...]
     flaky: tuple[FlakyEntry, ...]
     harness_changes: tuple[HarnessChangeEntry, ...]
-    timeline: dict[str, Any]
-    bisections: list[dict[str, Any]]
-    docs_drift: dict[str, Any] | None
-    checkpoints: dict[str, Any]
+    timeline: Timeline
+    bisections: tuple[Bisection, ...]  # every one recorded, oldest first
+    docs_drift: Drift | None  # None without a copy of DeepSpeed's docs to compare with
+    checkpoints: CheckpointVerdicts
     root_causes: tuple[RootCause, ...]
     failing_now: FailingNow
-    supported_models: dict[str, Any]
+    supported_models: SupportedModels
 
     def members(self, root_cause: RootCause) -> list[TransitionEntry]:
         """A root cause's transitions, as the report states them."""
@@ -136,28 +146,26 @@ def build_report(
         since_previous_run=since_previous_run(all_session_deltas(aggregates.recent, history)),
         new_architectures=architectures_new_in_release(aggregates.groups),
         matrix=_matrix(history.cells, [row[-1] for row in grid]),
-        matrices=[
-            {
-                "versions": _versions(versions),
-                "label": versions.describe(),
-                "harness": list(history.harness.get(versions, ())),
-                **_matrix(history.cells, [row[index] for row in grid]),
-            }
+        matrices=tuple(
+            CombinationMatrix(
+                versions=versions,
+                label=versions.describe(),
+                harness=tuple(history.harness.get(versions, ())),
+                matrix=_matrix(history.cells, [row[index] for row in grid]),
+            )
             # the newest first, as a reader looks for it
             for index, versions in reversed(list(enumerate(history.version_sets)))
-        ],
+        ),
         regressions=listed_of["broke"],
         fixes=listed_of["fixed"],
         class_changes=listed_of["class-change"],
-        flaky=tuple(
-            FlakyEntry(cell.id, versions, EntryStatus(**_status(status))) for cell, versions, status in history.flaky
-        ),
+        flaky=tuple(FlakyEntry(cell.id, versions, entry_status(status)) for cell, versions, status in history.flaky),
         harness_changes=tuple(
             _harness_change(cell, versions, status) for cell, versions, status in history.harness_changes
         ),
         timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
-        bisections=[_answer(b) for b in history.bisections],
-        docs_drift=asdict(drift) if drift else None,
+        bisections=tuple(history.bisections),
+        docs_drift=drift,
         checkpoints=checkpoint_verdicts(history, checkpoints),
         root_causes=causes,
         failing_now=failing,
@@ -165,17 +173,23 @@ def build_report(
     )
 
 
-def report_json(report: Report) -> dict:
-    """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back. The
-    parts still in that form (the large ones) are taken as they are."""
+def report_json(report: Report) -> JSONObject:
+    """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back."""
     return {
         **{field.name: getattr(report, field.name) for field in fields(report)},
-        "latest_versions": _versions(report.latest_versions),
+        "latest_versions": versions_json(report.latest_versions),
+        "matrix": report.matrix.json(),
+        "matrices": [matrix.json() for matrix in report.matrices],
         "since_previous_run": _plain(report.since_previous_run),
         "new_architectures": _plain(report.new_architectures),
         **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
         "flaky": [flaky_json(entry) for entry in report.flaky],
         "harness_changes": [_plain(entry) for entry in report.harness_changes],
+        "timeline": report.timeline.json(),
+        "bisections": [answer_json(bisection) for bisection in report.bisections],
+        "docs_drift": asdict(report.docs_drift) if report.docs_drift else None,
+        "checkpoints": _plain(report.checkpoints),
+        "supported_models": report.supported_models.json(),
         "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
         "failing_now": _plain(report.failing_now),
     }
@@ -198,7 +212,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def split_report(report: Report) -> tuple[dict, dict]:
+def split_report(report: Report) -> tuple[JSONObject, JSONObject]:
     """(report.json, report-details.json): what grows with the history (DETAIL_KEYS) goes to the second, which the
     first names under "details", so report.json stays the size of its first screen however long the history."""
     whole = report_json(report)
@@ -213,6 +227,9 @@ def read_report(out_dir: Path) -> Report:
     details = first_screen.pop("details")
     whole = {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
     latest = Versions(**whole["latest_versions"])
+    timeline = Timeline.from_json(whole["timeline"])
+    cells = {entry.cell.id: entry.cell for entry in timeline.cells}  # the JSON names a bisection's cell by its id
+    drift = whole["docs_drift"]
     return Report(
         **{
             **whole,
@@ -227,6 +244,13 @@ def read_report(out_dir: Path) -> Report:
             },
             "flaky": tuple(FlakyEntry.from_json(entry) for entry in whole["flaky"]),
             "harness_changes": tuple(HarnessChangeEntry.from_json(entry) for entry in whole["harness_changes"]),
+            "matrix": SupportMatrix.from_json(whole["matrix"]),
+            "matrices": tuple(CombinationMatrix.from_json(matrix) for matrix in whole["matrices"]),
+            "timeline": timeline,
+            "bisections": tuple(bisection_from_json(entry, cells[entry["cell"]]) for entry in whole["bisections"]),
+            "docs_drift": Drift(**drift) if drift else None,
+            "checkpoints": CheckpointVerdicts.from_json(whole["checkpoints"]),
+            "supported_models": SupportedModels.from_json(whole["supported_models"]),
         }
     )
 
@@ -234,25 +258,22 @@ def read_report(out_dir: Path) -> Report:
 # ---- JSON-ready pieces -------------------------------------------------------------------------------------------
 
 
-def _versions(versions: Versions) -> dict[str, str]:
-    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
-
-
 def _labels(versions: Versions) -> dict[str, str]:
     """Each axis as reports print it (a DeepSpeed git build as 0.19.8@abc1234567)."""
     return {axis: versions.label(axis) for axis in AXES}
 
 
-def _status(status: CellStatus) -> dict:
-    return {
-        "status": status.status,
-        "passes": status.passes,
-        "fails": status.fails,
-        "skips": status.skips,
-        "failure_class": status.failure_class,
-        "signature": status.signature,
-        "key_metric": status.metrics.get(KEY_METRIC),
-    }
+def entry_status(status: CellStatus) -> EntryStatus:
+    """A verdict as the report states it."""
+    return EntryStatus(
+        status=status.status,
+        passes=status.passes,
+        fails=status.fails,
+        skips=status.skips,
+        failure_class=status.failure_class,
+        signature=status.signature,
+        key_metric=status.metrics.get(KEY_METRIC),
+    )
 
 
 @dataclass(frozen=True)
@@ -264,7 +285,7 @@ class FlakyEntry:
     status: EntryStatus
 
     @classmethod
-    def from_json(cls, entry: dict) -> FlakyEntry:
+    def from_json(cls, entry: JSONObject) -> FlakyEntry:
         status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
         return cls(entry["cell"], Versions(**entry["versions"]), status)
 
@@ -281,7 +302,7 @@ class HarnessChangeEntry:
     after_status: EntryStatus
 
     @classmethod
-    def from_json(cls, entry: dict) -> HarnessChangeEntry:
+    def from_json(cls, entry: JSONObject) -> HarnessChangeEntry:
         return cls(
             **{
                 **entry,
@@ -291,11 +312,11 @@ class HarnessChangeEntry:
         )
 
 
-def flaky_json(entry: FlakyEntry) -> dict:
+def flaky_json(entry: FlakyEntry) -> JSONObject:
     """A flaky point as report.json has it: its versions, their label, and its verdict's parts."""
     return {
         "cell": entry.cell,
-        "versions": _versions(entry.versions),
+        "versions": versions_json(entry.versions),
         "versions_label": entry.versions.describe(),
         **_flat(entry.status),
     }
@@ -308,8 +329,8 @@ def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> Ha
         cell=cell.id,
         versions_label=versions.describe(),
         change=harness_change_text(status),
-        before_status=EntryStatus(**_status(older)),
-        after_status=EntryStatus(**_status(status)),
+        before_status=entry_status(older),
+        after_status=entry_status(status),
     )
 
 
@@ -329,7 +350,7 @@ def _grid(history: History) -> list[list[CellStatus | None]]:
     return grid
 
 
-def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> dict:
+def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> SupportMatrix:
     """The support matrix at one version combination (each cell's status there, None where it did not run): a row
     per model run there, a column per tp × variant × dtype."""
     by_model: dict[str, dict[tuple[int, str, str], tuple[CellKey, CellStatus]]] = defaultdict(dict)
@@ -344,28 +365,23 @@ def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> dict:
         for column in columns:
             if column in here:
                 cell, status = here[column]
-                row[_column(cell)] = {"cell": cell.id, **_status(status)}
-        rows.append({"model": model, "cells": row})
-    names = [f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns]
-    return {"columns": names, "rows": rows, "counts": _class_counts(rows, names)}
+                row[_column(cell)] = MatrixEntry(cell.id, entry_status(status))
+        rows.append(MatrixRow(model, row))
+    names = tuple(f"tp{tp} {variant}/{dtype}" for tp, variant, dtype in columns)
+    return SupportMatrix(names, tuple(rows), _class_counts(rows, names))
 
 
-def outcome_class(entry: dict) -> str:
-    """pass, skip, flaky, or the failure class of a failing cell (an entry of a matrix)."""
-    return (entry["failure_class"] or "fail") if entry["status"] == "fail" else entry["status"]
+def outcome_class(verdict: EntryStatus | CellStatus) -> str:
+    """pass, skip, flaky, or the failure class of a failing cell."""
+    return (verdict.failure_class or "fail") if verdict.status == "fail" else verdict.status
 
 
-def _outcome_class(status: CellStatus) -> str:
-    """`outcome_class` of a status."""
-    return (status.failure_class or "fail") if status.status == "fail" else status.status
-
-
-def _class_counts(rows: list[dict], columns: list[str]) -> dict[str, dict[str, int]]:
+def _class_counts(rows: list[MatrixRow], columns: tuple[str, ...]) -> dict[str, dict[str, int]]:
     """{outcome class: {column: cells, ..., "all": cells}}, pass first, then the most common classes."""
     counts: dict[str, dict[str, int]] = {}
     for row in rows:
-        for column, entry in row["cells"].items():
-            per_column = counts.setdefault(outcome_class(entry), dict.fromkeys([*columns, "all"], 0))
+        for column, entry in row.cells.items():
+            per_column = counts.setdefault(outcome_class(entry.verdict), dict.fromkeys([*columns, "all"], 0))
             per_column[column] += 1
             per_column["all"] += 1
     return dict(
@@ -381,15 +397,15 @@ def transition_entry(transition: Transition) -> TransitionEntry:
         before=transition.before.label(transition.axis),
         after=transition.after.label(transition.axis),
         held_fixed=transition.held_fixed,
-        before_status=EntryStatus(**_status(transition.before_status)),
-        after_status=EntryStatus(**_status(transition.after_status)),
+        before_status=entry_status(transition.before_status),
+        after_status=entry_status(transition.after_status),
         commits=tuple(transition.commits),
         bisection=transition.bisection,
         attempt=transition.attempt,
     )
 
 
-def entry_json(entry: TransitionEntry) -> dict:
+def entry_json(entry: TransitionEntry) -> JSONObject:
     """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
     return {
         "cell": entry.cell.id,
@@ -402,12 +418,12 @@ def entry_json(entry: TransitionEntry) -> dict:
         "before_status": _flat(entry.before_status),
         "after_status": _flat(entry.after_status),
         "commits": [_flat(commit) for commit in entry.commits],
-        "bisection": _answer(entry.bisection) if entry.bisection else None,
-        "attempt": _answer(entry.attempt) if entry.attempt else None,
+        "bisection": answer_json(entry.bisection) if entry.bisection else None,
+        "attempt": answer_json(entry.attempt) if entry.attempt else None,
     }
 
 
-def _answer(answer: Bisection | TriageAttempt) -> dict:
+def answer_json(answer: Bisection | TriageAttempt) -> JSONObject:
     """A bisection or triage attempt as report.json has it: the cell by its id, the held-fixed pins as text."""
     return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
@@ -435,13 +451,13 @@ def _runs_by_point(aggregates: Aggregates, history: History) -> PointRuns:
     return PointRuns(counts, newest)
 
 
-def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
+def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple[object, ...]]:
     """A sort key per label of an axis: releases by PEP 440, then the history's order (which places DeepSpeed
     git builds topologically when a clone was given, and labels such as pr/1234 after the releases)."""
     first_seen: dict[str, int] = {}
     for index, versions in enumerate(version_sets):
         first_seen.setdefault(versions.label(axis), index)
-    keys = {}
+    keys: dict[str, tuple[object, ...]] = {}
     for versions in version_sets:
         version = release(getattr(versions, axis))
         label = versions.label(axis)
@@ -449,7 +465,7 @@ def _axis_order(axis: str, version_sets: list[Versions]) -> dict[str, tuple]:
     return keys
 
 
-def _timeline(history: History, grid: list[list[CellStatus | None]], runs: PointRuns) -> dict:
+def _timeline(history: History, grid: list[list[CellStatus | None]], runs: PointRuns) -> Timeline:
     """Every cell at every version set. Columns are shown grouped by the axes that change besides the one that
     changes most (the primary axis), then ordered by version along the primary axis; axes that never change
     are stated once."""
@@ -468,31 +484,28 @@ def _timeline(history: History, grid: list[list[CellStatus | None]], runs: Point
     )
     cells = []
     for cell, points, newest_runs, run_counts in zip(history.cells, grid, runs.newest, runs.counts):
-        verdicts = {_outcome_class(p) for p in points if p is not None and p.status != "skip"}
+        verdicts = {outcome_class(p) for p in points if p is not None and p.status != "skip"}
         cells.append(
-            {
-                "cell": cell.id,
-                **_flat(cell),
-                "statuses": [p.status if p else None for p in points],
-                "failure_classes": [p.failure_class if p else "" for p in points],
-                "signatures": [p.signature if p else "" for p in points],
-                "key_metric": [p.metrics.get(KEY_METRIC) if p else None for p in points],
-                # The newest run there and how many ran (every run id of a year would be ~1.5 M of them).
-                "newest_runs": [run.run_id if run else None for run in newest_runs],
-                "run_counts": run_counts,
-                "changed": len(verdicts) > 1,  # a skip says nothing about the cell, so it changes nothing
-            }
+            TimelineCell(
+                cell=cell,
+                statuses=tuple(p.status if p else None for p in points),
+                failure_classes=tuple(p.failure_class if p else "" for p in points),
+                signatures=tuple(p.signature if p else "" for p in points),
+                key_metric=tuple(p.metrics.get(KEY_METRIC) if p else None for p in points),
+                newest_runs=tuple(run.run_id if run else None for run in newest_runs),
+                run_counts=tuple(run_counts),
+                changed=len(verdicts) > 1,
+            )
         )
-    return {
-        "version_sets": [v.describe() for v in sets],
-        "labels": labels,
-        "harness": [list(history.harness.get(v, ())) for v in sets],
-        "varying_axes": varying,
-        "primary_axis": primary,
-        "fixed_axes": {axis: labels[0][axis] for axis in AXES if axis not in varying},
-        "columns": [
-            {"index": i, "group": ", ".join(f"{a} {labels[i][a]}" for a in grouping), "label": labels[i][primary]}
-            for i in shown
-        ],
-        "cells": cells,
-    }
+    return Timeline(
+        version_sets=tuple(v.describe() for v in sets),
+        labels=tuple(labels),
+        harness=tuple(tuple(history.harness.get(v, ())) for v in sets),
+        varying_axes=tuple(varying),
+        primary_axis=primary,
+        fixed_axes={axis: labels[0][axis] for axis in AXES if axis not in varying},
+        columns=tuple(
+            TimelineColumn(i, ", ".join(f"{a} {labels[i][a]}" for a in grouping), labels[i][primary]) for i in shown
+        ),
+        cells=tuple(cells),
+    )

@@ -111,7 +111,7 @@ def summary_line(failures: list[PrFailure]) -> str:
 
 def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[str]:
     """One line per kind, failure class, cause (and base failure, known failure): its cells, new ones first."""
-    grouped: dict[tuple, list[PrFailure]] = defaultdict(list)
+    grouped: dict[tuple[str, str, str, str], list[PrFailure]] = defaultdict(list)
     for f in failures:
         grouped[f.kind, f.key, f.base_failure, f.known.name if f.known else ""].append(f)
     lines = []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from matrix.redaction import redact
 from matrix.registry import KnownFailure
-from reports import ReportsError
+from reports import Log, ReportsError
 from reports.analysis import (
     DeltaCause,
     History,
@@ -187,9 +187,10 @@ def upstream_posts(
     sessions: list[SessionDeltas],
     history: History,
     observations: list[Observation],
+    *,
     known: dict[str, KnownFailure],
     out_dir: Path,
-    log,
+    log: Log,
 ) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
@@ -232,7 +233,7 @@ def publish_deltas(
     known: dict[str, KnownFailure] | None = None,
     upstream: str | None = None,
     max_issues: int = MAX_ISSUES,
-    log=print,
+    log: Log = print,
 ) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
     With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
@@ -262,7 +263,9 @@ def publish_deltas(
         classified = BaseComparison(base, classify(base_observations, newest, history, known or {}), same_run)
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
         comment, issues = build_posts(deltas, stage, checkpoints, newest, classified)
-        drafts = upstream_posts(deltas, history, observations, known or {}, stage, log) if upstream else []
+        drafts = (
+            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log) if upstream else []
+        )
         issues, drafts = capped(issues, drafts, max_issues, stage)
         # The store redacts what it imports; a store written before it did, or a message quoting this environment's
         # token, must not leak through the texts either.
@@ -292,7 +295,16 @@ def publish_deltas(
         raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
     api_url = os.environ.get(API_URL_ENV) or DEFAULT_API_URL
     try:
-        post_all(token, api_url, repo, pr, comment, issues, (upstream, drafts) if upstream else None, log)
+        post_all(
+            token=token,
+            api_url=api_url,
+            repo_name=repo,
+            pr=pr,
+            comment=comment,
+            issues=issues,
+            upstream=(upstream, drafts) if upstream else None,
+            log=log,
+        )
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
     return written

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reports.analysis import DELTA_KINDS, SessionDeltas, cause_id, cells_text, delta_causes
+from reports.store import JSONObject
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SincePreviousRun:
     flaky: tuple[str, ...]
 
     @classmethod
-    def from_json(cls, entry: dict) -> SincePreviousRun:
+    def from_json(cls, entry: JSONObject) -> SincePreviousRun:
         return cls(
             sessions=tuple(SinceSession(**{**s, "changed": tuple(s["changed"])}) for s in entry["sessions"]),
             counts=entry["counts"],

@@ -18,7 +18,7 @@ _PREVIOUS = ".previous"  # inside the staging folder: the files the move replace
 
 
 @contextmanager
-def writing_to(out_dir: Path):
+def writing_to(out_dir: Path) -> Iterator[None]:
     """An output that cannot be written (--out names a file, a folder without permission, a full disk) is one line."""
     try:
         yield

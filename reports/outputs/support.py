@@ -18,12 +18,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from matrix.registry import MODELS_FILE, NO_VERDICT_CLASSES, RegistryError, load_models
 from reports import ReportsError
 from reports.analysis import CellStatus, FailingNow, History, reason, shape_of
-from reports.store import AXES, Aggregates, CellKey
+from reports.store import AXES, Aggregates, CellKey, JSONObject
 
 LEVELS = ("works", "no memory saved", "fails")
 """A family's level: the best any of its tp sizes reaches (a tp "works" when all its cells there pass)."""
@@ -79,8 +78,104 @@ class Part:
     """The failure in words ("" where it works)."""
     causes: tuple[str, ...]
     """The failing-now causes (ids) said by `reason` (none where it works or is flaky)."""
-    known: dict[str, str] | None
-    """The known failure tracking it upstream: label and upstream link."""
+    known: Tracked | None
+    """The known failure tracking it upstream."""
+
+    @classmethod
+    def from_json(cls, part: JSONObject) -> Part:
+        return cls(
+            members=tuple(part["members"]),
+            variants=part["variants"],
+            tps=tuple(part["tps"]),
+            state=part["state"],
+            reason=part["reason"],
+            causes=tuple(part["causes"]),
+            known=Tracked(**part["known"]) if part["known"] else None,
+        )
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A known failure as the supported-models page links it."""
+
+    label: str
+    upstream: str  # the issue or PR tracking it upstream
+
+
+@dataclass(frozen=True)
+class FamilySupport:
+    """What the page says of one model family."""
+
+    family: str  # DeepSpeed's name of it (ModelEntry.docs_family)
+    level: str  # one of LEVELS
+    models: tuple[str, ...]  # the model coordinates of its cells
+    parts: tuple[Part, ...]  # what works where, what fails where and why
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> FamilySupport:
+        parts = tuple(Part.from_json(part) for part in entry["parts"])
+        return cls(entry["family"], entry["level"], tuple(entry["models"]), parts)
+
+
+@dataclass(frozen=True)
+class TestedAt:
+    """What the page was measured at."""
+
+    versions: dict[str, str]  # each axis's label at the latest versions (report.json puts them first, by axis)
+    accelerators: tuple[str, ...]  # "cpu (gloo)", those the runs had
+    dtypes: tuple[str, ...]
+    variants: tuple[str, ...]
+    tps: tuple[int, ...]
+    date: str  # the day of the newest run at the latest versions
+
+    def json(self) -> JSONObject:
+        return {
+            **self.versions,
+            "accelerators": list(self.accelerators),
+            "dtypes": list(self.dtypes),
+            "variants": list(self.variants),
+            "tps": list(self.tps),
+            "date": self.date,
+        }
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> TestedAt:
+        return cls(
+            versions={axis: entry[axis] for axis in AXES},
+            accelerators=tuple(entry["accelerators"]),
+            dtypes=tuple(entry["dtypes"]),
+            variants=tuple(entry["variants"]),
+            tps=tuple(entry["tps"]),
+            date=entry["date"],
+        )
+
+
+@dataclass(frozen=True)
+class SupportedModels:
+    """report.json "supported_models": the families at each level, what the page was tested at, and per family its
+    parts."""
+
+    tested_at: TestedAt
+    levels: dict[str, tuple[str, ...]]  # per level (LEVELS' order) its families; report.json has each at the top
+    not_tested: tuple[str, ...]  # families whose cells only skipped or failed in the harness or its environment
+    families: tuple[FamilySupport, ...]
+
+    def json(self) -> JSONObject:
+        return {
+            "tested_at": self.tested_at.json(),
+            **{level: list(families) for level, families in self.levels.items()},
+            "not_tested": list(self.not_tested),
+            "families": [asdict(family) for family in self.families],
+        }
+
+    @classmethod
+    def from_json(cls, section: JSONObject) -> SupportedModels:
+        return cls(
+            tested_at=TestedAt.from_json(section["tested_at"]),
+            levels={level: tuple(section[level]) for level in LEVELS},
+            not_tested=tuple(section["not_tested"]),
+            families=tuple(FamilySupport.from_json(entry) for entry in section["families"]),
+        )
 
 
 def _member(cell: CellKey, checkpoints: dict[CellKey, tuple[str, ...]]) -> str:
@@ -101,7 +196,7 @@ def family_parts(
 ) -> list[Part]:
     """A family's cells grouped by what they stand for, variant and tp, then by level and reason."""
     causes = {cell: cause for cause in failing_now.causes for cell in cause.cells}
-    per_cell: dict[tuple[str, str, int], list[tuple[str, str, str, dict | None]]] = defaultdict(list)
+    per_cell: dict[tuple[str, str, int], list[tuple[str, str, str, Tracked | None]]] = defaultdict(list)
     for cell, status in cells:
         state, words, cause_id, known = _state(status), "", "", None
         if status.status == "fail":
@@ -109,17 +204,18 @@ def family_parts(
             words = reason(status.failure_class, cause.cause if cause else status.signature).short
             cause_id = cause.id if cause else ""
             if cause and cause.known and cell.id in cause.known.cells and cause.known.state != "unsupported":
-                known = {"label": cause.known.label, "upstream": cause.known.upstream}
+                known = Tracked(cause.known.label, cause.known.upstream)
         per_cell[_member(cell, checkpoints), f"{cell.variant} {cell.dtype}", cell.tp].append(
             (state, words, cause_id, known)
         )
-    grouped: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
+    # (member, variants, state, reason, known) -> (tp, cause id) of each of its tp sizes
+    grouped: dict[tuple[str, str, str, str, Tracked | None], list[tuple[int, str]]] = defaultdict(list)
     for (member, variants, tp), states in sorted(per_cell.items()):
         # Several cells alike at one tp (a family's entries): the worst of them says what that tp does.
         state, words, cause_id, known = max(
             states, key=lambda s: ("works", "flaky", "no memory saved", "fails").index(s[0])
         )
-        grouped[member, variants, state, words, tuple(sorted(known.items())) if known else ()].append((tp, cause_id))
+        grouped[member, variants, state, words, known].append((tp, cause_id))
     parts = [
         Part(
             (member,),
@@ -128,7 +224,7 @@ def family_parts(
             state,
             words,
             tuple(sorted({cause for _, cause in at if cause})),
-            dict(known) or None,
+            known,
         )
         for (member, variants, state, words, known), at in grouped.items()
     ]
@@ -157,19 +253,19 @@ def family_level(parts: list[Part]) -> str:
     return "works" if "works" in states else "no memory saved" if states == {"no memory saved"} else "fails"
 
 
-def tested_at(history: History, aggregates: Aggregates) -> dict[str, Any]:
+def tested_at(history: History, aggregates: Aggregates) -> TestedAt:
     """What the page was measured at: the latest versions, the accelerators the runs had, dtypes, tp sizes."""
     latest = history.latest
     runs = [group.newest for group in aggregates.groups if group.versions == latest]
     cells = [cell for cell, versions in history.statuses if versions == latest]
-    return {
-        **{axis: latest.label(axis) for axis in AXES},
-        "accelerators": sorted({f"{run.accelerator or 'unknown'} ({run.backend or 'unknown'})" for run in runs}),
-        "dtypes": sorted({cell.dtype for cell in cells}),
-        "variants": sorted({cell.variant for cell in cells}),
-        "tps": sorted({cell.tp for cell in cells}),
-        "date": max((run.started[:10] for run in runs), default=""),
-    }
+    return TestedAt(
+        versions={axis: latest.label(axis) for axis in AXES},
+        accelerators=tuple(sorted({f"{run.accelerator or 'unknown'} ({run.backend or 'unknown'})" for run in runs})),
+        dtypes=tuple(sorted({cell.dtype for cell in cells})),
+        variants=tuple(sorted({cell.variant for cell in cells})),
+        tps=tuple(sorted({cell.tp for cell in cells})),
+        date=max((run.started[:10] for run in runs), default=""),
+    )
 
 
 def supported_models(
@@ -178,27 +274,27 @@ def supported_models(
     families: dict[str, str],
     aggregates: Aggregates,
     checkpoints: dict[CellKey, tuple[str, ...]],
-) -> dict:
+) -> SupportedModels:
     """report.json "supported_models": the families at each level, what the page was tested at, and per family its
     parts (what works where, what fails where and why)."""
-    entries: list[dict[str, Any]] = []
+    entries: list[FamilySupport] = []
     for family, cells in _verdicts(history, families).items():
         parts = family_parts(cells, failing_now, checkpoints)
         entries.append(
-            {
-                "family": family,
-                "level": family_level(parts),
-                "models": sorted({cell.model for cell, _ in cells}),
-                "parts": [asdict(part) for part in parts],
-            }
+            FamilySupport(
+                family=family,
+                level=family_level(parts),
+                models=tuple(sorted({cell.model for cell, _ in cells})),
+                parts=tuple(parts),
+            )
         )
     ran = {family_of(cell.model, families) for cell in history.cells if (cell, history.latest) in history.statuses}
-    return {
-        "tested_at": tested_at(history, aggregates),
-        **{level: [e["family"] for e in entries if e["level"] == level] for level in LEVELS},
-        "not_tested": sorted(ran - {str(e["family"]) for e in entries}),
-        "families": entries,
-    }
+    return SupportedModels(
+        tested_at=tested_at(history, aggregates),
+        levels={level: tuple(e.family for e in entries if e.level == level) for level in LEVELS},
+        not_tested=tuple(sorted(ran - {e.family for e in entries})),
+        families=tuple(entries),
+    )
 
 
 def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:

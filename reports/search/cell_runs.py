@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,7 +91,7 @@ def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeou
     """`pytest suites` selecting every given cell (and, when they differ in more than one field, the other
     cells of their cross product too: tiny cells cost less than a second run each)."""
 
-    def joined(values) -> str:
+    def joined(values: Iterable[object]) -> str:
         return ",".join(sorted({str(v) for v in values}))
 
     return suites_command(
@@ -147,7 +147,7 @@ def run_cells(
     return found
 
 
-def _tail(completed: subprocess.CompletedProcess, lines: int = 8) -> str:
+def _tail(completed: subprocess.CompletedProcess[str], lines: int = 8) -> str:
     text = f"{completed.stdout}\n{completed.stderr}"
     return redact(" | ".join([line for line in text.splitlines() if line.strip()][-lines:]))
 

@@ -29,7 +29,6 @@ from matrix.versions import AXES as INSTALLED_AXES
 from matrix.versions import ReleaseDataUnavailable, load_config
 from reports.analysis import Transition, cause, frame_files
 from reports.clones import GitError, GitRepo
-from reports.search.bisect import BAD, GOOD, SKIP
 from reports.search.cell_runs import (
     CellCommand,
     CellProbe,
@@ -39,7 +38,7 @@ from reports.search.cell_runs import (
     run_cells,
     suite_command,
 )
-from reports.search.steps import Answer, BisectError, Untestable, Verdict, search
+from reports.search.steps import BAD, GOOD, SKIP, Answer, BisectError, Untestable, Verdict, search
 from reports.store import (
     Bisection,
     BisectMode,
@@ -152,10 +151,13 @@ def unanswerable(transition: Transition) -> str:
 
 def questions(transitions: list[Transition]) -> list[Question]:
     """Group transitions into questions, the one answering the most cells first."""
-    grouped: dict[tuple, list[Transition]] = defaultdict(list)
+    # (the transitions' cause key, held-fixed pins, a class change's old failure class and cause) -> transitions
+    grouped: dict[tuple[tuple[str, ...], Pins, tuple[str, str] | tuple[()]], list[Transition]] = defaultdict(list)
     for t in transitions:
         # A root cause at one set of held-fixed versions; a class change's old failure also by its own cause.
-        old = (t.before_status.failure_class, cause(t.before_status.signature)) if t.kind == "class-change" else ()
+        old: tuple[str, str] | tuple[()] = (
+            (t.before_status.failure_class, cause(t.before_status.signature)) if t.kind == "class-change" else ()
+        )
         grouped[t.cause_key, t.held_fixed, old].append(t)
     found = []
     for (_, held_fixed, old), members in grouped.items():
@@ -164,17 +166,17 @@ def questions(transitions: list[Transition]) -> list[Question]:
         pins = tuple((other, getattr(first.after, other)) for other in INSTALLED_AXES if other != axis)
         found.append(
             Question(
-                first.kind,
-                axis,
-                first.mode,
-                getattr(first.before, axis),
-                getattr(first.after, axis),
-                held_fixed,
-                pins,
-                failing.failure_class,
-                cause(failing.signature),
-                tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))),
-                old,
+                kind=first.kind,
+                axis=axis,
+                mode=first.mode,
+                older=getattr(first.before, axis),
+                newer=getattr(first.after, axis),
+                held_fixed=held_fixed,
+                pins=pins,
+                failure_class=failing.failure_class,
+                cause=cause(failing.signature),
+                transitions=tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))),
+                old_failure=old,
             )
         )
     return sorted(found, key=lambda q: (-len(q.transitions), q.axis, q.older, q.cause))

@@ -28,7 +28,6 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, unquote
 
 from reports import ReportsError
@@ -40,6 +39,7 @@ from reports.store.records import (
     CellKey,
     CellResult,
     Commit,
+    JSONObject,
     Run,
     RunRecords,
     TriageAttempt,
@@ -350,7 +350,7 @@ def _members(path: Path, content: bytes) -> dict[str, bytes]:
         raise DamagedEntry(path, f"not a readable archive entry ({exc})") from None
 
 
-def _from_json(content: dict[str, Any]) -> RunRecords:
+def _from_json(content: JSONObject) -> RunRecords:
     """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError or KeyError."""
     if content.get("format") != FORMAT:
         raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")

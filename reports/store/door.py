@@ -14,14 +14,12 @@ from typing import Any, TypeVar, cast
 from matrix.redaction import Redactor
 from reports import ReportsError
 from reports.store.junit import read_junit, shown
-from reports.store.records import CellDetail, CellKey, CellResult, RunRecords, Versions
+from reports.store.records import CellDetail, CellKey, CellResult, JSONObject, RunRecords, Versions
 from reports.store.validation import Problem, first_problem, problems_of
 from suites.records.run_records import MalformedRecord, read_records
 
 Redact = Callable[[str], str]
 T = TypeVar("T")
-JSONRecord = dict[str, Any]
-"""A cells.jsonl record (or a table in it) as json.loads gives it: what it holds is checked here, not assumed."""
 Kind = type | tuple[type, ...]
 """The Python type(s) a record's value must have (isinstance's second argument)."""
 
@@ -106,7 +104,7 @@ def _check_cells_beside(junit: Path, run_ids: set[str], redact: Redact) -> None:
             raise Rejected(junit, f"{cells}: the record of cell {_cell_id(record)!r}: {problem}")
 
 
-def _cell_id(record: JSONRecord) -> str:
+def _cell_id(record: JSONObject) -> str:
     cell = record.get("cell")
     return str(cell.get("id", "?"))[:100] if isinstance(cell, dict) else "?"
 
@@ -116,7 +114,7 @@ class _NotTyped(Exception):
         self.problem = problem
 
 
-def _record_problem(record: JSONRecord, redact: Redact) -> Problem | None:
+def _record_problem(record: JSONObject, redact: Redact) -> Problem | None:
     """The first value of a cells.jsonl record that is not what the harness writes: its fields typed as the JUnit's
     (CellKey, CellResult, CellDetail, Versions), redacted, and checked by the same rules."""
     try:
@@ -160,7 +158,7 @@ def _record_problem(record: JSONRecord, redact: Redact) -> Problem | None:
 _MISSING = object()
 
 
-def _get(mapping: JSONRecord, key: str, kind: Kind, field: str, default: Any = _MISSING) -> Any:
+def _get(mapping: JSONObject, key: str, kind: Kind, field: str, default: Any = _MISSING) -> Any:
     value = mapping.get(key, default)
     if value is _MISSING:
         raise _NotTyped(Problem(field, None, "is missing"))
@@ -183,6 +181,6 @@ def _integer(value: str | int, field: str) -> int:
     return int(value)
 
 
-def _versions(record: JSONRecord) -> list[str]:
+def _versions(record: JSONObject) -> list[str]:
     versions = _get(record, "versions", dict, "versions")
     return list(versions)

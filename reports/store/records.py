@@ -4,7 +4,7 @@ store, the analysis and the renderers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
@@ -21,6 +21,9 @@ TransitionKind = Literal["broke", "fixed", "class-change"]
 # Version axes along which transitions are detected, in the order used to sort version sets: the axes the
 # matrix installs, and the python that ran them.
 AXES = (*INSTALLED_AXES, "python")
+
+JSONObject = dict[str, Any]
+"""A JSON object as json.loads gives it (a report.json part, a cells.jsonl record): what it holds is read by key."""
 # The metric shown next to each cell in the matrix and plotted in the trend chart.
 KEY_METRIC = "logits_max_abs"
 # Where each axis's commits and PRs live, for links in reports.

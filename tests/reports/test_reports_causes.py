@@ -154,22 +154,22 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     }
     assert since.causes[0].root_causes == (regression.id,)
 
-    assert [m["label"] for m in data.matrices] == [  # every combination, the newest first
+    assert [m.label for m in data.matrices] == [  # every combination, the newest first
         f"deepspeed {ds}, transformers {tf}, torch 2.13.0+cpu, python 3.11.7"
         for ds, tf in (("0.19.8", "5.24.0"), ("0.19.8", "5.23.0"), ("0.18.9", "5.24.0"), ("0.17.6", "5.24.0"))
     ]
-    assert data.matrices[2]["counts"]["shard"]["all"] == 45
+    assert data.matrices[2].matrix.counts["shard"]["all"] == 45
 
     timeline = data.timeline
-    assert (timeline["primary_axis"], timeline["varying_axes"]) == ("deepspeed", ["deepspeed", "transformers"])
-    assert timeline["fixed_axes"] == {"torch": "2.13.0+cpu", "python": "3.11.7"}
-    assert [(c["group"], c["label"]) for c in timeline["columns"]] == [
+    assert (timeline.primary_axis, timeline.varying_axes) == ("deepspeed", ("deepspeed", "transformers"))
+    assert timeline.fixed_axes == {"torch": "2.13.0+cpu", "python": "3.11.7"}
+    assert [(c.group, c.label) for c in timeline.columns] == [
         ("transformers 5.23.0", "0.19.8"),
         ("transformers 5.24.0", "0.17.6"),
         ("transformers 5.24.0", "0.18.9"),
         ("transformers 5.24.0", "0.19.8"),
     ]
-    steady = {cell["cell"] for cell in timeline["cells"] if not cell["changed"]}
+    steady = {cell.cell.id for cell in timeline.cells if not cell.changed}
     assert len(steady) == 72 - 48 and "llama-eager-fp32-tp4" in steady and "gemma3-eager-fp32-tp3" in steady
 
 

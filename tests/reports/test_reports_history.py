@@ -78,9 +78,9 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
     supported = data.supported_models
     assert (supported["works"], supported["fails"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
     assert supported["not_tested"] == ["qwen2"]  # it fails in setup: the harness failed, nothing is known of AutoTP
-    assert data.timeline["cells"][3]["statuses"] == ["pass", "pass", "fail", "fail", "fail"]
-    assert data.timeline["cells"][3]["key_metric"] == [1e-6, 2e-6, 0.5, 0.5, 0.5]
-    changed = {cell["cell"]: cell["changed"] for cell in data.timeline["cells"]}
+    assert data.timeline.cells[3].statuses == ("pass", "pass", "fail", "fail", "fail")
+    assert data.timeline.cells[3].key_metric == (1e-6, 2e-6, 0.5, 0.5, 0.5)
+    changed = {cell.cell.id: cell.changed for cell in data.timeline.cells}
     assert changed["bloom-eager-fp32-tp2"] and not changed["falcon-eager-fp32-tp2"]  # flaky is a change, a skip none
 
     summary = (out / "step-summary.md").read_text()
@@ -128,7 +128,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
     session([Cell("llama")], deepspeed="0.19.8", harness_git="d" * 40 + "-dirty")
     out = render(tmp_path / "junit", tmp_path)
     report, data = (out / "report.md").read_text(), read_report(out)
-    assert data.timeline["version_sets"] == ["deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7"]
+    assert data.timeline.version_sets == ("deepspeed 0.19.8, transformers 4.44.0, torch 2.4.0, python 3.11.7",)
     assert data.latest_versions.deepspeed_git == ""
     assert data.regressions == data.fixes == data.class_changes == () and data.root_causes == ()
     assert section(report, "Flaky cells") == [  # one version set: pass and fail there are flakiness
@@ -152,7 +152,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     session([Cell("llama")], transformers="main", started="2025-01-05T00:00:00Z")
     out = render(tmp_path / "junit", tmp_path)
     data = read_report(out)
-    assert [label.split(",")[:2] for label in data.timeline["version_sets"]] == [
+    assert [label.split(",")[:2] for label in data.timeline.version_sets] == [
         ["deepspeed 0.14.2", " transformers main"],
         ["deepspeed 0.19.7", " transformers 4.44.0"],
         ["deepspeed 0.19.8", " transformers 4.44.0"],

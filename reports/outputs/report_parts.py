@@ -1,0 +1,181 @@
+"""The report's larger parts as typed records (reports.outputs.model.Report holds them): the support matrix at a
+version combination, and the timeline of every cell at every version set. Each `json()` is its part of report.json
+(key for key what the report has always written), each `from_json` the part again from it (read_report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from reports.analysis import EntryStatus
+from reports.store import AXES, CellKey, JSONObject, Versions
+
+
+def _status_json(status: EntryStatus) -> JSONObject:
+    return {field.name: getattr(status, field.name) for field in fields(status)}
+
+
+@dataclass(frozen=True)
+class MatrixEntry:
+    """A cell's verdict in a support matrix."""
+
+    cell: str  # the cell's id
+    verdict: EntryStatus
+
+    def json(self) -> JSONObject:
+        return {"cell": self.cell, **_status_json(self.verdict)}
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> MatrixEntry:
+        return cls(entry["cell"], EntryStatus(**{key: value for key, value in entry.items() if key != "cell"}))
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """A model's row: its cells by column ("tp2 eager/fp32"), only the columns it ran."""
+
+    model: str
+    cells: dict[str, MatrixEntry]
+
+    def json(self) -> JSONObject:
+        return {"model": self.model, "cells": {column: entry.json() for column, entry in self.cells.items()}}
+
+    @classmethod
+    def from_json(cls, row: JSONObject) -> MatrixRow:
+        return cls(row["model"], {column: MatrixEntry.from_json(entry) for column, entry in row["cells"].items()})
+
+
+@dataclass(frozen=True)
+class SupportMatrix:
+    """The support matrix at one version combination: a row per model run there, a column per tp × variant × dtype."""
+
+    columns: tuple[str, ...]  # "tp2 eager/fp32", sorted by tp, variant, dtype
+    rows: tuple[MatrixRow, ...]  # by model name
+    counts: dict[str, dict[str, int]]  # {outcome class: {column: cells, ..., "all": cells}}, pass first
+
+    def json(self) -> JSONObject:
+        return {"columns": list(self.columns), "rows": [row.json() for row in self.rows], "counts": self.counts}
+
+    @classmethod
+    def from_json(cls, matrix: JSONObject) -> SupportMatrix:
+        return cls(
+            tuple(matrix["columns"]), tuple(MatrixRow.from_json(row) for row in matrix["rows"]), matrix["counts"]
+        )
+
+
+@dataclass(frozen=True)
+class CombinationMatrix:
+    """The support matrix at one version combination of the history, with the combination (report.json's
+    "matrices", the newest first)."""
+
+    versions: Versions
+    label: str  # versions.describe()
+    harness: tuple[str, ...]  # the harness commits that recorded it
+    matrix: SupportMatrix
+
+    def json(self) -> JSONObject:
+        return {
+            "versions": versions_json(self.versions),
+            "label": self.label,
+            "harness": list(self.harness),
+            **self.matrix.json(),
+        }
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> CombinationMatrix:
+        return cls(
+            Versions(**entry["versions"]), entry["label"], tuple(entry["harness"]), SupportMatrix.from_json(entry)
+        )
+
+
+def versions_json(versions: Versions) -> dict[str, str]:
+    """A version set as report.json has it: each axis by name, then DeepSpeed's commit."""
+    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
+
+
+@dataclass(frozen=True)
+class TimelineColumn:
+    """A column of the timeline as it is shown: a version set, grouped and ordered."""
+
+    index: int  # the version set's index in Timeline.version_sets (and in each cell's lists)
+    group: str  # the labels of the other axes that change ("torch 2.12.0, python 3.11.7"), "" when none does
+    label: str  # the label of the primary axis
+
+
+@dataclass(frozen=True)
+class TimelineCell:
+    """One cell at every version set (its lists are indexed like Timeline.version_sets)."""
+
+    cell: CellKey
+    statuses: tuple[str | None, ...]  # pass, fail, flaky, skip; None where it did not run
+    failure_classes: tuple[str, ...]  # "" where it did not fail or run
+    signatures: tuple[str, ...]
+    key_metric: tuple[float | None, ...]
+    newest_runs: tuple[str | None, ...]  # the run id of the newest run there (every run id of a year: ~1.5 M)
+    run_counts: tuple[int, ...]  # how many runs recorded it there
+    changed: bool  # its outcome differs somewhere (a skip says nothing about the cell, so it changes nothing)
+
+    def json(self) -> JSONObject:
+        return {
+            "cell": self.cell.id,
+            **{field.name: getattr(self.cell, field.name) for field in fields(self.cell)},
+            "statuses": list(self.statuses),
+            "failure_classes": list(self.failure_classes),
+            "signatures": list(self.signatures),
+            "key_metric": list(self.key_metric),
+            "newest_runs": list(self.newest_runs),
+            "run_counts": list(self.run_counts),
+            "changed": self.changed,
+        }
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> TimelineCell:
+        return cls(
+            cell=CellKey(**{field.name: entry[field.name] for field in fields(CellKey)}),
+            statuses=tuple(entry["statuses"]),
+            failure_classes=tuple(entry["failure_classes"]),
+            signatures=tuple(entry["signatures"]),
+            key_metric=tuple(entry["key_metric"]),
+            newest_runs=tuple(entry["newest_runs"]),
+            run_counts=tuple(entry["run_counts"]),
+            changed=entry["changed"],
+        )
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Every cell at every version set (report.json's "timeline"). Columns are shown grouped by the axes that change
+    besides the one that changes most (the primary axis), then ordered by version along the primary axis."""
+
+    version_sets: tuple[str, ...]  # each described, oldest first (History.version_sets)
+    labels: tuple[dict[str, str], ...]  # each version set's label per axis
+    harness: tuple[tuple[str, ...], ...]  # the harness commits that recorded each version set
+    varying_axes: tuple[str, ...]  # the axes whose label changes across the version sets
+    primary_axis: str  # the one that changes most
+    fixed_axes: dict[str, str]  # the others, with their one label
+    columns: tuple[TimelineColumn, ...]  # in the order shown
+    cells: tuple[TimelineCell, ...]  # History.cells' order
+
+    def json(self) -> JSONObject:
+        return {
+            "version_sets": list(self.version_sets),
+            "labels": list(self.labels),
+            "harness": [list(commits) for commits in self.harness],
+            "varying_axes": list(self.varying_axes),
+            "primary_axis": self.primary_axis,
+            "fixed_axes": self.fixed_axes,
+            "columns": [{"index": c.index, "group": c.group, "label": c.label} for c in self.columns],
+            "cells": [cell.json() for cell in self.cells],
+        }
+
+    @classmethod
+    def from_json(cls, timeline: JSONObject) -> Timeline:
+        return cls(
+            version_sets=tuple(timeline["version_sets"]),
+            labels=tuple(timeline["labels"]),
+            harness=tuple(tuple(commits) for commits in timeline["harness"]),
+            varying_axes=tuple(timeline["varying_axes"]),
+            primary_axis=timeline["primary_axis"],
+            fixed_axes=timeline["fixed_axes"],
+            columns=tuple(TimelineColumn(**column) for column in timeline["columns"]),
+            cells=tuple(TimelineCell.from_json(cell) for cell in timeline["cells"]),
+        )
