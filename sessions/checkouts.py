@@ -104,13 +104,15 @@ def prepare_deepspeed_checkout(src: Path, clone: Path, sha: str, site_packages: 
         f"version='{version}'\ngit_hash='{short}'\ngit_branch='HEAD'\ninstalled_ops={{}}\n"
         f"accelerator_name='{torch.accelerator}'\ntorch_info={torch_info}\n"
     )
-    write_distribution(site_packages, "deepspeed", version, requirements_of(src), clone, sha)
+    write_distribution(
+        site_packages, "deepspeed", version=version, requirements=requirements_of(src), clone=clone, sha=sha
+    )
     (site_packages / CHECKOUT_LINK).write_text(f"{checkout_path(src, 'deepspeed')}\n")
     return version
 
 
 def write_distribution(
-    site_packages: Path, name: str, version: str, requirements: list[str], clone: Path, sha: str
+    site_packages: Path, name: str, *, version: str, requirements: list[str], clone: Path, sha: str
 ) -> None:
     """The `<name>-<version>.dist-info` of a checkout: what `importlib.metadata` reports, its requirements,
     and PEP 610's `direct_url.json` naming the clone and commit."""
@@ -149,12 +151,12 @@ def project_metadata(src: Path, python: Path, env: dict[str, str]) -> tuple[str,
 
 
 def prepare_transformers_checkout(
-    src: Path, clone: Path, sha: str, site_packages: Path, python: Path, env: dict[str, str]
+    src: Path, *, clone: Path, sha: str, site_packages: Path, python: Path, env: dict[str, str]
 ) -> tuple[str, list[str]]:
     """Put the transformers checkout at src on the layer's path with its metadata; returns (version,
     requirements): the requirements are the layer's to install."""
     version, requirements = project_metadata(src, python, env)
-    write_distribution(site_packages, "transformers", version, requirements, clone, sha)
+    write_distribution(site_packages, "transformers", version=version, requirements=requirements, clone=clone, sha=sha)
     (site_packages / CHECKOUT_LINK).write_text(f"{checkout_path(src, 'transformers')}\n")
     return version, requirements
 

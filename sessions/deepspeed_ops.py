@@ -212,6 +212,7 @@ def _texts(value: object) -> list[str]:
 def install_prebuilt_ops(
     root: Path,
     python: Path,
+    *,
     package_root: Path,
     lower: list[str],
     env: dict[str, str],

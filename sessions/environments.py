@@ -150,6 +150,7 @@ def combination_environment(
     deepspeed_requirement: str,
     layered: list[tuple[str, str]],
     torch: str,
+    *,
     extras: tuple[str, ...] = (),
     extras_name: str = "",
     as_of: str = "",
@@ -182,8 +183,8 @@ def release_environment(pins: dict[str, str], extras: tuple[str, ...] = (), extr
         f"deepspeed=={pins['deepspeed']}",
         released(pins),
         pins["torch"],
-        extras,
-        extras_name,
+        extras=extras,
+        extras_name=extras_name,
     )
 
 
@@ -264,7 +265,7 @@ def ensure_environment(
     with open(root / f".{spec.key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel session may be building the same folder
         if not (marker.exists() and marker.read_text() == wanted):
-            _build(root, spec, folder, python, log, tool)
+            _build(root, spec, folder=folder, python=python, log=log, tool=tool)
             marker.write_text(wanted)
         if not complete() and _compile_bytecode(root, spec, python, log):
             (folder / BYTECODE_MARKER).write_text("")
@@ -288,7 +289,7 @@ def _compile_bytecode(root: Path, spec: EnvironmentSpec, python: Path, log: Call
 
 
 def _build(
-    root: Path, spec: EnvironmentSpec, folder: Path, python: Path, log: Callable[[str], None], tool: Installer | None
+    root: Path, spec: EnvironmentSpec, *, folder: Path, python: Path, log: Callable[[str], None], tool: Installer | None
 ) -> None:
     """Build spec's layer into folder afresh (the caller holds its lock)."""
     tool = tool or installer(root, log)
@@ -313,14 +314,14 @@ def _build(
         if spec.checkout == "transformers" and spec.source is not None:
             clone, sha = spec.source
             version, requirements = prepare_transformers_checkout(
-                folder / "src", clone, sha, site_packages, python, env
+                folder / "src", clone=clone, sha=sha, site_packages=site_packages, python=python, env=env
             )
             log(
                 f"transformers {version}: the checkout of {sha[:12]} on the path, with {len(requirements)} requirements"
             )
             installs[0] = (*requirements, *installs[0])
         for arguments in installs:
-            tool.install(python, arguments, lower, env, log, as_of=spec.as_of)
+            tool.install(python, arguments, lower=lower, env=env, log=log, as_of=spec.as_of)
         if spec.checkout == "deepspeed" and spec.source is not None:
             clone, sha = spec.source
             version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
@@ -331,7 +332,9 @@ def _build(
         package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages
         if (package_root / "deepspeed" / "ops" / "op_builder").is_dir():
             try:
-                install_prebuilt_ops(root, python, package_root, [str(site_packages), *lower], env, log)
+                install_prebuilt_ops(
+                    root, python, package_root=package_root, lower=[str(site_packages), *lower], env=env, log=log
+                )
             except InstallError as error:  # a DeepSpeed whose builders differ: its cells JIT-build as before
                 log(f"DeepSpeed's CPU comm op is not prebuilt, the cells JIT-build it: {str(error)[-2000:]}")
     except InstallError as error:

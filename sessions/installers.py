@@ -197,6 +197,7 @@ class Installer:
         self,
         python: Path,
         arguments: tuple[str, ...],
+        *,
         lower: list[str],
         env: dict[str, str],
         log: Callable[[str], None] = print,
@@ -237,6 +238,7 @@ class Installer:
         self,
         python: Path,
         lines: list[str],
+        *,
         options: list[str],
         env: dict[str, str],
         excluded: frozenset[str] | set[str] = frozenset(),
@@ -290,13 +292,19 @@ class Installer:
         options = list(flags)
         if as_of:
             cutoff = [f"--exclude-newer={as_of}"]
-            harness = {name_of(line) for line in self.compile(python, requirements[1:], flags, env, excluded)}
+            harness = {
+                name_of(line)
+                for line in self.compile(python, requirements[1:], options=flags, env=env, excluded=excluded)
+            }
             subject = {
-                name_of(line) for line in self.compile(python, requirements[:1], [*flags, *cutoff], env, excluded)
+                name_of(line)
+                for line in self.compile(
+                    python, requirements[:1], options=[*flags, *cutoff], env=env, excluded=excluded
+                )
             }
             options += [*cutoff, *(f"--exclude-newer-package={name}={NO_CUTOFF}" for name in sorted(harness - subject))]
         missing = []
-        for line in self.compile(python, requirements, options, env, excluded, visible):
+        for line in self.compile(python, requirements, options=options, env=env, excluded=excluded, preferred=visible):
             try:
                 requirement = Requirement(line)
             except InvalidRequirement:

@@ -102,9 +102,9 @@ def combo_environment(combo: Combo, extras_name: str = "", as_of: str = "") -> E
         combo.deepspeed.requirement,
         layered,
         str(combo.torch.version or combo.torch.requirement),
-        extras,
-        extras_name,
-        as_of,
+        extras=extras,
+        extras_name=extras_name,
+        as_of=as_of,
     )
 
 

@@ -276,13 +276,13 @@ def session_deltas(observations: list[Observation], history: History, session: s
         )
         deltas.append(
             Delta(
-                kind,
-                row.cell,
-                newest_results[row.cell],
-                previous_results.get(row.cell),
-                regression,
-                status if kind == "flaky" else None,
-                transitions,
+                kind=kind,
+                cell=row.cell,
+                result=newest_results[row.cell],
+                previous=previous_results.get(row.cell),
+                regression=regression,
+                flaky=status if kind == "flaky" else None,
+                transitions=transitions,
             )
         )
     changed = tuple(axis for axis in AXES if previous.versions.label(axis) != newest.versions.label(axis))

@@ -86,7 +86,18 @@ def compare(baseline: list[Observation], candidate: list[Observation], confirmat
         if verdict == "known" and was != now:
             verdict = "changed failure"  # fails both ways, but another way: a new bug may hide behind the old one
         changed = harness_change_text(baseline_status) if baseline_status else ""
-        rows.append(GateRow(cell, before, fails, runs, verdict, was, now, changed))
+        rows.append(
+            GateRow(
+                cell=cell,
+                baseline=before,
+                candidate_fails=fails,
+                candidate_runs=runs,
+                verdict=verdict,
+                baseline_failure=was,
+                candidate_failure=now,
+                baseline_harness_change=changed,
+            )
+        )
     return sorted(rows, key=lambda row: (VERDICTS.index(row.verdict), row.cell))
 
 

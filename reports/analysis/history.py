@@ -373,16 +373,17 @@ def _bisection_for(transition: Transition, bisections: Sequence[Bisection]) -> B
     return answer_for(
         bisections,
         transition.cell,
-        transition.kind,
-        transition.failing_end.failure_class,
-        AxisRange.of(transition),
-        transition.held_fixed,
+        kind=transition.kind,
+        failure_class=transition.failing_end.failure_class,
+        span=AxisRange.of(transition),
+        held_fixed=transition.held_fixed,
     )
 
 
 def answer_for(
     bisections: Sequence[Bisection],
     cell: CellKey,
+    *,
     kind: str,
     failure_class: str | None,
     span: AxisRange,

@@ -94,14 +94,14 @@ def architectures_new_in_release(groups: list[ResultGroup]) -> NewArchitectures:
         cell = group.cell
         verdicts[architecture(cell.model)].append(
             FirstVerdict(
-                cell_id,
-                cell.model,
-                cell.variant,
-                cell.dtype,
-                cell.tp,
-                group.outcome,
-                group.failure_class,
-                group.signature,
+                cell=cell_id,
+                model=cell.model,
+                variant=cell.variant,
+                dtype=cell.dtype,
+                tp=cell.tp,
+                outcome=group.outcome,
+                failure_class=group.failure_class,
+                signature=group.signature,
             )
         )
     return NewArchitectures(

@@ -71,7 +71,17 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
         keep_earliest(first_seen, group.harness_git, started_order(group.earliest))
     harness = tuple(sorted(first_seen, key=first_seen.__getitem__))
     metrics = newest.metrics if newest else {}
-    return CellStatus(status, passes, fails, skips, failure_class, signature, metrics, harness, cause=cause)
+    return CellStatus(
+        status=status,
+        passes=passes,
+        fails=fails,
+        skips=skips,
+        failure_class=failure_class,
+        signature=signature,
+        metrics=metrics,
+        harness=harness,
+        cause=cause,
+    )
 
 
 def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics]) -> CellStatus:
@@ -81,11 +91,28 @@ def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics])
     metrics = newest.metrics if newest else {}
     if outcome == "fail":
         return CellStatus(
-            "fail", 0, count, 0, group.failure_class, group.signature, metrics, (group.harness_git,), cause=group.cause
+            status="fail",
+            passes=0,
+            fails=count,
+            skips=0,
+            failure_class=group.failure_class,
+            signature=group.signature,
+            metrics=metrics,
+            harness=(group.harness_git,),
+            cause=group.cause,
         )
     passes, skips = (count, 0) if outcome == "pass" else (0, count if outcome == "skip" else 0)
     status = "pass" if passes else "skip"
-    return CellStatus(status, passes, 0, skips, "", "", metrics, (group.harness_git,))
+    return CellStatus(
+        status=status,
+        passes=passes,
+        fails=0,
+        skips=skips,
+        failure_class="",
+        signature="",
+        metrics=metrics,
+        harness=(group.harness_git,),
+    )
 
 
 def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:

@@ -133,15 +133,15 @@ def transition_groups(transitions: Sequence[AtlasTransition], atlas: Atlas) -> t
         held = sorted({getattr(sets[t.at], other) for t in members})
         groups.append(
             TransitionGroup(
-                kind,
-                axis,
-                before,
-                after,
-                cause,
-                cells_text(sorted({t.cell for t in members})),
-                f"{other} {', '.join(held)}",
-                tuple(sorted({t.answer for t in members})),
-                len(members),
+                kind=kind,
+                axis=axis,
+                before=before,
+                after=after,
+                cause=cause,
+                cells=cells_text(sorted({t.cell for t in members})),
+                held=f"{other} {', '.join(held)}",
+                answers=tuple(sorted({t.answer for t in members})),
+                count=len(members),
             )
         )
     groups.sort(key=lambda g: (-g.count, g.axis, g.before, g.kind))

@@ -138,24 +138,26 @@ def write_draft(
     reason_not = not_deepspeeds(entry)
     if reason_not:
         raise ReportsError(reason_not)
-    return write_cause_draft(entry, report, history, observations, out_dir, inert, cell=cell)
+    return write_cause_draft(entry, report, history, observations=observations, out_dir=out_dir, inert=inert, cell=cell)
 
 
 def write_cause_draft(
     entry: FailingCause,
     report: Report,
     history: History,
+    *,
     observations: list[Observation],
     out_dir: Path,
     inert: Inert,
-    *,
     cell: str | None = None,
 ) -> Draft:
     """draft_text written to <out_dir>/draft-issue/<class>-<id>.md, its repro script beside it, moved into place
     together."""
     name = Path(draft_file(entry.failure_class, entry.id))
     with staged(out_dir) as stage:
-        title, body = draft_text(entry, report, history, observations, stage / name.parent, inert, cell=cell)
+        title, body = draft_text(
+            entry, report, history, observations=observations, folder=stage / name.parent, inert=inert, cell=cell
+        )
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, out_dir / name)
 
@@ -183,10 +185,10 @@ def draft_text(
     entry: FailingCause,
     report: Report,
     history: History,
+    *,
     observations: list[Observation],
     folder: Path,
     inert: Inert,
-    *,
     cell: str | None = None,
     diagnosis: Diagnosis | None = None,
 ) -> tuple[str, str]:
@@ -199,7 +201,7 @@ def draft_text(
     resolved = _resolved(failure)
     script = write_cell_repro(resolved, failure, folder) if isinstance(resolved, Cell) else None
     title = _title(entry, failure, resolved if isinstance(resolved, Cell) else None, diagnosis)
-    body = _markdown(entry, report, failure, resolved, script, inert, diagnosis)
+    body = _markdown(entry, report, failure, cell=resolved, script=script, inert=inert, diagnosis=diagnosis)
     return redact(inert(title, title=True)), redact(body)
 
 
@@ -387,6 +389,7 @@ def _markdown(
     entry: FailingCause,
     report: Report,
     failure: Observation,
+    *,
     cell: Cell | str,
     script: tuple[str, str] | None,
     inert: Inert,

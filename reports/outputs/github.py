@@ -76,7 +76,7 @@ def post_all(
             upstream_repo = client.get_repo(upstream_name)
             # PyGithub takes the creator's login (its docstring: "string or NamedUser"; its annotation names only the latter).
             opened = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))  # type: ignore[arg-type]
-            _open_or_edit(upstream_repo, upstream_name, drafts, opened, [], log)
+            _open_or_edit(upstream_repo, upstream_name, drafts, listed=opened, labels=[], log=log)
     except GithubException as exc:
         raise ReportsError(
             f"GitHub API {api_url} answered {exc.status}: {exc.data}; nothing further was posted"
@@ -97,13 +97,12 @@ def _post_issues(repo: Repository, repo_name: str, issues: list[Post], log: Log)
         if exc.status != 404:
             raise
         repo.create_label(REGRESSION_LABEL, "d73a4a", "Cells of the AutoTP matrix that passed in the last nightly fail")
-    _open_or_edit(
-        repo, repo_name, issues, list(repo.get_issues(state="open", labels=[REGRESSION_LABEL])), [REGRESSION_LABEL], log
-    )
+    listed = list(repo.get_issues(state="open", labels=[REGRESSION_LABEL]))
+    _open_or_edit(repo, repo_name, issues, listed=listed, labels=[REGRESSION_LABEL], log=log)
 
 
 def _open_or_edit(
-    repo: Repository, repo_name: str, posts: list[Post], listed: list[Issue], labels: list[str], log: Log
+    repo: Repository, repo_name: str, posts: list[Post], *, listed: list[Issue], labels: list[str], log: Log
 ) -> None:
     """Each post edits the listed issue carrying its marker (one that is closed is left alone), else is opened."""
     for post in posts:

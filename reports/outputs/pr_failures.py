@@ -90,7 +90,16 @@ def classify(
             f"{before.failure_class} {code(cause(before.signature))}" if before and before.fails and not same else ""
         )
         found.append(
-            PrFailure(cell, kind, status.failure_class, text, base_status, other, match, _failure(status) or "")
+            PrFailure(
+                cell=cell,
+                kind=kind,
+                failure_class=status.failure_class,
+                cause=text,
+                base=base_status,
+                base_failure=other,
+                known=match,
+                key=_failure(status) or "",
+            )
         )
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
 

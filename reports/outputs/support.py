@@ -218,13 +218,13 @@ def family_parts(
         grouped[member, variants, state, words, known].append((tp, cause_id))
     parts = [
         Part(
-            (member,),
-            variants,
-            tuple(sorted({tp for tp, _ in at})),
-            state,
-            words,
-            tuple(sorted({cause for _, cause in at if cause})),
-            known,
+            members=(member,),
+            variants=variants,
+            tps=tuple(sorted({tp for tp, _ in at})),
+            state=state,
+            reason=words,
+            causes=tuple(sorted({cause for _, cause in at if cause})),
+            known=known,
         )
         for (member, variants, state, words, known), at in grouped.items()
     ]
@@ -244,7 +244,17 @@ def _merge_members(parts: list[Part]) -> list[Part]:
     for signature in dict.fromkeys(signature_of.values()):
         members = tuple(sorted(m for m, s in signature_of.items() if s == signature))
         for part in by_member[members[0]]:
-            merged.append(Part(members, part.variants, part.tps, part.state, part.reason, part.causes, part.known))
+            merged.append(
+                Part(
+                    members=members,
+                    variants=part.variants,
+                    tps=part.tps,
+                    state=part.state,
+                    reason=part.reason,
+                    causes=part.causes,
+                    known=part.known,
+                )
+            )
     return merged
 
 

@@ -53,6 +53,7 @@ from sessions.environments import commit_environment, release_environment
 
 def bisect_releases(
     cell: CellKey,
+    *,
     axis: str,
     good: str,
     bad: str,
@@ -84,7 +85,7 @@ def bisect_releases(
 
 
 def bisect_commits(
-    cell: CellKey, clone: GitRepo, good: str, bad: str, mode: str, probe: CellProbe, end_repeats: int = 1
+    cell: CellKey, clone: GitRepo, *, good: str, bad: str, mode: str, probe: CellProbe, end_repeats: int = 1
 ) -> tuple[Answer, Commit]:
     """probe.environment gives the environment of a candidate commit (a full sha)."""
     older, newer = (good, bad) if mode == "broken" else (bad, good)
@@ -154,7 +155,7 @@ def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str,
 
 
 def stored_release_answer(
-    store: Path, cell: CellKey, axis: str, mode: str, good: str, bad: str, held_fixed: Pins
+    store: Path, cell: CellKey, *, axis: str, mode: str, good: str, bad: str, held_fixed: Pins
 ) -> Bisection | None:
     """The newest release-level answer already recorded for this cell inside --good .. --bad, at the same
     held-fixed versions: --refine then goes straight to the commits. --mode gone learns only at the end
@@ -172,7 +173,9 @@ def stored_release_answer(
             for b in history.bisections()
             if not b.commit and b.failure_class and None not in (release(b.before), release(b.after))
         ]
-    return answer_for(answers, cell, kind, None, AxisRange(axis, low, high), held_fixed)
+    return answer_for(
+        answers, cell, kind=kind, failure_class=None, span=AxisRange(axis, low, high), held_fixed=held_fixed
+    )
 
 
 def record(store: Path, bisection: Bisection) -> None:
@@ -268,7 +271,13 @@ def bisect_cell(request: BisectRequest) -> None:
     commit = None
     stored = (
         stored_release_answer(
-            request.store, cell, request.axis, request.mode, good, bad, held_fixed_of(pins, request.axis)
+            request.store,
+            cell,
+            axis=request.axis,
+            mode=request.mode,
+            good=good,
+            bad=bad,
+            held_fixed=held_fixed_of(pins, request.axis),
         )
         if request.refine
         else None
@@ -280,7 +289,15 @@ def bisect_cell(request: BisectRequest) -> None:
     elif not commits_only:
         probe.environment = lambda version: release_environment({**pins, request.axis: version})
         answer = bisect_releases(
-            cell, request.axis, good, bad, request.mode, pins, probe, load_config().python, request.end_repeats
+            cell,
+            axis=request.axis,
+            good=good,
+            bad=bad,
+            mode=request.mode,
+            pins=pins,
+            probe=probe,
+            python=load_config().python,
+            end_repeats=request.end_repeats,
         )
         print(answer_text(request.axis, answer, before_word, after_word, len(answer.steps)))
         first_changed = probe.runs.get(answer.after)
@@ -290,7 +307,9 @@ def bisect_cell(request: BisectRequest) -> None:
     if clone is not None:
         # Commit builds of the two ends are run again: a source build is not the release wheel.
         probe.environment = lambda sha: commit_environment(request.env_root, clone.path, sha, pins)
-        answer, commit = bisect_commits(cell, clone, good, bad, request.mode, probe, request.end_repeats)
+        answer, commit = bisect_commits(
+            cell, clone, good=good, bad=bad, mode=request.mode, probe=probe, end_repeats=request.end_repeats
+        )
         print(answer_text("commit", answer, before_word, after_word, len(answer.steps)))
         first_changed = probe.runs.get(answer.after)
         print(

@@ -436,13 +436,13 @@ class Triage:
             known = {replace(a, recorded_at="") for a in history.triage_attempts()}
             for t in question.transitions:
                 attempt = TriageAttempt(
-                    t.cell,
-                    question.axis,
-                    question.mode,
-                    question.older,
-                    question.newer,
-                    question.held_fixed,
-                    reason,
+                    cell=t.cell,
+                    axis=question.axis,
+                    mode=question.mode,
+                    before=question.older,
+                    after=question.newer,
+                    held_fixed=question.held_fixed,
+                    reason=reason,
                 )
                 if attempt not in known:
                     history.add_triage_attempt(replace(attempt, recorded_at=_now()))

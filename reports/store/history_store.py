@@ -404,17 +404,17 @@ class HistoryStore:
             point = runs[earliest]  # every run of a group is at its point
             groups.append(
                 ResultGroup(
-                    cells[cell],
-                    point.versions,
-                    point.harness_git,
-                    outcome,
-                    failure_class,
-                    signatures[signature],
-                    count,
-                    runs[first_listed].run_id,
-                    point,
-                    runs[newest],
-                    Cause.from_dict(json.loads(signatures[cause])) if cause is not None else None,
+                    cell=cells[cell],
+                    versions=point.versions,
+                    harness_git=point.harness_git,
+                    outcome=outcome,
+                    failure_class=failure_class,
+                    signature=signatures[signature],
+                    count=count,
+                    first_listed=runs[first_listed].run_id,
+                    earliest=point,
+                    newest=runs[newest],
+                    cause=Cause.from_dict(json.loads(signatures[cause])) if cause is not None else None,
                 )
             )
         metrics = {}

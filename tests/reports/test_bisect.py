@@ -256,7 +256,7 @@ def test_first_bad_commit_with_an_untestable_commit_skipped(fake_deepspeed, fake
     repo, shas = fake_deepspeed
     make, root = fake_probe
     probe = make()
-    answer, commit = bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe)
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), good="v0.1.0", bad=shas[7], mode="broken", probe=probe)
 
     assert (answer.before, answer.after, answer.untestable) == (shas[4], shas[5], ())
     assert (commit.sha, commit.subject, commit.pr) == (shas[5], "Shard heads strictly (#4321)", 4321)
@@ -277,7 +277,7 @@ def test_mode_fixed_finds_the_fix_and_reuses_environments(fake_deepspeed, fake_p
     probe = make()
     ready_before = (root / shas[7][:12] / READY_MARKER).stat().st_mtime
     answer, commit = bisect_commits(
-        probe.cell, GitRepo(repo), shas[9], shas[5], "fixed", probe
+        probe.cell, GitRepo(repo), good=shas[9], bad=shas[5], mode="fixed", probe=probe
     )  # --good new, --bad old
     assert (answer.before, answer.after) == (shas[7], shas[8])
     assert (commit.subject, commit.pr, commit.files) == ("Allow uneven heads again (#4400)", 4400, ("fakeds/shard.py",))
@@ -413,14 +413,33 @@ def test_other_axes_come_from_the_stored_failing_run_and_refine_reuses_a_stored_
     }
     assert held_fixed_pins(cell, "deepspeed", "0.17.0", {"torch": "2.12.0"}, store)["torch"] == "2.12.0"
     held = (("transformers", "4.57.6"), ("torch", "2.13.0"))
-    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", held).after == "0.16.6"
-    assert stored_release_answer(store, cell, "deepspeed", "broken", "0.16.6", "0.17.0", held) is None  # outside
-    assert stored_release_answer(store, cell, "deepspeed", "fixed", "0.17.0", "0.16.4", held) is None
+    assert (
+        stored_release_answer(
+            store, cell, axis="deepspeed", mode="broken", good="0.16.4", bad="0.17.0", held_fixed=held
+        ).after
+        == "0.16.6"
+    )
+    assert (
+        stored_release_answer(
+            store, cell, axis="deepspeed", mode="broken", good="0.16.6", bad="0.17.0", held_fixed=held
+        )
+        is None
+    )  # outside
+    assert (
+        stored_release_answer(store, cell, axis="deepspeed", mode="fixed", good="0.17.0", bad="0.16.4", held_fixed=held)
+        is None
+    )
     # The same rule as the report's (reports.analysis.history.answer_for): the other transformers' answer is the one
     # for those versions only.
     assert (
         stored_release_answer(
-            store, cell, "deepspeed", "broken", "0.16.4", "0.17.0", (("transformers", "5.24.0"), ("torch", "2.13.0"))
+            store,
+            cell,
+            axis="deepspeed",
+            mode="broken",
+            good="0.16.4",
+            bad="0.17.0",
+            held_fixed=(("transformers", "5.24.0"), ("torch", "2.13.0")),
         ).after
         == "0.16.8"
     )
@@ -604,7 +623,7 @@ def test_mode_gone_where_the_cell_passes_is_a_fix(fake_deepspeed, fake_probe):
     make, _ = fake_probe
     probe = make()
     probe.absent_is_good = True
-    answer, commit = bisect_commits(probe.cell, GitRepo(repo), shas[9], shas[5], "gone", probe)
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), good=shas[9], bad=shas[5], mode="gone", probe=probe)
     assert (answer.before, answer.after, commit.pr) == (shas[7], shas[8], 4400)
     assert gone_answer(probe.reference, probe.runs[answer.after]) == (
         "fixed",
@@ -670,7 +689,7 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
         str(results),
     ]
     # One run per end: the first run fails at the bad end, the second passes at the good one: a "change" is found.
-    answer, _ = bisect_commits(once.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", once)
+    answer, _ = bisect_commits(once.cell, GitRepo(repo), good="v0.1.0", bad=shas[7], mode="broken", probe=once)
     assert answer.after in shas
     (tmp_path / "alternating.count").unlink()
     with pytest.raises(
@@ -678,7 +697,7 @@ def test_a_cell_that_alternates_is_reported_flaky_not_good_or_bad(fake_deepspeed
         match=rf"^{shas[7]} is flaky: bad \(numerics: logits differ by N\); good \(pass\) "
         "in 2 runs; a bisection needs ends whose verdict repeats",
     ):
-        bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[7], "broken", probe, end_repeats=2)
+        bisect_commits(probe.cell, GitRepo(repo), good="v0.1.0", bad=shas[7], mode="broken", probe=probe, end_repeats=2)
 
 
 def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
@@ -757,7 +776,7 @@ def test_a_function_renamed_between_releases_is_the_same_failure_and_bisects_to_
         ),
         command=lambda python, cells, results, _: [str(python), str(script), ",".join(c.id for c in cells), str(results)],
     )  # fmt: skip
-    answer, commit = bisect_commits(probe.cell, GitRepo(repo), "v0.1.0", shas[4], "broken", probe)
+    answer, commit = bisect_commits(probe.cell, GitRepo(repo), good="v0.1.0", bad=shas[4], mode="broken", probe=probe)
     assert (answer.before, answer.after, answer.untestable) == (shas[0], shas[1], ())
     assert (commit.subject, commit.pr) == ("Check heads (#5001)", 5001)
     assert probe.reference == (

@@ -159,7 +159,9 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
         broke_at="model.layers.*.self_attn.o_proj (LinearAllreduce)",
         whose="AutoTP's: the unsharded model passes the same probes",
     )
-    title, body = draft_text(entry, report, history, observations, tmp_path / "d", inert, diagnosis=diagnosis)
+    title, body = draft_text(
+        entry, report, history, observations=observations, folder=tmp_path / "d", inert=inert, diagnosis=diagnosis
+    )
     assert title.startswith("AutoTP: Phi-3-mini-4k-instruct: `self_attn.qkv_proj` sliced with the unsharded head count")
     section = body.split("**What AutoTP did and where it broke**\n\n", 1)[1].split("**To Reproduce**", 1)[0]
     assert section.splitlines()[:2] == [
@@ -168,7 +170,7 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
     ]
     assert "- Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj" in section
     assert "Where it broke: model.layers.*.self_attn.o_proj (LinearAllreduce)" in section
-    _, plain = draft_text(entry, report, history, observations, tmp_path / "d", inert)
+    _, plain = draft_text(entry, report, history, observations=observations, folder=tmp_path / "d", inert=inert)
     assert "What AutoTP did" not in plain
 
 

@@ -103,7 +103,9 @@ def install(root: Path, site: Path, log: list[str], importable: bool = True) -> 
     """install_prebuilt_ops for the fake layer; `importable=False`: the layer's DeepSpeed cannot be imported."""
     root.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(site) if importable else "", "FAKE_BUILD_LOG": str(root / "builds.log")}
-    return install_prebuilt_ops(root, Path(sys.executable), site, [str(site)], env, log.append)
+    return install_prebuilt_ops(
+        root, Path(sys.executable), package_root=site, lower=[str(site)], env=env, log=log.append
+    )
 
 
 def test_a_layer_reuses_the_build_of_equal_sources_without_importing_deepspeed_and_a_changed_csrc_gets_its_own(
