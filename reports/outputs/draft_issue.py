@@ -8,7 +8,7 @@ stands for; the standalone script (suites/records/repro.py) for that cell is inl
 faithful, stress or derived shapes, every variant, built through the one reader of recorded cells
 (matrix.cells.resolve_cell) — which builds the same tiny checkpoint (or `--checkpoint <hub id>` loads the real
 one), runs the same probes and prints the same verdict. Then the expected and the actual behaviour with the check's
-numbers, what AutoTP chose and where it broke (`Diagnosis`, when the cell's record carries it), where the history
+numbers, what AutoTP chose and where it broke (reports.outputs.diagnosis, when the cell's record carries it), where the history
 places it, the versions as `ds_report` gives them, and the end of the cell's log. Every text passes
 matrix.redaction.redact. Written to <out>/draft-issue/ and printed."""
 
@@ -39,11 +39,11 @@ from reports.analysis import (
     status_text,
     whose_text,
 )
+from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
 from reports.outputs.markdown_safety import fence
 from reports.outputs.model import Report, build_report
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
-from suites.mechanism import mask_indices
 from suites.outcome import FAILURE_CLASSES
 from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
@@ -93,27 +93,6 @@ class Draft:
     file: Path
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    """What AutoTP did to the example cell's model and where it broke, as its record states it (issue #43's
-    record of the policy, the replaced modules, the tensors left whole and the breaking module); a draft shows it
-    in a section of its own, and nothing where the record carries none."""
-
-    mechanism: str
-    """The cause in words: `self_attn.q_norm (width of the split q_proj) left whole`."""
-    policy: tuple[str, ...] = ()
-    """Per decoder-layer class, the linears DeepSpeed's parser all-reduces: `Phi3DecoderLayer: self_attn.o_proj,
-    mlp.down_proj`; a layer kind it gave no policy as `<class>: no policy`."""
-    replaced: tuple[str, ...] = ()
-    """Each replaced module (layer indices masked) with its DeepSpeed layer class and rank 0's share."""
-    left_whole: tuple[str, ...] = ()
-    """Parameters or buffers left whole next to a split projection, with the width they have."""
-    broke_at: str = ""
-    """The module whose forward raised, or the first whose output diverges from the unsharded model's."""
-    whose: str = ""
-    """Whose bug it is, in words (AutoTP's when the unsharded model passes the same probe)."""
-
-
 def write_draft(
     history: History,
     observations: list[Observation],
@@ -138,15 +117,15 @@ def write_draft(
     reason_not = not_deepspeeds(entry)
     if reason_not:
         raise ReportsError(reason_not)
-    return write_cause_draft(entry, report, history, observations=observations, out_dir=out_dir, inert=inert, cell=cell)
+    return write_cause_draft(entry, report, history, observations, out_dir=out_dir, inert=inert, cell=cell)
 
 
 def write_cause_draft(
     entry: FailingCause,
     report: Report,
     history: History,
-    *,
     observations: list[Observation],
+    *,
     out_dir: Path,
     inert: Inert,
     cell: str | None = None,
@@ -155,9 +134,8 @@ def write_cause_draft(
     together."""
     name = Path(draft_file(entry.failure_class, entry.id))
     with staged(out_dir) as stage:
-        title, body = draft_text(
-            entry, report, history, observations=observations, folder=stage / name.parent, inert=inert, cell=cell
-        )
+        folder = stage / name.parent
+        title, body = draft_text(entry, report, history, observations, folder=folder, inert=inert, cell=cell)
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, out_dir / name)
 
@@ -185,8 +163,8 @@ def draft_text(
     entry: FailingCause,
     report: Report,
     history: History,
-    *,
     observations: list[Observation],
+    *,
     folder: Path,
     inert: Inert,
     cell: str | None = None,
@@ -274,30 +252,6 @@ def _short(mechanism: str) -> str:
     return text if len(text) <= MAX_TITLE_MECHANISM else text[: MAX_TITLE_MECHANISM - 1] + "…"
 
 
-def diagnosis_of(entry: FailingCause, result: CellResult) -> Diagnosis | None:
-    """The example cell's record as a draft shows it: the cause's mechanism and whose bug, what AutoTP did (rank 0's
-    record) and where it broke; None for results recorded before causes were kept."""
-    if not entry.mechanism:
-        return None
-    autotp = result.autotp
-    replaced: dict[str, set[str]] = {}
-    for module in autotp.replaced if autotp else ():
-        replaced.setdefault(module.layer_text, set()).add(mask_indices(module.path))
-    return Diagnosis(
-        mechanism=entry.mechanism,
-        policy=(
-            *(f"{p.layer_class}: {', '.join(p.allreduce) or 'nothing'}" for p in autotp.policies),
-            *(f"{kind}: no policy" for kind in autotp.unparsed),
-        )
-        if autotp
-        else (),
-        replaced=tuple(f"{layer}: {', '.join(sorted(paths))}" for layer, paths in replaced.items()),
-        left_whole=tuple(w.text for w in autotp.left_whole) if autotp else (),
-        broke_at=result.broke_at.text if result.broke_at else "",
-        whose=whose_text(entry),
-    )
-
-
 def _mechanism_lines(entry: FailingCause, result: CellResult) -> list[str]:
     """What AutoTP did and where it broke, whose bug it is, and the record the ranks wrote (suites/mechanism.py)."""
     if not entry.mechanism:
@@ -363,26 +317,6 @@ def _ds_report(run: Run, tp: int) -> list[str]:
         *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
         f"- run: `{run.run_id}`",
     ]
-
-
-def diagnosis_lines(diagnosis: Diagnosis | None) -> list[str]:
-    """The section "AutoTP's choice and where it broke", from the cell's record; none when it carries nothing."""
-    if diagnosis is None:
-        return []
-    lines = ["**What AutoTP did and where it broke**", "", diagnosis.mechanism.rstrip(".") + "."]
-    if diagnosis.whose:
-        lines.append(f"Whose bug: {diagnosis.whose}.")
-    lines.append("")
-    for title, items in (
-        ("Policy DeepSpeed's parser chose (all-reduce after)", diagnosis.policy),
-        ("Modules replaced", diagnosis.replaced),
-        ("Left whole next to a split", diagnosis.left_whole),
-    ):
-        if items:
-            lines += [f"{title}:", "", *(f"- {item}" for item in items), ""]
-    if diagnosis.broke_at:
-        lines += [f"Where it broke: {diagnosis.broke_at}", ""]
-    return lines
 
 
 def _markdown(

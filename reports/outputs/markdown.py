@@ -23,8 +23,8 @@ from reports.analysis import (
     shared_answers,
 )
 from reports.outputs.docs import Drift
-from reports.outputs.model import FlakyEntry, Report
-from reports.outputs.report_parts import MatrixEntry, SupportMatrix
+from reports.outputs.model import Report
+from reports.outputs.report_parts import FlakyEntry, MatrixEntry, SupportMatrix
 from reports.outputs.since_previous import SinceCause, SincePreviousRun
 from reports.store import pins_text, short_commit
 

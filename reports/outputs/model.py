@@ -42,12 +42,15 @@ from reports.analysis import (
 from reports.outputs.docs import Drift
 from reports.outputs.report_parts import (
     CombinationMatrix,
+    FlakyEntry,
+    HarnessChangeEntry,
     MatrixEntry,
     MatrixRow,
     SupportMatrix,
     Timeline,
     TimelineCell,
     TimelineColumn,
+    flat_json,
     versions_json,
 )
 from reports.outputs.since_previous import SincePreviousRun, since_previous_run
@@ -58,7 +61,6 @@ from reports.store import (
     Aggregates,
     Bisection,
     CellKey,
-    Commit,
     JSONObject,
     Run,
     TriageAttempt,
@@ -67,9 +69,6 @@ from reports.store import (
     release,
     started_order,
 )
-
-FlatRecord = CellKey | Commit | EntryStatus
-"""Records whose fields hold no record (`_flat` writes them as report.json has them)."""
 
 # What report.json leaves to report-details.json (split_report): what grows with the history (every combination's
 # matrix, the timeline, each transition, flaky point and answer); report.json's root causes count and name them.
@@ -183,7 +182,7 @@ def report_json(report: Report) -> JSONObject:
         "since_previous_run": _plain(report.since_previous_run),
         "new_architectures": _plain(report.new_architectures),
         **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
-        "flaky": [flaky_json(entry) for entry in report.flaky],
+        "flaky": [entry.json() for entry in report.flaky],
         "harness_changes": [_plain(entry) for entry in report.harness_changes],
         "timeline": report.timeline.json(),
         "bisections": [answer_json(bisection) for bisection in report.bisections],
@@ -193,12 +192,6 @@ def report_json(report: Report) -> JSONObject:
         "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
         "failing_now": _plain(report.failing_now),
     }
-
-
-def _flat(record: FlatRecord) -> dict[str, Any]:
-    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
-    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
-    return {field.name: getattr(record, field.name) for field in fields(record)}
 
 
 def _plain(value: Any) -> Any:
@@ -274,52 +267,6 @@ def entry_status(status: CellStatus) -> EntryStatus:
         signature=status.signature,
         key_metric=status.metrics.get(KEY_METRIC),
     )
-
-
-@dataclass(frozen=True)
-class FlakyEntry:
-    """A cell that both passed and failed at one version set (report.json's "flaky")."""
-
-    cell: str  # the cell's id
-    versions: Versions
-    status: EntryStatus
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> FlakyEntry:
-        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
-        return cls(entry["cell"], Versions(**entry["versions"]), status)
-
-
-@dataclass(frozen=True)
-class HarnessChangeEntry:
-    """A verdict that changed at the same versions when the harness commit did (report.json's
-    "harness_changes")."""
-
-    cell: str  # the cell's id
-    versions_label: str
-    change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
-    before_status: EntryStatus  # under the older harness commits
-    after_status: EntryStatus
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> HarnessChangeEntry:
-        return cls(
-            **{
-                **entry,
-                "before_status": EntryStatus(**entry["before_status"]),
-                "after_status": EntryStatus(**entry["after_status"]),
-            }
-        )
-
-
-def flaky_json(entry: FlakyEntry) -> JSONObject:
-    """A flaky point as report.json has it: its versions, their label, and its verdict's parts."""
-    return {
-        "cell": entry.cell,
-        "versions": versions_json(entry.versions),
-        "versions_label": entry.versions.describe(),
-        **_flat(entry.status),
-    }
 
 
 def _harness_change(cell: CellKey, versions: Versions, status: CellStatus) -> HarnessChangeEntry:
@@ -409,15 +356,15 @@ def entry_json(entry: TransitionEntry) -> JSONObject:
     """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
     return {
         "cell": entry.cell.id,
-        **_flat(entry.cell),
+        **flat_json(entry.cell),
         "kind": entry.kind,
         "axis": entry.axis,
         "before": entry.before,
         "after": entry.after,
         "held_fixed": pins_text(entry.held_fixed),
-        "before_status": _flat(entry.before_status),
-        "after_status": _flat(entry.after_status),
-        "commits": [_flat(commit) for commit in entry.commits],
+        "before_status": flat_json(entry.before_status),
+        "after_status": flat_json(entry.after_status),
+        "commits": [flat_json(commit) for commit in entry.commits],
         "bisection": answer_json(entry.bisection) if entry.bisection else None,
         "attempt": answer_json(entry.attempt) if entry.attempt else None,
     }

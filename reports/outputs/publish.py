@@ -210,7 +210,7 @@ def upstream_posts(
         elif not_deepspeeds(entry):
             log(f"upstream: no report: {not_deepspeeds(entry)}")
         else:
-            title, body = draft_text(entry, report, history, observations=observations, folder=folder, inert=inert)
+            title, body = draft_text(entry, report, history, observations, folder=folder, inert=inert)
             marker = upstream_marker(delta_cause.id)
             posts.append(Post(marker, title, f"{marker}\n{body}", folder / f"{delta_cause.id}.md"))
     return posts

@@ -1,5 +1,5 @@
-"""The report's larger parts as typed records (reports.outputs.model.Report holds them): the support matrix at a
-version combination, and the timeline of every cell at every version set. Each `json()` is its part of report.json
+"""The report's parts as typed records (reports.outputs.model.Report holds them): the support matrix at a version
+combination, the timeline of every cell at every version set, flaky points and verdicts the harness changed. Each `json()` is its part of report.json
 (key for key what the report has always written), each `from_json` the part again from it (read_report)."""
 
 from __future__ import annotations
@@ -7,11 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from reports.analysis import EntryStatus
-from reports.store import AXES, CellKey, JSONObject, Versions
+from reports.store import AXES, CellKey, Commit, JSONObject, Versions
+
+FlatRecord = CellKey | Commit | EntryStatus
+"""Records whose fields hold no record (flat_json writes them as report.json has them)."""
 
 
-def _status_json(status: EntryStatus) -> JSONObject:
-    return {field.name: getattr(status, field.name) for field in fields(status)}
+def flat_json(record: FlatRecord) -> JSONObject:
+    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
+    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
+    return {field.name: getattr(record, field.name) for field in fields(record)}
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class MatrixEntry:
     verdict: EntryStatus
 
     def json(self) -> JSONObject:
-        return {"cell": self.cell, **_status_json(self.verdict)}
+        return {"cell": self.cell, **flat_json(self.verdict)}
 
     @classmethod
     def from_json(cls, entry: JSONObject) -> MatrixEntry:
@@ -117,7 +122,7 @@ class TimelineCell:
     def json(self) -> JSONObject:
         return {
             "cell": self.cell.id,
-            **{field.name: getattr(self.cell, field.name) for field in fields(self.cell)},
+            **flat_json(self.cell),
             "statuses": list(self.statuses),
             "failure_classes": list(self.failure_classes),
             "signatures": list(self.signatures),
@@ -178,4 +183,49 @@ class Timeline:
             fixed_axes=timeline["fixed_axes"],
             columns=tuple(TimelineColumn(**column) for column in timeline["columns"]),
             cells=tuple(TimelineCell.from_json(cell) for cell in timeline["cells"]),
+        )
+
+
+@dataclass(frozen=True)
+class FlakyEntry:
+    """A cell that both passed and failed at one version set (report.json's "flaky")."""
+
+    cell: str  # the cell's id
+    versions: Versions
+    status: EntryStatus
+
+    def json(self) -> JSONObject:
+        """Its versions, their label, and its verdict's parts."""
+        return {
+            "cell": self.cell,
+            "versions": versions_json(self.versions),
+            "versions_label": self.versions.describe(),
+            **flat_json(self.status),
+        }
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> FlakyEntry:
+        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
+        return cls(entry["cell"], Versions(**entry["versions"]), status)
+
+
+@dataclass(frozen=True)
+class HarnessChangeEntry:
+    """A verdict that changed at the same versions when the harness commit did (report.json's
+    "harness_changes")."""
+
+    cell: str  # the cell's id
+    versions_label: str
+    change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
+    before_status: EntryStatus  # under the older harness commits
+    after_status: EntryStatus
+
+    @classmethod
+    def from_json(cls, entry: JSONObject) -> HarnessChangeEntry:
+        return cls(
+            **{
+                **entry,
+                "before_status": EntryStatus(**entry["before_status"]),
+                "after_status": EntryStatus(**entry["after_status"]),
+            }
         )

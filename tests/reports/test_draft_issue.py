@@ -140,7 +140,8 @@ def script_cell(script: str) -> dict:
 def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_path):
     """The draft's "What AutoTP did and where it broke" comes from a typed record (Diagnosis); none without one."""
     from reports.analysis import analyse
-    from reports.outputs.draft_issue import Diagnosis, draft_text
+    from reports.outputs.diagnosis import Diagnosis
+    from reports.outputs.draft_issue import draft_text
     from reports.outputs.model import build_report
     from reports.outputs.publish import inert
     from reports.store import aggregate
@@ -160,7 +161,7 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
         whose="AutoTP's: the unsharded model passes the same probes",
     )
     title, body = draft_text(
-        entry, report, history, observations=observations, folder=tmp_path / "d", inert=inert, diagnosis=diagnosis
+        entry, report, history, observations, folder=tmp_path / "d", inert=inert, diagnosis=diagnosis
     )
     assert title.startswith("AutoTP: Phi-3-mini-4k-instruct: `self_attn.qkv_proj` sliced with the unsharded head count")
     section = body.split("**What AutoTP did and where it broke**\n\n", 1)[1].split("**To Reproduce**", 1)[0]
@@ -170,7 +171,7 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
     ]
     assert "- Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj" in section
     assert "Where it broke: model.layers.*.self_attn.o_proj (LinearAllreduce)" in section
-    _, plain = draft_text(entry, report, history, observations=observations, folder=tmp_path / "d", inert=inert)
+    _, plain = draft_text(entry, report, history, observations, folder=tmp_path / "d", inert=inert)
     assert "What AutoTP did" not in plain
 
 

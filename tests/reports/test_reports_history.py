@@ -5,7 +5,8 @@ from reports_testkit import Cell, fail, render, section
 
 from reports.analysis.answers import EntryStatus, TransitionEntry
 from reports.analysis.history import analyse
-from reports.outputs.model import FlakyEntry, HarnessChangeEntry, entry_json, flaky_json, read_report
+from reports.outputs.model import entry_json, read_report
+from reports.outputs.report_parts import FlakyEntry, HarnessChangeEntry
 from reports.search.triage import open_transitions
 from reports.store.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
 
@@ -341,7 +342,7 @@ def test_a_transition_reads_back_from_report_json_with_every_part():
 
 
 def test_a_flaky_point_and_a_harness_change_read_back_from_report_json():
-    """report.json's form of a flaky point (flaky_json) and of a harness change read back (as read_report does)
+    """report.json's form of a flaky point (FlakyEntry.json) and of a harness change read back (as read_report does)
     are the same entries."""
     flaky = FlakyEntry(
         "llama-eager-fp32-tp2",
@@ -355,5 +356,5 @@ def test_a_flaky_point_and_a_harness_change_read_back_from_report_json():
         EntryStatus("pass", 2, 0, 0, "", "", None),
         EntryStatus("fail", 0, 1, 0, "numerics", "logits differ", None),
     )
-    assert FlakyEntry.from_json(json.loads(json.dumps(flaky_json(flaky)))) == flaky
+    assert FlakyEntry.from_json(json.loads(json.dumps(flaky.json()))) == flaky
     assert HarnessChangeEntry.from_json(json.loads(json.dumps(asdict(change)))) == change
