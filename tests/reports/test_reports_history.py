@@ -77,8 +77,8 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
     data = read_report(out)
     assert [t.cell.id for t in data.regressions] == ["llama-eager-fp32-tp2", "qwen2-eager-fp32-tp2"]
     supported = data.supported_models
-    assert (supported["works"], supported["fails"]) == (["bloom", "falcon", "gpt-neox"], ["llama", "opt"])
-    assert supported["not_tested"] == ["qwen2"]  # it fails in setup: the harness failed, nothing is known of AutoTP
+    assert (supported.levels["works"], supported.levels["fails"]) == (("bloom", "falcon", "gpt-neox"), ("llama", "opt"))
+    assert supported.not_tested == ("qwen2",)  # it fails in setup: the harness failed, nothing is known of AutoTP
     assert data.timeline.cells[3].statuses == ("pass", "pass", "fail", "fail", "fail")
     assert data.timeline.cells[3].key_metric == (1e-6, 2e-6, 0.5, 0.5, 0.5)
     changed = {cell.cell.id: cell.changed for cell in data.timeline.cells}
