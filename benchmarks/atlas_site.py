@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
@@ -59,7 +60,7 @@ def versions(ds: int, tf: int) -> Versions:
     return Versions(DEEPSPEED[ds], TRANSFORMERS[tf], "2.13.0+cpu", "3.11.7", git)
 
 
-def synthetic_models(count: int, rng: random.Random) -> list[dict]:
+def synthetic_models(count: int, rng: random.Random) -> list[dict[str, Any]]:
     """Per model: its family's cause and the DeepSpeed range it fails in, a transformers break, its first release."""
     models = []
     for index in range(count):
@@ -81,7 +82,9 @@ def synthetic_models(count: int, rng: random.Random) -> list[dict]:
     return models
 
 
-def outcome(model: dict, variant: str, tp: int, ds: int, tf: int, flaky: bool, night: int) -> tuple[str, str, str]:
+def outcome(
+    model: dict[str, Any], variant: str, tp: int, ds: int, tf: int, flaky: bool, night: int
+) -> tuple[str, str, str]:
     if tf < model["born"] or (variant == "train" and ds < 3):
         return "skip", "", ""
     low, high = model["ds_broken"]
@@ -99,7 +102,7 @@ def _letters(number: int) -> str:
     return "".join("abcdefghij"[int(digit)] for digit in str(number))
 
 
-def nights_of(models: list[dict], nights: int, seed: int) -> Iterator[list[tuple[Run, list[CellResult]]]]:
+def nights_of(models: list[dict[str, Any]], nights: int, seed: int) -> Iterator[list[tuple[Run, list[CellResult]]]]:
     """Each night's runs, one per version set, each holding every cell."""
     rng = random.Random(seed)
     flaky = {
@@ -145,7 +148,7 @@ def nights_of(models: list[dict], nights: int, seed: int) -> Iterator[list[tuple
         yield runs
 
 
-def answers(models: list[dict], rng: random.Random) -> list[Bisection]:
+def answers(models: list[dict[str, Any]], rng: random.Random) -> list[Bisection]:
     found = []
     for model in rng.sample(models, min(60, len(models))):
         low, high = model["ds_broken"]

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
@@ -48,14 +49,14 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 def _process_table() -> dict[int, tuple[int, float, str]]:
     """pid: (parent pid, CPU seconds used so far, process name and command line) of every process readable in
     /proc (a forked reference's process is told by its name, suites/engine/fork_server.py REFERENCE_PROCESS_NAME)."""
-    table = {}
+    table: dict[int, tuple[int, float, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            name, fields = (entry / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+            name, stat_tail = (entry / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = fields.split()
+            fields = stat_tail.split()
         except (OSError, IndexError, ValueError):
             continue  # ended while we looked
         table[int(entry.name)] = (
@@ -89,7 +90,8 @@ class ProcessTreeCPU:
     samples keeps its last figure; one that lived less than a sample is missed: compilers, git)."""
 
     def __init__(self, driver: int):
-        self.driver, self.seen = driver, {}
+        self.driver = driver
+        self.seen: dict[int, tuple[str, float]] = {}
 
     def sample(self) -> None:
         table = _process_table()
@@ -117,7 +119,7 @@ def run_matrix(
     models: str | None = None,
     selection: tuple[str, ...] = (),
     bytecode: Path | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """One `pytest suites` run of the default matrix (or `selection`: pytest options), as `nox -s matrix` runs it;
     seconds to the first verdict (the first record in cells.jsonl, written as each cell ends) and in all, and the
     CPU seconds per process role until the first verdict. `stop_at_first_verdict`: interrupt it there (Ctrl-C:
@@ -201,7 +203,7 @@ def measure(
     warm_models: str | None,
     bytecode: Path | None = None,
     selection: tuple[str, ...] = (),
-) -> dict:
+) -> dict[str, Any]:
     cold_cache = Path(tempfile.mkdtemp(prefix=f"cold-cache-{label}-"))
     runs = {}
     for kind in ("cold", "warm"):
@@ -227,7 +229,7 @@ def measure(
     return runs
 
 
-def table(summaries: dict[str, dict]) -> str:
+def table(summaries: dict[str, dict[str, Any]]) -> str:
     rows = [
         ("first verdict, cold (s)", "cold", "first_verdict_s"),
         ("pytest total, cold (s)", "cold", "total_s"),
@@ -256,7 +258,7 @@ FIRST_RECORD_CASES = {
 
 def first_records(
     python: Path, harnesses: dict[str, Path], out: Path, selection: str, repeat: int, bytecode: Path | None = None
-) -> dict:
+) -> dict[str, Any]:
     """{case: {label: [run, ...]}}: each case runs every harness in turn (`repeat` rounds), so the harnesses of a
     round meet about the same load."""
     warm_caches = {}
@@ -274,7 +276,9 @@ def first_records(
         )
         if not filled["verdicts"]:
             raise SystemExit(f"{label}: the untimed run wrote no record; see {filled['log']}")
-    runs: dict[str, dict[str, list]] = {case: {label: [] for label in harnesses} for case in FIRST_RECORD_CASES}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        case: {label: [] for label in harnesses} for case in FIRST_RECORD_CASES
+    }
     for round_ in range(repeat):
         for case in FIRST_RECORD_CASES:
             for label, harness in harnesses.items():
@@ -298,7 +302,7 @@ def first_records(
     return runs
 
 
-def first_record_table(runs: dict) -> str:
+def first_record_table(runs: dict[str, Any]) -> str:
     """Median seconds to the first record per case and harness, ratio against the first harness, the CPU seconds
     per process role of that median run and its load average."""
     lines = []
@@ -403,4 +407,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

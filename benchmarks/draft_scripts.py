@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 DRAFT_COMMAND = re.compile(r"Save as `([^`]+)` and run `deepspeed --num_gpus (\d+) [^`]+`")
 DRAFT_SCRIPT = re.compile(r"```python\n(.*?)\n```", re.S)
@@ -53,14 +54,14 @@ def masked(text: str) -> str:
     return re.sub(r"\d+", "N", text)
 
 
-def expected_result(cause: dict) -> str:
+def expected_result(cause: dict[str, Any]) -> str:
     if cause["failure_class"] in ("shard", "forward"):
         exception = cause["cause"].split(" @ ")[0].split(":")[0].strip()
         return f"RESULT: RAISED {cause['failure_class']} {exception}"
     return "RESULT: MISMATCH"
 
 
-def same_message(cause: dict, output: str) -> bool:
+def same_message(cause: dict[str, Any], output: str) -> bool:
     """The raised message starts like the cause's (numbers masked), or the check the class names failed."""
     if cause["failure_class"] in FAILING_CHECK:
         return FAILING_CHECK[cause["failure_class"]] in output
@@ -70,7 +71,7 @@ def same_message(cause: dict, output: str) -> bool:
     return bool(raised) and said.split("[")[0][:COMPARED_CHARACTERS] == wanted.split("[")[0][:COMPARED_CHARACTERS]
 
 
-def save_script(cause: dict, results: Path, folder: Path) -> tuple[str, str, str]:
+def save_script(cause: dict[str, Any], results: Path, folder: Path) -> tuple[str, str, str]:
     """(script name, tp, where it came from), the script written into folder."""
     tp = cause["repro"]["cell"].rsplit("-tp", 1)[1]
     if not cause["draft"]:
@@ -88,7 +89,8 @@ def save_script(cause: dict, results: Path, folder: Path) -> tuple[str, str, str
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def run_alone(name: str, tp: str, folder: Path) -> str:
@@ -103,7 +105,7 @@ def run_alone(name: str, tp: str, folder: Path) -> str:
         return f"{error.stdout!s}{error.stderr!s}\nTIMEOUT after 600 s"
 
 
-def check(cause: dict, results: Path, out: Path) -> Verdict:
+def check(cause: dict[str, Any], results: Path, out: Path) -> Verdict:
     folder = out / f"{cause['failure_class']}-{cause['id']}"
     folder.mkdir(parents=True, exist_ok=True)
     name, tp, source = save_script(cause, results, folder)
@@ -133,6 +135,8 @@ def example_classes(results: Path) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0].startswith("-"):
+        raise SystemExit(__doc__)
     results, out, only = Path(argv[0]), Path(argv[1]), set(argv[2:])
     classes = example_classes(results)
     causes = [

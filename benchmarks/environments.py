@@ -35,6 +35,7 @@ import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 OLD_LAYOUT_REF = "e684cfc"
@@ -85,7 +86,7 @@ class Layout:
     checkout: Path
     scratch: Path
 
-    def run(self, step: dict) -> dict:
+    def run(self, step: dict[str, Any]) -> dict[str, Any]:
         """One step in this layout's own environment root and harness cache: its figures."""
         env = {
             **os.environ,
@@ -105,7 +106,8 @@ class Layout:
         (self.scratch / f"log-{step['name']}.txt").write_text(done.stderr)
         if done.returncode != 0:
             raise SystemExit(f"{self.name}: step {step['name']} failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.splitlines()[-1])
+        answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return answer
 
 
 def old_layout_checkout(scratch: Path, ref: str) -> Path:

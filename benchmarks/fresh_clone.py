@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
@@ -71,7 +72,9 @@ def verdicts(results: Path) -> dict[str, list[str]]:
     return found
 
 
-def new_machine(name: str, revision: str, round_number: int, scratch: Path, warm_downloads: bool) -> tuple[Path, dict]:
+def new_machine(
+    name: str, revision: str, round_number: int, scratch: Path, warm_downloads: bool
+) -> tuple[Path, dict[str, Any]]:
     """A fresh clone of `revision` and the environment variables of a new user's machine: (checkout, env)."""
     folder = scratch / f"{name}-{round_number}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -86,7 +89,7 @@ def new_machine(name: str, revision: str, round_number: int, scratch: Path, warm
 
 
 def timed_matrix(
-    name: str, round_number: int, start: str, checkout: Path, env: dict, nox: str, pytest_args: list[str]
+    name: str, round_number: int, start: str, checkout: Path, env: dict[str, Any], nox: str, pytest_args: list[str]
 ) -> tuple[MatrixRun, dict[str, list[str]]]:
     """`nox -s matrix` in the checkout, timed, its output kept beside the checkout (nox-<start>.txt, and
     nox-<start>-timed.txt with every line's second)."""

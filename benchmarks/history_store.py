@@ -179,7 +179,7 @@ def live_mb(store: Path) -> float:
     """The pages holding data (a compacted store reuses its free pages for the next nights)."""
     with sqlite3.connect(store) as conn:
         pages, free, size = (
-            conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+            int(conn.execute(f"PRAGMA {p}").fetchone()[0]) for p in ("page_count", "freelist_count", "page_size")
         )
     return (pages - free) * size / 2**20
 

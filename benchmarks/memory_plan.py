@@ -26,10 +26,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from matrix.registry import Variant  # noqa: E402
 from suites.command import suites_command  # noqa: E402
 
 SHAPE = {
@@ -69,7 +71,7 @@ def forget_reference(folder: str) -> None:
     reference_path(folder, None, "fp32", ProbeSpec()).unlink(missing_ok=True)
 
 
-def offloaded_reference(folder: str) -> dict:
+def offloaded_reference(folder: str) -> dict[str, Any]:
     """The reference computed again with host RAM capped so that no layer stays resident."""
     from suites.checks.inputs import ProbeSpec
     from suites.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, activation_bytes, checkpoint_size
@@ -102,7 +104,7 @@ print(json.dumps({"growth": vm("VmHWM:") - before}))
 """
 
 
-def unsharded_training_growth(folder: str, variant) -> int:
+def unsharded_training_growth(folder: str, variant: Variant) -> int:
     """Peak RSS growth of the driver's unsharded training steps for `variant`, measured in a child process
     that imported the same modules first (the driver computes them in its own, long-lived process)."""
     done = subprocess.run(
@@ -112,7 +114,7 @@ def unsharded_training_growth(folder: str, variant) -> int:
         text=True,
         check=True,
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])["growth"]
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["growth"])
 
 
 def fitted_slope(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -20,6 +20,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -115,7 +116,7 @@ checks before `save` passed and the ones after it run on the regular checkpoint,
 is not noise."""
 
 
-def measured(record: dict, bound: Bound) -> list[float]:
+def measured(record: dict[str, Any], bound: Bound) -> list[float]:
     """The record's values of the bound's metrics. Records from before `grad_first_step_max_rel_error` existed: a
     one-step row's `grad_max_rel_error` is its first step's."""
     values = [
@@ -135,10 +136,10 @@ def measured(record: dict, bound: Bound) -> list[float]:
     return values
 
 
-def correct(record: dict) -> bool:
+def correct(record: dict[str, Any]) -> bool:
     """A cell whose numbers are right: it passed, failed only `memory` (judged after every numeric check), or
     failed `save` on the 16-bit file finding."""
-    return (
+    return bool(
         record["outcome"] == "pass"
         or record["failure_class"] == "memory"
         or record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS)
@@ -146,7 +147,7 @@ def correct(record: dict) -> bool:
 
 
 @functools.cache
-def registry() -> dict:
+def registry() -> dict[str, Any]:
     from matrix.registry import load_models
 
     return load_models()
@@ -160,13 +161,13 @@ def bound_value(bound: Bound, dtype: str, model: str | None = None) -> float | N
     return getattr(tolerance, bound.field) if bound.field else None
 
 
-def overridden(record: dict, bound: Bound) -> bool:
+def overridden(record: dict[str, Any], bound: Bound) -> bool:
     return bool(bound.field) and bound_value(bound, record["dtype"], record["model"]) != bound_value(
         bound, record["dtype"]
     )
 
 
-def noise_rows(records: list[dict]) -> list[tuple[Bound, str, float, str, int]]:
+def noise_rows(records: list[dict[str, Any]]) -> list[tuple[Bound, str, float, str, int]]:
     """(bound, dtype, largest noise, the cell it was measured in, cells measured) per check and dtype with a
     correct cell. The last record of a cell id counts (a rerun replaces the earlier one)."""
     latest = {record["id"]: record for record in records}
@@ -183,7 +184,7 @@ def noise_rows(records: list[dict]) -> list[tuple[Bound, str, float, str, int]]:
     return rows
 
 
-def over_bounds(records: list[dict]) -> list[str]:
+def over_bounds(records: list[dict[str, Any]]) -> list[str]:
     """Cells with right numbers that a bound of this tree would fail, and `generation` failures whose prefill logits
     it fails first (`numerics`): the verdicts these bounds change (cells are deterministic on CPU, so a recorded
     metric is what a rerun measures)."""
@@ -213,7 +214,7 @@ FLOORED = (
 its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor2^-k`)."""
 
 
-def floor_rows(records: list[dict]) -> list[str]:
+def floor_rows(records: list[dict[str, Any]]) -> list[str]:
     """Per dtype, check and candidate floor: the largest error of a correct cell had the floor been 2^-k of the
     largest magnitude, against the check's bound (how low the floor can go before noise fails)."""
     latest = {record["id"]: record for record in records}
@@ -260,9 +261,10 @@ def report(args: argparse.Namespace) -> None:
         for bound in BOUNDS:
             if correct(record) and overridden(record, bound) and (found := measured(record, bound)):
                 value = bound_value(bound, record["dtype"], record["model"])
+                override = "exact" if value is None else f"{value:.3g}, {value / max(found):.1f}x its noise"
                 print(
-                    f"  {record['id']}: {bound.check} has its model's override {value:.3g} (noise {max(found):.2g}, "
-                    f"{value / max(found):.1f}x; matrix/models.toml)"
+                    f"  {record['id']}: {bound.check} has its model's override {override} (noise {max(found):.2g}; "
+                    "matrix/models.toml)"
                 )
     for line in floor_rows(records):
         print(line)

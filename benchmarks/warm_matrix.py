@@ -27,6 +27,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
@@ -76,7 +77,9 @@ class TreeCPU:
         return sum(self.sampled.by_role().values())
 
 
-def run_suites(python: Path, harness: Path, cache: Path, results: Path, log: Path, selection: list[str]) -> dict:
+def run_suites(
+    python: Path, harness: Path, cache: Path, results: Path, log: Path, selection: list[str]
+) -> dict[str, Any]:
     """One `pytest suites` run of the selection as `nox -s matrix` runs it."""
     env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
     command = [str(python), "-m", "pytest", "suites", "--session-name", "matrix", "--no-resume"]
@@ -102,14 +105,14 @@ def run_suites(python: Path, harness: Path, cache: Path, results: Path, log: Pat
     }
 
 
-def junit_breakdown(results: Path) -> dict:
+def junit_breakdown(results: Path) -> dict[str, Any]:
     """pytest seconds (the JUnit suite's), and per tp size the cells' JUnit seconds and the ranks' phases."""
     records = {}
     for line in (results / "cells.jsonl").read_text().splitlines():
         record = json.loads(line)
         records[record["cell"]["id"]] = record
-    suite = ElementTree.parse(results / "junit" / "matrix.xml").getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    root = ElementTree.parse(results / "junit" / "matrix.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None, f"{results}/junit/matrix.xml holds no testsuite"
     per_tp: dict[str, dict[str, float]] = {}
     for case in suite.iter("testcase"):
@@ -131,11 +134,11 @@ def linked_copy(cache: Path) -> Path:
     return copy
 
 
-def median_run(runs: list[dict]) -> dict:
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda run: run["pytest_s"])[len(runs) // 2]
 
 
-def table(runs: dict[str, list[dict]]) -> str:
+def table(runs: dict[str, list[dict[str, Any]]]) -> str:
     labels = list(runs)
     medians = {label: median_run(runs[label]) for label in labels}
     first = medians[labels[0]]
@@ -193,7 +196,7 @@ def main() -> None:
                 args.python, harness, caches[label], folder / "results", folder / "pytest.log", selection
             )
             print(f"{label} fill: {filled['pytest_s']:.1f} s", flush=True)
-    runs: dict[str, list[dict]] = {label: [] for label in harnesses}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in harnesses}
     for round_ in range(args.repeat):
         for label, harness in harnesses.items():
             folder = args.out / label / f"round-{round_}"
