@@ -467,7 +467,7 @@ def run_slice(
     )
     session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {measured['seconds']:.0f} s ({timing})")
     if predicted:
-        session.log(f"atlas slice: {comparison(predicted, measured)}")
+        session.log(f"atlas slice: {comparison(predicted, measured, model.cores if model else 1)}")
 
 
 PER_TRANSFORMERS_CACHES = ("references", "training")

@@ -205,14 +205,28 @@ def junit_durations(folder: Path) -> dict[str, Any]:
     return {"cells": cells, "skipped": skipped, "junit_run_s": run_s, "junit_skip_s": skip_s}
 
 
-def comparison(predicted: Prediction, measured: Mapping[str, float]) -> str:
-    """Predicted against measured, wall and CPU, with the load it ran at."""
+def comparison(predicted: Prediction, measured: Mapping[str, float], cores: int) -> str:
+    """Predicted against measured, wall and CPU, with the load it ran at, and the wall the predicted CPU seconds give
+    on the cores the others left (what the wall prediction would have been, had it known the load)."""
+    others = measured["others_cpu_s"] / max(measured["seconds"], 1e-9)
+    at_load = wall_given(predicted.cpu_s, cores, others)
     return (
         f"predicted {predicted.wall_s:.0f} s wall, {predicted.cpu_s:.0f} s CPU; measured {measured['seconds']:.0f} s "
         f"wall ({percent(predicted.wall_s, measured['seconds'])}), {measured['cpu_s']:.0f} s CPU "
         f"({percent(predicted.cpu_s, measured['cpu_s'])}); load {measured['load_start']:.1f} → "
-        f"{measured['load_end']:.1f}, others using {measured['others_cpu_s'] / max(measured['seconds'], 1e-9):.2f} cores"
+        f"{measured['load_end']:.1f}, others using {others:.2f} cores, on the {cores - others:.2f} cores left the "
+        f"predicted CPU takes {at_load:.0f} s ({percent(at_load, measured['seconds'])})"
     )
+
+
+LEAST_SHARE = 0.25
+"""The fewest cores' worth a slice is taken to get however busy the machine is (the scheduler shares it out)."""
+
+
+def wall_given(cpu_s: float, cores: int, others_cores: float) -> float:
+    """Wall seconds for `cpu_s` of work when other processes use `others_cores` of `cores`: the slice's ranks could
+    use every core (tp up to 4 on 2 cores), so it gets what the others leave."""
+    return cpu_s / max(cores - others_cores, LEAST_SHARE)
 
 
 def percent(predicted: float, measured: float) -> str:

@@ -25,7 +25,7 @@ from sessions.atlas import (
     plan_text,
     prune_transformers_cache,
 )
-from sessions.atlas_cost import TIMING_FILE, Built, CostModel, Prediction, comparison, measured_figures
+from sessions.atlas_cost import TIMING_FILE, Built, CostModel, Prediction, comparison, measured_figures, wall_given
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 FIGURES = CostFigures(
@@ -248,13 +248,15 @@ def test_calibration_refuses_timings_without_the_rank_groups_cpu_or_without_a_wa
         measured_figures([tmp_path / "nowhere"], FIGURES)
 
 
-def test_the_comparison_states_wall_cpu_and_load():
+def test_the_comparison_states_wall_cpu_and_load_and_the_wall_on_the_cores_left():
     reading = {"seconds": 110.0, "cpu_s": 180.0, "others_cpu_s": 55.0, "load_start": 2.5, "load_end": 3.5}
-    text = comparison(Prediction(wall_s=100.0, cpu_s=200.0), reading)
+    text = comparison(Prediction(wall_s=100.0, cpu_s=200.0), reading, cores=2)
     assert text == (
         "predicted 100 s wall, 200 s CPU; measured 110 s wall (+10% of predicted), 180 s CPU (-10% of predicted); "
-        "load 2.5 → 3.5, others using 0.50 cores"
+        "load 2.5 → 3.5, others using 0.50 cores, on the 1.50 cores left the predicted CPU takes 133 s "
+        "(-18% of predicted)"
     )
+    assert wall_given(100.0, 2, 1.9) == 400.0  # a machine the others fill still gives the slice a share
 
 
 def test_junit_counts_cells_and_skips(tmp_path):
