@@ -7,8 +7,8 @@ How many cells a combination holds depends on the transformers it installs (`mod
 architecture of that transformers), so `python -m matrix.atlas --count` is run by the environment's own python
 (sessions/atlas.py does) and prints the count of each selection there.
 
-The cost model's measured figures (sessions/atlas.py CostModel) are data too: matrix/atlas_cost.toml, written by
-`nox -s atlas -- --calibrate RESULTS` from a slice's timings."""
+The cost model's measured figures (sessions/atlas_cost.py CostModel) are data too: matrix/atlas_cost.toml, written by
+`nox -s atlas -- --calibrate RESULTS` from slices' timings and JUnit durations."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
-from matrix.cells import expand
+from matrix.cells import Cell, expand
 from matrix.shapes import DEFAULT_SHAPES
 from matrix.versions import (
     AxisValueError,
@@ -118,7 +120,7 @@ def _selection(path: Path, index: int, table: object) -> AtlasSelection:
     return AtlasSelection(**table)
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
@@ -188,20 +190,47 @@ def atlas_combos(axes: AtlasAxes) -> list[Combo]:
 # Cells
 
 
-def count_cells(config: AtlasConfig) -> dict[str, int]:
+@dataclass(frozen=True)
+class CellCounts:
+    """A selection's cells at one transformers version, by what they will do: the cost of a cell that skips at once
+    (no faithful tiny config, a version gate, an architecture that release lacks, remote code) is a few ms; a running
+    one, seconds."""
+
+    cells: int
+    runs: int
+    """Cells that will run; the rest skip before any checkpoint is made (a memory-plan skip is counted as running)."""
+
+    def as_json(self) -> dict[str, int]:
+        return {"cells": self.cells, "runs": self.runs}
+
+
+def will_run(cell: Cell, transformers_version: str) -> bool:
+    """Whether the cell gets past suites/driver.py skip_reason at the atlas's options (tiny checkpoints, no remote
+    code) and its expansion: tests/sessions/test_atlas_plan.py checks the two agree on every cell."""
+    entry = cell.model
+    return not (
+        entry.skip_reason
+        or entry.expansion_error
+        or entry.trust_remote_code
+        or entry.version_skip_reason(transformers_version)
+    )
+
+
+def count_cells(config: AtlasConfig) -> dict[str, CellCounts]:
     """Cells of each selection at the installed transformers (`all` derives its architectures from it)."""
-    return {
-        selection.name: len(
-            expand(
-                selection.models,
-                selection.variants,
-                selection.dtypes,
-                ",".join(map(str, config.tp)),
-                shapes=",".join(DEFAULT_SHAPES),
-            )
+    installed = metadata.version("transformers")
+    counts = {}
+    for selection in config.selections:
+        cells = expand(
+            selection.models,
+            selection.variants,
+            selection.dtypes,
+            ",".join(map(str, config.tp)),
+            shapes=",".join(DEFAULT_SHAPES),
         )
-        for selection in config.selections
-    }
+        runs = sum(will_run(cell, installed) for cell in cells)
+        counts[selection.name] = CellCounts(len(cells), runs)
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,24 +239,43 @@ def count_cells(config: AtlasConfig) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class SelectionCost:
-    cell_s: float
-    """Seconds per cell where the transformers version's tiny checkpoints and references already exist."""
-    first_cell_s: float
-    """Seconds per cell at a transformers version new to the runner (its checkpoints and references made)."""
+    """One selection's seconds per cell, by what the cell does. Wall: JUnit's duration of each cell; CPU: the
+    selection's CPU seconds (pytest, fork server, rank groups) less its start and its skips, over its running cells."""
+
+    run_s: float
+    """Wall seconds per running cell where the transformers version's tiny checkpoints and references exist."""
+    first_run_s: float
+    """... at a transformers version new to the runner (its checkpoints and references made)."""
+    skip_s: float
+    """Wall (and CPU) seconds per skipping cell."""
+    run_cpu_s: float
+    first_run_cpu_s: float
 
 
 @dataclass(frozen=True)
 class CostFigures:
     source: str
-    """Which run measured them, and where."""
-    first_environment_s: float
-    """Seconds until a runner with nothing built has its first combination ready (torch, DeepSpeed and
-    combination layers, the comm op)."""
+    """Which runs measured them, where, when."""
+    load: float
+    """The machine's 1-min load average while they were measured (ours included): wall figures hold at about it."""
+    others_cores: float
+    """Cores' worth of CPU other processes used meanwhile (the machine's busy time less ours, over the wall)."""
+    selection_start_s: float
+    """Wall seconds a selection's run takes beyond its cells' (pytest's start and collection, the fork server's
+    imports); counted as CPU seconds too (one busy core)."""
     environment_s: float
-    """Seconds each further combination's environment holds up its cells (built ahead while earlier cells run)."""
+    """Seconds a combination's environment takes to build over a DeepSpeed layer already there."""
+    environment_cpu_s: float
+    first_environment_s: float
+    """Seconds until a runner with no layer of the combination's has it ready (torch, DeepSpeed and combination
+    layers, the comm op); CPU counted alike."""
     merge_cell_s: float
     """Seconds per cell to merge a slice's results into the archive."""
     selections: Mapping[str, SelectionCost]
+
+
+SELECTION_FIELDS = tuple(field.name for field in fields(SelectionCost))
+FIGURE_FIELDS = tuple(field.name for field in fields(CostFigures) if field.name not in ("source", "selections"))
 
 
 def load_cost(path: Path = COST_FILE) -> CostFigures:
@@ -235,13 +283,11 @@ def load_cost(path: Path = COST_FILE) -> CostFigures:
     try:
         return CostFigures(
             source=str(data["source"]),
-            first_environment_s=float(data["first_environment_s"]),
-            environment_s=float(data["environment_s"]),
-            merge_cell_s=float(data["merge_cell_s"]),
             selections={
-                name: SelectionCost(float(table["cell_s"]), float(table["first_cell_s"]))
+                name: SelectionCost(**{key: float(table[key]) for key in SELECTION_FIELDS})
                 for name, table in data["cells"].items()
             },
+            **{key: float(data[key]) for key in FIGURE_FIELDS},
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise AtlasConfigError(
@@ -252,20 +298,15 @@ def load_cost(path: Path = COST_FILE) -> CostFigures:
 def cost_text(figures: CostFigures) -> str:
     """matrix/atlas_cost.toml's content for these figures."""
     lines = [
-        "# The atlas cost model's measured seconds on one runner (sessions/atlas.py CostModel), written by",
-        "# `nox -s atlas -- --calibrate RESULTS` from a slice's timings (RESULTS/atlas-timing.jsonl).",
+        "# The atlas cost model's measured seconds on one runner (sessions/atlas_cost.py CostModel), written by",
+        "# `nox -s atlas -- --calibrate RESULTS [RESULTS ...]` from slices' timings (RESULTS/atlas-timing.jsonl) and",
+        "# their cells' JUnit durations. Refresh: run a slice (`nox -s atlas -- --run COMBOS --results RESULTS`), then",
+        "# calibrate on it; predict a different slice with it.",
         f"source = {json.dumps(figures.source)}",
-        f"first_environment_s = {round(figures.first_environment_s, 4)}",
-        f"environment_s = {round(figures.environment_s, 4)}",
-        f"merge_cell_s = {round(figures.merge_cell_s, 4)}",
+        *(f"{key} = {round(getattr(figures, key), 4)}" for key in FIGURE_FIELDS),
     ]
     for name, cost in sorted(figures.selections.items()):
-        lines += [
-            "",
-            f"[cells.{name}]",
-            f"cell_s = {round(cost.cell_s, 4)}",
-            f"first_cell_s = {round(cost.first_cell_s, 4)}",
-        ]
+        lines += ["", f"[cells.{name}]", *(f"{key} = {round(getattr(cost, key), 4)}" for key in SELECTION_FIELDS)]
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +314,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Cells of each atlas selection at the installed transformers.")
     parser.add_argument("--count", action="store_true", required=True, help="print {selection: cells} as JSON")
     parser.parse_args(argv)
-    json.dump(count_cells(load_atlas_config()), sys.stdout)
+    counts = count_cells(load_atlas_config())
+    json.dump(
+        {
+            "transformers": metadata.version("transformers"),
+            "selections": {name: c.as_json() for name, c in counts.items()},
+        },
+        sys.stdout,
+    )
     print()
 
 

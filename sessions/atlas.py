@@ -7,26 +7,24 @@ references once and shares its environment layers, a GitHub Actions job matrix o
 slice — the combinations' environments built ahead by EnvironmentsAhead while earlier cells run, the cells run by
 `run_suites` like every session, the results merged into the archive like `nox -s backfill` does.
 
-The cost model (CostModel) predicts a slice's seconds on one runner from matrix/atlas_cost.toml's measured figures;
-`--calibrate RESULTS` measures them from a slice's RESULTS/atlas-timing.jsonl."""
+The cost model (sessions/atlas_cost.py) predicts a slice's wall and CPU seconds from matrix/atlas_cost.toml's measured
+figures and the cells counted at each transformers version; `--calibrate RESULTS…` measures them from slices that ran;
+`--run` prints its prediction before and the comparison after."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
 import time
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import date
-from functools import partial
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import nox
 from nox.command import CommandFailed
+from packaging.version import Version
 
 from matrix import cache_root
 from matrix.atlas import (
@@ -34,28 +32,42 @@ from matrix.atlas import (
     COST_FILE,
     AtlasConfig,
     AtlasSelection,
-    CostFigures,
-    SelectionCost,
+    CellCounts,
     atlas_axes,
     atlas_combos,
     cost_text,
     load_atlas_config,
     load_cost,
 )
-from matrix.versions import AxisValueError, Combo, ReleaseDataUnavailable, parse_pins
-from sessions.environments import EnvironmentBuildError, environment_variables
+from matrix.versions import AxisValueError, Combo, Pin, ReleaseDataUnavailable, parse_pins
+from sessions.atlas_cost import (
+    TIMING_FILE,
+    Built,
+    CostModel,
+    Meter,
+    Prediction,
+    comparison,
+    describe,
+    junit_durations,
+    measured_figures,
+)
+from sessions.environments import (
+    READY_MARKER,
+    EnvironmentBuildError,
+    EnvironmentSpec,
+    env_root,
+    environment_variables,
+)
 from sessions.nox_sessions import (
     AHEAD_WORKERS,
     EnvironmentsAhead,
+    combo_environment,
     install_harness,
     latest_combo,
     run_suites,
 )
 
 SCOPES = ("missing", "nightly")
-TIMING_FILE = "atlas-timing.jsonl"
-"""One line per combination a slice ran (seconds waited for its environment, each selection's cells and
-seconds), then one line for the merge: what `--calibrate` reads."""
 
 
 def atlas_parser() -> argparse.ArgumentParser:
@@ -65,7 +77,9 @@ def atlas_parser() -> argparse.ArgumentParser:
     action.add_argument("--run", metavar="COMBOS", help="run one slice: comma-separated combination ids")
     action.add_argument("--nightly", action="store_true", help="plan `--scope nightly` on 1 runner, run it, triage")
     action.add_argument("--site", type=Path, metavar="OUT", help="render the atlas's pages from the archive")
-    action.add_argument("--calibrate", type=Path, metavar="RESULTS", help="measure the cost model from a slice")
+    action.add_argument(
+        "--calibrate", type=Path, nargs="+", metavar="RESULTS", help="measure the cost model from slices' results"
+    )
     parser.add_argument(
         "--scope",
         choices=SCOPES,
@@ -132,51 +146,21 @@ def missing_combos(
 
 
 @dataclass(frozen=True)
-class CostModel:
-    figures: CostFigures
-    cells: Mapping[str, int]
-    """Cells of each selection per combination (counted at the newest transformers: older ones hold fewer
-    architectures, so a prediction for them is an upper bound)."""
-
-    def combination_s(self, first_at_transformers: bool) -> float:
-        """One combination's cells and merge; its transformers version's checkpoints and references made or not."""
-        total = 0.0
-        for name, cells in self.cells.items():
-            cost = self.figures.selections.get(name, SelectionCost(0.0, 0.0))
-            total += cells * ((cost.first_cell_s if first_at_transformers else cost.cell_s) + self.figures.merge_cell_s)
-        return total
-
-    def slice_s(self, combos: Sequence[Combo]) -> float:
-        """Seconds one runner with nothing built takes for these combinations, in this order."""
-        if not combos:
-            return 0.0
-        seen: set[str] = set()
-        total = self.figures.first_environment_s + self.figures.environment_s * (len(combos) - 1)
-        for combo in combos:
-            total += self.combination_s(combo.transformers.id not in seen)
-            seen.add(combo.transformers.id)
-        return total
-
-    @property
-    def combination_cells(self) -> int:
-        return sum(self.cells.values())
-
-
-@dataclass(frozen=True)
 class Slice:
     index: int
     """1-based."""
     of: int
     combos: tuple[Combo, ...]
-    predicted_s: float
+    predicted: Prediction
+    """On a fresh runner."""
 
-    def job(self, cells: int) -> dict[str, str | int | float]:
+    def job(self) -> dict[str, str | int | float]:
         """Its row of the job matrix: what the workflow's atlas job reads."""
         return {
             "slice": f"{self.index}/{self.of}",
             "combos": ",".join(combo.id for combo in self.combos),
-            "cells": cells * len(self.combos),
-            "predicted_minutes": round(self.predicted_s / 60, 1),
+            "cells": self.predicted.cells,
+            "predicted_minutes": round(self.predicted.wall_s / 60, 1),
         }
 
 
@@ -202,7 +186,7 @@ def plan_slices(combos: Sequence[Combo], runners: int, model: CostModel) -> list
         emptiest = min(range(len(slices)), key=lambda index: (model.slice_s(slices[index]), index))
         slices[emptiest] = sorted(slices[emptiest] + unit, key=lambda combo: order[combo.id])
     return [
-        Slice(index + 1, len(slices), tuple(members), model.slice_s(members)) for index, members in enumerate(slices)
+        Slice(index + 1, len(slices), tuple(members), model.predict(members)) for index, members in enumerate(slices)
     ]
 
 
@@ -211,38 +195,50 @@ def hours(seconds: float) -> str:
 
 
 def plan_text(
-    config: AtlasConfig, combos: Sequence[Combo], missing: Sequence[Combo], slices: Sequence[Slice], model: CostModel
+    config: AtlasConfig,
+    combos: Sequence[Combo],
+    missing: Sequence[Combo],
+    slices: Sequence[Slice],
+    model: CostModel,
+    built: Built,
 ) -> list[str]:
-    """What `--plan` prints before anything runs: the axes, the cells, the cost model, the prediction."""
+    """What `--plan` prints before anything runs: the axes, the cells, the cost model, the prediction and what it
+    assumes."""
     deepspeed = list(dict.fromkeys(combo.deepspeed.label for combo in combos))
     transformers = list(dict.fromkeys(combo.transformers.label for combo in combos))
-    per_combination = " + ".join(f"{cells} {name}" for name, cells in model.cells.items())
     figures = model.figures
-    cells = model.combination_cells
+    everything = model.predict(combos)
+    here = model.predict(missing, built)
+    slowest = max((s.predicted.wall_s for s in slices), default=0.0)
     lines = [
         f"atlas: {len(deepspeed)} DeepSpeed ({', '.join(deepspeed)}) × {len(transformers)} transformers "
-        f"({transformers[0]} … {transformers[-1]}) × tp {','.join(map(str, config.tp))}: {len(combos)} version sets",
-        f"cells: {per_combination} = {cells} per version set (counted at the newest transformers; older ones hold "
-        f"fewer architectures), {cells * len(combos):,} in the atlas",
-        f"missing from the archive: {len(missing)} version sets, {cells * len(missing):,} cells; environments: "
-        f"{len(missing)} combinations over {len({c.deepspeed.id for c in missing})} DeepSpeed layers, one torch "
-        f"layer per runner",
-        f"cost model ({COST_FILE.name}: {figures.source}): first environment {figures.first_environment_s:.0f} s, "
-        f"each further one {figures.environment_s:.1f} s, merge {figures.merge_cell_s * 1000:.1f} ms a cell; "
+        f"({transformers[0]} … {transformers[-1]}) × tp {','.join(map(str, config.tp))}: {len(combos)} version sets, "
+        f"{everything.cells:,} cells ({everything.runs:,} run, the rest skip at once)",
+        *(
+            f"  at transformers {version}: "
+            + " + ".join(f"{c.cells} {name} ({c.runs} run)" for name, c in counted.items())
+            + " a version set"
+            for version, counted in model.counts.items()
+        ),
+        f"missing from the archive: {len(missing)} version sets, {here.cells:,} cells; environments: "
+        f"{len(missing)} combinations over {len({c.deepspeed.id for c in missing})} DeepSpeed layers, "
+        f"{here.environments} of them not built here",
+        f"cost model ({COST_FILE.name}): start {figures.selection_start_s:.1f} s a selection, "
+        f"merge {figures.merge_cell_s * 1000:.1f} ms a cell; "
         + "; ".join(
-            f"{name} {cost.cell_s:.3f} s a cell ({cost.first_cell_s:.3f} s at a transformers version new to the runner)"
+            f"{name} {cost.run_s:.2f} s wall / {cost.run_cpu_s:.2f} s CPU a running cell ({cost.first_run_s:.2f} / "
+            f"{cost.first_run_cpu_s:.2f} s at a transformers version new to the runner), {cost.skip_s * 1000:.0f} ms "
+            f"a skip"
             for name, cost in figures.selections.items()
         ),
+        f"predicted: {hours(here.wall_s)} ({here.cpu_s / 3600:.2f} h CPU) on 1 runner (this one); {hours(slowest)} "
+        f"on {len(slices)} fresh runners (the slowest slice; "
+        f"{hours(sum(s.predicted.wall_s for s in slices))} of runner time)",
+        model.assumptions(built),
     ]
-    one_runner = model.slice_s(list(missing))
-    slowest = max((s.predicted_s for s in slices), default=0.0)
-    lines.append(
-        f"predicted: {hours(one_runner)} on 1 runner; {hours(slowest)} on {len(slices)} runners "
-        f"(the slowest slice; {hours(sum(s.predicted_s for s in slices))} of runner time)"
-    )
     lines += [
-        f"  slice {s.index}/{s.of}: {len(s.combos)} version sets, {cells * len(s.combos):,} cells, "
-        f"{hours(s.predicted_s)}: {', '.join(combo.id for combo in s.combos[:4])}{' …' if len(s.combos) > 4 else ''}"
+        f"  slice {s.index}/{s.of}: {len(s.combos)} version sets, {s.predicted.cells:,} cells, "
+        f"{hours(s.predicted.wall_s)}: {', '.join(combo.id for combo in s.combos[:4])}{' …' if len(s.combos) > 4 else ''}"
         for s in slices
     ]
     return lines
@@ -264,7 +260,11 @@ def run_atlas(session: nox.Session, argv: list[str]) -> None:
     except (AxisValueError, ReleaseDataUnavailable) as error:
         session.error(str(error))
     if args.run:  # builds nothing before its own timing starts: a runner's first environment is part of the slice
-        run_slice(session, config, by_ids(combos, args.run), args, pytest_args)
+        ran = by_ids(combos, args.run)
+        model = cost_model(session, ran, None)
+        if model is None:
+            session.log("no environment here to count the slice's cells in: nothing predicted")
+        run_slice(session, config, ran, args, pytest_args, model)
         return
     python = install_harness(session, latest_combo(session))
     if args.site:
@@ -273,15 +273,16 @@ def run_atlas(session: nox.Session, argv: list[str]) -> None:
     missing = missing_combos(combos, config.selections, read_archived(session, python, args.archive))
     if args.nightly or args.scope == "nightly":
         missing = [*missing, *newest_refs(combos, missing)]
-    model = CostModel(load_cost(), count_cells(session, python))
+    model = cost_model(session, missing or combos, python)
+    assert model is not None  # counted at least with the newest combination's python
     slices = plan_slices(missing, 1 if args.nightly else args.plan, model) if missing else []
-    for line in plan_text(config, combos, missing, slices, model):
+    for line in plan_text(config, combos, missing, slices, model, built_here(missing)):
         session.log(line)
     if args.job_matrix:
-        args.job_matrix.write_text(json.dumps([s.job(model.combination_cells) for s in slices]) + "\n")
+        args.job_matrix.write_text(json.dumps([s.job() for s in slices]) + "\n")
         session.log(f"wrote {args.job_matrix}")
     if args.nightly and slices:
-        run_slice(session, config, list(slices[0].combos), args, pytest_args)
+        run_slice(session, config, list(slices[0].combos), args, pytest_args, model)
         if not args.no_triage:
             reports_run(session, python, "triage", "--store", args.store, "--max-minutes", args.max_minutes)
 
@@ -333,12 +334,50 @@ def read_archived(session: nox.Session, python: Path, archive: str) -> dict[str,
     return {name: ArchivedSession(**counts) for name, counts in json.loads(printed).items()}
 
 
-def count_cells(session: nox.Session, python: Path) -> dict[str, int]:
-    printed = session.run(
-        str(python), "-m", "matrix.atlas", "--count", env=environment_variables(python), external=True, silent=True
+def cost_model(session: nox.Session, combos: Sequence[Combo], newest: Path | None) -> CostModel | None:
+    """The cost model with each selection's cells counted at every transformers version of `combos` that has an
+    environment here, and at `newest` (the python of the newest combination: its counts stand in for versions with
+    none); None when there is nowhere to count."""
+    counts: dict[str, dict[str, CellCounts]] = {}
+    pythons = [*(python for version in transformers_of(combos) if (python := environment_at(version))), newest]
+    for python in dict.fromkeys(python for python in pythons if python is not None):
+        printed = session.run(
+            str(python), "-m", "matrix.atlas", "--count", env=environment_variables(python), external=True, silent=True
+        )
+        counted = json.loads(str(printed).strip().splitlines()[-1])
+        counts[counted["transformers"]] = {
+            name: CellCounts(**numbers) for name, numbers in counted["selections"].items()
+        }
+    if not counts:
+        return None
+    stand_in = counted["transformers"] if newest is not None else max(counts, key=Version)
+    return CostModel(load_cost(), counts, stand_in)
+
+
+def transformers_of(combos: Sequence[Combo]) -> list[Pin]:
+    return list({combo.transformers.id: combo.transformers for combo in combos}.values())
+
+
+def environment_at(transformers: Pin) -> Path | None:
+    """The python of a combination environment built here at this transformers version (any DeepSpeed)."""
+    for folder in sorted(env_root().glob(f"*-{transformers.id}-*")):
+        if (folder / READY_MARKER).exists() and "+" not in folder.name and "-asof" not in folder.name:
+            return folder / "bin" / "python"
+    return None
+
+
+def built_here(combos: Sequence[Combo]) -> Built:
+    """Which of the combinations' environments, and which of their DeepSpeed layers, are built here."""
+    root = env_root()
+    specs = {combo.id: combo_environment(combo) for combo in combos}
+
+    def ready(spec: EnvironmentSpec | None) -> bool:
+        return spec is not None and (root / spec.key / READY_MARKER).exists()
+
+    return Built(
+        frozenset(combo.id for combo in combos if ready(specs[combo.id])),
+        frozenset(combo.deepspeed.id for combo in combos if ready(specs[combo.id].base)),
     )
-    counts: dict[str, int] = json.loads(str(printed).strip().splitlines()[-1])  # matrix.atlas --count's line
-    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,48 +385,61 @@ def count_cells(session: nox.Session, python: Path) -> dict[str, int]:
 
 
 def run_slice(
-    session: nox.Session, config: AtlasConfig, combos: list[Combo], args: argparse.Namespace, pytest_args: list[str]
+    session: nox.Session,
+    config: AtlasConfig,
+    combos: list[Combo],
+    args: argparse.Namespace,
+    pytest_args: list[str],
+    model: CostModel | None = None,
 ) -> None:
     """Run the combinations' selections, each into `<results>/<combo>/<selection>/`, timing each, then merge them
-    into the archive and the store (unless --no-merge)."""
+    into the archive and the store (unless --no-merge). With `model`, its prediction for this runner is printed
+    first and compared with what was measured at the end."""
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     timing = results / TIMING_FILE
-    started = time.monotonic()
     for combo in combos:
         if combo.skip_reason:
             session.log(f"{combo.id}: skipped, {combo.skip_reason}")
     runnable = [combo for combo in combos if not combo.skip_reason]
+    built = built_here(runnable)
+    predicted = model.predict(runnable, built) if model else None
+    if model and predicted:
+        session.log(f"atlas slice predicted: {describe(predicted)}")
+        session.log(model.assumptions(built))
     folders: list[str] = []
     python: Path | None = None
     seen: set[str] = set()
     version_began = time.time()
+    whole = Meter.start(time.monotonic())
     with EnvironmentsAhead(runnable, "", "", session.log, AHEAD_WORKERS) as ahead:
         for index, combo in enumerate(runnable):
             if combo.transformers.id not in seen:
                 version_began = time.time()
-            load = os.getloadavg()[0]  # what else ran on the machine: a shared runner's seconds grow with it
-            waited = seconds(partial(ready_or_failed, ahead, combo))
-            line: dict[str, object] = {
+            wait = Meter.start(time.monotonic())
+            ready_or_failed(ahead, combo)
+            waited = wait.reading(time.monotonic())
+            line: dict[str, Any] = {
                 "combo": combo.id,
-                "waited_s": waited,
+                "built": None
+                if combo.id in built.combinations
+                else "combination"
+                if combo.deepspeed.id in built.deepspeed
+                else "layers",
+                "waited_s": waited["seconds"],
+                "waited_cpu_s": waited["cpu_s"],
                 "first_transformers": combo.transformers.id not in seen,
-                "load": load,
             }
             seen.add(combo.transformers.id)
             for selection in config.selections:
                 folder = results / combo.id / selection.name
-                begun, cpu = time.monotonic(), children_cpu_s()
+                meter = Meter.start(time.monotonic())
                 selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
                 try:
                     ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
                 except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
                     ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
-                line[selection.name] = {
-                    "seconds": time.monotonic() - begun,
-                    "cpu_s": children_cpu_s() - cpu,
-                    **junit_counts(folder / "junit"),
-                }
+                line[selection.name] = {**meter.reading(time.monotonic()), **junit_counts(folder / "junit")}
                 python = ran or python
                 if (folder / "junit").is_dir():
                     folders.append(str(folder / "junit"))
@@ -398,14 +450,24 @@ def run_slice(
                 freed = prune_transformers_cache(combo.transformers.label, version_began)
                 session.log(f"{combo.transformers.id}: done here, its cached checkpoints freed ({freed / 1e9:.1f} GB)")
             append_line(timing, line)
-    merged = sum(line_cells for line_cells in (junit_counts(Path(f))["cells"] for f in folders))
-    merge_s = 0.0
+    merged = sum(junit_counts(Path(folder))["cells"] for folder in folders)
+    merge = Meter.start(time.monotonic())
     if not args.no_merge and folders:
         python = python or install_harness(session, latest_combo(session))
-        merge_s = seconds(lambda: reports_run(session, python, "merge", *folders, "--store", args.store))
-    wall = time.monotonic() - started
-    append_line(timing, {"merge_s": merge_s, "merged_cells": merged, "wall_s": wall})
-    session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {wall:.0f} s ({timing})")
+        reports_run(session, python, "merge", *folders, "--store", args.store)
+    measured = whole.reading(time.monotonic())
+    append_line(
+        timing,
+        {
+            "merge_s": merge.reading(time.monotonic())["seconds"],
+            "merged_cells": merged,
+            **{f"slice_{key}": value for key, value in measured.items()},
+            **({"predicted": asdict(predicted)} if predicted else {}),
+        },
+    )
+    session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {measured['seconds']:.0f} s ({timing})")
+    if predicted:
+        session.log(f"atlas slice: {comparison(predicted, measured, model.cores if model else 1)}")
 
 
 PER_TRANSFORMERS_CACHES = ("references", "training")
@@ -456,27 +518,10 @@ def ready_or_failed(ahead: EnvironmentsAhead, combo: Combo) -> None:
         pass
 
 
-def children_cpu_s() -> float:
-    """CPU seconds of this process's finished children (the cells' pytest and its ranks; environment builds that
-    ended meanwhile): unlike the wall time, not stretched by what else runs on the machine."""
-    times = os.times()
-    return times.children_user + times.children_system
-
-
-def seconds(work: Callable[[], object]) -> float:
-    begun = time.monotonic()
-    work()
-    return time.monotonic() - begun
-
-
 def junit_counts(folder: Path) -> dict[str, int]:
     """Cells and skipped cells of the JUnit files in a results folder's junit/."""
-    cells = skipped = 0
-    for path in sorted(folder.glob("*.xml")):
-        for case in ElementTree.parse(path).getroot().iter("testcase"):
-            cells += 1
-            skipped += case.find("skipped") is not None
-    return {"cells": cells, "skipped": skipped}
+    counted = junit_durations(folder)
+    return {"cells": counted["cells"], "skipped": counted["skipped"]}
 
 
 def append_line(path: Path, record: dict[str, object]) -> None:
@@ -488,47 +533,11 @@ def append_line(path: Path, record: dict[str, object]) -> None:
 # Calibration
 
 
-def calibrate(session: nox.Session, results: Path) -> None:
-    """matrix/atlas_cost.toml from a slice's timings: the first combination's wait is the first environment, the
-    others' mean wait each further one; per selection, seconds per cell at combinations whose transformers version
-    the slice had run before, and at those it had not; the merge's seconds per cell."""
+def calibrate(session: nox.Session, results: list[Path]) -> None:
+    """matrix/atlas_cost.toml from slices' timings and JUnit durations (sessions/atlas_cost.py measured_figures)."""
     try:
-        figures = measured_figures(results / TIMING_FILE)
+        figures = measured_figures(results, load_cost())
     except ValueError as error:
         session.error(str(error))
     COST_FILE.write_text(cost_text(figures))
     session.log(f"wrote {COST_FILE}:\n{cost_text(figures)}")
-
-
-def measured_figures(path: Path) -> CostFigures:
-    try:
-        lines = [json.loads(text) for text in path.read_text().splitlines() if text.strip()]
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: {error}; give the --results folder of a `nox -s atlas -- --run` slice") from None
-    combos = [line for line in lines if "combo" in line]
-    merges = [line for line in lines if "merge_s" in line]
-    if not combos or not merges or not merges[-1]["merged_cells"]:
-        raise ValueError(f"{path}: no finished, merged slice here; run `nox -s atlas -- --run COMBOS` first")
-    names = [key for key in combos[0] if isinstance(combos[0][key], dict)]
-    selections = {}
-    for name in names:
-        rates = {}
-        for first in (True, False):
-            ran = [line[name] for line in combos if line["first_transformers"] == first and line[name]["cells"]]
-            if not ran:
-                kind = "a transformers version new to" if first else "a transformers version already run on"
-                raise ValueError(
-                    f"{path}: no {name} cells at {kind} the slice; calibrate on 2 DeepSpeed × 1 transformers"
-                )
-            rates[first] = sum(r["seconds"] for r in ran) / sum(r["cells"] for r in ran)
-        selections[name] = SelectionCost(cell_s=rates[False], first_cell_s=rates[True])
-    later = [line["waited_s"] for line in combos[1:]]
-    loads = [line["load"] for line in combos if "load" in line]
-    load = f", load average {sum(loads) / len(loads):.1f}" if loads else ""
-    return CostFigures(
-        source=f"{date.today().isoformat()} on {socket.gethostname()}{load}: {', '.join(line['combo'] for line in combos)}",
-        first_environment_s=combos[0]["waited_s"],
-        environment_s=sum(later) / len(later) if later else 0.0,
-        merge_cell_s=merges[-1]["merge_s"] / merges[-1]["merged_cells"],
-        selections=selections,
-    )

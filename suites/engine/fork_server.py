@@ -19,6 +19,7 @@ is logged as "... exits with return code = C". The server writes the leader's pi
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -305,6 +306,31 @@ def _compute_reference(request: dict, workdir: Path) -> None:
         os._exit(code)
 
 
+PR_SET_CHILD_SUBREAPER = 36
+"""prctl's option (linux/prctl.h) that makes a process the reaper of its orphaned descendants."""
+
+
+def _adopt_orphaned_ranks() -> None:
+    """Make the server the reaper of the ranks a killed group leaves (the driver kills a leader with its ranks, so
+    they outlive it by an instant): reaped here, their CPU time reaches the driver's rusage instead of init's."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the orphans' CPU goes uncounted, nothing else changes
+
+
+def _reap_ended(_signal: int, _frame: object) -> None:
+    """Reap every ended child (leaders, adopted ranks) with waitpid: an ignored SIGCHLD would reap them too, but
+    the kernel then drops their CPU time, which the atlas's slices measure through the driver's children's rusage."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve(log_dir: Path) -> None:
     import gc
 
@@ -318,7 +344,8 @@ def serve(log_dir: Path) -> None:
         raise
     gc.collect()
     gc.freeze()  # forked ranks then share these pages instead of copying them on the first collection
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps leaders: no zombies to mistake for live groups
+    _adopt_orphaned_ranks()
+    signal.signal(signal.SIGCHLD, _reap_ended)  # no zombies to mistake for live groups, and their CPU is counted
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()

@@ -4,6 +4,7 @@ same archive, atlas.json changing only where a new transformers release adds ver
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -135,6 +136,17 @@ def test_every_page_kind_is_written_and_every_internal_link_resolves(archive, tm
     ):
         assert (out / name).is_file(), name
     assert broken_links(out) == []
+
+
+REAL_SITE = os.environ.get("AUTOTP_ATLAS_SITE")
+
+
+@pytest.mark.skipif(not REAL_SITE, reason="AUTOTP_ATLAS_SITE (a site `nox -s atlas -- --site OUT` built) is not set")
+def test_a_real_sites_internal_links_resolve():
+    """The same check on a site built from a real sample (AUTOTP_ATLAS_SITE=OUT)."""
+    root = Path(str(REAL_SITE))
+    assert (root / "index.html").is_file() and (root / "atlas.json").is_file()
+    assert broken_links(root) == []
 
 
 def test_the_link_check_finds_a_missing_page(archive, tmp_path):

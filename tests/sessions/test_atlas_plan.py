@@ -11,33 +11,39 @@ from pathlib import Path
 import pytest
 from nox.command import CommandFailed
 
-from matrix.atlas import CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
+from matrix.atlas import CellCounts, CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
 from matrix.versions import MAX_AGE_ENV, AxisValueError
 from sessions import atlas
 from sessions.atlas import (
-    TIMING_FILE,
     ArchivedSession,
-    CostModel,
     atlas_session_name,
     hours,
     junit_counts,
-    measured_figures,
     missing_combos,
     newest_refs,
     plan_slices,
     plan_text,
     prune_transformers_cache,
 )
+from sessions.atlas_cost import TIMING_FILE, Built, CostModel, Prediction, comparison, measured_figures, wall_given
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 FIGURES = CostFigures(
     source="test",
+    load=2.0,
+    others_cores=0.5,
+    selection_start_s=10.0,
+    environment_s=40.0,
+    environment_cpu_s=30.0,
     first_environment_s=100.0,
-    environment_s=5.0,
     merge_cell_s=0.01,
-    selections={"inference": SelectionCost(cell_s=0.5, first_cell_s=1.0), "training": SelectionCost(0.2, 0.3)},
+    selections={
+        "inference": SelectionCost(run_s=0.5, first_run_s=1.0, skip_s=0.01, run_cpu_s=0.8, first_run_cpu_s=1.5),
+        "training": SelectionCost(run_s=0.2, first_run_s=0.3, skip_s=0.01, run_cpu_s=0.4, first_run_cpu_s=0.5),
+    },
 )
-MODEL = CostModel(FIGURES, {"inference": 600, "training": 200})
+COUNTS = {"inference": CellCounts(cells=600, runs=500), "training": CellCounts(cells=200, runs=200)}
+MODEL = CostModel(FIGURES, {"5.25.0": COUNTS}, "5.25.0", cores=2)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +79,48 @@ def test_the_nightly_adds_the_git_refs_at_the_newest_transformers_only():
     assert newest_refs(every, [every[-1]]) == []  # already missing: planned once
 
 
-def test_the_cost_model_charges_the_first_environment_once_and_references_once_per_transformers(combos):
+def cells_s(first: bool) -> tuple[float, float]:
+    """One combination's wall and CPU under MODEL: each selection's start, runs, skips and merge."""
+    inference, training = FIGURES.selections["inference"], FIGURES.selections["training"]
+    fixed = 2 * 10 + 100 * 0.01 + 800 * 0.01
+    wall = fixed + 500 * (inference.first_run_s if first else inference.run_s)
+    wall += 200 * (training.first_run_s if first else training.run_s)
+    cpu = fixed + 500 * (inference.first_run_cpu_s if first else inference.run_cpu_s)
+    cpu += 200 * (training.first_run_cpu_s if first else training.run_cpu_s)
+    return wall, cpu
+
+
+def test_the_cost_model_charges_runs_skips_and_references_once_per_transformers(combos):
     same_transformers = combos[:2]  # 0.18.9 and 0.19.8 at 5.23.0
-    cells = 600 * (1.0 + 0.01) + 200 * (0.3 + 0.01)  # first at this transformers
-    warm = 600 * (0.5 + 0.01) + 200 * (0.2 + 0.01)
-    assert MODEL.slice_s(same_transformers) == pytest.approx(100 + 5 + cells + warm)
-    assert MODEL.slice_s(combos[::2]) == pytest.approx(100 + 2 * 5 + 3 * cells)  # three transformers versions
-    assert MODEL.slice_s([]) == 0
+    (first, first_cpu), (warm, warm_cpu) = cells_s(True), cells_s(False)
+    # a fresh runner: the first environment with its layers holds up the start; the second is built ahead, its CPU
+    # over the 2 cores taken from the cells'; its DeepSpeed layer is new too
+    predicted = MODEL.predict(same_transformers)
+    assert predicted.wall_s == pytest.approx(100 + 100 / 2 + first + warm)
+    assert predicted.cpu_s == pytest.approx(100 + 100 + first_cpu + warm_cpu)
+    assert (predicted.cells, predicted.runs, predicted.environments) == (1600, 1400, 2)
+    assert MODEL.slice_s(combos[::2]) == pytest.approx(100 + 2 * 30 / 2 + 3 * first)  # one DeepSpeed, 3 transformers
+    assert MODEL.predict([]) == Prediction()
+
+
+def test_environments_already_built_cost_nothing_and_a_new_combination_over_a_built_layer_less(combos):
+    (first, _), (warm, _) = cells_s(True), cells_s(False)
+    everything = Built(frozenset(c.id for c in combos[:2]), frozenset(c.deepspeed.id for c in combos[:2]))
+    assert MODEL.predict(combos[:2], everything).wall_s == pytest.approx(first + warm)
+    layers_only = Built(frozenset(), frozenset(c.deepspeed.id for c in combos[:2]))
+    assert MODEL.predict(combos[:2], layers_only).wall_s == pytest.approx(40 + 30 / 2 + first + warm)
+    assert MODEL.predict(combos[:2], layers_only).cpu_s == pytest.approx(60 + sum(cells_s(f)[1] for f in (True, False)))
+
+
+def test_a_transformers_version_counted_here_is_predicted_by_its_own_counts(combos):
+    few = {"inference": CellCounts(cells=300, runs=100), "training": CellCounts(cells=200, runs=100)}
+    model = CostModel(FIGURES, {"5.25.0": COUNTS, "5.23.0": few}, "5.25.0", cores=2)
+    at_5_23 = model.predict(combos[:1])
+    assert (at_5_23.cells, at_5_23.runs) == (500, 200)
+    assert model.predict(combos[-1:]).cells == 800  # 5.25.0 counted; 5.24.0 would stand in as 5.25.0
+    assert model.predict(combos[2:3]).cells == 800
+    text = model.assumptions(Built())
+    assert "counted at transformers 5.23.0, 5.25.0 (others as at 5.25.0)" in text and "load 2.0" in text
 
 
 def test_slices_keep_a_transformers_version_together_while_there_are_enough(combos):
@@ -96,14 +137,14 @@ def test_every_missing_combination_is_in_exactly_one_slice(combos, runners):
     assert len(slices) == min(runners, len(combos))
     for s in slices:  # each in the atlas's order (a transformers version's cells once per runner)
         assert list(s.combos) == sorted(s.combos, key=combos.index)
-        assert s.predicted_s == pytest.approx(MODEL.slice_s(s.combos))
+        assert s.predicted == MODEL.predict(s.combos)
 
 
 def test_more_runners_finish_sooner_and_the_slowest_slice_is_balanced(combos):
-    one = plan_slices(combos, 1, MODEL)[0].predicted_s
+    one = plan_slices(combos, 1, MODEL)[0].predicted.wall_s
     two = plan_slices(combos, 2, MODEL)
     six = plan_slices(combos, 6, MODEL)
-    assert max(s.predicted_s for s in six) < max(s.predicted_s for s in two) < one
+    assert max(s.predicted.wall_s for s in six) < max(s.predicted.wall_s for s in two) < one
     # three transformers versions on two runners: one runner takes two of them, the other one
     assert sorted(len(s.combos) for s in two) == [2, 4]
 
@@ -113,20 +154,22 @@ def test_zero_runners_is_refused(combos):
         plan_slices(combos, 0, MODEL)
 
 
-def test_the_plan_states_cells_and_hours_on_one_and_on_n_runners(combos):
+def test_the_plan_states_cells_and_hours_on_one_and_on_n_runners_and_what_it_assumes(combos):
     slices = plan_slices(combos, 3, MODEL)
-    text = "\n".join(plan_text(load_atlas_config(), combos, combos, slices, MODEL))
+    text = "\n".join(plan_text(load_atlas_config(), combos, combos, slices, MODEL, Built()))
     assert "2 DeepSpeed (0.18.9, 0.19.8) × 3 transformers (5.23.0 … 5.25.0)" in text
-    assert "600 inference + 200 training = 800 per version set" in text and "4,800 in the atlas" in text
-    assert "environments: 6 combinations over 2 DeepSpeed layers" in text
-    one = MODEL.slice_s(combos)
-    assert f"predicted: {hours(one)} on 1 runner; {hours(max(s.predicted_s for s in slices))} on 3 runners" in text
-    row = slices[0].job(MODEL.combination_cells)
+    assert "6 version sets, 4,800 cells (4,200 run" in text
+    assert "at transformers 5.25.0: 600 inference (500 run) + 200 training (200 run) a version set" in text
+    assert "environments: 6 combinations over 2 DeepSpeed layers, 6 of them not built here" in text
+    one, slowest = MODEL.predict(combos).wall_s, max(s.predicted.wall_s for s in slices)
+    assert f"predicted: {hours(one)}" in text and f"{hours(slowest)} on 3 fresh runners" in text
+    assert "assumes: cells run or skip as counted at transformers 5.25.0" in text
+    row = slices[0].job()
     assert row == {
         "slice": "1/3",
         "combos": f"{combos[0].id},{combos[1].id}",
         "cells": 1600,
-        "predicted_minutes": round(slices[0].predicted_s / 60, 1),
+        "predicted_minutes": round(slices[0].predicted.wall_s / 60, 1),
     }
     json.dumps(row)  # the workflow reads it as JSON
 
@@ -137,46 +180,83 @@ def timing(tmp_path: Path, lines: list[dict]) -> Path:
     return path
 
 
-def test_calibration_reads_a_slices_timings(tmp_path):
+def junit(folder: Path, runs: list[float], skips: list[float]) -> None:
+    folder.mkdir(parents=True)
+    cases = [f'<testcase name="r{i}" time="{t}"/>' for i, t in enumerate(runs)]
+    cases += [f'<testcase name="s{i}" time="{t}"><skipped/></testcase>' for i, t in enumerate(skips)]
+    (folder / "a.xml").write_text(f"<testsuite>{''.join(cases)}</testsuite>")
+
+
+def measured(seconds: float, cpu: float, cells: int, skipped: int) -> dict:
+    reading = {"seconds": seconds, "cpu_s": cpu, "others_cpu_s": seconds / 4, "load_start": 2.0, "load_end": 4.0}
+    return {**reading, "cells": cells, "skipped": skipped}
+
+
+def test_calibration_reads_slices_timings_and_their_cells_junit_durations(tmp_path):
+    junit(tmp_path / "a" / "inference" / "junit", [2.0] * 3, [0.01] * 2)
+    junit(tmp_path / "b" / "inference" / "junit", [1.0] * 3, [0.03] * 2)
     path = timing(
         tmp_path,
         [
             {
                 "combo": "a",
-                "waited_s": 120.0,
+                "built": "combination",
+                "waited_s": 50.0,
+                "waited_cpu_s": 20.0,
                 "first_transformers": True,
-                "inference": {"seconds": 300.0, "cells": 600, "skipped": 10},
-                "training": {"seconds": 60.0, "cells": 200, "skipped": 0},
+                "inference": measured(16.02, 30.02, 5, 2),  # JUnit 6.02 s: a start of 10 s
             },
             {
                 "combo": "b",
-                "waited_s": 4.0,
+                "built": None,
+                "waited_s": 0.0,
+                "waited_cpu_s": 0.0,
                 "first_transformers": False,
-                "inference": {"seconds": 240.0, "cells": 600, "skipped": 10},
-                "training": {"seconds": 50.0, "cells": 200, "skipped": 0},
+                "inference": measured(13.06, 13.06, 5, 2),  # JUnit 3.06 s
             },
-            {"merge_s": 16.0, "merged_cells": 1600, "wall_s": 800.0},
+            {"merge_s": 1.0, "merged_cells": 10, "slice_seconds": 80.0},
         ],
     )
-    figures = measured_figures(path)
-    assert (figures.first_environment_s, figures.environment_s, figures.merge_cell_s) == (120.0, 4.0, 0.01)
-    assert figures.selections["inference"] == SelectionCost(cell_s=0.4, first_cell_s=0.5)
-    assert figures.selections["training"] == SelectionCost(cell_s=0.25, first_cell_s=0.3)
-    assert "a, b" in figures.source
-
-
-def test_calibration_without_a_warm_combination_says_what_to_run(tmp_path):
-    path = timing(
-        tmp_path,
-        [
-            {"combo": "a", "waited_s": 1.0, "first_transformers": True, "inference": {"seconds": 1.0, "cells": 1}},
-            {"merge_s": 1.0, "merged_cells": 1, "wall_s": 3.0},
-        ],
+    figures = measured_figures([path.parent], FIGURES)
+    assert figures.selection_start_s == pytest.approx(10.0)
+    assert figures.selections["inference"] == pytest.approx(
+        SelectionCost(
+            run_s=1.0,
+            first_run_s=2.0,
+            skip_s=0.02,
+            run_cpu_s=(13.06 - 10 - 0.04) / 3,
+            first_run_cpu_s=(30.02 - 10 - 0.04) / 3,
+        )
     )
+    assert (figures.environment_s, figures.environment_cpu_s) == (50.0, 20.0)
+    assert figures.first_environment_s == FIGURES.first_environment_s  # no layer built: kept, and said so
+    assert figures.merge_cell_s == 0.1 and figures.load == 3.0 and figures.others_cores == pytest.approx(0.25)
+    assert "a, b" in figures.source and "environment builds" not in figures.source
+
+
+def test_calibration_refuses_timings_without_the_rank_groups_cpu_or_without_a_warm_combination(tmp_path):
+    old = {"seconds": 1.0, "cpu_s": 1.0, "cells": 1, "skipped": 0}  # before the fork server reaped its ranks
+    line = {"combo": "a", "waited_s": 1.0, "first_transformers": True, "inference": old}
+    junit(tmp_path / "a" / "inference" / "junit", [0.5], [])
+    timing(tmp_path, [line, {"merge_s": 1.0, "merged_cells": 1}])
+    with pytest.raises(ValueError, match="before a slice counted its rank groups' CPU"):
+        measured_figures([tmp_path], FIGURES)
+    timing(tmp_path, [{**line, "inference": measured(1.0, 1.0, 1, 0)}, {"merge_s": 1.0, "merged_cells": 1}])
     with pytest.raises(ValueError, match="calibrate on 2 DeepSpeed × 1 transformers"):
-        measured_figures(path)
+        measured_figures([tmp_path], FIGURES)
     with pytest.raises(ValueError, match="give the --results folder"):
-        measured_figures(tmp_path / "nowhere" / TIMING_FILE)
+        measured_figures([tmp_path / "nowhere"], FIGURES)
+
+
+def test_the_comparison_states_wall_cpu_and_load_and_the_wall_on_the_cores_left():
+    reading = {"seconds": 110.0, "cpu_s": 180.0, "others_cpu_s": 55.0, "load_start": 2.5, "load_end": 3.5}
+    text = comparison(Prediction(wall_s=100.0, cpu_s=200.0), reading, cores=2)
+    assert text == (
+        "predicted 100 s wall, 200 s CPU; measured 110 s wall (+10% of predicted), 180 s CPU (-10% of predicted); "
+        "load 2.5 → 3.5, others using 0.50 cores, on the 1.50 cores left the predicted CPU takes 133 s "
+        "(-18% of predicted)"
+    )
+    assert wall_given(100.0, 2, 1.9) == 400.0  # a machine the others fill still gives the slice a share
 
 
 def test_junit_counts_cells_and_skips(tmp_path):
@@ -272,3 +352,20 @@ def test_a_combination_whose_suites_die_stays_missing_and_the_slice_merges_the_r
     timings = [json.loads(line) for line in (tmp_path / TIMING_FILE).read_text().splitlines()]
     assert [line.get("combo") for line in timings] == [dying.id, combos[1].id, None]
     assert timings[-1]["merged_cells"] == 2
+
+
+def test_a_cell_counted_as_running_is_one_the_driver_does_not_skip():
+    """matrix/atlas.py will_run mirrors suites/driver.py skip_reason at the atlas's options on every atlas cell."""
+    import transformers
+
+    from matrix.atlas import will_run
+    from matrix.cells import expand
+    from matrix.shapes import DEFAULT_SHAPES
+    from suites.driver import RunOptions, skip_reason
+
+    config = load_atlas_config()
+    for selection in config.selections:
+        cells = expand(selection.models, selection.variants, selection.dtypes, "2,3,4", shapes=",".join(DEFAULT_SHAPES))
+        for cell in cells:
+            runs = skip_reason(cell, RunOptions()) is None and cell.model.expansion_error is None
+            assert will_run(cell, transformers.__version__) == runs, cell.id

@@ -27,9 +27,9 @@ import pytest
 from ruamel.yaml import YAML
 
 from matrix import PROJECT_ROOT
-from matrix.atlas import CostFigures
 from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS, Combo, Pin
-from sessions.atlas import CostModel, Slice, atlas_parser
+from sessions.atlas import Slice, atlas_parser
+from sessions.atlas_cost import Prediction
 
 ROOT = PROJECT_ROOT
 WORKFLOW = ROOT / ".github" / "workflows" / "autotp.yml"
@@ -637,8 +637,7 @@ def slice_row_keys() -> set[str]:
     """The keys of a row `nox -s atlas -- --plan N --job-matrix FILE` writes."""
     pin = Pin("x", "x==1", "x1")
     combo = Combo(pin, pin, pin, (), None)
-    model = CostModel(CostFigures("", 0.0, 0.0, 0.0, {}), {})
-    return set(Slice(1, 1, (combo,), 0.0).job(model.combination_cells))
+    return set(Slice(1, 1, (combo,), Prediction()).job())
 
 
 def atlas_problems(workflow: dict) -> list[str]:
