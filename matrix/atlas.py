@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -118,7 +119,7 @@ def _selection(path: Path, index: int, table: object) -> AtlasSelection:
     return AtlasSelection(**table)
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
