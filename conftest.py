@@ -41,8 +41,8 @@ def pytest_configure(config):
             variants,
             option("--dtypes"),
             option("--tp"),
-            Path(option("--models-file")),
-            option("--shapes"),
+            models_file=Path(option("--models-file")),
+            shapes=option("--shapes"),
         )
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
     except (RegistryError, TaskError) as error:

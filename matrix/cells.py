@@ -9,7 +9,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matrix.config_values import ExpansionError
-from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
+from matrix.registry import (
+    DTYPES,
+    MODELS_FILE,
+    DType,
+    ModelEntry,
+    RegistryError,
+    Variant,
+    load_models,
+    load_variants,
+    pick,
+)
 from matrix.shapes import (
     UNMARKED_SHAPE,
     RealShape,
@@ -76,7 +86,7 @@ DEFAULT_DTYPES = ("fp32",)
 class Cell:
     model: ModelEntry
     variant: Variant
-    dtype: str
+    dtype: DType
     tp: int
 
     @property
@@ -112,12 +122,15 @@ def parse_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def parse_dtypes(text: str) -> tuple[str, ...]:
-    dtypes = tuple(parse_names(text))
-    for dtype in dtypes:
-        if dtype not in DTYPES:
-            raise RegistryError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return dtypes
+def parse_dtypes(text: str) -> tuple[DType, ...]:
+    return tuple(_dtype(name) for name in parse_names(text))
+
+
+def _dtype(name: str) -> DType:
+    for dtype in DTYPES:
+        if name == dtype:
+            return dtype
+    raise RegistryError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
 
 
 MODEL_SELECTIONS = {
@@ -150,6 +163,7 @@ def expand(
     variants: str = ",".join(DEFAULT_VARIANTS),
     dtypes: str = ",".join(DEFAULT_DTYPES),
     tp: str = ",".join(map(str, DEFAULT_TP_SIZES)),
+    *,
     models_file: Path = MODELS_FILE,
     shapes: str = UNMARKED_SHAPE,
 ) -> list[Cell]:
@@ -209,7 +223,7 @@ def resolve_cell(model: str, variant: str, dtype: str, tp: int, models_file: Pat
     """The Cell a recorded cell's coordinates name (`llama.faithful`, `qwen2`, a derived architecture), as a run
     of exactly that cell builds it: its shape's tiny config and the checkpoints it stands for. Every consumer of a
     recorded cell (repro scripts, draft issues, bisection steps) turns it back into what ran through this."""
-    cells = expand(replay_name(model), variant, dtype, str(tp), models_file)
+    cells = expand(replay_name(model), variant, dtype, str(tp), models_file=models_file)
     found = [cell for cell in cells if cell.model.name == model]
     if len(found) != 1:
         raise RegistryError(

@@ -44,7 +44,7 @@ class UnreadableConfig(Exception):
         self.config, self.key, self.reader = config, key, reader
 
 
-class ConfigValues(dict):
+class ConfigValues(dict[str, Any]):
     """A config's values (`to_dict()`); a key a reader indexes that the config lacks raises UnreadableConfig naming
     that reader (the calling function, found from the frame that indexed) and the key, not a bare KeyError."""
 

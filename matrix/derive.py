@@ -21,15 +21,21 @@ lists the failures: the way to keep the skip list honest.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, ExpansionError, UnreadableConfig
 from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, read_toml
+from matrix.toml_tables import TableError, read_table
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DERIVED_FILE = MATRIX_DIR / "derived.toml"
 
@@ -256,7 +262,7 @@ def _int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _first(values: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+def _first(values: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
     for key in keys:
         if _int(values.get(key)):
             return key, values[key]
@@ -270,7 +276,7 @@ def _per_layer_dict(value: Any, layers: int) -> dict[int, Any] | None:
     return None
 
 
-def _layer_plan(values: dict, layers: int) -> list[int]:
+def _layer_plan(values: Mapping[str, Any], layers: int) -> list[int]:
     """Which original layers the tiny model keeps: the first layer of each distinct per-layer kind
     (e.g. one sliding and one full attention layer), at least 2 and at most MAX_LAYERS."""
     structure = {k: v for k, v in values.items() if k not in NOT_STRUCTURE}
@@ -318,7 +324,7 @@ def _is_pattern(key: str, value: Any, layers: int) -> bool:
     )
 
 
-def _gqa(heads: int | None, kv: int | None, values: dict) -> tuple[int, int, str]:
+def _gqa(heads: int | None, kv: int | None, values: Mapping[str, Any]) -> tuple[int, int, str]:
     if values.get("multi_query") is True or kv == 1:
         return HEADS, 1, "multi-query (1 kv head)"
     if not heads or kv is None or kv >= heads:
@@ -328,12 +334,12 @@ def _gqa(heads: int | None, kv: int | None, values: dict) -> tuple[int, int, str
     return KV_HEADS * ratio, KV_HEADS, f"GQA {KV_HEADS * ratio}:{KV_HEADS} (ratio {ratio}{capped})"
 
 
-def _shrink(values: dict) -> tuple[dict[str, Any], list[str]]:
+def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Shrunk sizes for one (sub-)config's `to_dict()`; structure keys keep their values."""
     tiny: dict[str, Any] = {}
     why: list[str] = []
 
-    def put(keys, new, only_if=lambda old: True):
+    def put(keys: Iterable[str], new: int, only_if: Callable[[int], bool] = lambda old: True) -> None:
         for key in keys:
             old = values.get(key)
             if _int(old) and only_if(old):
@@ -448,7 +454,7 @@ def _shrink(values: dict) -> tuple[dict[str, Any], list[str]]:
     return tiny, why
 
 
-def _token_ids(values: dict, tiny: dict) -> None:
+def _token_ids(values: Mapping[str, Any], tiny: dict[str, Any]) -> None:
     """Token ids the tiny vocab cannot hold move to small free ids; equal ids stay equal."""
     vocab = tiny.get("vocab_size", values.get("vocab_size"))
     if not _int(vocab):
@@ -477,7 +483,7 @@ def _token_ids(values: dict, tiny: dict) -> None:
             tiny[key] = [move(key, v) if _int(v) else v for v in value]
 
 
-def _structure(values: dict, defaults: dict, sub_configs) -> dict[str, Any]:
+def _structure(values: Mapping[str, Any], defaults: Mapping[str, Any], sub_configs: Collection[str]) -> dict[str, Any]:
     """What a real config sets differently from its class defaults (flags, rope kind, bias, ...)."""
     return {
         k: v
@@ -490,7 +496,7 @@ def _structure(values: dict, defaults: dict, sub_configs) -> dict[str, Any]:
 SECONDARY_KEYS = (*HEAD_DIM_KEYS, "attention_hidden_size", "mamba_d_ssm", "mamba_n_heads", "mamba_num_heads")
 
 
-def _let_class_compute(config, tiny: dict[str, Any]) -> dict[str, Any]:
+def _let_class_compute(config: PretrainedConfig, tiny: dict[str, Any]) -> dict[str, Any]:
     """Drop secondary sizes the config class computes itself from the tiny primary ones (e.g.
     attention_head_dim = 2 * hidden / heads), so a relation the class encodes is never broken."""
     primary = {k: v for k, v in tiny.items() if k not in SECONDARY_KEYS}
@@ -502,7 +508,7 @@ def _let_class_compute(config, tiny: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in tiny.items() if k in primary or probe.get(k) == source.get(k)}
 
 
-def _derive(config, real: bool) -> tuple[dict[str, Any], list[str]]:
+def _derive(config: PretrainedConfig, real: bool) -> tuple[dict[str, Any], list[str]]:
     values = ConfigValues(config.to_dict(), type(config).__name__)
     base = _structure(values, type(config)().to_dict(), getattr(config, "sub_configs", {}) or {}) if real else {}
     tiny, why = _shrink(values)
@@ -518,7 +524,7 @@ def _derive(config, real: bool) -> tuple[dict[str, Any], list[str]]:
     return tiny, why
 
 
-def derive_tiny(config, real: bool = False) -> Derivation:
+def derive_tiny(config: PretrainedConfig, real: bool = False) -> Derivation:
     """The tiny overrides for `config`. `real=True` (a checkpoint's config): the fields it sets
     differently from the class defaults are kept too, so the tiny model has the checkpoint's layout."""
     tiny, why = _derive(config, real)
@@ -555,6 +561,20 @@ class VersionSkip:
     def applies(self, transformers_version: str) -> bool:
         return SpecifierSet(self.transformers).contains(Version(transformers_version), prereleases=True)
 
+    def validate(self) -> None:
+        """derived.toml's rules beyond the fields' types (toml_tables.read_table)."""
+        if not self.reason.strip():
+            raise TableError("reason", f"needs a non-empty string, got {self.reason!r}")
+        try:
+            releases = SpecifierSet(self.transformers)
+        except InvalidSpecifier:
+            releases = SpecifierSet()
+        if not releases:  # not a specifier, or empty (it would hold at every release)
+            raise TableError(
+                "transformers",
+                f"must be a version range such as '>=4.46, <4.54' (use [skip] for every release), got {self.transformers!r}",
+            )
+
 
 @dataclass(frozen=True)
 class DerivedData:
@@ -575,47 +595,19 @@ class DerivedData:
         return None
 
 
-SKIP_AT_KEYS = {"transformers", "reason"}
-
-
-def _parse_version_skips(path: Path, raw: Any, skips: dict[str, str]) -> dict[str, tuple[VersionSkip, ...]]:
+def _parse_version_skips(path: Path, raw: object, skips: dict[str, str]) -> dict[str, tuple[VersionSkip, ...]]:
     """[[skip_at.<model_type>]] tables (one per range of releases; a single [skip_at.<model_type>] table works too)."""
     if not isinstance(raw, dict):
         raise RegistryError(f"{path}: skip_at must be tables [[skip_at.<model_type>]], got {raw!r}")
     parsed = {}
     for model_type, tables in raw.items():
-        entry = f"[[skip_at.{model_type}]]"
+        where = f"{path}: [[skip_at.{model_type}]]"
         if model_type in skips:
-            raise RegistryError(f"{path}: {entry}: {model_type!r} is already skipped at every release by [skip]")
+            raise RegistryError(f"{where}: {model_type!r} is already skipped at every release by [skip]")
         tables = [tables] if isinstance(tables, dict) else tables
         if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
-            raise RegistryError(
-                f"{path}: {entry} must be tables with 'transformers' and 'reason', got {raw[model_type]!r}"
-            )
-        skips_of_type = []
-        for table in tables:
-            unknown = set(table) - SKIP_AT_KEYS
-            if unknown:
-                raise RegistryError(
-                    f"{path}: {entry} has unknown field(s) {sorted(unknown)}; known fields: {sorted(SKIP_AT_KEYS)}"
-                )
-            missing = SKIP_AT_KEYS - set(table)
-            if missing:
-                raise RegistryError(f"{path}: {entry} is missing required field(s) {sorted(missing)}")
-            releases, reason = table["transformers"], table["reason"]
-            if not isinstance(reason, str) or not reason.strip():
-                raise RegistryError(f"{path}: {entry} field 'reason' needs a non-empty string, got {reason!r}")
-            try:
-                specifier = SpecifierSet(releases) if isinstance(releases, str) else None
-            except InvalidSpecifier:
-                specifier = None
-            if not specifier:  # not a string, not a specifier, or empty (it would hold at every release)
-                raise RegistryError(
-                    f"{path}: {entry} field 'transformers' must be a version range such as "
-                    f"'>=4.46, <4.54' (use [skip] for every release), got {releases!r}"
-                )
-            skips_of_type.append(VersionSkip(transformers=str(releases), reason=reason))
-        parsed[model_type] = tuple(skips_of_type)
+            raise RegistryError(f"{where} must be tables with 'transformers' and 'reason', got {raw[model_type]!r}")
+        parsed[model_type] = tuple(read_table(VersionSkip, table, where=where, error=RegistryError) for table in tables)
     return parsed
 
 
@@ -645,7 +637,7 @@ def entry_name(model_type: str) -> str:
     return model_type.replace("-", "_").lower()
 
 
-def _merge(base: dict, fix: dict) -> dict:
+def _merge(base: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
     """`fix` over `base`, recursing into sub-config tables so a fix names only what it changes."""
     merged = dict(base)
     for key, value in fix.items():
@@ -687,7 +679,7 @@ def derived_entries(registry: dict[str, ModelEntry], data: DerivedData | None = 
     # Shrinking a config builds intermediate ones whose ids are not fixed yet (bos/eos >= the new vocab):
     # transformers warns about each, a hundred lines of noise before the first cell.
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(logging.ERROR)
     try:
         entries = [
             derived_entry(model_type, registry, data)
@@ -748,7 +740,7 @@ def listed_entries(whole_registry: bool) -> dict[str, ModelEntry]:
 
     from matrix.registry import load_models
 
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(logging.ERROR)
     return derived_entries({} if whole_registry else load_models())
 
 

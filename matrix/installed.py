@@ -11,6 +11,7 @@ import importlib.util
 import json
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 VERSION_CONSTANTS = {
     "torch": ("version.py", "__version__"),
@@ -66,7 +67,7 @@ def imported_version(package: str) -> str:
     return constant if isinstance(constant, str) else str(importlib.import_module(package).__version__)
 
 
-def direct_url(package: str) -> dict | None:
+def direct_url(package: str) -> dict[str, Any] | None:
     """The package's PEP 610 direct_url.json, or None (installed from an index, or not installed); a commit checkout's
     names its commit (sessions/checkouts.py), which its version alone does not (`5.25.0.dev0` for many commits)."""
     try:

@@ -26,16 +26,22 @@ installed transformers' config class defaults (`source = "config-defaults transf
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Collection
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, UnreadableConfig
 from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import MATRIX_DIR, MODELS_FILE, ModelEntry, RegistryError, SplitRule, read_toml
+from matrix.toml_tables import TableError, read_table
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 REAL_SHAPES_FILE = MATRIX_DIR / "real_shapes.toml"
 GRAIN = 64
@@ -120,6 +126,17 @@ class RealShape:
         """The counts AutoTP splits whole (heads; experts, which expert-parallel plans divide)."""
         return {"heads": self.heads, "kv_heads": self.kv_heads, "experts": self.experts}
 
+    def validate(self) -> None:
+        """real_shapes.toml's rules beyond the fields' types (toml_tables.read_table): sizes a checkpoint can have."""
+        for size in fields(self):  # a size with a default (0: no MoE) may be 0, the others are at least 1
+            value, least = getattr(self, size.name), 1 if size.name in _REQUIRED else 0
+            if isinstance(value, int) and not isinstance(value, bool) and value < least:
+                raise TableError(size.name, f"must be an integer >= {least}, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise TableError("kv_heads", f"must divide heads {self.heads}, got {self.kv_heads}")
+        if self.top_k > self.experts:
+            raise TableError("top_k", f"must be at most experts ({self.experts}), got {self.top_k}")
+
     def dims(self) -> dict[str, int]:
         """The dims AutoTP splits in grains."""
         return {
@@ -171,7 +188,9 @@ def split_pattern(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) 
     return pattern
 
 
-def split_differences(tiny: RealShape, real: RealShape, tps, rules: tuple[SplitRule, ...] = ()) -> list[str]:
+def split_differences(
+    tiny: RealShape, real: RealShape, tps: Collection[int], rules: tuple[SplitRule, ...] = ()
+) -> list[str]:
     """`field at tp N: tiny <pattern> vs real <pattern>` for every split where the two differ."""
     differences = []
     for tp in tps:
@@ -187,7 +206,7 @@ def split_differences(tiny: RealShape, real: RealShape, tps, rules: tuple[SplitR
 # ------------------------------------------------------------------------------------------ the rule
 
 
-def faithful_count(real: int, tps, least: int = 1, rules: tuple[SplitRule, ...] = ()) -> int:
+def faithful_count(real: int, tps: Collection[int], least: int = 1, rules: tuple[SplitRule, ...] = ()) -> int:
     """The smallest count >= `least` that splits like `real` at every tp in `tps`: same remainder mod the lcm
     of the tps (and of k x tp for each `multiple_of_tp_times` k of `rules`, all of them rules of this count), >=
     each tp exactly when `real` is, and every condition of `rules` met exactly where `real` meets it. `real`
@@ -201,14 +220,14 @@ def faithful_count(real: int, tps, least: int = 1, rules: tuple[SplitRule, ...] 
     return count
 
 
-def count_period(tps, rules: tuple[SplitRule, ...] = ()) -> int:
+def count_period(tps: Collection[int], rules: tuple[SplitRule, ...] = ()) -> int:
     """The period of a count's split pattern over `tps` and the `multiple_of_tp_times` conditions of `rules`."""
     return math.lcm(
         *tps, *(rule.multiple_of_tp_times * tp for rule in rules if rule.multiple_of_tp_times for tp in tps)
     )
 
 
-def counts_alike(count: int, real: int, tps, rules: tuple[SplitRule, ...] = ()) -> bool:
+def counts_alike(count: int, real: int, tps: Collection[int], rules: tuple[SplitRule, ...] = ()) -> bool:
     """Whether `count` splits like `real` at every tp in `tps` and meets each condition of `rules` (rules of
     this count) exactly where `real` does."""
 
@@ -220,7 +239,7 @@ def counts_alike(count: int, real: int, tps, rules: tuple[SplitRule, ...] = ()) 
     )
 
 
-def faithful_dim(real: int, tps, least: int = 1) -> int:
+def faithful_dim(real: int, tps: Collection[int], least: int = 1) -> int:
     """The smallest dim >= `least` whose grain count splits like `real`'s at every tp, with the same sub-grain rest."""
     grains, rest = divmod(real, GRAIN)
     if not grains:
@@ -243,7 +262,7 @@ class TinySizes:
 
 
 def faithful_sizes(
-    real: RealShape, tps, head_dim_free: bool, latent: bool = False, rules: tuple[SplitRule, ...] = ()
+    real: RealShape, tps: Collection[int], head_dim_free: bool, latent: bool = False, rules: tuple[SplitRule, ...] = ()
 ) -> TinySizes:
     """The smallest sizes that split like `real` at every tp in `tps` and meet the count conditions of `rules`
     where `real` does. `head_dim_free`: the architecture takes head_dim on its own (else hidden = heads x
@@ -330,7 +349,7 @@ def _head_dim_free(entry: ModelEntry, real: RealShape) -> bool:
     )
 
 
-def faithful_tiny(entry: ModelEntry, real: RealShape, tps) -> dict[str, Any]:
+def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> dict[str, Any]:
     """The entry's tiny overrides with every split-relevant size replaced by the rule's (faithful_sizes) value;
     everything else the overrides carry (pad ids, rotary dims, layer kinds) stays."""
     tiny = {
@@ -381,7 +400,7 @@ def _first(values: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     return next((values[key] for key in keys if _int(values.get(key))), None)
 
 
-def read_shape(config, source: str) -> RealShape:
+def read_shape(config: PretrainedConfig, source: str) -> RealShape:
     """The split-relevant sizes of a transformers config (a checkpoint's, or a class's defaults). A config without
     attention heads or a hidden size is a RegistryError (no split count applies: a state-space model); one that
     lacks a size this reader needs, or holds a non-integer there, an UnreadableConfig naming the key."""
@@ -463,7 +482,7 @@ def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str
 
     # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(logging.ERROR)
     try:
         answer: RealShape | str = tiny_shape(model_type, tiny)
     except Exception as error:  # the config class's own validation refuses the sizes
@@ -488,40 +507,18 @@ def defaults_source() -> str:
 
 # ------------------------------------------------------------------------------ real_shapes.toml
 
-_FIELDS = {f.name: f for f in fields(RealShape)}
-_REQUIRED = ("source", "heads", "kv_heads", "head_dim", "hidden", "intermediate", "vocab", "tied_embeddings")
 
+def _parse_record(path: Path, entry: str, checkpoint: str, raw: object) -> RealShape:
+    expected = {DEFAULTS_KEY: "config-defaults transformers ", AS_WRITTEN_KEY: "as written: "}.get(
+        checkpoint, f"hub config {checkpoint}"
+    )
 
-def _parse_record(path: Path, entry: str, checkpoint: str, raw: Any) -> RealShape:
+    def named_source(shape: RealShape) -> None:
+        if not shape.source.startswith(expected):
+            raise TableError("source", f"must start with {expected!r}, got {shape.source!r}")
+
     where = f"{path}: entry [{entry}] checkpoint {checkpoint!r}"
-    if not isinstance(raw, dict):
-        raise RegistryError(f"{where} must be a table of sizes, got {raw!r}")
-    unknown = set(raw) - set(_FIELDS)
-    if unknown:
-        raise RegistryError(f"{where} has unknown field(s) {sorted(unknown)}; known fields: {sorted(_FIELDS)}")
-    missing = [name for name in _REQUIRED if name not in raw]
-    if missing:
-        raise RegistryError(f"{where} is missing field(s) {missing}")
-    for name, value in raw.items():
-        if name == "source":
-            expected = {DEFAULTS_KEY: "config-defaults transformers ", AS_WRITTEN_KEY: "as written: "}.get(
-                checkpoint, f"hub config {checkpoint}"
-            )
-            if not isinstance(value, str) or not value.startswith(expected):
-                raise RegistryError(f"{where} field 'source' must start with {expected!r}, got {value!r}")
-        elif name == "tied_embeddings":
-            if not isinstance(value, bool):
-                raise RegistryError(f"{where} field 'tied_embeddings' must be true or false, got {value!r}")
-        elif not _int(value) or value < (1 if name in _REQUIRED else 0):
-            raise RegistryError(
-                f"{where} field '{name}' must be an integer >= {1 if name in _REQUIRED else 0}, got {value!r}"
-            )
-    shape = RealShape(**raw)
-    if shape.heads % shape.kv_heads:
-        raise RegistryError(f"{where} field 'kv_heads': {shape.kv_heads} does not divide heads {shape.heads}")
-    if shape.top_k > shape.experts:
-        raise RegistryError(f"{where} field 'top_k' must be at most experts ({shape.experts}), got {shape.top_k}")
-    return shape
+    return read_table(RealShape, raw, where=where, error=RegistryError, rules=named_source)
 
 
 def load_real_shapes(
@@ -628,7 +625,9 @@ class FaithfulGroup:
     """The hub ids (of the entry's recorded ones) whose split patterns equal the record's at every tp."""
 
 
-def faithful_groups(entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps) -> list[FaithfulGroup]:
+def faithful_groups(
+    entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps: Collection[int]
+) -> list[FaithfulGroup]:
     """The faithful cells `entry` needs at `tps`: one per distinct split pattern of its records (hub ids in
     registry order), the first record's (faithful_record, else the class defaults) first as plain `faithful`."""
     primary = faithful_record(entry, shapes) or _defaults_record(entry)
@@ -669,7 +668,7 @@ def shaped_entries(
 
 
 def faithful_groups_or_why(
-    entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps
+    entry: ModelEntry, shapes: dict[str, dict[str, RealShape]], tps: Collection[int]
 ) -> dict[str, FaithfulGroup] | str:
     """faithful_groups by shape, or why the entry has none, its faithful cells' skip reason: no record and no config
     class defaults to read one from, or a config the reader cannot read (the key and the reader named). The shapes
@@ -738,6 +737,10 @@ def _defaults_record(entry: ModelEntry) -> RealShape:
 # ------------------------------------------------------------------------------ writing the file
 
 
+_REQUIRED = {size.name for size in fields(RealShape) if size.default is MISSING}
+"""What every record names; the sizes left out (of MoE) are 0."""
+
+
 def _toml_record(shape: RealShape) -> str:
     values = {k: v for k, v in asdict(shape).items() if v or k in _REQUIRED}
     rendered = ", ".join(
@@ -762,7 +765,7 @@ def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShap
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(logging.ERROR)
     blocks = []
     for name, entry in registry.items():
         if entry.skip_reason or entry.trust_remote_code:

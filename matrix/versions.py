@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from matrix.toml_tables import TableError, read_table
 
 AXES = ("deepspeed", "transformers", "torch")
 TAGS = ("latest", "min", "release-gate", "prerelease", "nightly")
@@ -67,17 +69,18 @@ class Release:
     requires_python: str | None
 
 
-def fetch_pypi_json(package: str) -> dict:
+def fetch_pypi_json(package: str) -> dict[str, Any]:
     """Download PyPI's JSON document for package (the only network access in this module)."""
     request = urllib.request.Request(
         PYPI_JSON_URL.format(package=package),
         headers={"Accept": "application/json", "User-Agent": "autotp-matrix"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
+        document: dict[str, Any] = json.load(response)
+        return document
 
 
-def parse_releases(pypi_json: dict) -> list[Release]:
+def parse_releases(pypi_json: dict[str, Any]) -> list[Release]:
     """Releases in a PyPI JSON document (full or trimmed), oldest first."""
     releases = []
     for text, files in pypi_json["releases"].items():
@@ -99,7 +102,7 @@ def parse_releases(pypi_json: dict) -> list[Release]:
     return sorted(releases, key=lambda release: release.version)
 
 
-def trim_pypi_json(pypi_json: dict) -> dict:
+def trim_pypi_json(pypi_json: dict[str, Any]) -> dict[str, Any]:
     """The fields version selection needs, in PyPI's own layout: what the cache and fixtures hold."""
     return {
         "info": {"name": pypi_json["info"]["name"]},
@@ -197,6 +200,11 @@ class AxisRule:
     settle_days: int = 0
     """Releases younger than this are not picked by rule: their dependencies may not be on the index yet."""
 
+    def validate(self) -> None:
+        """versions.toml's rules beyond the fields' types (toml_tables.read_table)."""
+        if self.minors_window < 0:
+            raise TableError("minors_window", f"must be >= 0, got {self.minors_window}")
+
 
 @dataclass(frozen=True)
 class Incompatibility:
@@ -216,18 +224,6 @@ class MatrixConfig:
     python: Version
     axes: Mapping[str, AxisRule]
     incompatible: tuple[Incompatibility, ...]
-
-
-_AXIS_KEY_TYPES = {
-    "short": str,
-    "repo": str,
-    "min": str,
-    "minors_window": int,
-    "latest": bool,
-    "prerelease": bool,
-    "extra": list,
-    "settle_days": int,
-}
 
 
 @cache
@@ -252,34 +248,12 @@ def load_config(path: Path = CONFIG_PATH) -> MatrixConfig:
     )
 
 
-def _axis_rule(package: str, table: dict, path: Path) -> AxisRule:
-    where = f"{path}: [axes.{package}]"
-    _reject_unknown(table, set(_AXIS_KEY_TYPES), where)
-    for key, value in table.items():
-        expected = _AXIS_KEY_TYPES[key]
-        # bool is an int subclass, so `minors_window = true` needs the explicit check
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise ConfigError(f"{where} {key} must be a {expected.__name__}, got {value!r}")
-    if "short" not in table:
-        raise ConfigError(f"{where} needs short (its prefix in combo ids)")
-    if table.get("minors_window", 0) < 0:
-        raise ConfigError(f"{where} minors_window must be >= 0")
-    if not all(isinstance(value, str) for value in table.get("extra", [])):
-        raise ConfigError(f'{where} extra must be a list of strings (quote versions: "0.16.2")')
-    return AxisRule(
-        package=package,
-        short=table["short"],
-        repo=table.get("repo"),
-        min=_parse_version(table["min"], f"{where} min") if "min" in table else None,
-        minors_window=table.get("minors_window", 0),
-        latest=table.get("latest", False),
-        prerelease=table.get("prerelease", False),
-        extra=tuple(table.get("extra", [])),
-        settle_days=table.get("settle_days", 0),
-    )
+def _axis_rule(package: str, table: object, path: Path) -> AxisRule:
+    given = {"package": package}
+    return read_table(AxisRule, table, where=f"{path}: [axes.{package}]", error=ConfigError, given=given)
 
 
-def _incompatibility(entry: dict, path: Path) -> Incompatibility:
+def _incompatibility(entry: dict[str, Any], path: Path) -> Incompatibility:
     where = f"{path}: [[incompatible]] {entry}"
     _reject_unknown(entry, {*AXES, "reason"}, where)
     if not entry.get("reason") or not set(entry) & set(AXES):
@@ -291,7 +265,7 @@ def _incompatibility(entry: dict, path: Path) -> Incompatibility:
     return Incompatibility(specifiers=specifiers, reason=entry["reason"])
 
 
-def _reject_unknown(table: dict, known: set[str], where: str) -> None:
+def _reject_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
     if unknown := set(table) - known:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
 
@@ -455,7 +429,11 @@ def select_versions(rule: AxisRule, releases: Iterable[Release], python: Version
     )
 
 
-def _line_key(version: Version) -> tuple:
+LineKey = tuple[int, tuple[int, ...], tuple[str, int] | None]
+"""A release line: epoch, release numbers without trailing zeros, pre-release."""
+
+
+def _line_key(version: Version) -> LineKey:
     # Post-releases share their base release's line; 2.0 and 2.0.0 are the same line.
     release = list(version.release)
     while len(release) > 1 and release[-1] == 0:
@@ -463,7 +441,7 @@ def _line_key(version: Version) -> tuple:
     return version.epoch, tuple(release), version.pre
 
 
-def _installable_lines(releases: list[Release], python: Version) -> dict[tuple, Version]:
+def _installable_lines(releases: list[Release], python: Version) -> dict[LineKey, Version]:
     """Newest installable version of each release line; yanked, dev and wrong-Python ones never count."""
     installable = sorted(
         release.version
@@ -473,7 +451,9 @@ def _installable_lines(releases: list[Release], python: Version) -> dict[tuple, 
     return {_line_key(version): version for version in installable}  # ascending: newest wins
 
 
-def _resolve_release(version: Version, rule: AxisRule, releases: list[Release], newest_per_line: dict) -> Version:
+def _resolve_release(
+    version: Version, rule: AxisRule, releases: list[Release], newest_per_line: dict[LineKey, Version]
+) -> Version:
     """An explicitly named release, as its line's newest post-release; explains why when unusable."""
     if (newest := newest_per_line.get(_line_key(version))) is not None:
         return newest
@@ -647,7 +627,7 @@ def combinations(
 
     combos = [
         Combo(
-            **dict(zip(AXES, pins)),  # type: ignore[arg-type]  # one Pin per axis, in AXES order
+            **dict(zip(AXES, pins)),  # one Pin per axis, in AXES order
             tags=tuple(t for t in TAGS if t in tags),
             skip_reason=skip_reason({pin.package: pin.version for pin in pins}, config),
         )
@@ -656,7 +636,7 @@ def combinations(
     return [combo for combo in combos if tag is None or tag in combo.tags]
 
 
-def ci_matrix(combos: Iterable[Combo], session: str = "autotp") -> list[dict]:
+def ci_matrix(combos: Iterable[Combo], session: str = "autotp") -> list[dict[str, Any]]:
     """CI job matrix rows; session names follow nox's parametrize convention "<session>(<id>)"."""
     return [
         {

@@ -26,13 +26,23 @@ def record_install_failure(session: str, combo: Combo, message: str, selection: 
     variants = selection.variants or default_variants(selection.checkpoints)
     try:
         cells = expand(
-            selection.models, variants, selection.dtypes, selection.tp, Path(selection.models_file), selection.shapes
+            selection.models,
+            variants,
+            selection.dtypes,
+            selection.tp,
+            models_file=Path(selection.models_file),
+            shapes=selection.shapes,
         )
     except ImportError:
         # `all` and `derived` read their architectures from transformers, which was never installed: the
         # registry's entries stand for the combination (what this Python can name)
         cells = expand(
-            "registry", variants, selection.dtypes, selection.tp, Path(selection.models_file), selection.shapes
+            "registry",
+            variants,
+            selection.dtypes,
+            selection.tp,
+            models_file=Path(selection.models_file),
+            shapes=selection.shapes,
         )
     requirements = combo.requirements
     try:

@@ -33,7 +33,7 @@ from suites.mechanism import whose
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
-documents the model as unsupported by AutoTP or refuses it on purpose (matrix/registry.py KNOWN_FAILURE_STATES):
+documents the model as unsupported by AutoTP or refuses it on purpose (matrix/registry.py KnownFailureState):
 listed in this order."""
 
 

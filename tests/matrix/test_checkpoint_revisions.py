@@ -34,7 +34,7 @@ ENTRY = '[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_ids = ["org/x"]\n'
             r"models.toml: entry \[models.x\] field 'revisions.\"org/x\"' must be a full commit sha",
         ),
         ('revisions = { "org/x" = "' + PINNED.upper() + '" }', r"must be a full commit sha \(40 lowercase hex digits"),
-        ('revisions = ["' + PINNED + '"]', r"entry \[models.x\] field 'revisions' must be dict"),
+        ('revisions = ["' + PINNED + '"]', r"entry \[models.x\] field 'revisions' must be a table"),
     ],
 )
 def test_bad_revisions_name_file_entry_and_field(tmp_path, extra, message):

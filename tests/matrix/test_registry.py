@@ -37,10 +37,10 @@ def test_unknown_model_lists_close_names():
     "text, message",
     [
         ("[models.x]\ntiny = {}\n", r"models.toml: entry \[models.x\] is missing required field 'model_type'"),
-        ("[models.x]\nmodel_type = 3\ntiny = {}\n", r"entry \[models.x\] field 'model_type' must be str, got 3"),
+        ("[models.x]\nmodel_type = 3\ntiny = {}\n", r"entry \[models.x\] field 'model_type' must be a string, got 3"),
         (
             '[models.x]\nmodel_type = "llama"\ntiny = {}\nhub_id = "a/b"\n',
-            r"entry \[models.x\] has unknown field\(s\) \['hub_id'\]",
+            r"entry \[models.x\] has unknown field\(s\) \['hub_id'\]; did you mean 'hub_ids'\?",
         ),
         (
             '[models.x]\nmodel_type = "llama"\ntiny = {}\nmin_transformers = "four"\n',
@@ -48,7 +48,7 @@ def test_unknown_model_lists_close_names():
         ),
         (
             '[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { logits_rel = 1 } }\n',
-            r"entry \[models.x\] field 'tolerance' has unknown dtype 'fp64'",
+            r"entry \[models.x\] field 'tolerance' has unknown key 'fp64' \(did you mean 'fp16'\?\); use one of \('fp32', 'bf16', 'fp16'\)",
         ),
         ('[models.X-1]\nmodel_type = "llama"\ntiny = {}\n', r"entry \[models.X-1\] name must be lowercase"),
         ('[models.x\nmodel_type = "llama"\n', r"models.toml: not valid TOML: .*line 1"),

@@ -128,7 +128,7 @@ def test_a_count_rule_joins_the_residues_and_the_thresholds():
     [
         ('{ size = "layers", multiple_of_tp_times = 4, why = "x" }', "'split_rules[0].size' must be one of"),
         ('{ size = "kv_heads", why = "x" }', "'split_rules[0]' states no condition"),
-        ('{ size = "kv_heads", multiple_of_tp_times = 4 }', "needs size and why"),
+        ('{ size = "kv_heads", multiple_of_tp_times = 4 }', "'split_rules[0]' is missing required field 'why'"),
         (
             '{ size = "heads", equals = "hidden", why = "x" }',
             "'split_rules[0].equals' must be 'hidden', for size 'attention_out'",
@@ -228,7 +228,7 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
         (
             '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
-            "field 'kv_heads': 3 does not divide heads 28",
+            "field 'kv_heads' must divide heads 28, got 3",
         ),
         (
             '[qwen2]\n"Qwen/Qwen2-7B" = { source = "from memory", heads = 28, kv_heads = 4, head_dim = 128, '
@@ -238,7 +238,7 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
         (
             '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, vocab = 152064, tied_embeddings = false }",
-            "is missing field(s) ['intermediate']",
+            "is missing required field 'intermediate'",
         ),
         (
             '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
