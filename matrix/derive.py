@@ -32,7 +32,7 @@ from packaging.version import Version
 
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, ExpansionError, UnreadableConfig
 from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, read_toml
-from matrix.toml_tables import TableError, read_table
+from matrix.toml_tables import TableError, read_table, written_as
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -555,7 +555,7 @@ def derive_tiny(config: PretrainedConfig, real: bool = False) -> Derivation:
 class VersionSkip:
     """A skip that holds only at the transformers releases `transformers` (a PEP 440 specifier) names."""
 
-    transformers: str
+    transformers: str = field(metadata=written_as("a quoted version range: transformers = '>=4.46, <4.54'"))
     reason: str
 
     def applies(self, transformers_version: str) -> bool:

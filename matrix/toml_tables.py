@@ -11,7 +11,8 @@ What a field's hint accepts:
 - `Any`: anything, as written;
 - any other class (packaging's `Version`): a string it is built from.
 A field without a default must be in the table; a key that is no field is refused with the closest field's name.
-Fields a file never sets (filled in by code) carry `NOT_IN_FILE` as their metadata.
+Fields a file never sets (filled in by code) carry `NOT_IN_FILE` as their metadata; a field whose right spelling
+is not obvious from its type says how to write it with `written_as(...)`, added to every message about it.
 
 Rules across fields go in the class's `validate(self) -> None`, which raises `TableError`; the reader calls it after
 building the instance, and only the reader: dataclasses built in code (a shape read from a transformers config, a
@@ -25,7 +26,7 @@ import difflib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import MISSING, Field, fields, is_dataclass
 from types import MappingProxyType, NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
@@ -36,6 +37,13 @@ Table = TypeVar("Table", bound="DataclassInstance")
 
 NOT_IN_FILE: Mapping[str, bool] = MappingProxyType({"in_file": False})
 """Metadata of a dataclass field that code fills in and a file may not set."""
+
+
+def written_as(example: str) -> Mapping[str, str]:
+    """Metadata of a dataclass field: how to write its value (`a version range such as '>=4.46, <4.54'`), said in
+    every message about the field."""
+    return MappingProxyType({"written_as": example})
+
 
 TOML_NAMES: dict[type, str] = {
     str: "a string",
@@ -96,7 +104,7 @@ def _read_dataclass(cls: type[Table], raw: object, path: str, given: Mapping[str
     if missing:
         raise TableError(path, f"is missing required field{'s' if len(missing) > 1 else ''} {_quoted(missing)}")
     hints = get_type_hints(cls)
-    values = {name: _read_value(hints[name], value, _join(path, name)) for name, value in raw.items()}
+    values = {name: _read_field(readable[name], hints[name], value, _join(path, name)) for name, value in raw.items()}
     try:
         table = cast(Callable[..., Table], cls)(**given, **values)
         validate: Callable[[], None] | None = getattr(table, "validate", None)
@@ -105,6 +113,17 @@ def _read_dataclass(cls: type[Table], raw: object, path: str, given: Mapping[str
     except TableError as broken:  # a rule of a nested table: named from the outer table
         raise TableError(_join(path, broken.field), broken.problem) from None
     return table
+
+
+def _read_field(field: Field[Any], hint: Any, value: object, path: str) -> Any:
+    """`value` read by its field's hint; a message about it says how to write it where the field says."""
+    try:
+        return _read_value(hint, value, path)
+    except TableError as broken:
+        example = field.metadata.get("written_as")
+        if example is None:
+            raise
+        raise TableError(broken.field, f"{broken.problem}; write it as {example}") from None
 
 
 def _read_value(hint: Any, value: object, path: str) -> Any:

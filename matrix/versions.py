@@ -21,7 +21,7 @@ import time
 import urllib.request
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cache
 from pathlib import Path
@@ -31,7 +31,7 @@ import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from matrix.toml_tables import TableError, read_table
+from matrix.toml_tables import TableError, read_table, written_as
 
 AXES = ("deepspeed", "transformers", "torch")
 TAGS = ("latest", "min", "release-gate", "prerelease", "nightly")
@@ -192,11 +192,11 @@ class AxisRule:
     package: str
     short: str
     repo: str | None = None
-    min: Version | None = None
+    min: Version | None = field(default=None, metadata=written_as('a quoted release: min = "4.41.2"'))
     minors_window: int = 0
     latest: bool = False
     prerelease: bool = False
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = field(default=(), metadata=written_as('quoted releases: extra = ["0.16.2"]'))
     settle_days: int = 0
     """Releases younger than this are not picked by rule: their dependencies may not be on the index yet."""
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import pytest
 from packaging.version import Version
 
-from matrix.toml_tables import NOT_IN_FILE, TableError, read_table
+from matrix.toml_tables import NOT_IN_FILE, TableError, read_table, written_as
 
 WHERE = "fruit.toml: entry [fruit.apple]"
 
@@ -38,6 +38,7 @@ class Fruit:
     notes: dict[str, Any] = field(default_factory=dict)
     origin: str | None = None
     since: Version | None = None
+    planted: Version | None = field(default=None, metadata=written_as('a quoted release: planted = "1.0"'))
     grown_by_code: str = field(default="", metadata=NOT_IN_FILE)
 
     def validate(self) -> None:
@@ -198,3 +199,13 @@ def test_a_nested_tables_rule_is_named_from_the_outer_table():
 
 def test_a_dataclass_built_in_code_is_not_validated():
     assert Fruit(name="apple", colour="red", ripe=True, season="spring").season == "spring"
+
+
+def test_a_field_that_says_how_to_write_it_says_so_in_its_type_message():
+    with pytest.raises(FruitError) as refused:
+        read({"colour": "red", "planted": 1.0})
+    assert str(refused.value) == (
+        f"{WHERE} field 'planted' must be a string, got 1.0; write it as a quoted release: planted = \"1.0\""
+    )
+    with pytest.raises(FruitError, match=r"field 'origin' must be a string, got 3$"):
+        read({"colour": "red", "origin": 3})
