@@ -107,7 +107,7 @@ def test_a_wrong_type_names_the_file_entry_and_field(raw, message):
     [
         (
             {"colour": "red", "colur": "green"},
-            "has unknown field(s) ['colur']; did you mean 'colour'? known fields: ['colour', 'notes', 'origin', "
+            "has unknown field(s) ['colur']; did you mean 'colour'? known fields: ['colour', 'notes', 'origin', 'planted', "
             "'prices', 'ripe', 'season', 'seeds', 'since', 'stages', 'tags', 'weight']",
         ),
         (
