@@ -118,15 +118,6 @@ def _peak_rss_bytes() -> int:
     return 0
 
 
-def _dtype_skip_reason(dtype: str) -> str | None:
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    if TORCH_DTYPES[dtype] not in accelerator.supported_dtypes():
-        return f"{dtype} is not supported by the {accelerator.device_name()} accelerator (supported_dtypes)"
-    return None
-
-
 def _load(job: Job):
     """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
     if job.meta:
@@ -188,13 +179,10 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     progress = Progress() if job.variant.training else None
     scratch = workdir / f"training-{job.seq}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
-    skip = _dtype_skip_reason(job.dtype)
     _reset_peak_rss()
     rss_before_load = _rss_bytes()
     try:
-        if skip:
-            pass
-        elif progress:
+        if progress:
             mark_process_sharded()
             started = time.perf_counter()
             training = run_training(
@@ -255,9 +243,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
-            outcome = (
-                CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
-            )
+            outcome = _judge(job, observed, summaries, timings, task_correct)
             if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
                 outcome.broke_at = _divergence(job, observed, model, before.classes)
             outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
