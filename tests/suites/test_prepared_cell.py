@@ -51,6 +51,12 @@ class Trace:
 
         monkeypatch.setattr(memory_plan.Runner, "detect", classmethod(detected))
 
+    def __repr__(self) -> str:
+        return (
+            f"resolved {dict(self.resolved)}, hashed {dict(self.hashed)}, planned {dict(self.planned)}, "
+            f"references planned {dict(self.references_planned)}, runners detected {self.runners_detected}"
+        )
+
     @staticmethod
     def _wrap(monkeypatch: pytest.MonkeyPatch, module: object, name: str, count: Callable[..., object]) -> None:
         original = getattr(module, name)
@@ -98,7 +104,7 @@ def test_a_matrix_resolves_each_cell_once_hashes_each_checkpoint_once_and_plans_
 ) -> None:
     _run(CELLS, rank_pool)  # cold: each model's first cell writes its checkpoint and computes its reference
     per_model = Counter(cell.model.name for cell in CELLS)
-    assert trace.resolved == per_model  # once per cell
+    assert trace.resolved == per_model, trace  # once per cell
     assert trace.planned == Counter(f"{cell.dtype} tp2 eager" for cell in CELLS)  # once per cell
     assert trace.references_planned == Counter(cell.dtype for cell in CELLS)  # in its cell's plan, never again
     assert trace.runners_detected == len(CELLS)
