@@ -544,13 +544,17 @@ def plan_cell(
             f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
             f"{have}"
         )
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
+        return replace(
+            plan, problem=f"{problem}: {_alternatives(size, dtype, tp=tp, load=load, runner=runner, training=training)}"
+        )
     if runner.device_bytes and plan.rank_device_bytes > min(runner.device_bytes) * SAFETY:
         problem = (
             f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
             f"{gib(min(runner.device_bytes))} free"
         )
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
+        return replace(
+            plan, problem=f"{problem}: {_alternatives(size, dtype, tp=tp, load=load, runner=runner, training=training)}"
+        )
     return plan
 
 
@@ -565,7 +569,7 @@ def _fits(plan: MemoryPlan) -> bool:
 
 
 def _alternatives(
-    size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
+    size: CheckpointSize, dtype: str, *, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
 ) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""

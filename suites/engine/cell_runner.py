@@ -84,13 +84,13 @@ def _stage_error(
             whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
     located_at = f"; {broke_at.text}" if broke_at and failure_class != "setup" else ""
     return RankError(
-        rank,
-        stage,
-        failure_class,
-        where + signature,
-        f"rank {rank} raised in {stage} ({label or stage}){whose}{located_at}:\n"
+        rank=rank,
+        stage=stage,
+        failure_class=failure_class,
+        signature=where + signature,
+        message=f"rank {rank} raised in {stage} ({label or stage}){whose}{located_at}:\n"
         + "".join(traceback.format_exception(error))[-4000:],
-        broke_at if failure_class != "setup" else None,
+        broke_at=broke_at if failure_class != "setup" else None,
     )
 
 
@@ -154,11 +154,20 @@ def _shard(job: Job, model: Model, world_size: int) -> tuple[Any, Model]:
 
 
 def _record_sharding(
-    workdir: Path, job: Job, before: Snapshot, model: Model, policies: list[Policy], world_size: int, complete: bool
+    workdir: Path,
+    job: Job,
+    before: Snapshot,
+    model: Model,
+    *,
+    policies: list[Policy],
+    world_size: int,
+    complete: bool,
 ) -> None:
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
-    record = sharding_record(before, model, policies, split_counts(model), world_size, complete)
+    record = sharding_record(
+        before, model, policies=policies, counts=split_counts(model), tp=world_size, complete=complete
+    )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 
 
@@ -210,7 +219,15 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
                     engine, model = _shard(job, model, world_size)
                 finally:
                     if rank == 0:
-                        _record_sharding(workdir, job, before, model, policies, world_size, engine is not None)
+                        _record_sharding(
+                            workdir,
+                            job,
+                            before,
+                            model,
+                            policies=policies,
+                            world_size=world_size,
+                            complete=engine is not None,
+                        )
             timings["time_shard_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
@@ -231,16 +248,16 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
         doorbells.ring(doorbells.events_path(workdir))
 
     summary = RankSummary(
-        rank,
-        error,
-        _rss_bytes(),
-        _peak_rss_bytes(),
-        rss_before_load,
-        rss_peak_loaded,
-        training,
-        held_bytes_by_name,
-        observed.logits_plain[0, -1] if observed else None,
-        held_shapes,
+        rank=rank,
+        error=error,
+        rss_bytes=_rss_bytes(),
+        rss_peak_bytes=_peak_rss_bytes(),
+        rss_before_load_bytes=rss_before_load,
+        rss_peak_loaded_bytes=rss_peak_loaded,
+        training=training,
+        bytes_by_name=held_bytes_by_name,
+        last_logits=observed.logits_plain[0, -1] if observed else None,
+        shapes_by_name=held_shapes,
     )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)

@@ -107,7 +107,7 @@ class ForkServer:
             self._start()
 
     def fork_group(
-        self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
+        self, *, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
     ) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
         request = {

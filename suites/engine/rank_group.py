@@ -226,7 +226,12 @@ class RankGroup:
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:
             self.process = self.fork_server.fork_group(
-                self.tp, self.port, self.workdir, os.getpid(), self.env["OMP_NUM_THREADS"], self.start_timeout
+                tp=self.tp,
+                port=self.port,
+                workdir=self.workdir,
+                driver_pid=os.getpid(),
+                omp_threads=self.env["OMP_NUM_THREADS"],
+                timeout=self.start_timeout,
             )
         else:
             command = [
