@@ -65,25 +65,35 @@ def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
 
 def forget_reference(folder: str) -> None:
     """Drop the cached reference, so the next run measures its computation."""
+    from matrix.checkpoints import folder_checkpoint
     from suites.checks.inputs import ProbeSpec
     from suites.reference import reference_path
 
-    reference_path(folder, None, "fp32", ProbeSpec()).unlink(missing_ok=True)
+    reference_path(folder_checkpoint(folder), "fp32", ProbeSpec()).unlink(missing_ok=True)
 
 
 def offloaded_reference(folder: str) -> dict[str, Any]:
     """The reference computed again with host RAM capped so that no layer stays resident."""
+    from matrix.checkpoints import folder_checkpoint
     from suites.checks.inputs import ProbeSpec
-    from suites.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, activation_bytes, checkpoint_size
+    from suites.memory_plan import (
+        HOST_MEMORY_ENV,
+        PROCESS_RUNTIME_BYTES,
+        SAFETY,
+        Runner,
+        activation_bytes,
+        checkpoint_size,
+        plan_reference,
+    )
     from suites.reference import cached_reference, reference_path, reference_record
 
-    size = checkpoint_size(folder)
-    path = reference_path(folder, None, "fp32", ProbeSpec())
+    size, checkpoint = checkpoint_size(folder), folder_checkpoint(folder)
+    path = reference_path(checkpoint, "fp32", ProbeSpec())
     forget_reference(folder)
     cap = (PROCESS_RUNTIME_BYTES + activation_bytes(size, "fp32") + size.layer_bytes("fp32")) / SAFETY
     os.environ[HOST_MEMORY_ENV] = str(int(cap) + (16 << 20))
     try:
-        cached_reference(folder, None, "fp32", ProbeSpec())
+        cached_reference(checkpoint, "fp32", ProbeSpec(), plan=plan_reference(size, "fp32", Runner.detect()))
     finally:
         del os.environ[HOST_MEMORY_ENV]
     return reference_record(path)

@@ -19,12 +19,20 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matrix import cache_root
 from matrix.registry import ModelEntry
+
+if TYPE_CHECKING:  # torch and transformers load only where a checkpoint is written
+    import torch
+    from transformers import PretrainedConfig
+
+    from matrix.prefetch import Downloader
 
 MANIFEST = "autotp-manifest.json"
 SEED = 1234
@@ -56,13 +64,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-_VERIFIED: dict[Path, tuple] = {}
-"""Tiny checkpoint folders whose files this process hashed against their manifest, with the (name, size,
-mtime) of every file then. A matrix resolves each checkpoint twice per cell and three tp sizes of cells:
-~14 GB of sha256 per default matrix (~70 checkpoints, 2 GB), where once per process finds the same faults."""
+FileState = tuple[tuple[str, int, int], ...]
+"""(name, size, modification time) of every file of a folder."""
+
+_HASHED: dict[Path, FileState] = {}
+"""Tiny checkpoint folders this process hashed (writing them, or checking them against their manifest), with the
+state of their files then. Three cells (tp 2, 3, 4) load each checkpoint of a matrix: hashing it once per matrix
+finds the faults three times would (~2 GB, ~70 checkpoints), and a file changed since is hashed again."""
 
 
-def _files_state(folder: Path) -> tuple:
+def _files_state(folder: Path) -> FileState:
     return tuple(
         sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in folder.iterdir() if path.is_file())
     )
@@ -82,12 +93,12 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != expected["size"]:
             return f"{name} has {path.stat().st_size} bytes, expected {expected['size']} (truncated?)"
-    if not hashes or _VERIFIED.get(folder) == state:
+    if not hashes or _HASHED.get(folder) == state:
         return None
     for name, expected in manifest["files"].items():
         if _sha256(folder / name) != expected["sha256"]:
             return f"{name} does not match its recorded sha256 (corrupted?)"
-    _VERIFIED[folder] = state
+    _HASHED[folder] = state
     return None
 
 
@@ -104,20 +115,21 @@ def tiny_key(entry: ModelEntry) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def tiny_config(entry: ModelEntry):
+def tiny_config(entry: ModelEntry) -> PretrainedConfig:
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(entry.model_type, **entry.tiny)
+    config: PretrainedConfig = AutoConfig.for_model(entry.model_type, **entry.tiny)
+    return config
 
 
-def randomise_constant_parameters(model, seed: int, spread: float) -> list[str]:
+def randomise_constant_parameters(model: "torch.nn.Module", seed: int, spread: float) -> list[str]:
     """Give every parameter that transformers' init leaves constant seeded random values: biases at 0,
     norm weights at 1 (Gemma's at 0, used as 1 + w), layer scales, expert biases. With them constant, a
     bias added on every rank after a row-parallel all-reduce, a column-parallel bias not sliced with its
     weight, or a norm weight sliced or permuted computes exactly the right numbers, and no check can see
     it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get
     N(0, spread), others c * (1 + N(0, spread))), so the model still computes a sensible function. Returns the names changed. Standalone (its source is copied
-    into repro scripts, see suites/records/repro.py), so its only import is its own."""
+    into repro scripts, see suites/records/repro.py), so its only import is its own (and its annotation a string)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -142,6 +154,13 @@ def tiny_revision(folder: Path) -> str:
     return "sha256:" + _sha256(Path(folder) / MANIFEST)[:16]
 
 
+def folder_checkpoint(folder: str | Path) -> Checkpoint:
+    """A checkpoint folder given by path alone (a tool's argument, not a cell's entry), with its identity
+    (`checkpoint_identity`) and the byte tokenizer: cells resolve theirs with `resolve_checkpoint`."""
+    source, revision = checkpoint_identity(folder)
+    return Checkpoint(str(folder), None, source, revision)
+
+
 def checkpoint_identity(folder: str | Path) -> tuple[str, str]:
     """(source, revision) of a checkpoint folder: `tiny` and its content hash, a hub id and the commit
     of its HF-cache snapshot (`models--org--name/snapshots/<commit>`), or for any other folder its path
@@ -155,28 +174,52 @@ def checkpoint_identity(folder: str | Path) -> tuple[str, str]:
     return str(folder.resolve()), "files:" + hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
 
 
-def resolve_checkpoint(entry: ModelEntry, kind: str, download=None, weights: bool = True) -> Checkpoint:
+def resolve_checkpoint(
+    entry: ModelEntry, kind: str, download: Downloader | None = None, weights: bool = True
+) -> Checkpoint:
     """The checkpoint a cell of `entry` loads: `tiny` (built on first use) or `hub` (`hub_ids[0]` at its
     pinned revision, fetched into the HF cache like `nox -s prefetch` does; `download` stands in for
     huggingface_hub.snapshot_download in tests). `weights=False`: a hub snapshot holds only what the memory
-    plan reads (matrix/prefetch.py PLAN_FILES), so a cell the plan skips never downloads its weights."""
+    plan reads (matrix/prefetch.py PLAN_FILES), so a cell the plan skips never downloads its weights; its
+    weights come later with `fetch_weights`."""
     if kind == "tiny":
         folder = tiny_checkpoint(entry)
         return Checkpoint(str(folder), None, "tiny", tiny_revision(folder))
+    snapshot_path, revision = _hub_snapshot(entry, download, plan_files_only=not weights)
+    return Checkpoint(snapshot_path, snapshot_path, entry.hub_ids[0], revision)
+
+
+def fetch_weights(entry: ModelEntry, checkpoint: Checkpoint, download: Downloader | None = None) -> None:
+    """Bring the weights of a checkpoint resolved without them (`resolve_checkpoint(weights=False)`) into its
+    folder: a hub snapshot's weight files at the revision already resolved; a tiny checkpoint holds them already."""
+    if checkpoint.source == "tiny":
+        return
+    folder, revision = _hub_snapshot(entry, download, plan_files_only=False)
+    if (folder, revision) != (checkpoint.folder, checkpoint.revision):
+        raise OSError(
+            f"{checkpoint.source}: resolved at {checkpoint.revision} ({checkpoint.folder}), its weights came from "
+            f"{revision} ({folder})"
+        )
+
+
+def _hub_snapshot(entry: ModelEntry, download: Downloader | None, plan_files_only: bool) -> tuple[str, str]:
+    """(folder, commit) of the entry's first hub id at its pinned revision in the HF cache, fetched as needed."""
     from matrix.prefetch import fetch_snapshot
 
     if download is None:
-        from huggingface_hub import snapshot_download as download
+        from huggingface_hub import snapshot_download
+
+        download = snapshot_download
     hub_id = entry.hub_ids[0]
     pinned = entry.revisions.get(hub_id)
-    snapshot = fetch_snapshot(hub_id, pinned, download, plan_files_only=not weights)
+    snapshot = fetch_snapshot(hub_id, pinned, download, plan_files_only=plan_files_only)
     if snapshot.status == "error":
         raise OSError(
             f"could not fetch {hub_id}" + (f" at revision {pinned}" if pinned else "") + f": {snapshot.message}"
         )
     if pinned and snapshot.revision != pinned:
         raise OSError(f"{hub_id}: asked for revision {pinned}, the HF cache gave {snapshot.revision}")
-    return Checkpoint(snapshot.path, snapshot.path, hub_id, snapshot.revision)
+    return snapshot.path, snapshot.revision
 
 
 def tiny_folder(entry: ModelEntry) -> Path:
@@ -191,7 +234,7 @@ def cached_tiny_checkpoint(entry: ModelEntry) -> Path | None:
     return folder if folder.exists() and _manifest_problem(folder, hashes=False) is None else None
 
 
-def tiny_checkpoint(entry: ModelEntry, log=print) -> Path:
+def tiny_checkpoint(entry: ModelEntry, log: Callable[[str], object] = print) -> Path:
     """The folder of the entry's tiny checkpoint, written (or rebuilt when corrupt) when a cell first needs
     it. Written once: parallel drivers (pytest-xdist workers) that need the same one wait for the first."""
     folder = tiny_folder(entry)
@@ -211,18 +254,18 @@ def tiny_checkpoint(entry: ModelEntry, log=print) -> Path:
 
 
 @contextmanager
-def _without_progress_bars():
+def _without_progress_bars() -> Iterator[None]:
     """transformers draws a "Writing model shards" bar per save (5.x); a cold matrix writes ~70 checkpoints,
     whose progress the harness reports in one line of its own (see conftest.py)."""
     from transformers.utils import logging
 
     enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
         if enabled:
-            logging.enable_progress_bar()
+            logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:
@@ -232,7 +275,9 @@ def _write_tiny(entry: ModelEntry, folder: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_config(tiny_config(entry), trust_remote_code=entry.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            tiny_config(entry), trust_remote_code=entry.trust_remote_code
+        )
         randomise_constant_parameters(model, SEED + INIT, SPREAD)
         with _without_progress_bars():
             model.save_pretrained(staging, safe_serialization=True)
@@ -241,5 +286,6 @@ def _write_tiny(entry: ModelEntry, folder: Path) -> None:
         }
         (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
         staging.rename(folder)
+        _HASHED[folder] = _files_state(folder)  # just hashed for its manifest: not read again by this process
     finally:
         shutil.rmtree(staging, ignore_errors=True)

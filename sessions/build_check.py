@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from matrix.checkpoints import tiny_checkpoint, tiny_config
+from matrix.checkpoints import folder_checkpoint, tiny_checkpoint, tiny_config
 from matrix.derive import MAX_PARAMS, listed_entries
 from matrix.registry import ModelEntry
 from suites.checks.inputs import ProbeSpec
+from suites.memory_plan import Runner, checkpoint_size, plan_reference
 from suites.reference import cached_reference
 
 
@@ -29,9 +30,9 @@ def build_problem(entry: ModelEntry) -> str | None:
             params = sum(p.numel() for p in model.parameters())
         if params > MAX_PARAMS:
             return f"too large: {params} parameters > {MAX_PARAMS} after shrinking"
-        cached_reference(
-            str(tiny_checkpoint(entry, log=lambda *_: None)), None, "fp32", ProbeSpec(), entry.trust_remote_code
-        )
+        checkpoint = folder_checkpoint(tiny_checkpoint(entry, log=lambda *_: None))
+        plan = plan_reference(checkpoint_size(checkpoint.folder), "fp32", Runner.detect())
+        cached_reference(checkpoint, "fp32", ProbeSpec(), plan=plan, trust_remote_code=entry.trust_remote_code)
     except Exception as error:
         return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
     return None

@@ -1,15 +1,18 @@
-"""Driver side of one cell: decide skips, prepare the checkpoint, plan its memory (a cell that cannot
-fit is a skip naming what would), prepare the reference, hand the cell to a rank group and return its
-outcome with the plan and the checkpoint revision it loaded. Nothing here raises for a cell's own failure."""
+"""Driver side of one cell: decide its skips, prepare it once (checkpoint resolved with its identity and size, memory
+planned: a cell that cannot fit is a skip naming what would; suites/prepared.py `PreparedCell`), prepare its variant
+and reference by that, hand the cell to a rank group and return its outcome with the plan and the checkpoint revision
+it loaded. Nothing here raises for a cell's own failure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import transformers
 
+from matrix import cache_root
 from matrix.cells import Cell
-from matrix.checkpoints import Checkpoint, cache_root, cached_tiny_checkpoint, resolve_checkpoint
+from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
@@ -19,6 +22,7 @@ from suites.engine.fork_server import ForkServer
 from suites.engine.rank_group import RankGroupPool
 from suites.mechanism import Failure, cause_of
 from suites.memory_plan import (
+    CheckpointSize,
     GiB,
     MemoryPlan,
     Runner,
@@ -30,6 +34,7 @@ from suites.memory_plan import (
     session_pids,
 )
 from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
+from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.reference import (
     cached_reference,
     cached_task_reference,
@@ -38,6 +43,9 @@ from suites.reference import (
     start_reference_process,
 )
 from suites.variants import variant_setup
+
+Provenance = dict[str, Any]
+"""What a cell's record says about its weights and memory (`_provenance`): `checkpoint` and `metrics`."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class RunOptions:
 
 
 def skip_reason(cell: Cell, options: RunOptions) -> str | None:
+    """Why the cell does not run, as far as that is known without its checkpoint: the registry's entry, the run's
+    options, the installed transformers and DeepSpeed (the variant, the accelerator's dtypes). Decided before
+    anything is resolved or built; what needs the checkpoint is `PreparedCell.skip` (`prepare_cell`)."""
     entry = cell.model
     if entry.skip_reason:
         return entry.skip_reason
@@ -61,36 +72,61 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
         return f"{entry.name} needs trust_remote_code; refused unless you pass --allow-remote-code"
     if options.checkpoints == "hub" and not entry.hub_ids:
         return f"{entry.name} has no hub_ids in matrix/models.toml"
-    return entry.version_skip_reason(transformers.__version__)
+    return (
+        entry.version_skip_reason(transformers.__version__)
+        or variant_setup.skip_reason(cell)
+        or dtype_skip_reason(cell.dtype)
+    )
 
 
-def planned_checkpoint(cell: Cell, options: RunOptions, runner: Runner | None = None) -> tuple[Checkpoint, MemoryPlan]:
-    """The cell's checkpoint and plan, planned before a hub snapshot's weights are fetched (from its config and
-    weight index); a snapshot without an index is sized from its weights, fetched first."""
+def dtype_skip_reason(dtype: str) -> str | None:
+    """Why the ranks' accelerator cannot run `dtype` (DeepSpeed's `supported_dtypes`), or None."""
+    from deepspeed.accelerator import get_accelerator
+
+    from suites.variants.loading import TORCH_DTYPES
+
+    accelerator = get_accelerator()
+    if TORCH_DTYPES[dtype] not in accelerator.supported_dtypes():
+        return f"{dtype} is not supported by the {accelerator.device_name()} accelerator (supported_dtypes)"
+    return None
+
+
+def prepare_cell(cell: Cell, options: RunOptions, runner: Runner) -> PreparedCell:
+    """The cell worked out once: its checkpoint resolved (a hub snapshot without its weights: the plan reads its
+    config and weight index, so a cell the plan skips never downloads them; one without an index is sized from its
+    weights, fetched first), sized, planned against `runner`, and its skip verdict."""
     checkpoint = resolve_checkpoint(cell.model, options.checkpoints, weights=False)
+    size = _size(cell, checkpoint)
+    plan = plan_for(cell, size, runner)
+    skip = f"memory plan: {plan.problem}" if plan.problem else variant_setup.checkpoint_skip_reason(cell, checkpoint)
+    return PreparedCell(cell=cell, checkpoint=checkpoint, size=size, plan=plan, skip=skip)
+
+
+def _size(cell: Cell, checkpoint: Checkpoint) -> CheckpointSize:
     try:
-        return checkpoint, memory_plan(cell, checkpoint, runner)
+        return checkpoint_size(checkpoint.folder)
     except FileNotFoundError:  # no index: only the weight files themselves tell the size
-        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)
-        return checkpoint, memory_plan(cell, checkpoint, runner)
+        fetch_weights(cell.model, checkpoint)
+        return checkpoint_size(checkpoint.folder)
 
 
-def memory_plan(cell: Cell, checkpoint: Checkpoint, runner: Runner | None = None) -> MemoryPlan:
-    size = checkpoint_size(checkpoint.folder)
+def plan_for(cell: Cell, size: CheckpointSize, runner: Runner) -> MemoryPlan:
+    """The cell's memory plan from its checkpoint's size: its ranks and its references, against `runner`."""
     return plan_cell(
         size,
         cell.dtype,
-        cell.tp,
-        cell.variant.load,
-        runner or Runner.detect(),
-        cell.variant.checkpoint_files,
-        TrainingShape.of(cell.variant),
+        tp=cell.tp,
+        load=cell.variant.load,
+        runner=runner,
+        meta_files=cell.variant.checkpoint_files,
+        training=TrainingShape.of(cell.variant),
+        baseline_dtype=QUANTIZED_BASELINE_DTYPE if cell.variant.quantization else None,
     )
 
 
 def prepare_job(
     cell: Cell, options: RunOptions, runner: Runner | None = None, fork_server: ForkServer | None = None
-) -> tuple[Job, dict] | CellOutcome:
+) -> tuple[Job, Provenance] | CellOutcome:
     """The job for the rank group with the driver's provenance for the cell's record (see `_provenance`), or the
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
     checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing);
@@ -100,36 +136,49 @@ def prepare_job(
     reason = skip_reason(cell, options)
     if reason:
         return CellOutcome("skip", message=reason)
-    checkpoint = None
+    if (
+        fork_server is None
+        and options.checkpoints == "tiny"
+        and not cell.variant.training
+        and cached_tiny_checkpoint(cell.model) is None
+    ):
+        # A tiny checkpoint written now has no reference yet (references are keyed by the checkpoint's content):
+        # the reference process imports torch/transformers while the driver writes it.
+        start_reference_process()
     try:
-        if (
-            fork_server is None
-            and options.checkpoints == "tiny"
-            and not cell.variant.training
-            and cached_tiny_checkpoint(cell.model) is None
-        ):
-            # A tiny checkpoint written now has no reference yet (references are keyed by the checkpoint's content):
-            # the reference process imports torch/transformers while the driver writes it.
-            start_reference_process()
-        checkpoint, plan = planned_checkpoint(cell, options, runner)
-        if plan.problem:
-            return _stamped(CellOutcome("skip", message=f"memory plan: {plan.problem}"), _provenance(checkpoint, plan))
-        checkpoint = resolve_checkpoint(cell.model, options.checkpoints)  # the weights, now that the cell fits
-        variant_fields = variant_setup.prepare(cell, checkpoint.folder, checkpoint.tokenizer, options.spec, fork_server)
+        prepared = prepare_cell(cell, options, runner or Runner.detect())
+    except Exception as error:  # the cell's setup failed; the run goes on
+        return _setup_failure(error)
+    if prepared.skip:
+        return _stamped(CellOutcome("skip", message=prepared.skip), _provenance(prepared.checkpoint, prepared.plan))
+    return _job(prepared, options, fork_server)
+
+
+def _job(
+    prepared: PreparedCell, options: RunOptions, fork_server: ForkServer | None
+) -> tuple[Job, Provenance] | CellOutcome:
+    """The job of a prepared cell that runs: its weights, its variant's fields and its references, computed by its
+    plan."""
+    cell, checkpoint = prepared.cell, prepared.checkpoint
+    try:
+        fetch_weights(cell.model, checkpoint)  # now that the cell fits
+        variant_fields = variant_setup.prepare(prepared, options.spec, fork_server)
         if isinstance(variant_fields, CellOutcome):
-            return _stamped(variant_fields, _provenance(checkpoint, plan))
+            return _stamped(variant_fields, _provenance(checkpoint, prepared.plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
         reference = (
             None
             if cell.variant.training
             else variant_fields.reference
-            or cached_reference(
-                checkpoint.folder,
-                checkpoint.tokenizer,
-                cell.dtype,
-                options.spec,
-                cell.model.trust_remote_code,
-                fork_server=fork_server,
+            or str(
+                cached_reference(
+                    checkpoint,
+                    cell.dtype,
+                    options.spec,
+                    plan=prepared.plan.reference,
+                    trust_remote_code=cell.model.trust_remote_code,
+                    fork_server=fork_server,
+                )
             )
         )
         # Quantized and training variants have references of their own; a task score is compared with
@@ -139,36 +188,34 @@ def prepare_job(
             accuracy_task = options.accuracy_task
             accuracy_reference = str(
                 cached_task_reference(
-                    checkpoint.folder,
-                    checkpoint.tokenizer,
-                    cell.dtype,
-                    options.accuracy_task,
-                    cell.model.trust_remote_code,
-                    fork_server,
+                    checkpoint, cell.dtype, options.accuracy_task, cell.model.trust_remote_code, fork_server
                 )
             )
     except Exception as error:  # the cell's setup failed; the run goes on
-        signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
-        outcome = failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
-        return _stamped(outcome, _provenance(checkpoint)) if checkpoint else outcome
+        return _stamped(_setup_failure(error), _provenance(checkpoint))
     job = Job(
-        cell.id,
-        checkpoint.folder,
-        checkpoint.tokenizer,
-        cell.dtype,
-        cell.variant,
-        cell.model.trust_remote_code,
-        cell.model.tolerance_for(cell.dtype),
-        options.spec,
-        str(reference) if reference else None,
-        variant_fields.baseline,
-        variant_fields.meta,
-        variant_fields.trained,
-        accuracy_task,
-        accuracy_reference,
-        options.faults,
+        cell_id=cell.id,
+        checkpoint=checkpoint.folder,
+        tokenizer=checkpoint.tokenizer,
+        dtype=cell.dtype,
+        variant=cell.variant,
+        trust_remote_code=cell.model.trust_remote_code,
+        tolerance=cell.model.tolerance_for(cell.dtype),
+        spec=options.spec,
+        reference=reference,
+        baseline=variant_fields.baseline,
+        meta=variant_fields.meta,
+        trained=variant_fields.trained,
+        accuracy_task=accuracy_task,
+        accuracy_reference=accuracy_reference,
+        faults=options.faults,
     )
-    return job, _provenance(checkpoint, plan, reference)
+    return job, _provenance(checkpoint, prepared.plan, reference)
+
+
+def _setup_failure(error: Exception) -> CellOutcome:
+    signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
+    return failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
 
 
 def expansion_failure(error: ExpansionError) -> CellOutcome:
@@ -177,7 +224,7 @@ def expansion_failure(error: ExpansionError) -> CellOutcome:
     return failed("setup", f"{error.error_type}: {mask_numbers(error.message)} @ {error.where}", error.describe())
 
 
-def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, reference=None) -> dict:
+def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, reference: str | None = None) -> Provenance:
     """What the cell's record says about its weights and memory: the checkpoint revision, the plan's
     numbers and, for a reference the reference process measured, its peak RSS."""
     metrics = plan.metrics() if plan else {}
@@ -187,7 +234,7 @@ def _provenance(checkpoint: Checkpoint, plan: MemoryPlan | None = None, referenc
     return {"checkpoint": {"source": checkpoint.source, "revision": checkpoint.revision}, "metrics": metrics}
 
 
-def _stamped(outcome: CellOutcome, provenance: dict) -> CellOutcome:
+def _stamped(outcome: CellOutcome, provenance: Provenance) -> CellOutcome:
     outcome.checkpoint = provenance["checkpoint"]
     outcome.metrics.update(provenance["metrics"])
     return outcome
@@ -200,7 +247,8 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
     return anonymous_bytes(pids), anonymous_bytes(reference_process_pids())
 
 
-def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcome:
+def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions) -> CellOutcome:
+    """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure)."""
     prepared = prepare_job(
         cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
     )
@@ -209,6 +257,8 @@ def run_cell(cell: Cell, pool: RankGroupPool, options: RunOptions) -> CellOutcom
         if prepared.outcome == "fail" and pool is not None:  # its setup failed: the driver's account is its log
             return pool.keep_text(cell.id, prepared, "setup.log", prepared.message)
         return prepared
+    if pool is None:
+        raise ValueError(f"cell {cell.id} runs, and no rank group was given to run it")
     job, provenance = prepared  # the provenance is the driver's, not the ranks'
     return with_cause(_stamped(pool.run(cell.tp, job, options.cell_timeout), provenance))
 
@@ -274,9 +324,10 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
             # Writing it here would hold back the first cell (~70 of them: ~50 s); its cell plans it once written.
             unwritten.append(name)
             continue
-        try:
-            checkpoint, _ = planned_checkpoint(model_cells[0], options, runner)
-            plans = [(cell, memory_plan(cell, checkpoint, runner)) for cell in model_cells]
+        try:  # one checkpoint per model, sized once; each cell planned once
+            checkpoint = resolve_checkpoint(model_cells[0].model, options.checkpoints, weights=False)
+            size = _size(model_cells[0], checkpoint)
+            plans = [(cell, plan_for(cell, size, runner)) for cell in model_cells]
         except Exception as error:  # the cell itself reports it as its setup failure
             lines.append(f"  {name}: no plan ({exception_signature(error)})")
             continue

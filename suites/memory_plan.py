@@ -27,8 +27,10 @@ import re
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from matrix.cells import DEFAULT_VARIANTS
+from matrix.registry import DType, Variant
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -88,10 +90,11 @@ class CheckpointSize:
         return self.largest_layer_parameters * DTYPE_BYTES[dtype]
 
 
-def _safetensors_header(path: Path) -> dict:
+def _safetensors_header(path: Path) -> dict[str, Any]:
     with path.open("rb") as stream:
         (length,) = struct.unpack("<Q", stream.read(8))
-        return json.loads(stream.read(length))
+        header: dict[str, Any] = json.loads(stream.read(length))
+        return header
 
 
 def checkpoint_size(folder: str | Path) -> CheckpointSize:
@@ -301,12 +304,16 @@ class ReferencePlan:
     keeps `cpu_bytes` of weights in host RAM and reads the rest from disk layer by layer."""
     cpu_bytes: int
     runner: Runner
+    model_bytes: int
+    """The whole model in the reference's dtype: the reference process ends after a large one (suites/reference.py
+    REFERENCE_PROCESS_REUSE_BELOW)."""
 
-    def max_memory(self) -> dict | None:
-        """accelerate's `max_memory` (device_map="auto"), or None: a plain load into host RAM."""
+    def max_memory(self) -> dict[str, int] | None:
+        """accelerate's `max_memory` (device_map="auto") as it crosses to the reference's process (JSON: a device's
+        index as a string, `cpu` for host RAM), or None: a plain load into host RAM."""
         if self.offload == "none" and not self.runner.device_bytes:
             return None
-        devices = {index: int(free * SAFETY) for index, free in enumerate(self.runner.device_bytes)}
+        devices = {str(index): int(free * SAFETY) for index, free in enumerate(self.runner.device_bytes)}
         return {**devices, "cpu": self.cpu_bytes}
 
 
@@ -314,7 +321,7 @@ def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> Referenc
     model, layer, working = size.model_bytes(dtype), size.layer_bytes(dtype), activation_bytes(size, dtype)
     whole = PROCESS_RUNTIME_BYTES + model + working
     if whole <= runner.beside_group_bytes * SAFETY and not runner.device_bytes:
-        return ReferencePlan(whole, "none", model, runner)
+        return ReferencePlan(whole, "none", model, runner, model)
     # accelerate fills the accelerators, then host RAM up to its share, then disk; the layer being
     # computed is materialised on top of what stays resident (benchmark: the offloaded reference's peak
     # is flat in model size, runtime + one layer).
@@ -322,8 +329,8 @@ def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> Referenc
     resident_budget = int(runner.beside_group_bytes * SAFETY) - PROCESS_RUNTIME_BYTES - working - layer
     cpu_bytes = max(0, min(off_host, resident_budget))
     if cpu_bytes >= off_host:
-        return ReferencePlan(PROCESS_RUNTIME_BYTES + max(off_host, 0) + working, "none", cpu_bytes, runner)
-    return ReferencePlan(PROCESS_RUNTIME_BYTES + cpu_bytes + working + layer, "disk", cpu_bytes, runner)
+        return ReferencePlan(PROCESS_RUNTIME_BYTES + max(off_host, 0) + working, "none", cpu_bytes, runner, model)
+    return ReferencePlan(PROCESS_RUNTIME_BYTES + cpu_bytes + working + layer, "disk", cpu_bytes, runner, model)
 
 
 OPTIMIZER_STATE_COPIES = {"sgd": 1, "adam": 2}
@@ -344,7 +351,7 @@ class TrainingShape:
     """The second engine's tp (0: the cell's; 1: every rank holds the whole model)."""
 
     @classmethod
-    def of(cls, variant) -> TrainingShape | None:
+    def of(cls, variant: Variant) -> TrainingShape | None:
         if not variant.training:
             return None
         return cls(
@@ -393,6 +400,9 @@ class MemoryPlan:
     runner: Runner
     training_host_bytes: int = 0
     """Training rows: what the driver's unsharded steps add to its own process (TrainingShape)."""
+    baseline: ReferencePlan | None = None
+    """Quantized variants: the unsharded reference in the baseline's dtype (fp32) that the relaxed checks compare
+    with, computed in a process of its own like the cell's (quantized) reference."""
     problem: str = ""
     """Empty when the cell fits; else which resource is short, by how much, and what would fit."""
 
@@ -439,11 +449,13 @@ def gib(count: float) -> str:
 def _peaks(
     size: CheckpointSize,
     dtype: str,
+    *,
     tp: int,
     load: str,
     meta_files: int,
     runner: Runner,
     training: TrainingShape | None = None,
+    baseline_dtype: DType | None = None,
 ) -> MemoryPlan:
     model, working = size.model_bytes(dtype), activation_bytes(size, dtype)
     shard = -(-model // tp)
@@ -471,23 +483,45 @@ def _peaks(
             rank_host = int(PROCESS_RUNTIME_BYTES + model * training.rank_copies(tp) + working)
         training_host = model * training.unsharded_copies + working
     # A training cell's reference is the driver's unsharded steps; no reference process runs for it.
-    reference = ReferencePlan(0, "none", 0, runner) if training else plan_reference(size, dtype, runner)
+    reference = ReferencePlan(0, "none", 0, runner, 0) if training else plan_reference(size, dtype, runner)
     return MemoryPlan(
-        load, dtype, tp, model, size.layer_bytes(dtype), reference, rank_host, rank_device, runner, training_host
+        load=load,
+        dtype=dtype,
+        tp=tp,
+        model_bytes=model,
+        layer_bytes=size.layer_bytes(dtype),
+        reference=reference,
+        rank_host_bytes=rank_host,
+        rank_device_bytes=rank_device,
+        runner=runner,
+        training_host_bytes=training_host,
+        baseline=plan_reference(size, baseline_dtype, runner) if baseline_dtype else None,
     )
 
 
 def plan_cell(
     size: CheckpointSize,
     dtype: str,
+    *,
     tp: int,
     load: str,
     runner: Runner,
     meta_files: int = 1,
     training: TrainingShape | None = None,
+    baseline_dtype: DType | None = None,
 ) -> MemoryPlan:
-    """The cell's plan; `problem` names the first resource that is short, by how much, and what fits."""
-    plan = _peaks(size, dtype, tp, load, meta_files, runner, training)
+    """The cell's plan; `problem` names the first resource that is short, by how much, and what fits.
+    `baseline_dtype`: a quantized variant's baseline reference is planned too (`MemoryPlan.baseline`)."""
+    plan = _peaks(
+        size,
+        dtype,
+        tp=tp,
+        load=load,
+        meta_files=meta_files,
+        runner=runner,
+        training=training,
+        baseline_dtype=baseline_dtype,
+    )
     host_budget, beside_group = int(runner.host_bytes * SAFETY), int(runner.beside_group_bytes * SAFETY)
     have = f"runner has {gib(runner.host_bytes)} ({runner.host_source}; a plan uses at most {SAFETY:.0%})"
     if runner.live_group_bytes:
@@ -510,13 +544,17 @@ def plan_cell(
             f"needs {gib(plan.group_host_bytes)} host RAM for {tp} {load} ranks ({gib(plan.rank_host_bytes)} each), "
             f"{have}"
         )
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
+        return replace(
+            plan, problem=f"{problem}: {_alternatives(size, dtype, tp=tp, load=load, runner=runner, training=training)}"
+        )
     if runner.device_bytes and plan.rank_device_bytes > min(runner.device_bytes) * SAFETY:
         problem = (
             f"needs {gib(plan.rank_device_bytes)} {runner.accelerator} memory per rank at tp {tp}, a device has "
             f"{gib(min(runner.device_bytes))} free"
         )
-        return replace(plan, problem=f"{problem}: {_alternatives(size, dtype, tp, load, runner, training)}")
+        return replace(
+            plan, problem=f"{problem}: {_alternatives(size, dtype, tp=tp, load=load, runner=runner, training=training)}"
+        )
     return plan
 
 
@@ -531,7 +569,7 @@ def _fits(plan: MemoryPlan) -> bool:
 
 
 def _alternatives(
-    size: CheckpointSize, dtype: str, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
+    size: CheckpointSize, dtype: str, *, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
 ) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""
@@ -545,7 +583,7 @@ def _alternatives(
     fitting = [
         " ".join(([] if training else [f"--variants {mode}"]) + ([] if other == tp else [f"--tp {other}"]))
         for mode, other in options
-        if _fits(_peaks(size, dtype, other, mode, meta_files, runner, training))
+        if _fits(_peaks(size, dtype, tp=other, load=mode, meta_files=meta_files, runner=runner, training=training))
     ]
     if not fitting:
         return f"no load mode fits at tp 2-{largest_tp}: use a runner with more memory"

@@ -38,14 +38,16 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from matrix import PROJECT_ROOT
-from matrix.checkpoints import cache_root, checkpoint_identity
+from matrix import PROJECT_ROOT, cache_root
+from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
@@ -55,6 +57,9 @@ from suites.checks.task_probe import AccuracyTask, answer_correctness
 from suites.outcome import exception_signature
 from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
+
+if TYPE_CHECKING:  # the memory plan's types only: the plan itself is made by the driver (suites/driver.py)
+    from suites.memory_plan import ReferencePlan
 
 REFERENCE_FORMAT = 6
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
@@ -78,7 +83,7 @@ def _torchao_version() -> str:
     try:
         import torchao
 
-        return torchao.__version__
+        return str(torchao.__version__)
     except ImportError:
         return ""
 
@@ -93,22 +98,23 @@ def refuse_if_distributed() -> None:
         )
 
 
-def _source_identity(source: str | None) -> dict[str, str] | str | None:
-    """A checkpoint or tokenizer folder by what it holds; a hub id or None (byte tokenizer) as is."""
-    if source is None or not Path(source).is_dir():
-        return source
-    name, revision = checkpoint_identity(source)
-    return {"source": name, "revision": revision}
+def _checkpoint_identity(checkpoint: Checkpoint) -> dict[str, str]:
+    """The checkpoint by what it holds (its hub commit or tiny content hash, resolved with it), never its path."""
+    return {"source": checkpoint.source, "revision": checkpoint.revision}
+
+
+def _tokenizer_identity(checkpoint: Checkpoint) -> dict[str, str] | None:
+    """A checkpoint's tokenizer is its own folder's (a hub snapshot) or the byte tokenizer (None)."""
+    return None if checkpoint.tokenizer is None else _checkpoint_identity(checkpoint)
 
 
 def reference_identity(
-    checkpoint: str,
-    tokenizer: str | None,
+    checkpoint: Checkpoint,
     dtype: str,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """Everything the reference's numbers depend on, and nothing that depends on this machine."""
     quant: dict[str, object] = {}
     if quantization:  # the quantized reference depends on the quantizer's code too, so its versions join the key
@@ -120,8 +126,8 @@ def reference_identity(
         }
     return {
         "format": REFERENCE_FORMAT,
-        "checkpoint": _source_identity(checkpoint),
-        "tokenizer": _source_identity(tokenizer),
+        "checkpoint": _checkpoint_identity(checkpoint),
+        "tokenizer": _tokenizer_identity(checkpoint),
         "dtype": dtype,
         "spec": spec.as_dict(),
         "probes": probe_fingerprint(),
@@ -131,20 +137,19 @@ def reference_identity(
     }
 
 
-def _path_for(identity: dict, prefix: str = "", suffix: str = ".pt") -> Path:
+def _path_for(identity: dict[str, Any], prefix: str = "", suffix: str = ".pt") -> Path:
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "references" / f"{prefix}{key}{suffix}"
 
 
 def reference_path(
-    checkpoint: str,
-    tokenizer: str | None,
+    checkpoint: Checkpoint,
     dtype: str,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
 ) -> Path:
-    return _path_for(reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size))
+    return _path_for(reference_identity(checkpoint, dtype, spec, quantization, quant_group_size))
 
 
 def _sidecar(path: Path) -> Path:
@@ -157,10 +162,11 @@ def compute_reference(
     tokenizer: str | None,
     dtype: str,
     spec: ProbeSpec,
+    *,
     trust_remote_code: bool = False,
     quantization: str = "",
     quant_group_size: int = 0,
-    max_memory: dict | None = None,
+    max_memory: dict[str, int] | None = None,
 ) -> Observations:
     """The unsharded model's observations; with `quantization`, of the unsharded model quantized the
     way the variant quantizes the sharded one (QuantizationUnavailable when that fails); with
@@ -184,7 +190,7 @@ def compute_reference(
 
 
 @contextmanager
-def big_model_loading(max_memory: dict | None):
+def big_model_loading(max_memory: dict[str, int] | None) -> Iterator[dict[str, Any] | None]:
     """accelerate's big-model keywords for `from_pretrained` (None without a cap), with a scratch folder
     for weights it must write out (safetensors checkpoints are read in place; .bin ones are copied)."""
     if max_memory is None:
@@ -193,7 +199,7 @@ def big_model_loading(max_memory: dict | None):
     cache_root().mkdir(parents=True, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="offload-", dir=cache_root())
     try:
-        # JSON turned device indices into strings; accelerate wants ints for accelerators.
+        # The plan names devices by their index as a string (it crosses processes as JSON); accelerate wants ints.
         yield {
             "device_map": "auto",
             "max_memory": {int(key) if key.isdigit() else key: value for key, value in max_memory.items()},
@@ -203,59 +209,113 @@ def big_model_loading(max_memory: dict | None):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class ObservationsRequest:
+    """One unsharded reference's observations to compute, as the driver hands it to the process that computes it
+    (a child of the fork server, or the reference process): JSON on the way (`request_to_json`), this module's code
+    at both ends."""
+
+    path: str
+    """The cache file the observations are written to (`<key>.pt`, its sidecar `<key>.json` beside it)."""
+    identity: dict[str, Any]
+    """`reference_identity`: the cache key's content, written into the sidecar (export/import read it)."""
+    checkpoint: str
+    """The checkpoint folder `from_pretrained` loads."""
+    tokenizer: str | None
+    """Tokenizer source; None: the byte tokenizer of tiny checkpoints."""
+    dtype: str
+    spec: ProbeSpec
+    trust_remote_code: bool
+    quantization: str
+    """The variant's quantization applied to the unsharded model too ("" for none)."""
+    quant_group_size: int
+    max_memory: dict[str, int] | None
+    """The memory plan's accelerate `max_memory` (suites/memory_plan.py `ReferencePlan.max_memory`); None: a
+    plain load into host RAM."""
+    offload: str
+    """The plan's offload (`none`, `disk`), recorded in the sidecar."""
+    corpus_file: str
+    """The corpus the key's probe fingerprint was taken from (the computing process reads the same one)."""
+    planned_peak_bytes: int
+    """The plan's host peak for this reference, recorded in the sidecar beside the measured one."""
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """The unsharded model's per-item correctness on an accuracy task, to compute like `ObservationsRequest`."""
+
+    path: str
+    """The cache file the answers are written to (`task-<key>.json`, a JSON list of bools)."""
+    checkpoint: str
+    tokenizer: str | None
+    dtype: str
+    task: AccuracyTask
+    trust_remote_code: bool
+
+
+ReferenceRequest = ObservationsRequest | TaskRequest
+"""What the driver asks a reference's process to compute."""
+
+
+def request_to_json(request: ReferenceRequest) -> dict[str, Any]:
+    """The request as the JSON object it crosses processes as (`request_from_json` reads it back)."""
+    return {"kind": "task" if isinstance(request, TaskRequest) else "observations", **asdict(request)}
+
+
+def request_from_json(data: dict[str, Any]) -> ReferenceRequest:
+    fields = {key: value for key, value in data.items() if key != "kind"}
+    if data["kind"] == "task":
+        return TaskRequest(**{**fields, "task": AccuracyTask(**fields["task"])})
+    return ObservationsRequest(**{**fields, "spec": ProbeSpec(**fields["spec"])})
+
+
 def cached_reference(
-    checkpoint: str,
-    tokenizer: str | None,
+    checkpoint: Checkpoint,
     dtype: str,
     spec: ProbeSpec,
+    *,
+    plan: ReferencePlan,
     trust_remote_code: bool = False,
     quantization: str = "",
     quant_group_size: int = 0,
     fork_server: ReferenceForker | None = None,
 ) -> Path:
-    """Path of the reference observations on disk, computed on a cache miss (offloaded as the memory plan says) in a
-    child of `fork_server` (the run's, on CPU), else by the reference process."""
-    from suites.memory_plan import Runner, checkpoint_size, plan_reference
-
-    identity = reference_identity(checkpoint, tokenizer, dtype, spec, quantization, quant_group_size)
+    """Path of the reference observations on disk, computed on a cache miss, offloaded as `plan` says (the plan that
+    let the cell run, suites/driver.py), in a child of `fork_server` (the run's, on CPU), else by the reference
+    process."""
+    identity = reference_identity(checkpoint, dtype, spec, quantization, quant_group_size)
     path = _path_for(identity)
     if not path.exists():
-        size = checkpoint_size(checkpoint)
-        plan = plan_reference(size, dtype, Runner.detect())
-        _compute(
-            {
-                "kind": "observations",
-                "path": str(path),
-                "identity": identity,
-                "checkpoint": checkpoint,
-                "tokenizer": tokenizer,
-                "dtype": dtype,
-                "spec": spec.as_dict(),
-                "trust_remote_code": trust_remote_code,
-                "quantization": quantization,
-                "quant_group_size": quant_group_size,
-                "max_memory": plan.max_memory(),
-                "offload": plan.offload,
-                "corpus_file": str(inputs.CORPUS_FILE),
-                "planned_peak_bytes": plan.host_bytes,
-            },
-            size.model_bytes(dtype) >= REFERENCE_PROCESS_REUSE_BELOW,
-            fork_server,
+        request = ObservationsRequest(
+            path=str(path),
+            identity=identity,
+            checkpoint=checkpoint.folder,
+            tokenizer=checkpoint.tokenizer,
+            dtype=dtype,
+            spec=spec,
+            trust_remote_code=trust_remote_code,
+            quantization=quantization,
+            quant_group_size=quant_group_size,
+            max_memory=plan.max_memory(),
+            offload=plan.offload,
+            corpus_file=str(inputs.CORPUS_FILE),
+            planned_peak_bytes=plan.host_bytes,
         )
+        _compute(request, plan.model_bytes >= REFERENCE_PROCESS_REUSE_BELOW, fork_server)
     return path
 
 
-def reference_record(path: str | Path) -> dict:
+def reference_record(path: str | Path) -> dict[str, Any]:
     """What the reference process wrote about a cached reference (identity, offload, measured peak)."""
     try:
-        return json.loads(_sidecar(Path(path)).read_text())
+        record: dict[str, Any] = json.loads(_sidecar(Path(path)).read_text())
     except (OSError, ValueError):
         return {}
+    return record
 
 
 def cached_task_reference(
-    checkpoint: str,
-    tokenizer: str | None,
+    checkpoint: Checkpoint,
     dtype: str,
     task: AccuracyTask,
     trust_remote_code: bool = False,
@@ -266,8 +326,8 @@ def cached_task_reference(
 
     identity = {
         "format": REFERENCE_FORMAT,
-        "checkpoint": _source_identity(checkpoint),
-        "tokenizer": _source_identity(tokenizer),
+        "checkpoint": _checkpoint_identity(checkpoint),
+        "tokenizer": _tokenizer_identity(checkpoint),
         "dtype": dtype,
         "task": task.fingerprint,
         "torch": str(torch.__version__),
@@ -275,19 +335,15 @@ def cached_task_reference(
     }
     path = _path_for(identity, prefix="task-", suffix=".json")
     if not path.exists():
-        _compute(
-            {
-                "kind": "task",
-                "path": str(path),
-                "checkpoint": checkpoint,
-                "tokenizer": tokenizer,
-                "dtype": dtype,
-                "task": {"spec": task.spec, "fingerprint": task.fingerprint},
-                "trust_remote_code": trust_remote_code,
-            },
-            False,
-            fork_server,
+        request = TaskRequest(
+            path=str(path),
+            checkpoint=checkpoint.folder,
+            tokenizer=checkpoint.tokenizer,
+            dtype=dtype,
+            task=task,
+            trust_remote_code=trust_remote_code,
         )
+        _compute(request, False, fork_server)
     return path
 
 
@@ -295,7 +351,11 @@ def load_reference(path: str | Path) -> Observations:
     return Observations.from_dict(torch.load(path, weights_only=False))
 
 
-def _answered(answer: dict) -> dict:
+Answer = dict[str, Any]
+"""What a reference's process answers (JSON): `_serve_one`'s measurements, or `{"error": ...}` (see `answer`)."""
+
+
+def _answered(answer: Answer) -> Answer:
     """The answer of a reference computed elsewhere, or its failure raised here."""
     if "error" in answer:
         error = answer["error"]
@@ -316,11 +376,11 @@ class ReferenceProcess:
     """The driver's handle on the reference process: one JSON request a line on its stdin, one JSON
     answer a line back; its own output goes to a log whose tail is quoted when it fails."""
 
-    def __init__(self):
-        self.process: subprocess.Popen | None = None
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
 
-    def start(self) -> subprocess.Popen:
+    def start(self) -> subprocess.Popen[str]:
         """The running process, started now unless it runs (its imports take seconds)."""
         if self.process is None or self.process.poll() is not None:
             with self.log_path.open("a") as log:
@@ -334,10 +394,10 @@ class ReferenceProcess:
                 )
         return self.process
 
-    def compute(self, request: dict, exit_after: bool) -> dict:
+    def compute(self, request: ReferenceRequest, exit_after: bool) -> Answer:
         process = self.start()
         assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
-        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.write(json.dumps(request_to_json(request)) + "\n")
         process.stdin.flush()
         line = process.stdout.readline()
         if not line:  # killed (e.g. by the OOM killer) or crashed
@@ -375,13 +435,13 @@ class ReferenceForker(Protocol):
     group and no rank's variables, and exits after its one reference, so its memory is back with the OS before the
     rank group loads the model."""
 
-    def compute_reference(self, request: dict) -> dict | None:
+    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
         None when the server cannot start."""
         ...
 
 
-def _compute(request: dict, exit_after: bool, forker: ReferenceForker | None) -> dict:
+def _compute(request: ReferenceRequest, exit_after: bool, forker: ReferenceForker | None) -> Answer:
     """In a child of the run's fork server when it has one (CPU), else in the reference process; `exit_after`: the
     reference process ends after this one (a forked child always does)."""
     # A server that cannot start (its imports fail) answers None: the group's start reports whose fault that is,
@@ -431,35 +491,34 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
-def _serve_one(request: dict) -> dict:
-    if request["kind"] == "task":
-        model = load_model(request["checkpoint"], request["dtype"], request["trust_remote_code"])
-        task = AccuracyTask(**request["task"])
+def _serve_one(request: ReferenceRequest) -> Answer:
+    if isinstance(request, TaskRequest):
+        model = load_model(request.checkpoint, request.dtype, request.trust_remote_code)
         correct = answer_correctness(
-            task, model, load_tokenizer(request["tokenizer"], request["trust_remote_code"]), "cpu"
+            request.task, model, load_tokenizer(request.tokenizer, request.trust_remote_code), "cpu"
         )
-        write_text_atomically(Path(request["path"]), json.dumps(correct))
-        return {"path": request["path"]}
-    inputs.CORPUS_FILE = Path(request["corpus_file"])  # the one the key's probe fingerprint was taken from
+        write_text_atomically(Path(request.path), json.dumps(correct))
+        return {"path": request.path}
+    inputs.CORPUS_FILE = Path(request.corpus_file)  # the one the key's probe fingerprint was taken from
     started, rss_before = time.perf_counter(), _reset_peak_rss()
     observations = compute_reference(
-        request["checkpoint"],
-        request["tokenizer"],
-        request["dtype"],
-        ProbeSpec(**request["spec"]),
-        request["trust_remote_code"],
-        request["quantization"],
-        request["quant_group_size"],
-        request["max_memory"],
+        request.checkpoint,
+        request.tokenizer,
+        request.dtype,
+        request.spec,
+        trust_remote_code=request.trust_remote_code,
+        quantization=request.quantization,
+        quant_group_size=request.quant_group_size,
+        max_memory=request.max_memory,
     )
-    path = Path(request["path"])
+    path = Path(request.path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
     measured = {
-        "identity": request["identity"],
-        "offload": request["offload"],
-        "max_memory": request["max_memory"],
-        "planned_peak_bytes": request["planned_peak_bytes"],
+        "identity": request.identity,
+        "offload": request.offload,
+        "max_memory": request.max_memory,
+        "planned_peak_bytes": request.planned_peak_bytes,
         "peak_rss_bytes": _status_bytes("VmHWM"),
         "rss_before_bytes": rss_before,
         "seconds": time.perf_counter() - started,
@@ -478,10 +537,10 @@ def serve() -> None:
     sys.stdout = sys.stderr
     settle_elementwise_math()  # as the fork server does before it forks a reference's process
     for line in sys.stdin:
-        protocol.write(json.dumps(answer(json.loads(line))) + "\n")
+        protocol.write(json.dumps(answer(request_from_json(json.loads(line)))) + "\n")
 
 
-def answer(request: dict) -> dict:
+def answer(request: ReferenceRequest) -> Answer:
     """One request's answer, as the reference process writes it (here or in a child of the fork server): what
     `_serve_one` measured, or the error that ended it (the request's failure, never the process's end)."""
     try:
@@ -497,9 +556,9 @@ def answer(request: dict) -> dict:
         }
 
 
-def export_references(checkpoint: str, tokenizer: str | None, destination: Path) -> tuple[Path, int]:
+def export_references(checkpoint: Checkpoint, destination: Path) -> tuple[Path, int]:
     """Every cached reference of one checkpoint, written as one file; returns (file, references)."""
-    wanted = (_source_identity(checkpoint), _source_identity(tokenizer))
+    wanted = (_checkpoint_identity(checkpoint), _tokenizer_identity(checkpoint))
     bundle = []
     # References are the `.pt` files; a task reference (`task-<key>.json`, a list of answers) has no sidecar.
     for path in sorted((cache_root() / "references").glob("*.pt")):
@@ -553,9 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for entry in pick(load_models(), parse_names(args.models), "model"):
         checkpoint = resolve_checkpoint(entry, args.checkpoints)
-        path, count = export_references(
-            checkpoint.folder, checkpoint.tokenizer, args.out / f"{entry.name}{EXPORT_SUFFIX}"
-        )
+        path, count = export_references(checkpoint, args.out / f"{entry.name}{EXPORT_SUFFIX}")
         print(f"{entry.name} ({checkpoint.source}@{checkpoint.revision}): {count} references -> {path}")
     return 0
 

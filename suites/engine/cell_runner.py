@@ -15,6 +15,7 @@ import shutil
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,12 +27,12 @@ from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
 from suites.checks.inputs import build_inputs, load_tokenizer
-from suites.checks.probes import bytes_by_name, observe, shapes_by_name, split_counts
+from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by_name, split_counts
 from suites.checks.sharding import Snapshot, recorded_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
-from suites.mechanism import BreakPoint
+from suites.mechanism import BreakPoint, Policy
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -47,8 +48,11 @@ from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, m
 from suites.variants.quantization import apply_post_init, hf_quantization_config
 from suites.variants.training import Progress, run_training
 
+Model = Any
+"""A transformers model, or DeepSpeed's engine's module: the libraries' own types are not annotated."""
 
-def _run_fault_hooks(job: Job, stage: str, model, rank: int):
+
+def _run_fault_hooks(job: Job, stage: str, model: Model, rank: int) -> Model:
     """Test-only fault injection: `module:function` names from the job, called at each stage."""
     for name in job.faults:
         module_name, function_name = name.split(":")
@@ -80,13 +84,13 @@ def _stage_error(
             whose = f"; the harness's own code raised it at {frame}, so the class is setup, not {STAGE_CLASS[stage]}"
     located_at = f"; {broke_at.text}" if broke_at and failure_class != "setup" else ""
     return RankError(
-        rank,
-        stage,
-        failure_class,
-        where + signature,
-        f"rank {rank} raised in {stage} ({label or stage}){whose}{located_at}:\n"
+        rank=rank,
+        stage=stage,
+        failure_class=failure_class,
+        signature=where + signature,
+        message=f"rank {rank} raised in {stage} ({label or stage}){whose}{located_at}:\n"
         + "".join(traceback.format_exception(error))[-4000:],
-        broke_at if failure_class != "setup" else None,
+        broke_at=broke_at if failure_class != "setup" else None,
     )
 
 
@@ -118,16 +122,7 @@ def _peak_rss_bytes() -> int:
     return 0
 
 
-def _dtype_skip_reason(dtype: str) -> str | None:
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    if TORCH_DTYPES[dtype] not in accelerator.supported_dtypes():
-        return f"{dtype} is not supported by the {accelerator.device_name()} accelerator (supported_dtypes)"
-    return None
-
-
-def _load(job: Job):
+def _load(job: Job) -> Model:
     """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
     if job.meta:
         return load_meta_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code)
@@ -136,7 +131,7 @@ def _load(job: Job):
     )
 
 
-def _shard(job: Job, model, world_size: int):
+def _shard(job: Job, model: Model, world_size: int) -> tuple[Any, Model]:
     """init_inference (meta: it reads the weights from the checkpoint files), then DeepSpeed's
     post-init quantization of this rank's shard."""
     import deepspeed
@@ -159,15 +154,24 @@ def _shard(job: Job, model, world_size: int):
 
 
 def _record_sharding(
-    workdir: Path, job: Job, before: Snapshot, model, policies, world_size: int, complete: bool
+    workdir: Path,
+    job: Job,
+    before: Snapshot,
+    model: Model,
+    *,
+    policies: list[Policy],
+    world_size: int,
+    complete: bool,
 ) -> None:
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
-    record = sharding_record(before, model, policies, split_counts(model), world_size, complete)
+    record = sharding_record(
+        before, model, policies=policies, counts=split_counts(model), tp=world_size, complete=complete
+    )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 
 
-def _divergence(job: Job, observed, model, classes: dict[str, str]) -> BreakPoint | None:
+def _divergence(job: Job, observed: Observations | None, model: Model, classes: dict[str, str]) -> BreakPoint | None:
     """The first module whose plain-forward output diverges from the unsharded model's (rank 0, on a failed cell)."""
     if job.reference is None or observed is None:
         return None
@@ -177,7 +181,7 @@ def _divergence(job: Job, observed, model, classes: dict[str, str]) -> BreakPoin
     return located(found[0], "diverged", model, classes, found[1]) if found else None
 
 
-def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> None:
+def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: torch.device | str) -> None:
     # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
     # torch's default process group either way.
     import torch.distributed as dist
@@ -188,13 +192,10 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     progress = Progress() if job.variant.training else None
     scratch = workdir / f"training-{job.seq}"  # the checkpoint round trip's files, shared by the ranks
     rss_peak_loaded = 0
-    skip = _dtype_skip_reason(job.dtype)
     _reset_peak_rss()
     rss_before_load = _rss_bytes()
     try:
-        if skip:
-            pass
-        elif progress:
+        if progress:
             mark_process_sharded()
             started = time.perf_counter()
             training = run_training(
@@ -218,7 +219,15 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
                     engine, model = _shard(job, model, world_size)
                 finally:
                     if rank == 0:
-                        _record_sharding(workdir, job, before, model, policies, world_size, engine is not None)
+                        _record_sharding(
+                            workdir,
+                            job,
+                            before,
+                            model,
+                            policies=policies,
+                            world_size=world_size,
+                            complete=engine is not None,
+                        )
             timings["time_shard_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
@@ -239,25 +248,23 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
         doorbells.ring(doorbells.events_path(workdir))
 
     summary = RankSummary(
-        rank,
-        error,
-        _rss_bytes(),
-        _peak_rss_bytes(),
-        rss_before_load,
-        rss_peak_loaded,
-        training,
-        held_bytes_by_name,
-        observed.logits_plain[0, -1] if observed else None,
-        held_shapes,
+        rank=rank,
+        error=error,
+        rss_bytes=_rss_bytes(),
+        rss_peak_bytes=_peak_rss_bytes(),
+        rss_before_load_bytes=rss_before_load,
+        rss_peak_loaded_bytes=rss_peak_loaded,
+        training=training,
+        bytes_by_name=held_bytes_by_name,
+        last_logits=observed.logits_plain[0, -1] if observed else None,
+        shapes_by_name=held_shapes,
     )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
         try:
-            outcome = (
-                CellOutcome("skip", message=skip) if skip else _judge(job, observed, summaries, timings, task_correct)
-            )
+            outcome = _judge(job, observed, summaries, timings, task_correct)
             if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
                 outcome.broke_at = _divergence(job, observed, model, before.classes)
             outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
@@ -275,7 +282,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device) -> 
     doorbells.ring(doorbells.events_path(workdir))
 
 
-def _broke_at(stage: str, error: BaseException, model, before: Snapshot | None) -> BreakPoint | None:
+def _broke_at(stage: str, error: BaseException, model: Model, before: Snapshot | None) -> BreakPoint | None:
     """Where a stage's exception broke the cell: the module whose forward raised, or the one init_inference was
     replacing."""
     if before is None or model is None:
@@ -285,7 +292,7 @@ def _broke_at(stage: str, error: BaseException, model, before: Snapshot | None) 
     return replacing_module(error, model, before.paths) if stage == "shard" else None
 
 
-def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict | None) -> CellOutcome:
+def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict[str, str] | None) -> CellOutcome:
     """The verdict a user's fresh process gets: a failure only a fresh process hits (building the model on the
     meta device, suites/variants/loading.py `fresh_process_meta_failure`) comes first, as `shard`; what the
     rank found past it (with torch._dynamo imported first) stays in the message and metrics."""
@@ -304,7 +311,11 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict |
 
 
 def _judge(
-    job: Job, observed, summaries: list[RankSummary], timings: dict, task_correct: list[bool] | None
+    job: Job,
+    observed: Observations | None,
+    summaries: list[RankSummary],
+    timings: dict[str, float],
+    task_correct: list[bool] | None,
 ) -> CellOutcome:
     metrics = {
         **timings,

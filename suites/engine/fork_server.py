@@ -30,11 +30,19 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT
 from suites.atomic import write_text_atomically
 from suites.engine.processes import pid_alive
 from suites.outcome import death_record, read_death_records
+
+if TYPE_CHECKING:  # suites.reference imports torch: the driver starts the server before any such import
+    from suites.reference import Answer, ReferenceRequest
+
+ServerRequest = dict[str, Any]
+"""One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), or a reference's
+(`kind` REFERENCE_KIND, `workdir`, `request`: suites/reference.py `request_to_json`)."""
 
 SERVER_DIED = "server-died.json"
 REFERENCE_KIND = "reference"
@@ -68,11 +76,11 @@ class GroupStartFailure(RuntimeError):
 class ForkedGroup:
     """The driver's handle on one forked group: its leader process."""
 
-    def __init__(self, leader_pid: int):
+    def __init__(self, leader_pid: int) -> None:
         self.leader_pid = leader_pid
         self.returncode = None  # the server reaps the leader; a rank's code is in launcher.log
 
-    def poll(self):
+    def poll(self) -> int | None:
         return None if pid_alive(self.leader_pid) else 0
 
     def kill(self) -> None:
@@ -90,7 +98,7 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str]):
         self.env = env
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.log_dir: Path | None = None
         self.start_failure: GroupStartFailure | None = None
 
@@ -100,7 +108,7 @@ class ForkServer:
             self._start()
 
     def fork_group(
-        self, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
+        self, *, tp: int, port: int, workdir: Path, driver_pid: int, omp_threads: str, timeout: float
     ) -> ForkedGroup:
         """The new group's handle; a server that died (even between two requests) is started again once."""
         request = {
@@ -112,17 +120,19 @@ class ForkServer:
         }
         return ForkedGroup(self._fork(request, workdir, timeout))
 
-    def compute_reference(self, request: dict) -> dict | None:
+    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """One unsharded reference (suites/reference.py `answer`) computed in a process of its own forked from the
         server after its imports: its answer, {"died": exit code, "log": path} when it died without one, or None
         when the server cannot start. Like the reference process, no time limit: a reference takes what its
         model's size takes."""
+        from suites.reference import request_to_json  # the caller's module: imported by now
+
         workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
         try:
             try:
                 leader = ForkedGroup(
                     self._fork(
-                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request},
+                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request_to_json(request)},
                         workdir,
                         REFERENCE_FORK_TIMEOUT_S,
                     )
@@ -146,7 +156,7 @@ class ForkServer:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _fork(self, request: dict, workdir: Path, timeout: float) -> int:
+    def _fork(self, request: ServerRequest, workdir: Path, timeout: float) -> int:
         """Ask the server to fork for `request`; the leader's pid, which the server writes to `<workdir>/leader.pid`."""
         if self.start_failure is not None:  # the server's imports failed: they fail the same way every time
             raise self.start_failure
@@ -175,7 +185,7 @@ class ForkServer:
             "the fork server did not start the group (no error recorded; see fork-server.log)",
         )
 
-    def _start(self) -> subprocess.Popen:
+    def _start(self) -> subprocess.Popen[bytes]:
         if self.process is not None and self.process.stdin is not None:
             self.process.stdin.close()
         self.log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="autotp-fork-server-"))
@@ -205,7 +215,7 @@ class ForkServer:
             self.log_dir = None
 
 
-def _rank_environment(request: dict, rank: int) -> dict[str, str]:
+def _rank_environment(request: ServerRequest, rank: int) -> dict[str, str]:
     environment = {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
@@ -221,7 +231,7 @@ def _rank_environment(request: dict, rank: int) -> dict[str, str]:
     return environment
 
 
-def _run_rank(request: dict, rank: int) -> None:
+def _run_rank(request: ServerRequest, rank: int) -> None:
     from suites.engine import worker
 
     code = 1
@@ -238,7 +248,7 @@ def _run_rank(request: dict, rank: int) -> None:
         os._exit(code)
 
 
-def _lead_group(request: dict) -> None:
+def _lead_group(request: ServerRequest) -> None:
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     ranks = {}
@@ -267,7 +277,7 @@ def _name_process(name: str) -> None:
         pass  # no /proc (not Linux): only the name is lost
 
 
-def _lead_reference(request: dict) -> None:
+def _lead_reference(request: ServerRequest) -> None:
     """Lead one reference's process: its own session (the driver ends it with one killpg), and its exit code
     written as the answer when it died without one (killed by the OOM killer, a crash in native code)."""
     os.setsid()
@@ -283,7 +293,7 @@ def _lead_reference(request: dict) -> None:
     os._exit(0)
 
 
-def _compute_reference(request: dict, workdir: Path) -> None:
+def _compute_reference(request: ServerRequest, workdir: Path) -> None:
     """The reference process's work in a child of the server: nothing of a rank reaches it (no distributed
     variables; the server never initialises a process group, and `compute_reference` refuses one)."""
     code = 1
@@ -298,7 +308,8 @@ def _compute_reference(request: dict, workdir: Path) -> None:
         from suites.engine import worker
 
         worker.run_startup_fault_hook("reference")
-        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps(reference.answer(request)))
+        answer = reference.answer(reference.request_from_json(request))
+        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps(answer))
         code = 0
     except BaseException:  # noqa: BLE001 - logged; the leader answers with the exit code
         traceback.print_exc()

@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from matrix import PROJECT_ROOT
-from matrix.checkpoints import cache_root
+from matrix import PROJECT_ROOT, cache_root
 from matrix.redaction import redact
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
@@ -57,7 +57,8 @@ LAUNCHERS = ("auto", "fork", "deepspeed")
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -82,7 +83,7 @@ BUILD_GUARD = ".autotp-build.flock"
 
 
 @contextmanager
-def jit_build_guard(root: Path, log=print):
+def jit_build_guard(root: Path, log: Callable[[str], object] = print) -> Iterator[None]:
     """Held while a rank group starts, which is when its ranks JIT-build (or load) DeepSpeed's ops.
 
     torch marks a build in progress with a `lock` file under the extensions folder; a build that was
@@ -138,7 +139,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def release_orphaned_shared_memory(min_age_seconds: float = 60, log=print) -> None:
+def release_orphaned_shared_memory(min_age_seconds: float = 60, log: Callable[[str], object] = print) -> None:
     """DeepSpeed all-reduce buffers in /dev/shm that no live process maps any more: left by groups
     whose driver was killed before it could release them (see RankGroup.release_shared_memory)."""
     mapped: set[str] = set()
@@ -172,10 +173,10 @@ class LauncherProcess:
             )
 
     @property
-    def returncode(self):
+    def returncode(self) -> int | None:
         return self.process.returncode
 
-    def poll(self):
+    def poll(self) -> int | None:
         return self.process.poll()
 
     def kill(self) -> None:
@@ -202,7 +203,7 @@ class RankGroup:
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tp)))
         self.process: LauncherProcess | ForkedGroup | None = None
         self.seq = 0
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
         self.port = free_port()
 
     @property
@@ -225,7 +226,12 @@ class RankGroup:
         deadline = time.monotonic() + self.start_timeout
         if self.fork_server is not None:
             self.process = self.fork_server.fork_group(
-                self.tp, self.port, self.workdir, os.getpid(), self.env["OMP_NUM_THREADS"], self.start_timeout
+                tp=self.tp,
+                port=self.port,
+                workdir=self.workdir,
+                driver_pid=os.getpid(),
+                omp_threads=self.env["OMP_NUM_THREADS"],
+                timeout=self.start_timeout,
             )
         else:
             command = [

@@ -16,13 +16,20 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
 
 JOB_WAIT_SECONDS = 1.0
 """How often an idle rank looks for a job file when no ring came (the driver rings each rank's job pipe)."""
 
 
-def _redirect_output(log_path: Path):
+ModuleState = list[tuple[ModuleType, dict[str, Any]]]
+"""Module-level values of each module, as `_snapshot_module_state` took them."""
+
+
+def _redirect_output(log_path: Path) -> TextIO:
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -31,7 +38,7 @@ def _redirect_output(log_path: Path):
     return log
 
 
-def _snapshot_module_state(modules) -> list[tuple[object, dict]]:
+def _snapshot_module_state(modules: Iterable[ModuleType]) -> ModuleState:
     """Module-level values DeepSpeed keeps between injections (tp_shard globals in older releases)."""
     return [
         (
@@ -46,7 +53,7 @@ def _snapshot_module_state(modules) -> list[tuple[object, dict]]:
     ]
 
 
-def _restore_module_state(snapshot) -> None:
+def _restore_module_state(snapshot: ModuleState) -> None:
     for module, values in snapshot:
         for key, value in values.items():
             setattr(module, key, list(value) if isinstance(value, list) else value)

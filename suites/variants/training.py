@@ -573,7 +573,7 @@ class Progress:
     """The stage a rank is in, for the verdict when it raises: `label` names it in the signature
     (`step 2`, `save`, `gather`, `load`, `resume`), `stage` is the cell_runner stage that sets the class."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stage, self.label = "setup", "initialize"
 
     def enter(self, stage: str, label: str) -> None:

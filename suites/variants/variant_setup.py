@@ -1,19 +1,23 @@
-"""Driver-side preparation a variant needs beyond the plain reference: skip reasons, the `.bin`
-copy for the meta loader, the quantized reference plus the fp32 baseline, the unsharded training
-step. Returns the job's variant fields, or the cell's outcome when it cannot run."""
+"""Driver-side preparation a variant needs beyond the plain reference: its skip reasons (asked by the driver,
+suites/driver.py, before and once the checkpoint is known), the `.bin` copy for the meta loader, the quantized
+reference plus the fp32 baseline, the unsharded training step. Returns the job's variant fields, or the cell's
+outcome when its quantization cannot run."""
 
 from __future__ import annotations
 
 from matrix.cells import Cell
+from matrix.checkpoints import Checkpoint
 from suites.checks.inputs import ProbeSpec
 from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
+from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.reference import ReferenceForker, cached_reference
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
 
 
 def skip_reason(cell: Cell) -> str | None:
+    """Why the installed DeepSpeed cannot run the cell's variant, or None (no checkpoint needed to tell)."""
     variant = cell.variant
     if variant.keep_module_on_host:
         from deepspeed.inference.config import DeepSpeedInferenceConfig
@@ -30,81 +34,99 @@ def skip_reason(cell: Cell) -> str | None:
     return None
 
 
-def prepare(
-    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec, fork_server: ReferenceForker | None = None
-) -> VariantFields | CellOutcome:
-    """The variant's job fields, computed in the driver (never in a rank); references in a child of `fork_server`
-    when the run has one (suites/reference.py)."""
-    variant, trust = cell.variant, cell.model.trust_remote_code
-    reason = skip_reason(cell)
+def checkpoint_skip_reason(cell: Cell, checkpoint: Checkpoint) -> str | None:
+    """Why a training row cannot run on this checkpoint: its partitioning source does not exist for the model, or
+    its second model (a tiny checkpoint with a byte vocabulary) does not fit the cell's tokenizer; else None."""
+    from suites.variants.training import model_skip_reason
+
+    variant = cell.variant
+    if not variant.training:
+        return None
+    reason = model_skip_reason(variant, checkpoint.folder, cell.model.model_type)
     if reason:
-        return CellOutcome("skip", message=reason)
+        return reason
+    if variant.second_model and checkpoint.tokenizer is not None:
+        return (
+            f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
+            "vocabulary; the cell's tokenizer does not fit it"
+        )
+    return None
+
+
+def prepare(
+    prepared: PreparedCell, spec: ProbeSpec, fork_server: ReferenceForker | None = None
+) -> VariantFields | CellOutcome:
+    """The variant's job fields, computed in the driver (never in a rank) for a cell that runs (`prepared.skip` is
+    None); references in a child of `fork_server` when the run has one (suites/reference.py), offloaded as the cell's
+    plan says."""
+    cell, checkpoint = prepared.cell, prepared.checkpoint
+    variant, trust = cell.variant, cell.model.trust_remote_code
     meta, reference, baseline = None, None, None
     trained: tuple[TrainedModel, ...] = ()
     if variant.load == "meta":
         # Written here, once, not by the ranks: N ranks writing the same file raced (seen in CI on a fresh cache).
-        copy = checkpoint_copy(checkpoint, variant.checkpoint_format, variant.checkpoint_files)
+        copy = checkpoint_copy(checkpoint.folder, variant.checkpoint_format, variant.checkpoint_files)
         meta = MetaLoad(
             str(copy),
             str(checkpoints_json(copy, variant.checkpoint_format)),
-            fresh_process_meta_failure(checkpoint, cell.dtype, trust),
+            fresh_process_meta_failure(checkpoint.folder, cell.dtype, trust),
         )
     if variant.training:
-        training = _trained_models(cell, checkpoint, tokenizer, spec)
-        if isinstance(training, CellOutcome):
-            return training
-        trained = training
+        trained = _trained_models(cell, checkpoint, spec)
     if variant.quantization:
         try:
             reference = str(
                 cached_reference(
                     checkpoint,
-                    tokenizer,
                     cell.dtype,
                     spec,
-                    trust,
-                    variant.quantization,
-                    variant.quant_group_size,
-                    fork_server,
+                    plan=prepared.plan.reference,
+                    trust_remote_code=trust,
+                    quantization=variant.quantization,
+                    quant_group_size=variant.quant_group_size,
+                    fork_server=fork_server,
                 )
             )
         except QuantizationUnavailable as error:
             return CellOutcome("skip", message=f"not an AutoTP question here: {error}")
-        baseline = str(cached_reference(checkpoint, tokenizer, "fp32", spec, trust, fork_server=fork_server))
+        baseline = str(
+            cached_reference(
+                checkpoint,
+                QUANTIZED_BASELINE_DTYPE,
+                spec,
+                plan=prepared.baseline_plan,
+                trust_remote_code=trust,
+                fork_server=fork_server,
+            )
+        )
     return VariantFields(meta, trained, reference, baseline)
 
 
-def _trained_models(
-    cell: Cell, checkpoint: str, tokenizer: str | None, spec: ProbeSpec
-) -> tuple[TrainedModel, ...] | CellOutcome:
-    """The unsharded steps of the cell's model (and of the row's second model), or the skip when the
-    row's partitioning source does not exist for the model."""
+def _trained_models(cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec) -> tuple[TrainedModel, ...]:
+    """The unsharded steps of the cell's model (and of the row's second model)."""
     from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models
-    from suites.variants.training import cached_unsharded_steps, model_skip_reason
+    from matrix.registry import ModelEntry, load_models
+    from suites.variants.training import cached_unsharded_steps
 
     variant = cell.variant
-    reason = model_skip_reason(variant, checkpoint, cell.model.model_type)
-    if reason:
-        return CellOutcome("skip", message=reason)
-    if variant.second_model and tokenizer is not None:
-        return CellOutcome(
-            "skip",
-            message=f"the second model ({variant.second_model}) is a tiny checkpoint with a byte "
-            "vocabulary; the cell's tokenizer does not fit it",
-        )
     steps = variant.unsharded_steps
 
-    def trained(entry, entry_checkpoint: str) -> TrainedModel:
+    def trained(entry: ModelEntry, entry_checkpoint: str) -> TrainedModel:
         return TrainedModel(
             entry_checkpoint,
             entry.model_type,
             str(
                 cached_unsharded_steps(
-                    entry_checkpoint, tokenizer, cell.dtype, spec, entry.trust_remote_code, steps, variant.optimizer
+                    entry_checkpoint,
+                    checkpoint.tokenizer,
+                    cell.dtype,
+                    spec,
+                    entry.trust_remote_code,
+                    steps,
+                    variant.optimizer,
                 )
             ),
         )
 
     second = [load_models()[variant.second_model]] if variant.second_model else []
-    return (trained(cell.model, checkpoint), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))
+    return (trained(cell.model, checkpoint.folder), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))

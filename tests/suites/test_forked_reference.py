@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from matrix.cells import expand
-from matrix.checkpoints import tiny_checkpoint
+from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from suites.checks.inputs import ProbeSpec
 from suites.engine.fork_server import DISTRIBUTED_VARIABLES, ForkServer
 from suites.engine.rank_group import launch_environment
+from suites.memory_plan import ReferencePlan, Runner, checkpoint_size, plan_reference
 from suites.reference import ReferenceFailed, cached_reference, compute_reference
 from suites.variants.loading import ContaminatedProcessError
 
@@ -49,19 +50,24 @@ def fork_server_with(monkeypatch, tmp_path):
         server.close()
 
 
+def _plan(checkpoint: Checkpoint, dtype: str) -> ReferencePlan:
+    return plan_reference(checkpoint_size(checkpoint.folder), dtype, Runner.detect())
+
+
 def test_a_forked_reference_is_isolated_and_the_reference_process_s_byte_for_byte(fork_server_with, tmp_path):
     assert set(RANK_VARIABLES) == set(DISTRIBUTED_VARIABLES)
     isolation = tmp_path / "isolation.json"
     server = fork_server_with("tests.faults:reference_reports_isolation", AUTOTP_TEST_ISOLATION_FILE=str(isolation))
     for model in ("llama", "gpt2"):
-        checkpoint = str(tiny_checkpoint(expand(model, tp="2")[0].model))
+        checkpoint = resolve_checkpoint(expand(model, tp="2")[0].model, "tiny")
         for dtype in ("fp32", "bf16"):
-            forked = cached_reference(checkpoint, None, dtype, ProbeSpec(), fork_server=server)
+            plan = _plan(checkpoint, dtype)
+            forked = cached_reference(checkpoint, dtype, ProbeSpec(), plan=plan, fork_server=server)
             forked_bytes = _untimed_bytes(forked)
             assert json.loads(isolation.read_text()) == {"process_group": False, "variables": []}
             isolation.unlink()
             forked.unlink()
-            fresh = cached_reference(checkpoint, None, dtype, ProbeSpec())  # the reference process, a fresh python
+            fresh = cached_reference(checkpoint, dtype, ProbeSpec(), plan=plan)  # the reference process, a fresh python
             assert fresh == forked and _untimed_bytes(fresh) == forked_bytes, (model, dtype)
 
 
@@ -77,9 +83,9 @@ def _untimed_bytes(path) -> bytes:
 
 def test_a_forked_reference_that_is_killed_is_the_reference_process_s_death(fork_server_with):
     server = fork_server_with("tests.faults:reference_killed")
-    checkpoint = str(tiny_checkpoint(expand("llama", tp="2")[0].model))
+    checkpoint = resolve_checkpoint(expand("llama", tp="2")[0].model, "tiny")
     with pytest.raises(ReferenceFailed) as failed:
-        cached_reference(checkpoint, None, "fp32", ProbeSpec(), fork_server=server)
+        cached_reference(checkpoint, "fp32", ProbeSpec(), plan=_plan(checkpoint, "fp32"), fork_server=server)
     assert failed.value.signature == "ReferenceProcessDied: the reference process exited without an answer"
     assert "exit code -9" in str(failed.value)
 

@@ -138,13 +138,13 @@ def test_checkpoint_size_of_a_hub_snapshot_without_weights_comes_from_its_index(
 
 
 def test_a_7b_eager_group_on_a_small_runner_is_refused_with_what_would_fit():
-    plan = plan_cell(SEVEN_B, "bf16", 4, "eager", cpu_runner(64 * GiB))
+    plan = plan_cell(SEVEN_B, "bf16", tp=4, load="eager", runner=cpu_runner(64 * GiB))
     each = plan.rank_host_bytes
     assert plan.problem == (
         f"needs {gib(4 * each)} host RAM for 4 eager ranks ({gib(each)} each), runner has 64.00 GiB "
         "(test; a plan uses at most 90%): use --variants eager --tp 2 or --variants meta --tp 2"
     )
-    assert plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(64 * GiB)).problem == ""
+    assert plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=cpu_runner(64 * GiB)).problem == ""
 
 
 def test_the_reference_offloads_to_disk_when_it_does_not_fit_and_is_refused_only_below_one_layer():
@@ -153,7 +153,7 @@ def test_the_reference_offloads_to_disk_when_it_does_not_fit_and_is_refused_only
     capped = plan_reference(SEVEN_B, "bf16", cpu_runner(8 * GiB))
     assert capped.offload == "disk" and capped.host_bytes <= 8 * GiB * 0.9
     assert capped.max_memory() == {"cpu": capped.cpu_bytes} and 0 < capped.cpu_bytes < SEVEN_B.model_bytes("bf16")
-    plan = plan_cell(SEVEN_B, "bf16", 2, "meta", cpu_runner(PROCESS_RUNTIME_BYTES + GiB // 2))
+    plan = plan_cell(SEVEN_B, "bf16", tp=2, load="meta", runner=cpu_runner(PROCESS_RUNTIME_BYTES + GiB // 2))
     assert (
         plan.problem.startswith("needs")
         and "host RAM for the reference even with disk offload (runtime + the largest layer" in plan.problem
@@ -162,20 +162,22 @@ def test_the_reference_offloads_to_disk_when_it_does_not_fit_and_is_refused_only
 
 def test_accelerator_memory_is_planned_per_rank_and_a_larger_tp_suggested():
     runner = Runner(512 * GiB, "test", "cuda", (8 * GiB,) * 8)
-    plan = plan_cell(SEVEN_B, "bf16", 1, "meta", runner)
+    plan = plan_cell(SEVEN_B, "bf16", tp=1, load="meta", runner=runner)
     assert "cuda memory per rank at tp 1, a device has 8.00 GiB free: use --variants eager --tp 2" in plan.problem
-    fitting = plan_cell(SEVEN_B, "bf16", 2, "meta", runner)
+    fitting = plan_cell(SEVEN_B, "bf16", tp=2, load="meta", runner=runner)
     assert fitting.problem == "" and fitting.rank_device_bytes < 8 * GiB
     reference = fitting.reference
-    assert reference.max_memory() == {**{index: int(8 * GiB * 0.9) for index in range(8)}, "cpu": 0}
+    assert reference.max_memory() == {**{str(index): int(8 * GiB * 0.9) for index in range(8)}, "cpu": 0}
 
 
 def test_a_cell_that_cannot_fit_is_skipped_with_the_plan_and_no_rank_group_starts(tmp_path):
     """A runner that holds 2 eager ranks of llama_large but not 4: the tp 4 cell is refused, tp 2 suggested."""
     size = checkpoint_size(tiny_checkpoint(load_models()["llama_large"]))
-    eager = plan_cell(size, "fp32", 4, "eager", cpu_runner(1 << 50)).group_host_bytes
-    fits = plan_cell(size, "fp32", 2, "eager", cpu_runner(1 << 50)).group_host_bytes
-    next_larger = min(eager, plan_cell(size, "fp32", 2, "meta", cpu_runner(1 << 50), meta_files=4).group_host_bytes)
+    eager = plan_cell(size, "fp32", tp=4, load="eager", runner=cpu_runner(1 << 50)).group_host_bytes
+    fits = plan_cell(size, "fp32", tp=2, load="eager", runner=cpu_runner(1 << 50)).group_host_bytes
+    next_larger = min(
+        eager, plan_cell(size, "fp32", tp=2, load="meta", runner=cpu_runner(1 << 50), meta_files=4).group_host_bytes
+    )
     runner_bytes = int((fits + next_larger) / 2 / 0.9)
     results = tmp_path / "results"
     env = {**PYTHON_ENV, "AUTOTP_HOST_MEMORY": str(runner_bytes)}
@@ -235,11 +237,11 @@ def test_the_live_group_is_not_free_while_the_driver_computes():
     rank group still holds its memory: only the next group gets it. Counted free for both, a plan passed a cell
     whose driver-side steps then ran out of memory beside the group."""
     shape = TrainingShape(2, 1, False)
-    alone = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(512 * GiB), training=shape)
+    alone = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=cpu_runner(512 * GiB), training=shape)
     roomy = cpu_runner(int(max(alone.group_host_bytes, alone.training_host_bytes) / 0.9) + GiB)
-    assert not plan_cell(SEVEN_B, "bf16", 2, "eager", roomy, training=shape).problem
+    assert not plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=roomy, training=shape).problem
     group_holds = replace(roomy, live_group_bytes=roomy.host_bytes - int(alone.training_host_bytes / 0.9) + GiB)
-    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", group_holds, training=shape)
+    plan = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=group_holds, training=shape)
     assert "for the unsharded training steps in the driver" in plan.problem
     assert "held by the live rank group until it ends" in plan.problem
     reference = plan_reference(SEVEN_B, "fp16", replace(cpu_runner(40 * GiB), live_group_bytes=30 * GiB))
@@ -281,8 +283,8 @@ def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
     )
     assert (train.rank_copies(2), universal.rank_copies(2)) == (6.25, 18.25)
     runner = cpu_runner(256 * GiB)
-    inference = plan_cell(SEVEN_B, "bf16", 2, "eager", runner)
-    trained = plan_cell(SEVEN_B, "bf16", 2, "eager", runner, training=train)
+    inference = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=runner)
+    trained = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=runner, training=train)
     assert trained.training_host_bytes >= 6 * SEVEN_B.model_bytes("bf16") and inference.training_host_bytes == 0
     assert trained.rank_host_bytes > inference.rank_host_bytes  # the compared steps and the shard's training state
     assert "plan_training_host_bytes" in trained.metrics() and "unsharded training steps" in trained.summary()
@@ -293,13 +295,13 @@ def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
     from suites.memory_plan import TrainingShape
 
     train = TrainingShape.of(load_variants()["train"])
-    plan = plan_cell(SEVEN_B, "bf16", 2, "eager", cpu_runner(64 * GiB), training=train)
+    plan = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=cpu_runner(64 * GiB), training=train)
     assert (
         plan.problem.startswith("needs ")
         and "for the unsharded training steps in the driver (6 copies of the model" in plan.problem
     )
     roomy = cpu_runner(int((train.unsharded_copies + 1) * SEVEN_B.model_bytes("bf16") / 0.9))
-    group = plan_cell(SEVEN_B, "bf16", 8, "eager", roomy, training=train)
+    group = plan_cell(SEVEN_B, "bf16", tp=8, load="eager", runner=roomy, training=train)
     assert "host RAM for 8 eager ranks" in group.problem and "--variants" not in group.problem
 
 
@@ -312,7 +314,12 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     from suites.memory_plan import TrainingShape
 
     plan = plan_cell(
-        SEVEN_B, "bf16", 2, "eager", cpu_runner(1 << 50), training=TrainingShape.of(load_variants()["train"])
+        SEVEN_B,
+        "bf16",
+        tp=2,
+        load="eager",
+        runner=cpu_runner(1 << 50),
+        training=TrainingShape.of(load_variants()["train"]),
     )
     assert plan.reference.host_bytes == 0 and "plan_reference_host_bytes" not in plan.metrics()
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from matrix.checkpoints import tiny_checkpoint
+from matrix.checkpoints import resolve_checkpoint
 from matrix.registry import load_models
 from suites.checks.inputs import ProbeSpec
 from suites.memory_plan import PROCESS_RUNTIME_BYTES, Runner, checkpoint_size, plan_reference
@@ -22,7 +22,8 @@ from suites.reference import (
 
 def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
-    folder = str(tiny_checkpoint(load_models()["llama_large"]))  # ~325 MB fp32, llama-shaped
+    checkpoint = resolve_checkpoint(load_models()["llama_large"], "tiny")  # ~325 MB fp32, llama-shaped
+    folder = checkpoint.folder
     model_bytes = checkpoint_size(folder).model_bytes("fp32")
     # Room for the runtime and about a third of the weights: the rest must come from disk.
     cap = int((PROCESS_RUNTIME_BYTES + model_bytes // 3) / 0.9)
@@ -31,7 +32,7 @@ def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeyp
     assert plan.offload == "disk" and plan.cpu_bytes < model_bytes / 2
 
     spec = ProbeSpec()
-    path = cached_reference(folder, None, "fp32", spec)
+    path = cached_reference(checkpoint, "fp32", spec, plan=plan)
     measured = reference_record(path)
     assert measured["offload"] == "disk" and measured["max_memory"] == {"cpu": plan.cpu_bytes}
     # The reference process never held the whole model: its peak grew by less than the model's bytes.
@@ -50,7 +51,7 @@ def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeyp
             continue
         assert torch.equal(capped[name], value) if isinstance(value, torch.Tensor) else capped[name] == value, name
 
-    bundle, count = export_references(folder, None, tmp_path / "llama_large.autotp-references.pt")
+    bundle, count = export_references(checkpoint, tmp_path / "llama_large.autotp-references.pt")
     assert count == 1 and bundle.stat().st_size < model_bytes / 20  # observations (logits), never weights
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "other-runner"))
     assert import_references(bundle) == 1

@@ -19,22 +19,25 @@ def test_reference_is_refused_in_a_process_that_sharded(monkeypatch):
 def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
     """A cached reference keyed without the probe inputs would be read back after the corpus changed and
     turn every cell into a false `numerics`; the key holds the corpus and the probe code."""
-    from matrix.checkpoints import tiny_checkpoint
+    from matrix.checkpoints import resolve_checkpoint
     from suites.checks import inputs
+    from suites.memory_plan import Runner, checkpoint_size, plan_reference
     from suites.reference import cached_reference, reference_path
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(inputs.CORPUS_FILE.read_text())
     monkeypatch.setattr(inputs, "CORPUS_FILE", corpus)
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
-    checkpoint = str(tiny_checkpoint(expand("llama", tp="2")[0].model))
+    checkpoint = resolve_checkpoint(expand("llama", tp="2")[0].model, "tiny")
     spec = inputs.ProbeSpec()
-    before = cached_reference(checkpoint, None, "fp32", spec)
+    plan = plan_reference(checkpoint_size(checkpoint.folder), "fp32", Runner.detect())
+    before = cached_reference(checkpoint, "fp32", spec, plan=plan)
     corpus.write_text("Another opening sentence. " + corpus.read_text())
-    after = reference_path(checkpoint, None, "fp32", spec)
+    after = reference_path(checkpoint, "fp32", spec)
     assert after != before and not after.exists()
     assert not torch.equal(
-        torch.load(cached_reference(checkpoint, None, "fp32", spec))["logits_plain"], torch.load(before)["logits_plain"]
+        torch.load(cached_reference(checkpoint, "fp32", spec, plan=plan))["logits_plain"],
+        torch.load(before)["logits_plain"],
     )
 
 
@@ -43,16 +46,18 @@ def test_export_skips_cached_task_references(tmp_path, monkeypatch):
     read it as a sidecar and raised on the list."""
     import json
 
+    from matrix.checkpoints import Checkpoint
     from suites.reference import _path_for, export_references, import_references
 
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
-    identity = {"checkpoint": "org/model", "tokenizer": None, "dtype": "fp32"}
+    checkpoint = Checkpoint("unused", None, "org/model", "1" * 40)
+    identity = {"checkpoint": {"source": "org/model", "revision": "1" * 40}, "tokenizer": None, "dtype": "fp32"}
     reference = _path_for(identity)
     reference.parent.mkdir(parents=True)
     torch.save({"logits_plain": torch.zeros(1)}, reference)
     reference.with_suffix(".json").write_text(json.dumps({"identity": identity}))
     _path_for({"task": "world-facts"}, prefix="task-", suffix=".json").write_text(json.dumps([True, False]))
-    bundle, count = export_references("org/model", None, tmp_path / "model.autotp-references.pt")
+    bundle, count = export_references(checkpoint, tmp_path / "model.autotp-references.pt")
     assert count == 1
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "elsewhere"))
     assert import_references(bundle) == 1 and _path_for(identity).exists()
@@ -62,7 +67,7 @@ def test_a_transformers_commit_gets_its_own_tiny_checkpoint_and_reference(monkey
     """Commit checkouts share a `.dev0` version: keyed by the version alone, a bisection step would read the tiny
     checkpoint and the unsharded reference another commit's transformers computed. A release keeps its keys."""
     from matrix import installed
-    from matrix.checkpoints import tiny_key
+    from matrix.checkpoints import Checkpoint, tiny_key
     from suites.checks.inputs import ProbeSpec
     from suites.reference import reference_identity
 
@@ -75,7 +80,9 @@ def test_a_transformers_commit_gets_its_own_tiny_checkpoint_and_reference(monkey
             return {"url": "file:///clones/transformers", "vcs_info": {"vcs": "git", "commit_id": commit}}
 
         monkeypatch.setattr(installed, "direct_url", checkout)
-        return tiny_key(entry), reference_identity("org/model", None, "fp32", ProbeSpec())
+        return tiny_key(entry), reference_identity(
+            Checkpoint("unused", None, "org/model", "1" * 40), "fp32", ProbeSpec()
+        )
 
     release, first, second = keys_at(""), keys_at("a" * 40), keys_at("b" * 40)
     assert len({release[0], first[0], second[0]}) == 3
