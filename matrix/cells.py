@@ -7,9 +7,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeGuard
 
 from matrix.config_values import ExpansionError
-from matrix.registry import DTYPES, MODELS_FILE, ModelEntry, RegistryError, Variant, load_models, load_variants, pick
+from matrix.registry import (
+    DTYPES,
+    MODELS_FILE,
+    DType,
+    ModelEntry,
+    RegistryError,
+    Variant,
+    load_models,
+    load_variants,
+    pick,
+)
 from matrix.shapes import (
     UNMARKED_SHAPE,
     RealShape,
@@ -76,7 +87,7 @@ DEFAULT_DTYPES = ("fp32",)
 class Cell:
     model: ModelEntry
     variant: Variant
-    dtype: str
+    dtype: DType
     tp: int
 
     @property
@@ -112,12 +123,18 @@ def parse_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def parse_dtypes(text: str) -> tuple[str, ...]:
-    dtypes = tuple(parse_names(text))
-    for dtype in dtypes:
-        if dtype not in DTYPES:
-            raise RegistryError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return dtypes
+def is_dtype(name: str) -> TypeGuard[DType]:
+    """Whether `name` is one of the dtype names a cell runs in (DTYPES)."""
+    return name in DTYPES
+
+
+def parse_dtypes(text: str) -> tuple[DType, ...]:
+    dtypes: list[DType] = []
+    for name in parse_names(text):
+        if not is_dtype(name):
+            raise RegistryError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+        dtypes.append(name)
+    return tuple(dtypes)
 
 
 MODEL_SELECTIONS = {

@@ -47,6 +47,7 @@ import torch
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import cache_root, checkpoint_identity
 from matrix.installed import cache_identity
+from matrix.registry import DType
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
@@ -104,7 +105,7 @@ def _source_identity(source: str | None) -> dict[str, str] | str | None:
 def reference_identity(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
@@ -139,7 +140,7 @@ def _path_for(identity: dict, prefix: str = "", suffix: str = ".pt") -> Path:
 def reference_path(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
@@ -155,7 +156,7 @@ def _sidecar(path: Path) -> Path:
 def compute_reference(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     trust_remote_code: bool = False,
     quantization: str = "",
@@ -206,7 +207,7 @@ def big_model_loading(max_memory: dict | None):
 def cached_reference(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     trust_remote_code: bool = False,
     quantization: str = "",
@@ -256,7 +257,7 @@ def reference_record(path: str | Path) -> dict:
 def cached_task_reference(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     task: AccuracyTask,
     trust_remote_code: bool = False,
     fork_server: ReferenceForker | None = None,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from matrix.registry import DType
 from suites.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import judge
@@ -118,7 +119,7 @@ def _peak_rss_bytes() -> int:
     return 0
 
 
-def _dtype_skip_reason(dtype: str) -> str | None:
+def _dtype_skip_reason(dtype: DType) -> str | None:
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
@@ -163,7 +164,14 @@ def _record_sharding(
 ) -> None:
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
-    record = sharding_record(before, model, policies, split_counts(model), world_size, complete)
+    record = sharding_record(
+        before=before,
+        model=model,
+        policies=policies,
+        counts=split_counts(model),
+        tp=world_size,
+        complete=complete,
+    )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 
 

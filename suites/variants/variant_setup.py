@@ -5,6 +5,7 @@ step. Returns the job's variant fields, or the cell's outcome when it cannot run
 from __future__ import annotations
 
 from matrix.cells import Cell
+from matrix.registry import ModelEntry
 from suites.checks.inputs import ProbeSpec
 from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
@@ -62,10 +63,10 @@ def prepare(
                     tokenizer,
                     cell.dtype,
                     spec,
-                    trust,
-                    variant.quantization,
-                    variant.quant_group_size,
-                    fork_server,
+                    trust_remote_code=trust,
+                    quantization=variant.quantization,
+                    quant_group_size=variant.quant_group_size,
+                    fork_server=fork_server,
                 )
             )
         except QuantizationUnavailable as error:
@@ -95,16 +96,17 @@ def _trained_models(
         )
     steps = variant.unsharded_steps
 
-    def trained(entry, entry_checkpoint: str) -> TrainedModel:
-        return TrainedModel(
-            entry_checkpoint,
-            entry.model_type,
-            str(
-                cached_unsharded_steps(
-                    entry_checkpoint, tokenizer, cell.dtype, spec, entry.trust_remote_code, steps, variant.optimizer
-                )
-            ),
+    def trained(entry: ModelEntry, entry_checkpoint: str) -> TrainedModel:
+        unsharded_steps = cached_unsharded_steps(
+            checkpoint=entry_checkpoint,
+            tokenizer=tokenizer,
+            dtype=cell.dtype,
+            spec=spec,
+            trust_remote_code=entry.trust_remote_code,
+            steps=steps,
+            optimizer=variant.optimizer,
         )
+        return TrainedModel(entry_checkpoint, entry.model_type, str(unsharded_steps))
 
     second = [load_models()[variant.second_model]] if variant.second_model else []
     return (trained(cell.model, checkpoint), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))
