@@ -206,7 +206,7 @@ def recorder(pytestconfig):
         Path(pytestconfig.getoption("--results")),
         run,
         versions,
-        state,
+        state=state,
         expected_cells={cell.id for cell in pytestconfig.stash[CELLS]},
         faults=tuple(pytestconfig.getoption("--inject-fault")),
     )

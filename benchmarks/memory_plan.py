@@ -109,7 +109,15 @@ def vm(field):
 
 folder, steps, optimizer = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 before = vm("VmRSS:")
-compute_unsharded_steps(folder, None, "fp32", ProbeSpec(), False, steps, optimizer)
+compute_unsharded_steps(
+    checkpoint=folder,
+    tokenizer=None,
+    dtype="fp32",
+    spec=ProbeSpec(),
+    trust_remote_code=False,
+    steps=steps,
+    optimizer_name=optimizer,
+)
 print(json.dumps({"growth": vm("VmHWM:") - before}))
 """
 

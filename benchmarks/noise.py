@@ -25,6 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from matrix.cells import expand  # noqa: E402
+from matrix.registry import DType  # noqa: E402
 from matrix.shapes import split_shaped_name  # noqa: E402
 
 
@@ -153,7 +154,7 @@ def registry() -> dict[str, Any]:
     return load_models()
 
 
-def bound_value(bound: Bound, dtype: str, model: str | None = None) -> float | None:
+def bound_value(bound: Bound, dtype: DType, model: str | None = None) -> float | None:
     """The default bound of the dtype, or `model`'s own (an override in matrix/models.toml)."""
     from matrix.registry import DEFAULT_TOLERANCES
 
@@ -167,7 +168,7 @@ def overridden(record: dict[str, Any], bound: Bound) -> bool:
     )
 
 
-def noise_rows(records: list[dict[str, Any]]) -> list[tuple[Bound, str, float, str, int]]:
+def noise_rows(records: list[dict[str, Any]]) -> list[tuple[Bound, DType, float, str, int]]:
     """(bound, dtype, largest noise, the cell it was measured in, cells measured) per check and dtype with a
     correct cell. The last record of a cell id counts (a rerun replaces the earlier one)."""
     latest = {record["id"]: record for record in records}

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeGuard
 
 from matrix.config_values import ExpansionError
 from matrix.registry import (
@@ -122,15 +123,18 @@ def parse_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def is_dtype(name: str) -> TypeGuard[DType]:
+    """Whether `name` is one of the dtype names a cell runs in (DTYPES)."""
+    return name in DTYPES
+
+
 def parse_dtypes(text: str) -> tuple[DType, ...]:
-    return tuple(_dtype(name) for name in parse_names(text))
-
-
-def _dtype(name: str) -> DType:
-    for dtype in DTYPES:
-        if name == dtype:
-            return dtype
-    raise RegistryError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    dtypes: list[DType] = []
+    for name in parse_names(text):
+        if not is_dtype(name):
+            raise RegistryError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+        dtypes.append(name)
+    return tuple(dtypes)
 
 
 MODEL_SELECTIONS = {

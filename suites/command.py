@@ -9,6 +9,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matrix.cells import DEFAULT_DTYPES, DEFAULT_MODELS, DEFAULT_TP_SIZES, MODEL_SELECTIONS
 from matrix.registry import MODELS_FILE
@@ -17,7 +18,7 @@ from matrix.shapes import DEFAULT_SHAPES, SHAPES
 CELL_TIMEOUT_S = 180.0
 """Seconds a cell may take before its rank group is killed (a tiny cell takes well under one)."""
 
-SUITE_OPTIONS: list[tuple[tuple[str, ...], dict]] = [
+SUITE_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (
         ("--models", "--model"),
         dict(

@@ -1,17 +1,24 @@
 """The records that cross between the driver and the ranks: the `Job` a rank group runs (written by the driver
-as `job-<seq>.json`, read by every rank) and the `RankSummary` each rank hands rank 0 for the verdict. Typed and
-frozen, so a field is named once and no merge of dicts can overwrite another part's field."""
+as `job-<seq>.json`, read by every rank) and the `RankSummary` each rank hands rank 0 for the verdict (with a training cell's steps and reports in it, typed
+dicts: they are pickled across as dicts). Typed and frozen, so a field is named once and no merge of dicts can
+overwrite another part's field."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from matrix.registry import Tolerance, Variant
+from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.outcome import RankError
+
+if TYPE_CHECKING:
+    import torch
+
+    from suites.checks.probes import TensorKind
+    from suites.checks.result import Finding
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class Job:
     checkpoint: str
     """The cell's checkpoint folder (a `meta` cell loads `meta.checkpoint`, its copy; see `loaded_checkpoint`)."""
     tokenizer: str | None
-    dtype: str
+    dtype: DType
     variant: Variant
     trust_remote_code: bool
     tolerance: Tolerance
@@ -100,6 +107,79 @@ class Job:
         )
 
 
+class UnshardedSteps(TypedDict):
+    """suites/variants/training.py `compute_unsharded_steps`: what a training cell's ranks compare their steps with
+    (the driver writes it with torch.save)."""
+
+    losses: list[float]
+    grads: list[dict[str, torch.Tensor]]
+    """Each step's gradient of every parameter that has one."""
+    weights: list[dict[str, torch.Tensor]]
+    """The weights before the first step, then after each step."""
+    adam_gradient_units: list[dict[str, torch.Tensor]]
+    """`adam_gradient_units` after each step; empty for an optimizer other than Adam."""
+    bytes_by_name: dict[str, int]
+    kinds: dict[str, TensorKind]
+    shapes_by_name: dict[str, tuple[int, ...]]
+    counts: dict[str, int]
+    """suites/checks/probes.py SplitCounts, as a dict."""
+    lm_head: str
+    """The output head's module path ("" without one); `lm_head_weight` the name its weight is listed under."""
+    lm_head_weight: str
+
+
+class ComparisonRecord(TypedDict):
+    """A suites/variants/training.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
+
+    largest: float
+    floor_share: float
+    max_rel_error: float
+    worst_parameter: str
+    compared: int
+    problems: list[Finding]
+    errors_at_floor: dict[str, float]
+
+
+class RoundTripReport(TypedDict):
+    """suites/variants/training.py `round_trip` on one rank: the checkpoint's weights and the resumed step, against the unsharded steps."""
+
+    saved: ComparisonRecord | None
+    """The saved 16-bit weights (rank 0 reads the file; None on the other ranks)."""
+    gathered: ComparisonRecord
+    loaded: ComparisonRecord
+    resumed_step: int
+    resumed_tp: int
+    resumed_loss: float
+    resumed_grads: ComparisonRecord
+    resumed_update: ComparisonRecord
+
+
+class _TraineeReportFields(TypedDict):
+    label: str
+    losses: list[float]
+    steps: list[ComparisonRecord]
+    """Each step's gradients."""
+    problems: list[Finding]
+    update: ComparisonRecord
+    bytes_by_name: dict[str, int]
+    sharded: int
+    """Parameters this rank holds a slice of."""
+    lm_head_mode: str
+
+
+class TraineeReport(_TraineeReportFields, total=False):
+    """suites/variants/training.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
+
+    round_trip: RoundTripReport
+    """The cell's own model, for a row with the checkpoint round trip."""
+
+
+class TrainingReport(TypedDict):
+    """suites/variants/training.py `run_training`'s report of one rank: the cell's model first, then the row's second model."""
+
+    models: list[TraineeReport]
+
+
 @dataclass(frozen=True)
 class RankSummary:
     """What each rank hands rank 0 (all_gather_object) after the cell's stages, for the verdict."""
@@ -111,12 +191,12 @@ class RankSummary:
     rss_before_load_bytes: int
     rss_peak_loaded_bytes: int
     """Peak RSS at the end of sharding (or training)."""
-    training: dict[str, Any] | None
+    training: TrainingReport | None
     """suites/variants/training.py `run_training`'s report, for a training cell."""
     bytes_by_name: dict[str, int] | None
     """The bytes this rank holds of each tensor (suites/checks/probes.py), for an inference cell."""
-    last_logits: Any
-    """The last position's plain-prompt logits (a tensor) for an inference cell, else None."""
+    last_logits: torch.Tensor | None
+    """The last position's plain-prompt logits for an inference cell, else None."""
     shapes_by_name: dict[str, tuple[int, ...]] | None = None
     """The shape of each tensor this rank holds, for an inference cell: the memory check reads which dimension of a
     weight AutoTP split."""

@@ -14,6 +14,7 @@ from matrix import cache_root
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
+from matrix.registry import DType
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
@@ -79,7 +80,7 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
     )
 
 
-def dtype_skip_reason(dtype: str) -> str | None:
+def dtype_skip_reason(dtype: DType) -> str | None:
     """Why the ranks' accelerator cannot run `dtype` (DeepSpeed's `supported_dtypes`), or None."""
     from deepspeed.accelerator import get_accelerator
 

@@ -344,7 +344,7 @@ def _leaf_groups(finding: str) -> str:
     """A memory finding with each layer group cut to its last part and leaves (suites/checks/memory.py `layer_groups`):
     `model.layers.*.mlp.experts.{w1,w2}` and `model.layers.*.block_sparse_moe.experts.{w1,w2}` are one finding."""
 
-    def leaf(group: re.Match) -> str:
+    def leaf(group: re.Match[str]) -> str:
         head, brace, leaves = group[0].partition("{")
         parts = head.rstrip(".").split(".")
         return ".".join(parts[-1 if brace else -2 :]) + (f".{{{leaves}" if brace else "")

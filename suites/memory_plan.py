@@ -83,10 +83,10 @@ class CheckpointSize:
     vocab_size: int
     hidden_size: int
 
-    def model_bytes(self, dtype: str) -> int:
+    def model_bytes(self, dtype: DType) -> int:
         return self.parameters * DTYPE_BYTES[dtype]
 
-    def layer_bytes(self, dtype: str) -> int:
+    def layer_bytes(self, dtype: DType) -> int:
         return self.largest_layer_parameters * DTYPE_BYTES[dtype]
 
 
@@ -141,7 +141,7 @@ def checkpoint_size(folder: str | Path) -> CheckpointSize:
     return CheckpointSize(parameters, largest_layer, largest_file, total_bytes, **common)
 
 
-def activation_bytes(size: CheckpointSize, dtype: str) -> int:
+def activation_bytes(size: CheckpointSize, dtype: DType) -> int:
     """Working memory of the probes beyond the weights: the longest forward is a perplexity window of 64
     tokens, whose fp32 logits exist ~4 times (logits, upcast, log-softmax, loss), plus hidden states."""
     tokens = 64
@@ -317,7 +317,7 @@ class ReferencePlan:
         return {**devices, "cpu": self.cpu_bytes}
 
 
-def plan_reference(size: CheckpointSize, dtype: str, runner: Runner) -> ReferencePlan:
+def plan_reference(size: CheckpointSize, dtype: DType, runner: Runner) -> ReferencePlan:
     model, layer, working = size.model_bytes(dtype), size.layer_bytes(dtype), activation_bytes(size, dtype)
     whole = PROCESS_RUNTIME_BYTES + model + working
     if whole <= runner.beside_group_bytes * SAFETY and not runner.device_bytes:
@@ -390,7 +390,7 @@ class MemoryPlan:
     """Planned peaks of one cell's processes against one runner, in bytes."""
 
     load: str
-    dtype: str
+    dtype: DType
     tp: int
     model_bytes: int
     layer_bytes: int
@@ -448,7 +448,7 @@ def gib(count: float) -> str:
 
 def _peaks(
     size: CheckpointSize,
-    dtype: str,
+    dtype: DType,
     *,
     tp: int,
     load: str,
@@ -501,7 +501,7 @@ def _peaks(
 
 def plan_cell(
     size: CheckpointSize,
-    dtype: str,
+    dtype: DType,
     *,
     tp: int,
     load: str,
@@ -569,7 +569,7 @@ def _fits(plan: MemoryPlan) -> bool:
 
 
 def _alternatives(
-    size: CheckpointSize, dtype: str, *, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
+    size: CheckpointSize, dtype: DType, *, tp: int, load: str, runner: Runner, training: TrainingShape | None = None
 ) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""

@@ -9,6 +9,7 @@ import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.redaction import redact
@@ -138,18 +139,18 @@ class CellOutcome:
     cause: Cause | None = None
     """A failed cell's cause (suites/mechanism.py `cause_of`), set by the driver."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be pass, fail or skip, got {self.outcome!r}")
         if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         typed = {"autotp": self.autotp, "broke_at": self.broke_at, "cause": self.cause}
         return {**self.__dict__, **{name: value.to_dict() if value else None for name, value in typed.items()}}
 
     @classmethod
-    def from_dict(cls, data: dict) -> CellOutcome:
+    def from_dict(cls, data: dict[str, Any]) -> CellOutcome:
         autotp, broke_at, cause = data.get("autotp"), data.get("broke_at"), data.get("cause")
         return cls(
             **{
@@ -245,7 +246,7 @@ def harness_frame(error: BaseException) -> str | None:
     return f"{Path(frame.filename).resolve().relative_to(PROJECT_ROOT)}:{frame.name}"
 
 
-def death_record(error: BaseException, where: str) -> dict:
+def death_record(error: BaseException, where: str) -> dict[str, str]:
     """What a process of a rank group writes before an exception ends it (outside any cell's stages:
     while the fork server or a rank starts, or between cells). Whose fault decides the class (`raising_owner`):
     a library's, the rank died there (`crash`); the harness's or nobody's (imports, rank setup, bookkeeping),
@@ -259,8 +260,8 @@ def death_record(error: BaseException, where: str) -> dict:
     }
 
 
-def read_death_records(folder: Path, pattern: str) -> list[dict]:
-    records = []
+def read_death_records(folder: Path, pattern: str) -> list[dict[str, str]]:
+    records: list[dict[str, str]] = []
     for path in sorted(folder.glob(pattern)):
         try:
             records.append(json.loads(path.read_text()))
@@ -270,6 +271,17 @@ def read_death_records(folder: Path, pattern: str) -> list[dict]:
 
 
 def failed(
-    failure_class: str, signature: str, message: str, metrics: dict | None = None, broke_at: BreakPoint | None = None
+    failure_class: str,
+    signature: str,
+    message: str,
+    metrics: dict[str, float] | None = None,
+    broke_at: BreakPoint | None = None,
 ) -> CellOutcome:
-    return CellOutcome("fail", failure_class, signature, message, metrics or {}, broke_at=broke_at)
+    return CellOutcome(
+        outcome="fail",
+        failure_class=failure_class,
+        signature=signature,
+        message=message,
+        metrics=metrics or {},
+        broke_at=broke_at,
+    )

@@ -49,6 +49,7 @@ import torch
 from matrix import PROJECT_ROOT, cache_root
 from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
+from matrix.registry import DType
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
@@ -110,7 +111,7 @@ def _tokenizer_identity(checkpoint: Checkpoint) -> dict[str, str] | None:
 
 def reference_identity(
     checkpoint: Checkpoint,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
@@ -144,7 +145,7 @@ def _path_for(identity: dict[str, Any], prefix: str = "", suffix: str = ".pt") -
 
 def reference_path(
     checkpoint: Checkpoint,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     quantization: str = "",
     quant_group_size: int = 0,
@@ -160,7 +161,7 @@ def _sidecar(path: Path) -> Path:
 def compute_reference(
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     *,
     trust_remote_code: bool = False,
@@ -223,7 +224,7 @@ class ObservationsRequest:
     """The checkpoint folder `from_pretrained` loads."""
     tokenizer: str | None
     """Tokenizer source; None: the byte tokenizer of tiny checkpoints."""
-    dtype: str
+    dtype: DType
     spec: ProbeSpec
     trust_remote_code: bool
     quantization: str
@@ -248,7 +249,7 @@ class TaskRequest:
     """The cache file the answers are written to (`task-<key>.json`, a JSON list of bools)."""
     checkpoint: str
     tokenizer: str | None
-    dtype: str
+    dtype: DType
     task: AccuracyTask
     trust_remote_code: bool
 
@@ -271,7 +272,7 @@ def request_from_json(data: dict[str, Any]) -> ReferenceRequest:
 
 def cached_reference(
     checkpoint: Checkpoint,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     *,
     plan: ReferencePlan,
@@ -316,7 +317,7 @@ def reference_record(path: str | Path) -> dict[str, Any]:
 
 def cached_task_reference(
     checkpoint: Checkpoint,
-    dtype: str,
+    dtype: DType,
     task: AccuracyTask,
     trust_remote_code: bool = False,
     fork_server: ReferenceForker | None = None,

@@ -3,15 +3,31 @@
 Select cells with --models/--variants/--dtypes/--tp (see `pytest --help`, section "autotp").
 """
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from suites.driver import run_cell
 from suites.records.repro import write_repro
 
+if TYPE_CHECKING:
+    from matrix.cells import Cell
+    from suites.driver import RunOptions
+    from suites.engine.rank_group import RankGroupPool
+    from suites.records.run_records import CellRecorder, RecordProperty
 
-def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestconfig):
+
+def test_cell(
+    cell: Cell,
+    rank_pool: RankGroupPool,
+    run_options: RunOptions,
+    recorder: CellRecorder,
+    record_property: RecordProperty,
+    pytestconfig: pytest.Config,
+) -> None:
     record = recorder.replay(cell.id, record_property)  # finished before this run was interrupted
     if record is None:
         outcome = run_cell(cell, rank_pool, run_options)
@@ -23,10 +39,10 @@ def test_cell(cell, rank_pool, run_options, recorder, record_property, pytestcon
                 cell,
                 run_options.checkpoints,
                 Path(pytestconfig.getoption("--results")) / "repro",
-                recorder.run,
-                recorder.versions,
-                verdict,
-                record.get("checkpoint", {}).get("revision"),
+                run=recorder.run,
+                versions=recorder.versions,
+                outcome_line=verdict,
+                loaded_revision=record.get("checkpoint", {}).get("revision"),
             )
         )
     if record["outcome"] == "skip":

@@ -68,7 +68,7 @@ def write_repro_scripts(
         versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
         verdict = f"fail {group.failure_class} {group.signature}"
         folder = out_dir / Path(repro_file(cell_id)).parent
-        write_repro(cell, "tiny", folder, run_info(run), versions, verdict)
+        write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict)
         written.add(cell_id)
     return written
 

@@ -226,7 +226,7 @@ def write_cell_repro(cell: Cell, failure: Observation, folder: Path) -> tuple[st
     run = failure.run
     versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
     verdict = f"fail {failure.result.failure_class} {failure.result.signature}"
-    script = write_repro(cell, "tiny", folder, run_info(run), versions, verdict)
+    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict)
     return script.name, script.read_text(encoding="utf-8")
 
 

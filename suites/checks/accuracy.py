@@ -38,7 +38,8 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     if discordant == 0:
         return 1.0
     tail = sum(math.comb(discordant, k) for k in range(min(only_first, only_second) + 1))
-    return min(1.0, 2 * tail / 2**discordant)  # int / int: exact up to the final rounding, no underflow
+    outcomes: int = 2**discordant
+    return min(1.0, 2 * tail / outcomes)  # int / int: exact up to the final rounding, no underflow
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ def paired_accuracy(reference: list[bool], sharded: list[bool]) -> PairedAccurac
     reference_only = sum(r and not s for r, s in zip(reference, sharded))
     sharded_only = sum(s and not r for r, s in zip(reference, sharded))
     return PairedAccuracy(
-        len(reference),
-        sum(reference),
-        sum(sharded),
-        reference_only,
-        sharded_only,
-        mcnemar_exact(reference_only, sharded_only),
+        items=len(reference),
+        reference_correct=sum(reference),
+        sharded_correct=sum(sharded),
+        reference_only=reference_only,
+        sharded_only=sharded_only,
+        p_value=mcnemar_exact(reference_only, sharded_only),
     )
 
 

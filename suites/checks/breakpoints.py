@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import torch
 
@@ -35,7 +35,7 @@ def _directions(width: int) -> torch.Tensor:
     return torch.randn(width, SUMMARY_DIRECTIONS, generator=torch.Generator().manual_seed(width))
 
 
-def _first_tensor(output) -> torch.Tensor | None:
+def _first_tensor(output: object) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() and output.dim() > 0 and output.numel() > 0 else None
     values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
@@ -58,7 +58,7 @@ def module_outputs(model: torch.nn.Module) -> Iterator[dict[str, tuple[tuple[int
         if not path:
             continue
 
-        def keep(_module, _inputs, output, path=path):
+        def keep(_module: torch.nn.Module, _inputs: tuple[object, ...], output: object, path: str = path) -> None:
             tensor = _first_tensor(output)
             if tensor is not None and path not in recorded:
                 recorded[path] = (tuple(tensor.shape), summary(tensor))
@@ -103,7 +103,15 @@ def located(path: str, how: str, model: torch.nn.Module, classes: dict[str, str]
     module_class, layer_class = _module_classes(path, model, classes)
     origin = origin_of(path, layer_class, how)
     origin_class = _module_classes(origin, model, classes)[0] if origin != path else module_class
-    return BreakPoint(path, module_class, layer_class, how, origin, origin_class, detail)
+    return BreakPoint(
+        path=path,
+        module_class=module_class,
+        layer_class=layer_class,
+        how=how,
+        origin=origin,
+        origin_class=origin_class,
+        detail=detail,
+    )
 
 
 def raising_module(error: BaseException, model: torch.nn.Module, classes: dict[str, str]) -> BreakPoint | None:
@@ -140,7 +148,14 @@ def replacing_module(error: BaseException, model: torch.nn.Module, before: dict[
     module_class = type(model.get_submodule(path)).__name__
     if "fused" in layer_class:
         layer_class = f"{layer_class}({fused_layout(model, path)})"
-    return BreakPoint(path, module_class, layer_class, "replacing", path, module_class)
+    return BreakPoint(
+        path=path,
+        module_class=module_class,
+        layer_class=layer_class,
+        how="replacing",
+        origin=path,
+        origin_class=module_class,
+    )
 
 
 def fused_layout(model: torch.nn.Module, path: str) -> str:
@@ -158,7 +173,7 @@ def fused_layout(model: torch.nn.Module, path: str) -> str:
     return get_fused_qkv_type(layer) or "bloomtype"  # its fallback for an unrecognised layer
 
 
-def _frames(traceback: TracebackType | None) -> Iterator:
+def _frames(traceback: TracebackType | None) -> Iterator[FrameType]:
     while traceback is not None:
         yield traceback.tb_frame
         traceback = traceback.tb_next

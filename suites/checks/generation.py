@@ -8,39 +8,66 @@ divergence we also record whether each side's token is in the other's top-k (vLL
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from matrix.registry import Tolerance
 from suites.checks.result import CheckResult, Finding, logits_allowance
+
+if TYPE_CHECKING:
+    import torch
+
+    from suites.checks.probes import Observations
 
 TOP_K = 5
 
 
-def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
+def check(reference: Observations, sharded: Observations, tolerance: Tolerance) -> CheckResult:
     """The single prompt, then each row of the padded batch decoded together (row 1 left-padded: the
     attention-mask and position paths of batched decoding)."""
     single = _sequence(
-        reference.gen_tokens, sharded.gen_tokens, reference.gen_logits, sharded.gen_logits, tolerance, ""
+        ref_tokens=reference.gen_tokens,
+        tp_tokens=sharded.gen_tokens,
+        ref_logits=reference.gen_logits,
+        tp_logits=sharded.gen_logits,
+        tolerance=tolerance,
+        label="",
     )
     if not single.passed:
         return single
     metrics = dict(single.metrics)
     for row in range(reference.gen_padded_tokens.shape[0]):
         padded = _sequence(
-            reference.gen_padded_tokens[row],
-            sharded.gen_padded_tokens[row],
-            reference.gen_padded_logits[row],
-            sharded.gen_padded_logits[row],
-            tolerance,
-            f"batched decoding row {row}{', left-padded' if row else ''}: ",
+            ref_tokens=reference.gen_padded_tokens[row],
+            tp_tokens=sharded.gen_padded_tokens[row],
+            ref_logits=reference.gen_padded_logits[row],
+            tp_logits=sharded.gen_padded_logits[row],
+            tolerance=tolerance,
+            label=f"batched decoding row {row}{', left-padded' if row else ''}: ",
         )
         metrics[f"gen_padded{row}_tokens_equal"] = padded.metrics["gen_tokens_equal"]
         metrics[f"gen_padded{row}_logits_max_abs"] = padded.metrics["gen_logits_max_abs"]
         metrics[f"gen_padded{row}_logits_max_rel"] = padded.metrics["gen_logits_max_rel"]
         if not padded.passed:
-            return CheckResult("generation", False, "generation", metrics, padded.reason, padded.signature)
+            return CheckResult(
+                name="generation",
+                passed=False,
+                failure_class="generation",
+                metrics=metrics,
+                reason=padded.reason,
+                signature=padded.signature,
+            )
     return CheckResult("generation", True, "generation", metrics, single.reason)
 
 
-def _sequence(ref_tokens, tp_tokens, ref_logits, tp_logits, tolerance: Tolerance, label: str) -> CheckResult:
+def _sequence(
+    *,
+    ref_tokens: torch.Tensor,
+    tp_tokens: torch.Tensor,
+    ref_logits: torch.Tensor,
+    tp_logits: torch.Tensor,
+    tolerance: Tolerance,
+    label: str,
+) -> CheckResult:
     differs = (ref_tokens != tp_tokens).nonzero()
     divergence = int(differs[0]) if len(differs) else -1
     compared_steps = len(ref_tokens) if divergence < 0 else divergence + 1

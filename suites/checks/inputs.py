@@ -9,8 +9,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from suites.model_types import Tokenizer
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
 PROBE_CODE = tuple(Path(__file__).resolve().with_name(name) for name in ("inputs.py", "probes.py", "breakpoints.py"))
@@ -54,7 +58,7 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
 
-def load_tokenizer(source: str | None, trust_remote_code: bool = False):
+def load_tokenizer(source: str | None, trust_remote_code: bool = False) -> Tokenizer:
     """ByteTokenizer for tiny checkpoints (source None), else the checkpoint's own tokenizer."""
     if source is None:
         return ByteTokenizer()
@@ -63,7 +67,7 @@ def load_tokenizer(source: str | None, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
 
 
-def _pad_id(tokenizer) -> int:
+def _pad_id(tokenizer: Tokenizer) -> int:
     for name in ("pad_token_id", "eos_token_id"):
         value = getattr(tokenizer, name, None)
         if value is not None:
@@ -81,7 +85,7 @@ class ProbeInputs:
     """[1, N] corpus tokens for perplexity."""
 
 
-def build_inputs(tokenizer, spec: ProbeSpec) -> ProbeInputs:
+def build_inputs(tokenizer: Tokenizer, spec: ProbeSpec) -> ProbeInputs:
     corpus = CORPUS_FILE.read_text()
     ids = tokenizer.encode(corpus)
     needed = max(spec.ppl_tokens, 2 * spec.prompt_tokens)

@@ -3,18 +3,25 @@ failing one, and every check's metrics are recorded either way."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from matrix.registry import Tolerance
 from suites.checks import generation, logits, memory, perplexity
 from suites.checks.result import CheckResult
 from suites.contracts import RankSummary
 
+if TYPE_CHECKING:
+    from suites.checks.probes import Observations
 
-def run_all(reference, sharded, ranks: list[RankSummary], tolerance: Tolerance) -> list[CheckResult]:
+
+def run_all(
+    reference: Observations, sharded: Observations, ranks: list[RankSummary], tolerance: Tolerance
+) -> list[CheckResult]:
     """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0."""
-    rank_last_logits = [r.last_logits for r in ranks]
+    rank_last_logits = [r.last_logits for r in ranks if r.last_logits is not None]
     rank_bytes_by_name = [r.bytes_by_name for r in ranks if r.bytes_by_name is not None]
-    if len(rank_bytes_by_name) != len(ranks):
-        raise ValueError("a rank of an inference cell handed rank 0 no bytes_by_name (a harness bug)")
+    if len(rank_last_logits) != len(ranks) or len(rank_bytes_by_name) != len(ranks):
+        raise ValueError("a rank of an inference cell handed rank 0 no last_logits or bytes_by_name (a harness bug)")
     for first in (logits.check_reference(reference), logits.check_shapes(reference, sharded, rank_last_logits)):
         if not first.passed:
             return [first]  # nothing else can be compared

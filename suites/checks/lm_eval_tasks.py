@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import lm_eval
 import lm_eval.evaluator
@@ -24,6 +25,11 @@ import yaml
 from lm_eval.api.model import LM
 
 from suites.checks.task_scoring import TaskError, continuation_loglikelihoods
+
+if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
+
+    from suites.model_types import CausalLM, Device, Tokenizer
 
 LM_EVAL_TASKS_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "lm_eval"
 BATCH = 8
@@ -41,13 +47,13 @@ def _yaml_path(spec: str) -> Path | None:
     return path
 
 
-def task_config(spec: str) -> str | dict:
+def task_config(spec: str) -> str | dict[str, Any]:
     """A registry task name, or the YAML's config with its data files made absolute."""
     path = _yaml_path(spec)
     if path is None:
         return spec
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.safe_load(path.read_text())  # type: ignore[no-untyped-call]  # PyYAML ships no types
     except yaml.YAMLError as error:
         raise TaskError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(config, dict) or not isinstance(config.get("task"), str):
@@ -60,7 +66,7 @@ def task_config(spec: str) -> str | dict:
     return config
 
 
-def _data_files(config: str | dict) -> list[Path]:
+def _data_files(config: str | dict[str, Any]) -> list[Path]:
     files = config.get("dataset_kwargs", {}).get("data_files", {}) if isinstance(config, dict) else {}
     return [Path(name) for name in files.values()]
 
@@ -80,10 +86,10 @@ def fingerprint(spec: str) -> str:
     return identity.hexdigest()
 
 
-def _load(config: str | dict) -> dict:
+def _load(config: str | dict[str, Any]) -> dict[str, Any]:
     """lm-eval's task dict for exactly one task."""
     try:
-        loaded = lm_eval.tasks.TaskManager().load([config])
+        loaded: dict[str, Any] = lm_eval.tasks.TaskManager().load([config])
     except Exception as error:  # lm-eval raises many kinds for an unknown or broken task
         name = config if isinstance(config, str) else config["task"]
         raise TaskError(f"lm_eval:{name}: lm-eval could not load the task: {error}") from None
@@ -92,7 +98,7 @@ def _load(config: str | dict) -> dict:
     return loaded
 
 
-def correctness(spec: str, model, tokenizer, device) -> list[bool]:
+def correctness(spec: str, model: CausalLM, tokenizer: Tokenizer, device: Device) -> list[bool]:
     """Per document, in document order: lm-eval's `acc` for this model."""
     results = lm_eval.evaluator.evaluate(
         lm=ShardedModelLM(model, tokenizer, device),
@@ -104,22 +110,22 @@ def correctness(spec: str, model, tokenizer, device) -> list[bool]:
     return [bool(sample["acc"]) for sample in sorted(samples, key=lambda sample: sample["doc_id"])]
 
 
-class ShardedModelLM(LM):
-    def __init__(self, model, tokenizer, device):
+class ShardedModelLM(LM):  # type: ignore[misc]  # lm-eval ships no types (no py.typed): LM is Any to mypy
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, device: Device) -> None:
         super().__init__()
         self.model, self.tokenizer, self.model_device = model, tokenizer, device
 
-    def loglikelihood(self, requests, disable_tqdm: bool = True):
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = True) -> list[tuple[float, bool]]:
         pairs = [request.args for request in requests]
-        answers = []
+        answers: list[tuple[float, bool]] = []
         for start in range(0, len(pairs), BATCH):
             answers += continuation_loglikelihoods(
                 self.model, self.tokenizer, pairs[start : start + BATCH], self.model_device
             )
         return answers
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = True):
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = True) -> list[float]:
         raise TaskError("the AutoTP accuracy gate answers log-likelihood requests only (multiple_choice tasks)")
 
-    def generate_until(self, requests, disable_tqdm: bool = True):
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = True) -> list[str]:
         raise TaskError("the AutoTP accuracy gate answers log-likelihood requests only (multiple_choice tasks)")

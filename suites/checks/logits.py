@@ -4,14 +4,18 @@ every rank must hold the same logits (the all-reduce joins the shards on all ran
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from matrix.registry import Tolerance
 from suites.checks.result import CheckResult, Finding, joined, logits_allowance
 
+if TYPE_CHECKING:
+    from suites.checks.probes import Observations
 
-def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> CheckResult:
+
+def check_shapes(reference: Observations, sharded: Observations, rank_last_logits: list[torch.Tensor]) -> CheckResult:
     """The sharded model's outputs have the reference's shapes on every rank (e.g. a vocab-sharded lm_head
     whose slices were never gathered gives a fraction of the vocabulary). Wrong outputs of the model,
     not a harness failure: the other checks could not even compare them."""
@@ -40,7 +44,7 @@ def check_shapes(reference, sharded, rank_last_logits: list[torch.Tensor]) -> Ch
 REFERENCE_OUTPUTS = ("logits_masked", "logits_plain", "gen_logits", "gen_padded_logits")
 
 
-def check_reference(reference) -> CheckResult:
+def check_reference(reference: Observations) -> CheckResult:
     """The unsharded reference must be finite: NaN there is the model's (or the checkpoint's) own, and
     comparing with it would blame the sharded model. The cell cannot judge AutoTP: `setup`."""
     bad = [name for name in REFERENCE_OUTPUTS if not torch.isfinite(getattr(reference, name)).all().item()]
@@ -74,7 +78,7 @@ def routing_flips(reference_routing: torch.Tensor, sharded_routing: torch.Tensor
     return (reference_routing != sharded_routing).any(dim=1)
 
 
-def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
+def check(reference: Observations, sharded: Observations, tolerance: Tolerance) -> CheckResult:
     """Every prefill token is compared at the bound except those whose expert routing flipped (`routing_flips`):
     a token routed to other experts computes another function, at most MAX_ROUTING_FLIP_SHARE of them."""
     flipped_masked = routing_flips(reference.routing_masked, sharded.routing_masked, reference.logits_masked.shape[0])

@@ -168,7 +168,16 @@ def weight_shares(
         if not all(size == full for size in held):
             shapes = [by_name.get(name) for by_name in rank_shapes_by_name] if rank_shapes_by_name else [None] * tp
             allowed = allowance(name, shape, split_dim(shape, shapes, held, full), unsharded.counts, tp)
-        shares.append(WeightShare(name, kind, held[rank] / full, allowed, rank, tuple(held), full))
+        share = WeightShare(
+            name=name,
+            kind=kind,
+            share=held[rank] / full,
+            allowed=allowed,
+            rank=rank,
+            held=tuple(held),
+            full=full,
+        )
+        shares.append(share)
     return shares
 
 

@@ -3,11 +3,16 @@ reference (window and stride are recorded with the metrics)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from matrix.registry import Tolerance
 from suites.checks.result import CheckResult, Finding
 
+if TYPE_CHECKING:
+    from suites.checks.probes import Observations
 
-def check(reference, sharded, tolerance: Tolerance) -> CheckResult:
+
+def check(reference: Observations, sharded: Observations, tolerance: Tolerance) -> CheckResult:
     ppl_ref, ppl_tp = reference.perplexity, sharded.perplexity
     delta = abs(ppl_tp - ppl_ref) / ppl_ref
     metrics = {"ppl_ref": ppl_ref, "ppl_tp": ppl_tp, "ppl_rel_delta": delta, "ppl_tokens": float(reference.nll_tokens)}

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
@@ -22,11 +23,14 @@ from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
 from suites.outcome import LibraryOutputError
 
+if TYPE_CHECKING:
+    from suites.model_types import CausalLM, Device
+
 MAX_EXP_ARGUMENT = 709.0
 """math.exp overflows above this."""
 
 
-def _logits(output, what: str, expected_dims: int) -> torch.Tensor:
+def _logits(output: object, what: str, expected_dims: int) -> torch.Tensor:
     """A model output's logits as they enter the harness: present, a tensor, of the expected rank."""
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor) or logits.dim() != expected_dims:
@@ -54,7 +58,7 @@ class Observations:
     """Summed negative log-likelihood over the scored corpus tokens."""
     nll_tokens: int
     forward_seconds: float
-    footprint: "Footprint | None"
+    footprint: Footprint | None
     """The unsharded model's tensors (`footprint`), what the memory checks compare the ranks' bytes with;
     None on the sharded model, whose module types AutoTP replaced (each rank hands its own bytes by name
     to rank 0 instead: suites/contracts.py RankSummary)."""
@@ -68,7 +72,7 @@ class Observations:
     """Each module's output in the plain forward, summarised (suites/checks/breakpoints.py `module_outputs`), in the
     order the modules finished: where a cell's numbers diverge is found by comparing the two sides'."""
 
-    def unsharded_footprint(self) -> "Footprint":
+    def unsharded_footprint(self) -> Footprint:
         """The footprint of the reference's observations: asking the sharded model's is a harness bug."""
         if self.footprint is None:
             raise ValueError("the memory checks asked the sharded model's observations for a footprint (a harness bug)")
@@ -79,12 +83,12 @@ class Observations:
         mean = self.nll_sum / self.nll_tokens
         return math.inf if mean > MAX_EXP_ARGUMENT else math.exp(mean)  # a huge finite loss is a verdict, not an error
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Tensors, numbers, strings and plain containers only: `torch.load(weights_only=True)` reads it back."""
         return {**self.__dict__, "footprint": asdict(self.footprint) if self.footprint else None}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Observations":
+    def from_dict(cls, data: dict[str, Any]) -> Observations:
         footprint = data["footprint"]
         return cls(
             **{
@@ -96,7 +100,9 @@ class Observations:
         )
 
 
-def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device) -> tuple[float, int]:
+def _sliding_window_nll(
+    model: CausalLM, corpus_ids: torch.Tensor, spec: ProbeSpec, device: Device
+) -> tuple[float, int]:
     """Perplexity the HF-guide way: overlapping windows, only the new tokens of each window scored. One forward per
     window, not the windows as one batch: the `labels=` loss comes back as one float32 mean, and one rounding of a
     batch's mean put the default matrix's fp32 perplexity noise at half its bound (each window's own rounding, summed
@@ -125,7 +131,9 @@ def _sliding_window_nll(model, corpus_ids: torch.Tensor, spec: ProbeSpec, device
 
 
 @torch.no_grad()
-def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool = True) -> Observations:
+def observe(
+    model: CausalLM, inputs: ProbeInputs, spec: ProbeSpec, device: Device, unsharded: bool = True
+) -> Observations:
     """The probes' outputs; with `unsharded` (the reference) also the model's `footprint`, which no check reads
     of the sharded model."""
     started = time.perf_counter()
@@ -147,19 +155,19 @@ def observe(model, inputs: ProbeInputs, spec: ProbeSpec, device, unsharded: bool
     nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
     forward_seconds = time.perf_counter() - started
     return Observations(
-        logits_masked,
-        logits_plain,
-        gen_tokens[0],
-        gen_logits[0],
-        gen_padded_tokens,
-        gen_padded_logits,
-        nll_sum,
-        nll_tokens,
-        forward_seconds,
-        footprint(model) if unsharded else None,
-        _per_token(choices_masked, batch_ids.shape)[real],
-        _per_token(choices_plain, (1, batch_ids.shape[1]))[0],
-        outputs,
+        logits_masked=logits_masked,
+        logits_plain=logits_plain,
+        gen_tokens=gen_tokens[0],
+        gen_logits=gen_logits[0],
+        gen_padded_tokens=gen_padded_tokens,
+        gen_padded_logits=gen_padded_logits,
+        nll_sum=nll_sum,
+        nll_tokens=nll_tokens,
+        forward_seconds=forward_seconds,
+        footprint=footprint(model) if unsharded else None,
+        routing_masked=_per_token(choices_masked, batch_ids.shape)[real],
+        routing_plain=_per_token(choices_plain, (1, batch_ids.shape[1]))[0],
+        module_outputs=outputs,
     )
 
 
@@ -168,7 +176,7 @@ ROUTER_NAMES = ("gate", "router")
 the plain linear gates of older releases alike."""
 
 
-def _routers(model) -> list[tuple[torch.nn.Module, int]]:
+def _routers(model: CausalLM) -> list[tuple[torch.nn.Module, int]]:
     """(router, experts it picks per token) of every MoE block: a module named as in ROUTER_NAMES whose parent
     holds `experts`. AutoTP keeps routers whole, so the sharded model has the same ones."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -184,7 +192,7 @@ def _routers(model) -> list[tuple[torch.nn.Module, int]]:
     return routers
 
 
-def _chosen(output, top_k: int) -> torch.Tensor | None:
+def _chosen(output: object, top_k: int) -> torch.Tensor | None:
     """[tokens, k] the experts a router's output chose, sorted: its integer index tensor (TopKRouter classes
     return one), else the top k of its logits (a plain linear gate); None when it returns neither."""
     if isinstance(output, torch.Tensor):
@@ -203,7 +211,7 @@ def _chosen(output, top_k: int) -> torch.Tensor | None:
 
 
 @contextmanager
-def expert_choices(model):
+def expert_choices(model: CausalLM) -> Iterator[list[list[torch.Tensor]]]:
     """Records, for one forward inside the block, the experts every router chose per token: a list per router
     of the [tokens, k] choices of each of its calls."""
     recorded: list[list[torch.Tensor]] = []
@@ -212,7 +220,13 @@ def expert_choices(model):
         calls: list[torch.Tensor] = []
         recorded.append(calls)
 
-        def keep(_module, _inputs, output, calls=calls, top_k=top_k):
+        def keep(
+            _module: torch.nn.Module,
+            _inputs: tuple[object, ...],
+            output: object,
+            calls: list[torch.Tensor] = calls,
+            top_k: int = top_k,
+        ) -> None:
             chosen = _chosen(output, top_k)
             if chosen is not None:
                 calls.append(chosen)
@@ -235,7 +249,9 @@ def _per_token(recorded: list[list[torch.Tensor]], batch_shape: tuple[int, ...])
     return torch.cat(columns, dim=1).to(torch.int64).reshape(*batch_shape, -1)
 
 
-def _greedy(model, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def _greedy(
+    model: CausalLM, ids: torch.Tensor, mask: torch.Tensor, spec: ProbeSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, K] greedy tokens, [B, K, V] logits of each decode step) with the KV cache."""
     generated = model.generate(
         ids,
@@ -305,11 +321,16 @@ class Footprint:
         return sum(self.bytes_by_name.values())
 
 
-def footprint(model) -> Footprint:
-    return Footprint(bytes_by_name(model), tensor_kinds(model), shapes_by_name(model), split_counts(model))
+def footprint(model: CausalLM) -> Footprint:
+    return Footprint(
+        bytes_by_name=bytes_by_name(model),
+        kinds=tensor_kinds(model),
+        shapes_by_name=shapes_by_name(model),
+        counts=split_counts(model),
+    )
 
 
-def split_counts(model) -> SplitCounts:
+def split_counts(model: CausalLM) -> SplitCounts:
     """Read with the one config reader the faithful shapes use (matrix/shapes.py `read_shape`). A config that lacks a
     size the reader needs raises its UnreadableConfig (the cell's `setup` failure naming the reader and the key),
     never counts of 0 that would judge its weights as if nothing split."""
@@ -322,20 +343,21 @@ def split_counts(model) -> SplitCounts:
     return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts)
 
 
-def shapes_by_name(model) -> dict[str, tuple[int, ...]]:
+def shapes_by_name(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     return {name: tuple(tensor.shape) for name, tensor in named}
 
 
-def bytes_by_name(model) -> dict[str, int]:
+def bytes_by_name(model: torch.nn.Module) -> dict[str, int]:
     named = [*model.named_parameters(), *model.named_buffers()]  # a tied parameter comes once
     return {name: tensor.numel() * tensor.element_size() for name, tensor in named}
 
 
-def tensor_kinds(model) -> dict[str, TensorKind]:
+def tensor_kinds(model: CausalLM) -> dict[str, TensorKind]:
     """Kind of every parameter and buffer, from the module that holds it. transformers >= 5 stores MoE
     experts as fused 3-D parameters ([experts, ...]), not nn.Linear modules: counting only nn.Linear would miss them."""
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # transformers leaves get_output_embeddings unannotated.
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[no-untyped-call]
     experts = split_counts(model).experts
     kinds: dict[str, TensorKind] = {}
     for module_name, module in model.named_modules():

@@ -6,11 +6,16 @@ The strict check (the usual checks against the *unsharded quantized* reference) 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from matrix.registry import Tolerance
 from suites.checks.result import CheckResult, Finding
 
+if TYPE_CHECKING:
+    from suites.checks.probes import Observations
 
-def check(baseline, sharded, tolerance: Tolerance) -> list[CheckResult]:
+
+def check(baseline: Observations, sharded: Observations, tolerance: Tolerance) -> list[CheckResult]:
     match = (baseline.gen_tokens == sharded.gen_tokens).float().mean().item()
     ppl_delta = abs(sharded.perplexity - baseline.perplexity) / baseline.perplexity
     tokens_ok = match >= tolerance.quant_token_match

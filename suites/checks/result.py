@@ -58,7 +58,14 @@ class CheckResult:
 
     @classmethod
     def failing(cls, name: str, failure_class: str, metrics: dict[str, float], finding: Finding) -> CheckResult:
-        return cls(name, False, failure_class, metrics, finding.text, finding.short)
+        return cls(
+            name=name,
+            passed=False,
+            failure_class=failure_class,
+            metrics=metrics,
+            reason=finding.text,
+            signature=finding.short,
+        )
 
     @classmethod
     def judged(

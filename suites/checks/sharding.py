@@ -68,8 +68,8 @@ def recorded_policy() -> Iterator[list[Policy]]:
     original, parse = AutoTP.__dict__["tp_parser"], AutoTP.tp_parser
     chosen: list[Policy] = []
 
-    def tp_parser(model):
-        policy = parse(model)
+    def tp_parser(model: torch.nn.Module) -> list[tuple[type[torch.nn.Module], list[str]]]:
+        policy: list[tuple[type[torch.nn.Module], list[str]]] = parse(model)
         chosen.extend(Policy(layer.__name__, tuple(sorted(linears))) for layer, linears in policy)
         return policy
 
@@ -105,6 +105,7 @@ def _indices(paths: list[str]) -> str:
 
 
 def sharding_record(
+    *,
     before: Snapshot,
     model: torch.nn.Module,
     policies: list[Policy],
@@ -114,16 +115,16 @@ def sharding_record(
 ) -> AutoTPRecord:
     replaced = _replaced(before, model) if complete else []
     return AutoTPRecord(
-        tp,
-        counts.heads,
-        counts.kv_heads,
-        counts.head_dim,
-        counts.experts,
-        tuple(policies),
-        unparsed_kinds(before, policies),
-        tuple(_once_per_role([r for _, r in replaced])),
-        tuple(_left_whole(before, model, replaced, counts.head_dim)) if complete else (),
-        complete,
+        tp=tp,
+        heads=counts.heads,
+        kv_heads=counts.kv_heads,
+        head_dim=counts.head_dim,
+        experts=counts.experts,
+        policies=tuple(policies),
+        unparsed=unparsed_kinds(before, policies),
+        replaced=tuple(_once_per_role([r for _, r in replaced])),
+        left_whole=tuple(_left_whole(before, model, replaced, counts.head_dim)) if complete else (),
+        complete=complete,
     )
 
 
@@ -139,9 +140,16 @@ def _replaced(before: Snapshot, model: torch.nn.Module) -> list[tuple[str, Repla
         dim = 1 if "Allreduce" in layer_class and len(full) > 1 else 0
         held = tuple(weight.shape)[dim] if weight.dim() > dim else full[dim]
         layout = fused_layout(model, path) if "fused" in layer_class else ""
-        found.append(
-            (path, Replaced(mask_indices(path), before.classes.get(path, ""), layer_class, full, dim, held, layout))
+        replaced = Replaced(
+            path=mask_indices(path),
+            was=before.classes.get(path, ""),
+            layer_class=layer_class,
+            shape=full,
+            dim=dim,
+            held=held,
+            layout=layout,
         )
+        found.append((path, replaced))
     return found
 
 

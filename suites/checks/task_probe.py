@@ -13,8 +13,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from suites.checks.task_scoring import TaskError, continuation_loglikelihoods
+
+if TYPE_CHECKING:
+    from suites.model_types import CausalLM, Device, Tokenizer
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks"
 
@@ -70,7 +74,7 @@ def resolve_task(spec: str) -> AccuracyTask:
     return AccuracyTask(str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
-def answer_correctness(task: AccuracyTask, model, tokenizer, device) -> list[bool]:
+def answer_correctness(task: AccuracyTask, model: CausalLM, tokenizer: Tokenizer, device: Device) -> list[bool]:
     """Whether the model answers each item right, in the task's item order. Every rank of a TP group
     calls this with the same task, so their forwards line up."""
     if task.uses_lm_eval:
@@ -114,7 +118,7 @@ def _item(line: str, where: str) -> Item:
     return Item(context, tuple(choices), answer)
 
 
-def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
+def choice_loglikelihoods(model: CausalLM, tokenizer: Tokenizer, item: Item, device: Device) -> list[float]:
     """One forward per item, its choices batched."""
     return [
         score
@@ -122,7 +126,7 @@ def choice_loglikelihoods(model, tokenizer, item: Item, device) -> list[float]:
     ]
 
 
-def predict(model, tokenizer, task: Task, device) -> list[int]:
+def predict(model: CausalLM, tokenizer: Tokenizer, task: Task, device: Device) -> list[int]:
     """The chosen index for each item (ties go to the first choice, as argmax does)."""
     predictions = []
     for item in task.items:

@@ -3,14 +3,19 @@ by the shipped tasks (suites/checks/task_probe.py) and lm-eval's own (suites/che
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from suites.model_types import CausalLM, Device, Tokenizer
 
 
 class TaskError(ValueError):
     """A task file that cannot be used; the message names the file, the line and the field."""
 
 
-def _split(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
+def _split(tokenizer: Tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
     """Context and continuation ids, lm-eval's way: trailing context spaces move to the continuation."""
     stripped = context.rstrip(" ")
     choice = context[len(stripped) :] + choice
@@ -20,7 +25,9 @@ def _split(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def continuation_loglikelihoods(model, tokenizer, pairs: list[tuple[str, str]], device) -> list[tuple[float, bool]]:
+def continuation_loglikelihoods(
+    model: CausalLM, tokenizer: Tokenizer, pairs: list[tuple[str, str]], device: Device
+) -> list[tuple[float, bool]]:
     """(summed log-likelihood, whether greedy decoding would produce it) of each continuation after its
     context, all pairs in one forward: right-padded, the padding sits after every scored position, so a
     causal model's scores do not depend on it and no attention mask is needed."""

@@ -7,11 +7,21 @@ and gathered full weights and the loss of the step a resumed run takes. Reasons 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
 from suites.checks import memory as memory_checks
 from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
+
+if TYPE_CHECKING:
+    from suites.contracts import (
+        ComparisonRecord,
+        RoundTripReport,
+        TraineeReport,
+        TrainingReport,
+        UnshardedSteps,
+    )
 
 
 def _nan_first(value: float) -> tuple[bool, float]:
@@ -23,7 +33,7 @@ def _rank_problems(problems_per_rank: list[list[Finding]]) -> list[Finding]:
     return [problem.prefixed(f"rank {rank}: ") for rank, found in enumerate(problems_per_rank) for problem in found]
 
 
-def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what: str) -> Finding | None:
+def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stage: str, what: str) -> Finding | None:
     """What is wrong over one Comparison per rank (suites/variants/training.py), None when nothing is."""
     if problems := _rank_problems([c["problems"] for c in comparisons]):
         return joined(problems[:3], f"{stage}: ")
@@ -38,7 +48,7 @@ def _comparison_result(comparisons: list[dict], allowed: float, stage: str, what
     )
 
 
-def _at_floors(comparisons: list[dict], metric: str) -> dict[str, float]:
+def _at_floors(comparisons: list[ComparisonRecord], metric: str) -> dict[str, float]:
     """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
     choice rests on (benchmarks/noise.py)."""
     floors = {key for c in comparisons for key in c.get("errors_at_floor", {})}
@@ -55,12 +65,14 @@ def _loss_delta(loss: float, reference: float) -> float:
     return abs(loss - reference) / abs(reference)
 
 
-def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, prefix: str = "") -> list[CheckResult]:
+def check_model(
+    unsharded: UnshardedSteps, reports: list[TraineeReport], tolerance: Tolerance, prefix: str = ""
+) -> list[CheckResult]:
     """`unsharded`: the driver's steps (suites/variants/training.py compute_unsharded_steps); `reports`: one per
     rank for this model. `prefix` names a second model in reasons and metrics."""
     label = f"second model {reports[0]['label']}: " if prefix else ""
     steps = len(reports[0]["losses"])
-    results = []
+    results: list[CheckResult] = []
 
     deltas = [
         max((_loss_delta(r["losses"][step], unsharded["losses"][step]) for r in reports), key=_nan_first)
@@ -126,17 +138,20 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
     )
 
     footprint = Footprint(
-        unsharded["bytes_by_name"], unsharded["kinds"], unsharded["shapes_by_name"], SplitCounts(**unsharded["counts"])
+        bytes_by_name=unsharded["bytes_by_name"],
+        kinds=unsharded["kinds"],
+        shapes_by_name=unsharded["shapes_by_name"],
+        counts=SplitCounts(**unsharded["counts"]),
     )
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     results.append(
         CheckResult(
-            memory.name,
-            memory.passed,
-            memory.failure_class,
-            {f"{prefix}{k}": v for k, v in memory.metrics.items()},
-            label + memory.reason if memory.reason else "",
-            label + memory.signature if memory.signature else "",
+            name=memory.name,
+            passed=memory.passed,
+            failure_class=memory.failure_class,
+            metrics={f"{prefix}{k}": v for k, v in memory.metrics.items()},
+            reason=label + memory.reason if memory.reason else "",
+            signature=label + memory.signature if memory.signature else "",
         )
     )
 
@@ -158,8 +173,13 @@ def check_model(unsharded: dict, reports: list[dict], tolerance: Tolerance, pref
     return results
 
 
-def _check_round_trip(unsharded: dict, trips: list[dict], tolerance: Tolerance) -> list[CheckResult]:
-    saved = _comparison_result([trips[0]["saved"]], tolerance.train_weight_rel, "save_16bit_model", "weight")
+def _check_round_trip(
+    unsharded: UnshardedSteps, trips: list[RoundTripReport], tolerance: Tolerance
+) -> list[CheckResult]:
+    saved_weights = trips[0]["saved"]
+    if saved_weights is None:
+        raise ValueError("rank 0's checkpoint round trip compared no saved weights (a harness bug)")
+    saved = _comparison_result([saved_weights], tolerance.train_weight_rel, "save_16bit_model", "weight")
     gathered = _comparison_result(
         [t["gathered"] for t in trips], tolerance.train_weight_rel, "GatherReplacedLayerParams", "weight"
     )
@@ -189,7 +209,7 @@ def _check_round_trip(unsharded: dict, trips: list[dict], tolerance: Tolerance) 
             f"(allowed {tolerance.train_loss_rel:.3g})",
         )
     return [
-        CheckResult.judged("save", "numerics", {"saved_max_rel_error": trips[0]["saved"]["max_rel_error"]}, saved),
+        CheckResult.judged("save", "numerics", {"saved_max_rel_error": saved_weights["max_rel_error"]}, saved),
         CheckResult.judged(
             "gather",
             "numerics",
@@ -217,7 +237,9 @@ def _check_round_trip(unsharded: dict, trips: list[dict], tolerance: Tolerance) 
     ]
 
 
-def check(unsharded_steps: list[dict], rank_reports: list[dict], tolerance: Tolerance) -> list[CheckResult]:
+def check(
+    unsharded_steps: list[UnshardedSteps], rank_reports: list[TrainingReport], tolerance: Tolerance
+) -> list[CheckResult]:
     """Every trained model of the cell: the cell's own, then a second one (prefix `second_` in metrics)."""
     results = []
     for index, unsharded in enumerate(unsharded_steps):

@@ -166,7 +166,7 @@ def _record_sharding(
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
     record = sharding_record(
-        before, model, policies=policies, counts=split_counts(model), tp=world_size, complete=complete
+        before=before, model=model, policies=policies, counts=split_counts(model), tp=world_size, complete=complete
     )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 
@@ -338,8 +338,8 @@ def _judge(
             raise ValueError("a rank of a training cell handed rank 0 no training report (a harness bug)")
         results = training_checks.check(unsharded, reports, tolerance)
     else:
-        if job.reference is None:
-            raise ValueError(f"the job of inference cell {job.cell_id} names no reference (a harness bug)")
+        if job.reference is None or observed is None:
+            raise ValueError(f"inference cell {job.cell_id} has no reference or no observations (a harness bug)")
         reference = load_reference(job.reference)
         results = judge.run_all(reference, observed, summaries, tolerance)
         if job.baseline:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import pprint
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from matrix.cells import Cell
 from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
@@ -19,10 +19,16 @@ from suites.checks.inputs import CORPUS_FILE, ProbeSpec
 from suites.checks.memory import layer_groups
 from suites.records.run_records import RunInfo, environment_report
 
+if TYPE_CHECKING:
+    from suites.records.repro_template import CellSpec, ConfigNames
+
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
-PLACEHOLDER = "CELL: dict = {}  # written by autotp-matrix"
-FUNCTIONS_PLACEHOLDER = "# harness functions, written by autotp-matrix\n"
-CONFIG_NAMES = {
+PLACEHOLDER = "CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, written by autotp-matrix"
+FUNCTIONS_PLACEHOLDER = """if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
+    from matrix.checkpoints import randomise_constant_parameters
+    from suites.checks.memory import layer_groups
+"""
+CONFIG_NAMES: ConfigNames = {
     "heads": HEAD_KEYS,
     "kv_heads": KV_KEYS,
     "hidden": HIDDEN_KEYS,
@@ -40,8 +46,8 @@ def launcher_command(cell: Cell, script: str) -> str:
 
 
 def repro_cell(
-    cell: Cell, checkpoints: str, script: str, verdict: str, versions: dict[str, str], loaded_revision: str | None
-) -> dict[str, Any]:
+    *, cell: Cell, checkpoints: str, script: str, verdict: str, versions: dict[str, str], loaded_revision: str | None
+) -> CellSpec:
     """What the script needs of the cell: its model and weights, its load, quantization or training, the probes'
     inputs and its tolerances; and what it reproduces (the verdict, the versions, what of the variant it leaves out).
     Every value of the harness or the results (the verdict quotes a failure's message) is a Python literal here,
@@ -50,7 +56,7 @@ def repro_cell(
     variant = cell.variant
     hub_id = cell.model.hub_ids[0] if checkpoints == "hub" else None
     spec = ProbeSpec()
-    spec_cell: dict[str, Any] = {
+    spec_cell: CellSpec = {
         "id": cell.id,
         "verdict": redact(verdict),
         "versions": {name: redact(value) for name, value in versions.items() if value},
@@ -116,6 +122,7 @@ def write_repro(
     cell: Cell,
     checkpoints: str,
     folder: Path,
+    *,
     run: RunInfo,
     versions: dict[str, str],
     outcome_line: str,
@@ -127,7 +134,14 @@ def write_repro(
     change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"repro_{cell.id}.py"
-    spec = repro_cell(cell, checkpoints, script.name, outcome_line, versions, loaded_revision)
+    spec = repro_cell(
+        cell=cell,
+        checkpoints=checkpoints,
+        script=script.name,
+        verdict=outcome_line,
+        versions=versions,
+        loaded_revision=loaded_revision,
+    )
     source = TEMPLATE.read_text()
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
@@ -140,7 +154,7 @@ def write_repro(
         "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
         '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'
     )
-    cell_line = f"CELL: dict = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"
+    cell_line = f"CELL: CellSpec = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
     (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))
     return script

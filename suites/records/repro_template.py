@@ -21,21 +21,102 @@ step's loss with the same steps on the unsharded model. It prints one line per c
 or `RESULT: MISMATCH` (exit 1); an exception is printed as `RESULT: RAISED <stage> <type>` and raised.
 """
 
+from __future__ import annotations
+
 import argparse
 import inspect
 import math
 import os
 import re  # noqa: F401 (layer_groups, copied in above, uses it)
 import sys
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, TypeVar
 
 import torch
 
-CELL: dict = {}  # written by autotp-matrix
+if TYPE_CHECKING:
+    # What AutoModelForCausalLM.from_pretrained returns: a PreTrainedModel with `generate` (transformers names the
+    # pair privately; only a type checker reads this line).
+    from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
+
+
+class ConfigNames(TypedDict):
+    """The config attribute names of each count, in the order the harness reads them (matrix/shapes.py)."""
+
+    heads: tuple[str, ...]
+    kv_heads: tuple[str, ...]
+    hidden: tuple[str, ...]
+    head_dim: tuple[str, ...]
+    experts: tuple[str, ...]
+    nested: tuple[str, ...]
+    mla: str
+
+
+class _CellFields(TypedDict):
+    id: str
+    verdict: str
+    versions: dict[str, str]
+    note: str
+    model: str
+    model_type: str
+    tiny: dict[str, Any]
+    """The tiny checkpoint's config keywords (any value a config field takes)."""
+    seed: int
+    init_seed: int
+    spread: float
+    checkpoints: list[str]
+    hub_id: str | None
+    revision: str | None
+    dtype: str
+    tp: int
+    load: str
+    checkpoint_format: str
+    checkpoint_files: int
+    keep_module_on_host: bool
+    quantization: str
+    quant_group_size: int
+    training: bool
+    text: str
+    prompt_tokens: int
+    left_pad: int
+    new_tokens: int
+    loss_tokens: int
+    logits_rel: float
+    loss_rel: float
+    config_names: ConfigNames
+    command: str
+
+
+class CellSpec(_CellFields, total=False):
+    """What the script knows of its cell (`CELL`); a training row's keys besides."""
+
+    steps: int
+    partitioning: str
+    window: int
+    train_loss_rel: float
+    ds_config: dict[str, Any]
+    """DeepSpeed's config, as the cell passed it to deepspeed.initialize."""
+
+
+CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, written by autotp-matrix
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Lines = list[tuple[bool, str]]
+"""What a check prints: (passed, line) for each thing it compared."""
+Weights = dict[str, tuple[str, tuple[int, ...], int]]
+"""{name: (kind, shape, numel)} of the weights AutoTP must split."""
+Counts = tuple[int, int, int]
+"""(kv heads, head dim, routed experts) of the model's config."""
+Gathered = TypeVar("Gathered")
 
 
-def options():
+class Observed(NamedTuple):
+    """What the checks compare, from one model: its tensors by probe, and its loss."""
+
+    tensors: dict[str, torch.Tensor]
+    loss: float
+
+
+def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--checkpoint",
@@ -49,7 +130,7 @@ def options():
     return parser.parse_args()
 
 
-def dtype_kwargs():
+def dtype_kwargs() -> dict[str, torch.dtype]:
     """transformers 4.56 renamed from_pretrained's `torch_dtype` to `dtype` (the config's __init__ names
     the field from then on); older releases ignore `dtype` without a word and load fp32."""
     from transformers import PretrainedConfig
@@ -58,7 +139,7 @@ def dtype_kwargs():
     return {name: DTYPES[CELL["dtype"]]}
 
 
-def environment_report():
+def environment_report() -> str:
     """The parts of `ds_report` a bug report needs, and the other libraries' versions."""
     import deepspeed
     import transformers
@@ -74,14 +155,23 @@ def environment_report():
     return "\n".join(f"{name} {'.' * (33 - len(name))} {value}" for name, value in rows)
 
 
-# harness functions, written by autotp-matrix
+if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
+    from matrix.checkpoints import randomise_constant_parameters
+    from suites.checks.memory import layer_groups
 
 
-def rank():
+def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def checkpoint_folder(hub_id, revision):
+def from_every_rank(value: Gathered) -> list[Gathered]:
+    """Every rank's `value`, in rank order."""
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()  # one slot per rank, filled by the gather
+    torch.distributed.all_gather_object(gathered, value)
+    return gathered
+
+
+def checkpoint_folder(hub_id: str | None, revision: str | None) -> str:
     """The checkpoint's local folder: the harness's seeded tiny checkpoint, written by rank 0 in the cell's
     checkpoint format and about its number of weight files, or the hub checkpoint's snapshot."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -93,8 +183,9 @@ def checkpoint_folder(hub_id, revision):
     folder = f"repro_checkpoint_{CELL['model']}_{CELL['checkpoint_format']}_{CELL['checkpoint_files']}"
     if rank() == 0 and not os.path.exists(os.path.join(folder, "config.json")):
         torch.manual_seed(CELL["seed"])
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(CELL["model_type"], **CELL["tiny"]))
-        randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])  # noqa: F821 (copied in above)
+        config = AutoConfig.for_model(CELL["model_type"], **CELL["tiny"])
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+        randomise_constant_parameters(model, CELL["init_seed"], CELL["spread"])
         size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         model.save_pretrained(
             folder,
@@ -105,19 +196,21 @@ def checkpoint_folder(hub_id, revision):
     return folder
 
 
-def load_model(folder):
+def load_model(folder: str) -> CausalLM:
     from transformers import AutoModelForCausalLM
 
-    extra = {}
+    extra: dict[str, object] = {}
     if CELL["quantization"] == "torchao_int8":  # HF-side quantization at load, before AutoTP (and the reference)
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 
         extra["quantization_config"] = TorchAoConfig(Int8WeightOnlyConfig())
-    return AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(), **extra).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(), **extra)
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
+    return model
 
 
-def post_init_quantization(model):
+def post_init_quantization(model: CausalLM) -> CausalLM:
     """DeepSpeed's group-wise weight-only quantization (ds_int8/ds_int4): applied alike to the unsharded model and,
     after init_inference, to each rank's shard."""
     if CELL["quantization"] not in ("deepspeed_int8", "deepspeed_int4"):
@@ -126,10 +219,13 @@ def post_init_quantization(model):
 
     bits = 8 if CELL["quantization"] == "deepspeed_int8" else 4
     config = {"num_bits": bits, "group_size": CELL["quant_group_size"], "group_dim": 1, "symmetric": False}
-    return _init_group_wise_weight_quantization(model, {"weight_quantization": {"post_init_quant": {"": config}}})
+    quantized: CausalLM = _init_group_wise_weight_quantization(
+        model, {"weight_quantization": {"post_init_quant": {"": config}}}
+    )
+    return quantized
 
 
-def meta_model(folder):
+def meta_model(folder: str) -> tuple[CausalLM, dict[str, object]]:
     """meta load: the architecture on the meta device (no weights anywhere) and DeepSpeed's checkpoints
     json listing the weight files, which init_inference reads shard by shard."""
     import json
@@ -138,7 +234,10 @@ def meta_model(folder):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with deepspeed.OnDevice(dtype=DTYPES[CELL["dtype"]], device="meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), **dtype_kwargs()).eval()
+        model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # unannotated, as above
+            AutoConfig.from_pretrained(folder), **dtype_kwargs()
+        )
+        model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
     suffix = ".safetensors" if CELL["checkpoint_format"] == "safetensors" else ".bin"
     files = sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(suffix))
     listing = os.path.join(folder, f"ds_checkpoints_{CELL['checkpoint_format']}.json")
@@ -146,22 +245,23 @@ def meta_model(folder):
         with open(listing, "w") as stream:
             json.dump({"type": "ds_model", "checkpoints": files, "version": 1.0}, stream)
     torch.distributed.barrier()
-    options = {"checkpoint": listing}
+    options: dict[str, object] = {"checkpoint": listing}
     if CELL["keep_module_on_host"]:
         options["keep_module_on_host"] = True
     return model, options
 
 
-def token_ids(hub_id):
+def token_ids(hub_id: str | None) -> list[int]:
     """The cell's text as token ids: bytes for a tiny checkpoint (it has no tokenizer), else the hub tokenizer's."""
     if not hub_id:
         return list(CELL["text"].encode("utf-8"))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(hub_id).encode(CELL["text"])
+    ids: list[int] = AutoTokenizer.from_pretrained(hub_id).encode(CELL["text"])
+    return ids
 
 
-def inputs(hub_id):
+def inputs(hub_id: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(batch ids [2, T], its attention mask, corpus ids [1, N]): the first prompt, and a second one shorter by
     `left_pad` tokens and left-padded with id 0, as the harness feeds them."""
     ids, length, pad = token_ids(hub_id), CELL["prompt_tokens"], CELL["left_pad"]
@@ -173,7 +273,7 @@ def inputs(hub_id):
 
 
 @torch.no_grad()
-def observe(model, batch, mask, corpus, device):
+def observe(model: CausalLM, batch: torch.Tensor, mask: torch.Tensor, corpus: torch.Tensor, device: str) -> Observed:
     """Everything the checks compare, from one model."""
     batch, mask = batch.to(device), mask.to(device)
     seen = {"masked": model(batch, attention_mask=mask).logits.float().cpu()[mask.bool().cpu()]}
@@ -192,34 +292,33 @@ def observe(model, batch, mask, corpus, device):
         )
         seen[f"{name}_tokens"] = generated.sequences[:, ids.shape[1] :].cpu()
         seen[f"{name}_logits"] = torch.stack(generated.logits, dim=1).float().cpu()
-    seen["loss"] = float(model(corpus.to(device), labels=corpus.to(device)).loss)
-    return seen
+    return Observed(seen, float(model(corpus.to(device), labels=corpus.to(device)).loss))
 
 
 # ---- The checks ------------------------------------------------------------------------------------------------
 
 
-def compare_logits(reference, sharded):
+def compare_logits(reference: Observed, sharded: Observed) -> Lines:
     """Each logits probe within CELL["logits_rel"] of the reference's largest logit."""
-    lines = []
+    lines: Lines = []
     for name in ("masked", "plain"):
-        if reference[name].shape != sharded[name].shape:
-            lines.append(
-                (False, f"shapes: {name} logits {tuple(sharded[name].shape)} vs {tuple(reference[name].shape)}")
-            )
+        want, got = reference.tensors[name], sharded.tensors[name]
+        if want.shape != got.shape:
+            lines.append((False, f"shapes: {name} logits {tuple(got.shape)} vs {tuple(want.shape)}"))
             continue
-        difference = (sharded[name] - reference[name]).abs().max().item()
-        allowed = CELL["logits_rel"] * reference[name].abs().max().item()
+        difference = (got - want).abs().max().item()
+        allowed = CELL["logits_rel"] * want.abs().max().item()
         ok = difference <= allowed
         lines.append((ok, f"logits ({name}): max |difference| {difference:.3g} (allowed {allowed:.3g})"))
     return lines
 
 
-def compare_generation(reference, sharded):
+def compare_generation(reference: Observed, sharded: Observed) -> Lines:
     """Greedy tokens equal, or the first divergence at a near-tie of the reference's top two logits."""
-    lines = []
+    lines: Lines = []
     for name in ("gen", "gen_padded"):
-        want, got, logits = reference[f"{name}_tokens"], sharded[f"{name}_tokens"], reference[f"{name}_logits"]
+        want, got = reference.tensors[f"{name}_tokens"], sharded.tensors[f"{name}_tokens"]
+        logits = reference.tensors[f"{name}_logits"]
         if want.shape != got.shape:
             lines.append((False, f"generation ({name}): tokens {tuple(got.shape)} vs {tuple(want.shape)}"))
             continue
@@ -240,23 +339,22 @@ def compare_generation(reference, sharded):
     return lines
 
 
-def compare_loss(reference, sharded):
-    delta = abs(sharded["loss"] - reference["loss"]) / max(abs(reference["loss"]), 1e-12)
+def compare_loss(reference: Observed, sharded: Observed) -> Lines:
+    delta = abs(sharded.loss - reference.loss) / max(abs(reference.loss), 1e-12)
     ok = delta <= CELL["loss_rel"]
-    return [(ok, f"loss (labels=): {sharded['loss']:.6g} vs {reference['loss']:.6g}, relative {delta:.3g}")]
+    return [(ok, f"loss (labels=): {sharded.loss:.6g} vs {reference.loss:.6g}, relative {delta:.3g}")]
 
 
-def compare_ranks(sharded):
+def compare_ranks(sharded: Observed) -> Lines:
     """Every rank holds the same logits: the all-reduce joined the shards everywhere."""
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, sharded["plain"])
+    gathered = from_every_rank(sharded.tensors["plain"])
     spread = max((other - gathered[0]).abs().max().item() for other in gathered if other.shape == gathered[0].shape)
     same_shape = all(other.shape == gathered[0].shape for other in gathered)
     allowed = 4 * torch.finfo(torch.float32).eps * gathered[0].abs().max().item()
     return [(same_shape and spread <= allowed, f"ranks agree: largest difference from rank 0 {spread:.3g}")]
 
 
-def split_kind(module_name, module, tensor, experts):
+def split_kind(module_name: str, module: torch.nn.Module, tensor: torch.Tensor, experts: int) -> str | None:
     """What AutoTP must split: `linears` (attention and MLP projections), `experts` (MoE experts, also fused 3-D
     ones), or None (embeddings, the lm_head, norms, everything else may stay whole)."""
     if "experts" in module_name.split(".") or (tensor.dim() >= 3 and experts and tensor.shape[0] == experts):
@@ -266,18 +364,20 @@ def split_kind(module_name, module, tensor, experts):
     return None
 
 
-def split_counts(model):
+def split_counts(model: CausalLM) -> Counts:
     """(kv heads, head dim, routed experts) of the model's (text) config, read under the config names the harness
     reads them by (matrix/shapes.py `read_shape`): the counts DeepSpeed's design rules below depend on."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    values, names = config.to_dict(), CELL["config_names"]
+    values: dict[str, Any] = config.to_dict()  # a config's values: any JSON value
+    names = CELL["config_names"]
     for nested in names["nested"]:
         if isinstance(values.get(nested), dict):
             values = {**values, **values[nested]}
 
-    def first(keys):
+    def first(keys: tuple[str, ...]) -> int:
         found = (values[key] for key in keys if isinstance(values.get(key), int) and not isinstance(values[key], bool))
-        return next(found, 0)
+        count: int = next(found, 0)
+        return count
 
     heads, hidden = first(names["heads"]), first(names["hidden"])
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
@@ -287,11 +387,11 @@ def split_counts(model):
     return kv_heads, head_dim, experts if experts > 1 else 0
 
 
-def unsharded_weights(model):
+def unsharded_weights(model: CausalLM) -> tuple[Weights, Counts]:
     """{name: (kind, shape, numel)} of every weight (2 or more dimensions) AutoTP must split."""
     experts = split_counts(model)[2]
-    output = model.get_output_embeddings()
-    weights = {}
+    output = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    weights: Weights = {}
     for module_name, module in model.named_modules():
         if module is output:
             continue
@@ -302,7 +402,7 @@ def unsharded_weights(model):
     return weights, split_counts(model)
 
 
-def whole_by_design(name, shape, counts, tp):
+def whole_by_design(name: str, shape: tuple[int, ...], counts: Counts, tp: int) -> str:
     """Why AutoTP keeps this weight whole on every rank by design, or "" when it should have split it."""
     layer = name.removesuffix(".weight").rsplit(".", 1)[-1]
     if len(shape) != 2:
@@ -317,15 +417,15 @@ def whole_by_design(name, shape, counts, tp):
     return ""
 
 
-def compare_memory(weights, counts, sharded_model):
+def compare_memory(weights: Weights, counts: Counts, sharded_model: torch.nn.Module) -> Lines:
     """Each weight AutoTP must split is split, no rank holding more than ceil(u/tp)/u of it (u: the pieces the
     ranks' split allows) nor all of it while another holds none, and none is left whole on every rank outside
     DeepSpeed's named design rules."""
     held = {name: tensor.numel() for name, tensor in sharded_model.named_parameters()}
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, held)
+    gathered = from_every_rank(held)
     tp = len(gathered)
-    whole, uneven = {}, []
+    whole: dict[str, list[str]] = {}
+    uneven: list[str] = []
     for name, (kind, shape, full) in weights.items():
         sizes = [by_name.get(name, 0) for by_name in gathered]
         if all(size == full for size in sizes):
@@ -338,8 +438,8 @@ def compare_memory(weights, counts, sharded_model):
         pieces = full // math.gcd(full, *sizes)
         if max(sizes) / full > math.ceil(pieces / tp) / pieces + 1e-6:
             uneven.append(f"{name} (a rank holds {max(sizes) / full:.0%})")
-    grouped = {kind: layer_groups(names) for kind, names in whole.items()}  # noqa: F821 (copied in above)
-    lines = [(False, f"memory: {kind} left whole on every rank: {names}") for kind, names in grouped.items()]
+    grouped = {kind: layer_groups(names) for kind, names in whole.items()}
+    lines: Lines = [(False, f"memory: {kind} left whole on every rank: {names}") for kind, names in grouped.items()]
     lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
     return lines or [(True, f"memory: {len(weights)} weights split across {tp} ranks")]
 
@@ -354,7 +454,7 @@ class Stage:
     name = "setup"
 
 
-def infer(hub_id, revision, device):
+def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
     import deepspeed
 
     folder = checkpoint_folder(hub_id, revision)
@@ -362,8 +462,9 @@ def infer(hub_id, revision, device):
     batch, mask, corpus = inputs(hub_id)
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
     weights, counts = unsharded_weights(model)
-    reference = observe(model.to(device), batch, mask, corpus, device)
-    options = {}
+    # functools.wraps on transformers' `to` hides from mypy that it is a method (here and below).
+    reference = observe(model.to(device), batch, mask, corpus, device)  # type: ignore[arg-type]
+    options: dict[str, object] = {}
     if CELL["load"] == "meta":
         del model
         model, options = meta_model(folder)
@@ -389,7 +490,7 @@ def infer(hub_id, revision, device):
     ]
 
 
-def train(hub_id, revision, device):
+def train(hub_id: str | None, revision: str | None, device: str) -> Lines:
     """The row's optimizer steps with tensor_parallel.autotp_size against the same steps on the unsharded model
     (every rank runs those first, before any AutoTP state exists): each step's loss, then the loss after them."""
     import deepspeed
@@ -399,11 +500,11 @@ def train(hub_id, revision, device):
     windows = [corpus[:, begin : begin + CELL["window"]] for begin in range(0, corpus.shape[1], CELL["window"])]
     batches = [windows[step % len(windows)].to(device) for step in range(CELL["steps"] + 1)]
 
-    def fresh():
-        model = load_model(folder).to(device)
+    def fresh() -> CausalLM:
+        model: CausalLM = load_model(folder).to(device)  # type: ignore[arg-type]
         model.config.use_cache = False
         if CELL["partitioning"] == "heuristics":  # hide the HF tp_plan: AutoTP's name heuristics shard it
-            model.config.base_model_tp_plan = None
+            model.config.base_model_tp_plan = None  # type: ignore[misc]  # this instance's plan alone
             model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
         return model
 
@@ -411,7 +512,7 @@ def train(hub_id, revision, device):
     optimizer_class = getattr(torch.optim, CELL["ds_config"]["optimizer"]["type"])
     params = {k: v for k, v in CELL["ds_config"]["optimizer"]["params"].items() if k != "torch_adam"}
     optimizer = optimizer_class(model.parameters(), **params)
-    reference = []
+    reference: list[float] = []
     for ids in batches[:-1]:
         loss = model(ids, labels=ids).loss
         reference.append(loss.item())
@@ -426,7 +527,7 @@ def train(hub_id, revision, device):
     model = fresh()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CELL["ds_config"])
     Stage.name = "forward"
-    sharded = []
+    sharded: list[float] = []
     for ids in batches[:-1]:
         loss = engine(ids, labels=ids).loss
         sharded.append(loss.item())
@@ -435,7 +536,7 @@ def train(hub_id, revision, device):
     with torch.no_grad():
         sharded.append(engine(batches[-1], labels=batches[-1]).loss.item())
     Stage.name = "compare"
-    lines = []
+    lines: Lines = []
     for step, (want, got) in enumerate(zip(reference, sharded)):
         delta = abs(got - want) / max(abs(want), 1e-12)
         what = f"step {step + 1} loss" if step < CELL["steps"] else "loss after the steps"
@@ -443,7 +544,7 @@ def train(hub_id, revision, device):
     return lines
 
 
-def main():
+def main() -> None:
     args = options()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no GPU needed

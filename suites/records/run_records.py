@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from matrix import PROJECT_ROOT
@@ -26,8 +27,14 @@ from matrix.versions import AXES
 from suites.atomic import write_text_atomically
 from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
 
+CellRecord = dict[str, Any]
+"""One cells.jsonl record as JSON reads it back: its fields are README.md's; `read_records` checks `cell.id`,
+`outcome` and `failure_class` of each, and `CellRecorder.record` writes them."""
+RecordProperty = Callable[[str, object], None]
+"""pytest's `record_property` fixture: one JUnit property of the test."""
 
-def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess | None:
+
+def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess[str] | None:
     try:
         return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
@@ -55,7 +62,7 @@ def git_has_commit(folder: Path, sha: str) -> bool:
 
 
 def deepspeed_commit(
-    origin: dict | None, stamped: str, has_commit: Callable[[Path, str], bool], harness: str = ""
+    origin: dict[str, Any] | None, stamped: str, has_commit: Callable[[Path, str], bool], harness: str = ""
 ) -> str:
     """DeepSpeed's own commit, or "" when it was not installed from git.
 
@@ -68,7 +75,8 @@ def deepspeed_commit(
         return ""  # a release from an index, or an archive: no commit to speak of
     vcs = origin.get("vcs_info")
     if vcs is not None:
-        return vcs.get("commit_id", "") if vcs.get("vcs") == "git" else ""
+        commit: str = vcs.get("commit_id", "") if vcs.get("vcs") == "git" else ""
+        return commit
     if "dir_info" not in origin:
         return ""
     stamped = (stamped or "").strip()
@@ -154,7 +162,7 @@ class MalformedRecord(ValueError):
     """A cells.jsonl line that parses but is not a cell record of this harness."""
 
 
-def read_records(results_dir: Path) -> list[dict]:
+def read_records(results_dir: Path) -> list[CellRecord]:
     """The records of `results_dir/cells.jsonl`, the one reader of the file; a record whose outcome or failure
     class is not one of the harness's raises MalformedRecord naming the file and line."""
     path = results_dir / "cells.jsonl"
@@ -173,7 +181,7 @@ class AppendedRecords:
         """Bytes read: whole lines only, so a line another pytest-xdist worker is still writing is read later."""
         self.lines = 0
 
-    def new(self) -> list[dict]:
+    def new(self) -> list[CellRecord]:
         try:
             with self.path.open("rb") as stream:
                 stream.seek(self.offset)
@@ -187,8 +195,8 @@ class AppendedRecords:
         return _parsed(self.path, lines, first)
 
 
-def _parsed(path: Path, lines: list[str], first_number: int) -> list[dict]:
-    records = []
+def _parsed(path: Path, lines: list[str], first_number: int) -> list[CellRecord]:
+    records: list[CellRecord] = []
     for number, line in enumerate(lines, start=first_number):
         try:
             record = json.loads(line)
@@ -203,7 +211,7 @@ def _parsed(path: Path, lines: list[str], first_number: int) -> list[dict]:
     return records
 
 
-def _record_problem(record) -> str | None:
+def _record_problem(record: object) -> str | None:
     if not isinstance(record, dict) or not isinstance(record.get("cell"), dict) or "id" not in record["cell"]:
         return "not a cell record (no cell.id)"
     if record.get("outcome") not in OUTCOMES:
@@ -217,9 +225,9 @@ class RunState:
     """`results/run-state.json`: which run the folder holds and whether all its cells finished, so an
     interrupted run of the same session, selection and versions is continued instead of restarted."""
 
-    def __init__(self, results_dir: Path, session: str, selection: dict, versions: dict[str, str]):
+    def __init__(self, results_dir: Path, session: str, selection: dict[str, object], versions: dict[str, str]):
         self.path = results_dir / "run-state.json"
-        self.identity = {"session": session, "selection": selection, "versions": versions}
+        self.identity: dict[str, object] = {"session": session, "selection": selection, "versions": versions}
 
     def resumable_start(self) -> str | None:
         """The start time (run id part) of an unfinished earlier run with the same identity."""
@@ -228,7 +236,8 @@ class RunState:
         except (OSError, ValueError):
             return None
         same = {key: previous.get(key) for key in self.identity} == self.identity
-        return previous.get("started") if same and not previous.get("complete") else None
+        started: str | None = previous.get("started") if same and not previous.get("complete") else None
+        return started
 
     def write(self, started: str, complete: bool) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +255,7 @@ class CellRecorder:
         results_dir: Path,
         run: RunInfo,
         versions: dict[str, str],
+        *,
         state: RunState | None = None,
         expected_cells: Collection[str] = frozenset(),
         faults: tuple[str, ...] = (),
@@ -259,22 +269,22 @@ class CellRecorder:
         self.versions = versions
         self.state = state
         self.expected_cells = set(expected_cells)
-        self.records: list[dict] = []
+        self.records: list[CellRecord] = []
         self.on_disk = AppendedRecords(self.path)
         of_run = [r for r in self.on_disk.new() if r["run"]["id"] == run.id]
         self.finished = {r["cell"]["id"]: r for r in of_run if tuple(r.get("faults", ())) == self.faults}
         self.cells_of_run_on_disk = {r["cell"]["id"] for r in of_run}
         """Every cell of this run in cells.jsonl, whoever wrote it (pytest-xdist workers share the file)."""
 
-    def replay(self, cell_id: str, record_property=None) -> dict | None:
+    def replay(self, cell_id: str, record_property: RecordProperty | None = None) -> CellRecord | None:
         """The record of a cell this run already finished before it was interrupted, re-emitted to JUnit."""
         record = self.finished.get(cell_id)
         if record is not None:
             self._emit(record, record_property)
         return record
 
-    def record(self, cell: Cell, outcome: CellOutcome, record_property=None) -> dict:
-        record = {
+    def record(self, cell: Cell, outcome: CellOutcome, record_property: RecordProperty | None = None) -> CellRecord:
+        record: CellRecord = {
             "cell": cell.coordinates(),
             "outcome": outcome.outcome,
             "failure_class": outcome.failure_class,
@@ -303,7 +313,7 @@ class CellRecorder:
         self._emit(record, record_property)
         return record
 
-    def _emit(self, record: dict, record_property) -> None:
+    def _emit(self, record: CellRecord, record_property: RecordProperty | None) -> None:
         self.records.append(record)
         self.cells_of_run_on_disk.update(r["cell"]["id"] for r in self.on_disk.new() if r["run"]["id"] == self.run.id)
         if self.state and self.expected_cells <= self.cells_of_run_on_disk:
@@ -313,7 +323,7 @@ class CellRecorder:
                 record_property(key, value)
 
 
-def junit_properties(record: dict) -> dict[str, str]:
+def junit_properties(record: CellRecord) -> dict[str, str]:
     properties = {f"cell.{k}": v for k, v in record["cell"].items()}
     properties.update(outcome=record["outcome"], failure_class=record["failure_class"], signature=record["signature"])
     properties.update({f"version.{k}": v for k, v in record["versions"].items()})

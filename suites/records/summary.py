@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -10,10 +11,15 @@ from rich.table import Table
 from matrix.config_values import UNREADABLE_CONFIG
 from suites.mechanism import WHOSE, AutoTPRecord
 
+if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
+
+    from suites.records.run_records import CellRecord
+
 STYLE = {"pass": "green", "fail": "red", "skip": "yellow"}
 
 
-def _cell_text(record: dict) -> str:
+def _cell_text(record: CellRecord) -> str:
     if record["outcome"] == "pass":
         return f"[green]pass[/] {record['metrics'].get('logits_max_abs', 0):.1e}"
     if record["outcome"] == "skip":
@@ -21,7 +27,7 @@ def _cell_text(record: dict) -> str:
     return f"[red]{record['failure_class']}[/]"
 
 
-def summary_table(records: list[dict]) -> Table:
+def summary_table(records: list[CellRecord]) -> Table:
     tps = sorted({int(r["cell"]["tp"]) for r in records})
     table = Table(title="AutoTP cells (pass: max |Δlogit| vs unsharded)", show_lines=False)
     table.add_column("model")
@@ -29,7 +35,7 @@ def summary_table(records: list[dict]) -> Table:
     table.add_column("dtype")
     for tp in tps:
         table.add_column(f"tp{tp}")
-    rows: dict[tuple, dict[int, str]] = {}
+    rows: dict[tuple[str, str, str], dict[int, str]] = {}
     for record in records:
         cell = record["cell"]
         rows.setdefault((cell["model"], cell["variant"], cell["dtype"]), {})[int(cell["tp"])] = _cell_text(record)
@@ -38,12 +44,12 @@ def summary_table(records: list[dict]) -> Table:
     return table
 
 
-def counts_line(records: list[dict]) -> str:
+def counts_line(records: list[CellRecord]) -> str:
     counts = Counter(r["failure_class"] if r["outcome"] == "fail" else r["outcome"] for r in records)
     return ", ".join(f"{name}: {count}" for name, count in counts.most_common())
 
 
-def unreadable_config_lines(records: list[dict]) -> list[str]:
+def unreadable_config_lines(records: list[CellRecord]) -> list[str]:
     """One line per model skipped because a reader of the harness could not read its config (matrix/config_values.py):
     the reason names the reader and the key, so the next reader to teach is in the summary, not only the records."""
     tps: dict[tuple[str, str], list[str]] = {}
@@ -53,7 +59,7 @@ def unreadable_config_lines(records: list[dict]) -> list[str]:
     return [f"skip {model} ({', '.join(sorted(set(at)))}): {message}" for (model, message), at in tps.items()]
 
 
-def print_summary(records: list[dict], terminalreporter) -> None:
+def print_summary(records: list[CellRecord], terminalreporter: TerminalReporter) -> None:
     console = Console(file=terminalreporter._tw._file, width=max(terminalreporter._tw.fullwidth, 100))
     console.print(summary_table(records))
     console.print(f"{len(records)} cells — {counts_line(records)}")
@@ -76,9 +82,9 @@ def print_summary(records: list[dict], terminalreporter) -> None:
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
-def repro_details(record: dict) -> list[str]:
+def repro_details(record: CellRecord) -> list[str]:
     """What `nox -s repro` adds for its cell: the cause with whose bug it is, and what AutoTP did."""
-    lines = []
+    lines: list[str] = []
     if cause := record.get("cause"):
         lines.append(f"cause ({WHOSE[cause['whose']]} bug): {cause['words']}")
     if autotp := record.get("autotp"):

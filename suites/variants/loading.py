@@ -15,12 +15,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from matrix.registry import DType
 from suites.atomic import write_text_atomically
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    from suites.model_types import CausalLM
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHT_SUFFIXES = {"safetensors": ".safetensors", "bin": ".bin"}
 _process_sharded = False
 
@@ -44,7 +49,7 @@ def refuse_if_sharded() -> None:
         )
 
 
-def dtype_kwargs(dtype: str) -> dict:
+def dtype_kwargs(dtype: DType) -> dict[str, torch.dtype]:
     """The dtype keyword of `from_pretrained`/`from_config`. transformers 4.56 renamed `torch_dtype`
     to `dtype` (the config's `__init__` names the field from then on); older releases ignore `dtype`
     without a word and load fp32."""
@@ -57,13 +62,17 @@ def dtype_kwargs(dtype: str) -> dict:
 
 
 def load_model(
-    source: str, dtype: str, trust_remote_code: bool, quantization_config=None, big_model: dict | None = None
-):
+    source: str,
+    dtype: DType,
+    trust_remote_code: bool,
+    quantization_config: object | None = None,
+    big_model: dict[str, Any] | None = None,
+) -> CausalLM:
     """`big_model`: accelerate's keywords (`device_map`, `max_memory`, `offload_folder`) for a model
     loaded over devices, host RAM and disk (the reference of a model larger than memory)."""
     from transformers import AutoModelForCausalLM
 
-    extra = {"quantization_config": quantization_config} if quantization_config is not None else {}
+    extra: dict[str, Any] = {"quantization_config": quantization_config} if quantization_config is not None else {}
     extra.update(big_model or {})
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -75,24 +84,29 @@ def load_model(
             "HF_HUB_OFFLINE; if the cached files are corrupt, delete that model's folder under HF_HOME/hub "
             "and run again"
         ) from error
-    return model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated; it works in place
+    return model
 
 
-def load_meta_model(source: str, dtype: str, trust_remote_code: bool):
+def load_meta_model(source: str, dtype: DType, trust_remote_code: bool) -> CausalLM:
     """The architecture with every parameter on the meta device: no rank materialises weights here."""
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     with deepspeed.OnDevice(dtype=TORCH_DTYPES[dtype], device="meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype))
-    return model.eval()
+        # transformers leaves from_config unannotated; it builds what from_pretrained loads.
+        model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype)
+        )
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
+    return model
 
 
 FRESH_PROCESS_TIMEOUT_S = 600
 
 
-def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool) -> dict | None:
+def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: bool) -> dict[str, str] | None:
     """What a user's fresh process hits building this checkpoint's architecture under
     `deepspeed.OnDevice(device="meta")`, as {"signature", "message"}, or None when it builds.
 
@@ -105,7 +119,7 @@ def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool)
     import deepspeed
     import transformers
 
-    from matrix.checkpoints import cache_root
+    from matrix import cache_root
 
     config = (
         json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
@@ -123,7 +137,8 @@ def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool)
     )
     cached = cache_root() / "fresh-process" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if cached.is_file():
-        return json.loads(cached.read_text())["failure"]
+        cached_failure: dict[str, str] | None = json.loads(cached.read_text())["failure"]
+        return cached_failure
     command = [
         sys.executable,
         "-m",
@@ -146,7 +161,7 @@ def fresh_process_meta_failure(source: str, dtype: str, trust_remote_code: bool)
         raise RuntimeError(
             f"the fresh-process meta probe itself failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
         )
-    failure = json.loads(lines[-1])["failure"]
+    failure: dict[str, str] | None = json.loads(lines[-1])["failure"]
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(cached, json.dumps({"failure": failure}))
     return failure
@@ -156,9 +171,13 @@ def _fresh_process_main(argv: list[str]) -> None:
     """Build the model on the meta device as a user's script would, in this fresh interpreter; print the result."""
     import traceback
 
+    from matrix.cells import is_dtype
     from suites.outcome import exception_signature
 
     source, dtype, trust = argv[0], argv[1], "--trust-remote-code" in argv
+    if not is_dtype(dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    failure: dict[str, str] | None
     try:
         load_meta_model(source, dtype, trust)
         failure = None
@@ -199,7 +218,7 @@ def checkpoint_copy(folder: str | Path, checkpoint_format: str, files: int) -> P
     target = folder.with_name(f"{folder.name}-{checkpoint_format}-{files}files")
     if (target / "config.json").exists():
         return target
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for weights in sorted(folder.glob("*.safetensors")):
         state.update(load_file(weights))
     budget = sum(t.numel() * t.element_size() for t in state.values()) / files

@@ -9,6 +9,15 @@ driver) and to the sharded model (on the ranks), so the strict checks compare li
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import TorchAoConfig
+
+Model = TypeVar("Model", bound=torch.nn.Module)
+
 DEEPSPEED_BITS = {"deepspeed_int8": 8, "deepspeed_int4": 4}
 
 
@@ -16,7 +25,7 @@ class QuantizationUnavailable(RuntimeError):
     """The backend cannot quantize even the unsharded model here, so there is no AutoTP question to ask."""
 
 
-def hf_quantization_config(quantization: str):
+def hf_quantization_config(quantization: str) -> TorchAoConfig | None:
     """The `quantization_config` for `from_pretrained`, or None when the backend is not HF-side."""
     if quantization != "torchao_int8":
         return None
@@ -41,7 +50,7 @@ def hf_quantization_config(quantization: str):
         ) from error
 
 
-def deepspeed_config(quantization: str, group_size: int) -> dict:
+def deepspeed_config(quantization: str, group_size: int) -> dict[str, Any]:
     """DeepSpeed's ds_config for post-init quantization of every Linear/Embedding (the empty key
     matches every module name)."""
     return {
@@ -58,10 +67,11 @@ def deepspeed_config(quantization: str, group_size: int) -> dict:
     }
 
 
-def apply_post_init(model, quantization: str, group_size: int):
-    """DeepSpeed post-init quantization; a no-op for the other backends."""
+def apply_post_init(model: Model, quantization: str, group_size: int) -> Model:
+    """DeepSpeed post-init quantization (of the model in place, which it returns); a no-op for the other backends."""
     if quantization not in DEEPSPEED_BITS:
         return model
     from deepspeed.inference.quantization.quantization import _init_group_wise_weight_quantization
 
-    return _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))
+    quantized: Model = _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))
+    return quantized

@@ -23,19 +23,36 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from matrix.checkpoints import cache_root
-from matrix.registry import TRAINING_FEATURES, Variant
+from matrix import cache_root
+from matrix.registry import TRAINING_FEATURES, DType, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
 from suites.checks.result import Finding
-from suites.contracts import Job
+from suites.contracts import (
+    ComparisonRecord,
+    Job,
+    RoundTripReport,
+    TraineeReport,
+    TrainingReport,
+    UnshardedSteps,
+)
 from suites.outcome import LibraryOutputError
 from suites.variants.loading import load_model, refuse_if_sharded
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from deepspeed import DeepSpeedEngine
+
+    from suites.model_types import CausalLM
+
+    FaultHook = Callable[[str, torch.nn.Module], None]
+    """suites/engine/cell_runner.py's test-only fault hook: `fault_hook(stage, model)`."""
 
 TRAINING_FORMAT = 6
 """Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps; 5: bf16/fp16
@@ -113,7 +130,7 @@ def model_skip_reason(variant: Variant, checkpoint: str, model_type: str) -> str
     return None
 
 
-def load_for_training(checkpoint: str, dtype: str, trust_remote_code: bool):
+def load_for_training(checkpoint: str, dtype: DType, trust_remote_code: bool) -> CausalLM:
     """The model a training step runs: eval mode (no dropout) and no KV cache, as in real training.
     In eval mode some releases build a cache sized from the config's kv-head count inside forward
     (gemma2's HybridCache in transformers 4.4x), which AutoTP's per-rank heads do not fit."""
@@ -131,7 +148,9 @@ def step_batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code:
     return corpus[:, begin : begin + spec.ppl_window]
 
 
-def steps_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSpec, steps: int, optimizer: str) -> Path:
+def steps_path(
+    *, checkpoint: str, tokenizer: str | None, dtype: DType, spec: ProbeSpec, steps: int, optimizer: str
+) -> Path:
     import transformers
 
     identity = json.dumps(
@@ -154,14 +173,15 @@ def steps_path(checkpoint: str, tokenizer: str | None, dtype: str, spec: ProbeSp
 
 
 def compute_unsharded_steps(
+    *,
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     trust_remote_code: bool,
     steps: int,
     optimizer_name: str,
-) -> dict:
+) -> UnshardedSteps:
     """`steps` optimizer steps on the unsharded model: each step's loss and gradients, the weights before
     the first step and after each step, and each tensor's bytes and kind (for the memory check)."""
     refuse_if_sharded()
@@ -175,7 +195,9 @@ def compute_unsharded_steps(
     optimizer_class, ds_optimizer = OPTIMIZERS[optimizer_name]
     optimizer = optimizer_class(stepped.values(), **ds_optimizer["params"])
     weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
-    losses, grads, adam_units = [], [], []
+    losses: list[float] = []
+    grads: list[dict[str, torch.Tensor]] = []
+    adam_units: list[dict[str, torch.Tensor]] = []
     for step in range(steps):
         ids = step_batch(tokenizer, spec, trust_remote_code, step)
         loss = model(ids, labels=ids).loss
@@ -184,7 +206,8 @@ def compute_unsharded_steps(
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
         if stepped is not params:
             for name, master in stepped.items():
-                master.grad = None if params[name].grad is None else params[name].grad.float()
+                grad = params[name].grad
+                master.grad = None if grad is None else grad.float()
         torch.nn.utils.clip_grad_norm_(stepped.values(), GRADIENT_CLIPPING)
         optimizer.step()
         if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
@@ -196,17 +219,19 @@ def compute_unsharded_steps(
                 for name, master in stepped.items():
                     params[name].copy_(master)
         weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    return {
-        "losses": losses,
-        "grads": grads,
-        "weights": weights,
-        "adam_gradient_units": adam_units,
-        "bytes_by_name": bytes_by_name(model),
-        "kinds": tensor_kinds(model),
-        "shapes_by_name": shapes_by_name(model),
-        "counts": asdict(split_counts(model)),
-        **_lm_head_names(model),
-    }
+    lm_head, lm_head_weight = _lm_head_names(model)
+    return UnshardedSteps(
+        losses=losses,
+        grads=grads,
+        weights=weights,
+        adam_gradient_units=adam_units,
+        bytes_by_name=bytes_by_name(model),
+        kinds=tensor_kinds(model),
+        shapes_by_name=shapes_by_name(model),
+        counts=asdict(split_counts(model)),
+        lm_head=lm_head,
+        lm_head_weight=lm_head_weight,
+    )
 
 
 def adam_gradient_units(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
@@ -217,23 +242,35 @@ def adam_gradient_units(optimizer: torch.optim.Optimizer, param: torch.Tensor) -
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     if not state:
         return torch.ones_like(param, dtype=torch.float32)
-    beta2 = group["betas"][1]
+    beta2: float = group["betas"][1]
     corrected = state["exp_avg_sq"].float() / (1 - beta2 ** float(state["step"]))
-    return (corrected.sqrt() + group["eps"]) / group["lr"]
+    units: torch.Tensor = (corrected.sqrt() + group["eps"]) / group["lr"]
+    return units
 
 
 def cached_unsharded_steps(
+    *,
     checkpoint: str,
     tokenizer: str | None,
-    dtype: str,
+    dtype: DType,
     spec: ProbeSpec,
     trust_remote_code: bool,
     steps: int,
     optimizer: str,
 ) -> Path:
-    path = steps_path(checkpoint, tokenizer, dtype, spec, steps, optimizer)
+    path = steps_path(
+        checkpoint=checkpoint, tokenizer=tokenizer, dtype=dtype, spec=spec, steps=steps, optimizer=optimizer
+    )
     if not path.exists():
-        unsharded = compute_unsharded_steps(checkpoint, tokenizer, dtype, spec, trust_remote_code, steps, optimizer)
+        unsharded = compute_unsharded_steps(
+            checkpoint=checkpoint,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            spec=spec,
+            trust_remote_code=trust_remote_code,
+            steps=steps,
+            optimizer_name=optimizer,
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda staging: torch.save(unsharded, staging))
     return path
@@ -307,8 +344,16 @@ class Comparison:
                 self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference
             )
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    def to_dict(self) -> ComparisonRecord:
+        return ComparisonRecord(
+            largest=self.largest,
+            floor_share=self.floor_share,
+            max_rel_error=self.max_rel_error,
+            worst_parameter=self.worst_parameter,
+            compared=self.compared,
+            problems=self.problems,
+            errors_at_floor=self.errors_at_floor,
+        )
 
 
 def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]] | None:
@@ -327,26 +372,27 @@ def _shard_rows(shard: torch.Tensor, full: torch.Tensor) -> tuple[int, list[int]
     return (dim, found) if len(found) == len(indices) else None
 
 
-def _lm_head_names(model) -> dict[str, str]:
+def _lm_head_names(model: CausalLM) -> tuple[str, str]:
     """The output head's module path and the name its weight is listed under (a weight tied to the
     input embedding is listed once, under the embedding's name); empty when the model has no head."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # transformers leaves get_output_embeddings unannotated.
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[no-untyped-call]
     if head is None:
-        return {"lm_head": "", "lm_head_weight": ""}
-    return {
-        "lm_head": next(name for name, module in model.named_modules() if module is head),
-        "lm_head_weight": next(name for name, param in model.named_parameters() if param is head.weight),
-    }
+        return "", ""
+    return (
+        next(name for name, module in model.named_modules() if module is head),
+        next(name for name, param in model.named_parameters() if param is head.weight),
+    )
 
 
-def _held_bytes_by_name(model) -> dict[str, int]:
+def _held_bytes_by_name(model: torch.nn.Module) -> dict[str, int]:
     """Bytes per parameter/buffer this rank's model holds; ZeRO-3 moves a parameter's data into its
     partitions (`ds_numel` keeps the tensor-parallel shard's size), over a data-parallel group of 1 here."""
     named = [*model.named_parameters(), *model.named_buffers()]
     return {name: getattr(tensor, "ds_numel", tensor.numel()) * tensor.element_size() for name, tensor in named}
 
 
-def _local_weight(param) -> torch.Tensor:
+def _local_weight(param: torch.nn.Parameter) -> torch.Tensor:
     """This rank's tensor-parallel shard of a parameter as the model computes with it; a ZeRO-3
     parameter holds no data outside GatheredParameters."""
     import deepspeed
@@ -355,10 +401,10 @@ def _local_weight(param) -> torch.Tensor:
         return param.detach().float().cpu().clone()
 
 
-def _local_grad(param) -> torch.Tensor | None:
+def _local_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
     from deepspeed.utils import safe_get_full_grad
 
-    grad = safe_get_full_grad(param)
+    grad: torch.Tensor | None = safe_get_full_grad(param)
     return None if grad is None else grad.detach().float().cpu()
 
 
@@ -366,14 +412,14 @@ class ShardedTrainee:
     """One model trained by a DeepSpeed engine on this rank, compared step by step with its
     unsharded steps (`unsharded`, see compute_unsharded_steps)."""
 
-    def __init__(self, engine, unsharded: dict, label: str, steps_taken: int = 0):
+    def __init__(self, engine: DeepSpeedEngine, unsharded: UnshardedSteps, label: str, steps_taken: int = 0):
         """`steps_taken`: steps the engine's checkpoint holds (a resumed run), 0 for a fresh model."""
         self.engine, self.unsharded, self.label, self.steps_taken = engine, unsharded, label, steps_taken
         self.params = dict(engine.module.named_parameters())
         self.initial = {name: _local_weight(param) for name, param in self.params.items()}
         self.layouts, self.problems = self._find_layouts()
         self.losses: list[float] = []
-        self.step_grads: list[dict] = []
+        self.step_grads: list[ComparisonRecord] = []
 
     def _find_layouts(self) -> tuple[dict[str, tuple[int, list[int]] | None], list[Finding]]:
         """Where each local tensor sits in its unsharded one: None when whole, else (dim, rows)."""
@@ -421,7 +467,7 @@ class ShardedTrainee:
         dim, indices = layout
         return full.movedim(dim, 0)[indices].movedim(0, dim)
 
-    def step(self, ids: torch.Tensor, fault_hook) -> None:
+    def step(self, ids: torch.Tensor, fault_hook: FaultHook) -> None:
         """One optimizer step; the gradients are compared before the optimizer consumes them."""
         engine = self.engine
         loss = engine(ids.to(engine.device), labels=ids.to(engine.device)).loss
@@ -493,23 +539,25 @@ class ShardedTrainee:
             )
         return comparison
 
-    def report(self) -> dict:
+    def report(self) -> TraineeReport:
         module = self.engine.module
         head = self.unsharded["lm_head"]
         head_module = module.get_submodule(head) if head else None
-        return {
-            "label": self.label,
-            "losses": self.losses,
-            "steps": self.step_grads,
-            "problems": self.problems,
-            "update": self.update_comparison().to_dict(),
-            "bytes_by_name": _held_bytes_by_name(module),
-            "sharded": sum(layout is not None for layout in self.layouts.values()),
-            "lm_head_mode": type(head_module).__name__ if head_module is not None else "none",
-        }
+        return TraineeReport(
+            label=self.label,
+            losses=self.losses,
+            steps=self.step_grads,
+            problems=self.problems,
+            update=self.update_comparison().to_dict(),
+            bytes_by_name=_held_bytes_by_name(module),
+            sharded=sum(layout is not None for layout in self.layouts.values()),
+            lm_head_mode=type(head_module).__name__ if head_module is not None else "none",
+        )
 
 
-def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str, load_universal: bool = False) -> dict:
+def deepspeed_config(
+    variant: Variant, tp_size: int, dtype: DType, model_type: str, load_universal: bool = False
+) -> dict[str, Any]:
     """The cell's DeepSpeed config: the row's partitioning source, ZeRO stage and tp_overlap_comm."""
     tensor_parallel: dict[str, Any] = {"autotp_size": tp_size}
     if variant.partitioning == "preset":
@@ -533,26 +581,26 @@ def deepspeed_config(variant: Variant, tp_size: int, dtype: str, model_type: str
     }
 
 
-def _deepspeed_optimizer(name: str) -> dict:
+def _deepspeed_optimizer(name: str) -> dict[str, Any]:
     optimizer = OPTIMIZERS[name][1]
     if optimizer["type"] == "AdamW":  # torch's AdamW: no JIT-built op, and the class the unsharded side runs
         return {**optimizer, "params": {**optimizer["params"], "torch_adam": True}}
     return optimizer
 
 
-def hide_tp_plan(model) -> None:
+def hide_tp_plan(model: CausalLM) -> None:
     """Make this model instance look like one that ships no HF tp_plan, so AutoTP's name heuristics
     shard it. DeepSpeed merges the config's plan, the class's plan and the instance's plan; the class
     plan is hidden by a subclass made for this instance alone (patching the class itself would leak
     into every later model of the class in this rank)."""
-    model.config.base_model_tp_plan = None
+    model.config.base_model_tp_plan = None  # type: ignore[misc]  # the class's plan shadowed on this instance alone
     model.__dict__.pop("_tp_plan", None)
     model.__class__ = type(type(model).__name__, (type(model),), {"_tp_plan": None})
 
 
 def build_engine(
-    checkpoint: str, model_type: str, job: Job, tp_size: int, progress: "Progress", load_universal: bool = False
-):
+    *, checkpoint: str, model_type: str, job: Job, tp_size: int, progress: Progress, load_universal: bool = False
+) -> DeepSpeedEngine:
     """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
     (stage `shard`, under the label the caller was in)."""
     import deepspeed
@@ -580,14 +628,15 @@ class Progress:
         self.stage, self.label = stage, label
 
 
-def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def gather_full_weights(module: torch.nn.Module, zero_stage: int) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """Every parameter gathered whole with GatherReplacedLayerParams (and ZeRO-3's GatheredParameters),
     one module at a time as DeepSpeed's own 16-bit export does; plus the parameters the context left
     at another size than before it (a gather that does not partition again)."""
     import deepspeed
     from deepspeed.module_inject.layers import GatherReplacedLayerParams
 
-    gathered, before = {}, _held_bytes_by_name(module)
+    gathered: dict[str, torch.Tensor] = {}
+    before = _held_bytes_by_name(module)
     for prefix, child in module.named_modules():
         params = list(child.parameters(recurse=False))
         if not params:
@@ -605,7 +654,7 @@ def gather_full_weights(module, zero_stage: int) -> tuple[dict[str, torch.Tensor
     return gathered, problems
 
 
-def compare_whole(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], what: str) -> dict:
+def compare_whole(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], what: str) -> ComparisonRecord:
     """Full weights (gathered or saved) against the unsharded model's after the same steps."""
     comparison = Comparison()
     for name, full in reference.items():
@@ -646,7 +695,8 @@ def universal_arguments(scratch: Path) -> argparse.Namespace:
     ]
     saved, sys.argv = sys.argv, ["ds_to_universal.py", *argv]
     try:
-        return ds_to_universal.parse_arguments()
+        arguments: argparse.Namespace = ds_to_universal.parse_arguments()
+        return arguments
     except SystemExit as refused:  # argparse exits on arguments it refuses; this process must go on
         raise ValueError(
             f"deepspeed.checkpoint.ds_to_universal.parse_arguments refused {' '.join(argv)} (exit "
@@ -657,8 +707,8 @@ def universal_arguments(scratch: Path) -> argparse.Namespace:
 
 
 def round_trip(
-    trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress
-) -> dict:
+    *, trainee: ShardedTrainee, job: Job, world_size: int, scratch: Path, fault_hook: FaultHook, progress: Progress
+) -> RoundTripReport:
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
     takes next."""
@@ -694,11 +744,11 @@ def round_trip(
         forget_parallel_groups()
     resumed = ShardedTrainee(
         build_engine(
-            job.trained[0].checkpoint,
-            job.trained[0].model_type,
-            job,
-            variant.resume_tp or world_size,
-            progress,
+            checkpoint=job.trained[0].checkpoint,
+            model_type=job.trained[0].model_type,
+            job=job,
+            tp_size=variant.resume_tp or world_size,
+            progress=progress,
             load_universal=bool(variant.resume_tp),
         ),
         trainee.unsharded,
@@ -723,19 +773,19 @@ def round_trip(
     resumed.step(batch, fault_hook)
     # The next step's loss and gradients depend on the weights alone; its update also on the optimizer
     # state (momentum, Adam's moments) the checkpoint must restore.
-    return {
-        "saved": saved,
-        "gathered": gather,
-        "loaded": loaded.to_dict(),
-        "resumed_step": steps_taken + 1,
-        "resumed_tp": variant.resume_tp or world_size,
-        "resumed_loss": resumed.losses[0],
-        "resumed_grads": resumed.step_grads[0],
-        "resumed_update": resumed.update_comparison().to_dict(),
-    }
+    return RoundTripReport(
+        saved=saved,
+        gathered=gather,
+        loaded=loaded.to_dict(),
+        resumed_step=steps_taken + 1,
+        resumed_tp=variant.resume_tp or world_size,
+        resumed_loss=resumed.losses[0],
+        resumed_grads=resumed.step_grads[0],
+        resumed_update=resumed.update_comparison().to_dict(),
+    )
 
 
-def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress: Progress) -> dict:
+def run_training(job: Job, world_size: int, scratch: Path, fault_hook: FaultHook, progress: Progress) -> TrainingReport:
     """The row's training on this rank: the cell's model (and the second model, initialised after it)
     trained step by step, then the checkpoint round trip. `fault_hook(stage, model)` is the test-only hook."""
     from deepspeed.module_inject.layers import set_autotp_mode
@@ -743,15 +793,17 @@ def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress:
     variant, spec = job.variant, job.spec
     set_autotp_mode(training=True)
     try:
-        trainees = []
+        trainees: list[ShardedTrainee] = []
         for model in job.trained:
-            engine = build_engine(model.checkpoint, model.model_type, job, world_size, progress)
+            engine = build_engine(
+                checkpoint=model.checkpoint, model_type=model.model_type, job=job, tp_size=world_size, progress=progress
+            )
             fault_hook("sharded", engine.module)
             trainees.append(
                 ShardedTrainee(engine, torch.load(model.unsharded_steps, weights_only=False), model.model_type)
             )
         progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
-        batches = []
+        batches: list[torch.Tensor] = []
         for step in range(variant.training_steps):  # a loop, not a comprehension: its frame names run_training
             batches.append(step_batch(job.tokenizer, spec, job.trust_remote_code, step))
         for step, ids in enumerate(batches):
@@ -760,7 +812,14 @@ def run_training(job: Job, world_size: int, scratch: Path, fault_hook, progress:
                 trainee.step(ids, fault_hook)
         reports = [trainee.report() for trainee in trainees]
         if variant.checkpoint_round_trip:
-            reports[0]["round_trip"] = round_trip(trainees[0], job, world_size, scratch, fault_hook, progress)
-        return {"models": reports}
+            reports[0]["round_trip"] = round_trip(
+                trainee=trainees[0],
+                job=job,
+                world_size=world_size,
+                scratch=scratch,
+                fault_hook=fault_hook,
+                progress=progress,
+            )
+        return TrainingReport(models=reports)
     finally:
         set_autotp_mode(training=False)  # the rank serves inference cells next

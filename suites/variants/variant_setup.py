@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint
+from matrix.registry import ModelEntry
 from suites.checks.inputs import ProbeSpec
 from suites.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.outcome import CellOutcome
@@ -105,28 +106,23 @@ def prepare(
 def _trained_models(cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec) -> tuple[TrainedModel, ...]:
     """The unsharded steps of the cell's model (and of the row's second model)."""
     from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import ModelEntry, load_models
+    from matrix.registry import load_models
     from suites.variants.training import cached_unsharded_steps
 
     variant = cell.variant
     steps = variant.unsharded_steps
 
     def trained(entry: ModelEntry, entry_checkpoint: str) -> TrainedModel:
-        return TrainedModel(
-            entry_checkpoint,
-            entry.model_type,
-            str(
-                cached_unsharded_steps(
-                    entry_checkpoint,
-                    checkpoint.tokenizer,
-                    cell.dtype,
-                    spec,
-                    entry.trust_remote_code,
-                    steps,
-                    variant.optimizer,
-                )
-            ),
+        unsharded_steps = cached_unsharded_steps(
+            checkpoint=entry_checkpoint,
+            tokenizer=checkpoint.tokenizer,
+            dtype=cell.dtype,
+            spec=spec,
+            trust_remote_code=entry.trust_remote_code,
+            steps=steps,
+            optimizer=variant.optimizer,
         )
+        return TrainedModel(entry_checkpoint, entry.model_type, str(unsharded_steps))
 
     second = [load_models()[variant.second_model]] if variant.second_model else []
     return (trained(cell.model, checkpoint.folder), *(trained(entry, str(tiny_checkpoint(entry))) for entry in second))

@@ -251,8 +251,8 @@ def test_a_recorder_reads_each_appended_line_once_and_sees_the_other_workers_cel
 
     state = RunState(tmp_path, "local", {}, versions)
     ids = {llama.id, opt.id, gpt2.id}
-    mine = CellRecorder(tmp_path, run, versions, state, expected_cells=ids)
-    other = CellRecorder(tmp_path, run, versions, state, expected_cells=ids)
+    mine = CellRecorder(tmp_path, run, versions, state=state, expected_cells=ids)
+    other = CellRecorder(tmp_path, run, versions, state=state, expected_cells=ids)
     mine.record(llama, CellOutcome("pass"))
     other.record(opt, CellOutcome("pass"))
     assert not state.path.exists()

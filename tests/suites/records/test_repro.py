@@ -24,7 +24,14 @@ def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
         failed("forward", f"OSError: 401 for token {token}", f"Authorization: Bearer {token}"),
         lambda key, value: properties.__setitem__(key, value),
     )
-    write_repro(cell, "tiny", tmp_path / "repro", recorder.run, {"deepspeed": "0.19.8"}, f"fail forward {token}")
+    write_repro(
+        cell,
+        "tiny",
+        tmp_path / "repro",
+        run=recorder.run,
+        versions={"deepspeed": "0.19.8"},
+        outcome_line=f"fail forward {token}",
+    )
     written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file()) + json.dumps(properties)
     assert token not in written
     assert "***" in written
@@ -41,10 +48,10 @@ def _repro_module(cell, tmp_path, monkeypatch, checkpoints="tiny", loaded_revisi
         cell,
         checkpoints,
         tmp_path / "repro",
-        RunInfo("unit", accelerator="cpu", backend="gloo"),
-        {"deepspeed": "0.19.8"},
-        "fail numerics",
-        loaded_revision,
+        run=RunInfo("unit", accelerator="cpu", backend="gloo"),
+        versions={"deepspeed": "0.19.8"},
+        outcome_line="fail numerics",
+        loaded_revision=loaded_revision,
     )
     spec = importlib.util.spec_from_file_location(f"repro_{cell.variant.name}_under_test", script)
     repro = importlib.util.module_from_spec(spec)
@@ -118,9 +125,9 @@ def test_a_verdict_with_newlines_is_data_never_code(tmp_path, monkeypatch):
         cell,
         "tiny",
         tmp_path / "repro",
-        RunInfo("unit", accelerator="cpu", backend="gloo"),
-        {"deepspeed": "0.19.8\nimport sys"},
-        injected,
+        run=RunInfo("unit", accelerator="cpu", backend="gloo"),
+        versions={"deepspeed": "0.19.8\nimport sys"},
+        outcome_line=injected,
     )
     tree = ast.parse(script.read_text())
     template = ast.parse(TEMPLATE.read_text())
@@ -162,7 +169,12 @@ def test_every_kind_of_cell_gets_a_script_with_what_it_runs(tmp_path):
     for cell_id in cells:
         cell = parse_cell(cell_id)
         script = write_repro(
-            cell, "tiny", tmp_path, RunInfo("unit"), {"deepspeed": "0.19.8"}, "fail shard 'x'\nimport os"
+            cell,
+            "tiny",
+            tmp_path,
+            run=RunInfo("unit"),
+            versions={"deepspeed": "0.19.8"},
+            outcome_line="fail shard 'x'\nimport os",
         )
         text = script.read_text()
         tree = ast.parse(text)  # a newline in the verdict stays inside its string literal
@@ -200,7 +212,14 @@ def test_the_script_alone_says_match_for_a_good_cell_and_mismatch_for_experts_le
 
     results = {}
     for cell_id in ("llama.faithful-eager-fp32-tp2", "mixtral.faithful-eager-fp32-tp2"):
-        script = write_repro(parse_cell(cell_id), "tiny", tmp_path, RunInfo("unit"), {}, "from the test")
+        script = write_repro(
+            parse_cell(cell_id),
+            "tiny",
+            tmp_path,
+            run=RunInfo("unit"),
+            versions={},
+            outcome_line="from the test",
+        )
         done = subprocess.run(
             [
                 sys.executable,
