@@ -364,10 +364,15 @@ def set_group_causes(conn: sqlite3.Connection, rows: list[tuple[int, int, str, s
     )
 
 
+SCHEMA_8_POINT_COLUMNS = "deepspeed, transformers, torch, deepspeed_git, harness_git"
+"""A point's columns when schema 8 came: its migration reads these, not today's POINT_COLUMNS — a later step may add
+a column (a new version axis; that step also extends the stored points' keys with its value)."""
+
+
 def _fill_aggregates(conn: sqlite3.Connection) -> None:
     """Schema 8: the aggregates of the results already stored, added run by run as import adds them."""
     points = Points(conn)
-    for run, *point in conn.execute(f"SELECT id, {POINT_COLUMNS} FROM runs ORDER BY id").fetchall():
+    for run, *point in conn.execute(f"SELECT id, {SCHEMA_8_POINT_COLUMNS} FROM runs ORDER BY id").fetchall():
         rows = conn.execute(
             "SELECT run, cell, outcome, failure_class, signature, metrics IS NOT NULL AND metrics NOT IN ('{}', '') "
             "FROM results WHERE run = ?",

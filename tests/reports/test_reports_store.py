@@ -289,3 +289,13 @@ def test_answers_stored_before_their_scope_was_kept_read_back_and_attach_as_thei
         assert history.bisections()[1] == replace(
             stored, kind="class-change", searched_older="0.19.0", searched_newer="0.19.8"
         )
+
+
+def test_a_new_store_migrates_by_the_columns_each_step_had(tmp_path, monkeypatch):
+    """A new version axis adds its runs column in a later migration: schema 8's step reads the point columns of its
+    time, not today's, or every new store fails there ("no such column: accelerate")."""
+    from reports.store import schema
+
+    monkeypatch.setattr(schema, "POINT_COLUMNS", f"{schema.POINT_COLUMNS}, accelerate")
+    with HistoryStore(tmp_path / "new.sqlite", create=True) as history:
+        assert history.runs() == []
