@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from matrix.cells import expand  # noqa: E402
 from matrix.registry import DType  # noqa: E402
 from matrix.shapes import split_shaped_name  # noqa: E402
+from suites.checks.names import judged_signature  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> None:
@@ -111,7 +112,7 @@ BOUNDS = (
         "train_weight_rel",
     ),
 )
-SAVE_16BIT_KEEPS_SHARDS = "save: save_16bit_model: rank 0:"
+SAVE_16BIT_KEEPS_SHARDS = judged_signature("save", "save_16bit_model: rank 0:")
 """A finding at DeepSpeed 0.19.8 (README "Training"): below ZeRO-3 the 16-bit file holds rank 0's shards. The
 checks before `save` passed and the ones after it run on the regular checkpoint, so only the saved file's metric
 is not noise."""

@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from suites.checks.names import judged_signature
+
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
 QK, gate-up packing, conv) is a model-specific layout AutoTP chose from the module's name."""
@@ -330,7 +332,7 @@ def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bu
 
 
 def _memory_cause(failure: Failure, record: AutoTPRecord, whose_bug: str) -> Cause:
-    finding = failure.signature.removeprefix("memory: ")
+    finding = failure.signature.removeprefix(judged_signature("memory", ""))
     starved = record.starved_query()
     if starved and "split unevenly" in finding and any(role(r.path).rpartition(".")[2] in finding for r in starved):
         return _starved(record, starved, "", whose_bug)

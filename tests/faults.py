@@ -606,7 +606,8 @@ def universal_parser_refuses(stage, model, rank):
 
 
 # --- harness bugs: the harness's own code raises inside a stage (suites/engine/cell_runner.py `_stage_error`
-# must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed).
+# must call the class `setup`, never the stage's `shard`/`forward`, which would blame DeepSpeed) or while rank 0
+# judges the cell (its judging `except`: `setup` too, never `crash`).
 
 
 def _break_harness_name(module_name: str, attribute: str):
@@ -629,6 +630,7 @@ def _break_harness_name(module_name: str, attribute: str):
 
 harness_bug_in_generation_probe = _break_harness_name("suites.checks.probes", "_greedy")
 harness_bug_in_training_step = _break_harness_name("suites.variants.training", "step_batch")
+harness_bug_in_logits_check = _break_harness_name("suites.checks.logits", "logits_allowance")
 
 
 # --- reference faults (tests/suites/test_forked_reference.py): called through AUTOTP_STARTUP_FAULT as a reference's

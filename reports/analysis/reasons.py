@@ -2,16 +2,19 @@
 error text (which the reports quote elsewhere in code spans).
 
 A cause is a signature with its numbers masked: `<exception type>: <message> @ <file>:<function>` for what raised,
-`<check>: <finding>` for what a check judged. The words come from the failure class, the check, and the library
-file that raised (DeepSpeed's parser, its fused-qkv split, a sharded layer, the model's own forward)."""
+`<check>: <finding>` for what a check judged (the check one of suites/checks/names.py's). The words come from the
+failure class, the check, and the library file that raised (DeepSpeed's parser, its fused-qkv split, a sharded layer,
+the model's own forward)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from suites.checks.names import CHECK_NAMES, judged_signature
+
 _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S)
-_LEFT_WHOLE = re.compile(r"^memory: (?P<kind>\w+) left whole")
+_LEFT_WHOLE = re.compile("^" + re.escape(judged_signature("memory", "")) + r"(?P<kind>\w+) left whole")
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Reason:
 def _raised(cause: str) -> tuple[str, str, str]:
     """(exception type, message, `file:function`) of a raised failure's cause; ("", cause, "") for a judged one."""
     match = _RAISED.match(cause.strip())
-    if not match or match["type"] in ("memory", "logits", "shapes", "generation", "perplexity", "ranks"):
+    if not match or match["type"] in CHECK_NAMES:
         return "", cause, ""
     return match["type"], match["message"], match["where"] or ""
 

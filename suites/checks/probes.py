@@ -21,6 +21,7 @@ from matrix.registry import RegistryError
 from matrix.shapes import read_shape
 from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
+from suites.checks.names import judged_signature
 from suites.outcome import LibraryOutputError
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ def _logits(output: object, what: str, expected_dims: int) -> torch.Tensor:
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor) or logits.dim() != expected_dims:
         found = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise LibraryOutputError("numerics", f"shapes: {what} returned no {expected_dims}-D logits", f"got {found}")
+        raise LibraryOutputError(
+            "numerics", judged_signature("shapes", f"{what} returned no {expected_dims}-D logits"), f"got {found}"
+        )
     return logits
 
 
@@ -118,7 +121,9 @@ def _sliding_window_nll(
         loss = model(window, labels=labels).loss
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise LibraryOutputError(
-                "numerics", "perplexity: the labels= forward returned no scalar loss", f"got {type(loss).__name__}"
+                "numerics",
+                judged_signature("perplexity", "the labels= forward returned no scalar loss"),
+                f"got {type(loss).__name__}",
             )
         # The loss is a mean over the shifted labels: the first token of a window is never predicted.
         predicted = int((labels[:, 1:] != -100).sum().item())
@@ -143,7 +148,7 @@ def observe(
     if masked.shape[:2] != batch_ids.shape:
         raise LibraryOutputError(
             "numerics",
-            "shapes: the padded-batch forward returned logits for other positions",
+            judged_signature("shapes", "the padded-batch forward returned logits for other positions"),
             f"{tuple(masked.shape)} for input ids {tuple(batch_ids.shape)}",
         )
     real = batch_mask.bool().cpu()
@@ -268,7 +273,7 @@ def _greedy(
     if len(set(steps)) != 1 or len(steps) != spec.new_tokens or len(steps[0]) != 2:
         raise LibraryOutputError(
             "numerics",
-            "shapes: generate returned decode-step logits of differing shapes",
+            judged_signature("shapes", "generate returned decode-step logits of differing shapes"),
             f"{steps} for {spec.new_tokens} new tokens",
         )
     return generated.sequences[:, ids.shape[1] :].cpu(), torch.stack(generated.logits, dim=1).float().cpu()

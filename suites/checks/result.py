@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from matrix.registry import Tolerance
+from suites.checks.names import CheckName, judged_signature
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ def joined(findings: Sequence[Finding], prefix: str = "") -> Finding:
 
 @dataclass
 class CheckResult:
-    name: str
+    name: CheckName
+    """One of suites/checks/names.py's: the reports tell its signature from a raised exception's by it."""
     passed: bool
     failure_class: str
     """The class the cell fails with when this check fails."""
@@ -57,7 +59,7 @@ class CheckResult:
             raise ValueError(f"check {self.name} failed without a signature: build it with CheckResult.failing")
 
     @classmethod
-    def failing(cls, name: str, failure_class: str, metrics: dict[str, float], finding: Finding) -> CheckResult:
+    def failing(cls, name: CheckName, failure_class: str, metrics: dict[str, float], finding: Finding) -> CheckResult:
         return cls(
             name=name,
             passed=False,
@@ -69,7 +71,7 @@ class CheckResult:
 
     @classmethod
     def judged(
-        cls, name: str, failure_class: str, metrics: dict[str, float], finding: Finding | None, notes: str = ""
+        cls, name: CheckName, failure_class: str, metrics: dict[str, float], finding: Finding | None, notes: str = ""
     ) -> CheckResult:
         """Passed when there is no finding (then `notes` is its reason)."""
         if finding is None:
@@ -78,7 +80,7 @@ class CheckResult:
 
     @property
     def cell_signature(self) -> str:
-        return f"{self.name}: {self.signature}"
+        return judged_signature(self.name, self.signature)
 
 
 def logits_allowance(tolerance: Tolerance, scale: float) -> float:

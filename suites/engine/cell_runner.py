@@ -271,7 +271,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
         except Exception as raised:  # a harness bug must still end as this cell's verdict
             outcome = failed(
                 "setup",
-                exception_signature(raised),
+                exception_signature(raised, at=harness_frame(raised)),  # its harness frame, as _stage_error names it
                 "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
             )
         write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(outcome.to_dict()))

@@ -47,6 +47,7 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
         "break_before_shard",
         "raise_in_forward",
         "harness_bug_in_generation_probe",
+        "harness_bug_in_logits_check",
     ):
         run_with(llama_tp2, pool, fault)
     again = run_with(llama_tp2, pool)
@@ -85,6 +86,15 @@ def test_fault_is_reported_with_its_class(pool, llama_tp2, fault, failure_class,
     outcome = run_with(llama_tp2, pool, fault)
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert outcome.signature.startswith(signature_start), outcome.signature
+
+
+def test_a_harness_bug_while_judging_is_setup_named_by_its_frame(pool, llama_tp2):
+    """Rank 0 judges the cell after every stage passed: a check that raises is the harness's bug (cell_runner's
+    judging `except`), never a rank's `crash` nor the model's `forward`, and is named by the harness's frame."""
+    outcome = run_with(llama_tp2, pool, "harness_bug_in_logits_check")
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "setup"), outcome.message
+    assert outcome.signature == "TypeError: 'NoneType' object is not callable @ suites/checks/logits.py:check"
+    assert "judging the cell failed (harness bug)" in outcome.message, outcome.message
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,61 @@
+"""The checks' names are spelled once (suites/checks/names.py): every name a check gives its `CheckResult` is listed
+there, every listed name is one a check gives, and the reports read each one's signature as judged, never as an
+exception type. Strict mypy refuses an unlisted name statically (`CheckResult.name` is a `CheckName`); these tests
+hold without it."""
+
+import ast
+import subprocess
+import sys
+
+from matrix import PROJECT_ROOT
+from reports.analysis import reason
+from suites.checks.names import CHECK_NAMES, judged_signature
+
+CONSTRUCTORS = ("CheckResult", "CheckResult.judged", "CheckResult.failing")
+
+
+def _names_the_checks_give() -> dict[str, str]:
+    """Each string literal a check module passes as a `CheckResult`'s name → where; a name taken from another
+    result (`memory.name`) is that result's."""
+    found = {}
+    for path in sorted((PROJECT_ROOT / "suites" / "checks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or ast.unparse(node.func) not in CONSTRUCTORS:
+                continue
+            named = [keyword.value for keyword in node.keywords if keyword.arg == "name"] or node.args[:1]
+            if named and isinstance(named[0], ast.Constant) and isinstance(named[0].value, str):
+                found[named[0].value] = f"{path.name}:{node.lineno}"
+    return found
+
+
+def test_every_name_a_check_gives_is_listed_and_every_listed_name_is_given():
+    given = _names_the_checks_give()
+    assert len(given) > 10, given  # the scan finds the checks' constructors
+    assert {name: where for name, where in given.items() if name not in CHECK_NAMES} == {}
+    assert [name for name in CHECK_NAMES if name not in given] == []
+
+
+def test_the_reports_read_every_checks_signature_as_judged():
+    """A cause whose first word is an exception type is read as raised (its type in the words); a check's name
+    never is, whatever its finding says."""
+    raised = reason("forward", "ValueError: a finding @ harness.py:f").short
+    assert raised == "the sharded model raises ValueError"
+    for name in {*CHECK_NAMES, *_names_the_checks_give()}:
+        judged = judged_signature(name, "a finding @ harness.py:f")
+        assert reason("forward", judged).short == "the sharded model raises an error", name
+
+
+def test_the_names_import_without_torch():
+    """The reports read them: importing them must not import torch or the checks."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, suites.checks.names; print(sorted(m for m in sys.modules if 'torch' in m))",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert loaded.strip() == "[]"
