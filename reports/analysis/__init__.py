@@ -13,7 +13,6 @@ from reports.analysis.answers import (
     code,
     code_html,
     commit_words,
-    markdown_link,
     one_line,
     plain_link,
 )
@@ -175,7 +174,6 @@ __all__ = [
     "harness_change_text",
     "has_faithful",
     "log_folder",
-    "markdown_link",
     "new_architecture_lines",
     "new_architectures_markdown",
     "new_architectures_summary",

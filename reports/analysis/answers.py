@@ -7,7 +7,8 @@ every output says it: report.md, report.html, the GitHub step summary, publish's
 Works on a TransitionEntry: a transition as the report has it (reports.outputs.model builds it; report.json keeps it
 under "regressions"/"fixes"/"class_changes"). answer_words is the answer alone, which a root cause's cells share
 (reports.analysis.causes).
-`link(text, url)` decides the markup: markdown_link, an HTML one (render.linked_html), or plain_link for a terminal."""
+`link(text, url)` decides the markup: a Markdown one (reports.outputs.markdown_safety.markdown_link, which marks it as
+the harness's), an HTML one (reports.outputs.links.linked_html), or plain_link for a terminal."""
 
 from __future__ import annotations
 
@@ -105,10 +106,6 @@ def bisection_from_json(entry: JSONObject, cell: CellKey) -> Bisection:
     )
 
 
-def markdown_link(text: str, url: str) -> str:
-    return f"[{text}]({url})"
-
-
 def plain_link(text: str, url: str) -> str:
     return text
 
@@ -157,7 +154,7 @@ def failure_text(status: EntryStatus) -> str:
     return f"{status.failure_class}: {one_line(status.signature)}"
 
 
-def answer_words(t: TransitionEntry, link: Link = markdown_link) -> str:
+def answer_words(t: TransitionEntry, link: Link) -> str:
     """The answer alone, without the cell and its failure — what every cell of a root cause shares: the
     narrowest range and the commit (or suspects) found, or why there is none yet."""
     b = t.bisection
@@ -181,7 +178,7 @@ def answer_words(t: TransitionEntry, link: Link = markdown_link) -> str:
     return ", ".join(parts)
 
 
-def answer_text(t: TransitionEntry, link: Link = markdown_link) -> str:
+def answer_text(t: TransitionEntry, link: Link) -> str:
     """One line per transition: where it changed, the narrowest answer known, and the failure."""
     answer = answer_words(t, link)
     if t.kind == "class-change":

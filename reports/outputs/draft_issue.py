@@ -32,7 +32,6 @@ from reports.analysis import (
     code,
     count_text,
     draft_file,
-    markdown_link,
     one_line,
     reason,
     repro_command,
@@ -40,7 +39,7 @@ from reports.analysis import (
     whose_text,
 )
 from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
-from reports.outputs.markdown_safety import fence
+from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.model import Report, build_report
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
@@ -281,7 +280,7 @@ def _stands_for(cell: Cell | str, failure: Observation) -> str:
         return "(the registry cannot rebuild this cell here, so which checkpoints it stands for is not known)"
     checkpoints = cell.model.checkpoints or failure.result.checkpoints
     if checkpoints:
-        named = ", ".join(f"[{hub_id}](https://huggingface.co/{hub_id})" for hub_id in checkpoints)
+        named = ", ".join(markdown_link(hub_id, f"https://huggingface.co/{hub_id}") for hub_id in checkpoints)
         return (
             f"a tiny random model that splits exactly like {named} at tp 2, 3 and 4 (the same head, kv-head and "
             "64-wide grain counts, mod each tp): the verdict holds for "

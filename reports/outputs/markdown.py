@@ -17,12 +17,12 @@ from reports.analysis import (
     commit_words,
     count_text,
     failing_now_markdown,
-    markdown_link,
     new_architectures_markdown,
     one_line,
     shared_answers,
 )
 from reports.outputs.docs import Drift
+from reports.outputs.markdown_safety import markdown_link, our_html
 from reports.outputs.model import Report
 from reports.outputs.report_parts import FlakyEntry, MatrixEntry, SupportMatrix
 from reports.outputs.since_previous import SinceCause, SincePreviousRun
@@ -237,11 +237,13 @@ def other_matrices_markdown(report: Report) -> list[str]:
     lines = ["## Support matrix at the other version combinations", ""]
     for matrix in others:
         lines += [
-            f"<details><summary>{matrix.label}{_recorded_by(matrix.harness)}: {counts_text(matrix.matrix)}</summary>",
+            our_html(
+                f"<details><summary>{matrix.label}{_recorded_by(matrix.harness)}: {counts_text(matrix.matrix)}</summary>"
+            ),
             "",
             *matrix_markdown(matrix.matrix),
             "",
-            "</details>",
+            our_html("</details>"),
             "",
         ]
     return lines
@@ -249,17 +251,17 @@ def other_matrices_markdown(report: Report) -> list[str]:
 
 def details_markdown(report: Report) -> list[str]:
     """One answer line per transition (answers.answer_text), collapsed, root cause by root cause."""
-    lines = [answer_text(t) for c in report.root_causes for t in report.members(c)]
+    lines = [answer_text(t, markdown_link) for c in report.root_causes for t in report.members(c)]
     if not lines:
         return []
     return [
         "## Details: every transition",
         "",
-        f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>",
+        our_html(f"<details><summary>{count_text(len(lines), 'transition')}, one line each</summary>"),
         "",
         *[f"- {line}" for line in lines],
         "",
-        "</details>",
+        our_html("</details>"),
         "",
     ]
 

@@ -23,7 +23,6 @@ from reports.analysis import (
     code,
     count_text,
     delta_causes,
-    markdown_link,
     reason,
     repro_command,
     upstream_label,
@@ -31,6 +30,7 @@ from reports.analysis import (
 from reports.outputs.github import COMMENT_MARKER
 from reports.outputs.links import hub_url
 from reports.outputs.markdown import answer_lines
+from reports.outputs.markdown_safety import bare_link, markdown_link, our_html
 from reports.outputs.model import transition_entry
 from reports.outputs.pr_failures import PrFailure, summary_line
 from reports.store import KNOWN_FAILURE_CLASSES, CellKey, Observation, Versions, pins_text, release
@@ -73,7 +73,11 @@ def compare_links(session: SessionDeltas) -> list[str]:
     previous, newest = session.previous.versions, session.newest.versions
     return [
         session.change_text(axis)
-        + (f" ({repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)})" if repos.get(axis) else "")
+        + (
+            f" ({bare_link(f'{repos[axis]}/compare/{_git_ref(previous, axis)}...{_git_ref(newest, axis)}')})"
+            if repos.get(axis)
+            else ""
+        )
         for axis in session.changed
     ]
 
@@ -132,7 +136,11 @@ def new_failure_block(
 
 def collapsed(summary: str, lines: list[str]) -> list[str]:
     """Lines GitHub folds away under a summary (our frame; the lines are made inert with the rest)."""
-    return ["", f"<details><summary>{summary}</summary>", "", *lines, "", "</details>"] if lines else []
+    return (
+        ["", our_html(f"<details><summary>{summary}</summary>"), "", *lines, "", our_html("</details>")]
+        if lines
+        else []
+    )
 
 
 def _short_line(failure_class: str, text: str, cells: list[CellKey], note: str = "") -> str:
@@ -267,8 +275,7 @@ def comment_markdown(
 ) -> str:
     """The comment: COMMENT_MARKER (found by reruns, which edit it), then base_comment (with `base`: its
     classified failures) or nightly_comment. `inert` neutralises every line built from the
-    results; the <details> frames are ours."""
+    results, keeping our links and <details> frames."""
     body = base_comment(base, sessions, checkpoints) if base else nightly_comment(sessions, checkpoints, newest)
-    frame = {"</details>", ""} | {line for line in body if line.startswith("<details><summary>")}
-    text = "\n".join(line if line in frame else inert(line) for line in body)
+    text = "\n".join(inert(line) for line in body)
     return f"{COMMENT_MARKER}\n{text.rstrip()}\n"

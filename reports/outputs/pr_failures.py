@@ -25,10 +25,10 @@ from reports.analysis import (
     code,
     count_text,
     failure_key,
-    markdown_link,
     summarise,
     upstream_label,
 )
+from reports.outputs.markdown_safety import markdown_link
 from reports.store import AXES, CellKey, Observation
 
 PR_KINDS = ("new", "broken trunk", "flaky", "known")  # listed in this order
