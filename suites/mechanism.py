@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from matrix.json_records import read_record
+
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
 QK, gate-up packing, conv) is a model-specific layout AutoTP chose from the module's name."""
@@ -129,15 +131,8 @@ class AutoTPRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AutoTPRecord:
-        return cls(
-            **{
-                **data,
-                "policies": tuple(Policy(p["layer_class"], tuple(p["allreduce"])) for p in data["policies"]),
-                "unparsed": tuple(data["unparsed"]),
-                "replaced": tuple(Replaced(**{**r, "shape": tuple(r["shape"])}) for r in data["replaced"]),
-                "left_whole": tuple(LeftWhole(**w) for w in data["left_whole"]),
-            }
-        )
+        """For suites/engine/, which reads a rank's record with it; elsewhere `read_record` reads one directly."""
+        return read_record(cls, data)
 
     def in_block(self, block: str) -> list[Replaced]:
         return [r for r in self.replaced if parent(r.path) == block]
@@ -210,10 +205,6 @@ class BreakPoint:
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, str]) -> BreakPoint:
-        return cls(**data)
-
 
 def origin_of(path: str, layer_class: str, how: str) -> str:
     """See `BreakPoint.origin`."""
@@ -231,10 +222,6 @@ class Cause:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, str]) -> Cause:
-        return cls(**data)
 
 
 @dataclass(frozen=True)
