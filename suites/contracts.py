@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
+from matrix.json_records import read_record
 from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
@@ -90,21 +91,7 @@ class Job:
 
     @classmethod
     def from_json(cls, text: str) -> Job:
-        fields: dict[str, Any] = json.loads(text)
-        variant = fields["variant"]
-        meta, task = fields["meta"], fields["accuracy_task"]
-        return cls(
-            **{
-                **fields,
-                "variant": Variant(**{**variant, "needs": tuple(variant["needs"]), "tags": tuple(variant["tags"])}),
-                "tolerance": Tolerance(**fields["tolerance"]),
-                "spec": ProbeSpec(**fields["spec"]),
-                "meta": MetaLoad(**meta) if meta else None,
-                "trained": tuple(TrainedModel(**m) for m in fields["trained"]),
-                "accuracy_task": AccuracyTask(**task) if task else None,
-                "faults": tuple(fields["faults"]),
-            }
-        )
+        return read_record(cls, json.loads(text))
 
 
 class UnshardedSteps(TypedDict):

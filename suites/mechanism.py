@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from matrix.json_records import read_record
 from suites.checks.names import judged_signature
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
@@ -131,15 +132,8 @@ class AutoTPRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AutoTPRecord:
-        return cls(
-            **{
-                **data,
-                "policies": tuple(Policy(p["layer_class"], tuple(p["allreduce"])) for p in data["policies"]),
-                "unparsed": tuple(data["unparsed"]),
-                "replaced": tuple(Replaced(**{**r, "shape": tuple(r["shape"])}) for r in data["replaced"]),
-                "left_whole": tuple(LeftWhole(**w) for w in data["left_whole"]),
-            }
-        )
+        """For suites/engine/, which reads a rank's record with it; elsewhere `read_record` reads one directly."""
+        return read_record(cls, data)
 
     def in_block(self, block: str) -> list[Replaced]:
         return [r for r in self.replaced if parent(r.path) == block]
@@ -212,10 +206,6 @@ class BreakPoint:
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, str]) -> BreakPoint:
-        return cls(**data)
-
 
 def origin_of(path: str, layer_class: str, how: str) -> str:
     """See `BreakPoint.origin`."""
@@ -233,10 +223,6 @@ class Cause:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, str]) -> Cause:
-        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix import PROJECT_ROOT, is_harness_file
+from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
@@ -100,9 +101,7 @@ class RankError:
 
     @classmethod
     def from_json(cls, text: str) -> RankError:
-        fields = json.loads(text)
-        broke_at = fields.pop("broke_at", None)
-        return cls(**fields, broke_at=BreakPoint.from_dict(broke_at) if broke_at else None)
+        return read_record(cls, json.loads(text))
 
 
 def first_error(errors: list[RankError]) -> RankError:
@@ -151,15 +150,7 @@ class CellOutcome:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CellOutcome:
-        autotp, broke_at, cause = data.get("autotp"), data.get("broke_at"), data.get("cause")
-        return cls(
-            **{
-                **data,
-                "autotp": AutoTPRecord.from_dict(autotp) if autotp else None,
-                "broke_at": BreakPoint.from_dict(broke_at) if broke_at else None,
-                "cause": Cause.from_dict(cause) if cause else None,
-            }
-        )
+        return read_record(cls, data)
 
 
 def mask_numbers(text: str) -> str:

@@ -4,6 +4,7 @@ real checkpoint, the one-line answers, a candidate compared with a baseline.
 Other rooms import these names from here; modules inside the room import each other directly."""
 
 from reports.analysis.answers import (
+    CELL_FIELDS,
     EntryStatus,
     Link,
     TransitionEntry,
@@ -119,6 +120,7 @@ __all__ = [
     "CellStatus",
     "DELTA_KINDS",
     "DeltaCause",
+    "CELL_FIELDS",
     "EntryStatus",
     "FailingCause",
     "FailingNow",

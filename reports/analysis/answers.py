@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from markupsafe import Markup, escape
 
+from matrix.json_records import read_record, split_keys
 from reports.store import (
     GITHUB_REPOSITORY,
     Bisection,
@@ -31,6 +32,8 @@ from reports.store import (
 )
 
 Link = Callable[[str, str], str]
+CELL_FIELDS = tuple(field.name for field in fields(CellKey))
+"""A cell's key as report.json flattens it into the entries that name the cell."""
 MAX_SUSPECTS = 3  # in the line; report.json keeps them all
 
 
@@ -65,45 +68,31 @@ class TransitionEntry:
     bisection: Bisection | None
     attempt: TriageAttempt | None
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> TransitionEntry:
-        """The entry again from report.json's form of it (reports.outputs.model.entry_json)."""
-        cell = CellKey(entry["model"], entry["variant"], entry["dtype"], entry["tp"])
-        bisection, attempt = entry["bisection"], entry["attempt"]
-        return cls(
-            cell=cell,
-            kind=entry["kind"],
-            axis=entry["axis"],
-            before=entry["before"],
-            after=entry["after"],
-            held_fixed=parse_pins(entry["held_fixed"]),
-            before_status=EntryStatus(**entry["before_status"]),
-            after_status=EntryStatus(**entry["after_status"]),
-            commits=tuple(_commit(c) for c in entry["commits"]),
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        """report.json's form of it (reports.outputs.model.entry_json): the cell flattened, the pins as text."""
+        cell_fields, transition = split_keys(entry, CELL_FIELDS)
+        cell = read_record(CellKey, cell_fields)
+        bisection, attempt = transition["bisection"], transition["attempt"]
+        return {
+            **transition,
+            "cell": cell,
+            "held_fixed": parse_pins(transition["held_fixed"]),
             # An answer is the transition's own cell's (reports.analysis.history.answer_for).
-            bisection=bisection_from_json(bisection, cell) if bisection else None,
-            attempt=TriageAttempt(**{**attempt, "cell": cell, "held_fixed": parse_pins(attempt["held_fixed"])})
-            if attempt
-            else None,
-        )
+            "bisection": answer_shape(bisection, cell) if bisection else None,
+            "attempt": answer_shape(attempt, cell) if attempt else None,
+        }
 
 
-def _commit(entry: JSONObject) -> Commit:
-    return Commit(**{**entry, "files": tuple(entry["files"])})
+def answer_shape(entry: JSONObject, cell: CellKey) -> JSONObject:
+    """A bisection or triage attempt in its fields' shape, from report.json's (reports.outputs.model.answer_json:
+    the cell by its id, the pins as text)."""
+    return {**entry, "cell": cell, "held_fixed": parse_pins(entry["held_fixed"])}
 
 
 def bisection_from_json(entry: JSONObject, cell: CellKey) -> Bisection:
-    """A bisection from report.json's form of it (reports.outputs.model.answer_json: the cell by its id)."""
-    return Bisection(
-        **{
-            **entry,
-            "cell": cell,
-            "held_fixed": parse_pins(entry["held_fixed"]),
-            "files": tuple(entry["files"]),
-            "untestable": tuple(entry["untestable"]),
-            "suspects": tuple(_commit(c) for c in entry["suspects"]),
-        }
-    )
+    """A bisection from report.json's form of it, whose cell by its id the caller looked up."""
+    return read_record(Bisection, answer_shape(entry, cell))
 
 
 def plain_link(text: str, url: str) -> str:

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from matrix.json_records import read_record
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.comparison import compare
@@ -113,16 +114,7 @@ class RootCause:
     @classmethod
     def from_json(cls, entry: JSONObject, latest: Versions) -> RootCause:
         held_fixed = tuple(parse_pins(text) for text in entry["held_fixed"])
-        return cls(
-            **{
-                **entry,
-                "cells": tuple(entry["cells"]),
-                "held_fixed": held_fixed,
-                "members": tuple(entry["members"]),
-                "answers": tuple(CauseAnswer(a["answer"], tuple(a["cells"])) for a in entry["answers"]),
-            },
-            elsewhere=seen_elsewhere(held_fixed, latest),
-        )
+        return read_record(cls, {**entry, "held_fixed": held_fixed, "elsewhere": seen_elsewhere(held_fixed, latest)})
 
 
 def seen_elsewhere(held_fixed: tuple[Pins, ...], latest: Versions) -> tuple[Pins, ...]:

@@ -18,7 +18,7 @@ from markupsafe import Markup
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
 from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
-from reports.store import Aggregates, CellKey, JSONObject, Run, started_order
+from reports.store import Aggregates, CellKey, Run, started_order
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
 MAX_CAUSE = 160
@@ -54,10 +54,6 @@ class CheckpointVerdict:
     failure_class: str  # "" unless it fails
     cause: str  # a failing cell's signature, else ""
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> CheckpointVerdict:
-        return cls(**entry)
-
 
 @dataclass(frozen=True)
 class CheckpointEntry:
@@ -67,10 +63,6 @@ class CheckpointEntry:
     architecture: str  # the registry entry of its cells
     verdicts: tuple[CheckpointVerdict, ...]
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> CheckpointEntry:
-        return cls(entry["checkpoint"], entry["architecture"], _verdicts(entry["verdicts"]))
-
 
 @dataclass(frozen=True)
 class ArchitectureEntry:
@@ -78,10 +70,6 @@ class ArchitectureEntry:
 
     architecture: str
     verdicts: tuple[CheckpointVerdict, ...]
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> ArchitectureEntry:
-        return cls(entry["architecture"], _verdicts(entry["verdicts"]))
 
 
 @dataclass(frozen=True)
@@ -92,24 +80,12 @@ class CheckpointVerdicts:
     class_defaults: tuple[ArchitectureEntry, ...]  # per architecture, faithful cells sized by config-class defaults
     stress: tuple[ArchitectureEntry, ...]  # per architecture, its stress cells
 
-    @classmethod
-    def from_json(cls, section: JSONObject) -> CheckpointVerdicts:
-        return cls(
-            faithful=tuple(CheckpointEntry.from_json(entry) for entry in section["faithful"]),
-            class_defaults=tuple(ArchitectureEntry.from_json(entry) for entry in section["class_defaults"]),
-            stress=tuple(ArchitectureEntry.from_json(entry) for entry in section["stress"]),
-        )
-
     def real(self) -> CheckpointVerdicts:
         """The section without its stress cells: what it says of real checkpoints and class-default sizes."""
         return replace(self, stress=())
 
     def stress_only(self) -> CheckpointVerdicts:
         return CheckpointVerdicts(faithful=(), class_defaults=(), stress=self.stress)
-
-
-def _verdicts(entries: list[JSONObject]) -> tuple[CheckpointVerdict, ...]:
-    return tuple(CheckpointVerdict.from_json(entry) for entry in entries)
 
 
 def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> CheckpointVerdicts:

@@ -25,10 +25,10 @@ from matrix.registry import KnownFailure, RegistryError, load_models, load_popul
 from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
-from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, known_from_json, versions_of
+from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
 from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.statuses import CellStatus
-from reports.store import AXES, Aggregates, CellKey, JSONObject, ResultGroup, Versions, started_order
+from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from suites.mechanism import whose
 
 STATUS_ORDER = ("new", "known", "unsupported")
@@ -190,30 +190,6 @@ class FailingNow:
     backfill: str = ""
     """On a first night (one version set, every cause since the first run): the command that gives the history
     since when each cause fails and which change broke it, for the cells this run had; "" otherwise."""
-
-    @classmethod
-    def from_json(cls, section: JSONObject) -> FailingNow:
-        return cls(
-            backfill=section["backfill"],
-            cells=section["cells"],
-            causes=tuple(
-                FailingCause(
-                    **{
-                        **c,
-                        "cells": tuple(c["cells"]),
-                        "since": FirstSeen(**c["since"]),
-                        "root_causes": tuple(c["root_causes"]),
-                        "known": known_from_json(c["known"]) if c["known"] else None,
-                        "repro": Repro(**{**c["repro"], "checkpoints": tuple(c["repro"]["checkpoints"])}),
-                        "members": tuple(
-                            CellFiles(**{**m, "checkpoints": tuple(m["checkpoints"])}) for m in c["members"]
-                        ),
-                    }
-                )
-                for c in section["causes"]
-            ),
-            fixed_known=tuple(FixedKnown(**{**f, "cells": tuple(f["cells"])}) for f in section["fixed_known"]),
-        )
 
 
 def build_failing_now(

@@ -12,7 +12,7 @@ from reports.analysis.causes import cells_text
 from reports.analysis.history import History
 from reports.analysis.signatures import cause
 from reports.analysis.statuses import CellStatus
-from reports.store import AXES, Aggregates, CellKey, JSONObject, Versions, release
+from reports.store import AXES, Aggregates, CellKey, Versions, release
 
 _UPSTREAM = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull)/(\d+)")
 _PAGE = re.compile(r"https://github\.com/([^/]+/[^/]+)/blob/[0-9a-f]+/(?:[^#]+/)?([^/#]+)\.md(?:#.*)?")
@@ -64,10 +64,6 @@ class FixedKnown:
     fixed_at: str  # "deepspeed 0.19.6": where the fix transitions land (the bisected release when triaged)
     last_failing: str  # "" where no transition places it
     bisected: bool
-
-
-def known_from_json(known: JSONObject) -> KnownMatch:
-    return KnownMatch(**{**known, "cells": tuple(known["cells"])})
 
 
 def versions_of(versions: Versions) -> dict[str, str]:

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from reports.analysis.answers import code
 from reports.analysis.checkpoints import shape_of
-from reports.store import JSONObject, ResultGroup, release, started_order
+from reports.store import ResultGroup, release, started_order
 
 COVERAGE_SESSION = "coverage"
 """The session of `nox -s coverage` (its runs' `session`)."""
@@ -50,17 +50,6 @@ class NewArchitectures:
     release: str
     previous: str
     architectures: tuple[NewArchitecture, ...]
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> NewArchitectures:
-        return cls(
-            entry["release"],
-            entry["previous"],
-            tuple(
-                NewArchitecture(item["name"], tuple(FirstVerdict(**verdict) for verdict in item["verdicts"]))
-                for item in entry["architectures"]
-            ),
-        )
 
 
 def architecture(model: str) -> str:

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from matrix.json_records import read_record
 from matrix.registry import KnownFailure
 from reports.analysis import (
     NO_RESULT_FILES,
@@ -219,32 +220,18 @@ def read_report(out_dir: Path) -> Report:
     first_screen = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
     details = first_screen.pop("details")
     whole = {**first_screen, **json.loads((out_dir / details["file"]).read_text(encoding="utf-8"))}
-    latest = Versions(**whole["latest_versions"])
-    timeline = Timeline.from_json(whole["timeline"])
+    latest = read_record(Versions, whole["latest_versions"])
+    timeline = read_record(Timeline, whole["timeline"])
     cells = {entry.cell.id: entry.cell for entry in timeline.cells}  # the JSON names a bisection's cell by its id
-    drift = whole["docs_drift"]
-    return Report(
-        **{
+    return read_record(
+        Report,
+        {
             **whole,
             "latest_versions": latest,
-            "since_previous_run": SincePreviousRun.from_json(whole["since_previous_run"]),
-            "new_architectures": NewArchitectures.from_json(whole["new_architectures"]),
-            "failing_now": FailingNow.from_json(whole["failing_now"]),
-            "root_causes": tuple(RootCause.from_json(entry, latest) for entry in whole["root_causes"]),
-            **{
-                name: tuple(TransitionEntry.from_json(entry) for entry in whole[name])
-                for name in TRANSITION_LISTS.values()
-            },
-            "flaky": tuple(FlakyEntry.from_json(entry) for entry in whole["flaky"]),
-            "harness_changes": tuple(HarnessChangeEntry.from_json(entry) for entry in whole["harness_changes"]),
-            "matrix": SupportMatrix.from_json(whole["matrix"]),
-            "matrices": tuple(CombinationMatrix.from_json(matrix) for matrix in whole["matrices"]),
             "timeline": timeline,
-            "bisections": tuple(bisection_from_json(entry, cells[entry["cell"]]) for entry in whole["bisections"]),
-            "docs_drift": Drift(**drift) if drift else None,
-            "checkpoints": CheckpointVerdicts.from_json(whole["checkpoints"]),
-            "supported_models": SupportedModels.from_json(whole["supported_models"]),
-        }
+            "root_causes": [RootCause.from_json(entry, latest) for entry in whole["root_causes"]],
+            "bisections": [bisection_from_json(entry, cells[entry["cell"]]) for entry in whole["bisections"]],
+        },
     )
 
 

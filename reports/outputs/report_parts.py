@@ -1,12 +1,14 @@
 """The report's parts as typed records (reports.outputs.model.Report holds them): the support matrix at a version
 combination, the timeline of every cell at every version set, flaky points and verdicts the harness changed. Each `json()` is its part of report.json
-(key for key what the report has always written), each `from_json` the part again from it (read_report)."""
+(key for key what the report has always written); matrix.json_records.read_record reads each part again from it
+(read_report), by the `own_shape` of a record whose JSON is flattened."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from reports.analysis import EntryStatus
+from matrix.json_records import split_keys
+from reports.analysis import CELL_FIELDS, EntryStatus
 from reports.store import AXES, CellKey, Commit, JSONObject, Versions
 
 FlatRecord = CellKey | Commit | EntryStatus
@@ -29,9 +31,10 @@ class MatrixEntry:
     def json(self) -> JSONObject:
         return {"cell": self.cell, **flat_json(self.verdict)}
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> MatrixEntry:
-        return cls(entry["cell"], EntryStatus(**{key: value for key, value in entry.items() if key != "cell"}))
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        cell, verdict = split_keys(entry, ("cell",))
+        return {**cell, "verdict": verdict}
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,6 @@ class MatrixRow:
     def json(self) -> JSONObject:
         return {"model": self.model, "cells": {column: entry.json() for column, entry in self.cells.items()}}
 
-    @classmethod
-    def from_json(cls, row: JSONObject) -> MatrixRow:
-        return cls(row["model"], {column: MatrixEntry.from_json(entry) for column, entry in row["cells"].items()})
-
 
 @dataclass(frozen=True)
 class SupportMatrix:
@@ -59,12 +58,6 @@ class SupportMatrix:
 
     def json(self) -> JSONObject:
         return {"columns": list(self.columns), "rows": [row.json() for row in self.rows], "counts": self.counts}
-
-    @classmethod
-    def from_json(cls, matrix: JSONObject) -> SupportMatrix:
-        return cls(
-            tuple(matrix["columns"]), tuple(MatrixRow.from_json(row) for row in matrix["rows"]), matrix["counts"]
-        )
 
 
 @dataclass(frozen=True)
@@ -85,11 +78,10 @@ class CombinationMatrix:
             **self.matrix.json(),
         }
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> CombinationMatrix:
-        return cls(
-            Versions(**entry["versions"]), entry["label"], tuple(entry["harness"]), SupportMatrix.from_json(entry)
-        )
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        combination, matrix = split_keys(entry, ("versions", "label", "harness"))
+        return {**combination, "matrix": matrix}
 
 
 def versions_json(versions: Versions) -> dict[str, str]:
@@ -132,18 +124,10 @@ class TimelineCell:
             "changed": self.changed,
         }
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> TimelineCell:
-        return cls(
-            cell=CellKey(**{field.name: entry[field.name] for field in fields(CellKey)}),
-            statuses=tuple(entry["statuses"]),
-            failure_classes=tuple(entry["failure_classes"]),
-            signatures=tuple(entry["signatures"]),
-            key_metric=tuple(entry["key_metric"]),
-            newest_runs=tuple(entry["newest_runs"]),
-            run_counts=tuple(entry["run_counts"]),
-            changed=entry["changed"],
-        )
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        cell, timeline = split_keys(entry, CELL_FIELDS)
+        return {**timeline, "cell": cell}  # in place of the cell's id
 
 
 @dataclass(frozen=True)
@@ -172,19 +156,6 @@ class Timeline:
             "cells": [cell.json() for cell in self.cells],
         }
 
-    @classmethod
-    def from_json(cls, timeline: JSONObject) -> Timeline:
-        return cls(
-            version_sets=tuple(timeline["version_sets"]),
-            labels=tuple(timeline["labels"]),
-            harness=tuple(tuple(commits) for commits in timeline["harness"]),
-            varying_axes=tuple(timeline["varying_axes"]),
-            primary_axis=timeline["primary_axis"],
-            fixed_axes=timeline["fixed_axes"],
-            columns=tuple(TimelineColumn(**column) for column in timeline["columns"]),
-            cells=tuple(TimelineCell.from_json(cell) for cell in timeline["cells"]),
-        )
-
 
 @dataclass(frozen=True)
 class FlakyEntry:
@@ -203,10 +174,10 @@ class FlakyEntry:
             **flat_json(self.status),
         }
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> FlakyEntry:
-        status = EntryStatus(**{field.name: entry[field.name] for field in fields(EntryStatus)})
-        return cls(entry["cell"], Versions(**entry["versions"]), status)
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        status, point = split_keys(entry, tuple(field.name for field in fields(EntryStatus)))
+        return {"cell": point["cell"], "versions": point["versions"], "status": status}  # versions_label: no field
 
 
 @dataclass(frozen=True)
@@ -219,13 +190,3 @@ class HarnessChangeEntry:
     change: str  # "pass ×2 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb"
     before_status: EntryStatus  # under the older harness commits
     after_status: EntryStatus
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> HarnessChangeEntry:
-        return cls(
-            **{
-                **entry,
-                "before_status": EntryStatus(**entry["before_status"]),
-                "after_status": EntryStatus(**entry["after_status"]),
-            }
-        )

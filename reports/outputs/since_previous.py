@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reports.analysis import DELTA_KINDS, SessionDeltas, cause_id, cells_text, delta_causes
-from reports.store import JSONObject
 
 
 @dataclass(frozen=True)
@@ -45,23 +44,6 @@ class SincePreviousRun:
     counts: dict[str, dict[str, int]]  # {kind: {"cells": n, "causes": n}}; flaky cells are counted, not grouped
     causes: tuple[SinceCause, ...]
     flaky: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> SincePreviousRun:
-        return cls(
-            sessions=tuple(SinceSession(**{**s, "changed": tuple(s["changed"])}) for s in entry["sessions"]),
-            counts=entry["counts"],
-            causes=tuple(
-                SinceCause(
-                    **{
-                        **c,
-                        **{key: tuple(c[key]) for key in ("cells", "sessions", "no_previous_verdict", "root_causes")},
-                    }
-                )
-                for c in entry["causes"]
-            ),
-            flaky=tuple(entry["flaky"]),
-        )
 
 
 def since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from matrix.json_records import split_keys
 from matrix.registry import MODELS_FILE, NO_VERDICT_CLASSES, RegistryError, load_models
 from reports import ReportsError
 from reports.analysis import CellStatus, FailingNow, History, reason, shape_of
@@ -81,18 +82,6 @@ class Part:
     known: Tracked | None
     """The known failure tracking it upstream."""
 
-    @classmethod
-    def from_json(cls, part: JSONObject) -> Part:
-        return cls(
-            members=tuple(part["members"]),
-            variants=part["variants"],
-            tps=tuple(part["tps"]),
-            state=part["state"],
-            reason=part["reason"],
-            causes=tuple(part["causes"]),
-            known=Tracked(**part["known"]) if part["known"] else None,
-        )
-
 
 @dataclass(frozen=True)
 class Tracked:
@@ -110,11 +99,6 @@ class FamilySupport:
     level: str  # one of LEVELS
     models: tuple[str, ...]  # the model coordinates of its cells
     parts: tuple[Part, ...]  # what works where, what fails where and why
-
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> FamilySupport:
-        parts = tuple(Part.from_json(part) for part in entry["parts"])
-        return cls(entry["family"], entry["level"], tuple(entry["models"]), parts)
 
 
 @dataclass(frozen=True)
@@ -138,16 +122,10 @@ class TestedAt:
             "date": self.date,
         }
 
-    @classmethod
-    def from_json(cls, entry: JSONObject) -> TestedAt:
-        return cls(
-            versions={axis: entry[axis] for axis in AXES},
-            accelerators=tuple(entry["accelerators"]),
-            dtypes=tuple(entry["dtypes"]),
-            variants=tuple(entry["variants"]),
-            tps=tuple(entry["tps"]),
-            date=entry["date"],
-        )
+    @staticmethod
+    def own_shape(entry: JSONObject) -> JSONObject:
+        versions, tested_at = split_keys(entry, AXES)
+        return {**tested_at, "versions": versions}
 
 
 @dataclass(frozen=True)
@@ -168,14 +146,10 @@ class SupportedModels:
             "families": [asdict(family) for family in self.families],
         }
 
-    @classmethod
-    def from_json(cls, section: JSONObject) -> SupportedModels:
-        return cls(
-            tested_at=TestedAt.from_json(section["tested_at"]),
-            levels={level: tuple(section[level]) for level in LEVELS},
-            not_tested=tuple(section["not_tested"]),
-            families=tuple(FamilySupport.from_json(entry) for entry in section["families"]),
-        )
+    @staticmethod
+    def own_shape(section: JSONObject) -> JSONObject:
+        levels, supported = split_keys(section, LEVELS)
+        return {**supported, "levels": levels}
 
 
 def _member(cell: CellKey, checkpoints: dict[CellKey, tuple[str, ...]]) -> str:

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from matrix.json_records import read_record
 from matrix.redaction import redact
 from reports.store.records import Bisection, CellKey, Commit, TriageAttempt, parse_pins, pins_text
 
@@ -76,7 +77,7 @@ def bisection_from_row(row: tuple[Any, ...]) -> Bisection:
         files=tuple(json.loads(values["files"])),
         untestable=tuple(json.loads(values["untestable"])),
         recorded_at=values["recorded_at"],
-        suspects=tuple(_commit(fields) for fields in json.loads(values["suspects"])),
+        suspects=tuple(read_record(Commit, fields) for fields in json.loads(values["suspects"])),
         confirmed_from=values["confirmed_from"],
         kind=values["kind"],
         searched_older=values["searched_older"],
@@ -110,7 +111,3 @@ def triage_from_row(row: tuple[Any, ...]) -> TriageAttempt:
         reason=values["reason"],
         recorded_at=values["recorded_at"],
     )
-
-
-def _commit(fields: dict[str, Any]) -> Commit:
-    return Commit(**{**fields, "files": tuple(fields.get("files", ()))})

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from matrix.json_records import read_record
 from reports import ReportsError
 from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
 from reports.store.junit import MalformedJUnit, shown
@@ -367,9 +368,9 @@ def _from_json(content: JSONObject) -> RunRecords:
             metrics={name: _number(value) for name, value in item["metrics"].items()},
             checkpoints=tuple(item["checkpoints"]),
             # entries written before causes were kept have none
-            cause=Cause.from_dict(item["cause"]) if item.get("cause") else None,
-            broke_at=BreakPoint.from_dict(item["broke_at"]) if item.get("broke_at") else None,
-            autotp=AutoTPRecord.from_dict(item["autotp"]) if item.get("autotp") else None,
+            cause=read_record(Cause, item["cause"]) if item.get("cause") else None,
+            broke_at=read_record(BreakPoint, item["broke_at"]) if item.get("broke_at") else None,
+            autotp=read_record(AutoTPRecord, item["autotp"]) if item.get("autotp") else None,
         )
         for item in content["results"]
     )

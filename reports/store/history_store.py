@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
+from matrix.json_records import read_record
 from reports import ReportsError
 from reports.store.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs
 from reports.store.answer_rows import (
@@ -414,7 +415,7 @@ class HistoryStore:
                     first_listed=runs[first_listed].run_id,
                     earliest=point,
                     newest=runs[newest],
-                    cause=Cause.from_dict(json.loads(signatures[cause])) if cause is not None else None,
+                    cause=read_record(Cause, json.loads(signatures[cause])) if cause is not None else None,
                 )
             )
         metrics = {}

@@ -12,6 +12,7 @@ from typing import cast
 from junitparser import Error, Failure, JUnitXmlError, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase
 
+from matrix.json_records import read_record
 from reports import ReportsError
 from reports.store.records import (
     AXES,
@@ -209,11 +210,11 @@ def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
                 raise ValueError(f"cause.whose={cause.whose!r} is not one of {', '.join(WHOSE)}")
             found["cause"] = cause
         if props.get("broke_at.path") is not None and props.get("broke_at.how"):
-            found["broke_at"] = BreakPoint.from_dict(
-                {name: props.get(f"broke_at.{name}", "") for name in BreakPoint.__dataclass_fields__}
+            found["broke_at"] = read_record(
+                BreakPoint, {name: props.get(f"broke_at.{name}", "") for name in BreakPoint.__dataclass_fields__}
             )
         if props.get("autotp"):
-            found["autotp"] = AutoTPRecord.from_dict(json.loads(props["autotp"]))
+            found["autotp"] = read_record(AutoTPRecord, json.loads(props["autotp"]))
     except (ValueError, KeyError, TypeError) as error:
         raise MalformedJUnit(
             path, f"{where}: its cause, break point or AutoTP record is unreadable ({error})"

@@ -6,6 +6,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+from matrix.json_records import read_record
 from reports.store.ids import Cells, Texts
 from reports.store.records import CellKey, CellResult, Mechanism, Run, Versions
 from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS, Row
@@ -95,9 +96,9 @@ def mechanism_ids(texts: Texts, result: CellResult) -> tuple[int, int | None, in
 def mechanism_fields(cause: str, broke_at: str, autotp: str) -> Mechanism:
     """CellResult's cause, broke_at and autotp from their stored JSON ("" where none was stored)."""
     return Mechanism(
-        cause=Cause.from_dict(json.loads(cause)),
-        broke_at=BreakPoint.from_dict(json.loads(broke_at)) if broke_at else None,
-        autotp=AutoTPRecord.from_dict(json.loads(autotp)) if autotp else None,
+        cause=read_record(Cause, json.loads(cause)),
+        broke_at=read_record(BreakPoint, json.loads(broke_at)) if broke_at else None,
+        autotp=read_record(AutoTPRecord, json.loads(autotp)) if autotp else None,
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
+from matrix.json_records import read_record
 from matrix.registry import RegistryError
 from matrix.shapes import read_shape
 from suites.checks.breakpoints import module_outputs
@@ -92,15 +93,7 @@ class Observations:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Observations:
-        footprint = data["footprint"]
-        return cls(
-            **{
-                **data,
-                "footprint": Footprint(**{**footprint, "counts": SplitCounts(**footprint["counts"])})
-                if footprint
-                else None,
-            }
-        )
+        return read_record(cls, data)
 
 
 def _sliding_window_nll(

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from matrix.config_values import UNREADABLE_CONFIG
+from matrix.json_records import read_record
 from suites.mechanism import WHOSE, AutoTPRecord
 
 if TYPE_CHECKING:
@@ -88,5 +89,5 @@ def repro_details(record: CellRecord) -> list[str]:
     if cause := record.get("cause"):
         lines.append(f"cause ({WHOSE[cause['whose']]} bug): {cause['words']}")
     if autotp := record.get("autotp"):
-        lines += ["what AutoTP did:", *(f"  {line}" for line in AutoTPRecord.from_dict(autotp).text().splitlines())]
+        lines += ["what AutoTP did:", *(f"  {line}" for line in read_record(AutoTPRecord, autotp).text().splitlines())]
     return lines

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import tomllib
 
+from matrix.json_records import read_record
 from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of
 from suites.records.run_records import read_records
 
@@ -64,8 +65,8 @@ def test_the_harness_causes_are_the_mechanisms():
             Failure(
                 failure["failure_class"],
                 failure["signature"],
-                AutoTPRecord.from_dict(autotp) if autotp else None,
-                BreakPoint.from_dict(broke_at) if broke_at else None,
+                read_record(AutoTPRecord, autotp) if autotp else None,
+                read_record(BreakPoint, broke_at) if broke_at else None,
             )
         )
         assert cause.whose == "autotp", (cell, cause)
