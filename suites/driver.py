@@ -15,11 +15,11 @@ from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
 from matrix.registry import DType
+from suites.ahead import CheckpointsAhead, WritingAhead
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
 from suites.contracts import Job
-from suites.engine.fork_server import ForkServer
 from suites.engine.rank_group import RankGroupPool
 from suites.mechanism import Failure, cause_of
 from suites.memory_plan import (
@@ -37,6 +37,7 @@ from suites.memory_plan import (
 from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
 from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.reference import (
+    ReferenceForker,
     cached_reference,
     cached_task_reference,
     reference_process_pids,
@@ -126,7 +127,7 @@ def plan_for(cell: Cell, size: CheckpointSize, runner: Runner) -> MemoryPlan:
 
 
 def prepare_job(
-    cell: Cell, options: RunOptions, runner: Runner | None = None, fork_server: ForkServer | None = None
+    cell: Cell, options: RunOptions, runner: Runner | None = None, fork_server: ReferenceForker | None = None
 ) -> tuple[Job, Provenance] | CellOutcome:
     """The job for the rank group with the driver's provenance for the cell's record (see `_provenance`), or the
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
@@ -156,7 +157,7 @@ def prepare_job(
 
 
 def _job(
-    prepared: PreparedCell, options: RunOptions, fork_server: ForkServer | None
+    prepared: PreparedCell, options: RunOptions, fork_server: ReferenceForker | None
 ) -> tuple[Job, Provenance] | CellOutcome:
     """The job of a prepared cell that runs: its weights, its variant's fields and its references, computed by its
     plan."""
@@ -248,11 +249,15 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
     return anonymous_bytes(pids), anonymous_bytes(reference_process_pids())
 
 
-def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions) -> CellOutcome:
-    """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure)."""
-    prepared = prepare_job(
-        cell, options, Runner.detect(*held_by_run(pool)), pool.fork_server if pool is not None else None
-    )
+def run_cell(
+    cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: CheckpointsAhead | None = None
+) -> CellOutcome:
+    """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure);
+    `ahead`: the run's next tiny checkpoints, written while this cell's references compute in the fork server."""
+    forker: ReferenceForker | None = pool.fork_server if pool is not None else None
+    if forker is not None and ahead is not None:
+        forker = WritingAhead(forker, ahead)
+    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)), forker)
     if isinstance(prepared, CellOutcome):
         prepared = with_cause(prepared)
         if prepared.outcome == "fail" and pool is not None:  # its setup failed: the driver's account is its log
@@ -262,6 +267,15 @@ def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions) -> Cel
         raise ValueError(f"cell {cell.id} runs, and no rank group was given to run it")
     job, provenance = prepared  # the provenance is the driver's, not the ranks'
     return with_cause(_stamped(pool.run(cell.tp, job, options.cell_timeout), provenance))
+
+
+def checkpoints_ahead(cells: list[Cell], options: RunOptions) -> CheckpointsAhead | None:
+    """The tiny checkpoints the run's cells that run will load, for `run_cell`'s `ahead` (None for hub checkpoints)."""
+    if options.checkpoints != "tiny":
+        return None
+    return CheckpointsAhead(
+        cell.model for cell in cells if cell.model.expansion_error is None and skip_reason(cell, options) is None
+    )
 
 
 def with_cause(outcome: CellOutcome) -> CellOutcome:

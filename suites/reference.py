@@ -239,6 +239,9 @@ class ObservationsRequest:
     """The corpus the key's probe fingerprint was taken from (the computing process reads the same one)."""
     planned_peak_bytes: int
     """The plan's host peak for this reference, recorded in the sidecar beside the measured one."""
+    threads: int | None = None
+    """The torch threads it computes with; None: the computing process's own (suites/ahead.py leaves a core to the
+    driver, which writes the next checkpoints meanwhile)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,8 @@ class TaskRequest:
     dtype: DType
     task: AccuracyTask
     trust_remote_code: bool
+    threads: int | None = None
+    """As `ObservationsRequest.threads`."""
 
 
 ReferenceRequest = ObservationsRequest | TaskRequest
@@ -492,7 +497,25 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch computes with `threads` threads (None: as it is) while the block runs: the reference process serves
+    later requests with its own."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _serve_one(request: ReferenceRequest) -> Answer:
+    with _torch_threads(request.threads):
+        return _computed(request)
+
+
+def _computed(request: ReferenceRequest) -> Answer:
     if isinstance(request, TaskRequest):
         model = load_model(request.checkpoint, request.dtype, request.trust_remote_code)
         correct = answer_correctness(
@@ -523,6 +546,7 @@ def _serve_one(request: ReferenceRequest) -> Answer:
         "peak_rss_bytes": _status_bytes("VmHWM"),
         "rss_before_bytes": rss_before,
         "seconds": time.perf_counter() - started,
+        "threads": torch.get_num_threads(),
     }
     write_text_atomically(_sidecar(path), json.dumps(measured))
     return {"path": str(path), **measured}

@@ -50,6 +50,10 @@ REFERENCE_KIND = "reference"
 REFERENCE_ANSWER = "answer.json"
 REFERENCE_FORK_TIMEOUT_S = 900
 """How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
+REFERENCE_EXIT_S = 60
+"""How long a reference's process may take to end after it answered (it frees the model's memory), before it is
+killed. The driver waits for that end: the memory plan counts the reference's memory as free before the ranks load,
+and an exit beside a rank group's busy-waiting all-reduce slowed its cell ~0.15 s (10-20 ms of exit; docs/findings.md)."""
 REFERENCE_PROCESS_NAME = "autotp-reference"
 """The process name of a reference's leader and child (Linux keeps 15 characters: `autotp-referenc`)."""
 DISTRIBUTED_VARIABLES = (
@@ -82,6 +86,15 @@ class ForkedGroup:
 
     def poll(self) -> int | None:
         return None if pid_alive(self.leader_pid) else 0
+
+    def wait_ended(self, timeout: float) -> None:
+        """Until the leader has ended (a reference's leader ends after its child), killed after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while pid_alive(self.leader_pid):
+            if time.monotonic() > deadline:
+                self.kill()
+                return
+            time.sleep(0.002)
 
     def kill(self) -> None:
         try:
@@ -143,6 +156,7 @@ class ForkServer:
             try:
                 while not answer_file.exists() and pid_alive(leader.leader_pid):
                     time.sleep(0.01)
+                leader.wait_ended(REFERENCE_EXIT_S)
             except BaseException:  # Ctrl-C, a test's timeout: the child must not outlive its driver
                 leader.kill()
                 raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from matrix.cells import expand
 from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from suites.checks.inputs import ProbeSpec
-from suites.engine.fork_server import DISTRIBUTED_VARIABLES, ForkServer
+from suites.engine.fork_server import DISTRIBUTED_VARIABLES, REFERENCE_PROCESS_NAME, ForkServer
 from suites.engine.rank_group import launch_environment
 from suites.memory_plan import ReferencePlan, Runner, checkpoint_size, plan_reference
 from suites.reference import ReferenceFailed, cached_reference, compute_reference
@@ -79,6 +80,30 @@ def _untimed_bytes(path) -> bytes:
     saved = io.BytesIO()
     torch.save(observations, saved)
     return saved.getvalue()
+
+
+def test_a_forked_reference_s_process_has_ended_when_its_answer_returns(fork_server_with):
+    """The driver goes on to the cell's ranks only once the reference's process is gone: the memory plan counts its
+    memory free by then, and its exit beside the ranks' busy-waiting all-reduce slowed their cell."""
+    server = fork_server_with("")
+    checkpoint = resolve_checkpoint(expand("llama", tp="2")[0].model, "tiny")
+    for dtype in ("fp32", "bf16"):
+        cached_reference(checkpoint, dtype, ProbeSpec(), plan=_plan(checkpoint, dtype), fork_server=server)
+        assert _live_processes_named(REFERENCE_PROCESS_NAME) == [], dtype
+
+
+def _live_processes_named(name: str) -> list[int]:
+    """Processes whose name (Linux keeps 15 characters) is `name`, zombies left out (ended, not yet reaped)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended while listed
+            continue
+        comm, state = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2]
+        if comm == name[:15] and state != "Z":
+            live.append(int(stat.parent.name))
+    return live
 
 
 def test_a_forked_reference_that_is_killed_is_the_reference_process_s_death(fork_server_with):
