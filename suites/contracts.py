@@ -9,7 +9,6 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypedDict
 
-from matrix.json_records import read_record
 from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
@@ -88,10 +87,6 @@ class Job:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Job:
-        return read_record(cls, json.loads(text))
 
 
 class UnshardedSteps(TypedDict):

@@ -16,7 +16,6 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from matrix.json_records import read_record
 from suites.checks.names import judged_signature
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
@@ -129,11 +128,6 @@ class AutoTPRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AutoTPRecord:
-        """For suites/engine/, which reads a rank's record with it; elsewhere `read_record` reads one directly."""
-        return read_record(cls, data)
 
     def in_block(self, block: str) -> list[Replaced]:
         return [r for r in self.replaced if parent(r.path) == block]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from matrix import PROJECT_ROOT, is_harness_file
-from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
@@ -99,10 +98,6 @@ class RankError:
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "broke_at": self.broke_at.to_dict() if self.broke_at else None})
 
-    @classmethod
-    def from_json(cls, text: str) -> RankError:
-        return read_record(cls, json.loads(text))
-
 
 def first_error(errors: list[RankError]) -> RankError:
     """The error that decides a cell's verdict when ranks raise: the earliest stage, then the lowest rank."""
@@ -147,10 +142,6 @@ class CellOutcome:
     def to_dict(self) -> dict[str, Any]:
         typed = {"autotp": self.autotp, "broke_at": self.broke_at, "cause": self.cause}
         return {**self.__dict__, **{name: value.to_dict() if value else None for name, value in typed.items()}}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CellOutcome:
-        return read_record(cls, data)
 
 
 def mask_numbers(text: str) -> str:

@@ -49,6 +49,7 @@ import torch
 from matrix import PROJECT_ROOT, cache_root
 from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
+from matrix.json_records import read_record
 from matrix.registry import DType
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
@@ -271,8 +272,8 @@ def request_to_json(request: ReferenceRequest) -> dict[str, Any]:
 def request_from_json(data: dict[str, Any]) -> ReferenceRequest:
     fields = {key: value for key, value in data.items() if key != "kind"}
     if data["kind"] == "task":
-        return TaskRequest(**{**fields, "task": AccuracyTask(**fields["task"])})
-    return ObservationsRequest(**{**fields, "spec": ProbeSpec(**fields["spec"])})
+        return read_record(TaskRequest, fields)
+    return read_record(ObservationsRequest, fields)
 
 
 def cached_reference(
@@ -354,7 +355,7 @@ def cached_task_reference(
 
 
 def load_reference(path: str | Path) -> Observations:
-    return Observations.from_dict(torch.load(path, weights_only=False))
+    return read_record(Observations, torch.load(path, weights_only=False))
 
 
 Answer = dict[str, Any]

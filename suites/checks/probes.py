@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from matrix.json_records import read_record
 from matrix.registry import RegistryError
 from matrix.shapes import read_shape
 from suites.checks.breakpoints import module_outputs
@@ -90,10 +89,6 @@ class Observations:
     def to_dict(self) -> dict[str, Any]:
         """Tensors, numbers, strings and plain containers only: `torch.load(weights_only=True)` reads it back."""
         return {**self.__dict__, "footprint": asdict(self.footprint) if self.footprint else None}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Observations:
-        return read_record(cls, data)
 
 
 def _sliding_window_nll(

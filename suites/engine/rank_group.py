@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT, cache_root
+from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
@@ -283,7 +284,7 @@ class RankGroup:
         there)."""
         path = self.workdir / f"autotp-{seq}.json"
         if path.exists():
-            outcome.autotp = AutoTPRecord.from_dict(json.loads(path.read_text()))
+            outcome.autotp = read_record(AutoTPRecord, json.loads(path.read_text()))
         return outcome
 
     def run(self, job: Job, timeout: float) -> CellOutcome:
@@ -297,7 +298,7 @@ class RankGroup:
         first_error_at = None
         while True:
             if result_file.exists() and all((self.workdir / f"done-{seq}.{r}").exists() for r in range(self.tp)):
-                return self._with_record(CellOutcome.from_dict(json.loads(result_file.read_text())), seq)
+                return self._with_record(read_record(CellOutcome, json.loads(result_file.read_text())), seq)
             if not self.alive:
                 return self._with_record(self._died(), seq)
             errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
@@ -305,7 +306,7 @@ class RankGroup:
                 first_error_at = time.monotonic()
             if first_error_at is not None and time.monotonic() - first_error_at > ERROR_GRACE_SECONDS:
                 # One rank failed and the others are stuck in a collective waiting for it.
-                error = first_error([RankError.from_json(path.read_text()) for path in errors])
+                error = first_error([read_record(RankError, json.loads(path.read_text())) for path in errors])
                 self.kill()
                 outcome = failed(
                     error.failure_class,

@@ -228,6 +228,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.module_inject import tp_shard
 
+    from matrix.json_records import read_record
     from suites.atomic import write_text_atomically
     from suites.contracts import Job
     from suites.engine import doorbells
@@ -259,7 +260,7 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
         job_file = workdir / f"job-{seq}.json"
         while not job_file.exists():
             jobs.wait(JOB_WAIT_SECONDS)
-        job = Job.from_json(job_file.read_text())
+        job = read_record(Job, json.loads(job_file.read_text()))
         print(f"--- cell {job.cell_id} (seq {seq})", flush=True)
         if naps:
             naps.arm()

@@ -65,11 +65,13 @@ def test_a_job_crosses_to_the_ranks_whole():
     """The job file is the only thing a rank knows of its cell: every field (the variant, tolerance, probe spec,
     meta copy, trained models) reads back as the driver wrote it, and the driver's checkpoint and the meta copy
     are two fields (a merge of dicts once overwrote one with the other)."""
+    import json
     from dataclasses import FrozenInstanceError, replace
 
     import pytest
 
     from matrix.cells import expand
+    from matrix.json_records import read_record
     from suites.checks.inputs import ProbeSpec
     from suites.checks.task_probe import AccuracyTask
     from suites.contracts import Job, MetaLoad, TrainedModel
@@ -91,7 +93,7 @@ def test_a_job_crosses_to_the_ranks_whole():
     )
     meta = replace(job, meta=MetaLoad("/ckpt-copy", "/ckpt-copy/ds.json", {"signature": "s", "message": "m"}))
     for sent in (job, meta):
-        assert Job.from_json(sent.to_json()) == sent
+        assert read_record(Job, json.loads(sent.to_json())) == sent
     assert (meta.checkpoint, meta.loaded_checkpoint, job.loaded_checkpoint) == ("/ckpt", "/ckpt-copy", "/ckpt")
     with pytest.raises(FrozenInstanceError):
         job.checkpoint = "/elsewhere"  # type: ignore[misc]
