@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from suites.checks.names import CHECK_NAMES, judged_signature
 
 _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S)
+_EXCEPTION = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S
+)
+"""A raised failure's signature whose type names itself an exception, where a check's label comes first."""
 _LEFT_WHOLE = re.compile("^" + re.escape(judged_signature("memory", "")) + r"(?P<kind>\w+) left whole")
 
 
@@ -28,9 +32,13 @@ class Reason:
 
 
 def _raised(cause: str) -> tuple[str, str, str]:
-    """(exception type, message, `file:function`) of a raised failure's cause; ("", cause, "") for a judged one."""
+    """(exception type, message, `file:function`) of a raised failure's cause; ("", cause, "") for a judged one. A
+    training stage's check labels what raised in it (`load: RuntimeError: … @ deepspeed/…`): the words are the
+    exception's."""
     match = _RAISED.match(cause.strip())
-    if not match or match["type"] in CHECK_NAMES:
+    if match and match["type"] in CHECK_NAMES:
+        match = _EXCEPTION.match(cause.strip().split(":", 1)[1].strip())
+    if not match:
         return "", cause, ""
     return match["type"], match["message"], match["where"] or ""
 

@@ -45,6 +45,16 @@ def test_the_reports_read_every_checks_signature_as_judged():
         assert reason("forward", judged).short == "the sharded model raises an error", name
 
 
+def test_what_raised_in_a_training_stage_is_read_by_its_exception():
+    """A training stage labels what raised in it with its check's name: the words are the exception's, as unlabelled;
+    a finding of that check (no exception type first) stays judged."""
+    raised = "RuntimeError: shape mismatch in the loaded weight @ deepspeed/runtime/engine.py:load_checkpoint"
+    for stage in ("save", "gather", "load", "resume"):
+        assert reason("forward", judged_signature(stage, raised)) == reason("forward", raised), stage
+        finding = judged_signature(stage, "step 2 after load_checkpoint at tp 2: loss differs by 5 relative")
+        assert reason("forward", finding).short == "the sharded model raises an error", stage
+
+
 def test_the_names_import_without_torch():
     """The reports read them: importing them must not import torch or the checks."""
     loaded = subprocess.run(
