@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 from reports_testkit import Cell, fail, write_junit
 
+GITHUB_VARIABLES = ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY")
+
+
+@pytest.fixture
+def no_github(monkeypatch):
+    """Outside GitHub Actions, whatever runs the tests: no token, no step summary, no repository."""
+    for name in GITHUB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
 
 @pytest.fixture
 def session(tmp_path):

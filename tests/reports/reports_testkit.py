@@ -7,6 +7,8 @@ from pathlib import Path
 
 from junitparser import Failure, Skipped
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
@@ -315,3 +317,17 @@ def nightly_94(folder: Path, **versions) -> Path:
         started="2026-12-03T00:00:00Z",
         **{"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0+cpu", **versions},
     )
+
+
+def markdown_tokens(markdown: str) -> list[Token]:
+    """Every token of the markdown as GitHub parses it (CommonMark with tables), inline children after their parent,
+    depth first: what the hostile-input tests look through for anything GitHub would act on."""
+    flat: list[Token] = []
+
+    def walk(tokens: list[Token]) -> None:
+        for token in tokens:
+            flat.append(token)
+            walk(token.children or [])
+
+    walk(MarkdownIt("commonmark").enable("table").parse(markdown))
+    return flat

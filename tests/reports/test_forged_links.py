@@ -12,8 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from markdown_it import MarkdownIt
-from reports_testkit import Cell, fail, write_junit
+from reports_testkit import Cell, fail, markdown_tokens, write_junit
 
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
@@ -44,45 +43,28 @@ CAUSE = {
 BARE_FORGED_URL = re.compile(r"https?://\S*forged")
 
 
-@pytest.fixture(autouse=True)
-def no_github(monkeypatch):
-    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_github")
 
 
 def forged_markdown(markdown: str) -> list[str]:
     """What GitHub would act on that came from the results: a link to or an image of a forged target, HTML that
     says forged, a bare forged URL in text (GitHub links bare URLs)."""
     found = []
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "link_open" and "forged" in str(token.attrs.get("href")):
-                found.append(f"link {token.attrs.get('href')}")
-            elif token.type == "image":
-                found.append(f"image {token.attrs.get('src')}")
-            elif token.type in ("html_inline", "html_block") and "forged" in token.content:
-                found.append(f"html {token.content.strip()[:80]}")
-            elif token.type == "text" and BARE_FORGED_URL.search(token.content):
-                found.append(f"bare link {BARE_FORGED_URL.search(token.content).group()}")
-            walk(token.children or [])
-
-    walk(MarkdownIt("commonmark").enable("table").parse(markdown))
+    for token in markdown_tokens(markdown):
+        if token.type == "link_open" and "forged" in str(token.attrs.get("href")):
+            found.append(f"link {token.attrs.get('href')}")
+        elif token.type == "image":
+            found.append(f"image {token.attrs.get('src')}")
+        elif token.type in ("html_inline", "html_block") and "forged" in token.content:
+            found.append(f"html {token.content.strip()[:80]}")
+        elif token.type == "text" and (bare := BARE_FORGED_URL.search(token.content)):
+            found.append(f"bare link {bare.group()}")
     return found
 
 
 def links(markdown: str) -> set[str]:
     """The targets of the live links."""
-    found = set()
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "link_open":
-                found.add(str(token.attrs.get("href")))
-            walk(token.children or [])
-
-    walk(MarkdownIt("commonmark").enable("table").parse(markdown))
-    return found
+    return {str(token.attrs.get("href")) for token in markdown_tokens(markdown) if token.type == "link_open"}
 
 
 class Tags(HTMLParser):

@@ -16,19 +16,14 @@ from typing import cast
 
 import pytest
 from junitparser.xunit2 import JUnitXml, TestCase
-from markdown_it import MarkdownIt
-from reports_testkit import Cell, fail, write_junit
+from reports_testkit import Cell, fail, markdown_tokens, write_junit
 
 from reports.__main__ import main
 from reports.outputs.markdown_safety import OUR_HTML, OUR_URL
 from reports.store.history_store import HistoryStore
 from reports.store.records import Bisection, CellKey, TriageAttempt
 
-
-@pytest.fixture(autouse=True)
-def no_github(monkeypatch):
-    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_github")
 
 
 def night(path: Path, cells: list[Cell], n: int, **options) -> Path:
@@ -236,25 +231,18 @@ def active_from_input(markdown: str) -> list[str]:
     than our markers and frames, and text nodes (entities decoded) with a mention, a bare URL or an e-mail address;
     and a heading made of the input."""
     found = []
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "image":
-                found.append(f"image {token.attrs.get('src')}")
-            elif token.type == "link_open" and not OUR_URL.fullmatch(str(token.attrs.get("href"))):
-                found.append(f"link {token.attrs.get('href')}")
-            elif token.type in ("html_inline", "html_block") and not OUR_HTML.fullmatch(token.content.strip()):
-                found.append(f"html {token.content.strip()[:80]}")
-            elif token.type == "text" and (MENTION.search(token.content) or _foreign_links(token.content)):
-                found.append(f"text {token.content[:80]!r}")
-            elif token.type == "inline" and "Injected" in token.content and previous == "heading_open":
-                found.append(f"heading {token.content[:80]!r}")
-            walk(token.children or [])
-
-    previous = ""
-    for token in MarkdownIt("commonmark").enable("table").parse(markdown):
-        walk([token])
-        previous = token.type
+    tokens = markdown_tokens(markdown)
+    for previous, token in zip([None, *tokens], tokens):
+        if token.type == "image":
+            found.append(f"image {token.attrs.get('src')}")
+        elif token.type == "link_open" and not OUR_URL.fullmatch(str(token.attrs.get("href"))):
+            found.append(f"link {token.attrs.get('href')}")
+        elif token.type in ("html_inline", "html_block") and not OUR_HTML.fullmatch(token.content.strip()):
+            found.append(f"html {token.content.strip()[:80]}")
+        elif token.type == "text" and (MENTION.search(token.content) or _foreign_links(token.content)):
+            found.append(f"text {token.content[:80]!r}")
+        elif token.type == "inline" and "Injected" in token.content and previous and previous.type == "heading_open":
+            found.append(f"heading {token.content[:80]!r}")
     return found
 
 

@@ -9,8 +9,7 @@ import re
 import sqlite3
 
 import pytest
-from markdown_it import MarkdownIt
-from reports_testkit import Cell, fail, write_junit
+from reports_testkit import Cell, fail, markdown_tokens, write_junit
 
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
@@ -22,27 +21,19 @@ HOSTILE = (
 MENTION = re.compile(r"(?<![\w@/.+-])@[A-Za-z0-9]")
 
 
-@pytest.fixture(autouse=True)
-def no_github(monkeypatch):
-    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_github")
 
 
 def active_parts(markdown: str) -> list[str]:
     """What GitHub would act on: text (outside code) with a mention, images, and HTML other than our markers."""
     found = []
-
-    def walk(tokens):
-        for token in tokens:
-            if token.type == "image":
-                found.append(f"image {token.attrs.get('src')}")
-            elif token.type in ("html_inline", "html_block") and not token.content.startswith("<!-- autotp-matrix:"):
-                found.append(f"html {token.content.strip()}")
-            elif token.type == "text" and MENTION.search(token.content):
-                found.append(f"mention in {token.content!r}")
-            walk(token.children or [])
-
-    walk(MarkdownIt("commonmark").parse(markdown))
+    for token in markdown_tokens(markdown):
+        if token.type == "image":
+            found.append(f"image {token.attrs.get('src')}")
+        elif token.type in ("html_inline", "html_block") and not token.content.startswith("<!-- autotp-matrix:"):
+            found.append(f"html {token.content.strip()}")
+        elif token.type == "text" and MENTION.search(token.content):
+            found.append(f"mention in {token.content!r}")
     return found
 
 
