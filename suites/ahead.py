@@ -63,10 +63,9 @@ class CheckpointsAhead:
     def _write_until_stopped(self) -> None:
         while self._waiting and not self._stop.is_set():
             entry = self._waiting.popleft()
-            if cached_tiny_checkpoint(entry) is not None:
-                continue
             try:
-                tiny_checkpoint(entry)
+                if cached_tiny_checkpoint(entry) is None:
+                    tiny_checkpoint(entry)
             except Exception:  # noqa: BLE001 - the cell that loads it writes it again, and fails as `setup` with this
                 pass
 
