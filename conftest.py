@@ -170,12 +170,12 @@ def run_options(pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def checkpoints_ahead(pytestconfig, run_options):
-    """The tiny checkpoints this process's cells will load, written ahead while references compute (suites/ahead.py);
-    None in a pytest-xdist worker, which does not know which cells it will get."""
-    from suites.driver import checkpoints_ahead
+def run_ahead(pytestconfig, run_options):
+    """The cold work of this process's cells (their tiny checkpoints and references), done together when the first
+    asks for a reference (suites/ahead.py); None in a pytest-xdist worker, which does not know which cells it gets."""
+    from suites.driver import run_ahead
 
-    return None if hasattr(pytestconfig, "workerinput") else checkpoints_ahead(pytestconfig.stash[CELLS], run_options)
+    return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)
 
 
 POOL = pytest.StashKey[object]()

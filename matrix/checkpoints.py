@@ -19,6 +19,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -268,17 +269,23 @@ def _without_progress_bars() -> Iterator[None]:
             logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
+_WRITING = threading.Lock()
+"""Held while a tiny checkpoint's weights are made: their seeded init draws from torch's global random generator, so
+two threads writing at once (suites/ahead.py's workers, a cell rebuilding a corrupt one) would mix their draws."""
+
+
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            tiny_config(entry), trust_remote_code=entry.trust_remote_code
-        )
-        randomise_constant_parameters(model, SEED + INIT, SPREAD)
+        with _WRITING:
+            torch.manual_seed(SEED)
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                tiny_config(entry), trust_remote_code=entry.trust_remote_code
+            )
+            randomise_constant_parameters(model, SEED + INIT, SPREAD)
         with _without_progress_bars():
             model.save_pretrained(staging, safe_serialization=True)
         files = {

@@ -1,12 +1,17 @@
-"""Tiny checkpoints written ahead of their cells, while the driver waits for an unsharded reference.
+"""A cold run's work done ahead of its cells: the tiny checkpoints they load and the unsharded references they compare
+with, all at once when the first cell needs a reference.
 
-On an empty cache the first cell of each model writes its tiny checkpoint in the driver (one core), then waits while
-its reference computes in a process of its own, then while its ranks run. `WritingAhead` puts the wait to work: while
-a reference computes, a thread of the driver writes the next tiny checkpoints the run's cells will load, in their
-order, so the next cell finds its checkpoint written. It writes only while the driver waits on a reference's process
-(nothing else of the driver runs then, so nothing races the thread for torch's global random generator, which a
-checkpoint's seeded init uses) and has finished its checkpoint before the driver goes on: it never runs beside a rank
-group, whose busy-waiting all-reduce a third process slows out of proportion.
+On an empty cache each model's first cell used to write its tiny checkpoint in the driver, then wait while its
+reference computed, then run its ranks: one thing at a time, one reference at a time. A reference's tiny operations
+leave a second torch thread mostly waiting (on 2 cores, 1 thread took 10 % longer than 2), so a core sat half idle
+the whole while. `RunAhead` does the run's cold work together instead, when the first cell asks for a reference:
+one worker per core takes the next task in cell order: a reference whose checkpoint is written (in a child of the
+fork server, on one thread), or else the next checkpoint. The driver waits for all of it, so nothing of it runs beside a rank group, whose
+busy-waiting all-reduce a third process slows out of proportion.
+
+Each cell the batch prepared (suites/prepared.py `PreparedCell`, to ask for its reference) is handed to its cell, so
+a cell is still prepared once. What the batch cannot do (a checkpoint that does not write, a reference that fails,
+a cell planned to offload) is left to its cell, which does it again and reports it as it always did.
 """
 
 from __future__ import annotations
@@ -14,73 +19,197 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from matrix.checkpoints import cached_tiny_checkpoint, tiny_checkpoint, tiny_folder
 from matrix.registry import ModelEntry
 
 if TYPE_CHECKING:
-    from suites.reference import Answer, ReferenceForker, ReferenceRequest
+    from matrix.cells import Cell
+    from suites.memory_plan import Runner
+    from suites.prepared import PreparedCell
+    from suites.reference import Answer, ComputesReferences, ObservationsRequest, ReferenceForker, ReferenceRequest
 
-WRITER_NAME = "autotp-checkpoints-ahead"
-"""The writing thread's name."""
+WORKER_NAME = "autotp-ahead"
+"""The workers' thread names start with it."""
 
 
-class CheckpointsAhead:
-    """The tiny checkpoints a run's cells will load, in the order they will load them, each written once."""
+class CellWork(Protocol):
+    """What the batch asks of the driver (suites/driver.py), which knows how a cell is prepared and what it asks."""
 
-    def __init__(self, entries: Iterable[ModelEntry]) -> None:
-        in_order: dict[object, ModelEntry] = {}
-        for entry in entries:
-            in_order.setdefault(tiny_folder(entry), entry)
-        self._waiting = deque(in_order.values())
-        self._stop = threading.Event()
+    def runner(self) -> Runner:
+        """What the cells the batch prepares are planned against (detected once, when the batch starts)."""
+        ...
+
+    def prepare(self, cell: Cell, runner: Runner) -> PreparedCell:
+        """The cell prepared, as its own turn would prepare it (suites/driver.py `prepare_cell`)."""
+        ...
+
+    def reference_request(self, prepared: PreparedCell) -> ObservationsRequest:
+        """The plain reference the prepared cell compares with, as its own turn would ask for it."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class _Task:
+    """One piece of the batch: a checkpoint to write (`entry` alone), or a reference: a later cell's (`entry` and
+    `cell`), or the one the driver asked for (`request` alone, its checkpoint written)."""
+
+    entry: ModelEntry | None = None
+    cell: Cell | None = None
+    request: ReferenceRequest | None = None
 
     @property
-    def waiting(self) -> int:
-        """How many are not known to be written yet."""
-        return len(self._waiting)
+    def writes(self) -> bool:
+        return self.cell is None and self.request is None
 
-    @contextmanager
-    def written_meanwhile(self) -> Iterator[None]:
-        """While the block runs, write the next unwritten checkpoints one after another in a thread; at its end, let
-        the thread finish the one it writes and stop."""
-        if not self._waiting:
-            yield
+
+class RunAhead:
+    """The run's cells that run, in order: their tiny checkpoints, and the plain references of those for which
+    `computes_reference` (no training, no quantization: those compute references of their own)."""
+
+    def __init__(self, cells: Iterable[Cell], computes_reference: Iterable[bool]) -> None:
+        self._cells = [(cell, computes) for cell, computes in zip(cells, computes_reference, strict=True)]
+        self._taken: set[str] = set()
+        self._prepared: dict[str, PreparedCell] = {}
+        self._done = False
+
+    @property
+    def pending(self) -> bool:
+        """The batch has not run yet (it runs once, at the first reference a cell asks for)."""
+        return not self._done
+
+    def take(self, cell: Cell) -> PreparedCell | None:
+        """The cell as the batch prepared it (None: its turn prepares it); from now on the cell is its turn's."""
+        self._taken.add(cell.id)
+        return self._prepared.pop(cell.id, None)
+
+    def compute_with(self, request: ReferenceRequest, forker: ReferenceForker, work: CellWork) -> Answer | None:
+        """`request`'s answer (`ReferenceForker.compute_reference`), computed first among the run's cold work: every
+        checkpoint and plain reference of the cells after it, one worker per core."""
+        self._done = True
+        first = _Task(request=request)
+        batch = _Batch(first, [cell for cell, computes in self._cells if computes and cell.id not in self._taken])
+        batch.run(self._entries(), forker, work)
+        self._prepared.update(batch.prepared)
+        if batch.first_error is not None:
+            raise batch.first_error
+        return batch.first_answer
+
+    def _entries(self) -> list[ModelEntry]:
+        """The run's tiny checkpoints in the order its cells load them, each once."""
+        in_order: dict[Path, ModelEntry] = {}
+        for cell, _ in self._cells:
+            in_order.setdefault(tiny_folder(cell.model), cell.model)
+        return list(in_order.values())
+
+
+class _Batch:
+    """The tasks and the workers that take them."""
+
+    def __init__(self, first: _Task, cells: list[Cell]) -> None:
+        self.references = deque([first, *(_Task(entry=cell.model, cell=cell) for cell in cells)])
+        self.writes: deque[_Task] = deque()
+        self.unwritten: set[Path] = set()
+        self.asked = {first.request.path} if first.request is not None else set()
+        """The cache files of the references asked for so far (later cells share one: tp 2, 3 and 4 of a model)."""
+        self.prepared: dict[str, PreparedCell] = {}
+        self.first_answer: Answer | None = None
+        self.first_error: Exception | None = None
+        self.changed = threading.Condition()
+
+    def run(self, entries: list[ModelEntry], forker: ReferenceForker, work: CellWork) -> None:
+        unwritten = [entry for entry in entries if cached_tiny_checkpoint(entry) is None]
+        self.writes = deque(_Task(entry=entry) for entry in unwritten)
+        self.unwritten = {tiny_folder(entry) for entry in unwritten}
+        workers = len(os.sched_getaffinity(0))
+        runner = work.runner()
+        threads = [
+            threading.Thread(
+                target=self._work, args=(forker, work, runner, workers), name=f"{WORKER_NAME}-{index}", daemon=True
+            )
+            for index in range(workers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _work(self, forker: ReferenceForker, work: CellWork, runner: Runner, workers: int) -> None:
+        with forker.reference_series() as references:  # one process for all this worker's references
+            while (task := self._next()) is not None:
+                try:
+                    if task.writes:
+                        assert task.entry is not None
+                        if cached_tiny_checkpoint(task.entry) is None:
+                            tiny_checkpoint(task.entry)
+                    else:
+                        self._reference(task, references, work, runner, workers)
+                except Exception as error:  # noqa: BLE001 - left to the cell, which does it again and reports it
+                    if task.request is not None:
+                        self.first_error = error
+                finally:
+                    self._finished(task)
+
+    def _next(self) -> _Task | None:
+        """The first reference whose checkpoint is written, else the next checkpoint to write (two workers writing
+        make their weights one after the other, matrix/checkpoints.py `_WRITING`); None when nothing is left."""
+        with self.changed:
+            while True:
+                for task in self.references:
+                    if task.entry is None or tiny_folder(task.entry) not in self.unwritten:
+                        self.references.remove(task)
+                        return task
+                if self.writes:
+                    return self.writes.popleft()
+                if not self.references and not self.writes:
+                    return None
+                self.changed.wait()
+
+    def _finished(self, task: _Task) -> None:
+        with self.changed:
+            if task.writes:
+                assert task.entry is not None
+                self.unwritten.discard(tiny_folder(task.entry))
+            self.changed.notify_all()
+
+    def _reference(
+        self, task: _Task, references: ComputesReferences, work: CellWork, runner: Runner, workers: int
+    ) -> None:
+        if task.request is not None:  # the cell that asked: computed as asked, on one thread like the rest
+            self.first_answer = references.compute_reference(replace(task.request, threads=1))
             return
-        self._stop.clear()
-        writer = threading.Thread(target=self._write_until_stopped, name=WRITER_NAME, daemon=True)
-        writer.start()
-        try:
-            yield
-        finally:
-            self._stop.set()
-            writer.join()
-
-    def _write_until_stopped(self) -> None:
-        while self._waiting and not self._stop.is_set():
-            entry = self._waiting.popleft()
-            try:
-                if cached_tiny_checkpoint(entry) is None:
-                    tiny_checkpoint(entry)
-            except Exception:  # noqa: BLE001 - the cell that loads it writes it again, and fails as `setup` with this
-                pass
+        assert task.cell is not None and task.entry is not None
+        if cached_tiny_checkpoint(task.entry) is None:
+            return  # its checkpoint did not write: its cell writes it again and fails as `setup`
+        prepared = work.prepare(task.cell, runner)
+        self.prepared[task.cell.id] = prepared
+        plan = prepared.plan.reference
+        if prepared.skip or plan.offload != "none" or plan.host_bytes * workers > prepared.runner.beside_group_bytes:
+            return  # it does not run, or its reference needs the machine to itself: its turn computes it
+        request = work.reference_request(prepared)
+        with self.changed:
+            if request.path in self.asked or Path(request.path).exists():
+                return
+            self.asked.add(request.path)
+        references.compute_reference(replace(request, threads=1))
 
 
-class WritingAhead:
-    """A `ReferenceForker` that writes checkpoints ahead (`CheckpointsAhead`) while its forker's reference computes."""
+class AheadForker:
+    """A `ReferenceForker` that computes the first reference it is asked for together with the run's cold work
+    (`RunAhead`), and every later one as its forker does."""
 
-    def __init__(self, forker: ReferenceForker, ahead: CheckpointsAhead) -> None:
-        self.forker, self.ahead = forker, ahead
+    def __init__(self, forker: ReferenceForker, ahead: RunAhead, work: CellWork) -> None:
+        self.forker, self.ahead, self.work = forker, ahead, work
+
+    def reference_series(self) -> AbstractContextManager[ComputesReferences]:
+        return self.forker.reference_series()
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
-        if not self.ahead.waiting:
+        if not self.ahead.pending:
             return self.forker.compute_reference(request)
-        # One core is the writing thread's: the reference's own threads on the others (on 2 cores 1 thread took 10 %
-        # longer than 2, at 60 % of their CPU: their tiny operations leave a second thread mostly waiting).
-        threads = max(1, len(os.sched_getaffinity(0)) - 1)
-        with self.ahead.written_meanwhile():
-            return self.forker.compute_reference(replace(request, threads=threads))
+        return self.ahead.compute_with(request, self.forker, self.work)

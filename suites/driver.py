@@ -15,7 +15,7 @@ from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
 from matrix.registry import DType
-from suites.ahead import CheckpointsAhead, WritingAhead
+from suites.ahead import AheadForker, RunAhead
 from suites.checks.inputs import ProbeSpec
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
@@ -37,9 +37,11 @@ from suites.memory_plan import (
 from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
 from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.reference import (
+    ObservationsRequest,
     ReferenceForker,
-    cached_reference,
+    cached,
     cached_task_reference,
+    observations_request,
     reference_process_pids,
     reference_record,
     start_reference_process,
@@ -127,12 +129,17 @@ def plan_for(cell: Cell, size: CheckpointSize, runner: Runner) -> MemoryPlan:
 
 
 def prepare_job(
-    cell: Cell, options: RunOptions, runner: Runner | None = None, fork_server: ReferenceForker | None = None
+    cell: Cell,
+    options: RunOptions,
+    runner: Runner | None = None,
+    fork_server: ReferenceForker | None = None,
+    prepared: PreparedCell | None = None,
 ) -> tuple[Job, Provenance] | CellOutcome:
     """The job for the rank group with the driver's provenance for the cell's record (see `_provenance`), or the
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
     checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing);
-    `fork_server`: the run's, where references are computed (else by the reference process)."""
+    `fork_server`: the run's, where references are computed (else by the reference process); `prepared`: the cell
+    as the run's work ahead prepared it (suites/ahead.py), else prepared here."""
     if cell.model.expansion_error:
         return expansion_failure(cell.model.expansion_error)
     reason = skip_reason(cell, options)
@@ -148,7 +155,7 @@ def prepare_job(
         # the reference process imports torch/transformers while the driver writes it.
         start_reference_process()
     try:
-        prepared = prepare_cell(cell, options, runner or Runner.detect())
+        prepared = prepared or prepare_cell(cell, options, runner or Runner.detect())
     except Exception as error:  # the cell's setup failed; the run goes on
         return _setup_failure(error)
     if prepared.skip:
@@ -172,16 +179,7 @@ def _job(
             None
             if cell.variant.training
             else variant_fields.reference
-            or str(
-                cached_reference(
-                    checkpoint,
-                    cell.dtype,
-                    options.spec,
-                    plan=prepared.plan.reference,
-                    trust_remote_code=cell.model.trust_remote_code,
-                    fork_server=fork_server,
-                )
-            )
+            or str(cached(plain_reference_request(prepared, options), prepared.plan.reference, fork_server))
         )
         # Quantized and training variants have references of their own; a task score is compared with
         # the unsharded model of the same weights only.
@@ -213,6 +211,19 @@ def _job(
         faults=options.faults,
     )
     return job, _provenance(checkpoint, prepared.plan, reference)
+
+
+def plain_reference_request(prepared: PreparedCell, options: RunOptions) -> ObservationsRequest:
+    """The unsharded reference of the cell's checkpoint in its dtype, offloaded as its plan says: what an inference
+    cell compares with, unless its variant computes one of its own (a quantized variant)."""
+    cell = prepared.cell
+    return observations_request(
+        prepared.checkpoint,
+        cell.dtype,
+        options.spec,
+        plan=prepared.plan.reference,
+        trust_remote_code=cell.model.trust_remote_code,
+    )
 
 
 def _setup_failure(error: Exception) -> CellOutcome:
@@ -249,15 +260,15 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
     return anonymous_bytes(pids), anonymous_bytes(reference_process_pids())
 
 
-def run_cell(
-    cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: CheckpointsAhead | None = None
-) -> CellOutcome:
+def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: RunAhead | None = None) -> CellOutcome:
     """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure);
-    `ahead`: the run's next tiny checkpoints, written while this cell's references compute in the fork server."""
+    `ahead`: the run's cold work, done together when the first cell asks for a reference (suites/ahead.py)."""
     forker: ReferenceForker | None = pool.fork_server if pool is not None else None
-    if forker is not None and ahead is not None:
-        forker = WritingAhead(forker, ahead)
-    prepared = prepare_job(cell, options, Runner.detect(*held_by_run(pool)), forker)
+    prepared_ahead = ahead.take(cell) if ahead is not None else None
+    if forker is not None and ahead is not None and pool is not None:
+        forker = AheadForker(forker, ahead, WorkAhead(options, pool))
+    runner = None if prepared_ahead else Runner.detect(*held_by_run(pool))
+    prepared = prepare_job(cell, options, runner, forker, prepared_ahead)
     if isinstance(prepared, CellOutcome):
         prepared = with_cause(prepared)
         if prepared.outcome == "fail" and pool is not None:  # its setup failed: the driver's account is its log
@@ -269,13 +280,32 @@ def run_cell(
     return with_cause(_stamped(pool.run(cell.tp, job, options.cell_timeout), provenance))
 
 
-def checkpoints_ahead(cells: list[Cell], options: RunOptions) -> CheckpointsAhead | None:
-    """The tiny checkpoints the run's cells that run will load, for `run_cell`'s `ahead` (None for hub checkpoints)."""
+def run_ahead(cells: list[Cell], options: RunOptions) -> RunAhead | None:
+    """The cold work of the run's cells that run, for `run_cell`'s `ahead` (None for hub checkpoints): their tiny
+    checkpoints, and the plain references of those that compare with one (a training or quantized variant computes
+    its own)."""
     if options.checkpoints != "tiny":
         return None
-    return CheckpointsAhead(
-        cell.model for cell in cells if cell.model.expansion_error is None and skip_reason(cell, options) is None
-    )
+    running = [cell for cell in cells if cell.model.expansion_error is None and skip_reason(cell, options) is None]
+    return RunAhead(running, (not (cell.variant.training or cell.variant.quantization) for cell in running))
+
+
+@dataclass(frozen=True)
+class WorkAhead:
+    """How the run's work ahead (suites/ahead.py `CellWork`) prepares later cells and asks for their references: as
+    their own turns would, planned against the machine as it is when the work starts."""
+
+    options: RunOptions
+    pool: RankGroupPool
+
+    def runner(self) -> Runner:
+        return Runner.detect(*held_by_run(self.pool))
+
+    def prepare(self, cell: Cell, runner: Runner) -> PreparedCell:
+        return prepare_cell(cell, self.options, runner)
+
+    def reference_request(self, prepared: PreparedCell) -> ObservationsRequest:
+        return plain_reference_request(prepared, self.options)
 
 
 def with_cause(outcome: CellOutcome) -> CellOutcome:
@@ -309,8 +339,8 @@ class CacheContents:
         if tiny <= 0 and references <= 0:
             return ""
         return (
-            f"cache {cache_root()}: the cells wrote {tiny} tiny checkpoints and {references} unsharded references "
-            "as they first needed them"
+            f"cache {cache_root()}: the run wrote {tiny} tiny checkpoints and {references} unsharded references "
+            "its cells needed"
         )
 
 
@@ -356,7 +386,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
         lines.append(f"  {len(small)} models need < {gib(LARGE_PROCESS_BYTES)} per process and fit: {', '.join(small)}")
     if unwritten:
         lines.append(
-            f"  {len(unwritten)} models are planned by their first cell, which writes their tiny checkpoint: "
+            f"  {len(unwritten)} models are planned once their tiny checkpoint is written, before their cells run: "
             f"{', '.join(unwritten)}"
         )
     return lines

@@ -5,8 +5,9 @@ AutoTP leaves state behind in a process (module globals in `tp_shard` in older r
 patched onto model classes), so a reference computed after any injection can differ from the true
 unsharded model. References are therefore computed only in a process of their own that never shards
 (`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
-rank groups' fork server after its imports, one per reference (`ReferenceForker`: no second import of torch and
-transformers on a cold cache); otherwise the reference process (`python -m suites.reference serve`, started by
+rank groups' fork server after its imports, one per reference, or one per worker for the tiny references a cold run
+computes ahead of its cells (`ReferenceForker`, suites/ahead.py: no second import of torch and transformers on a cold
+cache); otherwise the reference process (`python -m suites.reference serve`, started by
 the driver), which serves many small references and, after one whose model is at least
 `REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
 group loads it.
@@ -39,7 +40,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -241,8 +242,8 @@ class ObservationsRequest:
     planned_peak_bytes: int
     """The plan's host peak for this reference, recorded in the sidecar beside the measured one."""
     threads: int | None = None
-    """The torch threads it computes with; None: the computing process's own (suites/ahead.py leaves a core to the
-    driver, which writes the next checkpoints meanwhile)."""
+    """The torch threads it computes with; None: the computing process's own (suites/ahead.py computes references
+    one per core, each on one thread)."""
 
 
 @dataclass(frozen=True)
@@ -290,24 +291,51 @@ def cached_reference(
     """Path of the reference observations on disk, computed on a cache miss, offloaded as `plan` says (the plan that
     let the cell run, suites/driver.py), in a child of `fork_server` (the run's, on CPU), else by the reference
     process."""
+    request = observations_request(
+        checkpoint,
+        dtype,
+        spec,
+        plan=plan,
+        trust_remote_code=trust_remote_code,
+        quantization=quantization,
+        quant_group_size=quant_group_size,
+    )
+    return cached(request, plan, fork_server)
+
+
+def observations_request(
+    checkpoint: Checkpoint,
+    dtype: DType,
+    spec: ProbeSpec,
+    *,
+    plan: ReferencePlan,
+    trust_remote_code: bool = False,
+    quantization: str = "",
+    quant_group_size: int = 0,
+) -> ObservationsRequest:
+    """The request that computes a reference (`cached_reference`'s arguments): its cache file is `request.path`."""
     identity = reference_identity(checkpoint, dtype, spec, quantization, quant_group_size)
-    path = _path_for(identity)
+    return ObservationsRequest(
+        path=str(_path_for(identity)),
+        identity=identity,
+        checkpoint=checkpoint.folder,
+        tokenizer=checkpoint.tokenizer,
+        dtype=dtype,
+        spec=spec,
+        trust_remote_code=trust_remote_code,
+        quantization=quantization,
+        quant_group_size=quant_group_size,
+        max_memory=plan.max_memory(),
+        offload=plan.offload,
+        corpus_file=str(inputs.CORPUS_FILE),
+        planned_peak_bytes=plan.host_bytes,
+    )
+
+
+def cached(request: ObservationsRequest, plan: ReferencePlan, fork_server: ReferenceForker | None = None) -> Path:
+    """The request's cache file, computed first on a miss (as `cached_reference` says; `plan`: the request's)."""
+    path = Path(request.path)
     if not path.exists():
-        request = ObservationsRequest(
-            path=str(path),
-            identity=identity,
-            checkpoint=checkpoint.folder,
-            tokenizer=checkpoint.tokenizer,
-            dtype=dtype,
-            spec=spec,
-            trust_remote_code=trust_remote_code,
-            quantization=quantization,
-            quant_group_size=quant_group_size,
-            max_memory=plan.max_memory(),
-            offload=plan.offload,
-            corpus_file=str(inputs.CORPUS_FILE),
-            planned_peak_bytes=plan.host_bytes,
-        )
         _compute(request, plan.model_bytes >= REFERENCE_PROCESS_REUSE_BELOW, fork_server)
     return path
 
@@ -435,16 +463,23 @@ def _log_tail(log_path: Path, lines: int = 30) -> str:
         return ""
 
 
-class ReferenceForker(Protocol):
-    """Where a CPU run computes references: its fork server (suites/engine/fork_server.py `ForkServer`), which forks
-    a child after its imports of torch, transformers and DeepSpeed, instead of a reference process that imports them
-    all again (10-14 CPU s on the cold path). Each child is a process of its own that never shards, holds no process
-    group and no rank's variables, and exits after its one reference, so its memory is back with the OS before the
-    rank group loads the model."""
-
+class ComputesReferences(Protocol):
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
         None when the server cannot start."""
+        ...
+
+
+class ReferenceForker(ComputesReferences, Protocol):
+    """Where a CPU run computes references: its fork server (suites/engine/fork_server.py `ForkServer`), which forks
+    a child after its imports of torch, transformers and DeepSpeed, instead of a reference process that imports them
+    all again (10-14 CPU s on the cold path). Each child is a process of its own that never shards, holds no process
+    group and no rank's variables, and has exited when its reference returns, so its memory is back with the OS
+    before the rank group loads the model."""
+
+    def reference_series(self) -> AbstractContextManager[ComputesReferences]:
+        """One child that computes many references one after another (a run's tiny ones, suites/ahead.py), ended when
+        the block ends."""
         ...
 
 

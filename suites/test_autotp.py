@@ -15,7 +15,7 @@ from suites.records.repro import write_repro
 
 if TYPE_CHECKING:
     from matrix.cells import Cell
-    from suites.ahead import CheckpointsAhead
+    from suites.ahead import RunAhead
     from suites.driver import RunOptions
     from suites.engine.rank_group import RankGroupPool
     from suites.records.run_records import CellRecorder, RecordProperty
@@ -25,14 +25,14 @@ def test_cell(
     cell: Cell,
     rank_pool: RankGroupPool,
     run_options: RunOptions,
-    checkpoints_ahead: CheckpointsAhead | None,
+    run_ahead: RunAhead | None,
     recorder: CellRecorder,
     record_property: RecordProperty,
     pytestconfig: pytest.Config,
 ) -> None:
     record = recorder.replay(cell.id, record_property)  # finished before this run was interrupted
     if record is None:
-        outcome = run_cell(cell, rank_pool, run_options, checkpoints_ahead)
+        outcome = run_cell(cell, rank_pool, run_options, run_ahead)
         record = recorder.record(cell, outcome, record_property)
     if pytestconfig.getoption("--repro"):
         verdict = f"{record['outcome']} {record['failure_class']} {record['signature']}".strip()

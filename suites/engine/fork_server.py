@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +43,18 @@ if TYPE_CHECKING:  # suites.reference imports torch: the driver starts the serve
     from suites.reference import Answer, ReferenceRequest
 
 ServerRequest = dict[str, Any]
-"""One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), or a reference's
-(`kind` REFERENCE_KIND, `workdir`, `request`: suites/reference.py `request_to_json`)."""
+"""One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), or a reference
+process's (`kind` REFERENCE_KIND, `workdir`, `driver_pid`)."""
 
 SERVER_DIED = "server-died.json"
 REFERENCE_KIND = "reference"
-"""A request for an unsharded reference instead of a rank group."""
-REFERENCE_ANSWER = "answer.json"
+"""A request for a reference's process instead of a rank group."""
+REFERENCE_ENDED = "ended.json"
+"""What a reference process's leader writes when its child has ended: `{"exit_code": C}`."""
+REFERENCE_CLOSE = "close"
+"""The file that tells a reference process to end once it has answered what it was asked."""
+REFERENCE_POLL_S = 0.005
+"""How often a reference process looks for its next request (and the driver for its answer)."""
 REFERENCE_FORK_TIMEOUT_S = 900
 """How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
 REFERENCE_EXIT_S = 60
@@ -135,40 +142,20 @@ class ForkServer:
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """One unsharded reference (suites/reference.py `answer`) computed in a process of its own forked from the
-        server after its imports: its answer, {"died": exit code, "log": path} when it died without one, or None
-        when the server cannot start. Like the reference process, no time limit: a reference takes what its
-        model's size takes."""
-        from suites.reference import request_to_json  # the caller's module: imported by now
+        server after its imports, which has ended when this returns: its answer, {"died": exit code, "log": path} when
+        it died without one, or None when the server cannot start. Like the reference process, no time limit: a
+        reference takes what its model's size takes."""
+        with self.reference_series() as series:
+            return series.compute_reference(request)
 
-        workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
+    @contextmanager
+    def reference_series(self) -> Iterator[ReferenceSeries]:
+        """A `ReferenceSeries` of this server's, ended when the block ends."""
+        series = ReferenceSeries(self)
         try:
-            try:
-                leader = ForkedGroup(
-                    self._fork(
-                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "request": request_to_json(request)},
-                        workdir,
-                        REFERENCE_FORK_TIMEOUT_S,
-                    )
-                )
-            except GroupStartFailure:
-                return None
-            answer_file = workdir / REFERENCE_ANSWER
-            try:
-                while not answer_file.exists() and pid_alive(leader.leader_pid):
-                    time.sleep(0.01)
-                leader.wait_ended(REFERENCE_EXIT_S)
-            except BaseException:  # Ctrl-C, a test's timeout: the child must not outlive its driver
-                leader.kill()
-                raise
-            answer = json.loads(answer_file.read_text()) if answer_file.exists() else {"died": None}
-            if "died" in answer:  # its log outlives the work folder
-                kept = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
-                with kept.open("a") as log, open(workdir / "reference.log", errors="replace") as written:
-                    log.write(written.read()[-20000:])
-                answer["log"] = str(kept)
-            return answer
+            yield series
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            series.close()
 
     def _fork(self, request: ServerRequest, workdir: Path, timeout: float) -> int:
         """Ask the server to fork for `request`; the leader's pid, which the server writes to `<workdir>/leader.pid`."""
@@ -227,6 +214,77 @@ class ForkServer:
         if self.log_dir is not None:
             shutil.rmtree(self.log_dir, ignore_errors=True)
             self.log_dir = None
+
+
+class ReferenceSeries:
+    """A reference's process forked from the server that computes the references it is given one after another (a
+    run's tiny references ahead of its cells, suites/ahead.py): one fork, one set of first-call costs, for all of
+    them. A `ReferenceForker`; started at the first request, again after one it died in, ended by `close`."""
+
+    def __init__(self, server: ForkServer) -> None:
+        self.server = server
+        self.leader: ForkedGroup | None = None
+        self.workdir: Path | None = None
+        self.asked = 0
+
+    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
+        """As `ForkServer.compute_reference`, in this series' process."""
+        from suites.reference import request_to_json  # the caller's module: imported by now
+
+        if self.leader is None:
+            workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
+            try:
+                self.leader = ForkedGroup(
+                    self.server._fork(
+                        {"kind": REFERENCE_KIND, "workdir": str(workdir), "driver_pid": os.getpid()},
+                        workdir,
+                        REFERENCE_FORK_TIMEOUT_S,
+                    )
+                )
+            except GroupStartFailure:
+                shutil.rmtree(workdir, ignore_errors=True)
+                return None
+            self.workdir, self.asked = workdir, 0
+        assert self.workdir is not None
+        answer_file = self.workdir / f"answer-{self.asked}.json"
+        write_text_atomically(self.workdir / f"request-{self.asked}.json", json.dumps(request_to_json(request)))
+        self.asked += 1
+        try:
+            while not answer_file.exists() and pid_alive(self.leader.leader_pid):
+                time.sleep(REFERENCE_POLL_S)
+        except BaseException:  # Ctrl-C, a test's timeout: the process must not outlive its driver
+            self.leader.kill()
+            raise
+        if answer_file.exists():
+            answer: Answer = json.loads(answer_file.read_text())
+            return answer
+        return self._died()
+
+    def _died(self) -> Answer:
+        """The answer of a request its process died in (killed by the OOM killer, a crash in native code): its exit
+        code and its log, which outlives the work folder; the next request starts a new process."""
+        assert self.leader is not None and self.workdir is not None
+        self.leader.wait_ended(REFERENCE_EXIT_S)
+        ended = self.workdir / REFERENCE_ENDED
+        code = json.loads(ended.read_text())["exit_code"] if ended.exists() else None
+        kept = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
+        with kept.open("a") as log, open(self.workdir / "reference.log", errors="replace") as written:
+            log.write(written.read()[-20000:])
+        self._forget()
+        return {"died": code, "log": str(kept)}
+
+    def close(self) -> None:
+        """End the process once it has answered (it frees the models' memory) and wait for that end: the memory plan
+        counts its memory as free before the ranks load."""
+        if self.leader is not None and self.workdir is not None:
+            (self.workdir / REFERENCE_CLOSE).touch()
+            self.leader.wait_ended(REFERENCE_EXIT_S)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.leader, self.workdir = None, None
 
 
 def _rank_environment(request: ServerRequest, rank: int) -> dict[str, str]:
@@ -293,22 +351,22 @@ def _name_process(name: str) -> None:
 
 def _lead_reference(request: ServerRequest) -> None:
     """Lead one reference's process: its own session (the driver ends it with one killpg), and its exit code
-    written as the answer when it died without one (killed by the OOM killer, a crash in native code)."""
+    written when it has ended (`REFERENCE_ENDED`: the driver's account of one that died without an answer)."""
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _name_process(REFERENCE_PROCESS_NAME)  # its child inherits the name
     workdir = Path(request["workdir"])
     pid = os.fork()
     if pid == 0:
-        _compute_reference(request["request"], workdir)
+        _serve_references(workdir, request["driver_pid"])
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if not (workdir / REFERENCE_ANSWER).exists():
-        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps({"died": code}))
+    write_text_atomically(workdir / REFERENCE_ENDED, json.dumps({"exit_code": code}))
     os._exit(0)
 
 
-def _compute_reference(request: ServerRequest, workdir: Path) -> None:
-    """The reference process's work in a child of the server: nothing of a rank reaches it (no distributed
+def _serve_references(workdir: Path, driver_pid: int) -> None:
+    """The reference process's work in a child of the server: `request-<n>.json` answered in `answer-<n>.json`, one
+    after another, until `REFERENCE_CLOSE` appears or the driver (or its work folder) has gone. Nothing of a rank reaches it (no distributed
     variables; the server never initialises a process group, and `compute_reference` refuses one)."""
     code = 1
     try:
@@ -322,10 +380,18 @@ def _compute_reference(request: ServerRequest, workdir: Path) -> None:
         from suites.engine import worker
 
         worker.run_startup_fault_hook("reference")
-        answer = reference.answer(reference.request_from_json(request))
-        write_text_atomically(workdir / REFERENCE_ANSWER, json.dumps(answer))
-        code = 0
-    except BaseException:  # noqa: BLE001 - logged; the leader answers with the exit code
+        asked = 0
+        while True:
+            request = workdir / f"request-{asked}.json"
+            while not request.exists():
+                if (workdir / REFERENCE_CLOSE).exists() or not workdir.exists() or not pid_alive(driver_pid):
+                    code = 0
+                    return
+                time.sleep(REFERENCE_POLL_S)
+            answer = reference.answer(reference.request_from_json(json.loads(request.read_text())))
+            write_text_atomically(workdir / f"answer-{asked}.json", json.dumps(answer))
+            asked += 1
+    except BaseException:  # noqa: BLE001 - logged; the driver answers with the exit code
         traceback.print_exc()
     finally:
         os._exit(code)

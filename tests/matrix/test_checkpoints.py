@@ -119,7 +119,7 @@ def test_the_plan_before_the_first_cell_writes_no_tiny_checkpoint_and_the_cell_w
     lines = memory_plan_lines([llama, gpt2], RunOptions())
     assert not (tmp_path / "tiny").exists()
     assert lines[-1].endswith(
-        f"2 models are planned by their first cell, which writes their tiny checkpoint: "
+        f"2 models are planned once their tiny checkpoint is written, before their cells run: "
         f"{llama.model.name}, {gpt2.model.name}"
     )
     job, provenance = prepare_job(llama, RunOptions())  # the cell writes its checkpoint (and reference) itself
@@ -128,7 +128,7 @@ def test_the_plan_before_the_first_cell_writes_no_tiny_checkpoint_and_the_cell_w
     lines = memory_plan_lines([llama, gpt2], RunOptions())
     assert lines[-2].startswith("  1 models need <") and lines[-2].endswith(f"fit: {llama.model.name}")
     assert lines[-1].endswith(
-        f"1 models are planned by their first cell, which writes their tiny checkpoint: {gpt2.model.name}"
+        f"1 models are planned once their tiny checkpoint is written, before their cells run: {gpt2.model.name}"
     )
 
 

@@ -1,36 +1,45 @@
-"""Tiny checkpoints written ahead (suites/ahead.py): on an empty cache, while a cell's reference computes in the fork
-server, a thread of the driver writes the next checkpoints the run's cells load, in their order; each is written once,
-byte for byte the one the driver would write, the thread has stopped before the cell's ranks start, and a checkpoint
-it cannot write is left to its cell."""
+"""A cold run's work done ahead (suites/ahead.py): on an empty cache, when the first cell asks for a reference, its
+checkpoints and references are done together, one worker per core; each checkpoint is written once, byte for byte
+the one the driver would write; each cell is prepared once; no worker runs beside a rank group; and what the work
+ahead cannot do is left to its cell, which does it again and reports it."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
-import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-import torch
+from suites_testkit import live_processes_named
 
 from matrix import cache_root, checkpoints
-from matrix.cells import expand
+from matrix.cells import Cell, expand
 from matrix.registry import ModelEntry
-from suites import ahead
-from suites.ahead import CheckpointsAhead
+from suites import ahead, driver
+from suites.ahead import RunAhead
 from suites.contracts import Job
-from suites.driver import RunOptions, checkpoints_ahead, run_cell
+from suites.driver import RunOptions, run_ahead, run_cell
+from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 from suites.engine.rank_group import RankGroupPool
+from suites.memory_plan import Runner
 from suites.outcome import CellOutcome
+from suites.prepared import PreparedCell
+from suites.reference import Answer, ComputesReferences, ObservationsRequest, ReferenceRequest
 
 pytestmark = pytest.mark.autotp
 
 CELLS = expand("llama,qwen2,mistral", "eager", "fp32", "2,3")
 """Three models, tp 2 then tp 3: each model's checkpoint is loaded by its tp-2 cell first."""
-WRITER = ahead.WRITER_NAME
+CORES = len(os.sched_getaffinity(0))
+
+
+def _ahead_thread() -> bool:
+    return threading.current_thread().name.startswith(ahead.WORKER_NAME)
 
 
 @pytest.fixture
@@ -49,71 +58,204 @@ def writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[tup
     yield written
 
 
-def test_the_next_checkpoints_are_written_while_a_reference_computes(
-    writes: list[tuple[str, str]], rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    writing_ahead = checkpoints_ahead(CELLS, RunOptions())
-    assert writing_ahead is not None and writing_ahead.waiting == 3
-    writer_alive_at_ranks: list[bool] = []
-    run = rank_pool.run
+class CountingForker:
+    """Counts how many references the pool's fork server computes at once (each in a series of its own, or many in
+    one: `reference_series`, which this replaces on the server, `counting`). `hold_first`:
+    the first reference starts only once a second one has (or after a minute), so a batch that computed one at a
+    time fails the count however fast the first one is. `dies_ahead`: every reference a worker ahead asks for after
+    the first dies instead (as if its process was killed)."""
+
+    def __init__(self, series: Callable[[], AbstractContextManager[ComputesReferences]], **options: bool) -> None:
+        self.series = series
+        self.hold_first, self.dies_ahead = options.get("hold_first", False), options.get("dies_ahead", False)
+        self.running = self.most = self.died = 0
+        self.asked: list[str] = []
+        self.changed = threading.Condition()
+
+    @contextmanager
+    def reference_series(self) -> Iterator[ComputesReferences]:
+        with self.series() as series:
+            yield CountedSeries(self, series)
+
+    def counted(self, request: ReferenceRequest, computes: ComputesReferences) -> Answer | None:
+        with self.changed:
+            self.asked.append(request.path)
+            first = len(self.asked) == 1
+            if self.dies_ahead and _ahead_thread() and not first:
+                self.died += 1
+                return {"died": -9, "log": os.devnull}
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.changed.notify_all()
+            if first and self.hold_first:
+                self.changed.wait_for(lambda: self.running > 1, timeout=60)
+        try:
+            return computes.compute_reference(request)
+        finally:
+            with self.changed:
+                self.running -= 1
+
+
+@dataclass(frozen=True)
+class CountedSeries:
+    counter: CountingForker
+    series: ComputesReferences
+
+    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
+        return self.counter.counted(request, self.series)
+
+
+def counting(rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch, **options: bool) -> CountingForker:
+    server = rank_pool.fork_server
+    assert server is not None
+    counter = CountingForker(server.reference_series, **options)
+    monkeypatch.setattr(server, "reference_series", counter.reference_series)
+    return counter
+
+
+@pytest.fixture
+def counted(rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    """What the cells did, seen from the ranks' side and the driver's: whether a worker ahead was alive when a rank
+    group ran, how many reference files there were then, and how often each cell was prepared."""
+    seen: dict[str, object] = {
+        "workers_at_ranks": [],
+        "reference_processes_at_ranks": [],
+        "references_at_ranks": [],
+        "prepared": Counter(),
+    }
+    run, prepare = rank_pool.run, driver.prepare_cell
 
     def run_group(tp: int, job: Job, timeout: float) -> CellOutcome:
-        writer_alive_at_ranks.append(any(thread.name == WRITER for thread in threading.enumerate()))
+        alive = any(thread.name.startswith(ahead.WORKER_NAME) for thread in threading.enumerate())
+        seen["workers_at_ranks"].append(alive)  # type: ignore[attr-defined]
+        seen["reference_processes_at_ranks"] += live_processes_named(REFERENCE_PROCESS_NAME)  # type: ignore[operator]
+        seen["references_at_ranks"].append(len(list((cache_root() / "references").glob("*.pt"))))  # type: ignore[attr-defined]
         return run(tp, job, timeout)
 
+    def prepared(cell: Cell, options: RunOptions, runner: Runner) -> PreparedCell:
+        seen["prepared"].update([cell.id])  # type: ignore[attr-defined]
+        return prepare(cell, options, runner)
+
     monkeypatch.setattr(rank_pool, "run", run_group)
-    outcomes = [run_cell(cell, rank_pool, RunOptions(), writing_ahead) for cell in CELLS]
-    assert not [outcome.message for outcome in outcomes if outcome.failure_class == "setup"]
-    # The first model's checkpoint is its cell's own; the next two were written while a reference computed.
-    first, second, third = (cell.model.name for cell in CELLS[:3])
-    assert writes == [(first, "MainThread"), (second, WRITER), (third, WRITER)]
-    assert writer_alive_at_ranks == [False] * len(CELLS)  # the ranks never run beside the thread
-    assert writing_ahead.waiting == 0
-    # The first reference, computed while the thread wrote, left it a core; the last, with nothing left to write, not.
+    monkeypatch.setattr(driver, "prepare_cell", prepared)
+    yield seen
+
+
+def _sidecar_threads() -> list[int]:
     sidecars = sorted((cache_root() / "references").glob("*.json"), key=lambda path: path.stat().st_mtime_ns)
-    threads = [json.loads(path.read_text())["threads"] for path in sidecars]
-    assert len(threads) == 3 and threads[0] == max(1, len(os.sched_getaffinity(0)) - 1), threads
-    assert threads[-1] == torch.get_num_threads(), threads
+    return [json.loads(path.read_text())["threads"] for path in sidecars]
+
+
+def test_the_first_reference_brings_the_runs_checkpoints_and_references_before_any_ranks(
+    writes: list[tuple[str, str]],
+    rank_pool: RankGroupPool,
+    counted: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forker = counting(rank_pool, monkeypatch, hold_first=True)
+    run_ahead_ = run_ahead(CELLS, RunOptions())
+    assert run_ahead_ is not None and run_ahead_.pending
+    outcomes = [run_cell(cell, rank_pool, RunOptions(), run_ahead_) for cell in CELLS]
+    assert not [outcome.message for outcome in outcomes if outcome.failure_class == "setup"]
+    # The first model's checkpoint is its cell's own; the next two were written by the workers ahead.
+    first, second, third = (cell.model.name for cell in CELLS[:3])
+    assert [model for model, _ in writes] == [first, second, third]
+    assert writes[0][1] == "MainThread" and all(name.startswith(ahead.WORKER_NAME) for _, name in writes[1:]), writes
+    # Every reference was there before the first ranks ran; no worker, nor a reference's process, was alive when any
+    # ranks ran.
+    assert counted["references_at_ranks"] == [3] * len(CELLS)
+    assert counted["workers_at_ranks"] == [False] * len(CELLS)
+    assert counted["reference_processes_at_ranks"] == []
+    # Each cell prepared once: the two later tp-2 cells by the workers, handed to their turns; the rest in turn.
+    assert counted["prepared"] == Counter(cell.id for cell in CELLS), counted["prepared"]
+    # Computed one per core at once, each on one thread.
+    assert _sidecar_threads() == [1, 1, 1]
+    assert min(CORES, 2) <= forker.most <= CORES, forker.most
+
+
+def test_a_reference_the_work_ahead_loses_is_computed_by_its_cell(
+    writes: list[tuple[str, str]],
+    rank_pool: RankGroupPool,
+    counted: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forker = counting(rank_pool, monkeypatch, dies_ahead=True)
+    cells = [cell for cell in CELLS if cell.tp == 2]
+    run_ahead_ = run_ahead(cells, RunOptions())
+    outcomes = [run_cell(cell, rank_pool, RunOptions(), run_ahead_) for cell in cells]
+    assert [outcome.outcome for outcome in outcomes] == ["pass"] * 3, [outcome.message for outcome in outcomes]
+    # The first cell's reference was computed ahead (one thread); the two the workers lost were computed by their
+    # cells' turns, each asked once more, with the process's own threads; each cell still prepared once.
+    assert forker.died == 2 and len(forker.asked) == 5 and forker.asked[1:3] == forker.asked[3:], forker.asked
+    assert len(_sidecar_threads()) == 3 and _sidecar_threads()[0] == 1
+    assert counted["references_at_ranks"] == [1, 2, 3]
+    assert counted["prepared"] == Counter(cell.id for cell in cells)
+
+
+@dataclass(frozen=True)
+class Preparing:
+    """The driver's `CellWork`, without a rank pool (these tests compute no reference)."""
+
+    def runner(self) -> Runner:
+        return Runner.detect()
+
+    def prepare(self, cell: Cell, runner: Runner) -> PreparedCell:
+        return driver.prepare_cell(cell, RunOptions(), runner)
+
+    def reference_request(self, prepared: PreparedCell) -> ObservationsRequest:
+        return driver.plain_reference_request(prepared, RunOptions())
+
+
+class Answering:
+    """A forker that answers every request at once without computing it."""
+
+    def __init__(self) -> None:
+        self.asked: list[ReferenceRequest] = []
+
+    def reference_series(self) -> AbstractContextManager[ComputesReferences]:
+        return nullcontext(self)
+
+    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
+        self.asked.append(request)
+        return {"path": request.path}
+
+
+def _work_ahead(cells: list[Cell]) -> tuple[RunAhead, Answering]:
+    """The work ahead of `cells`, run as the first asks for its reference (its checkpoint written by its turn)."""
+    first = driver.prepare_cell(cells[0], RunOptions(), Runner.detect())
+    run_ahead_ = RunAhead(cells, [True] * len(cells))
+    assert run_ahead_.take(cells[0]) is None
+    forker = Answering()
+    answer = run_ahead_.compute_with(driver.plain_reference_request(first, RunOptions()), forker, Preparing())
+    assert answer is not None and forker.asked[0].threads == 1
+    return run_ahead_, forker
 
 
 def test_a_checkpoint_written_ahead_is_the_one_its_cell_would_write(
     writes: list[tuple[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entry = CELLS[1].model  # qwen2
-    with CheckpointsAhead([entry]).written_meanwhile():
-        _until(lambda: len(writes) == 1)
-    assert writes == [(entry.name, WRITER)]
-    ahead_manifest = (checkpoints.tiny_folder(entry) / checkpoints.MANIFEST).read_text()
+    llama, qwen2 = CELLS[0], CELLS[1]
+    run_ahead_, forker = _work_ahead([llama, qwen2])
+    assert [model for model, _ in writes] == [llama.model.name, qwen2.model.name] and _ahead_thread() is False
+    assert writes[1][1].startswith(ahead.WORKER_NAME)
+    assert len(forker.asked) == 2  # the first cell's reference, then qwen2's
+    prepared = run_ahead_.take(qwen2)  # handed to its turn, once
+    assert prepared is not None and prepared.checkpoint.folder == str(checkpoints.tiny_folder(qwen2.model))
+    assert run_ahead_.take(qwen2) is None
+    ahead_manifest = (checkpoints.tiny_folder(qwen2.model) / checkpoints.MANIFEST).read_text()
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "other-cache"))
-    assert (checkpoints.tiny_checkpoint(entry) / checkpoints.MANIFEST).read_text() == ahead_manifest  # same hashes
-    assert writes[1] == (entry.name, "MainThread")
+    assert (checkpoints.tiny_checkpoint(qwen2.model) / checkpoints.MANIFEST).read_text() == ahead_manifest
+    assert writes[2] == (qwen2.model.name, "MainThread")
 
 
 def test_a_checkpoint_that_cannot_be_written_ahead_is_left_to_its_cell(writes: list[tuple[str, str]]) -> None:
-    llama, qwen2 = CELLS[0].model, CELLS[1].model
-    broken = replace(llama, name="llama.broken", tiny={**llama.tiny, "hidden_act": "no_such_activation"})
-    with CheckpointsAhead([broken, qwen2]).written_meanwhile():
-        _until(lambda: len(writes) == 1)
-    assert writes == [(qwen2.name, WRITER)]  # the broken one raised in the thread; the next one was written
-    assert checkpoints.cached_tiny_checkpoint(broken) is None
-    with pytest.raises(KeyError, match="no_such_activation"):  # its cell writes it and gets the error (`setup`)
-        checkpoints.tiny_checkpoint(broken)
-
-
-def test_the_thread_stops_with_the_wait_having_finished_the_checkpoint_it_writes(
-    writes: list[tuple[str, str]],
-) -> None:
-    entries = [cell.model for cell in CELLS if cell.tp == 2]
-    writing_ahead = CheckpointsAhead(entries)
-    with writing_ahead.written_meanwhile():
-        pass  # a reference already cached: the wait ends at once
-    assert not [thread for thread in threading.enumerate() if thread.name == WRITER]
-    assert len(writes) <= 1
-    assert all(checkpoints.cached_tiny_checkpoint(entry) is not None for entry in entries[: len(writes)])
-
-
-def _until(condition: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+    llama, qwen2 = CELLS[0], CELLS[1]
+    broken_entry = replace(llama.model, name="llama.broken", tiny={**llama.model.tiny, "hidden_act": "no_such"})
+    broken = replace(llama, model=broken_entry)
+    run_ahead_, forker = _work_ahead([llama, broken, qwen2])
+    assert [model for model, _ in writes] == [llama.model.name, qwen2.model.name]  # the broken one raised
+    assert run_ahead_.take(broken) is None  # not prepared: its turn prepares it
+    assert len(forker.asked) == 2
+    assert checkpoints.cached_tiny_checkpoint(broken_entry) is None
+    with pytest.raises(KeyError, match="no_such"):  # its cell writes it and gets the error (`setup`)
+        checkpoints.tiny_checkpoint(broken_entry)

@@ -1,6 +1,6 @@
-"""A run on an empty cache starts its first cell at once: tiny checkpoints and references are written by the
-cells that first need them (not by the plan before the first cell), with no per-save progress bar, and the
-end of the run says in one line what was written."""
+"""A run on an empty cache starts its first cell at once: tiny checkpoints and references are written when the first
+cell needs a reference (suites/ahead.py; not by the plan before the first cell), with no per-save progress bar, and
+the end of the run says in one line what was written."""
 
 from __future__ import annotations
 
@@ -44,14 +44,11 @@ def test_a_cold_run_writes_each_checkpoint_and_reference_in_the_cell_that_needs_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
     plan, _, after_plan = output.partition(
-        "models are planned by their first cell, which writes their tiny checkpoint: "
+        "models are planned once their tiny checkpoint is written, before their cells run: "
     )
     assert plan.splitlines()[-1].strip() == "2" and after_plan.startswith("llama.faithful, mistral.faithful")
     assert "Writing model shards" not in output
-    assert (
-        f"cache {cache}: the cells wrote 2 tiny checkpoints and 2 unsharded references as they first needed them"
-        in output
-    )
+    assert f"cache {cache}: the run wrote 2 tiny checkpoints and 2 unsharded references its cells needed" in output
     records = [json.loads(line) for line in (results / "cells.jsonl").read_text().splitlines()]
     assert [(r["cell"]["id"], r["outcome"]) for r in records] == [
         ("llama.faithful-eager-fp32-tp2", "pass"),

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from suites_testkit import live_processes_named
 
 from matrix.cells import expand
 from matrix.checkpoints import Checkpoint, resolve_checkpoint
@@ -89,21 +89,7 @@ def test_a_forked_reference_s_process_has_ended_when_its_answer_returns(fork_ser
     checkpoint = resolve_checkpoint(expand("llama", tp="2")[0].model, "tiny")
     for dtype in ("fp32", "bf16"):
         cached_reference(checkpoint, dtype, ProbeSpec(), plan=_plan(checkpoint, dtype), fork_server=server)
-        assert _live_processes_named(REFERENCE_PROCESS_NAME) == [], dtype
-
-
-def _live_processes_named(name: str) -> list[int]:
-    """Processes whose name (Linux keeps 15 characters) is `name`, zombies left out (ended, not yet reaped)."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # ended while listed
-            continue
-        comm, state = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2]
-        if comm == name[:15] and state != "Z":
-            live.append(int(stat.parent.name))
-    return live
+        assert live_processes_named(REFERENCE_PROCESS_NAME) == [], dtype
 
 
 def test_a_forked_reference_that_is_killed_is_the_reference_process_s_death(fork_server_with):

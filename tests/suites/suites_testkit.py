@@ -1,0 +1,19 @@
+"""What the suites' tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def live_processes_named(name: str) -> list[int]:
+    """Processes whose name (Linux keeps 15 characters) is `name`, zombies left out (ended, not yet reaped)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended while listed
+            continue
+        comm, state = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2]
+        if comm == name[:15] and state != "Z":
+            live.append(int(stat.parent.name))
+    return live
