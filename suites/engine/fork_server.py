@@ -58,8 +58,8 @@ REFERENCE_POLL_S = 0.005
 REFERENCE_FORK_TIMEOUT_S = 900
 """How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
 REFERENCE_EXIT_S = 60
-"""How long a reference's process may take to end after it answered (it frees the model's memory), before it is
-killed. The driver waits for that end: the memory plan counts the reference's memory as free before the ranks load,
+"""How long a reference's process may take to end once told to (after its last answer: it frees the models' memory),
+before it is killed. The driver waits for that end: the memory plan counts the reference's memory as free before the ranks load,
 and an exit beside a rank group's busy-waiting all-reduce slowed its cell ~0.15 s (10-20 ms of exit; docs/findings.md)."""
 REFERENCE_PROCESS_NAME = "autotp-reference"
 """The process name of a reference's leader and child (Linux keeps 15 characters: `autotp-referenc`)."""

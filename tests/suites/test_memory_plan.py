@@ -323,9 +323,7 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     )
     assert plan.reference.host_bytes == 0 and "plan_reference_host_bytes" not in plan.metrics()
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
-    monkeypatch.setattr(
-        driver, "cached_reference", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference")
-    )
+    monkeypatch.setattr(driver, "cached", lambda *args, **kwargs: pytest.fail("a training cell asked for a reference"))
     job, _ = driver.prepare_job(expand("llama", "train", tp="2")[0], driver.RunOptions())
     assert job.reference is None and job.trained[0].unsharded_steps
 
