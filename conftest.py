@@ -114,8 +114,8 @@ CACHE_AT_START = pytest.StashKey[object]()
 
 def pytest_sessionstart(session):
     """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only.
-    Tiny checkpoints and references are written by the cells that first need them (suites/driver.py),
-    never here: the first cell does not wait for ~70 checkpoints, and the end of the run says what was written."""
+    Tiny checkpoints and references are written when the first cell needs a reference (suites/ahead.py; under
+    pytest-xdist by the cells that first need them), never here, and the end of the run says what was written."""
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
@@ -128,6 +128,7 @@ def pytest_sessionstart(session):
         RunOptions(
             checkpoints=config.getoption("--checkpoints"), allow_remote_code=config.getoption("--allow-remote-code")
         ),
+        ahead=_runs_cells_here(config),  # a pytest-xdist worker runs its cells without (the `run_ahead` fixture)
     ):
         reporter.write_line(line)
 

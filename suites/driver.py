@@ -348,9 +348,10 @@ LARGE_PROCESS_BYTES = 1 * GiB
 """Models whose processes all stay below this share one summary line in the plan printed at the start."""
 
 
-def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
+def memory_plan_lines(cells: list[Cell], options: RunOptions, ahead: bool = False) -> list[str]:
     """The memory plan of every model of the run, printed before the first cell: one line per model
-    that needs a large process or has a cell that does not fit, one line for all the small ones."""
+    that needs a large process or has a cell that does not fit, one line for all the small ones; `ahead`: this process
+    runs the cells with their cold work done ahead (`run_ahead`), which the line about unwritten checkpoints says."""
     runner = Runner.detect()
     devices = (
         f", {len(runner.device_bytes)} x {gib(min(runner.device_bytes))} {runner.accelerator}"
@@ -385,8 +386,12 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions) -> list[str]:
     if small:
         lines.append(f"  {len(small)} models need < {gib(LARGE_PROCESS_BYTES)} per process and fit: {', '.join(small)}")
     if unwritten:
+        when = (
+            "the first cell writes them all and computes their references, one per core, before any ranks run"
+            if ahead
+            else "before their cells run"
+        )
         lines.append(
-            f"  {len(unwritten)} models are planned once their tiny checkpoint is written, before their cells run: "
-            f"{', '.join(unwritten)}"
+            f"  {len(unwritten)} models are planned once their tiny checkpoint is written, {when}: {', '.join(unwritten)}"
         )
     return lines

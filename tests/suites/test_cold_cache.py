@@ -44,7 +44,8 @@ def test_a_cold_run_writes_each_checkpoint_and_reference_in_the_cell_that_needs_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
     plan, _, after_plan = output.partition(
-        "models are planned once their tiny checkpoint is written, before their cells run: "
+        "models are planned once their tiny checkpoint is written, the first cell writes them all and computes their "
+        "references, one per core, before any ranks run: "
     )
     assert plan.splitlines()[-1].strip() == "2" and after_plan.startswith("llama.faithful, mistral.faithful")
     assert "Writing model shards" not in output
