@@ -1,13 +1,14 @@
 """A cold run's work done ahead of its cells: the tiny checkpoints they load and the unsharded references they compare
 with, all at once when the first cell needs a reference.
 
-On an empty cache each model's first cell used to write its tiny checkpoint in the driver, then wait while its
-reference computed, then run its ranks: one thing at a time, one reference at a time. A reference's tiny operations
-leave a second torch thread mostly waiting (on 2 cores, 1 thread took 10 % longer than 2), so a core sat half idle
-the whole while. `RunAhead` does the run's cold work together instead, when the first cell asks for a reference:
-one worker per core takes the next task in cell order: a reference whose checkpoint is written (in a child of the
-fork server, on one thread), or else the next checkpoint. The driver waits for all of it, so nothing of it runs beside a rank group, whose
-busy-waiting all-reduce a third process slows out of proportion.
+On an empty cache each model's first cell used to write its tiny checkpoint, then wait while its reference computed
+in a process forked for it alone, then run its ranks. A fork per reference cost 37 % more CPU than the same references
+computed one after another in one process (the fork, first-call costs and copy-on-write each time; docs/findings.md).
+`RunAhead` does the run's cold work together instead, when the first cell asks for a reference: one worker per core
+takes the next task in cell order, a reference whose checkpoint is written (in the worker's one reference process,
+suites/engine/fork_server.py `ReferenceSeries`, on one thread) or else the next checkpoint. The driver waits for all
+of it, so nothing of it runs beside a rank group, whose busy-waiting all-reduce a third process slows out of
+proportion. A harness error in the work itself is raised to the cell that asked, whose setup it fails.
 
 Each cell the batch prepared (suites/prepared.py `PreparedCell`, to ask for its reference) is handed to its cell, so
 a cell is still prepared once. What the batch cannot do (a checkpoint that does not write, a reference that fails,
@@ -96,8 +97,9 @@ class RunAhead:
         batch = _Batch(first, [cell for cell, computes in self._cells if computes and cell.id not in self._taken])
         batch.run(self._entries(), forker, work)
         self._prepared.update(batch.prepared)
-        if batch.first_error is not None:
-            raise batch.first_error
+        for error in (batch.worker_error, batch.first_error):
+            if error is not None:
+                raise error
         return batch.first_answer
 
     def _entries(self) -> list[ModelEntry]:
@@ -120,6 +122,9 @@ class _Batch:
         self.prepared: dict[str, PreparedCell] = {}
         self.first_answer: Answer | None = None
         self.first_error: Exception | None = None
+        self.worker_error: Exception | None = None
+        """What ended a worker outside its tasks (a harness bug): the others stop, and the cell that asked fails with
+        it as `setup`."""
         self.changed = threading.Condition()
 
     def run(self, entries: list[ModelEntry], forker: ReferenceForker, work: CellWork) -> None:
@@ -140,26 +145,31 @@ class _Batch:
             thread.join()
 
     def _work(self, forker: ReferenceForker, work: CellWork, runner: Runner, workers: int) -> None:
-        with forker.reference_series() as references:  # one process for all this worker's references
-            while (task := self._next()) is not None:
-                try:
-                    if task.writes:
-                        assert task.entry is not None
-                        if cached_tiny_checkpoint(task.entry) is None:
-                            tiny_checkpoint(task.entry)
-                    else:
-                        self._reference(task, references, work, runner, workers)
-                except Exception as error:  # noqa: BLE001 - left to the cell, which does it again and reports it
-                    if task.request is not None:
-                        self.first_error = error
-                finally:
-                    self._finished(task)
+        try:
+            with forker.reference_series() as references:  # one process for all this worker's references
+                while (task := self._next()) is not None:
+                    try:
+                        if task.writes:
+                            assert task.entry is not None
+                            if cached_tiny_checkpoint(task.entry) is None:
+                                tiny_checkpoint(task.entry)
+                        else:
+                            self._reference(task, references, work, runner, workers)
+                    except Exception as error:  # noqa: BLE001 - left to the cell, which does it again and reports it
+                        if task.request is not None:
+                            self.first_error = error
+                    finally:
+                        self._finished(task)
+        except Exception as error:  # a harness bug outside a task: without it, the other workers would wait forever
+            with self.changed:
+                self.worker_error = self.worker_error or error
+                self.changed.notify_all()
 
     def _next(self) -> _Task | None:
         """The first reference whose checkpoint is written, else the next checkpoint to write (two workers writing
         make their weights one after the other, matrix/checkpoints.py `_WRITING`); None when nothing is left."""
         with self.changed:
-            while True:
+            while self.worker_error is None:
                 for task in self.references:
                     if task.entry is None or tiny_folder(task.entry) not in self.unwritten:
                         self.references.remove(task)
@@ -169,6 +179,7 @@ class _Batch:
                 if not self.references and not self.writes:
                     return None
                 self.changed.wait()
+            return None
 
     def _finished(self, task: _Task) -> None:
         with self.changed:

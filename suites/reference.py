@@ -464,6 +464,8 @@ def _log_tail(log_path: Path, lines: int = 30) -> str:
 
 
 class ComputesReferences(Protocol):
+    """What computes a reference in a process of its own (a `ReferenceForker`, or one of its series)."""
+
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
         None when the server cannot start."""

@@ -58,9 +58,10 @@ REFERENCE_POLL_S = 0.005
 REFERENCE_FORK_TIMEOUT_S = 900
 """How long a reference's child may wait to be forked: the server's imports, when it still runs them."""
 REFERENCE_EXIT_S = 60
-"""How long a reference's process may take to end once told to (after its last answer: it frees the models' memory),
-before it is killed. The driver waits for that end: the memory plan counts the reference's memory as free before the ranks load,
-and an exit beside a rank group's busy-waiting all-reduce slowed its cell ~0.15 s (10-20 ms of exit; docs/findings.md)."""
+"""How long a reference's process may take to end once told to (after its last answer: it frees the models'
+memory), before it is killed. The driver waits for that end: the memory plan counts the reference's memory as free
+before the ranks load, and an exit beside a rank group's busy-waiting all-reduce slowed its cell ~0.15 s (10-20 ms
+of exit; docs/findings.md)."""
 REFERENCE_PROCESS_NAME = "autotp-reference"
 """The process name of a reference's leader and child (Linux keeps 15 characters: `autotp-referenc`)."""
 DISTRIBUTED_VARIABLES = (
@@ -219,7 +220,8 @@ class ForkServer:
 class ReferenceSeries:
     """A reference's process forked from the server that computes the references it is given one after another (a
     run's tiny references ahead of its cells, suites/ahead.py): one fork, one set of first-call costs, for all of
-    them. A `ReferenceForker`; started at the first request, again after one it died in, ended by `close`."""
+    them. It computes references as `ForkServer.compute_reference` does; its process starts at the first request,
+    again after one it died in, and ends at `close`."""
 
     def __init__(self, server: ForkServer) -> None:
         self.server = server
@@ -366,8 +368,9 @@ def _lead_reference(request: ServerRequest) -> None:
 
 def _serve_references(workdir: Path, driver_pid: int) -> None:
     """The reference process's work in a child of the server: `request-<n>.json` answered in `answer-<n>.json`, one
-    after another, until `REFERENCE_CLOSE` appears or the driver (or its work folder) has gone. Nothing of a rank reaches it (no distributed
-    variables; the server never initialises a process group, and `compute_reference` refuses one)."""
+    after another, until `REFERENCE_CLOSE` appears or the driver (or its work folder) has gone. Nothing of a rank
+    reaches it (no distributed variables; the server never initialises a process group, and `compute_reference`
+    refuses one)."""
     code = 1
     try:
         for name in DISTRIBUTED_VARIABLES:

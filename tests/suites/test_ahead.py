@@ -11,7 +11,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -113,27 +113,33 @@ def counting(rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch, **option
     return counter
 
 
+@dataclass
+class Seen:
+    """What the cells did, seen from the ranks' side and the driver's."""
+
+    workers_at_ranks: list[bool] = field(default_factory=list)
+    """Whether a worker ahead was alive, each time a rank group ran."""
+    reference_processes_at_ranks: list[int] = field(default_factory=list)
+    """The reference processes alive then."""
+    references_at_ranks: list[int] = field(default_factory=list)
+    """How many reference files there were then."""
+    prepared: Counter[str] = field(default_factory=Counter)
+    """How often each cell was prepared."""
+
+
 @pytest.fixture
-def counted(rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
-    """What the cells did, seen from the ranks' side and the driver's: whether a worker ahead was alive when a rank
-    group ran, how many reference files there were then, and how often each cell was prepared."""
-    seen: dict[str, object] = {
-        "workers_at_ranks": [],
-        "reference_processes_at_ranks": [],
-        "references_at_ranks": [],
-        "prepared": Counter(),
-    }
+def counted(rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seen]:
+    seen = Seen()
     run, prepare = rank_pool.run, driver.prepare_cell
 
     def run_group(tp: int, job: Job, timeout: float) -> CellOutcome:
-        alive = any(thread.name.startswith(ahead.WORKER_NAME) for thread in threading.enumerate())
-        seen["workers_at_ranks"].append(alive)  # type: ignore[attr-defined]
-        seen["reference_processes_at_ranks"] += live_processes_named(REFERENCE_PROCESS_NAME)  # type: ignore[operator]
-        seen["references_at_ranks"].append(len(list((cache_root() / "references").glob("*.pt"))))  # type: ignore[attr-defined]
+        seen.workers_at_ranks.append(any(thread.name.startswith(ahead.WORKER_NAME) for thread in threading.enumerate()))
+        seen.reference_processes_at_ranks += live_processes_named(REFERENCE_PROCESS_NAME)
+        seen.references_at_ranks.append(len(list((cache_root() / "references").glob("*.pt"))))
         return run(tp, job, timeout)
 
     def prepared(cell: Cell, options: RunOptions, runner: Runner) -> PreparedCell:
-        seen["prepared"].update([cell.id])  # type: ignore[attr-defined]
+        seen.prepared.update([cell.id])
         return prepare(cell, options, runner)
 
     monkeypatch.setattr(rank_pool, "run", run_group)
@@ -149,7 +155,7 @@ def _sidecar_threads() -> list[int]:
 def test_the_first_reference_brings_the_runs_checkpoints_and_references_before_any_ranks(
     writes: list[tuple[str, str]],
     rank_pool: RankGroupPool,
-    counted: dict[str, object],
+    counted: Seen,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     forker = counting(rank_pool, monkeypatch, hold_first=True)
@@ -163,11 +169,11 @@ def test_the_first_reference_brings_the_runs_checkpoints_and_references_before_a
     assert writes[0][1] == "MainThread" and all(name.startswith(ahead.WORKER_NAME) for _, name in writes[1:]), writes
     # Every reference was there before the first ranks ran; no worker, nor a reference's process, was alive when any
     # ranks ran.
-    assert counted["references_at_ranks"] == [3] * len(CELLS)
-    assert counted["workers_at_ranks"] == [False] * len(CELLS)
-    assert counted["reference_processes_at_ranks"] == []
+    assert counted.references_at_ranks == [3] * len(CELLS)
+    assert counted.workers_at_ranks == [False] * len(CELLS)
+    assert counted.reference_processes_at_ranks == []
     # Each cell prepared once: the two later tp-2 cells by the workers, handed to their turns; the rest in turn.
-    assert counted["prepared"] == Counter(cell.id for cell in CELLS), counted["prepared"]
+    assert counted.prepared == Counter(cell.id for cell in CELLS), counted.prepared
     # Computed one per core at once, each on one thread.
     assert _sidecar_threads() == [1, 1, 1]
     assert min(CORES, 2) <= forker.most <= CORES, forker.most
@@ -176,7 +182,7 @@ def test_the_first_reference_brings_the_runs_checkpoints_and_references_before_a
 def test_a_reference_the_work_ahead_loses_is_computed_by_its_cell(
     writes: list[tuple[str, str]],
     rank_pool: RankGroupPool,
-    counted: dict[str, object],
+    counted: Seen,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     forker = counting(rank_pool, monkeypatch, dies_ahead=True)
@@ -188,8 +194,8 @@ def test_a_reference_the_work_ahead_loses_is_computed_by_its_cell(
     # cells' turns, each asked once more, with the process's own threads; each cell still prepared once.
     assert forker.died == 2 and len(forker.asked) == 5 and forker.asked[1:3] == forker.asked[3:], forker.asked
     assert len(_sidecar_threads()) == 3 and _sidecar_threads()[0] == 1
-    assert counted["references_at_ranks"] == [1, 2, 3]
-    assert counted["prepared"] == Counter(cell.id for cell in cells)
+    assert counted.references_at_ranks == [1, 2, 3]
+    assert counted.prepared == Counter(cell.id for cell in cells)
 
 
 @dataclass(frozen=True)
@@ -259,3 +265,47 @@ def test_a_checkpoint_that_cannot_be_written_ahead_is_left_to_its_cell(writes: l
     assert checkpoints.cached_tiny_checkpoint(broken_entry) is None
     with pytest.raises(KeyError, match="no_such"):  # its cell writes it and gets the error (`setup`)
         checkpoints.tiny_checkpoint(broken_entry)
+
+
+def test_a_harness_error_in_the_work_ahead_fails_the_asking_cell_as_setup(
+    writes: list[tuple[str, str]], rank_pool: RankGroupPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of the work itself (outside a task) ends its worker: the others stop instead of waiting for it, and the
+    cell that asked fails as `setup` with it."""
+
+    def broken(self: object, task: object) -> None:
+        raise RuntimeError("the work ahead broke")
+
+    monkeypatch.setattr(ahead._Batch, "_finished", broken)
+    cells = [cell for cell in CELLS if cell.tp == 2]
+    outcomes: list[CellOutcome] = []
+    asking = threading.Thread(
+        target=lambda: outcomes.append(run_cell(cells[0], rank_pool, RunOptions(), run_ahead(cells, RunOptions())))
+    )
+    asking.start()
+    asking.join(timeout=300)
+    assert not asking.is_alive(), "the work ahead hung"
+    assert outcomes[0].failure_class == "setup", outcomes[0].message
+    assert outcomes[0].signature.startswith("RuntimeError: the work ahead broke"), outcomes[0].signature
+
+
+def test_a_reference_that_needs_the_machine_to_itself_is_left_to_its_cell(writes: list[tuple[str, str]]) -> None:
+    """Computed ahead, references run one per core at once: one whose plan does not fit that many times beside the
+    rank group is left to its cell's turn (which computes it alone)."""
+    llama, qwen2 = CELLS[0], CELLS[1]
+    reference_bytes = driver.prepare_cell(qwen2, RunOptions(), Runner.detect()).plan.reference.host_bytes
+    host = 1 << 40
+    tight = Runner(host, "test", "cpu", (), live_group_bytes=host - (reference_bytes * CORES - 1))
+
+    @dataclass(frozen=True)
+    class Tight(Preparing):
+        def runner(self) -> Runner:
+            return tight
+
+    first = driver.prepare_cell(llama, RunOptions(), Runner.detect())
+    run_ahead_, forker = RunAhead([llama, qwen2], [True, True]), Answering()
+    run_ahead_.take(llama)
+    run_ahead_.compute_with(driver.plain_reference_request(first, RunOptions()), forker, Tight())
+    prepared = run_ahead_.take(qwen2)
+    assert prepared is not None and prepared.skip is None  # prepared, and it runs
+    assert [request.path for request in forker.asked] == [driver.plain_reference_request(first, RunOptions()).path]
