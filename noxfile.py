@@ -20,6 +20,7 @@ from sessions.nox_sessions import (
     listed_combos,
     run_matrix,
     run_report,
+    run_repro,
     run_tests,
 )
 
@@ -69,8 +70,9 @@ def add_model(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def repro(session: nox.Session) -> None:
-    """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`."""
-    run_matrix(session, latest_combo(session), ["--repro", "-v", *session.posargs])
+    """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`; a standalone
+    script run alone with the environment's launcher: `nox -s repro -- --standalone <script or cell id>`."""
+    run_repro(session, latest_combo(session), session.posargs)
 
 
 @nox.session(python=False)

@@ -260,6 +260,7 @@ def ensure_environment(
         return built and (not spec.shared or (folder / BYTECODE_MARKER).exists())
 
     if complete():
+        _launchers_of_lower_layers(root, spec)
         return python
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{spec.key}.lock", "w") as lock:
@@ -269,7 +270,29 @@ def ensure_environment(
             marker.write_text(wanted)
         if not complete() and _compile_bytecode(root, spec, python, log):
             (folder / BYTECODE_MARKER).write_text("")
+        _launchers_of_lower_layers(root, spec)
     return python
+
+
+def _launchers_of_lower_layers(root: Path, spec: EnvironmentSpec) -> None:
+    """The console scripts of the layers below (`deepspeed`, `torchrun`, ...) in this layer's bin, run by this layer's
+    python: the lower layer's own `deepspeed` runs the DeepSpeed layer's python, whose ranks cannot import transformers
+    (a standalone repro script started from a combination's environment died with ModuleNotFoundError). Written
+    whenever the environment is ensured, so one built before has them too; a layer's own script is never replaced."""
+    bin_folder = root / spec.key / "bin"
+    for layer in spec.lower():
+        lower_python = f"#!{root / layer.key / 'bin' / 'python'}"
+        for script in sorted((root / layer.key / "bin").glob("*")):
+            launcher = bin_folder / script.name
+            if launcher.exists() or not script.is_file():
+                continue
+            with open(script, "rb") as text:
+                first_line = text.readline().decode(errors="replace").rstrip("\n")
+            if first_line not in (lower_python, lower_python + "3"):  # a console script of that layer's python
+                continue
+            body = script.read_text().split("\n", 1)[1]
+            launcher.write_text(f"#!{bin_folder / 'python'}\n{body}")
+            launcher.chmod(0o755)
 
 
 COMPILED = (0, 1)

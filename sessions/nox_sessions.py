@@ -223,6 +223,17 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
         session.error(failure)
 
 
+def run_repro(session: nox.Session, combo: Combo, args: list[str]) -> None:
+    """`nox -s repro`: one cell, its verdict and its standalone script; with `--standalone <script or cell>`, that
+    script run alone with the combination's own launcher (sessions/standalone.py)."""
+    if "--standalone" not in args:
+        run_matrix(session, combo, ["--repro", "-v", *args])
+        return
+    python = install_harness(session, combo)
+    standalone = [arg for arg in args if arg != "--standalone"]
+    session.run(str(python), "-m", "sessions.standalone", *standalone, env=environment_variables(python), external=True)
+
+
 def split_history(pytest_args: list[str]) -> tuple[str | None, list[str]]:
     """`--history ARCHIVE` among a session's options (gone from what pytest gets: render reads it), and the rest."""
     parser = argparse.ArgumentParser(prog="nox -s <session> --", add_help=False, allow_abbrev=False)

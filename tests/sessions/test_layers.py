@@ -78,11 +78,20 @@ def write_wheel(
         wheel.writestr(f"{name}-{version}.dist-info/RECORD", record + f"{name}-{version}.dist-info/RECORD,,\n")
 
 
+LAUNCHER = {
+    "deepspeed/launcher.py": "import sys\n\ndef main():\n    import transformers\n\n"
+    "    print(sys.executable, transformers.VERSION)\n",
+    "deepspeed-0.19.8.dist-info/entry_points.txt": "[console_scripts]\ndeepspeed = deepspeed.launcher:main\n",
+}
+"""DeepSpeed's launcher as a console script of the DeepSpeed layer: it reports the python its ranks would run and
+whether transformers (a package of the combination's layer) imports there."""
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheels")
     for name, version, requires in FAKES:
-        write_wheel(folder, name, version, requires)
+        write_wheel(folder, name, version, requires, LAUNCHER if name == "deepspeed" else None)
     # A DeepSpeed with op builders the comm-op probe cannot use (no cpu builders; the fake torch has no cuda)
     write_wheel(
         folder,
@@ -170,6 +179,29 @@ def test_layers_hold_only_what_is_below_them_missing_and_never_change_a_lower_la
         check=True,
     ).stdout.strip()
     assert seen == "2.0"
+
+
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_a_combination_runs_the_deepspeed_launcher_with_its_own_python(tmp_path, uv, offline, tool):
+    root = tmp_path / "envs"
+    python = build(root, uv if tool == "uv" else installers.Installer(None))
+    launcher = python.parent / "deepspeed"
+
+    def launched() -> str:
+        return subprocess.run([str(launcher)], capture_output=True, text=True, check=True).stdout.strip()
+
+    # the DeepSpeed layer's own launcher runs its python, which has no transformers: a standalone script died there
+    assert (root / "base-ds0.19.8-pt2.13.0" / "bin" / "deepspeed").is_file()
+    assert launched() == f"{python} 5.24.0"
+
+    # one built before launchers were given to combinations gets them when it is next ensured, without a rebuild
+    launcher.unlink()
+    ensure_environment(root, layers(), tool=uv)
+    assert launched() == f"{python} 5.24.0"
+    # a script of the combination's own is never replaced by a lower layer's
+    launcher.write_text(f"#!{python}\nprint('own')\n")
+    ensure_environment(root, layers(), tool=uv)
+    assert launched() == "own"
 
 
 def loaded_from_bytecode(python: Path, module: str) -> bool:
