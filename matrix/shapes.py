@@ -68,22 +68,47 @@ HEAD_DIMS = range(16, 257, 4)
 """Head dims a faithful config may take (multiples of 4: rotary halves stay even)."""
 
 # Config attribute names, first present wins (the same names matrix/derive.py shrinks).
-HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads")
+HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "attention_heads",
+    # an encoder-decoder's causal LM is its decoder (marian, whisper, trocr, prophetnet); the encoder's count is set
+    # alike so the config stays one an encoder-decoder model could be built from
+    "decoder_attention_heads",
+    "num_decoder_attention_heads",
+    "encoder_attention_heads",
+    "num_encoder_attention_heads",
+)
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads", "multi_query_group_num")
-HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim")
-HEAD_DIM_KEYS = ("head_dim", "kv_channels")
-FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "dff", "d_ff")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim")
+HEAD_DIM_KEYS = ("head_dim", "kv_channels", "attention_head_size")
+FFN_KEYS = (
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "dff",
+    "d_ff",
+    "decoder_ffn_dim",
+    "encoder_ffn_dim",
+)
 FFN_RATIO_KEYS = ("expansion_ratio", "intermediate_multiple_size")
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k")
 EXPERT_FFN_KEYS = ("moe_intermediate_size",)
 SHARED_FFN_KEYS = ("shared_expert_intermediate_size",)
 SHARED_COUNT_KEYS = ("n_shared_experts",)
-NESTED = ("attn_config", "ffn_config")
-"""Sub-tables some configs keep sizes in (dbrx)."""
+NESTED = ("attn_config", "ffn_config", "text_config")
+"""Sub-tables some configs keep sizes in: dbrx's attention and MLP tables, a multimodal model's language model (llama4,
+gemma4, qwen3_5: its causal LM is the text model; a vision tower's sizes are never read as the model's)."""
 HEAD_DIM_FOLLOWS_HIDDEN = {"bitnet"}
 """Config classes that accept head_dim but need heads x head_dim = hidden (bitnet's attention sub-norm is
 hidden wide): measured, a free head_dim fails their forward."""
+MIXER_KEYS = ("state_size", "ssm_state_size", "attention_hidden_size")
+"""Sizes of an attention-free sequence mixer (mamba's and falcon_mamba's state, rwkv's time-mix width): a config with
+one of them and no head count is read as one head, so only its widths (hidden, intermediate, vocab) split in grains."""
 MLA_KEY = "qk_rope_head_dim"
 """Multi-head latent attention: heads split, head dims are low-rank sizes that stay as the tiny config has them."""
 LATENT_VALUE_HEAD_DIM_KEYS = ("v_head_dim", "head_dim")
@@ -262,13 +287,18 @@ class TinySizes:
 
 
 def faithful_sizes(
-    real: RealShape, tps: Collection[int], head_dim_free: bool, latent: bool = False, rules: tuple[SplitRule, ...] = ()
+    real: RealShape,
+    tps: Collection[int],
+    head_dim_free: bool,
+    latent: bool = False,
+    rules: tuple[SplitRule, ...] = (),
+    attention_free: bool = False,
 ) -> TinySizes:
     """The smallest sizes that split like `real` at every tp in `tps` and meet the count conditions of `rules`
     where `real` does. `head_dim_free`: the architecture takes head_dim on its own (else hidden = heads x
     head_dim); `latent`: multi-head latent attention, whose query/key head dims are low-rank sizes that stay as
-    the tiny config has them (head_dim is the value head dim). Heads keep multi-head / grouped / multi-query
-    attention."""
+    the tiny config has them (head_dim is the value head dim); `attention_free`: a sequence mixer without heads
+    (MIXER_KEYS), whose only split sizes are its widths. Heads keep multi-head / grouped / multi-query attention."""
 
     def rules_of(*names: str) -> tuple[SplitRule, ...]:
         return tuple(rule for rule in rules if rule.size in names)
@@ -285,8 +315,10 @@ def faithful_sizes(
             if counts_alike(kv * group, real.heads, tps, rules_of("heads"))
         ]
     hidden_alone = faithful_dim(real.hidden, tps)
-    free = head_dim_free or latent
-    checked = ("hidden", "attention_out") if latent else ("hidden", "qkv", "attention_out")
+    free = head_dim_free or latent or attention_free
+    checked = (
+        ("hidden",) if attention_free else ("hidden", "attention_out") if latent else ("hidden", "qkv", "attention_out")
+    )
 
     def fits(heads: int, head_dim: int) -> bool:
         trial = replace(
@@ -326,10 +358,15 @@ def faithful_sizes(
     )
 
 
+def _tables(tiny: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The overrides and the sub-tables of them that hold sizes (NESTED)."""
+    return (tiny, *(tiny[name] for name in NESTED if isinstance(tiny.get(name), dict)))
+
+
 def _set(tiny: dict[str, Any], keys: tuple[str, ...], value: Any) -> bool:
     """Set every key of `keys` the overrides (or their nested sub-tables) hold; whether any was there."""
     found = False
-    for table in (tiny, *(tiny[name] for name in NESTED if isinstance(tiny.get(name), dict))):
+    for table in _tables(tiny):
         for key in keys:
             if key in table:
                 table[key] = value
@@ -356,7 +393,15 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
         key: dict(value) if key in NESTED and isinstance(value, dict) else value for key, value in entry.tiny.items()
     }
     latent = MLA_KEY in tiny
-    sizes = faithful_sizes(real, tps, head_dim_free=_head_dim_free(entry, real), latent=latent, rules=entry.split_rules)
+    attention_free = not any(key in table for table in _tables(tiny) for key in HEAD_KEYS)
+    sizes = faithful_sizes(
+        real,
+        tps,
+        head_dim_free=_head_dim_free(entry, real),
+        latent=latent,
+        rules=entry.split_rules,
+        attention_free=attention_free,
+    )
     _set(tiny, HEAD_KEYS, sizes.heads)
     if not _set(tiny, KV_KEYS, sizes.kv_heads) and sizes.kv_heads != sizes.heads and not tiny.get("multi_query"):
         tiny["num_key_value_heads"] = sizes.kv_heads
@@ -384,7 +429,8 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
             _set(tiny, SHARED_FFN_KEYS, sizes.shared_expert_intermediate)
         if real.shared_experts:
             _set(tiny, SHARED_COUNT_KEYS, real.shared_experts)
-    tiny["vocab_size"] = sizes.vocab
+    if not _set(tiny, ("vocab_size",), sizes.vocab):  # a multimodal config keeps it in its text model's table
+        tiny["vocab_size"] = sizes.vocab
     tiny["tie_word_embeddings"] = real.tied_embeddings
     return tiny
 
@@ -409,8 +455,8 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
         if isinstance(raw.get(name), dict):
             raw = {**raw, **raw[name]}
     values = ConfigValues(raw, type(config).__name__)
-    heads = _first(values, HEAD_KEYS)
     hidden = _first(values, HIDDEN_KEYS)
+    heads = _first(values, HEAD_KEYS) or (1 if hidden and any(key in values for key in MIXER_KEYS) else None)
     if not heads or not hidden:
         raise RegistryError(
             f"{source}: the config has no attention head count or hidden size under the names "

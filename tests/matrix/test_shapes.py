@@ -15,6 +15,7 @@ from matrix.shapes import (
     RealShape,
     faithful_count,
     faithful_dim,
+    faithful_groups,
     faithful_record,
     faithful_sizes,
     load_real_shapes,
@@ -421,3 +422,46 @@ def test_a_vocabulary_kept_only_in_the_text_config_is_read_there():
     """fuyu's config from transformers 4.43: vocab_size in text_config alone."""
     config = _Config(num_attention_heads=16, hidden_size=1024, text_config={"vocab_size": 262144})
     assert read_shape(config, "test").vocab == 262144
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"text_config": {"num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 1024}},  # llama4, gemma4
+        {"decoder_attention_heads": 16, "encoder_attention_heads": 8, "d_model": 1024},  # marian, whisper, trocr
+        {"n_heads": 16, "emb_dim": 1024},  # xlm
+    ],
+)
+def test_heads_and_widths_are_read_where_the_config_keeps_them(values):
+    shape = read_shape(_Config(vocab_size=1000, **values), "test")
+    assert (shape.heads, shape.hidden, shape.head_dim) == (16, 1024, 64)
+
+
+def test_an_attention_free_mixer_is_read_as_one_head_and_a_config_without_sizes_still_refused():
+    mamba = read_shape(_Config(hidden_size=768, intermediate_size=1536, state_size=16, vocab_size=1000), "test")
+    assert (mamba.heads, mamba.kv_heads, mamba.hidden, mamba.intermediate) == (1, 1, 768, 1536)
+    with pytest.raises(RegistryError, match="no attention head count or hidden size"):
+        read_shape(_Config(hidden_size=768, vocab_size=1000), "test")
+
+
+FLAGSHIPS = ("llama4", "gemma4", "qwen3_5", "qwen3_5_moe", "marian", "whisper", "trocr", "xlm", "mamba", "rwkv")
+"""Architectures whose sizes sit in a text sub-config, a decoder's keys or a mixer's: none had a faithful config
+until their readers were added (#57)."""
+
+
+@pytest.mark.parametrize("model_type", FLAGSHIPS)
+def test_flagship_encoder_decoder_and_mixer_architectures_get_a_faithful_tiny_config(model_type):
+    from transformers import CONFIG_MAPPING
+
+    from matrix.derive import derived_entries
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type}: not in this transformers")
+    entry = derived_entries({})[model_type]
+    assert not entry.skip_reason, entry.skip_reason
+    shaped = shaped_entry(entry, "faithful", 2, {})
+    assert shaped.skip_reason is None, shaped.skip_reason
+    real = faithful_groups(entry, {}, MATRIX_TP)[0].record  # a derived architecture's: its config class defaults
+    assert split_differences(tiny_shape(model_type, shaped.tiny), real, MATRIX_TP) == []
+    if "vision_config" in entry.tiny:  # a vision tower's sizes are the derived ones: only the text model is shaped
+        assert shaped.tiny["vision_config"] == entry.tiny["vision_config"]
