@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import ReportsError
@@ -13,6 +15,7 @@ from reports.store import (
     ArchiveConflict,
     HistoryStore,
     ResultsArchive,
+    RunRecords,
     StoreConflict,
     admit,
     default_archive,
@@ -37,61 +40,86 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 only when something usable was read and nothing contradicts the archive or the store: a folder of
     truncated files must not look like a night whose results were all known already. Every file passes the door
-    (reports.store.door: read, redacted, validated) before anything is written; one that fails is skipped with one
-    line naming it, the field and the value, and the others merge."""
+    (reports.store.door: read, redacted, validated) before anything of it is written; one that fails is skipped with
+    one line naming it, the field and the value, and the others merge. One file's records are held at a time."""
     files = find_junit_files(args.inputs)
     redact = redactor()
     archive = ResultsArchive(args.archive or default_archive(args.store), redact)
-    readable, skipped = [], []
-    for path in files:
-        try:
-            readable.append((path, admit(path, redact, trusted=not args.untrusted)))
-        except ReportsError as exc:  # one bad file must not stop the others
-            skipped.append(str(exc))
-    for reason in skipped:
-        print(f"skipped {reason}", file=sys.stderr)
-    if not readable:
-        found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
-        raise ReportsError(
-            f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
-            "unchanged — pass the session's junit/ folder or the downloaded artifacts"
-        )
-    runs = results = imported = archived = answers = 0
-    conflicts = []
-    with HistoryStore(args.store, create=True) as store:
-        for path, file_runs in readable:
+    merged = _Merged()
+    with ExitStack() as opened:
+        store: HistoryStore | None = None  # opened at the first usable file: none leaves the store unchanged
+        for path in files:
             try:
-                if not args.untrusted:  # first: the archive is what the store is rebuilt from
-                    written = archive.add(path, file_runs)
-                    archived += len(written)
-                    store.record_entries({archive.name(entry): archive.sha256(entry) for entry in written})
-                counts = store.import_runs([(records.run, list(records.results)) for records in file_runs], path)
-            except (ArchiveConflict, StoreConflict) as exc:
-                conflicts.append(str(exc))
+                file_runs = admit(path, redact, trusted=not args.untrusted)
+            except ReportsError as exc:  # one bad file must not stop the others
+                print(f"skipped {exc}", file=sys.stderr)
+                merged.skipped += 1
                 continue
-            imported += 1
-            runs += counts.new_runs
-            results += counts.new_results
+            store = store or opened.enter_context(HistoryStore(args.store, create=True))
+            _merge_file(path, file_runs, store, archive, args.untrusted, merged)
+            del file_runs  # before the next file's are read
+        if store is None:
+            found = f"all {len(files)} file(s) were skipped (above)" if files else "no JUnit (*.xml) file in them"
+            raise ReportsError(
+                f"nothing to import from {' '.join(map(str, args.inputs))}: {found}; {args.store} is "
+                "unchanged — pass the session's junit/ folder or the downloaded artifacts"
+            )
         if not args.untrusted:
-            answers = archive.add_answers(store.answers())  # bisect/triage since
+            merged.answers = archive.add_answers(store.answers())  # bisect/triage since
         store.compact(args.keep_recent_runs)  # old results keep their verdict only (reports/README.md "Compaction")
-    for conflict in conflicts:
+    for conflict in merged.conflicts:
         print(f"conflict {conflict}", file=sys.stderr)
     trust = " (untrusted: a pull request's)" if args.untrusted else ""
     print(
-        f"{args.store}: {runs} new run(s){trust}, {results} new result(s) from {imported} file(s); "
-        f"{len(skipped)} skipped"
+        f"{args.store}: {merged.runs} new run(s){trust}, {merged.results} new result(s) from {merged.imported} "
+        f"file(s); {merged.skipped} skipped"
     )
     if args.untrusted:
         print(f"{archive.root}: nothing archived (untrusted runs are never part of the history)")
     else:
-        print(f"{archive.root}: {archived} new archive entr{'y' if archived == 1 else 'ies'}, {answers} new answer(s)")
-    if conflicts:
+        entries = f"{merged.archived} new archive entr{'y' if merged.archived == 1 else 'ies'}"
+        print(f"{archive.root}: {entries}, {merged.answers} new answer(s)")
+    if merged.conflicts:
         raise ReportsError(
-            f"{len(conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
+            f"{len(merged.conflicts)} file(s) contradict runs already in {args.store} or its archive (above) "
             "and were not imported"
         )
     return 0
+
+
+@dataclass
+class _Merged:
+    """What a merge did so far, for its closing lines."""
+
+    runs: int = 0  # new runs stored
+    results: int = 0  # new results stored
+    imported: int = 0  # files imported
+    skipped: int = 0  # files the door refused
+    archived: int = 0  # archive entries written
+    answers: int = 0  # answers archived
+    conflicts: list[str] = field(default_factory=list)  # files contradicting the store or the archive, one line each
+
+
+def _merge_file(
+    path: Path,
+    file_runs: list[RunRecords],
+    store: HistoryStore,
+    archive: ResultsArchive,
+    untrusted: bool,
+    merged: _Merged,
+) -> None:
+    try:
+        if not untrusted:  # first: the archive is what the store is rebuilt from
+            written = archive.add(path, file_runs)
+            merged.archived += len(written)
+            store.record_entries({archive.name(entry): archive.sha256(entry) for entry in written})
+        counts = store.import_runs([(records.run, list(records.results)) for records in file_runs], path)
+    except (ArchiveConflict, StoreConflict) as exc:
+        merged.conflicts.append(str(exc))
+        return
+    merged.imported += 1
+    merged.runs += counts.new_runs
+    merged.results += counts.new_results
 
 
 COMMAND = Command("merge", "import JUnit files into the history store and the results archive", add_arguments, run)

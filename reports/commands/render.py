@@ -14,6 +14,7 @@ from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_deepspeed_repo, add_known_failures, add_store, known_failures
 from reports.outputs import (
+    append_step_summary,
     build_report,
     check_drift,
     draft_runs,
@@ -21,6 +22,7 @@ from reports.outputs import (
     model_families,
     model_support,
     result_files,
+    staged,
     write_drafts,
     write_outputs,
     write_repro_scripts,
@@ -79,20 +81,23 @@ def _render(args: argparse.Namespace) -> int:
         aggregates = store.aggregates()
         history = analyse_aggregates(aggregates, repo, store.bisections(), store.triage_attempts())
         drift = check_drift(model_support(history, model_families()), args.docs) if args.docs else None
-        with writing_to(args.out):
+        # Every output (repro scripts and drafts too) is written into one staging folder and moved into place
+        # together: a render that fails leaves the previous one's files as they were, none of them beside new ones.
+        with writing_to(args.out), staged(args.out) as stage:
             # The files the report links are written first: it names a file only when it is there.
-            scripts = write_repro_scripts(history, aggregates, args.out, print)
+            scripts = write_repro_scripts(history, aggregates, stage, print)
             report = build_report(
                 history,
                 aggregates,
                 drift,
                 known_failures(args.known_failures),
-                result_files(args.out, history),
+                result_files(args.out, history, stage),
             )
             if scripts:  # a draft inlines its example cell's script, written here (the cells' transformers)
                 observations = store.observations(draft_runs(report, history, aggregates))
-                report = write_drafts(report, history, observations, args.out, inert)
-    for path in write_outputs(report, history, drift, args.out):
+                report = write_drafts(report, history, observations, stage, inert)
+            written = write_outputs(report, history, drift, args.out, stage)
+    for path in [*written, append_step_summary(report, args.out)]:
         print(f"wrote {path}")
     # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its
     # 23 MB of JSON at a year); like everything a command prints, redacted on its way out (reports.__main__); then

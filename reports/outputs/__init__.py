@@ -38,9 +38,11 @@ from reports.outputs.publish import (
     publish_deltas,
 )
 from reports.outputs.render import (
+    append_step_summary,
     write_outputs,
 )
 from reports.outputs.staging import (
+    staged,
     writing_to,
 )
 from reports.outputs.support import (
@@ -68,5 +70,7 @@ __all__ = [
     "transition_entry",
     "write_draft",
     "write_outputs",
+    "append_step_summary",
+    "staged",
     "writing_to",
 ]

@@ -8,17 +8,17 @@ transformers is installed (the combination's environment `nox -s matrix` renders
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from matrix.cells import resolve_cell
+from matrix.cells import Cell, expand, replay_name, resolve_cell
 from matrix.registry import RegistryError
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
 from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
 from reports.outputs.model import Report
-from reports.store import AXES, Aggregates, Observation, ResultGroup
-from suites.records.repro import write_repro
+from reports.store import AXES, Aggregates, CellKey, Observation, ResultGroup
 
 
 def failing_groups(history: History, aggregates: Aggregates) -> dict[str, ResultGroup]:
@@ -56,13 +56,14 @@ def write_repro_scripts(
             "--cause <id>` writes a cause's script"
         )
         return set()
+    from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
+
+    cells = resolve_cells([group.cell for group in groups.values()])
     written = set()
     for cell_id, group in sorted(groups.items()):
-        key = group.cell
-        try:
-            cell = resolve_cell(key.model, key.variant, key.dtype, key.tp)
-        except RegistryError as error:
-            log(f"repro script for {cell_id}: not written ({error})")
+        cell = cells[cell_id]
+        if isinstance(cell, RegistryError):
+            log(f"repro script for {cell_id}: not written ({cell})")
             continue
         run = group.newest
         versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
@@ -73,9 +74,43 @@ def write_repro_scripts(
     return written
 
 
-def result_files(out_dir: Path, history: History) -> ResultFiles:
+def resolve_cells(keys: Iterable[CellKey]) -> dict[str, Cell | RegistryError]:
+    """Each recorded cell as the Cell it names (matrix.cells.resolve_cell), or why it cannot be built, by cell id.
+    The cells of one model are built by one expansion: a model the registry lacks is derived from transformers'
+    config classes, which derives every architecture (seconds), once for all of its cells rather than once each. A
+    model whose expansion fails is resolved cell by cell, so each says its own reason."""
+    by_model: dict[str, list[CellKey]] = defaultdict(list)
+    for key in keys:
+        by_model[key.model].append(key)
+    resolved: dict[str, Cell | RegistryError] = {}
+    for model, cells in by_model.items():
+        try:
+            built = {
+                cell.id: cell
+                for cell in expand(
+                    replay_name(model),
+                    ",".join(sorted({key.variant for key in cells})),
+                    ",".join(sorted({key.dtype for key in cells})),
+                    ",".join(sorted({str(key.tp) for key in cells})),
+                )
+            }
+        except RegistryError:
+            built = {}
+        for key in cells:
+            if key.id in built:
+                resolved[key.id] = built[key.id]
+                continue
+            try:
+                resolved[key.id] = resolve_cell(key.model, key.variant, key.dtype, key.tp)
+            except RegistryError as error:
+                resolved[key.id] = error
+    return resolved
+
+
+def result_files(out_dir: Path, history: History, stage: Path) -> ResultFiles:
     """What out_dir holds for the cells failing at the latest versions: the logs their run kept, and their repro
-    scripts (written by this render, or by the run's own render: CI gathers the cell jobs' into the report's)."""
+    scripts (written by this render into `stage`, the folder its outputs move into out_dir from, or by the run's own
+    render: CI gathers the cell jobs' into the report's)."""
     failing = {
         cell.id
         for (cell, versions), status in history.statuses.items()
@@ -83,7 +118,9 @@ def result_files(out_dir: Path, history: History) -> ResultFiles:
     }
     return ResultFiles(
         logs=frozenset(cell for cell in failing if any((out_dir / log_folder(cell)).glob("*"))),
-        repro=frozenset(cell for cell in failing if (out_dir / repro_file(cell)).is_file()),
+        repro=frozenset(
+            cell for cell in failing if any((folder / repro_file(cell)).is_file() for folder in (out_dir, stage))
+        ),
     )
 
 

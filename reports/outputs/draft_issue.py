@@ -44,7 +44,6 @@ from reports.outputs.model import Report, build_report
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
 from suites.outcome import FAILURE_CLASSES
-from suites.records.repro import write_repro
 from suites.records.run_records import RunInfo
 
 MAX_TITLE_MECHANISM = 60  # characters of the mechanism in a title; the body has all of it
@@ -222,6 +221,8 @@ def run_info(run: Run) -> RunInfo:
 
 def write_cell_repro(cell: Cell, failure: Observation, folder: Path) -> tuple[str, str]:
     """(file name, text) of the standalone script of a failing cell, written to `folder`."""
+    from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
+
     run = failure.run
     versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
     verdict = f"fail {failure.result.failure_class} {failure.result.signature}"

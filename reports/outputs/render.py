@@ -22,11 +22,13 @@ from reports.outputs.html import report_html
 from reports.outputs.markdown import report_markdown, step_summary_markdown
 from reports.outputs.markdown_safety import inert
 from reports.outputs.model import DETAILS_FILE, Report, split_report
-from reports.outputs.staging import staged, writing_to
+from reports.outputs.staging import writing_to
 
 
-def write_outputs(report: Report, history: History, drift: Drift | None, out_dir: Path) -> list[Path]:
-    step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+def write_outputs(report: Report, history: History, drift: Drift | None, out_dir: Path, stage: Path) -> list[Path]:
+    """The report's files, written into `stage` (the staging folder of out_dir, reports.outputs.staging.staged, that
+    the command's repro scripts and drafts are in too, so all of them move into place together); the paths they
+    will have under out_dir."""
     first_screen, details = split_report(report)
     outputs = {
         out_dir / "report.md": inert(report_markdown(report)),
@@ -44,11 +46,17 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
         )
         outputs[out_dir / "supported-models.diff"] = docs_diff(report, docs)
     redact = Redactor()  # the store redacts what it imports; this also covers stores written before it did
-    with staged(out_dir) as stage:  # all of them, or none
-        for path, text in outputs.items():
-            target = stage / path.relative_to(out_dir)
-            target.parent.mkdir(parents=True, exist_ok=True)  # checkpoint pages have a folder of their own
-            target.write_text(redact(text), encoding="utf-8")
-    with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:  # GitHub expects steps to append
-        summary.write(redact(inert(step_summary_markdown(report))))
-    return [*outputs, step_summary]
+    for path, text in outputs.items():
+        target = stage / path.relative_to(out_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)  # checkpoint pages have a folder of their own
+        target.write_text(redact(text), encoding="utf-8")
+    return list(outputs)
+
+
+def append_step_summary(report: Report, out_dir: Path) -> Path:
+    """The report's step summary appended to $GITHUB_STEP_SUMMARY (GitHub expects steps to append), else to
+    out_dir/step-summary.md: after the other outputs are in place."""
+    step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
+    with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:
+        summary.write(Redactor()(inert(step_summary_markdown(report))))
+    return step_summary

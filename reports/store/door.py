@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from matrix.redaction import Redactor
 from reports import ReportsError
-from reports.store.junit import read_junit, shown
+from reports.store.junit import JUnitCase, gather, junit_cases, shown
 from reports.store.records import CellDetail, CellKey, CellResult, JSONObject, RunRecords, Versions
 from reports.store.validation import Problem, first_problem, problems_of
 from suites.records.run_records import MalformedRecord, read_records
@@ -60,15 +60,22 @@ def _redacted(value: Any, redact: Redact) -> Any:
 
 def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecords]:
     """The runs of a JUnit file, redacted and validated; raise ReportsError naming the file (and the first field and
-    value that failed) when it is unusable. `trusted` False marks them as a pull request's (never archived)."""
-    raw = read_junit(path)
-    runs = [redact_fields(records, redact) for records in raw]
+    value that failed) when it is unusable. `trusted` False marks them as a pull request's (never archived). Each
+    testcase is redacted as it is read, so only the records are held, never the file's tree or a second copy."""
+    raw_run_ids: set[str] = set()  # as cells.jsonl names them
+
+    def redacted(cases: Iterator[JUnitCase]) -> Iterator[JUnitCase]:
+        for case in cases:
+            raw_run_ids.add(case.run.run_id)
+            yield redact_fields(case, redact)
+
+    runs = gather(redacted(junit_cases(path)))
     if not trusted:
         runs = [dataclasses.replace(r, run=dataclasses.replace(r.run, trusted=False)) for r in runs]
     for records in runs:
         if problem := first_problem(records):
             raise Rejected(path, problem)
-    _check_cells_beside(path, {records.run.run_id for records in raw}, redact)
+    _check_cells_beside(path, raw_run_ids, redact)
     return runs
 
 

@@ -1,16 +1,18 @@
-"""Read session JUnit files (README.md "Results") into typed run records: their structure only. What the values may be
+"""Read session JUnit files (README.md "Results") into typed run records, one testcase at a time: their structure only. What the values may be
 (names, versions, ranges, lengths) is checked by reports.store.validation, after redaction, at the door
 (reports.store.door): read_junit alone is not a way in."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields
+from collections.abc import Iterable, Iterator
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import cast
+from xml.etree import ElementTree
 
-from junitparser import Error, Failure, JUnitXmlError, Skipped
-from junitparser.xunit2 import JUnitXml, TestCase
+from junitparser import Error, Failure, Skipped
+from junitparser.xunit2 import TestCase
 
 from matrix.json_records import read_record
 from reports import ReportsError
@@ -59,59 +61,119 @@ def find_junit_files(inputs: list[Path]) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class JUnitCase:
+    """One autotp cell's testcase as read from a JUnit file: its run, its result and what else it says about the cell;
+    not yet redacted nor validated (reports.store.door does both, one testcase at a time)."""
+
+    run: Run  # the run the testcase names, the same record for every testcase of that run
+    dependencies_as_of: str  # the run's run.dependencies_as_of property
+    result: CellResult
+    detail: CellDetail
+
+
 def read_junit(path: Path) -> list[RunRecords]:
     """Each run in the file with its cell results and details; raise MalformedJUnit if unusable."""
-    _refuse_document_type(path)
-    try:
-        xml = JUnitXml.fromfile(str(path))
-    except JUnitXmlError:
-        raise MalformedJUnit(path, "not a JUnit file (root element is not <testsuites> or <testsuite>)") from None
-    except Exception as exc:  # the XML parser (lxml or ElementTree) raises its own types
-        raise MalformedJUnit(path, f"unreadable XML ({exc}); the session was probably interrupted") from None
+    return gather(junit_cases(path))
 
+
+def junit_cases(path: Path) -> Iterator[JUnitCase]:
+    """The file's autotp cells, one testcase at a time, parsed as they are read (memory is one testcase's, however
+    many the file holds); raise MalformedJUnit where the file is unusable. A run that lists one cell twice is
+    unusable: a run gives each cell one verdict, and which of two a reader keeps would decide whether a failure
+    shows (a pass listed first would hide it)."""
+    _refuse_document_type(path)
     runs: dict[str, Run] = {}
-    extras: dict[str, str] = {}
-    results: dict[str, list[CellResult]] = {}
-    details: dict[str, list[CellDetail]] = {}
-    for suite in xml:
-        for case in suite:
-            # An xunit2 suite yields xunit2 test cases (which carry properties); junitparser types them as the base.
-            case = cast(TestCase, case)
-            # junitparser leaves TestCase.properties unannotated
-            props = {p.name: p.value or "" for p in case.properties()}  # type: ignore[no-untyped-call]
-            if "cell.id" not in props:
-                continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
-            if props.get("faults"):
-                continue  # a harness self-test with injected faults: never a verdict about DeepSpeed
-            where = f"testcase {shown(case.name)}"
-            run = _run_from(props, path, where)
-            known = runs.setdefault(run.run_id, run)
-            if known != run:
-                raise MalformedJUnit(
-                    path, f"{where}: run {shown(run.run_id)} has different provenance than earlier testcases"
-                )
-            extras.setdefault(run.run_id, props.get("run.dependencies_as_of", ""))
-            result = _result_from(case, props, run.run_id, path, where)
-            results.setdefault(run.run_id, []).append(result)
-            details.setdefault(run.run_id, []).append(
-                CellDetail(
-                    result.cell,
-                    checkpoint_source=props.get("checkpoint.source", ""),
-                    checkpoint_revision=props.get("checkpoint.revision", ""),
-                    logs=props.get("logs", ""),
-                )
+    cells: dict[str, set[str]] = {}
+    for case in _testcases(path):
+        # junitparser leaves TestCase.properties unannotated
+        props = {p.name: p.value or "" for p in case.properties()}  # type: ignore[no-untyped-call]
+        if "cell.id" not in props:
+            continue  # a test that is not an autotp cell (e.g. a helper test in the same session)
+        if props.get("faults"):
+            continue  # a harness self-test with injected faults: never a verdict about DeepSpeed
+        where = f"testcase {shown(case.name)}"
+        run = _run_from(props, path, where)
+        known = runs.setdefault(run.run_id, run)
+        if known != run:
+            raise MalformedJUnit(
+                path, f"{where}: run {shown(run.run_id)} has different provenance than earlier testcases"
             )
+        result = _result_from(case, props, known.run_id, path, where)
+        listed = cells.setdefault(known.run_id, set())
+        if result.cell.id in listed:
+            raise MalformedJUnit(
+                path,
+                f"{where}: run {shown(known.run_id)} lists cell {shown(result.cell.id)} twice; a run gives each cell "
+                "one verdict, so none of this file was imported — check how the file was produced",
+            )
+        listed.add(result.cell.id)
+        detail = CellDetail(
+            result.cell,
+            checkpoint_source=props.get("checkpoint.source", ""),
+            checkpoint_revision=props.get("checkpoint.revision", ""),
+            logs=props.get("logs", ""),
+        )
+        yield JUnitCase(known, props.get("run.dependencies_as_of", ""), result, detail)
     if not runs:
         raise MalformedJUnit(path, "contains no autotp cells (no testcase has a 'cell.id' property)")
+
+
+def gather(cases: Iterable[JUnitCase]) -> list[RunRecords]:
+    """The cases' runs, in the order the file first names them, each with its results and its details that say
+    something; a run's run.dependencies_as_of is its first testcase's."""
+    runs: dict[str, RunRecords] = {}
+    results: dict[str, list[CellResult]] = {}
+    details: dict[str, list[CellDetail]] = {}
+    for case in cases:
+        run_id = case.run.run_id
+        if run_id not in runs:
+            runs[run_id] = RunRecords(case.run, (), (), case.dependencies_as_of)
+        results.setdefault(run_id, []).append(case.result)
+        if case.detail != CellDetail(case.detail.cell):
+            details.setdefault(run_id, []).append(case.detail)
     return [
-        RunRecords(
-            runs[run_id],
-            tuple(results[run_id]),
-            tuple(detail for detail in details[run_id] if detail != CellDetail(detail.cell)),
-            extras[run_id],
-        )
-        for run_id in runs
+        replace(records, results=tuple(results.pop(run_id)), details=tuple(details.pop(run_id, ())))
+        for run_id, records in runs.items()
     ]
+
+
+def _testcases(path: Path) -> Iterator[TestCase]:
+    """The testcases of the file's suites (a <testsuites> root's <testsuite> children, or a <testsuite> root), as the
+    parser reaches the end of each: each is dropped from the tree once read, with everything else outside a
+    testcase, so the tree never holds more than one. The standard library's parser (expat) fetches nothing a file
+    names and refuses undeclared entities; a declared one never reaches it (_refuse_document_type)."""
+    depth = 0  # of a testcase: 1 under a <testsuite> root, 2 under <testsuites>
+    open_elements: list[ElementTree.Element] = []
+    open_cases = 0  # testcases among them: what is inside one stays until it ends
+    try:
+        with open(path, "rb") as stream:
+            for event, element in ElementTree.iterparse(stream, events=("start", "end")):
+                if event == "start":
+                    if not open_elements:
+                        depth = _TESTCASE_DEPTH.get(element.tag, 0)
+                        if not depth:
+                            raise MalformedJUnit(
+                                path, "not a JUnit file (root element is not <testsuites> or <testsuite>)"
+                            )
+                    open_elements.append(element)
+                    open_cases += element.tag == "testcase"
+                    continue
+                open_elements.pop()
+                if element.tag == "testcase":
+                    open_cases -= 1
+                    if open_cases == 0 and len(open_elements) == depth and open_elements[-1].tag == "testsuite":
+                        # junitparser's typed view of the element (properties, results), no tree of its own
+                        yield cast(TestCase, TestCase.fromelem(element))  # type: ignore[no-untyped-call]
+                if open_elements and open_cases == 0:
+                    open_elements[-1].remove(element)
+    except ElementTree.ParseError as exc:
+        raise MalformedJUnit(path, f"unreadable XML ({exc}); the session was probably interrupted") from None
+    except OSError as exc:
+        raise MalformedJUnit(path, f"cannot read it ({exc.strerror})") from None
+
+
+_TESTCASE_DEPTH = {"testsuite": 1, "testsuites": 2}
 
 
 def _refuse_document_type(path: Path) -> None:
