@@ -7,7 +7,7 @@ Writes one session's JUnit file of --testcases cells (the properties a session w
 in ten failing with a traceback, the others passing with two metrics: ~830 bytes a testcase, as the issue's), then, each in a child process of its own, for
 the tree at REF (`git archive`, default: main before merge streamed) and for this checkout: `python -m reports merge`
 of the file into an empty store and archive, and `python -m reports merge --help` (the same imports, nothing read).
-Peak memory is the child's maximum resident set (os.wait4); what merge itself adds is the difference of the two.
+Peak memory is the child's own high-water mark of resident memory (VmHWM); what merge itself adds is the difference of the two.
 Memory figures hold on a shared machine; the wall times printed beside them do not.
 """
 
@@ -91,24 +91,42 @@ def write_junit(path: Path, testcases: int) -> None:
         out.write("</testsuite></testsuites>\n")
 
 
-def peak_of(command: list[str], cwd: Path) -> tuple[float, float, int]:
-    """The child's peak resident set in MB, its wall time and exit status."""
+# A child's peak resident memory is its own address space's high-water mark (VmHWM): the rusage of a child that
+# Python starts by vfork counts the parent's memory too.
+MEASURED = """
+import runpy, sys
+peak_file, sys.argv = sys.argv[1], ["reports", *sys.argv[2:]]
+try:
+    runpy.run_module("reports", run_name="__main__", alter_sys=True)
+finally:
+    peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    open(peak_file, "w").write(peak.split()[1])
+"""
+
+
+def peak_of(arguments: list[str], cwd: Path, scratch: Path) -> tuple[float, float, int]:
+    """`python -m reports <arguments>` in cwd: its peak resident memory in MB, its wall time and exit status."""
+    peak_file = scratch / "peak-kib"
     started = time.monotonic()
-    child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    stderr = child.stderr.read().decode(errors="replace") if child.stderr else ""
+    child = subprocess.run(
+        [sys.executable, "-c", MEASURED, str(peak_file), *arguments],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+    wall_s = time.monotonic() - started
     if child.returncode:
-        print(f"  {' '.join(command[1:4])} in {cwd}: exit {child.returncode}\n{stderr[-2000:]}", file=sys.stderr)
-    return usage.ru_maxrss / 1024, time.monotonic() - started, child.returncode  # ru_maxrss: KiB on Linux
+        print(f"  {' '.join(arguments[:2])} in {cwd}: exit {child.returncode}\n{child.stderr[-2000:]}", file=sys.stderr)
+    return int(peak_file.read_text()) / 1024, wall_s, child.returncode
 
 
 def measure(tree: str, root: Path, junit: Path, work: Path) -> Measured:
     scratch = Path(tempfile.mkdtemp(prefix=f"{tree}-", dir=work))
-    merge = [sys.executable, "-m", "reports", "merge", str(junit)]
-    merge += ["--store", str(scratch / "history.sqlite"), "--archive", str(scratch / "archive")]
-    imports_mb, _, _ = peak_of([sys.executable, "-m", "reports", "merge", "--help"], root)
-    peak_mb, wall_s, status = peak_of(merge, root)
+    merge = ["merge", str(junit), "--store", str(scratch / "history.sqlite"), "--archive", str(scratch / "archive")]
+    imports_mb, _, _ = peak_of(["merge", "--help"], root, scratch)
+    peak_mb, wall_s, status = peak_of(merge, root, scratch)
     return Measured(tree, peak_mb, imports_mb, wall_s, status)
 
 

@@ -77,8 +77,8 @@ def write_repro_scripts(
 def resolve_cells(keys: Iterable[CellKey]) -> dict[str, Cell | RegistryError]:
     """Each recorded cell as the Cell it names (matrix.cells.resolve_cell), or why it cannot be built, by cell id.
     The cells of one model are built by one expansion: a model the registry lacks is derived from transformers'
-    config classes, which derives every architecture (seconds), once for all of its cells rather than once each. A
-    model whose expansion fails is resolved cell by cell, so each says its own reason."""
+    config classes, which derives every architecture (seconds), once for all of its cells rather than once each. An
+    expansion that fails is the reason for each of its cells; a cell it does not build is asked for alone."""
     by_model: dict[str, list[CellKey]] = defaultdict(list)
     for key in keys:
         by_model[key.model].append(key)
@@ -94,14 +94,12 @@ def resolve_cells(keys: Iterable[CellKey]) -> dict[str, Cell | RegistryError]:
                     ",".join(sorted({str(key.tp) for key in cells})),
                 )
             }
-        except RegistryError:
-            built = {}
+        except RegistryError as error:
+            resolved.update(dict.fromkeys((key.id for key in cells), error))
+            continue
         for key in cells:
-            if key.id in built:
-                resolved[key.id] = built[key.id]
-                continue
             try:
-                resolved[key.id] = resolve_cell(key.model, key.variant, key.dtype, key.tp)
+                resolved[key.id] = built.get(key.id) or resolve_cell(key.model, key.variant, key.dtype, key.tp)
             except RegistryError as error:
                 resolved[key.id] = error
     return resolved
