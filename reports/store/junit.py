@@ -78,8 +78,8 @@ def read_junit(path: Path) -> list[RunRecords]:
 
 
 def junit_cases(path: Path) -> Iterator[JUnitCase]:
-    """The file's autotp cells, one testcase at a time, parsed as they are read (memory is one testcase's, however
-    many the file holds); raise MalformedJUnit where the file is unusable. A run that lists one cell twice is
+    """The file's autotp cells, one testcase at a time, parsed as they are read (the parser's tree holds one
+    testcase, however many the file has); raise MalformedJUnit where the file is unusable. A run that lists one cell twice is
     unusable: a run gives each cell one verdict, and which of two a reader keeps would decide whether a failure
     shows (a pass listed first would hide it)."""
     _refuse_document_type(path)
