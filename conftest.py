@@ -52,12 +52,25 @@ def pytest_configure(config):
         if workers and config.option.dist == "load":
             config.option.dist = "loadgroup"  # keep each worker on its chunk of cells (see _xdist_group)
         _warn_if_oversubscribed(config, workers)
+        _failures_as_causes(config)
         if getattr(config.option, "xmlpath", None) is None:
             config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
         config.stash[RUN] = _start_run(config)
 
 
 RUN = pytest.StashKey[tuple]()
+
+
+def _failures_as_causes(config) -> None:
+    """A run's failures are read as causes where it ends (`python -m reports render`: one line per cause), each
+    cell's tracebacks and rank logs under results/logs/<cell>/: pytest's own failure blocks and its short summary
+    line per failed cell would repeat every failure (213 cells: ~3,700 lines). A user who asks for them (`--tb=...`,
+    `-r...`) still gets them."""
+    asked = [str(arg) for arg in config.invocation_params.args]
+    if not any(arg.startswith("--tb") for arg in asked):
+        config.option.tbstyle = "no"
+    if not any(arg.startswith("-r") or arg == "--report-chars" for arg in asked):
+        config.option.reportchars = ""
 
 
 def _warn_if_oversubscribed(config, workers) -> None:

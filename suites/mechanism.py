@@ -13,6 +13,7 @@ part inside the decoder layer (`self_attn.q_proj`, `role`), the same in every ar
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -229,6 +230,12 @@ class Failure:
     broke_at: BreakPoint | None = None
 
 
+def class_and_finding(failure_class: str, signature: str) -> str:
+    """ "memory: linears split unevenly …", the class said once: a judged failure's signature starts with its check's
+    name (suites/checks/names.py `judged_signature`), which for `memory` is the class too."""
+    return f"{failure_class}: {signature.removeprefix(f'{failure_class}: ')}"
+
+
 def whose(failure_class: str) -> str:
     return {"setup": "harness", "install": "environment"}.get(failure_class, "autotp")
 
@@ -300,15 +307,45 @@ def cause_of(failure: Failure) -> Cause:
     return Cause(f"at|{role(origin)}|{broke.origin_class}|{broke.layer_class if own else ''}", broke.text, whose_bug)
 
 
+def cause_sentence(key: str, words: Sequence[str]) -> str:
+    """What one cause says of all its cells: their words where every cell's are the same, else a sentence from what
+    the cells share, the cause's `key` (`cause_of` writes each cell's words from its own model: head counts, tp, the
+    module it broke in, which differ between the cells of one cause)."""
+    if len(set(words)) == 1:
+        return words[0]
+    kind, _, rest = key.partition("|")
+    parts = rest.split("|")
+    if kind == "router":
+        return f"the MoE router (one output per expert: it must stay whole) made {parts[0]} by the parser"
+    if kind == "kv-unit split":
+        return (
+            "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, "
+            "the ranks past the kv-head count hold no query head"
+        )
+    if kind == "left whole":
+        return f"a {' or '.join(parts[0].split(','))} tensor left whole next to a projection AutoTP split"
+    if kind == "layout":
+        return f"AutoTP split `{parts[0]}` as {parts[1]}"
+    if kind == "at":
+        classes = ", ".join(c for c in parts[1:] if c)
+        return f"broke in `{parts[0]}` ({classes})"
+    return rest  # a memory finding or a failure's text: what the cells share already
+
+
 def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bug: str) -> Cause:
     names = ", ".join(f"`{role(r.path)}`" for r in starved)
     return Cause(
         "kv-unit split|query heads starved",
         f"DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): {record.kv_heads} kv "
-        f"head{'s' if record.kv_heads > 1 else ''} < tp {record.tp}, so ranks {record.kv_heads}..{record.tp - 1} "
-        f"hold no query head of {names}{where}",
+        f"head{'s' if record.kv_heads > 1 else ''} < tp {record.tp}, so {_ranks_hold(record.kv_heads, record.tp - 1)} "
+        f"no query head of {names}{where}",
         whose_bug,
     )
+
+
+def _ranks_hold(first: int, last: int) -> str:
+    """ "rank 1 holds", "ranks 1..3 hold"."""
+    return f"rank {first} holds" if first == last else f"ranks {first}..{last} hold"
 
 
 def _memory_cause(failure: Failure, record: AutoTPRecord, whose_bug: str) -> Cause:

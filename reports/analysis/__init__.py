@@ -55,6 +55,7 @@ from reports.analysis.comparison import (
 )
 from reports.analysis.failing_now import (
     NO_RESULT_FILES,
+    CellFiles,
     FailingCause,
     FailingNow,
     ResultFiles,
@@ -66,10 +67,13 @@ from reports.analysis.failing_now import (
 )
 from reports.analysis.failing_now_text import (
     cause_answer_text,
+    cause_sentence_text,
+    console_lines,
     counts_line,
     failing_now_html,
     failing_now_markdown,
     status_text,
+    summary_text,
     whose_text,
 )
 from reports.analysis.history import (
@@ -155,6 +159,7 @@ __all__ = [
     "cells_text",
     "ArchitectureEntry",
     "CheckpointEntry",
+    "CellFiles",
     "CheckpointVerdict",
     "CheckpointVerdicts",
     "checkpoint_lines",
@@ -166,6 +171,8 @@ __all__ = [
     "commit_words",
     "compare",
     "count_text",
+    "cause_sentence_text",
+    "console_lines",
     "counts_line",
     "delta_causes",
     "draft_file",
@@ -192,6 +199,7 @@ __all__ = [
     "shape_of",
     "shared_answers",
     "status_text",
+    "summary_text",
     "summarise",
     "trusted_history",
     "surfaced_in",

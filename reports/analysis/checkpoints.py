@@ -53,6 +53,12 @@ class CheckpointVerdict:
     status: str  # pass, fail, flaky or skip
     failure_class: str  # "" unless it fails
     cause: str  # a failing cell's signature, else ""
+    mechanism: str = ""
+    """What AutoTP did where this cell broke, in its own words (suites/mechanism.py Cause.words), else ""."""
+
+    @property
+    def key(self) -> CellKey:
+        return CellKey(self.model, self.variant, self.dtype, self.tp)
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, 
             status=status.status,
             failure_class=status.failure_class,
             cause=status.signature if status.status == "fail" else "",
+            mechanism=status.cause.words if status.status == "fail" and status.cause else "",
         )
         hub_ids = checkpoints.get(cell, ())
         if shape == "faithful" and hub_ids:
@@ -176,7 +183,8 @@ def checkpoints_markdown(section: CheckpointVerdicts) -> list[str]:
     history of stress cells only (the cells stored before shapes existed: no checkpoint to name)."""
     if not has_faithful(section):
         return []
-    real = [f"- {line}" for line in checkpoint_lines(section.real())]
+    real = [f"- {line}" for line in checkpoint_lines(replace(section, class_defaults=(), stress=()))]
+    defaults = [f"- {line}" for line in checkpoint_lines(replace(section, faithful=(), stress=()))]
     stress = [f"- {line}" for line in checkpoint_lines(section.stress_only())]
     return [
         "## Verdicts per checkpoint at the latest versions",
@@ -188,6 +196,7 @@ def checkpoints_markdown(section: CheckpointVerdicts) -> list[str]:
         "",
         *(real or ["None run."]),
         "",
+        *(["### Architectures at their config-class default sizes", "", *defaults, ""] if defaults else []),
         "### Architectures under stress shapes",
         "",
         *(stress or ["None run."]),

@@ -17,7 +17,9 @@ carry for the same class and cause."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from matrix.cells import replay_name
@@ -29,7 +31,7 @@ from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_fo
 from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
-from suites.mechanism import whose
+from suites.mechanism import cause_sentence, whose
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
@@ -48,8 +50,9 @@ def repro_file(cell: str) -> str:
 
 
 def draft_file(failure_class: str, cause: str) -> str:
-    """Where a cause's draft issue for DeepSpeed's tracker is written, relative to the results folder."""
-    return f"draft-issue/{failure_class}-{cause}.md"
+    """Where a cause's draft issue for DeepSpeed's tracker is written, relative to the results folder: a slug
+    (`memory-forward-<id>.md` for the classes "memory, forward"), so a Markdown link to it needs no escaping."""
+    return f"draft-issue/{'-'.join(re.findall(r'[a-z0-9]+', failure_class.lower()))}-{cause}.md"
 
 
 @dataclass(frozen=True)
@@ -78,22 +81,37 @@ def example_cell(
 ) -> CellKey:
     """The cell a cause is shown on: the one standing for the checkpoint users run most (the registry's
     popularity order), then one whose architecture's checkpoints rank highest, then the smallest tp."""
+    ranked = popularity_rank(checkpoints, popularity)
+    return min(cells, key=lambda c: (*ranked(c), c.tp, c.model, c.variant, c.dtype))
+
+
+def popularity_rank(
+    checkpoints: dict[CellKey, tuple[str, ...]], popularity: tuple[str, ...]
+) -> Callable[[CellKey], tuple[int, int]]:
+    """How popular a cell is (smaller first): the best place in the registry's popularity order of the checkpoints it
+    stands for, then of its architecture's checkpoints."""
     rank = {hub_id: place for place, hub_id in enumerate(popularity)}
     hub_ids = registry_hub_ids()
 
     def best(ids: tuple[str, ...]) -> int:
         return min((rank.get(hub_id, len(rank)) for hub_id in ids), default=len(rank) + 1)
 
+    return lambda cell: (best(checkpoints.get(cell, ())), best(hub_ids.get(cell.model.split(".", 1)[0], ())))
+
+
+SEVERITY = (("numerics", "generation", "forward", "crash", "timeout"), ("shard",), ("memory",))
+"""The order causes are listed in: wrong output or a crash, then AutoTP refusing the model, then memory only; any
+other class (the harness's `setup`, the environment's `install`) after them."""
+
+
+def severity(failure_classes: Iterable[str]) -> int:
+    """The place in SEVERITY of a cause's worst class."""
     return min(
-        cells,
-        key=lambda c: (
-            best(checkpoints.get(c, ())),
-            best(hub_ids.get(c.model.split(".", 1)[0], ())),
-            c.tp,
-            c.model,
-            c.variant,
-            c.dtype,
+        (
+            next((place for place, tier in enumerate(SEVERITY) if name in tier), len(SEVERITY))
+            for name in failure_classes
         ),
+        default=len(SEVERITY),
     )
 
 
@@ -185,7 +203,7 @@ class FailingCause:
 @dataclass(frozen=True)
 class FailingNow:
     cells: int
-    causes: tuple[FailingCause, ...]  # new ones first, then the most cells first
+    causes: tuple[FailingCause, ...]  # the most severe first (SEVERITY), then the most popular, then the most cells
     fixed_known: tuple[FixedKnown, ...]
     backfill: str = ""
     """On a first night (one version set, every cause since the first run): the command that gives the history
@@ -199,8 +217,8 @@ def build_failing_now(
     known: dict[str, KnownFailure],
     files: ResultFiles = NO_RESULT_FILES,
 ) -> FailingNow:
-    """report.json "failing_now": the causes of the cells failing at the latest versions (new ones first, then
-    the most cells first) and the open known failures whose cells pass there now; `files`: what the results folder
+    """report.json "failing_now": the causes of the cells failing at the latest versions (the most severe first,
+    then the most popular checkpoint's, then the most cells) and the open known failures whose cells pass there now; `files`: what the results folder
     holds for them."""
     latest = history.latest
     failing: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
@@ -214,10 +232,11 @@ def build_failing_now(
     causes: list[FailingCause] = []
     checkpoints = cell_checkpoints(aggregates, history)
     popularity = _popularity()
+    examples: dict[str, CellKey] = {}
     for key, members in failing.items():
         members.sort(key=lambda member: member[0])
         cells = [cell for cell, _ in members]
-        representative = example_cell(cells, checkpoints, popularity)
+        representative = examples[key] = example_cell(cells, checkpoints, popularity)
         shown = dict(members)[representative]
         classes = Counter(status.failure_class for _, status in members)
         text = cause(shown.signature)
@@ -247,13 +266,21 @@ def build_failing_now(
                     for cell in cells
                 ),
                 key=key,
-                # words that only repeat the signature (nothing was located) are not a mechanism to show apart
-                mechanism=shown.cause.words if shown.cause and shown.cause.words != text else "",
+                mechanism=_mechanism(key, [status for _, status in members], text),
                 whose=shown.cause.whose if shown.cause else whose(shown.failure_class),
                 surfaced_in=surfaced_in(shown.signature),
             )
         )
-    causes.sort(key=lambda c: (STATUS_ORDER.index(c.status), -c.count, c.failure_class, c.cause))
+    ranked = popularity_rank(checkpoints, popularity)
+    causes.sort(
+        key=lambda c: (
+            severity(c.failure_class.split(", ")),
+            ranked(examples[c.key]),
+            -c.count,
+            c.failure_class,
+            c.cause,
+        )
+    )
     first_night = len(history.version_sets) == 1 and all(c.since.run == first_run for c in causes)
     return FailingNow(
         cells=sum(c.count for c in causes),
@@ -286,6 +313,16 @@ def backfill_command(cells: list[CellKey]) -> str:
     options.append("" if dtypes == ["fp32"] else f"--dtypes {','.join(dtypes)}")
     options.append(f"--tp {','.join(map(str, sorted({cell.tp for cell in cells})))}")
     return "nox -s backfill -- " + " ".join(option for option in options if option)
+
+
+def _mechanism(key: str, statuses: list[CellStatus], text: str) -> str:
+    """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`); "" for results
+    recorded before causes were kept, and where it only repeats the example's signature (nothing was located)."""
+    words = [status.cause.words for status in statuses if status.cause]
+    if not words:
+        return ""
+    sentence = cause_sentence(key, words)
+    return sentence if sentence != text else ""
 
 
 def _status(match: KnownMatch | None, cells: int) -> str:

@@ -9,11 +9,11 @@ from typing import Protocol
 
 from markupsafe import Markup
 
-from reports.analysis.answers import Link, TransitionEntry, code
+from reports.analysis.answers import Link, TransitionEntry, code, plain_link
 from reports.analysis.causes import RootCause, count_text, shared_answers
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
 from reports.analysis.known import FixedKnown
-from suites.mechanism import WHOSE
+from suites.mechanism import WHOSE, class_and_finding
 
 INTRO = (
     "Each cause with what AutoTP did where it broke, whose bug it is (AutoTP's wherever its exception surfaced: the "
@@ -119,8 +119,9 @@ def files_text(entry: FailingCause, link: Link) -> str:
         for name, path in (("logs", repro.logs), ("script", repro.script), ("draft issue", entry.draft))
         if path
     ]
+    symptom = f" {code(entry.cause)}" if entry.mechanism else ""  # else the sentence is its signature already
     return (
-        f"e.g. `{cell}`{stands}: {code(repro.command)}"
+        f"e.g. `{cell}`{stands}:{symptom} {code(repro.command)}"
         + (f"; {', '.join(files)}" if files else "")
         + (f" (cause `{entry.id}`)")
     )
@@ -134,13 +135,12 @@ def whose_text(entry: FailingCause, spanned: Callable[[str], str] = code) -> str
 
 
 def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
-    """One line per cause: status, class and mechanism (else the masked signature), whose bug and where it surfaced,
-    cells, since (not on a first night: said once above), answer, and its example cell with the command and the
-    files kept for it."""
+    """One line per cause: status, class and the sentence that holds for all its cells (else the masked signature),
+    whose bug and where it surfaced, cells, since (not on a first night: said once above), answer, and its example
+    cell with its signature, the command and the files kept for it."""
     first_night = bool(report.failing_now.backfill)
-    shown = f"{entry.mechanism} ({code(entry.cause)})" if entry.mechanism else code(entry.cause)
     parts = [
-        f"**{status_text(entry, link)}** {entry.failure_class} {shown}",
+        f"**{status_text(entry, link)}** {cause_sentence_text(entry)}",
         whose_text(entry),
         f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
         "" if first_night else entry.since.text,
@@ -148,6 +148,24 @@ def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
         files_text(entry, link),
     ]
     return " — ".join(part for part in parts if part)
+
+
+def cause_sentence_text(entry: FailingCause) -> str:
+    """ "forward: <the sentence that holds for every cell>", the class said once: the mechanism where one was
+    located, else the example's signature (numbers masked)."""
+    if entry.mechanism:
+        return class_and_finding(entry.failure_class, entry.mechanism)
+    return f"{entry.failure_class}: {code(entry.cause.removeprefix(f'{entry.failure_class}: '))}"
+
+
+def console_lines(section: FailingNow) -> list[str]:
+    """Where `nox -s matrix` ends: one plain-text line per cause (status, class and sentence, its cells, the command
+    that runs its example alone), the most severe first; the full section is in report.md."""
+    return [
+        f"{number}. [{status_text(entry, plain_link)}] {cause_sentence_text(entry).replace('`', '')} — "
+        f"{count_text(entry.count, 'cell')}: {entry.cells_text} — alone: {entry.repro.command}"
+        for number, entry in enumerate(section.causes, start=1)
+    ]
 
 
 def first_night_text(section: FailingNow) -> str:

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reports.analysis import analyse_aggregates, counts_line, failing_now_markdown, plain_link
+from reports.analysis import analyse_aggregates, console_lines, counts_line
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_deepspeed_repo, add_known_failures, add_store, known_failures
 from reports.outputs import (
+    ATLAS_FOLDER,
     append_step_summary,
     build_report,
     check_drift,
@@ -97,12 +98,21 @@ def _render(args: argparse.Namespace) -> int:
                 observations = store.observations(draft_runs(report, history, aggregates))
                 report = write_drafts(report, history, observations, stage, inert)
             written = write_outputs(report, history, drift, args.out, stage)
-    for path in [*written, append_step_summary(report, args.out)]:
-        print(f"wrote {path}")
-    # The first section, where a run ends (`nox -s matrix`), from the report just written (not read back from its
-    # 23 MB of JSON at a year); like everything a command prints, redacted on its way out (reports.__main__); then
-    # the count, the run's last line.
-    print("\n".join(failing_now_markdown(report, plain_link)), end="")
+    written.append(append_step_summary(report, args.out))
+    pages = [path for path in written if path.parent.name == ATLAS_FOLDER]
+    shown = [str(path.relative_to(args.out)) if path.is_relative_to(args.out) else str(path) for path in written]
+    print(
+        f"wrote {', '.join(name for name, path in zip(shown, written) if path not in pages)}"
+        + (f" and {len(pages)} checkpoint pages" if pages else "")
+        + f" in {args.out}"
+    )
+    # The causes, where a run ends (`nox -s matrix`), one plain line each, from the report just written (not read back
+    # from its 23 MB of JSON at a year); like everything a command prints, redacted on its way out
+    # (reports.__main__); then the count, the run's last line.
+    if report.failing_now.causes:
+        print(f"Failing now, by cause ({args.out / 'report.md'} says what AutoTP did and whose bug each is):")
+    for line in console_lines(report.failing_now):
+        print(line)
     if drift:
         print(
             f"docs drift: {len(drift.listed_but_failing)} listed but failing, "

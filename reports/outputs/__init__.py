@@ -19,6 +19,7 @@ from reports.outputs.gate import (
     format_table,
 )
 from reports.outputs.links import (
+    ATLAS_FOLDER,
     linked_html,
 )
 from reports.outputs.markdown_safety import (
@@ -51,6 +52,7 @@ from reports.outputs.support import (
 )
 
 __all__ = [
+    "ATLAS_FOLDER",
     "MAX_ISSUES",
     "draft_runs",
     "result_files",

@@ -10,9 +10,18 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from reports.analysis import CheckpointEntry, cause_answer_text, status_text
-from reports.outputs.links import checkpoint_page, hub_url, linked_html, verdict_html
+from reports.analysis import (
+    CellFiles,
+    CheckpointEntry,
+    CheckpointVerdict,
+    cause_answer_text,
+    cause_sentence_text,
+    repro_command,
+    status_text,
+)
+from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
 from reports.outputs.model import Report
+from suites.mechanism import class_and_finding
 
 
 def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:
@@ -35,21 +44,15 @@ def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:
     shown = [cause for cause in report.failing_now.causes if set(cause.cells) & set(cells)]
     statuses = linked_html(lambda link: [status_text(cause, link) for cause in shown], depth=1)
     answers = linked_html(lambda link: [cause_answer_text(cause, report, link) for cause in shown], depth=1)
+    verdicts = {verdict.cell: verdict for verdict in entry.verdicts}
     causes = [
         {
             "cause": cause,
+            "sentence": code_spans(cause_sentence_text(cause)),
             "status": status,
             "answer": answer,
-            "cells": [cell for cell in cause.cells if cell in cells],
-            "files": [
-                (name, f"../{path}")
-                for name, path in (
-                    ("draft issue", cause.draft),
-                    ("logs", cause.repro.logs if cause.repro.cell in cells else ""),
-                    ("repro script", cause.repro.script if cause.repro.cell in cells else ""),
-                )
-                if path
-            ],
+            "draft": f"../{cause.draft}" if cause.draft else "",
+            "cells": [own_cell(verdicts[member.cell], member) for member in cause.members if member.cell in verdicts],
         }
         for cause, status, answer in zip(shown, statuses, answers)
     ]
@@ -62,6 +65,19 @@ def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:
         "history": history,
         "causes": causes,
         "backfill": report.failing_now.backfill,
+    }
+
+
+def own_cell(verdict: CheckpointVerdict, files: CellFiles) -> dict[str, Any]:
+    """One of the page's own cells failing with a cause: what it broke with in its own words (its class, what AutoTP
+    did where it broke, else its own signature), the command that runs this cell alone, and its own files."""
+    return {
+        "cell": verdict.cell,
+        "symptom": code_spans(class_and_finding(verdict.failure_class, verdict.mechanism or verdict.cause)),
+        "command": repro_command(verdict.key),
+        "files": [
+            (name, f"../{path}") for name, path in (("logs", files.logs), ("repro script", files.script)) if path
+        ],
     }
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from reports import ReportsError
-from reports.analysis import CheckpointVerdicts, checkpoint_lines, has_faithful
+from reports.analysis import CheckpointVerdicts, FailingNow, checkpoint_lines, has_faithful
 from reports.outputs.markdown_safety import markdown_link, our_html, unmarked
-from reports.outputs.support import LEVELS, FamilySupport, Part, SupportedModels
+from reports.outputs.support import LEVELS, FamilySupport, Part, SupportedModels, TestedAt
 
 
 class ReportView(Protocol):
@@ -30,6 +30,9 @@ class ReportView(Protocol):
 
     @property
     def checkpoints(self) -> CheckpointVerdicts: ...
+
+    @property
+    def failing_now(self) -> FailingNow: ...
 
 
 # Same wording as docs/_tutorials/automatic-tensor-parallelism.md, so the output can be pasted in.
@@ -71,8 +74,8 @@ _TESTED_AT = "Tested with "  # how the line stating the versions starts (a copy'
 @dataclass(frozen=True)
 class Drift:
     docs_path: str
-    listed_but_failing: list[str]  # docs list the family as supported; it works nowhere here at the latest versions
-    passing_but_unlisted: list[str]  # it works here somewhere; the docs do not list the family
+    listed_but_failing: list[str]  # docs list the family as supported; a cell of it fails here at the latest versions
+    passing_but_unlisted: list[str]  # every cell of it passes here; the docs do not list the family
 
 
 def normalise_model_name(name: str) -> str:
@@ -87,20 +90,50 @@ def _tps(tps: Sequence[int]) -> str:
     return ", ".join(map(str, tps))
 
 
-def _part_text(part: Part, several_variants: bool) -> str:
-    """ "works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts"."""
+@dataclass(frozen=True)
+class Evidence:
+    """What a demotion rests on, said on its bullet: where it was seen and the issue (upstream, else the draft for
+    DeepSpeed's tracker) that says more."""
+
+    seen_at: str
+    """ "DeepSpeed 0.19.8, transformers 5.25.0, torch 2.13.0+cpu on cpu (gloo)": the versions and hardware."""
+    drafts: dict[str, str]
+    """Cause id → its draft issue's path beside the page (reports.analysis.draft_file), where one was written."""
+
+    def of(self, part: Part) -> str:
+        """ "seen at …, eager fp32; tracked: <link>" (or "; draft issue: <link>")."""
+        if part.known:
+            issue = f"; tracked: {markdown_link(part.known.label, part.known.upstream)}"
+        else:
+            drafts = [self.drafts[cause] for cause in part.causes if cause in self.drafts]
+            issue = f"; draft issue: {', '.join(markdown_link(path, path) for path in drafts)}" if drafts else ""
+        return f" (seen at {self.seen_at}, {part.variants}{issue})"
+
+
+def evidence(report: ReportView) -> Evidence:
+    at = report.supported_models.tested_at
+    versions = at.versions
+    return Evidence(
+        seen_at=f"DeepSpeed {versions['deepspeed']}, transformers {versions['transformers']}, torch "
+        f"{versions['torch']} on {' and '.join(at.accelerators)}",
+        drafts={cause.id: cause.draft for cause in report.failing_now.causes if cause.draft},
+    )
+
+
+def _part_text(part: Part, several_variants: bool, seen: Evidence) -> str:
+    """ "works at tp 2, 3, 4", "fails at tp 3: the fused qkv split rejects its head counts (seen at …; draft issue:
+    …)"."""
     where = f"tp {_tps(part.tps)}" + (f" ({part.variants})" if several_variants else "")
-    known = f" (tracked: {markdown_link(part.known.label, part.known.upstream)})" if part.known else ""
     if part.state == "works":
         return f"works at {where}"
     if part.state == "flaky":
-        return f"is flaky at {where}"
+        return f"is flaky at {where}{seen.of(part)}"
     if part.state == "no memory saved":
-        return f"runs correctly at {where}, but {part.reason}{known}"
-    return f"fails at {where}: {part.reason}{known}"
+        return f"runs correctly at {where}, but {part.reason}{seen.of(part)}"
+    return f"fails at {where}: {part.reason}{seen.of(part)}"
 
 
-def family_bullet(entry: FamilySupport, name: str) -> str:
+def family_bullet(entry: FamilySupport, name: str, seen: Evidence) -> str:
     """ "- codegen — works at tp 2, 4, fails at tp 3: the fused qkv split rejects its head counts"; where
     what the family's cells stand for behaves differently, each says its own: "- falcon — falcon-40b works at tp 2,
     3, 4; falcon-7b fails at tp 2, 3, 4: …"."""
@@ -114,7 +147,7 @@ def family_bullet(entry: FamilySupport, name: str) -> str:
     # What works everywhere it ran first, then by name: "llama works …; llama_large works …, fails …"
     groups = sorted(by_members.items(), key=lambda item: (max(order[p.state] for p in item[1]), item[0]))
     texts = [
-        (f"{', '.join(members)} " if named else "") + ", ".join(_part_text(part, several) for part in group)
+        (f"{', '.join(members)} " if named else "") + ", ".join(_part_text(part, several, seen) for part in group)
         for members, group in groups
     ]
     return f"- {name} — " + "; ".join(texts)
@@ -131,12 +164,24 @@ def tested_at_line(section: SupportedModels) -> str:
         f"{_TESTED_AT}DeepSpeed {versions['deepspeed']}, transformers {versions['transformers']} and torch "
         f"{versions['torch']} on {' and '.join(at.accelerators)}, {', '.join(at.dtypes)}, at tp {sizes} ({at.date}, by {HARNESS}: "
         "tiny random models that split like each family's real checkpoints): the families with a note below. "
-        "The others are listed from earlier tests."
+        f"The others are listed from earlier tests. Not tested here: {', '.join(not_tested(at))}."
     )
 
 
-def _bullets(section: SupportedModels, level: str, names: dict[str, str]) -> list[str]:
-    return [family_bullet(e, names.get(e.family, e.family)) for e in section.families if e.level == level]
+def not_tested(at: TestedAt) -> list[str]:
+    """What the notes do not cover, said once: GPUs where only CPUs ran, the dtypes not run, real sizes."""
+    gpu = [] if any(not name.startswith("cpu") for name in at.accelerators) else ["GPUs"]
+    dtypes = [dtype for dtype in ("fp16", "bf16", "fp32") if dtype not in at.dtypes]
+    return [*gpu, *dtypes, "real-size weights"]
+
+
+def _bullets(report: ReportView, level: str, names: dict[str, str]) -> list[str]:
+    seen = evidence(report)
+    return [
+        family_bullet(e, names.get(e.family, e.family), seen)
+        for e in report.supported_models.families
+        if e.level == level
+    ]
 
 
 def supported_models_markdown(report: ReportView, history: Any, names: dict[str, str] | None = None) -> str:
@@ -152,11 +197,11 @@ def supported_models_markdown(report: ReportView, history: Any, names: dict[str,
             f"{len(section.not_tested)} not tested (report.md has every cell) -->"
         )
         + f"\n\n# Supported Models\n\n{SUPPORTED_INTRO}\n\n{tested_at_line(section)}\n\n"
-        + "\n".join(_bullets(section, "works", names) or ["- (none)"])
+        + "\n".join(_bullets(report, "works", names) or ["- (none)"])
         + f"\n\n## {MEMORY_HEADING}\n\n{MEMORY_INTRO}\n\n"
-        + "\n".join(_bullets(section, "no memory saved", names) or ["- (none)"])
+        + "\n".join(_bullets(report, "no memory saved", names) or ["- (none)"])
         + f"\n\n# Unsupported Models\n\n{UNSUPPORTED_INTRO}\n\n"
-        + "\n".join(_bullets(section, "fails", names) or ["- (none)"])
+        + "\n".join(_bullets(report, "fails", names) or ["- (none)"])
         + "\n"
         + (f"\n# Not Tested\n\n{UNTESTED_INTRO}\n\n{untested}\n" if untested else "")
         + _checkpoints_section(report.checkpoints)
@@ -167,13 +212,16 @@ def _checkpoints_section(section: CheckpointVerdicts) -> str:
     """Each real checkpoint's verdicts (faithful cells), then each architecture's under stress shapes, apart."""
     if not has_faithful(section):
         return ""
-    real = checkpoint_lines(section.real())
+    real = checkpoint_lines(replace(section, class_defaults=(), stress=()))
+    defaults = checkpoint_lines(replace(section, faithful=(), stress=()))
     stress = checkpoint_lines(section.stress_only())
     return (
         "\n# Verdicts per checkpoint\n\n"
         + CHECKPOINTS_INTRO
         + "\n\n"
         + "\n".join(f"- {line}" for line in real or ["None run."])
+        + ("\n\n## Architectures at their config-class default sizes\n\n" if defaults else "")
+        + "\n".join(f"- {line}" for line in defaults)
         + "\n\n## Architectures under stress shapes\n\n"
         + "\n".join(f"- {line}" for line in stress or ["None run."])
         + "\n"
@@ -289,6 +337,7 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
     blocks = _bullet_blocks(docs_path, lines)
     names = docs_names(report, docs_path)
     section = report.supported_models
+    seen = evidence(report)
     tested = {normalise_model_name(e.family): e for e in section.families}
     rewritten = {}
     for heading, level in SECTIONS.items():
@@ -303,7 +352,7 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
         kept = [
             (
                 key,
-                family_bullet(tested[key], names.get(tested[key].family, tested[key].family))
+                family_bullet(tested[key], names.get(tested[key].family, tested[key].family), seen)
                 if key in tested
                 else line,
             )
@@ -313,7 +362,7 @@ def docs_page(report: ReportView, docs_path: Path) -> str:
         present = {key for key, _ in kept}
         for key, entry in sorted(tested.items()):
             if entry.level == level and key not in present:
-                bullet = family_bullet(entry, names.get(entry.family, entry.family))
+                bullet = family_bullet(entry, names.get(entry.family, entry.family), seen)
                 place = next((i for i, (other, _) in enumerate(kept) if other > key), len(kept))
                 kept.insert(place, (key, bullet))
         rewritten[heading] = [line for _, line in kept]

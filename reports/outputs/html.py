@@ -15,6 +15,7 @@ from reports.analysis import (
     CheckpointVerdict,
     CheckpointVerdicts,
     answer_text,
+    cause_sentence_text,
     checkpoints_html,
     code_html,
     count_text,
@@ -222,20 +223,20 @@ def verdicts_html(verdicts: tuple[CheckpointVerdict, ...]) -> Markup:
 
 
 def checkpoint_list(section: CheckpointVerdicts) -> list[Markup]:
-    """The real checkpoints with their links and verdicts, then the architectures at config-class default sizes."""
+    """The real checkpoints with their links and verdicts."""
     return [
-        *(
-            Markup("{} — {}, faithful shapes: {}").format(
-                checkpoint_links(entry.checkpoint), entry.architecture, verdicts_html(entry.verdicts)
-            )
-            for entry in section.faithful
-        ),
-        *(
-            Markup("{} architecture at its config-class default sizes (no checkpoint recorded): {}").format(
-                entry.architecture, verdicts_html(entry.verdicts)
-            )
-            for entry in section.class_defaults
-        ),
+        Markup("{} — {}, faithful shapes: {}").format(
+            checkpoint_links(entry.checkpoint), entry.architecture, verdicts_html(entry.verdicts)
+        )
+        for entry in section.faithful
+    ]
+
+
+def class_default_list(section: CheckpointVerdicts) -> list[Markup]:
+    """The architectures whose faithful cells stand for no recorded checkpoint (config-class default sizes), apart
+    from the real checkpoints."""
+    return [
+        Markup("{}: {}").format(entry.architecture, verdicts_html(entry.verdicts)) for entry in section.class_defaults
     ]
 
 
@@ -268,7 +269,9 @@ def report_html(report: Report) -> str:
             "lines": [code_html(line) for line in new_architecture_lines(report.new_architectures)],
         },
         checkpoint_list=checkpoint_list(report.checkpoints),
+        class_default_list=class_default_list(report.checkpoints),
         checkpoint_links=checkpoint_links,
         code_spans=code_spans,
+        sentence=lambda cause: code_spans(cause_sentence_text(cause)),
         cause_of_cell={cell: cause.id for cause in report.failing_now.causes for cell in cause.cells},
     )

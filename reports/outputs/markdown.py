@@ -3,7 +3,7 @@ cells, root-cause titles, answers, since-the-previous-run lines)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from reports.analysis import (
     EntryStatus,
@@ -11,6 +11,7 @@ from reports.analysis import (
     RootCause,
     TransitionEntry,
     answer_text,
+    cause_sentence_text,
     cells_text,
     checkpoints_markdown,
     code,
@@ -20,6 +21,8 @@ from reports.analysis import (
     new_architectures_markdown,
     one_line,
     shared_answers,
+    status_text,
+    summary_text,
 )
 from reports.outputs.docs import Drift
 from reports.outputs.markdown_safety import markdown_link, our_html
@@ -297,23 +300,67 @@ def report_markdown(report: Report) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def step_summary_markdown(report: Report) -> str:
+RUN_FILES = "report.html, report.md and every failing cell's logs"
+MAX_SUMMARY_CAUSES = 25
+"""Causes the step summary lists, one table row each (the most severe first); report.md lists them all."""
+
+
+def actions_run_url(environ: Mapping[str, str]) -> str:
+    """The GitHub Actions run this process belongs to (its page lists the report and every cell's logs as
+    artifacts), or "" outside Actions."""
+    parts = [environ.get(name, "") for name in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID")]
+    return "{}/{}/actions/runs/{}".format(*parts) if all(parts) else ""
+
+
+def _table_text(text: str) -> str:
+    """Text for one table cell: on one line, its pipes escaped (a link's mark, reports.outputs.markdown_safety, is
+    whitespace to str.split, so lines are joined by hand)."""
+    return " ".join(text.splitlines()).replace("|", "\\|")
+
+
+def step_summary_markdown(report: Report, run_url: str = "") -> str:
+    """The job's summary, read in the Actions UI where a relative link goes nowhere: the counts, what is new and
+    fixed since the previous trusted run, one row per cause, and absolute links only (`run_url`: the run's page,
+    whose artifacts hold report.html and every cell's logs; none outside Actions)."""
     counts: dict[str, int] = {}
     for row in report.matrix.rows:
         for entry in row.cells.values():
             counts[entry.verdict.status] = counts.get(entry.verdict.status, 0) + 1
     tally = ", ".join(f"{STATUS_ICONS[s]} {counts[s]} {s}" for s in STATUS_ICONS if s in counts)
+    section = report.failing_now
+    since = report.since_previous_run
+    compared = any(s.previous_run for s in since.sessions)
     lines = [
         f"## AutoTP matrix — {tally}",
         "",
         f"At {report.latest_label}{_recorded_by(report.latest_harness)}.",
         "",
-        *failing_now_markdown(report, markdown_link),
-        *since_previous_run_markdown(report),
-        *new_architectures_markdown(report.new_architectures),
-        *root_causes_markdown(report),
-        *drift_lines(report.docs_drift),
+        f"- {summary_text(section)}.",
+        f"- Since the previous trusted run: {since_previous_run_summary(since)}."
+        if compared
+        else "- No session has a previous trusted run to compare with.",
     ]
+    if run_url:
+        lines.append(
+            f"- {markdown_link(RUN_FILES, run_url + '#artifacts')} (artifacts of {markdown_link('this run', run_url)})"
+        )
+    if section.causes:
+        shown = section.causes[:MAX_SUMMARY_CAUSES]
+        lines += ["", "| # | status | cause | cells | example cell |", "|---:|---|---|---:|---|"]
+        lines += [
+            f"| {number} | {_table_text(status_text(entry, markdown_link))} | {_table_text(cause_sentence_text(entry))} "
+            f"| {entry.count} | `{entry.repro.cell}` |"
+            for number, entry in enumerate(shown, start=1)
+        ]
+        if len(section.causes) > len(shown):
+            lines += ["", f"{len(section.causes) - len(shown)} more causes in report.md."]
+    if report.docs_drift:
+        drift = report.docs_drift
+        lines += [
+            "",
+            f"Docs: {len(drift.listed_but_failing)} listed as supported but failing, "
+            f"{len(drift.passing_but_unlisted)} passing but unlisted.",
+        ]
     return "\n".join(lines).rstrip("\n") + "\n\n"
 
 

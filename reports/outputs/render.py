@@ -19,7 +19,7 @@ from reports.analysis import (
 from reports.outputs.atlas import checkpoint_pages
 from reports.outputs.docs import Drift, docs_diff, docs_names, supported_models_markdown
 from reports.outputs.html import report_html
-from reports.outputs.markdown import report_markdown, step_summary_markdown
+from reports.outputs.markdown import actions_run_url, report_markdown, step_summary_markdown
 from reports.outputs.markdown_safety import inert
 from reports.outputs.model import DETAILS_FILE, Report, split_report
 from reports.outputs.staging import writing_to
@@ -58,5 +58,5 @@ def append_step_summary(report: Report, out_dir: Path) -> Path:
     out_dir/step-summary.md: after the other outputs are in place."""
     step_summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     with writing_to(out_dir), step_summary.open("a", encoding="utf-8") as summary:
-        summary.write(Redactor()(inert(step_summary_markdown(report))))
+        summary.write(Redactor()(inert(step_summary_markdown(report, actions_run_url(os.environ)))))
     return step_summary

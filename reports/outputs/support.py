@@ -1,10 +1,9 @@
 """What the supported-models page says of each model family (report.json "supported_models"), in three levels:
 
-- works: at some tp size every cell of the family passes (a family failing only at some tp sizes is listed as
-  working at the others, the others said in words);
-- runs correctly but saves no memory: no tp works, yet its only failures are `memory` (e.g. MoE experts left whole
-  on every rank, logits right);
-- fails.
+- works: every tested checkpoint of the family (every cell with a verdict) passes at every tp size;
+- runs correctly but saves no memory: its only failures are `memory` (e.g. MoE experts left whole on every rank,
+  logits right);
+- fails: any other failure at any tp size, or a flaky cell (what works where is still said in words).
 
 Families are DeepSpeed's own names (matrix/registry.py ModelEntry.docs_family: `gpt-neox`, `qwen2-moe`, `openai`),
 so the page and its diff read like DeepSpeed's; a model the registry does not name is its own family. Each failure
@@ -26,7 +25,7 @@ from reports.analysis import CellStatus, FailingNow, History, reason, shape_of
 from reports.store import AXES, Aggregates, CellKey, JSONObject
 
 LEVELS = ("works", "no memory saved", "fails")
-"""A family's level: the best any of its tp sizes reaches (a tp "works" when all its cells there pass)."""
+"""A family's level: the worst of its cells' (a flaky cell is no pass, so it fails)."""
 
 
 def model_families(models_file: Path = MODELS_FILE) -> dict[str, str]:
@@ -233,8 +232,9 @@ def _merge_members(parts: list[Part]) -> list[Part]:
 
 
 def family_level(parts: list[Part]) -> str:
+    """ "works" only where every part works: one failing checkpoint or tp size is a documented limit."""
     states = {part.state for part in parts}
-    return "works" if "works" in states else "no memory saved" if states == {"no memory saved"} else "fails"
+    return "works" if states == {"works"} else "no memory saved" if states <= {"works", "no memory saved"} else "fails"
 
 
 def tested_at(history: History, aggregates: Aggregates) -> TestedAt:
@@ -282,9 +282,9 @@ def supported_models(
 
 
 def model_support(history: History, families: dict[str, str]) -> dict[str, bool]:
-    """Per family at the latest versions: True when it works somewhere (some cell passes: family_level "works"), what
+    """Per family at the latest versions: True when every cell with a verdict passes (family_level "works"), what
     DeepSpeed's "Supported Models" list says of it."""
     return {
-        family: any(status.status == "pass" for _, status in cells)
+        family: all(status.status == "pass" for _, status in cells)
         for family, cells in _verdicts(history, families).items()
     }

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from matrix.config_values import UNREADABLE_CONFIG
 from matrix.json_records import read_record
-from suites.mechanism import WHOSE, AutoTPRecord
+from suites.mechanism import WHOSE, AutoTPRecord, class_and_finding
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -66,14 +66,16 @@ def print_summary(records: list[CellRecord], terminalreporter: TerminalReporter)
     console.print(f"{len(records)} cells — {counts_line(records)}")
     for line in unreadable_config_lines(records):
         console.print(f"[yellow]⊘[/] {line}", highlight=False, soft_wrap=True)
+    # Every failure is read again where the run ends, grouped into causes (`python -m reports render`, one line each):
+    # here only `nox -s repro`'s cell says its own.
     for record in records:
-        if record["outcome"] == "fail":
-            console.print(
-                f"[red]✗[/] {record['cell']['id']}: {record['failure_class']}: {record['signature']}",
-                highlight=False,
-                soft_wrap=True,
-            )
         if "repro" in record:
+            if record["outcome"] == "fail":
+                console.print(
+                    f"[red]✗[/] {record['cell']['id']}: {class_and_finding(record['failure_class'], record['signature'])}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             console.print(
                 f"repro for {record['cell']['id']}: deepspeed --num_gpus {record['cell']['tp']} {record['repro']}",
                 highlight=False,

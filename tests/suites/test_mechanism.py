@@ -144,7 +144,7 @@ def test_a_kv_unit_split_with_fewer_kv_heads_than_ranks_is_one_cause_whether_it_
     )
     memory = Failure("memory", "memory: linears split unevenly: model.layers.*.self_attn.{q_proj,o_proj}", starved)
     assert cause_of(crash).key == cause_of(memory).key == "kv-unit split|query heads starved"
-    assert "1 kv head < tp 2, so ranks 1..1 hold no query head of `self_attn.q_proj`" in cause_of(memory).words
+    assert "1 kv head < tp 2, so rank 1 holds no query head of `self_attn.q_proj`" in cause_of(memory).words
 
 
 def test_memory_findings_group_by_what_was_left_whole_not_where_the_block_sits():
