@@ -1,33 +1,64 @@
-"""Secrets (HF_TOKEN, GITHUB_TOKEN, any credential-like variable) never reach a log, a record, a report
-or a repro script: everything that writes text another person may read passes it through `redact`.
-It sits in the lowest layer so that every layer (prefetch, records, reports) redacts the same way.
+"""Secrets (HF_TOKEN, GITHUB_TOKEN, any credential) never reach a log, a record, a report or a repro script: everything
+that writes text another person may read passes it through `redact`, or through one `Redactor` for many texts. It sits
+in the lowest layer so that every layer (prefetch, records, the door of reports/) redacts the same way.
 
-Two kinds of secret are replaced by `***`: the values of environment variables whose names look like
-credentials (only values of at least MIN_SECRET_LENGTH characters: `TOKENIZERS_PARALLELISM=false` must not
-blank out every "false"), and tokens recognisable by their shape wherever they come from — a failure message
-recorded on a machine whose environment this process never saw (the report job has no HF_TOKEN)."""
+What is replaced by `***`:
+- the values of this environment's variables whose names look like credentials (only values of at least
+  MIN_SECRET_LENGTH characters: `TOKENIZERS_PARALLELISM=false` must not blank out every "false");
+- secrets by shape, wherever they come from (a failure recorded on a machine whose environment this process never
+  saw): every pattern of detect-secrets' regex plugins (AWS, private keys, JWT, Slack, npm, GitHub, GitLab, Stripe,
+  PyPI, ...; the maintained list), and the harness's own (_SHAPES: Hugging Face, GitHub, npm, Google and OpenAI keys,
+  a whole private-key block, a JWT's signature, the credential after `Authorization:` or `Bearer`, a URL's
+  user:password);
+- secrets by name: the value of every `key=value`, `key: value`, `'KEY': 'value'` or `--key value` whose key names a
+  credential (detect-secrets' keyword list, plus tokens and credentials; _credential_values);
+- quoted strings of high entropy (detect-secrets' Base64 measure and limit): an unnamed random token. Hex strings
+  stay, whatever their entropy (git shas, sha256 checkpoint hashes: the reports print them), and so do paths (two
+  slashes or more: `deepspeedai/DeepSpeed/blob/<sha>`);
+- the same, found in the text as it reads once decoded (_DECODINGS: percent-escapes, JSON and Python escapes, base64,
+  a token wrapped over lines): the encoded text is replaced where it is.
+
+A secret's match is stretched over the rest of its token (the plugins' lengths are exact: a longer token would
+leave its tail). Every pattern is looked for only where the text holds what it needs (a literal, an escape): an
+8 MB report.json redacts in a fraction of a second."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
+import functools
+import itertools
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD", re.IGNORECASE)
 MIN_SECRET_LENGTH = 8
 REDACTED = "***"
-# Replaced wherever they appear, in any letter case: tokens by shape — Hugging Face (hf_ + 34), GitHub classic
-# (ghp_, gho_, ghu_, ghs_, ghr_ + 36) and fine-grained (github_pat_...), lengths as minimums so that a longer future
-# format is still caught — and the credential after `Authorization:` (HTTP header, dict repr, JSON) or `Bearer`,
-# the words kept (group `lead`), and a URL's user:password. Written in lowercase and matched against an ASCII-lowercased copy of the text (same
-# length, so the spans carry over): every pattern starts with a literal, which large reports need — a
-# case-insensitive or \b-led pattern took 1.4 s instead of 0.01 s over an 8 MB report.json.
-_PATTERNS = (  # (the literal each starts with, looked for first as it is cheaper, the pattern)
-    ("hf_", re.compile(r"hf_[a-z0-9]{20,}")),
-    ("gh", re.compile(r"gh[pousr]_[a-z0-9]{20,}")),
-    ("github_pat_", re.compile(r"github_pat_[a-z0-9_]{20,}")),
+# The harness's own shapes, written in lowercase and matched against an ASCII-lowercased copy of the text (same
+# length, so the spans carry over), each with the literal it starts with (looked for first, as it is cheaper: a
+# case-insensitive or \b-led pattern took 1.4 s instead of 0.01 s over an 8 MB report.json). Lengths are minimums, so
+# that a longer future format is caught too. A group `lead` is kept (the words before a credential).
+_SHAPES = (
+    ("hf_", re.compile(r"hf_[a-z0-9]{20,}")),  # Hugging Face
+    ("gh", re.compile(r"gh[pousr]_[a-z0-9]{20,}")),  # GitHub, classic
+    ("github_pat_", re.compile(r"github_pat_[a-z0-9_]{20,}")),  # GitHub, fine-grained
+    ("npm_", re.compile(r"npm_[a-z0-9]{30,}")),  # npm's access tokens (detect-secrets knows only .npmrc lines)
+    ("aiza", re.compile(r"aiza[a-z0-9_-]{30,}")),  # Google API keys
+    ("sk-", re.compile(r"sk-(?:proj-|svcacct-|admin-|ant-)?[a-z0-9_-]{20,}")),  # OpenAI, Anthropic
+    ("xox", re.compile(r"xox[abposr]-[a-z0-9-]{10,}")),  # Slack, any segment layout
+    ("eyj", re.compile(r"eyj[a-z0-9_=-]{8,}\.[a-z0-9_=-]{8,}(?:\.[a-z0-9_=+/-]*)?")),  # a JWT, its signature too
+    (  # a private key's whole block (detect-secrets matches its first line), JSON's \n escapes included
+        "-----begin",
+        re.compile(
+            r"-----begin[a-z ]{0,30}private key(?: block)?-----(?:\\[nr]|[\sa-z0-9+/=])*(?:-----end[a-z ]{0,40}-----)?"
+        ),
+    ),
     (
         "authorization",
         re.compile(
@@ -39,6 +70,24 @@ _PATTERNS = (  # (the literal each starts with, looked for first as it is cheape
     # The user:password of a URL (a private index in pip's configuration, handed to uv on its command line).
     ("://", re.compile(r"(?P<lead>://)[^\s/@:\"']+:[^\s/@\"']+(?=@)")),
 )
+# The names of credentials (lowercase): detect-secrets' keyword list (api_key, password, secret, ...) and these. A
+# name is a credential when one of them ends it, or is followed by `_`, `-` or `.` only: `max_new_tokens`,
+# `tokenizer` and `author` are no credentials; `HF_TOKEN`, `aws_secret_access_key`, `wandb_api_key` are.
+_OWN_CREDENTIAL_WORDS = ("token", "access_?key", "secret_?key", "credentials?", "passphrase", "auth")
+# Tokenizers' special tokens are names, not credentials (`pad_token='<pad>'`).
+_NOT_CREDENTIALS = re.compile(r"(?:pad|eos|bos|unk|mask|sep|cls|special|additional_special|chat)_token$")
+_NAME_CHARACTERS = frozenset(string.ascii_lowercase + string.digits + "_-.")
+# After the name: closing quotes or bracket, an assignment (`=`, `:`, `:=`, `=>`; `--name value` on a command line),
+# an opening quote and the scheme words of an Authorization value; then the value, up to a quote, space or delimiter.
+_ASSIGNMENT = re.compile(r"""(?:\\?["'\]]){0,2}[ \t]*(?::=|=>|[:=])[ \t]*(?:\\?["'])?(?:(?:bearer|token|basic)\s+)?""")
+_OPTION_ASSIGNMENT = re.compile(r"""[ \t]+(?:\\?["'])?""")
+_VALUE = re.compile(r"""[^\s"'`\\,;&(){}\[\]<>]{4,}""")
+# Quoted strings the entropy measure reads; the characters of a token (a match is stretched over the rest of them).
+_QUOTED = re.compile(r"""["']([A-Za-z0-9+/=_-]{20,})\\?["']""")
+_WORD = re.compile(r"\w")
+LONG_TEXT = 1 << 16
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_TOKEN_TAIL = re.compile(r"[A-Za-z0-9_+/=-]*")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
@@ -47,6 +96,58 @@ def secret_values(environ: Mapping[str, str] = os.environ) -> list[str]:
     return sorted(
         {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True
     )
+
+
+@dataclass(frozen=True)
+class _Library:
+    """What detect-secrets gives the redactor, loaded once per process (its import takes a fifth of a second)."""
+
+    patterns: tuple[tuple[re.Pattern[str], bool], ...]
+    """The denylist patterns of its regex plugins, but the public-IP one (an address is no secret), each with whether
+    it is an assignment (`<service>_key = value`, written by RegexBasedDetector.build_assignment_regex): those start
+    with a lookbehind (a non-word character before), checked on each match here instead, as a pattern led by a
+    lookbehind is tried at every position (2.8 of the 4 s CPU the plugins took over an 8 MB report.json)."""
+    credential_name: re.Pattern[str]
+    """Its keyword list and _OWN_CREDENTIAL_WORDS, as one pattern over lowercase text."""
+    entropy: Callable[[str], float]
+    """Shannon entropy over the Base64 charset, the measure of its Base64HighEntropyString plugin."""
+    entropy_limit: float
+    """That plugin's default limit (4.5 bits per character)."""
+
+
+@functools.cache
+def _library() -> _Library:
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
+    from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+    from detect_secrets.plugins.ip_public import IPPublicDetector
+    from detect_secrets.plugins.keyword import DENYLIST
+
+    plugins: list[type[BasePlugin]] = list(get_mapping_from_secret_type_to_class().values())
+    patterns = tuple(
+        _unanchored(pattern)
+        for plugin in plugins
+        if issubclass(plugin, RegexBasedDetector) and plugin is not IPPublicDetector
+        # a class attribute in every regex plugin (the base class declares it an abstract property)
+        for pattern in cast(Iterable[re.Pattern[str]], plugin.denylist)
+    )
+    words = "|".join(word.replace("_?", "[_-]?") for word in (*DENYLIST, *_OWN_CREDENTIAL_WORDS))
+    entropy_plugin = Base64HighEntropyString()
+    return _Library(
+        patterns=patterns,
+        credential_name=re.compile(rf"(?:{words})(?![a-z0-9])"),
+        entropy=entropy_plugin.calculate_shannon_entropy,
+        entropy_limit=entropy_plugin.entropy_limit,
+    )
+
+
+_ASSIGNMENT_START = r"(?:(?<=\W)|(?<=^))"  # how RegexBasedDetector.build_assignment_regex begins its patterns
+
+
+def _unanchored(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], bool]:
+    if pattern.pattern.startswith(_ASSIGNMENT_START):
+        return re.compile(pattern.pattern.removeprefix(_ASSIGNMENT_START), pattern.flags), True
+    return pattern, False
 
 
 class Redactor:
@@ -58,19 +159,102 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for value in self._values:
             text = text.replace(value, REDACTED)
-        lowered = _lowered(text)
-        spans = sorted(
-            (match.end("lead") if "lead" in pattern.groupindex else match.start(), match.end())
-            for literal, pattern in _PATTERNS
-            if literal in lowered
-            for match in pattern.finditer(lowered)
-        )
-        pieces, done = [], 0
-        for start, end in spans:
-            if end > done:  # a token after `Authorization: token` is matched twice
-                pieces += [text[done : max(start, done)], REDACTED]
-                done = end
-        return "".join(pieces) + text[done:]
+        return _replaced(text, secret_spans(text))
+
+
+def redact(text: str) -> str:
+    return Redactor()(text)
+
+
+def copy_redacted(source: Path, destination: Path) -> None:
+    """Copy a log with its secrets replaced; bytes that are not UTF-8 (a crashed rank's output) pass unchanged."""
+    text = Path(source).read_bytes().decode("utf-8", errors="surrogateescape")
+    Path(destination).write_bytes(redact(text).encode("utf-8", errors="surrogateescape"))
+
+
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """Where the text holds a secret by shape or by name, as it reads and as it reads decoded (start, end), sorted."""
+    return sorted([*_direct_spans(text, entropy=True), *_decoded_spans(text)])
+
+
+def _replaced(text: str, spans: list[tuple[int, int]]) -> str:
+    pieces, done = [], 0
+    for start, end in spans:
+        if end > done:  # overlapping matches (a token after `Authorization: token`) are one
+            pieces += [text[done : max(start, done)], REDACTED]
+            done = end
+    return "".join(pieces) + text[done:]
+
+
+def _direct_spans(text: str, *, entropy: bool) -> Iterator[tuple[int, int]]:
+    """The secrets of the text as it reads: by the harness's shapes, the library's patterns, credential names and
+    (with `entropy`) quoted strings of high entropy."""
+    library = _library()
+    lowered = _lowered(text)
+    for literal, pattern in _SHAPES:
+        if literal in lowered:
+            for match in pattern.finditer(lowered):
+                yield _stretched(text, match.end("lead") if "lead" in pattern.groupindex else match.start(), match)
+    yield from _library_spans(text, library.patterns)
+    yield from _credential_values(lowered, library.credential_name)
+    if entropy and ('"' in text or "'" in text):
+        for match in _QUOTED.finditer(text):
+            value = match.group(1)
+            if value.count("/") < 2 and not _HEX.fullmatch(value) and library.entropy(value) > library.entropy_limit:
+                yield match.span(1)
+
+
+def _library_spans(text: str, patterns: tuple[tuple[re.Pattern[str], bool], ...]) -> Iterator[tuple[int, int]]:
+    """Where the library's patterns match. A long text (a report, assembled from texts that each passed the door) is
+    read once per distinct line (no pattern spans lines; each secret found is then replaced wherever it shows), and
+    without the assignment patterns (`ibm_cloud_iam_key = ...`): tried at every position, they took 0.14 of the
+    0.23 s CPU over 500 kB, and the credential-name rule reads the same assignments."""
+    long = len(text) > LONG_TEXT
+    distinct = "\n".join(dict.fromkeys(text.split("\n"))) if long else text
+    found = [
+        _stretched(distinct, match.start(), match)
+        for pattern, assignment in patterns
+        if not (long and assignment)
+        for match in pattern.finditer(distinct)
+        if not assignment or match.start() == 0 or not _WORD.match(distinct, match.start() - 1)
+    ]
+    if not long:
+        yield from found
+        return
+    secrets = {distinct[start:end] for start, end in found if end > start}
+    if secrets:
+        alternatives = "|".join(re.escape(secret) for secret in sorted(secrets, key=len, reverse=True))
+        yield from (match.span() for match in re.finditer(alternatives, text))
+
+
+def _stretched(text: str, start: int, match: re.Match[str]) -> tuple[int, int]:
+    """A match's span, without the delimiters some patterns include (a space, quote, `=` or `:` around the token)
+    and stretched over the rest of the token it ends in."""
+    end = match.end()
+    while end > start and text[end - 1] in " \t\r\n\"'`:=@,":
+        end -= 1
+    while start < end and text[start] in " \t\r\n\"'`:=/":
+        start += 1
+    tail = _TOKEN_TAIL.match(text, end)
+    return start, tail.end() if tail else end
+
+
+def _credential_values(lowered: str, credential_name: re.Pattern[str]) -> Iterator[tuple[int, int]]:
+    """The values assigned to names of credentials (module docstring), in lowercase text."""
+    for word in credential_name.finditer(lowered):
+        start = word.start()
+        while start > 0 and lowered[start - 1] in _NAME_CHARACTERS:
+            start -= 1
+        name, end = lowered[start : word.end()], word.end()
+        if _NOT_CREDENTIALS.search(name):
+            continue
+        option = name.startswith("--")
+        assignment = (_OPTION_ASSIGNMENT if option else _ASSIGNMENT).match(lowered, end)
+        if assignment is None or (not option and not assignment.group().strip()):
+            continue
+        value = _VALUE.match(lowered, assignment.end())
+        if value is not None and value.group() != REDACTED:
+            yield value.span()
 
 
 def _lowered(text: str) -> str:
@@ -83,11 +267,88 @@ def _lowered(text: str) -> str:
     return lowered if len(lowered) == len(text) else text.translate(_ASCII_LOWER)
 
 
-def redact(text: str) -> str:
-    return Redactor()(text)
+def _decoded_spans(text: str) -> list[tuple[int, int]]:
+    """The secrets the text holds once decoded (percent-escapes, JSON and Python escapes of ASCII characters, base64,
+    tokens wrapped over lines), as spans of the text: each piece that decodes is read decoded, and where its decoded
+    form holds a secret the piece is replaced whole. The pieces are read together, as one text, in one pass."""
+    pieces = sorted({*_escaped_pieces(text), *_wrapped_pieces(text), *_base64_pieces(text)})
+    if not pieces:
+        return []
+    view_starts = list(itertools.accumulate((len(decoded) + 1 for _, _, decoded in pieces[:-1]), initial=0))
+    view = "\n".join(decoded for _, _, decoded in pieces)
+    found = []
+    for start, end in _direct_spans(view, entropy=False):
+        first = bisect.bisect_right(view_starts, start) - 1
+        last = bisect.bisect_right(view_starts, max(end - 1, start)) - 1
+        found += [(pieces[index][0], pieces[index][1]) for index in range(first, last + 1)]
+    return found
 
 
-def copy_redacted(source: Path, destination: Path) -> None:
-    """Copy a log with its secrets replaced; bytes that are not UTF-8 (a crashed rank's output) pass unchanged."""
-    text = Path(source).read_bytes().decode("utf-8", errors="surrogateescape")
-    Path(destination).write_bytes(redact(text).encode("utf-8", errors="surrogateescape"))
+# Escapes of printable ASCII characters, which neither JSON nor a URL needs for a token's characters (json.dumps
+# escapes only quotes, backslashes and control characters; "…" is \u2026): a token's shape hidden by them.
+_ESCAPE = re.compile(r"%[2-7][0-9A-Fa-f]|\\u00[2-7][0-9A-Fa-f]|\\x[2-7][0-9A-Fa-f]")
+_RUN_STOP = frozenset(" \t\r\n\"'`<>")
+_LONGEST_PIECE = 4096
+# A line break inside a token: token characters on both sides (the `\n` of JSON too), any indentation and a quote
+# mark or a comment's `#` before the rest of the token. Led by the break, so it is looked for as a literal.
+_TOKEN = "A-Za-z0-9_+/=-"
+_WRAP = re.compile(
+    rf"(?:\n(?<=[{_TOKEN}]{{3}}\n)|\r\n(?<=[{_TOKEN}]{{3}}\r\n)|\\n(?<=[{_TOKEN}]{{3}}\\n))"
+    rf"[ \t]*(?:[>#|*][ \t]*)?(?=[{_TOKEN}]{{3}})"
+)
+_SHORTEST_WRAPPED = 16  # the characters a wrapped token has on its lines, together: shorter ones are words
+_TOKEN_RUN = re.compile(rf"[{_TOKEN}]+")
+_TOKEN_CHARACTERS = frozenset(string.ascii_letters + string.digits + "_+/=-")
+_BASE64 = re.compile(rf"[{_TOKEN}]{{16,}}")
+
+
+def _escaped_pieces(text: str) -> Iterator[tuple[int, int, str]]:
+    """Each run of non-space characters holding an escape of a printable ASCII character, unescaped."""
+    ends = -1
+    for escape in _ESCAPE.finditer(text):
+        if escape.start() < ends:
+            continue  # in the run just read
+        start, ends = escape.start(), escape.end()
+        while start > 0 and escape.start() - start < _LONGEST_PIECE and text[start - 1] not in _RUN_STOP:
+            start -= 1
+        while ends < len(text) and ends - escape.end() < _LONGEST_PIECE and text[ends] not in _RUN_STOP:
+            ends += 1
+        yield start, ends, _ESCAPE.sub(_unescaped, text[start:ends])
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    return chr(int(match.group()[-2:], 16))
+
+
+def _wrapped_pieces(text: str) -> Iterator[tuple[int, int, str]]:
+    """Each token broken over lines (at least _SHORTEST_WRAPPED characters on its lines together), joined."""
+    start = end = -1
+    for wrap in _WRAP.finditer(text):
+        left = wrap.start()
+        while left > 0 and wrap.start() - left < _LONGEST_PIECE and text[left - 1] in _TOKEN_CHARACTERS:
+            left -= 1
+        right = _TOKEN_RUN.match(text, wrap.end())
+        if right is None:
+            continue
+        if left > end:  # not the previous token going on over another line
+            if end - start >= _SHORTEST_WRAPPED:
+                yield start, end, _WRAP.sub("", text[start:end])
+            start = left
+        end = right.end()
+    if end - start >= _SHORTEST_WRAPPED:
+        yield start, end, _WRAP.sub("", text[start:end])
+
+
+def _base64_pieces(text: str) -> Iterator[tuple[int, int, str]]:
+    """Each run of base64 characters that decodes to printable ASCII text (hex shas and words decode to noise)."""
+    for run in _BASE64.finditer(text):
+        encoded = run.group().rstrip("=")
+        if len(encoded) % 4 == 1 or _HEX.fullmatch(encoded):
+            continue
+        try:
+            decoded = base64.b64decode(encoded.replace("-", "+").replace("_", "/") + "=" * (-len(encoded) % 4))
+            plain = decoded.decode("ascii")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            continue
+        if plain.isprintable():
+            yield run.start(), run.end(), plain
