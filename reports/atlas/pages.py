@@ -29,6 +29,7 @@ from reports.atlas.views import (
     transition_groups,
     version_key,
 )
+from reports.outputs import visible_html
 from reports.store import CellKey
 
 ATLAS_FILE = "atlas.json"
@@ -42,7 +43,11 @@ KIND_TEXT = {
 def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
     """(path relative to the site, content) of every page, atlas.json first."""
     environment = Environment(
-        loader=PackageLoader("reports.atlas"), autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True
+        loader=PackageLoader("reports.atlas"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        finalize=visible_html,  # bidirectional and zero-width characters from the results shown by name
     )
     common = {
         "atlas": atlas,

@@ -24,6 +24,7 @@ from reports.outputs.links import (
 )
 from reports.outputs.markdown_safety import (
     inert,
+    visible_html,
 )
 from reports.outputs.model import (
     build_report,
@@ -75,4 +76,5 @@ __all__ = [
     "append_step_summary",
     "staged",
     "writing_to",
+    "visible_html",
 ]

@@ -20,6 +20,7 @@ from reports.analysis import (
     status_text,
 )
 from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
+from reports.outputs.markdown_safety import visible_html
 from reports.outputs.model import Report
 from suites.mechanism import class_and_finding
 
@@ -83,7 +84,9 @@ def own_cell(verdict: CheckpointVerdict, files: CellFiles) -> dict[str, Any]:
 
 def checkpoint_pages(report: Report) -> dict[str, str]:
     """Every real checkpoint's page, by its path relative to report.html."""
-    environment = Environment(loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined)
+    environment = Environment(
+        loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined, finalize=visible_html
+    )
     template = environment.get_template("checkpoint.html.j2")
     return {
         checkpoint_page(entry.checkpoint): template.render(

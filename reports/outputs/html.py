@@ -35,6 +35,7 @@ from reports.outputs.markdown import (
     seen_at,
     since_previous_run_summary,
 )
+from reports.outputs.markdown_safety import visible_html
 from reports.outputs.model import DETAILS_FILE, Report
 from reports.outputs.report_parts import CombinationMatrix, Timeline, TimelineCell
 
@@ -241,7 +242,9 @@ def class_default_list(section: CheckpointVerdicts) -> list[Markup]:
 
 
 def report_html(report: Report) -> str:
-    environment = Environment(loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined)
+    environment = Environment(
+        loader=PackageLoader("reports.outputs"), autoescape=True, undefined=StrictUndefined, finalize=visible_html
+    )
     template = environment.get_template("report.html.j2")
     timeline = newest_timeline(report.timeline, HTML_TIMELINE_SETS)
     return template.render(

@@ -4,7 +4,10 @@ Every markdown output (report.md, the step summary, supported-models.md, the PR 
 passed through `inert` last. It parses the text as GitHub would (CommonMark with tables), so it knows exactly which
 characters are code — fenced and indented blocks, code spans of any backtick count — and which are text, and in text
 it neutralises what GitHub would act on: links and images (`[` `]` `!` escaped), autolinks and raw HTML (`<` as
-`&lt;`), bare URLs, e-mail addresses and @mentions (put in code spans), entities (`&#64;` is an @). What stays
+`&lt;`), bare URLs, e-mail addresses, @mentions and issue references (`#12`, `owner/repo#12`, `GH-12`: put in code
+spans), entities (`&#64;` is an @); and in all of it, code included, the characters that change how text around them
+reads without showing themselves (bidirectional controls, zero-width characters) are shown by name (`visible`; HTML
+outputs pass every value through it too: `visible_html`). What stays
 active is what this harness wrote itself, and only that: the links it writes (`markdown_link`, `bare_link`) and its
 HTML lines (`our_html`: markers `<!-- autotp-matrix:… -->`, the generated-by note, `<details>` frames) carry a mark
 this process drew when it started, which no text in the results can carry (it was written before); `inert` keeps
@@ -18,6 +21,7 @@ import re
 import secrets
 
 from markdown_it import MarkdownIt
+from markupsafe import Markup
 
 _PARSER = MarkdownIt("commonmark").enable("table")
 # The links this harness writes: a commit, pull request, issue, comparison, file or Actions run on GitHub
@@ -43,15 +47,31 @@ _OURS = (  # a marked link or bare URL, its target one of ours
     rf"|(?P<bare_url>{OUR_URL.pattern})){re.escape(_MARK)}"
 )
 _ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
-_MENTION_PATTERN = r"(?<![\w`@/.+-])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?"
-_MENTION = re.compile(_MENTION_PATTERN)
+# GitHub links a mention after any character but an ASCII letter, digit or `_` (its rule is `(?:^|\W)@`, ASCII):
+# `é@octocat` and `a.@octocat` mention; an e-mail address is matched before this.
+_MENTION_PATTERN = r"(?<![A-Za-z0-9_`])@[A-Za-z0-9][A-Za-z0-9-]*(?:/[A-Za-z0-9_.-]+)?"
+# An issue or pull request reference GitHub links (and backlinks from the issue it names): `#12`, `GH-12`,
+# `owner/repo#12`.
+_REFERENCE_PATTERN = (
+    r"(?<![A-Za-z0-9_`&])(?:[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+)?\#[0-9]+|(?<![A-Za-z0-9_`])(?i:gh)-[0-9]+"
+)
+_MENTION = re.compile(rf"{_MENTION_PATTERN}|{_REFERENCE_PATTERN}")
+# Characters that change how the text around them is shown without showing themselves (Trojan Source): the
+# bidirectional embeddings, overrides and isolates, the directional marks, and the zero-width characters.
+_INVISIBLE = {
+    code: f"\u27e8U+{code:04X}\u27e9"  # ⟨U+202E⟩: no Markdown or HTML syntax
+    for code in (0x061C, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2060, 0x2061, 0x2062, 0x2063, 0x2064, 0xFEFF)
+    + tuple(range(0x202A, 0x202F))
+    + tuple(range(0x2066, 0x206A))
+}
 _TEXT = re.compile(
     rf"""(?P<escape>\\[{_ASCII_PUNCTUATION}])
     |(?P<ours>{_OURS})
     |(?P<url>(?:(?:https?|ftp)://|(?<![\w.-])www\.)[^\s<>`()]+(?:\([^\s<>`()]*\)[^\s<>`()]*)*)
     |(?P<email>(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)
-    |(?P<mention>{_MENTION_PATTERN})
     |(?P<entity>&(?:\#[0-9]{{1,7}}|\#[xX][0-9a-fA-F]{{1,6}}|[A-Za-z][A-Za-z0-9]{{1,31}});)
+    |(?P<mention>{_MENTION_PATTERN})
+    |(?P<reference>{_REFERENCE_PATTERN})
     |(?P<image>!(?=\[|{re.escape(_MARK)}))
     |(?P<bracket>[\[\]])
     |(?P<angle><)""",
@@ -79,9 +99,22 @@ def our_html(line: str) -> str:
 
 
 def unmarked(text: str) -> str:
-    """Text the harness composed, its marks removed and nothing neutralised: for an output that is not made inert
-    (supported-models.diff, a patch to DeepSpeed's own page)."""
-    return text.replace(_MARK, "")
+    """Text the harness composed, its marks removed and nothing neutralised but invisible characters (`visible`): for
+    an output that is not made inert (supported-models.diff, a patch to DeepSpeed's own page)."""
+    return visible(text.replace(_MARK, ""))
+
+
+def visible(text: str) -> str:
+    """The text with each bidirectional control and zero-width character shown by its name (`⟨U+202E⟩`)."""
+    return text.translate(_INVISIBLE)
+
+
+def visible_html(value: object) -> object:
+    """`visible` for the values a Jinja template writes (its `finalize`): text and markup alike (a value the harness
+    marked safe stays markup, its text made visible), anything else as it is."""
+    if isinstance(value, Markup):
+        return Markup(visible(str(value)))
+    return visible(value) if isinstance(value, str) else value
 
 
 def fence(text: str, info: str = "") -> list[str]:
@@ -94,7 +127,8 @@ def fence(text: str, info: str = "") -> list[str]:
 
 def inert(markdown: str, *, title: bool = False) -> str:
     """The markdown with everything from the results that GitHub would act on neutralised (module docstring). An
-    issue title renders code spans and mentions only: there only mentions are put in code spans."""
+    issue title renders code spans, mentions and references only: there only those are put in code spans."""
+    markdown = visible(markdown)
     if title:
         return unmarked(_inline(markdown.replace("\n", " "), title=True))
     text = markdown.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "\ufffd")  # as the parser reads it
@@ -169,11 +203,16 @@ def _neutral(match: re.Match[str]) -> str:
         return value
     if kind == "ours":  # a link we wrote: its target is ours, its text neutralised like any other text
         bare = match["bare_url"]
-        return bare or f"[{_TEXT.sub(_neutral, match['link_text'])}]({match['link_url']})"
-    if kind in ("url", "email", "mention"):
+        return bare or f"[{_TEXT.sub(_neutral_in_link, match['link_text'])}]({match['link_url']})"
+    if kind in ("url", "email", "mention", "reference"):
         return f"`{value}`"  # the characters matched hold no backtick
     if kind == "entity":
         return "&amp;" + value[1:]
     if kind == "angle":
         return "&lt;"
     return "\\" + value  # image, bracket
+
+
+def _neutral_in_link(match: re.Match[str]) -> str:
+    """In a link's text GitHub links no reference (`[#12](our URL)` links where we say)."""
+    return match.group() if match.lastgroup == "reference" else _neutral(match)
