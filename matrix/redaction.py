@@ -73,7 +73,7 @@ _SHAPES = (
 # The names of credentials (lowercase): detect-secrets' keyword list (api_key, password, secret, ...) and these. A
 # name is a credential when one of them ends it, or is followed by `_`, `-` or `.` only: `max_new_tokens`,
 # `tokenizer` and `author` are no credentials; `HF_TOKEN`, `aws_secret_access_key`, `wandb_api_key` are.
-_OWN_CREDENTIAL_WORDS = ("token", "access_?key", "secret_?key", "credentials?", "passphrase", "auth")
+_OWN_CREDENTIAL_WORDS = ("token", "access_?key", "secret_?key", "credentials?", "passphrase", "auth", "authorization")
 # Tokenizers' special tokens are names, not credentials (`pad_token='<pad>'`).
 _NOT_CREDENTIALS = re.compile(r"(?:pad|eos|bos|unk|mask|sep|cls|special|additional_special|chat)_token$")
 _NAME_CHARACTERS = frozenset(string.ascii_lowercase + string.digits + "_-.")
@@ -287,7 +287,7 @@ def _decoded_spans(text: str) -> list[tuple[int, int]]:
 # Escapes of printable ASCII characters, which neither JSON nor a URL needs for a token's characters (json.dumps
 # escapes only quotes, backslashes and control characters; "…" is \u2026): a token's shape hidden by them.
 _ESCAPE = re.compile(r"%[2-7][0-9A-Fa-f]|\\u00[2-7][0-9A-Fa-f]|\\x[2-7][0-9A-Fa-f]")
-_RUN_STOP = frozenset(" \t\r\n\"'`<>")
+_LINE_END = frozenset("\r\n")
 _LONGEST_PIECE = 4096
 # A line break inside a token: token characters on both sides (the `\n` of JSON too), any indentation and a quote
 # mark or a comment's `#` before the rest of the token. Led by the break, so it is looked for as a literal.
@@ -297,21 +297,23 @@ _WRAP = re.compile(
     rf"[ \t]*(?:[>#|*][ \t]*)?(?=[{_TOKEN}]{{3}})"
 )
 _SHORTEST_WRAPPED = 16  # the characters a wrapped token has on its lines, together: shorter ones are words
-_TOKEN_RUN = re.compile(rf"[{_TOKEN}]+")
-_TOKEN_CHARACTERS = frozenset(string.ascii_letters + string.digits + "_+/=-")
+# The token a break is inside: its characters and dots (a JWT's, SendGrid's parts).
+_TOKEN_RUN = re.compile(rf"[.{_TOKEN}]+")
+_TOKEN_CHARACTERS = frozenset(string.ascii_letters + string.digits + "_+/=-.")
 _BASE64 = re.compile(rf"[{_TOKEN}]{{16,}}")
 
 
 def _escaped_pieces(text: str) -> Iterator[tuple[int, int, str]]:
-    """Each run of non-space characters holding an escape of a printable ASCII character, unescaped."""
+    """Each line holding an escape of a printable ASCII character, unescaped (the name of a credential may be escaped
+    and its value not: the line is read whole, and redacted whole where it holds a secret)."""
     ends = -1
     for escape in _ESCAPE.finditer(text):
         if escape.start() < ends:
             continue  # in the run just read
         start, ends = escape.start(), escape.end()
-        while start > 0 and escape.start() - start < _LONGEST_PIECE and text[start - 1] not in _RUN_STOP:
+        while start > 0 and escape.start() - start < _LONGEST_PIECE and text[start - 1] not in _LINE_END:
             start -= 1
-        while ends < len(text) and ends - escape.end() < _LONGEST_PIECE and text[ends] not in _RUN_STOP:
+        while ends < len(text) and ends - escape.end() < _LONGEST_PIECE and text[ends] not in _LINE_END:
             ends += 1
         yield start, ends, _ESCAPE.sub(_unescaped, text[start:ends])
 
