@@ -270,7 +270,8 @@ def _lowered(text: str) -> str:
 def _decoded_spans(text: str) -> list[tuple[int, int]]:
     """The secrets the text holds once decoded (percent-escapes, JSON and Python escapes of ASCII characters, base64,
     tokens wrapped over lines), as spans of the text: each piece that decodes is read decoded, and where its decoded
-    form holds a secret the piece is replaced whole. The pieces are read together, as one text, in one pass."""
+    form holds a secret, what it was read from is replaced (the escaped characters of a line; a token whole). The
+    pieces are read together, as one text, in one pass."""
     pieces = sorted({*_escaped_pieces(text), *_wrapped_pieces(text), *_base64_pieces(text)})
     if not pieces:
         return []
@@ -280,8 +281,26 @@ def _decoded_spans(text: str) -> list[tuple[int, int]]:
     for start, end in _direct_spans(view, entropy=False):
         first = bisect.bisect_right(view_starts, start) - 1
         last = bisect.bisect_right(view_starts, max(end - 1, start)) - 1
-        found += [(pieces[index][0], pieces[index][1]) for index in range(first, last + 1)]
+        piece_start, piece_end, _ = pieces[first]
+        if first == last and _ESCAPE.search(text, piece_start, piece_end):  # a line with escapes
+            offset = view_starts[first]
+            found.append(_escaped_span(text, piece_start, piece_end, start - offset, end - offset))
+        else:
+            found += [(pieces[index][0], pieces[index][1]) for index in range(first, last + 1)]
     return found
+
+
+def _escaped_span(text: str, start: int, end: int, decoded_start: int, decoded_end: int) -> tuple[int, int]:
+    """The span of text[start:end] that the span of its unescaped form was read from."""
+    origins = []  # per character of the unescaped form: where it starts and ends in the text
+    position = start
+    for escape in _ESCAPE.finditer(text, start, end):
+        origins += [(index, index + 1) for index in range(position, escape.start())]
+        origins.append(escape.span())
+        position = escape.end()
+    origins += [(index, index + 1) for index in range(position, end)]
+    last = min(max(decoded_end - 1, decoded_start), len(origins) - 1)
+    return origins[min(decoded_start, last)][0], origins[last][1]
 
 
 # Escapes of printable ASCII characters, which neither JSON nor a URL needs for a token's characters (json.dumps

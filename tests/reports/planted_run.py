@@ -8,6 +8,7 @@ it prints how many planted secrets and fragments that checkout leaves (the figur
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import io
@@ -36,13 +37,48 @@ BEARER = "QwErTyZxKpLmJcByHs"  # after `Bearer `
 AUTHORIZATION = "ZxCvBnMqWrTyUiOp"  # after `Authorization: token `
 SHAPED_SECRETS = [token.removeprefix(prefix) for prefix, token in SHAPED.items()] + [BEARER, AUTHORIZATION]
 FRAGMENT = 4  # no 4-character piece of a secret may show
+# Issue #53: what the prefix list did not know. Each planted as written (first) and what must not show of it (second,
+# in no LONG_FRAGMENT-character piece): unprefixed values named as credentials, shapes of other services, and
+# tokens hidden by an encoding or a line break.
+HF_RAW = "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"
+CRAFTED = {
+    "named, no prefix": ("HF_TOKEN=q8RwTz5LmNpQ2vXc7YbKd9", "q8RwTz5LmNpQ2vXc7YbKd9"),
+    "named, 40 hex": (
+        "'WANDB_API_KEY': '9c1f2e3d4b5a69788796a5b4c3d2e1f0a9b8c7d6'",
+        "9c1f2e3d4b5a69788796a5b4c3d2e1f0a9b8c7d6",
+    ),
+    "aws secret": ("aws_secret_access_key=wJalrXUtnFEMIK7MDENGbPxRfiCYzQ9vLk2", "wJalrXUtnFEMIK7MDENGbPxRfiCYzQ9vLk2"),
+    "aws key id": ("AKIAQZWXRTYUPLMNBVCD", "QZWXRTYUPLMNBVCD"),
+    "private key": (
+        "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\\n-----END PRIVATE KEY-----",
+        "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+    ),
+    "jwt": (
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkIn0.Qm9vUlp4VzlLcEx0TmJ2Q3hZbVFk",
+        "eyJzdWIiOiJwbGFudGVkIn0.Qm9vUlp4VzlLcEx0TmJ2Q3hZbVFk",
+    ),
+    "npm": ("npm_ZqXwCeVrBtNyMuLiKoJpHgFdSaQwErTyUiOp", "ZqXwCeVrBtNyMuLiKoJpHgFdSaQwErTyUiOp"),
+    "slack": (
+        "xoxb-2389471023-9834710293847-QpWoEiRuTyAlSkDjFhGzXmCn",
+        "2389471023-9834710293847-QpWoEiRuTyAlSkDjFhGzXmCn",
+    ),
+    "google": ("AIzaSyQwErTyUiOpAsDfGhJkLzXcVbNm1234567", "SyQwErTyUiOpAsDfGhJkLzXcVbNm1234567"),
+    "openai": ("sk-proj-PoIuYtReWqLkJhGfDsAzMxNcBv0987654321", "PoIuYtReWqLkJhGfDsAzMxNcBv0987654321"),
+    "url password": ("https://bot:hunter2@index.example/simple", "hunter2"),
+    "base64 of user:hf_": (base64.b64encode(f"user:{HF_RAW}".encode()).decode(), HF_RAW.removeprefix("hf_")),
+    "percent-escaped": (HF_RAW.replace("_", "%5F"), HF_RAW.removeprefix("hf_")),
+    "json-escaped": (HF_RAW.replace("_", "\\u005f"), HF_RAW.removeprefix("hf_")),
+    "wrapped": (f"{HF_RAW[:9]}\n    {HF_RAW[9:]}", HF_RAW.removeprefix("hf_")),
+}
+LONG_FRAGMENT = 8
 
 
 def leaky(where: str) -> str:
     """A failure text quoting every secret, as a careless exception or log line might."""
     return (
         f"RuntimeError: {where} 401 for https://huggingface.co (headers: {{'Authorization': 'Bearer {BEARER}'}}) "
-        f"Authorization: token {AUTHORIZATION} password={ENV_SECRET} tokens {' '.join(SHAPED.values())}"
+        f"Authorization: token {AUTHORIZATION} password={ENV_SECRET} tokens {' '.join(SHAPED.values())} "
+        + " | ".join(planted for planted, _ in CRAFTED.values())
     )
 
 
@@ -183,9 +219,9 @@ def _unpacked(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def found(texts: dict[str, str], secrets: list[str]) -> dict[str, int]:
-    """Per place, how many times a secret or a FRAGMENT-character piece of one shows (each piece counted)."""
-    pieces = {secret[i : i + FRAGMENT] for secret in secrets for i in range(len(secret) - FRAGMENT + 1)}
+def found(texts: dict[str, str], secrets: list[str], fragment: int = FRAGMENT) -> dict[str, int]:
+    """Per place, how many times a secret or a `fragment`-character piece of one shows (each piece counted)."""
+    pieces = {secret[i : i + fragment] for secret in secrets for i in range(max(len(secret) - fragment + 1, 1))}
     counts = {}
     for where, text in texts.items():
         count = sum(text.count(piece) for piece in pieces)
@@ -209,6 +245,9 @@ def secrets_in(folder: Path, set_at: str, printed: dict[str, str]) -> dict[str, 
     result = {
         "shaped tokens, whole": whole(everything, [*SHAPED.values(), BEARER, AUTHORIZATION]),
         "shaped tokens, 4-character pieces": found(everything, SHAPED_SECRETS),
+        "crafted secrets, 8-character pieces": found(
+            everything, [hidden for _, hidden in CRAFTED.values()], LONG_FRAGMENT
+        ),
     }
     judged = {"merge": everything, "render": made["render"]}.get(set_at)
     if judged is not None:

@@ -30,6 +30,7 @@ def test_no_planted_secret_or_piece_of_one_is_left_anywhere(tmp_path, set_at):
     assert secrets_in(tmp_path, set_at, printed) == {
         "shaped tokens, whole": {},
         "shaped tokens, 4-character pieces": {},
+        "crafted secrets, 8-character pieces": {},
         **(
             {"the variable's value, whole": {}, "the variable's value, 4-character pieces": {}}
             if set_at != "never"
