@@ -9,7 +9,7 @@ What is replaced by `***`:
   saw): every pattern of detect-secrets' regex plugins (AWS, private keys, JWT, Slack, npm, GitHub, GitLab, Stripe,
   PyPI, ...; the maintained list), and the harness's own (_SHAPES: Hugging Face, GitHub, npm, Google and OpenAI keys,
   a whole private-key block, a JWT's signature, the credential after `Authorization:` or `Bearer`, a URL's
-  user:password);
+  user:password, a prefixed token cut by a space where its line was wrapped);
 - secrets by name: the value of every `key=value`, `key: value`, `'KEY': 'value'` or `--key value` whose key names a
   credential (detect-secrets' keyword list, plus tokens and credentials; _credential_values);
 - quoted strings of high entropy (detect-secrets' Base64 measure and limit): an unnamed random token. Hex strings
@@ -40,6 +40,10 @@ from typing import cast
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD", re.IGNORECASE)
 MIN_SECRET_LENGTH = 8
 REDACTED = "***"
+# A token of a known prefix cut short by spaces or a line break (a wrapped line read back from an XML attribute, whose
+# line breaks became spaces), then its rest: 16 letters and digits or more (longer than words), not all hex (a sha).
+_BROKEN_BY_SPACE = r"(?:[ \t]+|[ \t]*(?:\\n|\r?\n)[ \t]*)"
+_HEX_ONLY = r"[0-9a-f]+(?![a-z0-9_-])"
 # The harness's own shapes, written in lowercase and matched against an ASCII-lowercased copy of the text (same
 # length, so the spans carry over), each with the literal it starts with (looked for first, as it is cheaper: a
 # case-insensitive or \b-led pattern took 1.4 s instead of 0.01 s over an 8 MB report.json). Lengths are minimums, so
@@ -69,6 +73,16 @@ _SHAPES = (
     ("bearer", re.compile(r"(?P<lead>bearer\s+)[^\s\"',;]{8,}")),
     # The user:password of a URL (a private index in pip's configuration, handed to uv on its command line).
     ("://", re.compile(r"(?P<lead>://)[^\s/@:\"']+:[^\s/@\"']+(?=@)")),
+    *(
+        (literal, re.compile(rf"{prefix}[{rest}]{{0,{short}}}{_BROKEN_BY_SPACE}(?!{_HEX_ONLY})[{rest}]{{16,}}"))
+        for literal, prefix, rest, short in (
+            ("hf_", "hf_", "a-z0-9", 19),
+            ("gh", "gh[pousr]_", "a-z0-9", 19),
+            ("npm_", "npm_", "a-z0-9", 29),
+            ("aiza", "aiza", "a-z0-9_-", 29),
+            ("sk-", "sk-(?:proj|svcacct|admin)-", "a-z0-9_-", 19),
+        )
+    ),
 )
 # The names of credentials (lowercase): detect-secrets' keyword list (api_key, password, secret, ...) and these. A
 # name is a credential when one of them ends it, or is followed by `_`, `-` or `.` only: `max_new_tokens`,

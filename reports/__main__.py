@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from matrix.redaction import Redactor
+from reports.outputs import visible
 from matrix.versions import ReleaseDataUnavailable
 from reports import ReportsError
 from reports.commands import COMMANDS
@@ -32,14 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Redacting(io.TextIOBase):
-    """A text stream that passes what is written through the redactor before the stream it wraps."""
+    """A text stream that passes what is written through the redactor before the stream it wraps, its bidirectional
+    and zero-width characters shown by name (a CI log is read too)."""
 
     def __init__(self, stream: TextIO, redactor: Redactor) -> None:
         self._stream = stream
         self._redact = redactor
 
     def write(self, text: str) -> int:
-        self._stream.write(self._redact(text))
+        self._stream.write(visible(self._redact(text)))
         return len(text)
 
     def flush(self) -> None:

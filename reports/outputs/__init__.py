@@ -24,6 +24,7 @@ from reports.outputs.links import (
 )
 from reports.outputs.markdown_safety import (
     inert,
+    visible,
     visible_html,
 )
 from reports.outputs.model import (
@@ -76,5 +77,6 @@ __all__ = [
     "append_step_summary",
     "staged",
     "writing_to",
+    "visible",
     "visible_html",
 ]

@@ -90,7 +90,10 @@ ENCODINGS: dict[str, Callable[[str], str]] = {
     "base64 of user:token": lambda text: base64.b64encode(f"user:{text}".encode()).decode(),
     "wrapped over lines": lambda text: f"{text[:7]}\n    {text[7:]}",
     "wrapped in json": lambda text: f"{text[:11]}\\n{text[11:]}",
+    "wrapped, the break read as a space": lambda text: f"{text[:9]}  {text[9:]}",
 }
+# The shapes whose prefix says a token goes on after a space (the others' rest alone is a word).
+BROKEN_BY_SPACE = ("hf", "github classic", "npm", "google", "openai project")
 CONTEXTS = (
     "RuntimeError: 401 for {}",
     '{{"message": "failed with {}", "cell": "llama-eager-fp32-tp2"}}',
@@ -113,6 +116,8 @@ def crafted() -> list[tuple[str, str, str]]:
         for encoding, encode in ENCODINGS.items():
             if secret.kind == "private key" and encoding != "as is":
                 continue  # a block of lines: plain only
+            if encoding.startswith("wrapped, the break") and secret.kind not in BROKEN_BY_SPACE:
+                continue
             for n, context in enumerate(CONTEXTS):
                 cases.append(
                     (f"{secret.kind}, {encoding}, context {n}", context.format(encode(secret.text)), secret.hidden)
@@ -141,7 +146,9 @@ def test_no_piece_of_a_crafted_secret_survives(name, text, hidden):
 def test_the_generator_covers_every_class():
     kinds = {name.split(",")[0] for name, _, _ in CASES}
     assert {"jwt", "private key", "aws access key", "slack", "npm", "google", "openai project", "hf"} <= kinds
-    encodings = {name.split(", ")[1] for name, _, _ in CASES if not name.startswith("named")}
+    encodings = {
+        name.split(", ", 1)[1].rsplit(", context", 1)[0] for name, _, _ in CASES if not name.startswith("named")
+    }
     assert encodings == set(ENCODINGS)
     assert len(CASES) > 250
 
@@ -155,6 +162,7 @@ KEPT = (
     '"https://github.com/deepspeedai/DeepSpeed/blob/edaa7221267243c7be7fb49c5d5f5c4fb7a1e0b2/deepspeed/x.py#L293"',
     '"deepspeed/module_inject/auto_tp.py" "transformers==5.24.0" "torch==2.13.0+cpu"',
     "TOKENIZERS_PARALLELISM=false max_new_tokens=20 pad_token='<pad>' author: someone hf_device_map",
+    "hf_device_map 0123456789abcdef01234567 and hf_hub downloads, sk-learn classifier, npm_config registry",
     "RuntimeError: shape '[2, 64, 4096]' is invalid for input of size 524288",
     "run nightly@2025-01-02T00%3A00%3A00Z@runner-1 and run%40twin",
     '{"text": "line one\\nline two\\n  File \\"/site-packages/deepspeed/module_inject/auto_tp.py\\", line 12"}',

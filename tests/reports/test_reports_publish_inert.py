@@ -1,5 +1,6 @@
-"""Publish is inert text (issue #25): what GitHub would act on — @mentions, images, raw HTML — never comes through
-from the results. JUnit fields are validated at merge (failure classes from the known set, names, commits) or put
+"""Publish is inert text (issue #25): what GitHub would act on — @mentions, images, raw HTML, and (issue #53) issue
+references and the bidirectional and zero-width characters that change how text reads — never comes through from the
+results. JUnit fields are validated at merge (failure classes from the known set, names, commits) or put
 in code spans; a final pass neutralises whatever another source (a commit subject, an old store) brings. Checked
 with a CommonMark parser (markdown-it-py), independently of how publish finds code spans."""
 
@@ -17,8 +18,12 @@ from reports.store.records import Bisection, CellKey
 
 HOSTILE = (
     "@deepspeedai/maintainers ![x](https://tracker.example/p.png) <img src=https://tracker.example/q.png> cc @someone"
+    " é@octocat a.@octocat see owner/repo#12, #34 and GH-5 \u202eevil\u200b"
 )
-MENTION = re.compile(r"(?<![\w@/.+-])@[A-Za-z0-9]")
+# GitHub's rules: a mention after anything but an ASCII letter, digit or `_`; a reference `#N`, `owner/repo#N`, `GH-N`.
+MENTION = re.compile(r"(?<![A-Za-z0-9_])@[A-Za-z0-9]")
+REFERENCE = re.compile(r"(?<![A-Za-z0-9_&])(?:[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+)?#[0-9]+|(?i:\bgh-[0-9]+)")
+INVISIBLE = re.compile("[\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 
 
 pytestmark = pytest.mark.usefixtures("no_github")
@@ -26,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("no_github")
 
 def active_parts(markdown: str) -> list[str]:
     """What GitHub would act on: text (outside code) with a mention, images, and HTML other than our markers."""
-    found = []
+    found, in_link = [], False
     for token in markdown_tokens(markdown):
         if token.type == "image":
             found.append(f"image {token.attrs.get('src')}")
@@ -34,6 +39,10 @@ def active_parts(markdown: str) -> list[str]:
             found.append(f"html {token.content.strip()}")
         elif token.type == "text" and MENTION.search(token.content):
             found.append(f"mention in {token.content!r}")
+        elif token.type == "text" and REFERENCE.search(token.content) and not in_link:  # none in a link's text
+            found.append(f"reference in {token.content!r}")
+        in_link = token.type == "link_open" or in_link and token.type != "link_close"
+    found += [f"invisible {character!r}" for character in INVISIBLE.findall(markdown)]
     return found
 
 
@@ -86,8 +95,10 @@ def test_mentions_images_and_html_from_the_results_are_inert(tmp_path):
     for title, body in issues:
         assert active_parts(body) == []
         assert MENTION.findall(re.sub(r"`[^`]*`", "", title)) == []  # titles render code spans, nothing else
+        assert REFERENCE.findall(re.sub(r"`[^`]*`", "", title)) == [] and INVISIBLE.findall(title) == []
     llama = next(body for _, body in issues if "llama-eager-fp32-tp2" in body)
     assert "Refactor attention `@deepspeedai/maintainers`" in llama  # the subject's mention, put in a code span
+    assert "é`@octocat` a.`@octocat` see `owner/repo#12`, `#34` and `GH-5` ⟨U+202E⟩evil⟨U+200B⟩" in llama
     # The report for DeepSpeed's tracker (draft-issue's text): inert too, its <details> frame kept.
     ((title, body),) = [
         path.read_text().removeprefix("# ").split("\n\n", 1) for path in (out / "publish" / "upstream").glob("*.md")
@@ -131,3 +142,18 @@ def test_merge_rejects_fields_that_are_not_what_the_harness_writes(tmp_path, cap
     path.write_text(text.replace(old, replaced))
     assert main(["merge", str(path), "--store", str(tmp_path / "history.sqlite")]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_render_shows_bidirectional_and_zero_width_characters_by_name_in_every_output(tmp_path, capsys):
+    """report.md, report.html, the checkpoint pages and the step summary: the characters a result brings are shown
+    by name (in HTML, through every value the templates write), never as they are."""
+    nightlies(tmp_path, f"RuntimeError: {HOSTILE}")
+    store, out = tmp_path / "history.sqlite", tmp_path / "out"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    assert main(["render", "--store", str(store), "--out", str(out)]) == 0
+    outputs = {path.name: path.read_text() for path in out.rglob("*") if path.suffix in (".md", ".html")}
+    assert {name: INVISIBLE.findall(text) for name, text in outputs.items() if INVISIBLE.search(text)} == {}
+    for name in ("report.md", "report.html"):
+        assert "⟨U+202E⟩evil⟨U+200B⟩" in outputs[name], name
+    assert [part for part in active_parts(outputs["report.md"]) if "details" not in part] == []
+    assert INVISIBLE.findall(capsys.readouterr().out) == []  # the failing-now section render prints
