@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from matrix.redaction import Redactor
-from reports.outputs import visible
 from matrix.versions import ReleaseDataUnavailable
 from reports import ReportsError
 from reports.commands import COMMANDS
+from reports.outputs import visible
 
 
 def build_parser() -> argparse.ArgumentParser:
