@@ -99,6 +99,9 @@ _VALUE = re.compile(r"""[^\s"'`\\,;&(){}\[\]<>]{4,}""")
 # Quoted strings the entropy measure reads; the characters of a token (a match is stretched over the rest of them).
 _QUOTED = re.compile(r"""["']([A-Za-z0-9+/=_-]{20,})\\?["']""")
 _WORD = re.compile(r"\w")
+# What every pattern of the library needs (a run of 8 token characters, a private key's header or a URL's userinfo):
+# a text without any is not read by them (a version, a cell id's parts, a count).
+_LIBRARY_GATE = re.compile(r"[A-Za-z0-9_+/=-]{8}|PRIVATE KEY|://", re.IGNORECASE)
 LONG_TEXT = 1 << 16
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _TOKEN_TAIL = re.compile(r"[A-Za-z0-9_+/=-]*")
@@ -223,6 +226,8 @@ def _library_spans(text: str, patterns: tuple[tuple[re.Pattern[str], bool], ...]
     read once per distinct line (no pattern spans lines; each secret found is then replaced wherever it shows), and
     without the assignment patterns (`ibm_cloud_iam_key = ...`): tried at every position, they took 0.14 of the
     0.23 s CPU over 500 kB, and the credential-name rule reads the same assignments."""
+    if _LIBRARY_GATE.search(text) is None:
+        return
     long = len(text) > LONG_TEXT
     distinct = "\n".join(dict.fromkeys(text.split("\n"))) if long else text
     found = [
