@@ -11,7 +11,7 @@ import pytest
 from matrix.cells import expand
 from matrix.derive import DERIVED_FILE, load_derived_data
 from matrix.registry import RegistryError
-from suites.driver import RunOptions, run_cell
+from suites.driver import RunOptions, run_cell, skip_reason
 
 
 def test_git_is_derived_with_its_perplexity_probe_skipped():
@@ -19,6 +19,15 @@ def test_git_is_derived_with_its_perplexity_probe_skipped():
     assert cell.model.skip_reason is None
     assert cell.model.probe_skips["perplexity"].startswith("image-to-text model")
     assert "git" not in load_derived_data().skips
+
+
+def test_git_training_is_a_named_skip():
+    """A training step's loss is the `labels=` path the model cannot run: its training cells skip with the reason
+    (they failed as `setup` in the unsharded steps before)."""
+    (cell,) = expand("git", "train", "fp32", "2")
+    assert skip_reason(cell, RunOptions()) == (
+        f"training steps on the labels= loss, which {cell.model.name} cannot run: {cell.model.probe_skips['perplexity']}"
+    )
 
 
 @pytest.mark.parametrize(
