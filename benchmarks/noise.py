@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from matrix.cells import expand  # noqa: E402
 from matrix.registry import DType  # noqa: E402
 from matrix.shapes import split_shaped_name  # noqa: E402
-from suites.checks.names import judged_signature  # noqa: E402
+from suites.checks.names import at_floor, current_metric_name, judged_signature  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> None:
@@ -213,7 +213,8 @@ FLOORED = (
     ("train_update", "update_max_rel_error", "train_update_rel"),
 )
 """Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records
-its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor2^-k`)."""
+its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor_2_to_minus_<k>`,
+suites/checks/names.py at_floor; older records' `<metric>_floor2^-<k>` are read as those)."""
 
 
 def floor_rows(records: list[dict[str, Any]]) -> list[str]:
@@ -224,16 +225,16 @@ def floor_rows(records: list[dict[str, Any]]) -> list[str]:
     for dtype in sorted({r["dtype"] for r in latest.values()}):
         cells = [r for r in latest.values() if r["dtype"] == dtype and correct(r)]
         for check, metric, field in FLOORED:
-            floors = sorted(
-                {m.removeprefix(metric + "_") for r in cells for m in r["metrics"] if m.startswith(metric + "_floor")},
-                key=lambda key: int(key.removeprefix("floor2^-")),
-            )
+            named = at_floor(metric, 0).removesuffix("0")  # every floor's name, its exponent after this
+            floors = sorted({int(m.removeprefix(named)) for r in cells for m in r["metrics"] if m.startswith(named)})
             bound = bound_value(Bound(check, "", (), field), dtype)
-            for key in floors:
-                found = [(r["metrics"][f"{metric}_{key}"], r["id"]) for r in cells if f"{metric}_{key}" in r["metrics"]]
+            for k in floors:
+                found = [
+                    (r["metrics"][at_floor(metric, k)], r["id"]) for r in cells if at_floor(metric, k) in r["metrics"]
+                ]
                 noise, where = max(found)
                 lines.append(
-                    f"  {check} {dtype} at floor {key.removeprefix('floor')} of the largest: noise {noise:.3g} "
+                    f"  {check} {dtype} at floor 2^-{k} of the largest: noise {noise:.3g} "
                     f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)"
                 )
     return lines
@@ -243,6 +244,8 @@ def report(args: argparse.Namespace) -> None:
     from matrix.registry import EPSILON
 
     records = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
+    for record in records:  # an older harness's names read as this one's
+        record["metrics"] = {current_metric_name(name): value for name, value in record["metrics"].items()}
     latest = {record["id"]: record for record in records}
     for dtype in sorted({r["dtype"] for r in latest.values()}):
         cells = [r for r in latest.values() if r["dtype"] == dtype]

@@ -31,7 +31,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, ExpansionError, UnreadableConfig
-from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, read_toml
+from matrix.registry import MATRIX_DIR, SKIPPABLE_PROBES, ModelEntry, RegistryError, read_toml
 from matrix.toml_tables import TableError, read_table, written_as
 
 if TYPE_CHECKING:
@@ -584,6 +584,8 @@ class DerivedData:
     skips: dict[str, str]
     version_skips: dict[str, tuple[VersionSkip, ...]] = field(default_factory=dict)
     """[[skip_at.<model_type>]]: skips that hold at some transformers releases only."""
+    probe_skips: dict[str, dict[str, str]] = field(default_factory=dict)
+    """[probe_skip.<model_type>]: probes the architecture cannot run (ModelEntry.probe_skips), each with its reason."""
 
     def skip_reason(self, model_type: str, transformers_version: str) -> str | None:
         """Why `model_type` is not derived at `transformers_version`, or None."""
@@ -613,17 +615,27 @@ def _parse_version_skips(path: Path, raw: object, skips: dict[str, str]) -> dict
 
 def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
     raw = read_toml(path)
-    unknown = set(raw) - {"fix", "skip", "skip_at"}
+    unknown = set(raw) - {"fix", "skip", "skip_at", "probe_skip"}
     if unknown:
         raise RegistryError(
-            f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip] and [[skip_at.<model_type>]]"
+            f"{path}: unknown table(s) {sorted(unknown)}; use [fix.<model_type>], [skip], [[skip_at.<model_type>]] "
+            "and [probe_skip.<model_type>]"
         )
     skips = raw.get("skip", {})
     for model_type, reason in skips.items():
         if not isinstance(reason, str) or not reason.strip():
             raise RegistryError(f"{path}: [skip] {model_type!r} needs a non-empty reason string")
+    probe_skips = raw.get("probe_skip", {})
+    for model_type, probes in probe_skips.items():
+        if not isinstance(probes, dict) or not probes or set(probes) - set(SKIPPABLE_PROBES):
+            raise RegistryError(
+                f"{path}: [probe_skip.{model_type}] must give reasons to probes of {list(SKIPPABLE_PROBES)}, got {probes!r}"
+            )
     return DerivedData(
-        fixes=raw.get("fix", {}), skips=skips, version_skips=_parse_version_skips(path, raw.get("skip_at", {}), skips)
+        fixes=raw.get("fix", {}),
+        skips=skips,
+        version_skips=_parse_version_skips(path, raw.get("skip_at", {}), skips),
+        probe_skips=probe_skips,
     )
 
 
@@ -705,7 +717,13 @@ def derived_entry(model_type: str, registry: dict[str, ModelEntry], data: Derive
         return ModelEntry(name, model_type, tiny={}, skip_reason=f"{model_type}: {UNREADABLE_CONFIG}: {error}")
     except Exception as error:  # a harness bug, reported on this architecture's cells as `setup`
         return ModelEntry(name, model_type, tiny={}, expansion_error=ExpansionError.of("derive", error))
-    return ModelEntry(name=name, model_type=model_type, tiny=derivation.tiny, tiny_why=derivation.why)
+    return ModelEntry(
+        name=name,
+        model_type=model_type,
+        tiny=derivation.tiny,
+        tiny_why=derivation.why,
+        probe_skips=data.probe_skips.get(model_type, {}),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

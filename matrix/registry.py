@@ -175,6 +175,10 @@ class SplitRule:
         return found
 
 
+SKIPPABLE_PROBES = ("perplexity",)
+"""Probes an architecture may declare it cannot run (ModelEntry.probe_skips): the `labels=` loss over the corpus."""
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One architecture the matrix tests."""
@@ -213,6 +217,9 @@ class ModelEntry:
     expansion_error: ExpansionError | None = field(default=None, metadata=NOT_IN_FILE)
     """A harness exception in a step of expanding this architecture before its cells ran (matrix/config_values.py):
     its cells fail as `setup` naming it, the other architectures' cells run. Never set in models.toml."""
+    probe_skips: dict[str, str] = field(default_factory=dict, hash=False)
+    """Probes that cannot run on this architecture (a key of SKIPPABLE_PROBES) -> why: the other probes run, and the
+    check of a skipped one passes naming its reason (an image-to-text model's text-only `labels=` loss)."""
     family: str = ""
     """The family as DeepSpeed's automatic-tensor-parallelism page names it (`gpt-neox`, `qwen2-moe`, `openai`),
     where that differs from `model_type`; the supported-models page and its diff list the entry under it."""
@@ -231,6 +238,11 @@ class ModelEntry:
             version = getattr(self, key)
             if version is not None and not _is_version(version):
                 raise TableError(key, f"is not a version: {version!r}")
+        for probe, reason in self.probe_skips.items():
+            if probe not in SKIPPABLE_PROBES or not reason.strip():
+                raise TableError(
+                    f"probe_skips.{probe}", f"must name one of {list(SKIPPABLE_PROBES)} with a reason, got {reason!r}"
+                )
         for hub_id, revision in self.revisions.items():
             if hub_id not in self.hub_ids:
                 raise TableError("revisions", f"pins {hub_id!r}, which is not in hub_ids {list(self.hub_ids)}")

@@ -119,7 +119,10 @@ class ComparisonRecord(TypedDict):
     worst_parameter: str
     compared: int
     problems: list[Finding]
-    errors_at_floor: dict[str, float]
+    errors_at_floor: dict[int, float]
+    """k -> the error had the scale floor been 2^-k of the largest magnitude (suites/variants/training.py)."""
+    worst_vanished: bool
+    loss_scale: float
 
 
 class RoundTripReport(TypedDict):

@@ -5,7 +5,7 @@ it loaded. Nothing here raises for a cell's own failure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import transformers
@@ -171,7 +171,7 @@ def _job(
     cell, checkpoint = prepared.cell, prepared.checkpoint
     try:
         fetch_weights(cell.model, checkpoint)  # now that the cell fits
-        variant_fields = variant_setup.prepare(prepared, options.spec, fork_server)
+        variant_fields = variant_setup.prepare(prepared, cell_spec(cell, options), fork_server)
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, prepared.plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.
@@ -201,7 +201,7 @@ def _job(
         variant=cell.variant,
         trust_remote_code=cell.model.trust_remote_code,
         tolerance=cell.model.tolerance_for(cell.dtype),
-        spec=options.spec,
+        spec=cell_spec(cell, options),
         reference=reference,
         baseline=variant_fields.baseline,
         meta=variant_fields.meta,
@@ -213,6 +213,11 @@ def _job(
     return job, _provenance(checkpoint, prepared.plan, reference)
 
 
+def cell_spec(cell: Cell, options: RunOptions) -> ProbeSpec:
+    """The run's probes as this cell's model runs them: without a probe its architecture cannot run (its reason)."""
+    return replace(options.spec, perplexity_skipped=cell.model.probe_skips.get("perplexity", ""))
+
+
 def plain_reference_request(prepared: PreparedCell, options: RunOptions) -> ObservationsRequest:
     """The unsharded reference of the cell's checkpoint in its dtype, offloaded as its plan says: what an inference
     cell compares with, unless its variant computes one of its own (a quantized variant)."""
@@ -220,7 +225,7 @@ def plain_reference_request(prepared: PreparedCell, options: RunOptions) -> Obse
     return observations_request(
         prepared.checkpoint,
         cell.dtype,
-        options.spec,
+        cell_spec(cell, options),
         plan=prepared.plan.reference,
         trust_remote_code=cell.model.trust_remote_code,
     )

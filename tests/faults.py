@@ -719,3 +719,52 @@ def announce_and_raise_in_forward(stage, model, rank):
     if stage == "sharded":
         print("the failing cell ran here", flush=True)
         raise_in_forward(stage, model, rank)
+
+
+# --- DeepSpeed-side faults planted in this cell's engine (a hook gets the engine's module; the engine is found by it,
+# and only its own attributes change, so the next cell's engine is unharmed) ---
+
+
+def _engine_of(model):
+    """The DeepSpeed engine that trains `model`."""
+    import gc
+
+    from deepspeed import DeepSpeedEngine
+
+    return next(o for o in gc.get_objects() if isinstance(o, DeepSpeedEngine) and o.module is model)
+
+
+def deepspeed_scales_the_loss(stage, model, rank):
+    """DeepSpeed's own ZeRO-0 loss scaling (its fp16 path: torch's GradScaler, here at 2^16) on an fp32 engine: the
+    backward scales the loss, the gradients held after it are 65536 times the true ones, the step divides it out
+    and applies the right update. What bf16 at ZeRO 0 did at releases that scaled its loss too: a correct release."""
+    if stage == "sharded":
+        _engine_of(model).torch_autocast_z0_gradscaler = torch.amp.GradScaler(device="cpu", init_scale=2.0**16)
+
+
+def _scaled_update(model, factor):
+    """The engine's optimizer applies `factor` times the update it computed (gradients untouched)."""
+    engine = _engine_of(model)
+    optimizer, real = engine.optimizer, engine.optimizer.step
+
+    def step(*args, **kwargs):
+        before = [param.detach().clone() for param in engine.module.parameters()]
+        result = real(*args, **kwargs)
+        with torch.no_grad():
+            for param, start in zip(engine.module.parameters(), before):
+                param.copy_(start + factor * (param - start))
+        return result
+
+    optimizer.step = step
+
+
+def deepspeed_update_too_large_by_a_fifth(stage, model, rank):
+    """DeepSpeed's step applies 1.2 times the update its gradients call for (a clipping norm or a scale wrong)."""
+    if stage == "sharded":
+        _scaled_update(model, 1.2)
+
+
+def deepspeed_update_vanishes(stage, model, rank):
+    """DeepSpeed's step applies no update at all (the weights stay where they were)."""
+    if stage == "sharded":
+        _scaled_update(model, 0.0)

@@ -27,6 +27,7 @@ from reports.store.records import (
     Versions,
     deepspeed_git_of,
 )
+from suites.checks.names import current_metric_name
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
 from suites.outcome import FAILURE_CLASSES
 
@@ -289,7 +290,7 @@ def _metrics_from(props: dict[str, str], path: Path, where: str) -> dict[str, fl
     for name, value in props.items():
         if name.startswith("metric.") and value.strip():
             try:
-                metrics[name.removeprefix("metric.")] = float(value)
+                metrics[current_metric_name(name.removeprefix("metric."))] = float(value)
             except ValueError:
                 raise MalformedJUnit(path, f"{where}: {shown(name)[1:-1]}={shown(value)} is not a number") from None
     return metrics

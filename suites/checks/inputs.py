@@ -44,8 +44,11 @@ class ProbeSpec:
     """Sliding window length (tokens) for perplexity."""
     ppl_stride: int = 32
     """Stride between windows; only the last `stride` tokens of a window are scored (HF guide)."""
+    perplexity_skipped: str = ""
+    """Why the model cannot run the perplexity probe (its entry's `probe_skips`), "" when it runs: the other probes
+    run, and the perplexity check passes naming the reason."""
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | str]:
         return asdict(self)
 
 

@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 
 
 def run_all(
-    reference: Observations, sharded: Observations, ranks: list[RankSummary], tolerance: Tolerance
+    reference: Observations,
+    sharded: Observations,
+    ranks: list[RankSummary],
+    tolerance: Tolerance,
+    perplexity_skipped: str = "",
 ) -> list[CheckResult]:
-    """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0."""
+    """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0; `perplexity_skipped` why the model
+    cannot run the perplexity probe ("" when it ran)."""
     rank_last_logits = [r.last_logits for r in ranks if r.last_logits is not None]
     rank_bytes_by_name = [r.bytes_by_name for r in ranks if r.bytes_by_name is not None]
     if len(rank_last_logits) != len(ranks) or len(rank_bytes_by_name) != len(ranks):
@@ -29,6 +34,6 @@ def run_all(
         logits.check(reference, sharded, tolerance),
         logits.check_ranks_agree(rank_last_logits),
         generation.check(reference, sharded, tolerance),
-        perplexity.check(reference, sharded, tolerance),
+        perplexity.check(reference, sharded, tolerance, perplexity_skipped),
         memory.check(reference.unsharded_footprint(), rank_bytes_by_name, [r.shapes_by_name or {} for r in ranks]),
     ]

@@ -12,7 +12,11 @@ if TYPE_CHECKING:
     from suites.checks.probes import Observations
 
 
-def check(reference: Observations, sharded: Observations, tolerance: Tolerance) -> CheckResult:
+def check(reference: Observations, sharded: Observations, tolerance: Tolerance, skipped: str = "") -> CheckResult:
+    """`skipped`: why the model cannot run the probe (suites/checks/inputs.py ProbeSpec.perplexity_skipped): then
+    neither side scored a token, and the check passes naming the reason."""
+    if skipped:
+        return CheckResult("perplexity", True, "numerics", {}, f"perplexity not probed: {skipped}")
     ppl_ref, ppl_tp = reference.perplexity, sharded.perplexity
     delta = abs(ppl_tp - ppl_ref) / ppl_ref
     metrics = {"ppl_ref": ppl_ref, "ppl_tp": ppl_tp, "ppl_rel_delta": delta, "ppl_tokens": float(reference.nll_tokens)}

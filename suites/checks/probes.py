@@ -83,6 +83,8 @@ class Observations:
 
     @property
     def perplexity(self) -> float:
+        if not self.nll_tokens:  # the probe did not run (ProbeSpec.perplexity_skipped)
+            return math.nan
         mean = self.nll_sum / self.nll_tokens
         return math.inf if mean > MAX_EXP_ARGUMENT else math.exp(mean)  # a huge finite loss is a verdict, not an error
 
@@ -145,7 +147,9 @@ def observe(
         logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
-    nll_sum, nll_tokens = _sliding_window_nll(model, inputs.corpus_ids, spec, device)
+    nll_sum, nll_tokens = (
+        (0.0, 0) if spec.perplexity_skipped else _sliding_window_nll(model, inputs.corpus_ids, spec, device)
+    )
     forward_seconds = time.perf_counter() - started
     return Observations(
         logits_masked=logits_masked,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
 from suites.checks import memory as memory_checks
+from suites.checks.names import at_floor
 from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
 
@@ -33,26 +34,59 @@ def _rank_problems(problems_per_rank: list[list[Finding]]) -> list[Finding]:
     return [problem.prefixed(f"rank {rank}: ") for rank, found in enumerate(problems_per_rank) for problem in found]
 
 
+DECADES = {
+    -6: "millionths",
+    -5: "hundred-thousandths",
+    -4: "ten-thousandths",
+    -3: "thousandths",
+    -2: "hundredths",
+    -1: "tenths",
+    0: "units",
+    1: "tens",
+    2: "hundreds",
+    3: "thousands",
+    4: "tens of thousands",
+    5: "hundreds of thousands",
+    6: "millions",
+}
+"""A relative error's order of magnitude (the decade it falls in) in words, the part of it a signature keeps: it names
+the mechanism (an update 20 % too large: 0.18-0.22, tenths; a gradient read at DeepSpeed's loss scale: 6.55e+04,
+tens of thousands), where the figure itself differs from cell to cell. Words, not digits: the reports mask every
+digit of a signature when they group failures (reports/analysis/signatures.py), which would make two decades one."""
+
+
+def magnitude(error: float) -> str:
+    """`error`'s decade in words (DECADES), for a finding's short part; its figure goes to the detail."""
+    if not math.isfinite(error):
+        return "a NaN or infinite amount"
+    if error <= 0:
+        return "nothing"
+    decade = min(max(math.floor(math.log10(error)), min(DECADES)), max(DECADES))
+    return DECADES[decade]
+
+
 def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stage: str, what: str) -> Finding | None:
-    """What is wrong over one Comparison per rank (suites/variants/training.py), None when nothing is."""
+    """What is wrong over one Comparison per rank (suites/variants/training.py), None when nothing is. The short part
+    keeps what names the mechanism: a vanished tensor, or the error's order of magnitude (`magnitude`)."""
     if problems := _rank_problems([c["problems"] for c in comparisons]):
         return joined(problems[:3], f"{stage}: ")
     worst_rank = max(range(len(comparisons)), key=lambda r: _nan_first(comparisons[r]["max_rel_error"]))
     worst = comparisons[worst_rank]
-    if worst["max_rel_error"] <= allowed:
+    error = worst["max_rel_error"]
+    if error <= allowed:
         return None
-    return Finding(
-        f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank} differs from the unsharded "
-        f"{what} by {worst['max_rel_error']:.3g} of its scale",
-        f"(allowed {allowed:.3g})",
-    )
+    which = f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank}"
+    figures = f"({error:.3g} of its scale; allowed {allowed:.3g})"
+    if worst["worst_vanished"]:
+        return Finding(f"{which} is zero where the unsharded {what} is not", figures)
+    return Finding(f"{which} differs from the unsharded {what} by {magnitude(error)} of its scale", figures)
 
 
 def _at_floors(comparisons: list[ComparisonRecord], metric: str) -> dict[str, float]:
     """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
     choice rests on (benchmarks/noise.py)."""
-    floors = {key for c in comparisons for key in c.get("errors_at_floor", {})}
-    return {f"{metric}_{key}": max(c["errors_at_floor"].get(key, 0.0) for c in comparisons) for key in sorted(floors)}
+    floors = {k for c in comparisons for k in c.get("errors_at_floor", {})}
+    return {at_floor(metric, k): max(c["errors_at_floor"].get(k, 0.0) for c in comparisons) for k in sorted(floors)}
 
 
 def _grad_bound(tolerance: Tolerance, step: int) -> float:
@@ -91,8 +125,8 @@ def check_model(
             if failing is None
             else Finding(
                 f"{label}step {failing + 1}: training loss differs from the unsharded step by "
-                f"{deltas[failing]:.3g} relative",
-                f"(allowed {tolerance.train_loss_rel:.3g})",
+                f"{magnitude(deltas[failing])} of its value",
+                f"({deltas[failing]:.3g} relative; allowed {tolerance.train_loss_rel:.3g})",
             ),
         )
     )
@@ -117,6 +151,7 @@ def check_model(
                 **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
                 f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
                 f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports)),
+                f"{prefix}grad_loss_scale": max(c["loss_scale"] for r in reports for c in r["steps"]),
             },
             grads.prefixed(label) if grads else None,
         )
@@ -205,8 +240,8 @@ def _check_round_trip(
     if not delta <= tolerance.train_loss_rel:
         resumed = Finding(
             f"step {step} after load_checkpoint at tp {tp}: loss differs from the uninterrupted run by "
-            f"{delta:.3g} relative",
-            f"(allowed {tolerance.train_loss_rel:.3g})",
+            f"{magnitude(delta)} of its value",
+            f"({delta:.3g} relative; allowed {tolerance.train_loss_rel:.3g})",
         )
     return [
         CheckResult.judged("save", "numerics", {"saved_max_rel_error": saved_weights["max_rel_error"]}, saved),

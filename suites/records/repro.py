@@ -84,6 +84,7 @@ def repro_cell(
         "left_pad": spec.left_pad,
         "new_tokens": spec.new_tokens,
         "loss_tokens": spec.ppl_tokens,
+        "loss_skipped": cell.model.probe_skips.get("perplexity", ""),
         "logits_rel": tolerance.logits_rel,
         "loss_rel": tolerance.ppl_rel,
         "config_names": CONFIG_NAMES,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import platform
 import socket
@@ -292,7 +293,9 @@ class CellRecorder:
             "message": redact(outcome.message),
             "versions": self.versions,
             "run": self.run.as_dict(),
-            "metrics": outcome.metrics,
+            # A NaN or infinite figure (logits that are NaN) is left out: the failure's signature says so, and the
+            # door refuses a file that holds one (reports/store/validation.py), which would lose every other cell.
+            "metrics": {name: value for name, value in outcome.metrics.items() if math.isfinite(value)},
         }
         if outcome.logs:
             record["logs"] = outcome.logs

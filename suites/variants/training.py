@@ -290,6 +290,11 @@ FLOOR_CANDIDATES = (7, 10, 13, 16, 20)
 benchmarks/noise.py shows how low the floor can go before a correct run's noise fails (#24)."""
 
 
+VANISHED_SHARE = 2.0**-10
+"""A sharded tensor at most this share of its unsharded one's largest magnitude is read as zero (vanished): far below
+any scaling a bug applies, far above the rounding a correct tensor differs by."""
+
+
 def scale_floor_share(dtype: torch.dtype) -> float:
     """SCALE_FLOOR_ULPS of `dtype` as a share of the largest magnitude."""
     return SCALE_FLOOR_ULPS[dtype] * torch.finfo(dtype).eps
@@ -315,8 +320,14 @@ class Comparison:
     compared: int = 0
     problems: list[Finding] = field(default_factory=list)
     """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
-    errors_at_floor: dict[str, float] = field(default_factory=dict)
-    """`floor2^-k` -> the largest error had the floor been 2^-k of the largest magnitude (FLOOR_CANDIDATES)."""
+    errors_at_floor: dict[int, float] = field(default_factory=dict)
+    """k -> the largest error had the floor been 2^-k of the largest magnitude (FLOOR_CANDIDATES)."""
+    worst_vanished: bool = False
+    """The worst parameter's sharded tensor is zero (at most VANISHED_SHARE of its unsharded scale) where the
+    unsharded one is not: an update or gradient that vanished, another mechanism than one off by a factor."""
+    loss_scale: float = 1.0
+    """The factor the gradients read were divided by: the loss scale DeepSpeed's backward multiplied the loss by,
+    which its step divides out (1 where it scales none; `ShardedTrainee.step`)."""
 
     def add(
         self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0
@@ -337,12 +348,10 @@ class Comparison:
         error = difference / scale if scale else difference
         if not math.isnan(self.max_rel_error) and (math.isnan(error) or error > self.max_rel_error):  # NaN is the worst
             self.max_rel_error, self.worst_parameter = error, name
+            self.worst_vanished = 0 < own and tensor.abs().max().item() <= VANISHED_SHARE * own
         for k in FLOOR_CANDIDATES:
             floor = max(own, self.largest * 2.0**-k)
-            key = f"floor2^-{k}"
-            self.errors_at_floor[key] = max(
-                self.errors_at_floor.get(key, 0.0), difference / floor if floor else difference
-            )
+            self.errors_at_floor[k] = max(self.errors_at_floor.get(k, 0.0), difference / floor if floor else difference)
 
     def to_dict(self) -> ComparisonRecord:
         return ComparisonRecord(
@@ -353,6 +362,8 @@ class Comparison:
             compared=self.compared,
             problems=self.problems,
             errors_at_floor=self.errors_at_floor,
+            worst_vanished=self.worst_vanished,
+            loss_scale=self.loss_scale,
         )
 
 
@@ -468,15 +479,22 @@ class ShardedTrainee:
         return full.movedim(dim, 0)[indices].movedim(0, dim)
 
     def step(self, ids: torch.Tensor, fault_hook: FaultHook) -> None:
-        """One optimizer step; the gradients are compared before the optimizer consumes them."""
+        """One optimizer step; the gradients are compared before the optimizer consumes them, as its step reads them:
+        divided by the loss scale DeepSpeed's backward applied (fp16, and bf16 at releases that scaled it too: read
+        before the step, a gradient is the loss scale times the true one; the step divides it out). The scale is
+        read from the backward itself, as the gradient reaching the loss (loss scale / gradient accumulation steps,
+        1 here), whichever DeepSpeed optimizer or release applied it."""
         engine = self.engine
         loss = engine(ids.to(engine.device), labels=ids.to(engine.device)).loss
+        scales: list[float] = []
+        loss.register_hook(lambda gradient: scales.append(gradient.item()))
         engine.backward(loss)
         fault_hook("trained", engine.module)
         reference = self.unsharded["grads"][self.steps_taken + len(self.losses)]
         grads = Comparison(
             largest=max((grad.abs().max().item() for grad in reference.values()), default=0.0),
             floor_share=scale_floor_share(next(iter(reference.values())).dtype),
+            loss_scale=scales[0] if scales and math.isfinite(scales[0]) and scales[0] > 0 else 1.0,
         )
         for name in self.layouts:
             grad = _local_grad(self.params[name])
@@ -485,7 +503,7 @@ class ShardedTrainee:
                     Finding(f"{name}: gradient {'missing' if grad is None else 'unexpected'} on the sharded model")
                 )
             elif grad is not None:
-                grads.add(name, grad, self.slice(name, reference[name]))
+                grads.add(name, grad / grads.loss_scale, self.slice(name, reference[name]))
         engine.step()
         self.losses.append(loss.float().item())
         self.step_grads.append(grads.to_dict())

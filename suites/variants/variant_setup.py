@@ -31,6 +31,8 @@ def skip_reason(cell: Cell) -> str | None:
     if variant.training:
         from suites.variants.training import version_skip_reason
 
+        if loss := cell.model.probe_skips.get("perplexity"):  # the probe the model cannot run is the step's loss
+            return f"training steps on the labels= loss, which {cell.model.name} cannot run: {loss}"
         return version_skip_reason(variant.needs)
     return None
 

@@ -306,14 +306,18 @@ def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findi
     assert as_a_fresh_process_would(CellOutcome("pass"), None).outcome == "pass"
 
 
-def _comparison(max_rel_error=0.0, problems=()):
+def _comparison(max_rel_error=0.0, problems=(), worst_vanished=False):
     """One rank's Comparison (suites/variants/training.py) as its report carries it."""
     return {
-        "scale_floor": 0.0,
+        "largest": 1.0,
+        "floor_share": 0.0,
         "max_rel_error": max_rel_error,
         "worst_parameter": "model.layers.0.mlp.up_proj.weight",
         "compared": 4,
         "problems": list(problems),
+        "errors_at_floor": {},
+        "worst_vanished": worst_vanished,
+        "loss_scale": 1.0,
     }
 
 
@@ -461,9 +465,10 @@ def test_each_check_writes_its_own_short_signature_as_the_cell_signature_was():
         "0 gained, exact McNemar p=1.9e-09 < 0.01",
         "quant_tokens": "quant_tokens: only 0% of greedy tokens match the fp32 baseline",
         "quant_perplexity": "quant_perplexity: perplexity 403.429 vs fp32 baseline 7.38906",
-        "train_loss": "train_loss: second model llama: step 2: training loss differs from the unsharded step by 1 relative",
+        "train_loss": "train_loss: second model llama: step 2: training loss differs from the unsharded step by units "
+        "of its value",
         "train_grads": "train_grads: second model llama: step 1: gradient of model.layers.0.mlp.up_proj.weight on "
-        "rank 0 differs from the unsharded gradient by 0.5 of its scale",
+        "rank 0 differs from the unsharded gradient by tenths of its scale",
         # Problems without figures before the first with figures stay in the signature, as the cut text had them.
         "train_grads layout": "train_grads: second model llama: sharded: rank 0: a.weight: not a parameter of the "
         "unsharded model; rank 0: b.weight: shard",
@@ -471,7 +476,8 @@ def test_each_check_writes_its_own_short_signature_as_the_cell_signature_was():
         "gather": "gather: GatherReplacedLayerParams: rank 0: w: 10 bytes on this rank before the gather, 20 after; "
         "rank 0: v: 10 bytes on this rank before the gather, 20 after; rank 1: w: 10 bytes on this rank "
         "before the gather, 20 after",
-        "resume": "resume: step 2 after load_checkpoint at tp 2: loss differs from the uninterrupted run by 5 relative",
+        "resume": "resume: step 2 after load_checkpoint at tp 2: loss differs from the uninterrupted run by units of its "
+        "value",
         "memory trained": "memory: linears left whole: model.layers.*.self_attn.{q_proj,k_proj,v_proj,o_proj}, "
         "model.layers.*.mlp.{up_proj,down_proj}",
     }
