@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports import ReportsError
-from reports.store.archive import DamagedEntry, ResultsArchive, answer_key
+from reports.store.archive import ArchiveListing, DamagedEntry, ResultsArchive, answer_key
 from reports.store.history_store import HistoryStore, StoreConflict
 from reports.store.records import Bisection
 
@@ -34,14 +34,18 @@ class RebuildCounts:
     """One line per entry or answer left out: it does not open, is not valid or contradicts the store."""
 
 
-def bring_up_to_date(store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int) -> RebuildCounts:
+def bring_up_to_date(
+    store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int, listing: ArchiveListing | None = None
+) -> RebuildCounts:
     """Import every archive entry the store lacks (a first attempt whose run is stored is skipped unread), then the
     answers it lacks; compacts as every import does. Every entry is read and validated as merge's door does; one that
-    does not open, is not valid or contradicts the store is skipped with a line naming it (`verify` fails on it), and
-    the rest imports. All of it lands in one transaction: the store is never left half-imported."""
-    entries = archive.entries()
+    is not a regular file, is listed under two names, does not open, is not valid or contradicts the store is skipped
+    with a line naming it (`verify` fails on it), and the rest imports. All of it lands in one transaction: the store
+    is never left half-imported. `listing`: the entries to import, when not all the archive lists."""
+    listing = listing or archive.listing()
+    entries = listing.entries
     runs = results = read = 0
-    skipped: list[str] = []
+    skipped: list[str] = list(listing.refused)
     stored = {run.run_id for run in store.runs()}
     with store.transaction():
         for entry in entries:  # every one in order: a damaged one is skipped, never the end of the history

@@ -18,7 +18,18 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from reports.store.junit import KNOWN_FAILURE_CLASSES, shown
-from reports.store.records import CellDetail, CellKey, CellResult, Run, RunRecords, Versions
+from reports.store.records import (
+    AXES,
+    Bisection,
+    CellDetail,
+    CellKey,
+    CellResult,
+    Commit,
+    Run,
+    RunRecords,
+    TriageAttempt,
+    Versions,
+)
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
 from suites.outcome import OUTCOMES
 
@@ -42,8 +53,12 @@ _STARTED = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
 _DAY = re.compile(r"[0-9][0-9A-Za-z:.+-]*")
 _METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A file of a library's tree a commit touched (an answer's files): path components, none of them `.` or `..`.
+_REPO_FILE = re.compile(r"(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)*")
 
 NAME_LENGTH = 100
+MAX_PR = 10**9
+MAX_ANSWER_ITEMS = 10_000  # files, untestable candidates and suspects of one answer
 ID_LENGTH = 200
 SIGNATURE_LENGTH = 4_000
 MESSAGE_LENGTH = 1_000_000  # a failure's traceback and rank log tails; the default matrix's longest is 4 KB
@@ -208,6 +223,46 @@ def _bool(value: Any) -> str | None:
 
 _NAME_RULE = _matching(_NAME, NAME_LENGTH, "name (letters, digits, '.', '_', '-')")
 
+
+def _one_of(*allowed: str) -> Rule:
+    return lambda value: None if value in allowed else f"is not one of {', '.join(map(repr, allowed))}"
+
+
+def _pr(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PR:
+        return f"is not a pull request number from 1 to {MAX_PR}"
+    return None
+
+
+def _each(rule: Rule, what: str) -> Rule:
+    """A tuple of values, each passing `rule`, at most MAX_ANSWER_ITEMS of them."""
+
+    def each(value: Any) -> str | None:
+        if not isinstance(value, tuple) or len(value) > MAX_ANSWER_ITEMS:
+            return f"is not a list of at most {MAX_ANSWER_ITEMS} {what}s"
+        return next((f"lists {_shown(item)}, which {problem}" for item in value if (problem := rule(item))), None)
+
+    return each
+
+
+def _pins(value: Any) -> str | None:
+    if not isinstance(value, tuple) or len(value) > len(AXES):
+        return "is not a list of pinned version axes"
+    for pin in value:
+        if not isinstance(pin, tuple) or len(pin) != 2 or pin[0] not in AXES:
+            return f"pins {_shown(pin)}, which is not an axis ({', '.join(AXES)}) and its version"
+        if problem := _version(pin[1]):
+            return f"pins {pin[0]} to {_shown(pin[1])}, which {problem}"
+    return None
+
+
+_ANSWER_VERSION = _version
+_COMMIT_RULE = _matching(_COMMIT, 40, "git commit (hex)", empty=True)
+_ANSWER_CELL = _matching(_ID, ID_LENGTH, "cell id", empty=True)
+_RECORDED_AT = _matching(_DAY, 40, "time (ISO 8601)", empty=True)
+
 # Every field of every record, by class: (the JUnit property it is read from, its rule). A nested record (a Run's
 # Versions, a result's CellKey) is checked by its own class's rules.
 RULES: dict[type, dict[str, tuple[str, Rule]]] = {
@@ -264,9 +319,48 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
         ),
     },
 }
+# An answer of bisect or triage, archived and read back (reports.store.archive): the same door as a run's records, so
+# a commit becomes a link only where it is hex and a cell's tp is one a session runs.
+RULES |= {
+    Commit: {
+        "sha": ("commit.sha", _matching(_COMMIT, 40, "git commit (hex)")),
+        "subject": ("commit.subject", _text(SIGNATURE_LENGTH)),
+        "pr": ("commit.pr", _pr),
+        "files": ("commit.files", _each(_matching(_REPO_FILE, 1_000, "file of a repository"), "file")),
+        "relevant": ("commit.relevant", _bool),
+    },
+    Bisection: {
+        "mode": ("mode", _one_of("broken", "fixed")),
+        "axis": ("axis", _one_of(*AXES)),
+        "before": ("before", _ANSWER_VERSION),
+        "after": ("after", _ANSWER_VERSION),
+        "held_fixed": ("held_fixed", _pins),
+        "failure_class": ("failure_class", _failure_class),
+        "signature": ("signature", _text(SIGNATURE_LENGTH)),
+        "commit": ("commit", _COMMIT_RULE),
+        "subject": ("subject", _text(SIGNATURE_LENGTH)),
+        "pr": ("pr", _pr),
+        "files": ("files", _each(_matching(_REPO_FILE, 1_000, "file of a repository"), "file")),
+        "untestable": ("untestable", _each(_ANSWER_VERSION, "version")),
+        "recorded_at": ("recorded_at", _RECORDED_AT),
+        "confirmed_from": ("confirmed_from", _ANSWER_CELL),
+        "kind": ("kind", _one_of("broke", "fixed", "class-change", "")),
+        "searched_older": ("searched_older", lambda value: None if value == "" else _ANSWER_VERSION(value)),
+        "searched_newer": ("searched_newer", lambda value: None if value == "" else _ANSWER_VERSION(value)),
+    },
+    TriageAttempt: {
+        "axis": ("axis", _one_of(*AXES)),
+        "mode": ("mode", _one_of("broken", "fixed")),
+        "before": ("before", _ANSWER_VERSION),
+        "after": ("after", _ANSWER_VERSION),
+        "held_fixed": ("held_fixed", _pins),
+        "reason": ("reason", _text(SIGNATURE_LENGTH)),
+        "recorded_at": ("recorded_at", _RECORDED_AT),
+    },
+}
 # Fields checked by the classes they hold (or, for a result's and a detail's cell, by their run and results).
 _NESTED = {(Run, "versions"), (CellResult, "cell"), (CellDetail, "cell"), (RunRecords, "run"), (RunRecords, "results")}
-_NESTED |= {(RunRecords, "details")}
+_NESTED |= {(RunRecords, "details"), (Bisection, "cell"), (Bisection, "suspects"), (TriageAttempt, "cell")}
 
 
 def _every_field_has_a_rule() -> None:
