@@ -9,6 +9,7 @@ answers it lacks are imported into the copy, which the command then reads like a
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 from dataclasses import dataclass
@@ -21,6 +22,22 @@ from reports.store.records import Bisection
 
 PUBLISHED_BRANCH = "autotp-history"
 """The branch CI pushes the archive to (.github/workflows/autotp.yml ARCHIVE_BRANCH)."""
+CLONE_TIMEOUT_S = 600
+# A published history is anyone's repository: its links are checked out as the small files that hold their targets
+# (never as links: an entry linked to /dev/zero or a FIFO is then a damaged entry like any other), only https and
+# file URLs are followed (never ext:: or a transport that runs a command), and no filter or hook of ours runs on it.
+_HOSTILE_CLONE = (
+    "-c",
+    "core.symlinks=false",
+    "-c",
+    "protocol.allow=never",
+    "-c",
+    "protocol.https.allow=always",
+    "-c",
+    "protocol.file.allow=always",
+    "-c",
+    "core.hooksPath=/dev/null",
+)
 
 
 @dataclass(frozen=True)
@@ -78,11 +95,19 @@ def published_archive(source: str, scratch: Path) -> Path:
     if "://" in source:
         url, _, branch = source.partition("#")
         clone = scratch / "published"
-        done = subprocess.run(
-            ["git", "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH, url, str(clone)],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            done = subprocess.run(
+                ["git", *_HOSTILE_CLONE, "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH]
+                + ["--", url, str(clone)],
+                capture_output=True,
+                text=True,
+                timeout=CLONE_TIMEOUT_S,
+                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+            )
+        except subprocess.TimeoutExpired:
+            raise ReportsError(
+                f"--history {source}: the clone did not finish in {CLONE_TIMEOUT_S} s; pass a local folder"
+            ) from None
         if done.returncode != 0:
             raise ReportsError(
                 f"--history {source}: cannot clone branch {branch or PUBLISHED_BRANCH} "
@@ -98,9 +123,11 @@ def published_archive(source: str, scratch: Path) -> Path:
     return folder
 
 
-def with_published_history(store: Path, source: str, scratch: Path, keep_recent_runs: int) -> tuple[Path, str]:
-    """A copy of `store` (in `scratch`) holding also the published history's runs and answers, and one line saying
-    what it added."""
+def with_published_history(
+    store: Path, source: str, scratch: Path, keep_recent_runs: int
+) -> tuple[Path, str, tuple[str, ...]]:
+    """A copy of `store` (in `scratch`) holding also the published history's runs and answers, one line saying what
+    it added, and a line per entry or answer of it left out (rebuild's)."""
     archive = ResultsArchive(published_archive(source, scratch))
     combined = scratch / "combined.sqlite"
     if store.is_file():
@@ -108,7 +135,9 @@ def with_published_history(store: Path, source: str, scratch: Path, keep_recent_
             local.backup(copy)
     with HistoryStore(combined, create=True) as history:
         counts = bring_up_to_date(history, archive, keep_recent_runs)
-    return combined, (
+    return (
+        combined,
         f"history: {counts.runs} run(s) and {counts.answers} answer(s) from the published history {source} "
-        f"read with {store}"
+        f"read with {store}" + (f"; {len(counts.skipped)} skipped (above)" if counts.skipped else ""),
+        counts.skipped,
     )
