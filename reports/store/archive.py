@@ -56,7 +56,7 @@ from reports.store.records import (
     parse_pins,
     pins_text,
 )
-from reports.store.validation import first_problem, problems_of
+from reports.store.validation import first_problem, in_utc, problems_of
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 ANSWERS = "answers"
@@ -387,7 +387,7 @@ def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
     for records in runs:
         if problem := first_problem(records):
             raise DamagedEntry(path, f"its records are not what merge lets in: {problem}")
-    return runs
+    return [in_utc(records) for records in runs]
 
 
 def _members(path: Path, content: bytes) -> dict[str, bytes]:

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -49,7 +50,13 @@ _HARNESS_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
 # What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as written
 # (pr/1234, master, a sha) or local-<folder>.
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
-_STARTED = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{2}:?\d{2})?")
+# ASCII digits only (`\d` would pass Arabic-Indic ones, which int() reads and a text comparison sorts apart).
+_STARTED = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})"
+    r"(?:T(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})(?:\.[0-9]{1,9})?)?)?"
+    r"(?P<zone>Z|(?P<sign>[+-])(?P<zone_hours>[0-9]{2}):?(?P<zone_minutes>[0-9]{2}))?",
+    re.ASCII,
+)
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
 _DAY = re.compile(r"[0-9][0-9A-Za-z:.+-]*")
 _METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -63,6 +70,8 @@ ID_LENGTH = 200
 SIGNATURE_LENGTH = 4_000
 MESSAGE_LENGTH = 1_000_000  # a failure's traceback and rank log tails; the default matrix's longest is 4 KB
 MAX_TP = 1024
+EARLIEST_YEAR = 2000  # a start before this is a runner's clock gone wrong
+CLOCK_SKEW = timedelta(days=1)  # a start may lie this far past the time it is imported at, never further
 MAX_METRIC = 1e18  # byte counts of the largest hosts are ~1e12; ratios and tolerances are small
 MAX_METRICS = 1_000
 MAX_CHECKPOINTS = 64
@@ -139,6 +148,41 @@ def _version(value: Any) -> str | None:
     if _LABEL.fullmatch(value):
         return None
     return "is not a PEP 440 version, nor a git ref or local-<folder> label, so it cannot be ordered"
+
+
+def started_utc(text: str) -> datetime:
+    """A run's start as the door reads it: ISO 8601 in ASCII digits, a date alone at midnight, no zone read as UTC,
+    in UTC to the second; ValueError when it is not one."""
+    parts = _STARTED.fullmatch(text)
+    if parts is None:
+        raise ValueError("is not a start time (ISO 8601, e.g. 2026-12-06T07:26:44Z)")
+    zone = timezone.utc
+    if parts["sign"]:
+        offset = timedelta(hours=int(parts["zone_hours"]), minutes=int(parts["zone_minutes"]))
+        zone = timezone(-offset if parts["sign"] == "-" else offset)  # ValueError past 24 h
+    fields = ("year", "month", "day", "hour", "minute", "second")
+    local = datetime(*(int(parts[name] or 0) for name in fields), tzinfo=zone)  # type: ignore[misc]
+    return local.astimezone(timezone.utc)
+
+
+def utc_text(moment: datetime) -> str:
+    """The one spelling of a start the store and the archive keep: 2026-12-06T07:26:44Z (text order is time order)."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _started(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) > 40:
+        return "is not a start time of at most 40 characters"
+    try:
+        moment = started_utc(value)
+    except ValueError as error:
+        return str(error) if "start time" in str(error) else f"is not a time ({error})"
+    if moment.year < EARLIEST_YEAR:
+        return f"is before {EARLIEST_YEAR}: the runner's clock was wrong"
+    latest = datetime.now(timezone.utc) + CLOCK_SKEW
+    if moment > latest:
+        return f"is after {utc_text(latest)}, a day past the time it is read at: the runner's clock was wrong"
+    return None
 
 
 def _tp(value: Any) -> str | None:
@@ -286,7 +330,7 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
             _matching(_ID, NAME_LENGTH, "session name (letters, digits, ._()+,=@-)", empty=True),
         ),
         "host": ("run.host", _matching(_ID, NAME_LENGTH, "host name (letters, digits, ._-)", empty=True)),
-        "started": ("run.started", _matching(_STARTED, 40, "start time (ISO 8601, e.g. 2026-12-06T07:26:44Z)")),
+        "started": ("run.started", _started),
         "accelerator": ("run.accelerator", _matching(_NAME, NAME_LENGTH, "name", empty=True)),
         "backend": ("run.backend", _matching(_NAME, NAME_LENGTH, "name", empty=True)),
         "harness_git": ("run.harness_git", _matching(_HARNESS_COMMIT, 47, "git commit (hex)", empty=True)),
@@ -392,6 +436,13 @@ def problems_of(record: Any) -> list[Problem]:
         if problem := rule(value):
             found.append(Problem(name, value, problem, where))
     return found
+
+
+def in_utc(records: RunRecords) -> RunRecords:
+    """A valid run with its start in the one spelling (utc_text): what merge stores and archives, and what an entry
+    written before it read back as, so runs compare and sort by time wherever their start was written."""
+    started = utc_text(started_utc(records.run.started))
+    return records if started == records.run.started else replace(records, run=replace(records.run, started=started))
 
 
 def first_problem(records: RunRecords) -> Problem | None:
