@@ -160,8 +160,10 @@ def started_utc(text: str) -> datetime:
     if parts["sign"]:
         offset = timedelta(hours=int(parts["zone_hours"]), minutes=int(parts["zone_minutes"]))
         zone = timezone(-offset if parts["sign"] == "-" else offset)  # ValueError past 24 h
-    fields = ("year", "month", "day", "hour", "minute", "second")
-    local = datetime(*(int(parts[name] or 0) for name in fields), tzinfo=zone)  # type: ignore[misc]
+    year, month, day, hour, minute, second = (
+        int(parts[name] or 0) for name in ("year", "month", "day", "hour", "minute", "second")
+    )
+    local = datetime(year, month, day, hour, minute, second, tzinfo=zone)
     return local.astimezone(timezone.utc)
 
 
