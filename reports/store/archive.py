@@ -26,11 +26,10 @@ import tarfile
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from matrix.json_records import read_record
 from reports import ReportsError
 from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
 from reports.store.entry_files import (
@@ -41,26 +40,22 @@ from reports.store.entry_files import (
     regular_files,
     tar_members,
 )
+from reports.store.entry_records import entry_json, from_json
 from reports.store.junit import MalformedJUnit, shown
 from reports.store.records import (
     Bisection,
-    CellDetail,
     CellKey,
     CellResult,
     Commit,
-    JSONObject,
     Run,
     RunRecords,
     TriageAttempt,
-    Versions,
     parse_pins,
     pins_text,
 )
 from reports.store.validation import first_problem, in_utc, problems_of
-from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
 ANSWERS = "answers"
-FORMAT = 2
 RECORDS_MEMBER = "records.json"  # format 2
 JUNIT_MEMBER = "junit.xml"  # format 1, with CELLS_MEMBER
 CELLS_MEMBER = "cells.jsonl"
@@ -194,16 +189,35 @@ class ResultsArchive:
         for records in runs:
             if not records.run.trusted:
                 raise ReportsError(f"{source}: run {records.run.run_id!r} is a pull request's: it is never archived")
-            while True:
-                attempt = self._next_attempt(source, records.run, records.results)
-                if attempt is None:
-                    break
+            self._refuse_case_twins(source, records.run)
+            tried = set()
+            while (attempt := self._next_attempt(source, records.run, records.results)) is not None:
+                if attempt in tried:  # the name exists, yet no attempt of this run is listed under it
+                    raise ArchiveConflict(
+                        f"{source}: run {records.run.run_id!r} cannot be archived as attempt {attempt}"
+                    )
+                tried.add(attempt)
                 entry = self._entry(records.run, attempt)
                 if self._write_new(entry.path, _tar_gz({RECORDS_MEMBER: entry_json(records)})):
                     written.append(entry)
                     break
                 # another merge wrote this attempt meanwhile: compare with it too
         return written
+
+    def _refuse_case_twins(self, source: Path, run: Run) -> None:
+        """A session folder (or a run's entry in it) whose name differs from one the archive has only in case is
+        refused: a checkout on Windows or macOS would hold one file for both."""
+        folder, name = _folder(run), quote(run.run_id, safe=_SAFE)
+        twins = [other for other in _listed(self.root) if other != folder and other.casefold() == folder.casefold()]
+        for entry in filter(None, (_entry_at(Path(other)) for other in _listed(self.root / folder))):
+            other = quote(entry.run_id, safe=_SAFE)
+            if other != name and other.casefold() == name.casefold():
+                twins.append(other)
+        if twins:
+            raise ArchiveConflict(
+                f"{source}: run {run.run_id!r} would be archived beside {twins[0]!r}, whose name differs from its "
+                "only in case: a checkout on Windows or macOS holds one for both; rename the session"
+            )
 
     def add_answers(self, answers: list[Bisection | TriageAttempt]) -> int:
         """Archive the answers not archived yet (redacted); return how many were."""
@@ -331,49 +345,13 @@ class ResultsArchive:
             raise DamagedEntry(path, exc.reason) from None
 
 
-def entry_json(records: RunRecords) -> bytes:
-    """A run's records as an entry of format 2 holds them: canonical JSON (the same records, the same bytes). A
-    result's run id is its run's; a run's trust is not kept (only trusted runs are archived)."""
-    run = records.run
-    content = {
-        "format": FORMAT,
-        "run": {
-            **{f.name: getattr(run, f.name) for f in fields(Run) if f.name not in ("versions", "trusted")},
-            "versions": asdict(run.versions),
-        },
-        "dependencies_as_of": records.dependencies_as_of,
-        "results": [
-            {
-                "cell": asdict(result.cell),
-                "outcome": result.outcome,
-                "failure_class": result.failure_class,
-                "signature": result.signature,
-                "message": result.message,
-                "metrics": result.metrics,
-                "checkpoints": list(result.checkpoints),
-                **{
-                    name: mechanism.to_dict() if mechanism else None
-                    for name, mechanism in (
-                        ("cause", result.cause),
-                        ("broke_at", result.broke_at),
-                        ("autotp", result.autotp),
-                    )
-                },
-            }
-            for result in records.results
-        ],
-        "details": [{**asdict(detail), "cell": asdict(detail.cell)} for detail in records.details],
-    }
-    return json.dumps(content, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
 def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
     """The runs of an entry's bytes, of either format (one run; a format-1 JUnit file may hold more, and its entry is
     the one of them it is named after), redacted and validated."""
     members = _members(path, content)
     if RECORDS_MEMBER in members:
         try:
-            runs = [redact_fields(_from_json(json.loads(members[RECORDS_MEMBER])), redact)]
+            runs = [redact_fields(from_json(json.loads(members[RECORDS_MEMBER])), redact)]
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise DamagedEntry(path, f"{RECORDS_MEMBER} is not a run's records ({type(exc).__name__}: {exc})") from None
     elif JUNIT_MEMBER in members:
@@ -397,41 +375,6 @@ def _members(path: Path, content: bytes) -> dict[str, bytes]:
         raise DamagedEntry(path, exc.reason) from None
 
 
-def _from_json(content: JSONObject) -> RunRecords:
-    """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError or KeyError."""
-    if content.get("format") != FORMAT:
-        raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")
-    fields_ = dict(content["run"])
-    if "trusted" in fields_:  # only trusted runs are archived, so an entry never says
-        raise ValueError(f"its run says trusted={fields_['trusted']!r}: an entry holds a trusted run and never says so")
-    run = Run(**{**fields_, "versions": Versions(**fields_["versions"])})
-    results = tuple(
-        CellResult(
-            run_id=run.run_id,
-            cell=CellKey(**item["cell"]),
-            outcome=item["outcome"],
-            failure_class=item["failure_class"],
-            signature=item["signature"],
-            message=item["message"],
-            metrics={name: _number(value) for name, value in item["metrics"].items()},
-            checkpoints=tuple(item["checkpoints"]),
-            # entries written before causes were kept have none
-            cause=read_record(Cause, item["cause"]) if item.get("cause") else None,
-            broke_at=read_record(BreakPoint, item["broke_at"]) if item.get("broke_at") else None,
-            autotp=read_record(AutoTPRecord, item["autotp"]) if item.get("autotp") else None,
-        )
-        for item in content["results"]
-    )
-    details = tuple(CellDetail(**{**item, "cell": CellKey(**item["cell"])}) for item in content["details"])
-    return RunRecords(run, results, details, content["dependencies_as_of"])
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"a metric {value!r} is not a number")
-    return float(value)
-
-
 def needed_paths(names: list[str], stored_runs: set[str], incoming_runs: set[str]) -> list[str]:
     """Of the archive's entry names (paths relative to it), those a store holding `stored_runs` needs read to merge
     `incoming_runs`: the entries of runs it lacks (what `rebuild` imports), every later attempt (it may add cells to
@@ -451,6 +394,13 @@ def answer_key(answer: Bisection | TriageAttempt) -> str:
     """An answer's content as canonical JSON: equal answers, equal keys (what makes archiving them idempotent). The
     held-fixed pins are kept as their text (`pins_text`), the form the archive has always had."""
     return json.dumps({**asdict(answer), "held_fixed": pins_text(answer.held_fixed)}, sort_keys=True)
+
+
+def _listed(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # a folder not made yet
+        return []
 
 
 def _folder(run: Run) -> str:

@@ -51,6 +51,7 @@ _HARNESS_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
 # (pr/1234, master, a sha) or local-<folder>.
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 # ASCII digits only (`\d` would pass Arabic-Indic ones, which int() reads and a text comparison sorts apart).
+_VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!/-]*", re.ASCII)
 _STARTED = re.compile(
     r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})"
     r"(?:T(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})(?:\.[0-9]{1,9})?)?)?"
@@ -140,6 +141,8 @@ def _matching(pattern: re.Pattern[str], limit: int, what: str, *, empty: bool = 
 def _version(value: Any) -> str | None:
     if not isinstance(value, str) or len(value) > NAME_LENGTH:
         return f"is not a version of at most {NAME_LENGTH} characters"
+    if not _VERSION_TEXT.fullmatch(value):  # PEP 440 parsing forgives spaces and a trailing newline; printing doesn't
+        return "is not a version (ASCII letters, digits and . _ + ! / - only, no spaces or line breaks)"
     try:
         Version(value)
         return None
@@ -263,6 +266,23 @@ def _run_id(value: Any) -> str | None:
     return _matching(_ID, ID_LENGTH, "run id (session@start@host: letters, digits and ._:@()+,=~-)")(value)
 
 
+# Names Windows gives its devices, whatever follows a dot: a folder named so cannot be checked out there.
+_DEVICE_NAME = re.compile(r"(?:CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9]|CONIN\$|CONOUT\$)(?:\..*)?", re.IGNORECASE | re.ASCII)
+_SESSION = _matching(_ID, NAME_LENGTH, "session name (letters, digits, ._()+,=@-)", empty=True)
+
+
+def _session(value: Any) -> str | None:
+    """A session names the archive's folder its runs are kept in: one every OS can check out (no device name such
+    as `nul` or `CON`, nothing ending in `.`); case twins are refused where they meet (ResultsArchive.add)."""
+    if problem := _SESSION(value):
+        return problem
+    if _DEVICE_NAME.fullmatch(value):
+        return "is a device name on Windows, so its archive folder could not be checked out there"
+    if value.endswith("."):
+        return "ends in '.', which Windows drops from a folder's name"
+    return None
+
+
 def _bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "is not true or false"
 
@@ -327,10 +347,7 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
     },
     Run: {
         "run_id": ("run.id", _run_id),
-        "session": (
-            "run.session",
-            _matching(_ID, NAME_LENGTH, "session name (letters, digits, ._()+,=@-)", empty=True),
-        ),
+        "session": ("run.session", _session),
         "host": ("run.host", _matching(_ID, NAME_LENGTH, "host name (letters, digits, ._-)", empty=True)),
         "started": ("run.started", _started),
         "accelerator": ("run.accelerator", _matching(_NAME, NAME_LENGTH, "name", empty=True)),

@@ -31,7 +31,10 @@ def crafted_starts() -> Iterator[tuple[str, str]]:
     yield "2025-01-05 00:00:00Z", "is not a start time"
 
 
-@pytest.mark.parametrize(("started", "says"), list(crafted_starts()))
+STARTS = list(crafted_starts())
+
+
+@pytest.mark.parametrize(("started", "says"), STARTS, ids=[f"{n}-{says}" for n, (_, says) in enumerate(STARTS)])
 def test_a_start_no_clock_gives_is_refused_at_the_door(started, says, tmp_path, capsys):
     path = write_junit(tmp_path / "junit" / "run.xml", [Cell("llama")], run_id="nightly@x@runner-1", started=started)
     assert main(["merge", str(path), "--store", str(tmp_path / "history.sqlite")]) == 2
