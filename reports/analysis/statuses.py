@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+from reports.clones import harness_order
 from reports.store import (
     Observation,
     PointKey,
@@ -116,11 +117,16 @@ def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics])
 
 
 def harness_ranks_of_groups(groups: list[ResultGroup]) -> dict[str, int]:
-    """Harness commits in the order their first run started: without the harness's clone, the order of its
-    commits."""
+    """Harness commits in the order of the harness's own git history, where its checkout holds them all (never a
+    runner's clock: one run dated in the past would make the newer harness the older); otherwise in the order their
+    first run started, each start in UTC and bounded at the door (reports.store.validation: not before 2000, not a
+    day after it was imported)."""
     first: dict[str, tuple[str, str]] = {}
     for group in groups:
         keep_earliest(first, group.harness_git, started_order(group.earliest))
+    by_git = harness_order([commit for commit in first if commit])
+    if by_git is not None:
+        return {commit: rank for rank, commit in enumerate(sorted(first, key=lambda c: by_git.get(c, -1)))}
     return {commit: rank for rank, commit in enumerate(sorted(first, key=first.__getitem__))}
 
 

@@ -34,9 +34,33 @@ FORMAT = "autotp-atlas/1"
 AXIS_PREFIX = {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "python": "py"}
 
 
+# A part of a name its slug spells as it is: letters, digits, `_`, and `.`/`-` inside (never first or last, no `--`).
+_PLAIN_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?", re.ASCII)
+# A version label its slug spells as it is: the same without `-` (a version set's id joins its labels with `-`).
+_PLAIN_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._+]*[A-Za-z0-9_])?", re.ASCII)
+
+
 def slug(text: str) -> str:
-    """A file-name-safe, stable spelling of a name: `meta-llama/Meta-Llama-3-8B` -> `meta-llama--Meta-Llama-3-8B`."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-")
+    """A file-name-safe, stable spelling of a name, one per name: `meta-llama/Meta-Llama-3-8B` ->
+    `meta-llama--Meta-Llama-3-8B`. A name that spelling would lose something of (a `-`, `.` or `/` first or last,
+    `--`, any other character) is escaped whole (`_escaped`), so `X/Y-` never shares `X/Y`'s page."""
+    parts = text.split("/")
+    if all(_PLAIN_PART.fullmatch(part) and "--" not in part for part in parts):
+        return "--".join(parts)
+    return _escaped(text)
+
+
+def label_slug(label: str) -> str:
+    """A version label's slug: `0.19.8` and `2.13.0+cpu` as they are; anything else (`0.19.8-`,
+    `0.19.9+abc@abc1234567`) escaped, so no two labels, and no two version sets, share an id."""
+    return label if _PLAIN_LABEL.fullmatch(label) else _escaped(label)
+
+
+def _escaped(text: str) -> str:
+    """`~`, then the name's UTF-8 bytes: letters, digits and `_` as they are, every other byte as `~` and two hex
+    digits. No plain slug holds a `~`, and no escaped one a `-` or `.`: distinct names, distinct slugs."""
+    kept = {ord(c) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"}
+    return "~" + "".join(chr(byte) if byte in kept else f"~{byte:02x}" for byte in text.encode())
 
 
 @dataclass(frozen=True)
@@ -52,7 +76,7 @@ class VersionSet:
     @classmethod
     def of(cls, versions: Versions) -> VersionSet:
         labels = {axis: versions.label(axis) for axis in AXES}
-        return cls(id="-".join(AXIS_PREFIX[axis] + slug(labels[axis]) for axis in AXES), **labels)
+        return cls(id="-".join(AXIS_PREFIX[axis] + label_slug(labels[axis]) for axis in AXES), **labels)
 
     @property
     def platform(self) -> str:

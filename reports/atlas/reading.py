@@ -89,15 +89,36 @@ class AtlasReader:
 
 def read_archive(root: Path) -> tuple[AtlasReader, ResultsArchive]:
     """Every run of the archive at `root`, in its (session, run id, attempt) order, validated as merge's door does;
-    an entry that does not open or is not valid is skipped with a line naming it (`python -m reports verify` fails
+    an entry that is not a regular file, is listed under two names, does not open or is not valid is skipped with a line naming it (`python -m reports verify` fails
     on it), never the end of the atlas."""
     archive = ResultsArchive(root)
     reader = AtlasReader()
-    for entry in archive.entries():
+    listing = archive.listing()
+    for refused in listing.refused:
+        print(f"skipped {refused}", file=sys.stderr)
+    earlier: tuple[str, dict[CellKey, tuple[str, str, str]]] = ("", {})  # the run read last: its cells' verdicts
+    for entry in listing.entries:
         try:
             records = archive.read(entry)
         except DamagedEntry as exc:
             print(f"skipped {exc}", file=sys.stderr)
             continue
-        reader.add(records.run, records.results)
+        if earlier[0] != records.run.run_id:
+            earlier = (records.run.run_id, {})
+        verdicts = earlier[1]
+        changed = [r.cell.id for r in records.results if verdicts.get(r.cell, _verdict(r)) != _verdict(r)]
+        if changed:  # a later attempt that contradicts an earlier one: as rebuild, nothing of it is read
+            print(
+                f"skipped {entry.path}: run {records.run.run_id!r} gives other verdicts than its earlier attempt for "
+                f"{len(changed)} cell(s) ({'; '.join(changed[:3])}); a run id names one run, nothing of it was read",
+                file=sys.stderr,
+            )
+            continue
+        new = [result for result in records.results if result.cell not in verdicts]
+        verdicts.update((result.cell, _verdict(result)) for result in new)
+        reader.add(records.run, new)
     return reader, archive
+
+
+def _verdict(result: CellResult) -> tuple[str, str, str]:
+    return result.outcome, result.failure_class, result.signature

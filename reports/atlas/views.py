@@ -12,7 +12,7 @@ from typing import TypedDict
 from packaging.version import InvalidVersion, Version
 
 from reports.analysis import cells_text, count_text
-from reports.atlas.model import Atlas, AtlasTransition, Row, Verdict, VersionSet, slug
+from reports.atlas.model import Atlas, AtlasTransition, Row, Verdict, VersionSet, label_slug
 from reports.store import CellKey, JSONObject
 
 STATE_CODES = {"pass": "p", "fail": "f", "flaky": "k", "skip": "s"}
@@ -192,7 +192,7 @@ def _cells_at(transitions: list[AtlasTransition], sets: dict[str, VersionSet]) -
 
 
 def release_slug(deepspeed: str) -> str:
-    return slug(deepspeed.replace("@", "-"))
+    return label_slug(deepspeed)
 
 
 def release_text(release: Release) -> str:

@@ -9,6 +9,7 @@ from reports.clones.attribution import (
 from reports.clones.git import (
     GitError,
     GitRepo,
+    harness_order,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "GitRepo",
     "commits_between",
     "deepspeed_order",
+    "harness_order",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Collection
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -22,6 +23,43 @@ PR_NUMBER = re.compile(r"\(#(\d+)\)")
 def pr_of(subject: str) -> int | None:
     numbers = PR_NUMBER.findall(subject)
     return int(numbers[-1]) if numbers else None
+
+
+HARNESS_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this harness runs from: its commits are the ones runs record as run.harness_git."""
+
+
+@cache
+def harness_history() -> tuple[str, ...]:
+    """The harness's own commits, oldest first (parents before children), from the checkout it runs from; () where
+    that is no git checkout (an installed copy) or git cannot say."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(HARNESS_ROOT), "rev-list", "--topo-order", "--reverse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(listed.stdout.split()) if listed.returncode == 0 else ()
+
+
+def harness_order(commits: Collection[str]) -> dict[str, int] | None:
+    """Each recorded harness commit's place in the harness's history (a run's `-dirty` build at its commit's), or
+    None when git cannot place every one (a shallow checkout, a fork's commit, a file from before they were kept)."""
+    history = harness_history()
+    places = {sha: place for place, sha in enumerate(history)}
+    order = {}
+    for commit in commits:
+        sha = commit.removesuffix("-dirty")
+        place = places.get(sha)
+        if place is None and len(sha) >= 7:
+            place = next((n for prefix, n in places.items() if prefix.startswith(sha)), None)
+        if place is None:
+            return None
+        order[commit] = place
+    return order
 
 
 class GitError(ReportsError):

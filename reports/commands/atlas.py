@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "done":
         print(json.dumps({name: asdict(counts) for name, counts in reader.session_counts().items()}, sort_keys=True))
         return 0
-    atlas = build_atlas(reader.history(archive.answers()), known_failures(args.known_failures))
+    answers = archive.answers(lambda damage: print(f"skipped {damage}", file=sys.stderr))
+    atlas = build_atlas(reader.history(answers), known_failures(args.known_failures))
     written = write_site(atlas, args.out)
     print(
         f"wrote {len(written)} files to {args.out}: {len(atlas.rows)} checkpoint and architecture pages, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
         if args.history is None:
             return _render(args)
         with tempfile.TemporaryDirectory(prefix="autotp-history-") as scratch:
-            store, line = with_published_history(args.store, args.history, Path(scratch), KEEP_RECENT_RUNS)
+            store, line, skipped = with_published_history(args.store, args.history, Path(scratch), KEEP_RECENT_RUNS)
+            for reason in skipped:
+                print(f"skipped {reason}", file=sys.stderr)
             print(line)
             return _render(argparse.Namespace(**{**vars(args), "store": store}))
 

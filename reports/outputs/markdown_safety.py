@@ -26,10 +26,12 @@ from markupsafe import Markup
 _PARSER = MarkdownIt("commonmark").enable("table")
 # The links this harness writes: a commit, pull request, issue, comparison, file or Actions run on GitHub
 # (reports.analysis.answers, matrix/known_failures.toml's upstream URLs and pages, publish's compare links, the run a
-# step summary comes from), a model card on the hub (hub ids are checked at the door), and the files a results folder keeps beside its report (logs, repro scripts, draft issues,
-# checkpoint pages; no path component starts with a dot, so none climbs out).
+# step summary comes from), a model card on the hub (hub ids are checked at the door), and the files a results folder
+# keeps beside its report (logs, repro scripts, draft issues, checkpoint pages; no path component starts with a dot,
+# so none climbs out; no GitHub path component is `.` or `..`).
 OUR_URL = re.compile(
-    r"(?:https://github\.com/[A-Za-z0-9-]+/[A-Za-z0-9._-]+/(?:commit|pull|issues|compare|blob|actions/runs)/[A-Za-z0-9._#/-]+"
+    r"(?:https://github\.com/[A-Za-z0-9-]+/(?!\.\.?/)[A-Za-z0-9._-]+/(?:commit|pull|issues|compare|blob|actions/runs)/"
+    r"(?!\.\.?(?![A-Za-z0-9._#-]))[A-Za-z0-9._#-]+(?:/(?!\.\.?(?![A-Za-z0-9._#-]))[A-Za-z0-9._#-]+)*/?"
     r"|https://huggingface\.co/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
     r"|(?:logs|repro|draft-issue|checkpoints)/[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?)"
 )

@@ -17,6 +17,7 @@ from reports.store.aggregates import (
 )
 from reports.store.archive import (
     ArchiveConflict,
+    ArchiveListing,
     DamagedEntry,
     ResultsArchive,
     answer_key,
@@ -80,6 +81,7 @@ __all__ = [
     "AXES",
     "Aggregates",
     "ArchiveConflict",
+    "ArchiveListing",
     "BisectMode",
     "Bisection",
     "CellDetail",

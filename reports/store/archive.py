@@ -24,44 +24,44 @@ import re
 import subprocess
 import tarfile
 import tempfile
-import zlib
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from matrix.json_records import read_record
 from reports import ReportsError
 from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
+from reports.store.entry_files import (
+    MAX_ANSWER_BYTES,
+    MAX_ENTRY_BYTES,
+    EntryRefused,
+    read_regular,
+    regular_files,
+    tar_members,
+)
+from reports.store.entry_records import entry_json, from_json
 from reports.store.junit import MalformedJUnit, shown
 from reports.store.records import (
     Bisection,
-    CellDetail,
     CellKey,
     CellResult,
     Commit,
-    JSONObject,
     Run,
     RunRecords,
     TriageAttempt,
-    Versions,
     parse_pins,
     pins_text,
 )
-from reports.store.validation import first_problem
-from suites.mechanism import AutoTPRecord, BreakPoint, Cause
+from reports.store.validation import first_problem, in_utc, problems_of
 
 ANSWERS = "answers"
-FORMAT = 2
 RECORDS_MEMBER = "records.json"  # format 2
 JUNIT_MEMBER = "junit.xml"  # format 1, with CELLS_MEMBER
 CELLS_MEMBER = "cells.jsonl"
 _ENTRY_NAME = re.compile(r"(?P<run>.+)\.(?P<attempt>[1-9][0-9]*)\.tar\.gz")
 # What may stay unencoded in a file name: safe in git, on every OS and in an artifact upload.
 _SAFE = "@()+,=_.-"
-# An entry's gzip'd tar, and each member it unpacks to, is read whole into memory: one far larger than any run's
-# records is refused unread.
-MAX_ENTRY_BYTES = 256 * 1024 * 1024
 
 
 def default_archive(store: Path) -> Path:
@@ -74,6 +74,15 @@ class ArchiveEntry:
     path: Path
     run_id: str
     attempt: int
+
+
+@dataclass(frozen=True)
+class ArchiveListing:
+    """What an archive lists: its entries, and a line for each file in their place that is left out unread (not a
+    regular file, not the name merge gives its run, a run id listed under two names)."""
+
+    entries: tuple[ArchiveEntry, ...]
+    refused: tuple[str, ...]
 
 
 class ArchiveConflict(ReportsError):
@@ -93,27 +102,52 @@ class ResultsArchive:
         self._redact = redact or redactor()
 
     def entries(self) -> list[ArchiveEntry]:
-        """Every entry, in (session, run id, attempt) order."""
+        """Every entry, in (session, run id, attempt) order (what `listing` refuses left out)."""
+        return list(self.listing().entries)
+
+    def listing(self) -> ArchiveListing:
+        """Every entry, in (session, run id, attempt) order, and a line naming each file left out unread: one that is
+        not a regular file (a link, a FIFO), whose name is not the one merge gives its run (`%40` for `@`, another
+        folder than its session's), or whose run id is also listed under another name (which of them is the run's
+        cannot be told: all are left out)."""
         if not self.root.is_dir():
             raise ReportsError(
                 f"{self.root}: no results archive here; pass the folder `python -m reports merge` "
                 "archived into (in CI, the checkout of the autotp-history branch)"
             )
-        found = []
-        for path in self._entry_paths():
+        listed = regular_files(self.root, ".tar.gz", depth=2)
+        refused = [f"{refusal}; move it out of {self.root}" for refusal in listed.refused]
+        present = set(listed.files)
+        gone = {refusal.path for refusal in listed.refused}
+        by_run: dict[str, list[ArchiveEntry]] = defaultdict(list)
+        for path in sorted(present | (self._index_only_paths() - gone)):
             entry = _entry_at(path)
-            if entry is None:
-                raise ReportsError(
-                    f"{path}: not an archive entry name (<run id>.<attempt>.tar.gz); move it out of {self.root}"
+            if entry is None or _entry_name(entry.run_id, entry.attempt) != path.name:
+                refused.append(
+                    f"{path}: not the name merge gives an entry (<run id, percent-encoded>.<attempt>.tar.gz); "
+                    f"move it out of {self.root}"
                 )
-            found.append(entry)
-        return sorted(found, key=lambda entry: (entry.path.parent.name, entry.run_id, entry.attempt))
+                continue
+            by_run[entry.run_id].append(entry)
+        found = []
+        for run_id, entries in by_run.items():
+            names = {(entry.path.parent.name, entry.attempt) for entry in entries}
+            if len({folder for folder, _ in names}) > 1:
+                refused += [
+                    f"{entry.path}: run {shown(run_id)} is listed under {len(entries)} names "
+                    f"({', '.join(self.name(e) for e in entries)}); one run has one; move the ones merge did not "
+                    f"write out of {self.root}"
+                    for entry in entries
+                ]
+                continue
+            found += entries
+        found.sort(key=lambda entry: (entry.path.parent.name, entry.run_id, entry.attempt))
+        return ArchiveListing(tuple(found), tuple(refused))
 
-    def _entry_paths(self) -> set[Path]:
-        """The entries' files: those in the folder, and, when the folder is a git checkout (the data branch), those
-        its index holds but a sparse checkout left out (.github/scripts/results-archive.sh fetches only the entries
-        a merge needs into a cached store): their names are what `verify` compares, their content is not read."""
-        present = set(self.root.glob("*/*.tar.gz"))
+    def _index_only_paths(self) -> set[Path]:
+        """When the folder is a git checkout (the data branch), the entries its index holds but a sparse checkout
+        left out (.github/scripts/results-archive.sh fetches only the entries a merge needs into a cached store):
+        their names are what `verify` compares, their content is not read."""
         git = subprocess.run(
             ["git", "-C", str(self.root), "ls-files", "-z", "--", "*/*.tar.gz"], capture_output=True, text=True
         )
@@ -121,8 +155,9 @@ class ResultsArchive:
             ["git", "-C", str(self.root), "rev-parse", "--show-prefix"], capture_output=True, text=True
         )
         if git.returncode != 0 or inside.returncode != 0 or inside.stdout.strip():  # not the root of a checkout
-            return present
-        return present | {self.root / name for name in git.stdout.split("\0") if name.count("/") == 1}
+            return set()
+        indexed = {self.root / name for name in git.stdout.split("\0") if name.count("/") == 1}
+        return {path for path in indexed if not os.path.lexists(path)}
 
     def name(self, entry: ArchiveEntry) -> str:
         """The entry's path inside the archive, as the store records its hash."""
@@ -139,6 +174,12 @@ class ResultsArchive:
         if records is None:
             held = ", ".join(shown(r.run.run_id) for r in runs)
             raise DamagedEntry(entry.path, f"holds run {held}, not {shown(entry.run_id)}: the entry was renamed")
+        if _folder(records.run) != entry.path.parent.name:
+            raise DamagedEntry(
+                entry.path,
+                f"holds a run of session {shown(records.run.session)}, archived in the folder "
+                f"{shown(_folder(records.run))}, not {shown(entry.path.parent.name)}: the entry was moved",
+            )
         return records
 
     def add(self, source: Path, runs: list[RunRecords]) -> list[ArchiveEntry]:
@@ -148,16 +189,35 @@ class ResultsArchive:
         for records in runs:
             if not records.run.trusted:
                 raise ReportsError(f"{source}: run {records.run.run_id!r} is a pull request's: it is never archived")
-            while True:
-                attempt = self._next_attempt(source, records.run, records.results)
-                if attempt is None:
-                    break
+            self._refuse_case_twins(source, records.run)
+            tried = set()
+            while (attempt := self._next_attempt(source, records.run, records.results)) is not None:
+                if attempt in tried:  # the name exists, yet no attempt of this run is listed under it
+                    raise ArchiveConflict(
+                        f"{source}: run {records.run.run_id!r} cannot be archived as attempt {attempt}"
+                    )
+                tried.add(attempt)
                 entry = self._entry(records.run, attempt)
                 if self._write_new(entry.path, _tar_gz({RECORDS_MEMBER: entry_json(records)})):
                     written.append(entry)
                     break
                 # another merge wrote this attempt meanwhile: compare with it too
         return written
+
+    def _refuse_case_twins(self, source: Path, run: Run) -> None:
+        """A session folder (or a run's entry in it) whose name differs from one the archive has only in case is
+        refused: a checkout on Windows or macOS would hold one file for both."""
+        folder, name = _folder(run), quote(run.run_id, safe=_SAFE)
+        twins = [other for other in _listed(self.root) if other != folder and other.casefold() == folder.casefold()]
+        for entry in filter(None, (_entry_at(Path(other)) for other in _listed(self.root / folder))):
+            other = quote(entry.run_id, safe=_SAFE)
+            if other != name and other.casefold() == name.casefold():
+                twins.append(other)
+        if twins:
+            raise ArchiveConflict(
+                f"{source}: run {run.run_id!r} would be archived beside {twins[0]!r}, whose name differs from its "
+                "only in case: a checkout on Windows or macOS holds one for both; rename the session"
+            )
 
     def add_answers(self, answers: list[Bisection | TriageAttempt]) -> int:
         """Archive the answers not archived yet (redacted); return how many were."""
@@ -174,9 +234,18 @@ class ResultsArchive:
         known as one). One that cannot be read raises ReportsError, or with `on_damaged` is passed to it (a line
         naming the file) and left out."""
         found: list[Bisection | TriageAttempt] = []
-        for path in (self.root / ANSWERS).glob("*.json"):
+        folder = self.root / ANSWERS
+        listed = regular_files(folder, ".json", depth=1) if os.path.isdir(folder) else None
+        damaged = [str(refusal) for refusal in listed.refused] if listed else []
+        if os.path.islink(folder):
+            damaged.append(f"{folder}: is a link, not the archive's folder of answers")
+        for line in damaged:
+            if on_damaged is None:
+                raise ReportsError(line)
+            on_damaged(f"{line}; move it out of {self.root}")
+        for path in listed.files if listed and not os.path.islink(folder) else ():
             try:
-                fields_ = json.loads(path.read_text())
+                fields_ = json.loads(read_regular(path, MAX_ANSWER_BYTES))
                 cell = CellKey(**fields_.pop("cell"))
                 if path.name.startswith("bisection-"):
                     suspects = tuple(Commit(**{**c, "files": tuple(c["files"])}) for c in fields_.pop("suspects"))
@@ -192,7 +261,10 @@ class ResultsArchive:
                     )
                 else:
                     answer = TriageAttempt(cell, **{**fields_, "held_fixed": parse_pins(fields_["held_fixed"])})
-            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                problems = problems_of(answer)
+                if problems:
+                    raise ValueError(f"{problems[0]}, which bisect and triage never record")
+            except (EntryRefused, ValueError, TypeError, KeyError, AttributeError) as exc:
                 damage = (
                     f"{path}: not a readable archived answer ({type(exc).__name__}: {exc}); restore it "
                     "from the data branch's history"
@@ -207,8 +279,7 @@ class ResultsArchive:
     def _entry(self, run: Run, attempt: int) -> ArchiveEntry:
         """Where a run's attempt is kept: one folder below the archive, whatever the names hold (the door lets only
         safe names in; this is the last check before a file is written)."""
-        folder = self.root / quote(run.session or "no-session", safe=_SAFE)
-        path = folder / f"{quote(run.run_id, safe=_SAFE)}.{attempt}.tar.gz"
+        path = self.root / _folder(run) / _entry_name(run.run_id, attempt)
         root = self.root.resolve()
         if path.resolve().parent.parent != root or path.parent.name in ("", ".", ".."):
             raise ReportsError(
@@ -221,6 +292,7 @@ class ResultsArchive:
         folder = self._entry(run, 1).path.parent
         # quote() leaves no glob character in the name
         entries = (_entry_at(path) for path in folder.glob(f"{quote(run.run_id, safe=_SAFE)}.*.tar.gz"))
+        # (merge reads them: an entry that is not a regular file is refused when it is read)
         return sorted((entry for entry in entries if entry and entry.run_id == run.run_id), key=lambda e: e.attempt)
 
     def _next_attempt(self, source: Path, run: Run, results: tuple[CellResult, ...]) -> int | None:
@@ -268,49 +340,9 @@ class ResultsArchive:
     @staticmethod
     def _bytes(path: Path) -> bytes:
         try:
-            if path.stat().st_size > MAX_ENTRY_BYTES:
-                raise DamagedEntry(
-                    path, f"{path.stat().st_size} bytes, more than any run's records ({MAX_ENTRY_BYTES})"
-                )
-            return path.read_bytes()
-        except OSError as exc:
-            raise DamagedEntry(path, f"cannot be read ({exc.strerror})") from None
-
-
-def entry_json(records: RunRecords) -> bytes:
-    """A run's records as an entry of format 2 holds them: canonical JSON (the same records, the same bytes). A
-    result's run id is its run's; a run's trust is not kept (only trusted runs are archived)."""
-    run = records.run
-    content = {
-        "format": FORMAT,
-        "run": {
-            **{f.name: getattr(run, f.name) for f in fields(Run) if f.name not in ("versions", "trusted")},
-            "versions": asdict(run.versions),
-        },
-        "dependencies_as_of": records.dependencies_as_of,
-        "results": [
-            {
-                "cell": asdict(result.cell),
-                "outcome": result.outcome,
-                "failure_class": result.failure_class,
-                "signature": result.signature,
-                "message": result.message,
-                "metrics": result.metrics,
-                "checkpoints": list(result.checkpoints),
-                **{
-                    name: mechanism.to_dict() if mechanism else None
-                    for name, mechanism in (
-                        ("cause", result.cause),
-                        ("broke_at", result.broke_at),
-                        ("autotp", result.autotp),
-                    )
-                },
-            }
-            for result in records.results
-        ],
-        "details": [{**asdict(detail), "cell": asdict(detail.cell)} for detail in records.details],
-    }
-    return json.dumps(content, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+            return read_regular(path, MAX_ENTRY_BYTES)
+        except EntryRefused as exc:
+            raise DamagedEntry(path, exc.reason) from None
 
 
 def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
@@ -319,7 +351,7 @@ def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
     members = _members(path, content)
     if RECORDS_MEMBER in members:
         try:
-            runs = [redact_fields(_from_json(json.loads(members[RECORDS_MEMBER])), redact)]
+            runs = [redact_fields(from_json(json.loads(members[RECORDS_MEMBER])), redact)]
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise DamagedEntry(path, f"{RECORDS_MEMBER} is not a run's records ({type(exc).__name__}: {exc})") from None
     elif JUNIT_MEMBER in members:
@@ -333,55 +365,14 @@ def _records_of(path: Path, content: bytes, redact: Redact) -> list[RunRecords]:
     for records in runs:
         if problem := first_problem(records):
             raise DamagedEntry(path, f"its records are not what merge lets in: {problem}")
-    return runs
+    return [in_utc(records) for records in runs]
 
 
 def _members(path: Path, content: bytes) -> dict[str, bytes]:
     try:
-        with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
-            found = {}
-            for member in tar:
-                if member.size > MAX_ENTRY_BYTES:  # what a gzip'd entry unpacks to is read whole: bounded too
-                    raise DamagedEntry(path, f"its member {shown(member.name)} holds {member.size} bytes")
-                if member.isfile() and member.name in (RECORDS_MEMBER, JUNIT_MEMBER, CELLS_MEMBER):
-                    stream = tar.extractfile(member)
-                    found[member.name] = stream.read() if stream else b""
-            return found
-    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
-        raise DamagedEntry(path, f"not a readable archive entry ({exc})") from None
-
-
-def _from_json(content: JSONObject) -> RunRecords:
-    """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError or KeyError."""
-    if content.get("format") != FORMAT:
-        raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")
-    fields_ = dict(content["run"])
-    run = Run(**{**fields_, "versions": Versions(**fields_["versions"])})
-    results = tuple(
-        CellResult(
-            run_id=run.run_id,
-            cell=CellKey(**item["cell"]),
-            outcome=item["outcome"],
-            failure_class=item["failure_class"],
-            signature=item["signature"],
-            message=item["message"],
-            metrics={name: _number(value) for name, value in item["metrics"].items()},
-            checkpoints=tuple(item["checkpoints"]),
-            # entries written before causes were kept have none
-            cause=read_record(Cause, item["cause"]) if item.get("cause") else None,
-            broke_at=read_record(BreakPoint, item["broke_at"]) if item.get("broke_at") else None,
-            autotp=read_record(AutoTPRecord, item["autotp"]) if item.get("autotp") else None,
-        )
-        for item in content["results"]
-    )
-    details = tuple(CellDetail(**{**item, "cell": CellKey(**item["cell"])}) for item in content["details"])
-    return RunRecords(run, results, details, content["dependencies_as_of"])
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"a metric {value!r} is not a number")
-    return float(value)
+        return tar_members(path, content, (RECORDS_MEMBER, JUNIT_MEMBER, CELLS_MEMBER))
+    except EntryRefused as exc:
+        raise DamagedEntry(path, exc.reason) from None
 
 
 def needed_paths(names: list[str], stored_runs: set[str], incoming_runs: set[str]) -> list[str]:
@@ -403,6 +394,23 @@ def answer_key(answer: Bisection | TriageAttempt) -> str:
     """An answer's content as canonical JSON: equal answers, equal keys (what makes archiving them idempotent). The
     held-fixed pins are kept as their text (`pins_text`), the form the archive has always had."""
     return json.dumps({**asdict(answer), "held_fixed": pins_text(answer.held_fixed)}, sort_keys=True)
+
+
+def _listed(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # a folder not made yet
+        return []
+
+
+def _folder(run: Run) -> str:
+    """The folder of a run's session in the archive."""
+    return quote(run.session or "no-session", safe=_SAFE)
+
+
+def _entry_name(run_id: str, attempt: int) -> str:
+    """The file name of a run's attempt in its session's folder: the one spelling merge writes."""
+    return f"{quote(run_id, safe=_SAFE)}.{attempt}.tar.gz"
 
 
 def _entry_at(path: Path) -> ArchiveEntry | None:

@@ -15,7 +15,7 @@ from matrix.redaction import Redactor
 from reports import ReportsError
 from reports.store.junit import JUnitCase, gather, junit_cases, shown
 from reports.store.records import CellDetail, CellKey, CellResult, JSONObject, RunRecords, Versions
-from reports.store.validation import Problem, first_problem, problems_of
+from reports.store.validation import Problem, first_problem, in_utc, problems_of
 from suites.records.run_records import MalformedRecord, read_records
 
 Redact = Callable[[str], str]
@@ -59,9 +59,10 @@ def _redacted(value: Any, redact: Redact) -> Any:
 
 
 def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecords]:
-    """The runs of a JUnit file, redacted and validated; raise ReportsError naming the file (and the first field and
-    value that failed) when it is unusable. `trusted` False marks them as a pull request's (never archived). Each
-    testcase is redacted as it is read, so only the records are held, never the file's tree or a second copy."""
+    """The runs of a JUnit file, redacted and validated, each start in UTC; raise ReportsError naming the file (and
+    the first field and value that failed) when it is unusable. `trusted` False marks them as a pull request's (never
+    archived). Each testcase is redacted as it is read, so only the records are held, never the file's tree or a
+    second copy."""
     raw_run_ids: set[str] = set()  # as cells.jsonl names them
 
     def redacted(cases: Iterator[JUnitCase]) -> Iterator[JUnitCase]:
@@ -76,7 +77,7 @@ def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecord
         if problem := first_problem(records):
             raise Rejected(path, problem)
     _check_cells_beside(path, raw_run_ids, redact)
-    return runs
+    return [in_utc(records) for records in runs]
 
 
 def admitted_bytes(junit: bytes, scratch: Path, redact: Redact) -> list[RunRecords]:

@@ -9,18 +9,35 @@ answers it lacks are imported into the copy, which the command then reads like a
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from reports import ReportsError
-from reports.store.archive import DamagedEntry, ResultsArchive, answer_key
+from reports.store.archive import ArchiveListing, DamagedEntry, ResultsArchive, answer_key
 from reports.store.history_store import HistoryStore, StoreConflict
 from reports.store.records import Bisection
 
 PUBLISHED_BRANCH = "autotp-history"
 """The branch CI pushes the archive to (.github/workflows/autotp.yml ARCHIVE_BRANCH)."""
+CLONE_TIMEOUT_S = 600
+# A published history is anyone's repository: its links are checked out as the small files that hold their targets
+# (never as links: an entry linked to /dev/zero or a FIFO is then a damaged entry like any other), only https and
+# file URLs are followed (never ext:: or a transport that runs a command), and no filter or hook of ours runs on it.
+_HOSTILE_CLONE = (
+    "-c",
+    "core.symlinks=false",
+    "-c",
+    "protocol.allow=never",
+    "-c",
+    "protocol.https.allow=always",
+    "-c",
+    "protocol.file.allow=always",
+    "-c",
+    "core.hooksPath=/dev/null",
+)
 
 
 @dataclass(frozen=True)
@@ -34,14 +51,18 @@ class RebuildCounts:
     """One line per entry or answer left out: it does not open, is not valid or contradicts the store."""
 
 
-def bring_up_to_date(store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int) -> RebuildCounts:
+def bring_up_to_date(
+    store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int, listing: ArchiveListing | None = None
+) -> RebuildCounts:
     """Import every archive entry the store lacks (a first attempt whose run is stored is skipped unread), then the
     answers it lacks; compacts as every import does. Every entry is read and validated as merge's door does; one that
-    does not open, is not valid or contradicts the store is skipped with a line naming it (`verify` fails on it), and
-    the rest imports. All of it lands in one transaction: the store is never left half-imported."""
-    entries = archive.entries()
+    is not a regular file, is listed under two names, does not open, is not valid or contradicts the store is skipped
+    with a line naming it (`verify` fails on it), and the rest imports. All of it lands in one transaction: the store
+    is never left half-imported. `listing`: the entries to import, when not all the archive lists."""
+    listing = listing or archive.listing()
+    entries = listing.entries
     runs = results = read = 0
-    skipped: list[str] = []
+    skipped: list[str] = list(listing.refused)
     stored = {run.run_id for run in store.runs()}
     with store.transaction():
         for entry in entries:  # every one in order: a damaged one is skipped, never the end of the history
@@ -74,11 +95,19 @@ def published_archive(source: str, scratch: Path) -> Path:
     if "://" in source:
         url, _, branch = source.partition("#")
         clone = scratch / "published"
-        done = subprocess.run(
-            ["git", "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH, url, str(clone)],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            done = subprocess.run(
+                ["git", *_HOSTILE_CLONE, "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH]
+                + ["--", url, str(clone)],
+                capture_output=True,
+                text=True,
+                timeout=CLONE_TIMEOUT_S,
+                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+            )
+        except subprocess.TimeoutExpired:
+            raise ReportsError(
+                f"--history {source}: the clone did not finish in {CLONE_TIMEOUT_S} s; pass a local folder"
+            ) from None
         if done.returncode != 0:
             raise ReportsError(
                 f"--history {source}: cannot clone branch {branch or PUBLISHED_BRANCH} "
@@ -94,9 +123,11 @@ def published_archive(source: str, scratch: Path) -> Path:
     return folder
 
 
-def with_published_history(store: Path, source: str, scratch: Path, keep_recent_runs: int) -> tuple[Path, str]:
-    """A copy of `store` (in `scratch`) holding also the published history's runs and answers, and one line saying
-    what it added."""
+def with_published_history(
+    store: Path, source: str, scratch: Path, keep_recent_runs: int
+) -> tuple[Path, str, tuple[str, ...]]:
+    """A copy of `store` (in `scratch`) holding also the published history's runs and answers, one line saying what
+    it added, and a line per entry or answer of it left out (rebuild's)."""
     archive = ResultsArchive(published_archive(source, scratch))
     combined = scratch / "combined.sqlite"
     if store.is_file():
@@ -104,7 +135,9 @@ def with_published_history(store: Path, source: str, scratch: Path, keep_recent_
             local.backup(copy)
     with HistoryStore(combined, create=True) as history:
         counts = bring_up_to_date(history, archive, keep_recent_runs)
-    return combined, (
+    return (
+        combined,
         f"history: {counts.runs} run(s) and {counts.answers} answer(s) from the published history {source} "
-        f"read with {store}"
+        f"read with {store}" + (f"; {len(counts.skipped)} skipped (above)" if counts.skipped else ""),
+        counts.skipped,
     )

@@ -13,12 +13,24 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from reports.store.junit import KNOWN_FAILURE_CLASSES, shown
-from reports.store.records import CellDetail, CellKey, CellResult, Run, RunRecords, Versions
+from reports.store.records import (
+    AXES,
+    Bisection,
+    CellDetail,
+    CellKey,
+    CellResult,
+    Commit,
+    Run,
+    RunRecords,
+    TriageAttempt,
+    Versions,
+)
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
 from suites.outcome import OUTCOMES
 
@@ -38,16 +50,29 @@ _HARNESS_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
 # What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as written
 # (pr/1234, master, a sha) or local-<folder>.
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
-_STARTED = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{2}:?\d{2})?")
+# ASCII digits only (`\d` would pass Arabic-Indic ones, which int() reads and a text comparison sorts apart).
+_VERSION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!/-]*", re.ASCII)
+_STARTED = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})"
+    r"(?:T(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})(?:\.[0-9]{1,9})?)?)?"
+    r"(?P<zone>Z|(?P<sign>[+-])(?P<zone_hours>[0-9]{2}):?(?P<zone_minutes>[0-9]{2}))?",
+    re.ASCII,
+)
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
 _DAY = re.compile(r"[0-9][0-9A-Za-z:.+-]*")
 _METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A file of a library's tree a commit touched (an answer's files): path components, none of them `.` or `..`.
+_REPO_FILE = re.compile(r"(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)*")
 
 NAME_LENGTH = 100
+MAX_PR = 10**9
+MAX_ANSWER_ITEMS = 10_000  # files, untestable candidates and suspects of one answer
 ID_LENGTH = 200
 SIGNATURE_LENGTH = 4_000
 MESSAGE_LENGTH = 1_000_000  # a failure's traceback and rank log tails; the default matrix's longest is 4 KB
 MAX_TP = 1024
+EARLIEST_YEAR = 2000  # a start before this is a runner's clock gone wrong
+CLOCK_SKEW = timedelta(days=1)  # a start may lie this far past the time it is imported at, never further
 MAX_METRIC = 1e18  # byte counts of the largest hosts are ~1e12; ratios and tolerances are small
 MAX_METRICS = 1_000
 MAX_CHECKPOINTS = 64
@@ -116,6 +141,8 @@ def _matching(pattern: re.Pattern[str], limit: int, what: str, *, empty: bool = 
 def _version(value: Any) -> str | None:
     if not isinstance(value, str) or len(value) > NAME_LENGTH:
         return f"is not a version of at most {NAME_LENGTH} characters"
+    if not _VERSION_TEXT.fullmatch(value):  # PEP 440 parsing forgives spaces and a trailing newline; printing doesn't
+        return "is not a version (ASCII letters, digits and . _ + ! / - only, no spaces or line breaks)"
     try:
         Version(value)
         return None
@@ -124,6 +151,43 @@ def _version(value: Any) -> str | None:
     if _LABEL.fullmatch(value):
         return None
     return "is not a PEP 440 version, nor a git ref or local-<folder> label, so it cannot be ordered"
+
+
+def started_utc(text: str) -> datetime:
+    """A run's start as the door reads it: ISO 8601 in ASCII digits, a date alone at midnight, no zone read as UTC,
+    in UTC to the second; ValueError when it is not one."""
+    parts = _STARTED.fullmatch(text)
+    if parts is None:
+        raise ValueError("is not a start time (ISO 8601, e.g. 2026-12-06T07:26:44Z)")
+    zone = timezone.utc
+    if parts["sign"]:
+        offset = timedelta(hours=int(parts["zone_hours"]), minutes=int(parts["zone_minutes"]))
+        zone = timezone(-offset if parts["sign"] == "-" else offset)  # ValueError past 24 h
+    year, month, day, hour, minute, second = (
+        int(parts[name] or 0) for name in ("year", "month", "day", "hour", "minute", "second")
+    )
+    local = datetime(year, month, day, hour, minute, second, tzinfo=zone)
+    return local.astimezone(timezone.utc)
+
+
+def utc_text(moment: datetime) -> str:
+    """The one spelling of a start the store and the archive keep: 2026-12-06T07:26:44Z (text order is time order)."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _started(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) > 40:
+        return "is not a start time of at most 40 characters"
+    try:
+        moment = started_utc(value)
+    except ValueError as error:
+        return str(error) if "start time" in str(error) else f"is not a time ({error})"
+    if moment.year < EARLIEST_YEAR:
+        return f"is before {EARLIEST_YEAR}: the runner's clock was wrong"
+    latest = datetime.now(timezone.utc) + CLOCK_SKEW
+    if moment > latest:
+        return f"is after {utc_text(latest)}, a day past the time it is read at: the runner's clock was wrong"
+    return None
 
 
 def _tp(value: Any) -> str | None:
@@ -202,11 +266,68 @@ def _run_id(value: Any) -> str | None:
     return _matching(_ID, ID_LENGTH, "run id (session@start@host: letters, digits and ._:@()+,=~-)")(value)
 
 
+# Names Windows gives its devices, whatever follows a dot: a folder named so cannot be checked out there.
+_DEVICE_NAME = re.compile(r"(?:CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9]|CONIN\$|CONOUT\$)(?:\..*)?", re.IGNORECASE | re.ASCII)
+_SESSION = _matching(_ID, NAME_LENGTH, "session name (letters, digits, ._()+,=@-)", empty=True)
+
+
+def _session(value: Any) -> str | None:
+    """A session names the archive's folder its runs are kept in: one every OS can check out (no device name such
+    as `nul` or `CON`, nothing ending in `.`); case twins are refused where they meet (ResultsArchive.add)."""
+    if problem := _SESSION(value):
+        return problem
+    if _DEVICE_NAME.fullmatch(value):
+        return "is a device name on Windows, so its archive folder could not be checked out there"
+    if value.endswith("."):
+        return "ends in '.', which Windows drops from a folder's name"
+    return None
+
+
 def _bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "is not true or false"
 
 
 _NAME_RULE = _matching(_NAME, NAME_LENGTH, "name (letters, digits, '.', '_', '-')")
+
+
+def _one_of(*allowed: str) -> Rule:
+    return lambda value: None if value in allowed else f"is not one of {', '.join(map(repr, allowed))}"
+
+
+def _pr(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PR:
+        return f"is not a pull request number from 1 to {MAX_PR}"
+    return None
+
+
+def _each(rule: Rule, what: str) -> Rule:
+    """A tuple of values, each passing `rule`, at most MAX_ANSWER_ITEMS of them."""
+
+    def each(value: Any) -> str | None:
+        if not isinstance(value, tuple) or len(value) > MAX_ANSWER_ITEMS:
+            return f"is not a list of at most {MAX_ANSWER_ITEMS} {what}s"
+        return next((f"lists {_shown(item)}, which {problem}" for item in value if (problem := rule(item))), None)
+
+    return each
+
+
+def _pins(value: Any) -> str | None:
+    if not isinstance(value, tuple) or len(value) > len(AXES):
+        return "is not a list of pinned version axes"
+    for pin in value:
+        if not isinstance(pin, tuple) or len(pin) != 2 or pin[0] not in AXES:
+            return f"pins {_shown(pin)}, which is not an axis ({', '.join(AXES)}) and its version"
+        if problem := _version(pin[1]):
+            return f"pins {pin[0]} to {_shown(pin[1])}, which {problem}"
+    return None
+
+
+_ANSWER_VERSION = _version
+_COMMIT_RULE = _matching(_COMMIT, 40, "git commit (hex)", empty=True)
+_ANSWER_CELL = _matching(_ID, ID_LENGTH, "cell id", empty=True)
+_RECORDED_AT = _matching(_DAY, 40, "time (ISO 8601)", empty=True)
 
 # Every field of every record, by class: (the JUnit property it is read from, its rule). A nested record (a Run's
 # Versions, a result's CellKey) is checked by its own class's rules.
@@ -226,12 +347,9 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
     },
     Run: {
         "run_id": ("run.id", _run_id),
-        "session": (
-            "run.session",
-            _matching(_ID, NAME_LENGTH, "session name (letters, digits, ._()+,=@-)", empty=True),
-        ),
+        "session": ("run.session", _session),
         "host": ("run.host", _matching(_ID, NAME_LENGTH, "host name (letters, digits, ._-)", empty=True)),
-        "started": ("run.started", _matching(_STARTED, 40, "start time (ISO 8601, e.g. 2026-12-06T07:26:44Z)")),
+        "started": ("run.started", _started),
         "accelerator": ("run.accelerator", _matching(_NAME, NAME_LENGTH, "name", empty=True)),
         "backend": ("run.backend", _matching(_NAME, NAME_LENGTH, "name", empty=True)),
         "harness_git": ("run.harness_git", _matching(_HARNESS_COMMIT, 47, "git commit (hex)", empty=True)),
@@ -264,9 +382,48 @@ RULES: dict[type, dict[str, tuple[str, Rule]]] = {
         ),
     },
 }
+# An answer of bisect or triage, archived and read back (reports.store.archive): the same door as a run's records, so
+# a commit becomes a link only where it is hex and a cell's tp is one a session runs.
+RULES |= {
+    Commit: {
+        "sha": ("commit.sha", _matching(_COMMIT, 40, "git commit (hex)")),
+        "subject": ("commit.subject", _text(SIGNATURE_LENGTH)),
+        "pr": ("commit.pr", _pr),
+        "files": ("commit.files", _each(_matching(_REPO_FILE, 1_000, "file of a repository"), "file")),
+        "relevant": ("commit.relevant", _bool),
+    },
+    Bisection: {
+        "mode": ("mode", _one_of("broken", "fixed")),
+        "axis": ("axis", _one_of(*AXES)),
+        "before": ("before", _ANSWER_VERSION),
+        "after": ("after", _ANSWER_VERSION),
+        "held_fixed": ("held_fixed", _pins),
+        "failure_class": ("failure_class", _failure_class),
+        "signature": ("signature", _text(SIGNATURE_LENGTH)),
+        "commit": ("commit", _COMMIT_RULE),
+        "subject": ("subject", _text(SIGNATURE_LENGTH)),
+        "pr": ("pr", _pr),
+        "files": ("files", _each(_matching(_REPO_FILE, 1_000, "file of a repository"), "file")),
+        "untestable": ("untestable", _each(_ANSWER_VERSION, "version")),
+        "recorded_at": ("recorded_at", _RECORDED_AT),
+        "confirmed_from": ("confirmed_from", _ANSWER_CELL),
+        "kind": ("kind", _one_of("broke", "fixed", "class-change", "")),
+        "searched_older": ("searched_older", lambda value: None if value == "" else _ANSWER_VERSION(value)),
+        "searched_newer": ("searched_newer", lambda value: None if value == "" else _ANSWER_VERSION(value)),
+    },
+    TriageAttempt: {
+        "axis": ("axis", _one_of(*AXES)),
+        "mode": ("mode", _one_of("broken", "fixed")),
+        "before": ("before", _ANSWER_VERSION),
+        "after": ("after", _ANSWER_VERSION),
+        "held_fixed": ("held_fixed", _pins),
+        "reason": ("reason", _text(SIGNATURE_LENGTH)),
+        "recorded_at": ("recorded_at", _RECORDED_AT),
+    },
+}
 # Fields checked by the classes they hold (or, for a result's and a detail's cell, by their run and results).
 _NESTED = {(Run, "versions"), (CellResult, "cell"), (CellDetail, "cell"), (RunRecords, "run"), (RunRecords, "results")}
-_NESTED |= {(RunRecords, "details")}
+_NESTED |= {(RunRecords, "details"), (Bisection, "cell"), (Bisection, "suspects"), (TriageAttempt, "cell")}
 
 
 def _every_field_has_a_rule() -> None:
@@ -298,6 +455,13 @@ def problems_of(record: Any) -> list[Problem]:
         if problem := rule(value):
             found.append(Problem(name, value, problem, where))
     return found
+
+
+def in_utc(records: RunRecords) -> RunRecords:
+    """A valid run with its start in the one spelling (utc_text): what merge stores and archives, and what an entry
+    written before it read back as, so runs compare and sort by time wherever their start was written."""
+    started = utc_text(started_utc(records.run.started))
+    return records if started == records.run.started else replace(records, run=replace(records.run, started=started))
 
 
 def first_problem(records: RunRecords) -> Problem | None:

@@ -206,7 +206,7 @@ def test_a_new_transformers_release_changes_atlas_json_only_where_it_adds_verdic
     add_nights(archive, ("5.25.0",), 2)  # the nightly's increment: the new release at every DeepSpeed
     after = json.loads((site(archive, tmp_path / "after") / "atlas.json").read_text())
     new = set(after["version_sets"]) - set(before["version_sets"])
-    assert new == {f"ds{ds}-tf5.25.0-pt2.13.0-cpu-py3.11.7" for ds in DEEPSPEED}
+    assert new == {f"ds{ds}-tf5.25.0-pt2.13.0+cpu-py3.11.7" for ds in DEEPSPEED}
     assert all(after["version_sets"][key] == value for key, value in before["version_sets"].items())
     assert after["rows"].keys() == before["rows"].keys()
     for slug, row in before["rows"].items():

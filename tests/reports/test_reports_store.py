@@ -83,7 +83,7 @@ def test_malformed_files_are_reported_and_skipped(session, tmp_path, capsys):
 def test_missing_property_and_bad_version_name_the_value(session, tmp_path, capsys):
     session([Cell("llama")], torch="2.4.0 nightly")
     assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 2  # nothing usable
-    assert "version.torch='2.4.0 nightly' is not a PEP 440 version, nor a git ref" in capsys.readouterr().err
+    assert "version.torch='2.4.0 nightly' is not a version (ASCII letters, digits" in capsys.readouterr().err
     session([Cell("llama")], deepspeed="")
     assert main(["merge", str(tmp_path / "junit"), "--store", str(tmp_path / "s.sqlite")]) == 2
     assert "property 'version.deepspeed' is missing or empty" in capsys.readouterr().err
