@@ -453,7 +453,9 @@ def compare_memory(unsharded: Unsharded, sharded_model: torch.nn.Module, real: S
             whole.setdefault(kind, []).append(name)
         elif share.uneven:
             uneven.append(f"{name} {share.finding(tp)}")
-    lines: Lines = [(False, f"memory: {kind} left whole: {layer_groups(names)}") for kind, names in whole.items()]
+    lines: Lines = [
+        (False, f"memory: {kind} left whole on every rank: {layer_groups(names)}") for kind, names in whole.items()
+    ]
     lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
     release = Version(deepspeed.__version__).release
     head, figures, note = judge_head(unsharded.shapes, unsharded.numels, numels, shapes, counts, release)
