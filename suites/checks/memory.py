@@ -295,8 +295,9 @@ def head_note(share: WeightShare, partner: str, partner_held: list[int]) -> str:
         return ""
     held = 1 + share.share
     return (
-        f"output head tied to {partner} split by a copy: each rank holds {held:.2f}x their unsharded bytes "
-        f"(the embedding whole, {share.share:.0%} of the head) — it runs correctly but saves less memory; "
+        f"output head tied to {partner} split by a copy: rank {share.rank} holds {held:.2f}x the tied weight's "
+        f"unsharded bytes (the embedding whole and {share.share:.0%} of the head) — it runs correctly but saves less "
+        "memory; "
         "DeepSpeed's design: LmHeadLinearAllreduce clones the tied weight and leaves the embedding whole"
     )
 
