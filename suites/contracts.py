@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
+from suites.checks.probes import SplitCounts
 from suites.checks.task_probe import AccuracyTask
 from suites.outcome import RankError
 
@@ -76,6 +77,9 @@ class Job:
     trained: tuple[TrainedModel, ...] = ()
     accuracy_task: AccuracyTask | None = None
     accuracy_reference: str | None = None
+    real_counts: SplitCounts | None = None
+    """A faithful cell's real checkpoint counts (suites/checks/memory.py `faithful_counts`): what its memory check
+    judges each split by; None for a stress cell."""
     faults: tuple[str, ...] = ()
     """Test-only fault hooks (`module:function`), see suites/engine/cell_runner.py."""
     seq: int = 0

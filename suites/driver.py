@@ -17,6 +17,7 @@ from matrix.config_values import ExpansionError
 from matrix.registry import DType
 from suites.ahead import AheadForker, RunAhead
 from suites.checks.inputs import ProbeSpec
+from suites.checks.memory import faithful_counts
 from suites.checks.task_probe import AccuracyTask
 from suites.command import CELL_TIMEOUT_S
 from suites.contracts import Job
@@ -191,6 +192,7 @@ def _job(
                     checkpoint, cell.dtype, options.accuracy_task, cell.model.trust_remote_code, fork_server
                 )
             )
+        real_counts = faithful_counts(cell.model, cell.tp)
     except Exception as error:  # the cell's setup failed; the run goes on
         return _stamped(_setup_failure(error), _provenance(checkpoint))
     job = Job(
@@ -208,6 +210,7 @@ def _job(
         trained=variant_fields.trained,
         accuracy_task=accuracy_task,
         accuracy_reference=accuracy_reference,
+        real_counts=real_counts,
         faults=options.faults,
     )
     return job, _provenance(checkpoint, prepared.plan, reference)

@@ -244,6 +244,27 @@ def skip_sharding(stage, model, rank):
         return AutoModelForCausalLM.from_pretrained(model.config._name_or_path, dtype=model.dtype).eval()
 
 
+def deepspeed_leaves_lm_head_whole(stage, model, rank):
+    """A planted DeepSpeed whose set_lm_head leaves the output head a plain nn.Linear, whole on every rank
+    (AutoTP's `_replace_last_linear_module` returns the model untouched, once; restored after sharding)."""
+    from deepspeed.module_inject.auto_tp import AutoTP
+
+    original = AutoTP.__dict__["_replace_last_linear_module"]
+    original = getattr(original, "planted_over", original)
+    if stage == "loaded":
+
+        def leave_whole(self, r_module):
+            AutoTP._replace_last_linear_module = original
+            return r_module
+
+        leave_whole.planted_over = original
+        AutoTP._replace_last_linear_module = leave_whole
+    elif stage in ("sharded", "finished"):
+        AutoTP._replace_last_linear_module = original
+        if stage == "sharded":
+            assert type(model.lm_head) is torch.nn.Linear, f"lm_head became {type(model.lm_head).__name__}"
+
+
 def attention_left_whole(stage, model, rank):
     """AutoTP leaves every attention projection whole, the MLP still split and all-reduced: every rank computes
     the full attention, so the numbers stay exact (the planted DeepSpeed bug of issue #24)."""

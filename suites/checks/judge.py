@@ -5,13 +5,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from packaging.version import Version
+
 from matrix.registry import Tolerance
 from suites.checks import generation, logits, memory, perplexity
 from suites.checks.result import CheckResult
 from suites.contracts import RankSummary
 
 if TYPE_CHECKING:
-    from suites.checks.probes import Observations
+    from suites.checks.probes import Observations, SplitCounts
+
+
+def deepspeed_release() -> tuple[int, ...]:
+    """The DeepSpeed release this rank sharded with (a commit checkout: the release its version names)."""
+    import deepspeed
+
+    return Version(deepspeed.__version__).release
 
 
 def run_all(
@@ -20,9 +29,10 @@ def run_all(
     ranks: list[RankSummary],
     tolerance: Tolerance,
     perplexity_skipped: str = "",
+    real_counts: SplitCounts | None = None,
 ) -> list[CheckResult]:
     """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0; `perplexity_skipped` why the model
-    cannot run the perplexity probe ("" when it ran)."""
+    cannot run the perplexity probe ("" when it ran); `real_counts` a faithful cell's real checkpoint counts."""
     rank_last_logits = [r.last_logits for r in ranks if r.last_logits is not None]
     rank_bytes_by_name = [r.bytes_by_name for r in ranks if r.bytes_by_name is not None]
     if len(rank_last_logits) != len(ranks) or len(rank_bytes_by_name) != len(ranks):
@@ -35,5 +45,11 @@ def run_all(
         logits.check_ranks_agree(rank_last_logits),
         generation.check(reference, sharded, tolerance),
         perplexity.check(reference, sharded, tolerance, perplexity_skipped),
-        memory.check(reference.unsharded_footprint(), rank_bytes_by_name, [r.shapes_by_name or {} for r in ranks]),
+        memory.check(
+            reference.unsharded_footprint(),
+            rank_bytes_by_name,
+            [r.shapes_by_name or {} for r in ranks],
+            real=real_counts,
+            deepspeed_release=deepspeed_release(),
+        ),
     ]

@@ -12,9 +12,17 @@ to each rank's tensors by name (AutoTP keeps the names of the layers it replaces
   attention in kv-head units: with one kv head, rank 0 gets every query head);
 - left whole on every rank: a failure, unless AutoTP keeps that weight whole by design, which is a named rule
   (`whole_by_design`) reported with the cell, never slack in a bound.
+A faithful cell (matrix/shapes.py) stands for a real checkpoint whose counts its tiny ones only share the split
+pattern with: its weights are judged with the real checkpoint's counts (`real` of `allowance`), a split passing that
+is exactly the even split of the tiny counts (the image of the real checkpoint's even split). The output head is
+judged like a split weight where DeepSpeed's design splits it (`output_head`); a head tied to the input embedding
+that DeepSpeed splits by a copy is a note (it runs right, each rank holding the whole embedding besides).
 Every tensor a rank holds must exist in the unsharded model: a renamed or re-wrapped layer would otherwise
-never be judged. Totals per kind are recorded (`<kind>_shard_ratio`): embeddings + lm_head, convolution
-kernels and the rest (norms, rotary tables) may stay whole.
+never be judged. Totals per kind are recorded (`<kind>_shard_ratio`): embeddings, convolution kernels and the rest
+(norms, rotary tables) may stay whole.
+
+The rules (from `SHARE_EPSILON` to `weight_share`) are pure Python on plain values: the standalone repro script
+embeds their source (suites/records/repro.py `RULES`), so it judges memory by this code, never a copy of it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from matrix.registry import ModelEntry
+from matrix.shapes import MATRIX_TP, base_shape, faithful_groups_or_why, load_real_shapes, split_shaped_name
 from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
 from suites.checks.result import CheckResult, Finding, joined
 
@@ -37,6 +47,14 @@ DESIGN_WHOLE_NAMES = ("q_a_proj", "kv_a_proj_with_mqa", "shared_expert_gate")
 expert gate (its MoE routers are matched by their output features, `SplitCounts.experts`)."""
 
 
+OUTPUT_HEADS = {"lm_head": (0, 12, 0), "embed_out": (0, 12, 0), "language_model.lm_head": (0, 16, 0)}
+"""The output heads DeepSpeed's inference AutoTP splits (replace_module.py `set_lm_head`, an `nn.Linear` under one of
+these names, as `LmHeadLinearAllreduce`: row-parallel in 64-wide grains of the hidden width) and the release each
+name is split from (`lm_head`/`embed_out` since #3962, 0.12.0; `language_model.lm_head` since 0.16.0). Before that
+release, in training (`deepspeed.initialize`, whose output head follows its own partition config) and under any other
+name, the output head stays whole by design."""
+
+
 @dataclass(frozen=True)
 class Allowance:
     """The largest share of a weight one rank may hold, from the pieces its split is made of."""
@@ -47,10 +65,36 @@ class Allowance:
     """What a piece is: `query heads`, `kv heads`, `kv head groups`, `experts`, `64-wide grains`, ..."""
     rule: str = ""
     """The design rule that sets the pieces, where one does (`1 kv head < tp 2`)."""
+    least: float = 0.0
+    """The smallest share the even split of the pieces gives a rank: a split between `least` and `share` on every
+    rank is that even split."""
 
 
 def _even(units: int, tp: int, unit: str, rule: str = "") -> Allowance:
-    return Allowance(math.ceil(units / tp) / units, units, unit, rule)
+    return Allowance(math.ceil(units / tp) / units, units, unit, rule, units // tp / units)
+
+
+def _is_output_head(name: str) -> bool:
+    """DeepSpeed's own test (tp_shard.py `get_shard_size`): an output head never splits in kv-head units."""
+    return "lm_head" in name or "embed_out" in name
+
+
+def real_shape(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, real: SplitCounts) -> tuple[int, ...]:
+    """The weight's shape in the real checkpoint a faithful cell stands for, along the split dimension where it is
+    made of counted pieces (query heads, query+key+value heads, kv heads, experts); any other dimension (64-wide
+    grains) keeps the tiny size, which the faithful shape made split like the real one."""
+    size, heads, kv, head_dim = shape[dim], counts.heads, counts.kv_heads, counts.head_dim
+    real_size = size
+    if len(shape) >= 3 and dim == 0 and counts.experts and size == counts.experts:
+        real_size = real.experts
+    elif any(part in name for part in ("attn", "attention")) and heads and head_dim and size % head_dim == 0:
+        by_count = {  # a query projection first where the kv heads are as many
+            kv: real.kv_heads,
+            heads + 2 * kv: real.heads + 2 * real.kv_heads,
+            heads: real.heads,
+        }
+        real_size = by_count.get(size // head_dim, size // head_dim) * real.head_dim
+    return (*shape[:dim], real_size or size, *shape[dim + 1 :])
 
 
 def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, tp: int) -> Allowance:
@@ -66,10 +110,10 @@ def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, 
     if attention and heads and head_dim and size % head_dim == 0:
         count, few = size // head_dim, f"{kv} kv head{'s' if kv > 1 else ''} < tp {tp}"
         if 0 < kv < heads and count == kv:  # a key or value projection
-            return Allowance(1 / kv, kv, "kv heads", few) if kv < tp else _even(kv, tp, "kv heads")
+            return Allowance(1 / kv, kv, "kv heads", few, 1 / kv) if kv < tp else _even(kv, tp, "kv heads")
         if count in (heads, heads + 2 * kv) and 0 < kv < tp:
-            query = math.ceil(heads / tp)
-            return Allowance((query + count - heads) / count, heads, "query heads", few)
+            most, least = math.ceil(heads / tp), heads // tp
+            return Allowance((most + count - heads) / count, heads, "query heads", few, (least + count - heads) / count)
         if count in (heads, heads + 2 * kv) and kv and heads % kv == 0:
             return _even(kv, tp, "kv head groups")
         by_pieces = _even(count, tp, "heads")
@@ -82,103 +126,15 @@ def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, 
                 (math.ceil(grains / tp) * TP_GRAIN + half % TP_GRAIN) / half,
                 grains,
                 f"{TP_GRAIN}-wide grains{' of each half' if halves == 2 else ''}",
+                least=grains // tp * TP_GRAIN / half,
             )
             if grains
             else _even(half, tp, "rows")
         )
-    if kv >= tp and size % kv == 0 and (by_kv := _even(kv, tp, "kv-head units")).share > by_pieces.share:
+    kv_units = kv >= tp and size % kv == 0 and not _is_output_head(name)
+    if kv_units and (by_kv := _even(kv, tp, "kv-head units")).share > by_pieces.share:
         return by_kv
     return by_pieces
-
-
-@dataclass(frozen=True)
-class WeightShare:
-    """One weight of a split kind as the ranks hold it."""
-
-    name: str
-    kind: str
-    share: float
-    """Largest rank's bytes of it / the unsharded bytes."""
-    allowed: Allowance | None
-    """The largest share the pieces of its split allow; None when every rank holds it whole."""
-    rank: int
-    """The rank holding the largest share."""
-    held: tuple[int, ...]
-    """Each rank's bytes of it."""
-    full: int
-
-    @property
-    def whole(self) -> bool:
-        """Every rank holds all of it."""
-        return all(size == self.full for size in self.held)
-
-    @property
-    def uneven(self) -> bool:
-        return self.allowed is not None and self.share > self.allowed.share + SHARE_EPSILON
-
-    def finding(self, tp: int) -> str:
-        """`(q_proj: rank 0 holds all 8 query heads, the others none — 1 kv head < tp 2)` for a weight one rank holds
-        all of, else the largest share against the allowed one."""
-        assert self.allowed is not None
-        allowed, rule = self.allowed, f" — {self.allowed.rule}" if self.allowed.rule else ""
-        leaf = self.name.removesuffix(".weight").rsplit(".", 1)[-1]
-        if self.held[self.rank] == self.full and sum(self.held) == self.full:
-            return f"({leaf}: rank {self.rank} holds all {allowed.units} {allowed.unit}, the others none{rule})"
-        return (
-            f"(rank {self.rank} holds {self.share:.0%} of {self.name}; at most {allowed.share:.0%} on tp {tp}: "
-            f"{allowed.units} {allowed.unit}{rule})"
-        )
-
-
-def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, TensorKind]) -> dict[str, int]:
-    totals: dict[str, int] = dict.fromkeys(KINDS, 0)
-    for name, size in bytes_by_name.items():
-        totals[kinds.get(name, "rest")] += size
-    return totals
-
-
-def split_dim(full: tuple[int, ...], held: list[tuple[int, ...] | None], held_bytes: list[int], whole: int) -> int:
-    """The dimension the ranks' shapes split; without shapes (a training rank reports bytes), the first dimension
-    whose slices the held bytes are whole numbers of."""
-    for shape in held:
-        if shape is not None and len(shape) == len(full):
-            differing = [dim for dim, (a, b) in enumerate(zip(shape, full)) if a != b]
-            if differing:
-                return differing[0]
-    for dim, size in enumerate(full):
-        if whole % size == 0 and all(size_held % (whole // size) == 0 for size_held in held_bytes):
-            return dim
-    return 0
-
-
-def weight_shares(
-    unsharded: Footprint,
-    rank_bytes_by_name: list[dict[str, int]],
-    rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None = None,
-) -> list[WeightShare]:
-    tp = len(rank_bytes_by_name)
-    shares = []
-    for name, shape in unsharded.shapes_by_name.items():
-        kind, full = unsharded.kinds.get(name), unsharded.bytes_by_name.get(name)
-        if kind not in SPLIT_KINDS or len(shape) < 2 or not full:
-            continue  # biases follow their weight; a tied alias is judged under its first name
-        held = [by_name.get(name, 0) for by_name in rank_bytes_by_name]
-        rank = max(range(tp), key=held.__getitem__)
-        allowed = None
-        if not all(size == full for size in held):
-            shapes = [by_name.get(name) for by_name in rank_shapes_by_name] if rank_shapes_by_name else [None] * tp
-            allowed = allowance(name, shape, split_dim(shape, shapes, held, full), unsharded.counts, tp)
-        share = WeightShare(
-            name=name,
-            kind=kind,
-            share=held[rank] / full,
-            allowed=allowed,
-            rank=rank,
-            held=tuple(held),
-            full=full,
-        )
-        shares.append(share)
-    return shares
 
 
 def whole_by_design(name: str, shape: tuple[int, ...], counts: SplitCounts, tp: int) -> str:
@@ -223,13 +179,203 @@ def _unknown_names(unsharded: Footprint, rank_bytes_by_name: list[dict[str, int]
     return []
 
 
+def split_dim(full: tuple[int, ...], held: list[tuple[int, ...] | None], held_bytes: list[int], whole: int) -> int:
+    """The dimension the ranks' shapes split; without shapes (a training rank reports bytes), the first dimension
+    whose slices the held bytes are whole numbers of."""
+    for shape in held:
+        if shape is not None and len(shape) == len(full):
+            differing = [dim for dim, (a, b) in enumerate(zip(shape, full)) if a != b]
+            if differing:
+                return differing[0]
+    for dim, size in enumerate(full):
+        if whole % size == 0 and all(size_held % (whole // size) == 0 for size_held in held_bytes):
+            return dim
+    return 0
+
+
+@dataclass(frozen=True)
+class WeightShare:
+    """One weight of a split kind (or the output head DeepSpeed splits) as the ranks hold it."""
+
+    name: str
+    kind: str
+    share: float
+    """Largest rank's bytes of it / the unsharded bytes."""
+    allowed: Allowance | None
+    """The largest share the pieces of its split allow; None when every rank holds it whole."""
+    rank: int
+    """The rank holding the largest share."""
+    held: tuple[int, ...]
+    """Each rank's bytes of it."""
+    full: int
+    real: Allowance | None = None
+    """A faithful cell's allowance at the counts of the real checkpoint it stands for (`allowance` of `real_shape`);
+    None for a stress cell, or where the tiny pieces are the real ones."""
+
+    @property
+    def whole(self) -> bool:
+        """Every rank holds all of it."""
+        return all(size == self.full for size in self.held)
+
+    @property
+    def even(self) -> bool:
+        """Every rank holds what the even split of the (tiny) pieces gives it: the image of the real checkpoint's
+        even split, whatever share that is of the tiny weight."""
+        return self.allowed is not None and all(
+            self.allowed.least - SHARE_EPSILON <= size / self.full <= self.allowed.share + SHARE_EPSILON
+            for size in self.held
+        )
+
+    @property
+    def uneven(self) -> bool:
+        bound = self.real or self.allowed
+        return bound is not None and self.share > bound.share + SHARE_EPSILON and not self.even
+
+    def finding(self, tp: int) -> str:
+        """`(q_proj: rank 0 holds all 8 query heads, the others none — 1 kv head < tp 2)` for a weight one rank holds
+        all of, else the largest share against the allowed one (a faithful cell's: the real checkpoint's)."""
+        assert self.allowed is not None
+        allowed = self.real or self.allowed
+        rule = f" — {allowed.rule}" if allowed.rule else ""
+        leaf = self.name.removesuffix(".weight").rsplit(".", 1)[-1]
+        if self.held[self.rank] == self.full and sum(self.held) == self.full:
+            return (
+                f"({leaf}: rank {self.rank} holds all {self.allowed.units} {self.allowed.unit}, the others none{rule})"
+            )
+        pieces = f"{allowed.units} {allowed.unit}{' of the real checkpoint' if self.real else ''}"
+        return (
+            f"(rank {self.rank} holds {self.share:.0%} of {self.name}; at most {allowed.share:.0%} on tp {tp}: "
+            f"{pieces}{rule})"
+        )
+
+
+def weight_share(
+    name: str,
+    kind: str,
+    shape: tuple[int, ...],
+    full: int,
+    held: list[int],
+    held_shapes: list[tuple[int, ...] | None],
+    counts: SplitCounts,
+    real: SplitCounts | None = None,
+) -> WeightShare:
+    """One weight as `tp` ranks hold it (`held`: each rank's bytes; `held_shapes`: its shape there, None unknown),
+    judged by the pieces of its split: the model's counts, and a faithful cell's real checkpoint's (`real`)."""
+    tp = len(held)
+    rank = max(range(tp), key=held.__getitem__)
+    allowed, at_real = None, None
+    if not all(size == full for size in held):
+        dim = split_dim(shape, held_shapes, held, full)
+        allowed = allowance(name, shape, dim, counts, tp)
+        if real is not None and real != counts:
+            at_real = allowance(name, real_shape(name, shape, dim, counts, real), dim, real, tp)
+    return WeightShare(name, kind, held[rank] / full, allowed, rank, tuple(held), full, at_real)
+
+
+def output_head(shapes_by_name: dict[str, tuple[int, ...]], release: tuple[int, ...]) -> str:
+    """The name of the output head weight DeepSpeed splits at `release` (`OUTPUT_HEADS`), or ""."""
+    for head, since in OUTPUT_HEADS.items():
+        if len(shapes_by_name.get(f"{head}.weight", ())) == 2 and release >= since:
+            return f"{head}.weight"
+    return ""
+
+
+def tied_partner(name: str, bytes_by_name: dict[str, int], shapes_by_name: dict[str, tuple[int, ...]]) -> str:
+    """The first name of the weight `name` is tied to (`bytes_by_name` lists a tied weight under its first name
+    only), or "" when it is not tied."""
+    if name in bytes_by_name:
+        return ""
+    shape = shapes_by_name[name]
+    return next((other for other in bytes_by_name if other != name and shapes_by_name.get(other) == shape), "")
+
+
+def head_note(share: WeightShare, partner: str, partner_held: list[int]) -> str:
+    """A tied output head split by a copy: each rank holds the whole embedding and its share of the head."""
+    if share.whole or not all(size == share.full for size in partner_held):
+        return ""
+    held = 1 + share.share
+    return (
+        f"output head tied to {partner} split by a copy: rank {share.rank} holds {held:.2f}x the tied weight's "
+        f"unsharded bytes (the embedding whole and {share.share:.0%} of the head) — it runs correctly but saves less "
+        "memory; "
+        "DeepSpeed's design: LmHeadLinearAllreduce clones the tied weight and leaves the embedding whole"
+    )
+
+
+def kind_totals(bytes_by_name: dict[str, int], kinds: dict[str, TensorKind]) -> dict[str, int]:
+    totals: dict[str, int] = dict.fromkeys(KINDS, 0)
+    for name, size in bytes_by_name.items():
+        totals[kinds.get(name, "rest")] += size
+    return totals
+
+
+def weight_shares(
+    unsharded: Footprint,
+    rank_bytes_by_name: list[dict[str, int]],
+    rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None = None,
+    real: SplitCounts | None = None,
+) -> list[WeightShare]:
+    tp = len(rank_bytes_by_name)
+    shares = []
+    for name, shape in unsharded.shapes_by_name.items():
+        kind, full = unsharded.kinds.get(name), unsharded.bytes_by_name.get(name)
+        if kind not in SPLIT_KINDS or len(shape) < 2 or not full:
+            continue  # biases follow their weight; a tied alias is judged under its first name
+        held = [by_name.get(name, 0) for by_name in rank_bytes_by_name]
+        shapes = [by_name.get(name) for by_name in rank_shapes_by_name] if rank_shapes_by_name else [None] * tp
+        shares.append(weight_share(name, kind, shape, full, held, shapes, unsharded.counts, real))
+    return shares
+
+
+def judge_head(
+    shapes_by_name: dict[str, tuple[int, ...]],
+    bytes_by_name: dict[str, int],
+    rank_bytes_by_name: list[dict[str, int]],
+    rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None,
+    counts: SplitCounts,
+    release: tuple[int, ...],
+) -> tuple[str, str, str]:
+    """The output head where DeepSpeed's design splits it at `release`, as (finding, its figures, note): left whole or
+    split unevenly is a finding; a tied head split by a copy a note; ("", "", "") when there is nothing to say."""
+    name = output_head(shapes_by_name, release)
+    partner = tied_partner(name, bytes_by_name, shapes_by_name) if name else ""
+    full = bytes_by_name.get(partner or name, 0)
+    if not full:
+        return "", "", ""
+    shape, tp = shapes_by_name[name], len(rank_bytes_by_name)
+    partner_held = [by_name.get(partner, 0) for by_name in rank_bytes_by_name] if partner else []
+    # A rank that lists no head of its own while holding the whole tied weight holds the head as that weight.
+    held = [
+        by_name.get(name, full if partner and by_name.get(partner) == full else 0) for by_name in rank_bytes_by_name
+    ]
+    shapes = [by_name.get(name) for by_name in rank_shapes_by_name] if rank_shapes_by_name else [None] * tp
+    share = weight_share(name, "output head", shape, full, held, shapes, counts)
+    head = name.removesuffix(".weight")
+    if share.whole:
+        since = ".".join(map(str, OUTPUT_HEADS[head]))
+        return (
+            f"output head left whole: {head}",
+            f"(every rank holds all {shape[0]}x{shape[1]} of it; DeepSpeed >= {since} splits an nn.Linear {head} "
+            "as LmHeadLinearAllreduce)",
+            "",
+        )
+    if share.uneven:
+        return f"output head split unevenly: {head}", share.finding(tp), ""
+    return "", "", head_note(share, partner, partner_held) if partner else ""
+
+
 def check(
     unsharded: Footprint,
     rank_bytes_by_name: list[dict[str, int]],
     rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None = None,
+    *,
+    real: SplitCounts | None = None,
+    deepspeed_release: tuple[int, ...] | None = None,
 ) -> CheckResult:
     """`rank_shapes_by_name`: the shapes each rank holds, which tell the dimension a weight was split along (without
-    them it is read from the bytes)."""
+    them it is read from the bytes). `real`: a faithful cell's real checkpoint counts. `deepspeed_release`: the
+    DeepSpeed release of an inference cell, whose design decides whether the output head splits (None: no head rule,
+    as in training)."""
     tp = len(rank_bytes_by_name)
     unsharded_totals = kind_totals(unsharded.bytes_by_name, unsharded.kinds)
     ranks = [kind_totals(by_name, unsharded.kinds) for by_name in rank_bytes_by_name]
@@ -241,7 +387,7 @@ def check(
                 max(totals[kind] for totals in ranks) / unsharded_totals[kind]
             )
     problems, notes = _unknown_names(unsharded, rank_bytes_by_name), []
-    shares = weight_shares(unsharded, rank_bytes_by_name, rank_shapes_by_name)
+    shares = weight_shares(unsharded, rank_bytes_by_name, rank_shapes_by_name, real)
     for kind in SPLIT_KINDS:
         judged = [share for share in shares if share.kind == kind]
         designed = {
@@ -270,7 +416,33 @@ def check(
             held = [share.name for share in judged if share.allowed and share.allowed.rule == rule and not share.uneven]
             if held:
                 notes.append(f"{kind} split by design: {layer_groups(held)} ({rule})")
+    if deepspeed_release is not None:
+        head, figures, note = judge_head(
+            unsharded.shapes_by_name,
+            unsharded.bytes_by_name,
+            rank_bytes_by_name,
+            rank_shapes_by_name,
+            unsharded.counts,
+            deepspeed_release,
+        )
+        problems += [Finding(head, figures)] if head else []
+        notes += [note] if note else []
     return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
+
+
+def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
+    """The counts of the real checkpoint a faithful cell of `model` at `tp` stands for (matrix/real_shapes.toml, the
+    record its tiny config was derived from: matrix/shapes.py `faithful_groups`); None for a stress cell or a
+    faithful one that stands for no checkpoint (its config as written)."""
+    shape = split_shaped_name(model.name)[1]
+    if base_shape(shape) != "faithful" or model.skip_reason or model.expansion_error:
+        return None
+    groups = faithful_groups_or_why(model, load_real_shapes(), tuple(sorted({*MATRIX_TP, tp})))
+    group = None if isinstance(groups, str) else groups.get(shape)
+    if group is None or group.record.source.startswith("as written"):
+        return None
+    real = group.record
+    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts)
 
 
 META_LOAD_MIN_MODEL_BYTES = 100 << 20
@@ -295,3 +467,26 @@ def check_meta_load(unsharded: Footprint, rank_peak_growth: float) -> CheckResul
             f"(full model {full / 2**20:.0f} MiB): the full model was materialised",
         ),
     )
+
+
+RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS")
+"""The constants the rules below read: the standalone repro script gets them as literals."""
+RULES = (
+    SplitCounts,
+    Allowance,
+    _even,
+    _is_output_head,
+    real_shape,
+    allowance,
+    whole_by_design,
+    layer_groups,
+    split_dim,
+    WeightShare,
+    weight_share,
+    output_head,
+    tied_partner,
+    head_note,
+    judge_head,
+)
+"""The memory rules, pure Python on plain values: the standalone repro script (suites/records/repro.py) embeds their
+source, so a script judges memory by the harness's own code (tests/suites/records/test_repro.py)."""

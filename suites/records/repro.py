@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import pprint
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,8 +16,9 @@ from matrix.cells import Cell
 from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from matrix.redaction import redact
 from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
+from suites.checks import memory
 from suites.checks.inputs import CORPUS_FILE, ProbeSpec
-from suites.checks.memory import layer_groups
+from suites.checks.memory import RULE_CONSTANTS, RULES, faithful_counts
 from suites.records.run_records import RunInfo, environment_report
 
 if TYPE_CHECKING:
@@ -26,7 +28,13 @@ TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
 PLACEHOLDER = "CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, written by autotp-matrix"
 FUNCTIONS_PLACEHOLDER = """if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
     from matrix.checkpoints import randomise_constant_parameters
-    from suites.checks.memory import layer_groups
+    from suites.checks.memory import (
+        judge_head,
+        layer_groups,
+        weight_share,
+        whole_by_design,
+    )
+    from suites.checks.probes import SplitCounts
 """
 CONFIG_NAMES: ConfigNames = {
     "heads": HEAD_KEYS,
@@ -88,6 +96,7 @@ def repro_cell(
         "logits_rel": tolerance.logits_rel,
         "loss_rel": tolerance.ppl_rel,
         "config_names": CONFIG_NAMES,
+        "real_counts": asdict(real) if (real := faithful_counts(cell.model, cell.tp)) and not hub_id else None,
         "command": launcher_command(cell, script),
     }
     if variant.training:
@@ -119,6 +128,15 @@ def partial_note(cell: Cell) -> str:
     return f"variant {variant.name}: this script leaves out {'; '.join(left)}" if left else ""
 
 
+def harness_functions() -> str:
+    """The harness's own code the script runs, copied in: the tiny checkpoint's weights are made by it (the repro's
+    weights are the cell's), and memory is judged by the harness's rules (suites/checks/memory.py `RULES`), so the
+    script and the harness cannot judge a split differently."""
+    constants = [f"{name} = {getattr(memory, name)!r}" for name in RULE_CONSTANTS]
+    functions = [inspect.getsource(function) for function in (randomise_constant_parameters, *RULES)]
+    return "\n".join(constants) + "\n\n\n" + "\n\n".join(functions)
+
+
 def write_repro(
     cell: Cell,
     checkpoints: str,
@@ -147,10 +165,7 @@ def write_repro(
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
             raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
-    # The tiny checkpoint is made by the harness's own code, copied in: the repro's weights are the cell's; the
-    # memory check names the weights left whole as the harness does.
-    copied = [inspect.getsource(function) for function in (randomise_constant_parameters, layer_groups)]
-    source = source.replace(FUNCTIONS_PLACEHOLDER, "\n\n".join(copied), 1)
+    source = source.replace(FUNCTIONS_PLACEHOLDER, harness_functions(), 1)
     header = (
         "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
         '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'

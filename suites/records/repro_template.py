@@ -14,7 +14,9 @@ files; quantized), shards it with AutoTP, runs the same probes and compares:
 - generation: greedy tokens with the KV cache, one prompt and the left-padded batch (a divergence passes only where
   the unsharded model's top two logits are within the tolerance: a near-tie);
 - loss: the `labels=` path (not run where the model cannot: `CELL["loss_skipped"]` says why);
-- memory: every attention/MLP weight and MoE expert split across the ranks, no rank holding more than its share.
+- memory: every attention/MLP weight and MoE expert split across the ranks, no rank holding more than its share, and
+  the output head split where DeepSpeed splits it, judged by the harness's own rules (copied in below); a faithful
+  tiny checkpoint's splits by the counts of the real checkpoint it stands for (CELL["real_counts"]).
 
 Training rows (`CELL["training"]`) run their optimizer steps with `deepspeed.initialize` instead and compare each
 step's loss with the same steps on the unsharded model. It prints one line per check, then `RESULT: MATCH` (exit 0)
@@ -25,10 +27,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
+import math  # noqa: F401 (the memory rules, copied in above, use it)
 import os
 import re  # noqa: F401 (layer_groups, copied in above, uses it)
 import sys
+from dataclasses import dataclass  # noqa: F401 (the memory rules, copied in above, use it)
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, TypeVar
 
 import torch
@@ -85,6 +88,8 @@ class _CellFields(TypedDict):
     logits_rel: float
     loss_rel: float
     config_names: ConfigNames
+    real_counts: dict[str, int] | None
+    """The counts (SplitCounts' fields) of the real checkpoint a faithful tiny checkpoint stands for; None otherwise."""
     command: str
 
 
@@ -104,10 +109,20 @@ CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, writte
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Lines = list[tuple[bool, str]]
 """What a check prints: (passed, line) for each thing it compared."""
-Weights = dict[str, tuple[str, tuple[int, ...], int]]
-"""{name: (kind, shape, numel)} of the weights AutoTP must split."""
-Counts = tuple[int, int, int]
-"""(kv heads, head dim, routed experts) of the model's config."""
+
+
+class Unsharded(NamedTuple):
+    """The unsharded model's parameters as the memory rules read them."""
+
+    weights: dict[str, tuple[str, tuple[int, ...], int]]
+    """{name: (kind, shape, numel)} of the weights AutoTP must split."""
+    shapes: dict[str, tuple[int, ...]]
+    """Every parameter's shape under every name it has (a tied weight under each)."""
+    numels: dict[str, int]
+    """Every parameter's element count, a tied weight under its first name."""
+    counts: SplitCounts
+
+
 Gathered = TypeVar("Gathered")
 
 
@@ -159,7 +174,13 @@ def environment_report() -> str:
 
 if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
     from matrix.checkpoints import randomise_constant_parameters
-    from suites.checks.memory import layer_groups
+    from suites.checks.memory import (
+        judge_head,
+        layer_groups,
+        weight_share,
+        whole_by_design,
+    )
+    from suites.checks.probes import SplitCounts
 
 
 def rank() -> int:
@@ -369,9 +390,9 @@ def split_kind(module_name: str, module: torch.nn.Module, tensor: torch.Tensor, 
     return None
 
 
-def split_counts(model: CausalLM) -> Counts:
-    """(kv heads, head dim, routed experts) of the model's (text) config, read under the config names the harness
-    reads them by (matrix/shapes.py `read_shape`): the counts DeepSpeed's design rules below depend on."""
+def split_counts(model: CausalLM) -> SplitCounts:
+    """The model's (text) config's counts, read under the config names the harness reads them by (matrix/shapes.py
+    `read_shape`): the counts DeepSpeed's design rules depend on."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     values: dict[str, Any] = config.to_dict()  # a config's values: any JSON value
     names = CELL["config_names"]
@@ -389,64 +410,65 @@ def split_counts(model: CausalLM) -> Counts:
     kv_heads = 1 if multi_query else (first(names["kv_heads"]) or heads)
     head_dim = values["v_head_dim"] if names["mla"] in values else (first(names["head_dim"]) or hidden // max(heads, 1))
     experts = first(names["experts"])
-    return kv_heads, head_dim, experts if experts > 1 else 0
+    return SplitCounts(heads, kv_heads, head_dim, experts if experts > 1 else 0)
 
 
-def unsharded_weights(model: CausalLM) -> tuple[Weights, Counts]:
-    """{name: (kind, shape, numel)} of every weight (2 or more dimensions) AutoTP must split."""
-    experts = split_counts(model)[2]
+def unsharded_weights(model: CausalLM) -> Unsharded:
+    """The weights (2 or more dimensions) AutoTP must split, besides the output head, and every parameter's shape."""
+    counts = split_counts(model)
     output = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    weights: Weights = {}
+    weights: dict[str, tuple[str, tuple[int, ...], int]] = {}
     for module_name, module in model.named_modules():
         if module is output:
             continue
         for local, tensor in module.named_parameters(recurse=False):
-            kind = split_kind(module_name, module, tensor, experts)
+            kind = split_kind(module_name, module, tensor, counts.experts)
             if kind and tensor.dim() >= 2:
                 weights[f"{module_name}.{local}"] = (kind, tuple(tensor.shape), tensor.numel())
-    return weights, split_counts(model)
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.named_parameters(remove_duplicate=False)}
+    numels = {name: tensor.numel() for name, tensor in model.named_parameters()}
+    return Unsharded(weights, shapes, numels, counts)
 
 
-def whole_by_design(name: str, shape: tuple[int, ...], counts: Counts, tp: int) -> str:
-    """Why AutoTP keeps this weight whole on every rank by design, or "" when it should have split it."""
-    layer = name.removesuffix(".weight").rsplit(".", 1)[-1]
-    if len(shape) != 2:
-        return ""
-    if layer in ("q_a_proj", "kv_a_proj_with_mqa", "shared_expert_gate"):
-        return "skipped by name in DeepSpeed's auto_tp.py"
-    kv_heads, head_dim, experts = counts
-    if experts and shape[0] == experts:
-        return "a MoE router"
-    if any(part in name for part in ("attn", "attention")) and 0 < kv_heads < tp and shape[0] == kv_heads * head_dim:
-        return f"{kv_heads} kv heads < tp {tp}"
-    return ""
+def compare_memory(unsharded: Unsharded, sharded_model: torch.nn.Module, real: SplitCounts | None) -> Lines:
+    """Each weight AutoTP must split is split, no rank holding more than its split's pieces allow nor all of it while
+    another holds none, none left whole on every rank outside DeepSpeed's named design rules, and the output head
+    split where DeepSpeed's design splits it: the harness's rules (suites/checks/memory.py, copied in above)."""
+    import deepspeed
+    from packaging.version import Version
 
-
-def compare_memory(weights: Weights, counts: Counts, sharded_model: torch.nn.Module) -> Lines:
-    """Each weight AutoTP must split is split, no rank holding more than ceil(u/tp)/u of it (u: the pieces the
-    ranks' split allows) nor all of it while another holds none, and none is left whole on every rank outside
-    DeepSpeed's named design rules."""
     held = {name: tensor.numel() for name, tensor in sharded_model.named_parameters()}
-    gathered = from_every_rank(held)
-    tp = len(gathered)
+    held_shapes = {name: tuple(tensor.shape) for name, tensor in sharded_model.named_parameters()}
+    gathered = from_every_rank((held, held_shapes))
+    numels, shapes = [numel for numel, _ in gathered], [shape for _, shape in gathered]
+    tp, counts = len(gathered), unsharded.counts
     whole: dict[str, list[str]] = {}
     uneven: list[str] = []
-    for name, (kind, shape, full) in weights.items():
-        sizes = [by_name.get(name, 0) for by_name in gathered]
-        if all(size == full for size in sizes):
-            if not whole_by_design(name, shape, counts, tp):
-                whole.setdefault(kind, []).append(name)
-            continue
-        if max(sizes) == full and min(sizes) == 0:  # one rank holds all of it, another none (a kv-unit split)
-            uneven.append(f"{name} (rank {sizes.index(full)} holds all of it, another rank none)")
-            continue
-        pieces = full // math.gcd(full, *sizes)
-        if max(sizes) / full > math.ceil(pieces / tp) / pieces + 1e-6:
-            uneven.append(f"{name} (a rank holds {max(sizes) / full:.0%})")
-    grouped = {kind: layer_groups(names) for kind, names in whole.items()}
-    lines: Lines = [(False, f"memory: {kind} left whole on every rank: {names}") for kind, names in grouped.items()]
+    for name, (kind, shape, full) in unsharded.weights.items():
+        held_by_rank = [by_name.get(name, 0) for by_name in numels]
+        share = weight_share(
+            name, kind, shape, full, held_by_rank, [by_name.get(name) for by_name in shapes], counts, real
+        )
+        if share.whole and not whole_by_design(name, shape, counts, tp):
+            whole.setdefault(kind, []).append(name)
+        elif share.uneven:
+            uneven.append(f"{name} {share.finding(tp)}")
+    lines: Lines = [
+        (False, f"memory: {kind} left whole on every rank: {layer_groups(names)}") for kind, names in whole.items()
+    ]
     lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
-    return lines or [(True, f"memory: {len(weights)} weights split across {tp} ranks")]
+    release = Version(deepspeed.__version__).release
+    head, figures, note = judge_head(unsharded.shapes, unsharded.numels, numels, shapes, counts, release)
+    lines += [(False, f"memory: {head} {figures}")] if head else []
+    lines += [(True, f"memory (note): {note}")] if note else []
+    return (
+        lines
+        if any(not passed for passed, _ in lines)
+        else [
+            (True, f"memory: {len(unsharded.weights)} weights split across {tp} ranks"),
+            *lines,
+        ]
+    )
 
 
 # ---- Running it ------------------------------------------------------------------------------------------------
@@ -466,7 +488,8 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
     model = post_init_quantization(load_model(folder))
     batch, mask, corpus = inputs(hub_id)
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
-    weights, counts = unsharded_weights(model)
+    unsharded = unsharded_weights(model)
+    real = SplitCounts(**CELL["real_counts"]) if CELL["real_counts"] and not hub_id else None
     # functools.wraps on transformers' `to` hides from mypy that it is a method (here and below).
     reference = observe(model.to(device), batch, mask, corpus, device)  # type: ignore[arg-type]
     options: dict[str, object] = {}
@@ -491,7 +514,7 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
         *compare_generation(reference, sharded),
         *compare_loss(reference, sharded),
         # A quantized weight is stored packed (int4: two to a byte): its element count says nothing about its split.
-        *([] if CELL["quantization"] else compare_memory(weights, counts, sharded_model)),
+        *([] if CELL["quantization"] else compare_memory(unsharded, sharded_model, real)),
     ]
 
 

@@ -129,6 +129,20 @@ def test_attention_left_whole_fails_memory_with_the_layers_named(pool, tp, whole
     assert outcome.metrics["logits_max_abs"] < 1e-4  # the numbers stay right: only memory can see it
 
 
+def test_a_deepspeed_that_leaves_lm_head_whole_fails_memory_on_a_faithful_llama(pool):
+    """DeepSpeed >= 0.12.0 splits the output head (LmHeadLinearAllreduce): one that leaves it a plain nn.Linear,
+    all [vocab, hidden] of it on every rank, computes the same numbers and only memory sees it."""
+    cell = expand("llama.faithful", tp="2")[0]
+    healthy = run_with(cell, pool)
+    assert healthy.outcome == "pass", healthy.message
+    outcome = run_with(cell, pool, "deepspeed_leaves_lm_head_whole")
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
+    assert outcome.signature == "memory: output head left whole: lm_head", outcome.signature
+    assert "splits an nn.Linear lm_head as LmHeadLinearAllreduce" in outcome.message
+    assert outcome.metrics["logits_max_abs"] < 1e-4  # the numbers stay right
+    assert run_with(cell, pool).outcome == "pass"  # the planted DeepSpeed is gone for the next cell
+
+
 def test_a_renamed_layer_fails_memory_with_its_name(pool, llama_tp2):
     outcome = run_with(llama_tp2, pool, "rewrapped_mlp")
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message

@@ -2,6 +2,7 @@
 through the cell's load mode, fetches a hub checkpoint at the commit the cell loaded, and no secret reaches it."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -55,6 +56,7 @@ def _repro_module(cell, tmp_path, monkeypatch, checkpoints="tiny", loaded_revisi
     )
     spec = importlib.util.spec_from_file_location(f"repro_{cell.variant.name}_under_test", script)
     repro = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, repro)  # as `python script.py` has it: its dataclasses need it
     spec.loader.exec_module(repro)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
@@ -143,7 +145,9 @@ def test_a_verdict_with_newlines_is_data_never_code(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     loaded = importlib.util.spec_from_file_location("repro_injected_under_test", script)
-    loaded.loader.exec_module(importlib.util.module_from_spec(loaded))  # importing it runs nothing the verdict said
+    module = importlib.util.module_from_spec(loaded)
+    monkeypatch.setitem(sys.modules, loaded.name, module)  # as `python script.py` has it: its dataclasses need it
+    loaded.loader.exec_module(module)  # importing it runs nothing the verdict said
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
 
 
