@@ -38,6 +38,7 @@ from reports.store import (
     parse_pins,
     pins_text,
 )
+from suites.mechanism import Cause
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
 TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}
@@ -46,6 +47,13 @@ TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "c
 def cause_id(*key: object) -> str:
     """A short name that stays the same for the same cause across renders: HTML anchors, issue markers."""
     return hashlib.sha1("\n".join(map(str, key)).encode()).hexdigest()[:12]
+
+
+def failure_cause_id(failure_class: str, signature: str, mechanism: Cause | None) -> str:
+    """The id of the cause a failure belongs to, as the report's "failing now" names it: of the cause the harness
+    recorded (reports.analysis.signatures.failure_key), or of its class and masked signature where none was kept."""
+    key = failure_key(failure_class, signature, mechanism)
+    return cause_id(key) if mechanism is not None else cause_id(failure_class, cause(signature))
 
 
 # ---- Compact cell lists ------------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ from reports.analysis.statuses import CellStatus, harness_change_text, harness_r
 from reports.store import AXES, CellKey, Observation
 
 SELECTOR_KEYS = (*AXES, "deepspeed_git")
-# Printed in this order; only "regression" blocks, and "changed failure" with --block-changed.
+# Printed in this order; "regression" and "missing" block (the latter not with --allow-missing), "changed failure"
+# with --block-changed.
 VERDICTS = (
     "regression",
+    "missing",
     "changed failure",
     "unconfirmed",
     "baseline flaky",
@@ -105,13 +107,21 @@ def _failure(status: CellStatus | None) -> str:
     return f"{status.failure_class}: {status.signature}" if status and status.fails else ""
 
 
-def blocking(rows: list[GateRow], block_changed: bool) -> list[GateRow]:
-    return [row for row in rows if row.verdict == "regression" or (block_changed and row.verdict == "changed failure")]
+def blocking(rows: list[GateRow], block_changed: bool, allow_missing: bool = False) -> list[GateRow]:
+    """The rows that fail the gate: regressions, baseline verdicts the candidate has none for (a cell it skipped, did
+    not run or renamed: what the gate never saw cannot pass it) unless allowed, changed failures when asked."""
+    return [
+        row
+        for row in rows
+        if row.verdict == "regression"
+        or (row.verdict == "missing" and not allow_missing)
+        or (block_changed and row.verdict == "changed failure")
+    ]
 
 
 def _verdict(baseline: str, fails: int, runs: int, confirmations: int) -> str:
     if runs == 0:
-        return "not run"
+        return "missing" if baseline in ("pass", "fail", "flaky") else "not run"
     if fails == 0:
         return "fixed" if baseline == "fail" else "pass"
     if baseline == "pass":

@@ -1,20 +1,38 @@
-"""`python -m reports gate`: exit 1 if cells passing in the baseline fail in the candidate."""
+"""`python -m reports gate`: exit 1 if cells passing in the baseline fail in the candidate, or if the candidate has no
+verdict for a cell the baseline has one for (what the gate never saw cannot pass it)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from reports import ReportsError
-from reports.analysis import analyse, baseline_lines, blocking, compare, plain_link, select, select_baseline
+from reports.analysis import analyse, baseline_lines, select, select_baseline
+from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
-from reports.outputs import cause_lines, classify, format_table, summary_line
+from reports.outputs.gate import gate_text
+from reports.outputs.pr_check import check, commit_sha, select_commits
 from reports.store import HistoryStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline", required=True, help="run id, or version set like deepspeed=0.19.7")
-    parser.add_argument("--candidate", required=True, help="run id, or version set like deepspeed=0.19.8")
+    parser.add_argument("--baseline", help="run id, or version set like deepspeed=0.19.7 (a release gate)")
+    parser.add_argument("--candidate", help="run id, or version set like deepspeed=0.19.8 (a release gate)")
+    parser.add_argument(
+        "--head",
+        help="a pull request's check: its head commit (40 hex digits); the candidate is the runs that tested it",
+    )
+    parser.add_argument(
+        "--merge-base",
+        help="with --head: the merge base (40 hex digits); the baseline is the trusted runs (the nightly) of it",
+    )
+    parser.add_argument(
+        "--deepspeed-repo",
+        type=Path,
+        help="with --merge-base: a DeepSpeed clone, so the merge base's nearest ancestor a trusted run tested is the "
+        "baseline where no trusted run tested the merge base itself",
+    )
     parser.add_argument(
         "--confirmations",
         type=int,
@@ -27,11 +45,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also exit 1 when a cell failing in both fails in another class or signature "
         "(default: listed as 'changed failure', not blocking)",
     )
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="a baseline cell the candidate has no verdict for (skipped, not run, renamed) is named in one line "
+        "instead of blocking",
+    )
     add_known_failures(parser)
     add_store(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    commit_args, selector_args = (args.head, args.merge_base), (args.baseline, args.candidate)
+    by_commits = all(commit_args) and not any(selector_args)
+    if not by_commits and not (all(selector_args) and not any(commit_args)):
+        raise ReportsError(
+            "gate: pass --baseline and --candidate (a release gate), or --head and --merge-base (a pull request's "
+            "check), not a mix"
+        )
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
     if not observations:
@@ -41,18 +72,35 @@ def run(args: argparse.Namespace) -> int:
         )
     # The baseline comes from trusted runs only (reports.analysis.trust): a pull request's JUnit could label a run
     # with the baseline's versions. The candidate may be untrusted (a pull request's run is what is gated).
-    baseline, ignored = select_baseline(observations, args.baseline, "--baseline")
-    candidate = select(observations, args.candidate, "--candidate")
-    rows = compare(baseline, candidate, args.confirmations)
-    # What the candidate did, like Dr.CI: the count first, then its failures by cause, new ones first; the history
-    # that says what is flaky is the trusted runs' and the candidate's.
+    commits = None
+    if by_commits:
+        repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
+        head, merge_base = commit_sha(args.head, "--head"), commit_sha(args.merge_base, "--merge-base")
+        baseline, candidate, commits = select_commits(observations, head, merge_base, repo)
+        ignored: list[str] = []
+        base_text = f"the trusted runs of DeepSpeed {commits.tested_base[:10]}"
+    else:
+        baseline, ignored_runs = select_baseline(observations, args.baseline, "--baseline")
+        candidate = select(observations, args.candidate, "--candidate")
+        ignored = baseline_lines(args.baseline, baseline, ignored_runs)[1:]
+        base_text = baseline_lines(args.baseline, baseline, [])[0]
+    # The history that says what is flaky is the trusted runs' and the candidate's.
     candidate_runs = {obs.run for obs in candidate}
     history = analyse([obs for obs in observations if obs.run.trusted or obs.run in candidate_runs])
-    failures = classify(baseline, candidate, history, known_failures(args.known_failures))
-    print("\n".join([summary_line(failures), *baseline_lines(args.baseline, baseline, ignored)]))
-    print("\n".join([*cause_lines(failures, plain_link), ""]))
-    print(format_table(rows, args.confirmations, args.block_changed))
-    return 1 if blocking(rows, args.block_changed) else 0
+    pr = check(
+        baseline,
+        candidate,
+        history,
+        known_failures(args.known_failures),
+        base_text=base_text,
+        commits=commits,
+        confirmations=args.confirmations,
+    )
+    text, blocks = gate_text(
+        pr, args.confirmations, block_changed=args.block_changed, allow_missing=args.allow_missing, ignored=ignored
+    )
+    print(text)
+    return 1 if blocks else 0
 
 
 COMMAND = Command("gate", "exit 1 if cells passing in the baseline fail in the candidate", add_arguments, run)

@@ -24,26 +24,43 @@ from reports.analysis import (
     cells_text,
     code,
     count_text,
+    failure_cause_id,
     failure_key,
+    one_line,
+    reason,
     summarise,
     upstream_label,
 )
 from reports.outputs.markdown_safety import markdown_link
-from reports.store import AXES, CellKey, Observation
+from reports.store import AXES, CellKey, CellResult, Observation
 
 PR_KINDS = ("new", "broken trunk", "flaky", "known")  # listed in this order
 
 
 @dataclass(frozen=True)
 class PrFailure:
+    """One cell failing in the candidate, classified against its base."""
+
     cell: CellKey
-    kind: str  # one of PR_KINDS
+    kind: str
+    """One of PR_KINDS."""
     failure_class: str
-    cause: str  # reports.analysis.signatures.cause of the candidate's failure
-    base: str  # the cell on the base: pass | fail | flaky | skip | not run
-    base_failure: str = ""  # "class `cause`" where the base fails another way
-    known: KnownFailure | None = None  # the known failure covering it (also on a new one the PR brought back)
-    key: str = ""  # what groups it with others (reports.analysis.signatures.failure_key)
+    cause: str
+    """reports.analysis.signatures.cause of the candidate's failure (numbers masked)."""
+    base: str
+    """The cell on the base: pass | fail | flaky | skip | not run."""
+    base_failure: str = ""
+    """ "class `cause`" where the base fails another way."""
+    known: KnownFailure | None = None
+    """The known failure covering it (also on a new one the PR brought back)."""
+    key: str = ""
+    """What groups it with others (reports.analysis.signatures.failure_key)."""
+    cause_id: str = ""
+    """The id the report's "failing now" gives its cause (reports.analysis.causes.failure_cause_id)."""
+    words: str = ""
+    """The cause in the report's words: the mechanism the harness recorded, else the class and cause's reason."""
+    detail: str = ""
+    """The failure as raised or judged, with its numbers (the cause masks them); "" where the message says no more."""
 
 
 def classify(
@@ -89,6 +106,7 @@ def classify(
         other = (
             f"{before.failure_class} {code(cause(before.signature))}" if before and before.fails and not same else ""
         )
+        failing = [obs for obs in observations if obs.result.outcome == "fail"]
         found.append(
             PrFailure(
                 cell=cell,
@@ -99,9 +117,27 @@ def classify(
                 base_failure=other,
                 known=match,
                 key=_failure(status) or "",
+                cause_id=failure_cause_id(status.failure_class, status.signature, status.cause),
+                words=_words(status, text),
+                detail=_detail(max(failing, key=lambda o: (o.run.started, o.run.run_id)).result) if failing else "",
             )
         )
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
+
+
+def _words(status: CellStatus, text: str) -> str:
+    """The cause in the report's words (reports.analysis.failing_now: the recorded mechanism where it says more than
+    the masked signature), else the class and cause's reason."""
+    if status.cause is not None and status.cause.words and status.cause.words != text:
+        return status.cause.words
+    return reason(status.failure_class, text).sentence
+
+
+def _detail(result: CellResult) -> str:
+    """The message's last line (the failure with its numbers, which the signature masks) where it says more."""
+    lines = [line.strip() for line in result.message.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if not line.startswith(("logs:", "("))), "")
+    return one_line(last) if last and last != result.signature else ""
 
 
 def _failure(status: CellStatus | None) -> str | None:
@@ -109,37 +145,38 @@ def _failure(status: CellStatus | None) -> str | None:
     return failure_key(status.failure_class, status.signature, status.cause) if status and status.fails else None
 
 
-def summary_line(failures: list[PrFailure]) -> str:
-    """ "1 new failure, 93 already failing on the base, 0 flaky, 2 known"."""
+def summary_line(failures: list[PrFailure], fixed: int = 0, missing: int = 0) -> str:
+    """ "1 new failure, 93 already failing on the base, 0 flaky, 2 known; 1 fixed, 0 missing": the failures of the
+    candidate by kind, then the base's failures it passes and the base's verdicts it has none for."""
     counts = {kind: sum(f.kind == kind for f in failures) for kind in PR_KINDS}
     return (
         f"{count_text(counts['new'], 'new failure')}, {counts['broken trunk']} already failing on the base, "
-        f"{counts['flaky']} flaky, {counts['known']} known"
+        f"{counts['flaky']} flaky, {counts['known']} known; {fixed} fixed, {missing} missing"
     )
 
 
 def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[str]:
-    """One line per kind, failure class, cause (and base failure, known failure): its cells, new ones first."""
-    grouped: dict[tuple[str, str, str, str], list[PrFailure]] = defaultdict(list)
+    """One line per kind and cause (the report's cause id and words): its cells, new ones first, the most cells
+    first."""
+    grouped: dict[tuple[str, str], list[PrFailure]] = defaultdict(list)
     for f in failures:
-        grouped[f.kind, f.key, f.base_failure, f.known.name if f.known else ""].append(f)
+        grouped[f.kind, f.cause_id].append(f)
     lines = []
-    for (kind, _, base_failure, _), members in sorted(
-        grouped.items(), key=lambda item: (PR_KINDS.index(item[0][0]), -len(item[1]), item[0][1:])
+    for (kind, cause_id), members in sorted(
+        grouped.items(), key=lambda item: (PR_KINDS.index(item[0][0]), -len(item[1]), item[0][1])
     ):
         first = members[0]
-        failure_class, text = first.failure_class, first.cause
-        notes = []
-        if base_failure:
-            notes.append(f"the base fails another way: {base_failure}")
-        elif kind == "new":
-            bases = sorted({f.base for f in members})
-            notes.append(f"{'/'.join(bases)} on the base")
-        if first.known:
-            notes.append(f"known: {link(upstream_label(first.known.upstream), first.known.upstream)}")
+        notes = sorted({f.base_failure for f in members if f.base_failure})
+        notes = [f"the base fails another way: {note}" for note in notes]
+        if kind == "new":
+            bases = sorted({f.base for f in members if not f.base_failure})
+            notes += [f"{'/'.join(bases)} on the base"] if bases else []
+        known = next((f.known for f in members if f.known), None)
+        if known:
+            notes.append(f"known: {link(upstream_label(known.upstream), known.upstream)}")
         note = f" ({'; '.join(notes)})" if notes else ""
         lines.append(
-            f"- **{kind}** {failure_class} {code(text)} — {count_text(len(members), 'cell')}: "
+            f"- {kind} cause {cause_id}: {first.failure_class}: {first.words} — {count_text(len(members), 'cell')}: "
             f"{cells_text([f.cell for f in members])}{note}"
         )
     return lines
