@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from reports_testkit import Cell, fail
 
@@ -118,3 +120,73 @@ def test_a_verdict_that_changed_with_the_harness_is_a_harness_change_not_a_flaky
         "  bloom-eager-fp32-tp2: fail ×1 at harness aaaaaaaaaa → pass ×1 at harness bbbbbbbbbb",
         "  llama-eager-fp32-tp2: pass ×1 at harness aaaaaaaaaa → fail ×1 at harness bbbbbbbbbb",
     ]
+
+
+MERGE_BASE, HEAD = "1" * 40, "2" * 40
+
+
+def _base_and_head(session, tmp_path, capsys, head_cells, base_cells=None) -> Path:
+    """The nightly of the merge base (trusted) and a pull request's run of its head (merged --untrusted)."""
+    base_cells = base_cells or [
+        Cell("llama"),
+        Cell("qwen2"),
+        Cell("bloom"),
+        fail("opt", "shard"),
+        fail("falcon", "numerics", "logits_max_rel 0.3 > 0.01"),
+        fail("phi", "forward", "RuntimeError: shape '[2, 8]' is invalid"),
+    ]
+    session(base_cells, "nightly", deepspeed="0.19.8", deepspeed_git=MERGE_BASE[:7], session="nightly")
+    session(head_cells, "pr", deepspeed="0.19.8", deepspeed_git=HEAD[:7], session="latest")
+    store = tmp_path / "pr.sqlite"
+    assert main(["merge", str(tmp_path / "nightly"), "--store", str(store)]) == 0
+    assert main(["merge", "--untrusted", str(tmp_path / "pr"), "--store", str(store)]) == 0
+    capsys.readouterr()
+    return store
+
+
+def test_a_candidate_that_skips_or_renames_baseline_cells_blocks(tmp_path, session, capsys):
+    # The head skips qwen2, leaves bloom out and renames the failing opt and phi cells: nothing fails, yet the gate
+    # never saw four cells the base has verdicts for.
+    head_cells = [
+        Cell("llama"),
+        Cell("qwen2", "skip"),
+        Cell("opt-renamed"),
+        Cell("phi", tp=3),
+        fail("falcon", "numerics", "logits_max_rel 0.3 > 0.01"),
+    ]
+    store = _base_and_head(session, tmp_path, capsys, head_cells)
+    args = ("--head", HEAD, "--merge-base", MERGE_BASE)
+    code, out, _ = gate(store, capsys, *args)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        f"As of {HEAD} with merge base {MERGE_BASE}: 0 new failures, 1 already failing on the base, 0 flaky, "
+        "0 known; 0 fixed, 4 missing"
+    )
+    assert (
+        "missing (a verdict on the base, none in the candidate: skipped, not run or renamed): "
+        "eager fp32: bloom tp2, opt tp2, phi tp2, qwen2 tp2"
+    ) in out
+    assert "FAIL: 4 cell(s) with a verdict in the baseline have none in the candidate" in out
+    code, out, _ = gate(store, capsys, *args, "--allow-missing")
+    assert code == 0
+    assert "missing (a verdict on the base, none in the candidate: skipped, not run or renamed; allowed by " in out
+    # A release gate's selectors block the same way.
+    code, out, _ = gate(
+        store, capsys, "--baseline", f"deepspeed_git={MERGE_BASE[:7]}", "--candidate", f"deepspeed_git={HEAD[:7]}"
+    )
+    assert code == 1 and "4 missing" in out.splitlines()[0]
+
+
+def test_a_pull_requests_check_needs_its_head_runs_and_a_trusted_run_of_its_merge_base(tmp_path, session, capsys):
+    store = _base_and_head(session, tmp_path, capsys, [Cell("llama")], [Cell("llama")])
+    code, _, err = gate(store, capsys, "--head", "3" * 40, "--merge-base", MERGE_BASE)
+    assert code == 2 and f"--head {'3' * 40}: no stored run tested this commit" in err
+    # The head's own (untrusted) run is never the base, though it names the commit.
+    code, _, err = gate(store, capsys, "--head", HEAD, "--merge-base", HEAD)
+    assert code == 2 and f"--merge-base {HEAD}: no trusted run tested this DeepSpeed commit" in err
+    code, _, err = gate(store, capsys, "--head", HEAD[:7], "--merge-base", MERGE_BASE)
+    assert code == 2 and "not a commit sha; pass all 40 hex digits" in err
+    code, _, err = gate(store, capsys, "--head", HEAD, "--baseline", "deepspeed=0.19.8")
+    assert code == 2 and "not a mix" in err
+    code, out, _ = gate(store, capsys, "--head", HEAD, "--merge-base", MERGE_BASE)
+    assert code == 0 and out.startswith(f"As of {HEAD} with merge base {MERGE_BASE}: 0 new failures")
