@@ -7,12 +7,12 @@ import argparse
 from pathlib import Path
 
 from reports import ReportsError
-from reports.analysis import analyse, baseline_lines, select, select_baseline
+from reports.analysis import baseline_lines, select, select_baseline
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
 from reports.outputs.gate import gate_text
-from reports.outputs.pr_check import check, commit_sha, select_commits
+from reports.outputs.pr_check import check, check_history, commit_sha, select_commits
 from reports.store import HistoryStore
 
 
@@ -84,13 +84,10 @@ def run(args: argparse.Namespace) -> int:
         candidate = select(observations, args.candidate, "--candidate")
         ignored = baseline_lines(args.baseline, baseline, ignored_runs)[1:]
         base_text = baseline_lines(args.baseline, baseline, [])[0]
-    # The history that says what is flaky is the trusted runs' and the candidate's.
-    candidate_runs = {obs.run for obs in candidate}
-    history = analyse([obs for obs in observations if obs.run.trusted or obs.run in candidate_runs])
     pr = check(
         baseline,
         candidate,
-        history,
+        check_history(observations, candidate),
         known_failures(args.known_failures),
         base_text=base_text,
         commits=commits,

@@ -6,10 +6,12 @@ import argparse
 import os
 from pathlib import Path
 
+from reports import ReportsError
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
 from reports.outputs import MAX_ISSUES, publish_deltas
+from reports.outputs.pr_check import commit_sha, run_links
 from reports.store import HistoryStore
 
 
@@ -31,7 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a PR run's base (run id, or version set like deepspeed=0.19.8): the "
         "comment starts with the newest runs' failures classified against it",
     )
-    add_known_failures(parser, "with --base or --upstream: ")
+    parser.add_argument(
+        "--head",
+        help="a pull request's check: its head commit (40 hex digits), with --merge-base; the comment says what the "
+        "gate says (the runs of the head against the trusted runs of the merge base)",
+    )
+    parser.add_argument("--merge-base", help="with --head: the merge base (40 hex digits)")
+    parser.add_argument(
+        "--report-url",
+        default="",
+        help="the page of this workflow run's report artifact (report.html, every failing cell's logs), linked "
+        "from the comment",
+    )
+    add_known_failures(parser, "with --base, --head or --upstream: ")
     parser.add_argument(
         "--upstream",
         metavar="OWNER/NAME",
@@ -59,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
-    known = known_failures(args.known_failures) if args.base or args.upstream else {}
+    if bool(args.head) != bool(args.merge_base) or (args.head and args.base):
+        raise ReportsError("publish: pass --head with --merge-base (a pull request's check), or --base, not a mix")
+    commits = (commit_sha(args.head, "--head"), commit_sha(args.merge_base, "--merge-base")) if args.head else None
+    known = known_failures(args.known_failures) if args.base or args.head or args.upstream else {}
     for path in publish_deltas(
         observations,
         bisections,
@@ -70,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
         pr=args.pr,
         deepspeed_repo=repo,
         base=args.base,
+        commits=commits,
         known=known,
         upstream=args.upstream,
         max_issues=args.max_issues,
+        links=run_links(os.environ, args.report_url),
     ):
         print(f"wrote {path}")
     return 0

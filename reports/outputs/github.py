@@ -1,5 +1,10 @@
 """Posting to GitHub (PyGithub, pinned in pyproject's publish group): the PR comment edited in place, regression
-issues found again by their label and marker, reports opened in an upstream tracker; errors as one line."""
+issues found again by their label and marker, reports opened in an upstream tracker; errors as one line.
+
+Only the harness edits its texts: a comment or issue is ours only when the token's own user wrote it and it holds the
+marker, so a marker pasted into someone else's comment or issue (a PR's author, a reviewer) is never edited. The
+markers are computed from trusted data: publish opens or edits issues for trusted runs only
+(reports.outputs.publish)."""
 
 from __future__ import annotations
 
@@ -57,25 +62,33 @@ def post_all(
     )
     try:
         repo = client.get_repo(repo_name)
+        me = client.get_user().login
         if pr is None:
             log("no --pr given: the comment is only in the files, not posted")
         else:
             thread = repo.get_issue(pr)
-            mine = next((c for c in thread.get_comments() if COMMENT_MARKER in (c.body or "")), None)
+            mine = next(
+                (
+                    c
+                    for c in thread.get_comments()
+                    if c.user is not None and c.user.login == me and COMMENT_MARKER in (c.body or "")
+                ),
+                None,
+            )
             if mine is None:
                 log(f"commented on {repo_name}#{pr}: {thread.create_comment(comment.body).html_url}")
             else:
                 mine.edit(comment.body)
                 log(f"updated the comment on {repo_name}#{pr}: {mine.html_url}")
         if issues:
-            _post_issues(repo, repo_name, issues, log)
+            _post_issues(repo, repo_name, issues, me, log)
         if upstream and upstream[1]:
             # Upstream labels are not ours to create: the reports are found again among the issues this token opened,
             # closed ones too (a maintainer closed it: it is not filed again).
             upstream_name, drafts = upstream
             upstream_repo = client.get_repo(upstream_name)
             # PyGithub takes the creator's login (its docstring: "string or NamedUser"; its annotation names only the latter).
-            opened = list(upstream_repo.get_issues(state="all", creator=client.get_user().login))  # type: ignore[arg-type]
+            opened = list(upstream_repo.get_issues(state="all", creator=me))  # type: ignore[arg-type]
             _open_or_edit(upstream_repo, upstream_name, drafts, listed=opened, labels=[], log=log)
     except GithubException as exc:
         raise ReportsError(
@@ -87,7 +100,7 @@ def post_all(
         client.close()
 
 
-def _post_issues(repo: Repository, repo_name: str, issues: list[Post], log: Log) -> None:
+def _post_issues(repo: Repository, repo_name: str, issues: list[Post], me: str, log: Log) -> None:
     from github import GithubException
 
     # Our issues are found again through their label, so it must exist: GitHub may drop unknown labels on creation.
@@ -97,7 +110,8 @@ def _post_issues(repo: Repository, repo_name: str, issues: list[Post], log: Log)
         if exc.status != 404:
             raise
         repo.create_label(REGRESSION_LABEL, "d73a4a", "Cells of the AutoTP matrix that passed in the last nightly fail")
-    listed = list(repo.get_issues(state="open", labels=[REGRESSION_LABEL]))
+    # PyGithub takes the creator's login (see post_all).
+    listed = list(repo.get_issues(state="open", labels=[REGRESSION_LABEL], creator=me))  # type: ignore[arg-type]
     _open_or_edit(repo, repo_name, issues, listed=listed, labels=[REGRESSION_LABEL], log=log)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
 from reports import ReportsError
-from reports.analysis import GateRow, History, compare, failure_cause_id, reason, summarise
+from reports.analysis import GateRow, History, analyse, compare, failure_cause_id, reason, summarise
 from reports.clones import GitRepo
 from reports.outputs.pr_failures import PrFailure, classify
 from reports.store import CellKey, Observation, Run
@@ -66,7 +66,7 @@ def run_links(environ: Mapping[str, str], report_url: str = "") -> RunLinks | No
     server, repo, run_id = (
         environ.get(name, "") for name in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID")
     )
-    if not (server or repo or run_id):
+    if not run_id:
         if report_url:
             raise ReportsError("--report-url: given outside a GitHub Actions run (GITHUB_RUN_ID is not set)")
         return None
@@ -150,6 +150,12 @@ def check(
         fixed=tuple(fixed),
         rows=tuple(rows),
     )
+
+
+def check_history(observations: list[Observation], candidate: list[Observation]) -> History:
+    """The history that says what is flaky: the trusted runs' and the candidate's, never another pull request's."""
+    candidate_runs = {obs.run for obs in candidate}
+    return analyse([obs for obs in observations if obs.run.trusted or obs.run in candidate_runs])
 
 
 def _runs(observations: list[Observation]) -> tuple[Run, ...]:

@@ -5,14 +5,15 @@ places it with the answer's commit and PR links, the known upstream issue, and t
 everything else collapsed (already failing on the base, flaky, known, fixed). A first run says "no baseline: nothing
 compared" and folds what fails away. No per-checkpoint verdict list: the report has it.
 
-Without `--base` the base is each session's previous run (the last nightly); with it, a PR run's failures are
-classified against that base (reports.outputs.pr_failures)."""
+Without a base the comment compares each session's newest run with its previous one (the last nightly); a pull
+request's check (`--head` and `--merge-base`, or `--base`) renders reports.outputs.pr_check's comparison, the one the
+gate prints: the report's cause ids and words, each failing cell's numbers and logs, what the PR fixed and what it
+never ran."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from reports.analysis import (
     DeltaCause,
@@ -23,6 +24,7 @@ from reports.analysis import (
     code,
     count_text,
     delta_causes,
+    log_folder,
     reason,
     repro_command,
     upstream_label,
@@ -32,21 +34,11 @@ from reports.outputs.links import hub_url
 from reports.outputs.markdown import answer_lines
 from reports.outputs.markdown_safety import bare_link, markdown_link, our_html
 from reports.outputs.model import transition_entry
+from reports.outputs.pr_check import Fixed, PrCheck, RunLinks
 from reports.outputs.pr_failures import PrFailure, summary_line
 from reports.store import KNOWN_FAILURE_CLASSES, CellKey, Observation, Versions, pins_text, release
 
 TITLE = "AutoTP matrix"
-
-
-@dataclass(frozen=True)
-class BaseComparison:
-    """A PR run's failures classified against its base (`--base`)."""
-
-    selector: str
-    """The base as given: a run id or a version set (`deepspeed=0.19.8`)."""
-    failures: list[PrFailure]
-    same_run: bool
-    """The base selects the candidate's own run(s): nothing is compared."""
 
 
 CHECKPOINTS_SHOWN = 3  # checkpoints named per cause line; the report names them all
@@ -218,52 +210,116 @@ def _failing_causes(observations: list[Observation]) -> dict[tuple[str, str], li
     return dict(sorted(failing.items(), key=lambda item: (-len(item[1]), item[0])))
 
 
-def base_comment(
-    base: BaseComparison, sessions: list[SessionDeltas], checkpoints: dict[CellKey, tuple[str, ...]]
+def check_comment(
+    pr: PrCheck,
+    sessions: list[SessionDeltas],
+    checkpoints: dict[CellKey, tuple[str, ...]],
+    links: RunLinks | None,
 ) -> list[str]:
-    """A PR run against its base: "N new failures" first, the new ones expanded, the others folded (Dr.CI's broken
-    trunk, flaky and known)."""
-    failures = base.failures
-    if base.same_run:
+    """A pull request's check against its base (reports.outputs.pr_check, which the gate prints too): the count
+    first, "as of <head> with merge base <sha>", links to the run and its report; the new failures expanded by the
+    report's cause, each cell with its numbers and logs; what this PR fixed; the base's cells it never ran; the rest
+    folded (Dr.CI's broken trunk, flaky and known)."""
+    tested = (
+        f"as of {code(pr.commits.head)} with merge base {code(pr.commits.merge_base)} (base: {pr.base})"
+        if pr.commits
+        else f"at {head_text(sessions)}; base: {code(pr.base)})"
+    )
+    if {run.run_id for run in pr.base_runs} <= {run.run_id for run in pr.candidate_runs}:
         return [
-            f"**{TITLE}: no baseline, nothing compared** at {head_text(sessions)}): the base {code(base.selector)} "
-            "selects this run itself; pass the PR's base (its merge base's run or release)"
+            f"**{TITLE}: no baseline, nothing compared** {tested}: the base selects this run itself; pass the PR's "
+            "base (its merge base's run or release)"
         ]
+    failures, missing = list(pr.failures), pr.missing
     new = [f for f in failures if f.kind == "new"]
     lines = [
-        f"**{TITLE}: {count_text(len(new), 'new failure')}** at {head_text(sessions)}; base: {code(base.selector)}): "
-        f"{summary_line(failures).split(', ', 1)[1]}"
+        f"**{TITLE}: {count_text(len(new), 'new failure')}** {tested}: "
+        f"{summary_line(failures, len(pr.fixed), len(missing)).split(', ', 1)[1]}"
     ]
-    grouped: dict[tuple[str, str, str], list[PrFailure]] = defaultdict(list)
+    if links:
+        report = f" · {markdown_link('report.html and every failing cell’s logs (artifact)', links.report)}"
+        lines += ["", markdown_link("The run and its jobs' logs", links.run) + (report if links.report else "")]
+    grouped: dict[str, list[PrFailure]] = defaultdict(list)
     for failure in new:
-        grouped[failure.failure_class, failure.cause, failure.base_failure].append(failure)
+        grouped[failure.cause_id].append(failure)
     if grouped:
         lines += ["", f"### {count_text(len(grouped), 'new failure cause', 'new failure causes')}", ""]
-    for (failure_class, text, base_failure), members in grouped.items():
-        notes = (
-            [f"the base fails another way: {base_failure}"]
-            if base_failure
-            else [f"{'/'.join(sorted({f.base for f in members}))} on the base"]
-        )
-        known = members[0].known
-        if known:
-            notes.append(
-                f"known upstream, brought back here: {markdown_link(upstream_label(known.upstream), known.upstream)}"
-            )
-        lines += new_failure_block(failure_class, text, [f.cell for f in members], checkpoints, notes)
-    others = [f for f in failures if f.kind != "new"]
-    by_kind: dict[tuple[str, str, str, str], list[CellKey]] = defaultdict(list)
-    for failure in others:
-        upstream = failure.known.upstream if failure.known else ""
-        by_kind[failure.kind, failure.failure_class, failure.cause, upstream].append(failure.cell)
-    folded = [
-        _short_line(fc, text, cells, f"**{kind}** ")
-        + (f" ({markdown_link(upstream_label(upstream), upstream)})" if upstream else "")
-        for (kind, fc, text, upstream), cells in by_kind.items()
-    ]
-    counts = {kind: sum(f.kind == kind for f in others) for kind in ("broken trunk", "flaky", "known")}
+    for cause_id, members in grouped.items():
+        lines += _new_cause(cause_id, members, checkpoints, links)
+    lines += _fixed_section(pr)
+    if missing:
+        lines += [
+            "",
+            f"### {count_text(len(missing), 'cell')} not run here",
+            "",
+            f"The base has a verdict for {count_text(len(missing), 'cell')} this run has none for (skipped, not run "
+            f"or renamed), so nothing says they still work: {cells_text(missing)}",
+        ]
+    others: dict[tuple[str, str], list[PrFailure]] = defaultdict(list)
+    for failure in failures:
+        if failure.kind != "new":
+            others[failure.kind, failure.cause_id].append(failure)
+    folded = [_folded_line(kind, cause_id, members, links) for (kind, cause_id), members in others.items()]
+    counts = {kind: sum(f.kind == kind for f in failures) for kind in ("broken trunk", "flaky", "known")}
     summary = f"{counts['broken trunk']} already failing on the base, {counts['flaky']} flaky, {counts['known']} known"
     return [*lines, *collapsed(summary, folded)]
+
+
+def _cell_logs(cell: CellKey, links: RunLinks | None) -> str:
+    """The cell, and where its logs are read: the report artifact's `logs/<cell>/`."""
+    if links is None or not links.report:
+        return code(cell.id)
+    return f"{code(cell.id)} ({markdown_link('logs', links.report)}: {code(log_folder(cell.id))})"
+
+
+def _new_cause(
+    cause_id: str, members: list[PrFailure], checkpoints: dict[CellKey, tuple[str, ...]], links: RunLinks | None
+) -> list[str]:
+    """One new failure cause, expanded: the report's id and words, its cells with their numbers and logs, the base."""
+    first = members[0]
+    notes = sorted({f"the base fails another way: {f.base_failure}" for f in members if f.base_failure})
+    bases = sorted({f.base for f in members if not f.base_failure})
+    notes += [f"{'/'.join(bases)} on the base"] if bases else []
+    if first.known:
+        notes.append(
+            f"known upstream, brought back here: {markdown_link(upstream_label(first.known.upstream), first.known.upstream)}"
+        )
+    return [
+        f"- **cause {cause_id}** {failure_class_text(first.failure_class)}: {first.words} — "
+        f"{count_text(len(members), 'cell')}: {cells_with_checkpoints([f.cell for f in members], checkpoints)}",
+        *(f"  - {_cell_logs(f.cell, links)}: {code(f.detail or f.cause)}" for f in members),
+        *(f"  - {note}" for note in notes),
+        f"  - reproduce: {code(repro_command(first.cell))}",
+    ]
+
+
+def _fixed_section(pr: PrCheck) -> list[str]:
+    """The base's failures this PR's run passes, by the base's cause."""
+    if not pr.fixed:
+        return []
+    by_cause: dict[str, list[Fixed]] = defaultdict(list)
+    for fixed in pr.fixed:
+        by_cause[fixed.cause_id].append(fixed)
+    return [
+        "",
+        f"### Fixed by this PR ({count_text(len(pr.fixed), 'cell')})",
+        "",
+        *(
+            f"- **cause {cause_id}** {failure_class_text(members[0].failure_class)}: {members[0].words} — "
+            f"{count_text(len(members), 'cell')}: {cells_text([f.cell for f in members])}"
+            for cause_id, members in by_cause.items()
+        ),
+    ]
+
+
+def _folded_line(kind: str, cause_id: str, members: list[PrFailure], links: RunLinks | None) -> str:
+    first = members[0]
+    upstream = first.known.upstream if first.known else ""
+    known = f" ({markdown_link(upstream_label(upstream), upstream)})" if upstream else ""
+    return (
+        f"- **{kind}** cause {cause_id} {failure_class_text(first.failure_class)}: {first.words} — "
+        f"{count_text(len(members), 'cell')}: {', '.join(_cell_logs(f.cell, links) for f in members)}{known}"
+    )
 
 
 def comment_markdown(
@@ -271,11 +327,12 @@ def comment_markdown(
     checkpoints: dict[CellKey, tuple[str, ...]],
     newest: list[Observation],
     inert: Callable[[str], str],
-    base: BaseComparison | None = None,
+    pr: PrCheck | None = None,
+    links: RunLinks | None = None,
 ) -> str:
-    """The comment: COMMENT_MARKER (found by reruns, which edit it), then base_comment (with `base`: its
-    classified failures) or nightly_comment. `inert` neutralises every line built from the
-    results, keeping our links and <details> frames."""
-    body = base_comment(base, sessions, checkpoints) if base else nightly_comment(sessions, checkpoints, newest)
+    """The comment: COMMENT_MARKER (found by reruns, which edit it), then check_comment (with `pr`: a pull request's
+    check against its base) or nightly_comment. `inert` neutralises every line built from the results, keeping our
+    links and <details> frames."""
+    body = check_comment(pr, sessions, checkpoints, links) if pr else nightly_comment(sessions, checkpoints, newest)
     text = "\n".join(inert(line) for line in body)
     return f"{COMMENT_MARKER}\n{text.rstrip()}\n"

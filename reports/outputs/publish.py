@@ -39,14 +39,13 @@ from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.markdown_safety import inert
 from reports.outputs.model import build_report
+from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, select_commits
 from reports.outputs.pr_comment import (
-    BaseComparison,
     comment_markdown,
     compare_links,
     failure_class_text,
     placement_lines,
 )
-from reports.outputs.pr_failures import classify
 from reports.outputs.staging import staged, writing_to
 from reports.store import (
     Bisection,
@@ -138,15 +137,22 @@ def build_posts(
     out_dir: Path,
     checkpoints: dict[CellKey, tuple[str, ...]],
     newest: list[Observation],
-    base: BaseComparison | None = None,
+    pr: PrCheck | None = None,
+    links: RunLinks | None = None,
+    *,
+    trusted: bool = True,
 ) -> tuple[Post, list[Post]]:
+    """The comment, and one issue per cause of new regressions where every reported run is `trusted`: a pull
+    request's run never opens or edits an issue, whatever its JUnit says."""
     comment = Post(
         COMMENT_MARKER,
         "",
-        comment_markdown(sessions, checkpoints, newest, inert, base),
+        comment_markdown(sessions, checkpoints, newest, inert, pr, links),
         out_dir / "publish" / "comment.md",
     )
-    issues = []
+    issues: list[Post] = []
+    if not trusted:
+        return comment, issues
     for delta_cause in regression_causes(sessions):
         title, body = issue_markdown(delta_cause)
         file = out_dir / "publish" / "issues" / f"{_slug(delta_cause.failure_class)}-{delta_cause.id}.md"
@@ -216,6 +222,33 @@ def upstream_posts(
     return posts
 
 
+def _pr_check(
+    observations: list[Observation],
+    newest: list[Observation],
+    base: str | None,
+    commits: tuple[str, str] | None,
+    repo: GitRepo | None,
+    known: dict[str, KnownFailure],
+    log: Log,
+) -> PrCheck | None:
+    """The pull request's check the gate prints too (reports.outputs.pr_check): the runs of the head against the
+    trusted runs of the merge base (`commits`: head, merge base), or the newest runs against `base`; None without
+    either."""
+    if commits is not None:
+        base_observations, candidate, tested = select_commits(observations, *commits, repo)
+        runs = sorted({obs.run.run_id for obs in base_observations})
+        base_text = f"DeepSpeed {tested.tested_base[:10]}: trusted run(s) {', '.join(code(run) for run in runs)}"
+    elif base is not None:
+        base_observations, _ = select_baseline(observations, base, "--base")
+        candidate, tested, base_text = newest, None, base
+        if {obs.run for obs in base_observations} <= {obs.run for obs in newest}:
+            log(f"--base {base}: selects the candidate's own run, so nothing is compared; pass the PR's base")
+    else:
+        return None
+    history = check_history(observations, candidate)
+    return check(base_observations, candidate, history, known, base_text=base_text, commits=tested)
+
+
 # ---- Writing and posting -----------------------------------------------------------------------------------------
 
 
@@ -230,9 +263,11 @@ def publish_deltas(
     pr: int | None,
     deepspeed_repo: GitRepo | None,
     base: str | None = None,
+    commits: tuple[str, str] | None = None,
     known: dict[str, KnownFailure] | None = None,
     upstream: str | None = None,
     max_issues: int = MAX_ISSUES,
+    links: RunLinks | None = None,
     log: Log = print,
 ) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
@@ -254,17 +289,19 @@ def publish_deltas(
     checkpoints = cell_checkpoints(aggregate(observations), history)
     newest_runs = {session.newest for session in deltas}
     newest = [obs for obs in observations if obs.run in newest_runs]
-    classified = None
-    if base is not None:
-        base_observations, _ = select_baseline(all_observations, base, "--base")
-        same_run = {obs.run for obs in base_observations} <= newest_runs
-        if same_run:
-            log(f"--base {base}: selects the candidate's own run, so nothing is compared; pass the PR's base")
-        classified = BaseComparison(base, classify(base_observations, newest, history, known or {}), same_run)
+    checked = _pr_check(all_observations, newest, base, commits, deepspeed_repo, known or {}, log)
+    # A pull request's run (untrusted) never opens or edits an issue, here or upstream: its JUnit chose its causes.
+    untrusted = sorted(
+        run.run_id for run in {*newest_runs, *(checked.candidate_runs if checked else ())} if not run.trusted
+    )
+    if untrusted:
+        log(f"a pull request's run(s) {', '.join(untrusted)} (untrusted): the comment only, no issues opened or edited")
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        comment, issues = build_posts(deltas, stage, checkpoints, newest, classified)
+        comment, issues = build_posts(deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted)
         drafts = (
-            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log) if upstream else []
+            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log)
+            if upstream and not untrusted
+            else []
         )
         issues, drafts = capped(issues, drafts, max_issues, stage)
         # The store redacts what it imports; a store written before it did, or a message quoting this environment's

@@ -35,7 +35,7 @@ class FakeGitHub(ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self.authorizations: set[str] = set()
         self.issues = {PR: {"number": PR, "title": "a PR", "body": "PR text", "labels": []}}
-        self.comments = {1: {"id": 1, "issue": PR, "body": "a reviewer's comment"}}
+        self.comments = {1: {"id": 1, "issue": PR, "body": "a reviewer's comment", "author": "reviewer"}}
         self.labels: set[str] = set()
         self.upstream_issues: dict[int, dict] = {}  # UPSTREAM's, numbered from 1000
         self.reflect_token_on: str | None = None  # "METHOD path prefix" answered 500 with the Authorization header
@@ -53,6 +53,7 @@ class FakeGitHub(ThreadingHTTPServer):
         return {
             "id": comment["id"],
             "body": comment["body"],
+            "user": {"login": comment["author"], "url": f"{self.url}/users/{comment['author']}"},
             "url": f"{self.url}/repos/{REPO}/issues/comments/{comment['id']}",
             "html_url": f"https://github.test/{REPO}/issues/{comment['issue']}#comment-{comment['id']}",
         }
@@ -102,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
             mine = [c for c in fake.comments.values() if c["issue"] == int(parts[1])]
             return self._answer(200, [fake.comment_json(c) for c in mine])
         if route == ("POST", "issues", "N", "comments"):
-            comment = {"id": max(fake.comments) + 1, "issue": int(parts[1]), "body": body["body"]}
+            comment = {"id": max(fake.comments) + 1, "issue": int(parts[1]), "body": body["body"], "author": LOGIN}
             fake.comments[comment["id"]] = comment
             return self._answer(201, fake.comment_json(comment))
         if route == ("PATCH", "issues", "comments", "N"):
@@ -291,6 +292,7 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert github.requests == [
         ("GET", f"/repos/{REPO}"),
+        ("GET", "/user"),
         ("GET", f"/repos/{REPO}/issues/{PR}"),
         ("GET", f"/repos/{REPO}/issues/{PR}/comments"),
         ("POST", f"/repos/{REPO}/issues/{PR}/comments"),
@@ -305,7 +307,7 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
 
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
-    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH", "GET", "GET", "PATCH"]
+    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "GET", "PATCH", "GET", "GET", "PATCH"]
     assert len(github.comments) == 2 and github.comments[1]["body"] == "a reviewer's comment"
     assert sorted(github.issues) == [PR, PR + 1]
     assert github.authorizations == {f"token {TOKEN}"}
@@ -322,7 +324,7 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     assert main(["merge", str(nightly_session_file), "--store", str(store)]) == 0
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
-    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "PATCH"]
+    assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "GET", "PATCH"]
     assert f"- **still failing** shard `{LLAMA_CAUSE}` — 1 cell: eager fp32: llama tp2" in github.comments[2]["body"]
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
@@ -359,7 +361,6 @@ def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
         "`rerun@2025-01-03T00:00:00Z@runner-1`): the first run of `rerun`"
     )
     assert "<details>" not in comment  # nothing fails in it: nothing to fold
-    assert not (tmp_path / "out" / "publish" / "issues").exists()
 
 
 def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
@@ -455,8 +456,8 @@ def test_upstream_report_opened_once_edited_on_rerun_and_left_closed(
     }
     assert publish(store, tmp_path, "--upstream", UPSTREAM) == 0
     assert [request for request in github.requests if UPSTREAM in request[1] or request[1] == "/user"] == [
-        ("GET", f"/repos/{UPSTREAM}"),
         ("GET", "/user"),
+        ("GET", f"/repos/{UPSTREAM}"),
         ("GET", f"/repos/{UPSTREAM}/issues"),
         ("POST", f"/repos/{UPSTREAM}/issues"),
     ]
@@ -483,3 +484,40 @@ def test_upstream_report_opened_once_edited_on_rerun_and_left_closed(
     assert f"left {UPSTREAM}#1001 closed: {title}" in capsys.readouterr().out
     assert sorted(github.upstream_issues) == [1000, 1001]
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
+
+
+def test_only_the_harness_edits_its_texts(store, tmp_path, session, github, monkeypatch, capsys):
+    """A comment or issue holding the marker that another user wrote is never edited; a pull request's run
+    (untrusted) never opens or edits an issue, here or upstream, whatever causes its JUnit names."""
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
+    llama_marker = f"<!-- autotp-matrix:regression cause={cause_id('shard', LLAMA_CAUSE)} -->"
+    github.comments[1]["body"] = "<!-- autotp-matrix:publish --> a reviewer quoting the marker"
+    github.labels.add("autotp-regression")
+    github.issues[50] = {
+        "number": 50,
+        "title": "someone else's",
+        "body": llama_marker,
+        "creator": "intruder",
+        "labels": ["autotp-regression"],
+    }
+    assert publish(store, tmp_path, "--pr", str(PR)) == 0
+    assert github.comments[1]["body"] == "<!-- autotp-matrix:publish --> a reviewer quoting the marker"
+    assert github.comments[2]["author"] == LOGIN  # ours, posted beside it
+    assert github.issues[50]["body"] == llama_marker and github.issues[51]["creator"] == LOGIN
+    assert not any(method == "PATCH" for method, _ in github.requests)
+
+    # A pull request's run names the nightly's cause with the nightly's session name, and breaks gptj (a regression).
+    pr_cells = [fail("llama", "shard", SPLIT.format("[N, N]")), fail("gptj", "forward", "RuntimeError: pr")]
+    nightly(session, 4, [*pr_cells, Cell("bloom")], name="nightly", folder="pr", deepspeed="0.19.9")
+    assert main(["merge", "--untrusted", str(tmp_path / "pr"), "--store", str(store)]) == 0
+    github.issues[51]["body"] = llama_marker + "\nthe nightly's text"
+    github.requests.clear()
+    assert publish(store, tmp_path, "--pr", str(PR), "--upstream", UPSTREAM) == 0
+    out = capsys.readouterr().out
+    assert "(untrusted): the comment only, no issues opened or edited" in out
+    assert github.issues[51]["body"] == llama_marker + "\nthe nightly's text" and sorted(github.issues) == [PR, 50, 51]
+    assert github.upstream_issues == {}
+    assert [request for request in github.requests if request[0] != "GET"] == [
+        ("PATCH", f"/repos/{REPO}/issues/comments/2")
+    ]
