@@ -287,7 +287,7 @@ def _new_cause(
     return [
         f"- **cause {cause_id}** {failure_class_text(first.failure_class)}: {first.words} — "
         f"{count_text(len(members), 'cell')}: {cells_with_checkpoints([f.cell for f in members], checkpoints)}",
-        *(f"  - {_cell_logs(f.cell, links)}: {code(f.detail or f.cause)}" for f in members),
+        *(f"  - {_cell_logs(f.cell, links)}: {code(f.detail)}" for f in members),
         *(f"  - {note}" for note in notes),
         f"  - reproduce: {code(repro_command(first.cell))}",
     ]

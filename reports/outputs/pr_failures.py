@@ -60,7 +60,8 @@ class PrFailure:
     words: str = ""
     """The cause in the report's words: the mechanism the harness recorded, else the class and cause's reason."""
     detail: str = ""
-    """The failure as raised or judged, with its numbers (the cause masks them); "" where the message says no more."""
+    """The failure as raised or judged, with its numbers (the cause masks them): the message's last line, else the
+    signature."""
 
 
 def classify(
@@ -134,10 +135,11 @@ def _words(status: CellStatus, text: str) -> str:
 
 
 def _detail(result: CellResult) -> str:
-    """The message's last line (the failure with its numbers, which the signature masks) where it says more."""
+    """The message's last line (the failure with its numbers, which the recorded signature masks), else the
+    signature."""
     lines = [line.strip() for line in result.message.splitlines() if line.strip()]
     last = next((line for line in reversed(lines) if not line.startswith(("logs:", "("))), "")
-    return one_line(last) if last and last != result.signature else ""
+    return one_line(last or result.signature)
 
 
 def _failure(status: CellStatus | None) -> str | None:

@@ -60,19 +60,21 @@ def pair(tmp_path):
     return store
 
 
-COUNT = "3 new failures, 2 already failing on the base, 1 flaky, 1 known"
+COUNT = "3 new failures, 2 already failing on the base, 1 flaky, 1 known; 0 fixed, 0 missing"
+RAISES = "The sharded model raises in its forward pass."
+SHARD = "shard: init_inference raises RuntimeError while sharding the model: no sharded model to run."
 CAUSES = [
-    "- **new** forward `IndexError: index N is out of bounds` — 1 cell: eager fp32: llama tp2 (pass on the base)",
-    "- **new** numerics `logits_max_rel N > N` — 1 cell: eager fp32: opt tp2 (the base fails another way: "
-    "shard `AssertionError: heads`)",
+    "- new cause 0a3409902e38: numerics: The sharded model runs, but its outputs differ from the unsharded model's "
+    "beyond rounding: a weight, bias or per-head tensor is split or joined the wrong way. — 1 cell: eager fp32: opt "
+    "tp2 (the base fails another way: shard `AssertionError: heads`)",
     # A known cause the PR brought back to a cell passing on the base is the PR's.
-    "- **new** shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
-    "deepspeed/module_inject/layers.py:x` — 1 cell: eager fp32: mistral tp2 (pass on the base; known: {link})",
-    "- **broken trunk** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) @ "
-    "transformers/models/x.py:forward` — 2 cells: eager fp32: falcon tp2/3",
-    "- **flaky** forward `RuntimeError: NCCL timeout` — 1 cell: eager fp32: bloom tp2",
-    "- **known** shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
-    "deepspeed/module_inject/layers.py:x` — 1 cell: eager fp32: gpt2 tp2 (known: {link})",
+    f"- new cause 6650031b36c7: {SHARD} — 1 cell: eager fp32: mistral tp2 (pass on the base; known: {{link}})",
+    f"- new cause e4b683bff952: forward: {RAISES} — 1 cell: eager fp32: llama tp2 (pass on the base)",
+    "- broken trunk cause 299159f73ad0: forward: The model's own forward meets a tensor whose size AutoTP's split "
+    "changed (a per-rank head count or width it did not update, or a tensor left whole next to a split one); the "
+    "unsharded model runs. — 2 cells: eager fp32: falcon tp2/3",
+    f"- flaky cause 9b4818410e14: forward: {RAISES} — 1 cell: eager fp32: bloom tp2",
+    f"- known cause 6650031b36c7: {SHARD} — 1 cell: eager fp32: gpt2 tp2 (known: {{link}})",
 ]
 
 
@@ -117,8 +119,8 @@ def test_without_the_registry_a_known_failure_is_broken_trunk(pair, tmp_path, ca
         ]
     )
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "3 new failures, 3 already failing on the base, 1 flaky, 0 known"
-    assert "- **broken trunk** shard `RuntimeError: split_with_sizes" in "\n".join(out)
+    assert out[0] == "3 new failures, 3 already failing on the base, 1 flaky, 0 known; 0 fixed, 0 missing"
+    assert f"- broken trunk cause 6650031b36c7: {SHARD} — 1 cell: eager fp32: gpt2 tp2" in out
 
 
 def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair, tmp_path, monkeypatch):
@@ -149,26 +151,31 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
     assert comment[:2] == [
         "<!-- autotp-matrix:publish -->",
         "**AutoTP matrix: 3 new failures** at deepspeed pr/1234 (run `pr@2026-12-03T00:00:00Z@vm`; base: "
-        "`deepspeed=0.19.8`): 2 already failing on the base, 1 flaky, 1 known",
+        "`deepspeed=0.19.8`): 2 already failing on the base, 1 flaky, 1 known; 0 fixed, 0 missing",
     ]
     new = comment[
         comment.index("### 3 new failure causes") + 2 : comment.index(
             "<details><summary>2 already failing on the base, 1 flaky, 1 known</summary>"
         )
     ]
-    assert new[0] == "- **forward** `IndexError: index N is out of bounds` — 1 cell: eager fp32: llama tp2"
-    assert "  - pass on the base" in new
+    # The report's cause id and words, each cell with its numbers (the cause masks them).
+    assert new[:4] == [
+        f"- **cause e4b683bff952** forward: {RAISES} — 1 cell: eager fp32: llama tp2",
+        "  - `llama-eager-fp32-tp2`: `IndexError: index 7 is out of bounds`",
+        "  - pass on the base",
+        "  - reproduce: `nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`",
+    ]
     # A known cause the PR brought back to a cell passing on the base is the PR's, with its upstream link.
     assert f"  - known upstream, brought back here: {link}" in new
     assert "  - the base fails another way: shard `AssertionError: heads`" in new
-    assert "  - reproduce: `nox -s repro -- --models opt.stress --variants eager --dtypes fp32 --tp 2`" in new
+    assert "  - `opt-eager-fp32-tp2`: `logits_max_rel 0.3 > 0.01`" in new
     folded = comment[comment.index("<details><summary>2 already failing on the base, 1 flaky, 1 known</summary>") :]
     assert folded[2:5] == [
-        "- **broken trunk** forward `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) @ "
-        "transformers/models/x.py:forward` — 2 cells: eager fp32: falcon tp2/3",
-        "- **flaky** forward `RuntimeError: NCCL timeout` — 1 cell: eager fp32: bloom tp2",
-        "- **known** shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
-        f"deepspeed/module_inject/layers.py:x` — 1 cell: eager fp32: gpt2 tp2 ({link})",
+        "- **broken trunk** cause 299159f73ad0 forward: The model's own forward meets a tensor whose size AutoTP's "
+        "split changed (a per-rank head count or width it did not update, or a tensor left whole next to a split "
+        "one); the unsharded model runs. — 2 cells: `falcon-eager-fp32-tp2`, `falcon-eager-fp32-tp3`",
+        f"- **flaky** cause 9b4818410e14 forward: {RAISES} — 1 cell: `bloom-eager-fp32-tp2`",
+        f"- **known** cause 6650031b36c7 {SHARD} — 1 cell: `gpt2-eager-fp32-tp2` ({link})",
     ]
     assert folded[-1] == "</details>"
     # Without a base: the session's previous run; this PR session ran once, so nothing is compared.
@@ -198,9 +205,9 @@ def test_a_base_that_is_the_candidate_itself_says_nothing_is_compared(pair, tmp_
         capsys.readouterr().out
     )
     assert (out / "publish" / "comment.md").read_text().splitlines()[1] == (
-        "**AutoTP matrix: no baseline, nothing compared** at deepspeed pr/1234 (run `pr@2026-12-03T00:00:00Z@vm`): "
-        "the base `pr@2026-12-03T00:00:00Z@vm` selects this run itself; pass the PR's base (its merge base's run or "
-        "release)"
+        "**AutoTP matrix: no baseline, nothing compared** at deepspeed pr/1234 (run `pr@2026-12-03T00:00:00Z@vm`; "
+        "base: `pr@2026-12-03T00:00:00Z@vm`): the base selects this run itself; pass the PR's base (its merge base's "
+        "run or release)"
     )
 
 
