@@ -713,3 +713,151 @@ def test_the_atlas_is_merged_with_the_results_and_published_from_trusted_runs_on
 def test_atlas_checks_report_injected_faults(workflow, edit, expected):
     problems = atlas_problems(break_workflow(workflow, edit))
     assert any(expected in problem for problem in problems), problems
+
+
+# --- the gate runs whenever a pull request ran, and fails when its results are missing (issue #53) ----------------
+
+_TOKEN = re.compile(r"\s*(\|\||&&|==|!=|!|\(|\)|'(?:[^']|'')*'|[A-Za-z_][\w.-]*(?:\(\))?)")
+
+
+def evaluate(expression: str, context: dict[str, str], status: dict[str, bool]) -> bool:
+    """A GitHub Actions `if` as GitHub reads it, for the few forms this workflow uses: status functions (`status`:
+    always, cancelled, success, failure), context values (missing ones are ''), string literals, ==, !=, !, && and ||,
+    parentheses; `${{ }}` around it is dropped."""
+    text = expression.strip()
+    text = text[3:-2] if text.startswith("${{") and text.endswith("}}") else text
+    tokens, position = [], 0
+    while position < len(text.rstrip()):
+        match = _TOKEN.match(text, position)
+        assert match, f"cannot read {text[position:]!r} in {expression!r}"
+        tokens.append(match[1])
+        position = match.end()
+    if not any(token.endswith("()") for token in tokens):
+        tokens = ["success()", "&&", "(", *tokens, ")"]  # GitHub's implicit success() without a status function
+
+    def value(index: int) -> tuple[object, int]:
+        token = tokens[index]
+        if token == "!":
+            inner, after = value(index + 1)
+            return not inner, after
+        if token == "(":
+            inner, after = either(index + 1)
+            assert tokens[after] == ")", expression
+            return inner, after + 1
+        if token.endswith("()"):
+            return status[token[:-2]], index + 1
+        if token.startswith("'"):
+            return token[1:-1].replace("''", "'"), index + 1
+        return context.get(token, ""), index + 1
+
+    def compared(index: int) -> tuple[object, int]:
+        left, after = value(index)
+        if after < len(tokens) and tokens[after] in ("==", "!="):
+            right, end = value(after + 1)
+            same = str(left).lower() == str(right).lower()
+            return same if tokens[after] == "==" else not same, end
+        return left, after
+
+    def both(index: int) -> tuple[object, int]:
+        left, after = compared(index)
+        while after < len(tokens) and tokens[after] == "&&":
+            right, after = compared(after + 1)
+            left = left and right
+        return left, after
+
+    def either(index: int) -> tuple[object, int]:
+        left, after = both(index)
+        while after < len(tokens) and tokens[after] == "||":
+            right, after = both(after + 1)
+            left = left or right
+        return left, after
+
+    result, end = either(0)
+    assert end == len(tokens), f"unread tokens in {expression!r}"
+    return bool(result)
+
+
+HARNESS = "octo/autotp-matrix"
+PULL_REQUEST = {
+    "github.event_name": "pull_request",
+    "github.repository": "deepspeedai/DeepSpeed",
+    "env.HARNESS_REPO": HARNESS,
+    "github.event.pull_request.head.repo.full_name": "deepspeedai/DeepSpeed",
+}
+
+
+def gate_run(workflow: dict, results: dict[str, str]) -> tuple[bool, list[dict], bool]:
+    """Whether the gate job runs when its needs ended with `results`, the steps it runs (up to one that fails on
+    purpose, `exit 1`), and whether it fails there."""
+    job = workflow["jobs"]["gate"]
+    context = {**PULL_REQUEST, **{f"needs.{name}.result": result for name, result in results.items()}}
+    succeeded = all(result == "success" for result in results.values())
+    failed = any(result == "failure" for result in results.values())
+    job_status = {"always": True, "cancelled": False, "success": succeeded, "failure": failed}
+    if not evaluate(str(job.get("if", "success()")), context, job_status):
+        return False, [], False
+    ran = []
+    for step in job["steps"]:
+        step_status = {"always": True, "cancelled": False, "success": True, "failure": False}
+        if evaluate(str(step.get("if", "success()")), context, step_status):
+            ran.append(step)
+            if "exit 1" in step.get("run", ""):
+                return True, ran, True
+    return True, ran, False
+
+
+def gate_problems(workflow: dict) -> list[str]:
+    problems = []
+    for missing in ({"plan": "success", "pr-report": "failure"}, {"plan": "success", "pr-report": "skipped"}):
+        runs, ran, fails = gate_run(workflow, missing)
+        if not runs:
+            problems.append(f"jobs.gate: skipped when {missing} (GitHub shows a skipped job as passing)")
+        elif not fails:
+            problems.append(f"jobs.gate: does not fail when {missing} (the pull request's results are missing)")
+        elif any("nox -s" in step.get("run", "") for step in ran):
+            problems.append(f"jobs.gate: runs nox before failing when {missing}")
+    runs, ran, fails = gate_run(workflow, {"plan": "success", "pr-report": "success"})
+    commands = [step.get("run", "") for step in ran]
+    if not runs or fails or not any("nox -s gate -- --head" in command for command in commands):
+        problems.append("jobs.gate: a pull request whose results were merged is not gated by its head and merge base")
+    if not any("nox -s publish" in command and "--merge-base" in command for command in commands):
+        problems.append("jobs.gate: the PR comment does not compare the head with the merge base as the gate does")
+    return problems
+
+
+def test_the_gate_job_runs_whenever_a_pull_request_ran_and_fails_when_its_results_are_missing(workflow):
+    assert gate_problems(workflow) == []
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            set_job(
+                "gate", "if", "always() && github.event_name == 'pull_request' && needs.pr-report.result == 'success'"
+            ),
+            "jobs.gate: skipped when {'plan': 'success', 'pr-report': 'failure'}",
+        ),
+        (set_job("gate", "if", "github.event_name == 'pull_request'"), "jobs.gate: skipped when"),
+        (
+            lambda w: w["jobs"]["gate"]["steps"].pop(0),
+            "jobs.gate: does not fail when {'plan': 'success', 'pr-report': 'failure'}",
+        ),
+        (
+            set_step_run("gate", "nox -s gate -- --head", "nox -s gate -- --candidate"),
+            "not gated by its head and merge base",
+        ),
+    ],
+)
+def test_gate_checks_report_injected_faults(workflow, edit, expected):
+    problems = gate_problems(break_workflow(workflow, edit))
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_the_expression_reader_reads_as_github_does():
+    context = {"a": "x", "needs.b-c.result": "failure"}
+    ok = {"always": True, "cancelled": False, "success": True, "failure": False}
+    assert evaluate("${{ !cancelled() && a == 'X' }}", context, ok)  # GitHub compares strings ignoring case
+    assert not evaluate("needs.b-c.result == 'success'", context, ok)
+    assert not evaluate("a == 'x'", context, {**ok, "success": False})  # implicit success()
+    assert evaluate("always() && (a != 'y' || missing == 'z')", context, {**ok, "success": False})
