@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
-from reports.analysis.causes import RootCause, by_kind, cause_id, cells_text, typed_members
+from reports.analysis.causes import RootCause, by_kind, cells_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
@@ -244,7 +244,7 @@ def build_failing_now(
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
-                id=cause_id(key) if shown.cause else cause_id(shown.failure_class, text),
+                id=failure_cause_id(shown.failure_class, shown.signature, shown.cause),
                 failure_class=", ".join(name for name, _ in classes.most_common()),
                 cause=text,
                 count=len(cells),

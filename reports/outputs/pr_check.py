@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
 from reports import ReportsError
-from reports.analysis import GateRow, History, analyse, compare, failure_cause_id, reason, summarise
+from reports.analysis import GateRow, History, analyse, compare, failure_cause_id, summarise
 from reports.clones import GitRepo
-from reports.outputs.pr_failures import PrFailure, classify
+from reports.outputs.pr_failures import PrFailure, cause_words, classify
 from reports.store import CellKey, Observation, Run
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -131,16 +131,8 @@ def check(
     for row in rows:
         if row.verdict == "fixed":
             status = summarise([obs for obs in base if obs.cell == row.cell])
-            text = reason(status.failure_class, status.signature).sentence
-            words = status.cause.words if status.cause is not None and status.cause.words else text
-            fixed.append(
-                Fixed(
-                    row.cell,
-                    failure_cause_id(status.failure_class, status.signature, status.cause),
-                    status.failure_class,
-                    words,
-                )
-            )
+            cause_id = failure_cause_id(status.failure_class, status.signature, status.cause)
+            fixed.append(Fixed(row.cell, cause_id, status.failure_class, cause_words(status)))
     return PrCheck(
         base=base_text,
         commits=commits,

@@ -119,16 +119,17 @@ def classify(
                 known=match,
                 key=_failure(status) or "",
                 cause_id=failure_cause_id(status.failure_class, status.signature, status.cause),
-                words=_words(status, text),
+                words=cause_words(status),
                 detail=_detail(max(failing, key=lambda o: (o.run.started, o.run.run_id)).result) if failing else "",
             )
         )
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
 
 
-def _words(status: CellStatus, text: str) -> str:
-    """The cause in the report's words (reports.analysis.failing_now: the recorded mechanism where it says more than
-    the masked signature), else the class and cause's reason."""
+def cause_words(status: CellStatus) -> str:
+    """The cause of a failing status in the report's words (reports.analysis.failing_now: the recorded mechanism where
+    it says more than the masked signature), else the class and cause's reason."""
+    text = cause(status.signature)
     if status.cause is not None and status.cause.words and status.cause.words != text:
         return status.cause.words
     return reason(status.failure_class, text).sentence
