@@ -11,8 +11,7 @@ from reports.analysis import baseline_lines, select, select_baseline
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
-from reports.outputs.gate import gate_text
-from reports.outputs.pr_check import check, check_history, commit_sha, select_commits
+from reports.outputs import check, check_history, commit_sha, gate_text, select_commits
 from reports.store import HistoryStore
 
 

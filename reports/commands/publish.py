@@ -10,8 +10,7 @@ from reports import ReportsError
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
-from reports.outputs import MAX_ISSUES, publish_deltas
-from reports.outputs.pr_check import commit_sha, run_links
+from reports.outputs import MAX_ISSUES, commit_sha, publish_deltas, run_links
 from reports.store import HistoryStore
 
 

@@ -16,7 +16,7 @@ from reports.outputs.draft_issue import (
     write_draft,
 )
 from reports.outputs.gate import (
-    format_table,
+    gate_text,
 )
 from reports.outputs.links import (
     ATLAS_FOLDER,
@@ -31,10 +31,12 @@ from reports.outputs.model import (
     build_report,
     transition_entry,
 )
-from reports.outputs.pr_failures import (
-    cause_lines,
-    classify,
-    summary_line,
+from reports.outputs.pr_check import (
+    check,
+    check_history,
+    commit_sha,
+    run_links,
+    select_commits,
 )
 from reports.outputs.publish import (
     MAX_ISSUES,
@@ -61,16 +63,18 @@ __all__ = [
     "write_drafts",
     "write_repro_scripts",
     "build_report",
-    "cause_lines",
+    "check",
     "check_drift",
-    "classify",
-    "format_table",
+    "check_history",
+    "commit_sha",
+    "gate_text",
     "inert",
     "linked_html",
     "model_families",
     "model_support",
     "publish_deltas",
-    "summary_line",
+    "run_links",
+    "select_commits",
     "transition_entry",
     "write_draft",
     "write_outputs",
