@@ -11,7 +11,7 @@ from reports.analysis import baseline_lines, select, select_baseline
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
-from reports.outputs import check, check_history, commit_sha, gate_text, select_commits
+from reports.outputs import check, check_history, commit_sha, commits_base_text, gate_text, select_commits
 from reports.store import HistoryStore
 
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         head, merge_base = commit_sha(args.head, "--head"), commit_sha(args.merge_base, "--merge-base")
         baseline, candidate, commits = select_commits(observations, head, merge_base, repo)
         ignored: list[str] = []
-        base_text = f"the trusted runs of DeepSpeed {commits.tested_base[:10]}"
+        base_text = commits_base_text(commits, baseline)
     else:
         baseline, ignored_runs = select_baseline(observations, args.baseline, "--baseline")
         candidate = select(observations, args.candidate, "--candidate")

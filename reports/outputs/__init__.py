@@ -35,6 +35,7 @@ from reports.outputs.pr_check import (
     check,
     check_history,
     commit_sha,
+    commits_base_text,
     run_links,
     select_commits,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "check_drift",
     "check_history",
     "commit_sha",
+    "commits_base_text",
     "gate_text",
     "inert",
     "linked_html",

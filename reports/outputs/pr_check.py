@@ -188,6 +188,12 @@ def select_commits(
     return base, candidate, Commits(head, merge_base, chosen[0])
 
 
+def commits_base_text(commits: Commits, base: list[Observation]) -> str:
+    """Which runs the base of a pull request's check is, as the gate and the comment name it."""
+    runs = sorted({obs.run.run_id for obs in base})
+    return f"base: DeepSpeed {commits.tested_base[:10]}: {len(runs)} trusted run(s): {', '.join(runs)}"
+
+
 def _tested(obs: Observation, commit: str) -> bool:
     tested = obs.versions.deepspeed_git
     return len(tested) >= _SHORT_SHA and commit.startswith(tested)

@@ -221,7 +221,7 @@ def check_comment(
     report's cause, each cell with its numbers and logs; what this PR fixed; the base's cells it never ran; the rest
     folded (Dr.CI's broken trunk, flaky and known)."""
     tested = (
-        f"as of {code(pr.commits.head)} with merge base {code(pr.commits.merge_base)} (base: {pr.base})"
+        f"as of {code(pr.commits.head)} with merge base {code(pr.commits.merge_base)} ({pr.base})"
         if pr.commits
         else f"at {head_text(sessions)}; base: {code(pr.base)})"
     )

@@ -160,7 +160,7 @@ def summary_line(failures: list[PrFailure], fixed: int = 0, missing: int = 0) ->
 
 def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[str]:
     """One line per kind and cause (the report's cause id and words): its cells, new ones first, the most cells
-    first."""
+    first; under a new cause, each of its cells' failure with its numbers."""
     grouped: dict[tuple[str, str], list[PrFailure]] = defaultdict(list)
     for f in failures:
         grouped[f.kind, f.cause_id].append(f)
@@ -182,4 +182,6 @@ def cause_lines(failures: list[PrFailure], link: Link = markdown_link) -> list[s
             f"- {kind} cause {cause_id}: {first.failure_class}: {first.words} — {count_text(len(members), 'cell')}: "
             f"{cells_text([f.cell for f in members])}{note}"
         )
+        if kind == "new":  # each new failure as raised or judged, with its numbers, as the PR comment shows it
+            lines += [f"  - {f.cell.id}: {f.detail}" for f in members]
     return lines

@@ -39,7 +39,7 @@ from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.markdown_safety import inert
 from reports.outputs.model import build_report
-from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, select_commits
+from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, commits_base_text, select_commits
 from reports.outputs.pr_comment import (
     comment_markdown,
     compare_links,
@@ -236,8 +236,7 @@ def _pr_check(
     either."""
     if commits is not None:
         base_observations, candidate, tested = select_commits(observations, *commits, repo)
-        runs = sorted({obs.run.run_id for obs in base_observations})
-        base_text = f"DeepSpeed {tested.tested_base[:10]}: trusted run(s) {', '.join(code(run) for run in runs)}"
+        base_text = commits_base_text(tested, base_observations)
     elif base is not None:
         base_observations, _ = select_baseline(observations, base, "--base")
         candidate, tested, base_text = newest, None, base

@@ -103,6 +103,9 @@ def test_the_gate_and_the_comment_agree_on_every_count_and_cause(pr_store, tmp_p
         "0 known; 1 fixed, 1 missing"
     )
     assert lines[1].startswith(f"**AutoTP matrix: 2 new failures** as of `{HEAD}` with merge base `{MERGE_BASE}`")
+    # One base: the merge base's nightly, named the same in both.
+    assert gate.splitlines()[1] == "base: DeepSpeed abababa: 1 trusted run(s): session1@2025-01-01T00:00:00Z@runner-1"
+    assert f"({gate.splitlines()[1]}):" in lines[1]
     gate_counts, comment_counts = COUNTS.search(gate.splitlines()[0]), COUNTS.search(lines[1])
     assert gate_counts and comment_counts and gate_counts.groups() == comment_counts.groups()
 
