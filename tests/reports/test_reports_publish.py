@@ -361,6 +361,7 @@ def test_first_run_of_a_session_compares_nothing(store, tmp_path, capsys):
         "`rerun@2025-01-03T00:00:00Z@runner-1`): the first run of `rerun`"
     )
     assert "<details>" not in comment  # nothing fails in it: nothing to fold
+    assert not (tmp_path / "out" / "publish" / "issues").exists()
 
 
 def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
