@@ -458,10 +458,12 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
     hidden = _first(values, HIDDEN_KEYS)
     heads = _first(values, HEAD_KEYS) or (1 if hidden and any(key in values for key in MIXER_KEYS) else None)
     if not heads or not hidden:
-        raise RegistryError(
-            f"{source}: the config has no attention head count or hidden size under the names "
-            f"{HEAD_KEYS} / {HIDDEN_KEYS} (read by matrix/shapes.py:read_shape)"
+        lacking = (
+            f"no attention head count under the names {HEAD_KEYS} (nor an attention-free mixer's {MIXER_KEYS})"
+            if hidden
+            else f"no hidden size under the names {HIDDEN_KEYS}"
         )
+        raise RegistryError(f"{source} (read by matrix/shapes.py:read_shape): the config has {lacking}")
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
     kv_heads = 1 if multi_query else (_first(values, KV_KEYS) or heads)
     if MLA_KEY in values:  # multi-head latent attention: the output projection reads heads x the value head dim
