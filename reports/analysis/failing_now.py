@@ -195,7 +195,11 @@ class FailingCause:
     mechanism: str = ""
     """The mechanism in words (suites/mechanism.py Cause.words); "" for results recorded before causes were kept."""
     whose: str = ""
-    """Whose bug it is: a key of suites.mechanism.WHOSE."""
+    """Whose it is: a key of suites.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
+    model by design)."""
+    evidence: str = ""
+    """The line that makes it `whose`'s: the source line a cause's owner rests on, or the known failure's upstream
+    page or assert for "unsupported"; "" for AutoTP bugs located by what AutoTP did."""
     surfaced_in: str = ""
     """The frame its example's exception surfaced in."""
 
@@ -241,6 +245,7 @@ def build_failing_now(
         classes = Counter(status.failure_class for _, status in members)
         text = cause(shown.signature)
         match = known_for(known, members, at_latest)
+        unsupported = f"{match.note} ({match.upstream})" if match and match.state == "unsupported" else ""
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
@@ -267,7 +272,8 @@ def build_failing_now(
                 ),
                 key=key,
                 mechanism=_mechanism(key, [status for _, status in members], text),
-                whose=shown.cause.whose if shown.cause else whose(shown.failure_class),
+                whose="unsupported" if unsupported else shown.cause.whose if shown.cause else whose(shown.failure_class),
+                evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
             )
         )
