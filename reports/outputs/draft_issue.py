@@ -240,7 +240,9 @@ def _tps(entry: FailingCause, model: str) -> list[int]:
 def _title(entry: FailingCause, failure: Observation, cell: Cell | None) -> str:
     """ "[BUG] AutoTP: <mechanism> (<HF class>, tp 2/3/4, DeepSpeed 0.19.8, transformers 5.25.0)", whole."""
     key, versions = failure.cell, failure.run.versions
-    what = cause_title(entry.key, entry.mechanism or entry.cause) if entry.key else entry.cause
+    what = (
+        cause_title(entry.key, entry.mechanism) if entry.mechanism else reason(entry.failure_class, entry.cause).short
+    )
     tps = "/".join(map(str, _tps(entry, key.model)))
     return (
         f"[BUG] AutoTP: {one_line(what)} ({hf_class(_model_type(cell, key.model))}, tp {tps}, "
@@ -398,12 +400,17 @@ def _known_lines(entry: FailingCause) -> list[str]:
 
 
 def _actual(result: CellResult) -> str:
-    """The failure in words and numbers: the exception as raised, or the check's finding with its figures."""
+    """The failure in words and numbers: the exception as raised, or the check's findings with their figures."""
     if result.failure_class in ("shard", "forward"):
         stage = "`init_inference` raises" if result.failure_class == "shard" else "the sharded forward raises"
         return f"{stage}: {code(last_error_line(result.message) or result.signature)}"
-    shown = [line.strip() for line in result.message.splitlines() if line.strip() and not line.startswith("logs:")]
-    return f"{FAILURE_CLASSES[result.failure_class]}: " + (code(shown[0]) if shown else code(result.signature))
+    findings = [
+        line.strip()
+        for line in result.message.splitlines()
+        if line.strip() and not line.startswith(("logs:", "first divergence at"))
+    ]
+    shown = findings[:3] or [result.signature]
+    return f"{FAILURE_CLASSES[result.failure_class]}:\n\n" + "\n".join(f"- {code(finding)}" for finding in shown)
 
 
 def _regression(entry: FailingCause, report: Report) -> str:

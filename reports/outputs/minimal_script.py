@@ -17,11 +17,11 @@ from typing import Literal
 from matrix.cells import Cell
 from matrix.redaction import redact
 from reports.store import CellResult
+from suites.checks.inputs import ProbeSpec
 
 MAX_LINES = 40
 WIDTH = 116
 SEED = 0
-PROMPT_TOKENS = 8
 SymptomKind = Literal["raises", "logits", "generation", "whole", "uneven"]
 _GROUP = re.compile(r"([\w.*]+?)\.?\{([^}]*)\}|([\w.*]+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -151,7 +151,7 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
         f"torch.manual_seed({SEED})",
         *_config_lines(cell.model.model_type, cell.model.tiny),
         f"model = AutoModelForCausalLM.from_config(config, dtype=torch.{dtype}).eval()",
-        f"input_ids = torch.randint(3, config.vocab_size, (1, {PROMPT_TOKENS}))",
+        f"input_ids = torch.randint(3, config.vocab_size, (1, {ProbeSpec().prompt_tokens}))",
         *(["with torch.no_grad():"] if needs_reference else []),
         *(["    expected = model(input_ids).logits"] if symptom.kind == "logits" else []),
         *(
