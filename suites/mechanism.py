@@ -95,7 +95,7 @@ POLICY_PROBE = ModelMechanism(
 """A kernel-injection container (`deepspeed/module_inject/containers/`) raising while AutoTP shards: AutoTP never
 uses a container, only the parser's assert message builds them."""
 DESIGN_LIMITS = {
-    "experts left whole": "deepspeed/module_inject/auto_tp.py AutoTP.update_mp_params: \"AutoTP does not shard "
+    "experts left whole": 'deepspeed/module_inject/auto_tp.py AutoTP.update_mp_params: "AutoTP does not shard '
     "high-dimensional weights\" (a MoE block's experts fused into 3-D parameters, as transformers >= 5 keeps them)",
 }
 """Memory findings AutoTP documents as its design (the finding's kind → the documenting line)."""

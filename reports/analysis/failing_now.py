@@ -246,6 +246,7 @@ def build_failing_now(
         text = cause(shown.signature)
         match = known_for(known, members, at_latest)
         status = _status(match, len(cells))
+        owner = shown.cause.whose if shown.cause else whose(shown.failure_class)
         # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
         unsupported = f"{match.note} ({match.upstream})" if match and status == "unsupported" else ""
         causes.append(
@@ -274,7 +275,7 @@ def build_failing_now(
                 ),
                 key=key,
                 mechanism=_mechanism(key, [status for _, status in members], text),
-                whose="unsupported" if unsupported else shown.cause.whose if shown.cause else whose(shown.failure_class),
+                whose="unsupported" if unsupported else owner,
                 evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
             )

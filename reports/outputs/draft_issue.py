@@ -166,7 +166,8 @@ def draft_text(
     if isinstance(resolved, Cell):
         minimal = minimal_script(resolved, failure.result, title)
         (folder / minimal.name).write_text(minimal.text, encoding="utf-8")
-        scripts = (minimal, write_cell_repro(resolved, failure, folder)[0])
+        full = minimal.name.removesuffix(".py") + "-full.py"
+        scripts = (minimal, write_cell_repro(resolved, failure, folder, full)[0])
     body = _markdown(entry, report, failure, cell=resolved, scripts=scripts, inert=inert, diagnosis=diagnosis)
     return redact(inert(title, title=True)), redact(body)
 
@@ -209,14 +210,15 @@ def run_info(run: Run) -> RunInfo:
     )
 
 
-def write_cell_repro(cell: Cell, failure: Observation, folder: Path) -> tuple[str, str]:
-    """(file name, text) of the standalone script of a failing cell, written to `folder`."""
+def write_cell_repro(cell: Cell, failure: Observation, folder: Path, name: str | None = None) -> tuple[str, str]:
+    """(file name, text) of the standalone script of a failing cell, written to `folder` (as `name`, default the
+    results folder's `repro_<cell>.py`)."""
     from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
 
     run = failure.run
     versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
     verdict = f"fail {failure.result.failure_class} {failure.result.signature}"
-    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict)
+    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict, name=name)
     return script.name, script.read_text(encoding="utf-8")
 
 
@@ -304,8 +306,6 @@ def _ds_report(run: Run, tp: int) -> list[str]:
         "",
         *[f"- {axis}: {versions.label(axis)}" for axis in AXES if axis not in ("deepspeed", "torch")],
         f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus {tp}`)",
-        *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
-        f"- run: `{run.run_id}`",
     ]
 
 
@@ -322,13 +322,13 @@ def _markdown(
     key, result, run = failure.cell, failure.result, failure.run
     model_class = hf_class(_model_type(cell if isinstance(cell, Cell) else None, key.model))
     lines = [*_known_lines(entry)]
-    words = diagnosis.mechanism if diagnosis else reason(entry.failure_class, entry.cause).sentence
+    words = "" if diagnosis else f" {reason(entry.failure_class, entry.cause).sentence}"
     lines += [
         "**Describe the bug**",
         "",
         f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {key.tp}}}, '
         f"replace_with_kernel_inject=False)`) on `{model_class}` at tp {key.tp} ({key.dtype}): "
-        f"{FAILURE_CLASSES[result.failure_class]}. {words}",
+        f"{FAILURE_CLASSES[result.failure_class]}.{words}",
         "",
         f"The model is {_stands_for(cell, failure)}. The same cause fails at: {_affected(entry)}.",
         "",
@@ -376,7 +376,7 @@ def _markdown(
         lines += [
             "**Log excerpt** (rank 0, DeepSpeed's, transformers' and torch's frames, paths inside their packages)",
             "",
-            *fence("\n".join(log[-LOG_LINES:]), "text"),
+            *fence("\n".join(_tail(log)), "text"),
             "",
         ]
     return inert("\n".join(lines).rstrip("\n")) + "\n"
@@ -426,6 +426,29 @@ def _regression(entry: FailingCause, report: Report) -> str:
     return f"{entry.since.text.capitalize()}; no earlier passing version is recorded to bisect from."
 
 
+_PLUMBING = re.compile(r'File "torch/nn/modules/module\.py", line \d+, in (_wrapped_call_impl|_call_impl|inner)$')
+
+
+def _tail(trace: list[str]) -> list[str]:
+    """The trace's last LOG_LINES lines without torch's module-call frames and the `^^^` marker lines, cut at a
+    frame's start, its first line (`Traceback …`) kept."""
+    lines: list[str] = []
+    plumbing = False
+    for line in trace:
+        if line.lstrip().startswith("File "):
+            plumbing = bool(_PLUMBING.search(line.strip()))
+        elif not line.startswith(" "):
+            plumbing = False
+        if not plumbing and not _MARKERS.fullmatch(line):
+            lines.append(line)
+    if len(lines) <= LOG_LINES:
+        return lines
+    tail = lines[-LOG_LINES:]
+    start = next((i for i, line in enumerate(tail) if line.lstrip().startswith("File ")), 0)
+    return [lines[0], "  ...", *tail[start:]] if lines[0].startswith("Traceback") else tail[start:]
+
+
+_MARKERS = re.compile(r"\s*[\^~]+\s*")
 _FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line \d+')
 _PACKAGE_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s\"']*?[\\/](?:site|dist)-packages[\\/]")
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")

@@ -95,13 +95,13 @@ def _symptom_lines(symptom: Symptom, tp: int, heads: int) -> list[str]:
         return [
             "diff, bound = (logits - expected).abs().max().item(), "
             f"{symptom.logits_rel!r} * expected.abs().max().item()",
-            'assert diff <= bound, f"rank {rank}: sharded logits differ from the unsharded model\'s by {diff:.3g} '
+            "assert diff <= bound, f\"rank {rank}: sharded logits differ from the unsharded model's by {diff:.3g} "
             '(bound {bound:.3g})"',
         ]
     if symptom.kind == "generation":
         return [
             "tokens = engine.module.generate(input_ids.to(device), max_new_tokens=8, do_sample=False).cpu()",
-            "assert torch.equal(tokens, expected_tokens), f\"rank {rank}: {tokens.tolist()} != "
+            'assert torch.equal(tokens, expected_tokens), f"rank {rank}: {tokens.tolist()} != '
             '{expected_tokens.tolist()}"',
         ]
     names = f"NAMES = {list(symptom.tensors)!r}"
@@ -165,7 +165,7 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
             else []
         ),
         "engine = deepspeed.init_inference(",
-        f"    model, tensor_parallel={{\"tp_size\": {cell.tp}}}, dtype=torch.{dtype}, replace_with_kernel_inject=False",
+        f'    model, tensor_parallel={{"tp_size": {cell.tp}}}, dtype=torch.{dtype}, replace_with_kernel_inject=False',
         ")",
         "device = deepspeed.get_accelerator().current_device_name()",
         "with torch.no_grad():",

@@ -47,7 +47,9 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
         "ds_report output",
         "Log excerpt",
     ]
-    assert "on `BloomForCausalLM` at tp 2 (fp32): the sharded model raised during forward, generate or the loss." in body
+    assert (
+        "on `BloomForCausalLM` at tp 2 (fp32): the sharded model raised during forward, generate or the loss." in body
+    )
     assert (
         "The model is a tiny random bloom model with deliberately odd splits (the registry's stress shape: uneven "
         "grains, fewer kv heads than ranks); it stands for no real checkpoint. The same cause fails at: bloom tp 2, "
@@ -60,8 +62,8 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
     assert not re.search(r"autotp-matrix|stress|faithful|CELL|RESULT", script)
     assert script == (tmp_path / "out" / "draft-issue" / "autotp-bloom-tp2.py").read_text().rstrip("\n")
     assert "Save as `autotp-bloom-tp2.py` and run `deepspeed --num_gpus 2 autotp-bloom-tp2.py`" in body
-    assert "Attached: `repro_bloom-eager-fp32-tp2.py`" in body
-    assert script_cell((tmp_path / "out" / "draft-issue" / "repro_bloom-eager-fp32-tp2.py").read_text())["tp"] == 2
+    assert "Attached: `autotp-bloom-tp2-full.py`" in body
+    assert script_cell((tmp_path / "out" / "draft-issue" / "autotp-bloom-tp2-full.py").read_text())["tp"] == 2
     assert "nox -s" not in body and "autotp-matrix" not in body
     assert "the sharded forward raises: `RuntimeError: The expanded size of the tensor (N)" in body
     assert "Since 2026-12-04 (session nightly); broke at transformers 5.23.0 → 5.24.0 (not yet triaged)." in body
@@ -124,7 +126,7 @@ def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_p
     faithful = parse_cell("phi3.faithful-eager-fp32-tp2").model
     assert faithful.tiny != load_models()["phi3"].tiny  # the faithful config, not the registry's, as a literal
     assert f"hidden_size={faithful.tiny['hidden_size']}," in script and "AutoConfig.for_model('phi3'," in script
-    cell = script_cell((tmp_path / "x" / "draft-issue" / "repro_phi3.faithful-eager-fp32-tp2.py").read_text())
+    cell = script_cell((tmp_path / "x" / "draft-issue" / "autotp-phi3-tp2-full.py").read_text())
     assert cell["checkpoints"] == ["microsoft/Phi-3-mini-4k-instruct"] and cell["hub_id"] is None
 
 
@@ -168,7 +170,7 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
     section = body.split("**What AutoTP did and where it broke**\n\n", 1)[1].split("**To Reproduce**", 1)[0]
     assert section.splitlines()[:2] == [
         "`self_attn.qkv_proj` sliced with the unsharded head count.",
-        "Whose bug: AutoTP's: the unsharded model passes the same probes.",
+        "Whose: AutoTP's: the unsharded model passes the same probes.",
     ]
     assert "- Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj" in section
     assert "Where it broke: model.layers.*.self_attn.o_proj (LinearAllreduce)" in section
@@ -339,3 +341,42 @@ def test_the_failure_with_its_numbers_and_a_traceback_without_the_runners_folder
     assert f"the sharded forward raises: `{raised}`" in body
     assert '  File "transformers/models/bloom/modeling_bloom.py", line 271, in forward' in body
     assert "/home/someone" not in body
+
+
+def test_a_user_sees_the_libraries_frames_only_with_paths_from_their_package():
+    """The rank's traceback as a draft shows it: the harness's frames (the ones calling init_inference, and any of
+    its own between DeepSpeed's, as a wrapper of `tp_parser` once was) dropped, site-packages prefixes cut to the
+    package (`deepspeed/…`), other absolute paths to their file name, the harness's rank and `logs:` lines gone."""
+    from reports.outputs.draft_issue import library_trace
+
+    env = "/work/envs/ds0.19.8-tf5.25.0-pt2.13.0/lib/python3.11/site-packages"
+    message = "\n".join(
+        [
+            "rank 0 raised in shard (shard):",
+            "Traceback (most recent call last):",
+            '  File "/work/wt/x/suites/engine/cell_runner.py", line 219, in run_on_rank',
+            "    engine, model = _shard(job, model, world_size)",
+            f'  File "{env}/deepspeed/inference/engine.py", line 162, in __init__',
+            "    parser_dict = AutoTP.tp_parser(model)",
+            '  File "/work/wt/x/suites/checks/sharding.py", line 75, in tp_parser',
+            "    policy = parse(model)",
+            "             ^^^^^^^^^^^^",
+            f'  File "{env}/deepspeed/module_inject/auto_tp.py", line 392, in tp_parser',
+            "    if AutoTP.kernel_supported(module_list) else 'Not able'",
+            "ValueError: Unsupported activation function: silu (config read from /home/someone/ckpt/config.json)",
+            "",
+            "logs: /work/wt/x/results/logs/jetmoe.faithful-eager-fp32-tp2",
+        ]
+    )
+    trace = "\n".join(library_trace(message))
+    assert trace == "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "deepspeed/inference/engine.py", line 162, in __init__',
+            "    parser_dict = AutoTP.tp_parser(model)",
+            '  File "deepspeed/module_inject/auto_tp.py", line 392, in tp_parser',
+            "    if AutoTP.kernel_supported(module_list) else 'Not able'",
+            "ValueError: Unsupported activation function: silu (config read from config.json)",
+            "",
+        ]
+    )
