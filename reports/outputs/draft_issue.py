@@ -407,7 +407,7 @@ def _actual(result: CellResult) -> str:
     findings = [
         line.strip()
         for line in result.message.splitlines()
-        if line.strip() and not line.startswith(("logs:", "first divergence at"))
+        if line.strip() and not line.startswith(("logs:", "first divergence at", f"{result.failure_class}: "))
     ]
     shown = findings[:3] or [result.signature]
     return f"{FAILURE_CLASSES[result.failure_class]}:\n\n" + "\n".join(f"- {code(finding)}" for finding in shown)
