@@ -245,10 +245,10 @@ def build_failing_now(
         classes = Counter(status.failure_class for _, status in members)
         text = cause(shown.signature)
         match = known_for(known, members, at_latest)
-        status = _status(match, len(cells))
+        cause_status = _status(match, len(cells))
         owner = shown.cause.whose if shown.cause else whose(shown.failure_class)
         # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
-        unsupported = f"{match.note} ({match.upstream})" if match and status == "unsupported" else ""
+        unsupported = f"{match.note} ({match.upstream})" if match and cause_status == "unsupported" else ""
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
@@ -260,7 +260,7 @@ def build_failing_now(
                 cells_text=cells_text(cells),
                 since=_since(first_seen[key], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
-                status=status,
+                status=cause_status,
                 known=match,
                 repro=Repro(
                     cell=representative.id,

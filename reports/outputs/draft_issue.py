@@ -480,5 +480,5 @@ def _rebuilt_elsewhere(run: Run) -> list[str]:
         return []
     return [
         f"(This script's tiny config was computed with transformers {here or 'none'}; the cell ran with "
-        f"{run.versions.transformers}: `nox -s draft-issue` in that release's environment writes the same one.)"
+        f"{run.versions.transformers}, whose config defaults may differ.)"
     ]
