@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from suites.checks.names import judged_signature
 
@@ -26,11 +26,81 @@ LEFT_WHOLE_KINDS = ("norm", "per-head", "per-channel")
 """What a tensor left whole next to a split is: a norm's weight over the projection's width (its statistic spans the
 width, so sharding the weight alone would not do), a tensor with one entry per head, or another per-channel tensor
 (a multiplier, a convolution kernel, a state-space parameter) over the width."""
-WHOSE = {"autotp": "AutoTP's (DeepSpeed's)", "harness": "the harness's", "environment": "the environment's"}
-"""Whose bug a cause is (`whose`): every cell's unsharded reference is computed and checked finite before the
-sharded model is compared with it, so a failure past that point is AutoTP's wherever its exception surfaced (a
-transformers frame is where it surfaced, not whose it is); the harness's own failures are `setup`, an environment
-that could not be installed `install`."""
+Owner = Literal["autotp", "transformers", "design-limit", "unsupported", "harness", "environment"]
+"""Whose a cause is, from a closed set; each cause carries the evidence line for it (`Cause.evidence`)."""
+WHOSE: dict[str, str] = {
+    "autotp": "AutoTP bug (DeepSpeed's)",
+    "transformers": "a transformers change AutoTP does not follow",
+    "design-limit": "a documented AutoTP design limit",
+    "unsupported": "unsupported by design (DeepSpeed says so)",
+    "harness": "the harness's bug",
+    "environment": "the environment's (it could not be installed)",
+}
+"""Each owner of a cause, as a reader sees it. Every cell's unsharded reference is computed and checked finite before
+the sharded model is compared with it, so a failure past that point is AutoTP's wherever its exception surfaced (a
+transformers frame is where it surfaced, not whose it is) unless the source read at the failing line says otherwise:
+a transformers change AutoTP does not follow (`MODEL_MECHANISMS`), a limit DeepSpeed documents (`DESIGN_LIMITS`), or
+a refusal DeepSpeed documents (matrix/known_failures.toml state = "unsupported", set by the reports that read it);
+the harness's own failures are `setup`, an environment that could not be installed `install`."""
+
+
+@dataclass(frozen=True)
+class ModelMechanism:
+    """A mechanism read at the failing lines of DeepSpeed's and transformers' source for one module class, which the
+    generic evidence (the layout AutoTP chose, the module where the cell broke) only locates."""
+
+    title: str
+    """The mechanism in a bug report's title (a few words)."""
+    words: str
+    whose: Owner
+    evidence: str
+    """The source lines that show it, as `file Class.function: what the line does`."""
+
+
+MODEL_MECHANISMS = {
+    "BloomAttention": ModelMechanism(
+        "the mask-less forward builds ALiBi for every head, bypassing the head-sliced build_alibi_tensor",
+        "the fused query_key_value split is right (with an attention mask the sharded logits match); the crash is the "
+        "forward without a mask, where `BloomModel.forward` builds the ALiBi bias inline from the full head count and "
+        "so bypasses DeepSpeed's head-sliced `build_alibi_tensor` patch: each rank's attention meets every head's bias",
+        "transformers",
+        "transformers/models/bloom/modeling_bloom.py BloomModel.forward: without an attention mask, slopes = "
+        "_get_alibi_slopes(self.num_heads, ...) instead of self.build_alibi_tensor, the method "
+        "deepspeed/inference/engine.py InferenceEngine.build_alibi_tensor replaces with a head-sliced one (the first "
+        "transformers release with that path is not measured here)",
+    ),
+    "Phi3Attention": ModelMechanism(
+        "attention slices qkv at config.num_attention_heads, which AutoTP does not rescale",
+        "every rank gets the right [q, k, v] slice of the fused `qkv_proj`; `Phi3Attention.forward` then slices the "
+        "qkv output at `config.num_attention_heads * head_dim`, a config value AutoTP does not rescale, so the query "
+        "takes the rank's whole slice and `o_proj` meets the wrong width",
+        "autotp",
+        "transformers/models/phi3/modeling_phi3.py Phi3Attention.forward: query_pos = "
+        "self.config.num_attention_heads * self.head_dim; deepspeed/module_inject/auto_tp.py "
+        "AutoTP.update_mp_params divides the modules' head attributes, never model.config",
+    ),
+}
+"""Model-specific mechanisms by the class of the module whose own computation went wrong (`BreakPoint.origin_class`)."""
+POLICY_PROBE = ModelMechanism(
+    "building the parser's no-policy assert message raises in a kernel-injection policy",
+    "the parser found no linear to all-reduce, so its no-policy assert refuses the model (auto_tp.py `tp_parser`, as "
+    "for a model with no nn.Linear); building that assert's message instantiates every kernel-injection policy over "
+    "this model's config, and one of them raises first",
+    "autotp",
+    "deepspeed/module_inject/auto_tp.py AutoTP.tp_parser: assert len(policy_list), (... if "
+    "AutoTP.kernel_supported(module_list) else 'Not able to determine model policy automatically. ...'); "
+    "AutoTP.kernel_supported: _ = plcy(None) for every replace policy (containers/opt.py HFOPTLayerPolicy raises "
+    "'Unsupported activation function')",
+)
+"""A kernel-injection container (`deepspeed/module_inject/containers/`) raising while AutoTP shards: AutoTP never
+uses a container, only the parser's assert message builds them."""
+DESIGN_LIMITS = {
+    "experts left whole": 'deepspeed/module_inject/auto_tp.py AutoTP.update_mp_params: "AutoTP does not shard '
+    "high-dimensional weights\" (a MoE block's experts fused into 3-D parameters, as transformers >= 5 keeps them)",
+}
+"""Memory findings AutoTP documents as its design (the finding's kind → the documenting line)."""
+_CONTAINERS = " @ deepspeed/module_inject/containers/"
+_LEFT_WHOLE_TEXT = re.compile(r"`([^`]+)` \(\w+ of the split `([^`]+)`")  # LeftWhole.text
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
@@ -210,11 +280,13 @@ def origin_of(path: str, layer_class: str, how: str) -> str:
 @dataclass(frozen=True)
 class Cause:
     """A failed cell's cause: `key` groups cells into one cause, `words` says the mechanism for a reader, `whose`
-    is a key of WHOSE."""
+    is a key of WHOSE (an `Owner`), `evidence` the source line that makes it that owner's ("" for AutoTP's own
+    bugs located by what AutoTP did, and the harness's)."""
 
     key: str
     words: str
     whose: str
+    evidence: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -236,8 +308,10 @@ def class_and_finding(failure_class: str, signature: str) -> str:
     return f"{failure_class}: {signature.removeprefix(f'{failure_class}: ')}"
 
 
-def whose(failure_class: str) -> str:
-    return {"setup": "harness", "install": "environment"}.get(failure_class, "autotp")
+def whose(failure_class: str) -> Owner:
+    """The owner a failure class alone gives (before the source read at the failing line says more)."""
+    owners: dict[str, Owner] = {"setup": "harness", "install": "environment"}
+    return owners.get(failure_class, "autotp")
 
 
 _FRAME = re.compile(r" @ \S+$")
@@ -271,6 +345,8 @@ def cause_of(failure: Failure) -> Cause:
     text."""
     whose_bug = whose(failure.failure_class)
     record, broke = failure.autotp, failure.broke_at
+    if failure.failure_class == "shard" and _CONTAINERS in failure.signature:
+        return _known(f"no policy|{failure_text(failure.signature)}", POLICY_PROBE, failure.signature)
     if failure.failure_class in ("setup", "install") or record is None:
         return _by_text(failure, whose_bug)
     if failure.failure_class == "memory":
@@ -280,6 +356,8 @@ def cause_of(failure: Failure) -> Cause:
     origin = broke.origin
     block = _block(origin, record)
     where = f"; {broke.text}"
+    if known := MODEL_MECHANISMS.get(broke.origin_class):
+        return _known(f"model|{broke.origin_class}", known, broke.text)
     router = {r.path: r for r in record.replaced}.get(mask_indices(broke.path))
     if record.experts and router is not None and router.shape[0] == record.experts:
         return Cause(
@@ -353,7 +431,14 @@ def _memory_cause(failure: Failure, record: AutoTPRecord, whose_bug: str) -> Cau
     starved = record.starved_query()
     if starved and "split unevenly" in finding and any(role(r.path).rpartition(".")[2] in finding for r in starved):
         return _starved(record, starved, "", whose_bug)
+    kind = finding.partition(": ")[0]
+    if kind in DESIGN_LIMITS:
+        return Cause(f"memory|{_leaf_groups(finding)}", finding, "design-limit", DESIGN_LIMITS[kind])
     return Cause(f"memory|{_leaf_groups(finding)}", finding, whose_bug)
+
+
+def _known(key: str, known: ModelMechanism, where: str) -> Cause:
+    return Cause(key, f"{known.words}; {where}", known.whose, known.evidence)
 
 
 _GROUP = re.compile(r"[\w.*]+(?:\{[^}]*\})?")
@@ -374,3 +459,26 @@ def _leaf_groups(finding: str) -> str:
 
 def _by_text(failure: Failure, whose_bug: str) -> Cause:
     return Cause(f"{failure.failure_class}|{failure_text(failure.signature)}", failure.signature, whose_bug)
+
+
+def cause_title(key: str, words: str) -> str:
+    """A cause in a few words for a bug report's title, from its key (`cause_of` writes both); whole, never cut."""
+    kind, _, rest = key.partition("|")
+    parts = rest.split("|")
+    known = MODEL_MECHANISMS.get(parts[0]) if kind == "model" else POLICY_PROBE if kind == "no policy" else None
+    if known:
+        return known.title
+    if kind == "router":
+        return f"MoE router made {parts[0]} by the parser"
+    if kind == "kv-unit split":
+        return "fewer kv heads than ranks leaves ranks without query heads"
+    if kind == "left whole":
+        found = _LEFT_WHOLE_TEXT.match(words)
+        return f"`{found[1].removesuffix('.weight')}` left whole beside the split `{found[2]}`" if found else kind
+    if kind == "layout":
+        return f"`{parts[0]}` split as {parts[1]}"
+    if kind == "at":
+        return f"`{parts[0]}` ({parts[2] or parts[1]}) fails after the split"
+    if kind == "memory":
+        return f"{parts[0].partition(': ')[0]} on every rank"
+    return _FRAME.sub("", words).partition(". ")[0]

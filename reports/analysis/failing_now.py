@@ -195,7 +195,11 @@ class FailingCause:
     mechanism: str = ""
     """The mechanism in words (suites/mechanism.py Cause.words); "" for results recorded before causes were kept."""
     whose: str = ""
-    """Whose bug it is: a key of suites.mechanism.WHOSE."""
+    """Whose it is: a key of suites.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
+    model by design)."""
+    evidence: str = ""
+    """The line that makes it `whose`'s: the source line a cause's owner rests on, or the known failure's upstream
+    page or assert for "unsupported"; "" for AutoTP bugs located by what AutoTP did."""
     surfaced_in: str = ""
     """The frame its example's exception surfaced in."""
 
@@ -241,6 +245,10 @@ def build_failing_now(
         classes = Counter(status.failure_class for _, status in members)
         text = cause(shown.signature)
         match = known_for(known, members, at_latest)
+        cause_status = _status(match, len(cells))
+        owner = shown.cause.whose if shown.cause else whose(shown.failure_class)
+        # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
+        unsupported = f"{match.note} ({match.upstream})" if match and cause_status == "unsupported" else ""
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
@@ -252,7 +260,7 @@ def build_failing_now(
                 cells_text=cells_text(cells),
                 since=_since(first_seen[key], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
-                status=_status(match, len(cells)),
+                status=cause_status,
                 known=match,
                 repro=Repro(
                     cell=representative.id,
@@ -267,7 +275,8 @@ def build_failing_now(
                 ),
                 key=key,
                 mechanism=_mechanism(key, [status for _, status in members], text),
-                whose=shown.cause.whose if shown.cause else whose(shown.failure_class),
+                whose="unsupported" if unsupported else owner,
+                evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
             )
         )

@@ -16,13 +16,14 @@ from reports.analysis.known import FixedKnown
 from suites.mechanism import WHOSE, class_and_finding
 
 INTRO = (
-    "Each cause with what AutoTP did where it broke, whose bug it is (AutoTP's wherever its exception surfaced: the "
-    "unsharded model passes the same probes), since when it fails, the triage answer, and one of its cells (the one "
+    "Each cause with what AutoTP did where it broke, whose it is (AutoTP's wherever its exception surfaced, as the "
+    "unsharded model passes the same probes, unless a source line makes it a design limit, unsupported or a "
+    "transformers change), since when it fails, the triage answer, and one of its cells (the one "
     "standing for the checkpoint users run most): the command that runs it alone, its rank logs and its standalone "
     "repro script."
 )
 FIRST_NIGHT_INTRO = (
-    "Each cause with what AutoTP did where it broke, whose bug it is, and one of its cells (the one standing for the "
+    "Each cause with what AutoTP did where it broke, whose it is, and one of its cells (the one standing for the "
     "checkpoint users run most): the command that runs it alone, its rank logs and its standalone repro script."
 )
 
@@ -128,10 +129,12 @@ def files_text(entry: FailingCause, link: Link) -> str:
 
 
 def whose_text(entry: FailingCause, spanned: Callable[[str], str] = code) -> str:
-    """ "AutoTP's (DeepSpeed's) bug, surfaced in `transformers/…:forward`" (`spanned`: how the frame is set off); the
-    frame only where the line shows the mechanism instead of the signature, which ends with it."""
+    """ "AutoTP bug (DeepSpeed's), surfaced in `transformers/…:forward`", or an owner with the line that makes it so
+    ("a documented AutoTP design limit (evidence: `…`)"); `spanned`: how a frame or line is set off. The frame only
+    where the line shows the mechanism instead of the signature, which ends with it."""
     surfaced = f", surfaced in {spanned(entry.surfaced_in)}" if entry.surfaced_in and entry.mechanism else ""
-    return f"{WHOSE.get(entry.whose, entry.whose)} bug{surfaced}"
+    evidence = f" (evidence: {spanned(entry.evidence)})" if entry.evidence else ""
+    return f"{WHOSE.get(entry.whose, entry.whose)}{surfaced}{evidence}"
 
 
 def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:

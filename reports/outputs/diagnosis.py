@@ -28,7 +28,7 @@ class Diagnosis:
     broke_at: str = ""
     """The module whose forward raised, or the first whose output diverges from the unsharded model's."""
     whose: str = ""
-    """Whose bug it is, in words (AutoTP's when the unsharded model passes the same probe)."""
+    """Whose it is, in words, with its evidence (reports.analysis.whose_text)."""
 
 
 def diagnosis_of(entry: FailingCause, result: CellResult) -> Diagnosis | None:
@@ -61,7 +61,7 @@ def diagnosis_lines(diagnosis: Diagnosis | None) -> list[str]:
         return []
     lines = ["**What AutoTP did and where it broke**", "", diagnosis.mechanism.rstrip(".") + "."]
     if diagnosis.whose:
-        lines.append(f"Whose bug: {diagnosis.whose}.")
+        lines.append(f"Whose: {diagnosis.whose}.")
     lines.append("")
     for title, items in (
         ("Policy DeepSpeed's parser chose (all-reduce after)", diagnosis.policy),

@@ -1,15 +1,16 @@
 """A bug report for DeepSpeed's tracker, ready to file: `python -m reports draft-issue --cause <id>` (an id of
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
-The report follows DeepSpeed's inference bug template. Its title is what a maintainer would write: the model users
-run, what goes wrong in words, at which tp sizes. It is shown on the cause's example cell (the one standing for the
-checkpoint users run most, reports.analysis.failing_now.example_cell) and names the real checkpoints that cell
-stands for; the standalone script (suites/records/repro.py) for that cell is inlined — any cell the harness can run:
-faithful, stress or derived shapes, every variant, built through the one reader of recorded cells
-(matrix.cells.resolve_cell) — which builds the same tiny checkpoint (or `--checkpoint <hub id>` loads the real
-one), runs the same probes and prints the same verdict. Then the expected and the actual behaviour with the check's
-numbers, what AutoTP chose and where it broke (reports.outputs.diagnosis, when the cell's record carries it), where the history
-places it, the versions as `ds_report` gives them, and the end of the cell's log. Every text passes
+The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP:
+<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/mechanism.py `cause_title`). It is shown
+on the cause's example cell (the one standing for the checkpoint users run most,
+reports.analysis.failing_now.example_cell) and names the real checkpoints that cell stands for. To reproduce: a
+minimal script generated for the cause (reports.outputs.minimal_script: at most 40 lines, its last line shows the
+symptom), inlined, and the cell's full standalone script (suites/records/repro.py: the same checkpoint, every probe)
+written beside the draft as an attachment. Then the expected and the actual behaviour in words and numbers, what
+AutoTP chose and where it broke and whose it is with its evidence (reports.outputs.diagnosis), what the history knows
+of since when (never a version it did not run), the versions as `ds_report` gives them, and the rank's traceback with
+only the installed packages' frames, their paths from the package (`library_trace`). Every text passes
 matrix.redaction.redact. Written to <out>/draft-issue/ and printed."""
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from itertools import groupby
 from pathlib import Path
 from typing import Protocol
 
@@ -34,19 +34,17 @@ from reports.analysis import (
     draft_file,
     one_line,
     reason,
-    repro_command,
     status_text,
-    whose_text,
 )
 from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
 from reports.outputs.markdown_safety import fence, markdown_link
+from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
 from reports.outputs.model import Report, build_report
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
+from suites.mechanism import cause_title
 from suites.outcome import FAILURE_CLASSES
 from suites.records.run_records import RunInfo
-
-MAX_TITLE_MECHANISM = 60  # characters of the mechanism in a title; the body has all of it
 
 LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream
@@ -61,18 +59,6 @@ EXPECTED = {
     "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",
     "crash": "Every rank process stays alive.",
 }
-SCRIPT_SAYS = {
-    "shard": "`RESULT: RAISED shard {type}` (init_inference raised)",
-    "forward": "`RESULT: RAISED forward {type}` (the sharded model raised)",
-    "numerics": "`FAIL logits …` and `RESULT: MISMATCH`",
-    "generation": "`FAIL generation …` and `RESULT: MISMATCH`",
-    "memory": "`FAIL memory: … left whole on every rank …` and `RESULT: MISMATCH` (the logits match)",
-}
-FRAME = "<details><summary>{name} ({lines} lines)</summary>"  # the script folds away on GitHub
-FRAME_END = "</details>"
-# A traceback's file paths up to site-packages say where this runner keeps its environments, nothing upstream needs.
-_SITE_PACKAGES = re.compile(r'(File )"[^"]*/site-packages/')
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning)):")
 METRIC_PREFIXES = {
     "numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
     "generation": ("gen_",),
@@ -175,9 +161,14 @@ def draft_text(
     diagnosis = diagnosis or diagnosis_of(entry, failure.result)
     folder.mkdir(parents=True, exist_ok=True)
     resolved = _resolved(failure)
-    script = write_cell_repro(resolved, failure, folder) if isinstance(resolved, Cell) else None
-    title = _title(entry, failure, resolved if isinstance(resolved, Cell) else None, diagnosis)
-    body = _markdown(entry, report, failure, cell=resolved, script=script, inert=inert, diagnosis=diagnosis)
+    title = _title(entry, failure, resolved if isinstance(resolved, Cell) else None)
+    scripts = None
+    if isinstance(resolved, Cell):
+        minimal = minimal_script(resolved, failure.result, title)
+        (folder / minimal.name).write_text(minimal.text, encoding="utf-8")
+        full = minimal.name.removesuffix(".py") + "-full.py"
+        scripts = (minimal, write_cell_repro(resolved, failure, folder, full)[0])
+    body = _markdown(entry, report, failure, cell=resolved, scripts=scripts, inert=inert, diagnosis=diagnosis)
     return redact(inert(title, title=True)), redact(body)
 
 
@@ -219,54 +210,55 @@ def run_info(run: Run) -> RunInfo:
     )
 
 
-def write_cell_repro(cell: Cell, failure: Observation, folder: Path) -> tuple[str, str]:
-    """(file name, text) of the standalone script of a failing cell, written to `folder`."""
+def write_cell_repro(cell: Cell, failure: Observation, folder: Path, name: str | None = None) -> tuple[str, str]:
+    """(file name, text) of the standalone script of a failing cell, written to `folder` (as `name`, default the
+    results folder's `repro_<cell>.py`)."""
     from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
 
     run = failure.run
     versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
     verdict = f"fail {failure.result.failure_class} {failure.result.signature}"
-    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict)
+    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict, name=name)
     return script.name, script.read_text(encoding="utf-8")
 
 
-def _short_name(hub_id: str) -> str:
-    return hub_id.rsplit("/", 1)[-1]
+def hf_class(model_type: str) -> str:
+    """The class users load for a model type (`BloomForCausalLM`), or the model type where transformers lacks it."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return model_type
+    return str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, model_type))
 
 
-def _title(entry: FailingCause, failure: Observation, cell: Cell | None, diagnosis: Diagnosis | None) -> str:
-    """ "AutoTP: Phi-3-mini-4k-instruct: a sharded layer raises RuntimeError at tp 2/3/4 (and 2 more models)"."""
-    model = failure.cell.model
-    checkpoints = failure.result.checkpoints or (cell.model.checkpoints if cell else ())
-    name = _short_name(checkpoints[0]) if checkpoints else (cell.model.model_type if cell else model.split(".")[0])
-    tps = sorted({int(c.rsplit("-tp", 1)[1]) for c in entry.cells if c.startswith(f"{model}-")})
-    others = {c.rsplit("-", 3)[0] for c in entry.cells} - {model}
-    what = _short(diagnosis.mechanism) if diagnosis else reason(entry.failure_class, entry.cause).short
-    more = f" (and {count_text(len(others), 'more model')})" if others else ""
-    return f"AutoTP: {name}: {what} at tp {'/'.join(map(str, tps))}{more}"
+def _model_type(cell: Cell | None, model: str) -> str:
+    return cell.model.model_type if cell else model.split(".")[0]
 
 
-def _short(mechanism: str) -> str:
-    """A mechanism's first clause, cut to a title's length (the body has all of it)."""
-    text = one_line(mechanism.partition("; ")[0])
-    return text if len(text) <= MAX_TITLE_MECHANISM else text[: MAX_TITLE_MECHANISM - 1] + "…"
+def _tps(entry: FailingCause, model: str) -> list[int]:
+    return sorted({int(c.rsplit("-tp", 1)[1]) for c in entry.cells if c.startswith(f"{model}-")})
 
 
-def _mechanism_lines(entry: FailingCause, result: CellResult) -> list[str]:
-    """What AutoTP did and where it broke, whose bug it is, and the record the ranks wrote (suites/mechanism.py)."""
-    if not entry.mechanism:
-        return []
-    lines = ["**What AutoTP did, where it broke**", "", entry.mechanism, "", f"Whose: {whose_text(entry)}.", ""]
-    if result.autotp is not None:
-        lines += ["```text", result.autotp.text(), "```", ""]
-    return lines
+def _title(entry: FailingCause, failure: Observation, cell: Cell | None) -> str:
+    """ "[BUG] AutoTP: <mechanism> (<HF class>, tp 2/3/4, DeepSpeed 0.19.8, transformers 5.25.0)", whole."""
+    key, versions = failure.cell, failure.run.versions
+    what = (
+        cause_title(entry.key, entry.mechanism) if entry.mechanism else reason(entry.failure_class, entry.cause).short
+    )
+    tps = "/".join(map(str, _tps(entry, key.model)))
+    return (
+        f"[BUG] AutoTP: {one_line(what)} ({hf_class(_model_type(cell, key.model))}, tp {tps}, "
+        f"DeepSpeed {versions.deepspeed}, transformers {versions.transformers})"
+    )
 
 
-def _message_line(result: CellResult) -> list[str]:
-    """The failure as it was raised or judged, with its numbers (the signature masks them), when it says more."""
-    lines = [line.strip() for line in result.message.splitlines() if line.strip()]
-    last = next((line for line in reversed(lines) if not line.startswith(("logs:", "("))), "")
-    return [f"With its numbers: {code(last)}"] if last and last not in result.signature else []
+def _affected(entry: FailingCause) -> str:
+    """The model types and tp sizes the cause fails at, in a reader's words (`bloom tp 2, 3, 4; phi3 tp 2`)."""
+    by_model: dict[str, list[int]] = {}
+    for cell_id in entry.cells:
+        model, tp = cell_id.rsplit("-tp", 1)
+        by_model.setdefault(model.split("-", 1)[0].split(".", 1)[0], []).append(int(tp))
+    return "; ".join(f"{model} tp {', '.join(map(str, sorted(set(tps))))}" for model, tps in sorted(by_model.items()))
 
 
 def _metrics_lines(failure: Observation) -> list[str]:
@@ -314,8 +306,6 @@ def _ds_report(run: Run, tp: int) -> list[str]:
         "",
         *[f"- {axis}: {versions.label(axis)}" for axis in AXES if axis not in ("deepspeed", "torch")],
         f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus {tp}`)",
-        *([f"- autotp-matrix harness: {run.harness_git}"] if run.harness_git else []),
-        f"- run: `{run.run_id}`",
     ]
 
 
@@ -325,99 +315,161 @@ def _markdown(
     failure: Observation,
     *,
     cell: Cell | str,
-    script: tuple[str, str] | None,
+    scripts: tuple[MinimalScript, str] | None,
     inert: Inert,
     diagnosis: Diagnosis | None,
 ) -> str:
     key, result, run = failure.cell, failure.result, failure.run
-    known = entry.known
-    lines = []
-    if known and known.state == "unsupported":
-        lines += [
-            f"> DeepSpeed documents this model as not supported by AutoTP ({status_text(entry, markdown_link)})"
-            f"{': ' + known.note if known.note else ''}; file this only to ask for support.",
-            "",
-        ]
-    elif known:
-        lines += [
-            f"> Already tracked upstream: {markdown_link(known.label, known.upstream)}"
-            f"{' (' + known.note + ')' if known.note else ''}; add to it rather than filing this.",
-            "",
-        ]
-    words = diagnosis.mechanism if diagnosis else reason(entry.failure_class, entry.cause).sentence
+    model_class = hf_class(_model_type(cell if isinstance(cell, Cell) else None, key.model))
+    lines = [*_known_lines(entry)]
+    words = "" if diagnosis else f" {reason(entry.failure_class, entry.cause).sentence}"
     lines += [
         "**Describe the bug**",
         "",
         f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {key.tp}}}, '
-        f"replace_with_kernel_inject=False)`) on `{key.model}` at tp {key.tp} ({key.variant}, {key.dtype}): "
-        f"{FAILURE_CLASSES[result.failure_class]}. {words}",
+        f"replace_with_kernel_inject=False)`) on `{model_class}` at tp {key.tp} ({key.dtype}): "
+        f"{FAILURE_CLASSES[result.failure_class]}.{words}",
         "",
-        f"The model is {_stands_for(cell, failure)}. "
-        f"{count_text(entry.count, 'cell')} of the autotp-matrix run at these versions "
-        f"{'fails' if entry.count == 1 else 'fail'} with the same cause: {entry.cells_text}.",
+        f"The model is {_stands_for(cell, failure)}. The same cause fails at: {_affected(entry)}.",
         "",
         *diagnosis_lines(diagnosis),
         "**To Reproduce**",
         "",
     ]
-    frame: set[int] = set()  # the indices of the lines folding the script away: ours, the only ones not made inert
-    if script:
-        name, text = script
-        checkpoints = cell.model.checkpoints if isinstance(cell, Cell) else ()
+    if scripts:
+        minimal, full = scripts
         lines += [
-            f"Save as `{name}` and run `deepspeed --num_gpus {key.tp} {name}` (torch, deepspeed and transformers "
-            "only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo). It writes the same seeded tiny "
-            "checkpoint the matrix ran, computes the unsharded reference, shards with AutoTP, runs the same probes "
-            f"and prints {SCRIPT_SAYS.get(result.failure_class, '`RESULT: MISMATCH`').format(type=_exception(result.signature))}"
-            + (f"; `--checkpoint {checkpoints[0]}` runs the real checkpoint instead." if checkpoints else "."),
+            f"Save as `{minimal.name}` and run `deepspeed --num_gpus {key.tp} {minimal.name}` (torch, deepspeed and "
+            "transformers only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo):",
+            "",
+            *fence(minimal.text.rstrip("\n"), "python"),
+            "",
+            f"Attached: `{full}`, the full check of the same model: the same weights with its norms randomised, "
+            "the unsharded reference, logits with and without the attention mask, ranks agree, greedy generation, "
+            f"loss and memory; `deepspeed --num_gpus {key.tp} {full}` prints `RESULT: MATCH` or `RESULT: MISMATCH`.",
             *_rebuilt_elsewhere(run),
             "",
         ]
-        frame.add(len(lines))
-        lines += [FRAME.format(name=name, lines=len(text.splitlines())), "", *fence(text.rstrip("\n"), "python"), ""]
-        frame.add(len(lines))
-        lines += [FRAME_END, ""]
     else:
-        lines += [f"No standalone script here ({cell}); `nox -s draft-issue` in the harness writes it.", ""]
-    lines += [f"With the autotp-matrix harness: `{repro_command(key)}`", ""]
+        lines += [f"No script here ({cell}).", ""]
     lines += [
         "**Expected behavior**",
         "",
-        EXPECTED.get(result.failure_class, "The cell passes."),
+        EXPECTED.get(result.failure_class, "The sharded model behaves like the unsharded one."),
         "",
         "**Actual behavior**",
         "",
-        f"{result.failure_class}: {code(result.signature)}",
-        *_message_line(result),
+        _actual(result),
         *_metrics_lines(failure),
         "",
-    ]
-    placed = cause_answer_text(entry, report, markdown_link)
-    lines += [
-        "**First bad version**",
+        "**Regression?**",
         "",
-        f"{entry.since.text.capitalize()}"
-        + (f"; {placed}." if placed else ": the history has no passing version to bisect from."),
+        _regression(entry, report),
+        "",
+        "**ds_report output** (the parts the run recorded)",
+        "",
+        *_ds_report(run, key.tp),
         "",
     ]
-    lines += ["**ds_report output** (the parts the run recorded)", "", *_ds_report(run, key.tp), ""]
-    log = [
-        _SITE_PACKAGES.sub(r'\1".../site-packages/', line)
-        for line in result.message.rstrip("\n").splitlines()[-LOG_LINES:]
-    ]
+    log = library_trace(result.message)
     if log:
         lines += [
-            "**Log excerpt** (the end of the cell's message; secrets redacted)",
+            "**Log excerpt** (rank 0, DeepSpeed's, transformers' and torch's frames, paths inside their packages)",
             "",
-            *fence("\n".join(log), "text"),
+            *fence("\n".join(_tail(log)), "text"),
             "",
         ]
-    # Each stretch between the frame's lines is made inert whole, so a fence (the script, the log) stays one block.
-    stretches = []
-    for framing, group in groupby(enumerate(lines), key=lambda item: item[0] in frame):
-        stretch = "\n".join(line for _, line in group)
-        stretches.append(stretch if framing else inert(stretch))
-    return "\n".join(stretches).rstrip("\n") + "\n"
+    return inert("\n".join(lines).rstrip("\n")) + "\n"
+
+
+def _known_lines(entry: FailingCause) -> list[str]:
+    known = entry.known
+    if known and known.state == "unsupported":
+        return [
+            f"> DeepSpeed documents this model as not supported by AutoTP ({status_text(entry, markdown_link)})"
+            f"{': ' + known.note if known.note else ''}; file this only to ask for support.",
+            "",
+        ]
+    if known:
+        return [
+            f"> Already tracked upstream: {markdown_link(known.label, known.upstream)}"
+            f"{' (' + known.note + ')' if known.note else ''}; add to it rather than filing this.",
+            "",
+        ]
+    return []
+
+
+def _actual(result: CellResult) -> str:
+    """The failure in words and numbers: the exception as raised, or the check's findings with their figures."""
+    if result.failure_class in ("shard", "forward"):
+        stage = "`init_inference` raises" if result.failure_class == "shard" else "the sharded forward raises"
+        return f"{stage}: {code(last_error_line(result.message) or result.signature)}"
+    findings = [
+        line.strip()
+        for line in result.message.splitlines()
+        if line.strip() and not line.startswith(("logs:", "first divergence at", f"{result.failure_class}: "))
+    ]
+    shown = findings[:3] or [result.signature]
+    return f"{FAILURE_CLASSES[result.failure_class]}:\n\n" + "\n".join(f"- {code(finding)}" for finding in shown)
+
+
+def _regression(entry: FailingCause, report: Report) -> str:
+    """Since when, as far as the history knows; never a version it did not run."""
+    placed = cause_answer_text(entry, report, markdown_link)
+    if placed:
+        return f"{entry.since.text.capitalize()}; {placed}."
+    if report.failing_now.backfill:
+        return (
+            "Not known yet: every run so far was at these versions, so no earlier DeepSpeed or transformers release "
+            "has been tried for it."
+        )
+    return f"{entry.since.text.capitalize()}; no earlier passing version is recorded to bisect from."
+
+
+_PLUMBING = re.compile(r'File "torch/nn/modules/module\.py", line \d+, in (_wrapped_call_impl|_call_impl|inner)$')
+
+
+def _tail(trace: list[str]) -> list[str]:
+    """The trace's last LOG_LINES lines without torch's module-call frames and the `^^^` marker lines, cut at a
+    frame's start, its first line (`Traceback …`) kept."""
+    lines: list[str] = []
+    plumbing = False
+    for line in trace:
+        if line.lstrip().startswith("File "):
+            plumbing = bool(_PLUMBING.search(line.strip()))
+        elif not line.startswith(" "):
+            plumbing = False
+        if not plumbing and not _MARKERS.fullmatch(line):
+            lines.append(line)
+    if len(lines) <= LOG_LINES:
+        return lines
+    tail = lines[-LOG_LINES:]
+    start = next((i for i, line in enumerate(tail) if line.lstrip().startswith("File ")), 0)
+    return [lines[0], "  ...", *tail[start:]] if lines[0].startswith("Traceback") else tail[start:]
+
+
+_MARKERS = re.compile(r"\s*[\^~]+\s*")
+_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line \d+')
+_PACKAGE_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s\"']*?[\\/](?:site|dist)-packages[\\/]")
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
+
+
+def library_trace(message: str) -> list[str]:
+    """A failure's message as a user may see it: the traceback's frames inside installed packages only (the harness's
+    own frames, which call init_inference or the forward, dropped), their paths from the package (`deepspeed/…`),
+    any other absolute path cut to its file name, the harness's `logs:` and rank lines dropped."""
+    kept: list[str] = []
+    in_dropped_frame = False
+    for line in message.rstrip("\n").splitlines():
+        frame = _FRAME_LINE.match(line)
+        if frame:
+            in_dropped_frame = not _PACKAGE_PATH.search(frame[1])
+        elif not line.startswith(" "):
+            in_dropped_frame = False
+        if in_dropped_frame or line.startswith("logs:") or re.match(r"rank \d+ raised in ", line):
+            continue
+        kept.append(_ABSOLUTE_PATH.sub(r"\1", _PACKAGE_PATH.sub("", line)))
+    return kept
 
 
 def _rebuilt_elsewhere(run: Run) -> list[str]:
@@ -428,10 +480,5 @@ def _rebuilt_elsewhere(run: Run) -> list[str]:
         return []
     return [
         f"(This script's tiny config was computed with transformers {here or 'none'}; the cell ran with "
-        f"{run.versions.transformers}: `nox -s draft-issue` in that release's environment writes the same one.)"
+        f"{run.versions.transformers}, whose config defaults may differ.)"
     ]
-
-
-def _exception(signature: str) -> str:
-    match = _EXCEPTION.match(signature)
-    return match[1] if match else "…"

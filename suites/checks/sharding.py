@@ -2,14 +2,15 @@
 `init_inference` and from the policy DeepSpeed's parser returned: which modules it replaced with which of its layer
 classes, which decoder-layer kinds got no policy, and which parameters and buffers it left whole next to a split.
 
-The parser's choice is recorded by wrapping `AutoTP.tp_parser` for the duration of one `init_inference`
-(`recorded_policy`): the wrapper returns what the parser returns, so the sharding itself does not change.
+The parser's choice is read by asking the parser itself, `AutoTP.tp_parser(model)`, on the model init_inference is
+about to shard (`parsed_policy`): the parser is a function of the model's structure, so init_inference's own call
+chooses the same. Nothing of DeepSpeed's is wrapped or replaced, so a traceback from inside init_inference has
+DeepSpeed's frames only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -60,24 +61,16 @@ def _decoder_layers(module: torch.nn.Module, prefix: str) -> Iterator[tuple[str,
             yield from _decoder_layers(child, f"{path}.")
 
 
-@contextmanager
-def recorded_policy() -> Iterator[list[Policy]]:
-    """The policies DeepSpeed's parser chooses inside the block (none when the parser is not asked or raises)."""
+def parsed_policy(model: torch.nn.Module) -> list[Policy]:
+    """The policies DeepSpeed's parser chooses for `model` (none when it raises: init_inference then raises the same
+    from its own call, and that is the cell's failure)."""
     from deepspeed.module_inject.auto_tp import AutoTP
 
-    original, parse = AutoTP.__dict__["tp_parser"], AutoTP.tp_parser
-    chosen: list[Policy] = []
-
-    def tp_parser(model: torch.nn.Module) -> list[tuple[type[torch.nn.Module], list[str]]]:
-        policy: list[tuple[type[torch.nn.Module], list[str]]] = parse(model)
-        chosen.extend(Policy(layer.__name__, tuple(sorted(linears))) for layer, linears in policy)
-        return policy
-
-    AutoTP.tp_parser = staticmethod(tp_parser)
     try:
-        yield chosen
-    finally:
-        AutoTP.tp_parser = original
+        policy: list[tuple[type[torch.nn.Module], list[str]]] = AutoTP.tp_parser(model)
+    except Exception:  # the parser's refusal is init_inference's to raise, in DeepSpeed's frames
+        return []
+    return [Policy(layer.__name__, tuple(sorted(linears))) for layer, linears in policy]
 
 
 def unparsed_kinds(before: Snapshot, policies: list[Policy]) -> tuple[str, ...]:

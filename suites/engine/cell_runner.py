@@ -28,7 +28,7 @@ from suites.checks import training as training_checks
 from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
 from suites.checks.inputs import build_inputs, load_tokenizer
 from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by_name, split_counts
-from suites.checks.sharding import Snapshot, recorded_policy, sharding_record, snapshot
+from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
@@ -214,20 +214,20 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             before = snapshot(model)
             stage = "shard"
             started = time.perf_counter()
-            with recorded_policy() as policies:
-                try:
-                    engine, model = _shard(job, model, world_size)
-                finally:
-                    if rank == 0:
-                        _record_sharding(
-                            workdir,
-                            job,
-                            before,
-                            model,
-                            policies=policies,
-                            world_size=world_size,
-                            complete=engine is not None,
-                        )
+            policies = parsed_policy(model) if rank == 0 else []
+            try:
+                engine, model = _shard(job, model, world_size)
+            finally:
+                if rank == 0:
+                    _record_sharding(
+                        workdir,
+                        job,
+                        before,
+                        model,
+                        policies=policies,
+                        world_size=world_size,
+                        complete=engine is not None,
+                    )
             timings["time_shard_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)

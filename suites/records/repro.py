@@ -146,13 +146,14 @@ def write_repro(
     versions: dict[str, str],
     outcome_line: str,
     loaded_revision: str | None = None,
+    name: str | None = None,
 ) -> Path:
     """The repro loads the model the way the cell's variant does (eager, meta device + checkpoint files, quantized)
     in the cell's dtype; a training row runs its optimizer steps. A hub checkpoint is fetched at the commit the cell
     loaded (`loaded_revision`, from its record), else at the registry's pinned revision, so a later upload cannot
     change the repro."""
     folder.mkdir(parents=True, exist_ok=True)
-    script = folder / f"repro_{cell.id}.py"
+    script = folder / (name or f"repro_{cell.id}.py")
     spec = repro_cell(
         cell=cell,
         checkpoints=checkpoints,

@@ -89,7 +89,7 @@ def repro_details(record: CellRecord) -> list[str]:
     """What `nox -s repro` adds for its cell: the cause with whose bug it is, and what AutoTP did."""
     lines: list[str] = []
     if cause := record.get("cause"):
-        lines.append(f"cause ({WHOSE[cause['whose']]} bug): {cause['words']}")
+        lines.append(f"cause ({WHOSE[cause['whose']]}): {cause['words']}")
     if autotp := record.get("autotp"):
         lines += ["what AutoTP did:", *(f"  {line}" for line in read_record(AutoTPRecord, autotp).text().splitlines())]
     return lines

@@ -32,39 +32,40 @@ def test_bloom_tp2_at_the_latest_versions_is_a_complete_report(tmp_path, capsys)
     file = tmp_path / "out" / "draft-issue" / f"forward-{bloom['id']}.md"
     assert printed.strip() == file.read_text().strip()
     title, body = file.read_text().split("\n\n", 1)
-    # What a maintainer would title it: the model, what goes wrong in words, the tp sizes (no error text)
-    assert title == "# AutoTP: bloom: its forward fails on a tensor whose size the split changed at tp 2/3/4"
+    # What a maintainer writes: [BUG], the mechanism in words, the class users load, tp sizes and versions; whole
+    assert title == (
+        "# [BUG] AutoTP: its forward fails on a tensor whose size the split changed (BloomForCausalLM, tp 2/3/4, "
+        "DeepSpeed 0.19.8, transformers 5.24.0)"
+    )
     sections = re.findall(r"^\*\*(.+?)\*\*", body, re.M)
     assert sections == [
         "Describe the bug",
         "To Reproduce",
         "Expected behavior",
         "Actual behavior",
-        "First bad version",
+        "Regression?",
         "ds_report output",
         "Log excerpt",
     ]
-    assert "on `bloom` at tp 2 (eager, fp32): the sharded model raised during forward, generate or the loss." in body
+    assert (
+        "on `BloomForCausalLM` at tp 2 (fp32): the sharded model raised during forward, generate or the loss." in body
+    )
     assert (
         "The model is a tiny random bloom model with deliberately odd splits (the registry's stress shape: uneven "
-        "grains, fewer kv heads than ranks); it stands for no real checkpoint. 3 cells of the autotp-matrix run at "
-        "these versions fail with the same cause: eager fp32: bloom tp2/3/4."
+        "grains, fewer kv heads than ranks); it stands for no real checkpoint. The same cause fails at: bloom tp 2, "
+        "3, 4."
     ) in body
+    # the minimal script is inlined, whole Python of at most 40 lines with no harness names; the full one attached
     script = re.search(r"```python\n(.*?)\n```", body, re.S)[1]
-    compile(script, "repro_bloom-eager-fp32-tp2.py", "exec")  # the inlined script is whole Python
-    cell = script_cell(script)
-    assert (
-        cell["id"] == "bloom-eager-fp32-tp2"
-        and cell["command"] == "deepspeed --num_gpus 2 repro_bloom-eager-fp32-tp2.py"
-    )
-    assert (
-        cell["verdict"].startswith("fail forward RuntimeError: The expanded size")
-        and cell["versions"]["deepspeed"] == "0.19.8"
-    )
-    assert script == (tmp_path / "out" / "draft-issue" / "repro_bloom-eager-fp32-tp2.py").read_text().rstrip("\n")
-    assert "prints `RESULT: RAISED forward RuntimeError` (the sharded model raised)." in body
-    assert "`nox -s repro -- --models bloom.stress --variants eager --dtypes fp32 --tp 2`" in body
-    assert f"forward: `{' '.join(BLOOM.split())}`" in body
+    compile(script, "autotp-bloom-tp2.py", "exec")
+    assert len(script.splitlines()) <= 40 and "deepspeed.init_inference(" in script
+    assert not re.search(r"autotp-matrix|stress|faithful|CELL|RESULT", script)
+    assert script == (tmp_path / "out" / "draft-issue" / "autotp-bloom-tp2.py").read_text().rstrip("\n")
+    assert "Save as `autotp-bloom-tp2.py` and run `deepspeed --num_gpus 2 autotp-bloom-tp2.py`" in body
+    assert "Attached: `autotp-bloom-tp2-full.py`" in body
+    assert script_cell((tmp_path / "out" / "draft-issue" / "autotp-bloom-tp2-full.py").read_text())["tp"] == 2
+    assert "nox -s" not in body and "autotp-matrix" not in body
+    assert "the sharded forward raises: `RuntimeError: The expanded size of the tensor (N)" in body
     assert "Since 2026-12-04 (session nightly); broke at transformers 5.23.0 → 5.24.0 (not yet triaged)." in body
     assert (
         "```text\nDeepSpeed general environment info:\ntorch version .................... 2.13.0+cpu\n"
@@ -111,19 +112,21 @@ def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_p
     text = capsys.readouterr().out
     title, body = text.split("\n\n", 1)
     assert title == (
-        "# AutoTP: Phi-3-mini-4k-instruct: a sharded layer gets an input of the wrong width at tp 2/3/4 (and 2 more models)"
+        "# [BUG] AutoTP: a sharded layer gets an input of the wrong width (Phi3ForCausalLM, tp 2/3/4, DeepSpeed 0.14.2, "
+        "transformers 4.44.0)"
     )
     assert (
         "The model is a tiny random model that splits exactly like [microsoft/Phi-3-mini-4k-instruct]"
         "(https://huggingface.co/microsoft/Phi-3-mini-4k-instruct) at tp 2, 3 and 4"
     ) in body
-    assert "; `--checkpoint microsoft/Phi-3-mini-4k-instruct` runs the real checkpoint instead." in body
+    assert "The same cause fails at: ctrl tp 2, 3, 4; phi3 tp 2, 3, 4; phimoe tp 2, 3, 4." in body
     script = re.search(r"```python\n(.*?)\n```", body, re.S)[1]
     from matrix.cells import parse_cell
 
     faithful = parse_cell("phi3.faithful-eager-fp32-tp2").model
-    cell = script_cell(script)
-    assert cell["tiny"] == faithful.tiny != load_models()["phi3"].tiny  # the faithful config, not the registry's
+    assert faithful.tiny != load_models()["phi3"].tiny  # the faithful config, not the registry's, as a literal
+    assert f"hidden_size={faithful.tiny['hidden_size']}," in script and "AutoConfig.for_model('phi3'," in script
+    cell = script_cell((tmp_path / "x" / "draft-issue" / "autotp-phi3-tp2-full.py").read_text())
     assert cell["checkpoints"] == ["microsoft/Phi-3-mini-4k-instruct"] and cell["hub_id"] is None
 
 
@@ -163,11 +166,11 @@ def test_what_autotp_did_is_a_section_of_its_own_when_the_record_carries_it(tmp_
     title, body = draft_text(
         entry, report, history, observations, folder=tmp_path / "d", inert=inert, diagnosis=diagnosis
     )
-    assert title.startswith("AutoTP: Phi-3-mini-4k-instruct: `self_attn.qkv_proj` sliced with the unsharded head count")
+    assert title.startswith("[BUG] AutoTP: a sharded layer gets an input of the wrong width (Phi3ForCausalLM, tp 2/3/4")
     section = body.split("**What AutoTP did and where it broke**\n\n", 1)[1].split("**To Reproduce**", 1)[0]
     assert section.splitlines()[:2] == [
         "`self_attn.qkv_proj` sliced with the unsharded head count.",
-        "Whose bug: AutoTP's: the unsharded model passes the same probes.",
+        "Whose: AutoTP's: the unsharded model passes the same probes.",
     ]
     assert "- Phi3DecoderLayer: self_attn.o_proj, mlp.down_proj" in section
     assert "Where it broke: model.layers.*.self_attn.o_proj (LinearAllreduce)" in section
@@ -335,6 +338,45 @@ def test_the_failure_with_its_numbers_and_a_traceback_without_the_runners_folder
         history.import_runs([(run, [result])], source=tmp_path)
     assert main(["draft-issue", "--cell", "bloom-eager-fp32-tp2", "--store", str(store), "--out", str(tmp_path)]) == 0
     body = capsys.readouterr().out
-    assert f"With its numbers: `{raised}`" in body
-    assert '  File ".../site-packages/transformers/models/bloom/modeling_bloom.py", line 271, in forward' in body
+    assert f"the sharded forward raises: `{raised}`" in body
+    assert '  File "transformers/models/bloom/modeling_bloom.py", line 271, in forward' in body
     assert "/home/someone" not in body
+
+
+def test_a_user_sees_the_libraries_frames_only_with_paths_from_their_package():
+    """The rank's traceback as a draft shows it: the harness's frames (the ones calling init_inference, and any of
+    its own between DeepSpeed's, as a wrapper of `tp_parser` once was) dropped, site-packages prefixes cut to the
+    package (`deepspeed/…`), other absolute paths to their file name, the harness's rank and `logs:` lines gone."""
+    from reports.outputs.draft_issue import library_trace
+
+    env = "/work/envs/ds0.19.8-tf5.25.0-pt2.13.0/lib/python3.11/site-packages"
+    message = "\n".join(
+        [
+            "rank 0 raised in shard (shard):",
+            "Traceback (most recent call last):",
+            '  File "/work/wt/x/suites/engine/cell_runner.py", line 219, in run_on_rank',
+            "    engine, model = _shard(job, model, world_size)",
+            f'  File "{env}/deepspeed/inference/engine.py", line 162, in __init__',
+            "    parser_dict = AutoTP.tp_parser(model)",
+            '  File "/work/wt/x/suites/checks/sharding.py", line 75, in tp_parser',
+            "    policy = parse(model)",
+            "             ^^^^^^^^^^^^",
+            f'  File "{env}/deepspeed/module_inject/auto_tp.py", line 392, in tp_parser',
+            "    if AutoTP.kernel_supported(module_list) else 'Not able'",
+            "ValueError: Unsupported activation function: silu (config read from /home/someone/ckpt/config.json)",
+            "",
+            "logs: /work/wt/x/results/logs/jetmoe.faithful-eager-fp32-tp2",
+        ]
+    )
+    trace = "\n".join(library_trace(message))
+    assert trace == "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "deepspeed/inference/engine.py", line 162, in __init__',
+            "    parser_dict = AutoTP.tp_parser(model)",
+            '  File "deepspeed/module_inject/auto_tp.py", line 392, in tp_parser',
+            "    if AutoTP.kernel_supported(module_list) else 'Not able'",
+            "ValueError: Unsupported activation function: silu (config read from config.json)",
+            "",
+        ]
+    )

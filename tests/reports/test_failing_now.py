@@ -137,7 +137,7 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     # in order of severity (wrong output or a crash first), then of the most popular checkpoint (gpt2 above opt).
     assert lines[4] == (
         "2. **new** forward: `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton "
-        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP's (DeepSpeed's) bug — "
+        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP bug (DeepSpeed's) — "
         "21 cells: eager fp32: "
         "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
         "e.g. `opt-eager-fp32-tp2`: `nox -s repro -- --models opt.stress --variants eager --dtypes fp32 --tp 2`; "
@@ -242,7 +242,7 @@ def test_a_known_failure_whose_cells_pass_now_says_close_and_an_unknown_cause_is
     lines = failing_section(out)
     assert lines[0].startswith("1 cell fails in 1 cause at the latest versions: 1 new, 0 known; 1 known failure fixed")
     assert lines[2].startswith(
-        f"1. **new** forward: `{BLOOM}` — AutoTP's (DeepSpeed's) bug — 1 cell: eager fp32: bloom tp2 — since the first "
+        f"1. **new** forward: `{BLOOM}` — AutoTP bug (DeepSpeed's) — 1 cell: eager fp32: bloom tp2 — since the first "
         "run —"
     )
     assert lines[3:] == [
@@ -265,7 +265,7 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     assert lines[3].startswith(
         f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard: `RuntimeError: split_with_"
         "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
-        "module_inject/layers.py:uneven_partition` — AutoTP's (DeepSpeed's) bug — 2 cells: eager fp32: llama tp2/3 — "
+        "module_inject/layers.py:uneven_partition` — AutoTP bug (DeepSpeed's) — 2 cells: eager fp32: llama tp2/3 — "
         "since the "
         "first run —"
     )
@@ -368,7 +368,10 @@ def test_deepspeeds_unsupported_models_are_known_by_design_never_new(tmp_path):
     numerics = causes["numerics gpt2-eager-fp32-tp3"]
     assert numerics["status"] == "unsupported" and numerics["known"]["name"] == "deepspeed_unsupported_models"
     assert numerics["known"]["upstream"].endswith("docs/_tutorials/automatic-tensor-parallelism.md#unsupported-models")
+    # whose it is: unsupported by design, with the page as its evidence, never AutoTP's bug
+    assert numerics["whose"] == "unsupported" and numerics["evidence"].endswith("#unsupported-models)")
     assert causes["shard gpt2-eager-fp32-tp2,opt-eager-fp32-tp2"]["status"] == "new"  # opt's cell is new
+    assert causes["shard gpt2-eager-fp32-tp2,opt-eager-fp32-tp2"]["whose"] == "autotp"
     lines = failing_section(out)
     assert lines[0] == "3 cells fail in 2 causes at the latest versions: 1 new, 0 known, 1 unsupported upstream."
     assert lines[3].startswith(  # wrong output above a refusal
@@ -376,6 +379,8 @@ def test_deepspeeds_unsupported_models_are_known_by_design_never_new(tmp_path):
         "deepspeedai/DeepSpeed/blob/edaa7221267243c7be7fb49c5d5f5c4fb97b4641/docs/_tutorials/automatic-tensor-"
         "parallelism.md#unsupported-models))** numerics"
     )
+    assert "unsupported by design (DeepSpeed says so) (evidence: `DeepSpeed's AutoTP page lists" in lines[3]
+    assert "AutoTP bug" not in lines[3]
     entry = load_known_failures(FAILURE_CLASSES)["deepspeed_unsupported_models"]
     assert not entry.covers("setup", "ImportError: x", "gpt2.faithful", "eager", {})  # the harness's failure
 
@@ -550,7 +555,7 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
     # olmo2's norm and bitnet's are not one tensor: the cause says what holds for both, each cell its own
     assert norm.startswith("1. **new** forward: a norm tensor left whole next to a projection AutoTP split — ")
     assert f"e.g. `olmo2-eager-fp32-tp2`: `{SIZE}" in norm  # shown on olmo2 (models.toml popularity)
-    assert "— AutoTP's (DeepSpeed's) bug, surfaced in `transformers/models/olmo2/modeling_olmo2.py:forward` —" in norm
+    assert "— AutoTP bug (DeepSpeed's), surfaced in `transformers/models/olmo2/modeling_olmo2.py:forward` —" in norm
     assert lines[-1].startswith(
         "4. **unsupported upstream ([deepspeedai/DeepSpeed v0.19.8 auto_tp.py#L293]("
         "https://github.com/deepspeedai/DeepSpeed/blob/v0.19.8/deepspeed/module_inject/auto_tp.py#L293))** shard"

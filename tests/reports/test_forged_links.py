@@ -160,7 +160,7 @@ def test_the_harness_links_stay_links(published):
     assert all(href.startswith("https://") for href in summary)  # none of report.md's relative ones
     (draft,) = (published / "draft-issue").glob("forward-*.md")  # the qwen2 cause's
     assert "https://huggingface.co/Qwen/Qwen2-7B" in links(draft.read_text())
-    assert "<details><summary>repro_" in draft.read_text()  # the frame around the script, ours
+    assert "\n```python\n# [BUG] AutoTP: " in draft.read_text()  # the minimal script, a fence of its own
     (issue,) = (published / "publish" / "issues").glob("shard-*.md")  # opt's new failure
     compare = "https://github.com/deepspeedai/DeepSpeed/compare/v0.19.2...v0.19.3"
     assert f"({compare})" in issue.read_text()  # a bare link GitHub links, not in a code span

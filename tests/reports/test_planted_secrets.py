@@ -53,9 +53,8 @@ def test_no_planted_secret_or_piece_of_one_is_left_anywhere(tmp_path, set_at):
         "step-summary.md",
         "comment.md",
         "publish/issues/",
-        "upstream/repro_",  # publish's report for DeepSpeed's tracker: its repro script (the .md beside it too)
+        "-full.py",  # the full script attached to publish's report for DeepSpeed's tracker and to the draft
         "draft-issue/forward-",
-        "repro_llama-eager-fp32-tp2.py",
     ]
     reached += [where for where in made if "/publish/upstream/" in where and where.endswith(".md")]
     for part in reached:

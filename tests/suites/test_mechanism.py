@@ -178,7 +178,7 @@ def test_repro_prints_the_cause_and_what_autotp_did():
         Failure("forward", "RuntimeError: x @ y.py:f", record, _raised("model.layers.0.self_attn.q_norm", "N"))
     )
     lines = repro_details({"cause": cause.to_dict(), "autotp": record.to_dict()})
-    assert lines[0].startswith("cause (AutoTP's (DeepSpeed's) bug): `self_attn.q_norm.weight` (width of the split")
+    assert lines[0].startswith("cause (AutoTP bug (DeepSpeed's)): `self_attn.q_norm.weight` (width of the split")
     assert lines[1:4] == [
         "what AutoTP did:",
         "  policy DecoderLayer: all-reduce self_attn.o_proj",

@@ -82,3 +82,27 @@ def test_a_library_numerics_fault_names_the_first_diverging_module(rank_pool, ll
     assert (outcome.broke_at.how, outcome.broke_at.path, outcome.broke_at.origin) == ("diverged", diverged, origin)
     assert outcome.broke_at.layer_class == "LinearAllreduce"
     assert outcome.message.startswith(f"first divergence at `{diverged}` (Linear, LinearAllreduce)")
+
+
+def test_the_parser_is_asked_not_wrapped_so_a_refusal_traces_through_deepspeed_only(rank_pool):
+    """jetmoe: DeepSpeed's parser refuses it from inside init_inference (its no-policy assert's message builds a
+    kernel-injection policy that raises). The policy is read by asking the parser beforehand, never by wrapping it,
+    so the trace from init_inference down is DeepSpeed's own frames, as a user running it alone sees them."""
+    from deepspeed.module_inject.auto_tp import AutoTP
+
+    from matrix.cells import parse_cell
+    from reports.outputs.draft_issue import library_trace
+
+    parser = AutoTP.__dict__["tp_parser"]
+    outcome = run_cell(parse_cell("jetmoe.faithful-eager-fp32-tp2"), rank_pool, RunOptions(cell_timeout=120.0))
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "shard"), outcome.message
+    assert "Unsupported activation function: silu" in outcome.message
+    assert (
+        "suites/checks/sharding.py" not in outcome.message
+        and "suites/" not in outcome.message.split("deepspeed/__init__.py", 1)[1]
+    )
+    trace = library_trace(outcome.message)
+    assert trace[1].startswith('  File "deepspeed/__init__.py"') and not [line for line in trace if "suites/" in line]
+    assert outcome.cause is not None and outcome.cause.key.startswith("no policy|")
+    assert outcome.autotp is not None and outcome.autotp.policies == () and not outcome.autotp.complete
+    assert AutoTP.__dict__["tp_parser"] is parser  # this process's DeepSpeed untouched too
