@@ -861,3 +861,33 @@ def test_the_expression_reader_reads_as_github_does():
     assert not evaluate("needs.b-c.result == 'success'", context, ok)
     assert not evaluate("a == 'x'", context, {**ok, "success": False})  # implicit success()
     assert evaluate("always() && (a != 'y' || missing == 'z')", context, {**ok, "success": False})
+
+
+HISTORY_READERS = re.compile(r"nox -s (report|gate|publish)\b")
+"""Sessions that order harness commits (reports/analysis/statuses.py): by the harness's git history where the checkout
+has it (reports/clones/git.py harness_order), else by the runs' bounded start times, which a runner chooses."""
+
+
+def harness_history_problems(workflow: dict) -> list[str]:
+    problems = []
+    for job_name, job in workflow["jobs"].items():
+        job_steps = job.get("steps", [])
+        if not any(HISTORY_READERS.search(step.get("run", "")) for step in job_steps):
+            continue
+        harness = [
+            step
+            for step in job_steps
+            if str(step.get("uses", "")).startswith("actions/checkout@")
+            and "HARNESS_REPO" in str(step.get("with", {}).get("repository", ""))
+        ]
+        if not harness or any(step["with"].get("fetch-depth") != 0 for step in harness):
+            problems.append(f"{job_name}: orders harness commits without the harness's history (fetch-depth: 0)")
+    return problems
+
+
+def test_jobs_that_order_harness_commits_check_out_its_history(workflow):
+    assert harness_history_problems(workflow) == []
+    shallow = break_workflow(workflow, lambda w: w["jobs"]["gate"]["steps"][1]["with"].pop("fetch-depth"))
+    assert harness_history_problems(shallow) == [
+        "gate: orders harness commits without the harness's history (fetch-depth: 0)"
+    ]
