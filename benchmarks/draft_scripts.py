@@ -1,9 +1,11 @@
-"""Does each cause's draft issue reproduce it without this harness (#44's first "Done when")? For every cause of
-report.json's "failing now": save the script its draft issue inlines (a cause with no draft, e.g. one unsupported
-upstream: its repro script), run it alone as the draft says, `deepspeed --num_gpus <tp> <script>` in an empty folder,
-with the cells' environment's python and nothing of the harness on the path, and compare what it prints with the
-cause: `RESULT: RAISED <stage> <type>` with the cause's message (numbers masked), or `RESULT: MISMATCH` with the
-failing check its class names. One script at a time (they are rank groups: run it under the heavy-work lock).
+"""Does each cause's draft issue reproduce it without this harness (#55's first "Done when")? For every cause of
+report.json's "failing now": save the minimal script its draft issue inlines (a cause with no draft, e.g. one
+unsupported upstream: its full repro script), run it alone as the draft says, `deepspeed --num_gpus <tp> <script>` in an
+empty folder, with the cells' environment's python and nothing of the harness on the path, and compare what it shows
+with the cause: a minimal script raises the cause's exception (numbers masked) or fails its one assertion
+(AssertionError) and never prints "not reproduced"; a full script prints `RESULT: RAISED <stage> <type>` with the
+cause's message, or `RESULT: MISMATCH` with the failing check its class names. One script at a time (they are rank
+groups: run it under the heavy-work lock).
 
     <results' environment>/bin/python benchmarks/draft_scripts.py results /tmp/draft-scripts [CAUSE_ID ...]
 
@@ -31,6 +33,8 @@ RESULT_LINE = re.compile(r"RESULT: (?:MATCH|MISMATCH|RAISED \w+ [\w.]+)")
 RAISED_MESSAGE = re.compile(r"RESULT: RAISED \w+ (.*)")
 FAILING_CHECK = {"numerics": "FAIL logits", "generation": "FAIL generation", "memory": "FAIL memory"}
 COMPARED_CHARACTERS = 40  # of the masked message: past it, the harness's masking ("[N…]") and torch's differ
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", re.M)
+NOT_REPRODUCED = "not reproduced"  # what a minimal script prints when its forward did not fail
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Verdict:
 
     @property
     def reproduces(self) -> bool:
-        return self.printed == [self.expected] and self.same_message
+        return self.expected in self.printed and NOT_REPRODUCED not in self.printed and self.same_message
 
 
 def masked(text: str) -> str:
@@ -54,25 +58,40 @@ def masked(text: str) -> str:
     return re.sub(r"\d+", "N", text)
 
 
-def expected_result(cause: dict[str, Any]) -> str:
-    if cause["failure_class"] in ("shard", "forward"):
-        exception = cause["cause"].split(" @ ")[0].split(":")[0].strip()
-        return f"RESULT: RAISED {cause['failure_class']} {exception}"
-    return "RESULT: MISMATCH"
+def expected_result(cause: dict[str, Any], minimal: bool) -> str:
+    raising = cause["failure_class"] in ("shard", "forward")
+    exception = cause["cause"].split(" @ ")[0].split(":")[0].strip()
+    if minimal:
+        return f"raised {exception}" if raising else "AssertionError"
+    return f"RESULT: RAISED {cause['failure_class']} {exception}" if raising else "RESULT: MISMATCH"
 
 
-def same_message(cause: dict[str, Any], output: str) -> bool:
+def printed_results(output: str, minimal: bool) -> list[str]:
+    """What a script showed: a minimal script's exceptions (`raised <type>`, AssertionError alone), a full one's
+    RESULT lines."""
+    if not minimal:
+        return sorted(set(RESULT_LINE.findall(output)))
+    shown = {
+        m.group(1) if m.group(1) == "AssertionError" else f"raised {m.group(1)}"
+        for m in EXCEPTION_LINE.finditer(output)
+    }
+    return sorted(shown | ({NOT_REPRODUCED} if NOT_REPRODUCED in output else set()))
+
+
+def same_message(cause: dict[str, Any], output: str, minimal: bool) -> bool:
     """The raised message starts like the cause's (numbers masked), or the check the class names failed."""
-    if cause["failure_class"] in FAILING_CHECK:
-        return FAILING_CHECK[cause["failure_class"]] in output
-    raised = RAISED_MESSAGE.search(output)
-    wanted = masked(cause["cause"].split(" @ ")[0])
-    said = masked(raised.group(1)) if raised else ""
-    return bool(raised) and said.split("[")[0][:COMPARED_CHARACTERS] == wanted.split("[")[0][:COMPARED_CHARACTERS]
+    wanted = masked(cause["cause"].split(" @ ")[0]).split("[")[0][:COMPARED_CHARACTERS]
+    if cause["failure_class"] not in ("shard", "forward"):
+        return "AssertionError" in output if minimal else FAILING_CHECK[cause["failure_class"]] in output
+    if minimal:
+        said = [masked(f"{m.group(1)}: {m.group(2)}").split("[")[0] for m in EXCEPTION_LINE.finditer(output)]
+    else:
+        said = [masked(m.group(1)).split("[")[0] for m in RAISED_MESSAGE.finditer(output)]
+    return any(text[:COMPARED_CHARACTERS] == wanted for text in said)
 
 
 def save_script(cause: dict[str, Any], results: Path, folder: Path) -> tuple[str, str, str]:
-    """(script name, tp, where it came from), the script written into folder."""
+    """(script name, tp, where it came from: "draft issue" for its minimal script), the script written into folder."""
     tp = cause["repro"]["cell"].rsplit("-tp", 1)[1]
     if not cause["draft"]:
         script = results / cause["repro"]["script"]
@@ -109,6 +128,7 @@ def check(cause: dict[str, Any], results: Path, out: Path) -> Verdict:
     folder = out / f"{cause['failure_class']}-{cause['id']}"
     folder.mkdir(parents=True, exist_ok=True)
     name, tp, source = save_script(cause, results, folder)
+    minimal = source == "draft issue"
     started = time.monotonic()
     output = run_alone(name, tp, folder)
     (folder / "output.log").write_text(output)
@@ -117,9 +137,9 @@ def check(cause: dict[str, Any], results: Path, out: Path) -> Verdict:
         failure_class=cause["failure_class"],
         cell=cause["repro"]["cell"],
         source=source,
-        expected=expected_result(cause),
-        printed=sorted(set(RESULT_LINE.findall(output))),
-        same_message=same_message(cause, output),
+        expected=expected_result(cause, minimal),
+        printed=printed_results(output, minimal),
+        same_message=same_message(cause, output, minimal),
         seconds=round(time.monotonic() - started, 1),
     )
 
