@@ -33,7 +33,7 @@ RESULT_LINE = re.compile(r"RESULT: (?:MATCH|MISMATCH|RAISED \w+ [\w.]+)")
 RAISED_MESSAGE = re.compile(r"RESULT: RAISED \w+ (.*)")
 FAILING_CHECK = {"numerics": "FAIL logits", "generation": "FAIL generation", "memory": "FAIL memory"}
 COMPARED_CHARACTERS = 40  # of the masked message: past it, the harness's masking ("[N…]") and torch's differ
-EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", re.M)
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", re.M)
 NOT_REPRODUCED = "not reproduced"  # what a minimal script prints when its forward did not fail
 
 

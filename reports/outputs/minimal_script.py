@@ -17,7 +17,6 @@ from typing import Literal
 from matrix.cells import Cell
 from matrix.redaction import redact
 from reports.store import CellResult
-from suites.checks.inputs import ProbeSpec
 
 MAX_LINES = 40
 WIDTH = 116
@@ -25,6 +24,14 @@ SEED = 0
 SymptomKind = Literal["raises", "logits", "generation", "whole", "uneven"]
 _GROUP = re.compile(r"([\w.*]+?)\.?\{([^}]*)\}|([\w.*]+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def prompt_tokens() -> int:
+    """The probes' prompt length (suites/checks/inputs.py imports torch, which `python -m reports merge` must not:
+    it doubled merge's memory)."""
+    from suites.checks.inputs import ProbeSpec
+
+    return ProbeSpec().prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,7 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
         f"torch.manual_seed({SEED})",
         *_config_lines(cell.model.model_type, cell.model.tiny),
         f"model = AutoModelForCausalLM.from_config(config, dtype=torch.{dtype}).eval()",
-        f"input_ids = torch.randint(3, config.vocab_size, (1, {ProbeSpec().prompt_tokens}))",
+        f"input_ids = torch.randint(3, config.vocab_size, (1, {prompt_tokens()}))",
         *(["with torch.no_grad():"] if needs_reference else []),
         *(["    expected = model(input_ids).logits"] if symptom.kind == "logits" else []),
         *(
