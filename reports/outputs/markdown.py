@@ -18,7 +18,9 @@ from reports.analysis import (
     commit_words,
     count_text,
     failing_now_markdown,
+    new_architecture_lines,
     new_architectures_markdown,
+    new_architectures_summary,
     one_line,
     shared_answers,
     status_text,
@@ -301,8 +303,11 @@ def report_markdown(report: Report) -> str:
 
 
 RUN_FILES = "report.html, report.md and every failing cell's logs"
-MAX_SUMMARY_CAUSES = 25
+MAX_SUMMARY_CAUSES = 20
 """Causes the step summary lists, one table row each (the most severe first); report.md lists them all."""
+MAX_SUMMARY_ARCHITECTURES = 3
+"""New architectures' first verdicts the step summary lists (the nightly's first screen); report.md lists them all.
+With MAX_SUMMARY_CAUSES, the summary stays within 40 lines."""
 
 
 def actions_run_url(environ: Mapping[str, str]) -> str:
@@ -354,6 +359,21 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         ]
         if len(section.causes) > len(shown):
             lines += ["", f"{len(section.causes) - len(shown)} more causes in report.md."]
+    if report.new_architectures.release:
+        architectures = new_architecture_lines(report.new_architectures)
+        shown_architectures = architectures[:MAX_SUMMARY_ARCHITECTURES]
+        lines += [
+            "",
+            "## New architectures since the previous transformers release",
+            "",
+            new_architectures_summary(report.new_architectures),
+            *[f"- {line}" for line in shown_architectures],
+            *(
+                [f"- {len(architectures) - len(shown_architectures)} more in report.md"]
+                if len(architectures) > len(shown_architectures)
+                else []
+            ),
+        ]
     if report.docs_drift:
         drift = report.docs_drift
         lines += [

@@ -121,7 +121,10 @@ def test_first_screen_says_what_changed_since_the_previous_run(issue_18):
     # was 75 bullet lines of cells before root causes; "Failing now, by cause" (6 lines here) comes first
     assert len(first_screen.splitlines()) < 36
     summary = (issue_18 / "step-summary.md").read_text()
-    assert "3 new failures in 1 cause." in summary and "### Fixes: 1 cause, 45 cells" in summary
+    # the step summary leads with the answer (#55): what changed since the previous trusted run, one row per cause;
+    # the history's root causes (the 45 fixes) stay in report.md
+    assert "- Since the previous trusted run: 3 new failures in 1 cause." in summary
+    assert "### Fixes: 1 cause, 45 cells" not in summary and "### Fixes: 1 cause, 45 cells" in report
     assert "<details>" not in summary  # no per-cell detail in the step summary
 
 
