@@ -30,9 +30,12 @@ def run_all(
     tolerance: Tolerance,
     perplexity_skipped: str = "",
     real_counts: SplitCounts | None = None,
+    checkpoint_json: bool = False,
 ) -> list[CheckResult]:
     """`sharded` is rank 0's observations; `ranks` what every rank handed rank 0; `perplexity_skipped` why the model
-    cannot run the perplexity probe ("" when it ran); `real_counts` a faithful cell's real checkpoint counts."""
+    cannot run the perplexity probe ("" when it ran); `real_counts` a faithful cell's real checkpoint counts;
+    `checkpoint_json` whether init_inference loaded a checkpoint json (the meta load), which decides whether older
+    releases split the output head."""
     rank_last_logits = [r.last_logits for r in ranks if r.last_logits is not None]
     rank_bytes_by_name = [r.bytes_by_name for r in ranks if r.bytes_by_name is not None]
     if len(rank_last_logits) != len(ranks) or len(rank_bytes_by_name) != len(ranks):
@@ -51,5 +54,6 @@ def run_all(
             [r.shapes_by_name or {} for r in ranks],
             real=real_counts,
             deepspeed_release=deepspeed_release(),
+            checkpoint_json=checkpoint_json,
         ),
     ]

@@ -47,12 +47,18 @@ DESIGN_WHOLE_NAMES = ("q_a_proj", "kv_a_proj_with_mqa", "shared_expert_gate")
 expert gate (its MoE routers are matched by their output features, `SplitCounts.experts`)."""
 
 
-OUTPUT_HEADS = {"lm_head": (0, 12, 0), "embed_out": (0, 12, 0), "language_model.lm_head": (0, 16, 0)}
+OUTPUT_HEADS = {
+    "lm_head": ((0, 12, 0), (0, 16, 3)),
+    "embed_out": ((0, 12, 0), (0, 16, 3)),
+    "language_model.lm_head": ((0, 16, 0), (0, 16, 3)),
+}
 """The output heads DeepSpeed's inference AutoTP splits (replace_module.py `set_lm_head`, an `nn.Linear` under one of
 these names, as `LmHeadLinearAllreduce`: row-parallel in 64-wide grains of the hidden width) and the release each
-name is split from (`lm_head`/`embed_out` since #3962, 0.12.0; `language_model.lm_head` since 0.16.0). Before that
-release, in training (`deepspeed.initialize`, whose output head follows its own partition config) and under any other
-name, the output head stays whole by design."""
+name is split from: (when `init_inference` loads a checkpoint json, without one). `set_lm_head` ran only on the
+checkpoint-loading path (`lm_head`/`embed_out` since #3962, 0.12.0; `language_model.lm_head` since 0.16.0) until
+#6812 ("Support pure meta model lm_head tp", 0.16.3) ran it on every AutoTP path. Before that release, in training
+(`deepspeed.initialize`, whose output head follows its own partition config) and under any other name, the output
+head stays whole by design."""
 
 
 @dataclass(frozen=True)
@@ -272,9 +278,11 @@ def weight_share(
     return WeightShare(name, kind, held[rank] / full, allowed, rank, tuple(held), full, at_real)
 
 
-def output_head(shapes_by_name: dict[str, tuple[int, ...]], release: tuple[int, ...]) -> str:
-    """The name of the output head weight DeepSpeed splits at `release` (`OUTPUT_HEADS`), or ""."""
-    for head, since in OUTPUT_HEADS.items():
+def output_head(shapes_by_name: dict[str, tuple[int, ...]], release: tuple[int, ...], checkpoint_json: bool) -> str:
+    """The name of the output head weight DeepSpeed splits at `release` (`OUTPUT_HEADS`; `checkpoint_json`: whether
+    `init_inference` loaded a checkpoint json), or ""."""
+    for head, (with_json, without) in OUTPUT_HEADS.items():
+        since = with_json if checkpoint_json else without
         if len(shapes_by_name.get(f"{head}.weight", ())) == 2 and release >= since:
             return f"{head}.weight"
     return ""
@@ -334,10 +342,12 @@ def judge_head(
     rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None,
     counts: SplitCounts,
     release: tuple[int, ...],
+    checkpoint_json: bool,
 ) -> tuple[str, str, str]:
-    """The output head where DeepSpeed's design splits it at `release`, as (finding, its figures, note): left whole or
-    split unevenly is a finding; a tied head split by a copy a note; ("", "", "") when there is nothing to say."""
-    name = output_head(shapes_by_name, release)
+    """The output head where DeepSpeed's design splits it at `release` (`checkpoint_json`: whether `init_inference`
+    loaded a checkpoint json), as (finding, its figures, note): left whole or split unevenly is a finding; a tied head
+    split by a copy a note; ("", "", "") when there is nothing to say."""
+    name = output_head(shapes_by_name, release, checkpoint_json)
     partner = tied_partner(name, bytes_by_name, shapes_by_name) if name else ""
     full = bytes_by_name.get(partner or name, 0)
     if not full:
@@ -352,11 +362,12 @@ def judge_head(
     share = weight_share(name, "output head", shape, full, held, shapes, counts)
     head = name.removesuffix(".weight")
     if share.whole:
-        since = ".".join(map(str, OUTPUT_HEADS[head]))
+        since = ".".join(map(str, OUTPUT_HEADS[head][0 if checkpoint_json else 1]))
+        loaded = "loading a checkpoint json" if checkpoint_json else "without a checkpoint json"
         return (
             f"output head left whole: {head}",
             f"(every rank holds all {shape[0]}x{shape[1]} of it; DeepSpeed >= {since} splits an nn.Linear {head} "
-            "as LmHeadLinearAllreduce)",
+            f"as LmHeadLinearAllreduce {loaded})",
             "",
         )
     if share.uneven:
@@ -371,11 +382,12 @@ def check(
     *,
     real: SplitCounts | None = None,
     deepspeed_release: tuple[int, ...] | None = None,
+    checkpoint_json: bool = False,
 ) -> CheckResult:
     """`rank_shapes_by_name`: the shapes each rank holds, which tell the dimension a weight was split along (without
     them it is read from the bytes). `real`: a faithful cell's real checkpoint counts. `deepspeed_release`: the
     DeepSpeed release of an inference cell, whose design decides whether the output head splits (None: no head rule,
-    as in training)."""
+    as in training), with `checkpoint_json`: whether its `init_inference` loaded a checkpoint json."""
     tp = len(rank_bytes_by_name)
     unsharded_totals = kind_totals(unsharded.bytes_by_name, unsharded.kinds)
     ranks = [kind_totals(by_name, unsharded.kinds) for by_name in rank_bytes_by_name]
@@ -424,6 +436,7 @@ def check(
             rank_shapes_by_name,
             unsharded.counts,
             deepspeed_release,
+            checkpoint_json,
         )
         problems += [Finding(head, figures)] if head else []
         notes += [note] if note else []

@@ -341,7 +341,15 @@ def _judge(
         if job.reference is None or observed is None:
             raise ValueError(f"inference cell {job.cell_id} has no reference or no observations (a harness bug)")
         reference = load_reference(job.reference)
-        results = judge.run_all(reference, observed, summaries, tolerance, job.spec.perplexity_skipped, job.real_counts)
+        results = judge.run_all(
+            reference,
+            observed,
+            summaries,
+            tolerance,
+            job.spec.perplexity_skipped,
+            job.real_counts,
+            checkpoint_json=job.meta is not None,
+        )
         if job.baseline:
             results += quantization_checks.check(load_reference(job.baseline), observed, tolerance)
         if job.meta:

@@ -458,7 +458,9 @@ def compare_memory(unsharded: Unsharded, sharded_model: torch.nn.Module, real: S
     ]
     lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
     release = Version(deepspeed.__version__).release
-    head, figures, note = judge_head(unsharded.shapes, unsharded.numels, numels, shapes, counts, release)
+    head, figures, note = judge_head(
+        unsharded.shapes, unsharded.numels, numels, shapes, counts, release, CELL["load"] == "meta"
+    )
     lines += [(False, f"memory: {head} {figures}")] if head else []
     lines += [(True, f"memory (note): {note}")] if note else []
     return (

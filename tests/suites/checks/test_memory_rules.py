@@ -81,9 +81,20 @@ def test_the_output_head_left_whole_fails_where_deepspeed_splits_it():
     result = memory.check(reference, whole, deepspeed_release=(0, 19, 8))
     assert not result.passed and result.failure_class == "memory"
     assert result.signature.startswith("output head left whole: lm_head"), result.signature
-    assert "DeepSpeed >= 0.12.0 splits an nn.Linear lm_head as LmHeadLinearAllreduce" in result.reason
+    assert "DeepSpeed >= 0.16.3 splits an nn.Linear lm_head as LmHeadLinearAllreduce without a checkpoint json" in (
+        result.reason
+    )
+    # set_lm_head ran only when init_inference loaded a checkpoint json (0.12.0) until #6812 (0.16.3): DeepSpeed
+    # 0.14.4 leaves a plain load's head whole by design, and splits a checkpoint json's
+    assert memory.check(reference, whole, deepspeed_release=(0, 14, 4)).passed
+    with_json = memory.check(reference, whole, deepspeed_release=(0, 14, 4), checkpoint_json=True)
+    assert (
+        not with_json.passed
+        and "DeepSpeed >= 0.12.0" in with_json.reason
+        and "loading a checkpoint json" in (with_json.reason)
+    )
     # before 0.12.0 and in training (no release given) the head stays whole by design
-    assert memory.check(reference, whole, deepspeed_release=(0, 11, 2)).passed
+    assert memory.check(reference, whole, deepspeed_release=(0, 11, 2), checkpoint_json=True).passed
     assert memory.check(reference, whole).passed
     split = _held(reference, [4, 4], [4, 4], head_share=(0.5, 0.5))
     assert memory.check(reference, split, deepspeed_release=(0, 19, 8)).passed
