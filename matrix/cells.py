@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeGuard
 
+from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
 from matrix.config_values import ExpansionError
 from matrix.registry import (
     DTYPES,
@@ -89,6 +90,8 @@ class Cell:
     variant: Variant
     dtype: DType
     tp: int
+    arguments: CellArguments = NO_ARGUMENTS
+    """What the cell passes besides the model and tp size (a remedy's `injection_policy`, ...): none by default."""
 
     @property
     def id(self) -> str:

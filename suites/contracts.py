@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypedDict
 
+from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
 from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import SplitCounts
@@ -80,6 +81,9 @@ class Job:
     real_counts: SplitCounts | None = None
     """A faithful cell's real checkpoint counts (suites/checks/memory.py `faithful_counts`): what its memory check
     judges each split by; None for a stress cell."""
+    arguments: CellArguments = NO_ARGUMENTS
+    """What the ranks pass besides the variant's: `injection_policy` to init_inference, keywords to the load, the
+    mask-less forward's mask (matrix/cell_arguments.py)."""
     faults: tuple[str, ...] = ()
     """Test-only fault hooks (`module:function`), see suites/engine/cell_runner.py."""
     seq: int = 0

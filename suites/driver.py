@@ -211,6 +211,7 @@ def _job(
         accuracy_task=accuracy_task,
         accuracy_reference=accuracy_reference,
         real_counts=real_counts,
+        arguments=cell.arguments,
         faults=options.faults,
     )
     return job, _provenance(checkpoint, prepared.plan, reference)

@@ -127,10 +127,16 @@ def _sliding_window_nll(
 
 @torch.no_grad()
 def observe(
-    model: CausalLM, inputs: ProbeInputs, spec: ProbeSpec, device: Device, unsharded: bool = True
+    model: CausalLM,
+    inputs: ProbeInputs,
+    spec: ProbeSpec,
+    device: Device,
+    unsharded: bool = True,
+    mask_plain: bool = False,
 ) -> Observations:
     """The probes' outputs; with `unsharded` (the reference) also the model's `footprint`, which no check reads
-    of the sharded model."""
+    of the sharded model; `mask_plain`: the mask-less forward is given an all-ones mask (a remedy's argument,
+    matrix/cell_arguments.py)."""
     started = time.perf_counter()
     batch_ids, batch_mask = inputs.batch_ids.to(device), inputs.batch_mask.to(device)
     with expert_choices(model) as choices_masked:
@@ -144,7 +150,9 @@ def observe(
     real = batch_mask.bool().cpu()
     logits_masked = masked[batch_mask.bool()].float().cpu()
     with expert_choices(model) as choices_plain, module_outputs(model) as outputs:
-        logits_plain = _logits(model(batch_ids[:1]), "the forward without attention mask", 3).float().cpu()
+        plain_mask = {"attention_mask": torch.ones_like(batch_ids[:1])} if mask_plain else {}
+        logits_plain = _logits(model(batch_ids[:1], **plain_mask), "the forward without attention mask", 3)
+        logits_plain = logits_plain.float().cpu()
     gen_tokens, gen_logits = _greedy(model, batch_ids[:1], batch_mask[:1], spec)
     gen_padded_tokens, gen_padded_logits = _greedy(model, batch_ids, batch_mask, spec)
     nll_sum, nll_tokens = (

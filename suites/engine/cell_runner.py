@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from matrix.cell_arguments import resolve_injection_policy
 from suites.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import judge
@@ -124,10 +125,15 @@ def _peak_rss_bytes() -> int:
 
 def _load(job: Job) -> Model:
     """The variant's load mode: eager `from_pretrained` (with the HF-side quantization) or meta."""
+    model_kwargs = dict(job.arguments.model_kwargs)
     if job.meta:
-        return load_meta_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code)
+        return load_meta_model(job.loaded_checkpoint, job.dtype, job.trust_remote_code, model_kwargs)
     return load_model(
-        job.loaded_checkpoint, job.dtype, job.trust_remote_code, hf_quantization_config(job.variant.quantization)
+        job.loaded_checkpoint,
+        job.dtype,
+        job.trust_remote_code,
+        hf_quantization_config(job.variant.quantization),
+        model_kwargs=model_kwargs,
     )
 
 
@@ -142,6 +148,9 @@ def _shard(job: Job, model: Model, world_size: int) -> tuple[Any, Model]:
         options["checkpoint"] = job.meta.checkpoints_json
     if variant.keep_module_on_host:
         options["keep_module_on_host"] = True
+    if job.arguments.injection_policy:  # resolved here: a class is this process's, the job names it
+        classes = {type(module).__name__: type(module) for module in model.modules()}
+        options["injection_policy"] = resolve_injection_policy(job.arguments.injection_policy, classes)
     mark_process_sharded()
     engine = deepspeed.init_inference(
         model,
@@ -151,6 +160,14 @@ def _shard(job: Job, model: Model, world_size: int) -> tuple[Any, Model]:
         **options,
     )
     return engine, apply_post_init(engine.module, variant.quantization, variant.quant_group_size)
+
+
+def _policies(job: Job, model: Model) -> list[Policy]:
+    """The policies init_inference shards by: the cell's own `injection_policy` where it passes one (the parser
+    then does not run), else the parser's choice."""
+    if job.arguments.injection_policy:
+        return [Policy(block, tuple(sorted(names))) for block, names in job.arguments.injection_policy]
+    return parsed_policy(model)
 
 
 def _record_sharding(
@@ -214,7 +231,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             before = snapshot(model)
             stage = "shard"
             started = time.perf_counter()
-            policies = parsed_policy(model) if rank == 0 else []
+            policies = _policies(job, model) if rank == 0 else []
             try:
                 engine, model = _shard(job, model, world_size)
             finally:
@@ -233,7 +250,9 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             model = _run_fault_hooks(job, "sharded", model, rank)
             held_bytes_by_name, held_shapes = bytes_by_name(model), shapes_by_name(model)
             stage = "forward"
-            observed = observe(model, inputs, job.spec, device, unsharded=False)
+            observed = observe(
+                model, inputs, job.spec, device, unsharded=False, mask_plain=bool(job.arguments.forward_mask)
+            )
             timings["time_forward_s"] = observed.forward_seconds
             if job.accuracy_task:
                 started = time.perf_counter()

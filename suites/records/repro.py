@@ -98,6 +98,9 @@ def repro_cell(
         "config_names": CONFIG_NAMES,
         "real_counts": asdict(real) if (real := faithful_counts(cell.model, cell.tp)) and not hub_id else None,
         "command": launcher_command(cell, script),
+        "injection_policy": {block: list(names) for block, names in cell.arguments.injection_policy},
+        "model_kwargs": dict(cell.arguments.model_kwargs),
+        "forward_mask": cell.arguments.forward_mask,
     }
     if variant.training:
         from suites.variants.training import deepspeed_config

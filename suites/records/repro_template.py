@@ -91,6 +91,12 @@ class _CellFields(TypedDict):
     real_counts: dict[str, int] | None
     """The counts (SplitCounts' fields) of the real checkpoint a faithful tiny checkpoint stands for; None otherwise."""
     command: str
+    injection_policy: dict[str, list[str]]
+    """init_inference's `injection_policy`: block class name -> its row-parallel linears ({} when none is passed)."""
+    model_kwargs: dict[str, Any]
+    """Keywords from_pretrained is given besides the dtype ({} when none)."""
+    forward_mask: str
+    """`all-ones`: the mask-less forward is given an all-ones attention mask; "" when it is given none."""
 
 
 class CellSpec(_CellFields, total=False):
@@ -228,7 +234,7 @@ def load_model(folder: str) -> CausalLM:
         from transformers import TorchAoConfig
 
         extra["quantization_config"] = TorchAoConfig(Int8WeightOnlyConfig())
-    model = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(), **extra)
+    model = AutoModelForCausalLM.from_pretrained(folder, **dtype_kwargs(), **extra, **CELL["model_kwargs"])
     model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
     return model
 
@@ -258,7 +264,7 @@ def meta_model(folder: str) -> tuple[CausalLM, dict[str, object]]:
 
     with deepspeed.OnDevice(dtype=DTYPES[CELL["dtype"]], device="meta"):
         model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # unannotated, as above
-            AutoConfig.from_pretrained(folder), **dtype_kwargs()
+            AutoConfig.from_pretrained(folder), **dtype_kwargs(), **CELL["model_kwargs"]
         )
         model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
     suffix = ".safetensors" if CELL["checkpoint_format"] == "safetensors" else ".bin"
@@ -300,7 +306,8 @@ def observe(model: CausalLM, batch: torch.Tensor, mask: torch.Tensor, corpus: to
     """Everything the checks compare, from one model."""
     batch, mask = batch.to(device), mask.to(device)
     seen = {"masked": model(batch, attention_mask=mask).logits.float().cpu()[mask.bool().cpu()]}
-    seen["plain"] = model(batch[:1]).logits.float().cpu()
+    plain_mask = {"attention_mask": torch.ones_like(batch[:1])} if CELL["forward_mask"] == "all-ones" else {}
+    seen["plain"] = model(batch[:1], **plain_mask).logits.float().cpu()
     for name, ids, ids_mask in (("gen", batch[:1], mask[:1]), ("gen_padded", batch, mask)):
         generated = model.generate(
             ids,
@@ -504,6 +511,7 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
         tensor_parallel={"tp_size": torch.distributed.get_world_size()},
         dtype=DTYPES[CELL["dtype"]],
         replace_with_kernel_inject=False,
+        injection_policy=injection_policy(model),
         **options,
     )
     sharded_model = post_init_quantization(engine.module)
@@ -518,6 +526,15 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
         # A quantized weight is stored packed (int4: two to a byte): its element count says nothing about its split.
         *([] if CELL["quantization"] else compare_memory(unsharded, sharded_model, real)),
     ]
+
+
+def injection_policy(model: CausalLM) -> dict[type, tuple[str, ...]] | None:
+    """CELL["injection_policy"] with each block class found among the model's modules by name: which linears of
+    each block init_inference makes row-parallel (None: its parser chooses)."""
+    if not CELL["injection_policy"]:
+        return None
+    classes = {type(module).__name__: type(module) for module in model.modules()}
+    return {classes[block]: tuple(names) for block, names in CELL["injection_policy"].items()}
 
 
 def train(hub_id: str | None, revision: str | None, device: str) -> Lines:

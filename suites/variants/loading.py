@@ -67,13 +67,16 @@ def load_model(
     trust_remote_code: bool,
     quantization_config: object | None = None,
     big_model: dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
 ) -> CausalLM:
     """`big_model`: accelerate's keywords (`device_map`, `max_memory`, `offload_folder`) for a model
-    loaded over devices, host RAM and disk (the reference of a model larger than memory)."""
+    loaded over devices, host RAM and disk (the reference of a model larger than memory); `model_kwargs`: what a
+    user passes besides (a remedy's, matrix/cell_arguments.py)."""
     from transformers import AutoModelForCausalLM
 
     extra: dict[str, Any] = {"quantization_config": quantization_config} if quantization_config is not None else {}
     extra.update(big_model or {})
+    extra.update(model_kwargs or {})
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype), **extra
@@ -88,7 +91,9 @@ def load_model(
     return model
 
 
-def load_meta_model(source: str, dtype: DType, trust_remote_code: bool) -> CausalLM:
+def load_meta_model(
+    source: str, dtype: DType, trust_remote_code: bool, model_kwargs: dict[str, Any] | None = None
+) -> CausalLM:
     """The architecture with every parameter on the meta device: no rank materialises weights here."""
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -97,7 +102,7 @@ def load_meta_model(source: str, dtype: DType, trust_remote_code: bool) -> Causa
     with deepspeed.OnDevice(dtype=TORCH_DTYPES[dtype], device="meta"):
         # transformers leaves from_config unannotated; it builds what from_pretrained loads.
         model: CausalLM = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype)
+            config, trust_remote_code=trust_remote_code, **dtype_kwargs(dtype), **(model_kwargs or {})
         )
     model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval unannotated
     return model
