@@ -10,6 +10,7 @@ import pytest
 
 from matrix.cells import expand
 from matrix.registry import RegistryError
+from matrix.remedies import RemedyError
 from suites.command import SUITE_OPTIONS
 from suites.memory_plan import default_variants
 
@@ -45,7 +46,9 @@ def pytest_configure(config):
             shapes=option("--shapes"),
         )
         config.stash[ACCURACY_TASK] = resolve_task(option("--accuracy-task")) if option("--accuracy-task") else None
-    except (RegistryError, TaskError) as error:
+        if option("--remedy"):
+            config.stash[CELLS] = _with_remedy(config.stash[CELLS], option("--remedy"))
+    except (RegistryError, TaskError, RemedyError) as error:
         raise pytest.UsageError(str(error)) from None
     if _runs_suites(config) and not config.option.collectonly:  # collecting only: no run, nothing to record
         workers = getattr(config.option, "numprocesses", None)
@@ -59,6 +62,20 @@ def pytest_configure(config):
 
 
 RUN = pytest.StashKey[tuple]()
+
+
+def _with_remedy(cells, name: str):
+    """The cells with the arguments of remedy `name` (matrix/remedies.toml; a patch passes none)."""
+    from dataclasses import replace
+
+    from matrix.remedies import load_remedies
+
+    remedies = load_remedies()
+    remedy = next((remedy for remedy in remedies if remedy.name == name), None)
+    if remedy is None:
+        known = ", ".join(remedy.name for remedy in remedies)
+        raise RemedyError(f"--remedy {name!r}: no remedy of that name in matrix/remedies.toml; known: {known}")
+    return [replace(cell, arguments=remedy.arguments) for cell in cells]
 
 
 def _failures_as_causes(config) -> None:
@@ -101,7 +118,7 @@ def _start_run(config):
     # other harness code, are never replayed into this run.
     selection = {
         name: option(f"--{name.replace('_', '-')}")
-        for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task", "inject_fault")
+        for name in ("models", "variants", "dtypes", "tp", "checkpoints", "accuracy_task", "inject_fault", "remedy")
     }
     state = RunState(
         Path(option("--results")), option("--session-name"), selection, {**versions, "harness_git": harness_commit()}

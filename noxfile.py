@@ -19,6 +19,7 @@ from sessions.nox_sessions import (
     latest_combo,
     listed_combos,
     run_matrix,
+    run_remedy,
     run_report,
     run_repro,
     run_tests,
@@ -66,6 +67,12 @@ def add_model(session: nox.Session) -> None:
     session.run(
         str(python), "-m", "sessions.add_model", *session.posargs, env=environment_variables(python), external=True
     )
+
+
+@nox.session(python=False)
+def remedy(session: nox.Session) -> None:
+    """Each remedy of matrix/remedies.toml applied and verified (`-- --cause ctrl.faithful`: one cause's remedies)."""
+    run_remedy(session, session.posargs)
 
 
 @nox.session(python=False)

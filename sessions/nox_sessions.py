@@ -234,6 +234,39 @@ def run_repro(session: nox.Session, combo: Combo, args: list[str]) -> None:
     session.run(str(python), "-m", "sessions.standalone", *standalone, env=environment_variables(python), external=True)
 
 
+def run_remedy(session: nox.Session, argv: list[str]) -> None:
+    """`nox -s remedy`: each remedy applied and verified (sessions/remedy.py); every run merged into the results
+    folder's history, a remedied one as untrusted (never a baseline)."""
+    from sessions.remedy import Runs, remedy_options, run_all
+
+    args, pytest_args = remedy_options(argv)
+
+    def run(folder: Path, models: str, remedy: str, pins: dict[str, str], name: str) -> None:
+        combos = session_combos("latest", overrides={**pin_overrides(), **pins})
+        if not combos:
+            session.error("no release data to pick the latest versions from (see the line above)")
+        selection = [
+            *pytest_args,
+            "--models",
+            models,
+            "--results",
+            str(folder),
+            *(["--remedy", remedy] if remedy else []),
+        ]
+        python, failure = run_suites(session, combos[0], selection, session_name=name)
+        if python is None:
+            session.log(failure)
+            return
+        store = f"{args.results}/history.sqlite"
+        untrusted = ["--untrusted"] if remedy or pins else []
+        merge = [str(python), "-m", "reports", "merge", f"{folder}/junit", "--store", store, *untrusted]
+        session.run(*merge, env=environment_variables(python), external=True)
+
+    results = run_all(argv, Runs(run), PROJECT_ROOT, session.log)
+    verified = sum(result.status == "verified" for result in results)
+    session.log(f"{verified} of {len(results)} remedies verified; results in {args.results}/remedies.json")
+
+
 def split_history(pytest_args: list[str]) -> tuple[str | None, list[str]]:
     """`--history ARCHIVE` among a session's options (gone from what pytest gets: render reads it), and the rest."""
     parser = argparse.ArgumentParser(prog="nox -s <session> --", add_help=False, allow_abbrev=False)

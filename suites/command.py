@@ -89,6 +89,15 @@ SUITE_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         ),
     ),
     (
+        ("--remedy",),
+        dict(
+            default=None,
+            metavar="NAME",
+            help="run every cell with this remedy of matrix/remedies.toml (its workaround's arguments; nox -s remedy "
+            "pins a patch's DeepSpeed itself): a run with a remedy is never a baseline",
+        ),
+    ),
+    (
         ("--inject-fault",),
         dict(
             action="append",

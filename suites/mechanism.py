@@ -15,8 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
+from matrix.remedies import RemedyResult, read_results
 from suites.checks.names import judged_signature
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
@@ -482,3 +484,15 @@ def cause_title(key: str, words: str) -> str:
     if kind == "memory":
         return f"{parts[0].partition(': ')[0]} on every rank"
     return _FRAME.sub("", words).partition(". ")[0]
+
+
+def verified_remedies(results_file: Path) -> dict[str, tuple[RemedyResult, ...]]:
+    """The hook a cause's statement and its draft issue read: the remedies `nox -s remedy` verified (its
+    results/remedies.json), by the cause's model id (`ctrl.faithful`). A cause with none here claims no workaround
+    and no fix: its mechanism is not proven by one."""
+    verified: dict[str, list[RemedyResult]] = {}
+    for result in read_results(results_file):
+        if result.status == "verified":
+            for model in result.cause_models:
+                verified.setdefault(model, []).append(result)
+    return {model: tuple(results) for model, results in verified.items()}

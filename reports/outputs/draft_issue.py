@@ -24,6 +24,7 @@ from typing import Protocol
 from matrix.cells import Cell, resolve_cell
 from matrix.redaction import redact
 from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, RegistryError
+from matrix.remedies import RESULTS_NAME, RemedyResult
 from reports import ReportsError
 from reports.analysis import (
     FailingCause,
@@ -40,9 +41,10 @@ from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
 from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
 from reports.outputs.model import Report, build_report
+from reports.outputs.remedy_claims import remedy_sections
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
-from suites.mechanism import cause_title
+from suites.mechanism import cause_title, verified_remedies
 from suites.outcome import FAILURE_CLASSES
 from suites.records.run_records import RunInfo
 
@@ -119,7 +121,10 @@ def write_cause_draft(
     name = Path(draft_file(entry.failure_class, entry.id))
     with staged(out_dir) as stage:
         folder = stage / name.parent
-        title, body = draft_text(entry, report, history, observations, folder=folder, inert=inert, cell=cell)
+        remedies = verified_remedies(out_dir / RESULTS_NAME)
+        title, body = draft_text(
+            entry, report, history, observations, folder=folder, inert=inert, cell=cell, remedies=remedies
+        )
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, out_dir / name)
 
@@ -153,6 +158,7 @@ def draft_text(
     inert: Inert,
     cell: str | None = None,
     diagnosis: Diagnosis | None = None,
+    remedies: dict[str, tuple[RemedyResult, ...]] | None = None,
 ) -> tuple[str, str]:
     """(title, body) of the report for one entry of report.json "failing_now" causes, shown on `cell` (default its
     example cell), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
@@ -169,6 +175,7 @@ def draft_text(
         full = minimal.name.removesuffix(".py") + "-full.py"
         scripts = (minimal, write_cell_repro(resolved, failure, folder, full)[0])
     body = _markdown(entry, report, failure, cell=resolved, scripts=scripts, inert=inert, diagnosis=diagnosis)
+    body += remedy_sections(entry.cells, remedies or {})
     return redact(inert(title, title=True)), redact(body)
 
 

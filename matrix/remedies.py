@@ -1,0 +1,195 @@
+"""Remedies: what turns a cause's failing cells green, as data in `matrix/remedies.toml` (one `[[remedy]]` table
+each) and DeepSpeed patches in `matrix/remedy_patches/<name>.diff`. A workaround is what a user passes today (an
+`injection_policy`, a model keyword, an attention mask); a patch is a unified diff against one DeepSpeed release's
+source. `nox -s remedy` (sessions/remedy.py) runs each and records whether it is verified (`RemedyResult`).
+
+A remedy is an axis value of a run, never a baseline: a run with one is merged into the history as its own
+(untrusted) run, so no gate, since-previous comparison or bisection ever takes its verdicts as the library's."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+
+from matrix.cell_arguments import CellArguments, ForwardMask, KwargValue
+from matrix.toml_tables import NOT_IN_FILE, TableError, read_table, written_as
+
+MATRIX_DIR = Path(__file__).resolve().parent
+REMEDIES_FILE = MATRIX_DIR / "remedies.toml"
+PATCHES_DIR = MATRIX_DIR / "remedy_patches"
+RESULTS_NAME = "remedies.json"
+"""`nox -s remedy`'s results file in a results folder, which the draft issues rendered there read."""
+
+RemedyKind = Literal["workaround", "patch"]
+RemedyStatus = Literal["verified", "unverified", "not applied"]
+
+
+class RemedyError(ValueError):
+    """matrix/remedies.toml or a patch it names is wrong; the message names the file, the line and the value."""
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One `[[remedy]]` table of matrix/remedies.toml."""
+
+    name: str = field(metadata=written_as('a slug such as "ctrl-row-parallel-policy"'))
+    """Unique slug: the remedy's name in runs, results and reports."""
+    kind: RemedyKind
+    """`workaround`: arguments a user can pass today; `patch`: a diff against a DeepSpeed release."""
+    cause_models: tuple[str, ...] = field(metadata=written_as('registry model ids, e.g. ["ctrl.faithful"]'))
+    """The registry model ids (with their shape) whose failing cells of the default matrix form the cause."""
+    summary: str
+    """One line a user reads: what to pass, or what the patch changes."""
+    mechanism: str
+    """The one sentence this remedy proves when verified, true for every cell of the cause."""
+    injection_policy: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, metadata=written_as('a table: { CTRLEncoderLayer = ["multi_head_attention.dense"] }')
+    )
+    """Workaround: block class name -> its row-parallel linears, as `init_inference(injection_policy=...)` takes
+    them."""
+    forward_inputs: dict[Literal["attention_mask"], ForwardMask] = field(
+        default_factory=dict, metadata=written_as('{ attention_mask = "all-ones" }')
+    )
+    """Workaround: what every forward is given (`attention_mask = "all-ones"`: a mask where the probe passes none)."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict, metadata=written_as('{ attn_implementation = "eager" }'))
+    """Workaround: `from_pretrained` keywords (strings, numbers, booleans)."""
+    patch: str = ""
+    """Patch: the diff's path relative to the repository (`matrix/remedy_patches/<name>.diff`)."""
+    deepspeed: str = ""
+    """Patch: the DeepSpeed release the diff applies to (`0.19.8`)."""
+    line: int = field(default=0, metadata=NOT_IN_FILE)
+    """The line of the file the table starts at (for messages)."""
+
+    def validate(self) -> None:
+        if not re.fullmatch(r"[a-z0-9]+(?:[-_.][a-z0-9]+)*", self.name):
+            raise TableError("name", f"must be a lowercase slug (letters, digits, - _ .), got {self.name!r}")
+        if not self.cause_models:
+            raise TableError("cause_models", "must name at least one model id of the cause")
+        for key, value in self.model_kwargs.items():
+            if not isinstance(value, (str, int, float, bool)):
+                raise TableError(f"model_kwargs.{key}", f"must be a string, number or boolean, got {value!r}")
+        has_arguments = bool(self.injection_policy or self.forward_inputs or self.model_kwargs)
+        if self.kind == "workaround" and (self.patch or self.deepspeed or not has_arguments):
+            raise TableError(
+                "", "a workaround passes injection_policy, forward_inputs or model_kwargs, and has no patch/deepspeed"
+            )
+        if self.kind == "patch" and (has_arguments or not self.patch or not self.deepspeed):
+            raise TableError("", "a patch names `patch` (its .diff) and `deepspeed` (the release), and passes nothing")
+        for block, names in self.injection_policy.items():
+            if not names:
+                raise TableError(f"injection_policy.{block}", "must name at least one row-parallel linear")
+
+    @property
+    def arguments(self) -> CellArguments:
+        """What the remedy's cells pass (empty for a patch)."""
+        kwargs: tuple[tuple[str, KwargValue], ...] = tuple(sorted(self.model_kwargs.items()))
+        return CellArguments(
+            injection_policy=tuple((block, tuple(names)) for block, names in self.injection_policy.items()),
+            model_kwargs=kwargs,
+            forward_mask=self.forward_inputs.get("attention_mask", ""),
+        )
+
+    def patch_path(self, root: Path) -> Path:
+        return root / self.patch
+
+
+@dataclass(frozen=True)
+class RemedyResult:
+    """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it through `verified_by_cause`)."""
+
+    remedy: str
+    kind: RemedyKind
+    cause_models: tuple[str, ...]
+    summary: str
+    mechanism: str
+    how: str
+    """What to pass (a workaround's arguments as a user writes them) or the patch's diff text."""
+    status: RemedyStatus
+    """`verified`: every cause cell passes and no other cell changed verdict; `not applied`: the patch did not apply
+    or its DeepSpeed could not be installed (`problem` says why)."""
+    cause_cells: tuple[str, ...]
+    """The cause's cells: those of `cause_models` that fail without the remedy."""
+    fixed: tuple[str, ...]
+    """Cause cells that pass with it."""
+    changed: tuple[str, ...]
+    """Other cells whose verdict differs with it (`cell: before -> after`)."""
+    others_compared: int
+    """Other cells run with and without it."""
+    seconds: float
+    """Wall time of this remedy's runs (on whatever machine ran them)."""
+    problem: str = ""
+
+    def claim(self) -> str:
+        """The line a draft issue carries for a verified remedy, "" otherwise."""
+        if self.status != "verified":
+            return ""
+        proof = (
+            f"verified: {len(self.fixed)} of {len(self.cause_cells)} cells pass, "
+            f"0 other verdicts changed of {self.others_compared}"
+        )
+        return f"Workaround ({proof})" if self.kind == "workaround" else f"Proposed fix ({proof})"
+
+
+def _table_lines(text: str) -> list[int]:
+    """The line number of each `[[remedy]]` header, in order."""
+    return [number for number, line in enumerate(text.splitlines(), 1) if line.strip() == "[[remedy]]"]
+
+
+def load_remedies(path: Path = REMEDIES_FILE, root: Path = MATRIX_DIR.parent) -> list[Remedy]:
+    """Every remedy of `path`, each checked (patch files exist under `root`); a `RemedyError` names the file, the
+    line of the table and the field and value that are wrong."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise RemedyError(f"{path}: not valid TOML: {error}") from None
+    if unknown := sorted(set(data) - {"remedy"}):
+        raise RemedyError(f"{path}: unknown top-level key(s) {unknown}; each remedy is a [[remedy]] table")
+    tables, lines = data.get("remedy", []), _table_lines(text)
+    remedies: list[Remedy] = []
+    for index, table in enumerate(tables):
+        line = lines[index] if index < len(lines) else 0
+        label = table.get("name", f"#{index + 1}") if isinstance(table, dict) else f"#{index + 1}"
+        remedy = read_table(
+            Remedy, table, where=f"{path}: line {line} ([[remedy]] {label!r}):", error=RemedyError, given={"line": line}
+        )
+        if remedy.patch and not remedy.patch_path(root).is_file():
+            raise RemedyError(f"{path}: line {line} ([[remedy]] {remedy.name!r}): patch {remedy.patch!r} is no file")
+        if any(known.name == remedy.name for known in remedies):
+            raise RemedyError(f"{path}: line {line}: remedy name {remedy.name!r} is used twice; names are unique")
+        remedies.append(remedy)
+    return remedies
+
+
+def remedies_for(cause: str, remedies: list[Remedy]) -> list[Remedy]:
+    """The remedies of a cause given as a remedy name, a model id (`ctrl.faithful`) or a model name (`ctrl`)."""
+    picked = [
+        remedy
+        for remedy in remedies
+        if cause == remedy.name or any(cause in (model, model.split(".")[0]) for model in remedy.cause_models)
+    ]
+    if not picked:
+        known = sorted({model for remedy in remedies for model in remedy.cause_models} | {r.name for r in remedies})
+        raise RemedyError(f"--cause {cause!r}: no remedy in matrix/remedies.toml names it; known: {', '.join(known)}")
+    return picked
+
+
+def read_results(path: Path) -> list[RemedyResult]:
+    """`nox -s remedy`'s results file (results/remedies.json), each entry read as a `RemedyResult`; none when it does
+    not exist. A file that does not fit is refused naming it and the field (matrix/json_records.py)."""
+    from matrix.json_records import RecordError, read_record
+
+    if not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text())
+        return [read_record(RemedyResult, entry) for entry in entries]
+    except (ValueError, TypeError, RecordError) as error:
+        raise RemedyError(f"{path}: not a remedies results file written by nox -s remedy: {error}") from None

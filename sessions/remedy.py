@@ -1,0 +1,267 @@
+"""`nox -s remedy`: each remedy of matrix/remedies.toml applied and verified.
+
+For one remedy: its scope runs without it (the verdicts it is compared with), then with it; its cause cells are the
+cells of its `cause_models` that fail without it. It is **verified** when every cause cell passes with it and no
+other cell of its scope changes verdict. A workaround's scope is every default-matrix cell of its cause models'
+architectures (an `injection_policy` names that architecture's block classes; another model has none of them); a
+patch's scope is the whole default matrix, run with it only once its cause cells all pass. A patch is applied to
+the PyPI sdist of its DeepSpeed release, unpacked into the harness cache, committed and pinned as a local checkout
+(`deepspeed@<path>`, matrix/versions.py + sessions/checkouts.py), like any DeepSpeed commit.
+
+Every run lands in the results folder's history like any run; a remedied run is merged as untrusted (reports/
+analysis/trust.py), so it is never a gate's baseline, never a newer run's previous one, never a bisection's verdict.
+The typed results (matrix/remedies.py `RemedyResult`) go to `<results>/remedies.json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from matrix import cache_root
+from matrix.registry import load_models
+from matrix.remedies import REMEDIES_FILE, RESULTS_NAME, Remedy, RemedyResult, RemedyStatus, load_remedies, remedies_for
+from matrix.shapes import split_shaped_name
+from suites.records.run_records import read_records
+
+
+class PatchError(RuntimeError):
+    """A patch that cannot be applied to its release (the message names the patch, the release and git's words)."""
+
+
+# ---- Verdicts ---------------------------------------------------------------------------------------------------
+
+
+def verdicts(results: Path) -> dict[str, str]:
+    """Each cell's verdict in a results folder (`pass`, `fail numerics`, `skip`): its last record."""
+    found: dict[str, str] = {}
+    for record in read_records(results):
+        found[record["cell"]["id"]] = " ".join(filter(None, (record["outcome"], record.get("failure_class", ""))))
+    return found
+
+
+def cause_cells(remedy: Remedy, without: dict[str, str]) -> tuple[str, ...]:
+    """The cells of the remedy's cause models that fail without it."""
+    prefixes = tuple(f"{model}-" for model in remedy.cause_models)
+    return tuple(sorted(cell for cell, verdict in without.items() if cell.startswith(prefixes) and verdict != "pass"))
+
+
+def judge(
+    remedy: Remedy, without: dict[str, str], with_it: dict[str, str], seconds: float, how: str, problem: str = ""
+) -> RemedyResult:
+    """The remedy's result from its scope's verdicts without and with it (a cell it did not run counts as changed
+    when the cause cells all passed: the scope was to be run)."""
+    causes = cause_cells(remedy, without)
+    fixed = tuple(cell for cell in causes if with_it.get(cell) == "pass")
+    all_fixed = bool(causes) and len(fixed) == len(causes)
+    others = [cell for cell in sorted(without) if cell not in causes]
+    changed = tuple(
+        f"{cell}: {without[cell]} -> {with_it.get(cell, 'not run')}"
+        for cell in others
+        if all_fixed and with_it.get(cell) != without[cell]
+    )
+    status: RemedyStatus = "verified" if all_fixed and not changed else "unverified"
+    if problem:
+        status = "not applied"
+    if not causes and not problem:
+        problem = f"no cell of {', '.join(remedy.cause_models)} fails without it: nothing to remedy"
+    return RemedyResult(
+        remedy=remedy.name,
+        kind=remedy.kind,
+        cause_models=remedy.cause_models,
+        summary=remedy.summary,
+        mechanism=remedy.mechanism,
+        how=how,
+        status=status,
+        cause_cells=causes,
+        fixed=fixed,
+        changed=changed,
+        others_compared=len(others) if all_fixed else 0,
+        seconds=round(seconds, 1),
+        problem=problem,
+    )
+
+
+def progress_line(result: RemedyResult) -> str:
+    line = (
+        f"remedy {result.remedy} ({result.kind}): {result.status}: {len(result.fixed)} of {len(result.cause_cells)} "
+        f"cause cells pass, {len(result.changed)} of {result.others_compared} other verdicts changed; "
+        f"{result.seconds:.0f} s"
+    )
+    return line + (f" ({result.problem})" if result.problem else "")
+
+
+def write_results(path: Path, results: list[RemedyResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(result) for result in results], indent=1) + "\n")
+
+
+# ---- Scope ------------------------------------------------------------------------------------------------------
+
+
+def scope_models(remedy: Remedy) -> str:
+    """The `--models` of the remedy's scope: its cause models' architectures (workaround) or the registry (patch)."""
+    if remedy.kind == "patch":
+        return "registry"
+    registry = load_models()
+    model_types = {registry[split_shaped_name(model)[0]].model_type for model in remedy.cause_models}
+    return ",".join(name for name, entry in registry.items() if entry.model_type in model_types)
+
+
+def cause_models_selection(remedy: Remedy) -> str:
+    return ",".join(remedy.cause_models)
+
+
+# ---- Patches ----------------------------------------------------------------------------------------------------
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def sdist(release: str, cache: Path, download: Callable[[str, Path], None]) -> Path:
+    """The PyPI sdist of DeepSpeed `release`, downloaded once into `cache` (`pip download --no-deps --no-binary`)."""
+    folder = cache / "sdists" / f"deepspeed-{release}"
+    found = sorted(folder.glob("deepspeed-*.tar.gz"))
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        download(release, folder)
+        found = sorted(folder.glob("deepspeed-*.tar.gz"))
+    if not found:
+        raise PatchError(f"no sdist of deepspeed {release} was downloaded into {folder}")
+    return found[0]
+
+
+def pip_download(release: str, folder: Path) -> None:
+    done = subprocess.run(
+        [
+            "python3",
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"deepspeed=={release}",
+            "-d",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise PatchError(f"pip download deepspeed=={release} failed: {done.stderr.strip()[-600:]}")
+
+
+def patched_checkout(
+    remedy: Remedy, root: Path, cache: Path | None = None, download: Callable[[str, Path], None] = pip_download
+) -> Path:
+    """The release's sdist unpacked and committed (a git checkout, as the `deepspeed@<path>` axis needs), with the
+    remedy's diff applied and committed on top; the same remedy and diff give the same folder again."""
+    cache = cache or cache_root() / "remedies"
+    diff = remedy.patch_path(root)
+    checkout = cache / "checkouts" / f"{remedy.name}-{remedy.deepspeed}"
+    applied = checkout.with_name(f"{checkout.name}.applied.diff")  # beside the tree: the checkout stays clean
+    if checkout.is_dir() and applied.exists() and applied.read_text() == diff.read_text():
+        return checkout
+    shutil.rmtree(checkout, ignore_errors=True)
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(sdist(remedy.deepspeed, cache, download)) as archive:
+        top = archive.getnames()[0].split("/")[0]
+        archive.extractall(checkout.parent / "unpacking", filter="data")
+    (checkout.parent / "unpacking" / top).rename(checkout)
+    shutil.rmtree(checkout.parent / "unpacking")
+    git = ["git", "-c", "user.name=autotp-matrix", "-c", "user.email=autotp@localhost"]
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        [*git, "commit", "-qm", f"deepspeed {remedy.deepspeed}"],
+    ):
+        if (done := _run(command, checkout)).returncode:
+            raise PatchError(f"{' '.join(command)} in {checkout}: {done.stderr.strip()}")
+    check = _run(["git", "apply", "--check", str(diff)], checkout)
+    if check.returncode:
+        raise PatchError(
+            f"{remedy.patch} does not apply to deepspeed {remedy.deepspeed} (git apply --check): {check.stderr.strip()}"
+        )
+    for command in (["git", "apply", str(diff)], ["git", "add", "-A"], [*git, "commit", "-qm", remedy.name]):
+        if (done := _run(command, checkout)).returncode:
+            raise PatchError(f"{' '.join(command)} in {checkout}: {done.stderr.strip()}")
+    applied.write_text(diff.read_text())
+    return checkout
+
+
+def how_text(remedy: Remedy, root: Path) -> str:
+    """What a user passes (workaround) or the diff (patch), as a draft issue quotes it."""
+    if remedy.kind == "patch":
+        return remedy.patch_path(root).read_text()
+    return remedy.arguments.describe()
+
+
+# ---- The command ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How the session runs one selection of cells into a folder (the nox glue, sessions/nox_sessions.py): `pins`
+    are AUTOTP_PINS-style axis overrides (a patched DeepSpeed), `remedy` the --remedy name ("" for none)."""
+
+    run: Callable[[Path, str, str, dict[str, str], str], None]
+    """(results folder, --models, --remedy, pins, session name) -> None, cells recorded in the folder."""
+    extra: tuple[str, ...] = ()
+
+
+def remedy_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="nox -s remedy --", allow_abbrev=False)
+    parser.add_argument("--cause", help="a remedy name or a cause's model id (ctrl.faithful, ctrl); all when left out")
+    parser.add_argument("--results", default="results")
+    return parser.parse_known_args(argv)
+
+
+def verify(remedy: Remedy, runs: Runs, results: Path, root: Path, log: Callable[[str], None]) -> RemedyResult:
+    """One remedy: its scope without and with it, judged (`judge`)."""
+    started = time.monotonic()
+    folder = results / "remedy" / remedy.name
+    scope = scope_models(remedy)
+    log(f"remedy {remedy.name}: its scope ({scope}) without it")
+    runs.run(folder / "without", scope, "", {}, "remedy-without")
+    without = verdicts(folder / "without")
+    pins, name = {}, f"remedy-{remedy.name}"
+    try:
+        how = how_text(remedy, root)
+        if remedy.kind == "patch":
+            pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root)}"}
+    except PatchError as error:
+        return judge(remedy, without, {}, time.monotonic() - started, "", problem=str(error))
+    log(f"remedy {remedy.name}: its cause cells ({', '.join(cause_cells(remedy, without)) or 'none'}) with it")
+    runs.run(
+        folder / "with", cause_models_selection(remedy), remedy.name if remedy.kind == "workaround" else "", pins, name
+    )
+    with_it = verdicts(folder / "with")
+    if all(with_it.get(cell) == "pass" for cell in cause_cells(remedy, without)) and scope != cause_models_selection(
+        remedy
+    ):
+        log(f"remedy {remedy.name}: every cause cell passes; the rest of its scope with it")
+        runs.run(folder / "with", scope, remedy.name if remedy.kind == "workaround" else "", pins, name)
+        with_it = verdicts(folder / "with")
+    return judge(remedy, without, with_it, time.monotonic() - started, how)
+
+
+def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None]) -> list[RemedyResult]:
+    args, _ = remedy_options(argv)
+    remedies = load_remedies(REMEDIES_FILE, root)
+    picked = remedies_for(args.cause, remedies) if args.cause else remedies
+    results: list[RemedyResult] = []
+    for index, remedy in enumerate(picked, 1):
+        log(f"remedy {index} of {len(picked)}: {remedy.name}")
+        results.append(verify(remedy, runs, Path(args.results), root, log))
+        log(progress_line(results[-1]))
+        write_results(Path(args.results) / RESULTS_NAME, results)
+    return results

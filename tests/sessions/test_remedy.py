@@ -1,0 +1,158 @@
+"""sessions/remedy.py: a remedy is verified only when every cause cell passes with it and no other cell changes
+verdict; a patch is applied to its release's sdist as a committed checkout the deepspeed axis pins, and one that does
+not apply is reported with git's words, never run."""
+
+import subprocess
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from matrix.cell_arguments import CellArguments
+from matrix.cells import expand
+from matrix.remedies import Remedy
+from matrix.versions import load_config, parse_axis_value
+from sessions.remedy import PatchError, judge, patched_checkout, verify
+
+CTRL = Remedy(
+    name="ctrl-policy",
+    kind="workaround",
+    cause_models=("ctrl.faithful",),
+    summary="s",
+    mechanism="m",
+    injection_policy={"EncoderLayer": ("multi_head_attention.dense", "ffn.2")},
+)
+WITHOUT = {
+    "ctrl.faithful-eager-fp32-tp2": "fail numerics",
+    "ctrl.faithful-eager-fp32-tp3": "fail numerics",
+    "ctrl-eager-fp32-tp2": "pass",
+}
+
+
+def test_verified_needs_every_cause_cell_green_and_no_other_verdict_changed():
+    fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
+    result = judge(CTRL, WITHOUT, fixed, 12.0, "how")
+    assert (result.status, len(result.fixed), result.others_compared, result.changed) == ("verified", 2, 1, ())
+    assert result.claim() == "Workaround (verified: 2 of 2 cells pass, 0 other verdicts changed of 1)"
+    half = judge(CTRL, WITHOUT, {**fixed, "ctrl.faithful-eager-fp32-tp3": "fail numerics"}, 1.0, "how")
+    assert (half.status, half.fixed, half.claim()) == ("unverified", ("ctrl.faithful-eager-fp32-tp2",), "")
+    broke = judge(CTRL, WITHOUT, {**fixed, "ctrl-eager-fp32-tp2": "fail forward"}, 1.0, "how")
+    assert broke.status == "unverified"
+    assert broke.changed == ("ctrl-eager-fp32-tp2: pass -> fail forward",)
+    unrun = judge(CTRL, WITHOUT, {k: v for k, v in fixed.items() if not k.startswith("ctrl-")}, 1.0, "how")
+    assert unrun.status == "unverified" and unrun.changed == ("ctrl-eager-fp32-tp2: pass -> not run",)
+
+
+RELEASE_FILE = "deepspeed/module_inject/auto_tp.py"
+ORIGINAL = "def is_row_parallel(name):\n    return name.endswith('o_proj')\n"
+GOOD_DIFF = f"""--- a/{RELEASE_FILE}
++++ b/{RELEASE_FILE}
+@@ -1,2 +1,2 @@
+ def is_row_parallel(name):
+-    return name.endswith('o_proj')
++    return name.endswith(('o_proj', 'dense'))
+"""
+
+
+def planted_sdist(release: str, folder: Path) -> None:
+    """What `pip download` leaves: the release's sdist, here a one-file stand-in."""
+    source = folder / "src" / f"deepspeed-{release}"
+    (source / "deepspeed" / "module_inject").mkdir(parents=True)
+    (source / RELEASE_FILE).write_text(ORIGINAL)
+    with tarfile.open(folder / f"deepspeed-{release}.tar.gz", "w:gz") as archive:
+        archive.add(source, arcname=source.name)
+
+
+def patch_remedy(root: Path, diff: str) -> Remedy:
+    (root / "matrix" / "remedy_patches").mkdir(parents=True, exist_ok=True)
+    (root / "matrix/remedy_patches/planted.diff").write_text(diff)
+    return Remedy(
+        name="planted",
+        kind="patch",
+        cause_models=("ctrl.faithful",),
+        summary="s",
+        mechanism="m",
+        patch="matrix/remedy_patches/planted.diff",
+        deepspeed="0.19.8",
+    )
+
+
+def test_a_patch_becomes_a_committed_checkout_the_deepspeed_axis_pins(tmp_path):
+    remedy = patch_remedy(tmp_path, GOOD_DIFF)
+    checkout = patched_checkout(remedy, tmp_path, tmp_path / "cache", planted_sdist)
+    assert "'dense'" in (checkout / RELEASE_FILE).read_text()
+    log = subprocess.run(["git", "-C", str(checkout), "log", "--format=%s"], capture_output=True, text=True).stdout
+    assert log.split("\n")[:2] == ["planted", "deepspeed 0.19.8"]
+    assert (
+        subprocess.run(["git", "-C", str(checkout), "status", "--porcelain"], capture_output=True, text=True).stdout
+        == ""
+    )
+    pin = parse_axis_value(f"deepspeed@{checkout}", load_config().axes["deepspeed"])
+    assert pin.requirement == str(checkout) and pin.id.startswith("ds@local-")
+    # The sdist is downloaded once: a second checkout (a changed diff) needs no download.
+    (tmp_path / "matrix/remedy_patches/planted.diff").write_text(GOOD_DIFF.replace("'dense'", "'ffn'"))
+    again = patched_checkout(remedy, tmp_path, tmp_path / "cache", lambda release, folder: pytest.fail("downloaded"))
+    assert "'ffn'" in (again / RELEASE_FILE).read_text()
+
+
+def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
+    remedy = patch_remedy(tmp_path, GOOD_DIFF.replace("endswith('o_proj')\n+", "endswith('q_proj')\n+"))
+    with pytest.raises(
+        PatchError, match=r"planted.diff does not apply to deepspeed 0.19.8 \(git apply --check\): .*auto_tp.py"
+    ):
+        patched_checkout(remedy, tmp_path, tmp_path / "cache", planted_sdist)
+    ran = []
+
+    def run(folder, models, remedy_name, pins, name):
+        ran.append((models, remedy_name, pins))
+
+    from sessions.remedy import Runs
+
+    result = verify(remedy, Runs(run), tmp_path / "results", tmp_path, lambda line: None)
+    assert result.status == "not applied" and "git apply --check" in result.problem
+    assert ran == [("registry", "", {})]  # only the run without it: nothing ran on an unpatched DeepSpeed as if patched
+
+
+@pytest.mark.autotp
+def test_a_remedy_that_does_not_fix_its_cells_is_unverified_in_real_ranks(rank_pool):
+    """ctrl's cells at tp 2: the right policy (o_proj's twin `multi_head_attention.dense` row-parallel) passes; a
+    policy that leaves it column-parallel fails like no policy, and is reported unverified."""
+    from suites.driver import RunOptions, run_cell
+
+    cell = expand("ctrl.faithful", tp="2")[0]
+    options = RunOptions(cell_timeout=180.0)
+
+    def verdict(arguments):
+        outcome = run_cell(replace(cell, arguments=arguments), rank_pool, options)
+        return " ".join(filter(None, (outcome.outcome, outcome.failure_class)))
+
+    without = {cell.id: verdict(CellArguments())}
+    assert without[cell.id].startswith("fail")
+    wrong = replace(CTRL, injection_policy={"EncoderLayer": ("ffn.2",)})
+    result = judge(wrong, without, {cell.id: verdict(wrong.arguments)}, 1.0, "how")
+    assert (result.status, result.fixed) == ("unverified", ())
+    right = judge(CTRL, without, {cell.id: verdict(CTRL.arguments)}, 1.0, "how")
+    assert (right.status, right.fixed) == ("verified", (cell.id,))
+
+
+def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
+    """The results file `nox -s remedy` writes, read through the hook reports use (suites/mechanism.py): a draft
+    of a ctrl cell carries the verified workaround with what to pass; an unverified one is never claimed."""
+    from reports.outputs.remedy_claims import remedy_sections
+    from sessions.remedy import write_results
+    from suites.mechanism import verified_remedies
+
+    fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
+    verified = judge(CTRL, WITHOUT, fixed, 1.0, "injection_policy={EncoderLayer: ('multi_head_attention.dense',)}")
+    unverified = judge(replace(CTRL, name="half"), WITHOUT, WITHOUT, 1.0, "how")
+    write_results(tmp_path / "remedies.json", [verified, unverified])
+    hook = verified_remedies(tmp_path / "remedies.json")
+    assert hook == {"ctrl.faithful": (verified,)}
+    text = remedy_sections(("ctrl.faithful-eager-fp32-tp2",), hook)
+    assert "**Workaround (verified: 2 of 2 cells pass, 0 other verdicts changed of 1)**" in text
+    assert "injection_policy={EncoderLayer: ('multi_head_attention.dense',)}" in text and "half" not in text
+    assert remedy_sections(("llama-eager-fp32-tp2",), hook) == ""
+    (tmp_path / "remedies.json").write_text('[{"remedy": 3}]')
+    with pytest.raises(ValueError, match="remedies.json: not a remedies results file"):
+        verified_remedies(tmp_path / "remedies.json")
