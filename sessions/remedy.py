@@ -1,7 +1,7 @@
 """`nox -s remedy`: each remedy of matrix/remedies.toml applied and verified.
 
-For one remedy: its scope runs without it (the verdicts it is compared with), then with it; its cause cells are the
-cells of its `cause_models` that fail without it. It is **verified** when every cause cell passes with it and no
+For one remedy: its cause models' cells run without it and with it (its cause cells: those that fail without it);
+only when they all pass with it does its whole scope run without and with it. It is **verified** when every cause cell passes with it and no
 other cell of its scope changes verdict. A workaround's scope is every default-matrix cell of its cause models'
 architectures (an `injection_policy` names that architecture's block classes; another model has none of them); a
 patch's scope is the whole default matrix, run with it only once its cause cells all pass. A patch is applied to
@@ -226,31 +226,33 @@ def remedy_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def verify(remedy: Remedy, runs: Runs, results: Path, root: Path, log: Callable[[str], None]) -> RemedyResult:
-    """One remedy: its scope without and with it, judged (`judge`)."""
+    """One remedy: its cause models' cells without and with it; only when every cause cell passes with it, the
+    whole scope without and with it (a remedy that does not fix its cause costs two small runs); judged by `judge`."""
     started = time.monotonic()
-    folder = results / "remedy" / remedy.name
-    scope = scope_models(remedy)
-    log(f"remedy {remedy.name}: its scope ({scope}) without it")
-    runs.run(folder / "without", scope, "", {}, "remedy-without")
+    folder, scope, causes_selection = (
+        results / "remedy" / remedy.name,
+        scope_models(remedy),
+        cause_models_selection(remedy),
+    )
+    pins, name, with_remedy = {}, f"remedy-{remedy.name}", remedy.name if remedy.kind == "workaround" else ""
+    log(f"remedy {remedy.name}: its cause models ({causes_selection}) without it")
+    runs.run(folder / "without", causes_selection, "", {}, "remedy-without")
     without = verdicts(folder / "without")
-    pins, name = {}, f"remedy-{remedy.name}"
     try:
         how = how_text(remedy, root)
         if remedy.kind == "patch":
             pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root)}"}
     except PatchError as error:
         return judge(remedy, without, {}, time.monotonic() - started, "", problem=str(error))
-    log(f"remedy {remedy.name}: its cause cells ({', '.join(cause_cells(remedy, without)) or 'none'}) with it")
-    runs.run(
-        folder / "with", cause_models_selection(remedy), remedy.name if remedy.kind == "workaround" else "", pins, name
-    )
+    causes = cause_cells(remedy, without)
+    log(f"remedy {remedy.name}: its cause cells ({', '.join(causes) or 'none'}) with it")
+    runs.run(folder / "with", causes_selection, with_remedy, pins, name)
     with_it = verdicts(folder / "with")
-    if all(with_it.get(cell) == "pass" for cell in cause_cells(remedy, without)) and scope != cause_models_selection(
-        remedy
-    ):
-        log(f"remedy {remedy.name}: every cause cell passes; the rest of its scope with it")
-        runs.run(folder / "with", scope, remedy.name if remedy.kind == "workaround" else "", pins, name)
-        with_it = verdicts(folder / "with")
+    if causes and all(with_it.get(cell) == "pass" for cell in causes):
+        log(f"remedy {remedy.name}: every cause cell passes; its whole scope ({scope}) without and with it")
+        runs.run(folder / "without", scope, "", {}, "remedy-without")
+        runs.run(folder / "with", scope, with_remedy, pins, name)
+        without, with_it = verdicts(folder / "without"), verdicts(folder / "with")
     return judge(remedy, without, with_it, time.monotonic() - started, how)
 
 

@@ -111,7 +111,9 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
 
     result = verify(remedy, Runs(run), tmp_path / "results", tmp_path, lambda line: None)
     assert result.status == "not applied" and "git apply --check" in result.problem
-    assert ran == [("registry", "", {})]  # only the run without it: nothing ran on an unpatched DeepSpeed as if patched
+    assert ran == [
+        ("ctrl.faithful", "", {})
+    ]  # only the run without it: nothing ran on an unpatched DeepSpeed as if patched
 
 
 @pytest.mark.autotp
@@ -156,3 +158,37 @@ def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
     (tmp_path / "remedies.json").write_text('[{"remedy": 3}]')
     with pytest.raises(ValueError, match="remedies.json: not a remedies results file"):
         verified_remedies(tmp_path / "remedies.json")
+
+
+def test_verify_runs_the_scope_only_once_the_cause_passes_and_catches_a_changed_verdict(tmp_path, monkeypatch):
+    """The session's order with stand-in runs (each writes the verdicts it is given into the folder's cells.jsonl):
+    a remedy that fixes its cause but turns another cell of its scope red is unverified, naming the cell."""
+    import json
+
+    from sessions.remedy import Runs
+
+    monkeypatch.setattr("sessions.remedy.scope_models", lambda remedy: "ctrl,ctrl2")
+    base = {"ctrl.faithful-eager-fp32-tp2": ("fail", "numerics"), "ctrl2-eager-fp32-tp2": ("pass", "")}
+    remedied = {"ctrl.faithful-eager-fp32-tp2": ("pass", ""), "ctrl2-eager-fp32-tp2": ("fail", "forward")}
+    ran = []
+
+    def run(folder, models, remedy_name, pins, name):
+        ran.append((folder.name, models, remedy_name))
+        verdicts = remedied if remedy_name else base
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "cells.jsonl").open("a") as stream:
+            for cell, (outcome, failure_class) in verdicts.items():
+                if models == "ctrl.faithful" and not cell.startswith("ctrl.faithful"):
+                    continue
+                record = {"cell": {"id": cell}, "outcome": outcome, "failure_class": failure_class, "run": {"id": name}}
+                stream.write(json.dumps(record) + "\n")
+
+    result = verify(CTRL, Runs(run), tmp_path, tmp_path, lambda line: None)
+    assert ran == [
+        ("without", "ctrl.faithful", ""),
+        ("with", "ctrl.faithful", "ctrl-policy"),
+        ("without", "ctrl,ctrl2", ""),
+        ("with", "ctrl,ctrl2", "ctrl-policy"),
+    ]
+    assert (result.status, result.fixed) == ("unverified", ("ctrl.faithful-eager-fp32-tp2",))
+    assert result.changed == ("ctrl2-eager-fp32-tp2: pass -> fail forward",)
