@@ -23,6 +23,7 @@ from sessions.nox_sessions import (
     run_report,
     run_repro,
     run_tests,
+    since_when,
 )
 
 nox.needs_version = ">=2026.10.20"
@@ -150,6 +151,14 @@ def backfill_session(session: nox.Session) -> None:
     """History on day one: `nox -s backfill -- --axis deepspeed --since 0.16.0 --models llama --tp 2,3`
     runs the newest patch of each minor, merges into results/history.sqlite, triages and renders."""
     backfill(session, session.posargs)
+
+
+@nox.session(name="since-when", python=False)
+def since_when_session(session: nox.Session) -> None:
+    """Since when, on a first night: each new cause's example cell at the newest patch of the 3 DeepSpeed minors
+    before the latest and at the last transformers 4.x (at most 4 points x 16 cells; `--max-points`, `--max-cells`),
+    cost printed first (`-- --plan`: only that), merged into results/history.sqlite, the report rendered again."""
+    since_when(session, session.posargs)
 
 
 @nox.session

@@ -433,6 +433,32 @@ def backfill(session: nox.Session, argv: list[str]) -> None:
     )
 
 
+def since_when(session: nox.Session, argv: list[str]) -> None:
+    """`nox -s since-when`: on a first night, each new cause's example cell at a few earlier releases of each axis
+    (its cost printed first; `-- --plan` prints only that), merged into the results folder's history, then the report
+    rendered again so it says since when each cause fails and which axis moved (reports/commands/since_when.py)."""
+    parser = argparse.ArgumentParser(prog="nox -s since-when --", add_help=False, allow_abbrev=False)
+    parser.add_argument("--results", default="results")
+    args, rest = parser.parse_known_args(argv)
+    store = f"{args.results}/history.sqlite"
+    python = install_harness(session, latest_combo(session))
+    env = environment_variables(python)
+    reports = [str(python), "-m", "reports"]
+    session.run(
+        *reports,
+        "since-when",
+        "--store",
+        store,
+        "--results",
+        f"{args.results}/since-when",
+        *rest,
+        env=env,
+        external=True,
+    )
+    if "--plan" not in rest:
+        session.run(*reports, "render", "--store", store, "--out", args.results, env=env, external=True)
+
+
 def run_tests(session: nox.Session) -> None:
     """`nox -s tests`: lint and formatting (ruff), types (mypy), then the harness's own tests on an empty harness
     cache of their own (the cold path every new user takes), with the npm tools they run installed first."""

@@ -20,15 +20,16 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
-from reports.analysis.causes import RootCause, by_kind, cells_text, failure_cause_id, typed_members
+from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
 from reports.analysis.signatures import cause, failure_key, surfaced_in
+from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from suites.mechanism import cause_sentence, whose
@@ -142,6 +143,11 @@ class FirstSeen:
     run: str
     started: str
     versions: str
+    moved: tuple[str, ...] = ()
+    """Where the text is read from the example cell's earlier points (reports/analysis/since_when.py): the axes on
+    which it works at an earlier release, so the change that broke it lies there; () otherwise."""
+    tried: bool = False
+    """The text says how the example cell did at earlier points of one axis (since_when), not when it was first seen."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,9 @@ class FailingNow:
     backfill: str = ""
     """On a first night (one version set, every cause since the first run): the command that gives the history
     since when each cause fails and which change broke it, for the cells this run had; "" otherwise."""
+    moved: str = ""
+    """Where causes' example cells were run at earlier points (since_when) and work at some: which axis moved for
+    how many causes, and the command that finds the release each broke at; "" otherwise."""
 
 
 def build_failing_now(
@@ -258,7 +267,7 @@ def build_failing_now(
                 count=len(cells),
                 cells=tuple(cell.id for cell in cells),
                 cells_text=cells_text(cells),
-                since=_since(first_seen[key], first_run, latest),
+                since=_tried_or_first_seen(history, representative, key, _since(first_seen[key], first_run, latest)),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
                 status=cause_status,
                 known=match,
@@ -298,6 +307,36 @@ def build_failing_now(
         backfill=backfill_command([cell for cell, versions in history.statuses if versions == latest])
         if first_night and causes
         else "",
+        moved=moved_text(causes),
+    )
+
+
+def _tried_or_first_seen(history: History, cell: CellKey, key: str, first_seen: FirstSeen) -> FirstSeen:
+    """Since when, from the example cell's earlier points where it was run at any (since_when), else first seen."""
+    tried = since_when(history, cell, key)
+    if not tried.text:
+        return first_seen
+    return replace(first_seen, text=tried.text, moved=tried.moved, tried=True)
+
+
+def moved_text(causes: Iterable[FailingCause]) -> str:
+    """ "transformers moved for 5 causes (1, 2, 4, 7, 9) and DeepSpeed for 2 (3, 6): `nox -s triage` finds the
+    release each broke at (with --deepspeed-repo/--transformers-repo the commit and PR)"; "" where no cause works at an
+    earlier point. Causes are named by their place in the list, as every output numbers them."""
+    places: dict[str, list[int]] = defaultdict(list)
+    for number, entry in enumerate(causes, start=1):
+        for axis in entry.since.moved:
+            places[axis].append(number)
+    if not places:
+        return ""
+    moved = [
+        f"{AXIS_NAMES.get(axis, axis)} for {count_text(len(numbers), 'cause')} ({', '.join(map(str, numbers))})"
+        for axis, numbers in sorted(places.items(), key=lambda item: -len(item[1]))
+    ]
+    return (
+        f"The axis that moved (the example cell works at an earlier release of it): {' and '.join(moved)}; "
+        "`nox -s triage` finds the release each broke at (with `--deepspeed-repo`/`--transformers-repo` clones, the "
+        "commit and PR)"
     )
 
 

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from markupsafe import Markup
 
+from matrix.earlier_points import DEFAULT_DEEPSPEED_MINORS, DEFAULT_MAX_CELLS, DEFAULT_MAX_POINTS
 from reports.analysis.answers import Link, TransitionEntry, code, plain_link
 from reports.analysis.causes import RootCause, count_text, shared_answers
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
@@ -26,6 +27,9 @@ FIRST_NIGHT_INTRO = (
     "Each cause with what AutoTP did where it broke, whose it is, and one of its cells (the one standing for the "
     "checkpoint users run most): the command that runs it alone, its rank logs and its standalone repro script."
 )
+
+
+SINCE_WHEN_COMMAND = "nox -s since-when"
 
 
 class ReportView(Protocol):
@@ -172,11 +176,16 @@ def console_lines(section: FailingNow) -> list[str]:
 
 
 def first_night_text(section: FailingNow) -> str:
-    """Said once on a first night, instead of "since the first run" on every cause."""
+    """Said once on a first night, instead of "since the first run" on every cause: the command that tells since when
+    and which axis moved (both axes, with its cost bound), and the one for the whole history."""
     return (
-        "This is the first run in this history: it cannot say since when a cause fails or which change broke it. "
-        f"Run `{section.backfill}` (the newest patch of each DeepSpeed minor release on these cells, then triage "
-        "finds the release and PR), or compare with a nightly's published history: `nox -s matrix -- --history "
+        "This is the first run in this history: it cannot say yet since when a cause fails or which change broke it. "
+        f"`{SINCE_WHEN_COMMAND}` runs each new cause's example cell at a few earlier releases of each axis, the other "
+        f"at these versions (the newest patch of the {DEFAULT_DEEPSPEED_MINORS} DeepSpeed minors before this one, the "
+        f"last transformers of the previous major: at most {DEFAULT_MAX_POINTS} more environments and "
+        f"{DEFAULT_MAX_POINTS * DEFAULT_MAX_CELLS} cell runs, its cost printed before it starts) and says which axis "
+        f"moved; the whole history along one axis: `{section.backfill}` (or `--axis transformers`), then triage finds "
+        "the release and PR; or compare with a nightly's published history: `nox -s matrix -- --history "
         "<archive URL or folder>`."
     )
 
@@ -202,6 +211,7 @@ def failing_now_markdown(report: ReportView, link: Link) -> list[str]:
         return []
     lines = ["## Failing now, by cause", "", f"{summary_text(section)}.", ""]
     lines += [first_night_text(section), ""] if section.backfill else []
+    lines += [f"{section.moved}.", ""] if section.moved else []
     lines += [FIRST_NIGHT_INTRO if section.backfill else INTRO, ""]
     lines += [f"{number}. {cause_line(entry, report, link)}" for number, entry in enumerate(section.causes, start=1)]
     if section.fixed_known:
@@ -219,6 +229,7 @@ def failing_now_html(
     return {
         "summary": summary_text(section),
         "first_night": first_night_text(section) if section.backfill else "",
+        "moved": section.moved,
         "intro": FIRST_NIGHT_INTRO if section.backfill else INTRO,
         "causes": list(
             zip(

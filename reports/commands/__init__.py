@@ -11,6 +11,7 @@ from reports.commands import (
     publish,
     rebuild,
     render,
+    since_when,
     triage,
     verify,
 )
@@ -18,7 +19,20 @@ from reports.commands.interface import Command
 
 COMMANDS: tuple[Command, ...] = tuple(
     module.COMMAND
-    for module in (merge, archive_needs, rebuild, verify, render, gate, publish, draft_issue, bisect, triage, atlas)
+    for module in (
+        merge,
+        archive_needs,
+        rebuild,
+        verify,
+        render,
+        gate,
+        publish,
+        draft_issue,
+        bisect,
+        triage,
+        since_when,
+        atlas,
+    )
 )
 
 __all__ = ["COMMANDS", "Command"]

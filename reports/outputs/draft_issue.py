@@ -421,8 +421,13 @@ def _actual(result: CellResult) -> str:
 
 
 def _regression(entry: FailingCause, report: Report) -> str:
-    """Since when, as far as the history knows; never a version it did not run."""
+    """Since when, as far as the history knows; never a version it did not run. Where the example cell ran at
+    earlier releases (`nox -s since-when`, a backfill), what it did there: "Works at DeepSpeed 0.18.9 / transformers
+    4.57.6; fails at transformers 5.25.0", with the release a bisection found."""
     placed = cause_answer_text(entry, report, markdown_link)
+    if entry.since.tried:
+        bisected = f" ({placed})" if placed and "not yet triaged" not in placed else ""
+        return f"{entry.since.text[:1].upper()}{entry.since.text[1:]}{bisected}."
     if placed:
         return f"{entry.since.text.capitalize()}; {placed}."
     if report.failing_now.backfill:

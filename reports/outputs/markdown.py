@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from reports.analysis import (
     EntryStatus,
+    FailingCause,
     Link,
     RootCause,
     TransitionEntry,
@@ -323,6 +324,12 @@ def _table_text(text: str) -> str:
     return " ".join(text.splitlines()).replace("|", "\\|")
 
 
+def _since_cell(entry: FailingCause, first_night: bool) -> str:
+    """The step summary's "since when": from the example cell's earlier points where it ran at any, "not known yet"
+    on a first night (report.md says how to find out), else when it was first seen."""
+    return "not known yet" if first_night and not entry.since.tried else entry.since.text
+
+
 def step_summary_markdown(report: Report, run_url: str = "") -> str:
     """The job's summary, read in the Actions UI where a relative link goes nowhere: the counts, what is new and
     fixed since the previous trusted run, one row per cause, and absolute links only (`run_url`: the run's page,
@@ -351,10 +358,11 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         )
     if section.causes:
         shown = section.causes[:MAX_SUMMARY_CAUSES]
-        lines += ["", "| # | status | cause | cells | example cell |", "|---:|---|---|---:|---|"]
+        lines += [f"- {section.moved}."] if section.moved else []
+        lines += ["", "| # | status | cause | cells | since when | example cell |", "|---:|---|---|---:|---|---|"]
         lines += [
             f"| {number} | {_table_text(status_text(entry, markdown_link))} | {_table_text(cause_sentence_text(entry))} "
-            f"| {entry.count} | `{entry.repro.cell}` |"
+            f"| {entry.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} | `{entry.repro.cell}` |"
             for number, entry in enumerate(shown, start=1)
         ]
         if len(section.causes) > len(shown):

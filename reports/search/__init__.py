@@ -6,6 +6,11 @@ from reports.search.bisect import (
     BisectRequest,
     bisect_cell,
 )
+from reports.search.since_when import (
+    SinceWhenPlan,
+    plan_since_when,
+    run_since_when,
+)
 from reports.search.steps import (
     END_REPEATS,
 )
@@ -20,10 +25,13 @@ from reports.search.triage import (
 __all__ = [
     "BisectRequest",
     "Budget",
+    "SinceWhenPlan",
     "DEEPSPEED_REPO_ENV",
     "END_REPEATS",
     "TRANSFORMERS_REPO_ENV",
     "Triage",
     "bisect_cell",
+    "plan_since_when",
     "real_installer",
+    "run_since_when",
 ]
