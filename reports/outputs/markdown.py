@@ -30,6 +30,7 @@ from reports.analysis import (
 from reports.outputs.docs import Drift
 from reports.outputs.markdown_safety import markdown_link, our_html
 from reports.outputs.model import Report
+from reports.outputs.pr_check import run_links
 from reports.outputs.report_parts import FlakyEntry, MatrixEntry, SupportMatrix
 from reports.outputs.since_previous import SinceCause, SincePreviousRun
 from reports.store import pins_text, short_commit
@@ -313,9 +314,10 @@ With MAX_SUMMARY_CAUSES, the summary stays within 40 lines."""
 
 def actions_run_url(environ: Mapping[str, str]) -> str:
     """The GitHub Actions run this process belongs to (its page lists the report and every cell's logs as
-    artifacts), or "" outside Actions."""
-    parts = [environ.get(name, "") for name in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID")]
-    return "{}/{}/actions/runs/{}".format(*parts) if all(parts) else ""
+    artifacts), from its variables validated as the pull request's check validates them (pr_check.run_links), or ""
+    outside Actions."""
+    links = run_links(environ)
+    return links.run if links else ""
 
 
 def _table_text(text: str) -> str:

@@ -19,7 +19,9 @@ from reports.store.records import CellKey
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 LATEST = {"deepspeed": "0.19.8", "transformers": "5.25.0", "torch": "2.13.0"}
-LLAMA = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (N… and N…) @ deepspeed/module_inject/layers.py:forward"
+LLAMA = (
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (N… and N…) @ deepspeed/module_inject/layers.py:forward"
+)
 BLOOM = (
     "RuntimeError: The expanded size of the tensor (N) must match @ transformers/models/bloom/modeling_bloom.py:forward"
 )
@@ -208,3 +210,20 @@ def test_since_when_prints_its_capped_cost_first(tmp_path, release_cache, capsys
         "since-when: 1 example cells (1 more new causes over the cap, not tried) × 2 points (deepspeed 0.18.9, "
         "transformers 4.57.6) = 2 cell runs; 2 environments, 2 to build"
     ), printed
+
+
+# ---- Links to the run (the nightly's step summary and drafts) -------------------------------------------------------
+
+
+def test_the_step_summary_and_drafts_link_the_run_by_validated_variables():
+    from reports import ReportsError
+    from reports.outputs.draft_issue import _found_by
+    from reports.outputs.markdown import actions_run_url
+
+    actions = {"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/autotp", "GITHUB_RUN_ID": "42"}
+    url = actions_run_url(actions)
+    assert url == "https://github.com/o/autotp/actions/runs/42"
+    assert "(https://github.com/o/autotp/actions/runs/42)" in _found_by(url)[0]
+    assert actions_run_url({}) == "" and _found_by("") == []
+    with pytest.raises(ReportsError, match="GITHUB_SERVER_URL"):
+        actions_run_url({**actions, "GITHUB_SERVER_URL": "javascript:alert(1)//"})
