@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from markupsafe import Markup
 
+from matrix.registry import RegistryError, load_models
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
 from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
@@ -159,20 +160,42 @@ def verdicts_text(verdicts: tuple[CheckpointVerdict, ...]) -> str:
     return " · ".join(parts)
 
 
+def family_names() -> dict[str, str]:
+    """Each registry entry's family as DeepSpeed's automatic-tensor-parallelism page names it (ModelEntry.docs_family:
+    `starcode` for gpt_bigcode, `gpt-neox` for gpt_neox), the name the supported-models lists use; {} where the
+    registry cannot be read (then entries are named as they are)."""
+    try:
+        return {name: entry.docs_family for name, entry in load_models().items()}
+    except RegistryError:
+        return {}
+
+
+def family_label(architecture: str, families: dict[str, str]) -> str:
+    """The family by DeepSpeed's name: "starcode" for the gpt_bigcode entry; an entry that shares its family with
+    another (llama_large beside llama) adds itself, "llama (llama_large)", so two lines never read alike."""
+    family = families.get(architecture, architecture)
+    shared = sum(1 for other in families.values() if other == family) > 1
+    return f"{family} ({architecture})" if shared and family != architecture else family
+
+
 def checkpoint_lines(section: CheckpointVerdicts) -> list[str]:
-    """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- "."""
+    """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- ". A
+    family is named as the supported-models lists name it (family_label)."""
+    families = family_names()
     return [
         *(
-            f"{code(entry.checkpoint)} ({entry.architecture}, faithful shapes) {verdicts_text(entry.verdicts)}"
+            f"{code(entry.checkpoint)} ({family_label(entry.architecture, families)}, faithful shapes) "
+            f"{verdicts_text(entry.verdicts)}"
             for entry in section.faithful
         ),
         *(
-            f"{entry.architecture} architecture at its config-class default sizes (no checkpoint recorded): "
-            f"{verdicts_text(entry.verdicts)}"
+            f"{family_label(entry.architecture, families)} architecture at its config-class default sizes (no "
+            f"checkpoint recorded): {verdicts_text(entry.verdicts)}"
             for entry in section.class_defaults
         ),
         *(
-            f"{entry.architecture} architecture under stress shapes: {verdicts_text(entry.verdicts)}"
+            f"{family_label(entry.architecture, families)} architecture under stress shapes: "
+            f"{verdicts_text(entry.verdicts)}"
             for entry in section.stress
         ),
     ]

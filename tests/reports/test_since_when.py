@@ -227,3 +227,28 @@ def test_the_step_summary_and_drafts_link_the_run_by_validated_variables():
     assert actions_run_url({}) == "" and _found_by("") == []
     with pytest.raises(ReportsError, match="GITHUB_SERVER_URL"):
         actions_run_url({**actions, "GITHUB_SERVER_URL": "javascript:alert(1)//"})
+
+
+# ---- One family name (DeepSpeed's) in the supported-models page ---------------------------------------------------
+
+
+def test_supported_models_names_each_family_as_deepspeeds_page_does_everywhere(tmp_path):
+    junit = tmp_path / "junit"
+    write_junit(
+        junit / "run.xml",
+        [
+            fail("gpt_bigcode.faithful", "forward", checkpoints=("bigcode/gpt_bigcode-santacoder",)),
+            Cell("gpt_neox.faithful", checkpoints=("EleutherAI/pythia-70m",)),
+            Cell("llama"),
+            Cell("llama_large"),
+        ],
+        run_id="matrix@2026-12-07T03:00:00Z@vm",
+        started="2026-12-07T03:00:00Z",
+        deepspeed="0.19.8",
+        transformers="5.25.0",
+    )
+    page = (render(junit, tmp_path) / "supported-models.md").read_text()
+    assert "- starcode — fails" in page and "`bigcode/gpt_bigcode-santacoder` (starcode, faithful shapes)" in page
+    assert "`EleutherAI/pythia-70m` (gpt-neox, faithful shapes)" in page
+    assert "(gpt_bigcode," not in page and "(gpt_neox," not in page  # the entries' own names only in cell ids
+    assert "- llama (llama_large) architecture under stress shapes" in page
