@@ -241,6 +241,9 @@ def build_failing_now(
     first_seen = _first_seen(aggregates, history)
     transitions = by_kind(history.transitions)
     first_run = aggregates.first_run.run_id
+    # The history began at the latest versions and every earlier version set was run after it (`nox -s since-when`,
+    # a backfill after a first night): since when is what the example cell did there, not when a cause was first seen.
+    looked_back = aggregates.first_run.versions == latest and len(history.version_sets) > 1
     at_latest = versions_of(latest)
     causes: list[FailingCause] = []
     checkpoints = cell_checkpoints(aggregates, history)
@@ -267,7 +270,9 @@ def build_failing_now(
                 count=len(cells),
                 cells=tuple(cell.id for cell in cells),
                 cells_text=cells_text(cells),
-                since=_tried_or_first_seen(history, representative, key, _since(first_seen[key], first_run, latest)),
+                since=_tried_or_first_seen(history, representative, key, _since(first_seen[key], first_run, latest))
+                if looked_back
+                else _since(first_seen[key], first_run, latest),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
                 status=cause_status,
                 known=match,

@@ -161,6 +161,7 @@ def test_no_failure_no_section(session, tmp_path):
         "causes": [],
         "fixed_known": [],
         "backfill": "",
+        "moved": "",
     }
 
 
