@@ -241,9 +241,6 @@ def build_failing_now(
     first_seen = _first_seen(aggregates, history)
     transitions = by_kind(history.transitions)
     first_run = aggregates.first_run.run_id
-    # The history began at the latest versions and every earlier version set was run after it (`nox -s since-when`,
-    # a backfill after a first night): since when is what the example cell did there, not when a cause was first seen.
-    looked_back = aggregates.first_run.versions == latest and len(history.version_sets) > 1
     at_latest = versions_of(latest)
     causes: list[FailingCause] = []
     checkpoints = cell_checkpoints(aggregates, history)
@@ -270,9 +267,7 @@ def build_failing_now(
                 count=len(cells),
                 cells=tuple(cell.id for cell in cells),
                 cells_text=cells_text(cells),
-                since=_tried_or_first_seen(history, representative, key, _since(first_seen[key], first_run, latest))
-                if looked_back
-                else _since(first_seen[key], first_run, latest),
+                since=_cause_since(history, aggregates, representative, key, first_seen[key]),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
                 status=cause_status,
                 known=match,
@@ -316,12 +311,16 @@ def build_failing_now(
     )
 
 
-def _tried_or_first_seen(history: History, cell: CellKey, key: str, first_seen: FirstSeen) -> FirstSeen:
-    """Since when, from the example cell's earlier points where it was run at any (since_when), else first seen."""
-    tried = since_when(history, cell, key)
-    if not tried.text:
+def _cause_since(history: History, aggregates: Aggregates, cell: CellKey, key: str, first: ResultGroup) -> FirstSeen:
+    """Since when a cause fails. Where the history began at the latest versions and every earlier version set was run
+    after it (`nox -s since-when`, a backfill after a first night), what its example cell did there (since_when);
+    else when the cause was first seen (a nightly's history keeps "since deepspeed 0.19.7 (first seen …)")."""
+    latest = history.latest
+    first_seen = _since(first, aggregates.first_run.run_id, latest)
+    if aggregates.first_run.versions != latest or len(history.version_sets) == 1:
         return first_seen
-    return replace(first_seen, text=tried.text, moved=tried.moved, tried=True)
+    tried = since_when(history, cell, key)
+    return replace(first_seen, text=tried.text, moved=tried.moved, tried=True) if tried.text else first_seen
 
 
 def moved_text(causes: Iterable[FailingCause]) -> str:
