@@ -39,7 +39,7 @@ from reports.analysis import (
     status_text,
 )
 from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
-from reports.outputs.markdown import actions_run_url
+from reports.outputs.markdown import actions_run_url, found_by
 from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
 from reports.outputs.model import Report, build_report
@@ -375,7 +375,7 @@ def _markdown(
         "",
         _regression(entry, report),
         "",
-        *_found_by(actions_run_url(os.environ)),
+        *found_by(actions_run_url(os.environ)),
         "**ds_report output** (the parts the run recorded)",
         "",
         *_ds_report(run, key.tp),
@@ -390,14 +390,6 @@ def _markdown(
             "",
         ]
     return inert("\n".join(lines).rstrip("\n")) + "\n"
-
-
-def _found_by(run_url: str) -> list[str]:
-    """Where a draft written in GitHub Actions was found: the run's page, whose artifacts hold the cell's logs and
-    the full script (an absolute link: a draft is read in DeepSpeed's tracker); nothing outside Actions."""
-    if not run_url:
-        return []
-    return [f"Found by {markdown_link('this workflow run', run_url)} (its artifacts: the cells' logs and scripts).", ""]
 
 
 def _known_lines(entry: FailingCause) -> list[str]:

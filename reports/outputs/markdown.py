@@ -320,6 +320,14 @@ def actions_run_url(environ: Mapping[str, str]) -> str:
     return links.run if links else ""
 
 
+def found_by(run_url: str) -> list[str]:
+    """Where a draft written in GitHub Actions was found: the run's page, whose artifacts hold the cell's logs and
+    the full script (an absolute link: a draft is read in DeepSpeed's tracker); nothing outside Actions."""
+    if not run_url:
+        return []
+    return [f"Found by {markdown_link('this workflow run', run_url)} (its artifacts: the cells' logs and scripts).", ""]
+
+
 def _table_text(text: str) -> str:
     """Text for one table cell: on one line, its pipes escaped (a link's mark, reports.outputs.markdown_safety, is
     whitespace to str.split, so lines are joined by hand)."""

@@ -217,14 +217,13 @@ def test_since_when_prints_its_capped_cost_first(tmp_path, release_cache, capsys
 
 def test_the_step_summary_and_drafts_link_the_run_by_validated_variables():
     from reports import ReportsError
-    from reports.outputs.draft_issue import _found_by
-    from reports.outputs.markdown import actions_run_url
+    from reports.outputs.markdown import actions_run_url, found_by
 
     actions = {"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/autotp", "GITHUB_RUN_ID": "42"}
     url = actions_run_url(actions)
     assert url == "https://github.com/o/autotp/actions/runs/42"
-    assert "(https://github.com/o/autotp/actions/runs/42)" in _found_by(url)[0]
-    assert actions_run_url({}) == "" and _found_by("") == []
+    assert "(https://github.com/o/autotp/actions/runs/42)" in found_by(url)[0]
+    assert actions_run_url({}) == "" and found_by("") == []
     with pytest.raises(ReportsError, match="GITHUB_SERVER_URL"):
         actions_run_url({**actions, "GITHUB_SERVER_URL": "javascript:alert(1)//"})
 
