@@ -212,7 +212,7 @@ def _direct_spans(text: str, *, entropy: bool) -> Iterator[tuple[int, int]]:
         if literal in lowered:
             for match in pattern.finditer(lowered):
                 yield _stretched(text, match.end("lead") if "lead" in pattern.groupindex else match.start(), match)
-    yield from _library_spans(text, library.patterns)
+    yield from _library_spans(text)
     yield from _credential_values(lowered, library.credential_name)
     if entropy and ('"' in text or "'" in text):
         for match in _QUOTED.finditer(text):
@@ -221,29 +221,34 @@ def _direct_spans(text: str, *, entropy: bool) -> Iterator[tuple[int, int]]:
                 yield match.span(1)
 
 
-def _library_spans(text: str, patterns: tuple[tuple[re.Pattern[str], bool], ...]) -> Iterator[tuple[int, int]]:
-    """Where the library's patterns match. A long text (a report, assembled from texts that each passed the door) is
-    read once per distinct line (no pattern spans lines; each secret found is then replaced wherever it shows), and
-    without the assignment patterns (`ibm_cloud_iam_key = ...`): tried at every position, they took 0.14 of the
-    0.23 s CPU over 500 kB, and the credential-name rule reads the same assignments."""
+def _library_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Where the library's patterns match: each distinct line is read once (no pattern spans lines), and each secret
+    found is then replaced wherever it shows in the text. Lines are remembered across texts (`_line_secrets`): a
+    render redacts 119 repro scripts and 15 drafts that share most of their lines."""
     if _LIBRARY_GATE.search(text) is None:
         return
-    long = len(text) > LONG_TEXT
-    distinct = "\n".join(dict.fromkeys(text.split("\n"))) if long else text
-    found = [
-        _stretched(distinct, match.start(), match)
-        for pattern, assignment in patterns
-        if not (long and assignment)
-        for match in pattern.finditer(distinct)
-        if not assignment or match.start() == 0 or not _WORD.match(distinct, match.start() - 1)
-    ]
-    if not long:
-        yield from found
-        return
-    secrets = {distinct[start:end] for start, end in found if end > start}
+    with_assignments = len(text) <= LONG_TEXT
+    secrets = {secret for line in dict.fromkeys(text.split("\n")) for secret in _line_secrets(line, with_assignments)}
     if secrets:
         alternatives = "|".join(re.escape(secret) for secret in sorted(secrets, key=len, reverse=True))
         yield from (match.span() for match in re.finditer(alternatives, text))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _line_secrets(line: str, with_assignments: bool) -> frozenset[str]:
+    """The secrets the library's patterns find in one line. A long text (a report, assembled from texts that each
+    passed the door) is read without the assignment patterns (`ibm_cloud_iam_key = ...`): tried at every position,
+    they took 0.14 of the 0.23 s CPU over 500 kB, and the credential-name rule reads the same assignments."""
+    if _LIBRARY_GATE.search(line) is None:
+        return frozenset()
+    found = [
+        _stretched(line, match.start(), match)
+        for pattern, assignment in _library().patterns
+        if with_assignments or not assignment
+        for match in pattern.finditer(line)
+        if not assignment or match.start() == 0 or not _WORD.match(line, match.start() - 1)
+    ]
+    return frozenset(line[start:end] for start, end in found if end > start)
 
 
 def _stretched(text: str, start: int, match: re.Match[str]) -> tuple[int, int]:

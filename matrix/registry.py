@@ -8,7 +8,9 @@ needs code and a typo never turns into a silent skip.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import re
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
@@ -428,11 +430,21 @@ TRAINING_FEATURES = {
 
 
 def read_toml(path: Path, missing_hint: str = "") -> dict[str, Any]:
-    """A data file of matrix/ as a dict; a RegistryError naming the file (and `missing_hint`) otherwise."""
+    """A data file of matrix/ as a dict (the caller's own copy); a RegistryError naming the file (and
+    `missing_hint`) otherwise. Parsed once per version of the file: a render reads models.toml ~70 times."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: file not found{missing_hint}") from None
+    return copy.deepcopy(_parsed_toml(path, stat.st_mtime_ns, stat.st_size, stat.st_ino))
+
+
+@functools.cache
+def _parsed_toml(path: Path, mtime_ns: int, size: int, inode: int) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise RegistryError(f"{path}: file not found{missing_hint}") from None
+        raise RegistryError(f"{path}: file not found") from None
     except tomllib.TOMLDecodeError as error:
         raise RegistryError(f"{path}: not valid TOML: {error}") from None
 

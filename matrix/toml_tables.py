@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, fields, is_dataclass
+from functools import cache
 from types import MappingProxyType, NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
@@ -66,6 +67,13 @@ class TableError(ValueError):
         self.problem = problem
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A table class's field types, resolved once: `get_type_hints` compiles every string annotation on each call,
+    which made most of a render's time (18,000 calls for one default matrix's repro scripts)."""
+    return get_type_hints(cls)
+
+
 def read_table(
     cls: type[Table],
     raw: object,
@@ -103,7 +111,7 @@ def _read_dataclass(cls: type[Table], raw: object, path: str, given: Mapping[str
     ]
     if missing:
         raise TableError(path, f"is missing required field{'s' if len(missing) > 1 else ''} {_quoted(missing)}")
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     values = {name: _read_field(readable[name], hints[name], value, _join(path, name)) for name, value in raw.items()}
     try:
         table = cast(Callable[..., Table], cls)(**given, **values)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import pprint
 from dataclasses import asdict
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -131,6 +132,7 @@ def partial_note(cell: Cell) -> str:
     return f"variant {variant.name}: this script leaves out {'; '.join(left)}" if left else ""
 
 
+@cache
 def harness_functions() -> str:
     """The harness's own code the script runs, copied in: the tiny checkpoint's weights are made by it (the repro's
     weights are the cell's), and memory is judged by the harness's rules (suites/checks/memory.py `RULES`), so the
