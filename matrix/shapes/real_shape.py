@@ -1,0 +1,303 @@
+"""The split-relevant sizes of a checkpoint (`RealShape`), how AutoTP splits them (`split_pattern`), and reading
+them from a transformers config (`read_shape`); matrix/shapes/__init__.py says what a shape is."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from matrix.config_values import ConfigValues
+from matrix.registry import RegistryError, SplitRule
+from matrix.toml_tables import TableError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+GRAIN = 64
+"""DeepSpeed's `tensor_parallel.tp_grain_size` (default since 0.16.2): dims split in 64-element grains."""
+MATRIX_TP = (2, 3, 4)
+"""The tp sizes every faithful tiny config splits like its real checkpoint at (plus the cell's own)."""
+# Config attribute names, first present wins (the same names matrix/derive.py shrinks).
+HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "attention_heads",
+    # an encoder-decoder's causal LM is its decoder (marian, whisper, trocr, prophetnet); the encoder's count is set
+    # alike so the config stays one an encoder-decoder model could be built from
+    "decoder_attention_heads",
+    "num_decoder_attention_heads",
+    "encoder_attention_heads",
+    "num_encoder_attention_heads",
+)
+KV_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads", "multi_query_group_num")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim")
+HEAD_DIM_KEYS = ("head_dim", "kv_channels", "attention_head_size")
+FFN_KEYS = (
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "dff",
+    "d_ff",
+    "decoder_ffn_dim",
+    "encoder_ffn_dim",
+)
+FFN_RATIO_KEYS = ("expansion_ratio", "intermediate_multiple_size")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k")
+EXPERT_FFN_KEYS = ("moe_intermediate_size",)
+SHARED_FFN_KEYS = ("shared_expert_intermediate_size",)
+SHARED_COUNT_KEYS = ("n_shared_experts",)
+NESTED = ("attn_config", "ffn_config", "text_config")
+"""Sub-tables some configs keep sizes in: dbrx's attention and MLP tables, a multimodal model's language model (llama4,
+gemma4, qwen3_5: its causal LM is the text model; a vision tower's sizes are never read as the model's)."""
+HEAD_DIM_FOLLOWS_HIDDEN = {"bitnet"}
+"""Config classes that accept head_dim but need heads x head_dim = hidden (bitnet's attention sub-norm is
+hidden wide): measured, a free head_dim fails their forward."""
+MIXER_KEYS = ("state_size", "ssm_state_size", "attention_hidden_size")
+"""Sizes of an attention-free sequence mixer (mamba's and falcon_mamba's state, rwkv's time-mix width): a config with
+one of them and no head count is read as one head, so only its widths (hidden, intermediate, vocab) split in grains."""
+MLA_KEY = "qk_rope_head_dim"
+"""Multi-head latent attention: heads split, head dims are low-rank sizes that stay as the tiny config has them."""
+LATENT_VALUE_HEAD_DIM_KEYS = ("v_head_dim", "head_dim")
+"""The value head dim of multi-head latent attention, first present wins: `v_head_dim` (deepseek_v2/v3); `head_dim`
+where the one shared key-value head is head_dim wide and rope takes part of it (deepseek_v4, which has no
+`v_head_dim`): the output projection reads heads x this."""
+
+
+@dataclass(frozen=True)
+class RealShape:
+    """The split-relevant sizes of one checkpoint (or of a config class's defaults)."""
+
+    source: str
+    """`hub config <hub id>` or `config-defaults transformers <version>`."""
+    heads: int
+    kv_heads: int
+    """Key/value heads (= heads for multi-head attention, 1 for multi-query)."""
+    head_dim: int
+    hidden: int
+    intermediate: int
+    """The dense MLP's width (MoE models: the width transformers' `intermediate_size` gives, often the experts')."""
+    vocab: int
+    tied_embeddings: bool
+    experts: int = 0
+    top_k: int = 0
+    """Experts per token; 0 where the config does not say (some class defaults leave it unset)."""
+    expert_intermediate: int = 0
+    """Each routed expert's width (0: no MoE, or the experts use `intermediate`)."""
+    shared_experts: int = 0
+    """Shared experts (deepseek's `n_shared_experts`), 0 if none or not counted."""
+    shared_expert_intermediate: int = 0
+    """The shared expert's width where it has its own (qwen2_moe's `shared_expert_intermediate_size`)."""
+
+    @property
+    def qkv(self) -> int:
+        """Width of a fused query/key/value projection."""
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    def counts(self) -> dict[str, int]:
+        """The counts AutoTP splits whole (heads; experts, which expert-parallel plans divide)."""
+        return {"heads": self.heads, "kv_heads": self.kv_heads, "experts": self.experts}
+
+    def validate(self) -> None:
+        """real_shapes.toml's rules beyond the fields' types (toml_tables.read_table): sizes a checkpoint can have."""
+        for size in fields(self):  # a size with a default (0: no MoE) may be 0, the others are at least 1
+            value, least = getattr(self, size.name), 1 if size.name in REQUIRED_SIZES else 0
+            if isinstance(value, int) and not isinstance(value, bool) and value < least:
+                raise TableError(size.name, f"must be an integer >= {least}, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise TableError("kv_heads", f"must divide heads {self.heads}, got {self.kv_heads}")
+        if self.top_k > self.experts:
+            raise TableError("top_k", f"must be at most experts ({self.experts}), got {self.top_k}")
+
+    def dims(self) -> dict[str, int]:
+        """The dims AutoTP splits in grains."""
+        return {
+            "hidden": self.hidden,
+            "intermediate": self.intermediate,
+            "vocab": self.vocab,
+            "qkv": self.qkv,
+            "attention_out": self.heads * self.head_dim,
+            "expert_intermediate": self.expert_intermediate,
+            "shared_expert_intermediate": self.shared_expert_intermediate,
+        }
+
+
+def count_split(count: int, tp: int) -> tuple[bool, int]:
+    """How `count` whole units split over `tp` ranks: whether every rank gets one, and how many get one more."""
+    return count >= tp, count % tp
+
+
+def dim_split(size: int, tp: int) -> tuple[Any, ...]:
+    """How a dim splits over `tp` ranks in grains (below one grain DeepSpeed splits it element by element)."""
+    grains, rest = divmod(size, GRAIN)
+    return ("grains", *count_split(grains, tp), rest) if grains else ("elements", *count_split(size, tp))
+
+
+KV_UNIT_DIMS = ("hidden", "qkv", "attention_out")
+"""Dims DeepSpeed's get_shard_size splits in kv-head units when they divide by the kv head count (MLP widths and
+lm_head always go by grains; the name decides)."""
+
+
+def rule_conditions(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) -> dict[str, bool]:
+    """Each condition of `rules` at `tp`, true where `shape` meets it."""
+    sizes = {**shape.counts(), **shape.dims()}
+    return {name: met for rule in rules for name, met in rule.conditions(sizes, tp).items()}
+
+
+def split_pattern(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) -> dict[str, Any]:
+    """Every split AutoTP performs on `shape` at `tp` (and every condition of the architecture's `rules`), as a
+    pattern two shapes that split alike share."""
+    pattern: dict[str, Any] = {name: count_split(count, tp) for name, count in shape.counts().items() if count}
+    pattern |= {name: dim_split(size, tp) for name, size in shape.dims().items() if size}
+    pattern |= {f"{name} in kv-head units": shape.dims()[name] % shape.kv_heads == 0 for name in KV_UNIT_DIMS}
+    # fusedqkv_utils cuts a glm/qwen-type fused qkv as q | k | v (chatglm2/3's layout) exactly when kv heads == 2
+    pattern["kv_heads = 2"] = shape.kv_heads == 2
+    pattern |= rule_conditions(shape, tp, rules)
+    pattern["grouped_query"] = shape.kv_heads < shape.heads
+    pattern["top_k"] = shape.top_k
+    pattern["shared_experts"] = shape.shared_experts
+    pattern["tied_embeddings"] = shape.tied_embeddings
+    return pattern
+
+
+def split_differences(
+    tiny: RealShape, real: RealShape, tps: Collection[int], rules: tuple[SplitRule, ...] = ()
+) -> list[str]:
+    """`field at tp N: tiny <pattern> vs real <pattern>` for every split where the two differ."""
+    differences = []
+    for tp in tps:
+        ours, theirs = split_pattern(tiny, tp, rules), split_pattern(real, tp, rules)
+        differences += [
+            f"{name} at tp {tp}: tiny {ours.get(name)} vs real {theirs.get(name)}"
+            for name in sorted(set(ours) | set(theirs))
+            if ours.get(name) != theirs.get(name)
+        ]
+    return differences
+
+
+REQUIRED_SIZES = {size.name for size in fields(RealShape) if size.default is MISSING}
+"""What every record names; the sizes left out (of MoE) are 0."""
+
+
+# ------------------------------------------------------------------------------ reading a config
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def first_int(values: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    return next((values[key] for key in keys if _int(values.get(key))), None)
+
+
+def read_shape(config: PretrainedConfig, source: str) -> RealShape:
+    """The split-relevant sizes of a transformers config (a checkpoint's, or a class's defaults). A config without
+    attention heads or a hidden size is a RegistryError (no split count applies: a state-space model); one that
+    lacks a size this reader needs, or holds a non-integer there, an UnreadableConfig naming the key."""
+    raw = config.to_dict()
+    for name in NESTED:
+        if isinstance(raw.get(name), dict):
+            raw = {**raw, **raw[name]}
+    values = ConfigValues(raw, type(config).__name__)
+    hidden = first_int(values, HIDDEN_KEYS)
+    heads = first_int(values, HEAD_KEYS) or (1 if hidden and any(key in values for key in MIXER_KEYS) else None)
+    if not heads or not hidden:
+        lacking = (
+            f"no attention head count under the names {HEAD_KEYS} (nor an attention-free mixer's {MIXER_KEYS})"
+            if hidden
+            else f"no hidden size under the names {HIDDEN_KEYS}"
+        )
+        raise RegistryError(f"{source} (read by matrix/shapes.py:read_shape): the config has {lacking}")
+    multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
+    kv_heads = 1 if multi_query else (first_int(values, KV_KEYS) or heads)
+    if MLA_KEY in values:  # multi-head latent attention: the output projection reads heads x the value head dim
+        head_dim = first_int(values, LATENT_VALUE_HEAD_DIM_KEYS) or values.integer(LATENT_VALUE_HEAD_DIM_KEYS[0])
+    else:
+        head_dim = first_int(values, HEAD_DIM_KEYS) or hidden // heads
+    ratio = first_int(values, FFN_RATIO_KEYS)
+    intermediate = first_int(values, FFN_KEYS) or (ratio or 4) * hidden
+    experts = first_int(values, EXPERT_KEYS) or 0
+    expert_intermediate = first_int(values, EXPERT_FFN_KEYS) or 0
+    tied = values.get("tie_word_embeddings", getattr(config, "tie_word_embeddings", True))
+    # a multimodal config may keep its vocabulary only in its language model's (fuyu from transformers 4.43)
+    text_config = values.get("text_config")
+    text_vocab = text_config.get("vocab_size") if isinstance(text_config, dict) else None
+    vocab = text_vocab if "vocab_size" not in values and isinstance(text_vocab, int) else values.integer("vocab_size")
+    return RealShape(
+        source=source,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=intermediate,
+        vocab=vocab,
+        tied_embeddings=bool(tied),
+        experts=experts if experts > 1 else 0,
+        top_k=(first_int(values, TOP_K_KEYS) or 0) if experts > 1 else 0,
+        expert_intermediate=expert_intermediate if experts > 1 else 0,
+        shared_experts=(first_int(values, SHARED_COUNT_KEYS) or 0) if experts > 1 else 0,
+        shared_expert_intermediate=(first_int(values, SHARED_FFN_KEYS) or 0) if experts > 1 else 0,
+    )
+
+
+def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
+    """The sizes of the config a tiny checkpoint is built from (read like a real one)."""
+    from transformers import AutoConfig
+
+    return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
+
+
+TINY_SHAPES_FORMAT = 1
+"""Bump when what a tiny shape record holds changes."""
+
+
+def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
+    """tiny_shape, or why the config class refuses `tiny` (`<exception type>: <first line>`), remembered in the
+    harness cache per transformers version and origin (a commit checkout's commit): the config classes import torch
+    in transformers 5.x (~10 CPU s of the driver before its first cell), and the same transformers gives the same
+    answer."""
+    import hashlib
+    import json
+
+    from matrix import cache_root
+    from matrix.installed import cache_identity
+
+    key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny, **cache_identity("transformers")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    record = cache_root() / "tiny-shapes" / f"{digest}.json"
+    try:
+        known = json.loads(record.read_text())
+        return known["refused"] if "refused" in known else RealShape(**known["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not recorded yet (or unreadable): the config class answers
+    from transformers.utils import logging as hf_logging
+
+    # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(logging.ERROR)
+    try:
+        answer: RealShape | str = tiny_shape(model_type, tiny)
+    except Exception as error:  # the config class's own validation refuses the sizes
+        answer = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel drivers (pytest-xdist workers) may write the same record: each through a staging file of its own.
+    staging = record.with_name(f".{record.name}.tmp{os.getpid()}")
+    staging.write_text(
+        json.dumps({"key": key, **({"refused": answer} if isinstance(answer, str) else {"shape": asdict(answer)})})
+    )
+    staging.replace(record)
+    return answer
+
+
+def defaults_source() -> str:
+    import transformers
+
+    return f"config-defaults transformers {transformers.__version__}"
