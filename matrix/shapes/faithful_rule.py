@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import ModelEntry, RegistryError, SplitRule
+from matrix.shapes.layer_kinds import tiny_layer_fields
 from matrix.shapes.real_shape import (
     EXPERT_FFN_KEYS,
     EXPERT_KEYS,
@@ -32,6 +33,7 @@ from matrix.shapes.real_shape import (
     dim_split,
     first_int,
 )
+from matrix.shapes.remembered import remembered
 
 if TYPE_CHECKING:
     pass
@@ -245,4 +247,24 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
     if not _set(tiny, ("vocab_size",), sizes.vocab):  # a multimodal config keeps it in its text model's table
         tiny["vocab_size"] = sizes.vocab
     tiny["tie_word_embeddings"] = real.tied_embeddings
+    tiny.update(faithful_layer_fields(entry.model_type, real, tiny))
     return tiny
+
+
+LAYER_FIELDS_FORMAT = 1
+"""Bump when tiny_layer_fields answers differently for the same question."""
+
+
+def faithful_layer_fields(model_type: str, real: RealShape, tiny: dict[str, Any]) -> dict[str, Any]:
+    """The layer fields that give `tiny` one layer of each of `real`'s layer kinds in their order (layer_kinds.
+    tiny_layer_fields), remembered in the harness cache; none where the config class cannot build the checkpoint's
+    `layers` (the pattern check then names the difference)."""
+
+    def answer() -> dict[str, Any]:
+        try:
+            return tiny_layer_fields(model_type, real.layers, tiny)
+        except Exception:  # the class refuses the cited fields: the tiny config keeps its own layer fields
+            return {}
+
+    key = {"format": LAYER_FIELDS_FORMAT, "model_type": model_type, "layers": real.layers, "tiny": tiny}
+    return dict(remembered("tiny-layers", key, answer))

@@ -3,14 +3,14 @@ them from a transformers config (`read_shape`); matrix/shapes/__init__.py says w
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Collection
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from matrix.config_values import ConfigValues
 from matrix.registry import RegistryError, SplitRule
+from matrix.shapes.layer_kinds import LAYER_FIELDS, cited_layers, first_appearance, layer_kinds
+from matrix.shapes.remembered import remembered
 from matrix.toml_tables import TableError
 
 if TYPE_CHECKING:
@@ -93,6 +93,15 @@ class RealShape:
     shared_experts: int = 0
     """Shared experts (deepseek's `n_shared_experts`), 0 if none or not counted."""
     shared_expert_intermediate: int = 0
+    layers: dict[str, Any] = field(default_factory=dict)
+    """The config.json fields that decide the checkpoint's layer kinds (matrix/shapes/layer_kinds.py LAYER_FIELDS), as
+    the checkpoint has them; the class defaults stand for the fields left out."""
+    layers_note: str = ""
+    """Where a hub record's `layers` come from: the config.json values cited, and the fields config.json lacks (their
+    class default applies)."""
+    layer_pattern: tuple[str, ...] = ()
+    """The checkpoint's layer kinds in the order they first appear (layer_kinds.layer_kinds of a config with
+    `layers`): what a faithful tiny config keeps, one layer each. `--write` fills it in."""
     """The shared expert's width where it has its own (qwen2_moe's `shared_expert_intermediate_size`)."""
 
     @property
@@ -114,6 +123,10 @@ class RealShape:
             raise TableError("kv_heads", f"must divide heads {self.heads}, got {self.kv_heads}")
         if self.top_k > self.experts:
             raise TableError("top_k", f"must be at most experts ({self.experts}), got {self.top_k}")
+        if unknown := sorted(set(self.layers) - set(LAYER_FIELDS)):
+            raise TableError(
+                "layers", f"names {unknown}, which decide no layer kind; cite only fields of {LAYER_FIELDS}"
+            )
 
     def dims(self) -> dict[str, int]:
         """The dims AutoTP splits in grains."""
@@ -163,6 +176,7 @@ def split_pattern(shape: RealShape, tp: int, rules: tuple[SplitRule, ...] = ()) 
     pattern["top_k"] = shape.top_k
     pattern["shared_experts"] = shape.shared_experts
     pattern["tied_embeddings"] = shape.tied_embeddings
+    pattern["layer kinds"] = shape.layer_pattern
     return pattern
 
 
@@ -243,6 +257,8 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
         expert_intermediate=expert_intermediate if experts > 1 else 0,
         shared_experts=(first_int(values, SHARED_COUNT_KEYS) or 0) if experts > 1 else 0,
         shared_expert_intermediate=(first_int(values, SHARED_FFN_KEYS) or 0) if experts > 1 else 0,
+        layers=cited_layers(config.model_type, config),
+        layer_pattern=first_appearance(layer_kinds(config)),
     )
 
 
@@ -253,48 +269,24 @@ def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
 
 
-TINY_SHAPES_FORMAT = 1
-"""Bump when what a tiny shape record holds changes."""
+TINY_SHAPES_FORMAT = 2
+"""Bump when what a tiny shape record holds changes (2: its layer pattern)."""
 
 
 def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
     """tiny_shape, or why the config class refuses `tiny` (`<exception type>: <first line>`), remembered in the
-    harness cache per transformers version and origin (a commit checkout's commit): the config classes import torch
-    in transformers 5.x (~10 CPU s of the driver before its first cell), and the same transformers gives the same
-    answer."""
-    import hashlib
-    import json
+    harness cache (matrix/shapes/remembered.py)."""
 
-    from matrix import cache_root
-    from matrix.installed import cache_identity
+    def answer() -> dict[str, Any]:
+        try:
+            return {"shape": asdict(tiny_shape(model_type, tiny))}
+        except Exception as error:  # the config class's own validation refuses the sizes
+            return {"refused": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
 
-    key = {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny, **cache_identity("transformers")}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    record = cache_root() / "tiny-shapes" / f"{digest}.json"
-    try:
-        known = json.loads(record.read_text())
-        return known["refused"] if "refused" in known else RealShape(**known["shape"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not recorded yet (or unreadable): the config class answers
-    from transformers.utils import logging as hf_logging
-
-    # Configs built on the way warn about sizes they adjust (rope scaling vs positions): noise before the first cell.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(logging.ERROR)
-    try:
-        answer: RealShape | str = tiny_shape(model_type, tiny)
-    except Exception as error:  # the config class's own validation refuses the sizes
-        answer = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    # Parallel drivers (pytest-xdist workers) may write the same record: each through a staging file of its own.
-    staging = record.with_name(f".{record.name}.tmp{os.getpid()}")
-    staging.write_text(
-        json.dumps({"key": key, **({"refused": answer} if isinstance(answer, str) else {"shape": asdict(answer)})})
-    )
-    staging.replace(record)
-    return answer
+    known = remembered("tiny-shapes", {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}, answer)
+    if "refused" in known:
+        return str(known["refused"])
+    return RealShape(**{**known["shape"], "layer_pattern": tuple(known["shape"]["layer_pattern"])})
 
 
 def defaults_source() -> str:

@@ -5,32 +5,40 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from matrix.config_values import UnreadableConfig
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError
+from matrix.shapes.layer_kinds import first_appearance, real_layer_kinds
 from matrix.shapes.real_shape import REQUIRED_SIZES, RealShape, defaults_source, read_shape, tiny_shape
 from matrix.shapes.records import AS_WRITTEN_KEY, DEFAULTS_KEY, load_real_shapes, real_shapes_file
 
-if TYPE_CHECKING:
-    pass
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return str(value)
 
 
 def _toml_record(shape: RealShape) -> str:
-    values = {k: v for k, v in asdict(shape).items() if v or k in REQUIRED_SIZES}
-    rendered = ", ".join(
-        f"{k} = " + ('"' + v + '"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v))
-        for k, v in values.items()
-    )
-    return "{ " + rendered + " }"
+    return _toml_value({k: v for k, v in asdict(shape).items() if v or k in REQUIRED_SIZES})
 
 
 HEADER = """\
-# Real sizes of every registry entry's checkpoints (matrix/shapes.py): what a faithful tiny config splits like.
+# Real sizes of every registry entry's checkpoints (matrix/shapes/): what a faithful tiny config splits like.
 # [<entry>] "<hub id>" = { ... }: from that checkpoint's config.json (source = "hub config <hub id>"; add-model
 # writes it, or type it from the published config). "defaults" = { ... }: the installed transformers' config
 # class defaults, used where no hub config is recorded for the entry's first hub id (source names the release).
-# Regenerate the defaults with `python -m matrix.shapes --write`; `--check` fails when this file is stale.
+# `layers`: the config.json fields that decide the layer kinds (the class defaults stand for those left out);
+# `layer_pattern`: the kinds they give, in the order they first appear, which the faithful tiny config keeps.
+# Regenerate with `python -m matrix.shapes --write`; `--check` fails when this file is stale or a faithful tiny
+# config's layer pattern is not its checkpoint's.
 """
 
 
@@ -45,7 +53,11 @@ def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShap
     for name, entry in registry.items():
         if entry.skip_reason or entry.trust_remote_code:
             continue
-        records = {k: v for k, v in shapes.get(name, {}).items() if k != DEFAULTS_KEY}
+        records = {
+            k: replace(v, layer_pattern=first_appearance(real_layer_kinds(entry.model_type, v.layers)))
+            for k, v in shapes.get(name, {}).items()
+            if k != DEFAULTS_KEY
+        }
         if AS_WRITTEN_KEY in records:  # its sizes follow its tiny config
             records[AS_WRITTEN_KEY] = replace(
                 tiny_shape(entry.model_type, entry.tiny), source=records[AS_WRITTEN_KEY].source
@@ -92,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--write", action="store_true", help="rewrite the file (defaults records from the installed transformers)"
     )
-    mode.add_argument("--check", action="store_true", help="exit 1 when the file is not what --write would write")
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the file is not what --write would write or a faithful tiny config's layer pattern is not its checkpoint's",
+    )
     parser.add_argument("--models-file", type=Path, default=MODELS_FILE)
     args = parser.parse_args(argv)
     args.file = real_shapes_file(args.models_file)
@@ -107,8 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         args.file.write_text(text)
         print(f"wrote {args.file}")
         return 0
-    if args.file.exists() and args.file.read_text() == text:
-        print(f"{args.file} is up to date")
-        return 0
-    print(f"{args.file} is stale: run python -m matrix.shapes --write", file=sys.stderr)
-    return 1
+    if not (args.file.exists() and args.file.read_text() == text):
+        print(f"{args.file} is stale: run python -m matrix.shapes --write", file=sys.stderr)
+        return 1
+    from matrix.shapes.layer_check import layer_pattern_problems
+
+    problems = layer_pattern_problems(registry, shapes)
+    for problem in problems:
+        print(f"shapes: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{args.file} is up to date; every faithful tiny config keeps its checkpoint's layer pattern")
+    return 0

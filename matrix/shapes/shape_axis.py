@@ -180,6 +180,12 @@ def shaped_entry(
         f"head_dim {sizes.head_dim}, hidden {sizes.hidden}, intermediate {sizes.intermediate}, vocab {sizes.vocab}"
         + (f", {sizes.experts} experts top-{sizes.top_k}" if sizes.experts else "")
         + (f" of width {sizes.expert_intermediate}" if sizes.expert_intermediate else "")
+        + f"; layers {' | '.join(sizes.layer_pattern)}"
+        + (
+            f" (NOT the checkpoint's {' | '.join(real.layer_pattern)})"
+            if sizes.layer_pattern != real.layer_pattern
+            else ""
+        )
     )
     return replace(entry, name=shaped_name(entry.name, shape), tiny=tiny, tiny_why=why, checkpoints=checkpoints)
 

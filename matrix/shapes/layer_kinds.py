@@ -1,0 +1,188 @@
+"""The kinds of a model's layers, read from its config, and the layer fields of a faithful tiny config.
+
+A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
+name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is
+dense or a mixture of experts (`sparse`), and `no_rope` where it skips rotary positions (`no_rope_layers`). A
+checkpoint's layer pattern is its kinds in the order they first appear. DeepSpeed treats each kind apart (a sparse
+MLP's experts, a mamba mixer), so a faithful tiny config keeps one layer of every kind its checkpoint has, in that
+order, and no kind the checkpoint lacks (qwen2_moe.faithful stands for Qwen1.5-MoE-A2.7B, whose every layer is sparse).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from matrix.derive import LAYER_BOUNDARY_KEYS, LAYER_KEYS
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+MIXER_KEYS = ("layers_block_type", "layer_types", "attention_layers")
+"""Per-layer mixer names, first present wins (jamba's `layers_block_type` says mamba where its `layer_types` says
+linear_attention)."""
+LAYER_FIELDS = (
+    *LAYER_KEYS,
+    "layer_types",
+    "attention_types",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "first_k_dense_replace",
+    "moe_layers",
+    "interleave_moe_layer_step",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "expert_layer_period",
+    "expert_layer_offset",
+    "sliding_window_pattern",
+    "full_attention_interval",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+)
+"""The config fields that decide layer kinds: what a record's `layers` cites (real_shapes.toml)."""
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _values(config: PretrainedConfig) -> dict[str, Any]:
+    """The config's fields with its sub-tables' (dbrx's ffn_config, a multimodal model's text_config) merged in."""
+    raw = config.to_dict()
+    for name in ("ffn_config", "text_config"):
+        if isinstance(raw.get(name), dict):
+            raw = {**raw, **raw[name]}
+    return raw
+
+
+def layer_count(values: Mapping[str, Any]) -> int:
+    return next((values[key] for key in LAYER_KEYS if _int(values.get(key))), 0)
+
+
+def _per_layer(config: PretrainedConfig, values: Mapping[str, Any], key: str, layers: int) -> list[Any] | None:
+    value = getattr(config, key, None) if key not in values else values[key]  # jamba's are properties
+    return list(value) if isinstance(value, list | tuple) and len(value) == layers else None
+
+
+def _mlps(config: PretrainedConfig, values: Mapping[str, Any], layers: int) -> list[str]:
+    """`dense` or `sparse` per layer, by the rule each family's modeling code applies."""
+    experts = _per_layer(config, values, "layers_num_experts", layers)  # jamba
+    if experts is not None:
+        return ["sparse" if count > 1 else "dense" for count in experts]
+    count = next((values[key] for key in EXPERT_COUNT_KEYS if _int(values.get(key))), 0)
+    if count <= 1:
+        return ["dense"] * layers
+    if "mlp_only_layers" in values or "decoder_sparse_step" in values:  # qwen2_moe, qwen3_moe, qwen3_next
+        only, step = values.get("mlp_only_layers") or [], values.get("decoder_sparse_step") or 1
+        return ["dense" if i in only or (i + 1) % step else "sparse" for i in range(layers)]
+    if isinstance(values.get("moe_layers"), list):  # llama4
+        return ["sparse" if i in values["moe_layers"] else "dense" for i in range(layers)]
+    if _int(values.get("first_k_dense_replace")):  # deepseek_v2/v3, glm4_moe: the first k layers dense
+        return ["dense" if i < values["first_k_dense_replace"] else "sparse" for i in range(layers)]
+    return ["sparse"] * layers
+
+
+def layer_kinds(config: PretrainedConfig) -> tuple[str, ...]:
+    """Each layer's kind: `<mixer>/<dense|sparse>`, `/no_rope` added where the layer skips rotary positions."""
+    values = _values(config)
+    layers = layer_count(values)
+    mixers = next(
+        (found for key in MIXER_KEYS if (found := _per_layer(config, values, key, layers)) is not None),
+        ["attention"] * layers,
+    )
+    ropes = _per_layer(config, values, "no_rope_layers", layers) or [1] * layers  # 1: the layer uses rope
+    return tuple(
+        f"{mixer}/{mlp}" + ("" if rope else "/no_rope")
+        for mixer, mlp, rope in zip(mixers, _mlps(config, values, layers), ropes, strict=True)
+    )
+
+
+def first_appearance(kinds: Sequence[str]) -> tuple[str, ...]:
+    """The distinct kinds in the order they first appear: a layer pattern."""
+    return tuple(dict.fromkeys(kinds))
+
+
+def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
+    """The layer fields of `config` a record cites: those of LAYER_FIELDS it has, less the per-layer lists its class
+    computes from the others (gemma3's layer_types from sliding_window_pattern), so a record stays one line."""
+    from transformers import AutoConfig
+
+    values = _values(config)
+    cited = {key: values[key] for key in LAYER_FIELDS if key in values and values[key] is not None}
+    for key in [key for key, value in cited.items() if isinstance(value, list) and len(value) > 1]:
+        rest = {k: v for k, v in cited.items() if k != key}
+        try:
+            computed = getattr(AutoConfig.for_model(model_type, **rest), key, None)
+        except Exception:  # the class cannot compute it without the list: the list stays cited
+            continue
+        if computed == cited[key]:
+            del cited[key]
+    return cited
+
+
+def real_layer_kinds(model_type: str, layers: Mapping[str, Any]) -> tuple[str, ...]:
+    """The kinds of a checkpoint whose config.json has `layers` (the class defaults for every other field)."""
+    from transformers import AutoConfig
+
+    return layer_kinds(AutoConfig.for_model(model_type, **layers))
+
+
+def _plan(kinds: Sequence[str]) -> list[int]:
+    """The layers a faithful config keeps: the first of each kind, topped up to 2 (a cache spans layers)."""
+    plan = sorted(kinds.index(kind) for kind in first_appearance(kinds))
+    for index in range(len(kinds)):
+        if len(plan) >= min(2, len(kinds)):
+            break
+        if index not in plan:
+            plan.append(index)
+    return sorted(plan)
+
+
+def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[str, Any]) -> dict[str, Any]:
+    """The layer fields a faithful tiny config of a checkpoint whose config.json cites `layers` takes: the first layer
+    of each real kind in order (at least 2 layers). The fields are `layers` and the LAYER_FIELDS `tiny` sets (with the
+    checkpoint's values: its class defaults where `layers` does not cite them). Layer counts and per-layer lists
+    follow the kept layers, layer index lists and boundaries are renumbered; periods and offsets are the first values
+    (the tiny config's own first) whose layers have the kept kinds. Other fields stay as `tiny` has them; where they
+    keep the kinds apart, the closest pattern found is taken and `--check` names the difference."""
+    from transformers import AutoConfig
+
+    real = AutoConfig.for_model(model_type, **layers)
+    kinds = layer_kinds(real)
+    plan = _plan(kinds)
+    wanted = tuple(kinds[index] for index in plan)
+    fields: dict[str, Any] = {}
+    searched: dict[str, list[int]] = {}
+    real_values = _values(real)
+    derived = {**{key: real_values[key] for key in tiny if key in LAYER_FIELDS and key in real_values}, **layers}
+    for key, value in derived.items():
+        if key in LAYER_KEYS and _int(value):
+            fields[key] = len(plan)
+        elif key == "attention_types":  # gpt_neo's [[kinds, repeats]]: the kept layers' kinds once
+            fields[key] = [[[real.attention_layers[index] for index in plan], 1]]
+        elif isinstance(value, list) and len(value) == len(kinds) and len(kinds) > 1:
+            fields[key] = [value[index] for index in plan]
+        elif isinstance(value, list) and key.endswith("layers") and all(_int(v) for v in value):
+            fields[key] = [new for new, old in enumerate(plan) if old in value]
+        elif key in LAYER_BOUNDARY_KEYS and _int(value):
+            fields[key] = sum(1 for index in plan if index < value)
+        elif _int(value):  # a period or an offset
+            least = 0 if "offset" in key else 1  # a period, interval or step of 0 divides by zero
+            own = [tiny[key]] if _int(tiny.get(key)) and tiny[key] >= least else []
+            searched[key] = list(dict.fromkeys([*own, *range(least, len(plan) + 2)]))
+        else:
+            fields[key] = value
+    best: tuple[int, dict[str, Any]] = (-1, fields)
+    for values in itertools.product(*searched.values()):
+        trial = {**fields, **dict(zip(searched, values, strict=True))}
+        try:
+            found = layer_kinds(AutoConfig.for_model(model_type, **{**tiny, **trial}))
+        except Exception:  # the class refuses the combination (an offset not below its period): the next one
+            continue
+        if found == wanted:
+            return trial
+        score = sum(1 for a, b in zip(found, wanted, strict=False) if a == b)
+        best = max(best, (score, trial), key=lambda option: option[0])
+    return best[1]
