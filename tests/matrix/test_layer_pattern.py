@@ -1,0 +1,99 @@
+"""Faithful means the layer pattern too (matrix/shapes/layer_kinds.py): a faithful tiny config keeps one layer of every
+kind its checkpoint has (dense/sparse MLP, attention and mixer kinds), in the order they first appear, and no other;
+real_shapes.toml records each checkpoint's pattern and `python -m matrix.shapes --check` fails on a tiny config whose
+pattern differs."""
+
+import re
+
+import pytest
+from transformers import AutoConfig
+
+from matrix.registry import MODELS_FILE, RegistryError, load_models
+from matrix.shapes import REAL_SHAPES_FILE, load_real_shapes, main, shaped_entry
+from matrix.shapes.layer_kinds import first_appearance, layer_kinds
+
+
+def _kinds(model_type: str, tiny: dict) -> tuple[str, ...]:
+    return layer_kinds(AutoConfig.for_model(model_type, **tiny))
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_models()
+
+
+@pytest.fixture(scope="module")
+def shapes(registry):
+    return load_real_shapes(registry=registry)
+
+
+def test_qwen2_moe_faithful_is_all_sparse_like_qwen1_5_moe(registry, shapes):
+    entry = registry["qwen2_moe"]
+    assert shapes["qwen2_moe"]["Qwen/Qwen1.5-MoE-A2.7B"].layer_pattern == ("full_attention/sparse",)
+    faithful = shaped_entry(entry, "faithful", 2, shapes)
+    assert set(_kinds(entry.model_type, faithful.tiny)) == {"full_attention/sparse"}
+    # the stress shape keeps its deliberate dense first layer: a kind no Qwen1.5-MoE layer has
+    assert _kinds(entry.model_type, entry.tiny)[0] == "full_attention/dense"
+
+
+def test_jamba_faithful_keeps_its_three_layer_kinds_in_their_real_order(registry, shapes):
+    entry = registry["jamba"]
+    faithful = shaped_entry(entry, "faithful", 3, shapes)
+    # Jamba-v0.1: attention every 8th layer from layer 4, experts every 2nd from layer 1: layer 0 mamba + dense MLP,
+    # layer 1 mamba + experts, layer 4 attention + dense MLP; no attention layer has experts
+    expected = ("mamba/dense", "mamba/sparse", "attention/dense")
+    assert shapes["jamba"]["defaults"].layer_pattern == expected
+    assert _kinds(entry.model_type, faithful.tiny) == expected
+    assert "layers mamba/dense | mamba/sparse | attention/dense" in faithful.tiny_why
+
+
+def test_the_reader_names_each_familys_layer_kinds():
+    deepseek = {"num_hidden_layers": 5, "first_k_dense_replace": 2}
+    assert _kinds("deepseek_v3", deepseek) == ("attention/dense",) * 2 + ("attention/sparse",) * 3
+    neo = {"num_layers": 4, "attention_types": [[["global", "local"], 2]]}
+    assert _kinds("gpt_neo", neo) == ("global/dense", "local/dense", "global/dense", "local/dense")
+    smollm3 = {"num_hidden_layers": 4, "no_rope_layer_interval": 2}
+    assert first_appearance(_kinds("smollm3", smollm3)) == ("full_attention/dense", "full_attention/dense/no_rope")
+    qwen3_next = {"num_hidden_layers": 4, "full_attention_interval": 2, "decoder_sparse_step": 2}
+    assert _kinds("qwen3_next", qwen3_next) == (
+        "linear_attention/dense",
+        "full_attention/sparse",
+        "linear_attention/dense",
+        "full_attention/sparse",
+    )
+
+
+def _registry_of(tmp_path, names: tuple[str, ...], plant: str = "") -> str:
+    """A models.toml and real_shapes.toml of only `names` (the real ones' tables), `plant` added to the first's tiny."""
+    text = MODELS_FILE.read_text()
+    tables = [re.search(rf"^\[models\.{name}\]\n(?:.+\n)+", text, re.M) for name in names]
+    models = "\n".join(table.group(0) for table in tables if table)
+    if plant:
+        models = models.replace("tiny = { ", f"tiny = {{ {plant}, ", 1)
+    (tmp_path / "models.toml").write_text(models)
+    shapes = REAL_SHAPES_FILE.read_text()
+    header = shapes.split("\n[", 1)[0]
+    blocks = [re.search(rf"^\[{name}\]\n(?:.+\n)+", shapes, re.M) for name in names]
+    (tmp_path / "real_shapes.toml").write_text(header + "\n" + "\n".join(b.group(0) for b in blocks if b))
+    return str(tmp_path / "models.toml")
+
+
+def test_check_fails_on_a_tiny_config_whose_layer_pattern_differs_from_its_checkpoints(tmp_path, capsys):
+    models = _registry_of(tmp_path, ("qwen2", "qwen2_moe"))
+    assert main(["--check", "--models-file", models]) == 0
+    # a field no record cites that still decides the kinds: qwen2 makes every layer from max_window_layers on sliding
+    models = _registry_of(tmp_path, ("qwen2", "qwen2_moe"), plant="use_sliding_window = true, sliding_window = 16, max_window_layers = 1")
+    assert main(["--check", "--models-file", models]) == 1
+    said = capsys.readouterr().err
+    assert "qwen2.faithful: its tiny config's layers are full_attention/dense | sliding_attention/dense" in said
+    assert "but hub config Qwen/Qwen2-7B's are full_attention/dense" in said
+    assert "[models.qwen2] tiny" in said and "`layers`" in said  # what to change
+    assert "qwen2_moe" not in said  # the other entry is faithful
+
+
+def test_a_record_citing_a_field_that_decides_no_layer_kind_is_refused(tmp_path):
+    models = _registry_of(tmp_path, ("qwen2_moe",))
+    records = tmp_path / "real_shapes.toml"
+    records.write_text(records.read_text().replace("mlp_only_layers = []", "mlp_only_layer = []"))
+    with pytest.raises(RegistryError, match=r"\[qwen2_moe\].*layers.*mlp_only_layer\b"):
+        load_real_shapes(records, load_models(tmp_path / "models.toml"))
