@@ -4,6 +4,7 @@ real_shapes.toml records each checkpoint's pattern and `python -m matrix.shapes 
 pattern differs."""
 
 import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoConfig
@@ -63,7 +64,7 @@ def test_the_reader_names_each_familys_layer_kinds():
     )
 
 
-def _registry_of(tmp_path, names: tuple[str, ...], plant: str = "") -> str:
+def _registry_of(tmp_path, names: tuple[str, ...], plant: str = "") -> Path:
     """A models.toml and real_shapes.toml of only `names` (the real ones' tables), `plant` added to the first's tiny."""
     text = MODELS_FILE.read_text()
     tables = [re.search(rf"^\[models\.{name}\]\n(?:.+\n)+", text, re.M) for name in names]
@@ -75,15 +76,17 @@ def _registry_of(tmp_path, names: tuple[str, ...], plant: str = "") -> str:
     header = shapes.split("\n[", 1)[0]
     blocks = [re.search(rf"^\[{name}\]\n(?:.+\n)+", shapes, re.M) for name in names]
     (tmp_path / "real_shapes.toml").write_text(header + "\n" + "\n".join(b.group(0) for b in blocks if b))
-    return str(tmp_path / "models.toml")
+    return tmp_path / "models.toml"
 
 
 def test_check_fails_on_a_tiny_config_whose_layer_pattern_differs_from_its_checkpoints(tmp_path, capsys):
     models = _registry_of(tmp_path, ("qwen2", "qwen2_moe"))
-    assert main(["--check", "--models-file", models]) == 0
+    assert main(["--check", "--models-file", str(models)]) == 0
     # a field no record cites that still decides the kinds: qwen2 makes every layer from max_window_layers on sliding
-    models = _registry_of(tmp_path, ("qwen2", "qwen2_moe"), plant="use_sliding_window = true, sliding_window = 16, max_window_layers = 1")
-    assert main(["--check", "--models-file", models]) == 1
+    models = _registry_of(
+        tmp_path, ("qwen2", "qwen2_moe"), plant="use_sliding_window = true, sliding_window = 16, max_window_layers = 1"
+    )
+    assert main(["--check", "--models-file", str(models)]) == 1
     said = capsys.readouterr().err
     assert "qwen2.faithful: its tiny config's layers are full_attention/dense | sliding_attention/dense" in said
     assert "but hub config Qwen/Qwen2-7B's are full_attention/dense" in said
@@ -96,4 +99,4 @@ def test_a_record_citing_a_field_that_decides_no_layer_kind_is_refused(tmp_path)
     records = tmp_path / "real_shapes.toml"
     records.write_text(records.read_text().replace("mlp_only_layers = []", "mlp_only_layer = []"))
     with pytest.raises(RegistryError, match=r"\[qwen2_moe\].*layers.*mlp_only_layer\b"):
-        load_real_shapes(records, load_models(tmp_path / "models.toml"))
+        load_real_shapes(records, load_models(models))
