@@ -37,7 +37,7 @@ from matrix.shapes import (
 
 def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:
     """The one spelling of a cell: `{model}-{variant}-{dtype}-tp{tp}` (llama-eager-fp32-tp3); `model` carries
-    the cell's shape where it is not the unmarked one (llama.faithful-eager-fp32-tp3, see matrix/shapes.py)."""
+    the cell's shape where it is not the unmarked one (llama.faithful-eager-fp32-tp3, see matrix/shapes/)."""
     return f"{model}-{variant}-{dtype}-tp{tp}"
 
 
@@ -208,7 +208,7 @@ def _shaped(
     """The entries of `model`'s cells of `shape` at `tp`: exactly that cell's shape when the model was named with it,
     else one per group of checkpoints that split alike. The shapes step's guard for harness bugs: an exception for
     this architecture's shape (other than a RegistryError: a wrong selection) fails its cells as `setup` naming it,
-    and the other cells run (an unreadable config is already its named skip: matrix/shapes.py
+    and the other cells run (an unreadable config is already its named skip: matrix/shapes/
     faithful_groups_or_why)."""
     try:
         return (

@@ -1,6 +1,6 @@
 """Reading a transformers config, and what becomes of one architecture whose config the harness cannot read.
 
-The harness reads configs by attribute name (matrix/derive.py shrinks them, matrix/shapes.py reads the sizes
+The harness reads configs by attribute name (matrix/derive.py shrinks them, matrix/shapes/ reads the sizes
 AutoTP splits). A new architecture can lack a name a reader relies on (deepseek_v4 has `qk_rope_head_dim` but no
 `v_head_dim`). Read through `ConfigValues`, such a config raises `UnreadableConfig` naming the reader (file and
 function) and the key, and each per-architecture step of expanding the matrix turns it into that architecture's
@@ -25,7 +25,7 @@ UNREADABLE_CONFIG = "unreadable config"
 
 
 def _where(filename: str, function: str) -> str:
-    """`matrix/shapes.py:read_shape`: a harness file relative to the project, any other by its name."""
+    """`matrix/shapes/real_shape.py:read_shape`: a harness file relative to the project, any other by its name."""
     path = Path(filename).resolve()
     shown = path.relative_to(PROJECT_ROOT) if is_harness_file(filename) else Path(path.name)
     return f"{shown.as_posix()}:{function}"
@@ -74,13 +74,13 @@ class ExpansionError:
 
     step: str
     """The step that raised: `derive` (its tiny config, matrix/derive.py) or `shapes` (its faithful shape,
-    matrix/shapes.py)."""
+    matrix/shapes/)."""
     error_type: str
     """The exception's type name."""
     message: str
     """The exception's first line."""
     where: str
-    """The deepest harness frame that raised (`matrix/shapes.py:faithful_sizes`), else the deepest frame."""
+    """The deepest harness frame that raised (`matrix/shapes/faithful_rule.py:faithful_sizes`), else the deepest frame."""
 
     @classmethod
     def of(cls, step: str, error: BaseException) -> ExpansionError:

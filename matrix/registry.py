@@ -212,10 +212,10 @@ class ModelEntry:
     skip_reason: str | None = None
     """Why this architecture cannot be tested at all (e.g. it cannot be built tiny); its cells skip with it."""
     split_rules: tuple[SplitRule, ...] = ()
-    """Architecture-specific split conditions of DeepSpeed that faithful tiny configs keep (matrix/shapes.py)."""
+    """Architecture-specific split conditions of DeepSpeed that faithful tiny configs keep (matrix/shapes/)."""
     checkpoints: tuple[str, ...] = field(default=(), metadata=NOT_IN_FILE)
     """The hub ids a faithful cell's verdict stands for: those whose recorded sizes split like the cell's tiny
-    config at every tp (matrix/shapes.py); empty for stress cells and for faithful cells of config-class defaults."""
+    config at every tp (matrix/shapes/); empty for stress cells and for faithful cells of config-class defaults."""
     expansion_error: ExpansionError | None = field(default=None, metadata=NOT_IN_FILE)
     """A harness exception in a step of expanding this architecture before its cells ran (matrix/config_values.py):
     its cells fail as `setup` naming it, the other architectures' cells run. Never set in models.toml."""
@@ -607,7 +607,7 @@ class KnownFailure:
             return False
         if not re.search(self.signature, cause):
             return False
-        entry = model.split(".", 1)[0]  # a cell's model names its shape after the entry (matrix/shapes.py)
+        entry = model.split(".", 1)[0]  # a cell's model names its shape after the entry (matrix/shapes/)
         if (self.models and entry not in self.models) or (self.variants and variant not in self.variants):
             return False
         return all(_version_in(versions.get(axis, ""), specifiers) for axis, specifiers in self.versions.items())

@@ -227,7 +227,7 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
             if hidden
             else f"no hidden size under the names {HIDDEN_KEYS}"
         )
-        raise RegistryError(f"{source} (read by matrix/shapes.py:read_shape): the config has {lacking}")
+        raise RegistryError(f"{source} (read by matrix/shapes/real_shape.py:read_shape): the config has {lacking}")
     multi_query = values.get("multi_query") is True and not values.get("new_decoder_architecture")
     kv_heads = 1 if multi_query else (first_int(values, KV_KEYS) or heads)
     if MLA_KEY in values:  # multi-head latent attention: the output projection reads heads x the value head dim
@@ -257,7 +257,7 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
         expert_intermediate=expert_intermediate if experts > 1 else 0,
         shared_experts=(first_int(values, SHARED_COUNT_KEYS) or 0) if experts > 1 else 0,
         shared_expert_intermediate=(first_int(values, SHARED_FFN_KEYS) or 0) if experts > 1 else 0,
-        layers=cited_layers(config.model_type, config),
+        layers=cited_layers(getattr(config, "model_type", ""), config),
         layer_pattern=first_appearance(layer_kinds(config)),
     )
 

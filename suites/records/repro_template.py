@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 class ConfigNames(TypedDict):
-    """The config attribute names of each count, in the order the harness reads them (matrix/shapes.py)."""
+    """The config attribute names of each count, in the order the harness reads them (matrix/shapes/)."""
 
     heads: tuple[str, ...]
     kv_heads: tuple[str, ...]
@@ -398,7 +398,7 @@ def split_kind(module_name: str, module: torch.nn.Module, tensor: torch.Tensor, 
 
 
 def split_counts(model: CausalLM) -> SplitCounts:
-    """The model's (text) config's counts, read under the config names the harness reads them by (matrix/shapes.py
+    """The model's (text) config's counts, read under the config names the harness reads them by (matrix/shapes/
     `read_shape`): the counts DeepSpeed's design rules depend on."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     values: dict[str, Any] = config.to_dict()  # a config's values: any JSON value

@@ -9,10 +9,10 @@ import pytest
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from matrix import derive, shapes
+from matrix import derive
 from matrix.cells import expand
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, UnreadableConfig
-from matrix.shapes import read_shape
+from matrix.shapes import faithful_rule, read_shape
 from suites.checks.probes import split_counts
 from suites.driver import RunOptions, memory_plan_lines, run_cell
 from suites.records.summary import unreadable_config_lines
@@ -36,7 +36,7 @@ SYNTHETIC_VALUES = {
     "vocab_size": 32000,
     "max_position_embeddings": 4096,
 }
-"""A latent-attention MoE config holding one name of every size group the readers use (matrix/shapes.py HEAD_KEYS,
+"""A latent-attention MoE config holding one name of every size group the readers use (matrix/shapes/ HEAD_KEYS,
 KV_KEYS, ..., the latent value head dim, the vocabulary)."""
 REQUIRED = {
     "num_attention_heads": "RegistryError",
@@ -87,9 +87,9 @@ def test_a_config_missing_any_key_the_readers_use_expands_into_cells_or_a_named_
         return
     for entry in faithful:
         assert entry.expansion_error is None
-        assert "matrix/shapes.py:read_shape" in entry.skip_reason and repr(keys[0]) in entry.skip_reason
+        assert "matrix/shapes/real_shape.py:read_shape" in entry.skip_reason and repr(keys[0]) in entry.skip_reason
         assert REQUIRED[missing] == "RegistryError" or entry.skip_reason.startswith(
-            f"{UNREADABLE_CONFIG}: SyntheticConfig has no {keys[0]!r} (read by matrix/shapes.py:read_shape)"
+            f"{UNREADABLE_CONFIG}: SyntheticConfig has no {keys[0]!r} (read by matrix/shapes/real_shape.py:read_shape)"
         )
 
 
@@ -99,7 +99,9 @@ def test_split_counts_of_an_unreadable_config_raise_naming_the_key_never_count_z
     naming the reader and the key; counts of 0 would judge every weight as if nothing split."""
     keys = tuple(missing.split("+"))
     model = type("Model", (), {"config": synthetic_class(keys)()})()
-    with pytest.raises(UnreadableConfig, match=f"has no {keys[0]!r} \\(read by matrix/shapes.py:read_shape\\)"):
+    with pytest.raises(
+        UnreadableConfig, match=f"has no {keys[0]!r} \\(read by matrix/shapes/real_shape.py:read_shape\\)"
+    ):
         split_counts(model)
     no_heads = type("Model", (), {"config": synthetic_class(("num_attention_heads",))()})()
     assert split_counts(no_heads).heads == 0  # no attention heads (a state-space model): no count applies
@@ -107,7 +109,9 @@ def test_split_counts_of_an_unreadable_config_raise_naming_the_key_never_count_z
 
 def test_a_value_that_is_not_an_integer_is_unreadable_naming_the_key():
     config = synthetic_class(())(vocab_size=None)
-    with pytest.raises(UnreadableConfig, match="'vocab_size' is None, not an integer \\(read by matrix/shapes.py"):
+    with pytest.raises(
+        UnreadableConfig, match="'vocab_size' is None, not an integer \\(read by matrix/shapes/real_shape.py"
+    ):
         read_shape(config, "test")
 
 
@@ -171,23 +175,23 @@ def test_a_harness_bug_deriving_one_architecture_fails_its_cells_as_setup_and_th
 
 
 def test_a_harness_bug_shaping_one_architecture_fails_its_cells_as_setup_and_the_rest_expand(monkeypatch):
-    real_faithful_sizes = shapes.faithful_sizes
+    real_faithful_sizes = faithful_rule.faithful_sizes
 
     def faithful_sizes(real, tps, *args, **kwargs):
         if real.experts:
             raise AttributeError("'NoneType' object has no attribute 'experts'")  # stands for a bug in the rule
         return real_faithful_sizes(real, tps, *args, **kwargs)
 
-    monkeypatch.setattr(shapes, "faithful_sizes", faithful_sizes)
+    monkeypatch.setattr(faithful_rule, "faithful_sizes", faithful_sizes)
     cells = {cell.id: cell for cell in expand("mixtral,llama", tp="2,3", shapes="faithful,stress")}
     for tp in (2, 3):
         broken = cells[f"mixtral.faithful-eager-fp32-tp{tp}"]
         assert broken.model.expansion_error.step == "shapes"
-        assert broken.model.expansion_error.where == "matrix/shapes.py:faithful_tiny"
+        assert broken.model.expansion_error.where == "matrix/shapes/faithful_rule.py:faithful_tiny"
         outcome = run_cell(broken, pool=None, options=RunOptions())
         assert (outcome.failure_class, outcome.signature) == (
             "setup",
-            "AttributeError: 'NoneType' object has no attribute 'experts' @ matrix/shapes.py:faithful_tiny",
+            "AttributeError: 'NoneType' object has no attribute 'experts' @ matrix/shapes/faithful_rule.py:faithful_tiny",
         )
         assert cells[f"mixtral-eager-fp32-tp{tp}"].model.expansion_error is None  # its stress cell runs
         assert cells[f"llama.faithful-eager-fp32-tp{tp}"].model.expansion_error is None
@@ -201,7 +205,9 @@ def test_a_wrong_selection_is_still_a_usage_error():
 
 
 def test_the_summary_lists_each_model_skipped_for_an_unreadable_config():
-    reason = f"{UNREADABLE_CONFIG}: DeepseekV4Config has no 'v_head_dim' (read by matrix/shapes.py:read_shape)"
+    reason = (
+        f"{UNREADABLE_CONFIG}: DeepseekV4Config has no 'v_head_dim' (read by matrix/shapes/real_shape.py:read_shape)"
+    )
     records = [
         {"outcome": "skip", "message": reason, "cell": {"model": "deepseek_v4.faithful", "tp": str(tp)}}
         for tp in (2, 3, 4)
@@ -220,6 +226,6 @@ def test_writing_real_shapes_for_an_unreadable_registry_entry_names_the_reader_a
     models.write_text(f'[models.synthetic]\nmodel_type = "{SYNTHETIC}"\ntiny = {{ num_hidden_layers = 2 }}\n')
     assert main(["--write", "--models-file", str(models)]) == 2
     assert capsys.readouterr().err == (
-        "shapes: SyntheticConfig has no 'vocab_size' (read by matrix/shapes.py:read_shape)\n"
+        "shapes: SyntheticConfig has no 'vocab_size' (read by matrix/shapes/real_shape.py:read_shape)\n"
     )
     assert not (tmp_path / "real_shapes.toml").exists()

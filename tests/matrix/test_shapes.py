@@ -36,6 +36,8 @@ QWEN2_7B = RealShape(
     intermediate=18944,
     vocab=152064,
     tied_embeddings=False,
+    layers={"num_hidden_layers": 28},
+    layer_pattern=("full_attention/dense",),
 )
 
 
@@ -243,8 +245,8 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
         ),
         (
             '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
-            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, layers = 28 }",
-            "has unknown field(s) ['layers']",
+            "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, num_layers = 28 }",
+            "has unknown field(s) ['num_layers']",
         ),
         (
             '[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
