@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from matrix.remedies import RemedyResult, read_results
 from suites.checks.names import judged_signature
+from suites import policy
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
@@ -198,6 +199,11 @@ class AutoTPRecord:
     left_whole: tuple[LeftWhole, ...]
     complete: bool = True
     """False when init_inference raised: then only the parser's choice is known."""
+    inferred: tuple[policy.InferredBlock, ...] = ()
+    """The policy the unsharded model needs per block class; `disagreements` where DeepSpeed's split differs from
+    it (suites/policy.py `injection_policy_candidate` reads both); `inference_note` why nothing was inferred."""
+    disagreements: tuple[policy.PolicyDisagreement, ...] = ()
+    inference_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +238,8 @@ class AutoTPRecord:
             by_class.setdefault(r.layer_text, []).append(r.path)
         lines += [f"{layer}: {', '.join(paths)}" for layer, paths in by_class.items()]
         lines += [w.text for w in self.left_whole]
+        lines += [f"inferred {b.layer_class}: writers {', '.join(b.writers) or 'none'}" for b in self.inferred]
+        lines += [d.text for d in self.disagreements] + ([self.inference_note] if self.inference_note else [])
         if not self.complete:
             lines.append("init_inference raised before replacing every module")
         return "\n".join(lines)
@@ -353,6 +361,9 @@ def cause_of(failure: Failure) -> Cause:
         return _by_text(failure, whose_bug)
     if failure.failure_class == "memory":
         return _memory_cause(failure, record, whose_bug)
+    if record.disagreements:
+        words = policy.disagreement_words(record.disagreements)
+        return Cause(policy.policy_key(record.disagreements), words + (f"; {broke.text}" if broke else ""), whose_bug)
     if broke is None:
         return _by_text(failure, whose_bug)
     origin = broke.origin
@@ -397,6 +408,8 @@ def cause_sentence(key: str, words: Sequence[str]) -> str:
     parts = rest.split("|")
     if kind == "router":
         return f"the MoE router (one output per expert: it must stay whole) made {parts[0]} by the parser"
+    if kind == "policy":
+        return policy.policy_title(parts, sentence=True)
     if kind == "kv-unit split":
         return (
             "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, "
@@ -472,6 +485,8 @@ def cause_title(key: str, words: str) -> str:
         return known.title
     if kind == "router":
         return f"MoE router made {parts[0]} by the parser"
+    if kind == "policy":
+        return policy.policy_title(parts, sentence=False)
     if kind == "kv-unit split":
         return "fewer kv heads than ranks leaves ranks without query heads"
     if kind == "left whole":
