@@ -361,9 +361,6 @@ def cause_of(failure: Failure) -> Cause:
         return _by_text(failure, whose_bug)
     if failure.failure_class == "memory":
         return _memory_cause(failure, record, whose_bug)
-    if record.disagreements:
-        words = policy.disagreement_words(record.disagreements)
-        return Cause(policy.policy_key(record.disagreements), words + (f"; {broke.text}" if broke else ""), whose_bug)
     if broke is None:
         return _by_text(failure, whose_bug)
     origin = broke.origin
@@ -379,6 +376,9 @@ def cause_of(failure: Failure) -> Cause:
             + where,
             whose_bug,
         )
+    if record.disagreements:  # after a router: the parser makes it row-parallel, a mistake of its own kind
+        words = policy.disagreement_words(record.disagreements)
+        return Cause(policy.policy_key(record.disagreements), f"{words}{where}", whose_bug)
     if starved := record.starved_query(block):
         return _starved(record, starved, where, whose_bug)
     if involved := _involved(record, origin):
