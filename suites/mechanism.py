@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from matrix.remedies import RemedyResult, read_results
-from suites.checks.names import judged_signature
 from suites import policy
+from suites.checks.names import judged_signature
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared

@@ -108,7 +108,10 @@ def policy_key(disagreements: tuple[PolicyDisagreement, ...]) -> str:
 
 def policy_title(parts: list[str], sentence: bool) -> str:
     """A policy cause from its key's parts: the sentence every cell shares, or a bug report's title."""
-    found = [PolicyDisagreement("", linear, made, "the parser") for made, _, linear in (p.partition(":") for p in parts)]
+    found = [
+        PolicyDisagreement("", linear, "row-parallel" if made == "row-parallel" else "column-parallel", "the parser")
+        for made, _, linear in (p.partition(":") for p in parts)
+    ]
     if sentence:
         return "; ".join(d.text for d in found)
     return ", ".join(f"`{d.linear}` made {d.made} by the parser" for d in found)

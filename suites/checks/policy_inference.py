@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from suites.policy import InferredBlock, PolicyDisagreement, deepspeed_name
+from suites.policy import InferredBlock, Parallel, PolicyDisagreement, deepspeed_name
 
 CARRIES_RESIDUAL = re.compile(
     r"(Add|Sub|Mul|Div|Neg|ToCopy|Copy|Copys|Clone|Alias|View|UnsafeView|Reshape|ReshapeAlias|Expand|Squeeze|"
@@ -180,7 +180,7 @@ def disagreements(
                 continue
             row = "Allreduce" in layer_class
             if (linear in block.writers) != row:
-                parallel = "row-parallel" if row else "column-parallel"
+                parallel: Parallel = "row-parallel" if row else "column-parallel"
                 found.append(PolicyDisagreement(block.layer_class, linear, parallel, chosen_by))
     return tuple(found)
 

@@ -35,7 +35,6 @@ from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
 from suites.mechanism import BreakPoint, Policy
-from suites.policy import InferredBlock
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -46,6 +45,7 @@ from suites.outcome import (
     first_error,
     harness_frame,
 )
+from suites.policy import InferredBlock
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
@@ -198,7 +198,9 @@ def _record_sharding(
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 
 
-def _inferred_policy(job: Job, model: Model, inputs: ProbeInputs, before: Snapshot) -> tuple[tuple[InferredBlock, ...], str]:
+def _inferred_policy(
+    job: Job, model: Model, inputs: ProbeInputs, before: Snapshot
+) -> tuple[tuple[InferredBlock, ...], str]:
     """The policy the unsharded model needs (one forward of each block class's first instance), and why none was
     inferred: a meta-loaded model has no weights to run; a model the walk cannot run is named, never the cell's
     failure (the cell's verdict is the sharded model's)."""

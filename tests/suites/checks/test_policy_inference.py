@@ -52,7 +52,12 @@ def test_ctrl_the_parser_misses_the_attention_output_and_the_inference_names_it(
     model = _tiny("ctrl")
     inferred = _inferred(model)
     assert [(b.layer_class, b.writers) for b in inferred] == [("EncoderLayer", ("multi_head_attention.dense", "ffn.2"))]
-    assert inferred[0].readers == ("multi_head_attention.Wq", "multi_head_attention.Wk", "multi_head_attention.Wv", "ffn.0")
+    assert inferred[0].readers == (
+        "multi_head_attention.Wq",
+        "multi_head_attention.Wk",
+        "multi_head_attention.Wv",
+        "ffn.0",
+    )
     found = _parser_disagrees(model, inferred)
     assert [d.text for d in found] == [
         "the parser made `multi_head_attention.dense` column-parallel; it writes the residual"
@@ -160,9 +165,7 @@ def test_a_disagreement_is_the_cause_in_the_parser_s_words():
     }
     found = disagreements((block,), made, "the parser")
     record = AutoTPRecord(2, 4, 4, 128, 0, (), (), (), (), inferred=(block,), disagreements=found)
-    broke = BreakPoint(
-        "transformer.h.0.multi_head_attention.dense", "Linear", "LinearLayer", "raised", "", "Linear"
-    )
+    broke = BreakPoint("transformer.h.0.multi_head_attention.dense", "Linear", "LinearLayer", "raised", "", "Linear")
     cause = cause_of(Failure("forward", "RuntimeError: mat1 and mat2 shapes cannot be multiplied", record, broke))
     assert cause.key == "policy|column-parallel:multi_head_attention.dense"
     assert cause.words.startswith(
