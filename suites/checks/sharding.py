@@ -109,9 +109,11 @@ def sharding_record(
     complete: bool = True,
     inferred: tuple[InferredBlock, ...] = (),
     inference_note: str = "",
+    chosen_by: str = "the parser",
 ) -> AutoTPRecord:
     """`inferred`: the policy the unsharded model needs (suites/checks/policy_inference.py), compared here with what
-    DeepSpeed made of each linear (with what the parser's policy makes of it when init_inference raised first)."""
+    DeepSpeed made of each linear (with what `policies` make of it when init_inference raised first); `chosen_by`
+    whose policies they are (`the parser`, or `the injection_policy` a cell passed)."""
     replaced = _replaced(before, model) if complete else []
     made = (
         {path: r.layer_class for path, r in replaced}
@@ -130,7 +132,7 @@ def sharding_record(
         left_whole=tuple(_left_whole(before, model, replaced, counts.head_dim)) if complete else (),
         complete=complete,
         inferred=inferred,
-        disagreements=disagreements(inferred, made, "the parser") if complete or policies else (),
+        disagreements=disagreements(inferred, made, chosen_by) if complete or policies else (),
         inference_note=inference_note,
     )
 

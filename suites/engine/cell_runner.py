@@ -194,6 +194,7 @@ def _record_sharding(
         complete=complete,
         inferred=inferred[0],
         inference_note=inferred[1],
+        chosen_by="the injection_policy" if job.arguments.injection_policy else "the parser",
     )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
 

@@ -1,9 +1,12 @@
 """A parser miss planted in real ranks (a DeepSpeed whose parser leaves llama's `self_attn.o_proj` column-parallel,
 tests/faults.py) is named by the policy inferred from the unsharded model (suites/checks/policy_inference.py), and
-the `injection_policy` the inference yields is the first candidate remedy."""
+the `injection_policy` the inference yields remedies it (passed to init_inference through the cell's arguments)."""
+
+from dataclasses import replace
 
 import pytest
 
+from matrix.cell_arguments import CellArguments
 from matrix.cells import expand
 from suites.driver import RunOptions, run_cell
 from suites.policy import injection_policy_candidate
@@ -45,4 +48,21 @@ def test_a_planted_parser_miss_is_named_by_the_inferred_policy(rank_pool, llama_
     candidate = injection_policy_candidate(record.inferred, record.disagreements)
     assert candidate is not None
     assert candidate.blocks == (("LlamaDecoderLayer", ("self_attn.o_proj", "mlp.down_proj")),)
+
+    remedied = replace(llama_tp2, arguments=CellArguments(injection_policy=candidate.blocks))
+    outcome = run_cell(remedied, rank_pool, RunOptions(cell_timeout=120.0, faults=PLANTED))
+    assert outcome.outcome == "pass", outcome.message  # the planted parser is still there: the policy bypasses it
+    replaced = {r.path: r.layer_class for r in outcome.autotp.replaced}
+    assert replaced["model.layers.*.self_attn.o_proj"] == "LinearAllreduce"
+    assert outcome.autotp.disagreements == ()
     assert run_cell(llama_tp2, rank_pool, RunOptions(cell_timeout=120.0)).outcome == "pass"  # the planted parser gone
+
+
+def test_a_wrong_injection_policy_is_named_as_the_one_passed(rank_pool, llama_tp2):
+    """The same miss through a cell's own `injection_policy` (no planted parser): the split is the policy's."""
+    wrong = CellArguments(injection_policy=(("LlamaDecoderLayer", ("mlp.down_proj",)),))
+    outcome = run_cell(replace(llama_tp2, arguments=wrong), rank_pool, RunOptions(cell_timeout=120.0))
+    assert outcome.outcome == "fail", outcome.message
+    assert [d.text for d in outcome.autotp.disagreements] == [
+        "the injection_policy made `self_attn.o_proj` column-parallel; it writes the residual"
+    ]
