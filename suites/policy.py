@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from matrix.cell_arguments import CellArguments
+
 Parallel = Literal["column-parallel", "row-parallel"]
 
 
@@ -72,10 +74,10 @@ class InjectionPolicy:
 
     blocks: tuple[tuple[str, tuple[str, ...]], ...]
 
-    @property
-    def text(self) -> str:
-        """As a user writes it: `{EncoderLayer: ("multi_head_attention.dense", "ffn.2")}`."""
-        return "{" + ", ".join(f"{block}: {names!r}" for block, names in self.blocks) + "}"
+    def arguments(self) -> CellArguments:
+        """The cell arguments that pass it to init_inference (matrix/cell_arguments.py; `policy_text()` says it as a
+        user writes it)."""
+        return CellArguments(injection_policy=self.blocks)
 
 
 def injection_policy_candidate(

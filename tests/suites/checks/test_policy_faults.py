@@ -49,7 +49,7 @@ def test_a_planted_parser_miss_is_named_by_the_inferred_policy(rank_pool, llama_
     assert candidate is not None
     assert candidate.blocks == (("LlamaDecoderLayer", ("self_attn.o_proj", "mlp.down_proj")),)
 
-    remedied = replace(llama_tp2, arguments=CellArguments(injection_policy=candidate.blocks))
+    remedied = replace(llama_tp2, arguments=candidate.arguments())
     outcome = run_cell(remedied, rank_pool, RunOptions(cell_timeout=120.0, faults=PLANTED))
     assert outcome.outcome == "pass", outcome.message  # the planted parser is still there: the policy bypasses it
     replaced = {r.path: r.layer_class for r in outcome.autotp.replaced}

@@ -65,7 +65,7 @@ def test_ctrl_the_parser_misses_the_attention_output_and_the_inference_names_it(
     candidate = injection_policy_candidate(inferred, found)
     assert candidate is not None
     assert candidate.blocks == (("EncoderLayer", ("multi_head_attention.dense", "ffn.2")),)
-    assert candidate.text == "{EncoderLayer: ('multi_head_attention.dense', 'ffn.2')}"
+    assert candidate.arguments().policy_text() == "{EncoderLayer: ('multi_head_attention.dense', 'ffn.2')}"
 
 
 class Expert(torch.nn.Module):
