@@ -255,6 +255,8 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             timings["time_load_s"] = time.perf_counter() - started
             before = snapshot(model)
             inferred = _inferred_policy(job, model, inputs, before) if rank == 0 else ((), "")
+            if not job.meta:  # the others wait for rank 0's reading: none may fail in init_inference (the group then
+                dist.barrier()  # ends within a second) before rank 0 has recorded what AutoTP did
             stage = "shard"
             started = time.perf_counter()
             policies = _policies(job, model) if rank == 0 else []
