@@ -19,6 +19,15 @@ from matrix.cell_arguments import CellArguments
 Parallel = Literal["column-parallel", "row-parallel"]
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What DeepSpeed's parser (module_inject/auto_tp.py `AutoTP.tp_parser`) chose for one decoder-layer class."""
+
+    layer_class: str
+    allreduce: tuple[str, ...]
+    """The linears it made row-parallel (`LinearAllreduce`), named as the parser names them (`.o_proj`)."""
+
+
 def deepspeed_name(path: str) -> str:
     """A linear's path inside its block as DeepSpeed's AutoTP matches it against a policy (auto_tp.py
     `_replace_module` passes `prev_name + '.' + name`: the parent's own name and the linear's):
@@ -117,3 +126,17 @@ def policy_title(parts: list[str], sentence: bool) -> str:
     if sentence:
         return "; ".join(d.text for d in found)
     return ", ".join(f"`{d.linear}` made {d.made} by the parser" for d in found)
+
+
+def policy_lines(policies: tuple[Policy, ...]) -> list[str]:
+    """The policies init_inference sharded by, one line each, as a cell's AutoTP record says them."""
+    lines = [f"policy {p.layer_class}: all-reduce {', '.join(p.allreduce) or 'nothing'}" for p in policies]
+    return lines or ["policy: none recorded (the parser raised, or init_inference was given one)"]
+
+
+def record_lines(
+    inferred: tuple[InferredBlock, ...], disagreements: tuple[PolicyDisagreement, ...], note: str
+) -> list[str]:
+    """What a cell's AutoTP record says of the inferred policy (suites/mechanism.py `AutoTPRecord.text`)."""
+    lines = [f"inferred {block.layer_class}: writers {', '.join(block.writers) or 'none'}" for block in inferred]
+    return lines + [d.text for d in disagreements] + ([note] if note else [])

@@ -18,8 +18,8 @@ import torch
 from suites.checks.breakpoints import fused_layout
 from suites.checks.policy_inference import disagreements, parser_made
 from suites.checks.probes import SplitCounts
-from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Policy, Replaced, mask_indices, parent
-from suites.policy import InferredBlock
+from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Replaced, mask_indices, parent
+from suites.policy import InferredBlock, Policy
 
 ROTARY = "Rotary"
 """Rotary embedding modules hold per-frequency tables (head_dim / 2 entries), a size that can equal a head count by

@@ -34,7 +34,7 @@ from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, sna
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
-from suites.mechanism import BreakPoint, Policy
+from suites.mechanism import BreakPoint
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -45,7 +45,7 @@ from suites.outcome import (
     first_error,
     harness_frame,
 )
-from suites.policy import InferredBlock
+from suites.policy import InferredBlock, Policy
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
