@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from matrix.remedies import RemedyResult, read_results
+from suites import policy
 from suites.checks.names import judged_signature
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
@@ -124,15 +125,6 @@ def parent(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class Policy:
-    """What DeepSpeed's parser (module_inject/auto_tp.py `AutoTP.tp_parser`) chose for one decoder-layer class."""
-
-    layer_class: str
-    allreduce: tuple[str, ...]
-    """The linears it made row-parallel (`LinearAllreduce`), named as the parser names them (`.o_proj`)."""
-
-
-@dataclass(frozen=True)
 class Replaced:
     """A module AutoTP replaced, once for every layer of the same path with indices masked."""
 
@@ -189,7 +181,7 @@ class AutoTPRecord:
     kv_heads: int
     head_dim: int
     experts: int
-    policies: tuple[Policy, ...]
+    policies: tuple[policy.Policy, ...]
     """The parser's choice per decoder-layer class; empty when it raised or was not asked (a policy passed in)."""
     unparsed: tuple[str, ...]
     """Decoder-layer kinds the parser gave no policy: a class it found no row-parallel linear in, or layers of a
@@ -198,6 +190,10 @@ class AutoTPRecord:
     left_whole: tuple[LeftWhole, ...]
     complete: bool = True
     """False when init_inference raised: then only the parser's choice is known."""
+    inferred: tuple[policy.InferredBlock, ...] = ()
+    """The policy the model needs, per block class; `disagreements`, `inference_note`: suites/policy.py."""
+    disagreements: tuple[policy.PolicyDisagreement, ...] = ()
+    inference_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,15 +219,14 @@ class AutoTPRecord:
     def text(self) -> str:
         """Several lines for a reader: the policy, the replacements, the layer kinds left unparsed, what was left
         whole next to a split."""
-        lines = [
-            f"policy {p.layer_class}: all-reduce {', '.join(p.allreduce) or 'nothing'}" for p in self.policies
-        ] or ["policy: none recorded (the parser raised, or init_inference was given one)"]
+        lines = policy.policy_lines(self.policies)
         lines += [f"no policy for {kind}" for kind in self.unparsed]
         by_class: dict[str, list[str]] = {}
         for r in self.replaced:
             by_class.setdefault(r.layer_text, []).append(r.path)
         lines += [f"{layer}: {', '.join(paths)}" for layer, paths in by_class.items()]
         lines += [w.text for w in self.left_whole]
+        lines += policy.record_lines(self.inferred, self.disagreements, self.inference_note)
         if not self.complete:
             lines.append("init_inference raised before replacing every module")
         return "\n".join(lines)
@@ -368,6 +363,8 @@ def cause_of(failure: Failure) -> Cause:
             + where,
             whose_bug,
         )
+    if found := record.disagreements:  # after a router: the parser makes it row-parallel, a mistake of its own kind
+        return Cause(policy.policy_key(found), policy.disagreement_words(found) + where, whose_bug)
     if starved := record.starved_query(block):
         return _starved(record, starved, where, whose_bug)
     if involved := _involved(record, origin):
@@ -397,6 +394,8 @@ def cause_sentence(key: str, words: Sequence[str]) -> str:
     parts = rest.split("|")
     if kind == "router":
         return f"the MoE router (one output per expert: it must stay whole) made {parts[0]} by the parser"
+    if kind == "policy":
+        return policy.policy_title(parts, sentence=True)
     if kind == "kv-unit split":
         return (
             "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, "
@@ -472,6 +471,8 @@ def cause_title(key: str, words: str) -> str:
         return known.title
     if kind == "router":
         return f"MoE router made {parts[0]} by the parser"
+    if kind == "policy":
+        return policy.policy_title(parts, sentence=False)
     if kind == "kv-unit split":
         return "fewer kv heads than ranks leaves ranks without query heads"
     if kind == "left whole":

@@ -265,6 +265,26 @@ def deepspeed_leaves_lm_head_whole(stage, model, rank):
             assert type(model.lm_head) is torch.nn.Linear, f"lm_head became {type(model.lm_head).__name__}"
 
 
+def parser_misses_the_attention_output(stage, model, rank):
+    """A planted DeepSpeed whose parser (auto_tp.py `tp_parser`) leaves `self_attn.o_proj` out of the row-parallel
+    linears it chooses, as 0.19.8's does CTRL's `multi_head_attention.dense`: AutoTP makes the attention's output
+    projection column-parallel (restored after sharding; an `injection_policy` passed to init_inference bypasses the
+    parser, as in DeepSpeed)."""
+    from deepspeed.module_inject.auto_tp import AutoTP
+
+    original = AutoTP.__dict__["tp_parser"]
+    original = getattr(original, "planted_over", original)
+    if stage == "loaded":
+
+        def misses_o_proj(model):
+            return [(layer, [name for name in names if name != "self_attn.o_proj"]) for layer, names in original(model)]
+
+        misses_o_proj.planted_over = original
+        AutoTP.tp_parser = misses_o_proj
+    elif stage in ("sharded", "finished"):
+        AutoTP.tp_parser = original
+
+
 def attention_left_whole(stage, model, rank):
     """AutoTP leaves every attention projection whole, the MLP still split and all-reduced: every rank computes
     the full attention, so the numbers stay exact (the planted DeepSpeed bug of issue #24)."""

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from suites.checks.breakpoints import fused_layout
+from suites.checks.policy_inference import disagreements, parser_made
 from suites.checks.probes import SplitCounts
-from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Policy, Replaced, mask_indices, parent
+from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Replaced, mask_indices, parent
+from suites.policy import InferredBlock, Policy
 
 ROTARY = "Rotary"
 """Rotary embedding modules hold per-frequency tables (head_dim / 2 entries), a size that can equal a head count by
@@ -105,8 +107,19 @@ def sharding_record(
     counts: SplitCounts,
     tp: int,
     complete: bool = True,
+    inferred: tuple[InferredBlock, ...] = (),
+    inference_note: str = "",
+    chosen_by: str = "the parser",
 ) -> AutoTPRecord:
+    """`inferred`: the policy the unsharded model needs (suites/checks/policy_inference.py), compared here with what
+    DeepSpeed made of each linear (with what `policies` make of it when init_inference raised first); `chosen_by`
+    whose policies they are (`the parser`, or `the injection_policy` a cell passed)."""
     replaced = _replaced(before, model) if complete else []
+    made = (
+        {path: r.layer_class for path, r in replaced}
+        if complete
+        else parser_made(inferred, {p.layer_class: p.allreduce for p in policies})
+    )
     return AutoTPRecord(
         tp=tp,
         heads=counts.heads,
@@ -118,6 +131,9 @@ def sharding_record(
         replaced=tuple(_once_per_role([r for _, r in replaced])),
         left_whole=tuple(_left_whole(before, model, replaced, counts.head_dim)) if complete else (),
         complete=complete,
+        inferred=inferred,
+        disagreements=disagreements(inferred, made, chosen_by) if complete or policies else (),
+        inference_note=inference_note,
     )
 
 

@@ -27,13 +27,14 @@ from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
-from suites.checks.inputs import build_inputs, load_tokenizer
+from suites.checks.inputs import ProbeInputs, build_inputs, load_tokenizer
+from suites.checks.policy_inference import infer_policies
 from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by_name, split_counts
 from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
-from suites.mechanism import BreakPoint, Policy
+from suites.mechanism import BreakPoint
 from suites.outcome import (
     STAGE_CLASS,
     CellOutcome,
@@ -44,6 +45,7 @@ from suites.outcome import (
     first_error,
     harness_frame,
 )
+from suites.policy import InferredBlock, Policy
 from suites.reference import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
@@ -177,15 +179,38 @@ def _record_sharding(
     model: Model,
     *,
     policies: list[Policy],
+    inferred: tuple[tuple[InferredBlock, ...], str],
     world_size: int,
     complete: bool,
 ) -> None:
     """What AutoTP did, written by rank 0 at once (`autotp-<seq>.json`): the driver reads it for the cell's record
     even when a rank later raises and the others hang."""
     record = sharding_record(
-        before=before, model=model, policies=policies, counts=split_counts(model), tp=world_size, complete=complete
+        before=before,
+        model=model,
+        policies=policies,
+        counts=split_counts(model),
+        tp=world_size,
+        complete=complete,
+        inferred=inferred[0],
+        inference_note=inferred[1],
+        chosen_by="the injection_policy" if job.arguments.injection_policy else "the parser",
     )
     write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
+
+
+def _inferred_policy(
+    job: Job, model: Model, inputs: ProbeInputs, before: Snapshot
+) -> tuple[tuple[InferredBlock, ...], str]:
+    """The policy the unsharded model needs (one forward of each block class's first instance), and why none was
+    inferred: a meta-loaded model has no weights to run; a model the walk cannot run is named, never the cell's
+    failure (the cell's verdict is the sharded model's)."""
+    if job.meta:
+        return (), "policy not inferred: the model is on the meta device until init_inference loads it"
+    try:
+        return infer_policies(model, inputs.batch_ids[:1], before.layers), ""
+    except Exception as raised:  # a diagnosis that could not be made is said, and the cell runs on
+        return (), f"policy not inferred: {exception_signature(raised)}"
 
 
 def _divergence(job: Job, observed: Observations | None, model: Model, classes: dict[str, str]) -> BreakPoint | None:
@@ -229,6 +254,9 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             model = _run_fault_hooks(job, "loaded", _load(job), rank)
             timings["time_load_s"] = time.perf_counter() - started
             before = snapshot(model)
+            inferred = _inferred_policy(job, model, inputs, before) if rank == 0 else ((), "")
+            if not job.meta:  # the others wait for rank 0's reading: none may fail in init_inference (the group then
+                dist.barrier()  # ends within a second) before rank 0 has recorded what AutoTP did
             stage = "shard"
             started = time.perf_counter()
             policies = _policies(job, model) if rank == 0 else []
@@ -242,6 +270,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
                         before,
                         model,
                         policies=policies,
+                        inferred=inferred,
                         world_size=world_size,
                         complete=engine is not None,
                     )

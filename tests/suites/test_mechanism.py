@@ -6,7 +6,6 @@ from suites.mechanism import (
     BreakPoint,
     Failure,
     LeftWhole,
-    Policy,
     Replaced,
     cause_of,
     failure_text,
@@ -14,6 +13,7 @@ from suites.mechanism import (
     role,
 )
 from suites.outcome import mask_numbers
+from suites.policy import Policy
 
 
 def test_a_shape_is_masked_as_numbers_never_as_a_hex_literal():
