@@ -203,6 +203,23 @@ def answer_text(level: str, answer: Answer, before_word: str, after_word: str, r
     return text
 
 
+def what_it_answers(
+    request: BisectRequest, probe: CellProbe, answer: Answer, first_changed: CellRun | None
+) -> tuple[TransitionKind | Literal["supported"], BisectMode, str, str]:
+    """The answer's (kind, mode, failure class, signature) as the store keeps it: --mode gone by what the cell did
+    where the failure was first gone (`gone_answer`); --mode supported as a fix of DeepSpeed's refusal, its signature
+    the refusal at the last release that refused the cell; broken and fixed keyed on the failure the probe followed."""
+    failure_class, signature = probe.reference or ("", "")
+    if request.mode == "gone":
+        if probe.reference is None or first_changed is None:  # the search ran the cell at both of its ends
+            raise BisectError(f"{request.cell}: the search ended without a run at {answer.after}")
+        return gone_answer(probe.reference, first_changed)
+    if request.mode == "supported":
+        refused = probe.runs.get(answer.before)
+        return "supported", "fixed", "", f"unsupported: {refused.message}" if refused else ""
+    return ("broke" if request.mode == "broken" else "fixed"), request.mode, failure_class, signature
+
+
 @dataclass(frozen=True)
 class BisectRequest:
     """One bisection as `python -m reports bisect` asks for it (its options, reports/commands/bisect.py)."""
@@ -280,6 +297,7 @@ def bisect_cell(request: BisectRequest) -> None:
     searched = (request.good, request.bad) if request.mode == "broken" else (request.bad, request.good)
     good, bad = request.good, request.bad
     commit = None
+    first_changed: CellRun | None = None
     stored = (
         stored_release_answer(
             request.store,
@@ -334,19 +352,9 @@ def bisect_cell(request: BisectRequest) -> None:
                 after=release_answer.after,
                 untestable=release_answer.untestable + answer.untestable,
             )
-    failure_class, signature = probe.reference or ("", "")
-    kind: TransitionKind | Literal["supported"]
+    kind, mode, failure_class, signature = what_it_answers(request, probe, answer, first_changed)
     if request.mode == "gone":
-        if probe.reference is None or first_changed is None:  # the search ran the cell at both of its ends
-            raise BisectError(f"{cell.id}: the search ended without a run at {answer.after}")
-        kind, mode, failure_class, signature = gone_answer(probe.reference, first_changed)
         print(f"  {after_word}: " + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}"))
-    elif request.mode == "supported":
-        kind, mode = "supported", "fixed"
-        refused = probe.runs.get(answer.before)
-        signature = f"unsupported: {refused.message}" if refused else ""
-    else:
-        kind, mode = "broke" if request.mode == "broken" else "fixed", request.mode
     record(
         request.store,
         Bisection(
