@@ -67,9 +67,15 @@ class RunOptions:
 
 
 def skip_reason(cell: Cell, options: RunOptions) -> str | None:
-    """Why the cell does not run, as far as that is known without its checkpoint: the registry's entry, the run's
-    options, the installed transformers and DeepSpeed (the variant, the accelerator's dtypes). Decided before
-    anything is resolved or built; what needs the checkpoint is `PreparedCell.skip` (`prepare_cell`)."""
+    """Why the cell does not run, as far as that is known without its checkpoint: a harness skip
+    (`harness_skip_reason`) or DeepSpeed's refusal of its dtype (`dtype_refusal`). Decided before anything is
+    resolved or built; what needs the checkpoint is `PreparedCell.skip` (`prepare_cell`)."""
+    return harness_skip_reason(cell, options) or dtype_refusal(cell.dtype)
+
+
+def harness_skip_reason(cell: Cell, options: RunOptions) -> str | None:
+    """Why the harness does not run the cell: the registry's entry, the run's options, the installed transformers
+    and DeepSpeed's training features (the variant)."""
     entry = cell.model
     if entry.skip_reason:
         return entry.skip_reason
@@ -77,22 +83,25 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
         return f"{entry.name} needs trust_remote_code; refused unless you pass --allow-remote-code"
     if options.checkpoints == "hub" and not entry.hub_ids:
         return f"{entry.name} has no hub_ids in matrix/models.toml"
-    return (
-        entry.version_skip_reason(transformers.__version__)
-        or variant_setup.skip_reason(cell)
-        or dtype_skip_reason(cell.dtype)
-    )
+    return entry.version_skip_reason(transformers.__version__) or variant_setup.skip_reason(cell)
 
 
-def dtype_skip_reason(dtype: DType) -> str | None:
-    """Why the ranks' accelerator cannot run `dtype` (DeepSpeed's `supported_dtypes`), or None."""
+def dtype_refusal(dtype: DType) -> str | None:
+    """Why the installed DeepSpeed refuses `dtype` on the ranks' accelerator (its `supported_dtypes`), naming the
+    release and what it lists, or None: the cell's outcome is then `unsupported`, a state the history can bisect."""
+    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     from suites.variants.loading import TORCH_DTYPES
 
     accelerator = get_accelerator()
-    if TORCH_DTYPES[dtype] not in accelerator.supported_dtypes():
-        return f"{dtype} is not supported by the {accelerator.device_name()} accelerator (supported_dtypes)"
+    supported = accelerator.supported_dtypes()
+    if TORCH_DTYPES[dtype] not in supported:
+        listed = ", ".join(str(d).removeprefix("torch.") for d in supported)
+        return (
+            f"DeepSpeed {deepspeed.__version__} does not support {dtype} on its {accelerator.device_name()} "
+            f"accelerator here (supported_dtypes: {listed})"
+        )
     return None
 
 
@@ -143,9 +152,10 @@ def prepare_job(
     as the run's work ahead prepared it (suites/ahead.py), else prepared here."""
     if cell.model.expansion_error:
         return expansion_failure(cell.model.expansion_error)
-    reason = skip_reason(cell, options)
-    if reason:
+    if reason := harness_skip_reason(cell, options):
         return CellOutcome("skip", message=reason)
+    if refusal := dtype_refusal(cell.dtype):
+        return CellOutcome("unsupported", message=refusal)
     if (
         fork_server is None
         and options.checkpoints == "tiny"

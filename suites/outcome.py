@@ -1,4 +1,4 @@
-"""A cell's outcome: pass, fail (with exactly one failure class) or skip, plus a normalised error
+"""A cell's outcome: pass, fail (with exactly one failure class), skip or unsupported, plus a normalised error
 signature so identical failures group across models and runs."""
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ class Outcome(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     SKIP = "skip"
+    """The harness does not run the cell (the registry, the run's options, a memory plan): no verdict on AutoTP."""
+    UNSUPPORTED = "unsupported"
+    """DeepSpeed itself refuses what the cell asks for here (a dtype its accelerator does not list): a verdict on the
+    installed DeepSpeed, its message naming the refusal and the release, that a history can bisect ("since when is it
+    supported": `python -m reports bisect --mode supported`)."""
 
 
 OUTCOMES = tuple(str(o) for o in Outcome)
@@ -115,7 +120,7 @@ _INTERESTING_FRAMES = ("deepspeed", "transformers")
 @dataclass
 class CellOutcome:
     outcome: str
-    """`pass`, `fail` or `skip`."""
+    """One of `Outcome`: `pass`, `fail`, `skip` or `unsupported`."""
     failure_class: str = ""
     signature: str = ""
     message: str = ""
@@ -135,7 +140,7 @@ class CellOutcome:
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be pass, fail or skip, got {self.outcome!r}")
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
         if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
 

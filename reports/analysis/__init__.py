@@ -108,6 +108,7 @@ from reports.analysis.signatures import (
     surfaced_in,
 )
 from reports.analysis.statuses import (
+    NO_VERDICT_STATUSES,
     CellStatus,
     harness_change_text,
     summarise,
@@ -123,6 +124,7 @@ __all__ = [
     "AxisRange",
     "COVERAGE_SESSION",
     "CellStatus",
+    "NO_VERDICT_STATUSES",
     "DELTA_KINDS",
     "DeltaCause",
     "CELL_FIELDS",

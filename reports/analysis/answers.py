@@ -41,7 +41,7 @@ MAX_SUSPECTS = 3  # in the line; report.json keeps them all
 class EntryStatus:
     """A cell's verdict at one end of a transition, as the report states it."""
 
-    status: str  # pass | fail | flaky | skip
+    status: str  # pass | fail | flaky | skip | unsupported
     passes: int
     fails: int
     skips: int

@@ -21,7 +21,7 @@ from reports.analysis.answers import code, code_html, one_line
 from reports.analysis.history import History
 from reports.store import Aggregates, CellKey, Run, started_order
 
-ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
+ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️", "unsupported": "🚫"}
 MAX_CAUSE = 160
 """Characters of a failure's signature a verdict line keeps (report.json keeps it whole)."""
 

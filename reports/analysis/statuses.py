@@ -1,4 +1,4 @@
-"""A cell's status at one version set from its results: pass, fail, flaky or skip, its failure, its metrics, and
+"""A cell's status at one version set from its results: pass, fail, flaky, skip or unsupported, its failure, its metrics, and
 where the verdict changed with the harness commit rather than with the libraries."""
 
 from __future__ import annotations
@@ -20,15 +20,19 @@ from reports.store import (
 )
 from suites.mechanism import Cause
 
+NO_VERDICT_STATUSES = ("skip", "unsupported")
+"""Statuses that say nothing of AutoTP: the harness did not run the cell, or DeepSpeed refused what it asks for."""
+
 
 @dataclass(frozen=True)
 class CellStatus:
     """All observations of one cell at one exact version set."""
 
-    status: str  # pass | fail | flaky (mixed pass and fail) | skip (nothing but skips)
+    # pass | fail | flaky (mixed pass and fail) | unsupported (DeepSpeed refused it, nothing ran) | skip (nothing but skips)
+    status: str
     passes: int
     fails: int
-    skips: int
+    skips: int  # results without a verdict on AutoTP: skipped, or refused by DeepSpeed (unsupported)
     failure_class: str = ""  # most common class among the failures
     signature: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # from the most recent run that produced any
@@ -49,8 +53,18 @@ def summarise_groups(groups: list[ResultGroup], measured: dict[PointKey, PointMe
     outcomes: Counter[str] = Counter()
     for group in groups:
         outcomes[group.outcome] += group.count
-    passes, fails, skips = outcomes["pass"], outcomes["fail"], outcomes["skip"]
-    status = "flaky" if passes and fails else "pass" if passes else "fail" if fails else "skip"
+    passes, fails, skips = outcomes["pass"], outcomes["fail"], outcomes["skip"] + outcomes["unsupported"]
+    status = (
+        "flaky"
+        if passes and fails
+        else "pass"
+        if passes
+        else "fail"
+        if fails
+        else "unsupported"
+        if outcomes["unsupported"]
+        else "skip"
+    )
     failure_class = signature = ""
     cause = None
     failures = [group for group in groups if group.outcome == "fail"]
@@ -102,10 +116,9 @@ def _summarise_group(group: ResultGroup, measured: dict[PointKey, PointMetrics])
             harness=(group.harness_git,),
             cause=group.cause,
         )
-    passes, skips = (count, 0) if outcome == "pass" else (0, count if outcome == "skip" else 0)
-    status = "pass" if passes else "skip"
+    passes, skips = (count, 0) if outcome == "pass" else (0, count)
     return CellStatus(
-        status=status,
+        status=outcome,  # pass, skip or unsupported
         passes=passes,
         fails=0,
         skips=skips,
@@ -156,7 +169,7 @@ def point_status_of_groups(
         by_commit[group.harness_git].append(group)
     commits = sorted(by_commit, key=ranks.__getitem__)
     verdicts = [(commit, summarise_groups(by_commit[commit], measured).status) for commit in commits]
-    verdicts = [(commit, status) for commit, status in verdicts if status != "skip"]
+    verdicts = [(commit, status) for commit, status in verdicts if status not in NO_VERDICT_STATUSES]
     changes = [n for n, (a, b) in enumerate(pairwise(verdicts), start=1) if a[1] != b[1]]
     if "" in by_commit or any(status == "flaky" for _, status in verdicts) or len(changes) != 1:
         return overall

@@ -143,7 +143,7 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
 
 def _newest_counts(atlas: Atlas, rows: list[Row]) -> list[tuple[str, int]]:
     counts = Counter(since.verdict.status for row in rows for since in newest_verdicts(atlas, row))
-    return [(status, counts[status]) for status in ("pass", "fail", "flaky", "skip") if counts[status]]
+    return [(status, counts[status]) for status in ("pass", "fail", "flaky", "unsupported", "skip") if counts[status]]
 
 
 def _row_causes(atlas: Atlas, row: Row) -> list[tuple[Cause, int]]:

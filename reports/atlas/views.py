@@ -11,11 +11,11 @@ from typing import TypedDict
 
 from packaging.version import InvalidVersion, Version
 
-from reports.analysis import cells_text, count_text
+from reports.analysis import NO_VERDICT_STATUSES, cells_text, count_text
 from reports.atlas.model import Atlas, AtlasTransition, Row, Verdict, VersionSet, label_slug
 from reports.store import CellKey, JSONObject
 
-STATE_CODES = {"pass": "p", "fail": "f", "flaky": "k", "skip": "s"}
+STATE_CODES = {"pass": "p", "fail": "f", "flaky": "k", "skip": "s", "unsupported": "u"}
 """A verdict's letter in the heat map; `m` is a family whose cells there both pass and fail, `.` nothing ran."""
 MAX_TRANSITION_GROUPS = 120
 """A page lists this many groups of transitions, the rest are counted (atlas.json has every one)."""
@@ -99,7 +99,7 @@ def _since(atlas: Atlas, cell: CellKey, verdict: Verdict, at: VersionSet, axis: 
     since = str(getattr(at, axis))
     for vs in reversed(line[: line.index(at)]):
         other = atlas.verdicts.get((cell, vs.id))
-        if other is None or other.status == "skip":
+        if other is None or other.status in NO_VERDICT_STATUSES:
             continue
         if other != verdict:
             break

@@ -1,13 +1,16 @@
 """Bisect one cell along one version axis: which release, and with a DeepSpeed clone which commit
-(and PR), broke it (--mode broken) or fixed it (--mode fixed).
+(and PR), broke it (--mode broken), fixed it (--mode fixed) or first ran it (--mode supported).
 
     python -m reports bisect --cell llama-eager-fp32-tp3 --axis deepspeed --good 0.16.4 --bad 0.17.0
     python -m reports bisect --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0 \
         --deepspeed-repo ~/DeepSpeed --refine
     python -m reports bisect --cell llama-eager-fp32-tp3 --good v0.16.4 --bad 3f1c2a9 --deepspeed-repo ~/DeepSpeed
+    python -m reports bisect --cell llama-eager-fp16-tp2 --mode supported --bad 0.14.4 --good 0.19.8
 
 "good" always means the cell passes and "bad" that it fails, so --mode broken takes --good older than
---bad and --mode fixed takes --bad older than --good. Each step runs only that cell, in an environment
+--bad and --mode fixed takes --bad older than --good. --mode supported asks since when DeepSpeed runs the cell at
+all: "bad" is a release that refuses it (the cell's outcome `unsupported`: a dtype its accelerator does not list
+here), "good" one where it runs, pass or fail; --bad is the older end. Each step runs only that cell, in an environment
 of its own under .nox/envs/<key> that later bisections and matrix sessions reuse. "Bad" means the failure seen at the
 failing end (same failure class and signature) unless --any-failure; a step that cannot be tested
 (install failure, a different failure, a skipped cell) is skipped like `git bisect skip` and the
@@ -36,11 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bad", required=True, help="a version (or tag or sha) that fails")
     parser.add_argument(
         "--mode",
-        choices=("broken", "fixed", "gone"),
+        choices=("broken", "fixed", "gone", "supported"),
         default="broken",
         help="broken: first bad after --good (default); fixed: first good after --bad; gone: the "
         "first version after --bad without --bad's failure (its class and cause), where the "
-        "cell passes or fails another way (--good names such a version)",
+        "cell passes or fails another way (--good names such a version); supported: the first version after "
+        "--bad (where DeepSpeed refuses the cell: unsupported) that runs it, passing or failing",
     )
     parser.add_argument(
         "--any-failure",

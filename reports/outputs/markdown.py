@@ -35,7 +35,7 @@ from reports.outputs.report_parts import FlakyEntry, MatrixEntry, SupportMatrix
 from reports.outputs.since_previous import SinceCause, SincePreviousRun
 from reports.store import pins_text, short_commit
 
-STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️"}
+STATUS_ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️", "unsupported": "🚫"}
 MAX_CANDIDATES = 5  # candidate commits shown for a cause nothing answered yet; report.json keeps them all
 
 

@@ -20,6 +20,7 @@ from matrix.json_records import read_record
 from matrix.registry import KnownFailure
 from reports.analysis import (
     NO_RESULT_FILES,
+    NO_VERDICT_STATUSES,
     TRANSITION_LISTS,
     CellStatus,
     CheckpointVerdicts,
@@ -306,7 +307,7 @@ def _matrix(cells: list[CellKey], statuses: list[CellStatus | None]) -> SupportM
 
 
 def outcome_class(verdict: EntryStatus | CellStatus) -> str:
-    """pass, skip, flaky, or the failure class of a failing cell."""
+    """pass, skip, unsupported, flaky, or the failure class of a failing cell."""
     return (verdict.failure_class or "fail") if verdict.status == "fail" else verdict.status
 
 
@@ -319,7 +320,10 @@ def _class_counts(rows: list[MatrixRow], columns: tuple[str, ...]) -> dict[str, 
             per_column[column] += 1
             per_column["all"] += 1
     return dict(
-        sorted(counts.items(), key=lambda item: (item[0] != "pass", item[0] == "skip", -item[1]["all"], item[0]))
+        sorted(
+            counts.items(),
+            key=lambda item: (item[0] != "pass", item[0] in NO_VERDICT_STATUSES, -item[1]["all"], item[0]),
+        )
     )
 
 
@@ -418,7 +422,7 @@ def _timeline(history: History, grid: list[list[CellStatus | None]], runs: Point
     )
     cells = []
     for cell, points, newest_runs, run_counts in zip(history.cells, grid, runs.newest, runs.counts):
-        verdicts = {outcome_class(p) for p in points if p is not None and p.status != "skip"}
+        verdicts = {outcome_class(p) for p in points if p is not None and p.status not in NO_VERDICT_STATUSES}
         cells.append(
             TimelineCell(
                 cell=cell,

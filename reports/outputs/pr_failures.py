@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
 from reports.analysis import (
+    NO_VERDICT_STATUSES,
     CellStatus,
     History,
     Link,
@@ -98,7 +99,7 @@ def classify(
         )
         if flaky:
             kind = "flaky"
-        elif match and (same or base_status in ("skip", "not run")):
+        elif match and (same or base_status in (*NO_VERDICT_STATUSES, "not run")):
             kind = "known"
         elif same:
             kind = "broken trunk"

@@ -21,7 +21,7 @@ from pathlib import Path
 from matrix.json_records import split_keys
 from matrix.registry import MODELS_FILE, NO_VERDICT_CLASSES, RegistryError, load_models
 from reports import ReportsError
-from reports.analysis import CellStatus, FailingNow, History, reason, shape_of
+from reports.analysis import NO_VERDICT_STATUSES, CellStatus, FailingNow, History, reason, shape_of
 from reports.store import AXES, Aggregates, CellKey, JSONObject
 
 LEVELS = ("works", "no memory saved", "fails")
@@ -53,7 +53,7 @@ def _verdicts(history: History, families: dict[str, str]) -> dict[str, list[tupl
         status = history.statuses.get((cell, history.latest))
         if (
             status is not None
-            and status.status != "skip"
+            and status.status not in NO_VERDICT_STATUSES
             and not (status.status == "fail" and status.failure_class in NO_VERDICT_CLASSES)
         ):
             found[family_of(cell.model, families)].append((cell, status))

@@ -1,5 +1,6 @@
 """Bisect one cell along one version axis: which release, and with a DeepSpeed clone which commit
-(and PR), broke it (--mode broken) or fixed it (--mode fixed).
+(and PR), broke it (--mode broken), fixed it (--mode fixed) or first ran it where an older one refused it
+(--mode supported: the cell's outcome `unsupported` is bad, any run good).
 
     python -m reports bisect --cell llama-eager-fp32-tp3 --axis deepspeed --good 0.16.4 --bad 0.17.0
     python -m reports bisect --cell llama-eager-fp32-tp3 --good 0.16.4 --bad 0.17.0 \
@@ -128,16 +129,18 @@ def held_fixed_of(pins: dict[str, str], axis: str) -> Pins:
     return tuple((other, pins[other]) for other in AXES if other != axis)
 
 
-def held_fixed_pins(cell: CellKey, axis: str, failing: str, overrides: dict[str, str], store: Path) -> dict[str, str]:
-    """The other axes as in the cell's failing run at `failing` in the store, else at the latest
-    combination of versions.toml; --pin overrides either."""
+def held_fixed_pins(
+    cell: CellKey, axis: str, failing: str, overrides: dict[str, str], store: Path, bad_outcome: str = "fail"
+) -> dict[str, str]:
+    """The other axes as in the cell's bad run (`bad_outcome`: fail, or unsupported) at `failing` in the store, else
+    at the latest combination of versions.toml; --pin overrides either."""
     pins: dict[str, str] = {}
     if store.exists():
         with HistoryStore(store, create=False, read_only=True) as history:
             runs = [
                 o
                 for o in history.observations()
-                if o.cell == cell and o.result.outcome == "fail" and getattr(o.versions, axis) == failing
+                if o.cell == cell and o.result.outcome == bad_outcome and getattr(o.versions, axis) == failing
             ]
         if runs:
             latest = max(runs, key=lambda o: o.run.started).versions
@@ -200,6 +203,23 @@ def answer_text(level: str, answer: Answer, before_word: str, after_word: str, r
     return text
 
 
+def what_it_answers(
+    request: BisectRequest, probe: CellProbe, answer: Answer, first_changed: CellRun | None
+) -> tuple[TransitionKind | Literal["supported"], BisectMode, str, str]:
+    """The answer's (kind, mode, failure class, signature) as the store keeps it: --mode gone by what the cell did
+    where the failure was first gone (`gone_answer`); --mode supported as a fix of DeepSpeed's refusal, its signature
+    the refusal at the last release that refused the cell; broken and fixed keyed on the failure the probe followed."""
+    failure_class, signature = probe.reference or ("", "")
+    if request.mode == "gone":
+        if probe.reference is None or first_changed is None:  # the search ran the cell at both of its ends
+            raise BisectError(f"{request.cell}: the search ended without a run at {answer.after}")
+        return gone_answer(probe.reference, first_changed)
+    if request.mode == "supported":
+        refused = probe.runs.get(answer.before)
+        return "supported", "fixed", "", f"unsupported: {refused.message}" if refused else ""
+    return ("broke" if request.mode == "broken" else "fixed"), request.mode, failure_class, signature
+
+
 @dataclass(frozen=True)
 class BisectRequest:
     """One bisection as `python -m reports bisect` asks for it (its options, reports/commands/bisect.py)."""
@@ -212,8 +232,9 @@ class BisectRequest:
     """A version (or with deepspeed_repo a tag or sha) where the cell passes (mode gone: is without the failure)."""
     bad: str
     """A version (or tag or sha) where it fails."""
-    mode: Literal["broken", "fixed", "gone"]
-    """broken: first bad after good; fixed: first good after bad; gone: first without bad's failure."""
+    mode: Literal["broken", "fixed", "gone", "supported"]
+    """broken: first bad after good; fixed: first good after bad; gone: first without bad's failure; supported: the
+    first that runs the cell after bad, where DeepSpeed refused it (outcome unsupported)."""
     any_failure: bool
     """Every failure counts as bad, not only the failing end's class and cause."""
     deepspeed_repo: Path | None
@@ -241,8 +262,8 @@ def bisect_cell(request: BisectRequest) -> None:
         raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
     if request.refine and not request.deepspeed_repo:
         raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
-    if request.mode == "gone" and request.any_failure:
-        raise BisectError("--mode gone follows --bad's failure; --any-failure would count every failure as it")
+    if request.mode in ("gone", "supported") and request.any_failure:
+        raise BisectError(f"--mode {request.mode} decides bad by itself; --any-failure does not apply to it")
     try:
         overrides = parse_pins(list(request.pin), "--pin")
     except AxisValueError as error:
@@ -251,7 +272,12 @@ def bisect_cell(request: BisectRequest) -> None:
     commits_only = clone is not None and not request.refine
     failing = request.bad
     pins = held_fixed_pins(
-        cell, request.axis, failing.removeprefix("v") if commits_only else failing, overrides, request.store
+        cell,
+        request.axis,
+        failing.removeprefix("v") if commits_only else failing,
+        overrides,
+        request.store,
+        bad_outcome="unsupported" if request.mode == "supported" else "fail",
     )
     # One probe for both levels: the failure it matches stays the one seen at the release level.
     probe = CellProbe(
@@ -260,15 +286,18 @@ def bisect_cell(request: BisectRequest) -> None:
         any_failure=request.any_failure,
         cell_timeout=request.cell_timeout,
         absent_is_good=request.mode == "gone",
+        runs_are_good=request.mode == "supported",
     )
     before_word, after_word = {
         "broken": ("last good", "first bad"),
         "fixed": ("last bad", "first good"),
         "gone": ("last with the failure", "first without it"),
+        "supported": ("last refusing it", "first running it"),
     }[request.mode]
     searched = (request.good, request.bad) if request.mode == "broken" else (request.bad, request.good)
     good, bad = request.good, request.bad
     commit = None
+    first_changed: CellRun | None = None
     stored = (
         stored_release_answer(
             request.store,
@@ -323,14 +352,9 @@ def bisect_cell(request: BisectRequest) -> None:
                 after=release_answer.after,
                 untestable=release_answer.untestable + answer.untestable,
             )
-    failure_class, signature = probe.reference or ("", "")
+    kind, mode, failure_class, signature = what_it_answers(request, probe, answer, first_changed)
     if request.mode == "gone":
-        if probe.reference is None or first_changed is None:  # the search ran the cell at both of its ends
-            raise BisectError(f"{cell.id}: the search ended without a run at {answer.after}")
-        kind, mode, failure_class, signature = gone_answer(probe.reference, first_changed)
         print(f"  {after_word}: " + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}"))
-    else:
-        kind, mode = "broke" if request.mode == "broken" else "fixed", request.mode
     record(
         request.store,
         Bisection(

@@ -62,18 +62,24 @@ def classify(
     any_failure: bool,
     absent_is_good: bool = False,
     reference_at: str = "",
+    runs_are_good: bool = False,
 ) -> Verdict:
     """good = pass; bad = the reference failure (the same class, exception and masked message whatever function it
     surfaced in, and the same breaking module where both name one: reports.analysis.signatures.same_failure; any
     failure with any_failure); another failure is untestable, unless absent_is_good: then every end without the
     reference failure counts as good, another failure as much as a pass. That is the one rule for a failure
     that turns into another: `--mode gone` (is the failure gone?) and triage's class changes (is the new
-    failure there yet? the old one stands for good). An install failure or a skipped cell is untestable."""
+    failure there yet? the old one stands for good). An install failure or a skipped cell is untestable.
+    runs_are_good (`--mode supported`: since when does DeepSpeed run it): a cell DeepSpeed refuses (`unsupported`)
+    is bad, one that ran is good whatever its verdict on AutoTP, unless the harness or its environment failed it
+    (setup, install: untestable)."""
+    if runs_are_good:
+        return _support_verdict(run)
     failure = f"{run.failure_class}: {run.signature}"
     if run.outcome == "pass":
         return Verdict(GOOD, "pass")
-    if run.outcome == "skip":
-        return Verdict(SKIP, f"the cell was skipped: {run.message}")
+    if run.outcome in ("skip", "unsupported"):
+        return Verdict(SKIP, f"the cell was not run ({run.outcome}): {run.message}")
     if run.failure_class == "install":
         return Verdict(SKIP, failure)
     if (
@@ -85,6 +91,18 @@ def classify(
     if absent_is_good:
         return Verdict(GOOD, f"another failure ({failure})")
     return Verdict(SKIP, f"a different failure ({failure}); --any-failure counts it as bad, --mode gone as gone")
+
+
+def _support_verdict(run: CellRun) -> Verdict:
+    """`classify` for `--mode supported`: bad where DeepSpeed refuses the cell, good where it ran."""
+    if run.outcome == "unsupported":
+        return Verdict(BAD, f"unsupported: {run.message}")
+    if run.outcome == "pass":
+        return Verdict(GOOD, "runs (pass)")
+    if run.outcome == "fail" and run.failure_class not in ("setup", "install"):
+        return Verdict(GOOD, f"runs (fails: {run.failure_class}: {run.signature})")
+    detail = f"{run.failure_class}: {run.signature}" if run.outcome == "fail" else f"skipped: {run.message}"
+    return Verdict(SKIP, f"the cell could not be tried ({detail})")
 
 
 def suite_command(python: Path, cells: list[CellKey], results: Path, cell_timeout: float) -> list[str]:
@@ -205,6 +223,7 @@ class CellProbe:
     reference: tuple[str, str] | None = None  # (failure class, signature) of the first failure seen
     reference_at: str = ""  # the role of the module the first failure seen broke in, where the harness located it
     absent_is_good: bool = False  # an end without the reference failure is good, failing otherwise or not
+    runs_are_good: bool = False  # --mode supported: good where the cell runs, bad where DeepSpeed refuses it
     runs: dict[str, CellRun] = field(default_factory=dict)  # the cell's last run at each candidate probed
 
     def __call__(self, candidate: str) -> Verdict:
@@ -216,8 +235,10 @@ class CellProbe:
         except (Untestable, EnvironmentBuildError) as error:
             return Verdict(SKIP, str(error).replace("\n", " | "))
         self.runs[candidate] = run
-        verdict = classify(run, self.reference, self.any_failure, self.absent_is_good, self.reference_at)
-        if verdict.kind == BAD and self.reference is None:
+        verdict = classify(
+            run, self.reference, self.any_failure, self.absent_is_good, self.reference_at, self.runs_are_good
+        )
+        if verdict.kind == BAD and self.reference is None and not self.runs_are_good:
             self.reference, self.reference_at = (run.failure_class, run.signature), run.broke_at
         return verdict
 

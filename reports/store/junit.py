@@ -254,9 +254,10 @@ def _result_from(case: TestCase, props: dict[str, str], run_id: str, path: Path,
             **_mechanism_from(props, path, where),
         )
     skipped = [r for r in case.result if isinstance(r, Skipped)]
-    if skipped:
+    if skipped:  # JUnit has one skipped element for both: the `outcome` property says DeepSpeed refused the cell
+        outcome = "unsupported" if props.get("outcome") == "unsupported" else "skip"
         return CellResult(
-            run_id=run_id, cell=cell, outcome="skip", message=skipped[0].message or "", checkpoints=checkpoints
+            run_id=run_id, cell=cell, outcome=outcome, message=skipped[0].message or "", checkpoints=checkpoints
         )
     return CellResult(
         run_id=run_id, cell=cell, outcome="pass", metrics=_metrics_from(props, path, where), checkpoints=checkpoints

@@ -194,9 +194,10 @@ class Bisection:
     # The cell whose bisection this answer repeats, after this cell was run at both ends of it ("" when
     # this cell was bisected itself).
     confirmed_from: str = ""
-    # The transition kind this answers (broke | fixed | class-change); "" in stores from before it was kept,
-    # where the mode alone says it (broken: broke or class-change).
-    kind: TransitionKind | Literal[""] = ""
+    # The transition kind this answers (broke | fixed | class-change), or `supported` (mode fixed: before = the last
+    # release DeepSpeed refused the cell at, after = the first it ran it at; `--mode supported`); "" in stores from
+    # before it was kept, where the mode alone says it (broken: broke or class-change).
+    kind: TransitionKind | Literal["supported", ""] = ""
     # The ends the search ran between, older first, as given (a release, a tag v0.16.4 or a commit sha); ""
     # in stores from before they were kept. They place an answer whose ends are commits on the release line.
     searched_older: str = ""

@@ -24,8 +24,9 @@ Row = tuple[Any, ...]
 # 9 which runs are trusted (a pull request's are not: never a baseline, never archived) and the hash of each archive
 # entry the store was built from (`python -m reports verify` compares them).
 # 10 each failure's cause, break point and AutoTP record (cell_causes), and each result group's cause.
+# 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.outcome.Outcome) in results.
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -389,6 +390,28 @@ _TRUST = (
 )
 
 
+# Schema 11: results take the outcome `unsupported`. SQLite cannot change a CHECK in place: the table is rebuilt with
+# the columns and keys of schema 6's, its rows copied in order.
+_RESULTS_WITH_UNSUPPORTED = """
+CREATE TABLE results_with_unsupported (
+    run           INTEGER NOT NULL REFERENCES runs(id),
+    cell          INTEGER NOT NULL REFERENCES cells(id),
+    outcome       TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'skip', 'unsupported')),
+    failure_class TEXT NOT NULL,
+    signature     INTEGER NOT NULL REFERENCES texts(id),
+    message       INTEGER REFERENCES texts(id),  -- NULL once compacted
+    metrics       TEXT,  -- JSON object name -> float; NULL once compacted
+    PRIMARY KEY (run, cell)
+) WITHOUT ROWID"""
+_UNSUPPORTED_OUTCOME = (
+    _RESULTS_WITH_UNSUPPORTED,
+    "INSERT INTO results_with_unsupported (run, cell, outcome, failure_class, signature, message, metrics) "
+    "SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results ORDER BY run, cell",
+    "DROP TABLE results",
+    "ALTER TABLE results_with_unsupported RENAME TO results",
+)
+
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
 _MIGRATIONS = {
     1: (_BISECTIONS,),
@@ -400,6 +423,7 @@ _MIGRATIONS = {
     7: (*_AGGREGATE_TABLES, _fill_aggregates),
     8: _TRUST,
     9: _CELL_CAUSES,
+    10: _UNSUPPORTED_OUTCOME,
 }
 
 

@@ -407,7 +407,7 @@ RULES |= {
         "untestable": ("untestable", _each(_ANSWER_VERSION, "version")),
         "recorded_at": ("recorded_at", _RECORDED_AT),
         "confirmed_from": ("confirmed_from", _ANSWER_CELL),
-        "kind": ("kind", _one_of("broke", "fixed", "class-change", "")),
+        "kind": ("kind", _one_of("broke", "fixed", "class-change", "supported", "")),
         "searched_older": ("searched_older", lambda value: None if value == "" else _ANSWER_VERSION(value)),
         "searched_newer": ("searched_newer", lambda value: None if value == "" else _ANSWER_VERSION(value)),
     },

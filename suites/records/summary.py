@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 
     from suites.records.run_records import CellRecord
 
-STYLE = {"pass": "green", "fail": "red", "skip": "yellow"}
+STYLE = {"pass": "green", "fail": "red", "skip": "yellow", "unsupported": "yellow"}
 
 
 def _cell_text(record: CellRecord) -> str:
     if record["outcome"] == "pass":
         return f"[green]pass[/] {record['metrics'].get('logits_max_abs', 0):.1e}"
-    if record["outcome"] == "skip":
-        return "[yellow]skip[/]"
+    if record["outcome"] in ("skip", "unsupported"):
+        return f"[yellow]{record['outcome']}[/]"
     return f"[red]{record['failure_class']}[/]"
 
 

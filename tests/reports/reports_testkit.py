@@ -89,8 +89,8 @@ def write_junit(
             failure = Failure(f"{cell.failure_class}: {cell.signature}")
             failure.text = cell.message or f"Traceback ...\n{cell.signature}"
             case.result = [failure]
-        elif cell.outcome == "skip":
-            case.result = [Skipped("needs 4 ranks")]
+        elif cell.outcome in ("skip", "unsupported"):  # pytest.skip either way; the outcome property says which
+            case.result = [Skipped(cell.message or "needs 4 ranks")]
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)

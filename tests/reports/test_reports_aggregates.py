@@ -184,7 +184,7 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
     with HistoryStore(store, create=False):
         pass
     with sqlite3.connect(store) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 10
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 11
         assert conn.execute("SELECT sum(count) FROM result_groups").fetchone()[0] == 2 * 5 * 9
     same_aggregates(store)
 

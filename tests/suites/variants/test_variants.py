@@ -101,15 +101,37 @@ def test_variants_run_on_three_architectures(pool, tp):
 
 
 @pytest.mark.autotp
-def test_fp16_skips_with_reason_where_the_accelerator_lacks_it(pool):
+def test_fp16_is_unsupported_with_reason_where_the_accelerator_lacks_it(pool):
+    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     cell = expand("llama", "eager", "fp16", "2")[0]
     outcome = run_cell(cell, pool, RunOptions())
     if torch.float16 in get_accelerator().supported_dtypes():
         assert outcome.outcome == "pass", outcome.message
-    else:
-        assert outcome.outcome == "skip" and "not supported" in outcome.message
+    else:  # DeepSpeed's refusal, its own state: not a harness skip, not a failure
+        assert outcome.outcome == "unsupported" and not outcome.failure_class
+        assert f"DeepSpeed {deepspeed.__version__} does not support fp16" in outcome.message, outcome.message
+
+
+def test_a_dtype_deepspeed_refuses_is_unsupported_and_a_harness_skip_stays_a_skip(monkeypatch):
+    """Whatever this CPU lists: an accelerator without bf16 makes a bf16 cell `unsupported`, naming the release and
+    what it lists; a cell the harness skips first (a model's skip reason) stays `skip`."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    monkeypatch.setattr(type(accelerator), "supported_dtypes", lambda self: [torch.float32])
+    cell = expand("llama", "eager", "bf16", "2")[0]
+    outcome = prepare_job(cell, RunOptions())
+    assert not isinstance(outcome, tuple) and outcome.outcome == "unsupported", outcome
+    assert outcome.message == (
+        f"DeepSpeed {deepspeed.__version__} does not support bf16 on its {accelerator.device_name()} accelerator "
+        "here (supported_dtypes: float32)"
+    )
+    skipped = replace(cell, model=replace(cell.model, skip_reason="no tiny config"))
+    outcome = prepare_job(skipped, RunOptions())
+    assert not isinstance(outcome, tuple) and (outcome.outcome, outcome.message) == ("skip", "no tiny config")
 
 
 @pytest.mark.autotp
