@@ -16,11 +16,26 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from matrix.remedies import RemedyResult, read_results
 from suites import policy
 from suites.checks.names import judged_signature
+from suites.statements import (
+    DESIGN_LIMITS,
+    KV_SPLIT_IN_MODEL,
+    KV_UNIT_EVIDENCE,
+    LAYOUT_MECHANISMS,
+    LEFT_WHOLE_EVIDENCE,
+    MECHANISMS_BY_NAME,
+    MODEL_MECHANISMS,
+    NORM_OVER_SPLIT_WIDTH,
+    PARSER_EVIDENCE,
+    PARSER_RULE,
+    POLICY_PROBE,
+    ModelMechanism,
+    Owner,
+)
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
@@ -29,8 +44,6 @@ LEFT_WHOLE_KINDS = ("norm", "per-head", "per-channel")
 """What a tensor left whole next to a split is: a norm's weight over the projection's width (its statistic spans the
 width, so sharding the weight alone would not do), a tensor with one entry per head, or another per-channel tensor
 (a multiplier, a convolution kernel, a state-space parameter) over the width."""
-Owner = Literal["autotp", "transformers", "design-limit", "unsupported", "harness", "environment"]
-"""Whose a cause is, from a closed set; each cause carries the evidence line for it (`Cause.evidence`)."""
 WHOSE: dict[str, str] = {
     "autotp": "AutoTP bug (DeepSpeed's)",
     "transformers": "a transformers change AutoTP does not follow",
@@ -47,61 +60,6 @@ a refusal DeepSpeed documents (matrix/known_failures.toml state = "unsupported",
 the harness's own failures are `setup`, an environment that could not be installed `install`."""
 
 
-@dataclass(frozen=True)
-class ModelMechanism:
-    """A mechanism read at the failing lines of DeepSpeed's and transformers' source for one module class, which the
-    generic evidence (the layout AutoTP chose, the module where the cell broke) only locates."""
-
-    title: str
-    """The mechanism in a bug report's title (a few words)."""
-    words: str
-    whose: Owner
-    evidence: str
-    """The source lines that show it, as `file Class.function: what the line does`."""
-
-
-MODEL_MECHANISMS = {
-    "BloomAttention": ModelMechanism(
-        "the mask-less forward builds ALiBi for every head, bypassing the head-sliced build_alibi_tensor",
-        "the fused query_key_value split is right (with an attention mask the sharded logits match); the crash is the "
-        "forward without a mask, where `BloomModel.forward` builds the ALiBi bias inline from the full head count and "
-        "so bypasses DeepSpeed's head-sliced `build_alibi_tensor` patch: each rank's attention meets every head's bias",
-        "transformers",
-        "transformers/models/bloom/modeling_bloom.py BloomModel.forward: without an attention mask, slopes = "
-        "_get_alibi_slopes(self.num_heads, ...) instead of self.build_alibi_tensor, the method "
-        "deepspeed/inference/engine.py InferenceEngine.build_alibi_tensor replaces with a head-sliced one (the first "
-        "transformers release with that path is not measured here)",
-    ),
-    "Phi3Attention": ModelMechanism(
-        "attention slices qkv at config.num_attention_heads, which AutoTP does not rescale",
-        "every rank gets the right [q, k, v] slice of the fused `qkv_proj`; `Phi3Attention.forward` then slices the "
-        "qkv output at `config.num_attention_heads * head_dim`, a config value AutoTP does not rescale, so the query "
-        "takes the rank's whole slice and `o_proj` meets the wrong width",
-        "autotp",
-        "transformers/models/phi3/modeling_phi3.py Phi3Attention.forward: query_pos = "
-        "self.config.num_attention_heads * self.head_dim; deepspeed/module_inject/auto_tp.py "
-        "AutoTP.update_mp_params divides the modules' head attributes, never model.config",
-    ),
-}
-"""Model-specific mechanisms by the class of the module whose own computation went wrong (`BreakPoint.origin_class`)."""
-POLICY_PROBE = ModelMechanism(
-    "building the parser's no-policy assert message raises in a kernel-injection policy",
-    "the parser found no linear to all-reduce, so its no-policy assert refuses the model (auto_tp.py `tp_parser`, as "
-    "for a model with no nn.Linear); building that assert's message instantiates every kernel-injection policy over "
-    "this model's config, and one of them raises first",
-    "autotp",
-    "deepspeed/module_inject/auto_tp.py AutoTP.tp_parser: assert len(policy_list), (... if "
-    "AutoTP.kernel_supported(module_list) else 'Not able to determine model policy automatically. ...'); "
-    "AutoTP.kernel_supported: _ = plcy(None) for every replace policy (containers/opt.py HFOPTLayerPolicy raises "
-    "'Unsupported activation function')",
-)
-"""A kernel-injection container (`deepspeed/module_inject/containers/`) raising while AutoTP shards: AutoTP never
-uses a container, only the parser's assert message builds them."""
-DESIGN_LIMITS = {
-    "experts left whole": 'deepspeed/module_inject/auto_tp.py AutoTP.update_mp_params: "AutoTP does not shard '
-    "high-dimensional weights\" (a MoE block's experts fused into 3-D parameters, as transformers >= 5 keeps them)",
-}
-"""Memory findings AutoTP documents as its design (the finding's kind → the documenting line)."""
 _CONTAINERS = " @ deepspeed/module_inject/containers/"
 _LEFT_WHOLE_TEXT = re.compile(r"`([^`]+)` \(\w+ of the split `([^`]+)`")  # LeftWhole.text
 
@@ -354,7 +312,7 @@ def cause_of(failure: Failure) -> Cause:
     block = _block(origin, record)
     where = f"; {broke.text}"
     if known := MODEL_MECHANISMS.get(broke.origin_class):
-        return _known(f"model|{broke.origin_class}", known, broke.text)
+        return _known(f"model|{known.name}", known, broke.text)
     router = {r.path: r for r in record.replaced}.get(mask_indices(broke.path))
     if record.experts and router is not None and router.shape[0] == record.experts:
         return Cause(
@@ -362,53 +320,116 @@ def cause_of(failure: Failure) -> Cause:
             f"the MoE router `{role(router.path)}` ({record.experts} experts) made {router.layer_class} by the parser"
             + where,
             whose_bug,
+            PARSER_EVIDENCE,
         )
     if found := record.disagreements:  # after a router: the parser makes it row-parallel, a mistake of its own kind
         return Cause(policy.policy_key(found), policy.disagreement_words(found) + where, whose_bug)
     if starved := record.starved_query(block):
-        return _starved(record, starved, where, whose_bug)
+        crash = KV_SPLIT_IN_MODEL.get(broke.origin_class)
+        return _starved(record, starved, f"; {crash}{where}" if crash else where, whose_bug)
     if involved := _involved(record, origin):
         kinds = sorted({w.kind for w in involved}, key=LEFT_WHOLE_KINDS.index)
-        return Cause(f"left whole|{','.join(kinds)}", "; ".join(w.text for w in involved) + where, whose_bug)
+        return Cause(
+            f"left whole|{','.join(kinds)}",
+            "; ".join(w.text for w in involved) + (f"; {NORM_OVER_SPLIT_WIDTH}" if "norm" in kinds else "") + where,
+            whose_bug,
+            "; ".join(LEFT_WHOLE_EVIDENCE[kind] for kind in kinds),
+        )
+    if missed := _row_parallel_missed(record, broke, block):
+        return missed
     layouts = [r for r in record.in_block(block) if r.layer_class not in GENERIC_LAYER_CLASSES]
     if broke.how == "replacing" and broke.layer_class not in GENERIC_LAYER_CLASSES:
-        return Cause(f"layout|{role(broke.path)}|{broke.layer_class}", broke.text, whose_bug)
+        return _layout(record, role(broke.path), broke.layer_class, broke.text, whose_bug)
     if layouts:
         first = layouts[0]
-        return Cause(
-            f"layout|{role(first.path)}|{first.layer_text}",
-            f"AutoTP split `{role(first.path)}` as {first.layer_text}" + where,
-            whose_bug,
-        )
+        return _layout(record, role(first.path), first.layer_text, broke.text, whose_bug)
     own = origin == broke.path
     return Cause(f"at|{role(origin)}|{broke.origin_class}|{broke.layer_class if own else ''}", broke.text, whose_bug)
+
+
+DOT = "."
+
+
+def _row_parallel_missed(record: AutoTPRecord, broke: BreakPoint, block: str) -> Cause | None:
+    """A column-parallel linear that raised on its input in a block where the parser made no linear row-parallel:
+    it reads the block's split output, so it needed to be the block's row-parallel linear (ctrl's attention
+    `dense`)."""
+    if broke.how != "raised" or broke.layer_class != "LinearLayer" or broke.origin != broke.path:
+        return None
+    if any("Allreduce" in r.layer_class for r in record.in_block(block)):
+        return None
+    name = role(broke.path)
+    chosen = "; ".join(
+        f"for {p.layer_class} it all-reduces {', '.join(f'`{linear.lstrip(DOT)}`' for linear in p.allreduce) or 'nothing'}"
+        for p in record.policies
+    )
+    return Cause(
+        f"column-parallel|{name}",
+        f"the parser left `{name}` column-parallel (LinearLayer) although it reads its block's split output: no "
+        f"linear of `{role(block)}` was made row-parallel ({PARSER_RULE}; {chosen or 'no policy recorded'}); "
+        + broke.text,
+        "autotp",
+        PARSER_EVIDENCE,
+    )
+
+
+def _layout(record: AutoTPRecord, name: str, layer: str, where: str, whose_bug: str) -> Cause:
+    """A model-specific layout AutoTP chose for `name`: the mechanism where a name match chose it
+    (LAYOUT_MECHANISMS), else the layout alone."""
+    key = f"layout|{name}|{layer}"
+    if read := LAYOUT_MECHANISMS.get(layer):
+        block = " / ".join(p.layer_class for p in record.policies) or "the decoder layer"
+        return Cause(key, f"{read.words.format(block=block)}; {where}", whose_bug, read.evidence)
+    return Cause(key, f"AutoTP split `{name}` as {layer}; {where}", whose_bug)
 
 
 def cause_sentence(key: str, words: Sequence[str]) -> str:
     """What one cause says of all its cells: their words where every cell's are the same, else a sentence from what
     the cells share, the cause's `key` (`cause_of` writes each cell's words from its own model: head counts, tp, the
-    module it broke in, which differ between the cells of one cause)."""
+    module it broke in, which differ between the cells of one cause), per model where they differ."""
     if len(set(words)) == 1:
         return words[0]
     kind, _, rest = key.partition("|")
     parts = rest.split("|")
+    if kind == "model" and parts[0] in MECHANISMS_BY_NAME:
+        return MECHANISMS_BY_NAME[parts[0]].words
     if kind == "router":
         return f"the MoE router (one output per expert: it must stay whole) made {parts[0]} by the parser"
     if kind == "policy":
         return policy.policy_title(parts, sentence=True)
     if kind == "kv-unit split":
-        return (
-            "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, "
-            "the ranks past the kv-head count hold no query head"
-        )
+        crashes = [why for name, why in KV_SPLIT_IN_MODEL.items() if any(f"({name})" in w for w in words)]
+        return "; ".join([KV_UNIT_SENTENCE, KV_SPLIT_SEPARATE, *crashes])
     if kind == "left whole":
-        return f"a {' or '.join(parts[0].split(','))} tensor left whole next to a projection AutoTP split"
+        kinds = parts[0].split(",")
+        split = f"a {' or '.join(kinds)} tensor left whole next to a projection AutoTP split"
+        return f"{split}; {NORM_OVER_SPLIT_WIDTH}" if "norm" in kinds else split
     if kind == "layout":
-        return f"AutoTP split `{parts[0]}` as {parts[1]}"
+        shared = _shared_clauses(words)
+        return shared or f"AutoTP split `{parts[0]}` as {parts[1]}"
     if kind == "at":
         classes = ", ".join(c for c in parts[1:] if c)
         return f"broke in `{parts[0]}` ({classes})"
     return rest  # a memory finding or a failure's text: what the cells share already
+
+
+def _shared_clauses(words: Sequence[str]) -> str:
+    """The leading clauses (`; `-separated) every cell's words share: the mechanism before each cell's own
+    location."""
+    split = [w.split("; ") for w in words]
+    shared = []
+    for clauses in zip(*split, strict=False):
+        if len(set(clauses)) > 1:
+            break
+        shared.append(clauses[0])
+    return "; ".join(shared)
+
+
+KV_UNIT_SENTENCE = (
+    "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, the "
+    "ranks past the kv-head count hold no query head"
+)
+KV_SPLIT_SEPARATE = "where q, k and v are separate projections those ranks idle and the first ranks hold every head"
 
 
 def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bug: str) -> Cause:
@@ -419,6 +440,7 @@ def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bu
         f"head{'s' if record.kv_heads > 1 else ''} < tp {record.tp}, so {_ranks_hold(record.kv_heads, record.tp - 1)} "
         f"no query head of {names}{where}",
         whose_bug,
+        KV_UNIT_EVIDENCE,
     )
 
 
@@ -466,9 +488,19 @@ def cause_title(key: str, words: str) -> str:
     """A cause in a few words for a bug report's title, from its key (`cause_of` writes both); whole, never cut."""
     kind, _, rest = key.partition("|")
     parts = rest.split("|")
-    known = MODEL_MECHANISMS.get(parts[0]) if kind == "model" else POLICY_PROBE if kind == "no policy" else None
+    known = (
+        MECHANISMS_BY_NAME.get(parts[0])
+        if kind == "model"
+        else POLICY_PROBE
+        if kind == "no policy"
+        else LAYOUT_MECHANISMS.get(parts[-1])
+        if kind == "layout"
+        else None
+    )
     if known:
         return known.title
+    if kind == "column-parallel":
+        return f"the parser leaves `{parts[0]}` column-parallel where it must be row-parallel"
     if kind == "router":
         return f"MoE router made {parts[0]} by the parser"
     if kind == "policy":

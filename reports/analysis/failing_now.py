@@ -33,6 +33,7 @@ from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from suites.mechanism import cause_sentence, whose
+from suites.statements import proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
@@ -283,7 +284,7 @@ def build_failing_now(
                     for cell in cells
                 ),
                 key=key,
-                mechanism=_mechanism(key, [status for _, status in members], text),
+                mechanism=_mechanism(key, [status for _, status in members], text, bool(unsupported)),
                 whose="unsupported" if unsupported else owner,
                 evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
@@ -367,14 +368,18 @@ def backfill_command(cells: list[CellKey]) -> str:
     return "nox -s backfill -- " + " ".join(option for option in options if option)
 
 
-def _mechanism(key: str, statuses: list[CellStatus], text: str) -> str:
-    """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`); "" for results
-    recorded before causes were kept, and where it only repeats the example's signature (nothing was located)."""
+def _mechanism(key: str, statuses: list[CellStatus], text: str, refused_by_design: bool) -> str:
+    """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`), stated as proven
+    only by a verified remedy (suites/statements.py `stated`; a refusal DeepSpeed documents is its own proof); "" for
+    results recorded before causes were kept, and where it only repeats the example's signature (nothing was
+    located)."""
     words = [status.cause.words for status in statuses if status.cause]
     if not words:
         return ""
     sentence = cause_sentence(key, words)
-    return sentence if sentence != text else ""
+    if sentence == text:
+        return ""
+    return sentence if refused_by_design else stated(sentence, proof_of(key))
 
 
 def _status(match: KnownMatch | None, cells: int) -> str:

@@ -409,10 +409,13 @@ def check(
         }
         whole = [share.name for share in judged if share.whole and not designed[share.name]]
         if whole:
+            units = {share.name: _units(share.name, unsharded.shapes_by_name[share.name], kind, unsharded.counts)
+                     for share in judged}  # fmt: skip
+            every, left = set().union(*units.values()), set().union(*(units[name] for name in whole))
             problems.append(
                 Finding(
                     f"{kind} left whole: {layer_groups(whole)}",
-                    f"({len(judged) - len(whole)} of {len(judged)} {kind} split on tp {tp})",
+                    f"({len(every - left)} of {len(every)} {kind} split on tp {tp})",
                 )
             )
         for reason in dict.fromkeys(reason for reason in designed.values() if reason):
@@ -441,6 +444,17 @@ def check(
         problems += [Finding(head, figures)] if head else []
         notes += [note] if note else []
     return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
+
+
+def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCounts) -> set[str]:
+    """What a weight holds, counted as its kind counts: an experts weight fused into 3-D parameters holds every expert
+    of its layer (`<layer>.experts#i`), one of an expert's own module that expert; any other weight is one."""
+    if kind != "experts":
+        return {name}
+    if len(shape) >= 3 and shape[0] == counts.experts:
+        return {f"{name.rpartition('.')[0]}#{index}" for index in range(shape[0])}
+    owner = re.search(r"^(.*\.experts\.\d+)\.", name)
+    return {owner[1] if owner else name}
 
 
 def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:

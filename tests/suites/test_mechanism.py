@@ -117,7 +117,7 @@ def test_two_mechanisms_under_one_error_text_are_two_causes():
     assert causes == {
         "router|LinearAllreduce",
         "layout|self_attn.qkv_proj|fused_LinearLayer(phi3type)",
-        "at|attn.dense|Linear|LinearLayer",
+        "column-parallel|attn.dense",
     }
 
 
