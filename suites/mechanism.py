@@ -23,6 +23,7 @@ from suites import policy
 from suites.checks.names import judged_signature
 from suites.statements import (
     DESIGN_LIMITS,
+    KV_IDLE_EVIDENCE,
     KV_SPLIT_IN_MODEL,
     KV_UNIT_EVIDENCE,
     LAYOUT_MECHANISMS,
@@ -397,9 +398,11 @@ def cause_sentence(key: str, words: Sequence[str]) -> str:
         return f"the MoE router (one output per expert: it must stay whole) made {parts[0]} by the parser"
     if kind == "policy":
         return policy.policy_title(parts, sentence=True)
+    if kind == "kv-unit split" and parts[0] == IDLE_RANKS:
+        return f"{KV_UNIT_SENTENCE}; {KV_SPLIT_SEPARATE}"
     if kind == "kv-unit split":
         crashes = [why for name, why in KV_SPLIT_IN_MODEL.items() if any(f"({name})" in w for w in words)]
-        return "; ".join([KV_UNIT_SENTENCE, KV_SPLIT_SEPARATE, *crashes])
+        return "; ".join([KV_UNIT_SENTENCE, *crashes])
     if kind == "left whole":
         kinds = parts[0].split(",")
         split = f"a {' or '.join(kinds)} tensor left whole next to a projection AutoTP split"
@@ -429,18 +432,27 @@ KV_UNIT_SENTENCE = (
     "DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): with fewer kv heads than ranks, the "
     "ranks past the kv-head count hold no query head"
 )
-KV_SPLIT_SEPARATE = "where q, k and v are separate projections those ranks idle and the first ranks hold every head"
+KV_SPLIT_SEPARATE = (
+    "the numbers stay right, those ranks idle and the first ranks hold every query head (DeepSpeed warns and "
+    "documents it)"
+)
+IDLE_RANKS = "ranks idle"
+"""The kv-unit split's memory-only cells: a documented design limit, where a crash is AutoTP's bug."""
 
 
 def _starved(record: AutoTPRecord, starved: list[Replaced], where: str, whose_bug: str) -> Cause:
+    """Query heads starved by a kv-unit split: ranks DeepSpeed documents as idle with the numbers right (memory only,
+    a design limit), or a crash where the model's attention cannot run on them (AutoTP's bug: the documented result
+    is a correct one)."""
     names = ", ".join(f"`{role(r.path)}`" for r in starved)
+    idle = not where
     return Cause(
-        "kv-unit split|query heads starved",
+        f"kv-unit split|{IDLE_RANKS if idle else 'query heads starved'}",
         f"DeepSpeed splits attention in kv-head units (tp_shard.py get_shard_size): {record.kv_heads} kv "
         f"head{'s' if record.kv_heads > 1 else ''} < tp {record.tp}, so {_ranks_hold(record.kv_heads, record.tp - 1)} "
-        f"no query head of {names}{where}",
-        whose_bug,
-        KV_UNIT_EVIDENCE,
+        f"no query head of {names}{f'; {KV_SPLIT_SEPARATE}' if idle else where}",
+        "design-limit" if idle else whose_bug,
+        KV_IDLE_EVIDENCE if idle else KV_UNIT_EVIDENCE,
     )
 
 
@@ -505,8 +517,10 @@ def cause_title(key: str, words: str) -> str:
         return f"MoE router made {parts[0]} by the parser"
     if kind == "policy":
         return policy.policy_title(parts, sentence=False)
+    if kind == "kv-unit split" and parts[0] == IDLE_RANKS:
+        return "fewer kv heads than ranks leaves ranks idle, without query heads"
     if kind == "kv-unit split":
-        return "fewer kv heads than ranks leaves ranks without query heads"
+        return "fewer kv heads than ranks crashes attention that hard-codes its kv split"
     if kind == "left whole":
         found = _LEFT_WHOLE_TEXT.match(words)
         return f"`{found[1].removesuffix('.weight')}` left whole beside the split `{found[2]}`" if found else kind

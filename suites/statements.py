@@ -149,8 +149,15 @@ projections only idle (transformers/models/falcon/modeling_falcon.py FalconAtten
 c_attn(...).split((self.embed_dim, self.kv_dim, self.kv_dim)))."""
 KV_UNIT_EVIDENCE = (
     "deepspeed/module_inject/tp_shard.py get_shard_size: my_slices = num_kv_heads // mp_size + (1 if rank < "
-    "num_kv_heads % mp_size else 0), so ranks >= num_kv_heads get no rows; DeepSpeed's AutoTP training page "
-    "(Limitations 1) documents those idle ranks as giving a correct result, which the crashing models contradict"
+    "num_kv_heads % mp_size else 0), so ranks >= num_kv_heads get no rows; DeepSpeed documents those idle ranks as "
+    "giving a correct result (docs/_tutorials/autotp-training.md, Limitations 1; layers.py "
+    "_subparam_shard_widths: 'the result stays correct'), which these crashes contradict"
+)
+KV_IDLE_EVIDENCE = (
+    "DeepSpeed's AutoTP training page, Limitations 1: 'With more ranks than key/value heads ... the surplus ranks "
+    "receive no attention weights at all. The result is still correct ... AutoTP logs a warning instead of "
+    "replicating heads' (deepspeed/module_inject/layers.py _subparam_shard_widths logs it: 'some ranks hold none of "
+    "it and stay idle')"
 )
 POLICY_PROBE = ModelMechanism(
     "no policy",

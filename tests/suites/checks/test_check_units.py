@@ -213,7 +213,15 @@ def test_memory_names_the_rules_that_keep_weights_whole_by_design():
     assert whole_projector.reason.startswith("linears left whole: model.projector (")
     experts_whole = memory.check(reference, _split(reference, 2, whole=("experts", "mlp.gate.", "k_proj", "v_proj")))
     assert not experts_whole.passed
-    assert experts_whole.reason.startswith("experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 2")
+    # counted in experts, not in expert tensors: 4 fused experts in each of the 2 layers
+    assert experts_whole.reason.startswith("experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 8 experts")
+    counts = reference.counts
+    assert memory._units("model.layers.0.mlp.experts.3.w1.weight", (16, 8), "experts", counts) == {
+        "model.layers.0.mlp.experts.3"
+    }
+    assert memory._units("model.layers.0.mlp.experts.down_proj", (4, 8, 16), "experts", counts) == {
+        f"model.layers.0.mlp.experts#{index}" for index in range(4)
+    }
 
 
 def test_memory_fails_a_rank_tensor_the_unsharded_model_does_not_have():
