@@ -523,7 +523,9 @@ def cause_title(key: str, words: str) -> str:
         return "fewer kv heads than ranks crashes attention that hard-codes its kv split"
     if kind == "left whole":
         found = _LEFT_WHOLE_TEXT.match(words)
-        return f"`{found[1].removesuffix('.weight')}` left whole beside the split `{found[2]}`" if found else kind
+        if found:
+            return f"`{found[1].removesuffix('.weight')}` left whole beside the split `{found[2]}`"
+        return f"a {' or '.join(parts[0].split(','))} tensor left whole beside a split projection"
     if kind == "layout":
         return f"`{parts[0]}` split as {parts[1]}"
     if kind == "at":

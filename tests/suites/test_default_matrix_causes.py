@@ -158,6 +158,8 @@ def test_a_cause_sentence_claims_no_count_a_cell_of_it_contradicts():
     whichever cells the cause holds."""
     for key, members in _causes().items():
         for subset in (members, *([member] for member in members), members[::2], members[1::2]):
+            if not subset:
+                continue
             sentence = cause_sentence(key, [cause.words for _, cause in subset])
             for claim in COUNT_CLAIM.findall(sentence):
                 assert all(claim in cause.words for _, cause in subset), (key, claim, [cell for cell, _ in subset])

@@ -214,7 +214,9 @@ def test_memory_names_the_rules_that_keep_weights_whole_by_design():
     experts_whole = memory.check(reference, _split(reference, 2, whole=("experts", "mlp.gate.", "k_proj", "v_proj")))
     assert not experts_whole.passed
     # counted in experts, not in expert tensors: 4 fused experts in each of the 2 layers
-    assert experts_whole.reason.startswith("experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 8 experts")
+    assert experts_whole.reason.startswith(
+        "experts left whole: model.layers.*.mlp.experts.gate_up_proj (0 of 8 experts"
+    )
     counts = reference.counts
     assert memory._units("model.layers.0.mlp.experts.3.w1.weight", (16, 8), "experts", counts) == {
         "model.layers.0.mlp.experts.3"
