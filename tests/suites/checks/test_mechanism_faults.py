@@ -65,7 +65,9 @@ def test_a_kv_unit_split_with_one_kv_head_is_named(rank_pool, llama_tp2):
     outcome = run_with(llama_tp2, rank_pool, "planted_one_kv_head")
     assert outcome.outcome == "fail", outcome.message
     assert outcome.autotp.kv_heads == 1
-    assert outcome.cause.key == "kv-unit split|query heads starved", outcome.cause
+    idle = outcome.failure_class == "memory"  # right numbers: the idle ranks DeepSpeed documents; else its bug
+    assert outcome.cause.key == f"kv-unit split|{'ranks idle' if idle else 'query heads starved'}", outcome.cause
+    assert outcome.cause.whose == ("design-limit" if idle else "autotp"), outcome.cause
     assert "1 kv head < tp 2, so rank 1 holds no query head of `self_attn.q_proj`" in outcome.cause.words
 
 
