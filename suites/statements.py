@@ -111,8 +111,9 @@ MODEL_MECHANISMS = {
         "the catch-all DecoderLayer key applies the glm qkv layout to a per-head interleaved qkv",
         "DeepSpeed picks the fused qkv layout by the decoder layer's class name, and PersimmonDecoderLayer matches "
         "only the catch-all key `DecoderLayer`, which maps to glmtype ([all q | all k | all v]); persimmon's "
-        "`query_key_value` is interleaved per head ([q, k, v] of head 1, of head 2, ...), so each rank gets a third "
-        "of the heads' rows cut as if they were q, k and v blocks: wrong numbers, no error",
+        "`query_key_value` is interleaved per head ([q, k, v] of head 1, of head 2, ...), so the rows are cut as if "
+        "they were q, k and v blocks and a rank's query, key and value rows are other heads' rows mixed: wrong "
+        "numbers, no error",
         "autotp",
         "deepspeed/module_inject/fusedqkv_utils.py get_fused_qkv_type: the longest key of FUSED_QKV_TYPE_DICT in "
         "str(module), 'DecoderLayer' -> 'glmtype'; transformers/models/persimmon/modeling_persimmon.py "
