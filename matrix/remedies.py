@@ -193,3 +193,15 @@ def read_results(path: Path) -> list[RemedyResult]:
         return [read_record(RemedyResult, entry) for entry in entries]
     except (ValueError, TypeError, RecordError) as error:
         raise RemedyError(f"{path}: not a remedies results file written by nox -s remedy: {error}") from None
+
+
+def verified_remedies(results_file: Path) -> dict[str, tuple[RemedyResult, ...]]:
+    """The hook a cause's statement and its draft issue read: the remedies `nox -s remedy` verified (its
+    results/remedies.json), by the cause's model id (`ctrl.faithful`). A cause with none here claims no workaround
+    and no fix: its mechanism is not proven by one."""
+    verified: dict[str, list[RemedyResult]] = {}
+    for result in read_results(results_file):
+        if result.status == "verified":
+            for model in result.cause_models:
+                verified.setdefault(model, []).append(result)
+    return {model: tuple(results) for model, results in verified.items()}

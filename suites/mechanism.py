@@ -15,10 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from matrix.remedies import RemedyResult, read_results
 from suites import policy
 from suites.checks.names import judged_signature
 from suites.statements import (
@@ -62,7 +60,7 @@ the harness's own failures are `setup`, an environment that could not be install
 
 
 _CONTAINERS = " @ deepspeed/module_inject/containers/"
-_LEFT_WHOLE_TEXT = re.compile(r"`([^`]+)` \(\w+ of the split `([^`]+)`")  # LeftWhole.text
+LEFT_WHOLE_TEXT = re.compile(r"`([^`]+)` \(\w+ of the split `([^`]+)`")  # LeftWhole.text
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
@@ -270,7 +268,7 @@ def whose(failure_class: str) -> Owner:
     return owners.get(failure_class, "autotp")
 
 
-_FRAME = re.compile(r" @ \S+$")
+FRAME = re.compile(r" @ \S+$")
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
 
 
@@ -278,7 +276,7 @@ def failure_text(signature: str) -> str:
     """A signature (its numbers already masked, suites/outcome.py `mask_numbers`) without the frame it surfaced in and
     with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
     called (a library renamed it) and at every tp (`[N, N]` at tp 2, `[N, N, N]` at tp 3)."""
-    return _NUMBER_RUN.sub("N…", _FRAME.sub("", signature))
+    return _NUMBER_RUN.sub("N…", FRAME.sub("", signature))
 
 
 def _block(origin: str, record: AutoTPRecord) -> str:
@@ -494,54 +492,3 @@ def _leaf_groups(finding: str) -> str:
 
 def _by_text(failure: Failure, whose_bug: str) -> Cause:
     return Cause(f"{failure.failure_class}|{failure_text(failure.signature)}", failure.signature, whose_bug)
-
-
-def cause_title(key: str, words: str) -> str:
-    """A cause in a few words for a bug report's title, from its key (`cause_of` writes both); whole, never cut."""
-    kind, _, rest = key.partition("|")
-    parts = rest.split("|")
-    known = (
-        MECHANISMS_BY_NAME.get(parts[0])
-        if kind == "model"
-        else POLICY_PROBE
-        if kind == "no policy"
-        else LAYOUT_MECHANISMS.get(parts[-1])
-        if kind == "layout"
-        else None
-    )
-    if known:
-        return known.title
-    if kind == "column-parallel":
-        return f"the parser leaves `{parts[0]}` column-parallel where it must be row-parallel"
-    if kind == "router":
-        return f"MoE router made {parts[0]} by the parser"
-    if kind == "policy":
-        return policy.policy_title(parts, sentence=False)
-    if kind == "kv-unit split" and parts[0] == IDLE_RANKS:
-        return "fewer kv heads than ranks leaves ranks idle, without query heads"
-    if kind == "kv-unit split":
-        return "fewer kv heads than ranks crashes attention that hard-codes its kv split"
-    if kind == "left whole":
-        found = _LEFT_WHOLE_TEXT.match(words)
-        if found:
-            return f"`{found[1].removesuffix('.weight')}` left whole beside the split `{found[2]}`"
-        return f"a {' or '.join(parts[0].split(','))} tensor left whole beside a split projection"
-    if kind == "layout":
-        return f"`{parts[0]}` split as {parts[1]}"
-    if kind == "at":
-        return f"`{parts[0]}` ({parts[2] or parts[1]}) fails after the split"
-    if kind == "memory":
-        return f"{parts[0].partition(': ')[0]} on every rank"
-    return _FRAME.sub("", words).partition(". ")[0]
-
-
-def verified_remedies(results_file: Path) -> dict[str, tuple[RemedyResult, ...]]:
-    """The hook a cause's statement and its draft issue read: the remedies `nox -s remedy` verified (its
-    results/remedies.json), by the cause's model id (`ctrl.faithful`). A cause with none here claims no workaround
-    and no fix: its mechanism is not proven by one."""
-    verified: dict[str, list[RemedyResult]] = {}
-    for result in read_results(results_file):
-        if result.status == "verified":
-            for model in result.cause_models:
-                verified.setdefault(model, []).append(result)
-    return {model: tuple(results) for model, results in verified.items()}

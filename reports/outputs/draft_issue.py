@@ -2,7 +2,7 @@
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
 The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP:
-<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/mechanism.py `cause_title`). It is shown
+<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/cause_titles.py `cause_title`). It is shown
 on the cause's example cell (the one standing for the checkpoint users run most,
 reports.analysis.failing_now.example_cell) and names the real checkpoints that cell stands for. To reproduce: a
 minimal script generated for the cause (reports.outputs.minimal_script: at most 40 lines, its last line shows the
@@ -25,7 +25,7 @@ from typing import Protocol
 from matrix.cells import Cell, resolve_cell
 from matrix.redaction import redact
 from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, RegistryError
-from matrix.remedies import RESULTS_NAME, RemedyResult
+from matrix.remedies import RESULTS_NAME, RemedyResult, verified_remedies
 from reports import ReportsError
 from reports.analysis import (
     FailingCause,
@@ -46,7 +46,7 @@ from reports.outputs.model import Report, build_report
 from reports.outputs.remedy_claims import remedy_sections
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
-from suites.mechanism import cause_title, verified_remedies
+from suites.cause_titles import cause_title
 from suites.outcome import FAILURE_CLASSES
 from suites.records.run_records import RunInfo
 

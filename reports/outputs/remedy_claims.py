@@ -1,4 +1,4 @@
-"""What a draft issue claims of a cause's remedies: only a remedy `nox -s remedy` verified (suites/mechanism.py
+"""What a draft issue claims of a cause's remedies: only a remedy `nox -s remedy` verified (matrix/remedies.py
 `verified_remedies`) is claimed, as "Workaround (verified: N of N cells pass, 0 other verdicts changed)" with what to
 pass, or "Proposed fix (verified ...)" with the diff; a cause without one claims nothing."""
 

@@ -141,9 +141,9 @@ def test_a_remedy_that_does_not_fix_its_cells_is_unverified_in_real_ranks(rank_p
 def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
     """The results file `nox -s remedy` writes, read through the hook reports use (suites/mechanism.py): a draft
     of a ctrl cell carries the verified workaround with what to pass; an unverified one is never claimed."""
+    from matrix.remedies import verified_remedies
     from reports.outputs.remedy_claims import remedy_sections
     from sessions.remedy import write_results
-    from suites.mechanism import verified_remedies
 
     fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
     verified = judge(CTRL, WITHOUT, fixed, 1.0, "injection_policy={EncoderLayer: ('multi_head_attention.dense',)}")

@@ -7,9 +7,10 @@ import torch
 
 from matrix.checkpoints import tiny_config
 from matrix.registry import load_models
+from suites.cause_titles import cause_title
 from suites.checks.policy_inference import disagreements, infer_policies, parser_made
 from suites.checks.sharding import parsed_policy, snapshot
-from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of, cause_sentence, cause_title
+from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of, cause_sentence
 from suites.policy import InferredBlock, PolicyDisagreement, deepspeed_name, injection_policy_candidate
 
 
