@@ -26,6 +26,7 @@ from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, pa
 from matrix.redaction import redact
 from matrix.versions import AXES
 from suites.atomic import write_text_atomically
+from suites.git import GitFailed, run_git
 from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
 
 CellRecord = dict[str, Any]
@@ -37,8 +38,8 @@ RecordProperty = Callable[[str, object], None]
 
 def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess[str] | None:
     try:
-        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return run_git(*args, folder=folder, timeout=60)
+    except GitFailed:  # no git, or it hung
         return None
 
 
