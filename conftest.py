@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -169,7 +169,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from suites.driver import CacheContents, RunOptions, memory_plan_lines
 
     config.stash[CACHE_AT_START] = CacheContents.now()
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reporter = cast("TerminalReporter", config.pluginmanager.get_plugin("terminalreporter"))
     for line in memory_plan_lines(
         config.stash[CELLS],
         RunOptions(
