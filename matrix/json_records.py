@@ -17,6 +17,12 @@ A field left out takes its default (files from before the field was added); one 
 A record whose JSON is not the shape of its fields (report.json flattens some records into their parent) says how
 to get that shape back with a static method `own_shape(json) -> dict`, which the reader calls wherever it meets the
 class, nested or not, before reading the fields.
+
+`write_record` is the reader's inverse, the one way a record becomes JSON: a dataclass an object of its fields in
+their order (each written by the same rules), a tuple or list a list, a dict an object, anything else as it is (text,
+numbers, None; a tensor for torch.save). A record with an `own_shape` has the inverse beside it, a method
+`json_shape(self, written) -> dict` that the writer calls on the object of its written fields; `read_record(cls,
+write_record(record)) == record` for every record (tests/matrix/test_json_records.py walks the packages for them).
 """
 
 from __future__ import annotations
@@ -46,6 +52,30 @@ class RecordError(ValueError):
 class _Misfit(Exception):
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"field '{path}' {problem}" if path else problem)
+
+
+def write_record(record: DataclassInstance) -> dict[str, Any]:
+    """`record` as JSON: what json.dumps writes and read_record reads back as the same record (module docstring)."""
+    return cast(dict[str, Any], _write(record))
+
+
+def _write(value: object) -> object:
+    if isinstance(value, (str, int, float, NoneType)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_write(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _write(item) for key, item in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        written = {name: _write(getattr(value, name)) for name in _field_names(type(value))}
+        json_shape: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(value, "json_shape", None)
+        return written if json_shape is None else json_shape(written)
+    return value
+
+
+@cache
+def _field_names(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def read_record(cls: type[Record], data: object) -> Record:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from matrix.remedies import RemedyResult, read_results
 from suites import policy
@@ -195,9 +195,6 @@ class AutoTPRecord:
     disagreements: tuple[policy.PolicyDisagreement, ...] = ()
     inference_note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def in_block(self, block: str) -> list[Replaced]:
         return [r for r in self.replaced if parent(r.path) == block]
 
@@ -265,9 +262,6 @@ class BreakPoint:
             found += f", computed from its block `{self.origin}` ({self.origin_class})"
         return found + (f" {self.detail}" if self.detail else "")
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 def origin_of(path: str, layer_class: str, how: str) -> str:
     """See `BreakPoint.origin`."""
@@ -284,9 +278,6 @@ class Cause:
     words: str
     whose: str
     evidence: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -9,20 +9,15 @@ import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Literal, get_args
 
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
-
-class Outcome(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
-
-
-OUTCOMES = tuple(str(o) for o in Outcome)
+Outcome = Literal["pass", "fail", "skip"]
+"""A cell's verdict (CellOutcome.outcome, the store's results)."""
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 class FailureClass(StrEnum):
@@ -95,9 +90,6 @@ class RankError:
     broke_at: BreakPoint | None = None
     """The module whose forward raised, or the one init_inference was replacing (suites/checks/breakpoints.py)."""
 
-    def to_json(self) -> str:
-        return json.dumps({**self.__dict__, "broke_at": self.broke_at.to_dict() if self.broke_at else None})
-
 
 def first_error(errors: list[RankError]) -> RankError:
     """The error that decides a cell's verdict when ranks raise: the earliest stage, then the lowest rank."""
@@ -114,8 +106,7 @@ _INTERESTING_FRAMES = ("deepspeed", "transformers")
 
 @dataclass
 class CellOutcome:
-    outcome: str
-    """`pass`, `fail` or `skip`."""
+    outcome: Outcome
     failure_class: str = ""
     signature: str = ""
     message: str = ""
@@ -138,10 +129,6 @@ class CellOutcome:
             raise ValueError(f"outcome must be pass, fail or skip, got {self.outcome!r}")
         if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        typed = {"autotp": self.autotp, "broke_at": self.broke_at, "cause": self.cause}
-        return {**self.__dict__, **{name: value.to_dict() if value else None for name, value in typed.items()}}
 
 
 def mask_numbers(text: str) -> str:

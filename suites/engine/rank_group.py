@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT, cache_root
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from matrix.redaction import redact
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
@@ -290,7 +290,7 @@ class RankGroup:
     def run(self, job: Job, timeout: float) -> CellOutcome:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
-        write_text_atomically(self.workdir / f"job-{seq}.json", replace(job, seq=seq).to_json())
+        write_text_atomically(self.workdir / f"job-{seq}.json", json.dumps(write_record(replace(job, seq=seq))))
         for rank in range(self.tp):
             doorbells.ring(doorbells.job_path(self.workdir, rank))
         result_file = self.workdir / f"result-{seq}.json"
