@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # imported where they are used, after the fork server started
     from _pytest.terminal import TerminalReporter
 
     from suites.ahead import RunAhead
-    from suites.driver import RunOptions
+    from suites.checks.task_probe import AccuracyTask
+    from suites.driver import CacheContents, RunOptions
     from suites.engine.rank_group import RankGroupPool
     from suites.records.run_records import CellRecorder, RunInfo, RunState
 
@@ -34,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 CELLS = pytest.StashKey[list[Cell]]()
-ACCURACY_TASK = pytest.StashKey["AccuracyTask | None"]()
+ACCURACY_TASK: pytest.StashKey[AccuracyTask | None] = pytest.StashKey()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -156,7 +157,7 @@ def pytest_configure_node(node: Any) -> None:  # xdist's WorkerController: untyp
         node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
 
 
-CACHE_AT_START = pytest.StashKey["CacheContents"]()
+CACHE_AT_START: pytest.StashKey[CacheContents] = pytest.StashKey()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -226,7 +227,7 @@ def run_ahead(pytestconfig: pytest.Config, run_options: RunOptions) -> RunAhead 
     return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)
 
 
-POOL = pytest.StashKey["RankGroupPool"]()
+POOL: pytest.StashKey[RankGroupPool] = pytest.StashKey()
 
 
 def _runs_cells_here(config: pytest.Config) -> bool:

@@ -21,6 +21,7 @@ from typing import Literal
 from matrix.remedies import RemedyResult, read_results
 from suites import policy
 from suites.checks.names import judged_signature
+from suites.verdicts import FailureClass
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
@@ -284,7 +285,7 @@ class Cause:
 class Failure:
     """What `cause_of` reads of a failed cell."""
 
-    failure_class: str
+    failure_class: FailureClass
     signature: str
     autotp: AutoTPRecord | None = None
     broke_at: BreakPoint | None = None
@@ -296,9 +297,9 @@ def class_and_finding(failure_class: str, signature: str) -> str:
     return f"{failure_class}: {signature.removeprefix(f'{failure_class}: ')}"
 
 
-def whose(failure_class: str) -> Owner:
+def whose(failure_class: FailureClass) -> Owner:
     """The owner a failure class alone gives (before the source read at the failing line says more)."""
-    owners: dict[str, Owner] = {"setup": "harness", "install": "environment"}
+    owners: dict[FailureClass, Owner] = {"setup": "harness", "install": "environment"}
     return owners.get(failure_class, "autotp")
 
 

@@ -7,53 +7,14 @@ import json
 import re
 import traceback
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Literal, get_args
 
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
 
-Outcome = Literal["pass", "fail", "skip"]
-"""A cell's verdict (CellOutcome.outcome, the store's results)."""
-OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
-
-
-class FailureClass(StrEnum):
-    """A failed cell's one class, with what it means (the report and issue drafts quote `description`)."""
-
-    SETUP = (
-        "setup",
-        "the harness failed: building or loading the model or its reference, or its own code raised in "
-        "a stage (a harness bug for tiny checkpoints, or a model output it cannot read)",
-    )
-    SHARD = "shard", "deepspeed.init_inference raised"
-    FORWARD = "forward", "the sharded model raised during forward, generate or the loss"
-    NUMERICS = "numerics", "logits, perplexity or rank agreement beyond tolerance"
-    GENERATION = "generation", "greedy tokens or decode-step logits differ from the reference"
-    MEMORY = (
-        "memory",
-        "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads "
-        "or grains force, or a rank holds a tensor the unsharded model does not have",
-    )
-    TIMEOUT = "timeout", "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)"
-    CRASH = "crash", "a rank process died (signal, os._exit, segfault, OOM kill)"
-    INSTALL = "install", "the session's environment could not be installed"
-
-    description: str
-
-    def __new__(cls, value: str, description: str) -> FailureClass:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.description = description
-        return member
-
-
-FAILURE_CLASSES = {str(c): c.description for c in FailureClass}
-"""Each failure class's name and what it means."""
-
-STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
+STAGE_CLASS: dict[str, FailureClass] = {"setup": "setup", "shard": "shard", "forward": "forward"}
 """A rank's stages in order, and the class of a failure raised in each."""
 
 
@@ -65,7 +26,7 @@ class LibraryOutputError(Exception):
 
     def __init__(
         self,
-        failure_class: str,
+        failure_class: FailureClass,
         signature: str,
         detail: str = "",
         explanation: str = "a library's output failed validation where it entered the harness",
@@ -84,7 +45,7 @@ class RankError:
     rank: int
     stage: str
     """One of STAGE_CLASS."""
-    failure_class: str
+    failure_class: FailureClass
     signature: str
     message: str
     broke_at: BreakPoint | None = None
@@ -107,7 +68,7 @@ _INTERESTING_FRAMES = ("deepspeed", "transformers")
 @dataclass
 class CellOutcome:
     outcome: Outcome
-    failure_class: str = ""
+    failure_class: FailureClassIfFailed = ""
     signature: str = ""
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -240,7 +201,7 @@ def read_death_records(folder: Path, pattern: str) -> list[dict[str, str]]:
 
 
 def failed(
-    failure_class: str,
+    failure_class: FailureClass,
     signature: str,
     message: str,
     metrics: dict[str, float] | None = None,

@@ -38,6 +38,7 @@ from matrix import PROJECT_ROOT
 from suites.atomic import write_text_atomically
 from suites.engine.processes import pid_alive
 from suites.outcome import death_record, read_death_records
+from suites.verdicts import FailureClass
 
 if TYPE_CHECKING:  # suites.reference imports torch: the driver starts the server before any such import
     from suites.reference import Answer, ReferenceRequest
@@ -80,7 +81,7 @@ DISTRIBUTED_VARIABLES = (
 class GroupStartFailure(RuntimeError):
     """A rank group did not come up; `failure_class` says whose fault (see outcome.death_record)."""
 
-    def __init__(self, failure_class: str, signature: str, message: str):
+    def __init__(self, failure_class: FailureClass, signature: str, message: str):
         super().__init__(message)
         self.failure_class, self.signature = failure_class, signature
 
