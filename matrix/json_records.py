@@ -28,10 +28,12 @@ write_record(record)) == record` for every record (tests/matrix/test_json_record
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from functools import cache, partial
 from types import NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+from matrix.hinted_fields import FieldError, expect, init_fields, join
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -47,11 +49,6 @@ JSON_NAMES: dict[type, str] = {str: "a string", int: "an integer", bool: "true o
 class RecordError(ValueError):
     """A JSON value that does not fit its record: the message names the record class, the field's path and what
     was found."""
-
-
-class _Misfit(Exception):
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"field '{path}' {problem}" if path else problem)
 
 
 def write_record(record: DataclassInstance) -> dict[str, Any]:
@@ -82,7 +79,7 @@ def read_record(cls: type[Record], data: object) -> Record:
     """`data` (what json.loads gave) as a `cls`, by the rules of this module's docstring."""
     try:
         return cast(Record, _read_dataclass(cls, data, ""))
-    except _Misfit as misfit:
+    except FieldError as misfit:
         raise RecordError(f"{cls.__name__}: {misfit}") from None
 
 
@@ -90,9 +87,8 @@ def read_record(cls: type[Record], data: object) -> Record:
 def _fields_of(cls: type[DataclassInstance]) -> tuple[dict[str, Read], frozenset[str]]:
     """Each field's reader, and the fields without a default."""
     hints = get_type_hints(cls)
-    init = [f for f in fields(cls) if f.init]
-    required = frozenset(f.name for f in init if f.default is MISSING and f.default_factory is MISSING)
-    return {f.name: _reader(hints[f.name]) for f in init}, required
+    init, required = init_fields(cls)
+    return {name: _reader(hints[name]) for name in init}, required
 
 
 def _read_dataclass(cls: type[DataclassInstance], value: object, path: str) -> object:
@@ -104,13 +100,13 @@ def _read_dataclass(cls: type[DataclassInstance], value: object, path: str) -> o
         try:
             data = own_shape(data)
         except KeyError as key:  # a key the flattened form must have
-            raise _Misfit(path, f"is missing required field {key}") from None
+            raise FieldError(path, f"is missing required field {key}") from None
     readers, required = _fields_of(cls)
     if unknown := sorted(set(data) - set(readers)):
-        raise _Misfit(path, f"has unknown field(s) {unknown}; {cls.__name__}'s fields: {sorted(readers)}")
+        raise FieldError(path, f"has unknown field(s) {unknown}; {cls.__name__}'s fields: {sorted(readers)}")
     if missing := sorted(required - set(data)):
-        raise _Misfit(path, f"is missing required field(s) {missing}")
-    return cls(**{name: readers[name](item, _join(path, name)) for name, item in data.items()})
+        raise FieldError(path, f"is missing required field(s) {missing}")
+    return cls(**{name: readers[name](item, join(path, name)) for name, item in data.items()})
 
 
 @cache
@@ -148,7 +144,7 @@ def _as_is(value: object, path: str) -> object:
 
 def _literal(allowed: tuple[object, ...], value: object, path: str) -> object:
     if not any(type(value) is type(option) and value == option for option in allowed):
-        raise _Misfit(path, f"must be one of {allowed}, got {value!r}")
+        raise FieldError(path, f"must be one of {allowed}, got {value!r}")
     return value
 
 
@@ -158,7 +154,7 @@ def _union(nullable: bool, options: tuple[Read, ...], value: object, path: str) 
     for option in options[:-1]:
         try:
             return option(value, path)
-        except _Misfit:
+        except FieldError:
             continue
     return options[-1](value, path)  # the last option's message says what was wrong
 
@@ -174,42 +170,35 @@ def _list_of(item: Read, value: object, path: str) -> list[object]:
 def _fixed_tuple(items: tuple[Read, ...], value: object, path: str) -> tuple[object, ...]:
     entries = _sequence(value, path)
     if len(entries) != len(items):
-        raise _Misfit(path, f"must be a list of {len(items)}, got {value!r}")
+        raise FieldError(path, f"must be a list of {len(items)}, got {value!r}")
     return tuple(item(entry, f"{path}[{index}]") for index, (item, entry) in enumerate(zip(items, entries)))
 
 
 def _dict_of(item: Read, value: object, path: str) -> dict[str, object]:
-    return {key: item(entry, _join(path, key)) for key, entry in _expect(dict, value, path).items()}
+    return {key: item(entry, join(path, key)) for key, entry in _expect(dict, value, path).items()}
 
 
 def _number(value: object, path: str) -> object:
     if type(value) not in (int, float):
-        raise _Misfit(path, f"must be a number, got {value!r}")
+        raise FieldError(path, f"must be a number, got {value!r}")
     return value
 
 
 def _instance(kind: type, value: object, path: str) -> object:
     if not isinstance(value, kind):
-        raise _Misfit(path, f"must be an instance of {kind.__name__}, got {value!r}")
+        raise FieldError(path, f"must be an instance of {kind.__name__}, got {value!r}")
     return value
 
 
 def _sequence(value: object, path: str) -> list[object] | tuple[object, ...]:
     """A JSON list (or a tuple, where a reshaping or torch.load gave one)."""
     if not isinstance(value, (list, tuple)):
-        raise _Misfit(path, f"must be a list, got {value!r}")
+        raise FieldError(path, f"must be a list, got {value!r}")
     return value
 
 
 def _expect(kind: type, value: object, path: str) -> Any:
-    """`value` if it is of `kind` (true/false is no integer, though bool subclasses int)."""
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise _Misfit(path, f"must be {JSON_NAMES[kind]}, got {value!r}")
-    return value
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+    return expect(kind, value, path, JSON_NAMES)
 
 
 def split_keys(data: Mapping[str, Any], names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:

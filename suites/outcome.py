@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matrix import PROJECT_ROOT, is_harness_file
+from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 from suites.verdicts import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
@@ -84,6 +85,13 @@ class CellOutcome:
     """Where a failed cell broke, where the ranks located it."""
     cause: Cause | None = None
     """A failed cell's cause (suites/mechanism.py `cause_of`), set by the driver."""
+
+    @property
+    def failed_class(self) -> FailureClass:
+        """The class of a failed outcome (a harness bug to ask one that did not fail)."""
+        if not self.failure_class:
+            raise ValueError(f"a {self.outcome} outcome has no failure class")
+        return self.failure_class
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -176,27 +184,36 @@ def harness_frame(error: BaseException) -> str | None:
     return f"{Path(frame.filename).resolve().relative_to(PROJECT_ROOT)}:{frame.name}"
 
 
-def death_record(error: BaseException, where: str) -> dict[str, str]:
-    """What a process of a rank group writes before an exception ends it (outside any cell's stages:
-    while the fork server or a rank starts, or between cells). Whose fault decides the class (`raising_owner`):
-    a library's, the rank died there (`crash`); the harness's or nobody's (imports, rank setup, bookkeeping),
-    the harness failed (`setup`), never reported as DeepSpeed's."""
-    owner = "crash" if raising_owner(error)[0] == "library" else "setup"
-    return {
-        "failure_class": owner,
-        "signature": exception_signature(error),
-        "message": f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
+@dataclass(frozen=True)
+class DeathRecord:
+    """What a process of a rank group writes before an exception ends it (outside any cell's stages: while the fork
+    server or a rank starts, or between cells)."""
+
+    failure_class: FailureClass
+    """`crash` where library code raised, `setup` where the harness's did (death_record)."""
+    signature: str
+    message: str
+
+
+def death_record(error: BaseException, where: str) -> DeathRecord:
+    """Whose fault decides the class (`raising_owner`): a library's, the rank died there (`crash`); the harness's or
+    nobody's (imports, rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's."""
+    owner: FailureClass = "crash" if raising_owner(error)[0] == "library" else "setup"
+    return DeathRecord(
+        failure_class=owner,
+        signature=exception_signature(error),
+        message=f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
         + "".join(traceback.format_exception(error))[-4000:],
-    }
+    )
 
 
-def read_death_records(folder: Path, pattern: str) -> list[dict[str, str]]:
-    records: list[dict[str, str]] = []
+def read_death_records(folder: Path, pattern: str) -> list[DeathRecord]:
+    records: list[DeathRecord] = []
     for path in sorted(folder.glob(pattern)):
         try:
-            records.append(json.loads(path.read_text()))
+            records.append(read_record(DeathRecord, json.loads(path.read_text())))
         except (OSError, ValueError):
-            continue  # written atomically, so only a vanished folder gets here
+            continue  # written atomically, so only a vanished folder (or a file of an older harness) gets here
     return records
 
 

@@ -29,7 +29,7 @@ from reports.store.records import (
 )
 from suites.checks.names import current_metric_name
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
-from suites.outcome import FAILURE_CLASSES
+from suites.verdicts import FAILURE_CLASSES
 
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
 # How much of a file is looked at for a document type declaration: it comes before the root element.

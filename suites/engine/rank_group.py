@@ -254,7 +254,7 @@ class RankGroup:
             if not self.alive:
                 died = self._died()
                 raise GroupStartFailure(
-                    died.failure_class,
+                    died.failed_class,
                     f"rank group failed to start: {died.signature}",
                     f"rank group tp={self.tp} failed to start: {died.message}",
                 )
@@ -336,7 +336,7 @@ class RankGroup:
         recorded = read_death_records(self.workdir, "died.*.json")
         if recorded:
             died = recorded[0]
-            return failed(died["failure_class"], died["signature"], f"{died['message']}\nrank group restarted.\n{logs}")
+            return failed(died.failure_class, died.signature, f"{died.message}\nrank group restarted.\n{logs}")
         # The launcher names the first rank that died: "... exits with return code = -11".
         exit_line = re.search(r"exits with return code = (-?\d+)", logs)
         code = int(exit_line.group(1)) if exit_line else self.process.returncode if self.process else None

@@ -28,7 +28,8 @@ from matrix.redaction import redact
 from matrix.versions import AXES
 from suites.atomic import write_text_atomically
 from suites.git import GitFailed, run_git
-from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
+from suites.outcome import CellOutcome
+from suites.verdicts import FAILURE_CLASSES, OUTCOMES
 
 CellRecord = dict[str, Any]
 """One cells.jsonl record as JSON reads it back: its fields are README.md's; `read_records` checks `cell.id`,
