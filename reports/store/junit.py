@@ -268,12 +268,7 @@ def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
     found = Mechanism()
     try:
         if props.get("cause.key"):
-            cause = Cause(
-                props["cause.key"],
-                props.get("cause.words", ""),
-                props.get("cause.whose", ""),
-                props.get("cause.evidence", ""),
-            )
+            cause = read_record(Cause, {name: props.get(f"cause.{name}", "") for name in Cause.__dataclass_fields__})
             if cause.whose not in WHOSE:
                 raise ValueError(f"cause.whose={cause.whose!r} is not one of {', '.join(WHOSE)}")
             found["cause"] = cause
