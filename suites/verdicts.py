@@ -4,6 +4,7 @@ a value it never takes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal, get_args
 
 Outcome = Literal["pass", "fail", "skip"]
@@ -15,7 +16,7 @@ FailureClass = Literal["setup", "shard", "forward", "numerics", "generation", "m
 FailureClassIfFailed = FailureClass | Literal[""]
 """A failure class, "" where the cell (or check) did not fail."""
 
-FAILURE_CLASSES: dict[FailureClass, str] = {
+FAILURE_CLASSES: Mapping[str, str] = {
     "setup": "the harness failed: building or loading the model or its reference, or its own code raised in a stage "
     "(a harness bug for tiny checkpoints, or a model output it cannot read)",
     "shard": "deepspeed.init_inference raised",
@@ -28,5 +29,6 @@ FAILURE_CLASSES: dict[FailureClass, str] = {
     "crash": "a rank process died (signal, os._exit, segfault, OOM kill)",
     "install": "the session's environment could not be installed",
 }
-"""Each failure class and what it means (the report and issue drafts quote it), in the order messages list them."""
+"""Each failure class and what it means (the report and issue drafts quote it), in the order messages list them;
+looked up by the text a record holds (the reports' records hold a class as text: "unknown" from a JUnit file)."""
 assert tuple(FAILURE_CLASSES) == get_args(FailureClass), "every failure class is described, in the Literal's order"
