@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
+import subprocess
+import sys
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -76,15 +80,38 @@ def _instance(cls: type, seen: tuple[type, ...] = ()) -> object:
 
 
 def _json_records() -> dict[str, type]:
+    """Every JSON record of the packages by its qualified name. Every module is imported for the walk in a process of
+    its own (some set process-wide state when imported: the rank groups a later test forks would inherit it); this
+    process imports only the modules that define a record."""
+    walk = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(1, {str(Path(__file__).parent)!r}); {WALK}"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "AUTOTP_RECORD_WALK": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    records = {}
+    for name in walk.stdout.split():
+        module, _, qualname = name.rpartition(".")
+        records[name] = getattr(importlib.import_module(module), qualname)
+    return records
+
+
+WALK = f"import {Path(__file__).stem} as walk; print(*walk.walked_records())"
+
+
+def walked_records() -> list[str]:
+    """The qualified names of the packages' JSON records (run in a child process by _json_records)."""
     found: dict[str, type] = {}
     for package in PACKAGES:
         for module in pkgutil.walk_packages([str(PROJECT_ROOT / package)], f"{package}."):
-            if module.name.endswith("test_autotp"):
+            if module.name.endswith(("test_autotp", "__main__")):  # a test module, a command run on import
                 continue
             for value in vars(importlib.import_module(module.name)).values():
                 if isinstance(value, type) and is_dataclass(value) and value.__module__ == module.name:
                     found[f"{value.__module__}.{value.__qualname__}"] = value
-    records = {}
+    records = []
     for name, cls in sorted(found.items()):
         try:
             _instance(cls)
@@ -92,11 +119,11 @@ def _json_records() -> dict[str, type]:
             continue
         except (ValueError, TypeError):  # its own rules refuse the example values: still a record, which fails below
             pass
-        records[name] = cls
+        records.append(name)
     return records
 
 
-RECORDS = _json_records()
+RECORDS = {} if os.environ.get("AUTOTP_RECORD_WALK") else _json_records()  # the walk's own process: none
 
 
 def test_the_walk_finds_the_records_written_as_json() -> None:
