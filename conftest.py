@@ -4,36 +4,48 @@ session, a record per cell in results/, and a summary table at the end."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from matrix.cells import expand
+from matrix.cells import Cell, expand
 from matrix.registry import RegistryError
 from matrix.remedies import RemedyError
 from suites.command import SUITE_OPTIONS
 from suites.memory_plan import default_variants
 
+if TYPE_CHECKING:  # imported where they are used, after the fork server started (pytest_configure)
+    from _pytest.terminal import TerminalReporter
+
+    from suites.ahead import RunAhead
+    from suites.checks.task_probe import AccuracyTask
+    from suites.driver import CacheContents, RunOptions
+    from suites.engine.rank_group import RankGroupPool
+    from suites.records.run_records import CellRecorder, RunInfo, RunState
+
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("autotp", "AutoTP matrix cells")
     for names, settings in SUITE_OPTIONS:
         group.addoption(*names, **settings)
 
 
-CELLS = pytest.StashKey[list]()
-ACCURACY_TASK = pytest.StashKey[object]()
+CELLS = pytest.StashKey[list[Cell]]()
+ACCURACY_TASK: pytest.StashKey[AccuracyTask | None] = pytest.StashKey()
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     if _runs_cells_here(config):
         # First, before anything here imports torch/transformers (expand's config classes, the run's versions): the
         # fork server's own imports, the longest wait before the first cell, then run beside the driver's.
         _rank_pool(config)
     option = config.getoption
-    from suites.checks.task_probe import TaskError, resolve_task  # torch (its scoring), imported after the start above
+    from suites.checks.task_probe import resolve_task  # torch (its scoring), imported after the start above
+    from suites.checks.task_scoring import TaskError
 
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
         variants = option("--variants") or default_variants(option("--checkpoints"))
@@ -61,10 +73,12 @@ def pytest_configure(config):
         config.stash[RUN] = _start_run(config)
 
 
-RUN = pytest.StashKey[tuple]()
+Run = tuple["RunInfo", "RunState", dict[str, str]]
+"""The run this session records into, its state file and the installed versions (_start_run)."""
+RUN = pytest.StashKey[Run]()
 
 
-def _with_remedy(cells, name: str):
+def _with_remedy(cells: list[Cell], name: str) -> list[Cell]:
     """The cells with the arguments of remedy `name` (matrix/remedies.toml; a patch passes none)."""
     from dataclasses import replace
 
@@ -78,7 +92,7 @@ def _with_remedy(cells, name: str):
     return [replace(cell, arguments=remedy.arguments) for cell in cells]
 
 
-def _failures_as_causes(config) -> None:
+def _failures_as_causes(config: pytest.Config) -> None:
     """A run's failures are read as causes where it ends (`python -m reports render`: one line per cause), each
     cell's tracebacks and rank logs under results/logs/<cell>/: pytest's own failure blocks and its short summary
     line per failed cell would repeat every failure (213 cells: ~3,700 lines). A user who asks for them (`--tb=...`,
@@ -90,7 +104,7 @@ def _failures_as_causes(config) -> None:
         config.option.reportchars = ""
 
 
-def _warn_if_oversubscribed(config, workers) -> None:
+def _warn_if_oversubscribed(config: pytest.Config, workers: object) -> None:
     """Each xdist worker runs its own rank group: more ranks than cores make every cell slower
     (measured on 2 cores: 2 groups at tp 2 ran 0.72x the cells/minute of one group)."""
     if not isinstance(workers, int) or hasattr(config, "workerinput"):
@@ -106,7 +120,7 @@ def _warn_if_oversubscribed(config, workers) -> None:
         )
 
 
-def _start_run(config):
+def _start_run(config: pytest.Config) -> Run:
     """The run this session records into: decided once by the controller (or the only process) and
     handed to pytest-xdist workers, so all of them share one run id; an interrupted run with the same
     session, selection and versions is continued unless --no-resume."""
@@ -124,7 +138,11 @@ def _start_run(config):
         Path(option("--results")), option("--session-name"), selection, {**versions, "harness_git": harness_commit()}
     )
     if hasattr(config, "workerinput"):
-        return RunInfo(option("--session-name"), started=config.workerinput["autotp_run_started"]), state, versions
+        return (
+            RunInfo(option("--session-name"), started=getattr(config, "workerinput", {})["autotp_run_started"]),
+            state,
+            versions,
+        )
     run = RunInfo(option("--session-name"))
     resumed = None if option("--no-resume") else state.resumable_start()
     run.started = resumed or run.started
@@ -133,16 +151,16 @@ def _start_run(config):
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
+def pytest_configure_node(node: Any) -> None:  # xdist's WorkerController: untyped
     """pytest-xdist: every worker records under the controller's run id (runs of the suites only)."""
     if RUN in node.config.stash:
         node.workerinput["autotp_run_started"] = node.config.stash[RUN][0].started
 
 
-CACHE_AT_START = pytest.StashKey[object]()
+CACHE_AT_START: pytest.StashKey[CacheContents] = pytest.StashKey()
 
 
-def pytest_sessionstart(session):
+def pytest_sessionstart(session: pytest.Session) -> None:
     """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only.
     Tiny checkpoints and references are written when the first cell needs a reference (suites/ahead.py; under
     pytest-xdist by the cells that first need them), never here, and the end of the run says what was written."""
@@ -152,7 +170,7 @@ def pytest_sessionstart(session):
     from suites.driver import CacheContents, RunOptions, memory_plan_lines
 
     config.stash[CACHE_AT_START] = CacheContents.now()
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reporter = cast("TerminalReporter", config.pluginmanager.get_plugin("terminalreporter"))
     for line in memory_plan_lines(
         config.stash[CELLS],
         RunOptions(
@@ -163,11 +181,11 @@ def pytest_sessionstart(session):
         reporter.write_line(line)
 
 
-def _runs_suites(config) -> bool:
+def _runs_suites(config: pytest.Config) -> bool:
     return any(Path(arg.split("::")[0]).resolve().is_relative_to(SUITE_DIR) for arg in config.args)
 
 
-def pytest_generate_tests(metafunc):
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" not in metafunc.fixturenames:
         return
     cells = metafunc.config.stash[CELLS]
@@ -179,7 +197,7 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("cell", params)
 
 
-def _xdist_group(cell, cells, workers: int) -> str:
+def _xdist_group(cell: Cell, cells: list[Cell], workers: int) -> str:
     """Under pytest-xdist each worker runs its own rank group: give each worker a contiguous chunk of
     one tp size, so groups are rarely relaunched for another tp."""
     same_tp = [c.id for c in cells if c.tp == cell.tp]
@@ -187,7 +205,7 @@ def _xdist_group(cell, cells, workers: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def run_options(pytestconfig):
+def run_options(pytestconfig: pytest.Config) -> RunOptions:
     from suites.driver import RunOptions
 
     option = pytestconfig.getoption
@@ -201,7 +219,7 @@ def run_options(pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def run_ahead(pytestconfig, run_options):
+def run_ahead(pytestconfig: pytest.Config, run_options: RunOptions) -> RunAhead | None:
     """The cold work of this process's cells (their tiny checkpoints and references), done together when the first
     asks for a reference (suites/ahead.py); None in a pytest-xdist worker, which does not know which cells it gets."""
     from suites.driver import run_ahead
@@ -209,10 +227,10 @@ def run_ahead(pytestconfig, run_options):
     return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)
 
 
-POOL = pytest.StashKey[object]()
+POOL: pytest.StashKey[RankGroupPool] = pytest.StashKey()
 
 
-def _runs_cells_here(config) -> bool:
+def _runs_cells_here(config: pytest.Config) -> bool:
     """This process will run cells of the suites: not --help or --collect-only, nor a pytest-xdist controller
     (its workers run the cells, each with a rank pool of its own)."""
     distributes = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
@@ -220,7 +238,7 @@ def _runs_cells_here(config) -> bool:
     return _runs_suites(config) and not distributes and not listing
 
 
-def _rank_pool(config):
+def _rank_pool(config: pytest.Config) -> RankGroupPool:
     """The session's rank-group pool, its fork server started at once (suites: from pytest_configure)."""
     if POOL not in config.stash:
         from suites.engine.rank_group import RankGroupPool
@@ -231,14 +249,14 @@ def _rank_pool(config):
 
 
 @pytest.fixture(scope="session")
-def rank_pool(pytestconfig):
+def rank_pool(pytestconfig: pytest.Config) -> Iterator[RankGroupPool]:
     pool = _rank_pool(pytestconfig)
     yield pool
     pool.close()
 
 
 @pytest.fixture(scope="session")
-def recorder(pytestconfig):
+def recorder(pytestconfig: pytest.Config) -> CellRecorder:
     from suites.records.run_records import CellRecorder
 
     run, state, versions = pytestconfig.stash[RUN]
@@ -252,7 +270,7 @@ def recorder(pytestconfig):
     )
 
 
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
     from suites.driver import CacheContents

@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from matrix.cells import Cell, expand  # noqa: E402
 from suites.driver import RunOptions, prepare_job, run_cell  # noqa: E402
 from suites.engine.rank_group import RankGroupPool  # noqa: E402
+from suites.verdicts import Outcome  # noqa: E402
 
 
-def timed_run(cells: list[Cell], launcher: str, pool_per_cell: bool) -> tuple[float, list[str]]:
+def timed_run(cells: list[Cell], launcher: str, pool_per_cell: bool) -> tuple[float, list[Outcome]]:
     started, outcomes = time.perf_counter(), []
     pool = RankGroupPool(launcher=launcher)
     for cell in cells:

@@ -24,6 +24,7 @@ from typing import Any
 import tomllib
 
 from matrix.cells import Cell, expand
+from matrix.json_records import write_record
 from matrix.shapes import DEFAULT_SHAPES
 from matrix.versions import (
     AxisValueError,
@@ -200,9 +201,6 @@ class CellCounts:
     runs: int
     """Cells that will run; the rest skip before any checkpoint is made (a memory-plan skip is counted as running)."""
 
-    def as_json(self) -> dict[str, int]:
-        return {"cells": self.cells, "runs": self.runs}
-
 
 def will_run(cell: Cell, transformers_version: str) -> bool:
     """Whether the cell gets past suites/driver.py skip_reason at the atlas's options (tiny checkpoints, no remote
@@ -318,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     json.dump(
         {
             "transformers": metadata.version("transformers"),
-            "selections": {name: c.as_json() for name, c in counts.items()},
+            "selections": {name: write_record(c) for name, c in counts.items()},
         },
         sys.stdout,
     )

@@ -17,15 +17,23 @@ A field left out takes its default (files from before the field was added); one 
 A record whose JSON is not the shape of its fields (report.json flattens some records into their parent) says how
 to get that shape back with a static method `own_shape(json) -> dict`, which the reader calls wherever it meets the
 class, nested or not, before reading the fields.
+
+`write_record` is the reader's inverse, the one way a record becomes JSON: a dataclass an object of its fields in
+their order (each written by the same rules), a tuple or list a list, a dict an object, anything else as it is (text,
+numbers, None; a tensor for torch.save). A record with an `own_shape` has the inverse beside it, a method
+`json_shape(self, written) -> dict` that the writer calls on the object of its written fields; `read_record(cls,
+write_record(record)) == record` for every record (tests/matrix/test_json_records.py walks the packages for them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from functools import cache, partial
 from types import NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+from matrix.hinted_fields import FieldError, expect, init_fields, join
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,16 +51,35 @@ class RecordError(ValueError):
     was found."""
 
 
-class _Misfit(Exception):
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"field '{path}' {problem}" if path else problem)
+def write_record(record: DataclassInstance) -> dict[str, Any]:
+    """`record` as JSON: what json.dumps writes and read_record reads back as the same record (module docstring)."""
+    return cast(dict[str, Any], _write(record))
+
+
+def _write(value: object) -> object:
+    if isinstance(value, (str, int, float, NoneType)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_write(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _write(item) for key, item in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        written = {name: _write(getattr(value, name)) for name in _field_names(type(value))}
+        json_shape: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(value, "json_shape", None)
+        return written if json_shape is None else json_shape(written)
+    return value
+
+
+@cache
+def _field_names(cls: type[DataclassInstance]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
 def read_record(cls: type[Record], data: object) -> Record:
     """`data` (what json.loads gave) as a `cls`, by the rules of this module's docstring."""
     try:
         return cast(Record, _read_dataclass(cls, data, ""))
-    except _Misfit as misfit:
+    except FieldError as misfit:
         raise RecordError(f"{cls.__name__}: {misfit}") from None
 
 
@@ -60,9 +87,8 @@ def read_record(cls: type[Record], data: object) -> Record:
 def _fields_of(cls: type[DataclassInstance]) -> tuple[dict[str, Read], frozenset[str]]:
     """Each field's reader, and the fields without a default."""
     hints = get_type_hints(cls)
-    init = [f for f in fields(cls) if f.init]
-    required = frozenset(f.name for f in init if f.default is MISSING and f.default_factory is MISSING)
-    return {f.name: _reader(hints[f.name]) for f in init}, required
+    init, required = init_fields(cls)
+    return {name: _reader(hints[name]) for name in init}, required
 
 
 def _read_dataclass(cls: type[DataclassInstance], value: object, path: str) -> object:
@@ -74,13 +100,13 @@ def _read_dataclass(cls: type[DataclassInstance], value: object, path: str) -> o
         try:
             data = own_shape(data)
         except KeyError as key:  # a key the flattened form must have
-            raise _Misfit(path, f"is missing required field {key}") from None
+            raise FieldError(path, f"is missing required field {key}") from None
     readers, required = _fields_of(cls)
     if unknown := sorted(set(data) - set(readers)):
-        raise _Misfit(path, f"has unknown field(s) {unknown}; {cls.__name__}'s fields: {sorted(readers)}")
+        raise FieldError(path, f"has unknown field(s) {unknown}; {cls.__name__}'s fields: {sorted(readers)}")
     if missing := sorted(required - set(data)):
-        raise _Misfit(path, f"is missing required field(s) {missing}")
-    return cls(**{name: readers[name](item, _join(path, name)) for name, item in data.items()})
+        raise FieldError(path, f"is missing required field(s) {missing}")
+    return cls(**{name: readers[name](item, join(path, name)) for name, item in data.items()})
 
 
 @cache
@@ -118,7 +144,7 @@ def _as_is(value: object, path: str) -> object:
 
 def _literal(allowed: tuple[object, ...], value: object, path: str) -> object:
     if not any(type(value) is type(option) and value == option for option in allowed):
-        raise _Misfit(path, f"must be one of {allowed}, got {value!r}")
+        raise FieldError(path, f"must be one of {allowed}, got {value!r}")
     return value
 
 
@@ -128,7 +154,7 @@ def _union(nullable: bool, options: tuple[Read, ...], value: object, path: str) 
     for option in options[:-1]:
         try:
             return option(value, path)
-        except _Misfit:
+        except FieldError:
             continue
     return options[-1](value, path)  # the last option's message says what was wrong
 
@@ -144,42 +170,35 @@ def _list_of(item: Read, value: object, path: str) -> list[object]:
 def _fixed_tuple(items: tuple[Read, ...], value: object, path: str) -> tuple[object, ...]:
     entries = _sequence(value, path)
     if len(entries) != len(items):
-        raise _Misfit(path, f"must be a list of {len(items)}, got {value!r}")
+        raise FieldError(path, f"must be a list of {len(items)}, got {value!r}")
     return tuple(item(entry, f"{path}[{index}]") for index, (item, entry) in enumerate(zip(items, entries)))
 
 
 def _dict_of(item: Read, value: object, path: str) -> dict[str, object]:
-    return {key: item(entry, _join(path, key)) for key, entry in _expect(dict, value, path).items()}
+    return {key: item(entry, join(path, key)) for key, entry in _expect(dict, value, path).items()}
 
 
 def _number(value: object, path: str) -> object:
     if type(value) not in (int, float):
-        raise _Misfit(path, f"must be a number, got {value!r}")
+        raise FieldError(path, f"must be a number, got {value!r}")
     return value
 
 
 def _instance(kind: type, value: object, path: str) -> object:
     if not isinstance(value, kind):
-        raise _Misfit(path, f"must be an instance of {kind.__name__}, got {value!r}")
+        raise FieldError(path, f"must be an instance of {kind.__name__}, got {value!r}")
     return value
 
 
 def _sequence(value: object, path: str) -> list[object] | tuple[object, ...]:
     """A JSON list (or a tuple, where a reshaping or torch.load gave one)."""
     if not isinstance(value, (list, tuple)):
-        raise _Misfit(path, f"must be a list, got {value!r}")
+        raise FieldError(path, f"must be a list, got {value!r}")
     return value
 
 
 def _expect(kind: type, value: object, path: str) -> Any:
-    """`value` if it is of `kind` (true/false is no integer, though bool subclasses int)."""
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise _Misfit(path, f"must be {JSON_NAMES[kind]}, got {value!r}")
-    return value
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+    return expect(kind, value, path, JSON_NAMES)
 
 
 def split_keys(data: Mapping[str, Any], names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -26,10 +26,12 @@ import difflib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, Field, fields, is_dataclass
+from dataclasses import Field, is_dataclass
 from functools import cache
 from types import MappingProxyType, NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+from matrix.hinted_fields import FieldError, expect, init_fields, join
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -57,14 +59,9 @@ TOML_NAMES: dict[type, str] = {
 """What a file's editor calls each type a TOML value can have."""
 
 
-class TableError(ValueError):
-    """A rule a table breaks: `field` is the dotted path of the field inside the table ("" for the table itself),
-    `problem` what is wrong, said after it (`must be ...`, `has unknown ...`)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"field '{field}' {problem}" if field else problem)
-        self.field = field
-        self.problem = problem
+class TableError(FieldError):
+    """A rule a table breaks (a class's `validate`, a caller's `rules`): `field` is the dotted path of the field
+    inside the table ("" for the table itself), `problem` what is wrong, said after it (`must be ...`)."""
 
 
 @cache
@@ -90,7 +87,7 @@ def read_table(
         table = _read_dataclass(cls, raw, "", given or {})
         if rules is not None:
             rules(table)
-    except TableError as broken:
+    except FieldError as broken:
         raise error(f"{where} {broken}") from None
     return table
 
@@ -98,28 +95,25 @@ def read_table(
 def _read_dataclass(cls: type[Table], raw: object, path: str, given: Mapping[str, object]) -> Table:
     if not isinstance(raw, dict):
         raise TableError(path, f"must be a table, got {raw!r}")
-    readable = {f.name: f for f in fields(cls) if f.init and f.metadata.get("in_file", True) and f.name not in given}
+    init, required = init_fields(cls)
+    readable = {name: f for name, f in init.items() if f.metadata.get("in_file", True) and name not in given}
     unknown = sorted(set(raw) - set(readable))
     if unknown:
         raise TableError(
             path, f"has unknown field(s) {unknown}; {_did_you_mean(unknown, readable)}known fields: {sorted(readable)}"
         )
-    missing = [
-        name
-        for name, f in readable.items()
-        if name not in raw and f.default is MISSING and f.default_factory is MISSING
-    ]
+    missing = [name for name in readable if name not in raw and name in required]
     if missing:
         raise TableError(path, f"is missing required field{'s' if len(missing) > 1 else ''} {_quoted(missing)}")
     hints = _hints(cls)
-    values = {name: _read_field(readable[name], hints[name], value, _join(path, name)) for name, value in raw.items()}
+    values = {name: _read_field(readable[name], hints[name], value, join(path, name)) for name, value in raw.items()}
     try:
         table = cast(Callable[..., Table], cls)(**given, **values)
         validate: Callable[[], None] | None = getattr(table, "validate", None)
         if validate is not None:
             validate()
-    except TableError as broken:  # a rule of a nested table: named from the outer table
-        raise TableError(_join(path, broken.field), broken.problem) from None
+    except FieldError as broken:  # a rule of a nested table: named from the outer table
+        raise TableError(join(path, broken.field), broken.problem) from None
     return table
 
 
@@ -127,7 +121,7 @@ def _read_field(field: Field[Any], hint: Any, value: object, path: str) -> Any:
     """`value` read by its field's hint; a message about it says how to write it where the field says."""
     try:
         return _read_value(hint, value, path)
-    except TableError as broken:
+    except FieldError as broken:
         example = field.metadata.get("written_as")
         if example is None:
             raise
@@ -156,7 +150,7 @@ def _read_value(hint: Any, value: object, path: str) -> Any:
             for key in table:
                 if key not in allowed:
                     raise TableError(path, f"has unknown key {key!r}{_close_to(key, allowed)}; use one of {allowed}")
-        return {key: _read_value(value_type, item, _join(path, _key(key))) for key, item in table.items()}
+        return {key: _read_value(value_type, item, join(path, _key(key))) for key, item in table.items()}
     if is_dataclass(hint):
         return _read_dataclass(cast("type[DataclassInstance]", hint), value, path, {})
     if hint is float:
@@ -171,10 +165,7 @@ def _read_value(hint: Any, value: object, path: str) -> Any:
 
 
 def _expect(kind: type | tuple[type, ...], value: object, path: str, name: str = "") -> Any:
-    """`value` if it is of `kind` (true/false is no number, though bool subclasses int)."""
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise TableError(path, f"must be {name or TOML_NAMES[cast(type, kind)]}, got {value!r}")
-    return value
+    return expect(kind, value, path, TOML_NAMES, name)
 
 
 def _did_you_mean(unknown: list[str], known: Iterable[str]) -> str:
@@ -189,10 +180,6 @@ def _close_to(value: object, allowed: tuple[object, ...]) -> str:
         return ""
     match = difflib.get_close_matches(value, [str(option) for option in allowed if isinstance(option, str)], n=1)
     return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path and name else path or name
 
 
 def _key(key: str) -> str:

@@ -23,7 +23,6 @@ stand-in setuptools: nothing is built; a checkout without setup.py gives them in
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import tomllib
 
 from matrix.installed import module_constants
 from sessions.installers import InstallError, run_checked
+from suites.git import git_output
 
 CHECKOUT_LINK = "autotp-checkout.pth"
 REQUIREMENTS = Path("requirements") / "requirements.txt"
@@ -88,9 +88,7 @@ def _text_or_none(value: object) -> str | None:
 
 def prepare_deepspeed_checkout(src: Path, clone: Path, sha: str, site_packages: Path, lower: list[str]) -> str:
     """Write what DeepSpeed's setup.py would generate for the checkout at src; returns its version."""
-    short = subprocess.run(
-        ["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    short = git_output("rev-parse", "--short", "HEAD", folder=src).strip()
     version = f"{(src / 'version.txt').read_text().strip()}+{short}"
     torch = torch_of(lower)
     torch_info = {

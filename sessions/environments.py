@@ -42,10 +42,12 @@ import tomllib
 from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
+from matrix.redaction import redact
 from matrix.versions import AXES, short_prefixes
 from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
-from sessions.installers import Installer, InstallError, installer, run_checked, sysconfig_purelib
+from sessions.installers import Installer, InstallError, installer, sysconfig_purelib
+from suites.git import GitFailed, git_output
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"
@@ -327,10 +329,11 @@ def _build(
             clone, sha = spec.source
             # A --shared clone borrows the objects of the user's clone: no network, no copy, and DeepSpeed's
             # setup.py finds the right commit with `git rev-parse` for its recorded git hash.
-            run_checked(
-                ["git", "clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src")], "clone"
-            )
-            run_checked(["git", "-C", str(folder / "src"), "checkout", "--quiet", "--detach", sha], f"check out {sha}")
+            try:
+                git_output("clone", "--quiet", "--shared", "--no-checkout", str(clone), str(folder / "src"))
+                git_output("checkout", "--quiet", "--detach", sha, folder=folder / "src")
+            except GitFailed as failed:
+                raise InstallError(redact(f"could not check out {sha}: {failed}")) from None
         env = {**environment_variables(python), "DS_BUILD_OPS": "0", **_build_outside_any_clone()}
         site_packages = Path(_site_packages(folder))
         installs = list(spec.installs)

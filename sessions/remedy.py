@@ -21,13 +21,15 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from matrix import cache_root
+from matrix.json_records import write_record
 from matrix.registry import load_models
 from matrix.remedies import REMEDIES_FILE, RESULTS_NAME, Remedy, RemedyResult, RemedyStatus, load_remedies, remedies_for
 from matrix.shapes import split_shaped_name
+from suites.git import GitFailed, git_output, run_git
 from suites.records.run_records import read_records
 
 
@@ -99,7 +101,7 @@ def progress_line(result: RemedyResult) -> str:
 
 def write_results(path: Path, results: list[RemedyResult]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([asdict(result) for result in results], indent=1) + "\n")
+    path.write_text(json.dumps([write_record(result) for result in results], indent=1) + "\n")
 
 
 # ---- Scope ------------------------------------------------------------------------------------------------------
@@ -119,10 +121,6 @@ def cause_models_selection(remedy: Remedy) -> str:
 
 
 # ---- Patches ----------------------------------------------------------------------------------------------------
-
-
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
 
 
 def sdist(release: str, cache: Path, download: Callable[[str, Path], None]) -> Path:
@@ -178,24 +176,29 @@ def patched_checkout(
         archive.extractall(checkout.parent / "unpacking", filter="data")
     (checkout.parent / "unpacking" / top).rename(checkout)
     shutil.rmtree(checkout.parent / "unpacking")
-    git = ["git", "-c", "user.name=autotp-matrix", "-c", "user.email=autotp@localhost"]
-    for command in (
-        ["git", "init", "-q"],
-        ["git", "add", "-A"],
-        [*git, "commit", "-qm", f"deepspeed {remedy.deepspeed}"],
-    ):
-        if (done := _run(command, checkout)).returncode:
-            raise PatchError(f"{' '.join(command)} in {checkout}: {done.stderr.strip()}")
-    check = _run(["git", "apply", "--check", str(diff)], checkout)
+    _commit(checkout, f"deepspeed {remedy.deepspeed}", ("init", "-q"))
+    try:
+        check = run_git("apply", "--check", str(diff), folder=checkout)
+    except GitFailed as failed:
+        raise PatchError(str(failed)) from None
     if check.returncode:
         raise PatchError(
             f"{remedy.patch} does not apply to deepspeed {remedy.deepspeed} (git apply --check): {check.stderr.strip()}"
         )
-    for command in (["git", "apply", str(diff)], ["git", "add", "-A"], [*git, "commit", "-qm", remedy.name]):
-        if (done := _run(command, checkout)).returncode:
-            raise PatchError(f"{' '.join(command)} in {checkout}: {done.stderr.strip()}")
+    _commit(checkout, remedy.name, ("apply", str(diff)))
     applied.write_text(diff.read_text())
     return checkout
+
+
+def _commit(checkout: Path, message: str, first: tuple[str, ...]) -> None:
+    """`git <first>`, then everything in `checkout` committed as `message` by the harness; PatchError naming the
+    command and git's words when one fails."""
+    identity = ("-c", "user.name=autotp-matrix", "-c", "user.email=autotp@localhost")
+    try:
+        for args in (first, ("add", "-A"), (*identity, "commit", "-qm", message)):
+            git_output(*args, folder=checkout)
+    except GitFailed as failed:
+        raise PatchError(str(failed)) from None
 
 
 def how_text(remedy: Remedy, root: Path) -> str:

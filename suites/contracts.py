@@ -5,8 +5,7 @@ overwrite another part's field."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
@@ -92,9 +91,6 @@ class Job:
     @property
     def loaded_checkpoint(self) -> str:
         return self.meta.checkpoint if self.meta else self.checkpoint
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
 
 class UnshardedSteps(TypedDict):

@@ -332,7 +332,7 @@ def with_cause(outcome: CellOutcome) -> CellOutcome:
     broke."""
     if outcome.outcome != "fail":
         return outcome
-    outcome.cause = cause_of(Failure(outcome.failure_class, outcome.signature, outcome.autotp, outcome.broke_at))
+    outcome.cause = cause_of(Failure(outcome.failed_class, outcome.signature, outcome.autotp, outcome.broke_at))
     if outcome.broke_at and outcome.broke_at.text not in outcome.message:
         outcome.message = f"{outcome.broke_at.text}\n{outcome.message}"
     return outcome

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from suites import policy
 from suites.checks.names import judged_signature
@@ -35,6 +34,7 @@ from suites.statements import (
     ModelMechanism,
     Owner,
 )
+from suites.verdicts import FailureClass
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
@@ -152,9 +152,6 @@ class AutoTPRecord:
     disagreements: tuple[policy.PolicyDisagreement, ...] = ()
     inference_note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def in_block(self, block: str) -> list[Replaced]:
         return [r for r in self.replaced if parent(r.path) == block]
 
@@ -222,9 +219,6 @@ class BreakPoint:
             found += f", computed from its block `{self.origin}` ({self.origin_class})"
         return found + (f" {self.detail}" if self.detail else "")
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 def origin_of(path: str, layer_class: str, how: str) -> str:
     """See `BreakPoint.origin`."""
@@ -242,15 +236,12 @@ class Cause:
     whose: str
     evidence: str = ""
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Failure:
     """What `cause_of` reads of a failed cell."""
 
-    failure_class: str
+    failure_class: FailureClass
     signature: str
     autotp: AutoTPRecord | None = None
     broke_at: BreakPoint | None = None

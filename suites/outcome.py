@@ -7,63 +7,15 @@ import json
 import re
 import traceback
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from matrix import PROJECT_ROOT, is_harness_file
+from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
 
-
-class Outcome(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
-    """The harness does not run the cell (the registry, the run's options, a memory plan): no verdict on AutoTP."""
-    UNSUPPORTED = "unsupported"
-    """DeepSpeed itself refuses what the cell asks for here (a dtype its accelerator does not list): a verdict on the
-    installed DeepSpeed, its message naming the refusal and the release, that a history can bisect ("since when is it
-    supported": `python -m reports bisect --mode supported`)."""
-
-
-OUTCOMES = tuple(str(o) for o in Outcome)
-
-
-class FailureClass(StrEnum):
-    """A failed cell's one class, with what it means (the report and issue drafts quote `description`)."""
-
-    SETUP = (
-        "setup",
-        "the harness failed: building or loading the model or its reference, or its own code raised in "
-        "a stage (a harness bug for tiny checkpoints, or a model output it cannot read)",
-    )
-    SHARD = "shard", "deepspeed.init_inference raised"
-    FORWARD = "forward", "the sharded model raised during forward, generate or the loss"
-    NUMERICS = "numerics", "logits, perplexity or rank agreement beyond tolerance"
-    GENERATION = "generation", "greedy tokens or decode-step logits differ from the reference"
-    MEMORY = (
-        "memory",
-        "a weight AutoTP must split is left whole on every rank or split more unevenly than its heads "
-        "or grains force, or a rank holds a tensor the unsharded model does not have",
-    )
-    TIMEOUT = "timeout", "the rank group did not answer within the cell timeout (e.g. a deadlocked collective)"
-    CRASH = "crash", "a rank process died (signal, os._exit, segfault, OOM kill)"
-    INSTALL = "install", "the session's environment could not be installed"
-
-    description: str
-
-    def __new__(cls, value: str, description: str) -> FailureClass:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.description = description
-        return member
-
-
-FAILURE_CLASSES = {str(c): c.description for c in FailureClass}
-"""Each failure class's name and what it means."""
-
-STAGE_CLASS = {"setup": "setup", "shard": "shard", "forward": "forward"}
+STAGE_CLASS: dict[str, FailureClass] = {"setup": "setup", "shard": "shard", "forward": "forward"}
 """A rank's stages in order, and the class of a failure raised in each."""
 
 
@@ -75,7 +27,7 @@ class LibraryOutputError(Exception):
 
     def __init__(
         self,
-        failure_class: str,
+        failure_class: FailureClass,
         signature: str,
         detail: str = "",
         explanation: str = "a library's output failed validation where it entered the harness",
@@ -94,14 +46,11 @@ class RankError:
     rank: int
     stage: str
     """One of STAGE_CLASS."""
-    failure_class: str
+    failure_class: FailureClass
     signature: str
     message: str
     broke_at: BreakPoint | None = None
     """The module whose forward raised, or the one init_inference was replacing (suites/checks/breakpoints.py)."""
-
-    def to_json(self) -> str:
-        return json.dumps({**self.__dict__, "broke_at": self.broke_at.to_dict() if self.broke_at else None})
 
 
 def first_error(errors: list[RankError]) -> RankError:
@@ -119,9 +68,9 @@ _INTERESTING_FRAMES = ("deepspeed", "transformers")
 
 @dataclass
 class CellOutcome:
-    outcome: str
-    """One of `Outcome`: `pass`, `fail`, `skip` or `unsupported`."""
-    failure_class: str = ""
+    outcome: Outcome
+    """`pass`, `fail`, `skip` or `unsupported` (suites/verdicts.py `Outcome`)."""
+    failure_class: FailureClassIfFailed = ""
     signature: str = ""
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -138,15 +87,18 @@ class CellOutcome:
     cause: Cause | None = None
     """A failed cell's cause (suites/mechanism.py `cause_of`), set by the driver."""
 
+    @property
+    def failed_class(self) -> FailureClass:
+        """The class of a failed outcome (a harness bug to ask one that did not fail)."""
+        if not self.failure_class:
+            raise ValueError(f"a {self.outcome} outcome has no failure class")
+        return self.failure_class
+
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
         if self.outcome == "fail" and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"failure class must be one of {sorted(FAILURE_CLASSES)}, got {self.failure_class!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        typed = {"autotp": self.autotp, "broke_at": self.broke_at, "cause": self.cause}
-        return {**self.__dict__, **{name: value.to_dict() if value else None for name, value in typed.items()}}
 
 
 def mask_numbers(text: str) -> str:
@@ -233,32 +185,41 @@ def harness_frame(error: BaseException) -> str | None:
     return f"{Path(frame.filename).resolve().relative_to(PROJECT_ROOT)}:{frame.name}"
 
 
-def death_record(error: BaseException, where: str) -> dict[str, str]:
-    """What a process of a rank group writes before an exception ends it (outside any cell's stages:
-    while the fork server or a rank starts, or between cells). Whose fault decides the class (`raising_owner`):
-    a library's, the rank died there (`crash`); the harness's or nobody's (imports, rank setup, bookkeeping),
-    the harness failed (`setup`), never reported as DeepSpeed's."""
-    owner = "crash" if raising_owner(error)[0] == "library" else "setup"
-    return {
-        "failure_class": owner,
-        "signature": exception_signature(error),
-        "message": f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
+@dataclass(frozen=True)
+class DeathRecord:
+    """What a process of a rank group writes before an exception ends it (outside any cell's stages: while the fork
+    server or a rank starts, or between cells)."""
+
+    failure_class: FailureClass
+    """`crash` where library code raised, `setup` where the harness's did (death_record)."""
+    signature: str
+    message: str
+
+
+def death_record(error: BaseException, where: str) -> DeathRecord:
+    """Whose fault decides the class (`raising_owner`): a library's, the rank died there (`crash`); the harness's or
+    nobody's (imports, rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's."""
+    owner: FailureClass = "crash" if raising_owner(error)[0] == "library" else "setup"
+    return DeathRecord(
+        failure_class=owner,
+        signature=exception_signature(error),
+        message=f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
         + "".join(traceback.format_exception(error))[-4000:],
-    }
+    )
 
 
-def read_death_records(folder: Path, pattern: str) -> list[dict[str, str]]:
-    records: list[dict[str, str]] = []
+def read_death_records(folder: Path, pattern: str) -> list[DeathRecord]:
+    records: list[DeathRecord] = []
     for path in sorted(folder.glob(pattern)):
         try:
-            records.append(json.loads(path.read_text()))
+            records.append(read_record(DeathRecord, json.loads(path.read_text())))
         except (OSError, ValueError):
-            continue  # written atomically, so only a vanished folder gets here
+            continue  # written atomically, so only a vanished folder (or a file of an older harness) gets here
     return records
 
 
 def failed(
-    failure_class: str,
+    failure_class: FailureClass,
     signature: str,
     message: str,
     metrics: dict[str, float] | None = None,

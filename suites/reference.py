@@ -50,7 +50,7 @@ import torch
 from matrix import PROJECT_ROOT, cache_root
 from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from matrix.registry import DType
 from suites.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
@@ -132,7 +132,7 @@ def reference_identity(
         "checkpoint": _checkpoint_identity(checkpoint),
         "tokenizer": _tokenizer_identity(checkpoint),
         "dtype": dtype,
-        "spec": spec.as_dict(),
+        "spec": write_record(spec),
         "probes": probe_fingerprint(),
         "torch": str(torch.__version__),
         **cache_identity("transformers"),
@@ -575,7 +575,7 @@ def _computed(request: ReferenceRequest) -> Answer:
     )
     path = Path(request.path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda staging: torch.save(observations.to_dict(), staging))
+    write_atomically(path, lambda staging: torch.save(write_record(observations), staging))
     measured = {
         "identity": request.identity,
         "offload": request.offload,

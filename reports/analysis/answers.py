@@ -29,6 +29,7 @@ from reports.store import (
     TransitionKind,
     TriageAttempt,
     parse_pins,
+    pins_text,
 )
 
 Link = Callable[[str, str], str]
@@ -83,11 +84,29 @@ class TransitionEntry:
             "attempt": answer_shape(attempt, cell) if attempt else None,
         }
 
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        """report.json's form of it (own_shape's inverse): the cell by its id and its parts, the pins as text."""
+        transition = {name: item for name, item in written.items() if name != "cell"}
+        return {
+            "cell": self.cell.id,
+            **written["cell"],
+            **transition,
+            "held_fixed": pins_text(self.held_fixed),
+            "bisection": answer_json(written["bisection"], self.bisection) if self.bisection else None,
+            "attempt": answer_json(written["attempt"], self.attempt) if self.attempt else None,
+        }
+
 
 def answer_shape(entry: JSONObject, cell: CellKey) -> JSONObject:
     """A bisection or triage attempt in its fields' shape, from report.json's (reports.outputs.model.answer_json:
     the cell by its id, the pins as text)."""
     return {**entry, "cell": cell, "held_fixed": parse_pins(entry["held_fixed"])}
+
+
+def answer_json(written: JSONObject, answer: Bisection | TriageAttempt) -> JSONObject:
+    """A written bisection or triage attempt as report.json has it (answer_shape's inverse): the cell by its id, the
+    pins as text."""
+    return {**written, "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
 
 def bisection_from_json(entry: JSONObject, cell: CellKey) -> Bisection:

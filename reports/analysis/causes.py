@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from matrix.json_records import read_record
 from reports import ReportsError
@@ -113,11 +113,12 @@ class RootCause:
     # what the cause was seen at besides them. Not in report.json; derived again from held_fixed when read back.
     elsewhere: tuple[Pins, ...]
 
-    def json(self) -> JSONObject:
-        """The report.json form: the held-fixed pins as text, `elsewhere` left out."""
-        fields = {**asdict(self), "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
-        del fields["elsewhere"]
-        return fields
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        """The report.json form (write_record): the held-fixed pins as text, `elsewhere` left out (from_json
+        derives it again)."""
+        shaped = {**written, "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
+        del shaped["elsewhere"]
+        return shaped
 
     @classmethod
     def from_json(cls, entry: JSONObject, latest: Versions) -> RootCause:

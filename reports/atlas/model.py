@@ -28,7 +28,7 @@ from reports.analysis import (
 from reports.atlas.reading import ArchiveHistory
 from reports.outputs import transition_entry
 from reports.store import AXES, GITHUB_REPOSITORY, CellKey, JSONObject, Versions
-from suites.outcome import FAILURE_CLASSES
+from suites.verdicts import FAILURE_CLASSES
 
 FORMAT = "autotp-atlas/1"
 AXIS_PREFIX = {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "python": "py"}
@@ -107,7 +107,10 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Cause:
+class AtlasCause:
+    """One cause as the atlas shows it: its failing cells at every version set they fail at (atlas.json's
+    "causes", a cause page)."""
+
     id: str
     failure_class: str
     text: str
@@ -152,7 +155,7 @@ class Atlas:
     rows: tuple[Row, ...]
     verdicts: Mapping[tuple[CellKey, str], Verdict]
     """By cell and version set id."""
-    causes: Mapping[str, Cause]
+    causes: Mapping[str, AtlasCause]
     transitions: tuple[AtlasTransition, ...]
     runs: int
     newest_started: str
@@ -192,7 +195,7 @@ def build_atlas(archived: ArchiveHistory, known: Mapping[str, KnownFailure]) -> 
         newest = max(points, key=lambda point: (order[point[1]], point[0]))
         covering = _known(known, failure_class, text, points)
         upstream = covering.upstream if covering else answered.get(identity, "")
-        causes[identity] = Cause(
+        causes[identity] = AtlasCause(
             id=identity,
             failure_class=failure_class,
             text=text,

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reports import ReportsError
 from reports.analysis import cells_text, count_text
-from reports.atlas.model import Atlas, AtlasTransition, Cause, Row, atlas_json, cause_repro
+from reports.atlas.model import Atlas, AtlasCause, AtlasTransition, Row, atlas_json, cause_repro
 from reports.atlas.views import (
     STATE_CODES,
     channel,
@@ -146,7 +146,7 @@ def _newest_counts(atlas: Atlas, rows: list[Row]) -> list[tuple[str, int]]:
     return [(status, counts[status]) for status in ("pass", "fail", "flaky", "unsupported", "skip") if counts[status]]
 
 
-def _row_causes(atlas: Atlas, row: Row) -> list[tuple[Cause, int]]:
+def _row_causes(atlas: Atlas, row: Row) -> list[tuple[AtlasCause, int]]:
     counts = Counter(
         verdict.cause
         for cell in row.cells

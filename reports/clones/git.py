@@ -15,6 +15,7 @@ from pathlib import Path
 
 from reports import ReportsError
 from reports.store import Commit
+from suites.git import GitFailed, run_git
 
 # GitHub squash merges title a commit "Subject (#1234)"; the last such number is the PR.
 PR_NUMBER = re.compile(r"\(#(\d+)\)")
@@ -34,13 +35,8 @@ def harness_history() -> tuple[str, ...]:
     """The harness's own commits, oldest first (parents before children), from the checkout it runs from; () where
     that is no git checkout (an installed copy) or git cannot say."""
     try:
-        listed = subprocess.run(
-            ["git", "-C", str(HARNESS_ROOT), "rev-list", "--topo-order", "--reverse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        listed = run_git("rev-list", "--topo-order", "--reverse", "HEAD", folder=HARNESS_ROOT, timeout=60)
+    except GitFailed:
         return ()
     return tuple(listed.stdout.split()) if listed.returncode == 0 else ()
 
@@ -93,18 +89,18 @@ class GitRepo:
             )
 
     def _git(self, *args: str) -> str:
-        try:
-            completed = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True, text=True)
-        except FileNotFoundError:
-            raise GitError(f"`git` is not installed; install it or drop {self.option}") from None
+        completed = self._run(*args)
         if completed.returncode != 0:
             raise GitError(f"git {' '.join(args)} failed in {self.path}: {completed.stderr.strip()}")
         return completed.stdout
 
     def _status(self, *args: str) -> int:
+        return self._run(*args).returncode
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run(["git", "-C", str(self.path), *args], capture_output=True).returncode
-        except FileNotFoundError:
+            return run_git(*args, folder=self.path)
+        except GitFailed:  # no timeout given: git is not installed
             raise GitError(f"`git` is not installed; install it or drop {self.option}") from None
 
     @cache  # noqa: B019 (one GitRepo per command, kept to its end) history ordering asks for the same refs many times; each answer costs a git process

@@ -47,8 +47,8 @@ from reports.outputs.remedy_claims import remedy_sections
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
 from suites.cause_titles import cause_title
-from suites.outcome import FAILURE_CLASSES
 from suites.records.run_records import RunInfo
+from suites.verdicts import FAILURE_CLASSES
 
 LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream

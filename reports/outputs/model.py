@@ -1,7 +1,8 @@
 """The report model: everything a report says, built from the History (reports/analysis/history.py) and the store's
 aggregates (reports/store/aggregates.py) as a `Report`, which every renderer (reports/outputs/render.py: markdown, HTML, step
 summary; reports/outputs/publish.py; reports/outputs/draft_issue.py) formats and none computes again. `report_json` is its one
-JSON form (report.json), `read_report` the Report again from it.
+JSON form (report.json), written from its fields by matrix.json_records.write_record, `read_report` the Report again
+from it.
 
 What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
 is split off into report-details.json (split_report), so report.json stays the size of its first screen.
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from matrix.registry import KnownFailure
 from reports.analysis import (
     NO_RESULT_FILES,
@@ -33,6 +33,7 @@ from reports.analysis import (
     Transition,
     TransitionEntry,
     all_session_deltas,
+    answer_json,
     architectures_new_in_release,
     bisection_from_json,
     build_failing_now,
@@ -52,8 +53,6 @@ from reports.outputs.report_parts import (
     Timeline,
     TimelineCell,
     TimelineColumn,
-    flat_json,
-    versions_json,
 )
 from reports.outputs.since_previous import SincePreviousRun, since_previous_run
 from reports.outputs.support import SupportedModels, model_families, supported_models
@@ -65,9 +64,7 @@ from reports.store import (
     CellKey,
     JSONObject,
     Run,
-    TriageAttempt,
     Versions,
-    pins_text,
     release,
     started_order,
 )
@@ -120,6 +117,11 @@ class Report:
 
     def root_cause(self, cause_id: str) -> RootCause:
         return next(root for root in self.root_causes if root.id == cause_id)
+
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        """report.json names a bisection's cell by its id and its pins as text (read_report reads them back)."""
+        bisections = [answer_json(entry, answer) for entry, answer in zip(written["bisections"], self.bisections)]
+        return {**written, "bisections": bisections}
 
 
 def build_report(
@@ -176,35 +178,7 @@ def build_report(
 
 def report_json(report: Report) -> JSONObject:
     """The report as report.json (with report-details.json: split_report) has it: what json.loads gives back."""
-    return {
-        **{field.name: getattr(report, field.name) for field in fields(report)},
-        "latest_versions": versions_json(report.latest_versions),
-        "matrix": report.matrix.json(),
-        "matrices": [matrix.json() for matrix in report.matrices],
-        "since_previous_run": _plain(report.since_previous_run),
-        "new_architectures": _plain(report.new_architectures),
-        **{name: [_plain(entry_json(t)) for t in getattr(report, name)] for name in TRANSITION_LISTS.values()},
-        "flaky": [entry.json() for entry in report.flaky],
-        "harness_changes": [_plain(entry) for entry in report.harness_changes],
-        "timeline": report.timeline.json(),
-        "bisections": [answer_json(bisection) for bisection in report.bisections],
-        "docs_drift": asdict(report.docs_drift) if report.docs_drift else None,
-        "checkpoints": _plain(report.checkpoints),
-        "supported_models": report.supported_models.json(),
-        "root_causes": _plain([root_cause.json() for root_cause in report.root_causes]),
-        "failing_now": _plain(report.failing_now),
-    }
-
-
-def _plain(value: Any) -> Any:
-    """JSON's own types: a dataclass as a dict of its fields, a tuple as a list."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _plain(getattr(value, field.name)) for field in fields(value)}
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
+    return write_record(report)
 
 
 def split_report(report: Report) -> tuple[JSONObject, JSONObject]:
@@ -341,29 +315,6 @@ def transition_entry(transition: Transition) -> TransitionEntry:
         bisection=transition.bisection,
         attempt=transition.attempt,
     )
-
-
-def entry_json(entry: TransitionEntry) -> JSONObject:
-    """A transition as report.json has it: the cell by its id and its parts, the held-fixed pins as text."""
-    return {
-        "cell": entry.cell.id,
-        **flat_json(entry.cell),
-        "kind": entry.kind,
-        "axis": entry.axis,
-        "before": entry.before,
-        "after": entry.after,
-        "held_fixed": pins_text(entry.held_fixed),
-        "before_status": flat_json(entry.before_status),
-        "after_status": flat_json(entry.after_status),
-        "commits": [flat_json(commit) for commit in entry.commits],
-        "bisection": answer_json(entry.bisection) if entry.bisection else None,
-        "attempt": answer_json(entry.attempt) if entry.attempt else None,
-    }
-
-
-def answer_json(answer: Bisection | TriageAttempt) -> JSONObject:
-    """A bisection or triage attempt as report.json has it: the cell by its id, the held-fixed pins as text."""
-    return {**asdict(answer), "cell": answer.cell.id, "held_fixed": pins_text(answer.held_fixed)}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The report's parts as typed records (reports.outputs.model.Report holds them): the support matrix at a version
-combination, the timeline of every cell at every version set, flaky points and verdicts the harness changed. Each `json()` is its part of report.json
-(key for key what the report has always written); matrix.json_records.read_record reads each part again from it
-(read_report), by the `own_shape` of a record whose JSON is flattened."""
+combination, the timeline of every cell at every version set, flaky points and verdicts the harness changed.
+matrix.json_records.write_record writes each as its part of report.json (key for key what the report has always
+written) and read_record reads it again (read_report): a record whose JSON is flattened into its parent has the two
+reshapings side by side, `json_shape` (written) and `own_shape` (read)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,7 @@ from dataclasses import dataclass, fields
 
 from matrix.json_records import split_keys
 from reports.analysis import CELL_FIELDS, EntryStatus
-from reports.store import AXES, CellKey, Commit, JSONObject, Versions
-
-FlatRecord = CellKey | Commit | EntryStatus
-"""Records whose fields hold no record (flat_json writes them as report.json has them)."""
-
-
-def flat_json(record: FlatRecord) -> JSONObject:
-    """asdict of a record whose fields hold no record (text, numbers, tuples of them): the same JSON, without
-    asdict's deep copy of every value (~90 k of them for a year's transitions and flaky points)."""
-    return {field.name: getattr(record, field.name) for field in fields(record)}
+from reports.store import CellKey, JSONObject, Versions
 
 
 @dataclass(frozen=True)
@@ -28,8 +20,8 @@ class MatrixEntry:
     cell: str  # the cell's id
     verdict: EntryStatus
 
-    def json(self) -> JSONObject:
-        return {"cell": self.cell, **flat_json(self.verdict)}
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        return {"cell": written["cell"], **written["verdict"]}
 
     @staticmethod
     def own_shape(entry: JSONObject) -> JSONObject:
@@ -44,9 +36,6 @@ class MatrixRow:
     model: str
     cells: dict[str, MatrixEntry]
 
-    def json(self) -> JSONObject:
-        return {"model": self.model, "cells": {column: entry.json() for column, entry in self.cells.items()}}
-
 
 @dataclass(frozen=True)
 class SupportMatrix:
@@ -55,9 +44,6 @@ class SupportMatrix:
     columns: tuple[str, ...]  # "tp2 eager/fp32", sorted by tp, variant, dtype
     rows: tuple[MatrixRow, ...]  # by model name
     counts: dict[str, dict[str, int]]  # {outcome class: {column: cells, ..., "all": cells}}, pass first
-
-    def json(self) -> JSONObject:
-        return {"columns": list(self.columns), "rows": [row.json() for row in self.rows], "counts": self.counts}
 
 
 @dataclass(frozen=True)
@@ -70,23 +56,14 @@ class CombinationMatrix:
     harness: tuple[str, ...]  # the harness commits that recorded it
     matrix: SupportMatrix
 
-    def json(self) -> JSONObject:
-        return {
-            "versions": versions_json(self.versions),
-            "label": self.label,
-            "harness": list(self.harness),
-            **self.matrix.json(),
-        }
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        combination = {name: written[name] for name in ("versions", "label", "harness")}
+        return {**combination, **written["matrix"]}
 
     @staticmethod
     def own_shape(entry: JSONObject) -> JSONObject:
         combination, matrix = split_keys(entry, ("versions", "label", "harness"))
         return {**combination, "matrix": matrix}
-
-
-def versions_json(versions: Versions) -> dict[str, str]:
-    """A version set as report.json has it: each axis by name, then DeepSpeed's commit."""
-    return {**{axis: getattr(versions, axis) for axis in AXES}, "deepspeed_git": versions.deepspeed_git}
 
 
 @dataclass(frozen=True)
@@ -111,18 +88,9 @@ class TimelineCell:
     run_counts: tuple[int, ...]  # how many runs recorded it there
     changed: bool  # its outcome differs somewhere (a skip says nothing about the cell, so it changes nothing)
 
-    def json(self) -> JSONObject:
-        return {
-            "cell": self.cell.id,
-            **flat_json(self.cell),
-            "statuses": list(self.statuses),
-            "failure_classes": list(self.failure_classes),
-            "signatures": list(self.signatures),
-            "key_metric": list(self.key_metric),
-            "newest_runs": list(self.newest_runs),
-            "run_counts": list(self.run_counts),
-            "changed": self.changed,
-        }
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        cell, timeline = written["cell"], {name: item for name, item in written.items() if name != "cell"}
+        return {"cell": self.cell.id, **cell, **timeline}  # the cell's id, then its parts
 
     @staticmethod
     def own_shape(entry: JSONObject) -> JSONObject:
@@ -144,18 +112,6 @@ class Timeline:
     columns: tuple[TimelineColumn, ...]  # in the order shown
     cells: tuple[TimelineCell, ...]  # History.cells' order
 
-    def json(self) -> JSONObject:
-        return {
-            "version_sets": list(self.version_sets),
-            "labels": list(self.labels),
-            "harness": [list(commits) for commits in self.harness],
-            "varying_axes": list(self.varying_axes),
-            "primary_axis": self.primary_axis,
-            "fixed_axes": self.fixed_axes,
-            "columns": [{"index": c.index, "group": c.group, "label": c.label} for c in self.columns],
-            "cells": [cell.json() for cell in self.cells],
-        }
-
 
 @dataclass(frozen=True)
 class FlakyEntry:
@@ -165,14 +121,10 @@ class FlakyEntry:
     versions: Versions
     status: EntryStatus
 
-    def json(self) -> JSONObject:
+    def json_shape(self, written: JSONObject) -> JSONObject:
         """Its versions, their label, and its verdict's parts."""
-        return {
-            "cell": self.cell,
-            "versions": versions_json(self.versions),
-            "versions_label": self.versions.describe(),
-            **flat_json(self.status),
-        }
+        point = {"cell": written["cell"], "versions": written["versions"]}
+        return {**point, "versions_label": self.versions.describe(), **written["status"]}
 
     @staticmethod
     def own_shape(entry: JSONObject) -> JSONObject:

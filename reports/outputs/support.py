@@ -15,7 +15,7 @@ The page states what it was tested at: the versions, the accelerator, the dtypes
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.json_records import split_keys
@@ -111,15 +111,8 @@ class TestedAt:
     tps: tuple[int, ...]
     date: str  # the day of the newest run at the latest versions
 
-    def json(self) -> JSONObject:
-        return {
-            **self.versions,
-            "accelerators": list(self.accelerators),
-            "dtypes": list(self.dtypes),
-            "variants": list(self.variants),
-            "tps": list(self.tps),
-            "date": self.date,
-        }
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        return {**written["versions"], **{name: item for name, item in written.items() if name != "versions"}}
 
     @staticmethod
     def own_shape(entry: JSONObject) -> JSONObject:
@@ -137,13 +130,9 @@ class SupportedModels:
     not_tested: tuple[str, ...]  # families whose cells only skipped or failed in the harness or its environment
     families: tuple[FamilySupport, ...]
 
-    def json(self) -> JSONObject:
-        return {
-            "tested_at": self.tested_at.json(),
-            **{level: list(families) for level, families in self.levels.items()},
-            "not_tested": list(self.not_tested),
-            "families": [asdict(family) for family in self.families],
-        }
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        supported = {name: item for name, item in written.items() if name != "levels"}
+        return {"tested_at": supported.pop("tested_at"), **written["levels"], **supported}
 
     @staticmethod
     def own_shape(section: JSONObject) -> JSONObject:

@@ -21,7 +21,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tarfile
 import tempfile
 from collections import defaultdict
@@ -54,6 +53,7 @@ from reports.store.records import (
     pins_text,
 )
 from reports.store.validation import first_problem, in_utc, problems_of
+from suites.git import GitFailed, run_git
 
 ANSWERS = "answers"
 RECORDS_MEMBER = "records.json"  # format 2
@@ -148,12 +148,11 @@ class ResultsArchive:
         """When the folder is a git checkout (the data branch), the entries its index holds but a sparse checkout
         left out (.github/scripts/results-archive.sh fetches only the entries a merge needs into a cached store):
         their names are what `verify` compares, their content is not read."""
-        git = subprocess.run(
-            ["git", "-C", str(self.root), "ls-files", "-z", "--", "*/*.tar.gz"], capture_output=True, text=True
-        )
-        inside = subprocess.run(
-            ["git", "-C", str(self.root), "rev-parse", "--show-prefix"], capture_output=True, text=True
-        )
+        try:
+            git = run_git("ls-files", "-z", "--", "*/*.tar.gz", folder=self.root)
+            inside = run_git("rev-parse", "--show-prefix", folder=self.root)
+        except GitFailed:  # no git: no checkout to read
+            return set()
         if git.returncode != 0 or inside.returncode != 0 or inside.stdout.strip():  # not the root of a checkout
             return set()
         indexed = {self.root / name for name in git.stdout.split("\0") if name.count("/") == 1}

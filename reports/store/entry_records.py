@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields
 
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from reports.store.records import CellDetail, CellKey, CellResult, JSONObject, Run, RunRecords, Versions
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause
 
@@ -34,7 +34,7 @@ def entry_json(records: RunRecords) -> bytes:
                 "metrics": result.metrics,
                 "checkpoints": list(result.checkpoints),
                 **{
-                    name: mechanism.to_dict() if mechanism else None
+                    name: write_record(mechanism) if mechanism else None
                     for name, mechanism in (
                         ("cause", result.cause),
                         ("broke_at", result.broke_at),

@@ -29,7 +29,7 @@ from reports.store.records import (
 )
 from suites.checks.names import current_metric_name
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
-from suites.outcome import FAILURE_CLASSES
+from suites.verdicts import FAILURE_CLASSES
 
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
 # How much of a file is looked at for a document type declaration: it comes before the root element.
@@ -269,12 +269,7 @@ def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
     found = Mechanism()
     try:
         if props.get("cause.key"):
-            cause = Cause(
-                props["cause.key"],
-                props.get("cause.words", ""),
-                props.get("cause.whose", ""),
-                props.get("cause.evidence", ""),
-            )
+            cause = read_record(Cause, {name: props.get(f"cause.{name}", "") for name in Cause.__dataclass_fields__})
             if cause.whose not in WHOSE:
                 raise ValueError(f"cause.whose={cause.whose!r} is not one of {', '.join(WHOSE)}")
             found["cause"] = cause

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from reports import ReportsError
 from reports.store.archive import ArchiveListing, DamagedEntry, ResultsArchive, answer_key
 from reports.store.history_store import HistoryStore, StoreConflict
 from reports.store.records import Bisection
+from suites.git import GitFailed, run_git
 
 PUBLISHED_BRANCH = "autotp-history"
 """The branch CI pushes the archive to (.github/workflows/autotp.yml ARCHIVE_BRANCH)."""
@@ -96,15 +96,15 @@ def published_archive(source: str, scratch: Path) -> Path:
         url, _, branch = source.partition("#")
         clone = scratch / "published"
         try:
-            done = subprocess.run(
-                ["git", *_HOSTILE_CLONE, "clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH]
-                + ["--", url, str(clone)],
-                capture_output=True,
-                text=True,
+            done = run_git(
+                *_HOSTILE_CLONE,
+                *("clone", "--quiet", "--depth", "1", "--branch", branch or PUBLISHED_BRANCH, "--", url, str(clone)),
                 timeout=CLONE_TIMEOUT_S,
                 env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
             )
-        except subprocess.TimeoutExpired:
+        except GitFailed as failed:
+            if not failed.timed_out:
+                raise ReportsError(f"--history {source}: {failed}; or pass a local folder") from None
             raise ReportsError(
                 f"--history {source}: the clone did not finish in {CLONE_TIMEOUT_S} s; pass a local folder"
             ) from None

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from reports.store.ids import Cells, Texts
 from reports.store.records import CellKey, CellResult, Mechanism, Run, Versions
 from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS, Row
@@ -87,9 +87,9 @@ def mechanism_ids(texts: Texts, result: CellResult) -> tuple[int, int | None, in
     cause, broke_at, autotp = result.cause, result.broke_at, result.autotp
     assert cause is not None
     return (
-        texts.id(json.dumps(cause.to_dict(), sort_keys=True)),
-        texts.id(json.dumps(broke_at.to_dict(), sort_keys=True)) if broke_at else None,
-        texts.id(json.dumps(autotp.to_dict(), sort_keys=True)) if autotp else None,
+        texts.id(json.dumps(write_record(cause), sort_keys=True)),
+        texts.id(json.dumps(write_record(broke_at), sort_keys=True)) if broke_at else None,
+        texts.id(json.dumps(write_record(autotp), sort_keys=True)) if autotp else None,
     )
 
 

@@ -32,7 +32,7 @@ from reports.store.records import (
     Versions,
 )
 from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
-from suites.outcome import OUTCOMES
+from suites.verdicts import OUTCOMES
 
 Rule = Callable[[Any], "str | None"]
 """A value's problem in words ("is not a name (...)"), None when it is fine."""

@@ -7,7 +7,7 @@ process derive the same token ids without exchanging them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,9 +47,6 @@ class ProbeSpec:
     perplexity_skipped: str = ""
     """Why the model cannot run the perplexity probe (its entry's `probe_skips`), "" when it runs: the other probes
     run, and the perplexity check passes naming the reason."""
-
-    def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)
 
 
 class ByteTokenizer:

@@ -12,8 +12,8 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
@@ -87,10 +87,6 @@ class Observations:
             return math.nan
         mean = self.nll_sum / self.nll_tokens
         return math.inf if mean > MAX_EXP_ARGUMENT else math.exp(mean)  # a huge finite loss is a verdict, not an error
-
-    def to_dict(self) -> dict[str, Any]:
-        """Tensors, numbers, strings and plain containers only: `torch.load(weights_only=True)` reads it back."""
-        return {**self.__dict__, "footprint": asdict(self.footprint) if self.footprint else None}
 
 
 def _sliding_window_nll(

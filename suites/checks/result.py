@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from matrix.registry import Tolerance
 from suites.checks.names import CheckName, judged_signature
+from suites.verdicts import FailureClass
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class CheckResult:
     name: CheckName
     """One of suites/checks/names.py's: the reports tell its signature from a raised exception's by it."""
     passed: bool
-    failure_class: str
+    failure_class: FailureClass
     """The class the cell fails with when this check fails."""
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str = ""
@@ -59,7 +60,9 @@ class CheckResult:
             raise ValueError(f"check {self.name} failed without a signature: build it with CheckResult.failing")
 
     @classmethod
-    def failing(cls, name: CheckName, failure_class: str, metrics: dict[str, float], finding: Finding) -> CheckResult:
+    def failing(
+        cls, name: CheckName, failure_class: FailureClass, metrics: dict[str, float], finding: Finding
+    ) -> CheckResult:
         return cls(
             name=name,
             passed=False,
@@ -71,7 +74,12 @@ class CheckResult:
 
     @classmethod
     def judged(
-        cls, name: CheckName, failure_class: str, metrics: dict[str, float], finding: Finding | None, notes: str = ""
+        cls,
+        name: CheckName,
+        failure_class: FailureClass,
+        metrics: dict[str, float],
+        finding: Finding | None,
+        notes: str = "",
     ) -> CheckResult:
         """Passed when there is no finding (then `notes` is its reason)."""
         if finding is None:

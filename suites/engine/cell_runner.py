@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from matrix.cell_arguments import resolve_injection_policy
+from matrix.json_records import write_record
 from suites.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import judge
@@ -196,7 +197,7 @@ def _record_sharding(
         inference_note=inferred[1],
         chosen_by="the injection_policy" if job.arguments.injection_policy else "the parser",
     )
-    write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(record.to_dict()))
+    write_text_atomically(workdir / f"autotp-{job.seq}.json", json.dumps(write_record(record)))
 
 
 def _inferred_policy(
@@ -292,7 +293,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
             error = _stage_error(progress.stage, raised, rank, progress.label)
         else:
             error = _stage_error(stage, raised, rank, broke_at=_broke_at(stage, raised, model, before))
-        write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", error.to_json())
+        write_text_atomically(workdir / f"error-{job.seq}.{rank}.json", json.dumps(write_record(error)))
         doorbells.ring(doorbells.events_path(workdir))
 
     summary = RankSummary(
@@ -322,7 +323,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
                 exception_signature(raised, at=harness_frame(raised)),  # its harness frame, as _stage_error names it
                 "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
             )
-        write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(outcome.to_dict()))
+        write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(write_record(outcome)))
     _run_fault_hooks(job, "finished", None, rank)
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
     # verdict was written still fails this cell (`crash`), instead of leaving it `pass`.

@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT
+from matrix.json_records import write_record
 from suites.atomic import write_text_atomically
 from suites.engine.processes import pid_alive
 from suites.outcome import death_record, read_death_records
+from suites.verdicts import FailureClass
 
 if TYPE_CHECKING:  # suites.reference imports torch: the driver starts the server before any such import
     from suites.reference import Answer, ReferenceRequest
@@ -80,7 +82,7 @@ DISTRIBUTED_VARIABLES = (
 class GroupStartFailure(RuntimeError):
     """A rank group did not come up; `failure_class` says whose fault (see outcome.death_record)."""
 
-    def __init__(self, failure_class: str, signature: str, message: str):
+    def __init__(self, failure_class: FailureClass, signature: str, message: str):
         super().__init__(message)
         self.failure_class, self.signature = failure_class, signature
 
@@ -178,7 +180,7 @@ class ForkServer:
         died = read_death_records(self.log_dir, SERVER_DIED) if self.log_dir else []
         if died:
             self.start_failure = GroupStartFailure(
-                died[0]["failure_class"], died[0]["signature"], "the fork server could not start: " + died[0]["message"]
+                died[0].failure_class, died[0].signature, "the fork server could not start: " + died[0].message
             )
             raise self.start_failure
         raise GroupStartFailure(
@@ -434,7 +436,9 @@ def serve(log_dir: Path) -> None:
         worker.run_startup_fault_hook("server")
         worker.import_cell_machinery()
     except Exception as error:
-        write_text_atomically(log_dir / SERVER_DIED, json.dumps(death_record(error, "the fork server's imports")))
+        write_text_atomically(
+            log_dir / SERVER_DIED, json.dumps(write_record(death_record(error, "the fork server's imports")))
+        )
         raise
     gc.collect()
     gc.freeze()  # forked ranks then share these pages instead of copying them on the first collection

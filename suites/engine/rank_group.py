@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT, cache_root
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from matrix.redaction import redact
 from suites.atomic import write_text_atomically
 from suites.engine import doorbells
@@ -254,7 +254,7 @@ class RankGroup:
             if not self.alive:
                 died = self._died()
                 raise GroupStartFailure(
-                    died.failure_class,
+                    died.failed_class,
                     f"rank group failed to start: {died.signature}",
                     f"rank group tp={self.tp} failed to start: {died.message}",
                 )
@@ -290,7 +290,7 @@ class RankGroup:
     def run(self, job: Job, timeout: float) -> CellOutcome:
         """Runs one cell; never raises for what the cell does (that is its outcome)."""
         seq, self.seq = self.seq, self.seq + 1
-        write_text_atomically(self.workdir / f"job-{seq}.json", replace(job, seq=seq).to_json())
+        write_text_atomically(self.workdir / f"job-{seq}.json", json.dumps(write_record(replace(job, seq=seq))))
         for rank in range(self.tp):
             doorbells.ring(doorbells.job_path(self.workdir, rank))
         result_file = self.workdir / f"result-{seq}.json"
@@ -336,7 +336,7 @@ class RankGroup:
         recorded = read_death_records(self.workdir, "died.*.json")
         if recorded:
             died = recorded[0]
-            return failed(died["failure_class"], died["signature"], f"{died['message']}\nrank group restarted.\n{logs}")
+            return failed(died.failure_class, died.signature, f"{died.message}\nrank group restarted.\n{logs}")
         # The launcher names the first rank that died: "... exits with return code = -11".
         exit_line = re.search(r"exits with return code = (-?\d+)", logs)
         code = int(exit_line.group(1)) if exit_line else self.process.returncode if self.process else None

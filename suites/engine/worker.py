@@ -138,6 +138,7 @@ def main() -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _redirect_output(args.workdir / f"rank{rank}.log")
     threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
+    from matrix.json_records import write_record
     from suites.atomic import write_text_atomically
     from suites.engine import doorbells
     from suites.outcome import death_record
@@ -146,7 +147,9 @@ def main() -> None:
         _serve_cells(args.workdir, rank, world_size)
     except Exception as error:
         # Outside a cell's stages (those end as the cell's verdict): the driver reads whose fault it was.
-        write_text_atomically(args.workdir / f"died.{rank}.json", json.dumps(death_record(error, f"rank {rank}")))
+        write_text_atomically(
+            args.workdir / f"died.{rank}.json", json.dumps(write_record(death_record(error, f"rank {rank}")))
+        )
         doorbells.ring(doorbells.events_path(args.workdir))
         raise
 

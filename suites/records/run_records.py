@@ -23,10 +23,13 @@ from urllib.parse import unquote, urlparse
 from matrix import PROJECT_ROOT
 from matrix.cells import Cell
 from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, package_constants
+from matrix.json_records import write_record
 from matrix.redaction import redact
 from matrix.versions import AXES
 from suites.atomic import write_text_atomically
-from suites.outcome import FAILURE_CLASSES, OUTCOMES, CellOutcome
+from suites.git import GitFailed, run_git
+from suites.outcome import CellOutcome
+from suites.verdicts import FAILURE_CLASSES, OUTCOMES
 
 CellRecord = dict[str, Any]
 """One cells.jsonl record as JSON reads it back: its fields are README.md's; `read_records` checks `cell.id`,
@@ -37,8 +40,8 @@ RecordProperty = Callable[[str, object], None]
 
 def _git(folder: Path | str, *args: str) -> subprocess.CompletedProcess[str] | None:
     try:
-        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return run_git(*args, folder=folder, timeout=60)
+    except GitFailed:  # no git, or it hung
         return None
 
 
@@ -146,17 +149,14 @@ class RunInfo:
     def id(self) -> str:
         return f"{self.session}@{self.started}@{self.host}"
 
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "id": self.id,
-            "session": self.session,
-            "host": self.host,
-            "started": self.started,
-            "accelerator": self.accelerator,
-            "backend": self.backend,
-            "harness_git": self.harness_git,
-            "dependencies_as_of": self.dependencies_as_of,
-        }
+    def json_shape(self, written: dict[str, Any]) -> dict[str, Any]:
+        """cells.jsonl's "run": its id first, then session, host and start (write_record)."""
+        return {"id": self.id, **{name: written[name] for name in ("session", "host", "started")}, **written}
+
+    @staticmethod
+    def own_shape(run: dict[str, Any]) -> dict[str, Any]:
+        """json_shape's inverse: the id is derived from the fields."""
+        return {name: item for name, item in run.items() if name != "id"}
 
 
 class MalformedRecord(ValueError):
@@ -292,7 +292,7 @@ class CellRecorder:
             "signature": redact(outcome.signature),
             "message": redact(outcome.message),
             "versions": self.versions,
-            "run": self.run.as_dict(),
+            "run": write_record(self.run),
             # A NaN or infinite figure (logits that are NaN) is left out: the failure's signature says so, and the
             # door refuses a file that holds one (reports/store/validation.py), which would lose every other cell.
             "metrics": {name: value for name, value in outcome.metrics.items() if math.isfinite(value)},
@@ -307,7 +307,7 @@ class CellRecorder:
             record["faults"] = list(self.faults)
         for name in ("autotp", "broke_at", "cause"):  # typed records (suites/mechanism.py), as dicts
             if value := getattr(outcome, name):
-                record[name] = value.to_dict()
+                record[name] = write_record(value)
         with self.path.open("a") as stream:
             fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
             stream.write(json.dumps(record) + "\n")

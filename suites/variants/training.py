@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from matrix import cache_root
+from matrix.json_records import write_record
 from matrix.registry import TRAINING_FEATURES, DType, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
@@ -159,7 +160,7 @@ def steps_path(
             "checkpoint": checkpoint,
             "tokenizer": tokenizer,
             "dtype": dtype,
-            "spec": spec.as_dict(),
+            "spec": write_record(spec),
             "steps": steps,
             "optimizer": OPTIMIZERS[optimizer][1],
             "clipping": GRADIENT_CLIPPING,

@@ -12,7 +12,7 @@ from reports.analysis.failing_now import repro_command
 from reports.outputs.markdown import MAX_SUMMARY_CAUSES
 from reports.store.history_store import HistoryStore
 from reports.store.records import Bisection, CellKey
-from suites.outcome import FAILURE_CLASSES
+from suites.verdicts import FAILURE_CLASSES
 
 UPSTREAM = "https://github.com/example/upstream/issues/1"  # a stand-in: tests never name real upstream issues
 SPLIT = (

@@ -3,10 +3,10 @@ from dataclasses import asdict, replace
 
 from reports_testkit import Cell, fail, render, section
 
-from matrix.json_records import read_record
+from matrix.json_records import read_record, write_record
 from reports.analysis.answers import EntryStatus, TransitionEntry
 from reports.analysis.history import analyse
-from reports.outputs.model import entry_json, read_report
+from reports.outputs.model import read_report
 from reports.outputs.report_parts import FlakyEntry, HarnessChangeEntry
 from reports.search.triage import open_transitions
 from reports.store.records import Bisection, CellKey, CellResult, Commit, Observation, Run, TriageAttempt, Versions
@@ -323,7 +323,7 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
 
 
 def test_a_transition_reads_back_from_report_json_with_every_part():
-    """report.json's form of a transition (model.entry_json) read back (matrix.json_records.read_record, as
+    """report.json's form of a transition (write_record) read back (matrix.json_records.read_record, as
     read_report does) is the same entry: candidate commits with their files, a bisection with suspects and untestable commits,
     or the triage attempt that could not answer."""
     cell = CellKey("llama", "eager", "fp32", 2)
@@ -340,7 +340,7 @@ def test_a_transition_reads_back_from_report_json_with_every_part():
         cell, "broke", "deepspeed", "0.19.7", "0.19.8", pins, passing, failing, (commit,), bisection, None
     )
     for entry in (answered, replace(answered, bisection=None, attempt=attempt)):
-        assert read_record(TransitionEntry, json.loads(json.dumps(entry_json(entry)))) == entry
+        assert read_record(TransitionEntry, json.loads(json.dumps(write_record(entry)))) == entry
 
 
 def test_a_flaky_point_and_a_harness_change_read_back_from_report_json():
@@ -358,5 +358,5 @@ def test_a_flaky_point_and_a_harness_change_read_back_from_report_json():
         EntryStatus("pass", 2, 0, 0, "", "", None),
         EntryStatus("fail", 0, 1, 0, "numerics", "logits differ", None),
     )
-    assert read_record(FlakyEntry, json.loads(json.dumps(flaky.json()))) == flaky
+    assert read_record(FlakyEntry, json.loads(json.dumps(write_record(flaky)))) == flaky
     assert read_record(HarnessChangeEntry, json.loads(json.dumps(asdict(change)))) == change

@@ -1,6 +1,7 @@
 """A cause is a bug (suites/mechanism.py `cause_of`): keyed by what AutoTP did and where the cell broke, never by
 the error's text alone; and numbers in shapes are masked as numbers (suites/outcome.py `mask_numbers`)."""
 
+from matrix.json_records import write_record
 from suites.mechanism import (
     AutoTPRecord,
     BreakPoint,
@@ -180,7 +181,7 @@ def test_repro_prints_the_cause_and_what_autotp_did():
     cause = cause_of(
         Failure("forward", "RuntimeError: x @ y.py:f", record, _raised("model.layers.0.self_attn.q_norm", "N"))
     )
-    lines = repro_details({"cause": cause.to_dict(), "autotp": record.to_dict()})
+    lines = repro_details({"cause": write_record(cause), "autotp": write_record(record)})
     assert lines[0].startswith("cause (AutoTP bug (DeepSpeed's)): `self_attn.q_norm.weight` (width of the split")
     assert lines[1:4] == [
         "what AutoTP did:",

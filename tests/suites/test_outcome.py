@@ -44,7 +44,7 @@ def test_standard_library_raising_for_the_harness_is_the_harness(library_root):
     error = _raise_through(HARNESS, STDLIB, error=ValueError("bad json"))
     assert raising_owner(error)[0] == "harness"
     assert harness_frame(error) == "suites/checks/probes.py:f0"
-    assert death_record(error, "rank 0")["failure_class"] == "setup"
+    assert death_record(error, "rank 0").failure_class == "setup"
 
 
 def test_torch_raising_for_deepspeed_is_deepspeed(library_root):
@@ -56,7 +56,7 @@ def test_torch_raising_for_deepspeed_is_deepspeed(library_root):
     )
     assert raising_owner(error)[0] == "library"
     assert harness_frame(error) is None
-    assert death_record(error, "rank 1")["failure_class"] == "crash"
+    assert death_record(error, "rank 1").failure_class == "crash"
 
 
 def test_deepspeed_calling_back_into_the_harness_is_the_harness(library_root):
@@ -75,7 +75,7 @@ def test_a_checkout_under_a_folder_named_like_a_library_does_not_flip_the_rule(t
     monkeypatch.setattr(matrix, "PROJECT_ROOT", checkout)  # matrix.is_harness_file: the harness's own packages
     error = _raise_through(str(checkout / "suites" / "driver.py"), error=OSError("disk full"))
     assert raising_owner(error)[0] == "harness"
-    assert death_record(error, "rank 0")["failure_class"] == "setup"
+    assert death_record(error, "rank 0").failure_class == "setup"
 
 
 def test_a_config_the_harness_built_that_pydantic_refuses_is_the_harness(library_root):
@@ -95,4 +95,4 @@ def test_a_config_the_harness_built_that_pydantic_refuses_is_the_harness(library
 def test_nothing_but_tools_is_nobodys_library_fault():
     error = _raise_through(STDLIB, error=MemoryError())
     assert raising_owner(error) == ("tool", None)
-    assert death_record(error, "the fork server's imports")["failure_class"] == "setup"
+    assert death_record(error, "the fork server's imports").failure_class == "setup"

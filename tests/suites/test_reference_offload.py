@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from matrix.checkpoints import resolve_checkpoint
+from matrix.json_records import write_record
 from matrix.registry import load_models
 from suites.checks.inputs import ProbeSpec
 from suites.memory_plan import PROCESS_RUNTIME_BYTES, Runner, checkpoint_size, plan_reference
@@ -40,7 +41,7 @@ def test_capped_reference_offloads_and_equals_the_uncapped_one(tmp_path, monkeyp
     # peak depends on what the test session already holds.)
     assert measured["peak_rss_bytes"] - measured["rss_before_bytes"] < model_bytes
 
-    capped, uncapped = load_reference(path).to_dict(), compute_reference(folder, None, "fp32", spec).to_dict()
+    capped, uncapped = write_record(load_reference(path)), write_record(compute_reference(folder, None, "fp32", spec))
     for name, value in uncapped.items():
         if name.endswith("_seconds"):
             continue  # timings, not numbers of the model

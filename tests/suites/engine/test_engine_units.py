@@ -71,7 +71,7 @@ def test_a_job_crosses_to_the_ranks_whole():
     import pytest
 
     from matrix.cells import expand
-    from matrix.json_records import read_record
+    from matrix.json_records import read_record, write_record
     from suites.checks.inputs import ProbeSpec
     from suites.checks.task_probe import AccuracyTask
     from suites.contracts import Job, MetaLoad, TrainedModel
@@ -93,7 +93,7 @@ def test_a_job_crosses_to_the_ranks_whole():
     )
     meta = replace(job, meta=MetaLoad("/ckpt-copy", "/ckpt-copy/ds.json", {"signature": "s", "message": "m"}))
     for sent in (job, meta):
-        assert read_record(Job, json.loads(sent.to_json())) == sent
+        assert read_record(Job, json.loads(json.dumps(write_record(sent)))) == sent
     assert (meta.checkpoint, meta.loaded_checkpoint, job.loaded_checkpoint) == ("/ckpt", "/ckpt-copy", "/ckpt")
     with pytest.raises(FrozenInstanceError):
         job.checkpoint = "/elsewhere"  # type: ignore[misc]

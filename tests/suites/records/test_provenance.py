@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.json_records import write_record
 from matrix.versions import AxisRule, Combo, parse_axis_value
 from reports.__main__ import main
 from sessions import install_failure
@@ -103,10 +104,10 @@ def test_run_records_the_harness_commit():
         "failure_class": "",
         "signature": "",
         "versions": {"deepspeed": "0.19.8", "deepspeed_git": ""},
-        "run": run.as_dict(),
+        "run": write_record(run),
         "metrics": {},
     }
-    assert run.as_dict()["harness_git"] == SHA
+    assert write_record(run)["harness_git"] == SHA
     assert junit_properties(record)["run.harness_git"] == SHA
     assert RunInfo("nightly", accelerator="cpu", backend="gloo").harness_git == harness_commit()
 
