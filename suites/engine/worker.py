@@ -154,33 +154,73 @@ def main() -> None:
         raise
 
 
-ALL_REDUCE_KERNEL = "deepspeed-shm"
-"""A rank's all-reduce is DeepSpeed's shared-memory kernel (csrc/cpu/comm/shm.cpp), as DeepSpeed's launcher gives it."""
-ALL_REDUCE_PROCESS_GROUP = "process-group"
-"""A rank's all-reduce is the process group's (gloo): what DeepSpeed itself falls back to without the kernel."""
+NAP_PERIOD_SECONDS = 0.001
+"""How often a rank of a group with more ranks than cores naps while a cell runs (see `Naps`)."""
 
 
-def oversubscribed(world_size: int) -> bool:
-    """A group with more ranks than this process may use cores (tp 3 and 4 on a 2-core runner)."""
-    return world_size > len(os.sched_getaffinity(0))
+class Naps:
+    """While armed, the calling thread naps every NAP_PERIOD_SECONDS of wall time for ~64 us, so a rank of a group
+    with more ranks than cores gives its core to the rank it waits for within a period.
+
+    Why: DeepSpeed's CPU all-reduce (csrc/cpu/comm/shm.cpp `wait_buffer_state_until_2`) busy-waits for the other
+    ranks. With tp 3 or 4 on 2 cores the rank it waits for is often off-core, and the waiter held its core until
+    the scheduler's next tick (4 ms at HZ=250): tp 4's probes took ~6x tp 2's for the same forwards
+    (docs/findings.md, 2026-12-05). DeepSpeed is not patched and nothing a cell computes changes: only when a rank
+    runs. A nap, not a `sched_yield`: measured 6x slower (not profiled; likely the core often went to another spinner).
+
+    How: a POSIX timer aimed at this thread (SIGEV_THREAD_ID; no other thread of the rank sees the signal) raises
+    SIGALRM, whose handler is libc's `usleep` itself, so it runs inside native code that holds the GIL, where a
+    Python handler never would. A handler gets the signal number as its argument: the nap is SIGALRM's number (14)
+    in microseconds plus the kernel's 50 us timer slack. glibc's `signal` installs it with SA_RESTART, so a system
+    call it interrupts is restarted (Python's own calls retry anyway, PEP 475)."""
+
+    SIGEV_THREAD_ID = 4
+    CLOCK_MONOTONIC = 1
+
+    def __init__(self, period_seconds: float = NAP_PERIOD_SECONDS):
+        import ctypes
+        import signal
+        import threading
+
+        class SigEvent(ctypes.Structure):  # glibc's struct sigevent (64 bytes), its thread-id member
+            _fields_ = [
+                ("value", ctypes.c_void_p),
+                ("signo", ctypes.c_int),
+                ("notify", ctypes.c_int),
+                ("thread_id", ctypes.c_int),
+                ("padding", ctypes.c_int * 11),
+            ]
+
+        class TimeSpec(ctypes.Structure):
+            _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+        class IntervalTimerSpec(ctypes.Structure):
+            _fields_ = [("interval", TimeSpec), ("value", TimeSpec)]
+
+        self._byref = ctypes.byref
+        self._libc = libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signal.SIGALRM, ctypes.cast(libc.usleep, ctypes.c_void_p).value)
+        event = SigEvent(None, signal.SIGALRM, self.SIGEV_THREAD_ID, threading.get_native_id())
+        self._timer = ctypes.c_void_p()
+        if libc.timer_create(self.CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
+            raise OSError(ctypes.get_errno(), "timer_create failed")
+        nanoseconds = round(period_seconds * 1e9)
+        period = TimeSpec(nanoseconds // 1_000_000_000, nanoseconds % 1_000_000_000)
+        self._armed, self._disarmed = IntervalTimerSpec(period, period), IntervalTimerSpec()
+
+    def arm(self) -> None:
+        self._libc.timer_settime(self._timer, 0, self._byref(self._armed), None)
+
+    def disarm(self) -> None:
+        self._libc.timer_settime(self._timer, 0, self._byref(self._disarmed), None)
 
 
-def all_reduce_through_process_group() -> None:
-    """DeepSpeed's CPU all-reduce through its process group (gloo), which sleeps while it waits, instead of its
-    shared-memory kernel, which spins (`wait_buffer_state_until_2`). Called before `init_distributed` by a rank of an
-    oversubscribed group, where the spinning rank held the core that the rank it waited for needed until the
-    scheduler's next tick: a tp 3 or 4 cell's ~125 all-reduces cost it 2.7-3.8x a tp 2 cell (docs/findings.md).
-
-    It marks the kernel's op incompatible, as DeepSpeed records a machine that cannot build it: comm/torch.py
-    `build_shm_op` reads `deepspeed.ops.__compatible_ops__` (every release tested, 0.14.4 to 0.19.8) and
-    `inference_all_reduce` then calls `torch.distributed.all_reduce`. Only the order of the additions changes (the
-    sums differ in the last bits); what AutoTP split and what the cell compares stay the same."""
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:
-        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+def naps_for(world_size: int) -> Naps | None:
+    """Naps for a rank of a group with more ranks than this process may use cores; None otherwise (a rank with a
+    core of its own waits on a rank that runs: a nap would only slow it)."""
+    return Naps() if world_size > len(os.sched_getaffinity(0)) else None
 
 
 def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
@@ -199,8 +239,6 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    if oversubscribed(world_size):
-        all_reduce_through_process_group()
     deepspeed.init_distributed()
     accelerator = get_accelerator()
     device = accelerator.device_name(int(os.environ.get("LOCAL_RANK", 0)))
@@ -214,16 +252,11 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     jobs = doorbells.Listener(doorbells.job_path(workdir, rank))  # open before `ready`: the driver rings it after
     write_text_atomically(
         workdir / f"ready.{rank}",
-        json.dumps(
-            {
-                "backend": torch.distributed.get_backend(),
-                "accelerator": accelerator.device_name(),
-                "all_reduce": ALL_REDUCE_PROCESS_GROUP if oversubscribed(world_size) else ALL_REDUCE_KERNEL,
-            }
-        ),
+        json.dumps({"backend": torch.distributed.get_backend(), "accelerator": accelerator.device_name()}),
     )
     doorbells.ring(doorbells.events_path(workdir))
     module_state = _snapshot_module_state([tp_shard])
+    naps = naps_for(world_size)
 
     seq = 0
     while True:
@@ -232,7 +265,11 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
             jobs.wait(JOB_WAIT_SECONDS)
         job = read_record(Job, json.loads(job_file.read_text()))
         print(f"--- cell {job.cell_id} (seq {seq})", flush=True)
+        if naps:
+            naps.arm()
         run_on_rank(job, workdir, rank, world_size, device)
+        if naps:
+            naps.disarm()  # an idle rank sleeps until the next job: nothing to hand over, nothing to wake it for
         _restore_module_state(module_state)
         seq += 1
 

@@ -267,18 +267,3 @@ def test_groups_started_by_deepspeeds_launcher_report_the_same_verdicts(llama_tp
         assert launcher_pool.launches == 2
     finally:
         launcher_pool.close()
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 3, reason="needs more ranks than cores: 3 ranks on at most 2")
-def test_an_oversubscribed_group_all_reduces_through_its_process_group_and_a_skipped_all_reduce_still_fails(pool):
-    """tp 3 on 2 cores: the ranks all-reduce through gloo (suites/engine/worker.py
-    `all_reduce_through_process_group`), a tp 2 group through DeepSpeed's kernel; the tp 3 cell still passes, and
-    still fails `numerics` when its row-parallel layers skip the all-reduce."""
-    llama_tp3 = expand("llama.faithful", tp="3")[0]  # 8 kv heads: tiny llama's 2 fail memory at tp 3
-    healthy = run_with(llama_tp3, pool)
-    assert healthy.outcome == "pass", healthy.message
-    assert pool.get(3).info["all_reduce"] == "process-group"
-    broken = run_with(llama_tp3, pool, "noop_allreduce")
-    assert (broken.outcome, broken.failure_class) == ("fail", "numerics"), broken.message
-    assert run_with(expand("llama", tp="2")[0], pool).outcome == "pass"
-    assert pool.get(2).info["all_reduce"] == "deepspeed-shm"
