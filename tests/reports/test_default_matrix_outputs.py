@@ -184,7 +184,8 @@ def test_no_family_with_a_failing_checkpoint_or_tp_is_listed_as_working_and_the_
         f"seen at DeepSpeed 0.19.8, transformers {VERSIONS['transformers']}, torch 2.13.0 on cpu (gloo), eager fp32"
         in falcon
     )
-    assert "draft issue: [draft-issue/memory-forward-" in falcon  # a slug: no ", " in any file name
+    # falcon-7b's own cause (its forward crashes on the starved ranks), its draft named by a slug: no ", " anywhere
+    assert re.search(r"draft issue: \[draft-issue/forward-[0-9a-f]{12}\.md\]", falcon)
     assert all(", " not in path.name for path in (out / "draft-issue").iterdir())
     assert page.count("Not tested here: GPUs, fp16, bf16, real-size weights.") == 1
     # The diff applies to DeepSpeed's page and lists none of them under "Supported Models"
