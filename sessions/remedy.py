@@ -228,9 +228,18 @@ def remedy_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
-def verify(remedy: Remedy, runs: Runs, results: Path, root: Path, log: Callable[[str], None]) -> RemedyResult:
+def verify(
+    remedy: Remedy,
+    runs: Runs,
+    results: Path,
+    root: Path,
+    log: Callable[[str], None],
+    sdists: Path | None = None,
+    download: Callable[[str, Path], None] = pip_download,
+) -> RemedyResult:
     """One remedy: its cause models' cells without and with it; only when every cause cell passes with it, the
-    whole scope without and with it (a remedy that does not fix its cause costs two small runs); judged by `judge`."""
+    whole scope without and with it (a remedy that does not fix its cause costs two small runs); judged by `judge`.
+    A patch's sdist comes from `sdists` (default: the harness cache's), fetched by `download` when missing."""
     started = time.monotonic()
     folder, scope, causes_selection = (
         results / "remedy" / remedy.name,
@@ -244,7 +253,7 @@ def verify(remedy: Remedy, runs: Runs, results: Path, root: Path, log: Callable[
     try:
         how = how_text(remedy, root)
         if remedy.kind == "patch":
-            pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root)}"}
+            pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root, sdists, download)}"}
     except PatchError as error:
         return judge(remedy, without, {}, time.monotonic() - started, "", problem=str(error))
     causes = cause_cells(remedy, without)

@@ -109,7 +109,9 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
 
     from sessions.remedy import Runs
 
-    result = verify(remedy, Runs(run), tmp_path / "results", tmp_path, lambda line: None)
+    result = verify(
+        remedy, Runs(run), tmp_path / "results", tmp_path, lambda line: None, tmp_path / "cache", planted_sdist
+    )
     assert result.status == "not applied" and "git apply --check" in result.problem
     assert ran == [
         ("ctrl.faithful", "", {})
