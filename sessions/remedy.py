@@ -49,9 +49,12 @@ def verdicts(results: Path) -> dict[str, str]:
 
 
 def cause_cells(remedy: Remedy, without: dict[str, str]) -> tuple[str, ...]:
-    """The cells of the remedy's cause models that fail without it."""
+    """The cells of the remedy's cause models that fail without it (a skipped or `unsupported` cell is no cause
+    cell: nothing of it failed)."""
     prefixes = tuple(f"{model}-" for model in remedy.cause_models)
-    return tuple(sorted(cell for cell, verdict in without.items() if cell.startswith(prefixes) and verdict != "pass"))
+    return tuple(
+        sorted(cell for cell, verdict in without.items() if cell.startswith(prefixes) and verdict.startswith("fail"))
+    )
 
 
 def judge(

@@ -13,7 +13,7 @@ from matrix.cell_arguments import CellArguments
 from matrix.cells import expand
 from matrix.remedies import Remedy
 from matrix.versions import load_config, parse_axis_value
-from sessions.remedy import PatchError, judge, patched_checkout, verify
+from sessions.remedy import PatchError, cause_cells, judge, patched_checkout, verify
 
 CTRL = Remedy(
     name="ctrl-policy",
@@ -42,6 +42,9 @@ def test_verified_needs_every_cause_cell_green_and_no_other_verdict_changed():
     assert broke.changed == ("ctrl-eager-fp32-tp2: pass -> fail forward",)
     unrun = judge(CTRL, WITHOUT, {k: v for k, v in fixed.items() if not k.startswith("ctrl-")}, 1.0, "how")
     assert unrun.status == "unverified" and unrun.changed == ("ctrl-eager-fp32-tp2: pass -> not run",)
+    # A cause model's cell that did not fail (skipped, or a dtype DeepSpeed refuses here) is no cause cell to fix
+    refused = {**WITHOUT, "ctrl.faithful-eager-fp16-tp2": "unsupported", "ctrl.faithful-eager-bf16-tp2": "skip"}
+    assert cause_cells(CTRL, refused) == ("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")
 
 
 RELEASE_FILE = "deepspeed/module_inject/auto_tp.py"
