@@ -26,6 +26,7 @@ from pathlib import Path
 
 from matrix import cache_root
 from matrix.json_records import write_record
+from matrix.redaction import redact
 from matrix.registry import load_models
 from matrix.remedies import REMEDIES_FILE, RESULTS_NAME, Remedy, RemedyResult, RemedyStatus, load_remedies, remedies_for
 from matrix.shapes import split_shaped_name
@@ -89,7 +90,7 @@ def judge(
         changed=changed,
         others_compared=len(others) if all_fixed else 0,
         seconds=round(seconds, 1),
-        problem=problem,
+        problem=redact(problem),  # pip's and git's own words: a credential in an index URL never reaches the file
     )
 
 

@@ -42,6 +42,9 @@ def test_verified_needs_every_cause_cell_green_and_no_other_verdict_changed():
     assert broke.changed == ("ctrl-eager-fp32-tp2: pass -> fail forward",)
     unrun = judge(CTRL, WITHOUT, {k: v for k, v in fixed.items() if not k.startswith("ctrl-")}, 1.0, "how")
     assert unrun.status == "unverified" and unrun.changed == ("ctrl-eager-fp32-tp2: pass -> not run",)
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    leaked = judge(CTRL, WITHOUT, {}, 1.0, "", problem=f"pip download failed: https://x:{token}@pypi.example/simple")
+    assert leaked.status == "not applied" and token not in leaked.problem
     # A cause model's cell that did not fail (skipped, or a dtype DeepSpeed refuses here) is no cause cell to fix
     refused = {**WITHOUT, "ctrl.faithful-eager-fp16-tp2": "unsupported", "ctrl.faithful-eager-bf16-tp2": "skip"}
     assert cause_cells(CTRL, refused) == ("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")
