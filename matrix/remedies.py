@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import tomllib
 
-from matrix.cell_arguments import CellArguments, ForwardMask, KwargValue
+from matrix.cell_arguments import NO_ARGUMENTS, CellArguments, ForwardMask, KwargValue
 from matrix.toml_tables import NOT_IN_FILE, TableError, read_table, written_as
 
 MATRIX_DIR = Path(__file__).resolve().parent
@@ -100,7 +100,8 @@ class Remedy:
 
 @dataclass(frozen=True)
 class RemedyResult:
-    """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it through `verified_by_cause`)."""
+    """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it with `read_results`, and
+    suites/statements.py `proof_of` states a cause proven by one verified on every cell of it)."""
 
     remedy: str
     kind: RemedyKind
@@ -123,15 +124,16 @@ class RemedyResult:
     seconds: float
     """Wall time of this remedy's runs (on whatever machine ran them)."""
     problem: str = ""
+    arguments: CellArguments = NO_ARGUMENTS
+    """Workaround: what its cells pass, typed (a draft writes the `init_inference` call from it); empty for a patch
+    and in files written before the field was added."""
 
     def claim(self) -> str:
-        """The line a draft issue carries for a verified remedy, "" otherwise."""
+        """The heading a draft issue carries for a verified remedy ("Workaround (verified: 3 of 3 cells pass)"), ""
+        otherwise."""
         if self.status != "verified":
             return ""
-        proof = (
-            f"verified: {len(self.fixed)} of {len(self.cause_cells)} cells pass, "
-            f"0 other verdicts changed of {self.others_compared}"
-        )
+        proof = f"verified: {len(self.fixed)} of {len(self.cause_cells)} cells pass"
         return f"Workaround ({proof})" if self.kind == "workaround" else f"Proposed fix ({proof})"
 
 
@@ -193,15 +195,3 @@ def read_results(path: Path) -> list[RemedyResult]:
         return [read_record(RemedyResult, entry) for entry in entries]
     except (ValueError, TypeError, RecordError) as error:
         raise RemedyError(f"{path}: not a remedies results file written by nox -s remedy: {error}") from None
-
-
-def verified_remedies(results_file: Path) -> dict[str, tuple[RemedyResult, ...]]:
-    """The hook a cause's statement and its draft issue read: the remedies `nox -s remedy` verified (its
-    results/remedies.json), by the cause's model id (`ctrl.faithful`). A cause with none here claims no workaround
-    and no fix: its mechanism is not proven by one."""
-    verified: dict[str, list[RemedyResult]] = {}
-    for result in read_results(results_file):
-        if result.status == "verified":
-            for model in result.cause_models:
-                verified.setdefault(model, []).append(result)
-    return {model: tuple(results) for model, results in verified.items()}

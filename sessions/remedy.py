@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matrix import cache_root
@@ -90,7 +91,10 @@ def judge(
         changed=changed,
         others_compared=len(others) if all_fixed else 0,
         seconds=round(seconds, 1),
-        problem=redact(problem),  # pip's and git's own words: a credential in an index URL never reaches the file
+        # pip's and git's own words: a credential in an index URL never reaches the file (the redactor's library is
+        # imported only for a problem to redact: nox's own interpreter, which runs this, may lack it)
+        problem=redact(problem) if problem else "",
+        arguments=remedy.arguments,
     )
 
 
@@ -114,10 +118,14 @@ def write_results(path: Path, results: list[RemedyResult]) -> None:
 def scope_models(remedy: Remedy) -> str:
     """The `--models` of the remedy's scope: its cause models' architectures (workaround) or the registry (patch)."""
     if remedy.kind == "patch":
-        return "registry"
+        return REGISTRY
     registry = load_models()
     model_types = {registry[split_shaped_name(model)[0]].model_type for model in remedy.cause_models}
     return ",".join(name for name, entry in registry.items() if entry.model_type in model_types)
+
+
+REGISTRY = "registry"
+"""The `--models` of the whole default matrix (every registry entry)."""
 
 
 def cause_models_selection(remedy: Remedy) -> str:
@@ -232,54 +240,103 @@ def remedy_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The cells without any remedy, shared by every remedy of one `nox -s remedy` (same harness, same versions):
+    each selection is run once into one folder, and once the whole default matrix (`registry`) has run, every
+    selection's verdicts are read from it, so verifying several patches runs the matrix without them once."""
+
+    runs: Runs
+    folder: Path
+    """Where every run without a remedy records (`<results>/remedy/without`), emptied when the invocation starts."""
+    ran: set[str] = field(default_factory=set)
+    """The `--models` selections run so far."""
+    spent: list[float] = field(default_factory=list)
+    """Each run's wall seconds."""
+
+    def verdicts(self, models: str, log: Callable[[str], None]) -> dict[str, str]:
+        """The verdicts of the cells `--models <models>` selects, without any remedy (run now unless already run)."""
+        if models not in self.ran and REGISTRY not in self.ran:
+            started = time.monotonic()
+            self.runs.run(self.folder, models, "", {}, "remedy-without")
+            self.spent.append(time.monotonic() - started)
+            self.ran.add(models)
+            shared = " (once, shared by every remedy)" if models == REGISTRY else ""
+            log(f"without any remedy: {models} run{shared}; {self.spent[-1]:.0f} s")
+        return {cell: verdict for cell, verdict in verdicts(self.folder).items() if selects(models, cell)}
+
+
+def selects(models: str, cell: str) -> bool:
+    """Whether `--models <models>` runs `cell`: `registry` every cell; a model id (`ctrl.faithful`) its cells; an
+    entry name (`ctrl`, no shape) its cells at every shape (entry names hold no `.` or `-`)."""
+    if models == REGISTRY:
+        return True
+    entry = re.match(r"[^.-]+", cell)
+    return any(
+        cell.startswith(f"{model}-") or (entry is not None and "." not in model and entry[0] == model)
+        for model in models.split(",")
+    )
+
+
 def verify(
     remedy: Remedy,
     runs: Runs,
+    baseline: Baseline,
     results: Path,
     root: Path,
     log: Callable[[str], None],
     sdists: Path | None = None,
     download: Callable[[str, Path], None] = pip_download,
 ) -> RemedyResult:
-    """One remedy: its cause models' cells without and with it; only when every cause cell passes with it, the
-    whole scope without and with it (a remedy that does not fix its cause costs two small runs); judged by `judge`.
-    A patch's sdist comes from `sdists` (default: the harness cache's), fetched by `download` when missing."""
-    started = time.monotonic()
+    """One remedy: its cause models' cells without it (`baseline`) and with it; only when every cause cell passes
+    with it, the whole scope without (`baseline`, run once for every remedy) and with it (a remedy that does not fix
+    its cause costs one small run); judged by `judge`. Its seconds leave out the shared baseline's runs. A patch's
+    sdist comes from `sdists` (default: the harness cache's), fetched by `download` when missing."""
+    started, shared_before = time.monotonic(), sum(baseline.spent)
     folder, scope, causes_selection = (
         results / "remedy" / remedy.name,
         scope_models(remedy),
         cause_models_selection(remedy),
     )
+
+    def own_seconds() -> float:
+        return time.monotonic() - started - (sum(baseline.spent) - shared_before)
+
     pins, name, with_remedy = {}, f"remedy-{remedy.name}", remedy.name if remedy.kind == "workaround" else ""
     log(f"remedy {remedy.name}: its cause models ({causes_selection}) without it")
-    runs.run(folder / "without", causes_selection, "", {}, "remedy-without")
-    without = verdicts(folder / "without")
+    without = baseline.verdicts(causes_selection, log)
     try:
         how = how_text(remedy, root)
         if remedy.kind == "patch":
             pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root, sdists, download)}"}
     except PatchError as error:
-        return judge(remedy, without, {}, time.monotonic() - started, "", problem=str(error))
+        return judge(remedy, without, {}, own_seconds(), "", problem=str(error))
     causes = cause_cells(remedy, without)
     log(f"remedy {remedy.name}: its cause cells ({', '.join(causes) or 'none'}) with it")
     runs.run(folder / "with", causes_selection, with_remedy, pins, name)
     with_it = verdicts(folder / "with")
     if causes and all(with_it.get(cell) == "pass" for cell in causes):
         log(f"remedy {remedy.name}: every cause cell passes; its whole scope ({scope}) without and with it")
-        runs.run(folder / "without", scope, "", {}, "remedy-without")
+        without = baseline.verdicts(scope, log)
         runs.run(folder / "with", scope, with_remedy, pins, name)
-        without, with_it = verdicts(folder / "without"), verdicts(folder / "with")
-    return judge(remedy, without, with_it, time.monotonic() - started, how)
+        with_it = verdicts(folder / "with")
+    return judge(remedy, without, with_it, own_seconds(), how)
 
 
 def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None]) -> list[RemedyResult]:
     args, _ = remedy_options(argv)
     remedies = load_remedies(REMEDIES_FILE, root)
     picked = remedies_for(args.cause, remedies) if args.cause else remedies
+    baseline = Baseline(runs, Path(args.results) / "remedy" / "without")
+    shutil.rmtree(baseline.folder, ignore_errors=True)  # this invocation's harness and versions, never an older one's
     results: list[RemedyResult] = []
     for index, remedy in enumerate(picked, 1):
         log(f"remedy {index} of {len(picked)}: {remedy.name}")
-        results.append(verify(remedy, runs, Path(args.results), root, log))
+        results.append(verify(remedy, runs, baseline, Path(args.results), root, log))
         log(progress_line(results[-1]))
         write_results(Path(args.results) / RESULTS_NAME, results)
+    if baseline.spent:
+        log(
+            f"runs without any remedy: {len(baseline.spent)}, {sum(baseline.spent):.0f} s in all, shared by every remedy"
+        )
     return results

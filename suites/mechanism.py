@@ -292,10 +292,10 @@ def cause_of(failure: Failure) -> Cause:
     record, broke = failure.autotp, failure.broke_at
     if failure.failure_class == "shard" and _CONTAINERS in failure.signature:
         return _known(f"no policy|{failure_text(failure.signature)}", POLICY_PROBE, failure.signature)
+    if failure.failure_class == "memory":  # a training cell records no AutoTPRecord: its findings are the same causes
+        return _memory_cause(failure, record, whose_bug)
     if failure.failure_class in ("setup", "install") or record is None:
         return _by_text(failure, whose_bug)
-    if failure.failure_class == "memory":
-        return _memory_cause(failure, record, whose_bug)
     if broke is None:
         return _by_text(failure, whose_bug)
     origin = broke.origin
@@ -450,10 +450,15 @@ def _ranks_hold(first: int, last: int) -> str:
     return f"rank {first} holds" if first == last else f"ranks {first}..{last} hold"
 
 
-def _memory_cause(failure: Failure, record: AutoTPRecord, whose_bug: str) -> Cause:
+def _memory_cause(failure: Failure, record: AutoTPRecord | None, whose_bug: str) -> Cause:
     finding = failure.signature.removeprefix(judged_signature("memory", ""))
-    starved = record.starved_query()
-    if starved and "split unevenly" in finding and any(role(r.path).rpartition(".")[2] in finding for r in starved):
+    starved = record.starved_query() if record else []
+    if (
+        record
+        and starved
+        and "split unevenly" in finding
+        and any(role(r.path).rpartition(".")[2] in finding for r in starved)
+    ):
         return _starved(record, starved, "", whose_bug)
     kind = finding.partition(": ")[0]
     if kind in DESIGN_LIMITS:

@@ -2,14 +2,18 @@
 evidence of what AutoTP did (suites/mechanism.py `cause_of`) only locates, and how a cause states its mechanism.
 
 A mechanism is stated as proven only by a remedy that turned every cell of its cause green and changed no other
-verdict (issue #56): until one is verified for a cause, its sentence ends "(mechanism not proven: <what was tried>)"
-(`stated`, the one place that says it), and a verified remedy's own sentence (`Proof.verified`) replaces it.
+verdict (issue #56; `nox -s remedy`'s results/remedies.json, read by `proof_of`): until one is verified for a cause,
+its sentence ends "(mechanism not proven: <what was tried>)", and a verified remedy's own sentence (`Proof.verified`)
+replaces it, ending "(verified: N of N cells pass with <remedy>)". `stated` is the one place that says either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from matrix.remedies import RemedyResult
 
 Owner = Literal["autotp", "transformers", "design-limit", "unsupported", "harness", "environment"]
 """Whose a cause is, from a closed set; each cause carries the evidence line for it (`Cause.evidence`)."""
@@ -42,15 +46,25 @@ class Proof:
 
     tried: str
     """What was tried, short of a verified remedy."""
-    verified: str = ""
-    """The mechanism a verified remedy proves (matrix/remedies.toml `mechanism`, once its run turned every cell of the
-    cause green with no other verdict changed); "" while none is."""
+    by: tuple[RemedyResult, ...] = ()
+    """The remedies `nox -s remedy` verified that turned every cell of the cause green with no other verdict changed
+    (its results/remedies.json), in the file's order; () while none is."""
+    cells: int = 0
+    """The cause's cells, every one of which passes with each of `by`."""
+
+    @property
+    def verified(self) -> str:
+        """The mechanism the first verified remedy proves (matrix/remedies.toml `mechanism`); "" while none is."""
+        return self.by[0].mechanism if self.by else ""
 
 
 def stated(sentence: str, proof: Proof) -> str:
-    """A cause's mechanism as a reader gets it: a verified remedy's sentence, else the sentence read at the failing
-    lines with what was tried."""
-    return proof.verified or f"{sentence} (mechanism not proven: {proof.tried})"
+    """A cause's mechanism as every output gives it: a verified remedy's sentence with its proof ("… (verified: 3 of 3
+    cells pass with ctrl-row-parallel-policy)"), else the sentence read at the failing lines with what was tried."""
+    if proof.by:
+        remedies = " and with ".join(result.remedy for result in proof.by)
+        return f"{proof.verified.rstrip('.')} (verified: {proof.cells} of {proof.cells} cells pass with {remedies})"
+    return f"{sentence} (mechanism not proven: {proof.tried})"
 
 
 _MAMBA_PACKED = ModelMechanism(
@@ -225,8 +239,10 @@ DESIGN_LIMITS = {
 """Memory findings AutoTP documents as its design (the finding's kind → the documenting line)."""
 
 
-def proof_of(key: str) -> Proof:
-    """What stands behind a cause's sentence, by its key (suites/mechanism.py `cause_of`)."""
+def proof_of(key: str, cells: Collection[str] = (), remedies: Sequence[RemedyResult] = ()) -> Proof:
+    """What stands behind a cause's sentence, by its key (suites/mechanism.py `cause_of`), its cells and the remedies
+    `nox -s remedy` ran (results/remedies.json): a verified remedy proves it only where every one of the cause's cells
+    passes with it; the remedies run on some of its cells, verified or not, are what was tried."""
     kind, _, rest = key.partition("|")
     parts = rest.split("|")
     known = (
@@ -236,4 +252,22 @@ def proof_of(key: str) -> Proof:
         if kind == "layout"
         else None
     )
+    mine = set(cells)
+    ran = [result for result in remedies if mine & set(result.cause_cells)]
+    proving = tuple(result for result in ran if result.status == "verified" and mine <= set(result.fixed))
+    if proving:
+        return Proof("", proving, len(mine))
+    if ran:
+        return Proof("; ".join(attempt_text(result, mine) for result in ran))
     return Proof(known.tried if known else TRIED.get(kind, READ_ONLY))
+
+
+def attempt_text(result: RemedyResult, cells: set[str]) -> str:
+    """A remedy run on some of a cause's cells that does not prove it: "workaround x: 1 of 3 cells pass"."""
+    named = f"{result.kind} {result.remedy}"
+    if result.status == "not applied":
+        return f"{named} not applied"
+    passed = f"{len(cells & set(result.fixed))} of {len(cells)} cells pass"
+    if result.changed:
+        return f"{named}: {passed}, {len(result.changed)} other verdicts changed"
+    return f"{named}: {passed}"

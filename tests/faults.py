@@ -809,3 +809,24 @@ def deepspeed_update_vanishes(stage, model, rank):
     """DeepSpeed's step applies no update at all (the weights stay where they were)."""
     if stage == "sharded":
         _scaled_update(model, 0.0)
+
+
+def policy_inference_raises(stage, model, rank):
+    """The harness's policy inference (suites/checks/policy_inference.py) raises in both of its parts: the walk of
+    the unsharded model's graph and its comparison with what DeepSpeed made (restored after sharding). A diagnosis
+    that could not be made: the cell runs on and passes with a note, never a `setup` failure."""
+    import suites.checks.policy_inference as inference
+    import suites.checks.sharding as sharding
+
+    originals = {"walk": inference.__dict__["_writers"], "compare": sharding.__dict__["disagreements"]}
+    originals = {name: getattr(found, "planted_over", found) for name, found in originals.items()}
+    if stage == "loaded":
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("planted: the policy inference broke")
+
+        walk, compare = (types.FunctionType(broken.__code__, broken.__globals__) for _ in range(2))
+        walk.planted_over, compare.planted_over = originals["walk"], originals["compare"]
+        inference._writers, sharding.disagreements = walk, compare
+    elif stage in ("sharded", "finished"):
+        inference._writers, sharding.disagreements = originals["walk"], originals["compare"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
 from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
+from matrix.remedies import RemedyResult
 from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
@@ -33,7 +34,7 @@ from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
 from suites.mechanism import cause_sentence, whose
-from suites.statements import proof_of, stated
+from suites.statements import Proof, proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
@@ -66,6 +67,9 @@ class ResultFiles:
     """Cells whose rank logs are kept."""
     repro: frozenset[str] = frozenset()
     """Cells whose repro script is written."""
+    remedies: tuple[RemedyResult, ...] = ()
+    """What `nox -s remedy` found (its remedies.json in the folder, matrix/remedies.py `read_results`): a cause's
+    sentence is stated as proven by a remedy verified on every one of its cells (suites/statements.py `proof_of`)."""
 
     def log(self, cell: str) -> str:
         return log_folder(cell) if cell in self.logs else ""
@@ -209,6 +213,9 @@ class FailingCause:
     page or assert for "unsupported"; "" for AutoTP bugs located by what AutoTP did."""
     surfaced_in: str = ""
     """The frame its example's exception surfaced in."""
+    proven_by: tuple[RemedyResult, ...] = ()
+    """The remedies verified on every one of its cells, whose mechanism its sentence states (a draft carries each as
+    a workaround or a proposed fix); () where none is."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +266,7 @@ def build_failing_now(
         owner = shown.cause.whose if shown.cause else whose(shown.failure_class)
         # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
         unsupported = f"{match.note} ({match.upstream})" if match and cause_status == "unsupported" else ""
+        proof = proof_of(key, [cell.id for cell in cells], files.remedies)
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
@@ -284,10 +292,11 @@ def build_failing_now(
                     for cell in cells
                 ),
                 key=key,
-                mechanism=_mechanism(key, [status for _, status in members], text, bool(unsupported)),
+                mechanism=_mechanism(key, [status for _, status in members], text, bool(unsupported), proof),
                 whose="unsupported" if unsupported else owner,
                 evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
+                proven_by=proof.by,
             )
         )
     ranked = popularity_rank(checkpoints, popularity)
@@ -368,18 +377,20 @@ def backfill_command(cells: list[CellKey]) -> str:
     return "nox -s backfill -- " + " ".join(option for option in options if option)
 
 
-def _mechanism(key: str, statuses: list[CellStatus], text: str, refused_by_design: bool) -> str:
+def _mechanism(key: str, statuses: list[CellStatus], text: str, refused_by_design: bool, proof: Proof) -> str:
     """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`), stated as proven
-    only by a verified remedy (suites/statements.py `stated`; a refusal DeepSpeed documents is its own proof); "" for
-    results recorded before causes were kept, and where it only repeats the example's signature (nothing was
-    located)."""
+    only by a verified remedy (suites/statements.py `stated`: a verified remedy's sentence whatever was located; a
+    refusal DeepSpeed documents is its own proof); "" for results recorded before causes were kept, and where it only
+    repeats the example's signature (nothing was located)."""
+    if proof.by:
+        return stated("", proof)
     words = [status.cause.words for status in statuses if status.cause]
     if not words:
         return ""
     sentence = cause_sentence(key, words)
     if sentence == text:
         return ""
-    return sentence if refused_by_design else stated(sentence, proof_of(key))
+    return sentence if refused_by_design else stated(sentence, proof)
 
 
 def _status(match: KnownMatch | None, cells: int) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from matrix.cells import Cell, expand, replay_name, resolve_cell
 from matrix.registry import RegistryError
+from matrix.remedies import RESULTS_NAME, read_results
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
 from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
 from reports.outputs.model import Report
@@ -106,9 +107,9 @@ def resolve_cells(keys: Iterable[CellKey]) -> dict[str, Cell | RegistryError]:
 
 
 def result_files(out_dir: Path, history: History, stage: Path) -> ResultFiles:
-    """What out_dir holds for the cells failing at the latest versions: the logs their run kept, and their repro
+    """What out_dir holds for the cells failing at the latest versions: the logs their run kept, their repro
     scripts (written by this render into `stage`, the folder its outputs move into out_dir from, or by the run's own
-    render: CI gathers the cell jobs' into the report's)."""
+    render: CI gathers the cell jobs' into the report's), and what `nox -s remedy` found (remedies.json)."""
     failing = {
         cell.id
         for (cell, versions), status in history.statuses.items()
@@ -119,6 +120,7 @@ def result_files(out_dir: Path, history: History, stage: Path) -> ResultFiles:
         repro=frozenset(
             cell for cell in failing if any((folder / repro_file(cell)).is_file() for folder in (out_dir, stage))
         ),
+        remedies=tuple(read_results(out_dir / RESULTS_NAME)),
     )
 
 

@@ -25,11 +25,12 @@ from typing import Protocol
 from matrix.cells import Cell, resolve_cell
 from matrix.redaction import redact
 from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, RegistryError
-from matrix.remedies import RESULTS_NAME, RemedyResult, verified_remedies
+from matrix.remedies import RESULTS_NAME, read_results
 from reports import ReportsError
 from reports.analysis import (
     FailingCause,
     History,
+    ResultFiles,
     cause_answer_text,
     code,
     count_text,
@@ -91,8 +92,10 @@ def write_draft(
     out_dir: Path,
     inert: Inert,
 ) -> Draft:
-    """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell)."""
-    report = build_report(history, aggregate(observations), None, known)
+    """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell), with
+    what `nox -s remedy` verified (out_dir's remedies.json)."""
+    remedies = ResultFiles(remedies=tuple(read_results(out_dir / RESULTS_NAME)))
+    report = build_report(history, aggregate(observations), None, known, remedies)
     causes = report.failing_now.causes
     entry = next((c for c in causes if c.id == cause or cell in c.cells), None)
     if entry is None:
@@ -123,10 +126,7 @@ def write_cause_draft(
     name = Path(draft_file(entry.failure_class, entry.id))
     with staged(out_dir) as stage:
         folder = stage / name.parent
-        remedies = verified_remedies(out_dir / RESULTS_NAME)
-        title, body = draft_text(
-            entry, report, history, observations, folder=folder, inert=inert, cell=cell, remedies=remedies
-        )
+        title, body = draft_text(entry, report, history, observations, folder=folder, inert=inert, cell=cell)
         (stage / name).write_text(f"# {title}\n\n{body}", encoding="utf-8")
     return Draft(title, body, out_dir / name)
 
@@ -160,7 +160,6 @@ def draft_text(
     inert: Inert,
     cell: str | None = None,
     diagnosis: Diagnosis | None = None,
-    remedies: dict[str, tuple[RemedyResult, ...]] | None = None,
 ) -> tuple[str, str]:
     """(title, body) of the report for one entry of report.json "failing_now" causes, shown on `cell` (default its
     example cell), redacted; its repro script is written to `folder`. `inert` neutralises the text built from
@@ -177,7 +176,7 @@ def draft_text(
         full = minimal.name.removesuffix(".py") + "-full.py"
         scripts = (minimal, write_cell_repro(resolved, failure, folder, full)[0])
     body = _markdown(entry, report, failure, cell=resolved, scripts=scripts, inert=inert, diagnosis=diagnosis)
-    body += remedy_sections(entry.cells, remedies or {})
+    body += remedy_sections(entry.proven_by, failure.cell.tp, failure.cell.dtype)
     return redact(inert(title, title=True)), redact(body)
 
 

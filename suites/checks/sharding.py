@@ -19,6 +19,7 @@ from suites.checks.breakpoints import fused_layout
 from suites.checks.policy_inference import disagreements, parser_made
 from suites.checks.probes import SplitCounts
 from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Replaced, mask_indices, parent
+from suites.outcome import exception_signature
 from suites.policy import InferredBlock, Policy
 
 ROTARY = "Rotary"
@@ -115,11 +116,18 @@ def sharding_record(
     DeepSpeed made of each linear (with what `policies` make of it when init_inference raised first); `chosen_by`
     whose policies they are (`the parser`, or `the injection_policy` a cell passed)."""
     replaced = _replaced(before, model) if complete else []
-    made = (
-        {path: r.layer_class for path, r in replaced}
-        if complete
-        else parser_made(inferred, {p.layer_class: p.allreduce for p in policies})
-    )
+    try:
+        made = (
+            {path: r.layer_class for path, r in replaced}
+            if complete
+            else parser_made(inferred, {p.layer_class: p.allreduce for p in policies})
+        )
+        found = disagreements(inferred, made, chosen_by) if complete or policies else ()
+    except Exception as raised:  # a diagnosis that could not be made is a note on the cell, never its failure
+        found = ()
+        inference_note = "; ".join(
+            filter(None, (inference_note, f"policy not compared: {exception_signature(raised)}"))
+        )
     return AutoTPRecord(
         tp=tp,
         heads=counts.heads,
@@ -132,7 +140,7 @@ def sharding_record(
         left_whole=tuple(_left_whole(before, model, replaced, counts.head_dim)) if complete else (),
         complete=complete,
         inferred=inferred,
-        disagreements=disagreements(inferred, made, chosen_by) if complete or policies else (),
+        disagreements=found,
         inference_note=inference_note,
     )
 

@@ -34,7 +34,7 @@ def test_verified_needs_every_cause_cell_green_and_no_other_verdict_changed():
     fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
     result = judge(CTRL, WITHOUT, fixed, 12.0, "how")
     assert (result.status, len(result.fixed), result.others_compared, result.changed) == ("verified", 2, 1, ())
-    assert result.claim() == "Workaround (verified: 2 of 2 cells pass, 0 other verdicts changed of 1)"
+    assert result.claim() == "Workaround (verified: 2 of 2 cells pass)"
     half = judge(CTRL, WITHOUT, {**fixed, "ctrl.faithful-eager-fp32-tp3": "fail numerics"}, 1.0, "how")
     assert (half.status, half.fixed, half.claim()) == ("unverified", ("ctrl.faithful-eager-fp32-tp2",), "")
     broke = judge(CTRL, WITHOUT, {**fixed, "ctrl-eager-fp32-tp2": "fail forward"}, 1.0, "how")
@@ -113,10 +113,18 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
     def run(folder, models, remedy_name, pins, name):
         ran.append((models, remedy_name, pins))
 
-    from sessions.remedy import Runs
+    from sessions.remedy import Baseline, Runs
 
+    runs = Runs(run)
     result = verify(
-        remedy, Runs(run), tmp_path / "results", tmp_path, lambda line: None, tmp_path / "cache", planted_sdist
+        remedy,
+        runs,
+        Baseline(runs, tmp_path / "results" / "remedy" / "without"),
+        tmp_path / "results",
+        tmp_path,
+        lambda line: None,
+        tmp_path / "cache",
+        planted_sdist,
     )
     assert result.status == "not applied" and "git apply --check" in result.problem
     assert ran == [
@@ -147,51 +155,66 @@ def test_a_remedy_that_does_not_fix_its_cells_is_unverified_in_real_ranks(rank_p
 
 
 def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
-    """The results file `nox -s remedy` writes, read through the hook reports use (suites/mechanism.py): a draft
-    of a ctrl cell carries the verified workaround with what to pass; an unverified one is never claimed."""
-    from matrix.remedies import verified_remedies
+    """The results file `nox -s remedy` writes, read back typed: a verified workaround is claimed with the exact
+    `init_inference` call that passes it; an unverified one never; a file that does not fit is refused naming it."""
+    from matrix.remedies import read_results
     from reports.outputs.remedy_claims import remedy_sections
     from sessions.remedy import write_results
 
     fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
-    verified = judge(CTRL, WITHOUT, fixed, 1.0, "injection_policy={EncoderLayer: ('multi_head_attention.dense',)}")
+    verified = judge(CTRL, WITHOUT, fixed, 1.0, "how")
     unverified = judge(replace(CTRL, name="half"), WITHOUT, WITHOUT, 1.0, "how")
     write_results(tmp_path / "remedies.json", [verified, unverified])
-    hook = verified_remedies(tmp_path / "remedies.json")
-    assert hook == {"ctrl.faithful": (verified,)}
-    text = remedy_sections(("ctrl.faithful-eager-fp32-tp2",), hook)
-    assert "**Workaround (verified: 2 of 2 cells pass, 0 other verdicts changed of 1)**" in text
-    assert "injection_policy={EncoderLayer: ('multi_head_attention.dense',)}" in text and "half" not in text
-    assert remedy_sections(("llama-eager-fp32-tp2",), hook) == ""
+    assert read_results(tmp_path / "remedies.json") == [verified, unverified]
+    text = remedy_sections((verified, unverified), 3, "bf16")
+    assert "**Workaround (verified: 2 of 2 cells pass)**" in text and text.count("**Workaround") == 1
+    assert (
+        'engine = deepspeed.init_inference(\n    model,\n    tensor_parallel={"tp_size": 3},\n'
+        "    dtype=torch.bfloat16,\n    replace_with_kernel_inject=False,\n"
+        "    injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)"
+    ) in text
+    assert remedy_sections((unverified,), 2, "fp32") == ""
     (tmp_path / "remedies.json").write_text('[{"remedy": 3}]')
     with pytest.raises(ValueError, match="remedies.json: not a remedies results file"):
-        verified_remedies(tmp_path / "remedies.json")
+        read_results(tmp_path / "remedies.json")
+
+
+Verdicts = dict[str, tuple[str, str]]
+
+
+def stand_in_runs(ran: list[tuple[str, str, str]], base: Verdicts, remedied: Verdicts | dict[str, Verdicts]):
+    """Runs that write the verdicts they are given (with a remedy or a pinned patch `remedied`, or `remedied[name]`
+    by the remedy's or the pinned checkout's name; else `base`) for the cells `--models` selects into the folder's
+    cells.jsonl, logging (folder, models, remedy or pinned deepspeed)."""
+    import json
+
+    from sessions.remedy import Runs, selects
+
+    def run(folder, models, remedy_name, pins, name):
+        which = remedy_name or pins.get("deepspeed", "").rpartition("/")[2]
+        ran.append((folder.name, models, which))
+        verdicts = base if not which else remedied[which] if which in remedied else remedied
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "cells.jsonl").open("a") as stream:
+            for cell, (outcome, failure_class) in verdicts.items():
+                if selects(models, cell):
+                    record = {"cell": {"id": cell}, "outcome": outcome, "failure_class": failure_class}
+                    stream.write(json.dumps(record | {"run": {"id": name}}) + "\n")
+
+    return Runs(run)
 
 
 def test_verify_runs_the_scope_only_once_the_cause_passes_and_catches_a_changed_verdict(tmp_path, monkeypatch):
-    """The session's order with stand-in runs (each writes the verdicts it is given into the folder's cells.jsonl):
-    a remedy that fixes its cause but turns another cell of its scope red is unverified, naming the cell."""
-    import json
-
-    from sessions.remedy import Runs
+    """The session's order with stand-in runs: a remedy that fixes its cause but turns another cell of its scope red
+    is unverified, naming the cell."""
+    from sessions.remedy import Baseline
 
     monkeypatch.setattr("sessions.remedy.scope_models", lambda remedy: "ctrl,ctrl2")
     base = {"ctrl.faithful-eager-fp32-tp2": ("fail", "numerics"), "ctrl2-eager-fp32-tp2": ("pass", "")}
     remedied = {"ctrl.faithful-eager-fp32-tp2": ("pass", ""), "ctrl2-eager-fp32-tp2": ("fail", "forward")}
-    ran = []
-
-    def run(folder, models, remedy_name, pins, name):
-        ran.append((folder.name, models, remedy_name))
-        verdicts = remedied if remedy_name else base
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / "cells.jsonl").open("a") as stream:
-            for cell, (outcome, failure_class) in verdicts.items():
-                if models == "ctrl.faithful" and not cell.startswith("ctrl.faithful"):
-                    continue
-                record = {"cell": {"id": cell}, "outcome": outcome, "failure_class": failure_class, "run": {"id": name}}
-                stream.write(json.dumps(record) + "\n")
-
-    result = verify(CTRL, Runs(run), tmp_path, tmp_path, lambda line: None)
+    ran: list[tuple[str, str, str]] = []
+    runs = stand_in_runs(ran, base, remedied)
+    result = verify(CTRL, runs, Baseline(runs, tmp_path / "without"), tmp_path, tmp_path, lambda line: None)
     assert ran == [
         ("without", "ctrl.faithful", ""),
         ("with", "ctrl.faithful", "ctrl-policy"),
@@ -200,3 +223,49 @@ def test_verify_runs_the_scope_only_once_the_cause_passes_and_catches_a_changed_
     ]
     assert (result.status, result.fixed) == ("unverified", ("ctrl.faithful-eager-fp32-tp2",))
     assert result.changed == ("ctrl2-eager-fp32-tp2: pass -> fail forward",)
+
+
+def test_several_patches_share_one_run_of_the_default_matrix_without_them(tmp_path, monkeypatch):
+    """Three patches of one `nox -s remedy` (two verified, one that fixes nothing): the default matrix runs without
+    any patch once, before the first patch's whole-matrix run; every later patch reads its cause cells and its scope
+    from that run, and each is judged on it (the patch that broke another cell is caught)."""
+    from sessions.remedy import run_all
+
+    cells = {
+        "ctrl.faithful-eager-fp32-tp2": ("fail", "forward"),
+        "phimoe.faithful-eager-fp32-tp2": ("fail", "numerics"),
+        "bloom.faithful-eager-fp32-tp2": ("fail", "forward"),
+        "llama.faithful-eager-fp32-tp2": ("pass", ""),
+    }
+    fixed = {
+        "ctrl-fix": {**cells, "ctrl.faithful-eager-fp32-tp2": ("pass", "")},
+        "moe-fix": {**cells, "phimoe.faithful-eager-fp32-tp2": ("pass", "")},
+        "no-fix": cells,
+    }
+    patches = [
+        Remedy(name=name, kind="patch", cause_models=(model,), summary="s", mechanism="m", patch="p", deepspeed="0")
+        for name, model in (("ctrl-fix", "ctrl.faithful"), ("moe-fix", "phimoe.faithful"), ("no-fix", "gpt2.faithful"))
+    ]
+    monkeypatch.setattr("sessions.remedy.load_remedies", lambda path, root: patches)
+    monkeypatch.setattr("sessions.remedy.how_text", lambda remedy, root: "diff")
+    monkeypatch.setattr("sessions.remedy.patched_checkout", lambda remedy, *args: tmp_path / remedy.name)
+    ran: list[tuple[str, str, str]] = []
+    runs = stand_in_runs(ran, cells, fixed)
+    results = run_all(["--results", str(tmp_path)], runs, tmp_path, lambda line: None)
+    without = [(models, folder) for folder, models, pinned in ran if not pinned]
+    assert without == [("ctrl.faithful", "without"), ("registry", "without")]
+    assert [r.status for r in results] == ["verified", "verified", "unverified"]
+    assert results[2].problem.startswith("no cell of gpt2.faithful fails without it")
+    assert [(r.cause_cells, r.others_compared) for r in results[:2]] == [
+        (("ctrl.faithful-eager-fp32-tp2",), 3),
+        (("phimoe.faithful-eager-fp32-tp2",), 3),
+    ]
+    # a patch that turns another cell red is caught by the shared baseline as it was by its own
+    ran.clear()
+    broken = {**fixed, "moe-fix": {**fixed["moe-fix"], "llama.faithful-eager-fp32-tp2": ("fail", "numerics")}}
+    results = run_all(["--results", str(tmp_path)], stand_in_runs(ran, cells, broken), tmp_path, lambda line: None)
+    assert results[1].changed == ("llama.faithful-eager-fp32-tp2: pass -> fail numerics",)
+    assert [(models, folder) for folder, models, pinned in ran if not pinned] == [
+        ("ctrl.faithful", "without"),
+        ("registry", "without"),
+    ]

@@ -18,9 +18,10 @@ from pathlib import Path
 import tomllib
 
 from matrix.json_records import read_record
+from matrix.remedies import RemedyResult
 from suites.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
 from suites.records.run_records import read_records
-from suites.statements import Proof, proof_of, stated
+from suites.statements import proof_of, stated
 
 DATA = Path(__file__).parent / "data"
 LABELS = DATA / "default_matrix_mechanisms.toml"
@@ -209,4 +210,40 @@ def test_a_mechanism_is_not_proven_until_a_remedy_is_verified():
     assert stated("X", ctrl) == f"X (mechanism not proven: {ctrl.tried})"
     assert "no remedy run yet" in proof_of("left whole|norm").tried
     assert "attention mask" in proof_of("model|BloomAttention").tried
-    assert stated("X", Proof(ctrl.tried, verified="the parser missed it")) == "the parser missed it"
+
+    def ran(status, fixed, cells=("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")):
+        return RemedyResult(
+            remedy="ctrl-policy", kind="workaround", cause_models=("ctrl.faithful",), summary="s",
+            mechanism="the parser missed it.", how="", status=status, cause_cells=cells, fixed=fixed, changed=(),
+            others_compared=9, seconds=1.0,
+        )  # fmt: skip
+
+    cells = ("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")
+    verified = ran("verified", cells)
+    proof = proof_of("column-parallel|multi_head_attention.dense", cells, [verified])
+    assert stated("X", proof) == "the parser missed it (verified: 2 of 2 cells pass with ctrl-policy)"
+    assert proof.by == (verified,) and proof.verified == "the parser missed it."
+    # a cause with a cell the remedy did not fix, or a remedy that is not verified: not proven, and what was tried
+    wider = proof_of("column-parallel|x", (*cells, "bloom.faithful-eager-fp32-tp2"), [verified])
+    assert stated("X", wider) == "X (mechanism not proven: workaround ctrl-policy: 2 of 3 cells pass)"
+    half = proof_of("column-parallel|x", cells, [ran("unverified", cells[:1])])
+    assert stated("X", half) == "X (mechanism not proven: workaround ctrl-policy: 1 of 2 cells pass)"
+    # a remedy of other cells says nothing of this cause
+    other = proof_of("column-parallel|multi_head_attention.dense", ("llama-eager-fp32-tp2",), [verified])
+    assert stated("X", other) == f"X (mechanism not proven: {ctrl.tried})"
+
+
+def test_a_training_cells_memory_finding_is_the_cause_an_inference_cell_has():
+    """A training cell records no AutoTPRecord (it shards through the training engine); its memory finding is still
+    the memory cause, with its owner and evidence (experts left whole: a documented design limit), so it is one cause
+    with the inference cells' and its sentence goes through `stated` like theirs, never keyed by its text alone."""
+    finding = "memory: experts left whole: model.layers.*.mlp.experts.{gate_up_proj,down_proj}"
+    record = AutoTPRecord(tp=2, heads=4, kv_heads=2, head_dim=8, experts=4, policies=(), unparsed=(), replaced=(),
+                          left_whole=())  # fmt: skip
+    trained, inferred = cause_of(Failure("memory", finding)), cause_of(Failure("memory", finding, record))
+    assert trained == inferred
+    assert (trained.key, trained.whose) == (
+        "memory|experts left whole: experts.{gate_up_proj,down_proj}",
+        "design-limit",
+    )
+    assert trained.words == finding.removeprefix("memory: ") and "AutoTP does not shard" in trained.evidence

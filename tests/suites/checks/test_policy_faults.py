@@ -66,3 +66,16 @@ def test_a_wrong_injection_policy_is_named_as_the_one_passed(rank_pool, llama_tp
     assert [d.text for d in outcome.autotp.disagreements] == [
         "the injection_policy made `self_attn.o_proj` column-parallel; it writes the residual"
     ]
+
+
+def test_a_policy_inference_that_raises_is_a_note_on_the_cell_never_a_setup_failure(rank_pool, llama_tp2):
+    """The inference's walk of the unsharded model and its comparison with what DeepSpeed made both raise (planted
+    in the ranks): the healthy cell still passes, its record says why no policy was inferred or compared."""
+    faults = ("tests.faults:policy_inference_raises",)
+    outcome = run_cell(llama_tp2, rank_pool, RunOptions(cell_timeout=120.0, faults=faults))
+    assert (outcome.outcome, outcome.failure_class) == ("pass", ""), outcome.message
+    record = outcome.autotp
+    assert (record.inferred, record.disagreements) == ((), ())
+    raised = "RuntimeError: planted: the policy inference broke @ faults.py:broken"
+    assert record.inference_note == f"policy not inferred: {raised}; policy not compared: {raised}"
+    assert run_cell(llama_tp2, rank_pool, RunOptions(cell_timeout=120.0)).autotp.inferred  # restored for the next
