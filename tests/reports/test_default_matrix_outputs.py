@@ -22,13 +22,16 @@ from test_reports_checkpoints import run_cells
 
 from matrix.cells import DEFAULT_MODELS
 from matrix.json_records import read_record
+from reports.analysis import console_lines
 from reports.outputs.draft_issue import installed_transformers
+from reports.outputs.model import read_report
 from reports.store import CellKey
 from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of
 from suites.outcome import CellOutcome
 
 FAILURES = Path(__file__).parents[1] / "suites" / "data" / "default_matrix_failures.json"
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
+REMEDIES = Path(__file__).parent / "fixtures" / "remedies-ctrl.json"  # a real `nox -s remedy` run's results file
 # At the installed transformers (the run's was 5.25.0), so render writes the repro scripts and draft issues too.
 VERSIONS = {
     "deepspeed": "0.19.8",
@@ -66,8 +69,11 @@ def real_outcome(failures: dict) -> Callable[[str], CellOutcome]:
 
 @pytest.fixture(scope="module")
 def default_matrix(tmp_path_factory):
-    """The default matrix's real results rendered in Actions (the run's variables set), and its docs diff."""
+    """The default matrix's real results rendered in Actions (the run's variables set), and its docs diff, beside the
+    remedies.json of a real `nox -s remedy` (ctrl's workaround verified)."""
     tmp_path = tmp_path_factory.mktemp("default-matrix")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "remedies.json").write_text(REMEDIES.read_text())
     failures = json.loads(FAILURES.read_text())
     junit = run_cells(
         tmp_path,
@@ -135,6 +141,37 @@ def test_a_causes_sentence_holds_for_every_cell_of_it(default_matrix):
     order = [set(c["failure_class"].split(", ")) for c in causes]
     memory_only = [i for i, classes in enumerate(order) if classes == {"memory"}]
     assert memory_only and all(i > j for i in memory_only for j, c in enumerate(order) if c & {"forward", "numerics"})
+
+
+def test_a_verified_remedy_states_its_cause_everywhere_and_a_cause_without_one_is_not_proven(default_matrix):
+    """ctrl's workaround, verified by a real `nox -s remedy` on its three cells: ctrl's cause states the mechanism it
+    proves with its proof in report.json, report.md, report.html, the step summary and ctrl's checkpoint page, and
+    its draft carries the workaround with the exact init_inference call (no harness name, no host path); every other
+    cause says its mechanism is not proven."""
+    out, _ = default_matrix
+    verified = json.loads(REMEDIES.read_text())[0]
+    proof = "(verified: 3 of 3 cells pass with ctrl-row-parallel-policy)"
+    causes = json.loads((out / "report.json").read_text())["failing_now"]["causes"]
+    ctrl = next(c for c in causes if any(cell.startswith("ctrl.") for cell in c["cells"]))
+    assert ctrl["mechanism"] == f"{verified['mechanism'].rstrip('.')} {proof}"
+    assert [r["remedy"] for r in ctrl["proven_by"]] == ["ctrl-row-parallel-policy"]
+    others = [c for c in causes if c is not ctrl and c["mechanism"] and c["status"] != "unsupported"]
+    assert others and all("(mechanism not proven: " in c["mechanism"] for c in others)
+    assert not any("(verified:" in c["mechanism"] for c in others)
+    sentence = verified["mechanism"].rstrip(".").replace("`", "")
+    for page in ("report.md", "report.html", "step-summary.md"):
+        assert proof in text_of((out / page).read_text()).replace("`", ""), page
+    console = [line for line in console_lines(read_report(out).failing_now) if "ctrl.faithful" in line]
+    assert len(console) == 1 and f"{sentence} {proof}" in console[0]
+    assert sentence in text_of((out / "report.html").read_text()).replace("`", "")
+    draft = (out / ctrl["draft"]).read_text()
+    assert "**Workaround (verified: 3 of 3 cells pass)**" in draft and "Proposed fix" not in draft
+    assert (
+        "injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)\n```" in draft
+    ), draft
+    assert "/work/" not in draft and ".faithful" not in draft.split("**Workaround", 1)[1]
+    other_draft = next(c["draft"] for c in others if c["draft"])
+    assert "(verified" not in (out / other_draft).read_text()
 
 
 def test_the_step_summary_fits_a_screen_and_links_only_absolutely(default_matrix):
