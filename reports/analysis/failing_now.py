@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
@@ -377,7 +377,21 @@ def backfill_command(cells: list[CellKey]) -> str:
     return "nox -s backfill -- " + " ".join(option for option in options if option)
 
 
-def _mechanism(key: str, statuses: list[CellStatus], text: str, refused_by_design: bool, proof: Proof) -> str:
+def cause_statement(
+    key: str,
+    statuses: Sequence[CellStatus],
+    text: str,
+    cells: Collection[str],
+    remedies: Sequence[RemedyResult] = (),
+    refused_by_design: bool = False,
+) -> str:
+    """The one sentence of a cause, as every output says it (report, console, step summary, checkpoint pages, drafts,
+    gate and PR comment): `cells` its cells, `text` its example's masked signature, `remedies` what `nox -s remedy`
+    found; "" where nothing was located (the signature then stands for it)."""
+    return _mechanism(key, statuses, text, refused_by_design, proof_of(key, cells, remedies))
+
+
+def _mechanism(key: str, statuses: Sequence[CellStatus], text: str, refused_by_design: bool, proof: Proof) -> str:
     """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`), stated as proven
     only by a verified remedy (suites/statements.py `stated`: a verified remedy's sentence whatever was located; a
     refusal DeepSpeed documents is its own proof); "" for results recorded before causes were kept, and where it only

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from matrix.remedies import RESULTS_NAME, read_results
 from reports import ReportsError
 from reports.analysis import baseline_lines, select, select_baseline
 from reports.clones import GitRepo
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         base_text=base_text,
         commits=commits,
         confirmations=args.confirmations,
+        # `nox -s remedy` writes its results beside the store it merges into: a cause it proved is stated so here too
+        remedies=read_results(Path(args.store).parent / RESULTS_NAME),
     )
     text, blocks = gate_text(
         pr, args.confirmations, block_changed=args.block_changed, allow_missing=args.allow_missing, ignored=ignored

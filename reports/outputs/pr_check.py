@@ -12,12 +12,14 @@ cell a link to its logs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from matrix.registry import KnownFailure
+from matrix.remedies import RemedyResult
 from reports import ReportsError
-from reports.analysis import GateRow, History, analyse, compare, failure_cause_id, summarise
+from reports.analysis import CellStatus, GateRow, History, analyse, compare, failure_cause_id, summarise
 from reports.clones import GitRepo
 from reports.outputs.pr_failures import PrFailure, cause_words, classify
 from reports.store import CellKey, Observation, Run
@@ -124,21 +126,32 @@ def check(
     base_text: str,
     commits: Commits | None = None,
     confirmations: int = 1,
+    remedies: Sequence[RemedyResult] = (),
 ) -> PrCheck:
-    """The one comparison the gate and the PR comment render."""
+    """The one comparison the gate and the PR comment render (`remedies`: what `nox -s remedy` found, which states a
+    cause proven)."""
     rows = compare(base, candidate, confirmations)
-    fixed = []
+    fixed_causes: dict[str, dict[CellKey, CellStatus]] = defaultdict(dict)  # each cause's cells, in the rows' order
     for row in rows:
         if row.verdict == "fixed":
             status = summarise([obs for obs in base if obs.cell == row.cell])
-            cause_id = failure_cause_id(status.failure_class, status.signature, status.cause)
-            fixed.append(Fixed(row.cell, cause_id, status.failure_class, cause_words(status)))
+            fixed_causes[failure_cause_id(status.failure_class, status.signature, status.cause)][row.cell] = status
+    words = {cause_id: cause_words(cells, remedies) for cause_id, cells in fixed_causes.items()}
+    order = {row.cell: place for place, row in enumerate(rows)}
+    fixed = sorted(
+        (
+            Fixed(cell, cause_id, status.failure_class, words[cause_id])
+            for cause_id, cells in fixed_causes.items()
+            for cell, status in cells.items()
+        ),
+        key=lambda entry: order[entry.cell],
+    )
     return PrCheck(
         base=base_text,
         commits=commits,
         base_runs=_runs(base),
         candidate_runs=_runs(candidate),
-        failures=tuple(classify(base, candidate, history, known)),
+        failures=tuple(classify(base, candidate, history, known, remedies)),
         fixed=tuple(fixed),
         rows=tuple(rows),
     )

@@ -13,15 +13,18 @@ The first line of a PR comment (reports.outputs.publish) and of `python -m repor
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from matrix.registry import KnownFailure
+from matrix.remedies import RemedyResult
 from reports.analysis import (
     NO_VERDICT_STATUSES,
     CellStatus,
     History,
     Link,
     cause,
+    cause_statement,
     cells_text,
     code,
     count_text,
@@ -66,18 +69,25 @@ class PrFailure:
 
 
 def classify(
-    base: list[Observation], candidate: list[Observation], history: History, known: dict[str, KnownFailure]
+    base: list[Observation],
+    candidate: list[Observation],
+    history: History,
+    known: dict[str, KnownFailure],
+    remedies: Sequence[RemedyResult] = (),
 ) -> list[PrFailure]:
-    """Every cell that fails in the candidate, classified against the base; new ones first."""
+    """Every cell that fails in the candidate, classified against the base, each cause in the report's one sentence
+    (`remedies`: what `nox -s remedy` found, which states a cause proven); new ones first."""
     by_cell: dict[str, dict[CellKey, list[Observation]]] = {"base": defaultdict(list), "candidate": defaultdict(list)}
     for side, observations in (("base", base), ("candidate", candidate)):
         for obs in observations:
             by_cell[side][obs.cell].append(obs)
     found = []
+    statuses: dict[CellKey, CellStatus] = {}
     for cell, observations in sorted(by_cell["candidate"].items()):
         status = summarise(observations)
         if not status.fails:
             continue
+        statuses[cell] = status
         before = summarise(by_cell["base"][cell]) if cell in by_cell["base"] else None
         text = cause(status.signature)
         newest = max(observations, key=lambda o: (o.run.started, o.run.run_id)).versions
@@ -120,20 +130,36 @@ def classify(
                 known=match,
                 key=_failure(status) or "",
                 cause_id=failure_cause_id(status.failure_class, status.signature, status.cause),
-                words=cause_words(status),
                 detail=_detail(max(failing, key=lambda o: (o.run.started, o.run.run_id)).result) if failing else "",
             )
         )
+    members: dict[str, list[PrFailure]] = defaultdict(list)
+    for failure in found:
+        members[failure.cause_id].append(failure)
+    words = {
+        cause_id: cause_words(
+            {f.cell: statuses[f.cell] for f in group},
+            remedies,
+            refused_by_design=all(f.known is not None and f.known.state == "unsupported" for f in group),
+        )
+        for cause_id, group in members.items()
+    }
+    found = [replace(f, words=words[f.cause_id]) for f in found]
     return sorted(found, key=lambda f: (PR_KINDS.index(f.kind), f.cell))
 
 
-def cause_words(status: CellStatus) -> str:
-    """The cause of a failing status in the report's words (reports.analysis.failing_now: the recorded mechanism where
-    it says more than the masked signature), else the class and cause's reason."""
-    text = cause(status.signature)
-    if status.cause is not None and status.cause.words and status.cause.words != text:
-        return status.cause.words
-    return reason(status.failure_class, text).sentence
+def cause_words(
+    statuses: dict[CellKey, CellStatus], remedies: Sequence[RemedyResult] = (), refused_by_design: bool = False
+) -> str:
+    """The failing cells of one cause in the report's one sentence (reports.analysis.failing_now `cause_statement`:
+    its mechanism, stated as proven only by a remedy verified on every one of them), else the class and cause's
+    reason."""
+    first = next(iter(statuses.values()))
+    text = cause(first.signature)
+    key = failure_key(first.failure_class, first.signature, first.cause)
+    cells = [cell.id for cell in statuses]
+    sentence = cause_statement(key, list(statuses.values()), text, cells, remedies, refused_by_design)
+    return sentence or reason(first.failure_class, text).sentence
 
 
 def _detail(result: CellResult) -> str:

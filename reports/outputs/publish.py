@@ -18,10 +18,12 @@ from pathlib import Path
 
 from matrix.redaction import redact
 from matrix.registry import KnownFailure
+from matrix.remedies import RESULTS_NAME, RemedyResult, read_results
 from reports import Log, ReportsError
 from reports.analysis import (
     DeltaCause,
     History,
+    ResultFiles,
     SessionDeltas,
     analyse,
     cell_checkpoints,
@@ -200,7 +202,8 @@ def upstream_posts(
 ) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
     (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
-    report = build_report(history, aggregate(observations), None, known)
+    files = ResultFiles(remedies=tuple(read_results(out_dir / RESULTS_NAME)))
+    report = build_report(history, aggregate(observations), None, known, files)
     failing = {entry.id: entry for entry in report.failing_now.causes}
     folder = out_dir / "publish" / "upstream"
     posts = []
@@ -230,10 +233,11 @@ def _pr_check(
     repo: GitRepo | None,
     known: dict[str, KnownFailure],
     log: Log,
+    remedies: tuple[RemedyResult, ...] = (),
 ) -> PrCheck | None:
     """The pull request's check the gate prints too (reports.outputs.pr_check): the runs of the head against the
     trusted runs of the merge base (`commits`: head, merge base), or the newest runs against `base`; None without
-    either."""
+    either. `remedies`: what `nox -s remedy` found, which states a cause proven."""
     if commits is not None:
         base_observations, candidate, tested = select_commits(observations, *commits, repo)
         base_text = commits_base_text(tested, base_observations)
@@ -245,7 +249,7 @@ def _pr_check(
     else:
         return None
     history = check_history(observations, candidate)
-    return check(base_observations, candidate, history, known, base_text=base_text, commits=tested)
+    return check(base_observations, candidate, history, known, base_text=base_text, commits=tested, remedies=remedies)
 
 
 # ---- Writing and posting -----------------------------------------------------------------------------------------
@@ -288,7 +292,8 @@ def publish_deltas(
     checkpoints = cell_checkpoints(aggregate(observations), history)
     newest_runs = {session.newest for session in deltas}
     newest = [obs for obs in observations if obs.run in newest_runs]
-    checked = _pr_check(all_observations, newest, base, commits, deepspeed_repo, known or {}, log)
+    remedies = tuple(read_results(out_dir / RESULTS_NAME))
+    checked = _pr_check(all_observations, newest, base, commits, deepspeed_repo, known or {}, log, remedies)
     # A pull request's run (untrusted) never opens or edits an issue, here or upstream: its JUnit chose its causes.
     untrusted = sorted(
         run.run_id for run in {*newest_runs, *(checked.candidate_runs if checked else ())} if not run.trusted

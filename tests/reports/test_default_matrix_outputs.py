@@ -166,9 +166,7 @@ def test_a_verified_remedy_states_its_cause_everywhere_and_a_cause_without_one_i
     assert sentence in text_of((out / "report.html").read_text()).replace("`", "")
     draft = (out / ctrl["draft"]).read_text()
     assert "**Workaround (verified: 3 of 3 cells pass)**" in draft and "Proposed fix" not in draft
-    assert (
-        "injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)\n```" in draft
-    ), draft
+    assert "injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)\n```" in draft, draft
     assert "/work/" not in draft and ".faithful" not in draft.split("**Workaround", 1)[1]
     other_draft = next(c["draft"] for c in others if c["draft"])
     assert "(verified" not in (out / other_draft).read_text()

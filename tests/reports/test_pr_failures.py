@@ -232,3 +232,36 @@ def test_a_base_that_matches_no_run_is_one_line(pair, tmp_path, capsys):
     assert capsys.readouterr().err.startswith(
         "error: --base 'deepspeed=9.9.9' matches no stored run; stored version sets:"
     )
+
+
+def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_by_a_verified_remedy():
+    """The words the gate and the PR comment give a cause are the report's one sentence (reports.analysis
+    `cause_statement`): its mechanism "(mechanism not proven: …)" until `nox -s remedy` verified a remedy on every one
+    of its failing cells, then that remedy's mechanism "(verified: N of N cells pass with <remedy>)"."""
+    from matrix.remedies import RemedyResult
+    from reports.analysis.statuses import CellStatus
+    from reports.outputs.pr_failures import cause_words
+    from reports.store.records import CellKey
+    from suites.mechanism import Cause
+
+    key = "column-parallel|multi_head_attention.dense"
+    words = "the parser left `multi_head_attention.dense` column-parallel (LinearLayer)"
+    cells = {
+        CellKey("ctrl.faithful", "eager", "fp32", tp): CellStatus(
+            "fail", 0, 1, 0, "forward", "RuntimeError: size @ x.py:f", cause=Cause(key, words, "autotp")
+        )
+        for tp in (2, 3)
+    }
+    ids = tuple(cell.id for cell in cells)
+    remedy = RemedyResult(
+        remedy="ctrl-row-parallel-policy", kind="workaround", cause_models=("ctrl.faithful",), summary="s",
+        mechanism="CTRL registers its layernorms after `ffn`.", how="", status="verified", cause_cells=ids, fixed=ids,
+        changed=(), others_compared=0, seconds=1.0,
+    )  # fmt: skip
+    assert cause_words(cells).startswith(f"{words} (mechanism not proven: ")
+    proven = "CTRL registers its layernorms after `ffn` (verified: 2 of 2 cells pass with ctrl-row-parallel-policy)"
+    assert cause_words(cells, (remedy,)) == proven
+    half = RemedyResult(**{**remedy.__dict__, "fixed": ids[:1], "status": "unverified"})
+    assert cause_words(cells, (half,)) == (
+        f"{words} (mechanism not proven: workaround ctrl-row-parallel-policy: 1 of 2 cells pass)"
+    )
