@@ -22,9 +22,10 @@ def remedy_sections(results: tuple[RemedyResult, ...], tp: int, dtype: str) -> s
 def remedy_section(result: RemedyResult, tp: int, dtype: str) -> str:
     """ "Workaround (verified: N of N cells pass)" with the call that passes it, or "Proposed fix (verified …)"
     with the diff, each with the mechanism it proves and what else it was run on."""
-    others = (
-        f"With it, every one of the {len(result.cause_cells)} failing configurations passes, and none of the "
-        f"{result.others_compared} other configurations run with and without it changed its result."
+    others = f"With it, every one of the {len(result.cause_cells)} failing configurations passes" + (
+        f", and none of the {result.others_compared} other configurations run with and without it changed its result."
+        if result.others_compared
+        else "."
     )
     lines = ["", f"**{result.claim()}**", "", result.mechanism, "", result.summary.rstrip(".") + ". " + others, ""]
     if result.kind == "workaround":
