@@ -27,7 +27,8 @@ def remedy_section(result: RemedyResult, tp: int, dtype: str) -> str:
         if result.others_compared
         else "."
     )
-    lines = ["", f"**{result.claim()}**", "", result.mechanism, "", result.summary.rstrip(".") + ". " + others, ""]
+    summary = result.summary[:1].upper() + result.summary[1:].rstrip(".")
+    lines = ["", f"**{result.claim()}**", "", result.mechanism, "", f"{summary}. {others}", ""]
     if result.kind == "workaround":
         lines += fence("\n".join(workaround_call(result.arguments, tp, dtype)), "python")
     else:
