@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import importlib.util
 import json
 import os
 import shlex
@@ -330,9 +331,57 @@ def sysconfig_purelib(python: Path) -> str:
 _CHOSEN: dict[Path, Installer] = {}
 
 
+def tool_folder(root: Path, requirement: str) -> Path:
+    """Where `install_tool` puts a pinned tool (`uv==X.Y.Z`) under root."""
+    return root / TOOLS_FOLDER / requirement.replace("==", "-")
+
+
+def install_tool(root: Path, requirement: str) -> Path:
+    """`pip install --target` of one pinned requirement under root/.tools/, once (under a lock, into a partial
+    folder renamed when complete, so a killed install leaves nothing half there); its folder. InstallError (pip's
+    words redacted) when pip fails."""
+    target = tool_folder(root, requirement)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / f".{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                partial = target.with_name(target.name + ".partial")
+                shutil.rmtree(partial, ignore_errors=True)
+                run_checked(
+                    [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial), requirement],
+                    f"install {requirement}",
+                )
+                partial.rename(target)
+    return target
+
+
+def redaction_library(root: Path) -> None:
+    """detect-secrets importable in this interpreter. matrix/redaction.py needs it to redact what nox's own process
+    writes (pip's and git's words in an install failure, a remedy's problem), and README installs only nox there:
+    the project's pin is installed once under root/.tools/ and put at the end of sys.path (nothing of nox's shadowed).
+    Its own install failure is not quoted (nothing could redact pip's words yet): the error says what to run."""
+    if importlib.util.find_spec("detect_secrets") is not None:
+        return
+    (requirement,) = (
+        dependency
+        for dependency in tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+        if canonicalize_name(Requirement(dependency).name) == "detect-secrets"
+    )
+    try:
+        folder = install_tool(root, requirement)
+    except (InstallError, ImportError, OSError):  # pip's words reach redact(), which cannot import the library yet
+        raise InstallError(
+            f"could not install {requirement} under {tool_folder(root, requirement)} (pip failed; its output is not "
+            f"shown: nothing can redact it before this library is there): install it beside nox, "
+            f"`python3 -m pip install {requirement}`, and run the session again"
+        ) from None
+    sys.path.append(str(folder))
+
+
 def pinned_uv(root: Path) -> Path:
     """Where installer() puts the uv of pyproject.toml's pin under root."""
-    return root / TOOLS_FOLDER / uv_requirement().replace("==", "-") / "bin" / "uv"
+    return tool_folder(root, uv_requirement()) / "bin" / "uv"
 
 
 def point_nox_at_the_pinned_uv(root: Path) -> None:
@@ -347,6 +396,7 @@ def point_nox_at_the_pinned_uv(root: Path) -> None:
 def installer(root: Path, log: Callable[[str], None] = print) -> Installer:
     """uv, installed once under root/.tools/ (pip's own configuration finds it), else pip with a line
     saying why."""
+    redaction_library(root)  # an install failure's words are redacted in this process
     if os.environ.get(INSTALLER_ENV, "").lower() == "pip":
         return Installer(None)
     if root in _CHOSEN:
@@ -358,23 +408,11 @@ def installer(root: Path, log: Callable[[str], None] = print) -> Installer:
         return Installer(None)
     requirement = uv_requirement()
     binary = pinned_uv(root)
-    target = binary.parent.parent
-    if not binary.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target.parent / f".{target.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not binary.exists():
-                partial = target.with_name(target.name + ".partial")
-                shutil.rmtree(partial, ignore_errors=True)
-                try:
-                    run_checked(
-                        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial), requirement],
-                        f"install {requirement}",
-                    )
-                    partial.rename(target)
-                except (InstallError, OSError) as error:
-                    log(f"{requirement} unavailable, environments are built with pip: {str(error).splitlines()[0]}")
-                    _CHOSEN[root] = Installer(None)
-                    return _CHOSEN[root]
+    try:
+        install_tool(root, requirement)
+    except (InstallError, OSError) as error:
+        log(f"{requirement} unavailable, environments are built with pip: {str(error).splitlines()[0]}")
+        _CHOSEN[root] = Installer(None)
+        return _CHOSEN[root]
     _CHOSEN[root] = Installer(binary)
     return _CHOSEN[root]

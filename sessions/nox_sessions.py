@@ -36,6 +36,7 @@ from sessions.environments import (
     env_root,
     environment_variables,
 )
+from sessions.installers import redaction_library
 from sessions.npm_tools import with_npm_tools
 from suites.command import parse_suite_options, suites_command
 
@@ -335,6 +336,7 @@ def run_suites(
     (the environment's python, "") when they ran, else (None, why not), the selected cells recorded there as
     `install` failures. The runs are recorded under `session_name` (default: the nox session's name)."""
     session_name = session_name or session.name
+    redaction_library(env_root())  # an install failure is recorded, redacted, by this process
     extras_name, mode, pytest_args = environment_options(pytest_args)
     selection = parse_suite_options(pytest_args)
     try:

@@ -91,9 +91,9 @@ def judge(
         changed=changed,
         others_compared=len(others) if all_fixed else 0,
         seconds=round(seconds, 1),
-        # pip's and git's own words: a credential in an index URL never reaches the file (the redactor's library is
-        # imported only for a problem to redact: nox's own interpreter, which runs this, may lack it)
-        problem=redact(problem) if problem else "",
+        # pip's and git's own words: a credential in an index URL never reaches the file (nox's own interpreter runs
+        # this: run_suites gave it the redactor's library, sessions/installers.py redaction_library)
+        problem=redact(problem),
         arguments=remedy.arguments,
     )
 
