@@ -62,6 +62,10 @@ class Remedy:
     """Patch: the diff's path relative to the repository (`matrix/remedy_patches/<name>.diff`)."""
     deepspeed: str = ""
     """Patch: the DeepSpeed release the diff applies to (`0.19.8`)."""
+    requires: tuple[str, ...] = field(default=(), metadata=written_as('remedy names, e.g. ["fused-experts-split"]'))
+    """Patches applied together with this remedy, by name: their diffs first (each after its own `requires`), then
+    this one's, on one checkout of the release. Its cells are compared with the required patches alone, so a verified
+    result proves this remedy's mechanism given the required ones, not theirs."""
     line: int = field(default=0, metadata=NOT_IN_FILE)
     """The line of the file the table starts at (for messages)."""
 
@@ -83,6 +87,8 @@ class Remedy:
         for block, names in self.injection_policy.items():
             if not names:
                 raise TableError(f"injection_policy.{block}", "must name at least one row-parallel linear")
+        if len(set(self.requires)) != len(self.requires):
+            raise TableError("requires", f"names a remedy twice: {list(self.requires)}")
 
     @property
     def arguments(self) -> CellArguments:
@@ -127,6 +133,9 @@ class RemedyResult:
     arguments: CellArguments = NO_ARGUMENTS
     """Workaround: what its cells pass, typed (a draft writes the `init_inference` call from it); empty for a patch
     and in files written before the field was added."""
+    requires: tuple[str, ...] = ()
+    """The patches applied with it (`Remedy.requires`, in application order): both runs had them, so the result
+    proves this remedy's mechanism given theirs."""
 
     def claim(self) -> str:
         """The heading a draft issue carries for a verified remedy ("Workaround (verified: 3 of 3 cells pass)"), ""
@@ -134,6 +143,8 @@ class RemedyResult:
         if self.status != "verified":
             return ""
         proof = f"verified: {len(self.fixed)} of {len(self.cause_cells)} cells pass"
+        if self.requires:
+            proof += f", with {', '.join(self.requires)} applied"
         return f"Workaround ({proof})" if self.kind == "workaround" else f"Proposed fix ({proof})"
 
 
@@ -167,7 +178,51 @@ def load_remedies(path: Path = REMEDIES_FILE, root: Path = MATRIX_DIR.parent) ->
         if any(known.name == remedy.name for known in remedies):
             raise RemedyError(f"{path}: line {line}: remedy name {remedy.name!r} is used twice; names are unique")
         remedies.append(remedy)
+    for remedy in remedies:
+        _check_requires(path, remedy, remedies)
     return remedies
+
+
+def _check_requires(path: Path, remedy: Remedy, remedies: list[Remedy]) -> None:
+    """Every name `remedy.requires` gives is a patch of the file, against the remedy's release, and no chain of
+    `requires` leads back to it; a `RemedyError` names the file, the line of the table and the names."""
+    where = f"{path}: line {remedy.line} ([[remedy]] {remedy.name!r}): requires"
+    by_name = {known.name: known for known in remedies}
+    for name in remedy.requires:
+        required = by_name.get(name)
+        if required is None:
+            raise RemedyError(f"{where} {name!r}, which no [[remedy]] is named; known: {', '.join(sorted(by_name))}")
+        if required.kind != "patch":
+            raise RemedyError(f"{where} {name!r}, a workaround; only patches are applied together (one checkout)")
+        if remedy.kind == "patch" and required.deepspeed != remedy.deepspeed:
+            raise RemedyError(
+                f"{where} {name!r}, a patch against deepspeed {required.deepspeed}, not {remedy.deepspeed}"
+            )
+    chain = _cycle(remedy.name, by_name, (remedy.name,))
+    if chain:
+        raise RemedyError(f"{where} a cycle: {' -> '.join(chain)}; a remedy cannot need itself")
+
+
+def _cycle(name: str, by_name: dict[str, Remedy], path: tuple[str, ...]) -> tuple[str, ...]:
+    """The chain of `requires` from `path[0]` back to itself through `name`, or () when there is none."""
+    for required in by_name[name].requires:
+        if required == path[0]:
+            return (*path, required)
+        if required in by_name and required not in path and (found := _cycle(required, by_name, (*path, required))):
+            return found
+    return ()
+
+
+def required_patches(remedy: Remedy, remedies: list[Remedy]) -> tuple[Remedy, ...]:
+    """The patches `remedy` requires, in the order they are applied: each after its own `requires`, each once
+    (`load_remedies` has checked the names exist and form no cycle)."""
+    by_name = {known.name: known for known in remedies}
+    ordered: list[Remedy] = []
+    for name in remedy.requires:
+        for required in (*required_patches(by_name[name], remedies), by_name[name]):
+            if required not in ordered:
+                ordered.append(required)
+    return tuple(ordered)
 
 
 def remedies_for(cause: str, remedies: list[Remedy]) -> list[Remedy]:

@@ -29,7 +29,16 @@ from matrix import cache_root
 from matrix.json_records import write_record
 from matrix.redaction import redact
 from matrix.registry import load_models
-from matrix.remedies import REMEDIES_FILE, RESULTS_NAME, Remedy, RemedyResult, RemedyStatus, load_remedies, remedies_for
+from matrix.remedies import (
+    REMEDIES_FILE,
+    RESULTS_NAME,
+    Remedy,
+    RemedyResult,
+    RemedyStatus,
+    load_remedies,
+    remedies_for,
+    required_patches,
+)
 from matrix.shapes import split_shaped_name
 from suites.git import GitFailed, git_output, run_git
 from suites.records.run_records import read_records
@@ -60,10 +69,16 @@ def cause_cells(remedy: Remedy, without: dict[str, str]) -> tuple[str, ...]:
 
 
 def judge(
-    remedy: Remedy, without: dict[str, str], with_it: dict[str, str], seconds: float, how: str, problem: str = ""
+    remedy: Remedy,
+    without: dict[str, str],
+    with_it: dict[str, str],
+    seconds: float,
+    how: str,
+    problem: str = "",
+    required: tuple[Remedy, ...] = (),
 ) -> RemedyResult:
     """The remedy's result from its scope's verdicts without and with it (a cell it did not run counts as changed
-    when the cause cells all passed: the scope was to be run)."""
+    when the cause cells all passed: the scope was to be run); `required`: the patches both runs had."""
     causes = cause_cells(remedy, without)
     fixed = tuple(cell for cell in causes if with_it.get(cell) == "pass")
     all_fixed = bool(causes) and len(fixed) == len(causes)
@@ -95,6 +110,7 @@ def judge(
         # this: run_suites gave it the redactor's library, sessions/installers.py redaction_library)
         problem=redact(problem),
         arguments=remedy.arguments,
+        requires=tuple(patch.name for patch in required),
     )
 
 
@@ -104,6 +120,8 @@ def progress_line(result: RemedyResult) -> str:
         f"cause cells pass, {len(result.changed)} of {result.others_compared} other verdicts changed; "
         f"{result.seconds:.0f} s"
     )
+    if result.requires:
+        line += f" (with {', '.join(result.requires)} applied to both runs)"
     return line + (f" ({result.problem})" if result.problem else "")
 
 
@@ -171,34 +189,41 @@ def pip_download(release: str, folder: Path) -> None:
 
 
 def patched_checkout(
-    remedy: Remedy, root: Path, cache: Path | None = None, download: Callable[[str, Path], None] = pip_download
+    patches: tuple[Remedy, ...],
+    root: Path,
+    cache: Path | None = None,
+    download: Callable[[str, Path], None] = pip_download,
 ) -> Path:
-    """The release's sdist unpacked and committed (a git checkout, as the `deepspeed@<path>` axis needs), with the
-    remedy's diff applied and committed on top; the same remedy and diff give the same folder again."""
-    cache = cache or cache_root() / "remedies"
-    diff = remedy.patch_path(root)
-    checkout = cache / "checkouts" / f"{remedy.name}-{remedy.deepspeed}"
+    """The release's sdist unpacked and committed (a git checkout, as the `deepspeed@<path>` axis needs), with each
+    patch's diff applied and committed on top, in order (a remedy after the patches it requires); the same patches
+    give the same folder again."""
+    cache, release = cache or cache_root() / "remedies", patches[-1].deepspeed
+    texts = [f"{patch.name}\n{patch.patch_path(root).read_text()}" for patch in patches]
+    checkout = cache / "checkouts" / f"{'+'.join(patch.name for patch in patches)}-{release}"
     applied = checkout.with_name(f"{checkout.name}.applied.diff")  # beside the tree: the checkout stays clean
-    if checkout.is_dir() and applied.exists() and applied.read_text() == diff.read_text():
+    if checkout.is_dir() and applied.exists() and applied.read_text() == "".join(texts):
         return checkout
     shutil.rmtree(checkout, ignore_errors=True)
     checkout.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(sdist(remedy.deepspeed, cache, download)) as archive:
+    with tarfile.open(sdist(release, cache, download)) as archive:
         top = archive.getnames()[0].split("/")[0]
         archive.extractall(checkout.parent / "unpacking", filter="data")
     (checkout.parent / "unpacking" / top).rename(checkout)
     shutil.rmtree(checkout.parent / "unpacking")
-    _commit(checkout, f"deepspeed {remedy.deepspeed}", ("init", "-q"))
-    try:
-        check = run_git("apply", "--check", str(diff), folder=checkout)
-    except GitFailed as failed:
-        raise PatchError(str(failed)) from None
-    if check.returncode:
-        raise PatchError(
-            f"{remedy.patch} does not apply to deepspeed {remedy.deepspeed} (git apply --check): {check.stderr.strip()}"
-        )
-    _commit(checkout, remedy.name, ("apply", str(diff)))
-    applied.write_text(diff.read_text())
+    _commit(checkout, f"deepspeed {release}", ("init", "-q"))
+    for index, patch in enumerate(patches):
+        diff = patch.patch_path(root)
+        try:
+            check = run_git("apply", "--check", str(diff), folder=checkout)
+        except GitFailed as failed:
+            raise PatchError(str(failed)) from None
+        if check.returncode:
+            onto = f" with {', '.join(done.name for done in patches[:index])} applied" if index else ""
+            raise PatchError(
+                f"{patch.patch} does not apply to deepspeed {release}{onto} (git apply --check): {check.stderr.strip()}"
+            )
+        _commit(checkout, patch.name, ("apply", str(diff)))
+    applied.write_text("".join(texts))
     return checkout
 
 
@@ -253,12 +278,16 @@ class Baseline:
     """The `--models` selections run so far."""
     spent: list[float] = field(default_factory=list)
     """Each run's wall seconds."""
+    pins: dict[str, str] = field(default_factory=dict)
+    """Axis pins of every run (a stacked remedy's required patches); none for the release itself."""
+    name: str = "remedy-without"
+    """The runs' session name in the history."""
 
     def verdicts(self, models: str, log: Callable[[str], None]) -> dict[str, str]:
         """The verdicts of the cells `--models <models>` selects, without any remedy (run now unless already run)."""
         if models not in self.ran and REGISTRY not in self.ran:
             started = time.monotonic()
-            self.runs.run(self.folder, models, "", {}, "remedy-without")
+            self.runs.run(self.folder, models, "", self.pins, self.name)
             self.spent.append(time.monotonic() - started)
             self.ran.add(models)
             shared = " (once, shared by every remedy)" if models == REGISTRY else ""
@@ -287,12 +316,15 @@ def verify(
     log: Callable[[str], None],
     sdists: Path | None = None,
     download: Callable[[str, Path], None] = pip_download,
+    required: tuple[Remedy, ...] = (),
 ) -> RemedyResult:
     """One remedy: its cause models' cells without it (`baseline`) and with it; only when every cause cell passes
     with it, the whole scope without (`baseline`, run once for every remedy) and with it (a remedy that does not fix
     its cause costs one small run); judged by `judge`. Its seconds leave out the shared baseline's runs. A patch's
-    sdist comes from `sdists` (default: the harness cache's), fetched by `download` when missing."""
-    started, shared_before = time.monotonic(), sum(baseline.spent)
+    sdist comes from `sdists` (default: the harness cache's), fetched by `download` when missing. `required`: the
+    patches it requires (matrix/remedies.py `required_patches`), applied to both runs: "without it" is then the
+    release with them (a baseline of its own, its seconds counted) and "with it" the release with them and it."""
+    started, shared_before, shared = time.monotonic(), sum(baseline.spent), baseline
     folder, scope, causes_selection = (
         results / "remedy" / remedy.name,
         scope_models(remedy),
@@ -300,17 +332,24 @@ def verify(
     )
 
     def own_seconds() -> float:
-        return time.monotonic() - started - (sum(baseline.spent) - shared_before)
+        return time.monotonic() - started - (sum(shared.spent) - shared_before)
 
-    pins, name, with_remedy = {}, f"remedy-{remedy.name}", remedy.name if remedy.kind == "workaround" else ""
-    log(f"remedy {remedy.name}: its cause models ({causes_selection}) without it")
-    without = baseline.verdicts(causes_selection, log)
+    with_remedy = remedy.name if remedy.kind == "workaround" else ""
+    stack = (*required, remedy) if remedy.kind == "patch" else required
+    name, base = "remedy-" + "+".join(r.name for r in (*required, remedy)), "+".join(r.name for r in required)
     try:
         how = how_text(remedy, root)
-        if remedy.kind == "patch":
-            pins = {"deepspeed": f"deepspeed@{patched_checkout(remedy, root, sdists, download)}"}
-    except PatchError as error:
-        return judge(remedy, without, {}, own_seconds(), "", problem=str(error))
+        pins = {"deepspeed": f"deepspeed@{patched_checkout(stack, root, sdists, download)}"} if stack else {}
+        if required:
+            base_pins = {"deepspeed": f"deepspeed@{patched_checkout(required, root, sdists, download)}"}
+            baseline = Baseline(runs, folder / "without", pins=base_pins, name=f"remedy-{base}")
+    except PatchError as error:  # nothing runs: no cell of an unpatched DeepSpeed is taken for a patched one's
+        return judge(remedy, {}, {}, own_seconds(), "", str(error), required)
+    log(
+        f"remedy {remedy.name}: its cause models ({causes_selection}) without it"
+        + (f" ({base} applied)" if base else "")
+    )
+    without = baseline.verdicts(causes_selection, log)
     causes = cause_cells(remedy, without)
     log(f"remedy {remedy.name}: its cause cells ({', '.join(causes) or 'none'}) with it")
     runs.run(folder / "with", causes_selection, with_remedy, pins, name)
@@ -320,7 +359,7 @@ def verify(
         without = baseline.verdicts(scope, log)
         runs.run(folder / "with", scope, with_remedy, pins, name)
         with_it = verdicts(folder / "with")
-    return judge(remedy, without, with_it, own_seconds(), how)
+    return judge(remedy, without, with_it, own_seconds(), how, required=required)
 
 
 def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None]) -> list[RemedyResult]:
@@ -332,7 +371,8 @@ def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None])
     results: list[RemedyResult] = []
     for index, remedy in enumerate(picked, 1):
         log(f"remedy {index} of {len(picked)}: {remedy.name}")
-        results.append(verify(remedy, runs, baseline, Path(args.results), root, log))
+        required = required_patches(remedy, remedies)
+        results.append(verify(remedy, runs, baseline, Path(args.results), root, log, required=required))
         log(progress_line(results[-1]))
         write_results(Path(args.results) / RESULTS_NAME, results)
     if baseline.spent:

@@ -2,6 +2,7 @@
 verdict; a patch is applied to its release's sdist as a committed checkout the deepspeed axis pins, and one that does
 not apply is reported with git's words, never run."""
 
+import re
 import subprocess
 import tarfile
 from dataclasses import replace
@@ -70,23 +71,23 @@ def planted_sdist(release: str, folder: Path) -> None:
         archive.add(source, arcname=source.name)
 
 
-def patch_remedy(root: Path, diff: str) -> Remedy:
+def patch_remedy(root: Path, diff: str, name: str = "planted") -> Remedy:
     (root / "matrix" / "remedy_patches").mkdir(parents=True, exist_ok=True)
-    (root / "matrix/remedy_patches/planted.diff").write_text(diff)
+    (root / f"matrix/remedy_patches/{name}.diff").write_text(diff)
     return Remedy(
-        name="planted",
+        name=name,
         kind="patch",
         cause_models=("ctrl.faithful",),
         summary="s",
         mechanism="m",
-        patch="matrix/remedy_patches/planted.diff",
+        patch=f"matrix/remedy_patches/{name}.diff",
         deepspeed="0.19.8",
     )
 
 
 def test_a_patch_becomes_a_committed_checkout_the_deepspeed_axis_pins(tmp_path):
     remedy = patch_remedy(tmp_path, GOOD_DIFF)
-    checkout = patched_checkout(remedy, tmp_path, tmp_path / "cache", planted_sdist)
+    checkout = patched_checkout((remedy,), tmp_path, tmp_path / "cache", planted_sdist)
     assert "'dense'" in (checkout / RELEASE_FILE).read_text()
     log = subprocess.run(["git", "-C", str(checkout), "log", "--format=%s"], capture_output=True, text=True).stdout
     assert log.split("\n")[:2] == ["planted", "deepspeed 0.19.8"]
@@ -98,7 +99,7 @@ def test_a_patch_becomes_a_committed_checkout_the_deepspeed_axis_pins(tmp_path):
     assert pin.requirement == str(checkout) and pin.id.startswith("ds@local-")
     # The sdist is downloaded once: a second checkout (a changed diff) needs no download.
     (tmp_path / "matrix/remedy_patches/planted.diff").write_text(GOOD_DIFF.replace("'dense'", "'ffn'"))
-    again = patched_checkout(remedy, tmp_path, tmp_path / "cache", lambda release, folder: pytest.fail("downloaded"))
+    again = patched_checkout((remedy,), tmp_path, tmp_path / "cache", lambda release, folder: pytest.fail("downloaded"))
     assert "'ffn'" in (again / RELEASE_FILE).read_text()
 
 
@@ -107,7 +108,7 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
     with pytest.raises(
         PatchError, match=r"planted.diff does not apply to deepspeed 0.19.8 \(git apply --check\): .*auto_tp.py"
     ):
-        patched_checkout(remedy, tmp_path, tmp_path / "cache", planted_sdist)
+        patched_checkout((remedy,), tmp_path, tmp_path / "cache", planted_sdist)
     ran = []
 
     def run(folder, models, remedy_name, pins, name):
@@ -127,9 +128,7 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
         planted_sdist,
     )
     assert result.status == "not applied" and "git apply --check" in result.problem
-    assert ran == [
-        ("ctrl.faithful", "", {})
-    ]  # only the run without it: nothing ran on an unpatched DeepSpeed as if patched
+    assert ran == []  # nothing ran: no unpatched DeepSpeed is taken for a patched one
 
 
 @pytest.mark.autotp
@@ -248,7 +247,7 @@ def test_several_patches_share_one_run_of_the_default_matrix_without_them(tmp_pa
     ]
     monkeypatch.setattr("sessions.remedy.load_remedies", lambda path, root: patches)
     monkeypatch.setattr("sessions.remedy.how_text", lambda remedy, root: "diff")
-    monkeypatch.setattr("sessions.remedy.patched_checkout", lambda remedy, *args: tmp_path / remedy.name)
+    monkeypatch.setattr("sessions.remedy.patched_checkout", lambda patches, *args: tmp_path / patches[-1].name)
     ran: list[tuple[str, str, str]] = []
     runs = stand_in_runs(ran, cells, fixed)
     results = run_all(["--results", str(tmp_path)], runs, tmp_path, lambda line: None)
@@ -269,3 +268,100 @@ def test_several_patches_share_one_run_of_the_default_matrix_without_them(tmp_pa
         ("ctrl.faithful", "without"),
         ("registry", "without"),
     ]
+
+
+ON_TOP = f"""--- a/{RELEASE_FILE}
++++ b/{RELEASE_FILE}
+@@ -1,2 +1,2 @@
+ def is_row_parallel(name):
+-    return name.endswith(('o_proj', 'dense'))
++    return name.endswith(('o_proj', 'dense', 'router'))
+"""
+
+
+def test_a_stack_is_applied_in_order_on_one_checkout_and_verified_against_the_required_patches_alone(tmp_path):
+    """`requires`: the required patch first, then the remedy's, each a commit of one checkout; the run without the
+    remedy has the required patch, the run with it both, and the result says the claim holds given the required one.
+    A patch that does not apply on top of another is refused naming both."""
+    base, stacked = patch_remedy(tmp_path, GOOD_DIFF, "base"), patch_remedy(tmp_path, ON_TOP, "on-top")
+    stacked = replace(stacked, requires=("base",))
+    checkout = patched_checkout((base, stacked), tmp_path, tmp_path / "cache", planted_sdist)
+    assert "'dense', 'router'" in (checkout / RELEASE_FILE).read_text()
+    log = subprocess.run(["git", "-C", str(checkout), "log", "--format=%s"], capture_output=True, text=True).stdout
+    assert log.split("\n")[:3] == ["on-top", "base", "deepspeed 0.19.8"]
+    rival = patch_remedy(tmp_path, GOOD_DIFF.replace("'dense'", "'ffn'"), "rival")  # applies alone, not after base
+    with pytest.raises(PatchError, match=r"rival.diff does not apply to deepspeed 0.19.8 with base applied"):
+        patched_checkout((base, rival), tmp_path, tmp_path / "cache", planted_sdist)
+    with pytest.raises(PatchError, match=r"on-top.diff does not apply to deepspeed 0.19.8 \(git apply --check\)"):
+        patched_checkout((stacked,), tmp_path, tmp_path / "cache", planted_sdist)
+
+    import json
+
+    from sessions.remedy import Baseline, Runs
+
+    ran = []
+
+    def run(folder, models, remedy_name, pins, name):
+        ran.append((folder.name, Path(pins["deepspeed"].removeprefix("deepspeed@")).name, name))
+        folder.mkdir(parents=True, exist_ok=True)
+        outcome = ("pass", "") if folder.name == "with" else ("fail", "forward")
+        cells = {"ctrl.faithful-eager-fp32-tp2": outcome, "ctrl2-eager-fp32-tp2": ("pass", "")}
+        with (folder / "cells.jsonl").open("a") as stream:
+            for cell, (verdict, failure_class) in cells.items():
+                record = {"cell": {"id": cell}, "outcome": verdict, "failure_class": failure_class}
+                stream.write(json.dumps(record) + "\n")
+
+    sdists, runs = tmp_path / "cache", Runs(run)
+    shared = Baseline(runs, tmp_path / "results" / "remedy" / "without")
+    result = verify(
+        stacked, runs, shared, tmp_path / "results", tmp_path, lambda line: None, sdists, planted_sdist, (base,)
+    )
+    assert not shared.ran  # the release without any patch is no baseline of a stacked remedy
+    assert ran == [
+        ("without", "base-0.19.8", "remedy-base"),
+        ("with", "base+on-top-0.19.8", "remedy-base+on-top"),
+        ("without", "base-0.19.8", "remedy-base"),
+        ("with", "base+on-top-0.19.8", "remedy-base+on-top"),
+    ]
+    assert (result.status, result.requires, result.fixed) == ("verified", ("base",), ("ctrl.faithful-eager-fp32-tp2",))
+    assert result.claim() == ("Proposed fix (verified: 1 of 1 cells pass, with base applied)")
+    assert result.how == ON_TOP  # the proposed fix is the remedy's own diff; the required one is its own remedy
+
+
+def test_every_shipped_patch_applies_to_its_release_with_git_apply_check(tmp_path):
+    """Each patch of matrix/remedies.toml, after the patches it requires, passes `git apply --check` on the files of
+    the DeepSpeed release it names, taken from the installed DeepSpeed (the tests' environment has that release,
+    whose module files are the sdist's), so no download is needed; a patch against another release is skipped,
+    naming it."""
+    import importlib.metadata
+    import importlib.util
+    import shutil
+
+    from matrix.remedies import load_remedies, required_patches
+
+    installed = importlib.metadata.version("deepspeed")
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin is not None
+    package = Path(spec.origin).parent
+    remedies = load_remedies()
+    patches = [remedy for remedy in remedies if remedy.kind == "patch"]
+    assert patches
+    checked = []
+    for remedy in patches:
+        if remedy.deepspeed != installed:
+            continue
+        tree, stack = tmp_path / remedy.name, (*required_patches(remedy, remedies), remedy)
+        diffs = [patch.patch_path(Path(__file__).resolve().parents[2]) for patch in stack]
+        for touched in {name for diff in diffs for name in re.findall(r"^\+\+\+ b/(\S+)", diff.read_text(), re.M)}:
+            if (package.parent / touched).exists():  # not a file the diff creates
+                (tree / touched).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(package.parent / touched, tree / touched)
+        subprocess.run(["git", "init", "-q"], cwd=tree, check=True)
+        for patch, diff in zip(stack, diffs):
+            check = subprocess.run(["git", "apply", "--check", str(diff)], cwd=tree, capture_output=True, text=True)
+            assert check.returncode == 0, f"{patch.patch} on deepspeed {installed}: {check.stderr}"
+            subprocess.run(["git", "apply", str(diff)], cwd=tree, check=True)
+        checked.append(remedy.name)
+    if not checked:
+        pytest.skip(f"no shipped patch is against the installed deepspeed {installed}")
+    assert "fused-experts-split" in checked
