@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,11 +206,13 @@ def patched_checkout(
         return checkout
     shutil.rmtree(checkout, ignore_errors=True)
     checkout.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of its own: two sessions building different stacks at once never unpack into each other's tree.
+    unpacking = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=checkout.parent))
     with tarfile.open(sdist(release, cache, download)) as archive:
         top = archive.getnames()[0].split("/")[0]
-        archive.extractall(checkout.parent / "unpacking", filter="data")
-    (checkout.parent / "unpacking" / top).rename(checkout)
-    shutil.rmtree(checkout.parent / "unpacking")
+        archive.extractall(unpacking, filter="data")
+    (unpacking / top).rename(checkout)
+    shutil.rmtree(unpacking)
     _commit(checkout, f"deepspeed {release}", ("init", "-q"))
     for index, patch in enumerate(patches):
         diff = patch.patch_path(root)

@@ -103,6 +103,16 @@ def test_a_patch_becomes_a_committed_checkout_the_deepspeed_axis_pins(tmp_path):
     assert "'ffn'" in (again / RELEASE_FILE).read_text()
 
 
+def test_a_checkout_is_unpacked_apart_from_another_sessions_unpacking(tmp_path):
+    """Two sessions building different checkouts at once (a stack and its required patch, or two helpers' remedies
+    in one cache): neither unpacks into, nor removes, the other's tree."""
+    others = tmp_path / "cache" / "checkouts" / "unpacking" / "deepspeed-0.19.8"
+    others.mkdir(parents=True)
+    (others / "half-written.py").write_text("")
+    checkout = patched_checkout((patch_remedy(tmp_path, GOOD_DIFF),), tmp_path, tmp_path / "cache", planted_sdist)
+    assert (others / "half-written.py").exists() and not (checkout / "half-written.py").exists()
+
+
 def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
     remedy = patch_remedy(tmp_path, GOOD_DIFF.replace("endswith('o_proj')\n+", "endswith('q_proj')\n+"))
     with pytest.raises(
