@@ -1,0 +1,65 @@
+"""Every DeepSpeed patch matrix/remedies.toml ships applies (`git apply --check`) to the release it names. The
+release's files come from the DeepSpeed the tests run on (pinned: sessions/nox_sessions.py `TESTS_PINS`), whose
+package sources are the PyPI sdist's, so the check downloads nothing; a patch against another release is skipped
+naming both."""
+
+import importlib.metadata
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from matrix.remedies import MATRIX_DIR, Remedy, load_remedies
+from suites.git import git_output, run_git
+
+ROOT = MATRIX_DIR.parent
+
+
+def touched_files(diff: str) -> list[str]:
+    """The files a unified diff changes, as paths inside the release (`deepspeed/module_inject/auto_tp.py`)."""
+    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff, flags=re.MULTILINE)))
+
+
+def release_tree(diff: str, folder: Path) -> Path:
+    """A git folder holding the installed DeepSpeed's files that `diff` changes, at their paths in the sdist."""
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin, "deepspeed is not installed in the test environment"
+    site = Path(spec.origin).parent.parent
+    for name in touched_files(diff):
+        assert (site / name).is_file(), f"the patch changes {name}, which the installed deepspeed has no file at"
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / name, folder / name)
+    git_output("init", "-q", folder=folder)
+    return folder
+
+
+def apply_check(diff_path: Path, folder: Path) -> str:
+    """git's complaint when the diff does not apply to `folder`'s files, "" when it does."""
+    check = run_git("apply", "--check", str(diff_path), folder=folder)
+    return check.stderr.strip() if check.returncode else ""
+
+
+PATCHES = [remedy for remedy in load_remedies() if remedy.kind == "patch"]
+
+
+@pytest.mark.parametrize("remedy", PATCHES, ids=[remedy.name for remedy in PATCHES])
+def test_a_shipped_patch_applies_to_its_release(remedy: Remedy, tmp_path):
+    installed = importlib.metadata.version("deepspeed")
+    if installed != remedy.deepspeed:
+        pytest.skip(f"{remedy.patch} is against deepspeed {remedy.deepspeed}; the tests run on {installed}")
+    diff = remedy.patch_path(ROOT)
+    assert touched_files(diff.read_text()), f"{remedy.patch} changes no file"
+    assert apply_check(diff, release_tree(diff.read_text(), tmp_path)) == ""
+
+
+def test_a_patch_whose_context_is_not_the_release_is_caught(tmp_path):
+    """The check can fail: the norm patch with one context line that is not DeepSpeed's."""
+    (remedy,) = [patch for patch in PATCHES if patch.name == "rmsnorm-split-width-statistic"]
+    text = remedy.patch_path(ROOT).read_text()
+    broken = text.replace("        if has_unsharded_high_dimensional_param:\n", "        if high_dimensional:\n", 1)
+    assert broken != text
+    (tmp_path / "broken.diff").write_text(broken)
+    folder = release_tree(broken, tmp_path / "release")
+    assert "patch does not apply" in apply_check(tmp_path / "broken.diff", folder)
