@@ -1,5 +1,5 @@
-"""Every DeepSpeed patch matrix/remedies.toml ships applies (`git apply --check`) to the release it names. The
-release's files come from the DeepSpeed the tests run on (pinned: sessions/nox_sessions.py `TESTS_PINS`), whose
+"""Every DeepSpeed patch matrix/remedies.toml ships applies (`git apply --check`) to the release it names, after the
+patches it `requires` (applied in their order). The release's files come from the DeepSpeed the tests run on (pinned: sessions/nox_sessions.py `TESTS_PINS`), whose
 package sources are the PyPI sdist's, so the check downloads nothing; a patch against another release is skipped
 naming both."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.remedies import MATRIX_DIR, Remedy, load_remedies
+from matrix.remedies import MATRIX_DIR, Remedy, load_remedies, required_patches
 from suites.git import git_output, run_git
 
 ROOT = MATRIX_DIR.parent
@@ -41,7 +41,8 @@ def apply_check(diff_path: Path, folder: Path) -> str:
     return check.stderr.strip() if check.returncode else ""
 
 
-PATCHES = [remedy for remedy in load_remedies() if remedy.kind == "patch"]
+REMEDIES = load_remedies()
+PATCHES = [remedy for remedy in REMEDIES if remedy.kind == "patch"]
 
 
 @pytest.mark.parametrize("remedy", PATCHES, ids=[remedy.name for remedy in PATCHES])
@@ -51,7 +52,11 @@ def test_a_shipped_patch_applies_to_its_release(remedy: Remedy, tmp_path):
         pytest.skip(f"{remedy.patch} is against deepspeed {remedy.deepspeed}; the tests run on {installed}")
     diff = remedy.patch_path(ROOT)
     assert touched_files(diff.read_text()), f"{remedy.patch} changes no file"
-    assert apply_check(diff, release_tree(diff.read_text(), tmp_path)) == ""
+    stack = [required.patch_path(ROOT) for required in required_patches(remedy, REMEDIES)]
+    folder = release_tree("".join(path.read_text() for path in (*stack, diff)), tmp_path)
+    for required in stack:
+        git_output("apply", str(required), folder=folder)
+    assert apply_check(diff, folder) == ""
 
 
 def test_a_patch_whose_context_is_not_the_release_is_caught(tmp_path):
