@@ -96,3 +96,10 @@ class ExpansionError:
 
     def describe(self) -> str:
         return f"expanding the matrix ({self.step}) raised {self.error_type}: {self.message} at {self.where}"
+
+
+def refusal(error: Exception, limit: int = 300) -> str:
+    """`<exception type>: <message>` on one line, at most `limit` characters of the message: why a config class
+    refused a config, as a skip reason says it. Every line is kept (a dataclass validator's first line only names
+    the validator; the reason is the next one)."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:limit]}"

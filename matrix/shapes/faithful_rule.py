@@ -251,7 +251,7 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
     return tiny
 
 
-LAYER_FIELDS_FORMAT = 1
+LAYER_FIELDS_FORMAT = 2
 """Bump when tiny_layer_fields answers differently for the same question."""
 
 

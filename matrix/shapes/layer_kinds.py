@@ -2,7 +2,7 @@
 
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
 name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is
-dense or a mixture of experts (`sparse`), and `no_rope` where it skips rotary positions (`no_rope_layers`). A
+dense or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), and `no_rope` where it skips rotary positions (`no_rope_layers`). A
 checkpoint's layer pattern is its kinds in the order they first appear. DeepSpeed treats each kind apart (a sparse
 MLP's experts, a mamba mixer), so a faithful tiny config keeps one layer of every kind its checkpoint has, in that
 order, and no kind the checkpoint lacks (qwen2_moe.faithful stands for Qwen1.5-MoE-A2.7B, whose every layer is sparse).
@@ -25,6 +25,8 @@ linear_attention)."""
 LAYER_FIELDS = (
     *LAYER_KEYS,
     "layer_types",
+    "layers_block_type",
+    "mlp_layer_types",
     "attention_types",
     "mlp_only_layers",
     "decoder_sparse_step",
@@ -68,6 +70,9 @@ def _per_layer(config: PretrainedConfig, values: Mapping[str, Any], key: str, la
 
 def _mlps(config: PretrainedConfig, values: Mapping[str, Any], layers: int) -> list[str]:
     """`dense` or `sparse` per layer, by the rule each family's modeling code applies."""
+    named = _per_layer(config, values, "mlp_layer_types", layers)  # the per-layer list of newer MoE classes
+    if named is not None:
+        return ["sparse" if kind == "sparse" else "dense" for kind in named]
     experts = _per_layer(config, values, "layers_num_experts", layers)  # jamba
     if experts is not None:
         return ["sparse" if count > 1 else "dense" for count in experts]
@@ -140,10 +145,29 @@ def _plan(kinds: Sequence[str]) -> list[int]:
     return sorted(plan)
 
 
+def _other_per_layer_lists(tiny: Mapping[str, Any], real_values: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """The per-layer lists outside LAYER_FIELDS that `tiny` sets for each of its layers (gemma3n's
+    `activation_sparsity_pattern`, hy_v4's `indexer_types`) and the real config has for each of its `layers`: the
+    class refuses a list whose length is not the layer count, so each follows the kept layers like the kinds do.
+    Lists of integers are sizes the tiny config shrank, not the checkpoint's to copy: they stay as `tiny` has them."""
+    own = layer_count(tiny)
+    return {
+        key: real_values[key]
+        for key, value in tiny.items()
+        if key not in LAYER_FIELDS
+        and isinstance(value, list)
+        and len(value) == own > 1
+        and isinstance(real_values.get(key), list)
+        and len(real_values[key]) == layers
+        and not any(_int(item) for item in real_values[key])
+    }
+
+
 def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[str, Any]) -> dict[str, Any]:
     """The layer fields a faithful tiny config of a checkpoint whose config.json cites `layers` takes: the first layer
-    of each real kind in order (at least 2 layers). The fields are `layers` and the LAYER_FIELDS `tiny` sets (with the
-    checkpoint's values: its class defaults where `layers` does not cite them). Layer counts and per-layer lists
+    of each real kind in order (at least 2 layers). The fields are `layers`, the LAYER_FIELDS `tiny` sets and its other
+    per-layer lists (_other_per_layer_lists), with the checkpoint's values (its class defaults where `layers` does not
+    cite them). Layer counts and per-layer lists
     follow the kept layers, layer index lists and boundaries are renumbered; periods and offsets are the first values
     (the tiny config's own first) whose layers have the kept kinds. Other fields stay as `tiny` has them; where they
     keep the kinds apart, the closest pattern found is taken and `--check` names the difference."""
@@ -156,7 +180,11 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
     fields: dict[str, Any] = {}
     searched: dict[str, list[int]] = {}
     real_values = _values(real)
-    derived = {**{key: real_values[key] for key in tiny if key in LAYER_FIELDS and key in real_values}, **layers}
+    derived = {
+        **{key: real_values[key] for key in tiny if key in LAYER_FIELDS and key in real_values},
+        **_other_per_layer_lists(tiny, real_values, len(kinds)),
+        **layers,
+    }
     for key, value in derived.items():
         if key in LAYER_KEYS and _int(value):
             fields[key] = len(plan)

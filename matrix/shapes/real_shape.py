@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from matrix.config_values import ConfigValues
+from matrix.config_values import ConfigValues, refusal
 from matrix.registry import RegistryError, SplitRule
 from matrix.shapes.layer_kinds import LAYER_FIELDS, cited_layers, first_appearance, layer_kinds
 from matrix.shapes.remembered import remembered
@@ -269,19 +269,19 @@ def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
 
 
-TINY_SHAPES_FORMAT = 2
-"""Bump when what a tiny shape record holds changes (2: its layer pattern)."""
+TINY_SHAPES_FORMAT = 3
+"""Bump when what a tiny shape record holds changes (2: its layer pattern; 3: a refusal's every line)."""
 
 
 def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
-    """tiny_shape, or why the config class refuses `tiny` (`<exception type>: <first line>`), remembered in the
+    """tiny_shape, or why the config class refuses `tiny` (config_values.refusal), remembered in the
     harness cache (matrix/shapes/remembered.py)."""
 
     def answer() -> dict[str, Any]:
         try:
             return {"shape": asdict(tiny_shape(model_type, tiny))}
         except Exception as error:  # the config class's own validation refuses the sizes
-            return {"refused": f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"}
+            return {"refused": refusal(error)}
 
     known = remembered("tiny-shapes", {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}, answer)
     if "refused" in known:

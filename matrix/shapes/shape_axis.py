@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from matrix.config_values import UNREADABLE_CONFIG, UnreadableConfig
+from matrix.config_values import UNREADABLE_CONFIG, UnreadableConfig, refusal
 from matrix.registry import ModelEntry, RegistryError
 from matrix.shapes.faithful_rule import faithful_tiny
 from matrix.shapes.real_shape import (
@@ -142,7 +142,7 @@ def faithful_groups_or_why(
     except UnreadableConfig as error:
         return f"{UNREADABLE_CONFIG}: {error}"
     except RegistryError as error:
-        return f"no faithful tiny config: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        return f"no faithful tiny config: {refusal(error)}"
 
 
 def shaped_entry(
@@ -172,7 +172,7 @@ def shaped_entry(
         tiny = faithful_tiny(entry, real, tps)
         sizes = checked_tiny_shape(entry.model_type, tiny)
     except ValueError as error:  # the rule found no sizes (a RegistryError); any other exception is a harness bug
-        sizes = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        sizes = refusal(error)
     if isinstance(sizes, str):  # no sizes, or the config class refuses them (its own validation)
         return replace(entry, name=shaped_name(entry.name, shape), skip_reason=f"no faithful tiny config: {sizes}")
     why = (

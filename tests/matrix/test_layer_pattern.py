@@ -100,3 +100,51 @@ def test_a_record_citing_a_field_that_decides_no_layer_kind_is_refused(tmp_path)
     records.write_text(records.read_text().replace("mlp_only_layers = []", "mlp_only_layer = []"))
     with pytest.raises(RegistryError, match=r"\[qwen2_moe\].*layers.*mlp_only_layer\b"):
         load_real_shapes(records, load_models(models))
+
+
+PER_LAYER_LISTS = ("beam", "ergo", "hy_v4", "kimi_linear", "mimo_v2_flash", "zamba", "dots3_note_text", "gemma3n_text")
+"""Derived architectures whose config lists more per layer than its mixers (mlp_layer_types, zamba's
+layers_block_type, gemma3n's activation_sparsity_pattern, hy_v4's indexer_types): keeping one layer of each kind must
+cut those lists alike, else the class refuses the faithful config and the architecture is skipped (#57: 8 of them at
+transformers 5.25.0 once faithful shapes kept the layer pattern)."""
+
+
+@pytest.mark.parametrize("model_type", PER_LAYER_LISTS)
+def test_a_config_with_other_per_layer_lists_gets_a_faithful_tiny_config_with_its_real_pattern(model_type):
+    from transformers import CONFIG_MAPPING
+
+    from matrix.derive import derived_entry, load_derived_data
+    from matrix.shapes import MATRIX_TP, faithful_groups, tiny_shape
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type}: not in this transformers")
+    entry = derived_entry(model_type, {}, load_derived_data())
+    assert not entry.skip_reason, entry.skip_reason
+    shaped = shaped_entry(entry, "faithful", 2, {})
+    assert shaped.skip_reason is None, shaped.skip_reason
+    real = faithful_groups(entry, {}, MATRIX_TP)[0].record  # its config class defaults
+    assert tiny_shape(model_type, shaped.tiny).layer_pattern == real.layer_pattern
+
+
+def test_mlp_layer_types_decide_dense_and_sparse_layers():
+    from transformers import CONFIG_MAPPING
+
+    if "mimo_v2_flash" not in CONFIG_MAPPING:
+        pytest.skip("mimo_v2_flash: not in this transformers")
+    # MiMo-V2-Flash's class defaults: layer 0 full attention with a dense MLP, then experts on every layer
+    kinds = layer_kinds(AutoConfig.for_model("mimo_v2_flash"))
+    assert first_appearance(kinds) == ("full_attention/dense", "sliding_attention/sparse", "full_attention/sparse")
+
+
+def test_a_refused_faithful_config_names_the_classs_reason_not_only_its_validator():
+    from transformers import CONFIG_MAPPING
+
+    from matrix.shapes.real_shape import checked_tiny_shape
+
+    if "kimi_linear" not in CONFIG_MAPPING:
+        pytest.skip("kimi_linear: not in this transformers")
+    tiny = {"num_hidden_layers": 2, "mlp_layer_types": ["dense", "sparse", "sparse"]}
+    refused = checked_tiny_shape("kimi_linear", tiny)
+    assert isinstance(refused, str)
+    # transformers' validator error says which validator on its first line and why on the next
+    assert "must be equal to the number of `mlp_layer_types` (3)" in refused
