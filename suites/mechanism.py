@@ -313,7 +313,12 @@ def cause_of(failure: Failure) -> Cause:
             PARSER_EVIDENCE,
         )
     if found := record.disagreements:  # after a router: the parser makes it row-parallel, a mistake of its own kind
-        return Cause(policy.policy_key(found), policy.disagreement_words(found) + where, whose_bug)
+        if not any(d.chosen_by == policy.PARSER for d in found):  # an injection_policy the cell passed chose them
+            return Cause(policy.policy_key(found), policy.disagreement_words(found) + where, whose_bug)
+        rule = f" ({PARSER_RULE}; {_chosen(record)})"
+        return Cause(
+            policy.policy_key(found), policy.disagreement_words(found) + rule + where, whose_bug, PARSER_EVIDENCE
+        )
     if starved := record.starved_query(block):
         crash = KV_SPLIT_IN_MODEL.get(broke.origin_class)
         return _starved(record, starved, f"; {crash}{where}" if crash else where, whose_bug)
@@ -349,18 +354,22 @@ def _row_parallel_missed(record: AutoTPRecord, broke: BreakPoint, block: str) ->
     if any("Allreduce" in r.layer_class for r in record.in_block(block)):
         return None
     name = role(broke.path)
+    return Cause(
+        f"column-parallel|{name}",
+        f"the parser left `{name}` column-parallel (LinearLayer) although it reads its block's split output: no "
+        f"linear of `{role(block)}` was made row-parallel ({PARSER_RULE}; {_chosen(record)}); " + broke.text,
+        "autotp",
+        PARSER_EVIDENCE,
+    )
+
+
+def _chosen(record: AutoTPRecord) -> str:
+    """What the parser's policies all-reduce, per layer class: "for EncoderLayer it all-reduces `ffn.2`"."""
     chosen = "; ".join(
         f"for {p.layer_class} it all-reduces {', '.join(f'`{linear.lstrip(DOT)}`' for linear in p.allreduce) or 'nothing'}"
         for p in record.policies
     )
-    return Cause(
-        f"column-parallel|{name}",
-        f"the parser left `{name}` column-parallel (LinearLayer) although it reads its block's split output: no "
-        f"linear of `{role(block)}` was made row-parallel ({PARSER_RULE}; {chosen or 'no policy recorded'}); "
-        + broke.text,
-        "autotp",
-        PARSER_EVIDENCE,
-    )
+    return chosen or "no policy recorded"
 
 
 def _layout(record: AutoTPRecord, name: str, layer: str, where: str, whose_bug: str) -> Cause:

@@ -57,6 +57,10 @@ class InferredBlock:
         return tuple(dict.fromkeys(deepspeed_name(path) for path in self.writers))
 
 
+PARSER = "the parser"
+"""Who chose a split no injection_policy named: auto_tp.py `tp_parser` (`PolicyDisagreement.chosen_by`)."""
+
+
 @dataclass(frozen=True)
 class PolicyDisagreement:
     """A linear whose split the policy DeepSpeed applied gets wrong by the inference: a writer it made column-parallel
@@ -120,7 +124,7 @@ def policy_key(disagreements: tuple[PolicyDisagreement, ...]) -> str:
 def policy_title(parts: list[str], sentence: bool) -> str:
     """A policy cause from its key's parts: the sentence every cell shares, or a bug report's title."""
     found = [
-        PolicyDisagreement("", linear, "row-parallel" if made == "row-parallel" else "column-parallel", "the parser")
+        PolicyDisagreement("", linear, "row-parallel" if made == "row-parallel" else "column-parallel", PARSER)
         for made, _, linear in (p.partition(":") for p in parts)
     ]
     if sentence:

@@ -58,7 +58,7 @@ STATEMENTS = {
     "phi3_fused_qkv_sliced_by_config_heads": ("config.num_attention_heads * head_dim", "does not rescale"),
     "jetmoe_policy_probe_crash": ("no-policy assert", "kernel-injection policy"),
     "ctrl_attention_dense_missed_by_parser": (
-        "the parser left `multi_head_attention.dense` column-parallel",
+        "the parser made `multi_head_attention.dense` column-parallel; it writes the residual",
         "registered just before each LayerNorm",
         "for EncoderLayer it all-reduces `ffn.2`",
     ),
