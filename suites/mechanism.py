@@ -317,7 +317,7 @@ def cause_of(failure: Failure) -> Cause:
             return Cause(policy.policy_key(found), policy.disagreement_words(found) + where, whose_bug)
         rule = f" ({PARSER_RULE}; {_chosen(record)})"
         return Cause(
-            policy.policy_key(found), policy.disagreement_words(found) + rule + where, whose_bug, PARSER_EVIDENCE
+            policy.policy_key(found), policy.disagreement_words(found) + where + rule, whose_bug, PARSER_EVIDENCE
         )
     if starved := record.starved_query(block):
         crash = KV_SPLIT_IN_MODEL.get(broke.origin_class)
