@@ -148,3 +148,25 @@ def test_a_refused_faithful_config_names_the_classs_reason_not_only_its_validato
     assert isinstance(refused, str)
     # transformers' validator error says which validator on its first line and why on the next
     assert "must be equal to the number of `mlp_layer_types` (3)" in refused
+
+
+def test_ministral_faithful_is_full_attention_then_sliding_like_ministral_8b(registry, shapes):
+    """Ministral-8B-Instruct-2410 interleaves one full attention layer and three sliding ones, full first (its model
+    card's Ragged (128k, 32k, 32k, 32k)); the class defaults (every layer sliding) stood for it before."""
+    entry = registry["ministral"]
+    expected = ("full_attention/dense", "sliding_attention/dense")
+    assert shapes["ministral"]["mistralai/Ministral-8B-Instruct-2410"].layer_pattern == expected
+    assert _kinds(entry.model_type, shaped_entry(entry, "faithful", 2, shapes).tiny) == expected
+
+
+def test_exaone4_faithful_cells_are_the_global_1_2b_and_the_hybrid_32b(registry, shapes):
+    """EXAONE-4.0-1.2B has global attention only and 8 kv heads; the 32B is hybrid (3 sliding : 1 full). The class
+    defaults (the 32B's pattern, 32 kv heads) stood for both before."""
+    entry = registry["exaone4"]
+    small = shaped_entry(entry, "faithful", 2, shapes)
+    assert small.checkpoints == ("LGAI-EXAONE/EXAONE-4.0-1.2B",)
+    assert set(_kinds(entry.model_type, small.tiny)) == {"full_attention/dense"}
+    assert small.tiny["tie_word_embeddings"] is True
+    large = shaped_entry(entry, "faithful-exaone-4-0-32b", 2, shapes)
+    assert large.checkpoints == ("LGAI-EXAONE/EXAONE-4.0-32B",)
+    assert _kinds(entry.model_type, large.tiny) == ("sliding_attention/dense", "full_attention/dense")
