@@ -686,7 +686,7 @@ def _is_version(text: str) -> bool:
 
 
 def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
-    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/outcome.py, a layer
+    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/verdicts/outcome.py, a layer
     above this one)."""
 
     def known_class(failure: KnownFailure) -> None:

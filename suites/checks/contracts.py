@@ -13,7 +13,7 @@ from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import SplitCounts
 from suites.checks.task_probe import AccuracyTask
-from suites.outcome import RankError
+from suites.verdicts.outcome import RankError
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,7 @@ class TrainedModel:
 
 @dataclass(frozen=True)
 class VariantFields:
-    """What a variant adds to its cell's job, prepared in the driver (suites/variants/variant_setup.py)."""
+    """What a variant adds to its cell's job, prepared in the driver (suites/run/variant_setup.py)."""
 
     meta: MetaLoad | None = None
     trained: tuple[TrainedModel, ...] = ()

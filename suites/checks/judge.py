@@ -9,8 +9,8 @@ from packaging.version import Version
 
 from matrix.registry import Tolerance
 from suites.checks import generation, logits, memory, perplexity
+from suites.checks.contracts import RankSummary
 from suites.checks.result import CheckResult
-from suites.contracts import RankSummary
 
 if TYPE_CHECKING:
     from suites.checks.probes import Observations, SplitCounts

@@ -21,11 +21,11 @@ from matrix.registry import RegistryError
 from matrix.shapes import read_shape
 from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
-from suites.checks.names import judged_signature
-from suites.outcome import LibraryOutputError
+from suites.verdicts.check_names import judged_signature
+from suites.verdicts.outcome import LibraryOutputError
 
 if TYPE_CHECKING:
-    from suites.model_types import CausalLM, Device
+    from suites.base.model_types import CausalLM, Device
 
 MAX_EXP_ARGUMENT = 709.0
 """math.exp overflows above this."""
@@ -64,7 +64,7 @@ class Observations:
     footprint: Footprint | None
     """The unsharded model's tensors (`footprint`), what the memory checks compare the ranks' bytes with;
     None on the sharded model, whose module types AutoTP replaced (each rank hands its own bytes by name
-    to rank 0 instead: suites/contracts.py RankSummary)."""
+    to rank 0 instead: suites/checks/contracts.py RankSummary)."""
     routing_masked: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
     """[real tokens, routers x k] the experts each MoE router chose for each token of `logits_masked`, sorted
     per router ([tokens, 0] for a model without routers found): the logits check tells a routing choice that

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
 from suites.checks import memory as memory_checks
-from suites.checks.names import at_floor
 from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
+from suites.verdicts.check_names import at_floor
 
 if TYPE_CHECKING:
-    from suites.contracts import (
+    from suites.checks.contracts import (
         ComparisonRecord,
         RoundTripReport,
         TraineeReport,

@@ -21,22 +21,26 @@ import torch
 
 from matrix.cell_arguments import resolve_injection_policy
 from matrix.json_records import write_record
-from suites.atomic import write_text_atomically
+from suites.base.atomic import write_text_atomically
 from suites.checks import accuracy as accuracy_checks
 from suites.checks import judge
 from suites.checks import memory as memory_checks
 from suites.checks import quantization as quantization_checks
 from suites.checks import training as training_checks
 from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
+from suites.checks.contracts import Job, RankSummary
 from suites.checks.inputs import ProbeInputs, build_inputs, load_tokenizer
 from suites.checks.policy_inference import infer_policies
 from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by_name, split_counts
 from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
-from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
-from suites.mechanism import BreakPoint
-from suites.outcome import (
+from suites.reference.unsharded import load_reference
+from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
+from suites.variants.quantization import apply_post_init, hf_quantization_config
+from suites.variants.training import Progress, run_training
+from suites.verdicts.mechanism import BreakPoint
+from suites.verdicts.outcome import (
     STAGE_CLASS,
     CellOutcome,
     LibraryOutputError,
@@ -46,11 +50,7 @@ from suites.outcome import (
     first_error,
     harness_frame,
 )
-from suites.policy import InferredBlock, Policy
-from suites.reference import load_reference
-from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
-from suites.variants.quantization import apply_post_init, hf_quantization_config
-from suites.variants.training import Progress, run_training
+from suites.verdicts.policy import InferredBlock, Policy
 
 Model = Any
 """A transformers model, or DeepSpeed's engine's module: the libraries' own types are not annotated."""

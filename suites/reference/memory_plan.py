@@ -305,7 +305,7 @@ class ReferencePlan:
     cpu_bytes: int
     runner: Runner
     model_bytes: int
-    """The whole model in the reference's dtype: the reference process ends after a large one (suites/reference.py
+    """The whole model in the reference's dtype: the reference process ends after a large one (suites/reference/unsharded.py
     REFERENCE_PROCESS_REUSE_BELOW)."""
 
     def max_memory(self) -> dict[str, int] | None:

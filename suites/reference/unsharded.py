@@ -6,13 +6,13 @@ patched onto model classes), so a reference computed after any injection can dif
 unsharded model. References are therefore computed only in a process of their own that never shards
 (`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
 rank groups' fork server after its imports, one per reference, or one per worker for the tiny references a cold run
-computes ahead of its cells (`ReferenceForker`, suites/ahead.py: no second import of torch and transformers on a cold
-cache); otherwise the reference process (`python -m suites.reference serve`, started by
+computes ahead of its cells (`ReferenceForker`, suites/run/ahead.py: no second import of torch and transformers on a cold
+cache); otherwise the reference process (`python -m suites.reference.unsharded serve`, started by
 the driver), which serves many small references and, after one whose model is at least
 `REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
 group loads it.
 
-Any size: the memory plan (suites/memory_plan.py) gives the reference accelerate's `max_memory`
+Any size: the memory plan (suites/reference/memory_plan.py) gives the reference accelerate's `max_memory`
 (`device_map="auto"`: accelerators, then host RAM, then disk), so a model larger than host RAM still
 gets the exact unsharded numbers, computed layer by layer.
 
@@ -21,8 +21,8 @@ content hash, never a path), dtype, probe inputs and code, library versions. `ex
 cached reference of a model into one file and `import` puts them into another machine's cache, so the
 matrix's runners compute each reference once:
 
-    python -m suites.reference export --models llama,qwen2 [--checkpoints hub] --out references/
-    python -m suites.reference import references/*.autotp-references.pt
+    python -m suites.reference.unsharded export --models llama,qwen2 [--checkpoints hub] --out references/
+    python -m suites.reference.unsharded import references/*.autotp-references.pt
 """
 
 from __future__ import annotations
@@ -52,17 +52,17 @@ from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
 from matrix.json_records import read_record, write_record
 from matrix.registry import DType
-from suites.atomic import write_atomically, write_text_atomically
+from suites.base.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import Observations, observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
-from suites.outcome import exception_signature
 from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
+from suites.verdicts.outcome import exception_signature
 
-if TYPE_CHECKING:  # the memory plan's types only: the plan itself is made by the driver (suites/driver.py)
-    from suites.memory_plan import ReferencePlan
+if TYPE_CHECKING:  # the memory plan's types only: the plan itself is made by the driver (suites/run/driver.py)
+    from suites.reference.memory_plan import ReferencePlan
 
 REFERENCE_FORMAT = 6
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
@@ -233,7 +233,7 @@ class ObservationsRequest:
     """The variant's quantization applied to the unsharded model too ("" for none)."""
     quant_group_size: int
     max_memory: dict[str, int] | None
-    """The memory plan's accelerate `max_memory` (suites/memory_plan.py `ReferencePlan.max_memory`); None: a
+    """The memory plan's accelerate `max_memory` (suites/reference/memory_plan.py `ReferencePlan.max_memory`); None: a
     plain load into host RAM."""
     offload: str
     """The plan's offload (`none`, `disk`), recorded in the sidecar."""
@@ -242,7 +242,7 @@ class ObservationsRequest:
     planned_peak_bytes: int
     """The plan's host peak for this reference, recorded in the sidecar beside the measured one."""
     threads: int | None = None
-    """The torch threads it computes with; None: the computing process's own (suites/ahead.py computes references
+    """The torch threads it computes with; None: the computing process's own (suites/run/ahead.py computes references
     one per core, each on one thread)."""
 
 
@@ -289,7 +289,7 @@ def cached_reference(
     fork_server: ReferenceForker | None = None,
 ) -> Path:
     """Path of the reference observations on disk, computed on a cache miss, offloaded as `plan` says (the plan that
-    let the cell run, suites/driver.py), in a child of `fork_server` (the run's, on CPU), else by the reference
+    let the cell run, suites/run/driver.py), in a child of `fork_server` (the run's, on CPU), else by the reference
     process."""
     request = observations_request(
         checkpoint,
@@ -420,7 +420,7 @@ class ReferenceProcess:
         if self.process is None or self.process.poll() is not None:
             with self.log_path.open("a") as log:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "suites.reference", "serve"],
+                    [sys.executable, "-m", "suites.reference.unsharded", "serve"],
                     cwd=PROJECT_ROOT,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -480,7 +480,7 @@ class ReferenceForker(ComputesReferences, Protocol):
     before the rank group loads the model."""
 
     def reference_series(self) -> AbstractContextManager[ComputesReferences]:
-        """One child that computes many references one after another (a run's tiny ones, suites/ahead.py), ended when
+        """One child that computes many references one after another (a run's tiny ones, suites/run/ahead.py), ended when
         the block ends."""
         ...
 
@@ -593,7 +593,7 @@ def _computed(request: ReferenceRequest) -> Answer:
 def serve() -> None:
     """The reference process: answer requests from stdin until it closes. Only the protocol writes to
     the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
-    from suites.engine.elementwise_math import settle_elementwise_math
+    from suites.base.elementwise_math import settle_elementwise_math
 
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

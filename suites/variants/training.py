@@ -3,7 +3,7 @@ partitioning source, ZeRO stage, tp_overlap_comm) against the same steps on the 
 optionally followed by the checkpoint round trip and with a second AutoTP model in the process.
 
 The unsharded steps (each step's loss and gradients, the weights before and after) are computed in
-the driver, never in a rank (see suites/reference.py), and cached on disk. Each rank runs the same
+the driver, never in a rank (see suites/reference/unsharded.py), and cached on disk. Each rank runs the same
 steps through `deepspeed.initialize` and compares the gradient and the weight update of each
 parameter it holds with the matching slice of the unsharded one. The slice is found from the initial
 weights themselves (each shard row is an exact row of the unsharded weight), so the comparison does
@@ -30,11 +30,8 @@ import torch
 from matrix import cache_root
 from matrix.json_records import write_record
 from matrix.registry import TRAINING_FEATURES, DType, Variant
-from suites.atomic import write_atomically
-from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
-from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
-from suites.checks.result import Finding
-from suites.contracts import (
+from suites.base.atomic import write_atomically
+from suites.checks.contracts import (
     ComparisonRecord,
     Job,
     RoundTripReport,
@@ -42,15 +39,18 @@ from suites.contracts import (
     TrainingReport,
     UnshardedSteps,
 )
-from suites.outcome import LibraryOutputError
+from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
+from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
+from suites.checks.result import Finding
 from suites.variants.loading import load_model, refuse_if_sharded
+from suites.verdicts.outcome import LibraryOutputError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from deepspeed import DeepSpeedEngine
 
-    from suites.model_types import CausalLM
+    from suites.base.model_types import CausalLM
 
     FaultHook = Callable[[str, torch.nn.Module], None]
     """suites/engine/cell_runner.py's test-only fault hook: `fault_hook(stage, model)`."""

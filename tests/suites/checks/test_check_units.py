@@ -274,7 +274,7 @@ def test_a_huge_finite_loss_is_a_perplexity_verdict_not_an_overflow():
 
 def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
     from suites.engine.cell_runner import _stage_error
-    from suites.outcome import LibraryOutputError
+    from suites.verdicts.outcome import LibraryOutputError
 
     try:
         raise LibraryOutputError(
@@ -291,7 +291,7 @@ def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
 
 def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findings_kept():
     from suites.engine.cell_runner import as_a_fresh_process_would
-    from suites.outcome import CellOutcome
+    from suites.verdicts.outcome import CellOutcome
 
     fresh = {
         "signature": "TypeError: Signature mismatch between <function OnDevice...new_tensor at 0xN> @ torch/x.py:f",

@@ -9,7 +9,7 @@ import torch
 
 from matrix.cells import expand
 from suites.checks.training import _comparison_result, magnitude
-from suites.driver import RunOptions, run_cell
+from suites.run.driver import RunOptions, run_cell
 from suites.variants.training import Comparison
 
 
