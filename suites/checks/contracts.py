@@ -78,7 +78,7 @@ class Job:
     accuracy_task: AccuracyTask | None = None
     accuracy_reference: str | None = None
     real_counts: SplitCounts | None = None
-    """A faithful cell's real checkpoint counts (suites/checks/memory.py `faithful_counts`): what its memory check
+    """A faithful cell's real checkpoint counts (suites/checks/probes.py `faithful_counts`): what its memory check
     judges each split by; None for a stress cell."""
     arguments: CellArguments = NO_ARGUMENTS
     """What the ranks pass besides the variant's: `injection_policy` to init_inference, keywords to the load, the

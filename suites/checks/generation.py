@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, inference
 from suites.checks.result import CheckResult, Finding, logits_allowance
 
 if TYPE_CHECKING:
@@ -114,3 +115,6 @@ def _sequence(
             f"(reference margin {gap:.3g} > allowed {allowed:.3g})",
         ),
     )
+
+
+CHECK = Check(("generation",), "compare", inference, lambda inputs: [check(*inputs.inference(), inputs.tolerance)])

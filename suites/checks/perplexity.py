@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, inference
 from suites.checks.result import CheckResult, Finding
 
 if TYPE_CHECKING:
@@ -29,3 +30,11 @@ def check(reference: Observations, sharded: Observations, tolerance: Tolerance, 
         )
     )
     return CheckResult.judged("perplexity", "numerics", metrics, finding)
+
+
+CHECK = Check(
+    ("perplexity",),
+    "compare",
+    inference,
+    lambda inputs: [check(*inputs.inference(), inputs.tolerance, inputs.perplexity_skipped)],
+)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
-from matrix.registry import RegistryError
-from matrix.shapes import read_shape
+from matrix.registry import ModelEntry, RegistryError
+from matrix.shapes import MATRIX_TP, base_shape, faithful_groups_or_why, load_real_shapes, read_shape, split_shaped_name
 from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
 from suites.verdicts.check_names import judged_signature
@@ -301,6 +301,21 @@ class SplitCounts:
     head_dim: int
     experts: int
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
+
+
+def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
+    """The counts of the real checkpoint a faithful cell of `model` at `tp` stands for (matrix/real_shapes.toml, the
+    record its tiny config was derived from: matrix/shapes.py `faithful_groups`); None for a stress cell or a
+    faithful one that stands for no checkpoint (its config as written)."""
+    shape = split_shaped_name(model.name)[1]
+    if base_shape(shape) != "faithful" or model.skip_reason or model.expansion_error:
+        return None
+    groups = faithful_groups_or_why(model, load_real_shapes(), tuple(sorted({*MATRIX_TP, tp})))
+    group = None if isinstance(groups, str) else groups.get(shape)
+    if group is None or group.record.source.startswith("as written"):
+        return None
+    real = group.record
+    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts)
 
 
 @dataclass(frozen=True)

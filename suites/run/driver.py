@@ -17,7 +17,7 @@ from matrix.config_values import ExpansionError
 from matrix.registry import DType
 from suites.checks.contracts import Job
 from suites.checks.inputs import ProbeSpec
-from suites.checks.memory import faithful_counts
+from suites.checks.probes import faithful_counts
 from suites.checks.task_probe import AccuracyTask
 from suites.engine.rank_group import RankGroupPool
 from suites.reference.memory_plan import (

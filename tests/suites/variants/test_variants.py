@@ -19,6 +19,7 @@ from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites.checks import judge
 from suites.checks.contracts import MetaLoad
+from suites.checks.interface import CheckInputs
 from suites.run.driver import RunOptions, prepare_job, run_cell
 from suites.variants.loading import checkpoints_json, fresh_process_meta_failure
 from tests.suites.rank_summaries import inference_rank
@@ -222,8 +223,8 @@ def test_wrong_quantization_scale_is_reported():
 
     def judged():
         observed = observe(model, inputs, spec, "cpu")
-        strict = judge.run_all(reference, observed, [inference_rank(0, observed)], tolerance)
-        return strict[0], quantization_checks.check(baseline, observed, tolerance)
+        strict = judge.judge(CheckInputs(tolerance, (inference_rank(0, observed),), reference, observed))
+        return next(r for r in strict if r.name == "logits"), quantization_checks.check(baseline, observed, tolerance)
 
     strict, relaxed = judged()
     assert strict.passed and all(r.passed for r in relaxed), (strict, relaxed)
