@@ -76,16 +76,10 @@ def offloaded_reference(folder: str) -> dict[str, Any]:
     """The reference computed again with host RAM capped so that no layer stays resident."""
     from matrix.checkpoints import folder_checkpoint
     from suites.checks.inputs import ProbeSpec
-    from suites.reference.memory_plan import (
-        HOST_MEMORY_ENV,
-        PROCESS_RUNTIME_BYTES,
-        SAFETY,
-        Runner,
-        activation_bytes,
-        checkpoint_size,
-        plan_reference,
-    )
-    from suites.reference.unsharded import cached_reference, reference_path, reference_record
+    from suites.reference.cache import cached_reference
+    from suites.reference.checkpoint_sizes import activation_bytes, checkpoint_size
+    from suites.reference.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, Runner, plan_reference
+    from suites.reference.unsharded import reference_path, reference_record
 
     size, checkpoint = checkpoint_size(folder), folder_checkpoint(folder)
     path = reference_path(checkpoint, "fp32", ProbeSpec())
@@ -156,7 +150,8 @@ def main() -> None:
     from matrix.checkpoints import tiny_checkpoint
     from matrix.registry import load_models, load_variants
     from suites.records.run_records import read_records
-    from suites.reference.memory_plan import checkpoint_size, gib
+    from suites.reference.checkpoint_sizes import checkpoint_size
+    from suites.reference.memory_plan import gib
 
     registry, names = models_file(args.work, [int(n) for n in args.layers.split(",")])
     models = load_models(registry)

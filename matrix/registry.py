@@ -69,7 +69,7 @@ class Tolerance:
     """Training: each step's loss (and a resumed step's), relative to the unsharded loss."""
     train_grad_rel: float
     """Training: each gradient shard of the first step, max|dg| / the gradient's scale (its own largest magnitude, or a
-    few ulps at the model's largest gradient: suites/variants/training.py SCALE_FLOOR_ULPS)."""
+    few ulps at the model's largest gradient: suites/variants/trainee.py SCALE_FLOOR_ULPS)."""
     train_later_grad_rel: float
     """Training: the same for a later step's (and a resumed step's) gradients, taken at weights that already carry
     the earlier updates' noise."""

@@ -109,6 +109,9 @@ LONGEST_MODULE = 500
 LONGEST_FUNCTION = 80
 MODULE_BOUNDED = ("reports", "suites")
 """The packages whose modules LONGEST_MODULE bounds."""
+WHOLE_BY_DESIGN = {"suites/records/repro_template.py"}
+"""Not a module one reads in the harness: the standalone repro script's source, which suites/records/repro.py writes
+out whole as `repro_<cell>.py`, one file a DeepSpeed maintainer runs alone (its functions are bounded like any)."""
 FUNCTION_BOUNDED = ("suites",)
 """The packages whose functions LONGEST_FUNCTION bounds (lines from a function's `def` to its end)."""
 
@@ -197,7 +200,8 @@ def test_no_module_is_longer_than_a_screenful_of_screens():
     long = [
         f"{path.relative_to(PROJECT_ROOT)}: {lines} lines"
         for path in sources(MODULE_BOUNDED)
-        if (lines := len(path.read_text().splitlines())) > LONGEST_MODULE
+        if str(path.relative_to(PROJECT_ROOT)) not in WHOLE_BY_DESIGN
+        and (lines := len(path.read_text().splitlines())) > LONGEST_MODULE
     ]
     assert long == []
 

@@ -115,7 +115,7 @@ class UnshardedSteps(TypedDict):
 
 
 class ComparisonRecord(TypedDict):
-    """A suites/variants/training.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
+    """A suites/variants/trainee.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
 
     largest: float
     floor_share: float
@@ -157,7 +157,7 @@ class _TraineeReportFields(TypedDict):
 
 
 class TraineeReport(_TraineeReportFields, total=False):
-    """suites/variants/training.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
+    """suites/variants/trainee.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
 
     round_trip: RoundTripReport
     """The cell's own model, for a row with the checkpoint round trip."""

@@ -84,7 +84,7 @@ def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stag
 
 
 def _at_floors(comparisons: list[ComparisonRecord], metric: str) -> dict[str, float]:
-    """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
+    """`metric` had the scale floor been each candidate (suites/variants/trainee.py FLOOR_CANDIDATES): what the floor's
     choice rests on (benchmarks/noise.py)."""
     floors = {k for c in comparisons for k in c.get("errors_at_floor", {})}
     return {at_floor(metric, k): max(c["errors_at_floor"].get(k, 0.0) for c in comparisons) for k in sorted(floors)}

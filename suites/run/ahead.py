@@ -31,14 +31,9 @@ from matrix.registry import ModelEntry
 
 if TYPE_CHECKING:
     from matrix.cells import Cell
+    from suites.reference.cache import ComputesReferences, ReferenceForker
     from suites.reference.memory_plan import Runner
-    from suites.reference.unsharded import (
-        Answer,
-        ComputesReferences,
-        ObservationsRequest,
-        ReferenceForker,
-        ReferenceRequest,
-    )
+    from suites.reference.unsharded import Answer, ObservationsRequest, ReferenceRequest
     from suites.run.prepared import PreparedCell
 
 WORKER_NAME = "autotp-ahead"

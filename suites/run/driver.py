@@ -20,28 +20,26 @@ from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import faithful_counts
 from suites.checks.task_probe import AccuracyTask
 from suites.engine.rank_group import RankGroupPool
-from suites.reference.memory_plan import (
-    CheckpointSize,
-    GiB,
-    MemoryPlan,
-    Runner,
-    TrainingShape,
-    anonymous_bytes,
-    checkpoint_size,
-    gib,
-    plan_cell,
-    session_pids,
-)
-from suites.reference.unsharded import (
-    ObservationsRequest,
+from suites.reference.cache import (
     ReferenceForker,
     cached,
     cached_task_reference,
     observations_request,
     reference_process_pids,
-    reference_record,
     start_reference_process,
 )
+from suites.reference.checkpoint_sizes import CheckpointSize, checkpoint_size
+from suites.reference.memory_plan import (
+    GiB,
+    MemoryPlan,
+    Runner,
+    TrainingShape,
+    anonymous_bytes,
+    gib,
+    plan_cell,
+    session_pids,
+)
+from suites.reference.unsharded import ObservationsRequest, reference_record
 from suites.run import variant_setup
 from suites.run.ahead import AheadForker, RunAhead
 from suites.run.command import CELL_TIMEOUT_S

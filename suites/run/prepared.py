@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint
 from matrix.registry import DType
-from suites.reference.memory_plan import CheckpointSize, MemoryPlan, ReferencePlan, Runner
+from suites.reference.checkpoint_sizes import CheckpointSize
+from suites.reference.memory_plan import MemoryPlan, ReferencePlan, Runner
 
 QUANTIZED_BASELINE_DTYPE: DType = "fp32"
 """The dtype of a quantized variant's baseline reference: its relaxed checks compare with the unquantized model."""

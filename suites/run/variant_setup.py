@@ -10,7 +10,7 @@ from matrix.checkpoints import Checkpoint
 from matrix.registry import ModelEntry
 from suites.checks.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.checks.inputs import ProbeSpec
-from suites.reference.unsharded import ReferenceForker, cached_reference
+from suites.reference.cache import ReferenceForker, cached_reference
 from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable

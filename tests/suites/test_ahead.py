@@ -23,8 +23,9 @@ from matrix.registry import ModelEntry
 from suites.checks.contracts import Job
 from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 from suites.engine.rank_group import RankGroupPool
+from suites.reference.cache import ComputesReferences
 from suites.reference.memory_plan import Runner
-from suites.reference.unsharded import Answer, ComputesReferences, ObservationsRequest, ReferenceRequest
+from suites.reference.unsharded import Answer, ObservationsRequest, ReferenceRequest
 from suites.run import ahead, driver
 from suites.run.ahead import RunAhead
 from suites.run.driver import RunOptions, run_ahead, run_cell

@@ -17,14 +17,13 @@ from safetensors import safe_open
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
+from suites.reference.checkpoint_sizes import CheckpointSize, checkpoint_size
 from suites.reference.memory_plan import (
     PROCESS_RUNTIME_BYTES,
-    CheckpointSize,
     GiB,
     MiB,
     Runner,
     TrainingShape,
-    checkpoint_size,
     gib,
     host_memory,
     parse_bytes,

@@ -21,7 +21,7 @@ from suites.checks import training
 from suites.checks.result import CheckResult
 from suites.records.run_records import CellRecorder, RunInfo
 from suites.run.driver import RunOptions, run_cell
-from suites.variants.training import FLOOR_CANDIDATES, Comparison
+from suites.variants.trainee import FLOOR_CANDIDATES, Comparison
 from suites.verdicts.check_names import CHECK_NAMES, at_floor, current_metric_name
 from suites.verdicts.outcome import CellOutcome
 from tests.suites.checks.test_check_units import _failing_signatures, _training_reports

@@ -364,7 +364,7 @@ def test_adams_gain_rule_turns_an_update_back_into_its_gradient():
 
 
 def test_ds_to_universal_arguments_are_the_releases_own():
-    from suites.variants.training import universal_arguments
+    from suites.variants.trainee import universal_arguments
 
     before = list(sys.argv)
     arguments = universal_arguments(Path("/scratch"))
