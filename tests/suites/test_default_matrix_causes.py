@@ -19,8 +19,8 @@ import tomllib
 
 from matrix.json_records import read_record
 from matrix.remedies import RemedyResult
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
 from suites.records.run_records import read_records
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
 from suites.verdicts.statements import proof_of, stated
 
 DATA = Path(__file__).parent / "data"
