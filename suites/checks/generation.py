@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
-from suites.checks.interface import Check, inference
+from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.result import CheckResult, Finding, logits_allowance
 
 if TYPE_CHECKING:
@@ -117,4 +117,9 @@ def _sequence(
     )
 
 
-CHECK = Check(("generation",), "compare", inference, lambda inputs: [check(*inputs.inference(), inputs.tolerance)])
+def _compared(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check(reference, sharded, inputs.tolerance)]
+
+
+CHECK = Check(("generation",), "compare", inference, _compared)

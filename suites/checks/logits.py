@@ -157,10 +157,16 @@ def check_ranks_agree(rank_last_logits: list[torch.Tensor]) -> CheckResult:
 
 
 def _shapes(inputs: CheckInputs) -> list[CheckResult]:
-    return [check_shapes(*inputs.inference(), inputs.last_logits())]
+    reference, sharded = inputs.inference()
+    return [check_shapes(reference, sharded, inputs.last_logits())]
+
+
+def _compared(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check(reference, sharded, inputs.tolerance)]
 
 
 REFERENCE = Check(("reference",), "gate", inference, lambda inputs: [check_reference(inputs.inference()[0])])
 SHAPES = Check(("shapes",), "gate", inference, _shapes)
-LOGITS = Check(("logits",), "compare", inference, lambda inputs: [check(*inputs.inference(), inputs.tolerance)])
+LOGITS = Check(("logits",), "compare", inference, _compared)
 RANKS_AGREE = Check(("ranks_agree",), "compare", inference, lambda inputs: [check_ranks_agree(inputs.last_logits())])
