@@ -13,17 +13,17 @@ import pytest
 from matrix.cells import Cell, expand
 from matrix.registry import RegistryError
 from matrix.remedies import RemedyError
-from suites.command import SUITE_OPTIONS
-from suites.memory_plan import default_variants
+from suites.reference.memory_plan import default_variants
+from suites.run.command import SUITE_OPTIONS
 
 if TYPE_CHECKING:  # imported where they are used, after the fork server started (pytest_configure)
     from _pytest.terminal import TerminalReporter
 
-    from suites.ahead import RunAhead
     from suites.checks.task_probe import AccuracyTask
-    from suites.driver import CacheContents, RunOptions
     from suites.engine.rank_group import RankGroupPool
     from suites.records.run_records import CellRecorder, RunInfo, RunState
+    from suites.run.ahead import RunAhead
+    from suites.run.driver import CacheContents, RunOptions
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
 
@@ -161,13 +161,13 @@ CACHE_AT_START: pytest.StashKey[CacheContents] = pytest.StashKey()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The memory plan of every model, before the first cell (suites/memory_plan.py); the controller only.
-    Tiny checkpoints and references are written when the first cell needs a reference (suites/ahead.py; under
+    """The memory plan of every model, before the first cell (suites/reference/memory_plan.py); the controller only.
+    Tiny checkpoints and references are written when the first cell needs a reference (suites/run/ahead.py; under
     pytest-xdist by the cells that first need them), never here, and the end of the run says what was written."""
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.driver import CacheContents, RunOptions, memory_plan_lines
+    from suites.run.driver import CacheContents, RunOptions, memory_plan_lines
 
     config.stash[CACHE_AT_START] = CacheContents.now()
     reporter = cast("TerminalReporter", config.pluginmanager.get_plugin("terminalreporter"))
@@ -206,7 +206,7 @@ def _xdist_group(cell: Cell, cells: list[Cell], workers: int) -> str:
 
 @pytest.fixture(scope="session")
 def run_options(pytestconfig: pytest.Config) -> RunOptions:
-    from suites.driver import RunOptions
+    from suites.run.driver import RunOptions
 
     option = pytestconfig.getoption
     return RunOptions(
@@ -221,8 +221,8 @@ def run_options(pytestconfig: pytest.Config) -> RunOptions:
 @pytest.fixture(scope="session")
 def run_ahead(pytestconfig: pytest.Config, run_options: RunOptions) -> RunAhead | None:
     """The cold work of this process's cells (their tiny checkpoints and references), done together when the first
-    asks for a reference (suites/ahead.py); None in a pytest-xdist worker, which does not know which cells it gets."""
-    from suites.driver import run_ahead
+    asks for a reference (suites/run/ahead.py); None in a pytest-xdist worker, which does not know which cells it gets."""
+    from suites.run.driver import run_ahead
 
     return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)
 
@@ -273,9 +273,9 @@ def recorder(pytestconfig: pytest.Config) -> CellRecorder:
 def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.driver import CacheContents
     from suites.records.run_records import read_records
     from suites.records.summary import print_summary
+    from suites.run.driver import CacheContents
 
     if CACHE_AT_START in config.stash and (written := CacheContents.now().written_since(config.stash[CACHE_AT_START])):
         terminalreporter.write_line(written)

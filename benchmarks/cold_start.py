@@ -73,7 +73,7 @@ def _role(pid: int, table: dict[int, tuple[int, float, str]], driver: int) -> st
     if pid == driver:
         return "driver"
     parent, _, command = table[pid]
-    if "suites.reference" in command or command.startswith(f"[{REFERENCE_PROCESS_NAME[:15]}]"):
+    if "suites.reference.unsharded" in command or command.startswith(f"[{REFERENCE_PROCESS_NAME[:15]}]"):
         return "reference"
     parent_role = _role(parent, table, driver) if parent in table else ""
     if parent_role == "fork server":

@@ -49,7 +49,7 @@ STEP = textwrap.dedent("""\
     from pathlib import Path
     from sessions.environments import (commit_environment, ensure_environment, env_root, environment_variables,
                                        release_environment)
-    from suites.command import suites_command
+    from suites.run.command import suites_command
 
     step = json.loads(sys.argv[1])
     start = time.perf_counter()

@@ -32,7 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from matrix.registry import Variant  # noqa: E402
-from suites.command import suites_command  # noqa: E402
+from suites.run.command import suites_command  # noqa: E402
 
 SHAPE = {
     "hidden_size": 1536,
@@ -67,7 +67,7 @@ def forget_reference(folder: str) -> None:
     """Drop the cached reference, so the next run measures its computation."""
     from matrix.checkpoints import folder_checkpoint
     from suites.checks.inputs import ProbeSpec
-    from suites.reference import reference_path
+    from suites.reference.unsharded import reference_path
 
     reference_path(folder_checkpoint(folder), "fp32", ProbeSpec()).unlink(missing_ok=True)
 
@@ -76,16 +76,10 @@ def offloaded_reference(folder: str) -> dict[str, Any]:
     """The reference computed again with host RAM capped so that no layer stays resident."""
     from matrix.checkpoints import folder_checkpoint
     from suites.checks.inputs import ProbeSpec
-    from suites.memory_plan import (
-        HOST_MEMORY_ENV,
-        PROCESS_RUNTIME_BYTES,
-        SAFETY,
-        Runner,
-        activation_bytes,
-        checkpoint_size,
-        plan_reference,
-    )
-    from suites.reference import cached_reference, reference_path, reference_record
+    from suites.reference.cache import cached_reference
+    from suites.reference.checkpoint_sizes import activation_bytes, checkpoint_size
+    from suites.reference.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, Runner, plan_reference
+    from suites.reference.unsharded import reference_path, reference_record
 
     size, checkpoint = checkpoint_size(folder), folder_checkpoint(folder)
     path = reference_path(checkpoint, "fp32", ProbeSpec())
@@ -155,8 +149,9 @@ def main() -> None:
     os.environ["AUTOTP_CACHE"] = str(args.work / "cache")
     from matrix.checkpoints import tiny_checkpoint
     from matrix.registry import load_models, load_variants
-    from suites.memory_plan import checkpoint_size, gib
     from suites.records.run_records import read_records
+    from suites.reference.checkpoint_sizes import checkpoint_size
+    from suites.reference.memory_plan import gib
 
     registry, names = models_file(args.work, [int(n) for n in args.layers.split(",")])
     models = load_models(registry)

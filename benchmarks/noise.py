@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from matrix.cells import expand  # noqa: E402
 from matrix.registry import DType  # noqa: E402
 from matrix.shapes import split_shaped_name  # noqa: E402
-from suites.checks.names import at_floor, current_metric_name, judged_signature  # noqa: E402
+from suites.verdicts.check_names import at_floor, current_metric_name, judged_signature  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> None:
-    from suites.driver import RunOptions, run_cell
     from suites.engine.rank_group import RankGroupPool
+    from suites.run.driver import RunOptions, run_cell
 
     cells = expand(args.models, args.variants, args.dtypes, args.tp)
     print(f"{len(cells)} cells", flush=True)
@@ -213,8 +213,8 @@ FLOORED = (
     ("train_update", "update_max_rel_error", "train_update_rel"),
 )
 """Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records
-its error at every candidate floor (suites/variants/training.py FLOOR_CANDIDATES, metrics `<metric>_floor_2_to_minus_<k>`,
-suites/checks/names.py at_floor; older records' `<metric>_floor2^-<k>` are read as those)."""
+its error at every candidate floor (suites/variants/trainee.py FLOOR_CANDIDATES, metrics `<metric>_floor_2_to_minus_<k>`,
+suites/verdicts/check_names.py at_floor; older records' `<metric>_floor2^-<k>` are read as those)."""
 
 
 def floor_rows(records: list[dict[str, Any]]) -> list[str]:

@@ -203,7 +203,7 @@ class CellCounts:
 
 
 def will_run(cell: Cell, transformers_version: str) -> bool:
-    """Whether the cell gets past suites/driver.py skip_reason at the atlas's options (tiny checkpoints, no remote
+    """Whether the cell gets past suites/run/driver.py skip_reason at the atlas's options (tiny checkpoints, no remote
     code) and its expansion: tests/sessions/test_atlas_plan.py checks the two agree on every cell."""
     entry = cell.model
     return not (

@@ -271,7 +271,7 @@ def _without_progress_bars() -> Iterator[None]:
 
 _WRITING = threading.Lock()
 """Held while a tiny checkpoint's weights are made: their seeded init draws from torch's global random generator, so
-two threads writing at once (suites/ahead.py's workers, a cell rebuilding a corrupt one) would mix their draws."""
+two threads writing at once (suites/run/ahead.py's workers, a cell rebuilding a corrupt one) would mix their draws."""
 
 
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:

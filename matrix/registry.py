@@ -69,7 +69,7 @@ class Tolerance:
     """Training: each step's loss (and a resumed step's), relative to the unsharded loss."""
     train_grad_rel: float
     """Training: each gradient shard of the first step, max|dg| / the gradient's scale (its own largest magnitude, or a
-    few ulps at the model's largest gradient: suites/variants/training.py SCALE_FLOOR_ULPS)."""
+    few ulps at the model's largest gradient: suites/variants/trainee.py SCALE_FLOOR_ULPS)."""
     train_later_grad_rel: float
     """Training: the same for a later step's (and a resumed step's) gradients, taken at weights that already carry
     the earlier updates' noise."""
@@ -686,7 +686,7 @@ def _is_version(text: str) -> bool:
 
 
 def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
-    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/outcome.py, a layer
+    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/verdicts/outcome.py, a layer
     above this one)."""
 
     def known_class(failure: KnownFailure) -> None:

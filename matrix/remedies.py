@@ -107,7 +107,7 @@ class Remedy:
 @dataclass(frozen=True)
 class RemedyResult:
     """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it with `read_results`, and
-    suites/statements.py `proof_of` states a cause proven by one verified on every cell of it)."""
+    suites/verdicts/statements.py `proof_of` states a cause proven by one verified on every cell of it)."""
 
     remedy: str
     kind: RemedyKind

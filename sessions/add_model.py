@@ -27,7 +27,7 @@ from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entr
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
 from matrix.shapes import add_record, read_shape, split_shaped_name
 from sessions.build_check import build_problem
-from suites.command import suites_command
+from suites.run.command import suites_command
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

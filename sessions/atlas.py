@@ -471,7 +471,7 @@ def run_slice(
 
 
 PER_TRANSFORMERS_CACHES = ("references", "training")
-"""Harness caches whose entries are keyed by the transformers version among the rest (suites/reference.py,
+"""Harness caches whose entries are keyed by the transformers version among the rest (suites/reference/unsharded.py,
 suites/variants/training.py): what a slice wrote there while it ran one version is never read at another."""
 
 

@@ -12,8 +12,9 @@ from matrix.checkpoints import folder_checkpoint, tiny_checkpoint, tiny_config
 from matrix.derive import MAX_PARAMS, listed_entries
 from matrix.registry import ModelEntry
 from suites.checks.inputs import ProbeSpec
-from suites.memory_plan import Runner, checkpoint_size, plan_reference
-from suites.reference import cached_reference
+from suites.reference.cache import cached_reference
+from suites.reference.checkpoint_sizes import checkpoint_size
+from suites.reference.memory_plan import Runner, plan_reference
 
 
 def build_problem(entry: ModelEntry) -> str | None:

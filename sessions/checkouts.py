@@ -30,7 +30,7 @@ import tomllib
 
 from matrix.installed import module_constants
 from sessions.installers import InstallError, run_checked
-from suites.git import git_output
+from suites.base.git import git_output
 
 CHECKOUT_LINK = "autotp-checkout.pth"
 REQUIREMENTS = Path("requirements") / "requirements.txt"

@@ -47,7 +47,7 @@ from matrix.versions import AXES, short_prefixes
 from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import Installer, InstallError, installer, sysconfig_purelib
-from suites.git import GitFailed, git_output
+from suites.base.git import GitFailed, git_output
 
 ENV_ROOT_ENV = "AUTOTP_ENV_ROOT"
 TORCH_INDEX_ENV = "AUTOTP_TORCH_INDEX"

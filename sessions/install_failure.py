@@ -13,13 +13,13 @@ from pathlib import Path
 from matrix.cells import expand
 from matrix.redaction import redact
 from matrix.versions import Combo
-from suites.memory_plan import default_variants
-from suites.outcome import failed
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties, platform_of_run
+from suites.reference.memory_plan import default_variants
+from suites.verdicts.outcome import failed
 
 
 def record_install_failure(session: str, combo: Combo, message: str, selection: argparse.Namespace) -> int:
-    """`selection`: the suites' options (suites.command.parse_suite_options). The combination's pins stand in for
+    """`selection`: the suites' options (suites.run.command.parse_suite_options). The combination's pins stand in for
     the versions never installed (a git ref or local clone has no version before it is built, so its label stands
     there: pr/1234, master, local-DeepSpeed; reports order such labels after the releases)."""
     results = Path(selection.results)

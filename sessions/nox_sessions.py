@@ -38,7 +38,7 @@ from sessions.environments import (
 )
 from sessions.installers import redaction_library
 from sessions.npm_tools import with_npm_tools
-from suites.command import parse_suite_options, suites_command
+from suites.run.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
 TESTS_PINS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0"}

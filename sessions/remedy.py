@@ -41,7 +41,7 @@ from matrix.remedies import (
     required_patches,
 )
 from matrix.shapes import split_shaped_name
-from suites.git import GitFailed, git_output, run_git
+from suites.base.git import GitFailed, git_output, run_git
 from suites.records.run_records import read_records
 
 

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from suites.driver import run_cell
 from suites.records.repro import write_repro
+from suites.run.driver import run_cell
 
 if TYPE_CHECKING:
     from matrix.cells import Cell
-    from suites.ahead import RunAhead
-    from suites.driver import RunOptions
     from suites.engine.rank_group import RankGroupPool
     from suites.records.run_records import CellRecorder, RecordProperty
+    from suites.run.ahead import RunAhead
+    from suites.run.driver import RunOptions
 
 
 def test_cell(

@@ -92,22 +92,47 @@ def test_the_layout_test_sees_the_whole_harness():
 REPORTS_ROOMS = ("store", "clones", "analysis", "search", "outputs", "atlas", "commands")
 """reports/ in rooms along its chain: what was recorded (store) < what a library's clone says (clones) < what the
 history means (analysis) < which release/commit changed a cell (search) < what people read (outputs) < the atlas's
-pages from the archive alone (atlas) < the verbs of `python -m reports` (commands). A room imports itself and the rooms before it; other rooms import a room's package
-(its `__init__`'s public names), never its inner modules."""
-REPORTS_ROOTS = {"reports", "reports.__main__"}
-"""The package (ReportsError, which every room raises) and the command line; every other module is in a room."""
-LONGEST_REPORTS_MODULE = 500
+pages from the archive alone (atlas) < the verbs of `python -m reports` (commands). A room imports itself and the rooms
+before it; other rooms import a room's package (its `__init__`'s public names), never its inner modules."""
+SUITES_ROOMS = ("base", "verdicts", "checks", "variants", "reference", "engine", "records", "run")
+"""suites/ in rooms along the chain its imports want (suites/__init__.py says why each sits where it does): what
+knows nothing of cells (base) < the words of a verdict and a cause (verdicts) < what a cell measures and how it is
+judged (checks) < how a variant loads, quantizes or trains (variants) < the unsharded reference (reference) < the rank
+groups (engine) < what a run writes (records) < a cell from the pytest process (run). Other rooms import a suites
+room's modules directly: a rank or the reference process imports only the modules it needs, so a room's `__init__`
+re-exports nothing (the fork server's start-up cost is what it imports)."""
+ROOMS = {"reports": REPORTS_ROOMS, "suites": SUITES_ROOMS}
+ROOTS = {"reports", "reports.__main__", "suites", "suites.test_autotp"}
+"""The packages themselves, reports' command line and the suites' pytest file (`pytest suites` collects it); every
+other module of a package in ROOMS is in a room."""
+LONGEST_MODULE = 500
+LONGEST_FUNCTION = 80
+MODULE_BOUNDED = ("reports", "suites")
+"""The packages whose modules LONGEST_MODULE bounds."""
+WHOLE_BY_DESIGN = {"suites/records/repro_template.py"}
+"""Not a module one reads in the harness: the standalone repro script's source, which suites/records/repro.py writes
+out whole as `repro_<cell>.py`, one file a DeepSpeed maintainer runs alone (its functions are bounded like any)."""
+FUNCTION_BOUNDED = ("suites",)
+"""The packages whose functions LONGEST_FUNCTION bounds (lines from a function's `def` to its end)."""
 
 
 def room_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if parts[0] == "reports" and len(parts) > 1 and parts[1] in REPORTS_ROOMS else None
+    rooms = ROOMS.get(parts[0], ())
+    return parts[1] if len(parts) > 1 and parts[1] in rooms else None
 
 
-def test_every_reports_module_is_in_a_room():
-    outside = [module for module in harness_imports() if module.startswith("reports") and module not in REPORTS_ROOTS]
-    assert [module for module in outside if room_of(module) is None] == []
-    assert {room_of(module) for module in outside} == set(REPORTS_ROOMS)
+def room_index(module: str) -> int:
+    room = room_of(module)
+    assert room is not None
+    return ROOMS[module.split(".")[0]].index(room)
+
+
+def test_every_module_of_a_package_in_rooms_is_in_a_room():
+    for package, rooms in ROOMS.items():
+        inside = [module for module in harness_imports() if module.split(".")[0] == package and module not in ROOTS]
+        assert [module for module in inside if room_of(module) is None] == []
+        assert {room_of(module) for module in inside} == set(rooms)
 
 
 def test_rooms_import_only_themselves_and_the_rooms_before_them():
@@ -116,20 +141,44 @@ def test_rooms_import_only_themselves_and_the_rooms_before_them():
         for module, imports in harness_imports().items()
         if room_of(module)
         for target, _ in imports
-        if room_of(target) and REPORTS_ROOMS.index(room_of(target)) > REPORTS_ROOMS.index(room_of(module))
+        if room_of(target) and target.split(".")[0] == module.split(".")[0] and room_index(target) > room_index(module)
     ]
     assert upward == []
 
 
+def test_the_room_test_sees_an_arrow_back_up():
+    """A lazy import from a lower room into a higher one (the kind the rooms removed) is seen as one."""
+    assert room_index("suites.reference.unsharded") > room_index("suites.variants.loading")
+    assert room_of("suites.test_autotp") is None and room_of("suites.run.driver") == "run"
+    assert any(target == "suites.run.driver" for target, _ in harness_imports()["suites.test_autotp"])
+
+
 def test_other_rooms_import_a_rooms_package_not_its_modules():
-    """What a room offers is its `__init__`'s names: the modules behind them can move inside the room."""
+    """What a reports room offers is its `__init__`'s names: the modules behind them can move inside the room."""
     reaching_in = [
         f"{module} imports {target}"
         for module, imports in harness_imports().items()
         for target, _ in imports
-        if room_of(target) and target != f"reports.{room_of(target)}" and room_of(module) != room_of(target)
+        if target.startswith("reports.")
+        and room_of(target)
+        and target != f"reports.{room_of(target)}"
+        and room_of(module) != room_of(target)
     ]
     assert reaching_in == []
+
+
+def test_no_suites_room_reexports_a_name():
+    """A suites room's `__init__` is its docstring alone: one import path per name, and nothing imported in a rank
+    that the rank does not use."""
+    reexporting = [
+        f"suites/{room}/__init__.py"
+        for room in SUITES_ROOMS
+        if any(
+            isinstance(node, (ast.Import, ast.ImportFrom))
+            for node in ast.walk(ast.parse((PROJECT_ROOT / "suites" / room / "__init__.py").read_text()))
+        )
+    ]
+    assert reexporting == []
 
 
 def test_no_room_exports_a_name_that_hides_one_of_its_modules():
@@ -143,10 +192,40 @@ def test_no_room_exports_a_name_that_hides_one_of_its_modules():
     assert hiding == []
 
 
-def test_no_reports_module_is_longer_than_a_screenful_of_screens():
+def sources(packages: tuple[str, ...]) -> list[Path]:
+    return sorted(path for package in packages for path in (PROJECT_ROOT / package).rglob("*.py"))
+
+
+def test_no_module_is_longer_than_a_screenful_of_screens():
     long = [
         f"{path.relative_to(PROJECT_ROOT)}: {lines} lines"
-        for path in sorted((PROJECT_ROOT / "reports").rglob("*.py"))
-        if (lines := len(path.read_text().splitlines())) > LONGEST_REPORTS_MODULE
+        for path in sources(MODULE_BOUNDED)
+        if str(path.relative_to(PROJECT_ROOT)) not in WHOLE_BY_DESIGN
+        and (lines := len(path.read_text().splitlines())) > LONGEST_MODULE
     ]
     assert long == []
+
+
+def long_functions(source: str) -> list[str]:
+    return [
+        f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+
+
+def test_no_function_is_longer_than_a_screenful():
+    long = [
+        f"{path.relative_to(PROJECT_ROOT)} {function}"
+        for path in sources(FUNCTION_BOUNDED)
+        for function in long_functions(path.read_text())
+    ]
+    assert long == []
+
+
+def test_the_function_bound_counts_from_def_to_end():
+    body = "\n".join(["def f():"] + ["    x = 1"] * LONGEST_FUNCTION)
+    assert long_functions(body) == [f"f: {LONGEST_FUNCTION + 1} lines"]
+    assert long_functions("\n".join(["def f():"] + ["    x = 1"] * (LONGEST_FUNCTION - 1))) == []

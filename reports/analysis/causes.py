@@ -38,7 +38,7 @@ from reports.store import (
     parse_pins,
     pins_text,
 )
-from suites.mechanism import Cause
+from suites.verdicts.mechanism import Cause
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
 TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}
@@ -319,7 +319,7 @@ class DeltaCause:
     failure_class: str  # its first cell's (a cause keyed by mechanism may hold cells of two classes)
     cause: str  # its first cell's signature, numbers masked
     deltas: tuple[tuple[SessionDeltas, Delta], ...]
-    key: str = ""  # the cause the harness recorded (suites/mechanism.py); "" for failures recorded before
+    key: str = ""  # the cause the harness recorded (suites/verdicts/mechanism.py); "" for failures recorded before
 
     @property
     def id(self) -> str:

@@ -1,7 +1,7 @@
 """Failing now, by cause: the first section of every report when cells fail at the latest versions.
 
 The failing cells at the latest versions are grouped by cause (reports.analysis.signatures.failure_key: the cause the
-harness recorded, what AutoTP did where it broke, suites/mechanism.py; for a failure recorded before causes were kept,
+harness recorded, what AutoTP did where it broke, suites/verdicts/mechanism.py; for a failure recorded before causes were kept,
 its class and signature with every number masked). Each cause says its mechanism in words, whose bug it is (AutoTP's
 wherever the exception surfaced, the unsharded model passing the same probes; the frame is "surfaced in"), since when
 it fails (the oldest version set in the history where the same cause appears, or "since the first run"), the answer
@@ -33,8 +33,8 @@ from reports.analysis.signatures import cause, failure_key, surfaced_in
 from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
-from suites.mechanism import cause_sentence, whose
-from suites.statements import Proof, proof_of, stated
+from suites.verdicts.mechanism import cause_sentence, whose
+from suites.verdicts.statements import Proof, proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
@@ -69,7 +69,7 @@ class ResultFiles:
     """Cells whose repro script is written."""
     remedies: tuple[RemedyResult, ...] = ()
     """What `nox -s remedy` found (its remedies.json in the folder, matrix/remedies.py `read_results`): a cause's
-    sentence is stated as proven by a remedy verified on every one of its cells (suites/statements.py `proof_of`)."""
+    sentence is stated as proven by a remedy verified on every one of its cells (suites/verdicts/statements.py `proof_of`)."""
 
     def log(self, cell: str) -> str:
         return log_folder(cell) if cell in self.logs else ""
@@ -204,9 +204,9 @@ class FailingCause:
     key: str = ""
     """What groups its cells (reports.analysis.signatures.failure_key)."""
     mechanism: str = ""
-    """The mechanism in words (suites/mechanism.py Cause.words); "" for results recorded before causes were kept."""
+    """The mechanism in words (suites/verdicts/mechanism.py Cause.words); "" for results recorded before causes were kept."""
     whose: str = ""
-    """Whose it is: a key of suites.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
+    """Whose it is: a key of suites.verdicts.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
     model by design)."""
     evidence: str = ""
     """The line that makes it `whose`'s: the source line a cause's owner rests on, or the known failure's upstream
@@ -392,8 +392,8 @@ def cause_statement(
 
 
 def _mechanism(key: str, statuses: Sequence[CellStatus], text: str, refused_by_design: bool, proof: Proof) -> str:
-    """The sentence that holds for every cell of a cause (suites/mechanism.py `cause_sentence`), stated as proven
-    only by a verified remedy (suites/statements.py `stated`: a verified remedy's sentence whatever was located; a
+    """The sentence that holds for every cell of a cause (suites/verdicts/mechanism.py `cause_sentence`), stated as proven
+    only by a verified remedy (suites/verdicts/statements.py `stated`: a verified remedy's sentence whatever was located; a
     refusal DeepSpeed documents is its own proof); "" for results recorded before causes were kept, and where it only
     repeats the example's signature (nothing was located)."""
     if proof.by:

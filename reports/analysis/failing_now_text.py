@@ -14,7 +14,7 @@ from reports.analysis.answers import Link, TransitionEntry, code, plain_link
 from reports.analysis.causes import RootCause, count_text, shared_answers
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
 from reports.analysis.known import FixedKnown
-from suites.mechanism import WHOSE, class_and_finding
+from suites.verdicts.mechanism import WHOSE, class_and_finding
 
 INTRO = (
     "Each cause with what AutoTP did where it broke, whose it is (AutoTP's wherever its exception surfaced, as the "

@@ -2,7 +2,7 @@
 error text (which the reports quote elsewhere in code spans).
 
 A cause is a signature with its numbers masked: `<exception type>: <message> @ <file>:<function>` for what raised,
-`<check>: <finding>` for what a check judged (the check one of suites/checks/names.py's). The words come from the
+`<check>: <finding>` for what a check judged (the check one of suites/verdicts/check_names.py's). The words come from the
 failure class, the check, and the library file that raised (DeepSpeed's parser, its fused-qkv split, a sharded layer,
 the model's own forward)."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from suites.checks.names import CHECK_NAMES, judged_signature
+from suites.verdicts.check_names import CHECK_NAMES, judged_signature
 
 _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S)
 _EXCEPTION = re.compile(

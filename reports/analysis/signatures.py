@@ -1,7 +1,7 @@
 """What a failure signature says beyond one cell: its cause with tp-dependent detail masked, and the
 source files its frames name.
 
-Signatures are recorded with numbers already masked (`suites/outcome.py`: "split_sizes=[N, N]"), but the
+Signatures are recorded with numbers already masked (`suites/verdicts/outcome.py`: "split_sizes=[N, N]"), but the
 length of a shape or size list still follows the tp size ([N, N] at tp 2, [N, N, N] at tp 3), and so do
 factors of a shape product the recording left half masked (Nx4N at tp 2, Nx3N at tp 3): the same
 cause must read the same at every tp, so triage bisects it once and the report shows it once."""
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from suites.mechanism import Cause, failure_text
+from suites.verdicts.mechanism import Cause, failure_text
 
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
@@ -35,7 +35,7 @@ def cause(signature: str) -> str:
 
 
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
-    """What makes failures one cause: the key the harness recorded with it (suites/mechanism.py `cause_of`: what AutoTP
+    """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`: what AutoTP
     did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
     return mechanism.key if mechanism is not None else f"{failure_class}|{cause(signature)}"
 

@@ -28,7 +28,7 @@ from reports.analysis import (
 from reports.atlas.reading import ArchiveHistory
 from reports.outputs import transition_entry
 from reports.store import AXES, GITHUB_REPOSITORY, CellKey, JSONObject, Versions
-from suites.verdicts import FAILURE_CLASSES
+from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 FORMAT = "autotp-atlas/1"
 AXIS_PREFIX = {"deepspeed": "ds", "transformers": "tf", "torch": "pt", "python": "py"}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from reports import ReportsError
 from reports.store import Commit
-from suites.git import GitFailed, run_git
+from suites.base.git import GitFailed, run_git
 
 # GitHub squash merges title a commit "Subject (#1234)"; the last such number is the PR.
 PR_NUMBER = re.compile(r"\(#(\d+)\)")

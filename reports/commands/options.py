@@ -11,8 +11,8 @@ from reports import ReportsError
 from reports.search import END_REPEATS
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS
 from sessions.environments import env_root
-from suites.command import CELL_TIMEOUT_S
-from suites.verdicts import FAILURE_CLASSES
+from suites.run.command import CELL_TIMEOUT_S
+from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 
 def add_store(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from reports.analysis import (
 from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
 from reports.outputs.markdown_safety import visible_html
 from reports.outputs.model import Report
-from suites.mechanism import class_and_finding
+from suites.verdicts.mechanism import class_and_finding
 
 
 def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What AutoTP did to a failing cell's model and where it broke, from the cell's record (suites/mechanism.py): the
+"""What AutoTP did to a failing cell's model and where it broke, from the cell's record (suites/verdicts/mechanism.py): the
 section of a draft issue (reports.outputs.draft_issue) that says it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from reports.analysis import FailingCause, whose_text
 from reports.store import CellResult
-from suites.mechanism import mask_indices
+from suites.verdicts.mechanism import mask_indices
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
 The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP:
-<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/cause_titles.py `cause_title`). It is shown
+<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/verdicts/cause_titles.py `cause_title`). It is shown
 on the cause's example cell (the one standing for the checkpoint users run most,
 reports.analysis.failing_now.example_cell) and names the real checkpoints that cell stands for. To reproduce: a
 minimal script generated for the cause (reports.outputs.minimal_script: at most 40 lines, its last line shows the
@@ -47,9 +47,9 @@ from reports.outputs.model import Report, build_report
 from reports.outputs.remedy_claims import remedy_sections
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
-from suites.cause_titles import cause_title
 from suites.records.run_records import RunInfo
-from suites.verdicts import FAILURE_CLASSES
+from suites.verdicts.cause_titles import cause_title
+from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream

@@ -31,9 +31,9 @@ from sessions.environments import (
     ensure_environment,
     environment_variables,
 )
-from suites.command import CELL_TIMEOUT_S, suites_command
-from suites.mechanism import role
 from suites.records.run_records import read_records
+from suites.run.command import CELL_TIMEOUT_S, suites_command
+from suites.verdicts.mechanism import role
 
 # ---- The cell ----------------------------------------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ class CellRun:
     signature: str
     message: str
     broke_at: str = ""
-    """The role of the module it broke in (suites/mechanism.py `role`), where the harness located it."""
+    """The role of the module it broke in (suites/verdicts/mechanism.py `role`), where the harness located it."""
 
 
 def classify(

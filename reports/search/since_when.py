@@ -29,7 +29,7 @@ from sessions.environments import (
     environment_variables,
     release_environment,
 )
-from suites.command import suites_command
+from suites.run.command import suites_command
 
 SESSION = "since-when"
 """The session name its runs are recorded under."""

@@ -57,7 +57,7 @@ from sessions.environments import (
     ensure_environment,
     release_environment,
 )
-from suites.command import CELL_TIMEOUT_S
+from suites.run.command import CELL_TIMEOUT_S
 
 TRIAGED_AXES = ("deepspeed", "transformers")  # the axes whose releases and commits triage can install
 DEEPSPEED_REPO_ENV = "AUTOTP_DEEPSPEED_REPO"

@@ -53,7 +53,7 @@ from reports.store.records import (
     pins_text,
 )
 from reports.store.validation import first_problem, in_utc, problems_of
-from suites.git import GitFailed, run_git
+from suites.base.git import GitFailed, run_git
 
 ANSWERS = "answers"
 RECORDS_MEMBER = "records.json"  # format 2

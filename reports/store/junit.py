@@ -27,9 +27,9 @@ from reports.store.records import (
     Versions,
     deepspeed_git_of,
 )
-from suites.checks.names import current_metric_name
-from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
-from suites.verdicts import FAILURE_CLASSES
+from suites.verdicts.check_names import current_metric_name
+from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
 # How much of a file is looked at for a document type declaration: it comes before the root element.
@@ -265,7 +265,7 @@ def _result_from(case: TestCase, props: dict[str, str], run_id: str, path: Path,
 
 
 def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
-    """A failure's cause, where it broke and what AutoTP did (suites/mechanism.py), where the file records them."""
+    """A failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), where the file records them."""
     found = Mechanism()
     try:
         if props.get("cause.key"):

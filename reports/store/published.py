@@ -18,7 +18,7 @@ from reports import ReportsError
 from reports.store.archive import ArchiveListing, DamagedEntry, ResultsArchive, answer_key
 from reports.store.history_store import HistoryStore, StoreConflict
 from reports.store.records import Bisection
-from suites.git import GitFailed, run_git
+from suites.base.git import GitFailed, run_git
 
 PUBLISHED_BRANCH = "autotp-history"
 """The branch CI pushes the archive to (.github/workflows/autotp.yml ARCHIVE_BRANCH)."""

@@ -10,7 +10,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
 from matrix.versions import AXES as INSTALLED_AXES
-from suites.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
 
 BisectMode = Literal["broken", "fixed"]
 """broken: before = last good, after = first bad; fixed: before = last bad, after = first good (`reports.search.bisect
@@ -100,7 +100,7 @@ class Run:
 class CellResult:
     run_id: str
     cell: CellKey
-    outcome: str  # one of suites.outcome.OUTCOMES
+    outcome: str  # one of suites.verdicts.outcome.OUTCOMES
     failure_class: str = ""
     signature: str = ""
     message: str = ""
@@ -108,7 +108,7 @@ class CellResult:
     checkpoints: tuple[str, ...] = ()
     """The hub ids a faithful cell's verdict stands for (matrix.registry.ModelEntry.checkpoints); empty otherwise."""
     cause: Cause | None = None
-    """A failure's cause as the harness keyed it (suites/mechanism.py); None in files from before it was kept."""
+    """A failure's cause as the harness keyed it (suites/verdicts/mechanism.py); None in files from before it was kept."""
     broke_at: BreakPoint | None = None
     """Where it broke, where the ranks located it."""
     autotp: AutoTPRecord | None = None

@@ -24,7 +24,7 @@ Row = tuple[Any, ...]
 # 9 which runs are trusted (a pull request's are not: never a baseline, never archived) and the hash of each archive
 # entry the store was built from (`python -m reports verify` compares them).
 # 10 each failure's cause, break point and AutoTP record (cell_causes), and each result group's cause.
-# 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.outcome.Outcome) in results.
+# 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.verdicts.outcome.Outcome) in results.
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
 SCHEMA_VERSION = 11
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
@@ -282,7 +282,7 @@ WHERE ((SELECT started FROM runs WHERE id = excluded.run), (SELECT run_id FROM r
     > ((SELECT started FROM runs WHERE id = point_metrics.run), (SELECT run_id FROM runs WHERE id = excluded.run))"""
 
 
-# Schema 10: a failure's cause, where it broke and what AutoTP did (suites/mechanism.py), as JSON each stored once in
+# Schema 10: a failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), as JSON each stored once in
 # `texts` (a night's failures repeat a few), in a table of their own (passes have none); and the cause of each
 # result group's newest result, which the report groups failures by. Results stored before have none: they group by
 # their signature (reports.analysis.signatures.failure_key).

@@ -31,8 +31,8 @@ from reports.store.records import (
     TriageAttempt,
     Versions,
 )
-from suites.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
-from suites.verdicts import OUTCOMES
+from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.vocabulary import OUTCOMES
 
 Rule = Callable[[Any], "str | None"]
 """A value's problem in words ("is not a name (...)"), None when it is fine."""
@@ -236,7 +236,7 @@ def _checkpoint_source(value: Any) -> str | None:
 
 
 def _mechanism(cls: type[Cause] | type[BreakPoint] | type[AutoTPRecord]) -> Rule:
-    """A failure's cause, break point or AutoTP record (suites/mechanism.py), or none: every text in it one line of at
+    """A failure's cause, break point or AutoTP record (suites/verdicts/mechanism.py), or none: every text in it one line of at
     most SIGNATURE_LENGTH (reports print its words and paths), a cause's `whose` one of WHOSE, the whole bounded."""
     line = _text(SIGNATURE_LENGTH, one_line=True)
 

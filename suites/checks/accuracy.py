@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from suites.checks.interface import Check, CheckInputs
 from suites.checks.result import CheckResult, Finding
 
 ALPHA = 0.01  # a cell fails when the sharded model is worse with p < ALPHA (two-sided exact McNemar)
@@ -108,3 +109,12 @@ def check(reference: list[bool], sharded: list[bool], alpha: float = ALPHA) -> C
             f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"
         ),
     )
+
+
+def _paired(inputs: CheckInputs) -> list[CheckResult]:
+    if inputs.accuracy_reference is None or inputs.task_correct is None:
+        raise ValueError("a cell has an accuracy reference but its ranks answered no task (a harness bug)")
+    return [check(list(inputs.accuracy_reference), list(inputs.task_correct))]
+
+
+CHECK = Check(("accuracy",), "variant", lambda inputs: inputs.accuracy_reference is not None, _paired)

@@ -1,4 +1,4 @@
-"""Where a cell broke (suites/mechanism.py `BreakPoint`), found on the ranks.
+"""Where a cell broke (suites/verdicts/mechanism.py `BreakPoint`), found on the ranks.
 
 - A forward that raised: the innermost module in the exception's traceback (each `nn.Module.__call__` frame holds
   its module), so finding it costs nothing until something raises.
@@ -20,7 +20,7 @@ from types import FrameType, TracebackType
 
 import torch
 
-from suites.mechanism import BreakPoint, origin_of
+from suites.verdicts.mechanism import BreakPoint, origin_of
 
 SUMMARY_DIRECTIONS = 4
 """Random directions each output is projected on: a difference anywhere in the output's last dimension shows."""

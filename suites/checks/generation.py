@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.result import CheckResult, Finding, logits_allowance
 
 if TYPE_CHECKING:
@@ -114,3 +115,11 @@ def _sequence(
             f"(reference margin {gap:.3g} > allowed {allowed:.3g})",
         ),
     )
+
+
+def _compared(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check(reference, sharded, inputs.tolerance)]
+
+
+CHECK = Check(("generation",), "compare", inference, _compared)

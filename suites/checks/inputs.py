@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from suites.model_types import Tokenizer
+    from suites.base.model_types import Tokenizer
 
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
 PROBE_CODE = tuple(Path(__file__).resolve().with_name(name) for name in ("inputs.py", "probes.py", "breakpoints.py"))

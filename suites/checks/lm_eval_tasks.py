@@ -29,7 +29,7 @@ from suites.checks.task_scoring import TaskError, continuation_loglikelihoods
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
 
-    from suites.model_types import CausalLM, Device, Tokenizer
+    from suites.base.model_types import CausalLM, Device, Tokenizer
 
 LM_EVAL_TASKS_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks" / "lm_eval"
 BATCH = 8

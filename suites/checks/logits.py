@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.result import CheckResult, Finding, joined, logits_allowance
 
 if TYPE_CHECKING:
@@ -153,3 +154,19 @@ def check_ranks_agree(rank_last_logits: list[torch.Tensor]) -> CheckResult:
         else Finding(f"ranks disagree: logits differ across ranks by {spread:.3g}", f"(allowed {allowed:.3g})")
     )
     return CheckResult.judged("ranks_agree", "numerics", {"rank_logits_spread": spread}, finding)
+
+
+def _shapes(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check_shapes(reference, sharded, inputs.last_logits())]
+
+
+def _compared(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check(reference, sharded, inputs.tolerance)]
+
+
+REFERENCE = Check(("reference",), "gate", inference, lambda inputs: [check_reference(inputs.inference()[0])])
+SHAPES = Check(("shapes",), "gate", inference, _shapes)
+LOGITS = Check(("logits",), "compare", inference, _compared)
+RANKS_AGREE = Check(("ranks_agree",), "compare", inference, lambda inputs: [check_ranks_agree(inputs.last_logits())])

@@ -31,8 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from matrix.registry import ModelEntry
-from matrix.shapes import MATRIX_TP, base_shape, faithful_groups_or_why, load_real_shapes, split_shaped_name
+from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
 from suites.checks.result import CheckResult, Finding, joined
 
@@ -457,45 +456,6 @@ def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCou
     return {owner[1] if owner else name}
 
 
-def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
-    """The counts of the real checkpoint a faithful cell of `model` at `tp` stands for (matrix/real_shapes.toml, the
-    record its tiny config was derived from: matrix/shapes.py `faithful_groups`); None for a stress cell or a
-    faithful one that stands for no checkpoint (its config as written)."""
-    shape = split_shaped_name(model.name)[1]
-    if base_shape(shape) != "faithful" or model.skip_reason or model.expansion_error:
-        return None
-    groups = faithful_groups_or_why(model, load_real_shapes(), tuple(sorted({*MATRIX_TP, tp})))
-    group = None if isinstance(groups, str) else groups.get(shape)
-    if group is None or group.record.source.startswith("as written"):
-        return None
-    real = group.record
-    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts)
-
-
-META_LOAD_MIN_MODEL_BYTES = 100 << 20
-"""Below this model size, import and allocator noise in a rank's RSS (tens of MB) hides the model."""
-
-
-def check_meta_load(unsharded: Footprint, rank_peak_growth: float) -> CheckResult:
-    """`meta` load: no rank may materialise the full model. Its peak RSS growth from before loading
-    to the end of sharding must stay below the unsharded model's bytes (eager grows by more than them)."""
-    full = unsharded.param_bytes
-    metrics = {"meta_load_growth_ratio": rank_peak_growth / full}
-    if full < META_LOAD_MIN_MODEL_BYTES:
-        return CheckResult("meta_memory", True, "memory", metrics)
-    return CheckResult.judged(
-        "meta_memory",
-        "memory",
-        metrics,
-        None
-        if rank_peak_growth < full
-        else Finding(
-            f"a rank's peak RSS grew by {rank_peak_growth / 2**20:.0f} MiB while loading on the meta device",
-            f"(full model {full / 2**20:.0f} MiB): the full model was materialised",
-        ),
-    )
-
-
 RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS")
 """The constants the rules below read: the standalone repro script gets them as literals."""
 RULES = (
@@ -517,3 +477,19 @@ RULES = (
 )
 """The memory rules, pure Python on plain values: the standalone repro script (suites/records/repro.py) embeds their
 source, so a script judges memory by the harness's own code (tests/suites/records/test_repro.py)."""
+
+
+def _inference_cell(inputs: CheckInputs) -> list[CheckResult]:
+    return [
+        check(
+            inputs.inference()[0].unsharded_footprint(),
+            inputs.bytes_by_name(),
+            [rank.shapes_by_name or {} for rank in inputs.ranks],
+            real=inputs.real_counts,
+            deepspeed_release=inputs.deepspeed_release,
+            checkpoint_json=inputs.meta_load,
+        )
+    ]
+
+
+CHECK = Check(("memory",), "compare", inference, _inference_cell)

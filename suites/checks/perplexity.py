@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.result import CheckResult, Finding
 
 if TYPE_CHECKING:
@@ -29,3 +30,11 @@ def check(reference: Observations, sharded: Observations, tolerance: Tolerance, 
         )
     )
     return CheckResult.judged("perplexity", "numerics", metrics, finding)
+
+
+def _compared(inputs: CheckInputs) -> list[CheckResult]:
+    reference, sharded = inputs.inference()
+    return [check(reference, sharded, inputs.tolerance, inputs.perplexity_skipped)]
+
+
+CHECK = Check(("perplexity",), "compare", inference, _compared)

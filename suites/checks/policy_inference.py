@@ -1,4 +1,4 @@
-"""Which linears of each decoder-block class write the residual stream (suites/policy.py), read from the unsharded
+"""Which linears of each decoder-block class write the residual stream (suites/verdicts/policy.py), read from the unsharded
 model on rank 0 before init_inference shards it, and compared with what DeepSpeed made of them.
 
 One forward of the model runs until the first instance of every block class of the decoder stack has run (the rest
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from suites.policy import InferredBlock, Parallel, PolicyDisagreement, deepspeed_name
+from suites.verdicts.policy import InferredBlock, Parallel, PolicyDisagreement, deepspeed_name
 
 CARRIES_RESIDUAL = re.compile(
     r"(Add|Sub|Mul|Div|Neg|ToCopy|Copy|Copys|Clone|Alias|View|UnsafeView|Reshape|ReshapeAlias|Expand|Squeeze|"

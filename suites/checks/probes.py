@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 
-from matrix.registry import RegistryError
-from matrix.shapes import read_shape
+from matrix.registry import ModelEntry, RegistryError
+from matrix.shapes import MATRIX_TP, base_shape, faithful_groups_or_why, load_real_shapes, read_shape, split_shaped_name
 from suites.checks.breakpoints import module_outputs
 from suites.checks.inputs import ProbeInputs, ProbeSpec
-from suites.checks.names import judged_signature
-from suites.outcome import LibraryOutputError
+from suites.verdicts.check_names import judged_signature
+from suites.verdicts.outcome import LibraryOutputError
 
 if TYPE_CHECKING:
-    from suites.model_types import CausalLM, Device
+    from suites.base.model_types import CausalLM, Device
 
 MAX_EXP_ARGUMENT = 709.0
 """math.exp overflows above this."""
@@ -64,7 +64,7 @@ class Observations:
     footprint: Footprint | None
     """The unsharded model's tensors (`footprint`), what the memory checks compare the ranks' bytes with;
     None on the sharded model, whose module types AutoTP replaced (each rank hands its own bytes by name
-    to rank 0 instead: suites/contracts.py RankSummary)."""
+    to rank 0 instead: suites/checks/contracts.py RankSummary)."""
     routing_masked: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
     """[real tokens, routers x k] the experts each MoE router chose for each token of `logits_masked`, sorted
     per router ([tokens, 0] for a model without routers found): the logits check tells a routing choice that
@@ -301,6 +301,21 @@ class SplitCounts:
     head_dim: int
     experts: int
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
+
+
+def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
+    """The counts of the real checkpoint a faithful cell of `model` at `tp` stands for (matrix/real_shapes.toml, the
+    record its tiny config was derived from: matrix/shapes.py `faithful_groups`); None for a stress cell or a
+    faithful one that stands for no checkpoint (its config as written)."""
+    shape = split_shaped_name(model.name)[1]
+    if base_shape(shape) != "faithful" or model.skip_reason or model.expansion_error:
+        return None
+    groups = faithful_groups_or_why(model, load_real_shapes(), tuple(sorted({*MATRIX_TP, tp})))
+    group = None if isinstance(groups, str) else groups.get(shape)
+    if group is None or group.record.source.startswith("as written"):
+        return None
+    real = group.record
+    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
+from suites.checks.interface import Check, CheckInputs
 from suites.checks.result import CheckResult, Finding
 
 if TYPE_CHECKING:
@@ -44,3 +45,14 @@ def check(baseline: Observations, sharded: Observations, tolerance: Tolerance) -
             ),
         ),
     ]
+
+
+def _against_baseline(inputs: CheckInputs) -> list[CheckResult]:
+    if inputs.baseline is None or inputs.sharded is None:
+        raise ValueError("a quantized cell was judged without its baseline or its observations (a harness bug)")
+    return check(inputs.baseline, inputs.sharded, inputs.tolerance)
+
+
+CHECK = Check(
+    ("quant_tokens", "quant_perplexity"), "variant", lambda inputs: inputs.baseline is not None, _against_baseline
+)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from matrix.registry import Tolerance
-from suites.checks.names import CheckName, judged_signature
-from suites.verdicts import FailureClass
+from suites.verdicts.check_names import CheckName, judged_signature
+from suites.verdicts.vocabulary import FailureClass
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def joined(findings: Sequence[Finding], prefix: str = "") -> Finding:
 @dataclass
 class CheckResult:
     name: CheckName
-    """One of suites/checks/names.py's: the reports tell its signature from a raised exception's by it."""
+    """One of suites/verdicts/check_names.py's: the reports tell its signature from a raised exception's by it."""
     passed: bool
     failure_class: FailureClass
     """The class the cell fails with when this check fails."""

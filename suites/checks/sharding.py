@@ -1,4 +1,4 @@
-"""What AutoTP did to a rank's model (suites/mechanism.py `AutoTPRecord`), read from the model before and after
+"""What AutoTP did to a rank's model (suites/verdicts/mechanism.py `AutoTPRecord`), read from the model before and after
 `init_inference` and from the policy DeepSpeed's parser returned: which modules it replaced with which of its layer
 classes, which decoder-layer kinds got no policy, and which parameters and buffers it left whole next to a split.
 
@@ -18,9 +18,9 @@ import torch
 from suites.checks.breakpoints import fused_layout
 from suites.checks.policy_inference import disagreements, parser_made
 from suites.checks.probes import SplitCounts
-from suites.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Replaced, mask_indices, parent
-from suites.outcome import exception_signature
-from suites.policy import InferredBlock, Policy
+from suites.verdicts.mechanism import LEFT_WHOLE_KINDS, AutoTPRecord, LeftWhole, Replaced, mask_indices, parent
+from suites.verdicts.outcome import exception_signature
+from suites.verdicts.policy import InferredBlock, Policy
 
 ROTARY = "Rotary"
 """Rotary embedding modules hold per-frequency tables (head_dim / 2 entries), a size that can equal a head count by

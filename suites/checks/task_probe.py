@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from suites.checks.task_scoring import TaskError, continuation_loglikelihoods
 
 if TYPE_CHECKING:
-    from suites.model_types import CausalLM, Device, Tokenizer
+    from suites.base.model_types import CausalLM, Device, Tokenizer
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "data" / "tasks"
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from suites.model_types import CausalLM, Device, Tokenizer
+    from suites.base.model_types import CausalLM, Device, Tokenizer
 
 
 class TaskError(ValueError):

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 from matrix.registry import Tolerance
 from suites.checks import memory as memory_checks
-from suites.checks.names import at_floor
+from suites.checks.interface import Check, CheckInputs
 from suites.checks.probes import Footprint, SplitCounts
 from suites.checks.result import CheckResult, Finding, joined
+from suites.verdicts.check_names import at_floor
 
 if TYPE_CHECKING:
-    from suites.contracts import (
+    from suites.checks.contracts import (
         ComparisonRecord,
         RoundTripReport,
         TraineeReport,
@@ -83,7 +84,7 @@ def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stag
 
 
 def _at_floors(comparisons: list[ComparisonRecord], metric: str) -> dict[str, float]:
-    """`metric` had the scale floor been each candidate (suites/variants/training.py FLOOR_CANDIDATES): what the floor's
+    """`metric` had the scale floor been each candidate (suites/variants/trainee.py FLOOR_CANDIDATES): what the floor's
     choice rests on (benchmarks/noise.py)."""
     floors = {k for c in comparisons for k in c.get("errors_at_floor", {})}
     return {at_floor(metric, k): max(c["errors_at_floor"].get(k, 0.0) for c in comparisons) for k in sorted(floors)}
@@ -99,79 +100,76 @@ def _loss_delta(loss: float, reference: float) -> float:
     return abs(loss - reference) / abs(reference)
 
 
-def check_model(
-    unsharded: UnshardedSteps, reports: list[TraineeReport], tolerance: Tolerance, prefix: str = ""
-) -> list[CheckResult]:
-    """`unsharded`: the driver's steps (suites/variants/training.py compute_unsharded_steps); `reports`: one per
-    rank for this model. `prefix` names a second model in reasons and metrics."""
-    label = f"second model {reports[0]['label']}: " if prefix else ""
-    steps = len(reports[0]["losses"])
-    results: list[CheckResult] = []
-
+def _loss(unsharded: UnshardedSteps, reports: list[TraineeReport], tolerance: Tolerance, prefix: str) -> CheckResult:
+    label = _label(reports, prefix)
     deltas = [
         max((_loss_delta(r["losses"][step], unsharded["losses"][step]) for r in reports), key=_nan_first)
-        for step in range(steps)
+        for step in range(len(reports[0]["losses"]))
     ]
     failing = next((step for step, delta in enumerate(deltas) if not delta <= tolerance.train_loss_rel), None)
-    results.append(
-        CheckResult.judged(
-            "train_loss",
-            "numerics",
-            {
-                f"{prefix}train_loss_ref": unsharded["losses"][0],
-                f"{prefix}train_loss_rel_delta": max(deltas, key=_nan_first),
-            },
-            None
-            if failing is None
-            else Finding(
-                f"{label}step {failing + 1}: training loss differs from the unsharded step by "
-                f"{magnitude(deltas[failing])} of its value",
-                f"({deltas[failing]:.3g} relative; allowed {tolerance.train_loss_rel:.3g})",
-            ),
-        )
+    return CheckResult.judged(
+        "train_loss",
+        "numerics",
+        {
+            f"{prefix}train_loss_ref": unsharded["losses"][0],
+            f"{prefix}train_loss_rel_delta": max(deltas, key=_nan_first),
+        },
+        None
+        if failing is None
+        else Finding(
+            f"{label}step {failing + 1}: training loss differs from the unsharded step by "
+            f"{magnitude(deltas[failing])} of its value",
+            f"({deltas[failing]:.3g} relative; allowed {tolerance.train_loss_rel:.3g})",
+        ),
     )
 
+
+def _grads(reports: list[TraineeReport], tolerance: Tolerance, prefix: str) -> CheckResult:
     layout_problems = _rank_problems([r["problems"][:3] for r in reports])
     grads = joined(layout_problems, "sharded: ") if layout_problems else None
-    for step in range(steps):
+    for step in range(len(reports[0]["losses"])):
         if grads is None:
             grads = _comparison_result(
                 [r["steps"][step] for r in reports], _grad_bound(tolerance, step), f"step {step + 1}", "gradient"
             )
     worst_grad = max((c["max_rel_error"] for r in reports for c in r["steps"]), key=_nan_first)
-    results.append(
-        CheckResult.judged(
-            "train_grads",
-            "numerics",
-            {
-                f"{prefix}grad_max_rel_error": worst_grad,
-                f"{prefix}grad_first_step_max_rel_error": max(
-                    (r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first
-                ),
-                **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
-                f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
-                f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports)),
-                f"{prefix}grad_loss_scale": max(c["loss_scale"] for r in reports for c in r["steps"]),
-            },
-            grads.prefixed(label) if grads else None,
-        )
+    return CheckResult.judged(
+        "train_grads",
+        "numerics",
+        {
+            f"{prefix}grad_max_rel_error": worst_grad,
+            f"{prefix}grad_first_step_max_rel_error": max(
+                (r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first
+            ),
+            **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
+            f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
+            f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports)),
+            f"{prefix}grad_loss_scale": max(c["loss_scale"] for r in reports for c in r["steps"]),
+        },
+        grads.prefixed(_label(reports, prefix)) if grads else None,
     )
 
+
+def _update(reports: list[TraineeReport], tolerance: Tolerance, prefix: str) -> CheckResult:
     update = _comparison_result(
-        [r["update"] for r in reports], tolerance.train_update_rel, f"after step {steps}", "weight update"
+        [r["update"] for r in reports],
+        tolerance.train_update_rel,
+        f"after step {len(reports[0]['losses'])}",
+        "weight update",
     )
-    results.append(
-        CheckResult.judged(
-            "train_update",
-            "numerics",
-            {
-                f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
-                **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error"),
-            },
-            update.prefixed(label) if update else None,
-        )
+    return CheckResult.judged(
+        "train_update",
+        "numerics",
+        {
+            f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
+            **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error"),
+        },
+        update.prefixed(_label(reports, prefix)) if update else None,
     )
 
+
+def _memory(unsharded: UnshardedSteps, reports: list[TraineeReport], prefix: str) -> CheckResult:
+    label = _label(reports, prefix)
     footprint = Footprint(
         bytes_by_name=unsharded["bytes_by_name"],
         kinds=unsharded["kinds"],
@@ -179,17 +177,32 @@ def check_model(
         counts=SplitCounts(**unsharded["counts"]),
     )
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
-    results.append(
-        CheckResult(
-            name=memory.name,
-            passed=memory.passed,
-            failure_class=memory.failure_class,
-            metrics={f"{prefix}{k}": v for k, v in memory.metrics.items()},
-            reason=label + memory.reason if memory.reason else "",
-            signature=label + memory.signature if memory.signature else "",
-        )
+    return CheckResult(
+        name=memory.name,
+        passed=memory.passed,
+        failure_class=memory.failure_class,
+        metrics={f"{prefix}{k}": v for k, v in memory.metrics.items()},
+        reason=label + memory.reason if memory.reason else "",
+        signature=label + memory.signature if memory.signature else "",
     )
 
+
+def _label(reports: list[TraineeReport], prefix: str) -> str:
+    """How reasons name a second model (`prefix` set); the cell's own model goes unnamed."""
+    return f"second model {reports[0]['label']}: " if prefix else ""
+
+
+def check_model(
+    unsharded: UnshardedSteps, reports: list[TraineeReport], tolerance: Tolerance, prefix: str = ""
+) -> list[CheckResult]:
+    """`unsharded`: the driver's steps (suites/variants/training.py compute_unsharded_steps); `reports`: one per
+    rank for this model. `prefix` names a second model in reasons and metrics."""
+    results = [
+        _loss(unsharded, reports, tolerance, prefix),
+        _grads(reports, tolerance, prefix),
+        _update(reports, tolerance, prefix),
+        _memory(unsharded, reports, prefix),
+    ]
     weight = unsharded["lm_head_weight"]
     if weight:
         ratio = max(r["bytes_by_name"].get(weight, 0) for r in reports) / unsharded["bytes_by_name"][weight]
@@ -199,7 +212,7 @@ def check_model(
                 True,
                 "memory",
                 {f"{prefix}lm_head_shard_ratio": ratio},
-                f"{label}lm_head: {reports[0]['lm_head_mode']}, {ratio:.0%} of it per rank",
+                f"{_label(reports, prefix)}lm_head: {reports[0]['lm_head_mode']}, {ratio:.0%} of it per rank",
             )
         )
 
@@ -282,3 +295,18 @@ def check(
             unsharded, [r["models"][index] for r in rank_reports], tolerance, "second_" if index else ""
         )
     return results
+
+
+def _trained(inputs: CheckInputs) -> list[CheckResult]:
+    reports = [rank.training for rank in inputs.ranks if rank.training is not None]
+    if len(reports) != len(inputs.ranks):
+        raise ValueError("a rank of a training cell handed rank 0 no training report (a harness bug)")
+    return check(list(inputs.unsharded_steps), reports, inputs.tolerance)
+
+
+CHECK = Check(
+    ("train_loss", "train_grads", "train_update", "memory", "lm_head", "save", "gather", "load", "resume"),
+    "variant",
+    lambda inputs: bool(inputs.unsharded_steps),
+    _trained,
+)

@@ -18,25 +18,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import Version
 
 from matrix.cell_arguments import resolve_injection_policy
 from matrix.json_records import write_record
-from suites.atomic import write_text_atomically
-from suites.checks import accuracy as accuracy_checks
+from suites.base.atomic import write_text_atomically
 from suites.checks import judge
-from suites.checks import memory as memory_checks
-from suites.checks import quantization as quantization_checks
-from suites.checks import training as training_checks
 from suites.checks.breakpoints import first_divergence, located, raising_module, replacing_module
+from suites.checks.contracts import Job, RankSummary
 from suites.checks.inputs import ProbeInputs, build_inputs, load_tokenizer
+from suites.checks.interface import CheckInputs
 from suites.checks.policy_inference import infer_policies
 from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by_name, split_counts
 from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
-from suites.contracts import Job, RankSummary
 from suites.engine import doorbells
-from suites.mechanism import BreakPoint
-from suites.outcome import (
+from suites.reference.unsharded import load_reference
+from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
+from suites.variants.quantization import apply_post_init, hf_quantization_config
+from suites.variants.training import Progress, run_training
+from suites.verdicts.mechanism import BreakPoint
+from suites.verdicts.outcome import (
     STAGE_CLASS,
     CellOutcome,
     LibraryOutputError,
@@ -46,11 +48,7 @@ from suites.outcome import (
     first_error,
     harness_frame,
 )
-from suites.policy import InferredBlock, Policy
-from suites.reference import load_reference
-from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
-from suites.variants.quantization import apply_post_init, hf_quantization_config
-from suites.variants.training import Progress, run_training
+from suites.verdicts.policy import InferredBlock, Policy
 
 Model = Any
 """A transformers model, or DeepSpeed's engine's module: the libraries' own types are not annotated."""
@@ -224,9 +222,60 @@ def _divergence(job: Job, observed: Observations | None, model: Model, classes: 
     return located(found[0], "diverged", model, classes, found[1]) if found else None
 
 
+def _shard_recorded(
+    job: Job,
+    workdir: Path,
+    model: Model,
+    before: Snapshot,
+    inferred: tuple[tuple[InferredBlock, ...], str],
+    rank: int,
+    world_size: int,
+) -> tuple[Any, Model]:
+    """`init_inference`, with what AutoTP did recorded by rank 0 whether or not it raised."""
+    engine = None
+    policies = _policies(job, model) if rank == 0 else []
+    try:
+        engine, model = _shard(job, model, world_size)
+    finally:
+        if rank == 0:
+            _record_sharding(
+                workdir,
+                job,
+                before,
+                model,
+                policies=policies,
+                inferred=inferred,
+                world_size=world_size,
+                complete=engine is not None,
+            )
+    return engine, model
+
+
+def _verdict(
+    job: Job,
+    observed: Observations | None,
+    summaries: list[RankSummary],
+    timings: dict[str, float],
+    task_correct: list[bool] | None,
+    model: Model,
+    before: Snapshot | None,
+) -> CellOutcome:
+    """Rank 0's verdict on the cell; a harness bug while judging is the cell's `setup` failure."""
+    try:
+        outcome = _judge(job, observed, summaries, timings, task_correct)
+        if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
+            outcome.broke_at = _divergence(job, observed, model, before.classes)
+        return as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
+    except Exception as raised:  # a harness bug must still end as this cell's verdict
+        return failed(
+            "setup",
+            exception_signature(raised, at=harness_frame(raised)),  # its harness frame, as _stage_error names it
+            "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
+        )
+
+
 def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: torch.device | str) -> None:
-    # torch's own: deepspeed.comm has no all_gather_object before 0.17.0, and init_distributed() set up
-    # torch's default process group either way.
+    # torch's: deepspeed.comm lacks all_gather_object before 0.17.0; init_distributed() set up torch's group anyway
     import torch.distributed as dist
 
     stage, timings = "setup", {}
@@ -260,21 +309,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
                 dist.barrier()  # ends within a second) before rank 0 has recorded what AutoTP did
             stage = "shard"
             started = time.perf_counter()
-            policies = _policies(job, model) if rank == 0 else []
-            try:
-                engine, model = _shard(job, model, world_size)
-            finally:
-                if rank == 0:
-                    _record_sharding(
-                        workdir,
-                        job,
-                        before,
-                        model,
-                        policies=policies,
-                        inferred=inferred,
-                        world_size=world_size,
-                        complete=engine is not None,
-                    )
+            engine, model = _shard_recorded(job, workdir, model, before, inferred, rank, world_size)
             timings["time_shard_s"] = time.perf_counter() - started
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
@@ -312,17 +347,7 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
-        try:
-            outcome = _judge(job, observed, summaries, timings, task_correct)
-            if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
-                outcome.broke_at = _divergence(job, observed, model, before.classes)
-            outcome = as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
-        except Exception as raised:  # a harness bug must still end as this cell's verdict
-            outcome = failed(
-                "setup",
-                exception_signature(raised, at=harness_frame(raised)),  # its harness frame, as _stage_error names it
-                "judging the cell failed (harness bug):\n" + "".join(traceback.format_exception(raised))[-4000:],
-            )
+        outcome = _verdict(job, observed, summaries, timings, task_correct, model, before)
         write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(write_record(outcome)))
     _run_fault_hooks(job, "finished", None, rank)
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
@@ -359,6 +384,49 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict[s
     )
 
 
+def _deepspeed_release() -> tuple[int, ...]:
+    """The DeepSpeed release this rank sharded with (a commit checkout: the release its version names)."""
+    import deepspeed  # as _shard does
+
+    return Version(deepspeed.__version__).release
+
+
+def _check_inputs(
+    job: Job,
+    observed: Observations | None,
+    summaries: list[RankSummary],
+    metrics: dict[str, float],
+    task_correct: list[bool] | None,
+) -> CheckInputs:
+    """Everything the checks read, loaded once from what the job names and what the ranks handed rank 0."""
+    if job.variant.training:
+        return CheckInputs(
+            job.tolerance,
+            tuple(summaries),
+            unsharded_steps=tuple(torch.load(model.unsharded_steps, weights_only=False) for model in job.trained),
+        )
+    if job.reference is None or observed is None:
+        raise ValueError(f"inference cell {job.cell_id} has no reference or no observations (a harness bug)")
+    if job.accuracy_reference and task_correct is None:
+        raise ValueError(f"cell {job.cell_id} has an accuracy reference but its ranks answered no task (a harness bug)")
+    return CheckInputs(
+        job.tolerance,
+        tuple(summaries),
+        reference=load_reference(job.reference),
+        sharded=observed,
+        perplexity_skipped=job.spec.perplexity_skipped,
+        real_counts=job.real_counts,
+        meta_load=job.meta is not None,
+        deepspeed_release=_deepspeed_release(),
+        load_peak_growth=metrics["rss_load_peak_growth_max_bytes"],
+        baseline=load_reference(job.baseline) if job.baseline else None,
+        accuracy_reference=(
+            tuple(json.loads(Path(job.accuracy_reference).read_text())) if job.accuracy_reference else None
+        ),
+        task_correct=tuple(task_correct) if task_correct is not None else None,
+    )
+
+
 def _judge(
     job: Job,
     observed: Observations | None,
@@ -379,40 +447,7 @@ def _judge(
     if errors:
         first = first_error(errors)
         return failed(first.failure_class, first.signature, first.message, metrics, first.broke_at)
-    tolerance = job.tolerance
-    if job.variant.training:
-        unsharded = [torch.load(model.unsharded_steps, weights_only=False) for model in job.trained]
-        reports = [s.training for s in summaries if s.training is not None]
-        if len(reports) != len(summaries):
-            raise ValueError("a rank of a training cell handed rank 0 no training report (a harness bug)")
-        results = training_checks.check(unsharded, reports, tolerance)
-    else:
-        if job.reference is None or observed is None:
-            raise ValueError(f"inference cell {job.cell_id} has no reference or no observations (a harness bug)")
-        reference = load_reference(job.reference)
-        results = judge.run_all(
-            reference,
-            observed,
-            summaries,
-            tolerance,
-            job.spec.perplexity_skipped,
-            job.real_counts,
-            checkpoint_json=job.meta is not None,
-        )
-        if job.baseline:
-            results += quantization_checks.check(load_reference(job.baseline), observed, tolerance)
-        if job.meta:
-            results.append(
-                memory_checks.check_meta_load(
-                    reference.unsharded_footprint(), metrics["rss_load_peak_growth_max_bytes"]
-                )
-            )
-        if job.accuracy_reference:
-            if task_correct is None:
-                raise ValueError(
-                    f"cell {job.cell_id} has an accuracy reference but its ranks answered no task (a harness bug)"
-                )
-            results.append(accuracy_checks.check(json.loads(Path(job.accuracy_reference).read_text()), task_correct))
+    results = judge.judge(_check_inputs(job, observed, summaries, metrics, task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]

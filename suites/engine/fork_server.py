@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT
 from matrix.json_records import write_record
-from suites.atomic import write_text_atomically
+from suites.base.atomic import write_text_atomically
 from suites.engine.processes import pid_alive
-from suites.outcome import death_record, read_death_records
-from suites.verdicts import FailureClass
+from suites.verdicts.outcome import death_record, read_death_records
+from suites.verdicts.vocabulary import FailureClass
 
-if TYPE_CHECKING:  # suites.reference imports torch: the driver starts the server before any such import
-    from suites.reference import Answer, ReferenceRequest
+if TYPE_CHECKING:  # suites.reference.unsharded imports torch: the driver starts the server before any such import
+    from suites.reference.unsharded import Answer, ReferenceRequest
 
 ServerRequest = dict[str, Any]
 """One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), or a reference
@@ -144,7 +144,7 @@ class ForkServer:
         return ForkedGroup(self._fork(request, workdir, timeout))
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
-        """One unsharded reference (suites/reference.py `answer`) computed in a process of its own forked from the
+        """One unsharded reference (suites/reference/unsharded.py `answer`) computed in a process of its own forked from the
         server after its imports, which has ended when this returns: its answer, {"died": exit code, "log": path} when
         it died without one, or None when the server cannot start. Like the reference process, no time limit: a
         reference takes what its model's size takes."""
@@ -221,7 +221,7 @@ class ForkServer:
 
 class ReferenceSeries:
     """A reference's process forked from the server that computes the references it is given one after another (a
-    run's tiny references ahead of its cells, suites/ahead.py): one fork, one set of first-call costs, for all of
+    run's tiny references ahead of its cells, suites/run/ahead.py): one fork, one set of first-call costs, for all of
     them. It computes references as `ForkServer.compute_reference` does; its process starts at the first request,
     again after one it died in, and ends at `close`."""
 
@@ -233,7 +233,7 @@ class ReferenceSeries:
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """As `ForkServer.compute_reference`, in this series' process."""
-        from suites.reference import request_to_json  # the caller's module: imported by now
+        from suites.reference.unsharded import request_to_json  # the caller's module: imported by now
 
         if self.leader is None:
             workdir = Path(tempfile.mkdtemp(prefix="autotp-reference-"))
@@ -381,8 +381,8 @@ def _serve_references(workdir: Path, driver_pid: int) -> None:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
-        from suites import reference
         from suites.engine import worker
+        from suites.reference import unsharded
 
         worker.run_startup_fault_hook("reference")
         asked = 0
@@ -393,7 +393,7 @@ def _serve_references(workdir: Path, driver_pid: int) -> None:
                     code = 0
                     return
                 time.sleep(REFERENCE_POLL_S)
-            answer = reference.answer(reference.request_from_json(json.loads(request.read_text())))
+            answer = unsharded.answer(unsharded.request_from_json(json.loads(request.read_text())))
             write_text_atomically(workdir / f"answer-{asked}.json", json.dumps(answer))
             asked += 1
     except BaseException:  # noqa: BLE001 - logged; the driver answers with the exit code

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 from matrix import PROJECT_ROOT, cache_root
 from matrix.json_records import read_record, write_record
 from matrix.redaction import redact
-from suites.atomic import write_text_atomically
+from suites.base.atomic import write_text_atomically
 from suites.engine import doorbells
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
-from suites.mechanism import AutoTPRecord
-from suites.outcome import CellOutcome, RankError, failed, first_error, read_death_records
+from suites.verdicts.mechanism import AutoTPRecord
+from suites.verdicts.outcome import CellOutcome, RankError, failed, first_error, read_death_records
 
 if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork server before any such import
-    from suites.contracts import Job
+    from suites.checks.contracts import Job
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ERROR_GRACE_SECONDS = 1.0

@@ -62,7 +62,7 @@ def _restore_module_state(snapshot: ModuleState) -> None:
 def import_cell_machinery() -> None:
     """Import at group start what the first cell would import lazily (transformers' model loading,
     generation, masking, quantizers: 2-5 s), so no cell's timings carry it; settle the elementwise math
-    (suites/engine/elementwise_math.py); then move everything alive into the permanent generation. A long-lived rank holds millions of module-level objects,
+    (suites/base/elementwise_math.py); then move everything alive into the permanent generation. A long-lived rank holds millions of module-level objects,
     and without the freeze every cell's gc.collect() walks them all (~0.3 s a call at tp 3 here)."""
     import gc
     import importlib
@@ -99,7 +99,7 @@ def import_cell_machinery() -> None:
     # The harness's own cell machinery (checks, variants, the reference's loader): imported once by the fork server,
     # each rank and reference child it forks inherits it instead of importing it again (~0.2 s of a core a rank).
     import suites.engine.cell_runner  # noqa: F401
-    from suites.engine.elementwise_math import settle_elementwise_math
+    from suites.base.elementwise_math import settle_elementwise_math
 
     settle_elementwise_math()
     gc.collect()
@@ -139,9 +139,9 @@ def main() -> None:
     _redirect_output(args.workdir / f"rank{rank}.log")
     threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
     from matrix.json_records import write_record
-    from suites.atomic import write_text_atomically
+    from suites.base.atomic import write_text_atomically
     from suites.engine import doorbells
-    from suites.outcome import death_record
+    from suites.verdicts.outcome import death_record
 
     try:
         _serve_cells(args.workdir, rank, world_size)
@@ -232,8 +232,8 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     from deepspeed.module_inject import tp_shard
 
     from matrix.json_records import read_record
-    from suites.atomic import write_text_atomically
-    from suites.contracts import Job
+    from suites.base.atomic import write_text_atomically
+    from suites.checks.contracts import Job
     from suites.engine import doorbells
     from suites.engine.cell_runner import run_on_rank
 

@@ -19,7 +19,8 @@ from matrix.redaction import redact
 from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
 from suites.checks import memory
 from suites.checks.inputs import CORPUS_FILE, ProbeSpec
-from suites.checks.memory import RULE_CONSTANTS, RULES, faithful_counts
+from suites.checks.memory import RULE_CONSTANTS, RULES
+from suites.checks.probes import faithful_counts
 from suites.records.run_records import RunInfo, environment_report
 
 if TYPE_CHECKING:

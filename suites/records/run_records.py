@@ -26,10 +26,10 @@ from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, pa
 from matrix.json_records import write_record
 from matrix.redaction import redact
 from matrix.versions import AXES
-from suites.atomic import write_text_atomically
-from suites.git import GitFailed, run_git
-from suites.outcome import CellOutcome
-from suites.verdicts import FAILURE_CLASSES, OUTCOMES
+from suites.base.atomic import write_text_atomically
+from suites.base.git import GitFailed, run_git
+from suites.verdicts.outcome import CellOutcome
+from suites.verdicts.vocabulary import FAILURE_CLASSES, OUTCOMES
 
 CellRecord = dict[str, Any]
 """One cells.jsonl record as JSON reads it back: its fields are README.md's; `read_records` checks `cell.id`,
@@ -305,7 +305,7 @@ class CellRecorder:
             record["checkpoints"] = list(cell.model.checkpoints)
         if self.faults:
             record["faults"] = list(self.faults)
-        for name in ("autotp", "broke_at", "cause"):  # typed records (suites/mechanism.py), as dicts
+        for name in ("autotp", "broke_at", "cause"):  # typed records (suites/verdicts/mechanism.py), as dicts
             if value := getattr(outcome, name):
                 record[name] = write_record(value)
         with self.path.open("a") as stream:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from matrix.config_values import UNREADABLE_CONFIG
 from matrix.json_records import read_record
-from suites.mechanism import WHOSE, AutoTPRecord, class_and_finding
+from suites.verdicts.mechanism import WHOSE, AutoTPRecord, class_and_finding
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from matrix.registry import DType
-from suites.atomic import write_text_atomically
+from suites.base.atomic import write_text_atomically
 
 if TYPE_CHECKING:
-    from suites.model_types import CausalLM
+    from suites.base.model_types import CausalLM
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHT_SUFFIXES = {"safetensors": ".safetensors", "bin": ".bin"}
@@ -177,7 +177,7 @@ def _fresh_process_main(argv: list[str]) -> None:
     import traceback
 
     from matrix.cells import is_dtype
-    from suites.outcome import exception_signature
+    from suites.verdicts.outcome import exception_signature
 
     source, dtype, trust = argv[0], argv[1], "--trust-remote-code" in argv
     if not is_dtype(dtype):

@@ -112,7 +112,7 @@ def test_a_missing_tiny_checkpoint_is_written_once_while_parallel_drivers_wait_f
 def test_the_plan_before_the_first_cell_writes_no_tiny_checkpoint_and_the_cell_writes_its_own(tmp_path, monkeypatch):
     """Planning ~70 models up front used to write all their checkpoints before the first cell (~50 s cold)."""
     from matrix.checkpoints import cached_tiny_checkpoint
-    from suites.driver import RunOptions, memory_plan_lines, prepare_job
+    from suites.run.driver import RunOptions, memory_plan_lines, prepare_job
 
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
     llama, gpt2 = expand("llama", tp="2", shapes="stress")[0], expand("gpt2", tp="2", shapes="stress")[0]

@@ -14,8 +14,8 @@ from matrix.cells import expand
 from matrix.config_values import UNREADABLE_CONFIG, ConfigValues, UnreadableConfig
 from matrix.shapes import faithful_rule, read_shape
 from suites.checks.probes import split_counts
-from suites.driver import RunOptions, memory_plan_lines, run_cell
 from suites.records.summary import unreadable_config_lines
+from suites.run.driver import RunOptions, memory_plan_lines, run_cell
 
 SYNTHETIC = "autotp_synthetic"
 SYNTHETIC_VALUES = {

@@ -22,7 +22,7 @@ from matrix.derive import (
     load_derived_data,
 )
 from matrix.registry import ModelEntry, RegistryError, load_models
-from suites.driver import RunOptions, run_cell, skip_reason
+from suites.run.driver import RunOptions, run_cell, skip_reason
 
 # Families with different attribute names and structure: GQA/MQA/MHA, fused qkv, ALiBi, MoE (plain,
 # grouped routing, shared experts), MLA, sliding/local windows and layer-type lists, hybrids

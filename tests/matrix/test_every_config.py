@@ -52,7 +52,7 @@ def test_expanding_every_config_class_raises_nothing(monkeypatch, capsys):
     import transformers
 
     from matrix import derive
-    from suites.driver import RunOptions, memory_plan_lines
+    from suites.run.driver import RunOptions, memory_plan_lines
 
     model_types = every_config_model_type()
     monkeypatch.setattr(derive, "causal_lm_model_types", lambda: model_types)

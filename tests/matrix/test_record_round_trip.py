@@ -129,10 +129,10 @@ RECORDS = {} if os.environ.get("AUTOTP_RECORD_WALK") else _json_records()  # the
 def test_the_walk_finds_the_records_written_as_json() -> None:
     """The records of cells.jsonl, a rank's files and report.json are among those found (the walk can fail)."""
     assert {
-        "suites.outcome.CellOutcome",
-        "suites.outcome.RankError",
-        "suites.mechanism.AutoTPRecord",
-        "suites.contracts.Job",
+        "suites.verdicts.outcome.CellOutcome",
+        "suites.verdicts.outcome.RankError",
+        "suites.verdicts.mechanism.AutoTPRecord",
+        "suites.checks.contracts.Job",
         "reports.outputs.model.Report",
         "reports.analysis.answers.TransitionEntry",
     } <= set(RECORDS)

@@ -80,7 +80,7 @@ def test_unknown_dtype_and_variant_are_refused():
 
 
 def test_remote_code_model_is_refused_without_the_flag(tmp_path):
-    from suites.driver import RunOptions, skip_reason
+    from suites.run.driver import RunOptions, skip_reason
 
     path = write_registry(
         tmp_path,

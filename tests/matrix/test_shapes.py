@@ -310,7 +310,7 @@ def test_cell_ids_with_a_shape_parse_and_replay_as_the_same_cell():
 
 
 def test_the_command_line_default_is_faithful():
-    from suites.command import parse_suite_options
+    from suites.run.command import parse_suite_options
 
     assert parse_suite_options([]).shapes == "faithful"
 

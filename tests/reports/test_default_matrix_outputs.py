@@ -1,7 +1,7 @@
 """What leaves the harness, read over the default matrix's real results: every failing cell of a real `nox -s matrix`
 run (DeepSpeed 0.19.8, transformers 5.25.0: tests/suites/data/default_matrix_failures.json, its class, signature, AutoTP
 record and break point) and every other cell of the default matrix passing, recorded by the suites' recorder with the
-cause suites/mechanism.py gives it, merged and rendered as `nox -s matrix` does.
+cause suites/verdicts/mechanism.py gives it, merged and rendered as `nox -s matrix` does.
 
 - each checkpoint page shows its own cells: their own symptom and the command that runs that very cell;
 - the step summary fits a screen (≤ 40 lines) and links only absolutely (the Actions UI resolves no relative link);
@@ -26,8 +26,8 @@ from reports.analysis import console_lines
 from reports.outputs.draft_issue import installed_transformers
 from reports.outputs.model import read_report
 from reports.store import CellKey
-from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of
-from suites.outcome import CellOutcome
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of
+from suites.verdicts.outcome import CellOutcome
 
 FAILURES = Path(__file__).parents[1] / "suites" / "data" / "default_matrix_failures.json"
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"

@@ -12,7 +12,7 @@ from reports.analysis.failing_now import repro_command
 from reports.outputs.markdown import MAX_SUMMARY_CAUSES
 from reports.store.history_store import HistoryStore
 from reports.store.records import Bisection, CellKey
-from suites.verdicts import FAILURE_CLASSES
+from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 UPSTREAM = "https://github.com/example/upstream/issues/1"  # a stand-in: tests never name real upstream issues
 SPLIT = (
@@ -493,7 +493,7 @@ def test_publish_and_the_section_share_one_repro_command():
 
 
 def mechanism(key: str, words: str, path: str = "", module_class: str = "") -> dict[str, str]:
-    """The JUnit properties of a cause the harness recorded (suites/mechanism.py), with where it broke."""
+    """The JUnit properties of a cause the harness recorded (suites/verdicts/mechanism.py), with where it broke."""
     where = (
         {
             f"broke_at.{name}": value

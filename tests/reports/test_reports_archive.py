@@ -446,7 +446,7 @@ def test_a_cause_spanning_lines_in_an_archive_entry_is_refused():
     rule refuses it there, so no heading is planted in a report through a rebuilt store."""
     from reports.store.records import CellResult, Run, RunRecords, Versions
     from reports.store.validation import first_problem
-    from suites.mechanism import Cause
+    from suites.verdicts.mechanism import Cause
 
     run = Run(
         "nightly@2026-01-02T00:00:00Z@vm",

@@ -12,8 +12,8 @@ from reports_testkit import render, section
 from matrix.cells import expand
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
-from suites.outcome import CellOutcome
 from suites.records.run_records import CellRecorder, RunInfo, read_records
+from suites.verdicts.outcome import CellOutcome
 
 VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}
 HEADS = "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ transformers/models/qwen2/modeling_qwen2.py:forward"

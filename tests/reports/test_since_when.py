@@ -130,7 +130,7 @@ def test_a_point_the_cell_fails_otherwise_is_not_taken_for_the_cause(tmp_path):
     first_night(junit)
     write_junit(
         junit / "tf.xml",
-        [fail("llama", "setup", "ValueError: unknown model type @ suites/driver.py:build"), Cell("bloom")],
+        [fail("llama", "setup", "ValueError: unknown model type @ suites/run/driver.py:build"), Cell("bloom")],
         run_id="since-when@2026-12-07T04:10:00Z@vm",
         started="2026-12-07T04:10:00Z",
         deepspeed="0.19.8",

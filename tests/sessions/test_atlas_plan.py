@@ -355,13 +355,13 @@ def test_a_combination_whose_suites_die_stays_missing_and_the_slice_merges_the_r
 
 
 def test_a_cell_counted_as_running_is_one_the_driver_does_not_skip():
-    """matrix/atlas.py will_run mirrors suites/driver.py skip_reason at the atlas's options on every atlas cell."""
+    """matrix/atlas.py will_run mirrors suites/run/driver.py skip_reason at the atlas's options on every atlas cell."""
     import transformers
 
     from matrix.atlas import will_run
     from matrix.cells import expand
     from matrix.shapes import DEFAULT_SHAPES
-    from suites.driver import RunOptions, skip_reason
+    from suites.run.driver import RunOptions, skip_reason
 
     config = load_atlas_config()
     for selection in config.selections:

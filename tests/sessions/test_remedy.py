@@ -145,7 +145,7 @@ def test_a_patch_that_does_not_apply_is_reported_not_run(tmp_path):
 def test_a_remedy_that_does_not_fix_its_cells_is_unverified_in_real_ranks(rank_pool):
     """ctrl's cells at tp 2: the right policy (o_proj's twin `multi_head_attention.dense` row-parallel) passes; a
     policy that leaves it column-parallel fails like no policy, and is reported unverified."""
-    from suites.driver import RunOptions, run_cell
+    from suites.run.driver import RunOptions, run_cell
 
     cell = expand("ctrl.faithful", tp="2")[0]
     options = RunOptions(cell_timeout=180.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from matrix.remedies import MATRIX_DIR, Remedy, load_remedies, required_patches
-from suites.git import git_output, run_git
+from suites.base.git import git_output, run_git
 
 ROOT = MATRIX_DIR.parent
 

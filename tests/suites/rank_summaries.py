@@ -1,6 +1,6 @@
 """Rank summaries for judging observations in a test without a rank group."""
 
-from suites.contracts import RankSummary
+from suites.checks.contracts import RankSummary
 
 
 def inference_rank(rank: int, observed) -> RankSummary:

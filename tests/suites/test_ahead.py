@@ -1,4 +1,4 @@
-"""A cold run's work done ahead (suites/ahead.py): on an empty cache, when the first cell asks for a reference, its
+"""A cold run's work done ahead (suites/run/ahead.py): on an empty cache, when the first cell asks for a reference, its
 checkpoints and references are done together, one worker per core; each checkpoint is written once, byte for byte
 the one the driver would write; each cell is prepared once; no worker runs beside a rank group; and what the work
 ahead cannot do is left to its cell, which does it again and reports it."""
@@ -20,16 +20,17 @@ from suites_testkit import live_processes_named
 from matrix import cache_root, checkpoints
 from matrix.cells import Cell, expand
 from matrix.registry import ModelEntry
-from suites import ahead, driver
-from suites.ahead import RunAhead
-from suites.contracts import Job
-from suites.driver import RunOptions, run_ahead, run_cell
+from suites.checks.contracts import Job
 from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 from suites.engine.rank_group import RankGroupPool
-from suites.memory_plan import Runner
-from suites.outcome import CellOutcome
-from suites.prepared import PreparedCell
-from suites.reference import Answer, ComputesReferences, ObservationsRequest, ReferenceRequest
+from suites.reference.cache import ComputesReferences
+from suites.reference.memory_plan import Runner
+from suites.reference.unsharded import Answer, ObservationsRequest, ReferenceRequest
+from suites.run import ahead, driver
+from suites.run.ahead import RunAhead
+from suites.run.driver import RunOptions, run_ahead, run_cell
+from suites.run.prepared import PreparedCell
+from suites.verdicts.outcome import CellOutcome
 
 pytestmark = pytest.mark.autotp
 

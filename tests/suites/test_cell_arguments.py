@@ -8,7 +8,7 @@ import pytest
 
 from matrix.cell_arguments import CellArguments, UnknownBlockClassError, resolve_injection_policy
 from matrix.cells import expand
-from suites.driver import RunOptions, run_cell
+from suites.run.driver import RunOptions, run_cell
 
 LLAMA_ROWS = ("self_attn.o_proj", "mlp.down_proj")
 

@@ -1,5 +1,5 @@
 """A run on an empty cache starts its first cell at once: tiny checkpoints and references are written when the first
-cell needs a reference (suites/ahead.py; not by the plan before the first cell), with no per-save progress bar, and
+cell needs a reference (suites/run/ahead.py; not by the plan before the first cell), with no per-save progress bar, and
 the end of the run says in one line what was written."""
 
 from __future__ import annotations

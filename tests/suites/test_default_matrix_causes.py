@@ -4,7 +4,7 @@ file:function evidence per mechanism): no cause holds two mechanisms, no mechani
 
 The harness's side is what the ranks recorded for those cells in a real `nox -s matrix` run (DeepSpeed 0.19.8,
 transformers 5.25.0): each failing cell's class, signature, AutoTP record and break point
-(data/default_matrix_failures.json), given to suites/mechanism.py `cause_of` here. After a change to what the ranks
+(data/default_matrix_failures.json), given to suites/verdicts/mechanism.py `cause_of` here. After a change to what the ranks
 record, run the default matrix and refresh the file from its results:
 
     python -c "from tests.suites.test_default_matrix_causes import write_failures; write_failures('results')"
@@ -19,9 +19,9 @@ import tomllib
 
 from matrix.json_records import read_record
 from matrix.remedies import RemedyResult
-from suites.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
 from suites.records.run_records import read_records
-from suites.statements import proof_of, stated
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
+from suites.verdicts.statements import proof_of, stated
 
 DATA = Path(__file__).parent / "data"
 LABELS = DATA / "default_matrix_mechanisms.toml"
@@ -50,7 +50,7 @@ OWNERS = {
     "kv_unit_split_idle_ranks": "design-limit",
     "bloom_alibi_for_all_heads": "transformers",
 }
-"""The owner a cause's source lines make it, where it is not AutoTP's bug (suites/mechanism.py `Owner`; the
+"""The owner a cause's source lines make it, where it is not AutoTP's bug (suites/verdicts/mechanism.py `Owner`; the
 unsupported-by-design ones, gpt2, openai_gpt and codegen, are "unsupported" in the reports, from
 matrix/known_failures.toml)."""
 STATEMENTS = {

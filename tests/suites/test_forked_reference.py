@@ -16,8 +16,10 @@ from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from suites.checks.inputs import ProbeSpec
 from suites.engine.fork_server import DISTRIBUTED_VARIABLES, REFERENCE_PROCESS_NAME, ForkServer
 from suites.engine.rank_group import launch_environment
-from suites.memory_plan import ReferencePlan, Runner, checkpoint_size, plan_reference
-from suites.reference import ReferenceFailed, cached_reference, compute_reference
+from suites.reference.cache import cached_reference
+from suites.reference.checkpoint_sizes import checkpoint_size
+from suites.reference.memory_plan import ReferencePlan, Runner, plan_reference
+from suites.reference.unsharded import ReferenceFailed, compute_reference
 from suites.variants.loading import ContaminatedProcessError
 
 pytestmark = pytest.mark.autotp  # starts a fork server (its imports: ~10-20 s here)

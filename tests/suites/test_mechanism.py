@@ -1,8 +1,8 @@
-"""A cause is a bug (suites/mechanism.py `cause_of`): keyed by what AutoTP did and where the cell broke, never by
-the error's text alone; and numbers in shapes are masked as numbers (suites/outcome.py `mask_numbers`)."""
+"""A cause is a bug (suites/verdicts/mechanism.py `cause_of`): keyed by what AutoTP did and where the cell broke, never by
+the error's text alone; and numbers in shapes are masked as numbers (suites/verdicts/outcome.py `mask_numbers`)."""
 
 from matrix.json_records import write_record
-from suites.mechanism import (
+from suites.verdicts.mechanism import (
     AutoTPRecord,
     BreakPoint,
     Failure,
@@ -13,8 +13,8 @@ from suites.mechanism import (
     mask_indices,
     role,
 )
-from suites.outcome import mask_numbers
-from suites.policy import Policy
+from suites.verdicts.outcome import mask_numbers
+from suites.verdicts.policy import Policy
 
 
 def test_a_shape_is_masked_as_numbers_never_as_a_hex_literal():

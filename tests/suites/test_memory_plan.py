@@ -17,14 +17,13 @@ from safetensors import safe_open
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
-from suites.memory_plan import (
+from suites.reference.checkpoint_sizes import CheckpointSize, checkpoint_size
+from suites.reference.memory_plan import (
     PROCESS_RUNTIME_BYTES,
-    CheckpointSize,
     GiB,
     MiB,
     Runner,
     TrainingShape,
-    checkpoint_size,
     gib,
     host_memory,
     parse_bytes,
@@ -76,7 +75,7 @@ def test_host_ram_is_bounded_by_the_cgroup_limit(tmp_path, monkeypatch, layout):
     (group / limit).write_text(str(16 * GiB))
     (group / usage).write_text(str(4 * GiB))
     membership.write_text("4:memory:/job/7\n" if layout == "v1" else "0::/job/7\n")
-    from suites import memory_plan
+    from suites.reference import memory_plan
 
     monkeypatch.setattr(
         memory_plan,
@@ -249,7 +248,7 @@ def test_the_live_group_is_not_free_while_the_driver_computes():
 
 
 def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runners(monkeypatch):
-    from suites import memory_plan
+    from suites.reference import memory_plan
 
     assert memory_plan.default_variants("tiny") == "eager"
     monkeypatch.setattr(memory_plan, "device_memory", lambda: ("cpu", []))
@@ -267,7 +266,7 @@ def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runne
 
 def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
     from matrix.registry import load_variants
-    from suites.memory_plan import TrainingShape
+    from suites.reference.memory_plan import TrainingShape
 
     variants = load_variants()
     assert TrainingShape.of(variants["eager"]) is None
@@ -292,7 +291,7 @@ def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
 
 def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
     from matrix.registry import load_variants
-    from suites.memory_plan import TrainingShape
+    from suites.reference.memory_plan import TrainingShape
 
     train = TrainingShape.of(load_variants()["train"])
     plan = plan_cell(SEVEN_B, "bf16", tp=2, load="eager", runner=cpu_runner(64 * GiB), training=train)
@@ -310,8 +309,8 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     reference process it never starts."""
     from matrix.cells import expand
     from matrix.registry import load_variants
-    from suites import driver
-    from suites.memory_plan import TrainingShape
+    from suites.reference.memory_plan import TrainingShape
+    from suites.run import driver
 
     plan = plan_cell(
         SEVEN_B,
@@ -379,7 +378,7 @@ def test_a_hub_cell_the_plan_skips_never_downloads_its_weights(tmp_path, monkeyp
 
     from matrix.cells import Cell
     from matrix.registry import ModelEntry, load_variants
-    from suites.driver import RunOptions, memory_plan_lines, prepare_job
+    from suites.run.driver import RunOptions, memory_plan_lines, prepare_job
 
     hub = HubWithIndex(tmp_path / "hub")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)

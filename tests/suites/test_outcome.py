@@ -1,4 +1,4 @@
-"""Whose fault an exception is: one rule (suites/outcome.py `raising_owner`) for a stage's error and a
+"""Whose fault an exception is: one rule (suites/verdicts/outcome.py `raising_owner`) for a stage's error and a
 process's death, tried on synthetic tracebacks whose frames sit in chosen files."""
 
 import sys
@@ -7,7 +7,7 @@ import types
 import pytest
 
 from matrix import PROJECT_ROOT
-from suites.outcome import death_record, harness_frame, raising_owner
+from suites.verdicts.outcome import death_record, harness_frame, raising_owner
 
 
 def _raise_through(*files: str, error: BaseException):
@@ -68,7 +68,7 @@ def test_deepspeed_calling_back_into_the_harness_is_the_harness(library_root):
 def test_a_checkout_under_a_folder_named_like_a_library_does_not_flip_the_rule(tmp_path, library_root, monkeypatch):
     """Paths are compared as folders, never substrings: /x/torch/autotp-matrix/suites/... is the harness."""
     import matrix
-    import suites.outcome as outcome
+    import suites.verdicts.outcome as outcome
 
     checkout = tmp_path / "torch" / "deepspeed" / "autotp-matrix"
     monkeypatch.setattr(outcome, "PROJECT_ROOT", checkout)

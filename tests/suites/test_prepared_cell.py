@@ -14,9 +14,10 @@ import pytest
 
 from matrix import checkpoints
 from matrix.cells import Cell, expand
-from suites import driver, memory_plan
-from suites.driver import RunOptions, memory_plan_lines, run_cell
 from suites.engine.rank_group import RankGroupPool
+from suites.reference import memory_plan
+from suites.run import driver
+from suites.run.driver import RunOptions, memory_plan_lines, run_cell
 
 pytestmark = pytest.mark.autotp
 

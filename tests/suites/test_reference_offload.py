@@ -10,9 +10,10 @@ from matrix.checkpoints import resolve_checkpoint
 from matrix.json_records import write_record
 from matrix.registry import load_models
 from suites.checks.inputs import ProbeSpec
-from suites.memory_plan import PROCESS_RUNTIME_BYTES, Runner, checkpoint_size, plan_reference
-from suites.reference import (
-    cached_reference,
+from suites.reference.cache import cached_reference
+from suites.reference.checkpoint_sizes import checkpoint_size
+from suites.reference.memory_plan import PROCESS_RUNTIME_BYTES, Runner, plan_reference
+from suites.reference.unsharded import (
     compute_reference,
     export_references,
     import_references,

@@ -7,13 +7,13 @@ from matrix.cells import expand
 
 
 def test_reference_is_refused_in_a_process_that_sharded(monkeypatch):
-    from suites import reference
+    from suites.reference import unsharded
     from suites.variants import loading
 
     monkeypatch.setattr(loading, "_process_sharded", False)
     loading.mark_process_sharded()
     with pytest.raises(loading.ContaminatedProcessError):
-        reference.compute_reference("unused", None, "fp32", reference.ProbeSpec())
+        unsharded.compute_reference("unused", None, "fp32", unsharded.ProbeSpec())
 
 
 def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
@@ -21,8 +21,10 @@ def test_editing_the_corpus_gives_a_new_reference(tmp_path, monkeypatch):
     turn every cell into a false `numerics`; the key holds the corpus and the probe code."""
     from matrix.checkpoints import resolve_checkpoint
     from suites.checks import inputs
-    from suites.memory_plan import Runner, checkpoint_size, plan_reference
-    from suites.reference import cached_reference, reference_path
+    from suites.reference.cache import cached_reference
+    from suites.reference.checkpoint_sizes import checkpoint_size
+    from suites.reference.memory_plan import Runner, plan_reference
+    from suites.reference.unsharded import reference_path
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(inputs.CORPUS_FILE.read_text())
@@ -47,20 +49,20 @@ def test_export_skips_cached_task_references(tmp_path, monkeypatch):
     import json
 
     from matrix.checkpoints import Checkpoint
-    from suites.reference import _path_for, export_references, import_references
+    from suites.reference.unsharded import export_references, import_references, path_for
 
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
     checkpoint = Checkpoint("unused", None, "org/model", "1" * 40)
     identity = {"checkpoint": {"source": "org/model", "revision": "1" * 40}, "tokenizer": None, "dtype": "fp32"}
-    reference = _path_for(identity)
+    reference = path_for(identity)
     reference.parent.mkdir(parents=True)
     torch.save({"logits_plain": torch.zeros(1)}, reference)
     reference.with_suffix(".json").write_text(json.dumps({"identity": identity}))
-    _path_for({"task": "world-facts"}, prefix="task-", suffix=".json").write_text(json.dumps([True, False]))
+    path_for({"task": "world-facts"}, prefix="task-", suffix=".json").write_text(json.dumps([True, False]))
     bundle, count = export_references(checkpoint, tmp_path / "model.autotp-references.pt")
     assert count == 1
     monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "elsewhere"))
-    assert import_references(bundle) == 1 and _path_for(identity).exists()
+    assert import_references(bundle) == 1 and path_for(identity).exists()
 
 
 def test_a_transformers_commit_gets_its_own_tiny_checkpoint_and_reference(monkeypatch):
@@ -69,7 +71,7 @@ def test_a_transformers_commit_gets_its_own_tiny_checkpoint_and_reference(monkey
     from matrix import installed
     from matrix.checkpoints import Checkpoint, tiny_key
     from suites.checks.inputs import ProbeSpec
-    from suites.reference import reference_identity
+    from suites.reference.unsharded import reference_identity
 
     entry = expand("llama", tp="2")[0].model
 

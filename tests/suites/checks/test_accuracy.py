@@ -24,7 +24,7 @@ from suites.checks.task_probe import (
     resolve_task,
     task_path,
 )
-from suites.driver import RunOptions, run_cell
+from suites.run.driver import RunOptions, run_cell
 from suites.variants.loading import load_model
 
 

@@ -1,4 +1,4 @@
-"""The checks' names are spelled once (suites/checks/names.py): every name a check gives its `CheckResult` is listed
+"""The checks' names are spelled once (suites/verdicts/check_names.py): every name a check gives its `CheckResult` is listed
 there, every listed name is one a check gives, and the reports read each one's signature as judged, never as an
 exception type. Strict mypy refuses an unlisted name statically (`CheckResult.name` is a `CheckName`); these tests
 hold without it."""
@@ -9,7 +9,7 @@ import sys
 
 from matrix import PROJECT_ROOT
 from reports.analysis import reason
-from suites.checks.names import CHECK_NAMES, judged_signature
+from suites.verdicts.check_names import CHECK_NAMES, judged_signature
 
 CONSTRUCTORS = ("CheckResult", "CheckResult.judged", "CheckResult.failing")
 
@@ -61,7 +61,7 @@ def test_the_names_import_without_torch():
         [
             sys.executable,
             "-c",
-            "import sys, suites.checks.names; print(sorted(m for m in sys.modules if 'torch' in m))",
+            "import sys, suites.verdicts.check_names; print(sorted(m for m in sys.modules if 'torch' in m))",
         ],
         cwd=PROJECT_ROOT,
         capture_output=True,

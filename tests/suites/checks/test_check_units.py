@@ -243,12 +243,15 @@ def test_memory_fails_a_rank_tensor_the_unsharded_model_does_not_have():
 
 def test_a_non_finite_reference_is_setup_and_stops_the_comparison():
     from suites.checks import judge
+    from suites.checks.interface import CheckInputs
 
     reference = _observations()
     broken = reference.logits_plain.clone()
     broken[0, 3, 1] = float("nan")
     ranks = [inference_rank(rank, reference) for rank in range(2)]
-    results = judge.run_all(_observations(logits_plain=broken), reference, ranks, DEFAULT_TOLERANCES["fp32"])
+    results = judge.judge(
+        CheckInputs(DEFAULT_TOLERANCES["fp32"], tuple(ranks), _observations(logits_plain=broken), reference)
+    )
     assert [(r.name, r.passed, r.failure_class) for r in results] == [("reference", False, "setup")]
     assert results[0].reason.startswith("the unsharded reference is not finite: logits_plain hold NaN/inf")
 
@@ -274,7 +277,7 @@ def test_a_huge_finite_loss_is_a_perplexity_verdict_not_an_overflow():
 
 def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
     from suites.engine.cell_runner import _stage_error
-    from suites.outcome import LibraryOutputError
+    from suites.verdicts.outcome import LibraryOutputError
 
     try:
         raise LibraryOutputError(
@@ -291,7 +294,7 @@ def test_a_library_output_error_keeps_its_class_whoever_noticed_it():
 
 def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findings_kept():
     from suites.engine.cell_runner import as_a_fresh_process_would
-    from suites.outcome import CellOutcome
+    from suites.verdicts.outcome import CellOutcome
 
     fresh = {
         "signature": "TypeError: Signature mismatch between <function OnDevice...new_tensor at 0xN> @ torch/x.py:f",
@@ -374,7 +377,8 @@ def _training_reports(tp=2, losses=(2.0, 1.5), grads=(), layout=(), update=(), t
 
 def _failing_signatures():
     """Every kind of failing check on hand-made observations: check name → the cell signature it gives."""
-    from suites.checks import accuracy, generation, judge, logits, memory, perplexity, quantization, training
+    from suites.checks import accuracy, generation, judge, logits, memory, meta_load, perplexity, quantization, training
+    from suites.checks.interface import CheckInputs
     from suites.checks.probes import Footprint, SplitCounts
     from suites.checks.result import Finding
 
@@ -391,7 +395,9 @@ def _failing_signatures():
         held["model.layers.0.mlp.inner.up_proj.weight"] = held.pop("model.layers.0.mlp.up_proj.weight")
     ranks = [inference_rank(rank, reference) for rank in range(2)]
     results = {
-        "reference": judge.run_all(_observations(logits_plain=nan_reference), reference, ranks, tolerance)[0],
+        "reference": judge.judge(
+            CheckInputs(tolerance, tuple(ranks), _observations(logits_plain=nan_reference), reference)
+        )[0],
         "shapes": logits.check_shapes(
             reference, _observations(logits_masked=torch.randn(44, 8)), [torch.randn(16), torch.randn(8)]
         ),
@@ -409,7 +415,7 @@ def _failing_signatures():
         "perplexity": perplexity.check(reference, _observations(nll_sum=200.0), tolerance),
         "memory": memory.check(layered, _split(layered, 2, whole=("self_attn",))),
         "memory unknown": memory.check(layered, renamed),
-        "meta_memory": memory.check_meta_load(
+        "meta_memory": meta_load.check_meta_load(
             Footprint({"w": 200 << 20}, {"w": "linears"}, {"w": (50 << 20, 1)}, SplitCounts(2, 2, 5, 0)),
             float(300 << 20),
         ),
@@ -621,3 +627,57 @@ def test_expert_choices_are_recorded_per_token_from_the_routers():
     with torch.no_grad(), expert_choices(dense) as none:
         dense(ids)
     assert _per_token(none, (2, 5)).shape == (2, 5, 0)
+
+
+def test_every_check_goes_through_the_one_list_and_every_name_is_one_of_its_checks():
+    """suites/checks/judge.py CHECKS: inference, variant and training checks alike; a listed name no entry gives (or
+    an entry naming a name not listed) is refused."""
+    from suites.checks.judge import CHECKS
+    from suites.verdicts.check_names import CHECK_NAMES
+
+    declared = [name for check in CHECKS for name in check.names]
+    assert set(declared) == set(CHECK_NAMES)
+    assert [name for name in set(declared) if declared.count(name) > 1] == ["memory"]  # a trained model's, too
+
+
+def test_an_inference_cell_is_judged_by_the_inference_checks_in_order():
+    from suites.checks.interface import CheckInputs
+    from suites.checks.judge import CHECKS, judge
+
+    reference = _observations()
+    ranks = tuple(inference_rank(rank, reference) for rank in range(2))
+    results = judge(CheckInputs(DEFAULT_TOLERANCES["fp32"], ranks, reference, _observations()))
+    names = ["reference", "shapes", "logits", "ranks_agree", "generation", "perplexity", "memory"]
+    assert [r.name for r in results if r.name in names] == names  # a check added later may run among them
+    assert [r.name for r in results if not r.passed] == ["memory"]  # both ranks hold the whole model
+    training_only = CheckInputs(DEFAULT_TOLERANCES["fp32"], (), unsharded_steps=({},))
+    assert [check.names[0] for check in CHECKS if check.applies(training_only)] == ["train_loss"]
+
+
+def test_a_failing_gate_skips_the_comparisons_but_not_the_variants_own_checks(monkeypatch):
+    """Outputs of the wrong shape leave nothing to compare; a quantized variant's relaxed checks and the accuracy
+    task still judge the cell (they run on the baseline and the task's answers)."""
+    from suites.checks import judge
+    from suites.checks.interface import CheckInputs
+
+    reference = _observations()
+    narrow = _observations(logits_masked=torch.randn(44, 8))
+    ranks = tuple(inference_rank(rank, reference) for rank in range(2))
+    results = judge.judge(
+        CheckInputs(
+            DEFAULT_TOLERANCES["fp32"],
+            ranks,
+            reference,
+            narrow,
+            baseline=reference,
+            accuracy_reference=(True,) * 30,
+            task_correct=(True,) * 30,
+        )
+    )
+    assert [(r.name, r.passed) for r in results] == [
+        ("reference", True),
+        ("shapes", False),
+        ("quant_tokens", True),
+        ("quant_perplexity", True),
+        ("accuracy", True),
+    ]

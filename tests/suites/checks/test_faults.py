@@ -13,8 +13,8 @@ import pytest
 
 from matrix.cells import expand
 from matrix.registry import DEFAULT_TOLERANCES, EPSILON
-from suites.driver import RunOptions, run_cell
 from suites.engine.rank_group import RankGroupPool
+from suites.run.driver import RunOptions, run_cell
 
 pytestmark = pytest.mark.autotp
 

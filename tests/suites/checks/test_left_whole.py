@@ -4,7 +4,7 @@ tree alone: no rank runs."""
 import torch
 
 from suites.checks.sharding import _left_whole, snapshot
-from suites.mechanism import Replaced
+from suites.verdicts.mechanism import Replaced
 
 
 class Attention(torch.nn.Module):

@@ -1,12 +1,12 @@
 """What AutoTP did and where it broke, diagnosed by name in real ranks: tensors planted next to a split and left
 whole by AutoTP, a kv-unit split with one kv head, and a library numerics fault located at the first module whose
 output diverges from the unsharded model's (suites/checks/sharding.py, suites/checks/breakpoints.py,
-suites/mechanism.py)."""
+suites/verdicts/mechanism.py)."""
 
 import pytest
 
 from matrix.cells import expand
-from suites.driver import RunOptions, run_cell
+from suites.run.driver import RunOptions, run_cell
 
 pytestmark = pytest.mark.autotp
 

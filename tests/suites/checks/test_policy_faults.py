@@ -8,8 +8,8 @@ import pytest
 
 from matrix.cell_arguments import CellArguments
 from matrix.cells import expand
-from suites.driver import RunOptions, run_cell
-from suites.policy import injection_policy_candidate
+from suites.run.driver import RunOptions, run_cell
+from suites.verdicts.policy import injection_policy_candidate
 
 pytestmark = pytest.mark.autotp
 

@@ -1,17 +1,17 @@
 """The policy a model needs, inferred from one forward of each block class on the unsharded model
-(suites/checks/policy_inference.py), compared with DeepSpeed's parser and named in the cause (suites/policy.py,
-suites/mechanism.py `cause_of`): tiny registry models and a hand-built MoE block, no rank runs."""
+(suites/checks/policy_inference.py), compared with DeepSpeed's parser and named in the cause (suites/verdicts/policy.py,
+suites/verdicts/mechanism.py `cause_of`): tiny registry models and a hand-built MoE block, no rank runs."""
 
 import pytest
 import torch
 
 from matrix.checkpoints import tiny_config
 from matrix.registry import load_models
-from suites.cause_titles import cause_title
 from suites.checks.policy_inference import disagreements, infer_policies, parser_made
 from suites.checks.sharding import parsed_policy, snapshot
-from suites.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of, cause_sentence
-from suites.policy import InferredBlock, PolicyDisagreement, deepspeed_name, injection_policy_candidate
+from suites.verdicts.cause_titles import cause_title
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of, cause_sentence
+from suites.verdicts.policy import InferredBlock, PolicyDisagreement, deepspeed_name, injection_policy_candidate
 
 
 def _tiny(name: str) -> torch.nn.Module:

@@ -11,7 +11,7 @@ import pytest
 from matrix.cells import expand
 from matrix.derive import DERIVED_FILE, load_derived_data
 from matrix.registry import RegistryError
-from suites.driver import RunOptions, run_cell, skip_reason
+from suites.run.driver import RunOptions, run_cell, skip_reason
 
 
 def test_git_is_derived_with_its_perplexity_probe_skipped():

@@ -72,9 +72,9 @@ def test_a_job_crosses_to_the_ranks_whole():
 
     from matrix.cells import expand
     from matrix.json_records import read_record, write_record
+    from suites.checks.contracts import Job, MetaLoad, TrainedModel
     from suites.checks.inputs import ProbeSpec
     from suites.checks.task_probe import AccuracyTask
-    from suites.contracts import Job, MetaLoad, TrainedModel
 
     cell = expand("llama", "train", "fp32", "2")[0]
     job = Job(
@@ -224,7 +224,7 @@ def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones
 SETTLE_THEN_FORK = """
 import os, sys, time
 import torch
-from suites.engine.elementwise_math import settle_elementwise_math
+from suites.base.elementwise_math import settle_elementwise_math
 
 settle_elementwise_math()
 pid = os.fork()
@@ -244,7 +244,7 @@ else:
 
 
 def test_settling_the_elementwise_math_starts_no_thread_pool_a_forked_child_would_hang_on():
-    """The fork server settles the math functions before it forks (suites/engine/elementwise_math.py); a call
+    """The fork server settles the math functions before it forks (suites/base/elementwise_math.py); a call
     that started OpenMP's thread pool there (the exact gelu's float32 kernel does, even for 64 values) would hang
     every rank and reference child at its first parallel region."""
     import os

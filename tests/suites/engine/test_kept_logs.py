@@ -4,9 +4,9 @@
 import pytest
 
 from matrix.cells import expand
-from suites.driver import RunOptions, run_cell
 from suites.engine.rank_group import KEPT_LOG_LINES, RankGroupPool
-from suites.outcome import failed
+from suites.run.driver import RunOptions, run_cell
+from suites.verdicts.outcome import failed
 
 pytestmark = pytest.mark.autotp
 

@@ -5,8 +5,8 @@ redacted."""
 import pytest
 
 from matrix.cells import expand
+from suites.checks.contracts import Job
 from suites.checks.inputs import ProbeSpec
-from suites.contracts import Job
 from suites.engine.rank_group import RankGroupPool
 from tests import planted_secrets
 

@@ -17,8 +17,8 @@ from matrix.json_records import write_record
 from matrix.versions import AxisRule, Combo, parse_axis_value
 from reports.__main__ import main
 from sessions import install_failure
-from suites.command import parse_suite_options
 from suites.records.run_records import RunInfo, deepspeed_commit, git_has_commit, harness_commit, junit_properties
+from suites.run.command import parse_suite_options
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 DEEPSPEED = AxisRule("deepspeed", "ds", repo="https://github.com/deepspeedai/DeepSpeed")
@@ -175,8 +175,8 @@ def test_records_made_under_an_injected_fault_are_marked_never_replayed_and_neve
 
     from matrix.cells import expand
     from reports.store.junit import read_junit
-    from suites.outcome import CellOutcome
     from suites.records.run_records import CellRecorder
+    from suites.verdicts.outcome import CellOutcome
 
     fault = ("tests.faults:noop_allreduce",)
     versions = {
@@ -241,8 +241,8 @@ def test_a_recorder_reads_each_appended_line_once_and_sees_the_other_workers_cel
     """The run is complete once every expected cell is in cells.jsonl, whichever pytest-xdist worker wrote it; the
     recorder reads only what was appended since it last looked, a line still being written once it is whole."""
     from matrix.cells import expand
-    from suites.outcome import CellOutcome
     from suites.records.run_records import AppendedRecords, CellRecorder, RunState, read_records
+    from suites.verdicts.outcome import CellOutcome
 
     llama, opt, gpt2 = expand("llama,opt,gpt2", tp="2")
     run = RunInfo("local", started="2026-01-01T00:00:00Z", accelerator="cpu", backend="gloo", harness_git=SHA)

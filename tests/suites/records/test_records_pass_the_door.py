@@ -1,6 +1,6 @@
 """Everything the harness writes passes its own door (issue #57): every check's result, in every variant the harness
 has, recorded by the suites' recorder, written as JUnit, merged into the store and the archive and rendered — the
-checks and variants taken from the harness's own lists (suites/checks/names.py, matrix/variants.toml), the metrics
+checks and variants taken from the harness's own lists (suites/verdicts/check_names.py, matrix/variants.toml), the metrics
 from the checks themselves, each comparison a real one. And one real training cell through merge, render and a store
 rebuilt from the archive."""
 
@@ -18,12 +18,12 @@ from matrix.registry import DEFAULT_TOLERANCES, load_models, load_variants
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
 from suites.checks import training
-from suites.checks.names import CHECK_NAMES, at_floor, current_metric_name
 from suites.checks.result import CheckResult
-from suites.driver import RunOptions, run_cell
-from suites.outcome import CellOutcome
 from suites.records.run_records import CellRecorder, RunInfo
-from suites.variants.training import FLOOR_CANDIDATES, Comparison
+from suites.run.driver import RunOptions, run_cell
+from suites.variants.trainee import FLOOR_CANDIDATES, Comparison
+from suites.verdicts.check_names import CHECK_NAMES, at_floor, current_metric_name
+from suites.verdicts.outcome import CellOutcome
 from tests.suites.checks.test_check_units import _failing_signatures, _training_reports
 
 VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}

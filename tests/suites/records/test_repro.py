@@ -11,9 +11,9 @@ from matrix.cells import expand
 
 
 def test_planted_token_never_reaches_records_or_repro(tmp_path, monkeypatch):
-    from suites.outcome import failed
     from suites.records.repro import write_repro
     from suites.records.run_records import CellRecorder, RunInfo
+    from suites.verdicts.outcome import failed
 
     token = "hf_plantedSecretValue123"
     monkeypatch.setenv("HF_TOKEN", token)

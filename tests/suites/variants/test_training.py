@@ -18,7 +18,7 @@ import pytest
 
 from matrix.cells import Cell, expand
 from matrix.registry import DEFAULT_TOLERANCES, RegistryError, Variant, _parse_variant, load_models, load_variants
-from suites.driver import RunOptions, run_cell
+from suites.run.driver import RunOptions, run_cell
 
 TRAINING_ROWS = [name for name, variant in load_variants().items() if "train-all" in variant.tags]
 SAVE_16BIT_KEEPS_SHARDS = ("numerics", "save: save_16bit_model: rank 0: model.layers.0.self_attn.q_proj.weight: shape")
@@ -364,7 +364,7 @@ def test_adams_gain_rule_turns_an_update_back_into_its_gradient():
 
 
 def test_ds_to_universal_arguments_are_the_releases_own():
-    from suites.variants.training import universal_arguments
+    from suites.variants.trainee import universal_arguments
 
     before = list(sys.argv)
     arguments = universal_arguments(Path("/scratch"))

@@ -9,8 +9,8 @@ import torch
 
 from matrix.cells import expand
 from suites.checks.training import _comparison_result, magnitude
-from suites.driver import RunOptions, run_cell
-from suites.variants.training import Comparison
+from suites.run.driver import RunOptions, run_cell
+from suites.variants.trainee import Comparison
 
 
 def _update_comparison(factor: float) -> Comparison:

@@ -18,8 +18,9 @@ from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import RegistryError, _parse_variant, load_variants
 from suites.checks import judge
-from suites.contracts import MetaLoad
-from suites.driver import RunOptions, prepare_job, run_cell
+from suites.checks.contracts import MetaLoad
+from suites.checks.interface import CheckInputs
+from suites.run.driver import RunOptions, prepare_job, run_cell
 from suites.variants.loading import checkpoints_json, fresh_process_meta_failure
 from tests.suites.rank_summaries import inference_rank
 
@@ -207,7 +208,7 @@ def test_wrong_quantization_scale_is_reported():
     from suites.checks import quantization as quantization_checks
     from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
     from suites.checks.probes import observe
-    from suites.reference import compute_reference
+    from suites.reference.unsharded import compute_reference
     from suites.variants.loading import load_model
     from suites.variants.quantization import hf_quantization_config
 
@@ -222,8 +223,8 @@ def test_wrong_quantization_scale_is_reported():
 
     def judged():
         observed = observe(model, inputs, spec, "cpu")
-        strict = judge.run_all(reference, observed, [inference_rank(0, observed)], tolerance)
-        return strict[0], quantization_checks.check(baseline, observed, tolerance)
+        strict = judge.judge(CheckInputs(tolerance, (inference_rank(0, observed),), reference, observed))
+        return next(r for r in strict if r.name == "logits"), quantization_checks.check(baseline, observed, tolerance)
 
     strict, relaxed = judged()
     assert strict.passed and all(r.passed for r in relaxed), (strict, relaxed)

@@ -1,5 +1,5 @@
 """Mechanisms read at the failing lines of DeepSpeed's (0.19.8) and transformers' (5.25.0) source, which the generic
-evidence of what AutoTP did (suites/mechanism.py `cause_of`) only locates, and how a cause states its mechanism.
+evidence of what AutoTP did (suites/verdicts/mechanism.py `cause_of`) only locates, and how a cause states its mechanism.
 
 A mechanism is stated as proven only by a remedy that turned every cell of its cause green and changed no other
 verdict (issue #56; `nox -s remedy`'s results/remedies.json, read by `proof_of`): until one is verified for a cause,
@@ -221,7 +221,7 @@ LEFT_WHOLE_EVIDENCE = {
     "per-channel": "deepspeed/module_inject/auto_tp.py AutoTP._replace_module: a block's own parameters, buffers "
     "and convolutions are never split",
 }
-"""The evidence of a tensor left whole next to a split, by its kind (suites/mechanism.py LEFT_WHOLE_KINDS)."""
+"""The evidence of a tensor left whole next to a split, by its kind (suites/verdicts/mechanism.py LEFT_WHOLE_KINDS)."""
 NORM_OVER_SPLIT_WIDTH = (
     "slicing the norm's weight would not fix it: its statistic (the variance) spans the full width, so each rank "
     "needs the other ranks' share of it, a reduction across ranks AutoTP does not do"
@@ -240,7 +240,7 @@ DESIGN_LIMITS = {
 
 
 def proof_of(key: str, cells: Collection[str] = (), remedies: Sequence[RemedyResult] = ()) -> Proof:
-    """What stands behind a cause's sentence, by its key (suites/mechanism.py `cause_of`), its cells and the remedies
+    """What stands behind a cause's sentence, by its key (suites/verdicts/mechanism.py `cause_of`), its cells and the remedies
     `nox -s remedy` ran (results/remedies.json): a verified remedy proves it only where every one of the cause's cells
     passes with it; the remedies run on some of its cells, verified or not, are what was tried."""
     kind, _, rest = key.partition("|")

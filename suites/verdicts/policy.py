@@ -1,5 +1,5 @@
 """The policy a model needs, inferred from the unsharded model, and where DeepSpeed's choice disagrees with it: the
-typed records a cell's AutoTP record carries (suites/mechanism.py `AutoTPRecord.inferred`, `.disagreements`) and the
+typed records a cell's AutoTP record carries (suites/verdicts/mechanism.py `AutoTPRecord.inferred`, `.disagreements`) and the
 `injection_policy` they yield, which a user can pass today and the remedies try first.
 
 A decoder block reads the residual stream and adds its results back into it. A linear whose output reaches the
@@ -116,7 +116,7 @@ def disagreement_words(disagreements: tuple[PolicyDisagreement, ...]) -> str:
 
 
 def policy_key(disagreements: tuple[PolicyDisagreement, ...]) -> str:
-    """A cause's key (suites/mechanism.py `Cause.key`): `policy|column-parallel:multi_head_attention.dense|...`, the
+    """A cause's key (suites/verdicts/mechanism.py `Cause.key`): `policy|column-parallel:multi_head_attention.dense|...`, the
     same for every cell and tp of a model whose policy disagrees alike."""
     return "|".join(["policy", *(f"{d.made}:{d.linear}" for d in _ordered(disagreements))])
 
@@ -141,6 +141,6 @@ def policy_lines(policies: tuple[Policy, ...]) -> list[str]:
 def record_lines(
     inferred: tuple[InferredBlock, ...], disagreements: tuple[PolicyDisagreement, ...], note: str
 ) -> list[str]:
-    """What a cell's AutoTP record says of the inferred policy (suites/mechanism.py `AutoTPRecord.text`)."""
+    """What a cell's AutoTP record says of the inferred policy (suites/verdicts/mechanism.py `AutoTPRecord.text`)."""
     lines = [f"inferred {block.layer_class}: writers {', '.join(block.writers) or 'none'}" for block in inferred]
     return lines + [d.text for d in disagreements] + ([note] if note else [])

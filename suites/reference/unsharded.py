@@ -6,13 +6,13 @@ patched onto model classes), so a reference computed after any injection can dif
 unsharded model. References are therefore computed only in a process of their own that never shards
 (`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
 rank groups' fork server after its imports, one per reference, or one per worker for the tiny references a cold run
-computes ahead of its cells (`ReferenceForker`, suites/ahead.py: no second import of torch and transformers on a cold
-cache); otherwise the reference process (`python -m suites.reference serve`, started by
-the driver), which serves many small references and, after one whose model is at least
+computes ahead of its cells (suites/reference/cache.py `ReferenceForker`, suites/run/ahead.py: no second import of torch and transformers on a
+cold cache); otherwise the reference process (`python -m suites.reference.unsharded serve`, started by the driver
+through suites/reference/cache.py), which serves many small references and, after one whose model is at least
 `REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
 group loads it.
 
-Any size: the memory plan (suites/memory_plan.py) gives the reference accelerate's `max_memory`
+Any size: the memory plan (suites/reference/memory_plan.py) gives the reference accelerate's `max_memory`
 (`device_map="auto"`: accelerators, then host RAM, then disk), so a model larger than host RAM still
 gets the exact unsharded numbers, computed layer by layer.
 
@@ -21,55 +21,50 @@ content hash, never a path), dtype, probe inputs and code, library versions. `ex
 cached reference of a model into one file and `import` puts them into another machine's cache, so the
 matrix's runners compute each reference once:
 
-    python -m suites.reference export --models llama,qwen2 [--checkpoints hub] --out references/
-    python -m suites.reference import references/*.autotp-references.pt
+    python -m suites.reference.unsharded export --models llama,qwen2 [--checkpoints hub] --out references/
+    python -m suites.reference.unsharded import references/*.autotp-references.pt
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import functools
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from matrix import PROJECT_ROOT, cache_root
+from matrix import cache_root
 from matrix.checkpoints import Checkpoint
 from matrix.installed import cache_identity
 from matrix.json_records import read_record, write_record
 from matrix.registry import DType
-from suites.atomic import write_atomically, write_text_atomically
+from suites.base.atomic import write_atomically, write_text_atomically
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import Observations, observe
 from suites.checks.task_probe import AccuracyTask, answer_correctness
-from suites.outcome import exception_signature
 from suites.variants.loading import ContaminatedProcessError, load_model, refuse_if_sharded
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init, hf_quantization_config
+from suites.verdicts.outcome import exception_signature
 
-if TYPE_CHECKING:  # the memory plan's types only: the plan itself is made by the driver (suites/driver.py)
-    from suites.memory_plan import ReferencePlan
+if TYPE_CHECKING:  # the memory plan's types only: the plan itself is made by the driver (suites/run/driver.py)
+    pass
 
 REFERENCE_FORMAT = 6
 """Bump when `Observations` or the cache key changes, so stale cached references are not read.
 5: keyed by checkpoint identity (content), not path. 6: each module's output summarised (`module_outputs`)."""
-REFERENCE_PROCESS_REUSE_BELOW = 256 << 20
-"""Models at least this large (bytes in the cell's dtype) end the reference process after their
-reference: below it, the ~5 s start of a new process would cost more than the memory it returns."""
 EXPORT_SUFFIX = ".autotp-references.pt"
 
 
@@ -101,14 +96,14 @@ def refuse_if_distributed() -> None:
         )
 
 
-def _checkpoint_identity(checkpoint: Checkpoint) -> dict[str, str]:
+def checkpoint_identity(checkpoint: Checkpoint) -> dict[str, str]:
     """The checkpoint by what it holds (its hub commit or tiny content hash, resolved with it), never its path."""
     return {"source": checkpoint.source, "revision": checkpoint.revision}
 
 
-def _tokenizer_identity(checkpoint: Checkpoint) -> dict[str, str] | None:
+def tokenizer_identity(checkpoint: Checkpoint) -> dict[str, str] | None:
     """A checkpoint's tokenizer is its own folder's (a hub snapshot) or the byte tokenizer (None)."""
-    return None if checkpoint.tokenizer is None else _checkpoint_identity(checkpoint)
+    return None if checkpoint.tokenizer is None else checkpoint_identity(checkpoint)
 
 
 def reference_identity(
@@ -129,8 +124,8 @@ def reference_identity(
         }
     return {
         "format": REFERENCE_FORMAT,
-        "checkpoint": _checkpoint_identity(checkpoint),
-        "tokenizer": _tokenizer_identity(checkpoint),
+        "checkpoint": checkpoint_identity(checkpoint),
+        "tokenizer": tokenizer_identity(checkpoint),
         "dtype": dtype,
         "spec": write_record(spec),
         "probes": probe_fingerprint(),
@@ -140,7 +135,7 @@ def reference_identity(
     }
 
 
-def _path_for(identity: dict[str, Any], prefix: str = "", suffix: str = ".pt") -> Path:
+def path_for(identity: dict[str, Any], prefix: str = "", suffix: str = ".pt") -> Path:
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "references" / f"{prefix}{key}{suffix}"
 
@@ -152,7 +147,7 @@ def reference_path(
     quantization: str = "",
     quant_group_size: int = 0,
 ) -> Path:
-    return _path_for(reference_identity(checkpoint, dtype, spec, quantization, quant_group_size))
+    return path_for(reference_identity(checkpoint, dtype, spec, quantization, quant_group_size))
 
 
 def _sidecar(path: Path) -> Path:
@@ -233,7 +228,7 @@ class ObservationsRequest:
     """The variant's quantization applied to the unsharded model too ("" for none)."""
     quant_group_size: int
     max_memory: dict[str, int] | None
-    """The memory plan's accelerate `max_memory` (suites/memory_plan.py `ReferencePlan.max_memory`); None: a
+    """The memory plan's accelerate `max_memory` (suites/reference/memory_plan.py `ReferencePlan.max_memory`); None: a
     plain load into host RAM."""
     offload: str
     """The plan's offload (`none`, `disk`), recorded in the sidecar."""
@@ -242,7 +237,7 @@ class ObservationsRequest:
     planned_peak_bytes: int
     """The plan's host peak for this reference, recorded in the sidecar beside the measured one."""
     threads: int | None = None
-    """The torch threads it computes with; None: the computing process's own (suites/ahead.py computes references
+    """The torch threads it computes with; None: the computing process's own (suites/run/ahead.py computes references
     one per core, each on one thread)."""
 
 
@@ -277,69 +272,6 @@ def request_from_json(data: dict[str, Any]) -> ReferenceRequest:
     return read_record(ObservationsRequest, fields)
 
 
-def cached_reference(
-    checkpoint: Checkpoint,
-    dtype: DType,
-    spec: ProbeSpec,
-    *,
-    plan: ReferencePlan,
-    trust_remote_code: bool = False,
-    quantization: str = "",
-    quant_group_size: int = 0,
-    fork_server: ReferenceForker | None = None,
-) -> Path:
-    """Path of the reference observations on disk, computed on a cache miss, offloaded as `plan` says (the plan that
-    let the cell run, suites/driver.py), in a child of `fork_server` (the run's, on CPU), else by the reference
-    process."""
-    request = observations_request(
-        checkpoint,
-        dtype,
-        spec,
-        plan=plan,
-        trust_remote_code=trust_remote_code,
-        quantization=quantization,
-        quant_group_size=quant_group_size,
-    )
-    return cached(request, plan, fork_server)
-
-
-def observations_request(
-    checkpoint: Checkpoint,
-    dtype: DType,
-    spec: ProbeSpec,
-    *,
-    plan: ReferencePlan,
-    trust_remote_code: bool = False,
-    quantization: str = "",
-    quant_group_size: int = 0,
-) -> ObservationsRequest:
-    """The request that computes a reference (`cached_reference`'s arguments): its cache file is `request.path`."""
-    identity = reference_identity(checkpoint, dtype, spec, quantization, quant_group_size)
-    return ObservationsRequest(
-        path=str(_path_for(identity)),
-        identity=identity,
-        checkpoint=checkpoint.folder,
-        tokenizer=checkpoint.tokenizer,
-        dtype=dtype,
-        spec=spec,
-        trust_remote_code=trust_remote_code,
-        quantization=quantization,
-        quant_group_size=quant_group_size,
-        max_memory=plan.max_memory(),
-        offload=plan.offload,
-        corpus_file=str(inputs.CORPUS_FILE),
-        planned_peak_bytes=plan.host_bytes,
-    )
-
-
-def cached(request: ObservationsRequest, plan: ReferencePlan, fork_server: ReferenceForker | None = None) -> Path:
-    """The request's cache file, computed first on a miss (as `cached_reference` says; `plan`: the request's)."""
-    path = Path(request.path)
-    if not path.exists():
-        _compute(request, plan.model_bytes >= REFERENCE_PROCESS_REUSE_BELOW, fork_server)
-    return path
-
-
 def reference_record(path: str | Path) -> dict[str, Any]:
     """What the reference process wrote about a cached reference (identity, offload, measured peak)."""
     try:
@@ -349,169 +281,12 @@ def reference_record(path: str | Path) -> dict[str, Any]:
     return record
 
 
-def cached_task_reference(
-    checkpoint: Checkpoint,
-    dtype: DType,
-    task: AccuracyTask,
-    trust_remote_code: bool = False,
-    fork_server: ReferenceForker | None = None,
-) -> Path:
-    """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
-    import transformers
-
-    identity = {
-        "format": REFERENCE_FORMAT,
-        "checkpoint": _checkpoint_identity(checkpoint),
-        "tokenizer": _tokenizer_identity(checkpoint),
-        "dtype": dtype,
-        "task": task.fingerprint,
-        "torch": str(torch.__version__),
-        "transformers": transformers.__version__,
-    }
-    path = _path_for(identity, prefix="task-", suffix=".json")
-    if not path.exists():
-        request = TaskRequest(
-            path=str(path),
-            checkpoint=checkpoint.folder,
-            tokenizer=checkpoint.tokenizer,
-            dtype=dtype,
-            task=task,
-            trust_remote_code=trust_remote_code,
-        )
-        _compute(request, False, fork_server)
-    return path
-
-
 def load_reference(path: str | Path) -> Observations:
     return read_record(Observations, torch.load(path, weights_only=False))
 
 
 Answer = dict[str, Any]
 """What a reference's process answers (JSON): `_serve_one`'s measurements, or `{"error": ...}` (see `answer`)."""
-
-
-def _answered(answer: Answer) -> Answer:
-    """The answer of a reference computed elsewhere, or its failure raised here."""
-    if "error" in answer:
-        error = answer["error"]
-        if error["quantization_unavailable"]:
-            raise QuantizationUnavailable(error["message"])
-        raise ReferenceFailed(error["signature"], error["message"])
-    return answer
-
-
-def _died(code: int | None, log_path: Path, log_tail: str) -> ReferenceFailed:
-    return ReferenceFailed(
-        "ReferenceProcessDied: the reference process exited without an answer",
-        f"the reference process died (exit code {code}); log {log_path}:\n{log_tail}",
-    )
-
-
-class ReferenceProcess:
-    """The driver's handle on the reference process: one JSON request a line on its stdin, one JSON
-    answer a line back; its own output goes to a log whose tail is quoted when it fails."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen[str] | None = None
-        self.log_path = Path(tempfile.gettempdir()) / f"autotp-reference-{os.getpid()}.log"
-
-    def start(self) -> subprocess.Popen[str]:
-        """The running process, started now unless it runs (its imports take seconds)."""
-        if self.process is None or self.process.poll() is not None:
-            with self.log_path.open("a") as log:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "suites.reference", "serve"],
-                    cwd=PROJECT_ROOT,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    text=True,
-                )
-        return self.process
-
-    def compute(self, request: ReferenceRequest, exit_after: bool) -> Answer:
-        process = self.start()
-        assert process.stdin is not None and process.stdout is not None  # Popen with PIPE for both
-        process.stdin.write(json.dumps(request_to_json(request)) + "\n")
-        process.stdin.flush()
-        line = process.stdout.readline()
-        if not line:  # killed (e.g. by the OOM killer) or crashed
-            code, self.process = process.wait(), None
-            raise _died(code, self.log_path, _log_tail(self.log_path))
-        if exit_after:
-            self.close()
-        return _answered(json.loads(line))
-
-    def close(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            assert self.process.stdin is not None  # Popen with stdin=PIPE
-            self.process.stdin.close()  # the process ends when its stdin closes
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-
-def _log_tail(log_path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-class ComputesReferences(Protocol):
-    """What computes a reference in a process of its own (a `ReferenceForker`, or one of its series)."""
-
-    def compute_reference(self, request: ReferenceRequest) -> Answer | None:
-        """`answer(request)` as the child wrote it, {"died": exit code, "log": path} when it died without one, or
-        None when the server cannot start."""
-        ...
-
-
-class ReferenceForker(ComputesReferences, Protocol):
-    """Where a CPU run computes references: its fork server (suites/engine/fork_server.py `ForkServer`), which forks
-    a child after its imports of torch, transformers and DeepSpeed, instead of a reference process that imports them
-    all again (10-14 CPU s on the cold path). Each child is a process of its own that never shards, holds no process
-    group and no rank's variables, and has exited when its reference returns, so its memory is back with the OS
-    before the rank group loads the model."""
-
-    def reference_series(self) -> AbstractContextManager[ComputesReferences]:
-        """One child that computes many references one after another (a run's tiny ones, suites/ahead.py), ended when
-        the block ends."""
-        ...
-
-
-def _compute(request: ReferenceRequest, exit_after: bool, forker: ReferenceForker | None) -> Answer:
-    """In a child of the run's fork server when it has one (CPU), else in the reference process; `exit_after`: the
-    reference process ends after this one (a forked child always does)."""
-    # A server that cannot start (its imports fail) answers None: the group's start reports whose fault that is,
-    # and the reference process computes the reference, as it did before references were forked.
-    answer = forker.compute_reference(request) if forker is not None else None
-    if answer is None:
-        return _reference_process.compute(request, exit_after)
-    if "died" in answer:
-        raise _died(answer["died"], Path(answer["log"]), _log_tail(Path(answer["log"])))
-    return _answered(answer)
-
-
-_reference_process = ReferenceProcess()
-atexit.register(_reference_process.close)
-
-
-def start_reference_process() -> None:
-    """Start the reference process ahead of its first request: its imports then run beside what the driver does
-    before asking (writing a tiny checkpoint)."""
-    _reference_process.start()
-
-
-def reference_process_pids() -> list[int]:
-    """The reference process of this driver, while it runs (idle between references)."""
-    process = _reference_process.process
-    return [process.pid] if process is not None and process.poll() is None else []
 
 
 def _reset_peak_rss() -> int:
@@ -593,7 +368,7 @@ def _computed(request: ReferenceRequest) -> Answer:
 def serve() -> None:
     """The reference process: answer requests from stdin until it closes. Only the protocol writes to
     the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
-    from suites.engine.elementwise_math import settle_elementwise_math
+    from suites.base.elementwise_math import settle_elementwise_math
 
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -621,7 +396,7 @@ def answer(request: ReferenceRequest) -> Answer:
 
 def export_references(checkpoint: Checkpoint, destination: Path) -> tuple[Path, int]:
     """Every cached reference of one checkpoint, written as one file; returns (file, references)."""
-    wanted = (_checkpoint_identity(checkpoint), _tokenizer_identity(checkpoint))
+    wanted = (checkpoint_identity(checkpoint), tokenizer_identity(checkpoint))
     bundle = []
     # References are the `.pt` files; a task reference (`task-<key>.json`, a list of answers) has no sidecar.
     for path in sorted((cache_root() / "references").glob("*.pt")):
@@ -643,7 +418,7 @@ def import_references(bundle_path: Path) -> int:
             f"{bundle_path}: reference format {bundle.get('format')}, this harness reads {REFERENCE_FORMAT}"
         )
     for item in bundle["references"]:
-        path = _path_for(item["record"]["identity"])
+        path = path_for(item["record"]["identity"])
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, functools.partial(torch.save, item["observations"]))
         write_text_atomically(_sidecar(path), json.dumps(item["record"]))

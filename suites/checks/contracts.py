@@ -13,7 +13,7 @@ from matrix.registry import DType, Tolerance, Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import SplitCounts
 from suites.checks.task_probe import AccuracyTask
-from suites.outcome import RankError
+from suites.verdicts.outcome import RankError
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,7 @@ class TrainedModel:
 
 @dataclass(frozen=True)
 class VariantFields:
-    """What a variant adds to its cell's job, prepared in the driver (suites/variants/variant_setup.py)."""
+    """What a variant adds to its cell's job, prepared in the driver (suites/run/variant_setup.py)."""
 
     meta: MetaLoad | None = None
     trained: tuple[TrainedModel, ...] = ()
@@ -78,7 +78,7 @@ class Job:
     accuracy_task: AccuracyTask | None = None
     accuracy_reference: str | None = None
     real_counts: SplitCounts | None = None
-    """A faithful cell's real checkpoint counts (suites/checks/memory.py `faithful_counts`): what its memory check
+    """A faithful cell's real checkpoint counts (suites/checks/probes.py `faithful_counts`): what its memory check
     judges each split by; None for a stress cell."""
     arguments: CellArguments = NO_ARGUMENTS
     """What the ranks pass besides the variant's: `injection_policy` to init_inference, keywords to the load, the
@@ -115,7 +115,7 @@ class UnshardedSteps(TypedDict):
 
 
 class ComparisonRecord(TypedDict):
-    """A suites/variants/training.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
+    """A suites/variants/trainee.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
 
     largest: float
     floor_share: float
@@ -157,7 +157,7 @@ class _TraineeReportFields(TypedDict):
 
 
 class TraineeReport(_TraineeReportFields, total=False):
-    """suites/variants/training.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
+    """suites/variants/trainee.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
 
     round_trip: RoundTripReport
     """The cell's own model, for a row with the checkpoint round trip."""

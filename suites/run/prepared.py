@@ -1,4 +1,4 @@
-"""A cell as the driver works it out once, before anything is built for it (suites/driver.py `prepare_cell`): its
+"""A cell as the driver works it out once, before anything is built for it (suites/run/driver.py `prepare_cell`): its
 checkpoint resolved with its identity, the checkpoint's size, the memory plan against this runner (the references'
 included) and the one skip verdict that follows from them. What comes after (the variant's setup, the references,
 the job, the cell's record) reads it: nothing downstream resolves, hashes or plans the cell again."""
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint
 from matrix.registry import DType
-from suites.memory_plan import CheckpointSize, MemoryPlan, ReferencePlan, Runner
+from suites.reference.checkpoint_sizes import CheckpointSize
+from suites.reference.memory_plan import MemoryPlan, ReferencePlan, Runner
 
 QUANTIZED_BASELINE_DTYPE: DType = "fp32"
 """The dtype of a quantized variant's baseline reference: its relaxed checks compare with the unquantized model."""
@@ -33,7 +34,7 @@ class PreparedCell:
     skip: str | None
     """Why the cell does not run though its checkpoint is known: its plan's problem, or its variant's partitioning
     source missing for the model; None: it runs. What needs no checkpoint to tell is decided before one is resolved
-    (suites/driver.py `skip_reason`)."""
+    (suites/run/driver.py `skip_reason`)."""
 
     @property
     def runner(self) -> Runner:

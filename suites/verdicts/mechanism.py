@@ -16,9 +16,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from suites import policy
-from suites.checks.names import judged_signature
-from suites.statements import (
+from suites.verdicts import policy
+from suites.verdicts.check_names import judged_signature
+from suites.verdicts.statements import (
     DESIGN_LIMITS,
     KV_IDLE_EVIDENCE,
     KV_SPLIT_IN_MODEL,
@@ -34,7 +34,7 @@ from suites.statements import (
     ModelMechanism,
     Owner,
 )
-from suites.verdicts import FailureClass
+from suites.verdicts.vocabulary import FailureClass
 
 GENERIC_LAYER_CLASSES = ("LinearLayer", "LinearAllreduce", "LmHeadLinearAllreduce")
 """DeepSpeed's layer classes for a plain column- or row-parallel linear; every other class (fused qkv, Yuan's shared
@@ -148,7 +148,7 @@ class AutoTPRecord:
     complete: bool = True
     """False when init_inference raised: then only the parser's choice is known."""
     inferred: tuple[policy.InferredBlock, ...] = ()
-    """The policy the model needs, per block class; `disagreements`, `inference_note`: suites/policy.py."""
+    """The policy the model needs, per block class; `disagreements`, `inference_note`: suites/verdicts/policy.py."""
     disagreements: tuple[policy.PolicyDisagreement, ...] = ()
     inference_note: str = ""
 
@@ -249,7 +249,7 @@ class Failure:
 
 def class_and_finding(failure_class: str, signature: str) -> str:
     """ "memory: linears split unevenly …", the class said once: a judged failure's signature starts with its check's
-    name (suites/checks/names.py `judged_signature`), which for `memory` is the class too."""
+    name (suites/verdicts/check_names.py `judged_signature`), which for `memory` is the class too."""
     return f"{failure_class}: {signature.removeprefix(f'{failure_class}: ')}"
 
 
@@ -264,7 +264,7 @@ _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
 
 
 def failure_text(signature: str) -> str:
-    """A signature (its numbers already masked, suites/outcome.py `mask_numbers`) without the frame it surfaced in and
+    """A signature (its numbers already masked, suites/verdicts/outcome.py `mask_numbers`) without the frame it surfaced in and
     with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
     called (a library renamed it) and at every tp (`[N, N]` at tp 2, `[N, N, N]` at tp 3)."""
     return _NUMBER_RUN.sub("N…", FRAME.sub("", signature))

@@ -12,8 +12,8 @@ from pathlib import Path
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.json_records import read_record
 from matrix.redaction import redact
-from suites.mechanism import AutoTPRecord, BreakPoint, Cause
-from suites.verdicts import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.vocabulary import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
 
 STAGE_CLASS: dict[str, FailureClass] = {"setup": "setup", "shard": "shard", "forward": "forward"}
 """A rank's stages in order, and the class of a failure raised in each."""
@@ -69,7 +69,7 @@ _INTERESTING_FRAMES = ("deepspeed", "transformers")
 @dataclass
 class CellOutcome:
     outcome: Outcome
-    """`pass`, `fail`, `skip` or `unsupported` (suites/verdicts.py `Outcome`)."""
+    """`pass`, `fail`, `skip` or `unsupported` (suites/verdicts/vocabulary.py `Outcome`)."""
     failure_class: FailureClassIfFailed = ""
     signature: str = ""
     message: str = ""
@@ -85,7 +85,7 @@ class CellOutcome:
     broke_at: BreakPoint | None = None
     """Where a failed cell broke, where the ranks located it."""
     cause: Cause | None = None
-    """A failed cell's cause (suites/mechanism.py `cause_of`), set by the driver."""
+    """A failed cell's cause (suites/verdicts/mechanism.py `cause_of`), set by the driver."""
 
     @property
     def failed_class(self) -> FailureClass:

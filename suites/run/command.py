@@ -34,7 +34,7 @@ SUITE_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             default=None,
             help="comma-separated variants from matrix/variants.toml, tags of them ('train-all': "
             "every training row), or 'all' (default: eager; with --checkpoints hub on an "
-            "accelerator runner: meta, see suites/memory_plan.py default_variants)",
+            "accelerator runner: meta, see suites/reference/memory_plan.py default_variants)",
         ),
     ),
     (("--dtypes",), dict(default=",".join(DEFAULT_DTYPES), help="comma-separated dtypes: fp32, bf16, fp16")),

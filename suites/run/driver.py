@@ -1,5 +1,5 @@
 """Driver side of one cell: decide its skips, prepare it once (checkpoint resolved with its identity and size, memory
-planned: a cell that cannot fit is a skip naming what would; suites/prepared.py `PreparedCell`), prepare its variant
+planned: a cell that cannot fit is a skip naming what would; suites/run/prepared.py `PreparedCell`), prepare its variant
 and reference by that, hand the cell to a rank group and return its outcome with the plan and the checkpoint revision
 it loaded. Nothing here raises for a cell's own failure."""
 
@@ -15,39 +15,37 @@ from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
 from matrix.registry import DType
-from suites.ahead import AheadForker, RunAhead
+from suites.checks.contracts import Job
 from suites.checks.inputs import ProbeSpec
-from suites.checks.memory import faithful_counts
+from suites.checks.probes import faithful_counts
 from suites.checks.task_probe import AccuracyTask
-from suites.command import CELL_TIMEOUT_S
-from suites.contracts import Job
 from suites.engine.rank_group import RankGroupPool
-from suites.mechanism import Failure, cause_of
-from suites.memory_plan import (
-    CheckpointSize,
-    GiB,
-    MemoryPlan,
-    Runner,
-    TrainingShape,
-    anonymous_bytes,
-    checkpoint_size,
-    gib,
-    plan_cell,
-    session_pids,
-)
-from suites.outcome import CellOutcome, exception_signature, failed, mask_numbers
-from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
-from suites.reference import (
-    ObservationsRequest,
+from suites.reference.cache import (
     ReferenceForker,
     cached,
     cached_task_reference,
     observations_request,
     reference_process_pids,
-    reference_record,
     start_reference_process,
 )
-from suites.variants import variant_setup
+from suites.reference.checkpoint_sizes import CheckpointSize, checkpoint_size
+from suites.reference.memory_plan import (
+    GiB,
+    MemoryPlan,
+    Runner,
+    TrainingShape,
+    anonymous_bytes,
+    gib,
+    plan_cell,
+    session_pids,
+)
+from suites.reference.unsharded import ObservationsRequest, reference_record
+from suites.run import variant_setup
+from suites.run.ahead import AheadForker, RunAhead
+from suites.run.command import CELL_TIMEOUT_S
+from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
+from suites.verdicts.mechanism import Failure, cause_of
+from suites.verdicts.outcome import CellOutcome, exception_signature, failed, mask_numbers
 
 Provenance = dict[str, Any]
 """What a cell's record says about its weights and memory (`_provenance`): `checkpoint` and `metrics`."""
@@ -149,7 +147,7 @@ def prepare_job(
     cell's outcome when it cannot run (skip, or `setup` failure), stamped with the same provenance once the
     checkpoint is known. `runner`: what the plan may use (default: detected, as if this run held nothing);
     `fork_server`: the run's, where references are computed (else by the reference process); `prepared`: the cell
-    as the run's work ahead prepared it (suites/ahead.py), else prepared here."""
+    as the run's work ahead prepared it (suites/run/ahead.py), else prepared here."""
     if cell.model.expansion_error:
         return expansion_failure(cell.model.expansion_error)
     if reason := harness_skip_reason(cell, options):
@@ -281,7 +279,7 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
 
 def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: RunAhead | None = None) -> CellOutcome:
     """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure);
-    `ahead`: the run's cold work, done together when the first cell asks for a reference (suites/ahead.py)."""
+    `ahead`: the run's cold work, done together when the first cell asks for a reference (suites/run/ahead.py)."""
     forker: ReferenceForker | None = pool.fork_server if pool is not None else None
     prepared_ahead = ahead.take(cell) if ahead is not None else None
     if forker is not None and ahead is not None and pool is not None:
@@ -311,7 +309,7 @@ def run_ahead(cells: list[Cell], options: RunOptions) -> RunAhead | None:
 
 @dataclass(frozen=True)
 class WorkAhead:
-    """How the run's work ahead (suites/ahead.py `CellWork`) prepares later cells and asks for their references: as
+    """How the run's work ahead (suites/run/ahead.py `CellWork`) prepares later cells and asks for their references: as
     their own turns would, planned against the machine as it is when the work starts."""
 
     options: RunOptions
@@ -328,7 +326,7 @@ class WorkAhead:
 
 
 def with_cause(outcome: CellOutcome) -> CellOutcome:
-    """A failed cell's outcome with its cause (suites/mechanism.py `cause_of`), and the message naming where it
+    """A failed cell's outcome with its cause (suites/verdicts/mechanism.py `cause_of`), and the message naming where it
     broke."""
     if outcome.outcome != "fail":
         return outcome

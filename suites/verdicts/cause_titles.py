@@ -1,10 +1,10 @@
-"""A cause in a few words for a bug report's title, from the key and words `suites/mechanism.py` `cause_of` writes."""
+"""A cause in a few words for a bug report's title, from the key and words `suites/verdicts/mechanism.py` `cause_of` writes."""
 
 from __future__ import annotations
 
-from suites import policy
-from suites.mechanism import FRAME, IDLE_RANKS, LEFT_WHOLE_TEXT
-from suites.statements import LAYOUT_MECHANISMS, MECHANISMS_BY_NAME, POLICY_PROBE
+from suites.verdicts import policy
+from suites.verdicts.mechanism import FRAME, IDLE_RANKS, LEFT_WHOLE_TEXT
+from suites.verdicts.statements import LAYOUT_MECHANISMS, MECHANISMS_BY_NAME, POLICY_PROBE
 
 
 def cause_title(key: str, words: str) -> str:

@@ -10,7 +10,7 @@ suites/engine/fork_server.py `ReferenceSeries`, on one thread) or else the next 
 of it, so nothing of it runs beside a rank group, whose busy-waiting all-reduce a third process slows out of
 proportion. A harness error in the work itself is raised to the cell that asked, whose setup it fails.
 
-Each cell the batch prepared (suites/prepared.py `PreparedCell`, to ask for its reference) is handed to its cell, so
+Each cell the batch prepared (suites/run/prepared.py `PreparedCell`, to ask for its reference) is handed to its cell, so
 a cell is still prepared once. What the batch cannot do (a checkpoint that does not write, a reference that fails,
 a cell planned to offload) is left to its cell, which does it again and reports it as it always did.
 """
@@ -31,23 +31,24 @@ from matrix.registry import ModelEntry
 
 if TYPE_CHECKING:
     from matrix.cells import Cell
-    from suites.memory_plan import Runner
-    from suites.prepared import PreparedCell
-    from suites.reference import Answer, ComputesReferences, ObservationsRequest, ReferenceForker, ReferenceRequest
+    from suites.reference.cache import ComputesReferences, ReferenceForker
+    from suites.reference.memory_plan import Runner
+    from suites.reference.unsharded import Answer, ObservationsRequest, ReferenceRequest
+    from suites.run.prepared import PreparedCell
 
 WORKER_NAME = "autotp-ahead"
 """The workers' thread names start with it."""
 
 
 class CellWork(Protocol):
-    """What the batch asks of the driver (suites/driver.py), which knows how a cell is prepared and what it asks."""
+    """What the batch asks of the driver (suites/run/driver.py), which knows how a cell is prepared and what it asks."""
 
     def runner(self) -> Runner:
         """What the cells the batch prepares are planned against (detected once, when the batch starts)."""
         ...
 
     def prepare(self, cell: Cell, runner: Runner) -> PreparedCell:
-        """The cell prepared, as its own turn would prepare it (suites/driver.py `prepare_cell`)."""
+        """The cell prepared, as its own turn would prepare it (suites/run/driver.py `prepare_cell`)."""
         ...
 
     def reference_request(self, prepared: PreparedCell) -> ObservationsRequest:

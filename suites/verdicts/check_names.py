@@ -10,7 +10,7 @@ import re
 from typing import Literal, get_args
 
 CheckName = Literal[
-    # inference (suites/checks/judge.py run_all, in order)
+    # inference (suites/checks/judge.py CHECKS, in order)
     "reference",
     "shapes",
     "logits",

@@ -1,5 +1,5 @@
 """Driver-side preparation a variant needs beyond the plain reference: its skip reasons (asked by the driver,
-suites/driver.py, before and once the checkpoint is known), the `.bin` copy for the meta loader, the quantized
+suites/run/driver.py, before and once the checkpoint is known), the `.bin` copy for the meta loader, the quantized
 reference plus the fp32 baseline, the unsharded training step. Returns the job's variant fields, or the cell's
 outcome when its quantization cannot run."""
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 from matrix.cells import Cell
 from matrix.checkpoints import Checkpoint
 from matrix.registry import ModelEntry
+from suites.checks.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.checks.inputs import ProbeSpec
-from suites.contracts import MetaLoad, TrainedModel, VariantFields
-from suites.outcome import CellOutcome
-from suites.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
-from suites.reference import ReferenceForker, cached_reference
+from suites.reference.cache import ReferenceForker, cached_reference
+from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
+from suites.verdicts.outcome import CellOutcome
 
 
 def skip_reason(cell: Cell) -> str | None:
@@ -60,7 +60,7 @@ def prepare(
     prepared: PreparedCell, spec: ProbeSpec, fork_server: ReferenceForker | None = None
 ) -> VariantFields | CellOutcome:
     """The variant's job fields, computed in the driver (never in a rank) for a cell that runs (`prepared.skip` is
-    None); references in a child of `fork_server` when the run has one (suites/reference.py), offloaded as the cell's
+    None); references in a child of `fork_server` when the run has one (suites/reference/unsharded.py), offloaded as the cell's
     plan says."""
     cell, checkpoint = prepared.cell, prepared.checkpoint
     variant, trust = cell.variant, cell.model.trust_remote_code
