@@ -116,13 +116,16 @@ from reports.analysis.statuses import (
     summarise,
 )
 from reports.analysis.trust import (
+    SINCE_WHEN_SESSION,
     baseline_lines,
     select_baseline,
     trusted_history,
+    without_since_when,
 )
 
 __all__ = [
     "ICONS",
+    "SINCE_WHEN_SESSION",
     "AxisRange",
     "COVERAGE_SESSION",
     "CellStatus",
@@ -210,6 +213,7 @@ __all__ = [
     "summary_text",
     "summarise",
     "trusted_history",
+    "without_since_when",
     "surfaced_in",
     "upstream_label",
     "whose_text",

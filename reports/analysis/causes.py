@@ -25,6 +25,7 @@ from reports.analysis.comparison import compare
 from reports.analysis.history import History, Transition
 from reports.analysis.signatures import cause, failure_key
 from reports.analysis.statuses import CellStatus
+from reports.analysis.trust import without_since_when
 from reports.store import (
     AXES,
     CellKey,
@@ -291,8 +292,9 @@ def session_deltas(observations: list[Observation], history: History, session: s
 
 
 def all_session_deltas(observations: list[Observation], history: History) -> list[SessionDeltas]:
+    """Each session's newest run against its previous one; since-when runs are no session's (reports.analysis.trust)."""
     by_session: dict[str, list[Observation]] = defaultdict(list)
-    for obs in observations:
+    for obs in without_since_when(observations):
         by_session[obs.run.session].append(obs)  # one pass: a store holds many sessions' runs
     return [session_deltas(by_session[name], history, name) for name in sorted(by_session)]
 

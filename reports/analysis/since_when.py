@@ -5,10 +5,11 @@ ones on one axis only (the others at the latest versions), whoever ran them — 
     works at DeepSpeed 0.18.9 / transformers 4.57.6; fails from transformers 5.0.0, at DeepSpeed 0.19.8
 
 "works at" names the newest point of each axis where the cell passes; "fails from" the first failing release a
-bisection found above it (reports.search), "fails at" the next point tried above it where none was bisected; an axis
-whose every tried point fails with the same cause is "fails at every point tried"; a point where the cell failed
-otherwise (the model not in that release, another error) or did not run is "not comparable at". The axis a cause
-moved on is the one with a working point: the first night's hint names it (failing_now)."""
+bisection found above it (reports.search), else the next point tried above it, said so ("fails from transformers
+5.25.0, the next release tried": the releases between were not run); an axis whose every tried point fails with the
+same cause is "fails at every point tried"; a point where the cell failed otherwise (the model not in that release,
+another error) or did not run is "not comparable at". The axis a cause moved on is the one with a working point: the
+first night's hint names it (failing_now)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ class SinceWhen:
 
 
 NOT_TRIED = SinceWhen("", (), ())
+
+NEXT_TRIED = ", the next release tried"
+"""Said after "fails from <release>" where no bisection placed it: the first failing release may lie between."""
 
 
 def points_tried(history: History, cell: CellKey, key: str) -> list[PointTried]:
@@ -102,7 +106,8 @@ def since_when(history: History, cell: CellKey, key: str) -> SinceWhen:
 
 def _failing_above(history: History, cell: CellKey, axis: str, working: str) -> str:
     """ "fails from transformers 5.0.0" (the first bad release a bisection of the transition above the working point
-    found) or "fails at transformers 5.25.0" (the next point tried, the releases between not bisected)."""
+    found) or "fails from transformers 5.25.0, the next release tried" (the releases between neither run nor
+    bisected, so the first failing one may be earlier: said, never implied)."""
     name = AXIS_NAMES.get(axis, axis)
     latest = history.latest
     for t in history.transitions:
@@ -115,8 +120,8 @@ def _failing_above(history: History, cell: CellKey, axis: str, working: str) -> 
         ):
             if t.bisection is not None and t.bisection.after:
                 return f"fails from {name} {t.bisection.after}"
-            return f"fails at {name} {t.after.label(axis)}"
-    return f"fails at {name} {latest.label(axis)}"
+            return f"fails from {name} {t.after.label(axis)}{NEXT_TRIED}"
+    return f"fails from {name} {latest.label(axis)}{NEXT_TRIED}"
 
 
 def _single_axis(versions: Versions, latest: Versions) -> str | None:

@@ -1,7 +1,12 @@
 """Which runs may speak for the history: a pull request's runs (`merge --untrusted`) are its own results, never a
 baseline, never the previous run a newer one is compared with, never a flaky verdict at versions it does not run.
 A pull request's code writes its own JUnit, so it could label a run as the baseline's versions or as another session:
-only trusted runs (scheduled and dispatched runs on the default branch, or a person's own merge) are history."""
+only trusted runs (scheduled and dispatched runs on the default branch, or a person's own merge) are history.
+
+A since-when run (`nox -s since-when`) is trusted history too, but of another kind: one earlier point, the new causes'
+example cells only. It says since when a cause fails (reports.analysis.since_when) and is never compared: not the
+previous run of a nightly, not a session of "Since the previous run" or of the step summary, not a gate's baseline
+or candidate, not the base of a pull request's check."""
 
 from __future__ import annotations
 
@@ -10,6 +15,15 @@ from collections.abc import Collection
 from reports import ReportsError
 from reports.analysis.comparison import select
 from reports.store import Observation, Run
+
+
+SINCE_WHEN_SESSION = "since-when"
+"""The session a since-when run is recorded under (reports.search.since_when)."""
+
+
+def without_since_when(observations: list[Observation]) -> list[Observation]:
+    """The observations of every run but since-when's: what a comparison between runs may use."""
+    return [obs for obs in observations if obs.run.session != SINCE_WHEN_SESSION]
 
 
 def select_baseline(observations: list[Observation], selector: str, option: str) -> tuple[list[Observation], list[Run]]:

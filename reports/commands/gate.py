@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matrix.remedies import RESULTS_NAME, read_results
 from reports import ReportsError
-from reports.analysis import baseline_lines, select, select_baseline
+from reports.analysis import baseline_lines, select, select_baseline, without_since_when
 from reports.clones import GitRepo
 from reports.commands.interface import Command
 from reports.commands.options import add_known_failures, add_store, known_failures
@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             "check), not a mix"
         )
     with HistoryStore(args.store, create=False, read_only=True) as store:
-        observations = store.observations()
+        # A since-when run is one earlier point's example cells: never a side of a gate (reports.analysis.trust).
+        observations = without_since_when(store.observations())
     if not observations:
         raise ReportsError(
             f"{args.store}: the history store holds no results, so there is nothing to gate on; "

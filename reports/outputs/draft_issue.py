@@ -425,7 +425,7 @@ def _actual(result: CellResult) -> str:
 def _regression(entry: FailingCause, report: Report) -> str:
     """Since when, as far as the history knows; never a version it did not run. Where the example cell ran at
     earlier releases (`nox -s since-when`, a backfill), what it did there: "Works at DeepSpeed 0.18.9 / transformers
-    4.57.6; fails at transformers 5.25.0", with the release a bisection found."""
+    4.57.6; fails from transformers 5.25.0, the next release tried", or the release a bisection found."""
     placed = cause_answer_text(entry, report, markdown_link)
     if entry.since.tried:
         bisected = f" ({placed})" if placed and "not yet triaged" not in placed else ""

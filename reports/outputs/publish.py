@@ -21,6 +21,7 @@ from matrix.registry import KnownFailure
 from matrix.remedies import RESULTS_NAME, RemedyResult, read_results
 from reports import Log, ReportsError
 from reports.analysis import (
+    SINCE_WHEN_SESSION,
     DeltaCause,
     History,
     ResultFiles,
@@ -35,6 +36,7 @@ from reports.analysis import (
     select_baseline,
     session_deltas,
     trusted_history,
+    without_since_when,
 )
 from reports.clones import GitRepo
 from reports.outputs.draft_issue import draft_text, not_deepspeeds
@@ -287,13 +289,22 @@ def publish_deltas(
     # request's results are what is reported on, never the history they are compared with (reports.analysis.trust).
     observations = trusted_history(observations, sessions)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
-    names = sessions or sorted({obs.run.session for obs in observations})
+    # A since-when run is no session's newest or previous run, nor a side of the check (reports.analysis.trust); the
+    # history keeps it, as the drafts say since when from it.
+    if sessions and SINCE_WHEN_SESSION in sessions:
+        raise ReportsError(
+            f"--session {SINCE_WHEN_SESSION}: its runs are earlier points of the new causes' example cells, never "
+            "compared with each other; pass the nightly's sessions"
+        )
+    names = sessions or sorted({obs.run.session for obs in without_since_when(observations)})
     deltas = [session_deltas(observations, history, name) for name in names]
     checkpoints = cell_checkpoints(aggregate(observations), history)
     newest_runs = {session.newest for session in deltas}
     newest = [obs for obs in observations if obs.run in newest_runs]
     remedies = tuple(read_results(out_dir / RESULTS_NAME))
-    checked = _pr_check(all_observations, newest, base, commits, deepspeed_repo, known or {}, log, remedies)
+    checked = _pr_check(
+        without_since_when(all_observations), newest, base, commits, deepspeed_repo, known or {}, log, remedies
+    )
     # A pull request's run (untrusted) never opens or edits an issue, here or upstream: its JUnit chose its causes.
     untrusted = sorted(
         run.run_id for run in {*newest_runs, *(checked.candidate_runs if checked else ())} if not run.trusted

@@ -20,6 +20,7 @@ from pathlib import Path
 from matrix import PROJECT_ROOT
 from matrix.cells import replay_name
 from matrix.earlier_points import EarlierPoint
+from reports.analysis import SINCE_WHEN_SESSION
 from reports.store import CellKey
 from sessions.environments import (
     READY_MARKER,
@@ -31,8 +32,8 @@ from sessions.environments import (
 )
 from suites.run.command import suites_command
 
-SESSION = "since-when"
-"""The session name its runs are recorded under."""
+SESSION = SINCE_WHEN_SESSION
+"""The session name its runs are recorded under: never compared with another run (reports.analysis.trust)."""
 
 
 @dataclass(frozen=True)
