@@ -16,7 +16,6 @@ from reports import ReportsError
 from reports.analysis.comparison import select
 from reports.store import Observation, Run
 
-
 SINCE_WHEN_SESSION = "since-when"
 """The session a since-when run is recorded under (reports.search.since_when)."""
 

@@ -106,11 +106,13 @@ def test_two_earlier_points_say_since_when_and_the_axis_that_moved(tmp_path):
     causes = causes_by_cell(out)
     llama, bloom = causes["llama-eager-fp32-tp2"], causes["bloom-eager-fp32-tp2"]
     assert llama["since"]["text"] == (
-        "works at DeepSpeed 0.18.9; fails at DeepSpeed 0.19.8; fails at every point tried: transformers 4.57.6"
+        "works at DeepSpeed 0.18.9; fails from DeepSpeed 0.19.8, the next release tried; fails at every point tried: "
+        "transformers 4.57.6"
     )
     assert llama["since"]["moved"] == ["deepspeed"]
     assert bloom["since"]["text"] == (
-        "works at transformers 4.57.6; fails at transformers 5.25.0; fails at every point tried: DeepSpeed 0.18.9"
+        "works at transformers 4.57.6; fails from transformers 5.25.0, the next release tried; fails at every point "
+        "tried: DeepSpeed 0.18.9"
     )
     assert bloom["since"]["moved"] == ["transformers"]
     report = (out / "report.md").read_text()
@@ -118,9 +120,11 @@ def test_two_earlier_points_say_since_when_and_the_axis_that_moved(tmp_path):
     lines = section(report, "Failing now, by cause")
     moved = next(line for line in lines if line.startswith("The axis that moved"))
     assert "DeepSpeed for 1 cause" in moved and "transformers for 1 cause" in moved and "`nox -s triage`" in moved
-    assert any("works at transformers 4.57.6; fails at transformers 5.25.0" in line for line in lines)
+    assert any(
+        "works at transformers 4.57.6; fails from transformers 5.25.0, the next release tried" in line for line in lines
+    )
     summary = (out / "step-summary.md").read_text()
-    assert "| works at DeepSpeed 0.18.9; fails at DeepSpeed 0.19.8; fails at every point tried: transformers" in summary
+    assert "| works at DeepSpeed 0.18.9; fails from DeepSpeed 0.19.8, the next release tried; fails at every" in summary
     assert "The axis that moved" in summary
     assert len(summary.splitlines()) <= 40
 

@@ -45,7 +45,9 @@ def real_history(junit: Path, *, next_night: bool = False) -> Path:
     if next_night:
         nightly = (junit / "matrix.xml").read_text(encoding="utf-8")
         (junit / "matrix-next.xml").write_text(
-            nightly.replace("2026-12-07T06:51:08", "2026-12-08T06:51:08").replace("2026-12-07T06:46:05", "2026-12-08T06:46:05"),
+            nightly.replace("2026-12-07T06:51:08", "2026-12-08T06:51:08").replace(
+                "2026-12-07T06:46:05", "2026-12-08T06:46:05"
+            ),
             encoding="utf-8",
         )
     return junit
