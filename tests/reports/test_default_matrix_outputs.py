@@ -9,6 +9,7 @@ cause suites/verdicts/mechanism.py gives it, merged and rendered as `nox -s matr
 - the supported-models page lists no family as working whose checkpoints fail at any tp, and its diff applies to
   DeepSpeed's page."""
 
+import ast
 import html
 import json
 import re
@@ -122,6 +123,60 @@ def test_every_checkpoint_page_shows_its_own_cells_with_their_own_symptom_and_co
     falcon = text_of((out / "checkpoints" / "tiiuae--falcon-7b.html").read_text())
     assert "--models gemma" not in falcon and "--models falcon.faithful" in falcon
     assert "falcon.faithful-eager-fp32-tp3: forward: " in falcon and "1 kv head < tp 3, so ranks 1..2 hold" in falcon
+
+
+DRAFT_TITLE = re.compile(
+    r"# \[BUG\] AutoTP: [^\n…]+ \(\w+, tp [\d/]+, DeepSpeed [\d.]+, transformers [\d.]+\)"
+)
+HARNESS_WORDS = re.compile(
+    r"\.faithful|\.stress|nox -s|autotp-matrix|\bsuites/|\breports/|\bsessions/|\bmatrix/|conftest|cell_runner|"
+    r"RESULT: MISMATCH \(|\bharness\b"
+)
+ABSOLUTE_PATH = re.compile(r"(?<![\w.\-])/[\w.+-]+/[\w./+-]*")
+
+
+def draft_problems(draft: str, saved: dict[str, str]) -> list[str]:
+    """What stops a triager filing a draft issue as is: a cut or harness-made title, a minimal script over 40 lines,
+    not Python or not the one saved beside it, an absolute path or a harness name anywhere (a log excerpt's frames
+    included)."""
+    problems = []
+    title = draft.splitlines()[0]
+    if not DRAFT_TITLE.fullmatch(title):
+        problems.append(f"title {title!r}")
+    name = re.search(r"Save as `([^`]+)`", draft)
+    script = re.search(r"\*\*To Reproduce\*\*.*?```python\n(.*?)```", draft, re.S)
+    if not name or not script:
+        return [*problems, "no minimal script"]
+    lines = script[1].splitlines()
+    if len(lines) > 40:
+        problems.append(f"minimal script of {len(lines)} lines")
+    try:
+        ast.parse(script[1])
+    except SyntaxError as error:
+        problems.append(f"minimal script is not Python: {error}")
+    if saved.get(name[1]) != script[1]:
+        problems.append(f"{name[1]} is not the script the draft shows")
+    without_links = re.sub(r"https?://\S+", "", draft)
+    problems += [f"absolute path {path!r}" for path in ABSOLUTE_PATH.findall(without_links)]
+    problems += [f"harness name {word!r}" for word in HARNESS_WORDS.findall(draft)]
+    return problems
+
+
+def test_every_draft_issue_can_be_filed_as_is(default_matrix):
+    out, _ = default_matrix
+    report = json.loads((out / "report.json").read_text())
+    drafted = [c for c in report["failing_now"]["causes"] if c["status"] == "new"]
+    drafts = sorted((out / "draft-issue").glob("*.md"))
+    assert len(drafts) == len(drafted) >= 15
+    saved = {path.name: path.read_text() for path in (out / "draft-issue").glob("*.py")}
+    problems = {path.name: draft_problems(path.read_text(), saved) for path in drafts}
+    assert not any(problems.values()), {name: found for name, found in problems.items() if found}
+    # the check can fail: a cut title, a long script, a host path and a harness frame are each found
+    title, rest = drafts[0].read_text().split("\n", 1)
+    planted = f"{title[:60]}…\n" + rest.replace("import torch\n", "import torch\n" + "pass\n" * 40, 1)
+    planted += '\n  File "/work/wt/x/suites/checks/sharding.py", line 75, in tp_parser\n'
+    found = " ".join(draft_problems(planted, saved))
+    assert all(word in found for word in ("title", "lines", "absolute path", "harness name 'suites/'")), found
 
 
 def test_a_causes_sentence_holds_for_every_cell_of_it(default_matrix):
