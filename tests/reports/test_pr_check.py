@@ -139,3 +139,58 @@ def test_run_links_come_from_validated_github_variables(pr_store, tmp_path, caps
     monkeypatch.delenv("GITHUB_RUN_ID")
     assert main(args) == 0
     assert "actions/runs" not in (tmp_path / "out" / "publish" / "comment.md").read_text()
+
+
+REAL_PAIR = Path(__file__).parent / "fixtures" / "pr_pair"
+REAL_MERGE_BASE, REAL_HEAD = "34a53378610db315562f388c40d798801d0c932f", "f406d943ff7ef4a742a1aec3835689a6ec5536d3"
+PHI3_CAUSE = "106576ed1b33"  # the default matrix's phi3 cause, by the same id in its report and draft
+
+
+def test_a_real_pair_of_runs_gives_one_check_in_the_gate_and_the_comment(tmp_path, capsys, monkeypatch):
+    """The JUnit of two real `nox -s matrix -- --models phi3,llama,bloom,gemma --tp 2` runs (2026-12-07, this CPU
+    machine): DeepSpeed 0.19.8 as a git checkout (the merge base, its nightly: trusted) and the same checkout with
+    matrix/remedy_patches/phi3-config-head-counts.diff committed on top (the pull request's head, merged --untrusted).
+    phi3 is fixed by it; bloom and gemma fail on both; llama's two shapes pass on both."""
+    for name in ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "octo/autotp")
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    store, out = tmp_path / "history.sqlite", tmp_path / "out"
+    for side, untrusted in (("base", []), ("head", ["--untrusted"])):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "matrix.xml").write_bytes((REAL_PAIR / f"{side}.xml").read_bytes())
+        assert main(["merge", *untrusted, str(tmp_path / side), "--store", str(store)]) == 0
+    capsys.readouterr()
+    commits = ["--head", REAL_HEAD, "--merge-base", REAL_MERGE_BASE]
+    assert main(["gate", "--store", str(store), *commits]) == 0
+    gate = capsys.readouterr().out
+    args = ["publish", "--store", str(store), "--out", str(out), "--session", "matrix", "--pr", "1234"]
+    assert main([*args, *commits, "--report-url", REPORT]) == 0
+    assert "the comment only, no issues opened or edited" in capsys.readouterr().out
+    comment = (out / "publish" / "comment.md").read_text()
+    lines = comment.splitlines()
+
+    assert gate.splitlines()[0] == (
+        f"As of {REAL_HEAD} with merge base {REAL_MERGE_BASE}: 0 new failures, 2 already failing on the base, "
+        "0 flaky, 0 known; 1 fixed, 0 missing"
+    )
+    assert lines[1].startswith(f"**AutoTP matrix: 0 new failures** as of `{REAL_HEAD}` with merge base")
+    assert f"({gate.splitlines()[1]}):" in lines[1]  # one base, named the same
+    gate_counts, comment_counts = COUNTS.search(gate.splitlines()[0]), COUNTS.search(lines[1])
+    assert gate_counts and comment_counts and gate_counts.groups() == comment_counts.groups()
+
+    gate_causes, comment_causes = causes(gate), causes(comment)
+    comment_causes.pop("?")  # the fixed cause's line has no kind word: it is read from its section below
+    comment_causes["fixed"] = set(
+        re.findall(r"^### Fixed by this PR.*\n\n- \*\*cause ([0-9a-f]{12})\*\*", comment, re.M)
+    )
+    assert gate_causes == comment_causes
+    assert gate_causes["fixed"] == {PHI3_CAUSE} and len(gate_causes["broken trunk"]) == 2
+
+    assert f"[The run and its jobs' logs]({RUN})" in comment and f"]({REPORT})" in comment
+    failing = re.findall(r"^(\S+-eager-fp32-tp\d)\s+\S+\s+1/1 runs failed", gate, re.M)
+    assert sorted(failing) == ["bloom.faithful-eager-fp32-tp2", "gemma.faithful-eager-fp32-tp2"]
+    for cell in failing:
+        assert f"`{cell}` ([logs]({REPORT}): `logs/{cell}/`)" in comment
+    assert not (out / "publish" / "issues").exists()
