@@ -2,9 +2,11 @@
 with `deepspeed --num_gpus <tp> <file>` (on a CPU-only machine too: DeepSpeed's CPU accelerator with gloo).
 
 Generated for the cause from the cell's record: imports, the cell's tiny config as a literal, `from_config` under a
-seed, `init_inference`, one forward, and one assertion that fails with the cause's symptom (`Symptom`): the exception
-init_inference or the forward raises, the sharded logits' distance from the unsharded model's, or the weights a rank
-holds whole or unevenly. No name of the harness appears in it; the full standalone script (every probe, the same
+seed, `init_inference`, the cell's first two forwards in its order (a padded batch of two prompts with its attention
+mask, then one prompt without a mask: suites/checks/probes.py `observe`), and one assertion that fails with the
+cause's symptom (`Symptom`): the exception init_inference or a forward raises (the cell's own line, the same shapes:
+a crash in either forward is met with the cell's inputs' shapes), the sharded logits' distance from the unsharded
+model's, or the weights a rank holds whole or unevenly. No name of the harness appears in it; the full standalone script (every probe, the same
 checkpoint) is attached to the draft beside it."""
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ _GROUP = re.compile(r"([\w.*]+?)\.?\{([^}]*)\}|([\w.*]+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def prompt_tokens() -> int:
-    """The probes' prompt length (suites/checks/inputs.py imports torch, which `python -m reports merge` must not:
-    it doubled merge's memory)."""
+def prompt_shape() -> tuple[int, int]:
+    """The probes' prompt length and the left padding of the batch's second prompt (suites/checks/inputs.py imports
+    torch, which `python -m reports merge` must not: it doubled merge's memory)."""
     from suites.checks.inputs import ProbeSpec
 
-    return ProbeSpec().prompt_tokens
+    spec = ProbeSpec()
+    return spec.prompt_tokens, spec.left_pad
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
     dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[cell.dtype]
     heads = result.autotp.heads if result.autotp and result.autotp.heads else 1
     needs_reference = symptom.kind in ("logits", "generation")
+    tokens, left_pad = prompt_shape()
     lines = [
         f"# {_CONTROL.sub(' ', title)}",
         f"# Run: deepspeed --num_gpus {cell.tp} {name}  (a CPU-only machine works: DeepSpeed's CPU accelerator)",
@@ -158,7 +162,10 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
         f"torch.manual_seed({SEED})",
         *_config_lines(cell.model.model_type, cell.model.tiny),
         f"model = AutoModelForCausalLM.from_config(config, dtype=torch.{dtype}).eval()",
-        f"input_ids = torch.randint(3, config.vocab_size, (1, {prompt_tokens()}))",
+        f"batch = torch.randint(3, config.vocab_size, (2, {tokens}))",
+        "mask = torch.ones_like(batch)",
+        f"mask[1, :{left_pad}] = 0  # the second prompt is left-padded",
+        "input_ids = batch[:1]",
         *(["with torch.no_grad():"] if needs_reference else []),
         *(["    expected = model(input_ids).logits"] if symptom.kind == "logits" else []),
         *(
@@ -176,7 +183,8 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
         ")",
         "device = deepspeed.get_accelerator().current_device_name()",
         "with torch.no_grad():",
-        "    logits = engine.module(input_ids.to(device)).logits.cpu()",
+        "    engine.module(batch.to(device), attention_mask=mask.to(device))",
+        "    logits = engine.module(input_ids.to(device)).logits.cpu()  # one prompt, no mask",
         *_symptom_lines(symptom, cell.tp, heads),
     ]
     if len(lines) > MAX_LINES:

@@ -3,6 +3,8 @@
 import ast
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from reports_testkit import BLOOM, Cell, fail, issue_18_store, write_junit
@@ -11,6 +13,7 @@ from matrix.registry import load_models
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
 from reports.store.records import Bisection, CellKey, CellResult, Run, Versions
+from sessions.standalone import ranks_of, run_standalone
 
 
 @pytest.fixture(autouse=True)
@@ -128,6 +131,22 @@ def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_p
     assert f"hidden_size={faithful.tiny['hidden_size']}," in script and "AutoConfig.for_model('phi3'," in script
     cell = script_cell((tmp_path / "x" / "draft-issue" / "autotp-phi3-tp2-full.py").read_text())
     assert cell["checkpoints"] == ["microsoft/Phi-3-mini-4k-instruct"] and cell["hub_id"] is None
+
+
+def test_the_minimal_script_run_alone_raises_the_cells_own_line(tmp_path, capfd):
+    """The phi3 cause's minimal script, run alone with the test environment's own `deepspeed` launcher at tp 2 (real
+    ranks on CPU), raises the very line the cell recorded, its numbers included: it runs the cell's padded batch of two
+    prompts first, as the cell's probes do (with one prompt only it raised 24x768 where the draft said 48x768)."""
+    store = faithful_store(tmp_path)
+    (cause,) = failing_causes(store, tmp_path / "out")
+    assert main(["draft-issue", "--cause", cause["id"], "--store", str(store), "--out", str(tmp_path / "x")]) == 0
+    capfd.readouterr()
+    script = tmp_path / "x" / "draft-issue" / "autotp-phi3-tp2.py"
+    said = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768)"
+    assert f"# the sharded forward above raises: {said}" in script.read_text()
+    status = run_standalone(script, ranks_of(script), Path(sys.executable).parent / "deepspeed")
+    printed = capfd.readouterr()
+    assert status != 0 and f"[rank0]: {said}" in printed.out + printed.err
 
 
 def script_cell(script: str) -> dict:
