@@ -125,9 +125,7 @@ def test_every_checkpoint_page_shows_its_own_cells_with_their_own_symptom_and_co
     assert "falcon.faithful-eager-fp32-tp3: forward: " in falcon and "1 kv head < tp 3, so ranks 1..2 hold" in falcon
 
 
-DRAFT_TITLE = re.compile(
-    r"# \[BUG\] AutoTP: [^\n…]+ \(\w+, tp [\d/]+, DeepSpeed [\d.]+, transformers [\d.]+\)"
-)
+DRAFT_TITLE = re.compile(r"# \[BUG\] AutoTP: [^\n…]+ \(\w+, tp [\d/]+, DeepSpeed [\d.]+, transformers [\d.]+\)")
 HARNESS_WORDS = re.compile(
     r"\.faithful|\.stress|nox -s|autotp-matrix|\bsuites/|\breports/|\bsessions/|\bmatrix/|conftest|cell_runner|"
     r"RESULT: MISMATCH \(|\bharness\b"
