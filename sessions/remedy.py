@@ -263,7 +263,11 @@ class Runs:
 
 def remedy_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="nox -s remedy --", allow_abbrev=False)
-    parser.add_argument("--cause", help="a remedy name or a cause's model id (ctrl.faithful, ctrl); all when left out")
+    parser.add_argument(
+        "--cause",
+        help="remedy names or causes' model ids (ctrl.faithful, ctrl), comma-separated (one invocation shares one "
+        "baseline); all when left out",
+    )
     parser.add_argument("--results", default="results")
     return parser.parse_known_args(argv)
 
@@ -368,7 +372,10 @@ def verify(
 def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None]) -> list[RemedyResult]:
     args, _ = remedy_options(argv)
     remedies = load_remedies(REMEDIES_FILE, root)
-    picked = remedies_for(args.cause, remedies) if args.cause else remedies
+    chosen = {
+        remedy.name for cause in (args.cause or "").split(",") if cause for remedy in remedies_for(cause, remedies)
+    }
+    picked = [remedy for remedy in remedies if remedy.name in chosen] if args.cause else remedies
     baseline = Baseline(runs, Path(args.results) / "remedy" / "without")
     shutil.rmtree(baseline.folder, ignore_errors=True)  # this invocation's harness and versions, never an older one's
     results: list[RemedyResult] = []

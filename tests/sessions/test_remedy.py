@@ -269,6 +269,10 @@ def test_several_patches_share_one_run_of_the_default_matrix_without_them(tmp_pa
         (("ctrl.faithful-eager-fp32-tp2",), 3),
         (("phimoe.faithful-eager-fp32-tp2",), 3),
     ]
+    # `--cause a,b`: the remedies named, each once, in the file's order
+    ran.clear()
+    picked = run_all(["--results", str(tmp_path), "--cause", "moe-fix,ctrl.faithful,ctrl"], runs, tmp_path, print)
+    assert [r.remedy for r in picked] == ["ctrl-fix", "moe-fix"]
     # a patch that turns another cell red is caught by the shared baseline as it was by its own
     ran.clear()
     broken = {**fixed, "moe-fix": {**fixed["moe-fix"], "llama.faithful-eager-fp32-tp2": ("fail", "numerics")}}
