@@ -134,49 +134,74 @@ def _gqa(heads: int | None, kv: int | None, values: Mapping[str, Any]) -> tuple[
     return KV_HEADS * ratio, KV_HEADS, f"GQA {KV_HEADS * ratio}:{KV_HEADS} (ratio {ratio}{capped})"
 
 
+class _Shrinking:
+    """The shrunk sizes of one (sub-)config as its rules fill them in, in order (a later rule reads what an earlier
+    one chose: the offsets read the shrunk periods, rotary_dim the shrunk head_dim)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self.tiny: dict[str, Any] = {}
+        self.why: list[str] = []
+
+    def put(self, keys: Iterable[str], new: int, only_if: Callable[[int], bool] = lambda old: True) -> None:
+        """`new` for each of `keys` the config sets to an int that `only_if` accepts."""
+        for key in keys:
+            old = self.values.get(key)
+            if _int(old) and only_if(old):
+                self.tiny[key] = new
+
+
 def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Shrunk sizes for one (sub-)config's `to_dict()`; structure keys keep their values."""
-    tiny: dict[str, Any] = {}
-    why: list[str] = []
+    shrinking = _Shrinking(values)
+    _shrink_layers(shrinking)
+    heads, tiny_heads = _shrink_heads(shrinking)
+    _shrink_widths(shrinking, heads, tiny_heads)
+    _shrink_experts(shrinking)
+    _shrink_the_rest(shrinking)
+    return shrinking.tiny, shrinking.why
 
-    def put(keys: Iterable[str], new: int, only_if: Callable[[int], bool] = lambda old: True) -> None:
-        for key in keys:
-            old = values.get(key)
-            if _int(old) and only_if(old):
-                tiny[key] = new
 
+def _shrink_layers(shrinking: _Shrinking) -> None:
+    """One layer per per-layer kind; per-layer lists, index lists and per-layer tables cut to the planned layers."""
+    values, tiny, put = shrinking.values, shrinking.tiny, shrinking.put
     _, layers = _first(values, LAYER_KEYS)
     plan = _layer_plan(values, layers) if layers else []
-    if layers:
-        put(LAYER_KEYS, len(plan), lambda old: old > len(plan))
-        why.append(f"{len(plan)} layers (one per per-layer kind)" if len(plan) > 2 else f"{len(plan)} layers")
-        for key, value in values.items():
-            if key in NOT_STRUCTURE:
-                continue
-            if _is_index_list(key, value, layers):
-                tiny[key] = [new for new, old in enumerate(plan) if old in value] or [0]
-            elif isinstance(value, list) and len(value) == layers and layers > 1:
-                tiny[key] = [value[i] for i in plan]
-            elif (by_layer := _per_layer_dict(value, layers)) is not None:
-                # per-layer settings keyed by layer index: keep the planned layers, renumbered, each shrunk
-                # in the context of the whole config (so MLA/head relations see the shared values)
-                width = len(next(iter(value)))
-                shared = {k: v for k, v in values.items() if k not in LAYER_KEYS}
-                tiny[key] = {
-                    str(new).zfill(width): {
-                        **inner,
-                        **{k: v for k, v in _shrink({**shared, **inner})[0].items() if k in inner},
-                    }
-                    for new, old in enumerate(plan)
-                    if isinstance(inner := by_layer.get(old), dict)
+    if not layers:
+        return
+    put(LAYER_KEYS, len(plan), lambda old: old > len(plan))
+    shrinking.why.append(f"{len(plan)} layers (one per per-layer kind)" if len(plan) > 2 else f"{len(plan)} layers")
+    for key, value in values.items():
+        if key in NOT_STRUCTURE:
+            continue
+        if _is_index_list(key, value, layers):
+            tiny[key] = [new for new, old in enumerate(plan) if old in value] or [0]
+        elif isinstance(value, list) and len(value) == layers and layers > 1:
+            tiny[key] = [value[i] for i in plan]
+        elif (by_layer := _per_layer_dict(value, layers)) is not None:
+            # per-layer settings keyed by layer index: keep the planned layers, renumbered, each shrunk
+            # in the context of the whole config (so MLA/head relations see the shared values)
+            width = len(next(iter(value)))
+            shared = {k: v for k, v in values.items() if k not in LAYER_KEYS}
+            tiny[key] = {
+                str(new).zfill(width): {
+                    **inner,
+                    **{k: v for k, v in _shrink({**shared, **inner})[0].items() if k in inner},
                 }
-        put(LAYER_BOUNDARY_KEYS, 1, lambda old: 0 < old < layers)
-        put(LAYER_PERIOD_KEYS, len(plan), lambda old: old > len(plan))
-        for key in LAYER_OFFSET_KEYS:
-            if _int(values.get(key)):
-                period = tiny.get(key.replace("offset", "period"), values.get(key.replace("offset", "period")))
-                tiny[key] = values[key] % period if _int(period) and period else 0
+                for new, old in enumerate(plan)
+                if isinstance(inner := by_layer.get(old), dict)
+            }
+    put(LAYER_BOUNDARY_KEYS, 1, lambda old: 0 < old < layers)
+    put(LAYER_PERIOD_KEYS, len(plan), lambda old: old > len(plan))
+    for key in LAYER_OFFSET_KEYS:
+        if _int(values.get(key)):
+            period = tiny.get(key.replace("offset", "period"), values.get(key.replace("offset", "period")))
+            tiny[key] = values[key] % period if _int(period) and period else 0
 
+
+def _shrink_heads(shrinking: _Shrinking) -> tuple[int | None, int]:
+    """Query and kv heads in the source's ratio (capped); (the source's heads, the tiny heads)."""
+    values, tiny, put = shrinking.values, shrinking.tiny, shrinking.put
     _, heads = _first(values, HEAD_KEYS)
     _, kv = _first(values, KV_KEYS)
     tiny_heads, tiny_kv, attention = _gqa(heads, kv, values)
@@ -191,7 +216,14 @@ def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         for key, value in tiny.items():
             if key.endswith("heads_per_layer") and isinstance(value, list):
                 tiny[key] = [tiny_heads] * len(value)
-        why.append(attention)
+        shrinking.why.append(attention)
+    return heads, tiny_heads
+
+
+def _shrink_widths(shrinking: _Shrinking, heads: int | None, tiny_heads: int) -> None:
+    """Hidden width and head_dim (a head_dim decoupled from hidden/heads stays decoupled, MLA's rope/nope split kept),
+    and the mamba mixer's widths that follow them."""
+    values, tiny, put = shrinking.values, shrinking.tiny, shrinking.put
     _, hidden = _first(values, HIDDEN_KEYS)
     _, head_dim = _first(values, ("head_dim",))
     decoupled = bool(heads and hidden and head_dim and head_dim * heads != hidden)
@@ -210,7 +242,7 @@ def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 tiny[key] = HEAD_DIM
             elif values.get(key) == rope + nope:
                 tiny[key] = HEAD_DIM + (HEAD_DIM if nope else 0)
-    why.append(
+    shrinking.why.append(
         f"hidden {tiny_hidden}, head_dim {tiny.get('head_dim', HEAD_DIM)}"
         + (" (decoupled from hidden/heads, as in the source)" if decoupled else "")
     )
@@ -219,6 +251,10 @@ def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(("mamba_d_ssm",), inner)
         put(("mamba_n_heads", "mamba_num_heads"), inner // HEAD_DIM)
 
+
+def _shrink_experts(shrinking: _Shrinking) -> None:
+    """Feed-forward widths (expert-sized in MoE configs), experts, top-k and grouped routing."""
+    values, tiny, put = shrinking.values, shrinking.tiny, shrinking.put
     _, experts = _first(values, EXPERT_KEYS)
     # In MoE configs the "dense" width often is the expert width too: keep it expert-sized.
     put(DENSE_FFN_KEYS, EXPERT_FFN if experts and experts > 1 else DENSE_FFN, lambda old: old > DENSE_FFN)
@@ -239,19 +275,23 @@ def _shrink(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(("topk_group",), 1, lambda old: old > 1)
         if _int(values.get("zero_expert_num")) and values["zero_expert_num"] > 0:
             tiny["zero_expert_num"] = 1
-        why.append(f"MoE {min(experts, EXPERTS)} experts top-{tiny_top_k} (source {experts} top-{top_k})")
+        shrinking.why.append(f"MoE {min(experts, EXPERTS)} experts top-{tiny_top_k} (source {experts} top-{top_k})")
+
+
+def _shrink_the_rest(shrinking: _Shrinking) -> None:
+    """Vocabulary, positions, sliding windows, the fixed small low-rank and state sizes, rotary_dim <= head_dim."""
+    values, tiny, put = shrinking.values, shrinking.tiny, shrinking.put
     put([k for k in values if "vocab_size" in k], VOCAB, lambda old: old > VOCAB)
     put(POSITION_KEYS, POSITIONS, lambda old: old > POSITIONS)
     put(WINDOW_KEYS, WINDOW, lambda old: old > WINDOW)
     if any(values.get(k) for k in WINDOW_KEYS[:1]):
-        why.append(f"sliding window {WINDOW}")
+        shrinking.why.append(f"sliding window {WINDOW}")
     for key, small in SMALL_KEYS.items():
         if _int(values.get(key)) and values[key] > small:
             tiny[key] = small
     rotary = tiny.get("rotary_dim")
     if rotary and rotary > tiny.get("head_dim", HEAD_DIM):
         tiny["rotary_dim"] = tiny.get("head_dim", HEAD_DIM) // 2
-    return tiny, why
 
 
 def _token_ids(values: Mapping[str, Any], tiny: dict[str, Any]) -> None:
