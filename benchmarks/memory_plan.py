@@ -31,7 +31,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.registry import Variant  # noqa: E402
+from matrix.variants import Variant  # noqa: E402
 from suites.command import suites_command  # noqa: E402
 
 SHAPE = {
@@ -154,7 +154,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["AUTOTP_CACHE"] = str(args.work / "cache")
     from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models, load_variants
+    from matrix.registry import load_models
+    from matrix.variants import load_variants
     from suites.memory_plan import checkpoint_size, gib
     from suites.records.run_records import read_records
 

@@ -23,7 +23,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
-from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
+from matrix.known_failures import KnownFailure
+from matrix.registry import RegistryError, load_models, load_popularity
 from matrix.remedies import RemedyResult
 from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
@@ -38,7 +39,7 @@ from suites.statements import Proof, proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
-documents the model as unsupported by AutoTP or refuses it on purpose (matrix/registry.py KnownFailureState):
+documents the model as unsupported by AutoTP or refuses it on purpose (matrix/known_failures.py KnownFailureState):
 listed in this order."""
 
 

@@ -16,8 +16,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
-from matrix.registry import KnownFailure
 from matrix.remedies import RESULTS_NAME, RemedyResult, read_results
 from reports import Log, ReportsError
 from reports.analysis import (

@@ -15,7 +15,8 @@ from packaging.version import InvalidVersion, Version
 from matrix import PROJECT_ROOT
 from matrix.cells import parse_cell_id, replay_name
 from matrix.redaction import redact
-from matrix.registry import RegistryError, load_models, load_variants
+from matrix.registry import RegistryError, load_models
+from matrix.variants import load_variants
 from matrix.versions import (
     load_releases,
     supports_python,

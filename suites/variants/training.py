@@ -29,7 +29,8 @@ import torch
 
 from matrix import cache_root
 from matrix.json_records import write_record
-from matrix.registry import TRAINING_FEATURES, DType, Variant
+from matrix.registry import DType
+from matrix.variants import TRAINING_FEATURES, Variant
 from suites.atomic import write_atomically
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
@@ -83,7 +84,7 @@ def _training_config_fields() -> set[str]:
 
 
 def _has_feature(feature: str) -> bool:
-    """Whether the installed DeepSpeed has `feature` (matrix/registry.py TRAINING_FEATURES), asked of
+    """Whether the installed DeepSpeed has `feature` (matrix/variants.py TRAINING_FEATURES), asked of
     the package itself so any release or branch gets a real answer."""
     from deepspeed.module_inject import layers
 
