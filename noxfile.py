@@ -7,7 +7,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from matrix.versions import Combo
+from matrix.version_axes import Combo
 from sessions.atlas import run_atlas
 from sessions.environments import env_root, environment_variables
 from sessions.installers import point_nox_at_the_pinned_uv

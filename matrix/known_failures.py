@@ -14,7 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix.registry import MATRIX_DIR, is_version, load_tables, read_entry
 from matrix.toml_tables import TableError
-from matrix.versions import AXES as INSTALLED_AXES
+from matrix.version_axes import AXES as INSTALLED_AXES
 
 KNOWN_FAILURES_FILE = MATRIX_DIR / "known_failures.toml"
 

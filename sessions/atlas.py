@@ -39,7 +39,8 @@ from matrix.atlas import (
     load_atlas_config,
     load_cost,
 )
-from matrix.versions import AxisValueError, Combo, Pin, ReleaseDataUnavailable, parse_pins
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AxisValueError, Combo, Pin, parse_pins
 from sessions.atlas_cost import (
     TIMING_FILE,
     Built,

@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.redaction import redact
-from matrix.versions import AXES, short_prefixes
+from matrix.version_axes import AXES, short_prefixes
 from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import Installer, InstallError, installer, sysconfig_purelib

@@ -17,16 +17,9 @@ from pathlib import Path
 import nox
 
 from matrix import PROJECT_ROOT
-from matrix.versions import (
-    AXES,
-    AxisValueError,
-    Combo,
-    ReleaseDataUnavailable,
-    backfill_versions,
-    combinations,
-    load_releases,
-    parse_pins,
-)
+from matrix.releases import ReleaseDataUnavailable, load_releases
+from matrix.version_axes import AXES, AxisValueError, Combo, parse_pins
+from matrix.versions import backfill_versions, combinations
 from sessions.environments import (
     COMBINATION_AXES,
     EnvironmentBuildError,

@@ -362,7 +362,7 @@ def backfill_command(cells: list[CellKey]) -> str:
     """`nox -s backfill` for these cells along DeepSpeed from its oldest supported release (matrix/versions.toml
     `min`): the selection options name what differs from the default matrix's (every registry entry, faithful
     shapes, eager fp32), the tp sizes always."""
-    from matrix.versions import load_config  # the axes' rules live with the version axes
+    from matrix.version_axes import load_config  # the axes' rules live with the version axes
 
     rule = load_config().axes[BACKFILL_AXIS]
     entries = sorted({cell.model.split(".", 1)[0] for cell in cells})

@@ -25,15 +25,9 @@ from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
-from matrix.versions import (
-    AXES,
-    AxisValueError,
-    ReleaseDataUnavailable,
-    combinations,
-    load_config,
-    parse_pins,
-    skip_reason,
-)
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AXES, AxisValueError, load_config, parse_pins
+from matrix.versions import combinations, skip_reason
 from reports.analysis import AxisRange, answer_for
 from reports.clones import GitRepo
 from reports.search.cell_runs import CellProbe, CellRun, parse_cell, print_step, release_candidates

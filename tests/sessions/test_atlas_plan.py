@@ -12,7 +12,8 @@ import pytest
 from nox.command import CommandFailed
 
 from matrix.atlas import CellCounts, CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
-from matrix.versions import MAX_AGE_ENV, AxisValueError
+from matrix.releases import MAX_AGE_ENV
+from matrix.version_axes import AxisValueError
 from sessions import atlas
 from sessions.atlas import (
     ArchivedSession,

@@ -27,7 +27,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from matrix import PROJECT_ROOT
-from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS, Combo, Pin
+from matrix.releases import CACHE_DIR_ENV, MAX_AGE_ENV
+from matrix.version_axes import TAGS, Combo, Pin
 from sessions.atlas import Slice, atlas_parser
 from sessions.atlas_cost import Prediction
 
