@@ -432,20 +432,9 @@ def run_slice(
                 "first_transformers": combo.transformers.id not in seen,
             }
             seen.add(combo.transformers.id)
-            for selection in config.selections:
-                folder = results / combo.id / selection.name
-                meter = Meter.start(time.monotonic())
-                selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
-                try:
-                    ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
-                except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
-                    ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
-                line[selection.name] = {**meter.reading(time.monotonic()), **junit_counts(folder / "junit")}
-                python = ran or python
-                if (folder / "junit").is_dir():
-                    folders.append(str(folder / "junit"))
-                if failure:
-                    session.warn(failure)
+            ran, written = run_selections(session, config, combo, results, pytest_args, ahead, line)
+            python = ran or python
+            folders += written
             last_there = index + 1 == len(runnable) or runnable[index + 1].transformers.id != combo.transformers.id
             if last_there and not args.keep_cache:
                 freed = prune_transformers_cache(combo.transformers.label, version_began)
@@ -469,6 +458,36 @@ def run_slice(
     session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {measured['seconds']:.0f} s ({timing})")
     if predicted:
         session.log(f"atlas slice: {comparison(predicted, measured, model.cores if model else 1)}")
+
+
+def run_selections(
+    session: nox.Session,
+    config: AtlasConfig,
+    combo: Combo,
+    results: Path,
+    pytest_args: list[str],
+    ahead: EnvironmentsAhead,
+    line: dict[str, Any],
+) -> tuple[Path | None, list[str]]:
+    """Each selection of `combo` into `<results>/<combo>/<selection>/`, its time and counts into `line`: the harness
+    python that ran (None if none did) and the JUnit folders written."""
+    python: Path | None = None
+    folders: list[str] = []
+    for selection in config.selections:
+        folder = results / combo.id / selection.name
+        meter = Meter.start(time.monotonic())
+        selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
+        try:
+            ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
+        except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
+            ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
+        line[selection.name] = {**meter.reading(time.monotonic()), **junit_counts(folder / "junit")}
+        python = ran or python
+        if (folder / "junit").is_dir():
+            folders.append(str(folder / "junit"))
+        if failure:
+            session.warn(failure)
+    return python, folders
 
 
 PER_TRANSFORMERS_CACHES = ("references", "training")
