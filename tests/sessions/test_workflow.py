@@ -29,8 +29,9 @@ from ruamel.yaml import YAML
 from matrix import PROJECT_ROOT
 from matrix.releases import CACHE_DIR_ENV, MAX_AGE_ENV
 from matrix.version_axes import TAGS, Combo, Pin
-from sessions.atlas import Slice, atlas_parser
+from sessions.atlas import atlas_parser
 from sessions.atlas_cost import Prediction
+from sessions.atlas_plan import Slice
 
 ROOT = PROJECT_ROOT
 WORKFLOW = ROOT / ".github" / "workflows" / "autotp.yml"
