@@ -672,7 +672,7 @@ def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, 
 
 
 def test_backfill_passes_triage_options_on_and_the_rest_to_pytest():
-    from sessions.nox_sessions import backfill_options
+    from sessions.history_sessions import backfill_options
 
     args, triage, pytest_args = backfill_options(
         [
