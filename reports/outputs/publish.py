@@ -323,7 +323,6 @@ def publish_deltas(
     with writing_to(out_dir), summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
         handle.write(comment.body + "\n")
     written.append(summary)
-
     if token is None:
         log(
             f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} issue(s) (one per cause, at most "
@@ -331,7 +330,21 @@ def publish_deltas(
             f"{out_dir / 'publish'} and the step summary instead of posting them"
             + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
         )
-        return written
+    else:
+        _post(token, repo, pr, comment, issues, (upstream, drafts) if upstream else None, log)
+    return written
+
+
+def _post(
+    token: str,
+    repo: str | None,
+    pr: int | None,
+    comment: Post,
+    issues: list[Post],
+    upstream: tuple[str, list[Post]] | None,
+    log: Log,
+) -> None:
+    """Post the comment and the issues (and the upstream reports) with the token; an error's text redacted."""
     if not repo:
         raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
     api_url = os.environ.get(API_URL_ENV) or DEFAULT_API_URL
@@ -343,9 +356,8 @@ def publish_deltas(
             pr=pr,
             comment=comment,
             issues=issues,
-            upstream=(upstream, drafts) if upstream else None,
+            upstream=upstream,
             log=log,
         )
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
-    return written
