@@ -7,13 +7,13 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nox does not put the noxfile's folder on sys.path
-from matrix.versions import Combo
+from matrix.version_axes import Combo
 from sessions.atlas import run_atlas
 from sessions.environments import env_root, environment_variables
+from sessions.history_sessions import backfill, since_when
 from sessions.installers import point_nox_at_the_pinned_uv
 from sessions.nox_sessions import (
     PROJECT_DEPENDENCIES,
-    backfill,
     dependency_group,
     install_harness,
     latest_combo,
@@ -23,7 +23,6 @@ from sessions.nox_sessions import (
     run_report,
     run_repro,
     run_tests,
-    since_when,
 )
 
 nox.needs_version = ">=2026.10.20"

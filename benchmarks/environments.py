@@ -129,7 +129,7 @@ def seed_torch_layer(source_root: Path, layout: Layout, torch: str) -> None:
         subprocess.run(["cp", "-al", str(source_root / target.name), str(target)], check=True)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old-ref", default=OLD_LAYOUT_REF, help="commit of the previous layout to compare with")
     parser.add_argument("--deepspeed-repo", type=Path, required=True, help="a DeepSpeed clone (for the commit step)")
@@ -154,22 +154,25 @@ def main() -> None:
         help="an environment root whose torch layer the new layout "
         "starts with (hard links), to skip unpacking torch in the untimed start",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="autotp-bench-"))
-    old_checkout = old_layout_checkout(scratch, args.old_ref)
-    old, new = Layout("old", old_checkout, scratch / "old"), Layout("new", PROJECT_ROOT, scratch / "new")
-    if args.seed_torch_layer:
-        seed_torch_layer(args.seed_torch_layer, new, args.torch)
 
-    def sha(repo: Path, ref: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", ref], capture_output=True, text=True, check=True
-        ).stdout.strip()
+def rev_parse(repo: Path, ref: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
+
+Step = tuple[str, float, str, dict[str, Any]]
+"""(label, target seconds, what the target bounds: "environment" or "first" cell, the step's request)."""
+
+
+def timed_steps(args: argparse.Namespace) -> list[Step]:
+    """The four steps, each from the start's pins: a transformers release, a DeepSpeed release, a DeepSpeed commit,
+    a transformers commit."""
     start = {"deepspeed": args.deepspeed, "transformers": args.transformers, "torch": args.torch}
     none = {"commit": "", "clone": "", "axis": ""}
-    steps = [
+    return [
         (
             "new transformers release over the existing DeepSpeed",
             8.0,
@@ -191,7 +194,7 @@ def main() -> None:
                 "pins": start,
                 "axis": "deepspeed",
                 "clone": str(args.deepspeed_repo),
-                "commit": sha(args.deepspeed_repo, args.deepspeed_commit),
+                "commit": rev_parse(args.deepspeed_repo, args.deepspeed_commit),
             },
         ),
         (
@@ -203,10 +206,42 @@ def main() -> None:
                 "pins": start,
                 "axis": "transformers",
                 "clone": str(args.transformers_repo),
-                "commit": sha(args.transformers_repo, args.transformers_commit),
+                "commit": rev_parse(args.transformers_repo, args.transformers_commit),
             },
         ),
     ]
+
+
+def print_table(rows: list[tuple[str, float, str, dict[str, dict[str, Any]]]]) -> None:
+    """Old and new layout side by side, each step against its target."""
+    print(f"\n{'step':<62} {'old env':>8} {'new env':>8} {'old 1st':>8} {'new 1st':>8} {'old/new':>8}  target (new)")
+    for label, target, measure, measured in rows:
+        before, after = measured["old"], measured["new"]
+        old_first, new_first = (
+            before["environment"] + before["first_cell"],
+            after["environment"] + after["first_cell"],
+        )
+        judged = after["environment"] if measure == "environment" else new_first
+        compared = before["environment"] / after["environment"] if measure == "environment" else old_first / new_first
+        what = "environment" if measure == "environment" else "to first cell"
+        print(
+            f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
+            f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)"
+        )
+    print("(env: the environment alone; 1st: environment + the session to its first cell record; load averages above)")
+
+
+def main() -> None:
+    args = arguments()
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="autotp-bench-"))
+    old_checkout = old_layout_checkout(scratch, args.old_ref)
+    old, new = Layout("old", old_checkout, scratch / "old"), Layout("new", PROJECT_ROOT, scratch / "new")
+    if args.seed_torch_layer:
+        seed_torch_layer(args.seed_torch_layer, new, args.torch)
+
+    start = {"deepspeed": args.deepspeed, "transformers": args.transformers, "torch": args.torch}
+    none = {"commit": "", "clone": "", "axis": ""}
+    steps = timed_steps(args)
     print(
         f"layouts: {new.checkout} (new: uv layers) and {args.old_ref} (old: pip bases); scratch {scratch}; "
         "uv's and pip's download caches warm (shared machine caches)",
@@ -230,21 +265,7 @@ def main() -> None:
                 flush=True,
             )
 
-    print(f"\n{'step':<62} {'old env':>8} {'new env':>8} {'old 1st':>8} {'new 1st':>8} {'old/new':>8}  target (new)")
-    for label, target, measure, measured in rows:
-        before, after = measured["old"], measured["new"]
-        old_first, new_first = (
-            before["environment"] + before["first_cell"],
-            after["environment"] + after["first_cell"],
-        )
-        judged = after["environment"] if measure == "environment" else new_first
-        compared = before["environment"] / after["environment"] if measure == "environment" else old_first / new_first
-        what = "environment" if measure == "environment" else "to first cell"
-        print(
-            f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
-            f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)"
-        )
-    print("(env: the environment alone; 1st: environment + the session to its first cell record; load averages above)")
+    print_table(rows)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.registry import Variant  # noqa: E402
+from matrix.variants import Variant  # noqa: E402
 from suites.run.command import suites_command  # noqa: E402
 
 SHAPE = {
@@ -138,6 +138,79 @@ def fitted_slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     return slope, mean_y - slope * mean_x
 
 
+Row = tuple[str, int, int, int, str]
+"""(process, model bytes, planned bytes, measured bytes (0: not measured), note)."""
+
+
+def record_rows(record: dict[str, Any], model_bytes: int, folder: str, first_variant: str) -> list[Row]:
+    """One cell record's rows: its ranks (planned against measured, or the outcome where nothing was measured), the
+    unsharded reference (once per checkpoint: at the first variant) and the unsharded training steps."""
+    from matrix.variants import load_variants
+
+    rows: list[Row] = []
+    metrics, cell = record["metrics"], record["cell"]
+    if "rss_peak_max_bytes" in metrics:
+        rows.append(
+            (
+                f"{cell['variant']} rank tp{cell['tp']}",
+                model_bytes,
+                metrics["plan_rank_host_bytes"],
+                metrics["rss_peak_max_bytes"],
+                record["outcome"],
+            )
+        )
+    else:
+        rows.append(
+            (
+                f"{cell['variant']} rank tp{cell['tp']}",
+                model_bytes,
+                metrics.get("plan_rank_host_bytes", 0),
+                0,
+                f"{record['outcome']}: {record['message'][:120]}",
+            )
+        )
+    if "reference_peak_rss_bytes" in metrics and cell["variant"] == first_variant:
+        rows.append(
+            (
+                "reference",
+                model_bytes,
+                metrics["plan_reference_host_bytes"],
+                metrics["reference_peak_rss_bytes"],
+                "",
+            )
+        )
+    if "plan_training_host_bytes" in metrics:
+        rows.append(
+            (
+                f"{cell['variant']} unsharded steps",
+                model_bytes,
+                metrics["plan_training_host_bytes"],
+                unsharded_training_growth(folder, load_variants()[cell["variant"]]),
+                "driver side, in a child",
+            )
+        )
+    return rows
+
+
+def print_tables(rows: list[Row]) -> None:
+    """Planned against measured per process and checkpoint, then each process's slopes over the checkpoints."""
+    from suites.reference.memory_plan import gib
+
+    print(f"\n{'process':<24}{'model':>10}{'planned':>11}{'measured':>11}{'planned/measured':>18}  note")
+    for process, model_bytes, planned, measured, note in rows:
+        ratio = f"{planned / measured:.2f}" if measured else "-"
+        print(
+            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}"
+        )
+    print(f"\n{'process':<24}{'measured slope':>16}{'planned slope':>15}{'measured at 0':>15}")
+    for process in dict.fromkeys(row[0] for row in rows):
+        measured_points: list[tuple[float, float]] = [(row[1], row[3]) for row in rows if row[0] == process and row[3]]
+        planned_points: list[tuple[float, float]] = [(row[1], row[2]) for row in rows if row[0] == process and row[3]]
+        if len(measured_points) >= 2:
+            slope, intercept = fitted_slope(measured_points)
+            print(f"{process:<24}{slope:>16.3f}{fitted_slope(planned_points)[0]:>15.3f}{gib(intercept):>15}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="2,6,12", help="layer counts of the three checkpoints")
@@ -148,14 +221,14 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["AUTOTP_CACHE"] = str(args.work / "cache")
     from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models, load_variants
+    from matrix.registry import load_models
     from suites.records.run_records import read_records
     from suites.reference.checkpoint_sizes import checkpoint_size
     from suites.reference.memory_plan import gib
 
     registry, names = models_file(args.work, [int(n) for n in args.layers.split(",")])
     models = load_models(registry)
-    rows = []  # (process, model bytes, planned, measured, note)
+    rows: list[Row] = []
     for name in names:
         folder = str(tiny_checkpoint(models[name]))
         model_bytes = checkpoint_size(folder).model_bytes("fp32")
@@ -178,47 +251,7 @@ def main() -> None:
             check=False,
         )
         for record in read_records(results):
-            metrics, cell = record["metrics"], record["cell"]
-            if "rss_peak_max_bytes" in metrics:
-                rows.append(
-                    (
-                        f"{cell['variant']} rank tp{cell['tp']}",
-                        model_bytes,
-                        metrics["plan_rank_host_bytes"],
-                        metrics["rss_peak_max_bytes"],
-                        record["outcome"],
-                    )
-                )
-            else:
-                rows.append(
-                    (
-                        f"{cell['variant']} rank tp{cell['tp']}",
-                        model_bytes,
-                        metrics.get("plan_rank_host_bytes", 0),
-                        0,
-                        f"{record['outcome']}: {record['message'][:120]}",
-                    )
-                )
-            if "reference_peak_rss_bytes" in metrics and cell["variant"] == args.variants.split(",")[0]:
-                rows.append(
-                    (
-                        "reference",
-                        model_bytes,
-                        metrics["plan_reference_host_bytes"],
-                        metrics["reference_peak_rss_bytes"],
-                        "",
-                    )
-                )
-            if "plan_training_host_bytes" in metrics:
-                rows.append(
-                    (
-                        f"{cell['variant']} unsharded steps",
-                        model_bytes,
-                        metrics["plan_training_host_bytes"],
-                        unsharded_training_growth(folder, load_variants()[cell["variant"]]),
-                        "driver side, in a child",
-                    )
-                )
+            rows += record_rows(record, model_bytes, folder, args.variants.split(",")[0])
         offloaded = offloaded_reference(folder)
         rows.append(
             (
@@ -230,19 +263,7 @@ def main() -> None:
             )
         )
 
-    print(f"\n{'process':<24}{'model':>10}{'planned':>11}{'measured':>11}{'planned/measured':>18}  note")
-    for process, model_bytes, planned, measured, note in rows:
-        ratio = f"{planned / measured:.2f}" if measured else "-"
-        print(
-            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}"
-        )
-    print(f"\n{'process':<24}{'measured slope':>16}{'planned slope':>15}{'measured at 0':>15}")
-    for process in dict.fromkeys(row[0] for row in rows):
-        measured = [(row[1], row[3]) for row in rows if row[0] == process and row[3]]
-        planned = [(row[1], row[2]) for row in rows if row[0] == process and row[3]]
-        if len(measured) >= 2:
-            slope, intercept = fitted_slope(measured)
-            print(f"{process:<24}{slope:>16.3f}{fitted_slope(planned)[0]:>15.3f}{gib(intercept):>15}")
+    print_tables(rows)
     (args.work / "memory-benchmark.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -129,7 +129,8 @@ def measured(record: dict[str, Any], bound: Bound) -> list[float]:
     ]
     if not values and bound.field == "train_grad_rel" and "grad_max_rel_error" in record["metrics"]:
         from matrix.cells import parse_cell_id
-        from matrix.registry import load_models, load_variants
+        from matrix.registry import load_models
+        from matrix.variants import load_variants
 
         variants = load_variants()
         variant = variants[parse_cell_id(record["id"], load_models(), variants)[1]]

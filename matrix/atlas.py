@@ -26,15 +26,8 @@ import tomllib
 from matrix.cells import Cell, expand
 from matrix.json_records import write_record
 from matrix.shapes import DEFAULT_SHAPES
-from matrix.versions import (
-    AxisValueError,
-    Combo,
-    Pin,
-    backfill_versions,
-    load_config,
-    select_axis,
-    skip_reason,
-)
+from matrix.version_axes import AxisValueError, Combo, Pin, load_config
+from matrix.versions import backfill_versions, select_axis, skip_reason
 
 ATLAS_FILE = Path(__file__).with_name("atlas.toml")
 COST_FILE = Path(__file__).with_name("atlas_cost.toml")

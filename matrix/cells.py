@@ -11,17 +11,7 @@ from typing import TypeGuard
 
 from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
 from matrix.config_values import ExpansionError
-from matrix.registry import (
-    DTYPES,
-    MODELS_FILE,
-    DType,
-    ModelEntry,
-    RegistryError,
-    Variant,
-    load_models,
-    load_variants,
-    pick,
-)
+from matrix.registry import DTYPES, MODELS_FILE, DType, ModelEntry, RegistryError, load_models, pick
 from matrix.shapes import (
     UNMARKED_SHAPE,
     RealShape,
@@ -33,6 +23,7 @@ from matrix.shapes import (
     shaped_name,
     split_shaped_name,
 )
+from matrix.variants import Variant, load_variants
 
 
 def cell_id(model: str, variant: str, dtype: str, tp: int) -> str:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from matrix.versions import backfill_versions, load_config, skip_reason
+from matrix.version_axes import load_config
+from matrix.versions import backfill_versions, skip_reason
 
 DEFAULT_DEEPSPEED_MINORS = 3
 DEFAULT_MAX_POINTS = 4

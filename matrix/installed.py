@@ -25,7 +25,7 @@ sessions/checkouts.py for a commit checkout, write `git_version_info_installed.p
 def module_constants(file: Path) -> dict[str, object]:
     """The module-level `NAME = <literal>` assignments of a python file, read without running it; parsed once per
     process while the file keeps its inode, size and modification time (transformers' `__init__.py` is read for every
-    cell's cache keys, and parsing it took ~50 ms: 10 s of the driver's CPU over the default matrix)."""
+    cell's cache keys: docs/findings.md, "Figures from the docstrings")."""
     state = file.stat()
     return dict(_parsed_constants(str(file), state.st_ino, state.st_mtime_ns, state.st_size))
 

@@ -1,5 +1,6 @@
-"""The registries: models, variants and failures known upstream, as data in `matrix/models.toml`,
-`matrix/variants.toml` and `matrix/known_failures.toml`.
+"""The models registry, as data in `matrix/models.toml`, and what every registry file shares (reading a TOML file of
+matrix/, its `[<kind>.<name>]` tables, `pick` by name or tag); the variants are matrix/variants.py's, the failures
+known upstream matrix/known_failures.py's.
 
 Each entry becomes one frozen dataclass; every field is documented on the class. A malformed
 entry raises `RegistryError` naming the file, the entry and the field, so adding a model never
@@ -12,31 +13,23 @@ import copy
 import difflib
 import functools
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import tomllib
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from matrix.config_values import ExpansionError
 from matrix.toml_tables import NOT_IN_FILE, Table, TableError, read_table
-from matrix.versions import AXES as INSTALLED_AXES
 
 MATRIX_DIR = Path(__file__).resolve().parent
 MODELS_FILE = MATRIX_DIR / "models.toml"
-VARIANTS_FILE = MATRIX_DIR / "variants.toml"
-KNOWN_FAILURES_FILE = MATRIX_DIR / "known_failures.toml"
 
 DType = Literal["fp32", "bf16", "fp16"]
 """A cell's dtype, by the name cells, results and the command line spell it."""
 DTYPES: tuple[DType, ...] = get_args(DType)
-LoadMode = Literal["eager", "meta"]
-CheckpointFormat = Literal["safetensors", "bin"]
-Quantization = Literal["", "deepspeed_int8", "deepspeed_int4", "torchao_int8"]
-Partitioning = Literal["auto", "heuristics", "tp_plan", "preset", "custom"]
 
 
 class RegistryError(ValueError):
@@ -240,7 +233,7 @@ class ModelEntry:
         """models.toml's rules beyond the fields' types (toml_tables.read_table)."""
         for key in ("min_transformers", "max_transformers"):
             version = getattr(self, key)
-            if version is not None and not _is_version(version):
+            if version is not None and not is_version(version):
                 raise TableError(key, f"is not a version: {version!r}")
         for probe, reason in self.probe_skips.items():
             if probe not in SKIPPABLE_PROBES or not reason.strip():
@@ -278,159 +271,6 @@ def has_causal_lm(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One way of running a model under AutoTP (how it is loaded, quantized, trained)."""
-
-    name: str
-    """Short name used in cell ids (the TOML table key)."""
-    load: LoadMode = "eager"
-    """`eager`: full model loaded on every rank with `from_pretrained`, then sharded; `meta`: built
-    with `from_config` under `deepspeed.OnDevice(device="meta")` and filled shard by shard from the
-    checkpoint files by `init_inference(checkpoint=<checkpoints json>)`."""
-    checkpoint_format: CheckpointFormat = "safetensors"
-    """Files the `meta` loader reads: `safetensors` (as saved) or `bin` (a torch.save copy)."""
-    checkpoint_files: int = 1
-    """`meta` only: split the checkpoint into this many weight files. DeepSpeed reads each file whole
-    on every rank, so only a multi-file checkpoint (like real ones) can load in less than a full copy."""
-    keep_module_on_host: bool = False
-    """Pass `keep_module_on_host=True` to `init_inference` (weights stay in host memory); releases
-    whose inference config lacks the field skip the cell with a reason."""
-    quantization: Quantization = ""
-    """Weight-only quantization: `deepspeed_int8`/`deepspeed_int4` (DeepSpeed's group-wise post-init
-    quantization, applied to each rank's shard after init_inference), `torchao_int8` (HF
-    `TorchAoConfig` int8 weight-only, applied by `from_pretrained` before AutoTP), or empty."""
-    quant_group_size: int = 32
-    """Group size of DeepSpeed's group-wise quantization (along the input dimension)."""
-    training: bool = False
-    """AutoTP training (`deepspeed.initialize` with `tensor_parallel.autotp_size`) instead of inference:
-    loss, each rank's gradient shard and weight update against the same steps on the unsharded model."""
-    training_steps: int = 1
-    """Training only: optimizer steps before the model is judged; from 2 on, a step runs on weights and
-    optimizer state the sharded engine updated itself."""
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    """Training only: `sgd` (with momentum) or `adam` (AdamW; universal checkpoint conversion reads
-    Adam's exp_avg/exp_avg_sq and refuses other optimizer states)."""
-    partitioning: Partitioning = "auto"
-    """Training only: what decides the sharding. `auto`: whatever DeepSpeed picks for the model as
-    shipped (partition_config > the model's HF tp_plan > name heuristics); `heuristics`: the model's
-    tp_plan hidden, so AutoTP's name heuristics decide; `tp_plan`: the model's HF tp_plan (models
-    without one skip); `preset`: `tensor_parallel.preset_model` = the model's model_type (types without
-    a DeepSpeed preset skip); `custom`: `tensor_parallel.partition_config` = this row's `partition_config`."""
-    partition_config: dict[str, Any] = field(default_factory=dict, hash=False)
-    """`partitioning = "custom"` only: DeepSpeed's `partition_config` (layer_specs with regex patterns)."""
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    """Training only: ZeRO stage 0-3 alongside AutoTP."""
-    tp_overlap_comm: bool = False
-    """Training only: `tensor_parallel.tp_overlap_comm` (overlap the row-parallel all-reduce)."""
-    checkpoint_round_trip: bool = False
-    """Training only: after the steps, `save_checkpoint` + `save_16bit_model`, gather the full weights
-    with `GatherReplacedLayerParams`, load the checkpoint into a fresh engine and take one more step."""
-    resume_tp: int = 0
-    """Round trip only: load at this tensor-parallel size instead of the cell's, through DeepSpeed's
-    universal checkpoint (`ds_to_universal`, then `checkpoint.load_universal`); the rest of the rank
-    group's ranks are data-parallel (1: no AutoTP, plain data parallel). Needs ZeRO stage >= 1, whose
-    optimizer fragments the conversion reads. 0: the cell's tp, the checkpoint loaded as saved."""
-    second_model: str = ""
-    """Training only: a registry model (of another shape) sharded and trained in the same process,
-    initialised after the cell's model; both are judged."""
-    needs: tuple[str, ...] = ()
-    """DeepSpeed features the row uses (names in TRAINING_FEATURES); a release without one skips the
-    cell naming it. Every feature the row's fields imply must be listed."""
-    tags: tuple[str, ...] = ()
-    """Selection names: `--variants <tag>` picks every variant carrying it (e.g. `train-all`)."""
-    description: str = ""
-    """One line for people reading the report."""
-
-    @property
-    def unsharded_steps(self) -> int:
-        """Training only: the unsharded model's steps a cell compares with: its own, plus the step a
-        resumed run takes after the checkpoint round trip."""
-        return self.training_steps + self.checkpoint_round_trip
-
-    def implied_features(self) -> set[str]:
-        """The DeepSpeed features this row's fields use (see TRAINING_FEATURES)."""
-        if not self.training:
-            return set()
-        implied = {"autotp_training"}
-        implied |= {PARTITIONING_FEATURES[self.partitioning]} - {""}
-        if self.tp_overlap_comm:
-            implied.add("tp_overlap_comm")
-        if self.checkpoint_round_trip:
-            implied.add("gather_replaced_params")
-        if self.resume_tp:
-            implied.add("universal_checkpoint")
-        return implied
-
-    def validate(self) -> None:
-        """variants.toml's rules beyond the fields' types (toml_tables.read_table)."""
-        if self.quant_group_size < 2 or self.quant_group_size % 2:
-            raise TableError("quant_group_size", "must be an even number >= 2 (int4 packs two values a byte)")
-        if self.training and (self.load != "eager" or self.quantization):
-            raise TableError(
-                "",
-                f"combines training with load={self.load!r}/quantization={self.quantization!r}; "
-                "training variants load eagerly and unquantized",
-            )
-        if self.load != "meta" and (self.checkpoint_format != "safetensors" or self.checkpoint_files != 1):
-            raise TableError("", "fields 'checkpoint_format'/'checkpoint_files' only apply to load = \"meta\"")
-        if self.checkpoint_files < 1:
-            raise TableError("checkpoint_files", f"must be >= 1, got {self.checkpoint_files}")
-        if self.training:
-            self._validate_training()
-        elif used := [key for key in TRAINING_ONLY if getattr(self, key) != getattr(UNTRAINED, key)]:
-            raise TableError("", f"sets {used} without training = true")
-
-    def _validate_training(self) -> None:
-        if (self.partitioning == "custom") != bool(self.partition_config):
-            raise TableError("partition_config", 'is needed with partitioning = "custom" and only there')
-        if self.resume_tp and (not self.checkpoint_round_trip or self.zero_stage < 1 or self.resume_tp < 0):
-            raise TableError(
-                "resume_tp",
-                "needs checkpoint_round_trip = true and zero_stage >= 1 "
-                "(the universal conversion reads ZeRO's optimizer fragments)",
-            )
-        if self.training_steps < 1:
-            raise TableError("training_steps", f"must be >= 1, got {self.training_steps}")
-        if unknown := set(self.needs) - set(TRAINING_FEATURES):
-            raise TableError("needs", f"has unknown feature(s) {sorted(unknown)}; known: {sorted(TRAINING_FEATURES)}")
-        if missing := self.implied_features() - set(self.needs):
-            raise TableError("needs", f"must list {sorted(missing)} (the row's fields use them)")
-
-
-UNTRAINED = Variant(name="untrained")
-"""A row's defaults: an inference row leaves every field of TRAINING_ONLY at them."""
-TRAINING_ONLY = (
-    "training_steps",
-    "optimizer",
-    "partitioning",
-    "partition_config",
-    "zero_stage",
-    "tp_overlap_comm",
-    "checkpoint_round_trip",
-    "resume_tp",
-    "second_model",
-)
-PARTITIONING_FEATURES: dict[Partitioning, str] = {
-    "auto": "",
-    "heuristics": "",
-    "tp_plan": "hf_tp_plan",
-    "preset": "preset_model",
-    "custom": "partition_config",
-}
-TRAINING_FEATURES = {
-    "autotp_training": "AutoTP training (tensor_parallel.autotp_size, deepspeed.module_inject.layers.set_autotp_mode)",
-    "hf_tp_plan": "sharding by the model's HF tp_plan (deepspeed.module_inject.tp_plan_converter)",
-    "preset_model": "tensor_parallel.preset_model (AutoTP training config field)",
-    "partition_config": "tensor_parallel.partition_config (AutoTP training config field)",
-    "tp_overlap_comm": "tensor_parallel.tp_overlap_comm (AutoTP training config field)",
-    "gather_replaced_params": "deepspeed.module_inject.layers.GatherReplacedLayerParams",
-    "universal_checkpoint": "universal checkpoints of AutoTP models (deepspeed.checkpoint.ds_to_universal, "
-    "deepspeed.module_inject.layers.collect_autotp_universal_checkpoint_info)",
-}
-"""Features a training row may need; suites/variants/training.py detects each in the installed DeepSpeed."""
-
-
 def read_toml(path: Path, missing_hint: str = "") -> dict[str, Any]:
     """A data file of matrix/ as a dict (the caller's own copy); a RegistryError naming the file (and
     `missing_hint`) otherwise. Parsed once per version of the file: a render reads models.toml ~70 times."""
@@ -454,7 +294,16 @@ def _parsed_toml(path: Path, mtime_ns: int, size: int, inode: int) -> dict[str, 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 
 
-def _read_entry(
+def is_version(text: str) -> bool:
+    """Whether `text` is a PEP 440 version."""
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def read_entry(
     cls: type[Table], path: Path, kind: str, name: str, raw: object, rules: Callable[[Table], None] | None = None
 ) -> Table:
     """The [<kind>.<name>] table of a registry file as a `cls` named `name`."""
@@ -477,11 +326,7 @@ def _with_default_bounds(raw: object) -> object:
 
 
 def parse_model(path: Path, name: str, raw: object) -> ModelEntry:
-    return _read_entry(ModelEntry, path, "models", name, _with_default_bounds(raw))
-
-
-def _parse_variant(path: Path, name: str, raw: object) -> Variant:
-    return _read_entry(Variant, path, "variants", name, raw)
+    return read_entry(ModelEntry, path, "models", name, _with_default_bounds(raw))
 
 
 def _check_name(path: Path, kind: str, name: str) -> None:
@@ -491,7 +336,7 @@ def _check_name(path: Path, kind: str, name: str) -> None:
         )
 
 
-def _load_tables(path: Path, kind: str, parse: Callable[[Path, str, object], Table]) -> dict[str, Table]:
+def load_tables(path: Path, kind: str, parse: Callable[[Path, str, object], Table]) -> dict[str, Table]:
     tables = read_toml(path).get(kind)
     if not isinstance(tables, dict) or not tables:
         raise RegistryError(f"{path}: no [{kind}.<name>] tables found")
@@ -501,7 +346,7 @@ def _load_tables(path: Path, kind: str, parse: Callable[[Path, str, object], Tab
 
 
 def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
-    return _load_tables(path, "models", parse_model)
+    return load_tables(path, "models", parse_model)
 
 
 def load_popularity(path: Path = MODELS_FILE) -> tuple[str, ...]:
@@ -522,10 +367,6 @@ def load_popularity(path: Path = MODELS_FILE) -> tuple[str, ...]:
     if duplicated:
         raise RegistryError(f"{path}: 'popularity' names {', '.join(duplicated)} more than once")
     return tuple(raw)
-
-
-def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
-    return _load_tables(path, "variants", _parse_variant)
 
 
 def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
@@ -551,156 +392,3 @@ def pick(registry: dict[str, Any], names: list[str], kind: str) -> list[Any]:
         for entry in [registry[name]] if name in registry else tags[name]:
             picked.setdefault(entry.name, entry)
     return list(picked.values())
-
-
-# ---- Failures known upstream -------------------------------------------------------------------------------------
-
-KnownFailureState = Literal["open", "fixed", "unsupported"]
-"""`unsupported`: known by design — DeepSpeed documents the models as not supported by AutoTP (its
-automatic-tensor-parallelism page's "Unsupported Models"; any failure of theirs) or refuses them on purpose (an assert
-stating a requirement: the failures its `signature` names); shown as "unsupported upstream", never new."""
-VERSION_AXES = (*INSTALLED_AXES, "python")
-"""The version axes a known failure can name (the reports' axes: the installed ones and python)."""
-UPSTREAM_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
-UPSTREAM_PAGE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/[\w./-]+\.md(?:#[\w-]+)?")
-SOURCE_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/blob/(?:v\d[\w.]*|[0-9a-f]{40})/[\w./-]+#L\d+(?:-L\d+)?")
-"""An `unsupported` entry's upstream: the documentation page that says so, at the commit it was read from, or the
-line of DeepSpeed's source that refuses the model on purpose (an assert stating a requirement), at a release tag
-or a commit, with its line anchor."""
-NO_VERDICT_CLASSES = ("setup", "install")
-"""Failures of the harness or the environment: no entry covers them without naming them, whatever it says."""
-
-
-@dataclass(frozen=True)
-class KnownFailure:
-    """A failure already reported upstream: the failures it covers, where it is tracked and whether it is fixed."""
-
-    name: str
-    """Short name (the TOML table key)."""
-    upstream: str
-    """The issue or pull request that tracks it: https://github.com/<owner>/<repo>/(issues|pull)/<number>; for an
-    `unsupported` entry the page that documents it, at a commit (https://github.com/<owner>/<repo>/blob/<sha>/...md),
-    or the refusing line of DeepSpeed's source at a tag (.../blob/v0.19.8/<file>#L<n>)."""
-    failure_class: str = ""
-    """The failure class it covers (setup, shard, forward, numerics, ...); required but with state `unsupported`,
-    where "" (left out) is every class AutoTP can be blamed for (not NO_VERDICT_CLASSES)."""
-    signature: str = ""
-    """Regular expression searched in the failure's cause: its signature with every number masked as N
-    (`reports/analysis/signatures.py`), so one pattern covers every tp size and every byte count; required but with
-    state `unsupported` (left out: any cause)."""
-    state: KnownFailureState = "open"
-    """`open` (not fixed upstream yet), `fixed` (then `fixed_in` says where) or `unsupported` (documented upstream
-    as not supported: `models` must name them)."""
-    fixed_in: str = ""
-    """`fixed` only: the axis and first release with the fix, e.g. "deepspeed 0.19.6"."""
-    note: str = ""
-    """One line for people reading the report."""
-    models: tuple[str, ...] = ()
-    """Only these models' cells (empty: any model): registry entry names (a cell's model without its shape), or
-    model_types for architectures derived outside the registry."""
-    variants: tuple[str, ...] = ()
-    """Only these variants' cells (empty: any variant)."""
-    versions: dict[str, str] = field(default_factory=dict, hash=False)
-    """Only at these versions: axis -> PEP 440 specifier set, e.g. { deepspeed = "<0.19.6" } (empty: any)."""
-
-    def covers(self, failure_class: str, cause: str, model: str, variant: str, versions: dict[str, str]) -> bool:
-        """Whether a cell's failure (its class and cause) at `versions` (axis -> version) is this one."""
-        if failure_class != self.failure_class and (self.failure_class or failure_class in NO_VERDICT_CLASSES):
-            return False
-        if not re.search(self.signature, cause):
-            return False
-        entry = model.split(".", 1)[0]  # a cell's model names its shape after the entry (matrix/shapes/)
-        if (self.models and entry not in self.models) or (self.variants and variant not in self.variants):
-            return False
-        return all(_version_in(versions.get(axis, ""), specifiers) for axis, specifiers in self.versions.items())
-
-    def validate(self) -> None:
-        """known_failures.toml's rules beyond the fields' types (toml_tables.read_table)."""
-        unsupported = self.state == "unsupported"
-        required = ("models",) if unsupported else ("failure_class", "signature")
-        if missing := [key for key in required if not getattr(self, key)]:
-            raise TableError("", f"is missing required field '{missing[0]}'")
-        try:
-            re.compile(self.signature)
-        except re.error as error:
-            raise TableError("signature", f"is not a regular expression ({error}): {self.signature!r}") from None
-        self._validate_upstream()
-        self._validate_versions()
-
-    def _validate_upstream(self) -> None:
-        unsupported = self.state == "unsupported"
-        if not UPSTREAM_URL.fullmatch(self.upstream) and not (
-            unsupported and (UPSTREAM_PAGE.fullmatch(self.upstream) or SOURCE_URL.fullmatch(self.upstream))
-        ):
-            raise TableError(
-                "upstream",
-                "must be a GitHub issue or pull request URL (https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>)"
-                + (
-                    ", or the page that documents it at a commit (https://github.com/<owner>/<repo>/blob/<40-hex sha>/"
-                    "<path>.md#anchor), or the refusing line of DeepSpeed's source (.../blob/<tag>/<file>#L<n>)"
-                    if unsupported
-                    else ""
-                )
-                + f", got {self.upstream!r}",
-            )
-
-    def _validate_versions(self) -> None:
-        if (self.state == "fixed") != bool(self.fixed_in):
-            raise TableError(
-                "fixed_in",
-                '("<axis> <release>", e.g. "deepspeed 0.19.6") is needed with state = "fixed" and only there',
-            )
-        axis, _, version = self.fixed_in.partition(" ")
-        if self.fixed_in and (axis not in VERSION_AXES or not _is_version(version)):
-            raise TableError(
-                "fixed_in",
-                f'must be "<axis> <release>" with an axis of {VERSION_AXES}, e.g. "deepspeed 0.19.6", '
-                f"got {self.fixed_in!r}",
-            )
-        for axis, specifiers in self.versions.items():
-            if axis not in VERSION_AXES:
-                raise TableError("versions", f"has unknown axis {axis!r}; use {VERSION_AXES}")
-            try:
-                SpecifierSet(specifiers)
-            except InvalidSpecifier:
-                raise TableError(
-                    f"versions.{axis}",
-                    f'is not a PEP 440 specifier set (e.g. "<0.19.6", ">=4.57,<5"), got {specifiers!r}',
-                ) from None
-
-
-def _version_in(value: str, specifiers: str) -> bool:
-    """A version inside the specifier set; a label that is no release (master, pr/1234) is inside none."""
-    try:
-        return SpecifierSet(specifiers).contains(Version(value), prereleases=True)
-    except InvalidVersion:
-        return False
-
-
-def _is_version(text: str) -> bool:
-    try:
-        Version(text)
-    except InvalidVersion:
-        return False
-    return True
-
-
-def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
-    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/verdicts/outcome.py, a layer
-    above this one)."""
-
-    def known_class(failure: KnownFailure) -> None:
-        unsupported = failure.state == "unsupported"
-        if failure.failure_class not in failure_classes and not (unsupported and failure.failure_class == ""):
-            raise TableError(
-                "failure_class",
-                f"must be one of {sorted(failure_classes)}"
-                + (" (or left out: any class)" if unsupported else "")
-                + f", got {failure.failure_class!r}",
-            )
-
-    return _load_tables(
-        path,
-        "known_failures",
-        lambda file, name, raw: _read_entry(KnownFailure, file, "known_failures", name, raw, known_class),
-    )

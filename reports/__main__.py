@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from matrix.redaction import Redactor
-from matrix.versions import ReleaseDataUnavailable
+from matrix.releases import ReleaseDataUnavailable
 from reports import ReportsError
 from reports.commands import COMMANDS
 from reports.outputs import visible

@@ -23,9 +23,10 @@ import tomllib
 
 from matrix import PROJECT_ROOT
 from matrix.config_values import UnreadableConfig
-from matrix.derive import NotDerivable, derive_for_model_type, derive_tiny, entry_name, load_derived_data
+from matrix.derive import derive_for_model_type, entry_name, load_derived_data
 from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models, parse_model
 from matrix.shapes import add_record, read_shape, split_shaped_name
+from matrix.shrink import NotDerivable, derive_tiny
 from sessions.build_check import build_problem
 from suites.run.command import suites_command
 

@@ -17,8 +17,8 @@ import argparse
 import json
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from matrix.atlas import (
     ATLAS_AXES,
     COST_FILE,
     AtlasConfig,
-    AtlasSelection,
     CellCounts,
     atlas_axes,
     atlas_combos,
@@ -39,18 +38,19 @@ from matrix.atlas import (
     load_atlas_config,
     load_cost,
 )
-from matrix.versions import AxisValueError, Combo, Pin, ReleaseDataUnavailable, parse_pins
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AxisValueError, Combo, Pin, parse_pins
 from sessions.atlas_cost import (
     TIMING_FILE,
     Built,
     CostModel,
     Meter,
-    Prediction,
     comparison,
     describe,
     junit_durations,
     measured_figures,
 )
+from sessions.atlas_plan import ArchivedSession, atlas_session_name, missing_combos, plan_slices, plan_text
 from sessions.environments import (
     READY_MARKER,
     EnvironmentBuildError,
@@ -100,148 +100,6 @@ def atlas_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-triage", action="store_true", help="--nightly: do not triage new transitions")
     parser.add_argument("--max-minutes", default="60", help="--nightly: the triage's budget (default 60)")
     return parser
-
-
-def atlas_session_name(selection: AtlasSelection, combo: Combo) -> str:
-    """The session its runs are recorded under, like `autotp(<combo id>)`: the archive tells which are done."""
-    return f"atlas-{selection.name}({combo.id})"
-
-
-# ---------------------------------------------------------------------------------------------
-# What is missing
-
-
-@dataclass(frozen=True)
-class ArchivedSession:
-    """What the archive holds of one session (`python -m reports atlas done` prints these)."""
-
-    runs: int
-    cells: int
-    install: int
-    """Cells recorded as `install` failures: the environment could not be installed."""
-
-    @property
-    def done(self) -> bool:
-        return self.cells > self.install
-
-
-def missing_combos(
-    combos: Iterable[Combo], selections: Sequence[AtlasSelection], archived: Mapping[str, ArchivedSession]
-) -> list[Combo]:
-    """The combinations some selection of which has no run in the archive but install failures (skipped ones
-    aside: versions.toml declares them incompatible)."""
-    return [
-        combo
-        for combo in combos
-        if not combo.skip_reason
-        and not all(
-            (found := archived.get(atlas_session_name(selection, combo))) is not None and found.done
-            for selection in selections
-        )
-    ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Cost model and slices
-
-
-@dataclass(frozen=True)
-class Slice:
-    index: int
-    """1-based."""
-    of: int
-    combos: tuple[Combo, ...]
-    predicted: Prediction
-    """On a fresh runner."""
-
-    def job(self) -> dict[str, str | int | float]:
-        """Its row of the job matrix: what the workflow's atlas job reads."""
-        return {
-            "slice": f"{self.index}/{self.of}",
-            "combos": ",".join(combo.id for combo in self.combos),
-            "cells": self.predicted.cells,
-            "predicted_minutes": round(self.predicted.wall_s / 60, 1),
-        }
-
-
-def plan_slices(combos: Sequence[Combo], runners: int, model: CostModel) -> list[Slice]:
-    """At most `runners` slices of the combinations: whole transformers versions where there are enough of them
-    (a runner makes a version's checkpoints and references once), the costliest split by DeepSpeed until there
-    are `runners` units; then each unit, costliest first, to the slice predicted to end first."""
-    if runners < 1:
-        raise AxisValueError(f"--plan {runners}: give the number of runners, 1 or more")
-    order = {combo.id: index for index, combo in enumerate(combos)}
-    units: list[list[Combo]] = []
-    for combo in combos:
-        if units and units[-1][0].transformers.id == combo.transformers.id:
-            units[-1].append(combo)
-        else:
-            units.append([combo])
-    while len(units) < runners and any(len(unit) > 1 for unit in units):
-        widest = max((unit for unit in units if len(unit) > 1), key=model.slice_s)
-        at = units.index(widest)
-        units[at : at + 1] = [widest[: len(widest) // 2], widest[len(widest) // 2 :]]
-    slices: list[list[Combo]] = [[] for _ in range(min(runners, len(units)))]
-    for unit in sorted(units, key=model.slice_s, reverse=True):  # stable: equal costs keep the atlas's order
-        emptiest = min(range(len(slices)), key=lambda index: (model.slice_s(slices[index]), index))
-        slices[emptiest] = sorted(slices[emptiest] + unit, key=lambda combo: order[combo.id])
-    return [
-        Slice(index + 1, len(slices), tuple(members), model.predict(members)) for index, members in enumerate(slices)
-    ]
-
-
-def hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h ({seconds / 60:.0f} min)"
-
-
-def plan_text(
-    config: AtlasConfig,
-    combos: Sequence[Combo],
-    missing: Sequence[Combo],
-    slices: Sequence[Slice],
-    model: CostModel,
-    built: Built,
-) -> list[str]:
-    """What `--plan` prints before anything runs: the axes, the cells, the cost model, the prediction and what it
-    assumes."""
-    deepspeed = list(dict.fromkeys(combo.deepspeed.label for combo in combos))
-    transformers = list(dict.fromkeys(combo.transformers.label for combo in combos))
-    figures = model.figures
-    everything = model.predict(combos)
-    here = model.predict(missing, built)
-    slowest = max((s.predicted.wall_s for s in slices), default=0.0)
-    lines = [
-        f"atlas: {len(deepspeed)} DeepSpeed ({', '.join(deepspeed)}) × {len(transformers)} transformers "
-        f"({transformers[0]} … {transformers[-1]}) × tp {','.join(map(str, config.tp))}: {len(combos)} version sets, "
-        f"{everything.cells:,} cells ({everything.runs:,} run, the rest skip at once)",
-        *(
-            f"  at transformers {version}: "
-            + " + ".join(f"{c.cells} {name} ({c.runs} run)" for name, c in counted.items())
-            + " a version set"
-            for version, counted in model.counts.items()
-        ),
-        f"missing from the archive: {len(missing)} version sets, {here.cells:,} cells; environments: "
-        f"{len(missing)} combinations over {len({c.deepspeed.id for c in missing})} DeepSpeed layers, "
-        f"{here.environments} of them not built here",
-        f"cost model ({COST_FILE.name}): start {figures.selection_start_s:.1f} s a selection, "
-        f"merge {figures.merge_cell_s * 1000:.1f} ms a cell; "
-        + "; ".join(
-            f"{name} {cost.run_s:.2f} s wall / {cost.run_cpu_s:.2f} s CPU a running cell ({cost.first_run_s:.2f} / "
-            f"{cost.first_run_cpu_s:.2f} s at a transformers version new to the runner), {cost.skip_s * 1000:.0f} ms "
-            f"a skip"
-            for name, cost in figures.selections.items()
-        ),
-        f"predicted: {hours(here.wall_s)} ({here.cpu_s / 3600:.2f} h CPU) on 1 runner (this one); {hours(slowest)} "
-        f"on {len(slices)} fresh runners (the slowest slice; "
-        f"{hours(sum(s.predicted.wall_s for s in slices))} of runner time)",
-        model.assumptions(built),
-    ]
-    lines += [
-        f"  slice {s.index}/{s.of}: {len(s.combos)} version sets, {s.predicted.cells:,} cells, "
-        f"{hours(s.predicted.wall_s)}: {', '.join(combo.id for combo in s.combos[:4])}{' …' if len(s.combos) > 4 else ''}"
-        for s in slices
-    ]
-    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,20 +289,9 @@ def run_slice(
                 "first_transformers": combo.transformers.id not in seen,
             }
             seen.add(combo.transformers.id)
-            for selection in config.selections:
-                folder = results / combo.id / selection.name
-                meter = Meter.start(time.monotonic())
-                selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
-                try:
-                    ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
-                except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
-                    ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
-                line[selection.name] = {**meter.reading(time.monotonic()), **junit_counts(folder / "junit")}
-                python = ran or python
-                if (folder / "junit").is_dir():
-                    folders.append(str(folder / "junit"))
-                if failure:
-                    session.warn(failure)
+            ran, written = run_selections(session, config, combo, results, pytest_args, ahead, line)
+            python = ran or python
+            folders += written
             last_there = index + 1 == len(runnable) or runnable[index + 1].transformers.id != combo.transformers.id
             if last_there and not args.keep_cache:
                 freed = prune_transformers_cache(combo.transformers.label, version_began)
@@ -468,6 +315,36 @@ def run_slice(
     session.log(f"atlas slice: {len(runnable)} version sets, {merged} cells in {measured['seconds']:.0f} s ({timing})")
     if predicted:
         session.log(f"atlas slice: {comparison(predicted, measured, model.cores if model else 1)}")
+
+
+def run_selections(
+    session: nox.Session,
+    config: AtlasConfig,
+    combo: Combo,
+    results: Path,
+    pytest_args: list[str],
+    ahead: EnvironmentsAhead,
+    line: dict[str, Any],
+) -> tuple[Path | None, list[str]]:
+    """Each selection of `combo` into `<results>/<combo>/<selection>/`, its time and counts into `line`: the harness
+    python that ran (None if none did) and the JUnit folders written."""
+    python: Path | None = None
+    folders: list[str] = []
+    for selection in config.selections:
+        folder = results / combo.id / selection.name
+        meter = Meter.start(time.monotonic())
+        selected = [*selection.suite_args(config.tp), "--results", str(folder), *pytest_args]
+        try:
+            ran, failure = run_suites(session, combo, selected, ahead, atlas_session_name(selection, combo))
+        except CommandFailed as error:  # pytest itself died (e.g. collection): it stays missing, the rest runs
+            ran, failure = None, f"{combo.id} {selection.name}: the suites did not finish ({error.reason})"
+        line[selection.name] = {**meter.reading(time.monotonic()), **junit_counts(folder / "junit")}
+        python = ran or python
+        if (folder / "junit").is_dir():
+            folders.append(str(folder / "junit"))
+        if failure:
+            session.warn(failure)
+    return python, folders
 
 
 PER_TRANSFORMERS_CACHES = ("references", "training")

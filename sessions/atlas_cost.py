@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.atlas import CellCounts, CostFigures, SelectionCost
-from matrix.versions import Combo
+from matrix.version_axes import Combo
 
 TIMING_FILE = "atlas-timing.jsonl"
 """One line per combination a slice ran (its environment's wait, each selection's cells and seconds), then one line

@@ -9,7 +9,8 @@ import argparse
 import warnings
 
 from matrix.checkpoints import folder_checkpoint, tiny_checkpoint, tiny_config
-from matrix.derive import MAX_PARAMS, listed_entries
+from matrix.config_keys import MAX_PARAMS
+from matrix.derive import listed_entries
 from matrix.registry import ModelEntry
 from suites.checks.inputs import ProbeSpec
 from suites.reference.cache import cached_reference

@@ -4,17 +4,17 @@ into every DeepSpeed layer whose op hashes the same.
 torch's JIT build is keyed on the absolute paths of the op's sources, so each DeepSpeed release or commit,
 in its own layer, would build the same C++ again (~60 s here). Instead, when a DeepSpeed layer is built:
 
-1. the op is described from the layer's files, without importing DeepSpeed or torch (an import of both
-   took 105 s of a 146 s commit step on this loaded machine): its builder class (`ShareMemCommBuilder` in
+1. the op is described from the layer's files, without importing DeepSpeed or torch (importing both costs most
+   of a commit step: docs/findings.md, "Figures from the docstrings"): its builder class (`ShareMemCommBuilder` in
    `op_builder/cpu/comm.py`, read with `ast`) lists its sources and include folders as literals, torch's
    `version.py` and DeepSpeed's `git_version_info_installed.py` say the build is for the CPU. Where they do
    not (torch built for CUDA, a builder that computes its lists), the layer's python describes it
-   (sessions/deepspeed_op_probe.py), as before;
+   (sessions/deepspeed_op_probe.py);
 2. the key is a hash of the op's sources, the other files of their folders (headers such as shm.h), the
    include folders, the source of its builder class and of the CPU builder it derives from (they give its
    flags), torch's version and the compiler's `--version`: a release or commit that changes
    `csrc/cpu/comm`, its includes or its builder gets its own. DeepSpeed's generic `op_builder/builder.py`
-   (changed by most CUDA-op commits) is left out, as the flags it gives every op were before;
+   (changed by most CUDA-op commits) is left out: the flags it gives every op are the same for each;
 3. `<env root>/.ops/<key>/` holds the built library, JIT-built there by the first layer with that key
    (the probe imports DeepSpeed then: a build costs a minute anyway), with `built-from.json`;
 4. the layer gets it as DeepSpeed's own install would with `DS_BUILD_SHM_COMM=1`: the library at
@@ -22,7 +22,7 @@ in its own layer, would build the same C++ again (~60 s here). Instead, when a D
    (DeepSpeed's `OpBuilder.load` then imports it instead of JIT-building).
 
 Where DeepSpeed would not use the CPU op (torch sees CUDA; DeepSpeed installed for another accelerator)
-nothing is done and the cells JIT-build as before.
+nothing is done and the cells JIT-build the op themselves.
 """
 
 from __future__ import annotations

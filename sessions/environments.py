@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from matrix import PROJECT_ROOT
 from matrix.redaction import redact
-from matrix.versions import AXES, short_prefixes
+from matrix.version_axes import AXES, short_prefixes
 from sessions.checkouts import checkout_path, prepare_deepspeed_checkout, prepare_transformers_checkout, requirements_of
 from sessions.deepspeed_ops import install_prebuilt_ops
 from sessions.installers import Installer, InstallError, installer, sysconfig_purelib
@@ -403,7 +403,7 @@ def environment_variables(python: Path) -> dict[str, str]:
     """The variables a command run with this environment's python needs: the venv on PATH, DeepSpeed's JIT builds in
     the (base) environment's own folder, and Python writing the bytecode of what it imports from the combination's
     own layer (the shared layers have theirs: see the module's text): PYTHONDONTWRITEBYTECODE is dropped, else every
-    rank of every group compiles the modeling modules it imports again (~14 s of the ranks' CPU in the default matrix)."""
+    rank of every group compiles the modeling modules it imports again (docs/findings.md, "Figures from the docstrings")."""
     return {
         **{name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"},
         "VIRTUAL_ENV": str(python.parent.parent),

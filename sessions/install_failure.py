@@ -12,7 +12,7 @@ from pathlib import Path
 
 from matrix.cells import expand
 from matrix.redaction import redact
-from matrix.versions import Combo
+from matrix.version_axes import Combo
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties, platform_of_run
 from suites.reference.memory_plan import default_variants
 from suites.verdicts.outcome import failed

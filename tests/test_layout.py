@@ -1,6 +1,7 @@
 """The layout's rules, read from the code's own imports (lazy ones inside functions included): the layers are
 matrix < suites < sessions < reports (LAYERS), each package imports only its own layer and those below it, no
-module takes another module's private name, and no modules import each other in a loop."""
+module takes another module's private name, and no modules import each other in a loop; no module of any package
+is over LONGEST_MODULE lines and no function over LONGEST_FUNCTION."""
 
 import ast
 from pathlib import Path
@@ -105,15 +106,6 @@ ROOMS = {"reports": REPORTS_ROOMS, "suites": SUITES_ROOMS}
 ROOTS = {"reports", "reports.__main__", "suites", "suites.test_autotp"}
 """The packages themselves, reports' command line and the suites' pytest file (`pytest suites` collects it); every
 other module of a package in ROOMS is in a room."""
-LONGEST_MODULE = 500
-LONGEST_FUNCTION = 80
-MODULE_BOUNDED = ("reports", "suites")
-"""The packages whose modules LONGEST_MODULE bounds."""
-WHOLE_BY_DESIGN = {"suites/records/repro_template.py"}
-"""Not a module one reads in the harness: the standalone repro script's source, which suites/records/repro.py writes
-out whole as `repro_<cell>.py`, one file a DeepSpeed maintainer runs alone (its functions are bounded like any)."""
-FUNCTION_BOUNDED = ("suites",)
-"""The packages whose functions LONGEST_FUNCTION bounds (lines from a function's `def` to its end)."""
 
 
 def room_of(module: str) -> str | None:
@@ -192,40 +184,52 @@ def test_no_room_exports_a_name_that_hides_one_of_its_modules():
     assert hiding == []
 
 
-def sources(packages: tuple[str, ...]) -> list[Path]:
-    return sorted(path for package in packages for path in (PROJECT_ROOT / package).rglob("*.py"))
+LONGEST_MODULE = 500
+"""Lines a module of the harness may have: past it, it holds more than one thing (one module per rule, a folder per
+domain)."""
+LONGEST_FUNCTION = 80
+"""Lines a function (or method) may have, its decorators aside: past it, its steps want names of their own."""
+SIZED = (*LAYERS, "benchmarks", "noxfile.py", "conftest.py")
+"""Every package, the benchmarks' scripts, the noxfile and conftest.py."""
+WHOLE_BY_DESIGN = {"suites/records/repro_template.py"}
+"""Not a module one reads in the harness: the standalone repro script's source, which suites/records/repro.py writes
+out whole as `repro_<cell>.py`, one file a DeepSpeed maintainer runs alone (its functions are bounded like any)."""
 
 
-def test_no_module_is_longer_than_a_screenful_of_screens():
-    long = [
-        f"{path.relative_to(PROJECT_ROOT)}: {lines} lines"
-        for path in sources(MODULE_BOUNDED)
-        if str(path.relative_to(PROJECT_ROOT)) not in WHOLE_BY_DESIGN
-        and (lines := len(path.read_text().splitlines())) > LONGEST_MODULE
-    ]
-    assert long == []
+def harness_files() -> list[Path]:
+    return sorted(
+        path
+        for name in SIZED
+        for path in ([PROJECT_ROOT / name] if name.endswith(".py") else (PROJECT_ROOT / name).rglob("*.py"))
+    )
 
 
-def long_functions(source: str) -> list[str]:
-    return [
-        f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.end_lineno is not None
-        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
-    ]
+def too_long() -> dict[str, int]:
+    """`path` (a module over LONGEST_MODULE) or `path:function` (a function over LONGEST_FUNCTION) -> its lines."""
+    found = {}
+    for path in harness_files():
+        name = path.relative_to(PROJECT_ROOT).as_posix()
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > LONGEST_MODULE and name not in WHOLE_BY_DESIGN:
+            found[name] = lines
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (lines := node.end_lineno - node.lineno + 1) > LONGEST_FUNCTION:
+                    found[f"{name}:{node.name}"] = lines
+    return found
 
 
-def test_no_function_is_longer_than_a_screenful():
-    long = [
-        f"{path.relative_to(PROJECT_ROOT)} {function}"
-        for path in sources(FUNCTION_BOUNDED)
-        for function in long_functions(path.read_text())
-    ]
-    assert long == []
+def test_no_module_or_function_is_longer_than_its_bound():
+    assert [f"{where}: {lines} lines" for where, lines in too_long().items()] == []
 
 
-def test_the_function_bound_counts_from_def_to_end():
-    body = "\n".join(["def f():"] + ["    x = 1"] * LONGEST_FUNCTION)
-    assert long_functions(body) == [f"f: {LONGEST_FUNCTION + 1} lines"]
-    assert long_functions("\n".join(["def f():"] + ["    x = 1"] * (LONGEST_FUNCTION - 1))) == []
+def test_the_size_bounds_see_every_package_and_catch_a_long_one(tmp_path, monkeypatch):
+    seen = {path.relative_to(PROJECT_ROOT).parts[0] for path in harness_files()}
+    assert seen == set(SIZED)
+    planted = tmp_path / "matrix" / "planted.py"
+    planted.parent.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST_FUNCTION))
+    planted.write_text(f"def long():\n{body}" + "\n" * (LONGEST_MODULE - LONGEST_FUNCTION))
+    monkeypatch.setitem(globals(), "PROJECT_ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "SIZED", ("matrix",))
+    assert too_long() == {"matrix/planted.py": LONGEST_MODULE + 1, "matrix/planted.py:long": LONGEST_FUNCTION + 1}

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from matrix.derive import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
+from matrix.config_keys import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import ModelEntry, RegistryError, SplitRule
 from matrix.shapes.layer_kinds import tiny_layer_fields
 from matrix.shapes.real_shape import (

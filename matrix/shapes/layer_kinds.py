@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from matrix.derive import LAYER_BOUNDARY_KEYS, LAYER_KEYS
+from matrix.config_keys import LAYER_BOUNDARY_KEYS, LAYER_KEYS
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

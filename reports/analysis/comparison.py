@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from matrix.versions import AxisValueError, parse_pins
+from matrix.version_axes import AxisValueError, parse_pins
 from reports import ReportsError
 from reports.analysis.statuses import CellStatus, harness_change_text, harness_ranks, point_status, summarise
 from reports.store import AXES, CellKey, Observation

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
-from matrix.registry import KnownFailure, RegistryError, load_models, load_popularity
+from matrix.known_failures import KnownFailure
+from matrix.registry import RegistryError, load_models, load_popularity
 from matrix.remedies import RemedyResult
 from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
@@ -38,7 +39,7 @@ from suites.verdicts.statements import Proof, proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
-documents the model as unsupported by AutoTP or refuses it on purpose (matrix/registry.py KnownFailureState):
+documents the model as unsupported by AutoTP or refuses it on purpose (matrix/known_failures.py KnownFailureState):
 listed in this order."""
 
 
@@ -242,10 +243,7 @@ def build_failing_now(
     then the most popular checkpoint's, then the most cells) and the open known failures whose cells pass there now; `files`: what the results folder
     holds for them."""
     latest = history.latest
-    failing: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
-    for (cell, versions), status in history.statuses.items():
-        if versions == latest and status.status == "fail":
-            failing[failure_key(status.failure_class, status.signature, status.cause)].append((cell, status))
+    failing = _failing_at_latest(history)
     first_seen = _first_seen(aggregates, history)
     transitions = by_kind(history.transitions)
     first_run = aggregates.first_run.run_id
@@ -280,13 +278,7 @@ def build_failing_now(
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
                 status=cause_status,
                 known=match,
-                repro=Repro(
-                    cell=representative.id,
-                    command=repro_command(representative),
-                    logs=files.log(representative.id),
-                    script=files.script(representative.id),
-                    checkpoints=checkpoints.get(representative, ()),
-                ),
+                repro=_repro(representative, files, checkpoints),
                 members=tuple(
                     CellFiles(cell.id, files.log(cell.id), files.script(cell.id), checkpoints.get(cell, ()))
                     for cell in cells
@@ -318,6 +310,26 @@ def build_failing_now(
         if first_night and causes
         else "",
         moved=moved_text(causes),
+    )
+
+
+def _failing_at_latest(history: History) -> dict[str, list[tuple[CellKey, CellStatus]]]:
+    """The cells failing at the latest versions, with their statuses, by failure key (one cause each)."""
+    failing: dict[str, list[tuple[CellKey, CellStatus]]] = defaultdict(list)
+    for (cell, versions), status in history.statuses.items():
+        if versions == history.latest and status.status == "fail":
+            failing[failure_key(status.failure_class, status.signature, status.cause)].append((cell, status))
+    return failing
+
+
+def _repro(cell: CellKey, files: ResultFiles, checkpoints: Mapping[CellKey, tuple[str, ...]]) -> Repro:
+    """How to run a cause's example cell alone, and the files the results folder holds for it."""
+    return Repro(
+        cell=cell.id,
+        command=repro_command(cell),
+        logs=files.log(cell.id),
+        script=files.script(cell.id),
+        checkpoints=checkpoints.get(cell, ()),
     )
 
 
@@ -361,7 +373,7 @@ def backfill_command(cells: list[CellKey]) -> str:
     """`nox -s backfill` for these cells along DeepSpeed from its oldest supported release (matrix/versions.toml
     `min`): the selection options name what differs from the default matrix's (every registry entry, faithful
     shapes, eager fp32), the tp sizes always."""
-    from matrix.versions import load_config  # the axes' rules live with the version axes
+    from matrix.version_axes import load_config  # the axes' rules live with the version axes
 
     rule = load_config().axes[BACKFILL_AXIS]
     entries = sorted({cell.model.split(".", 1)[0] for cell in cells})

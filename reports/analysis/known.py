@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from matrix.registry import KnownFailure
+from matrix.known_failures import KnownFailure
 from reports.analysis.causes import cells_text
 from reports.analysis.history import History
 from reports.analysis.signatures import cause

@@ -14,7 +14,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from matrix.registry import KnownFailure, load_models
+from matrix.known_failures import KnownFailure
+from matrix.registry import load_models
 from reports.analysis import (
     Transition,
     answer_words,

@@ -11,6 +11,7 @@ import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
@@ -19,6 +20,7 @@ from reports.analysis import cells_text, count_text
 from reports.atlas.model import Atlas, AtlasCause, AtlasTransition, Row, atlas_json, cause_repro
 from reports.atlas.views import (
     STATE_CODES,
+    Grid,
     channel,
     grids,
     heatmap_data,
@@ -77,6 +79,32 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
         ),
     )
     all_grids = grids(atlas.version_sets)
+    yield from _checkpoint_pages(environment, common, atlas, families, all_grids)
+    yield from _cause_pages(environment, common, atlas, all_grids)
+    release_page = environment.get_template("release.html.j2")
+    for index, release in enumerate(all_releases):
+        yield (
+            f"deepspeed/{release.slug}.html",
+            release_page.render(
+                **common,
+                root="../",
+                release=release,
+                previous=all_releases[index - 1] if index else None,
+                following=all_releases[index + 1] if index + 1 < len(all_releases) else None,
+                release_text=release_text,
+                causes=atlas.causes,
+            ),
+        )
+
+
+def _checkpoint_pages(
+    environment: Environment,
+    common: dict[str, Any],
+    atlas: Atlas,
+    families: dict[str, list[Row]],
+    all_grids: list[Grid],
+) -> Iterator[tuple[str, str]]:
+    """A page per row (a checkpoint, an architecture or a stress shape): its verdicts, transitions and causes."""
     by_cell: dict[CellKey, list[AtlasTransition]] = defaultdict(list)
     for transition in atlas.transitions:
         by_cell[transition.cell].append(transition)
@@ -101,6 +129,12 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
                 row_causes=_row_causes(atlas, row),
             ),
         )
+
+
+def _cause_pages(
+    environment: Environment, common: dict[str, Any], atlas: Atlas, all_grids: list[Grid]
+) -> Iterator[tuple[str, str]]:
+    """A page per cause: its cells, how to run its example alone, its transitions."""
     titles = {row.slug: row.title for row in atlas.rows}
     by_cause: dict[str, list[AtlasTransition]] = defaultdict(list)
     for transition in atlas.transitions:
@@ -123,20 +157,6 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
                 counts=failing[cause.id],
                 groups=groups,
                 more=more,
-            ),
-        )
-    release_page = environment.get_template("release.html.j2")
-    for index, release in enumerate(all_releases):
-        yield (
-            f"deepspeed/{release.slug}.html",
-            release_page.render(
-                **common,
-                root="../",
-                release=release,
-                previous=all_releases[index - 1] if index else None,
-                following=all_releases[index + 1] if index + 1 < len(all_releases) else None,
-                release_text=release_text,
-                causes=atlas.causes,
             ),
         )
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from matrix.versions import AXES
+from matrix.version_axes import AXES
 from reports.commands.interface import Command
 from reports.commands.options import add_cell_runs
 from reports.search import (

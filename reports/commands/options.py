@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from matrix.registry import KNOWN_FAILURES_FILE, KnownFailure, RegistryError, load_known_failures
+from matrix.known_failures import KNOWN_FAILURES_FILE, KnownFailure, load_known_failures
+from matrix.registry import RegistryError
 from reports import ReportsError
 from reports.search import END_REPEATS
 from reports.store import DEFAULT_STORE, KEEP_RECENT_RUNS

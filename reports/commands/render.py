@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def without_cycle_collection() -> Iterator[None]:
     """Render builds its objects (~1 M at a year: groups, statuses, the report's dicts) to keep them until it ends,
     and makes next to no reference cycles; the cycle collector's full passes walk every one of them again as they
-    grow, ~0.7 s of render's CPU at a year for nothing (peak memory the same). Reference counting still frees what
-    is dropped."""
+    grow, for nothing (docs/findings.md, "Figures from the docstrings"). Reference counting still frees what is
+    dropped."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

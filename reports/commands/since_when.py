@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 
 from matrix.earlier_points import DEFAULT_DEEPSPEED_MINORS, DEFAULT_MAX_CELLS, DEFAULT_MAX_POINTS, earlier_points
-from matrix.versions import AxisValueError, ReleaseDataUnavailable
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AxisValueError
 from reports import ReportsError
 from reports.analysis import analyse_aggregates
 from reports.commands import merge

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Protocol
 
 from matrix.cells import Cell, resolve_cell
+from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
-from matrix.registry import DEFAULT_TOLERANCES, KnownFailure, RegistryError
+from matrix.registry import DEFAULT_TOLERANCES, RegistryError
 from matrix.remedies import RESULTS_NAME, read_results
 from reports import ReportsError
 from reports.analysis import (

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from matrix.json_records import read_record, write_record
-from matrix.registry import KnownFailure
+from matrix.known_failures import KnownFailure
 from reports.analysis import (
     NO_RESULT_FILES,
     NO_VERDICT_STATUSES,

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from matrix.registry import KnownFailure
+from matrix.known_failures import KnownFailure
 from matrix.remedies import RemedyResult
 from reports import ReportsError
 from reports.analysis import CellStatus, GateRow, History, analyse, compare, failure_cause_id, summarise

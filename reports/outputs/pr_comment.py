@@ -57,7 +57,7 @@ def head_text(sessions: list[SessionDeltas]) -> str:
 
 def compare_links(session: SessionDeltas) -> list[str]:
     """Each version axis that changed between the session's two runs, with a link comparing the two refs."""
-    from matrix.versions import load_config  # the axis repositories live with the version axes
+    from matrix.version_axes import load_config  # the axis repositories live with the version axes
 
     repos = {axis: rule.repo for axis, rule in load_config().axes.items()}
     if session.previous is None:  # a session's first run: nothing to compare with

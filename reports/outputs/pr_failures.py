@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from matrix.registry import KnownFailure
+from matrix.known_failures import KnownFailure
 from matrix.remedies import RemedyResult
 from reports.analysis import (
     NO_VERDICT_STATUSES,

@@ -16,8 +16,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
-from matrix.registry import KnownFailure
 from matrix.remedies import RESULTS_NAME, RemedyResult, read_results
 from reports import Log, ReportsError
 from reports.analysis import (
@@ -279,23 +279,13 @@ def publish_deltas(
     With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
     classified against it (reports.outputs.pr_failures). With `upstream` (OWNER/NAME), also the bug reports for that
     repository's tracker (upstream_posts), under out_dir/publish/upstream/, opened there with the token."""
-    if upstream is not None and not _REPO_NAME.fullmatch(upstream):
-        raise ReportsError(
-            f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
-        )
+    _refuse_arguments(upstream, sessions)
     token = os.environ.get(TOKEN_ENV) or None
     all_observations = observations
     # A session's newest run is compared with its previous trusted run, and judged by trusted runs' flakiness: a pull
     # request's results are what is reported on, never the history they are compared with (reports.analysis.trust).
     observations = trusted_history(observations, sessions)
     history = analyse(observations, deepspeed_repo, bisections, attempts)
-    # A since-when run is no session's newest or previous run, nor a side of the check (reports.analysis.trust); the
-    # history keeps it, as the drafts say since when from it.
-    if sessions and SINCE_WHEN_SESSION in sessions:
-        raise ReportsError(
-            f"--session {SINCE_WHEN_SESSION}: its runs are earlier points of the new causes' example cells, never "
-            "compared with each other; pass the nightly's sessions"
-        )
     names = sessions or sorted({obs.run.session for obs in without_since_when(observations)})
     deltas = [session_deltas(observations, history, name) for name in names]
     checkpoints = cell_checkpoints(aggregate(observations), history)
@@ -318,23 +308,12 @@ def publish_deltas(
             if upstream and not untrusted
             else []
         )
-        issues, drafts = capped(issues, drafts, max_issues, stage)
-        # The store redacts what it imports; a store written before it did, or a message quoting this environment's
-        # token, must not leak through the texts either.
-        comment = replace(comment, body=redact(comment.body))
-        issues, drafts = (
-            [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
-            for posts in (issues, drafts)
-        )
-        for post in [comment, *issues, *drafts]:
-            post.file.parent.mkdir(parents=True, exist_ok=True)
-            post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
+        comment, issues, drafts = _write_redacted(comment, *capped(issues, drafts, max_issues, stage))
     written = [out_dir / post.file.relative_to(stage) for post in [comment, *issues, *drafts]]
     summary = Path(os.environ.get("GITHUB_STEP_SUMMARY") or out_dir / "step-summary.md")
     with writing_to(out_dir), summary.open("a", encoding="utf-8") as handle:  # GitHub expects steps to append
         handle.write(comment.body + "\n")
     written.append(summary)
-
     if token is None:
         log(
             f"{TOKEN_ENV} is not set: wrote the comment and {len(issues)} issue(s) (one per cause, at most "
@@ -342,7 +321,49 @@ def publish_deltas(
             f"{out_dir / 'publish'} and the step summary instead of posting them"
             + (f"; {len(drafts)} report(s) for {upstream} to {out_dir / 'publish' / 'upstream'}" if upstream else "")
         )
-        return written
+    else:
+        _post(token, repo, pr, comment, issues, (upstream, drafts) if upstream else None, log)
+    return written
+
+
+def _refuse_arguments(upstream: str | None, sessions: list[str] | None) -> None:
+    if upstream is not None and not _REPO_NAME.fullmatch(upstream):
+        raise ReportsError(
+            f"--upstream {upstream!r}: not a GitHub repository; pass OWNER/NAME, e.g. deepspeedai/DeepSpeed"
+        )
+    # A since-when run is no session's newest or previous run, nor a side of the check (reports.analysis.trust); the
+    # history keeps it, as the drafts say since when from it.
+    if sessions and SINCE_WHEN_SESSION in sessions:
+        raise ReportsError(
+            f"--session {SINCE_WHEN_SESSION}: its runs are earlier points of the new causes' example cells, never "
+            "compared with each other; pass the nightly's sessions"
+        )
+
+
+def _write_redacted(comment: Post, issues: list[Post], drafts: list[Post]) -> tuple[Post, list[Post], list[Post]]:
+    """The texts redacted and written to their files. The store redacts what it imports; a store written before it
+    did, or a message quoting this environment's token, must not leak through the texts either."""
+    comment = replace(comment, body=redact(comment.body))
+    issues, drafts = (
+        [replace(post, title=redact(post.title), body=redact(post.body)) for post in posts]
+        for posts in (issues, drafts)
+    )
+    for post in [comment, *issues, *drafts]:
+        post.file.parent.mkdir(parents=True, exist_ok=True)
+        post.file.write_text(f"# {post.title}\n\n{post.body}" if post.title else post.body, encoding="utf-8")
+    return comment, issues, drafts
+
+
+def _post(
+    token: str,
+    repo: str | None,
+    pr: int | None,
+    comment: Post,
+    issues: list[Post],
+    upstream: tuple[str, list[Post]] | None,
+    log: Log,
+) -> None:
+    """Post the comment and the issues (and the upstream reports) with the token; an error's text redacted."""
     if not repo:
         raise ReportsError(f"{TOKEN_ENV} is set but no repository: pass --repo OWNER/NAME or set GITHUB_REPOSITORY")
     api_url = os.environ.get(API_URL_ENV) or DEFAULT_API_URL
@@ -354,9 +375,8 @@ def publish_deltas(
             pr=pr,
             comment=comment,
             issues=issues,
-            upstream=(upstream, drafts) if upstream else None,
+            upstream=upstream,
             log=log,
         )
     except ReportsError as exc:
         raise ReportsError(redact(str(exc))) from None
-    return written

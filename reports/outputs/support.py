@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.json_records import split_keys
-from matrix.registry import MODELS_FILE, NO_VERDICT_CLASSES, RegistryError, load_models
+from matrix.known_failures import NO_VERDICT_CLASSES
+from matrix.registry import MODELS_FILE, RegistryError, load_models
 from reports import ReportsError
 from reports.analysis import NO_VERDICT_STATUSES, CellStatus, FailingNow, History, reason, shape_of
 from reports.store import AXES, Aggregates, CellKey, JSONObject

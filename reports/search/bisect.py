@@ -25,15 +25,9 @@ from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
-from matrix.versions import (
-    AXES,
-    AxisValueError,
-    ReleaseDataUnavailable,
-    combinations,
-    load_config,
-    parse_pins,
-    skip_reason,
-)
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AXES, AxisValueError, load_config, parse_pins
+from matrix.versions import combinations, skip_reason
 from reports.analysis import AxisRange, answer_for
 from reports.clones import GitRepo
 from reports.search.cell_runs import CellProbe, CellRun, parse_cell, print_step, release_candidates
@@ -220,6 +214,10 @@ def what_it_answers(
     return ("broke" if request.mode == "broken" else "fixed"), request.mode, failure_class, signature
 
 
+AskedMode = Literal["broken", "fixed", "gone", "supported"]
+"""What `--mode` asks: the store keeps the first two (BisectMode), gone and supported as one of them (what_it_answers)."""
+
+
 @dataclass(frozen=True)
 class BisectRequest:
     """One bisection as `python -m reports bisect` asks for it (its options, reports/commands/bisect.py)."""
@@ -232,7 +230,7 @@ class BisectRequest:
     """A version (or with deepspeed_repo a tag or sha) where the cell passes (mode gone: is without the failure)."""
     bad: str
     """A version (or tag or sha) where it fails."""
-    mode: Literal["broken", "fixed", "gone", "supported"]
+    mode: AskedMode
     """broken: first bad after good; fixed: first good after bad; gone: first without bad's failure; supported: the
     first that runs the cell after bad, where DeepSpeed refused it (outcome unsupported)."""
     any_failure: bool
@@ -256,14 +254,7 @@ class BisectRequest:
 def bisect_cell(request: BisectRequest) -> None:
     """Run the bisection asked for, print each step and the answer, and record the answer in the store."""
     cell = parse_cell(request.cell)
-    if request.good == request.bad:
-        raise BisectError(f"--good and --bad are both {request.good}; give the two ends of the range")
-    if (request.deepspeed_repo or request.refine) and request.axis != "deepspeed":
-        raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
-    if request.refine and not request.deepspeed_repo:
-        raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
-    if request.mode in ("gone", "supported") and request.any_failure:
-        raise BisectError(f"--mode {request.mode} decides bad by itself; --any-failure does not apply to it")
+    refuse_contradictions(request)
     try:
         overrides = parse_pins(list(request.pin), "--pin")
     except AxisValueError as error:
@@ -279,21 +270,8 @@ def bisect_cell(request: BisectRequest) -> None:
         request.store,
         bad_outcome="unsupported" if request.mode == "supported" else "fail",
     )
-    # One probe for both levels: the failure it matches stays the one seen at the release level.
-    probe = CellProbe(
-        cell,
-        env_root=request.env_root,
-        any_failure=request.any_failure,
-        cell_timeout=request.cell_timeout,
-        absent_is_good=request.mode == "gone",
-        runs_are_good=request.mode == "supported",
-    )
-    before_word, after_word = {
-        "broken": ("last good", "first bad"),
-        "fixed": ("last bad", "first good"),
-        "gone": ("last with the failure", "first without it"),
-        "supported": ("last refusing it", "first running it"),
-    }[request.mode]
+    probe = probe_for(request, cell)
+    before_word, after_word = ENDS_IN_WORDS[request.mode]
     searched = (request.good, request.bad) if request.mode == "broken" else (request.bad, request.good)
     good, bad = request.good, request.bad
     commit = None
@@ -334,27 +312,58 @@ def bisect_cell(request: BisectRequest) -> None:
         good, bad = (answer.before, answer.after) if request.mode == "broken" else (answer.after, answer.before)
         release_answer = answer
     if clone is not None:
-        # Commit builds of the two ends are run again: a source build is not the release wheel.
-        probe.environment = lambda sha: commit_environment(request.env_root, clone.path, sha, pins)
-        answer, commit = bisect_commits(
-            cell, clone, good=good, bad=bad, mode=request.mode, probe=probe, end_repeats=request.end_repeats
+        answer, commit, first_changed = bisect_commit_level(
+            request, cell, clone, pins, probe, (good, bad), None if commits_only else release_answer
         )
-        print(answer_text("commit", answer, before_word, after_word, len(answer.steps)))
-        first_changed = probe.runs.get(answer.after)
-        print(
-            f"  {after_word} commit {commit.sha}\n  subject: {commit.subject}\n"
-            f"  PR: {'#' + str(commit.pr) if commit.pr else 'unknown'}\n  files: {', '.join(commit.files)}"
-        )
-        if not commits_only:
-            answer = replace(
-                answer,
-                before=release_answer.before,
-                after=release_answer.after,
-                untestable=release_answer.untestable + answer.untestable,
-            )
-    kind, mode, failure_class, signature = what_it_answers(request, probe, answer, first_changed)
+    record_answer(
+        request,
+        cell,
+        held_fixed_of(pins, request.axis),
+        answer,
+        commit,
+        what_it_answers(request, probe, answer, first_changed),
+        searched,
+    )
+
+
+ENDS_IN_WORDS: dict[AskedMode, tuple[str, str]] = {
+    "broken": ("last good", "first bad"),
+    "fixed": ("last bad", "first good"),
+    "gone": ("last with the failure", "first without it"),
+    "supported": ("last refusing it", "first running it"),
+}
+"""Each mode's two ends of the answer, as the steps and the answer print them."""
+
+
+def refuse_contradictions(request: BisectRequest) -> None:
+    """A BisectError for options that contradict each other, before anything runs."""
+    if request.good == request.bad:
+        raise BisectError(f"--good and --bad are both {request.good}; give the two ends of the range")
+    if (request.deepspeed_repo or request.refine) and request.axis != "deepspeed":
+        raise BisectError("--deepspeed-repo and --refine bisect DeepSpeed commits; use --axis deepspeed")
+    if request.refine and not request.deepspeed_repo:
+        raise BisectError("--refine bisects commits after releases and needs --deepspeed-repo PATH")
+    if request.mode in ("gone", "supported") and request.any_failure:
+        raise BisectError(f"--mode {request.mode} decides bad by itself; --any-failure does not apply to it")
+
+
+def record_answer(
+    request: BisectRequest,
+    cell: CellKey,
+    held_fixed: Pins,
+    answer: Answer,
+    commit: Commit | None,
+    answers: tuple[TransitionKind | Literal["supported"], BisectMode, str, str],
+    searched: tuple[str, str],
+) -> None:
+    """The answer into the store as a Bisection (`answers`: what_it_answers's kind, mode, class and signature);
+    --mode gone also prints what the first cell without the failure did."""
+    kind, mode, failure_class, signature = answers
     if request.mode == "gone":
-        print(f"  {after_word}: " + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}"))
+        print(
+            f"  {ENDS_IN_WORDS[request.mode][1]}: "
+            + ("the cell passes" if kind == "fixed" else f"{failure_class}: {signature}")
+        )
     record(
         request.store,
         Bisection(
@@ -363,7 +372,7 @@ def bisect_cell(request: BisectRequest) -> None:
             axis=request.axis,
             before=answer.before,
             after=answer.after,
-            held_fixed=held_fixed_of(pins, request.axis),
+            held_fixed=held_fixed,
             failure_class=failure_class,
             signature=signature,
             commit=commit.sha if commit else "",
@@ -376,4 +385,49 @@ def bisect_cell(request: BisectRequest) -> None:
             searched_older=searched[0],
             searched_newer=searched[1],
         ),
+    )
+
+
+def bisect_commit_level(
+    request: BisectRequest,
+    cell: CellKey,
+    clone: GitRepo,
+    pins: dict[str, str],
+    probe: CellProbe,
+    ends: tuple[str, str],
+    release_answer: Answer | None,
+) -> tuple[Answer, Commit, CellRun | None]:
+    """The commits between the two ends (`ends`: good, bad), printed: the answer (its ends the release level's when
+    there was one, the commits' untestable steps added), the commit that changed the cell and its run."""
+    before_word, after_word = ENDS_IN_WORDS[request.mode]
+    # Commit builds of the two ends are run again: a source build is not the release wheel.
+    probe.environment = lambda sha: commit_environment(request.env_root, clone.path, sha, pins)
+    answer, commit = bisect_commits(
+        cell, clone, good=ends[0], bad=ends[1], mode=request.mode, probe=probe, end_repeats=request.end_repeats
+    )
+    print(answer_text("commit", answer, before_word, after_word, len(answer.steps)))
+    first_changed = probe.runs.get(answer.after)
+    print(
+        f"  {after_word} commit {commit.sha}\n  subject: {commit.subject}\n"
+        f"  PR: {'#' + str(commit.pr) if commit.pr else 'unknown'}\n  files: {', '.join(commit.files)}"
+    )
+    if release_answer is not None:
+        answer = replace(
+            answer,
+            before=release_answer.before,
+            after=release_answer.after,
+            untestable=release_answer.untestable + answer.untestable,
+        )
+    return answer, commit, first_changed
+
+
+def probe_for(request: BisectRequest, cell: CellKey) -> CellProbe:
+    """One probe for both levels: the failure it matches stays the one seen at the release level."""
+    return CellProbe(
+        cell,
+        env_root=request.env_root,
+        any_failure=request.any_failure,
+        cell_timeout=request.cell_timeout,
+        absent_is_good=request.mode == "gone",
+        runs_are_good=request.mode == "supported",
     )

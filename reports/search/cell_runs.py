@@ -15,11 +15,10 @@ from packaging.version import InvalidVersion, Version
 from matrix import PROJECT_ROOT
 from matrix.cells import parse_cell_id, replay_name
 from matrix.redaction import redact
-from matrix.registry import RegistryError, load_models, load_variants
-from matrix.versions import (
-    load_releases,
-    supports_python,
-)
+from matrix.registry import RegistryError, load_models
+from matrix.releases import load_releases
+from matrix.variants import load_variants
+from matrix.versions import supports_python
 from reports.analysis import same_failure
 from reports.search.steps import BAD, GOOD, SKIP, BisectError, Step, Untestable, Verdict
 from reports.store import (

@@ -25,8 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from matrix.versions import AXES as INSTALLED_AXES
-from matrix.versions import ReleaseDataUnavailable, load_config
+from matrix.releases import ReleaseDataUnavailable
+from matrix.version_axes import AXES as INSTALLED_AXES
+from matrix.version_axes import load_config
 from reports.analysis import Transition, cause, frame_files
 from reports.clones import GitError, GitRepo
 from reports.search.cell_runs import (

@@ -9,7 +9,7 @@ from typing import Any, Literal, TypedDict
 from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
-from matrix.versions import AXES as INSTALLED_AXES
+from matrix.version_axes import AXES as INSTALLED_AXES
 from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
 
 BisectMode = Literal["broken", "fixed"]

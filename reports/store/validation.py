@@ -47,7 +47,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@()+,=*~-]*")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-fA-F]{4,40}")
 _HARNESS_COMMIT = re.compile(r"[0-9a-fA-F]{4,40}(-dirty)?")
-# What an install failure records where no version exists yet (matrix.versions.Pin.label): a git ref as written
+# What an install failure records where no version exists yet (matrix.version_axes.Pin.label): a git ref as written
 # (pr/1234, master, a sha) or local-<folder>.
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 # ASCII digits only (`\d` would pass Arabic-Indic ones, which int() reads and a text comparison sorts apart).

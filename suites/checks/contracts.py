@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
-from matrix.registry import DType, Tolerance, Variant
+from matrix.registry import DType, Tolerance
+from matrix.variants import Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import SplitCounts
 from suites.checks.task_probe import AccuracyTask

@@ -25,7 +25,7 @@ from matrix.cells import Cell
 from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, package_constants
 from matrix.json_records import write_record
 from matrix.redaction import redact
-from matrix.versions import AXES
+from matrix.version_axes import AXES
 from suites.base.atomic import write_text_atomically
 from suites.base.git import GitFailed, run_git
 from suites.verdicts.outcome import CellOutcome

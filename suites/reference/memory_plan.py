@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matrix.cells import DEFAULT_VARIANTS
-from matrix.registry import DType, Variant
+from matrix.registry import DType
+from matrix.variants import Variant
 from suites.reference.checkpoint_sizes import CheckpointSize, activation_bytes
 
 GiB = 1 << 30
@@ -473,7 +474,7 @@ def _alternatives(
 ) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""
-    from matrix.registry import load_variants
+    from matrix.variants import load_variants
 
     meta_files = load_variants()["meta"].checkpoint_files
     largest_tp = max(len(runner.device_bytes) or 8, tp)

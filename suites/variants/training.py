@@ -26,7 +26,8 @@ import torch
 
 from matrix import cache_root
 from matrix.json_records import write_record
-from matrix.registry import TRAINING_FEATURES, DType, Variant
+from matrix.registry import DType
+from matrix.variants import TRAINING_FEATURES, Variant
 from suites.base.atomic import write_atomically
 from suites.checks.contracts import (
     Job,
@@ -85,7 +86,7 @@ def _training_config_fields() -> set[str]:
 
 
 def _has_feature(feature: str) -> bool:
-    """Whether the installed DeepSpeed has `feature` (matrix/registry.py TRAINING_FEATURES), asked of
+    """Whether the installed DeepSpeed has `feature` (matrix/variants.py TRAINING_FEATURES), asked of
     the package itself so any release or branch gets a real answer."""
     from deepspeed.module_inject import layers
 

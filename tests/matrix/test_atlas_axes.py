@@ -16,7 +16,8 @@ from matrix.atlas import (
     load_atlas_config,
     load_cost,
 )
-from matrix.versions import MAX_AGE_ENV, AxisValueError
+from matrix.releases import MAX_AGE_ENV
+from matrix.version_axes import AxisValueError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -147,7 +147,7 @@ def test_a_harness_bug_deriving_one_architecture_fails_its_cells_as_setup_and_th
 
     def derive_tiny(config, real=False):
         if config.model_type == "afmoe":
-            raise ZeroDivisionError("division by zero in a rule")  # stands for a bug in a rule of matrix/derive.py
+            raise ZeroDivisionError("division by zero in a rule")  # stands for a bug in a rule of matrix/shrink.py
         return real_derive_tiny(config, real)
 
     monkeypatch.setattr(derive, "derive_tiny", derive_tiny)

@@ -10,18 +10,17 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from matrix.cells import expand
 from matrix.checkpoints import tiny_config
+from matrix.config_keys import MAX_PARAMS
 from matrix.derive import (
-    MAX_PARAMS,
     DerivedData,
-    NotDerivable,
     VersionSkip,
     causal_lm_model_types,
     derive_for_model_type,
-    derive_tiny,
     derived_entries,
     load_derived_data,
 )
 from matrix.registry import ModelEntry, RegistryError, load_models
+from matrix.shrink import NotDerivable, derive_tiny
 from suites.run.driver import RunOptions, run_cell, skip_reason
 
 # Families with different attribute names and structure: GQA/MQA/MHA, fused qkv, ALiBi, MoE (plain,

@@ -7,7 +7,8 @@ import pytest
 
 from matrix import PROJECT_ROOT
 from matrix.cells import expand, parse_tp_sizes
-from matrix.registry import RegistryError, load_models, load_variants, pick
+from matrix.registry import RegistryError, load_models, pick
+from matrix.variants import load_variants
 
 
 def write_registry(tmp_path, text):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from matrix.cells import expand, parse_cell_id, replay_name
-from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models, load_variants
+from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models
 from matrix.shapes import (
     MATRIX_TP,
     REAL_SHAPES_FILE,
@@ -26,6 +26,7 @@ from matrix.shapes import (
     split_pattern,
     tiny_shape,
 )
+from matrix.variants import load_variants
 
 QWEN2_7B = RealShape(
     source="hub config Qwen/Qwen2-7B",

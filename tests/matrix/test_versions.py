@@ -16,22 +16,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from matrix import versions
-from matrix.versions import (
-    AxisRule,
-    AxisValueError,
-    ConfigError,
-    ReleaseDataUnavailable,
-    ci_matrix,
-    combinations,
-    load_config,
-    load_releases,
-    parse_axis_value,
-    parse_releases,
-    select_versions,
-    skip_reason,
-    trim_pypi_json,
-)
+from matrix import releases, versions
+from matrix.releases import ReleaseDataUnavailable, load_releases, parse_releases, trim_pypi_json
+from matrix.version_axes import AxisRule, AxisValueError, ConfigError, load_config, parse_axis_value
+from matrix.versions import ci_matrix, combinations, select_versions, skip_reason
 from reports import ReportsError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -94,7 +82,7 @@ def no_network(monkeypatch):
     def refuse(package):
         raise OSError(f"network disabled in tests (asked for {package})")
 
-    monkeypatch.setattr(versions, "fetch_pypi_json", refuse)
+    monkeypatch.setattr(releases, "fetch_pypi_json", refuse)
 
 
 @pytest.fixture
@@ -395,10 +383,10 @@ def test_fetch_fills_cache_then_later_runs_stay_offline(tmp_path, monkeypatch):
         fetched.append(package)
         return fixture_json("deepspeed")
 
-    monkeypatch.setattr(versions, "fetch_pypi_json", fake_fetch)
+    monkeypatch.setattr(releases, "fetch_pypi_json", fake_fetch)
     first = load_releases("deepspeed", cache_dir=tmp_path)
     assert json.loads((tmp_path / "deepspeed.json").read_text()) == fixture_json("deepspeed")
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: pytest.fail("fetched despite cache"))
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: pytest.fail("fetched despite cache"))
     assert load_releases("deepspeed", cache_dir=tmp_path) == first
     assert fetched == ["deepspeed"]
 
@@ -408,7 +396,7 @@ def test_refresh_refetches_and_rewrites_cache(cache_dir, monkeypatch):
     newer["releases"]["0.20.0"] = [
         {"upload_time_iso_8601": "2027-01-01T00:00:00+00:00", "yanked": False, "requires_python": None}
     ]
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: newer)
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: newer)
     assert Version("0.20.0") not in [r.version for r in load_releases("deepspeed", cache_dir=cache_dir)]
     assert load_releases("deepspeed", cache_dir=cache_dir, fetch="refresh")[-1].version == Version("0.20.0")
     assert "0.20.0" in json.loads((cache_dir / "deepspeed.json").read_text())["releases"]
@@ -422,7 +410,7 @@ def test_failed_refresh_falls_back_to_cache_with_warning(cache_dir, no_network):
 
 def test_cache_dir_from_environment(tmp_path, monkeypatch, no_network):
     shutil.copy(FIXTURES / "torch.json", tmp_path / "torch.json")
-    monkeypatch.setenv(versions.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(releases.CACHE_DIR_ENV, str(tmp_path))
     assert load_releases("torch")[-1].version == Version("2.15.0")
 
 
@@ -440,31 +428,31 @@ def with_new_release(pypi_json):
 
 
 def test_cache_older_than_max_age_is_refreshed(cache_dir, monkeypatch):
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: with_new_release(fixture_json(package)))
-    age_cache_file(cache_dir / "deepspeed.json", versions.DEFAULT_MAX_AGE_HOURS + 1)
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: with_new_release(fixture_json(package)))
+    age_cache_file(cache_dir / "deepspeed.json", releases.DEFAULT_MAX_AGE_HOURS + 1)
     assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.20.0")
     # the rewritten cache is fresh again: the next load must not fetch
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
     assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.20.0")
 
 
 def test_cache_younger_than_max_age_is_not_fetched(cache_dir, monkeypatch):
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
-    age_cache_file(cache_dir / "deepspeed.json", versions.DEFAULT_MAX_AGE_HOURS - 1)
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: pytest.fail("fetched a fresh cache"))
+    age_cache_file(cache_dir / "deepspeed.json", releases.DEFAULT_MAX_AGE_HOURS - 1)
     assert load_releases("deepspeed", cache_dir=cache_dir)[-1].version == Version("0.19.8")
 
 
 def test_max_age_from_environment(cache_dir, monkeypatch):
     fetched = []
-    monkeypatch.setattr(versions, "fetch_pypi_json", lambda package: fetched.append(package) or fixture_json(package))
+    monkeypatch.setattr(releases, "fetch_pypi_json", lambda package: fetched.append(package) or fixture_json(package))
     age_cache_file(cache_dir / "deepspeed.json", 2)
-    monkeypatch.setenv(versions.MAX_AGE_ENV, "3")
+    monkeypatch.setenv(releases.MAX_AGE_ENV, "3")
     load_releases("deepspeed", cache_dir=cache_dir)
     assert fetched == []
-    monkeypatch.setenv(versions.MAX_AGE_ENV, "1.5")
+    monkeypatch.setenv(releases.MAX_AGE_ENV, "1.5")
     load_releases("deepspeed", cache_dir=cache_dir)
     assert fetched == ["deepspeed"]
-    monkeypatch.setenv(versions.MAX_AGE_ENV, "inf")  # CI cell jobs: exactly the release data of the plan job
+    monkeypatch.setenv(releases.MAX_AGE_ENV, "inf")  # CI cell jobs: exactly the release data of the plan job
     age_cache_file(cache_dir / "deepspeed.json", 10_000)
     load_releases("deepspeed", cache_dir=cache_dir)
     assert fetched == ["deepspeed"]
@@ -479,8 +467,8 @@ def test_stale_cache_offline_falls_back_with_a_warning_naming_its_age(cache_dir,
 
 @pytest.mark.parametrize("text", ["twelve", "-1", "nan"])
 def test_bad_max_age_names_the_variable(cache_dir, monkeypatch, no_network, text):
-    monkeypatch.setenv(versions.MAX_AGE_ENV, text)
-    with pytest.raises(ValueError, match=f"{versions.MAX_AGE_ENV}=.*in hours"):
+    monkeypatch.setenv(releases.MAX_AGE_ENV, text)
+    with pytest.raises(ValueError, match=f"{releases.MAX_AGE_ENV}=.*in hours"):
         load_releases("deepspeed", cache_dir=cache_dir)
 
 
@@ -608,7 +596,7 @@ def test_command_line_prints_the_job_matrix(cache_dir, no_network, capsys):
     ],
 )
 def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
-    from matrix.versions import parse_pins
+    from matrix.version_axes import parse_pins
     from sessions.nox_sessions import pin_overrides
 
     assert parse_pins(entries, "--pin") == expected
@@ -626,7 +614,7 @@ def test_pins_are_read_one_way_by_every_command(entries, expected, monkeypatch):
     ],
 )
 def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypatch, capsys, tmp_path):
-    from matrix.versions import AxisValueError, parse_pins
+    from matrix.version_axes import AxisValueError, parse_pins
     from reports.__main__ import main as reports_main
     from reports.analysis.comparison import select
     from sessions.nox_sessions import pin_overrides
@@ -660,7 +648,8 @@ def test_bad_pins_get_the_same_answer_from_every_command(text, problem, monkeypa
 
 
 def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, no_network):
-    from matrix.versions import AxisValueError, backfill_versions
+    from matrix.version_axes import AxisValueError
+    from matrix.versions import backfill_versions
 
     releases = [
         r.version
@@ -683,7 +672,7 @@ def test_backfill_takes_the_newest_patch_of_every_minor_in_the_range(cache_dir, 
 
 
 def test_backfill_passes_triage_options_on_and_the_rest_to_pytest():
-    from sessions.nox_sessions import backfill_options
+    from sessions.history_sessions import backfill_options
 
     args, triage, pytest_args = backfill_options(
         [

@@ -6,7 +6,8 @@ import re
 import pytest
 from reports_testkit import Cell, fail, nightly_94, render, section, write_junit
 
-from matrix.registry import RegistryError, load_known_failures
+from matrix.known_failures import load_known_failures
+from matrix.registry import RegistryError
 from reports.__main__ import main
 from reports.analysis.failing_now import repro_command
 from reports.outputs.markdown import MAX_SUMMARY_CAUSES

@@ -147,7 +147,7 @@ def test_a_release_is_one_version_set_whatever_harness_commit_recorded_it(sessio
 
 
 def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path):
-    # Install failures at git refs record the ref (matrix.versions.Pin.label) where no version exists.
+    # Install failures at git refs record the ref (matrix.version_axes.Pin.label) where no version exists.
     session([fail("llama", "install", "pip failed")], deepspeed="pr/1234", started="2025-01-01T00:00:00Z")
     session([Cell("llama")], deepspeed="0.19.8", started="2025-01-02T00:00:00Z")
     session([fail("llama", "install", "pip failed")], deepspeed="master", started="2025-01-03T00:00:00Z")

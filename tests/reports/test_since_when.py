@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from reports_testkit import Cell, fail, render, section, write_junit
 
-from matrix import versions
+from matrix import releases
 from matrix.earlier_points import EarlierPoint, earlier_points
 from reports.__main__ import main
 from reports.search import since_when as search_since_when
@@ -40,12 +40,12 @@ def release_cache(tmp_path, monkeypatch):
     cache.mkdir()
     for package in ("deepspeed", "transformers", "torch"):
         shutil.copy(FIXTURES / f"{package}.json", cache / f"{package}.json")
-    monkeypatch.setenv(versions.CACHE_DIR_ENV, str(cache))
+    monkeypatch.setenv(releases.CACHE_DIR_ENV, str(cache))
 
     def refuse(package):
         raise OSError(f"network disabled in tests (asked for {package})")
 
-    monkeypatch.setattr(versions, "fetch_pypi_json", refuse)
+    monkeypatch.setattr(releases, "fetch_pypi_json", refuse)
     return cache
 
 

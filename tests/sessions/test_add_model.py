@@ -217,7 +217,7 @@ def test_added_model_runs_at_tp_2_and_3_and_the_checklist_reports_it(tmp_path, m
 
 
 def test_a_tiny_config_that_does_not_build_is_refused_and_nothing_written(tmp_path, models_file, monkeypatch, capsys):
-    from matrix.derive import Derivation
+    from matrix.shrink import Derivation
 
     derive = add_model.derive_for_model_type
 

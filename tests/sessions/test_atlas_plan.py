@@ -12,20 +12,12 @@ import pytest
 from nox.command import CommandFailed
 
 from matrix.atlas import CellCounts, CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
-from matrix.versions import MAX_AGE_ENV, AxisValueError
+from matrix.releases import MAX_AGE_ENV
+from matrix.version_axes import AxisValueError
 from sessions import atlas
-from sessions.atlas import (
-    ArchivedSession,
-    atlas_session_name,
-    hours,
-    junit_counts,
-    missing_combos,
-    newest_refs,
-    plan_slices,
-    plan_text,
-    prune_transformers_cache,
-)
+from sessions.atlas import junit_counts, newest_refs, prune_transformers_cache
 from sessions.atlas_cost import TIMING_FILE, Built, CostModel, Prediction, comparison, measured_figures, wall_given
+from sessions.atlas_plan import ArchivedSession, atlas_session_name, hours, missing_combos, plan_slices, plan_text
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
 FIGURES = CostFigures(

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sessions import install_failure, nox_sessions
+from sessions import history_sessions, install_failure, nox_sessions
 from sessions.environments import EnvironmentBuildError
 
 RELEASES = ["0.16.9", "0.17.7", "0.18.9", "0.19.8"]
@@ -94,8 +94,8 @@ class FakeBuilds:
 @pytest.fixture()
 def builds(monkeypatch, tmp_path) -> FakeBuilds:
     fake = FakeBuilds(tmp_path)
-    monkeypatch.setattr(nox_sessions, "backfill_versions", lambda axis, since, until: RELEASES)
-    monkeypatch.setattr(nox_sessions, "combinations", lambda tag, overrides: [combo(overrides["deepspeed"])])
+    monkeypatch.setattr(history_sessions, "backfill_versions", lambda axis, since, until: RELEASES)
+    monkeypatch.setattr(history_sessions, "combinations", lambda tag, overrides: [combo(overrides["deepspeed"])])
     monkeypatch.setattr(nox_sessions, "session_combos", lambda tag: [combo("0.19.8")])
     monkeypatch.setattr(nox_sessions, "prepare_harness", fake)
     return fake
@@ -104,7 +104,7 @@ def builds(monkeypatch, tmp_path) -> FakeBuilds:
 def backfill(tmp_path: Path, name: str) -> tuple[RecordingSession, Path]:
     session = RecordingSession()
     results = tmp_path / name
-    nox_sessions.backfill(
+    history_sessions.backfill(
         session,
         [
             "--axis",

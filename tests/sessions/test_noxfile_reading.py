@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from matrix import PROJECT_ROOT
-from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV
+from matrix.releases import CACHE_DIR_ENV, MAX_AGE_ENV
 from sessions.environments import ENV_ROOT_ENV
 
 RELEASE_FIXTURES = PROJECT_ROOT / "tests" / "matrix" / "fixtures"

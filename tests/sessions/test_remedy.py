@@ -13,7 +13,7 @@ import pytest
 from matrix.cell_arguments import CellArguments
 from matrix.cells import expand
 from matrix.remedies import Remedy
-from matrix.versions import load_config, parse_axis_value
+from matrix.version_axes import load_config, parse_axis_value
 from sessions.remedy import PatchError, cause_cells, judge, patched_checkout, verify
 
 CTRL = Remedy(

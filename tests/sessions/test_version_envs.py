@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from matrix import PROJECT_ROOT
-from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, combinations
+from matrix.releases import CACHE_DIR_ENV, MAX_AGE_ENV
+from matrix.versions import combinations
 from sessions.environments import ENV_ROOT_ENV, env_root
 
 ROOT = PROJECT_ROOT

@@ -7,7 +7,7 @@ group): no finding of either, no medium or high one of zizmor. Hardening: action
 in a comment, no persisted checkout credentials, HF_TOKEN only in the prefetch step, the history cache keyed by
 run attempt, the results archive fetched, merged into and pushed, gate and publish wired in. Drift: the sessions the workflow runs (literal ones and every session
 the plan job can emit, for every tag) must be listed by `nox -l --json`; the matrix keys the jobs read
-must be in the plan's rows; the dispatch tags must be matrix.versions.TAGS; the pytest options passed
+must be in the plan's rows; the dispatch tags must be matrix.version_axes.TAGS; the pytest options passed
 after `--` must exist in conftest.py. Each check is also shown to fail on an injected fault.
 """
 
@@ -27,9 +27,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from matrix import PROJECT_ROOT
-from matrix.versions import CACHE_DIR_ENV, MAX_AGE_ENV, TAGS, Combo, Pin
-from sessions.atlas import Slice, atlas_parser
+from matrix.releases import CACHE_DIR_ENV, MAX_AGE_ENV
+from matrix.version_axes import TAGS, Combo, Pin
+from sessions.atlas import atlas_parser
 from sessions.atlas_cost import Prediction
+from sessions.atlas_plan import Slice
 
 ROOT = PROJECT_ROOT
 WORKFLOW = ROOT / ".github" / "workflows" / "autotp.yml"
@@ -441,7 +443,7 @@ def drift_problems(
     dispatch = triggers["workflow_dispatch"]["inputs"]
     if set(dispatch["tag"]["options"]) != set(TAGS):
         problems.append(
-            f"workflow_dispatch tag options {dispatch['tag']['options']} are not matrix.versions.TAGS {list(TAGS)}"
+            f"workflow_dispatch tag options {dispatch['tag']['options']} are not matrix.version_axes.TAGS {list(TAGS)}"
         )
     if set(dispatch) != set(triggers["workflow_call"]["inputs"]):
         problems.append(
@@ -487,7 +489,7 @@ def set_step_run(job: str, old: str, new: str):
         (lambda w: w["jobs"]["report"].pop("timeout-minutes"), "jobs.report: no timeout-minutes"),
         (
             lambda w: w["on"]["workflow_dispatch"]["inputs"]["tag"]["options"].remove("min"),
-            "are not matrix.versions.TAGS",
+            "are not matrix.version_axes.TAGS",
         ),
         (lambda w: w["on"]["workflow_call"]["inputs"].pop("tp"), "inputs differ: ['tp']"),
         (lambda w: w["on"]["pull_request"]["paths"].remove("deepspeed/module_inject/**"), "deepspeed/module_inject"),

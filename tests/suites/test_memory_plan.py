@@ -265,7 +265,7 @@ def test_hub_checkpoints_load_on_the_meta_device_by_default_on_accelerator_runne
 
 
 def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
-    from matrix.registry import load_variants
+    from matrix.variants import load_variants
     from suites.reference.memory_plan import TrainingShape
 
     variants = load_variants()
@@ -290,7 +290,7 @@ def test_training_rows_plan_their_gradients_optimizer_state_and_snapshots():
 
 
 def test_a_training_row_that_cannot_fit_says_so_and_suggests_no_meta_load():
-    from matrix.registry import load_variants
+    from matrix.variants import load_variants
     from suites.reference.memory_plan import TrainingShape
 
     train = TrainingShape.of(load_variants()["train"])
@@ -308,7 +308,7 @@ def test_a_training_cell_plans_and_computes_no_inference_reference(tmp_path, mon
     """Its reference is the driver's unsharded steps: a 7B training cell must not be refused (or wait) for a
     reference process it never starts."""
     from matrix.cells import expand
-    from matrix.registry import load_variants
+    from matrix.variants import load_variants
     from suites.reference.memory_plan import TrainingShape
     from suites.run import driver
 
@@ -377,7 +377,8 @@ def test_a_hub_cell_the_plan_skips_never_downloads_its_weights(tmp_path, monkeyp
     import huggingface_hub
 
     from matrix.cells import Cell
-    from matrix.registry import ModelEntry, load_variants
+    from matrix.registry import ModelEntry
+    from matrix.variants import load_variants
     from suites.run.driver import RunOptions, memory_plan_lines, prepare_job
 
     hub = HubWithIndex(tmp_path / "hub")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from matrix.json_records import write_record
-from matrix.versions import AxisRule, Combo, parse_axis_value
+from matrix.version_axes import AxisRule, Combo, parse_axis_value
 from reports.__main__ import main
 from sessions import install_failure
 from suites.records.run_records import RunInfo, deepspeed_commit, git_has_commit, harness_commit, junit_properties

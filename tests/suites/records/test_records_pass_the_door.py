@@ -14,7 +14,8 @@ from junitparser import Failure
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from matrix.cells import Cell, expand
-from matrix.registry import DEFAULT_TOLERANCES, load_models, load_variants
+from matrix.registry import DEFAULT_TOLERANCES, load_models
+from matrix.variants import load_variants
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
 from suites.checks import training

@@ -157,7 +157,7 @@ def test_every_kind_of_cell_gets_a_script_with_what_it_runs(tmp_path):
     import ast
 
     from matrix.cells import parse_cell
-    from matrix.registry import load_variants
+    from matrix.variants import load_variants
     from suites.records.repro import write_repro
     from suites.records.run_records import RunInfo
 

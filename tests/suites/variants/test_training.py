@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from matrix.cells import Cell, expand
-from matrix.registry import DEFAULT_TOLERANCES, RegistryError, Variant, _parse_variant, load_models, load_variants
+from matrix.registry import DEFAULT_TOLERANCES, RegistryError, load_models
+from matrix.variants import Variant, _parse_variant, load_variants
 from suites.run.driver import RunOptions, run_cell
 
 TRAINING_ROWS = [name for name, variant in load_variants().items() if "train-all" in variant.tags]
@@ -127,7 +128,7 @@ def test_a_release_without_a_rows_feature_skips_naming_it(monkeypatch, feature, 
     from deepspeed.module_inject import layers
     from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
 
-    from matrix.registry import TRAINING_FEATURES
+    from matrix.variants import TRAINING_FEATURES
     from suites.variants.training import version_skip_reason
 
     assert version_skip_reason(("autotp_training", feature)) is None

@@ -16,7 +16,8 @@ import torch
 
 from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
-from matrix.registry import RegistryError, _parse_variant, load_variants
+from matrix.registry import RegistryError
+from matrix.variants import _parse_variant, load_variants
 from suites.checks import judge
 from suites.checks.contracts import MetaLoad
 from suites.checks.interface import CheckInputs
