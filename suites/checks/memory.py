@@ -6,7 +6,8 @@ numbers, so only this check notices it. Every weight (a parameter of two or more
 to each rank's tensors by name (AutoTP keeps the names of the layers it replaces):
 - split: the largest rank's share may be at most ceil(u/tp)/u, u being the pieces the weight's split is made of,
   from the model's counts, never from what the ranks hold (`allowance`): its heads (query heads; kv heads, whose
-  groups of query heads stay together; with fewer kv heads than tp the query heads still spread over the ranks),
+  groups of query heads stay together; with fewer kv heads than tp the query heads still spread over the ranks;
+  differential attention's kv-head pairs, as its heads work in pairs),
   experts, or 64-wide grains. A split exactly as uneven as the counts force passes (6 heads on 4 ranks: 2/6), a
   more uneven one fails, and so does a weight one rank holds all of while the others hold none (DeepSpeed splits
   attention in kv-head units: with one kv head, rank 0 gets every query head);
@@ -32,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from suites.checks.interface import Check, CheckInputs, inference
+from suites.checks.probes import HEAD_PAIR_MODEL_TYPES as HEAD_PAIR_MODEL_TYPES  # a rule constant (RULE_CONSTANTS)
 from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
 from suites.checks.result import CheckResult, Finding, joined
 
@@ -105,7 +107,8 @@ def real_shape(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts,
 def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, tp: int) -> Allowance:
     """The pieces a weight split along `dim` is made of, from the model's counts: an attention weight's heads (kv
     head groups when there are at least tp kv heads; query heads otherwise, every kv head held whole where it is
-    needed), a fused expert weight's experts, otherwise 64-wide grains (DeepSpeed's tp_grain_size; of each half of a
+    needed; differential attention's kv-head pairs, `SplitCounts.head_pairs`), a fused expert weight's experts,
+    otherwise 64-wide grains (DeepSpeed's tp_grain_size; of each half of a
     packed gate and up projection, which DeepSpeed splits half by half). A dimension the kv-head count divides may
     also be split in kv-head units (tp_shard.py `get_shard_size`), except the query heads of too few kv heads."""
     size, heads, kv, head_dim = shape[dim], counts.heads, counts.kv_heads, counts.head_dim
@@ -114,6 +117,8 @@ def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, 
     attention = any(part in name for part in ("attn", "attention"))
     if attention and heads and head_dim and size % head_dim == 0:
         count, few = size // head_dim, f"{kv} kv head{'s' if kv > 1 else ''} < tp {tp}"
+        if counts.head_pairs and kv % 2 == 0 and count in (kv, heads, heads + 2 * kv):
+            return _even(kv // 2, tp, "kv-head pairs")  # differential attention: a pair is the smallest piece
         if 0 < kv < heads and count == kv:  # a key or value projection
             return Allowance(1 / kv, kv, "kv heads", few, 1 / kv) if kv < tp else _even(kv, tp, "kv heads")
         if count in (heads, heads + 2 * kv) and 0 < kv < tp:
@@ -456,7 +461,14 @@ def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCou
     return {owner[1] if owner else name}
 
 
-RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS")
+RULE_CONSTANTS = (
+    "SHARE_EPSILON",
+    "PACKED_HALVES",
+    "TP_GRAIN",
+    "DESIGN_WHOLE_NAMES",
+    "OUTPUT_HEADS",
+    "HEAD_PAIR_MODEL_TYPES",
+)
 """The constants the rules below read: the standalone repro script gets them as literals."""
 RULES = (
     SplitCounts,
