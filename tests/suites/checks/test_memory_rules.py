@@ -5,6 +5,7 @@ script judging by the same code."""
 import inspect
 import sys
 import types
+from dataclasses import asdict
 
 import torch
 
@@ -82,6 +83,7 @@ def test_differential_attention_is_judged_in_kv_head_pairs():
     tiny = _footprint(heads=8, kv_heads=8)
     tiny = Footprint(tiny.bytes_by_name, tiny.kinds, tiny.shapes_by_name, SplitCounts(8, 8, HEAD_DIM, 0, True))
     real = SplitCounts(32, 32, 128, 0, True)
+    assert SplitCounts.read(asdict(real)) == real  # as a training cell's ranks and the repro script get it
     assert memory.check(tiny, _held(tiny, [4, 2, 2], [4, 2, 2]), real=real).passed
     lopsided = memory.check(tiny, _held(tiny, [6, 2, 0], [6, 2, 0]), real=real)
     assert not lopsided.passed and "at most 38% on tp 3: 16 kv-head pairs of the real checkpoint" in lopsided.reason
