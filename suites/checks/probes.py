@@ -291,7 +291,7 @@ CONV_MODULES = (
 )
 
 
-HEAD_PAIR_MODEL_TYPES = ("diffllama",)
+PAIRED_HEADS = ("diffllama",)
 """Differential attention: query head i works with head i + heads/2 and kv head j with j + kv_heads/2
 (transformers' `DiffLlamaAttention.forward` chunks the values and the attention output in two halves along the head
 axis), so the smallest piece a rank can hold is a kv-head pair with its query heads."""
@@ -308,7 +308,7 @@ class SplitCounts:
     experts: int
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
     head_pairs: bool = False
-    """Differential attention (`HEAD_PAIR_MODEL_TYPES`): the heads work in pairs that one rank must hold whole."""
+    """Differential attention (`PAIRED_HEADS`): the heads work in pairs that one rank must hold whole."""
 
     @classmethod
     def read(cls, fields: dict[str, int]) -> SplitCounts:
@@ -329,9 +329,7 @@ def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
     if group is None or group.record.source.startswith("as written"):
         return None
     real = group.record
-    return SplitCounts(
-        real.heads, real.kv_heads, real.head_dim, real.experts, model.model_type in HEAD_PAIR_MODEL_TYPES
-    )
+    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts, model.model_type in PAIRED_HEADS)
 
 
 @dataclass(frozen=True)
@@ -372,7 +370,7 @@ def split_counts(model: CausalLM) -> SplitCounts:
         shape = read_shape(config, f"{type(config).__name__}")
     except RegistryError:  # no attention heads or hidden size (e.g. a state-space model): no count applies
         return SplitCounts(0, 0, 0, 0)
-    paired = getattr(config, "model_type", "") in HEAD_PAIR_MODEL_TYPES
+    paired = getattr(config, "model_type", "") in PAIRED_HEADS
     return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts, paired)
 
 

@@ -186,7 +186,7 @@ if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker
         weight_share,
         whole_by_design,
     )
-    from suites.checks.probes import HEAD_PAIR_MODEL_TYPES, SplitCounts
+    from suites.checks.probes import PAIRED_HEADS, SplitCounts
 
 
 def rank() -> int:
@@ -417,7 +417,7 @@ def split_counts(model: CausalLM) -> SplitCounts:
     kv_heads = 1 if multi_query else (first(names["kv_heads"]) or heads)
     head_dim = values["v_head_dim"] if names["mla"] in values else (first(names["head_dim"]) or hidden // max(heads, 1))
     experts = first(names["experts"])
-    paired = values.get("model_type") in HEAD_PAIR_MODEL_TYPES
+    paired = values.get("model_type") in PAIRED_HEADS
     return SplitCounts(heads, kv_heads, head_dim, experts if experts > 1 else 0, paired)
 
 
