@@ -6,10 +6,10 @@ numbers, so only this check notices it. Every weight (a parameter of two or more
 to each rank's tensors by name (AutoTP keeps the names of the layers it replaces):
 - split: the largest rank's share may be at most ceil(u/tp)/u, u being the pieces the weight's split is made of,
   from the model's counts, never from what the ranks hold (`allowance`): its heads (query heads; kv heads, whose
-  groups of query heads stay together; with fewer kv heads than tp the query heads still spread over the ranks),
-  experts, or 64-wide grains. A split exactly as uneven as the counts force passes (6 heads on 4 ranks: 2/6), a
-  more uneven one fails, and so does a weight one rank holds all of while the others hold none (DeepSpeed splits
-  attention in kv-head units: with one kv head, rank 0 gets every query head);
+  groups of query heads stay together; with fewer kv heads than tp the query heads still spread over the ranks;
+  differential attention's kv-head pairs), experts, or 64-wide grains. A split exactly as uneven as the counts
+  force passes (6 heads on 4 ranks: 2/6), a more uneven one fails, and so does a weight one rank holds all of while
+  the others hold none (DeepSpeed splits attention in kv-head units: with one kv head, rank 0 gets every query head);
 - left whole on every rank: a failure, unless AutoTP keeps that weight whole by design, which is a named rule
   (`whole_by_design`) reported with the cell, never slack in a bound.
 A faithful cell (matrix/shapes.py) stands for a real checkpoint whose counts its tiny ones only share the split
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from suites.checks.interface import Check, CheckInputs, inference
 from suites.checks.probes import KINDS, SPLIT_KINDS, Footprint, SplitCounts, TensorKind
+from suites.checks.probes import PAIRED_HEADS as PAIRED_HEADS  # a rule constant (RULE_CONSTANTS)
 from suites.checks.result import CheckResult, Finding, joined
 
 SHARE_EPSILON = 1e-6
@@ -105,15 +106,18 @@ def real_shape(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts,
 def allowance(name: str, shape: tuple[int, ...], dim: int, counts: SplitCounts, tp: int) -> Allowance:
     """The pieces a weight split along `dim` is made of, from the model's counts: an attention weight's heads (kv
     head groups when there are at least tp kv heads; query heads otherwise, every kv head held whole where it is
-    needed), a fused expert weight's experts, otherwise 64-wide grains (DeepSpeed's tp_grain_size; of each half of a
-    packed gate and up projection, which DeepSpeed splits half by half). A dimension the kv-head count divides may
-    also be split in kv-head units (tp_shard.py `get_shard_size`), except the query heads of too few kv heads."""
+    needed; differential attention's kv-head pairs, `SplitCounts.head_pairs`), a fused expert weight's experts,
+    otherwise 64-wide grains (DeepSpeed's tp_grain_size; of each half of a packed gate and up projection, which
+    DeepSpeed splits half by half). A dimension the kv-head count divides may also be split in kv-head units
+    (tp_shard.py `get_shard_size`), except the query heads of too few kv heads."""
     size, heads, kv, head_dim = shape[dim], counts.heads, counts.kv_heads, counts.head_dim
     if len(shape) >= 3 and dim == 0 and counts.experts and size == counts.experts:
         return _even(size, tp, "experts")
     attention = any(part in name for part in ("attn", "attention"))
     if attention and heads and head_dim and size % head_dim == 0:
         count, few = size // head_dim, f"{kv} kv head{'s' if kv > 1 else ''} < tp {tp}"
+        if counts.head_pairs and kv % 2 == 0 and count in (kv, heads, heads + 2 * kv):
+            return _even(kv // 2, tp, "kv-head pairs")  # differential attention: a pair is the smallest piece
         if 0 < kv < heads and count == kv:  # a key or value projection
             return Allowance(1 / kv, kv, "kv heads", few, 1 / kv) if kv < tp else _even(kv, tp, "kv heads")
         if count in (heads, heads + 2 * kv) and 0 < kv < tp:
@@ -456,7 +460,7 @@ def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCou
     return {owner[1] if owner else name}
 
 
-RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS")
+RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS", "PAIRED_HEADS")
 """The constants the rules below read: the standalone repro script gets them as literals."""
 RULES = (
     SplitCounts,

@@ -291,6 +291,12 @@ CONV_MODULES = (
 )
 
 
+PAIRED_HEADS = ("diffllama",)
+"""Differential attention: query head i works with head i + heads/2 and kv head j with j + kv_heads/2
+(transformers' `DiffLlamaAttention.forward` chunks the values and the attention output in two halves along the head
+axis), so the smallest piece a rank can hold is a kv-head pair with its query heads."""
+
+
 @dataclass(frozen=True)
 class SplitCounts:
     """How finely AutoTP can split the model's weights, from its (text) config; 0 where the config has none."""
@@ -301,6 +307,14 @@ class SplitCounts:
     head_dim: int
     experts: int
     """Routed experts of a MoE layer: the router's output features (AutoTP keeps routers whole)."""
+    head_pairs: bool = False
+    """Differential attention (`PAIRED_HEADS`): the heads work in pairs that one rank must hold whole."""
+
+    @classmethod
+    def read(cls, fields: dict[str, int]) -> SplitCounts:
+        """The counts from their fields as a record written with `dataclasses.asdict` holds them."""
+        counts = (fields["heads"], fields["kv_heads"], fields["head_dim"], fields["experts"])
+        return cls(*counts, bool(fields.get("head_pairs", False)))
 
 
 def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
@@ -315,7 +329,7 @@ def faithful_counts(model: ModelEntry, tp: int) -> SplitCounts | None:
     if group is None or group.record.source.startswith("as written"):
         return None
     real = group.record
-    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts)
+    return SplitCounts(real.heads, real.kv_heads, real.head_dim, real.experts, model.model_type in PAIRED_HEADS)
 
 
 @dataclass(frozen=True)
@@ -356,7 +370,8 @@ def split_counts(model: CausalLM) -> SplitCounts:
         shape = read_shape(config, f"{type(config).__name__}")
     except RegistryError:  # no attention heads or hidden size (e.g. a state-space model): no count applies
         return SplitCounts(0, 0, 0, 0)
-    return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts)
+    paired = getattr(config, "model_type", "") in PAIRED_HEADS
+    return SplitCounts(shape.heads, shape.kv_heads, shape.head_dim, shape.experts, paired)
 
 
 def shapes_by_name(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

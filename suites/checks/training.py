@@ -174,7 +174,7 @@ def _memory(unsharded: UnshardedSteps, reports: list[TraineeReport], prefix: str
         bytes_by_name=unsharded["bytes_by_name"],
         kinds=unsharded["kinds"],
         shapes_by_name=unsharded["shapes_by_name"],
-        counts=SplitCounts(**unsharded["counts"]),
+        counts=SplitCounts.read(unsharded["counts"]),
     )
     memory = memory_checks.check(footprint, [r["bytes_by_name"] for r in reports])
     return CheckResult(

@@ -36,7 +36,7 @@ FUNCTIONS_PLACEHOLDER = """if TYPE_CHECKING:  # harness functions, written by au
         weight_share,
         whole_by_design,
     )
-    from suites.checks.probes import SplitCounts
+    from suites.checks.probes import PAIRED_HEADS, SplitCounts
 """
 CONFIG_NAMES: ConfigNames = {
     "heads": HEAD_KEYS,

@@ -186,7 +186,7 @@ if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker
         weight_share,
         whole_by_design,
     )
-    from suites.checks.probes import SplitCounts
+    from suites.checks.probes import PAIRED_HEADS, SplitCounts
 
 
 def rank() -> int:
@@ -417,7 +417,8 @@ def split_counts(model: CausalLM) -> SplitCounts:
     kv_heads = 1 if multi_query else (first(names["kv_heads"]) or heads)
     head_dim = values["v_head_dim"] if names["mla"] in values else (first(names["head_dim"]) or hidden // max(heads, 1))
     experts = first(names["experts"])
-    return SplitCounts(heads, kv_heads, head_dim, experts if experts > 1 else 0)
+    paired = values.get("model_type") in PAIRED_HEADS
+    return SplitCounts(heads, kv_heads, head_dim, experts if experts > 1 else 0, paired)
 
 
 def unsharded_weights(model: CausalLM) -> Unsharded:
@@ -498,7 +499,7 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
     batch, mask, corpus = inputs(hub_id)
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
     unsharded = unsharded_weights(model)
-    real = SplitCounts(**CELL["real_counts"]) if CELL["real_counts"] and not hub_id else None
+    real = SplitCounts.read(CELL["real_counts"]) if CELL["real_counts"] and not hub_id else None
     # functools.wraps on transformers' `to` hides from mypy that it is a method (here and below).
     reference = observe(model.to(device), batch, mask, corpus, device)  # type: ignore[arg-type]
     options: dict[str, object] = {}

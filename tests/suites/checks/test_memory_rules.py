@@ -5,6 +5,7 @@ script judging by the same code."""
 import inspect
 import sys
 import types
+from dataclasses import asdict
 
 import torch
 
@@ -73,6 +74,19 @@ def test_a_faithful_even_split_passes_though_the_tiny_share_is_above_the_real_on
     assert memory.check(tiny, _held(tiny, [3, 3, 2], [3, 3, 2]), real=real).passed
     lopsided = memory.check(tiny, _held(tiny, [4, 2, 2], [4, 2, 2]), real=real)
     assert not lopsided.passed and "at most 34% on tp 3: 32 kv head groups of the real checkpoint" in lopsided.reason
+
+
+def test_differential_attention_is_judged_in_kv_head_pairs():
+    """diffllama at tp 3: head i works with head i + heads/2, so 32 heads split in 16 pairs [6, 5, 5] (38 %, above the
+    34 % of single heads); its tiny 8 heads split in 4 pairs [2, 1, 1] are that even split. The same split of a model
+    without pairs fails (above), and a pair split more uneven than the pairs force fails here too."""
+    tiny = _footprint(heads=8, kv_heads=8)
+    tiny = Footprint(tiny.bytes_by_name, tiny.kinds, tiny.shapes_by_name, SplitCounts(8, 8, HEAD_DIM, 0, True))
+    real = SplitCounts(32, 32, 128, 0, True)
+    assert SplitCounts.read(asdict(real)) == real  # as a training cell's ranks and the repro script get it
+    assert memory.check(tiny, _held(tiny, [4, 2, 2], [4, 2, 2]), real=real).passed
+    lopsided = memory.check(tiny, _held(tiny, [6, 2, 0], [6, 2, 0]), real=real)
+    assert not lopsided.passed and "at most 38% on tp 3: 16 kv-head pairs of the real checkpoint" in lopsided.reason
 
 
 def test_the_output_head_left_whole_fails_where_deepspeed_splits_it():
