@@ -1,7 +1,7 @@
 """The records that cross between the driver and the ranks: the `Job` a rank group runs (written by the driver
-as `job-<seq>.json`, read by every rank) and the `RankSummary` each rank hands rank 0 for the verdict (with a training cell's steps and reports in it, typed
-dicts: they are pickled across as dicts). Typed and frozen, so a field is named once and no merge of dicts can
-overwrite another part's field."""
+as `job-<seq>.json`, read by every rank) and the `RankSummary` each rank hands rank 0 for the verdict (with a
+training cell's steps and reports in it: typed dicts of `ComparisonRecord`s, pickled across). Typed and frozen, so a
+field is named once and no merge of dicts can overwrite another part's field."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from matrix.registry import DType, Tolerance
 from matrix.variants import Variant
 from suites.checks.inputs import ProbeSpec
 from suites.checks.probes import SplitCounts
+from suites.checks.result import Finding
 from suites.checks.task_probe import AccuracyTask
 from suites.verdicts.outcome import RankError
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from suites.checks.probes import TensorKind
-    from suites.checks.result import Finding
 
 
 @dataclass(frozen=True)
@@ -115,19 +115,32 @@ class UnshardedSteps(TypedDict):
     lm_head_weight: str
 
 
-class ComparisonRecord(TypedDict):
-    """A suites/variants/trainee.py `Comparison` as a rank hands it to rank 0 (suites/checks/training.py reads it)."""
+@dataclass(frozen=True)
+class ComparisonRecord:
+    """What a suites/variants/trainee.py `Comparison` found on one rank (sharded tensors against the matching slices
+    of unsharded ones), as the rank hands it to rank 0; suites/checks/training.py judges the ranks' records."""
 
     largest: float
+    """The largest unsharded magnitude over the tensors compared (the whole model's)."""
     floor_share: float
+    """The smallest scale an error is divided by, as a share of `largest` (trainee.py `scale_floor_share`)."""
     max_rel_error: float
+    """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared (NaN when one held a NaN)."""
     worst_parameter: str
+    """The parameter `max_rel_error` is of ("" when none differed)."""
     compared: int
-    problems: list[Finding]
-    errors_at_floor: dict[int, float]
-    """k -> the error had the scale floor been 2^-k of the largest magnitude (suites/variants/training.py)."""
+    """How many tensors were compared."""
+    problems: tuple[Finding, ...]
+    """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
+    errors_at_floor: dict[str, float]
+    """k (as text: a JSON object's keys) -> the largest error had the scale floor been 2^-k of the largest magnitude
+    (trainee.py FLOOR_CANDIDATES)."""
     worst_vanished: bool
+    """The worst parameter's sharded tensor is zero (at most trainee.py VANISHED_SHARE of its unsharded scale) where
+    the unsharded one is not: an update or gradient that vanished, another mechanism than one off by a factor."""
     loss_scale: float
+    """The factor the gradients read were divided by: the loss scale DeepSpeed's backward multiplied the loss by,
+    which its step divides out (1 where it scales none; trainee.py `ShardedTrainee.step`)."""
 
 
 class RoundTripReport(TypedDict):

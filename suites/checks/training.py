@@ -17,6 +17,8 @@ from suites.checks.result import CheckResult, Finding, joined
 from suites.verdicts.check_names import at_floor
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from suites.checks.contracts import (
         ComparisonRecord,
         RoundTripReport,
@@ -30,7 +32,7 @@ def _nan_first(value: float) -> tuple[bool, float]:
     return math.isnan(value), value
 
 
-def _rank_problems(problems_per_rank: list[list[Finding]]) -> list[Finding]:
+def _rank_problems(problems_per_rank: Sequence[Sequence[Finding]]) -> list[Finding]:
     """The ranks' problems (suites/variants/training.py), each naming its rank."""
     return [problem.prefixed(f"rank {rank}: ") for rank, found in enumerate(problems_per_rank) for problem in found]
 
@@ -69,16 +71,16 @@ def magnitude(error: float) -> str:
 def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stage: str, what: str) -> Finding | None:
     """What is wrong over one Comparison per rank (suites/variants/training.py), None when nothing is. The short part
     keeps what names the mechanism: a vanished tensor, or the error's order of magnitude (`magnitude`)."""
-    if problems := _rank_problems([c["problems"] for c in comparisons]):
+    if problems := _rank_problems([c.problems for c in comparisons]):
         return joined(problems[:3], f"{stage}: ")
-    worst_rank = max(range(len(comparisons)), key=lambda r: _nan_first(comparisons[r]["max_rel_error"]))
+    worst_rank = max(range(len(comparisons)), key=lambda r: _nan_first(comparisons[r].max_rel_error))
     worst = comparisons[worst_rank]
-    error = worst["max_rel_error"]
+    error = worst.max_rel_error
     if error <= allowed:
         return None
-    which = f"{stage}: {what} of {worst['worst_parameter']} on rank {worst_rank}"
+    which = f"{stage}: {what} of {worst.worst_parameter} on rank {worst_rank}"
     figures = f"({error:.3g} of its scale; allowed {allowed:.3g})"
-    if worst["worst_vanished"]:
+    if worst.worst_vanished:
         return Finding(f"{which} is zero where the unsharded {what} is not", figures)
     return Finding(f"{which} differs from the unsharded {what} by {magnitude(error)} of its scale", figures)
 
@@ -86,8 +88,8 @@ def _comparison_result(comparisons: list[ComparisonRecord], allowed: float, stag
 def _at_floors(comparisons: list[ComparisonRecord], metric: str) -> dict[str, float]:
     """`metric` had the scale floor been each candidate (suites/variants/trainee.py FLOOR_CANDIDATES): what the floor's
     choice rests on (benchmarks/noise.py)."""
-    floors = {k for c in comparisons for k in c.get("errors_at_floor", {})}
-    return {at_floor(metric, k): max(c["errors_at_floor"].get(k, 0.0) for c in comparisons) for k in sorted(floors)}
+    floors = {int(k) for c in comparisons for k in c.errors_at_floor}
+    return {at_floor(metric, k): max(c.errors_at_floor.get(str(k), 0.0) for c in comparisons) for k in sorted(floors)}
 
 
 def _grad_bound(tolerance: Tolerance, step: int) -> float:
@@ -132,19 +134,19 @@ def _grads(reports: list[TraineeReport], tolerance: Tolerance, prefix: str) -> C
             grads = _comparison_result(
                 [r["steps"][step] for r in reports], _grad_bound(tolerance, step), f"step {step + 1}", "gradient"
             )
-    worst_grad = max((c["max_rel_error"] for r in reports for c in r["steps"]), key=_nan_first)
+    worst_grad = max((c.max_rel_error for r in reports for c in r["steps"]), key=_nan_first)
     return CheckResult.judged(
         "train_grads",
         "numerics",
         {
             f"{prefix}grad_max_rel_error": worst_grad,
             f"{prefix}grad_first_step_max_rel_error": max(
-                (r["steps"][0]["max_rel_error"] for r in reports), key=_nan_first
+                (r["steps"][0].max_rel_error for r in reports), key=_nan_first
             ),
             **_at_floors([r["steps"][0] for r in reports], f"{prefix}grad_first_step_max_rel_error"),
-            f"{prefix}grad_params_compared": float(sum(c["compared"] for r in reports for c in r["steps"][:1])),
+            f"{prefix}grad_params_compared": float(sum(c.compared for r in reports for c in r["steps"][:1])),
             f"{prefix}grad_params_sharded": float(sum(r["sharded"] for r in reports)),
-            f"{prefix}grad_loss_scale": max(c["loss_scale"] for r in reports for c in r["steps"]),
+            f"{prefix}grad_loss_scale": max(c.loss_scale for r in reports for c in r["steps"]),
         },
         grads.prefixed(_label(reports, prefix)) if grads else None,
     )
@@ -161,7 +163,7 @@ def _update(reports: list[TraineeReport], tolerance: Tolerance, prefix: str) -> 
         "train_update",
         "numerics",
         {
-            f"{prefix}update_max_rel_error": max((r["update"]["max_rel_error"] for r in reports), key=_nan_first),
+            f"{prefix}update_max_rel_error": max((r["update"].max_rel_error for r in reports), key=_nan_first),
             **_at_floors([r["update"] for r in reports], f"{prefix}update_max_rel_error"),
         },
         update.prefixed(_label(reports, prefix)) if update else None,
@@ -257,17 +259,17 @@ def _check_round_trip(
             f"({delta:.3g} relative; allowed {tolerance.train_loss_rel:.3g})",
         )
     return [
-        CheckResult.judged("save", "numerics", {"saved_max_rel_error": saved_weights["max_rel_error"]}, saved),
+        CheckResult.judged("save", "numerics", {"saved_max_rel_error": saved_weights.max_rel_error}, saved),
         CheckResult.judged(
             "gather",
             "numerics",
-            {"gathered_max_rel_error": max((t["gathered"]["max_rel_error"] for t in trips), key=_nan_first)},
+            {"gathered_max_rel_error": max((t["gathered"].max_rel_error for t in trips), key=_nan_first)},
             gathered,
         ),
         CheckResult.judged(
             "load",
             "numerics",
-            {"loaded_max_rel_error": max((t["loaded"]["max_rel_error"] for t in trips), key=_nan_first)},
+            {"loaded_max_rel_error": max((t["loaded"].max_rel_error for t in trips), key=_nan_first)},
             loaded,
         ),
         CheckResult.judged(
@@ -275,10 +277,8 @@ def _check_round_trip(
             "numerics",
             {
                 "resumed_loss_rel_delta": delta,
-                "resumed_grad_max_rel_error": max((t["resumed_grads"]["max_rel_error"] for t in trips), key=_nan_first),
-                "resumed_update_max_rel_error": max(
-                    (t["resumed_update"]["max_rel_error"] for t in trips), key=_nan_first
-                ),
+                "resumed_grad_max_rel_error": max((t["resumed_grads"].max_rel_error for t in trips), key=_nan_first),
+                "resumed_update_max_rel_error": max((t["resumed_update"].max_rel_error for t in trips), key=_nan_first),
             },
             resumed,
         ),

@@ -66,26 +66,18 @@ def ulp(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Comparison:
-    """Sharded tensors against the matching slices of unsharded ones, on one rank."""
+    """Sharded tensors against the matching slices of unsharded ones, on one rank, compared one `add` at a time;
+    `record` is what it found. The fields are `ComparisonRecord`'s (suites/checks/contracts.py), as they grow."""
 
     largest: float = 0.0
-    """The largest unsharded magnitude over the tensors compared (the whole model's)."""
     floor_share: float = 0.0
-    """The smallest scale an error is divided by, as a share of `largest` (`scale_floor_share`)."""
     max_rel_error: float = 0.0
-    """Largest max|t_tp - t_ref| / max|t_ref| over the tensors compared."""
     worst_parameter: str = ""
     compared: int = 0
     problems: list[Finding] = field(default_factory=list)
-    """Tensors that are missing, unexpected, or not slices of the unsharded ones."""
     errors_at_floor: dict[int, float] = field(default_factory=dict)
-    """k -> the largest error had the floor been 2^-k of the largest magnitude (FLOOR_CANDIDATES)."""
     worst_vanished: bool = False
-    """The worst parameter's sharded tensor is zero (at most VANISHED_SHARE of its unsharded scale) where the
-    unsharded one is not: an update or gradient that vanished, another mechanism than one off by a factor."""
     loss_scale: float = 1.0
-    """The factor the gradients read were divided by: the loss scale DeepSpeed's backward multiplied the loss by,
-    which its step divides out (1 where it scales none; `ShardedTrainee.step`)."""
 
     def add(
         self, name: str, tensor: torch.Tensor, reference: torch.Tensor, rounding: torch.Tensor | float = 0.0
@@ -111,15 +103,16 @@ class Comparison:
             floor = max(own, self.largest * 2.0**-k)
             self.errors_at_floor[k] = max(self.errors_at_floor.get(k, 0.0), difference / floor if floor else difference)
 
-    def to_dict(self) -> ComparisonRecord:
+    def record(self) -> ComparisonRecord:
+        """What the comparison found, frozen."""
         return ComparisonRecord(
             largest=self.largest,
             floor_share=self.floor_share,
             max_rel_error=self.max_rel_error,
             worst_parameter=self.worst_parameter,
             compared=self.compared,
-            problems=self.problems,
-            errors_at_floor=self.errors_at_floor,
+            problems=tuple(self.problems),
+            errors_at_floor={str(k): error for k, error in self.errors_at_floor.items()},
             worst_vanished=self.worst_vanished,
             loss_scale=self.loss_scale,
         )
@@ -264,7 +257,7 @@ class ShardedTrainee:
                 grads.add(name, grad / grads.loss_scale, self.slice(name, reference[name]))
         engine.step()
         self.losses.append(loss.float().item())
-        self.step_grads.append(grads.to_dict())
+        self.step_grads.append(grads.record())
 
     def start_updates_here(self) -> None:
         """The weights held now (just loaded from a checkpoint) are where update_comparison starts."""
@@ -324,7 +317,7 @@ class ShardedTrainee:
             losses=self.losses,
             steps=self.step_grads,
             problems=self.problems,
-            update=self.update_comparison().to_dict(),
+            update=self.update_comparison().record(),
             bytes_by_name=held_bytes_by_name(module),
             sharded=sum(layout is not None for layout in self.layouts.values()),
             lm_head_mode=type(head_module).__name__ if head_module is not None else "none",
@@ -365,7 +358,7 @@ def compare_whole(weights: dict[str, torch.Tensor], reference: dict[str, torch.T
             comparison.problems.append(Finding(f"{name}: missing from the {what} weights"))
         else:
             comparison.add(name, weights[name], full)
-    return comparison.to_dict()
+    return comparison.record()
 
 
 def forget_parallel_groups() -> None:

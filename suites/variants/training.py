@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -385,7 +385,7 @@ def round_trip(
     fault_hook("saved", engine.module)
     gathered, problems = gather_full_weights(engine.module, variant.zero_stage)
     gather = compare_whole(gathered, trained, "gathered")
-    gather["problems"] += problems
+    gather = replace(gather, problems=(*gather.problems, *problems))
     progress.enter("shard", "load")
     if variant.resume_tp:
         forget_parallel_groups()
@@ -423,12 +423,12 @@ def round_trip(
     return RoundTripReport(
         saved=saved,
         gathered=gather,
-        loaded=loaded.to_dict(),
+        loaded=loaded.record(),
         resumed_step=steps_taken + 1,
         resumed_tp=variant.resume_tp or world_size,
         resumed_loss=resumed.losses[0],
         resumed_grads=resumed.step_grads[0],
-        resumed_update=resumed.update_comparison().to_dict(),
+        resumed_update=resumed.update_comparison().record(),
     )
 
 

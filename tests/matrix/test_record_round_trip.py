@@ -127,12 +127,14 @@ RECORDS = {} if os.environ.get("AUTOTP_RECORD_WALK") else _json_records()  # the
 
 
 def test_the_walk_finds_the_records_written_as_json() -> None:
-    """The records of cells.jsonl, a rank's files and report.json are among those found (the walk can fail)."""
+    """The records of cells.jsonl, a rank's files, what a training rank hands rank 0 and report.json are among those
+    found (the walk can fail)."""
     assert {
         "suites.verdicts.outcome.CellOutcome",
         "suites.verdicts.outcome.RankError",
         "suites.verdicts.mechanism.AutoTPRecord",
         "suites.checks.contracts.Job",
+        "suites.checks.contracts.ComparisonRecord",
         "reports.outputs.model.Report",
         "reports.analysis.answers.TransitionEntry",
     } <= set(RECORDS)

@@ -320,18 +320,20 @@ def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findi
 
 
 def _comparison(max_rel_error=0.0, problems=(), worst_vanished=False):
-    """One rank's Comparison (suites/variants/training.py) as its report carries it."""
-    return {
-        "largest": 1.0,
-        "floor_share": 0.0,
-        "max_rel_error": max_rel_error,
-        "worst_parameter": "model.layers.0.mlp.up_proj.weight",
-        "compared": 4,
-        "problems": list(problems),
-        "errors_at_floor": {},
-        "worst_vanished": worst_vanished,
-        "loss_scale": 1.0,
-    }
+    """One rank's ComparisonRecord (suites/variants/trainee.py) as its report carries it."""
+    from suites.checks.contracts import ComparisonRecord
+
+    return ComparisonRecord(
+        largest=1.0,
+        floor_share=0.0,
+        max_rel_error=max_rel_error,
+        worst_parameter="model.layers.0.mlp.up_proj.weight",
+        compared=4,
+        problems=tuple(problems),
+        errors_at_floor={},
+        worst_vanished=worst_vanished,
+        loss_scale=1.0,
+    )
 
 
 def _training_reports(tp=2, losses=(2.0, 1.5), grads=(), layout=(), update=(), trip=None):

@@ -7,6 +7,7 @@ rebuilt from the archive."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from matrix.variants import load_variants
 from reports.__main__ import main
 from reports.store.history_store import HistoryStore
 from suites.checks import training
+from suites.checks.contracts import ComparisonRecord
 from suites.checks.result import CheckResult
 from suites.records.run_records import CellRecorder, RunInfo
 from suites.run.driver import RunOptions, run_cell
@@ -30,12 +32,12 @@ from tests.suites.checks.test_check_units import _failing_signatures, _training_
 VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}
 
 
-def _real(comparison: dict) -> dict:
+def _real(comparison: ComparisonRecord) -> ComparisonRecord:
     """A hand-made comparison record replaced by a real Comparison's (its errors at every candidate floor)."""
     real = Comparison(largest=1.0, floor_share=2.0**-20)
     reference = torch.linspace(-1.0, 1.0, 16)
-    real.add(comparison["worst_parameter"], reference * (1 + comparison["max_rel_error"]), reference)
-    return {**real.to_dict(), "problems": comparison["problems"]}
+    real.add(comparison.worst_parameter, reference * (1 + comparison.max_rel_error), reference)
+    return replace(real.record(), problems=comparison.problems)
 
 
 def _training_results() -> list[CheckResult]:

@@ -22,7 +22,7 @@ def _update_comparison(factor: float) -> Comparison:
 
 
 def _signature(factor: float) -> str:
-    finding = _comparison_result([_update_comparison(factor).to_dict()], 1e-3, "after step 1", "weight update")
+    finding = _comparison_result([_update_comparison(factor).record()], 1e-3, "after step 1", "weight update")
     assert finding is not None, factor
     return finding.short
 
