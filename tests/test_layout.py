@@ -233,3 +233,45 @@ def test_the_size_bounds_see_every_package_and_catch_a_long_one(tmp_path, monkey
     monkeypatch.setitem(globals(), "PROJECT_ROOT", tmp_path)
     monkeypatch.setitem(globals(), "SIZED", ("matrix",))
     assert too_long() == {"matrix/planted.py": LONGEST_MODULE + 1, "matrix/planted.py:long": LONGEST_FUNCTION + 1}
+
+
+def unexplained_lazy_imports(package: str) -> list[str]:
+    """`path:line` of each import of a harness module inside a function of `package` that says nowhere why it is
+    not at the top of its module: a comment on the import's lines or on the line above the block of imports it is
+    in (the top is the default; an import inside a function costs the reader a question a comment answers once)."""
+    unexplained = []
+    for path in sorted((PROJECT_ROOT / package).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for body in (getattr(node, field, None) for node in ast.walk(function) for field in ("body", "orelse")):
+                block_start = None
+                for statement in body if isinstance(body, list) else ():
+                    if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+                        block_start = None
+                        continue
+                    block_start = block_start or statement.lineno
+                    modules = (
+                        [alias.name for alias in statement.names]
+                        if isinstance(statement, ast.Import)
+                        else [statement.module or ""]
+                    )
+                    explained = any("#" in line for line in lines[block_start - 2 : statement.end_lineno])
+                    if any(m.split(".")[0] in LAYERS for m in modules) and not explained:
+                        unexplained.append(f"{path.relative_to(PROJECT_ROOT)}:{statement.lineno}")
+    return sorted(set(unexplained))
+
+
+def test_a_lazy_import_of_the_harness_in_suites_says_why():
+    assert unexplained_lazy_imports("suites") == []
+
+
+def test_the_lazy_import_rule_sees_an_unexplained_one(tmp_path, monkeypatch):
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "lazy.py").write_text(
+        "def f():\n    import os\n\n    from matrix import cells\n\n\n"
+        "def g():\n    # torch behind it\n    import os\n    from matrix import cells\n"
+    )
+    monkeypatch.setitem(globals(), "PROJECT_ROOT", tmp_path)
+    assert unexplained_lazy_imports("suites") == ["suites/lazy.py:4"]

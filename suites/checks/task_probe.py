@@ -62,7 +62,7 @@ class AccuracyTask:
 def resolve_task(spec: str) -> AccuracyTask:
     """Checks the task exists and is well-formed (TaskError naming file and line otherwise)."""
     if spec.startswith(LM_EVAL_PREFIX):
-        try:
+        try:  # lm-eval is optional (pyproject's `accuracy` group): only its tasks import it
             from suites.checks import lm_eval_tasks
         except ImportError:
             raise TaskError(
@@ -78,7 +78,7 @@ def answer_correctness(task: AccuracyTask, model: CausalLM, tokenizer: Tokenizer
     """Whether the model answers each item right, in the task's item order. Every rank of a TP group
     calls this with the same task, so their forwards line up."""
     if task.uses_lm_eval:
-        from suites.checks import lm_eval_tasks
+        from suites.checks import lm_eval_tasks  # optional: resolve_task said how to install it
 
         return lm_eval_tasks.correctness(task.spec.removeprefix(LM_EVAL_PREFIX), model, tokenizer, device)
     loaded = load_task(Path(task.spec))

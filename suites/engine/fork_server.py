@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from matrix import PROJECT_ROOT
 from matrix.json_records import write_record
 from suites.base.atomic import write_text_atomically
+from suites.engine import worker
 from suites.engine.processes import pid_alive
 from suites.verdicts.outcome import death_record, read_death_records
 from suites.verdicts.vocabulary import FailureClass
@@ -308,8 +309,6 @@ def _rank_environment(request: ServerRequest, rank: int) -> dict[str, str]:
 
 
 def _run_rank(request: ServerRequest, rank: int) -> None:
-    from suites.engine import worker
-
     code = 1
     try:
         os.environ.update(_rank_environment(request, rank))
@@ -381,7 +380,8 @@ def _serve_references(workdir: Path, driver_pid: int) -> None:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
-        from suites.engine import worker
+        # torch behind it, which the driver's process must not import before it starts this server (TYPE_CHECKING
+        # above); imported here, inside the try and after the redirect, a failed import ends in the reference's log
         from suites.reference import unsharded
 
         worker.run_startup_fault_hook("reference")
@@ -431,8 +431,6 @@ def serve(log_dir: Path) -> None:
     import gc
 
     try:
-        from suites.engine import worker
-
         worker.run_startup_fault_hook("server")
         worker.import_cell_machinery()
     except Exception as error:

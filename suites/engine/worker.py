@@ -21,6 +21,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
+from matrix.json_records import read_record, write_record
+from suites.base.atomic import write_text_atomically
+from suites.base.elementwise_math import settle_elementwise_math
+from suites.engine import doorbells
+from suites.engine.processes import pid_alive
+from suites.verdicts.outcome import death_record
+
 JOB_WAIT_SECONDS = 1.0
 """How often an idle rank looks for a job file when no ring came (the driver rings each rank's job pipe)."""
 
@@ -99,7 +106,6 @@ def import_cell_machinery() -> None:
     # The harness's own cell machinery (checks, variants, the reference's loader): imported once by the fork server,
     # each rank and reference child it forks inherits it instead of importing it again (~0.2 s of a core a rank).
     import suites.engine.cell_runner  # noqa: F401
-    from suites.base.elementwise_math import settle_elementwise_math
 
     settle_elementwise_math()
     gc.collect()
@@ -109,8 +115,6 @@ def import_cell_machinery() -> None:
 def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:
     """If the driver or the launcher dies (killed, Ctrl-C), end this rank even when it is stuck in a
     collective: a rank must never linger as an orphan holding cores and memory."""
-    from suites.engine.processes import pid_alive
-
     while pid_alive(driver_pid) and os.getppid() == launcher_pid:
         time.sleep(1)
     os._exit(3)
@@ -138,10 +142,6 @@ def main() -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _redirect_output(args.workdir / f"rank{rank}.log")
     threading.Thread(target=_exit_when_orphaned, args=(args.driver_pid, os.getppid()), daemon=True).start()
-    from matrix.json_records import write_record
-    from suites.base.atomic import write_text_atomically
-    from suites.engine import doorbells
-    from suites.verdicts.outcome import death_record
 
     try:
         _serve_cells(args.workdir, rank, world_size)
@@ -225,16 +225,15 @@ def naps_for(world_size: int) -> Naps | None:
 
 def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     run_startup_fault_hook("rank", rank)
+    # The libraries and the harness's cell machinery (torch behind it) are imported inside main's try, after the
+    # startup fault hook: a rank that cannot import them writes its death record (whose fault it is) to the driver.
     import deepspeed
     import deepspeed.comm as dist
     import torch
     from deepspeed.accelerator import get_accelerator
     from deepspeed.module_inject import tp_shard
 
-    from matrix.json_records import read_record
-    from suites.base.atomic import write_text_atomically
     from suites.checks.contracts import Job
-    from suites.engine import doorbells
     from suites.engine.cell_runner import run_on_rank
 
     # A forked rank inherits its server's thread pool size; the launcher's ranks read OMP_NUM_THREADS.

@@ -22,6 +22,7 @@ from suites.checks.inputs import CORPUS_FILE, ProbeSpec
 from suites.checks.memory import RULE_CONSTANTS, RULES
 from suites.checks.probes import faithful_counts
 from suites.records.run_records import RunInfo, environment_report
+from suites.variants.training import deepspeed_config
 
 if TYPE_CHECKING:
     from suites.records.repro_template import CellSpec, ConfigNames
@@ -105,8 +106,6 @@ def repro_cell(
         "forward_mask": cell.arguments.forward_mask,
     }
     if variant.training:
-        from suites.variants.training import deepspeed_config
-
         spec_cell |= {
             "steps": variant.training_steps,
             "partitioning": variant.partitioning,

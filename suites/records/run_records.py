@@ -28,6 +28,7 @@ from matrix.redaction import redact
 from matrix.version_axes import AXES
 from suites.base.atomic import write_text_atomically
 from suites.base.git import GitFailed, run_git
+from suites.engine.rank_group import launch_environment
 from suites.verdicts.outcome import CellOutcome
 from suites.verdicts.vocabulary import FAILURE_CLASSES, OUTCOMES
 
@@ -117,8 +118,6 @@ def platform_of_run() -> tuple[str, str]:
     """(accelerator, communication backend) the rank groups of this machine use. CPU ranks get DS_ACCELERATOR=cpu
     (suites/engine/rank_group.py launch_environment), which is then known without importing DeepSpeed; on CPU,
     DeepSpeed uses oneCCL when its bindings import and falls back to gloo otherwise."""
-    from suites.engine.rank_group import launch_environment
-
     if launch_environment().get("DS_ACCELERATOR") != "cpu":
         from deepspeed.accelerator import get_accelerator
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from matrix.cells import DEFAULT_VARIANTS
 from matrix.registry import DType
-from matrix.variants import Variant
+from matrix.variants import Variant, load_variants
 from suites.reference.checkpoint_sizes import CheckpointSize, activation_bytes
 
 GiB = 1 << 30
@@ -474,8 +474,6 @@ def _alternatives(
 ) -> str:
     """What would fit this runner instead: the registry's `meta` variant at this tp, then other tp sizes
     (up to the accelerators there are); training rows load eagerly, so only other tp sizes."""
-    from matrix.variants import load_variants
-
     meta_files = load_variants()["meta"].checkpoint_files
     largest_tp = max(len(runner.device_bytes) or 8, tp)
     modes = ("eager",) if training else ("eager", "meta")

@@ -46,11 +46,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from matrix import cache_root
-from matrix.checkpoints import Checkpoint
+from matrix.cells import parse_names
+from matrix.checkpoints import Checkpoint, resolve_checkpoint
 from matrix.installed import cache_identity
 from matrix.json_records import read_record, write_record
-from matrix.registry import DType
+from matrix.registry import DType, load_models, pick
 from suites.base.atomic import write_atomically, write_text_atomically
+from suites.base.elementwise_math import settle_elementwise_math
 from suites.checks import inputs
 from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
 from suites.checks.probes import Observations, observe
@@ -368,8 +370,6 @@ def _computed(request: ReferenceRequest) -> Answer:
 def serve() -> None:
     """The reference process: answer requests from stdin until it closes. Only the protocol writes to
     the real stdout; everything the libraries print goes to stderr (the driver's log file)."""
-    from suites.base.elementwise_math import settle_elementwise_math
-
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -443,9 +443,6 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.files:
             print(f"{path}: {import_references(path)} references imported into {cache_root() / 'references'}")
         return 0
-    from matrix.cells import parse_names
-    from matrix.checkpoints import resolve_checkpoint
-    from matrix.registry import load_models, pick
 
     args.out.mkdir(parents=True, exist_ok=True)
     for entry in pick(load_models(), parse_names(args.models), "model"):

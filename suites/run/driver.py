@@ -44,6 +44,7 @@ from suites.run import variant_setup
 from suites.run.ahead import AheadForker, RunAhead
 from suites.run.command import CELL_TIMEOUT_S
 from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
+from suites.variants.loading import TORCH_DTYPES
 from suites.verdicts.mechanism import Failure, cause_of
 from suites.verdicts.outcome import CellOutcome, exception_signature, failed, mask_numbers
 
@@ -89,8 +90,6 @@ def dtype_refusal(dtype: DType) -> str | None:
     release and what it lists, or None: the cell's outcome is then `unsupported`, a state the history can bisect."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
-
-    from suites.variants.loading import TORCH_DTYPES
 
     accelerator = get_accelerator()
     supported = accelerator.supported_dtypes()

@@ -6,14 +6,15 @@ outcome when its quantization cannot run."""
 from __future__ import annotations
 
 from matrix.cells import Cell
-from matrix.checkpoints import Checkpoint
-from matrix.registry import ModelEntry
+from matrix.checkpoints import Checkpoint, tiny_checkpoint
+from matrix.registry import ModelEntry, load_models
 from suites.checks.contracts import MetaLoad, TrainedModel, VariantFields
 from suites.checks.inputs import ProbeSpec
 from suites.reference.cache import ReferenceForker, cached_reference
 from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
+from suites.variants.training import cached_unsharded_steps, model_skip_reason, version_skip_reason
 from suites.verdicts.outcome import CellOutcome
 
 
@@ -29,8 +30,6 @@ def skip_reason(cell: Cell) -> str | None:
         if "keep_module_on_host" not in known:
             return "this deepspeed's init_inference has no keep_module_on_host option"
     if variant.training:
-        from suites.variants.training import version_skip_reason
-
         if loss := cell.model.probe_skips.get("perplexity"):  # the probe the model cannot run is the step's loss
             return f"training steps on the labels= loss, which {cell.model.name} cannot run: {loss}"
         return version_skip_reason(variant.needs)
@@ -40,8 +39,6 @@ def skip_reason(cell: Cell) -> str | None:
 def checkpoint_skip_reason(cell: Cell, checkpoint: Checkpoint) -> str | None:
     """Why a training row cannot run on this checkpoint: its partitioning source does not exist for the model, or
     its second model (a tiny checkpoint with a byte vocabulary) does not fit the cell's tokenizer; else None."""
-    from suites.variants.training import model_skip_reason
-
     variant = cell.variant
     if not variant.training:
         return None
@@ -107,10 +104,6 @@ def prepare(
 
 def _trained_models(cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec) -> tuple[TrainedModel, ...]:
     """The unsharded steps of the cell's model (and of the row's second model)."""
-    from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models
-    from suites.variants.training import cached_unsharded_steps
-
     variant = cell.variant
     steps = variant.unsharded_steps
 

@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from matrix import PROJECT_ROOT, cache_root
+from matrix.cells import is_dtype
 from matrix.registry import DType
 from suites.base.atomic import write_text_atomically
+from suites.verdicts.outcome import exception_signature
 
 if TYPE_CHECKING:
     from suites.base.model_types import CausalLM
@@ -124,8 +127,6 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
     import deepspeed
     import transformers
 
-    from matrix import cache_root
-
     config = (
         json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
     )
@@ -152,7 +153,6 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
         dtype,
         "--trust-remote-code" if trust_remote_code else "",
     ]
-    from matrix import PROJECT_ROOT
 
     done = subprocess.run(
         [part for part in command if part],
@@ -175,9 +175,6 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
 def _fresh_process_main(argv: list[str]) -> None:
     """Build the model on the meta device as a user's script would, in this fresh interpreter; print the result."""
     import traceback
-
-    from matrix.cells import is_dtype
-    from suites.verdicts.outcome import exception_signature
 
     source, dtype, trust = argv[0], argv[1], "--trust-remote-code" in argv
     if not is_dtype(dtype):
