@@ -106,7 +106,8 @@ def check(reference: list[bool], sharded: list[bool], alpha: float = ALPHA) -> C
         else Finding(
             f"accuracy {paired.sharded_accuracy:.3f} [{tp_low:.3f}, {tp_high:.3f}] vs reference "
             f"{paired.reference_accuracy:.3f} [{ref_low:.3f}, {ref_high:.3f}] on {paired.items} items: "
-            f"{paired.reference_only} lost, {paired.sharded_only} gained, exact McNemar p={paired.p_value:.2g} < {alpha:g}"
+            f"{paired.reference_only} lost, {paired.sharded_only} gained, "
+            f"exact McNemar p={paired.p_value:.2g} < {alpha:g}"
         ),
     )
 

@@ -144,7 +144,8 @@ class ComparisonRecord:
 
 
 class RoundTripReport(TypedDict):
-    """suites/variants/training.py `round_trip` on one rank: the checkpoint's weights and the resumed step, against the unsharded steps."""
+    """suites/variants/training.py `round_trip` on one rank: the checkpoint's weights and the resumed step, against the
+    unsharded steps."""
 
     saved: ComparisonRecord | None
     """The saved 16-bit weights (rank 0 reads the file; None on the other ranks)."""
@@ -171,14 +172,16 @@ class _TraineeReportFields(TypedDict):
 
 
 class TraineeReport(_TraineeReportFields, total=False):
-    """suites/variants/trainee.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and model)."""
+    """suites/variants/trainee.py `ShardedTrainee.report` on one rank (suites/checks/training.py judges one per rank and
+    model)."""
 
     round_trip: RoundTripReport
     """The cell's own model, for a row with the checkpoint round trip."""
 
 
 class TrainingReport(TypedDict):
-    """suites/variants/training.py `run_training`'s report of one rank: the cell's model first, then the row's second model."""
+    """suites/variants/training.py `run_training`'s report of one rank: the cell's model first, then the row's second
+    model."""
 
     models: list[TraineeReport]
 

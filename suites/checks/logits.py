@@ -137,9 +137,9 @@ def check(reference: Observations, sharded: Observations, tolerance: Tolerance) 
 
 
 RANKS_AGREE_ULPS = 4
-"""Ranks hold the result of one all-reduce or all-gather, so correct ranks agree bit for bit (measured: spread 0.0
-in all 139 default-matrix cells that reached the comparison, 2026-12-03); a few float32 ulps of the logit scale leave room for a
-final cast and nothing else (a bf16 logit's own spacing is 2^-8 of its size, 16,000x more)."""
+"""Ranks hold the result of one all-reduce or all-gather, so correct ranks agree bit for bit (measured: spread 0.0 in
+all 139 default-matrix cells that reached the comparison, 2026-12-03); a few float32 ulps of the logit scale leave room
+for a final cast and nothing else (a bf16 logit's own spacing is 2^-8 of its size, 16,000x more)."""
 
 
 def check_ranks_agree(rank_last_logits: list[torch.Tensor]) -> CheckResult:

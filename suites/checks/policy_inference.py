@@ -1,5 +1,5 @@
-"""Which linears of each decoder-block class write the residual stream (suites/verdicts/policy.py), read from the unsharded
-model on rank 0 before init_inference shards it, and compared with what DeepSpeed made of them.
+"""Which linears of each decoder-block class write the residual stream (suites/verdicts/policy.py), read from the
+unsharded model on rank 0 before init_inference shards it, and compared with what DeepSpeed made of them.
 
 One forward of the model runs until the first instance of every block class of the decoder stack has run (the rest
 of the model is skipped by raising out of it), with autograd on from each such block's input: every nn.Linear's

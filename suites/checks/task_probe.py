@@ -66,7 +66,8 @@ def resolve_task(spec: str) -> AccuracyTask:
             from suites.checks import lm_eval_tasks
         except ImportError:
             raise TaskError(
-                f"{spec}: lm-eval tasks need lm-evaluation-harness: pip install --group accuracy (pyproject.toml); nox installs it for you"
+                f"{spec}: lm-eval tasks need lm-evaluation-harness: pip install --group accuracy (pyproject.toml); "
+                "nox installs it for you"
             ) from None
         return AccuracyTask(spec, lm_eval_tasks.fingerprint(spec.removeprefix(LM_EVAL_PREFIX)))
     path = Path(spec) if spec.endswith(".jsonl") else task_path(spec)

@@ -145,9 +145,9 @@ class ForkServer:
         return ForkedGroup(self._fork(request, workdir, timeout))
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
-        """One unsharded reference (suites/reference/unsharded.py `answer`) computed in a process of its own forked from the
-        server after its imports, which has ended when this returns: its answer, {"died": exit code, "log": path} when
-        it died without one, or None when the server cannot start. Like the reference process, no time limit: a
+        """One unsharded reference (suites/reference/unsharded.py `answer`) computed in a process of its own forked from
+        the server after its imports, which has ended when this returns: its answer, {"died": exit code, "log": path}
+        when it died without one, or None when the server cannot start. Like the reference process, no time limit: a
         reference takes what its model's size takes."""
         with self.reference_series() as series:
             return series.compute_reference(request)

@@ -67,9 +67,9 @@ def _restore_module_state(snapshot: ModuleState) -> None:
 
 
 def import_cell_machinery() -> None:
-    """Import at group start what the first cell would import lazily (transformers' model loading,
-    generation, masking, quantizers: 2-5 s), so no cell's timings carry it; settle the elementwise math
-    (suites/base/elementwise_math.py); then move everything alive into the permanent generation. A long-lived rank holds millions of module-level objects,
+    """Import at group start what the first cell would import lazily (transformers' model loading, generation, masking,
+    quantizers: 2-5 s), so no cell's timings carry it; settle the elementwise math (suites/base/elementwise_math.py);
+    then move everything alive into the permanent generation. A long-lived rank holds millions of module-level objects,
     and without the freeze every cell's gc.collect() walks them all (~0.3 s a call at tp 3 here)."""
     import gc
     import importlib

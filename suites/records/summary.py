@@ -72,7 +72,8 @@ def print_summary(records: list[CellRecord], terminalreporter: TerminalReporter)
         if "repro" in record:
             if record["outcome"] == "fail":
                 console.print(
-                    f"[red]✗[/] {record['cell']['id']}: {class_and_finding(record['failure_class'], record['signature'])}",
+                    f"[red]✗[/] {record['cell']['id']}: "
+                    f"{class_and_finding(record['failure_class'], record['signature'])}",
                     highlight=False,
                     soft_wrap=True,
                 )

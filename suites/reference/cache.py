@@ -233,8 +233,8 @@ class ReferenceForker(ComputesReferences, Protocol):
     before the rank group loads the model."""
 
     def reference_series(self) -> AbstractContextManager[ComputesReferences]:
-        """One child that computes many references one after another (a run's tiny ones, suites/run/ahead.py), ended when
-        the block ends."""
+        """One child that computes many references one after another (a run's tiny ones, suites/run/ahead.py), ended
+        when the block ends."""
         ...
 
 

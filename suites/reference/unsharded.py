@@ -1,16 +1,16 @@
 """The unsharded reference a cell is compared against, computed where AutoTP cannot reach it and
 where its memory cannot meet the rank group's.
 
-AutoTP leaves state behind in a process (module globals in `tp_shard` in older releases, helpers
-patched onto model classes), so a reference computed after any injection can differ from the true
-unsharded model. References are therefore computed only in a process of their own that never shards
-(`refuse_if_sharded`) and holds no process group (`refuse_if_distributed`): on CPU runs a child forked from the
-rank groups' fork server after its imports, one per reference, or one per worker for the tiny references a cold run
-computes ahead of its cells (suites/reference/cache.py `ReferenceForker`, suites/run/ahead.py: no second import of torch and transformers on a
-cold cache); otherwise the reference process (`python -m suites.reference.unsharded serve`, started by the driver
-through suites/reference/cache.py), which serves many small references and, after one whose model is at least
-`REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank
-group loads it.
+AutoTP leaves state behind in a process (module globals in `tp_shard` in older releases, helpers patched onto model
+classes), so a reference computed after any injection can differ from the true unsharded model. References are therefore
+computed only in a process of their own that never shards (`refuse_if_sharded`) and holds no process group
+(`refuse_if_distributed`): on CPU runs a child forked from the rank groups' fork server after its imports, one per
+reference, or one per worker for the tiny references a cold run computes ahead of its cells (suites/reference/cache.py
+`ReferenceForker`, suites/run/ahead.py: no second import of torch and transformers on a cold cache); otherwise the
+reference process (`python -m suites.reference.unsharded serve`, started by the driver through
+suites/reference/cache.py), which serves many small references and, after one whose model is at least
+`REFERENCE_PROCESS_REUSE_BELOW`, exits. Either way a large model's memory is back with the OS before the rank group
+loads it.
 
 Any size: the memory plan (suites/reference/memory_plan.py) gives the reference accelerate's `max_memory`
 (`device_map="auto"`: accelerators, then host RAM, then disk), so a model larger than host RAM still

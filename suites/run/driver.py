@@ -408,6 +408,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions, ahead: bool = Fals
             else "before their cells run"
         )
         lines.append(
-            f"  {len(unwritten)} models are planned once their tiny checkpoint is written, {when}: {', '.join(unwritten)}"
+            f"  {len(unwritten)} models are planned once their tiny checkpoint is written, {when}: "
+            f"{', '.join(unwritten)}"
         )
     return lines

@@ -57,8 +57,8 @@ def prepare(
     prepared: PreparedCell, spec: ProbeSpec, fork_server: ReferenceForker | None = None
 ) -> VariantFields | CellOutcome:
     """The variant's job fields, computed in the driver (never in a rank) for a cell that runs (`prepared.skip` is
-    None); references in a child of `fork_server` when the run has one (suites/reference/unsharded.py), offloaded as the cell's
-    plan says."""
+    None); references in a child of `fork_server` when the run has one (suites/reference/unsharded.py), offloaded as the
+    cell's plan says."""
     cell, checkpoint = prepared.cell, prepared.checkpoint
     variant, trust = cell.variant, cell.model.trust_remote_code
     meta, reference, baseline = None, None, None

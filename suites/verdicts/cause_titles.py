@@ -1,4 +1,5 @@
-"""A cause in a few words for a bug report's title, from the key and words `suites/verdicts/mechanism.py` `cause_of` writes."""
+"""A cause in a few words for a bug report's title, from the key and words `suites/verdicts/mechanism.py` `cause_of`
+writes."""
 
 from __future__ import annotations
 

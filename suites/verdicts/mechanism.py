@@ -264,8 +264,8 @@ _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
 
 
 def failure_text(signature: str) -> str:
-    """A signature (its numbers already masked, suites/verdicts/outcome.py `mask_numbers`) without the frame it surfaced in and
-    with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
+    """A signature (its numbers already masked, suites/verdicts/outcome.py `mask_numbers`) without the frame it surfaced
+    in and with runs of masked numbers as one: the same failure reads the same whatever the function it surfaced in is
     called (a library renamed it) and at every tp (`[N, N]` at tp 2, `[N, N, N]` at tp 3)."""
     return _NUMBER_RUN.sub("N…", FRAME.sub("", signature))
 
@@ -366,7 +366,8 @@ def _row_parallel_missed(record: AutoTPRecord, broke: BreakPoint, block: str) ->
 def _chosen(record: AutoTPRecord) -> str:
     """What the parser's policies all-reduce, per layer class: "for EncoderLayer it all-reduces `ffn.2`"."""
     chosen = "; ".join(
-        f"for {p.layer_class} it all-reduces {', '.join(f'`{linear.lstrip(DOT)}`' for linear in p.allreduce) or 'nothing'}"
+        f"for {p.layer_class} it all-reduces "
+        f"{', '.join(f'`{linear.lstrip(DOT)}`' for linear in p.allreduce) or 'nothing'}"
         for p in record.policies
     )
     return chosen or "no policy recorded"

@@ -1,6 +1,6 @@
 """The policy a model needs, inferred from the unsharded model, and where DeepSpeed's choice disagrees with it: the
-typed records a cell's AutoTP record carries (suites/verdicts/mechanism.py `AutoTPRecord.inferred`, `.disagreements`) and the
-`injection_policy` they yield, which a user can pass today and the remedies try first.
+typed records a cell's AutoTP record carries (suites/verdicts/mechanism.py `AutoTPRecord.inferred`, `.disagreements`)
+and the `injection_policy` they yield, which a user can pass today and the remedies try first.
 
 A decoder block reads the residual stream and adds its results back into it. A linear whose output reaches the
 block's output through additions, scalings, norms and reshapes alone *writes* the residual: under tensor parallelism
@@ -116,8 +116,9 @@ def disagreement_words(disagreements: tuple[PolicyDisagreement, ...]) -> str:
 
 
 def policy_key(disagreements: tuple[PolicyDisagreement, ...]) -> str:
-    """A cause's key (suites/verdicts/mechanism.py `Cause.key`): `policy|column-parallel:multi_head_attention.dense|...`, the
-    same for every cell and tp of a model whose policy disagrees alike."""
+    """A cause's key (suites/verdicts/mechanism.py `Cause.key`):
+    `policy|column-parallel:multi_head_attention.dense|...`, the same for every cell and tp of a model whose policy
+    disagrees alike."""
     return "|".join(["policy", *(f"{d.made}:{d.linear}" for d in _ordered(disagreements))])
 
 

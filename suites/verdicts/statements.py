@@ -1,5 +1,6 @@
 """Mechanisms read at the failing lines of DeepSpeed's (0.19.8) and transformers' (5.25.0) source, which the generic
-evidence of what AutoTP did (suites/verdicts/mechanism.py `cause_of`) only locates, and how a cause states its mechanism.
+evidence of what AutoTP did (suites/verdicts/mechanism.py `cause_of`) only locates, and how a cause states its
+mechanism.
 
 A mechanism is stated as proven only by a remedy that turned every cell of its cause green and changed no other
 verdict (issue #56; `nox -s remedy`'s results/remedies.json, read by `proof_of`): until one is verified for a cause,
@@ -240,9 +241,9 @@ DESIGN_LIMITS = {
 
 
 def proof_of(key: str, cells: Collection[str] = (), remedies: Sequence[RemedyResult] = ()) -> Proof:
-    """What stands behind a cause's sentence, by its key (suites/verdicts/mechanism.py `cause_of`), its cells and the remedies
-    `nox -s remedy` ran (results/remedies.json): a verified remedy proves it only where every one of the cause's cells
-    passes with it; the remedies run on some of its cells, verified or not, are what was tried."""
+    """What stands behind a cause's sentence, by its key (suites/verdicts/mechanism.py `cause_of`), its cells and the
+    remedies `nox -s remedy` ran (results/remedies.json): a verified remedy proves it only where every one of the
+    cause's cells passes with it; the remedies run on some of its cells, verified or not, are what was tried."""
     kind, _, rest = key.partition("|")
     parts = rest.split("|")
     known = (
