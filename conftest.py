@@ -221,7 +221,8 @@ def run_options(pytestconfig: pytest.Config) -> RunOptions:
 @pytest.fixture(scope="session")
 def run_ahead(pytestconfig: pytest.Config, run_options: RunOptions) -> RunAhead | None:
     """The cold work of this process's cells (their tiny checkpoints and references), done together when the first
-    asks for a reference (suites/run/ahead.py); None in a pytest-xdist worker, which does not know which cells it gets."""
+    asks for a reference (suites/run/ahead.py); None in a pytest-xdist worker, which does not know which cells it
+    gets."""
     from suites.run.driver import run_ahead
 
     return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)

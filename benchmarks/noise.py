@@ -213,8 +213,8 @@ FLOORED = (
     ("train_grads step 1", "grad_first_step_max_rel_error", "train_grad_rel"),
     ("train_update", "update_max_rel_error", "train_update_rel"),
 )
-"""Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records
-its error at every candidate floor (suites/variants/trainee.py FLOOR_CANDIDATES, metrics `<metric>_floor_2_to_minus_<k>`,
+"""Checks whose tensors are judged against max(own scale, a floor share of the model's largest): each cell records its
+error at every candidate floor (suites/variants/trainee.py FLOOR_CANDIDATES, metrics `<metric>_floor_2_to_minus_<k>`,
 suites/verdicts/check_names.py at_floor; older records' `<metric>_floor2^-<k>` are read as those)."""
 
 

@@ -141,8 +141,8 @@ def _version_in(value: str, specifiers: str) -> bool:
 
 
 def load_known_failures(failure_classes: Collection[str], path: Path = KNOWN_FAILURES_FILE) -> dict[str, KnownFailure]:
-    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/verdicts/outcome.py, a layer
-    above this one)."""
+    """The known-failures registry; `failure_classes`: the classes a cell can fail with (suites/verdicts/outcome.py, a
+    layer above this one)."""
 
     def known_class(failure: KnownFailure) -> None:
         unsupported = failure.state == "unsupported"

@@ -1,15 +1,16 @@
 """Failing now, by cause: the first section of every report when cells fail at the latest versions.
 
 The failing cells at the latest versions are grouped by cause (reports.analysis.signatures.failure_key: the cause the
-harness recorded, what AutoTP did where it broke, suites/verdicts/mechanism.py; for a failure recorded before causes were kept,
-its class and signature with every number masked). Each cause says its mechanism in words, whose bug it is (AutoTP's
-wherever the exception surfaced, the unsharded model passing the same probes; the frame is "surfaced in"), since when
-it fails (the oldest version set in the history where the same cause appears, or "since the first run"), the answer
-triage found for the transitions that brought it into the latest versions, whether it is known (matrix/
+harness recorded, what AutoTP did where it broke, suites/verdicts/mechanism.py; for a failure recorded before causes
+were kept, its class and signature with every number masked). Each cause says its mechanism in words, whose bug it is
+(AutoTP's wherever the exception surfaced, the unsharded model passing the same probes; the frame is "surfaced in"),
+since when it fails (the oldest version set in the history where the same cause appears, or "since the first run"), the
+answer triage found for the transitions that brought it into the latest versions, whether it is known (matrix/
 known_failures.toml: "known" with the upstream link, "unsupported upstream" — known by design — with the page or line of
 DeepSpeed that says so, else "new"), and its example cell (the one standing for the checkpoint users run most) with the
-command that runs it alone and the files the results folder keeps for it. An open known failure whose cells pass at the latest versions
-is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as "reopen".
+command that runs it alone and the files the results folder keeps for it. An open known failure whose cells pass at the
+latest versions is listed as "fixed at <version>: close <link>"; a fixed one that fails again at or after its fix as
+"reopen".
 
 Built into the report model (reports.outputs.model.build_report) as report.json's form of the section, and rendered from
 the Report, so report.md, report.html and the step summary say the same; `cause_id` is the one publish's issues
@@ -70,7 +71,8 @@ class ResultFiles:
     """Cells whose repro script is written."""
     remedies: tuple[RemedyResult, ...] = ()
     """What `nox -s remedy` found (its remedies.json in the folder, matrix/remedies.py `read_results`): a cause's
-    sentence is stated as proven by a remedy verified on every one of its cells (suites/verdicts/statements.py `proof_of`)."""
+    sentence is stated as proven by a remedy verified on every one of its cells (suites/verdicts/statements.py
+    `proof_of`)."""
 
     def log(self, cell: str) -> str:
         return log_folder(cell) if cell in self.logs else ""
@@ -205,7 +207,8 @@ class FailingCause:
     key: str = ""
     """What groups its cells (reports.analysis.signatures.failure_key)."""
     mechanism: str = ""
-    """The mechanism in words (suites/verdicts/mechanism.py Cause.words); "" for results recorded before causes were kept."""
+    """The mechanism in words (suites/verdicts/mechanism.py Cause.words); "" for results recorded before causes were
+    kept."""
     whose: str = ""
     """Whose it is: a key of suites.verdicts.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
     model by design)."""
@@ -404,10 +407,10 @@ def cause_statement(
 
 
 def _mechanism(key: str, statuses: Sequence[CellStatus], text: str, refused_by_design: bool, proof: Proof) -> str:
-    """The sentence that holds for every cell of a cause (suites/verdicts/mechanism.py `cause_sentence`), stated as proven
-    only by a verified remedy (suites/verdicts/statements.py `stated`: a verified remedy's sentence whatever was located; a
-    refusal DeepSpeed documents is its own proof); "" for results recorded before causes were kept, and where it only
-    repeats the example's signature (nothing was located)."""
+    """The sentence that holds for every cell of a cause (suites/verdicts/mechanism.py `cause_sentence`), stated as
+    proven only by a verified remedy (suites/verdicts/statements.py `stated`: a verified remedy's sentence whatever was
+    located; a refusal DeepSpeed documents is its own proof); "" for results recorded before causes were kept, and where
+    it only repeats the example's signature (nothing was located)."""
     if proof.by:
         return stated("", proof)
     words = [status.cause.words for status in statuses if status.cause]

@@ -2,9 +2,9 @@
 error text (which the reports quote elsewhere in code spans).
 
 A cause is a signature with its numbers masked: `<exception type>: <message> @ <file>:<function>` for what raised,
-`<check>: <finding>` for what a check judged (the check one of suites/verdicts/check_names.py's). The words come from the
-failure class, the check, and the library file that raised (DeepSpeed's parser, its fused-qkv split, a sharded layer,
-the model's own forward)."""
+`<check>: <finding>` for what a check judged (the check one of suites/verdicts/check_names.py's). The words come from
+the failure class, the check, and the library file that raised (DeepSpeed's parser, its fused-qkv split, a sharded
+layer, the model's own forward)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ def cause(signature: str) -> str:
 
 
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
-    """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`: what AutoTP
-    did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
+    """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`:
+    what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
     return mechanism.key if mechanism is not None else f"{failure_class}|{cause(signature)}"
 
 

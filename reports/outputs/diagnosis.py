@@ -1,5 +1,5 @@
-"""What AutoTP did to a failing cell's model and where it broke, from the cell's record (suites/verdicts/mechanism.py): the
-section of a draft issue (reports.outputs.draft_issue) that says it."""
+"""What AutoTP did to a failing cell's model and where it broke, from the cell's record (suites/verdicts/mechanism.py):
+the section of a draft issue (reports.outputs.draft_issue) that says it."""
 
 from __future__ import annotations
 

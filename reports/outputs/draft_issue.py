@@ -1,17 +1,17 @@
 """A bug report for DeepSpeed's tracker, ready to file: `python -m reports draft-issue --cause <id>` (an id of
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
-The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP:
-<mechanism> (<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/verdicts/cause_titles.py `cause_title`). It is shown
-on the cause's example cell (the one standing for the checkpoint users run most,
-reports.analysis.failing_now.example_cell) and names the real checkpoints that cell stands for. To reproduce: a
-minimal script generated for the cause (reports.outputs.minimal_script: at most 40 lines, its last line shows the
-symptom), inlined, and the cell's full standalone script (suites/records/repro.py: the same checkpoint, every probe)
-written beside the draft as an attachment. Then the expected and the actual behaviour in words and numbers, what
-AutoTP chose and where it broke and whose it is with its evidence (reports.outputs.diagnosis), what the history knows
-of since when (never a version it did not run), the versions as `ds_report` gives them, and the rank's traceback with
-only the installed packages' frames, their paths from the package (`library_trace`). Every text passes
-matrix.redaction.redact. Written to <out>/draft-issue/ and printed."""
+The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP: <mechanism>
+(<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/verdicts/cause_titles.py `cause_title`). It is shown on
+the cause's example cell (the one standing for the checkpoint users run most, reports.analysis.failing_now.example_cell)
+and names the real checkpoints that cell stands for. To reproduce: a minimal script generated for the cause
+(reports.outputs.minimal_script: at most 40 lines, its last line shows the symptom), inlined, and the cell's full
+standalone script (suites/records/repro.py: the same checkpoint, every probe) written beside the draft as an attachment.
+Then the expected and the actual behaviour in words and numbers, what AutoTP chose and where it broke and whose it is
+with its evidence (reports.outputs.diagnosis), what the history knows of since when (never a version it did not run),
+the versions as `ds_report` gives them, and the rank's traceback with only the installed packages' frames, their paths
+from the package (`library_trace`). Every text passes matrix.redaction.redact. Written to <out>/draft-issue/ and
+printed."""
 
 from __future__ import annotations
 

@@ -265,7 +265,8 @@ def _result_from(case: TestCase, props: dict[str, str], run_id: str, path: Path,
 
 
 def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
-    """A failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), where the file records them."""
+    """A failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), where the file records
+    them."""
     found = Mechanism()
     try:
         if props.get("cause.key"):

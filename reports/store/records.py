@@ -108,7 +108,8 @@ class CellResult:
     checkpoints: tuple[str, ...] = ()
     """The hub ids a faithful cell's verdict stands for (matrix.registry.ModelEntry.checkpoints); empty otherwise."""
     cause: Cause | None = None
-    """A failure's cause as the harness keyed it (suites/verdicts/mechanism.py); None in files from before it was kept."""
+    """A failure's cause as the harness keyed it (suites/verdicts/mechanism.py); None in files from before it was
+    kept."""
     broke_at: BreakPoint | None = None
     """Where it broke, where the ranks located it."""
     autotp: AutoTPRecord | None = None

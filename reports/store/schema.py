@@ -282,8 +282,8 @@ WHERE ((SELECT started FROM runs WHERE id = excluded.run), (SELECT run_id FROM r
     > ((SELECT started FROM runs WHERE id = point_metrics.run), (SELECT run_id FROM runs WHERE id = excluded.run))"""
 
 
-# Schema 10: a failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), as JSON each stored once in
-# `texts` (a night's failures repeat a few), in a table of their own (passes have none); and the cause of each
+# Schema 10: a failure's cause, where it broke and what AutoTP did (suites/verdicts/mechanism.py), as JSON each stored
+# once in `texts` (a night's failures repeat a few), in a table of their own (passes have none); and the cause of each
 # result group's newest result, which the report groups failures by. Results stored before have none: they group by
 # their signature (reports.analysis.signatures.failure_key).
 _CELL_CAUSES = (

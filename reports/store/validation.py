@@ -236,8 +236,9 @@ def _checkpoint_source(value: Any) -> str | None:
 
 
 def _mechanism(cls: type[Cause] | type[BreakPoint] | type[AutoTPRecord]) -> Rule:
-    """A failure's cause, break point or AutoTP record (suites/verdicts/mechanism.py), or none: every text in it one line of at
-    most SIGNATURE_LENGTH (reports print its words and paths), a cause's `whose` one of WHOSE, the whole bounded."""
+    """A failure's cause, break point or AutoTP record (suites/verdicts/mechanism.py), or none: every text in it one
+    line of at most SIGNATURE_LENGTH (reports print its words and paths), a cause's `whose` one of WHOSE, the whole
+    bounded."""
     line = _text(SIGNATURE_LENGTH, one_line=True)
 
     def texts(value: Any) -> list[Any]:
