@@ -84,8 +84,8 @@ def repro(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """Lint and formatting (ruff), types (mypy), then the harness's own tests (real AutoTP runs on tiny models, injected faults, reports),
-    on an empty harness cache of their own: the cold path every new user takes."""
+    """Lint and formatting (ruff), types (mypy), then the harness's own tests (real AutoTP runs on tiny models, injected
+    faults, reports), on an empty harness cache of their own: the cold path every new user takes."""
     run_tests(session)
 
 
@@ -107,8 +107,9 @@ def gate(session: nox.Session) -> None:
 
 @nox.session
 def publish(session: nox.Session) -> None:
-    """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/: `nox -s publish -- --pr N`;
-    `-- --upstream deepspeedai/DeepSpeed` also files a draft-issue report there per new cause no known failure covers."""
+    """PR comment + regression issues vs the last nightly ($GITHUB_TOKEN), else results/publish/:
+    `nox -s publish -- --pr N`; `-- --upstream deepspeedai/DeepSpeed` also files a draft-issue report there per new
+    cause no known failure covers."""
     session.install(*PROJECT_DEPENDENCIES, *dependency_group("publish"))
     session.run("python", "-m", "reports", "publish", *session.posargs)
 

@@ -3,12 +3,13 @@
 
     python benchmarks/merge_memory.py [--testcases 100000] [--before REF] [--work /tmp/autotp-merge-memory]
 
-Writes one session's JUnit file of --testcases cells (the properties a session writes, README.md "Results"; one cell
-in ten failing with a traceback, the others passing with two metrics: ~830 bytes a testcase, as the issue's), then, each in a child process of its own, for
-the tree at REF (`git archive`, default: main before merge streamed) and for this checkout: `python -m reports merge`
-of the file into an empty store and archive, and `python -m reports merge --help` (the same imports, nothing read).
-Peak memory is the child's own high-water mark of resident memory (VmHWM); what merge itself adds is the difference of the two.
-Memory figures hold on a shared machine; the wall times printed beside them do not.
+Writes one session's JUnit file of --testcases cells (the properties a session writes, README.md "Results"; one cell in
+ten failing with a traceback, the others passing with two metrics: ~830 bytes a testcase, as the issue's), then, each in
+a child process of its own, for the tree at REF (`git archive`, default: main before merge streamed) and for this
+checkout: `python -m reports merge` of the file into an empty store and archive, and `python -m reports merge --help`
+(the same imports, nothing read). Peak memory is the child's own high-water mark of resident memory (VmHWM); what merge
+itself adds is the difference of the two. Memory figures hold on a shared machine; the wall times printed beside them do
+not.
 """
 
 from __future__ import annotations

@@ -124,13 +124,13 @@ def tiny_config(entry: ModelEntry) -> PretrainedConfig:
 
 
 def randomise_constant_parameters(model: "torch.nn.Module", seed: int, spread: float) -> list[str]:
-    """Give every parameter that transformers' init leaves constant seeded random values: biases at 0,
-    norm weights at 1 (Gemma's at 0, used as 1 + w), layer scales, expert biases. With them constant, a
-    bias added on every rank after a row-parallel all-reduce, a column-parallel bias not sliced with its
-    weight, or a norm weight sliced or permuted computes exactly the right numbers, and no check can see
-    it. Persistent buffers (router score biases) likewise. Values stay near the original (zeros get
-    N(0, spread), others c * (1 + N(0, spread))), so the model still computes a sensible function. Returns the names changed. Standalone (its source is copied
-    into repro scripts, see suites/records/repro.py), so its only import is its own (and its annotation a string)."""
+    """Give every parameter that transformers' init leaves constant seeded random values: biases at 0, norm weights at 1
+    (Gemma's at 0, used as 1 + w), layer scales, expert biases. With them constant, a bias added on every rank after a
+    row-parallel all-reduce, a column-parallel bias not sliced with its weight, or a norm weight sliced or permuted
+    computes exactly the right numbers, and no check can see it. Persistent buffers (router score biases) likewise.
+    Values stay near the original (zeros get N(0, spread), others c * (1 + N(0, spread))), so the model still computes a
+    sensible function. Returns the names changed. Standalone (its source is copied into repro scripts, see
+    suites/records/repro.py), so its only import is its own (and its annotation a string)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)

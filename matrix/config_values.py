@@ -80,7 +80,8 @@ class ExpansionError:
     message: str
     """The exception's first line."""
     where: str
-    """The deepest harness frame that raised (`matrix/shapes/faithful_rule.py:faithful_sizes`), else the deepest frame."""
+    """The deepest harness frame that raised (`matrix/shapes/faithful_rule.py:faithful_sizes`), else the deepest
+    frame."""
 
     @classmethod
     def of(cls, step: str, error: BaseException) -> ExpansionError:

@@ -1,11 +1,11 @@
 """Add a model to the matrix: `python -m sessions.add_model <hub id | local checkpoint dir | model_type>`.
 
-Reads the real config (a local folder's config.json, or a hub id from the HF cache: offline when it
-is cached; the entry pins the commit that config came from in `revisions`), derives a tiny config that keeps what matters for sharding (matrix/derive.py), checks
-that the tiny model builds and runs, appends a `[models.<name>]` table to matrix/models.toml
-(refusing a name or hub id that is already there), records the checkpoint's real sizes in
-matrix/real_shapes.toml (what its faithful cells split like; class defaults without a hub id), runs its cells at tp 2 and 3 on the tiny
-checkpoint, and prints a checklist for the DeepSpeed PR.
+Reads the real config (a local folder's config.json, or a hub id from the HF cache: offline when it is cached; the entry
+pins the commit that config came from in `revisions`), derives a tiny config that keeps what matters for sharding
+(matrix/derive.py), checks that the tiny model builds and runs, appends a `[models.<name>]` table to matrix/models.toml
+(refusing a name or hub id that is already there), records the checkpoint's real sizes in matrix/real_shapes.toml (what
+its faithful cells split like; class defaults without a hub id), runs its cells at tp 2 and 3 on the tiny checkpoint,
+and prints a checklist for the DeepSpeed PR.
 """
 
 from __future__ import annotations

@@ -403,7 +403,8 @@ def environment_variables(python: Path) -> dict[str, str]:
     """The variables a command run with this environment's python needs: the venv on PATH, DeepSpeed's JIT builds in
     the (base) environment's own folder, and Python writing the bytecode of what it imports from the combination's
     own layer (the shared layers have theirs: see the module's text): PYTHONDONTWRITEBYTECODE is dropped, else every
-    rank of every group compiles the modeling modules it imports again (docs/findings.md, "Figures from the docstrings")."""
+    rank of every group compiles the modeling modules it imports again (docs/findings.md, "Figures from the
+    docstrings")."""
     return {
         **{name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"},
         "VIRTUAL_ENV": str(python.parent.parent),

@@ -1,11 +1,11 @@
 """`nox -s remedy`: each remedy of matrix/remedies.toml applied and verified.
 
-For one remedy: its cause models' cells run without it and with it (its cause cells: those that fail without it);
-only when they all pass with it does its whole scope run without and with it. It is **verified** when every cause
-cell passes with it and no other cell of its scope changes verdict. A workaround's scope is every default-matrix cell of its cause models'
-architectures (an `injection_policy` names that architecture's block classes; another model has none of them); a
-patch's scope is the whole default matrix, run with it only once its cause cells all pass. A patch is applied to
-the PyPI sdist of its DeepSpeed release, unpacked into the harness cache, committed and pinned as a local checkout
+For one remedy: its cause models' cells run without it and with it (its cause cells: those that fail without it); only
+when they all pass with it does its whole scope run without and with it. It is **verified** when every cause cell passes
+with it and no other cell of its scope changes verdict. A workaround's scope is every default-matrix cell of its cause
+models' architectures (an `injection_policy` names that architecture's block classes; another model has none of them); a
+patch's scope is the whole default matrix, run with it only once its cause cells all pass. A patch is applied to the
+PyPI sdist of its DeepSpeed release, unpacked into the harness cache, committed and pinned as a local checkout
 (`deepspeed@<path>`, matrix/versions.py + sessions/checkouts.py), like any DeepSpeed commit.
 
 Every run lands in the results folder's history like any run; a remedied run is merged as untrusted (reports/

@@ -1,11 +1,12 @@
 """The kinds of a model's layers, read from its config, and the layer fields of a faithful tiny config.
 
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
-name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is
-dense or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), and `no_rope` where it skips rotary positions (`no_rope_layers`). A
-checkpoint's layer pattern is its kinds in the order they first appear. DeepSpeed treats each kind apart (a sparse
-MLP's experts, a mamba mixer), so a faithful tiny config keeps one layer of every kind its checkpoint has, in that
-order, and no kind the checkpoint lacks (qwen2_moe.faithful stands for Qwen1.5-MoE-A2.7B, whose every layer is sparse).
+name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
+or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), and `no_rope` where it skips
+rotary positions (`no_rope_layers`). A checkpoint's layer pattern is its kinds in the order they first appear. DeepSpeed
+treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps one layer of every kind
+its checkpoint has, in that order, and no kind the checkpoint lacks (qwen2_moe.faithful stands for Qwen1.5-MoE-A2.7B,
+whose every layer is sparse).
 """
 
 from __future__ import annotations

@@ -210,8 +210,8 @@ class FailingCause:
     """The mechanism in words (suites/verdicts/mechanism.py Cause.words); "" for results recorded before causes were
     kept."""
     whose: str = ""
-    """Whose it is: a key of suites.verdicts.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses the
-    model by design)."""
+    """Whose it is: a key of suites.verdicts.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses
+    the model by design)."""
     evidence: str = ""
     """The line that makes it `whose`'s: the source line a cause's owner rests on, or the known failure's upstream
     page or assert for "unsupported"; "" for AutoTP bugs located by what AutoTP did."""
@@ -242,9 +242,9 @@ def build_failing_now(
     known: dict[str, KnownFailure],
     files: ResultFiles = NO_RESULT_FILES,
 ) -> FailingNow:
-    """report.json "failing_now": the causes of the cells failing at the latest versions (the most severe first,
-    then the most popular checkpoint's, then the most cells) and the open known failures whose cells pass there now; `files`: what the results folder
-    holds for them."""
+    """report.json "failing_now": the causes of the cells failing at the latest versions (the most severe first, then
+    the most popular checkpoint's, then the most cells) and the open known failures whose cells pass there now; `files`:
+    what the results folder holds for them."""
     latest = history.latest
     failing = _failing_at_latest(history)
     first_seen = _first_seen(aggregates, history)
@@ -478,8 +478,8 @@ def _root_causes(
     key: str,
     cells: set[CellKey],
 ) -> list[str]:
-    """The root causes (reports.analysis.causes) whose transitions (`transitions`: the history's, by kind) brought these cells
-    into the latest versions failing this way: broke, or changed failure class, on one axis with the others at the
+    """The root causes (reports.analysis.causes) whose transitions (`transitions`: the history's, by kind) brought these
+    cells into the latest versions failing this way: broke, or changed failure class, on one axis with the others at the
     latest versions."""
     ids = []
     for root in root_causes:

@@ -33,8 +33,8 @@ SINCE_WHEN_COMMAND = "nox -s since-when"
 
 
 class ReportView(Protocol):
-    """What the section's text reads of the report model (reports.outputs.model.Report, which builds this module's section
-    and so cannot be imported here)."""
+    """What the section's text reads of the report model (reports.outputs.model.Report, which builds this module's
+    section and so cannot be imported here)."""
 
     @property
     def failing_now(self) -> FailingNow: ...

@@ -81,9 +81,9 @@ class Transition:
 
     @property
     def cause_key(self) -> tuple[str, str, str, str, str, str]:
-        """What makes transitions one root cause (reports/analysis/causes.py): kind, axis, range (before → after), failure
-        class and the failure's cause key (reports.analysis.signatures.failure_key). The versions held fixed are not
-        part of it: the same fix seen at two transformers releases is one cause."""
+        """What makes transitions one root cause (reports/analysis/causes.py): kind, axis, range (before → after),
+        failure class and the failure's cause key (reports.analysis.signatures.failure_key). The versions held fixed are
+        not part of it: the same fix seen at two transformers releases is one cause."""
         failing = self.failing_end
         return (
             self.kind,

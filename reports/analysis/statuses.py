@@ -1,5 +1,5 @@
-"""A cell's status at one version set from its results: pass, fail, flaky, skip or unsupported, its failure, its metrics, and
-where the verdict changed with the harness commit rather than with the libraries."""
+"""A cell's status at one version set from its results: pass, fail, flaky, skip or unsupported, its failure, its
+metrics, and where the verdict changed with the harness commit rather than with the libraries."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ NO_VERDICT_STATUSES = ("skip", "unsupported")
 class CellStatus:
     """All observations of one cell at one exact version set."""
 
-    # pass | fail | flaky (mixed pass and fail) | unsupported (DeepSpeed refused it, nothing ran) | skip (nothing but skips)
+    # pass | fail | flaky (mixed pass and fail) | unsupported (DeepSpeed refused it, nothing ran) |
+    # skip (nothing but skips)
     status: str
     passes: int
     fails: int

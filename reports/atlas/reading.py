@@ -88,9 +88,9 @@ class AtlasReader:
 
 
 def read_archive(root: Path) -> tuple[AtlasReader, ResultsArchive]:
-    """Every run of the archive at `root`, in its (session, run id, attempt) order, validated as merge's door does;
-    an entry that is not a regular file, is listed under two names, does not open or is not valid is skipped with a line naming it (`python -m reports verify` fails
-    on it), never the end of the atlas."""
+    """Every run of the archive at `root`, in its (session, run id, attempt) order, validated as merge's door does; an
+    entry that is not a regular file, is listed under two names, does not open or is not valid is skipped with a line
+    naming it (`python -m reports verify` fails on it), never the end of the atlas."""
     archive = ResultsArchive(root)
     reader = AtlasReader()
     listing = archive.listing()

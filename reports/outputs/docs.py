@@ -22,8 +22,8 @@ from reports.outputs.support import LEVELS, FamilySupport, Part, SupportedModels
 
 
 class ReportView(Protocol):
-    """What the supported-models page reads of the report model (reports.outputs.model.Report, which builds this module's
-    section and so cannot be imported here)."""
+    """What the supported-models page reads of the report model (reports.outputs.model.Report, which builds this
+    module's section and so cannot be imported here)."""
 
     @property
     def supported_models(self) -> SupportedModels: ...

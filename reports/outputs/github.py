@@ -87,7 +87,8 @@ def post_all(
             # closed ones too (a maintainer closed it: it is not filed again).
             upstream_name, drafts = upstream
             upstream_repo = client.get_repo(upstream_name)
-            # PyGithub takes the creator's login (its docstring: "string or NamedUser"; its annotation names only the latter).
+            # PyGithub takes the creator's login (its docstring: "string or NamedUser"; its annotation names only the
+            # latter).
             opened = list(upstream_repo.get_issues(state="all", creator=me))  # type: ignore[arg-type]
             _open_or_edit(upstream_repo, upstream_name, drafts, listed=opened, labels=[], log=log)
     except GithubException as exc:

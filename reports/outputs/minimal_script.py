@@ -3,11 +3,11 @@ with `deepspeed --num_gpus <tp> <file>` (on a CPU-only machine too: DeepSpeed's 
 
 Generated for the cause from the cell's record: imports, the cell's tiny config as a literal, `from_config` under a
 seed, `init_inference`, the cell's first two forwards in its order (a padded batch of two prompts with its attention
-mask, then one prompt without a mask: suites/checks/probes.py `observe`), and one assertion that fails with the
-cause's symptom (`Symptom`): the exception init_inference or a forward raises (the cell's own line, the same shapes:
-a crash in either forward is met with the cell's inputs' shapes), the sharded logits' distance from the unsharded
-model's, or the weights a rank holds whole or unevenly. No name of the harness appears in it; the full standalone script (every probe, the same
-checkpoint) is attached to the draft beside it."""
+mask, then one prompt without a mask: suites/checks/probes.py `observe`), and one assertion that fails with the cause's
+symptom (`Symptom`): the exception init_inference or a forward raises (the cell's own line, the same shapes: a crash in
+either forward is met with the cell's inputs' shapes), the sharded logits' distance from the unsharded model's, or the
+weights a rank holds whole or unevenly. No name of the harness appears in it; the full standalone script (every probe,
+the same checkpoint) is attached to the draft beside it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The report model: everything a report says, built from the History (reports/analysis/history.py) and the store's
-aggregates (reports/store/aggregates.py) as a `Report`, which every renderer (reports/outputs/render.py: markdown, HTML, step
-summary; reports/outputs/publish.py; reports/outputs/draft_issue.py) formats and none computes again. `report_json` is its one
-JSON form (report.json), written from its fields by matrix.json_records.write_record, `read_report` the Report again
-from it.
+aggregates (reports/store/aggregates.py) as a `Report`, which every renderer (reports/outputs/render.py: markdown, HTML,
+step summary; reports/outputs/publish.py; reports/outputs/draft_issue.py) formats and none computes again. `report_json`
+is its one JSON form (report.json), written from its fields by matrix.json_records.write_record, `read_report` the
+Report again from it.
 
 What grows with the history (every combination's matrix, the timeline, each transition, flaky point and answer)
 is split off into report-details.json (split_report), so report.json stays the size of its first screen.

@@ -215,7 +215,8 @@ def what_it_answers(
 
 
 AskedMode = Literal["broken", "fixed", "gone", "supported"]
-"""What `--mode` asks: the store keeps the first two (BisectMode), gone and supported as one of them (what_it_answers)."""
+"""What `--mode` asks: the store keeps the first two (BisectMode), gone and supported as one of them
+(what_it_answers)."""
 
 
 @dataclass(frozen=True)

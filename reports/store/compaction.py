@@ -21,8 +21,8 @@ KEEP_RECENT_RUNS = 30
 VACUUM_SHARE = 0.1
 
 # HistoryStore.compact, in integers: each run's place in time (`age` in its session, `ord` overall, and
-# `measured_ord`, which orders runs started at the same time as reports.analysis.history.summarise breaks such a tie: the
-# first in run id order wins) and its version set with harness commit (`point`, with the cell what
+# `measured_ord`, which orders runs started at the same time as reports.analysis.history.summarise breaks such a tie:
+# the first in run id order wins) and its version set with harness commit (`point`, with the cell what
 # reports.analysis.history.point_status groups; every version column, so a new axis joins it).
 _COMPACTING = (
     f"""

@@ -50,7 +50,8 @@ def entry_json(records: RunRecords) -> bytes:
 
 
 def from_json(content: JSONObject) -> RunRecords:
-    """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError or KeyError."""
+    """A format-2 entry's records (its JSON as json.loads gives it), typed; a field of the wrong type raises TypeError
+    or KeyError."""
     if content.get("format") != FORMAT:
         raise ValueError(f"format {content.get('format')!r}, not {FORMAT}: written by a newer harness?")
     fields_ = dict(content["run"])

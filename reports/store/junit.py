@@ -1,6 +1,6 @@
-"""Read session JUnit files (README.md "Results") into typed run records, one testcase at a time: their structure only. What the values may be
-(names, versions, ranges, lengths) is checked by reports.store.validation, after redaction, at the door
-(reports.store.door): read_junit alone is not a way in."""
+"""Read session JUnit files (README.md "Results") into typed run records, one testcase at a time: their structure only.
+What the values may be (names, versions, ranges, lengths) is checked by reports.store.validation, after redaction, at
+the door (reports.store.door): read_junit alone is not a way in."""
 
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ def read_junit(path: Path) -> list[RunRecords]:
 
 
 def junit_cases(path: Path) -> Iterator[JUnitCase]:
-    """The file's autotp cells, one testcase at a time, parsed as they are read (the parser's tree holds one
-    testcase, however many the file has); raise MalformedJUnit where the file is unusable. A run that lists one cell twice is
-    unusable: a run gives each cell one verdict, and which of two a reader keeps would decide whether a failure
-    shows (a pass listed first would hide it)."""
+    """The file's autotp cells, one testcase at a time, parsed as they are read (the parser's tree holds one testcase,
+    however many the file has); raise MalformedJUnit where the file is unusable. A run that lists one cell twice is
+    unusable: a run gives each cell one verdict, and which of two a reader keeps would decide whether a failure shows (a
+    pass listed first would hide it)."""
     _refuse_document_type(path)
     runs: dict[str, Run] = {}
     cells: dict[str, set[str]] = {}

@@ -24,7 +24,8 @@ Row = tuple[Any, ...]
 # 9 which runs are trusted (a pull request's are not: never a baseline, never archived) and the hash of each archive
 # entry the store was built from (`python -m reports verify` compares them).
 # 10 each failure's cause, break point and AutoTP record (cell_causes), and each result group's cause.
-# 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.verdicts.outcome.Outcome) in results.
+# 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.verdicts.outcome.Outcome) in
+#    results.
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
 SCHEMA_VERSION = 11
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
@@ -442,7 +443,8 @@ VERSION_FIELDS = (*AXES, "deepspeed_git")
 """The runs table's version columns: one per axis (matrix/versions.py, and python), and DeepSpeed's commit."""
 
 POINT_COLUMNS = ", ".join((*VERSION_FIELDS, "harness_git"))
-"""A point's columns: its version set with the harness commit (with the cell, what a result group and compaction key on)."""
+"""A point's columns: its version set with the harness commit (with the cell, what a result group and compaction key
+on)."""
 
 
 def store_identity(conn: sqlite3.Connection) -> tuple[int, int, bool]:
