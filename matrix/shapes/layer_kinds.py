@@ -2,11 +2,13 @@
 
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
 name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
-or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), and `no_rope` where it skips
-rotary positions (`no_rope_layers`). A checkpoint's layer pattern is its kinds in the order they first appear. DeepSpeed
-treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps one layer of every kind
-its checkpoint has, in that order, and no kind the checkpoint lacks (qwen2_moe.faithful stands for Qwen1.5-MoE-A2.7B,
-whose every layer is sparse).
+or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), `no_rope` where it skips
+rotary positions (`no_rope_layers`), and `kv_shared` where it reuses an earlier layer's keys and values (the last
+`num_kv_shared_layers` of gemma3n and gemma4; the class refuses a config whose shared layers have no earlier layer of
+their attention kind, so those are kinds of their own). A checkpoint's layer pattern is its kinds in the order they
+first appear. DeepSpeed treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps
+one layer of every kind its checkpoint has, in that order, and no kind the checkpoint lacks (qwen2_moe.faithful stands
+for Qwen1.5-MoE-A2.7B, whose every layer is sparse).
 """
 
 from __future__ import annotations
@@ -42,9 +44,16 @@ LAYER_FIELDS = (
     "full_attention_interval",
     "no_rope_layers",
     "no_rope_layer_interval",
+    "num_kv_shared_layers",
 )
 """The config fields that decide layer kinds: what a record's `layers` cites (real_shapes.toml)."""
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+FROM_END_KEYS = ("num_kv_shared_layers",)
+"""Layer boundaries counted from the last layer back (`num_kv_shared_layers = 15`: the last 15 layers)."""
+SHARED_BLOCK_MIXERS = {"zamba": ("hybrid",)}
+"""Mixers whose layers share one block (transformers ties zamba's shared transformer across its hybrid layers and
+refuses a model with one hybrid layer, the tie having nothing to tie into): a faithful config keeps two layers of
+each such kind, as its checkpoint has many."""
 
 
 def _int(value: Any) -> bool:
@@ -99,9 +108,11 @@ def layer_kinds(config: PretrainedConfig) -> tuple[str, ...]:
         ["attention"] * layers,
     )
     ropes = _per_layer(config, values, "no_rope_layers", layers) or [1] * layers  # 1: the layer uses rope
+    shared = values.get("num_kv_shared_layers")
+    first_shared = layers - shared if _int(shared) and shared > 0 else layers
     return tuple(
-        f"{mixer}/{mlp}" + ("" if rope else "/no_rope")
-        for mixer, mlp, rope in zip(mixers, _mlps(config, values, layers), ropes, strict=True)
+        f"{mixer}/{mlp}" + ("" if rope else "/no_rope") + ("/kv_shared" if index >= first_shared else "")
+        for index, (mixer, mlp, rope) in enumerate(zip(mixers, _mlps(config, values, layers), ropes, strict=True))
     )
 
 
@@ -135,9 +146,14 @@ def real_layer_kinds(model_type: str, layers: Mapping[str, Any]) -> tuple[str, .
     return layer_kinds(AutoConfig.for_model(model_type, **layers))
 
 
-def _plan(kinds: Sequence[str]) -> list[int]:
-    """The layers a faithful config keeps: the first of each kind, topped up to 2 (a cache spans layers)."""
-    plan = sorted(kinds.index(kind) for kind in first_appearance(kinds))
+def _plan(kinds: Sequence[str], shared_mixers: Sequence[str] = ()) -> list[int]:
+    """The layers a faithful config keeps: the first of each kind (the first two where its mixer is one of
+    `shared_mixers`, SHARED_BLOCK_MIXERS), topped up to 2 (a cache spans layers)."""
+    plan = [kinds.index(kind) for kind in first_appearance(kinds)]
+    for kind in first_appearance(kinds):
+        if kind.split("/")[0] in shared_mixers:
+            plan += [index for index, other in enumerate(kinds) if other == kind][1:2]
+    plan.sort()
     for index in range(len(kinds)):
         if len(plan) >= min(2, len(kinds)):
             break
@@ -176,13 +192,14 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
 
     real = AutoConfig.for_model(model_type, **layers)
     kinds = layer_kinds(real)
-    plan = _plan(kinds)
+    plan = _plan(kinds, SHARED_BLOCK_MIXERS.get(model_type, ()))
     wanted = tuple(kinds[index] for index in plan)
     fields: dict[str, Any] = {}
     searched: dict[str, list[int]] = {}
     real_values = _values(real)
     derived = {
-        **{key: real_values[key] for key in tiny if key in LAYER_FIELDS and key in real_values},
+        # a field the class leaves None (lfm2_moe's layer_types) computes nothing: the tiny config's own value stays
+        **{key: real_values[key] for key in tiny if key in LAYER_FIELDS and real_values.get(key) is not None},
         **_other_per_layer_lists(tiny, real_values, len(kinds)),
         **layers,
     }
@@ -195,6 +212,8 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
             fields[key] = [value[index] for index in plan]
         elif isinstance(value, list) and key.endswith("layers") and all(_int(v) for v in value):
             fields[key] = [new for new, old in enumerate(plan) if old in value]
+        elif key in FROM_END_KEYS and _int(value):
+            fields[key] = sum(1 for index in plan if index >= len(kinds) - value)
         elif key in LAYER_BOUNDARY_KEYS and _int(value):
             fields[key] = sum(1 for index in plan if index < value)
         elif _int(value):  # a period or an offset

@@ -269,19 +269,39 @@ def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
 
 
-TINY_SHAPES_FORMAT = 3
-"""Bump when what a tiny shape record holds changes (2: its layer pattern; 3: a refusal's every line)."""
+TINY_SHAPES_FORMAT = 4
+"""Bump when what a tiny shape record holds changes (2: its layer pattern; 3: a refusal's every line; 4: a model
+transformers cannot build from the config is refused too)."""
+
+UNBUILDABLE = "transformers cannot build the model from it"
+"""How a refusal by the model class (not the config class) begins."""
+
+
+def _build_on_meta(model_type: str, tiny: dict[str, Any]) -> None:
+    """Build the causal-LM model of `tiny` on the meta device (no weights: cheap at any size), as a cell's setup
+    would: a model class that refuses the config (zamba's tie across hybrid layers with one hybrid layer, gemma3n's
+    kv-shared layer without an earlier layer of its kind) raises here, when the config is derived, not in a cell."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **tiny))  # type: ignore[no-untyped-call]
 
 
 def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str:
-    """tiny_shape, or why the config class refuses `tiny` (config_values.refusal), remembered in the
-    harness cache (matrix/shapes/remembered.py)."""
+    """tiny_shape, or why the config class refuses `tiny` or the model class refuses to build from it
+    (config_values.refusal), remembered in the harness cache (matrix/shapes/remembered.py)."""
 
     def answer() -> dict[str, Any]:
         try:
-            return {"shape": asdict(tiny_shape(model_type, tiny))}
+            shape = tiny_shape(model_type, tiny)
         except Exception as error:  # the config class's own validation refuses the sizes
             return {"refused": refusal(error)}
+        try:
+            _build_on_meta(model_type, tiny)
+        except Exception as error:  # the model class refuses the config: a named skip, never a cell's `setup`
+            return {"refused": f"{UNBUILDABLE}: {refusal(error)}"}
+        return {"shape": asdict(shape)}
 
     known = remembered("tiny-shapes", {"format": TINY_SHAPES_FORMAT, "model_type": model_type, "tiny": tiny}, answer)
     if "refused" in known:
