@@ -108,7 +108,7 @@ def layer_kinds(config: PretrainedConfig) -> tuple[str, ...]:
         ["attention"] * layers,
     )
     ropes = _per_layer(config, values, "no_rope_layers", layers) or [1] * layers  # 1: the layer uses rope
-    shared = values.get("num_kv_shared_layers")
+    shared = values.get("num_kv_shared_layers") or 0
     first_shared = layers - shared if _int(shared) and shared > 0 else layers
     return tuple(
         f"{mixer}/{mlp}" + ("" if rope else "/no_rope") + ("/kv_shared" if index >= first_shared else "")

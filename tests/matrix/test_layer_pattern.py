@@ -170,3 +170,72 @@ def test_exaone4_faithful_cells_are_the_global_1_2b_and_the_hybrid_32b(registry,
     large = shaped_entry(entry, "faithful-exaone-4-0-32b", 2, shapes)
     assert large.checkpoints == ("LGAI-EXAONE/EXAONE-4.0-32B",)
     assert _kinds(entry.model_type, large.tiny) == ("sliding_attention/dense", "full_attention/dense")
+
+
+def _faithful_derived(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    from matrix.derive import derived_entry, load_derived_data
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type}: not in this transformers")
+    entry = derived_entry(model_type, {}, load_derived_data())
+    assert not entry.skip_reason, entry.skip_reason
+    return shaped_entry(entry, "faithful", 2, {})
+
+
+def _builds_on_meta(model_type: str, tiny: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **tiny))
+
+
+def test_a_model_transformers_cannot_build_is_a_named_skip_when_the_config_is_derived():
+    """The config class accepts a Zamba with one hybrid layer; the model class refuses it (its shared transformer is
+    tied across hybrid layers, and one has nothing to tie into). That is the harness's shape, decided when the config
+    is derived with transformers' reason, never a cell's `setup` failure."""
+    from transformers import CONFIG_MAPPING
+
+    from matrix.shapes.real_shape import UNBUILDABLE, checked_tiny_shape
+
+    if "zamba" not in CONFIG_MAPPING:
+        pytest.skip("zamba: not in this transformers")
+    tiny = {"num_hidden_layers": 2, "layers_block_type": ["mamba", "hybrid"], "use_mamba_kernels": False}
+    AutoConfig.for_model("zamba", **tiny)  # the config class accepts it
+    refused = checked_tiny_shape("zamba", tiny)
+    assert isinstance(refused, str)
+    assert refused.startswith(f"{UNBUILDABLE}: ValueError: ") and "tie_weights_keys" in refused
+
+
+def test_gemma3n_faithful_keeps_kv_shared_layers_of_each_attention_kind():
+    """Gemma 3n's last `num_kv_shared_layers` reuse the keys and values of the last earlier layer of their attention
+    kind: kinds of their own, each after a layer of its kind that stores them (the class refuses it otherwise)."""
+    faithful = _faithful_derived("gemma3n_text")
+    expected = (
+        "sliding_attention/dense",
+        "full_attention/dense",
+        "sliding_attention/dense/kv_shared",
+        "full_attention/dense/kv_shared",
+    )
+    assert first_appearance(layer_kinds(AutoConfig.for_model("gemma3n_text"))) == expected
+    assert faithful.skip_reason is None, faithful.skip_reason
+    assert _kinds("gemma3n_text", faithful.tiny) == expected
+    _builds_on_meta("gemma3n_text", faithful.tiny)
+
+
+def test_zamba_faithful_keeps_two_hybrid_layers_sharing_one_transformer():
+    faithful = _faithful_derived("zamba")
+    assert faithful.skip_reason is None, faithful.skip_reason
+    assert _kinds("zamba", faithful.tiny) == ("linear_attention/dense", "hybrid/dense", "hybrid/dense")
+    _builds_on_meta("zamba", faithful.tiny)
+
+
+def test_a_layer_field_the_class_leaves_none_keeps_the_tiny_configs_value():
+    """lfm2_moe's class defaults have no layer_types (None); derived.toml gives the tiny config conv and attention
+    layers, which the faithful config keeps instead of None (with which the model cannot be built)."""
+    faithful = _faithful_derived("lfm2_moe")
+    assert faithful.skip_reason is None, faithful.skip_reason
+    assert faithful.tiny["layer_types"] == ["conv", "full_attention"]
+    _builds_on_meta("lfm2_moe", faithful.tiny)
