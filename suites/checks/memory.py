@@ -20,9 +20,7 @@ that DeepSpeed splits by a copy is a note (it runs right, each rank holding the 
 Every tensor a rank holds must exist in the unsharded model: a renamed or re-wrapped layer would otherwise
 never be judged. Totals per kind are recorded (`<kind>_shard_ratio`): embeddings, convolution kernels and the rest
 (norms, rotary tables) may stay whole.
-
-The rules (from `SHARE_EPSILON` to `weight_share`) are pure Python on plain values: the standalone repro script
-embeds their source (suites/records/repro.py `RULES`), so it judges memory by this code, never a copy of it.
+The standalone repro script judges by this code, copied in (`RULES`).
 """
 
 from __future__ import annotations
@@ -387,11 +385,7 @@ def check(
     deepspeed_release: tuple[int, ...] | None = None,
     checkpoint_json: bool = False,
 ) -> CheckResult:
-    """`rank_shapes_by_name`: the shapes each rank holds, which tell the dimension a weight was split along (without
-    them it is read from the bytes). `real`: a faithful cell's real checkpoint counts. `deepspeed_release`: the
-    DeepSpeed release of an inference cell, whose design decides whether the output head splits (None: no head rule,
-    as in training), with `checkpoint_json`: whether its `init_inference` loaded a checkpoint json."""
-    tp = len(rank_bytes_by_name)
+    """The memory check's result: `memory_findings` with each kind's largest rank share as metrics."""
     unsharded_totals = kind_totals(unsharded.bytes_by_name, unsharded.kinds)
     ranks = [kind_totals(by_name, unsharded.kinds) for by_name in rank_bytes_by_name]
     largest = max(sum(totals.values()) for totals in ranks)
@@ -401,6 +395,26 @@ def check(
             metrics[f"{kind.removesuffix('s')}_shard_ratio"] = (
                 max(totals[kind] for totals in ranks) / unsharded_totals[kind]
             )
+    problems, notes = memory_findings(
+        unsharded, rank_bytes_by_name, rank_shapes_by_name, real, deepspeed_release, checkpoint_json
+    )
+    return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
+
+
+def memory_findings(
+    unsharded: Footprint,
+    rank_bytes_by_name: list[dict[str, int]],
+    rank_shapes_by_name: list[dict[str, tuple[int, ...]]] | None,
+    real: SplitCounts | None,
+    deepspeed_release: tuple[int, ...] | None,
+    checkpoint_json: bool,
+) -> tuple[list[Finding], list[str]]:
+    """What is wrong with how the ranks hold the weights, and the design rules that kept or split some (notes).
+    `rank_shapes_by_name`: the shapes each rank holds, which tell the dimension a weight was split along (without
+    them it is read from the bytes). `real`: a faithful cell's real checkpoint counts. `deepspeed_release`: the
+    DeepSpeed release of an inference cell, whose design decides whether the output head splits (None: no head rule,
+    as in training), with `checkpoint_json`: whether its `init_inference` loaded a checkpoint json."""
+    tp = len(rank_bytes_by_name)
     problems, notes = _unknown_names(unsharded, rank_bytes_by_name), []
     shares = weight_shares(unsharded, rank_bytes_by_name, rank_shapes_by_name, real)
     for kind in SPLIT_KINDS:
@@ -446,7 +460,7 @@ def check(
         )
         problems += [Finding(head, figures)] if head else []
         notes += [note] if note else []
-    return CheckResult.judged("memory", "memory", metrics, joined(problems) if problems else None, "; ".join(notes))
+    return problems, notes
 
 
 def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCounts) -> set[str]:
@@ -460,27 +474,14 @@ def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCou
     return {owner[1] if owner else name}
 
 
-RULE_CONSTANTS = ("SHARE_EPSILON", "PACKED_HALVES", "TP_GRAIN", "DESIGN_WHOLE_NAMES", "OUTPUT_HEADS", "PAIRED_HEADS")
-"""The constants the rules below read: the standalone repro script gets them as literals."""
-RULES = (
-    SplitCounts,
-    Allowance,
-    _even,
-    _is_output_head,
-    real_shape,
-    allowance,
-    whole_by_design,
-    layer_groups,
-    split_dim,
-    WeightShare,
-    weight_share,
-    output_head,
-    tied_partner,
-    head_note,
-    judge_head,
-)
-"""The memory rules, pure Python on plain values: the standalone repro script (suites/records/repro.py) embeds their
-source, so a script judges memory by the harness's own code (tests/suites/records/test_repro.py)."""
+RULE_CONSTANTS = "SHARE_EPSILON PACKED_HALVES TP_GRAIN DESIGN_WHOLE_NAMES OUTPUT_HEADS PAIRED_HEADS SPLIT_KINDS".split()
+"""The constants the rules read: the standalone repro script gets them as literals."""
+RULES = """SplitCounts Footprint Finding Allowance _even _is_output_head real_shape allowance whole_by_design layer_groups
+_unknown_names split_dim WeightShare weight_share output_head tied_partner head_note weight_shares judge_head
+memory_findings _units""".split()
+"""The memory rules (names in this module), pure Python on plain values from `SplitCounts` to `memory_findings`: the
+standalone repro script (suites/records/repro.py) embeds their source as they are when it is written, so a script
+judges memory by the harness's own code (tests/suites/records/test_repro.py)."""
 
 
 def _inference_cell(inputs: CheckInputs) -> list[CheckResult]:

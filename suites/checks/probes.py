@@ -352,11 +352,12 @@ class Footprint:
 
 
 def footprint(model: CausalLM) -> Footprint:
+    counts = split_counts(model)
     return Footprint(
         bytes_by_name=bytes_by_name(model),
-        kinds=tensor_kinds(model),
+        kinds=tensor_kinds(model, counts.experts),
         shapes_by_name=shapes_by_name(model),
-        counts=split_counts(model),
+        counts=counts,
     )
 
 
@@ -384,12 +385,12 @@ def bytes_by_name(model: torch.nn.Module) -> dict[str, int]:
     return {name: tensor.numel() * tensor.element_size() for name, tensor in named}
 
 
-def tensor_kinds(model: CausalLM) -> dict[str, TensorKind]:
-    """Kind of every parameter and buffer, from the module that holds it. transformers >= 5 stores MoE
-    experts as fused 3-D parameters ([experts, ...]), not nn.Linear modules: counting only nn.Linear would miss them."""
+def tensor_kinds(model: CausalLM, experts: int) -> dict[str, TensorKind]:
+    """Kind of every parameter and buffer, from the module that holds it (`experts`: the model's `SplitCounts`').
+    transformers >= 5 stores MoE experts as fused 3-D parameters ([experts, ...]), not nn.Linear modules: counting only
+    nn.Linear would miss them."""
     # transformers leaves get_output_embeddings unannotated.
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[no-untyped-call]
-    experts = split_counts(model).experts
     kinds: dict[str, TensorKind] = {}
     for module_name, module in model.named_modules():
         for local, _ in module.named_buffers(recurse=False):

@@ -17,7 +17,7 @@ from matrix.cells import Cell
 from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from matrix.redaction import redact
 from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
-from suites.checks import memory
+from suites.checks import memory, probes
 from suites.checks.inputs import CORPUS_FILE, ProbeSpec
 from suites.checks.memory import RULE_CONSTANTS, RULES
 from suites.checks.probes import faithful_counts
@@ -31,13 +31,8 @@ TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
 PLACEHOLDER = "CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, written by autotp-matrix"
 FUNCTIONS_PLACEHOLDER = """if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
     from matrix.checkpoints import randomise_constant_parameters
-    from suites.checks.memory import (
-        judge_head,
-        layer_groups,
-        weight_share,
-        whole_by_design,
-    )
-    from suites.checks.probes import PAIRED_HEADS, SplitCounts
+    from suites.checks.memory import memory_findings
+    from suites.checks.probes import PAIRED_HEADS, Footprint, SplitCounts, bytes_by_name, shapes_by_name, tensor_kinds
 """
 CONFIG_NAMES: ConfigNames = {
     "heads": HEAD_KEYS,
@@ -132,13 +127,29 @@ def partial_note(cell: Cell) -> str:
     return f"variant {variant.name}: this script leaves out {'; '.join(left)}" if left else ""
 
 
+FOOTPRINT_CONSTANTS = ("CONV_MODULES",)
+"""The constants the footprint readers below read (torch classes, written as their import paths)."""
+FOOTPRINT_READERS = (probes.bytes_by_name, probes.shapes_by_name, probes.tensor_kinds)
+"""What the harness reads of the unsharded and the sharded model for the memory check (suites/checks/probes.py)."""
+
+
+def constant_literal(value: object) -> str:
+    """A rule constant as Python source: a literal, or a tuple of classes as their import paths."""
+    if isinstance(value, tuple) and value and all(isinstance(item, type) for item in value):
+        return "(" + ", ".join(f"{item.__module__}.{item.__qualname__}" for item in value) + ",)"
+    return repr(value)
+
+
 @cache
 def harness_functions() -> str:
-    """The harness's own code the script runs, copied in: the tiny checkpoint's weights are made by it (the repro's
-    weights are the cell's), and memory is judged by the harness's rules (suites/checks/memory.py `RULES`), so the
-    script and the harness cannot judge a split differently."""
-    constants = [f"{name} = {getattr(memory, name)!r}" for name in RULE_CONSTANTS]
-    functions = [inspect.getsource(function) for function in (randomise_constant_parameters, *RULES)]
+    """The harness's own code the script runs, copied in as it is now: the tiny checkpoint's weights are made by it
+    (the repro's weights are the cell's), and memory is read and judged by the harness's footprint readers and rules
+    (suites/checks/memory.py `RULES`, looked up by name when the script is written), so the script and the harness
+    cannot judge a split differently."""
+    constants = [f"{name} = {constant_literal(getattr(memory, name))}" for name in RULE_CONSTANTS]
+    constants += [f"{name} = {constant_literal(getattr(probes, name))}" for name in FOOTPRINT_CONSTANTS]
+    rules = [getattr(memory, name) for name in RULES]
+    functions = [inspect.getsource(code) for code in (randomise_constant_parameters, *FOOTPRINT_READERS, *rules)]
     return "\n".join(constants) + "\n\n\n" + "\n\n".join(functions)
 
 

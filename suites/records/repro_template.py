@@ -117,18 +117,6 @@ Lines = list[tuple[bool, str]]
 """What a check prints: (passed, line) for each thing it compared."""
 
 
-class Unsharded(NamedTuple):
-    """The unsharded model's parameters as the memory rules read them."""
-
-    weights: dict[str, tuple[str, tuple[int, ...], int]]
-    """{name: (kind, shape, numel)} of the weights AutoTP must split."""
-    shapes: dict[str, tuple[int, ...]]
-    """Every parameter's shape under every name it has (a tied weight under each)."""
-    numels: dict[str, int]
-    """Every parameter's element count, a tied weight under its first name."""
-    counts: SplitCounts
-
-
 Gathered = TypeVar("Gathered")
 
 
@@ -180,13 +168,8 @@ def environment_report() -> str:
 
 if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
     from matrix.checkpoints import randomise_constant_parameters
-    from suites.checks.memory import (
-        judge_head,
-        layer_groups,
-        weight_share,
-        whole_by_design,
-    )
-    from suites.checks.probes import PAIRED_HEADS, SplitCounts
+    from suites.checks.memory import memory_findings
+    from suites.checks.probes import PAIRED_HEADS, Footprint, SplitCounts, bytes_by_name, shapes_by_name, tensor_kinds
 
 
 def rank() -> int:
@@ -387,16 +370,6 @@ def compare_ranks(sharded: Observed) -> Lines:
     return [(same_shape and spread <= allowed, f"ranks agree: largest difference from rank 0 {spread:.3g}")]
 
 
-def split_kind(module_name: str, module: torch.nn.Module, tensor: torch.Tensor, experts: int) -> str | None:
-    """What AutoTP must split: `linears` (attention and MLP projections), `experts` (MoE experts, also fused 3-D
-    ones), or None (embeddings, the lm_head, norms, everything else may stay whole)."""
-    if "experts" in module_name.split(".") or (tensor.dim() >= 3 and experts and tensor.shape[0] == experts):
-        return "experts"
-    if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
-        return "linears"
-    return None
-
-
 def split_counts(model: CausalLM) -> SplitCounts:
     """The model's (text) config's counts, read under the config names the harness reads them by (matrix/shapes/
     `read_shape`): the counts DeepSpeed's design rules depend on."""
@@ -421,64 +394,27 @@ def split_counts(model: CausalLM) -> SplitCounts:
     return SplitCounts(heads, kv_heads, head_dim, experts if experts > 1 else 0, paired)
 
 
-def unsharded_weights(model: CausalLM) -> Unsharded:
-    """The weights (2 or more dimensions) AutoTP must split, besides the output head, and every parameter's shape."""
+def unsharded_footprint(model: CausalLM) -> Footprint:
+    """The unsharded model's tensors as the harness's memory check reads them (its readers, copied in above)."""
     counts = split_counts(model)
-    output = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
-    weights: dict[str, tuple[str, tuple[int, ...], int]] = {}
-    for module_name, module in model.named_modules():
-        if module is output:
-            continue
-        for local, tensor in module.named_parameters(recurse=False):
-            kind = split_kind(module_name, module, tensor, counts.experts)
-            if kind and tensor.dim() >= 2:
-                weights[f"{module_name}.{local}"] = (kind, tuple(tensor.shape), tensor.numel())
-    shapes = {name: tuple(tensor.shape) for name, tensor in model.named_parameters(remove_duplicate=False)}
-    numels = {name: tensor.numel() for name, tensor in model.named_parameters()}
-    return Unsharded(weights, shapes, numels, counts)
+    return Footprint(bytes_by_name(model), tensor_kinds(model, counts.experts), shapes_by_name(model), counts)
 
 
-def compare_memory(unsharded: Unsharded, sharded_model: torch.nn.Module, real: SplitCounts | None) -> Lines:
+def compare_memory(unsharded: Footprint, sharded_model: torch.nn.Module, real: SplitCounts | None) -> Lines:
     """Each weight AutoTP must split is split, no rank holding more than its split's pieces allow nor all of it while
-    another holds none, none left whole on every rank outside DeepSpeed's named design rules, and the output head
-    split where DeepSpeed's design splits it: the harness's rules (suites/checks/memory.py, copied in above)."""
+    another holds none, none left whole on every rank outside DeepSpeed's named design rules, the output head split
+    where DeepSpeed's design splits it, and every tensor a rank holds one the unsharded model has: the harness's own
+    judgement (suites/checks/memory.py `memory_findings`, copied in above)."""
     import deepspeed
     from packaging.version import Version
 
-    held = {name: tensor.numel() for name, tensor in sharded_model.named_parameters()}
-    held_shapes = {name: tuple(tensor.shape) for name, tensor in sharded_model.named_parameters()}
-    gathered = from_every_rank((held, held_shapes))
-    numels, shapes = [numel for numel, _ in gathered], [shape for _, shape in gathered]
-    tp, counts = len(gathered), unsharded.counts
-    whole: dict[str, list[str]] = {}
-    uneven: list[str] = []
-    for name, (kind, shape, full) in unsharded.weights.items():
-        held_by_rank = [by_name.get(name, 0) for by_name in numels]
-        share = weight_share(
-            name, kind, shape, full, held_by_rank, [by_name.get(name) for by_name in shapes], counts, real
-        )
-        if share.whole and not whole_by_design(name, shape, counts, tp):
-            whole.setdefault(kind, []).append(name)
-        elif share.uneven:
-            uneven.append(f"{name} {share.finding(tp)}")
-    lines: Lines = [
-        (False, f"memory: {kind} left whole on every rank: {layer_groups(names)}") for kind, names in whole.items()
-    ]
-    lines += [(False, f"memory: split unevenly: {', '.join(uneven)}")] if uneven else []
+    gathered = from_every_rank((bytes_by_name(sharded_model), shapes_by_name(sharded_model)))
     release = Version(deepspeed.__version__).release
-    head, figures, note = judge_head(
-        unsharded.shapes, unsharded.numels, numels, shapes, counts, release, CELL["load"] == "meta"
-    )
-    lines += [(False, f"memory: {head} {figures}")] if head else []
-    lines += [(True, f"memory (note): {note}")] if note else []
-    return (
-        lines
-        if any(not passed for passed, _ in lines)
-        else [
-            (True, f"memory: {len(unsharded.weights)} weights split across {tp} ranks"),
-            *lines,
-        ]
-    )
+    held, held_shapes = [by_name for by_name, _ in gathered], [shapes for _, shapes in gathered]
+    problems, notes = memory_findings(unsharded, held, held_shapes, real, release, CELL["load"] == "meta")
+    lines: Lines = [(False, f"memory: {problem.text}") for problem in problems]
+    lines += [(True, f"memory (note): {note}") for note in notes]
+    return lines if problems else [(True, f"memory: every weight AutoTP must split is split across {len(held)} ranks"), *lines]
 
 
 # ---- Running it ------------------------------------------------------------------------------------------------
@@ -498,7 +434,7 @@ def infer(hub_id: str | None, revision: str | None, device: str) -> Lines:
     model = post_init_quantization(load_model(folder))
     batch, mask, corpus = inputs(hub_id)
     # The reference comes first: this process has not sharded anything yet, so no AutoTP state can reach it.
-    unsharded = unsharded_weights(model)
+    unsharded = unsharded_footprint(model)
     real = SplitCounts.read(CELL["real_counts"]) if CELL["real_counts"] and not hub_id else None
     # functools.wraps on transformers' `to` hides from mypy that it is a method (here and below).
     reference = observe(model.to(device), batch, mask, corpus, device)  # type: ignore[arg-type]

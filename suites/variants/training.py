@@ -230,7 +230,7 @@ def compute_unsharded_steps(
         weights=weights,
         adam_gradient_units=adam_units,
         bytes_by_name=bytes_by_name(model),
-        kinds=tensor_kinds(model),
+        kinds=tensor_kinds(model, split_counts(model).experts),
         shapes_by_name=shapes_by_name(model),
         counts=asdict(split_counts(model)),
         lm_head=lm_head,

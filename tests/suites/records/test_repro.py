@@ -201,6 +201,58 @@ def test_every_kind_of_cell_gets_a_script_with_what_it_runs(tmp_path):
     )
 
 
+def whole_by_design(name: str, shape: tuple[int, ...], counts, tp: int) -> str:
+    """A rule planted in the harness by the test below (under the harness rule's own name): attention kept whole."""
+    return "planted: attention kept whole" if "self_attn" in name else ""
+
+
+def _script_module(tmp_path, monkeypatch, name):
+    """A repro script written now for llama at tp 2, imported (its main does not run)."""
+    import importlib.util
+
+    from suites.records.repro import write_repro
+    from suites.records.run_records import RunInfo
+
+    script = write_repro(
+        expand("llama", tp="2")[0], "tiny", tmp_path / name, run=RunInfo("unit"), versions={}, outcome_line="x"
+    )
+    loaded = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(loaded)
+    monkeypatch.setitem(sys.modules, name, module)  # as `python script.py` has it: its dataclasses need it
+    loaded.loader.exec_module(module)
+    return script.read_text(), module
+
+
+def test_the_script_judges_memory_by_the_harness_code_as_it_is_when_written(tmp_path, monkeypatch):
+    """One memory rule (issue 56): the script's memory judgement is the harness's `memory_findings` and the rules it
+    calls, copied in when the script is written. It judges a rank group as the harness's check does; a rule changed
+    in the harness (planted: attention kept whole by design) is in the next script written, whose judgement follows
+    it, as the harness's does."""
+    from suites.checks import memory
+    from suites.records import repro
+    from tests.suites.checks.test_check_units import _layered, _split
+
+    reference = _layered(heads=8, kv_heads=2)
+    for tp, whole in ((2, ("self_attn",)), (2, ()), (3, ("experts",)), (4, ("mlp",))):
+        ranks = _split(reference, tp, whole=whole)
+        harness = memory.memory_findings(reference, ranks, None, None, (0, 19, 8), False)
+        _, script = _script_module(tmp_path, monkeypatch, f"repro_now_{tp}_{len(whole)}")
+        problems, notes = script.memory_findings(reference, ranks, None, None, (0, 19, 8), False)
+        assert ([p.text for p in problems], notes) == ([p.text for p in harness[0]], harness[1])
+    left_attention_whole = _split(reference, 2, whole=("self_attn",))
+    assert "linears left whole: model.layers.*.self_attn" in memory.check(reference, left_attention_whole).reason
+
+    repro.harness_functions.cache_clear()
+    monkeypatch.setattr(memory, "whole_by_design", whole_by_design)  # the harness's rule, changed
+    text, script = _script_module(tmp_path, monkeypatch, "repro_planted")
+    repro.harness_functions.cache_clear()  # the next script is written from the harness as it is again
+    assert "planted: attention kept whole" in text
+    harness = memory.check(reference, left_attention_whole)
+    problems, notes = script.memory_findings(reference, left_attention_whole, None, None, None, False)
+    assert harness.passed and not problems
+    assert notes == harness.reason.split("; ") and "planted: attention kept whole" in harness.reason
+
+
 @pytest.mark.autotp
 def test_the_script_alone_says_match_for_a_good_cell_and_mismatch_for_experts_left_whole(tmp_path):
     """Run as a maintainer would, with DeepSpeed's launcher on CPU: llama.faithful's script prints `RESULT: MATCH`;
@@ -248,7 +300,7 @@ def test_the_script_alone_says_match_for_a_good_cell_and_mismatch_for_experts_le
     assert code != 0 and "RESULT: MISMATCH" in output, output[-3000:]
     assert (
         "ok   logits (plain)" in output
-        and "FAIL memory: experts left whole on every rank: model.layers.*.mlp.experts" in output
+        and "FAIL memory: experts left whole: model.layers.*.mlp.experts" in output
     )
 
 
