@@ -414,7 +414,11 @@ def compare_memory(unsharded: Footprint, sharded_model: torch.nn.Module, real: S
     problems, notes = memory_findings(unsharded, held, held_shapes, real, release, CELL["load"] == "meta")
     lines: Lines = [(False, f"memory: {problem.text}") for problem in problems]
     lines += [(True, f"memory (note): {note}") for note in notes]
-    return lines if problems else [(True, f"memory: every weight AutoTP must split is split across {len(held)} ranks"), *lines]
+    return (
+        lines
+        if problems
+        else [(True, f"memory: every weight AutoTP must split is split across {len(held)} ranks"), *lines]
+    )
 
 
 # ---- Running it ------------------------------------------------------------------------------------------------

@@ -298,10 +298,7 @@ def test_the_script_alone_says_match_for_a_good_cell_and_mismatch_for_experts_le
     assert code == 0 and "RESULT: MATCH" in output, output[-3000:]
     code, output = results["mixtral.faithful-eager-fp32-tp2"]
     assert code != 0 and "RESULT: MISMATCH" in output, output[-3000:]
-    assert (
-        "ok   logits (plain)" in output
-        and "FAIL memory: experts left whole: model.layers.*.mlp.experts" in output
-    )
+    assert "ok   logits (plain)" in output and "FAIL memory: experts left whole: model.layers.*.mlp.experts" in output
 
 
 def free_port() -> int:
