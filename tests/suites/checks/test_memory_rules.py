@@ -144,7 +144,9 @@ def test_the_repro_script_judges_memory_by_the_harness_rules_copied_in():
     assert not defined & set(memory.RULES), "the template keeps a memory rule of its own"
     script_module = types.ModuleType("repro_rules")  # the rules as the script defines them, from the copied text
     sys.modules[script_module.__name__] = script_module
-    header = "from __future__ import annotations\nimport math\nimport re\nfrom dataclasses import dataclass\nimport torch\n"
+    header = (
+        "from __future__ import annotations\nimport math\nimport re\nfrom dataclasses import dataclass\nimport torch\n"
+    )
     exec(compile(header + copied, "repro_rules", "exec"), script_module.__dict__)
     namespace = script_module.__dict__
     tiny = _footprint(heads=4, kv_heads=2)
