@@ -143,8 +143,10 @@ class RemedyResult:
         if self.status != "verified":
             return ""
         proof = f"verified: {len(self.fixed)} of {len(self.cause_cells)} cells pass"
-        if self.requires:
-            proof += f", with {', '.join(self.requires)} applied"
+        if (
+            self.requires
+        ):  # the required patches are named by what they change, under the diff (a reader knows no names)
+            proof += f", on top of {len(self.requires)} other proposed fix{'es' if len(self.requires) > 1 else ''}"
         return f"Workaround ({proof})" if self.kind == "workaround" else f"Proposed fix ({proof})"
 
 

@@ -6,8 +6,9 @@ harness names, no paths of this machine."""
 
 from __future__ import annotations
 
+from matrix import PROJECT_ROOT
 from matrix.cell_arguments import CellArguments
-from matrix.remedies import RemedyResult
+from matrix.remedies import REMEDIES_FILE, RemedyResult, load_remedies
 from reports.outputs.markdown_safety import fence
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -16,12 +17,18 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 def remedy_sections(results: tuple[RemedyResult, ...], tp: int, dtype: str) -> str:
     """The sections of the verified remedies of a cause ("" when none), a workaround's call written for the example
     cell's `tp` and `dtype`."""
-    return "".join(remedy_section(result, tp, dtype) for result in results if result.status == "verified")
+    verified = [result for result in results if result.status == "verified"]
+    stacked = any(result.requires for result in verified)
+    summaries = (
+        {remedy.name: remedy.summary for remedy in load_remedies(REMEDIES_FILE, PROJECT_ROOT)} if stacked else {}
+    )
+    return "".join(remedy_section(result, tp, dtype, summaries) for result in verified)
 
 
-def remedy_section(result: RemedyResult, tp: int, dtype: str) -> str:
+def remedy_section(result: RemedyResult, tp: int, dtype: str, summaries: dict[str, str]) -> str:
     """ "Workaround (verified: N of N cells pass)" with the call that passes it, or "Proposed fix (verified …)"
-    with the diff, each with the mechanism it proves and what else it was run on."""
+    with the diff, each with the mechanism it proves and what else it was run on; the patches it was tested on top of
+    by what they change (`summaries`: remedy name -> summary)."""
     others = f"With it, every one of the {len(result.cause_cells)} failing configurations passes" + (
         f", and none of the {result.others_compared} other configurations run with and without it changed its result."
         if result.others_compared
@@ -33,6 +40,8 @@ def remedy_section(result: RemedyResult, tp: int, dtype: str) -> str:
         lines += fence("\n".join(workaround_call(result.arguments, tp, dtype)), "python")
     else:
         lines += fence(result.how.rstrip("\n"), "diff")
+    if required := [summaries.get(name, name) for name in result.requires]:
+        lines += ["", "Tested on top of, applied first:", "", *(f"- {summary}" for summary in required)]
     return "\n".join(lines) + "\n"
 
 

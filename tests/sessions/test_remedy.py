@@ -183,6 +183,11 @@ def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
         "    injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)"
     ) in text
     assert remedy_sections((unverified,), 2, "fp32") == ""
+    # a fix tested on top of another names that one by what it changes, never by the harness's name for it
+    stacked = replace(verified, kind="patch", requires=("fused-experts-split",))
+    text = remedy_sections((stacked,), 2, "fp32")
+    assert "on top of 1 other proposed fix" in text and "fused-experts-split" not in text
+    assert "- AutoTP splits a MoE block's fused experts" in text
     (tmp_path / "remedies.json").write_text('[{"remedy": 3}]')
     with pytest.raises(ValueError, match="remedies.json: not a remedies results file"):
         read_results(tmp_path / "remedies.json")
@@ -338,7 +343,7 @@ def test_a_stack_is_applied_in_order_on_one_checkout_and_verified_against_the_re
         ("with", "base+on-top-0.19.8", "remedy-base+on-top"),
     ]
     assert (result.status, result.requires, result.fixed) == ("verified", ("base",), ("ctrl.faithful-eager-fp32-tp2",))
-    assert result.claim() == ("Proposed fix (verified: 1 of 1 cells pass, with base applied)")
+    assert result.claim() == "Proposed fix (verified: 1 of 1 cells pass, on top of 1 other proposed fix)"
     assert result.how == ON_TOP  # the proposed fix is the remedy's own diff; the required one is its own remedy
 
 
