@@ -4,6 +4,7 @@ session, a record per cell in results/, and a summary table at the end."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +41,7 @@ ACCURACY_TASK: pytest.StashKey[AccuracyTask | None] = pytest.StashKey()
 
 def pytest_configure(config: pytest.Config) -> None:
     if _runs_cells_here(config):
+        _interrupt_on_sigterm()
         # First, before anything here imports torch/transformers (expand's config classes, the run's versions): the
         # fork server's own imports, the longest wait before the first cell, then run beside the driver's.
         _rank_pool(config)
@@ -71,6 +73,17 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "xmlpath", None) is None:
             config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
         config.stash[RUN] = _start_run(config)
+
+
+def _interrupt_on_sigterm() -> None:
+    """A SIGTERM (a CI job cancelled, `kill`) ends the run as Ctrl-C does: the rank groups are ended, and the end of the
+    run says which cells have no result and how to run them, instead of the process vanishing mid-cell."""
+
+    def interrupt(_signal: int, _frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 Run = tuple["RunInfo", "RunState", dict[str, str]]
@@ -274,7 +287,7 @@ def recorder(pytestconfig: pytest.Config) -> CellRecorder:
 def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.records.run_records import read_records
+    from suites.records.run_records import cells_without_record, read_records
     from suites.records.summary import print_summary
     from suites.run.driver import CacheContents
 
@@ -284,3 +297,5 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
     records = [r for r in read_records(Path(config.getoption("--results"))) if r["run"]["id"] == run_id]
     if records:
         print_summary(records, terminalreporter)
+    for line in cells_without_record(config.stash[CELLS], records):
+        terminalreporter.write_line(line, yellow=True)

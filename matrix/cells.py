@@ -217,6 +217,13 @@ def replay_name(model: str) -> str:
     return f"{name}.{shape}"
 
 
+def selection_options(cell: Cell) -> str:
+    """The options of `nox -s matrix` (and the suites) that select exactly this cell."""
+    return (
+        f"--models {replay_name(cell.model.name)} --variants {cell.variant.name} --dtypes {cell.dtype} --tp {cell.tp}"
+    )
+
+
 def resolve_cell(model: str, variant: str, dtype: str, tp: int, models_file: Path = MODELS_FILE) -> Cell:
     """The Cell a recorded cell's coordinates name (`llama.faithful`, `qwen2`, a derived architecture), as a run
     of exactly that cell builds it: its shape's tiny config and the checkpoints it stands for. Every consumer of a

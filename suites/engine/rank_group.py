@@ -140,9 +140,17 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def release_orphaned_shared_memory(min_age_seconds: float = 60, log: Callable[[str], object] = print) -> None:
+SHARED_MEMORY = Path("/dev/shm")
+"""Where DeepSpeed's CPU all-reduce keeps its buffers (`deepspeed_allreduce_buffer_<port>_<rank>` and the like)."""
+
+
+def release_orphaned_shared_memory(
+    min_age_seconds: float = 60, log: Callable[[str], object] = print, shared_memory: Path = SHARED_MEMORY
+) -> None:
     """DeepSpeed all-reduce buffers in /dev/shm that no live process maps any more: left by groups
-    whose driver was killed before it could release them (see RankGroup.release_shared_memory)."""
+    whose driver was killed before it could release them (see RankGroup.release_shared_memory). Other processes
+    of the machine (another harness run releasing its group's buffers, a /dev/shm cleaner) remove buffers while
+    this looks: one gone between the listing and its age is skipped, never an error of the cell that starts."""
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
@@ -151,8 +159,12 @@ def release_orphaned_shared_memory(min_age_seconds: float = 60, log: Callable[[s
             )
         except OSError:
             continue  # the process ended while we looked
-    for buffer in Path("/dev/shm").glob("deepspeed_*buffer*"):
-        if str(buffer) not in mapped and time.time() - buffer.stat().st_mtime > min_age_seconds:
+    for buffer in shared_memory.glob("deepspeed_*buffer*"):
+        try:
+            modified = buffer.stat().st_mtime
+        except FileNotFoundError:
+            continue  # removed by another process since the listing
+        if str(buffer) not in mapped and time.time() - modified > min_age_seconds:
             log(f"removing orphaned DeepSpeed shared-memory buffer {buffer}")
             buffer.unlink(missing_ok=True)
 
@@ -353,7 +365,7 @@ class RankGroup:
         """DeepSpeed's CPU all-reduce keeps a ~66 MB /dev/shm buffer per rank, named after the master
         port, and never unlinks it, not even on a clean exit; a nightly of hundreds of launches would
         fill the machine's memory (seen here: 22 GB after a day of runs, then the OOM killer)."""
-        for buffer in Path("/dev/shm").glob(f"deepspeed_*_{self.port}_*"):
+        for buffer in SHARED_MEMORY.glob(f"deepspeed_*_{self.port}_*"):
             buffer.unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -425,6 +437,13 @@ class RankGroupPool:
                 logs[fork_server_log] = server_at
             outcome = self.keep_logs(job.cell_id, outcome, logs)
         return outcome
+
+    def discard_group(self) -> None:
+        """End the live group, whatever state it is in (the driver's own work raised while it ran a cell): the next
+        cell starts a fresh one."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     def _fork_server_log(self) -> Path | None:
         log_dir = self.fork_server.log_dir if self.fork_server is not None else None

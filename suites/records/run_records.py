@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from matrix import PROJECT_ROOT
-from matrix.cells import Cell
+from matrix.cells import Cell, selection_options
 from matrix.installed import VERSION_CONSTANTS, direct_url, imported_version, package_constants
 from matrix.json_records import write_record
 from matrix.redaction import redact
@@ -29,7 +29,7 @@ from matrix.version_axes import AXES
 from suites.base.atomic import write_text_atomically
 from suites.base.git import GitFailed, run_git
 from suites.engine.rank_group import launch_environment
-from suites.verdicts.outcome import CellOutcome
+from suites.verdicts.outcome import CellOutcome, what_happened
 from suites.verdicts.vocabulary import FAILURE_CLASSES, OUTCOMES
 
 CellRecord = dict[str, Any]
@@ -221,6 +221,27 @@ def _record_problem(record: object) -> str | None:
     return None
 
 
+class RecordNotWritten(OSError):
+    """A cell's record could not be written to cells.jsonl: the message says its outcome, why and what to do."""
+
+
+def cells_without_record(expected: list[Cell], records: list[CellRecord]) -> list[str]:
+    """Lines for the end of a run: the cells of `expected` no record of `records` holds (an interrupted run, a record
+    that could not be written), and how to run them; none when every cell has one."""
+    recorded = {record["cell"]["id"] for record in records}
+    missing = [cell for cell in expected if cell.id not in recorded]
+    if not missing:
+        return []
+    shown = ", ".join(cell.id for cell in missing[:20]) + (
+        f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+    )
+    return [
+        f"{len(missing)} of {len(expected)} cells of this run have no result: {shown}",
+        "the same command continues this run: it keeps every cell with a result and runs only these "
+        f"(one alone: nox -s matrix -- {selection_options(missing[0])})",
+    ]
+
+
 class RunState:
     """`results/run-state.json`: which run the folder holds and whether all its cells finished, so an
     interrupted run of the same session, selection and versions is continued instead of restarted."""
@@ -307,13 +328,30 @@ class CellRecorder:
         for name in ("autotp", "broke_at", "cause"):  # typed records (suites/verdicts/mechanism.py), as dicts
             if value := getattr(outcome, name):
                 record[name] = write_record(value)
-        with self.path.open("a") as stream:
-            fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
-            stream.write(json.dumps(record) + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
+        try:
+            self._append(record)
+        except OSError as error:  # a full disk, a folder made read-only: the cell ran, its record is not kept
+            for key, value in junit_properties(record).items() if record_property is not None else ():
+                record_property(key, value)  # JUnit still gets it, if its own file can be written at the end
+            raise RecordNotWritten(
+                f"{cell.id} ended {record['outcome']} {record['failure_class']}".rstrip()
+                + f", and its record could not be written to {self.path}: {error}. "
+                + what_happened(error)
+                + "; the same command continues this run and runs the cells without a record"
+            ) from error
         self._emit(record, record_property)
         return record
+
+    def _append(self, record: CellRecord) -> None:
+        """One line at the end of cells.jsonl, on disk before this returns; a line an earlier write left cut short
+        (a full disk) is ended first, so it does not swallow this one (a cut line is skipped when read)."""
+        with self.path.open("ab+") as stream:
+            fcntl.flock(stream, fcntl.LOCK_EX)  # xdist workers append to the same file
+            size = stream.seek(0, os.SEEK_END)
+            cut = size > 0 and stream.seek(size - 1) >= 0 and stream.read(1) != b"\n"
+            stream.write((b"\n" if cut else b"") + json.dumps(record).encode() + b"\n")
+            stream.flush()
+            os.fsync(stream.fileno())
 
     def _emit(self, record: CellRecord, record_property: RecordProperty | None) -> None:
         self.records.append(record)

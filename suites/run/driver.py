@@ -11,7 +11,7 @@ from typing import Any
 import transformers
 
 from matrix import cache_root
-from matrix.cells import Cell
+from matrix.cells import Cell, selection_options
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
 from matrix.registry import DType
@@ -46,7 +46,7 @@ from suites.run.command import CELL_TIMEOUT_S
 from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.variants.loading import TORCH_DTYPES
 from suites.verdicts.mechanism import Failure, cause_of
-from suites.verdicts.outcome import CellOutcome, exception_signature, failed, mask_numbers
+from suites.verdicts.outcome import CellOutcome, exception_signature, failed, harness_failure, mask_numbers
 
 Provenance = dict[str, Any]
 """What a cell's record says about its weights and memory (`_provenance`): `checkpoint` and `metrics`."""
@@ -278,7 +278,24 @@ def held_by_run(pool: RankGroupPool | None) -> tuple[int, int]:
 
 def run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: RunAhead | None = None) -> CellOutcome:
     """The cell's outcome; `pool` None only for a cell that never reaches a rank group (a skip, a setup failure);
-    `ahead`: the run's cold work, done together when the first cell asks for a reference (suites/run/ahead.py)."""
+    `ahead`: the run's cold work, done together when the first cell asks for a reference (suites/run/ahead.py).
+    Whatever the harness's own work raises (a file another process removed, a full disk) is the cell's `setup`
+    failure, its rank group is restarted, and the run goes on: every cell ends with a record."""
+    try:
+        return _run_cell(cell, pool, options, ahead)
+    except Exception as error:  # the harness's, whatever raised it: the cell is `setup`, the next cell runs
+        if pool is not None:
+            pool.discard_group()  # in an unknown state: the next cell starts a fresh one
+        outcome = with_cause(harness_failure(error, f"nox -s matrix -- {selection_options(cell)}"))
+        if pool is not None:
+            try:
+                outcome = pool.keep_text(cell.id, outcome, "driver.log", outcome.message)
+            except OSError:  # the results folder itself failed: the record still says it all
+                pass
+        return outcome
+
+
+def _run_cell(cell: Cell, pool: RankGroupPool | None, options: RunOptions, ahead: RunAhead | None) -> CellOutcome:
     forker: ReferenceForker | None = pool.fork_server if pool is not None else None
     prepared_ahead = ahead.take(cell) if ahead is not None else None
     if forker is not None and ahead is not None and pool is not None:

@@ -3,6 +3,7 @@ signature so identical failures group across models and runs."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import traceback
@@ -138,13 +139,24 @@ tokenizers) are tools: whoever called them owns what they raise."""
 
 
 def _package_roots(names: tuple[str, ...]) -> list[Path]:
+    return [root for name in names if (root := _package_root(name)) is not None]
+
+
+def _package_root(name: str) -> Path | None:
+    """The folder of package `name`, imported or not: a package whose import failed is no longer in sys.modules, yet
+    the frames of its failed import are its code."""
+    import importlib.util
     import sys
 
-    return [
-        Path(file).resolve().parent
-        for name in names
-        if (module := sys.modules.get(name)) is not None and (file := getattr(module, "__file__", None))
-    ]
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None) if module is not None else None
+    if file is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        file = spec.origin if spec is not None else None
+    return Path(file).resolve().parent if file else None
 
 
 def _frame_owner(filename: str, libraries: list[Path]) -> str:
@@ -198,7 +210,19 @@ class DeathRecord:
 
 def death_record(error: BaseException, where: str) -> DeathRecord:
     """Whose fault decides the class (`raising_owner`): a library's, the rank died there (`crash`); the harness's or
-    nobody's (imports, rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's."""
+    nobody's (rank setup, bookkeeping), the harness failed (`setup`), never reported as DeepSpeed's. A library that
+    cannot be imported (`library_import_failure`) is the environment's (`install`): no AutoTP code ran, and every cell
+    of the environment would fail the same way until it is rebuilt."""
+    if broken := library_import_failure(error):
+        return DeathRecord(
+            failure_class="install",
+            signature=exception_signature(error),
+            message=f"{where} could not import {broken}: the environment is broken or incomplete (a dependency "
+            "missing or of another version than the one it was built with), not AutoTP and not the harness. "
+            "Rebuild the environment (remove its folder under .nox/envs/ or AUTOTP_ENV_ROOT; the next nox session "
+            "installs it again), then rerun the same command: it runs the cells without a verdict.\n"
+            + "".join(traceback.format_exception(error))[-4000:],
+        )
     owner: FailureClass = "crash" if raising_owner(error)[0] == "library" else "setup"
     return DeathRecord(
         failure_class=owner,
@@ -206,6 +230,24 @@ def death_record(error: BaseException, where: str) -> DeathRecord:
         message=f"{where} raised ({'library code' if owner == 'crash' else 'harness code: a harness bug'}):\n"
         + "".join(traceback.format_exception(error))[-4000:],
     )
+
+
+def library_import_failure(error: BaseException) -> str | None:
+    """The library under test an ImportError is the failed import of: one that is not installed at all, or whose
+    own import raised it (a frame of its package in the traceback: its dependency missing or broken); None for any
+    other error, and for a harness import of a module the installed release lacks (the harness's, `setup`)."""
+    if not isinstance(error, ImportError):
+        return None
+    if error.name in LIBRARIES_UNDER_TEST:
+        return error.name
+    roots = {name: root for name in LIBRARIES_UNDER_TEST if (root := _package_root(name)) is not None}
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename.startswith("/"):
+            path = Path(frame.filename).resolve()
+            for name, root in roots.items():
+                if path.is_relative_to(root):
+                    return name
+    return None
 
 
 def read_death_records(folder: Path, pattern: str) -> list[DeathRecord]:
@@ -216,6 +258,41 @@ def read_death_records(folder: Path, pattern: str) -> list[DeathRecord]:
         except (OSError, ValueError):
             continue  # written atomically, so only a vanished folder (or a file of an older harness) gets here
     return records
+
+
+def what_happened(error: BaseException) -> str:
+    """What an exception of the harness's own work (its files, its processes) says about the machine, and what to do,
+    in words for whoever reads the cell's record: a file another process removed, a full disk, a folder that is not
+    writable; otherwise a harness bug."""
+    if isinstance(error, OSError):
+        name = str(error.filename or "")
+        if isinstance(error, FileNotFoundError) and name.startswith("/dev/shm/"):
+            return (
+                f"DeepSpeed's shared-memory all-reduce buffer {name} vanished while the cell ran: another process "
+                "on this machine removed it, or /dev/shm was cleaned. The machine's fault, not AutoTP's: rerun the cell"
+            )
+        if isinstance(error, FileNotFoundError):
+            return (
+                f"a file the harness was using vanished ({name}): another process removed it, or the temporary "
+                "folder was cleaned while the run went on. The machine's fault, not AutoTP's: rerun the cell"
+            )
+        if error.errno == errno.ENOSPC:
+            return f"the disk is full ({name or 'writing a file'}): free space, then rerun the cell"
+        if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"{name or 'a folder the harness writes'} is not writable: fix its permissions, then rerun the cell"
+    return "the harness raised: a harness bug (its traceback below); report it, then rerun the cell"
+
+
+def harness_failure(error: Exception, rerun: str) -> CellOutcome:
+    """The `setup` failure of a cell whose driver-side work raised outside the checks (preparing it, its rank group's
+    bookkeeping, keeping its logs): the harness's, whichever code raised, and never the cell's verdict on AutoTP.
+    `rerun`: the command that runs the cell again."""
+    return failed(
+        "setup",
+        exception_signature(error),
+        f"{what_happened(error)}: {rerun}\n(the rank group was restarted; the run went on with the next cell)\n"
+        + redact("".join(traceback.format_exception(error))[-4000:]),
+    )
 
 
 def failed(

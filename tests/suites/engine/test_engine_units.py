@@ -61,6 +61,44 @@ def test_orphaned_shared_memory_buffer_is_removed_and_a_mapped_one_kept(tmp_path
     live.unlink()
 
 
+def test_buffers_another_process_removes_while_the_orphans_are_looked_for_are_skipped(tmp_path):
+    """The fault of docs/findings.md (2026-12-06): another process (another run releasing its group's buffers, a
+    /dev/shm cleaner) removed a DeepSpeed buffer between the listing and its age, and the starting group raised
+    FileNotFoundError in the driver: no record for the cell. A real process here creates and removes 200 old buffers
+    over and over while the driver looks for orphans."""
+    import subprocess
+    import sys
+    import time
+
+    from suites.engine.rank_group import release_orphaned_shared_memory
+
+    churn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, pathlib, time\n"
+            f"folder = pathlib.Path({str(tmp_path)!r})\n"
+            "old = time.time() - 3600\n"
+            "while True:\n"
+            "    buffers = [folder / f'deepspeed_allreduce_buffer_{n}_0' for n in range(200)]\n"
+            "    for buffer in buffers:\n"
+            "        buffer.write_bytes(b'')\n"
+            "        os.utime(buffer, (old, old))\n"
+            "    for buffer in buffers:\n"
+            "        buffer.unlink(missing_ok=True)\n",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 5
+        looked = 0
+        while time.monotonic() < deadline or looked < 50:
+            release_orphaned_shared_memory(log=lambda message: None, shared_memory=tmp_path)
+            looked += 1
+    finally:
+        churn.kill()
+        churn.wait()
+
+
 def test_a_job_crosses_to_the_ranks_whole():
     """The job file is the only thing a rank knows of its cell: every field (the variant, tolerance, probe spec,
     meta copy, trained models) reads back as the driver wrote it, and the driver's checkpoint and the meta copy
