@@ -50,9 +50,11 @@ def failure_class_text(failure_class: str) -> str:
 
 
 def head_text(sessions: list[SessionDeltas]) -> str:
-    """ "deepspeed 0.19.8@abc1234567 (run `nightly@…`": what the newest runs tested (the parenthesis left open for
-    what the line says of the base)."""
-    return "; ".join(f"deepspeed {s.newest.versions.label('deepspeed')} (run {code(s.newest.run_id)}" for s in sessions)
+    """ "deepspeed 0.19.8@abc1234567 (run `nightly@…`": what the newest runs tested, each session's parenthesis
+    closed but the last one's (left open for what the line says of the base)."""
+    return "); ".join(
+        f"deepspeed {s.newest.versions.label('deepspeed')} (run {code(s.newest.run_id)}" for s in sessions
+    )
 
 
 def compare_links(session: SessionDeltas) -> list[str]:

@@ -265,3 +265,20 @@ def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_b
     assert cause_words(cells, (half,)) == (
         f"{words} (mechanism not proven: workaround ctrl-row-parallel-policy: 1 of 2 cells pass)"
     )
+
+
+def test_the_head_of_several_sessions_closes_each_sessions_parenthesis():
+    """A comment over several sessions (a run of each variant family) said "deepspeed 0.19.8 (run `a`; deepspeed
+    0.14.4 (run `b`": every session's parenthesis but the last, which the line closes, is closed."""
+    from types import SimpleNamespace
+
+    from reports.outputs.pr_comment import head_text
+
+    def session(label, run_id):
+        return SimpleNamespace(
+            newest=SimpleNamespace(versions=SimpleNamespace(label=lambda axis: label), run_id=run_id)
+        )
+
+    text = head_text([session("0.19.8", "meta@t@vm"), session("0.14.4", "oldest@t@vm")])
+    assert text == "deepspeed 0.19.8 (run `meta@t@vm`); deepspeed 0.14.4 (run `oldest@t@vm`"
+    assert (text + ")").count("(") == (text + ")").count(")")

@@ -122,10 +122,15 @@ def test_killed_driver_leaves_no_orphans_and_the_rerun_resumes(tmp_path, hang_fl
     assert json.loads((tmp_path / "run-state.json").read_text())["complete"] is True
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_partial_results(tmp_path, driver_in_the_middle):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_cleanly_keeps_partial_results_and_lists_the_cells_without_one(
+    tmp_path, driver_in_the_middle, stop
+):
     driver = driver_in_the_middle
-    driver.send_signal(signal.SIGINT)
+    driver.send_signal(stop)
     output, _ = driver.communicate(timeout=60)
     assert driver.returncode == pytest.ExitCode.INTERRUPTED, output
-    assert not rank_processes_of(driver.pid), "Ctrl-C left rank processes behind"
+    assert not rank_processes_of(driver.pid), f"{stop.name} left rank processes behind"
     assert records(tmp_path) and records(tmp_path)[0]["outcome"] == "pass"
+    assert "2 of 3 cells of this run have no result: opt-eager-fp32-tp2, gpt_neox-eager-fp32-tp2" in output, output
+    assert "the same command continues this run" in output
