@@ -331,8 +331,9 @@ class CellRecorder:
         try:
             self._append(record)
         except OSError as error:  # a full disk, a folder made read-only: the cell ran, its record is not kept
-            for key, value in junit_properties(record).items() if record_property is not None else ():
-                record_property(key, value)  # JUnit still gets it, if its own file can be written at the end
+            if record_property is not None:  # JUnit still gets it, if its own file can be written at the end
+                for key, value in junit_properties(record).items():
+                    record_property(key, value)
             raise RecordNotWritten(
                 f"{cell.id} ended {record['outcome']} {record['failure_class']}".rstrip()
                 + f", and its record could not be written to {self.path}: {error}. "
