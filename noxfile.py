@@ -56,7 +56,8 @@ def coverage(session: nox.Session) -> None:
 @nox.session(python=False)
 def atlas(session: nox.Session) -> None:
     """The AutoTP atlas: `-- --plan N` (slices of the missing cells, cost, `--job-matrix FILE`), `--run COMBOS` (one
-    slice), `--nightly` (what is new), `--site OUT` (the pages, from the archive), `--calibrate RESULTS`."""
+    slice), `--nightly` (what is new), `--site OUT` (the pages, from the archive), `--calibrate RESULTS`,
+    `--calibrate-cells RESULTS` (warm seconds per cell from a `nox -s matrix` run)."""
     run_atlas(session, session.posargs)
 
 

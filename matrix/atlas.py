@@ -292,7 +292,8 @@ def cost_text(figures: CostFigures) -> str:
         "# The atlas cost model's measured seconds on one runner (sessions/atlas_cost.py CostModel), written by",
         "# `nox -s atlas -- --calibrate RESULTS [RESULTS ...]` from slices' timings (RESULTS/atlas-timing.jsonl) and",
         "# their cells' JUnit durations. Refresh: run a slice (`nox -s atlas -- --run COMBOS --results RESULTS`), then",
-        "# calibrate on it; predict a different slice with it.",
+        "# calibrate on it; predict a different slice with it. `--calibrate-cells RESULTS` refreshes only the warm",
+        "# seconds per cell, from a warm `nox -s matrix` run's JUnit.",
         f"source = {json.dumps(figures.source)}",
         *(f"{key} = {round(getattr(figures, key), 4)}" for key in FIGURE_FIELDS),
     ]

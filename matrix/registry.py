@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import tomllib
 from packaging.version import InvalidVersion, Version
@@ -273,22 +273,46 @@ def has_causal_lm(model_type: str) -> bool:
 
 def read_toml(path: Path, missing_hint: str = "") -> dict[str, Any]:
     """A data file of matrix/ as a dict (the caller's own copy); a RegistryError naming the file (and
-    `missing_hint`) otherwise. Parsed once per version of the file: a render reads models.toml ~70 times."""
+    `missing_hint`) otherwise. Parsed once per content of the file: a render reads models.toml ~70 times."""
+    return copy.deepcopy(_parsed_toml(path, _file_text(path, missing_hint)))
+
+
+def _file_text(path: Path, missing_hint: str = "") -> str:
     try:
-        stat = path.stat()
+        return path.read_text()
     except FileNotFoundError:
         raise RegistryError(f"{path}: file not found{missing_hint}") from None
-    return copy.deepcopy(_parsed_toml(path, stat.st_mtime_ns, stat.st_size, stat.st_ino))
 
 
 @functools.cache
-def _parsed_toml(path: Path, mtime_ns: int, size: int, inode: int) -> dict[str, Any]:
+def _parsed_toml(path: Path, text: str) -> dict[str, Any]:
+    """Keyed by the file's whole text, not its modification time: a file written twice within the clock's
+    granularity (a test, an editor) is never read as its earlier content."""
     try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"{path}: file not found") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise RegistryError(f"{path}: not valid TOML: {error}") from None
+
+
+ParsedFile = TypeVar("ParsedFile")
+
+
+def parsed_once(path: Path, parse: Callable[[Path], ParsedFile], missing_hint: str = "") -> ParsedFile:
+    """`parse(path)` computed once per content of the file (and per `parse`): the registry's records are frozen
+    dataclasses, and a render reads the same file's records hundreds of times (each repro script and draft expands
+    its cells again). A changed file is parsed again, one that changed while it was parsed is not kept, and an error
+    is raised every time."""
+    text = _file_text(path, missing_hint)
+    key = (parse, path, text)
+    if key not in _PARSED_FILES:
+        parsed = parse(path)
+        if _file_text(path, missing_hint) != text:
+            return parsed
+        _PARSED_FILES[key] = parsed
+    return cast(ParsedFile, _PARSED_FILES[key])
+
+
+_PARSED_FILES: dict[tuple[Callable[[Path], Any], Path, str], Any] = {}
 
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
@@ -346,6 +370,11 @@ def load_tables(path: Path, kind: str, parse: Callable[[Path, str, object], Tabl
 
 
 def load_models(path: Path = MODELS_FILE) -> dict[str, ModelEntry]:
+    """The registry's entries (the caller's own dict of shared frozen entries), parsed once per content of the file."""
+    return dict(parsed_once(path, _parsed_models))
+
+
+def _parsed_models(path: Path) -> dict[str, ModelEntry]:
     return load_tables(path, "models", parse_model)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from matrix.registry import MATRIX_DIR, load_tables, read_entry
+from matrix.registry import MATRIX_DIR, load_tables, parsed_once, read_entry
 from matrix.toml_tables import TableError
 
 VARIANTS_FILE = MATRIX_DIR / "variants.toml"
@@ -177,4 +177,9 @@ def _parse_variant(path: Path, name: str, raw: object) -> Variant:
 
 
 def load_variants(path: Path = VARIANTS_FILE) -> dict[str, Variant]:
+    """The variants (the caller's own dict of shared frozen rows), parsed once per content of the file."""
+    return dict(parsed_once(path, _parsed_variants))
+
+
+def _parsed_variants(path: Path) -> dict[str, Variant]:
     return load_tables(path, "variants", _parse_variant)

@@ -9,6 +9,7 @@ slice — the combinations' environments built ahead by EnvironmentsAhead while 
 
 The cost model (sessions/atlas_cost.py) predicts a slice's wall and CPU seconds from matrix/atlas_cost.toml's measured
 figures and the cells counted at each transformers version; `--calibrate RESULTS…` measures them from slices that ran;
+`--calibrate-cells RESULTS` the warm per-cell seconds from a `nox -s matrix` results folder;
 `--run` prints its prediction before and the comparison after."""
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from sessions.atlas_cost import (
     describe,
     junit_durations,
     measured_figures,
+    warm_cell_figures,
 )
 from sessions.atlas_plan import ArchivedSession, atlas_session_name, missing_combos, plan_slices, plan_text
 from sessions.environments import (
@@ -79,6 +81,12 @@ def atlas_parser() -> argparse.ArgumentParser:
     action.add_argument("--site", type=Path, metavar="OUT", help="render the atlas's pages from the archive")
     action.add_argument(
         "--calibrate", type=Path, nargs="+", metavar="RESULTS", help="measure the cost model from slices' results"
+    )
+    action.add_argument(
+        "--calibrate-cells",
+        type=Path,
+        metavar="RESULTS",
+        help="the warm per-cell seconds from a `nox -s matrix` results folder's JUnit (by tp)",
     )
     parser.add_argument(
         "--scope",
@@ -112,6 +120,9 @@ def run_atlas(session: nox.Session, argv: list[str]) -> None:
         calibrate(session, args.calibrate)
         return
     config = load_atlas_config()
+    if args.calibrate_cells:
+        calibrate_cells(session, config, args.calibrate_cells)
+        return
     try:
         until = parse_pins(args.until, "--until", ATLAS_AXES)
         combos = chosen(atlas_combos(atlas_axes(config, until)), args)
@@ -414,6 +425,17 @@ def calibrate(session: nox.Session, results: list[Path]) -> None:
     """matrix/atlas_cost.toml from slices' timings and JUnit durations (sessions/atlas_cost.py measured_figures)."""
     try:
         figures = measured_figures(results, load_cost())
+    except ValueError as error:
+        session.error(str(error))
+    COST_FILE.write_text(cost_text(figures))
+    session.log(f"wrote {COST_FILE}:\n{cost_text(figures)}")
+
+
+def calibrate_cells(session: nox.Session, config: AtlasConfig, results: Path) -> None:
+    """matrix/atlas_cost.toml's warm per-cell seconds from a `nox -s matrix` run's JUnit (sessions/atlas_cost.py
+    warm_cell_figures); `nox -s atlas -- --plan N` then prices the atlas with them."""
+    try:
+        figures = warm_cell_figures(results, config.selections, config.tp, load_cost())
     except ValueError as error:
         session.error(str(error))
     COST_FILE.write_text(cost_text(figures))

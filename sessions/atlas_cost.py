@@ -13,12 +13,12 @@ import os
 import socket
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from matrix.atlas import CellCounts, CostFigures, SelectionCost
+from matrix.atlas import AtlasSelection, CellCounts, CostFigures, SelectionCost
 from matrix.version_axes import Combo
 
 TIMING_FILE = "atlas-timing.jsonl"
@@ -326,3 +326,79 @@ def _selection_cost(name: str, runs: list[tuple[bool, dict[str, Any]]], start_s:
         run_cpu_s=rates[False][1],
         first_run_cpu_s=rates[True][1],
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Recalibration from warm cells
+
+
+def warm_cell_figures(
+    results: Path, selections: Sequence[AtlasSelection], tp: Sequence[int], previous: CostFigures
+) -> CostFigures:
+    """`previous` with the warm per-cell wall seconds (`run_s`) of each atlas selection whose cells `results` (a
+    `nox -s matrix` results folder) ran, read from its JUnit: the mean of each tp's running cells, averaged over the
+    atlas's tp sizes (every atlas row runs each of them once). A cell belongs to the selection whose variants and
+    dtypes name its own. The CPU per warm cell scales with the wall (JUnit has no CPU seconds); a first run at a
+    transformers version, skips, starts, environments and the merge keep `previous`'s figures (a warm run does not
+    measure them), and the source says so."""
+    seconds = _junit_seconds_by_cell(results / "junit")
+    updated = dict(previous.selections)
+    said: list[str] = []
+    for selection in selections:
+        mine = [
+            (cell_tp, duration)
+            for (variant, dtype, cell_tp), durations in seconds.items()
+            if variant in _listed(selection.variants) and dtype in _listed(selection.dtypes)
+            for duration in durations
+        ]
+        if not mine:
+            continue
+        by_tp = {size: [duration for cell_tp, duration in mine if cell_tp == size] for size in tp}
+        if absent := [size for size, durations in by_tp.items() if not durations]:
+            raise ValueError(
+                f"{results / 'junit'}: no running {selection.name} cell at tp {', '.join(map(str, absent))}; run "
+                f"`nox -s matrix -- --tp {','.join(map(str, tp))}` into it first"
+            )
+        means = {size: sum(durations) / len(durations) for size, durations in by_tp.items()}
+        run_s = sum(means.values()) / len(means)
+        old = previous.selections[selection.name]
+        updated[selection.name] = replace(old, run_s=run_s, run_cpu_s=old.run_cpu_s * run_s / old.run_s)
+        per_tp = ", ".join(f"tp {size} {mean:.3f} s" for size, mean in means.items())
+        said.append(f"{selection.name} warm cells {per_tp} ({len(mine)} cells)")
+    if not said:
+        names = ", ".join(f"{s.name} ({s.variants} {s.dtypes})" for s in selections)
+        raise ValueError(f"{results / 'junit'}: no running cell of an atlas selection: {names}")
+    return replace(
+        previous,
+        source=f"{date.today().isoformat()} on {socket.gethostname()}: {'; '.join(said)} from {results}; the rest as "
+        f"in {previous.source}",
+        selections=updated,
+    )
+
+
+def _listed(option: str) -> set[str]:
+    return {value.strip() for value in option.split(",")}
+
+
+def _junit_seconds_by_cell(folder: Path) -> dict[tuple[str, str, int], list[float]]:
+    """JUnit seconds of every running (not skipped) cell in a results folder's junit/, by (variant, dtype, tp)."""
+    paths = sorted(folder.glob("*.xml"))
+    if not paths:
+        raise ValueError(f"{folder}: no JUnit file; give the results folder of a `nox -s matrix` run")
+    seconds: dict[tuple[str, str, int], list[float]] = {}
+    for path in paths:
+        try:
+            cases = list(ElementTree.parse(path).getroot().iter("testcase"))
+        except ElementTree.ParseError as error:
+            raise ValueError(f"{path}: not JUnit XML ({error})") from None
+        for case in cases:
+            if case.find("skipped") is not None:
+                continue
+            cell = {prop.get("name"): prop.get("value") for prop in case.iter("property")}
+            try:
+                key = (str(cell["cell.variant"]), str(cell["cell.dtype"]), int(str(cell["cell.tp"])))
+                duration = float(case.get("time") or "")
+            except (KeyError, ValueError):
+                raise ValueError(f"{path}: test case {case.get('name')!r} is not a cell with its time") from None
+            seconds.setdefault(key, []).append(duration)
+    return seconds

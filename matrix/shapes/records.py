@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, read_toml
+from matrix.registry import MATRIX_DIR, ModelEntry, RegistryError, parsed_once, read_toml
 from matrix.shapes.real_shape import RealShape
 from matrix.toml_tables import TableError, read_table
 
@@ -34,19 +34,28 @@ def _parse_record(path: Path, entry: str, checkpoint: str, raw: object) -> RealS
     return read_table(RealShape, raw, where=where, error=RegistryError, rules=named_source)
 
 
-def load_real_shapes(
-    path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEntry] | None = None
-) -> dict[str, dict[str, RealShape]]:
-    """{entry: {hub id or 'defaults': shape}}; with `registry`, every entry must have the record its faithful
-    cells use (faithful_record) and name only its own hub ids."""
-    raw = read_toml(path, "; write it with python -m matrix.shapes --write")
+MISSING_HINT = "; write it with python -m matrix.shapes --write"
+
+
+def _parsed_shapes(path: Path) -> dict[str, dict[str, RealShape]]:
     shapes = {}
-    for entry, records in raw.items():
+    for entry, records in read_toml(path, MISSING_HINT).items():
         if not isinstance(records, dict) or not records:
             raise RegistryError(f"{path}: entry [{entry}] must be a table of checkpoint = {{ sizes }}, got {records!r}")
         shapes[entry] = {
             checkpoint: _parse_record(path, entry, checkpoint, record) for checkpoint, record in records.items()
         }
+    return shapes
+
+
+def load_real_shapes(
+    path: Path = REAL_SHAPES_FILE, registry: dict[str, ModelEntry] | None = None
+) -> dict[str, dict[str, RealShape]]:
+    """{entry: {hub id or 'defaults': shape}}; with `registry`, every entry must have the record its faithful
+    cells use (faithful_record) and name only its own hub ids. The records are parsed once per content of the file
+    (every repro script and draft of a render reads them); each caller gets its own dicts of the frozen shapes."""
+    parsed = parsed_once(path, _parsed_shapes, MISSING_HINT)
+    shapes = {entry: dict(records) for entry, records in parsed.items()}
     if registry is not None:
         for entry, records in shapes.items():
             if entry not in registry:

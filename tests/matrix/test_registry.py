@@ -113,3 +113,31 @@ def test_command_line_typo_is_a_usage_error_not_a_crash():
     )
     assert result.returncode == 4, result.stdout + result.stderr
     assert "unknown model 'lama'; did you mean: llama" in result.stderr
+
+
+def test_a_file_read_once_per_content_is_read_again_once_it_changes(tmp_path):
+    """load_models and load_real_shapes parse each file once per content (a render reads them hundreds of times):
+    a rewrite of the same size within the clock's granularity still gives the new entries, and an edit that breaks
+    the file raises every time, never the last good parse."""
+    from matrix.shapes import load_real_shapes
+
+    models = tmp_path / "models.toml"
+    shapes = tmp_path / "real_shapes.toml"
+    models_text = (PROJECT_ROOT / "matrix" / "models.toml").read_text()
+    shapes_text = (PROJECT_ROOT / "matrix" / "real_shapes.toml").read_text()
+    models.write_text(models_text)
+    shapes.write_text(shapes_text)
+    assert load_models(models)["gpt2"].tiny["n_head"] == 6
+    assert load_models(models) == load_models(models) and load_models(models) is not load_models(models)
+    first = load_real_shapes(shapes)
+    entry = next(iter(first))
+    del first[entry]  # the caller's own dicts: the next caller still gets every entry
+    assert entry in load_real_shapes(shapes)
+
+    at = models_text.index("n_head = 6", models_text.index("[models.gpt2]"))
+    models.write_text(f"{models_text[:at]}n_head = 3{models_text[at + len('n_head = 6') :]}")  # same size and inode
+    assert load_models(models)["gpt2"].tiny["n_head"] == 3
+    shapes.write_text(shapes_text.replace(f"[{entry}]", f"[{entry}", 1))
+    for _ in range(2):
+        with pytest.raises(RegistryError, match="real_shapes.toml"):
+            load_real_shapes(shapes)

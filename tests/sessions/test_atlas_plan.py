@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from argparse import Namespace
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,16 @@ from matrix.releases import MAX_AGE_ENV
 from matrix.version_axes import AxisValueError
 from sessions import atlas
 from sessions.atlas import junit_counts, newest_refs, prune_transformers_cache
-from sessions.atlas_cost import TIMING_FILE, Built, CostModel, Prediction, comparison, measured_figures, wall_given
+from sessions.atlas_cost import (
+    TIMING_FILE,
+    Built,
+    CostModel,
+    Prediction,
+    comparison,
+    measured_figures,
+    wall_given,
+    warm_cell_figures,
+)
 from sessions.atlas_plan import ArchivedSession, atlas_session_name, hours, missing_combos, plan_slices, plan_text
 
 FIXTURES = Path(__file__).parents[1] / "matrix" / "fixtures"
@@ -361,3 +371,54 @@ def test_a_cell_counted_as_running_is_one_the_driver_does_not_skip():
         for cell in cells:
             runs = skip_reason(cell, RunOptions()) is None and cell.model.expansion_error is None
             assert will_run(cell, transformers.__version__) == runs, cell.id
+
+
+def cells_junit(folder: Path, cells: list[tuple[str, int, float]], skipped: tuple[str, int] | None = None) -> None:
+    """A `nox -s matrix` results folder's JUnit: each cell (variant, tp, seconds) with the properties it records."""
+    folder.mkdir(parents=True)
+
+    def case(variant: str, tp: int, seconds: float, inner: str = "") -> str:
+        names = {"cell.variant": variant, "cell.dtype": "fp32", "cell.tp": str(tp), "outcome": "pass"}
+        properties = "".join(f'<property name="{name}" value="{value}"/>' for name, value in names.items())
+        return f'<testcase name="c" time="{seconds}"><properties>{properties}</properties>{inner}</testcase>'
+
+    cases = [case(*cell) for cell in cells] + ([case(*skipped, 0.001, "<skipped/>")] if skipped else [])
+    (folder / "matrix.xml").write_text(f"<testsuites><testsuite>{''.join(cases)}</testsuite></testsuites>")
+
+
+def test_warm_cells_recalibrate_the_per_cell_seconds_from_a_matrix_runs_junit_by_tp(tmp_path, combos):
+    """`nox -s atlas -- --calibrate-cells RESULTS`: each tp's mean over its running cells, averaged over the atlas's
+    tp sizes (tp 2 has twice the cells here and still weighs a third); CPU scaled alike; skips, training (no train
+    cells ran) and the rest kept from before, and the source says which figures are new."""
+    runs = [("eager", 2, 0.1), ("eager", 2, 0.3), ("eager", 2, 0.2), ("eager", 2, 0.2), ("eager", 3, 0.4)]
+    cells_junit(tmp_path / "junit", [*runs, ("eager", 3, 0.2), ("eager", 4, 0.7)], skipped=("eager", 4))
+    config = load_atlas_config()
+    figures = warm_cell_figures(tmp_path, config.selections, config.tp, FIGURES)
+    assert asdict(figures.selections["inference"]) == pytest.approx(
+        asdict(SelectionCost(run_s=0.4, first_run_s=1.0, skip_s=0.01, run_cpu_s=0.8 * 0.4 / 0.5, first_run_cpu_s=1.5))
+    )
+    assert figures.selections["training"] == FIGURES.selections["training"]
+    assert figures.selection_start_s == FIGURES.selection_start_s and figures.load == FIGURES.load
+    assert "tp 2 0.200 s, tp 3 0.300 s, tp 4 0.700 s (7 cells)" in figures.source
+    assert figures.source.endswith("the rest as in test")
+    # the plan prices the atlas with them: each of the 500 running inference cells 0.1 s less once warm
+    model = CostModel(figures, {"5.25.0": COUNTS}, "5.25.0", cores=2)
+    before, after = MODEL.cells(combos[0], False), model.cells(combos[0], False)
+    assert before.wall_s - after.wall_s == pytest.approx(500 * 0.1)
+    assert model.cells(combos[0], True) == MODEL.cells(combos[0], True)
+
+
+def test_warm_cells_refuse_a_folder_without_every_atlas_tp_or_without_cells(tmp_path):
+    config = load_atlas_config()
+    cells_junit(tmp_path / "a" / "junit", [("eager", 2, 0.1), ("eager", 3, 0.2)], skipped=("eager", 4))
+    with pytest.raises(ValueError, match=r"a/junit: no running inference cell at tp 4; run `nox -s matrix -- --tp"):
+        warm_cell_figures(tmp_path / "a", config.selections, config.tp, FIGURES)
+    cells_junit(tmp_path / "b" / "junit", [("meta", 2, 0.1)])
+    with pytest.raises(ValueError, match="no running cell of an atlas selection: inference"):
+        warm_cell_figures(tmp_path / "b", config.selections, config.tp, FIGURES)
+    with pytest.raises(ValueError, match="no JUnit file; give the results folder of a `nox -s matrix` run"):
+        warm_cell_figures(tmp_path / "nowhere", config.selections, config.tp, FIGURES)
+    (tmp_path / "c" / "junit").mkdir(parents=True)
+    (tmp_path / "c" / "junit" / "matrix.xml").write_text('<testsuite><testcase name="x" time="1"/></testsuite>')
+    with pytest.raises(ValueError, match=r"matrix.xml: test case 'x' is not a cell with its time"):
+        warm_cell_figures(tmp_path / "c", config.selections, config.tp, FIGURES)
