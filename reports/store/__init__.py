@@ -70,6 +70,7 @@ from reports.store.records import (
     release,
     short_commit,
 )
+from reports.store.remedy_door import admit_remedies, find_remedy_files, refused_untrusted
 from reports.store.schema import (
     DEFAULT_STORE,
 )
@@ -112,10 +113,12 @@ __all__ = [
     "TriageAttempt",
     "Versions",
     "admit",
+    "admit_remedies",
     "aggregate",
     "answer_key",
     "default_archive",
     "find_junit_files",
+    "find_remedy_files",
     "group_results",
     "needed_paths",
     "newer_metrics",
@@ -123,6 +126,7 @@ __all__ = [
     "pins_text",
     "redact_fields",
     "redactor",
+    "refused_untrusted",
     "release",
     "short_commit",
     "started_order",
