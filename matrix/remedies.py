@@ -8,7 +8,6 @@ A remedy is an axis value of a run, never a baseline: a run with one is merged i
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,7 +144,8 @@ def change_words(summary: str) -> str:
 
 @dataclass(frozen=True)
 class RemedyResult:
-    """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it with `read_results`, and
+    """What `nox -s remedy` found for one remedy (results/remedies.json; `python -m reports merge` takes it into the
+    history through reports/store/remedy_door.py, and
     suites/verdicts/statements.py `proof_of` states a cause proven by one verified on every cell of it)."""
 
     remedy: str
@@ -285,17 +285,3 @@ def remedies_for(cause: str, remedies: list[Remedy]) -> list[Remedy]:
         known = sorted({model for remedy in remedies for model in remedy.cause_models} | {r.name for r in remedies})
         raise RemedyError(f"--cause {cause!r}: no remedy in matrix/remedies.toml names it; known: {', '.join(known)}")
     return picked
-
-
-def read_results(path: Path) -> list[RemedyResult]:
-    """`nox -s remedy`'s results file (results/remedies.json), each entry read as a `RemedyResult`; none when it does
-    not exist. A file that does not fit is refused naming it and the field (matrix/json_records.py)."""
-    from matrix.json_records import RecordError, read_record
-
-    if not path.exists():
-        return []
-    try:
-        entries = json.loads(path.read_text())
-        return [read_record(RemedyResult, entry) for entry in entries]
-    except (ValueError, TypeError, RecordError) as error:
-        raise RemedyError(f"{path}: not a remedies results file written by nox -s remedy: {error}") from None
