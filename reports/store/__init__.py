@@ -42,6 +42,7 @@ from reports.store.junit import (
     KNOWN_FAILURE_CLASSES,
     find_junit_files,
 )
+from reports.store.proof_rows import canonical
 from reports.store.published import (
     RebuildCounts,
     bring_up_to_date,
@@ -116,6 +117,7 @@ __all__ = [
     "admit_remedies",
     "aggregate",
     "answer_key",
+    "canonical",
     "default_archive",
     "find_junit_files",
     "find_remedy_files",

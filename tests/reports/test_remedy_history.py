@@ -124,3 +124,13 @@ def test_a_pull_requests_remedy_results_are_never_merged(tmp_path, capsys):
     results = shutil.copytree(REMEDY_RESULTS, tmp_path / "results")
     assert merge(results, "--store", tmp_path / "history.sqlite", "--untrusted") == 2
     assert "a pull request's remedy results are not merged" in capsys.readouterr().err
+
+
+def test_verify_fails_when_the_archive_lost_a_proof_the_store_holds(tmp_path, capsys):
+    results = shutil.copytree(REMEDY_RESULTS, tmp_path / "results")
+    store, archive = tmp_path / "history.sqlite", tmp_path / "archive"
+    assert merge(results, "--store", store, "--archive", archive) == 0
+    assert main(["verify", "--archive", str(archive), "--store", str(store)]) == 0
+    next((archive / "remedies").glob("fused-experts-split-*.json")).unlink()
+    assert main(["verify", "--archive", str(archive), "--store", str(store)]) == 1
+    assert "1 remedy result(s) are not in the archive" in capsys.readouterr().err
