@@ -174,7 +174,8 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
     import sqlite3
 
     with sqlite3.connect(store) as conn:
-        for table in ("point_metrics", "result_groups", "points", "archive_entries", "cell_causes"):  # schema 8-10's
+        schema_8_to_12 = ("point_metrics", "result_groups", "points", "archive_entries", "cell_causes", "remedy_results")
+        for table in schema_8_to_12:
             conn.execute(f"DROP TABLE {table}")
         conn.execute("ALTER TABLE runs DROP COLUMN trusted")
         conn.execute("PRAGMA user_version = 7")
