@@ -86,16 +86,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"conflict {conflict}", file=sys.stderr)
     trust = " (untrusted: a pull request's)" if args.untrusted else ""
     print(
-        f"{args.store}: {merged.runs} new run(s){trust}, {merged.results} new result(s), {merged.remedy_results} new "
-        f"remedy result(s) from {merged.imported} file(s); {merged.skipped} skipped"
+        f"{args.store}: {merged.runs} new run(s){trust}, {merged.results} new result(s) from {merged.imported} "
+        f"file(s); {merged.skipped} skipped"
     )
     if args.untrusted:
         print(f"{archive.root}: nothing archived (untrusted runs are never part of the history)")
     else:
         entries = f"{merged.archived} new archive entr{'y' if merged.archived == 1 else 'ies'}"
+        print(f"{archive.root}: {entries}, {merged.answers} new answer(s)")
+    if remedy_files and not args.untrusted:  # the proofs (docs/remedies.md "The proofs are history")
         print(
-            f"{archive.root}: {entries}, {merged.answers} new answer(s), "
-            f"{merged.archived_remedies} new remedy result(s)"
+            f"{args.store} and {archive.root}: {merged.remedy_results} and {merged.archived_remedies} new remedy "
+            f"result(s) from {len(remedy_files)} remedies.json file(s)"
         )
     if merged.conflicts:
         raise ReportsError(

@@ -44,7 +44,7 @@ def test_a_real_results_folder_merges_into_the_history_once_and_outlives_its_fol
     assert all(p.status == "verified" and p.taken_at == TAKEN for p in proofs)  # read from the runs beside
     assert len(list((archive / "remedies").glob("*.json"))) == len(written)
     assert merge(results, "--store", store, "--archive", archive) == 0  # again: nothing new
-    assert "0 new remedy result(s)" in capsys.readouterr().out
+    assert ": 0 and 0 new remedy result(s) from 1 remedies.json file(s)" in capsys.readouterr().out
     with HistoryStore(store, create=False, read_only=True) as history:
         assert history.remedy_results() == proofs
     shutil.rmtree(results)
