@@ -71,11 +71,15 @@ def run(args: argparse.Namespace) -> int:
     problems += _differences(live, reproduced, index_only, args.store, archive.root)
     missing_runs = sorted(run_id for run_id in live if run_id not in reproduced and run_id not in index_only)
     missing_answers = answers - reproduced_answers
-    if missing_runs or missing_answers or missing_proofs:
+    if missing_proofs:
+        problems.append(
+            f"{args.store}: {len(missing_proofs)} remedy result(s) are not in the archive {archive.root}, so a lost "
+            f"store would lose the proofs; merge the results' remedies.json again with `python -m reports merge`"
+        )
+    if missing_runs or missing_answers:
         shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
         problems.append(
-            f"{args.store}: {len(missing_runs)} run(s) ({shown}), {len(missing_answers)} answer(s) and "
-            f"{len(missing_proofs)} remedy result(s) are "
+            f"{args.store}: {len(missing_runs)} run(s) ({shown}) and {len(missing_answers)} answer(s) are "
             f"not in the archive {archive.root}, so a lost store would lose them; merge the runs' JUnit files "
             f"again with `python -m reports merge FILES --store {args.store}` (it archives them and the answers)"
         )

@@ -133,4 +133,4 @@ def test_verify_fails_when_the_archive_lost_a_proof_the_store_holds(tmp_path, ca
     assert main(["verify", "--archive", str(archive), "--store", str(store)]) == 0
     next((archive / "remedies").glob("fused-experts-split-*.json")).unlink()
     assert main(["verify", "--archive", str(archive), "--store", str(store)]) == 1
-    assert "1 remedy result(s) are not in the archive" in capsys.readouterr().err
+    assert "1 remedy result(s) are not in the archive" in capsys.readouterr().err  # and a lost store would lose it
