@@ -8,7 +8,6 @@ A remedy is an axis value of a run, never a baseline: a run with one is merged i
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +104,48 @@ class Remedy:
 
 
 @dataclass(frozen=True)
+class TakenAt:
+    """Where a remedy's result was taken: the versions and the harness revision of its runs without the remedy
+    (`nox -s remedy`'s baseline), which a stated proof names."""
+
+    deepspeed: str = ""
+    """The DeepSpeed release the runs installed (a patch's is the release its diff is against)."""
+    deepspeed_git: str = ""
+    """DeepSpeed's commit where the runs were not at a release ("" at a release)."""
+    transformers: str = ""
+    harness_git: str = ""
+    """The harness's commit that ran them."""
+    recorded_at: str = ""
+    """When the runs without the remedy started (UTC, `2026-12-07T09:30:48Z`)."""
+
+    @property
+    def named(self) -> bool:
+        """Whether it names the DeepSpeed release, the harness revision and the time (a result before the field
+        existed names none)."""
+        return bool(self.deepspeed and self.harness_git and self.recorded_at)
+
+    def words(self) -> str:
+        """ "DeepSpeed 0.19.8 (commit a38ff00), transformers 5.25.0" as a stated proof says it (a maintainer reads it;
+        the report's cause line names the harness revision too, reports.analysis.failing_now_text `files_text`)."""
+        commit = f" (commit {self.deepspeed_git[:12]})" if self.deepspeed_git else ""
+        transformers = f", transformers {self.transformers}" if self.transformers else ""
+        return f"DeepSpeed {self.deepspeed}{commit}{transformers}"
+
+
+NOT_TAKEN = TakenAt()
+"""A result that names no runs (files written before `taken_at` existed; a patch that was not applied)."""
+
+
+def change_words(summary: str) -> str:
+    """A remedy's summary as its proof and its draft name the change, for a reader who knows no remedy names: "AutoTP
+    splits ...", first letter up, no final period."""
+    return summary[:1].upper() + summary[1:].rstrip(".")
+
+
+@dataclass(frozen=True)
 class RemedyResult:
-    """What `nox -s remedy` found for one remedy (results/remedies.json; reports read it with `read_results`, and
+    """What `nox -s remedy` found for one remedy (results/remedies.json; `python -m reports merge` takes it into the
+    history through reports/store/remedy_door.py, and
     suites/verdicts/statements.py `proof_of` states a cause proven by one verified on every cell of it)."""
 
     remedy: str
@@ -136,6 +175,14 @@ class RemedyResult:
     requires: tuple[str, ...] = ()
     """The patches applied with it (`Remedy.requires`, in application order): both runs had them, so the result
     proves this remedy's mechanism given theirs."""
+    taken_at: TakenAt = NOT_TAKEN
+    """The versions and harness revision its runs without the remedy ran at (NOT_TAKEN in files written before the
+    field existed: `python -m reports merge` reads them from the runs beside such a file, or refuses it)."""
+
+    @property
+    def change(self) -> str:
+        """What the remedy changes, in a maintainer's words (`change_words` of its summary)."""
+        return change_words(self.summary)
 
     def claim(self) -> str:
         """The heading a draft issue carries for a verified remedy ("Workaround (verified: 3 of 3 cells pass)"), ""
@@ -238,17 +285,3 @@ def remedies_for(cause: str, remedies: list[Remedy]) -> list[Remedy]:
         known = sorted({model for remedy in remedies for model in remedy.cause_models} | {r.name for r in remedies})
         raise RemedyError(f"--cause {cause!r}: no remedy in matrix/remedies.toml names it; known: {', '.join(known)}")
     return picked
-
-
-def read_results(path: Path) -> list[RemedyResult]:
-    """`nox -s remedy`'s results file (results/remedies.json), each entry read as a `RemedyResult`; none when it does
-    not exist. A file that does not fit is refused naming it and the field (matrix/json_records.py)."""
-    from matrix.json_records import RecordError, read_record
-
-    if not path.exists():
-        return []
-    try:
-        entries = json.loads(path.read_text())
-        return [read_record(RemedyResult, entry) for entry in entries]
-    except (ValueError, TypeError, RecordError) as error:
-        raise RemedyError(f"{path}: not a remedies results file written by nox -s remedy: {error}") from None

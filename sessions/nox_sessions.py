@@ -230,10 +230,12 @@ def run_repro(session: nox.Session, combo: Combo, args: list[str]) -> None:
 
 def run_remedy(session: nox.Session, argv: list[str]) -> None:
     """`nox -s remedy`: each remedy applied and verified (sessions/remedy.py); every run merged into the results
-    folder's history, a remedied one as untrusted (never a baseline)."""
+    folder's history, a remedied one as untrusted (never a baseline), and then the results (remedies.json) through
+    their door into the store and the archive, where the reports read the proofs from."""
     from sessions.remedy import Runs, remedy_options, run_all
 
     args, pytest_args = remedy_options(argv)
+    harness: list[Path] = []  # the interpreter the runs merged with (a harness of this checkout)
 
     def run(folder: Path, models: str, remedy: str, pins: dict[str, str], name: str) -> None:
         combos = session_combos("latest", overrides={**pin_overrides(), **pins})
@@ -251,12 +253,18 @@ def run_remedy(session: nox.Session, argv: list[str]) -> None:
         if python is None:
             session.log(failure)
             return
+        harness[:] = [python]
         store = f"{args.results}/history.sqlite"
         untrusted = ["--untrusted"] if remedy or pins else []
         merge = [str(python), "-m", "reports", "merge", f"{folder}/junit", "--store", store, *untrusted]
         session.run(*merge, env=environment_variables(python), external=True)
 
     results = run_all(argv, Runs(run), PROJECT_ROOT, session.log)
+    if harness and results:
+        merge = [str(harness[0]), "-m", "reports", "merge", f"{args.results}/remedies.json"]
+        session.run(
+            *merge, "--store", f"{args.results}/history.sqlite", env=environment_variables(harness[0]), external=True
+        )
     verified = sum(result.status == "verified" for result in results)
     session.log(f"{verified} of {len(results)} remedies verified; results in {args.results}/remedies.json")
 

@@ -31,11 +31,13 @@ from matrix.json_records import write_record
 from matrix.redaction import redact
 from matrix.registry import load_models
 from matrix.remedies import (
+    NOT_TAKEN,
     REMEDIES_FILE,
     RESULTS_NAME,
     Remedy,
     RemedyResult,
     RemedyStatus,
+    TakenAt,
     load_remedies,
     remedies_for,
     required_patches,
@@ -77,9 +79,11 @@ def judge(
     how: str,
     problem: str = "",
     required: tuple[Remedy, ...] = (),
+    taken_at: TakenAt = NOT_TAKEN,
 ) -> RemedyResult:
     """The remedy's result from its scope's verdicts without and with it (a cell it did not run counts as changed
-    when the cause cells all passed: the scope was to be run); `required`: the patches both runs had."""
+    when the cause cells all passed: the scope was to be run); `required`: the patches both runs had; `taken_at`:
+    the versions and harness of the runs without it (`taken_at`)."""
     causes = cause_cells(remedy, without)
     fixed = tuple(cell for cell in causes if with_it.get(cell) == "pass")
     all_fixed = bool(causes) and len(fixed) == len(causes)
@@ -112,7 +116,25 @@ def judge(
         problem=redact(problem),
         arguments=remedy.arguments,
         requires=tuple(patch.name for patch in required),
+        taken_at=taken_at,
     )
+
+
+def taken_at(folder: Path) -> TakenAt:
+    """Where the runs of a results folder were taken (its first record: every run of a baseline folder shares one
+    harness and one version set); NOT_TAKEN when it holds none. `python -m reports merge` reads a legacy results
+    file's from its `remedy/without` folder the same way (and validates what it finds)."""
+    for record in read_records(folder):
+        versions, run = record.get("versions", {}), record.get("run", {})
+        if isinstance(versions, dict) and isinstance(run, dict):
+            return TakenAt(
+                deepspeed=str(versions.get("deepspeed", "")),
+                deepspeed_git=str(versions.get("deepspeed_git", "")),
+                transformers=str(versions.get("transformers", "")),
+                harness_git=str(run.get("harness_git", "")),
+                recorded_at=str(run.get("started", "")),
+            )
+    return NOT_TAKEN
 
 
 def progress_line(result: RemedyResult) -> str:
@@ -366,7 +388,7 @@ def verify(
         without = baseline.verdicts(scope, log)
         runs.run(folder / "with", scope, with_remedy, pins, name)
         with_it = verdicts(folder / "with")
-    return judge(remedy, without, with_it, own_seconds(), how, required=required)
+    return judge(remedy, without, with_it, own_seconds(), how, required=required, taken_at=taken_at(baseline.folder))
 
 
 def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None]) -> list[RemedyResult]:

@@ -2,7 +2,7 @@
 # The results archive (reports/README.md "Archive") on branch $ARCHIVE_BRANCH of $GITHUB_REPOSITORY, at results/archive.
 #   fetch [STORE INPUTS...]: check the branch out there (depth 1: the files, not their history); none yet: start it
 #          empty. Given a STORE that exists (restored from the cache) and the INPUTS merge will read, only what
-#          merging them needs: a partial clone (no file contents) whose sparse checkout holds answers/ and the
+#          merging them needs: a partial clone (no file contents) whose sparse checkout holds answers/, remedies/ and the
 #          entries `python -m reports archive-needs` names ($ARCHIVE_PYTHON, default python: an interpreter with the
 #          reports package's dependencies); the other entries are in the index, so `verify` still sees their names.
 #          Without a STORE (a lost cache: `rebuild` reads everything), every file.
@@ -42,7 +42,7 @@ case "${1:-}" in
         --store "$store" "${inputs[@]}")
       rm "$names"
       # Non-cone patterns anchored at the root: entry names are percent-encoded (no glob characters).
-      { echo "/answers/"; [ -z "$needed" ] || sed 's|^|/|' <<< "$needed"; } | git sparse-checkout set --no-cone --stdin
+      { echo "/answers/"; echo "/remedies/"; [ -z "$needed" ] || sed 's|^|/|' <<< "$needed"; } | git sparse-checkout set --no-cone --stdin
       authed checkout -q -B "$ARCHIVE_BRANCH" FETCH_HEAD  # fetches the contents of the checked-out files only
       echo "partial checkout: $(grep -c . <<< "$needed" || true) entr(ies) of $(git ls-files '*/*.tar.gz' | wc -l) read"
     elif [ "$found" = 0 ]; then
@@ -55,7 +55,8 @@ case "${1:-}" in
       echo "::error::cannot reach branch $ARCHIVE_BRANCH (git ls-remote exit $found)"
       exit 1
     fi
-    echo "$(git ls-files '*.tar.gz' | wc -l) archived run(s), $(git ls-files 'answers/*.json' | wc -l) answer(s)"
+    echo "$(git ls-files '*.tar.gz' | wc -l) archived run(s), $(git ls-files 'answers/*.json' | wc -l) answer(s)," \
+      "$(git ls-files 'remedies/*.json' | wc -l) remedy result(s)"
     ;;
   push)
     git add --sparse -A .

@@ -70,7 +70,7 @@ class ResultFiles:
     repro: frozenset[str] = frozenset()
     """Cells whose repro script is written."""
     remedies: tuple[RemedyResult, ...] = ()
-    """What `nox -s remedy` found (its remedies.json in the folder, matrix/remedies.py `read_results`): a cause's
+    """What `nox -s remedy` found (merged into the history store, HistoryStore.remedy_results): a cause's
     sentence is stated as proven by a remedy verified on every one of its cells (suites/verdicts/statements.py
     `proof_of`)."""
 
@@ -267,7 +267,7 @@ def build_failing_now(
         owner = shown.cause.whose if shown.cause else whose(shown.failure_class)
         # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
         unsupported = f"{match.note} ({match.upstream})" if match and cause_status == "unsupported" else ""
-        proof = proof_of(key, [cell.id for cell in cells], files.remedies)
+        proof = proof_of(key, [cell.id for cell in cells], files.remedies, latest.deepspeed)
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)

@@ -129,6 +129,11 @@ def files_text(entry: FailingCause, link: Link) -> str:
         f"e.g. `{cell}`{stands}:{symptom} {code(repro.command)}"
         + (f"; {', '.join(files)}" if files else "")
         + (f" (cause `{entry.id}`)")
+        + "".join(
+            f"; proof taken by the harness at {proof.taken_at.harness_git[:12]} on {proof.taken_at.recorded_at[:10]}"
+            for proof in entry.proven_by
+            if proof.taken_at.named
+        )
     )
 
 

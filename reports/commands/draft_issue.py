@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations = store.observations()
         history = analyse(observations, repo, store.bisections(), store.triage_attempts())
+        remedies = tuple(store.remedy_results())
     with writing_to(args.out):
         draft = write_draft(
             history,
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             cell=args.cell,
             out_dir=args.out,
             inert=inert,
+            remedies=remedies,
         )
     print(f"# {draft.title}\n\n{draft.body}")
     print(f"wrote {draft.file}", file=sys.stderr)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from matrix.remedies import RESULTS_NAME, read_results
 from reports import ReportsError
 from reports.analysis import baseline_lines, select, select_baseline, without_since_when
 from reports.clones import GitRepo
@@ -66,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         # A since-when run is one earlier point's example cells: never a side of a gate (reports.analysis.trust).
         observations = without_since_when(store.observations())
+        remedies = store.remedy_results()
     if not observations:
         raise ReportsError(
             f"{args.store}: the history store holds no results, so there is nothing to gate on; "
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         base_text=base_text,
         commits=commits,
         confirmations=args.confirmations,
-        # `nox -s remedy` writes its results beside the store it merges into: a cause it proved is stated so here too
-        remedies=read_results(Path(args.store).parent / RESULTS_NAME),
+        # what `nox -s remedy` verified, merged into the store: a cause it proved is stated so here too
+        remedies=remedies,
     )
     text, blocks = gate_text(
         pr, args.confirmations, block_changed=args.block_changed, allow_missing=args.allow_missing, ignored=ignored

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     repo = GitRepo(args.deepspeed_repo) if args.deepspeed_repo else None
     with HistoryStore(args.store, create=False, read_only=True) as store:
         observations, bisections, attempts = store.observations(), store.bisections(), store.triage_attempts()
+        remedies = tuple(store.remedy_results())
     if bool(args.head) != bool(args.merge_base) or (args.head and args.base):
         raise ReportsError("publish: pass --head with --merge-base (a pull request's check), or --base, not a mix")
     commits = (commit_sha(args.head, "--head"), commit_sha(args.merge_base, "--merge-base")) if args.head else None
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         upstream=args.upstream,
         max_issues=args.max_issues,
         links=run_links(os.environ, args.report_url),
+        remedies=remedies,
     ):
         print(f"wrote {path}")
     return 0

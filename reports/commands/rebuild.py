@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{args.store}: {counts.runs} new run(s), {counts.results} new result(s) from {counts.read} of "
         f"{counts.entries} archive entries in {archive.root}, {counts.answers} new answer(s)"
+        + (f", {counts.remedy_results} new remedy result(s)" if counts.remedy_results else "")
         + (f"; {len(counts.skipped)} skipped (above)" if counts.skipped else "")
     )
     return 0

@@ -95,7 +95,7 @@ def _render(args: argparse.Namespace) -> int:
                 aggregates,
                 drift,
                 known_failures(args.known_failures),
-                result_files(args.out, history, stage),
+                result_files(args.out, history, stage, tuple(store.remedy_results())),
             )
             if scripts:  # a draft inlines its example cell's script, written here (the cells' transformers)
                 observations = store.observations(draft_runs(report, history, aggregates))

@@ -21,6 +21,7 @@ from reports.store import (
     Run,
     answer_key,
     bring_up_to_date,
+    canonical,
     default_archive,
 )
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Rebuild the archive into a scratch store (exactly what `rebuild` does with a lost store) and compare: every
     entry the rebuild skipped, every entry whose SHA-256 differs from the one recorded when it was merged, every entry
     the store recorded that is no longer listed, every trusted run or answer of the store the rebuilt one lacks or
-    holds with another record or other verdicts. Entries a sparse checkout left out (the data branch's index only)
+    holds with another record or other verdicts, every remedy result (a proof) it lacks. Entries a sparse checkout left out (the data branch's index only)
     are checked by name. Untrusted runs (a pull request's) are never archived."""
     archive = ResultsArchive(args.archive or default_archive(args.store))
     listing = archive.listing()
@@ -46,12 +47,14 @@ def run(args: argparse.Namespace) -> int:
     with HistoryStore(args.store, create=False, read_only=True) as store:
         live = _verdicts(store)
         answers = {answer_key(answer) for answer in store.answers()}
+        proofs = {canonical(result) for result in store.remedy_results()}
         recorded = store.entry_hashes()
     with tempfile.TemporaryDirectory(prefix="autotp-verify-") as scratch:
         with HistoryStore(Path(scratch) / "rebuilt.sqlite", create=True) as rebuilt:
             counts = bring_up_to_date(rebuilt, archive, KEEP_RECENT_RUNS, replace(listing, entries=present))
             reproduced, hashes = _verdicts(rebuilt), rebuilt.entry_hashes()
             reproduced_answers = {answer_key(answer) for answer in rebuilt.answers()}
+            missing_proofs = proofs - {canonical(result) for result in rebuilt.remedy_results()}
     problems = list(counts.skipped)
     problems += [
         f"{archive.root / name}: SHA-256 {hashes[name][:16]}… differs from the {expected[:16]}… recorded when it was "
@@ -68,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     problems += _differences(live, reproduced, index_only, args.store, archive.root)
     missing_runs = sorted(run_id for run_id in live if run_id not in reproduced and run_id not in index_only)
     missing_answers = answers - reproduced_answers
+    if missing_proofs:
+        problems.append(
+            f"{args.store}: {len(missing_proofs)} remedy result(s) are not in the archive {archive.root}, so a lost "
+            f"store would lose the proofs; merge the results' remedies.json again with `python -m reports merge`"
+        )
     if missing_runs or missing_answers:
         shown = ", ".join(missing_runs[:3]) + (", ..." if len(missing_runs) > 3 else "")
         problems.append(

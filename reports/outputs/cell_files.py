@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matrix.cells import Cell, expand, replay_name, resolve_cell
 from matrix.registry import RegistryError
-from matrix.remedies import RESULTS_NAME, read_results
+from matrix.remedies import RemedyResult
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
 from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
 from reports.outputs.model import Report
@@ -106,10 +106,11 @@ def resolve_cells(keys: Iterable[CellKey]) -> dict[str, Cell | RegistryError]:
     return resolved
 
 
-def result_files(out_dir: Path, history: History, stage: Path) -> ResultFiles:
+def result_files(out_dir: Path, history: History, stage: Path, remedies: tuple[RemedyResult, ...] = ()) -> ResultFiles:
     """What out_dir holds for the cells failing at the latest versions: the logs their run kept, their repro
     scripts (written by this render into `stage`, the folder its outputs move into out_dir from, or by the run's own
-    render: CI gathers the cell jobs' into the report's), and what `nox -s remedy` found (remedies.json)."""
+    render: CI gathers the cell jobs' into the report's), with `remedies`, what `nox -s remedy` found (the store's,
+    HistoryStore.remedy_results: a proof lives with the history, not in a results folder)."""
     failing = {
         cell.id
         for (cell, versions), status in history.statuses.items()
@@ -120,7 +121,7 @@ def result_files(out_dir: Path, history: History, stage: Path) -> ResultFiles:
         repro=frozenset(
             cell for cell in failing if any((folder / repro_file(cell)).is_file() for folder in (out_dir, stage))
         ),
-        remedies=tuple(read_results(out_dir / RESULTS_NAME)),
+        remedies=remedies,
     )
 
 

@@ -26,7 +26,7 @@ from matrix.cells import Cell, resolve_cell
 from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
 from matrix.registry import DEFAULT_TOLERANCES, RegistryError
-from matrix.remedies import RESULTS_NAME, read_results
+from matrix.remedies import RemedyResult
 from reports import ReportsError
 from reports.analysis import (
     FailingCause,
@@ -92,11 +92,11 @@ def write_draft(
     cell: str | None,
     out_dir: Path,
     inert: Inert,
+    remedies: tuple[RemedyResult, ...] = (),
 ) -> Draft:
     """The report for one cause of the cells failing at the latest versions (or the cause of one failing cell), with
-    what `nox -s remedy` verified (out_dir's remedies.json)."""
-    remedies = ResultFiles(remedies=tuple(read_results(out_dir / RESULTS_NAME)))
-    report = build_report(history, aggregate(observations), None, known, remedies)
+    what `nox -s remedy` verified (`remedies`: the store's, HistoryStore.remedy_results)."""
+    report = build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
     causes = report.failing_now.causes
     entry = next((c for c in causes if c.id == cause or cell in c.cells), None)
     if entry is None:

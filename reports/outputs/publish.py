@@ -18,7 +18,7 @@ from pathlib import Path
 
 from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
-from matrix.remedies import RESULTS_NAME, RemedyResult, read_results
+from matrix.remedies import RemedyResult
 from reports import Log, ReportsError
 from reports.analysis import (
     SINCE_WHEN_SESSION,
@@ -201,10 +201,12 @@ def upstream_posts(
     known: dict[str, KnownFailure],
     out_dir: Path,
     log: Log,
+    remedies: tuple[RemedyResult, ...] = (),
 ) -> list[Post]:
     """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
-    (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker."""
-    files = ResultFiles(remedies=tuple(read_results(out_dir / RESULTS_NAME)))
+    (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker; `remedies`:
+    the store's results of `nox -s remedy` (HistoryStore.remedy_results), which state a cause proven."""
+    files = ResultFiles(remedies=remedies)
     report = build_report(history, aggregate(observations), None, known, files)
     failing = {entry.id: entry for entry in report.failing_now.causes}
     folder = out_dir / "publish" / "upstream"
@@ -274,6 +276,7 @@ def publish_deltas(
     max_issues: int = MAX_ISSUES,
     links: RunLinks | None = None,
     log: Log = print,
+    remedies: tuple[RemedyResult, ...] = (),
 ) -> list[Path]:
     """Write the comment and issues under out_dir/publish/ and the step summary; post them when a token is set.
     With `base` (a PR run's base: run id or version set), the comment starts with the newest runs' failures
@@ -291,7 +294,6 @@ def publish_deltas(
     checkpoints = cell_checkpoints(aggregate(observations), history)
     newest_runs = {session.newest for session in deltas}
     newest = [obs for obs in observations if obs.run in newest_runs]
-    remedies = tuple(read_results(out_dir / RESULTS_NAME))
     checked = _pr_check(
         without_since_when(all_observations), newest, base, commits, deepspeed_repo, known or {}, log, remedies
     )
@@ -304,7 +306,7 @@ def publish_deltas(
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
         comment, issues = build_posts(deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted)
         drafts = (
-            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log)
+            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log, remedies=remedies)
             if upstream and not untrusted
             else []
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from matrix import PROJECT_ROOT
 from matrix.cell_arguments import CellArguments
-from matrix.remedies import REMEDIES_FILE, RemedyResult, load_remedies
+from matrix.remedies import REMEDIES_FILE, RemedyResult, change_words, load_remedies
 from reports.outputs.markdown_safety import fence
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -20,7 +20,9 @@ def remedy_sections(results: tuple[RemedyResult, ...], tp: int, dtype: str) -> s
     verified = [result for result in results if result.status == "verified"]
     stacked = any(result.requires for result in verified)
     summaries = (
-        {remedy.name: remedy.summary for remedy in load_remedies(REMEDIES_FILE, PROJECT_ROOT)} if stacked else {}
+        {remedy.name: change_words(remedy.summary) for remedy in load_remedies(REMEDIES_FILE, PROJECT_ROOT)}
+        if stacked
+        else {}
     )
     return "".join(remedy_section(result, tp, dtype, summaries) for result in verified)
 
@@ -28,14 +30,13 @@ def remedy_sections(results: tuple[RemedyResult, ...], tp: int, dtype: str) -> s
 def remedy_section(result: RemedyResult, tp: int, dtype: str, summaries: dict[str, str]) -> str:
     """ "Workaround (verified: N of N cells pass)" with the call that passes it, or "Proposed fix (verified …)"
     with the diff, each with the mechanism it proves and what else it was run on; the patches it was tested on top of
-    by what they change (`summaries`: remedy name -> summary)."""
+    by what they change (`summaries`: remedy name -> its change_words)."""
     others = f"With it, every one of the {len(result.cause_cells)} failing configurations passes" + (
         f", and none of the {result.others_compared} other configurations run with and without it changed its result."
         if result.others_compared
         else "."
     )
-    summary = result.summary[:1].upper() + result.summary[1:].rstrip(".")
-    lines = ["", f"**{result.claim()}**", "", result.mechanism, "", f"{summary}. {others}", ""]
+    lines = ["", f"**{result.claim()}**", "", result.mechanism, "", f"{result.change}. {others}", ""]
     if result.kind == "workaround":
         lines += fence("\n".join(workaround_call(result.arguments, tp, dtype)), "python")
     else:

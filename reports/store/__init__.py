@@ -42,6 +42,7 @@ from reports.store.junit import (
     KNOWN_FAILURE_CLASSES,
     find_junit_files,
 )
+from reports.store.proof_rows import canonical
 from reports.store.published import (
     RebuildCounts,
     bring_up_to_date,
@@ -70,6 +71,7 @@ from reports.store.records import (
     release,
     short_commit,
 )
+from reports.store.remedy_door import admit_remedies, find_remedy_files, refused_untrusted
 from reports.store.schema import (
     DEFAULT_STORE,
 )
@@ -112,10 +114,13 @@ __all__ = [
     "TriageAttempt",
     "Versions",
     "admit",
+    "admit_remedies",
     "aggregate",
     "answer_key",
+    "canonical",
     "default_archive",
     "find_junit_files",
+    "find_remedy_files",
     "group_results",
     "needed_paths",
     "newer_metrics",
@@ -123,6 +128,7 @@ __all__ = [
     "pins_text",
     "redact_fields",
     "redactor",
+    "refused_untrusted",
     "release",
     "short_commit",
     "started_order",

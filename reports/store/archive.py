@@ -10,7 +10,9 @@ attempt 2, and so on. Entries are written once and never changed: merging the sa
 that comes back with another verdict for a cell it already has is an error. Only trusted runs are archived.
 
 Answers (what bisect and triage found) are kept as well, one small JSON file each, named by a hash of its
-content: `<archive>/answers/bisection-<hash>.json` and `triage-attempt-<hash>.json`.
+content: `<archive>/answers/bisection-<hash>.json` and `triage-attempt-<hash>.json`. So are the results of
+`nox -s remedy` (the proofs a report states), one file each: `<archive>/remedies/<remedy>-<hash>.json`, read back
+through their door (reports.store.remedy_door).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from matrix.remedies import RemedyResult
 from reports import ReportsError
 from reports.store.door import Redact, Rejected, admitted_bytes, redact_fields, redactor
 from reports.store.entry_files import (
@@ -41,6 +44,7 @@ from reports.store.entry_files import (
 )
 from reports.store.entry_records import entry_json, from_json
 from reports.store.junit import MalformedJUnit, shown
+from reports.store.proof_rows import canonical
 from reports.store.records import (
     Bisection,
     CellKey,
@@ -52,10 +56,12 @@ from reports.store.records import (
     parse_pins,
     pins_text,
 )
+from reports.store.remedy_door import MAX_RESULTS_BYTES, admit_remedies_text
 from reports.store.validation import first_problem, in_utc, problems_of
 from suites.base.git import GitFailed, run_git
 
 ANSWERS = "answers"
+REMEDIES = "remedies"
 RECORDS_MEMBER = "records.json"  # format 2
 JUNIT_MEMBER = "junit.xml"  # format 1, with CELLS_MEMBER
 CELLS_MEMBER = "cells.jsonl"
@@ -274,6 +280,32 @@ class ResultsArchive:
                 continue
             found.append(redact_fields(answer, self._redact))
         return sorted(found, key=lambda answer: (answer.recorded_at, answer_key(answer)))
+
+    def add_remedy_results(self, results: list[RemedyResult]) -> int:
+        """Archive the remedy results not archived yet (each passed the door); return how many were."""
+        written = 0
+        for result in results:
+            text = canonical(redact_fields(result, self._redact))
+            path = self.root / REMEDIES / f"{result.remedy}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+            written += not path.exists() and self._write_new(path, text.encode())
+        return written
+
+    def remedy_results(self, on_damaged: Callable[[str], None]) -> list[RemedyResult]:
+        """Every archived remedy result, through the door again (whoever pushes to the data branch chose the files):
+        one that is refused is passed to `on_damaged` (a line naming the file) and left out."""
+        folder = self.root / REMEDIES
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            return []
+        listed = regular_files(folder, ".json", depth=1)
+        for refusal in listed.refused:
+            on_damaged(f"{refusal}; move it out of {self.root}")
+        found = []
+        for path in listed.files:
+            try:
+                found += admit_remedies_text(path, b"[" + read_regular(path, MAX_RESULTS_BYTES) + b"]", self._redact)
+            except (EntryRefused, ReportsError) as exc:
+                on_damaged(f"{exc}; restore it from the data branch's history")
+        return found
 
     def _entry(self, run: Run, attempt: int) -> ArchiveEntry:
         """Where a run's attempt is kept: one folder below the archive, whatever the names hold (the door lets only

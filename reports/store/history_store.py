@@ -1,11 +1,9 @@
-"""Append-only SQLite history of runs and cell results.
-
-Every write happens in a `BEGIN IMMEDIATE` transaction, so concurrent importers into the
-same file serialise on SQLite's lock instead of interleaving half-written runs.
-
-What comes in has passed the door (reports.store.door: redacted and validated); what goes out passes the redactor
-of this environment again, before any analysis masks a number: a secret known only now (its variable set for
-render, not for the merge) leaves the store as `***`, never as a partly masked remainder."""
+"""Append-only SQLite history of runs and cell results (and of `nox -s remedy`'s results: proof_rows). Every write
+happens in a `BEGIN IMMEDIATE` transaction, so concurrent importers into the same file serialise on SQLite's lock
+instead of interleaving half-written runs. What comes in has passed the door (reports.store.door: redacted and
+validated); what goes out passes the redactor of this environment again, before any analysis masks a number: a
+secret known only now (its variable set for render, not for the merge) leaves the store as `***`, never as a partly
+masked remainder."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from matrix.json_records import read_record
+from matrix.remedies import RemedyResult
 from reports import ReportsError
 from reports.store.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs
 from reports.store.answer_rows import (
@@ -38,6 +37,7 @@ from reports.store.answer_rows import (
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
 from reports.store.door import redact_fields, redactor
 from reports.store.ids import Cells, Texts, inserted_id
+from reports.store.proof_rows import insert_results, newest_results
 from reports.store.records import Bisection, CellKey, CellResult, Mechanism, Observation, Run, TriageAttempt, Versions
 from reports.store.rows import (
     changed_verdicts,
@@ -471,6 +471,17 @@ class HistoryStore:
             redact_fields(triage_from_row(row), self._redact)
             for row in self._conn.execute(select_statement("triage_attempts", TRIAGE_COLUMNS))
         ]
+
+    @_naming_the_file
+    def add_remedy_results(self, results: list[RemedyResult]) -> int:
+        """Store results of `nox -s remedy` that passed the door (reports.store.remedy_door); how many were new."""
+        with self._write():
+            return insert_results(self._conn, results)
+
+    @_naming_the_file
+    def remedy_results(self) -> list[RemedyResult]:
+        """The newest stored result of each remedy (proof_rows.newest_results), redacted as read."""
+        return [redact_fields(result, self._redact) for result in newest_results(self._conn)]
 
     def answers(self) -> list[Bisection | TriageAttempt]:
         """Every bisection, then every triage attempt, each oldest first."""

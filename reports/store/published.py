@@ -47,6 +47,8 @@ class RebuildCounts:
     read: int
     entries: int
     answers: int
+    remedy_results: int
+    """Results of `nox -s remedy` the store lacked."""
     skipped: tuple[str, ...]
     """One line per entry or answer left out: it does not open, is not valid or contradicts the store."""
 
@@ -55,10 +57,10 @@ def bring_up_to_date(
     store: HistoryStore, archive: ResultsArchive, keep_recent_runs: int, listing: ArchiveListing | None = None
 ) -> RebuildCounts:
     """Import every archive entry the store lacks (a first attempt whose run is stored is skipped unread), then the
-    answers it lacks; compacts as every import does. Every entry is read and validated as merge's door does; one that
-    is not a regular file, is listed under two names, does not open, is not valid or contradicts the store is skipped
-    with a line naming it (`verify` fails on it), and the rest imports. All of it lands in one transaction: the store
-    is never left half-imported. `listing`: the entries to import, when not all the archive lists."""
+    answers and remedy results it lacks; compacts as every import does. Every entry is read and validated as merge's
+    door does; one that is not a regular file, is listed under two names, does not open, is not valid or contradicts
+    the store is skipped with a line naming it (`verify` fails on it), and the rest imports. All of it lands in one
+    transaction: the store is never left half-imported. `listing`: the entries to import, when not all the archive lists."""
     listing = listing or archive.listing()
     entries = listing.entries
     runs = results = read = 0
@@ -85,8 +87,9 @@ def bring_up_to_date(
                 store.add_bisection(answer)
             else:
                 store.add_triage_attempt(answer)
+        proofs = store.add_remedy_results(archive.remedy_results(skipped.append))  # the proofs a report states
     store.compact(keep_recent_runs)
-    return RebuildCounts(runs, results, read, len(entries), len(answers), tuple(skipped))
+    return RebuildCounts(runs, results, read, len(entries), len(answers), proofs, tuple(skipped))
 
 
 def published_archive(source: str, scratch: Path) -> Path:

@@ -26,8 +26,9 @@ Row = tuple[Any, ...]
 # 10 each failure's cause, break point and AutoTP record (cell_causes), and each result group's cause.
 # 11 the outcome `unsupported` (DeepSpeed refuses what the cell asks for here: suites.verdicts.outcome.Outcome) in
 #    results.
+# 12 the results of `nox -s remedy` (remedy_results): the proofs a report states, kept with the history.
 # A new store is schema 1 brought up by the same migrations an old one takes, so the two can never differ.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # Marks the file as ours (PRAGMA application_id), so an unrelated SQLite file is never misread.
 APPLICATION_ID = 0x41545058  # "ATPX"
 DEFAULT_STORE = Path("results/history.sqlite")
@@ -413,6 +414,13 @@ _UNSUPPORTED_OUTCOME = (
 )
 
 
+# Schema 12: each RemedyResult merged, as its canonical JSON (matrix.json_records write_record), once; the remedy's
+# name and when its runs were taken beside it, for the newest of each remedy.
+_REMEDY_RESULTS = (
+    "CREATE TABLE remedy_results (remedy TEXT NOT NULL, recorded_at TEXT NOT NULL, record TEXT NOT NULL UNIQUE)",
+)
+
+
 # from version -> steps (SQL statements, or functions of the connection) that bring it to version + 1
 _MIGRATIONS = {
     1: (_BISECTIONS,),
@@ -425,6 +433,7 @@ _MIGRATIONS = {
     8: _TRUST,
     9: _CELL_CAUSES,
     10: _UNSUPPORTED_OUTCOME,
+    11: _REMEDY_RESULTS,
 }
 
 

@@ -3,9 +3,18 @@ evidence of what AutoTP did (suites/verdicts/mechanism.py `cause_of`) only locat
 mechanism.
 
 A mechanism is stated as proven only by a remedy that turned every cell of its cause green and changed no other
-verdict (issue #56; `nox -s remedy`'s results/remedies.json, read by `proof_of`): until one is verified for a cause,
-its sentence ends "(mechanism not proven: <what was tried>)", and a verified remedy's own sentence (`Proof.verified`)
-replaces it, ending "(verified: N of N cells pass with <remedy>)". `stated` is the one place that says either.
+verdict (issue #56; `nox -s remedy`'s results, merged into the history store, read by `proof_of`): until one is
+verified for a cause, its sentence ends "(mechanism not proven: <what was tried>)", and a verified remedy's own
+sentence (`Proof.verified`) replaces it, ending "(verified: N of N cells pass with <the change, in words>; at
+DeepSpeed <release>, transformers <release>)", the report's cause line adding the harness revision the proof was
+taken by. `stated` is the one place that says either.
+
+The proofs live with the history (`python -m reports merge` takes remedies.json into the store and the archive), so a
+proof may have been taken at another DeepSpeed than the one the cause's cells fail at now: it still counts (the same
+cells fail with the same mechanism, and the remedy turned each of them green), and its clause says so ("at DeepSpeed
+0.19.8 …, not the 0.20.0 these cells fail at") so a reader knows to re-run `nox -s remedy`. A proof always names the
+harness revision it was taken by (the report's line, not the sentence: a draft's reader knows no harness); a later
+harness is not flagged (every commit is one).
 """
 
 from __future__ import annotations
@@ -49,9 +58,11 @@ class Proof:
     """What was tried, short of a verified remedy."""
     by: tuple[RemedyResult, ...] = ()
     """The remedies `nox -s remedy` verified that turned every cell of the cause green with no other verdict changed
-    (its results/remedies.json), in the file's order; () while none is."""
+    (merged into the history store: the newest result of each remedy), by remedy name; () while none is."""
     cells: int = 0
     """The cause's cells, every one of which passes with each of `by`."""
+    cells_deepspeed: str = ""
+    """The DeepSpeed release the cause's cells fail at ("" when not known): a proof taken at another says so."""
 
     @property
     def verified(self) -> str:
@@ -61,11 +72,27 @@ class Proof:
 
 def stated(sentence: str, proof: Proof) -> str:
     """A cause's mechanism as every output gives it: a verified remedy's sentence with its proof ("… (verified: 3 of 3
-    cells pass with ctrl-row-parallel-policy)"), else the sentence read at the failing lines with what was tried."""
+    cells pass with this proposed DeepSpeed change: AutoTP …; at DeepSpeed 0.19.8, transformers 5.25.0)"), else the
+    sentence read at the failing lines with what was tried."""
     if proof.by:
-        remedies = " and with ".join(result.remedy for result in proof.by)
-        return f"{proof.verified.rstrip('.')} (verified: {proof.cells} of {proof.cells} cells pass with {remedies})"
+        changes = " and with ".join(f"this {_kind_words(result)}: {result.change}" for result in proof.by)
+        taken = "; ".join(f"at {_taken_words(result, proof.cells_deepspeed)}" for result in proof.by)
+        passing = f"{proof.cells} of {proof.cells} cells pass"
+        return f"{proof.verified.rstrip('.')} (verified: {passing} with {changes}; {taken})"
     return f"{sentence} (mechanism not proven: {proof.tried})"
+
+
+def _kind_words(result: RemedyResult) -> str:
+    return "workaround" if result.kind == "workaround" else "proposed DeepSpeed change"
+
+
+def _taken_words(result: RemedyResult, cells_deepspeed: str) -> str:
+    """Where a proof was taken, and that the cells fail at another DeepSpeed where they do."""
+    taken = result.taken_at
+    if not taken.named:  # a result merged before taken_at existed cannot reach a store: the door reads or refuses it
+        return "versions not recorded"
+    other = cells_deepspeed and cells_deepspeed != taken.deepspeed
+    return taken.words() + (f", not the DeepSpeed {cells_deepspeed} these cells fail at" if other else "")
 
 
 _MAMBA_PACKED = ModelMechanism(
@@ -240,10 +267,13 @@ DESIGN_LIMITS = {
 """Memory findings AutoTP documents as its design (the finding's kind → the documenting line)."""
 
 
-def proof_of(key: str, cells: Collection[str] = (), remedies: Sequence[RemedyResult] = ()) -> Proof:
+def proof_of(
+    key: str, cells: Collection[str] = (), remedies: Sequence[RemedyResult] = (), deepspeed: str = ""
+) -> Proof:
     """What stands behind a cause's sentence, by its key (suites/verdicts/mechanism.py `cause_of`), its cells and the
-    remedies `nox -s remedy` ran (results/remedies.json): a verified remedy proves it only where every one of the
-    cause's cells passes with it; the remedies run on some of its cells, verified or not, are what was tried."""
+    remedies `nox -s remedy` ran (the history store's, merged from its remedies.json): a verified remedy proves it only
+    where every one of the cause's cells passes with it; the remedies run on some of its cells, verified or not, are
+    what was tried. `deepspeed`: the release the cells fail at, which a proof taken at another names."""
     kind, _, rest = key.partition("|")
     parts = rest.split("|")
     known = (
@@ -257,15 +287,15 @@ def proof_of(key: str, cells: Collection[str] = (), remedies: Sequence[RemedyRes
     ran = [result for result in remedies if mine & set(result.cause_cells)]
     proving = tuple(result for result in ran if result.status == "verified" and mine <= set(result.fixed))
     if proving:
-        return Proof("", proving, len(mine))
+        return Proof("", proving, len(mine), deepspeed)
     if ran:
         return Proof("; ".join(attempt_text(result, mine) for result in ran))
     return Proof(known.tried if known else TRIED.get(kind, READ_ONLY))
 
 
 def attempt_text(result: RemedyResult, cells: set[str]) -> str:
-    """A remedy run on some of a cause's cells that does not prove it: "workaround x: 1 of 3 cells pass"."""
-    named = f"{result.kind} {result.remedy}"
+    """A remedy run on some of a cause's cells that does not prove it: "workaround (Pass …): 1 of 3 cells pass"."""
+    named = f"{_kind_words(result)} ({result.change})"
     if result.status == "not applied":
         return f"{named} not applied"
     passed = f"{len(cells & set(result.fixed))} of {len(cells)} cells pass"

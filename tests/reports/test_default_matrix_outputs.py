@@ -13,6 +13,7 @@ import ast
 import html
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from test_reports_checkpoints import run_cells
 
 from matrix.cells import DEFAULT_MODELS
 from matrix.json_records import read_record
+from reports.__main__ import main
 from reports.analysis import console_lines
 from reports.outputs.draft_issue import installed_transformers
 from reports.outputs.model import read_report
@@ -32,7 +34,8 @@ from suites.verdicts.outcome import CellOutcome
 
 FAILURES = Path(__file__).parents[1] / "suites" / "data" / "default_matrix_failures.json"
 DOCS = Path(__file__).parent / "fixtures" / "automatic-tensor-parallelism.md"
-REMEDIES = Path(__file__).parent / "fixtures" / "remedies-ctrl.json"  # a real `nox -s remedy` run's results file
+# a real `nox -s remedy` results folder: its remedies.json and its runs without a remedy (fixtures/README.md)
+REMEDY_RESULTS = Path(__file__).parent / "fixtures" / "remedy-results"
 # At the installed transformers (the run's was 5.25.0), so render writes the repro scripts and draft issues too.
 VERSIONS = {
     "deepspeed": "0.19.8",
@@ -70,11 +73,14 @@ def real_outcome(failures: dict) -> Callable[[str], CellOutcome]:
 
 @pytest.fixture(scope="module")
 def default_matrix(tmp_path_factory):
-    """The default matrix's real results rendered in Actions (the run's variables set), and its docs diff, beside the
-    remedies.json of a real `nox -s remedy` (ctrl's workaround verified)."""
+    """The default matrix's real results rendered in Actions (the run's variables set), and its docs diff, with the
+    proofs of a real `nox -s remedy` (four patches verified) merged into the store and their results folder deleted
+    before the render: the report reads them from the history alone."""
     tmp_path = tmp_path_factory.mktemp("default-matrix")
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "remedies.json").write_text(REMEDIES.read_text())
+    remedy_results = shutil.copytree(REMEDY_RESULTS, tmp_path / "remedy-results")
+    assert main(["merge", str(remedy_results), "--store", str(tmp_path / "history.sqlite")]) == 0
+    shutil.rmtree(remedy_results)
     failures = json.loads(FAILURES.read_text())
     junit = run_cells(
         tmp_path,
@@ -196,31 +202,40 @@ def test_a_causes_sentence_holds_for_every_cell_of_it(default_matrix):
     assert memory_only and all(i > j for i in memory_only for j, c in enumerate(order) if c & {"forward", "numerics"})
 
 
-def test_a_verified_remedy_states_its_cause_everywhere_and_a_cause_without_one_is_not_proven(default_matrix):
-    """ctrl's workaround, verified by a real `nox -s remedy` on its three cells: ctrl's cause states the mechanism it
-    proves with its proof in report.json, report.md, report.html, the step summary and ctrl's checkpoint page, and
-    its draft carries the workaround with the exact init_inference call (no harness name, no host path); every other
-    cause says its mechanism is not proven."""
+def test_every_verified_remedy_states_its_cause_everywhere_from_the_store_alone(default_matrix):
+    """Four patches verified by a real `nox -s remedy`, merged into the store and their results folder deleted: each
+    proves its cause, stated with the change in words a maintainer reads (never the remedy's slug) and the DeepSpeed
+    and transformers it was taken at, in report.json, report.md, report.html, the step summary and the console; the
+    report's line names the harness revision; the fused-experts draft carries the proposed fix with its diff (no
+    harness name, no host path); every other cause says its mechanism is not proven."""
     out, _ = default_matrix
-    verified = json.loads(REMEDIES.read_text())[0]
-    proof = "(verified: 3 of 3 cells pass with ctrl-row-parallel-policy)"
+    results = {result["remedy"]: result for result in json.loads((REMEDY_RESULTS / "remedies.json").read_text())}
     causes = json.loads((out / "report.json").read_text())["failing_now"]["causes"]
-    ctrl = next(c for c in causes if any(cell.startswith("ctrl.") for cell in c["cells"]))
-    assert ctrl["mechanism"] == f"{verified['mechanism'].rstrip('.')} {proof}"
-    assert [r["remedy"] for r in ctrl["proven_by"]] == ["ctrl-row-parallel-policy"]
-    others = [c for c in causes if c is not ctrl and c["mechanism"] and c["status"] != "unsupported"]
+    proven = {r["remedy"]: c for c in causes for r in c["proven_by"]}
+    assert sorted(proven) == sorted(results)  # every proof of the file, read from the store alone
+    taken = "at DeepSpeed 0.19.8, transformers 5.25.0)"
+    for name, cause in proven.items():
+        change = results[name]["summary"].rstrip(".")
+        cells = len(results[name]["cause_cells"])
+        proof = f"(verified: {cells} of {cells} cells pass with this proposed DeepSpeed change: {change}; {taken}"
+        assert cause["mechanism"] == f"{results[name]['mechanism'].rstrip('.')} {proof}", name
+        assert name not in cause["mechanism"]  # the change in words, not the harness's slug
+        assert cause["proven_by"][0]["taken_at"]["harness_git"] == "45708c69c0500dd72107c18789bcc38c09fefa27"
+        for page in ("report.md", "report.html", "step-summary.md"):
+            shown = text_of((out / page).read_text()).replace("`", "").replace("\\[", "[").replace("\\]", "]")
+            assert proof.replace("`", "") in shown, (page, name)  # markdown's escapes undone
+    experts = proven["fused-experts-split"]
+    assert "proof taken by the harness at 45708c69c050 on 2026-12-07" in (out / "report.md").read_text()
+    others = [c for c in causes if not c["proven_by"] and c["mechanism"] and c["status"] != "unsupported"]
     assert others and all("(mechanism not proven: " in c["mechanism"] for c in others)
     assert not any("(verified:" in c["mechanism"] for c in others)
-    sentence = verified["mechanism"].rstrip(".").replace("`", "")
-    for page in ("report.md", "report.html", "step-summary.md"):
-        assert proof in text_of((out / page).read_text()).replace("`", ""), page
-    console = [line for line in console_lines(read_report(out).failing_now) if "ctrl.faithful" in line]
-    assert len(console) == 1 and f"{sentence} {proof}" in console[0]
-    assert sentence in text_of((out / "report.html").read_text()).replace("`", "")
-    draft = (out / ctrl["draft"]).read_text()
-    assert "**Workaround (verified: 3 of 3 cells pass)**" in draft and "Proposed fix" not in draft
-    assert "injection_policy={blocks['EncoderLayer']: ('multi_head_attention.dense', 'ffn.2')},\n)\n```" in draft, draft
-    assert "/work/" not in draft and ".faithful" not in draft.split("**Workaround", 1)[1]
+    console = [line.replace("`", "") for line in console_lines(read_report(out).failing_now) if "(verified: " in line]
+    assert len(console) == len(results) and any(experts["mechanism"].replace("`", "") in line for line in console)
+    draft = (out / experts["draft"]).read_text()
+    assert "**Proposed fix (verified: 21 of 21 cells pass)**" in draft and "Workaround" not in draft
+    assert "```diff\n" in draft and "deepspeed/module_inject" in draft
+    assert "/work/" not in draft and ".faithful" not in draft.split("**Proposed fix", 1)[1]
+    assert not HARNESS_WORDS.search(draft.split("**Proposed fix", 1)[1].split("```diff", 1)[0])
     other_draft = next(c["draft"] for c in others if c["draft"])
     assert "(verified" not in (out / other_draft).read_text()
 

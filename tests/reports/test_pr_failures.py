@@ -237,8 +237,9 @@ def test_a_base_that_matches_no_run_is_one_line(pair, tmp_path, capsys):
 def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_by_a_verified_remedy():
     """The words the gate and the PR comment give a cause are the report's one sentence (reports.analysis
     `cause_statement`): its mechanism "(mechanism not proven: …)" until `nox -s remedy` verified a remedy on every one
-    of its failing cells, then that remedy's mechanism "(verified: N of N cells pass with <remedy>)"."""
-    from matrix.remedies import RemedyResult
+    of its failing cells, then that remedy's mechanism "(verified: N of N cells pass with <the change in words>; at
+    <versions>)"."""
+    from matrix.remedies import RemedyResult, TakenAt
     from reports.analysis.statuses import CellStatus
     from reports.outputs.pr_failures import cause_words
     from reports.store.records import CellKey
@@ -254,16 +255,21 @@ def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_b
     }
     ids = tuple(cell.id for cell in cells)
     remedy = RemedyResult(
-        remedy="ctrl-row-parallel-policy", kind="workaround", cause_models=("ctrl.faithful",), summary="s",
-        mechanism="CTRL registers its layernorms after `ffn`.", how="", status="verified", cause_cells=ids, fixed=ids,
-        changed=(), others_compared=0, seconds=1.0,
+        remedy="ctrl-row-parallel-policy", kind="workaround", cause_models=("ctrl.faithful",),
+        summary="pass injection_policy to deepspeed.init_inference", mechanism="CTRL registers its layernorms after `ffn`.",
+        how="", status="verified", cause_cells=ids, fixed=ids, changed=(), others_compared=0, seconds=1.0,
+        taken_at=TakenAt("0.19.8", "", "5.25.0", "45708c6", "2026-12-07T09:30:48Z"),
     )  # fmt: skip
     assert cause_words(cells).startswith(f"{words} (mechanism not proven: ")
-    proven = "CTRL registers its layernorms after `ffn` (verified: 2 of 2 cells pass with ctrl-row-parallel-policy)"
+    proven = (
+        "CTRL registers its layernorms after `ffn` (verified: 2 of 2 cells pass with this workaround: Pass "
+        "injection_policy to deepspeed.init_inference; at DeepSpeed 0.19.8, transformers 5.25.0)"
+    )
     assert cause_words(cells, (remedy,)) == proven
     half = RemedyResult(**{**remedy.__dict__, "fixed": ids[:1], "status": "unverified"})
     assert cause_words(cells, (half,)) == (
-        f"{words} (mechanism not proven: workaround ctrl-row-parallel-policy: 1 of 2 cells pass)"
+        f"{words} (mechanism not proven: workaround (Pass injection_policy to deepspeed.init_inference): 1 of 2 cells "
+        "pass)"
     )
 
 

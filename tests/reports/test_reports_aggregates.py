@@ -174,7 +174,15 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
     import sqlite3
 
     with sqlite3.connect(store) as conn:
-        for table in ("point_metrics", "result_groups", "points", "archive_entries", "cell_causes"):  # schema 8-10's
+        schema_8_to_12 = (
+            "point_metrics",
+            "result_groups",
+            "points",
+            "archive_entries",
+            "cell_causes",
+            "remedy_results",
+        )
+        for table in schema_8_to_12:
             conn.execute(f"DROP TABLE {table}")
         conn.execute("ALTER TABLE runs DROP COLUMN trusted")
         conn.execute("PRAGMA user_version = 7")
@@ -184,7 +192,7 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
     with HistoryStore(store, create=False):
         pass
     with sqlite3.connect(store) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 11
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 12
         assert conn.execute("SELECT sum(count) FROM result_groups").fetchone()[0] == 2 * 5 * 9
     same_aggregates(store)
 

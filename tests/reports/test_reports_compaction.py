@@ -272,7 +272,7 @@ def test_a_schema_5_store_is_migrated_with_every_result_and_text_once(tmp_path):
         )
     ]
     with sqlite3.connect(old) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 12
         assert conn.execute("SELECT count(*) FROM texts WHERE text = ?", (OPT_TRACEBACK,)).fetchone()[0] == 1
     with HistoryStore(tmp_path / "new.sqlite", create=True):
         pass

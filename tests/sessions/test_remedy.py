@@ -164,17 +164,21 @@ def test_a_remedy_that_does_not_fix_its_cells_is_unverified_in_real_ranks(rank_p
 
 
 def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
-    """The results file `nox -s remedy` writes, read back typed: a verified workaround is claimed with the exact
-    `init_inference` call that passes it; an unverified one never; a file that does not fit is refused naming it."""
-    from matrix.remedies import read_results
+    """The results file `nox -s remedy` writes, read back typed through merge's door: a verified workaround is claimed
+    with the exact `init_inference` call that passes it; an unverified one never; a file that does not fit is
+    refused naming it."""
+    from matrix.remedies import TakenAt
     from reports.outputs.remedy_claims import remedy_sections
+    from reports.store import admit_remedies
+    from reports.store.door import Rejected
     from sessions.remedy import write_results
 
+    taken = TakenAt("0.19.8", "", "5.25.0", "45708c6", "2026-12-07T09:30:48Z")
     fixed = {**WITHOUT, "ctrl.faithful-eager-fp32-tp2": "pass", "ctrl.faithful-eager-fp32-tp3": "pass"}
-    verified = judge(CTRL, WITHOUT, fixed, 1.0, "how")
-    unverified = judge(replace(CTRL, name="half"), WITHOUT, WITHOUT, 1.0, "how")
+    verified = judge(replace(CTRL, name="ctrl-row-parallel-policy"), WITHOUT, fixed, 1.0, "how", taken_at=taken)
+    unverified = judge(replace(CTRL, name="bloom-attention-mask"), WITHOUT, WITHOUT, 1.0, "how", taken_at=taken)
     write_results(tmp_path / "remedies.json", [verified, unverified])
-    assert read_results(tmp_path / "remedies.json") == [verified, unverified]
+    assert admit_remedies(tmp_path / "remedies.json", str) == [verified, unverified]
     text = remedy_sections((verified, unverified), 3, "bf16")
     assert "**Workaround (verified: 2 of 2 cells pass)**" in text and text.count("**Workaround") == 1
     assert (
@@ -189,8 +193,8 @@ def test_only_a_verified_remedy_is_claimed_in_a_draft(tmp_path):
     assert "on top of 1 other proposed fix" in text and "fused-experts-split" not in text
     assert "- AutoTP splits a MoE block's fused experts" in text
     (tmp_path / "remedies.json").write_text('[{"remedy": 3}]')
-    with pytest.raises(ValueError, match="remedies.json: not a remedies results file"):
-        read_results(tmp_path / "remedies.json")
+    with pytest.raises(Rejected, match="remedies.json: entry 1: "):
+        admit_remedies(tmp_path / "remedies.json", str)
 
 
 Verdicts = dict[str, tuple[str, str]]

@@ -18,7 +18,7 @@ from pathlib import Path
 import tomllib
 
 from matrix.json_records import read_record
-from matrix.remedies import RemedyResult
+from matrix.remedies import RemedyResult, TakenAt
 from suites.records.run_records import read_records
 from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
 from suites.verdicts.statements import proof_of, stated
@@ -211,23 +211,31 @@ def test_a_mechanism_is_not_proven_until_a_remedy_is_verified():
     assert "no remedy run yet" in proof_of("left whole|norm").tried
     assert "attention mask" in proof_of("model|BloomAttention").tried
 
+    taken = TakenAt("0.19.8", "", "5.25.0", "45708c6", "2026-12-07T09:30:48Z")
+
     def ran(status, fixed, cells=("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")):
         return RemedyResult(
-            remedy="ctrl-policy", kind="workaround", cause_models=("ctrl.faithful",), summary="s",
-            mechanism="the parser missed it.", how="", status=status, cause_cells=cells, fixed=fixed, changed=(),
-            others_compared=9, seconds=1.0,
+            remedy="ctrl-policy", kind="workaround", cause_models=("ctrl.faithful",),
+            summary="pass injection_policy={EncoderLayer: ('dense',)}.", mechanism="the parser missed it.", how="",
+            status=status, cause_cells=cells, fixed=fixed, changed=(), others_compared=9, seconds=1.0, taken_at=taken,
         )  # fmt: skip
 
     cells = ("ctrl.faithful-eager-fp32-tp2", "ctrl.faithful-eager-fp32-tp3")
     verified = ran("verified", cells)
-    proof = proof_of("column-parallel|multi_head_attention.dense", cells, [verified])
-    assert stated("X", proof) == "the parser missed it (verified: 2 of 2 cells pass with ctrl-policy)"
+    proof = proof_of("column-parallel|multi_head_attention.dense", cells, [verified], "0.19.8")
+    change = "this workaround: Pass injection_policy={EncoderLayer: ('dense',)}"  # the change in words, never the slug
+    at = "at DeepSpeed 0.19.8, transformers 5.25.0"
+    assert stated("X", proof) == f"the parser missed it (verified: 2 of 2 cells pass with {change}; {at})"
     assert proof.by == (verified,) and proof.verified == "the parser missed it."
+    # a proof taken at another DeepSpeed than its cells fail at still counts, and says so
+    later = proof_of("column-parallel|multi_head_attention.dense", cells, [verified], "0.20.0")
+    assert stated("X", later).endswith(f"{at}, not the DeepSpeed 0.20.0 these cells fail at)")
     # a cause with a cell the remedy did not fix, or a remedy that is not verified: not proven, and what was tried
+    tried = "workaround (Pass injection_policy={EncoderLayer: ('dense',)})"
     wider = proof_of("column-parallel|x", (*cells, "bloom.faithful-eager-fp32-tp2"), [verified])
-    assert stated("X", wider) == "X (mechanism not proven: workaround ctrl-policy: 2 of 3 cells pass)"
+    assert stated("X", wider) == f"X (mechanism not proven: {tried}: 2 of 3 cells pass)"
     half = proof_of("column-parallel|x", cells, [ran("unverified", cells[:1])])
-    assert stated("X", half) == "X (mechanism not proven: workaround ctrl-policy: 1 of 2 cells pass)"
+    assert stated("X", half) == f"X (mechanism not proven: {tried}: 1 of 2 cells pass)"
     # a remedy of other cells says nothing of this cause
     other = proof_of("column-parallel|multi_head_attention.dense", ("llama-eager-fp32-tp2",), [verified])
     assert stated("X", other) == f"X (mechanism not proven: {ctrl.tried})"
