@@ -388,3 +388,30 @@ def test_every_shipped_patch_applies_to_its_release_with_git_apply_check(tmp_pat
     if not checked:
         pytest.skip(f"no shipped patch is against the installed deepspeed {installed}")
     assert "fused-experts-split" in checked
+
+
+def test_a_cell_skipped_in_one_run_only_runs_again_before_the_remedy_is_judged(tmp_path, monkeypatch):
+    """A cell the memory plan skipped in the whole-scope run with the remedy (the machine short of RAM then) is run
+    again without and with it; its verdict from the second runs is the one judged, so the remedy is verified. A cell
+    that still skips on one side stays a change."""
+    from sessions.remedy import Baseline, one_sided_skips
+
+    monkeypatch.setattr("sessions.remedy.scope_models", lambda remedy: "ctrl,ctrl2")
+    base = {"ctrl.faithful-eager-fp32-tp2": ("fail", "numerics"), "ctrl2-eager-fp32-tp3": ("pass", "")}
+    ran: list[tuple[str, str, str]] = []
+    skipped_once = {"ctrl.faithful-eager-fp32-tp2": ("pass", ""), "ctrl2-eager-fp32-tp3": ("skip", "")}
+    runs = stand_in_runs(ran, base, skipped_once)
+    first_run = runs.run
+
+    def run(folder, models, remedy_name, pins, name):  # the second run with the remedy has enough memory
+        if remedy_name and models == "ctrl2":
+            skipped_once["ctrl2-eager-fp32-tp3"] = ("pass", "")
+        first_run(folder, models, remedy_name, pins, name)
+
+    runs = type(runs)(run)
+    result = verify(CTRL, runs, Baseline(runs, tmp_path / "without"), tmp_path, tmp_path, lambda line: None)
+    assert ran[-2:] == [("without", "ctrl2", ""), ("with", "ctrl2", "ctrl-policy")]
+    assert (result.status, result.changed) == ("verified", ())
+    assert one_sided_skips({"a.b-eager-fp32-tp2": "pass"}, {"a.b-eager-fp32-tp2": "skip"}) == "a.b"
+    assert one_sided_skips({"a.b-eager-fp32-tp2": "skip"}, {"a.b-eager-fp32-tp2": "skip"}) == ""
+    assert one_sided_skips({"a.b-eager-fp32-tp2": "pass"}, {}) == "a.b"
