@@ -219,7 +219,7 @@ def _xdist_group(cell: Cell, cells: list[Cell], workers: int) -> str:
 
 @pytest.fixture(scope="session")
 def run_options(pytestconfig: pytest.Config) -> RunOptions:
-    from suites.run.driver import RunOptions
+    from suites.run.driver import RunOptions, longest_steps
 
     option = pytestconfig.getoption
     return RunOptions(
@@ -228,6 +228,7 @@ def run_options(pytestconfig: pytest.Config) -> RunOptions:
         cell_timeout=option("--cell-timeout"),
         faults=tuple(option("--inject-fault")),
         accuracy_task=pytestconfig.stash[ACCURACY_TASK],
+        unsharded_steps=longest_steps(pytestconfig.stash.get(CELLS, [])),
     )
 
 

@@ -36,7 +36,7 @@ from suites.engine import doorbells
 from suites.reference.unsharded import load_reference
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
-from suites.variants.training import Progress, run_training
+from suites.variants.training import Progress, load_unsharded_steps, run_training
 from suites.verdicts.mechanism import BreakPoint
 from suites.verdicts.outcome import (
     STAGE_CLASS,
@@ -403,7 +403,7 @@ def _check_inputs(
         return CheckInputs(
             job.tolerance,
             tuple(summaries),
-            unsharded_steps=tuple(torch.load(model.unsharded_steps, weights_only=False) for model in job.trained),
+            unsharded_steps=tuple(load_unsharded_steps(model.unsharded_steps) for model in job.trained),
         )
     if job.reference is None or observed is None:
         raise ValueError(f"inference cell {job.cell_id} has no reference or no observations (a harness bug)")

@@ -5,7 +5,7 @@ it loaded. Nothing here raises for a cell's own failure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import transformers
@@ -63,6 +63,9 @@ class RunOptions:
     spec: ProbeSpec = ProbeSpec()
     accuracy_task: AccuracyTask | None = None
     """Also score this task on the sharded model against the unsharded one (checks/accuracy.py)."""
+    unsharded_steps: dict[str, int] = field(default_factory=dict)
+    """Training: optimizer -> the most unsharded steps a cell of the run compares with under it (`longest_steps`);
+    the driver computes that many once per model and gives a row needing fewer their first steps."""
 
 
 def skip_reason(cell: Cell, options: RunOptions) -> str | None:
@@ -70,6 +73,15 @@ def skip_reason(cell: Cell, options: RunOptions) -> str | None:
     (`harness_skip_reason`) or DeepSpeed's refusal of its dtype (`dtype_refusal`). Decided before anything is
     resolved or built; what needs the checkpoint is `PreparedCell.skip` (`prepare_cell`)."""
     return harness_skip_reason(cell, options) or dtype_refusal(cell.dtype)
+
+
+def longest_steps(cells: list[Cell]) -> dict[str, int]:
+    """`RunOptions.unsharded_steps` of a run of `cells`: per optimizer, the most unsharded steps a training cell
+    compares with."""
+    longest: dict[str, int] = {}
+    for variant in {cell.variant for cell in cells if cell.variant.training}:
+        longest[variant.optimizer] = max(longest.get(variant.optimizer, 0), variant.unsharded_steps)
+    return longest
 
 
 def harness_skip_reason(cell: Cell, options: RunOptions) -> str | None:
@@ -179,7 +191,8 @@ def _job(
     cell, checkpoint = prepared.cell, prepared.checkpoint
     try:
         fetch_weights(cell.model, checkpoint)  # now that the cell fits
-        variant_fields = variant_setup.prepare(prepared, cell_spec(cell, options), fork_server)
+        longest = options.unsharded_steps.get(cell.variant.optimizer, 0)
+        variant_fields = variant_setup.prepare(prepared, cell_spec(cell, options), fork_server, longest)
         if isinstance(variant_fields, CellOutcome):
             return _stamped(variant_fields, _provenance(checkpoint, prepared.plan))
         # A training cell compares with the unsharded steps (variant_fields), never with an inference reference.

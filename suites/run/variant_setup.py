@@ -54,11 +54,11 @@ def checkpoint_skip_reason(cell: Cell, checkpoint: Checkpoint) -> str | None:
 
 
 def prepare(
-    prepared: PreparedCell, spec: ProbeSpec, fork_server: ReferenceForker | None = None
+    prepared: PreparedCell, spec: ProbeSpec, fork_server: ReferenceForker | None = None, longest_steps: int = 0
 ) -> VariantFields | CellOutcome:
     """The variant's job fields, computed in the driver (never in a rank) for a cell that runs (`prepared.skip` is
     None); references in a child of `fork_server` when the run has one (suites/reference/unsharded.py), offloaded as the
-    cell's plan says."""
+    cell's plan says; a training row's unsharded steps as the first of `longest_steps` (see cached_unsharded_steps)."""
     cell, checkpoint = prepared.cell, prepared.checkpoint
     variant, trust = cell.variant, cell.model.trust_remote_code
     meta, reference, baseline = None, None, None
@@ -72,7 +72,7 @@ def prepare(
             fresh_process_meta_failure(checkpoint.folder, cell.dtype, trust),
         )
     if variant.training:
-        trained = _trained_models(cell, checkpoint, spec)
+        trained = _trained_models(cell, checkpoint, spec, longest_steps)
     if variant.quantization:
         try:
             reference = str(
@@ -102,7 +102,9 @@ def prepare(
     return VariantFields(meta, trained, reference, baseline)
 
 
-def _trained_models(cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec) -> tuple[TrainedModel, ...]:
+def _trained_models(
+    cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec, longest_steps: int
+) -> tuple[TrainedModel, ...]:
     """The unsharded steps of the cell's model (and of the row's second model)."""
     variant = cell.variant
     steps = variant.unsharded_steps
@@ -116,6 +118,7 @@ def _trained_models(cell: Cell, checkpoint: Checkpoint, spec: ProbeSpec) -> tupl
             trust_remote_code=entry.trust_remote_code,
             steps=steps,
             optimizer=variant.optimizer,
+            longest=longest_steps,
         )
         return TrainedModel(entry_checkpoint, entry.model_type, str(unsharded_steps))
 

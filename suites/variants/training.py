@@ -261,23 +261,67 @@ def cached_unsharded_steps(
     trust_remote_code: bool,
     steps: int,
     optimizer: str,
+    longest: int = 0,
 ) -> Path:
-    path = steps_path(
-        checkpoint=checkpoint, tokenizer=tokenizer, dtype=dtype, spec=spec, steps=steps, optimizer=optimizer
-    )
-    if not path.exists():
+    """The file of `steps` unsharded steps. `longest`: the most steps any cell of the run compares with under this
+    optimizer (suites/run/driver.py `RunOptions.unsharded_steps`). A run of that length is computed once and every
+    shorter one is written as its first steps: the first k steps of a longer run are the k-step run, the same
+    operations on the same data from the same seed (tests/suites/variants/test_unsharded_prefix.py: bit for bit), so
+    the 1-, 2- and 3-step rows of a model pay for 3 steps, not 6."""
+
+    def path_for(count: int) -> Path:
+        return steps_path(
+            checkpoint=checkpoint, tokenizer=tokenizer, dtype=dtype, spec=spec, steps=count, optimizer=optimizer
+        )
+
+    path = path_for(steps)
+    if path.exists():
+        return path
+    longer = next((path_for(count) for count in range(steps + 1, longest + 1) if path_for(count).exists()), None)
+    if longer is not None:
+        unsharded: UnshardedSteps = torch.load(longer, weights_only=False)
+    else:
         unsharded = compute_unsharded_steps(
             checkpoint=checkpoint,
             tokenizer=tokenizer,
             dtype=dtype,
             spec=spec,
             trust_remote_code=trust_remote_code,
-            steps=steps,
+            steps=max(steps, longest),
             optimizer_name=optimizer,
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda staging: torch.save(unsharded, staging))
+        if longest > steps:
+            _save_steps(path_for(longest), unsharded)
+    _save_steps(path, first_steps(unsharded, steps))
     return path
+
+
+def load_unsharded_steps(path: str) -> UnshardedSteps:
+    """The driver's unsharded steps as a rank reads them: mapped, not copied. Every rank of the group reads the whole
+    file (and rank 0 again to judge), and compares only its slices of it."""
+    unsharded: UnshardedSteps = torch.load(path, weights_only=False, mmap=True)
+    return unsharded
+
+
+def first_steps(unsharded: UnshardedSteps, steps: int) -> UnshardedSteps:
+    """The first `steps` steps of a longer run of unsharded steps."""
+    return UnshardedSteps(
+        losses=unsharded["losses"][:steps],
+        grads=unsharded["grads"][:steps],
+        weights=unsharded["weights"][: steps + 1],
+        adam_gradient_units=unsharded["adam_gradient_units"][:steps],
+        bytes_by_name=unsharded["bytes_by_name"],
+        kinds=unsharded["kinds"],
+        shapes_by_name=unsharded["shapes_by_name"],
+        counts=unsharded["counts"],
+        lm_head=unsharded["lm_head"],
+        lm_head_weight=unsharded["lm_head_weight"],
+    )
+
+
+def _save_steps(path: Path, unsharded: UnshardedSteps) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda staging: torch.save(unsharded, staging))
 
 
 def deepspeed_config(
@@ -446,9 +490,7 @@ def run_training(job: Job, world_size: int, scratch: Path, fault_hook: FaultHook
                 checkpoint=model.checkpoint, model_type=model.model_type, job=job, tp_size=world_size, progress=progress
             )
             fault_hook("sharded", engine.module)
-            trainees.append(
-                ShardedTrainee(engine, torch.load(model.unsharded_steps, weights_only=False), model.model_type)
-            )
+            trainees.append(ShardedTrainee(engine, load_unsharded_steps(model.unsharded_steps), model.model_type))
         progress.enter("setup", "step batches")  # the tokenizer's work, not the sharded model's
         batches: list[torch.Tensor] = []
         for step in range(variant.training_steps):  # a loop, not a comprehension: its frame names run_training
