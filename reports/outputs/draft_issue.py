@@ -25,7 +25,7 @@ from typing import Protocol
 from matrix.cells import Cell, resolve_cell
 from matrix.known_failures import KnownFailure
 from matrix.redaction import redact
-from matrix.registry import DEFAULT_TOLERANCES, RegistryError
+from matrix.registry import RegistryError
 from matrix.remedies import RemedyResult
 from reports import ReportsError
 from reports.analysis import (
@@ -41,6 +41,13 @@ from reports.analysis import (
     status_text,
 )
 from reports.outputs.diagnosis import Diagnosis, diagnosis_lines, diagnosis_of
+from reports.outputs.draft_words import (
+    TRAINING_SYMPTOMS,
+    expected_behavior,
+    training_script_lines,
+    training_script_name,
+    what_ran,
+)
 from reports.outputs.markdown import actions_run_url, found_by
 from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
@@ -54,17 +61,6 @@ from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream
-EXPECTED = {
-    "shard": "`deepspeed.init_inference` shards the model without raising, as it does the unsharded model's layers.",
-    "forward": "The sharded model runs its forward pass, generation and loss like the unsharded one.",
-    "numerics": "Every rank's logits and loss match the unsharded model within the tolerance (fp32: "
-    f"{DEFAULT_TOLERANCES['fp32'].logits_rel:.2g}·max|logit|), and all ranks agree.",
-    "generation": "Greedy generation gives the unsharded model's tokens, single and padded batch.",
-    "memory": "Each rank holds its share of every attention/MLP weight and MoE expert (at most ceil(u/tp)/u of it, u "
-    "the heads or 64-wide grains it splits into): AutoTP splits them, so tp ranks need about 1/tp of the memory.",
-    "timeout": "Every rank finishes within the cell's time limit (no collective waits forever).",
-    "crash": "Every rank process stays alive.",
-}
 METRIC_PREFIXES = {
     "numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
     "generation": ("gen_",),
@@ -170,8 +166,10 @@ def draft_text(
     folder.mkdir(parents=True, exist_ok=True)
     resolved = _resolved(failure)
     title = _title(entry, failure, resolved if isinstance(resolved, Cell) else None)
-    scripts = None
-    if isinstance(resolved, Cell):
+    scripts: tuple[MinimalScript | None, str] | None = None
+    if isinstance(resolved, Cell) and resolved.variant.training:  # an inference script would reproduce nothing
+        scripts = (None, write_cell_repro(resolved, failure, folder, training_script_name(resolved))[0])
+    elif isinstance(resolved, Cell):
         minimal = minimal_script(resolved, failure.result, title)
         (folder / minimal.name).write_text(minimal.text, encoding="utf-8")
         full = minimal.name.removesuffix(".py") + "-full.py"
@@ -324,20 +322,21 @@ def _markdown(
     failure: Observation,
     *,
     cell: Cell | str,
-    scripts: tuple[MinimalScript, str] | None,
+    scripts: tuple[MinimalScript | None, str] | None,
     inert: Inert,
     diagnosis: Diagnosis | None,
 ) -> str:
     key, result, run = failure.cell, failure.result, failure.run
     model_class = hf_class(_model_type(cell if isinstance(cell, Cell) else None, key.model))
+    training = isinstance(cell, Cell) and cell.variant.training
     lines = [*_known_lines(entry)]
     words = "" if diagnosis else f" {reason(entry.failure_class, entry.cause).sentence}"
+    symptom = TRAINING_SYMPTOMS.get(result.failure_class, "") if training else ""
     lines += [
         "**Describe the bug**",
         "",
-        f'AutoTP (`deepspeed.init_inference(model, tensor_parallel={{"tp_size": {key.tp}}}, '
-        f"replace_with_kernel_inject=False)`) on `{model_class}` at tp {key.tp} ({key.dtype}): "
-        f"{FAILURE_CLASSES[result.failure_class]}.{words}",
+        f"{what_ran(cell if training else None, key.tp)} on `{model_class}` at tp {key.tp} ({key.dtype}): "
+        f"{symptom or FAILURE_CLASSES[result.failure_class]}.{words}",
         "",
         f"The model is {_stands_for(cell, failure)}. The same cause fails at: {_affected(entry)}.",
         "",
@@ -345,7 +344,9 @@ def _markdown(
         "**To Reproduce**",
         "",
     ]
-    if scripts:
+    if scripts and scripts[0] is None:
+        lines += [*training_script_lines(scripts[1], key.tp, result.failure_class), *_rebuilt_elsewhere(run), ""]
+    elif scripts and scripts[0] is not None:
         minimal, full = scripts
         lines += [
             f"Save as `{minimal.name}` and run `deepspeed --num_gpus {key.tp} {minimal.name}` (torch, deepspeed and "
@@ -364,7 +365,7 @@ def _markdown(
     lines += [
         "**Expected behavior**",
         "",
-        EXPECTED.get(result.failure_class, "The sharded model behaves like the unsharded one."),
+        expected_behavior(result.failure_class, training=training),
         "",
         "**Actual behavior**",
         "",

@@ -399,3 +399,34 @@ def test_a_user_sees_the_libraries_frames_only_with_paths_from_their_package():
             "",
         ]
     )
+
+
+SAVE_16BIT = "save: save_16bit_model: rank 0: model.layers.0.self_attn.q_proj.weight: shape"
+
+
+def test_a_training_rows_draft_describes_training_and_attaches_its_training_script(tmp_path, capsys):
+    """A training cause's draft says what the row asked of DeepSpeed (`deepspeed.initialize` with autotp_size, the
+    row's steps), expects what training expects, and attaches the row's own script (its optimizer steps through
+    `deepspeed.initialize`), saying what that script does not check; an inference script would reproduce nothing."""
+    cells = [fail("llama", "numerics", SAVE_16BIT, variant="train_ckpt", tp=tp) for tp in (2, 3)]
+    write_junit(
+        tmp_path / "junit" / "a.xml", cells, run_id="matrix@2026-12-06T00:00:00Z@vm", started="2026-12-06T00:00:00Z"
+    )
+    store = tmp_path / "history.sqlite"
+    assert main(["merge", str(tmp_path / "junit"), "--store", str(store)]) == 0
+    (cause,) = failing_causes(store, tmp_path / "out")
+    capsys.readouterr()
+    assert main(["draft-issue", "--cause", cause["id"], "--store", str(store), "--out", str(tmp_path / "x")]) == 0
+    body = capsys.readouterr().out.split("\n\n", 1)[1]
+    assert (
+        'AutoTP training (`deepspeed.initialize(model=model, config={"tensor_parallel": {"autotp_size": 2}, ...})`; '
+        "2 steps, save_checkpoint + save_16bit_model"
+    ) in body
+    assert "init_inference" not in body and "```python" not in body and "logits" not in body.split("**Actual")[0]
+    assert "a weight update or the saved, gathered or resumed weights differ from the same steps" in body
+    assert "Attached: `autotp-llama-tp2-train_ckpt.py`, the same model and the same steps" in body
+    assert "It compares losses only" in body
+    assert "the saved, gathered and resumed weights match the same steps on the unsharded model" in body
+    attached = script_cell((tmp_path / "x" / "draft-issue" / "autotp-llama-tp2-train_ckpt.py").read_text())
+    assert attached["training"] and attached["tp"] == 2
+    assert not list((tmp_path / "x" / "draft-issue").glob("autotp-llama-tp2.py"))  # no inference script beside it
