@@ -180,14 +180,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.run.driver import CacheContents, RunOptions, memory_plan_lines
+    from suites.run.driver import CacheContents, RunOptions, longest_steps, memory_plan_lines
 
     config.stash[CACHE_AT_START] = CacheContents.now()
     reporter = cast("TerminalReporter", config.pluginmanager.get_plugin("terminalreporter"))
     for line in memory_plan_lines(
         config.stash[CELLS],
         RunOptions(
-            checkpoints=config.getoption("--checkpoints"), allow_remote_code=config.getoption("--allow-remote-code")
+            checkpoints=config.getoption("--checkpoints"),
+            allow_remote_code=config.getoption("--allow-remote-code"),
+            unsharded_steps=longest_steps(config.stash[CELLS]),
         ),
         ahead=_runs_cells_here(config),  # a pytest-xdist worker runs its cells without (the `run_ahead` fixture)
     ):

@@ -328,14 +328,14 @@ def _markdown(
 ) -> str:
     key, result, run = failure.cell, failure.result, failure.run
     model_class = hf_class(_model_type(cell if isinstance(cell, Cell) else None, key.model))
-    training = isinstance(cell, Cell) and cell.variant.training
+    trained = cell if isinstance(cell, Cell) and cell.variant.training else None
     lines = [*_known_lines(entry)]
     words = "" if diagnosis else f" {reason(entry.failure_class, entry.cause).sentence}"
-    symptom = TRAINING_SYMPTOMS.get(result.failure_class, "") if training else ""
+    symptom = TRAINING_SYMPTOMS.get(result.failure_class, "") if trained else ""
     lines += [
         "**Describe the bug**",
         "",
-        f"{what_ran(cell if training else None, key.tp)} on `{model_class}` at tp {key.tp} ({key.dtype}): "
+        f"{what_ran(trained, key.tp)} on `{model_class}` at tp {key.tp} ({key.dtype}): "
         f"{symptom or FAILURE_CLASSES[result.failure_class]}.{words}",
         "",
         f"The model is {_stands_for(cell, failure)}. The same cause fails at: {_affected(entry)}.",
@@ -344,10 +344,10 @@ def _markdown(
         "**To Reproduce**",
         "",
     ]
-    if scripts and scripts[0] is None:
-        lines += [*training_script_lines(scripts[1], key.tp, result.failure_class), *_rebuilt_elsewhere(run), ""]
-    elif scripts and scripts[0] is not None:
-        minimal, full = scripts
+    minimal, full = scripts or (None, "")
+    if scripts and minimal is None:
+        lines += [*training_script_lines(full, key.tp, result.failure_class), *_rebuilt_elsewhere(run), ""]
+    elif minimal is not None:
         lines += [
             f"Save as `{minimal.name}` and run `deepspeed --num_gpus {key.tp} {minimal.name}` (torch, deepspeed and "
             "transformers only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo):",
@@ -365,7 +365,7 @@ def _markdown(
     lines += [
         "**Expected behavior**",
         "",
-        expected_behavior(result.failure_class, training=training),
+        expected_behavior(result.failure_class, training=trained is not None),
         "",
         "**Actual behavior**",
         "",

@@ -250,9 +250,13 @@ class TrainingShape:
     """Save, gather every weight whole on each rank, load into a second engine and take one more step."""
     resume_tp: int = 0
     """The second engine's tp (0: the cell's; 1: every rank holds the whole model)."""
+    computed_steps: int = 0
+    """The unsharded steps the driver computes for it: the run's longest under its optimizer, whose first `steps` it
+    compares with (suites/variants/training.py `cached_unsharded_steps`); 0: `steps`."""
 
     @classmethod
-    def of(cls, variant: Variant) -> TrainingShape | None:
+    def of(cls, variant: Variant, longest: int = 0) -> TrainingShape | None:
+        """`longest`: the most unsharded steps a cell of the run compares with under the variant's optimizer."""
         if not variant.training:
             return None
         return cls(
@@ -260,13 +264,15 @@ class TrainingShape:
             OPTIMIZER_STATE_COPIES[variant.optimizer],
             variant.checkpoint_round_trip,
             variant.resume_tp,
+            longest if longest > variant.unsharded_steps else 0,
         )
 
     @property
     def unsharded_copies(self) -> int:
         """The driver's unsharded steps: weights, gradients and optimizer state, plus what it keeps to compare
         with: the weights before the first step and after each, and each step's gradients."""
-        return 2 + self.optimizer_copies + (self.steps + 1) + self.steps
+        computed = max(self.steps, self.computed_steps)
+        return 2 + self.optimizer_copies + (computed + 1) + computed
 
     @property
     def compared_copies(self) -> int:

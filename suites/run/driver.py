@@ -120,7 +120,7 @@ def prepare_cell(cell: Cell, options: RunOptions, runner: Runner) -> PreparedCel
     weights, fetched first), sized, planned against `runner`, and its skip verdict."""
     checkpoint = resolve_checkpoint(cell.model, options.checkpoints, weights=False)
     size = _size(cell, checkpoint)
-    plan = plan_for(cell, size, runner)
+    plan = plan_for(cell, size, runner, options)
     skip = f"memory plan: {plan.problem}" if plan.problem else variant_setup.checkpoint_skip_reason(cell, checkpoint)
     return PreparedCell(cell=cell, checkpoint=checkpoint, size=size, plan=plan, skip=skip)
 
@@ -133,7 +133,7 @@ def _size(cell: Cell, checkpoint: Checkpoint) -> CheckpointSize:
         return checkpoint_size(checkpoint.folder)
 
 
-def plan_for(cell: Cell, size: CheckpointSize, runner: Runner) -> MemoryPlan:
+def plan_for(cell: Cell, size: CheckpointSize, runner: Runner, options: RunOptions) -> MemoryPlan:
     """The cell's memory plan from its checkpoint's size: its ranks and its references, against `runner`."""
     return plan_cell(
         size,
@@ -142,7 +142,7 @@ def plan_for(cell: Cell, size: CheckpointSize, runner: Runner) -> MemoryPlan:
         load=cell.variant.load,
         runner=runner,
         meta_files=cell.variant.checkpoint_files,
-        training=TrainingShape.of(cell.variant),
+        training=TrainingShape.of(cell.variant, options.unsharded_steps.get(cell.variant.optimizer, 0)),
         baseline_dtype=QUANTIZED_BASELINE_DTYPE if cell.variant.quantization else None,
     )
 
@@ -419,7 +419,7 @@ def memory_plan_lines(cells: list[Cell], options: RunOptions, ahead: bool = Fals
         try:  # one checkpoint per model, sized once; each cell planned once
             checkpoint = resolve_checkpoint(model_cells[0].model, options.checkpoints, weights=False)
             size = _size(model_cells[0], checkpoint)
-            plans = [(cell, plan_for(cell, size, runner)) for cell in model_cells]
+            plans = [(cell, plan_for(cell, size, runner, options)) for cell in model_cells]
         except Exception as error:  # the cell itself reports it as its setup failure
             lines.append(f"  {name}: no plan ({exception_signature(error)})")
             continue

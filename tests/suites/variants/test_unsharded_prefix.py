@@ -10,8 +10,10 @@ import torch
 from matrix.cells import expand
 from matrix.checkpoints import tiny_checkpoint
 from matrix.registry import load_models
+from matrix.variants import load_variants
 from suites.checks.contracts import UnshardedSteps
 from suites.checks.inputs import ProbeSpec
+from suites.reference.memory_plan import TrainingShape
 from suites.run.driver import longest_steps
 from suites.variants import training
 
@@ -74,3 +76,13 @@ def test_the_longest_steps_are_per_optimizer_over_the_runs_training_cells():
     assert longest_steps(cells) == {"sgd": 3, "adam": 3}
     assert longest_steps(expand("llama", "train,eager", tp="2")) == {"sgd": 1}
     assert longest_steps(expand("llama", "eager", tp="2")) == {}
+
+
+def test_the_driver_is_planned_for_the_steps_it_computes():
+    """A `train` cell of a run that also has 3-step rows makes the driver compute 3 steps: planned as such."""
+    variants = load_variants()
+    alone, in_train_all = TrainingShape.of(variants["train"]), TrainingShape.of(variants["train"], 3)
+    three_steps = TrainingShape.of(variants["train_ckpt"], 3)
+    assert alone and in_train_all and three_steps
+    assert (alone.unsharded_copies, in_train_all.unsharded_copies, three_steps.unsharded_copies) == (6, 10, 10)
+    assert in_train_all.compared_copies == alone.compared_copies == 3  # the ranks compare with the row's own steps
