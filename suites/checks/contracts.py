@@ -42,7 +42,7 @@ class TrainedModel:
     checkpoint: str
     model_type: str
     unsharded_steps: str
-    """The file of the unsharded model's steps (suites/variants/training.py `cached_unsharded_steps`)."""
+    """The file of the unsharded model's steps (suites/variants/unsharded_cache.py `cached_unsharded_steps`)."""
 
 
 @dataclass(frozen=True)

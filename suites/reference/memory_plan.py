@@ -252,7 +252,7 @@ class TrainingShape:
     """The second engine's tp (0: the cell's; 1: every rank holds the whole model)."""
     computed_steps: int = 0
     """The unsharded steps the driver computes for it: the run's longest under its optimizer, whose first `steps` it
-    compares with (suites/variants/training.py `cached_unsharded_steps`); 0: `steps`."""
+    compares with (suites/variants/unsharded_cache.py `cached_unsharded_steps`); 0: `steps`."""
 
     @classmethod
     def of(cls, variant: Variant, longest: int = 0) -> TrainingShape | None:

@@ -14,7 +14,8 @@ from suites.reference.cache import ReferenceForker, cached_reference
 from suites.run.prepared import QUANTIZED_BASELINE_DTYPE, PreparedCell
 from suites.variants.loading import checkpoint_copy, checkpoints_json, fresh_process_meta_failure
 from suites.variants.quantization import QuantizationUnavailable
-from suites.variants.training import cached_unsharded_steps, model_skip_reason, version_skip_reason
+from suites.variants.training import model_skip_reason, version_skip_reason
+from suites.variants.unsharded_cache import cached_unsharded_steps
 from suites.verdicts.outcome import CellOutcome
 
 

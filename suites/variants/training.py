@@ -15,27 +15,22 @@ rounding noise in near-zero gradients into full-size updates. Both keep state a 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from matrix import cache_root
-from matrix.json_records import write_record
 from matrix.registry import DType
 from matrix.variants import TRAINING_FEATURES, Variant
-from suites.base.atomic import write_atomically
 from suites.checks.contracts import (
     Job,
     RoundTripReport,
     TrainingReport,
     UnshardedSteps,
 )
-from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer, probe_fingerprint
+from suites.checks.inputs import ProbeSpec, build_inputs, load_tokenizer
 from suites.checks.probes import bytes_by_name, shapes_by_name, split_counts, tensor_kinds
 from suites.variants.loading import load_model, refuse_if_sharded
 from suites.variants.trainee import (
@@ -59,9 +54,6 @@ if TYPE_CHECKING:
     FaultHook = Callable[[str, torch.nn.Module], None]
     """suites/engine/cell_runner.py's test-only fault hook: `fault_hook(stage, model)`."""
 
-TRAINING_FORMAT = 6
-"""Bump when the unsharded steps change, so stale cached steps are not read (4: N optimizer steps; 5: bf16/fp16
-steps on fp32 master weights, as DeepSpeed's mixed precision; 6: Adam's gradient units per step)."""
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
@@ -152,30 +144,6 @@ def step_batch(tokenizer_source: str | None, spec: ProbeSpec, trust_remote_code:
     return corpus[:, begin : begin + spec.ppl_window]
 
 
-def steps_path(
-    *, checkpoint: str, tokenizer: str | None, dtype: DType, spec: ProbeSpec, steps: int, optimizer: str
-) -> Path:
-    import transformers
-
-    identity = json.dumps(
-        {
-            "format": TRAINING_FORMAT,
-            "checkpoint": checkpoint,
-            "tokenizer": tokenizer,
-            "dtype": dtype,
-            "spec": write_record(spec),
-            "steps": steps,
-            "optimizer": OPTIMIZERS[optimizer][1],
-            "clipping": GRADIENT_CLIPPING,
-            "probes": probe_fingerprint(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        sort_keys=True,
-    )
-    return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
-
-
 def compute_unsharded_steps(
     *,
     checkpoint: str,
@@ -252,76 +220,11 @@ def adam_gradient_units(optimizer: torch.optim.Optimizer, param: torch.Tensor) -
     return units
 
 
-def cached_unsharded_steps(
-    *,
-    checkpoint: str,
-    tokenizer: str | None,
-    dtype: DType,
-    spec: ProbeSpec,
-    trust_remote_code: bool,
-    steps: int,
-    optimizer: str,
-    longest: int = 0,
-) -> Path:
-    """The file of `steps` unsharded steps. `longest`: the most steps any cell of the run compares with under this
-    optimizer (suites/run/driver.py `RunOptions.unsharded_steps`). A run of that length is computed once and every
-    shorter one is written as its first steps: the first k steps of a longer run are the k-step run, the same
-    operations on the same data from the same seed (tests/suites/variants/test_unsharded_prefix.py: bit for bit), so
-    the 1-, 2- and 3-step rows of a model pay for 3 steps, not 6."""
-
-    def path_for(count: int) -> Path:
-        return steps_path(
-            checkpoint=checkpoint, tokenizer=tokenizer, dtype=dtype, spec=spec, steps=count, optimizer=optimizer
-        )
-
-    path = path_for(steps)
-    if path.exists():
-        return path
-    longer = next((path_for(count) for count in range(steps + 1, longest + 1) if path_for(count).exists()), None)
-    if longer is not None:
-        unsharded: UnshardedSteps = torch.load(longer, weights_only=False)
-    else:
-        unsharded = compute_unsharded_steps(
-            checkpoint=checkpoint,
-            tokenizer=tokenizer,
-            dtype=dtype,
-            spec=spec,
-            trust_remote_code=trust_remote_code,
-            steps=max(steps, longest),
-            optimizer_name=optimizer,
-        )
-        if longest > steps:
-            _save_steps(path_for(longest), unsharded)
-    _save_steps(path, first_steps(unsharded, steps))
-    return path
-
-
 def load_unsharded_steps(path: str) -> UnshardedSteps:
     """The driver's unsharded steps as a rank reads them: mapped, not copied. Every rank of the group reads the whole
     file (and rank 0 again to judge), and compares only its slices of it."""
     unsharded: UnshardedSteps = torch.load(path, weights_only=False, mmap=True)
     return unsharded
-
-
-def first_steps(unsharded: UnshardedSteps, steps: int) -> UnshardedSteps:
-    """The first `steps` steps of a longer run of unsharded steps."""
-    return UnshardedSteps(
-        losses=unsharded["losses"][:steps],
-        grads=unsharded["grads"][:steps],
-        weights=unsharded["weights"][: steps + 1],
-        adam_gradient_units=unsharded["adam_gradient_units"][:steps],
-        bytes_by_name=unsharded["bytes_by_name"],
-        kinds=unsharded["kinds"],
-        shapes_by_name=unsharded["shapes_by_name"],
-        counts=unsharded["counts"],
-        lm_head=unsharded["lm_head"],
-        lm_head_weight=unsharded["lm_head_weight"],
-    )
-
-
-def _save_steps(path: Path, unsharded: UnshardedSteps) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda staging: torch.save(unsharded, staging))
 
 
 def deepspeed_config(

@@ -1,5 +1,5 @@
 """The driver's unsharded steps computed once per model and optimizer: a row that compares with fewer steps than the
-run's longest reads the first steps of the longest run (suites/variants/training.py `cached_unsharded_steps`). That
+run's longest reads the first steps of the longest run (suites/variants/unsharded_cache.py). That
 is only the same comparison if the first k steps of a longer run are, bit for bit, the k-step run."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from suites.checks.contracts import UnshardedSteps
 from suites.checks.inputs import ProbeSpec
 from suites.reference.memory_plan import TrainingShape
 from suites.run.driver import longest_steps
-from suites.variants import training
+from suites.variants import training, unsharded_cache
 
 
 def _assert_identical(shorter: UnshardedSteps, separate: UnshardedSteps) -> None:
@@ -32,10 +32,10 @@ def _assert_identical(shorter: UnshardedSteps, separate: UnshardedSteps) -> None
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_first_steps_of_the_longest_run_are_the_shorter_runs(tmp_path, monkeypatch, optimizer):
     checkpoint = str(tiny_checkpoint(load_models()["llama"]))
-    monkeypatch.setattr(training, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(unsharded_cache, "cache_root", lambda: tmp_path)
     common = {"checkpoint": checkpoint, "tokenizer": None, "dtype": "fp32", "spec": ProbeSpec()}
     paths = {
-        steps: training.cached_unsharded_steps(
+        steps: unsharded_cache.cached_unsharded_steps(
             **common, trust_remote_code=False, steps=steps, optimizer=optimizer, longest=3
         )
         for steps in (1, 2, 3)
@@ -50,7 +50,7 @@ def test_the_first_steps_of_the_longest_run_are_the_shorter_runs(tmp_path, monke
 
 def test_a_shorter_row_is_read_from_the_longer_run_not_computed(tmp_path, monkeypatch):
     checkpoint = str(tiny_checkpoint(load_models()["llama"]))
-    monkeypatch.setattr(training, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(unsharded_cache, "cache_root", lambda: tmp_path)
     computed: list[int] = []
     compute = training.compute_unsharded_steps
 
@@ -58,13 +58,15 @@ def test_a_shorter_row_is_read_from_the_longer_run_not_computed(tmp_path, monkey
         computed.append(arguments["steps"])
         return compute(**arguments)
 
-    monkeypatch.setattr(training, "compute_unsharded_steps", counted)
+    monkeypatch.setattr(unsharded_cache, "compute_unsharded_steps", counted)
     common = {"checkpoint": checkpoint, "tokenizer": None, "dtype": "fp32", "spec": ProbeSpec()}
     for steps in (1, 2, 3, 2, 1):
-        training.cached_unsharded_steps(**common, trust_remote_code=False, steps=steps, optimizer="sgd", longest=3)
+        unsharded_cache.cached_unsharded_steps(
+            **common, trust_remote_code=False, steps=steps, optimizer="sgd", longest=3
+        )
     assert computed == [3]
     # Without a longest (a caller that knows no run, as the tests' RunOptions()), each count is its own run.
-    training.cached_unsharded_steps(**common, trust_remote_code=False, steps=1, optimizer="adam")
+    unsharded_cache.cached_unsharded_steps(**common, trust_remote_code=False, steps=1, optimizer="adam")
     assert computed == [3, 1]
 
 
