@@ -3,7 +3,7 @@
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
 name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
 or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), `no_rope` where it skips
-rotary positions (`no_rope_layers`), and `kv_shared` where it reuses an earlier layer's keys and values (the last
+rotary positions (`no_rope_layers`; EXAONE 4's full layers where its config has a sliding window), and `kv_shared` where it reuses an earlier layer's keys and values (the last
 `num_kv_shared_layers` of gemma3n and gemma4; the class refuses a config whose shared layers have no earlier layer of
 their attention kind, so those are kinds of their own). A checkpoint's layer pattern is its kinds in the order they
 first appear. DeepSpeed treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps
