@@ -251,8 +251,8 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
     return tiny
 
 
-LAYER_FIELDS_FORMAT = 3
-"""Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks)."""
+LAYER_FIELDS_FORMAT = 4
+"""Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks; 4: dense-first MoE layers, a window deciding rope)."""
 
 
 def faithful_layer_fields(model_type: str, real: RealShape, tiny: dict[str, Any]) -> dict[str, Any]:

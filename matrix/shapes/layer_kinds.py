@@ -3,7 +3,7 @@
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
 name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
 or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), `no_rope` where it skips
-rotary positions (`no_rope_layers`), and `kv_shared` where it reuses an earlier layer's keys and values (the last
+rotary positions (`no_rope_layers`; EXAONE 4's full layers where its config has a sliding window), and `kv_shared` where it reuses an earlier layer's keys and values (the last
 `num_kv_shared_layers` of gemma3n and gemma4; the class refuses a config whose shared layers have no earlier layer of
 their attention kind, so those are kinds of their own). A checkpoint's layer pattern is its kinds in the order they
 first appear. DeepSpeed treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps
@@ -45,8 +45,22 @@ LAYER_FIELDS = (
     "no_rope_layers",
     "no_rope_layer_interval",
     "num_kv_shared_layers",
+    "num_dense_layers",
+    "moe_layer_start_index",
+    "moe_layer_end_index",
+    "moe_layer_interval",
+    "is_moe",
 )
 """The config fields that decide layer kinds: what a record's `layers` cites (real_shapes.toml)."""
+NULL = "null"
+"""How a record's `layers` spells config.json's `null` (TOML has none)."""
+NULL_LAYER_FIELDS = ("sliding_window",)
+"""Fields whose `null` decides layer kinds (WINDOW_DECIDES_ROPE): a record cites them only as NULL, their value
+being a size the tiny config shrinks."""
+WINDOW_DECIDES_ROPE = frozenset({"exaone4", "exaone_moe", "kolibri1"})
+"""Families whose attention ropes only where the config has no sliding window or the layer is sliding (`if
+self.sliding_window is None or self.is_sliding`): EXAONE-4.0-32B's full layers skip rope; the 1.2B has no window and
+every layer full, so every layer ropes (a tiny config with a window and full layers has no positions at all)."""
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 FROM_END_KEYS = ("num_kv_shared_layers",)
 """Layer boundaries counted from the last layer back (`num_kv_shared_layers = 15`: the last 15 layers)."""
@@ -78,16 +92,22 @@ def _per_layer(config: PretrainedConfig, values: Mapping[str, Any], key: str, la
     return list(value) if isinstance(value, list | tuple) and len(value) == layers else None
 
 
+MLP_LAYER_TYPES = {"dense": "dense", "sparse": "sparse", "moe": "sparse"}
+"""`mlp_layer_types` values as kinds (deepseek_v4 says `moe`); another value names a kind of its own (deepseek_v4's
+`hash_moe` layers route by token id through a router without weights)."""
+
+
 def _mlps(config: PretrainedConfig, values: Mapping[str, Any], layers: int) -> list[str]:
-    """`dense` or `sparse` per layer, by the rule each family's modeling code applies."""
+    """`dense` or `sparse` per layer, by the rule each family's modeling code applies (the layer's __init__ choosing
+    its MLP class; tests/matrix/test_layer_pattern.py compares every architecture's reading with the model it builds)."""
     named = _per_layer(config, values, "mlp_layer_types", layers)  # the per-layer list of newer MoE classes
     if named is not None:
-        return ["sparse" if kind == "sparse" else "dense" for kind in named]
+        return [MLP_LAYER_TYPES.get(kind, kind) for kind in named]
     experts = _per_layer(config, values, "layers_num_experts", layers)  # jamba
     if experts is not None:
         return ["sparse" if count > 1 else "dense" for count in experts]
     count = next((values[key] for key in EXPERT_COUNT_KEYS if _int(values.get(key))), 0)
-    if count <= 1:
+    if count <= 1 or values.get("is_moe") is False:  # doge: experts sized by default, used only with is_moe
         return ["dense"] * layers
     if "mlp_only_layers" in values or "decoder_sparse_step" in values:  # qwen2_moe, qwen3_moe, qwen3_next
         only, step = values.get("mlp_only_layers") or [], values.get("decoder_sparse_step") or 1
@@ -96,6 +116,16 @@ def _mlps(config: PretrainedConfig, values: Mapping[str, Any], layers: int) -> l
         return ["sparse" if i in values["moe_layers"] else "dense" for i in range(layers)]
     if _int(values.get("first_k_dense_replace")):  # deepseek_v2/v3, glm4_moe: the first k layers dense
         return ["dense" if i < values["first_k_dense_replace"] else "sparse" for i in range(layers)]
+    if _int(values.get("num_dense_layers")):  # lfm2_moe, afmoe: the first n layers dense
+        return ["dense" if i < values["num_dense_layers"] else "sparse" for i in range(layers)]
+    if _int(values.get("moe_layer_interval")):  # ernie4_5_moe: every interval-th layer from start to end (inclusive)
+        start, end, step = (
+            values.get("moe_layer_start_index") or 0,
+            values.get("moe_layer_end_index"),
+            values["moe_layer_interval"],
+        )
+        end = layers - 1 if end is None or end < 0 else end
+        return ["sparse" if (i + 1) % step == 0 and start <= i <= end else "dense" for i in range(layers)]
     return ["sparse"] * layers
 
 
@@ -108,6 +138,8 @@ def layer_kinds(config: PretrainedConfig) -> tuple[str, ...]:
         ["attention"] * layers,
     )
     ropes = _per_layer(config, values, "no_rope_layers", layers) or [1] * layers  # 1: the layer uses rope
+    if values.get("model_type") in WINDOW_DECIDES_ROPE and values.get("sliding_window") is not None:
+        ropes = [rope and mixer == "sliding_attention" for rope, mixer in zip(ropes, mixers, strict=True)]
     shared = values.get("num_kv_shared_layers") or 0
     first_shared = layers - shared if _int(shared) and shared > 0 else layers
     return tuple(
@@ -128,10 +160,12 @@ def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
 
     values = _values(config)
     cited = {key: values[key] for key in LAYER_FIELDS if key in values and values[key] is not None}
+    if values.get("model_type") in WINDOW_DECIDES_ROPE:
+        cited |= {key: NULL for key in NULL_LAYER_FIELDS if key in values and values[key] is None}
     for key in [key for key, value in cited.items() if isinstance(value, list) and len(value) > 1]:
         rest = {k: v for k, v in cited.items() if k != key}
         try:
-            computed = getattr(AutoConfig.for_model(model_type, **rest), key, None)
+            computed = getattr(AutoConfig.for_model(model_type, **config_fields(rest)), key, None)
         except Exception:  # the class cannot compute it without the list: the list stays cited
             continue
         if computed == cited[key]:
@@ -139,11 +173,16 @@ def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
     return cited
 
 
+def config_fields(layers: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's `layers` as config.json has them: NULL read as None."""
+    return {key: None if key in NULL_LAYER_FIELDS and value == NULL else value for key, value in layers.items()}
+
+
 def real_layer_kinds(model_type: str, layers: Mapping[str, Any]) -> tuple[str, ...]:
     """The kinds of a checkpoint whose config.json has `layers` (the class defaults for every other field)."""
     from transformers import AutoConfig
 
-    return layer_kinds(AutoConfig.for_model(model_type, **layers))
+    return layer_kinds(AutoConfig.for_model(model_type, **config_fields(layers)))
 
 
 def _plan(kinds: Sequence[str], shared_mixers: Sequence[str] = ()) -> list[int]:
@@ -190,6 +229,7 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
     keep the kinds apart, the closest pattern found is taken and `--check` names the difference."""
     from transformers import AutoConfig
 
+    layers = config_fields(layers)
     real = AutoConfig.for_model(model_type, **layers)
     kinds = layer_kinds(real)
     plan = _plan(kinds, SHARED_BLOCK_MIXERS.get(model_type, ()))

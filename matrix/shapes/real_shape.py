@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from matrix.config_values import ConfigValues, refusal
 from matrix.registry import RegistryError, SplitRule
-from matrix.shapes.layer_kinds import LAYER_FIELDS, cited_layers, first_appearance, layer_kinds
+from matrix.shapes.layer_kinds import (
+    LAYER_FIELDS,
+    NULL,
+    NULL_LAYER_FIELDS,
+    cited_layers,
+    first_appearance,
+    layer_kinds,
+)
 from matrix.shapes.remembered import remembered
 from matrix.toml_tables import TableError
 
@@ -123,10 +130,12 @@ class RealShape:
             raise TableError("kv_heads", f"must divide heads {self.heads}, got {self.kv_heads}")
         if self.top_k > self.experts:
             raise TableError("top_k", f"must be at most experts ({self.experts}), got {self.top_k}")
-        if unknown := sorted(set(self.layers) - set(LAYER_FIELDS)):
+        if unknown := sorted(set(self.layers) - set(LAYER_FIELDS) - set(NULL_LAYER_FIELDS)):
             raise TableError(
                 "layers", f"names {unknown}, which decide no layer kind; cite only fields of {LAYER_FIELDS}"
             )
+        if sized := sorted(key for key in NULL_LAYER_FIELDS if self.layers.get(key, NULL) != NULL):
+            raise TableError("layers", f"cites {sized} as a size; cite it only where config.json has null, as {NULL!r}")
 
     def dims(self) -> dict[str, int]:
         """The dims AutoTP splits in grains."""
@@ -269,9 +278,9 @@ def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
 
 
-TINY_SHAPES_FORMAT = 4
+TINY_SHAPES_FORMAT = 5
 """Bump when what a tiny shape record holds changes (2: its layer pattern; 3: a refusal's every line; 4: a model
-transformers cannot build from the config is refused too)."""
+transformers cannot build from the config is refused too; 5: dense-first MoE layers and a window deciding rope read)."""
 
 UNBUILDABLE = "transformers cannot build the model from it"
 """How a refusal by the model class (not the config class) begins."""

@@ -35,7 +35,8 @@ HEADER = """\
 # [<entry>] "<hub id>" = { ... }: from that checkpoint's config.json (source = "hub config <hub id>"; add-model
 # writes it, or type it from the published config). "defaults" = { ... }: the installed transformers' config
 # class defaults, used where no hub config is recorded for the entry's first hub id (source names the release).
-# `layers`: the config.json fields that decide the layer kinds (the class defaults stand for those left out);
+# `layers`: the config.json fields that decide the layer kinds (the class defaults stand for those left out; a
+# config.json null is written "null": EXAONE 4's sliding_window, whose absence makes every layer rope);
 # `layer_pattern`: the kinds they give, in the order they first appear, which the faithful tiny config keeps.
 # Regenerate with `python -m matrix.shapes --write`; `--check` fails when this file is stale or a faithful tiny
 # config's layer pattern is not its checkpoint's.

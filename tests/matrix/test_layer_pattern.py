@@ -169,7 +169,9 @@ def test_exaone4_faithful_cells_are_the_global_1_2b_and_the_hybrid_32b(registry,
     assert small.tiny["tie_word_embeddings"] is True
     large = shaped_entry(entry, "faithful-exaone-4-0-32b", 2, shapes)
     assert large.checkpoints == ("LGAI-EXAONE/EXAONE-4.0-32B",)
-    assert _kinds(entry.model_type, large.tiny) == ("sliding_attention/dense", "full_attention/dense")
+    # the 32B's full layers skip rope (its config has a window); the 1.2B has none, so its every layer ropes
+    assert _kinds(entry.model_type, large.tiny) == ("sliding_attention/dense", "full_attention/dense/no_rope")
+    assert small.tiny["sliding_window"] is None
 
 
 def _faithful_derived(model_type: str):

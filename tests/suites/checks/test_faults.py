@@ -144,6 +144,21 @@ def test_a_deepspeed_that_leaves_lm_head_whole_fails_memory_on_a_faithful_llama(
     assert run_with(cell, pool).outcome == "pass"  # the planted DeepSpeed is gone for the next cell
 
 
+def test_a_tied_output_head_is_a_note_when_copied_and_fails_memory_when_left_whole(pool):
+    """Qwen3-0.6B ties its head to the embedding: DeepSpeed's LmHeadLinearAllreduce splits a clone and leaves the
+    embedding whole, so each rank holds 1 + 1/tp of the tied weight (a pass, the note saying so in words, DeepSpeed's
+    design its owner); one that leaves the head whole (and tied) fails memory like an untied one."""
+    cell = expand("qwen3.faithful-qwen3-0-6b", tp="2")[0]
+    assert cell.model.tiny["tie_word_embeddings"] is True
+    healthy = run_with(cell, pool)
+    assert healthy.outcome == "pass", healthy.message
+    assert "output head tied to model.embed_tokens.weight split by a copy: rank 0 holds 1.50x" in healthy.message
+    assert "runs correctly but saves less memory; DeepSpeed's design" in healthy.message
+    outcome = run_with(cell, pool, "deepspeed_leaves_lm_head_whole")
+    assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
+    assert outcome.signature == "memory: output head left whole: lm_head", outcome.signature
+
+
 def test_a_renamed_layer_fails_memory_with_its_name(pool, llama_tp2):
     outcome = run_with(llama_tp2, pool, "rewrapped_mlp")
     assert (outcome.outcome, outcome.failure_class) == ("fail", "memory"), outcome.message
