@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from matrix.config_keys import HEAD_KEYS
 from matrix.config_values import ConfigValues, refusal
 from matrix.registry import RegistryError, SplitRule
 from matrix.shapes.layer_kinds import LAYER_FIELDS, cited_layers, first_appearance, layer_kinds
@@ -20,20 +21,8 @@ GRAIN = 64
 """DeepSpeed's `tensor_parallel.tp_grain_size` (default since 0.16.2): dims split in 64-element grains."""
 MATRIX_TP = (2, 3, 4)
 """The tp sizes every faithful tiny config splits like its real checkpoint at (plus the cell's own)."""
-# Config attribute names, first present wins (the same names matrix/derive.py shrinks).
-HEAD_KEYS = (
-    "num_attention_heads",
-    "n_head",
-    "n_heads",
-    "num_heads",
-    "attention_heads",
-    # an encoder-decoder's causal LM is its decoder (marian, whisper, trocr, prophetnet); the encoder's count is set
-    # alike so the config stays one an encoder-decoder model could be built from
-    "decoder_attention_heads",
-    "num_decoder_attention_heads",
-    "encoder_attention_heads",
-    "num_encoder_attention_heads",
-)
+# Config attribute names, first present wins (the head count's are matrix/config_keys.py's, which matrix/shrink.py
+# reads too: one list, so the real and the tiny config take the same name first).
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads", "multi_query_group_num")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim")
 HEAD_DIM_KEYS = ("head_dim", "kv_channels", "attention_head_size")

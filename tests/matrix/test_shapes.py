@@ -1,15 +1,18 @@
 """Cell shapes (matrix/shapes.py): the recorded real sizes, the one rule that makes a faithful tiny config from
 them, and the shape axis of cells (faithful by default on the command line, stress as the registry writes it)."""
 
+import ast
 import shutil
 import warnings
 from dataclasses import replace
 
 import pytest
 
+from matrix import PROJECT_ROOT, config_keys
 from matrix.cells import expand, parse_cell_id, replay_name
 from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models
 from matrix.shapes import (
+    HEAD_KEYS,
     MATRIX_TP,
     REAL_SHAPES_FILE,
     RealShape,
@@ -445,6 +448,22 @@ def test_an_attention_free_mixer_is_read_as_one_head_and_a_config_without_sizes_
     assert (mamba.heads, mamba.kv_heads, mamba.hidden, mamba.intermediate) == (1, 1, 768, 1536)
     with pytest.raises(RegistryError, match="no attention head count under the names"):
         read_shape(_Config(hidden_size=768, vocab_size=1000), "test")
+
+
+def test_the_real_and_the_tiny_config_read_heads_from_one_list_of_names():
+    """Two lists of head-count names once stood in different orders (config_keys.py for the shrinker, real_shape.py
+    for the real checkpoint): a config holding two of the names could be read as one count and shrunk as the other.
+    One list now, assigned in one module, and its decoder-first order is what real encoder-decoders need."""
+    assigned = [
+        f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}"
+        for path in sorted((PROJECT_ROOT / "matrix").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "HEAD_KEYS" for target in node.targets)
+    ]
+    assert assigned == ["matrix/config_keys.py:31"] and HEAD_KEYS is config_keys.HEAD_KEYS
+    prophetnet = _Config(vocab_size=1000, num_encoder_attention_heads=8, num_decoder_attention_heads=16, d_model=1024)
+    assert read_shape(prophetnet, "test").heads == 16
 
 
 FLAGSHIPS = ("llama4", "gemma4", "qwen3_5", "qwen3_5_moe", "marian", "whisper", "trocr", "xlm", "mamba", "rwkv")
