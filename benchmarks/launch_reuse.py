@@ -68,7 +68,8 @@ def main() -> None:
     for way, spent in seconds.items():
         print(f"{way:<26}{spent:>10.1f}{spent / len(cells):>10.2f}{baseline / spent:>9.1f}x")
     print(
-        f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them failing"
+        f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them "
+        f"failing"
     )
 
 

@@ -200,7 +200,8 @@ def print_tables(rows: list[Row]) -> None:
     for process, model_bytes, planned, measured, note in rows:
         ratio = f"{planned / measured:.2f}" if measured else "-"
         print(
-            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}"
+            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18} "
+            f" {note}"
         )
     print(f"\n{'process':<24}{'measured slope':>16}{'planned slope':>15}{'measured at 0':>15}")
     for process in dict.fromkeys(row[0] for row in rows):

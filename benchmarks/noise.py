@@ -236,7 +236,8 @@ def floor_rows(records: list[dict[str, Any]]) -> list[str]:
                 noise, where = max(found)
                 lines.append(
                     f"  {check} {dtype} at floor 2^-{k} of the largest: noise {noise:.3g} "
-                    f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)"
+                    f"({len(found)} cells, {where}), bound {bound:.3g} "
+                    f"({bound / noise if noise else float('inf'):.1f}x)"
                 )
     return lines
 
@@ -255,7 +256,8 @@ def report(args: argparse.Namespace) -> None:
             f"{sum(correct(r) for r in cells)} with right numbers (pass, or fail memory only)"
         )
     print(
-        f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  largest in"
+        f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  "
+        f"largest in"
     )
     for bound, dtype, noise, where, count in noise_rows(records):
         value = bound_value(bound, dtype)

@@ -232,7 +232,8 @@ def resolve_cell(model: str, variant: str, dtype: str, tp: int, models_file: Pat
     found = [cell for cell in cells if cell.model.name == model]
     if len(found) != 1:
         raise RegistryError(
-            f"cell {cell_id(model, variant, dtype, tp)}: the registry builds {', '.join(c.id for c in cells) or 'no cell'}"
+            f"cell {cell_id(model, variant, dtype, tp)}: the registry builds "
+            f"{', '.join(c.id for c in cells) or 'no cell'}"
             " for it; was the entry renamed or its real shapes changed?"
         )
     return found[0]

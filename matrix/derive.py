@@ -54,7 +54,8 @@ class VersionSkip:
         if not releases:  # not a specifier, or empty (it would hold at every release)
             raise TableError(
                 "transformers",
-                f"must be a version range such as '>=4.46, <4.54' (use [skip] for every release), got {self.transformers!r}",
+                f"must be a version range such as '>=4.46, <4.54' (use [skip] for every release), got "
+                f"{self.transformers!r}",
             )
 
 
@@ -111,7 +112,8 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
     for model_type, probes in probe_skips.items():
         if not isinstance(probes, dict) or not probes or set(probes) - set(SKIPPABLE_PROBES):
             raise RegistryError(
-                f"{path}: [probe_skip.{model_type}] must give reasons to probes of {list(SKIPPABLE_PROBES)}, got {probes!r}"
+                f"{path}: [probe_skip.{model_type}] must give reasons to probes of {list(SKIPPABLE_PROBES)}, got "
+                f"{probes!r}"
             )
     return DerivedData(
         fixes=raw.get("fix", {}),
@@ -224,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {n: e.skip_reason for n, e in entries.items() if e.skip_reason}
     failed = {n: e.expansion_error.describe() for n, e in entries.items() if e.expansion_error}
     print(
-        f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} {'in all' if args.registry else 'not in the registry'}: "
-        f"{len(entries) - len(skipped) - len(failed)} derived, {len(skipped)} skipped, {len(failed)} failed (harness bugs)"
+        f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} "
+        f"{'in all' if args.registry else 'not in the registry'}: "
+        f"{len(entries) - len(skipped) - len(failed)} derived, {len(skipped)} skipped, {len(failed)} failed (harness "
+        f"bugs)"
     )
     for name, reason in sorted(skipped.items()):
         print(f"  skip {name}: {reason}")

@@ -409,6 +409,7 @@ def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None])
         write_results(Path(args.results) / RESULTS_NAME, results)
     if baseline.spent:
         log(
-            f"runs without any remedy: {len(baseline.spent)}, {sum(baseline.spent):.0f} s in all, shared by every remedy"
+            f"runs without any remedy: {len(baseline.spent)}, {sum(baseline.spent):.0f} s in all, shared by every "
+            f"remedy"
         )
     return results

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when the file is not what --write would write or a faithful tiny config's layer pattern is not its checkpoint's",
+        help="exit 1 when the file is not what --write would write or a faithful tiny config's layer pattern is not "
+        "its checkpoint's",
     )
     parser.add_argument("--models-file", type=Path, default=MODELS_FILE)
     args = parser.parse_args(argv)

@@ -314,7 +314,8 @@ def _ds_report(run: Run, tp: int) -> list[str]:
         "```",
         "",
         *[f"- {axis}: {versions.label(axis)}" for axis in AXES if axis not in ("deepspeed", "torch")],
-        f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus {tp}`)",
+        f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus "
+        f"{tp}`)",
     ]
 
 

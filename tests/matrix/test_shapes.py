@@ -228,12 +228,14 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
     "record, message",
     [
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = "no" }',
             "entry [qwen2] checkpoint 'Qwen/Qwen2-7B' field 'tied_embeddings' must be true or false",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "field 'kv_heads' must divide heads 28, got 3",
         ),
@@ -243,22 +245,26 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
             "field 'source' must start with 'hub config Qwen/Qwen2-7B'",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, vocab = 152064, tied_embeddings = false }",
             "is missing required field 'intermediate'",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, num_layers = 28 }",
             "has unknown field(s) ['num_layers']",
         ),
         (
-            '[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
+            "[qwen9]\ndefaults = "
+            '{ source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "entry [qwen9] is not in the model registry",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen3-8B" = { source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen3-8B" = '
+            '{ source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "that are not in its hub_ids",
         ),
@@ -373,7 +379,8 @@ def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_the
 
 
 def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
-    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's cell."""
+    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's
+    cell."""
     models = tmp_path / "models.toml"
     shutil.copy(MODELS_FILE, models)
     text = REAL_SHAPES_FILE.read_text()

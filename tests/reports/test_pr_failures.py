@@ -100,8 +100,8 @@ def test_gate_says_first_what_the_candidate_did(pair, tmp_path, capsys):
     link = "deepspeedai/DeepSpeed#8185"
     assert out[0] == COUNT
     assert (
-        out[1]
-        == "baseline deepspeed=0.19.8: 2 trusted run(s): nightly@2026-12-01T00:00:00Z@vm, nightly@2026-12-02T00:00:00Z@vm"
+        out[1] == "baseline deepspeed=0.19.8: 2 trusted run(s): nightly@2026-12-01T00:00:00Z@vm, "
+        "nightly@2026-12-02T00:00:00Z@vm"
     )
     assert out[2:11] == [line.format(link=link) for line in CAUSES]
 
