@@ -33,8 +33,8 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from reports.atlas import AtlasReader, build_atlas, write_site  # noqa: E402
-from reports.store import Bisection, CellKey, CellResult, Run, Versions  # noqa: E402
+from reports.atlas import AtlasReader, build_atlas, write_site
+from reports.store import Bisection, CellKey, CellResult, Run, Versions
 
 TARGETS = {"seconds": 60.0, "peak_mb": 1024.0, "page_kb": 300.0}
 DEEPSPEED = ["0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.8", "0.20.0+1a2b3c4"]

@@ -41,8 +41,8 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from sessions.environments import environment_variables  # noqa: E402
-from suites.engine.fork_server import REFERENCE_PROCESS_NAME  # noqa: E402
+from sessions.environments import environment_variables
+from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -21,10 +21,10 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.cells import expand  # noqa: E402
-from suites.records.run_records import read_records  # noqa: E402
-from suites.run.command import suites_command  # noqa: E402
-from suites.run.driver import RunOptions, prepare_job  # noqa: E402
+from matrix.cells import expand
+from suites.records.run_records import read_records
+from suites.run.command import suites_command
+from suites.run.driver import RunOptions, prepare_job
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:

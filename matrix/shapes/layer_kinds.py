@@ -124,6 +124,7 @@ def first_appearance(kinds: Sequence[str]) -> tuple[str, ...]:
 def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
     """The layer fields of `config` a record cites: those of LAYER_FIELDS it has, less the per-layer lists its class
     computes from the others (gemma3's layer_types from sliding_window_pattern), so a record stays one line."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     values = _values(config)
@@ -141,6 +142,7 @@ def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
 
 def real_layer_kinds(model_type: str, layers: Mapping[str, Any]) -> tuple[str, ...]:
     """The kinds of a checkpoint whose config.json has `layers` (the class defaults for every other field)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     return layer_kinds(AutoConfig.for_model(model_type, **layers))
@@ -188,6 +190,7 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
     follow the kept layers, layer index lists and boundaries are renumbered; periods and offsets are the first values
     (the tiny config's own first) whose layers have the kept kinds. Other fields stay as `tiny` has them; where they
     keep the kinds apart, the closest pattern found is taken and `--check` names the difference."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     real = AutoConfig.for_model(model_type, **layers)

@@ -253,6 +253,7 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
 
 def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     """The sizes of the config a tiny checkpoint is built from (read like a real one)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
@@ -270,6 +271,7 @@ def _build_on_meta(model_type: str, tiny: dict[str, Any]) -> None:
     """Build the causal-LM model of `tiny` on the meta device (no weights: cheap at any size), as a cell's setup
     would: a model class that refuses the config (zamba's tie across hybrid layers with one hybrid layer, gemma3n's
     kv-shared layer without an earlier layer of its kind) raises here, when the config is derived, not in a cell."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -299,6 +301,7 @@ def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str
 
 
 def defaults_source() -> str:
+    # lazily: nox's own process imports this module, with only nox installed (README)
     import transformers
 
     return f"config-defaults transformers {transformers.__version__}"

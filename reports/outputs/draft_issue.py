@@ -233,7 +233,7 @@ def write_cell_repro(cell: Cell, failure: Observation, folder: Path, name: str |
 
 def hf_class(model_type: str) -> str:
     """The class users load for a model type (`BloomForCausalLM`), or the model type where transformers lacks it."""
-    try:
+    try:  # lazily: `python -m reports` runs without transformers (the model type stands in for the class)
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         return model_type

@@ -346,10 +346,8 @@ def compare_generation(reference: Observed, sharded: Observed) -> Lines:
         lines.append(
             (
                 margin <= allowed,
-                f"generation ({name}): row {row} differs from step {step} ({want[row].tolist()} vs "
-                f"{got[row].tolist()});"
-                f" the reference's top-2 margin there is {margin:.3g} "
-                f"({'a near-tie' if margin <= allowed else 'no tie'})",
+                f"generation ({name}): row {row} differs from step {step} ({want[row].tolist()} vs {got[row].tolist()});"
+                f" the reference's top-2 margin there is {margin:.3g} ({'a near-tie' if margin <= allowed else 'no tie'})",
             )
         )
     return lines
