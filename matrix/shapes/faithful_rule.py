@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from matrix.config_keys import HEAD_KEYS
 from matrix.config_keys import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import ModelEntry, RegistryError, SplitRule
 from matrix.shapes.layer_kinds import tiny_layer_fields
@@ -19,7 +20,6 @@ from matrix.shapes.real_shape import (
     GRAIN,
     HEAD_DIM_FOLLOWS_HIDDEN,
     HEAD_DIM_KEYS,
-    HEAD_KEYS,
     HIDDEN_KEYS,
     KV_KEYS,
     LATENT_VALUE_HEAD_DIM_KEYS,
