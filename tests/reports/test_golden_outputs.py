@@ -7,7 +7,7 @@ of rendering is masked (`generated_at`); versions and harness commits are the fi
 - `pr_pair`: two real runs, the pull request's head merged untrusted (phi3 fixed on it, bloom and gemma failing);
 - `triaged`: issue #18's history (a transition between nightlies, bisection answers confirmed on 43 cells);
 - `default_matrix`: the default matrix's real failures (tests/suites/data/default_matrix_failures.json) and passes, as
-  the suites' recorder writes them, beside a real `nox -s remedy` results file (ctrl's workaround verified) and
+  the suites' recorder writes them, with a real `nox -s remedy`'s proofs merged (its results folder) and
   DeepSpeed's supported-models page (the docs diff).
 
 The drafts and repro scripts are written from the installed transformers' config classes: the golden copies are the
@@ -18,12 +18,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from reports_testkit import issue_18_store
-from test_default_matrix_outputs import DOCS, FAILURES, REMEDIES, VERSIONS, real_outcome
+from test_default_matrix_outputs import DOCS, FAILURES, REMEDY_RESULTS, VERSIONS, real_outcome
 from test_pr_check import REAL_PAIR
 from test_reports_checkpoints import run_cells
 from test_since_when_run import merged
@@ -57,13 +58,13 @@ def _triaged(tmp_path: Path) -> tuple[Path, list[str]]:
 
 
 def _default_matrix(tmp_path: Path) -> tuple[Path, list[str]]:
-    failures = json.loads(FAILURES.read_text())
-    outcome = real_outcome(failures)
-    junit = run_cells(tmp_path, DEFAULT_MODELS, "2,3,4", "faithful", outcome=outcome, versions=VERSIONS)
     store = tmp_path / "history.sqlite"
+    remedy_results = shutil.copytree(REMEDY_RESULTS, tmp_path / "remedy-results")
+    assert main(["merge", str(remedy_results), "--store", str(store)]) == 0
+    shutil.rmtree(remedy_results)
+    outcome = real_outcome(json.loads(FAILURES.read_text()))
+    junit = run_cells(tmp_path, DEFAULT_MODELS, "2,3,4", "faithful", outcome=outcome, versions=VERSIONS)
     assert main(["merge", str(junit), "--store", str(store)]) == 0
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "remedies.json").write_text(REMEDIES.read_text())
     return store, ["--docs", str(DOCS)]
 
 
@@ -133,5 +134,5 @@ def test_the_golden_histories_cover_passes_failures_since_when_and_remedies():
     assert "works at transformers 4.57.6; fails from transformers" in reports["since_when"]
     assert "**fixed**" in reports["pr_pair"]  # phi3, fixed on the pull request's head
     assert "0.19.6" in reports["triaged"]  # the fix release the bisections answered
-    assert "with ctrl-row-parallel-policy" in reports["default_matrix"]  # the remedy verified on ctrl's cells
+    assert "cells pass with this proposed DeepSpeed change" in reports["default_matrix"]  # remedies verified
     assert all(" pass" in report or "works" in report for report in reports.values())
