@@ -126,7 +126,8 @@ def _warn_if_oversubscribed(config: pytest.Config, workers: object) -> None:
     if workers * tp > cores:
         config.issue_config_time_warning(
             pytest.PytestConfigWarning(
-                f"-n {workers} runs up to {workers * tp} ranks on {cores} cores; -n {max(1, cores // tp)} gives the most "
+                f"-n {workers} runs up to {workers * tp} ranks on {cores} cores; -n {max(1, cores // tp)} gives the "
+                f"most "
                 "cells per minute here (workers x tp <= cores)"
             ),
             stacklevel=2,

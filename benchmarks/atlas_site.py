@@ -33,8 +33,8 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from reports.atlas import AtlasReader, build_atlas, write_site  # noqa: E402
-from reports.store import Bisection, CellKey, CellResult, Run, Versions  # noqa: E402
+from reports.atlas import AtlasReader, build_atlas, write_site
+from reports.store import Bisection, CellKey, CellResult, Run, Versions
 
 TARGETS = {"seconds": 60.0, "peak_mb": 1024.0, "page_kb": 300.0}
 DEEPSPEED = ["0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.8", "0.20.0+1a2b3c4"]
@@ -43,14 +43,16 @@ MASTER_GIT = "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
 CAUSES = [
     (
         "shard",
-        "RuntimeError: split_with_sizes expects split_sizes to sum exactly to {n} @ deepspeed/module_inject/layers.py:uneven_partition",
+        "RuntimeError: split_with_sizes expects split_sizes to sum exactly to {n} @ "
+        "deepspeed/module_inject/layers.py:uneven_partition",
     ),
     ("forward", "RuntimeError: mat1 and mat2 shapes cannot be multiplied @ deepspeed/module_inject/layers.py:forward"),
     ("numerics", "logits: prefill logits differ by {n} ulps"),
     ("memory", "mlp.experts left whole on every rank: rank 0 holds {n} of {n} MiB"),
     (
         "forward",
-        "AttributeError: 'LinearAllreduce' object has no attribute 'weight_{n}' @ transformers/models/x/modeling_x.py:forward",
+        "AttributeError: 'LinearAllreduce' object has no attribute 'weight_{n}' @ "
+        "transformers/models/x/modeling_x.py:forward",
     ),
 ]
 
@@ -218,22 +220,26 @@ def main() -> None:
         f"  history analysed            {analysed - fed:6.1f} s   ({len(archived.history.transitions):,} transitions)"
     )
     print(
-        f"  atlas built                 {built - analysed:6.1f} s   ({len(atlas.rows)} rows, {len(atlas.causes)} causes)"
+        f"  atlas built                 {built - analysed:6.1f} s   ({len(atlas.rows)} rows, {len(atlas.causes)} "
+        f"causes)"
     )
     print(f"  pages rendered and written  {done - built:6.1f} s   ({len(written):,} files)")
     print(f"whole                  {total:8.1f} s    target <= {TARGETS['seconds']:.0f} s: {verdict(total, 'seconds')}")
     print(
-        f"peak memory            {peak_mb:8.1f} MB   target <= {TARGETS['peak_mb']:.0f} MB: {verdict(peak_mb, 'peak_mb')}"
+        f"peak memory            {peak_mb:8.1f} MB   target <= {TARGETS['peak_mb']:.0f} MB: "
+        f"{verdict(peak_mb, 'peak_mb')}"
     )
     largest, path = sizes[0]
     print(
-        f"largest page           {largest:8.1f} KB   target <= {TARGETS['page_kb']:.0f} KB: {verdict(largest, 'page_kb')} "
+        f"largest page           {largest:8.1f} KB   target <= {TARGETS['page_kb']:.0f} KB: "
+        f"{verdict(largest, 'page_kb')} "
         f"({path.relative_to(args.out)})"
     )
     for kind in ("index.html", "checkpoint/", "cause/", "deepspeed/"):
         of_kind = [size for size, path in sizes if kind in str(path.relative_to(args.out))]
         print(
-            f"  {kind:12s} {len(of_kind):5d} pages, largest {max(of_kind):7.1f} KB, mean {sum(of_kind) / len(of_kind):6.1f} KB"
+            f"  {kind:12s} {len(of_kind):5d} pages, largest {max(of_kind):7.1f} KB, mean "
+            f"{sum(of_kind) / len(of_kind):6.1f} KB"
         )
     print(f"atlas.json             {(args.out / 'atlas.json').stat().st_size / 1e6:8.1f} MB")
 

@@ -6,7 +6,8 @@ one or more harness checkouts side by side (the same environment, one after the 
     python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/first \\
         --first-record --harness old=<worktree of e684cfc> --harness new=.
     python benchmarks/cold_start.py --python <combination env>/bin/python --out /tmp/cold-subset --repeat 2 \\
-        --selection "--models llama,qwen2,gpt2 --tp 2" --bytecode /tmp/layers-bytecode --harness base=... --harness new=.
+        --selection "--models llama,qwen2,gpt2 --tp 2" --bytecode /tmp/layers-bytecode \\
+        --harness base=... --harness new=.
 
 `--first-record`: seconds from `pytest suites --models llama --tp 2 --dtypes fp32` (`--first-record-selection`)
 to its first record, stopped there, for each harness in turn within each case (the same load, as near as a
@@ -40,8 +41,8 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from sessions.environments import environment_variables  # noqa: E402
-from suites.engine.fork_server import REFERENCE_PROCESS_NAME  # noqa: E402
+from sessions.environments import environment_variables
+from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -318,7 +319,8 @@ def first_record_table(runs: dict[str, Any]) -> str:
             cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in sorted(run["cpu_s_to_first_verdict"].items()))
             lines.append(
                 f"  {label:<8} {medians[label]:6.1f} s to the first record ({medians[labels[0]] / medians[label]:.2f}x "
-                f"of {labels[0]}; runs {all_runs}); load {run['load_before']:.1f} -> {run['load_at_first_verdict']:.1f}; "
+                f"of {labels[0]}; runs {all_runs}); load {run['load_before']:.1f} -> "
+                f"{run['load_at_first_verdict']:.1f}; "
                 f"CPU s: {cpu}"
             )
     return "\n".join(lines)

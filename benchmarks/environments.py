@@ -225,7 +225,8 @@ def print_table(rows: list[tuple[str, float, str, dict[str, dict[str, Any]]]]) -
         compared = before["environment"] / after["environment"] if measure == "environment" else old_first / new_first
         what = "environment" if measure == "environment" else "to first cell"
         print(
-            f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} {new_first:>8.1f} "
+            f"{label:<62} {before['environment']:>8.1f} {after['environment']:>8.1f} {old_first:>8.1f} "
+            f"{new_first:>8.1f} "
             f"{compared:>7.1f}x  {what} <= {target:.0f} s: {'ok' if judged <= target else 'MISSED'} ({judged:.1f} s)"
         )
     print("(env: the environment alone; 1st: environment + the session to its first cell record; load averages above)")
@@ -251,7 +252,8 @@ def main() -> None:
         figures = layout.run({**none, "name": "start", "pins": start})
         print(
             f"untimed start, {layout.name}: DeepSpeed {args.deepspeed} + transformers {args.transformers}: environment "
-            f"{figures['environment']:.1f} s, first cell {figures['first_cell']:.1f} s (load {figures['load_cells']:.1f})",
+            f"{figures['environment']:.1f} s, first cell {figures['first_cell']:.1f} s (load "
+            f"{figures['load_cells']:.1f})",
             flush=True,
         )
     rows = []
@@ -260,7 +262,8 @@ def main() -> None:
         rows.append((label, target, measure, measured))
         for name, figures in measured.items():
             print(
-                f"  {name}: {label}: environment {figures['environment']:.1f} s (load {figures['load_environment']:.1f}), "
+                f"  {name}: {label}: environment {figures['environment']:.1f} s (load "
+                f"{figures['load_environment']:.1f}), "
                 f"first cell after {figures['first_cell']:.1f} s more (load {figures['load_cells']:.1f})",
                 flush=True,
             )

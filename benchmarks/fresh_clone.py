@@ -32,7 +32,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.nightly import layout_environment, pytest_summary  # noqa: E402
+from benchmarks.nightly import layout_environment, pytest_summary
 
 RECORDS = "fresh.jsonl"
 PYTEST_COMMAND = " -m pytest suites"

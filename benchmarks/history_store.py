@@ -37,7 +37,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from reports.store import CellKey, CellResult, HistoryStore, Run, Versions  # noqa: E402
+from reports.store import CellKey, CellResult, HistoryStore, Run, Versions
 
 TARGETS = {"store_mb": 300, "render_s": 5, "render_peak_mb": 500, "report_json_mb": 1}
 # The (#25) figures for the store before compaction, 600 runs of 207 cells, and their linear extrapolation

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from matrix.cells import Cell, expand  # noqa: E402
-from suites.engine.rank_group import RankGroupPool  # noqa: E402
-from suites.run.driver import RunOptions, prepare_job, run_cell  # noqa: E402
-from suites.verdicts.vocabulary import Outcome  # noqa: E402
+from matrix.cells import Cell, expand
+from suites.engine.rank_group import RankGroupPool
+from suites.run.driver import RunOptions, prepare_job, run_cell
+from suites.verdicts.vocabulary import Outcome
 
 
 def timed_run(cells: list[Cell], launcher: str, pool_per_cell: bool) -> tuple[float, list[Outcome]]:
@@ -68,7 +68,8 @@ def main() -> None:
     for way, spent in seconds.items():
         print(f"{way:<26}{spent:>10.1f}{spent / len(cells):>10.2f}{baseline / spent:>9.1f}x")
     print(
-        f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them failing"
+        f"{len(cells)} cells at tp {args.tp}, {sum(v != 'pass' for v in verdicts['reused group, forked'])} of them "
+        f"failing"
     )
 
 

@@ -31,8 +31,33 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.variants import Variant  # noqa: E402
-from suites.run.command import suites_command  # noqa: E402
+from matrix.checkpoints import (
+    folder_checkpoint,
+    tiny_checkpoint,
+)
+from matrix.registry import load_models
+from matrix.variants import (
+    Variant,
+    load_variants,
+)
+from sessions.add_model import toml_value
+from suites.checks.inputs import ProbeSpec
+from suites.records.run_records import read_records
+from suites.reference.cache import cached_reference
+from suites.reference.checkpoint_sizes import activation_bytes, checkpoint_size
+from suites.reference.memory_plan import (
+    HOST_MEMORY_ENV,
+    PROCESS_RUNTIME_BYTES,
+    SAFETY,
+    Runner,
+    gib,
+    plan_reference,
+)
+from suites.reference.unsharded import (
+    reference_path,
+    reference_record,
+)
+from suites.run.command import suites_command
 
 SHAPE = {
     "hidden_size": 1536,
@@ -48,7 +73,6 @@ SHAPE = {
 
 
 def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
-    from sessions.add_model import toml_value
 
     names, tables = [], []
     for count in layers:
@@ -65,21 +89,12 @@ def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
 
 def forget_reference(folder: str) -> None:
     """Drop the cached reference, so the next run measures its computation."""
-    from matrix.checkpoints import folder_checkpoint
-    from suites.checks.inputs import ProbeSpec
-    from suites.reference.unsharded import reference_path
 
     reference_path(folder_checkpoint(folder), "fp32", ProbeSpec()).unlink(missing_ok=True)
 
 
 def offloaded_reference(folder: str) -> dict[str, Any]:
     """The reference computed again with host RAM capped so that no layer stays resident."""
-    from matrix.checkpoints import folder_checkpoint
-    from suites.checks.inputs import ProbeSpec
-    from suites.reference.cache import cached_reference
-    from suites.reference.checkpoint_sizes import activation_bytes, checkpoint_size
-    from suites.reference.memory_plan import HOST_MEMORY_ENV, PROCESS_RUNTIME_BYTES, SAFETY, Runner, plan_reference
-    from suites.reference.unsharded import reference_path, reference_record
 
     size, checkpoint = checkpoint_size(folder), folder_checkpoint(folder)
     path = reference_path(checkpoint, "fp32", ProbeSpec())
@@ -145,7 +160,6 @@ Row = tuple[str, int, int, int, str]
 def record_rows(record: dict[str, Any], model_bytes: int, folder: str, first_variant: str) -> list[Row]:
     """One cell record's rows: its ranks (planned against measured, or the outcome where nothing was measured), the
     unsharded reference (once per checkpoint: at the first variant) and the unsharded training steps."""
-    from matrix.variants import load_variants
 
     rows: list[Row] = []
     metrics, cell = record["metrics"], record["cell"]
@@ -194,13 +208,13 @@ def record_rows(record: dict[str, Any], model_bytes: int, folder: str, first_var
 
 def print_tables(rows: list[Row]) -> None:
     """Planned against measured per process and checkpoint, then each process's slopes over the checkpoints."""
-    from suites.reference.memory_plan import gib
 
     print(f"\n{'process':<24}{'model':>10}{'planned':>11}{'measured':>11}{'planned/measured':>18}  note")
     for process, model_bytes, planned, measured, note in rows:
         ratio = f"{planned / measured:.2f}" if measured else "-"
         print(
-            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18}  {note}"
+            f"{process:<24}{gib(model_bytes):>10}{gib(planned):>11}{gib(measured) if measured else '-':>11}{ratio:>18} "
+            f" {note}"
         )
     print(f"\n{'process':<24}{'measured slope':>16}{'planned slope':>15}{'measured at 0':>15}")
     for process in dict.fromkeys(row[0] for row in rows):
@@ -220,11 +234,6 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["AUTOTP_CACHE"] = str(args.work / "cache")
-    from matrix.checkpoints import tiny_checkpoint
-    from matrix.registry import load_models
-    from suites.records.run_records import read_records
-    from suites.reference.checkpoint_sizes import checkpoint_size
-    from suites.reference.memory_plan import gib
 
     registry, names = models_file(args.work, [int(n) for n in args.layers.split(",")])
     models = load_models(registry)

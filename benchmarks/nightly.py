@@ -31,9 +31,9 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.environments import OLD_LAYOUT_REF, old_layout_checkout  # noqa: E402
-from matrix import cache_root  # noqa: E402
-from matrix.redaction import secret_values  # noqa: E402
+from benchmarks.environments import OLD_LAYOUT_REF, old_layout_checkout
+from matrix import cache_root
+from matrix.redaction import secret_values
 
 RECORDS = "nightly.jsonl"
 

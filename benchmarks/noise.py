@@ -24,15 +24,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from matrix.cells import expand  # noqa: E402
-from matrix.registry import DType  # noqa: E402
-from matrix.shapes import split_shaped_name  # noqa: E402
-from suites.verdicts.check_names import at_floor, current_metric_name, judged_signature  # noqa: E402
+from matrix.cells import (
+    expand,
+    parse_cell_id,
+)
+from matrix.registry import (
+    DEFAULT_TOLERANCES,
+    EPSILON,
+    DType,
+    load_models,
+)
+from matrix.shapes import split_shaped_name
+from matrix.variants import load_variants
+from suites.engine.rank_group import RankGroupPool
+from suites.run.driver import RunOptions, run_cell
+from suites.verdicts.check_names import at_floor, current_metric_name, judged_signature
 
 
 def run(args: argparse.Namespace) -> None:
-    from suites.engine.rank_group import RankGroupPool
-    from suites.run.driver import RunOptions, run_cell
 
     cells = expand(args.models, args.variants, args.dtypes, args.tp)
     print(f"{len(cells)} cells", flush=True)
@@ -128,10 +137,6 @@ def measured(record: dict[str, Any], bound: Bound) -> list[float]:
         and not (m == "saved_max_rel_error" and record["signature"].startswith(SAVE_16BIT_KEEPS_SHARDS))
     ]
     if not values and bound.field == "train_grad_rel" and "grad_max_rel_error" in record["metrics"]:
-        from matrix.cells import parse_cell_id
-        from matrix.registry import load_models
-        from matrix.variants import load_variants
-
         variants = load_variants()
         variant = variants[parse_cell_id(record["id"], load_models(), variants)[1]]
         if variant.training_steps == 1:
@@ -151,14 +156,12 @@ def correct(record: dict[str, Any]) -> bool:
 
 @functools.cache
 def registry() -> dict[str, Any]:
-    from matrix.registry import load_models
 
     return load_models()
 
 
 def bound_value(bound: Bound, dtype: DType, model: str | None = None) -> float | None:
     """The default bound of the dtype, or `model`'s own (an override in matrix/models.toml)."""
-    from matrix.registry import DEFAULT_TOLERANCES
 
     tolerance = registry()[split_shaped_name(model)[0]].tolerance_for(dtype) if model else DEFAULT_TOLERANCES[dtype]
     return getattr(tolerance, bound.field) if bound.field else None
@@ -236,13 +239,13 @@ def floor_rows(records: list[dict[str, Any]]) -> list[str]:
                 noise, where = max(found)
                 lines.append(
                     f"  {check} {dtype} at floor 2^-{k} of the largest: noise {noise:.3g} "
-                    f"({len(found)} cells, {where}), bound {bound:.3g} ({bound / noise if noise else float('inf'):.1f}x)"
+                    f"({len(found)} cells, {where}), bound {bound:.3g} "
+                    f"({bound / noise if noise else float('inf'):.1f}x)"
                 )
     return lines
 
 
 def report(args: argparse.Namespace) -> None:
-    from matrix.registry import EPSILON
 
     records = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
     for record in records:  # an older harness's names read as this one's
@@ -255,7 +258,8 @@ def report(args: argparse.Namespace) -> None:
             f"{sum(correct(r) for r in cells)} with right numbers (pass, or fail memory only)"
         )
     print(
-        f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  largest in"
+        f"{'check':<19} {'dtype':<5} {'cells':>5} {'noise':>9} {'ulps':>6} {'bound':>9} {'ulps':>6} {'ratio':>7}  "
+        f"largest in"
     )
     for bound, dtype, noise, where, count in noise_rows(records):
         value = bound_value(bound, dtype)

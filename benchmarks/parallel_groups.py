@@ -21,10 +21,10 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from matrix.cells import expand  # noqa: E402
-from suites.records.run_records import read_records  # noqa: E402
-from suites.run.command import suites_command  # noqa: E402
-from suites.run.driver import RunOptions, prepare_job  # noqa: E402
+from matrix.cells import expand
+from suites.records.run_records import read_records
+from suites.run.command import suites_command
+from suites.run.driver import RunOptions, prepare_job
 
 
 def run_suite(models: str, tp: str, workers: int, results: Path) -> float:
@@ -69,12 +69,14 @@ def main() -> None:
         ranks = workers * max(int(t) for t in args.tp.split(","))
         note = f"  (oversubscribed: {ranks} ranks on {cores} cores)" if ranks > cores else ""
         print(
-            f"{workers:>6}{ranks:>7}{seconds:>10.1f}{len(cells) / seconds * 60:>11.1f}{rows[0][1] / seconds:>9.2f}x{note}"
+            f"{workers:>6}{ranks:>7}{seconds:>10.1f}{len(cells) / seconds * 60:>11.1f}"
+            f"{rows[0][1] / seconds:>9.2f}x{note}"
         )
     for workers, cells_differing in differing.items():
         if cells_differing:
             print(
-                f"verdicts differ with {workers} group(s) on {len(cells_differing)} cells: {', '.join(cells_differing[:10])}"
+                f"verdicts differ with {workers} group(s) on {len(cells_differing)} cells: "
+                f"{', '.join(cells_differing[:10])}"
             )
     print(f"{len(first)} cells recorded per way; {sum(v == 'pass' for v in first.values())} pass")
 

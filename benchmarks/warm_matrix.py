@@ -32,8 +32,8 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.cold_start import ProcessTreeCPU  # noqa: E402
-from sessions.environments import environment_variables  # noqa: E402
+from benchmarks.cold_start import ProcessTreeCPU
+from sessions.environments import environment_variables
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 RANK_PHASES = ("time_load_s", "time_shard_s", "time_forward_s")

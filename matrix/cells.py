@@ -45,6 +45,7 @@ def parse_cell_id(
             return parse_cell_id(text, registry, variants)
         except RegistryError as outside:
             try:
+                # lazily: matrix/derive.py imports transformers, which nox's own process (it imports this module) lacks
                 from matrix.derive import derived_entries
 
                 derived = derived_entries(registry)
@@ -146,6 +147,7 @@ def pick_models(names: list[str], models_file: Path = MODELS_FILE) -> list[Model
         return list(registry.values())
     if all(name in registry for name in names):
         return pick(registry, names, "model")
+    # lazily: matrix/derive.py imports transformers, which nox's own process (it imports this module) lacks
     from matrix.derive import derived_entries
 
     derived = derived_entries(registry)
@@ -232,7 +234,8 @@ def resolve_cell(model: str, variant: str, dtype: str, tp: int, models_file: Pat
     found = [cell for cell in cells if cell.model.name == model]
     if len(found) != 1:
         raise RegistryError(
-            f"cell {cell_id(model, variant, dtype, tp)}: the registry builds {', '.join(c.id for c in cells) or 'no cell'}"
+            f"cell {cell_id(model, variant, dtype, tp)}: the registry builds "
+            f"{', '.join(c.id for c in cells) or 'no cell'}"
             " for it; was the entry renamed or its real shapes changed?"
         )
     return found[0]

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging
+
 from matrix import cache_root
+from matrix.installed import cache_identity
+from matrix.prefetch import fetch_snapshot
 from matrix.registry import ModelEntry
 
 if TYPE_CHECKING:  # torch and transformers load only where a checkpoint is written
@@ -104,7 +110,6 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-    from matrix.installed import cache_identity
 
     identity = {
         "model_type": entry.model_type,
@@ -117,7 +122,6 @@ def tiny_key(entry: ModelEntry) -> str:
 
 
 def tiny_config(entry: ModelEntry) -> PretrainedConfig:
-    from transformers import AutoConfig
 
     config: PretrainedConfig = AutoConfig.for_model(entry.model_type, **entry.tiny)
     return config
@@ -205,9 +209,9 @@ def fetch_weights(entry: ModelEntry, checkpoint: Checkpoint, download: Downloade
 
 def _hub_snapshot(entry: ModelEntry, download: Downloader | None, plan_files_only: bool) -> tuple[str, str]:
     """(folder, commit) of the entry's first hub id at its pinned revision in the HF cache, fetched as needed."""
-    from matrix.prefetch import fetch_snapshot
 
     if download is None:
+        # lazily: only fetching from the hub needs huggingface_hub (`nox -s prefetch`, `--checkpoints hub`)
         from huggingface_hub import snapshot_download
 
         download = snapshot_download
@@ -258,7 +262,6 @@ def tiny_checkpoint(entry: ModelEntry, log: Callable[[str], object] = print) -> 
 def _without_progress_bars() -> Iterator[None]:
     """transformers draws a "Writing model shards" bar per save (5.x); a cold matrix writes ~70 checkpoints,
     whose progress the harness reports in one line of its own (see conftest.py)."""
-    from transformers.utils import logging
 
     enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -275,8 +278,6 @@ two threads writing at once (suites/run/ahead.py's workers, a cell rebuilding a 
 
 
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
 
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:

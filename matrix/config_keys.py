@@ -34,12 +34,17 @@ HEAD_KEYS = (
     "n_heads",
     "num_heads",
     "attention_heads",
+    # an encoder-decoder's causal LM is its decoder (marian, whisper, trocr, prophetnet): its count is read first; the
+    # encoder's is written alike so the config stays one an encoder-decoder model could be built from
     "decoder_attention_heads",
-    "encoder_attention_heads",
-    "swa_num_attention_heads",
     "num_decoder_attention_heads",
+    "encoder_attention_heads",
     "num_encoder_attention_heads",
+    # the sliding-window layers' count (inkling), read only where no other name is
+    "swa_num_attention_heads",
 )
+"""The query head count's names, one list for both readers: matrix/shrink.py (the tiny config's heads) and
+matrix/shapes/real_shape.py (the real checkpoint's), so both take the same name first."""
 KV_KEYS = (
     "num_key_value_heads",
     "swa_num_key_value_heads",

@@ -17,16 +17,22 @@ lists the failures: the way to keep the skip list honest.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import transformers
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
 
 from matrix.config_values import UNREADABLE_CONFIG, ExpansionError, UnreadableConfig
-from matrix.registry import MATRIX_DIR, SKIPPABLE_PROBES, ModelEntry, RegistryError, read_toml
+from matrix.registry import MATRIX_DIR, SKIPPABLE_PROBES, ModelEntry, RegistryError, load_models, read_toml
 from matrix.shrink import Derivation, NotDerivable, derive_tiny
 from matrix.toml_tables import TableError, read_table, written_as
 
@@ -54,7 +60,8 @@ class VersionSkip:
         if not releases:  # not a specifier, or empty (it would hold at every release)
             raise TableError(
                 "transformers",
-                f"must be a version range such as '>=4.46, <4.54' (use [skip] for every release), got {self.transformers!r}",
+                f"must be a version range such as '>=4.46, <4.54' (use [skip] for every release), got "
+                f"{self.transformers!r}",
             )
 
 
@@ -111,7 +118,8 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
     for model_type, probes in probe_skips.items():
         if not isinstance(probes, dict) or not probes or set(probes) - set(SKIPPABLE_PROBES):
             raise RegistryError(
-                f"{path}: [probe_skip.{model_type}] must give reasons to probes of {list(SKIPPABLE_PROBES)}, got {probes!r}"
+                f"{path}: [probe_skip.{model_type}] must give reasons to probes of {list(SKIPPABLE_PROBES)}, got "
+                f"{probes!r}"
             )
     return DerivedData(
         fixes=raw.get("fix", {}),
@@ -122,7 +130,6 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
 
 
 def causal_lm_model_types() -> list[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
@@ -142,8 +149,6 @@ def _merge(base: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
 def derive_for_model_type(model_type: str, data: DerivedData, transformers_version: str | None = None) -> Derivation:
     """Class defaults of `model_type` -> tiny overrides (plus its fix from derived.toml); its skips from
     derived.toml are asked at `transformers_version` (default: the installed release)."""
-    import transformers
-    from transformers import AutoConfig
 
     reason = data.skip_reason(model_type, transformers_version or transformers.__version__)
     if reason:
@@ -166,7 +171,6 @@ def derive_for_model_type(model_type: str, data: DerivedData, transformers_versi
 def derived_entries(registry: dict[str, ModelEntry], data: DerivedData | None = None) -> dict[str, ModelEntry]:
     """An entry per causal-LM architecture the registry does not cover; unbuildable ones carry a skip_reason.
     Names are the model_type ('-' -> '_'), suffixed `_derived` where a registry entry has that name."""
-    from transformers.utils import logging as hf_logging
 
     data = data or load_derived_data()
     covered = {entry.model_type for entry in registry.values()}
@@ -209,8 +213,6 @@ def derived_entry(model_type: str, registry: dict[str, ModelEntry], data: Derive
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import warnings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -224,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {n: e.skip_reason for n, e in entries.items() if e.skip_reason}
     failed = {n: e.expansion_error.describe() for n, e in entries.items() if e.expansion_error}
     print(
-        f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} {'in all' if args.registry else 'not in the registry'}: "
-        f"{len(entries) - len(skipped) - len(failed)} derived, {len(skipped)} skipped, {len(failed)} failed (harness bugs)"
+        f"{len(causal_lm_model_types())} causal-LM architectures; {len(entries)} "
+        f"{'in all' if args.registry else 'not in the registry'}: "
+        f"{len(entries) - len(skipped) - len(failed)} derived, {len(skipped)} skipped, {len(failed)} failed (harness "
+        f"bugs)"
     )
     for name, reason in sorted(skipped.items()):
         print(f"  skip {name}: {reason}")
@@ -236,9 +240,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def listed_entries(whole_registry: bool) -> dict[str, ModelEntry]:
     """The derived entries, quietly: every architecture when `whole_registry`, else those the registry lacks."""
-    from transformers.utils import logging as hf_logging
-
-    from matrix.registry import load_models
 
     hf_logging.set_verbosity(logging.ERROR)
     return derived_entries({} if whole_registry else load_models())

@@ -164,6 +164,7 @@ def report(results: list[PrefetchResult]) -> str:
 
 
 def _hub_cache() -> str:
+    # lazily: only fetching from the hub needs huggingface_hub (`nox -s prefetch`, `--checkpoints hub`)
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None, download: Downloader | None = None) -> i
     )
     args = parser.parse_args(argv)
     if download is None:
+        # lazily: only fetching from the hub needs huggingface_hub (`nox -s prefetch`, `--checkpoints hub`)
         from huggingface_hub import snapshot_download
 
         download = snapshot_download

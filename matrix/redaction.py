@@ -134,6 +134,7 @@ class _Library:
 
 @functools.cache
 def _library() -> _Library:
+    # lazily: nox's own process imports this module before sessions/installers.py installs detect-secrets
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
     from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
     from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString

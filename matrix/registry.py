@@ -266,6 +266,7 @@ class ModelEntry:
 def has_causal_lm(model_type: str) -> bool:
     """Whether the installed transformers has an `AutoModelForCausalLM` class for `model_type`
     (architectures are added release by release: gemma2 in 4.42, qwen3 in 4.51, ...)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

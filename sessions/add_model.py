@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tomllib
+from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from matrix import PROJECT_ROOT
 from matrix.config_values import UnreadableConfig
@@ -28,6 +30,7 @@ from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models,
 from matrix.shapes import add_record, read_shape, split_shaped_name
 from matrix.shrink import NotDerivable, derive_tiny
 from sessions.build_check import build_problem
+from suites.records.run_records import read_records
 from suites.run.command import suites_command
 
 if TYPE_CHECKING:
@@ -41,8 +44,6 @@ DOCS_TABLE = "docs/_tutorials/automatic-tensor-parallelism.md"
 
 def load_source_config(source: str) -> tuple[PretrainedConfig, str | None, bool]:
     """(config, hub id or None, real): a local folder, a hub id (cache first), or a bare model_type."""
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(source).expanduser()
     if folder.is_dir():
@@ -76,6 +77,7 @@ def load_source_config(source: str) -> tuple[PretrainedConfig, str | None, bool]
 def hub_revision(hub_id: str) -> str:
     """The commit of the cached snapshot whose config.json was read: huggingface_hub keeps each commit's
     files under `snapshots/<commit>/`."""
+    # lazily: only fetching from the hub needs huggingface_hub (`nox -s prefetch`, `--checkpoints hub`)
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(hub_id, "config.json")
@@ -157,7 +159,6 @@ def run_entry_cells(name: str, models_file: Path, tp: str, results: Path) -> lis
         cwd=PROJECT_ROOT,
         check=False,
     )
-    from suites.records.run_records import read_records
 
     return [r for r in read_records(results) if split_shaped_name(r["cell"]["model"])[0] == name]
 

@@ -157,7 +157,8 @@ def plan_text(
     ]
     lines += [
         f"  slice {s.index}/{s.of}: {len(s.combos)} version sets, {s.predicted.cells:,} cells, "
-        f"{hours(s.predicted.wall_s)}: {', '.join(combo.id for combo in s.combos[:4])}{' …' if len(s.combos) > 4 else ''}"
+        f"{hours(s.predicted.wall_s)}: "
+        f"{', '.join(combo.id for combo in s.combos[:4])}{' …' if len(s.combos) > 4 else ''}"
         for s in slices
     ]
     return lines

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import warnings
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from matrix.checkpoints import folder_checkpoint, tiny_checkpoint, tiny_config
 from matrix.config_keys import MAX_PARAMS
 from matrix.derive import listed_entries
@@ -22,8 +25,6 @@ def build_problem(entry: ModelEntry) -> str | None:
     """None when the tiny config stays under MAX_PARAMS and passes the harness's own cell setup:
     the tiny checkpoint is written and reloaded, and the unsharded reference (forward with mask,
     greedy generation, labels= perplexity) is computed, both into the caches the cells reuse."""
-    import torch
-    from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):

@@ -9,22 +9,23 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+import torch
+from deepspeed.git_version_info import accelerator_name
+from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
 if TYPE_CHECKING:
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
 
 def builder() -> ShareMemCommBuilder:
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     return ShareMemCommBuilder()
 
 
 def describe() -> dict[str, object]:
-    import torch
 
     if torch.cuda.is_available():
         return {"skip": "torch sees CUDA: the cells all-reduce with NCCL, not DeepSpeed's CPU comm op"}
-    from deepspeed.git_version_info import accelerator_name
 
     if accelerator_name != "cpu":
         return {"skip": f"DeepSpeed was installed for accelerator {accelerator_name!r}, not cpu"}

@@ -352,7 +352,8 @@ def _build(
             clone, sha = spec.source
             version = prepare_deepspeed_checkout(folder / "src", clone, sha, site_packages, lower)
             log(
-                f"deepspeed {version}: the checkout of {sha[:12]} on the path, with {len(requirements_of(folder / 'src'))} "
+                f"deepspeed {version}: the checkout of {sha[:12]} on the path, with "
+                f"{len(requirements_of(folder / 'src'))} "
                 f"requirements"
             )
         package_root = folder / "src" if spec.checkout == "deepspeed" else site_packages

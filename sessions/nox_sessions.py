@@ -29,8 +29,10 @@ from sessions.environments import (
     env_root,
     environment_variables,
 )
+from sessions.install_failure import record_install_failure
 from sessions.installers import redaction_library
 from sessions.npm_tools import with_npm_tools
+from sessions.remedy import Runs, remedy_options, run_all
 from suites.run.command import parse_suite_options, suites_command
 
 PROJECT_DEPENDENCIES = nox.project.load_toml(PROJECT_ROOT / "pyproject.toml")["project"]["dependencies"]
@@ -232,7 +234,6 @@ def run_remedy(session: nox.Session, argv: list[str]) -> None:
     """`nox -s remedy`: each remedy applied and verified (sessions/remedy.py); every run merged into the results
     folder's history, a remedied one as untrusted (never a baseline), and then the results (remedies.json) through
     their door into the store and the archive, where the reports read the proofs from."""
-    from sessions.remedy import Runs, remedy_options, run_all
 
     args, pytest_args = remedy_options(argv)
     harness: list[Path] = []  # the interpreter the runs merged with (a harness of this checkout)
@@ -345,8 +346,6 @@ def run_suites(
             ahead.ready(combo) if ahead else prepare_harness(combo, extras_name, mode, naming(combo, session.log))
         )
     except (EnvironmentBuildError, AxisValueError, ReleaseDataUnavailable) as error:
-        from sessions.install_failure import record_install_failure
-
         session.log(f"{combo.id}: {error}")
         written = record_install_failure(session_name, combo, str(error), selection)
         return None, (

@@ -409,8 +409,8 @@ def verify(
         with_it = verdicts(folder / "with")
         if again := one_sided_skips(without, with_it):
             log(
-                f"remedy {remedy.name}: {len(again)} cell(s) skipped or not recorded in one run only (a machine short of"
-                f" memory skips a cell; a remedy does not): their models ({again}) once more without and with it"
+                f"remedy {remedy.name}: cells skipped or not recorded in one run only (a machine short of memory"
+                f" skips a cell; a remedy does not): their models ({again}) once more without and with it"
             )
             baseline.rerun(again, log)
             runs.run(folder / "with", again, with_remedy, pins, name)
@@ -436,6 +436,7 @@ def run_all(argv: list[str], runs: Runs, root: Path, log: Callable[[str], None])
         write_results(Path(args.results) / RESULTS_NAME, results)
     if baseline.spent:
         log(
-            f"runs without any remedy: {len(baseline.spent)}, {sum(baseline.spent):.0f} s in all, shared by every remedy"
+            f"runs without any remedy: {len(baseline.spent)}, {sum(baseline.spent):.0f} s in all, shared by every "
+            f"remedy"
         )
     return results

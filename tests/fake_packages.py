@@ -9,7 +9,8 @@ from pathlib import Path
 
 def pyproject(name: str, where: str = ".", include: str = "*") -> str:
     """A setuptools project of the packages matching `include` found under `where` (a fake DeepSpeed that only
-    carries deepspeed/__init__.py to look like a DeepSpeed clone, reports.clones.git.PROJECT_FILE, installs `fakeds*`)."""
+    carries deepspeed/__init__.py to look like a DeepSpeed clone, reports.clones.git.PROJECT_FILE, installs
+    `fakeds*`)."""
     return textwrap.dedent(f"""\
         [build-system]
         requires = ["setuptools"]

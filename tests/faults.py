@@ -3,7 +3,8 @@
 Each hook is called on every rank at each stage with the model, and may return a replacement model:
 `loaded` and `sharded` (inference), `sharded`, `trained`, `saved`, `restoring` and `restored` (training, see
 suites/variants/training.py), `finished` with no model after rank 0 wrote the verdict. Startup hooks
-(AUTOTP_STARTUP_FAULT, suites/engine/worker.py) get `server` or `rank` and no model. Hooks change only the model instance they are given, so a reused rank
+(AUTOTP_STARTUP_FAULT, suites/engine/worker.py) get `server` or `rank` and no model. Hooks change only the model
+instance they are given, so a reused rank
 group serves the next cell unharmed (except the hooks whose point is to kill or hang the group).
 """
 

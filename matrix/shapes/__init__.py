@@ -24,11 +24,11 @@ installed transformers' config class defaults (`source = "config-defaults transf
 `python -m matrix.shapes --write`; `--check` fails when the file is not what --write would make).
 """
 
+from matrix.config_keys import HEAD_KEYS
 from matrix.shapes.faithful_rule import faithful_count, faithful_dim, faithful_sizes
 from matrix.shapes.real_shape import (
     EXPERT_KEYS,
     HEAD_DIM_KEYS,
-    HEAD_KEYS,
     HIDDEN_KEYS,
     KV_KEYS,
     MATRIX_TP,

@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from matrix.config_keys import HEAD_KEYS
 from matrix.config_keys import HIDDEN_KEYS as DERIVED_HIDDEN_KEYS
 from matrix.registry import ModelEntry, RegistryError, SplitRule
 from matrix.shapes.layer_kinds import tiny_layer_fields
@@ -19,7 +20,6 @@ from matrix.shapes.real_shape import (
     GRAIN,
     HEAD_DIM_FOLLOWS_HIDDEN,
     HEAD_DIM_KEYS,
-    HEAD_KEYS,
     HIDDEN_KEYS,
     KV_KEYS,
     LATENT_VALUE_HEAD_DIM_KEYS,
@@ -252,7 +252,8 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
 
 
 LAYER_FIELDS_FORMAT = 4
-"""Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks; 4: dense-first MoE layers, a window deciding rope)."""
+"""Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks;
+4: dense-first MoE layers, a window deciding rope)."""
 
 
 def faithful_layer_fields(model_type: str, real: RealShape, tiny: dict[str, Any]) -> dict[str, Any]:

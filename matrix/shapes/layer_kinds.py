@@ -3,7 +3,8 @@
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
 name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
 or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), `no_rope` where it skips
-rotary positions (`no_rope_layers`; EXAONE 4's full layers where its config has a sliding window), and `kv_shared` where it reuses an earlier layer's keys and values (the last
+rotary positions (`no_rope_layers`; EXAONE 4's full layers where its config has a sliding window), and `kv_shared`
+where it reuses an earlier layer's keys and values (the last
 `num_kv_shared_layers` of gemma3n and gemma4; the class refuses a config whose shared layers have no earlier layer of
 their attention kind, so those are kinds of their own). A checkpoint's layer pattern is its kinds in the order they
 first appear. DeepSpeed treats each kind apart (a sparse MLP's experts, a mamba mixer), so a faithful tiny config keeps
@@ -99,7 +100,8 @@ MLP_LAYER_TYPES = {"dense": "dense", "sparse": "sparse", "moe": "sparse"}
 
 def _mlps(config: PretrainedConfig, values: Mapping[str, Any], layers: int) -> list[str]:
     """`dense` or `sparse` per layer, by the rule each family's modeling code applies (the layer's __init__ choosing
-    its MLP class; tests/matrix/test_layer_pattern.py compares every architecture's reading with the model it builds)."""
+    its MLP class; tests/matrix/test_layer_pattern.py compares every architecture's reading with the model it
+    builds)."""
     named = _per_layer(config, values, "mlp_layer_types", layers)  # the per-layer list of newer MoE classes
     if named is not None:
         return [MLP_LAYER_TYPES.get(kind, kind) for kind in named]
@@ -156,6 +158,7 @@ def first_appearance(kinds: Sequence[str]) -> tuple[str, ...]:
 def cited_layers(model_type: str, config: PretrainedConfig) -> dict[str, Any]:
     """The layer fields of `config` a record cites: those of LAYER_FIELDS it has, less the per-layer lists its class
     computes from the others (gemma3's layer_types from sliding_window_pattern), so a record stays one line."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     values = _values(config)
@@ -180,6 +183,7 @@ def config_fields(layers: Mapping[str, Any]) -> dict[str, Any]:
 
 def real_layer_kinds(model_type: str, layers: Mapping[str, Any]) -> tuple[str, ...]:
     """The kinds of a checkpoint whose config.json has `layers` (the class defaults for every other field)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     return layer_kinds(AutoConfig.for_model(model_type, **config_fields(layers)))
@@ -227,6 +231,7 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
     follow the kept layers, layer index lists and boundaries are renumbered; periods and offsets are the first values
     (the tiny config's own first) whose layers have the kept kinds. Other fields stay as `tiny` has them; where they
     keep the kinds apart, the closest pattern found is taken and `--check` names the difference."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     layers = config_fields(layers)

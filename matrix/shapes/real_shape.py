@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from matrix.config_keys import HEAD_KEYS
 from matrix.config_values import ConfigValues, refusal
 from matrix.registry import RegistryError, SplitRule
 from matrix.shapes.layer_kinds import (
@@ -27,20 +28,8 @@ GRAIN = 64
 """DeepSpeed's `tensor_parallel.tp_grain_size` (default since 0.16.2): dims split in 64-element grains."""
 MATRIX_TP = (2, 3, 4)
 """The tp sizes every faithful tiny config splits like its real checkpoint at (plus the cell's own)."""
-# Config attribute names, first present wins (the same names matrix/derive.py shrinks).
-HEAD_KEYS = (
-    "num_attention_heads",
-    "n_head",
-    "n_heads",
-    "num_heads",
-    "attention_heads",
-    # an encoder-decoder's causal LM is its decoder (marian, whisper, trocr, prophetnet); the encoder's count is set
-    # alike so the config stays one an encoder-decoder model could be built from
-    "decoder_attention_heads",
-    "num_decoder_attention_heads",
-    "encoder_attention_heads",
-    "num_encoder_attention_heads",
-)
+# Config attribute names, first present wins (the head count's are matrix/config_keys.py's, which matrix/shrink.py
+# reads too: one list, so the real and the tiny config take the same name first).
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "n_kv_heads", "multi_query_group_num")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "embed_dim", "emb_dim")
 HEAD_DIM_KEYS = ("head_dim", "kv_channels", "attention_head_size")
@@ -273,6 +262,7 @@ def read_shape(config: PretrainedConfig, source: str) -> RealShape:
 
 def tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape:
     """The sizes of the config a tiny checkpoint is built from (read like a real one)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     return read_shape(AutoConfig.for_model(model_type, **tiny), "tiny")
@@ -290,6 +280,7 @@ def _build_on_meta(model_type: str, tiny: dict[str, Any]) -> None:
     """Build the causal-LM model of `tiny` on the meta device (no weights: cheap at any size), as a cell's setup
     would: a model class that refuses the config (zamba's tie across hybrid layers with one hybrid layer, gemma3n's
     kv-shared layer without an earlier layer of its kind) raises here, when the config is derived, not in a cell."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -319,6 +310,7 @@ def checked_tiny_shape(model_type: str, tiny: dict[str, Any]) -> RealShape | str
 
 
 def defaults_source() -> str:
+    # lazily: nox's own process imports this module, with only nox installed (README)
     import transformers
 
     return f"config-defaults transformers {transformers.__version__}"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from matrix.config_values import UnreadableConfig
-from matrix.registry import MODELS_FILE, ModelEntry, RegistryError
+from matrix.registry import MODELS_FILE, ModelEntry, RegistryError, load_models
+from matrix.shapes.layer_check import layer_pattern_problems
 from matrix.shapes.layer_kinds import first_appearance, real_layer_kinds
 from matrix.shapes.real_shape import REQUIRED_SIZES, RealShape, defaults_source, read_shape, tiny_shape
 from matrix.shapes.records import AS_WRITTEN_KEY, DEFAULTS_KEY, load_real_shapes, real_shapes_file
@@ -46,6 +49,7 @@ HEADER = """\
 def render(registry: dict[str, ModelEntry], shapes: dict[str, dict[str, RealShape]]) -> str:
     """The file: hub-config records as they are, a defaults record (from the installed transformers) for every
     entry whose first hub id has none."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
@@ -80,6 +84,7 @@ def _key(text: str) -> str:
 def add_record(models_file: Path, entry: ModelEntry, hub_id: str | None, shape: RealShape | None) -> Path:
     """Append the real sizes of a new registry entry (add-model) to real_shapes.toml next to `models_file`: its
     checkpoint's (`hub_id`, `shape`), or without one its config class defaults. Returns the file written."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     path = real_shapes_file(models_file)
@@ -95,10 +100,6 @@ def add_record(models_file: Path, entry: ModelEntry, hub_id: str | None, shape: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    from matrix.registry import load_models
 
     parser = argparse.ArgumentParser(description="Write or check matrix/real_shapes.toml.")
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when the file is not what --write would write or a faithful tiny config's layer pattern is not its checkpoint's",
+        help="exit 1 when the file is not what --write would write or a faithful tiny config's layer pattern is not "
+        "its checkpoint's",
     )
     parser.add_argument("--models-file", type=Path, default=MODELS_FILE)
     args = parser.parse_args(argv)
@@ -127,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.file.exists() and args.file.read_text() == text):
         print(f"{args.file} is stale: run python -m matrix.shapes --write", file=sys.stderr)
         return 1
-    from matrix.shapes.layer_check import layer_pattern_problems
 
     problems = layer_pattern_problems(registry, shapes)
     for problem in problems:

@@ -12,11 +12,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from matrix import cache_root
+from matrix.installed import cache_identity
+
 
 def remembered(folder: str, key: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
     """`compute()`'s answer (JSON values) for `key`, from `folder` of the harness cache when it was asked before."""
-    from matrix import cache_root
-    from matrix.installed import cache_identity
 
     full_key = {**key, **cache_identity("transformers")}
     digest = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:16]

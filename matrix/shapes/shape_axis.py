@@ -192,6 +192,7 @@ def shaped_entry(
 
 def _defaults_record(entry: ModelEntry) -> RealShape:
     """An entry real_shapes.toml does not cover (a derived architecture): its config class defaults."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
     try:

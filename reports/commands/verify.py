@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     """Rebuild the archive into a scratch store (exactly what `rebuild` does with a lost store) and compare: every
     entry the rebuild skipped, every entry whose SHA-256 differs from the one recorded when it was merged, every entry
     the store recorded that is no longer listed, every trusted run or answer of the store the rebuilt one lacks or
-    holds with another record or other verdicts, every remedy result (a proof) it lacks. Entries a sparse checkout left out (the data branch's index only)
+    holds with another record or other verdicts, every remedy result (a proof) it lacks. Entries a sparse checkout left
+    out (the data branch's index only)
     are checked by name. Untrusted runs (a pull request's) are never archived."""
     archive = ResultsArchive(args.archive or default_archive(args.store))
     listing = archive.listing()

@@ -162,7 +162,8 @@ def tested_at_line(section: SupportedModels) -> str:
     versions = at.versions
     return (
         f"{_TESTED_AT}DeepSpeed {versions['deepspeed']}, transformers {versions['transformers']} and torch "
-        f"{versions['torch']} on {' and '.join(at.accelerators)}, {', '.join(at.dtypes)}, at tp {sizes} ({at.date}, by {HARNESS}: "
+        f"{versions['torch']} on {' and '.join(at.accelerators)}, {', '.join(at.dtypes)}, at tp {sizes} ({at.date}, by "
+        f"{HARNESS}: "
         "tiny random models that split like each family's real checkpoints): the families with a note below. "
         f"The others are listed from earlier tests. Not tested here: {', '.join(not_tested(at))}."
     )

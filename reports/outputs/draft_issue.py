@@ -231,7 +231,7 @@ def write_cell_repro(cell: Cell, failure: Observation, folder: Path, name: str |
 
 def hf_class(model_type: str) -> str:
     """The class users load for a model type (`BloomForCausalLM`), or the model type where transformers lacks it."""
-    try:
+    try:  # lazily: `python -m reports` runs without transformers (the model type stands in for the class)
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         return model_type
@@ -312,7 +312,8 @@ def _ds_report(run: Run, tp: int) -> list[str]:
         "```",
         "",
         *[f"- {axis}: {versions.label(axis)}" for axis in AXES if axis not in ("deepspeed", "torch")],
-        f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus {tp}`)",
+        f"- {tp} ranks on one host ({run.accelerator or 'unknown'} accelerator, launched like `deepspeed --num_gpus "
+        f"{tp}`)",
     ]
 
 

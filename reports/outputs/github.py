@@ -49,6 +49,7 @@ def post_all(
     log: Log,
 ) -> None:
     try:
+        # lazily: PyGithub is optional (the publish group): only posting to GitHub needs it
         from github import Auth, Github, GithubException
     except ImportError:
         raise ReportsError("posting needs PyGithub: `pip install --group publish` (pinned in pyproject.toml)") from None
@@ -102,6 +103,7 @@ def post_all(
 
 
 def _post_issues(repo: Repository, repo_name: str, issues: list[Post], me: str, log: Log) -> None:
+    # lazily: PyGithub is optional (the publish group): only posting to GitHub needs it
     from github import GithubException
 
     # Our issues are found again through their label, so it must exist: GitHub may drop unknown labels on creation.

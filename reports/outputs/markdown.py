@@ -245,7 +245,8 @@ def other_matrices_markdown(report: Report) -> list[str]:
     for matrix in others:
         lines += [
             our_html(
-                f"<details><summary>{matrix.label}{_recorded_by(matrix.harness)}: {counts_text(matrix.matrix)}</summary>"
+                f"<details><summary>{matrix.label}{_recorded_by(matrix.harness)}: "
+                f"{counts_text(matrix.matrix)}</summary>"
             ),
             "",
             *matrix_markdown(matrix.matrix),
@@ -371,7 +372,8 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         lines += [f"- {section.moved}."] if section.moved else []
         lines += ["", "| # | status | cause | cells | since when | example cell |", "|---:|---|---|---:|---|---|"]
         lines += [
-            f"| {number} | {_table_text(status_text(entry, markdown_link))} | {_table_text(cause_sentence_text(entry))} "
+            f"| {number} | {_table_text(status_text(entry, markdown_link))} | "
+            f"{_table_text(cause_sentence_text(entry))} "
             f"| {entry.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} | `{entry.repro.cell}` |"
             for number, entry in enumerate(shown, start=1)
         ]

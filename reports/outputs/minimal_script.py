@@ -31,6 +31,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def prompt_shape() -> tuple[int, int]:
     """The probes' prompt length and the left padding of the batch's second prompt (suites/checks/inputs.py imports
     torch, which `python -m reports merge` must not: it doubled merge's memory)."""
+    # lazily: suites/checks/inputs.py imports torch, which `python -m reports merge` must not (merge's memory)
     from suites.checks.inputs import ProbeSpec
 
     spec = ProbeSpec()

@@ -284,7 +284,8 @@ def _new_cause(
     notes += [f"{'/'.join(bases)} on the base"] if bases else []
     if first.known:
         notes.append(
-            f"known upstream, brought back here: {markdown_link(upstream_label(first.known.upstream), first.known.upstream)}"
+            f"known upstream, brought back here: "
+            f"{markdown_link(upstream_label(first.known.upstream), first.known.upstream)}"
         )
     return [
         f"- **cause {cause_id}** {failure_class_text(first.failure_class)}: {first.words} — "

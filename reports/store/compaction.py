@@ -47,7 +47,8 @@ _COMPACT_RESULTS = """
 UPDATE results SET message = NULL, metrics = NULL
 WHERE (message IS NOT NULL OR metrics IS NOT NULL)
   AND run IN (SELECT id FROM compacting_runs WHERE age > :keep_runs)
-  AND NOT EXISTS (SELECT 1 FROM compacting_runs ru JOIN compacting_ends e ON e.cell = results.cell AND e.point = ru.point
+  AND NOT EXISTS (SELECT 1 FROM compacting_runs ru
+                  JOIN compacting_ends e ON e.cell = results.cell AND e.point = ru.point
                   WHERE ru.id = results.run AND (ru.ord IN (e.first, e.newest) OR ru.measured_ord = e.measured))"""
 
 

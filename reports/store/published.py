@@ -60,7 +60,8 @@ def bring_up_to_date(
     answers and remedy results it lacks; compacts as every import does. Every entry is read and validated as merge's
     door does; one that is not a regular file, is listed under two names, does not open, is not valid or contradicts
     the store is skipped with a line naming it (`verify` fails on it), and the rest imports. All of it lands in one
-    transaction: the store is never left half-imported. `listing`: the entries to import, when not all the archive lists."""
+    transaction: the store is never left half-imported. `listing`: the entries to import, when not all the archive
+    lists."""
     listing = listing or archive.listing()
     entries = listing.entries
     runs = results = read = 0

@@ -3,6 +3,8 @@ stand-alone reference process): a module of its own, imported by the engine and 
 
 from __future__ import annotations
 
+import functools
+
 
 def settle_elementwise_math() -> None:
     """Call each elementwise math function a model uses once, serially, before this process computes or forks.
@@ -13,8 +15,8 @@ def settle_elementwise_math() -> None:
     a reference cached that way failed three gpt_neo cells as `numerics`. After one serial call in the parent, 0 of
     200 children differed (docs/findings.md, 2026-12-06). The tensors are too small for a parallel region on
     purpose: an OpenMP thread pool started in the fork server would hang the children it forks."""
-    import functools
 
+    # lazily: the fork server imports this module before torch (suites/engine/worker.py import_cell_machinery)
     import torch
     import torch.nn.functional as functional
 

@@ -162,6 +162,7 @@ def fused_layout(model: torch.nn.Module, path: str) -> str:
     """The fused qkv layout DeepSpeed chooses for the linear at `path` from its decoder layer's name (fusedqkv_utils.py
     `get_fused_qkv_type`); "" where this release has no such function."""
     try:
+        # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
         from deepspeed.module_inject.fusedqkv_utils import get_fused_qkv_type
     except ImportError:
         return ""

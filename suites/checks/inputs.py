@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from transformers import AutoTokenizer
 
 if TYPE_CHECKING:
     from suites.base.model_types import Tokenizer
@@ -62,7 +63,6 @@ def load_tokenizer(source: str | None, trust_remote_code: bool = False) -> Token
     """ByteTokenizer for tiny checkpoints (source None), else the checkpoint's own tokenizer."""
     if source is None:
         return ByteTokenizer()
-    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
 

@@ -476,9 +476,9 @@ def _units(name: str, shape: tuple[int, ...], kind: TensorKind, counts: SplitCou
 
 RULE_CONSTANTS = "SHARE_EPSILON PACKED_HALVES TP_GRAIN DESIGN_WHOLE_NAMES OUTPUT_HEADS PAIRED_HEADS SPLIT_KINDS".split()
 """The constants the rules read: the standalone repro script gets them as literals."""
-RULES = """SplitCounts Footprint Finding Allowance _even _is_output_head real_shape allowance whole_by_design layer_groups
-_unknown_names split_dim WeightShare weight_share output_head tied_partner head_note weight_shares judge_head
-memory_findings _units""".split()
+RULES = """SplitCounts Footprint Finding Allowance _even _is_output_head real_shape allowance whole_by_design
+layer_groups _unknown_names split_dim WeightShare weight_share output_head tied_partner head_note weight_shares
+judge_head memory_findings _units""".split()
 """The memory rules (names in this module), pure Python on plain values from `SplitCounts` to `memory_findings`: the
 standalone repro script (suites/records/repro.py) embeds their source as they are when it is written, so a script
 judges memory by the harness's own code (tests/suites/records/test_repro.py)."""

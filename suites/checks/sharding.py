@@ -67,6 +67,7 @@ def _decoder_layers(module: torch.nn.Module, prefix: str) -> Iterator[tuple[str,
 def parsed_policy(model: torch.nn.Module) -> list[Policy]:
     """The policies DeepSpeed's parser chooses for `model` (none when it raises: init_inference then raises the same
     from its own call, and that is the cell's failure)."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.module_inject.auto_tp import AutoTP
 
     try:

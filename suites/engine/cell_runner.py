@@ -141,6 +141,7 @@ def _load(job: Job) -> Model:
 def _shard(job: Job, model: Model, world_size: int) -> tuple[Any, Model]:
     """init_inference (meta: it reads the weights from the checkpoint files), then DeepSpeed's
     post-init quantization of this rank's shard."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
 
     variant = job.variant

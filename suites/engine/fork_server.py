@@ -20,6 +20,7 @@ is logged as "... exits with return code = C". The server writes the leader's pi
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import shutil
@@ -428,7 +429,6 @@ def _reap_ended(_signal: int, _frame: object) -> None:
 
 
 def serve(log_dir: Path) -> None:
-    import gc
 
     try:
         worker.run_startup_fault_hook("server")

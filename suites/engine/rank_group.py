@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,6 @@ def torch_extensions_dir() -> Path:
     `module 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'`)."""
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    from importlib.metadata import version
 
     return cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}"
 
@@ -128,6 +128,7 @@ def _cuda_available() -> bool:
         pass  # no file to read: torch itself answers
     if "cuda" in constants and "hip" in constants and constants["cuda"] is None and constants["hip"] is None:
         return False
+    # lazily: `python -m reports` and nox's own process import this module, and have no torch
     import torch
 
     return torch.cuda.is_available()

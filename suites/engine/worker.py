@@ -10,9 +10,14 @@ collective is needed to hand out work and an idle group holds no collective open
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
+import gc
+import importlib
+import importlib.util
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -71,9 +76,6 @@ def import_cell_machinery() -> None:
     quantizers: 2-5 s), so no cell's timings carry it; settle the elementwise math (suites/base/elementwise_math.py);
     then move everything alive into the permanent generation. A long-lived rank holds millions of module-level objects,
     and without the freeze every cell's gc.collect() walks them all (~0.3 s a call at tp 3 here)."""
-    import gc
-    import importlib
-    import importlib.util
 
     # Before any cell, so no verdict depends on which cell ran first (a first import of torch._dynamo inside
     # deepspeed.OnDevice fails on torch 2.13; what a fresh user process hits there is probed on its own:
@@ -127,8 +129,6 @@ server (`server`) and each rank (`rank`) start, to prove whose fault a failed st
 
 def run_startup_fault_hook(stage: str, rank: int | None = None) -> None:
     if hook := os.environ.get(STARTUP_FAULT_ENV):
-        import importlib
-
         module_name, function_name = hook.split(":")
         getattr(importlib.import_module(module_name), function_name)(stage=stage, rank=rank)
 
@@ -178,9 +178,6 @@ class Naps:
     CLOCK_MONOTONIC = 1
 
     def __init__(self, period_seconds: float = NAP_PERIOD_SECONDS):
-        import ctypes
-        import signal
-        import threading
 
         class SigEvent(ctypes.Structure):  # glibc's struct sigevent (64 bytes), its thread-id member
             _fields_ = [

@@ -29,11 +29,13 @@ if TYPE_CHECKING:
 
 TEMPLATE = Path(__file__).resolve().parent / "repro_template.py"
 PLACEHOLDER = "CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's values, written by autotp-matrix"
-FUNCTIONS_PLACEHOLDER = """if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)
-    from matrix.checkpoints import randomise_constant_parameters
+FUNCTIONS_PLACEHOLDER = (
+    "if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)\n"
+    """    from matrix.checkpoints import randomise_constant_parameters
     from suites.checks.memory import memory_findings
     from suites.checks.probes import PAIRED_HEADS, Footprint, SplitCounts, bytes_by_name, shapes_by_name, tensor_kinds
 """
+)
 CONFIG_NAMES: ConfigNames = {
     "heads": HEAD_KEYS,
     "kv_heads": KV_KEYS,

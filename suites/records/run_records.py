@@ -96,6 +96,7 @@ def deepspeed_commit(
 def _imported_git_hash() -> str:
     """DeepSpeed's commit as its import says it (no installed version file: git_version_info's fallback)."""
     try:
+        # lazily: `python -m reports` and nox's own process import this module, and have no deepspeed
         from deepspeed.git_version_info import git_hash
     except ImportError:
         return ""
@@ -119,6 +120,7 @@ def platform_of_run() -> tuple[str, str]:
     (suites/engine/rank_group.py launch_environment), which is then known without importing DeepSpeed; on CPU,
     DeepSpeed uses oneCCL when its bindings import and falls back to gloo otherwise."""
     if launch_environment().get("DS_ACCELERATOR") != "cpu":
+        # lazily: `python -m reports` and nox's own process import this module, and have no deepspeed
         from deepspeed.accelerator import get_accelerator
 
         accelerator = get_accelerator()
@@ -396,6 +398,7 @@ def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
         f"python executable: {sys.executable}",
     ]
     try:
+        # lazily: `python -m reports` and nox's own process import this module, and have no torch
         import torch
 
         if torch.cuda.is_available():

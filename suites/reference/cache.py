@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import transformers
 
 from matrix import PROJECT_ROOT
 from matrix.checkpoints import Checkpoint
@@ -118,7 +119,6 @@ def cached_task_reference(
     fork_server: ReferenceForker | None = None,
 ) -> Path:
     """Path of the unsharded model's per-item correctness on an accuracy task (JSON list of bools)."""
-    import transformers
 
     identity = {
         "format": REFERENCE_FORMAT,

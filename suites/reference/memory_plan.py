@@ -132,6 +132,7 @@ def session_pids(session: int) -> list[int]:
 
 def device_memory() -> tuple[str, list[int]]:
     """(accelerator name, free bytes per device); `cpu` and [] when the ranks run on host memory."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()

@@ -28,7 +28,9 @@ matrix's runners compute each reference once:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -81,6 +83,7 @@ class ReferenceFailed(RuntimeError):
 
 def _torchao_version() -> str:
     try:
+        # lazily: torchao is optional (the variants group): without it the torchao cells skip with the reason
         import torchao
 
         return str(torchao.__version__)
@@ -293,8 +296,6 @@ Answer = dict[str, Any]
 
 def _reset_peak_rss() -> int:
     """Start a new VmHWM measurement (Linux clear_refs) and return the current RSS."""
-    import ctypes
-    import gc
 
     gc.collect()
     try:

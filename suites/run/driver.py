@@ -100,6 +100,7 @@ def harness_skip_reason(cell: Cell, options: RunOptions) -> str | None:
 def dtype_refusal(dtype: DType) -> str | None:
     """Why the installed DeepSpeed refuses `dtype` on the ranks' accelerator (its `supported_dtypes`), naming the
     release and what it lists, or None: the cell's outcome is then `unsupported`, a state the history can bisect."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

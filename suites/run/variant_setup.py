@@ -23,6 +23,7 @@ def skip_reason(cell: Cell) -> str | None:
     """Why the installed DeepSpeed cannot run the cell's variant, or None (no checkpoint needed to tell)."""
     variant = cell.variant
     if variant.keep_module_on_host:
+        # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
         from deepspeed.inference.config import DeepSpeedInferenceConfig
 
         known = (

@@ -9,15 +9,20 @@ json is DeepSpeed's `{"type": "ds_model", "checkpoints": [files], "version": 1.0
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from matrix import PROJECT_ROOT, cache_root
 from matrix.cells import is_dtype
@@ -56,9 +61,6 @@ def dtype_kwargs(dtype: DType) -> dict[str, torch.dtype]:
     """The dtype keyword of `from_pretrained`/`from_config`. transformers 4.56 renamed `torch_dtype`
     to `dtype` (the config's `__init__` names the field from then on); older releases ignore `dtype`
     without a word and load fp32."""
-    import inspect
-
-    from transformers import PretrainedConfig
 
     name = "dtype" if "dtype" in inspect.signature(PretrainedConfig.__init__).parameters else "torch_dtype"
     return {name: TORCH_DTYPES[dtype]}
@@ -75,7 +77,6 @@ def load_model(
     """`big_model`: accelerate's keywords (`device_map`, `max_memory`, `offload_folder`) for a model
     loaded over devices, host RAM and disk (the reference of a model larger than memory); `model_kwargs`: what a
     user passes besides (a remedy's, matrix/cell_arguments.py)."""
-    from transformers import AutoModelForCausalLM
 
     extra: dict[str, Any] = {"quantization_config": quantization_config} if quantization_config is not None else {}
     extra.update(big_model or {})
@@ -98,8 +99,8 @@ def load_meta_model(
     source: str, dtype: DType, trust_remote_code: bool, model_kwargs: dict[str, Any] | None = None
 ) -> CausalLM:
     """The architecture with every parameter on the meta device: no rank materialises weights here."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     with deepspeed.OnDevice(dtype=TORCH_DTYPES[dtype], device="meta"):
@@ -124,8 +125,8 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
     tensor_pynew"), and transformers' from_config does that import lazily: a user's script fails where a rank
     would not. This asks a fresh interpreter, once per architecture, dtype and library versions (cached); the
     cell's verdict is then that failure, with what the rank's run found in its message (cell_runner)."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
-    import transformers
 
     config = (
         json.loads((Path(source) / "config.json").read_text()) if (Path(source) / "config.json").is_file() else source
@@ -174,7 +175,6 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
 
 def _fresh_process_main(argv: list[str]) -> None:
     """Build the model on the meta device as a user's script would, in this fresh interpreter; print the result."""
-    import traceback
 
     source, dtype, trust = argv[0], argv[1], "--trust-remote-code" in argv
     if not is_dtype(dtype):
@@ -212,7 +212,6 @@ def checkpoint_copy(folder: str | Path, checkpoint_format: str, files: int) -> P
     (a sibling folder, built once); the folder itself when it already is one safetensors file.
     DeepSpeed's meta loader reads each listed file whole, so a rank's peak memory is one file plus
     its shard: real checkpoints come in many files, and this lets a tiny one do the same."""
-    from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     if checkpoint_format == "safetensors" and files == 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+import transformers
 
 if TYPE_CHECKING:
     from transformers import TorchAoConfig
@@ -29,9 +30,9 @@ def hf_quantization_config(quantization: str) -> TorchAoConfig | None:
     """The `quantization_config` for `from_pretrained`, or None when the backend is not HF-side."""
     if quantization != "torchao_int8":
         return None
-    import transformers
 
     try:
+        # lazily: torchao is optional (the variants group): without it the torchao cells skip with the reason
         from torchao.quantization import Int8WeightOnlyConfig
     except ImportError as error:
         raise QuantizationUnavailable(
@@ -71,6 +72,7 @@ def apply_post_init(model: Model, quantization: str, group_size: int) -> Model:
     """DeepSpeed post-init quantization (of the model in place, which it returns); a no-op for the other backends."""
     if quantization not in DEEPSPEED_BITS:
         return model
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.inference.quantization.quantization import _init_group_wise_weight_quantization
 
     quantized: Model = _init_group_wise_weight_quantization(model, deepspeed_config(quantization, group_size))

@@ -6,6 +6,7 @@ compares its gradients and updates, and the checkpoint round trip's whole-weight
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ def held_bytes_by_name(model: torch.nn.Module) -> dict[str, int]:
 def _local_weight(param: torch.nn.Parameter) -> torch.Tensor:
     """This rank's tensor-parallel shard of a parameter as the model computes with it; a ZeRO-3
     parameter holds no data outside GatheredParameters."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
 
     with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
@@ -164,6 +166,7 @@ def _local_weight(param: torch.nn.Parameter) -> torch.Tensor:
 
 
 def _local_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.utils import safe_get_full_grad
 
     grad: torch.Tensor | None = safe_get_full_grad(param)
@@ -328,6 +331,7 @@ def gather_full_weights(module: torch.nn.Module, zero_stage: int) -> tuple[dict[
     """Every parameter gathered whole with GatherReplacedLayerParams (and ZeRO-3's GatheredParameters),
     one module at a time as DeepSpeed's own 16-bit export does; plus the parameters the context left
     at another size than before it (a gather that does not partition again)."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
     from deepspeed.module_inject.layers import GatherReplacedLayerParams
 
@@ -366,8 +370,8 @@ def forget_parallel_groups() -> None:
     DeepSpeed keeps its groups in module globals (deepspeed.utils.groups): an engine without AutoTP
     built after one with it reads the old tensor-parallel `mpu` from there and fails. Reloading the
     module resets them in place, for every module that imported it."""
-    import importlib
 
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.utils import groups
 
     importlib.reload(groups)
@@ -377,6 +381,7 @@ def universal_arguments(scratch: Path) -> argparse.Namespace:
     """ds_to_universal's arguments for the saved checkpoint, parsed by the installed release's own parser (its
     names, its defaults: strict, no injected state), as its command line would be; one worker of each kind, so
     no child processes. A parser that refuses them is the harness's arguments not fitting this release."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.checkpoint import ds_to_universal
 
     argv = [

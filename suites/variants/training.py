@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
+from transformers import AutoConfig
 
 from matrix.registry import DType
 from matrix.variants import TRAINING_FEATURES, Variant
@@ -71,6 +73,7 @@ and each replicated parameter once in the norm, or every update is scaled wrong.
 
 def _training_config_fields() -> set[str]:
     try:
+        # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
         from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
     except ImportError:
         return set()
@@ -80,6 +83,7 @@ def _training_config_fields() -> set[str]:
 def _has_feature(feature: str) -> bool:
     """Whether the installed DeepSpeed has `feature` (matrix/variants.py TRAINING_FEATURES), asked of
     the package itself so any release or branch gets a real answer."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.module_inject import layers
 
     if feature == "autotp_training":
@@ -98,6 +102,7 @@ def _has_feature(feature: str) -> bool:
 
 def version_skip_reason(needs: tuple[str, ...] = ("autotp_training",)) -> str | None:
     """Why the installed DeepSpeed cannot run a training row needing `needs`, or None."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
 
     for feature in needs:
@@ -114,11 +119,10 @@ def version_skip_reason(needs: tuple[str, ...] = ("autotp_training",)) -> str | 
 def model_skip_reason(variant: Variant, checkpoint: str, model_type: str) -> str | None:
     """Why this row's partitioning source does not exist for this model (asked in the driver)."""
     if variant.partitioning == "tp_plan":
-        from transformers import AutoConfig
-
         if not getattr(AutoConfig.from_pretrained(checkpoint), "base_model_tp_plan", None):
             return f"{model_type}: this transformers ships no tp_plan for it (config.base_model_tp_plan is empty)"
     if variant.partitioning == "preset":
+        # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
         from deepspeed.module_inject.autotp_config import AutoTPPresets
 
         if AutoTPPresets.get_preset(model_type) is None:
@@ -275,6 +279,7 @@ def build_engine(
 ) -> DeepSpeedEngine:
     """The model loaded (stage `setup`: loading a checkpoint is not DeepSpeed's), then deepspeed.initialize
     (stage `shard`, under the label the caller was in)."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     import deepspeed
 
     variant, label = job.variant, progress.label
@@ -306,7 +311,6 @@ def round_trip(
     """save_checkpoint + save_16bit_model, the full weights gathered, the checkpoint loaded into a fresh
     engine (at the row's `resume_tp` through a universal checkpoint), and the step an uninterrupted run
     takes next."""
-    import torch.distributed as dist
 
     engine, variant, rank = trainee.engine, job.variant, dist.get_rank()
     steps_taken = len(trainee.losses)
@@ -324,6 +328,7 @@ def round_trip(
             progress.enter("setup", "ds_to_universal: arguments")
             arguments = universal_arguments(scratch)
             progress.enter("forward", "ds_to_universal")
+            # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
             from deepspeed.checkpoint import ds_to_universal
 
             ds_to_universal.main(arguments)
@@ -382,6 +387,7 @@ def round_trip(
 def run_training(job: Job, world_size: int, scratch: Path, fault_hook: FaultHook, progress: Progress) -> TrainingReport:
     """The row's training on this rank: the cell's model (and the second model, initialised after it)
     trained step by step, then the checkpoint round trip. `fault_hook(stage, model)` is the test-only hook."""
+    # lazily: deepspeed (+506 modules past torch and transformers) loads when a cell runs, not on import
     from deepspeed.module_inject.layers import set_autotp_mode
 
     variant, spec = job.variant, job.spec

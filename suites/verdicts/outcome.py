@@ -4,8 +4,10 @@ signature so identical failures group across models and runs."""
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import re
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,8 +147,6 @@ def _package_roots(names: tuple[str, ...]) -> list[Path]:
 def _package_root(name: str) -> Path | None:
     """The folder of package `name`, imported or not: a package whose import failed is no longer in sys.modules, yet
     the frames of its failed import are its code."""
-    import importlib.util
-    import sys
 
     module = sys.modules.get(name)
     file = getattr(module, "__file__", None) if module is not None else None

@@ -87,7 +87,8 @@ def test_selections_are_coverage_and_the_registrys_training_row():
         ('deepspeed_since = 0.14\ntransformers_since = "min"\ntp = [2]\n', "deepspeed_since must be a quoted"),
         ('deepspeed_since = "0.14"\ntransformers_since = "min"\ntp = [0]\n', "tp must be a list"),
         (
-            'deepspeed_since = "0.14"\ntransformers_since = "min"\ntp = [2]\n[[selections]]\nname = "x"\nmodels = "all"\n',
+            'deepspeed_since = "0.14"\ntransformers_since = "min"\ntp = [2]\n[[selections]]\nname = "x"\nmodels = '
+            '"all"\n',
             "[[selections]] #1 must have exactly name, models, variants, dtypes",
         ),
         ('deepspeed_since = "0.14\n', "atlas.toml: "),

@@ -194,7 +194,8 @@ def test_a_harness_bug_shaping_one_architecture_fails_its_cells_as_setup_and_the
         outcome = run_cell(broken, pool=None, options=RunOptions())
         assert (outcome.failure_class, outcome.signature) == (
             "setup",
-            "AttributeError: 'NoneType' object has no attribute 'experts' @ matrix/shapes/faithful_rule.py:faithful_tiny",
+            "AttributeError: 'NoneType' object has no attribute 'experts' @ "
+            "matrix/shapes/faithful_rule.py:faithful_tiny",
         )
         assert cells[f"mixtral-eager-fp32-tp{tp}"].model.expansion_error is None  # its stress cell runs
         assert cells[f"llama.faithful-eager-fp32-tp{tp}"].model.expansion_error is None

@@ -316,7 +316,8 @@ def test_version_bounded_skip_ranges(tmp_path, version, reason):
 
 
 def test_version_bounded_skip_reaches_the_derived_entry():
-    """At the installed release: a range that holds there skips the entry with its reason, one that ends there does not."""
+    """At the installed release: a range that holds there skips the entry with its reason, one that ends there does
+    not."""
     import transformers
 
     version, registry = transformers.__version__, load_models()

@@ -49,7 +49,8 @@ def test_unknown_model_lists_close_names():
         ),
         (
             '[models.x]\nmodel_type = "llama"\ntiny = {}\ntolerance = { fp64 = { logits_rel = 1 } }\n',
-            r"entry \[models.x\] field 'tolerance' has unknown key 'fp64' \(did you mean 'fp16'\?\); use one of \('fp32', 'bf16', 'fp16'\)",
+            r"entry \[models.x\] field 'tolerance' has unknown key 'fp64' \(did you mean 'fp16'\?\); use one of "
+            r"\('fp32', 'bf16', 'fp16'\)",
         ),
         ('[models.X-1]\nmodel_type = "llama"\ntiny = {}\n', r"entry \[models.X-1\] name must be lowercase"),
         ('[models.x\nmodel_type = "llama"\n', r"models.toml: not valid TOML: .*line 1"),

@@ -1,15 +1,18 @@
 """Cell shapes (matrix/shapes.py): the recorded real sizes, the one rule that makes a faithful tiny config from
 them, and the shape axis of cells (faithful by default on the command line, stress as the registry writes it)."""
 
+import ast
 import shutil
 import warnings
 from dataclasses import replace
 
 import pytest
 
+from matrix import PROJECT_ROOT, config_keys
 from matrix.cells import expand, parse_cell_id, replay_name
 from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models
 from matrix.shapes import (
+    HEAD_KEYS,
     MATRIX_TP,
     REAL_SHAPES_FILE,
     RealShape,
@@ -225,12 +228,14 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
     "record, message",
     [
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             'hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = "no" }',
             "entry [qwen2] checkpoint 'Qwen/Qwen2-7B' field 'tied_embeddings' must be true or false",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 3, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "field 'kv_heads' must divide heads 28, got 3",
         ),
@@ -240,22 +245,26 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
             "field 'source' must start with 'hub config Qwen/Qwen2-7B'",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, vocab = 152064, tied_embeddings = false }",
             "is missing required field 'intermediate'",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen2-7B" = { source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen2-7B" = '
+            '{ source = "hub config Qwen/Qwen2-7B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false, num_layers = 28 }",
             "has unknown field(s) ['num_layers']",
         ),
         (
-            '[qwen9]\ndefaults = { source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
+            "[qwen9]\ndefaults = "
+            '{ source = "config-defaults transformers 5.24.0", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "entry [qwen9] is not in the model registry",
         ),
         (
-            '[qwen2]\n"Qwen/Qwen3-8B" = { source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
+            '[qwen2]\n"Qwen/Qwen3-8B" = '
+            '{ source = "hub config Qwen/Qwen3-8B", heads = 28, kv_heads = 4, head_dim = 128, '
             "hidden = 3584, intermediate = 18944, vocab = 152064, tied_embeddings = false }",
             "that are not in its hub_ids",
         ),
@@ -370,7 +379,8 @@ def test_checkpoints_that_split_alike_share_one_faithful_cell_and_others_get_the
 
 
 def test_a_checkpoint_whose_split_pattern_changes_gets_its_own_cell(tmp_path):
-    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's cell."""
+    """The grouping can fail: Qwen2.5-7B-Instruct with 2 kv heads (not Qwen2-7B's 4) is no longer covered by qwen2's
+    cell."""
     models = tmp_path / "models.toml"
     shutil.copy(MODELS_FILE, models)
     text = REAL_SHAPES_FILE.read_text()
@@ -445,6 +455,22 @@ def test_an_attention_free_mixer_is_read_as_one_head_and_a_config_without_sizes_
     assert (mamba.heads, mamba.kv_heads, mamba.hidden, mamba.intermediate) == (1, 1, 768, 1536)
     with pytest.raises(RegistryError, match="no attention head count under the names"):
         read_shape(_Config(hidden_size=768, vocab_size=1000), "test")
+
+
+def test_the_real_and_the_tiny_config_read_heads_from_one_list_of_names():
+    """Two lists of head-count names once stood in different orders (config_keys.py for the shrinker, real_shape.py
+    for the real checkpoint): a config holding two of the names could be read as one count and shrunk as the other.
+    One list now, assigned in one module, and its decoder-first order is what real encoder-decoders need."""
+    assigned = [
+        f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}"
+        for path in sorted((PROJECT_ROOT / "matrix").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "HEAD_KEYS" for target in node.targets)
+    ]
+    assert assigned == ["matrix/config_keys.py:31"] and HEAD_KEYS is config_keys.HEAD_KEYS
+    prophetnet = _Config(vocab_size=1000, num_encoder_attention_heads=8, num_decoder_attention_heads=16, d_model=1024)
+    assert read_shape(prophetnet, "test").heads == 16
 
 
 FLAGSHIPS = ("llama4", "gemma4", "qwen3_5", "qwen3_5_moe", "marian", "whisper", "trocr", "xlm", "mamba", "rwkv")

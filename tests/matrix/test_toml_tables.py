@@ -107,12 +107,14 @@ def test_a_wrong_type_names_the_file_entry_and_field(raw, message):
     [
         (
             {"colour": "red", "colur": "green"},
-            "has unknown field(s) ['colur']; did you mean 'colour'? known fields: ['colour', 'notes', 'origin', 'planted', "
+            "has unknown field(s) ['colur']; did you mean 'colour'? known fields: ['colour', 'notes', 'origin', "
+            "'planted', "
             "'prices', 'ripe', 'season', 'seeds', 'since', 'stages', 'tags', 'weight']",
         ),
         (
             {"colour": "red", "tag": [], "wieght": 2},
-            "has unknown field(s) ['tag', 'wieght']; did you mean 'tags' for 'tag', 'weight' for 'wieght'? known fields:",
+            "has unknown field(s) ['tag', 'wieght']; did you mean 'tags' for 'tag', 'weight' for 'wieght'? known "
+            "fields:",
         ),
         ({"colour": "red", "name": "pear"}, "has unknown field(s) ['name']; known fields:"),  # given by the caller
         ({"colour": "red", "grown_by_code": "x"}, "has unknown field(s) ['grown_by_code']; known fields:"),

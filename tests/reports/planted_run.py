@@ -50,7 +50,8 @@ CRAFTED = {
     "aws secret": ("aws_secret_access_key=wJalrXUtnFEMIK7MDENGbPxRfiCYzQ9vLk2", "wJalrXUtnFEMIK7MDENGbPxRfiCYzQ9vLk2"),
     "aws key id": ("AKIAQZWXRTYUPLMNBVCD", "QZWXRTYUPLMNBVCD"),
     "private key": (
-        "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\\n-----END PRIVATE KEY-----",
+        "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
+        "\\n-----END PRIVATE KEY-----",
         "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
     ),
     "jwt": (

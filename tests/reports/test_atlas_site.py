@@ -22,7 +22,10 @@ SPLIT = (
     "RuntimeError: split_with_sizes expects split_sizes to sum exactly to 96 (input tensor's size at dimension 0), "
     "but got split_sizes=[64, 0] @ deepspeed/module_inject/layers.py:uneven_partition"
 )
-BLOOM = "RuntimeError: The size of tensor a (8) must match the size of tensor b (16) @ transformers/models/bloom/modeling_bloom.py:forward"
+BLOOM = (
+    "RuntimeError: The size of tensor a (8) must match the size of tensor b (16) @ "
+    "transformers/models/bloom/modeling_bloom.py:forward"
+)
 EXPERTS = "memory: mlp.experts: rank 0 holds 6.75 of 6.75 MiB"
 SPLIT_CAUSE = cause_id("shard", cause(SPLIT))
 BLOOM_CAUSE = cause_id("forward", cause(BLOOM))

@@ -706,7 +706,8 @@ def test_run_cells_reads_the_records_a_killed_session_left(tmp_path):
     from reports.search.cell_runs import run_cells
 
     writes = (
-        "import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, exist_ok=True); "
+        "import json, sys; from pathlib import Path; results = Path(sys.argv[1]); results.mkdir(parents=True, "
+        "exist_ok=True); "
         "record = {'cell': {'id': sys.argv[2]}, 'outcome': 'fail', 'failure_class': 'numerics', "
         "'signature': 'logits differ by N', 'message': ''}; "
         "(results / 'cells.jsonl').write_text(json.dumps(record) + '\\n' + '{\"cell\": {\"id\": \"llama|eag')"
@@ -728,7 +729,8 @@ RENAMED_HISTORY = [
     ("Initial fake DeepSpeed", {"fakeds/shard.py": GOOD_SHARD, "fakeds/__init__.py": "", "deepspeed/__init__.py": ""}),
     ("Check heads (#5001)", {"fakeds/shard.py": STRICT.format(name="check_heads") + "shard = check_heads\n"}),
     ("Docs (#5002)", {"README.md": "fake\n"}),
-    ("Rename check_heads (#5003)", {"fakeds/shard.py": STRICT.format(name="require_even_heads") + "shard = require_even_heads\n"}),
+    ("Rename check_heads (#5003)",
+     {"fakeds/shard.py": STRICT.format(name="require_even_heads") + "shard = require_even_heads\n"}),
     ("Release (#5004)", {"README.md": "fake 2\n"}),
 ]  # fmt: skip
 SURFACING_CELL = textwrap.dedent("""\
@@ -771,10 +773,13 @@ def test_a_function_renamed_between_releases_is_the_same_failure_and_bisects_to_
         env_root=tmp_path / "envs",
         environment=lambda sha: EnvironmentSpec(
             key=sha[:12],
-            installs=(("setuptools", "wheel"), ("--no-build-isolation", "--no-deps", str(tmp_path / "envs" / sha[:12] / "src"))),
+            installs=(("setuptools", "wheel"),
+                      ("--no-build-isolation", "--no-deps", str(tmp_path / "envs" / sha[:12] / "src"))),
             source=(repo, sha),
         ),
-        command=lambda python, cells, results, _: [str(python), str(script), ",".join(c.id for c in cells), str(results)],
+        command=lambda python, cells, results, _: [
+            str(python), str(script), ",".join(c.id for c in cells), str(results)
+        ],
     )  # fmt: skip
     answer, commit = bisect_commits(probe.cell, GitRepo(repo), good="v0.1.0", bad=shas[4], mode="broken", probe=probe)
     assert (answer.before, answer.after, answer.untestable) == (shas[0], shas[1], ())

@@ -59,7 +59,7 @@ def test_a_run_that_lists_a_cell_twice_is_refused_naming_the_cell_and_the_file(t
     assert archived == ["nightly@2026-12-01T00%3A00%3A00Z@runner-1.1.tar.gz"]
 
 
-# ---- merge's memory ---------------------------------------------------------------------------------------------------
+# ---- merge's memory --------------------------------------------------------------------------------------------------
 
 
 def peak_rss_mb(code: str) -> float:

@@ -98,7 +98,10 @@ def faithful_store(tmp_path):
     return store
 
 
-MAT1 = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ deepspeed/module_inject/layers.py:forward"
+MAT1 = (
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ "
+    "deepspeed/module_inject/layers.py:forward"
+)
 
 
 def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_path, capsys):
@@ -115,7 +118,8 @@ def test_a_faithful_cell_gets_its_script_and_the_checkpoint_users_run_most(tmp_p
     text = capsys.readouterr().out
     title, body = text.split("\n\n", 1)
     assert title == (
-        "# [BUG] AutoTP: a sharded layer gets an input of the wrong width (Phi3ForCausalLM, tp 2/3/4, DeepSpeed 0.14.2, "
+        "# [BUG] AutoTP: a sharded layer gets an input of the wrong width (Phi3ForCausalLM, tp 2/3/4, DeepSpeed "
+        "0.14.2, "
         "transformers 4.44.0)"
     )
     assert (
@@ -299,13 +303,15 @@ def test_a_secret_in_the_log_never_reaches_the_report(tmp_path, monkeypatch, cap
         (
             [fail("llama", "setup", "ImportError: cannot import name X")],
             ["--cell", "llama-eager-fp32-tp2"],
-            r"cause [0-9a-f]{12} is a setup failure \(the harness failed: .*\): the harness or its environment failed, not "
+            r"cause [0-9a-f]{12} is a setup failure \(the harness failed: .*\): the harness or its environment failed, "
+            r"not "
             "DeepSpeed; fix it here instead of filing it",
         ),
         (
             [fail("llama", "shard")],
             ["--cause", "123456789abc"],
-            r"--cause 123456789abc: no cause failing at the latest versions has it; failing causes: [0-9a-f]{12} \(shard, 1 "
+            r"--cause 123456789abc: no cause failing at the latest versions has it; failing causes: [0-9a-f]{12} "
+            r"\(shard, 1 "
             r"cell, e.g. llama-eager-fp32-tp2\)",
         ),
         (

@@ -1,4 +1,5 @@
-"""Failing now, by cause (reports/analysis/failing_now.py) and the known-failures registry (matrix/known_failures.toml)."""
+"""Failing now, by cause (reports/analysis/failing_now.py) and the known-failures registry
+(matrix/known_failures.toml)."""
 
 import json
 import re
@@ -138,10 +139,13 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     # The example is the cell standing for what users run most: opt-125m's architecture before falcon's; the causes
     # in order of severity (wrong output or a crash first), then of the most popular checkpoint (gpt2 above opt).
     assert lines[4] == (
-        "2. **new** forward: `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton "
-        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP bug (DeepSpeed's) — "
+        "2. **new** forward: `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at "
+        "non-singleton "
+        "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP bug (DeepSpeed's) "
+        "— "
         "21 cells: eager fp32: "
-        "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 — "
+        "falcon tp2/3/4, falcon_40b tp2/3/4, gpt_neo tp2/3/4, mpt tp2/3/4, opt tp2/3/4, stablelm tp2/3/4, xglm tp2/3/4 "
+        "— "
         "e.g. `opt-eager-fp32-tp2`: `nox -s repro -- --models opt.stress --variants eager --dtypes fp32 --tp 2`; "
         "script [repro/repro_opt-eager-fp32-tp2.py](repro/repro_opt-eager-fp32-tp2.py), draft issue "
         f"[draft-issue/forward-{data['causes'][1]['id']}.md](draft-issue/forward-{data['causes'][1]['id']}.md) "
@@ -461,7 +465,8 @@ def test_the_shipped_registry_is_valid_and_covers_the_uneven_split_before_its_fi
             '[known_failures.x]\nfailure_class = "shard"\nsignature = "a"\nupstream = "https://github.com/o/r/blob/'
             + "a" * 40
             + '/p.md"\n',
-            r"field 'upstream' must be a GitHub issue or pull request URL \(https://github.com/<owner>/<repo>/issues/<n> "
+            r"field 'upstream' must be a GitHub issue or pull request URL "
+            r"\(https://github.com/<owner>/<repo>/issues/<n> "
             r"or /pull/<n>\), got",
         ),
         (
@@ -509,7 +514,10 @@ def mechanism(key: str, words: str, path: str = "", module_class: str = "") -> d
 
 NORM = "`self_attn.q_norm.weight` (width of the split `self_attn.q_proj`, 256) left whole"
 SIZE = "RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at non-singleton dimension N @ "
-GPT2 = "AssertionError: AutoTP not supported for model. Please use kernel injection since container policy for model exists. @ deepspeed/module_inject/auto_tp.py:tp_parser"
+GPT2 = (
+    "AssertionError: AutoTP not supported for model. Please use kernel injection since container policy for model "
+    "exists. @ deepspeed/module_inject/auto_tp.py:tp_parser"
+)
 BY_DESIGN = """
 [known_failures.unsupported]
 failure_class = "shard"
@@ -534,8 +542,10 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
         fail("diffllama", "forward", SIZE + "transformers/integrations/sdpa_attention.py:sdpa_attention_forward", tp=3,
              properties=diff),
         fail("persimmon", "numerics", "logits: prefill logits differ by N",
-             properties=mechanism("layout|self_attn.query_key_value|fused_LinearLayer(glmtype)", "AutoTP split `self_attn.query_key_value` as fused_LinearLayer(glmtype)")),
-        fail("gpt2", "shard", GPT2, properties=mechanism("shard|AssertionError: AutoTP not supported for model.", GPT2)),
+             properties=mechanism("layout|self_attn.query_key_value|fused_LinearLayer(glmtype)",
+                                  "AutoTP split `self_attn.query_key_value` as fused_LinearLayer(glmtype)")),
+        fail("gpt2", "shard", GPT2,
+             properties=mechanism("shard|AssertionError: AutoTP not supported for model.", GPT2)),
     ]  # fmt: skip
     junit = write_junit(
         tmp_path / "junit" / "a.xml", cells, run_id="nightly@2026-12-01T00:00:00Z@vm", started="2026-12-01T00:00:00Z"

@@ -10,7 +10,10 @@ from reports.outputs.model import read_report
 from tests.reports.reports_testkit import Cell, fail, render, section, write_junit
 
 TITLE = "New architectures since the previous transformers release"
-DEEPSEEK_V4 = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx2N and Nx2N) @ deepspeed/module_inject/layers.py:forward"
+DEEPSEEK_V4 = (
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx2N and Nx2N) @ "
+    "deepspeed/module_inject/layers.py:forward"
+)
 
 
 def known(tps=(2, 3)) -> list[Cell]:

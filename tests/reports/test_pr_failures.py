@@ -100,8 +100,8 @@ def test_gate_says_first_what_the_candidate_did(pair, tmp_path, capsys):
     link = "deepspeedai/DeepSpeed#8185"
     assert out[0] == COUNT
     assert (
-        out[1]
-        == "baseline deepspeed=0.19.8: 2 trusted run(s): nightly@2026-12-01T00:00:00Z@vm, nightly@2026-12-02T00:00:00Z@vm"
+        out[1] == "baseline deepspeed=0.19.8: 2 trusted run(s): nightly@2026-12-01T00:00:00Z@vm, "
+        "nightly@2026-12-02T00:00:00Z@vm"
     )
     assert out[2:11] == [line.format(link=link) for line in CAUSES]
 
@@ -256,7 +256,8 @@ def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_b
     ids = tuple(cell.id for cell in cells)
     remedy = RemedyResult(
         remedy="ctrl-row-parallel-policy", kind="workaround", cause_models=("ctrl.faithful",),
-        summary="pass injection_policy to deepspeed.init_inference", mechanism="CTRL registers its layernorms after `ffn`.",
+        summary="pass injection_policy to deepspeed.init_inference", mechanism="CTRL registers its layernorms after "
+                                                                               "`ffn`.",
         how="", status="verified", cause_cells=ids, fixed=ids, changed=(), others_compared=0, seconds=1.0,
         taken_at=TakenAt("0.19.8", "", "5.25.0", "45708c6", "2026-12-07T09:30:48Z"),
     )  # fmt: skip

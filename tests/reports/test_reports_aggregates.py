@@ -198,7 +198,8 @@ def test_a_schema_7_store_gets_its_aggregates_from_its_results(store, tmp_path):
 
 
 def test_render_leaves_the_cycle_collector_on_as_it_found_it(store, tmp_path):
-    """render turns the cycle collector off while it builds the report (reports.commands.render.without_cycle_collection);
+    """render turns the cycle collector off while it builds the report
+    (reports.commands.render.without_cycle_collection);
     a process that goes on afterwards (tests, a caller of main) gets it back, also when render fails."""
     assert main(["render", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     assert gc.isenabled()

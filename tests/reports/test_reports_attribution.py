@@ -77,7 +77,8 @@ def test_git_builds_are_ordered_topologically_not_by_date(deepspeed_repo, sessio
         f"1. numerics `NumericsError: broken` — deepspeed 0.14.3.dev0@{docs[:10]} → 0.14.3.dev0@{accelerator[:10]} — "
         "1 cell: eager fp32: llama tp2",
         "   - answer: not yet triaged",
-        f"   - candidate commits (1 of 1 touch AutoTP paths, listed first): [{accelerator[:10]}]({url}/commit/{accelerator}) "
+        f"   - candidate commits (1 of 1 touch AutoTP paths, listed first): "
+        f"[{accelerator[:10]}]({url}/commit/{accelerator}) "
         f'([#5440]({url}/pull/5440) "Accelerator tweak")',
     ]
 

@@ -14,9 +14,12 @@ from reports.store.records import CellKey
 # cells' JUnit carries them: per model, one cause at every tp.
 SAME_CAUSE_AT_EVERY_TP = {
     "ctrl": [  # the half-masked shape product differs with tp
-        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx4N and Nx4N) @ deepspeed/module_inject/layers.py:forward",
-        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ deepspeed/module_inject/layers.py:forward",
-        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ deepspeed/module_inject/layers.py:forward",
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx4N and Nx4N) @ "
+        "deepspeed/module_inject/layers.py:forward",
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ "
+        "deepspeed/module_inject/layers.py:forward",
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx3N and Nx3N) @ "
+        "deepspeed/module_inject/layers.py:forward",
     ],
     "phimoe": [
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (Nx9N and Nx4) @ "

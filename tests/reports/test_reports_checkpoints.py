@@ -16,7 +16,10 @@ from suites.records.run_records import CellRecorder, RunInfo, read_records
 from suites.verdicts.outcome import CellOutcome
 
 VERSIONS = {"deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0", "python": "3.11.7", "deepspeed_git": ""}
-HEADS = "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ transformers/models/qwen2/modeling_qwen2.py:forward"
+HEADS = (
+    "RuntimeError: shape '[N, N, N, N]' is invalid for input of size N @ "
+    "transformers/models/qwen2/modeling_qwen2.py:forward"
+)
 GRAINS = (
     "RuntimeError: split_with_sizes expects split_sizes to sum exactly to N @ "
     "deepspeed/module_inject/layers.py:uneven_partition"

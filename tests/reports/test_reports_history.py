@@ -167,7 +167,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
     ]
 
 
-# ---- an answer is attached only to the transition it proved (reports.analysis.history.answer_for) ------------------------
+# ---- an answer is attached only to the transition it proved (reports.analysis.history.answer_for) --------------------
 
 LLAMA = CellKey("llama", "eager", "fp32", 2)
 HELD = (("transformers", "5.24.0"), ("torch", "2.13.0"))
@@ -324,7 +324,8 @@ def test_a_library_change_measured_by_another_harness_commit_is_still_a_transiti
 
 def test_a_transition_reads_back_from_report_json_with_every_part():
     """report.json's form of a transition (write_record) read back (matrix.json_records.read_record, as
-    read_report does) is the same entry: candidate commits with their files, a bisection with suspects and untestable commits,
+    read_report does) is the same entry: candidate commits with their files, a bisection with suspects and untestable
+    commits,
     or the triage attempt that could not answer."""
     cell = CellKey("llama", "eager", "fp32", 2)
     pins = (("transformers", "5.24.0"), ("torch", "2.13.0"))

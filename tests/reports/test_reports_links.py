@@ -18,7 +18,10 @@ from test_reports_html import artifacts, chromium, needs_chromium
 from reports.__main__ import main
 
 PHI3 = "microsoft/Phi-3-mini-4k-instruct"
-MAT1 = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ deepspeed/module_inject/layers.py:forward"
+MAT1 = (
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (48x768 and 384x768) @ "
+    "deepspeed/module_inject/layers.py:forward"
+)
 EXPERTS = "memory: experts left whole: model.layers.*.mlp.experts.{gate_up_proj,down_proj}"
 KEPT_LOGS = ("phi3.faithful-eager-fp32-tp2", "mixtral.faithful-eager-fp32-tp3")
 REAL_RESULTS = os.environ.get("AUTOTP_RESULTS")

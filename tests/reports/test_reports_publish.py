@@ -279,8 +279,8 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
         "  - answer: not yet triaged\n"
     ) in issue
     assert (
-        "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2\n"
-        in issue
+        "Reproduce (one cell of the cause):\n\n```bash\nnox -s repro -- --models llama.stress --variants eager "
+        "--dtypes fp32 --tp 2\n" in issue
     )
     assert comment in (tmp_path / "out" / "step-summary.md").read_text()
 
@@ -396,8 +396,8 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
     ) in issue
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert (
-        f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError while sharding the model: no sharded model to run.\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n"
-        in comment
+        f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError while sharding the model: no sharded model "
+        f"to run.\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment
     )  # the same answer, once
 
 
@@ -420,7 +420,8 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
     assert list(reports) == [f"{LLAMA_ID}.md"]  # the one regression's cause; mistral's failure is not a regression
     title, body = reports[f"{LLAMA_ID}.md"].split("\n\n", 1)
     assert title == (
-        "# [BUG] AutoTP: init_inference fails to shard it (LlamaForCausalLM, tp 2/3, DeepSpeed 0.19.8, transformers 4.44.0)"
+        "# [BUG] AutoTP: init_inference fails to shard it (LlamaForCausalLM, tp 2/3, DeepSpeed 0.19.8, transformers "
+        "4.44.0)"
     )
     assert body.startswith(f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\n**Describe the bug**\n")
     assert "The same cause fails at: llama tp 2, 3." in body

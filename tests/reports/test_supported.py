@@ -88,7 +88,8 @@ SUPPORT_CELL = textwrap.dedent("""\
               "signature": "logits differ", "message": ""}
     if "float16" not in DTYPES:
         record.update(outcome="unsupported", failure_class="", signature="",
-                      message=f"DeepSpeed does not support fp16 on its cpu accelerator here (supported_dtypes: {DTYPES})")
+                      message="DeepSpeed does not support fp16 on its cpu accelerator here "
+                              f"(supported_dtypes: {DTYPES})")
     results.mkdir(parents=True, exist_ok=True)
     (results / "cells.jsonl").write_text(json.dumps(record) + "\\n")
 """)

@@ -67,7 +67,8 @@ FAKE_CELLS = textwrap.dedent("""\
             frame = traceback.extract_tb(error.__traceback__)[-1]
             where = frame.filename.split("site-packages/")[-1] if "site-packages/" in frame.filename else ""
             text = re.sub(r"\\d+", "N", str(error))
-            record.update(outcome="fail", failure_class="numerics" if isinstance(error, ArithmeticError) else "FAILURE_CLASS",
+            failure_class = "numerics" if isinstance(error, ArithmeticError) else "FAILURE_CLASS"
+            record.update(outcome="fail", failure_class=failure_class,
                           signature=f"{type(error).__name__}: {text} @ {where}:{frame.name}",
                           message="".join(traceback.format_exception(error)))
         lines.append(json.dumps(record) + "\\n")

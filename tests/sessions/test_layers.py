@@ -500,7 +500,8 @@ def test_a_transformers_commit_is_its_checkout_on_the_path_with_its_setup_py_req
         print(json.dumps({"version": transformers.__version__, "metadata": metadata.version("transformers"),
                           "file": transformers.__file__, "broken": llama.BROKEN, "alpha": alpha.VERSION,
                           "requires": metadata.requires("transformers"),
-                          "direct_url": json.loads(metadata.distribution("transformers").read_text("direct_url.json"))}))""",
+                          "direct_url": json.loads(
+                              metadata.distribution("transformers").read_text("direct_url.json"))}))""",
             ],
             capture_output=True,
             text=True,

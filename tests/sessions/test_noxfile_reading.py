@@ -18,7 +18,8 @@ RELEASE_FIXTURES = PROJECT_ROOT / "tests" / "matrix" / "fixtures"
 
 
 def nox_list(tmp_path: Path, release_cache: Path) -> subprocess.CompletedProcess[str]:
-    """`nox -l --json -k ""` (every session, not only the default ones) with an empty environment root, the given release cache, every fetch pointed at a closed port."""
+    """`nox -l --json -k ""` (every session, not only the default ones) with an empty environment root, the given
+    release cache, every fetch pointed at a closed port."""
     env = {key: value for key, value in os.environ.items() if key not in ("UV", "AUTOTP_PINS")}
     env |= {
         ENV_ROOT_ENV: str(tmp_path / "envs"),

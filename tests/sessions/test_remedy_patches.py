@@ -1,5 +1,6 @@
 """Every DeepSpeed patch matrix/remedies.toml ships applies (`git apply --check`) to the release it names, after the
-patches it `requires` (applied in their order). The release's files come from the DeepSpeed the tests run on (pinned: sessions/nox_sessions.py `TESTS_PINS`), whose
+patches it `requires` (applied in their order). The release's files come from the DeepSpeed the tests run on (pinned:
+sessions/nox_sessions.py `TESTS_PINS`), whose
 package sources are the PyPI sdist's, so the check downloads nothing; a patch against another release is skipped
 naming both."""
 

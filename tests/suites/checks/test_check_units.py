@@ -162,7 +162,8 @@ def test_memory_judges_every_weight_and_names_the_layers_left_whole():
         half_whole = memory.check(reference, _split(reference, tp, whole=("self_attn",), rows=rows))
         assert not half_whole.passed and half_whole.failure_class == "memory"
         assert half_whole.reason.startswith(
-            f"linears left whole: model.layers.*.self_attn.{{q_proj,k_proj,v_proj,o_proj}} (4 of 12 linears split on tp {tp})"
+            f"linears left whole: model.layers.*.self_attn.{{q_proj,k_proj,v_proj,o_proj}} (4 of 12 linears split on "
+            f"tp {tp})"
         )
         assert (
             half_whole.metrics["linear_shard_ratio"] < memory.SHARE_EPSILON + (1 + 1 / tp) / 2
@@ -466,7 +467,8 @@ def test_each_check_writes_its_own_short_signature_as_the_cell_signature_was():
         "logits": "logits: prefill logits differ by 1",
         "logits NaN": "logits: sharded logits contain NaN/inf",
         "ranks_agree": "ranks_agree: ranks disagree: logits differ across ranks by 1",
-        "generation tokens": f"generation: greedy tokens diverge at step 2: reference {int(_observations().gen_tokens[2])}, "
+        "generation tokens": f"generation: greedy tokens diverge at step 2: reference "
+        f"{int(_observations().gen_tokens[2])}, "
         f"sharded {int(_observations().gen_logits[2].topk(2).indices[1])}",
         "generation padded": "generation: batched decoding row 1, left-padded: decode-step logits differ by 1 over "
         "all steps",
@@ -489,7 +491,8 @@ def test_each_check_writes_its_own_short_signature_as_the_cell_signature_was():
         "gather": "gather: GatherReplacedLayerParams: rank 0: w: 10 bytes on this rank before the gather, 20 after; "
         "rank 0: v: 10 bytes on this rank before the gather, 20 after; rank 1: w: 10 bytes on this rank "
         "before the gather, 20 after",
-        "resume": "resume: step 2 after load_checkpoint at tp 2: loss differs from the uninterrupted run by units of its "
+        "resume": "resume: step 2 after load_checkpoint at tp 2: loss differs from the uninterrupted run by units of "
+        "its "
         "value",
         "memory trained": "memory: linears left whole: model.layers.*.self_attn.{q_proj,k_proj,v_proj,o_proj}, "
         "model.layers.*.mlp.{up_proj,down_proj}",

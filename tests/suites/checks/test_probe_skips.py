@@ -26,7 +26,8 @@ def test_git_training_is_a_named_skip():
     (they failed as `setup` in the unsharded steps before)."""
     (cell,) = expand("git", "train", "fp32", "2")
     assert skip_reason(cell, RunOptions()) == (
-        f"training steps on the labels= loss, which {cell.model.name} cannot run: {cell.model.probe_skips['perplexity']}"
+        f"training steps on the labels= loss, which {cell.model.name} cannot run: "
+        f"{cell.model.probe_skips['perplexity']}"
     )
 
 

@@ -1,6 +1,7 @@
 """Everything the harness writes passes its own door (issue #57): every check's result, in every variant the harness
 has, recorded by the suites' recorder, written as JUnit, merged into the store and the archive and rendered — the
-checks and variants taken from the harness's own lists (suites/verdicts/check_names.py, matrix/variants.toml), the metrics
+checks and variants taken from the harness's own lists (suites/verdicts/check_names.py, matrix/variants.toml), the
+metrics
 from the checks themselves, each comparison a real one. And one real training cell through merge, render and a store
 rebuilt from the archive."""
 

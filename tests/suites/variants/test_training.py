@@ -245,7 +245,8 @@ def test_training_rows_run_on_llama_and_qwen2(pool, tp):
             "rank1_load_skips_a_shard",
             "numerics",
             # the shard holds the fresh model's value: no trained update at all
-            "load: load_checkpoint: weight update of model.layers.0.self_attn.q_proj.weight on rank 1 is zero where the "
+            "load: load_checkpoint: weight update of model.layers.0.self_attn.q_proj.weight on rank 1 is zero where "
+            "the "
             "unsharded weight update is not",
         ),
         # DeepSpeed writing no 16-bit file is its output failing validation where it enters the harness, not `setup`
