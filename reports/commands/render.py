@@ -100,7 +100,7 @@ def _render(args: argparse.Namespace) -> int:
             if scripts:  # a draft inlines its example cell's script, written here (the cells' transformers)
                 observations = store.observations(draft_runs(report, history, aggregates))
                 report = write_drafts(report, history, observations, stage, inert)
-            written = write_outputs(report, history, drift, args.out, stage)
+            written = write_outputs(report, history, (drift, args.docs) if drift else None, args.out, stage)
     written.append(append_step_summary(report, args.out))
     pages = [path for path in written if path.parent.name == ATLAS_FOLDER]
     shown = [str(path.relative_to(args.out)) if path.is_relative_to(args.out) else str(path) for path in written]

@@ -74,6 +74,7 @@ _TESTED_AT = "Tested with "  # how the line stating the versions starts (a copy'
 @dataclass(frozen=True)
 class Drift:
     docs_path: str
+    """The docs page's file name: a report is read elsewhere, so this host's folder of it is left out."""
     listed_but_failing: list[str]  # docs list the family as supported; a cell of it fails here at the latest versions
     passing_but_unlisted: list[str]  # every cell of it passes here; the docs do not list the family
 
@@ -274,7 +275,7 @@ def _bullet_name(text: str) -> str:
 def check_drift(support: dict[str, bool], docs_path: Path) -> Drift:
     listed = {normalise_model_name(name): name for name in read_docs_supported(docs_path)}
     return Drift(
-        docs_path=str(docs_path),
+        docs_path=docs_path.name,
         listed_but_failing=[m for m, ok in support.items() if not ok and normalise_model_name(m) in listed],
         passing_but_unlisted=[m for m, ok in support.items() if ok and normalise_model_name(m) not in listed],
     )

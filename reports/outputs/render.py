@@ -25,10 +25,12 @@ from reports.outputs.model import DETAILS_FILE, Report, split_report
 from reports.outputs.staging import writing_to
 
 
-def write_outputs(report: Report, history: History, drift: Drift | None, out_dir: Path, stage: Path) -> list[Path]:
+def write_outputs(
+    report: Report, history: History, drift: tuple[Drift, Path] | None, out_dir: Path, stage: Path
+) -> list[Path]:
     """The report's files, written into `stage` (the staging folder of out_dir, reports.outputs.staging.staged, that
     the command's repro scripts and drafts are in too, so all of them move into place together); the paths they
-    will have under out_dir."""
+    will have under out_dir. `drift`: the docs page's drift and the page itself (the drift names only its file)."""
     first_screen, details = split_report(report)
     outputs = {
         out_dir / "report.md": inert(report_markdown(report)),
@@ -40,7 +42,7 @@ def write_outputs(report: Report, history: History, drift: Drift | None, out_dir
     if drift is None:
         outputs[out_dir / "supported-models.md"] = inert(supported_models_markdown(report, history))
     else:  # the families in the copy's spelling, and the diff that makes the copy say what the matrix found
-        docs = Path(drift.docs_path)
+        docs = drift[1]
         outputs[out_dir / "supported-models.md"] = inert(
             supported_models_markdown(report, history, docs_names(report, docs))
         )

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+import transformers
 
 from matrix import cache_root
 from matrix.json_records import write_record
@@ -25,8 +26,6 @@ steps on fp32 master weights, as DeepSpeed's mixed precision; 6: Adam's gradient
 def steps_path(
     *, checkpoint: str, tokenizer: str | None, dtype: DType, spec: ProbeSpec, steps: int, optimizer: str
 ) -> Path:
-    import transformers
-
     identity = json.dumps(
         {
             "format": TRAINING_FORMAT,

@@ -33,6 +33,7 @@ from matrix.cells import DEFAULT_MODELS
 from reports.__main__ import main
 
 GOLDEN = Path(__file__).parent / "golden"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 UPDATE = os.environ.get("AUTOTP_UPDATE_GOLDEN") == "1"
 KEPT_WHOLE = ("report.md", "step-summary.md", "supported-models.md")
 """Outputs the golden folder keeps whole, so `git diff` shows how a change reads; every output (these included) is
@@ -111,7 +112,10 @@ def no_actions_run(monkeypatch):
 
 @pytest.mark.parametrize("history", HISTORIES)
 def test_every_output_of_a_fixture_history_is_its_golden_copy_byte_for_byte(history, tmp_path):
-    outputs = kept(rendered(history, tmp_path))
+    every_output = rendered(history, tmp_path)
+    host_folders = [str(tmp_path).encode(), str(PROJECT_ROOT).encode()]  # a golden copy must not depend on either
+    assert [name for name, data in every_output.items() if any(folder in data for folder in host_folders)] == []
+    outputs = kept(every_output)
     if UPDATE:
         for name, data in outputs.items():
             (GOLDEN / history / name).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ def test_drift_against_docs_list(scenario, tmp_path, capsys):
     out = render(scenario, tmp_path, "--docs", str(DOCS))
     report = (out / "report.md").read_text()
     assert report.endswith(
-        f"## Docs drift ({DOCS})\n\n"
+        f"## Docs drift ({DOCS.name})\n\n"
         "- listed as supported but failing here: llama\n"
         "- listed as supported but failing here: opt\n"
         "- passing here but not listed: gemma\n"
