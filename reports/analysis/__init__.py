@@ -103,9 +103,9 @@ from reports.analysis.reasons import (
     reason,
 )
 from reports.analysis.signatures import (
-    cause,
     failure_key,
     frame_files,
+    mask_signature,
     same_failure,
     surfaced_in,
 )

@@ -23,7 +23,7 @@ from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.comparison import compare
 from reports.analysis.history import History, Transition
-from reports.analysis.signatures import cause, failure_key
+from reports.analysis.signatures import failure_key, mask_signature
 from reports.analysis.statuses import CellStatus
 from reports.analysis.trust import without_since_when
 from reports.store import (
@@ -54,7 +54,7 @@ def failure_cause_id(failure_class: str, signature: str, mechanism: Cause | None
     """The id of the cause a failure belongs to, as the report's "failing now" names it: of the cause the harness
     recorded (reports.analysis.signatures.failure_key), or of its class and masked signature where none was kept."""
     key = failure_key(failure_class, signature, mechanism)
-    return cause_id(key) if mechanism is not None else cause_id(failure_class, cause(signature))
+    return cause_id(key) if mechanism is not None else cause_id(failure_class, mask_signature(signature))
 
 
 # ---- Compact cell lists ------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def root_causes(
         kind, axis, before, after, failure_class, _ = key
         listed = [listed_of[kind][i] for i in members]
         typed = [of_each_kind[kind][i] for i in members]
-        signature_cause = cause(typed[0].failing_end.signature)
+        signature_cause = mask_signature(typed[0].failing_end.signature)
         cells = sorted({t.cell for t in listed})
         held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
@@ -351,5 +351,5 @@ def delta_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
     for (kind, _), deltas in grouped.items():
         first = deltas[0][1].failure
         mechanism = first.cause.key if first.cause else ""
-        found.append(DeltaCause(kind, first.failure_class, cause(first.signature), tuple(deltas), mechanism))
+        found.append(DeltaCause(kind, first.failure_class, mask_signature(first.signature), tuple(deltas), mechanism))
     return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.cause))

@@ -31,7 +31,7 @@ from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, 
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
-from reports.analysis.signatures import cause, failure_key, surfaced_in
+from reports.analysis.signatures import failure_key, mask_signature, surfaced_in
 from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
@@ -261,7 +261,7 @@ def build_failing_now(
         representative = examples[key] = example_cell(cells, checkpoints, popularity)
         shown = dict(members)[representative]
         classes = Counter(status.failure_class for _, status in members)
-        text = cause(shown.signature)
+        text = mask_signature(shown.signature)
         match = known_for(known, members, at_latest)
         cause_status = _status(match, len(cells))
         owner = shown.cause.whose if shown.cause else whose(shown.failure_class)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from matrix.known_failures import KnownFailure
 from reports.analysis.causes import cells_text
 from reports.analysis.history import History
-from reports.analysis.signatures import cause
+from reports.analysis.signatures import mask_signature
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, Versions, release
 
@@ -94,7 +94,7 @@ def known_for(
         entry.name: [
             c
             for c, status in members
-            if entry.covers(status.failure_class, cause(status.signature), c.model, c.variant, latest)
+            if entry.covers(status.failure_class, mask_signature(status.signature), c.model, c.variant, latest)
         ]
         for entry in known.values()
     }
@@ -118,7 +118,7 @@ def fixed_known(history: History, aggregates: Aggregates, known: dict[str, Known
                 if group.outcome == "fail"
                 and entry.covers(
                     group.failure_class,
-                    cause(group.signature),
+                    mask_signature(group.signature),
                     group.cell.model,
                     group.cell.variant,
                     versions_of(group.versions),

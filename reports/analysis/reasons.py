@@ -44,7 +44,7 @@ def _raised(cause: str) -> tuple[str, str, str]:
 
 
 def reason(failure_class: str, cause: str) -> Reason:
-    """The words for a failure class and cause (reports.analysis.signatures.cause)."""
+    """The words for a failure class and cause (reports.analysis.signatures.mask_signature)."""
     kind, message, where = _raised(cause)
     if failure_class == "memory":
         left = _LEFT_WHOLE.match(cause)

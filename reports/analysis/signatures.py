@@ -29,15 +29,15 @@ _SIGNATURE_FILE = re.compile(r"@ ((?:deepspeed|transformers)/\S+?\.py):")
 
 
 @lru_cache(maxsize=4096)  # a year's ~75 k result groups share a few hundred signatures
-def cause(signature: str) -> str:
+def mask_signature(signature: str) -> str:
     """The signature with numbers and the length of number lists masked: one text per cause, whatever the tp."""
     return _NUMBER_RUN.sub("N…", _NUMBER.sub("N", _PRODUCT.sub("N…", signature)))
 
 
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
     """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`:
-    what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and `cause`."""
-    return mechanism.key if mechanism is not None else f"{failure_class}|{cause(signature)}"
+    what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and masked signature."""
+    return mechanism.key if mechanism is not None else f"{failure_class}|{mask_signature(signature)}"
 
 
 def surfaced_in(signature: str) -> str:
@@ -53,7 +53,7 @@ def same_failure(
     """Whether a failure is other (failure class, signature): the same class, exception type and masked message,
     whatever the tp and whatever the function it surfaced in is called (a release that renames the function is not
     another failure), and the same module where both name where they broke (`broke_at`, a role)."""
-    same_text = cause(failure_text(signature)) == cause(failure_text(other[1]))
+    same_text = mask_signature(failure_text(signature)) == mask_signature(failure_text(other[1]))
     return failure_class == other[0] and same_text and (not broke_at or not other_at or broke_at == other_at)
 
 

@@ -19,9 +19,9 @@ from matrix.registry import load_models
 from reports.analysis import (
     Transition,
     answer_words,
-    cause,
     cause_id,
     frame_files,
+    mask_signature,
     plain_link,
     repro_command,
     shape_of,
@@ -115,7 +115,7 @@ class AtlasCause:
     id: str
     failure_class: str
     text: str
-    """The signature with numbers masked (reports.analysis.cause)."""
+    """The signature with numbers masked (reports.analysis.mask_signature)."""
     mechanism: str
     upstream: str
     """The issue or PR tracking it: its known failure's, else the PR an archived answer names (first bad or first
@@ -180,7 +180,7 @@ def build_atlas(archived: ArchiveHistory, known: Mapping[str, KnownFailure]) -> 
     failing: dict[tuple[str, str], list[tuple[CellKey, Versions]]] = defaultdict(list)
     for (cell, versions), status in history.statuses.items():
         if status.status == "fail":
-            text = cause(status.signature)
+            text = mask_signature(status.signature)
             failing[status.failure_class, text].append((cell, versions))
             verdicts[cell, sets[versions].id] = Verdict(
                 "fail", status.failure_class, cause_id(status.failure_class, text)
@@ -256,7 +256,7 @@ def _transition(transition: Transition, sets: Mapping[Versions, VersionSet]) -> 
         before=transition.before.label(transition.axis),
         after=transition.after.label(transition.axis),
         at=sets[transition.after].id,
-        cause=cause_id(failing.failure_class, cause(failing.signature)),
+        cause=cause_id(failing.failure_class, mask_signature(failing.signature)),
         answer=answer_words(transition_entry(transition), plain_link),
         pr=answer.pr if answer else None,
         commit=answer.commit if answer else "",

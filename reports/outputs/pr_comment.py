@@ -19,12 +19,12 @@ from reports.analysis import (
     DeltaCause,
     SessionDeltas,
     TransitionEntry,
-    cause,
     cells_text,
     code,
     count_text,
     delta_causes,
     log_folder,
+    mask_signature,
     reason,
     repro_command,
     upstream_label,
@@ -208,7 +208,7 @@ def _failing_causes(observations: list[Observation]) -> dict[tuple[str, str], li
     failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
     for obs in observations:
         if obs.result.outcome == "fail":
-            failing[obs.result.failure_class, cause(obs.result.signature)].append(obs.cell)
+            failing[obs.result.failure_class, mask_signature(obs.result.signature)].append(obs.cell)
     return dict(sorted(failing.items(), key=lambda item: (-len(item[1]), item[0])))
 
 

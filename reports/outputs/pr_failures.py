@@ -23,13 +23,13 @@ from reports.analysis import (
     CellStatus,
     History,
     Link,
-    cause,
     cause_statement,
     cells_text,
     code,
     count_text,
     failure_cause_id,
     failure_key,
+    mask_signature,
     one_line,
     reason,
     summarise,
@@ -50,7 +50,7 @@ class PrFailure:
     """One of PR_KINDS."""
     failure_class: str
     cause: str
-    """reports.analysis.signatures.cause of the candidate's failure (numbers masked)."""
+    """reports.analysis.signatures.mask_signature of the candidate's failure (numbers masked)."""
     base: str
     """The cell on the base: pass | fail | flaky | skip | not run."""
     base_failure: str = ""
@@ -89,7 +89,7 @@ def classify(
             continue
         statuses[cell] = status
         before = summarise(by_cell["base"][cell]) if cell in by_cell["base"] else None
-        text = cause(status.signature)
+        text = mask_signature(status.signature)
         newest = max(observations, key=lambda o: (o.run.started, o.run.run_id)).versions
         versions = {obs.versions for obs in [*observations, *by_cell["base"].get(cell, [])]}
         match = next(
@@ -116,7 +116,9 @@ def classify(
         else:
             kind = "new"
         other = (
-            f"{before.failure_class} {code(cause(before.signature))}" if before and before.fails and not same else ""
+            f"{before.failure_class} {code(mask_signature(before.signature))}"
+            if before and before.fails and not same
+            else ""
         )
         failing = [obs for obs in observations if obs.result.outcome == "fail"]
         found.append(
@@ -155,7 +157,7 @@ def cause_words(
     its mechanism, stated as proven only by a remedy verified on every one of them), else the class and cause's
     reason."""
     first = next(iter(statuses.values()))
-    text = cause(first.signature)
+    text = mask_signature(first.signature)
     key = failure_key(first.failure_class, first.signature, first.cause)
     cells = [cell.id for cell in statuses]
     sentence = cause_statement(key, list(statuses.values()), text, cells, remedies, refused_by_design)

@@ -28,7 +28,7 @@ from typing import Any
 from matrix.releases import ReleaseDataUnavailable
 from matrix.version_axes import AXES as INSTALLED_AXES
 from matrix.version_axes import load_config
-from reports.analysis import Transition, cause, frame_files
+from reports.analysis import Transition, frame_files, mask_signature
 from reports.clones import GitError, GitRepo
 from reports.search.cell_runs import (
     CellCommand,
@@ -157,7 +157,9 @@ def questions(transitions: list[Transition]) -> list[Question]:
     for t in transitions:
         # A root cause at one set of held-fixed versions; a class change's old failure also by its own cause.
         old: tuple[str, str] | tuple[()] = (
-            (t.before_status.failure_class, cause(t.before_status.signature)) if t.kind == "class-change" else ()
+            (t.before_status.failure_class, mask_signature(t.before_status.signature))
+            if t.kind == "class-change"
+            else ()
         )
         grouped[t.cause_key, t.held_fixed, old].append(t)
     found = []
@@ -175,7 +177,7 @@ def questions(transitions: list[Transition]) -> list[Question]:
                 held_fixed=held_fixed,
                 pins=pins,
                 failure_class=failing.failure_class,
-                cause=cause(failing.signature),
+                cause=mask_signature(failing.signature),
                 transitions=tuple(sorted(members, key=lambda t: (t.cell.tp, t.cell))),
                 old_failure=old,
             )

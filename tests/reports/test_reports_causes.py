@@ -6,7 +6,7 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from reports.__main__ import main
 from reports.analysis.causes import cells_text
-from reports.analysis.signatures import cause
+from reports.analysis.signatures import mask_signature
 from reports.outputs.model import read_report
 from reports.store.records import CellKey
 
@@ -59,18 +59,18 @@ DIFFERENT_CAUSES = {
 
 @pytest.mark.parametrize("model", SAME_CAUSE_AT_EVERY_TP)
 def test_real_signatures_of_tp_2_3_4_read_as_one_cause(model):
-    assert len({cause(signature) for signature in SAME_CAUSE_AT_EVERY_TP[model]}) == 1
+    assert len({mask_signature(signature) for signature in SAME_CAUSE_AT_EVERY_TP[model]}) == 1
 
 
 @pytest.mark.parametrize("model", DIFFERENT_CAUSES)
 def test_real_signatures_of_other_failures_stay_apart(model):
-    assert len({cause(signature) for signature in DIFFERENT_CAUSES[model]}) == 2
+    assert len({mask_signature(signature) for signature in DIFFERENT_CAUSES[model]}) == 2
 
 
 def test_cause_masks_numbers_the_recording_left_and_nothing_in_words():
-    assert cause("AssertionError: heads 6 % tp 4 != 0") == "AssertionError: heads N % tp N != N"
-    assert cause("shape [24, 384] and 24x384") == "shape [N…] and N…"
-    assert cause("NCCL error in layers.0.mlp: None") == "NCCL error in layers.N.mlp: None"
+    assert mask_signature("AssertionError: heads 6 % tp 4 != 0") == "AssertionError: heads N % tp N != N"
+    assert mask_signature("shape [24, 384] and 24x384") == "shape [N…] and N…"
+    assert mask_signature("NCCL error in layers.0.mlp: None") == "NCCL error in layers.N.mlp: None"
 
 
 def test_cells_are_listed_compactly():
