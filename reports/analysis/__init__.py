@@ -162,7 +162,7 @@ __all__ = [
     "blocking",
     "build_failing_now",
     "cause_statement",
-    "cause",
+    "mask_signature",
     "cause_answer_text",
     "cause_id",
     "cell_checkpoints",

@@ -39,7 +39,7 @@ from reports.store import (
     parse_pins,
     pins_text,
 )
-from suites.verdicts.mechanism import Cause
+from suites.verdicts.cause import Cause
 
 # Where report.json keeps the transitions of each kind; a root cause's members index into that list.
 TRANSITION_LISTS = {"broke": "regressions", "fixed": "fixes", "class-change": "class_changes"}
@@ -350,6 +350,6 @@ def delta_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
     found = []
     for (kind, _), deltas in grouped.items():
         first = deltas[0][1].failure
-        mechanism = first.cause.key if first.cause else ""
+        mechanism = first.cause.mechanism_key if first.cause else ""
         found.append(DeltaCause(kind, first.failure_class, mask_signature(first.signature), tuple(deltas), mechanism))
     return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.cause))

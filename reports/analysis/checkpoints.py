@@ -55,7 +55,7 @@ class CheckpointVerdict:
     failure_class: str  # "" unless it fails
     cause: str  # a failing cell's signature, else ""
     mechanism: str = ""
-    """What AutoTP did where this cell broke, in its own words (suites/verdicts/mechanism.py Cause.words), else ""."""
+    """What AutoTP did where this cell broke, in its own words (suites/verdicts/cause.py Cause.words), else ""."""
 
     @property
     def key(self) -> CellKey:

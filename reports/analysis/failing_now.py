@@ -207,7 +207,7 @@ class FailingCause:
     key: str = ""
     """What groups its cells (reports.analysis.signatures.failure_key)."""
     mechanism: str = ""
-    """The mechanism in words (suites/verdicts/mechanism.py Cause.words); "" for results recorded before causes were
+    """The mechanism in words (suites/verdicts/cause.py Cause.words); "" for results recorded before causes were
     kept."""
     whose: str = ""
     """Whose it is: a key of suites.verdicts.mechanism.WHOSE ("unsupported" where a known failure says DeepSpeed refuses

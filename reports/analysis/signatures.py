@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from suites.verdicts.mechanism import Cause, failure_text
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import failure_text
 
 # A run of two or more masked numbers ("N, N", "N,N,N", "N x N"), as shapes and split sizes print.
 _NUMBER_RUN = re.compile(r"N(?:\s*(?:,|x|\*)\s*N)+")
@@ -37,7 +38,7 @@ def mask_signature(signature: str) -> str:
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
     """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`:
     what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and masked signature."""
-    return mechanism.key if mechanism is not None else f"{failure_class}|{mask_signature(signature)}"
+    return mechanism.mechanism_key if mechanism is not None else f"{failure_class}|{mask_signature(signature)}"
 
 
 def surfaced_in(signature: str) -> str:

@@ -18,7 +18,7 @@ from reports.store import (
     short_commit,
     started_order,
 )
-from suites.verdicts.mechanism import Cause
+from suites.verdicts.cause import Cause
 
 NO_VERDICT_STATUSES = ("skip", "unsupported")
 """Statuses that say nothing of AutoTP: the harness did not run the cell, or DeepSpeed refused what it asks for."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from reports.store.records import CellKey, CellResult, Observation, Run, Versions
-from suites.verdicts.mechanism import Cause
+from suites.verdicts.cause import Cause
 
 PointKey = tuple[CellKey, Versions, str]
 """A point: cell, version set, harness commit ("" for runs recorded before it was kept)."""

@@ -8,7 +8,8 @@ from dataclasses import asdict, fields
 
 from matrix.json_records import read_record, write_record
 from reports.store.records import CellDetail, CellKey, CellResult, JSONObject, Run, RunRecords, Versions
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint
 
 FORMAT = 2
 

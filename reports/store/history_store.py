@@ -65,7 +65,7 @@ from reports.store.schema import (
     set_group_causes,
     store_identity,
 )
-from suites.verdicts.mechanism import Cause
+from suites.verdicts.cause import Cause
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ from reports.store.records import (
     Versions,
     deepspeed_git_of,
 )
+from suites.verdicts.cause import Cause
 from suites.verdicts.check_names import current_metric_name
-from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint
 from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 KNOWN_FAILURE_CLASSES = (*FAILURE_CLASSES, "unknown")  # unknown: a failure whose JUnit names no class
@@ -270,7 +271,8 @@ def _mechanism_from(props: dict[str, str], path: Path, where: str) -> Mechanism:
     found = Mechanism()
     try:
         if props.get("cause.key"):
-            cause = read_record(Cause, {name: props.get(f"cause.{name}", "") for name in Cause.__dataclass_fields__})
+            stored = {name.removeprefix("cause."): value for name, value in props.items() if name.startswith("cause.")}
+            cause = read_record(Cause, stored)
             if cause.whose not in WHOSE:
                 raise ValueError(f"cause.whose={cause.whose!r} is not one of {', '.join(WHOSE)}")
             found["cause"] = cause

@@ -10,7 +10,8 @@ from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
 from matrix.version_axes import AXES as INSTALLED_AXES
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint
 
 BisectMode = Literal["broken", "fixed"]
 """broken: before = last good, after = first bad; fixed: before = last bad, after = first good (`reports.search.bisect

@@ -10,7 +10,8 @@ from matrix.json_records import read_record, write_record
 from reports.store.ids import Cells, Texts
 from reports.store.records import CellKey, CellResult, Mechanism, Run, Versions
 from reports.store.schema import LOCK_TIMEOUT_S, RUN_FIELDS, SCHEMA_VERSION, VERSION_FIELDS, Row
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint
 
 
 def run_row(run: Run) -> Row:

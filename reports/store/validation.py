@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from matrix.json_records import write_record
 from reports.store.junit import KNOWN_FAILURE_CLASSES, shown
 from reports.store.records import (
     AXES,
@@ -31,7 +32,8 @@ from reports.store.records import (
     TriageAttempt,
     Versions,
 )
-from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import WHOSE, AutoTPRecord, BreakPoint
 from suites.verdicts.vocabulary import OUTCOMES
 
 Rule = Callable[[Any], "str | None"]
@@ -255,7 +257,7 @@ def _mechanism(cls: type[Cause] | type[BreakPoint] | type[AutoTPRecord]) -> Rule
             return f"is not a {cls.__name__} record"
         if isinstance(value, Cause) and value.whose not in WHOSE:
             return f"names whose bug it is as {shown(value.whose)}, not one of {', '.join(WHOSE)}"
-        data = asdict(value)
+        data = write_record(value)  # as stored
         if len(repr(data)) > MECHANISM_BYTES:
             return f"is more than the {MECHANISM_BYTES} characters a session writes"
         return next((f"holds a text that {problem}" for text in texts(data) if (problem := line(text))), None)

@@ -8,9 +8,10 @@ from suites.verdicts.mechanism import FRAME, IDLE_RANKS, LEFT_WHOLE_TEXT
 from suites.verdicts.statements import LAYOUT_MECHANISMS, MECHANISMS_BY_NAME, POLICY_PROBE
 
 
-def cause_title(key: str, words: str) -> str:
-    """A cause in a few words for a bug report's title, from its key (`cause_of` writes both); whole, never cut."""
-    kind, _, rest = key.partition("|")
+def cause_title(mechanism_key: str, words: str) -> str:
+    """A cause in a few words for a bug report's title, from its mechanism key (`cause_of` writes both); whole, never
+    cut."""
+    kind, _, rest = mechanism_key.partition("|")
     parts = rest.split("|")
     known = (
         MECHANISMS_BY_NAME.get(parts[0])

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from suites.verdicts import policy
+from suites.verdicts.cause import Cause
 from suites.verdicts.check_names import judged_signature
 from suites.verdicts.statements import (
     DESIGN_LIMITS,
@@ -226,18 +227,6 @@ def origin_of(path: str, layer_class: str, how: str) -> str:
 
 
 @dataclass(frozen=True)
-class Cause:
-    """A failed cell's cause: `key` groups cells into one cause, `words` says the mechanism for a reader, `whose`
-    is a key of WHOSE (an `Owner`), `evidence` the source line that makes it that owner's ("" for AutoTP's own
-    bugs located by what AutoTP did, and the harness's)."""
-
-    key: str
-    words: str
-    whose: str
-    evidence: str = ""
-
-
-@dataclass(frozen=True)
 class Failure:
     """What `cause_of` reads of a failed cell."""
 
@@ -383,13 +372,13 @@ def _layout(record: AutoTPRecord, name: str, layer: str, where: str, whose_bug: 
     return Cause(key, f"AutoTP split `{name}` as {layer}; {where}", whose_bug)
 
 
-def cause_sentence(key: str, words: Sequence[str]) -> str:
+def cause_sentence(mechanism_key: str, words: Sequence[str]) -> str:
     """What one cause says of all its cells: their words where every cell's are the same, else a sentence from what
-    the cells share, the cause's `key` (`cause_of` writes each cell's words from its own model: head counts, tp, the
-    module it broke in, which differ between the cells of one cause), per model where they differ."""
+    the cells share, the cause's `mechanism_key` (`cause_of` writes each cell's words from its own model: head counts,
+    tp, the module it broke in, which differ between the cells of one cause), per model where they differ."""
     if len(set(words)) == 1:
         return words[0]
-    kind, _, rest = key.partition("|")
+    kind, _, rest = mechanism_key.partition("|")
     parts = rest.split("|")
     if kind == "model" and parts[0] in MECHANISMS_BY_NAME:
         return MECHANISMS_BY_NAME[parts[0]].words

@@ -15,7 +15,8 @@ from pathlib import Path
 from matrix import PROJECT_ROOT, is_harness_file
 from matrix.json_records import read_record
 from matrix.redaction import redact
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint
 from suites.verdicts.vocabulary import FAILURE_CLASSES, OUTCOMES, FailureClass, FailureClassIfFailed, Outcome
 
 STAGE_CLASS: dict[str, FailureClass] = {"setup": "setup", "shard": "shard", "forward": "forward"}

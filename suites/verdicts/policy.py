@@ -116,7 +116,7 @@ def disagreement_words(disagreements: tuple[PolicyDisagreement, ...]) -> str:
 
 
 def policy_key(disagreements: tuple[PolicyDisagreement, ...]) -> str:
-    """A cause's key (suites/verdicts/mechanism.py `Cause.key`):
+    """A cause's key (suites/verdicts/cause.py `Cause.mechanism_key`):
     `policy|column-parallel:multi_head_attention.dense|...`, the same for every cell and tp of a model whose policy
     disagrees alike."""
     return "|".join(["policy", *(f"{d.made}:{d.linear}" for d in _ordered(disagreements))])

@@ -243,7 +243,7 @@ def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_b
     from reports.analysis.statuses import CellStatus
     from reports.outputs.pr_failures import cause_words
     from reports.store.records import CellKey
-    from suites.verdicts.mechanism import Cause
+    from suites.verdicts.cause import Cause
 
     key = "column-parallel|multi_head_attention.dense"
     words = "the parser left `multi_head_attention.dense` column-parallel (LinearLayer)"

@@ -415,7 +415,9 @@ def test_a_rebuilt_store_keeps_each_failures_cause_and_break_point(tmp_path, cap
     for path in (store, rebuilt):
         with HistoryStore(path, create=False, read_only=True) as history:
             (observation,) = history.observations()
-        assert observation.result.cause.key == "left whole|norm" and observation.result.cause.whose == "autotp"
+        assert (
+            observation.result.cause.mechanism_key == "left whole|norm" and observation.result.cause.whose == "autotp"
+        )
         assert observation.result.broke_at.path == "model.layers.0.self_attn.q_norm"
 
 
@@ -446,7 +448,7 @@ def test_a_cause_spanning_lines_in_an_archive_entry_is_refused():
     rule refuses it there, so no heading is planted in a report through a rebuilt store."""
     from reports.store.records import CellResult, Run, RunRecords, Versions
     from reports.store.validation import first_problem
-    from suites.verdicts.mechanism import Cause
+    from suites.verdicts.cause import Cause
 
     run = Run(
         "nightly@2026-01-02T00:00:00Z@vm",

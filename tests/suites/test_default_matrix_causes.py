@@ -21,7 +21,8 @@ import tomllib
 from matrix.json_records import read_record
 from matrix.remedies import RemedyResult, TakenAt
 from suites.records.run_records import read_records
-from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Cause, Failure, cause_of, cause_sentence
+from suites.verdicts.cause import Cause
+from suites.verdicts.mechanism import AutoTPRecord, BreakPoint, Failure, cause_of, cause_sentence
 from suites.verdicts.statements import proof_of, stated
 
 DATA = Path(__file__).parent / "data"
@@ -92,7 +93,7 @@ def _causes() -> dict[str, list[tuple[str, Cause]]]:
                 read_record(BreakPoint, broke_at) if broke_at else None,
             )
         )
-        causes[cause.key].append((cell, cause))
+        causes[cause.mechanism_key].append((cell, cause))
     return causes
 
 
@@ -125,7 +126,7 @@ def test_the_harness_causes_are_the_mechanisms():
         )
         assert cause.whose == OWNERS.get(mechanism_of[cell], "autotp"), (cell, cause)
         assert (cause.whose == "autotp") <= (mechanism_of[cell] not in OWNERS), (cell, cause)
-        cells_of_cause[cause.key].add(cell)
+        cells_of_cause[cause.mechanism_key].add(cell)
     holding_two = {key: sorted({mechanism_of[c] for c in cells}) for key, cells in cells_of_cause.items()}
     assert {key: names for key, names in holding_two.items() if len(names) > 1} == {}, "a cause holds two mechanisms"
     causes_of_mechanism: dict[str, set[str]] = defaultdict(set)

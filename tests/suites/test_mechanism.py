@@ -2,7 +2,8 @@
 by
 the error's text alone; and numbers in shapes are masked as numbers (suites/verdicts/outcome.py `mask_numbers`)."""
 
-from matrix.json_records import write_record
+from matrix.json_records import read_record, write_record
+from suites.verdicts.cause import Cause
 from suites.verdicts.mechanism import (
     AutoTPRecord,
     BreakPoint,
@@ -97,13 +98,13 @@ def test_one_mechanism_in_two_architectures_is_one_cause_and_says_so():
         _record(left_whole=[SUB_NORM]),
         _raised("model.layers.1.self_attn.attn_sub_norm", "BitNetRMSNorm"),
     )
-    assert cause_of(olmo2).key == cause_of(bitnet).key == "left whole|norm"
+    assert cause_of(olmo2).mechanism_key == cause_of(bitnet).mechanism_key == "left whole|norm"
     assert cause_of(olmo2).words.startswith("`self_attn.q_norm.weight` (width of the split `self_attn.q_proj`, 256)")
     assert cause_of(olmo2).whose == "autotp"
     per_head = Failure(
         "forward", olmo2.signature, _record(left_whole=[SINKS]), _raised("model.layers.0.self_attn", "A")
     )
-    assert cause_of(per_head).key == "left whole|per-head"
+    assert cause_of(per_head).mechanism_key == "left whole|per-head"
 
 
 def test_two_mechanisms_under_one_error_text_are_two_causes():
@@ -114,11 +115,11 @@ def test_two_mechanisms_under_one_error_text_are_two_causes():
     missed = _linear("model.layers.*.attn.dense", "LinearLayer", (256, 256), 0, 128)
     causes = {
         cause_of(Failure("forward", text, _record(experts=4, replaced=[router]),
-                         _raised("model.layers.0.mlp.router", "Router", "LinearAllreduce"))).key,
+                         _raised("model.layers.0.mlp.router", "Router", "LinearAllreduce"))).mechanism_key,
         cause_of(Failure("forward", text, _record(replaced=[fused]),
-                         _raised("model.layers.0.self_attn.o_proj", "Linear", "LinearAllreduce"))).key,
+                         _raised("model.layers.0.self_attn.o_proj", "Linear", "LinearAllreduce"))).mechanism_key,
         cause_of(Failure("forward", text, _record(replaced=[missed]),
-                         _raised("model.layers.0.attn.dense", "Linear", "LinearLayer"))).key,
+                         _raised("model.layers.0.attn.dense", "Linear", "LinearLayer"))).mechanism_key,
     }  # fmt: skip
     assert causes == {
         "router|LinearAllreduce",
@@ -138,7 +139,7 @@ def test_a_mechanism_that_crashes_at_one_tp_and_miscomputes_at_another_is_one_ca
         "Attention", "(max |Δ| 22.9 at output scale 21; bound 0.00257)",
     )  # fmt: skip
     numerics = Failure("numerics", "logits: prefill logits differ by N", _record(), diverged)
-    assert cause_of(crash).key == cause_of(numerics).key == "at|self_attn|Attention|"
+    assert cause_of(crash).mechanism_key == cause_of(numerics).mechanism_key == "at|self_attn|Attention|"
     assert "first divergence at `model.layers.0.self_attn.o_proj`" in cause_of(numerics).words
 
 
@@ -150,8 +151,8 @@ def test_a_kv_unit_split_that_crashes_is_autotps_bug_and_one_that_only_idles_ran
         "forward", "RuntimeError: split_with_sizes @ f.py:forward", starved, _raised("model.layers.0.self_attn", "A")
     )
     memory = Failure("memory", "memory: linears split unevenly: model.layers.*.self_attn.{q_proj,o_proj}", starved)
-    assert (cause_of(crash).key, cause_of(crash).whose) == ("kv-unit split|query heads starved", "autotp")
-    assert (cause_of(memory).key, cause_of(memory).whose) == ("kv-unit split|ranks idle", "design-limit")
+    assert (cause_of(crash).mechanism_key, cause_of(crash).whose) == ("kv-unit split|query heads starved", "autotp")
+    assert (cause_of(memory).mechanism_key, cause_of(memory).whose) == ("kv-unit split|ranks idle", "design-limit")
     assert "Limitations 1" in cause_of(memory).evidence and "contradict" in cause_of(crash).evidence
     assert "1 kv head < tp 2, so rank 1 holds no query head of `self_attn.q_proj`" in cause_of(memory).words
 
@@ -166,7 +167,9 @@ def test_memory_findings_group_by_what_was_left_whole_not_where_the_block_sits()
         _record(),
     )
     assert (
-        cause_of(mixtral).key == cause_of(granite).key == "memory|experts left whole: experts.{gate_up_proj,down_proj}"
+        cause_of(mixtral).mechanism_key
+        == cause_of(granite).mechanism_key
+        == "memory|experts left whole: experts.{gate_up_proj,down_proj}"
     )
 
 
@@ -174,7 +177,7 @@ def test_what_nothing_located_is_grouped_by_its_text_and_the_harness_owns_setup(
     parser = Failure(
         "shard", "AssertionError: Not able to determine model policy automatically. @ deepspeed/auto_tp.py:tp_parser"
     )
-    assert cause_of(parser).key == "shard|AssertionError: Not able to determine model policy automatically."
+    assert cause_of(parser).mechanism_key == "shard|AssertionError: Not able to determine model policy automatically."
     harness = Failure("setup", "TypeError: 'NoneType' object is not callable @ suites/checks/probes.py:observe")
     assert cause_of(harness).whose == "harness"
 
@@ -194,3 +197,12 @@ def test_repro_prints_the_cause_and_what_autotp_did():
         "  LinearLayer: model.layers.*.self_attn.q_proj",
     ]
     assert lines[-1] == f"  {Q_NORM.text}"
+
+
+def test_a_stored_cause_names_its_mechanism_key_key_as_every_history_does():
+    """cells.jsonl, JUnit properties and the store (whose text ids hash the JSON) hold `key`: a cause written before
+    the field was called `mechanism_key` reads back, and one written now is stored as before."""
+    stored = {"key": "left whole|norm", "words": "a norm left whole", "whose": "autotp", "evidence": ""}
+    cause = read_record(Cause, stored)
+    assert cause == Cause(mechanism_key="left whole|norm", words="a norm left whole", whose="autotp")
+    assert write_record(cause) == stored and list(write_record(cause)) == list(stored)

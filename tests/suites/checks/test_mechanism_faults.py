@@ -45,7 +45,7 @@ def test_a_norm_over_a_split_width_is_named_where_it_broke(rank_pool, llama_tp2)
         "model.layers.0.self_attn.planted_norm",
         "RMSNorm",
     )
-    assert outcome.cause.key == "left whole|norm"
+    assert outcome.cause.mechanism_key == "left whole|norm"
     assert outcome.cause.words.startswith("`self_attn.planted_norm.weight` (width of the split `self_attn.q_proj`, 96)")
     assert "raised in `model.layers.0.self_attn.planted_norm` (RMSNorm)" in outcome.message
 
@@ -55,7 +55,7 @@ def test_a_per_head_buffer_left_whole_is_named(rank_pool, llama_tp2):
     assert (outcome.outcome, outcome.failure_class) == ("fail", "forward"), outcome.message
     assert outcome.broke_at.path == "model.layers.0.self_attn.q_proj"
     assert (outcome.broke_at.module_class, outcome.broke_at.layer_class) == ("Linear", "LinearLayer")
-    assert outcome.cause.key == "left whole|per-head"
+    assert outcome.cause.mechanism_key == "left whole|per-head"
     assert "`self_attn.head_scale` (heads of the split `self_attn.q_proj`, 6) left whole" in outcome.cause.words
 
 
@@ -66,7 +66,9 @@ def test_a_kv_unit_split_with_one_kv_head_is_named(rank_pool, llama_tp2):
     assert outcome.outcome == "fail", outcome.message
     assert outcome.autotp.kv_heads == 1
     idle = outcome.failure_class == "memory"  # right numbers: the idle ranks DeepSpeed documents; else its bug
-    assert outcome.cause.key == f"kv-unit split|{'ranks idle' if idle else 'query heads starved'}", outcome.cause
+    assert outcome.cause.mechanism_key == f"kv-unit split|{'ranks idle' if idle else 'query heads starved'}", (
+        outcome.cause
+    )
     assert outcome.cause.whose == ("design-limit" if idle else "autotp"), outcome.cause
     assert "1 kv head < tp 2, so rank 1 holds no query head of `self_attn.q_proj`" in outcome.cause.words
 
@@ -105,6 +107,6 @@ def test_the_parser_is_asked_not_wrapped_so_a_refusal_traces_through_deepspeed_o
     )
     trace = library_trace(outcome.message)
     assert trace[1].startswith('  File "deepspeed/__init__.py"') and not [line for line in trace if "suites/" in line]
-    assert outcome.cause is not None and outcome.cause.key.startswith("no policy|")
+    assert outcome.cause is not None and outcome.cause.mechanism_key.startswith("no policy|")
     assert outcome.autotp is not None and outcome.autotp.policies == () and not outcome.autotp.complete
     assert AutoTP.__dict__["tp_parser"] is parser  # this process's DeepSpeed untouched too

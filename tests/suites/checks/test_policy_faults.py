@@ -40,7 +40,7 @@ def test_a_planted_parser_miss_is_named_by_the_inferred_policy(rank_pool, llama_
     assert [d.text for d in record.disagreements] == [
         "the parser made `self_attn.o_proj` column-parallel; it writes the residual"
     ]
-    assert outcome.cause.key == "policy|column-parallel:self_attn.o_proj"
+    assert outcome.cause.mechanism_key == "policy|column-parallel:self_attn.o_proj"
     assert outcome.cause.words.startswith(
         "the parser made `self_attn.o_proj` column-parallel; it writes the residual; raised in "
         "`model.layers.0.self_attn.o_proj` (Linear, LinearLayer)"

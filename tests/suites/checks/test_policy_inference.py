@@ -168,15 +168,18 @@ def test_a_disagreement_is_the_cause_in_the_parser_s_words():
     record = AutoTPRecord(2, 4, 4, 128, 0, (), (), (), (), inferred=(block,), disagreements=found)
     broke = BreakPoint("transformer.h.0.multi_head_attention.dense", "Linear", "LinearLayer", "raised", "", "Linear")
     cause = cause_of(Failure("forward", "RuntimeError: mat1 and mat2 shapes cannot be multiplied", record, broke))
-    assert cause.key == "policy|column-parallel:multi_head_attention.dense"
+    assert cause.mechanism_key == "policy|column-parallel:multi_head_attention.dense"
     assert cause.words.startswith(
         "the parser made `multi_head_attention.dense` column-parallel; it writes the residual; raised in "
     )
     assert cause.whose == "autotp"
-    assert cause_sentence(cause.key, [cause.words, "other"]) == (
+    assert cause_sentence(cause.mechanism_key, [cause.words, "other"]) == (
         "the parser made `multi_head_attention.dense` column-parallel; it writes the residual"
     )
-    assert cause_title(cause.key, cause.words) == "`multi_head_attention.dense` made column-parallel by the parser"
+    assert (
+        cause_title(cause.mechanism_key, cause.words)
+        == "`multi_head_attention.dense` made column-parallel by the parser"
+    )
     assert disagreements((block,), {**made, "transformer.h.0.ffn.0": "LinearAllreduce"}, "the parser")[1].text == (
         "the parser made `ffn.0` row-parallel; it reads the residual"
     )

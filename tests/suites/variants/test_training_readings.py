@@ -89,4 +89,4 @@ def test_two_update_bugs_are_two_causes(pool):
     assert 0.15 < too_large.metrics["update_max_rel_error"] < 0.25
     assert vanished.signature.endswith("is zero where the unsharded weight update is not"), vanished.signature
     assert too_large.cause is not None and vanished.cause is not None
-    assert too_large.cause.key != vanished.cause.key
+    assert too_large.cause.mechanism_key != vanished.cause.mechanism_key
