@@ -204,3 +204,9 @@ def _expect(kind: type, value: object, path: str) -> Any:
 def split_keys(data: Mapping[str, Any], names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the keys `names` of a flattened object, the rest): the two parts an `own_shape` sets apart again."""
     return {name: data[name] for name in names}, {key: item for key, item in data.items() if key not in names}
+
+
+def renamed(data: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """`data` with the keys `names` maps renamed, in their places: a field stored under another name than the one it
+    has in Python (`json_shape` renames to the stored name, `own_shape` back)."""
+    return {names.get(key, key): item for key, item in data.items()}

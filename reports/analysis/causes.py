@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from matrix.json_records import read_record
+from matrix.json_records import read_record, renamed, split_keys
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.comparison import compare
@@ -55,6 +55,60 @@ def failure_cause_id(failure_class: str, signature: str, mechanism: Cause | None
     recorded (reports.analysis.signatures.failure_key), or of its class and masked signature where none was kept."""
     key = failure_key(failure_class, signature, mechanism)
     return cause_id(key) if mechanism is not None else cause_id(failure_class, mask_signature(signature))
+
+
+@dataclass(frozen=True)
+class CauseGroup:
+    """The failed cells that share one cause (suites/verdicts/cause.py `Cause`, or for failures recorded before causes
+    were kept, one class and masked signature): what every view of a cause states (a root cause, a cause failing now,
+    a change since the previous run, reports.analysis `DeltaCause.group`). A view holds it as `group`; report.json
+    writes its fields in the view's own object, in the group's place (`group_in_place`)."""
+
+    failure_class: str
+    """The class its cells fail with; a cause failing now names every class among its cells, the most cells first
+    ("forward, numerics"): a cause keyed by mechanism may hold cells of two classes."""
+    masked_signature: str
+    """Its first (or example) cell's signature with numbers masked (`mask_signature`); report.json's `cause`."""
+    count: int
+    """How many cells."""
+    cells: tuple[str, ...]
+    """The cells' ids, sorted."""
+    cells_text: str
+    """The cells in a few words (`cells_text`: models with their tp sizes, per variant and dtype)."""
+
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        return renamed(written, GROUP_STORED_NAMES)
+
+    @staticmethod
+    def own_shape(stored: JSONObject) -> JSONObject:
+        return renamed(stored, {stored: name for name, stored in GROUP_STORED_NAMES.items()})
+
+
+GROUP_STORED_NAMES = {"masked_signature": "cause"}
+"""CauseGroup's fields that report.json names otherwise (its key since before the field was renamed)."""
+GROUP_KEYS = ("failure_class", "cause", "count", "cells", "cells_text")
+"""CauseGroup's fields as report.json names them, which `group_apart` takes out of a view's object."""
+
+
+def cause_group(failure_class: str, masked_signature: str, cells: list[CellKey]) -> CauseGroup:
+    """The group of `cells` (sorted), with their count and text."""
+    ordered = sorted(cells)
+    return CauseGroup(failure_class, masked_signature, len(ordered), tuple(c.id for c in ordered), cells_text(ordered))
+
+
+def group_in_place(written: JSONObject) -> JSONObject:
+    """A cause view's report.json object (its `json_shape`): its group's fields where the group stands."""
+    return {
+        key: item
+        for name, value in written.items()
+        for key, item in (value if name == "group" else {name: value}).items()
+    }
+
+
+def group_apart(stored: JSONObject) -> JSONObject:
+    """`group_in_place`'s inverse (a view's `own_shape`)."""
+    group, rest = split_keys(stored, GROUP_KEYS)
+    return {**rest, "group": group}
 
 
 # ---- Compact cell lists ------------------------------------------------------------------------------------------
@@ -102,11 +156,7 @@ class RootCause:
     axis: str
     before: str
     after: str
-    failure_class: str
-    cause: str
-    count: int
-    cells: tuple[str, ...]
-    cells_text: str
+    group: CauseGroup
     held_fixed: tuple[Pins, ...]  # the other axes of its transitions, each distinct set once
     members: tuple[int, ...]  # indices into report.json's list of its kind (TRANSITION_LISTS)
     answers: tuple[CauseAnswer, ...]
@@ -117,14 +167,15 @@ class RootCause:
     def json_shape(self, written: JSONObject) -> JSONObject:
         """The report.json form (write_record): the held-fixed pins as text, `elsewhere` left out (from_json
         derives it again)."""
-        shaped = {**written, "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
+        shaped = {**group_in_place(written), "held_fixed": [pins_text(pins) for pins in self.held_fixed]}
         del shaped["elsewhere"]
         return shaped
 
     @classmethod
     def from_json(cls, entry: JSONObject, latest: Versions) -> RootCause:
         held_fixed = tuple(parse_pins(text) for text in entry["held_fixed"])
-        return read_record(cls, {**entry, "held_fixed": held_fixed, "elsewhere": seen_elsewhere(held_fixed, latest)})
+        whole = {**group_apart(entry), "held_fixed": held_fixed, "elsewhere": seen_elsewhere(held_fixed, latest)}
+        return read_record(cls, whole)
 
 
 def seen_elsewhere(held_fixed: tuple[Pins, ...], latest: Versions) -> tuple[Pins, ...]:
@@ -150,8 +201,7 @@ def root_causes(
         kind, axis, before, after, failure_class, _ = key
         listed = [listed_of[kind][i] for i in members]
         typed = [of_each_kind[kind][i] for i in members]
-        signature_cause = mask_signature(typed[0].failing_end.signature)
-        cells = sorted({t.cell for t in listed})
+        cells = list({t.cell for t in listed})
         held_fixed = tuple(dict.fromkeys(t.held_fixed for t in typed))
         found.append(
             RootCause(
@@ -160,11 +210,7 @@ def root_causes(
                 axis=axis,
                 before=before,
                 after=after,
-                failure_class=failure_class,
-                cause=signature_cause,
-                count=len(cells),
-                cells=tuple(cell.id for cell in cells),
-                cells_text=cells_text(cells),
+                group=cause_group(failure_class, mask_signature(typed[0].failing_end.signature), cells),
                 held_fixed=held_fixed,
                 members=tuple(members),
                 answers=tuple(
@@ -174,7 +220,18 @@ def root_causes(
             )
         )
     kinds = list(TRANSITION_LISTS)
-    return tuple(sorted(found, key=lambda c: (kinds.index(c.kind), -c.count, c.axis, c.failure_class, c.cause)))
+    return tuple(
+        sorted(
+            found,
+            key=lambda c: (
+                kinds.index(c.kind),
+                -c.group.count,
+                c.axis,
+                c.group.failure_class,
+                c.group.masked_signature,
+            ),
+        )
+    )
 
 
 def by_kind(transitions: list[Transition]) -> dict[str, list[Transition]]:
@@ -319,18 +376,24 @@ class DeltaCause:
 
     kind: str
     failure_class: str  # its first cell's (a cause keyed by mechanism may hold cells of two classes)
-    cause: str  # its first cell's signature, numbers masked
+    masked_signature: str  # its first cell's signature, numbers masked
     deltas: tuple[tuple[SessionDeltas, Delta], ...]
-    key: str = ""  # the cause the harness recorded (suites/verdicts/mechanism.py); "" for failures recorded before
+    mechanism_key: str = ""  # of the cause the harness recorded (suites/verdicts/cause.py); "" for failures before
 
     @property
     def id(self) -> str:
         """The id failing now gives the same cause (reports.analysis.failing_now), which publish's issues carry."""
-        return cause_id(self.key) if self.key else cause_id(self.failure_class, self.cause)
+        return (
+            cause_id(self.mechanism_key) if self.mechanism_key else cause_id(self.failure_class, self.masked_signature)
+        )
 
     @property
     def cells(self) -> list[CellKey]:
         return sorted({delta.cell for _, delta in self.deltas})
+
+    @property
+    def group(self) -> CauseGroup:
+        return cause_group(self.failure_class, self.masked_signature, self.cells)
 
     @property
     def sessions(self) -> list[SessionDeltas]:
@@ -352,4 +415,4 @@ def delta_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
         first = deltas[0][1].failure
         mechanism = first.cause.mechanism_key if first.cause else ""
         found.append(DeltaCause(kind, first.failure_class, mask_signature(first.signature), tuple(deltas), mechanism))
-    return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.cause))
+    return sorted(found, key=lambda c: (DELTA_KINDS.index(c.kind), -len(c.cells), c.failure_class, c.masked_signature))

@@ -24,17 +24,28 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from matrix.cells import replay_name
+from matrix.json_records import renamed
 from matrix.known_failures import KnownFailure
 from matrix.registry import RegistryError, load_models, load_popularity
 from matrix.remedies import RemedyResult
-from reports.analysis.causes import RootCause, by_kind, cells_text, count_text, failure_cause_id, typed_members
+from reports.analysis.causes import (
+    CauseGroup,
+    RootCause,
+    by_kind,
+    cause_group,
+    count_text,
+    failure_cause_id,
+    group_apart,
+    group_in_place,
+    typed_members,
+)
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
 from reports.analysis.signatures import failure_key, mask_signature, surfaced_in
 from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
-from reports.store import AXES, Aggregates, CellKey, ResultGroup, Versions, started_order
+from reports.store import AXES, Aggregates, CellKey, JSONObject, ResultGroup, Versions, started_order
 from suites.verdicts.mechanism import cause_sentence, whose
 from suites.verdicts.statements import Proof, proof_of, stated
 
@@ -189,11 +200,8 @@ class FailingCause:
     """The cells failing at the latest versions with one cause."""
 
     id: str
-    failure_class: str  # the classes its cells fail with, the most cells first ("forward, numerics")
-    cause: str  # the example cell's signature, numbers masked
-    count: int
-    cells: tuple[str, ...]
-    cells_text: str
+    group: CauseGroup
+    """Its cells; its failure class names every class among them, its masked signature is the example cell's."""
     since: FirstSeen
     root_causes: tuple[str, ...]  # the ids of the root causes that brought these cells into the latest versions
     status: str  # one of STATUS_ORDER: "known"/"unsupported" when a known failure covers some of its cells
@@ -204,8 +212,8 @@ class FailingCause:
     draft: str = ""
     """Its draft issue for DeepSpeed's tracker, relative to the report ("" where none is written: render writes one
     per cause DeepSpeed can fix, reports.outputs.cell_files)."""
-    key: str = ""
-    """What groups its cells (reports.analysis.signatures.failure_key)."""
+    mechanism_key: str = ""
+    """What groups its cells (reports.analysis.signatures.failure_key); report.json's `key`."""
     mechanism: str = ""
     """The mechanism in words (suites/verdicts/cause.py Cause.words); "" for results recorded before causes were
     kept."""
@@ -220,6 +228,13 @@ class FailingCause:
     proven_by: tuple[RemedyResult, ...] = ()
     """The remedies verified on every one of its cells, whose mechanism its sentence states (a draft carries each as
     a workaround or a proposed fix); () where none is."""
+
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        return renamed(group_in_place(written), {"mechanism_key": "key"})
+
+    @staticmethod
+    def own_shape(stored: JSONObject) -> JSONObject:
+        return group_apart(renamed(stored, {"key": "mechanism_key"}))
 
 
 @dataclass(frozen=True)
@@ -272,11 +287,7 @@ def build_failing_now(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
                 id=failure_cause_id(shown.failure_class, shown.signature, shown.cause),
-                failure_class=", ".join(name for name, _ in classes.most_common()),
-                cause=text,
-                count=len(cells),
-                cells=tuple(cell.id for cell in cells),
-                cells_text=cells_text(cells),
+                group=cause_group(", ".join(name for name, _ in classes.most_common()), text, cells),
                 since=_cause_since(history, aggregates, representative, key, first_seen[key]),
                 root_causes=tuple(_root_causes(root_causes, transitions, latest, key, set(cells))),
                 status=cause_status,
@@ -286,7 +297,7 @@ def build_failing_now(
                     CellFiles(cell.id, files.log(cell.id), files.script(cell.id), checkpoints.get(cell, ()))
                     for cell in cells
                 ),
-                key=key,
+                mechanism_key=key,
                 mechanism=_mechanism(key, [status for _, status in members], text, bool(unsupported), proof),
                 whose="unsupported" if unsupported else owner,
                 evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
@@ -297,16 +308,16 @@ def build_failing_now(
     ranked = popularity_rank(checkpoints, popularity)
     causes.sort(
         key=lambda c: (
-            severity(c.failure_class.split(", ")),
-            ranked(examples[c.key]),
-            -c.count,
-            c.failure_class,
-            c.cause,
+            severity(c.group.failure_class.split(", ")),
+            ranked(examples[c.mechanism_key]),
+            -c.group.count,
+            c.group.failure_class,
+            c.group.masked_signature,
         )
     )
     first_night = len(history.version_sets) == 1 and all(c.since.run == first_run for c in causes)
     return FailingNow(
-        cells=sum(c.count for c in causes),
+        cells=sum(c.group.count for c in causes),
         causes=tuple(causes),
         fixed_known=tuple(fixed_known(history, aggregates, known)),
         backfill=backfill_command([cell for cell, versions in history.statuses if versions == latest])

@@ -78,7 +78,7 @@ def status_text(entry: FailingCause, link: Link) -> str:
     known = entry.known
     if known is None:
         return "new"
-    share = f", {len(known.cells)} of {entry.count} cells" if len(known.cells) < entry.count else ""
+    share = f", {len(known.cells)} of {entry.group.count} cells" if len(known.cells) < entry.group.count else ""
     upstream = link(known.label, known.upstream)
     if known.state == "unsupported":
         return (
@@ -99,7 +99,7 @@ def cause_answer_text(entry: FailingCause, report: ReportView, link: Link) -> st
         t
         for root_id in entry.root_causes
         for t in report.members(report.root_cause(root_id))
-        if t.cell.id in entry.cells
+        if t.cell.id in entry.group.cells
     ]
     if not transitions:
         return ""
@@ -124,7 +124,9 @@ def files_text(entry: FailingCause, link: Link) -> str:
         for name, path in (("logs", repro.logs), ("script", repro.script), ("draft issue", entry.draft))
         if path
     ]
-    symptom = f" {code(entry.cause)}" if entry.mechanism else ""  # else the sentence is its signature already
+    symptom = (
+        f" {code(entry.group.masked_signature)}" if entry.mechanism else ""
+    )  # else the sentence is its signature already
     return (
         f"e.g. `{cell}`{stands}:{symptom} {code(repro.command)}"
         + (f"; {', '.join(files)}" if files else "")
@@ -154,7 +156,7 @@ def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
     parts = [
         f"**{status_text(entry, link)}** {cause_sentence_text(entry)}",
         whose_text(entry),
-        f"{count_text(entry.count, 'cell')}: {entry.cells_text}",
+        f"{count_text(entry.group.count, 'cell')}: {entry.group.cells_text}",
         "" if first_night else entry.since.text,
         cause_answer_text(entry, report, link),
         files_text(entry, link),
@@ -166,8 +168,8 @@ def cause_sentence_text(entry: FailingCause) -> str:
     """ "forward: <the sentence that holds for every cell>", the class said once: the mechanism where one was
     located, else the example's signature (numbers masked)."""
     if entry.mechanism:
-        return class_and_finding(entry.failure_class, entry.mechanism)
-    return f"{entry.failure_class}: {code(entry.cause.removeprefix(f'{entry.failure_class}: '))}"
+        return class_and_finding(entry.group.failure_class, entry.mechanism)
+    return f"{entry.group.failure_class}: {code(entry.group.masked_signature.removeprefix(f'{entry.group.failure_class}: '))}"
 
 
 def console_lines(section: FailingNow) -> list[str]:
@@ -175,7 +177,7 @@ def console_lines(section: FailingNow) -> list[str]:
     that runs its example alone), the most severe first; the full section is in report.md."""
     return [
         f"{number}. [{status_text(entry, plain_link)}] {cause_sentence_text(entry).replace('`', '')} — "
-        f"{count_text(entry.count, 'cell')}: {entry.cells_text} — alone: {entry.repro.command}"
+        f"{count_text(entry.group.count, 'cell')}: {entry.group.cells_text} — alone: {entry.repro.command}"
         for number, entry in enumerate(section.causes, start=1)
     ]
 

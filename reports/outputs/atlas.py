@@ -42,7 +42,7 @@ def page_data(report: Report, entry: CheckpointEntry) -> dict[str, Any]:
         }
         for index in reversed(range(len(timeline.version_sets)))
     ]
-    shown = [cause for cause in report.failing_now.causes if set(cause.cells) & set(cells)]
+    shown = [cause for cause in report.failing_now.causes if set(cause.group.cells) & set(cells)]
     statuses = linked_html(lambda link: [status_text(cause, link) for cause in shown], depth=1)
     answers = linked_html(lambda link: [cause_answer_text(cause, report, link) for cause in shown], depth=1)
     verdicts = {verdict.cell: verdict for verdict in entry.verdicts}

@@ -141,7 +141,7 @@ def write_drafts(
     for entry in report.failing_now.causes:
         if entry.repro.script and not not_deepspeeds(entry) and entry.status != "unsupported":
             write_cause_draft(entry, report, history, observations, out_dir=out_dir, inert=inert)
-            drafted[entry.id] = draft_file(entry.failure_class, entry.id)
+            drafted[entry.id] = draft_file(entry.group.failure_class, entry.id)
     if not drafted:
         return report
     causes = tuple(replace(c, draft=drafted.get(c.id, c.draft)) for c in report.failing_now.causes)

@@ -94,10 +94,13 @@ def write_draft(
     what `nox -s remedy` verified (`remedies`: the store's, HistoryStore.remedy_results)."""
     report = build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
     causes = report.failing_now.causes
-    entry = next((c for c in causes if c.id == cause or cell in c.cells), None)
+    entry = next((c for c in causes if c.id == cause or cell in c.group.cells), None)
     if entry is None:
         listed = (
-            "; ".join(f"{c.id} ({c.failure_class}, {count_text(c.count, 'cell')}, e.g. {c.repro.cell})" for c in causes)
+            "; ".join(
+                f"{c.id} ({c.group.failure_class}, {count_text(c.group.count, 'cell')}, e.g. {c.repro.cell})"
+                for c in causes
+            )
             or "none: no cell fails at the latest versions"
         )
         asked = f"--cause {cause}" if cause else f"--cell {cell}"
@@ -120,7 +123,7 @@ def write_cause_draft(
 ) -> Draft:
     """draft_text written to <out_dir>/draft-issue/<class>-<id>.md, its repro script beside it, moved into place
     together."""
-    name = Path(draft_file(entry.failure_class, entry.id))
+    name = Path(draft_file(entry.group.failure_class, entry.id))
     with staged(out_dir) as stage:
         folder = stage / name.parent
         title, body = draft_text(entry, report, history, observations, folder=folder, inert=inert, cell=cell)
@@ -131,7 +134,7 @@ def write_cause_draft(
 def not_deepspeeds(entry: FailingCause) -> str | None:
     """Why a cause is not DeepSpeed's to fix (the harness or its environment failed, or a class from an older
     store that no check writes), None when it is."""
-    classes = entry.failure_class.split(", ")
+    classes = entry.group.failure_class.split(", ")
     unknown = [failure_class for failure_class in classes if failure_class not in FAILURE_CLASSES]
     if unknown:
         return (
@@ -243,14 +246,16 @@ def _model_type(cell: Cell | None, model: str) -> str:
 
 
 def _tps(entry: FailingCause, model: str) -> list[int]:
-    return sorted({int(c.rsplit("-tp", 1)[1]) for c in entry.cells if c.startswith(f"{model}-")})
+    return sorted({int(c.rsplit("-tp", 1)[1]) for c in entry.group.cells if c.startswith(f"{model}-")})
 
 
 def _title(entry: FailingCause, failure: Observation, cell: Cell | None) -> str:
     """ "[BUG] AutoTP: <mechanism> (<HF class>, tp 2/3/4, DeepSpeed 0.19.8, transformers 5.25.0)", whole."""
     key, versions = failure.cell, failure.run.versions
     what = (
-        cause_title(entry.key, entry.mechanism) if entry.mechanism else reason(entry.failure_class, entry.cause).short
+        cause_title(entry.mechanism_key, entry.mechanism)
+        if entry.mechanism
+        else reason(entry.group.failure_class, entry.group.masked_signature).short
     )
     tps = "/".join(map(str, _tps(entry, key.model)))
     return (
@@ -262,7 +267,7 @@ def _title(entry: FailingCause, failure: Observation, cell: Cell | None) -> str:
 def _affected(entry: FailingCause) -> str:
     """The model types and tp sizes the cause fails at, in a reader's words (`bloom tp 2, 3, 4; phi3 tp 2`)."""
     by_model: dict[str, list[int]] = {}
-    for cell_id in entry.cells:
+    for cell_id in entry.group.cells:
         model, tp = cell_id.rsplit("-tp", 1)
         by_model.setdefault(model.split("-", 1)[0].split(".", 1)[0], []).append(int(tp))
     return "; ".join(f"{model} tp {', '.join(map(str, sorted(set(tps))))}" for model, tps in sorted(by_model.items()))
@@ -331,7 +336,7 @@ def _markdown(
     model_class = hf_class(_model_type(cell if isinstance(cell, Cell) else None, key.model))
     trained = cell if isinstance(cell, Cell) and cell.variant.training else None
     lines = [*_known_lines(entry)]
-    words = "" if diagnosis else f" {reason(entry.failure_class, entry.cause).sentence}"
+    words = "" if diagnosis else f" {reason(entry.group.failure_class, entry.group.masked_signature).sentence}"
     symptom = TRAINING_SYMPTOMS.get(result.failure_class, "") if trained else ""
     lines += [
         "**Describe the bug**",

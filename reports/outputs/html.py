@@ -276,5 +276,5 @@ def report_html(report: Report) -> str:
         checkpoint_links=checkpoint_links,
         code_spans=code_spans,
         sentence=lambda cause: code_spans(cause_sentence_text(cause)),
-        cause_of_cell={cell: cause.id for cause in report.failing_now.causes for cell in cause.cells},
+        cause_of_cell={cell: cause.id for cause in report.failing_now.causes for cell in cause.group.cells},
     )

@@ -91,9 +91,10 @@ def seen_at(root_cause: RootCause) -> str:
 
 def root_cause_title(root_cause: RootCause) -> str:
     """ "shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
+    group = root_cause.group
     return (
-        f"{root_cause.failure_class} {code(root_cause.cause)} — {root_cause.axis} {root_cause.before} → "
-        f"{root_cause.after}{seen_at(root_cause)} — {count_text(root_cause.count, 'cell')}: {root_cause.cells_text}"
+        f"{group.failure_class} {code(group.masked_signature)} — {root_cause.axis} {root_cause.before} → "
+        f"{root_cause.after}{seen_at(root_cause)} — {count_text(group.count, 'cell')}: {group.cells_text}"
     )
 
 
@@ -139,7 +140,7 @@ def root_causes_markdown(report: Report) -> list[str]:
     for kind, title in ROOT_CAUSE_SECTIONS:
         of_kind = [c for c in found if c.kind == kind]
         if of_kind:
-            cells = sum(c.count for c in of_kind)
+            cells = sum(c.group.count for c in of_kind)
             lines += [f"### {title}: {count_text(len(of_kind), 'cause')}, {count_text(cells, 'cell')}", ""]
             for number, root_cause in enumerate(of_kind, start=1):
                 lines.append(f"{number}. {root_cause_title(root_cause)}")
@@ -159,8 +160,8 @@ def delta_cause_line(delta_cause: SinceCause, report: Report) -> str:
         else ""
     )
     return (
-        f"**{delta_cause.kind}** {delta_cause.failure_class} {code(delta_cause.cause)} — "
-        f"{count_text(delta_cause.count, 'cell')}{unseen}: {delta_cause.cells_text}"
+        f"**{delta_cause.kind}** {delta_cause.group.failure_class} {code(delta_cause.group.masked_signature)} — "
+        f"{count_text(delta_cause.group.count, 'cell')}{unseen}: {delta_cause.group.cells_text}"
         + (f" — {where}: " + "; ".join(answers) if placed else "")
     )
 
@@ -374,7 +375,7 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         lines += [
             f"| {number} | {_table_text(status_text(entry, markdown_link))} | "
             f"{_table_text(cause_sentence_text(entry))} "
-            f"| {entry.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} | `{entry.repro.cell}` |"
+            f"| {entry.group.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} | `{entry.repro.cell}` |"
             for number, entry in enumerate(shown, start=1)
         ]
         if len(section.causes) > len(shown):

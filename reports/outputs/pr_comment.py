@@ -191,7 +191,7 @@ def nightly_comment(
             ]
             notes += [f"{len(unseen)} without a verdict in the last nightly"] if unseen else []
             lines += new_failure_block(
-                delta_cause.failure_class, delta_cause.cause, delta_cause.cells, checkpoints, notes
+                delta_cause.failure_class, delta_cause.masked_signature, delta_cause.cells, checkpoints, notes
             )
     others = [c for c in causes if c.kind != "new failure"]
     flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
@@ -199,7 +199,7 @@ def nightly_comment(
     for c in others:
         tally[c.kind] += len(c.cells)
     summary = f"{tally['still failing']} still failing, {tally['fixed']} fixed, {len(flaky)} flaky"
-    folded = [_short_line(c.failure_class, c.cause, c.cells, f"**{c.kind}** ") for c in others]
+    folded = [_short_line(c.failure_class, c.masked_signature, c.cells, f"**{c.kind}** ") for c in others]
     folded += [f"- **flaky** {code(cell.id)}" for _, cell in flaky]
     return [*lines, *collapsed(summary, folded)]
 

@@ -81,7 +81,7 @@ def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
 
 def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
     cells = delta_cause.cells
-    cause_text = one_line(delta_cause.cause)
+    cause_text = one_line(delta_cause.masked_signature)
     short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[: MAX_TITLE_CAUSE - 1] + "…"
     title = inert(
         f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
@@ -92,7 +92,7 @@ def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
         issue_marker(delta_cause),
         f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
         "",
-        f"- Failure: {failure_class_text(delta_cause.failure_class)}: {code(delta_cause.cause)}",
+        f"- Failure: {failure_class_text(delta_cause.failure_class)}: {code(delta_cause.masked_signature)}",
         f"- Cells: {', '.join(code(cell.id) for cell in cells)}",
         "",
         "Sessions (last pass → first failure):",

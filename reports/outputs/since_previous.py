@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reports.analysis import DELTA_KINDS, SessionDeltas, cause_id, cells_text, delta_causes
+from reports.analysis import (
+    DELTA_KINDS,
+    CauseGroup,
+    SessionDeltas,
+    cause_id,
+    delta_causes,
+    group_apart,
+    group_in_place,
+)
+from reports.store import JSONObject
 
 
 @dataclass(frozen=True)
@@ -26,14 +35,17 @@ class SinceCause:
 
     id: str
     kind: str
-    failure_class: str
-    cause: str
-    count: int
-    cells: tuple[str, ...]
-    cells_text: str
+    group: CauseGroup
     sessions: tuple[str, ...]
     no_previous_verdict: tuple[str, ...]  # new failures that did not run in the previous run
     root_causes: tuple[str, ...]  # the ids of the root causes whose transitions place the change
+
+    def json_shape(self, written: JSONObject) -> JSONObject:
+        return group_in_place(written)
+
+    @staticmethod
+    def own_shape(stored: JSONObject) -> JSONObject:
+        return group_apart(stored)
 
 
 @dataclass(frozen=True)
@@ -75,11 +87,7 @@ def since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
             SinceCause(
                 id=c.id,
                 kind=c.kind,
-                failure_class=c.failure_class,
-                cause=c.cause,
-                count=len(c.cells),
-                cells=tuple(cell.id for cell in c.cells),
-                cells_text=cells_text(c.cells),
+                group=c.group,
                 sessions=tuple(s.session for s in c.sessions),
                 no_previous_verdict=tuple(
                     sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression})

@@ -158,13 +158,13 @@ def family_parts(
     cells: list[tuple[CellKey, CellStatus]], failing_now: FailingNow, checkpoints: dict[CellKey, tuple[str, ...]]
 ) -> list[Part]:
     """A family's cells grouped by what they stand for, variant and tp, then by level and reason."""
-    causes = {cell: cause for cause in failing_now.causes for cell in cause.cells}
+    causes = {cell: cause for cause in failing_now.causes for cell in cause.group.cells}
     per_cell: dict[tuple[str, str, int], list[tuple[str, str, str, Tracked | None]]] = defaultdict(list)
     for cell, status in cells:
         state, words, cause_id, known = _state(status), "", "", None
         if status.status == "fail":
             cause = causes.get(cell.id)
-            words = reason(status.failure_class, cause.cause if cause else status.signature).short
+            words = reason(status.failure_class, cause.group.masked_signature if cause else status.signature).short
             cause_id = cause.id if cause else ""
             if cause and cause.known and cell.id in cause.known.cells and cause.known.state != "unsupported":
                 known = Tracked(cause.known.label, cause.known.upstream)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from matrix.json_records import renamed
+
 STORED_NAMES = {"mechanism_key": "key"}
 """A cause's fields stored under another name: every stored cause (cells.jsonl, JUnit properties, the store's
 texts, whose ids hash them) names its mechanism key `key`."""
@@ -31,9 +33,9 @@ class Cause:
 
     def json_shape(self, written: dict[str, Any]) -> dict[str, Any]:
         """Its stored form (matrix.json_records.write_record): the mechanism key under its stored name, `key`."""
-        return {STORED_NAMES.get(name, name): value for name, value in written.items()}
+        return renamed(written, STORED_NAMES)
 
     @staticmethod
     def own_shape(stored: dict[str, Any]) -> dict[str, Any]:
         """`json_shape`'s inverse: a stored cause read back (every history stores `key`)."""
-        return {FIELD_NAMES.get(name, name): value for name, value in stored.items()}
+        return renamed(stored, FIELD_NAMES)
