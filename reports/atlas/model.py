@@ -114,8 +114,8 @@ class AtlasCause:
 
     id: str
     failure_class: str
-    text: str
-    """The signature with numbers masked (reports.analysis.mask_signature)."""
+    masked_signature: str
+    """The signature with numbers masked (reports.analysis.mask_signature); atlas.json's `cause`."""
     mechanism: str
     upstream: str
     """The issue or PR tracking it: its known failure's, else the PR an archived answer names (first bad or first
@@ -180,10 +180,10 @@ def build_atlas(archived: ArchiveHistory, known: Mapping[str, KnownFailure]) -> 
     failing: dict[tuple[str, str], list[tuple[CellKey, Versions]]] = defaultdict(list)
     for (cell, versions), status in history.statuses.items():
         if status.status == "fail":
-            text = mask_signature(status.signature)
-            failing[status.failure_class, text].append((cell, versions))
+            masked_signature = mask_signature(status.signature)
+            failing[status.failure_class, masked_signature].append((cell, versions))
             verdicts[cell, sets[versions].id] = Verdict(
-                "fail", status.failure_class, cause_id(status.failure_class, text)
+                "fail", status.failure_class, cause_id(status.failure_class, masked_signature)
             )
         else:
             verdicts[cell, sets[versions].id] = Verdict(status.status)
@@ -191,16 +191,16 @@ def build_atlas(archived: ArchiveHistory, known: Mapping[str, KnownFailure]) -> 
     transitions = tuple(_transition(t, sets) for t in history.transitions)
     answered = {t.cause: _pr_url(t.axis, t.pr) for t in transitions if t.pr}
     causes = {}
-    for (failure_class, text), points in sorted(failing.items()):
-        identity = cause_id(failure_class, text)
+    for (failure_class, masked_signature), points in sorted(failing.items()):
+        identity = cause_id(failure_class, masked_signature)
         newest = max(points, key=lambda point: (order[point[1]], point[0]))
-        covering = _known(known, failure_class, text, points)
+        covering = _known(known, failure_class, masked_signature, points)
         upstream = covering.upstream if covering else answered.get(identity, "")
         causes[identity] = AtlasCause(
             id=identity,
             failure_class=failure_class,
-            text=text,
-            mechanism=mechanism(failure_class, text, covering),
+            masked_signature=masked_signature,
+            mechanism=mechanism(failure_class, masked_signature, covering),
             upstream=upstream,
             known=covering.name if covering else "",
             cells=tuple(sorted({cell for cell, _ in points})),
@@ -334,7 +334,7 @@ def atlas_json(atlas: Atlas) -> JSONObject:
         "causes": {
             c.id: {
                 "failure_class": c.failure_class,
-                "cause": c.text,
+                "cause": c.masked_signature,
                 "mechanism": c.mechanism,
                 "upstream": c.upstream,
                 "known": c.known,

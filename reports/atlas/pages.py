@@ -75,7 +75,7 @@ def site_pages(atlas: Atlas) -> Iterator[tuple[str, str]]:
             heatmap=heatmap_data(atlas),
             releases=all_releases,
             release_text=release_text,
-            causes=sorted(atlas.causes.values(), key=lambda c: (-len(c.cells), c.failure_class, c.text)),
+            causes=sorted(atlas.causes.values(), key=lambda c: (-len(c.cells), c.failure_class, c.masked_signature)),
         ),
     )
     all_grids = grids(atlas.version_sets)

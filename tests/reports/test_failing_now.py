@@ -580,7 +580,7 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
     )
     with HistoryStore(tmp_path / "history.sqlite", create=False, read_only=True) as history:
         olmo2 = next(o.result for o in history.observations() if o.cell.model == "olmo2")
-    assert (olmo2.cause.key, olmo2.cause.words, olmo2.broke_at.path) == (
+    assert (olmo2.cause.mechanism_key, olmo2.cause.words, olmo2.broke_at.path) == (
         "left whole|norm",
         NORM,
         "model.layers.0.self_attn.q_norm",
