@@ -169,7 +169,8 @@ def cause_sentence_text(entry: FailingCause) -> str:
     located, else the example's signature (numbers masked)."""
     if entry.mechanism:
         return class_and_finding(entry.group.failure_class, entry.mechanism)
-    return f"{entry.group.failure_class}: {code(entry.group.masked_signature.removeprefix(f'{entry.group.failure_class}: '))}"
+    failure_class = entry.group.failure_class
+    return f"{failure_class}: {code(entry.group.masked_signature.removeprefix(f'{failure_class}: '))}"
 
 
 def console_lines(section: FailingNow) -> list[str]:

@@ -36,8 +36,9 @@ def mask_signature(signature: str) -> str:
 
 
 def failure_key(failure_class: str, signature: str, mechanism: Cause | None) -> str:
-    """What makes failures one cause: the key the harness recorded with it (suites/verdicts/mechanism.py `cause_of`:
-    what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and masked signature."""
+    """What makes failures one cause: the mechanism key the harness recorded with it (suites/verdicts/mechanism.py
+    `cause_of`: what AutoTP did where it broke), or, for a failure recorded before causes were kept, its class and
+    masked signature."""
     return mechanism.mechanism_key if mechanism is not None else f"{failure_class}|{mask_signature(signature)}"
 
 

@@ -375,7 +375,8 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         lines += [
             f"| {number} | {_table_text(status_text(entry, markdown_link))} | "
             f"{_table_text(cause_sentence_text(entry))} "
-            f"| {entry.group.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} | `{entry.repro.cell}` |"
+            f"| {entry.group.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} "
+            f"| `{entry.repro.cell}` |"
             for number, entry in enumerate(shown, start=1)
         ]
         if len(section.causes) > len(shown):

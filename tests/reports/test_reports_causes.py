@@ -4,10 +4,12 @@ maintainer reads (first screen, support matrix per combination, timeline with ve
 import pytest
 from reports_testkit import Cell, fail, issue_18_store, render, section
 
+from matrix.json_records import read_record, write_record
 from reports.__main__ import main
-from reports.analysis.causes import cells_text
+from reports.analysis.causes import CauseGroup, cause_group, cells_text
 from reports.analysis.signatures import mask_signature
 from reports.outputs.model import read_report
+from reports.outputs.since_previous import SinceCause
 from reports.store.records import CellKey
 
 # Recorded by `nox -s matrix` (DeepSpeed 0.19.8, transformers 5.24.0, torch 2.13.0 CPU) at tp 2, 3 and 4, as the
@@ -192,3 +194,29 @@ def test_a_cause_seen_away_from_the_latest_versions_says_where(session, tmp_path
         "1. shard `split_sizes=[N…]` — deepspeed 0.18.9 → 0.19.0 at transformers 4.57.6 — 2 cells: eager fp32: "
         "llama tp2/3" in report
     )
+
+
+def test_a_cause_views_group_is_written_in_its_place_under_report_jsons_keys():
+    """A view holds its cells as one CauseGroup; report.json has always had their fields in the view's own object
+    (the masked signature as `cause`), so reports written before read back and are written again key for key."""
+    cells = [CellKey("a", "eager", "fp32", 3), CellKey("a", "eager", "fp32", 2)]
+    group = cause_group("shard", "AssertionError: N heads", cells)
+    assert group == CauseGroup(
+        "shard", "AssertionError: N heads", 2, ("a-eager-fp32-tp2", "a-eager-fp32-tp3"), "eager fp32: a tp2/3"
+    )
+    stored = {
+        "id": "0123456789ab",
+        "kind": "new failure",
+        "failure_class": "shard",
+        "cause": "AssertionError: N heads",
+        "count": 2,
+        "cells": ["a-eager-fp32-tp2", "a-eager-fp32-tp3"],
+        "cells_text": "eager fp32: a tp2/3",
+        "sessions": ["nightly"],
+        "no_previous_verdict": [],
+        "root_causes": [],
+    }
+    since = read_record(SinceCause, stored)
+    assert since.group == group
+    written = write_record(since)
+    assert written == stored and list(written) == list(stored)
