@@ -18,22 +18,18 @@ from reports.analysis.answers import (
     one_line,
     plain_link,
 )
+from reports.analysis.cause_group import CauseGroup, cause_group, cells_text, group_apart, group_in_place
 from reports.analysis.causes import (
     DELTA_KINDS,
     TRANSITION_LISTS,
-    CauseGroup,
     DeltaCause,
     RootCause,
     SessionDeltas,
     all_session_deltas,
-    cause_group,
     cause_id,
-    cells_text,
     count_text,
     delta_causes,
     failure_cause_id,
-    group_apart,
-    group_in_place,
     root_causes,
     session_deltas,
     shared_answers,

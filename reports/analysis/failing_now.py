@@ -28,17 +28,8 @@ from matrix.json_records import renamed
 from matrix.known_failures import KnownFailure
 from matrix.registry import RegistryError, load_models, load_popularity
 from matrix.remedies import RemedyResult
-from reports.analysis.causes import (
-    CauseGroup,
-    RootCause,
-    by_kind,
-    cause_group,
-    count_text,
-    failure_cause_id,
-    group_apart,
-    group_in_place,
-    typed_members,
-)
+from reports.analysis.cause_group import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.causes import RootCause, by_kind, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of

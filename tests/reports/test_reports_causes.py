@@ -6,7 +6,7 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from matrix.json_records import read_record, write_record
 from reports.__main__ import main
-from reports.analysis.causes import CauseGroup, cause_group, cells_text
+from reports.analysis.cause_group import CauseGroup, cause_group, cells_text
 from reports.analysis.signatures import mask_signature
 from reports.outputs.model import read_report
 from reports.outputs.since_previous import SinceCause
