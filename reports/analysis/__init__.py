@@ -18,7 +18,7 @@ from reports.analysis.answers import (
     one_line,
     plain_link,
 )
-from reports.analysis.cause_group import CauseGroup, cause_group, cells_text, group_apart, group_in_place
+from reports.analysis.cause_groups import CauseGroup, cause_group, cells_text, group_apart, group_in_place
 from reports.analysis.causes import (
     DELTA_KINDS,
     TRANSITION_LISTS,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from matrix.json_records import read_record
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
-from reports.analysis.cause_group import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
 from reports.analysis.comparison import compare
 from reports.analysis.history import History, Transition
 from reports.analysis.signatures import failure_key, mask_signature

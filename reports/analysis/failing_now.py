@@ -28,7 +28,7 @@ from matrix.json_records import renamed
 from matrix.known_failures import KnownFailure
 from matrix.registry import RegistryError, load_models, load_popularity
 from matrix.remedies import RemedyResult
-from reports.analysis.cause_group import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
 from reports.analysis.causes import RootCause, by_kind, count_text, failure_cause_id, typed_members
 from reports.analysis.checkpoints import cell_checkpoints
 from reports.analysis.history import History, Transition

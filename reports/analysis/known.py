@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from matrix.known_failures import KnownFailure
-from reports.analysis.cause_group import cells_text
+from reports.analysis.cause_groups import cells_text
 from reports.analysis.history import History
 from reports.analysis.signatures import mask_signature
 from reports.analysis.statuses import CellStatus

@@ -6,7 +6,7 @@ from reports_testkit import Cell, fail, issue_18_store, render, section
 
 from matrix.json_records import read_record, write_record
 from reports.__main__ import main
-from reports.analysis.cause_group import CauseGroup, cause_group, cells_text
+from reports.analysis.cause_groups import CauseGroup, cause_group, cells_text
 from reports.analysis.signatures import mask_signature
 from reports.outputs.model import read_report
 from reports.outputs.since_previous import SinceCause
@@ -136,7 +136,7 @@ def test_first_screen_says_what_changed_since_the_previous_run(issue_18):
 def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     data = read_report(issue_18)
     regression, fix = data.root_causes
-    assert (fix.kind, fix.axis, fix.before, fix.after, fix.failure_class, fix.count) == (
+    assert (fix.kind, fix.axis, fix.before, fix.after, fix.group.failure_class, fix.group.count) == (
         "fixed",
         "deepspeed",
         "0.18.9",
