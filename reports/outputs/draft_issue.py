@@ -16,7 +16,6 @@ printed."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -48,6 +47,7 @@ from reports.outputs.draft_words import (
     training_script_name,
     what_ran,
 )
+from reports.outputs.library_trace import library_trace, trace_tail
 from reports.outputs.markdown import actions_run_url, found_by
 from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
@@ -59,7 +59,6 @@ from suites.records.run_records import RunInfo
 from suites.verdicts.cause_titles import cause_title
 from suites.verdicts.vocabulary import FAILURE_CLASSES
 
-LOG_LINES = 40  # the end of the failing cell's message: the traceback's last frames, the rank logs' tail
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream
 METRIC_PREFIXES = {
     "numerics": ("logits_", "ppl_", "rank_", "acc_", "train_", "grad_", "update_"),
@@ -393,7 +392,7 @@ def _markdown(
         lines += [
             "**Log excerpt** (rank 0, DeepSpeed's, transformers' and torch's frames, paths inside their packages)",
             "",
-            *fence("\n".join(_tail(log)), "text"),
+            *fence("\n".join(trace_tail(log)), "text"),
             "",
         ]
     return inert("\n".join(lines).rstrip("\n")) + "\n"
@@ -446,52 +445,6 @@ def _regression(entry: FailingCause, report: Report) -> str:
             "has been tried for it."
         )
     return f"{entry.since.text.capitalize()}; no earlier passing version is recorded to bisect from."
-
-
-_PLUMBING = re.compile(r'File "torch/nn/modules/module\.py", line \d+, in (_wrapped_call_impl|_call_impl|inner)$')
-
-
-def _tail(trace: list[str]) -> list[str]:
-    """The trace's last LOG_LINES lines without torch's module-call frames and the `^^^` marker lines, cut at a
-    frame's start, its first line (`Traceback …`) kept."""
-    lines: list[str] = []
-    plumbing = False
-    for line in trace:
-        if line.lstrip().startswith("File "):
-            plumbing = bool(_PLUMBING.search(line.strip()))
-        elif not line.startswith(" "):
-            plumbing = False
-        if not plumbing and not _MARKERS.fullmatch(line):
-            lines.append(line)
-    if len(lines) <= LOG_LINES:
-        return lines
-    tail = lines[-LOG_LINES:]
-    start = next((i for i, line in enumerate(tail) if line.lstrip().startswith("File ")), 0)
-    return [lines[0], "  ...", *tail[start:]] if lines[0].startswith("Traceback") else tail[start:]
-
-
-_MARKERS = re.compile(r"\s*[\^~]+\s*")
-_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line \d+')
-_PACKAGE_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s\"']*?[\\/](?:site|dist)-packages[\\/]")
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
-
-
-def library_trace(message: str) -> list[str]:
-    """A failure's message as a user may see it: the traceback's frames inside installed packages only (the harness's
-    own frames, which call init_inference or the forward, dropped), their paths from the package (`deepspeed/…`),
-    any other absolute path cut to its file name, the harness's `logs:` and rank lines dropped."""
-    kept: list[str] = []
-    in_dropped_frame = False
-    for line in message.rstrip("\n").splitlines():
-        frame = _FRAME_LINE.match(line)
-        if frame:
-            in_dropped_frame = not _PACKAGE_PATH.search(frame[1])
-        elif not line.startswith(" "):
-            in_dropped_frame = False
-        if in_dropped_frame or line.startswith("logs:") or re.match(r"rank \d+ raised in ", line):
-            continue
-        kept.append(_ABSOLUTE_PATH.sub(r"\1", _PACKAGE_PATH.sub("", line)))
-    return kept
 
 
 def _rebuilt_elsewhere(run: Run) -> list[str]:

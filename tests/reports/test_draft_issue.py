@@ -372,7 +372,7 @@ def test_a_user_sees_the_libraries_frames_only_with_paths_from_their_package():
     """The rank's traceback as a draft shows it: the harness's frames (the ones calling init_inference, and any of
     its own between DeepSpeed's, as a wrapper of `tp_parser` once was) dropped, site-packages prefixes cut to the
     package (`deepspeed/…`), other absolute paths to their file name, the harness's rank and `logs:` lines gone."""
-    from reports.outputs.draft_issue import library_trace
+    from reports.outputs.library_trace import library_trace
 
     env = "/work/envs/ds0.19.8-tf5.25.0-pt2.13.0/lib/python3.11/site-packages"
     message = "\n".join(

@@ -95,7 +95,7 @@ def test_the_parser_is_asked_not_wrapped_so_a_refusal_traces_through_deepspeed_o
     from deepspeed.module_inject.auto_tp import AutoTP
 
     from matrix.cells import parse_cell
-    from reports.outputs.draft_issue import library_trace
+    from reports.outputs.library_trace import library_trace
 
     parser = AutoTP.__dict__["tp_parser"]
     outcome = run_cell(parse_cell("jetmoe.faithful-eager-fp32-tp2"), rank_pool, RunOptions(cell_timeout=120.0))
