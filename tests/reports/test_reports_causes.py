@@ -146,12 +146,12 @@ def test_report_json_keeps_the_groups_matrices_and_timeline_axes(issue_18):
     )
     assert fix.held_fixed == ((("transformers", "5.24.0"), ("torch", "2.13.0+cpu"), ("python", "3.11.7")),)
     assert fix.elsewhere == ()  # held at the latest versions: the report states them once
-    assert tuple(sorted(data.fixes[i].cell.id for i in fix.members)) == fix.cells
+    assert tuple(sorted(data.fixes[i].cell.id for i in fix.members)) == fix.group.cells
     assert [(a.answer.split(",")[0], len(a.cells)) for a in fix.answers] == [
         ("fixed at deepspeed 0.19.5 → 0.19.6", 44),
         ("not yet triaged", 1),
     ]
-    assert regression.cells == tuple(f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4))
+    assert regression.group.cells == tuple(f"bloom-eager-fp32-tp{tp}" for tp in (2, 3, 4))
 
     since = data.since_previous_run
     assert since.counts == {

@@ -169,8 +169,8 @@ def test_a_cause_sentence_claims_no_count_a_cell_of_it_contradicts():
     idle = _causes()["kv-unit split|ranks idle"]
     glm = [cause.words for cell, cause in idle if cell == "glm.faithful-tp3"]
     gemma = [cause.words for cell, cause in idle if cell.startswith("gemma.")]
-    assert "2 kv heads < tp 3, so rank 2 holds no query head" in cause_sentence(idle[0][1].key, glm)
-    shared = cause_sentence(idle[0][1].key, glm + gemma)
+    assert "2 kv heads < tp 3, so rank 2 holds no query head" in cause_sentence(idle[0][1].mechanism_key, glm)
+    shared = cause_sentence(idle[0][1].mechanism_key, glm + gemma)
     assert "1 kv head" not in shared and "ranks past the kv-head count hold no query head" in shared
     assert "FalconAttention" not in shared, "a model's crash named for a cause that does not hold it"
 
@@ -179,7 +179,7 @@ def test_the_kv_unit_split_crashes_where_the_model_hard_codes_it_and_idles_by_de
     """falcon-7b and santacoder crash on the starved ranks (AutoTP's bug: DeepSpeed documents their result as
     correct); separate projections only idle them, the limit DeepSpeed documents."""
     crashed = _causes()["kv-unit split|query heads starved"]
-    sentence = cause_sentence(crashed[0][1].key, [cause.words for _, cause in crashed])
+    sentence = cause_sentence(crashed[0][1].mechanism_key, [cause.words for _, cause in crashed])
     for attention in ("FalconAttention", "GPTBigCodeAttention"):
         assert f"`{attention}.forward` hard-codes its kv split" in sentence
     assert {cell.split(".")[0] for cell, _ in crashed} == {"falcon", "gpt_bigcode"}
@@ -252,7 +252,7 @@ def test_a_training_cells_memory_finding_is_the_cause_an_inference_cell_has():
                           left_whole=())  # fmt: skip
     trained, inferred = cause_of(Failure("memory", finding)), cause_of(Failure("memory", finding, record))
     assert trained == inferred
-    assert (trained.key, trained.whose) == (
+    assert (trained.mechanism_key, trained.whose) == (
         "memory|experts left whole: experts.{gate_up_proj,down_proj}",
         "design-limit",
     )
