@@ -278,6 +278,18 @@ def test_an_entry_without_its_record_is_refused(tmp_path, registry):
         load_real_shapes(path, registry)
 
 
+def test_real_shapes_are_read_again_when_the_file_changes_and_each_caller_gets_dicts_of_its_own(tmp_path):
+    path = tmp_path / "real_shapes.toml"
+    text = REAL_SHAPES_FILE.read_text()
+    path.write_text(text)
+    first = load_real_shapes(path)
+    first["llama"].clear()
+    assert load_real_shapes(path)["llama"]  # parsed once, and the caller's clear reached no other caller
+    start = text.index("[mpt]\n")
+    path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
+    assert "mpt" in first and "mpt" not in load_real_shapes(path)
+
+
 # ---- the shape axis of cells -------------------------------------------------------------------------------------
 
 
