@@ -461,8 +461,14 @@ def serve(log_dir: Path) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("kind") == PRELOAD_KIND:
+            started = time.process_time()
             not_imported = worker.import_modeling_modules(request["model_types"])
-            print(f"preloaded {len(request['model_types'])} model types; not imported: {not_imported}", flush=True)
+            seconds = time.process_time() - started
+            print(
+                f"imported {len(request['model_types'])} model types' modules in {seconds:.1f} CPU s; not imported: "
+                f"{not_imported}",
+                flush=True,
+            )
             gc.collect()
             gc.freeze()
             continue
