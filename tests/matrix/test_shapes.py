@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from matrix.cells import expand, parse_cell_id, replay_name
-from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models
+from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models, read_toml
 from matrix.shapes import (
     MATRIX_TP,
     REAL_SHAPES_FILE,
@@ -278,16 +278,21 @@ def test_an_entry_without_its_record_is_refused(tmp_path, registry):
         load_real_shapes(path, registry)
 
 
-def test_real_shapes_are_read_again_when_the_file_changes_and_each_caller_gets_dicts_of_its_own(tmp_path):
+def test_real_shapes_are_parsed_once_per_file_version_and_each_caller_gets_dicts_of_its_own(tmp_path, monkeypatch):
+    from matrix.shapes import records
+
+    reads = []
+    monkeypatch.setattr(records, "read_toml", lambda *args: reads.append(args) or read_toml(*args))
     path = tmp_path / "real_shapes.toml"
     text = REAL_SHAPES_FILE.read_text()
     path.write_text(text)
     first = load_real_shapes(path)
     first["llama"].clear()
-    assert load_real_shapes(path)["llama"]  # parsed once, and the caller's clear reached no other caller
+    assert load_real_shapes(path)["llama"]  # the caller's clear reached no other caller
+    assert len(reads) == 1  # the driver asks at every faithful cell: parsed once
     start = text.index("[mpt]\n")
     path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
-    assert "mpt" in first and "mpt" not in load_real_shapes(path)
+    assert "mpt" in first and "mpt" not in load_real_shapes(path) and len(reads) == 2
 
 
 # ---- the shape axis of cells -------------------------------------------------------------------------------------
