@@ -14,6 +14,8 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -282,14 +284,14 @@ class StageClock:
         self.wall: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         self._cell_cpu = time.process_time()
-        self._started = (time.perf_counter(), self._cell_cpu)
 
-    def start(self) -> None:
-        self._started = (time.perf_counter(), time.process_time())
-
-    def stop(self, stage: str) -> None:
-        self.wall[f"time_{stage}_s"] = time.perf_counter() - self._started[0]
-        self.cpu[stage] = time.process_time() - self._started[1]
+    @contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """Times the block; a stage that raises is not recorded (as the record never had it)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.wall[f"time_{stage}_s"] = time.perf_counter() - wall
+        self.cpu[stage] = time.process_time() - cpu
 
     def cell_cpu(self) -> dict[str, float]:
         """Each finished stage's CPU seconds, and the cell's up to now."""
@@ -311,41 +313,35 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
     try:
         if progress:
             mark_process_sharded()
-            clock.start()
-            training = run_training(
-                job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress
-            )
-            clock.stop("training")
+            with clock.stage("training"):
+                training = run_training(
+                    job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress
+                )
             rss_peak_loaded = _peak_rss_bytes()
         else:
             tokenizer = load_tokenizer(job.tokenizer, job.trust_remote_code)
             inputs = build_inputs(tokenizer, job.spec)
-            clock.start()
             if job.meta:
                 stage = "shard"  # construction under deepspeed.OnDevice(device="meta") is DeepSpeed's, like the load
-            model = _run_fault_hooks(job, "loaded", _load(job), rank)
-            clock.stop("load")
+            with clock.stage("load"):
+                model = _run_fault_hooks(job, "loaded", _load(job), rank)
             before = snapshot(model)
             inferred = _inferred_policy(job, model, inputs, before) if rank == 0 else ((), "")
             if not job.meta:  # the others wait for rank 0's reading: none may fail in init_inference (the group then
                 dist.barrier()  # ends within a second) before rank 0 has recorded what AutoTP did
             stage = "shard"
-            clock.start()
-            engine, model = _shard_recorded(job, workdir, model, before, inferred, rank, world_size)
-            clock.stop("shard")
+            with clock.stage("shard"):
+                engine, model = _shard_recorded(job, workdir, model, before, inferred, rank, world_size)
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
             held_bytes_by_name, held_shapes = bytes_by_name(model), shapes_by_name(model)
             stage = "forward"
-            clock.start()
-            observed = observe(
-                model, inputs, job.spec, device, unsharded=False, mask_plain=bool(job.arguments.forward_mask)
-            )
-            clock.stop("forward")
+            with clock.stage("forward"):
+                forward_mask = bool(job.arguments.forward_mask)
+                observed = observe(model, inputs, job.spec, device, unsharded=False, mask_plain=forward_mask)
             if job.accuracy_task:
-                clock.start()
-                task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
-                clock.stop("accuracy")
+                with clock.stage("accuracy"):
+                    task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         if progress:
             error = _stage_error(progress.stage, raised, rank, progress.label)
