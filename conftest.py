@@ -73,6 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "xmlpath", None) is None:
             config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
         config.stash[RUN] = _start_run(config)
+    if _runs_cells_here(config):  # the fork server imports the run's models once, not each rank at each model's cell
+        cells = config.stash[CELLS]
+        _rank_pool(config).preload(sorted({c.model.model_type for c in cells if not c.model.trust_remote_code}))
 
 
 def _interrupt_on_sigterm() -> None:

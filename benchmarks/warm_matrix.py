@@ -1,6 +1,8 @@
 """Warm pytest seconds of the AutoTP suites for harness checkouts side by side, with where they go: JUnit seconds per
-tp size, the ranks' load / shard / probe seconds from the records (the rest: driver, judging, group starts, hand-overs),
-the CPU seconds of the whole run's process tree and the load average, and ratios against the first harness.
+tp size (sum, and the median cell's), the ranks' load / shard / probe wall seconds (rank 0's) and CPU seconds (every
+rank's, summed: `cpu_<stage>_s` of the records, 0 for a revision that does not record them; `cell` is a rank's whole
+cell up to its hand-off to rank 0) from the records (the rest: driver, judging, group starts, hand-overs), the CPU
+seconds of the whole run's process tree and the load average, and ratios against the first harness.
 
     python benchmarks/warm_matrix.py --python <combination env>/bin/python --out /tmp/warm \\
         --harness base=<checkout of main> --harness new=. [--repeat 2] \\
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from sessions.environments import environment_variables
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 RANK_PHASES = ("time_load_s", "time_shard_s", "time_forward_s")
+RANK_CPU = ("cpu_load_s", "cpu_shard_s", "cpu_forward_s", "cpu_cell_s")
 DEFAULT_SELECTION = "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"
 
 
@@ -115,16 +119,21 @@ def junit_breakdown(results: Path) -> dict[str, Any]:
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None, f"{results}/junit/matrix.xml holds no testsuite"
     per_tp: dict[str, dict[str, float]] = {}
+    cell_seconds: dict[str, list[float]] = {}
     for case in suite.iter("testcase"):
         cell = re.search(r"\[(.*)\]$", case.get("name", ""))
         record = records.get(cell.group(1)) if cell else None
         if record is None:
             continue
-        row = per_tp.setdefault(str(record["cell"]["tp"]), dict.fromkeys(("cells", "junit_s", *RANK_PHASES), 0.0))
+        tp = str(record["cell"]["tp"])
+        row = per_tp.setdefault(tp, dict.fromkeys(("cells", "junit_s", *RANK_PHASES, *RANK_CPU), 0.0))
         row["cells"] += 1
         row["junit_s"] += float(case.get("time", 0.0))
-        for phase in RANK_PHASES:
+        cell_seconds.setdefault(tp, []).append(float(case.get("time", 0.0)))
+        for phase in (*RANK_PHASES, *RANK_CPU):
             row[phase] += record["metrics"].get(phase, 0.0)
+    for tp, seconds in cell_seconds.items():
+        per_tp[tp]["junit_median_s"] = statistics.median(seconds)
     return {"pytest_s": float(suite.get("time", 0.0)), "per_tp": per_tp, "cells": str(results / "cells.jsonl")}
 
 
@@ -149,14 +158,16 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
         + " ".join(f"{labels[0]}/{label}" for label in labels[1:])
     ]
 
-    def row(title: str, values: list[float], ratio: bool = True) -> None:
-        cells = "".join(f"{value:>14.1f}" for value in values)
+    def row(title: str, values: list[float], ratio: bool = True, digits: int = 1) -> None:
+        cells = "".join(f"{value:>14.{digits}f}" for value in values)
         ratios = "  " + " ".join(f"{values[0] / value:.2f}x" for value in values[1:] if value) if ratio else ""
         lines.append(f"{title:<34}{cells}{ratios}")
 
     row("pytest s", [medians[label]["pytest_s"] for label in labels])
     for tp in sorted(first["per_tp"], key=int):
         row(f"  tp {tp}: JUnit s", [medians[label]["per_tp"].get(tp, {}).get("junit_s", 0.0) for label in labels])
+        median = [medians[label]["per_tp"].get(tp, {}).get("junit_median_s", 0.0) for label in labels]
+        row("    median cell's JUnit s", median, digits=3)
         for phase in RANK_PHASES:
             values = [medians[label]["per_tp"].get(tp, {}).get(phase, 0.0) for label in labels]
             row(f"    ranks {phase.removeprefix('time_').removesuffix('_s')} s", values)
@@ -166,6 +177,9 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
             for label in labels
         ]
         row("    rest s", rest)
+        for phase in RANK_CPU:
+            values = [medians[label]["per_tp"].get(tp, {}).get(phase, 0.0) for label in labels]
+            row(f"    ranks' CPU {phase.removeprefix('cpu_').removesuffix('_s')} s", values)
     row("CPU s (whole process tree)", [medians[label]["cpu_s"] for label in labels])
     row("wall s (imports to exit)", [medians[label]["wall_s"] for label in labels])
     row("load average before", [medians[label]["load_before"] for label in labels], ratio=False)

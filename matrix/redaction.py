@@ -162,6 +162,11 @@ def _library() -> _Library:
 _ASSIGNMENT_START = r"(?:(?<=\W)|(?<=^))"  # how RegexBasedDetector.build_assignment_regex begins its patterns
 
 
+def load_detectors() -> None:
+    """Import detect-secrets and compile its patterns now (a process that forks workers does it once for them all)."""
+    _library()
+
+
 def _unanchored(pattern: re.Pattern[str]) -> tuple[re.Pattern[str], bool]:
     if pattern.pattern.startswith(_ASSIGNMENT_START):
         return re.compile(pattern.pattern.removeprefix(_ASSIGNMENT_START), pattern.flags), True

@@ -446,6 +446,17 @@ def rank1_logs_secrets_at_start(stage, rank):
         raise RuntimeError(f"injected harness failure after logging secrets: {leaky_text()}")
 
 
+def rank1_names_its_modeling_modules_at_start(stage, rank):
+    """Rank 1 raises naming the transformers modeling modules it started with (tests/suites/engine/test_preload.py)."""
+    if stage == "rank" and rank == 1:
+        import sys
+
+        started_with = sorted(
+            name for name in sys.modules if name.startswith("transformers.models.") and ".modeling_" in name
+        )
+        raise RuntimeError(f"injected: started with {' '.join(started_with)}")
+
+
 def rank1_torch_raises_at_start(stage, rank):
     """torch's own code raises on rank 1 while it starts (a collective before the process group exists)."""
     if stage == "rank" and rank == 1:

@@ -5,7 +5,7 @@ field is named once and no merge of dicts can overwrite another part's field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 from matrix.cell_arguments import NO_ARGUMENTS, CellArguments
@@ -206,3 +206,7 @@ class RankSummary:
     shapes_by_name: dict[str, tuple[int, ...]] | None = None
     """The shape of each tensor this rank holds, for an inference cell: the memory check reads which dimension of a
     weight AutoTP split."""
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """CPU seconds this rank spent in each stage it finished (`load`, `shard`, `forward`, `training`, `accuracy`) and in
+    the whole `cell` up to this summary (suites/engine/cell_runner.py `StageClock`): summed over the ranks into the
+    cell's `cpu_<stage>_s` metrics, what a stage costs on a shared machine where wall seconds do not tell."""

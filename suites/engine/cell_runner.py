@@ -14,6 +14,8 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -275,11 +277,33 @@ def _verdict(
         )
 
 
+class StageClock:
+    """Wall seconds (rank 0's `time_<stage>_s` metrics, as the cell's record always had them) and this rank's CPU
+    seconds (`RankSummary.cpu_seconds`) of each stage of a cell that finished."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._cell_cpu = time.process_time()
+
+    @contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """Times the block; a stage that raises is not recorded (as the record never had it)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.wall[f"time_{stage}_s"] = time.perf_counter() - wall
+        self.cpu[stage] = time.process_time() - cpu
+
+    def cell_cpu(self) -> dict[str, float]:
+        """Each finished stage's CPU seconds, and the cell's up to now."""
+        return {**self.cpu, "cell": time.process_time() - self._cell_cpu}
+
+
 def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: torch.device | str) -> None:
     # torch's: deepspeed.comm lacks all_gather_object before 0.17.0; init_distributed() set up torch's group anyway
     import torch.distributed as dist
 
-    stage, timings = "setup", {}
+    stage, clock = "setup", StageClock()
     model = engine = observed = held_bytes_by_name = held_shapes = error = training = task_correct = None
     before = None
     progress = Progress() if job.variant.training else None
@@ -290,40 +314,35 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
     try:
         if progress:
             mark_process_sharded()
-            started = time.perf_counter()
-            training = run_training(
-                job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress
-            )
-            timings["time_training_s"] = time.perf_counter() - started
+            with clock.stage("training"):
+                training = run_training(
+                    job, world_size, scratch, lambda stage, model: _run_fault_hooks(job, stage, model, rank), progress
+                )
             rss_peak_loaded = _peak_rss_bytes()
         else:
             tokenizer = load_tokenizer(job.tokenizer, job.trust_remote_code)
             inputs = build_inputs(tokenizer, job.spec)
-            started = time.perf_counter()
             if job.meta:
                 stage = "shard"  # construction under deepspeed.OnDevice(device="meta") is DeepSpeed's, like the load
-            model = _run_fault_hooks(job, "loaded", _load(job), rank)
-            timings["time_load_s"] = time.perf_counter() - started
+            with clock.stage("load"):
+                model = _run_fault_hooks(job, "loaded", _load(job), rank)
             before = snapshot(model)
             inferred = _inferred_policy(job, model, inputs, before) if rank == 0 else ((), "")
             if not job.meta:  # the others wait for rank 0's reading: none may fail in init_inference (the group then
                 dist.barrier()  # ends within a second) before rank 0 has recorded what AutoTP did
             stage = "shard"
-            started = time.perf_counter()
-            engine, model = _shard_recorded(job, workdir, model, before, inferred, rank, world_size)
-            timings["time_shard_s"] = time.perf_counter() - started
+            with clock.stage("shard"):
+                engine, model = _shard_recorded(job, workdir, model, before, inferred, rank, world_size)
             rss_peak_loaded = _peak_rss_bytes()
             model = _run_fault_hooks(job, "sharded", model, rank)
             held_bytes_by_name, held_shapes = bytes_by_name(model), shapes_by_name(model)
             stage = "forward"
-            observed = observe(
-                model, inputs, job.spec, device, unsharded=False, mask_plain=bool(job.arguments.forward_mask)
-            )
-            timings["time_forward_s"] = observed.forward_seconds
+            with clock.stage("forward"):
+                forward_mask = bool(job.arguments.forward_mask)
+                observed = observe(model, inputs, job.spec, device, unsharded=False, mask_plain=forward_mask)
             if job.accuracy_task:
-                started = time.perf_counter()
-                task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
-                timings["time_accuracy_s"] = time.perf_counter() - started
+                with clock.stage("accuracy"):
+                    task_correct = answer_correctness(job.accuracy_task, model, tokenizer, device)
     except Exception as raised:  # any exception is the cell's verdict, never the worker's end
         if progress:
             error = _stage_error(progress.stage, raised, rank, progress.label)
@@ -343,12 +362,13 @@ def run_on_rank(job: Job, workdir: Path, rank: int, world_size: int, device: tor
         bytes_by_name=held_bytes_by_name,
         last_logits=observed.logits_plain[0, -1] if observed else None,
         shapes_by_name=held_shapes,
+        cpu_seconds=clock.cell_cpu(),
     )
     summaries: list[RankSummary] = [summary] * world_size  # each rank's, once gathered
     dist.all_gather_object(summaries, summary)
     if rank == 0:
         shutil.rmtree(scratch, ignore_errors=True)  # every rank is past its training: nobody reads it any more
-        outcome = _verdict(job, observed, summaries, timings, task_correct, model, before)
+        outcome = _verdict(job, observed, summaries, clock.wall, task_correct, model, before)
         write_text_atomically(workdir / f"result-{job.seq}.json", json.dumps(write_record(outcome)))
     _run_fault_hooks(job, "finished", None, rank)
     # The driver accepts rank 0's verdict only once every rank got here: a rank that dies after the
@@ -428,6 +448,11 @@ def _check_inputs(
     )
 
 
+def _stages(summaries: list[RankSummary]) -> list[str]:
+    """The stages any rank timed, in the order the ranks name them."""
+    return list(dict.fromkeys(stage for summary in summaries for stage in summary.cpu_seconds))
+
+
 def _judge(
     job: Job,
     observed: Observations | None,
@@ -437,6 +462,7 @@ def _judge(
 ) -> CellOutcome:
     metrics = {
         **timings,
+        **{f"cpu_{stage}_s": sum(s.cpu_seconds.get(stage, 0.0) for s in summaries) for stage in _stages(summaries)},
         "rss_max_bytes": float(max(s.rss_bytes for s in summaries)),
         "rss_peak_max_bytes": float(max(s.rss_peak_bytes for s in summaries)),
         # Peak RSS growth from before loading to the end of sharding: what the load mode costs a rank.

@@ -47,12 +47,16 @@ if TYPE_CHECKING:  # suites.reference.unsharded imports torch: the driver starts
     from suites.reference.unsharded import Answer, ReferenceRequest
 
 ServerRequest = dict[str, Any]
-"""One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), or a reference
-process's (`kind` REFERENCE_KIND, `workdir`, `driver_pid`)."""
+"""One JSON line to the server: a group's (`tp`, `port`, `workdir`, `driver_pid`, `omp_threads`), a reference
+process's (`kind` REFERENCE_KIND, `workdir`, `driver_pid`), or modules to import (`kind` PRELOAD_KIND,
+`model_types`)."""
 
 SERVER_DIED = "server-died.json"
 REFERENCE_KIND = "reference"
 """A request for a reference's process instead of a rank group."""
+PRELOAD_KIND = "preload"
+"""A request to import the modeling modules of a run's model types (`model_types`) before the next fork: forks nothing
+(worker.import_modeling_modules)."""
 REFERENCE_ENDED = "ended.json"
 """What a reference process's leader writes when its child has ended: `{"exit_code": C}`."""
 REFERENCE_CLOSE = "close"
@@ -144,6 +148,18 @@ class ForkServer:
             "omp_threads": omp_threads,
         }
         return ForkedGroup(self._fork(request, workdir, timeout))
+
+    def preload(self, model_types: list[str]) -> None:
+        """Have the server import these model types' modeling modules before it forks the next group or reference
+        (their ranks then inherit them); the server is started if it is not running. A server that cannot take the
+        request is left alone: each cell then imports its model as before."""
+        process = self.process if self.process is not None and self.process.poll() is None else self._start()
+        assert process.stdin is not None  # Popen with stdin=PIPE
+        try:
+            process.stdin.write((json.dumps({"kind": PRELOAD_KIND, "model_types": model_types}) + "\n").encode())
+            process.stdin.flush()
+        except BrokenPipeError:
+            pass
 
     def compute_reference(self, request: ReferenceRequest) -> Answer | None:
         """One unsharded reference (suites/reference/unsharded.py `answer`) computed in a process of its own forked from
@@ -444,6 +460,18 @@ def serve(log_dir: Path) -> None:
     signal.signal(signal.SIGCHLD, _reap_ended)  # no zombies to mistake for live groups, and their CPU is counted
     for line in sys.stdin:
         request = json.loads(line)
+        if request.get("kind") == PRELOAD_KIND:
+            started = time.process_time()
+            not_imported = worker.import_modeling_modules(request["model_types"])
+            seconds = time.process_time() - started
+            print(
+                f"imported {len(request['model_types'])} model types' modules in {seconds:.1f} CPU s; not imported: "
+                f"{not_imported}",
+                flush=True,
+            )
+            gc.collect()
+            gc.freeze()
+            continue
         pid = os.fork()
         if pid == 0:
             _lead_reference(request) if request.get("kind") == REFERENCE_KIND else _lead_group(request)

@@ -405,6 +405,11 @@ class RankGroupPool:
         if self.fork_server is not None:
             self.fork_server.start()
 
+    def preload(self, model_types: list[str]) -> None:
+        """The run's model types, whose modeling modules the fork server imports once for every group it forks."""
+        if self.fork_server is not None:
+            self.fork_server.preload(model_types)
+
     def get(self, tp: int) -> RankGroup:
         if self.group is not None and (self.group.tp != tp or not self.group.alive):
             self.group.close()

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from matrix.json_records import read_record, write_record
+from matrix.redaction import load_detectors
 from suites.base.atomic import write_text_atomically
 from suites.base.elementwise_math import settle_elementwise_math
 from suites.engine import doorbells
@@ -35,6 +36,15 @@ from suites.verdicts.outcome import death_record
 
 JOB_WAIT_SECONDS = 1.0
 """How often an idle rank looks for a job file when no ring came (the driver rings each rank's job pipe)."""
+
+
+LATER_LIBRARY_MODULES = (
+    "deepspeed.module_inject.auto_ep_layer",
+    "transformers.models.gpt2.modeling_gpt2",
+)
+"""Modules `init_inference` imports on its first call (DeepSpeed >= 0.19 its expert-parallel layer map; AutoTP
+compares each layer with GPT2Block): imported in the server, no group's first cell pays them (~0.5 s of a core a
+rank). Where a release lacks one, nothing is imported."""
 
 
 ModuleState = list[tuple[ModuleType, dict[str, Any]]]
@@ -87,7 +97,7 @@ def import_cell_machinery() -> None:
     # Modules a cell's model loading imports (each reference child imported modeling_layers and processing_utils on
     # its own: ~0.1 s each), imported where the release has them: older releases do this work inside each model.
     later_modules = ("masking_utils", "modeling_layers", "processing_utils", "conversion_mapping")
-    for later_module in (f"transformers.{name}" for name in later_modules):
+    for later_module in (*(f"transformers.{name}" for name in later_modules), *LATER_LIBRARY_MODULES):
         if importlib.util.find_spec(later_module) is None:
             continue
         try:
@@ -109,9 +119,33 @@ def import_cell_machinery() -> None:
     # each rank and reference child it forks inherits it instead of importing it again (~0.2 s of a core a rank).
     import suites.engine.cell_runner  # noqa: F401
 
+    # A failing cell's message is redacted on its rank (suites/verdicts/outcome.py): detect-secrets' import and its
+    # patterns (~0.4 s of a core) were paid by every rank of a group at its first failing cell.
+    load_detectors()
     settle_elementwise_math()
     gc.collect()
     gc.freeze()
+
+
+def import_modeling_modules(model_types: Iterable[str]) -> list[str]:
+    """Import the transformers modeling module of each model type (a run's models, asked by the driver: fork_server
+    PRELOAD_KIND), so every rank and reference child forked afterwards inherits it. Imported by a cell, each rank of
+    every group paid it at the model's first cell (0.05-0.3 s of a core a rank, as much as the cell's probes at tp 3
+    and 4 on 2 cores; docs/findings.md "#58 where a warm cell's time goes"). Returns the modules that could not be
+    imported: the cell that loads such a model meets the error in its own phase, where it is classified."""
+    import importlib
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    failed = []
+    for model_type in model_types:
+        name = model_type_to_module_name(model_type)
+        module = f"transformers.models.{name}.modeling_{name}"
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - any import error is the cell's to meet, never the server's end
+            failed.append(module)
+    return failed
 
 
 def _exit_when_orphaned(driver_pid: int, launcher_pid: int) -> None:

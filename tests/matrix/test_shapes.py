@@ -10,7 +10,7 @@ import pytest
 
 from matrix import PROJECT_ROOT, config_keys
 from matrix.cells import expand, parse_cell_id, replay_name
-from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models
+from matrix.registry import MODELS_FILE, RegistryError, SplitRule, load_models, read_toml
 from matrix.shapes import (
     HEAD_KEYS,
     MATRIX_TP,
@@ -285,6 +285,23 @@ def test_an_entry_without_its_record_is_refused(tmp_path, registry):
     path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
     with pytest.raises(RegistryError, match=r"entry \[mpt\] has no record for 'mosaicml/mpt-7b' nor 'defaults'"):
         load_real_shapes(path, registry)
+
+
+def test_real_shapes_are_parsed_once_per_file_version_and_each_caller_gets_dicts_of_its_own(tmp_path, monkeypatch):
+    from matrix.shapes import records
+
+    reads = []
+    monkeypatch.setattr(records, "read_toml", lambda *args: reads.append(args) or read_toml(*args))
+    path = tmp_path / "real_shapes.toml"
+    text = REAL_SHAPES_FILE.read_text()
+    path.write_text(text)
+    first = load_real_shapes(path)
+    first["llama"].clear()
+    assert load_real_shapes(path)["llama"]  # the caller's clear reached no other caller
+    assert len(reads) == 1  # the driver asks at every faithful cell: parsed once
+    start = text.index("[mpt]\n")
+    path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
+    assert "mpt" in first and "mpt" not in load_real_shapes(path) and len(reads) == 2
 
 
 # ---- the shape axis of cells -------------------------------------------------------------------------------------

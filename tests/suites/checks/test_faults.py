@@ -39,6 +39,9 @@ def test_healthy_cell_passes_and_is_reproducible_after_faults(pool, llama_tp2):
     launches = pool.launches
     assert first.outcome == "pass", first.message
     assert first.metrics["logits_max_abs"] < 1e-5
+    # each stage's CPU seconds, summed over the ranks: what a stage costs where wall seconds do not tell
+    stages = sum(first.metrics[f"cpu_{stage}_s"] for stage in ("load", "shard", "forward"))
+    assert 0 < first.metrics["cpu_forward_s"] and stages <= first.metrics["cpu_cell_s"]
     # Run the faults that keep the group alive, then the same cell again: a harness whose state
     # leaked between cells (or whose reference came from a sharded process) would not repeat itself.
     for fault in (
