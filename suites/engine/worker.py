@@ -133,8 +133,7 @@ def import_modeling_modules(model_types: Iterable[str]) -> list[str]:
     every group paid it at the model's first cell (0.05-0.3 s of a core a rank, as much as the cell's probes at tp 3
     and 4 on 2 cores; docs/findings.md "#58 where a warm cell's time goes"). Returns the modules that could not be
     imported: the cell that loads such a model meets the error in its own phase, where it is classified."""
-    import importlib
-
+    # lazily: the fork server imports this module before torch (suites/base/elementwise_math.py settles first)
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
     failed = []
