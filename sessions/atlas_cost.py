@@ -370,7 +370,8 @@ def warm_cell_figures(
         raise ValueError(f"{results / 'junit'}: no running cell of an atlas selection: {names}")
     return replace(
         previous,
-        source=f"{date.today().isoformat()} on {socket.gethostname()}: {'; '.join(said)} from {results}; the rest as "
+        source=f"{date.today().isoformat()} on {socket.gethostname()}: {'; '.join(said)} from {results.name}/ (a warm"
+        f" nox -s matrix); the rest as "
         f"in {previous.source}",
         selections=updated,
     )
