@@ -73,7 +73,6 @@ SHAPE = {
 
 
 def models_file(folder: Path, layers: list[int]) -> tuple[Path, list[str]]:
-
     names, tables = [], []
     for count in layers:
         name = f"synthetic_llama_{count}l"

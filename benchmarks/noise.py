@@ -42,7 +42,6 @@ from suites.verdicts.check_names import at_floor, current_metric_name, judged_si
 
 
 def run(args: argparse.Namespace) -> None:
-
     cells = expand(args.models, args.variants, args.dtypes, args.tp)
     print(f"{len(cells)} cells", flush=True)
     pool = RankGroupPool()
@@ -156,7 +155,6 @@ def correct(record: dict[str, Any]) -> bool:
 
 @functools.cache
 def registry() -> dict[str, Any]:
-
     return load_models()
 
 
@@ -246,7 +244,6 @@ def floor_rows(records: list[dict[str, Any]]) -> list[str]:
 
 
 def report(args: argparse.Namespace) -> None:
-
     records = [json.loads(line) for path in args.files for line in Path(path).read_text().splitlines() if line.strip()]
     for record in records:  # an older harness's names read as this one's
         record["metrics"] = {current_metric_name(name): value for name, value in record["metrics"].items()}

@@ -110,7 +110,6 @@ def _manifest_problem(folder: Path, hashes: bool = True) -> str | None:
 
 
 def tiny_key(entry: ModelEntry) -> str:
-
     identity = {
         "model_type": entry.model_type,
         "tiny": entry.tiny,
@@ -122,7 +121,6 @@ def tiny_key(entry: ModelEntry) -> str:
 
 
 def tiny_config(entry: ModelEntry) -> PretrainedConfig:
-
     config: PretrainedConfig = AutoConfig.for_model(entry.model_type, **entry.tiny)
     return config
 
@@ -278,7 +276,6 @@ two threads writing at once (suites/run/ahead.py's workers, a cell rebuilding a 
 
 
 def _write_tiny(entry: ModelEntry, folder: Path) -> None:
-
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         with _WRITING:

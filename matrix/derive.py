@@ -130,7 +130,6 @@ def load_derived_data(path: Path = DERIVED_FILE) -> DerivedData:
 
 
 def causal_lm_model_types() -> list[str]:
-
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
@@ -213,7 +212,6 @@ def derived_entry(model_type: str, registry: dict[str, ModelEntry], data: Derive
 
 
 def main(argv: list[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--registry",

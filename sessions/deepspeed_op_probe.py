@@ -7,26 +7,19 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
 
 import torch
 from deepspeed.git_version_info import accelerator_name
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
-if TYPE_CHECKING:
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
 
 def builder() -> ShareMemCommBuilder:
-
     return ShareMemCommBuilder()
 
 
 def describe() -> dict[str, object]:
-
     if torch.cuda.is_available():
         return {"skip": "torch sees CUDA: the cells all-reduce with NCCL, not DeepSpeed's CPU comm op"}
-
     if accelerator_name != "cpu":
         return {"skip": f"DeepSpeed was installed for accelerator {accelerator_name!r}, not cpu"}
     op = builder()

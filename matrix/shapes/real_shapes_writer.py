@@ -100,7 +100,6 @@ def add_record(models_file: Path, entry: ModelEntry, hub_id: str | None, shape: 
 
 
 def main(argv: list[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(description="Write or check matrix/real_shapes.toml.")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument(

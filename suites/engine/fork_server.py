@@ -445,7 +445,6 @@ def _reap_ended(_signal: int, _frame: object) -> None:
 
 
 def serve(log_dir: Path) -> None:
-
     try:
         worker.run_startup_fault_hook("server")
         worker.import_cell_machinery()

@@ -211,7 +211,6 @@ class Naps:
     CLOCK_MONOTONIC = 1
 
     def __init__(self, period_seconds: float = NAP_PERIOD_SECONDS):
-
         class SigEvent(ctypes.Structure):  # glibc's struct sigevent (64 bytes), its thread-id member
             _fields_ = [
                 ("value", ctypes.c_void_p),

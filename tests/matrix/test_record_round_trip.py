@@ -92,13 +92,16 @@ def _json_records() -> dict[str, type]:
         check=True,
     )
     records = {}
-    for name in walk.stdout.split():
+    answer = next(line for line in walk.stdout.splitlines() if line.startswith(WALK_MARK))
+    for name in answer.removeprefix(WALK_MARK).split():
         module, _, qualname = name.rpartition(".")
         records[name] = getattr(importlib.import_module(module), qualname)
     return records
 
 
-WALK = f"import {Path(__file__).stem} as walk; print(*walk.walked_records())"
+WALK_MARK = "records:"
+WALK = f"import {Path(__file__).stem} as walk; print({WALK_MARK!r}, *walk.walked_records())"
+"""The walk's answer is its marked line: a module may print when imported (DeepSpeed logs its accelerator)."""
 
 
 def walked_records() -> list[str]:
