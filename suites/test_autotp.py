@@ -49,6 +49,7 @@ def test_cell(
                 versions=recorder.versions,
                 outcome_line=verdict,
                 loaded_revision=record.get("checkpoint", {}).get("revision"),
+                ran_here=True,
             )
         )
     if record["outcome"] in ("skip", "unsupported"):  # JUnit's skipped; its `outcome` property keeps which

@@ -165,11 +165,12 @@ def write_repro(
     outcome_line: str,
     loaded_revision: str | None = None,
     name: str | None = None,
+    ran_here: bool = False,
 ) -> Path:
     """The repro loads the model the way the cell's variant does (eager, meta device + checkpoint files, quantized)
     in the cell's dtype; a training row runs its optimizer steps. A hub checkpoint is fetched at the commit the cell
     loaded (`loaded_revision`, from its record), else at the registry's pinned revision, so a later upload cannot
-    change the repro."""
+    change the repro. `ran_here`: written by the cell's own run, whose machine the environment file may describe."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / (name or f"repro_{cell.id}.py")
     spec = repro_cell(
@@ -191,5 +192,5 @@ def write_repro(
     )
     cell_line = f"CELL: CellSpec = {pprint.pformat(spec, sort_dicts=False, width=116)}  # written by autotp-matrix"
     script.write_text(redact(header + source.replace(PLACEHOLDER, cell_line, 1)))
-    (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions) + "\n"))
+    (folder / f"env_{cell.id}.txt").write_text(redact(environment_report(run, versions, ran_here) + "\n"))
     return script

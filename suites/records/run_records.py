@@ -11,7 +11,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -386,17 +385,17 @@ def junit_properties(record: CellRecord) -> dict[str, str]:
     return {name: str(value) for name, value in properties.items()}
 
 
-def environment_report(run: RunInfo, versions: dict[str, str]) -> str:
-    """What a bug report needs besides the repro script (no secrets: only versions and hardware)."""
+def environment_report(run: RunInfo, versions: dict[str, str], ran_here: bool) -> str:
+    """What a bug report needs besides the repro script (no secrets: only versions and hardware). `ran_here`: written
+    on the machine that ran the cell, which then adds its os, cpu and gpus; a report rendered from the history
+    elsewhere knows only what the run recorded. Never the interpreter's path: this host's folders mean nothing where
+    the report is read."""
     lines = [f"{name}: {value}" for name, value in versions.items() if value]
     lines += [f"autotp-matrix harness: {run.harness_git}"] if run.harness_git else []
-    lines += [
-        f"accelerator: {run.accelerator}",
-        f"backend: {run.backend}",
-        f"os: {platform.platform()}",
-        f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}",
-        f"python executable: {sys.executable}",
-    ]
+    lines += [f"accelerator: {run.accelerator}", f"backend: {run.backend}"]
+    if not ran_here:
+        return "\n".join(lines)
+    lines += [f"os: {platform.platform()}", f"cpu: {platform.processor() or platform.machine()} x {os.cpu_count()}"]
     try:
         # lazily: `python -m reports` and nox's own process import this module, and have no torch
         import torch

@@ -274,3 +274,18 @@ def test_a_recorder_reads_each_appended_line_once_and_sees_the_other_workers_cel
         stream.write('{"cell": {"id": "x"}, "outcome": "maybe"}\n')
     with pytest.raises(ValueError, match=r"cells.jsonl:6: outcome 'maybe'"):
         appended.new()
+
+
+def test_the_environment_report_attached_to_a_draft_names_no_folder_of_this_host():
+    """env_<cell>.txt goes beside a draft issue and a repro script, read on another machine: versions and hardware,
+    not the path of the interpreter that ran the cell."""
+    import sys
+
+    from suites.records.run_records import environment_report
+
+    run = RunInfo("nightly", accelerator="cpu", backend="gloo", harness_git=SHA)
+    for ran_here in (True, False):
+        report = environment_report(run, {"torch": "2"}, ran_here)
+        assert "torch: 2" in report and "accelerator: cpu" in report
+        assert sys.executable not in report and sys.prefix not in report
+        assert ("os: " in report) is ran_here  # rendered elsewhere, the renderer's machine is not the cell's
