@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matrix.cells import Cell, expand
+from suites.checks.contracts import Job
+from suites.checks.inputs import ProbeSpec
+
 
 def live_processes_named(name: str) -> list[int]:
     """Processes whose name (Linux keeps 15 characters) is `name`, zombies left out (ended, not yet reaped)."""
@@ -17,3 +21,19 @@ def live_processes_named(name: str) -> list[int]:
         if comm == name[:15] and state != "Z":
             live.append(int(stat.parent.name))
     return live
+
+
+def never_loaded_job() -> tuple[Cell, Job]:
+    """A tp 2 cell and its job whose checkpoint is never loaded: for tests whose group stops before any cell runs."""
+    (cell,) = expand("llama.stress", "eager", "fp32", "2")
+    job = Job(
+        cell.id,
+        "/never-loaded",
+        None,
+        cell.dtype,
+        cell.variant,
+        False,
+        cell.model.tolerance_for(cell.dtype),
+        ProbeSpec(),
+    )
+    return cell, job

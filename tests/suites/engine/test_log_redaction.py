@@ -4,11 +4,9 @@ redacted."""
 
 import pytest
 
-from matrix.cells import expand
-from suites.checks.contracts import Job
-from suites.checks.inputs import ProbeSpec
 from suites.engine.rank_group import RankGroupPool
 from tests import planted_secrets
+from tests.suites.suites_testkit import never_loaded_job
 
 pytestmark = pytest.mark.autotp
 
@@ -18,17 +16,7 @@ def test_kept_rank_logs_are_redacted(rank_pool, monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", "tests.faults:rank1_logs_secrets_at_start")
     monkeypatch.setenv(planted_secrets.SECRET_ENV, planted_secrets.SECRET_VALUE)  # the ranks inherit it
     pool = RankGroupPool(logs_root=tmp_path / "logs")
-    (cell,) = expand("llama.stress", "eager", "fp32", "2")
-    job = Job(
-        cell.id,
-        "/never-loaded",
-        None,
-        cell.dtype,
-        cell.variant,
-        False,
-        cell.model.tolerance_for(cell.dtype),
-        ProbeSpec(),
-    )
+    cell, job = never_loaded_job()
     try:  # the group fails to start, so no cell runs: no checkpoint or reference is needed
         outcome = pool.run(2, job, timeout=60.0)
     finally:

@@ -6,10 +6,8 @@ import re
 
 import pytest
 
-from matrix.cells import expand
-from suites.checks.contracts import Job
-from suites.checks.inputs import ProbeSpec
 from suites.engine.rank_group import RankGroupPool
+from tests.suites.suites_testkit import never_loaded_job
 
 pytestmark = pytest.mark.autotp
 
@@ -21,17 +19,7 @@ def test_ranks_start_with_the_preloaded_models_and_a_type_without_a_module_is_le
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", "tests.faults:rank1_names_its_modeling_modules_at_start")
     pool = RankGroupPool(logs_root=tmp_path / "logs")
     pool.preload(["gpt_neox", "no_such_model_type"])
-    (cell,) = expand("llama.stress", "eager", "fp32", "2")
-    job = Job(
-        cell.id,
-        "/never-loaded",
-        None,
-        cell.dtype,
-        cell.variant,
-        False,
-        cell.model.tolerance_for(cell.dtype),
-        ProbeSpec(),
-    )
+    cell, job = never_loaded_job()
     try:  # rank 1 raises at its start, naming what it started with: no cell runs
         outcome = pool.run(2, job, timeout=60.0)
     finally:
