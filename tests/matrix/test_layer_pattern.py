@@ -241,3 +241,17 @@ def test_a_layer_field_the_class_leaves_none_keeps_the_tiny_configs_value():
     assert faithful.skip_reason is None, faithful.skip_reason
     assert faithful.tiny["layer_types"] == ["conv", "full_attention"]
     _builds_on_meta("lfm2_moe", faithful.tiny)
+
+
+def test_check_reads_a_file_written_under_another_transformers_as_up_to_date_when_its_shapes_agree(tmp_path, capsys):
+    """`--write` names the transformers whose config defaults it read; `--check` under another release with the same
+    shapes passes, and a changed shape still fails."""
+    models = _registry_of(tmp_path, ("starcoder2",))
+    records = tmp_path / "real_shapes.toml"
+    written = records.read_text()
+    assert "config-defaults transformers " in written
+    records.write_text(re.sub(r'(config-defaults transformers )[^"]*"', r'\g<1>0.0.1"', written))
+    assert main(["--check", "--models-file", str(models)]) == 0
+    records.write_text(records.read_text().replace("heads = 24", "heads = 12", 1))
+    assert main(["--check", "--models-file", str(models)]) == 1
+    assert "is stale" in capsys.readouterr().err
