@@ -3,8 +3,9 @@ each) and DeepSpeed patches in `matrix/remedy_patches/<name>.diff`. A workaround
 `injection_policy`, a model keyword, an attention mask); a patch is a unified diff against one DeepSpeed release's
 source. `nox -s remedy` (sessions/remedy.py) runs each and records whether it is verified (`RemedyResult`).
 
-A remedy is an axis value of a run, never a baseline: a run with one is merged into the history as its own
-(untrusted) run, so no gate, since-previous comparison or bisection ever takes its verdicts as the library's."""
+A remedy is an axis value of a run, never a baseline: a run with one is kept in the store as its own (untrusted,
+never archived) run of a `remedied` session, which no report, draft, gate, since-previous comparison or bisection
+ever reads as the library's state."""
 
 from __future__ import annotations
 
@@ -23,6 +24,23 @@ REMEDIES_FILE = MATRIX_DIR / "remedies.toml"
 PATCHES_DIR = MATRIX_DIR / "remedy_patches"
 RESULTS_NAME = "remedies.json"
 """`nox -s remedy`'s results file in a results folder, which the draft issues rendered there read."""
+SESSION_PREFIX = "remedy-"
+"""What every session of `nox -s remedy` is named by: `remedy-<name>[+<name>...]` for its runs with remedies,
+WITHOUT_SESSION for its runs without any."""
+WITHOUT_SESSION = f"{SESSION_PREFIX}without"
+"""The session of `nox -s remedy`'s runs without any remedy: the release itself, history like any run."""
+
+
+def remedy_session(remedies: tuple[str, ...]) -> str:
+    """The session of runs with these remedies applied (a stack's required patches first)."""
+    return SESSION_PREFIX + "+".join(remedies)
+
+
+def remedied(session: str) -> bool:
+    """Whether a run of this session ran DeepSpeed with a remedy: a patched DeepSpeed (a stack's runs without its
+    own patch included) or a workaround's arguments. Such a run is never the state of DeepSpeed: no report, draft,
+    gate, bisection or comparison reads it (reports.store leaves it out), only its remedy's result speaks for it."""
+    return session.startswith(SESSION_PREFIX) and session != WITHOUT_SESSION
 
 RemedyKind = Literal["workaround", "patch"]
 RemedyStatus = Literal["verified", "unverified", "not applied"]

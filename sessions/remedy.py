@@ -8,8 +8,9 @@ patch's scope is the whole default matrix, run with it only once its cause cells
 PyPI sdist of its DeepSpeed release, unpacked into the harness cache, committed and pinned as a local checkout
 (`deepspeed@<path>`, matrix/versions.py + sessions/checkouts.py), like any DeepSpeed commit.
 
-Every run lands in the results folder's history like any run; a remedied run is merged as untrusted (reports/
-analysis/trust.py), so it is never a gate's baseline, never a newer run's previous one, never a bisection's verdict.
+Every run lands in the results folder's store; a remedied run (matrix/remedies.py `remedied`: its session names its
+remedies) is merged as untrusted and left out of everything the store gives a reader (reports/store), so it is never
+a report's state of DeepSpeed, a gate's baseline, a newer run's previous one or a bisection's verdict.
 The typed results (matrix/remedies.py `RemedyResult`) go to `<results>/remedies.json`."""
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from matrix.remedies import (
     NOT_TAKEN,
     REMEDIES_FILE,
     RESULTS_NAME,
+    WITHOUT_SESSION,
     Remedy,
     RemedyResult,
     RemedyStatus,
     TakenAt,
     load_remedies,
     remedies_for,
+    remedy_session,
     required_patches,
 )
 from matrix.shapes import split_shaped_name
@@ -309,7 +312,7 @@ class Baseline:
     """Each run's wall seconds."""
     pins: dict[str, str] = field(default_factory=dict)
     """Axis pins of every run (a stacked remedy's required patches); none for the release itself."""
-    name: str = "remedy-without"
+    name: str = WITHOUT_SESSION
     """The runs' session name in the history."""
 
     def verdicts(self, models: str, log: Callable[[str], None]) -> dict[str, str]:
@@ -384,13 +387,14 @@ def verify(
 
     with_remedy = remedy.name if remedy.kind == "workaround" else ""
     stack = (*required, remedy) if remedy.kind == "patch" else required
-    name, base = "remedy-" + "+".join(r.name for r in (*required, remedy)), "+".join(r.name for r in required)
+    required_names = tuple(r.name for r in required)
+    name, base = remedy_session((*required_names, remedy.name)), "+".join(required_names)
     try:
         how = how_text(remedy, root)
         pins = {"deepspeed": f"deepspeed@{patched_checkout(stack, root, sdists, download)}"} if stack else {}
         if required:
             base_pins = {"deepspeed": f"deepspeed@{patched_checkout(required, root, sdists, download)}"}
-            baseline = Baseline(runs, folder / "without", pins=base_pins, name=f"remedy-{base}")
+            baseline = Baseline(runs, folder / "without", pins=base_pins, name=remedy_session(required_names))
     except PatchError as error:  # nothing runs: no cell of an unpatched DeepSpeed is taken for a patched one's
         return judge(remedy, {}, {}, own_seconds(), "", str(error), required)
     log(

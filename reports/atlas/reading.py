@@ -103,6 +103,8 @@ def read_archive(root: Path) -> tuple[AtlasReader, ResultsArchive]:
         except DamagedEntry as exc:
             print(f"skipped {exc}", file=sys.stderr)
             continue
+        if records.run.remedied:  # a remedy's run (archived before merge refused to): never DeepSpeed's state
+            continue
         if earlier[0] != records.run.run_id:
             earlier = (records.run.run_id, {})
         verdicts = earlier[1]

@@ -146,8 +146,8 @@ def _merge_file(
     merged: _Merged,
 ) -> None:
     try:
-        if not untrusted:  # first: the archive is what the store is rebuilt from
-            written = archive.add(path, file_runs)
+        if not untrusted:  # first: the archive is what the store is rebuilt from; a remedied run the door marked
+            written = archive.add(path, [records for records in file_runs if records.run.trusted])  # is never in it
             merged.archived += len(written)
             store.record_entries({archive.name(entry): archive.sha256(entry) for entry in written})
         counts = store.import_runs([(records.run, list(records.results)) for records in file_runs], path)

@@ -11,7 +11,7 @@ nightlies is ~72 k points instead of 1.46 M results: `HistoryStore.aggregates` c
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from reports.store.records import CellKey, CellResult, Observation, Run, Versions
@@ -167,3 +167,23 @@ def aggregate(observations: list[Observation]) -> Aggregates:
         [obs for obs in observations if obs.run.run_id in recent],
         {(obs.run.run_id, obs.cell): obs.result.checkpoints for obs in observations if obs.result.checkpoints},
     )
+
+
+def without_remedies(
+    groups: list[ResultGroup],
+    metrics: dict[PointKey, PointMetrics],
+    runs: Iterable[Run],
+    observations: Callable[[Collection[str]], list[Observation]],
+) -> tuple[list[ResultGroup], dict[PointKey, PointMetrics]]:
+    """The groups and metrics of the runs without a remedy (`Run.remedied`), from those of every run: a point only
+    remedied runs recorded (a patched DeepSpeed's commit) is left out, and one a remedied run shares with others (a
+    workaround runs at the release's versions) is grouped again from the others' `observations` (by run id)."""
+    runs = list(runs)
+    touched = {(run.versions, run.harness_git) for run in runs if run.remedied}
+    if not touched:
+        return groups, metrics
+    again = {run.run_id for run in runs if not run.remedied and (run.versions, run.harness_git) in touched}
+    regrouped, remeasured = group_results(observations(again) if again else [])
+    kept = [group for group in groups if (group.versions, group.harness_git) not in touched]
+    measured = {point: value for point, value in metrics.items() if point[1:] not in touched}
+    return [*kept, *regrouped], {**measured, **remeasured}

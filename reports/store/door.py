@@ -61,8 +61,8 @@ def _redacted(value: Any, redact: Redact) -> Any:
 def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecords]:
     """The runs of a JUnit file, redacted and validated, each start in UTC; raise ReportsError naming the file (and
     the first field and value that failed) when it is unusable. `trusted` False marks them as a pull request's (never
-    archived). Each testcase is redacted as it is read, so only the records are held, never the file's tree or a
-    second copy."""
+    archived), and so is every remedied run (`Run.remedied`: a patched DeepSpeed's, wherever its file was found). Each
+    testcase is redacted as it is read, so only the records are held, never the file's tree or a second copy."""
     raw_run_ids: set[str] = set()  # as cells.jsonl names them
 
     def redacted(cases: Iterator[JUnitCase]) -> Iterator[JUnitCase]:
@@ -71,8 +71,10 @@ def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecord
             yield redact_fields(case, redact)
 
     runs = gather(redacted(junit_cases(path)))
-    if not trusted:
-        runs = [dataclasses.replace(r, run=dataclasses.replace(r.run, trusted=False)) for r in runs]
+    runs = [
+        dataclasses.replace(r, run=dataclasses.replace(r.run, trusted=False)) if not trusted or r.run.remedied else r
+        for r in runs
+    ]
     for records in runs:
         if problem := first_problem(records):
             raise Rejected(path, problem)

@@ -23,7 +23,7 @@ from urllib.parse import quote
 from matrix.json_records import read_record
 from matrix.remedies import RemedyResult
 from reports import ReportsError
-from reports.store.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs
+from reports.store.aggregates import Aggregates, PointMetrics, ResultGroup, recent_runs, without_remedies
 from reports.store.answer_rows import (
     BISECTION_COLUMNS,
     TRIAGE_COLUMNS,
@@ -290,17 +290,16 @@ class HistoryStore:
 
     @_naming_the_file
     def observations(self, run_ids: Collection[str] | None = None) -> list[Observation]:
-        """Every result with its run (or only those of run_ids), ordered by run id and cell. A compacted result has
-        its verdict and signature; its message is "" and its metrics {} (compact() keeps them wherever a report
-        reads them)."""
+        """Every result with its run (or only those of run_ids), ordered by run id and cell; never a remedied run's
+        (`Run.remedied`: not DeepSpeed's state). A compacted result has its verdict and signature; its message is ""
+        and its metrics {} (compact() keeps them wherever a report reads them)."""
         conn = self._conn
         shared: dict[Versions, Versions] = {}
         runs = {
-            key: self._run(row, shared)
+            key: run
             for key, *row in conn.execute(f"SELECT id, run_id, {', '.join(RUN_FIELDS + VERSION_FIELDS)} FROM runs")
+            if not (run := self._run(row, shared)).remedied and (run_ids is None or run.run_id in run_ids)
         }
-        if run_ids is not None:
-            runs = {key: run for key, run in runs.items() if run.run_id in run_ids}
         cells = self._cells()
         checkpoints = self._checkpoints(runs)
         mechanisms = self._mechanisms(runs)
@@ -308,7 +307,7 @@ class HistoryStore:
         cell_rank = {key: rank for rank, key in enumerate(sorted(cells, key=cells.__getitem__))}
         query = "SELECT run, cell, outcome, failure_class, signature, message, metrics FROM results"
         if run_ids is None:
-            rows = conn.execute(query).fetchall()
+            rows = [row for row in conn.execute(query) if row[0] in runs]
         else:
             rows = [row for key in runs for row in conn.execute(f"{query} WHERE run = ?", (key,))]
         texts = self._texts({text for row in rows for text in row[4:6]} if run_ids is not None else None)
@@ -382,8 +381,8 @@ class HistoryStore:
 
     @_naming_the_file
     def aggregates(self) -> Aggregates:
-        """The per-point aggregates the report reads (reports.store.aggregates), as import keeps them (result_groups,
-        point_metrics): no result is read but those of the two newest runs of each session."""
+        """The per-point aggregates the report reads (reports.store.aggregates) of the runs without a remedy, as
+        import keeps them (result_groups, point_metrics; `without_remedies` reads a remedied run's point again)."""
         conn = self._conn
         shared: dict[Versions, Versions] = {}
         runs = {
@@ -427,8 +426,9 @@ class HistoryStore:
             metrics[cells[cell], measured.versions, measured.harness_git] = PointMetrics(
                 measured.started, measured.run_id, json.loads(text)
             )
-        recent = recent_runs(list(runs.values()))
-        return Aggregates(groups, metrics, self.observations(recent), self._checkpoints(runs))
+        groups, metrics = without_remedies(groups, metrics, runs.values(), self.observations)
+        runs = {key: run for key, run in runs.items() if not run.remedied}
+        return Aggregates(groups, metrics, self.observations(recent_runs(list(runs.values()))), self._checkpoints(runs))
 
     @_naming_the_file
     def compact(self, keep_runs: int = KEEP_RECENT_RUNS) -> CompactionCounts:

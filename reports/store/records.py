@@ -9,6 +9,7 @@ from typing import Any, Literal, TypedDict
 from packaging.version import InvalidVersion, Version
 
 from matrix.cells import cell_id
+from matrix.remedies import remedied
 from matrix.version_axes import AXES as INSTALLED_AXES
 from suites.verdicts.cause import Cause
 from suites.verdicts.mechanism import AutoTPRecord, BreakPoint
@@ -95,6 +96,12 @@ class Run:
     trusted: bool = True
     """A scheduled or dispatched run on the default branch, or a person's own merge; False for a pull request's run
     (`merge --untrusted`): never archived, never a gate's baseline or publish's previous run."""
+
+    @property
+    def remedied(self) -> bool:
+        """A run of `nox -s remedy` with a remedy (a patched DeepSpeed, a workaround's arguments): never the state of
+        DeepSpeed, so the store gives no reader its results (its remedy's result in `remedy_results` speaks for it)."""
+        return remedied(self.session)
 
 
 @dataclass(frozen=True)
