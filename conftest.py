@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -13,16 +14,25 @@ import pytest
 
 from matrix.cells import Cell, expand
 from matrix.registry import RegistryError
-from matrix.remedies import RemedyError
+from matrix.remedies import RemedyError, load_remedies
+from suites.engine.rank_group import RankGroupPool
+from suites.records.run_records import (
+    CellRecorder,
+    RunInfo,
+    RunState,
+    cells_without_record,
+    harness_commit,
+    installed_versions,
+    read_records,
+)
+from suites.records.summary import print_summary
 from suites.reference.memory_plan import default_variants
 from suites.run.command import SUITE_OPTIONS
 
-if TYPE_CHECKING:  # imported where they are used, after the fork server started (pytest_configure)
+if TYPE_CHECKING:  # these import torch: imported where they are used, after the fork server started (pytest_configure)
     from _pytest.terminal import TerminalReporter
 
     from suites.checks.task_probe import AccuracyTask
-    from suites.engine.rank_group import RankGroupPool
-    from suites.records.run_records import CellRecorder, RunInfo, RunState
     from suites.run.ahead import RunAhead
     from suites.run.driver import CacheContents, RunOptions
 
@@ -46,7 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # fork server's own imports, the longest wait before the first cell, then run beside the driver's.
         _rank_pool(config)
     option = config.getoption
-    from suites.checks.task_probe import resolve_task  # torch (its scoring), imported after the start above
+    # lazily: torch (the task's scoring), imported after the fork server started above
+    from suites.checks.task_probe import resolve_task
     from suites.checks.task_scoring import TaskError
 
     try:  # a bad selection is a usage error (exit 4, one clear line), not a collection crash
@@ -96,10 +107,6 @@ RUN = pytest.StashKey[Run]()
 
 def _with_remedy(cells: list[Cell], name: str) -> list[Cell]:
     """The cells with the arguments of remedy `name` (matrix/remedies.toml; a patch passes none)."""
-    from dataclasses import replace
-
-    from matrix.remedies import load_remedies
-
     remedies = load_remedies()
     remedy = next((remedy for remedy in remedies if remedy.name == name), None)
     if remedy is None:
@@ -141,8 +148,6 @@ def _start_run(config: pytest.Config) -> Run:
     """The run this session records into: decided once by the controller (or the only process) and
     handed to pytest-xdist workers, so all of them share one run id; an interrupted run with the same
     session, selection and versions is continued unless --no-resume."""
-    from suites.records.run_records import RunInfo, RunState, harness_commit, installed_versions
-
     option = config.getoption
     versions = installed_versions()
     # Injected faults and the harness commit are part of what a run is: records made under a fault, or by
@@ -184,7 +189,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.run.driver import CacheContents, RunOptions, longest_steps, memory_plan_lines
+    from suites.run.driver import CacheContents, RunOptions, longest_steps, memory_plan_lines  # lazily: torch
 
     config.stash[CACHE_AT_START] = CacheContents.now()
     reporter = cast("TerminalReporter", config.pluginmanager.get_plugin("terminalreporter"))
@@ -225,7 +230,7 @@ def _xdist_group(cell: Cell, cells: list[Cell], workers: int) -> str:
 
 @pytest.fixture(scope="session")
 def run_options(pytestconfig: pytest.Config) -> RunOptions:
-    from suites.run.driver import RunOptions, longest_steps
+    from suites.run.driver import RunOptions, longest_steps  # lazily: torch, after the fork server started
 
     option = pytestconfig.getoption
     return RunOptions(
@@ -243,7 +248,7 @@ def run_ahead(pytestconfig: pytest.Config, run_options: RunOptions) -> RunAhead 
     """The cold work of this process's cells (their tiny checkpoints and references), done together when the first
     asks for a reference (suites/run/ahead.py); None in a pytest-xdist worker, which does not know which cells it
     gets."""
-    from suites.run.driver import run_ahead
+    from suites.run.driver import run_ahead  # lazily: torch, after the fork server started
 
     return None if hasattr(pytestconfig, "workerinput") else run_ahead(pytestconfig.stash[CELLS], run_options)
 
@@ -262,8 +267,6 @@ def _runs_cells_here(config: pytest.Config) -> bool:
 def _rank_pool(config: pytest.Config) -> RankGroupPool:
     """The session's rank-group pool, its fork server started at once (suites: from pytest_configure)."""
     if POOL not in config.stash:
-        from suites.engine.rank_group import RankGroupPool
-
         config.stash[POOL] = RankGroupPool(logs_root=Path(config.getoption("--results")).resolve() / "logs")
         config.stash[POOL].prepare()
     return config.stash[POOL]
@@ -278,8 +281,6 @@ def rank_pool(pytestconfig: pytest.Config) -> Iterator[RankGroupPool]:
 
 @pytest.fixture(scope="session")
 def recorder(pytestconfig: pytest.Config) -> CellRecorder:
-    from suites.records.run_records import CellRecorder
-
     run, state, versions = pytestconfig.stash[RUN]
     return CellRecorder(
         Path(pytestconfig.getoption("--results")),
@@ -294,9 +295,7 @@ def recorder(pytestconfig: pytest.Config) -> CellRecorder:
 def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
     if RUN not in config.stash or hasattr(config, "workerinput"):
         return
-    from suites.records.run_records import cells_without_record, read_records
-    from suites.records.summary import print_summary
-    from suites.run.driver import CacheContents
+    from suites.run.driver import CacheContents  # lazily: torch, after the fork server started
 
     if CACHE_AT_START in config.stash and (written := CacheContents.now().written_since(config.stash[CACHE_AT_START])):
         terminalreporter.write_line(written)

@@ -198,12 +198,13 @@ WHOLE_BY_DESIGN = {"suites/records/repro_template.py"}
 out whole as `repro_<cell>.py`, one file a DeepSpeed maintainer runs alone (its functions are bounded like any)."""
 
 
+def files_of(name: str) -> list[Path]:
+    """The Python files of a package or folder of the harness, or the one file `name` (noxfile.py, conftest.py)."""
+    return [PROJECT_ROOT / name] if name.endswith(".py") else sorted((PROJECT_ROOT / name).rglob("*.py"))
+
+
 def harness_files() -> list[Path]:
-    return sorted(
-        path
-        for name in SIZED
-        for path in ([PROJECT_ROOT / name] if name.endswith(".py") else (PROJECT_ROOT / name).rglob("*.py"))
-    )
+    return sorted(path for name in SIZED for path in files_of(name))
 
 
 def too_long() -> dict[str, int]:
@@ -241,8 +242,8 @@ LAZY_BY_DESIGN = {"suites/records/repro_template.py", "matrix/checkpoints.py:ran
 """Text that is an output: the repro script's template (written out whole) and a function whose source the repro
 script embeds (suites/records/repro.py); each keeps its imports where the standalone script needs them, and a comment
 added there would change every repro script written."""
-LAZY_RULED = (*LAYERS, "benchmarks")
-"""Every package and the benchmarks' scripts."""
+LAZY_RULED = SIZED
+"""Every package, the benchmarks' scripts, the noxfile and conftest.py."""
 
 
 def unexplained_lazy_imports(package: str) -> list[str]:
@@ -251,7 +252,7 @@ def unexplained_lazy_imports(package: str) -> list[str]:
     default; an import inside a function costs the reader a question a comment answers once: a module that must not
     import torch, an optional dependency, a measured start-up cost)."""
     unexplained = []
-    for path in sorted((PROJECT_ROOT / package).rglob("*.py")):
+    for path in files_of(package):
         name = path.relative_to(PROJECT_ROOT).as_posix()
         if name in LAZY_BY_DESIGN:
             continue
@@ -286,6 +287,14 @@ def test_the_lazy_import_rule_sees_an_unexplained_one(tmp_path, monkeypatch):
     )
     monkeypatch.setitem(globals(), "PROJECT_ROOT", tmp_path)
     assert unexplained_lazy_imports("matrix") == ["matrix/lazy.py:2", "matrix/lazy.py:4"]
+
+
+@pytest.mark.parametrize("top_file", ["noxfile.py", "conftest.py"])
+def test_the_lazy_import_rule_sees_the_noxfile_and_conftest(tmp_path, monkeypatch, top_file):
+    assert top_file in LAZY_RULED
+    (tmp_path / top_file).write_text("def f():\n    import os\n\n\ndef g():\n    import os  # lazily: a reason\n")
+    monkeypatch.setitem(globals(), "PROJECT_ROOT", tmp_path)
+    assert unexplained_lazy_imports(top_file) == [f"{top_file}:2"]
 
 
 def test_the_lazy_import_rule_spares_only_the_repro_scripts_text(tmp_path, monkeypatch):
