@@ -42,6 +42,7 @@ def remedied(session: str) -> bool:
     gate, bisection or comparison reads it (reports.store leaves it out), only its remedy's result speaks for it."""
     return session.startswith(SESSION_PREFIX) and session != WITHOUT_SESSION
 
+
 RemedyKind = Literal["workaround", "patch"]
 RemedyStatus = Literal["verified", "unverified", "not applied"]
 
