@@ -17,9 +17,10 @@ from matrix.cells import Cell, expand, replay_name, resolve_cell
 from matrix.registry import RegistryError
 from matrix.remedies import RemedyResult
 from reports.analysis import History, ResultFiles, draft_file, log_folder, repro_file
-from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, run_info, write_cause_draft
+from reports.outputs.draft_issue import Inert, installed_transformers, not_deepspeeds, write_cause_draft, write_script
 from reports.outputs.model import Report
-from reports.store import AXES, Aggregates, CellKey, Observation, ResultGroup
+from reports.outputs.render_cache import ScriptRequest, cached_script
+from reports.store import Aggregates, CellKey, Observation, ResultGroup
 
 
 def failing_groups(history: History, aggregates: Aggregates) -> dict[str, ResultGroup]:
@@ -57,21 +58,21 @@ def write_repro_scripts(
             "--cause <id>` writes a cause's script"
         )
         return set()
-    from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
-
-    cells = resolve_cells([group.cell for group in groups.values()])
-    written = set()
-    for cell_id, group in sorted(groups.items()):
-        cell = cells[cell_id]
+    requests = {
+        cell_id: ScriptRequest.of(group.cell, group.newest, group.failure_class, group.signature)
+        for cell_id, group in sorted(groups.items())
+    }
+    folders = {cell_id: out_dir / Path(repro_file(cell_id)).parent for cell_id in requests}
+    written = {cell_id for cell_id, request in requests.items() if cached_script(request, folders[cell_id])}
+    missing = [request for cell_id, request in requests.items() if cell_id not in written]
+    cells = resolve_cells([request.cell for request in missing]) if missing else {}
+    for request in missing:
+        cell = cells[request.cell.id]
         if isinstance(cell, RegistryError):
-            log(f"repro script for {cell_id}: not written ({cell})")
+            log(f"repro script for {request.cell.id}: not written ({cell})")
             continue
-        run = group.newest
-        versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
-        verdict = f"fail {group.failure_class} {group.signature}"
-        folder = out_dir / Path(repro_file(cell_id)).parent
-        write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict)
-        written.add(cell_id)
+        write_script(cell, request, folders[request.cell.id])
+        written.add(request.cell.id)
     return written
 
 

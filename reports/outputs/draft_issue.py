@@ -15,6 +15,7 @@ printed."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -53,9 +54,9 @@ from reports.outputs.markdown_safety import fence, markdown_link
 from reports.outputs.minimal_script import MinimalScript, last_error_line, minimal_script
 from reports.outputs.model import Report, build_report
 from reports.outputs.remedy_claims import remedy_sections
+from reports.outputs.render_cache import ScriptRequest, cached_script, keep_script, remembered
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
-from suites.records.run_records import RunInfo
 from suites.verdicts.cause_titles import cause_title
 from suites.verdicts.vocabulary import FAILURE_CLASSES
 
@@ -208,36 +209,45 @@ def installed_transformers() -> str:
         return ""
 
 
-def run_info(run: Run) -> RunInfo:
-    return RunInfo(
-        session=run.session,
-        started=run.started,
-        host=run.host,
-        accelerator=run.accelerator,
-        backend=run.backend,
-        harness_git=run.harness_git,
-    )
-
-
 def write_cell_repro(cell: Cell, failure: Observation, folder: Path, name: str | None = None) -> tuple[str, str]:
     """(file name, text) of the standalone script of a failing cell, written to `folder` (as `name`, default the
     results folder's `repro_<cell>.py`)."""
-    from suites.records.repro import write_repro  # imports torch (220 MB): only where a script is written
-
-    run = failure.run
-    versions = {**{axis: getattr(run.versions, axis) for axis in AXES}, "deepspeed_git": run.versions.deepspeed_git}
-    verdict = f"fail {failure.result.failure_class} {failure.result.signature}"
-    script = write_repro(cell, "tiny", folder, run=run_info(run), versions=versions, outcome_line=verdict, name=name)
+    request = ScriptRequest.of(failure.cell, failure.run, failure.result.failure_class, failure.result.signature, name)
+    script = cached_script(request, folder) or write_script(cell, request, folder)
     return script.name, script.read_text(encoding="utf-8")
+
+
+def write_script(cell: Cell, request: ScriptRequest, folder: Path) -> Path:
+    """The script (and its environment file) written by suites.records.repro.write_repro, and kept in the render
+    cache (reports.outputs.render_cache) for the next render."""
+    from suites.records.repro import write_repro  # lazily: imports torch (220 MB), only where a script is written
+
+    versions = dict(request.versions)
+    script = write_repro(
+        cell, "tiny", folder, run=request.run, versions=versions, outcome_line=request.verdict, name=request.name
+    )
+    keep_script(request, script)
+    return script
+
+
+def _causal_lm_classes() -> dict[str, str]:
+    try:  # lazily: `python -m reports` runs without transformers (the model type stands in for the class)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return {}
+    return {str(model_type): str(name) for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+
+
+@functools.cache
+def causal_lm_class_names() -> dict[str, str]:
+    """The installed transformers' causal-LM class by model type (none without transformers), from the render
+    cache where the same packages were read before."""
+    return dict(remembered("causal-lm-classes", _causal_lm_classes))
 
 
 def hf_class(model_type: str) -> str:
     """The class users load for a model type (`BloomForCausalLM`), or the model type where transformers lacks it."""
-    try:  # lazily: `python -m reports` runs without transformers (the model type stands in for the class)
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:
-        return model_type
-    return str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, model_type))
+    return causal_lm_class_names().get(model_type, model_type)
 
 
 def _model_type(cell: Cell | None, model: str) -> str:

@@ -11,6 +11,7 @@ the same checkpoint) is attached to the draft beside it."""
 
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Literal
 
 from matrix.cells import Cell
 from matrix.redaction import redact
+from reports.outputs.render_cache import remembered
 from reports.store import CellResult
 
 MAX_LINES = 40
@@ -28,14 +30,20 @@ _GROUP = re.compile(r"([\w.*]+?)\.?\{([^}]*)\}|([\w.*]+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def prompt_shape() -> tuple[int, int]:
-    """The probes' prompt length and the left padding of the batch's second prompt (suites/checks/inputs.py imports
-    torch, which `python -m reports merge` must not: it doubled merge's memory)."""
+def _probe_prompt_shape() -> tuple[int, int]:
     # lazily: suites/checks/inputs.py imports torch, which `python -m reports merge` must not (merge's memory)
     from suites.checks.inputs import ProbeSpec
 
     spec = ProbeSpec()
     return spec.prompt_tokens, spec.left_pad
+
+
+@functools.cache
+def prompt_shape() -> tuple[int, int]:
+    """The probes' prompt length and the left padding of the batch's second prompt (suites/checks/inputs.py
+    ProbeSpec), from the render cache where the same source was read before: its module imports torch (seconds)."""
+    tokens, left_pad = remembered("probe-prompt-shape", _probe_prompt_shape)
+    return int(tokens), int(left_pad)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 from reports_testkit import Cell, fail, write_junit
 
+from reports.outputs import render_cache
+
 GITHUB_VARIABLES = ("GITHUB_TOKEN", "GITHUB_STEP_SUMMARY", "GITHUB_REPOSITORY")
+
+
+@pytest.fixture(autouse=True)
+def empty_render_cache(monkeypatch, tmp_path):
+    """Each test renders with a render cache of its own (reports.outputs.render_cache), empty: what one test
+    rendered never stands in for what another's render would write (tests/reports/test_render_cache.py proves
+    that a cached output is the uncached one)."""
+    monkeypatch.setattr(render_cache, "cache_folder", lambda: tmp_path / "render-cache")
 
 
 @pytest.fixture
