@@ -6,7 +6,9 @@ render would redact; a damaged or lost cache costs time only."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -181,3 +183,23 @@ def test_the_source_digest_covers_every_file_of_the_harness(tmp_path):
     template.write_text(template.read_text()[:-1])
     (tmp_path / "matrix" / "models_extra.toml").write_text("")  # a new file (a registry of models) too
     assert source_digest(tmp_path) != digest
+
+
+def test_entries_no_render_used_for_two_weeks_are_removed_when_a_render_writes(store, tmp_path):
+    render(store, tmp_path / "first")
+    scripts = sorted(path.parent for path in (tmp_path / "render-cache").glob("*/*/repro_*.py"))
+    assert len(scripts) == 2
+    stale, used = (folder / MANIFEST for folder in scripts)
+    weeks_ago = time.time() - (render_cache.UNUSED_DAYS + 1) * 86400
+    for manifest in (stale, used):
+        os.utime(manifest, (weeks_ago, weeks_ago))
+    render(store, tmp_path / "second")  # reads every entry: none is unused any more
+    assert stale.exists() and used.exists()
+    os.utime(stale, (weeks_ago, weeks_ago))
+    junit = tmp_path / "junit" / "night.xml"  # a run of another harness commit: every script is written again
+    unrecorded = 'name="run.harness_git" value=""'
+    junit.write_text(junit.read_text().replace(unrecorded, unrecorded[:-1] + 'def456"').replace("12-01", "12-03"))
+    assert main(["merge", str(junit), "--store", str(store)]) == 0
+    render_cache.pruned.cache_clear()  # a new render process
+    render(store, tmp_path / "third")
+    assert not stale.parent.exists() and used.exists()
