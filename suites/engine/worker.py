@@ -10,14 +10,12 @@ collective is needed to hand out work and an idle group holds no collective open
 from __future__ import annotations
 
 import argparse
-import ctypes
 import faulthandler
 import gc
 import importlib
 import importlib.util
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -32,6 +30,7 @@ from suites.base.atomic import write_text_atomically
 from suites.base.elementwise_math import settle_elementwise_math
 from suites.engine import doorbells
 from suites.engine.processes import pid_alive
+from suites.engine.rank_waits import naps_for
 from suites.verdicts.outcome import death_record
 
 JOB_WAIT_SECONDS = 1.0
@@ -187,73 +186,9 @@ def main() -> None:
         raise
 
 
-NAP_PERIOD_SECONDS = 0.001
-"""How often a rank of a group with more ranks than cores naps while a cell runs (see `Naps`)."""
-
-
-class Naps:
-    """While armed, the calling thread naps every NAP_PERIOD_SECONDS of wall time for ~64 us, so a rank of a group
-    with more ranks than cores gives its core to the rank it waits for within a period.
-
-    Why: DeepSpeed's CPU all-reduce (csrc/cpu/comm/shm.cpp `wait_buffer_state_until_2`) busy-waits for the other
-    ranks. With tp 3 or 4 on 2 cores the rank it waits for is often off-core, and the waiter held its core until
-    the scheduler's next tick (4 ms at HZ=250): tp 4's probes took ~6x tp 2's for the same forwards
-    (docs/findings.md, 2026-12-05). DeepSpeed is not patched and nothing a cell computes changes: only when a rank
-    runs. A nap, not a `sched_yield`: measured 6x slower (not profiled; likely the core often went to another spinner).
-
-    How: a POSIX timer aimed at this thread (SIGEV_THREAD_ID; no other thread of the rank sees the signal) raises
-    SIGALRM, whose handler is libc's `usleep` itself, so it runs inside native code that holds the GIL, where a
-    Python handler never would. A handler gets the signal number as its argument: the nap is SIGALRM's number (14)
-    in microseconds plus the kernel's 50 us timer slack. glibc's `signal` installs it with SA_RESTART, so a system
-    call it interrupts is restarted (Python's own calls retry anyway, PEP 475)."""
-
-    SIGEV_THREAD_ID = 4
-    CLOCK_MONOTONIC = 1
-
-    def __init__(self, period_seconds: float = NAP_PERIOD_SECONDS):
-        class SigEvent(ctypes.Structure):  # glibc's struct sigevent (64 bytes), its thread-id member
-            _fields_ = [
-                ("value", ctypes.c_void_p),
-                ("signo", ctypes.c_int),
-                ("notify", ctypes.c_int),
-                ("thread_id", ctypes.c_int),
-                ("padding", ctypes.c_int * 11),
-            ]
-
-        class TimeSpec(ctypes.Structure):
-            _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
-
-        class IntervalTimerSpec(ctypes.Structure):
-            _fields_ = [("interval", TimeSpec), ("value", TimeSpec)]
-
-        self._byref = ctypes.byref
-        self._libc = libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal(signal.SIGALRM, ctypes.cast(libc.usleep, ctypes.c_void_p).value)
-        event = SigEvent(None, signal.SIGALRM, self.SIGEV_THREAD_ID, threading.get_native_id())
-        self._timer = ctypes.c_void_p()
-        if libc.timer_create(self.CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
-            raise OSError(ctypes.get_errno(), "timer_create failed")
-        nanoseconds = round(period_seconds * 1e9)
-        period = TimeSpec(nanoseconds // 1_000_000_000, nanoseconds % 1_000_000_000)
-        self._armed, self._disarmed = IntervalTimerSpec(period, period), IntervalTimerSpec()
-
-    def arm(self) -> None:
-        self._libc.timer_settime(self._timer, 0, self._byref(self._armed), None)
-
-    def disarm(self) -> None:
-        self._libc.timer_settime(self._timer, 0, self._byref(self._disarmed), None)
-
-
-def naps_for(world_size: int) -> Naps | None:
-    """Naps for a rank of a group with more ranks than this process may use cores; None otherwise (a rank with a
-    core of its own waits on a rank that runs: a nap would only slow it)."""
-    return Naps() if world_size > len(os.sched_getaffinity(0)) else None
-
-
 def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     run_startup_fault_hook("rank", rank)
+    naps = naps_for(world_size)  # first: a rank wait strategy that names none ends the group before it starts
     # The libraries and the harness's cell machinery (torch behind it) are imported inside main's try, after the
     # startup fault hook: a rank that cannot import them writes its death record (whose fault it is) to the driver.
     import deepspeed
@@ -284,7 +219,6 @@ def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     )
     doorbells.ring(doorbells.events_path(workdir))
     module_state = _snapshot_module_state([tp_shard])
-    naps = naps_for(world_size)
 
     seq = 0
     while True:

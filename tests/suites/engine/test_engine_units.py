@@ -231,34 +231,6 @@ def test_a_ring_wakes_its_listener_at_once_and_a_pipe_nobody_reads_is_rung_silen
     doorbells.ring(tmp_path / "never-made")
 
 
-def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones_never():
-    """A rank of a group with more ranks than cores naps every millisecond while a cell runs (worker.Naps), also
-    while it spins in native code holding the GIL (DeepSpeed's shm all-reduce): here a regular expression that
-    backtracks in C for ~0.3 s. Each nap is a voluntary context switch of this thread; disarmed, none happen."""
-    import re
-    from pathlib import Path
-
-    from suites.engine.worker import Naps
-
-    def naps_taken() -> int:
-        status = Path("/proc/thread-self/status").read_text()
-        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.MULTILINE).group(1))
-
-    def spin_in_native_code() -> None:
-        re.match(r"(a+)+b", "a" * 22)
-
-    naps = Naps(period_seconds=0.001)
-    before = naps_taken()
-    naps.arm()
-    spin_in_native_code()
-    naps.disarm()
-    armed = naps_taken() - before
-    before = naps_taken()
-    spin_in_native_code()
-    disarmed = naps_taken() - before
-    assert armed >= 50 and disarmed <= 5, (armed, disarmed)
-
-
 SETTLE_THEN_FORK = """
 import os, sys, time
 import torch
