@@ -47,7 +47,7 @@ from suites.engine.fork_server import REFERENCE_PROCESS_NAME
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _process_table() -> dict[int, tuple[int, float, str]]:
+def process_table() -> dict[int, tuple[int, float, str]]:
     """pid: (parent pid, CPU seconds used so far, process name and command line) of every process readable in
     /proc (a forked reference's process is told by its name, suites/engine/fork_server.py REFERENCE_PROCESS_NAME)."""
     table: dict[int, tuple[int, float, str]] = {}
@@ -95,7 +95,7 @@ class ProcessTreeCPU:
         self.seen: dict[int, tuple[str, float]] = {}
 
     def sample(self) -> None:
-        table = _process_table()
+        table = process_table()
         tree, grew = {self.driver}, True
         while grew:
             grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}

@@ -8,6 +8,12 @@ seconds of the whole run's process tree and the load average, and ratios against
         --harness base=<checkout of main> --harness new=. [--repeat 2] \\
         [--selection "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"]
 
+One checkout under several labels with `--env LABEL=NAME=VALUE` compares settings of it, e.g. the ways ranks wait
+(suites/engine/rank_waits.py): `--harness naps=. --harness cpu-naps=. --env cpu-naps=AUTOTP_RANK_WAIT=cpu-naps`.
+Labels of one checkout share its fill. Each run's verdicts (outcome, class, signature) and the numbers its probes
+compared (every metric but the time_, cpu_ and rss_ ones) are checked against the first label's first run, and the
+ranks' context switches (voluntary: naps and sleeps; involuntary: taken off-core) are sampled from /proc.
+
 Each harness first fills a harness cache of its own with one untimed run of the selection (its references are
 keyed by its own probe code), or takes `--cache LABEL=PATH`; every timed run reads a hard-linked copy of it
 (nothing a run writes reaches it: every write is a rename). Rounds run the harnesses in turn, so the runs of a round
@@ -23,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,13 +42,16 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.cold_start import ProcessTreeCPU
+from benchmarks.cold_start import ProcessTreeCPU, process_table
 from sessions.environments import environment_variables
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 RANK_PHASES = ("time_load_s", "time_shard_s", "time_forward_s")
 RANK_CPU = ("cpu_load_s", "cpu_shard_s", "cpu_forward_s", "cpu_cell_s")
 DEFAULT_SELECTION = "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"
+MEASURED_PREFIXES = ("time_", "cpu_", "rss_")
+"""Metrics that measure the run (they differ between any two runs); every other metric is a number the probes
+compared, the same in every run when the ranks compute the same bits."""
 
 
 class TreeCPU:
@@ -81,11 +91,41 @@ class TreeCPU:
         return sum(self.sampled.by_role().values())
 
 
+class TreeSwitches:
+    """Context switches of each process of a run's tree (its main thread's: where a rank spins in the all-reduce),
+    sampled once a second from /proc (a process keeps its last figure when it ends: ranks live the whole run)."""
+
+    def __init__(self, driver: int):
+        self.driver = driver
+        self.seen: dict[int, tuple[int, int]] = {}
+
+    def sample(self) -> None:
+        table = process_table()
+        tree, grew = {self.driver}, True
+        while grew:
+            grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}
+            grew, tree = grown != tree, grown
+        for pid in tree:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue  # ended while we looked
+            counts = dict(re.findall(r"^(\w*ctxt_switches):\s+(\d+)", status, re.MULTILINE))
+            if len(counts) == 2:
+                self.seen[pid] = (int(counts["voluntary_ctxt_switches"]), int(counts["nonvoluntary_ctxt_switches"]))
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "switches_voluntary": sum(voluntary for voluntary, _ in self.seen.values()),
+            "switches_involuntary": sum(involuntary for _, involuntary in self.seen.values()),
+        }
+
+
 def run_suites(
-    python: Path, harness: Path, cache: Path, results: Path, log: Path, selection: list[str]
+    python: Path, harness: Path, cache: Path, results: Path, log: Path, selection: list[str], extra: dict[str, str]
 ) -> dict[str, Any]:
-    """One `pytest suites` run of the selection as `nox -s matrix` runs it."""
-    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
+    """One `pytest suites` run of the selection as `nox -s matrix` runs it, `extra` added to its environment."""
+    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache), **extra}
     command = [str(python), "-m", "pytest", "suites", "--session-name", "matrix", "--no-resume"]
     command += ["--results", str(results), *selection]
     cpu = TreeCPU(results.parent.name)
@@ -95,12 +135,15 @@ def run_suites(
             command, cwd=harness, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cpu.join
         )
         cpu.started(process.pid)
+        switches = TreeSwitches(process.pid)
         while process.poll() is None:
             cpu.sample()
+            switches.sample()
             time.sleep(1.0)
     return {
         "wall_s": time.perf_counter() - started,
         "cpu_s": cpu.seconds(),
+        **switches.totals(),
         "load_before": load_before[0],
         "load_after": os.getloadavg()[0],
         "rc": process.returncode,
@@ -135,6 +178,27 @@ def junit_breakdown(results: Path) -> dict[str, Any]:
     for tp, seconds in cell_seconds.items():
         per_tp[tp]["junit_median_s"] = statistics.median(seconds)
     return {"pytest_s": float(suite.get("time", 0.0)), "per_tp": per_tp, "cells": str(results / "cells.jsonl")}
+
+
+def cell_results(results: Path) -> dict[str, tuple[tuple[str, str, str], dict[str, float]]]:
+    """Each cell's verdict (outcome, class, signature) and the numbers its probes compared (MEASURED_PREFIXES)."""
+    cells = {}
+    for line in (results / "cells.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        numbers = {k: v for k, v in record["metrics"].items() if not k.startswith(MEASURED_PREFIXES)}
+        cells[record["cell"]["id"]] = ((record["outcome"], record["failure_class"], record["signature"]), numbers)
+    return cells
+
+
+def differences(first: Path, other: Path) -> dict[str, list[str]]:
+    """Cells whose verdict, or whose compared numbers, differ between two runs' results (a cell only one ran: both)."""
+    base, new = cell_results(first), cell_results(other)
+    missing = sorted(base.keys() ^ new.keys())
+    both = sorted(base.keys() & new.keys())
+    return {
+        "verdicts_differ": missing + [cell for cell in both if base[cell][0] != new[cell][0]],
+        "numbers_differ": missing + [cell for cell in both if base[cell][1] != new[cell][1]],
+    }
 
 
 def linked_copy(cache: Path) -> Path:
@@ -181,11 +245,20 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
             values = [medians[label]["per_tp"].get(tp, {}).get(phase, 0.0) for label in labels]
             row(f"    ranks' CPU {phase.removeprefix('cpu_').removesuffix('_s')} s", values)
     row("CPU s (whole process tree)", [medians[label]["cpu_s"] for label in labels])
+    for kind in ("voluntary", "involuntary"):
+        row(f"{kind} switches (tree, k)", [medians[label].get(f"switches_{kind}", 0) / 1e3 for label in labels])
     row("wall s (imports to exit)", [medians[label]["wall_s"] for label in labels])
     row("load average before", [medians[label]["load_before"] for label in labels], ratio=False)
     for label in labels:
         every = ", ".join(f"{run['pytest_s']:.1f}" for run in runs[label])
         lines.append(f"{label}: pytest s of every run {every}")
+    for label in labels:
+        for kind in ("verdicts_differ", "numbers_differ"):
+            cells = sorted({cell for run in runs[label] for cell in run.get(kind, [])})
+            said = (
+                f"{len(cells)} cells ({', '.join(cells[:5])}{', ...' if len(cells) > 5 else ''})" if cells else "none"
+            )
+            lines.append(f"{label}: {kind.replace('_', ' ')} from {labels[0]}'s first run: {said}")
     return "\n".join(lines)
 
 
@@ -194,20 +267,30 @@ def main() -> None:
     parser.add_argument("--python", type=Path, required=True, help="the combination environment's python")
     parser.add_argument("--harness", action="append", required=True, metavar="LABEL=PATH", help="a harness checkout")
     parser.add_argument("--cache", action="append", default=[], metavar="LABEL=PATH", help="a filled harness cache")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="LABEL=NAME=VALUE", help="a variable set for that label's runs"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=2, help="rounds (the median run per harness is printed)")
     parser.add_argument("--selection", default=DEFAULT_SELECTION, help="pytest options of the runs ('' for all)")
     args = parser.parse_args()
     harnesses = {label: Path(path).resolve() for label, path in (item.split("=", 1) for item in args.harness)}
     caches = {label: Path(path).resolve() for label, path in (item.split("=", 1) for item in args.cache)}
+    extra: dict[str, dict[str, str]] = {label: {} for label in harnesses}
+    for item in args.env:
+        label, name, value = item.split("=", 2)
+        extra[label][name] = value
     selection = shlex.split(args.selection)
     for label, harness in harnesses.items():
-        if label not in caches:  # untimed: fills this harness's own cache
+        shared = next((caches[other] for other in caches if harnesses.get(other) == harness), None)
+        if label not in caches and shared is not None:
+            caches[label] = shared  # another label of this checkout: the same references
+        elif label not in caches:  # untimed: fills this harness's own cache
             caches[label] = Path(tempfile.mkdtemp(prefix=f"warm-fill-{label}-")) / "cache"
             folder = args.out / label / "fill"
             folder.mkdir(parents=True, exist_ok=True)
             filled = run_suites(
-                args.python, harness, caches[label], folder / "results", folder / "pytest.log", selection
+                args.python, harness, caches[label], folder / "results", folder / "pytest.log", selection, extra[label]
             )
             print(f"{label} fill: {filled['pytest_s']:.1f} s", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in harnesses}
@@ -215,9 +298,13 @@ def main() -> None:
         for label, harness in harnesses.items():
             folder = args.out / label / f"round-{round_}"
             folder.mkdir(parents=True, exist_ok=True)
+            copy = linked_copy(caches[label])
             run = run_suites(
-                args.python, harness, linked_copy(caches[label]), folder / "results", folder / "pytest.log", selection
+                args.python, harness, copy, folder / "results", folder / "pytest.log", selection, extra[label]
             )
+            shutil.rmtree(copy.parent)
+            first = args.out / next(iter(harnesses)) / "round-0" / "results"
+            run.update(differences(first, folder / "results"))
             runs[label].append(run)
             print(f"{label} round {round_}: {json.dumps(run)}", flush=True)
     (args.out / "summary.json").write_text(json.dumps(runs, indent=1))

@@ -30,7 +30,7 @@ from suites.base.atomic import write_text_atomically
 from suites.base.elementwise_math import settle_elementwise_math
 from suites.engine import doorbells
 from suites.engine.processes import pid_alive
-from suites.engine.rank_waits import naps_for
+from suites.engine.rank_waits import naps_for, wait_strategy
 from suites.verdicts.outcome import death_record
 
 JOB_WAIT_SECONDS = 1.0
@@ -189,6 +189,7 @@ def main() -> None:
 def _serve_cells(workdir: Path, rank: int, world_size: int) -> None:
     run_startup_fault_hook("rank", rank)
     naps = naps_for(world_size)  # first: a rank wait strategy that names none ends the group before it starts
+    print(f"rank wait strategy {wait_strategy().name}: naps {'in each cell' if naps else 'never'}", flush=True)
     # The libraries and the harness's cell machinery (torch behind it) are imported inside main's try, after the
     # startup fault hook: a rank that cannot import them writes its death record (whose fault it is) to the driver.
     import deepspeed

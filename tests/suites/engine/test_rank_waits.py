@@ -59,7 +59,8 @@ class Window:
 @pytest.mark.parametrize("name", NAPPING)
 def test_armed_naps_hand_the_core_over_even_inside_native_code_and_disarmed_ones_never(name):
     """A rank of an oversubscribing group naps while a cell runs, also while it spins in native code holding the GIL
-    (DeepSpeed's shm all-reduce), at least once a period of its clock (a CPU-time clock: once a tick); disarmed, never."""
+    (DeepSpeed's shm all-reduce), at least once a period of its clock (a CPU-time clock: once a tick); disarmed,
+    never."""
     strategy = WAIT_STRATEGIES[name]
     assert strategy.period_seconds is not None
     naps = Naps(strategy)
