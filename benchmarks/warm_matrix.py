@@ -11,8 +11,8 @@ seconds of the whole run's process tree and the load average, and ratios against
 One checkout under several labels with `--env LABEL=NAME=VALUE` compares settings of it, e.g. the ways ranks wait
 (suites/engine/rank_waits.py): `--harness naps=. --harness cpu-naps=. --env cpu-naps=AUTOTP_RANK_WAIT=cpu-naps`.
 Labels of one checkout share its fill. Each run's verdicts (outcome, class, signature) and the numbers its probes
-compared (every metric but the time_, cpu_ and rss_ ones) are checked against the first label's first run, and the
-ranks' context switches (voluntary: naps and sleeps; involuntary: taken off-core) are sampled from /proc.
+compared (every metric but the measured ones, MEASURED_PREFIXES) are checked against the first label's first run,
+and the ranks' context switches (voluntary: naps and sleeps; involuntary: taken off-core) are sampled from /proc.
 
 Each harness first fills a harness cache of its own with one untimed run of the selection (its references are
 keyed by its own probe code), or takes `--cache LABEL=PATH`; every timed run reads a hard-linked copy of it
@@ -49,9 +49,10 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 RANK_PHASES = ("time_load_s", "time_shard_s", "time_forward_s")
 RANK_CPU = ("cpu_load_s", "cpu_shard_s", "cpu_forward_s", "cpu_cell_s")
 DEFAULT_SELECTION = "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"
-MEASURED_PREFIXES = ("time_", "cpu_", "rss_")
-"""Metrics that measure the run (they differ between any two runs); every other metric is a number the probes
-compared, the same in every run when the ranks compute the same bits."""
+MEASURED_PREFIXES = ("time_", "cpu_", "rss_", "reference_peak_rss_", "plan_host_available_")
+"""Metrics that measure the run or the machine (they differ between any two runs: seconds, resident memory, the memory
+the host has free); every other metric is a number the probes compared or the plan computed, the same in every run
+when the ranks compute the same bits."""
 
 
 class TreeCPU:

@@ -22,6 +22,7 @@ def write_cells(folder, cells):
 
 def test_a_run_differs_by_its_verdicts_and_compared_numbers_never_by_its_timings(tmp_path):
     same = {"logits_max_abs": 1.5e-7, "time_forward_s": 0.3, "cpu_cell_s": 0.5, "rss_max_bytes": 1e8}
+    measured = {"time_forward_s": 9.0, "cpu_cell_s": 7.0, "rss_max_bytes": 2e8, "plan_host_available_bytes": 1e9}
     first = write_cells(
         tmp_path / "first",
         {
@@ -34,7 +35,7 @@ def test_a_run_differs_by_its_verdicts_and_compared_numbers_never_by_its_timings
     other = write_cells(
         tmp_path / "other",
         {
-            "a-tp3": ("pass", "", "", {**same, "time_forward_s": 9.0, "cpu_cell_s": 7.0, "rss_max_bytes": 2e8}),
+            "a-tp3": ("pass", "", "", {**same, **measured}),
             "b-tp3": ("fail", "forward", "RuntimeError: y", same),
             "c-tp4": ("pass", "", "", {**same, "logits_max_abs": 1.6e-7}),
             "e-tp4": ("pass", "", "", same),
