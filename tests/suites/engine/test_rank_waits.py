@@ -88,11 +88,11 @@ def test_a_cpu_time_clock_naps_only_after_the_rank_ran_a_wall_clock_also_while_i
 
 def test_long_naps_last_longer_and_give_the_thread_its_timer_slack_back():
     """long-naps widen this thread's timer slack while armed, so each nap lasts up to ~264 us instead of ~64 us; when
-    disarmed the rank's idle waits get the default slack again."""
+    disarmed the rank's idle waits get the default slack again (else the `naps` measured after would be as long)."""
     libc = ctypes.CDLL(None)
     default_slack = libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
     asleep_per_nap = {}
-    for name in ("naps", "long-naps"):
+    for name in ("long-naps", "naps"):
         naps = Naps(WAIT_STRATEGIES[name])
         naps.arm()
         with Window() as armed:
@@ -100,7 +100,8 @@ def test_long_naps_last_longer_and_give_the_thread_its_timer_slack_back():
         naps.disarm()
         assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == default_slack
         asleep_per_nap[name] = armed.asleep_seconds / max(armed.naps, 1)
-    assert asleep_per_nap["naps"] < 120e-6 < 150e-6 < asleep_per_nap["long-naps"], asleep_per_nap
+    # ~70 us against ~265 us on a quiet machine; under load a wake-up's latency lengthens both
+    assert asleep_per_nap["long-naps"] > max(150e-6, 1.5 * asleep_per_nap["naps"]), asleep_per_nap
 
 
 def test_the_switch_picks_the_strategy_and_a_name_that_is_none_fails_with_the_choices(monkeypatch):
