@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from matrix.cells import Cell, expand
+from matrix.disk_space import DiskSpaceError, require_free_space, run_needs
+from matrix.harness_cache import live_run, prune
 from matrix.registry import RegistryError
 from matrix.remedies import RemedyError, load_remedies
 from suites.engine.rank_group import RankGroupPool
@@ -50,6 +53,8 @@ ACCURACY_TASK: pytest.StashKey[AccuracyTask | None] = pytest.StashKey()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if _starts_a_run(config):
+        _require_disk_space(config)
     if _runs_cells_here(config):
         _interrupt_on_sigterm()
         # First, before anything here imports torch/transformers (expand's config classes, the run's versions): the
@@ -84,9 +89,35 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "xmlpath", None) is None:
             config.option.xmlpath = str(Path(option("--results")) / "junit" / f"{option('--session-name')}.xml")
         config.stash[RUN] = _start_run(config)
+        if not hasattr(config, "workerinput"):  # the controller holds the cache's live-run lock for its workers
+            config.stash[LIVE_RUN] = ExitStack()
+            config.stash[LIVE_RUN].enter_context(live_run())
     if _runs_cells_here(config):  # the fork server imports the run's models once, not each rank at each model's cell
         cells = config.stash[CELLS]
         _rank_pool(config).preload(sorted({c.model.model_type for c in cells if not c.model.trust_remote_code}))
+
+
+def _starts_a_run(config: pytest.Config) -> bool:
+    """This process starts a run of the suites: not a pytest-xdist worker (its controller checked), nor a listing."""
+    listing = getattr(config.option, "help", False) or config.option.collectonly
+    return _runs_suites(config) and not listing and not hasattr(config, "workerinput")
+
+
+def _require_disk_space(config: pytest.Config) -> None:
+    """Stop before the first cell where the harness cache's or the results' disk has less free than a run needs."""
+    try:
+        require_free_space(run_needs(Path(config.getoption("--results"))))
+    except DiskSpaceError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+LIVE_RUN: pytest.StashKey[ExitStack] = pytest.StashKey()
+"""The cache's lock held while this run goes on (matrix/harness_cache.py live_run): no other run evicts what it uses."""
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if LIVE_RUN in config.stash:
+        config.stash[LIVE_RUN].close()
 
 
 def _interrupt_on_sigterm() -> None:
@@ -299,6 +330,10 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
 
     if CACHE_AT_START in config.stash and (written := CacheContents.now().written_since(config.stash[CACHE_AT_START])):
         terminalreporter.write_line(written)
+    if LIVE_RUN in config.stash:  # the run's cells are done: its cache is pruned to its limit, other live runs kept
+        config.stash[LIVE_RUN].close()
+        if pruned := prune().line():
+            terminalreporter.write_line(pruned)
     run_id = config.stash[RUN][0].id
     records = [r for r in read_records(Path(config.getoption("--results"))) if r["run"]["id"] == run_id]
     if records:

@@ -77,6 +77,13 @@ def remedy(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def cache(session: nox.Session) -> None:
+    """The harness cache (AUTOTP_CACHE): what it holds against its limit (AUTOTP_CACHE_LIMIT, default 10G);
+    `-- --prune` evicts the least recently used entries down to it, `-- --prune --limit 2G` to another size."""
+    session.run(sys.executable, "-m", "matrix.harness_cache", *session.posargs, external=True)
+
+
+@nox.session(python=False)
 def repro(session: nox.Session) -> None:
     """One cell, a verdict, and a standalone repro script: `nox -s repro -- --models llama --tp 3`; a standalone
     script run alone with the environment's launcher: `nox -s repro -- --standalone <script or cell id>`."""

@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging
 
 from matrix import cache_root
+from matrix.harness_cache import used
 from matrix.installed import cache_identity
 from matrix.prefetch import fetch_snapshot
 from matrix.registry import ModelEntry
@@ -227,7 +228,7 @@ def _hub_snapshot(entry: ModelEntry, download: Downloader | None, plan_files_onl
 
 def tiny_folder(entry: ModelEntry) -> Path:
     """Where the entry's tiny checkpoint lives in the cache (written or not)."""
-    return cache_root() / "tiny" / f"{entry.name}-{tiny_key(entry)}"
+    return used(cache_root() / "tiny" / f"{entry.name}-{tiny_key(entry)}")
 
 
 def cached_tiny_checkpoint(entry: ModelEntry) -> Path | None:

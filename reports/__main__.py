@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import io
+import sqlite3
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+from matrix.disk_space import disk_full_at, disk_full_line
 from matrix.redaction import Redactor
 from matrix.releases import ReleaseDataUnavailable
 from reports import ReportsError
@@ -69,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args))
         except (ReportsError, ReleaseDataUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, sqlite3.Error) as exc:  # a full disk is the machine's, said in a line, not a traceback
+            if (full := disk_full_at(exc)) is None:
+                raise
+            then = (
+                "run the same command again (the store rolled its last transaction back; the archive keeps whole files)"
+            )
+            print(f"error: {disk_full_line(full, then)}", file=sys.stderr)
             return 2
 
 

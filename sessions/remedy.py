@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matrix import cache_root
+from matrix.harness_cache import used
 from matrix.json_records import write_record
 from matrix.redaction import redact
 from matrix.registry import load_models
@@ -181,7 +182,7 @@ def cause_models_selection(remedy: Remedy) -> str:
 
 def sdist(release: str, cache: Path, download: Callable[[str, Path], None]) -> Path:
     """The PyPI sdist of DeepSpeed `release`, downloaded once into `cache` (`pip download --no-deps --no-binary`)."""
-    folder = cache / "sdists" / f"deepspeed-{release}"
+    folder = used(cache / "sdists" / f"deepspeed-{release}")
     found = sorted(folder.glob("deepspeed-*.tar.gz"))
     if not found:
         folder.mkdir(parents=True, exist_ok=True)
@@ -225,7 +226,7 @@ def patched_checkout(
     give the same folder again."""
     cache, release = cache or cache_root() / "remedies", patches[-1].deepspeed
     texts = [f"{patch.name}\n{patch.patch_path(root).read_text()}" for patch in patches]
-    checkout = cache / "checkouts" / f"{'+'.join(patch.name for patch in patches)}-{release}"
+    checkout = used(cache / "checkouts" / f"{'+'.join(patch.name for patch in patches)}-{release}")
     applied = checkout.with_name(f"{checkout.name}.applied.diff")  # beside the tree: the checkout stays clean
     if checkout.is_dir() and applied.exists() and applied.read_text() == "".join(texts):
         return checkout

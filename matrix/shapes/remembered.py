@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from matrix import cache_root
+from matrix.harness_cache import used
 from matrix.installed import cache_identity
 
 
@@ -21,7 +22,7 @@ def remembered(folder: str, key: Mapping[str, Any], compute: Callable[[], Any]) 
 
     full_key = {**key, **cache_identity("transformers")}
     digest = hashlib.sha256(json.dumps(full_key, sort_keys=True).encode()).hexdigest()[:16]
-    record = cache_root() / folder / f"{digest}.json"
+    record = used(cache_root() / folder / f"{digest}.json")
     try:
         return json.loads(record.read_text())["answer"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -359,13 +359,13 @@ class ResultsArchive:
         """Create `path` with `content` unless it exists (never replaced: two merges race safely)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        staging.write_bytes(content)
         try:
+            staging.write_bytes(content)  # a full disk leaves no half-written staging file behind
             os.link(staging, path)  # fails if the name exists, unlike a rename
         except FileExistsError:
             return False
         finally:
-            staging.unlink()
+            staging.unlink(missing_ok=True)
         return True
 
     @staticmethod

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from matrix import PROJECT_ROOT, cache_root
+from matrix.harness_cache import used
 from matrix.json_records import read_record, write_record
 from matrix.redaction import redact
 from suites.base.atomic import write_text_atomically
@@ -77,7 +78,7 @@ def torch_extensions_dir() -> Path:
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
 
-    return cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}"
+    return used(cache_root() / "torch_extensions" / f"deepspeed-{version('deepspeed')}")
 
 
 BUILD_GUARD = ".autotp-build.flock"

@@ -50,6 +50,8 @@ import torch
 from matrix import cache_root
 from matrix.cells import parse_names
 from matrix.checkpoints import Checkpoint, resolve_checkpoint
+from matrix.disk_space import disk_full_at, disk_full_line
+from matrix.harness_cache import used
 from matrix.installed import cache_identity
 from matrix.json_records import read_record, write_record
 from matrix.registry import DType, load_models, pick
@@ -142,7 +144,7 @@ def reference_identity(
 
 def path_for(identity: dict[str, Any], prefix: str = "", suffix: str = ".pt") -> Path:
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / "references" / f"{prefix}{key}{suffix}"
+    return used(cache_root() / "references" / f"{prefix}{key}{suffix}")
 
 
 def reference_path(
@@ -385,11 +387,13 @@ def answer(request: ReferenceRequest) -> Answer:
     try:
         return _serve_one(request)
     except Exception as error:
+        full = disk_full_at(error)
         return {
             "error": {
                 "signature": exception_signature(error),
                 "quantization_unavailable": isinstance(error, QuantizationUnavailable),
-                "message": "computing the unsharded reference failed:\n"
+                "message": ("" if full is None else disk_full_line(full, "rerun the cell") + "\n")
+                + "computing the unsharded reference failed:\n"
                 + "".join(traceback.format_exception(error))[-4000:],
             }
         }

@@ -14,6 +14,7 @@ from matrix import cache_root
 from matrix.cells import Cell, selection_options
 from matrix.checkpoints import Checkpoint, cached_tiny_checkpoint, fetch_weights, resolve_checkpoint
 from matrix.config_values import ExpansionError
+from matrix.disk_space import disk_full_at, disk_full_line
 from matrix.registry import DType
 from suites.checks.contracts import Job
 from suites.checks.inputs import ProbeSpec
@@ -258,7 +259,9 @@ def plain_reference_request(prepared: PreparedCell, options: RunOptions) -> Obse
 
 def _setup_failure(error: Exception) -> CellOutcome:
     signature = getattr(error, "signature", None) or exception_signature(error)  # the reference process's own
-    return failed("setup", signature, f"building the checkpoint or unsharded reference failed: {error!r}")
+    full = disk_full_at(error)
+    said = "" if full is None or "disk full at" in str(error) else disk_full_line(full, "rerun the cell") + "\n"
+    return failed("setup", signature, f"{said}building the checkpoint or unsharded reference failed: {error!r}")
 
 
 def expansion_failure(error: ExpansionError) -> CellOutcome:

@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from matrix import PROJECT_ROOT, cache_root
 from matrix.cells import is_dtype
+from matrix.harness_cache import used
 from matrix.registry import DType
 from suites.base.atomic import write_text_atomically
 from suites.verdicts.outcome import exception_signature
@@ -142,7 +143,7 @@ def fresh_process_meta_failure(source: str, dtype: DType, trust_remote_code: boo
         },
         sort_keys=True,
     )
-    cached = cache_root() / "fresh-process" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    cached = used(cache_root() / "fresh-process" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
     if cached.is_file():
         cached_failure: dict[str, str] | None = json.loads(cached.read_text())["failure"]
         return cached_failure

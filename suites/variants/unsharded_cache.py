@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from matrix import cache_root
+from matrix.harness_cache import used
 from matrix.json_records import write_record
 from matrix.registry import DType
 from suites.base.atomic import write_atomically
@@ -42,7 +43,7 @@ def steps_path(
         },
         sort_keys=True,
     )
-    return cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+    return used(cache_root() / "training" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt")
 
 
 def cached_unsharded_steps(

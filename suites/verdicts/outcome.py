@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matrix import PROJECT_ROOT, is_harness_file
+from matrix.disk_space import disk_full_at, disk_full_line
 from matrix.json_records import read_record
 from matrix.redaction import redact
 from suites.verdicts.cause import Cause
@@ -265,6 +266,8 @@ def what_happened(error: BaseException) -> str:
     """What an exception of the harness's own work (its files, its processes) says about the machine, and what to do,
     in words for whoever reads the cell's record: a file another process removed, a full disk, a folder that is not
     writable; otherwise a harness bug."""
+    if (full := disk_full_at(error)) is not None:
+        return disk_full_line(full, "rerun the cell")
     if isinstance(error, OSError):
         name = str(error.filename or "")
         if isinstance(error, FileNotFoundError) and name.startswith("/dev/shm/"):
@@ -277,8 +280,6 @@ def what_happened(error: BaseException) -> str:
                 f"a file the harness was using vanished ({name}): another process removed it, or the temporary "
                 "folder was cleaned while the run went on. The machine's fault, not AutoTP's: rerun the cell"
             )
-        if error.errno == errno.ENOSPC:
-            return f"the disk is full ({name or 'writing a file'}): free space, then rerun the cell"
         if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return f"{name or 'a folder the harness writes'} is not writable: fix its permissions, then rerun the cell"
     return "the harness raised: a harness bug (its traceback below); report it, then rerun the cell"
