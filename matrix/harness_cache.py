@@ -134,7 +134,10 @@ def cache_entries(root: Path) -> list[CacheEntry]:
                 continue
             try:
                 stat = path.lstat()
-                entries.append(CacheEntry(path, kind, disk_bytes(path), max(stat.st_mtime, stat.st_atime)))
+                size = disk_bytes(path)
+                if path.is_dir():  # reading a folder sets its access time: counting it is not a use
+                    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns), follow_symlinks=False)
+                entries.append(CacheEntry(path, kind, size, max(stat.st_mtime, stat.st_atime)))
             except OSError:
                 continue  # evicted or renamed by another process meanwhile
     return sorted(entries, key=lambda entry: entry.last_used)
@@ -191,7 +194,11 @@ class Pruned:
         freed = sum(entry.size for entry in self.evicted)
         if not self.evicted and self.kept <= self.limit:
             return ""
-        over = f"; {human(self.protected)} in use by a live run stays over the limit" if self.kept > self.limit else ""
+        over = (
+            f"; {human(self.protected)} used by a live run or in the last {GUARD_SECONDS / 60:.0f} minutes stays"
+            if self.kept > self.limit
+            else ""
+        )
         return (
             f"cache {self.root}: evicted {len(self.evicted)} least recently used entries ({human(freed)}), "
             f"{human(self.kept)} kept of a {human(self.limit)} limit ({LIMIT_VARIABLE}){over}"

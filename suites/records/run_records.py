@@ -338,7 +338,7 @@ class CellRecorder:
             raise RecordNotWritten(
                 f"{cell.id} ended {record['outcome']} {record['failure_class']}".rstrip()
                 + f", and its record could not be written to {self.path}: {error}. "
-                + what_happened(error)
+                + what_happened(error, self.path)
                 + "; the same command continues this run and runs the cells without a record"
             ) from error
         self._emit(record, record_property)

@@ -262,12 +262,12 @@ def read_death_records(folder: Path, pattern: str) -> list[DeathRecord]:
     return records
 
 
-def what_happened(error: BaseException) -> str:
+def what_happened(error: BaseException, writing: Path | None = None) -> str:
     """What an exception of the harness's own work (its files, its processes) says about the machine, and what to do,
     in words for whoever reads the cell's record: a file another process removed, a full disk, a folder that is not
-    writable; otherwise a harness bug."""
+    writable; otherwise a harness bug. `writing`: the file being written, when the error does not name it."""
     if (full := disk_full_at(error)) is not None:
-        return disk_full_line(full, "rerun the cell")
+        return disk_full_line(full or str(writing or ""), "rerun the cell")
     if isinstance(error, OSError):
         name = str(error.filename or "")
         if isinstance(error, FileNotFoundError) and name.startswith("/dev/shm/"):

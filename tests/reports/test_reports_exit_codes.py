@@ -4,9 +4,11 @@ render and gate only read (SQLite mode=ro): a read-only store works, a 0-byte fi
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import stat
+from pathlib import Path
 
 import pytest
 from reports_testkit import Cell, fail, write_junit
@@ -196,3 +198,40 @@ def test_gate_on_a_store_without_results_is_one_line(tmp_path, capsys):
         main(["gate", "--store", str(store), "--baseline", "deepspeed=0.19.7", "--candidate", "deepspeed=0.19.8"]) == 2
     )
     assert "holds no results, so there is nothing to gate on" in one_error_line(capsys)
+
+
+def test_a_merge_the_full_disk_stops_is_one_disk_full_line_and_keeps_what_was_merged(tmp_path, capsys, monkeypatch):
+    """The archive's writes meet ENOSPC (faked at the write, a real disk is never filled): merge says "disk full at
+    <path>" in one line, not a traceback; the run merged before stays in the store, no half-written staging file is
+    left, and the same merge once there is space takes the new run in."""
+    store = tmp_path / "history.sqlite"
+    write_junit(
+        tmp_path / "first" / "s.xml", [Cell("llama")], run_id="a@2025-01-01T00:00:00Z@r", started="2025-01-01T00:00:00Z"
+    )
+    assert main(["merge", str(tmp_path / "first"), "--store", str(store)]) == 0
+    capsys.readouterr()
+    write_junit(
+        tmp_path / "second" / "s.xml",
+        [fail("opt", "shard")],
+        run_id="b@2025-01-02T00:00:00Z@r",
+        started="2025-01-02T00:00:00Z",
+    )
+    write_bytes = Path.write_bytes
+
+    def full_disk(path: Path, data: bytes) -> int:
+        if ".tmp" in path.name:  # the archive's staging file: cut short, as a full disk leaves it
+            write_bytes(path, data[:7])
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write_bytes(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    assert main(["merge", str(tmp_path / "second"), "--store", str(store)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: disk full at {tmp_path}/") and "run the same command again" in line, line
+    assert not [path for path in tmp_path.rglob("*") if ".tmp" in path.name]
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT model FROM results JOIN cells ON cells.id = results.cell").fetchall() == [
+            ("llama",)
+        ]
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    assert main(["merge", str(tmp_path / "second"), "--store", str(store)]) == 0

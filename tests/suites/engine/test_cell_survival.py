@@ -120,7 +120,7 @@ def test_a_record_the_full_disk_refuses_says_so_and_the_next_record_is_not_swall
     with pytest.raises(RecordNotWritten) as refused:
         recorder.record(llama, CellOutcome("pass"))
     assert "llama-eager-fp32-tp2 ended pass" in str(refused.value)
-    assert "the disk is full" in str(refused.value)
+    assert f"disk full at {results / 'cells.jsonl'} (" in str(refused.value)
 
     recorder.path.unlink()
     recorder.path.write_text('{"cell": {"id": "llama-eager-fp32-tp2"}, "outco')  # cut short by the full disk
