@@ -2,12 +2,14 @@
 removed, a library that cannot be imported, a full disk) is a `setup` or `install` record saying what happened and
 what to do, its rank group is restarted, and the next cells run. Real rank groups, real faults."""
 
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +133,30 @@ def test_a_record_the_full_disk_refuses_says_so_and_the_next_record_is_not_swall
     assert lines[0] == "1 of 2 cells of this run have no result: llama-eager-fp32-tp2"
     assert "nox -s matrix -- --models llama.stress --variants eager --dtypes fp32 --tp 2" in lines[1]
     json.loads(recorder.path.read_text().splitlines()[-1])  # the last line is whole
+
+
+def test_a_write_the_full_disk_refuses_mid_cell_says_disk_full_at_its_path_and_the_next_cell_runs(
+    own_pool, monkeypatch, tmp_path
+):
+    """The tiny checkpoint's write meets ENOSPC (faked at that one write: the real disk is never filled): the cell is
+    `setup` whose message starts "disk full at <the file>", with the free space there and what to do, not a bare
+    traceback; the next cell, with space again, runs to its verdict."""
+    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path / "cache"))
+    write_text = Path.write_text
+
+    def full_disk(path: Path, data: str, *args, **kwargs) -> int:
+        if path.name == "autotp-manifest.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write_text(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    (cell,) = expand("llama", tp="2")
+    options = RunOptions(cell_timeout=120.0)
+    refused = run_cell(cell, own_pool, options)
+    assert (refused.outcome, refused.failure_class) == ("fail", "setup"), refused.message
+    assert refused.message.startswith(f"disk full at {tmp_path / 'cache' / 'tiny'}/"), refused.message
+    assert "autotp-manifest.json (" in refused.message and "nox -s cache -- --prune" in refused.message
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    after = run_cell(cell, own_pool, options)
+    assert after.outcome == "pass", after.message
