@@ -36,7 +36,7 @@ class Need:
 
     path: Path
     what: str
-    """What the folder is, in words ("the harness cache (AUTOTP_CACHE)")."""
+    """What the folder is, in words ("the harness cache, AUTOTP_CACHE")."""
     size: int
     """Bytes it needs free there."""
 
@@ -66,7 +66,7 @@ def needed_in_cache() -> int:
 def run_needs(results: Path) -> list[Need]:
     """What a run of the suites writing into `results` needs free."""
     return [
-        Need(cache_root(), "the harness cache (AUTOTP_CACHE)", needed_in_cache()),
+        Need(cache_root(), "the harness cache, AUTOTP_CACHE", needed_in_cache()),
         Need(results, "the results folder", RESULTS_NEEDED),
     ]
 
@@ -76,7 +76,7 @@ def require_free_space(needs: list[Need]) -> None:
     add up) and what to do; a results folder inside the harness cache is refused (the cache's entries are evicted)."""
     cache = cache_root().absolute()
     for need in needs:
-        if need.path.absolute().is_relative_to(cache) and need.what != "the harness cache (AUTOTP_CACHE)":
+        if need.path.absolute().is_relative_to(cache) and need.path.absolute() != cache:
             raise DiskSpaceError(
                 f"{need.what} {need.path} is inside the harness cache {cache}, whose entries are evicted when it is "
                 "over its limit: put it elsewhere (--results DIR), or set AUTOTP_CACHE to another folder"

@@ -37,7 +37,7 @@ def test_a_disk_with_less_free_than_the_run_needs_stops_it_naming_path_bytes_and
     with pytest.raises(DiskSpaceError) as short:
         require_free_space(run_needs(tmp_path / "results"))
     said = str(short.value)
-    assert f"only 21.0 MiB (22000000 bytes) free at {cache} (the harness cache (AUTOTP_CACHE))" in said
+    assert f"only 21.0 MiB (22000000 bytes) free at {cache} (the harness cache, AUTOTP_CACHE)" in said
     assert f"{tmp_path / 'results'} (the results folder)" in said  # one disk here: the needs add up
     assert "this run needs 3.2 GiB (3489660928 bytes)" in said
     assert "nox -s cache -- --prune --limit 2G" in said and "set AUTOTP_CACHE" in said
