@@ -37,6 +37,7 @@ EVICTABLE_KINDS = (
     "torch_extensions",
     "remedies/checkouts",
     "remedies/sdists",
+    "render",
 )
 """The cache's folders whose entries (each file or folder directly inside) the harness computes again when missing."""
 

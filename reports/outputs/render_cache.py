@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from matrix import HARNESS_PACKAGES, PROJECT_ROOT, cache_root
+from matrix.harness_cache import used
 from matrix.redaction import secret_values
 from reports.store import AXES, CellKey, Run
 from suites.records.run_records import RunInfo
@@ -37,8 +37,6 @@ CACHE_FOLDER = "render"
 SCRIPT = "repro-script"
 VALUE = "value.json"
 MANIFEST = "files.json"
-UNUSED_DAYS = 14
-"""An entry no render used for this long is removed (pruned)."""
 JSONValue = Any
 """A value `remembered` keeps: what json.dumps writes and json.loads reads back equal."""
 """An entry's file names and their sha256, written last: an entry is used only when every file matches."""
@@ -122,7 +120,7 @@ def cache_folder() -> Path:
 def entry_folder(kind: str, arguments: object) -> Path:
     key_parts = (installed_fingerprint(), redaction_digest(), kind, json.dumps(arguments, sort_keys=True))
     key = _digest(part.encode() for part in key_parts)
-    return cache_folder() / key[:2] / key
+    return cache_folder() / key
 
 
 def read_entry(kind: str, arguments: object) -> dict[str, bytes] | None:
@@ -135,7 +133,7 @@ def read_entry(kind: str, arguments: object) -> dict[str, bytes] | None:
     except (OSError, ValueError):
         files = {}
     if files and all(hashlib.sha256(files[name]).hexdigest() == digests[name] for name in files):
-        os.utime(entry / MANIFEST)  # used now: prune keeps it
+        used(entry)  # the cache's least-recently-used eviction keeps it longest
         return files
     shutil.rmtree(entry, ignore_errors=True)
     return None
@@ -145,7 +143,6 @@ def write_entry(kind: str, arguments: object, files: dict[str, bytes]) -> None:
     """The files kept as the entry: written into a new folder beside it, then renamed into place (a render beside
     this one that kept it first wins: both hold the same bytes). A cache that cannot be written is only slower."""
     entry = entry_folder(kind, arguments)
-    pruned()
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".writing-", dir=entry.parent))
@@ -164,19 +161,6 @@ def write_entry(kind: str, arguments: object, files: dict[str, bytes]) -> None:
 def script_arguments(request: ScriptRequest) -> dict[str, object]:
     """The request as its entry's key reads it."""
     return asdict(request)
-
-
-@functools.cache
-def pruned() -> None:
-    """Entries no render used for UNUSED_DAYS removed, once per process that writes one: every new harness commit
-    or package adds a set (~9 MB for the default matrix's scripts), and the disk is shared."""
-    oldest = time.time() - UNUSED_DAYS * 86400
-    for manifest in cache_folder().glob(f"*/*/{MANIFEST}"):
-        try:
-            if manifest.stat().st_mtime < oldest:
-                shutil.rmtree(manifest.parent, ignore_errors=True)
-        except OSError:
-            pass  # removed by a render beside this one
 
 
 def cached_script(request: ScriptRequest, folder: Path) -> Path | None:

@@ -17,6 +17,7 @@ from reports_testkit import Cell, fail, write_junit
 
 import suites.records.repro
 from matrix import HARNESS_PACKAGES, PROJECT_ROOT
+from matrix.harness_cache import cache_entries, prune
 from reports.__main__ import main
 from reports.outputs import render_cache
 from reports.outputs.render_cache import MANIFEST, SCRIPT, ScriptRequest, entry_folder, script_arguments, source_digest
@@ -157,7 +158,7 @@ def test_an_entry_never_holds_a_secret_the_uncached_render_redacts(store, tmp_pa
 @pytest.mark.parametrize("damage", ["truncated", "manifest lost", "cache lost"])
 def test_a_damaged_or_lost_cache_costs_time_only(damage, store, tmp_path, scripts_written):
     uncached = render(store, tmp_path / "first")
-    entries = sorted((tmp_path / "render-cache").glob(f"*/*/{MANIFEST}"))
+    entries = sorted((tmp_path / "render-cache").glob(f"*/{MANIFEST}"))
     scripts = [manifest.parent for manifest in entries if any(manifest.parent.glob("repro_llama*.py"))]
     assert len(scripts) == 1
     scripts_written.clear()
@@ -185,21 +186,22 @@ def test_the_source_digest_covers_every_file_of_the_harness(tmp_path):
     assert source_digest(tmp_path) != digest
 
 
-def test_entries_no_render_used_for_two_weeks_are_removed_when_a_render_writes(store, tmp_path):
-    render(store, tmp_path / "first")
-    scripts = sorted(path.parent for path in (tmp_path / "render-cache").glob("*/*/repro_*.py"))
-    assert len(scripts) == 2
-    stale, used = (folder / MANIFEST for folder in scripts)
-    weeks_ago = time.time() - (render_cache.UNUSED_DAYS + 1) * 86400
-    for manifest in (stale, used):
-        os.utime(manifest, (weeks_ago, weeks_ago))
-    render(store, tmp_path / "second")  # reads every entry: none is unused any more
-    assert stale.exists() and used.exists()
-    os.utime(stale, (weeks_ago, weeks_ago))
-    junit = tmp_path / "junit" / "night.xml"  # a run of another harness commit: every script is written again
-    unrecorded = 'name="run.harness_git" value=""'
-    junit.write_text(junit.read_text().replace(unrecorded, unrecorded[:-1] + 'def456"').replace("12-01", "12-03"))
-    assert main(["merge", str(junit), "--store", str(store)]) == 0
-    render_cache.pruned.cache_clear()  # a new render process
-    render(store, tmp_path / "third")
-    assert not stale.parent.exists() and used.exists()
+def test_render_entries_are_evicted_least_recently_used_with_the_rest_of_the_harness_cache(
+    store, tmp_path, monkeypatch, scripts_written
+):
+    root = tmp_path / "cache"
+    monkeypatch.setattr(render_cache, "cache_folder", lambda: root / "render")
+    uncached = render(store, tmp_path / "first")
+    entries = cache_entries(root)
+    scripts = sorted(entry.path for entry in entries if any(entry.path.glob("repro_*.py")))
+    assert len(scripts) == 2 and all(entry.path.parent == root / "render" for entry in entries)
+    evicted_script = next(scripts[0].glob("repro_*.py")).name  # listed before its times are set: a listing reads it
+    an_hour_ago = time.time() - 3600
+    for entry in entries:  # all written and used before a live run's guard, the first script longest ago
+        written = an_hour_ago - (3600 if entry.path == scripts[0] else 0)
+        os.utime(entry.path, (written, written))
+    evicted = prune(root, limit=sum(entry.size for entry in entries) - 1).evicted
+    assert [entry.path for entry in evicted] == [scripts[0]]
+    scripts_written.clear()
+    assert render(store, tmp_path / "second") == uncached
+    assert scripts_written == [evicted_script]
