@@ -32,8 +32,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.utils import logging as hf_logging
 
 from matrix.config_values import UNREADABLE_CONFIG, ExpansionError, UnreadableConfig
-from matrix.shapes.layer_kinds import LAYER_FIELDS
 from matrix.registry import MATRIX_DIR, SKIPPABLE_PROBES, ModelEntry, RegistryError, load_models, read_toml
+from matrix.shapes.layer_kinds import LAYER_FIELDS
 from matrix.shrink import Derivation, NotDerivable, derive_tiny
 from matrix.toml_tables import TableError, read_table, written_as
 

@@ -271,7 +271,10 @@ def _fit_vocab(model_type: str, tiny: dict[str, Any], vocab: int) -> None:
         key
         for own, _ in tables
         for key, value in own.items()
-        if key != "vocab_size" and key.endswith("vocab_size") and isinstance(value, int) and value == own.get("vocab_size")
+        if key != "vocab_size"
+        and key.endswith("vocab_size")
+        and isinstance(value, int)
+        and value == own.get("vocab_size")
     ]
     _set(tiny, tuple(equal_to_vocab), vocab)
     for own, table in tables:
