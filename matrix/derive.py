@@ -33,6 +33,7 @@ from transformers.utils import logging as hf_logging
 
 from matrix.config_values import UNREADABLE_CONFIG, ExpansionError, UnreadableConfig
 from matrix.registry import MATRIX_DIR, SKIPPABLE_PROBES, ModelEntry, RegistryError, load_models, read_toml
+from matrix.shapes.layer_kinds import LAYER_FIELDS
 from matrix.shrink import Derivation, NotDerivable, derive_tiny
 from matrix.toml_tables import TableError, read_table, written_as
 
@@ -208,7 +209,17 @@ def derived_entry(model_type: str, registry: dict[str, ModelEntry], data: Derive
         tiny=derivation.tiny,
         tiny_why=derivation.why,
         probe_skips=data.probe_skips.get(model_type, {}),
+        defaults_layers=_fixed_layers(derivation.tiny, data.fixes.get(model_type, {})),
     )
+
+
+def _fixed_layers(tiny: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """The layer fields of `tiny` where derived.toml's `fix` sets one (the class defaults lack a layer kind the
+    checkpoints have): all of them, as the fix's lists were written for the tiny layer count and its other layer
+    fields (lfm2_moe's conv | full_attention over num_dense_layers 1); none where the fix sets no layer field."""
+    if not any(key in LAYER_FIELDS for key in fix):
+        return {}
+    return {key: value for key, value in tiny.items() if key in LAYER_FIELDS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -220,6 +220,10 @@ class ModelEntry:
     family: str = ""
     """The family as DeepSpeed's automatic-tensor-parallelism page names it (`gpt-neox`, `qwen2-moe`, `openai`),
     where that differs from `model_type`; the supported-models page and its diff list the entry under it."""
+    defaults_layers: dict[str, Any] = field(default_factory=dict, hash=False, metadata=NOT_IN_FILE)
+    """A derived architecture's layer fields that derived.toml's fix sets because the config class defaults lack a
+    layer kind its checkpoints have (granitemoehybrid's defaults: every layer mamba): its faithful record reads the
+    class defaults with these, so the faithful rule keeps that kind. Never set in models.toml."""
 
     @property
     def docs_family(self) -> str:

@@ -294,7 +294,7 @@ def _shrink_the_rest(shrinking: _Shrinking) -> None:
         tiny["rotary_dim"] = tiny.get("head_dim", HEAD_DIM) // 2
 
 
-def _token_ids(values: Mapping[str, Any], tiny: dict[str, Any]) -> None:
+def fit_token_ids(values: Mapping[str, Any], tiny: dict[str, Any]) -> None:
     """Token ids the tiny vocab cannot hold move to small free ids; equal ids stay equal."""
     vocab = tiny.get("vocab_size", values.get("vocab_size"))
     if not _int(vocab):
@@ -360,7 +360,7 @@ def _derive(config: PretrainedConfig, real: bool) -> tuple[dict[str, Any], list[
             if sub_tiny:
                 tiny[name] = sub_tiny
                 why.append(f"{name}: {', '.join(sub_why)}")
-    _token_ids({**values, **{k: v for k, v in tiny.items() if not isinstance(v, dict)}}, tiny)
+    fit_token_ids({**values, **{k: v for k, v in tiny.items() if not isinstance(v, dict)}}, tiny)
     return tiny, why
 
 

@@ -34,6 +34,7 @@ from matrix.shapes.real_shape import (
     first_int,
 )
 from matrix.shapes.remembered import remembered
+from matrix.shrink import fit_token_ids
 
 if TYPE_CHECKING:
     pass
@@ -246,14 +247,43 @@ def faithful_tiny(entry: ModelEntry, real: RealShape, tps: Collection[int]) -> d
             _set(tiny, SHARED_COUNT_KEYS, real.shared_experts)
     if not _set(tiny, ("vocab_size",), sizes.vocab):  # a multimodal config keeps it in its text model's table
         tiny["vocab_size"] = sizes.vocab
+    _fit_vocab(entry.model_type, tiny, sizes.vocab)
     tiny["tie_word_embeddings"] = real.tied_embeddings
     tiny.update(faithful_layer_fields(entry.model_type, real, tiny))
     return tiny
 
 
-LAYER_FIELDS_FORMAT = 4
+def _fit_vocab(model_type: str, tiny: dict[str, Any], vocab: int) -> None:
+    """The faithful vocab where the class keeps a second vocab size equal to `vocab_size` (marian's
+    decoder_vocab_size: its causal LM's decoder embeds, ties and scores over it, its loss reads vocab_size), and every
+    token id inside it (a pad id the derived config moved below 512 is past a smaller faithful vocab)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
+    from transformers import AutoConfig
+
+    try:
+        defaults = AutoConfig.for_model(model_type).to_dict()
+    except Exception:  # a remote-code or unknown model type: no class defaults to read, the overrides stay
+        defaults = {}
+    tables = [(defaults, tiny)] + [
+        (defaults.get(name) or {}, tiny[name]) for name in NESTED if isinstance(tiny.get(name), dict)
+    ]
+    equal_to_vocab = [
+        key
+        for own, _ in tables
+        for key, value in own.items()
+        if key != "vocab_size"
+        and key.endswith("vocab_size")
+        and isinstance(value, int)
+        and value == own.get("vocab_size")
+    ]
+    _set(tiny, tuple(equal_to_vocab), vocab)
+    for own, table in tables:
+        fit_token_ids({**own, **{k: v for k, v in table.items() if not isinstance(v, dict)}}, table)
+
+
+LAYER_FIELDS_FORMAT = 5
 """Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks;
-4: dense-first MoE layers, a window deciding rope)."""
+4: dense-first MoE layers, a window deciding rope; 5: a cycled pattern, recurrent_gemma's block_types)."""
 
 
 def faithful_layer_fields(model_type: str, real: RealShape, tiny: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ linear_attention)."""
 LAYER_FIELDS = (
     *LAYER_KEYS,
     "layer_types",
+    "block_types",
     "layers_block_type",
     "mlp_layer_types",
     "attention_types",
@@ -223,6 +224,20 @@ def _other_per_layer_lists(tiny: Mapping[str, Any], real_values: Mapping[str, An
     }
 
 
+def _cycled_patterns(real_values: Mapping[str, Any], layers: int) -> dict[str, list[str]]:
+    """The short per-layer patterns the class repeats over the layers (recurrent_gemma's `block_types = ["recurrent",
+    "recurrent", "attention"]`: layer i is block_types[i % 3]); kept as they are, a tiny config's fewer layers repeat
+    the cycle's start only (2 layers: no attention layer at all)."""
+    return {
+        key: value
+        for key, value in real_values.items()
+        if key.endswith("types")
+        and isinstance(value, list)
+        and 1 < len(value) < layers
+        and all(isinstance(item, str) for item in value)
+    }
+
+
 def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[str, Any]) -> dict[str, Any]:
     """The layer fields a faithful tiny config of a checkpoint whose config.json cites `layers` takes: the first layer
     of each real kind in order (at least 2 layers). The fields are `layers`, the LAYER_FIELDS `tiny` sets and its other
@@ -242,15 +257,19 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
     fields: dict[str, Any] = {}
     searched: dict[str, list[int]] = {}
     real_values = _values(real)
+    cycled = _cycled_patterns(real_values, len(kinds))
     derived = {
         # a field the class leaves None (lfm2_moe's layer_types) computes nothing: the tiny config's own value stays
         **{key: real_values[key] for key in tiny if key in LAYER_FIELDS and real_values.get(key) is not None},
         **_other_per_layer_lists(tiny, real_values, len(kinds)),
+        **cycled,
         **layers,
     }
     for key, value in derived.items():
         if key in LAYER_KEYS and _int(value):
             fields[key] = len(plan)
+        elif key in cycled:  # the kept layers' entries of the cycle, which the tiny config's layers then repeat
+            fields[key] = [value[index % len(value)] for index in plan]
         elif key == "attention_types":  # gpt_neo's [[kinds, repeats]]: the kept layers' kinds once
             fields[key] = [[[real.attention_layers[index] for index in plan], 1]]
         elif isinstance(value, list) and len(value) == len(kinds) and len(kinds) > 1:

@@ -191,15 +191,17 @@ def shaped_entry(
 
 
 def _defaults_record(entry: ModelEntry) -> RealShape:
-    """An entry real_shapes.toml does not cover (a derived architecture): its config class defaults."""
+    """An entry real_shapes.toml does not cover (a derived architecture): its config class defaults, with the layer
+    fields derived.toml fixes where the defaults lack a layer kind of the checkpoints (ModelEntry.defaults_layers)."""
     # lazily: nox's own process imports this module, with only nox installed (README)
     from transformers import AutoConfig
 
+    fixed = f" with derived.toml's {', '.join(entry.defaults_layers)}" if entry.defaults_layers else ""
     try:
-        config = AutoConfig.for_model(entry.model_type)
-    except Exception as error:  # a remote-code or unknown model type: no class defaults to read
+        config = AutoConfig.for_model(entry.model_type, **entry.defaults_layers)
+    except Exception as error:  # a remote-code or unknown model type, or a fix the class refuses
         raise RegistryError(
-            f"no real shape recorded in {REAL_SHAPES_FILE.name} and no config class defaults for "
-            f"{entry.model_type!r} ({type(error).__name__})"
+            f"no real shape recorded in {REAL_SHAPES_FILE.name} and no config class defaults{fixed} for "
+            f"{entry.model_type!r} ({type(error).__name__}: {str(error).strip().splitlines()[-1][:200]})"
         ) from None
-    return read_shape(config, defaults_source())
+    return read_shape(config, defaults_source() + fixed)
