@@ -217,10 +217,11 @@ def test_stale_real_shapes_file_fails_the_check(tmp_path):
     text = REAL_SHAPES_FILE.read_text()
     (tmp_path / "real_shapes.toml").write_text(text.replace("hidden = 3584", "hidden = 3648", 1))
     assert main(["--check", "--models-file", str(models)]) == 0  # a hub config is kept as written
-    old_release = 'defaults = { source = "config-defaults transformers 0.0 '  # written by another release
-    (tmp_path / "real_shapes.toml").write_text(
-        text.replace('defaults = { source = "config-defaults transformers ', old_release, 1)
-    )
+    defaults = 'defaults = { source = "config-defaults transformers '  # what this transformers' classes give
+    start = text.index(defaults)
+    end = text.index("\n", start)
+    changed = text[start:end].replace("hidden = ", "hidden = 1", 1)  # a class default that is not what --write saw
+    (tmp_path / "real_shapes.toml").write_text(text[:start] + changed + text[end:])
     assert main(["--check", "--models-file", str(models)]) == 1
 
 
