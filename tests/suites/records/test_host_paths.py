@@ -9,6 +9,7 @@ import sys
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 
 from matrix import PROJECT_ROOT
@@ -84,3 +85,22 @@ def test_host_paths_of_every_kind_go_and_the_rest_stays() -> None:
         "see deepspeedai/DeepSpeed/blob/0123abc/deepspeed/x.py and results/logs/llama-eager-fp32-tp2",
     ]
     assert without_host_paths(without_host_paths(text)) == without_host_paths(text)
+
+
+def test_junit_gets_a_skips_location_inside_the_project() -> None:
+    """pytest writes a skip's location (the test file, absolute) before its reason into JUnit's `<skipped>`: the
+    project's conftest makes it the project's path."""
+    import conftest
+
+    where = str(PROJECT_ROOT / "suites" / "test_autotp.py")
+    report = pytest.TestReport(
+        "suites/test_autotp.py::test_cell", ("x", 0, "x"), {}, "skipped", (where, 56, "r"), "call"
+    )
+    hook = conftest.pytest_runtest_makereport(None, None)  # type: ignore[arg-type]  # the hook reads neither
+    next(hook)
+    try:
+        hook.send(report)
+    except StopIteration as done:
+        assert done.value.longrepr == ("suites/test_autotp.py", 56, "r")
+    else:
+        raise AssertionError("the hook wrapper did not return the report")
