@@ -71,6 +71,7 @@ def training_script_lines(script: str, tp: int, failure_class: str) -> list[str]
         "optimizer steps on the unsharded model, then through `deepspeed.initialize` with AutoTP, and compares what "
         "this report compares, with its tolerances: each step's loss, each rank's gradient shards, the weight update, "
         "each rank's share of the weights and, for a checkpoint round trip, the saved, gathered and loaded weights and "
-        "the step after loading; it prints `RESULT: MATCH` or `RESULT: MISMATCH`, or raises where DeepSpeed raises."
+        "the step after loading (a part of the row it leaves out, it names in a note); it prints `RESULT: MATCH` or "
+        "`RESULT: MISMATCH`, or raises where DeepSpeed raises."
         + ("" if raises else " Actual behavior below lists what differed."),
     ]
