@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +40,18 @@ if TYPE_CHECKING:  # these import torch: imported where they are used, after the
     from suites.run.driver import CacheContents, RunOptions
 
 SUITE_DIR = Path(__file__).resolve().parent / "suites"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """A skip's location, which pytest writes before its reason into JUnit, relative to the project
+    (`suites/test_autotp.py:56`): a record keeps no folder of the machine that ran it."""
+    report: pytest.TestReport = yield
+    if report.skipped and isinstance(report.longrepr, tuple):
+        path, line, reason = report.longrepr
+        if Path(path).is_absolute() and Path(path).resolve().is_relative_to(SUITE_DIR.parent):
+            report.longrepr = (Path(path).resolve().relative_to(SUITE_DIR.parent).as_posix(), line, reason)
+    return report
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

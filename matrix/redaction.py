@@ -18,6 +18,10 @@ What is replaced by `***`:
 - the same, found in the text as it reads once decoded (_DECODINGS: percent-escapes, JSON and Python escapes, base64,
   a token wrapped over lines): the encoded text is replaced where it is.
 
+Host paths go too (`without_host_paths`): a traceback's frames keep the path a reader can follow from where the code
+is installed (`site-packages/deepspeed/…`, `python3.11/importlib/…`, the harness's `suites/…`), never the folders of
+the machine that ran it (`/work/envs/<combination>/lib/python3.11/`, `/root/.pyenv/…`, the checkout's folder).
+
 A secret's match is stretched over the rest of its token (the plugins' lengths are exact: a longer token would
 leave its tail). Every pattern is looked for only where the text holds what it needs (a literal, an escape): an
 8 MB report.json redacts in a fraction of a second."""
@@ -182,7 +186,33 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for value in self._values:
             text = text.replace(value, REDACTED)
-        return _replaced(text, secret_spans(text))
+        return without_host_paths(_replaced(text, secret_spans(text)))
+
+
+_FOLDERS = r"(?:[A-Za-z]:)?[\\/]?(?:[^\s\"'\\/]+[\\/])+?"
+"""Folders from the root, or from where a cut text begins (a traceback kept by its last characters)."""
+_INSTALLED = re.compile(rf"{_FOLDERS}((?:site|dist)-packages)[\\/]")
+"""An installed package's folder: `/work/envs/x/lib/python3.11/site-packages/` (kept: `site-packages/`)."""
+_STANDARD_LIBRARY = re.compile(rf"{_FOLDERS}lib[\\/](python3\.\d+)[\\/](?!(?:site|dist)-packages)")
+"""Python's own modules: `/root/.pyenv/versions/3.11.7/lib/python3.11/` (kept: `python3.11/`)."""
+_FRAME_FILE = re.compile(
+    r'(File ")(/[^"]*?/)((?:suites|matrix|sessions|reports|tests|benchmarks|conftest\.py'
+    r'|deepspeed|transformers|accelerate)(?:/[^"/]+)*")'
+)
+"""A traceback frame of the harness's own code or of a library under test run from a clone (a DeepSpeed checkout):
+the folders above the package (the checkout's, `/work/wt/x/`) go, the package's path stays (`suites/engine/…`)."""
+
+
+def without_host_paths(text: str) -> str:
+    """`text` with the host's folders cut from the paths of installed packages, of Python's own modules and of the
+    frames of a traceback (`_INSTALLED`, `_STANDARD_LIBRARY`, `_FRAME_FILE`); every other word stays."""
+    if "-packages" in text:
+        text = _INSTALLED.sub(r"\1/", text)
+    if "lib" in text:
+        text = _STANDARD_LIBRARY.sub(r"\1/", text)
+    if 'File "/' in text:
+        text = _FRAME_FILE.sub(r"\1\3", text)
+    return text
 
 
 def redact(text: str) -> str:

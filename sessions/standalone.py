@@ -75,8 +75,10 @@ def run_standalone(script: Path, ranks: int, launcher: Path) -> int:
         shutil.copy(script, Path(folder) / script.name)
         env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
         command = [str(launcher), "--num_gpus", str(ranks), "--master_port", str(free_port()), script.name]
-        print(f"$ {' '.join(command[:-1])} {script}", flush=True)
-        return subprocess.run(command, cwd=folder, env={**env, "PYTHONUNBUFFERED": "1"}, check=False).returncode
+        # As the script's command says (suites/records/run_records.py `launcher_command`): no numactl needed.
+        env |= {"LOCAL_SIZE": str(ranks), "PYTHONUNBUFFERED": "1"}
+        print(f"$ LOCAL_SIZE={ranks} {' '.join(command[:-1])} {script}", flush=True)
+        return subprocess.run(command, cwd=folder, env=env, check=False).returncode
 
 
 def main(argv: list[str]) -> int:

@@ -57,6 +57,7 @@ from reports.outputs.remedy_claims import remedy_sections
 from reports.outputs.render_cache import ScriptRequest, cached_script, keep_script, remembered
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
+from suites.records.run_records import launcher_command
 from suites.verdicts.cause_titles import cause_title
 from suites.verdicts.vocabulary import FAILURE_CLASSES
 
@@ -364,14 +365,14 @@ def _markdown(
         lines += [*training_script_lines(full, key.tp, result.failure_class), *_rebuilt_elsewhere(run), ""]
     elif minimal is not None:
         lines += [
-            f"Save as `{minimal.name}` and run `deepspeed --num_gpus {key.tp} {minimal.name}` (torch, deepspeed and "
+            f"Save as `{minimal.name}` and run `{launcher_command(key.tp, minimal.name)}` (torch, deepspeed and "
             "transformers only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo):",
             "",
             *fence(minimal.text.rstrip("\n"), "python"),
             "",
             f"Attached: `{full}`, the full check of the same model: the same weights with its norms randomised, "
             "the unsharded reference, logits with and without the attention mask, ranks agree, greedy generation, "
-            f"loss and memory; `deepspeed --num_gpus {key.tp} {full}` prints `RESULT: MATCH` or `RESULT: MISMATCH`.",
+            f"loss and memory; `{launcher_command(key.tp, full)}` prints `RESULT: MATCH` or `RESULT: MISMATCH`.",
             *_rebuilt_elsewhere(run),
             "",
         ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from matrix.registry import DEFAULT_TOLERANCES
+from suites.records.run_records import launcher_command
 
 if TYPE_CHECKING:
     from matrix.cells import Cell
@@ -65,14 +66,12 @@ def training_script_lines(script: str, tp: int, failure_class: str) -> list[str]
     """To Reproduce for a training row: its script runs the row's steps; what it does not check is said."""
     raises = failure_class in ("shard", "forward", "crash", "timeout")
     return [
-        f"Attached: `{script}`, the same model and the same steps: `deepspeed --num_gpus {tp} {script}` (torch, "
+        f"Attached: `{script}`, the same model and the same steps: `{launcher_command(tp, script)}` (torch, "
         "deepspeed and transformers only; a CPU-only machine works: DeepSpeed's CPU accelerator with gloo) runs the "
-        "optimizer steps on the unsharded model, then through `deepspeed.initialize` with AutoTP, and compares each "
-        "step's loss; it prints `RESULT: MATCH` or `RESULT: MISMATCH`, or raises where DeepSpeed raises."
-        + (
-            ""
-            if raises
-            else " It compares losses only: the gradients, weight updates, saved checkpoint and per-rank shares this "
-            "report names are not in it (Actual behavior below lists what differed)."
-        ),
+        "optimizer steps on the unsharded model, then through `deepspeed.initialize` with AutoTP, and compares what "
+        "this report compares, with its tolerances: each step's loss, each rank's gradient shards, the weight update, "
+        "each rank's share of the weights and, for a checkpoint round trip, the saved, gathered and loaded weights and "
+        "the step after loading (a part of the row it leaves out, it names in a note); it prints `RESULT: MATCH` or "
+        "`RESULT: MISMATCH`, or raises where DeepSpeed raises."
+        + ("" if raises else " Actual behavior below lists what differed."),
     ]

@@ -31,7 +31,9 @@ def trace_tail(trace: list[str]) -> list[str]:
 
 _MARKERS = re.compile(r"\s*[\^~]+\s*")
 _FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line \d+')
-_PACKAGE_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s\"']*?[\\/](?:site|dist)-packages[\\/]")
+# A frame's path up to its package: the host's (`/work/envs/x/lib/python3.11/site-packages/`) or, as records keep it
+# (matrix/redaction.py `without_host_paths`), without the host's folders (`site-packages/`).
+_PACKAGE_PATH = re.compile(r"(?:(?:[A-Za-z]:)?[\\/][^\s\"']*?[\\/]|(?<![^\s\"']))(?:site|dist)-packages[\\/]")
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
 
 

@@ -21,6 +21,7 @@ from matrix.cells import Cell
 from matrix.redaction import redact
 from reports.outputs.render_cache import remembered
 from reports.store import CellResult
+from suites.records.run_records import launcher_command
 
 MAX_LINES = 40
 WIDTH = 116
@@ -156,7 +157,7 @@ def minimal_script(cell: Cell, result: CellResult, title: str) -> MinimalScript:
     tokens, left_pad = prompt_shape()
     lines = [
         f"# {_CONTROL.sub(' ', title)}",
-        f"# Run: deepspeed --num_gpus {cell.tp} {name}  (a CPU-only machine works: DeepSpeed's CPU accelerator)",
+        f"# Run: {launcher_command(cell.tp, name)}  (a CPU-only machine works: DeepSpeed's CPU accelerator)",
         "import os",
         "",
         "import torch",

@@ -18,10 +18,12 @@ from matrix.checkpoints import INIT, SEED, SPREAD, randomise_constant_parameters
 from matrix.redaction import redact
 from matrix.shapes import EXPERT_KEYS, HEAD_DIM_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, MLA_KEY, NESTED
 from suites.checks import memory, probes
+from suites.checks.contracts import ComparisonRecord
 from suites.checks.inputs import CORPUS_FILE, ProbeSpec
 from suites.checks.memory import RULE_CONSTANTS, RULES
 from suites.checks.probes import faithful_counts
-from suites.records.run_records import RunInfo, environment_report
+from suites.records.run_records import RunInfo, environment_report, launcher_command
+from suites.variants import trainee, training
 from suites.variants.training import deepspeed_config
 
 if TYPE_CHECKING:
@@ -32,8 +34,17 @@ PLACEHOLDER = "CELL: CellSpec = {}  # type: ignore[typeddict-item]  # the cell's
 FUNCTIONS_PLACEHOLDER = (
     "if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker reads the harness's own)\n"
     """    from matrix.checkpoints import randomise_constant_parameters
+    from suites.checks.contracts import ComparisonRecord, UnshardedSteps
     from suites.checks.memory import memory_findings
     from suites.checks.probes import PAIRED_HEADS, Footprint, SplitCounts, bytes_by_name, shapes_by_name, tensor_kinds
+    from suites.variants.trainee import (
+        CHECKPOINT_TAG,
+        ShardedTrainee,
+        compare_whole,
+        gather_full_weights,
+        held_bytes_by_name,
+    )
+    from suites.variants.training import adam_gradient_units, hide_tp_plan
 """
 )
 CONFIG_NAMES: ConfigNames = {
@@ -47,10 +58,6 @@ CONFIG_NAMES: ConfigNames = {
 }
 """The config attribute names the harness reads head and expert counts by, so the script's memory rules read the
 same counts (of a tiny or a hub checkpoint alike)."""
-
-
-def launcher_command(cell: Cell, script: str) -> str:
-    return f"deepspeed --num_gpus {cell.tp} {script}"
 
 
 def repro_cell(
@@ -97,7 +104,7 @@ def repro_cell(
         "loss_rel": tolerance.ppl_rel,
         "config_names": CONFIG_NAMES,
         "real_counts": asdict(real) if (real := faithful_counts(cell.model, cell.tp)) and not hub_id else None,
-        "command": launcher_command(cell, script),
+        "command": launcher_command(cell.tp, script),
         "injection_policy": {block: list(names) for block, names in cell.arguments.injection_policy},
         "model_kwargs": dict(cell.arguments.model_kwargs),
         "forward_mask": cell.arguments.forward_mask,
@@ -108,6 +115,12 @@ def repro_cell(
             "partitioning": variant.partitioning,
             "window": spec.ppl_window,
             "train_loss_rel": tolerance.train_loss_rel,
+            "train_grad_rel": tolerance.train_grad_rel,
+            "train_later_grad_rel": tolerance.train_later_grad_rel,
+            "train_update_rel": tolerance.train_update_rel,
+            "train_weight_rel": tolerance.train_weight_rel,
+            "round_trip": variant.checkpoint_round_trip and not variant.resume_tp,
+            "cell_failed": verdict.startswith("fail"),
             "ds_config": deepspeed_config(variant, cell.tp, cell.dtype, cell.model.model_type),
         }
     return spec_cell
@@ -119,10 +132,11 @@ def partial_note(cell: Cell) -> str:
     left = [
         what
         for what, present in (
-            ("the checkpoint round trip", variant.checkpoint_round_trip),
-            (f"the resume at tp {variant.resume_tp}", variant.resume_tp),
+            (
+                f"the checkpoint round trip through a universal checkpoint resumed at tp {variant.resume_tp}",
+                variant.resume_tp,
+            ),
             (f"the second model ({variant.second_model})", variant.second_model),
-            ("the per-rank gradient and update comparison (it compares each step's loss)", variant.training),
         )
         if present
     ]
@@ -133,6 +147,25 @@ FOOTPRINT_CONSTANTS = ("CONV_MODULES",)
 """The constants the footprint readers below read (torch classes, written as their import paths)."""
 FOOTPRINT_READERS = (probes.bytes_by_name, probes.shapes_by_name, probes.tensor_kinds)
 """What the harness reads of the unsharded and the sharded model for the memory check (suites/checks/probes.py)."""
+TRAINING_CONSTANTS = ("SCALE_FLOOR_ULPS", "FLOOR_CANDIDATES", "VANISHED_SHARE", "CHECKPOINT_TAG")
+"""suites/variants/trainee.py's constants the training code below reads."""
+TRAINING_CODE = (
+    ComparisonRecord,
+    trainee.scale_floor_share,
+    trainee.ulp,
+    trainee.Comparison,
+    trainee._shard_rows,
+    trainee.held_bytes_by_name,
+    trainee._local_weight,
+    trainee._local_grad,
+    trainee.ShardedTrainee,
+    trainee.gather_full_weights,
+    trainee.compare_whole,
+    training.adam_gradient_units,
+    training.hide_tp_plan,
+)
+"""What a training row's ranks run and compare with (suites/variants/trainee.py, training.py): the script finds each
+shard's slice, reads and compares gradients, updates and whole weights with the harness's own code."""
 
 
 def constant_literal(value: object) -> str:
@@ -143,7 +176,7 @@ def constant_literal(value: object) -> str:
 
 
 @cache
-def harness_functions() -> str:
+def harness_functions(training: bool) -> str:
     """The harness's own code the script runs, copied in as it is now: the tiny checkpoint's weights are made by it
     (the repro's weights are the cell's), and memory is read and judged by the harness's footprint readers and rules
     (suites/checks/memory.py `RULES`, looked up by name when the script is written), so the script and the harness
@@ -151,8 +184,11 @@ def harness_functions() -> str:
     constants = [f"{name} = {constant_literal(getattr(memory, name))}" for name in RULE_CONSTANTS]
     constants += [f"{name} = {constant_literal(getattr(probes, name))}" for name in FOOTPRINT_CONSTANTS]
     rules = [getattr(memory, name) for name in RULES]
-    functions = [inspect.getsource(code) for code in (randomise_constant_parameters, *FOOTPRINT_READERS, *rules)]
-    return "\n".join(constants) + "\n\n\n" + "\n\n".join(functions)
+    code = [randomise_constant_parameters, *FOOTPRINT_READERS, *rules]
+    if training:
+        constants += [f"{name} = {constant_literal(getattr(trainee, name))}" for name in TRAINING_CONSTANTS]
+        code += TRAINING_CODE
+    return "\n".join(constants) + "\n\n\n" + "\n\n".join(inspect.getsource(item) for item in code)
 
 
 def write_repro(
@@ -185,7 +221,7 @@ def write_repro(
     for placeholder in (PLACEHOLDER, FUNCTIONS_PLACEHOLDER):
         if placeholder not in source:
             raise RuntimeError(f"{TEMPLATE} lost its placeholder line {placeholder!r}")
-    source = source.replace(FUNCTIONS_PLACEHOLDER, harness_functions(), 1)
+    source = source.replace(FUNCTIONS_PLACEHOLDER, harness_functions(cell.variant.training), 1)
     header = (
         "# autotp-matrix repro script: the verdict it reproduces, the versions it ran at and the command that runs it\n"
         '# are CELL["verdict"], CELL["versions"] and CELL["command"] below.\n'

@@ -385,6 +385,14 @@ def junit_properties(record: CellRecord) -> dict[str, str]:
     return {name: str(value) for name, value in properties.items()}
 
 
+def launcher_command(tp: int, script: str) -> str:
+    """The command that runs a script at `tp` ranks with DeepSpeed's launcher, on a CPU-only machine too: LOCAL_SIZE
+    is the device count DeepSpeed's CPU accelerator takes; without it the launcher asks `numactl --hardware`, which
+    DeepSpeed 0.14.4 to 0.18.9 (at least) run unguarded, so a machine without numactl fails before any rank starts.
+    A GPU accelerator ignores it."""
+    return f"LOCAL_SIZE={tp} deepspeed --num_gpus {tp} {script}"
+
+
 def environment_report(run: RunInfo, versions: dict[str, str], ran_here: bool) -> str:
     """What a bug report needs besides the repro script (no secrets: only versions and hardware). `ran_here`: written
     on the machine that ran the cell, which then adds its os, cpu and gpus; a report rendered from the history

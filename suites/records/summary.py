@@ -10,6 +10,7 @@ from rich.table import Table
 
 from matrix.config_values import UNREADABLE_CONFIG
 from matrix.json_records import read_record
+from suites.records.run_records import launcher_command
 from suites.verdicts.mechanism import WHOSE, AutoTPRecord, class_and_finding
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def print_summary(records: list[CellRecord], terminalreporter: TerminalReporter)
                     soft_wrap=True,
                 )
             console.print(
-                f"repro for {record['cell']['id']}: deepspeed --num_gpus {record['cell']['tp']} {record['repro']}",
+                f"repro for {record['cell']['id']}: {launcher_command(int(record['cell']['tp']), record['repro'])}",
                 highlight=False,
                 soft_wrap=True,
             )

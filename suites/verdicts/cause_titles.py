@@ -3,9 +3,14 @@ writes."""
 
 from __future__ import annotations
 
+import re
+
 from suites.verdicts import policy
 from suites.verdicts.mechanism import FRAME, IDLE_RANKS, LEFT_WHOLE_TEXT
 from suites.verdicts.statements import LAYOUT_MECHANISMS, MECHANISMS_BY_NAME, POLICY_PROBE
+
+PROOF = re.compile(r" \((?:mechanism not proven|verified): .*\)$", re.DOTALL)
+"""What suites/verdicts/statements.py `stated` appends to a cause's sentence: what proved it, or what was tried."""
 
 
 def cause_title(mechanism_key: str, words: str) -> str:
@@ -45,4 +50,4 @@ def cause_title(mechanism_key: str, words: str) -> str:
         return f"`{parts[0]}` ({parts[2] or parts[1]}) fails after the split"
     if kind == "memory":
         return f"{parts[0].partition(': ')[0]} on every rank"
-    return FRAME.sub("", words).partition(". ")[0]
+    return FRAME.sub("", PROOF.sub("", words)).partition(". ")[0]

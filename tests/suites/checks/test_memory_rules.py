@@ -136,7 +136,7 @@ def test_the_repro_script_judges_memory_by_the_harness_rules_copied_in():
 
     from suites.records import repro
 
-    copied = repro.harness_functions()
+    copied = repro.harness_functions(False)
     for rule in memory.RULES:
         assert inspect.getsource(getattr(memory, rule)) in copied, rule
     template = ast.parse(repro.TEMPLATE.read_text())
