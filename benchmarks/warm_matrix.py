@@ -9,7 +9,7 @@ seconds of the whole run's process tree and the load average, and ratios against
         [--selection "--models llama,qwen2,gpt2,bloom,mixtral,gemma2 --tp 2,3,4"]
 
 One checkout under several labels with `--env LABEL=NAME=VALUE` compares settings of it, e.g. the ways ranks wait
-(suites/engine/rank_waits.py): `--harness naps=. --harness cpu-naps=. --env cpu-naps=AUTOTP_RANK_WAIT=cpu-naps`.
+(suites/engine/rank_waits.py): `--harness naps=. --harness spin=. --env spin=AUTOTP_RANK_WAIT=spin`.
 Labels of one checkout share its fill. Each run's verdicts (outcome, class, signature) and the numbers its probes
 compared (every metric but the measured ones, MEASURED_PREFIXES) are checked against the first label's first run,
 and the ranks' context switches (voluntary: naps and sleeps; involuntary: taken off-core) are sampled from /proc.

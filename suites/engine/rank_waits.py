@@ -21,9 +21,6 @@ RANK_WAIT_ENV = "AUTOTP_RANK_WAIT"
 Read by `wait_strategy` alone; it reaches the ranks through the fork server's (and the launcher's) environment."""
 
 CLOCK_MONOTONIC = 1
-CLOCK_THREAD_CPUTIME_ID = 3
-PR_SET_TIMERSLACK = 29
-PR_GET_TIMERSLACK = 30
 
 
 @dataclass(frozen=True)
@@ -33,14 +30,7 @@ class WaitStrategy:
     name: str
     """Its key in WAIT_STRATEGIES (what RANK_WAIT_ENV names)."""
     period_seconds: float | None
-    """A nap every this many seconds of `clock`; None: never a nap (the rank spins as DeepSpeed wrote it)."""
-    clock: int = CLOCK_MONOTONIC
-    """CLOCK_MONOTONIC: every period of wall time, even right after the rank was scheduled. CLOCK_THREAD_CPUTIME_ID:
-    after the thread has run that long; the kernel checks CPU-time timers at its tick, so they fire at most once a
-    tick (4 ms at HZ=250) whatever the period."""
-    nap_slack_seconds: float | None = None
-    """The thread's timer slack while armed (prctl PR_SET_TIMERSLACK): a nap lasts 14 us (SIGALRM's number, see
-    `Naps`) plus up to this; None keeps the kernel's default 50 us (naps of ~64 us)."""
+    """A nap every this many seconds of wall time; None: never a nap (the rank spins as DeepSpeed wrote it)."""
     summary: str = ""
     """One line for `--help`-like listings and the benchmark's table."""
 
@@ -50,18 +40,11 @@ WAIT_STRATEGIES = {
     for strategy in (
         WaitStrategy("naps", 0.001, summary="a ~64 us nap every 1 ms of wall time (the #29 default)"),
         WaitStrategy("spin", None, summary="no naps: DeepSpeed's busy wait alone (before #29)"),
-        WaitStrategy(
-            "cpu-naps",
-            0.001,
-            clock=CLOCK_THREAD_CPUTIME_ID,
-            summary="a ~64 us nap once the thread has run 1 ms of CPU (fires at the tick: ~every 4 ms of CPU)",
-        ),
-        WaitStrategy("long-naps", 0.001, nap_slack_seconds=250e-6, summary="a nap of up to ~264 us every 1 ms"),
-        WaitStrategy("naps-500us", 0.0005, summary="a ~64 us nap every 500 us of wall time"),
-        WaitStrategy("naps-2ms", 0.002, summary="a ~64 us nap every 2 ms of wall time"),
     )
 }
-"""The strategies RANK_WAIT_ENV may name."""
+"""The strategies RANK_WAIT_ENV may name: the default, and the control a benchmark measures it against. Others were
+measured on a quiet machine and lost (docs/findings.md, "#58 how a rank waits, measured quietly"): a CPU-time clock
+(it fires only at the tick), longer naps, and 0.5 or 2 ms periods."""
 
 DEFAULT_WAIT = "naps"
 """What the ranks use when RANK_WAIT_ENV is unset or empty (measured on a quiet machine: docs/findings.md)."""
@@ -79,7 +62,7 @@ def wait_strategy() -> WaitStrategy:
 
 
 class Naps:
-    """While armed, the calling thread naps every period of its clock for ~64 us (longer with a nap slack), so a rank
+    """While armed, the calling thread naps every period of wall time for ~64 us, so a rank
     of a group with more ranks than cores gives its core to the rank it waits for within a period.
 
     A nap, not a `sched_yield`: measured 6x slower (not profiled; likely the core often went to another spinner).
@@ -114,28 +97,20 @@ class Naps:
         self._libc = libc = ctypes.CDLL(None, use_errno=True)
         libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
         libc.signal.restype = ctypes.c_void_p
-        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
         libc.signal(signal.SIGALRM, ctypes.cast(libc.usleep, ctypes.c_void_p).value)
         event = SigEvent(None, signal.SIGALRM, self.SIGEV_THREAD_ID, threading.get_native_id())
         self._timer = ctypes.c_void_p()
-        if libc.timer_create(strategy.clock, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
+        if libc.timer_create(CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
             raise OSError(ctypes.get_errno(), f"timer_create failed for rank wait strategy {strategy.name}")
         nanoseconds = round(strategy.period_seconds * 1e9)
         period = TimeSpec(nanoseconds // 1_000_000_000, nanoseconds % 1_000_000_000)
         self._armed, self._disarmed = IntervalTimerSpec(period, period), IntervalTimerSpec()
-        slack = strategy.nap_slack_seconds
-        self._nap_slack = None if slack is None else round(slack * 1e9)
-        self._default_slack = libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)
 
     def arm(self) -> None:
-        if self._nap_slack is not None:  # this thread's only: the rank's other threads and its idle waits keep theirs
-            self._libc.prctl(PR_SET_TIMERSLACK, self._nap_slack, 0, 0, 0)
         self._libc.timer_settime(self._timer, 0, self._byref(self._armed), None)
 
     def disarm(self) -> None:
         self._libc.timer_settime(self._timer, 0, self._byref(self._disarmed), None)
-        if self._nap_slack is not None:
-            self._libc.prctl(PR_SET_TIMERSLACK, self._default_slack, 0, 0, 0)
 
 
 def naps_for(world_size: int) -> Naps | None:
