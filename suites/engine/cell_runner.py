@@ -7,6 +7,7 @@ so the driver can name the failure even when the other ranks are left waiting in
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import importlib
 import json
@@ -14,7 +15,7 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -215,13 +216,13 @@ def _inferred_policy(
         return (), f"policy not inferred: {exception_signature(raised)}"
 
 
-def _divergence(job: Job, observed: Observations | None, model: Model, classes: dict[str, str]) -> BreakPoint | None:
+def _divergence(
+    job: Job, reference: ReferenceRead, observed: Observations | None, model: Model, classes: dict[str, str]
+) -> BreakPoint | None:
     """The first module whose plain-forward output diverges from the unsharded model's (rank 0, on a failed cell)."""
     if job.reference is None or observed is None:
         return None
-    found = first_divergence(
-        load_reference(job.reference).module_outputs, observed.module_outputs, job.tolerance.logits_rel
-    )
+    found = first_divergence(reference().module_outputs, observed.module_outputs, job.tolerance.logits_rel)
     return located(found[0], "diverged", model, classes, found[1]) if found else None
 
 
@@ -254,6 +255,24 @@ def _shard_recorded(
     return engine, model
 
 
+ReferenceRead = Callable[[], Observations]
+"""The cell's unsharded observations, read from the reference cache when first asked (`_read_once`)."""
+
+
+def _read_once(path: str | None) -> ReferenceRead:
+    """The reference at `path`, read at most once a cell: the checks and, on a failed cell, the search for where it
+    diverged both read it (a read is ~3 ms of rank 0's CPU while the cell's verdict waits); never read where no
+    check runs (a rank raised). Asked of a cell without one, it raises: a harness bug, the cell's `setup`."""
+
+    @functools.cache
+    def read() -> Observations:
+        if path is None:
+            raise ValueError("an inference cell's verdict asked for a reference its job does not name (a harness bug)")
+        return load_reference(path)
+
+    return read
+
+
 def _verdict(
     job: Job,
     observed: Observations | None,
@@ -265,9 +284,10 @@ def _verdict(
 ) -> CellOutcome:
     """Rank 0's verdict on the cell; a harness bug while judging is the cell's `setup` failure."""
     try:
-        outcome = _judge(job, observed, summaries, timings, task_correct)
+        reference = _read_once(job.reference)
+        outcome = _judge(job, reference, observed, summaries, timings, task_correct)
         if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
-            outcome.broke_at = _divergence(job, observed, model, before.classes)
+            outcome.broke_at = _divergence(job, reference, observed, model, before.classes)
         return as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
     except Exception as raised:  # a harness bug must still end as this cell's verdict
         return failed(
@@ -414,6 +434,7 @@ def _deepspeed_release() -> tuple[int, ...]:
 
 def _check_inputs(
     job: Job,
+    reference: ReferenceRead,
     observed: Observations | None,
     summaries: list[RankSummary],
     metrics: dict[str, float],
@@ -433,7 +454,7 @@ def _check_inputs(
     return CheckInputs(
         job.tolerance,
         tuple(summaries),
-        reference=load_reference(job.reference),
+        reference=reference(),
         sharded=observed,
         perplexity_skipped=job.spec.perplexity_skipped,
         real_counts=job.real_counts,
@@ -455,6 +476,7 @@ def _stages(summaries: list[RankSummary]) -> list[str]:
 
 def _judge(
     job: Job,
+    reference: ReferenceRead,
     observed: Observations | None,
     summaries: list[RankSummary],
     timings: dict[str, float],
@@ -474,7 +496,7 @@ def _judge(
     if errors:
         first = first_error(errors)
         return failed(first.failure_class, first.signature, first.message, metrics, first.broke_at)
-    results = judge.judge(_check_inputs(job, observed, summaries, metrics, task_correct))
+    results = judge.judge(_check_inputs(job, reference, observed, summaries, metrics, task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]
