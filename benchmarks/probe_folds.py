@@ -38,7 +38,7 @@ def compare(checkpoint: str, tp: int) -> dict[str, bool | str]:
     inputs = build_inputs(ByteTokenizer(), spec)
     model: Any = load_model(checkpoint, "fp32", False)
     if tp > 1:
-        import deepspeed
+        import deepspeed  # lazily: only a rank process shards
 
         engine = deepspeed.init_inference(
             model, tensor_parallel={"tp_size": tp}, dtype=torch.float32, replace_with_kernel_inject=False
@@ -65,7 +65,7 @@ def compare(checkpoint: str, tp: int) -> dict[str, bool | str]:
 
 
 def _rank_main(checkpoints: dict[str, str], tp: int) -> None:
-    import deepspeed
+    import deepspeed  # lazily: the launching process never imports DeepSpeed
 
     deepspeed.init_distributed()
     found = {name: compare(path, tp) for name, path in checkpoints.items()}
