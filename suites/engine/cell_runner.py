@@ -7,7 +7,6 @@ so the driver can name the failure even when the other ranks are left waiting in
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
 import importlib
 import json
@@ -15,7 +14,7 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by
 from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.engine import doorbells
-from suites.reference.unsharded import load_reference
+from suites.reference.unsharded import ReferenceRead, load_reference, read_once
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
 from suites.variants.training import Progress, load_unsharded_steps, run_training
@@ -255,24 +254,6 @@ def _shard_recorded(
     return engine, model
 
 
-ReferenceRead = Callable[[], Observations]
-"""The cell's unsharded observations, read from the reference cache when first asked (`_read_once`)."""
-
-
-def _read_once(path: str | None) -> ReferenceRead:
-    """The reference at `path`, read at most once a cell: the checks and, on a failed cell, the search for where it
-    diverged both read it (a read is ~3 ms of rank 0's CPU while the cell's verdict waits); never read where no
-    check runs (a rank raised). Asked of a cell without one, it raises: a harness bug, the cell's `setup`."""
-
-    @functools.cache
-    def read() -> Observations:
-        if path is None:
-            raise ValueError("an inference cell's verdict asked for a reference its job does not name (a harness bug)")
-        return load_reference(path)
-
-    return read
-
-
 def _verdict(
     job: Job,
     observed: Observations | None,
@@ -284,7 +265,7 @@ def _verdict(
 ) -> CellOutcome:
     """Rank 0's verdict on the cell; a harness bug while judging is the cell's `setup` failure."""
     try:
-        reference = _read_once(job.reference)
+        reference = read_once(job.reference)
         outcome = _judge(job, reference, observed, summaries, timings, task_correct)
         if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
             outcome.broke_at = _divergence(job, reference, observed, model, before.classes)

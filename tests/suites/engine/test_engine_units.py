@@ -284,6 +284,7 @@ def test_rank_0_reads_the_cells_reference_once_and_only_where_a_check_runs(tmp_p
 
     from matrix.json_records import write_record
     from suites.engine import cell_runner
+    from suites.reference import unsharded
     from suites.verdicts.outcome import RankError
     from tests.suites.checks.test_check_units import _observations
     from tests.suites.rank_summaries import inference_rank
@@ -295,7 +296,7 @@ def test_rank_0_reads_the_cells_reference_once_and_only_where_a_check_runs(tmp_p
     torch.save(write_record(reference), path)
     job = replace(never_loaded_job()[1], reference=str(path))
     reads = []
-    monkeypatch.setattr(cell_runner, "load_reference", lambda read: reads.append(read) or reference)
+    monkeypatch.setattr(unsharded, "load_reference", lambda read: reads.append(read) or reference)
     before = SimpleNamespace(classes={})  # the modules' classes: no module diverges, so none is looked up
 
     def verdict(observed, summaries):
