@@ -35,7 +35,7 @@ from suites.checks.probes import Observations, bytes_by_name, observe, shapes_by
 from suites.checks.sharding import Snapshot, parsed_policy, sharding_record, snapshot
 from suites.checks.task_probe import answer_correctness
 from suites.engine import doorbells
-from suites.reference.unsharded import load_reference
+from suites.reference.unsharded import ReferenceRead, load_reference, read_once
 from suites.variants.loading import TORCH_DTYPES, load_meta_model, load_model, mark_process_sharded
 from suites.variants.quantization import apply_post_init, hf_quantization_config
 from suites.variants.training import Progress, load_unsharded_steps, run_training
@@ -215,13 +215,13 @@ def _inferred_policy(
         return (), f"policy not inferred: {exception_signature(raised)}"
 
 
-def _divergence(job: Job, observed: Observations | None, model: Model, classes: dict[str, str]) -> BreakPoint | None:
+def _divergence(
+    job: Job, reference: ReferenceRead, observed: Observations | None, model: Model, classes: dict[str, str]
+) -> BreakPoint | None:
     """The first module whose plain-forward output diverges from the unsharded model's (rank 0, on a failed cell)."""
     if job.reference is None or observed is None:
         return None
-    found = first_divergence(
-        load_reference(job.reference).module_outputs, observed.module_outputs, job.tolerance.logits_rel
-    )
+    found = first_divergence(reference().module_outputs, observed.module_outputs, job.tolerance.logits_rel)
     return located(found[0], "diverged", model, classes, found[1]) if found else None
 
 
@@ -265,9 +265,10 @@ def _verdict(
 ) -> CellOutcome:
     """Rank 0's verdict on the cell; a harness bug while judging is the cell's `setup` failure."""
     try:
-        outcome = _judge(job, observed, summaries, timings, task_correct)
+        reference = read_once(job.reference)
+        outcome = _judge(job, reference, observed, summaries, timings, task_correct)
         if outcome.failure_class in ("numerics", "generation") and before is not None and outcome.broke_at is None:
-            outcome.broke_at = _divergence(job, observed, model, before.classes)
+            outcome.broke_at = _divergence(job, reference, observed, model, before.classes)
         return as_a_fresh_process_would(outcome, job.meta.fresh_process_failure if job.meta else None)
     except Exception as raised:  # a harness bug must still end as this cell's verdict
         return failed(
@@ -414,6 +415,7 @@ def _deepspeed_release() -> tuple[int, ...]:
 
 def _check_inputs(
     job: Job,
+    reference: ReferenceRead,
     observed: Observations | None,
     summaries: list[RankSummary],
     metrics: dict[str, float],
@@ -433,7 +435,7 @@ def _check_inputs(
     return CheckInputs(
         job.tolerance,
         tuple(summaries),
-        reference=load_reference(job.reference),
+        reference=reference(),
         sharded=observed,
         perplexity_skipped=job.spec.perplexity_skipped,
         real_counts=job.real_counts,
@@ -455,6 +457,7 @@ def _stages(summaries: list[RankSummary]) -> list[str]:
 
 def _judge(
     job: Job,
+    reference: ReferenceRead,
     observed: Observations | None,
     summaries: list[RankSummary],
     timings: dict[str, float],
@@ -474,7 +477,7 @@ def _judge(
     if errors:
         first = first_error(errors)
         return failed(first.failure_class, first.signature, first.message, metrics, first.broke_at)
-    results = judge.judge(_check_inputs(job, observed, summaries, metrics, task_correct))
+    results = judge.judge(_check_inputs(job, reference, observed, summaries, metrics, task_correct))
     for result in results:
         metrics.update(result.metrics)
     failing = [r for r in results if not r.passed]

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -290,6 +290,24 @@ def reference_record(path: str | Path) -> dict[str, Any]:
 
 def load_reference(path: str | Path) -> Observations:
     return read_record(Observations, torch.load(path, weights_only=False))
+
+
+ReferenceRead = Callable[[], Observations]
+"""A cell's unsharded observations, read from the reference cache when first asked (`read_once`)."""
+
+
+def read_once(path: str | None) -> ReferenceRead:
+    """The reference at `path`, read at most once (a cell's verdict: the checks and, on a failed cell, the search for
+    where it diverged both read it; a read is ~3 ms of rank 0's CPU while the verdict waits) and only when asked (never
+    where no check runs: a rank raised). Asked without a path, it raises: a harness bug, the cell's `setup`."""
+
+    @functools.cache
+    def read() -> Observations:
+        if path is None:
+            raise ValueError("an inference cell's verdict asked for a reference its job does not name (a harness bug)")
+        return load_reference(path)
+
+    return read
 
 
 Answer = dict[str, Any]

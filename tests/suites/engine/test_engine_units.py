@@ -272,3 +272,42 @@ def test_settling_the_elementwise_math_starts_no_thread_pool_a_forked_child_woul
         timeout=300,
     )
     assert done.stdout.strip().splitlines()[-1:] == ["child finished"], done.stdout + done.stderr
+
+
+def test_rank_0_reads_the_cells_reference_once_and_only_where_a_check_runs(tmp_path, monkeypatch):
+    """The checks and, on a numerics failure, the search for the module where it diverged both read the reference:
+    one read a cell (the second was ~3 ms of rank 0's CPU while the verdict waits), none where a rank raised."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import torch
+
+    from matrix.json_records import write_record
+    from suites.engine import cell_runner
+    from suites.reference import unsharded
+    from suites.verdicts.outcome import RankError
+    from tests.suites.checks.test_check_units import _observations
+    from tests.suites.rank_summaries import inference_rank
+    from tests.suites.suites_testkit import never_loaded_job
+
+    outputs = {"model.layers.0": ((1, 24, 16), torch.ones(16))}
+    reference = _observations(module_outputs=outputs)
+    path = tmp_path / "reference.pt"
+    torch.save(write_record(reference), path)
+    job = replace(never_loaded_job()[1], reference=str(path))
+    reads = []
+    monkeypatch.setattr(unsharded, "load_reference", lambda read: reads.append(read) or reference)
+    before = SimpleNamespace(classes={})  # the modules' classes: no module diverges, so none is looked up
+
+    def verdict(observed, summaries):
+        reads.clear()
+        return cell_runner._verdict(job, observed, summaries, {}, None, None, before)
+
+    summaries = [inference_rank(rank, reference) for rank in range(2)]
+    wrong = _observations(module_outputs=outputs, logits_plain=_observations().logits_plain + 1.0)
+    failing = verdict(wrong, summaries)
+    assert (failing.outcome, failing.failure_class) == ("fail", "numerics") and reads == [str(path)]
+    assert verdict(_observations(module_outputs=outputs), summaries).failure_class == "memory" and len(reads) == 1
+    raised = RankError(1, "forward", "forward", "RuntimeError: injected", "rank 1 raised")
+    assert verdict(None, [summaries[0], replace(summaries[1], error=raised)]).failure_class == "forward"
+    assert reads == []
