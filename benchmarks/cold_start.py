@@ -68,6 +68,15 @@ def process_table() -> dict[int, tuple[int, float, str]]:
     return table
 
 
+def process_tree(root: int, table: dict[int, tuple[int, float, str]]) -> set[int]:
+    """`root` and every process of `table` descended from it."""
+    tree, grew = {root}, True
+    while grew:
+        grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}
+        grew, tree = grown != tree, grown
+    return tree
+
+
 def _role(pid: int, table: dict[int, tuple[int, float, str]], driver: int) -> str:
     """What a process of the run is: forked processes keep their parent's command line, so group leaders and
     ranks are named by whose children they are."""
@@ -96,10 +105,7 @@ class ProcessTreeCPU:
 
     def sample(self) -> None:
         table = process_table()
-        tree, grew = {self.driver}, True
-        while grew:
-            grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}
-            grew, tree = grown != tree, grown
+        tree = process_tree(self.driver, table)
         for pid in tree & table.keys():
             self.seen[pid] = (_role(pid, table, self.driver), table[pid][1])
 

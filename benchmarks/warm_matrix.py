@@ -42,7 +42,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.cold_start import ProcessTreeCPU, process_table
+from benchmarks.cold_start import ProcessTreeCPU, process_table, process_tree
 from sessions.environments import environment_variables
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -101,11 +101,7 @@ class TreeSwitches:
         self.seen: dict[int, tuple[int, int]] = {}
 
     def sample(self) -> None:
-        table = process_table()
-        tree, grew = {self.driver}, True
-        while grew:
-            grown = tree | {pid for pid, (parent, _, _) in table.items() if parent in tree}
-            grew, tree = grown != tree, grown
+        tree = process_tree(self.driver, process_table())
         for pid in tree:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
