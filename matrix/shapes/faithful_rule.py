@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, replace
@@ -257,13 +258,7 @@ def _fit_vocab(model_type: str, tiny: dict[str, Any], vocab: int) -> None:
     """The faithful vocab where the class keeps a second vocab size equal to `vocab_size` (marian's
     decoder_vocab_size: its causal LM's decoder embeds, ties and scores over it, its loss reads vocab_size), and every
     token id inside it (a pad id the derived config moved below 512 is past a smaller faithful vocab)."""
-    # lazily: nox's own process imports this module, with only nox installed (README)
-    from transformers import AutoConfig
-
-    try:
-        defaults = AutoConfig.for_model(model_type).to_dict()
-    except Exception:  # a remote-code or unknown model type: no class defaults to read, the overrides stay
-        defaults = {}
+    defaults = remembered("tiny-shapes", {"class_defaults": model_type}, lambda: _class_defaults(model_type))
     tables = [(defaults, tiny)] + [
         (defaults.get(name) or {}, tiny[name]) for name in NESTED if isinstance(tiny.get(name), dict)
     ]
@@ -279,6 +274,19 @@ def _fit_vocab(model_type: str, tiny: dict[str, Any], vocab: int) -> None:
     _set(tiny, tuple(equal_to_vocab), vocab)
     for own, table in tables:
         fit_token_ids({**own, **{k: v for k, v in table.items() if not isinstance(v, dict)}}, table)
+
+
+def _class_defaults(model_type: str) -> dict[str, Any]:
+    """The config class's defaults as JSON values (remembered: the class imports torch), {} where there is no class to
+    read (a remote-code or unknown model type: the overrides stay)."""
+    # lazily: nox's own process imports this module, with only nox installed (README)
+    from transformers import AutoConfig
+
+    try:
+        defaults = AutoConfig.for_model(model_type).to_dict()
+    except Exception:
+        return {}
+    return dict(json.loads(json.dumps(defaults, default=str)))
 
 
 LAYER_FIELDS_FORMAT = 5
