@@ -332,6 +332,10 @@ def _selection_cost(name: str, runs: list[tuple[bool, dict[str, Any]]], start_s:
 # Recalibration from warm cells
 
 
+REST_AS_IN = "; the rest as in "
+"""Where a warm-cell calibration's source names the calibration its other figures come from."""
+
+
 def warm_cell_figures(
     results: Path, selections: Sequence[AtlasSelection], tp: Sequence[int], previous: CostFigures
 ) -> CostFigures:
@@ -368,11 +372,11 @@ def warm_cell_figures(
     if not said:
         names = ", ".join(f"{s.name} ({s.variants} {s.dtypes})" for s in selections)
         raise ValueError(f"{results / 'junit'}: no running cell of an atlas selection: {names}")
+    rest = previous.source.split(REST_AS_IN, 1)[-1]  # a calibration before this one replaced, not nested
     return replace(
         previous,
         source=f"{date.today().isoformat()} on {socket.gethostname()}: {'; '.join(said)} from {results.name}/ (a warm"
-        f" nox -s matrix); the rest as "
-        f"in {previous.source}",
+        f" nox -s matrix){REST_AS_IN}{rest}",
         selections=updated,
     )
 

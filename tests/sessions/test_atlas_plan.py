@@ -401,6 +401,8 @@ def test_warm_cells_recalibrate_the_per_cell_seconds_from_a_matrix_runs_junit_by
     assert figures.selection_start_s == FIGURES.selection_start_s and figures.load == FIGURES.load
     assert "tp 2 0.200 s, tp 3 0.300 s, tp 4 0.700 s (7 cells)" in figures.source
     assert figures.source.endswith("the rest as in test")
+    again = warm_cell_figures(tmp_path, config.selections, config.tp, figures)
+    assert again.source == figures.source  # calibrated again: the new figures replace the old, never nest them
     assert str(tmp_path) not in figures.source  # the plan's words are read elsewhere: no host folder
     # the plan prices the atlas with them: each of the 500 running inference cells 0.1 s less once warm
     model = CostModel(figures, {"5.25.0": COUNTS}, "5.25.0", cores=2)
