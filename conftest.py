@@ -15,7 +15,7 @@ import pytest
 
 from matrix.cells import Cell, expand
 from matrix.disk_space import DiskSpaceError, require_free_space, run_needs
-from matrix.harness_cache import live_run, prune
+from matrix.harness_cache import RunPruning, live_run, prune
 from matrix.registry import RegistryError
 from matrix.remedies import RemedyError, load_remedies
 from suites.engine.rank_group import RankGroupPool
@@ -52,6 +52,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if Path(path).is_absolute() and Path(path).resolve().is_relative_to(SUITE_DIR.parent):
             report.longrepr = (Path(path).resolve().relative_to(SUITE_DIR.parent).as_posix(), line, reason)
     return report
+
+
+RUN_PRUNING: pytest.StashKey[RunPruning] = pytest.StashKey()
+"""This process's pruning of the harness cache while its cells go on (matrix/harness_cache.py RunPruning)."""
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """After each cell, the cache is kept within its limit: a run's working set may outgrow the disk before its end."""
+    if RUN_PRUNING in item.config.stash:
+        item.config.stash[RUN_PRUNING].after_cell()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -105,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[LIVE_RUN] = ExitStack()
             config.stash[LIVE_RUN].enter_context(live_run())
     if _runs_cells_here(config):  # the fork server imports the run's models once, not each rank at each model's cell
+        config.stash[RUN_PRUNING] = RunPruning()
         cells = config.stash[CELLS]
         _rank_pool(config).preload(sorted({c.model.model_type for c in cells if not c.model.trust_remote_code}))
 
@@ -344,6 +355,8 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
         terminalreporter.write_line(written)
     if LIVE_RUN in config.stash:  # the run's cells are done: its cache is pruned to its limit, other live runs kept
         config.stash[LIVE_RUN].close()
+        if RUN_PRUNING in config.stash and (during := config.stash[RUN_PRUNING].line()):
+            terminalreporter.write_line(during)
         if pruned := prune().line():
             terminalreporter.write_line(pruned)
     run_id = config.stash[RUN][0].id

@@ -1,9 +1,12 @@
 """The harness cache's bound: its regenerable entries (tiny checkpoints, unsharded references and training steps,
 remembered config answers, JIT builds, remedy checkouts) are evicted least recently used first once the cache is over
-its limit (AUTOTP_CACHE_LIMIT, default DEFAULT_LIMIT), at the end of a run and by `python -m matrix.harness_cache
---prune` (`nox -s cache`); an evicted entry is only ever computed again. Entries a live run uses are never evicted:
-each run that uses the cache holds a lock of its own under `.runs/` while it runs, and an entry used since the oldest
-live run began (or in the last GUARD_SECONDS, for a process that holds none) is kept. Nothing else under the cache is
+its limit (AUTOTP_CACHE_LIMIT, default DEFAULT_LIMIT), while a run goes on (`RunPruning`, at most every
+PRUNE_EVERY_SECONDS), at the end of a run and by `python -m matrix.harness_cache --prune` (`nox -s cache`); an evicted
+entry is only ever computed again. Entries a live run uses are never evicted: each run that uses the cache holds a
+lock of its own under `.runs/` while it runs, and an entry used since the oldest live run began (or in the last
+GUARD_SECONDS, for a process that holds none) is kept. A run pruning while it goes on is protected from itself by the
+guard alone: its own entries used longest ago go first, or a run whose working set outgrows the disk (train-all's
+unsharded steps, up to GBs a model) would fill it before its end. Nothing else under the cache is
 touched: PyPI release data (`releases/`, fetched from the network), temporary folders, files the harness does not
 know. Results, the history store and the archive never live here (`--results` inside the cache is refused)."""
 
@@ -17,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matrix import cache_root
@@ -45,6 +48,11 @@ GUARD_SECONDS = 600.0
 """An entry used this recently is never evicted, even when no live run holds a lock (a tool run outside the suites)."""
 
 RUNS_FOLDER = ".runs"
+RUN_LOCK_VARIABLE = "AUTOTP_CACHE_RUN_LOCK"
+"""The lock file of the live run this process belongs to, set by `live_run` (a pytest-xdist worker inherits it), so
+that pruning during that run leaves the run's own lock out of what protects entries."""
+PRUNE_EVERY_SECONDS = 60.0
+"""How often at most a run prunes its cache while it goes on: listing the cache costs a walk of every entry."""
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
@@ -151,19 +159,27 @@ def live_run(root: Path | None = None) -> Iterator[None]:
     runs = (root or cache_root()) / RUNS_FOLDER
     runs.mkdir(parents=True, exist_ok=True)
     lock = runs / f"{os.getpid()}-{time.time_ns()}.lock"
+    outer = os.environ.get(RUN_LOCK_VARIABLE)
     with lock.open("w") as stream:
         fcntl.flock(stream, fcntl.LOCK_EX)
+        os.environ[RUN_LOCK_VARIABLE] = str(lock)
         try:
             yield
         finally:
             lock.unlink(missing_ok=True)
+            if outer is None:
+                os.environ.pop(RUN_LOCK_VARIABLE, None)
+            else:
+                os.environ[RUN_LOCK_VARIABLE] = outer
 
 
-def oldest_live_run(root: Path) -> float | None:
-    """When the oldest run that holds a lock under `root/.runs/` began; a lock no process holds (its run was killed)
-    is removed."""
+def oldest_live_run(root: Path, besides: str | None = None) -> float | None:
+    """When the oldest run that holds a lock under `root/.runs/` began, the lock at path `besides` left out; a lock no
+    process holds (its run was killed) is removed."""
     starts = []
     for lock in sorted((root / RUNS_FOLDER).glob("*.lock")):
+        if str(lock) == besides:
+            continue
         try:
             with lock.open("r+") as stream:
                 try:
@@ -206,11 +222,14 @@ class Pruned:
         )
 
 
-def prune(root: Path | None = None, limit: int | None = None, now: float | None = None) -> Pruned:
+def prune(
+    root: Path | None = None, limit: int | None = None, now: float | None = None, during_own_run: bool = False
+) -> Pruned:
     """Evict regenerable entries of the cache, least recently used first, until it is within `limit` (default:
-    `cache_limit()`); an entry used since the oldest live run began, or within GUARD_SECONDS of `now`, is kept."""
+    `cache_limit()`); an entry used since the oldest live run began, or within GUARD_SECONDS of `now`, is kept.
+    `during_own_run`: the caller's own live run (RUN_LOCK_VARIABLE) protects nothing, only other runs and the guard."""
     root, limit, now = root or cache_root(), cache_limit() if limit is None else limit, now or time.time()
-    live = oldest_live_run(root)
+    live = oldest_live_run(root, os.environ.get(RUN_LOCK_VARIABLE) if during_own_run else None)
     since = now - GUARD_SECONDS if live is None else min(live, now - GUARD_SECONDS)
     entries = cache_entries(root)
     total = sum(entry.size for entry in entries)
@@ -223,6 +242,34 @@ def prune(root: Path | None = None, limit: int | None = None, now: float | None 
         total -= entry.size
     protected = sum(entry.size for entry in entries if entry.last_used >= since)
     return Pruned(root, limit, tuple(evicted), total, protected)
+
+
+@dataclass
+class RunPruning:
+    """A run's pruning while its cells go on: after a cell, at most every PRUNE_EVERY_SECONDS, the cache is pruned
+    to its limit with only other live runs and the guard protecting entries."""
+
+    last: float = 0.0
+    """When this process last pruned (0: not yet)."""
+    evicted: list[CacheEntry] = field(default_factory=list)
+    """Every entry it evicted, for the run's closing line."""
+
+    def after_cell(self, now: float | None = None) -> None:
+        """Prune if the last pruning is PRUNE_EVERY_SECONDS old (nothing when no cache exists)."""
+        now = now or time.time()
+        root = cache_root()
+        if now - self.last < PRUNE_EVERY_SECONDS or not root.is_dir():
+            return
+        self.last = now
+        self.evicted.extend(prune(root, now=now, during_own_run=True).evicted)
+
+    def line(self) -> str:
+        """One line for the end of the run ("" when it evicted nothing)."""
+        if not self.evicted:
+            return ""
+        freed = human(sum(entry.size for entry in self.evicted))
+        count = len(self.evicted)
+        return f"cache {cache_root()}: evicted {count} least recently used entries ({freed}) while the run went on"
 
 
 def _remove(path: Path) -> None:

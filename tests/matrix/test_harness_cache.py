@@ -15,7 +15,9 @@ import pytest
 from matrix import PROJECT_ROOT
 from matrix.harness_cache import (
     GUARD_SECONDS,
+    PRUNE_EVERY_SECONDS,
     CacheLimitError,
+    RunPruning,
     cache_entries,
     live_run,
     main,
@@ -82,6 +84,52 @@ def test_entries_used_since_a_live_run_began_survive_until_it_ends(cache):
         assert during.exists()
         assert "used by a live run or in the last 10 minutes stays" in pruned.line()
     assert [evicted.path for evicted in prune(cache, limit=0, now=later).evicted] == [during]
+
+
+def test_a_run_pruning_while_it_goes_on_evicts_its_own_older_entries_but_not_another_live_runs(cache):
+    """train-all writes GBs of unsharded steps a model and uses them for that model's rows only: protected by its own
+    lock, a run's working set would fill the disk before the run ends."""
+    held = subprocess.Popen(
+        [sys.executable, "-c", "from matrix.harness_cache import live_run\nwith live_run():\n    input()"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "AUTOTP_CACHE": str(cache)},
+        stdin=subprocess.PIPE,
+    )
+    try:
+        while not list((cache / ".runs").glob("*.lock")):
+            time.sleep(0.05)
+        time.sleep(0.05)
+        with live_run(cache):
+            done_model = entry(cache, "training/done-model.pt", 40_000, 0)
+            current_model = entry(cache, "training/current-model.pt", 40_000, 0)
+            later = time.time() + GUARD_SECONDS + 60
+            os.utime(current_model, (later, later))  # the model whose rows run now marked it used
+            assert not prune(cache, limit=0, now=later).evicted  # at the end of a run: the other run protects both
+            assert not prune(cache, limit=0, now=later, during_own_run=True).evicted  # the other run began first
+        held.communicate(b"\n", timeout=30)
+        with live_run(cache):
+            pruned = prune(cache, limit=0, now=later, during_own_run=True)
+            assert [evicted.path for evicted in pruned.evicted] == [done_model]
+            assert current_model.exists()
+            assert not prune(cache, limit=0, now=later).evicted  # outside its own pruning the run's lock still holds
+    finally:
+        held.kill()
+
+
+def test_a_run_prunes_after_a_cell_at_most_once_a_minute_and_says_what_it_evicted(cache, monkeypatch):
+    monkeypatch.setenv("AUTOTP_CACHE_LIMIT", "0")
+    pruning = RunPruning()
+    with live_run(cache):
+        old = entry(cache, "references/old.pt", 40_000, 3)
+        pruning.after_cell()
+        assert not old.exists()
+        again = entry(cache, "references/again.pt", 40_000, 3)
+        pruning.after_cell()
+        assert again.exists()  # within PRUNE_EVERY_SECONDS of the last pruning
+        pruning.after_cell(now=time.time() + PRUNE_EVERY_SECONDS)
+        assert not again.exists()
+    assert pruning.line().endswith("evicted 2 least recently used entries (80.0 KiB) while the run went on")
+    assert RunPruning().line() == ""
 
 
 def test_a_killed_runs_lock_does_not_pin_the_cache(cache):
