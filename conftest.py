@@ -321,7 +321,7 @@ def _runs_cells_here(config: pytest.Config) -> bool:
 def _rank_pool(config: pytest.Config) -> RankGroupPool:
     """The session's rank-group pool, its fork server started at once (suites: from pytest_configure)."""
     if POOL not in config.stash:
-        config.stash[POOL] = RankGroupPool(logs_root=Path(config.getoption("--results")).resolve() / "logs")
+        config.stash[POOL] = RankGroupPool(results=Path(config.getoption("--results")).resolve())
         config.stash[POOL].prepare()
     return config.stash[POOL]
 

@@ -84,7 +84,7 @@ def main() -> None:
     from suites.run.driver import RunOptions, run_cell
 
     cells = expand(args.models, "eager", "fp32", args.tp, shapes=args.shapes)  # grouped by tp: one group a size
-    pool = RankGroupPool(logs_root=folder / "logs")
+    pool = RankGroupPool(results=folder)
     pool.prepare()
     print(f"{'cell':46} {'outcome':16} {'forwards':>12} {'all-reduces':>14} cpu s (load/shard/forward/cell)")
     try:

@@ -24,6 +24,12 @@ PRUNE_COMMAND = "nox -s cache -- --prune --limit 2G"
 
 _NO_SPACE_TEXT = re.compile(r"\[Errno 28\] No space left on device: '([^']+)'")
 _NO_SPACE_WORDS = ("No space left on device", "os error 28", "StorageFull", "database or disk is full")
+_TORCH_WRITE_FAILED = re.compile(
+    r"PytorchStreamWriter failed writing file .*: file write failed|inline_container\.cc:\d+\] \. unexpected pos \d+ vs"
+    r"|basic_ios::clear: iostream error"
+)
+"""torch.save's words for a write its C++ stream writer could not finish (no errno, no path): a full disk among other
+causes, so one is a full disk only when the disk really is short when it is read (`short_of_space`)."""
 
 
 class DiskSpaceError(RuntimeError):
@@ -115,8 +121,23 @@ def disk_full_at(error: BaseException) -> str | None:
             return found.group(1)
         if any(words in str(seen) for words in _NO_SPACE_WORDS):
             return ""
+        if _TORCH_WRITE_FAILED.search(str(seen)) and short_of_space(cache_root()):
+            return ""
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def short_of_space(path: Path) -> bool:
+    """The disk of `path` has less free now than a run needs there to start (`needed_in_cache`): a write that failed
+    for no reason it names failed for that one."""
+    try:
+        needed = needed_in_cache()
+    except DiskSpaceError:  # a malformed AUTOTP_MIN_FREE is the start's to report
+        needed = DEFAULT_NEEDED
+    try:
+        return free_bytes(path) < needed
+    except OSError:
+        return False
 
 
 def disk_full_line(path: str, then: str) -> str:

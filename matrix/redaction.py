@@ -201,17 +201,23 @@ _FRAME_FILE = re.compile(
 )
 """A traceback frame of the harness's own code or of a library under test run from a clone (a DeepSpeed checkout):
 the folders above the package (the checkout's, `/work/wt/x/`) go, the package's path stays (`suites/engine/…`)."""
+_KEPT_LOGS = re.compile(r"(?m)^(logs: )?(?:[A-Za-z]:)?[\\/](?:[^\s\"'\\/]+[\\/])*?logs[\\/]([^\s\"'\\/]+)[\\/]?$")
+"""A failing cell's kept-logs pointer as records before it was relative held it (a record's `logs`, a message's
+`logs:` line): `/root/x/results/logs/<cell>` keeps what the results folder calls it, `logs/<cell>/`."""
 
 
 def without_host_paths(text: str) -> str:
     """`text` with the host's folders cut from the paths of installed packages, of Python's own modules and of the
-    frames of a traceback (`_INSTALLED`, `_STANDARD_LIBRARY`, `_FRAME_FILE`); every other word stays."""
+    frames of a traceback (`_INSTALLED`, `_STANDARD_LIBRARY`, `_FRAME_FILE`) and from a kept-logs pointer
+    (`_KEPT_LOGS`); every other word stays."""
     if "-packages" in text:
         text = _INSTALLED.sub(r"\1/", text)
     if "lib" in text:
         text = _STANDARD_LIBRARY.sub(r"\1/", text)
     if 'File "/' in text:
         text = _FRAME_FILE.sub(r"\1\3", text)
+    if "logs" in text:
+        text = _KEPT_LOGS.sub(r"\1logs/\2/", text)
     return text
 
 

@@ -38,17 +38,13 @@ from reports.analysis.since_when import AXIS_NAMES, since_when
 from reports.analysis.statuses import CellStatus
 from reports.store import AXES, Aggregates, CellKey, JSONObject, ResultGroup, Versions, started_order
 from suites.verdicts.mechanism import cause_sentence, whose
+from suites.verdicts.outcome import log_folder
 from suites.verdicts.statements import Proof, proof_of, stated
 
 STATUS_ORDER = ("new", "known", "unsupported")
 """A cause's status: no known failure covers it, an upstream issue tracks it, or it is known by design — DeepSpeed
 documents the model as unsupported by AutoTP or refuses it on purpose (matrix/known_failures.py KnownFailureState):
 listed in this order."""
-
-
-def log_folder(cell: str) -> str:
-    """Where a results folder keeps a failing cell's rank logs, relative to it (and to the report beside it)."""
-    return f"logs/{cell}/"
 
 
 def repro_file(cell: str) -> str:

@@ -82,6 +82,14 @@ def admit(path: Path, redact: Redact, *, trusted: bool = True) -> list[RunRecord
     return [in_utc(records) for records in runs]
 
 
+def source_name(source: Path) -> str:
+    """What the history keeps of the file a run came from: the file with the folder holding it, and above a `junit/`
+    folder the results folder or artifact it is in (`matrix-ds0.19.8/junit/matrix.xml`, `results/junit/matrix.xml`);
+    never the folders of the machine that merged it."""
+    parts = source.absolute().parts[1:]
+    return "/".join(parts[-3:] if len(parts) > 2 and parts[-2] == "junit" else parts[-2:])
+
+
 def admitted_bytes(junit: bytes, scratch: Path, redact: Redact) -> list[RunRecords]:
     """The runs of a JUnit file's bytes (an archive entry of format 1), through the same door as a merged file."""
     staged = scratch / "junit.xml"

@@ -35,7 +35,7 @@ from reports.store.answer_rows import (
     triage_row,
 )
 from reports.store.compaction import KEEP_RECENT_RUNS, CompactionCounts, compact_results
-from reports.store.door import redact_fields, redactor
+from reports.store.door import redact_fields, redactor, source_name
 from reports.store.ids import Cells, Texts, inserted_id
 from reports.store.proof_rows import insert_results, newest_results
 from reports.store.records import Bisection, CellKey, CellResult, Mechanism, Observation, Run, TriageAttempt, Versions
@@ -247,7 +247,7 @@ class HistoryStore:
                             (
                                 run.run_id,
                                 *run_row(run),
-                                self._redact(str(source)),
+                                self._redact(source_name(source)),
                                 datetime.now(timezone.utc).isoformat(),
                             ),
                         )

@@ -37,7 +37,7 @@ from suites.base.atomic import write_text_atomically
 from suites.engine import doorbells
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
 from suites.verdicts.mechanism import AutoTPRecord
-from suites.verdicts.outcome import CellOutcome, RankError, failed, first_error, read_death_records
+from suites.verdicts.outcome import CellOutcome, RankError, failed, first_error, log_folder, read_death_records
 
 if TYPE_CHECKING:  # the job's module imports torch; the driver starts the fork server before any such import
     from suites.checks.contracts import Job
@@ -384,14 +384,14 @@ class RankGroupPool:
 
     `launcher`: `fork` forks CPU groups from a pre-imported server (see suites/engine/fork_server.py);
     `deepspeed` starts every group with DeepSpeed's launcher; `auto` (default) forks on CPU only.
-    `logs_root`: where each failing cell keeps the end of the logs it wrote (`<logs_root>/<cell id>/`), whether
-    or not its group ended; the group's own folder is temporary."""
+    `results`: the results folder, where each failing cell keeps the end of the logs it wrote (`logs/<cell id>/`
+    in it), whether or not its group ended; the group's own folder is temporary."""
 
-    def __init__(self, start_timeout: float = 900, launcher: str = "auto", logs_root: Path | None = None):
+    def __init__(self, start_timeout: float = 900, launcher: str = "auto", results: Path | None = None):
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.start_timeout = start_timeout
-        self.logs_root = logs_root
+        self.results = results
         self.group: RankGroup | None = None
         self.launches = 0
         env = launch_environment()
@@ -458,11 +458,13 @@ class RankGroupPool:
 
     def keep_logs(self, cell_id: str, outcome: CellOutcome, logs: dict[Path, int]) -> CellOutcome:
         """Keep the end of what each log (from the byte offset given: where the cell started in a reused group's
-        logs) holds, next to the results (`<logs_root>/<cell id>/`), for a failing cell whether or not its group
-        ended; the folder is named in the outcome, and exists when someone reads it."""
-        if self.logs_root is None:
+        logs) holds, in the results folder (`logs/<cell id>/`), for a failing cell whether or not its group ended;
+        the folder is named in the outcome relative to the results folder (a record holds no host path), and exists
+        when someone reads it."""
+        if self.results is None:
             return outcome
-        kept = self.logs_root / cell_id
+        pointer = log_folder(cell_id)
+        kept = self.results / pointer
         shutil.rmtree(kept, ignore_errors=True)
         kept.mkdir(parents=True)
         for source, offset in logs.items():
@@ -472,17 +474,17 @@ class RankGroupPool:
                     lines = stream.read().decode(errors="replace").splitlines()[-KEPT_LOG_LINES:]
                 # uploaded as artifacts: no secret may reach them
                 write_text_atomically(kept / source.name, redact("\n".join(lines) + "\n"))
-        return replace(outcome, message=f"{outcome.message}\nlogs: {kept}", logs=str(kept))
+        return replace(outcome, message=f"{outcome.message}\nlogs: {pointer}", logs=pointer)
 
     def keep_text(self, cell_id: str, outcome: CellOutcome, name: str, text: str) -> CellOutcome:
         """A failing cell that never reached a rank group keeps what the driver knows of it (its setup's failure
-        with the unsharded reference's log tail) as `<logs_root>/<cell id>/<name>`, beside the end of the fork
-        server's log (the reference is computed there: a server that cannot start says why only in it)."""
-        if self.logs_root is None:
+        with the unsharded reference's log tail) as `logs/<cell id>/<name>` in the results folder, beside the end of
+        the fork server's log (the reference is computed there: a server that cannot start says why only in it)."""
+        if self.results is None:
             return outcome
         server_log = self._fork_server_log()
         outcome = self.keep_logs(cell_id, outcome, {server_log: 0} if server_log is not None else {})
-        write_text_atomically(Path(outcome.logs) / name, redact(text.rstrip("\n") + "\n"))
+        write_text_atomically(self.results / outcome.logs / name, redact(text.rstrip("\n") + "\n"))
         return outcome
 
     def close(self) -> None:

@@ -58,6 +58,12 @@ class RankError:
     """The module whose forward raised, or the one init_inference was replacing (suites/checks/breakpoints.py)."""
 
 
+def log_folder(cell: str) -> str:
+    """Where a results folder keeps a failing cell's rank logs, relative to it (and to the report beside it): the
+    pointer a record carries, what reports link."""
+    return f"logs/{cell}/"
+
+
 def first_error(errors: list[RankError]) -> RankError:
     """The error that decides a cell's verdict when ranks raise: the earliest stage, then the lowest rank."""
     return min(errors, key=lambda e: (list(STAGE_CLASS).index(e.stage), e.rank))
@@ -81,7 +87,8 @@ class CellOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     logs: str = ""
     """Folder with the end of the launcher, fork-server and rank logs a failing cell wrote (or its setup failure:
-    setup.log), kept for every failing cell (suites/engine/rank_group.py RankGroupPool.keep_logs)."""
+    setup.log), kept for every failing cell (suites/engine/rank_group.py RankGroupPool.keep_logs): relative to the
+    results folder (`log_folder`), never a path of the machine that ran it."""
     checkpoint: dict[str, str] = field(default_factory=dict)
     """The weights the cell loaded: `source` (`tiny` or the hub id) and `revision` (hub commit, or the
     tiny checkpoint's content hash); empty when the cell skipped before choosing a checkpoint."""

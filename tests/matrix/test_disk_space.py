@@ -94,3 +94,38 @@ def test_a_write_the_full_disk_refused_is_named_as_disk_full_at_its_path(tmp_pat
     line = disk_full_line(str(tmp_path), "rerun the cell")
     assert line.startswith(f"disk full at {tmp_path} (") and " free): prune the harness cache" in line
     assert line.endswith("then rerun the cell")
+
+
+def torch_refused_write() -> RuntimeError:
+    """What torch.save raises when the kernel refuses its writes (/dev/full: ENOSPC on every write): its C++ stream
+    writer's words, with no errno and no path."""
+    import torch  # lazily: only this test needs torch, the others run without importing it
+
+    try:
+        torch.save({"w": torch.zeros(100_000)}, "/dev/full")
+    except RuntimeError as error:
+        return error
+    raise AssertionError("torch.save wrote to /dev/full: the fault this test needs is gone")
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        torch_refused_write,
+        lambda: RuntimeError(
+            "[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/0: file write "
+            "failed"
+        ),
+    ],
+    ids=["torch-on-dev-full", "file-write-failed"],
+)
+def test_torchs_refused_write_is_a_full_disk_only_when_the_disk_is_short(cache, monkeypatch, refused):
+    from suites.verdicts.outcome import what_happened  # lazily: the suites' words for the harness's own failures
+
+    error = refused()
+    assert "No space left" not in str(error) and not isinstance(error, OSError)  # nothing but torch's words
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, 100 * 2**30))
+    assert disk_full_at(error) is None  # 100 GiB free: another cause, not said to be a full disk
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 22_000_000, 22_000_000))
+    assert disk_full_at(error) == ""
+    assert what_happened(error).startswith(f"disk full at {cache} (21.0 MiB free): prune the harness cache")

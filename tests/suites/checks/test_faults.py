@@ -261,7 +261,7 @@ def test_a_group_that_cannot_start_is_reported_as_whose_fault_it_is_with_its_log
 ):
     rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", f"tests.faults:{fault}")
-    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    pool = RankGroupPool(results=tmp_path)
     try:
         outcome = run_with(llama_tp2, pool, timeout=60.0)
     finally:

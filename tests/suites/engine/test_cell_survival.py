@@ -26,7 +26,7 @@ pytestmark = pytest.mark.autotp
 @pytest.fixture
 def own_pool(rank_pool, tmp_path):
     rank_pool.close()  # one live group at a time: these tests start a pool (and fork server) of their own
-    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    pool = RankGroupPool(results=tmp_path)
     yield pool
     pool.close()
 

@@ -17,7 +17,7 @@ def run_with(cell, pool, fault):
 
 def test_a_failing_cell_in_a_group_that_lives_on_keeps_its_part_of_the_rank_logs(rank_pool, tmp_path):
     rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
-    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    pool = RankGroupPool(results=tmp_path)
     (cell,) = expand("llama", tp="2")
     try:
         passed = run_with(cell, pool, "announce_a_passing_cell")
@@ -38,7 +38,7 @@ def test_a_failing_cell_in_a_group_that_lives_on_keeps_its_part_of_the_rank_logs
 
 
 def test_a_cell_whose_setup_failed_keeps_the_drivers_account_of_it(tmp_path):
-    pool = RankGroupPool(logs_root=tmp_path / "logs", launcher="deepspeed")  # starts no process until a cell runs
+    pool = RankGroupPool(results=tmp_path, launcher="deepspeed")  # starts no process until a cell runs
     try:
         outcome = pool.keep_text(
             "llama-eager-fp32-tp2",

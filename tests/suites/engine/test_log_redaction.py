@@ -15,7 +15,7 @@ def test_kept_rank_logs_are_redacted(rank_pool, monkeypatch, tmp_path):
     rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", "tests.faults:rank1_logs_secrets_at_start")
     monkeypatch.setenv(planted_secrets.SECRET_ENV, planted_secrets.SECRET_VALUE)  # the ranks inherit it
-    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    pool = RankGroupPool(results=tmp_path)
     cell, job = never_loaded_job()
     try:  # the group fails to start, so no cell runs: no checkpoint or reference is needed
         outcome = pool.run(2, job, timeout=60.0)

@@ -17,7 +17,7 @@ def test_ranks_start_with_the_preloaded_models_and_a_type_without_a_module_is_le
 ):
     rank_pool.close()  # one live group at a time: this test starts a pool (and fork server) of its own
     monkeypatch.setenv("AUTOTP_STARTUP_FAULT", "tests.faults:rank1_names_its_modeling_modules_at_start")
-    pool = RankGroupPool(logs_root=tmp_path / "logs")
+    pool = RankGroupPool(results=tmp_path)
     pool.preload(["gpt_neox", "no_such_model_type"])
     cell, job = never_loaded_job()
     try:  # rank 1 raises at its start, naming what it started with: no cell runs
