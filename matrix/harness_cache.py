@@ -204,18 +204,17 @@ class Pruned:
     kept: int
     """Bytes of regenerable entries left."""
     protected: int
-    """Bytes of those in use (by a live run, or used within GUARD_SECONDS): never evicted, even over the limit."""
+    """Bytes of those in use (by a live run, or used within `guard` seconds): never evicted, even over the limit."""
+    guard: float = GUARD_SECONDS
+    """How recently an entry no live run holds was used and still stays."""
 
     def line(self) -> str:
         """One line for the end of a run ("" when nothing was evicted and the cache is within its limit)."""
         freed = sum(entry.size for entry in self.evicted)
         if not self.evicted and self.kept <= self.limit:
             return ""
-        over = (
-            f"; {human(self.protected)} used by a live run or in the last {GUARD_SECONDS / 60:.0f} minutes stays"
-            if self.kept > self.limit
-            else ""
-        )
+        recently = f" or in the last {self.guard / 60:.0f} minutes" if self.guard else ""
+        over = f"; {human(self.protected)} used by a live run{recently} stays" if self.kept > self.limit else ""
         return (
             f"cache {self.root}: evicted {len(self.evicted)} least recently used entries ({human(freed)}), "
             f"{human(self.kept)} kept of a {human(self.limit)} limit ({LIMIT_VARIABLE}){over}"
@@ -223,14 +222,20 @@ class Pruned:
 
 
 def prune(
-    root: Path | None = None, limit: int | None = None, now: float | None = None, during_own_run: bool = False
+    root: Path | None = None,
+    limit: int | None = None,
+    now: float | None = None,
+    during_own_run: bool = False,
+    guard: float = GUARD_SECONDS,
 ) -> Pruned:
     """Evict regenerable entries of the cache, least recently used first, until it is within `limit` (default:
-    `cache_limit()`); an entry used since the oldest live run began, or within GUARD_SECONDS of `now`, is kept.
-    `during_own_run`: the caller's own live run (RUN_LOCK_VARIABLE) protects nothing, only other runs and the guard."""
+    `cache_limit()`); an entry used since the oldest live run began, or within `guard` seconds of `now`, is kept.
+    `during_own_run`: the caller's own live run (RUN_LOCK_VARIABLE) protects nothing, only other runs and the guard.
+    A caller whose own runs of the suites are over and that knows no lockless tool uses the cache (the atlas between
+    two transformers versions) passes `guard` 0: only the live runs' locks keep entries then."""
     root, limit, now = root or cache_root(), cache_limit() if limit is None else limit, now or time.time()
     live = oldest_live_run(root, os.environ.get(RUN_LOCK_VARIABLE) if during_own_run else None)
-    since = now - GUARD_SECONDS if live is None else min(live, now - GUARD_SECONDS)
+    since = now - guard if live is None else min(live, now - guard)
     entries = cache_entries(root)
     total = sum(entry.size for entry in entries)
     evicted = []
@@ -241,7 +246,7 @@ def prune(
         evicted.append(entry)
         total -= entry.size
     protected = sum(entry.size for entry in entries if entry.last_used >= since)
-    return Pruned(root, limit, tuple(evicted), total, protected)
+    return Pruned(root, limit, tuple(evicted), total, protected, guard)
 
 
 @dataclass

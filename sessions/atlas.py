@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -27,7 +26,6 @@ import nox
 from nox.command import CommandFailed
 from packaging.version import Version
 
-from matrix import cache_root
 from matrix.atlas import (
     ATLAS_AXES,
     COST_FILE,
@@ -39,6 +37,7 @@ from matrix.atlas import (
     load_atlas_config,
     load_cost,
 )
+from matrix.harness_cache import prune
 from matrix.releases import ReleaseDataUnavailable
 from matrix.version_axes import AxisValueError, Combo, Pin, parse_pins
 from sessions.atlas_cost import (
@@ -103,7 +102,10 @@ def atlas_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-matrix", type=Path, help="also write the plan's GitHub Actions job matrix (JSON)")
     parser.add_argument("--no-merge", action="store_true", help="leave the slice's results unmerged (CI merges)")
     parser.add_argument(
-        "--keep-cache", action="store_true", help="keep each transformers version's checkpoints when the slice is done"
+        "--keep-cache",
+        action="store_true",
+        help="leave the harness cache as it is when the slice is done with a transformers version (by default it is "
+        "pruned then to AUTOTP_CACHE_LIMIT, least recently used first: that version's checkpoints and references)",
     )
     parser.add_argument("--no-triage", action="store_true", help="--nightly: do not triage new transitions")
     parser.add_argument("--max-minutes", default="60", help="--nightly: the triage's budget (default 60)")
@@ -279,12 +281,9 @@ def run_slice(
     folders: list[str] = []
     python: Path | None = None
     seen: set[str] = set()
-    version_began = time.time()
     whole = Meter.start(time.monotonic())
     with EnvironmentsAhead(runnable, "", "", session.log, AHEAD_WORKERS) as ahead:
         for index, combo in enumerate(runnable):
-            if combo.transformers.id not in seen:
-                version_began = time.time()
             wait = Meter.start(time.monotonic())
             ready_or_failed(ahead, combo)
             waited = wait.reading(time.monotonic())
@@ -304,9 +303,10 @@ def run_slice(
             python = ran or python
             folders += written
             last_there = index + 1 == len(runnable) or runnable[index + 1].transformers.id != combo.transformers.id
-            if last_there and not args.keep_cache:
-                freed = prune_transformers_cache(combo.transformers.label, version_began)
-                session.log(f"{combo.transformers.id}: done here, its cached checkpoints freed ({freed / 1e9:.1f} GB)")
+            if last_there and not args.keep_cache:  # its checkpoints and references are never read at another
+                pruned = prune(guard=0.0)  # the slice's suites are over: only a live run's lock keeps an entry
+                said = pruned.line() or "the harness cache is within its limit"
+                session.log(f"{combo.transformers.id}: done here; {said}")
             append_line(timing, line)
     merged = sum(junit_counts(Path(folder))["cells"] for folder in folders)
     merge = Meter.start(time.monotonic())
@@ -356,46 +356,6 @@ def run_selections(
         if failure:
             session.warn(failure)
     return python, folders
-
-
-PER_TRANSFORMERS_CACHES = ("references", "training")
-"""Harness caches whose entries are keyed by the transformers version among the rest (suites/reference/unsharded.py,
-suites/variants/training.py): what a slice wrote there while it ran one version is never read at another."""
-
-
-def prune_transformers_cache(version: str, since: float) -> int:
-    """Free what the cells made for one transformers version once the slice ran its last combination there: the tiny
-    checkpoints whose config names it and the references and training steps written since the version began. Every
-    architecture at one version is ~12 GB (docs/findings.md), a hosted runner has ~14 GB of disk; what was cached
-    before is kept. Returns the bytes freed."""
-    root = cache_root()
-    doomed = [
-        folder
-        for folder in sorted((root / "tiny").glob("*"))
-        if folder.stat().st_mtime >= since and _config_version(folder / "config.json") == version
-    ]
-    doomed += [
-        path
-        for kind in PER_TRANSFORMERS_CACHES
-        for path in sorted((root / kind).glob("*"))
-        if path.is_file() and path.stat().st_mtime >= since
-    ]
-    freed = 0
-    for path in doomed:
-        if path.is_dir():
-            freed += sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
-            shutil.rmtree(path)
-        else:
-            freed += path.stat().st_size
-            path.unlink()
-    return freed
-
-
-def _config_version(config: Path) -> str:
-    try:
-        return str(json.loads(config.read_text()).get("transformers_version", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
 
 
 def ready_or_failed(ahead: EnvironmentsAhead, combo: Combo) -> None:

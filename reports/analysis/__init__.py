@@ -64,7 +64,6 @@ from reports.analysis.failing_now import (
     build_failing_now,
     cause_statement,
     draft_file,
-    log_folder,
     repro_command,
     repro_file,
 )
@@ -122,6 +121,7 @@ from reports.analysis.trust import (
     trusted_history,
     without_since_when,
 )
+from suites.verdicts.outcome import log_folder
 
 __all__ = [
     "ICONS",

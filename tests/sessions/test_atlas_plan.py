@@ -4,7 +4,6 @@ from a slice's timings; one slice's run going on past a combination whose suites
 from __future__ import annotations
 
 import json
-import os
 from argparse import Namespace
 from dataclasses import asdict
 from pathlib import Path
@@ -13,10 +12,11 @@ import pytest
 from nox.command import CommandFailed
 
 from matrix.atlas import CellCounts, CostFigures, SelectionCost, atlas_axes, atlas_combos, load_atlas_config
+from matrix.harness_cache import cache_entries, live_run
 from matrix.releases import MAX_AGE_ENV
 from matrix.version_axes import AxisValueError
 from sessions import atlas
-from sessions.atlas import junit_counts, newest_refs, prune_transformers_cache
+from sessions.atlas import junit_counts, newest_refs
 from sessions.atlas_cost import (
     TIMING_FILE,
     Built,
@@ -270,36 +270,6 @@ def test_junit_counts_cells_and_skips(tmp_path):
     assert junit_counts(tmp_path / "missing") == {"cells": 0, "skipped": 0}
 
 
-def test_a_transformers_versions_cache_is_freed_when_the_slice_is_done_with_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOTP_CACHE", str(tmp_path))
-    old = 1_000_000.0
-
-    def made(path: Path, content: str, when: float | None = None) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-        if when is not None:
-            os.utime(path, (when, when))
-            os.utime(path.parent, (when, when))
-        return path
-
-    made(tmp_path / "tiny" / "llama-a" / "config.json", '{"transformers_version": "5.23.0"}')
-    made(tmp_path / "tiny" / "llama-b" / "config.json", '{"transformers_version": "5.24.0"}')  # the next version's
-    made(tmp_path / "tiny" / "qwen2-c" / "config.json", '{"transformers_version": "5.23.0"}', old)  # cached before
-    made(tmp_path / "references" / "new.pt", "x" * 10)
-    made(tmp_path / "references" / "older.pt", "x", old)
-    made(tmp_path / "training" / "new.pt", "x" * 5)
-    made(tmp_path / "releases" / "deepspeed.json", "{}")
-    freed = prune_transformers_cache("5.23.0", since=old + 1)
-    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_file())
-    assert left == [
-        "references/older.pt",
-        "releases/deepspeed.json",
-        "tiny/llama-b/config.json",
-        "tiny/qwen2-c/config.json",
-    ]
-    assert freed == len('{"transformers_version": "5.23.0"}') + 10 + 5
-
-
 class SliceSession:
     """What run_slice asks of a nox session, recorded."""
 
@@ -425,3 +395,47 @@ def test_warm_cells_refuse_a_folder_without_every_atlas_tp_or_without_cells(tmp_
     (tmp_path / "c" / "junit" / "matrix.xml").write_text('<testsuite><testcase name="x" time="1"/></testsuite>')
     with pytest.raises(ValueError, match=r"matrix.xml: test case 'x' is not a cell with its time"):
         warm_cell_figures(tmp_path / "c", config.selections, config.tp, FIGURES)
+
+
+def test_the_slice_prunes_the_harness_cache_when_done_with_a_transformers_version_but_never_a_live_runs_entries(
+    combos, tmp_path, monkeypatch
+):
+    """The harness cache's one bound (matrix/harness_cache.py, AUTOTP_CACHE_LIMIT): once the slice ran a transformers
+    version's last combination, what its cells cached is evicted least recently used first, though it was used a
+    moment ago; while a run beside the slice shares the cache (its lock under `.runs/`), nothing used since that run
+    began is evicted; release data never is."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AUTOTP_CACHE", str(cache))
+    monkeypatch.setenv("AUTOTP_CACHE_LIMIT", "0")
+    (cache / "releases").mkdir(parents=True)
+    (cache / "releases" / "deepspeed.json").write_text("{}")
+    first, second, third = combos[:3]
+    assert first.transformers == second.transformers != third.transformers  # one version, then the next
+    seen_by: dict[str, list[str]] = {}
+
+    def run_suites(session, combo, selected, ahead, session_name):  # the cells cache a checkpoint and a reference
+        (cache / "tiny" / f"{combo.id}-{session_name}").mkdir(parents=True, exist_ok=True)
+        (cache / "tiny" / f"{combo.id}-{session_name}" / "model.safetensors").write_bytes(b"x" * 4096)
+        (cache / "references").mkdir(exist_ok=True)
+        (cache / "references" / f"{combo.id}-{session_name}.pt").write_bytes(b"x" * 4096)
+        seen_by[combo.id] = sorted(str(entry.path.relative_to(cache)) for entry in cache_entries(cache))
+        return Path("python"), ""
+
+    def kept() -> list[str]:
+        return sorted(str(entry.path.relative_to(cache)) for entry in cache_entries(cache))
+
+    monkeypatch.setattr(atlas, "EnvironmentsAhead", NoBuilds)
+    monkeypatch.setattr(atlas, "run_suites", run_suites)
+    arguments = Namespace(results=str(tmp_path / "results"), keep_cache=False, no_merge=True, store="history.sqlite")
+    atlas.run_slice(SliceSession(), load_atlas_config(), [first, second], arguments, [])
+    assert any(first.id in name for name in seen_by[second.id])  # kept while its version ran
+    assert kept() == []  # then evicted, the moment the version was done
+    assert (cache / "releases" / "deepspeed.json").is_file()
+
+    with live_run(cache):  # a run beside the slice, sharing its cache: what it uses meanwhile stays
+        (cache / "references" / "beside.pt").write_bytes(b"x" * 4096)
+        atlas.run_slice(SliceSession(), load_atlas_config(), [third], arguments, [])
+        assert "references/beside.pt" in kept() and any(third.id in name for name in kept())
+    arguments.keep_cache = True
+    atlas.run_slice(SliceSession(), load_atlas_config(), [first], arguments, [])
+    assert any(first.id in name for name in kept())  # --keep-cache: nothing evicted
