@@ -269,7 +269,7 @@ def test_a_group_that_cannot_start_is_reported_as_whose_fault_it_is_with_its_log
     assert (outcome.outcome, outcome.failure_class) == ("fail", failure_class), outcome.message
     assert signature_part in outcome.signature
     kept = tmp_path / "logs" / llama_tp2.id
-    assert outcome.logs == str(kept) and f"logs: {kept}" in outcome.message
+    assert outcome.logs == f"logs/{llama_tp2.id}/" and f"logs: logs/{llama_tp2.id}/" in outcome.message
     assert logged in (kept / log_name).read_text(), f"{log_name} was not kept"
 
 

@@ -107,3 +107,14 @@ def test_junit_gets_a_skips_location_inside_the_project() -> None:
         assert done.value.longrepr == ("suites/test_autotp.py", 56, "r")
     else:
         raise AssertionError("the hook wrapper did not return the report")
+
+
+def test_a_kept_logs_pointer_an_older_record_holds_absolute_is_the_results_folders_name_for_it() -> None:
+    cell = "llama-eager-fp32-tp2"
+    assert without_host_paths(f"/root/x/results/logs/{cell}") == f"logs/{cell}/"  # the record's `logs` field
+    assert without_host_paths(f"/tmp/logs/run/results/logs/{cell}/") == f"logs/{cell}/"  # the last logs/ folder
+    message = f"forward: shapes differ\nlogs: /home/runner/work/a/a/results/logs/{cell}\nmore"
+    assert without_host_paths(message) == f"forward: shapes differ\nlogs: logs/{cell}/\nmore"
+    assert without_host_paths(f"C:\\runner\\results\\logs\\{cell}") == f"logs/{cell}/"
+    kept = f"see /var/logs/{cell} for more\n/var/logs/{cell}/rank0.log"  # not a pointer: a path inside a sentence,
+    assert without_host_paths(kept) == kept  # or a file under a logs folder
