@@ -289,9 +289,10 @@ def _class_defaults(model_type: str) -> dict[str, Any]:
     return dict(json.loads(json.dumps(defaults, default=str)))
 
 
-LAYER_FIELDS_FORMAT = 5
+LAYER_FIELDS_FORMAT = 6
 """Bump when tiny_layer_fields answers differently for the same question (3: kv-shared layers and shared blocks;
-4: dense-first MoE layers, a window deciding rope; 5: a cycled pattern, recurrent_gemma's block_types)."""
+4: dense-first MoE layers, a window deciding rope; 5: a cycled pattern, recurrent_gemma's block_types; 6: layer
+index lists named `*_indices`, bamba's attn_layer_indices)."""
 
 
 def faithful_layer_fields(model_type: str, real: RealShape, tiny: dict[str, Any]) -> dict[str, Any]:

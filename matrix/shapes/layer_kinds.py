@@ -1,7 +1,8 @@
 """The kinds of a model's layers, read from its config, and the layer fields of a faithful tiny config.
 
 A layer's kind is its sequence mixer (what `layer_types`, jamba's `layers_block_type` or gpt_neo's `attention_layers`
-name: full, sliding or linear attention, mamba, ...; `attention` where the config names none), whether its MLP is dense
+name: full, sliding or linear attention, mamba, ...; bamba's `layers_block_type` computed from `attn_layer_indices`, the
+attention layers; `attention` where the config names none), whether its MLP is dense
 or a mixture of experts (`sparse`; `mlp_layer_types` where the config lists it per layer), `no_rope` where it skips
 rotary positions (`no_rope_layers`; EXAONE 4's full layers where its config has a sliding window), and `kv_shared`
 where it reuses an earlier layer's keys and values (the last
@@ -34,6 +35,7 @@ LAYER_FIELDS = (
     "mlp_layer_types",
     "attention_types",
     "mlp_only_layers",
+    "attn_layer_indices",
     "decoder_sparse_step",
     "first_k_dense_replace",
     "moe_layers",
@@ -272,6 +274,8 @@ def tiny_layer_fields(model_type: str, layers: Mapping[str, Any], tiny: Mapping[
             fields[key] = [value[index % len(value)] for index in plan]
         elif key == "attention_types":  # gpt_neo's [[kinds, repeats]]: the kept layers' kinds once
             fields[key] = [[[real.attention_layers[index] for index in plan], 1]]
+        elif key.endswith("_indices") and isinstance(value, list):  # bamba's attention layers: renumbered, never
+            fields[key] = [new for new, old in enumerate(plan) if old in value]  # a per-layer list of its length
         elif isinstance(value, list) and len(value) == len(kinds) and len(kinds) > 1:
             fields[key] = [value[index] for index in plan]
         elif isinstance(value, list) and key.endswith("layers") and all(_int(v) for v in value):

@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from matrix.registry import MODELS_FILE, RegistryError, load_models
 from matrix.shapes import REAL_SHAPES_FILE, load_real_shapes, main, shaped_entry
-from matrix.shapes.layer_kinds import first_appearance, layer_kinds
+from matrix.shapes.layer_kinds import first_appearance, layer_kinds, tiny_layer_fields
 
 
 def _kinds(model_type: str, tiny: dict) -> tuple[str, ...]:
@@ -235,12 +235,45 @@ def test_zamba_faithful_keeps_two_hybrid_layers_sharing_one_transformer():
 
 
 def test_a_layer_field_the_class_leaves_none_keeps_the_tiny_configs_value():
-    """lfm2_moe's class defaults have no layer_types (None); derived.toml gives the tiny config conv and attention
-    layers, which the faithful config keeps instead of None (with which the model cannot be built)."""
+    """lfm2_moe's class defaults have no layer_types (None); derived.toml gives the tiny config LFM2-8B-A1B's kinds in
+    their order (two dense conv layers, then attention with experts, then conv with experts), which the faithful
+    config keeps instead of None (with which the model cannot be built)."""
     faithful = _faithful_derived("lfm2_moe")
     assert faithful.skip_reason is None, faithful.skip_reason
-    assert faithful.tiny["layer_types"] == ["conv", "full_attention"]
+    assert faithful.tiny["layer_types"] == ["conv", "full_attention", "conv"]
+    assert _kinds("lfm2_moe", faithful.tiny) == ("conv/dense", "full_attention/sparse", "conv/sparse")
+    assert "NOT the checkpoint's" not in faithful.tiny_why
     _builds_on_meta("lfm2_moe", faithful.tiny)
+
+
+BAMBA_9B_LAYERS = {"num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27]}
+"""ibm-ai-platform/Bamba-9B's config.json fields that decide its layer kinds: attention at 9, 18, 27, the rest mamba."""
+
+
+def test_bamba_attention_layers_are_read_from_attn_layer_indices_and_renumbered():
+    """Bamba names its attention layers by index (`attn_layer_indices`; `layers_block_type` is computed from it): the
+    faithful rule keeps the first mamba and the first attention layer and renumbers the index list to them."""
+    from transformers import CONFIG_MAPPING
+
+    if "bamba" not in CONFIG_MAPPING:
+        pytest.skip("bamba: not in this transformers")
+    assert first_appearance(_kinds("bamba", BAMBA_9B_LAYERS)) == ("linear_attention/dense", "full_attention/dense")
+    tiny = {"num_hidden_layers": 2, "attn_layer_indices": [1], "hidden_size": 64, "num_attention_heads": 4}
+    fields = tiny_layer_fields("bamba", BAMBA_9B_LAYERS, tiny)
+    assert fields["num_hidden_layers"] == 2
+    assert fields["attn_layer_indices"] == [1]
+    assert _kinds("bamba", {**tiny, **fields}) == ("linear_attention/dense", "full_attention/dense")
+
+
+def test_bamba_faithful_keeps_the_attention_layer_derived_toml_gives_it():
+    """derived.toml gives bamba's tiny config the attention layer its class defaults lack (Bamba-9B's order: mamba,
+    then attention); the faithful record reads the defaults with that field, so the pattern is the checkpoint's."""
+    faithful = _faithful_derived("bamba")
+    assert faithful.skip_reason is None, faithful.skip_reason
+    assert "with derived.toml's num_hidden_layers, attn_layer_indices" in faithful.tiny_why
+    assert "NOT the checkpoint's" not in faithful.tiny_why
+    assert _kinds("bamba", faithful.tiny) == ("linear_attention/dense", "full_attention/dense")
+    _builds_on_meta("bamba", faithful.tiny)
 
 
 def test_check_reads_a_file_written_under_another_transformers_as_up_to_date_when_its_shapes_agree(tmp_path, capsys):
