@@ -210,15 +210,35 @@ def without_host_paths(text: str) -> str:
     """`text` with the host's folders cut from the paths of installed packages, of Python's own modules and of the
     frames of a traceback (`_INSTALLED`, `_STANDARD_LIBRARY`, `_FRAME_FILE`) and from a kept-logs pointer
     (`_KEPT_LOGS`); every other word stays."""
-    if "-packages" in text:
-        text = _INSTALLED.sub(r"\1/", text)
-    if "lib" in text:
-        text = _STANDARD_LIBRARY.sub(r"\1/", text)
+    text = _substituted_in_words(_INSTALLED, r"\1/", text, "-packages")
+    text = _substituted_in_words(_STANDARD_LIBRARY, r"\1/", text, "python3.")
     if 'File "/' in text:
         text = _FRAME_FILE.sub(r"\1\3", text)
     if "logs" in text:
         text = _KEPT_LOGS.sub(r"\1logs/\2/", text)
     return text
+
+
+_SPACE = re.compile(r"\s")
+
+
+def _substituted_in_words(pattern: re.Pattern[str], replacement: str, text: str, literal: str) -> str:
+    """`pattern.sub(replacement, text)` for a host-path pattern, read only in the words (runs without whitespace) that
+    hold `literal`. Every match of these patterns lies inside one word and holds the literal, and a word alone
+    decides where they match (no lookbehind; the closing lookahead fails at a word's end as at the space after it).
+    Tried at every position of the text instead, they took 0.35 of a warm render's 0.8 s of redaction (#58)."""
+    pieces, done = [], 0
+    found = text.find(literal)
+    while found != -1:
+        start = found
+        while start > done and not text[start - 1].isspace():  # str.isspace is the regex's \s (Py_UNICODE_ISSPACE)
+            start -= 1
+        space = _SPACE.search(text, found)
+        end = space.start() if space else len(text)
+        pieces += [text[done:start], pattern.sub(replacement, text[start:end])]
+        done = end
+        found = text.find(literal, end)
+    return "".join(pieces) + text[done:] if pieces else text
 
 
 def redact(text: str) -> str:

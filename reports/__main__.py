@@ -1,5 +1,10 @@
 """Command line: `python -m reports <verb> ...` — merge, archive-needs, rebuild, verify, render, gate, publish,
-draft-issue, bisect, triage (see --help of each; reports/commands/ has one module per verb)."""
+draft-issue, bisect, triage (see --help of each; reports/commands/ has one module per verb).
+
+Several verbs run in one process when `--then` separates them, each only after the one before exited 0 (as `&&`
+would): `python -m reports merge results/junit --then render --out results`. Each is parsed before any runs (a
+usage error stops them all first), and the process starts, imports the reports and loads the redaction library
+once, not once a verb: `nox -s matrix` merges and renders this way."""
 
 from __future__ import annotations
 
@@ -64,22 +69,41 @@ def redacted_output() -> Iterator[None]:
         sys.stdout, sys.stderr = streams
 
 
+THEN = "--then"
+"""The word between two verbs run in one process."""
+
+
+def verbs(argv: list[str]) -> list[list[str]]:
+    """The command line cut at each `--then` into the verbs' own arguments."""
+    cut = [index for index, word in enumerate(argv) if word == THEN]
+    return [argv[start + 1 : end] for start, end in zip([-1, *cut], [*cut, len(argv)])]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    commands = [parser.parse_args(words) for words in verbs(sys.argv[1:] if argv is None else argv)]
     with redacted_output():
-        try:
-            return int(args.handler(args))
-        except (ReportsError, ReleaseDataUnavailable) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except (OSError, sqlite3.Error) as exc:  # a full disk is the machine's, said in a line, not a traceback
-            if (full := disk_full_at(exc)) is None:
-                raise
-            then = (
-                "run the same command again (the store rolled its last transaction back; the archive keeps whole files)"
-            )
-            print(f"error: {disk_full_line(full, then)}", file=sys.stderr)
-            return 2
+        for args in commands:
+            if status := run_command(args):
+                return status
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """One verb, its ReportsError (and a full disk) said in a line with exit 2."""
+    try:
+        return int(args.handler(args))
+    except (ReportsError, ReleaseDataUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:  # a full disk is the machine's, said in a line, not a traceback
+        if (full := disk_full_at(exc)) is None:
+            raise
+        then = (
+            "run the same command again (the store rolled its last transaction back; the archive keeps whole files)"
+        )
+        print(f"error: {disk_full_line(full, then)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -305,29 +305,11 @@ def run_combination(session: nox.Session, combo: Combo, pytest_args: list[str]) 
         return failure
     if COLLECT_ONLY in pytest_args:  # every cell expanded (pytest exits 0 only then), none ran: nothing to merge
         return ""
-    env = environment_variables(python)
-    session.run(
-        str(python),
-        "-m",
-        "reports",
-        "merge",
-        f"{results}/junit",
-        "--store",
-        f"{results}/history.sqlite",
-        env=env,
-        external=True,
-    )
-    session.run(
-        str(python),
-        "-m",
-        "reports",
-        "render",
-        "--store",
-        f"{results}/history.sqlite",
-        "--out",
-        results,
-        *(["--history", history] if history else []),
-        env=env,
+    store = f"{results}/history.sqlite"
+    session.run(  # one process (reports.__main__ `--then`): the reports' imports and redaction library loaded once
+        *[str(python), "-m", "reports", "merge", f"{results}/junit", "--store", store],
+        *["--then", "render", "--store", store, "--out", results, *(["--history", history] if history else [])],
+        env=environment_variables(python),
         external=True,
     )
     return ""
@@ -436,10 +418,9 @@ def run_report(session: nox.Session) -> None:
     store = ["--store", f"{results}/history.sqlite"] if results else []
     # The store is an index over the results archive next to it (in CI, the autotp-history branch): first bring
     # it up to date from there (a lost or stale store costs minutes, never history), then merge into both.
-    if Path(results or "results", "archive").is_dir():
-        session.run("python", "-m", "reports", "rebuild", *store)
+    rebuild = ["rebuild", *store, "--then"] if Path(results or "results", "archive").is_dir() else []
     inputs = [f"{results}/junit"] if results else args or ["results/junit"]
-    session.run("python", "-m", "reports", "merge", *inputs, *store, *sorted(flags & {"--untrusted"}))
-    session.run("python", "-m", "reports", "render", *store, *(["--out", results] if results else []))
-    if "--verify" in flags:
-        session.run("python", "-m", "reports", "verify", *store)
+    merge = ["merge", *inputs, *store, *sorted(flags & {"--untrusted"})]
+    render = ["--then", "render", *store, *(["--out", results] if results else [])]
+    verify = ["--then", "verify", *store] if "--verify" in flags else []
+    session.run("python", "-m", "reports", *rebuild, *merge, *render, *verify)  # one process (reports.__main__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import sys
 import traceback
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 from matrix import PROJECT_ROOT
 from matrix.cells import expand
-from matrix.redaction import without_host_paths
+from matrix.redaction import _FRAME_FILE, _INSTALLED, _STANDARD_LIBRARY, without_host_paths
 from reports.outputs.library_trace import library_trace
 from suites.records.run_records import CellRecorder, RunInfo, junit_properties
 from suites.variants.quantization import QuantizationUnavailable, apply_post_init
@@ -86,6 +87,22 @@ def test_host_paths_of_every_kind_go_and_the_rest_stays() -> None:
         "see deepspeedai/DeepSpeed/blob/0123abc/deepspeed/x.py and results/logs/llama-eager-fp32-tp2",
     ]
     assert without_host_paths(without_host_paths(text)) == without_host_paths(text)
+
+
+def test_host_paths_read_in_words_cut_what_the_patterns_cut_over_the_whole_text() -> None:
+    """without_host_paths reads the host-path patterns only in the words that hold their literal (#58): the same
+    text as each pattern substituted over the whole text, for paths of every kind cut by every kind of whitespace
+    (Unicode's too; a zero-width space is none), quotes, Windows drives and a word ending where the lookahead reads."""
+    pieces = [
+        *("/", "\\", "C:", "lib", "lib/", "python3.", "11", "python3.11/", "site", "dist", "-packages", "-packages/"),
+        *("/usr/", "/work/envs/x/", "suites/", 'File "/', '"', "'", "a", ".", " ", "\n", "\t", "\u00a0", "\u2028"),
+        *("\x1c", "\u200b", "\u3000"),
+    ]
+    rng = random.Random(58)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(30_000)]
+    for text in texts:
+        whole = _STANDARD_LIBRARY.sub(r"\1/", _INSTALLED.sub(r"\1/", text))
+        assert without_host_paths(text) == _FRAME_FILE.sub(r"\1\3", whole), repr(text)
 
 
 def test_junit_gets_a_skips_location_inside_the_project() -> None:
