@@ -1,6 +1,9 @@
 """CPU seconds of the run around the cells (#58 "the run around the cells"): what `nox -s matrix` runs after pytest on
 a warm machine, `python -m reports merge` of the new run's JUnit and `python -m reports render`, for harness
-checkouts side by side on a copy of one real results folder, and whether they write the same outputs.
+checkouts side by side on a copy of one real results folder, and whether they write the same outputs. A harness
+whose `python -m reports` chains verbs (`--then`) runs both in one process, as its `nox -s matrix` does; an older
+one runs them as two processes, as its session did. Beside them, what the session runs before pytest (nox reading
+the noxfile, the environment's versions): the same code in both, unless a harness changed it.
 
     python benchmarks/around_cells.py --python <combination env>/bin/python --results /work/fresh-b/results \\
         --harness base=<checkout of main> --harness new=. [--rounds 3] [--scratch DIR]
@@ -58,23 +61,46 @@ def children_cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def step(python: Path, harness: Path, cache: Path, args: list[str], log: Path) -> dict[str, float]:
-    """One `python -m reports <args>` of `harness`: CPU and wall seconds; it must exit 0."""
-    env = {**environment_variables(python), "AUTOTP_CACHE": str(cache)}
+def step(
+    python: Path, harness: Path, cache: Path, args: list[str], log: Path, env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """One `python -m reports <args>` of `harness` (`python -m <args>` where args start with `-m`): CPU and wall
+    seconds; it must exit 0."""
+    env = {**(env or environment_variables(python)), "AUTOTP_CACHE": str(cache)}
+    command = [str(python), *(args if args[0] == "-m" else ["-m", "reports", *args])]
     before, started, load = children_cpu(), time.perf_counter(), os.getloadavg()[0]
     with log.open("a") as out:
-        code = subprocess.call([str(python), "-m", "reports", *args], cwd=harness, env=env, stdout=out, stderr=out)
+        code = subprocess.call(command, cwd=harness, env=env, stdout=out, stderr=out)
     if code != 0:
         said = log.read_text()[-3000:]
-        raise SystemExit(f"{harness}: python -m reports {' '.join(args)} exited {code}; it said:\n{said}")
+        raise SystemExit(f"{harness}: {' '.join(command)} exited {code}; it said:\n{said}")
     return {"cpu_s": children_cpu() - before, "wall_s": time.perf_counter() - started, "load": load}
 
 
+def session_start(python: Path, harness: Path, cache: Path, log: Path) -> dict[str, dict[str, float]]:
+    """What `nox -s matrix` runs before pytest, unchanged by a warm cache: nox reading the noxfile (`nox -l`, in this
+    interpreter) and the environment saying what it holds (`python -m suites.records.run_records --versions`)."""
+    nox = step(Path(sys.executable), harness, cache, ["-m", "nox", "-l"], log, dict(os.environ))
+    versions = step(python, harness, cache, ["-m", "suites.records.run_records", "--versions"], log)
+    return {"nox start": nox, "versions": versions}
+
+
+def chains_verbs(harness: Path) -> bool:
+    """Whether the harness's `python -m reports` runs several verbs in one process (`--then`)."""
+    return 'THEN = "--then"' in (harness / "reports" / "__main__.py").read_text()
+
+
 def around(python: Path, harness: Path, cache: Path, results: Path, log: Path) -> dict[str, dict[str, float]]:
+    """The session's start, then merge and render as the harness's `nox -s matrix` runs them: by process, its CPU and
+    wall seconds."""
     store = str(results / "history.sqlite")
-    merge = step(python, harness, cache, ["merge", str(results / "junit"), "--store", store], log)
-    render = step(python, harness, cache, ["render", "--store", store, "--out", str(results)], log)
-    return {"merge": merge, "render": render}
+    merge = ["merge", str(results / "junit"), "--store", store]
+    render = ["render", "--store", store, "--out", str(results)]
+    if chains_verbs(harness):
+        merged = {"merge+render": step(python, harness, cache, [*merge, "--then", *render], log)}
+    else:
+        merged = {"merge": step(python, harness, cache, merge, log), "render": step(python, harness, cache, render, log)}
+    return {**session_start(python, harness, cache, log), **merged}
 
 
 def outputs(results: Path) -> dict[str, bytes]:
@@ -126,16 +152,18 @@ def timed_rounds(
 
 
 def summary(runs: Runs) -> list[str]:
-    """The median round's CPU seconds per harness, against the first harness."""
+    """The median round's CPU seconds per harness (everything outside pytest together, and each process's), against
+    the first harness."""
     lines, base = [], 0.0
     for label, label_runs in runs.items():
-        merge = statistics.median(run["merge"]["cpu_s"] for run in label_runs)
-        render = statistics.median(run["render"]["cpu_s"] for run in label_runs)
-        wall = statistics.median(run["merge"]["wall_s"] + run["render"]["wall_s"] for run in label_runs)
-        base = base or merge + render
+        processes = {name: statistics.median(run[name]["cpu_s"] for run in label_runs) for name in label_runs[0]}
+        together = statistics.median(sum(step["cpu_s"] for step in run.values()) for run in label_runs)
+        wall = statistics.median(sum(step["wall_s"] for step in run.values()) for run in label_runs)
+        base = base or together
+        split = ", ".join(f"{name} {cpu:.2f}" for name, cpu in processes.items())
         lines.append(
-            f"  {label:>8}: merge {merge:6.2f}  render {render:6.2f}  together {merge + render:6.2f} "
-            f"({(merge + render) / base:.2f}x of {next(iter(runs))}; wall {wall:.2f})"
+            f"  {label:>8}: together {together:6.2f} ({together / base:.2f}x of {next(iter(runs))}; wall {wall:.2f}) "
+            f"in {len(processes)} process(es): {split}"
         )
     return lines
 
