@@ -99,7 +99,10 @@ def around(python: Path, harness: Path, cache: Path, results: Path, log: Path) -
     if chains_verbs(harness):
         merged = {"merge+render": step(python, harness, cache, [*merge, "--then", *render], log)}
     else:
-        merged = {"merge": step(python, harness, cache, merge, log), "render": step(python, harness, cache, render, log)}
+        merged = {
+            "merge": step(python, harness, cache, merge, log),
+            "render": step(python, harness, cache, render, log),
+        }
     return {**session_start(python, harness, cache, log), **merged}
 
 

@@ -99,9 +99,7 @@ def run_command(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:  # a full disk is the machine's, said in a line, not a traceback
         if (full := disk_full_at(exc)) is None:
             raise
-        then = (
-            "run the same command again (the store rolled its last transaction back; the archive keeps whole files)"
-        )
+        then = "run the same command again (the store rolled its last transaction back; the archive keeps whole files)"
         print(f"error: {disk_full_line(full, then)}", file=sys.stderr)
         return 2
 
