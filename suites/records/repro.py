@@ -44,7 +44,7 @@ FUNCTIONS_PLACEHOLDER = (
         gather_full_weights,
         held_bytes_by_name,
     )
-    from suites.variants.training import adam_gradient_units, hide_tp_plan
+    from suites.variants.training import hide_tp_plan, take_steps
 """
 )
 CONFIG_NAMES: ConfigNames = {
@@ -161,11 +161,15 @@ TRAINING_CODE = (
     trainee.ShardedTrainee,
     trainee.gather_full_weights,
     trainee.compare_whole,
+    training.StepsTaken,
+    training.torch_optimizer,
     training.adam_gradient_units,
+    training.take_steps,
     training.hide_tp_plan,
 )
-"""What a training row's ranks run and compare with (suites/variants/trainee.py, training.py): the script finds each
-shard's slice, reads and compares gradients, updates and whole weights with the harness's own code."""
+"""What a training row's ranks run and compare with (suites/variants/trainee.py, training.py): the script takes the
+unsharded steps with the harness's own loop, and finds each shard's slice, reads and compares gradients, updates and
+whole weights with the harness's own code."""
 
 
 def constant_literal(value: object) -> str:

@@ -196,7 +196,7 @@ if TYPE_CHECKING:  # harness functions, written by autotp-matrix (a type checker
         gather_full_weights,
         held_bytes_by_name,
     )
-    from suites.variants.training import adam_gradient_units, hide_tp_plan
+    from suites.variants.training import hide_tp_plan, take_steps
 
 
 def rank() -> int:
@@ -516,48 +516,20 @@ def training_model(folder: str, device: str) -> CausalLM:
 
 
 def unsharded_steps(folder: str, batches: list[torch.Tensor], device: str) -> UnshardedSteps:
-    """The row's optimizer steps on the unsharded model, as the harness takes them (suites/variants/training.py
-    `compute_unsharded_steps`): each step's loss and gradients, the weights before and after each step; in bf16 and
-    fp16 the optimizer steps fp32 master weights, as DeepSpeed's mixed precision does."""
+    """The row's optimizer steps on the unsharded model, taken by the harness's own loop (suites/variants/training.py
+    `take_steps`, copied in above) with the optimizer and the clipping of the cell's DeepSpeed config: each step's
+    loss and gradients, the weights before and after each step; in bf16 and fp16 the optimizer steps fp32 master
+    weights, as DeepSpeed's mixed precision does."""
     torch.manual_seed(0)
     model = training_model(folder, device)
-    params = dict(model.named_parameters())
-    stepped = (
-        params if CELL["dtype"] == "fp32" else {n: torch.nn.Parameter(p.detach().float()) for n, p in params.items()}
-    )
-    optimizer_class = getattr(torch.optim, CELL["ds_config"]["optimizer"]["type"])
-    hyper = {k: v for k, v in CELL["ds_config"]["optimizer"]["params"].items() if k != "torch_adam"}
-    optimizer = optimizer_class(stepped.values(), **hyper)
-    losses: list[float] = []
-    grads: list[dict[str, torch.Tensor]] = []
-    weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
-    adam_units: list[dict[str, torch.Tensor]] = []
-    for ids in batches:
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        losses.append(loss.float().item())
-        grads.append({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
-        if stepped is not params:
-            for name, master in stepped.items():
-                grad = params[name].grad
-                master.grad = None if grad is None else grad.float()
-        torch.nn.utils.clip_grad_norm_(stepped.values(), CELL["ds_config"]["gradient_clipping"])
-        optimizer.step()
-        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-            adam_units.append({n: adam_gradient_units(optimizer, m) for n, m in stepped.items()})
-        optimizer.zero_grad()
-        model.zero_grad()
-        if stepped is not params:
-            with torch.no_grad():
-                for name, master in stepped.items():
-                    params[name].copy_(master)
-        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    config = CELL["ds_config"]
+    taken = take_steps(model, batches, config["optimizer"], config["gradient_clipping"], CELL["dtype"] != "fp32")
     footprint = unsharded_footprint(model)
     return {
-        "losses": losses,
-        "grads": grads,
-        "weights": weights,
-        "adam_gradient_units": adam_units,
+        "losses": taken.losses,
+        "grads": taken.grads,
+        "weights": taken.weights,
+        "adam_gradient_units": taken.adam_gradient_units,
         "bytes_by_name": footprint.bytes_by_name,
         "kinds": footprint.kinds,
         "shapes_by_name": footprint.shapes_by_name,
@@ -565,6 +537,15 @@ def unsharded_steps(folder: str, batches: list[torch.Tensor], device: str) -> Un
         "lm_head": "",
         "lm_head_weight": "",
     }
+
+
+def step_batches(hub_id: str | None, device: str) -> list[torch.Tensor]:
+    """Each step's sequence (labels = inputs), one more for the step after a checkpoint is loaded: the corpus's
+    windows of CELL["window"] tokens in turn, as the harness feeds them (suites/variants/training.py `step_batch`)."""
+    _, _, corpus = inputs(hub_id)
+    window = CELL["window"]
+    windows = [corpus[:, begin : begin + window] for begin in range(0, corpus.shape[1] - window + 1, window)]
+    return [windows[step % len(windows)].to(device) for step in range(CELL["steps"] + 1)]
 
 
 def engine_for(folder: str, device: str) -> Any:
@@ -673,10 +654,7 @@ def train(hub_id: str | None, revision: str | None, device: str) -> Lines:
     from deepspeed.module_inject.layers import set_autotp_mode
 
     folder = checkpoint_folder(hub_id, revision)
-    _, _, corpus = inputs(hub_id)
-    window, steps = CELL["window"], CELL["steps"]
-    windows = [corpus[:, begin : begin + window] for begin in range(0, corpus.shape[1] - window + 1, window)]
-    batches = [windows[step % len(windows)].to(device) for step in range(steps + 1)]
+    batches, steps = step_batches(hub_id, device), CELL["steps"]
     unsharded = unsharded_steps(folder, batches[: steps + 1 if CELL["round_trip"] else steps], device)
     Stage.name = "shard"
     set_autotp_mode(training=True)

@@ -16,7 +16,7 @@ rounding noise in near-zero gradients into full-size updates. Both keep state a 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,7 @@ from suites.variants.trainee import (
 from suites.verdicts.outcome import LibraryOutputError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from deepspeed import DeepSpeedEngine
 
@@ -56,16 +56,13 @@ if TYPE_CHECKING:
     FaultHook = Callable[[str, torch.nn.Module], None]
     """suites/engine/cell_runner.py's test-only fault hook: `fault_hook(stage, model)`."""
 
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-    "sgd": (torch.optim.SGD, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}),
+OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "sgd": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
     # eps 1e-3: the update stays a smooth function of the gradient (see the module docstring).
-    "adam": (
-        torch.optim.AdamW,
-        {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}},
-    ),
+    "adam": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.0}},
 }
-"""Variant.optimizer -> (the torch class the unsharded side runs, DeepSpeed's optimizer config). DeepSpeed
-builds the same torch class: any torch.optim name, and AdamW with `torch_adam` (see _deepspeed_optimizer)."""
+"""Variant.optimizer -> DeepSpeed's optimizer config. DeepSpeed builds the torch.optim class of its name (AdamW with
+`torch_adam`, see deepspeed_optimizer), and so does the unsharded side (torch_optimizer)."""
 GRADIENT_CLIPPING = 1.0
 """Clip-by-global-norm on both sides (DeepSpeed's default): the sharded side must count each shard once
 and each replicated parameter once in the norm, or every update is scaled wrong."""
@@ -163,44 +160,14 @@ def compute_unsharded_steps(
     refuse_if_sharded()
     torch.manual_seed(0)
     model = load_for_training(checkpoint, dtype, trust_remote_code)
-    params = dict(model.named_parameters())
-    # DeepSpeed's mixed precision (bf16/fp16 enabled): the optimizer steps fp32 master weights with the model's
-    # gradients in fp32, clipped by their fp32 norm, and the model computes with the masters rounded to its dtype.
-    # An optimizer stepping the low-precision weights themselves loses every update below a weight's ulp.
-    stepped = params if dtype == "fp32" else {n: torch.nn.Parameter(p.detach().float()) for n, p in params.items()}
-    optimizer_class, ds_optimizer = OPTIMIZERS[optimizer_name]
-    optimizer = optimizer_class(stepped.values(), **ds_optimizer["params"])
-    weights = [{n: p.detach().clone() for n, p in model.named_parameters()}]
-    losses: list[float] = []
-    grads: list[dict[str, torch.Tensor]] = []
-    adam_units: list[dict[str, torch.Tensor]] = []
-    for step in range(steps):
-        ids = step_batch(tokenizer, spec, trust_remote_code, step)
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        losses.append(loss.float().item())
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        if stepped is not params:
-            for name, master in stepped.items():
-                grad = params[name].grad
-                master.grad = None if grad is None else grad.float()
-        torch.nn.utils.clip_grad_norm_(stepped.values(), GRADIENT_CLIPPING)
-        optimizer.step()
-        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-            adam_units.append({name: adam_gradient_units(optimizer, master) for name, master in stepped.items()})
-        optimizer.zero_grad()
-        model.zero_grad()
-        if stepped is not params:
-            with torch.no_grad():
-                for name, master in stepped.items():
-                    params[name].copy_(master)
-        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    batches = [step_batch(tokenizer, spec, trust_remote_code, step) for step in range(steps)]
+    taken = take_steps(model, batches, deepspeed_optimizer(optimizer_name), GRADIENT_CLIPPING, dtype != "fp32")
     lm_head, lm_head_weight = lm_head_names(model)
     return UnshardedSteps(
-        losses=losses,
-        grads=grads,
-        weights=weights,
-        adam_gradient_units=adam_units,
+        losses=taken.losses,
+        grads=taken.grads,
+        weights=taken.weights,
+        adam_gradient_units=taken.adam_gradient_units,
         bytes_by_name=bytes_by_name(model),
         kinds=tensor_kinds(model, split_counts(model).experts),
         shapes_by_name=shapes_by_name(model),
@@ -208,6 +175,67 @@ def compute_unsharded_steps(
         lm_head=lm_head,
         lm_head_weight=lm_head_weight,
     )
+
+
+@dataclass(frozen=True)
+class StepsTaken:
+    """The unsharded model's optimizer steps as `take_steps` took them."""
+
+    losses: list[float]
+    """Each step's loss."""
+    grads: list[dict[str, torch.Tensor]]
+    """Each step's gradient of every parameter that has one."""
+    weights: list[dict[str, torch.Tensor]]
+    """The weights before the first step, then after each step."""
+    adam_gradient_units: list[dict[str, torch.Tensor]]
+    """`adam_gradient_units` after each step; empty for an optimizer other than Adam."""
+
+
+def torch_optimizer(config: dict[str, Any], params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+    """The optimizer DeepSpeed builds from its config's `optimizer` section: the torch.optim class of that name with
+    its params (`torch_adam` is DeepSpeed's switch to that class, not one of its arguments)."""
+    optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, config["type"])
+    return optimizer_class(params, **{name: value for name, value in config["params"].items() if name != "torch_adam"})
+
+
+def take_steps(
+    model: CausalLM, batches: list[torch.Tensor], optimizer_config: dict[str, Any], clipping: float, mixed: bool
+) -> StepsTaken:
+    """One optimizer step per batch (labels = inputs) on the unsharded model, with DeepSpeed's optimizer config and
+    gradient clipping. The harness's driver and the standalone repro script both take their unsharded steps here (the
+    script gets this function by its source), so the two cannot step differently.
+
+    `mixed`: DeepSpeed's mixed precision (bf16/fp16 enabled): the optimizer steps fp32 master weights with the
+    model's gradients in fp32, clipped by their fp32 norm, and the model computes with the masters rounded to its
+    dtype. An optimizer stepping the low-precision weights themselves loses every update below a weight's ulp."""
+    params = dict(model.named_parameters())
+    stepped = {n: torch.nn.Parameter(p.detach().float()) for n, p in params.items()} if mixed else params
+    optimizer = torch_optimizer(optimizer_config, stepped.values())
+    losses: list[float] = []
+    grads: list[dict[str, torch.Tensor]] = []
+    weights = [{n: p.detach().clone() for n, p in params.items()}]
+    adam_units: list[dict[str, torch.Tensor]] = []
+    for ids in batches:
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.float().item())
+        grads.append({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
+        if mixed:
+            for name, master in stepped.items():
+                grad = params[name].grad
+                master.grad = None if grad is None else grad.float()
+        torch.nn.utils.clip_grad_norm_(stepped.values(), clipping)
+        optimizer.step()
+        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            adam_units.append({n: adam_gradient_units(optimizer, m) for n, m in stepped.items()})
+        optimizer.zero_grad()
+        model.zero_grad()
+        if mixed:
+            with torch.no_grad():
+                for name, master in stepped.items():
+                    params[name].copy_(master)
+        weights.append({n: p.detach().clone() for n, p in params.items()})
+    return StepsTaken(losses=losses, grads=grads, weights=weights, adam_gradient_units=adam_units)
 
 
 def adam_gradient_units(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
@@ -249,7 +277,7 @@ def deepspeed_config(
         "zero_optimization": {"stage": variant.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
         # SGD is a torch.optim class, which DeepSpeed's ZeRO optimizers call "untested".
         "zero_allow_untested_optimizer": True,
-        "optimizer": _deepspeed_optimizer(variant.optimizer),
+        "optimizer": deepspeed_optimizer(variant.optimizer),
         "gradient_clipping": GRADIENT_CLIPPING,
         "bf16": {"enabled": dtype == "bf16"},
         "fp16": {"enabled": dtype == "fp16"},
@@ -257,8 +285,9 @@ def deepspeed_config(
     }
 
 
-def _deepspeed_optimizer(name: str) -> dict[str, Any]:
-    optimizer = OPTIMIZERS[name][1]
+def deepspeed_optimizer(name: str) -> dict[str, Any]:
+    """The row's optimizer as DeepSpeed's config names it (OPTIMIZERS)."""
+    optimizer = OPTIMIZERS[name]
     if optimizer["type"] == "AdamW":  # torch's AdamW: no JIT-built op, and the class the unsharded side runs
         return {**optimizer, "params": {**optimizer["params"], "torch_adam": True}}
     return optimizer

@@ -35,7 +35,7 @@ def steps_path(
             "dtype": dtype,
             "spec": write_record(spec),
             "steps": steps,
-            "optimizer": OPTIMIZERS[optimizer][1],
+            "optimizer": OPTIMIZERS[optimizer],
             "clipping": GRADIENT_CLIPPING,
             "probes": probe_fingerprint(),
             "torch": torch.__version__,

@@ -5,6 +5,7 @@ under DeepSpeed's own launcher on a CPU-only machine without numactl, at every r
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
 import shutil
@@ -62,6 +63,42 @@ def test_a_script_that_leaves_part_of_its_row_out_does_not_call_a_failed_cell_a_
     assert script.CELL["cell_failed"] and "the second model (mistral)" in script.CELL["note"]
     _, passed = written_script(tmp_path, "llama.faithful-train_two_models-fp32-tp2", "pass")
     assert not passed.CELL["cell_failed"]
+
+
+def test_the_scripts_unsharded_steps_are_the_harness_loop_copied_by_source(tmp_path):
+    """One training loop: the driver's unsharded steps and a training script's are taken by one function
+    (suites/variants/training.py `take_steps`), copied into the script by its source when the script is written, so a
+    change to the loop changes both; the template takes no optimizer step of its own. Run on the cell's tiny
+    checkpoint (bf16 AdamW: master weights and Adam's units), the script's unsharded steps, from its CELL's batches,
+    optimizer and clipping, are the driver's bit for bit."""
+    from matrix.checkpoints import tiny_checkpoint
+    from matrix.registry import load_models
+    from suites.checks.inputs import ProbeSpec
+    from suites.records.repro import TEMPLATE
+    from suites.variants import training
+
+    template = TEMPLATE.read_text()
+    assert [own for own in (".backward(", "clip_grad_norm_(", "torch.optim") if own in template] == []
+    assert "take_steps(" in inspect.getsource(training.compute_unsharded_steps)
+    script, module = written_script(tmp_path, "llama-train_universal-bf16-tp2", "pass")
+    assert inspect.getsource(training.take_steps) in script.read_text()
+
+    checkpoint = str(tiny_checkpoint(load_models()["llama"]))
+    steps = module.CELL["steps"]
+    harness = training.compute_unsharded_steps(
+        checkpoint=checkpoint,
+        tokenizer=None,
+        dtype="bf16",
+        spec=ProbeSpec(),
+        trust_remote_code=False,
+        steps=steps,
+        optimizer_name="adam",
+    )
+    repro = module.unsharded_steps(checkpoint, module.step_batches(None, "cpu")[:steps], "cpu")
+    assert repro["losses"] == harness["losses"] and len(harness["adam_gradient_units"]) == steps
+    for part in ("grads", "weights", "adam_gradient_units"):
+        for ours, theirs in zip(repro[part], harness[part], strict=True):
+            assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours), part
 
 
 UNGUARDED_NUMA = """

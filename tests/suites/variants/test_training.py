@@ -353,11 +353,11 @@ def test_adams_gain_rule_turns_an_update_back_into_its_gradient():
     units."""
     import torch
 
-    from suites.variants.training import OPTIMIZERS, adam_gradient_units
+    from suites.variants.training import adam_gradient_units, deepspeed_optimizer, torch_optimizer
 
-    optimizer_class, config = OPTIMIZERS["adam"]
     stepped, untouched = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))
-    optimizer = optimizer_class([stepped, untouched], **config["params"])
+    optimizer = torch_optimizer(deepspeed_optimizer("adam"), [stepped, untouched])
+    assert isinstance(optimizer, torch.optim.AdamW)
     gradient = torch.tensor([1e-6, -3e-4, 2e-2, -5.0])
     stepped.grad = gradient.clone()
     optimizer.step()
