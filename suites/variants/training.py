@@ -155,8 +155,9 @@ def compute_unsharded_steps(
     steps: int,
     optimizer_name: str,
 ) -> UnshardedSteps:
-    """`steps` optimizer steps on the unsharded model: each step's loss and gradients, the weights before
-    the first step and after each step, and each tensor's bytes and kind (for the memory check)."""
+    """`steps` optimizer steps on the unsharded model (`take_steps`, the loop a training row's repro script copies by
+    its source, so the two cannot step differently): each step's loss and gradients, the weights before the first
+    step and after each step, and each tensor's bytes and kind (for the memory check)."""
     refuse_if_sharded()
     torch.manual_seed(0)
     model = load_for_training(checkpoint, dtype, trust_remote_code)
@@ -202,8 +203,7 @@ def take_steps(
     model: CausalLM, batches: list[torch.Tensor], optimizer_config: dict[str, Any], clipping: float, mixed: bool
 ) -> StepsTaken:
     """One optimizer step per batch (labels = inputs) on the unsharded model, with DeepSpeed's optimizer config and
-    gradient clipping. The harness's driver and the standalone repro script both take their unsharded steps here (the
-    script gets this function by its source), so the two cannot step differently.
+    gradient clipping: each step's loss and gradients, and the weights before the first step and after each step.
 
     `mixed`: DeepSpeed's mixed precision (bf16/fp16 enabled): the optimizer steps fp32 master weights with the
     model's gradients in fp32, clipped by their fp32 norm, and the model computes with the masters rounded to its
