@@ -23,15 +23,24 @@ def touched_files(diff: str) -> list[str]:
     return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff, flags=re.MULTILINE)))
 
 
+def created_files(diff: str) -> set[str]:
+    """The files a unified diff creates (`--- /dev/null`): the release need not have them."""
+    return set(re.findall(r"^--- /dev/null\n\+\+\+ b/(\S+)", diff, flags=re.MULTILINE))
+
+
 def release_tree(diff: str, folder: Path) -> Path:
-    """A git folder holding the installed DeepSpeed's files that `diff` changes, at their paths in the sdist."""
+    """A git folder holding the installed DeepSpeed's files that `diff` changes, at their paths in the sdist (a file
+    the diff creates is copied too where the release has one, so that `git apply --check` refuses to create it)."""
     spec = importlib.util.find_spec("deepspeed")
     assert spec is not None and spec.origin, "deepspeed is not installed in the test environment"
     site = Path(spec.origin).parent.parent
     for name in touched_files(diff):
+        if name in created_files(diff) and not (site / name).exists():
+            continue
         assert (site / name).is_file(), f"the patch changes {name}, which the installed deepspeed has no file at"
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(site / name, folder / name)
+    folder.mkdir(parents=True, exist_ok=True)
     git_output("init", "-q", folder=folder)
     return folder
 
@@ -69,3 +78,17 @@ def test_a_patch_whose_context_is_not_the_release_is_caught(tmp_path):
     (tmp_path / "broken.diff").write_text(broken)
     folder = release_tree(broken, tmp_path / "release")
     assert "patch does not apply" in apply_check(tmp_path / "broken.diff", folder)
+
+
+def test_a_patch_that_creates_a_file_the_release_has_is_caught(tmp_path):
+    """A new module passes only where the release has no file of that name: a diff that creates `auto_tp.py`, which
+    DeepSpeed has, is refused, as a diff that creates `mamba_mixer.py` is not."""
+    (remedy,) = [patch for patch in PATCHES if patch.name == "mamba-mixer-split-per-part"]
+    text = remedy.patch_path(ROOT).read_text()
+    new_module = text[text.index("diff --git a/deepspeed/module_inject/mamba_mixer.py") :]
+    clash = new_module.replace("mamba_mixer.py", "auto_tp.py")
+    for name, diff in (("new.diff", new_module), ("clash.diff", clash)):
+        (tmp_path / name).write_text(diff)
+    assert created_files(clash) == {"deepspeed/module_inject/auto_tp.py"}
+    assert apply_check(tmp_path / "new.diff", release_tree(new_module, tmp_path / "new")) == ""
+    assert "already exists" in apply_check(tmp_path / "clash.diff", release_tree(clash, tmp_path / "clash"))
