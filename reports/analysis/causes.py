@@ -22,6 +22,7 @@ from matrix.json_records import read_record
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.cause_names import cause_title, located_sentence
 from reports.analysis.comparison import compare
 from reports.analysis.history import History, Transition
 from reports.analysis.signatures import failure_key, mask_signature
@@ -325,6 +326,14 @@ class DeltaCause:
     @property
     def cells(self) -> list[CellKey]:
         return sorted({delta.cell for _, delta in self.deltas})
+
+    @property
+    def title(self) -> str:
+        """Its name from its own cells (reports.analysis.cause_names); an output that has the report's failing-now
+        section names a cause failing now by that section's title instead, which all its cells give."""
+        words = [delta.failure.cause.words for _, delta in self.deltas if delta.failure.cause]
+        sentence = located_sentence(self.mechanism_key, words, self.masked_signature)
+        return cause_title(self.failure_class, self.masked_signature, self.mechanism_key, sentence)
 
     @property
     def group(self) -> CauseGroup:

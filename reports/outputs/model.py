@@ -40,6 +40,7 @@ from reports.analysis import (
     cell_checkpoints,
     checkpoint_verdicts,
     harness_change_text,
+    named_causes,
     root_causes,
 )
 from reports.outputs.docs import Drift
@@ -169,7 +170,7 @@ def build_report(
         timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
         bisections=tuple(history.bisections),
         docs_drift=drift,
-        checkpoints=checkpoint_verdicts(history, checkpoints),
+        checkpoints=checkpoint_verdicts(history, checkpoints, named_causes(failing)),
         root_causes=causes,
         failing_now=failing,
         supported_models=supported_models(history, failing, model_families(), aggregates, checkpoints),
