@@ -119,16 +119,16 @@ def cells_with_checkpoints(cells: list[CellKey], checkpoints: dict[CellKey, tupl
 
 def new_failure_block(
     delta_cause: DeltaCause,
-    title: str,
+    name: str,
     checkpoints: dict[CellKey, tuple[str, ...]],
     notes: list[str],
 ) -> list[str]:
-    """One new failure, expanded: the cause by its name and id, which cells and checkpoints, its error text, where
-    placed, how to rerun."""
+    """One new failure, expanded: the cause by its id and `name` (cause_name), which cells and checkpoints, its error
+    text, where placed, how to rerun."""
     cells = delta_cause.cells
     failure_class, text = delta_cause.failure_class, delta_cause.masked_signature
     return [
-        f"- {_cause_name(delta_cause.id, failure_class, title)} — {count_text(len(cells), 'cell')}: "
+        f"- {_cause_name(delta_cause.id, name)} — {count_text(len(cells), 'cell')}: "
         f"{cells_with_checkpoints(cells, checkpoints)}",
         f"  - {reason(failure_class, text).sentence} {code(text)}",
         *(f"  - {note}" for note in notes),
@@ -145,17 +145,23 @@ def collapsed(summary: str, lines: list[str]) -> list[str]:
     )
 
 
-def _cause_name(cause_id: str, failure_class: str, title: str, bold: bool = True) -> str:
+def cause_name(names: Mapping[str, str], cause_id: str, failure_class: str, title: str) -> str:
+    """ "forward: <its name>": the report's name for a cause failing at the latest versions (`names`, by id: its
+    classes and title, reports.analysis.cause_name_text), else its class and `title` (its own cells')."""
+    return names.get(cause_id) or named(failure_class_text(failure_class), title)
+
+
+def _cause_name(cause_id: str, name: str, bold: bool = True) -> str:
     """ "**cause 7d61ebe6fdfe** forward: <its name>": a cause as the report and the gate name it (its id in bold
     where nothing before it is)."""
     said = f"cause {cause_id}"
-    return f"{f'**{said}**' if bold else said} {named(failure_class_text(failure_class), title)}"
+    return f"{f'**{said}**' if bold else said} {name}"
 
 
-def _short_line(cause_id: str, failure_class: str, title: str, cells: list[CellKey], kind: str = "") -> str:
+def _short_line(cause_id: str, name: str, cells: list[CellKey], kind: str = "") -> str:
     """A folded cause: "- **fixed** cause <id> <class>: <name> — <cells>" (the check comment's form)."""
     return (
-        f"- {f'**{kind}** ' if kind else ''}{_cause_name(cause_id, failure_class, title, bold=not kind)} — "
+        f"- {f'**{kind}** ' if kind else ''}{_cause_name(cause_id, name, bold=not kind)} — "
         f"{count_text(len(cells), 'cell')}: {cells_text(cells)}"
     )
 
@@ -164,10 +170,10 @@ def nightly_comment(
     sessions: list[SessionDeltas],
     checkpoints: dict[CellKey, tuple[str, ...]],
     newest: list[Observation],
-    titles: Mapping[str, str],
+    names: Mapping[str, str],
 ) -> list[str]:
     """Against each session's previous run (the last nightly): new failures, then fixed, flaky and still failing
-    folded; a first run compares nothing and folds what fails. Each cause is named by `titles` (the report's
+    folded; a first run compares nothing and folds what fails. Each cause is named by `names` (the report's
     failing-now names, by cause id), else by its own cells (DeltaCause.title)."""
     causes = delta_causes(sessions)
     compared = [s for s in sessions if s.previous is not None]
@@ -182,7 +188,7 @@ def nightly_comment(
             f"{count_text(len(failing), 'cause')} (no earlier run to say which are new)"
         )
         lines = [
-            _short_line(cause.id, cause.failure_class, titles.get(cause.id) or cause.title, cause.cells)
+            _short_line(cause.id, cause_name(names, cause.id, cause.failure_class, cause.title), cause.cells)
             for cause in failing
         ]
         return [first, *collapsed(summary, lines)]
@@ -213,14 +219,15 @@ def nightly_comment(
                 for line in answer_lines(t, markdown_link)
             ]
             notes += [f"{len(unseen)} without a verdict in the last nightly"] if unseen else []
-            lines += new_failure_block(delta_cause, titles.get(delta_cause.id) or delta_cause.title, checkpoints, notes)
+            name = cause_name(names, delta_cause.id, delta_cause.failure_class, delta_cause.title)
+            lines += new_failure_block(delta_cause, name, checkpoints, notes)
     others = [c for c in causes if c.kind != "new failure"]
     flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
     tally: dict[str, int] = defaultdict(int)
     for c in others:
         tally[c.kind] += len(c.cells)
     summary = f"{tally['still failing']} still failing, {tally['fixed']} fixed, {len(flaky)} flaky"
-    folded = [_short_line(c.id, c.failure_class, titles.get(c.id) or c.title, c.cells, c.kind) for c in others]
+    folded = [_short_line(c.id, cause_name(names, c.id, c.failure_class, c.title), c.cells, c.kind) for c in others]
     folded += [f"- **flaky** {code(cell.id)}" for _, cell in flaky]
     return [*lines, *collapsed(summary, folded)]
 
@@ -381,15 +388,15 @@ def comment_markdown(
     inert: Callable[[str], str],
     pr: PrCheck | None = None,
     links: RunLinks | None = None,
-    titles: Mapping[str, str] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> str:
     """The comment: COMMENT_MARKER (found by reruns, which edit it), then check_comment (with `pr`: a pull request's
-    check against its base) or nightly_comment (`titles`: the report's failing-now names of causes, by id). `inert`
+    check against its base) or nightly_comment (`names`: the report's failing-now names of causes, by id). `inert`
     neutralises every line built from the results, keeping our links and <details> frames."""
     body = (
         check_comment(pr, sessions, checkpoints, links)
         if pr
-        else nightly_comment(sessions, checkpoints, newest, titles or {})
+        else nightly_comment(sessions, checkpoints, newest, names or {})
     )
     text = "\n".join(inert(line) for line in body)
     return f"{COMMENT_MARKER}\n{text.rstrip()}\n"

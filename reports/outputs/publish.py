@@ -28,11 +28,11 @@ from reports.analysis import (
     ResultFiles,
     SessionDeltas,
     analyse,
+    cause_name_text,
     cell_checkpoints,
     code,
     count_text,
     delta_causes,
-    named,
     one_line,
     repro_command,
     select_baseline,
@@ -47,6 +47,7 @@ from reports.outputs.markdown_safety import inert
 from reports.outputs.model import build_report
 from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, commits_base_text, select_commits
 from reports.outputs.pr_comment import (
+    cause_name,
     comment_markdown,
     compare_links,
     failure_class_text,
@@ -80,16 +81,12 @@ def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
     return [c for c in delta_causes(regressions) if c.kind == "new failure"]
 
 
-def issue_markdown(delta_cause: DeltaCause, name: str = "") -> tuple[str, str]:
-    """A regression issue: titled by the cause's name (`name`: the report's, else its own cells' DeltaCause.title),
-    whole, its error text in the body."""
+def issue_markdown(delta_cause: DeltaCause, names: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """A regression issue: titled by the cause's name (pr_comment.cause_name: the report's where `names` has it, else
+    its own cells'), whole, its error text in the body."""
     cells = delta_cause.cells
-    title_words = one_line(name or delta_cause.title)
-    title = inert(
-        f"AutoTP regression: {named(failure_class_text(delta_cause.failure_class), title_words)} "
-        f"({count_text(len(cells), 'cell')})",
-        title=True,
-    )
+    name = cause_name(names or {}, delta_cause.id, delta_cause.failure_class, delta_cause.title)
+    title = inert(f"AutoTP regression: {one_line(name)} ({count_text(len(cells), 'cell')})", title=True)
     lines = [
         issue_marker(delta_cause),
         f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause, "
@@ -148,12 +145,11 @@ def build_posts(
     links: RunLinks | None = None,
     *,
     trusted: bool = True,
-    titles: Mapping[str, str] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[Post, list[Post]]:
     """The comment, and one issue per cause of new regressions where every reported run is `trusted`: a pull
-    request's run never opens or edits an issue, whatever its JUnit says. `titles`: the report's failing-now names of
+    request's run never opens or edits an issue, whatever its JUnit says. `names`: the report's failing-now names of
     causes, by id, which name them here too."""
-    names = titles or {}
     comment = Post(
         COMMENT_MARKER,
         "",
@@ -164,7 +160,7 @@ def build_posts(
     if not trusted:
         return comment, issues
     for delta_cause in regression_causes(sessions):
-        title, body = issue_markdown(delta_cause, names.get(delta_cause.id, ""))
+        title, body = issue_markdown(delta_cause, names)
         file = out_dir / "publish" / "issues" / f"{_slug(delta_cause.failure_class)}-{delta_cause.id}.md"
         issues.append(Post(issue_marker(delta_cause), title, body, file))
     return comment, issues
@@ -235,16 +231,16 @@ def upstream_posts(
     return posts
 
 
-def failing_titles(
+def failing_names(
     history: History,
     observations: list[Observation],
     known: dict[str, KnownFailure],
     remedies: tuple[RemedyResult, ...] = (),
 ) -> dict[str, str]:
-    """The name of each cause failing at the latest versions, by id, as the report gives it (reports.analysis
-    .cause_names): what the comment and the issues call a cause failing now."""
+    """The name of each cause failing at the latest versions, by id, as the report gives it (its classes and title,
+    reports.analysis.cause_name_text): what the comment and the issues call a cause failing now."""
     report = build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
-    return {entry.id: entry.title for entry in report.failing_now.causes}
+    return {entry.id: cause_name_text(entry) for entry in report.failing_now.causes}
 
 
 def _pr_check(
@@ -322,9 +318,9 @@ def publish_deltas(
     if untrusted:
         log(f"a pull request's run(s) {', '.join(untrusted)} (untrusted): the comment only, no issues opened or edited")
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        titles = failing_titles(history, observations, known or {}, remedies)
+        names = failing_names(history, observations, known or {}, remedies)
         comment, issues = build_posts(
-            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, titles=titles
+            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=names
         )
         drafts = (
             upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log, remedies=remedies)

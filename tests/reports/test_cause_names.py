@@ -1,13 +1,15 @@
 """One name per cause in everything that leaves the harness, over a cut of a real default matrix run
-(fixtures/fresh_default/matrix.xml: eight cells of main's default matrix at DeepSpeed 0.19.8 and transformers 5.25.0,
-as its JUnit recorded them). The cut holds four causes and a pass: falcon-7b and starcoder's kv-unit crash (two
+(fixtures/fresh_default/matrix.xml: ten cells of main's default matrix at DeepSpeed 0.19.8 and transformers 5.25.0,
+as its JUnit recorded them). The cut holds five causes and a pass: falcon-7b and starcoder's kv-unit crash (two
 architectures, one cause, its error text `split_with_sizes …`), gemma's idle ranks (the same kv-unit split, another
-cause), jamba's mamba mixer (the same `split_with_sizes` error text at tp 2, another one at tp 3: one cause), and gpt2's
-refusal (no mechanism located: named by its reason).
+cause), jamba's mamba mixer (the same `split_with_sizes` error text at tp 2, another one at tp 3: one cause),
+diffllama's head pairs (one cause of two classes: numerics at tp 2, forward at tp 3) and gpt2's refusal
+(no mechanism located: named by its reason).
 
 Every consumer is rendered from the store: report.md/.json/.html, the step summary, supported-models.md, the PR
-comment and the draft issues; each cause must be named by the same words in all of them, and a failing cell's verdict line must name its
-cause, never stand for it with its error text."""
+comment and the draft issues; each cause must be named by the same words in all of them (its classes too: the PR
+comment names a cause of two classes as the report does), and a failing cell's verdict line must name its cause, never
+stand for it with its error text."""
 
 import html
 import json
@@ -45,6 +47,7 @@ def test_every_consumer_names_each_cause_alike(rendered):
     causes = json.loads(_read(out / "report.json"))["failing_now"]["causes"]
     titles = {cause["id"]: cause["title"] for cause in causes}
     assert KV_CRASH in titles.values() and KV_IDLE in titles.values()
+    assert "numerics, forward" in {cause["failure_class"] for cause in causes}
     assert len(set(titles.values())) == len(titles), "two causes share one name"
     report, summary = _read(out / "report.md"), _read(out / "step-summary.md")
     page = html.unescape(_read(out / "report.html"))
@@ -60,7 +63,7 @@ def test_every_consumer_names_each_cause_alike(rendered):
 def test_a_draft_issue_is_titled_by_the_same_name(rendered, capsys):
     causes = json.loads(_read(rendered / "out" / "report.json"))["failing_now"]["causes"]
     drafted = [cause for cause in causes if cause["status"] == "new"]
-    assert len(drafted) == 3  # gpt2's refusal is unsupported upstream: no bug report
+    assert len(drafted) == 4  # gpt2's refusal is unsupported upstream: no bug report
     for cause in drafted:
         store = str(rendered / "history.sqlite")
         assert main(["draft-issue", "--cause", cause["id"], "--store", store, "--out", str(rendered / "drafts")]) == 0
