@@ -66,7 +66,6 @@ from reports.analysis.failing_now import (
     build_failing_now,
     cause_statement,
     draft_file,
-    named_causes,
     repro_command,
     repro_file,
 )
@@ -78,6 +77,7 @@ from reports.analysis.failing_now_text import (
     counts_line,
     failing_now_html,
     failing_now_markdown,
+    named_causes,
     status_text,
     summary_text,
     whose_text,

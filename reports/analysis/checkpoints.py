@@ -194,6 +194,14 @@ def failure_text(verdict: CheckpointVerdict, numbered: bool = False) -> str:
     return f"{verdict.failure_class} {code(shortened(one_line(verdict.cause), MAX_CAUSE))}"
 
 
+def registry_hub_ids() -> dict[str, tuple[str, ...]]:
+    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
+    try:
+        return {name: entry.hub_ids for name, entry in load_models().items()}
+    except RegistryError:
+        return {}
+
+
 def family_names() -> dict[str, str]:
     """Each registry entry's family as DeepSpeed's automatic-tensor-parallelism page names it (ModelEntry.docs_family:
     `starcode` for gpt_bigcode, `gpt-neox` for gpt_neox), the name the supported-models lists use; {} where the

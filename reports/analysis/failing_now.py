@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 from matrix.cells import replay_name
 from matrix.json_records import renamed
 from matrix.known_failures import KnownFailure
-from matrix.registry import RegistryError, load_models, load_popularity
+from matrix.registry import RegistryError, load_popularity
 from matrix.remedies import RemedyResult
 from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
 from reports.analysis.cause_names import cause_title
 from reports.analysis.causes import RootCause, by_kind, count_text, failure_cause_id, typed_members
-from reports.analysis.checkpoints import NamedCause, cell_checkpoints
+from reports.analysis.checkpoints import cell_checkpoints, registry_hub_ids
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
 from reports.analysis.signatures import failure_key, mask_signature, surfaced_in
@@ -123,14 +123,6 @@ def severity(failure_classes: Iterable[str]) -> int:
     )
 
 
-def registry_hub_ids() -> dict[str, tuple[str, ...]]:
-    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
-    try:
-        return {name: entry.hub_ids for name, entry in load_models().items()}
-    except RegistryError:
-        return {}
-
-
 def repro_command(cell: CellKey) -> str:
     """The one command that runs this cell alone, with its verdict and a standalone repro script."""
     return (
@@ -216,16 +208,18 @@ class FailingCause:
     proven_by: tuple[RemedyResult, ...] = ()
     """The remedies verified on every one of its cells, whose mechanism its sentence states (a draft carries each as
     a workaround or a proposed fix); () where none is."""
-    title: str = ""
-    """Its name in a few whole words (reports.analysis.cause_names `cause_title`), the one every output names it by;
-    "" in a report.json written before causes had one."""
+
+    @property
+    def title(self) -> str:
+        """Its name in a few whole words (reports.analysis.cause_names), the one every output names it by."""
+        return cause_title(self.group.failure_class, self.group.masked_signature, self.mechanism_key, self.mechanism)
 
     def json_shape(self, written: JSONObject) -> JSONObject:
-        return renamed(group_in_place(written), {"mechanism_key": "key"})
+        return renamed(group_in_place(written), {"mechanism_key": "key"}) | {"title": self.title}
 
     @staticmethod
     def own_shape(stored: JSONObject) -> JSONObject:
-        return group_apart(renamed(stored, {"key": "mechanism_key"}))
+        return group_apart(renamed({k: v for k, v in stored.items() if k != "title"}, {"key": "mechanism_key"}))
 
 
 @dataclass(frozen=True)
@@ -274,7 +268,6 @@ def build_failing_now(
         # every cell refused by design: DeepSpeed's, but not a bug (a cause with other cells too stays AutoTP's)
         unsupported = f"{match.note} ({match.upstream})" if match and cause_status == "unsupported" else ""
         proof = proof_of(key, [cell.id for cell in cells], files.remedies, latest.deepspeed)
-        mechanism = _mechanism(key, [status for _, status in members], text, bool(unsupported), proof)
         causes.append(
             FailingCause(
                 # a cause recorded before causes were kept keeps the id it had (publish's issues carry it)
@@ -290,12 +283,11 @@ def build_failing_now(
                     for cell in cells
                 ),
                 mechanism_key=key,
-                mechanism=mechanism,
+                mechanism=_mechanism(key, [status for _, status in members], text, bool(unsupported), proof),
                 whose="unsupported" if unsupported else owner,
                 evidence=unsupported or (shown.cause.evidence if shown.cause else ""),
                 surfaced_in=surfaced_in(shown.signature),
                 proven_by=proof.by,
-                title=cause_title(shown.failure_class, text, key, mechanism),
             )
         )
     ranked = popularity_rank(checkpoints, popularity)
@@ -318,16 +310,6 @@ def build_failing_now(
         else "",
         moved=moved_text(causes),
     )
-
-
-def named_causes(section: FailingNow) -> dict[str, NamedCause]:
-    """Each failing cell's cause (by cell id) with its place in the list and its name: what a verdict line says of it
-    (reports.analysis.checkpoints)."""
-    return {
-        cell: NamedCause(number, entry.id, entry.title)
-        for number, entry in enumerate(section.causes, start=1)
-        for cell in entry.group.cells
-    }
 
 
 def _failing_at_latest(history: History) -> dict[str, list[tuple[CellKey, CellStatus]]]:

@@ -13,6 +13,7 @@ from matrix.earlier_points import DEFAULT_DEEPSPEED_MINORS, DEFAULT_MAX_CELLS, D
 from reports.analysis.answers import Link, TransitionEntry, code, plain_link
 from reports.analysis.cause_names import named
 from reports.analysis.causes import RootCause, count_text, shared_answers
+from reports.analysis.checkpoints import NamedCause
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
 from reports.analysis.known import FixedKnown
 from suites.verdicts.mechanism import WHOSE, class_and_finding
@@ -46,6 +47,16 @@ class ReportView(Protocol):
 
 
 # ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
+
+
+def named_causes(section: FailingNow) -> dict[str, NamedCause]:
+    """Each failing cell's cause (by cell id) with its place in the list and its name: what a verdict line says of it
+    (reports.analysis.checkpoints)."""
+    return {
+        cell: NamedCause(number, entry.id, entry.title)
+        for number, entry in enumerate(section.causes, start=1)
+        for cell in entry.group.cells
+    }
 
 
 def counts_line(section: FailingNow) -> str:

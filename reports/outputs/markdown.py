@@ -12,7 +12,7 @@ from reports.analysis import (
     RootCause,
     TransitionEntry,
     answer_text,
-    cause_name_text,
+    cause_sentence_text,
     cells_text,
     checkpoints_markdown,
     code,
@@ -376,7 +376,7 @@ def step_summary_markdown(report: Report, run_url: str = "") -> str:
         lines += ["", "| # | status | cause | cells | since when | example cell |", "|---:|---|---|---:|---|---|"]
         lines += [
             f"| {number} | {_table_text(status_text(entry, markdown_link))} | "
-            f"{_table_text(cause_name_text(entry))} "
+            f"{_table_text(cause_sentence_text(entry))} "
             f"| {entry.group.count} | {_table_text(_since_cell(entry, bool(section.backfill)))} "
             f"| `{entry.repro.cell}` |"
             for number, entry in enumerate(shown, start=1)

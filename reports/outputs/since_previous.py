@@ -46,7 +46,8 @@ class SinceCause:
     at the latest versions, else its own cells'; "" in a report.json written before causes had one."""
 
     def json_shape(self, written: JSONObject) -> JSONObject:
-        return group_in_place(written)
+        """Its group's fields in its place; no `name` where it has none, as report.json was written before."""
+        return {key: value for key, value in group_in_place(written).items() if key != "name" or value}
 
     @staticmethod
     def own_shape(stored: JSONObject) -> JSONObject:
