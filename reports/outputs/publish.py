@@ -318,9 +318,9 @@ def publish_deltas(
     if untrusted:
         log(f"a pull request's run(s) {', '.join(untrusted)} (untrusted): the comment only, no issues opened or edited")
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        names = failing_names(history, observations, known or {}, remedies)
+        cause_names = failing_names(history, observations, known or {}, remedies)
         comment, issues = build_posts(
-            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=names
+            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=cause_names
         )
         drafts = (
             upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log, remedies=remedies)
