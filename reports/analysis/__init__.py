@@ -19,6 +19,7 @@ from reports.analysis.answers import (
     plain_link,
 )
 from reports.analysis.cause_groups import CauseGroup, cause_group, cells_text, group_apart, group_in_place
+from reports.analysis.cause_names import cause_title, located_sentence, named, shortened
 from reports.analysis.causes import (
     DELTA_KINDS,
     TRANSITION_LISTS,
@@ -36,6 +37,7 @@ from reports.analysis.causes import (
 )
 from reports.analysis.checkpoints import (
     ICONS,
+    MAX_CAUSE,
     ArchitectureEntry,
     CheckpointEntry,
     CheckpointVerdict,
@@ -69,11 +71,13 @@ from reports.analysis.failing_now import (
 )
 from reports.analysis.failing_now_text import (
     cause_answer_text,
+    cause_name_text,
     cause_sentence_text,
     console_lines,
     counts_line,
     failing_now_html,
     failing_now_markdown,
+    named_causes,
     status_text,
     summary_text,
     whose_text,
@@ -172,6 +176,7 @@ __all__ = [
     "ArchitectureEntry",
     "CheckpointEntry",
     "CellFiles",
+    "MAX_CAUSE",
     "CheckpointVerdict",
     "CheckpointVerdicts",
     "checkpoint_lines",
@@ -183,7 +188,13 @@ __all__ = [
     "commit_words",
     "compare",
     "count_text",
+    "cause_name_text",
     "cause_sentence_text",
+    "cause_title",
+    "located_sentence",
+    "named",
+    "named_causes",
+    "shortened",
     "console_lines",
     "counts_line",
     "delta_causes",

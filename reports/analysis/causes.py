@@ -22,6 +22,7 @@ from matrix.json_records import read_record
 from reports import ReportsError
 from reports.analysis.answers import Link, TransitionEntry, answer_words, plain_link
 from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.cause_names import cause_title, located_sentence, named
 from reports.analysis.comparison import compare
 from reports.analysis.history import History, Transition
 from reports.analysis.signatures import failure_key, mask_signature
@@ -98,6 +99,9 @@ class RootCause:
     # Of each held_fixed, the pins other than the latest versions (which a report states once), where any differ:
     # what the cause was seen at besides them. Not in report.json; derived again from held_fixed when read back.
     elsewhere: tuple[Pins, ...]
+    name: str = ""
+    """Its failing end's cause named with its class (reports.analysis.cause_names): the failing-now name where that
+    cause fails at the latest versions (reports.outputs.model), else from its own cells; "" in an older report.json."""
 
     def json_shape(self, written: JSONObject) -> JSONObject:
         """The report.json form (write_record): the held-fixed pins as text, `elsewhere` left out (from_json
@@ -152,6 +156,7 @@ def root_causes(
                     CauseAnswer(text, tuple(answered)) for text, answered in shared_answers(listed, plain_link)
                 ),
                 elsewhere=seen_elsewhere(held_fixed, latest),
+                name=named(failure_class, _failing_title(typed)),
             )
         )
     kinds = list(TRANSITION_LISTS)
@@ -167,6 +172,15 @@ def root_causes(
             ),
         )
     )
+
+
+def _failing_title(transitions: Sequence[Transition]) -> str:
+    """The title of the cause the transitions' failing ends share (cause_names), from their own words."""
+    first = transitions[0].failing_end
+    key = failure_key(first.failure_class, first.signature, first.cause)
+    text = mask_signature(first.signature)
+    words = [t.failing_end.cause.words for t in transitions if t.failing_end.cause]
+    return cause_title(first.failure_class, text, key, located_sentence(key, words, text))
 
 
 def by_kind(transitions: list[Transition]) -> dict[str, list[Transition]]:
@@ -325,6 +339,14 @@ class DeltaCause:
     @property
     def cells(self) -> list[CellKey]:
         return sorted({delta.cell for _, delta in self.deltas})
+
+    @property
+    def title(self) -> str:
+        """Its name from its own cells (reports.analysis.cause_names); an output that has the report's failing-now
+        section names a cause failing now by that section's title instead, which all its cells give."""
+        words = [delta.failure.cause.words for _, delta in self.deltas if delta.failure.cause]
+        sentence = located_sentence(self.mechanism_key, words, self.masked_signature)
+        return cause_title(self.failure_class, self.masked_signature, self.mechanism_key, sentence)
 
     @property
     def group(self) -> CauseGroup:

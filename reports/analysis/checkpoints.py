@@ -11,6 +11,7 @@ supported-models page and the PR comment all read this one section.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from markupsafe import Markup
@@ -18,12 +19,24 @@ from markupsafe import Markup
 from matrix.registry import RegistryError, load_models
 from matrix.shapes import SHAPE_SEPARATOR, base_shape
 from reports.analysis.answers import code, code_html, one_line
+from reports.analysis.cause_names import named, shortened
 from reports.analysis.history import History
 from reports.store import Aggregates, CellKey, Run, started_order
 
 ICONS = {"pass": "✅", "fail": "❌", "flaky": "⚠️", "skip": "⏭️", "unsupported": "🚫"}
 MAX_CAUSE = 160
-"""Characters of a failure's signature a verdict line keeps (report.json keeps it whole)."""
+"""Characters of a failure's signature a verdict line keeps where no cause names it (report.json keeps it whole)."""
+
+
+@dataclass(frozen=True)
+class NamedCause:
+    """The failing-now cause a cell fails with, as its verdict names it."""
+
+    number: int
+    """Its place in the failing-now list (1 the first)."""
+    id: str
+    title: str
+    """Its name (reports.analysis.cause_names `cause_title`)."""
 
 
 def shape_of(model: str) -> tuple[str, str]:
@@ -56,6 +69,12 @@ class CheckpointVerdict:
     cause: str  # a failing cell's signature, else ""
     mechanism: str = ""
     """What AutoTP did where this cell broke, in its own words (suites/verdicts/cause.py Cause.words), else ""."""
+    cause_title: str = ""
+    """The name of the cause it fails with, as every output names it (reports.analysis.cause_names), else ""."""
+    cause_number: int = 0
+    """That cause's place in the report's failing-now list (1 the first), 0 where it is in none."""
+    cause_id: str = ""
+    """That cause's id (reports.analysis.causes.failure_cause_id), "" where it is in no failing-now list."""
 
     @property
     def key(self) -> CellKey:
@@ -95,10 +114,14 @@ class CheckpointVerdicts:
         return CheckpointVerdicts(faithful=(), class_defaults=(), stress=self.stress)
 
 
-def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, ...]]) -> CheckpointVerdicts:
+def checkpoint_verdicts(
+    history: History, checkpoints: dict[CellKey, tuple[str, ...]], causes: Mapping[str, NamedCause] | None = None
+) -> CheckpointVerdicts:
     """report.json "checkpoints": `faithful` (per hub id, the verdicts of the faithful cells standing for it),
     `class_defaults` (per architecture, faithful cells sized by config-class defaults) and `stress` (per
-    architecture, its stress cells)."""
+    architecture, its stress cells); `causes`: the failing-now cause of each failing cell (by cell id), which its
+    verdict names."""
+    by_cell = causes or {}
     faithful: dict[str, list[CheckpointVerdict]] = defaultdict(list)
     architectures: dict[tuple[str, str], list[CheckpointVerdict]] = defaultdict(list)  # (kind, entry) -> verdicts
     for cell in sorted(history.cells, key=lambda c: (c.tp, c.variant, c.dtype, c.model)):
@@ -117,6 +140,9 @@ def checkpoint_verdicts(history: History, checkpoints: dict[CellKey, tuple[str, 
             cause=status.signature if status.status == "fail" else "",
             mechanism=status.cause.words if status.status == "fail" and status.cause else "",
         )
+        cause = by_cell.get(cell.id) if status.status == "fail" else None
+        if cause:
+            verdict = replace(verdict, cause_title=cause.title, cause_number=cause.number, cause_id=cause.id)
         hub_ids = checkpoints.get(cell, ())
         if shape == "faithful" and hub_ids:
             for hub_id in hub_ids:
@@ -146,18 +172,34 @@ def has_faithful(section: CheckpointVerdicts) -> bool:
     return bool(section.faithful or section.class_defaults)
 
 
-def verdicts_text(verdicts: tuple[CheckpointVerdict, ...]) -> str:
-    """ "tp 2: ✅ · tp 3: ❌ forward `RuntimeError: …`"; variant and dtype named where the verdicts have several."""
+def verdicts_text(verdicts: tuple[CheckpointVerdict, ...], numbered: bool = False) -> str:
+    """ "tp 2: ✅ · tp 3: ❌ forward: <its cause's name> (cause 3)"; variant and dtype named where the verdicts have
+    several. A failure is named by its cause (`numbered`: with its place in the report's failing-now list), else by its
+    signature cut at a word boundary."""
     several = len({(v.variant, v.dtype) for v in verdicts}) > 1
     parts = []
     for verdict in verdicts:
         where = f"tp {verdict.tp}" + (f" {verdict.variant}/{verdict.dtype}" if several else "")
-        cause = one_line(verdict.cause)
-        cause = cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 1] + "…"
         # The word after the icon is its text fallback: a reader without an emoji font sees an empty box.
-        said = f"{verdict.failure_class} {code(cause)}" if verdict.status == "fail" else verdict.status
+        said = failure_text(verdict, numbered) if verdict.status == "fail" else verdict.status
         parts.append(f"{where}: {' '.join(filter(None, (ICONS.get(verdict.status), said)))}")
     return " · ".join(parts)
+
+
+def failure_text(verdict: CheckpointVerdict, numbered: bool = False) -> str:
+    """ "forward: <its cause's name> (cause 3)", else "forward `<signature, cut at a word boundary>`"."""
+    if verdict.cause_title:
+        number = f" (cause {verdict.cause_number})" if numbered and verdict.cause_number else ""
+        return f"{named(verdict.failure_class, verdict.cause_title)}{number}"
+    return f"{verdict.failure_class} {code(shortened(one_line(verdict.cause), MAX_CAUSE))}"
+
+
+def registry_hub_ids() -> dict[str, tuple[str, ...]]:
+    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
+    try:
+        return {name: entry.hub_ids for name, entry in load_models().items()}
+    except RegistryError:
+        return {}
 
 
 def family_names() -> dict[str, str]:
@@ -178,24 +220,25 @@ def family_label(architecture: str, families: dict[str, str]) -> str:
     return f"{family} ({architecture})" if shared and family != architecture else family
 
 
-def checkpoint_lines(section: CheckpointVerdicts) -> list[str]:
+def checkpoint_lines(section: CheckpointVerdicts, numbered: bool = False) -> list[str]:
     """One line per real checkpoint, then one per architecture: Markdown list items without the leading "- ". A
-    family is named as the supported-models lists name it (family_label)."""
+    family is named as the supported-models lists name it (family_label); `numbered`: each failure's cause with its
+    place in the report's failing-now list (verdicts_text)."""
     families = family_names()
     return [
         *(
             f"{code(entry.checkpoint)} ({family_label(entry.architecture, families)}, faithful shapes) "
-            f"{verdicts_text(entry.verdicts)}"
+            f"{verdicts_text(entry.verdicts, numbered)}"
             for entry in section.faithful
         ),
         *(
             f"{family_label(entry.architecture, families)} architecture at its config-class default sizes (no "
-            f"checkpoint recorded): {verdicts_text(entry.verdicts)}"
+            f"checkpoint recorded): {verdicts_text(entry.verdicts, numbered)}"
             for entry in section.class_defaults
         ),
         *(
             f"{family_label(entry.architecture, families)} architecture under stress shapes: "
-            f"{verdicts_text(entry.verdicts)}"
+            f"{verdicts_text(entry.verdicts, numbered)}"
             for entry in section.stress
         ),
     ]
@@ -206,9 +249,9 @@ def checkpoints_markdown(section: CheckpointVerdicts) -> list[str]:
     history of stress cells only (the cells stored before shapes existed: no checkpoint to name)."""
     if not has_faithful(section):
         return []
-    real = [f"- {line}" for line in checkpoint_lines(replace(section, class_defaults=(), stress=()))]
-    defaults = [f"- {line}" for line in checkpoint_lines(replace(section, faithful=(), stress=()))]
-    stress = [f"- {line}" for line in checkpoint_lines(section.stress_only())]
+    real = [f"- {line}" for line in checkpoint_lines(replace(section, class_defaults=(), stress=()), numbered=True)]
+    defaults = [f"- {line}" for line in checkpoint_lines(replace(section, faithful=(), stress=()), numbered=True)]
+    stress = [f"- {line}" for line in checkpoint_lines(section.stress_only(), numbered=True)]
     return [
         "## Verdicts per checkpoint at the latest versions",
         "",
@@ -237,6 +280,6 @@ def checkpoints_html(section: CheckpointVerdicts) -> dict[str, list[Markup]]:
     if not has_faithful(section):
         return {"real": [], "stress": []}
     return {
-        "real": html(checkpoint_lines(section.real())),
-        "stress": html(checkpoint_lines(section.stress_only())),
+        "real": html(checkpoint_lines(section.real(), numbered=True)),
+        "stress": html(checkpoint_lines(section.stress_only(), numbered=True)),
     }

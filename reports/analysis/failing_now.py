@@ -26,11 +26,12 @@ from dataclasses import dataclass, replace
 from matrix.cells import replay_name
 from matrix.json_records import renamed
 from matrix.known_failures import KnownFailure
-from matrix.registry import RegistryError, load_models, load_popularity
+from matrix.registry import RegistryError, load_popularity
 from matrix.remedies import RemedyResult
 from reports.analysis.cause_groups import CauseGroup, cause_group, group_apart, group_in_place
+from reports.analysis.cause_names import cause_title
 from reports.analysis.causes import RootCause, by_kind, count_text, failure_cause_id, typed_members
-from reports.analysis.checkpoints import cell_checkpoints
+from reports.analysis.checkpoints import cell_checkpoints, registry_hub_ids
 from reports.analysis.history import History, Transition
 from reports.analysis.known import FixedKnown, KnownMatch, fixed_known, known_for, versions_of
 from reports.analysis.signatures import failure_key, mask_signature, surfaced_in
@@ -122,14 +123,6 @@ def severity(failure_classes: Iterable[str]) -> int:
     )
 
 
-def registry_hub_ids() -> dict[str, tuple[str, ...]]:
-    """Each registry entry's hub ids ({} where the registry cannot be read: then no entry ranks above another)."""
-    try:
-        return {name: entry.hub_ids for name, entry in load_models().items()}
-    except RegistryError:
-        return {}
-
-
 def repro_command(cell: CellKey) -> str:
     """The one command that runs this cell alone, with its verdict and a standalone repro script."""
     return (
@@ -216,12 +209,17 @@ class FailingCause:
     """The remedies verified on every one of its cells, whose mechanism its sentence states (a draft carries each as
     a workaround or a proposed fix); () where none is."""
 
+    @property
+    def title(self) -> str:
+        """Its name in a few whole words (reports.analysis.cause_names), the one every output names it by."""
+        return cause_title(self.group.failure_class, self.group.masked_signature, self.mechanism_key, self.mechanism)
+
     def json_shape(self, written: JSONObject) -> JSONObject:
-        return renamed(group_in_place(written), {"mechanism_key": "key"})
+        return renamed(group_in_place(written), {"mechanism_key": "key"}) | {"title": self.title}
 
     @staticmethod
     def own_shape(stored: JSONObject) -> JSONObject:
-        return group_apart(renamed(stored, {"key": "mechanism_key"}))
+        return group_apart(renamed({k: v for k, v in stored.items() if k != "title"}, {"key": "mechanism_key"}))
 
 
 @dataclass(frozen=True)

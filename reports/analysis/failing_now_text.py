@@ -11,7 +11,9 @@ from markupsafe import Markup
 
 from matrix.earlier_points import DEFAULT_DEEPSPEED_MINORS, DEFAULT_MAX_CELLS, DEFAULT_MAX_POINTS
 from reports.analysis.answers import Link, TransitionEntry, code, plain_link
+from reports.analysis.cause_names import named
 from reports.analysis.causes import RootCause, count_text, shared_answers
+from reports.analysis.checkpoints import NamedCause
 from reports.analysis.failing_now import STATUS_ORDER, FailingCause, FailingNow
 from reports.analysis.known import FixedKnown
 from suites.verdicts.mechanism import WHOSE, class_and_finding
@@ -45,6 +47,16 @@ class ReportView(Protocol):
 
 
 # ---- Text (Markdown, and HTML through a Link) --------------------------------------------------------------------
+
+
+def named_causes(section: FailingNow) -> dict[str, NamedCause]:
+    """Each failing cell's cause (by cell id) with its place in the list and its name: what a verdict line says of it
+    (reports.analysis.checkpoints)."""
+    return {
+        cell: NamedCause(number, entry.id, entry.title)
+        for number, entry in enumerate(section.causes, start=1)
+        for cell in entry.group.cells
+    }
 
 
 def counts_line(section: FailingNow) -> str:
@@ -165,12 +177,17 @@ def cause_line(entry: FailingCause, report: ReportView, link: Link) -> str:
 
 
 def cause_sentence_text(entry: FailingCause) -> str:
-    """ "forward: <the sentence that holds for every cell>", the class said once: the mechanism where one was
-    located, else the example's signature (numbers masked)."""
-    if entry.mechanism:
-        return class_and_finding(entry.group.failure_class, entry.mechanism)
+    """ "forward: <its name> — <the sentence that holds for every cell>", the class said once: the cause's name
+    (`cause_name_text`), then the mechanism where one was located, else the example's signature (numbers masked)."""
     failure_class = entry.group.failure_class
-    return f"{failure_class}: {code(entry.group.masked_signature.removeprefix(f'{failure_class}: '))}"
+    said = entry.mechanism or code(entry.group.masked_signature.removeprefix(f"{failure_class}: "))
+    return f"{cause_name_text(entry)} — {said}" if entry.title else class_and_finding(failure_class, said)
+
+
+def cause_name_text(entry: FailingCause) -> str:
+    """ "forward: fewer kv heads than ranks crashes attention that hard-codes its kv split": the cause's name with
+    its class (reports.analysis.cause_names), what every output calls it."""
+    return named(entry.group.failure_class, entry.title or entry.mechanism or entry.group.masked_signature)
 
 
 def console_lines(section: FailingNow) -> list[str]:

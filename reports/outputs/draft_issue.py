@@ -2,7 +2,7 @@
 report.json "failing_now", which `nox -s draft-issue` passes on) or `--cell <cell id>`.
 
 The report follows DeepSpeed's inference bug template. Its title is what a maintainer writes: "[BUG] AutoTP: <mechanism>
-(<HF class>, tp N, DeepSpeed x, transformers y)", whole (suites/verdicts/cause_titles.py `cause_title`). It is shown on
+(<HF class>, tp N, DeepSpeed x, transformers y)", whole: the cause's name (reports.analysis.cause_names). It is shown on
 the cause's example cell (the one standing for the checkpoint users run most, reports.analysis.failing_now.example_cell)
 and names the real checkpoints that cell stands for. To reproduce: a minimal script generated for the cause
 (reports.outputs.minimal_script: at most 40 lines, its last line shows the symptom), inlined, and the cell's full
@@ -58,7 +58,6 @@ from reports.outputs.render_cache import ScriptRequest, cached_script, keep_scri
 from reports.outputs.staging import staged
 from reports.store import AXES, CellResult, Observation, Run, aggregate
 from suites.records.run_records import launcher_command
-from suites.verdicts.cause_titles import cause_title
 from suites.verdicts.vocabulary import FAILURE_CLASSES
 
 NOT_DEEPSPEEDS = ("setup", "install")  # the harness or the environment failed: nothing to report upstream
@@ -262,11 +261,7 @@ def _tps(entry: FailingCause, model: str) -> list[int]:
 def _title(entry: FailingCause, failure: Observation, cell: Cell | None) -> str:
     """ "[BUG] AutoTP: <mechanism> (<HF class>, tp 2/3/4, DeepSpeed 0.19.8, transformers 5.25.0)", whole."""
     key, versions = failure.cell, failure.run.versions
-    what = (
-        cause_title(entry.mechanism_key, entry.mechanism)
-        if entry.mechanism
-        else reason(entry.group.failure_class, entry.group.masked_signature).short
-    )
+    what = entry.title or reason(entry.group.failure_class, entry.group.masked_signature).short
     tps = "/".join(map(str, _tps(entry, key.model)))
     return (
         f"[BUG] AutoTP: {one_line(what)} ({hf_class(_model_type(cell, key.model))}, tp {tps}, "

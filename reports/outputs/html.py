@@ -12,6 +12,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from reports.analysis import (
+    MAX_CAUSE,
     CheckpointVerdict,
     CheckpointVerdicts,
     answer_text,
@@ -23,6 +24,7 @@ from reports.analysis import (
     new_architecture_lines,
     new_architectures_summary,
     one_line,
+    shortened,
 )
 from reports.outputs.links import checkpoint_page, code_spans, hub_url, linked_html, verdict_html
 from reports.outputs.markdown import (
@@ -218,9 +220,22 @@ def verdicts_html(verdicts: tuple[CheckpointVerdict, ...]) -> Markup:
     parts = []
     for verdict in verdicts:
         where = f"tp {verdict.tp}" + (f" {verdict.variant}/{verdict.dtype}" if several else "")
-        cause = Markup(" <code>{}</code>").format(one_line(verdict.cause)[:160]) if verdict.cause else ""
-        parts.append(Markup("{}: {}{}").format(where, verdict_html(verdict.status, verdict.failure_class), cause))
+        parts.append(
+            Markup("{}: {}{}").format(where, verdict_html(verdict.status, verdict.failure_class), _cause(verdict))
+        )
     return Markup(" · ").join(parts)
+
+
+def _cause(verdict: CheckpointVerdict) -> Markup:
+    """A failing verdict's cause: its name linked to its failing-now entry, else its signature cut at a word
+    boundary (reports.analysis.cause_names)."""
+    if verdict.cause_title:
+        return Markup(': {} (<a href="#cause-{}">cause {}</a>)').format(
+            code_spans(verdict.cause_title), verdict.cause_id, verdict.cause_number
+        )
+    if not verdict.cause:
+        return Markup("")
+    return Markup(" <code>{}</code>").format(shortened(one_line(verdict.cause), MAX_CAUSE))
 
 
 def checkpoint_list(section: CheckpointVerdicts) -> list[Markup]:

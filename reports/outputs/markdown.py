@@ -90,11 +90,12 @@ def seen_at(root_cause: RootCause) -> str:
 
 
 def root_cause_title(root_cause: RootCause) -> str:
-    """ "shard `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
+    """ "shard: <its name> `cause` — deepspeed 0.18.9 → 0.19.8 — 44 cells: eager fp32: llama tp2/3, …"."""
     group = root_cause.group
     return (
-        f"{group.failure_class} {code(group.masked_signature)} — {root_cause.axis} {root_cause.before} → "
-        f"{root_cause.after}{seen_at(root_cause)} — {count_text(group.count, 'cell')}: {group.cells_text}"
+        f"{root_cause.name or group.failure_class} {code(group.masked_signature)} — {root_cause.axis} "
+        f"{root_cause.before} → {root_cause.after}{seen_at(root_cause)} — {count_text(group.count, 'cell')}: "
+        f"{group.cells_text}"
     )
 
 
@@ -160,7 +161,8 @@ def delta_cause_line(delta_cause: SinceCause, report: Report) -> str:
         else ""
     )
     return (
-        f"**{delta_cause.kind}** {delta_cause.group.failure_class} {code(delta_cause.group.masked_signature)} — "
+        f"**{delta_cause.kind}** {delta_cause.name or delta_cause.group.failure_class} "
+        f"{code(delta_cause.group.masked_signature)} — "
         f"{count_text(delta_cause.group.count, 'cell')}{unseen}: {delta_cause.group.cells_text}"
         + (f" — {where}: " + "; ".join(answers) if placed else "")
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,9 +37,11 @@ from reports.analysis import (
     architectures_new_in_release,
     bisection_from_json,
     build_failing_now,
+    cause_name_text,
     cell_checkpoints,
     checkpoint_verdicts,
     harness_change_text,
+    named_causes,
     root_causes,
 )
 from reports.outputs.docs import Drift
@@ -139,6 +141,10 @@ def build_report(
     }
     causes = root_causes(listed_of, history.transitions, history.latest)
     failing = build_failing_now(causes, history, aggregates, known_failures, files)
+    names = {entry.id: cause_name_text(entry) for entry in failing.causes}
+    # a root cause whose failing end fails now is named as failing now names it
+    named_roots = {root: names[entry.id] for entry in failing.causes for root in entry.root_causes}
+    causes = tuple(replace(root, name=named_roots.get(root.id, root.name)) for root in causes)
     checkpoints = cell_checkpoints(aggregates, history)
     return Report(
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -146,7 +152,7 @@ def build_report(
         latest_label=history.latest.describe(),
         latest_harness=list(history.harness.get(history.latest, ())),
         key_metric=KEY_METRIC,
-        since_previous_run=since_previous_run(all_session_deltas(aggregates.recent, history)),
+        since_previous_run=since_previous_run(all_session_deltas(aggregates.recent, history), names),
         new_architectures=architectures_new_in_release(aggregates.groups),
         matrix=_matrix(history.cells, [row[-1] for row in grid]),
         matrices=tuple(
@@ -169,7 +175,7 @@ def build_report(
         timeline=_timeline(history, grid, _runs_by_point(aggregates, history)),
         bisections=tuple(history.bisections),
         docs_drift=drift,
-        checkpoints=checkpoint_verdicts(history, checkpoints),
+        checkpoints=checkpoint_verdicts(history, checkpoints, named_causes(failing)),
         root_causes=causes,
         failing_now=failing,
         supported_models=supported_models(history, failing, model_families(), aggregates, checkpoints),

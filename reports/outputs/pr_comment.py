@@ -13,18 +13,24 @@ never ran."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from reports.analysis import (
     DeltaCause,
     SessionDeltas,
     TransitionEntry,
+    cause_title,
     cells_text,
     code,
     count_text,
     delta_causes,
+    failure_cause_id,
+    failure_key,
+    located_sentence,
     log_folder,
     mask_signature,
+    named,
     reason,
     repro_command,
     upstream_label,
@@ -112,17 +118,19 @@ def cells_with_checkpoints(cells: list[CellKey], checkpoints: dict[CellKey, tupl
 
 
 def new_failure_block(
-    failure_class: str,
-    text: str,
-    cells: list[CellKey],
+    delta_cause: DeltaCause,
+    name: str,
     checkpoints: dict[CellKey, tuple[str, ...]],
     notes: list[str],
 ) -> list[str]:
-    """One new failure, expanded: what fails, which cells and checkpoints, in words, where placed, how to rerun."""
+    """One new failure, expanded: the cause by its id and `name` (cause_name), which cells and checkpoints, its error
+    text, where placed, how to rerun."""
+    cells = delta_cause.cells
+    failure_class, text = delta_cause.failure_class, delta_cause.masked_signature
     return [
-        f"- **{failure_class_text(failure_class)}** {code(text)} — {count_text(len(cells), 'cell')}: "
+        f"- {_cause_name(delta_cause.id, name)} — {count_text(len(cells), 'cell')}: "
         f"{cells_with_checkpoints(cells, checkpoints)}",
-        f"  - {reason(failure_class, text).sentence}",
+        f"  - {reason(failure_class, text).sentence} {code(text)}",
         *(f"  - {note}" for note in notes),
         f"  - reproduce: {code(repro_command(cells[0]))}",
     ]
@@ -137,18 +145,36 @@ def collapsed(summary: str, lines: list[str]) -> list[str]:
     )
 
 
-def _short_line(failure_class: str, text: str, cells: list[CellKey], note: str = "") -> str:
+def cause_name(names: Mapping[str, str], cause_id: str, failure_class: str, title: str) -> str:
+    """ "forward: <its name>": the report's name for a cause failing at the latest versions (`names`, by id: its
+    classes and title, reports.analysis.cause_name_text), else its class and `title` (its own cells')."""
+    return names.get(cause_id) or named(failure_class_text(failure_class), title)
+
+
+def _cause_name(cause_id: str, name: str, bold: bool = True) -> str:
+    """ "**cause 7d61ebe6fdfe** forward: <its name>": a cause as the report and the gate name it (its id in bold
+    where nothing before it is)."""
+    said = f"cause {cause_id}"
+    return f"{f'**{said}**' if bold else said} {name}"
+
+
+def _short_line(cause_id: str, name: str, cells: list[CellKey], kind: str = "") -> str:
+    """A folded cause: "- **fixed** cause <id> <class>: <name> — <cells>" (the check comment's form)."""
     return (
-        f"- {note}{failure_class_text(failure_class)} {code(text)} — {count_text(len(cells), 'cell')}: "
-        f"{cells_text(cells)}"
+        f"- {f'**{kind}** ' if kind else ''}{_cause_name(cause_id, name, bold=not kind)} — "
+        f"{count_text(len(cells), 'cell')}: {cells_text(cells)}"
     )
 
 
 def nightly_comment(
-    sessions: list[SessionDeltas], checkpoints: dict[CellKey, tuple[str, ...]], newest: list[Observation]
+    sessions: list[SessionDeltas],
+    checkpoints: dict[CellKey, tuple[str, ...]],
+    newest: list[Observation],
+    names: Mapping[str, str],
 ) -> list[str]:
     """Against each session's previous run (the last nightly): new failures, then fixed, flaky and still failing
-    folded; a first run compares nothing and folds what fails."""
+    folded; a first run compares nothing and folds what fails. Each cause is named by `names` (the report's
+    failing-now names, by cause id), else by its own cells (DeltaCause.title)."""
     causes = delta_causes(sessions)
     compared = [s for s in sessions if s.previous is not None]
     new = [c for c in causes if c.kind == "new failure"]
@@ -158,10 +184,13 @@ def nightly_comment(
             code(s.session) for s in sessions
         )
         summary = (
-            f"{count_text(sum(len(c) for c in failing.values()), 'cell')} fail in "
+            f"{count_text(sum(len(c.cells) for c in failing), 'cell')} fail in "
             f"{count_text(len(failing), 'cause')} (no earlier run to say which are new)"
         )
-        lines = [_short_line(fc, text, cells) for (fc, text), cells in failing.items()]
+        lines = [
+            _short_line(cause.id, cause_name(names, cause.id, cause.failure_class, cause.title), cause.cells)
+            for cause in failing
+        ]
         return [first, *collapsed(summary, lines)]
     bases = "; ".join(
         f"{code(s.session)} last nightly {code(s.previous.run_id)}" for s in compared if s.previous is not None
@@ -190,26 +219,53 @@ def nightly_comment(
                 for line in answer_lines(t, markdown_link)
             ]
             notes += [f"{len(unseen)} without a verdict in the last nightly"] if unseen else []
-            lines += new_failure_block(
-                delta_cause.failure_class, delta_cause.masked_signature, delta_cause.cells, checkpoints, notes
-            )
+            name = cause_name(names, delta_cause.id, delta_cause.failure_class, delta_cause.title)
+            lines += new_failure_block(delta_cause, name, checkpoints, notes)
     others = [c for c in causes if c.kind != "new failure"]
     flaky = [(s, d.cell) for s in sessions for d in s.deltas if d.kind == "flaky"]
     tally: dict[str, int] = defaultdict(int)
     for c in others:
         tally[c.kind] += len(c.cells)
     summary = f"{tally['still failing']} still failing, {tally['fixed']} fixed, {len(flaky)} flaky"
-    folded = [_short_line(c.failure_class, c.masked_signature, c.cells, f"**{c.kind}** ") for c in others]
+    folded = [_short_line(c.id, cause_name(names, c.id, c.failure_class, c.title), c.cells, c.kind) for c in others]
     folded += [f"- **flaky** {code(cell.id)}" for _, cell in flaky]
     return [*lines, *collapsed(summary, folded)]
 
 
-def _failing_causes(observations: list[Observation]) -> dict[tuple[str, str], list[CellKey]]:
-    failing: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
+@dataclass(frozen=True)
+class FirstRunCause:
+    """The cells failing in a first run with one cause (reports.analysis.signatures.failure_key, as the report groups
+    them)."""
+
+    id: str
+    """The id the report's failing-now section gives it (failure_cause_id)."""
+    failure_class: str
+    """Its first cell's class."""
+    title: str
+    """Its name from its own cells (reports.analysis.cause_names)."""
+    cells: list[CellKey]
+
+
+def _failing_causes(observations: list[Observation]) -> list[FirstRunCause]:
+    """What fails in a first run, by cause, the most cells first."""
+    failing: dict[str, list[Observation]] = defaultdict(list)
     for obs in observations:
         if obs.result.outcome == "fail":
-            failing[obs.result.failure_class, mask_signature(obs.result.signature)].append(obs.cell)
-    return dict(sorted(failing.items(), key=lambda item: (-len(item[1]), item[0])))
+            failing[failure_key(obs.result.failure_class, obs.result.signature, obs.result.cause)].append(obs)
+    causes = []
+    for key, members in failing.items():
+        first = members[0].result
+        text = mask_signature(first.signature)
+        sentence = located_sentence(key, [obs.result.cause.words for obs in members if obs.result.cause], text)
+        causes.append(
+            FirstRunCause(
+                failure_cause_id(first.failure_class, first.signature, first.cause),
+                first.failure_class,
+                cause_title(first.failure_class, text, key, sentence),
+                sorted({obs.cell for obs in members}),
+            )
+        )
+    return sorted(causes, key=lambda c: (-len(c.cells), c.failure_class, c.title))
 
 
 def check_comment(
@@ -332,10 +388,15 @@ def comment_markdown(
     inert: Callable[[str], str],
     pr: PrCheck | None = None,
     links: RunLinks | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> str:
     """The comment: COMMENT_MARKER (found by reruns, which edit it), then check_comment (with `pr`: a pull request's
-    check against its base) or nightly_comment. `inert` neutralises every line built from the results, keeping our
-    links and <details> frames."""
-    body = check_comment(pr, sessions, checkpoints, links) if pr else nightly_comment(sessions, checkpoints, newest)
+    check against its base) or nightly_comment (`names`: the report's failing-now names of causes, by id). `inert`
+    neutralises every line built from the results, keeping our links and <details> frames."""
+    body = (
+        check_comment(pr, sessions, checkpoints, links)
+        if pr
+        else nightly_comment(sessions, checkpoints, newest, names or {})
+    )
     text = "\n".join(inert(line) for line in body)
     return f"{COMMENT_MARKER}\n{text.rstrip()}\n"

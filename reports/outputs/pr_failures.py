@@ -24,6 +24,7 @@ from reports.analysis import (
     History,
     Link,
     cause_statement,
+    cause_title,
     cells_text,
     code,
     count_text,
@@ -153,15 +154,16 @@ def classify(
 def cause_words(
     statuses: dict[CellKey, CellStatus], remedies: Sequence[RemedyResult] = (), refused_by_design: bool = False
 ) -> str:
-    """The failing cells of one cause in the report's one sentence (reports.analysis.failing_now `cause_statement`:
-    its mechanism, stated as proven only by a remedy verified on every one of them), else the class and cause's
-    reason."""
+    """The failing cells of one cause by the report's name for it (reports.analysis.cause_names `cause_title`), then
+    its one sentence (reports.analysis.failing_now `cause_statement`: its mechanism, stated as proven only by a remedy
+    verified on every one of them), else the class and cause's reason."""
     first = next(iter(statuses.values()))
     text = mask_signature(first.signature)
     key = failure_key(first.failure_class, first.signature, first.cause)
     cells = [cell.id for cell in statuses]
     sentence = cause_statement(key, list(statuses.values()), text, cells, remedies, refused_by_design)
-    return sentence or reason(first.failure_class, text).sentence
+    title = cause_title(first.failure_class, text, key, sentence)
+    return f"{title} — {sentence or reason(first.failure_class, text).sentence}"
 
 
 def _detail(result: CellResult) -> str:

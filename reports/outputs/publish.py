@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from reports.analysis import (
     ResultFiles,
     SessionDeltas,
     analyse,
+    cause_name_text,
     cell_checkpoints,
     code,
     count_text,
@@ -45,6 +47,7 @@ from reports.outputs.markdown_safety import inert
 from reports.outputs.model import build_report
 from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, commits_base_text, select_commits
 from reports.outputs.pr_comment import (
+    cause_name,
     comment_markdown,
     compare_links,
     failure_class_text,
@@ -61,7 +64,6 @@ from reports.store import (
 
 DELTA_TITLES = {"new failure": "New failures", "fixed": "Fixed", "flaky": "Flaky", "still failing": "Still failing"}
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
-MAX_TITLE_CAUSE = 80  # characters of the cause in an issue title; the body has all of it
 MAX_ISSUES = 5  # issues one run opens or edits (`--max-issues`); the causes past it are listed in one summary issue
 SUMMARY_MARKER = "<!-- autotp-matrix:regression-summary -->"
 
@@ -79,18 +81,16 @@ def regression_causes(sessions: list[SessionDeltas]) -> list[DeltaCause]:
     return [c for c in delta_causes(regressions) if c.kind == "new failure"]
 
 
-def issue_markdown(delta_cause: DeltaCause) -> tuple[str, str]:
+def issue_markdown(delta_cause: DeltaCause, names: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """A regression issue: titled by the cause's name (pr_comment.cause_name: the report's where `names` has it, else
+    its own cells'), whole, its error text in the body."""
     cells = delta_cause.cells
-    cause_text = one_line(delta_cause.masked_signature)
-    short = cause_text if len(cause_text) <= MAX_TITLE_CAUSE else cause_text[: MAX_TITLE_CAUSE - 1] + "…"
-    title = inert(
-        f"AutoTP regression: {failure_class_text(delta_cause.failure_class)}: {short} "
-        f"({count_text(len(cells), 'cell')})",
-        title=True,
-    )
+    name = cause_name(names or {}, delta_cause.id, delta_cause.failure_class, delta_cause.title)
+    title = inert(f"AutoTP regression: {one_line(name)} ({count_text(len(cells), 'cell')})", title=True)
     lines = [
         issue_marker(delta_cause),
-        f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause:",
+        f"{count_text(len(cells), 'cell')} passed in the last nightly and fail now with one cause, "
+        f"cause {delta_cause.id}:",
         "",
         f"- Failure: {failure_class_text(delta_cause.failure_class)}: {code(delta_cause.masked_signature)}",
         f"- Cells: {', '.join(code(cell.id) for cell in cells)}",
@@ -145,20 +145,22 @@ def build_posts(
     links: RunLinks | None = None,
     *,
     trusted: bool = True,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[Post, list[Post]]:
     """The comment, and one issue per cause of new regressions where every reported run is `trusted`: a pull
-    request's run never opens or edits an issue, whatever its JUnit says."""
+    request's run never opens or edits an issue, whatever its JUnit says. `names`: the report's failing-now names of
+    causes, by id, which name them here too."""
     comment = Post(
         COMMENT_MARKER,
         "",
-        comment_markdown(sessions, checkpoints, newest, inert, pr, links),
+        comment_markdown(sessions, checkpoints, newest, inert, pr, links, names),
         out_dir / "publish" / "comment.md",
     )
     issues: list[Post] = []
     if not trusted:
         return comment, issues
     for delta_cause in regression_causes(sessions):
-        title, body = issue_markdown(delta_cause)
+        title, body = issue_markdown(delta_cause, names)
         file = out_dir / "publish" / "issues" / f"{_slug(delta_cause.failure_class)}-{delta_cause.id}.md"
         issues.append(Post(issue_marker(delta_cause), title, body, file))
     return comment, issues
@@ -227,6 +229,18 @@ def upstream_posts(
             marker = upstream_marker(delta_cause.id)
             posts.append(Post(marker, title, f"{marker}\n{body}", folder / f"{delta_cause.id}.md"))
     return posts
+
+
+def failing_names(
+    history: History,
+    observations: list[Observation],
+    known: dict[str, KnownFailure],
+    remedies: tuple[RemedyResult, ...] = (),
+) -> dict[str, str]:
+    """The name of each cause failing at the latest versions, by id, as the report gives it (its classes and title,
+    reports.analysis.cause_name_text): what the comment and the issues call a cause failing now."""
+    report = build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
+    return {entry.id: cause_name_text(entry) for entry in report.failing_now.causes}
 
 
 def _pr_check(
@@ -304,7 +318,10 @@ def publish_deltas(
     if untrusted:
         log(f"a pull request's run(s) {', '.join(untrusted)} (untrusted): the comment only, no issues opened or edited")
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        comment, issues = build_posts(deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted)
+        cause_names = failing_names(history, observations, known or {}, remedies)
+        comment, issues = build_posts(
+            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=cause_names
+        )
         drafts = (
             upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log, remedies=remedies)
             if upstream and not untrusted

@@ -3,6 +3,7 @@ run" section, as a record."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reports.analysis import (
@@ -13,6 +14,7 @@ from reports.analysis import (
     delta_causes,
     group_apart,
     group_in_place,
+    named,
 )
 from reports.store import JSONObject
 
@@ -39,9 +41,13 @@ class SinceCause:
     sessions: tuple[str, ...]
     no_previous_verdict: tuple[str, ...]  # new failures that did not run in the previous run
     root_causes: tuple[str, ...]  # the ids of the root causes whose transitions place the change
+    name: str = ""
+    """Its name with its classes (reports.analysis.cause_names): the report's failing-now one where the cause fails
+    at the latest versions, else its own cells'; "" in a report.json written before causes had one."""
 
     def json_shape(self, written: JSONObject) -> JSONObject:
-        return group_in_place(written)
+        """Its group's fields in its place; no `name` where it has none, as report.json was written before."""
+        return {key: value for key, value in group_in_place(written).items() if key != "name" or value}
 
     @staticmethod
     def own_shape(stored: JSONObject) -> JSONObject:
@@ -58,8 +64,10 @@ class SincePreviousRun:
     flaky: tuple[str, ...]
 
 
-def since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
-    """What changed between the previous and the newest run of each session, grouped into causes."""
+def since_previous_run(sessions: list[SessionDeltas], names: Mapping[str, str] | None = None) -> SincePreviousRun:
+    """What changed between the previous and the newest run of each session, grouped into causes; `names`: the
+    failing-now names of causes, by id, which name them here too."""
+    named_now = names or {}
     causes = delta_causes(sessions)
     flaky = sorted({d.cell.id for s in sessions for d in s.deltas if d.kind == "flaky"})
     return SincePreviousRun(
@@ -93,6 +101,7 @@ def since_previous_run(sessions: list[SessionDeltas]) -> SincePreviousRun:
                     sorted({d.cell.id for _, d in c.deltas if c.kind == "new failure" and not d.regression})
                 ),
                 root_causes=tuple(sorted({cause_id(*t.cause_key) for _, d in c.deltas for t in d.transitions})),
+                name=named_now.get(c.id) or named(c.failure_class, c.title),
             )
             for c in causes
         ),

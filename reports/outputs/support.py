@@ -7,9 +7,10 @@
 
 Families are DeepSpeed's own names (matrix/registry.py ModelEntry.docs_family: `gpt-neox`, `qwen2-moe`, `openai`),
 so the page and its diff read like DeepSpeed's; a model the registry does not name is its own family. Each failure
-is said in words from its mechanism (reports.analysis.reasons), never as an error string. A family with faithful
-cells (split like its real checkpoints) is judged by them; stress cells judge it only without them. A `setup` or
-`install` failure is the harness's or the environment's: no verdict (a family with nothing else is "not tested").
+is said by its cause's name (reports.analysis.cause_names, as every output names it), never as an error string. A
+family with faithful cells (split like its real checkpoints) is judged by them; stress cells judge it only without
+them. A `setup` or `install` failure is the harness's or the environment's: no verdict (a family with nothing else is
+"not tested").
 The page states what it was tested at: the versions, the accelerator, the dtypes and tp sizes."""
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def family_parts(
         state, words, cause_id, known = _state(status), "", "", None
         if status.status == "fail":
             cause = causes.get(cell.id)
-            words = reason(status.failure_class, cause.group.masked_signature if cause else status.signature).short
+            words = cause.title if cause and cause.title else reason(status.failure_class, status.signature).short
             cause_id = cause.id if cause else ""
             if cause and cause.known and cell.id in cause.known.cells and cause.known.state != "unsupported":
                 known = Tracked(cause.known.label, cause.known.upstream)

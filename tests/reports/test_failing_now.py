@@ -94,7 +94,8 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     assert printed[-29].startswith("Failing now, by cause (")
     assert [line.split(". ", 1)[0] for line in causes] == [str(n) for n in range(1, 28)]
     assert not any("`" in line or "](" in line or "**" in line for line in causes)
-    assert causes[-1].startswith("27. [new] memory: experts not sharded: ")  # memory only: last
+    # memory only: last; named by the reason its signature gives (no mechanism recorded), its signature after
+    assert causes[-1].startswith("27. [new] memory: weights are split unevenly — experts not sharded: ")
 
     data = json.loads((out / "report.json").read_text())["failing_now"]
     assert (data["cells"], len(data["causes"])) == (94, 27)
@@ -139,7 +140,8 @@ def test_a_nightly_of_94_failures_reads_as_27_causes_in_under_40_lines(tmp_path,
     # The example is the cell standing for what users run most: opt-125m's architecture before falcon's; the causes
     # in order of severity (wrong output or a crash first), then of the most popular checkpoint (gpt2 above opt).
     assert lines[4] == (
-        "2. **new** forward: `RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at "
+        "2. **new** forward: its forward fails on a tensor whose size the split changed — "
+        "`RuntimeError: The size of tensor a (N) must match the size of tensor b (N) at "
         "non-singleton "
         "dimension N @ transformers/integrations/sdpa_attention.py:sdpa_attention_forward` — AutoTP bug (DeepSpeed's) "
         "— "
@@ -249,8 +251,8 @@ def test_a_known_failure_whose_cells_pass_now_says_close_and_an_unknown_cause_is
     lines = failing_section(out)
     assert lines[0].startswith("1 cell fails in 1 cause at the latest versions: 1 new, 0 known; 1 known failure fixed")
     assert lines[2].startswith(
-        f"1. **new** forward: `{BLOOM}` — AutoTP bug (DeepSpeed's) — 1 cell: eager fp32: bloom tp2 — since the first "
-        "run —"
+        "1. **new** forward: its forward fails on a tensor whose size the split changed — "
+        f"`{BLOOM}` — AutoTP bug (DeepSpeed's) — 1 cell: eager fp32: bloom tp2 — since the first run —"
     )
     assert lines[3:] == [
         "Known failures whose cells pass now:",
@@ -270,7 +272,8 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     assert lines[0].startswith("3 cells fail in 2 causes at the latest versions: 1 new, 1 known.")
     assert lines[2].startswith("1. **new** forward")
     assert lines[3].startswith(
-        f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard: `RuntimeError: split_with_"
+        f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard: init_inference fails to shard it — "
+        "`RuntimeError: split_with_"
         "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
         "module_inject/layers.py:uneven_partition` — AutoTP bug (DeepSpeed's) — 2 cells: eager fp32: llama tp2/3 — "
         "since the "
@@ -567,7 +570,8 @@ def test_causes_are_mechanisms_that_say_whose_bug_and_where_it_surfaced(tmp_path
     norm = next(line for line in lines if "left whole" in line)
     # olmo2's norm and bitnet's are not one tensor: the cause says what holds for both, each cell its own
     assert norm.startswith(
-        "1. **new** forward: a norm tensor left whole next to a projection AutoTP split; slicing the norm's weight "
+        "1. **new** forward: a norm tensor left whole beside a split projection — "
+        "a norm tensor left whole next to a projection AutoTP split; slicing the norm's weight "
         "would not fix it: its statistic (the variance) spans the full width, so each rank needs the other ranks' "
         "share of it, a reduction across ranks AutoTP does not do (mechanism not proven: read at the failing lines "
         "of DeepSpeed's and transformers' source; no remedy run yet) — "

@@ -61,22 +61,29 @@ def pair(tmp_path):
 
 
 COUNT = "3 new failures, 2 already failing on the base, 1 flaky, 1 known; 0 fixed, 0 missing"
-RAISES = "The sharded model raises in its forward pass."
-SHARD = "shard: init_inference raises RuntimeError while sharding the model: no sharded model to run."
+# A cause is named as the report names it (reports.analysis.cause_names), then said in its sentence.
+RAISES = "the sharded model raises {kind} — The sharded model raises in its forward pass."
+SHARD = (
+    "shard: init_inference fails to shard it — init_inference raises RuntimeError while sharding the model: no sharded "
+    "model to run."
+)
 CAUSES = [
-    "- new cause 0a3409902e38: numerics: The sharded model runs, but its outputs differ from the unsharded model's "
+    "- new cause 0a3409902e38: numerics: logits differ from the unsharded model — "
+    "The sharded model runs, but its outputs differ from the unsharded model's "
     "beyond rounding: a weight, bias or per-head tensor is split or joined the wrong way. — 1 cell: eager fp32: opt "
     "tp2 (the base fails another way: shard `AssertionError: heads`)",
     "  - opt-eager-fp32-tp2: logits_max_rel 0.3 > 0.01",
     # A known cause the PR brought back to a cell passing on the base is the PR's.
     f"- new cause 6650031b36c7: {SHARD} — 1 cell: eager fp32: mistral tp2 (pass on the base; known: {{link}})",
     "  - mistral-eager-fp32-tp2: " + UNEVEN.format(n=64),
-    f"- new cause e4b683bff952: forward: {RAISES} — 1 cell: eager fp32: llama tp2 (pass on the base)",
+    f"- new cause e4b683bff952: forward: {RAISES.format(kind='IndexError')} — 1 cell: eager fp32: llama tp2 "
+    "(pass on the base)",
     "  - llama-eager-fp32-tp2: IndexError: index 7 is out of bounds",
-    "- broken trunk cause 299159f73ad0: forward: The model's own forward meets a tensor whose size AutoTP's split "
+    "- broken trunk cause 299159f73ad0: forward: its forward fails on a tensor whose size the split changed — "
+    "The model's own forward meets a tensor whose size AutoTP's split "
     "changed (a per-rank head count or width it did not update, or a tensor left whole next to a split one); the "
     "unsharded model runs. — 2 cells: eager fp32: falcon tp2/3",
-    f"- flaky cause 9b4818410e14: forward: {RAISES} — 1 cell: eager fp32: bloom tp2",
+    f"- flaky cause 9b4818410e14: forward: {RAISES.format(kind='RuntimeError')} — 1 cell: eager fp32: bloom tp2",
     f"- known cause 6650031b36c7: {SHARD} — 1 cell: eager fp32: gpt2 tp2 (known: {{link}})",
 ]
 
@@ -163,7 +170,7 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
     ]
     # The report's cause id and words, each cell with its numbers (the cause masks them).
     assert new[:4] == [
-        f"- **cause e4b683bff952** forward: {RAISES} — 1 cell: eager fp32: llama tp2",
+        f"- **cause e4b683bff952** forward: {RAISES.format(kind='IndexError')} — 1 cell: eager fp32: llama tp2",
         "  - `llama-eager-fp32-tp2`: `IndexError: index 7 is out of bounds`",
         "  - pass on the base",
         "  - reproduce: `nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`",
@@ -174,10 +181,12 @@ def test_the_pr_comment_starts_with_the_count_and_lists_new_failures_first(pair,
     assert "  - `opt-eager-fp32-tp2`: `logits_max_rel 0.3 > 0.01`" in new
     folded = comment[comment.index("<details><summary>2 already failing on the base, 1 flaky, 1 known</summary>") :]
     assert folded[2:5] == [
-        "- **broken trunk** cause 299159f73ad0 forward: The model's own forward meets a tensor whose size AutoTP's "
+        "- **broken trunk** cause 299159f73ad0 forward: its forward fails on a tensor whose size the split changed — "
+        "The model's own forward meets a tensor whose size AutoTP's "
         "split changed (a per-rank head count or width it did not update, or a tensor left whole next to a split "
         "one); the unsharded model runs. — 2 cells: `falcon-eager-fp32-tp2`, `falcon-eager-fp32-tp3`",
-        f"- **flaky** cause 9b4818410e14 forward: {RAISES} — 1 cell: `bloom-eager-fp32-tp2`",
+        f"- **flaky** cause 9b4818410e14 forward: {RAISES.format(kind='RuntimeError')} — 1 cell: "
+        "`bloom-eager-fp32-tp2`",
         f"- **known** cause 6650031b36c7 {SHARD} — 1 cell: `gpt2-eager-fp32-tp2` ({link})",
     ]
     assert folded[-1] == "</details>"
@@ -261,15 +270,17 @@ def test_the_gate_and_the_comment_state_a_cause_as_the_report_does_proven_only_b
         how="", status="verified", cause_cells=ids, fixed=ids, changed=(), others_compared=0, seconds=1.0,
         taken_at=TakenAt("0.19.8", "", "5.25.0", "45708c6", "2026-12-07T09:30:48Z"),
     )  # fmt: skip
-    assert cause_words(cells).startswith(f"{words} (mechanism not proven: ")
+    title = "the parser leaves `multi_head_attention.dense` column-parallel where it must be row-parallel"
+    assert cause_words(cells).startswith(f"{title} — {words} (mechanism not proven: ")
     proven = (
-        "CTRL registers its layernorms after `ffn` (verified: 2 of 2 cells pass with this workaround: Pass "
+        f"{title} — CTRL registers its layernorms after `ffn` (verified: 2 of 2 cells pass with this workaround: Pass "
         "injection_policy to deepspeed.init_inference; at DeepSpeed 0.19.8, transformers 5.25.0)"
     )
     assert cause_words(cells, (remedy,)) == proven
     half = RemedyResult(**{**remedy.__dict__, "fixed": ids[:1], "status": "unverified"})
     assert cause_words(cells, (half,)) == (
-        f"{words} (mechanism not proven: workaround (Pass injection_policy to deepspeed.init_inference): 1 of 2 cells "
+        f"{title} — {words} (mechanism not proven: workaround (Pass injection_policy to deepspeed.init_inference): "
+        "1 of 2 cells "
         "pass)"
     )
 

@@ -98,7 +98,8 @@ def test_forty_five_fixes_of_one_cause_are_one_root_cause(issue_18):
     fixes = section(report, "Root causes")[4:]
     assert fixes[0] == "### Fixes: 1 cause, 45 cells"
     assert fixes[1].startswith(
-        "1. shard `RuntimeError: split_with_sizes expects split_sizes to sum exactly to N (input tensor's size at "
+        "1. shard: init_inference fails to shard it `RuntimeError: split_with_sizes expects split_sizes to sum "
+        "exactly to N (input tensor's size at "
         "dimension N), but got split_sizes=[N…] @ deepspeed/module_inject/layers.py:uneven_partition` — deepspeed "
         "0.18.9 → 0.19.8 — 45 cells: eager fp32: codegen tp2/3, cohere tp2/3, gemma tp2/3, gemma2 tp2/3, gemma3 tp2,"
     )
@@ -117,8 +118,9 @@ def test_first_screen_says_what_changed_since_the_previous_run(issue_18):
         "3 new failures in 1 cause.",
         "- `nightly`: run `nightly@2026-12-03T00:00:00Z@vm` → `nightly@2026-12-04T00:00:00Z@vm`: "
         "transformers 5.23.0 → 5.24.0",
-        "- **new failure** forward `RuntimeError: The expanded size of the tensor (N) must match the existing size (N) "
-        "at non-singleton dimension N. Target sizes: [N…]. Tensor sizes: [N…] @ "
+        "- **new failure** forward: its forward fails on a tensor whose size the split changed `RuntimeError: The "
+        "expanded size of the tensor (N) must match the existing size (N) at non-singleton dimension N. Target sizes: "
+        "[N…]. Tensor sizes: [N…] @ "
         "transformers/models/bloom/modeling_bloom.py:forward` — 3 cells: eager fp32: bloom tp2/3/4 — "
         "transformers 5.23.0 → 5.24.0: answer: not yet triaged",
     ]
@@ -191,7 +193,8 @@ def test_a_cause_seen_away_from_the_latest_versions_says_where(session, tmp_path
     session([Cell("llama")], transformers="5.24.0", deepspeed="0.19.0")
     report = (render(tmp_path / "junit", tmp_path) / "report.md").read_text()
     assert (
-        "1. shard `split_sizes=[N…]` — deepspeed 0.18.9 → 0.19.0 at transformers 4.57.6 — 2 cells: eager fp32: "
+        "1. shard: init_inference fails to shard it `split_sizes=[N…]` — deepspeed 0.18.9 → 0.19.0 at transformers "
+        "4.57.6 — 2 cells: eager fp32: "
         "llama tp2/3" in report
     )
 

@@ -26,11 +26,13 @@ def test_regression_blocks_and_known_failures_do_not(store, capsys):
         "2 new failures, 0 already failing on the base, 0 flaky, 0 known; 0 fixed, 0 missing",
         "baseline deepspeed=0.10.0: 2 trusted run(s): session2@2025-01-02T00:00:00Z@runner-1, "
         "session3@2025-01-03T00:00:00Z@runner-1",
-        "- new cause 0a3409902e38: numerics: The sharded model runs, but its outputs differ from the unsharded "
+        "- new cause 0a3409902e38: numerics: logits differ from the unsharded model — "
+        "The sharded model runs, but its outputs differ from the unsharded "
         "model's beyond rounding: a weight, bias or per-head tensor is split or joined the wrong way. — 1 cell: "
         "eager fp32: opt tp2 (the base fails another way: shard `ShardError: broken`)",
         "  - opt-eager-fp32-tp2: logits_max_rel 0.3 > 0.01",  # with its numbers: the cause masks them
-        "- new cause 0fa092dc1df6: shard: init_inference raises AssertionError while sharding the model: no sharded "
+        "- new cause 0fa092dc1df6: shard: init_inference fails to shard it — "
+        "init_inference raises AssertionError while sharding the model: no sharded "
         "model to run. — 1 cell: eager fp32: llama tp2 (pass on the base)",
         "  - llama-eager-fp32-tp2: AssertionError: heads % tp != 0",
         "",

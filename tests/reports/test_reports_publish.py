@@ -248,26 +248,31 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     ]
     new_failures = comment.split("### 2 new failure causes\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
-        f"- **shard** `{LLAMA_CAUSE}` — 2 cells: eager fp32: llama tp2/3",
-        "  - init_inference raises AssertionError while sharding the model: no sharded model to run.",
+        f"- **cause {LLAMA_ID}** shard: init_inference fails to shard it — 2 cells: eager fp32: llama tp2/3",
+        f"  - init_inference raises AssertionError while sharding the model: no sharded model to run. `{LLAMA_CAUSE}`",
         "  - deepspeed 0.19.7 → 0.19.8: answer: not yet triaged",
         "  - reproduce: `nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`",
-        "- **forward** `ForwardError: broken` — 1 cell: eager fp32: mistral tp2",
-        "  - The sharded model raises in its forward pass.",
+        f"- **cause {cause_id('forward', 'ForwardError: broken')}** forward: the sharded model raises ForwardError — "
+        "1 cell: eager fp32: mistral tp2",
+        "  - The sharded model raises in its forward pass. `ForwardError: broken`",
         "  - 1 without a verdict in the last nightly",
         "  - reproduce: `nox -s repro -- --models mistral.stress --variants eager --dtypes fp32 --tp 2`",
     ]
     folded = comment.split("<details><summary>1 still failing, 1 fixed, 1 flaky</summary>\n\n", 1)[1]
     assert folded.splitlines()[:3] == [
-        "- **fixed** forward `RuntimeError: shape` — 1 cell: eager fp32: bloom tp2",
-        "- **still failing** setup `ImportError: token=***` — 1 cell: eager fp32: qwen2 tp2",
+        f"- **fixed** cause {cause_id('forward', 'RuntimeError: shape')} forward: the sharded model raises "
+        "RuntimeError — 1 cell: eager fp32: bloom tp2",
+        f"- **still failing** cause {cause_id('setup', 'ImportError: token=***')} setup: setup failure — 1 cell: "
+        "eager fp32: qwen2 tp2",
         "- **flaky** `falcon-eager-fp32-tp2`",
     ]
     assert "gptj" not in comment  # passing before and now: nothing to say
     issues = sorted((tmp_path / "out" / "publish" / "issues").iterdir())
     assert [p.name for p in issues] == [ISSUE]  # one issue for the cause, not one per cell
     issue = issues[0].read_text()
-    assert issue.startswith(f"# AutoTP regression: shard: {LLAMA_CAUSE[:79]}… (2 cells)\n")
+    # titled by the cause's name, whole (its error text in the body), never the error text cut mid-token
+    assert issue.startswith("# AutoTP regression: shard: init_inference fails to shard it (2 cells)\n")
+    assert f"- Failure: shard: `{LLAMA_CAUSE}`" in issue
     assert f"<!-- autotp-matrix:regression cause={cause_id('shard', LLAMA_CAUSE)} -->" in issue
     assert "- Cells: `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`" in issue
     assert (
@@ -325,7 +330,10 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     github.requests.clear()
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "GET", "PATCH"]
-    assert f"- **still failing** shard `{LLAMA_CAUSE}` — 1 cell: eager fp32: llama tp2" in github.comments[2]["body"]
+    assert (
+        f"- **still failing** cause {LLAMA_ID} shard: init_inference fails to shard it — 1 cell: eager fp32: llama tp2"
+        in github.comments[2]["body"]
+    )
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
 
@@ -397,7 +405,7 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert (
         f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError while sharding the model: no sharded model "
-        f"to run.\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment
+        f"to run. `{LLAMA_CAUSE}`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment
     )  # the same answer, once
 
 
