@@ -50,7 +50,8 @@ def test_release_range_lists_autotp_commits_first(deepspeed_repo, session, tmp_p
         return f'[{sha[:10]}]({url}/commit/{sha}) ({number}"{subject}")'
 
     assert section(report, "Root causes")[2:] == [
-        "1. shard `ShardError: broken` — deepspeed 0.14.2 → 0.14.3 — 1 cell: eager fp32: llama tp2",
+        "1. shard: init_inference fails to shard it `ShardError: broken` — deepspeed 0.14.2 → 0.14.3 — 1 cell: "
+        "eager fp32: llama tp2",
         "   - answer: not yet triaged",
         "   - candidate commits (2 of 4 touch AutoTP paths, listed first): "
         + "; ".join(
@@ -74,8 +75,8 @@ def test_git_builds_are_ordered_topologically_not_by_date(deepspeed_repo, sessio
     docs, accelerator = shas["docs"], shas["accelerator"]
     url = "https://github.com/deepspeedai/DeepSpeed"
     assert section(report, "Root causes")[2:] == [
-        f"1. numerics `NumericsError: broken` — deepspeed 0.14.3.dev0@{docs[:10]} → 0.14.3.dev0@{accelerator[:10]} — "
-        "1 cell: eager fp32: llama tp2",
+        "1. numerics: logits differ from the unsharded model `NumericsError: broken` — "
+        f"deepspeed 0.14.3.dev0@{docs[:10]} → 0.14.3.dev0@{accelerator[:10]} — 1 cell: eager fp32: llama tp2",
         "   - answer: not yet triaged",
         f"   - candidate commits (1 of 1 touch AutoTP paths, listed first): "
         f"[{accelerator[:10]}]({url}/commit/{accelerator}) "
@@ -104,6 +105,6 @@ def test_a_label_that_is_not_a_release_is_ordered_without_the_clone(deepspeed_re
     session([fail("llama", "install", "pip failed")], deepspeed="pr/1234")
     report = (render(tmp_path / "junit", tmp_path, "--deepspeed-repo", str(repo)) / "report.md").read_text()
     assert section(report, "Root causes")[2:] == [
-        "1. install `pip failed` — deepspeed 0.14.3 → pr/1234 — 1 cell: eager fp32: llama tp2",
+        "1. install: install failure `pip failed` — deepspeed 0.14.3 → pr/1234 — 1 cell: eager fp32: llama tp2",
         "   - answer: not yet triaged",
     ]
