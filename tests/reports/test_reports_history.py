@@ -37,18 +37,19 @@ def test_report_lists_transitions_flaky_cells_and_matrix(scenario, tmp_path, mon
         "(fixes) along one axis; the other axes are held at the latest versions (deepspeed 0.11.0, transformers "
         '4.45.0, torch 2.4.0, python 3.11.7) unless a cause says "at …".',
         "### Regressions: 2 causes, 2 cells",
-        "1. shard `AssertionError: heads % tp != N` — deepspeed 0.10.0 → 0.10.1 at transformers 4.44.0 — 1 cell: "
-        "eager fp32: llama tp2",
+        "1. shard: init_inference fails to shard it `AssertionError: heads % tp != N` — deepspeed 0.10.0 → 0.10.1 "
+        "at transformers 4.44.0 — 1 cell: eager fp32: llama tp2",
         "   - answer: not yet triaged",
-        "2. setup `ImportError: cannot import name X` — transformers 4.44.0 → 4.45.0 — 1 cell: eager fp32: qwen2 tp2",
+        "2. setup: setup failure `ImportError: cannot import name X` — transformers 4.44.0 → 4.45.0 — 1 cell: "
+        "eager fp32: qwen2 tp2",
         "   - answer: not yet triaged",
         "### Fixes: 1 cause, 1 cell",
-        "1. forward `ForwardError: broken` — deepspeed 0.9.5 → 0.10.0 at transformers 4.44.0 — 1 cell: eager fp32: "
-        "gpt-neox tp2",
+        "1. forward: the sharded model raises ForwardError `ForwardError: broken` — deepspeed 0.9.5 → 0.10.0 "
+        "at transformers 4.44.0 — 1 cell: eager fp32: gpt-neox tp2",
         "   - answer: not yet triaged",
         "### Failure-class changes: 1 cause, 1 cell",
-        "1. shard → numerics `logits_max_rel N > N` — deepspeed 0.10.0 → 0.10.1 at transformers 4.44.0 — 1 cell: "
-        "eager fp32: opt tp2",
+        "1. shard → numerics: logits differ from the unsharded model `logits_max_rel N > N` — deepspeed 0.10.0 → "
+        "0.10.1 at transformers 4.44.0 — 1 cell: eager fp32: opt tp2",
         "   - answer: not yet triaged",
     ]
     # "at transformers 4.44.0" is the typed pins of the model that differ from the latest versions, read back too
@@ -109,7 +110,8 @@ def test_versions_are_ordered_as_releases_not_strings(session, tmp_path):
     session([Cell("llama")], deepspeed="0.8.1")
     out = render(tmp_path / "junit", tmp_path)
     assert regressions((out / "report.md").read_text()) == [
-        "1. shard `ShardError: broken` — deepspeed 0.9.0 → 0.10.0 — 1 cell: eager fp32: llama tp2"
+        "1. shard: init_inference fails to shard it `ShardError: broken` — deepspeed 0.9.0 → 0.10.0 — 1 cell: "
+        "eager fp32: llama tp2"
     ]
 
 
@@ -119,7 +121,8 @@ def test_mixed_outcomes_at_different_versions_are_not_flaky(session, tmp_path):
     report = (render(tmp_path / "junit", tmp_path) / "report.md").read_text()
     assert section(report, "Flaky cells") == ["None."]
     assert regressions(report) == [
-        "1. memory `MemoryError: broken` — torch 2.3.1 → 2.4.0 — 1 cell: eager fp32: llama tp2"
+        "1. memory: weights are split unevenly `MemoryError: broken` — torch 2.3.1 → 2.4.0 — 1 cell: "
+        "eager fp32: llama tp2"
     ]
     assert "| llama | ❌ memory | — |" in report and "| opt | — | ⏭️ |" in report
 
@@ -163,7 +166,7 @@ def test_labels_that_are_not_releases_come_after_the_releases(session, tmp_path)
         ["deepspeed master", " transformers 4.44.0"],
     ]
     assert regressions((out / "report.md").read_text()) == [
-        "1. install `pip failed` — deepspeed 0.19.8 → pr/1234 — 1 cell: eager fp32: llama tp2"
+        "1. install: install failure `pip failed` — deepspeed 0.19.8 → pr/1234 — 1 cell: eager fp32: llama tp2"
     ]
 
 
