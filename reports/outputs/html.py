@@ -230,7 +230,7 @@ def _cause(verdict: CheckpointVerdict) -> Markup:
     """A failing verdict's cause: its name linked to its failing-now entry, else its signature cut at a word
     boundary (reports.analysis.cause_names)."""
     if verdict.cause_title:
-        return Markup(': {} (<a href="#cause-{}">cause {}</a>)').format(
+        return Markup(': {} (<a href="#failing-{}">cause {}</a>)').format(
             code_spans(verdict.cause_title), verdict.cause_id, verdict.cause_number
         )
     if not verdict.cause:
