@@ -218,5 +218,5 @@ def test_the_failing_now_section_render_prints_is_redacted(tmp_path, capsys):
     capsys.readouterr()
     assert main(["render", "--store", str(store), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Failing now, by cause (" in printed and "shard: RuntimeError: rejected ***" in printed
+    assert "Failing now, by cause (" in printed and "RuntimeError: rejected ***" in printed
     assert token not in printed
