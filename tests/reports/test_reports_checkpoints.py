@@ -120,7 +120,7 @@ def test_the_report_states_verdicts_per_checkpoint_and_stress_verdicts_per_archi
         '<li><a href="checkpoints/Qwen--Qwen2-7B.html">Qwen/Qwen2-7B</a> (<a href="https://huggingface.co/Qwen/Qwen2-7B">'
         'model card</a>) — qwen2, faithful shapes: tp 2: <span class="verdict pass"><span aria-hidden="true">✅</span> '
         'pass</span> · tp 3: <span class="verdict fail"><span aria-hidden="true">❌</span> forward</span>: its forward '
-        'fails on a tensor whose size the split changed (<a href="#cause-'
+        'fails on a tensor whose size the split changed (<a href="#failing-'
     ) in html
     assert '<ul id="stress-verdicts"><li>llama architecture under stress shapes' in html
 
