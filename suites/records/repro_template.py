@@ -700,6 +700,11 @@ def main() -> None:
         print("RESULT:", "NOT REPRODUCED HERE" if unreproduced else "MATCH" if ok else "MISMATCH")
         if unreproduced:
             print(f"the cell failed ({CELL['verdict']}); {CELL['note']}")
+    # Tear the process groups down while Python is whole: left to interpreter exit, gloo's worker threads free
+    # tensors that need the GIL and abort the process ("terminate called without an active exception", exit -6),
+    # which hides the result above (pytorch/pytorch#190489).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     sys.exit(2 if unreproduced else 0 if ok else 1)
 
 
