@@ -34,7 +34,7 @@ from matrix.harness_cache import used
 from matrix.json_records import read_record, write_record
 from matrix.redaction import redact
 from suites.base.atomic import write_text_atomically
-from suites.engine import doorbells
+from suites.engine import doorbells, oom_kills
 from suites.engine.fork_server import ForkedGroup, ForkServer, GroupStartFailure
 from suites.verdicts.mechanism import AutoTPRecord
 from suites.verdicts.outcome import CellOutcome, RankError, failed, first_error, log_folder, read_death_records
@@ -239,6 +239,7 @@ class RankGroup:
     def _start(self) -> None:
         release_orphaned_shared_memory()
         deadline = time.monotonic() + self.start_timeout
+        oom_kills_at_start = oom_kills.kernel_oom_kills()
         if self.fork_server is not None:
             self.process = self.fork_server.fork_group(
                 tp=self.tp,
@@ -266,7 +267,7 @@ class RankGroup:
             self.process = LauncherProcess(command, self.env, self.workdir / "launcher.log")
         while not all((self.workdir / f"ready.{r}").exists() for r in range(self.tp)):
             if not self.alive:
-                died = self._died()
+                died = self._died(oom_kills_at_start)
                 raise GroupStartFailure(
                     died.failed_class,
                     f"rank group failed to start: {died.signature}",
@@ -309,12 +310,13 @@ class RankGroup:
             doorbells.ring(doorbells.job_path(self.workdir, rank))
         result_file = self.workdir / f"result-{seq}.json"
         deadline = time.monotonic() + timeout
+        oom_kills_at_start = oom_kills.kernel_oom_kills()
         first_error_at = None
         while True:
             if result_file.exists() and all((self.workdir / f"done-{seq}.{r}").exists() for r in range(self.tp)):
                 return self._with_record(read_record(CellOutcome, json.loads(result_file.read_text())), seq)
             if not self.alive:
-                return self._with_record(self._died(), seq)
+                return self._with_record(self._died(oom_kills_at_start), seq)
             errors = sorted(self.workdir.glob(f"error-{seq}.*.json"))
             if errors and first_error_at is None:
                 first_error_at = time.monotonic()
@@ -341,10 +343,11 @@ class RankGroup:
             wake_by = min(deadline, first_error_at + ERROR_GRACE_SECONDS if first_error_at is not None else deadline)
             self.events.wait(min(LIVENESS_SECONDS, wake_by - time.monotonic()))
 
-    def _died(self) -> CellOutcome:
+    def _died(self, oom_kills_at_start: int | None) -> CellOutcome:
         """The group ended outside a cell's stages. A rank that raised wrote whose fault it was
         (outcome.death_record); one that wrote nothing died of a signal or an exit of DeepSpeed's/torch's
-        native code: `crash`."""
+        native code: `crash`, which names the kernel's out-of-memory killer where its count rose past
+        `oom_kills_at_start` (read when the cell or the group's start began)."""
         logs = self.logs_tail()
         self.kill()
         recorded = read_death_records(self.workdir, "died.*.json")
@@ -355,6 +358,8 @@ class RankGroup:
         exit_line = re.search(r"exits with return code = (-?\d+)", logs)
         code = int(exit_line.group(1)) if exit_line else self.process.returncode if self.process else None
         cause = "unknown cause" if code is None else _signal_name(-code) if code < 0 else f"exit code {code}"
+        if code == -signal.SIGKILL and (killed := oom_kills.oom_killed(oom_kills_at_start, logs)) is not None:
+            return killed
         return failed("crash", f"rank died: {cause}", f"a rank process died ({cause}); rank group restarted.\n{logs}")
 
     def kill(self) -> None:

@@ -220,6 +220,27 @@ def test_group_killing_fault_is_reported_and_the_next_cell_runs(pool, llama_tp2,
     assert pool.launches == launches + 1
 
 
+def test_a_rank_the_kernels_out_of_memory_killer_kills_says_so_and_what_to_do(pool, llama_tp2, monkeypatch):
+    """A rank dies by a real SIGKILL mid-forward; the kernel's count of out-of-memory kills is the test's. While the
+    count rises the crash names the OOM killer and says to rerun the cell alone (seen: a training cell killed while the
+    tests ran beside the matrix read as a bare SIGKILL); while it stays, the same death is a bare SIGKILL."""
+    from suites.engine import oom_kills
+
+    counts = iter(range(1000))  # one more kill at every read
+    monkeypatch.setattr(oom_kills, "kernel_oom_kills", lambda: next(counts))
+    killed = run_with(llama_tp2, pool, "rank1_sigkill", timeout=30.0)
+    assert (killed.failure_class, killed.signature) == (
+        "crash",
+        "rank died: SIGKILL by the kernel's out-of-memory killer",
+    ), killed.message
+    assert "memory ran out, the host's or its container's limit" in killed.message
+    assert "rerun the cell alone" in killed.message
+    monkeypatch.setattr(oom_kills, "kernel_oom_kills", lambda: 7)
+    bare = run_with(llama_tp2, pool, "rank1_sigkill", timeout=30.0)
+    assert (bare.failure_class, bare.signature) == ("crash", "rank died: SIGKILL"), bare.message
+    assert run_with(llama_tp2, pool).outcome == "pass"
+
+
 def test_a_dead_fork_server_is_started_again(pool, llama_tp2):
     assert run_with(llama_tp2, pool).outcome == "pass"
     assert pool.fork_server is not None, "CPU groups are forked from the server (suites/engine/fork_server.py)"
