@@ -44,7 +44,7 @@ from reports.clones import GitRepo
 from reports.outputs.draft_issue import draft_text, not_deepspeeds
 from reports.outputs.github import API_URL_ENV, COMMENT_MARKER, DEFAULT_API_URL, TOKEN_ENV, Post, post_all
 from reports.outputs.markdown_safety import inert
-from reports.outputs.model import build_report
+from reports.outputs.model import Report, build_report
 from reports.outputs.pr_check import PrCheck, RunLinks, check, check_history, commits_base_text, select_commits
 from reports.outputs.pr_comment import (
     cause_name,
@@ -197,19 +197,16 @@ def upstream_marker(cause: str) -> str:
 
 def upstream_posts(
     sessions: list[SessionDeltas],
+    report: Report,
     history: History,
     observations: list[Observation],
     *,
-    known: dict[str, KnownFailure],
     out_dir: Path,
     log: Log,
-    remedies: tuple[RemedyResult, ...] = (),
 ) -> list[Post]:
-    """The draft-issue report of each cause of new regressions that fails at the latest versions, is DeepSpeed's
-    (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers, behind its marker; `remedies`:
-    the store's results of `nox -s remedy` (HistoryStore.remedy_results), which state a cause proven."""
-    files = ResultFiles(remedies=remedies)
-    report = build_report(history, aggregate(observations), None, known, files)
+    """The draft-issue report of each cause of new regressions that fails at the latest versions (`report`, built by
+    `latest_report`), is DeepSpeed's (reports.outputs.draft_issue.not_deepspeeds) and that no known failure covers,
+    behind its marker."""
     failing = {entry.id: entry for entry in report.failing_now.causes}
     folder = out_dir / "publish" / "upstream"
     posts = []
@@ -231,15 +228,21 @@ def upstream_posts(
     return posts
 
 
-def failing_names(
+def latest_report(
     history: History,
     observations: list[Observation],
     known: dict[str, KnownFailure],
     remedies: tuple[RemedyResult, ...] = (),
-) -> dict[str, str]:
+) -> Report:
+    """The report of the trusted history, whose failing-now section names each cause failing at the latest versions
+    and holds what an upstream draft says of it; `remedies`: the store's results of `nox -s remedy`
+    (HistoryStore.remedy_results), which state a cause proven."""
+    return build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
+
+
+def failing_names(report: Report) -> dict[str, str]:
     """The name of each cause failing at the latest versions, by id, as the report gives it (its classes and title,
     reports.analysis.cause_name_text): what the comment and the issues call a cause failing now."""
-    report = build_report(history, aggregate(observations), None, known, ResultFiles(remedies=remedies))
     return {entry.id: cause_name_text(entry) for entry in report.failing_now.causes}
 
 
@@ -318,12 +321,12 @@ def publish_deltas(
     if untrusted:
         log(f"a pull request's run(s) {', '.join(untrusted)} (untrusted): the comment only, no issues opened or edited")
     with staged(out_dir) as stage:  # every text (and upstream repro script) moved into place together, or none
-        cause_names = failing_names(history, observations, known or {}, remedies)
+        report = latest_report(history, observations, known or {}, remedies)
         comment, issues = build_posts(
-            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=cause_names
+            deltas, stage, checkpoints, newest, checked, links, trusted=not untrusted, names=failing_names(report)
         )
         drafts = (
-            upstream_posts(deltas, history, observations, known=known or {}, out_dir=stage, log=log, remedies=remedies)
+            upstream_posts(deltas, report, history, observations, out_dir=stage, log=log)
             if upstream and not untrusted
             else []
         )
