@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from suites.verdicts.check_names import CHECK_NAMES, judged_signature
 
 _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S)
-_EXCEPTION = re.compile(
-    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*?)(?: @ (?P<where>[^\s]+))?$", re.S
+_LABELLED = re.compile(
+    r"^(?P<label>[a-z][a-z0-9_ ]*): (?P<raised>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt):.*)$", re.S
 )
-"""A raised failure's signature whose type names itself an exception, where a check's label comes first."""
+"""A raised failure, its type naming itself an exception, under the label of the stage it raised in: a check's name,
+or a training stage's (`initialize`, `step 2`: suites/variants/training.py Progress)."""
 _LEFT_WHOLE = re.compile("^" + re.escape(judged_signature("memory", "")) + r"(?P<kind>\w+) left whole")
 
 
@@ -31,21 +32,21 @@ class Reason:
     """One sentence of what AutoTP did and what followed."""
 
 
-def _raised(cause: str) -> tuple[str, str, str]:
-    """(exception type, message, `file:function`) of a raised failure's cause; ("", cause, "") for a judged one. A
-    training stage's check labels what raised in it (`load: RuntimeError: … @ deepspeed/…`): the words are the
-    exception's."""
-    match = _RAISED.match(cause.strip())
-    if match and match["type"] in CHECK_NAMES:
-        match = _EXCEPTION.match(cause.strip().split(":", 1)[1].strip())
-    if not match:
-        return "", cause, ""
-    return match["type"], match["message"], match["where"] or ""
+def _raised(cause: str) -> tuple[str, str, str, str]:
+    """(stage label, exception type, message, `file:function`) of a raised failure's cause; ("", "", cause, "") for a
+    judged one. A training stage labels what raised in it (`initialize: ValueError: … @ deepspeed/…`, `load:
+    RuntimeError: …`): the words are the exception's."""
+    labelled = _LABELLED.match(cause.strip())
+    label, text = (labelled["label"], labelled["raised"]) if labelled else ("", cause.strip())
+    match = _RAISED.match(text)
+    if not match or (not labelled and match["type"] in CHECK_NAMES):  # a judged failure: `<check>: <finding>`
+        return "", "", cause, ""
+    return label, match["type"], match["message"], match["where"] or ""
 
 
 def reason(failure_class: str, cause: str) -> Reason:
     """The words for a failure class and cause (reports.analysis.signatures.mask_signature)."""
-    kind, message, where = _raised(cause)
+    label, kind, message, where = _raised(cause)
     if failure_class == "memory":
         left = _LEFT_WHOLE.match(cause)
         if left and left["kind"] == "experts":
@@ -76,7 +77,9 @@ def reason(failure_class: str, cause: str) -> Reason:
             "The sharded model generates other tokens than the unsharded one (the decode path with the KV cache).",
         )
     if failure_class == "shard":
-        return _shard_reason(kind, message, where)
+        # Only a training row labels its stages: its model is sharded by deepspeed.initialize, an inference cell's by
+        # init_inference.
+        return _shard_reason("deepspeed.initialize" if label else "init_inference", kind, message, where)
     if failure_class == "forward":
         return _forward_reason(kind, where)
     if failure_class == "timeout":
@@ -86,16 +89,17 @@ def reason(failure_class: str, cause: str) -> Reason:
     return Reason(f"{failure_class} failure", f"The cell fails ({failure_class}).")
 
 
-def _shard_reason(kind: str, message: str, where: str) -> Reason:
+def _shard_reason(call: str, kind: str, message: str, where: str) -> Reason:
+    """`call`: what shards the model, `init_inference` or (a training row) `deepspeed.initialize`."""
     if "auto_tp.py" in where and "not supported" in message:
         return Reason(
             "AutoTP refuses the model (kernel injection has a policy for it)",
-            "init_inference refuses AutoTP for this model because DeepSpeed has a kernel-injection policy for it.",
+            f"{call} refuses AutoTP for this model because DeepSpeed has a kernel-injection policy for it.",
         )
     if "auto_tp.py" in where and "policy" in message:
         return Reason(
             "AutoTP finds no policy for the model",
-            "DeepSpeed's parser finds no layer it knows to all-reduce after, so init_inference cannot shard it.",
+            f"DeepSpeed's parser finds no layer it knows to all-reduce after, so {call} cannot shard it.",
         )
     if "fusedqkv" in where:
         return Reason(
@@ -105,11 +109,15 @@ def _shard_reason(kind: str, message: str, where: str) -> Reason:
     if "containers/" in where:
         return Reason(
             "AutoTP applies another model's container to it",
-            "init_inference picks a kernel-injection container of another architecture, which rejects the model.",
+            f"{call} picks a kernel-injection container of another architecture, which rejects the model.",
         )
+    # The file that raised: two causes this rule alone names are told apart by their names (no error text in them:
+    # the supported-models page quotes none).
+    source = where.split(":", 1)[0].rsplit("/", 1)[-1]
+    in_source = f" in {source}" if source else ""
     return Reason(
-        "init_inference fails to shard it",
-        f"init_inference raises {kind or 'an error'} while sharding the model: no sharded model to run.",
+        f"{call} fails to shard it{in_source}",
+        f"{call} raises {kind or 'an error'}{in_source} while sharding the model: no sharded model to run.",
     )
 
 

@@ -272,7 +272,7 @@ def test_a_known_failure_that_still_fails_is_known_not_fixed(tmp_path):
     assert lines[0].startswith("3 cells fail in 2 causes at the latest versions: 1 new, 1 known.")
     assert lines[2].startswith("1. **new** forward")
     assert lines[3].startswith(
-        f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard: init_inference fails to shard it — "
+        f"2. **known [example/upstream#1]({UPSTREAM}) (open)** shard: init_inference fails to shard it in layers.py — "
         "`RuntimeError: split_with_"
         "sizes expects split_sizes to sum exactly to N, but got split_sizes=[N…] @ deepspeed/"
         "module_inject/layers.py:uneven_partition` — AutoTP bug (DeepSpeed's) — 2 cells: eager fp32: llama tp2/3 — "

@@ -64,8 +64,8 @@ COUNT = "3 new failures, 2 already failing on the base, 1 flaky, 1 known; 0 fixe
 # A cause is named as the report names it (reports.analysis.cause_names), then said in its sentence.
 RAISES = "the sharded model raises {kind} — The sharded model raises in its forward pass."
 SHARD = (
-    "shard: init_inference fails to shard it — init_inference raises RuntimeError while sharding the model: no sharded "
-    "model to run."
+    "shard: init_inference fails to shard it in layers.py — init_inference raises RuntimeError in layers.py while "
+    "sharding the model: no sharded model to run."
 )
 CAUSES = [
     "- new cause 0a3409902e38: numerics: logits differ from the unsharded model — "

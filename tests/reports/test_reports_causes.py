@@ -98,8 +98,8 @@ def test_forty_five_fixes_of_one_cause_are_one_root_cause(issue_18):
     fixes = section(report, "Root causes")[4:]
     assert fixes[0] == "### Fixes: 1 cause, 45 cells"
     assert fixes[1].startswith(
-        "1. shard: init_inference fails to shard it `RuntimeError: split_with_sizes expects split_sizes to sum "
-        "exactly to N (input tensor's size at "
+        "1. shard: init_inference fails to shard it in layers.py `RuntimeError: split_with_sizes expects split_sizes "
+        "to sum exactly to N (input tensor's size at "
         "dimension N), but got split_sizes=[N…] @ deepspeed/module_inject/layers.py:uneven_partition` — deepspeed "
         "0.18.9 → 0.19.8 — 45 cells: eager fp32: codegen tp2/3, cohere tp2/3, gemma tp2/3, gemma2 tp2/3, gemma3 tp2,"
     )

@@ -27,7 +27,7 @@ GRAINS = (
 # A verdict names its cause (reports.analysis.cause_names), never its error text: with no mechanism located, by the
 # reason its class and signature give; report.md adds the cause's place in "Failing now".
 HEADS_NAME = "forward: its forward fails on a tensor whose size the split changed"
-GRAINS_NAME = "shard: init_inference fails to shard it"
+GRAINS_NAME = "shard: init_inference fails to shard it in layers.py"
 
 
 def outcome_of(cell_id: str) -> CellOutcome:

@@ -56,6 +56,24 @@ def test_what_raised_in_a_training_stage_is_read_by_its_exception():
         assert reason("forward", finding).short == "the sharded model raises an error", stage
 
 
+def test_a_training_stages_own_label_is_read_as_its_stage_and_its_shard_failure_names_deepspeed_initialize():
+    """A training row labels what raised in stages no check names too (`initialize`, `step 2`): the words are the
+    exception's, and a shard failure names what shards a training row's model, deepspeed.initialize (seen: a phi3
+    training cause titled "init_inference fails to shard it"). Two causes the shard rule alone names are told apart
+    by what raised and where (seen: the meta and the training shard causes of one run under one name)."""
+    raised = "RuntimeError: shape mismatch @ transformers/models/llama/modeling_llama.py:forward"
+    assert reason("forward", f"step 2: {raised}") == reason("forward", raised)
+    plan = "ValueError: tp_plan contains unsupported partition style(s) @ deepspeed/x/tp_plan_converter.py:f"
+    training = reason("shard", f"initialize: {plan}")
+    assert training.short == "deepspeed.initialize fails to shard it in tp_plan_converter.py", training
+    assert training.sentence.startswith("deepspeed.initialize raises ValueError in tp_plan_converter.py while")
+    meta = reason("shard", "TypeError: Signature mismatch @ transformers/masking_utils.py:<module>")
+    assert meta.short == "init_inference fails to shard it in masking_utils.py", meta
+    no_policy = "AssertionError: Not able to determine model policy @ deepspeed/module_inject/auto_tp.py:tp_parser"
+    assert "so deepspeed.initialize cannot shard it" in reason("shard", f"initialize: {no_policy}").sentence
+    assert "so init_inference cannot shard it" in reason("shard", no_policy).sentence
+
+
 def test_the_names_import_without_torch():
     """The reports read them: importing them must not import torch or the checks."""
     loaded = subprocess.run(
