@@ -400,8 +400,9 @@ def as_a_fresh_process_would(outcome: CellOutcome, fresh_process_failure: dict[s
     return failed(
         "shard",
         fresh_process_failure["signature"],
-        f"{fresh_process_failure['message']}\nPast it (torch._dynamo imported before deepspeed.OnDevice, as the "
-        f"harness's ranks do) the cell {found}.",
+        # A draft issue quotes this message: it says what a process does to get past, not whose process did.
+        f"{fresh_process_failure['message']}\nWith torch._dynamo imported before deepspeed.OnDevice, the same model "
+        f"{found}.",
         {**outcome.metrics, "fresh_process_failed": 1.0},
     )
 

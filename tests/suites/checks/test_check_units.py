@@ -298,12 +298,14 @@ def test_a_failure_only_a_fresh_process_hits_is_the_verdict_with_the_ranks_findi
     }
     passed = as_a_fresh_process_would(CellOutcome("pass", metrics={"logits_max_abs": 0.0}), fresh)
     assert (passed.outcome, passed.failure_class, passed.signature) == ("fail", "shard", fresh["signature"])
-    assert passed.message.endswith("the cell passed every check.") and passed.metrics["logits_max_abs"] == 0.0
+    assert passed.message.endswith("deepspeed.OnDevice, the same model passed every check.")
+    assert passed.metrics["logits_max_abs"] == 0.0
     failed = as_a_fresh_process_would(CellOutcome("fail", "memory", "meta_memory: a rank's peak"), fresh)
     assert (
         failed.signature == fresh["signature"]
-        and "the cell failed memory: meta_memory: a rank's peak" in failed.message
+        and "the same model failed memory: meta_memory: a rank's peak" in failed.message
     )
+    assert "harness" not in passed.message  # a draft issue quotes it
     assert as_a_fresh_process_would(CellOutcome("skip", message="no"), fresh).outcome == "skip"
     harness_bug = as_a_fresh_process_would(
         CellOutcome("fail", "setup", "TypeError @ suites/checks/probes.py:observe"), fresh
