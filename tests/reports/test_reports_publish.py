@@ -248,8 +248,10 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     ]
     new_failures = comment.split("### 2 new failure causes\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert new_failures == [  # llama's tp2 and tp3 signatures differ only in the length of a list: one cause
-        f"- **cause {LLAMA_ID}** shard: init_inference fails to shard it — 2 cells: eager fp32: llama tp2/3",
-        f"  - init_inference raises AssertionError while sharding the model: no sharded model to run. `{LLAMA_CAUSE}`",
+        f"- **cause {LLAMA_ID}** shard: init_inference fails to shard it in layers.py — 2 cells: eager fp32: llama "
+        "tp2/3",
+        "  - init_inference raises AssertionError in layers.py while sharding the model: no sharded model to run. "
+        f"`{LLAMA_CAUSE}`",
         "  - deepspeed 0.19.7 → 0.19.8: answer: not yet triaged",
         "  - reproduce: `nox -s repro -- --models llama.stress --variants eager --dtypes fp32 --tp 2`",
         f"- **cause {cause_id('forward', 'ForwardError: broken')}** forward: the sharded model raises ForwardError — "
@@ -271,7 +273,7 @@ def test_without_token_writes_the_texts_to_files_and_says_so(store, tmp_path, ca
     assert [p.name for p in issues] == [ISSUE]  # one issue for the cause, not one per cell
     issue = issues[0].read_text()
     # titled by the cause's name, whole (its error text in the body), never the error text cut mid-token
-    assert issue.startswith("# AutoTP regression: shard: init_inference fails to shard it (2 cells)\n")
+    assert issue.startswith("# AutoTP regression: shard: init_inference fails to shard it in layers.py (2 cells)\n")
     assert f"- Failure: shard: `{LLAMA_CAUSE}`" in issue
     assert f"<!-- autotp-matrix:regression cause={cause_id('shard', LLAMA_CAUSE)} -->" in issue
     assert "- Cells: `llama-eager-fp32-tp2`, `llama-eager-fp32-tp3`" in issue
@@ -331,8 +333,8 @@ def test_posts_once_and_edits_in_place_on_rerun(store, tmp_path, github, monkeyp
     assert publish(store, tmp_path, "--pr", str(PR)) == 0
     assert [method for method, _ in github.requests] == ["GET", "GET", "GET", "GET", "PATCH"]
     assert (
-        f"- **still failing** cause {LLAMA_ID} shard: init_inference fails to shard it — 1 cell: eager fp32: llama tp2"
-        in github.comments[2]["body"]
+        f"- **still failing** cause {LLAMA_ID} shard: init_inference fails to shard it in layers.py — 1 cell: eager "
+        "fp32: llama tp2" in github.comments[2]["body"]
     )
     assert TOKEN not in everything_written(tmp_path, capsys, caplog)
 
@@ -404,8 +406,8 @@ def test_issue_carries_the_answer_its_cells_share(store, tmp_path):
     ) in issue
     comment = (tmp_path / "out" / "publish" / "comment.md").read_text()
     assert (
-        f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError while sharding the model: no sharded model "
-        f"to run. `{LLAMA_CAUSE}`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment
+        f"eager fp32: llama tp2/3\n  - init_inference raises AssertionError in layers.py while sharding the model: no "
+        f"sharded model to run. `{LLAMA_CAUSE}`\n  - deepspeed 0.19.7 → 0.19.8: {answer}\n" in comment
     )  # the same answer, once
 
 
@@ -428,7 +430,8 @@ def test_upstream_reports_only_when_asked_and_only_for_new_causes(store, tmp_pat
     assert list(reports) == [f"{LLAMA_ID}.md"]  # the one regression's cause; mistral's failure is not a regression
     title, body = reports[f"{LLAMA_ID}.md"].split("\n\n", 1)
     assert title == (
-        "# [BUG] AutoTP: init_inference fails to shard it (LlamaForCausalLM, tp 2/3, DeepSpeed 0.19.8, transformers "
+        "# [BUG] AutoTP: init_inference fails to shard it in layers.py (LlamaForCausalLM, tp 2/3, DeepSpeed 0.19.8, "
+        "transformers "
         "4.44.0)"
     )
     assert body.startswith(f"<!-- autotp-matrix:upstream cause={LLAMA_ID} -->\n**Describe the bug**\n")

@@ -94,7 +94,7 @@ def test_variants_run_on_three_architectures(pool, tp):
         if outcome == "fail" and cid.split("-")[1].startswith("meta"):
             assert failure_class == "shard" and "Signature mismatch" in signature, signature
             # the rest of the cell passed every check, or failed only the kv-unit split's memory finding
-            rest = "the cell passed every check" if cid.split("-")[0] not in starved else kv_unit_split
+            rest = "the same model passed every check" if cid.split("-")[0] not in starved else kv_unit_split
             assert rest in seen_messages[cid], seen_messages[cid]
         if "torchao" in cid:
             assert failure_class == "shard" and "is not supported for quantized model" in signature, signature
@@ -156,9 +156,9 @@ def test_meta_load_memory_is_measured_and_judged(pool):
     # (past it, with the workaround) is in the message.
     fresh = meta.metrics.get("fresh_process_failed") == 1.0
     if growth["meta"] < full_model_bytes:
-        assert "the cell passed every check" in meta.message if fresh else meta.outcome == "pass", meta.message
+        assert "the same model passed every check" in meta.message if fresh else meta.outcome == "pass", meta.message
     elif fresh:
-        assert "the cell failed memory: meta_memory:" in meta.message, meta.message
+        assert "the same model failed memory: meta_memory:" in meta.message, meta.message
     else:
         assert (meta.outcome, meta.failure_class) == ("fail", "memory"), meta.message
         assert meta.signature.startswith("meta_memory:"), meta.signature
